@@ -1,0 +1,153 @@
+# tstage - build, run, test and benchmark.
+#
+#   make            build build/tstaged (with CUDA wherever nvcc is found)
+#   make run        install missing packages, build, run on the embedded default
+#   make test       install missing packages, build, run unit + integration tests
+#   make bench      benchmark table (ratios against references measured in the same run)
+#   make CUDA=0     build without the CUDA backend
+#   make SANITIZE=address,undefined test   (or SANITIZE=thread)
+
+# ---- toolchain and CUDA detection -----------------------------------------
+CC        ?= cc
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(firstword $(shell command -v nvcc 2>/dev/null) \
+                 $(wildcard /usr/local/cuda/bin/nvcc)))
+NVCC      ?= $(if $(CUDA_HOME),$(CUDA_HOME)/bin/nvcc)
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(NVCC),1,0)
+endif
+
+SANITIZE  ?=
+ifeq ($(SANITIZE),)
+BUILD     ?= build
+else
+BUILD     ?= build/san-$(subst $(comma),-,$(SANITIZE))
+endif
+comma := ,
+
+PKGS      := libmicrohttpd jansson
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+OPT       ?= -O2
+CPPFLAGS  += -I. -D_GNU_SOURCE $(PKG_CFLAGS)
+CFLAGS    += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+             -fno-strict-aliasing -pthread -MMD -MP
+LDLIBS    += $(PKG_LIBS) -lpthread -lm
+LDFLAGS   += -pthread
+
+ifneq ($(SANITIZE),)
+CFLAGS    += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS   += -fsanitize=$(SANITIZE)
+endif
+
+ifeq ($(CUDA),1)
+CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+             -gencode arch=compute_90,code=compute_90
+CPPFLAGS  += -DTS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+NVCCFLAGS ?= -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall -I.
+endif
+
+VERSION   := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+GIT_REV   := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+CPPFLAGS  += -DTS_VERSION='"$(VERSION)"' -DTS_GIT_REV='"$(GIT_REV)"'
+
+# ---- sources ---------------------------------------------------------------
+LIB_DIRS  := common device storage handlers server train
+LIB_SRC   := $(filter-out server/main.c device/cuda_%.c device/nocuda.c, \
+               $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
+ifeq ($(CUDA),1)
+LIB_SRC   += $(wildcard device/cuda_*.c)
+CU_SRC    := $(wildcard device/*.cu train/*.cu)
+else
+LIB_SRC   += device/nocuda.c
+CU_SRC    :=
+endif
+LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+LIB       := $(BUILD)/libtstage.a
+DAEMON    := $(BUILD)/tstaged
+
+UNIT_SRC  := $(wildcard tests/unit/test_*.c)
+UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+IT_SRC    := $(wildcard tests/integration/it_*.c)
+IT_BIN    := $(IT_SRC:tests/integration/%.c=$(BUILD)/tests/%)
+IT_COMMON := tests/integration/harness.c
+BENCH_SRC := $(wildcard tests/bench/bench_*.c)
+BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+BENCH_COMMON := tests/bench/benchlib.c
+
+CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
+CURL_LIBS  := $(shell pkg-config --libs libcurl 2>/dev/null)
+
+.PHONY: all run test unit integration bench clean deps fuzz
+all: $(DAEMON)
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -DTS_HAVE_CUDA=1 -c $< -o $@
+
+$(LIB): $(LIB_OBJ)
+	@mkdir -p $(@D)
+	rm -f $@ && ar rcs $@ $^
+
+$(DAEMON): $(BUILD)/obj/server/main.o $(LIB)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
+
+$(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) tests/integration/harness.h
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm -o $@
+
+$(BUILD)/bench/bench_%: tests/bench/bench_%.c $(BENCH_COMMON) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(LDLIBS) -o $@
+
+# libFuzzer targets: each parser compiled again with coverage, the rest from the library
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 10
+FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined
+FUZZ_router  := server/router.c
+FUZZ_units   := common/units.c
+FUZZ_config  := server/config.c common/units.c
+FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(CPPFLAGS) -std=c11 $(FUZZ_FLAGS) $< $(FUZZ_$*) $(LIB) $(LDLIBS) -o $@
+
+fuzz: $(FUZZ_BIN)
+	@tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS)
+
+run: deps
+	@$(MAKE) --no-print-directory all
+	$(DAEMON) $(ARGS)
+
+unit: $(UNIT_BIN)
+	@set -e; for t in $(UNIT_BIN); do CK_DEFAULT_TIMEOUT=120 $$t; done
+
+integration: $(DAEMON) $(IT_BIN)
+	@set -e; for t in $(IT_BIN); do TSTAGED=$(DAEMON) CK_DEFAULT_TIMEOUT=300 $$t; done
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory unit integration
+	@tests/gpu/detect.sh $(DAEMON)
+
+bench: deps
+	@$(MAKE) --no-print-directory all $(BENCH_BIN)
+	@tests/bench/run.sh $(BUILD)
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj $(BUILD)/tests $(BUILD)/bench -name '*.d' 2>/dev/null)

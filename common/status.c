@@ -1,0 +1,118 @@
+/*
+ * status.c - names, HTTP numbers and errno translation for ts_status, and the
+ * first-error-wins ts_error recorder.
+ */
+#include "status.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+	ts_status st;
+	const char *name;
+	int http;
+} status_table[] = {
+#define TS__STATUS_ROW(sym, name, grpc, http) {TS_##sym, name, http},
+	TS_STATUS_MAP(TS__STATUS_ROW)
+#undef TS__STATUS_ROW
+};
+
+#define STATUS_COUNT (sizeof status_table / sizeof status_table[0])
+
+const char *ts_status_name(ts_status st)
+{
+	for (size_t i = 0; i < STATUS_COUNT; i++)
+		if (status_table[i].st == st)
+			return status_table[i].name;
+	return "UNKNOWN";
+}
+
+int ts_status_http(ts_status st)
+{
+	for (size_t i = 0; i < STATUS_COUNT; i++)
+		if (status_table[i].st == st)
+			return status_table[i].http;
+	return 500;
+}
+
+ts_status ts_status_from_errno(int err)
+{
+	switch (err) {
+	case 0:
+		return TS_OK;
+	case ENOMEM:
+	case ENOSPC:
+	case EMFILE:
+	case ENFILE:
+	case EDQUOT:
+		return TS_RESOURCE_EXHAUSTED;
+	case ENOENT:
+	case ENOTDIR:
+		return TS_NOT_FOUND;
+	case EACCES:
+	case EPERM:
+	case EROFS:
+		return TS_PERMISSION_DENIED;
+	case EEXIST:
+		return TS_ALREADY_EXISTS;
+	case EINVAL:
+	case ENAMETOOLONG:
+	case EISDIR:
+		return TS_INVALID_ARGUMENT;
+	case EAGAIN:
+	case EBUSY:
+		return TS_UNAVAILABLE;
+	case ETIMEDOUT:
+		return TS_DEADLINE_EXCEEDED;
+	case ECANCELED:
+		return TS_CANCELLED;
+	case EFBIG:
+	case EOVERFLOW:
+	case ERANGE:
+		return TS_OUT_OF_RANGE;
+	default:
+		return TS_INTERNAL;
+	}
+}
+
+void ts_error_clear(struct ts_error *err)
+{
+	memset(err, 0, sizeof *err);
+}
+
+ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
+                       const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err)
+		return st;
+	if (err->status != TS_OK)
+		return err->status;
+	err->status = st;
+	snprintf(err->reason, sizeof err->reason, "%s", reason ? reason : "");
+	va_start(ap, fmt);
+	vsnprintf(err->message, sizeof err->message, fmt, ap);
+	va_end(ap);
+	err->nmeta = 0;
+	return st;
+}
+
+void ts_error_meta(struct ts_error *err, const char *key, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || err->nmeta >= TS_ERROR_META_MAX)
+		return;
+	snprintf(err->meta[err->nmeta].key, sizeof err->meta[0].key, "%s", key);
+	va_start(ap, fmt);
+	vsnprintf(err->meta[err->nmeta].value, sizeof err->meta[0].value, fmt, ap);
+	va_end(ap);
+	err->nmeta++;
+}
+
+void ts_error_meta_u64(struct ts_error *err, const char *key, uint64_t v)
+{
+	ts_error_meta(err, key, "%llu", (unsigned long long)v);
+}

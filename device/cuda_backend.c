@@ -1,0 +1,674 @@
+/*
+ * cuda_backend.c - CUDA GPUs through the CUDA runtime API.
+ *
+ * Every device the driver reports becomes "cuda:<ordinal>". Device memory is
+ * cudaMalloc'd, queues are non-blocking streams, events are timing-free CUDA
+ * events, host callbacks go through cudaLaunchHostFunc, and copies are
+ * cudaMemcpyAsync (D2D with cudaMemcpyDefault, so peers copy directly where
+ * peer access could be enabled, and through the driver otherwise). Once a
+ * device exists, pinned host memory for every device of the set comes from
+ * cudaHostAlloc(cudaHostAllocPortable).
+ *
+ * Every cudaError_t is translated in cuda_fail() and nowhere else: an error
+ * that corrupts the context (illegal address, launch failure, ECC, ...) is
+ * UNAVAILABLE and marks the device broken for good.
+ *
+ * A binary built with CUDA runs where there is no driver or GPU:
+ * cudaGetDeviceCount fails, the reason goes into the backend's detail, and
+ * discovery moves on to sim and cpu.
+ *
+ * Thread-safety: all functions may be called from any thread; each one sets
+ * the calling thread's current device first (cudaSetDevice), since callers
+ * come from any thread. The CUDA runtime serialises the rest.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "device/backend.h"
+
+struct cuda_dev {
+	int ordinal;                    /* immutable: the CUDA device ordinal */
+};
+
+struct cuda_queue {
+	struct ts_queue base;           /* first: device.c sees this */
+	cudaStream_t stream;            /* immutable */
+};
+
+struct cuda_event {
+	struct ts_event base;           /* first: device.c sees this */
+	cudaEvent_t event;              /* immutable */
+};
+
+/* What an allocation asked for, so that an out-of-memory answer can carry
+ * the numbers. */
+struct alloc_ask {
+	const struct ts_device *dev;    /* the device the memory is for */
+	enum ts_memory_kind kind;
+	size_t size;
+};
+
+static int ordinal_of(const struct ts_device *dev)
+{
+	return ((const struct cuda_dev *)dev->impl)->ordinal;
+}
+
+static struct cuda_queue *to_cq(struct ts_queue *q)
+{
+	return (struct cuda_queue *)q;
+}
+
+static struct cuda_event *to_ce(struct ts_event *ev)
+{
+	return (struct cuda_event *)ev;
+}
+
+/* Errors after which the context is corrupt: every later call on it fails
+ * the same way, and only a new process recovers. */
+static bool cuda_error_sticky(cudaError_t e)
+{
+	switch (e) {
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchFailure:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorECCUncorrectable:
+	case cudaErrorNvlinkUncorrectable:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorAssert:
+	case cudaErrorExternalDevice:
+	case cudaErrorMpsClientTerminated:
+#if CUDART_VERSION >= 13000
+	case cudaErrorContained:
+	case cudaErrorTensorMemoryLeak:
+#endif
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* The class of a non-sticky error. */
+static ts_status cuda_error_class(cudaError_t e, const char **reason)
+{
+	switch (e) {
+	case cudaErrorMemoryAllocation:
+		*reason = "OUT_OF_MEMORY";
+		return TS_RESOURCE_EXHAUSTED;
+	case cudaErrorInvalidValue:
+	case cudaErrorInvalidDevicePointer:
+	case cudaErrorInvalidHostPointer:
+	case cudaErrorInvalidMemcpyDirection:
+	case cudaErrorInvalidResourceHandle:
+	case cudaErrorInvalidDevice:
+		*reason = "CUDA_INVALID_ARGUMENT";
+		return TS_INVALID_ARGUMENT;
+	case cudaErrorNoDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorInitializationError:
+	case cudaErrorDevicesUnavailable:
+	case cudaErrorSystemNotReady:
+	case cudaErrorSystemDriverMismatch:
+	case cudaErrorCompatNotSupportedOnDevice:
+	case cudaErrorCudartUnloading:
+	case cudaErrorStubLibrary:
+	case cudaErrorDeviceUninitialized:
+	case cudaErrorContextIsDestroyed:
+		*reason = "CUDA_UNAVAILABLE";
+		return TS_UNAVAILABLE;
+	case cudaErrorNotSupported:
+	case cudaErrorPeerAccessUnsupported:
+	case cudaErrorNotYetImplemented:
+		*reason = "CUDA_UNSUPPORTED";
+		return TS_UNIMPLEMENTED;
+	case cudaErrorNotPermitted:
+		*reason = "CUDA_NOT_PERMITTED";
+		return TS_PERMISSION_DENIED;
+	case cudaErrorTimeout:
+		*reason = "CUDA_TIMEOUT";
+		return TS_DEADLINE_EXCEEDED;
+	default:
+		*reason = "CUDA_ERROR";
+		return TS_INTERNAL;
+	}
+}
+
+/*
+ * The one translation of cudaError_t into ts_status. dev is the device whose
+ * context the call ran in (marked broken on a sticky error); ask, when the
+ * call allocated, turns an out-of-memory error into the ts__oom answer with
+ * the live free and total figures. err may be NULL (cleanup paths).
+ */
+static ts_status cuda_fail(struct ts_device *dev, cudaError_t e, const char *call,
+                           const struct alloc_ask *ask, struct ts_error *err)
+{
+	const char *reason;
+	ts_status st;
+
+	if (e == cudaSuccess)
+		return TS_OK;
+	if (cuda_error_sticky(e)) {
+		ts__device_mark_broken(dev);
+		st = ts_error_set(err, TS_UNAVAILABLE, "CUDA_STICKY_ERROR",
+		                  "%s: %s: %s; the device is unusable until the "
+		                  "daemon restarts", dev->props.id, call,
+		                  cudaGetErrorString(e));
+		ts_error_meta(err, "device", "%s", dev->props.id);
+		ts_error_meta(err, "cuda_error", "%s", cudaGetErrorName(e));
+		return st;
+	}
+	cudaGetLastError();             /* not sticky: clear it for later calls */
+	st = cuda_error_class(e, &reason);
+	if (st == TS_RESOURCE_EXHAUSTED && ask) {
+		uint64_t free_bytes = 0, total_bytes = 0;
+		char cause[96];
+
+		if (ask->kind == TS_MEM_DEVICE) {
+			size_t f = 0, t = 0;
+
+			if (cudaMemGetInfo(&f, &t) == cudaSuccess) {
+				free_bytes = f;
+				total_bytes = t;
+			} else {
+				cudaGetLastError();
+			}
+		} else {
+			ts__host_meminfo(&free_bytes, &total_bytes, NULL);
+		}
+		snprintf(cause, sizeof cause, "%s: %s", call, cudaGetErrorString(e));
+		return ts__oom(err, ask->dev, ask->kind, ask->size, free_bytes,
+		               total_bytes, cause);
+	}
+	st = ts_error_set(err, st, reason, "%s: %s: %s", dev->props.id, call,
+	                  cudaGetErrorString(e));
+	ts_error_meta(err, "device", "%s", dev->props.id);
+	ts_error_meta(err, "cuda_error", "%s", cudaGetErrorName(e));
+	return st;
+}
+
+/* Makes dev the calling thread's current device. */
+static ts_status cuda_enter(struct ts_device *dev, struct ts_error *err)
+{
+	return cuda_fail(dev, cudaSetDevice(ordinal_of(dev)), "cudaSetDevice",
+	                 NULL, err);
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+static ts_status cuda_mem_alloc(struct ts_device *dev, size_t size, void **out,
+                                struct ts_error *err)
+{
+	struct alloc_ask ask = {dev, TS_MEM_DEVICE, size};
+	void *p = NULL;
+	ts_status st;
+
+	st = cuda_enter(dev, err);
+	if (st != TS_OK)
+		return st;
+	st = cuda_fail(dev, cudaMalloc(&p, size), "cudaMalloc", &ask, err);
+	if (st != TS_OK)
+		return st;
+	*out = p;
+	return TS_OK;
+}
+
+static void cuda_mem_free(struct ts_device *dev, void *p, size_t size)
+{
+	if (cuda_enter(dev, NULL) != TS_OK)
+		return;
+	cuda_fail(dev, cudaFree(p), "cudaFree", NULL, NULL);
+}
+
+/* Pinned host memory for any device of the set; ctx is the CUDA device
+ * whose context allocates it (portable: every context sees it pinned). */
+static ts_status cuda_pinned_alloc(void *ctx, struct ts_device *dev, size_t size,
+                                   void **out, struct ts_error *err)
+{
+	struct ts_device *owner = ctx;
+	struct alloc_ask ask = {dev, TS_MEM_PINNED_HOST, size};
+	void *p = NULL;
+	ts_status st;
+
+	st = cuda_enter(owner, err);
+	if (st != TS_OK)
+		return st;
+	st = cuda_fail(owner, cudaHostAlloc(&p, size, cudaHostAllocPortable),
+	               "cudaHostAlloc", &ask, err);
+	if (st != TS_OK)
+		return st;
+	*out = p;
+	return TS_OK;
+}
+
+static void cuda_pinned_free(void *ctx, void *p, size_t size)
+{
+	struct ts_device *owner = ctx;
+
+	if (cuda_enter(owner, NULL) != TS_OK)
+		return;
+	cuda_fail(owner, cudaFreeHost(p), "cudaFreeHost", NULL, NULL);
+}
+
+static ts_status cuda_mem_info(struct ts_device *dev, uint64_t *free_bytes,
+                               uint64_t *total_bytes, struct ts_error *err)
+{
+	size_t f = 0, t = 0;
+	ts_status st;
+
+	st = cuda_enter(dev, err);
+	if (st != TS_OK)
+		return st;
+	st = cuda_fail(dev, cudaMemGetInfo(&f, &t), "cudaMemGetInfo", NULL, err);
+	if (st != TS_OK)
+		return st;
+	*free_bytes = f;
+	*total_bytes = t;
+	return TS_OK;
+}
+
+/* ---- queues -------------------------------------------------------------- */
+
+static ts_status cuda_queue_new(struct ts_device *dev, struct ts_queue **out,
+                                struct ts_error *err)
+{
+	struct cuda_queue *q = calloc(1, sizeof *q);
+	ts_status st;
+
+	if (!q)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "%s: out of memory creating a queue", dev->props.id);
+	st = cuda_enter(dev, err);
+	if (st != TS_OK)
+		goto out_free;
+	st = cuda_fail(dev, cudaStreamCreateWithFlags(&q->stream, cudaStreamNonBlocking),
+	               "cudaStreamCreateWithFlags", NULL, err);
+	if (st != TS_OK)
+		goto out_free;
+	q->base.dev = dev;
+	*out = &q->base;
+	return TS_OK;
+
+out_free:
+	free(q);
+	return st;
+}
+
+static void cuda_queue_free(struct ts_queue *base)
+{
+	struct cuda_queue *q = to_cq(base);
+	struct ts_device *dev = base->dev;
+
+	if (cuda_enter(dev, NULL) == TS_OK) {
+		cuda_fail(dev, cudaStreamSynchronize(q->stream),
+		          "cudaStreamSynchronize", NULL, NULL);
+		cuda_fail(dev, cudaStreamDestroy(q->stream), "cudaStreamDestroy",
+		          NULL, NULL);
+	}
+	free(q);
+}
+
+static enum cudaMemcpyKind memcpy_kind(enum ts_copy_kind kind)
+{
+	switch (kind) {
+	case TS_COPY_H2D:
+		return cudaMemcpyHostToDevice;
+	case TS_COPY_D2H:
+		return cudaMemcpyDeviceToHost;
+	case TS_COPY_H2H:
+		return cudaMemcpyHostToHost;
+	case TS_COPY_D2D:
+	default:
+		/* Same device or a peer: unified addressing tells them apart. */
+		return cudaMemcpyDefault;
+	}
+}
+
+static ts_status cuda_queue_copy(struct ts_queue *base, void *dst, const void *src,
+                                 size_t n, enum ts_copy_kind kind,
+                                 struct ts_error *err)
+{
+	struct cuda_queue *q = to_cq(base);
+	ts_status st;
+
+	st = cuda_enter(base->dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(base->dev,
+	                 cudaMemcpyAsync(dst, src, n, memcpy_kind(kind), q->stream),
+	                 "cudaMemcpyAsync", NULL, err);
+}
+
+static ts_status cuda_queue_host_fn(struct ts_queue *base, void (*fn)(void *arg),
+                                    void *arg, struct ts_error *err)
+{
+	struct cuda_queue *q = to_cq(base);
+	ts_status st;
+
+	st = cuda_enter(base->dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(base->dev, cudaLaunchHostFunc(q->stream, fn, arg),
+	                 "cudaLaunchHostFunc", NULL, err);
+}
+
+static ts_status cuda_queue_wait_event(struct ts_queue *base, struct ts_event *ev,
+                                       struct ts_error *err)
+{
+	struct cuda_queue *q = to_cq(base);
+	ts_status st;
+
+	st = cuda_enter(base->dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(base->dev,
+	                 cudaStreamWaitEvent(q->stream, to_ce(ev)->event, 0),
+	                 "cudaStreamWaitEvent", NULL, err);
+}
+
+static ts_status cuda_queue_sync(struct ts_queue *base, struct ts_error *err)
+{
+	struct cuda_queue *q = to_cq(base);
+	ts_status st;
+
+	st = cuda_enter(base->dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(base->dev, cudaStreamSynchronize(q->stream),
+	                 "cudaStreamSynchronize", NULL, err);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+static ts_status cuda_event_new(struct ts_device *dev, struct ts_event **out,
+                                struct ts_error *err)
+{
+	struct cuda_event *ev = calloc(1, sizeof *ev);
+	ts_status st;
+
+	if (!ev)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "%s: out of memory creating an event", dev->props.id);
+	st = cuda_enter(dev, err);
+	if (st != TS_OK)
+		goto out_free;
+	st = cuda_fail(dev, cudaEventCreateWithFlags(&ev->event, cudaEventDisableTiming),
+	               "cudaEventCreateWithFlags", NULL, err);
+	if (st != TS_OK)
+		goto out_free;
+	ev->base.dev = dev;
+	*out = &ev->base;
+	return TS_OK;
+
+out_free:
+	free(ev);
+	return st;
+}
+
+static void cuda_event_free(struct ts_event *base)
+{
+	struct cuda_event *ev = to_ce(base);
+
+	/* Destroying an event with work still pending is allowed: the driver
+	 * releases it once the work is done. */
+	if (cuda_enter(base->dev, NULL) == TS_OK)
+		cuda_fail(base->dev, cudaEventDestroy(ev->event), "cudaEventDestroy",
+		          NULL, NULL);
+	free(ev);
+}
+
+static ts_status cuda_event_record(struct ts_event *ev, struct ts_queue *base,
+                                   struct ts_error *err)
+{
+	ts_status st;
+
+	st = cuda_enter(base->dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(base->dev,
+	                 cudaEventRecord(to_ce(ev)->event, to_cq(base)->stream),
+	                 "cudaEventRecord", NULL, err);
+}
+
+static bool cuda_event_done(struct ts_event *base)
+{
+	cudaError_t e;
+
+	if (cuda_enter(base->dev, NULL) != TS_OK)
+		return true;            /* broken: ts_event_sync says why */
+	e = cudaEventQuery(to_ce(base)->event);
+	if (e == cudaErrorNotReady) {
+		cudaGetLastError();
+		return false;
+	}
+	/* Done, or failed: either way waiting is over; the sync reports it. */
+	cuda_fail(base->dev, e, "cudaEventQuery", NULL, NULL);
+	return true;
+}
+
+static ts_status cuda_event_sync(struct ts_event *base, struct ts_error *err)
+{
+	ts_status st;
+
+	st = cuda_enter(base->dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(base->dev, cudaEventSynchronize(to_ce(base)->event),
+	                 "cudaEventSynchronize", NULL, err);
+}
+
+/* ---- devices ------------------------------------------------------------- */
+
+static ts_status cuda_device_sync(struct ts_device *dev, struct ts_error *err)
+{
+	ts_status st;
+
+	st = cuda_enter(dev, err);
+	if (st != TS_OK)
+		return st;
+	return cuda_fail(dev, cudaDeviceSynchronize(), "cudaDeviceSynchronize",
+	                 NULL, err);
+}
+
+static void cuda_device_free(struct ts_device *dev)
+{
+	free(dev->impl);
+	dev->impl = NULL;
+}
+
+static const struct ts__backend_ops cuda_ops = {
+	.events = TS__EVENTS_CUDA,
+	.mem_alloc = cuda_mem_alloc,
+	.mem_free = cuda_mem_free,
+	.queue_new = cuda_queue_new,
+	.queue_free = cuda_queue_free,
+	.queue_copy = cuda_queue_copy,
+	.queue_host_fn = cuda_queue_host_fn,
+	.queue_wait_event = cuda_queue_wait_event,
+	.queue_sync = cuda_queue_sync,
+	.event_new = cuda_event_new,
+	.event_free = cuda_event_free,
+	.event_record = cuda_event_record,
+	.event_done = cuda_event_done,
+	.event_sync = cuda_event_sync,
+	.device_sync = cuda_device_sync,
+	.mem_info = cuda_mem_info,
+	.device_free = cuda_device_free,
+};
+
+/* ---- discovery ----------------------------------------------------------- */
+
+/* Copies a fixed-size, maybe unterminated string, cut to fit dst. */
+static void copy_truncated(char *dst, size_t dst_len, const char *src, size_t src_len)
+{
+	size_t n = strnlen(src, src_len);
+
+	if (n >= dst_len)
+		n = dst_len - 1;
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* Notes in the backend's detail a device that could not be used. */
+static void detail_skipped(struct ts_backend_info *info, const char *id,
+                           const char *call, cudaError_t e)
+{
+	size_t len = strlen(info->detail);
+
+	if (len + 1 >= sizeof info->detail)
+		return;
+	snprintf(info->detail + len, sizeof info->detail - len,
+	         "; %s skipped: %s: %s", id, call, cudaGetErrorString(e));
+}
+
+/*
+ * Queries device i and appends it to ctx. A device the runtime cannot
+ * describe is skipped (noted in info->detail, *added false); only running out
+ * of host memory fails.
+ */
+static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
+                          struct ts_backend_info *info, bool *added,
+                          struct ts_error *err)
+{
+	struct cudaDeviceProp p;
+	struct ts_device *dev;
+	struct cuda_dev *c;
+	char id[32];
+	size_t f = 0, t = 0;
+	cudaError_t e;
+	const char *call;
+
+	*added = false;
+	snprintf(id, sizeof id, "cuda:%d", i);
+	memset(&p, 0, sizeof p);
+	call = "cudaGetDeviceProperties";
+	e = cudaGetDeviceProperties(&p, i);
+	if (e == cudaSuccess) {
+		call = "cudaSetDevice";
+		e = cudaSetDevice(i);
+	}
+	if (e == cudaSuccess) {
+		call = "cudaMemGetInfo";
+		e = cudaMemGetInfo(&f, &t);
+	}
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		detail_skipped(info, id, call, e);
+		return TS_OK;
+	}
+
+	dev = ts__device_new(ctx, TS_BACKEND_CUDA, i, &cuda_ops);
+	if (!dev)
+		goto out_oom;
+	c = calloc(1, sizeof *c);
+	if (!c)
+		goto out_dev;
+	c->ordinal = i;
+	dev->impl = c;
+
+	copy_truncated(dev->props.name, sizeof dev->props.name, p.name, sizeof p.name);
+	dev->props.total_memory = p.totalGlobalMem;
+	dev->props.free_memory = f;
+	dev->props.compute_major = p.major;
+	dev->props.compute_minor = p.minor;
+	dev->props.multiprocessors = p.multiProcessorCount;
+	if (cudaDeviceGetPCIBusId(dev->props.pci_bus_id,
+	                          (int)sizeof dev->props.pci_bus_id, i) != cudaSuccess) {
+		cudaGetLastError();
+		dev->props.pci_bus_id[0] = '\0';
+	}
+	*added = true;
+	return ts__discover_add(ctx, dev, err);
+
+out_dev:
+	ts__device_destroy(dev);
+out_oom:
+	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+	                    "%s: out of memory during discovery", id);
+}
+
+/* Lets every pair of found devices that can reach each other copy directly.
+ * Failing to enable it only makes D2D copies go through the driver. */
+static void enable_peer_access(struct ts_device **devs, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		int a = ordinal_of(devs[i]);
+
+		if (cudaSetDevice(a) != cudaSuccess) {
+			cudaGetLastError();
+			continue;
+		}
+		for (size_t j = 0; j < n; j++) {
+			int b = ordinal_of(devs[j]);
+			int can = 0;
+
+			if (i == j)
+				continue;
+			if (cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) {
+				cudaGetLastError();
+				continue;
+			}
+			if (cudaDeviceEnablePeerAccess(b, 0) != cudaSuccess)
+				cudaGetLastError();   /* already enabled, or not possible */
+		}
+	}
+}
+
+ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
+                            struct ts_backend_info *info,
+                            struct ts_error *err)
+{
+	int n = 0, runtime = 0, driver = 0;
+	size_t first = ctx->count;
+	cudaError_t e;
+
+	memset(info, 0, sizeof *info);
+	info->kind = TS_BACKEND_CUDA;
+	info->compiled = true;
+	if (!ctx->cfg->cuda) {
+		snprintf(info->detail, sizeof info->detail, "disabled by configuration");
+		return TS_OK;
+	}
+	e = cudaGetDeviceCount(&n);
+	if (e != cudaSuccess) {
+		cudaGetLastError();
+		snprintf(info->detail, sizeof info->detail, "cudaGetDeviceCount: %s",
+		         cudaGetErrorString(e));
+		return TS_OK;
+	}
+	if (cudaRuntimeGetVersion(&runtime) != cudaSuccess ||
+	    cudaDriverGetVersion(&driver) != cudaSuccess)
+		cudaGetLastError();
+	snprintf(info->detail, sizeof info->detail,
+	         "CUDA runtime %d.%d, driver %d.%d", runtime / 1000,
+	         (runtime % 1000) / 10, driver / 1000, (driver % 1000) / 10);
+	if (n == 0) {
+		snprintf(info->detail, sizeof info->detail,
+		         "cudaGetDeviceCount: no CUDA devices");
+		return TS_OK;
+	}
+	for (int i = 0; i < n; i++) {
+		bool added;
+		ts_status st = cuda_add(ctx, i, info, &added, err);
+
+		if (st != TS_OK)
+			return st;
+		if (added)
+			info->device_count++;
+	}
+	info->available = info->device_count > 0;
+	if (!info->available)
+		return TS_OK;
+
+	enable_peer_access(ctx->devices + first, ctx->count - first);
+	ctx->pinned->alloc = cuda_pinned_alloc;
+	ctx->pinned->free = cuda_pinned_free;
+	ctx->pinned->ctx = ctx->devices[first];
+	ctx->pinned->source = "cudaHostAlloc";
+	return TS_OK;
+}

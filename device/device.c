@@ -1,0 +1,580 @@
+/*
+ * device.c - the device set and the backend-independent half of device.h.
+ *
+ * A device set is every device the backends found, in the order cuda, sim,
+ * cpu, with one info record per backend. The public queue, event and memory
+ * functions check their arguments here, refuse work on a broken device, and
+ * dispatch through the device's backend ops. Pinned and pageable host memory
+ * are served here for every backend (pinned through the set's provider).
+ *
+ * Invariants: a set always holds cpu:0; the device array and the backend
+ * infos do not change after ts_device_set_new returns.
+ *
+ * Thread-safety: the set is immutable once built; per-device queue lists are
+ * guarded by the device's queues_mu.
+ */
+#include "device/device.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "device/backend.h"
+
+struct ts_device_set {
+	struct ts_device **devices;                 /* immutable after new */
+	size_t count;
+	struct ts_backend_info info[TS_BACKEND_COUNT];
+	struct ts__pinned_ops pinned;               /* immutable after new */
+};
+
+static const char *const memory_kind_names[TS_MEM_KIND_COUNT] = {
+	[TS_MEM_DEVICE] = "device",
+	[TS_MEM_PINNED_HOST] = "pinned_host",
+	[TS_MEM_UNPINNED_HOST] = "unpinned_host",
+};
+
+static const char *const backend_names[TS_BACKEND_COUNT] = {
+	[TS_BACKEND_CUDA] = "cuda",
+	[TS_BACKEND_SIM] = "sim",
+	[TS_BACKEND_CPU] = "cpu",
+};
+
+static const char *const copy_kind_names[] = {
+	[TS_COPY_H2D] = "H2D",
+	[TS_COPY_D2H] = "D2H",
+	[TS_COPY_D2D] = "D2D",
+	[TS_COPY_H2H] = "H2H",
+};
+
+const char *ts_memory_kind_name(enum ts_memory_kind kind)
+{
+	if ((unsigned)kind >= TS_MEM_KIND_COUNT)
+		return "unknown";
+	return memory_kind_names[kind];
+}
+
+bool ts_memory_kind_parse(const char *s, enum ts_memory_kind *out)
+{
+	if (!s)
+		return false;
+	for (int k = 0; k < TS_MEM_KIND_COUNT; k++) {
+		if (strcmp(s, memory_kind_names[k]) == 0) {
+			if (out)
+				*out = (enum ts_memory_kind)k;
+			return true;
+		}
+	}
+	return false;
+}
+
+const char *ts_backend_name(enum ts_backend_kind kind)
+{
+	if ((unsigned)kind >= TS_BACKEND_COUNT)
+		return "unknown";
+	return backend_names[kind];
+}
+
+/* ---- helpers shared by the backends ------------------------------------- */
+
+void ts__format_bytes(char *buf, size_t len, uint64_t bytes)
+{
+	static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+	double v = (double)bytes;
+	int u = -1;
+
+	if (bytes < 1024) {
+		snprintf(buf, len, "%" PRIu64 " B", bytes);
+		return;
+	}
+	while (v >= 1024.0 && u < 5) {
+		v /= 1024.0;
+		u++;
+	}
+	snprintf(buf, len, "%.2f %s", v, units[u]);
+}
+
+ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
+                  enum ts_memory_kind kind, uint64_t requested,
+                  uint64_t free_bytes, uint64_t limit_bytes, const char *cause)
+{
+	char req_h[32], free_h[32], limit_h[32];
+	ts_status st;
+
+	if (err && err->status != TS_OK)
+		return err->status;
+	ts__format_bytes(req_h, sizeof req_h, requested);
+	ts__format_bytes(free_h, sizeof free_h, free_bytes);
+	ts__format_bytes(limit_h, sizeof limit_h, limit_bytes);
+	st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+	                  "%s/%s: cannot allocate %" PRIu64 " bytes (%s); %" PRIu64
+	                  " bytes (%s) free of %" PRIu64 " (%s)%s%s",
+	                  dev->props.id, ts_memory_kind_name(kind), requested, req_h,
+	                  free_bytes, free_h, limit_bytes, limit_h,
+	                  cause ? ": " : "", cause ? cause : "");
+	ts_error_meta(err, "device", "%s", dev->props.id);
+	ts_error_meta(err, "memory_kind", "%s", ts_memory_kind_name(kind));
+	ts_error_meta_u64(err, "requested_bytes", requested);
+	ts_error_meta_u64(err, "free_bytes", free_bytes);
+	ts_error_meta_u64(err, "limit_bytes", limit_bytes);
+	return st;
+}
+
+bool ts__device_mark_broken(struct ts_device *dev)
+{
+	bool expected = false;
+
+	return atomic_compare_exchange_strong(&dev->broken, &expected, true);
+}
+
+struct ts_device *ts__device_new(struct ts__discover_ctx *ctx,
+                                 enum ts_backend_kind backend, int ordinal,
+                                 const struct ts__backend_ops *ops)
+{
+	struct ts_device *dev = calloc(1, sizeof *dev);
+
+	if (!dev)
+		return NULL;
+	if (pthread_mutex_init(&dev->queues_mu, NULL) != 0) {
+		free(dev);
+		return NULL;
+	}
+	snprintf(dev->props.id, sizeof dev->props.id, "%s:%d",
+	         ts_backend_name(backend), ordinal);
+	snprintf(dev->props.host, sizeof dev->props.host, "%s", ctx->host);
+	dev->props.backend = backend;
+	dev->props.ordinal = ordinal;
+	dev->props.simulated = backend == TS_BACKEND_SIM;
+	dev->ops = ops;
+	dev->pinned = ctx->pinned;
+	atomic_init(&dev->broken, false);
+	return dev;
+}
+
+void ts__device_destroy(struct ts_device *dev)
+{
+	if (!dev)
+		return;
+	if (dev->impl)
+		dev->ops->device_free(dev);
+	pthread_mutex_destroy(&dev->queues_mu);
+	free(dev);
+}
+
+ts_status ts__discover_add(struct ts__discover_ctx *ctx, struct ts_device *dev,
+                           struct ts_error *err)
+{
+	if (ctx->count == ctx->cap) {
+		size_t cap = ctx->cap ? ctx->cap * 2 : 8;
+		struct ts_device **v = realloc(ctx->devices, cap * sizeof *v);
+
+		if (!v) {
+			ts__device_destroy(dev);
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "device discovery: out of memory");
+		}
+		ctx->devices = v;
+		ctx->cap = cap;
+	}
+	ctx->devices[ctx->count++] = dev;
+	return TS_OK;
+}
+
+/* ---- the set -------------------------------------------------------------- */
+
+/* Frees a device of the set: its leftover queues (waiting for their work),
+ * then the backend's state. */
+static void device_release(struct ts_device *dev)
+{
+	struct ts_queue *q;
+
+	pthread_mutex_lock(&dev->queues_mu);
+	while ((q = dev->queues) != NULL) {
+		dev->queues = q->next;
+		if (dev->queues)
+			dev->queues->prev = NULL;
+		pthread_mutex_unlock(&dev->queues_mu);
+		dev->ops->queue_free(q);
+		pthread_mutex_lock(&dev->queues_mu);
+	}
+	pthread_mutex_unlock(&dev->queues_mu);
+	dev->ops->device_sync(dev, NULL);
+	ts__device_destroy(dev);
+}
+
+static void resolve_host(const struct ts_device_config *cfg, char *buf, size_t len)
+{
+	if (cfg->host) {
+		snprintf(buf, len, "%s", cfg->host);
+		return;
+	}
+	if (gethostname(buf, len) != 0) {
+		snprintf(buf, len, "localhost");
+		return;
+	}
+	buf[len - 1] = '\0';
+}
+
+ts_status ts_device_set_new(const struct ts_device_config *cfg,
+                            struct ts_device_set **out, struct ts_error *err)
+{
+	static const struct ts_device_config defaults = {
+		.sim_devices = -1, .sim_device_memory = 0, .cuda = true, .host = NULL,
+	};
+	struct ts__discover_ctx ctx = {0};
+	struct ts_device_set *set;
+	char host[64];
+	ts_status st;
+
+	*out = NULL;
+	if (!cfg)
+		cfg = &defaults;
+	set = calloc(1, sizeof *set);
+	if (!set)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "device set: out of memory");
+	ts__pinned_ops_default(&set->pinned);
+	resolve_host(cfg, host, sizeof host);
+	ctx.cfg = cfg;
+	ctx.host = host;
+	ctx.pinned = &set->pinned;
+
+	st = ts__cuda_discover(&ctx, &set->info[TS_BACKEND_CUDA], err);
+	if (st != TS_OK)
+		goto out_free;
+	if (cfg->sim_devices >= 0)
+		ctx.sim_devices = cfg->sim_devices;
+	else
+		ctx.sim_devices = set->info[TS_BACKEND_CUDA].device_count > 0 ? 0 : 2;
+	st = ts__sim_discover(&ctx, &set->info[TS_BACKEND_SIM], err);
+	if (st != TS_OK)
+		goto out_free;
+	st = ts__cpu_discover(&ctx, &set->info[TS_BACKEND_CPU], err);
+	if (st != TS_OK)
+		goto out_free;
+
+	set->devices = ctx.devices;
+	set->count = ctx.count;
+	*out = set;
+	return TS_OK;
+
+out_free:
+	for (size_t i = ctx.count; i-- > 0;)
+		device_release(ctx.devices[i]);
+	free(ctx.devices);
+	free(set);
+	return st;
+}
+
+void ts_device_set_free(struct ts_device_set *set)
+{
+	if (!set)
+		return;
+	/* CUDA devices last: the pinned provider may live in their context. */
+	for (size_t i = set->count; i-- > 0;)
+		device_release(set->devices[i]);
+	free(set->devices);
+	free(set);
+}
+
+size_t ts_device_set_count(const struct ts_device_set *set)
+{
+	return set->count;
+}
+
+struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i)
+{
+	return i < set->count ? set->devices[i] : NULL;
+}
+
+struct ts_device *ts_device_set_find(const struct ts_device_set *set,
+                                     const char *id)
+{
+	if (!id)
+		return NULL;
+	for (size_t i = 0; i < set->count; i++)
+		if (strcmp(set->devices[i]->props.id, id) == 0)
+			return set->devices[i];
+	return NULL;
+}
+
+void ts_device_set_backend(const struct ts_device_set *set,
+                           enum ts_backend_kind kind,
+                           struct ts_backend_info *out)
+{
+	if ((unsigned)kind >= TS_BACKEND_COUNT) {
+		memset(out, 0, sizeof *out);
+		out->kind = kind;
+		snprintf(out->detail, sizeof out->detail, "unknown backend");
+		return;
+	}
+	*out = set->info[kind];
+}
+
+enum ts_backend_kind ts_device_set_default_backend(const struct ts_device_set *set)
+{
+	for (int k = 0; k < TS_BACKEND_COUNT; k++)
+		if (set->info[k].device_count > 0)
+			return (enum ts_backend_kind)k;
+	return TS_BACKEND_CPU;
+}
+
+/* ---- devices ------------------------------------------------------------- */
+
+const struct ts_device_props *ts_device_props(const struct ts_device *dev)
+{
+	return &dev->props;
+}
+
+bool ts_device_has_memory_kind(const struct ts_device *dev, enum ts_memory_kind k)
+{
+	return dev && (unsigned)k < TS_MEM_KIND_COUNT;
+}
+
+bool ts_device_broken(const struct ts_device *dev)
+{
+	return atomic_load(&dev->broken);
+}
+
+static ts_status refuse_broken(const struct ts_device *dev, struct ts_error *err)
+{
+	return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+	                    "%s is unusable after an unrecoverable (sticky) error",
+	                    dev->props.id);
+}
+
+static ts_status bad_argument(struct ts_error *err, const char *what)
+{
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT", "%s", what);
+}
+
+ts_status ts_device_mem_alloc(struct ts_device *dev, enum ts_memory_kind kind,
+                              size_t size, void **out, struct ts_error *err)
+{
+	*out = NULL;
+	if (!dev || (unsigned)kind >= TS_MEM_KIND_COUNT)
+		return bad_argument(err, "device memory allocation: no device or unknown memory kind");
+	if (size == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "%s/%s: cannot allocate 0 bytes", dev->props.id,
+		                    ts_memory_kind_name(kind));
+	if (ts_device_broken(dev))
+		return refuse_broken(dev, err);
+	switch (kind) {
+	case TS_MEM_DEVICE:
+		return dev->ops->mem_alloc(dev, size, out, err);
+	case TS_MEM_PINNED_HOST:
+		return dev->pinned->alloc(dev->pinned->ctx, dev, size, out, err);
+	case TS_MEM_UNPINNED_HOST:
+	default:
+		return ts__host_pages_alloc(dev, kind, size, false, out, err);
+	}
+}
+
+void ts_device_mem_free(struct ts_device *dev, enum ts_memory_kind kind,
+                        void *p, size_t size)
+{
+	if (!dev || !p)
+		return;
+	switch (kind) {
+	case TS_MEM_DEVICE:
+		dev->ops->mem_free(dev, p, size);
+		break;
+	case TS_MEM_PINNED_HOST:
+		dev->pinned->free(dev->pinned->ctx, p, size);
+		break;
+	case TS_MEM_UNPINNED_HOST:
+		ts__host_pages_free(p, size);
+		break;
+	default:
+		break;
+	}
+}
+
+ts_status ts_device_sync(struct ts_device *dev, struct ts_error *err)
+{
+	if (!dev)
+		return bad_argument(err, "device sync: no device");
+	if (ts_device_broken(dev))
+		return refuse_broken(dev, err);
+	return dev->ops->device_sync(dev, err);
+}
+
+ts_status ts_device_mem_info(struct ts_device *dev, uint64_t *free_bytes,
+                             uint64_t *total_bytes, struct ts_error *err)
+{
+	uint64_t f = 0, t = 0;
+	ts_status st;
+
+	if (!dev)
+		return bad_argument(err, "device memory info: no device");
+	if (ts_device_broken(dev))
+		return refuse_broken(dev, err);
+	st = dev->ops->mem_info(dev, &f, &t, err);
+	if (free_bytes)
+		*free_bytes = f;
+	if (total_bytes)
+		*total_bytes = t;
+	return st;
+}
+
+/* ---- queues -------------------------------------------------------------- */
+
+ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,
+                       struct ts_error *err)
+{
+	struct ts_queue *q = NULL;
+	ts_status st;
+
+	*out = NULL;
+	if (!dev)
+		return bad_argument(err, "queue: no device");
+	if (ts_device_broken(dev))
+		return refuse_broken(dev, err);
+	st = dev->ops->queue_new(dev, &q, err);
+	if (st != TS_OK)
+		return st;
+	q->dev = dev;
+	pthread_mutex_lock(&dev->queues_mu);
+	q->prev = NULL;
+	q->next = dev->queues;
+	if (dev->queues)
+		dev->queues->prev = q;
+	dev->queues = q;
+	pthread_mutex_unlock(&dev->queues_mu);
+	*out = q;
+	return TS_OK;
+}
+
+void ts_queue_free(struct ts_queue *q)
+{
+	struct ts_device *dev;
+
+	if (!q)
+		return;
+	dev = q->dev;
+	pthread_mutex_lock(&dev->queues_mu);
+	if (q->prev)
+		q->prev->next = q->next;
+	else
+		dev->queues = q->next;
+	if (q->next)
+		q->next->prev = q->prev;
+	q->prev = q->next = NULL;
+	pthread_mutex_unlock(&dev->queues_mu);
+	dev->ops->queue_free(q);
+}
+
+struct ts_device *ts_queue_device(const struct ts_queue *q)
+{
+	return q->dev;
+}
+
+ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
+                        size_t n, enum ts_copy_kind kind, struct ts_error *err)
+{
+	if (!q || (unsigned)kind > TS_COPY_H2H)
+		return bad_argument(err, "copy: no queue or unknown copy kind");
+	if (n == 0)
+		return TS_OK;
+	if (!dst || !src)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "%s: %s copy of %zu bytes with a NULL end",
+		                    q->dev->props.id, copy_kind_names[kind], n);
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	return q->dev->ops->queue_copy(q, dst, src, n, kind, err);
+}
+
+ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                           struct ts_error *err)
+{
+	if (!q || !fn)
+		return bad_argument(err, "host function: no queue or no function");
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	return q->dev->ops->queue_host_fn(q, fn, arg, err);
+}
+
+ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,
+                              struct ts_error *err)
+{
+	if (!q || !ev)
+		return bad_argument(err, "wait: no queue or no event");
+	if (q->dev->ops->events != ev->dev->ops->events)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "a queue of %s cannot wait on an event of %s",
+		                    q->dev->props.id, ev->dev->props.id);
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	return q->dev->ops->queue_wait_event(q, ev, err);
+}
+
+ts_status ts_queue_sync(struct ts_queue *q, struct ts_error *err)
+{
+	if (!q)
+		return bad_argument(err, "queue sync: no queue");
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	return q->dev->ops->queue_sync(q, err);
+}
+
+/* ---- events -------------------------------------------------------------- */
+
+ts_status ts_event_new(struct ts_device *dev, struct ts_event **out,
+                       struct ts_error *err)
+{
+	struct ts_event *ev = NULL;
+	ts_status st;
+
+	*out = NULL;
+	if (!dev)
+		return bad_argument(err, "event: no device");
+	if (ts_device_broken(dev))
+		return refuse_broken(dev, err);
+	st = dev->ops->event_new(dev, &ev, err);
+	if (st != TS_OK)
+		return st;
+	ev->dev = dev;
+	*out = ev;
+	return TS_OK;
+}
+
+void ts_event_free(struct ts_event *ev)
+{
+	if (ev)
+		ev->dev->ops->event_free(ev);
+}
+
+ts_status ts_event_record(struct ts_event *ev, struct ts_queue *q,
+                          struct ts_error *err)
+{
+	if (!ev || !q)
+		return bad_argument(err, "record: no event or no queue");
+	if (ev->dev != q->dev)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "an event of %s cannot be recorded on a queue of %s",
+		                    ev->dev->props.id, q->dev->props.id);
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	return q->dev->ops->event_record(ev, q, err);
+}
+
+bool ts_event_done(struct ts_event *ev)
+{
+	if (!ev)
+		return true;
+	return ev->dev->ops->event_done(ev);
+}
+
+ts_status ts_event_sync(struct ts_event *ev, struct ts_error *err)
+{
+	if (!ev)
+		return bad_argument(err, "event sync: no event");
+	if (ts_device_broken(ev->dev))
+		return refuse_broken(ev->dev, err);
+	return ev->dev->ops->event_sync(ev, err);
+}

@@ -1,0 +1,239 @@
+/*
+ * device.h - accelerators and the host behind one interface.
+ *
+ * A device is one place that computes: a CUDA GPU ("cuda:0"), a simulated
+ * accelerator whose device memory is host memory with a hard capacity
+ * ("sim:0"), or the host itself ("cpu:0"). Every backend offers the same
+ * operations: raw memory per memory kind, in-order queues of asynchronous
+ * copies, events that mark a point in a queue, and host callbacks.
+ *
+ * Invariants: device properties are immutable after discovery; a device set
+ * lists backends in the order cuda, sim, cpu; a queue runs its work in
+ * submission order; an event completes once all work submitted to its queue
+ * before it was recorded has completed. Memory returned by ts_device_mem_alloc
+ * is never touched by this layer (first touch is the caller's choice).
+ *
+ * This layer knows nothing of array names, HTTP or JSON.
+ *
+ * Failures: a copy that fails makes its queue's later events complete with
+ * that failure until ts_queue_sync reports and clears it (on CUDA every such
+ * failure is sticky: UNAVAILABLE, and the device is broken for good). A
+ * broken device answers UNAVAILABLE to every call.
+ *
+ * Thread-safety: every function here may be called from any thread; queues
+ * and events may be used by several threads, but one queue's submission order
+ * is the order in which calls returned.
+ */
+#ifndef TS_DEVICE_H
+#define TS_DEVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+enum ts_memory_kind {
+	TS_MEM_DEVICE = 0,
+	TS_MEM_PINNED_HOST,
+	TS_MEM_UNPINNED_HOST,
+	TS_MEM_KIND_COUNT
+};
+
+/* "device", "pinned_host", "unpinned_host". */
+const char *ts_memory_kind_name(enum ts_memory_kind kind);
+
+/* Parses a memory kind name; false for anything else. */
+bool ts_memory_kind_parse(const char *s, enum ts_memory_kind *out);
+
+enum ts_backend_kind {
+	TS_BACKEND_CUDA = 0,
+	TS_BACKEND_SIM,
+	TS_BACKEND_CPU,
+	TS_BACKEND_COUNT
+};
+
+/* "cuda", "sim", "cpu". */
+const char *ts_backend_name(enum ts_backend_kind kind);
+
+/* What a device says about itself; immutable after discovery. */
+struct ts_device_props {
+	char id[32];              /* "cuda:0", "sim:1", "cpu:0" */
+	enum ts_backend_kind backend;
+	int ordinal;              /* index within its backend */
+	char name[128];           /* "NVIDIA H200", "tstage simulated accelerator" */
+	char host[64];            /* node the device lives on (hostname) */
+	uint64_t total_memory;    /* bytes of device memory the hardware has */
+	uint64_t free_memory;     /* bytes free at discovery */
+	int compute_major;        /* CUDA compute capability; 0 elsewhere */
+	int compute_minor;
+	int multiprocessors;      /* SMs on CUDA, cores on cpu, copy threads on sim */
+	char pci_bus_id[32];      /* CUDA only, else "" */
+	bool simulated;           /* true for sim devices: never presented as a GPU */
+};
+
+struct ts_device;   /* opaque: one device of one backend */
+struct ts_device_set;
+
+/* Direction of a copy, named by the kinds of its ends. */
+enum ts_copy_kind {
+	TS_COPY_H2D = 0,   /* host (pinned or not) -> device memory */
+	TS_COPY_D2H,       /* device memory -> host */
+	TS_COPY_D2D,       /* device memory -> device memory (same or peer) */
+	TS_COPY_H2H,       /* host -> host */
+};
+
+/* An in-order queue of asynchronous work on one device (a CUDA stream; a
+ * copy worker thread of its own on sim and on cpu: copies never run on the
+ * submitting thread). Opaque. */
+struct ts_queue;
+
+/* A marker recorded into a queue. Opaque. */
+struct ts_event;
+
+/* Discovery configuration. */
+struct ts_device_config {
+	int sim_devices;          /* < 0: 2 when no CUDA device exists, else 0 */
+	uint64_t sim_device_memory; /* capacity of each sim device, bytes; 0: 2 GiB */
+	bool cuda;                /* try the CUDA backend (false: skip it) */
+	const char *host;         /* node name reported; NULL: gethostname() */
+};
+
+/* Per-backend discovery outcome, for GET /v1/backends. */
+struct ts_backend_info {
+	enum ts_backend_kind kind;
+	bool compiled;            /* support built into this binary */
+	bool available;           /* at least one device */
+	int device_count;
+	char detail[160];         /* why unavailable ("cudaGetDeviceCount: no CUDA-capable device is detected"), or platform version */
+};
+
+/*
+ * Discovers every backend in the order cuda, sim, cpu. A CUDA build on a
+ * machine without a driver logs nothing here: the failure is kept in that
+ * backend's info.detail, and discovery goes on. cpu:0 always exists.
+ * Returns a new set owned by the caller (ts_device_set_free), or an error.
+ */
+ts_status ts_device_set_new(const struct ts_device_config *cfg,
+                            struct ts_device_set **out, struct ts_error *err);
+
+/* Synchronizes and frees every device, queue worker and backend resource.
+ * Queues still open are freed here (after their work); events and memory
+ * must have been freed by their owners first. NULL is a no-op. */
+void ts_device_set_free(struct ts_device_set *set);
+
+/* Number of devices, and the i-th (borrowed; lives as long as the set). */
+size_t ts_device_set_count(const struct ts_device_set *set);
+struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i);
+
+/* The device with this id, or NULL (borrowed). */
+struct ts_device *ts_device_set_find(const struct ts_device_set *set,
+                                     const char *id);
+
+/* Backend info (copied out). */
+void ts_device_set_backend(const struct ts_device_set *set,
+                           enum ts_backend_kind kind,
+                           struct ts_backend_info *out);
+
+/* The default backend: the first of cuda, sim, cpu that has devices. */
+enum ts_backend_kind ts_device_set_default_backend(const struct ts_device_set *set);
+
+/* Properties (borrowed, immutable). */
+const struct ts_device_props *ts_device_props(const struct ts_device *dev);
+
+/* Memory kinds a device offers, in order: device, pinned_host, unpinned_host.
+ * Every device offers all three. */
+bool ts_device_has_memory_kind(const struct ts_device *dev, enum ts_memory_kind k);
+
+/*
+ * Raw memory of a kind, for a memory pool to carve: device memory of a GPU
+ * (cudaMalloc), of a sim device (host pages, not touched), pinned host memory
+ * (cudaHostAlloc portable where CUDA exists, else host pages), pageable host
+ * memory. Sizes are exact. Fails with RESOURCE_EXHAUSTED (reason
+ * OUT_OF_MEMORY; message and metadata name the device, kind, requested, free
+ * and limit bytes), INVALID_ARGUMENT for size 0, or UNAVAILABLE on a sticky
+ * CUDA error. A sim device refuses anything past its remaining capacity.
+ * Returns memory owned by the caller, released with ts_device_mem_free and
+ * the same size.
+ */
+ts_status ts_device_mem_alloc(struct ts_device *dev, enum ts_memory_kind kind,
+                              size_t size, void **out, struct ts_error *err);
+void ts_device_mem_free(struct ts_device *dev, enum ts_memory_kind kind,
+                        void *p, size_t size);
+
+/* New in-order queue on dev (owned by caller; ts_queue_free waits for its
+ * work to finish first, and must not be called from the queue's own host
+ * function). RESOURCE_EXHAUSTED when no thread or stream can be made. */
+ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,
+                       struct ts_error *err);
+void ts_queue_free(struct ts_queue *q);
+
+/* The device a queue or event belongs to (borrowed). */
+struct ts_device *ts_queue_device(const struct ts_queue *q);
+
+/*
+ * Enqueues a copy of n bytes. dst and src stay borrowed: the caller keeps
+ * them alive until an event recorded after this copy completes. n == 0 is a
+ * no-op. A failure to enqueue is returned; a failure while copying makes the
+ * queue's later events complete with that error, until ts_queue_sync returns
+ * and clears it (later work still runs; the failed copy wrote nothing on sim).
+ */
+ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
+                        size_t n, enum ts_copy_kind kind, struct ts_error *err);
+
+/*
+ * Enqueues fn(arg) to run on a host thread after all earlier work in q (the
+ * queue's worker on sim and cpu, the driver's callback thread on CUDA); the
+ * queue's later work waits for it to return. fn must not call back into the
+ * device layer (ts_queue_free or ts_device_sync from it would deadlock): it
+ * only wakes someone.
+ */
+ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                           struct ts_error *err);
+
+/* Makes later work in q wait until ev, as last recorded, completes
+ * (cross-queue ordering). ev may belong to another device of the same kind
+ * of queues: any CUDA device for a CUDA queue, any sim or cpu device for a
+ * sim or cpu queue; otherwise INVALID_ARGUMENT. A never-recorded ev is no
+ * wait. On sim and cpu, an ev that completes with a failure passes the
+ * failure on to q. */
+ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,
+                              struct ts_error *err);
+
+/* Blocks until all work submitted to q so far has completed; returns the
+ * first copy failure seen by the queue, if any, and clears it (the queue's
+ * later events complete cleanly again). */
+ts_status ts_queue_sync(struct ts_queue *q, struct ts_error *err);
+
+/* Events, owned by the caller. ts_event_record marks the current end of q,
+ * which must be a queue of the event's own device (else INVALID_ARGUMENT);
+ * recording again moves the mark. ts_event_free may be called while a
+ * record is still pending: it waits for it (sim, cpu) or lets the driver
+ * release it later (CUDA). */
+ts_status ts_event_new(struct ts_device *dev, struct ts_event **out,
+                       struct ts_error *err);
+void ts_event_free(struct ts_event *ev);
+ts_status ts_event_record(struct ts_event *ev, struct ts_queue *q,
+                          struct ts_error *err);
+
+/* true when complete (or never recorded). */
+bool ts_event_done(struct ts_event *ev);
+
+/* Blocks until complete; returns the queue's copy failure, if any (the
+ * outcome stays with the event until it is recorded again). A failure already
+ * held by err is kept, as ts_error_set does. */
+ts_status ts_event_sync(struct ts_event *ev, struct ts_error *err);
+
+/* Waits for all work submitted to the device's queues so far (failures stay
+ * with their queues and events; on CUDA, cudaDeviceSynchronize). */
+ts_status ts_device_sync(struct ts_device *dev, struct ts_error *err);
+
+/* Live free/total device memory as the backend reports it now (cudaMemGetInfo
+ * on CUDA; the configured capacity on sim; MemAvailable/MemTotal on cpu). */
+ts_status ts_device_mem_info(struct ts_device *dev, uint64_t *free_bytes,
+                             uint64_t *total_bytes, struct ts_error *err);
+
+/* true once the device hit an unrecoverable (sticky) error; readiness drops. */
+bool ts_device_broken(const struct ts_device *dev);
+
+#endif

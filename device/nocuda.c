@@ -1,0 +1,23 @@
+/*
+ * nocuda.c - the CUDA backend of a build without CUDA (make CUDA=0).
+ *
+ * Discovery finds nothing and says why; sim and cpu take over. Compiled in
+ * place of device/cuda_*.c, with the same internal discovery function.
+ *
+ * Thread-safety: stateless.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "device/backend.h"
+
+ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
+                            struct ts_backend_info *info,
+                            struct ts_error *err)
+{
+	memset(info, 0, sizeof *info);
+	info->kind = TS_BACKEND_CUDA;
+	info->compiled = false;
+	snprintf(info->detail, sizeof info->detail, "built without CUDA");
+	return TS_OK;
+}

@@ -1,0 +1,138 @@
+/*
+ * api.c - ts_call lookups and ts_reply builders shared by every handler.
+ */
+#include "handlers/api.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *ts_call_param(const struct ts_call *c, const char *name)
+{
+	for (int i = 0; i < c->nparams; i++)
+		if (strcmp(c->params[i].name, name) == 0)
+			return c->params[i].value;
+	return NULL;
+}
+
+const char *ts_call_query(const struct ts_call *c, const char *key)
+{
+	return c->lookup ? c->lookup(c->conn, TS_LOOKUP_QUERY, key) : NULL;
+}
+
+const char *ts_call_header(const struct ts_call *c, const char *name)
+{
+	return c->lookup ? c->lookup(c->conn, TS_LOOKUP_HEADER, name) : NULL;
+}
+
+void ts_reply_release(struct ts_reply *r)
+{
+	json_decref(r->json);
+	free(r->text);
+	memset(r, 0, sizeof *r);
+}
+
+static void reply_reset_body(struct ts_reply *r)
+{
+	json_decref(r->json);
+	free(r->text);
+	r->json = NULL;
+	r->text = NULL;
+	r->text_len = 0;
+}
+
+void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body)
+{
+	reply_reset_body(r);
+	if (!body) {
+		ts_reply_fail(r, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		              "out of memory while building the response");
+		return;
+	}
+	r->kind = TS_REPLY_JSON;
+	r->ok = ok;
+	r->json = body;
+	r->content_type = "application/json";
+}
+
+void ts_reply_text_owned(struct ts_reply *r, enum ts_http_ok ok,
+                         const char *content_type, char *text, size_t len)
+{
+	reply_reset_body(r);
+	if (!text) {
+		ts_reply_fail(r, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		              "out of memory while building the response");
+		return;
+	}
+	r->kind = TS_REPLY_TEXT;
+	r->ok = ok;
+	r->text = text;
+	r->text_len = len;
+	r->content_type = content_type;
+}
+
+void ts_reply_text(struct ts_reply *r, enum ts_http_ok ok,
+                   const char *content_type, const char *text, size_t len)
+{
+	char *copy = malloc(len + 1);
+
+	if (copy) {
+		memcpy(copy, text, len);
+		copy[len] = '\0';
+	}
+	ts_reply_text_owned(r, ok, content_type, copy, len);
+}
+
+void ts_reply_error(struct ts_reply *r, const struct ts_error *err)
+{
+	reply_reset_body(r);
+	r->kind = TS_REPLY_ERROR;
+	r->error = *err;
+	if (r->error.status == TS_OK)
+		r->error.status = TS_INTERNAL;
+	r->content_type = "application/json";
+}
+
+ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
+                        const char *fmt, ...)
+{
+	struct ts_error e;
+	va_list ap;
+
+	ts_error_clear(&e);
+	e.status = st;
+	snprintf(e.reason, sizeof e.reason, "%s", reason);
+	va_start(ap, fmt);
+	vsnprintf(e.message, sizeof e.message, fmt, ap);
+	va_end(ap);
+	ts_reply_error(r, &e);
+	return st;
+}
+
+void ts_reply_header(struct ts_reply *r, const char *name, const char *value)
+{
+	if (r->nheaders >= TS_REPLY_MAX_HEADERS)
+		return;
+	snprintf(r->headers[r->nheaders].name, sizeof r->headers[0].name, "%s", name);
+	snprintf(r->headers[r->nheaders].value, sizeof r->headers[0].value, "%s", value);
+	r->nheaders++;
+}
+
+json_t *ts_error_to_json(const struct ts_error *err, int http_code)
+{
+	json_t *meta = json_object(), *info, *root;
+
+	for (int i = 0; meta && i < err->nmeta; i++)
+		json_object_set_new(meta, err->meta[i].key, json_string(err->meta[i].value));
+	info = json_pack("{s:s, s:s, s:s, s:o}",
+	                 "@type", "type.googleapis.com/google.rpc.ErrorInfo",
+	                 "reason", err->reason[0] ? err->reason : ts_status_name(err->status),
+	                 "domain", "tstage", "metadata", meta ? meta : json_object());
+	root = json_pack("{s:{s:i, s:s, s:s, s:[o]}}", "error",
+	                 "code", http_code ? http_code : ts_status_http(err->status),
+	                 "status", ts_status_name(err->status),
+	                 "message", err->message,
+	                 "details", info ? info : json_object());
+	return root;
+}

@@ -1,0 +1,131 @@
+/*
+ * api.h - what a handler receives and what it answers, free of any HTTP
+ * library.
+ *
+ * The server turns each HTTP request into a ts_call (method, matched path
+ * parameters, query and header lookups, the body when the route takes one)
+ * and hands it to the route's handler together with an empty ts_reply. The
+ * handler parses, calls the core, and fills the reply: a JSON value, text,
+ * or an error in the google.rpc.Status shape. The server renders the reply.
+ * Handlers never see libmicrohttpd and never write HTTP numbers: success
+ * codes come from enum ts_http_ok, failures from ts_status.
+ *
+ * Thread-safety: a call and its reply belong to one request on one thread;
+ * struct ts_core is shared by every request and holds only thread-safe
+ * objects or values immutable after start.
+ */
+#ifndef TS_HANDLERS_API_H
+#define TS_HANDLERS_API_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "device/device.h"
+
+struct ts_memory;
+
+/* The core objects every handler may use; immutable after start. */
+struct ts_core {
+	struct ts_device_set *devices;
+	struct ts_memory *memory;
+	struct ts_device *default_device;
+	enum ts_memory_kind default_memory_kind;
+	const char *version;
+	const char *host;
+	uint64_t started_ns;         /* monotonic clock at start */
+	uint64_t started_wall_ns;
+};
+
+#define TS_CALL_MAX_PARAMS 4
+
+struct ts_call {
+	const struct ts_core *core;
+	const char *method;
+	const char *path;
+	const char *request_id;
+	int nparams;
+	struct {
+		const char *name;    /* from the route pattern, e.g. "device" */
+		const char *value;   /* borrowed, NUL-terminated */
+	} params[TS_CALL_MAX_PARAMS];
+	const char *body;        /* JSON routes: the whole body, NUL-terminated; else NULL */
+	size_t body_len;
+	/* private: lookups answered by the server */
+	void *conn;
+	const char *(*lookup)(void *conn, int where, const char *key);
+};
+
+enum ts_http_ok {
+	TS_HTTP_OK = 200,
+	TS_HTTP_CREATED = 201,
+	TS_HTTP_ACCEPTED = 202,
+	TS_HTTP_NO_CONTENT = 204,
+};
+
+enum ts_reply_kind { TS_REPLY_NONE = 0, TS_REPLY_JSON, TS_REPLY_TEXT, TS_REPLY_ERROR };
+
+#define TS_REPLY_MAX_HEADERS 8
+
+struct ts_reply {
+	enum ts_reply_kind kind;
+	enum ts_http_ok ok;          /* success code for JSON/TEXT */
+	json_t *json;                /* owned (TS_REPLY_JSON) */
+	char *text;                  /* owned, malloc'd (TS_REPLY_TEXT) */
+	size_t text_len;
+	const char *content_type;    /* static string */
+	struct ts_error error;       /* TS_REPLY_ERROR */
+	int nheaders;
+	struct {
+		char name[40];
+		char value[200];
+	} headers[TS_REPLY_MAX_HEADERS];
+};
+
+/* A path parameter by name (borrowed), or NULL. */
+const char *ts_call_param(const struct ts_call *c, const char *name);
+
+/* A query argument (borrowed, already percent-decoded), or NULL. */
+const char *ts_call_query(const struct ts_call *c, const char *key);
+
+/* A request header (borrowed), or NULL. */
+const char *ts_call_header(const struct ts_call *c, const char *name);
+
+/* Lookup spaces for ts_call.lookup. */
+enum { TS_LOOKUP_QUERY = 1, TS_LOOKUP_HEADER = 2 };
+
+/* Answers with a JSON value; steals the reference to body. */
+void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body);
+
+/* Answers with text (copied). */
+void ts_reply_text(struct ts_reply *r, enum ts_http_ok ok,
+                   const char *content_type, const char *text, size_t len);
+
+/* Answers with text the reply takes ownership of (malloc'd). */
+void ts_reply_text_owned(struct ts_reply *r, enum ts_http_ok ok,
+                         const char *content_type, char *text, size_t len);
+
+/* Answers with the error err (copied). */
+void ts_reply_error(struct ts_reply *r, const struct ts_error *err);
+
+/* Answers with a new error; returns st. */
+ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
+                        const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Adds a response header (copied; dropped past TS_REPLY_MAX_HEADERS). */
+void ts_reply_header(struct ts_reply *r, const char *name, const char *value);
+
+/* Frees what the reply owns and resets it. */
+void ts_reply_release(struct ts_reply *r);
+
+/*
+ * The google.rpc.Status body of err:
+ * {"error": {"code", "status", "message", "details": [ErrorInfo]}}, where
+ * code is http_code when non-zero (405 for a wrong method), else the status'
+ * canonical HTTP number. Returns a new reference (NULL when out of memory).
+ */
+json_t *ts_error_to_json(const struct ts_error *err, int http_code);
+
+#endif

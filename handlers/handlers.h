@@ -1,0 +1,35 @@
+/*
+ * handlers.h - every route's handler, one file per resource.
+ *
+ * A handler reads a ts_call and fills a ts_reply (see api.h). Each is safe to
+ * run on any server thread at the same time as any other.
+ */
+#ifndef TS_HANDLERS_H
+#define TS_HANDLERS_H
+
+#include "handlers/api.h"
+
+struct ts_space;
+
+typedef void ts_handler_fn(const struct ts_call *call, struct ts_reply *reply);
+
+/* health.c */
+ts_handler_fn ts_h_livez;
+
+/* backends.c */
+ts_handler_fn ts_h_backends_list;
+
+/* devices.c */
+ts_handler_fn ts_h_devices_list;
+ts_handler_fn ts_h_devices_get;
+ts_handler_fn ts_h_devices_memory_stats;
+
+/* memory.c */
+ts_handler_fn ts_h_memory_get;
+ts_handler_fn ts_h_memory_reset_peak;
+
+/* The stats of one space as JSON: JAX memory_stats() keys plus free bytes.
+ * New reference, NULL when out of memory. */
+json_t *ts_h_space_stats_json(const struct ts_space *sp);
+
+#endif

@@ -1,0 +1,224 @@
+/*
+ * config.c - the option table, and parsing of flags and TSTAGE_* variables.
+ */
+#include "server/config.h"
+
+#include <ctype.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/units.h"
+
+enum opt_type { OPT_INT, OPT_SIZE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL };
+
+struct opt {
+	const char *flag;       /* without the leading "--" */
+	enum opt_type type;
+	size_t offset;
+	size_t size;            /* buffer size for strings */
+	long lo, hi;            /* bounds for OPT_INT */
+	const char *def;        /* default as shown in --help */
+	const char *help;
+};
+
+#define F(field) offsetof(struct ts_config, field), sizeof(((struct ts_config *)0)->field)
+
+static const struct opt options[] = {
+	{"port", OPT_INT, F(port), 0, 65535, "8470", "TCP port (0: an ephemeral port)"},
+	{"bind", OPT_STRING, F(bind), 0, 0, "127.0.0.1", "address to listen on (IPv4 or IPv6)"},
+	{"threads", OPT_INT, F(threads), 0, 1024, "cores", "HTTP worker threads"},
+	{"sim-devices", OPT_INT, F(sim_devices), -1, 64, "2 without GPU",
+	 "simulated accelerators (0: none; -1: 2 when no CUDA device)"},
+	{"sim-device-memory", OPT_SIZE, F(sim_device_memory), 0, 0, "2GiB",
+	 "device memory of each simulated accelerator"},
+	{"device-memory-fraction", OPT_FRACTION, F(device_memory_fraction), 0, 0, "0.75",
+	 "share of each GPU's free memory the device pool reserves"},
+	{"preallocate", OPT_BOOL, F(preallocate), 0, 0, "false",
+	 "pin the whole pinned_host pool at start"},
+	{"pinned-host-limit", OPT_SIZE, F(pinned_host_limit), 0, 0, "RAM/4",
+	 "node-wide pinned_host budget"},
+	{"unpinned-host-limit", OPT_SIZE, F(unpinned_host_limit), 0, 0, "RAM/2",
+	 "node-wide unpinned_host budget"},
+	{"default-memory-kind", OPT_KIND, F(default_memory_kind), 0, 0, "device",
+	 "memory kind of uploads that name no placement"},
+	{"default-device", OPT_STRING, F(default_device), 0, 0, "first device",
+	 "default device (JAX's jax_default_device)"},
+	{"log-level", OPT_LEVEL, F(log_level), 0, 0, "info", "debug, info, warn or error"},
+	{"cuda", OPT_BOOL, F(cuda), 0, 0, "true", "use the CUDA backend when built in"},
+	{"token-file", OPT_STRING, F(token_file), 0, 0, "none",
+	 "file holding the bearer token every /v1 call must present"},
+	{"insecure", OPT_BOOL, F(insecure), 0, 0, "false",
+	 "allow a non-loopback bind without a token"},
+	{"port-file", OPT_STRING, F(port_file), 0, 0, "none",
+	 "write the bound port to this file once listening"},
+	{"drain-seconds", OPT_INT, F(drain_seconds), 0, 3600, "30",
+	 "how long SIGTERM waits for in-flight requests"},
+};
+
+#define NOPTIONS (sizeof options / sizeof options[0])
+
+static void set_defaults(struct ts_config *cfg)
+{
+	memset(cfg, 0, sizeof *cfg);
+	cfg->port = 8470;
+	strcpy(cfg->bind, "127.0.0.1");
+	cfg->sim_devices = -1;
+	cfg->sim_device_memory = 2ull << 30;
+	cfg->device_memory_fraction = 0.75;
+	cfg->default_memory_kind = TS_MEM_DEVICE;
+	cfg->log_level = TS_LOG_INFO;
+	cfg->cuda = true;
+	cfg->drain_seconds = 30;
+}
+
+static bool parse_bool(const char *s, bool *out)
+{
+	static const char *const yes[] = {"1", "true", "yes", "on"};
+	static const char *const no[] = {"0", "false", "no", "off"};
+
+	for (size_t i = 0; i < 4; i++) {
+		if (strcasecmp(s, yes[i]) == 0)
+			return (*out = true);
+		if (strcasecmp(s, no[i]) == 0)
+			return !(*out = false);
+	}
+	return false;
+}
+
+/* Stores value into the field of o; false when it does not parse. */
+static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
+{
+	char *field = (char *)cfg + o->offset;
+	long l;
+	double d;
+	char *end;
+
+	switch (o->type) {
+	case OPT_INT:
+		if (!ts_parse_long(value, o->lo, o->hi, &l))
+			return false;
+		*(int *)field = (int)l;
+		return true;
+	case OPT_SIZE:
+		return ts_parse_size(value, (uint64_t *)field);
+	case OPT_FRACTION:
+		d = strtod(value, &end);
+		if (*value == '\0' || *end || !(d > 0.0 && d <= 1.0))
+			return false;
+		*(double *)field = d;
+		return true;
+	case OPT_BOOL:
+		return parse_bool(value, (bool *)field);
+	case OPT_STRING:
+		if (strlen(value) >= o->size)
+			return false;
+		strcpy(field, value);
+		return true;
+	case OPT_KIND:
+		return ts_memory_kind_parse(value, (enum ts_memory_kind *)field);
+	case OPT_LEVEL:
+		return ts_log_level_parse(value, (enum ts_log_level *)field);
+	}
+	return false;
+}
+
+static void env_name(const struct opt *o, char *buf, size_t cap)
+{
+	size_t i = 0, j = 0;
+
+	j = (size_t)snprintf(buf, cap, "TSTAGE_");
+	for (; o->flag[i] && j + 1 < cap; i++)
+		buf[j++] = o->flag[i] == '-' ? '_' : (char)toupper((unsigned char)o->flag[i]);
+	buf[j] = '\0';
+}
+
+static void usage(FILE *out)
+{
+	char env[64];
+
+	fprintf(out, "usage: tstaged [options]\n\n"
+	             "tstage: a tensor staging service for GPU nodes.\n\n"
+	             "options (each also read from the environment variable shown):\n");
+	for (size_t i = 0; i < NOPTIONS; i++) {
+		env_name(&options[i], env, sizeof env);
+		fprintf(out, "  --%-24s %s [default %s] (%s)\n", options[i].flag,
+		        options[i].help, options[i].def, env);
+	}
+	fprintf(out, "  --%-24s %s\n  --%-24s %s\n", "help", "show this text", "version",
+	        "print the version");
+}
+
+static const struct opt *find_opt(const char *name, size_t len)
+{
+	for (size_t i = 0; i < NOPTIONS; i++)
+		if (strlen(options[i].flag) == len && strncmp(options[i].flag, name, len) == 0)
+			return &options[i];
+	return NULL;
+}
+
+enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
+                                      char **argv, FILE *out, FILE *err)
+{
+	char env[64];
+
+	set_defaults(cfg);
+	for (size_t i = 0; i < NOPTIONS; i++) {
+		const char *v;
+
+		env_name(&options[i], env, sizeof env);
+		v = getenv(env);
+		if (v && *v && !apply(cfg, &options[i], v)) {
+			fprintf(err, "tstaged: invalid value '%s' in %s\n", v, env);
+			return TS_CONFIG_EXIT_USAGE;
+		}
+	}
+	for (int i = 1; i < argc; i++) {
+		const char *arg = argv[i], *name, *eq, *value;
+		const struct opt *o;
+
+		if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+			usage(out);
+			return TS_CONFIG_EXIT_OK;
+		}
+		if (strcmp(arg, "--version") == 0) {
+			fprintf(out, "tstaged %s (%s)\n", TS_VERSION, TS_GIT_REV);
+			return TS_CONFIG_EXIT_OK;
+		}
+		if (strncmp(arg, "--", 2) != 0) {
+			fprintf(err, "tstaged: unexpected argument '%s' (see --help)\n", arg);
+			return TS_CONFIG_EXIT_USAGE;
+		}
+		name = arg + 2;
+		eq = strchr(name, '=');
+		o = find_opt(name, eq ? (size_t)(eq - name) : strlen(name));
+		if (!o && !eq && strncmp(name, "no-", 3) == 0) {
+			o = find_opt(name + 3, strlen(name + 3));
+			if (o && o->type == OPT_BOOL) {
+				apply(cfg, o, "false");
+				continue;
+			}
+			o = NULL;
+		}
+		if (!o) {
+			fprintf(err, "tstaged: unknown option '%s' (see --help)\n", arg);
+			return TS_CONFIG_EXIT_USAGE;
+		}
+		if (eq)
+			value = eq + 1;
+		else if (o->type == OPT_BOOL)
+			value = "true";
+		else if (i + 1 < argc)
+			value = argv[++i];
+		else {
+			fprintf(err, "tstaged: option '--%s' needs a value\n", o->flag);
+			return TS_CONFIG_EXIT_USAGE;
+		}
+		if (!apply(cfg, o, value)) {
+			fprintf(err, "tstaged: invalid value '%s' for --%s (%s)\n", value, o->flag,
+			        o->help);
+			return TS_CONFIG_EXIT_USAGE;
+		}
+	}
+	return TS_CONFIG_RUN;
+}

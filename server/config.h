@@ -1,0 +1,53 @@
+/*
+ * config.h - tstaged's configuration from flags and TSTAGE_* environment
+ * variables.
+ *
+ * Every option has a flag (--sim-devices 2) and an environment variable
+ * (TSTAGE_SIM_DEVICES=2); a flag wins over the environment, which wins over
+ * the default. The option table is the single source of the --help text, the
+ * README table and validation.
+ *
+ * Thread-safety: parsed once in main(); immutable afterwards.
+ */
+#ifndef TS_CONFIG_H
+#define TS_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/log.h"
+#include "device/device.h"
+
+struct ts_config {
+	int port;                        /* 0: ephemeral */
+	char bind[64];
+	int threads;                     /* 0: number of online cores */
+	int sim_devices;                 /* -1: 2 when no GPU, else 0 */
+	uint64_t sim_device_memory;
+	double device_memory_fraction;
+	bool preallocate;
+	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory */
+	uint64_t unpinned_host_limit;    /* 0: half of physical memory */
+	enum ts_memory_kind default_memory_kind;
+	char default_device[32];         /* "" : the default backend's first device */
+	enum ts_log_level log_level;
+	bool cuda;                       /* false: skip the CUDA backend */
+	char token_file[512];
+	bool insecure;
+	char port_file[512];             /* write the bound port here once listening */
+	int drain_seconds;               /* how long SIGTERM waits for requests */
+};
+
+enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };
+
+/*
+ * Fills cfg from defaults, then the environment (envp-style lookup through
+ * getenv), then argv. --help and --version print to out and return
+ * TS_CONFIG_EXIT_OK; a bad value prints a message naming the option to err
+ * and returns TS_CONFIG_EXIT_USAGE.
+ */
+enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
+                                      char **argv, FILE *out, FILE *err);
+
+#endif

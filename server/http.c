@@ -1,0 +1,394 @@
+/*
+ * http.c - the request pipeline on libmicrohttpd: match the route on the
+ * first callback, authenticate, take the body as it streams in, run the
+ * handler on the last callback, render its reply, and on completion log the
+ * request and count it.
+ *
+ * Per-request state lives in *req_cls and is freed only in the completion
+ * callback. Errors found before the body arrives are answered at once, so a
+ * client sending Expect: 100-continue never sends a body that would be
+ * refused.
+ */
+#include "server/server_int.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "server/router.h"
+
+struct request {
+	struct ts_server *srv;
+	size_t route;                    /* ts_nroutes when unmatched */
+	uint64_t start_ns;
+	char id[72];
+	char method[16];
+	char path[256];                  /* truncated copy for the log */
+	struct ts_route_match match;
+	bool failed;                     /* reply already decided (error) */
+	struct ts_reply reply;
+	char *body;
+	size_t body_len, body_cap;
+	int http_code;
+};
+
+static const char *lookup(void *conn, int where, const char *key)
+{
+	enum MHD_ValueKind kind = where == TS_LOOKUP_QUERY ? MHD_GET_ARGUMENT_KIND
+	                                                   : MHD_HEADER_KIND;
+
+	return MHD_lookup_connection_value(conn, kind, key);
+}
+
+static bool valid_request_id(const char *s)
+{
+	size_t n = 0;
+
+	if (!s)
+		return false;
+	for (; s[n]; n++) {
+		char c = s[n];
+
+		if (n >= 64 || !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') ||
+		                 (c >= 'A' && c <= 'Z') || c == '-' || c == '_' || c == '.'))
+			return false;
+	}
+	return n > 0;
+}
+
+/* Constant-time comparison of the presented bearer token. */
+static bool token_ok(const struct ts_server *srv, const char *auth)
+{
+	static const char prefix[] = "Bearer ";
+	unsigned char diff = 0;
+	size_t n;
+
+	if (!auth || strncmp(auth, prefix, sizeof prefix - 1) != 0)
+		return false;
+	auth += sizeof prefix - 1;
+	n = strlen(auth);
+	diff = (unsigned char)(n != srv->token_len);
+	for (size_t i = 0; i < srv->token_len; i++)
+		diff |= (unsigned char)(srv->token[i] ^ (i < n ? auth[i] : 0));
+	return diff == 0;
+}
+
+static struct request *request_new(struct ts_server *srv,
+                                   struct MHD_Connection *conn, const char *url,
+                                   const char *method)
+{
+	struct request *rq = calloc(1, sizeof *rq);
+	const char *given;
+
+	if (!rq)
+		return NULL;
+	rq->srv = srv;
+	rq->start_ns = ts_now_ns();
+	rq->route = ts_nroutes;
+	snprintf(rq->method, sizeof rq->method, "%s", method);
+	snprintf(rq->path, sizeof rq->path, "%s", url);
+	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
+	if (valid_request_id(given))
+		snprintf(rq->id, sizeof rq->id, "%s", given);
+	else
+		snprintf(rq->id, sizeof rq->id, "%s-%llx", srv->id_prefix,
+		         (unsigned long long)atomic_fetch_add(&srv->next_id, 1));
+	return rq;
+}
+
+/* Decides routing, auth and body admission on the first callback. */
+static void request_admit(struct request *rq, struct MHD_Connection *conn,
+                          const char *url, const char *method)
+{
+	struct ts_server *srv = rq->srv;
+	const struct ts_route *route;
+	const char *len_s;
+	char allow[96];
+
+	switch (ts_route_find(ts_routes, ts_nroutes, method, url, &rq->match)) {
+	case TS_MATCH_NO_PATH:
+		rq->failed = true;
+		ts_reply_fail(&rq->reply, TS_NOT_FOUND, "ROUTE_NOT_FOUND",
+		              "no resource at '%s'", rq->path);
+		return;
+	case TS_MATCH_BAD_METHOD:
+		rq->failed = true;
+		ts_reply_fail(&rq->reply, TS_UNIMPLEMENTED, "METHOD_NOT_ALLOWED",
+		              "method %s is not allowed on '%s'; allowed: %s", rq->method,
+		              rq->path, rq->match.allow);
+		snprintf(allow, sizeof allow, "%s", rq->match.allow);
+		ts_reply_header(&rq->reply, "Allow", allow);
+		rq->http_code = 405;
+		return;
+	case TS_MATCH_FOUND:
+		break;
+	}
+	rq->route = rq->match.index;
+	route = &ts_routes[rq->route];
+	if (srv->token_len && !route->public_route &&
+	    !token_ok(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
+		rq->failed = true;
+		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
+		              "a valid 'Authorization: Bearer <token>' header is required");
+		ts_reply_header(&rq->reply, "WWW-Authenticate", "Bearer realm=\"tstage\"");
+		return;
+	}
+	len_s = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	                                    MHD_HTTP_HEADER_CONTENT_LENGTH);
+	if (route->body == TS_BODY_JSON && len_s && strtoull(len_s, NULL, 10) > TS_JSON_BODY_MAX) {
+		rq->failed = true;
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
+		              "a JSON body may hold at most %u bytes; this one has %s",
+		              TS_JSON_BODY_MAX, len_s);
+	}
+}
+
+/* Takes one piece of the body. */
+static void request_take_body(struct request *rq, const char *data, size_t n)
+{
+	const struct ts_route *route = rq->route < ts_nroutes ? &ts_routes[rq->route] : NULL;
+
+	if (rq->failed || !route || route->body != TS_BODY_JSON)
+		return;        /* drained and dropped */
+	if (rq->body_len + n > TS_JSON_BODY_MAX) {
+		rq->failed = true;
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
+		              "a JSON body may hold at most %u bytes", TS_JSON_BODY_MAX);
+		return;
+	}
+	if (rq->body_len + n + 1 > rq->body_cap) {
+		size_t cap = (rq->body_len + n + 1) * 2;
+		char *grown = realloc(rq->body, cap < TS_JSON_BODY_MAX + 1 ? cap : TS_JSON_BODY_MAX + 1);
+
+		if (!grown) {
+			rq->failed = true;
+			ts_reply_fail(&rq->reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			              "no memory for the request body");
+			return;
+		}
+		rq->body = grown;
+		rq->body_cap = cap < TS_JSON_BODY_MAX + 1 ? cap : TS_JSON_BODY_MAX + 1;
+	}
+	memcpy(rq->body + rq->body_len, data, n);
+	rq->body_len += n;
+	rq->body[rq->body_len] = '\0';
+}
+
+static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
+{
+	const struct ts_route *route = &ts_routes[rq->route];
+	struct ts_call call = {
+		.core = &rq->srv->core,
+		.method = rq->method,
+		.path = rq->path,
+		.request_id = rq->id,
+		.body = rq->body,
+		.body_len = rq->body_len,
+		.conn = conn,
+		.lookup = lookup,
+	};
+
+	call.nparams = rq->match.nparams;
+	for (int i = 0; i < rq->match.nparams; i++) {
+		call.params[i].name = rq->match.params[i].name;
+		call.params[i].value = rq->match.params[i].value;
+	}
+	if (route->fn)
+		route->fn(&call, &rq->reply);
+	else
+		route->sfn(rq->srv, &call, &rq->reply);
+	if (rq->reply.kind == TS_REPLY_NONE)
+		ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the handler gave no answer");
+}
+
+static const char fallback_error[] =
+	"{\"error\":{\"code\":500,\"status\":\"INTERNAL\",\"message\":\"cannot render the response\"}}";
+
+/* Renders rq->reply into an MHD response and queues it. */
+static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn)
+{
+	struct ts_reply *r = &rq->reply;
+	struct MHD_Response *resp = NULL;
+	char *text = NULL;
+	size_t len = 0;
+	enum MHD_Result ret;
+
+	if (r->kind == TS_REPLY_ERROR) {
+		json_t *j = ts_error_to_json(&r->error, rq->http_code);
+
+		text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+		json_decref(j);
+		if (!rq->http_code)
+			rq->http_code = ts_status_http(r->error.status);
+		if (r->error.status != TS_INTERNAL && r->error.status != TS_UNKNOWN)
+			; /* client-side outcomes are logged at info by the completion */
+		else
+			ts_log(TS_LOG_ERROR, NULL, "request %s %s failed: %s", rq->method, rq->path,
+			       r->error.message);
+	} else if (r->kind == TS_REPLY_JSON) {
+		text = json_dumps(r->json, JSON_COMPACT);
+		rq->http_code = (int)r->ok;
+	} else {
+		text = r->text;
+		len = r->text_len;
+		r->text = NULL;
+		rq->http_code = (int)r->ok;
+	}
+	if (text && r->kind != TS_REPLY_TEXT) {
+		len = strlen(text);
+		if (len + 1 < 64 * 1024) {      /* small JSON: add a newline for curl users */
+			char *nl = realloc(text, len + 2);
+
+			if (nl) {
+				text = nl;
+				text[len++] = '\n';
+				text[len] = '\0';
+			}
+		}
+	}
+	if (text)
+		resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+	if (!resp) {
+		free(text);
+		rq->http_code = 500;
+		resp = MHD_create_response_from_buffer(sizeof fallback_error - 1,
+		                                       (void *)fallback_error,
+		                                       MHD_RESPMEM_PERSISTENT);
+		if (!resp)
+			return MHD_NO;
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	} else {
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+		                        r->content_type ? r->content_type : "application/json");
+	}
+	MHD_add_response_header(resp, "X-Request-Id", rq->id);
+	for (int i = 0; i < r->nheaders; i++)
+		MHD_add_response_header(resp, r->headers[i].name, r->headers[i].value);
+	ret = MHD_queue_response(conn, (unsigned int)rq->http_code, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
+                                  const char *url, const char *method,
+                                  const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **req_cls)
+{
+	struct ts_server *srv = cls;
+	struct request *rq = *req_cls;
+
+	(void)version;
+	if (!rq) {
+		rq = request_new(srv, conn, url, method);
+		if (!rq)
+			return MHD_NO;
+		*req_cls = rq;
+		atomic_fetch_add(&srv->inflight, 1);
+		request_admit(rq, conn, url, method);
+		if (rq->failed)
+			return request_respond(rq, conn);
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		request_take_body(rq, upload_data, *upload_data_size);
+		*upload_data_size = 0;
+		return MHD_YES;
+	}
+	if (!rq->failed)
+		request_dispatch(rq, conn);
+	return request_respond(rq, conn);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+	struct ts_server *srv = cls;
+	struct request *rq = *req_cls;
+	uint64_t dur;
+
+	(void)conn;
+	if (!rq)
+		return;
+	dur = ts_now_ns() - rq->start_ns;
+	if (!rq->http_code)
+		rq->http_code = 499;     /* the client went away before an answer */
+	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
+	if (ts_log_enabled(TS_LOG_INFO)) {
+		char fields[640], path[300];
+
+		snprintf(fields, sizeof fields,
+		         "\"request_id\":\"%s\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
+		         "\"duration_ms\":%.3f,\"completed\":%s",
+		         rq->id, rq->method, ts_json_escape(path, sizeof path, rq->path),
+		         rq->http_code, (double)dur / 1e6,
+		         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "true" : "false");
+		ts_log(TS_LOG_INFO, fields, "request");
+	}
+	ts_reply_release(&rq->reply);
+	free(rq->body);
+	free(rq);
+	*req_cls = NULL;
+	atomic_fetch_sub(&srv->inflight, 1);
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+{
+	char msg[512];
+
+	(void)cls;
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	msg[strcspn(msg, "\n")] = '\0';
+	ts_log(TS_LOG_WARN, "\"component\":\"libmicrohttpd\"", "%s", msg);
+}
+
+ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
+{
+	struct sockaddr_storage ss;
+	struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
+	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
+	unsigned int flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
+	                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
+	const union MHD_DaemonInfo *info;
+	int threads = srv->cfg.threads;
+
+	memset(&ss, 0, sizeof ss);
+	if (inet_pton(AF_INET, srv->cfg.bind, &v4->sin_addr) == 1) {
+		v4->sin_family = AF_INET;
+		v4->sin_port = htons((uint16_t)srv->cfg.port);
+	} else if (inet_pton(AF_INET6, srv->cfg.bind, &v6->sin6_addr) == 1) {
+		v6->sin6_family = AF_INET6;
+		v6->sin6_port = htons((uint16_t)srv->cfg.port);
+		flags |= MHD_USE_IPv6;
+	} else {
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BIND",
+		                    "--bind '%s' is not an IPv4 or IPv6 address", srv->cfg.bind);
+	}
+	if (threads <= 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+		threads = n > 0 ? (int)n : 1;
+	}
+	srv->daemon = MHD_start_daemon(
+		flags, 0, NULL, NULL, on_request, srv,
+		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
+		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
+		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)300,
+		MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+		MHD_OPTION_END);
+	if (!srv->daemon)
+		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
+		                    "cannot listen on %s port %d (in use, or not allowed)",
+		                    srv->cfg.bind, srv->cfg.port);
+	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
+	srv->port = info ? (int)info->port : srv->cfg.port;
+	return TS_OK;
+}

@@ -1,0 +1,253 @@
+/*
+ * server.c - tstaged's lifecycle: start (devices, memory, token, listen),
+ * the server-answered routes (readiness, metrics), drain and stop.
+ */
+#include "server/server_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "server/router.h"
+#include "server/server_routes.h"
+#include "storage/space.h"
+
+static bool loopback(const char *addr)
+{
+	return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0 ||
+	       strcmp(addr, "localhost") == 0;
+}
+
+static ts_status load_token(struct ts_server *srv, struct ts_error *err)
+{
+	FILE *f;
+	size_t n;
+
+	if (!srv->cfg.token_file[0]) {
+		if (!loopback(srv->cfg.bind) && !srv->cfg.insecure)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "INSECURE_BIND",
+			                    "refusing to listen on non-loopback address '%s' without "
+			                    "--token-file (pass --insecure to allow it)",
+			                    srv->cfg.bind);
+		return TS_OK;
+	}
+	f = fopen(srv->cfg.token_file, "r");
+	if (!f)
+		return ts_error_set(err, ts_status_from_errno(errno), "TOKEN_FILE",
+		                    "cannot read token file '%s': %s", srv->cfg.token_file,
+		                    strerror(errno));
+	n = fread(srv->token, 1, sizeof srv->token - 1, f);
+	fclose(f);
+	while (n && (srv->token[n - 1] == '\n' || srv->token[n - 1] == '\r' ||
+	             srv->token[n - 1] == ' '))
+		n--;
+	srv->token[n] = '\0';
+	srv->token_len = n;
+	if (n < 16)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "TOKEN_FILE",
+		                    "token in '%s' is shorter than 16 characters",
+		                    srv->cfg.token_file);
+	return TS_OK;
+}
+
+static ts_status pick_default_device(struct ts_server *srv, struct ts_error *err)
+{
+	struct ts_device_set *set = srv->devices;
+	enum ts_backend_kind def = ts_device_set_default_backend(set);
+
+	if (srv->cfg.default_device[0]) {
+		srv->core.default_device = ts_device_set_find(set, srv->cfg.default_device);
+		if (!srv->core.default_device)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEFAULT_DEVICE",
+			                    "--default-device '%s' is not a device of this node",
+			                    srv->cfg.default_device);
+		return TS_OK;
+	}
+	for (size_t i = 0; i < ts_device_set_count(set); i++) {
+		struct ts_device *d = ts_device_set_at(set, i);
+
+		if (ts_device_props(d)->backend == def) {
+			srv->core.default_device = d;
+			return TS_OK;
+		}
+	}
+	return ts_error_set(err, TS_INTERNAL, "NO_DEVICE", "no device found");
+}
+
+static void log_devices(const struct ts_server *srv)
+{
+	for (int k = 0; k < TS_BACKEND_COUNT; k++) {
+		struct ts_backend_info bi;
+		char fields[320], detail[240];
+
+		ts_device_set_backend(srv->devices, (enum ts_backend_kind)k, &bi);
+		snprintf(fields, sizeof fields,
+		         "\"backend\":\"%s\",\"compiled\":%s,\"devices\":%d,\"detail\":\"%s\"",
+		         ts_backend_name(bi.kind), bi.compiled ? "true" : "false", bi.device_count,
+		         ts_json_escape(detail, sizeof detail, bi.detail));
+		if (bi.kind == TS_BACKEND_CUDA && bi.compiled && !bi.available)
+			ts_log(TS_LOG_WARN, fields, "cuda backend unavailable, falling back: %s",
+			       bi.detail);
+		else
+			ts_log(TS_LOG_INFO, fields, "backend");
+	}
+}
+
+static ts_status write_port_file(const struct ts_server *srv, struct ts_error *err)
+{
+	char tmp[600];
+	FILE *f;
+
+	if (!srv->cfg.port_file[0])
+		return TS_OK;
+	snprintf(tmp, sizeof tmp, "%s.tmp", srv->cfg.port_file);
+	f = fopen(tmp, "w");
+	if (!f || fprintf(f, "%d\n", srv->port) < 0 || fclose(f) != 0 ||
+	    rename(tmp, srv->cfg.port_file) != 0)
+		return ts_error_set(err, ts_status_from_errno(errno), "PORT_FILE",
+		                    "cannot write port file '%s': %s", srv->cfg.port_file,
+		                    strerror(errno));
+	return TS_OK;
+}
+
+ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
+                        struct ts_error *err)
+{
+	struct ts_server *srv = calloc(1, sizeof *srv);
+	struct ts_device_config dcfg;
+	struct ts_memory_config mcfg;
+	unsigned char rnd[4] = {0};
+	ts_status st;
+
+	if (!srv)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for the server");
+	srv->cfg = *cfg;
+	ts_log_set_level(cfg->log_level);
+	if (getrandom(rnd, sizeof rnd, 0) < 0)
+		memcpy(rnd, &srv, sizeof rnd);
+	snprintf(srv->id_prefix, sizeof srv->id_prefix, "%02x%02x%02x%02x", rnd[0], rnd[1],
+	         rnd[2], rnd[3]);
+	st = load_token(srv, err);
+	if (st != TS_OK)
+		goto out_free;
+
+	dcfg = (struct ts_device_config){
+		.sim_devices = cfg->sim_devices,
+		.sim_device_memory = cfg->sim_device_memory,
+		.cuda = cfg->cuda,
+		.host = NULL,
+	};
+	st = ts_device_set_new(&dcfg, &srv->devices, err);
+	if (st != TS_OK)
+		goto out_free;
+	log_devices(srv);
+	mcfg = (struct ts_memory_config){
+		.device_memory_fraction = cfg->device_memory_fraction,
+		.pinned_host_limit = cfg->pinned_host_limit,
+		.unpinned_host_limit = cfg->unpinned_host_limit,
+		.preallocate = cfg->preallocate,
+	};
+	st = ts_memory_new(srv->devices, &mcfg, &srv->memory, err);
+	if (st != TS_OK)
+		goto out_free;
+	st = pick_default_device(srv, err);
+	if (st != TS_OK)
+		goto out_free;
+	srv->core = (struct ts_core){
+		.devices = srv->devices,
+		.memory = srv->memory,
+		.default_device = srv->core.default_device,
+		.default_memory_kind = cfg->default_memory_kind,
+		.version = TS_VERSION,
+		.host = ts_device_props(srv->core.default_device)->host,
+		.started_ns = ts_now_ns(),
+		.started_wall_ns = ts_wall_ns(),
+	};
+	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
+	if (!srv->metrics) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for metrics");
+		goto out_free;
+	}
+	st = ts__http_start(srv, err);
+	if (st != TS_OK)
+		goto out_free;
+	st = write_port_file(srv, err);
+	if (st != TS_OK)
+		goto out_free;
+	*out = srv;
+	return TS_OK;
+
+out_free:
+	ts_server_free(srv);
+	return st;
+}
+
+int ts_server_port(const struct ts_server *srv)
+{
+	return srv->port;
+}
+
+int ts_server_drain(struct ts_server *srv, int seconds)
+{
+	uint64_t deadline = ts_now_ns() + (uint64_t)seconds * 1000000000ull;
+	int left;
+
+	atomic_store(&srv->draining, true);
+	if (srv->daemon) {
+		MHD_socket s = MHD_quiesce_daemon(srv->daemon);
+
+		if (s != MHD_INVALID_SOCKET)
+			close(s);
+	}
+	while ((left = atomic_load(&srv->inflight)) > 0 && ts_now_ns() < deadline)
+		usleep(10000);
+	return left;
+}
+
+void ts_server_free(struct ts_server *srv)
+{
+	if (!srv)
+		return;
+	if (srv->daemon)
+		MHD_stop_daemon(srv->daemon);
+	ts_metrics_free(srv->metrics);
+	ts_memory_free(srv->memory);
+	ts_device_set_free(srv->devices);
+	free(srv);
+}
+
+void ts_s_readyz(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
+{
+	(void)call;
+	if (atomic_load(&srv->draining)) {
+		ts_reply_fail(reply, TS_UNAVAILABLE, "DRAINING", "tstaged is shutting down");
+		return;
+	}
+	for (size_t i = 0; i < ts_device_set_count(srv->devices); i++) {
+		struct ts_device *d = ts_device_set_at(srv->devices, i);
+
+		if (ts_device_broken(d)) {
+			ts_reply_fail(reply, TS_UNAVAILABLE, "DEVICE_BROKEN",
+			              "device '%s' hit an unrecoverable error",
+			              ts_device_props(d)->id);
+			return;
+		}
+	}
+	ts_reply_text(reply, TS_HTTP_OK, "text/plain; charset=utf-8", "ready\n", 6);
+}
+
+void ts_s_metrics(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
+{
+	size_t len = 0;
+	char *text = ts_metrics_render(srv->metrics, call->core, &len);
+
+	ts_reply_text_owned(reply, TS_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
+	                    text, len);
+}

@@ -1,0 +1,39 @@
+/*
+ * server.h - the tstaged process: its configuration, the core objects
+ * (devices, memory), the HTTP daemon and its counters.
+ *
+ * All state lives in struct ts_server and is passed down; there are no
+ * mutable globals. Lifecycle: ts_server_new (discovers devices, builds
+ * memory, starts listening), ts_server_drain (stop accepting, readiness
+ * false, wait for in-flight requests), ts_server_free.
+ *
+ * Thread-safety: after ts_server_new returns, the daemon's threads use the
+ * server concurrently; only the drain flag and counters change, atomically.
+ */
+#ifndef TS_SERVER_H
+#define TS_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "server/config.h"
+
+struct ts_server;
+
+/* Starts tstaged with cfg (copied). Returns a new server, or an error that
+ * names what failed (bind, devices, memory, token file). */
+ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
+                        struct ts_error *err);
+
+/* The port the daemon listens on (useful with --port 0). */
+int ts_server_port(const struct ts_server *srv);
+
+/* Stops accepting connections, makes /readyz answer 503, and waits up to
+ * seconds for in-flight requests to finish; returns how many remain. */
+int ts_server_drain(struct ts_server *srv, int seconds);
+
+/* Stops the daemon and frees everything. */
+void ts_server_free(struct ts_server *srv);
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * server_int.h - the definition of struct ts_server, shared by the server's
+ * own files (server.c: lifecycle; http.c: the request pipeline). Nothing
+ * outside server/ includes this.
+ */
+#ifndef TS_SERVER_INT_H
+#define TS_SERVER_INT_H
+
+#include <microhttpd.h>
+#include <stdatomic.h>
+
+#include "handlers/api.h"
+#include "server/config.h"
+#include "server/metrics.h"
+#include "server/server.h"
+
+struct ts_server {
+	struct ts_config cfg;            /* immutable after init */
+	struct ts_core core;             /* immutable after init */
+	struct ts_device_set *devices;   /* owned */
+	struct ts_memory *memory;        /* owned */
+	struct ts_metrics *metrics;      /* owned */
+	struct MHD_Daemon *daemon;       /* owned */
+	char token[256];                 /* immutable; "" when no token is required */
+	size_t token_len;
+	char id_prefix[12];              /* immutable: random per process */
+	int port;                        /* immutable after listen */
+	_Atomic uint64_t next_id;
+	_Atomic int inflight;
+	_Atomic bool draining;
+};
+
+/* Starts the MHD daemon on srv->cfg's address (http.c). */
+ts_status ts__http_start(struct ts_server *srv, struct ts_error *err);
+
+#endif

@@ -1,0 +1,14 @@
+/*
+ * server_routes.h - the routes the server answers itself, because they read
+ * server state: readiness (draining, device health) and the metrics
+ * exposition (request counters).
+ */
+#ifndef TS_SERVER_ROUTES_H
+#define TS_SERVER_ROUTES_H
+
+#include "server/router.h"
+
+ts_server_handler_fn ts_s_readyz;
+ts_server_handler_fn ts_s_metrics;
+
+#endif

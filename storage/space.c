@@ -1,0 +1,524 @@
+/*
+ * space.c - pools of memory and the (device, memory kind) spaces that draw
+ * from them.
+ *
+ * Three pool types:
+ *   REGION    one range reserved at start (device memory), carved best-fit;
+ *   SEGMENTS  pinned host memory: segments of `segment` bytes pinned on demand
+ *             (or all at start with preallocate), carved best-fit, kept for
+ *             reuse; requests are never rounded beyond the alignment;
+ *   PAGEABLE  each allocation is its own pageable mapping, counted against the
+ *             limit.
+ * Pool state is guarded by the pool's mutex; the numbers readers want are
+ * mirrored into atomics after each change so that stats never take a lock.
+ */
+#include "storage/space.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/units.h"
+#include "storage/allocator.h"
+
+#define POOL_ALIGN 256u
+#define DEFAULT_SEGMENT (256ull << 20)
+
+enum pool_type { POOL_REGION, POOL_SEGMENTS, POOL_PAGEABLE };
+
+struct segment {
+	void *base;
+	uint64_t size;
+};
+
+struct pool {
+	pthread_mutex_t mu;
+	enum pool_type type;          /* immutable after init */
+	struct ts_device *src;        /* immutable: where raw memory comes from */
+	enum ts_memory_kind kind;     /* immutable */
+	char name[48];                /* immutable: "sim:0/device", "host/pinned_host" */
+	uint64_t limit;               /* immutable */
+	uint64_t segment;             /* immutable: growth step (SEGMENTS) */
+	struct ts_alloc *alloc;       /* guarded by: mu (REGION, SEGMENTS) */
+	struct segment *segs;         /* guarded by: mu */
+	size_t nsegs, capsegs;        /* guarded by: mu */
+	uint64_t used;                /* guarded by: mu: aligned (carved) or exact (pageable) */
+	_Atomic uint64_t a_used;      /* mirrors of the guarded numbers */
+	_Atomic uint64_t a_reserved;
+	_Atomic uint64_t a_peak_reserved;
+	_Atomic uint64_t a_largest_free;
+};
+
+struct ts_space {
+	struct ts_device *dev;        /* immutable */
+	enum ts_memory_kind kind;     /* immutable */
+	struct pool *pool;            /* immutable; borrowed from ts_memory */
+	char name[48];                /* immutable */
+	_Atomic uint64_t in_use;
+	_Atomic uint64_t peak;
+	_Atomic uint64_t num_allocs;
+	_Atomic uint64_t largest_alloc;
+	_Atomic uint64_t live;
+};
+
+struct ts_memory {
+	struct ts_device_set *set;    /* borrowed */
+	struct pool **pools;          /* immutable after init */
+	size_t npools;
+	struct ts_space *spaces;      /* immutable after init */
+	size_t nspaces;
+};
+
+static void atomic_max(_Atomic uint64_t *a, uint64_t v)
+{
+	uint64_t cur = atomic_load(a);
+
+	while (cur < v && !atomic_compare_exchange_weak(a, &cur, v))
+		;
+}
+
+static uint64_t round_up(uint64_t n, uint64_t a)
+{
+	return (n + a - 1) / a * a;
+}
+
+/* ---- pools ----------------------------------------------------------------- */
+
+static void pool_publish_locked(struct pool *p)
+{
+	struct ts_alloc_stats st;
+	uint64_t largest;
+
+	if (p->type == POOL_PAGEABLE) {
+		largest = p->limit > p->used ? p->limit - p->used : 0;
+	} else {
+		ts_alloc_get_stats(p->alloc, &st);
+		largest = st.largest_free_block;
+		if (p->type == POOL_SEGMENTS && p->limit > st.bytes_reserved &&
+		    p->limit - st.bytes_reserved > largest)
+			largest = (p->limit - st.bytes_reserved) / POOL_ALIGN * POOL_ALIGN;
+		atomic_store(&p->a_reserved, st.bytes_reserved);
+		atomic_max(&p->a_peak_reserved, st.bytes_reserved);
+	}
+	atomic_store(&p->a_used, p->used);
+	atomic_store(&p->a_largest_free, largest);
+}
+
+static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
+                                         struct ts_error *err)
+{
+	struct segment *grown;
+	void *base;
+	ts_status st;
+
+	if (p->nsegs == p->capsegs) {
+		size_t cap = p->capsegs ? p->capsegs * 2 : 8;
+
+		grown = realloc(p->segs, cap * sizeof *grown);
+		if (!grown)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "%s: no memory for pool bookkeeping", p->name);
+		p->segs = grown;
+		p->capsegs = cap;
+	}
+	st = ts_device_mem_alloc(p->src, p->kind, size, &base, err);
+	if (st != TS_OK)
+		return st;
+	if (!ts_alloc_add_region(p->alloc, (uintptr_t)base, size)) {
+		ts_device_mem_free(p->src, p->kind, base, size);
+		return ts_error_set(err, TS_INTERNAL, "POOL_REGION",
+		                    "%s: cannot add a region of %llu bytes", p->name,
+		                    (unsigned long long)size);
+	}
+	p->segs[p->nsegs++] = (struct segment){base, size};
+	return TS_OK;
+}
+
+static void pool_destroy(struct pool *p)
+{
+	if (!p)
+		return;
+	for (size_t i = 0; i < p->nsegs; i++)
+		ts_device_mem_free(p->src, p->kind, p->segs[i].base, p->segs[i].size);
+	free(p->segs);
+	ts_alloc_free(p->alloc);
+	pthread_mutex_destroy(&p->mu);
+	free(p);
+}
+
+static ts_status pool_create(enum pool_type type, struct ts_device *src,
+                             enum ts_memory_kind kind, const char *name,
+                             uint64_t limit, uint64_t segment, bool preallocate,
+                             struct pool **out, struct ts_error *err)
+{
+	struct pool *p = calloc(1, sizeof *p);
+	ts_status st = TS_OK;
+
+	if (!p)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for pool '%s'", name);
+	pthread_mutex_init(&p->mu, NULL);
+	p->type = type;
+	p->src = src;
+	p->kind = kind;
+	p->limit = limit / POOL_ALIGN * POOL_ALIGN;
+	p->segment = segment ? round_up(segment, POOL_ALIGN) : DEFAULT_SEGMENT;
+	snprintf(p->name, sizeof p->name, "%s", name);
+	if (type != POOL_PAGEABLE) {
+		p->alloc = ts_alloc_new(POOL_ALIGN);
+		if (!p->alloc) {
+			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                  "no memory for pool '%s'", name);
+			goto out_destroy;
+		}
+	}
+	if (type == POOL_REGION && p->limit > 0)
+		st = pool_add_segment_locked(p, p->limit, err);
+	else if (type == POOL_SEGMENTS && preallocate && p->limit > 0)
+		st = pool_add_segment_locked(p, p->limit, err);
+	if (st != TS_OK)
+		goto out_destroy;
+	pool_publish_locked(p);
+	*out = p;
+	return TS_OK;
+
+out_destroy:
+	pool_destroy(p);
+	return st;
+}
+
+static ts_status pool_refuse(struct pool *p, const char *space, uint64_t size,
+                             struct ts_error *err)
+{
+	char req[32], fr[32], lim[32], big[32];
+	uint64_t used = atomic_load(&p->a_used);
+	uint64_t free_b = p->limit > used ? p->limit - used : 0;
+	uint64_t largest = atomic_load(&p->a_largest_free);
+
+	ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+	             "%s cannot hold %s more: %s free (largest free block %s) of %s",
+	             space, ts_format_bytes(req, sizeof req, size),
+	             ts_format_bytes(fr, sizeof fr, free_b),
+	             ts_format_bytes(big, sizeof big, largest),
+	             ts_format_bytes(lim, sizeof lim, p->limit));
+	ts_error_meta(err, "space", "%s", space);
+	ts_error_meta_u64(err, "requested_bytes", size);
+	ts_error_meta_u64(err, "free_bytes", free_b);
+	ts_error_meta_u64(err, "largest_free_block_bytes", largest);
+	ts_error_meta_u64(err, "limit_bytes", p->limit);
+	return TS_RESOURCE_EXHAUSTED;
+}
+
+/* Carves from the allocator, growing a pinned pool by one segment if needed. */
+static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
+                                   struct ts_error *err)
+{
+	uint64_t need = round_up(size, POOL_ALIGN);
+	struct ts_alloc_stats st;
+	uintptr_t addr;
+	ts_status s;
+
+	if (!ts_alloc_alloc(p->alloc, need, &addr)) {
+		if (p->type != POOL_SEGMENTS)
+			return TS_RESOURCE_EXHAUSTED;
+		ts_alloc_get_stats(p->alloc, &st);
+		if (st.bytes_reserved >= p->limit || p->limit - st.bytes_reserved < need)
+			return TS_RESOURCE_EXHAUSTED;
+		uint64_t grow = need > p->segment ? need : p->segment;
+
+		if (grow > p->limit - st.bytes_reserved)
+			grow = p->limit - st.bytes_reserved;
+		s = pool_add_segment_locked(p, grow, err);
+		if (s != TS_OK)
+			return s;
+		if (!ts_alloc_alloc(p->alloc, need, &addr))
+			return TS_RESOURCE_EXHAUSTED;
+	}
+	p->used += ts_alloc_block_size(p->alloc, addr);
+	*out = (void *)addr;
+	return TS_OK;
+}
+
+static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
+                            void **out, struct ts_error *err)
+{
+	uint64_t want = size ? size : 1;
+	struct ts_error inner;
+	ts_status st;
+
+	ts_error_clear(&inner);
+	pthread_mutex_lock(&p->mu);
+	if (p->type == POOL_PAGEABLE) {
+		if (want > p->limit || p->used > p->limit - want) {
+			st = TS_RESOURCE_EXHAUSTED;
+		} else {
+			st = ts_device_mem_alloc(p->src, p->kind, want, out, &inner);
+			if (st == TS_OK)
+				p->used += want;
+		}
+	} else {
+		st = pool_carve_locked(p, want, out, &inner);
+	}
+	pool_publish_locked(p);
+	pthread_mutex_unlock(&p->mu);
+	if (st == TS_RESOURCE_EXHAUSTED)
+		return pool_refuse(p, space, size, err);
+	if (st != TS_OK) {
+		ts_error_set(err, inner.status, inner.reason, "%s", inner.message);
+		return st;
+	}
+	return TS_OK;
+}
+
+static void pool_release(struct pool *p, void *ptr, uint64_t size)
+{
+	uint64_t want = size ? size : 1;
+
+	pthread_mutex_lock(&p->mu);
+	if (p->type == POOL_PAGEABLE) {
+		ts_device_mem_free(p->src, p->kind, ptr, want);
+		p->used -= want;
+	} else {
+		uint64_t blk = ts_alloc_block_size(p->alloc, (uintptr_t)ptr);
+
+		if (ts_alloc_release(p->alloc, (uintptr_t)ptr))
+			p->used -= blk;
+		else
+			ts_log(TS_LOG_ERROR, NULL, "%s: release of unknown block %p", p->name, ptr);
+	}
+	pool_publish_locked(p);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- spaces ---------------------------------------------------------------- */
+
+struct ts_device *ts_space_device(const struct ts_space *sp)
+{
+	return sp->dev;
+}
+
+enum ts_memory_kind ts_space_kind(const struct ts_space *sp)
+{
+	return sp->kind;
+}
+
+const char *ts_space_name(const struct ts_space *sp)
+{
+	return sp->name;
+}
+
+ts_status ts_space_alloc(struct ts_space *sp, uint64_t size, void **out,
+                         struct ts_error *err)
+{
+	ts_status st = pool_alloc(sp->pool, sp->name, size, out, err);
+	uint64_t now;
+
+	if (st != TS_OK)
+		return st;
+	now = atomic_fetch_add(&sp->in_use, size) + size;
+	atomic_max(&sp->peak, now);
+	atomic_max(&sp->largest_alloc, size);
+	atomic_fetch_add(&sp->num_allocs, 1);
+	atomic_fetch_add(&sp->live, 1);
+	return TS_OK;
+}
+
+void ts_space_release(struct ts_space *sp, void *p, uint64_t size)
+{
+	if (!p)
+		return;
+	pool_release(sp->pool, p, size);
+	atomic_fetch_sub(&sp->in_use, size);
+	atomic_fetch_sub(&sp->live, 1);
+}
+
+bool ts_space_would_fit(const struct ts_space *sp, uint64_t size)
+{
+	return round_up(size ? size : 1, POOL_ALIGN) <= atomic_load(&sp->pool->a_largest_free);
+}
+
+void ts_space_stats(const struct ts_space *sp, struct ts_space_stats *out)
+{
+	const struct pool *p = sp->pool;
+	uint64_t used = atomic_load(&p->a_used);
+
+	out->bytes_in_use = atomic_load(&sp->in_use);
+	out->peak_bytes_in_use = atomic_load(&sp->peak);
+	out->num_allocs = atomic_load(&sp->num_allocs);
+	out->largest_alloc_size = atomic_load(&sp->largest_alloc);
+	out->live_allocs = atomic_load(&sp->live);
+	out->bytes_limit = p->limit;
+	out->pool_bytes_in_use = used;
+	out->bytes_free = p->limit > used ? p->limit - used : 0;
+	out->largest_free_block_bytes = atomic_load(&p->a_largest_free);
+	if (p->type == POOL_PAGEABLE) {
+		out->bytes_reserved = used;
+		out->peak_bytes_reserved = used;
+	} else {
+		out->bytes_reserved = atomic_load(&p->a_reserved);
+		out->peak_bytes_reserved = atomic_load(&p->a_peak_reserved);
+	}
+}
+
+/* ---- the node's memory ----------------------------------------------------- */
+
+static uint64_t physical_memory(void)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+
+	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (8ull << 30);
+}
+
+static ts_status device_pool_limit(struct ts_device *dev,
+                                   const struct ts_memory_config *cfg,
+                                   uint64_t *limit, struct ts_error *err)
+{
+	const struct ts_device_props *pr = ts_device_props(dev);
+	uint64_t free_b, total;
+	ts_status st;
+
+	if (pr->backend == TS_BACKEND_SIM) {
+		*limit = pr->total_memory;   /* the simulated capacity, whole */
+		return TS_OK;
+	}
+	st = ts_device_mem_info(dev, &free_b, &total, err);
+	if (st != TS_OK)
+		return st;
+	*limit = (uint64_t)((double)free_b * cfg->device_memory_fraction);
+	return TS_OK;
+}
+
+static ts_status memory_add_pool(struct ts_memory *m, struct pool *p,
+                                 struct ts_error *err)
+{
+	struct pool **grown = realloc(m->pools, (m->npools + 1) * sizeof *grown);
+
+	if (!grown) {
+		pool_destroy(p);
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for the pool table");
+	}
+	m->pools = grown;
+	m->pools[m->npools++] = p;
+	return TS_OK;
+}
+
+static void space_init(struct ts_space *sp, struct ts_device *dev,
+                       enum ts_memory_kind kind, struct pool *p)
+{
+	sp->dev = dev;
+	sp->kind = kind;
+	sp->pool = p;
+	snprintf(sp->name, sizeof sp->name, "%s/%s", ts_device_props(dev)->id,
+	         ts_memory_kind_name(kind));
+}
+
+ts_status ts_memory_new(struct ts_device_set *set,
+                        const struct ts_memory_config *cfg,
+                        struct ts_memory **out, struct ts_error *err)
+{
+	struct ts_memory *m = calloc(1, sizeof *m);
+	size_t ndev = ts_device_set_count(set);
+	struct ts_device *host = ts_device_set_find(set, "cpu:0");
+	struct pool *pinned = NULL, *pageable = NULL, *p;
+	uint64_t phys = physical_memory(), limit;
+	ts_status st;
+
+	if (!m)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for the memory table");
+	m->set = set;
+	m->spaces = calloc(ndev * TS_MEM_KIND_COUNT, sizeof *m->spaces);
+	if (!m->spaces || !host) {
+		st = ts_error_set(err, m->spaces ? TS_INTERNAL : TS_RESOURCE_EXHAUSTED,
+		                  "SETUP", "cannot build the memory table");
+		goto out_free;
+	}
+	st = pool_create(POOL_SEGMENTS, host, TS_MEM_PINNED_HOST, "host/pinned_host",
+	                 cfg->pinned_host_limit ? cfg->pinned_host_limit : phys / 4,
+	                 cfg->pinned_segment, cfg->preallocate, &pinned, err);
+	if (st == TS_OK)
+		st = memory_add_pool(m, pinned, err);
+	if (st == TS_OK)
+		st = pool_create(POOL_PAGEABLE, host, TS_MEM_UNPINNED_HOST,
+		                 "host/unpinned_host",
+		                 cfg->unpinned_host_limit ? cfg->unpinned_host_limit : phys / 2,
+		                 0, false, &pageable, err);
+	if (st == TS_OK)
+		st = memory_add_pool(m, pageable, err);
+	for (size_t i = 0; st == TS_OK && i < ndev; i++) {
+		struct ts_device *dev = ts_device_set_at(set, i);
+		const struct ts_device_props *pr = ts_device_props(dev);
+		char name[48];
+
+		if (pr->backend == TS_BACKEND_CPU) {
+			p = pageable;    /* cpu:0's device memory is host RAM */
+		} else {
+			st = device_pool_limit(dev, cfg, &limit, err);
+			if (st != TS_OK)
+				break;
+			snprintf(name, sizeof name, "%s/device", pr->id);
+			st = pool_create(POOL_REGION, dev, TS_MEM_DEVICE, name, limit, 0,
+			                 cfg->preallocate, &p, err);
+			if (st == TS_OK)
+				st = memory_add_pool(m, p, err);
+			if (st != TS_OK)
+				break;
+		}
+		space_init(&m->spaces[m->nspaces++], dev, TS_MEM_DEVICE, p);
+		space_init(&m->spaces[m->nspaces++], dev, TS_MEM_PINNED_HOST, pinned);
+		space_init(&m->spaces[m->nspaces++], dev, TS_MEM_UNPINNED_HOST, pageable);
+	}
+	if (st != TS_OK)
+		goto out_free;
+	*out = m;
+	return TS_OK;
+
+out_free:
+	ts_memory_free(m);
+	return st;
+}
+
+void ts_memory_free(struct ts_memory *mem)
+{
+	if (!mem)
+		return;
+	for (size_t i = 0; i < mem->npools; i++)
+		pool_destroy(mem->pools[i]);
+	free(mem->pools);
+	free(mem->spaces);
+	free(mem);
+}
+
+size_t ts_memory_space_count(const struct ts_memory *mem)
+{
+	return mem->nspaces;
+}
+
+struct ts_space *ts_memory_space_at(const struct ts_memory *mem, size_t i)
+{
+	return i < mem->nspaces ? &mem->spaces[i] : NULL;
+}
+
+struct ts_space *ts_memory_find(const struct ts_memory *mem,
+                                const char *device_id, enum ts_memory_kind kind)
+{
+	for (size_t i = 0; i < mem->nspaces; i++)
+		if (mem->spaces[i].kind == kind &&
+		    strcmp(ts_device_props(mem->spaces[i].dev)->id, device_id) == 0)
+			return &mem->spaces[i];
+	return NULL;
+}
+
+void ts_memory_reset_peaks(struct ts_memory *mem)
+{
+	for (size_t i = 0; i < mem->nspaces; i++)
+		atomic_store(&mem->spaces[i].peak, atomic_load(&mem->spaces[i].in_use));
+	for (size_t i = 0; i < mem->npools; i++)
+		atomic_store(&mem->pools[i]->a_peak_reserved,
+		             atomic_load(&mem->pools[i]->a_reserved));
+}

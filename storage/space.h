@@ -1,0 +1,108 @@
+/*
+ * space.h - memory spaces: one per (device, memory kind), with exact
+ * accounting, drawing from pools.
+ *
+ * A pool owns memory and a limit: device memory is one region reserved per
+ * device and carved by a best-fit allocator; pinned host memory is a node-wide
+ * pool of pinned segments (created once, reused, never pinned per request);
+ * unpinned host memory is pageable memory under a node-wide limit. A space is
+ * the (device, memory kind) view a caller allocates from: it keeps its own
+ * counters in the shape of JAX's Device.memory_stats(), while free bytes,
+ * largest free block and limit are its pool's.
+ *
+ * Invariants: a space's bytes_in_use equals the sum of the sizes of its live
+ * allocations (sizes as requested, exact); the pool's in-use bytes equal the
+ * sum over the spaces drawing from it (plus alignment); an allocation that
+ * cannot fit is refused before anything changes.
+ *
+ * Thread-safety: all functions are safe from any thread. Counters read by
+ * ts_space_stats are atomics: a read never waits for an allocation.
+ */
+#ifndef TS_SPACE_H
+#define TS_SPACE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "device/device.h"
+
+struct ts_space;
+struct ts_memory;
+
+/* JAX Device.memory_stats() keys, plus the pool's view. */
+struct ts_space_stats {
+	uint64_t bytes_in_use;
+	uint64_t peak_bytes_in_use;
+	uint64_t num_allocs;            /* allocations made since start */
+	uint64_t largest_alloc_size;
+	uint64_t bytes_limit;           /* the pool's limit */
+	uint64_t bytes_reserved;        /* memory the pool holds from the system */
+	uint64_t peak_bytes_reserved;
+	uint64_t largest_free_block_bytes; /* largest single allocation that fits now */
+	uint64_t bytes_free;            /* limit - pool bytes in use */
+	uint64_t pool_bytes_in_use;     /* every space sharing the pool */
+	uint64_t live_allocs;           /* allocations of this space alive now */
+};
+
+/* Configuration of the node's spaces. */
+struct ts_memory_config {
+	double device_memory_fraction; /* of each GPU's free memory (0, 1] */
+	uint64_t pinned_host_limit;    /* 0: a quarter of physical memory */
+	uint64_t unpinned_host_limit;  /* 0: half of physical memory */
+	uint64_t pinned_segment;       /* pinned pool growth step; 0: 256 MiB */
+	bool preallocate;              /* reserve and touch pools at start */
+};
+
+/*
+ * Builds every pool and space for the devices of set: per device, spaces for
+ * device, pinned_host and unpinned_host memory. Device pools reserve their
+ * region now (a range of address space on sim, cudaMalloc on CUDA); host
+ * pools grow on demand unless cfg->preallocate. Returns a new object owned
+ * by the caller; set is borrowed and must outlive it.
+ */
+ts_status ts_memory_new(struct ts_device_set *set,
+                        const struct ts_memory_config *cfg,
+                        struct ts_memory **out, struct ts_error *err);
+
+/* Frees pools and spaces; every allocation must have been freed. */
+void ts_memory_free(struct ts_memory *mem);
+
+/* Number of spaces and the i-th, ordered by device then memory kind. */
+size_t ts_memory_space_count(const struct ts_memory *mem);
+struct ts_space *ts_memory_space_at(const struct ts_memory *mem, size_t i);
+
+/* The space of (device id, kind), or NULL (borrowed). */
+struct ts_space *ts_memory_find(const struct ts_memory *mem,
+                                const char *device_id, enum ts_memory_kind kind);
+
+/* Resets every space's and pool's peak counters to the current values. */
+void ts_memory_reset_peaks(struct ts_memory *mem);
+
+/* The device and memory kind of a space (borrowed). */
+struct ts_device *ts_space_device(const struct ts_space *sp);
+enum ts_memory_kind ts_space_kind(const struct ts_space *sp);
+
+/* "sim:0/device". */
+const char *ts_space_name(const struct ts_space *sp);
+
+/*
+ * Allocates size bytes (size may be 0: a unique non-NULL pointer is still
+ * returned and accounted as 0 bytes). On refusal returns RESOURCE_EXHAUSTED
+ * with reason OUT_OF_MEMORY and metadata space, requested_bytes, free_bytes,
+ * largest_free_block_bytes, limit_bytes; nothing changes. The memory is not
+ * initialised. Caller owns the block and frees it with ts_space_release
+ * (same size).
+ */
+ts_status ts_space_alloc(struct ts_space *sp, uint64_t size, void **out,
+                         struct ts_error *err);
+void ts_space_release(struct ts_space *sp, void *p, uint64_t size);
+
+/* Whether an allocation of size would fit now (advisory; racy). */
+bool ts_space_would_fit(const struct ts_space *sp, uint64_t size);
+
+/* Snapshot of the counters. */
+void ts_space_stats(const struct ts_space *sp, struct ts_space_stats *out);
+
+#endif

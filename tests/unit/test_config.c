@@ -1,0 +1,149 @@
+/*
+ * test_config.c - flags, TSTAGE_* variables, precedence, and refusals that
+ * name the option.
+ */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "server/config.h"
+
+static enum ts_config_result parse(struct ts_config *cfg, char *out, size_t outcap,
+                                   int argc, char **argv)
+{
+	FILE *o = fmemopen(out, outcap, "w");
+	enum ts_config_result r = ts_config_parse(cfg, argc, argv, o, o);
+
+	fclose(o);
+	return r;
+}
+
+START_TEST(defaults)
+{
+	struct ts_config c;
+	char out[256] = "";
+	char *argv[] = {"tstaged"};
+
+	unsetenv("TSTAGE_PORT");
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_RUN);
+	ck_assert_int_eq(c.port, 8470);
+	ck_assert_str_eq(c.bind, "127.0.0.1");
+	ck_assert_int_eq(c.sim_devices, -1);
+	ck_assert_uint_eq(c.sim_device_memory, 2ull << 30);
+	ck_assert(c.device_memory_fraction > 0.749 && c.device_memory_fraction < 0.751);
+	ck_assert_int_eq(c.default_memory_kind, TS_MEM_DEVICE);
+	ck_assert(!c.preallocate);
+	ck_assert(c.cuda);
+}
+END_TEST
+
+START_TEST(flags_forms)
+{
+	struct ts_config c;
+	char out[256] = "";
+	char *argv[] = {"tstaged", "--port", "0", "--sim-devices=4", "--sim-device-memory",
+	                "64MiB", "--preallocate", "--no-cuda", "--default-memory-kind",
+	                "pinned_host", "--log-level", "warn", "--pinned-host-limit", "1GiB",
+	                "--device-memory-fraction", "0.5"};
+
+	ck_assert_int_eq(parse(&c, out, sizeof out, sizeof argv / sizeof argv[0], argv),
+	                 TS_CONFIG_RUN);
+	ck_assert_int_eq(c.port, 0);
+	ck_assert_int_eq(c.sim_devices, 4);
+	ck_assert_uint_eq(c.sim_device_memory, 64ull << 20);
+	ck_assert(c.preallocate);
+	ck_assert(!c.cuda);
+	ck_assert_int_eq(c.default_memory_kind, TS_MEM_PINNED_HOST);
+	ck_assert_int_eq(c.log_level, TS_LOG_WARN);
+	ck_assert_uint_eq(c.pinned_host_limit, 1ull << 30);
+	ck_assert(c.device_memory_fraction == 0.5);
+}
+END_TEST
+
+START_TEST(environment_and_precedence)
+{
+	struct ts_config c;
+	char out[256] = "";
+	char *argv1[] = {"tstaged"};
+	char *argv2[] = {"tstaged", "--sim-devices", "1"};
+
+	setenv("TSTAGE_SIM_DEVICES", "3", 1);
+	setenv("TSTAGE_SIM_DEVICE_MEMORY", "1GiB", 1);
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv1), TS_CONFIG_RUN);
+	ck_assert_int_eq(c.sim_devices, 3);
+	ck_assert_uint_eq(c.sim_device_memory, 1ull << 30);
+	ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv2), TS_CONFIG_RUN);
+	ck_assert_int_eq(c.sim_devices, 1);
+	setenv("TSTAGE_PORT", "notaport", 1);
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv1), TS_CONFIG_EXIT_USAGE);
+	ck_assert_ptr_nonnull(strstr(out, "TSTAGE_PORT"));
+	unsetenv("TSTAGE_PORT");
+	unsetenv("TSTAGE_SIM_DEVICES");
+	unsetenv("TSTAGE_SIM_DEVICE_MEMORY");
+}
+END_TEST
+
+START_TEST(refusals_name_the_option)
+{
+	static const char *const bad[][3] = {
+		{"--sim-devices", "abc", "--sim-devices"},
+		{"--port", "70000", "--port"},
+		{"--device-memory-fraction", "1.5", "--device-memory-fraction"},
+		{"--default-memory-kind", "gpu", "--default-memory-kind"},
+		{"--sim-device-memory", "lots", "--sim-device-memory"},
+		{"--bogus", "1", "--bogus"},
+	};
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct ts_config c;
+		char out[512] = "";
+		char *argv[] = {"tstaged", (char *)bad[i][0], (char *)bad[i][1]};
+
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, bad[i][2]), "message '%s' should name %s", out, bad[i][2]);
+	}
+}
+END_TEST
+
+START_TEST(help_and_version)
+{
+	struct ts_config c;
+	char out[8192] = "";
+	char *argv[] = {"tstaged", "--help"};
+	char *argv2[] = {"tstaged", "--version"};
+	char *argv3[] = {"tstaged", "--port"};
+
+	ck_assert_int_eq(parse(&c, out, sizeof out, 2, argv), TS_CONFIG_EXIT_OK);
+	ck_assert_ptr_nonnull(strstr(out, "--sim-devices"));
+	ck_assert_ptr_nonnull(strstr(out, "TSTAGE_SIM_DEVICES"));
+	ck_assert_int_eq(parse(&c, out, sizeof out, 2, argv2), TS_CONFIG_EXIT_OK);
+	ck_assert_ptr_nonnull(strstr(out, "tstaged "));
+	ck_assert_int_eq(parse(&c, out, sizeof out, 2, argv3), TS_CONFIG_EXIT_USAGE);
+	ck_assert_ptr_nonnull(strstr(out, "needs a value"));
+}
+END_TEST
+
+static Suite *config_suite(void)
+{
+	Suite *s = suite_create("config");
+	TCase *tc = tcase_create("parse");
+
+	tcase_add_test(tc, defaults);
+	tcase_add_test(tc, flags_forms);
+	tcase_add_test(tc, environment_and_precedence);
+	tcase_add_test(tc, refusals_name_the_option);
+	tcase_add_test(tc, help_and_version);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(config_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,316 @@
+/*
+ * test_space.c - memory spaces over real (sim and cpu) devices: exact
+ * accounting, peaks, refusal as a value with its numbers, pinned pool growth
+ * in segments without rounding, shared host pools, and a randomized sequence
+ * whose every space's bytes_in_use equals the sum of its live blocks.
+ */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/space.h"
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+
+static void setup_with(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uint64_t seg)
+{
+	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = sim_mem,
+	                              .cuda = false, .host = "testhost"};
+	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
+	                              .pinned_host_limit = pinned,
+	                              .unpinned_host_limit = unpinned,
+	                              .pinned_segment = seg};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
+	ck_assert_msg(ts_memory_new(set, &mc, &mem, &err) == TS_OK, "%s", err.message);
+}
+
+static void setup(void)
+{
+	setup_with(64ull << 20, 32ull << 20, 48ull << 20, 4ull << 20);
+}
+
+static void teardown(void)
+{
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+	mem = NULL;
+	set = NULL;
+}
+
+START_TEST(spaces_per_device_and_kind)
+{
+	ck_assert_uint_eq(ts_memory_space_count(mem), 9);    /* sim:0, sim:1, cpu:0 x 3 */
+	for (size_t i = 0; i < ts_memory_space_count(mem); i++) {
+		struct ts_space *sp = ts_memory_space_at(mem, i);
+
+		ck_assert_int_eq(ts_space_kind(sp), (enum ts_memory_kind)(i % 3));
+	}
+	ck_assert_str_eq(ts_space_name(ts_memory_find(mem, "sim:1", TS_MEM_DEVICE)), "sim:1/device");
+	ck_assert_ptr_null(ts_memory_find(mem, "sim:7", TS_MEM_DEVICE));
+}
+END_TEST
+
+START_TEST(exact_accounting_and_peak)
+{
+	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *a, *b;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(sp, 1000, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_space_alloc(sp, 3, &b, &err), TS_OK);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.bytes_in_use, 1003);        /* exact, not rounded */
+	ck_assert_uint_eq(s.peak_bytes_in_use, 1003);
+	ck_assert_uint_eq(s.num_allocs, 2);
+	ck_assert_uint_eq(s.largest_alloc_size, 1000);
+	ck_assert_uint_eq(s.bytes_limit, 64ull << 20);
+	ck_assert_uint_eq(s.live_allocs, 2);
+	memset(a, 0xab, 1000);      /* sim device memory is host memory */
+	ts_space_release(sp, a, 1000);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.bytes_in_use, 3);
+	ck_assert_uint_eq(s.peak_bytes_in_use, 1003);
+	ts_memory_reset_peaks(mem);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.peak_bytes_in_use, 3);
+	ck_assert_uint_eq(s.num_allocs, 2);
+	ts_space_release(sp, b, 3);
+	/* the other device is untouched */
+	ts_space_stats(ts_memory_find(mem, "sim:1", TS_MEM_DEVICE), &s);
+	ck_assert_uint_eq(s.bytes_in_use, 0);
+	ck_assert_uint_eq(s.num_allocs, 0);
+}
+END_TEST
+
+START_TEST(refusal_is_a_value)
+{
+	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
+	struct ts_space_stats before, after;
+	struct ts_error err;
+	void *a, *p = NULL;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(sp, 40ull << 20, &a, &err), TS_OK);
+	ts_space_stats(sp, &before);
+	ck_assert_int_eq(ts_space_alloc(sp, 40ull << 20, &p, &err), TS_RESOURCE_EXHAUSTED);
+	ck_assert_ptr_null(p);
+	ck_assert_str_eq(err.reason, "OUT_OF_MEMORY");
+	ck_assert_ptr_nonnull(strstr(err.message, "sim:0/device"));
+	ck_assert_ptr_nonnull(strstr(err.message, "40.00 MiB"));
+	ck_assert_ptr_nonnull(strstr(err.message, "64.00 MiB"));
+	ck_assert_int_eq(err.nmeta, 5);
+	ck_assert_str_eq(err.meta[0].key, "space");
+	ck_assert_str_eq(err.meta[1].key, "requested_bytes");
+	ck_assert_str_eq(err.meta[1].value, "41943040");
+	ck_assert_str_eq(err.meta[2].key, "free_bytes");
+	ck_assert_str_eq(err.meta[2].value, "25165824");
+	ck_assert_str_eq(err.meta[4].key, "limit_bytes");
+	ts_space_stats(sp, &after);
+	ck_assert_mem_eq(&before, &after, sizeof before);
+	ck_assert(!ts_space_would_fit(sp, 40ull << 20));
+	ck_assert(ts_space_would_fit(sp, 20ull << 20));
+	ts_space_release(sp, a, 40ull << 20);
+	ck_assert(ts_space_would_fit(sp, 40ull << 20));
+}
+END_TEST
+
+START_TEST(fragmentation_reported)
+{
+	struct ts_space *sp = ts_memory_find(mem, "sim:1", TS_MEM_DEVICE);
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *blk[16];
+
+	ts_error_clear(&err);
+	for (int i = 0; i < 16; i++)
+		ck_assert_int_eq(ts_space_alloc(sp, 4ull << 20, &blk[i], &err), TS_OK);
+	for (int i = 0; i < 16; i += 2)
+		ts_space_release(sp, blk[i], 4ull << 20);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.bytes_free, 32ull << 20);
+	ck_assert_uint_eq(s.largest_free_block_bytes, 4ull << 20);
+	ck_assert_int_eq(ts_space_alloc(sp, 8ull << 20, &blk[0], &err), TS_RESOURCE_EXHAUSTED);
+	for (int i = 1; i < 16; i += 2)
+		ts_space_release(sp, blk[i], 4ull << 20);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.largest_free_block_bytes, 64ull << 20);
+}
+END_TEST
+
+START_TEST(pinned_pool_grows_in_segments)
+{
+	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *a, *b, *c;
+
+	ts_error_clear(&err);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 0);           /* nothing pinned until asked */
+	ck_assert_int_eq(ts_space_alloc(p0, 1000, &a, &err), TS_OK);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 4ull << 20);  /* one segment */
+	ck_assert_int_eq(ts_space_alloc(p1, 10ull << 20, &b, &err), TS_OK);
+	ts_space_stats(p1, &s);
+	ck_assert_uint_eq(s.bytes_in_use, 10ull << 20);
+	ck_assert_uint_eq(s.pool_bytes_in_use, (10ull << 20) + 1024);   /* shared pool */
+	ck_assert_uint_eq(s.bytes_reserved, (4ull << 20) + (10ull << 20)); /* exact, no 2^k */
+	ts_space_release(p1, b, 10ull << 20);
+	/* reuse: the freed block serves the next request without pinning more */
+	ck_assert_int_eq(ts_space_alloc(p1, 9ull << 20, &c, &err), TS_OK);
+	ts_space_stats(p1, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 14ull << 20);
+	ck_assert_uint_eq(s.peak_bytes_reserved, 14ull << 20);
+	ts_space_release(p1, c, 9ull << 20);
+	ts_space_release(p0, a, 1000);
+	/* limit: 32 MiB in all */
+	ck_assert_int_eq(ts_space_alloc(p0, 33ull << 20, &a, &err), TS_RESOURCE_EXHAUSTED);
+	ck_assert_ptr_nonnull(strstr(err.message, "sim:0/pinned_host"));
+}
+END_TEST
+
+START_TEST(pageable_limit_shared_with_cpu_device)
+{
+	struct ts_space *u = ts_memory_find(mem, "sim:0", TS_MEM_UNPINNED_HOST);
+	struct ts_space *cpu = ts_memory_find(mem, "cpu:0", TS_MEM_DEVICE);
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *a, *b;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(u, 30ull << 20, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_space_alloc(cpu, 30ull << 20, &b, &err), TS_RESOURCE_EXHAUSTED);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(cpu, 18ull << 20, &b, &err), TS_OK);
+	ts_space_stats(cpu, &s);
+	ck_assert_uint_eq(s.bytes_in_use, 18ull << 20);
+	ck_assert_uint_eq(s.bytes_free, 0);
+	ts_space_release(cpu, b, 18ull << 20);
+	ts_space_release(u, a, 30ull << 20);
+	ts_space_stats(u, &s);
+	ck_assert_uint_eq(s.pool_bytes_in_use, 0);
+}
+END_TEST
+
+START_TEST(zero_size)
+{
+	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *a, *b;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(sp, 0, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_space_alloc(sp, 0, &b, &err), TS_OK);
+	ck_assert_ptr_nonnull(a);
+	ck_assert_ptr_ne(a, b);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.bytes_in_use, 0);
+	ck_assert_uint_eq(s.live_allocs, 2);
+	ts_space_release(sp, a, 0);
+	ts_space_release(sp, b, 0);
+	ts_space_stats(sp, &s);
+	ck_assert_uint_eq(s.live_allocs, 0);
+	ck_assert_uint_eq(s.pool_bytes_in_use, 0);
+}
+END_TEST
+
+START_TEST(randomized_exact_stats)
+{
+	enum { LIVE = 256 };
+	struct {
+		struct ts_space *sp;
+		void *p;
+		uint64_t n;
+	} live[LIVE];
+	size_t nspaces = ts_memory_space_count(mem);
+	struct ts_error err;
+	unsigned seed = 12345;
+
+	memset(live, 0, sizeof live);
+	for (int step = 0; step < 20000; step++) {
+		int slot = rand_r(&seed) % LIVE;
+
+		if (live[slot].sp) {
+			ts_space_release(live[slot].sp, live[slot].p, live[slot].n);
+			live[slot].sp = NULL;
+		} else {
+			struct ts_space *sp = ts_memory_space_at(mem, (size_t)rand_r(&seed) % nspaces);
+			uint64_t n = (uint64_t)(rand_r(&seed) % 3 == 0 ? rand_r(&seed) % (2 << 20)
+			                                               : rand_r(&seed) % 5000);
+
+			ts_error_clear(&err);
+			if (ts_space_alloc(sp, n, &live[slot].p, &err) == TS_OK) {
+				live[slot].sp = sp;
+				live[slot].n = n;
+			} else {
+				ck_assert_int_eq(err.status, TS_RESOURCE_EXHAUSTED);
+			}
+		}
+		if (step % 97 == 0) {
+			for (size_t i = 0; i < nspaces; i++) {
+				struct ts_space *sp = ts_memory_space_at(mem, i);
+				struct ts_space_stats s;
+				uint64_t sum = 0, count = 0;
+
+				for (int j = 0; j < LIVE; j++)
+					if (live[j].sp == sp) {
+						sum += live[j].n;
+						count++;
+					}
+				ts_space_stats(sp, &s);
+				ck_assert_uint_eq(s.bytes_in_use, sum);
+				ck_assert_uint_eq(s.live_allocs, count);
+				ck_assert_uint_le(s.bytes_in_use, s.peak_bytes_in_use);
+				ck_assert_uint_le(s.pool_bytes_in_use, s.bytes_limit);
+			}
+		}
+	}
+	for (int j = 0; j < LIVE; j++)
+		if (live[j].sp)
+			ts_space_release(live[j].sp, live[j].p, live[j].n);
+	for (size_t i = 0; i < nspaces; i++) {
+		struct ts_space_stats s;
+
+		ts_space_stats(ts_memory_space_at(mem, i), &s);
+		ck_assert_uint_eq(s.bytes_in_use, 0);
+		ck_assert_uint_eq(s.pool_bytes_in_use, 0);
+	}
+}
+END_TEST
+
+static Suite *space_suite(void)
+{
+	Suite *s = suite_create("space");
+	TCase *tc = tcase_create("accounting");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, spaces_per_device_and_kind);
+	tcase_add_test(tc, exact_accounting_and_peak);
+	tcase_add_test(tc, refusal_is_a_value);
+	tcase_add_test(tc, fragmentation_reported);
+	tcase_add_test(tc, pinned_pool_grows_in_segments);
+	tcase_add_test(tc, pageable_limit_shared_with_cpu_device);
+	tcase_add_test(tc, zero_size);
+	tcase_add_test(tc, randomized_exact_stats);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(space_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
