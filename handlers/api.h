@@ -26,11 +26,14 @@
 #include "device/device.h"
 
 struct ts_memory;
+struct ts_view_cache;
 
-/* The core objects every handler may use; immutable after start. */
+/* The core objects every handler may use; immutable after start (the
+ * objects they point to are thread-safe). */
 struct ts_core {
 	struct ts_device_set *devices;
 	struct ts_memory *memory;
+	struct ts_view_cache *memory_view;   /* handlers/memory.c */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;
 	const char *version;

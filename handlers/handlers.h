@@ -28,6 +28,11 @@ ts_handler_fn ts_h_devices_memory_stats;
 ts_handler_fn ts_h_memory_get;
 ts_handler_fn ts_h_memory_reset_peak;
 
+/* The rendered "spaces" list of GET /v1/memory, reused while the memory
+ * table's generation is unchanged. Thread-safe; NULL when out of memory. */
+struct ts_view_cache *ts_view_cache_new(void);
+void ts_view_cache_free(struct ts_view_cache *c);
+
 /* The stats of one space as JSON: JAX memory_stats() keys plus free bytes.
  * New reference, NULL when out of memory. */
 json_t *ts_h_space_stats_json(const struct ts_space *sp);

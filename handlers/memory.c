@@ -1,12 +1,47 @@
 /*
  * memory.c - the dashboard feed: GET /v1/memory lists every (device, memory
  * kind) space with its live stats; POST /v1/memory:resetPeak resets the peak
- * counters. Stats are read from atomics: no lock is taken here.
+ * counters. Stats are read from atomics; the rendered list of spaces is
+ * kept and reused until the memory table's generation moves, so a dashboard
+ * polling many times a second costs a copy, not a render. The cache lock is
+ * held only to swap or copy a string, never while rendering.
  */
 #include "handlers/handlers.h"
 
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
 #include "common/units.h"
 #include "storage/space.h"
+
+struct ts_view_cache {
+	pthread_mutex_t mu;
+	bool valid;               /* guarded by: mu */
+	uint64_t generation;      /* guarded by: mu */
+	char *text;               /* guarded by: mu; owned */
+	size_t len;               /* guarded by: mu */
+};
+
+struct ts_view_cache *ts_view_cache_new(void)
+{
+	struct ts_view_cache *c = calloc(1, sizeof *c);
+
+	if (c)
+		pthread_mutex_init(&c->mu, NULL);
+	return c;
+}
+
+void ts_view_cache_free(struct ts_view_cache *c)
+{
+	if (!c)
+		return;
+	free(c->text);
+	pthread_mutex_destroy(&c->mu);
+	free(c);
+}
 
 json_t *ts_h_space_stats_json(const struct ts_space *sp)
 {
@@ -26,7 +61,7 @@ json_t *ts_h_space_stats_json(const struct ts_space *sp)
 	                 "live_allocations", (json_int_t)s.live_allocs);
 }
 
-static json_t *memory_view(const struct ts_core *core)
+static json_t *spaces_json(const struct ts_core *core)
 {
 	size_t n = ts_memory_space_count(core->memory);
 	json_t *spaces = json_array();
@@ -44,18 +79,100 @@ static json_t *memory_view(const struct ts_core *core)
 		                    json_string(ts_memory_kind_name(ts_space_kind(sp))));
 		json_array_append_new(spaces, o);
 	}
-	return json_pack("{s:o*, s:s, s:f, s:I}", "spaces", spaces, "host", core->host,
-	                 "uptime_seconds", (double)(ts_now_ns() - core->started_ns) / 1e9,
-	                 "timestamp_ms", (json_int_t)(ts_wall_ns() / 1000000ull));
+	return spaces;
+}
+
+/* Copies the cached spaces list rendered at generation gen into *out
+ * (malloc'd, with room for extra more bytes); false on a miss. */
+static bool cache_get(struct ts_view_cache *c, uint64_t gen, size_t extra,
+                      char **out, size_t *len)
+{
+	bool hit = false;
+
+	pthread_mutex_lock(&c->mu);
+	if (c->valid && c->generation == gen) {
+		*out = malloc(c->len + extra);
+		if (*out) {
+			memcpy(*out, c->text, c->len);
+			*len = c->len;
+			hit = true;
+		}
+	}
+	pthread_mutex_unlock(&c->mu);
+	return hit;
+}
+
+/* Stores text (copied) as the list rendered at generation gen. */
+static void cache_put(struct ts_view_cache *c, uint64_t gen, const char *text, size_t len)
+{
+	char *copy = malloc(len);
+	char *old;
+
+	if (!copy)
+		return;
+	memcpy(copy, text, len);
+	pthread_mutex_lock(&c->mu);
+	old = c->text;
+	c->text = copy;
+	c->len = len;
+	c->generation = gen;
+	c->valid = true;
+	pthread_mutex_unlock(&c->mu);
+	free(old);
+}
+
+#define VIEW_TAIL_MAX 256
+
+/* {"spaces":[...],"host":"...","uptime_seconds":...,"timestamp_ms":...} */
+static void memory_view(const struct ts_core *core, struct ts_reply *reply)
+{
+	static const char head[] = "{\"spaces\":";
+	uint64_t gen = ts_memory_generation(core->memory);
+	char *body = NULL, *list, host[160];
+	size_t len = 0, tail_room = VIEW_TAIL_MAX + sizeof host;
+	int n;
+
+	if (!cache_get(core->memory_view, gen, tail_room + sizeof head, &body, &len)) {
+		json_t *spaces = spaces_json(core);
+
+		list = spaces ? json_dumps(spaces, JSON_COMPACT) : NULL;
+		json_decref(spaces);
+		if (!list) {
+			ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			              "out of memory while rendering the memory view");
+			return;
+		}
+		len = strlen(list);
+		cache_put(core->memory_view, gen, list, len);
+		body = malloc(len + tail_room + sizeof head);
+		if (body)
+			memcpy(body, list, len);
+		free(list);
+		if (!body) {
+			ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			              "out of memory while rendering the memory view");
+			return;
+		}
+	}
+	/* the list was copied to the front: slide it behind the head */
+	memmove(body + sizeof head - 1, body, len);
+	memcpy(body, head, sizeof head - 1);
+	len += sizeof head - 1;
+	n = snprintf(body + len, tail_room, ",\"host\":\"%s\",\"uptime_seconds\":%.3f,"
+	             "\"timestamp_ms\":%llu}\n",
+	             ts_json_escape(host, sizeof host, core->host),
+	             (double)(ts_now_ns() - core->started_ns) / 1e9,
+	             (unsigned long long)(ts_wall_ns() / 1000000ull));
+	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", body, len + (size_t)n);
 }
 
 void ts_h_memory_get(const struct ts_call *call, struct ts_reply *reply)
 {
-	ts_reply_json(reply, TS_HTTP_OK, memory_view(call->core));
+	memory_view(call->core, reply);
 }
 
 void ts_h_memory_reset_peak(const struct ts_call *call, struct ts_reply *reply)
 {
 	ts_memory_reset_peaks(call->core->memory);
-	ts_reply_json(reply, TS_HTTP_OK, memory_view(call->core));
+	memory_view(call->core, reply);
 }

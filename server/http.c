@@ -376,13 +376,13 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	}
 	srv->daemon = MHD_start_daemon(
 		flags, 0, NULL, NULL, on_request, srv,
+		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
 		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)300,
 		MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
-		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
 		MHD_OPTION_END);
 	if (!srv->daemon)
 		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",

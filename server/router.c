@@ -27,7 +27,9 @@ static bool match_segment(const char *p, const char *pe, const char *s,
 	}
 	vlen = (size_t)(se - s);
 	nlen = (size_t)(close - (p + 1));
-	colon = memchr(s, ':', vlen);
+	/* a parameter followed by a custom method holds no ':' itself; a bare
+	 * one may ("sim:0"), since verb patterns are tried first */
+	colon = close + 1 < pe ? memchr(s, ':', vlen) : NULL;
 	if (vlen == 0 || colon || vlen >= sizeof m->params[0].value ||
 	    nlen >= sizeof m->params[0].name || m->nparams >= TS_CALL_MAX_PARAMS)
 		return false;
@@ -74,6 +76,11 @@ static bool method_is(const char *route_method, const char *method)
 	return strcmp(method, "HEAD") == 0 && strcmp(route_method, "GET") == 0;
 }
 
+static bool has_custom_method(const char *pattern)
+{
+	return strchr(pattern, ':') != NULL;
+}
+
 enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
                             const char *method, const char *path,
                             struct ts_route_match *out)
@@ -83,7 +90,12 @@ enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
 
 	out->allow[0] = '\0';
 	out->nparams = 0;
-	for (size_t i = 0; i < n; i++) {
+	/* pass 0: patterns with a custom method ("{a}:put"); pass 1: the rest */
+	for (size_t k = 0; k < 2 * n && !(k == n && path_known); k++) {
+		size_t i = k % n;
+
+		if (has_custom_method(routes[i].pattern) != (k < n))
+			continue;
 		if (!match_pattern(routes[i].pattern, path, &tmp))
 			continue;
 		if (method_is(routes[i].method, method)) {

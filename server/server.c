@@ -15,6 +15,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "server/router.h"
+#include "handlers/handlers.h"
 #include "server/server_routes.h"
 #include "storage/space.h"
 
@@ -163,6 +164,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	srv->core = (struct ts_core){
 		.devices = srv->devices,
 		.memory = srv->memory,
+		.memory_view = ts_view_cache_new(),
 		.default_device = srv->core.default_device,
 		.default_memory_kind = cfg->default_memory_kind,
 		.version = TS_VERSION,
@@ -171,7 +173,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.started_wall_ns = ts_wall_ns(),
 	};
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
-	if (!srv->metrics) {
+	if (!srv->metrics || !srv->core.memory_view) {
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for metrics");
 		goto out_free;
 	}
@@ -218,6 +220,7 @@ void ts_server_free(struct ts_server *srv)
 	if (srv->daemon)
 		MHD_stop_daemon(srv->daemon);
 	ts_metrics_free(srv->metrics);
+	ts_view_cache_free(srv->core.memory_view);
 	ts_memory_free(srv->memory);
 	ts_device_set_free(srv->devices);
 	free(srv);

@@ -63,6 +63,7 @@ struct ts_space {
 	_Atomic uint64_t num_allocs;
 	_Atomic uint64_t largest_alloc;
 	_Atomic uint64_t live;
+	_Atomic uint64_t *generation; /* immutable: the memory table's counter */
 };
 
 struct ts_memory {
@@ -71,6 +72,7 @@ struct ts_memory {
 	size_t npools;
 	struct ts_space *spaces;      /* immutable after init */
 	size_t nspaces;
+	_Atomic uint64_t generation;  /* bumped after every change of any space */
 };
 
 static void atomic_max(_Atomic uint64_t *a, uint64_t v)
@@ -324,6 +326,7 @@ ts_status ts_space_alloc(struct ts_space *sp, uint64_t size, void **out,
 	atomic_max(&sp->largest_alloc, size);
 	atomic_fetch_add(&sp->num_allocs, 1);
 	atomic_fetch_add(&sp->live, 1);
+	atomic_fetch_add(sp->generation, 1);
 	return TS_OK;
 }
 
@@ -334,6 +337,7 @@ void ts_space_release(struct ts_space *sp, void *p, uint64_t size)
 	pool_release(sp->pool, p, size);
 	atomic_fetch_sub(&sp->in_use, size);
 	atomic_fetch_sub(&sp->live, 1);
+	atomic_fetch_add(sp->generation, 1);
 }
 
 bool ts_space_would_fit(const struct ts_space *sp, uint64_t size)
@@ -407,9 +411,11 @@ static ts_status memory_add_pool(struct ts_memory *m, struct pool *p,
 	return TS_OK;
 }
 
-static void space_init(struct ts_space *sp, struct ts_device *dev,
-                       enum ts_memory_kind kind, struct pool *p)
+static void space_init(struct ts_memory *m, struct ts_space *sp,
+                       struct ts_device *dev, enum ts_memory_kind kind,
+                       struct pool *p)
 {
+	sp->generation = &m->generation;
 	sp->dev = dev;
 	sp->kind = kind;
 	sp->pool = p;
@@ -469,9 +475,9 @@ ts_status ts_memory_new(struct ts_device_set *set,
 			if (st != TS_OK)
 				break;
 		}
-		space_init(&m->spaces[m->nspaces++], dev, TS_MEM_DEVICE, p);
-		space_init(&m->spaces[m->nspaces++], dev, TS_MEM_PINNED_HOST, pinned);
-		space_init(&m->spaces[m->nspaces++], dev, TS_MEM_UNPINNED_HOST, pageable);
+		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_DEVICE, p);
+		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_PINNED_HOST, pinned);
+		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_UNPINNED_HOST, pageable);
 	}
 	if (st != TS_OK)
 		goto out_free;
@@ -521,4 +527,10 @@ void ts_memory_reset_peaks(struct ts_memory *mem)
 	for (size_t i = 0; i < mem->npools; i++)
 		atomic_store(&mem->pools[i]->a_peak_reserved,
 		             atomic_load(&mem->pools[i]->a_reserved));
+	atomic_fetch_add(&mem->generation, 1);
+}
+
+uint64_t ts_memory_generation(const struct ts_memory *mem)
+{
+	return atomic_load(&((struct ts_memory *)mem)->generation);
 }

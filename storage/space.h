@@ -77,6 +77,11 @@ struct ts_space *ts_memory_space_at(const struct ts_memory *mem, size_t i);
 struct ts_space *ts_memory_find(const struct ts_memory *mem,
                                 const char *device_id, enum ts_memory_kind kind);
 
+/* A counter that grows after every change of any space's stats (allocation,
+ * release, peak reset): equal values mean equal stats, so a rendered view
+ * can be reused. */
+uint64_t ts_memory_generation(const struct ts_memory *mem);
+
 /* Resets every space's and pool's peak counters to the current values. */
 void ts_memory_reset_peaks(struct ts_memory *mem);
 

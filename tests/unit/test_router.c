@@ -34,7 +34,8 @@ START_TEST(literal_and_params)
 	ck_assert_int_eq(ts_route_find(table, N, "GET", "/v1/devices", &m), TS_MATCH_FOUND);
 	ck_assert_uint_eq(m.index, 0);
 	ck_assert_int_eq(m.nparams, 0);
-	ck_assert_int_eq(ts_route_find(table, N, "GET", "/v1/devices/sim:0", &m), TS_MATCH_NO_PATH);
+	ck_assert_int_eq(ts_route_find(table, N, "GET", "/v1/devices/sim:0", &m), TS_MATCH_FOUND);
+	ck_assert_str_eq(m.params[0].value, "sim:0");
 	ck_assert_int_eq(ts_route_find(table, N, "GET", "/v1/devices/sim0", &m), TS_MATCH_FOUND);
 	ck_assert_uint_eq(m.index, 1);
 	ck_assert_int_eq(m.nparams, 1);
@@ -57,9 +58,19 @@ START_TEST(custom_methods)
 	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays/w1:put", &m), TS_MATCH_FOUND);
 	ck_assert_uint_eq(m.index, 7);
 	ck_assert_str_eq(m.params[0].value, "w1");
-	/* ":put" with an empty name, and an unknown verb, match nothing */
-	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays/:put", &m), TS_MATCH_NO_PATH);
-	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays/w1:zap", &m), TS_MATCH_NO_PATH);
+	/* ":put" with an empty name is no call of the verb */
+	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays/:put", &m),
+	                 TS_MATCH_BAD_METHOD);
+	/* an unknown verb falls to the bare parameter, whose handler rejects
+	 * the name: POST is not allowed there */
+	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays/w1:zap", &m),
+	                 TS_MATCH_BAD_METHOD);
+	ck_assert_int_eq(ts_route_find(table, N, "GET", "/v1/arrays/w1:zap", &m), TS_MATCH_FOUND);
+	ck_assert_str_eq(m.params[0].value, "w1:zap");
+	/* a verb route's path under another method is 405, not the bare route */
+	ck_assert_int_eq(ts_route_find(table, N, "GET", "/v1/arrays/w1:put", &m),
+	                 TS_MATCH_BAD_METHOD);
+	ck_assert_str_eq(m.allow, "POST");
 	/* the collection-level verb is not taken for an array called "arrays:import" */
 	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays:import", &m), TS_MATCH_FOUND);
 	ck_assert_uint_eq(m.index, 8);
