@@ -103,6 +103,14 @@ enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
 			out->index = i;
 			return TS_MATCH_FOUND;
 		}
+		if (strcmp(routes[i].method, "GET") == 0 && !strstr(out->allow, "HEAD") &&
+		    strlen(out->allow) + 12 < sizeof out->allow) {
+			if (out->allow[0])
+				strcat(out->allow, ", ");
+			strcat(out->allow, "GET, HEAD");
+			path_known = true;
+			continue;
+		}
 		if (!strstr(out->allow, routes[i].method) &&
 		    strlen(out->allow) + strlen(routes[i].method) + 2 < sizeof out->allow) {
 			if (out->allow[0])

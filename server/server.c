@@ -21,8 +21,7 @@
 
 static bool loopback(const char *addr)
 {
-	return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0 ||
-	       strcmp(addr, "localhost") == 0;
+	return strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0;
 }
 
 static ts_status load_token(struct ts_server *srv, struct ts_error *err)
@@ -43,8 +42,12 @@ static ts_status load_token(struct ts_server *srv, struct ts_error *err)
 		return ts_error_set(err, ts_status_from_errno(errno), "TOKEN_FILE",
 		                    "cannot read token file '%s': %s", srv->cfg.token_file,
 		                    strerror(errno));
-	n = fread(srv->token, 1, sizeof srv->token - 1, f);
+	n = fread(srv->token, 1, sizeof srv->token, f);
 	fclose(f);
+	if (n == sizeof srv->token)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "TOKEN_FILE",
+		                    "token in '%s' is longer than %zu bytes", srv->cfg.token_file,
+		                    sizeof srv->token - 1);
 	while (n && (srv->token[n - 1] == '\n' || srv->token[n - 1] == '\r' ||
 	             srv->token[n - 1] == ' '))
 		n--;

@@ -15,15 +15,15 @@ static void noop(const struct ts_call *c, struct ts_reply *r)
 }
 
 static const struct ts_route table[] = {
-	{"GET", "/v1/devices", noop, NULL, TS_BODY_NONE, false},
-	{"GET", "/v1/devices/{device}", noop, NULL, TS_BODY_NONE, false},
-	{"GET", "/v1/devices/{device}/memory_stats", noop, NULL, TS_BODY_NONE, false},
-	{"POST", "/v1/memory:resetPeak", noop, NULL, TS_BODY_JSON, false},
-	{"PUT", "/v1/arrays/{array}", noop, NULL, TS_BODY_NONE, false},
-	{"GET", "/v1/arrays/{array}", noop, NULL, TS_BODY_NONE, false},
-	{"DELETE", "/v1/arrays/{array}", noop, NULL, TS_BODY_NONE, false},
-	{"POST", "/v1/arrays/{array}:put", noop, NULL, TS_BODY_JSON, false},
-	{"POST", "/v1/arrays:import", noop, NULL, TS_BODY_NONE, false},
+	{"GET", "/v1/devices", noop, NULL, NULL, TS_BODY_NONE, false},
+	{"GET", "/v1/devices/{device}", noop, NULL, NULL, TS_BODY_NONE, false},
+	{"GET", "/v1/devices/{device}/memory_stats", noop, NULL, NULL, TS_BODY_NONE, false},
+	{"POST", "/v1/memory:resetPeak", noop, NULL, NULL, TS_BODY_JSON, false},
+	{"PUT", "/v1/arrays/{array}", noop, NULL, NULL, TS_BODY_NONE, false},
+	{"GET", "/v1/arrays/{array}", noop, NULL, NULL, TS_BODY_NONE, false},
+	{"DELETE", "/v1/arrays/{array}", noop, NULL, NULL, TS_BODY_NONE, false},
+	{"POST", "/v1/arrays/{array}:put", noop, NULL, NULL, TS_BODY_JSON, false},
+	{"POST", "/v1/arrays:import", noop, NULL, NULL, TS_BODY_NONE, false},
 };
 #define N (sizeof table / sizeof table[0])
 
@@ -82,9 +82,9 @@ START_TEST(method_not_allowed)
 	struct ts_route_match m;
 
 	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/devices", &m), TS_MATCH_BAD_METHOD);
-	ck_assert_str_eq(m.allow, "GET");
+	ck_assert_str_eq(m.allow, "GET, HEAD");
 	ck_assert_int_eq(ts_route_find(table, N, "POST", "/v1/arrays/a", &m), TS_MATCH_BAD_METHOD);
-	ck_assert_str_eq(m.allow, "PUT, GET, DELETE");
+	ck_assert_str_eq(m.allow, "PUT, GET, HEAD, DELETE");
 	ck_assert_int_eq(ts_route_find(table, N, "HEAD", "/v1/devices", &m), TS_MATCH_FOUND);
 }
 END_TEST
@@ -113,7 +113,8 @@ START_TEST(real_table)
 
 	ck_assert_uint_gt(ts_nroutes, 5);
 	for (size_t i = 0; i < ts_nroutes; i++) {
-		ck_assert(ts_routes[i].fn || ts_routes[i].sfn);
+		ck_assert(ts_routes[i].fn || ts_routes[i].sfn || ts_routes[i].upload);
+		ck_assert((ts_routes[i].body == TS_BODY_STREAM) == (ts_routes[i].upload != NULL));
 		ck_assert_ptr_nonnull(ts_route_patterns[i]);
 	}
 	ck_assert_int_eq(ts_route_find(ts_routes, ts_nroutes, "GET", "/v1/memory", &m), TS_MATCH_FOUND);

@@ -1,0 +1,529 @@
+/*
+ * benchlib.c - the benches' daemon, load generator and table rows.
+ *
+ * Invariants: a started daemon dies with the bench process
+ * (PR_SET_PDEATHSIG); a client thread only counts and times requests that
+ * complete while the window is open, and never pipelines.
+ */
+#include "tests/bench/benchlib.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_ARGS 64
+#define MAX_CLIENTS 64
+#define RECV_BUF (64 * 1024)
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_s(double s)
+{
+	struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
+}
+
+/* ---- the daemon ----------------------------------------------------------------- */
+
+static void remove_dir(const char *dir)
+{
+	char path[600];
+	static const char *const names[] = {"port", "port.tmp", "stderr", "stdout"};
+
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+		snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+		unlink(path);
+	}
+	rmdir(dir);
+}
+
+static void print_stderr(const struct bench_daemon *d)
+{
+	FILE *f = fopen(d->stderr_path, "r");
+	char line[1024];
+
+	if (!f)
+		return;
+	while (fgets(line, sizeof line, f))
+		fprintf(stderr, "  tstaged: %s", line);
+	fclose(f);
+}
+
+static int read_port(const char *path)
+{
+	FILE *f = fopen(path, "r");
+	int port = 0;
+
+	if (!f)
+		return 0;
+	if (fscanf(f, "%d", &port) != 1)
+		port = 0;
+	fclose(f);
+	return port;
+}
+
+int bench_daemon_start(struct bench_daemon *d, const char *const *args)
+{
+	const char *tstaged = getenv("TSTAGED"), *tmp = getenv("TMPDIR");
+	const char *argv[MAX_ARGS];
+	pid_t parent = getpid();
+	uint64_t deadline;
+	int n = 0, err;
+
+	memset(d, 0, sizeof *d);
+	if (!tstaged || !*tstaged)
+		tstaged = "build/tstaged";
+	snprintf(d->dir, sizeof d->dir, "%s/tstage-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+	if (!mkdtemp(d->dir)) {
+		fprintf(stderr, "bench: mkdtemp: %s\n", strerror(errno));
+		return -1;
+	}
+	snprintf(d->port_file, sizeof d->port_file, "%s/port", d->dir);
+	snprintf(d->stderr_path, sizeof d->stderr_path, "%s/stderr", d->dir);
+	argv[n++] = tstaged;
+	argv[n++] = "--port";
+	argv[n++] = "0";
+	argv[n++] = "--port-file";
+	argv[n++] = d->port_file;
+	argv[n++] = "--log-level";
+	argv[n++] = "warn";
+	for (; args && *args && n < MAX_ARGS - 1; args++)
+		argv[n++] = *args;
+	argv[n] = NULL;
+
+	err = open(d->stderr_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (err < 0) {
+		fprintf(stderr, "bench: %s: %s\n", d->stderr_path, strerror(errno));
+		remove_dir(d->dir);
+		return -1;
+	}
+	fflush(NULL);
+	d->pid = fork();
+	if (d->pid == 0) {
+		sigset_t none;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		dup2(err, 1);
+		dup2(err, 2);
+		execv(tstaged, (char *const *)argv);
+		dprintf(2, "cannot exec '%s': %s\n", tstaged, strerror(errno));
+		_exit(127);
+	}
+	close(err);
+	if (d->pid < 0) {
+		fprintf(stderr, "bench: fork: %s\n", strerror(errno));
+		remove_dir(d->dir);
+		return -1;
+	}
+	deadline = now_ns() + 10000000000ull;
+	while ((d->port = read_port(d->port_file)) <= 0) {
+		int ws;
+
+		if (waitpid(d->pid, &ws, WNOHANG) == d->pid) {
+			fprintf(stderr, "bench: tstaged exited before listening:\n");
+			print_stderr(d);
+			d->pid = 0;
+			remove_dir(d->dir);
+			return -1;
+		}
+		if (now_ns() > deadline) {
+			fprintf(stderr, "bench: tstaged did not listen within 10 s:\n");
+			print_stderr(d);
+			bench_daemon_stop(d);
+			return -1;
+		}
+		sleep_s(0.005);
+	}
+	return 0;
+}
+
+int bench_daemon_stop(struct bench_daemon *d)
+{
+	uint64_t deadline = now_ns() + 20000000000ull;
+	int ws = 0, st = -1;
+
+	if (d->pid <= 0)
+		return 0;
+	kill(d->pid, SIGTERM);
+	for (;;) {
+		pid_t r = waitpid(d->pid, &ws, WNOHANG);
+
+		if (r == d->pid) {
+			st = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+			break;
+		}
+		if (now_ns() > deadline) {
+			kill(d->pid, SIGKILL);
+			waitpid(d->pid, NULL, 0);
+			break;
+		}
+		sleep_s(0.005);
+	}
+	if (st != 0) {
+		fprintf(stderr, "bench: tstaged stopped with status %d:\n", st);
+		print_stderr(d);
+	}
+	d->pid = 0;
+	remove_dir(d->dir);
+	return st;
+}
+
+/* ---- the load generator -------------------------------------------------------------- */
+
+struct window {
+	_Atomic int open;            /* count what completes now */
+	_Atomic int stop;
+};
+
+struct client {
+	pthread_t tid;
+	int port;
+	const char *req;
+	size_t req_len;
+	struct window *win;
+	uint64_t requests, errors;
+	uint32_t *lat_ns;            /* one per counted request (capped at ~4.29 s) */
+	size_t nlat, cap;
+	int fd;
+	char buf[RECV_BUF];
+};
+
+static int connect_to(int port)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	struct timeval tv = {5, 0};
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+
+	if (fd < 0)
+		return -1;
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+static bool send_all(int fd, const char *p, size_t len)
+{
+	while (len) {
+		ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return false;
+		p += n;
+		len -= (size_t)n;
+	}
+	return true;
+}
+
+/* Content-Length of the header block [buf, buf + head); -1 when absent. */
+static long long content_length(const char *buf, size_t head)
+{
+	const char *p = buf, *end = buf + head;
+
+	while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+		p++;
+		if ((size_t)(end - p) > 15 && strncasecmp(p, "Content-Length:", 15) == 0)
+			return strtoll(p + 15, NULL, 10);
+	}
+	return -1;
+}
+
+/* Reads one response; returns its status code, or -1 when the connection
+ * broke or the response has no Content-Length. */
+static int read_response(struct client *c)
+{
+	size_t len = 0, head = 0;
+	long long body = -1, left;
+	const char *eoh = NULL;
+
+	while (!eoh) {
+		ssize_t n;
+
+		if (len == sizeof c->buf)
+			return -1;
+		n = recv(c->fd, c->buf + len, sizeof c->buf - len, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		len += (size_t)n;
+		eoh = memmem(c->buf, len, "\r\n\r\n", 4);
+	}
+	head = (size_t)(eoh - c->buf) + 4;
+	body = content_length(c->buf, head);
+	if (body < 0 || len < 12 || strncmp(c->buf, "HTTP/1.", 7) != 0)
+		return -1;
+	left = (long long)head + body - (long long)len;
+	if (left < 0)
+		return -1;       /* more than one response: nothing is pipelined */
+	while (left > 0) {
+		size_t want = left < (long long)sizeof c->buf ? (size_t)left : sizeof c->buf;
+		ssize_t n = recv(c->fd, c->buf, want, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		left -= n;
+	}
+	return atoi(c->buf + 9) ? atoi(c->buf + 9) : -1;
+}
+
+static void record(struct client *c, uint64_t ns)
+{
+	if (c->nlat == c->cap) {
+		size_t cap = c->cap ? c->cap * 2 : 65536;
+		uint32_t *grown = realloc(c->lat_ns, cap * sizeof *grown);
+
+		if (!grown)
+			return;
+		c->lat_ns = grown;
+		c->cap = cap;
+	}
+	c->lat_ns[c->nlat++] = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+}
+
+static void *client_main(void *arg)
+{
+	struct client *c = arg;
+
+	c->fd = connect_to(c->port);
+	while (!atomic_load_explicit(&c->win->stop, memory_order_relaxed)) {
+		uint64_t t0;
+		int code;
+
+		if (c->fd < 0) {
+			c->fd = connect_to(c->port);
+			if (c->fd < 0) {
+				c->errors++;
+				sleep_s(0.01);
+				continue;
+			}
+		}
+		t0 = now_ns();
+		code = send_all(c->fd, c->req, c->req_len) ? read_response(c) : -1;
+		if (atomic_load_explicit(&c->win->open, memory_order_relaxed)) {
+			if (code >= 200 && code < 300) {
+				c->requests++;
+				record(c, now_ns() - t0);
+			} else {
+				c->errors++;
+			}
+		}
+		if (code < 0) {
+			close(c->fd);
+			c->fd = -1;
+		}
+	}
+	if (c->fd >= 0)
+		close(c->fd);
+	return NULL;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double percentile_us(const uint32_t *sorted, size_t n, double q)
+{
+	size_t i;
+
+	if (n == 0)
+		return NAN;
+	i = (size_t)(q * (double)(n - 1) + 0.5);
+	return (double)sorted[i] / 1000.0;
+}
+
+/* What the rounds of one load add up to. */
+struct tally {
+	uint64_t requests, errors;
+	double seconds;
+	uint32_t *lat_ns;
+	size_t nlat, cap;
+};
+
+static bool tally_add_latencies(struct tally *t, const uint32_t *lat, size_t n)
+{
+	if (t->nlat + n > t->cap) {
+		size_t cap = (t->nlat + n) * 2;
+		uint32_t *grown = realloc(t->lat_ns, cap * sizeof *grown);
+
+		if (!grown)
+			return false;
+		t->lat_ns = grown;
+		t->cap = cap;
+	}
+	if (n)
+		memcpy(t->lat_ns + t->nlat, lat, n * sizeof *lat);
+	t->nlat += n;
+	return true;
+}
+
+/* One warm-up and window of load with its own client threads. */
+static int run_round(int port, const struct bench_load *load, double duration_s,
+                     struct tally *t)
+{
+	struct window win = {0};
+	struct client *cl;
+	char req[2048];
+	int nthreads = load->threads, started = 0, rc = 0;
+	uint64_t t_open, t_close;
+
+	if (nthreads < 1 || nthreads > MAX_CLIENTS)
+		return -1;
+	snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\n", load->method,
+	         load->path, port, load->extra_headers ? load->extra_headers : "");
+	cl = calloc((size_t)nthreads, sizeof *cl);
+	if (!cl)
+		return -1;
+	for (int i = 0; i < nthreads; i++) {
+		cl[i].port = port;
+		cl[i].req = req;
+		cl[i].req_len = strlen(req);
+		cl[i].win = &win;
+		cl[i].fd = -1;
+		if (pthread_create(&cl[i].tid, NULL, client_main, &cl[i]) != 0)
+			break;
+		started++;
+	}
+	if (started < nthreads) {
+		fprintf(stderr, "bench: started %d of %d client threads\n", started, nthreads);
+		rc = -1;
+	}
+	sleep_s(load->warmup_s);
+	t_open = now_ns();
+	atomic_store(&win.open, 1);
+	sleep_s(duration_s);
+	atomic_store(&win.open, 0);
+	t_close = now_ns();
+	atomic_store(&win.stop, 1);
+	for (int i = 0; i < started; i++) {
+		pthread_join(cl[i].tid, NULL);
+		t->requests += cl[i].requests;
+		t->errors += cl[i].errors;
+		if (!tally_add_latencies(t, cl[i].lat_ns, cl[i].nlat))
+			rc = -1;
+	}
+	t->seconds += (double)(t_close - t_open) / 1e9;
+	for (int i = 0; i < nthreads; i++)
+		free(cl[i].lat_ns);
+	free(cl);
+	return rc;
+}
+
+static void tally_result(struct tally *t, struct bench_result *out)
+{
+	memset(out, 0, sizeof *out);
+	qsort(t->lat_ns, t->nlat, sizeof *t->lat_ns, cmp_u32);
+	out->requests = t->requests;
+	out->errors = t->errors;
+	out->seconds = t->seconds;
+	out->rate = t->seconds > 0 ? (double)t->requests / t->seconds : 0;
+	out->p50_us = percentile_us(t->lat_ns, t->nlat, 0.50);
+	out->p90_us = percentile_us(t->lat_ns, t->nlat, 0.90);
+	out->p99_us = percentile_us(t->lat_ns, t->nlat, 0.99);
+	out->max_us = t->nlat ? (double)t->lat_ns[t->nlat - 1] / 1000.0 : NAN;
+}
+
+int bench_load_interleaved(int port, const struct bench_load *loads, int n, int rounds,
+                           struct bench_result *results)
+{
+	struct tally *t = calloc((size_t)(n > 0 ? n : 1), sizeof *t);
+	int rc = 0;
+
+	if (!t || n < 1 || rounds < 1) {
+		free(t);
+		return -1;
+	}
+	for (int r = 0; r < rounds && rc == 0; r++)
+		for (int i = 0; i < n && rc == 0; i++)
+			rc = run_round(port, &loads[i], loads[i].duration_s / rounds, &t[i]);
+	for (int i = 0; i < n; i++) {
+		tally_result(&t[i], &results[i]);
+		if (rc == 0 && results[i].requests == 0) {
+			fprintf(stderr, "bench: %s %s: no request succeeded (%llu errors)\n",
+			        loads[i].method, loads[i].path, (unsigned long long)results[i].errors);
+			rc = -1;
+		}
+		free(t[i].lat_ns);
+	}
+	free(t);
+	return rc;
+}
+
+int bench_load_run(int port, const struct bench_load *load, struct bench_result *out)
+{
+	return bench_load_interleaved(port, load, 1, 1, out);
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+void bench_row(const char *bench, const char *value, const char *reference,
+               double ratio, const char *target, bool has_target, bool ok)
+{
+	char r[32];
+
+	if (isnan(ratio))
+		snprintf(r, sizeof r, "-");
+	else
+		snprintf(r, sizeof r, "%.2f", ratio);
+	printf(BENCH_ROW_FORMAT, bench, value ? value : "-", reference ? reference : "-", r,
+	       target ? target : "-", has_target ? (ok ? "yes" : "no") : "-");
+	fflush(stdout);
+}
+
+const char *bench_fmt_rate(char *buf, size_t cap, double rate)
+{
+	if (rate >= 1e6)
+		snprintf(buf, cap, "%.2fM req/s", rate / 1e6);
+	else if (rate >= 1e4)
+		snprintf(buf, cap, "%.1fk req/s", rate / 1e3);
+	else
+		snprintf(buf, cap, "%.0f req/s", rate);
+	return buf;
+}
+
+double bench_seconds(double dflt)
+{
+	const char *s = getenv("BENCH_SECONDS");
+	double v = s ? strtod(s, NULL) : 0;
+
+	return v > 0 ? v : dflt;
+}

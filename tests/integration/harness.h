@@ -1,0 +1,235 @@
+/*
+ * harness.h - the integration tests' view of a real tstaged: start one as a
+ * child process on an ephemeral port, talk to it with libcurl, stop it with
+ * SIGTERM, and check what it answers (google.rpc.Status errors, Prometheus
+ * text).
+ *
+ * A started daemon always runs with --port 0 --port-file <tmp> --log-level
+ * warn, then the backend's arguments (sim: --sim-devices 2
+ * --sim-device-memory 64MiB --no-cuda; cuda: --cuda=true), then the test's
+ * own; a later flag wins, so a test can override any of them. Its stdout and
+ * stderr go to files in a private temporary directory that the test can read
+ * (the JSON log lines). Inherited TSTAGE_* variables are removed from the
+ * daemon's environment, so only what a test passes reaches it.
+ *
+ * Every th_ function that can fail fails the current Check test (ck_assert)
+ * with a message; none returns an error to check. A daemon left running by a
+ * failed test dies with the test process (PR_SET_PDEATHSIG). A failed
+ * assertion _exits the forked test, so its files stay behind until the
+ * runner process, which called th_init, exits and removes the directory
+ * that holds them all.
+ *
+ * TS_TEST_BACKEND selects what the daemon runs on: unset or "sim" gives two
+ * simulated devices of TH_SIM_MEMORY bytes with CUDA discovery switched off;
+ * "cuda" runs on the machine's GPUs and expects cuda to be the default
+ * backend.
+ *
+ * Thread-safety: none; one test process drives its daemons from one thread.
+ */
+#ifndef TS_TESTS_HARNESS_H
+#define TS_TESTS_HARNESS_H
+
+#include <curl/curl.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+/* Call once in main, before running the suites: makes the directory every
+ * test's files go under and removes it when the runner exits. */
+void th_init(void);
+
+/* ---- the backend under test ---------------------------------------------- */
+
+#define TH_SIM_MEMORY (64ull << 20)     /* --sim-device-memory of sim runs */
+#define TH_SIM_MEMORY_ARG "64MiB"
+
+/* "sim" or "cuda", from TS_TEST_BACKEND (anything else fails the test). */
+const char *th_backend(void);
+bool th_backend_is_sim(void);
+
+/* The ids the default run must show first and second ("sim:0", "sim:1" or
+ * "cuda:0", "cuda:1"); the second may not exist on a one-GPU machine. */
+const char *th_device_id(int ordinal, char *buf, size_t cap);
+
+/* ---- a daemon ------------------------------------------------------------- */
+
+struct th_daemon {
+	pid_t pid;                      /* 0 once stopped */
+	int port;
+	char base_url[64];              /* "http://127.0.0.1:PORT" */
+	char dir[256];                  /* private temporary directory */
+	char port_file[300];
+	char stdout_path[300];
+	char stderr_path[300];
+	CURL *curl;                     /* reused: requests share one connection */
+};
+
+struct th_start {
+	const char *const *args;        /* NULL-terminated extra flags, or NULL */
+	const char *const *env;         /* NULL-terminated "NAME=value", or NULL */
+	bool no_backend_args;           /* leave out th_backend's flags */
+	int timeout_ms;                 /* for the port file; 0: 10 s, or 60 s when
+	                                 * $TSTAGED is a sanitizer build ("san-") */
+};
+
+/* Path of the daemon binary: $TSTAGED, default "build/tstaged". */
+const char *th_tstaged(void);
+
+/* Starts a daemon with the default flags plus args (NULL-terminated, may be
+ * NULL) and waits until it listens. */
+void th_daemon_start(struct th_daemon *d, const char *const *args);
+
+/* The same with every knob of struct th_start. */
+void th_daemon_start_ex(struct th_daemon *d, const struct th_start *how);
+
+/* Sends SIGTERM and waits (bounded) for the exit; returns the wait status
+ * as a shell would report it (exit code, or 128 + signal). Removes the
+ * daemon's files unless keep_files. */
+int th_daemon_stop(struct th_daemon *d, bool keep_files);
+
+/* Sends sig to a running daemon. */
+void th_daemon_signal(struct th_daemon *d, int sig);
+
+/* Waits at most timeout_ms for the daemon to exit: its shell-style status,
+ * or -1 while it still runs. Once it has exited, d->pid is 0. */
+int th_daemon_wait(struct th_daemon *d, int timeout_ms);
+
+/* Stops the daemon and fails the test unless it exits 0 (graceful drain). */
+void th_daemon_stop_ok(struct th_daemon *d);
+
+/* The daemon's stderr so far (new NUL-terminated string, caller frees). */
+char *th_daemon_stderr(const struct th_daemon *d);
+
+/* Removes a stopped daemon's files (after th_daemon_stop(d, true)). */
+void th_daemon_cleanup(struct th_daemon *d);
+
+/* ---- running tstaged to completion ---------------------------------------- */
+
+struct th_run_result {
+	int status;                     /* exit code, 128 + signal, or -1: timed out */
+	char *out;                      /* stdout (new string, freed by th_run_free) */
+	char *err;                      /* stderr */
+};
+
+/* Runs tstaged with exactly args (no defaults) and env, waits at most
+ * timeout_ms (then kills it) and collects its output. */
+void th_run(const char *const *args, const char *const *env, int timeout_ms,
+            struct th_run_result *res);
+void th_run_free(struct th_run_result *res);
+
+/* ---- requests ------------------------------------------------------------- */
+
+#define TH_MAX_HEADERS 32
+
+struct th_response {
+	long status;                    /* HTTP status code */
+	char *body;                     /* NUL-terminated (owned) */
+	size_t body_len;
+	int nheaders;
+	struct {
+		char name[64];
+		char value[256];
+	} headers[TH_MAX_HEADERS];      /* of the final response only */
+	json_t *json;                   /* set by th_json (owned) */
+};
+
+/*
+ * Sends method path (with query) and waits for the answer. headers is
+ * NULL-terminated "Name: value" lines, or NULL. body (body_len bytes) may be
+ * NULL; a "Transfer-Encoding: chunked" header sends it chunked, without a
+ * Content-Length. The daemon's connection is kept alive between calls.
+ */
+void th_request(struct th_daemon *d, const char *method, const char *path,
+                const char *const *headers, const char *body, size_t body_len,
+                struct th_response *r);
+
+/* GET path, no headers. */
+void th_get(struct th_daemon *d, const char *path, struct th_response *r);
+
+/* GET path and fail the test unless the status is 200 and the body is a JSON
+ * object; returns the body (borrowed from r). */
+json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r);
+
+void th_response_free(struct th_response *r);
+
+/* Value of a response header (case-insensitive name), or NULL (borrowed). */
+const char *th_header(const struct th_response *r, const char *name);
+
+/* The body parsed as JSON; fails the test if it is not JSON (borrowed from r). */
+json_t *th_json(struct th_response *r);
+
+/*
+ * Fails the test unless r is a google.rpc.Status error: HTTP status http,
+ * Content-Type application/json, {"error": {"code": http, "status": status,
+ * "message": non-empty, "details": [{"@type": ErrorInfo, "reason": reason
+ * (any non-empty one when NULL), "domain": "tstage", "metadata": {}}]}},
+ * and status's canonical HTTP number equals http (405 goes with
+ * UNIMPLEMENTED).
+ */
+void th_assert_error(struct th_response *r, long http, const char *status,
+                     const char *reason);
+
+/* JSON accessors that fail the test when the member is missing or of
+ * another type (borrowed results). */
+json_t *th_obj(json_t *o, const char *key);
+json_t *th_arr(json_t *o, const char *key);
+const char *th_str(json_t *o, const char *key);
+json_int_t th_int(json_t *o, const char *key);
+bool th_bool(json_t *o, const char *key);
+
+/* ---- Prometheus text exposition ------------------------------------------- */
+
+#define TH_PROM_MAX_LABELS 8
+
+struct th_prom_sample {
+	char name[128];
+	int nlabels;
+	struct {
+		char name[64];
+		char value[256];            /* unescaped */
+	} labels[TH_PROM_MAX_LABELS];
+	double value;
+};
+
+/* Parses one sample line ("name{a=\"x\",b=\"y\"} 1.5" or "name 2");
+ * false when it is malformed. */
+bool th_prom_parse_line(const char *line, size_t len, struct th_prom_sample *s);
+
+/* Number of samples in text, or -1 with the first bad line in why: every
+ * non-empty line is a "# HELP"/"# TYPE" comment or a well-formed sample. */
+int th_prom_validate(const char *text, char *why, size_t cap);
+
+/* Every sample of text (new array, caller frees), or fails the test. */
+struct th_prom_sample *th_prom_samples(const char *text, int *n);
+
+/* The value of the sample named name whose label set equals labels
+ * ("a=\"x\",b=\"y\"", any order; "" or NULL for none); false when absent. */
+bool th_prom_find(const char *text, const char *name, const char *labels, double *out);
+
+/* The value of a label of s, or NULL. */
+const char *th_prom_label(const struct th_prom_sample *s, const char *name);
+
+/* ---- raw HTTP/1.1 over a socket (for what curl hides) ---------------------- */
+
+/* A TCP connection to the daemon's port (fails the test if refused). */
+int th_raw_connect(const struct th_daemon *d);
+
+/* Sends all of text. */
+void th_raw_send(int fd, const char *text);
+
+/* Reads one response (headers, then Content-Length bytes of body) into buf
+ * (NUL-terminated) within timeout_ms; returns its status code, or -1 on
+ * timeout or a closed connection. */
+int th_raw_response(int fd, char *buf, size_t cap, int timeout_ms);
+
+/* ---- small things ---------------------------------------------------------- */
+
+/* Writes text to a new file in the daemon-independent temporary directory and
+ * returns its path in buf. */
+const char *th_write_temp(const char *name, const char *text, char *buf, size_t cap);
+
+/* Monotonic milliseconds. */
+long long th_now_ms(void);
+
+#endif
