@@ -117,8 +117,11 @@ FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 10
 FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined
 FUZZ_router  := server/router.c
+FUZZ_index   := storage/index.c
 FUZZ_units   := common/units.c
 FUZZ_config  := server/config.c common/units.c
+FUZZ_npy     := storage/npy.c storage/dtype.c
+FUZZ_safetensors := storage/safetensors.c storage/dtype.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)

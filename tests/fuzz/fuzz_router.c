@@ -1,7 +1,7 @@
 /*
  * fuzz_router.c - libFuzzer target: any method and path against the real
  * route table must match, 404 or 405 without reading out of bounds, and a
- * match's parameters must be non-empty, ':'-free substrings of the path.
+ * match's parameters must be non-empty substrings of the path.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,8 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (m.index >= ts_nroutes)
 			abort();
 		for (int i = 0; i < m.nparams; i++)
-			if (!m.params[i].value[0] || strchr(m.params[i].value, ':') ||
-			    !strstr(path, m.params[i].value))
+			if (!m.params[i].value[0] || !strstr(path, m.params[i].value))
 				abort();
 	}
 	free(path);

@@ -10,7 +10,7 @@ for bin in "$dir"/fuzz_*; do
 	work="$dir/corpus_$t"
 	rm -rf "$work" && mkdir -p "$work"
 	cp tests/fuzz/corpus/"$t"/* "$work"/ 2>/dev/null || true
-	if ! "$bin" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 "$work" >"$dir/$t.log" 2>&1; then
+	if ! "$bin" -max_total_time="$secs" -timeout=10 -artifact_prefix="$dir/$t-" -rss_limit_mb=2048 "$work" >"$dir/$t.log" 2>&1; then
 		tail -40 "$dir/$t.log"
 		echo "fuzz: $t FAILED (crash input saved beside the log)" >&2
 		exit 1
