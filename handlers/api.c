@@ -26,20 +26,45 @@ const char *ts_call_header(const struct ts_call *c, const char *name)
 	return c->lookup ? c->lookup(c->conn, TS_LOOKUP_HEADER, name) : NULL;
 }
 
-void ts_reply_release(struct ts_reply *r)
-{
-	json_decref(r->json);
-	free(r->text);
-	memset(r, 0, sizeof *r);
-}
-
 static void reply_reset_body(struct ts_reply *r)
 {
 	json_decref(r->json);
 	free(r->text);
+	if (r->stream.release)
+		r->stream.release(r->stream.state);
+	if (r->parts.release)
+		r->parts.release(r->parts.cls);
 	r->json = NULL;
 	r->text = NULL;
 	r->text_len = 0;
+	memset(&r->stream, 0, sizeof r->stream);
+	memset(&r->parts, 0, sizeof r->parts);
+}
+
+void ts_reply_release(struct ts_reply *r)
+{
+	reply_reset_body(r);
+	memset(r, 0, sizeof *r);
+}
+
+void ts_reply_stream(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,
+                     const struct ts_stream *stream)
+{
+	reply_reset_body(r);
+	r->kind = TS_REPLY_STREAM;
+	r->ok = ok;
+	r->content_type = content_type;
+	r->stream = *stream;
+}
+
+void ts_reply_buffers(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,
+                      const struct ts_parts *parts)
+{
+	reply_reset_body(r);
+	r->kind = TS_REPLY_BUFFERS;
+	r->ok = ok;
+	r->content_type = content_type;
+	r->parts = *parts;
 }
 
 void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body)

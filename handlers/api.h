@@ -27,6 +27,8 @@
 
 struct ts_memory;
 struct ts_view_cache;
+struct ts_catalog;
+struct ts_stager;
 
 /* The core objects every handler may use; immutable after start (the
  * objects they point to are thread-safe). */
@@ -34,6 +36,9 @@ struct ts_core {
 	struct ts_device_set *devices;
 	struct ts_memory *memory;
 	struct ts_view_cache *memory_view;   /* handlers/memory.c */
+	struct ts_catalog *catalog;
+	struct ts_stager *stager;
+	const char *data_dir;                /* realpath of --data-dir, or NULL */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;
 	const char *version;
@@ -68,7 +73,43 @@ enum ts_http_ok {
 	TS_HTTP_NO_CONTENT = 204,
 };
 
-enum ts_reply_kind { TS_REPLY_NONE = 0, TS_REPLY_JSON, TS_REPLY_TEXT, TS_REPLY_ERROR };
+enum ts_reply_kind {
+	TS_REPLY_NONE = 0,
+	TS_REPLY_JSON,
+	TS_REPLY_TEXT,
+	TS_REPLY_ERROR,
+	TS_REPLY_STREAM,    /* bytes produced by a reader callback as they are sent */
+	TS_REPLY_BUFFERS,   /* up to TS_REPLY_MAX_PARTS borrowed buffers, sent in place */
+};
+
+/*
+ * A streamed body. read fills buf with up to max bytes from position pos
+ * (positions are consecutive) and returns the count, 0 never (the size is
+ * known), or -1 on failure (the connection is then closed, since the
+ * status line is already sent). release frees state; it runs once, when the
+ * response is done with it.
+ */
+struct ts_stream {
+	uint64_t size;
+	long (*read)(void *state, uint64_t pos, char *buf, size_t max);
+	void (*release)(void *state);
+	void *state;
+};
+
+#define TS_REPLY_MAX_PARTS 4
+
+/* Buffers answered in place (no copy); release(cls) runs when sent. */
+struct ts_part {
+	const void *base;
+	size_t len;
+};
+
+struct ts_parts {
+	int n;
+	struct ts_part part[TS_REPLY_MAX_PARTS];
+	void (*release)(void *cls);
+	void *cls;
+};
 
 #define TS_REPLY_MAX_HEADERS 8
 
@@ -80,6 +121,8 @@ struct ts_reply {
 	size_t text_len;
 	const char *content_type;    /* static string */
 	struct ts_error error;       /* TS_REPLY_ERROR */
+	struct ts_stream stream;     /* TS_REPLY_STREAM (owned: released with the reply) */
+	struct ts_parts parts;       /* TS_REPLY_BUFFERS (owned likewise) */
 	int nheaders;
 	struct {
 		char name[40];
@@ -99,6 +142,26 @@ const char *ts_call_header(const struct ts_call *c, const char *name);
 /* Lookup spaces for ts_call.lookup. */
 enum { TS_LOOKUP_QUERY = 1, TS_LOOKUP_HEADER = 2 };
 
+/*
+ * A route that takes its body as a stream (uploads). begin runs on the first
+ * callback, with the request headers and Content-Length (UINT64_MAX when
+ * absent): it returns the upload's state, or NULL after filling reply with a
+ * refusal, which is then sent at once without reading the body (so a client
+ * that sent "Expect: 100-continue" never sends it). chunk takes each piece
+ * of the body where it lands and returns false after filling reply with an
+ * error (the rest of the body is not used). finish runs once the body is
+ * complete and fills reply. release frees the state and runs exactly once,
+ * whether the upload finished, failed or the client went away; it must undo
+ * whatever an unfinished upload holds, so that nothing changes.
+ */
+struct ts_upload_ops {
+	void *(*begin)(const struct ts_call *call, uint64_t content_length,
+	               struct ts_reply *reply);
+	bool (*chunk)(void *state, const char *data, size_t n, struct ts_reply *reply);
+	void (*finish)(void *state, const struct ts_call *call, struct ts_reply *reply);
+	void (*release)(void *state);
+};
+
 /* Answers with a JSON value; steals the reference to body. */
 void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body);
 
@@ -116,6 +179,15 @@ void ts_reply_error(struct ts_reply *r, const struct ts_error *err);
 /* Answers with a new error; returns st. */
 ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* Answers with a stream; the reply owns it from now on (released even if
+ * the reply is replaced by an error). */
+void ts_reply_stream(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,
+                     const struct ts_stream *stream);
+
+/* Answers with borrowed buffers; the reply owns parts->cls from now on. */
+void ts_reply_buffers(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,
+                      const struct ts_parts *parts);
 
 /* Adds a response header (copied; dropped past TS_REPLY_MAX_HEADERS). */
 void ts_reply_header(struct ts_reply *r, const char *name, const char *value);

@@ -24,6 +24,22 @@ ts_handler_fn ts_h_devices_list;
 ts_handler_fn ts_h_devices_get;
 ts_handler_fn ts_h_devices_memory_stats;
 
+/* arrays.c */
+ts_handler_fn ts_h_arrays_list;
+ts_handler_fn ts_h_arrays_get;
+ts_handler_fn ts_h_arrays_delete;
+ts_handler_fn ts_h_arrays_gather;
+
+/* download.c */
+ts_handler_fn ts_h_arrays_data;
+
+/* upload.c */
+extern const struct ts_upload_ops ts_h_arrays_put;
+
+/* safetensors_io.c */
+extern const struct ts_upload_ops ts_h_arrays_import;
+ts_handler_fn ts_h_arrays_export;
+
 /* memory.c */
 ts_handler_fn ts_h_memory_get;
 ts_handler_fn ts_h_memory_reset_peak;

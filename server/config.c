@@ -54,6 +54,8 @@ static const struct opt options[] = {
 	 "write the bound port to this file once listening"},
 	{"drain-seconds", OPT_INT, F(drain_seconds), 0, 3600, "30",
 	 "how long SIGTERM waits for in-flight requests"},
+	{"data-dir", OPT_STRING, F(data_dir), 0, 0, "none",
+	 "folder server-side imports ({\"path\": ...}) may read from"},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])

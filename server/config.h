@@ -37,6 +37,7 @@ struct ts_config {
 	bool insecure;
 	char port_file[512];             /* write the bound port here once listening */
 	int drain_seconds;               /* how long SIGTERM waits for requests */
+	char data_dir[512];              /* server-side imports only from below here; "" none */
 };
 
 enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };

@@ -31,7 +31,9 @@ struct request {
 	char path[256];                  /* truncated copy for the log */
 	struct ts_route_match match;
 	bool failed;                     /* reply already decided (error) */
+	bool queued;                     /* a response is queued */
 	struct ts_reply reply;
+	void *upload;                    /* TS_BODY_STREAM state, released at completion */
 	char *body;
 	size_t body_len, body_cap;
 	int http_code;
@@ -101,6 +103,49 @@ static struct request *request_new(struct ts_server *srv,
 	return rq;
 }
 
+static void request_call(struct request *rq, struct MHD_Connection *conn,
+                         struct ts_call *call)
+{
+	*call = (struct ts_call){
+		.core = &rq->srv->core,
+		.method = rq->method,
+		.path = rq->path,
+		.request_id = rq->id,
+		.body = rq->body,
+		.body_len = rq->body_len,
+		.conn = conn,
+		.lookup = lookup,
+	};
+	call->nparams = rq->match.nparams;
+	for (int i = 0; i < rq->match.nparams; i++) {
+		call->params[i].name = rq->match.params[i].name;
+		call->params[i].value = rq->match.params[i].value;
+	}
+}
+
+/* Starts a streamed upload: the route's begin decides admission. */
+static void request_begin_upload(struct request *rq, struct MHD_Connection *conn,
+                                 const char *len_s)
+{
+	const struct ts_route *route = &ts_routes[rq->route];
+	uint64_t len = UINT64_MAX;
+	struct ts_call call;
+	char *end;
+
+	if (len_s) {
+		len = strtoull(len_s, &end, 10);
+		if (*end || end == len_s)
+			len = UINT64_MAX;
+	}
+	request_call(rq, conn, &call);
+	rq->upload = route->upload->begin(&call, len, &rq->reply);
+	if (!rq->upload) {
+		rq->failed = true;
+		if (rq->reply.kind == TS_REPLY_NONE)
+			ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the upload was refused without a reason");
+	}
+}
+
 /* Decides routing, auth and body admission on the first callback. */
 static void request_admit(struct request *rq, struct MHD_Connection *conn,
                           const char *url, const char *method)
@@ -146,7 +191,10 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
 		              "a JSON body may hold at most %u bytes; this one has %s",
 		              TS_JSON_BODY_MAX, len_s);
+		return;
 	}
+	if (route->body == TS_BODY_STREAM)
+		request_begin_upload(rq, conn, len_s);
 }
 
 /* Takes one piece of the body. */
@@ -154,8 +202,15 @@ static void request_take_body(struct request *rq, const char *data, size_t n)
 {
 	const struct ts_route *route = rq->route < ts_nroutes ? &ts_routes[rq->route] : NULL;
 
-	if (rq->failed || !route || route->body != TS_BODY_JSON)
+	if (rq->failed || !route)
 		return;        /* drained and dropped */
+	if (route->body == TS_BODY_STREAM) {
+		if (!route->upload->chunk(rq->upload, data, n, &rq->reply))
+			rq->failed = true;
+		return;
+	}
+	if (route->body != TS_BODY_JSON)
+		return;
 	if (rq->body_len + n > TS_JSON_BODY_MAX) {
 		rq->failed = true;
 		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
@@ -183,23 +238,12 @@ static void request_take_body(struct request *rq, const char *data, size_t n)
 static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 {
 	const struct ts_route *route = &ts_routes[rq->route];
-	struct ts_call call = {
-		.core = &rq->srv->core,
-		.method = rq->method,
-		.path = rq->path,
-		.request_id = rq->id,
-		.body = rq->body,
-		.body_len = rq->body_len,
-		.conn = conn,
-		.lookup = lookup,
-	};
+	struct ts_call call;
 
-	call.nparams = rq->match.nparams;
-	for (int i = 0; i < rq->match.nparams; i++) {
-		call.params[i].name = rq->match.params[i].name;
-		call.params[i].value = rq->match.params[i].value;
-	}
-	if (route->fn)
+	request_call(rq, conn, &call);
+	if (route->upload)
+		route->upload->finish(rq->upload, &call, &rq->reply);
+	else if (route->fn)
 		route->fn(&call, &rq->reply);
 	else
 		route->sfn(rq->srv, &call, &rq->reply);
@@ -207,8 +251,84 @@ static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 		ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the handler gave no answer");
 }
 
+static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn);
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	struct ts_stream *st = cls;
+	long n = st->read(st->state, pos, buf, max);
+
+	return n < 0 ? MHD_CONTENT_READER_END_WITH_ERROR : (ssize_t)n;
+}
+
+static void stream_free(void *cls)
+{
+	struct ts_stream *st = cls;
+
+	if (st->release)
+		st->release(st->state);
+	free(st);
+}
+
+static void reply_headers(struct request *rq, struct MHD_Response *resp)
+{
+	struct ts_reply *r = &rq->reply;
+
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
+	                        r->content_type ? r->content_type : "application/json");
+	MHD_add_response_header(resp, "X-Request-Id", rq->id);
+	for (int i = 0; i < r->nheaders; i++)
+		MHD_add_response_header(resp, r->headers[i].name, r->headers[i].value);
+}
+
+/* Streams and in-place buffers: ownership passes to the MHD response. */
+static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Connection *conn)
+{
+	struct ts_reply *r = &rq->reply;
+	struct MHD_Response *resp = NULL;
+	enum MHD_Result ret;
+
+	if (r->kind == TS_REPLY_STREAM) {
+		struct ts_stream *st = malloc(sizeof *st);
+
+		if (st) {
+			*st = r->stream;
+			resp = MHD_create_response_from_callback(st->size, 256 * 1024, stream_read,
+			                                         st, stream_free);
+			if (!resp)
+				free(st);
+		}
+		if (resp)
+			memset(&r->stream, 0, sizeof r->stream);   /* the response owns it */
+	} else {
+		struct MHD_IoVec iov[TS_REPLY_MAX_PARTS];
+
+		for (int i = 0; i < r->parts.n; i++) {
+			iov[i].iov_base = r->parts.part[i].base;
+			iov[i].iov_len = r->parts.part[i].len;
+		}
+		resp = MHD_create_response_from_iovec(iov, (unsigned int)r->parts.n,
+		                                      r->parts.release, r->parts.cls);
+		if (resp)
+			memset(&r->parts, 0, sizeof r->parts);
+	}
+	if (!resp) {
+		ts_reply_fail(r, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		              "out of memory while starting the response");
+		return request_respond(rq, conn);
+	}
+	rq->http_code = (int)r->ok;
+	reply_headers(rq, resp);
+	ret = MHD_queue_response(conn, (unsigned int)rq->http_code, resp);
+	MHD_destroy_response(resp);
+	rq->queued = ret == MHD_YES;
+	return ret;
+}
+
 static const char fallback_error[] =
 	"{\"error\":{\"code\":500,\"status\":\"INTERNAL\",\"message\":\"cannot render the response\"}}";
+
+static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Connection *conn);
 
 /* Renders rq->reply into an MHD response and queues it. */
 static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn)
@@ -234,6 +354,8 @@ static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection
 	} else if (r->kind == TS_REPLY_JSON) {
 		text = json_dumps(r->json, JSON_COMPACT);
 		rq->http_code = (int)r->ok;
+	} else if (r->kind == TS_REPLY_STREAM || r->kind == TS_REPLY_BUFFERS) {
+		return request_respond_body(rq, conn);
 	} else {
 		text = r->text;
 		len = r->text_len;
@@ -263,15 +385,13 @@ static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection
 		if (!resp)
 			return MHD_NO;
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+		MHD_add_response_header(resp, "X-Request-Id", rq->id);
 	} else {
-		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE,
-		                        r->content_type ? r->content_type : "application/json");
+		reply_headers(rq, resp);
 	}
-	MHD_add_response_header(resp, "X-Request-Id", rq->id);
-	for (int i = 0; i < r->nheaders; i++)
-		MHD_add_response_header(resp, r->headers[i].name, r->headers[i].value);
 	ret = MHD_queue_response(conn, (unsigned int)rq->http_code, resp);
 	MHD_destroy_response(resp);
+	rq->queued = ret == MHD_YES;
 	return ret;
 }
 
@@ -296,10 +416,18 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		return MHD_YES;
 	}
 	if (*upload_data_size) {
+		bool was_failed = rq->failed;
+
 		request_take_body(rq, upload_data, *upload_data_size);
 		*upload_data_size = 0;
+		/* a body found bad midway is answered now: the rest is not read,
+		 * and libmicrohttpd closes the connection after the answer */
+		if (rq->failed && !was_failed && !rq->queued)
+			(void)request_respond(rq, conn);   /* else drained, answered at the end */
 		return MHD_YES;
 	}
+	if (rq->queued)
+		return MHD_YES;
 	if (!rq->failed)
 		request_dispatch(rq, conn);
 	return request_respond(rq, conn);
@@ -330,6 +458,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "true" : "false");
 		ts_log(TS_LOG_INFO, fields, "request");
 	}
+	if (rq->upload)
+		ts_routes[rq->route].upload->release(rq->upload);
 	ts_reply_release(&rq->reply);
 	free(rq->body);
 	free(rq);

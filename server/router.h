@@ -28,6 +28,7 @@ typedef void ts_server_handler_fn(struct ts_server *srv, const struct ts_call *c
 enum ts_body_mode {
 	TS_BODY_NONE = 0,   /* a body, if any, is read and ignored */
 	TS_BODY_JSON,       /* buffered whole (at most TS_JSON_BODY_MAX bytes) */
+	TS_BODY_STREAM,     /* handed piece by piece to the route's upload ops */
 };
 
 #define TS_JSON_BODY_MAX (1u << 20)
@@ -37,6 +38,7 @@ struct ts_route {
 	const char *pattern;
 	ts_handler_fn *fn;              /* one of fn, sfn */
 	ts_server_handler_fn *sfn;
+	const struct ts_upload_ops *upload;   /* TS_BODY_STREAM routes */
 	enum ts_body_mode body;
 	bool public_route;              /* no token needed (health, metrics) */
 };

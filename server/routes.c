@@ -4,21 +4,32 @@
 #include "server/router.h"
 #include "server/server_routes.h"
 
-#define ROUTES(X)                                                                        \
-	X("GET", "/livez", ts_h_livez, NULL, TS_BODY_NONE, true)                             \
-	X("GET", "/healthz", ts_h_livez, NULL, TS_BODY_NONE, true)                           \
-	X("GET", "/readyz", NULL, ts_s_readyz, TS_BODY_NONE, true)                           \
-	X("GET", "/metrics", NULL, ts_s_metrics, TS_BODY_NONE, true)                         \
-	X("GET", "/v1/backends", ts_h_backends_list, NULL, TS_BODY_NONE, false)              \
-	X("GET", "/v1/devices", ts_h_devices_list, NULL, TS_BODY_NONE, false)                \
-	X("GET", "/v1/devices/{device}", ts_h_devices_get, NULL, TS_BODY_NONE, false)        \
-	X("GET", "/v1/devices/{device}/memory_stats", ts_h_devices_memory_stats, NULL,       \
-	  TS_BODY_NONE, false)                                                               \
-	X("GET", "/v1/memory", ts_h_memory_get, NULL, TS_BODY_NONE, false)                   \
-	X("POST", "/v1/memory:resetPeak", ts_h_memory_reset_peak, NULL, TS_BODY_JSON, false)
+/* X(method, pattern, handler, server handler, upload ops, body, public) */
+#define ROUTES(X)                                                                          \
+	X("GET", "/livez", ts_h_livez, NULL, NULL, TS_BODY_NONE, true)                         \
+	X("GET", "/healthz", ts_h_livez, NULL, NULL, TS_BODY_NONE, true)                       \
+	X("GET", "/readyz", NULL, ts_s_readyz, NULL, TS_BODY_NONE, true)                       \
+	X("GET", "/metrics", NULL, ts_s_metrics, NULL, TS_BODY_NONE, true)                     \
+	X("GET", "/v1/backends", ts_h_backends_list, NULL, NULL, TS_BODY_NONE, false)          \
+	X("GET", "/v1/devices", ts_h_devices_list, NULL, NULL, TS_BODY_NONE, false)            \
+	X("GET", "/v1/devices/{device}", ts_h_devices_get, NULL, NULL, TS_BODY_NONE, false)    \
+	X("GET", "/v1/devices/{device}/memory_stats", ts_h_devices_memory_stats, NULL, NULL,   \
+	  TS_BODY_NONE, false)                                                                 \
+	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false)               \
+	X("POST", "/v1/memory:resetPeak", ts_h_memory_reset_peak, NULL, NULL, TS_BODY_JSON,    \
+	  false)                                                                               \
+	X("GET", "/v1/arrays", ts_h_arrays_list, NULL, NULL, TS_BODY_NONE, false)              \
+	X("POST", "/v1/arrays:import", NULL, NULL, &ts_h_arrays_import, TS_BODY_STREAM, false) \
+	X("GET", "/v1/arrays:export", ts_h_arrays_export, NULL, NULL, TS_BODY_NONE, false)     \
+	X("PUT", "/v1/arrays/{array}", NULL, NULL, &ts_h_arrays_put, TS_BODY_STREAM, false)    \
+	X("GET", "/v1/arrays/{array}", ts_h_arrays_get, NULL, NULL, TS_BODY_NONE, false)       \
+	X("DELETE", "/v1/arrays/{array}", ts_h_arrays_delete, NULL, NULL, TS_BODY_NONE, false) \
+	X("GET", "/v1/arrays/{array}/data", ts_h_arrays_data, NULL, NULL, TS_BODY_NONE, false) \
+	X("POST", "/v1/arrays/{array}:gather", ts_h_arrays_gather, NULL, NULL, TS_BODY_JSON,   \
+	  false)
 
 const struct ts_route ts_routes[] = {
-#define ROUTE_ROW(m, p, fn, sfn, body, pub) {m, p, fn, sfn, body, pub},
+#define ROUTE_ROW(m, p, fn, sfn, up, body, pub) {m, p, fn, sfn, up, body, pub},
 	ROUTES(ROUTE_ROW)
 #undef ROUTE_ROW
 };
@@ -26,7 +37,7 @@ const struct ts_route ts_routes[] = {
 const size_t ts_nroutes = sizeof ts_routes / sizeof ts_routes[0];
 
 const char *const ts_route_patterns[] = {
-#define ROUTE_PATTERN(m, p, fn, sfn, body, pub) m " " p,
+#define ROUTE_PATTERN(m, p, fn, sfn, up, body, pub) m " " p,
 	ROUTES(ROUTE_PATTERN)
 #undef ROUTE_PATTERN
 };

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,9 @@
 #include "server/router.h"
 #include "handlers/handlers.h"
 #include "server/server_routes.h"
+#include "storage/array.h"
 #include "storage/space.h"
+#include "storage/stage.h"
 
 static bool loopback(const char *addr)
 {
@@ -164,10 +167,26 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	st = pick_default_device(srv, err);
 	if (st != TS_OK)
 		goto out_free;
+	st = ts_stager_new(srv->devices, srv->memory, &srv->stager, err);
+	if (st != TS_OK)
+		goto out_free;
+	srv->catalog = ts_catalog_new();
+	if (!srv->catalog) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the catalog");
+		goto out_free;
+	}
+	if (cfg->data_dir[0] && !realpath(cfg->data_dir, srv->data_dir)) {
+		st = ts_error_set(err, ts_status_from_errno(errno), "DATA_DIR",
+		                  "--data-dir '%s': %s", cfg->data_dir, strerror(errno));
+		goto out_free;
+	}
 	srv->core = (struct ts_core){
 		.devices = srv->devices,
 		.memory = srv->memory,
 		.memory_view = ts_view_cache_new(),
+		.catalog = srv->catalog,
+		.stager = srv->stager,
+		.data_dir = srv->data_dir[0] ? srv->data_dir : NULL,
 		.default_device = srv->core.default_device,
 		.default_memory_kind = cfg->default_memory_kind,
 		.version = TS_VERSION,
@@ -224,6 +243,8 @@ void ts_server_free(struct ts_server *srv)
 		MHD_stop_daemon(srv->daemon);
 	ts_metrics_free(srv->metrics);
 	ts_view_cache_free(srv->core.memory_view);
+	ts_catalog_free(srv->catalog);
+	ts_stager_free(srv->stager);
 	ts_memory_free(srv->memory);
 	ts_device_set_free(srv->devices);
 	free(srv);

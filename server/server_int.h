@@ -20,6 +20,9 @@ struct ts_server {
 	struct ts_device_set *devices;   /* owned */
 	struct ts_memory *memory;        /* owned */
 	struct ts_metrics *metrics;      /* owned */
+	struct ts_catalog *catalog;      /* owned */
+	struct ts_stager *stager;        /* owned */
+	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	struct MHD_Daemon *daemon;       /* owned */
 	char token[256];                 /* immutable; "" when no token is required */
 	size_t token_len;

@@ -345,6 +345,14 @@ bool ts_space_would_fit(const struct ts_space *sp, uint64_t size)
 	return round_up(size ? size : 1, POOL_ALIGN) <= atomic_load(&sp->pool->a_largest_free);
 }
 
+ts_status ts_space_check_fit(const struct ts_space *sp, uint64_t size,
+                             struct ts_error *err)
+{
+	if (ts_space_would_fit(sp, size))
+		return TS_OK;
+	return pool_refuse(sp->pool, sp->name, size, err);
+}
+
 void ts_space_stats(const struct ts_space *sp, struct ts_space_stats *out)
 {
 	const struct pool *p = sp->pool;

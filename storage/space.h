@@ -107,6 +107,12 @@ void ts_space_release(struct ts_space *sp, void *p, uint64_t size);
 /* Whether an allocation of size would fit now (advisory; racy). */
 bool ts_space_would_fit(const struct ts_space *sp, uint64_t size);
 
+/* TS_OK when size would fit now; else RESOURCE_EXHAUSTED with the same
+ * message and metadata as a refused ts_space_alloc. Advisory: admission
+ * before a body whose exact size is not known yet. */
+ts_status ts_space_check_fit(const struct ts_space *sp, uint64_t size,
+                             struct ts_error *err);
+
 /* Snapshot of the counters. */
 void ts_space_stats(const struct ts_space *sp, struct ts_space_stats *out);
 

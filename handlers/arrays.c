@@ -1,0 +1,421 @@
+/*
+ * arrays.c - the array resource: GET /v1/arrays (list), GET and DELETE
+ * /v1/arrays/{array}, POST /v1/arrays/{array}:gather, and the helpers the
+ * other array handlers share (placement, shapes, metadata).
+ */
+#include "handlers/arrays_int.h"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/units.h"
+#include "storage/stage.h"
+
+/* ---- shared helpers ---------------------------------------------------------- */
+
+ts_status ts_h_placement(const struct ts_core *core, const char *device,
+                         const char *memory_kind, struct ts_placement *out,
+                         struct ts_error *err)
+{
+	out->device = core->default_device;
+	out->kind = core->default_memory_kind;
+	out->committed = (device && *device) || (memory_kind && *memory_kind);
+	if (device && *device) {
+		out->device = ts_device_set_find(core->devices, device);
+		if (!out->device)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+			                    "device '%s' is not a device of this node", device);
+	}
+	if (memory_kind && *memory_kind && !ts_memory_kind_parse(memory_kind, &out->kind))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+		                    "memory_kind '%s' is not one of device, pinned_host, unpinned_host",
+		                    memory_kind);
+	return TS_OK;
+}
+
+ts_status ts_h_parse_shape(const char *s, int *rank, uint64_t *shape, struct ts_error *err)
+{
+	int r = 0;
+
+	while (*s == ' ')
+		s++;
+	if (*s == '\0') {
+		*rank = 0;
+		return TS_OK;
+	}
+	for (;;) {
+		char *end;
+		unsigned long long v;
+
+		if (r == TS_MAX_RANK)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
+			                    "shape has more than %d dimensions", TS_MAX_RANK);
+		if (*s < '0' || *s > '9')
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
+			                    "shape entry %d is not a non-negative integer", r);
+		v = strtoull(s, &end, 10);
+		if (end - s > 20 || (v == ULLONG_MAX))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
+			                    "shape entry %d is too large", r);
+		shape[r++] = v;
+		s = end;
+		while (*s == ' ')
+			s++;
+		if (*s == '\0')
+			break;
+		if (*s != ',')
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
+			                    "shape must be comma-separated integers, as in shape=8,6,16");
+		s++;
+		while (*s == ' ')
+			s++;
+		if (*s == '\0')      /* a trailing comma, as in "3," */
+			break;
+	}
+	*rank = r;
+	return TS_OK;
+}
+
+void ts_h_format_shape(char *buf, size_t cap, int rank, const uint64_t *shape)
+{
+	size_t o = 0;
+
+	buf[0] = '\0';
+	for (int i = 0; i < rank && o < cap; i++)
+		o += (size_t)snprintf(buf + o, cap - o, i ? ",%" PRIu64 : "%" PRIu64, shape[i]);
+}
+
+static json_t *time_json(uint64_t ns)
+{
+	time_t secs = (time_t)(ns / 1000000000ull);
+	struct tm tm;
+	char buf[48];
+
+	gmtime_r(&secs, &tm);
+	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
+	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	         (unsigned)(ns % 1000000000ull / 1000));
+	return json_string(buf);
+}
+
+static json_t *shape_json(int rank, const uint64_t *shape)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && i < rank; i++)
+		json_array_append_new(a, json_integer((json_int_t)shape[i]));
+	return a;
+}
+
+json_t *ts_h_array_json(const struct ts_array *a)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+	const struct ts_placement *p = ts_array_placement(a);
+	const char *dev = ts_device_props(p->device)->id, *kind = ts_memory_kind_name(p->kind);
+	json_t *o, *index = json_array();
+
+	for (int i = 0; index && i < d->rank; i++)
+		json_array_append_new(index, json_pack("[I, I]", (json_int_t)0, (json_int_t)d->shape[i]));
+	o = json_pack("{s:s, s:s, s:o*, s:I, s:{s:s, s:s}, s:b, s:[{s:s, s:s, s:o*, s:I}],"
+	              " s:I, s:s, s:o*, s:o*}",
+	              "name", ts_array_name(a), "dtype", ts_dtype_name(d->dtype),
+	              "shape", shape_json(d->rank, d->shape), "nbytes", (json_int_t)d->nbytes,
+	              "sharding", "device", dev, "memory_kind", kind,
+	              "committed", p->committed,
+	              "shards", "device", dev, "memory_kind", kind, "index", index,
+	              "nbytes", (json_int_t)d->nbytes,
+	              "version", (json_int_t)ts_array_version(a), "etag", ts_array_etag(a),
+	              "create_time", time_json(ts_array_created_ns(a)),
+	              "update_time", time_json(ts_array_updated_ns(a)));
+	if (o && ts_array_metadata(a))
+		json_object_set(o, "metadata", ts_array_metadata(a));
+	return o;
+}
+
+const char *ts_h_array_name(const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *name = ts_call_param(call, "array");
+
+	if (!ts_array_name_valid(name)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME",
+		              "array name '%s' is invalid: it must match "
+		              "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", name ? name : "");
+		return NULL;
+	}
+	return name;
+}
+
+struct ts_array *ts_h_array_from_path(const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *name = ts_h_array_name(call, reply);
+	struct ts_array *a;
+
+	if (!name)
+		return NULL;
+	a = ts_catalog_get(call->core->catalog, name);
+	if (!a)
+		ts_reply_fail(reply, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
+	return a;
+}
+
+void ts_h_reply_array(struct ts_reply *reply, const struct ts_array *a, bool created)
+{
+	char loc[200];
+
+	ts_reply_json(reply, created ? TS_HTTP_CREATED : TS_HTTP_OK, ts_h_array_json(a));
+	if (reply->kind != TS_REPLY_JSON)
+		return;
+	snprintf(loc, sizeof loc, "/v1/arrays/%s", ts_array_name(a));
+	ts_reply_header(reply, "ETag", ts_array_etag(a));
+	ts_reply_header(reply, "Location", loc);
+}
+
+/* ---- GET /v1/arrays ----------------------------------------------------------- */
+
+struct list_filter {
+	struct ts_device *device;
+	bool any_kind;
+	enum ts_memory_kind kind;
+};
+
+static bool list_keep(const struct ts_array *a, void *arg)
+{
+	const struct list_filter *f = arg;
+	const struct ts_placement *p = ts_array_placement(a);
+
+	return (!f->device || p->device == f->device) && (f->any_kind || p->kind == f->kind);
+}
+
+void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *dev = ts_call_query(call, "device"), *kind = ts_call_query(call, "memory_kind");
+	const char *size_s = ts_call_query(call, "page_size"), *token = ts_call_query(call, "page_token");
+	struct list_filter f = {.any_kind = true};
+	struct ts_array **arrs;
+	struct ts_error err;
+	size_t n;
+	bool more;
+	long page = 100;
+	json_t *list, *root;
+
+	ts_error_clear(&err);
+	if (size_s && !ts_parse_long(size_s, 1, 1000, &page)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_SIZE",
+		              "page_size '%s' is not an integer in 1..1000", size_s);
+		return;
+	}
+	if (dev && *dev && !(f.device = ts_device_set_find(call->core->devices, dev))) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+		              "device '%s' is not a device of this node", dev);
+		return;
+	}
+	if (kind && *kind) {
+		if (!ts_memory_kind_parse(kind, &f.kind)) {
+			ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+			              "memory_kind '%s' is not one of device, pinned_host, unpinned_host",
+			              kind);
+			return;
+		}
+		f.any_kind = false;
+	}
+	if (token && *token && !ts_array_name_valid(token)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_TOKEN",
+		              "page_token '%s' is not one this server gave", token);
+		return;
+	}
+	if (ts_catalog_list(call->core->catalog, token && *token ? token : NULL, (size_t)page,
+	                    list_keep, &f, &arrs, &n, &more, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
+	}
+	list = json_array();
+	for (size_t i = 0; list && i < n; i++)
+		json_array_append_new(list, ts_h_array_json(arrs[i]));
+	root = json_pack("{s:o*}", "arrays", list);
+	if (root && more && n)
+		json_object_set_new(root, "next_page_token", json_string(ts_array_name(arrs[n - 1])));
+	ts_catalog_list_free(arrs, n);
+	ts_reply_json(reply, TS_HTTP_OK, root);
+}
+
+/* ---- GET / DELETE /v1/arrays/{array} ------------------------------------------- */
+
+void ts_h_arrays_get(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_array *a = ts_h_array_from_path(call, reply);
+
+	if (!a)
+		return;
+	ts_h_reply_array(reply, a, false);
+	ts_array_unref(a);
+}
+
+void ts_h_arrays_delete(const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *name = ts_h_array_name(call, reply);
+	struct ts_precondition pre = {.if_match = ts_call_header(call, "If-Match")};
+	struct ts_error err;
+
+	if (!name)
+		return;
+	ts_error_clear(&err);
+	if (ts_catalog_delete(call->core->catalog, name, &pre, &err) != TS_OK)
+		ts_reply_error(reply, &err);
+	else
+		ts_reply_json(reply, TS_HTTP_OK, json_object());
+}
+
+/* ---- POST /v1/arrays/{array}:gather ---------------------------------------------- */
+
+/* Rows from {"rows": [..]} or {"rows": {"start","stop","step"}}; a new
+ * malloc'd array of normalised rows. */
+static ts_status gather_rows(json_t *rows, uint64_t dim0, uint64_t **out, size_t *n,
+                             struct ts_error *err)
+{
+	if (json_is_array(rows)) {
+		size_t cnt = json_array_size(rows);
+		int64_t *raw = malloc((cnt ? cnt : 1) * sizeof *raw);
+		uint64_t *norm = malloc((cnt ? cnt : 1) * sizeof *norm);
+		ts_status st = raw && norm ? TS_OK
+		                           : ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                                          "no memory for %zu rows", cnt);
+
+		for (size_t i = 0; st == TS_OK && i < cnt; i++) {
+			json_t *v = json_array_get(rows, i);
+
+			if (!json_is_integer(v))
+				st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+				                  "rows[%zu] is not an integer", i);
+			else
+				raw[i] = (int64_t)json_integer_value(v);
+		}
+		if (st == TS_OK)
+			st = ts_rows_check(raw, cnt, dim0, norm, err);
+		free(raw);
+		if (st != TS_OK) {
+			free(norm);
+			return st;
+		}
+		*out = norm;
+		*n = cnt;
+		return TS_OK;
+	}
+	if (json_is_object(rows)) {
+		json_t *js = json_object_get(rows, "start"), *je = json_object_get(rows, "stop"),
+		       *jt = json_object_get(rows, "step");
+		struct ts_index_dim dim;
+		ts_status st;
+		uint64_t *norm;
+
+		if ((js && !json_is_integer(js) && !json_is_null(js)) ||
+		    (je && !json_is_integer(je) && !json_is_null(je)) ||
+		    (jt && !json_is_integer(jt) && !json_is_null(jt)) ||
+		    json_object_size(rows) > (size_t)(!!js + !!je + !!jt))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			                    "rows as a slice takes integer start, stop and step only");
+		st = ts_rows_from_slice(json_integer_value(js), json_integer_value(je),
+		                        jt && json_is_integer(jt) ? json_integer_value(jt) : 1,
+		                        js && json_is_integer(js), je && json_is_integer(je), dim0,
+		                        &dim, err);
+		if (st != TS_OK)
+			return st;
+		norm = malloc((dim.count ? dim.count : 1) * sizeof *norm);
+		if (!norm)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "no memory for %" PRIu64 " rows", dim.count);
+		for (uint64_t i = 0; i < dim.count; i++)
+			norm[i] = (uint64_t)(dim.start + (int64_t)i * dim.step);
+		*out = norm;
+		*n = dim.count;
+		return TS_OK;
+	}
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+	                    "rows must be a list of integers or {\"start\", \"stop\", \"step\"}");
+}
+
+/* Copies the rows of src into dst as merged runs. */
+static ts_status gather_copy(const struct ts_core *core, struct ts_array *dst,
+                             struct ts_array *src, const uint64_t *rows, size_t n,
+                             uint64_t row_bytes, struct ts_error *err)
+{
+	struct ts_run *runs = malloc((n ? n : 1) * sizeof *runs);
+	struct ts_rows_iter it;
+	uint64_t off, len, at = 0;
+	size_t k = 0;
+	ts_status st;
+
+	if (!runs)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for runs");
+	ts_rows_iter_init(&it, rows, n, row_bytes);
+	while (ts_rows_iter_next(&it, &off, &len)) {
+		runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};
+		at += len;
+	}
+	st = ts_stage_copy_runs(core->stager, ts_array_buffer(dst), ts_array_buffer(src), runs,
+	                        k, err);
+	free(runs);
+	return st;
+}
+
+void ts_h_arrays_gather(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_array *src = ts_h_array_from_path(call, reply), *dst = NULL;
+	json_t *body = NULL, *rows = NULL, *out = NULL;
+	const char *out_name = NULL, *dev = NULL, *kind = NULL;
+	struct ts_array_desc d;
+	struct ts_placement pl;
+	struct ts_error err;
+	json_error_t jerr;
+	uint64_t *norm = NULL, row_bytes;
+	size_t n = 0;
+	bool replaced = false;
+
+	ts_error_clear(&err);
+	if (!src)
+		return;
+	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s:{s:s, s?s, s?s}}", "rows",
+	                            &rows, "out", "name", &out_name, "device", &dev,
+	                            "memory_kind", &kind) != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "gather body: %s (expected {\"rows\": [...], \"out\": {\"name\", "
+		             "\"device\", \"memory_kind\"}})", jerr.text);
+		goto out_fail;
+	}
+	(void)out;
+	d = *ts_array_desc(src);
+	if (d.rank == 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		             "array '%s' is 0-dimensional: it has no rows", ts_array_name(src));
+		goto out_fail;
+	}
+	if (!ts_array_name_valid(out_name)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME",
+		             "out.name '%s' is invalid", out_name);
+		goto out_fail;
+	}
+	row_bytes = d.shape[0] ? d.nbytes / d.shape[0] : 0;
+	if (gather_rows(rows, d.shape[0], &norm, &n, &err) != TS_OK ||
+	    ts_h_placement(call->core, dev, kind, &pl, &err) != TS_OK)
+		goto out_fail;
+	d.shape[0] = n;
+	if (ts_array_desc_init(&d, &err) != TS_OK ||
+	    ts_array_new(out_name, &d, &pl, call->core->memory, &dst, &err) != TS_OK ||
+	    gather_copy(call->core, dst, src, norm, n, row_bytes, &err) != TS_OK ||
+	    ts_catalog_put(call->core->catalog, dst, NULL, &replaced, &err) != TS_OK)
+		goto out_fail;
+	ts_h_reply_array(reply, dst, !replaced);
+	goto out_free;
+
+out_fail:
+	ts_reply_error(reply, &err);
+out_free:
+	free(norm);
+	json_decref(body);
+	ts_array_unref(dst);
+	ts_array_unref(src);
+}

@@ -1,0 +1,62 @@
+/*
+ * arrays_int.h - what the array handlers share: placement and shape
+ * parsing, the metadata rendering of an array, and the streamed reader of
+ * array bytes used by downloads and exports.
+ *
+ * Thread-safety: every function is safe on any thread; a ts_h_reader
+ * belongs to one response.
+ */
+#ifndef TS_ARRAYS_INT_H
+#define TS_ARRAYS_INT_H
+
+#include "handlers/handlers.h"
+#include "storage/array.h"
+#include "storage/index.h"
+
+/*
+ * The placement asked for by device / memory_kind (either may be NULL):
+ * neither gives the server default, uncommitted; naming either gives a
+ * committed placement (the other from the defaults). Unknown device or kind
+ * is INVALID_ARGUMENT naming it.
+ */
+ts_status ts_h_placement(const struct ts_core *core, const char *device,
+                         const char *memory_kind, struct ts_placement *out,
+                         struct ts_error *err);
+
+/* Parses "8,6,16" (or "" for a scalar) into shape; INVALID_ARGUMENT naming
+ * the bad entry. */
+ts_status ts_h_parse_shape(const char *s, int *rank, uint64_t *shape, struct ts_error *err);
+
+/* Formats a shape as "8,6,16" ("" for a scalar). */
+void ts_h_format_shape(char *buf, size_t cap, int rank, const uint64_t *shape);
+
+/* The metadata JSON of an array (new reference; NULL when out of memory). */
+json_t *ts_h_array_json(const struct ts_array *a);
+
+/* The array named by the path parameter "array" (new reference), or NULL
+ * after filling reply (bad name 400, absent 404). */
+struct ts_array *ts_h_array_from_path(const struct ts_call *call, struct ts_reply *reply);
+
+/* The name path parameter checked for validity; NULL after filling reply. */
+const char *ts_h_array_name(const struct ts_call *call, struct ts_reply *reply);
+
+/* Answers with the metadata of a, 201 when created else 200, with ETag and
+ * Location headers. */
+void ts_h_reply_array(struct ts_reply *reply, const struct ts_array *a, bool created);
+
+/*
+ * A streamed body made of a prefix (owned bytes: an .npy or safetensors
+ * header) followed by the selected bytes of one or more arrays, read run by
+ * run straight from their buffers (device memory through the device's copy
+ * queue, batched per read). Takes ownership of prefix and of the array
+ * references; fills stream.
+ */
+struct ts_h_part {
+	struct ts_array *array;        /* reference owned by the reader */
+	struct ts_selection sel;
+};
+ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t prefix_len,
+                             struct ts_h_part *parts, size_t nparts,
+                             struct ts_stream *stream, struct ts_error *err);
+
+#endif

@@ -1,0 +1,239 @@
+/*
+ * download.c - GET /v1/arrays/{array}/data: the array's bytes, raw or as
+ * .npy, whole or an index expression's selection (numpy basic indexing).
+ *
+ * Only the selected bytes are read: the selection becomes contiguous runs of
+ * the parent, and each response block is filled from the runs it covers (for
+ * device memory, one batched device->host copy per block). A whole array in
+ * host memory is answered from its buffer in place, with no copy at all.
+ * The response holds a reference to the array version it reads, so a delete
+ * or replace while it streams changes nothing it sends.
+ */
+#include "handlers/arrays_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "storage/npy.h"
+#include "storage/stage.h"
+
+#define READER_MAX_RUNS 4096
+
+struct reader {
+	struct ts_stager *stager;          /* borrowed from the core */
+	char *prefix;                      /* owned */
+	size_t prefix_len;
+	struct ts_h_part *parts;           /* owned, with their references */
+	size_t nparts, cur;
+	struct ts_run_iter it;             /* over parts[cur] */
+	uint64_t run_off, run_left;        /* the unsent rest of the current run */
+	struct ts_run runs[READER_MAX_RUNS];
+};
+
+static void reader_release(void *state)
+{
+	struct reader *r = state;
+
+	for (size_t i = 0; i < r->nparts; i++)
+		ts_array_unref(r->parts[i].array);
+	free(r->parts);
+	free(r->prefix);
+	free(r);
+}
+
+/* Moves to the next run of the current part, or the next part; false at the end. */
+static bool reader_next_run(struct reader *r)
+{
+	while (r->cur < r->nparts) {
+		if (ts_run_iter_next(&r->it, &r->run_off, &r->run_left))
+			return true;
+		if (++r->cur < r->nparts)
+			ts_run_iter_init(&r->it, &r->parts[r->cur].sel,
+			                 ts_dtype_size(ts_array_desc(r->parts[r->cur].array)->dtype));
+	}
+	return false;
+}
+
+static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
+{
+	struct reader *r = state;
+	size_t got = 0, nruns = 0;
+	struct ts_buffer *src = NULL;
+
+	if (pos < r->prefix_len) {
+		got = r->prefix_len - pos < max ? (size_t)(r->prefix_len - pos) : max;
+		memcpy(buf, r->prefix + pos, got);
+		return (long)got;
+	}
+	/* batch the runs of one part that fit in this block into one read */
+	while (got < max) {
+		uint64_t take;
+
+		if (!r->run_left && !reader_next_run(r))
+			break;
+		if (src && src != ts_array_buffer(r->parts[r->cur].array))
+			break;
+		src = ts_array_buffer(r->parts[r->cur].array);
+		take = r->run_left < max - got ? r->run_left : max - got;
+		r->runs[nruns++] = (struct ts_run){.src_offset = r->run_off, .dst_offset = got,
+		                                   .len = take};
+		r->run_off += take;
+		r->run_left -= take;
+		got += take;
+		if (nruns == READER_MAX_RUNS)
+			break;
+	}
+	if (!got)
+		return -1;        /* the size promised more than the parts hold */
+	if (ts_stage_read_runs(r->stager, src, r->runs, nruns, buf, NULL) != TS_OK)
+		return -1;
+	return (long)got;
+}
+
+ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t prefix_len,
+                             struct ts_h_part *parts, size_t nparts,
+                             struct ts_stream *stream, struct ts_error *err)
+{
+	struct reader *r = calloc(1, sizeof *r);
+	uint64_t total = prefix_len;
+
+	if (!r) {
+		free(prefix);
+		for (size_t i = 0; i < nparts; i++)
+			ts_array_unref(parts[i].array);
+		free(parts);
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for a response reader");
+	}
+	r->stager = core->stager;
+	r->prefix = prefix;
+	r->prefix_len = prefix_len;
+	r->parts = parts;
+	r->nparts = nparts;
+	for (size_t i = 0; i < nparts; i++)
+		total += ts_selection_elems(&parts[i].sel) *
+		         ts_dtype_size(ts_array_desc(parts[i].array)->dtype);
+	if (nparts)
+		ts_run_iter_init(&r->it, &parts[0].sel, ts_dtype_size(ts_array_desc(parts[0].array)->dtype));
+	*stream = (struct ts_stream){.size = total, .read = reader_read,
+	                             .release = reader_release, .state = r};
+	return TS_OK;
+}
+
+/* ---- the handler --------------------------------------------------------------- */
+
+struct in_place {
+	struct ts_array *array;
+	char *prefix;
+};
+
+static void in_place_release(void *cls)
+{
+	struct in_place *ip = cls;
+
+	ts_array_unref(ip->array);
+	free(ip->prefix);
+	free(ip);
+}
+
+static bool wants_npy(const struct ts_call *call, struct ts_reply *reply, bool *npy)
+{
+	const char *fmt = ts_call_query(call, "format"), *accept = ts_call_header(call, "Accept");
+
+	*npy = false;
+	if (fmt && *fmt) {
+		if (strcmp(fmt, "npy") == 0)
+			*npy = true;
+		else if (strcmp(fmt, "raw") != 0) {
+			ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_FORMAT",
+			              "format '%s' is not one of raw, npy", fmt);
+			return false;
+		}
+		return true;
+	}
+	*npy = accept && strstr(accept, "application/x-npy") != NULL;
+	return true;
+}
+
+void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_array *a = ts_h_array_from_path(call, reply);
+	const struct ts_array_desc *d;
+	struct ts_h_part *part = NULL;
+	struct ts_selection sel;
+	struct ts_stream stream;
+	struct ts_error err;
+	char shape[TS_MAX_RANK * 21 + 1], etag[32], *prefix = NULL;
+	size_t prefix_len = 0, esize;
+	uint64_t off, len;
+	bool npy;
+
+	ts_error_clear(&err);
+	if (!a)
+		return;
+	d = ts_array_desc(a);
+	snprintf(etag, sizeof etag, "%s", ts_array_etag(a));
+	esize = ts_dtype_size(d->dtype);
+	if (!wants_npy(call, reply, &npy))
+		goto out_unref;
+	if (ts_index_parse(ts_call_query(call, "index"), d->rank, d->shape, &sel, &err) != TS_OK)
+		goto out_fail;
+	if (npy) {
+		prefix = malloc(TS_NPY_HEADER_MAX);
+		if (!prefix) {
+			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a header");
+			goto out_fail;
+		}
+		prefix_len = ts_npy_write_header(prefix, TS_NPY_HEADER_MAX, d->dtype, sel.out_rank,
+		                                 sel.out_shape);
+	}
+	if (ts_buffer_host_visible(ts_array_buffer(a)) && ts_selection_contiguous(&sel, esize, &off, &len)) {
+		struct in_place *ip = malloc(sizeof *ip);
+		struct ts_parts parts = {0};
+
+		if (!ip) {
+			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a response");
+			goto out_fail;
+		}
+		ip->array = a;
+		ip->prefix = prefix;
+		if (prefix_len)
+			parts.part[parts.n++] = (struct ts_part){prefix, prefix_len};
+		parts.part[parts.n++] = (struct ts_part){(char *)ts_buffer_data(ts_array_buffer(a)) + off,
+		                                                (size_t)len};
+		parts.release = in_place_release;
+		parts.cls = ip;
+		a = NULL;
+		prefix = NULL;
+		ts_reply_buffers(reply, TS_HTTP_OK, npy ? "application/x-npy" : "application/octet-stream",
+		                 &parts);
+	} else {
+		part = malloc(sizeof *part);
+		if (!part) {
+			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a response");
+			goto out_fail;
+		}
+		part->array = ts_array_ref(a);
+		part->sel = sel;
+		if (ts_h_reader_stream(call->core, prefix, prefix_len, part, 1, &stream, &err) != TS_OK) {
+			prefix = NULL;
+			goto out_fail;
+		}
+		prefix = NULL;
+		ts_reply_stream(reply, TS_HTTP_OK, npy ? "application/x-npy" : "application/octet-stream",
+		                &stream);
+	}
+	ts_h_format_shape(shape, sizeof shape, sel.out_rank, sel.out_shape);
+	ts_reply_header(reply, "X-Tstage-Dtype", ts_dtype_name(d->dtype));
+	ts_reply_header(reply, "X-Tstage-Shape", shape);
+	ts_reply_header(reply, "ETag", etag);
+	goto out_unref;
+
+out_fail:
+	ts_reply_error(reply, &err);
+out_unref:
+	free(prefix);
+	ts_array_unref(a);
+}

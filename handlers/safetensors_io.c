@@ -1,0 +1,498 @@
+/*
+ * safetensors_io.c - POST /v1/arrays:import and GET /v1/arrays:export.
+ *
+ * Import takes a safetensors body as it streams: the 8-byte length, the
+ * header (validated as the reference implementation does), then the data,
+ * each byte routed straight into its tensor's buffer at the requested
+ * placement. Every tensor is admitted (allocated) as soon as the header is
+ * read, all or nothing, and all are published together at the end, so a
+ * refused, truncated or failed import leaves the catalog and the spaces as
+ * they were. With a JSON body {"path": ...} the file is read on the server,
+ * only from below --data-dir, so a 19 GiB file need not cross HTTP.
+ *
+ * Export streams a safetensors file of the named arrays: the header, then
+ * each array's bytes read from its buffer (device memory through the copy
+ * queue), never assembled in memory.
+ */
+#include "handlers/arrays_int.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "storage/safetensors.h"
+#include "storage/stage.h"
+
+#define FILE_CHUNK (8u << 20)
+#define TS_IMPORT_JSON_MAX (64u << 10)
+
+struct import {
+	const struct ts_core *core;
+	struct ts_placement placement;
+	char prefix[TS_ARRAY_NAME_MAX + 1];
+	bool overwrite;
+	bool from_file;                    /* JSON body naming a server-side file */
+	uint64_t content_length;
+	uint64_t received;
+	char first8[8];
+	char *header;                      /* the JSON header, buffered */
+	uint64_t header_len, header_got;
+	bool parsed;
+	struct ts_st_header st;
+	struct ts_array **arrays;          /* one per tensor, in st order */
+	size_t cur;                        /* tensor receiving data */
+	struct ts_writer *writer;          /* into arrays[cur] */
+	uint64_t data_got;                 /* bytes of the data section received */
+	char *json;                        /* JSON body (from_file) */
+	size_t json_len;
+};
+
+static void *import_begin(const struct ts_call *call, uint64_t content_length,
+                          struct ts_reply *reply)
+{
+	const char *ctype = ts_call_header(call, "Content-Type");
+	const char *prefix = ts_call_query(call, "prefix"), *ow = ts_call_query(call, "overwrite");
+	struct import *im = calloc(1, sizeof *im);
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	if (!im) {
+		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for an import");
+		return NULL;
+	}
+	im->core = call->core;
+	im->content_length = content_length;
+	im->overwrite = !ow || strcmp(ow, "false") != 0;
+	im->from_file = ctype && strncasecmp(ctype, "application/json", 16) == 0;
+	if (prefix && strlen(prefix) > TS_ARRAY_NAME_MAX) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_PREFIX", "prefix is longer than %d characters",
+		             TS_ARRAY_NAME_MAX);
+		goto out_fail;
+	}
+	snprintf(im->prefix, sizeof im->prefix, "%s", prefix ? prefix : "");
+	if (ts_h_placement(call->core, ts_call_query(call, "device"),
+	                   ts_call_query(call, "memory_kind"), &im->placement, &err) != TS_OK)
+		goto out_fail;
+	if (im->from_file && content_length != UINT64_MAX && content_length > TS_IMPORT_JSON_MAX) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
+		             "an import request naming a file holds at most %u bytes of JSON",
+		             TS_IMPORT_JSON_MAX);
+		goto out_fail;
+	}
+	return im;
+
+out_fail:
+	ts_reply_error(reply, &err);
+	free(im);
+	return NULL;
+}
+
+/* Creates (admits) every tensor's array; all or nothing. */
+static ts_status import_admit(struct import *im, struct ts_error *err)
+{
+	im->arrays = calloc(im->st.ntensors ? im->st.ntensors : 1, sizeof *im->arrays);
+	if (!im->arrays)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for %zu tensors", im->st.ntensors);
+	for (size_t i = 0; i < im->st.ntensors; i++) {
+		const struct ts_st_tensor *t = &im->st.tensors[i];
+		struct ts_array_desc d = {.dtype = t->dtype, .rank = t->rank};
+		char name[2 * TS_ARRAY_NAME_MAX + 2];
+		ts_status s;
+
+		snprintf(name, sizeof name, "%s%s", im->prefix, t->name);
+		if (!ts_array_name_valid(name))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME",
+			                    "tensor '%s' would be named '%s', which is not a valid "
+			                    "array name", t->name, name);
+		memcpy(d.shape, t->shape, sizeof d.shape);
+		s = ts_array_desc_init(&d, err);
+		if (s == TS_OK)
+			s = ts_array_new(name, &d, &im->placement, im->core->memory, &im->arrays[i], err);
+		if (s != TS_OK)
+			return s;
+		if (im->st.metadata)
+			ts_array_set_metadata(im->arrays[i], json_incref(im->st.metadata));
+	}
+	return TS_OK;
+}
+
+static ts_status import_header(struct import *im, struct ts_error *err)
+{
+	ts_status s = ts_st_parse_header(im->header, im->header_len, &im->st, err);
+
+	if (s != TS_OK)
+		return s;
+	im->parsed = true;
+	if (im->content_length != UINT64_MAX) {
+		s = ts_st_check_total(&im->st, im->content_length, err);
+		if (s != TS_OK)
+			return s;
+	}
+	return import_admit(im, err);
+}
+
+/* Routes data bytes to the tensors, in order of their offsets. */
+static ts_status import_data(struct import *im, const char *data, size_t n, struct ts_error *err)
+{
+	while (n) {
+		const struct ts_st_tensor *t;
+		uint64_t left;
+		size_t take;
+		ts_status s;
+
+		while (im->cur < im->st.ntensors && im->st.tensors[im->cur].end <= im->data_got) {
+			if (im->writer) {
+				s = ts_writer_finish(im->writer, err);
+				ts_writer_free(im->writer);
+				im->writer = NULL;
+				if (s != TS_OK)
+					return s;
+			}
+			im->cur++;
+		}
+		if (im->cur == im->st.ntensors)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "TRAILING_BYTES",
+			                    "safetensors body has bytes past its last tensor");
+		t = &im->st.tensors[im->cur];
+		if (!im->writer) {
+			s = ts_writer_new(im->core->stager, ts_array_buffer(im->arrays[im->cur]), 0,
+			                  &im->writer, err);
+			if (s != TS_OK)
+				return s;
+		}
+		left = t->end - im->data_got;
+		take = left < n ? (size_t)left : n;
+		s = ts_writer_write(im->writer, data, take, err);
+		if (s != TS_OK)
+			return s;
+		im->data_got += take;
+		data += take;
+		n -= take;
+	}
+	return TS_OK;
+}
+
+static ts_status import_bytes(struct import *im, const char *data, size_t n, struct ts_error *err)
+{
+	size_t take;
+
+	if (im->received < 8) {
+		take = 8 - im->received < n ? (size_t)(8 - im->received) : n;
+		memcpy(im->first8 + im->received, data, take);
+		im->received += take;
+		data += take;
+		n -= take;
+		if (im->received < 8)
+			return TS_OK;
+		if (ts_st_header_len(im->first8, &im->header_len, err) != TS_OK)
+			return err->status;
+		if (im->content_length != UINT64_MAX && im->header_len > im->content_length - 8)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SAFETENSORS_HEADER",
+			                    "header length %" PRIu64 " runs past the %" PRIu64 "-byte body",
+			                    im->header_len, im->content_length);
+		im->header = malloc(im->header_len ? im->header_len : 1);
+		if (!im->header)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "no memory for a %" PRIu64 "-byte header", im->header_len);
+	}
+	if (!im->parsed) {
+		take = im->header_len - im->header_got < n ? (size_t)(im->header_len - im->header_got) : n;
+		memcpy(im->header + im->header_got, data, take);
+		im->header_got += take;
+		im->received += take;
+		data += take;
+		n -= take;
+		if (im->header_got < im->header_len)
+			return TS_OK;
+		if (import_header(im, err) != TS_OK)
+			return err->status;
+	}
+	im->received += n;
+	return import_data(im, data, n, err);
+}
+
+static bool import_chunk(void *state, const char *data, size_t n, struct ts_reply *reply)
+{
+	struct import *im = state;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	if (im->from_file) {
+		char *grown;
+
+		if (im->json_len + n > TS_IMPORT_JSON_MAX) {
+			ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
+			              "an import request naming a file holds at most %u bytes of JSON",
+			              TS_IMPORT_JSON_MAX);
+			return false;
+		}
+		grown = realloc(im->json, im->json_len + n + 1);
+		if (!grown) {
+			ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the body");
+			return false;
+		}
+		im->json = grown;
+		memcpy(im->json + im->json_len, data, n);
+		im->json_len += n;
+		im->json[im->json_len] = '\0';
+		return true;
+	}
+	if (import_bytes(im, data, n, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return false;
+	}
+	return true;
+}
+
+/* The file named by a JSON body, opened after checking it lies below the
+ * data dir. */
+static ts_status import_open_file(struct import *im, int *fd, uint64_t *size,
+                                  struct ts_error *err)
+{
+	json_error_t jerr;
+	json_t *body = json_loadb(im->json ? im->json : "", im->json_len, JSON_REJECT_DUPLICATES, &jerr);
+	const char *path = NULL;
+	char real[PATH_MAX];
+	size_t dl;
+	struct stat sb;
+	ts_status s = TS_OK;
+
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s}", "path", &path) != 0) {
+		s = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                 "import body: %s (expected {\"path\": \"...\"})", jerr.text);
+		goto out;
+	}
+	if (!im->core->data_dir) {
+		s = ts_error_set(err, TS_PERMISSION_DENIED, "NO_DATA_DIR",
+		                 "server-side import is off: start tstaged with --data-dir");
+		goto out;
+	}
+	dl = strlen(im->core->data_dir);
+	if (!realpath(path, real) || strncmp(real, im->core->data_dir, dl) != 0 ||
+	    (real[dl] != '/' && real[dl] != '\0')) {
+		s = ts_error_set(err, errno == ENOENT ? TS_NOT_FOUND : TS_PERMISSION_DENIED,
+		                 "PATH_NOT_ALLOWED", "'%s' is not a file below the data dir '%s'",
+		                 path, im->core->data_dir);
+		goto out;
+	}
+	*fd = open(real, O_RDONLY | O_CLOEXEC);
+	if (*fd < 0 || fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+		s = ts_error_set(err, ts_status_from_errno(errno), "PATH_NOT_ALLOWED",
+		                 "cannot read '%s': %s", path, *fd < 0 ? strerror(errno) : "not a file");
+		if (*fd >= 0)
+			close(*fd);
+		*fd = -1;
+		goto out;
+	}
+	*size = (uint64_t)sb.st_size;
+out:
+	json_decref(body);
+	return s;
+}
+
+/* Reads the whole file through the same path a streamed body takes. */
+static ts_status import_file(struct import *im, struct ts_error *err)
+{
+	int fd = -1;
+	uint64_t size = 0, off = 0;
+	char *chunk = NULL;
+	ts_status s = import_open_file(im, &fd, &size, err);
+
+	if (s != TS_OK)
+		return s;
+	im->content_length = size;
+	chunk = malloc(FILE_CHUNK);
+	if (!chunk)
+		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
+	while (s == TS_OK && off < size) {
+		ssize_t got = pread(fd, chunk, FILE_CHUNK, (off_t)off);
+
+		if (got <= 0) {
+			s = ts_error_set(err, got < 0 ? ts_status_from_errno(errno) : TS_DATA_LOSS,
+			                 "READ_FAILED", "reading the file at byte %" PRIu64 ": %s", off,
+			                 got < 0 ? strerror(errno) : "it got shorter");
+			break;
+		}
+		s = import_bytes(im, chunk, (size_t)got, err);
+		off += (uint64_t)got;
+	}
+	free(chunk);
+	close(fd);
+	return s;
+}
+
+static void import_finish(void *state, const struct ts_call *call, struct ts_reply *reply)
+{
+	struct import *im = state;
+	struct ts_error err;
+	json_t *list, *root;
+
+	(void)call;
+	ts_error_clear(&err);
+	if (im->from_file && import_file(im, &err) != TS_OK)
+		goto out_fail;
+	if (!im->parsed || im->data_got != im->st.data_len) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "TRUNCATED",
+		             "safetensors body ended after %" PRIu64 " bytes, before its data did",
+		             im->received);
+		goto out_fail;
+	}
+	if (im->writer) {
+		ts_status s = ts_writer_finish(im->writer, &err);
+
+		ts_writer_free(im->writer);
+		im->writer = NULL;
+		if (s != TS_OK)
+			goto out_fail;
+	}
+	if (ts_catalog_put_all(im->core->catalog, im->arrays, im->st.ntensors, im->overwrite,
+	                       &err) != TS_OK)
+		goto out_fail;
+	list = json_array();
+	for (size_t i = 0; list && i < im->st.ntensors; i++)
+		json_array_append_new(list, ts_h_array_json(im->arrays[i]));
+	root = json_pack("{s:o*}", "arrays", list);
+	if (root && im->st.metadata)
+		json_object_set(root, "metadata", im->st.metadata);
+	ts_reply_json(reply, TS_HTTP_CREATED, root);
+	return;
+
+out_fail:
+	ts_reply_error(reply, &err);
+}
+
+static void import_release(void *state)
+{
+	struct import *im = state;
+
+	ts_writer_free(im->writer);
+	for (size_t i = 0; im->arrays && i < im->st.ntensors; i++)
+		ts_array_unref(im->arrays[i]);
+	free(im->arrays);
+	if (im->parsed)
+		ts_st_header_release(&im->st);
+	free(im->header);
+	free(im->json);
+	free(im);
+}
+
+const struct ts_upload_ops ts_h_arrays_import = {
+	.begin = import_begin,
+	.chunk = import_chunk,
+	.finish = import_finish,
+	.release = import_release,
+};
+
+/* ---- export ------------------------------------------------------------------ */
+
+/* Merges the metadata of the arrays (NULL when none has any); new reference. */
+static json_t *export_metadata(struct ts_array *const *arrs, size_t n)
+{
+	json_t *meta = NULL;
+
+	for (size_t i = 0; i < n; i++) {
+		json_t *m = ts_array_metadata(arrs[i]);
+
+		if (!m)
+			continue;
+		if (!meta)
+			meta = json_object();
+		if (meta)
+			json_object_update_missing(meta, m);
+	}
+	return meta;
+}
+
+void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *names = ts_call_query(call, "names");
+	struct ts_array **arrs = NULL;
+	struct ts_st_tensor *tensors = NULL;
+	struct ts_h_part *parts = NULL;
+	struct ts_stream stream;
+	struct ts_error err;
+	char *list = NULL, *save = NULL, *tok, *hdr = NULL;
+	size_t n = 0, cap = 0, hdr_len = 0;
+	json_t *meta = NULL;
+
+	ts_error_clear(&err);
+	if (!names || !*names) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "NO_NAMES",
+		              "export needs ?names=a,b naming the arrays to write");
+		return;
+	}
+	list = strdup(names);
+	for (tok = list ? strtok_r(list, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
+		if (n == cap) {
+			struct ts_array **g = realloc(arrs, (cap = cap ? cap * 2 : 8) * sizeof *g);
+
+			if (!g)
+				break;
+			arrs = g;
+		}
+		if (!ts_array_name_valid(tok)) {
+			ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME", "array name '%s' is invalid", tok);
+			goto out_fail;
+		}
+		arrs[n] = ts_catalog_get(call->core->catalog, tok);
+		if (!arrs[n]) {
+			ts_error_set(&err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", tok);
+			goto out_fail;
+		}
+		n++;
+	}
+	tensors = calloc(n ? n : 1, sizeof *tensors);
+	parts = calloc(n ? n : 1, sizeof *parts);
+	if (!list || !tensors || !parts || (tok && n == cap)) {
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
+		goto out_fail;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct ts_array_desc *d = ts_array_desc(arrs[i]);
+
+		tensors[i] = (struct ts_st_tensor){.name = (char *)ts_array_name(arrs[i]),
+		                                   .dtype = d->dtype, .rank = d->rank};
+		memcpy(tensors[i].shape, d->shape, sizeof tensors[i].shape);
+	}
+	meta = export_metadata(arrs, n);
+	if (ts_st_build_header(tensors, n, meta, &hdr, &hdr_len, &err) != TS_OK)
+		goto out_fail;
+	for (size_t i = 0; i < n; i++) {
+		const struct ts_array_desc *d = ts_array_desc(arrs[i]);
+
+		parts[i].array = arrs[i];
+		ts_selection_all(d->rank, d->shape, &parts[i].sel);
+	}
+	free(arrs);
+	arrs = NULL;
+	if (ts_h_reader_stream(call->core, hdr, hdr_len, parts, n, &stream, &err) != TS_OK) {
+		parts = NULL;
+		hdr = NULL;
+		goto out_fail;
+	}
+	hdr = NULL;
+	parts = NULL;
+	ts_reply_stream(reply, TS_HTTP_OK, "application/octet-stream", &stream);
+	ts_reply_header(reply, "Content-Disposition", "attachment; filename=\"export.safetensors\"");
+	goto out_free;
+
+out_fail:
+	ts_reply_error(reply, &err);
+out_free:
+	for (size_t i = 0; arrs && i < n; i++)
+		ts_array_unref(arrs[i]);
+	free(arrs);
+	free(parts);
+	free(tensors);
+	free(hdr);
+	free(list);
+	json_decref(meta);
+}

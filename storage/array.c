@@ -1,0 +1,413 @@
+/*
+ * array.c - immutable array versions and the name -> version catalog (a
+ * chained hash table under a reader-writer lock).
+ */
+#include "storage/array.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/units.h"
+
+struct ts_array {
+	_Atomic uint32_t refs;
+	char name[TS_ARRAY_NAME_MAX + 1];       /* immutable */
+	struct ts_array_desc desc;              /* immutable */
+	struct ts_placement placement;          /* immutable */
+	struct ts_buffer *buf;                  /* immutable; own reference */
+	json_t *metadata;                       /* immutable after publish */
+	/* assigned once, under the catalog's write lock, before publication */
+	uint64_t version;
+	char etag[24];
+	uint64_t created_ns, updated_ns;
+	bool published;
+};
+
+struct entry {
+	struct entry *next;
+	struct ts_array *arr;                   /* own reference */
+};
+
+struct ts_catalog {
+	pthread_rwlock_t lock;
+	struct entry **buckets;                 /* guarded by: lock */
+	size_t nbuckets, count;                 /* guarded by: lock */
+	uint64_t bytes;                         /* guarded by: lock */
+	uint64_t next_tag;                      /* guarded by: lock (write) */
+};
+
+/* ---- arrays ---------------------------------------------------------------- */
+
+bool ts_array_name_valid(const char *name)
+{
+	size_t n = 0;
+
+	if (!name)
+		return false;
+	for (; name[n]; n++) {
+		char c = name[n];
+		bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+
+		if (n >= TS_ARRAY_NAME_MAX || !(alnum || (n > 0 && (c == '.' || c == '_' || c == '-'))))
+			return false;
+	}
+	return n > 0;
+}
+
+ts_status ts_array_desc_init(struct ts_array_desc *d, struct ts_error *err)
+{
+	if (d->rank < 0 || d->rank > TS_MAX_RANK)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
+		                    "rank %d is outside 0..%d", d->rank, TS_MAX_RANK);
+	if ((int)d->dtype < 0 || d->dtype >= TS_DT_COUNT)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE", "unknown dtype");
+	if (!ts_shape_nbytes(d->rank, d->shape, d->dtype, &d->nbytes))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
+		                    "shape holds more than 2^64 bytes");
+	return TS_OK;
+}
+
+ts_status ts_array_new(const char *name, const struct ts_array_desc *d,
+                       const struct ts_placement *pl, struct ts_memory *mem,
+                       struct ts_array **out, struct ts_error *err)
+{
+	struct ts_space *sp = ts_memory_find(mem, ts_device_props(pl->device)->id, pl->kind);
+	struct ts_array *a;
+	ts_status st;
+
+	if (!sp)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT",
+		                    "device '%s' has no %s memory", ts_device_props(pl->device)->id,
+		                    ts_memory_kind_name(pl->kind));
+	a = calloc(1, sizeof *a);
+	if (!a)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for array '%s'", name);
+	st = ts_buffer_new(sp, d->nbytes, &a->buf, err);
+	if (st != TS_OK) {
+		free(a);
+		return st;
+	}
+	atomic_init(&a->refs, 1);
+	snprintf(a->name, sizeof a->name, "%s", name);
+	a->desc = *d;
+	a->placement = *pl;
+	*out = a;
+	return TS_OK;
+}
+
+struct ts_array *ts_array_ref(struct ts_array *a)
+{
+	atomic_fetch_add_explicit(&a->refs, 1, memory_order_relaxed);
+	return a;
+}
+
+void ts_array_unref(struct ts_array *a)
+{
+	if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	ts_buffer_unref(a->buf);
+	json_decref(a->metadata);
+	free(a);
+}
+
+const char *ts_array_name(const struct ts_array *a) { return a->name; }
+const struct ts_array_desc *ts_array_desc(const struct ts_array *a) { return &a->desc; }
+const struct ts_placement *ts_array_placement(const struct ts_array *a) { return &a->placement; }
+struct ts_buffer *ts_array_buffer(const struct ts_array *a) { return a->buf; }
+uint64_t ts_array_version(const struct ts_array *a) { return a->version; }
+const char *ts_array_etag(const struct ts_array *a) { return a->etag; }
+uint64_t ts_array_created_ns(const struct ts_array *a) { return a->created_ns; }
+uint64_t ts_array_updated_ns(const struct ts_array *a) { return a->updated_ns; }
+json_t *ts_array_metadata(const struct ts_array *a) { return a->metadata; }
+
+void ts_array_set_metadata(struct ts_array *a, json_t *meta)
+{
+	json_decref(a->metadata);
+	a->metadata = meta;
+}
+
+/* ---- catalog --------------------------------------------------------------- */
+
+static uint64_t hash_name(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;     /* FNV-1a */
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ull;
+	return h;
+}
+
+struct ts_catalog *ts_catalog_new(void)
+{
+	struct ts_catalog *c = calloc(1, sizeof *c);
+
+	if (!c)
+		return NULL;
+	c->nbuckets = 64;
+	c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
+	if (!c->buckets) {
+		free(c);
+		return NULL;
+	}
+	pthread_rwlock_init(&c->lock, NULL);
+	return c;
+}
+
+void ts_catalog_free(struct ts_catalog *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->nbuckets; i++) {
+		for (struct entry *e = c->buckets[i], *next; e; e = next) {
+			next = e->next;
+			ts_array_unref(e->arr);
+			free(e);
+		}
+	}
+	free(c->buckets);
+	pthread_rwlock_destroy(&c->lock);
+	free(c);
+}
+
+static struct entry **find_slot_locked(struct ts_catalog *c, const char *name)
+{
+	struct entry **pp = &c->buckets[hash_name(name) & (c->nbuckets - 1)];
+
+	while (*pp && strcmp((*pp)->arr->name, name) != 0)
+		pp = &(*pp)->next;
+	return pp;
+}
+
+struct ts_array *ts_catalog_get(struct ts_catalog *c, const char *name)
+{
+	struct ts_array *a = NULL;
+	struct entry **pp;
+
+	pthread_rwlock_rdlock(&c->lock);
+	pp = find_slot_locked(c, name);
+	if (*pp)
+		a = ts_array_ref((*pp)->arr);
+	pthread_rwlock_unlock(&c->lock);
+	return a;
+}
+
+/* Doubles the table when it is full; failure only keeps chains longer. */
+static void grow_locked(struct ts_catalog *c)
+{
+	size_t n = c->nbuckets * 2;
+	struct entry **b;
+
+	if (c->count < c->nbuckets || !(b = calloc(n, sizeof *b)))
+		return;
+	for (size_t i = 0; i < c->nbuckets; i++) {
+		for (struct entry *e = c->buckets[i], *next; e; e = next) {
+			size_t j = hash_name(e->arr->name) & (n - 1);
+
+			next = e->next;
+			e->next = b[j];
+			b[j] = e;
+		}
+	}
+	free(c->buckets);
+	c->buckets = b;
+	c->nbuckets = n;
+}
+
+static ts_status check_pre_locked(const struct ts_array *cur, const char *name,
+                                  const struct ts_precondition *pre, struct ts_error *err)
+{
+	if (!pre)
+		return TS_OK;
+	if (pre->create_only && cur)
+		return ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+		                    "array '%s' already exists (If-None-Match: *)", name);
+	if (pre->if_match && !cur)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "ETAG_MISMATCH",
+		                    "array '%s' does not exist (If-Match: %s)", name, pre->if_match);
+	if (pre->if_match && strcmp(pre->if_match, "*") != 0 &&
+	    strcmp(pre->if_match, cur->etag) != 0)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "ETAG_MISMATCH",
+		                    "array '%s' is at %s, not %s (If-Match)", name, cur->etag,
+		                    pre->if_match);
+	return TS_OK;
+}
+
+/* Fills version, ETag and times of a from the version it replaces. */
+static void stamp_locked(struct ts_catalog *c, struct ts_array *a, const struct ts_array *prev)
+{
+	uint64_t now = ts_wall_ns();
+
+	a->version = prev ? prev->version + 1 : 1;
+	a->created_ns = prev ? prev->created_ns : now;
+	a->updated_ns = now;
+	snprintf(a->etag, sizeof a->etag, "\"%llx-%llx\"", (unsigned long long)a->version,
+	         (unsigned long long)++c->next_tag);
+	a->published = true;
+}
+
+/* Links a in place of *pp's array (or as a new entry; e is preallocated). */
+static void install_locked(struct ts_catalog *c, struct entry **pp, struct entry *e,
+                           struct ts_array *a)
+{
+	stamp_locked(c, a, *pp ? (*pp)->arr : NULL);
+	ts_array_ref(a);
+	c->bytes += a->desc.nbytes;
+	if (*pp) {
+		c->bytes -= (*pp)->arr->desc.nbytes;
+		ts_array_unref((*pp)->arr);
+		(*pp)->arr = a;
+		free(e);
+		return;
+	}
+	e->arr = a;
+	e->next = NULL;
+	*pp = e;
+	c->count++;
+}
+
+ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
+                         const struct ts_precondition *pre, bool *replaced,
+                         struct ts_error *err)
+{
+	struct entry *e = malloc(sizeof *e), **pp;
+	ts_status st;
+
+	if (!e)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for a catalog entry");
+	pthread_rwlock_wrlock(&c->lock);
+	grow_locked(c);
+	pp = find_slot_locked(c, a->name);
+	st = check_pre_locked(*pp ? (*pp)->arr : NULL, a->name, pre, err);
+	if (st == TS_OK) {
+		if (replaced)
+			*replaced = *pp != NULL;
+		install_locked(c, pp, e, a);
+		e = NULL;
+	}
+	pthread_rwlock_unlock(&c->lock);
+	free(e);
+	return st;
+}
+
+ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
+                             size_t n, bool overwrite, struct ts_error *err)
+{
+	struct entry **fresh = calloc(n ? n : 1, sizeof *fresh);
+	ts_status st = TS_OK;
+
+	if (!fresh)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for catalog entries");
+	for (size_t i = 0; i < n && st == TS_OK; i++) {
+		fresh[i] = malloc(sizeof **fresh);
+		if (!fresh[i])
+			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                  "no memory for catalog entries");
+		for (size_t j = 0; j < i && st == TS_OK; j++)
+			if (strcmp(arrs[i]->name, arrs[j]->name) == 0)
+				st = ts_error_set(err, TS_INVALID_ARGUMENT, "DUPLICATE_NAME",
+				                  "name '%s' appears twice", arrs[i]->name);
+	}
+	if (st == TS_OK) {
+		pthread_rwlock_wrlock(&c->lock);
+		for (size_t i = 0; i < n && !overwrite && st == TS_OK; i++)
+			if (*find_slot_locked(c, arrs[i]->name))
+				st = ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+				                  "array '%s' already exists; nothing was imported",
+				                  arrs[i]->name);
+		for (size_t i = 0; i < n && st == TS_OK; i++) {
+			grow_locked(c);
+			install_locked(c, find_slot_locked(c, arrs[i]->name), fresh[i], arrs[i]);
+			fresh[i] = NULL;
+		}
+		pthread_rwlock_unlock(&c->lock);
+	}
+	for (size_t i = 0; i < n; i++)
+		free(fresh[i]);
+	free(fresh);
+	return st;
+}
+
+ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
+                            const struct ts_precondition *pre, struct ts_error *err)
+{
+	struct entry **pp, *e = NULL;
+	ts_status st;
+
+	pthread_rwlock_wrlock(&c->lock);
+	pp = find_slot_locked(c, name);
+	if (!*pp) {
+		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
+	} else {
+		st = check_pre_locked((*pp)->arr, name, pre, err);
+		if (st == TS_OK) {
+			e = *pp;
+			*pp = e->next;
+			c->count--;
+			c->bytes -= e->arr->desc.nbytes;
+		}
+	}
+	pthread_rwlock_unlock(&c->lock);
+	if (e) {
+		ts_array_unref(e->arr);
+		free(e);
+	}
+	return st;
+}
+
+static int by_name(const void *x, const void *y)
+{
+	const struct ts_array *a = *(struct ts_array *const *)x, *b = *(struct ts_array *const *)y;
+
+	return strcmp(a->name, b->name);
+}
+
+ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
+                          bool (*keep)(const struct ts_array *a, void *arg), void *arg,
+                          struct ts_array ***out, size_t *n, bool *more,
+                          struct ts_error *err)
+{
+	struct ts_array **all;
+	size_t m = 0, k = 0;
+
+	pthread_rwlock_rdlock(&c->lock);
+	all = malloc((c->count ? c->count : 1) * sizeof *all);
+	if (all)
+		for (size_t i = 0; i < c->nbuckets; i++)
+			for (struct entry *e = c->buckets[i]; e; e = e->next)
+				if ((!after || strcmp(e->arr->name, after) > 0) &&
+				    (!keep || keep(e->arr, arg)))
+					all[m++] = ts_array_ref(e->arr);
+	pthread_rwlock_unlock(&c->lock);
+	if (!all)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory to list arrays");
+	qsort(all, m, sizeof *all, by_name);
+	k = m < limit ? m : limit;
+	for (size_t i = k; i < m; i++)
+		ts_array_unref(all[i]);
+	*out = all;
+	*n = k;
+	*more = m > k;
+	return TS_OK;
+}
+
+void ts_catalog_list_free(struct ts_array **arrs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		ts_array_unref(arrs[i]);
+	free(arrs);
+}
+
+void ts_catalog_totals(struct ts_catalog *c, uint64_t *count, uint64_t *bytes)
+{
+	pthread_rwlock_rdlock(&c->lock);
+	*count = c->count;
+	*bytes = c->bytes;
+	pthread_rwlock_unlock(&c->lock);
+}

@@ -1,0 +1,132 @@
+/*
+ * array.h - arrays and the catalog that names them.
+ *
+ * An array version is immutable once published: name, dtype, shape, its
+ * placement (a device and memory kind, and whether it is committed), its
+ * data in one buffer per shard, version, ETag and times. Replacing an array
+ * publishes a new version; readers holding the old one keep it whole (and
+ * its buffers alive) until they drop their reference. Nothing is ever
+ * changed in place, so a failed or cut-off upload leaves the previous
+ * version exactly as it was.
+ *
+ * The catalog maps names to their current version. Names match
+ * ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$.
+ *
+ * Thread-safety: the catalog is guarded by a reader-writer lock held only to
+ * look up, swap or list pointers; array versions are shared read-only
+ * between threads through reference counts.
+ */
+#ifndef TS_ARRAY_H
+#define TS_ARRAY_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "storage/buffer.h"
+#include "storage/dtype.h"
+
+#define TS_ARRAY_NAME_MAX 128
+
+/* What an array holds. */
+struct ts_array_desc {
+	enum ts_dtype dtype;
+	int rank;
+	uint64_t shape[TS_MAX_RANK];
+	uint64_t nbytes;          /* computed by ts_array_desc_init */
+};
+
+/* Where it lives. Single-device placements now; one shard per device. */
+struct ts_placement {
+	struct ts_device *device;
+	enum ts_memory_kind kind;
+	bool committed;           /* placed by an explicit request: never moved implicitly */
+};
+
+struct ts_array;
+struct ts_catalog;
+
+/* Whether name is a valid array name. */
+bool ts_array_name_valid(const char *name);
+
+/* Fills d->nbytes from dtype and shape; INVALID_ARGUMENT on rank > 32 or
+ * a byte size past 2^64. */
+ts_status ts_array_desc_init(struct ts_array_desc *d, struct ts_error *err);
+
+/*
+ * A new, unpublished array with its buffer allocated in the placement's
+ * space (this is admission: RESOURCE_EXHAUSTED with the space's numbers when
+ * it does not fit, nothing allocated). The data is uninitialised. One
+ * reference held by the caller.
+ */
+ts_status ts_array_new(const char *name, const struct ts_array_desc *d,
+                       const struct ts_placement *pl, struct ts_memory *mem,
+                       struct ts_array **out, struct ts_error *err);
+
+struct ts_array *ts_array_ref(struct ts_array *a);
+void ts_array_unref(struct ts_array *a);
+
+const char *ts_array_name(const struct ts_array *a);
+const struct ts_array_desc *ts_array_desc(const struct ts_array *a);
+const struct ts_placement *ts_array_placement(const struct ts_array *a);
+/* The buffer of shard 0 (borrowed; lives as long as the array). */
+struct ts_buffer *ts_array_buffer(const struct ts_array *a);
+uint64_t ts_array_version(const struct ts_array *a);
+/* Strong ETag, quoted: "\"1a2b3c\"". */
+const char *ts_array_etag(const struct ts_array *a);
+uint64_t ts_array_created_ns(const struct ts_array *a);
+uint64_t ts_array_updated_ns(const struct ts_array *a);
+
+/* Free-form string metadata kept with the array (safetensors __metadata__);
+ * borrowed, may be NULL. Set only before publishing; steals the reference. */
+json_t *ts_array_metadata(const struct ts_array *a);
+void ts_array_set_metadata(struct ts_array *a, json_t *meta);
+
+/* The catalog. */
+struct ts_catalog *ts_catalog_new(void);
+void ts_catalog_free(struct ts_catalog *c);
+
+/* The current version of name (new reference), or NULL. */
+struct ts_array *ts_catalog_get(struct ts_catalog *c, const char *name);
+
+/* Preconditions of a publish or delete. */
+struct ts_precondition {
+	bool create_only;         /* If-None-Match: *  -> ALREADY_EXISTS if present */
+	const char *if_match;     /* If-Match: an ETag, or "*"; FAILED_PRECONDITION if not current */
+};
+
+/*
+ * Publishes a as the current version of its name (the catalog takes its own
+ * reference), assigning version, ETag and times; the previous version, if
+ * any, is dropped from the catalog. *replaced says whether one existed.
+ */
+ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
+                         const struct ts_precondition *pre, bool *replaced,
+                         struct ts_error *err);
+
+/* Publishes all of arrs at once or none: with overwrite false, any existing
+ * name refuses the whole set (ALREADY_EXISTS naming it). Duplicate names in
+ * arrs are INVALID_ARGUMENT. */
+ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
+                             size_t n, bool overwrite, struct ts_error *err);
+
+/* Removes name (its buffers go when the last reader lets go). */
+ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
+                            const struct ts_precondition *pre, struct ts_error *err);
+
+/* A page of arrays in name order, after the name `after` (NULL: from the
+ * start), at most limit, keeping those for which keep returns true (keep may
+ * be NULL). *out is a new array of new references (ts_catalog_list_free);
+ * *more says whether arrays remain past the page. */
+ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
+                          bool (*keep)(const struct ts_array *a, void *arg), void *arg,
+                          struct ts_array ***out, size_t *n, bool *more,
+                          struct ts_error *err);
+void ts_catalog_list_free(struct ts_array **arrs, size_t n);
+
+/* Number of arrays and their bytes. */
+void ts_catalog_totals(struct ts_catalog *c, uint64_t *count, uint64_t *bytes);
+
+#endif

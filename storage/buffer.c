@@ -1,0 +1,84 @@
+/*
+ * buffer.c - reference-counted blocks of memory spaces.
+ */
+#include "storage/buffer.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+
+struct ts_buffer {
+	_Atomic uint32_t refs;
+	struct ts_space *space;   /* immutable; borrowed (outlives every buffer) */
+	void *data;               /* immutable */
+	uint64_t size;            /* immutable */
+};
+
+ts_status ts_buffer_new(struct ts_space *sp, uint64_t size, struct ts_buffer **out,
+                        struct ts_error *err)
+{
+	struct ts_buffer *b = malloc(sizeof *b);
+	ts_status st;
+
+	if (!b)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for a buffer record");
+	st = ts_space_alloc(sp, size, &b->data, err);
+	if (st != TS_OK) {
+		free(b);
+		return st;
+	}
+	atomic_init(&b->refs, 1);
+	b->space = sp;
+	b->size = size;
+	*out = b;
+	return TS_OK;
+}
+
+struct ts_buffer *ts_buffer_ref(struct ts_buffer *b)
+{
+	atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+	return b;
+}
+
+void ts_buffer_unref(struct ts_buffer *b)
+{
+	if (!b)
+		return;
+	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	ts_space_release(b->space, b->data, b->size);
+	free(b);
+}
+
+void *ts_buffer_data(const struct ts_buffer *b)
+{
+	return b->data;
+}
+
+uint64_t ts_buffer_size(const struct ts_buffer *b)
+{
+	return b->size;
+}
+
+struct ts_space *ts_buffer_space(const struct ts_buffer *b)
+{
+	return b->space;
+}
+
+struct ts_device *ts_buffer_device(const struct ts_buffer *b)
+{
+	return ts_space_device(b->space);
+}
+
+enum ts_memory_kind ts_buffer_kind(const struct ts_buffer *b)
+{
+	return ts_space_kind(b->space);
+}
+
+bool ts_buffer_host_visible(const struct ts_buffer *b)
+{
+	enum ts_memory_kind k = ts_space_kind(b->space);
+
+	return k != TS_MEM_DEVICE ||
+	       ts_device_props(ts_space_device(b->space))->backend == TS_BACKEND_CPU;
+}

@@ -1,0 +1,50 @@
+/*
+ * buffer.h - a reference-counted block of one memory space.
+ *
+ * Every holder of a buffer - an array version in the catalog, a download
+ * being sent, a copy in flight - holds its own reference; the block goes back
+ * to its space when the last one is dropped. Device memory is released only
+ * by the last holder, after the work using it has completed (holders of
+ * queued work keep their reference until their event completes).
+ *
+ * A buffer is host-visible when the CPU may read and write it directly:
+ * pinned and unpinned host memory, and cpu:0's device memory. Device memory
+ * of an accelerator (CUDA, and sim, which is simulated faithfully) is reached
+ * only through its device's queues.
+ *
+ * Thread-safety: ref/unref are atomic; the bytes are guarded by whoever
+ * writes them (a buffer is written only before it is published).
+ */
+#ifndef TS_BUFFER_H
+#define TS_BUFFER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "storage/space.h"
+
+struct ts_buffer;
+
+/* A new buffer of size bytes in sp, one reference held by the caller. Fails
+ * as ts_space_alloc does (RESOURCE_EXHAUSTED with the space's numbers). */
+ts_status ts_buffer_new(struct ts_space *sp, uint64_t size, struct ts_buffer **out,
+                        struct ts_error *err);
+
+/* Takes another reference; returns b. */
+struct ts_buffer *ts_buffer_ref(struct ts_buffer *b);
+
+/* Drops a reference (NULL is ignored); the last one frees the block. */
+void ts_buffer_unref(struct ts_buffer *b);
+
+/* The block's address (a device pointer for device memory). */
+void *ts_buffer_data(const struct ts_buffer *b);
+uint64_t ts_buffer_size(const struct ts_buffer *b);
+struct ts_space *ts_buffer_space(const struct ts_buffer *b);
+struct ts_device *ts_buffer_device(const struct ts_buffer *b);
+enum ts_memory_kind ts_buffer_kind(const struct ts_buffer *b);
+
+/* Whether the CPU may touch the bytes directly. */
+bool ts_buffer_host_visible(const struct ts_buffer *b);
+
+#endif

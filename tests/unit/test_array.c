@@ -1,0 +1,392 @@
+/*
+ * test_array.c - array versions, buffers and the catalog: names, admission,
+ * publish with preconditions, versions and ETags, all-or-nothing publishes,
+ * listing, readers keeping old versions alive, and the catalog under
+ * concurrent publish/get/delete with exact space accounting afterwards.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/array.h"
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+static struct ts_catalog *cat;
+static struct ts_placement dev0;
+
+static void setup(void)
+{
+	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 16ull << 20,
+	                              .cuda = false, .host = "t"};
+	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
+	                              .pinned_host_limit = 16ull << 20,
+	                              .unpinned_host_limit = 16ull << 20,
+	                              .pinned_segment = 1ull << 20};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
+	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
+	cat = ts_catalog_new();
+	ck_assert_ptr_nonnull(cat);
+	dev0 = (struct ts_placement){.device = ts_device_set_find(set, "sim:0"),
+	                             .kind = TS_MEM_DEVICE, .committed = true};
+}
+
+static void teardown(void)
+{
+	ts_catalog_free(cat);
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+}
+
+static struct ts_array *make(const char *name, uint64_t n, const struct ts_placement *pl)
+{
+	struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1, .shape = {n}};
+	struct ts_array *a = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_OK);
+	ck_assert_msg(ts_array_new(name, &d, pl, mem, &a, &err) == TS_OK, "%s", err.message);
+	return a;
+}
+
+static uint64_t in_use(const char *dev, enum ts_memory_kind k)
+{
+	struct ts_space_stats s;
+
+	ts_space_stats(ts_memory_find(mem, dev, k), &s);
+	return s.bytes_in_use;
+}
+
+START_TEST(name_rules)
+{
+	char longest[129];
+
+	memset(longest, 'a', 128);
+	longest[128] = '\0';
+	ck_assert(ts_array_name_valid("w1"));
+	ck_assert(ts_array_name_valid("model.adam.mu-w_1"));
+	ck_assert(ts_array_name_valid(longest));
+	longest[127] = '\0';
+	ck_assert(ts_array_name_valid(longest));
+	memset(longest, 'a', 128);
+	ck_assert(!ts_array_name_valid(""));
+	ck_assert(!ts_array_name_valid(NULL));
+	ck_assert(!ts_array_name_valid(".hidden"));
+	ck_assert(!ts_array_name_valid("-x"));
+	ck_assert(!ts_array_name_valid("a/b"));
+	ck_assert(!ts_array_name_valid("a:put"));
+	ck_assert(!ts_array_name_valid("a b"));
+	{
+		char too_long[130];
+
+		memset(too_long, 'a', 129);
+		too_long[129] = '\0';
+		ck_assert(!ts_array_name_valid(too_long));
+	}
+}
+END_TEST
+
+START_TEST(desc_overflow)
+{
+	struct ts_array_desc d = {.dtype = TS_DT_FLOAT64, .rank = 3,
+	                          .shape = {1ull << 30, 1ull << 30, 1ull << 10}};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_INVALID_ARGUMENT);
+	d = (struct ts_array_desc){.dtype = TS_DT_FLOAT32, .rank = 0};
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_OK);
+	ck_assert_uint_eq(d.nbytes, 4);
+	d = (struct ts_array_desc){.dtype = TS_DT_FLOAT32, .rank = 33};
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_INVALID_ARGUMENT);
+}
+END_TEST
+
+START_TEST(admission_refusal_changes_nothing)
+{
+	struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1, .shape = {17ull << 20}};
+	struct ts_array *a = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_OK);
+	ck_assert_int_eq(ts_array_new("big", &d, &dev0, mem, &a, &err), TS_RESOURCE_EXHAUSTED);
+	ck_assert_ptr_null(a);
+	ck_assert_str_eq(err.reason, "OUT_OF_MEMORY");
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 0);
+}
+END_TEST
+
+START_TEST(publish_versions_etags)
+{
+	struct ts_array *a = make("w", 100, &dev0), *b = make("w", 200, &dev0), *got;
+	struct ts_precondition create = {.create_only = true};
+	struct ts_error err;
+	bool replaced = true;
+	char etag1[32];
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, &create, &replaced, &err), TS_OK);
+	ck_assert(!replaced);
+	ck_assert_uint_eq(ts_array_version(a), 1);
+	strcpy(etag1, ts_array_etag(a));
+	ck_assert_int_eq(etag1[0], '"');
+	/* create-only refuses; If-Match with a wrong tag refuses; both change nothing */
+	ck_assert_int_eq(ts_catalog_put(cat, b, &create, &replaced, &err), TS_ALREADY_EXISTS);
+	ts_error_clear(&err);
+	{
+		struct ts_precondition wrong = {.if_match = "\"nope\""};
+
+		ck_assert_int_eq(ts_catalog_put(cat, b, &wrong, &replaced, &err), TS_FAILED_PRECONDITION);
+	}
+	got = ts_catalog_get(cat, "w");
+	ck_assert_ptr_eq(got, a);
+	ts_array_unref(got);
+	ts_error_clear(&err);
+	{
+		struct ts_precondition right = {.if_match = etag1};
+
+		ck_assert_int_eq(ts_catalog_put(cat, b, &right, &replaced, &err), TS_OK);
+	}
+	ck_assert(replaced);
+	ck_assert_uint_eq(ts_array_version(b), 2);
+	ck_assert_str_ne(ts_array_etag(b), etag1);
+	ck_assert_uint_eq(ts_array_created_ns(b), ts_array_created_ns(a));
+	/* a is out of the catalog but alive while we hold it */
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 300);
+	ts_array_unref(a);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 200);
+	ts_array_unref(b);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 200);    /* the catalog's */
+	ck_assert_int_eq(ts_catalog_delete(cat, "w", NULL, &err), TS_OK);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 0);
+	ck_assert_int_eq(ts_catalog_delete(cat, "w", NULL, &err), TS_NOT_FOUND);
+}
+END_TEST
+
+START_TEST(etag_differs_after_recreate)
+{
+	struct ts_array *a = make("x", 10, &dev0), *b = make("x", 10, &dev0);
+	struct ts_error err;
+	char first[32];
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	strcpy(first, ts_array_etag(a));
+	ck_assert_int_eq(ts_catalog_delete(cat, "x", NULL, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_put(cat, b, NULL, NULL, &err), TS_OK);
+	ck_assert_uint_eq(ts_array_version(b), 1);
+	ck_assert_str_ne(ts_array_etag(b), first);
+	ts_array_unref(a);
+	ts_array_unref(b);
+}
+END_TEST
+
+START_TEST(put_all_is_all_or_nothing)
+{
+	struct ts_array *x = make("x", 10, &dev0), *y = make("y", 10, &dev0), *y2 = make("y", 5, &dev0);
+	struct ts_array *z = make("z", 10, &dev0);
+	struct ts_array *set1[] = {y}, *set2[] = {x, y2, z}, *dup[] = {x, x};
+	struct ts_error err;
+	uint64_t count, bytes;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put_all(cat, set1, 1, false, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_put_all(cat, set2, 3, false, &err), TS_ALREADY_EXISTS);
+	ck_assert_ptr_nonnull(strstr(err.message, "'y'"));
+	ts_catalog_totals(cat, &count, &bytes);
+	ck_assert_uint_eq(count, 1);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put_all(cat, dup, 2, true, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put_all(cat, set2, 3, true, &err), TS_OK);
+	ts_catalog_totals(cat, &count, &bytes);
+	ck_assert_uint_eq(count, 3);
+	ck_assert_uint_eq(bytes, 25);
+	ts_array_unref(x);
+	ts_array_unref(y);
+	ts_array_unref(y2);
+	ts_array_unref(z);
+}
+END_TEST
+
+static bool only_pinned(const struct ts_array *a, void *arg)
+{
+	(void)arg;
+	return ts_array_placement(a)->kind == TS_MEM_PINNED_HOST;
+}
+
+START_TEST(list_pages_in_name_order)
+{
+	static const char *const names[] = {"e", "a", "d", "c", "b", "f", "g"};
+	struct ts_placement pinned = dev0;
+	struct ts_array **page;
+	struct ts_error err;
+	size_t n;
+	bool more;
+
+	pinned.kind = TS_MEM_PINNED_HOST;
+	ts_error_clear(&err);
+	for (size_t i = 0; i < 7; i++) {
+		struct ts_array *a = make(names[i], 1, i % 2 ? &pinned : &dev0);
+
+		ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+		ts_array_unref(a);
+	}
+	ck_assert_int_eq(ts_catalog_list(cat, NULL, 3, NULL, NULL, &page, &n, &more, &err), TS_OK);
+	ck_assert_uint_eq(n, 3);
+	ck_assert(more);
+	ck_assert_str_eq(ts_array_name(page[0]), "a");
+	ck_assert_str_eq(ts_array_name(page[2]), "c");
+	ts_catalog_list_free(page, n);
+	ck_assert_int_eq(ts_catalog_list(cat, "c", 10, NULL, NULL, &page, &n, &more, &err), TS_OK);
+	ck_assert_uint_eq(n, 4);
+	ck_assert(!more);
+	ck_assert_str_eq(ts_array_name(page[0]), "d");
+	ts_catalog_list_free(page, n);
+	ck_assert_int_eq(ts_catalog_list(cat, NULL, 10, only_pinned, NULL, &page, &n, &more, &err), TS_OK);
+	ck_assert_uint_eq(n, 3);   /* a, c, d: indexes 1, 3, 5 of names */
+	ts_catalog_list_free(page, n);
+}
+END_TEST
+
+START_TEST(many_names_grow_the_table)
+{
+	struct ts_error err;
+	char name[16];
+	uint64_t count, bytes;
+
+	ts_error_clear(&err);
+	for (int i = 0; i < 2000; i++) {
+		struct ts_array *a;
+
+		snprintf(name, sizeof name, "n%d", i);
+		a = make(name, 8, &dev0);
+		ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+		ts_array_unref(a);
+	}
+	for (int i = 0; i < 2000; i += 7) {
+		struct ts_array *a;
+
+		snprintf(name, sizeof name, "n%d", i);
+		a = ts_catalog_get(cat, name);
+		ck_assert_ptr_nonnull(a);
+		ck_assert_str_eq(ts_array_name(a), name);
+		ts_array_unref(a);
+	}
+	ts_catalog_totals(cat, &count, &bytes);
+	ck_assert_uint_eq(count, 2000);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 16000);
+}
+END_TEST
+
+struct worker {
+	unsigned seed;
+	int iterations;
+};
+
+static void *churn(void *arg)
+{
+	struct worker *w = arg;
+	static const char *const names[] = {"p", "q", "r", "s"};
+	struct ts_placement pl[3];
+	struct ts_error err;
+
+	pl[0] = dev0;
+	pl[1] = dev0;
+	pl[1].kind = TS_MEM_PINNED_HOST;
+	pl[2] = (struct ts_placement){.device = ts_device_set_find(set, "sim:1"), .kind = TS_MEM_DEVICE};
+	for (int i = 0; i < w->iterations; i++) {
+		const char *name = names[rand_r(&w->seed) % 4];
+		int op = rand_r(&w->seed) % 3;
+
+		ts_error_clear(&err);
+		if (op == 0) {
+			struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1,
+			                          .shape = {(uint64_t)(rand_r(&w->seed) % 4096)}};
+			struct ts_array *a = NULL;
+
+			ts_array_desc_init(&d, &err);
+			if (ts_array_new(name, &d, &pl[rand_r(&w->seed) % 3], mem, &a, &err) == TS_OK) {
+				ts_catalog_put(cat, a, NULL, NULL, &err);
+				ts_array_unref(a);
+			}
+		} else if (op == 1) {
+			struct ts_array *a = ts_catalog_get(cat, name);
+
+			if (a && ts_buffer_size(ts_array_buffer(a)) != ts_array_desc(a)->nbytes)
+				abort();
+			ts_array_unref(a);
+		} else {
+			ts_catalog_delete(cat, name, NULL, &err);
+		}
+	}
+	return NULL;
+}
+
+START_TEST(concurrent_churn_keeps_stats_exact)
+{
+	pthread_t th[4];
+	struct worker w[4];
+	struct ts_array **all;
+	struct ts_error err;
+	size_t n;
+	bool more;
+	uint64_t want[3] = {0, 0, 0};
+
+	for (int i = 0; i < 4; i++) {
+		w[i] = (struct worker){.seed = (unsigned)(i * 7919 + 1), .iterations = 20000};
+		ck_assert_int_eq(pthread_create(&th[i], NULL, churn, &w[i]), 0);
+	}
+	for (int i = 0; i < 4; i++)
+		pthread_join(th[i], NULL);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_list(cat, NULL, 100, NULL, NULL, &all, &n, &more, &err), TS_OK);
+	for (size_t i = 0; i < n; i++) {
+		const struct ts_placement *p = ts_array_placement(all[i]);
+		int slot = p->kind == TS_MEM_PINNED_HOST ? 1 : strcmp(ts_device_props(p->device)->id, "sim:1") == 0 ? 2 : 0;
+
+		want[slot] += ts_array_desc(all[i])->nbytes;
+	}
+	ts_catalog_list_free(all, n);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), want[0]);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_PINNED_HOST), want[1]);
+	ck_assert_uint_eq(in_use("sim:1", TS_MEM_DEVICE), want[2]);
+}
+END_TEST
+
+static Suite *array_suite(void)
+{
+	Suite *s = suite_create("array");
+	TCase *tc = tcase_create("catalog");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, name_rules);
+	tcase_add_test(tc, desc_overflow);
+	tcase_add_test(tc, admission_refusal_changes_nothing);
+	tcase_add_test(tc, publish_versions_etags);
+	tcase_add_test(tc, etag_differs_after_recreate);
+	tcase_add_test(tc, put_all_is_all_or_nothing);
+	tcase_add_test(tc, list_pages_in_name_order);
+	tcase_add_test(tc, many_names_grow_the_table);
+	tcase_add_test(tc, concurrent_churn_keeps_stats_exact);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(array_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,233 @@
+/*
+ * test_stage.c - the stager: writers into host and device buffers across
+ * staging-slot edges with odd piece sizes, reads and run copies between
+ * every pair of host and device spaces, range refusals, and injected copy
+ * failures surfacing from a writer.
+ */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+#include "storage/stage.h"
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+static struct ts_stager *stg;
+
+static void setup(void)
+{
+	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 64ull << 20,
+	                              .cuda = false, .host = "t"};
+	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
+	                              .pinned_host_limit = 64ull << 20,
+	                              .unpinned_host_limit = 128ull << 20,
+	                              .pinned_segment = 8ull << 20};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
+	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
+	ck_assert_int_eq(ts_stager_new(set, mem, &stg, &err), TS_OK);
+}
+
+static void teardown(void)
+{
+	ts_stager_free(stg);
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+}
+
+static struct ts_buffer *buf(const char *dev, enum ts_memory_kind k, uint64_t n)
+{
+	struct ts_buffer *b = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_buffer_new(ts_memory_find(mem, dev, k), n, &b, &err), TS_OK);
+	return b;
+}
+
+static void fill(unsigned char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)((i * 131 + seed * 7 + (i >> 9)) & 0xff);
+}
+
+/* Writes n bytes in pieces of awkward sizes, then reads them back whole. */
+static void roundtrip(const char *dev, enum ts_memory_kind k, size_t n)
+{
+	struct ts_buffer *b = buf(dev, k, n);
+	unsigned char *src = malloc(n ? n : 1), *back = malloc(n ? n : 1);
+	static const size_t pieces[] = {1, 4095, 65536, 1000003, 3, 4u << 20};
+	struct ts_writer *w;
+	struct ts_error err;
+	size_t off = 0, i = 0;
+
+	ts_error_clear(&err);
+	fill(src, n, (unsigned)n);
+	ck_assert_int_eq(ts_writer_new(stg, b, 0, &w, &err), TS_OK);
+	while (off < n) {
+		size_t take = pieces[i++ % 6];
+
+		take = take < n - off ? take : n - off;
+		ck_assert_int_eq(ts_writer_write(w, src + off, take, &err), TS_OK);
+		off += take;
+	}
+	ck_assert_uint_eq(ts_writer_offset(w), n);
+	/* a byte past the end is refused and changes nothing */
+	ck_assert_int_eq(ts_writer_write(w, src, 1, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_writer_finish(w, &err), TS_OK);
+	ts_writer_free(w);
+	memset(back, 0, n);
+	ck_assert_int_eq(ts_stage_read(stg, b, 0, back, n, &err), TS_OK);
+	ck_assert(memcmp(src, back, n) == 0);
+	free(src);
+	free(back);
+	ts_buffer_unref(b);
+}
+
+START_TEST(writer_host_and_device)
+{
+	static const size_t sizes[] = {1, 4u << 20, (4u << 20) + 1, 13u << 20, 777777};
+
+	for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+		roundtrip("sim:0", TS_MEM_DEVICE, sizes[i]);
+		roundtrip("sim:1", TS_MEM_PINNED_HOST, sizes[i]);
+		roundtrip("cpu:0", TS_MEM_DEVICE, sizes[i]);
+	}
+}
+END_TEST
+
+START_TEST(staging_slots_return_to_the_pool)
+{
+	struct ts_space_stats s;
+
+	roundtrip("sim:0", TS_MEM_DEVICE, 13u << 20);
+	ts_space_stats(ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST), &s);
+	ck_assert_uint_eq(s.bytes_in_use, 0);
+	ck_assert_uint_gt(s.peak_bytes_in_use, 0);      /* slots were used ... */
+	ck_assert_uint_le(s.peak_bytes_in_use, TS_STAGE_SLOTS * (uint64_t)TS_STAGE_SLOT);
+}
+END_TEST
+
+START_TEST(copy_runs_every_pair)
+{
+	static const struct {
+		const char *dev;
+		enum ts_memory_kind k;
+	} ends[] = {{"sim:0", TS_MEM_DEVICE}, {"sim:1", TS_MEM_DEVICE},
+	            {"sim:0", TS_MEM_UNPINNED_HOST}, {"sim:1", TS_MEM_PINNED_HOST}};
+	enum { N = 100000 };
+	struct ts_run runs[] = {{0, 10, 100}, {5000, 0, 7}, {N - 50, 200, 50}, {123, 400, 0}};
+	unsigned char src[N], out[N];
+	struct ts_error err;
+
+	fill(src, N, 3);
+	for (size_t a = 0; a < 4; a++) {
+		for (size_t b = 0; b < 4; b++) {
+			struct ts_buffer *s = buf(ends[a].dev, ends[a].k, N), *d = buf(ends[b].dev, ends[b].k, N);
+			struct ts_writer *w;
+
+			ts_error_clear(&err);
+			ck_assert_int_eq(ts_writer_new(stg, s, 0, &w, &err), TS_OK);
+			ck_assert_int_eq(ts_writer_write(w, src, N, &err), TS_OK);
+			ck_assert_int_eq(ts_writer_finish(w, &err), TS_OK);
+			ts_writer_free(w);
+			ck_assert_int_eq(ts_stage_copy_runs(stg, d, s, runs, 4, &err), TS_OK);
+			ck_assert_int_eq(ts_stage_read(stg, d, 0, out, N, &err), TS_OK);
+			for (size_t r = 0; r < 4; r++)
+				ck_assert(memcmp(out + runs[r].dst_offset, src + runs[r].src_offset, runs[r].len) == 0);
+			ts_buffer_unref(s);
+			ts_buffer_unref(d);
+		}
+	}
+}
+END_TEST
+
+START_TEST(read_runs_into_host_memory)
+{
+	struct ts_buffer *b = buf("sim:1", TS_MEM_DEVICE, 4096);
+	struct ts_run runs[] = {{4000, 0, 96}, {0, 96, 4}, {100, 100, 1}};
+	unsigned char src[4096], out[101];
+	struct ts_writer *w;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	fill(src, sizeof src, 9);
+	ck_assert_int_eq(ts_writer_new(stg, b, 0, &w, &err), TS_OK);
+	ck_assert_int_eq(ts_writer_write(w, src, sizeof src, &err), TS_OK);
+	ck_assert_int_eq(ts_writer_finish(w, &err), TS_OK);
+	ts_writer_free(w);
+	ck_assert_int_eq(ts_stage_read_runs(stg, b, runs, 3, out, &err), TS_OK);
+	ck_assert(memcmp(out, src + 4000, 96) == 0);
+	ck_assert(memcmp(out + 96, src, 4) == 0);
+	ck_assert_int_eq(out[100], src[100]);
+	ts_buffer_unref(b);
+}
+END_TEST
+
+START_TEST(out_of_range_refused)
+{
+	struct ts_buffer *a = buf("sim:0", TS_MEM_DEVICE, 100), *b = buf("sim:0", TS_MEM_PINNED_HOST, 50);
+	struct ts_run bad_src = {90, 0, 20}, bad_dst = {0, 40, 20};
+	char out[200];
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_stage_copy_runs(stg, b, a, &bad_src, 1, &err), TS_OUT_OF_RANGE);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_stage_copy_runs(stg, b, a, &bad_dst, 1, &err), TS_OUT_OF_RANGE);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_stage_read(stg, a, 50, out, 51, &err), TS_OUT_OF_RANGE);
+	ts_buffer_unref(a);
+	ts_buffer_unref(b);
+}
+END_TEST
+
+START_TEST(injected_copy_failure_surfaces)
+{
+	struct ts_buffer *b = buf("sim:0", TS_MEM_DEVICE, 9u << 20);
+	unsigned char *src = calloc(1, 9u << 20);
+	struct ts_writer *w;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_writer_new(stg, b, 0, &w, &err), TS_OK);
+	ts__sim_inject_copy_failure(ts_device_set_find(set, "sim:0"), 1);
+	(void)ts_writer_write(w, src, 9u << 20, &err);
+	ck_assert_int_ne(ts_writer_finish(w, &err), TS_OK);
+	ts_writer_free(w);
+	free(src);
+	ts_buffer_unref(b);
+}
+END_TEST
+
+static Suite *stage_suite(void)
+{
+	Suite *s = suite_create("stage");
+	TCase *tc = tcase_create("stager");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, writer_host_and_device);
+	tcase_add_test(tc, staging_slots_return_to_the_pool);
+	tcase_add_test(tc, copy_runs_every_pair);
+	tcase_add_test(tc, read_runs_into_host_memory);
+	tcase_add_test(tc, out_of_range_refused);
+	tcase_add_test(tc, injected_copy_failure_surfaces);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(stage_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
