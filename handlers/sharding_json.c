@@ -1,0 +1,398 @@
+/*
+ * sharding_json.c - sharding JSON in and out (the shapes are in
+ * sharding_json.h). Every refusal names the field it is about, from
+ * "sharding" down ("sharding.mesh.devices[2]", "sharding.spec[1][0]").
+ */
+#include "handlers/sharding_json.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* An INVALID_ARGUMENT with reason BAD_SHARDING; returns the status. */
+static ts_status bad(struct ts_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+static ts_status bad(struct ts_error *err, const char *fmt, ...)
+{
+	char msg[TS_ERROR_MESSAGE_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING", "%s", msg);
+}
+
+/* The value of a JSON string without embedded NULs, else NULL. */
+static const char *plain_string(json_t *v)
+{
+	const char *s = json_string_value(v);
+
+	return s && strlen(s) == json_string_length(v) ? s : NULL;
+}
+
+/* The first key of o that is not in keys (NULL-terminated), or NULL. */
+static const char *unknown_key(json_t *o, const char *const *keys)
+{
+	const char *k;
+	json_t *v;
+
+	json_object_foreach(o, k, v) {
+		size_t i = 0;
+
+		while (keys[i] && strcmp(keys[i], k) != 0)
+			i++;
+		if (!keys[i])
+			return k;
+	}
+	return NULL;
+}
+
+/* ---- mesh -------------------------------------------------------------------------- */
+
+static ts_status parse_mesh_devices(const struct ts_core *core, json_t *list,
+                                    struct ts_mesh *m, struct ts_error *err)
+{
+	size_t n = json_array_size(list);
+
+	if (!json_is_array(list) || n == 0 || n > TS_MESH_MAX_DEVICES)
+		return bad(err, "sharding.mesh.devices: expected a list of 1 to %d device ids",
+		           TS_MESH_MAX_DEVICES);
+	for (size_t i = 0; i < n; i++) {
+		const char *id = plain_string(json_array_get(list, i));
+
+		if (!id)
+			return bad(err, "sharding.mesh.devices[%zu]: expected a device id string", i);
+		m->devices[i] = ts_device_set_find(core->devices, id);
+		if (!m->devices[i])
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+			                    "sharding.mesh.devices[%zu]: device '%.64s' is not a device "
+			                    "of this node", i, id);
+		for (size_t j = 0; j < i; j++)
+			if (m->devices[j] == m->devices[i])
+				return bad(err, "sharding.mesh.devices[%zu]: device '%s' is listed twice",
+				           i, id);
+	}
+	m->ndevices = (int)n;
+	return TS_OK;
+}
+
+static ts_status parse_mesh_axes(json_t *list, struct ts_mesh *m, struct ts_error *err)
+{
+	size_t n = json_array_size(list);
+
+	if (!json_is_array(list) || n == 0 || n > TS_MESH_MAX_AXES)
+		return bad(err, "sharding.mesh.axis_names: expected a list of 1 to %d axis names",
+		           TS_MESH_MAX_AXES);
+	for (size_t i = 0; i < n; i++) {
+		const char *name = plain_string(json_array_get(list, i));
+
+		if (!name || !name[0] || strlen(name) >= TS_AXIS_NAME_MAX)
+			return bad(err, "sharding.mesh.axis_names[%zu]: expected a name of 1 to %d "
+			           "characters", i, TS_AXIS_NAME_MAX - 1);
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(m->axis_names[j], name) == 0)
+				return bad(err, "sharding.mesh.axis_names[%zu]: axis '%s' is named twice",
+				           i, name);
+		memcpy(m->axis_names[i], name, strlen(name) + 1);
+	}
+	m->naxes = (int)n;
+	return TS_OK;
+}
+
+static ts_status parse_mesh_shape(json_t *list, struct ts_mesh *m, struct ts_error *err)
+{
+	long long prod = 1;
+
+	if (!list) {
+		if (m->naxes != 1)
+			return bad(err, "sharding.mesh.shape: needed when the mesh has %d axes", m->naxes);
+		m->shape[0] = m->ndevices;
+		return TS_OK;
+	}
+	if (!json_is_array(list) || json_array_size(list) != (size_t)m->naxes)
+		return bad(err, "sharding.mesh.shape: expected a list of %d sizes, one per axis name",
+		           m->naxes);
+	for (int a = 0; a < m->naxes; a++) {
+		json_t *v = json_array_get(list, (size_t)a);
+		json_int_t size = json_integer_value(v);
+
+		if (!json_is_integer(v) || size < 1 || size > TS_MESH_MAX_DEVICES)
+			return bad(err, "sharding.mesh.shape[%d]: expected an integer in 1..%d", a,
+			           TS_MESH_MAX_DEVICES);
+		m->shape[a] = (int)size;
+		prod *= size;
+		if (prod > TS_MESH_MAX_DEVICES)
+			break;
+	}
+	if (prod != m->ndevices)
+		return bad(err, "sharding.mesh.shape: its sizes multiply to %s%lld but "
+		           "sharding.mesh.devices lists %d devices",
+		           prod > TS_MESH_MAX_DEVICES ? "more than " : "",
+		           prod > TS_MESH_MAX_DEVICES ? (long long)TS_MESH_MAX_DEVICES : prod,
+		           m->ndevices);
+	return TS_OK;
+}
+
+static ts_status parse_mesh(const struct ts_core *core, json_t *j, struct ts_mesh *m,
+                            struct ts_error *err)
+{
+	static const char *const keys[] = {"devices", "axis_names", "shape", NULL};
+	json_t *devices = NULL, *axes = NULL, *shape = NULL;
+	json_error_t jerr;
+	ts_status st;
+
+	if (!json_is_object(j))
+		return bad(err, "sharding.mesh: expected an object with devices, axis_names and shape");
+	if (json_unpack_ex(j, &jerr, JSON_STRICT, "{s:o, s:o, s?o}", "devices", &devices,
+	                   "axis_names", &axes, "shape", &shape) != 0) {
+		const char *k = unknown_key(j, keys);
+
+		if (k)
+			return bad(err, "sharding.mesh: unknown field '%.64s' (expected devices, "
+			           "axis_names, shape)", k);
+		return bad(err, "sharding.mesh: needs %s", devices ? "axis_names" : "devices");
+	}
+	st = parse_mesh_devices(core, devices, m, err);
+	if (st == TS_OK)
+		st = parse_mesh_axes(axes, m, err);
+	if (st == TS_OK)
+		st = parse_mesh_shape(shape, m, err);
+	return st;
+}
+
+/* ---- spec --------------------------------------------------------------------------- */
+
+/* Adds the axis named by v to entry e of dimension d (field names the JSON
+ * place); refuses unknown and reused axes. used[a] holds 1 + the dimension
+ * that took axis a, or 0. */
+static ts_status spec_axis(const struct ts_mesh *m, json_t *v, const char *field, int d,
+                           struct ts_spec_entry *e, int *used, struct ts_error *err)
+{
+	const char *name = plain_string(v);
+	int a = 0;
+
+	if (!name)
+		return bad(err, "%s: expected an axis name", field);
+	while (a < m->naxes && strcmp(m->axis_names[a], name) != 0)
+		a++;
+	if (a == m->naxes)
+		return bad(err, "%s: axis '%.64s' is not in the mesh", field, name);
+	if (used[a])
+		return bad(err, "%s: mesh axis '%s' already splits dimension %d; a mesh axis may "
+		           "split one dimension only", field, name, used[a] - 1);
+	if (e->naxes == TS_SPEC_MAX_AXES)
+		return bad(err, "%s: at most %d mesh axes may split one dimension", field,
+		           TS_SPEC_MAX_AXES);
+	used[a] = d + 1;
+	e->axes[e->naxes++] = a;
+	return TS_OK;
+}
+
+static ts_status parse_spec(json_t *j, struct ts_sharding *s, struct ts_error *err)
+{
+	int used[TS_MESH_MAX_AXES] = {0};
+	size_t n = json_array_size(j);
+
+	if (!json_is_array(j))
+		return bad(err, "sharding.spec: expected a list with one entry per dimension: null, "
+		           "an axis name, or a list of axis names");
+	if (n > TS_MAX_RANK)
+		return bad(err, "sharding.spec: has %zu entries; arrays have at most %d dimensions",
+		           n, TS_MAX_RANK);
+	for (size_t d = 0; d < n; d++) {
+		json_t *v = json_array_get(j, d);
+		struct ts_spec_entry *e = &s->spec[d];
+		char field[32];
+		ts_status st = TS_OK;
+
+		snprintf(field, sizeof field, "sharding.spec[%d]", (int)d);
+		if (json_is_null(v))
+			continue;
+		if (json_is_string(v)) {
+			st = spec_axis(&s->mesh, v, field, (int)d, e, used, err);
+		} else if (json_is_array(v)) {
+			if (json_array_size(v) > TS_SPEC_MAX_AXES)
+				return bad(err, "%s: at most %d mesh axes may split one dimension", field,
+				           TS_SPEC_MAX_AXES);
+			for (size_t i = 0; st == TS_OK && i < json_array_size(v); i++) {
+				char sub[80];
+
+				snprintf(sub, sizeof sub, "%s[%d]", field, (int)i);
+				st = spec_axis(&s->mesh, json_array_get(v, i), sub, (int)d, e, used, err);
+			}
+		} else {
+			return bad(err, "%s: expected null, an axis name or a list of axis names", field);
+		}
+		if (st != TS_OK)
+			return st;
+	}
+	s->spec_rank = (int)n;
+	return TS_OK;
+}
+
+/* ---- the sharding object -------------------------------------------------------------- */
+
+static ts_status parse_kind(const struct ts_core *core, json_t *v, enum ts_memory_kind *out,
+                            struct ts_error *err)
+{
+	const char *name = plain_string(v);
+
+	*out = core->default_memory_kind;
+	if (!v || json_is_null(v))
+		return TS_OK;
+	if (!json_is_string(v))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+		                    "sharding.memory_kind: expected one of device, pinned_host, "
+		                    "unpinned_host");
+	if (!name || !ts_memory_kind_parse(name, out))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+		                    "sharding.memory_kind: '%.64s' is not one of device, pinned_host, "
+		                    "unpinned_host", json_string_value(v));
+	return TS_OK;
+}
+
+static ts_status parse_single(const struct ts_core *core, json_t *device, json_t *spec,
+                              struct ts_sharding *s, struct ts_error *err)
+{
+	const char *id = plain_string(device);
+
+	if (spec)
+		return bad(err, "sharding.spec: only a named sharding (with a mesh) takes a spec");
+	if (!id)
+		return bad(err, "sharding.device: expected a device id string");
+	s->type = TS_SHARDING_SINGLE;
+	s->device = ts_device_set_find(core->devices, id);
+	if (!s->device)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+		                    "sharding.device: device '%.64s' is not a device of this node", id);
+	return TS_OK;
+}
+
+ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_sharding *out,
+                              struct ts_error *err)
+{
+	static const char *const keys[] = {"device", "mesh", "spec", "memory_kind", NULL};
+	json_t *device = NULL, *mesh = NULL, *spec = NULL, *kind = NULL;
+	struct ts_sharding s;
+	json_error_t jerr;
+	ts_status st;
+
+	if (!json_is_object(j))
+		return bad(err, "sharding: expected an object, {\"device\", \"memory_kind\"} or "
+		           "{\"mesh\", \"spec\", \"memory_kind\"}");
+	if (json_unpack_ex(j, &jerr, JSON_STRICT, "{s?o, s?o, s?o, s?o}", "device", &device,
+	                   "mesh", &mesh, "spec", &spec, "memory_kind", &kind) != 0)
+		return bad(err, "sharding: unknown field '%.64s' (expected device, mesh, spec, "
+		           "memory_kind)", unknown_key(j, keys) ? unknown_key(j, keys) : "?");
+	memset(&s, 0, sizeof s);
+	if (device && mesh)
+		return bad(err, "sharding: give either device (single-device) or mesh and spec "
+		           "(named), not both");
+	if (!device && !mesh)
+		return bad(err, "sharding: needs device (single-device) or mesh and spec (named)");
+	st = parse_kind(core, kind, &s.memory_kind, err);
+	if (st != TS_OK)
+		return st;
+	if (device) {
+		st = parse_single(core, device, spec, &s, err);
+	} else {
+		s.type = TS_SHARDING_NAMED;
+		st = parse_mesh(core, mesh, &s.mesh, err);
+		if (st == TS_OK && !spec)
+			st = bad(err, "sharding.spec: a named sharding needs a spec, one entry per "
+			         "dimension ([] replicates the array on every device)");
+		if (st == TS_OK)
+			st = parse_spec(spec, &s, err);
+	}
+	if (st == TS_OK)
+		st = ts_sharding_validate(&s, err);
+	if (st == TS_OK)
+		*out = s;
+	return st;
+}
+
+ts_status ts_h_sharding_resolve(const struct ts_core *core, json_t *j, struct ts_sharding *out,
+                                struct ts_error *err)
+{
+	const char *name;
+
+	if (!json_is_string(j))
+		return json_is_object(j)
+		           ? ts_h_sharding_parse(core, j, out, err)
+		           : bad(err, "sharding: expected an object or the name of a saved sharding");
+	name = plain_string(j);
+	if (!name || !core->shardings || !ts_sharding_registry_get(core->shardings, name, out))
+		return ts_error_set(err, TS_NOT_FOUND, "SHARDING_NOT_FOUND",
+		                    "sharding '%.128s' not found", json_string_value(j));
+	return TS_OK;
+}
+
+/* ---- rendering ------------------------------------------------------------------------- */
+
+static json_t *spec_entry_json(const struct ts_mesh *m, const struct ts_spec_entry *e)
+{
+	json_t *list;
+
+	if (e->naxes == 0)
+		return json_null();
+	if (e->naxes == 1)
+		return json_string(m->axis_names[e->axes[0]]);
+	list = json_array();
+	for (int i = 0; list && i < e->naxes; i++)
+		if (json_array_append_new(list, json_string(m->axis_names[e->axes[i]])) != 0) {
+			json_decref(list);
+			return NULL;
+		}
+	return list;
+}
+
+static json_t *mesh_json(const struct ts_mesh *m)
+{
+	json_t *devs = json_array(), *names = json_array(), *shape = json_array(), *o;
+	bool ok = devs && names && shape;
+
+	for (int k = 0; ok && k < m->ndevices; k++)
+		ok = json_array_append_new(devs, json_string(ts_device_props(m->devices[k])->id)) == 0;
+	for (int a = 0; ok && a < m->naxes; a++)
+		ok = json_array_append_new(names, json_string(m->axis_names[a])) == 0 &&
+		     json_array_append_new(shape, json_integer(m->shape[a])) == 0;
+	o = ok ? json_object() : NULL;
+	if (o && (json_object_set(o, "devices", devs) != 0 ||
+	          json_object_set(o, "axis_names", names) != 0 ||
+	          json_object_set(o, "shape", shape) != 0)) {
+		json_decref(o);
+		o = NULL;
+	}
+	json_decref(devs);
+	json_decref(names);
+	json_decref(shape);
+	return o;
+}
+
+json_t *ts_h_sharding_json(const struct ts_sharding *s)
+{
+	json_t *o = json_object(), *spec = NULL, *mesh = NULL;
+	bool ok = o != NULL;
+
+	if (ok && s->type == TS_SHARDING_SINGLE) {
+		ok = json_object_set_new(o, "device", json_string(ts_device_props(s->device)->id)) == 0;
+	} else if (ok) {
+		mesh = mesh_json(&s->mesh);
+		spec = json_array();
+		ok = mesh && spec;
+		for (int d = 0; ok && d < s->spec_rank; d++)
+			ok = json_array_append_new(spec, spec_entry_json(&s->mesh, &s->spec[d])) == 0;
+		ok = ok && json_object_set(o, "mesh", mesh) == 0 && json_object_set(o, "spec", spec) == 0;
+	}
+	ok = ok && json_object_set_new(o, "memory_kind",
+	                               json_string(ts_memory_kind_name(s->memory_kind))) == 0;
+	json_decref(mesh);
+	json_decref(spec);
+	if (!ok) {
+		json_decref(o);
+		return NULL;
+	}
+	return o;
+}
