@@ -1,0 +1,165 @@
+/*
+ * operations.c - the operation resource: GET /v1/operations (newest first,
+ * filtered by state), GET /v1/operations/{operation} and
+ * POST /v1/operations/{operation}:cancel, and the rendering other handlers
+ * use to answer with an operation.
+ */
+#include "handlers/operations.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/units.h"
+#include "handlers/handlers.h"
+
+#define PAGE_SIZE_DEFAULT 100
+#define PAGE_SIZE_MAX 1000
+
+/* RFC 3339 UTC with microseconds; NULL for 0 (not yet), so that json_pack's
+ * "s:o*" leaves the member out. */
+static json_t *time_json(uint64_t ns)
+{
+	time_t secs = (time_t)(ns / 1000000000ull);
+	struct tm tm;
+	char buf[48];
+
+	if (!ns || !gmtime_r(&secs, &tm))
+		return NULL;
+	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
+	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	         (unsigned)(ns % 1000000000ull / 1000));
+	return json_string(buf);
+}
+
+static json_t *progress_json(const struct ts_op_snapshot *s)
+{
+	bool steps = strcmp(s->unit, "steps") == 0;
+
+	return json_pack("{s:I, s:I}", steps ? "steps_done" : "bytes_done",
+	                 (json_int_t)s->done_units, steps ? "steps_total" : "bytes_total",
+	                 (json_int_t)s->total_units);
+}
+
+/* The google.rpc.Status of a failed or cancelled operation (the "error"
+ * member of ts_error_to_json's body). */
+static json_t *status_json(const struct ts_error *err)
+{
+	json_t *body = ts_error_to_json(err, 0), *status;
+
+	status = json_incref(json_object_get(body, "error"));
+	json_decref(body);
+	return status;
+}
+
+json_t *ts_h_operation_json(const struct ts_operation *op)
+{
+	struct ts_op_snapshot s;
+	char name[64];
+	json_t *o;
+
+	ts_operation_snapshot(op, &s);
+	snprintf(name, sizeof name, "operations/%s", s.id);
+	o = json_pack("{s:s, s:s, s:s, s:b, s:s, s:o*, s:o*, s:o*, s:o*}",
+	              "name", name, "id", s.id, "kind", s.kind, "done", s.done,
+	              "state", ts_op_state_name(s.state), "progress", progress_json(&s),
+	              "create_time", time_json(s.create_ns), "start_time", time_json(s.start_ns),
+	              "end_time", time_json(s.end_ns));
+	if (o && s.target[0])
+		json_object_set_new(o, "target", json_string(s.target));
+	if (o && (s.state == TS_OP_FAILED || s.state == TS_OP_CANCELLED))
+		json_object_set_new(o, "error", status_json(&s.error));
+	if (o && s.state == TS_OP_SUCCEEDED)
+		json_object_set(o, "result", s.result ? s.result : json_object());
+	ts_op_snapshot_release(&s);
+	return o;
+}
+
+void ts_h_reply_operation(struct ts_reply *reply, struct ts_operation *op, bool finished)
+{
+	char loc[96];
+
+	ts_reply_json(reply, finished ? TS_HTTP_OK : TS_HTTP_ACCEPTED, ts_h_operation_json(op));
+	if (finished || reply->kind != TS_REPLY_JSON)
+		return;
+	snprintf(loc, sizeof loc, "/v1/operations/%s", ts_operation_id(op));
+	ts_reply_header(reply, "Location", loc);
+}
+
+/* The operation named by the path (new reference), or NULL after a 404. */
+static struct ts_operation *operation_from_path(const struct ts_call *call,
+                                                struct ts_reply *reply)
+{
+	const char *id = ts_call_param(call, "operation");
+	struct ts_operation *op = id ? ts_op_get(call->core->operations, id) : NULL;
+
+	if (!op)
+		ts_reply_fail(reply, TS_NOT_FOUND, "OPERATION_NOT_FOUND",
+		              "operation '%.128s' not found", id ? id : "");
+	return op;
+}
+
+/* ---- GET /v1/operations ----------------------------------------------------------- */
+
+void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *state_s = ts_call_query(call, "state"), *size_s = ts_call_query(call, "page_size");
+	enum ts_op_state state;
+	struct ts_operation **ops;
+	struct ts_error err;
+	long page = PAGE_SIZE_DEFAULT;
+	json_t *list;
+	size_t n;
+
+	ts_error_clear(&err);
+	if (size_s && !ts_parse_long(size_s, 1, PAGE_SIZE_MAX, &page)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_SIZE",
+		              "page_size '%.64s' is not an integer in 1..%d", size_s, PAGE_SIZE_MAX);
+		return;
+	}
+	if (state_s && *state_s && !ts_op_state_parse(state_s, &state)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_STATE",
+		              "state '%.64s' is not one of PENDING, RUNNING, SUCCEEDED, FAILED, "
+		              "CANCELLED", state_s);
+		return;
+	}
+	if (ts_op_list(call->core->operations, state_s && *state_s ? (int)state : -1,
+	               (size_t)page, &ops, &n, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
+	}
+	list = json_array();
+	for (size_t i = 0; list && i < n; i++)
+		json_array_append_new(list, ts_h_operation_json(ops[i]));
+	ts_op_list_free(ops, n);
+	ts_reply_json(reply, TS_HTTP_OK, json_pack("{s:o*}", "operations", list));
+}
+
+/* ---- GET /v1/operations/{operation} ------------------------------------------------ */
+
+void ts_h_operations_get(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_operation *op = operation_from_path(call, reply);
+
+	if (!op)
+		return;
+	ts_reply_json(reply, TS_HTTP_OK, ts_h_operation_json(op));
+	ts_operation_unref(op);
+}
+
+/* ---- POST /v1/operations/{operation}:cancel ---------------------------------------- */
+
+void ts_h_operations_cancel(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_operation *op = operation_from_path(call, reply);
+	struct ts_error err;
+
+	if (!op)
+		return;
+	ts_error_clear(&err);
+	if (ts_operation_cancel(op, &err) != TS_OK)
+		ts_reply_error(reply, &err);
+	else
+		ts_reply_json(reply, TS_HTTP_OK, ts_h_operation_json(op));
+	ts_operation_unref(op);
+}

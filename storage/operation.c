@@ -1,0 +1,970 @@
+/*
+ * operation.c - the operation registry: every operation listed in creation
+ * order and hashed by id, a FIFO of pending ones, the worker threads that
+ * run them, target claims, waiters and retention.
+ *
+ * Each listed operation sits on exactly one state list of its registry: the
+ * queue (pending, not yet taken), the active list (taken by a worker or by a
+ * cancel, not yet finished) or the finished list (in order of finishing,
+ * which is what retention drops from). A target is claimed while its
+ * operation is on the queue or the active list.
+ *
+ * Locks, in the order they nest: the registry's lock (lists, hash, claims,
+ * counts), an operation's lock (state, times, outcome, waiters), its waking
+ * mutex (held while its waiters are called). A state change holds both
+ * locks, so the registry's counts agree with the states and a snapshot needs
+ * only the operation's lock. Progress, totals and the cancel flag are
+ * atomics. The registry holds one reference to each listed operation.
+ */
+#include "storage/operation.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+#include "common/units.h"
+
+/* A mutex that knows its holder, so that _locked functions can assert it. */
+struct lock {
+	pthread_mutex_t mu;
+	pthread_t holder;                   /* valid while held */
+	bool held;                          /* guarded by: mu */
+};
+
+static void lock_init(struct lock *l)
+{
+	pthread_mutex_init(&l->mu, NULL);
+	l->held = false;
+}
+
+static void lock_take(struct lock *l)
+{
+	pthread_mutex_lock(&l->mu);
+	l->holder = pthread_self();
+	l->held = true;
+}
+
+static void lock_drop(struct lock *l)
+{
+	l->held = false;
+	pthread_mutex_unlock(&l->mu);
+}
+
+/* Whether the calling thread holds l (only meaningful in assertions). */
+static bool lock_mine(const struct lock *l)
+{
+	return l->held && pthread_equal(l->holder, pthread_self());
+}
+
+/* Waits on c, releasing l meanwhile; until is CLOCK_MONOTONIC, or NULL for
+ * no deadline. Returns pthread_cond_timedwait's code. */
+static int lock_wait(struct lock *l, pthread_cond_t *c, const struct timespec *until)
+{
+	int rc;
+
+	l->held = false;
+	rc = until ? pthread_cond_timedwait(c, &l->mu, until) : pthread_cond_wait(c, &l->mu);
+	l->holder = pthread_self();
+	l->held = true;
+	return rc;
+}
+
+static void cond_init_monotonic(pthread_cond_t *c)
+{
+	pthread_condattr_t a;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(c, &a);
+	pthread_condattr_destroy(&a);
+}
+
+struct waiter {
+	struct waiter *next;
+	void (*wake)(void *token);
+	void *token;
+};
+
+enum where { WHERE_NONE = 0, WHERE_QUEUE, WHERE_ACTIVE, WHERE_FINISHED };
+
+struct ts_operation {
+	_Atomic uint32_t refs;
+	char id[40];                        /* immutable */
+	char kind[16];                      /* immutable */
+	char target[136];                   /* immutable; "" when none */
+	char unit[16];                      /* immutable */
+	uint64_t create_ns;                 /* immutable: wall clock */
+	ts_op_fn *fn;                       /* immutable */
+	void *arg;                          /* immutable; handed to release once */
+	void (*release)(void *arg);         /* immutable */
+	/* immutable; used only while the operation is unfinished, which the
+	 * registry outlives */
+	struct ts_op_registry *reg;
+
+	_Atomic uint64_t done_units, total_units;
+	_Atomic bool cancel;
+
+	struct lock lk;
+	pthread_cond_t finished_cv;         /* broadcast when state becomes final */
+	pthread_mutex_t waking;             /* held while waiters are called */
+	enum ts_op_state state;             /* guarded by: lk (and reg->lk to change) */
+	uint64_t start_ns, end_ns;          /* guarded by: lk */
+	struct ts_error error;              /* guarded by: lk */
+	json_t *result;                     /* guarded by: lk; own reference */
+	struct waiter *waiters;             /* guarded by: lk */
+
+	/* registry links, guarded by: reg->lk */
+	enum where where;
+	struct ts_operation *prev, *next;   /* on the state list `where` names */
+	struct ts_operation *older, *newer; /* every listed operation */
+	struct ts_operation *hnext;         /* hash chain */
+	uint64_t end_mono;                  /* when it finished (for retention) */
+};
+
+struct oplist {
+	struct ts_operation *head, *tail;
+	size_t n;
+};
+
+struct ts_op_registry {
+	struct ts_op_registry_config cfg;   /* immutable */
+	uint64_t salt;                      /* immutable: mixed into ids */
+	pthread_t *threads;                 /* immutable after new */
+	int nthreads;                       /* immutable after new */
+
+	struct lock lk;
+	pthread_cond_t work;                /* pending work, or shutdown */
+	struct oplist queue, active, finished;     /* guarded by: lk */
+	struct ts_operation *oldest, *newest;      /* guarded by: lk */
+	struct ts_operation **buckets;             /* guarded by: lk */
+	size_t nbuckets, count;                    /* guarded by: lk */
+	uint64_t next_seq;                         /* guarded by: lk */
+	uint64_t counts[TS_OP_CANCELLED + 1];      /* guarded by: lk */
+	bool shutdown;                             /* guarded by: lk */
+};
+
+const char *ts_op_state_name(enum ts_op_state s)
+{
+	switch (s) {
+	case TS_OP_PENDING: return "PENDING";
+	case TS_OP_RUNNING: return "RUNNING";
+	case TS_OP_SUCCEEDED: return "SUCCEEDED";
+	case TS_OP_FAILED: return "FAILED";
+	case TS_OP_CANCELLED: return "CANCELLED";
+	}
+	return "UNKNOWN";
+}
+
+bool ts_op_state_parse(const char *name, enum ts_op_state *out)
+{
+	for (int s = TS_OP_PENDING; name && s <= TS_OP_CANCELLED; s++) {
+		if (strcmp(name, ts_op_state_name((enum ts_op_state)s)) == 0) {
+			*out = (enum ts_op_state)s;
+			return true;
+		}
+	}
+	return false;
+}
+
+static bool state_final(enum ts_op_state s)
+{
+	return s == TS_OP_SUCCEEDED || s == TS_OP_FAILED || s == TS_OP_CANCELLED;
+}
+
+/* ---- references --------------------------------------------------------------- */
+
+static void op_free(struct ts_operation *op)
+{
+	struct waiter *w = op->waiters;
+
+	while (w) {
+		struct waiter *next = w->next;
+
+		free(w);
+		w = next;
+	}
+	json_decref(op->result);
+	pthread_cond_destroy(&op->finished_cv);
+	pthread_mutex_destroy(&op->waking);
+	pthread_mutex_destroy(&op->lk.mu);
+	free(op);
+}
+
+struct ts_operation *ts_operation_ref(struct ts_operation *op)
+{
+	if (op)
+		atomic_fetch_add_explicit(&op->refs, 1, memory_order_relaxed);
+	return op;
+}
+
+void ts_operation_unref(struct ts_operation *op)
+{
+	if (op && atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) == 1)
+		op_free(op);
+}
+
+/* Drops the references of a chain linked through next (ops unlisted by
+ * retention), outside every lock. */
+static void unref_chain(struct ts_operation *op)
+{
+	while (op) {
+		struct ts_operation *next = op->next;
+
+		ts_operation_unref(op);
+		op = next;
+	}
+}
+
+const char *ts_operation_id(const struct ts_operation *op)
+{
+	return op->id;
+}
+
+/* ---- the registry's lists ------------------------------------------------------- */
+
+static void oplist_push_locked(struct ts_op_registry *r, struct oplist *l,
+                               struct ts_operation *op, enum where w)
+{
+	assert(lock_mine(&r->lk) && op->where == WHERE_NONE);
+	op->prev = l->tail;
+	op->next = NULL;
+	if (l->tail)
+		l->tail->next = op;
+	else
+		l->head = op;
+	l->tail = op;
+	l->n++;
+	op->where = w;
+}
+
+static struct oplist *list_of_locked(struct ts_op_registry *r, enum where w)
+{
+	assert(lock_mine(&r->lk));
+	switch (w) {
+	case WHERE_QUEUE: return &r->queue;
+	case WHERE_ACTIVE: return &r->active;
+	case WHERE_FINISHED: return &r->finished;
+	case WHERE_NONE: break;
+	}
+	return NULL;
+}
+
+/* Takes op off whichever state list holds it. */
+static void oplist_remove_locked(struct ts_op_registry *r, struct ts_operation *op)
+{
+	struct oplist *l = list_of_locked(r, op->where);
+
+	if (!l)
+		return;
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		l->head = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	else
+		l->tail = op->prev;
+	l->n--;
+	op->prev = op->next = NULL;
+	op->where = WHERE_NONE;
+}
+
+static uint64_t hash_id(const char *id)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	for (; *id; id++)
+		h = (h ^ (unsigned char)*id) * 1099511628211ull;
+	return h;
+}
+
+/* Doubles the hash table when chains grow long; keeps the old one when out
+ * of memory (longer chains, same answers). */
+static void hash_grow_locked(struct ts_op_registry *r)
+{
+	size_t n = r->nbuckets * 2;
+	struct ts_operation **b;
+
+	assert(lock_mine(&r->lk));
+	if (r->count < r->nbuckets * 2)
+		return;
+	b = calloc(n, sizeof *b);
+	if (!b)
+		return;
+	for (size_t i = 0; i < r->nbuckets; i++) {
+		struct ts_operation *op = r->buckets[i];
+
+		while (op) {
+			struct ts_operation *next = op->hnext;
+			size_t k = hash_id(op->id) & (n - 1);
+
+			op->hnext = b[k];
+			b[k] = op;
+			op = next;
+		}
+	}
+	free(r->buckets);
+	r->buckets = b;
+	r->nbuckets = n;
+}
+
+static struct ts_operation **hash_slot_locked(struct ts_op_registry *r, const char *id)
+{
+	struct ts_operation **pp;
+
+	assert(lock_mine(&r->lk));
+	pp = &r->buckets[hash_id(id) & (r->nbuckets - 1)];
+	while (*pp && strcmp((*pp)->id, id) != 0)
+		pp = &(*pp)->hnext;
+	return pp;
+}
+
+/* Lists a new operation: hash, creation order, queue. Takes over one of its
+ * references. */
+static void insert_locked(struct ts_op_registry *r, struct ts_operation *op)
+{
+	struct ts_operation **pp;
+
+	assert(lock_mine(&r->lk));
+	hash_grow_locked(r);
+	pp = hash_slot_locked(r, op->id);
+	op->hnext = NULL;
+	*pp = op;
+	r->count++;
+	op->older = r->newest;
+	op->newer = NULL;
+	if (r->newest)
+		r->newest->newer = op;
+	else
+		r->oldest = op;
+	r->newest = op;
+	oplist_push_locked(r, &r->queue, op, WHERE_QUEUE);
+	r->counts[TS_OP_PENDING]++;
+}
+
+/* Unlists a finished operation; the caller drops the registry's reference
+ * (after unlocking). */
+static void unlist_locked(struct ts_op_registry *r, struct ts_operation *op)
+{
+	struct ts_operation **pp = hash_slot_locked(r, op->id);
+
+	assert(*pp == op && op->where == WHERE_FINISHED);
+	*pp = op->hnext;
+	r->count--;
+	if (op->older)
+		op->older->newer = op->newer;
+	else
+		r->oldest = op->newer;
+	if (op->newer)
+		op->newer->older = op->older;
+	else
+		r->newest = op->older;
+	op->older = op->newer = NULL;
+	oplist_remove_locked(r, op);
+	r->counts[op->state]--;   /* final states change no more: no op lock needed */
+}
+
+/*
+ * Retention: unlists finished operations past keep_finished or older than
+ * keep_ns, oldest first. Returns them chained through next, each still with
+ * the registry's reference, to be dropped after unlocking (unref_chain).
+ */
+static struct ts_operation *prune_locked(struct ts_op_registry *r)
+{
+	uint64_t now = ts_now_ns();
+	struct ts_operation *dropped = NULL, **tail = &dropped;
+
+	assert(lock_mine(&r->lk));
+	while (r->finished.head) {
+		struct ts_operation *op = r->finished.head;
+		bool too_many = r->finished.n > r->cfg.keep_finished;
+		bool too_old = r->cfg.keep_ns && now - op->end_mono > r->cfg.keep_ns;
+
+		if (!too_many && !too_old)
+			break;
+		unlist_locked(r, op);
+		*tail = op;
+		tail = &op->next;
+	}
+	return dropped;
+}
+
+/* The pending or running operation claiming target, or NULL. */
+static struct ts_operation *claim_holder_locked(struct ts_op_registry *r, const char *target)
+{
+	const struct oplist *lists[2] = {&r->queue, &r->active};
+
+	assert(lock_mine(&r->lk));
+	if (!target || !*target)
+		return NULL;
+	for (int i = 0; i < 2; i++)
+		for (struct ts_operation *op = lists[i]->head; op; op = op->next)
+			if (strcmp(op->target, target) == 0)
+				return op;
+	return NULL;
+}
+
+/* Changes op's state (both locks held) and the registry's counts. */
+static void set_state_locked(struct ts_op_registry *r, struct ts_operation *op,
+                             enum ts_op_state s)
+{
+	assert(lock_mine(&r->lk) && lock_mine(&op->lk));
+	r->counts[op->state]--;
+	r->counts[s]++;
+	op->state = s;
+}
+
+/* ---- finishing ------------------------------------------------------------------- */
+
+/* Records the outcome of a run that returned st with err. */
+static void record_outcome_locked(struct ts_op_registry *r, struct ts_operation *op,
+                                  ts_status st, const struct ts_error *err)
+{
+	assert(lock_mine(&op->lk));
+	ts_error_clear(&op->error);
+	if (st == TS_OK) {
+		set_state_locked(r, op, TS_OP_SUCCEEDED);
+		return;
+	}
+	json_decref(op->result);
+	op->result = NULL;
+	if (st == TS_CANCELLED) {
+		set_state_locked(r, op, TS_OP_CANCELLED);
+		ts_error_set(&op->error, TS_CANCELLED, "OPERATION_CANCELLED",
+		             "operation %s was cancelled", op->id);
+		return;
+	}
+	set_state_locked(r, op, TS_OP_FAILED);
+	if (err && err->status != TS_OK)
+		op->error = *err;
+	else
+		ts_error_set(&op->error, st, "OPERATION_FAILED", "operation %s failed", op->id);
+}
+
+/*
+ * Finishes an operation taken off the queue (on the active list), after its
+ * release ran: records the outcome, frees its target, wakes its waiters once
+ * and applies retention. The caller holds a reference to op.
+ */
+static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_status st,
+                      const struct ts_error *err)
+{
+	struct ts_operation *dropped;
+	struct waiter *w;
+
+	lock_take(&r->lk);
+	lock_take(&op->lk);
+	oplist_remove_locked(r, op);
+	record_outcome_locked(r, op, st, err);
+	op->end_ns = ts_wall_ns();
+	op->end_mono = ts_now_ns();
+	oplist_push_locked(r, &r->finished, op, WHERE_FINISHED);
+	w = op->waiters;
+	op->waiters = NULL;
+	pthread_cond_broadcast(&op->finished_cv);
+	/* taken before the waiter list leaves the lock: an unwait that no
+	 * longer finds its waiter waits for the calls below to end */
+	pthread_mutex_lock(&op->waking);
+	lock_drop(&op->lk);
+	dropped = prune_locked(r);
+	lock_drop(&r->lk);
+	while (w) {
+		struct waiter *next = w->next;
+
+		w->wake(w->token);
+		free(w);
+		w = next;
+	}
+	pthread_mutex_unlock(&op->waking);
+	unref_chain(dropped);
+}
+
+/* Runs (or, when cancelled before it started, skips) the work of an operation
+ * the caller took to the active list with a reference, then finishes it and
+ * drops that reference. */
+static void op_run(struct ts_op_registry *r, struct ts_operation *op, bool start)
+{
+	struct ts_error err;
+	ts_status st = TS_CANCELLED;
+
+	ts_error_clear(&err);
+	if (start)
+		st = op->fn(op, op->arg, &err);
+	if (op->release)
+		op->release(op->arg);
+	op_finish(r, op, st, &err);
+	ts_operation_unref(op);
+}
+
+/* Takes the head of the queue to the active list, with a reference for the
+ * worker; starts it unless cancellation came first. Returns whether to run
+ * the work. */
+static bool take_locked(struct ts_op_registry *r, struct ts_operation *op)
+{
+	bool start;
+
+	assert(lock_mine(&r->lk));
+	oplist_remove_locked(r, op);
+	oplist_push_locked(r, &r->active, op, WHERE_ACTIVE);
+	ts_operation_ref(op);
+	lock_take(&op->lk);
+	start = !atomic_load(&op->cancel);
+	if (start) {
+		set_state_locked(r, op, TS_OP_RUNNING);
+		op->start_ns = ts_wall_ns();
+	}
+	lock_drop(&op->lk);
+	return start;
+}
+
+static void *worker_main(void *arg)
+{
+	struct ts_op_registry *r = arg;
+
+	lock_take(&r->lk);
+	for (;;) {
+		struct ts_operation *op;
+		bool start;
+
+		while (!r->shutdown && !r->queue.head)
+			lock_wait(&r->lk, &r->work, NULL);
+		op = r->queue.head;
+		if (!op)
+			break;
+		start = take_locked(r, op);
+		lock_drop(&r->lk);
+		op_run(r, op, start);
+		lock_take(&r->lk);
+	}
+	lock_drop(&r->lk);
+	return NULL;
+}
+
+/* ---- the registry ------------------------------------------------------------------ */
+
+static uint64_t mix64(uint64_t x)
+{
+	/* splitmix64's finaliser: a bijection, so distinct inputs give distinct ids */
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ull;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebull;
+	x ^= x >> 31;
+	return x;
+}
+
+static void registry_destroy(struct ts_op_registry *r)
+{
+	pthread_cond_destroy(&r->work);
+	pthread_mutex_destroy(&r->lk.mu);
+	free(r->buckets);
+	free(r->threads);
+	free(r);
+}
+
+ts_status ts_op_registry_new(const struct ts_op_registry_config *cfg,
+                             struct ts_op_registry **out, struct ts_error *err)
+{
+	struct ts_op_registry *r;
+	int rc = 0;
+
+	*out = NULL;
+	if (cfg->workers < 1 || cfg->workers > 1024)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WORKERS",
+		                    "operation workers %d is not in 1..1024", cfg->workers);
+	r = calloc(1, sizeof *r);
+	if (!r)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for the operation registry");
+	r->cfg = *cfg;
+	if (getrandom(&r->salt, sizeof r->salt, GRND_NONBLOCK) != (ssize_t)sizeof r->salt)
+		r->salt = mix64(ts_wall_ns() ^ (uint64_t)(uintptr_t)r);
+	lock_init(&r->lk);
+	cond_init_monotonic(&r->work);
+	r->nbuckets = 64;
+	r->buckets = calloc(r->nbuckets, sizeof *r->buckets);
+	r->threads = calloc((size_t)cfg->workers, sizeof *r->threads);
+	if (!r->buckets || !r->threads) {
+		registry_destroy(r);
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for the operation registry");
+	}
+	for (; r->nthreads < cfg->workers; r->nthreads++) {
+		rc = pthread_create(&r->threads[r->nthreads], NULL, worker_main, r);
+		if (rc)
+			break;
+	}
+	if (rc) {
+		int failed = r->nthreads + 1;
+
+		ts_op_registry_free(r);   /* joins the workers that started */
+		return ts_error_set(err, ts_status_from_errno(rc), "THREAD_CREATE",
+		                    "cannot start operation worker %d of %d: %s", failed,
+		                    cfg->workers, strerror(rc));
+	}
+	*out = r;
+	return TS_OK;
+}
+
+void ts_op_registry_free(struct ts_op_registry *r)
+{
+	if (!r)
+		return;
+	/* flag everything; then cancel the queue here, one by one (a worker
+	 * that takes one first skips its work, seeing the flag) */
+	lock_take(&r->lk);
+	r->shutdown = true;
+	for (struct ts_operation *op = r->queue.head; op; op = op->next)
+		atomic_store(&op->cancel, true);
+	for (struct ts_operation *op = r->active.head; op; op = op->next)
+		atomic_store(&op->cancel, true);
+	pthread_cond_broadcast(&r->work);
+	while (r->queue.head) {
+		struct ts_operation *op = r->queue.head;
+		bool start = take_locked(r, op);
+
+		lock_drop(&r->lk);
+		op_run(r, op, start);
+		lock_take(&r->lk);
+	}
+	lock_drop(&r->lk);
+	for (int i = 0; i < r->nthreads; i++)
+		pthread_join(r->threads[i], NULL);
+	/* nothing runs now: drop the registry's references */
+	for (struct ts_operation *op = r->oldest, *next; op; op = next) {
+		next = op->newer;
+		ts_operation_unref(op);
+	}
+	registry_destroy(r);
+}
+
+/* ---- submitting and finding ----------------------------------------------------------- */
+
+static ts_status check_word(const char *what, const char *s, size_t cap, bool empty_ok,
+                            struct ts_error *err)
+{
+	size_t n = s ? strlen(s) : 0;
+
+	if (!empty_ok && n == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPERATION",
+		                    "operation %s is empty", what);
+	if (n >= cap)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPERATION",
+		                    "operation %s '%.40s...' is longer than %zu bytes", what, s,
+		                    cap - 1);
+	return TS_OK;
+}
+
+static struct ts_operation *op_new(struct ts_op_registry *r, const char *kind,
+                                   const char *target, uint64_t total, const char *unit,
+                                   ts_op_fn *fn, void *arg, void (*release)(void *arg))
+{
+	struct ts_operation *op = calloc(1, sizeof *op);
+
+	if (!op)
+		return NULL;
+	atomic_init(&op->refs, 1);
+	snprintf(op->kind, sizeof op->kind, "%s", kind);
+	snprintf(op->target, sizeof op->target, "%s", target ? target : "");
+	snprintf(op->unit, sizeof op->unit, "%s", unit && *unit ? unit : "bytes");
+	op->create_ns = ts_wall_ns();
+	op->fn = fn;
+	op->arg = arg;
+	op->release = release;
+	op->reg = r;
+	atomic_init(&op->done_units, 0);
+	atomic_init(&op->total_units, total);
+	atomic_init(&op->cancel, false);
+	lock_init(&op->lk);
+	cond_init_monotonic(&op->finished_cv);
+	pthread_mutex_init(&op->waking, NULL);
+	op->state = TS_OP_PENDING;
+	ts_error_clear(&op->error);
+	return op;
+}
+
+ts_status ts_op_submit(struct ts_op_registry *r, const char *kind, const char *target,
+                       uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                       void (*release)(void *arg), struct ts_operation **out,
+                       struct ts_error *err)
+{
+	struct ts_operation *op, *holder;
+	ts_status st;
+
+	if (out)
+		*out = NULL;
+	if ((st = check_word("kind", kind, sizeof op->kind, false, err)) != TS_OK ||
+	    (st = check_word("target", target, sizeof op->target, true, err)) != TS_OK ||
+	    (st = check_word("unit", unit, sizeof op->unit, true, err)) != TS_OK)
+		return st;
+	if (!fn)
+		return ts_error_set(err, TS_INTERNAL, "BAD_OPERATION", "operation has no work");
+	op = op_new(r, kind, target, total, unit, fn, arg, release);
+	if (!op)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for a %s operation", kind);
+	lock_take(&r->lk);
+	if (r->shutdown) {
+		st = ts_error_set(err, TS_UNAVAILABLE, "SHUTTING_DOWN",
+		                  "operations are shutting down; %s not started", kind);
+		goto out_unlock;
+	}
+	holder = claim_holder_locked(r, op->target);
+	if (holder) {
+		st = ts_error_set(err, TS_ABORTED, "TARGET_BUSY",
+		                  "array '%s' has operation %s in flight", op->target, holder->id);
+		ts_error_meta(err, "operation", "%s", holder->id);
+		goto out_unlock;
+	}
+	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
+	insert_locked(r, op);   /* the registry's reference */
+	if (out)
+		*out = ts_operation_ref(op);
+	pthread_cond_signal(&r->work);
+	op = NULL;
+out_unlock:
+	lock_drop(&r->lk);
+	if (op)
+		op_free(op);   /* never listed: its arg stays the caller's */
+	return st;
+}
+
+struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)
+{
+	struct ts_operation *op, *dropped;
+
+	if (!id)
+		return NULL;
+	lock_take(&r->lk);
+	dropped = prune_locked(r);
+	op = ts_operation_ref(*hash_slot_locked(r, id));
+	lock_drop(&r->lk);
+	unref_chain(dropped);
+	return op;
+}
+
+ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
+                     struct ts_operation ***out, size_t *n, struct ts_error *err)
+{
+	struct ts_operation **ops = NULL, *dropped;
+	ts_status st = TS_OK;
+	size_t k = 0;
+
+	*out = NULL;
+	*n = 0;
+	if (only < -1 || only > TS_OP_CANCELLED)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_STATE",
+		                    "operation state %d is not one of the five", only);
+	lock_take(&r->lk);
+	dropped = prune_locked(r);
+	if (limit > r->count)
+		limit = r->count;
+	ops = malloc((limit ? limit : 1) * sizeof *ops);
+	if (!ops) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                  "no memory to list %zu operations", limit);
+		goto out_unlock;
+	}
+	for (struct ts_operation *op = r->newest; op && k < limit; op = op->older) {
+		/* a state changes only under the registry's lock too */
+		if (only < 0 || op->state == (enum ts_op_state)only)
+			ops[k++] = ts_operation_ref(op);
+	}
+	*out = ops;
+	*n = k;
+out_unlock:
+	lock_drop(&r->lk);
+	unref_chain(dropped);
+	return st;
+}
+
+void ts_op_list_free(struct ts_operation **ops, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		ts_operation_unref(ops[i]);
+	free(ops);
+}
+
+void ts_op_counts(struct ts_op_registry *r, uint64_t *counts)
+{
+	struct ts_operation *dropped;
+
+	lock_take(&r->lk);
+	dropped = prune_locked(r);
+	memcpy(counts, r->counts, sizeof r->counts);
+	lock_drop(&r->lk);
+	unref_chain(dropped);
+}
+
+/* ---- an operation ----------------------------------------------------------------------- */
+
+void ts_operation_progress_add(struct ts_operation *op, uint64_t units)
+{
+	atomic_fetch_add_explicit(&op->done_units, units, memory_order_relaxed);
+}
+
+void ts_operation_progress_set(struct ts_operation *op, uint64_t units)
+{
+	atomic_store_explicit(&op->done_units, units, memory_order_relaxed);
+}
+
+void ts_operation_total_set(struct ts_operation *op, uint64_t total)
+{
+	atomic_store_explicit(&op->total_units, total, memory_order_relaxed);
+}
+
+bool ts_operation_cancelled(const struct ts_operation *op)
+{
+	return atomic_load_explicit(&op->cancel, memory_order_acquire);
+}
+
+/* Cancels a pending operation now unless a worker took it meanwhile (which
+ * then sees the flag and skips the work). */
+static void cancel_pending(struct ts_op_registry *r, struct ts_operation *op)
+{
+	bool mine = false;
+
+	lock_take(&r->lk);
+	if (op->where == WHERE_QUEUE) {
+		oplist_remove_locked(r, op);
+		oplist_push_locked(r, &r->active, op, WHERE_ACTIVE);
+		ts_operation_ref(op);
+		mine = true;
+	}
+	lock_drop(&r->lk);
+	if (mine)
+		op_run(r, op, false);
+}
+
+ts_status ts_operation_cancel(struct ts_operation *op, struct ts_error *err)
+{
+	enum ts_op_state s;
+
+	lock_take(&op->lk);
+	s = op->state;
+	if (!state_final(s))
+		atomic_store_explicit(&op->cancel, true, memory_order_release);
+	lock_drop(&op->lk);
+	if (state_final(s))
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "OPERATION_FINISHED",
+		                    "operation %s has already finished", op->id);
+	if (s == TS_OP_PENDING)
+		cancel_pending(op->reg, op);
+	return TS_OK;
+}
+
+void ts_operation_set_result(struct ts_operation *op, json_t *result)
+{
+	json_t *old;
+
+	lock_take(&op->lk);
+	old = op->result;
+	op->result = result;
+	lock_drop(&op->lk);
+	json_decref(old);
+}
+
+/* ---- waiting ------------------------------------------------------------------------------ */
+
+bool ts_operation_wait(struct ts_operation *op, void (*wake)(void *token), void *token)
+{
+	struct waiter *w = malloc(sizeof *w);
+	bool added = false;
+
+	if (!w)
+		return false;
+	w->wake = wake;
+	w->token = token;
+	lock_take(&op->lk);
+	if (!state_final(op->state)) {
+		w->next = op->waiters;
+		op->waiters = w;
+		added = true;
+	}
+	lock_drop(&op->lk);
+	if (!added)
+		free(w);
+	return added;
+}
+
+void ts_operation_unwait(struct ts_operation *op, void (*wake)(void *token), void *token)
+{
+	struct waiter *gone = NULL;
+
+	lock_take(&op->lk);
+	for (struct waiter **pp = &op->waiters; *pp;) {
+		struct waiter *w = *pp;
+
+		if (w->wake == wake && w->token == token) {
+			*pp = w->next;
+			w->next = gone;
+			gone = w;
+		} else {
+			pp = &w->next;
+		}
+	}
+	lock_drop(&op->lk);
+	/* when the finisher took the list first, wait for its calls to end */
+	pthread_mutex_lock(&op->waking);
+	pthread_mutex_unlock(&op->waking);
+	while (gone) {
+		struct waiter *next = gone->next;
+
+		free(gone);
+		gone = next;
+	}
+}
+
+bool ts_operation_block(struct ts_operation *op, uint64_t timeout_ns)
+{
+	uint64_t now = ts_now_ns(), cap = 100ull * 365 * 24 * 3600 * 1000000000ull;
+	uint64_t until = now + (timeout_ns < cap ? timeout_ns : cap);
+	struct timespec ts = {.tv_sec = (time_t)(until / 1000000000ull),
+	                      .tv_nsec = (long)(until % 1000000000ull)};
+	bool done;
+
+	lock_take(&op->lk);
+	while (!state_final(op->state))
+		if (lock_wait(&op->lk, &op->finished_cv, &ts) == ETIMEDOUT)
+			break;
+	done = state_final(op->state);
+	lock_drop(&op->lk);
+	return done;
+}
+
+/* ---- rendering ------------------------------------------------------------------------------- */
+
+void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot *out)
+{
+	struct ts_operation *o = (struct ts_operation *)op;   /* its lock only */
+
+	memset(out, 0, sizeof *out);
+	snprintf(out->id, sizeof out->id, "%s", op->id);
+	snprintf(out->kind, sizeof out->kind, "%s", op->kind);
+	snprintf(out->target, sizeof out->target, "%s", op->target);
+	snprintf(out->unit, sizeof out->unit, "%s", op->unit);
+	out->create_ns = op->create_ns;
+	lock_take(&o->lk);
+	out->state = op->state;
+	out->start_ns = op->start_ns;
+	out->end_ns = op->end_ns;
+	out->error = op->error;
+	out->result = op->state == TS_OP_SUCCEEDED ? json_incref(op->result) : NULL;
+	lock_drop(&o->lk);
+	out->done = state_final(out->state);
+	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);
+	out->total_units = atomic_load_explicit(&o->total_units, memory_order_relaxed);
+}
+
+void ts_op_snapshot_release(struct ts_op_snapshot *s)
+{
+	json_decref(s->result);
+	s->result = NULL;
+}
