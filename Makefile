@@ -79,7 +79,7 @@ BENCH_COMMON := tests/bench/benchlib.c
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CURL_LIBS  := $(shell pkg-config --libs libcurl 2>/dev/null)
 
-.PHONY: all run test unit integration bench clean deps fuzz
+.PHONY: all run test unit integration bench clean deps fuzz gpu-bundle
 all: $(DAEMON)
 
 deps:
@@ -122,6 +122,7 @@ FUZZ_units   := common/units.c
 FUZZ_config  := server/config.c common/units.c
 FUZZ_npy     := storage/npy.c storage/dtype.c
 FUZZ_safetensors := storage/safetensors.c storage/dtype.c
+FUZZ_sharding := handlers/sharding_json.c storage/sharding.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)
@@ -149,6 +150,10 @@ test: deps
 bench: deps
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@tests/bench/run.sh $(BUILD)
+
+# A folder to carry to a CUDA machine without a package registry (tests/gpu/run.sh).
+gpu-bundle: all $(UNIT_BIN) $(IT_BIN) $(BENCH_BIN)
+	@tests/gpu/bundle.sh $(BUILD) $(BUILD)/gpu-bundle
 
 clean:
 	rm -rf build

@@ -34,11 +34,14 @@ static void reply_reset_body(struct ts_reply *r)
 		r->stream.release(r->stream.state);
 	if (r->parts.release)
 		r->parts.release(r->parts.cls);
+	if (r->suspend.release)
+		r->suspend.release(r->suspend.state);
 	r->json = NULL;
 	r->text = NULL;
 	r->text_len = 0;
 	memset(&r->stream, 0, sizeof r->stream);
 	memset(&r->parts, 0, sizeof r->parts);
+	memset(&r->suspend, 0, sizeof r->suspend);
 }
 
 void ts_reply_release(struct ts_reply *r)
@@ -55,6 +58,13 @@ void ts_reply_stream(struct ts_reply *r, enum ts_http_ok ok, const char *content
 	r->ok = ok;
 	r->content_type = content_type;
 	r->stream = *stream;
+}
+
+void ts_reply_suspend(struct ts_reply *r, const struct ts_suspend *s)
+{
+	reply_reset_body(r);
+	r->kind = TS_REPLY_SUSPEND;
+	r->suspend = *s;
 }
 
 void ts_reply_buffers(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,

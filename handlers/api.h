@@ -26,9 +26,12 @@
 #include "device/device.h"
 
 struct ts_memory;
+struct ts_reply;
 struct ts_view_cache;
 struct ts_catalog;
 struct ts_stager;
+struct ts_op_registry;
+struct ts_sharding_registry;
 
 /* The core objects every handler may use; immutable after start (the
  * objects they point to are thread-safe). */
@@ -38,6 +41,8 @@ struct ts_core {
 	struct ts_view_cache *memory_view;   /* handlers/memory.c */
 	struct ts_catalog *catalog;
 	struct ts_stager *stager;
+	struct ts_op_registry *operations;   /* long-running operations (storage/operation.h) */
+	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;
@@ -80,6 +85,26 @@ enum ts_reply_kind {
 	TS_REPLY_ERROR,
 	TS_REPLY_STREAM,    /* bytes produced by a reader callback as they are sent */
 	TS_REPLY_BUFFERS,   /* up to TS_REPLY_MAX_PARTS borrowed buffers, sent in place */
+	TS_REPLY_SUSPEND,   /* no answer yet: the connection waits, no thread does */
+};
+
+/*
+ * A reply that waits for something (an operation to finish) without holding
+ * a server thread. The server suspends the connection, then calls
+ * arm(state, wake, token): arm arranges for wake(token) to be called once,
+ * from any thread, when the answer is ready, and returns false (arranging
+ * nothing) when it is ready already. If timeout_ns passes first, the server
+ * calls disarm(state, wake, token), after which wake must not be called. In
+ * both cases it then calls resume(state, timed_out, reply) on a server
+ * thread to fill the real reply, and release(state) once at the end.
+ */
+struct ts_suspend {
+	uint64_t timeout_ns;
+	bool (*arm)(void *state, void (*wake)(void *token), void *token);
+	void (*disarm)(void *state, void (*wake)(void *token), void *token);
+	void (*resume)(void *state, bool timed_out, struct ts_reply *reply);
+	void (*release)(void *state);
+	void *state;
 };
 
 /*
@@ -123,6 +148,7 @@ struct ts_reply {
 	struct ts_error error;       /* TS_REPLY_ERROR */
 	struct ts_stream stream;     /* TS_REPLY_STREAM (owned: released with the reply) */
 	struct ts_parts parts;       /* TS_REPLY_BUFFERS (owned likewise) */
+	struct ts_suspend suspend;   /* TS_REPLY_SUSPEND (owned likewise) */
 	int nheaders;
 	struct {
 		char name[40];
@@ -188,6 +214,9 @@ void ts_reply_stream(struct ts_reply *r, enum ts_http_ok ok, const char *content
 /* Answers with borrowed buffers; the reply owns parts->cls from now on. */
 void ts_reply_buffers(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,
                       const struct ts_parts *parts);
+
+/* Answers later (see struct ts_suspend); the reply owns s->state now. */
+void ts_reply_suspend(struct ts_reply *r, const struct ts_suspend *s);
 
 /* Adds a response header (copied; dropped past TS_REPLY_MAX_HEADERS). */
 void ts_reply_header(struct ts_reply *r, const char *name, const char *value);

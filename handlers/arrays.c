@@ -13,7 +13,8 @@
 #include <time.h>
 
 #include "common/units.h"
-#include "storage/stage.h"
+#include "handlers/sharding_json.h"
+#include "storage/array_io.h"
 
 /* ---- shared helpers ---------------------------------------------------------- */
 
@@ -21,20 +22,46 @@ ts_status ts_h_placement(const struct ts_core *core, const char *device,
                          const char *memory_kind, struct ts_placement *out,
                          struct ts_error *err)
 {
-	out->device = core->default_device;
-	out->kind = core->default_memory_kind;
-	out->committed = (device && *device) || (memory_kind && *memory_kind);
+	struct ts_device *dev = core->default_device;
+	enum ts_memory_kind kind = core->default_memory_kind;
+
 	if (device && *device) {
-		out->device = ts_device_set_find(core->devices, device);
-		if (!out->device)
+		dev = ts_device_set_find(core->devices, device);
+		if (!dev)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "device '%s' is not a device of this node", device);
 	}
-	if (memory_kind && *memory_kind && !ts_memory_kind_parse(memory_kind, &out->kind))
+	if (memory_kind && *memory_kind && !ts_memory_kind_parse(memory_kind, &kind))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
 		                    "memory_kind '%s' is not one of device, pinned_host, unpinned_host",
 		                    memory_kind);
+	ts_placement_single(out, dev, kind, (device && *device) || (memory_kind && *memory_kind));
 	return TS_OK;
+}
+
+ts_status ts_h_placement_query(const struct ts_call *call, struct ts_placement *out,
+                               struct ts_error *err)
+{
+	const char *sh = ts_call_query(call, "sharding");
+	const char *dev = ts_call_query(call, "device"), *kind = ts_call_query(call, "memory_kind");
+	json_error_t jerr;
+	json_t *j;
+	ts_status st;
+
+	if (!sh || !*sh)
+		return ts_h_placement(call->core, dev, kind, out, err);
+	if ((dev && *dev) || (kind && *kind))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT",
+		                    "give either ?sharding= or ?device=/?memory_kind=, not both");
+	j = sh[0] == '{' ? json_loads(sh, JSON_REJECT_DUPLICATES, &jerr) : json_string(sh);
+	if (!j)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+		                    "?sharding= is neither a saved sharding's name nor JSON: %s",
+		                    jerr.text);
+	out->committed = true;
+	st = ts_h_sharding_resolve(call->core, j, &out->sharding, err);
+	json_decref(j);
+	return st;
 }
 
 ts_status ts_h_parse_shape(const char *s, int *rank, uint64_t *shape, struct ts_error *err)
@@ -111,23 +138,41 @@ static json_t *shape_json(int rank, const uint64_t *shape)
 	return a;
 }
 
+static json_t *shards_json(const struct ts_array *a)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+	const char *kind = ts_memory_kind_name(ts_array_placement(a)->sharding.memory_kind);
+	json_t *list = json_array();
+
+	for (int i = 0; list && i < ts_array_nshards(a); i++) {
+		const struct ts_shard_box *b = ts_array_box(a, i);
+		json_t *index = json_array();
+
+		for (int k = 0; index && k < d->rank; k++)
+			json_array_append_new(index, json_pack("[I, I]", (json_int_t)b->start[k],
+			                                       (json_int_t)(b->start[k] + b->count[k])));
+		json_array_append_new(list, json_pack("{s:s, s:s, s:o*, s:i, s:I}",
+		                                      "device", ts_device_props(b->device)->id,
+		                                      "memory_kind", kind, "index", index,
+		                                      "replica", b->replica,
+		                                      "nbytes", (json_int_t)ts_buffer_size(
+		                                              ts_array_shard_buffer(a, i))));
+	}
+	return list;
+}
+
 json_t *ts_h_array_json(const struct ts_array *a)
 {
 	const struct ts_array_desc *d = ts_array_desc(a);
 	const struct ts_placement *p = ts_array_placement(a);
-	const char *dev = ts_device_props(p->device)->id, *kind = ts_memory_kind_name(p->kind);
-	json_t *o, *index = json_array();
+	json_t *o;
 
-	for (int i = 0; index && i < d->rank; i++)
-		json_array_append_new(index, json_pack("[I, I]", (json_int_t)0, (json_int_t)d->shape[i]));
-	o = json_pack("{s:s, s:s, s:o*, s:I, s:{s:s, s:s}, s:b, s:[{s:s, s:s, s:o*, s:I}],"
-	              " s:I, s:s, s:o*, s:o*}",
+	o = json_pack("{s:s, s:s, s:o*, s:I, s:o*, s:b, s:o*, s:I, s:s, s:o*, s:o*}",
 	              "name", ts_array_name(a), "dtype", ts_dtype_name(d->dtype),
 	              "shape", shape_json(d->rank, d->shape), "nbytes", (json_int_t)d->nbytes,
-	              "sharding", "device", dev, "memory_kind", kind,
+	              "sharding", ts_h_sharding_json(&p->sharding),
 	              "committed", p->committed,
-	              "shards", "device", dev, "memory_kind", kind, "index", index,
-	              "nbytes", (json_int_t)d->nbytes,
+	              "shards", shards_json(a),
 	              "version", (json_int_t)ts_array_version(a), "etag", ts_array_etag(a),
 	              "create_time", time_json(ts_array_created_ns(a)),
 	              "update_time", time_json(ts_array_updated_ns(a)));
@@ -174,6 +219,39 @@ void ts_h_reply_array(struct ts_reply *reply, const struct ts_array *a, bool cre
 	ts_reply_header(reply, "Location", loc);
 }
 
+/* ---- GET /v1/arrays/{array}/sharding ------------------------------------------- */
+
+void ts_h_arrays_sharding(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_array *a = ts_h_array_from_path(call, reply);
+	const char *fmt = ts_call_query(call, "format");
+	const struct ts_array_desc *d;
+
+	if (!a)
+		return;
+	d = ts_array_desc(a);
+	if (fmt && strcmp(fmt, "text") == 0) {
+		const struct ts_sharding *s = &ts_array_placement(a)->sharding;
+		size_t need = ts_sharding_render_text(s, d->rank, d->shape, NULL, 0);
+		char *text = malloc(need + 1);
+
+		if (text)
+			ts_sharding_render_text(s, d->rank, d->shape, text, need + 1);
+		ts_reply_text_owned(reply, TS_HTTP_OK, "text/plain; charset=utf-8", text,
+		                    text ? strlen(text) : 0);
+	} else if (fmt && *fmt && strcmp(fmt, "json") != 0) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_FORMAT", "format '%s' is not one of json, text",
+		              fmt);
+	} else {
+		ts_reply_json(reply, TS_HTTP_OK,
+		              json_pack("{s:o*, s:b, s:o*}", "sharding",
+		                        ts_h_sharding_json(&ts_array_placement(a)->sharding),
+		                        "committed", ts_array_placement(a)->committed,
+		                        "shards", shards_json(a)));
+	}
+	ts_array_unref(a);
+}
+
 /* ---- GET /v1/arrays ----------------------------------------------------------- */
 
 struct list_filter {
@@ -185,9 +263,12 @@ struct list_filter {
 static bool list_keep(const struct ts_array *a, void *arg)
 {
 	const struct list_filter *f = arg;
-	const struct ts_placement *p = ts_array_placement(a);
 
-	return (!f->device || p->device == f->device) && (f->any_kind || p->kind == f->kind);
+	if (f->any_kind)
+		for (int k = 0; k < TS_MEM_KIND_COUNT; k++)
+			if (ts_array_on(a, f->device, (enum ts_memory_kind)k))
+				return true;
+	return !f->any_kind && ts_array_on(a, f->device, f->kind);
 }
 
 void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
@@ -355,8 +436,7 @@ static ts_status gather_copy(const struct ts_core *core, struct ts_array *dst,
 		runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};
 		at += len;
 	}
-	st = ts_stage_copy_runs(core->stager, ts_array_buffer(dst), ts_array_buffer(src), runs,
-	                        k, err);
+	st = ts_array_copy(core->stager, dst, NULL, src, runs, k, NULL, NULL, NULL, err);
 	free(runs);
 	return st;
 }

@@ -23,6 +23,11 @@ ts_status ts_h_placement(const struct ts_core *core, const char *device,
                          const char *memory_kind, struct ts_placement *out,
                          struct ts_error *err);
 
+/* The placement asked for by query parameters: ?sharding= (a saved
+ * sharding's name, or an inline JSON sharding), or ?device=&memory_kind=. */
+ts_status ts_h_placement_query(const struct ts_call *call, struct ts_placement *out,
+                               struct ts_error *err);
+
 /* Parses "8,6,16" (or "" for a scalar) into shape; INVALID_ARGUMENT naming
  * the bad entry. */
 ts_status ts_h_parse_shape(const char *s, int *rank, uint64_t *shape, struct ts_error *err);

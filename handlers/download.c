@@ -17,7 +17,7 @@
 #include <strings.h>
 
 #include "storage/npy.h"
-#include "storage/stage.h"
+#include "storage/array_io.h"
 
 #define READER_MAX_RUNS 4096
 
@@ -60,7 +60,7 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 {
 	struct reader *r = state;
 	size_t got = 0, nruns = 0;
-	struct ts_buffer *src = NULL;
+	const struct ts_array *src = NULL;
 
 	if (pos < r->prefix_len) {
 		got = r->prefix_len - pos < max ? (size_t)(r->prefix_len - pos) : max;
@@ -73,9 +73,9 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 
 		if (!r->run_left && !reader_next_run(r))
 			break;
-		if (src && src != ts_array_buffer(r->parts[r->cur].array))
+		if (src && src != r->parts[r->cur].array)
 			break;
-		src = ts_array_buffer(r->parts[r->cur].array);
+		src = r->parts[r->cur].array;
 		take = r->run_left < max - got ? r->run_left : max - got;
 		r->runs[nruns++] = (struct ts_run){.src_offset = r->run_off, .dst_offset = got,
 		                                   .len = take};
@@ -87,7 +87,7 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 	}
 	if (!got)
 		return -1;        /* the size promised more than the parts hold */
-	if (ts_stage_read_runs(r->stager, src, r->runs, nruns, buf, NULL) != TS_OK)
+	if (ts_array_read(r->stager, src, r->runs, nruns, buf, NULL) != TS_OK)
 		return -1;
 	return (long)got;
 }
@@ -165,7 +165,7 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_selection sel;
 	struct ts_stream stream;
 	struct ts_error err;
-	char shape[TS_MAX_RANK * 21 + 1], etag[32], *prefix = NULL;
+	char shape[TS_MAX_RANK * 21 + 3], etag[32], *prefix = NULL;
 	size_t prefix_len = 0, esize;
 	uint64_t off, len;
 	bool npy;
@@ -189,7 +189,8 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 		prefix_len = ts_npy_write_header(prefix, TS_NPY_HEADER_MAX, d->dtype, sel.out_rank,
 		                                 sel.out_shape);
 	}
-	if (ts_buffer_host_visible(ts_array_buffer(a)) && ts_selection_contiguous(&sel, esize, &off, &len)) {
+	if (ts_array_single_buffer(a) && ts_buffer_host_visible(ts_array_single_buffer(a)) &&
+	    ts_selection_contiguous(&sel, esize, &off, &len)) {
 		struct in_place *ip = malloc(sizeof *ip);
 		struct ts_parts parts = {0};
 
@@ -201,7 +202,7 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 		ip->prefix = prefix;
 		if (prefix_len)
 			parts.part[parts.n++] = (struct ts_part){prefix, prefix_len};
-		parts.part[parts.n++] = (struct ts_part){(char *)ts_buffer_data(ts_array_buffer(a)) + off,
+		parts.part[parts.n++] = (struct ts_part){(char *)ts_buffer_data(ts_array_single_buffer(a)) + off,
 		                                                (size_t)len};
 		parts.release = in_place_release;
 		parts.cls = ip;
@@ -225,7 +226,10 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 		ts_reply_stream(reply, TS_HTTP_OK, npy ? "application/x-npy" : "application/octet-stream",
 		                &stream);
 	}
-	ts_h_format_shape(shape, sizeof shape, sel.out_rank, sel.out_shape);
+	/* "[8,6,16]", "[]" for a scalar (a header value cannot be empty) */
+	shape[0] = '[';
+	ts_h_format_shape(shape + 1, sizeof shape - 2, sel.out_rank, sel.out_shape);
+	strcat(shape, "]");
 	ts_reply_header(reply, "X-Tstage-Dtype", ts_dtype_name(d->dtype));
 	ts_reply_header(reply, "X-Tstage-Shape", shape);
 	ts_reply_header(reply, "ETag", etag);

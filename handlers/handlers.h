@@ -29,6 +29,7 @@ ts_handler_fn ts_h_arrays_list;
 ts_handler_fn ts_h_arrays_get;
 ts_handler_fn ts_h_arrays_delete;
 ts_handler_fn ts_h_arrays_gather;
+ts_handler_fn ts_h_arrays_sharding;
 
 /* download.c */
 ts_handler_fn ts_h_arrays_data;
@@ -39,6 +40,34 @@ extern const struct ts_upload_ops ts_h_arrays_put;
 /* safetensors_io.c */
 extern const struct ts_upload_ops ts_h_arrays_import;
 ts_handler_fn ts_h_arrays_export;
+
+/* shardings.c */
+ts_handler_fn ts_h_shardings_create;
+ts_handler_fn ts_h_shardings_list;
+ts_handler_fn ts_h_shardings_get;
+ts_handler_fn ts_h_shardings_with_memory_kind;
+
+/* wait.c */
+struct ts_operation;
+ts_handler_fn ts_h_operations_wait;
+
+/* Answers when op finishes or timeout_ns passes, holding no thread: with
+ * answer_result, a finished operation answers its result (or error)
+ * itself; otherwise (and on timeout) the operation, 202 while running. */
+void ts_h_reply_wait(struct ts_reply *reply, struct ts_operation *op, uint64_t timeout_ns,
+                     bool answer_result);
+
+/* Whether the caller asked to wait (?wait=true, Prefer: wait=N), and how long. */
+bool ts_h_wait_requested(const struct ts_call *call, uint64_t *timeout_ns);
+
+/* moves.c */
+ts_handler_fn ts_h_arrays_put_sharding;
+ts_handler_fn ts_h_arrays_copy;
+
+/* operations.c (renderers for other handlers: handlers/operations.h) */
+ts_handler_fn ts_h_operations_list;
+ts_handler_fn ts_h_operations_get;
+ts_handler_fn ts_h_operations_cancel;
 
 /* memory.c */
 ts_handler_fn ts_h_memory_get;

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "storage/safetensors.h"
-#include "storage/stage.h"
+#include "storage/array_io.h"
 
 #define FILE_CHUNK (8u << 20)
 #define TS_IMPORT_JSON_MAX (64u << 10)
@@ -48,7 +48,7 @@ struct import {
 	struct ts_st_header st;
 	struct ts_array **arrays;          /* one per tensor, in st order */
 	size_t cur;                        /* tensor receiving data */
-	struct ts_writer *writer;          /* into arrays[cur] */
+	struct ts_array_writer *writer;    /* into arrays[cur] */
 	uint64_t data_got;                 /* bytes of the data section received */
 	char *json;                        /* JSON body (from_file) */
 	size_t json_len;
@@ -77,8 +77,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 		goto out_fail;
 	}
 	snprintf(im->prefix, sizeof im->prefix, "%s", prefix ? prefix : "");
-	if (ts_h_placement(call->core, ts_call_query(call, "device"),
-	                   ts_call_query(call, "memory_kind"), &im->placement, &err) != TS_OK)
+	if (ts_h_placement_query(call, &im->placement, &err) != TS_OK)
 		goto out_fail;
 	if (im->from_file && content_length != UINT64_MAX && content_length > TS_IMPORT_JSON_MAX) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
@@ -150,8 +149,8 @@ static ts_status import_data(struct import *im, const char *data, size_t n, stru
 
 		while (im->cur < im->st.ntensors && im->st.tensors[im->cur].end <= im->data_got) {
 			if (im->writer) {
-				s = ts_writer_finish(im->writer, err);
-				ts_writer_free(im->writer);
+				s = ts_array_writer_finish(im->writer, err);
+				ts_array_writer_free(im->writer);
 				im->writer = NULL;
 				if (s != TS_OK)
 					return s;
@@ -163,14 +162,13 @@ static ts_status import_data(struct import *im, const char *data, size_t n, stru
 			                    "safetensors body has bytes past its last tensor");
 		t = &im->st.tensors[im->cur];
 		if (!im->writer) {
-			s = ts_writer_new(im->core->stager, ts_array_buffer(im->arrays[im->cur]), 0,
-			                  &im->writer, err);
+			s = ts_array_writer_new(im->core->stager, im->arrays[im->cur], &im->writer, err);
 			if (s != TS_OK)
 				return s;
 		}
 		left = t->end - im->data_got;
 		take = left < n ? (size_t)left : n;
-		s = ts_writer_write(im->writer, data, take, err);
+		s = ts_array_writer_write(im->writer, data, take, err);
 		if (s != TS_OK)
 			return s;
 		im->data_got += take;
@@ -346,9 +344,9 @@ static void import_finish(void *state, const struct ts_call *call, struct ts_rep
 		goto out_fail;
 	}
 	if (im->writer) {
-		ts_status s = ts_writer_finish(im->writer, &err);
+		ts_status s = ts_array_writer_finish(im->writer, &err);
 
-		ts_writer_free(im->writer);
+		ts_array_writer_free(im->writer);
 		im->writer = NULL;
 		if (s != TS_OK)
 			goto out_fail;
@@ -373,7 +371,7 @@ static void import_release(void *state)
 {
 	struct import *im = state;
 
-	ts_writer_free(im->writer);
+	ts_array_writer_free(im->writer);
 	for (size_t i = 0; im->arrays && i < im->st.ntensors; i++)
 		ts_array_unref(im->arrays[i]);
 	free(im->arrays);

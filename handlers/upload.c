@@ -21,7 +21,7 @@
 #include <strings.h>
 
 #include "storage/npy.h"
-#include "storage/stage.h"
+#include "storage/array_io.h"
 
 enum upload_mode { MODE_RAW, MODE_NPY };
 
@@ -44,7 +44,8 @@ struct upload {
 	/* where the data goes */
 	struct ts_array *array;            /* unpublished until finish */
 	struct ts_buffer *convert;         /* host copy for byte-order / layout conversion */
-	struct ts_writer *writer;          /* into array (or convert) */
+	struct ts_array_writer *writer;    /* into array */
+	struct ts_writer *host_writer;     /* into convert */
 	uint64_t expected;                 /* data bytes the dtype and shape need */
 };
 
@@ -58,25 +59,23 @@ static ts_status upload_fail(struct ts_reply *reply, const struct ts_error *err)
 static ts_status upload_admit(struct upload *u, const struct ts_array_desc *d,
                               bool needs_conversion, struct ts_error *err)
 {
-	struct ts_buffer *target;
 	ts_status st;
 
 	st = ts_array_new(u->name, d, &u->placement, u->core->memory, &u->array, err);
 	if (st != TS_OK)
 		return st;
 	u->expected = d->nbytes;
-	target = ts_array_buffer(u->array);
 	if (needs_conversion) {
 		struct ts_space *host = ts_memory_find(u->core->memory,
-		                                       ts_device_props(u->placement.device)->id,
+		                                       ts_device_props(ts_array_box(u->array, 0)->device)->id,
 		                                       TS_MEM_UNPINNED_HOST);
 
 		st = ts_buffer_new(host, d->nbytes, &u->convert, err);
 		if (st != TS_OK)
 			return st;
-		target = u->convert;
+		return ts_writer_new(u->core->stager, u->convert, 0, &u->host_writer, err);
 	}
-	return ts_writer_new(u->core->stager, target, 0, &u->writer, err);
+	return ts_array_writer_new(u->core->stager, u->array, &u->writer, err);
 }
 
 static ts_status parse_raw_desc(const struct ts_call *call, struct ts_array_desc *d,
@@ -145,8 +144,7 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 	ts_array_unref(cur);
 	if (err.status != TS_OK)
 		goto out_fail;
-	if (ts_h_placement(call->core, ts_call_query(call, "device"),
-	                   ts_call_query(call, "memory_kind"), &u->placement, &err) != TS_OK)
+	if (ts_h_placement_query(call, &u->placement, &err) != TS_OK)
 		goto out_fail;
 	if (u->mode == MODE_RAW) {
 		struct ts_array_desc d;
@@ -173,12 +171,13 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 	/* admission before the header is known: the data is at least the body
 	 * less the largest header this codec reads */
 	if (content_length != UINT64_MAX) {
-		struct ts_space *sp = ts_memory_find(call->core->memory,
-		                                     ts_device_props(u->placement.device)->id,
-		                                     u->placement.kind);
 		uint64_t least = content_length > TS_NPY_PREAMBLE_MAX ? content_length - TS_NPY_PREAMBLE_MAX : 0;
 
-		if (ts_space_check_fit(sp, least, &err) != TS_OK)
+		if (u->placement.sharding.type == TS_SHARDING_SINGLE &&
+		    ts_space_check_fit(ts_memory_find(call->core->memory,
+		                                      ts_device_props(u->placement.sharding.device)->id,
+		                                      u->placement.sharding.memory_kind),
+		                       least, &err) != TS_OK)
 			goto out_fail;
 	}
 	return u;
@@ -236,6 +235,11 @@ static ts_status npy_take_header(struct upload *u, const char **data, size_t *n,
 	                    err);
 }
 
+static uint64_t upload_offset(const struct upload *u)
+{
+	return u->writer ? ts_array_writer_offset(u->writer) : ts_writer_offset(u->host_writer);
+}
+
 static bool upload_chunk(void *state, const char *data, size_t n, struct ts_reply *reply)
 {
 	struct upload *u = state;
@@ -243,19 +247,20 @@ static bool upload_chunk(void *state, const char *data, size_t n, struct ts_repl
 
 	ts_error_clear(&err);
 	u->received += n;
-	if (u->mode == MODE_NPY && !u->writer) {
+	if (u->mode == MODE_NPY && !u->writer && !u->host_writer) {
 		if (npy_take_header(u, &data, &n, &err) != TS_OK)
 			return upload_fail(reply, &err) == TS_OK;
 		if (!n)
 			return true;
 	}
-	if (n && ts_writer_offset(u->writer) + n > u->expected) {
+	if (n && upload_offset(u) + n > u->expected) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "WRONG_BYTE_COUNT",
 		             "body is longer than the %" PRIu64 " data bytes its dtype and shape need",
 		             u->expected);
 		return upload_fail(reply, &err) == TS_OK;
 	}
-	if (n && ts_writer_write(u->writer, data, n, &err) != TS_OK)
+	if (n && (u->writer ? ts_array_writer_write(u->writer, data, n, &err)
+	                    : ts_writer_write(u->host_writer, data, n, &err)) != TS_OK)
 		return upload_fail(reply, &err) == TS_OK;
 	return true;
 }
@@ -265,25 +270,26 @@ static ts_status upload_convert(struct upload *u, struct ts_error *err)
 {
 	const struct ts_array_desc *d = ts_array_desc(u->array);
 	size_t es = ts_dtype_size(d->dtype);
-	struct ts_buffer *dst = ts_array_buffer(u->array), *tmp = NULL;
-	struct ts_run run = {.src_offset = 0, .dst_offset = 0, .len = d->nbytes};
+	struct ts_buffer *tmp = NULL;
+	struct ts_array_writer *w = NULL;
 	ts_status st = TS_OK;
+	const void *src = ts_buffer_data(u->convert);
 
 	if (u->npy.big_endian && es > 1)
 		ts_byteswap(ts_buffer_data(u->convert), d->nbytes / es, es);
 	if (u->npy.fortran_order && d->rank > 1) {
-		/* transpose into host memory: the target itself, or a second copy */
-		if (!ts_buffer_host_visible(dst)) {
-			st = ts_buffer_new(ts_buffer_space(u->convert), d->nbytes, &tmp, err);
-			if (st != TS_OK)
-				return st;
-		}
-		ts_npy_fortran_to_c(ts_buffer_data(tmp ? tmp : dst), ts_buffer_data(u->convert), es,
-		                    d->rank, d->shape);
-		if (!tmp)
-			return TS_OK;
+		st = ts_buffer_new(ts_buffer_space(u->convert), d->nbytes, &tmp, err);
+		if (st != TS_OK)
+			return st;
+		ts_npy_fortran_to_c(ts_buffer_data(tmp), src, es, d->rank, d->shape);
+		src = ts_buffer_data(tmp);
 	}
-	st = ts_stage_copy_runs(u->core->stager, dst, tmp ? tmp : u->convert, &run, 1, err);
+	st = ts_array_writer_new(u->core->stager, u->array, &w, err);
+	if (st == TS_OK)
+		st = ts_array_writer_write(w, src, d->nbytes, err);
+	if (st == TS_OK)
+		st = ts_array_writer_finish(w, err);
+	ts_array_writer_free(w);
 	ts_buffer_unref(tmp);
 	return st;
 }
@@ -297,7 +303,7 @@ static void upload_finish(void *state, const struct ts_call *call, struct ts_rep
 
 	(void)call;
 	ts_error_clear(&err);
-	if (u->mode == MODE_NPY && !u->writer) {
+	if (u->mode == MODE_NPY && !u->writer && !u->host_writer) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_NPY_HEADER",
 		             ".npy body ended after %" PRIu64 " bytes, inside its header", u->received);
 		goto out_fail;
@@ -308,7 +314,8 @@ static void upload_finish(void *state, const struct ts_call *call, struct ts_rep
 		             u->expected);
 		goto out_fail;
 	}
-	if (ts_writer_finish(u->writer, &err) != TS_OK)
+	if ((u->writer ? ts_array_writer_finish(u->writer, &err)
+	               : ts_writer_finish(u->host_writer, &err)) != TS_OK)
 		goto out_fail;
 	if (u->convert && upload_convert(u, &err) != TS_OK)
 		goto out_fail;
@@ -325,7 +332,8 @@ static void upload_release(void *state)
 {
 	struct upload *u = state;
 
-	ts_writer_free(u->writer);
+	ts_array_writer_free(u->writer);
+	ts_writer_free(u->host_writer);
 	ts_buffer_unref(u->convert);
 	ts_array_unref(u->array);     /* unpublished: its buffer goes back now */
 	free(u->hdr);

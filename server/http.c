@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -34,6 +35,14 @@ struct request {
 	bool queued;                     /* a response is queued */
 	struct ts_reply reply;
 	void *upload;                    /* TS_BODY_STREAM state, released at completion */
+	/* a suspended reply: see struct ts_suspend */
+	struct MHD_Connection *conn;
+	struct ts_suspend susp;
+	bool suspended;                  /* waiting for wake or deadline */
+	bool resuming;                   /* resumed: the next callback answers */
+	_Atomic bool woken;              /* first of wake / deadline wins */
+	bool timed_out;
+	uint64_t deadline_ns;
 	char *body;
 	size_t body_len, body_cap;
 	int http_code;
@@ -253,6 +262,160 @@ static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 
 static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn);
 
+/*
+ * Suspended requests. Each sits in srv->waits until it is woken (by the
+ * thing it waits for) or its deadline passes (the deadline thread). The
+ * winner of rq->woken resumes the connection; the deadline thread acts
+ * under waits_mu, and a resumed request leaves the list under waits_mu
+ * before it answers, so no thread touches a request after it is freed.
+ */
+struct ts__waiting {
+	struct ts__waiting *next;
+	struct request *rq;
+};
+
+static void wake_request(void *token)
+{
+	struct request *rq = token;
+	bool expect = false;
+
+	if (atomic_compare_exchange_strong(&rq->woken, &expect, true))
+		MHD_resume_connection(rq->conn);
+}
+
+/* Times out rq: called with waits_mu held. */
+static void expire_locked(struct request *rq)
+{
+	bool expect = false;
+
+	if (!atomic_compare_exchange_strong(&rq->woken, &expect, true))
+		return;                           /* woken meanwhile */
+	rq->timed_out = true;
+	rq->susp.disarm(rq->susp.state, wake_request, rq);
+	MHD_resume_connection(rq->conn);
+}
+
+static void *waits_main(void *arg)
+{
+	struct ts_server *srv = arg;
+
+	pthread_mutex_lock(&srv->waits_mu);
+	while (!srv->waits_stop) {
+		uint64_t now = ts_now_ns(), next = UINT64_MAX;
+		struct ts__waiting **pp = &srv->waits;
+
+		while (*pp) {
+			struct ts__waiting *w = *pp;
+
+			if (w->rq->deadline_ns <= now) {
+				*pp = w->next;
+				expire_locked(w->rq);
+				free(w);
+				continue;
+			}
+			if (w->rq->deadline_ns < next)
+				next = w->rq->deadline_ns;
+			pp = &w->next;
+		}
+		if (next == UINT64_MAX) {
+			pthread_cond_wait(&srv->waits_cv, &srv->waits_mu);
+		} else {
+			struct timespec ts;
+			uint64_t wall = ts_wall_ns() + (next - now);
+
+			ts.tv_sec = (time_t)(wall / 1000000000ull);
+			ts.tv_nsec = (long)(wall % 1000000000ull);
+			pthread_cond_timedwait(&srv->waits_cv, &srv->waits_mu, &ts);
+		}
+	}
+	pthread_mutex_unlock(&srv->waits_mu);
+	return NULL;
+}
+
+/* Removes rq from the list (if still there). */
+static void waits_remove(struct ts_server *srv, struct request *rq)
+{
+	pthread_mutex_lock(&srv->waits_mu);
+	for (struct ts__waiting **pp = &srv->waits; *pp; pp = &(*pp)->next) {
+		if ((*pp)->rq == rq) {
+			struct ts__waiting *w = *pp;
+
+			*pp = w->next;
+			free(w);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&srv->waits_mu);
+}
+
+void ts__http_wake_all(struct ts_server *srv)
+{
+	if (!srv->waits_started)
+		return;
+	pthread_mutex_lock(&srv->waits_mu);
+	while (srv->waits) {
+		struct ts__waiting *w = srv->waits;
+
+		srv->waits = w->next;
+		expire_locked(w->rq);
+		free(w);
+	}
+	srv->waits_stop = true;
+	pthread_cond_signal(&srv->waits_cv);
+	pthread_mutex_unlock(&srv->waits_mu);
+	pthread_join(srv->waits_thread, NULL);
+	srv->waits_started = false;
+}
+
+/* Suspends the connection until the reply's condition is met or it times out. */
+static enum MHD_Result request_suspend(struct request *rq, struct MHD_Connection *conn)
+{
+	struct ts_server *srv = rq->srv;
+	struct ts__waiting *w = malloc(sizeof *w);
+
+	if (!w) {
+		ts_reply_fail(&rq->reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		              "no memory to wait");
+		return request_respond(rq, conn);
+	}
+	rq->susp = rq->reply.suspend;
+	memset(&rq->reply.suspend, 0, sizeof rq->reply.suspend);
+	rq->reply.kind = TS_REPLY_NONE;
+	rq->conn = conn;
+	rq->suspended = true;
+	rq->deadline_ns = ts_now_ns() + rq->susp.timeout_ns;
+	MHD_suspend_connection(conn);
+	w->rq = rq;
+	pthread_mutex_lock(&srv->waits_mu);
+	if (srv->waits_stop) {
+		/* draining: answer at once */
+		pthread_mutex_unlock(&srv->waits_mu);
+		free(w);
+		atomic_store(&rq->woken, true);
+		rq->timed_out = true;
+		MHD_resume_connection(conn);
+		return MHD_YES;
+	}
+	w->next = srv->waits;
+	srv->waits = w;
+	pthread_cond_signal(&srv->waits_cv);
+	pthread_mutex_unlock(&srv->waits_mu);
+	if (!rq->susp.arm(rq->susp.state, wake_request, rq))
+		wake_request(rq);
+	return MHD_YES;
+}
+
+/* A resumed request: take it off the list, fill the real reply, answer. */
+static enum MHD_Result request_resume(struct request *rq, struct MHD_Connection *conn)
+{
+	waits_remove(rq->srv, rq);
+	rq->suspended = false;
+	rq->susp.resume(rq->susp.state, rq->timed_out, &rq->reply);
+	if (rq->reply.kind == TS_REPLY_NONE || rq->reply.kind == TS_REPLY_SUSPEND)
+		ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the wait gave no answer");
+	return request_respond(rq, conn);
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
 	struct ts_stream *st = cls;
@@ -356,6 +519,8 @@ static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection
 		rq->http_code = (int)r->ok;
 	} else if (r->kind == TS_REPLY_STREAM || r->kind == TS_REPLY_BUFFERS) {
 		return request_respond_body(rq, conn);
+	} else if (r->kind == TS_REPLY_SUSPEND) {
+		return request_suspend(rq, conn);
 	} else {
 		text = r->text;
 		len = r->text_len;
@@ -428,6 +593,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	}
 	if (rq->queued)
 		return MHD_YES;
+	if (rq->suspended)
+		return request_resume(rq, conn);
 	if (!rq->failed)
 		request_dispatch(rq, conn);
 	return request_respond(rq, conn);
@@ -458,6 +625,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "true" : "false");
 		ts_log(TS_LOG_INFO, fields, "request");
 	}
+	if (rq->suspended)       /* the client left while waiting */
+		waits_remove(srv, rq);
+	if (rq->susp.release) {
+		if (!atomic_exchange(&rq->woken, true))
+			rq->susp.disarm(rq->susp.state, wake_request, rq);
+		rq->susp.release(rq->susp.state);
+	}
 	if (rq->upload)
 		ts_routes[rq->route].upload->release(rq->upload);
 	ts_reply_release(&rq->reply);
@@ -482,7 +656,11 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	struct sockaddr_storage ss;
 	struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
 	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
-	unsigned int flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
+	/* poll, not epoll: libmicrohttpd 0.9.75's edge-triggered epoll loop
+	 * misses a client's close that arrives together with the last body
+	 * bytes, which would keep a cut-off upload's reservation until the
+	 * connection timeout (it-arrays' cut-off test checks this) */
+	unsigned int flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
 	                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
 	const union MHD_DaemonInfo *info;
 	int threads = srv->cfg.threads;
@@ -518,6 +696,14 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
 		                    "cannot listen on %s port %d (in use, or not allowed)",
 		                    srv->cfg.bind, srv->cfg.port);
+	pthread_mutex_init(&srv->waits_mu, NULL);
+	pthread_cond_init(&srv->waits_cv, NULL);
+	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0) {
+		MHD_stop_daemon(srv->daemon);
+		srv->daemon = NULL;
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
+	}
+	srv->waits_started = true;
 	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	srv->port = info ? (int)info->port : srv->cfg.port;
 	return TS_OK;

@@ -12,6 +12,7 @@
 
 #include "common/units.h"
 #include "handlers/api.h"
+#include "storage/operation.h"
 #include "storage/space.h"
 
 static const int code_slots[] = {200, 201, 202, 204, 206, 304, 400, 401, 403, 404,
@@ -247,6 +248,21 @@ static void render_devices(struct out *o, const struct ts_core *core)
 	}
 }
 
+static void render_operations(struct out *o, const struct ts_core *core)
+{
+	uint64_t counts[TS_OP_CANCELLED + 1];
+
+	if (!core->operations)
+		return;
+	ts_op_counts(core->operations, counts);
+	out_printf(o, "# HELP tstage_operations Operations listed, by state (finished ones until "
+	              "retention drops them).\n"
+	              "# TYPE tstage_operations gauge\n");
+	for (int s = TS_OP_PENDING; s <= TS_OP_CANCELLED; s++)
+		out_printf(o, "tstage_operations{state=\"%s\"} %llu\n",
+		           ts_op_state_name((enum ts_op_state)s), (unsigned long long)counts[s]);
+}
+
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t *len)
 {
 	struct out o = {0};
@@ -267,6 +283,7 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	           (double)(ts_now_ns() - core->started_ns) / 1e9);
 	render_devices(&o, core);
 	render_memory(&o, core);
+	render_operations(&o, core);
 	render_http(&o, m);
 	if (o.failed) {
 		free(o.buf);

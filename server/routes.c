@@ -26,7 +26,25 @@
 	X("DELETE", "/v1/arrays/{array}", ts_h_arrays_delete, NULL, NULL, TS_BODY_NONE, false) \
 	X("GET", "/v1/arrays/{array}/data", ts_h_arrays_data, NULL, NULL, TS_BODY_NONE, false) \
 	X("POST", "/v1/arrays/{array}:gather", ts_h_arrays_gather, NULL, NULL, TS_BODY_JSON,   \
-	  false)
+	  false)                                                                               \
+	X("POST", "/v1/arrays/{array}:put", ts_h_arrays_put_sharding, NULL, NULL,              \
+	  TS_BODY_JSON, false)                                                                 \
+	X("POST", "/v1/arrays/{array}:copy", ts_h_arrays_copy, NULL, NULL, TS_BODY_JSON, false)\
+	X("GET", "/v1/arrays/{array}/sharding", ts_h_arrays_sharding, NULL, NULL, TS_BODY_NONE,\
+	  false)                                                                               \
+	X("POST", "/v1/operations/{operation}:wait", ts_h_operations_wait, NULL, NULL,         \
+	  TS_BODY_JSON, false)                                                                               \
+	X("GET", "/v1/operations", ts_h_operations_list, NULL, NULL, TS_BODY_NONE, false)      \
+	X("GET", "/v1/operations/{operation}", ts_h_operations_get, NULL, NULL, TS_BODY_NONE,  \
+	  false)                                                                               \
+	X("POST", "/v1/operations/{operation}:cancel", ts_h_operations_cancel, NULL, NULL,     \
+	  TS_BODY_NONE, false)                                                                 \
+	X("POST", "/v1/shardings", ts_h_shardings_create, NULL, NULL, TS_BODY_JSON, false)     \
+	X("GET", "/v1/shardings", ts_h_shardings_list, NULL, NULL, TS_BODY_NONE, false)        \
+	X("GET", "/v1/shardings/{sharding}", ts_h_shardings_get, NULL, NULL, TS_BODY_NONE,     \
+	  false)                                                                               \
+	X("POST", "/v1/shardings/{sharding}:withMemoryKind", ts_h_shardings_with_memory_kind,  \
+	  NULL, NULL, TS_BODY_JSON, false)
 
 const struct ts_route ts_routes[] = {
 #define ROUTE_ROW(m, p, fn, sfn, up, body, pub) {m, p, fn, sfn, up, body, pub},

@@ -19,6 +19,8 @@
 #include "handlers/handlers.h"
 #include "server/server_routes.h"
 #include "storage/array.h"
+#include "storage/operation.h"
+#include "storage/sharding.h"
 #include "storage/space.h"
 #include "storage/stage.h"
 
@@ -194,6 +196,17 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.started_ns = ts_now_ns(),
 		.started_wall_ns = ts_wall_ns(),
 	};
+	srv->core.shardings = ts_sharding_registry_new();
+	if (!srv->core.shardings) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                  "no memory for the saved shardings");
+		goto out_free;
+	}
+	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
+	                                                          .keep_ns = 3600ull * 1000000000ull},
+	                        &srv->core.operations, err);
+	if (st != TS_OK)
+		goto out_free;
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
 	if (!srv->metrics || !srv->core.memory_view) {
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for metrics");
@@ -224,6 +237,7 @@ int ts_server_drain(struct ts_server *srv, int seconds)
 	int left;
 
 	atomic_store(&srv->draining, true);
+	ts__http_wake_all(srv);
 	if (srv->daemon) {
 		MHD_socket s = MHD_quiesce_daemon(srv->daemon);
 
@@ -239,11 +253,15 @@ void ts_server_free(struct ts_server *srv)
 {
 	if (!srv)
 		return;
+	ts__http_wake_all(srv);
 	if (srv->daemon)
 		MHD_stop_daemon(srv->daemon);
+	/* operations hold arrays and buffers: they end before the catalog and stager */
+	ts_op_registry_free(srv->core.operations);
 	ts_metrics_free(srv->metrics);
 	ts_view_cache_free(srv->core.memory_view);
 	ts_catalog_free(srv->catalog);
+	ts_sharding_registry_free(srv->core.shardings);
 	ts_stager_free(srv->stager);
 	ts_memory_free(srv->memory);
 	ts_device_set_free(srv->devices);

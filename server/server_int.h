@@ -7,6 +7,7 @@
 #define TS_SERVER_INT_H
 
 #include <microhttpd.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "handlers/api.h"
@@ -28,12 +29,25 @@ struct ts_server {
 	size_t token_len;
 	char id_prefix[12];              /* immutable: random per process */
 	int port;                        /* immutable after listen */
+	/* suspended requests and their deadlines (http.c) */
+	pthread_mutex_t waits_mu;
+	pthread_cond_t waits_cv;
+	struct ts__waiting *waits;       /* guarded by: waits_mu */
+	bool waits_stop;                 /* guarded by: waits_mu */
+	pthread_t waits_thread;
+	bool waits_started;
 	_Atomic uint64_t next_id;
 	_Atomic int inflight;
 	_Atomic bool draining;
 };
 
+struct ts__waiting;
+
 /* Starts the MHD daemon on srv->cfg's address (http.c). */
 ts_status ts__http_start(struct ts_server *srv, struct ts_error *err);
+
+/* Answers every suspended request now (as timed out) and stops the
+ * deadline thread; for draining (http.c). */
+void ts__http_wake_all(struct ts_server *srv);
 
 #endif

@@ -17,7 +17,10 @@ struct ts_array {
 	char name[TS_ARRAY_NAME_MAX + 1];       /* immutable */
 	struct ts_array_desc desc;              /* immutable */
 	struct ts_placement placement;          /* immutable */
-	struct ts_buffer *buf;                  /* immutable; own reference */
+	int nshards;                            /* immutable */
+	struct ts_shard_box boxes[TS_MESH_MAX_DEVICES];   /* immutable */
+	struct ts_buffer *bufs[TS_MESH_MAX_DEVICES];      /* immutable; own references */
+	struct ts_layout layout;                /* immutable */
 	json_t *metadata;                       /* immutable after publish */
 	/* assigned once, under the catalog's write lock, before publication */
 	uint64_t version;
@@ -70,33 +73,93 @@ ts_status ts_array_desc_init(struct ts_array_desc *d, struct ts_error *err)
 	return TS_OK;
 }
 
-ts_status ts_array_new(const char *name, const struct ts_array_desc *d,
-                       const struct ts_placement *pl, struct ts_memory *mem,
-                       struct ts_array **out, struct ts_error *err)
+void ts_placement_single(struct ts_placement *pl, struct ts_device *dev,
+                         enum ts_memory_kind kind, bool committed)
 {
-	struct ts_space *sp = ts_memory_find(mem, ts_device_props(pl->device)->id, pl->kind);
-	struct ts_array *a;
+	ts_sharding_single(&pl->sharding, dev, kind);
+	pl->committed = committed;
+}
+
+static bool same_box(const struct ts_shard_box *x, const struct ts_shard_box *y, int rank)
+{
+	if (x->device != y->device)
+		return false;
+	for (int d = 0; d < rank; d++)
+		if (x->start[d] != y->start[d] || x->count[d] != y->count[d])
+			return false;
+	return true;
+}
+
+/* Shared by ts_array_new and ts_array_new_like: src may be NULL. */
+static ts_status array_create(const char *name, const struct ts_array_desc *d,
+                              const struct ts_placement *pl, const struct ts_array *src,
+                              struct ts_memory *mem, struct ts_array **out, int *reused,
+                              bool *shared, struct ts_error *err)
+{
+	struct ts_array *a = calloc(1, sizeof *a);
+	enum ts_memory_kind kind = pl->sharding.memory_kind;
 	ts_status st;
 
-	if (!sp)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT",
-		                    "device '%s' has no %s memory", ts_device_props(pl->device)->id,
-		                    ts_memory_kind_name(pl->kind));
-	a = calloc(1, sizeof *a);
 	if (!a)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 		                    "no memory for array '%s'", name);
-	st = ts_buffer_new(sp, d->nbytes, &a->buf, err);
-	if (st != TS_OK) {
-		free(a);
-		return st;
-	}
 	atomic_init(&a->refs, 1);
 	snprintf(a->name, sizeof a->name, "%s", name);
 	a->desc = *d;
 	a->placement = *pl;
+	if (reused)
+		*reused = 0;
+	st = ts_sharding_boxes(&pl->sharding, d->rank, d->shape, a->boxes, &a->nshards, err);
+	for (int i = 0; st == TS_OK && i < a->nshards; i++) {
+		const struct ts_device_props *pr = ts_device_props(a->boxes[i].device);
+		struct ts_space *sp = ts_memory_find(mem, pr->id, kind);
+		uint64_t n = ts_dtype_size(d->dtype);
+
+		if (shared)
+			shared[i] = false;
+		for (int k = 0; k < d->rank; k++)
+			n *= a->boxes[i].count[k];
+		for (int j = 0; src && j < src->nshards; j++) {
+			if (src->placement.sharding.memory_kind == kind &&
+			    same_box(&src->boxes[j], &a->boxes[i], d->rank)) {
+				a->bufs[i] = ts_buffer_ref(src->bufs[j]);
+				if (shared)
+					shared[i] = true;
+				if (reused)
+					(*reused)++;
+				break;
+			}
+		}
+		if (a->bufs[i])
+			continue;
+		if (!sp)
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT",
+			                  "device '%s' has no %s memory", pr->id, ts_memory_kind_name(kind));
+		else
+			st = ts_buffer_new(sp, n, &a->bufs[i], err);
+	}
+	if (st != TS_OK) {
+		ts_array_unref(a);
+		return st;
+	}
+	ts_layout_init(&a->layout, d->rank, d->shape, ts_dtype_size(d->dtype), a->boxes, a->nshards);
 	*out = a;
 	return TS_OK;
+}
+
+ts_status ts_array_new(const char *name, const struct ts_array_desc *d,
+                       const struct ts_placement *pl, struct ts_memory *mem,
+                       struct ts_array **out, struct ts_error *err)
+{
+	return array_create(name, d, pl, NULL, mem, out, NULL, NULL, err);
+}
+
+ts_status ts_array_new_like(const char *name, const struct ts_array *src,
+                            const struct ts_placement *pl, struct ts_memory *mem,
+                            struct ts_array **out, int *reused, bool *shared,
+                            struct ts_error *err)
+{
+	return array_create(name, &src->desc, pl, src, mem, out, reused, shared, err);
 }
 
 struct ts_array *ts_array_ref(struct ts_array *a)
@@ -109,7 +172,8 @@ void ts_array_unref(struct ts_array *a)
 {
 	if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
 		return;
-	ts_buffer_unref(a->buf);
+	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
+		ts_buffer_unref(a->bufs[i]);
 	json_decref(a->metadata);
 	free(a);
 }
@@ -117,7 +181,26 @@ void ts_array_unref(struct ts_array *a)
 const char *ts_array_name(const struct ts_array *a) { return a->name; }
 const struct ts_array_desc *ts_array_desc(const struct ts_array *a) { return &a->desc; }
 const struct ts_placement *ts_array_placement(const struct ts_array *a) { return &a->placement; }
-struct ts_buffer *ts_array_buffer(const struct ts_array *a) { return a->buf; }
+int ts_array_nshards(const struct ts_array *a) { return a->nshards; }
+const struct ts_shard_box *ts_array_box(const struct ts_array *a, int i) { return &a->boxes[i]; }
+struct ts_buffer *ts_array_shard_buffer(const struct ts_array *a, int i) { return a->bufs[i]; }
+const struct ts_layout *ts_array_layout(const struct ts_array *a) { return &a->layout; }
+
+struct ts_buffer *ts_array_single_buffer(const struct ts_array *a)
+{
+	return a->nshards == 1 ? a->bufs[0] : NULL;
+}
+
+bool ts_array_on(const struct ts_array *a, const struct ts_device *device,
+                 enum ts_memory_kind kind)
+{
+	if (a->placement.sharding.memory_kind != kind)
+		return false;
+	for (int i = 0; i < a->nshards; i++)
+		if (!device || a->boxes[i].device == device)
+			return true;
+	return false;
+}
 uint64_t ts_array_version(const struct ts_array *a) { return a->version; }
 const char *ts_array_etag(const struct ts_array *a) { return a->etag; }
 uint64_t ts_array_created_ns(const struct ts_array *a) { return a->created_ns; }

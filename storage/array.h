@@ -27,6 +27,8 @@
 #include "common/status.h"
 #include "storage/buffer.h"
 #include "storage/dtype.h"
+#include "storage/layout.h"
+#include "storage/sharding.h"
 
 #define TS_ARRAY_NAME_MAX 128
 
@@ -38,12 +40,16 @@ struct ts_array_desc {
 	uint64_t nbytes;          /* computed by ts_array_desc_init */
 };
 
-/* Where it lives. Single-device placements now; one shard per device. */
+/* Where it lives: a sharding (with its memory kind), one shard per device
+ * of the sharding, and whether it was placed explicitly. */
 struct ts_placement {
-	struct ts_device *device;
-	enum ts_memory_kind kind;
+	struct ts_sharding sharding;
 	bool committed;           /* placed by an explicit request: never moved implicitly */
 };
+
+/* A placement on one device. */
+void ts_placement_single(struct ts_placement *pl, struct ts_device *dev,
+                         enum ts_memory_kind kind, bool committed);
 
 struct ts_array;
 struct ts_catalog;
@@ -56,10 +62,11 @@ bool ts_array_name_valid(const char *name);
 ts_status ts_array_desc_init(struct ts_array_desc *d, struct ts_error *err);
 
 /*
- * A new, unpublished array with its buffer allocated in the placement's
- * space (this is admission: RESOURCE_EXHAUSTED with the space's numbers when
- * it does not fit, nothing allocated). The data is uninitialised. One
- * reference held by the caller.
+ * A new, unpublished array with one buffer per shard allocated in the
+ * shard's (device, memory kind) space (this is admission: all or nothing,
+ * RESOURCE_EXHAUSTED with the space's numbers when a shard does not fit).
+ * INVALID_ARGUMENT when the sharding does not fit the shape (uneven split).
+ * The data is uninitialised. One reference held by the caller.
  */
 ts_status ts_array_new(const char *name, const struct ts_array_desc *d,
                        const struct ts_placement *pl, struct ts_memory *mem,
@@ -71,8 +78,29 @@ void ts_array_unref(struct ts_array *a);
 const char *ts_array_name(const struct ts_array *a);
 const struct ts_array_desc *ts_array_desc(const struct ts_array *a);
 const struct ts_placement *ts_array_placement(const struct ts_array *a);
-/* The buffer of shard 0 (borrowed; lives as long as the array). */
-struct ts_buffer *ts_array_buffer(const struct ts_array *a);
+/* Shards: count, box, buffer (borrowed; live as long as the array). */
+int ts_array_nshards(const struct ts_array *a);
+const struct ts_shard_box *ts_array_box(const struct ts_array *a, int i);
+struct ts_buffer *ts_array_shard_buffer(const struct ts_array *a, int i);
+const struct ts_layout *ts_array_layout(const struct ts_array *a);
+
+/* The buffer of a one-shard array, NULL for sharded ones. */
+struct ts_buffer *ts_array_single_buffer(const struct ts_array *a);
+
+/* Whether some shard lives in (device, kind); device NULL matches any. */
+bool ts_array_on(const struct ts_array *a, const struct ts_device *device,
+                 enum ts_memory_kind kind);
+
+/*
+ * A new unpublished array sharing the buffers of src's shards that a new
+ * placement leaves exactly where they are (same device, memory kind and
+ * box), and allocating the others; *reused counts the shared shards.
+ * Buffers are immutable once published, so sharing is safe.
+ */
+ts_status ts_array_new_like(const char *name, const struct ts_array *src,
+                            const struct ts_placement *pl, struct ts_memory *mem,
+                            struct ts_array **out, int *reused, bool *shared,
+                            struct ts_error *err);
 uint64_t ts_array_version(const struct ts_array *a);
 /* Strong ETag, quoted: "\"1a2b3c\"". */
 const char *ts_array_etag(const struct ts_array *a);

@@ -4,6 +4,7 @@
  */
 #include "storage/stage.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,8 @@ struct dev_queues {
 
 struct ts_stager {
 	struct ts_memory *mem;    /* borrowed */
+	_Atomic uint64_t moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT];
+	_Atomic uint64_t implicit;
 	size_t n;
 	struct dev_queues *q;     /* immutable after init */
 };
@@ -35,6 +38,40 @@ struct ts_writer {
 	int cur;
 	ts_status failed;
 };
+
+static void count(struct ts_stager *st, enum ts_memory_kind from, enum ts_memory_kind to,
+                  uint64_t n)
+{
+	atomic_fetch_add_explicit(&st->moved[from][to], n, memory_order_relaxed);
+}
+
+static uint64_t runs_bytes(const struct ts_run *runs, size_t n)
+{
+	uint64_t b = 0;
+
+	for (size_t i = 0; i < n; i++)
+		b += runs[i].len;
+	return b;
+}
+
+void ts_stager_totals(const struct ts_stager *st,
+                      uint64_t bytes[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT])
+{
+	for (int i = 0; i < TS_MEM_KIND_COUNT; i++)
+		for (int j = 0; j < TS_MEM_KIND_COUNT; j++)
+			bytes[i][j] = atomic_load_explicit(&((struct ts_stager *)st)->moved[i][j],
+			                                   memory_order_relaxed);
+}
+
+void ts_stager_count_implicit(struct ts_stager *st, uint64_t bytes)
+{
+	atomic_fetch_add_explicit(&st->implicit, bytes, memory_order_relaxed);
+}
+
+uint64_t ts_stager_implicit(const struct ts_stager *st)
+{
+	return atomic_load_explicit(&((struct ts_stager *)st)->implicit, memory_order_relaxed);
+}
 
 static struct dev_queues *queues_for(struct ts_stager *st, struct ts_device *dev)
 {
@@ -170,6 +207,7 @@ ts_status ts_writer_write(struct ts_writer *w, const void *data, size_t n,
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "TOO_MANY_BYTES",
 		                    "%llu bytes more than the array holds",
 		                    (unsigned long long)(n - (ts_buffer_size(w->dst) - w->offset)));
+	count(w->st, TS_MEM_UNPINNED_HOST, ts_buffer_kind(w->dst), n);
 	if (!w->dq) {
 		memcpy((char *)ts_buffer_data(w->dst) + w->offset, p, n);
 		w->offset += n;
@@ -305,6 +343,7 @@ ts_status ts_stage_read_runs(struct ts_stager *st, struct ts_buffer *src,
 
 	if (rc != TS_OK)
 		return rc;
+	count(st, ts_buffer_kind(src), TS_MEM_UNPINNED_HOST, runs_bytes(runs, n));
 	if (ts_buffer_host_visible(src)) {
 		for (size_t i = 0; i < n; i++)
 			memcpy((char *)dst + runs[i].dst_offset, s + runs[i].src_offset, runs[i].len);
@@ -312,6 +351,164 @@ ts_status ts_stage_read_runs(struct ts_stager *st, struct ts_buffer *src,
 	}
 	return copy_and_wait(queues_for(st, ts_buffer_device(src))->d2h, runs, n, dst, s,
 	                     TS_COPY_D2H, err);
+}
+
+/* ---- staged copies between pageable host memory and device memory ---------- */
+
+/*
+ * Pageable memory cannot be the end of an asynchronous device copy (CUDA
+ * would stage it synchronously, one piece at a time), so such copies go
+ * through a ring of pinned slots: for host->device, the CPU fills slot k+1
+ * while the copy queue empties slot k; for device->host, the queue fills
+ * slot k+1 while the CPU empties slot k.
+ */
+struct ring {
+	struct ts_buffer *buf[TS_STAGE_SLOTS];
+	struct ts_event *ev[TS_STAGE_SLOTS];
+	uint64_t size;
+	int n;
+};
+
+static void ring_free(struct ring *r)
+{
+	for (int i = 0; i < r->n; i++) {
+		if (r->ev[i])
+			ts_event_free(r->ev[i]);
+		ts_buffer_unref(r->buf[i]);
+	}
+}
+
+static ts_status ring_new(struct ts_stager *st, struct ts_device *dev, uint64_t total,
+                          struct ring *r, struct ts_error *err)
+{
+	struct ts_space *pinned = ts_memory_find(st->mem, ts_device_props(dev)->id,
+	                                         TS_MEM_PINNED_HOST);
+	ts_status s = TS_OK;
+
+	memset(r, 0, sizeof *r);
+	r->size = total < TS_STAGE_SLOT ? (total ? total : 1) : TS_STAGE_SLOT;
+	for (int i = 0; s == TS_OK && i < TS_STAGE_SLOTS; i++) {
+		r->n = i + 1;
+		s = ts_buffer_new(pinned, r->size, &r->buf[i], err);
+		if (s == TS_OK)
+			s = ts_event_new(dev, &r->ev[i], err);
+	}
+	if (s != TS_OK) {
+		ring_free(r);
+		r->n = 0;
+	}
+	return s;
+}
+
+/* One chunk of a run: where it comes from and goes, how long. */
+struct chunk {
+	uint64_t src, dst, len;
+};
+
+/* Walks runs in chunks no longer than max. */
+static bool next_chunk(const struct ts_run *runs, size_t n, size_t *i, uint64_t *done,
+                       uint64_t max, struct chunk *c)
+{
+	while (*i < n && *done == runs[*i].len) {
+		(*i)++;
+		*done = 0;
+	}
+	if (*i == n)
+		return false;
+	c->src = runs[*i].src_offset + *done;
+	c->dst = runs[*i].dst_offset + *done;
+	c->len = runs[*i].len - *done < max ? runs[*i].len - *done : max;
+	*done += c->len;
+	return true;
+}
+
+static ts_status staged_h2d(struct ts_stager *st, struct ts_buffer *dst, const char *s,
+                            const struct ts_run *runs, size_t n, struct ts_error *err)
+{
+	struct ts_queue *q = queues_for(st, ts_buffer_device(dst))->h2d;
+	char *d = ts_buffer_data(dst);
+	bool busy[TS_STAGE_SLOTS] = {false};
+	struct ring r;
+	struct chunk c;
+	size_t i = 0;
+	uint64_t done = 0;
+	int k = 0;
+	ts_status rc = ring_new(st, ts_buffer_device(dst), runs_bytes(runs, n), &r, err);
+
+	while (rc == TS_OK && next_chunk(runs, n, &i, &done, r.size, &c)) {
+		if (busy[k]) {
+			rc = ts_event_sync(r.ev[k], err);
+			busy[k] = false;
+			if (rc != TS_OK)
+				break;
+		}
+		memcpy(ts_buffer_data(r.buf[k]), s + c.src, c.len);
+		rc = ts_queue_copy(q, d + c.dst, ts_buffer_data(r.buf[k]), c.len, TS_COPY_H2D, err);
+		if (rc == TS_OK)
+			rc = ts_event_record(r.ev[k], q, err);
+		busy[k] = rc == TS_OK;
+		k = (k + 1) % TS_STAGE_SLOTS;
+	}
+	for (int j = 0; j < r.n; j++) {
+		ts_status e = busy[j] ? ts_event_sync(r.ev[j], err) : TS_OK;
+
+		if (rc == TS_OK)
+			rc = e;
+	}
+	if (rc != TS_OK && r.n)
+		(void)ts_queue_sync(q, NULL);
+	ring_free(&r);
+	return rc;
+}
+
+/* Empties slot k into d when it holds a finished chunk. */
+static ts_status ring_drain(struct ring *r, int k, bool *busy, const struct chunk *pending,
+                           char *d, ts_status rc, struct ts_error *err)
+{
+	ts_status e;
+
+	if (!busy[k])
+		return rc;
+	e = ts_event_sync(r->ev[k], err);
+	busy[k] = false;
+	if (rc == TS_OK && e == TS_OK)
+		memcpy(d + pending[k].dst, ts_buffer_data(r->buf[k]), pending[k].len);
+	return rc == TS_OK ? e : rc;
+}
+
+static ts_status staged_d2h(struct ts_stager *st, char *d, struct ts_buffer *src,
+                            const struct ts_run *runs, size_t n, struct ts_error *err)
+{
+	struct ts_queue *q = queues_for(st, ts_buffer_device(src))->d2h;
+	const char *s = ts_buffer_data(src);
+	struct chunk pending[TS_STAGE_SLOTS];
+	bool busy[TS_STAGE_SLOTS] = {false};
+	struct ring r;
+	struct chunk c;
+	size_t i = 0;
+	uint64_t done = 0;
+	int k = 0;
+	ts_status rc = ring_new(st, ts_buffer_device(src), runs_bytes(runs, n), &r, err);
+
+	while (rc == TS_OK && next_chunk(runs, n, &i, &done, r.size, &c)) {
+		rc = ring_drain(&r, k, busy, pending, d, rc, err);   /* the oldest chunk */
+		if (rc != TS_OK)
+			break;
+		rc = ts_queue_copy(q, ts_buffer_data(r.buf[k]), s + c.src, c.len, TS_COPY_D2H, err);
+		if (rc == TS_OK)
+			rc = ts_event_record(r.ev[k], q, err);
+		if (rc != TS_OK)
+			break;
+		pending[k] = c;
+		busy[k] = true;
+		k = (k + 1) % TS_STAGE_SLOTS;
+	}
+	for (int j = 0; j < TS_STAGE_SLOTS; j++)
+		rc = ring_drain(&r, (k + j) % TS_STAGE_SLOTS, busy, pending, d, rc, err);
+	if (rc != TS_OK && r.n)
+		(void)ts_queue_sync(q, NULL);
+	ring_free(&r);
+	return rc;
 }
 
 ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
@@ -325,14 +522,19 @@ ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
 
 	if (rc != TS_OK)
 		return rc;
+	count(st, ts_buffer_kind(src), ts_buffer_kind(dst), runs_bytes(runs, n));
 	if (dh && sh) {
 		for (size_t i = 0; i < n; i++)
 			memcpy(d + runs[i].dst_offset, s + runs[i].src_offset, runs[i].len);
 		return TS_OK;
 	}
+	if (sh && ts_buffer_kind(src) != TS_MEM_PINNED_HOST)
+		return staged_h2d(st, dst, s, runs, n, err);
 	if (sh)
 		return copy_and_wait(queues_for(st, ts_buffer_device(dst))->h2d, runs, n, d, s,
 		                     TS_COPY_H2D, err);
+	if (dh && ts_buffer_kind(dst) != TS_MEM_PINNED_HOST)
+		return staged_d2h(st, d, src, runs, n, err);
 	if (dh)
 		return copy_and_wait(queues_for(st, ts_buffer_device(src))->d2h, runs, n, d, s,
 		                     TS_COPY_D2H, err);

@@ -83,4 +83,13 @@ ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
                              struct ts_buffer *src, const struct ts_run *runs,
                              size_t n, struct ts_error *err);
 
+/* Bytes moved since start, by (source kind, destination kind): HTTP bodies
+ * count as unpinned_host. Read without locks. */
+void ts_stager_totals(const struct ts_stager *st,
+                      uint64_t bytes[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT]);
+
+/* Bytes moved implicitly (an uncommitted array moved for an operation). */
+void ts_stager_count_implicit(struct ts_stager *st, uint64_t bytes);
+uint64_t ts_stager_implicit(const struct ts_stager *st);
+
 #endif

@@ -205,7 +205,9 @@ struct window {
 struct client {
 	pthread_t tid;
 	int port;
-	const char *req;
+	int index;                   /* 0 .. threads-1 */
+	const struct bench_load *load;
+	const char *req;             /* the request, unless load->next_path */
 	size_t req_len;
 	struct window *win;
 	uint64_t requests, errors;
@@ -317,14 +319,33 @@ static void record(struct client *c, uint64_t ns)
 	c->lat_ns[c->nlat++] = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
 }
 
+/* The request text of a load whose paths come from its generator. */
+static size_t format_request(const struct bench_load *load, int port, const char *path,
+                             char *buf, size_t cap)
+{
+	int n = snprintf(buf, cap, "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\n", load->method,
+	                 path, port, load->extra_headers ? load->extra_headers : "");
+
+	return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
 static void *client_main(void *arg)
 {
 	struct client *c = arg;
+	char path[1024], req[2048];
+	uint64_t seq = 0;
 
 	c->fd = connect_to(c->port);
 	while (!atomic_load_explicit(&c->win->stop, memory_order_relaxed)) {
 		uint64_t t0;
 		int code;
+
+		if (c->load->next_path) {
+			path[0] = '\0';
+			c->load->next_path(c->load->next_path_arg, c->index, seq++, path, sizeof path);
+			c->req = req;
+			c->req_len = format_request(c->load, c->port, path, req, sizeof req);
+		}
 
 		if (c->fd < 0) {
 			c->fd = connect_to(c->port);
@@ -408,13 +429,17 @@ static int run_round(int port, const struct bench_load *load, double duration_s,
 
 	if (nthreads < 1 || nthreads > MAX_CLIENTS)
 		return -1;
-	snprintf(req, sizeof req, "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\n", load->method,
-	         load->path, port, load->extra_headers ? load->extra_headers : "");
+	if (!load->next_path)
+		format_request(load, port, load->path, req, sizeof req);
+	else
+		req[0] = '\0';
 	cl = calloc((size_t)nthreads, sizeof *cl);
 	if (!cl)
 		return -1;
 	for (int i = 0; i < nthreads; i++) {
 		cl[i].port = port;
+		cl[i].index = i;
+		cl[i].load = load;
 		cl[i].req = req;
 		cl[i].req_len = strlen(req);
 		cl[i].win = &win;
@@ -479,7 +504,8 @@ int bench_load_interleaved(int port, const struct bench_load *loads, int n, int 
 		tally_result(&t[i], &results[i]);
 		if (rc == 0 && results[i].requests == 0) {
 			fprintf(stderr, "bench: %s %s: no request succeeded (%llu errors)\n",
-			        loads[i].method, loads[i].path, (unsigned long long)results[i].errors);
+			        loads[i].method, loads[i].path ? loads[i].path : "(generated paths)",
+			        (unsigned long long)results[i].errors);
 			rc = -1;
 		}
 		free(t[i].lat_ns);
@@ -491,6 +517,226 @@ int bench_load_interleaved(int port, const struct bench_load *loads, int n, int 
 int bench_load_run(int port, const struct bench_load *load, struct bench_result *out)
 {
 	return bench_load_interleaved(port, load, 1, 1, out);
+}
+
+/* ---- bulk transfers ----------------------------------------------------------------- */
+
+#define BULK_BUF (1u << 20)
+
+/* Sends len bytes of chunk repeated (from its start) until total have gone. */
+static bool send_repeated(int fd, const char *chunk, size_t chunk_len, uint64_t total)
+{
+	uint64_t sent = 0;
+
+	while (sent < total) {
+		size_t off = (size_t)(sent % chunk_len), n = chunk_len - off;
+		ssize_t got;
+
+		if ((uint64_t)n > total - sent)
+			n = (size_t)(total - sent);
+		got = send(fd, chunk + off, n, MSG_NOSIGNAL);
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+			return false;
+		sent += (uint64_t)got;
+	}
+	return true;
+}
+
+/* Reads one response to its end: status code, or -1. The body is dropped
+ * but for its first reply_cap - 1 bytes; *received is its length. */
+static int read_bulk_response(int fd, char *buf, char *reply, size_t reply_cap,
+                              uint64_t *received)
+{
+	size_t len = 0, head, keep = 0;
+	const char *eoh = NULL;
+	long long body, left;
+	int code;
+
+	while (!eoh) {
+		ssize_t n = recv(fd, buf + len, BULK_BUF - len, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0 || (len += (size_t)n) == BULK_BUF)
+			return -1;
+		eoh = memmem(buf, len, "\r\n\r\n", 4);
+	}
+	head = (size_t)(eoh - buf) + 4;
+	body = content_length(buf, head);
+	if (body < 0 || strncmp(buf, "HTTP/1.", 7) != 0)
+		return -1;
+	code = atoi(buf + 9);
+	left = body - (long long)(len - head);
+	if (reply && reply_cap) {
+		keep = len - head < reply_cap - 1 ? len - head : reply_cap - 1;
+		memcpy(reply, buf + head, keep);
+		reply[keep] = '\0';
+	}
+	while (left > 0) {
+		ssize_t n = recv(fd, buf, left < BULK_BUF ? (size_t)left : BULK_BUF, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		if (reply && keep + 1 < reply_cap) {
+			size_t k = (size_t)n < reply_cap - 1 - keep ? (size_t)n : reply_cap - 1 - keep;
+
+			memcpy(reply + keep, buf, k);
+			keep += k;
+			reply[keep] = '\0';
+		}
+		left -= n;
+	}
+	*received = (uint64_t)body;
+	return code;
+}
+
+int bench_http_transfer(int port, const char *method, const char *path,
+                        const char *extra_headers, const void *chunk, size_t chunk_len,
+                        uint64_t body_len, char *reply, size_t reply_cap,
+                        uint64_t *received, double *seconds)
+{
+	char head[2048], *buf = malloc(BULK_BUF);
+	int fd = connect_to(port), n, code = -1;
+	struct timeval none = {0, 0};
+	uint64_t t0;
+
+	if (reply && reply_cap)
+		reply[0] = '\0';
+	if (fd < 0 || !buf) {
+		fprintf(stderr, "bench: %s %s: cannot connect to port %d\n", method, path, port);
+		goto out;
+	}
+	/* a bulk transfer may take longer than the load generator's 5 s */
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+	if (body_len)
+		n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n"
+		             "Content-Length: %llu\r\n%s\r\n", method, path, port,
+		             (unsigned long long)body_len, extra_headers ? extra_headers : "");
+	else
+		n = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\n",
+		             method, path, port, extra_headers ? extra_headers : "");
+	t0 = now_ns();
+	if (n <= 0 || (size_t)n >= sizeof head || !send_all(fd, head, (size_t)n) ||
+	    (body_len && !send_repeated(fd, chunk, chunk_len, body_len))) {
+		fprintf(stderr, "bench: %s %s: sending failed: %s\n", method, path, strerror(errno));
+		goto out;
+	}
+	code = read_bulk_response(fd, buf, reply, reply_cap, received);
+	*seconds = (double)(now_ns() - t0) / 1e9;
+	if (code < 0)
+		fprintf(stderr, "bench: %s %s: no whole response\n", method, path);
+out:
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return code;
+}
+
+struct tcp_sink {
+	int listen_fd;
+	uint64_t bytes;
+	int runs;
+	bool ok;
+};
+
+/* The receiving thread: each run, bytes in, one byte back. */
+static void *tcp_sink_main(void *arg)
+{
+	struct tcp_sink *s = arg;
+	char *buf = malloc(BULK_BUF);
+	int fd = accept(s->listen_fd, NULL, NULL), one = 1;
+
+	s->ok = fd >= 0 && buf;
+	if (fd >= 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+	for (int r = 0; s->ok && r < s->runs; r++) {
+		uint64_t left = s->bytes;
+
+		while (left > 0) {
+			ssize_t n = recv(fd, buf, left < BULK_BUF ? (size_t)left : BULK_BUF, 0);
+
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				s->ok = false;
+				break;
+			}
+			left -= (uint64_t)n;
+		}
+		if (s->ok && !send_all(fd, "k", 1))
+			s->ok = false;
+	}
+	if (fd >= 0)
+		close(fd);
+	free(buf);
+	return NULL;
+}
+
+double bench_tcp_loopback(const void *chunk, size_t chunk_len, uint64_t bytes, int runs)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof sa;
+	struct tcp_sink sink = {.bytes = bytes, .runs = runs + 1};
+	pthread_t tid;
+	double best = -1;
+	int fd = -1;
+	char ack;
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	sink.listen_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (sink.listen_fd < 0 || bind(sink.listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+	    listen(sink.listen_fd, 1) != 0 ||
+	    getsockname(sink.listen_fd, (struct sockaddr *)&sa, &sl) != 0 ||
+	    pthread_create(&tid, NULL, tcp_sink_main, &sink) != 0) {
+		fprintf(stderr, "bench: loopback: %s\n", strerror(errno));
+		if (sink.listen_fd >= 0)
+			close(sink.listen_fd);
+		return -1;
+	}
+	fd = connect_to(ntohs(sa.sin_port));
+	if (fd >= 0) {
+		struct timeval none = {0, 0};
+
+		setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+	}
+	for (int r = 0; fd >= 0 && r <= runs; r++) {
+		uint64_t t0 = now_ns();
+		double bps;
+
+		if (!send_repeated(fd, chunk, chunk_len, bytes) || recv(fd, &ack, 1, MSG_WAITALL) != 1) {
+			best = -1;
+			break;
+		}
+		bps = (double)bytes / ((double)(now_ns() - t0) / 1e9);
+		if (r > 0 && bps > best)      /* run 0 warms up */
+			best = bps;
+	}
+	if (fd >= 0)
+		close(fd);
+	else
+		shutdown(sink.listen_fd, SHUT_RDWR);
+	pthread_join(tid, NULL);
+	close(sink.listen_fd);
+	if (best < 0 || !sink.ok) {
+		fprintf(stderr, "bench: loopback transfer failed\n");
+		return -1;
+	}
+	return best;
+}
+
+const char *bench_fmt_bandwidth(char *buf, size_t cap, double bytes_per_s)
+{
+	if (bytes_per_s >= 1e9)
+		snprintf(buf, cap, "%.2f GB/s", bytes_per_s / 1e9);
+	else
+		snprintf(buf, cap, "%.0f MB/s", bytes_per_s / 1e6);
+	return buf;
 }
 
 /* ---- the table ------------------------------------------------------------------------ */

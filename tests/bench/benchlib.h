@@ -11,7 +11,13 @@
  * The load generator opens one connection per client thread and sends one
  * request at a time on it (no pipelining), reading each response to its end
  * by Content-Length; it runs a warm-up, then counts the requests that finish
- * within a fixed window and records each one's latency.
+ * within a fixed window and records each one's latency. A load names one
+ * path, or a generator that gives each request its own.
+ *
+ * For bulk transfers there are single requests over a raw socket (a body
+ * streamed from a buffer, a response read to its end and dropped), and the
+ * reference they are measured against: loopback TCP between two threads of
+ * the bench, moving the same bytes the same way.
  *
  * Thread-safety: bench_load_run is called from one thread and runs its own
  * client threads; everything else belongs to the calling thread.
@@ -55,6 +61,13 @@ struct bench_load {
 	int threads;                 /* client connections, one thread each */
 	double warmup_s;             /* before each window */
 	double duration_s;           /* measured, in all */
+	/* When set, every request's path comes from next_path instead of path:
+	 * called on client thread `client` (0 .. threads-1) before each of its
+	 * requests, seq counting that thread's requests from 0; it writes a
+	 * NUL-terminated path of at most cap bytes into buf. Must be safe to
+	 * call from several client threads at once (arg is shared). */
+	void (*next_path)(void *arg, int client, uint64_t seq, char *buf, size_t cap);
+	void *next_path_arg;
 };
 
 struct bench_result {
@@ -79,6 +92,36 @@ int bench_load_run(int port, const struct bench_load *load, struct bench_result 
  */
 int bench_load_interleaved(int port, const struct bench_load *loads, int n, int rounds,
                            struct bench_result *results);
+
+/* ---- bulk transfers ---------------------------------------------------------------- */
+
+/*
+ * One request on a fresh connection to 127.0.0.1:port: the head (method,
+ * path, Content-Length: body_len when body_len > 0, extra_headers), then
+ * body_len bytes taken from chunk (chunk_len bytes, repeated from its start
+ * as often as needed), then the response read to its end (its body dropped,
+ * the first reply_cap - 1 bytes kept NUL-terminated in reply when reply is
+ * not NULL). *seconds is the time from the first byte sent to the last byte
+ * received, *received the response body's length. Returns the status code,
+ * or -1 after printing why.
+ */
+int bench_http_transfer(int port, const char *method, const char *path,
+                        const char *extra_headers, const void *chunk, size_t chunk_len,
+                        uint64_t body_len, char *reply, size_t reply_cap,
+                        uint64_t *received, double *seconds);
+
+/*
+ * The reference for bulk transfers: bytes moved from one thread of this
+ * process to another over a loopback TCP connection, sent from chunk
+ * (chunk_len bytes, repeated) and received into a small buffer and
+ * dropped, then a one-byte answer, as an HTTP transfer does. One untimed
+ * warm-up, then the best of runs. Returns bytes per second, or -1 after
+ * printing why.
+ */
+double bench_tcp_loopback(const void *chunk, size_t chunk_len, uint64_t bytes, int runs);
+
+/* Formats bytes per second as "2.41 GB/s" into buf; returns buf. */
+const char *bench_fmt_bandwidth(char *buf, size_t cap, double bytes_per_s);
 
 /* ---- the table ----------------------------------------------------------------------- */
 

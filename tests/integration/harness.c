@@ -145,6 +145,11 @@ void th_init(void)
 	atexit(remove_root);
 }
 
+const char *th_root(void)
+{
+	return root_dir;
+}
+
 long long th_now_ms(void)
 {
 	struct timespec ts;
@@ -208,6 +213,27 @@ const char *th_write_temp(const char *name, const char *text, char *buf, size_t 
 	fputs(text, f);
 	ck_assert_int_eq(fclose(f), 0);
 	return buf;
+}
+
+const char *th_temp_dir(const char *what, char *buf, size_t cap)
+{
+	register_cleanup();
+	make_temp_dir(buf, cap, what);
+	return buf;
+}
+
+void th_write_file(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+
+	ck_assert_msg(f != NULL, "cannot write '%s': %s", path, strerror(errno));
+	ck_assert_msg(fwrite(data, 1, len, f) == len, "short write to '%s'", path);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+char *th_read_file(const char *path, size_t *len)
+{
+	return slurp(path, len);
 }
 
 /* ---- backend selection ------------------------------------------------------- */
@@ -545,11 +571,18 @@ static size_t on_body(char *p, size_t size, size_t nmemb, void *ud)
 {
 	struct th_response *r = ud;
 	size_t n = size * nmemb;
-	char *grown = realloc(r->body, r->body_len + n + 1);
 
-	if (!grown)
-		return 0;
-	r->body = grown;
+	if (r->body_len + n + 1 > r->body_cap) {
+		/* geometric growth: a large body costs O(n), not O(n^2), even where
+		 * realloc always copies (sanitizer builds) */
+		size_t cap = (r->body_len + n + 1) * 2;
+		char *grown = realloc(r->body, cap);
+
+		if (!grown)
+			return 0;
+		r->body = grown;
+		r->body_cap = cap;
+	}
 	memcpy(r->body + r->body_len, p, n);
 	r->body_len += n;
 	r->body[r->body_len] = '\0';
@@ -725,18 +758,24 @@ int th_raw_connect(const struct th_daemon *d)
 	return fd;
 }
 
-void th_raw_send(int fd, const char *text)
+void th_raw_send_bytes(int fd, const void *data, size_t len)
 {
-	size_t len = strlen(text), off = 0;
+	const char *p = data;
+	size_t off = 0;
 
 	while (off < len) {
-		ssize_t n = send(fd, text + off, len - off, MSG_NOSIGNAL);
+		ssize_t n = send(fd, p + off, len - off, MSG_NOSIGNAL);
 
 		if (n < 0 && errno == EINTR)
 			continue;
 		ck_assert_msg(n > 0, "send: %s", strerror(errno));
 		off += (size_t)n;
 	}
+}
+
+void th_raw_send(int fd, const char *text)
+{
+	th_raw_send_bytes(fd, text, strlen(text));
 }
 
 /* Bytes of a complete response in buf[0..len), or 0 while incomplete. */

@@ -39,6 +39,10 @@
  * test's files go under and removes it when the runner exits. */
 void th_init(void);
 
+/* That directory (borrowed), for what main prepares once for every test
+ * (fixtures); "" when th_init failed or was not called. Fails nothing. */
+const char *th_root(void);
+
 /* ---- the backend under test ---------------------------------------------- */
 
 #define TH_SIM_MEMORY (64ull << 20)     /* --sim-device-memory of sim runs */
@@ -132,6 +136,7 @@ struct th_response {
 		char value[256];
 	} headers[TH_MAX_HEADERS];      /* of the final response only */
 	json_t *json;                   /* set by th_json (owned) */
+	size_t body_cap;                /* private: bytes allocated for body */
 };
 
 /*
@@ -218,6 +223,9 @@ int th_raw_connect(const struct th_daemon *d);
 /* Sends all of text. */
 void th_raw_send(int fd, const char *text);
 
+/* Sends all of len bytes of data (binary; fails the test on an error). */
+void th_raw_send_bytes(int fd, const void *data, size_t len);
+
 /* Reads one response (headers, then Content-Length bytes of body) into buf
  * (NUL-terminated) within timeout_ms; returns its status code, or -1 on
  * timeout or a closed connection. */
@@ -228,6 +236,17 @@ int th_raw_response(int fd, char *buf, size_t cap, int timeout_ms);
 /* Writes text to a new file in the daemon-independent temporary directory and
  * returns its path in buf. */
 const char *th_write_temp(const char *name, const char *text, char *buf, size_t cap);
+
+/* Makes a new, empty directory below the runner's temporary root (removed
+ * when the runner exits) and returns its path in buf. */
+const char *th_temp_dir(const char *what, char *buf, size_t cap);
+
+/* Writes len bytes of data to path, replacing it (fails the test on error). */
+void th_write_file(const char *path, const void *data, size_t len);
+
+/* The whole of a file as a new NUL-terminated buffer (caller frees) with its
+ * size in *len (may be NULL); NULL when it cannot be read. */
+char *th_read_file(const char *path, size_t *len);
 
 /* Monotonic milliseconds. */
 long long th_now_ms(void);

@@ -31,8 +31,7 @@ static void setup(void)
 	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
 	cat = ts_catalog_new();
 	ck_assert_ptr_nonnull(cat);
-	dev0 = (struct ts_placement){.device = ts_device_set_find(set, "sim:0"),
-	                             .kind = TS_MEM_DEVICE, .committed = true};
+	ts_placement_single(&dev0, ts_device_set_find(set, "sim:0"), TS_MEM_DEVICE, true);
 }
 
 static void teardown(void)
@@ -218,7 +217,7 @@ END_TEST
 static bool only_pinned(const struct ts_array *a, void *arg)
 {
 	(void)arg;
-	return ts_array_placement(a)->kind == TS_MEM_PINNED_HOST;
+	return ts_array_placement(a)->sharding.memory_kind == TS_MEM_PINNED_HOST;
 }
 
 START_TEST(list_pages_in_name_order)
@@ -230,7 +229,7 @@ START_TEST(list_pages_in_name_order)
 	size_t n;
 	bool more;
 
-	pinned.kind = TS_MEM_PINNED_HOST;
+	pinned.sharding.memory_kind = TS_MEM_PINNED_HOST;
 	ts_error_clear(&err);
 	for (size_t i = 0; i < 7; i++) {
 		struct ts_array *a = make(names[i], 1, i % 2 ? &pinned : &dev0);
@@ -298,9 +297,8 @@ static void *churn(void *arg)
 	struct ts_error err;
 
 	pl[0] = dev0;
-	pl[1] = dev0;
-	pl[1].kind = TS_MEM_PINNED_HOST;
-	pl[2] = (struct ts_placement){.device = ts_device_set_find(set, "sim:1"), .kind = TS_MEM_DEVICE};
+	ts_placement_single(&pl[1], dev0.sharding.device, TS_MEM_PINNED_HOST, true);
+	ts_placement_single(&pl[2], ts_device_set_find(set, "sim:1"), TS_MEM_DEVICE, true);
 	for (int i = 0; i < w->iterations; i++) {
 		const char *name = names[rand_r(&w->seed) % 4];
 		int op = rand_r(&w->seed) % 3;
@@ -319,7 +317,7 @@ static void *churn(void *arg)
 		} else if (op == 1) {
 			struct ts_array *a = ts_catalog_get(cat, name);
 
-			if (a && ts_buffer_size(ts_array_buffer(a)) != ts_array_desc(a)->nbytes)
+			if (a && ts_buffer_size(ts_array_single_buffer(a)) != ts_array_desc(a)->nbytes)
 				abort();
 			ts_array_unref(a);
 		} else {
@@ -349,7 +347,8 @@ START_TEST(concurrent_churn_keeps_stats_exact)
 	ck_assert_int_eq(ts_catalog_list(cat, NULL, 100, NULL, NULL, &all, &n, &more, &err), TS_OK);
 	for (size_t i = 0; i < n; i++) {
 		const struct ts_placement *p = ts_array_placement(all[i]);
-		int slot = p->kind == TS_MEM_PINNED_HOST ? 1 : strcmp(ts_device_props(p->device)->id, "sim:1") == 0 ? 2 : 0;
+		int slot = p->sharding.memory_kind == TS_MEM_PINNED_HOST ? 1
+		           : strcmp(ts_device_props(p->sharding.device)->id, "sim:1") == 0 ? 2 : 0;
 
 		want[slot] += ts_array_desc(all[i])->nbytes;
 	}

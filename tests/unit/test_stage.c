@@ -146,6 +146,32 @@ START_TEST(copy_runs_every_pair)
 }
 END_TEST
 
+/* Pageable host <-> device goes through the pinned ring: many chunks, odd edges. */
+START_TEST(staged_copies_through_the_ring)
+{
+	const size_t n = (13u << 20) + 12345;
+	struct ts_buffer *h = buf("sim:0", TS_MEM_UNPINNED_HOST, n);
+	struct ts_buffer *dv = buf("sim:0", TS_MEM_DEVICE, n);
+	struct ts_buffer *back = buf("cpu:0", TS_MEM_DEVICE, n);
+	struct ts_run runs[] = {{0, 7, n - 7}};
+	struct ts_run whole = {0, 0, n};
+	struct ts_space_stats ps;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	fill(ts_buffer_data(h), n, 5);
+	ck_assert_int_eq(ts_stage_copy_runs(stg, dv, h, runs, 1, &err), TS_OK);
+	ck_assert_int_eq(ts_stage_copy_runs(stg, back, dv, &whole, 1, &err), TS_OK);
+	ck_assert(memcmp((char *)ts_buffer_data(back) + 7, ts_buffer_data(h), n - 7) == 0);
+	ts_space_stats(ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST), &ps);
+	ck_assert_uint_eq(ps.bytes_in_use, 0);                     /* the ring went back */
+	ck_assert_uint_eq(ps.peak_bytes_in_use, TS_STAGE_SLOTS * (uint64_t)TS_STAGE_SLOT);
+	ts_buffer_unref(h);
+	ts_buffer_unref(dv);
+	ts_buffer_unref(back);
+}
+END_TEST
+
 START_TEST(read_runs_into_host_memory)
 {
 	struct ts_buffer *b = buf("sim:1", TS_MEM_DEVICE, 4096);
@@ -214,6 +240,7 @@ static Suite *stage_suite(void)
 	tcase_add_test(tc, writer_host_and_device);
 	tcase_add_test(tc, staging_slots_return_to_the_pool);
 	tcase_add_test(tc, copy_runs_every_pair);
+	tcase_add_test(tc, staged_copies_through_the_ring);
 	tcase_add_test(tc, read_runs_into_host_memory);
 	tcase_add_test(tc, out_of_range_refused);
 	tcase_add_test(tc, injected_copy_failure_surfaces);

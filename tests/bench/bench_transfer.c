@@ -1,0 +1,183 @@
+/*
+ * bench_transfer.c - the transfer core on its own: 1 GiB host->device and
+ * device->host per path (pinned, pageable through the staging ring,
+ * device->device, both directions at once), each as a ratio to a reference
+ * measured in the same run on the same buffers: single-thread memcpy on sim
+ * (whose device memory is host memory), one plain queue copy of the whole
+ * buffer (a single cudaMemcpyAsync) on CUDA. Buffers are touched once
+ * before timing, and each figure is the best of a few runs.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/units.h"
+#include "storage/stage.h"
+#include "tests/bench/benchlib.h"
+
+#define GiB (1ull << 30)
+#define RUNS 3
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+static struct ts_stager *stg;
+
+static struct ts_buffer *alloc(const char *dev, enum ts_memory_kind k, uint64_t n)
+{
+	struct ts_buffer *b = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	if (ts_buffer_new(ts_memory_find(mem, dev, k), n, &b, &err) != TS_OK) {
+		fprintf(stderr, "bench_transfer: %s\n", err.message);
+		exit(1);
+	}
+	return b;
+}
+
+static double best_copy(struct ts_buffer *dst, struct ts_buffer *src, uint64_t n)
+{
+	struct ts_run run = {0, 0, n};
+	double best = 0;
+
+	for (int r = 0; r < RUNS; r++) {
+		struct ts_error err;
+		uint64_t t0 = ts_now_ns();
+
+		ts_error_clear(&err);
+		if (ts_stage_copy_runs(stg, dst, src, &run, 1, &err) != TS_OK) {
+			fprintf(stderr, "bench_transfer: %s\n", err.message);
+			exit(1);
+		}
+		double rate = (double)n / ((double)(ts_now_ns() - t0) / 1e9);
+
+		if (rate > best)
+			best = rate;
+	}
+	return best;
+}
+
+/* The reference: memcpy on host-visible memory, else one plain queue copy. */
+static double best_reference(struct ts_buffer *dst, struct ts_buffer *src, uint64_t n,
+                             enum ts_copy_kind kind)
+{
+	double best = 0;
+
+	for (int r = 0; r < RUNS; r++) {
+		uint64_t t0 = ts_now_ns();
+
+		if (ts_device_props(ts_buffer_device(dst))->simulated ||
+		    ts_device_props(ts_buffer_device(src))->simulated || kind == TS_COPY_H2H) {
+			memcpy(ts_buffer_data(dst), ts_buffer_data(src), n);
+		} else {
+			struct ts_queue *q;
+			struct ts_error err;
+
+			ts_error_clear(&err);
+			ts_queue_new(kind == TS_COPY_D2H ? ts_buffer_device(src) : ts_buffer_device(dst), &q, &err);
+			t0 = ts_now_ns();
+			ts_queue_copy(q, ts_buffer_data(dst), ts_buffer_data(src), n, kind, &err);
+			ts_queue_sync(q, &err);
+			ts_queue_free(q);
+		}
+		double rate = (double)n / ((double)(ts_now_ns() - t0) / 1e9);
+
+		if (rate > best)
+			best = rate;
+	}
+	return best;
+}
+
+static void row(const char *name, double rate, double ref, double target)
+{
+	char v[32], r[48], t[32];
+
+	bench_fmt_bandwidth(v, sizeof v, rate);
+	bench_fmt_bandwidth(r, sizeof r, ref);
+	strncat(r, " ref", sizeof r - strlen(r) - 1);
+	snprintf(t, sizeof t, ">= %.2f", target);
+	bench_row(name, v, r, rate / ref, t, true, rate / ref >= target);
+}
+
+struct both_arg {
+	struct ts_buffer *dst, *src;
+	uint64_t n;
+	double rate;
+};
+
+static void *both_thread(void *p)
+{
+	struct both_arg *a = p;
+
+	a->rate = best_copy(a->dst, a->src, a->n);
+	return NULL;
+}
+
+int main(void)
+{
+	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 3 * GiB, .cuda = true};
+	struct ts_memory_config mc = {.device_memory_fraction = 0.5, .pinned_host_limit = 3 * GiB,
+	                              .unpinned_host_limit = 4 * GiB, .pinned_segment = GiB};
+	struct ts_error err;
+	const char *d0, *d1;
+	uint64_t n = (uint64_t)(bench_seconds(1.0) >= 1.0 ? GiB : GiB / 4);
+	bool cuda;
+
+	ts_error_clear(&err);
+	if (ts_device_set_new(&dc, &set, &err) != TS_OK || ts_memory_new(set, &mc, &mem, &err) != TS_OK ||
+	    ts_stager_new(set, mem, &stg, &err) != TS_OK) {
+		fprintf(stderr, "bench_transfer: %s\n", err.message);
+		return 1;
+	}
+	cuda = ts_device_set_default_backend(set) == TS_BACKEND_CUDA;
+	d0 = ts_device_props(ts_device_set_at(set, 0))->id;
+	d1 = ts_device_set_count(set) > 2 ? ts_device_props(ts_device_set_at(set, 1))->id : d0;
+	{
+		struct ts_buffer *pin = alloc(d0, TS_MEM_PINNED_HOST, n);
+		struct ts_buffer *page = alloc(d0, TS_MEM_UNPINNED_HOST, n);
+		struct ts_buffer *dev = alloc(d0, TS_MEM_DEVICE, n);
+		struct ts_buffer *dev1 = alloc(d1, TS_MEM_DEVICE, n);
+		double ref_h2d, ref_d2h;
+		const char *tag = cuda ? "cuda" : "sim";
+		char name[64];
+		double target = cuda ? 0.95 : 0.8;
+
+		/* touch everything once: first touch of fresh pages is slow here */
+		memset(ts_buffer_data(pin), 1, n);
+		memset(ts_buffer_data(page), 2, n);
+		best_copy(dev, pin, n);
+		best_copy(dev1, pin, n);
+		ref_h2d = best_reference(dev, pin, n, TS_COPY_H2D);
+		ref_d2h = best_reference(pin, dev, n, TS_COPY_D2H);
+		snprintf(name, sizeof name, "xfer %s: 1 GiB pinned -> device", tag);
+		row(name, best_copy(dev, pin, n), ref_h2d, target);
+		snprintf(name, sizeof name, "xfer %s: 1 GiB device -> pinned", tag);
+		row(name, best_copy(pin, dev, n), ref_d2h, target);
+		snprintf(name, sizeof name, "xfer %s: 1 GiB unpinned -> device (ring)", tag);
+		row(name, best_copy(dev, page, n), ref_h2d, cuda ? 0.8 : 0.5);
+		snprintf(name, sizeof name, "xfer %s: 1 GiB device -> unpinned (ring)", tag);
+		row(name, best_copy(page, dev, n), ref_d2h, cuda ? 0.8 : 0.5);
+		snprintf(name, sizeof name, "xfer %s: 1 GiB device -> device", tag);
+		row(name, best_copy(dev1, dev, n), ref_h2d, cuda ? 0.5 : 0.8);
+		{
+			struct both_arg up = {dev, pin, n / 2, 0}, down = {page, dev1, n / 2, 0};
+			pthread_t a, b;
+
+			pthread_create(&a, NULL, both_thread, &up);
+			pthread_create(&b, NULL, both_thread, &down);
+			pthread_join(a, NULL);
+			pthread_join(b, NULL);
+			snprintf(name, sizeof name, "xfer %s: both directions at once (sum)", tag);
+			row(name, up.rate + down.rate, ref_h2d, cuda ? 1.5 : 0.8);
+		}
+		ts_buffer_unref(pin);
+		ts_buffer_unref(page);
+		ts_buffer_unref(dev);
+		ts_buffer_unref(dev1);
+	}
+	ts_stager_free(stg);
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+	return 0;
+}
