@@ -176,6 +176,9 @@ json_t *ts_h_array_json(const struct ts_array *a)
 	              "version", (json_int_t)ts_array_version(a), "etag", ts_array_etag(a),
 	              "create_time", time_json(ts_array_created_ns(a)),
 	              "update_time", time_json(ts_array_updated_ns(a)));
+	if (o)
+		json_object_set_new(o, "implicit_transfer_bytes",
+		                    json_integer((json_int_t)ts_array_implicit_bytes(a)));
 	if (o && ts_array_metadata(a))
 		json_object_set(o, "metadata", ts_array_metadata(a));
 	return o;

@@ -15,7 +15,9 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "storage/array.h"
 #include "storage/space.h"
+#include "storage/stage.h"
 
 struct ts_view_cache {
 	pthread_mutex_t mu;
@@ -121,9 +123,33 @@ static void cache_put(struct ts_view_cache *c, uint64_t gen, const char *text, s
 	free(old);
 }
 
-#define VIEW_TAIL_MAX 256
+#define VIEW_TAIL_MAX 1024
 
-/* {"spaces":[...],"host":"...","uptime_seconds":...,"timestamp_ms":...} */
+/* "arrays": {...}, "transfers": {...}} - counters read without the cache */
+static int render_totals(const struct ts_core *core, char *p, size_t cap)
+{
+	uint64_t count = 0, bytes = 0, moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT] = {{0}};
+	size_t o = 0;
+
+	if (core->catalog)
+		ts_catalog_totals(core->catalog, &count, &bytes);
+	if (core->stager)
+		ts_stager_totals(core->stager, moved);
+	o += (size_t)snprintf(p + o, cap - o, "\"arrays\":{\"count\":%llu,\"bytes\":%llu},"
+	                      "\"transfers\":{\"implicit_transfer_bytes\":%llu,\"bytes\":{",
+	                      (unsigned long long)count, (unsigned long long)bytes,
+	                      (unsigned long long)(core->stager ? ts_stager_implicit(core->stager) : 0));
+	for (int a = 0; a < TS_MEM_KIND_COUNT; a++)
+		for (int b = 0; b < TS_MEM_KIND_COUNT; b++)
+			o += (size_t)snprintf(p + o, cap - o, "%s\"%s->%s\":%llu", a + b ? "," : "",
+			                      ts_memory_kind_name((enum ts_memory_kind)a),
+			                      ts_memory_kind_name((enum ts_memory_kind)b),
+			                      (unsigned long long)moved[a][b]);
+	o += (size_t)snprintf(p + o, cap - o, "}}}\n");
+	return (int)o;
+}
+
+/* {"spaces":[...],"host":"...","uptime_seconds":...,"timestamp_ms":..., "arrays", "transfers"} */
 static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 {
 	static const char head[] = "{\"spaces\":";
@@ -159,10 +185,11 @@ static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 	memcpy(body, head, sizeof head - 1);
 	len += sizeof head - 1;
 	n = snprintf(body + len, tail_room, ",\"host\":\"%s\",\"uptime_seconds\":%.3f,"
-	             "\"timestamp_ms\":%llu}\n",
+	             "\"timestamp_ms\":%llu,",
 	             ts_json_escape(host, sizeof host, core->host),
 	             (double)(ts_now_ns() - core->started_ns) / 1e9,
 	             (unsigned long long)(ts_wall_ns() / 1000000ull));
+	n += render_totals(core, body + len + n, tail_room - (size_t)n);
 	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", body, len + (size_t)n);
 }
 

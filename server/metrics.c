@@ -13,7 +13,9 @@
 #include "common/units.h"
 #include "handlers/api.h"
 #include "storage/operation.h"
+#include "storage/array.h"
 #include "storage/space.h"
+#include "storage/stage.h"
 
 static const int code_slots[] = {200, 201, 202, 204, 206, 304, 400, 401, 403, 404,
                                  405, 409, 411, 412, 413, 416, 429, 499, 500, 501,
@@ -263,6 +265,39 @@ static void render_operations(struct out *o, const struct ts_core *core)
 		           ts_op_state_name((enum ts_op_state)s), (unsigned long long)counts[s]);
 }
 
+static void render_transfers(struct out *o, const struct ts_core *core)
+{
+	uint64_t moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT], count = 0, bytes = 0;
+
+	if (core->stager) {
+		ts_stager_totals(core->stager, moved);
+		out_printf(o, "# HELP tstage_transfer_bytes_total Bytes moved, by source and destination "
+		              "memory kind (HTTP bodies count as unpinned_host).\n"
+		              "# TYPE tstage_transfer_bytes_total counter\n");
+		for (int a = 0; a < TS_MEM_KIND_COUNT; a++)
+			for (int b = 0; b < TS_MEM_KIND_COUNT; b++)
+				out_printf(o, "tstage_transfer_bytes_total{src_kind=\"%s\",dst_kind=\"%s\"} %llu\n",
+				           ts_memory_kind_name((enum ts_memory_kind)a),
+				           ts_memory_kind_name((enum ts_memory_kind)b),
+				           (unsigned long long)moved[a][b]);
+		out_printf(o, "# HELP tstage_implicit_transfer_bytes_total Bytes of uncommitted arrays "
+		              "moved because an operation needed them elsewhere.\n"
+		              "# TYPE tstage_implicit_transfer_bytes_total counter\n"
+		              "tstage_implicit_transfer_bytes_total %llu\n",
+		           (unsigned long long)ts_stager_implicit(core->stager));
+	}
+	if (core->catalog) {
+		ts_catalog_totals(core->catalog, &count, &bytes);
+		out_printf(o, "# HELP tstage_arrays Arrays in the catalog.\n"
+		              "# TYPE tstage_arrays gauge\n"
+		              "tstage_arrays %llu\n"
+		              "# HELP tstage_array_bytes Bytes of the arrays in the catalog.\n"
+		              "# TYPE tstage_array_bytes gauge\n"
+		              "tstage_array_bytes %llu\n",
+		           (unsigned long long)count, (unsigned long long)bytes);
+	}
+}
+
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t *len)
 {
 	struct out o = {0};
@@ -284,6 +319,7 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	render_devices(&o, core);
 	render_memory(&o, core);
 	render_operations(&o, core);
+	render_transfers(&o, core);
 	render_http(&o, m);
 	if (o.failed) {
 		free(o.buf);

@@ -22,6 +22,7 @@ struct ts_array {
 	struct ts_buffer *bufs[TS_MESH_MAX_DEVICES];      /* immutable; own references */
 	struct ts_layout layout;                /* immutable */
 	json_t *metadata;                       /* immutable after publish */
+	uint64_t implicit_bytes;                /* immutable after publish */
 	/* assigned once, under the catalog's write lock, before publication */
 	uint64_t version;
 	char etag[24];
@@ -206,6 +207,8 @@ const char *ts_array_etag(const struct ts_array *a) { return a->etag; }
 uint64_t ts_array_created_ns(const struct ts_array *a) { return a->created_ns; }
 uint64_t ts_array_updated_ns(const struct ts_array *a) { return a->updated_ns; }
 json_t *ts_array_metadata(const struct ts_array *a) { return a->metadata; }
+uint64_t ts_array_implicit_bytes(const struct ts_array *a) { return a->implicit_bytes; }
+void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n) { a->implicit_bytes = n; }
 
 void ts_array_set_metadata(struct ts_array *a, json_t *meta)
 {

@@ -107,6 +107,11 @@ const char *ts_array_etag(const struct ts_array *a);
 uint64_t ts_array_created_ns(const struct ts_array *a);
 uint64_t ts_array_updated_ns(const struct ts_array *a);
 
+/* Bytes this array has been moved implicitly (uncommitted, by operations
+ * that needed it elsewhere), over all its versions. Set before publishing. */
+uint64_t ts_array_implicit_bytes(const struct ts_array *a);
+void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n);
+
 /* Free-form string metadata kept with the array (safetensors __metadata__);
  * borrowed, may be NULL. Set only before publishing; steals the reference. */
 json_t *ts_array_metadata(const struct ts_array *a);

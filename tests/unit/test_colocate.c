@@ -1,0 +1,207 @@
+/*
+ * test_colocate.c - committed arrays never move and refuse to mix across
+ * devices; uncommitted ones follow, byte-exact, counted once per move.
+ */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/array_io.h"
+#include "storage/colocate.h"
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+static struct ts_stager *stg;
+static struct ts_catalog *cat;
+
+static void setup(void)
+{
+	struct ts_device_config dc = {.sim_devices = 3, .sim_device_memory = 16ull << 20,
+	                              .cuda = false, .host = "t"};
+	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
+	                              .pinned_host_limit = 32ull << 20,
+	                              .unpinned_host_limit = 32ull << 20,
+	                              .pinned_segment = 4ull << 20};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
+	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
+	ck_assert_int_eq(ts_stager_new(set, mem, &stg, &err), TS_OK);
+	cat = ts_catalog_new();
+}
+
+static void teardown(void)
+{
+	ts_catalog_free(cat);
+	ts_stager_free(stg);
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+}
+
+static struct ts_device *dev(const char *id)
+{
+	return ts_device_set_find(set, id);
+}
+
+/* Publishes an n-byte array of known bytes; returns a reference. */
+static struct ts_array *publish(const char *name, const char *on, enum ts_memory_kind k,
+                                bool committed, uint64_t n)
+{
+	struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1, .shape = {n}};
+	struct ts_placement pl;
+	struct ts_array *a;
+	struct ts_array_writer *w;
+	struct ts_error err;
+	unsigned char *bytes = malloc(n);
+
+	for (uint64_t i = 0; i < n; i++)
+		bytes[i] = (unsigned char)(i * 7 + name[0]);
+	ts_error_clear(&err);
+	ts_placement_single(&pl, dev(on), k, committed);
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_OK);
+	ck_assert_int_eq(ts_array_new(name, &d, &pl, mem, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_array_writer_new(stg, a, &w, &err), TS_OK);
+	ck_assert_int_eq(ts_array_writer_write(w, bytes, n, &err), TS_OK);
+	ck_assert_int_eq(ts_array_writer_finish(w, &err), TS_OK);
+	ts_array_writer_free(w);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	free(bytes);
+	return a;
+}
+
+static void expect_bytes(struct ts_array *a, char seed)
+{
+	uint64_t n = ts_array_desc(a)->nbytes;
+	unsigned char *got = malloc(n);
+	struct ts_run whole = {0, 0, n};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_array_read(stg, a, &whole, 1, got, &err), TS_OK);
+	for (uint64_t i = 0; i < n; i++)
+		ck_assert_uint_eq(got[i], (unsigned char)(i * 7 + seed));
+	free(got);
+}
+
+START_TEST(uncommitted_follow_committed)
+{
+	struct ts_array *arrs[3] = {publish("p", "sim:1", TS_MEM_DEVICE, true, 1000),
+	                            publish("x", "sim:0", TS_MEM_DEVICE, false, 3000),
+	                            publish("y", "sim:1", TS_MEM_PINNED_HOST, false, 10)};
+	struct ts_device *where = NULL;
+	struct ts_error err;
+	struct ts_array *cur;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_ptr_eq(where, dev("sim:1"));
+	/* x moved to sim:1, stays uncommitted and in device memory, counted */
+	ck_assert_ptr_eq(ts_array_box(arrs[1], 0)->device, dev("sim:1"));
+	ck_assert(!ts_array_placement(arrs[1])->committed);
+	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[1]), 3000);
+	ck_assert_uint_eq(ts_array_version(arrs[1]), 2);
+	expect_bytes(arrs[1], 'x');
+	cur = ts_catalog_get(cat, "x");
+	ck_assert_ptr_eq(cur, arrs[1]);
+	ts_array_unref(cur);
+	/* p and y were already there */
+	ck_assert_uint_eq(ts_array_version(arrs[0]), 1);
+	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[2]), 0);
+	ck_assert_uint_eq(ts_stager_implicit(stg), 3000);
+	/* the old copy of x on sim:0 is gone */
+	{
+		struct ts_space_stats s;
+
+		ts_space_stats(ts_memory_find(mem, "sim:0", TS_MEM_DEVICE), &s);
+		ck_assert_uint_eq(s.bytes_in_use, 0);
+	}
+	for (int i = 0; i < 3; i++)
+		ts_array_unref(arrs[i]);
+}
+END_TEST
+
+START_TEST(committed_apart_refused)
+{
+	struct ts_array *arrs[3] = {publish("a", "sim:0", TS_MEM_DEVICE, true, 8),
+	                            publish("u", "sim:2", TS_MEM_DEVICE, false, 8),
+	                            publish("b", "sim:1", TS_MEM_PINNED_HOST, true, 8)};
+	struct ts_device *where = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:0"), &where, &err),
+	                 TS_FAILED_PRECONDITION);
+	ck_assert_str_eq(err.reason, "COMMITTED_APART");
+	ck_assert_ptr_nonnull(strstr(err.message, "'a' (on sim:0)"));
+	ck_assert_ptr_nonnull(strstr(err.message, "'b' (on sim:1)"));
+	/* nothing moved */
+	ck_assert_uint_eq(ts_array_version(arrs[1]), 1);
+	ck_assert_uint_eq(ts_stager_implicit(stg), 0);
+	for (int i = 0; i < 3; i++)
+		ts_array_unref(arrs[i]);
+}
+END_TEST
+
+START_TEST(no_committed_uses_fallback)
+{
+	struct ts_array *arrs[2] = {publish("m", "sim:0", TS_MEM_DEVICE, false, 64),
+	                            publish("n", "sim:2", TS_MEM_DEVICE, false, 32)};
+	struct ts_device *where = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_ptr_eq(where, dev("sim:2"));
+	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[0]), 64);
+	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[1]), 0);
+	/* a second use finds it in place: no new move, count unchanged */
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_uint_eq(ts_stager_implicit(stg), 64);
+	for (int i = 0; i < 2; i++)
+		ts_array_unref(arrs[i]);
+}
+END_TEST
+
+START_TEST(replaced_meanwhile_aborts)
+{
+	struct ts_array *old = publish("r", "sim:0", TS_MEM_DEVICE, false, 16);
+	struct ts_array *newer = publish("r", "sim:0", TS_MEM_DEVICE, false, 16);
+	struct ts_array *c = publish("c", "sim:1", TS_MEM_DEVICE, true, 16);
+	struct ts_array *arrs[2] = {c, old};
+	struct ts_device *where;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, &where, &err), TS_ABORTED);
+	ck_assert_uint_eq(ts_stager_implicit(stg), 0);
+	ts_array_unref(arrs[0]);
+	ts_array_unref(arrs[1]);
+	ts_array_unref(newer);
+}
+END_TEST
+
+static Suite *colocate_suite(void)
+{
+	Suite *s = suite_create("colocate");
+	TCase *tc = tcase_create("committed");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, uncommitted_follow_committed);
+	tcase_add_test(tc, committed_apart_refused);
+	tcase_add_test(tc, no_committed_uses_fallback);
+	tcase_add_test(tc, replaced_meanwhile_aborts);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(colocate_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
