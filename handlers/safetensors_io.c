@@ -27,6 +27,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "handlers/operations.h"
+#include "storage/operation.h"
 #include "storage/safetensors.h"
 #include "storage/array_io.h"
 
@@ -52,6 +54,8 @@ struct import {
 	uint64_t data_got;                 /* bytes of the data section received */
 	char *json;                        /* JSON body (from_file) */
 	size_t json_len;
+	struct ts_operation *op;           /* from_file: the operation reading it */
+	bool handed_off;                   /* the operation owns this state now */
 };
 
 static void *import_begin(const struct ts_call *call, uint64_t content_length,
@@ -307,6 +311,7 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 	if (s != TS_OK)
 		return s;
 	im->content_length = size;
+	ts_operation_total_set(im->op, size);
 	chunk = malloc(FILE_CHUNK);
 	if (!chunk)
 		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
@@ -321,45 +326,91 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 		}
 		s = import_bytes(im, chunk, (size_t)got, err);
 		off += (uint64_t)got;
+		ts_operation_progress_set(im->op, off);
+		if (s == TS_OK && ts_operation_cancelled(im->op))
+			s = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the import was cancelled");
 	}
 	free(chunk);
 	close(fd);
 	return s;
 }
 
-static void import_finish(void *state, const struct ts_call *call, struct ts_reply *reply)
+/* Completes an import whose bytes have all arrived: publish all, or nothing. */
+static ts_status import_complete(struct import *im, json_t **result, struct ts_error *err)
 {
-	struct import *im = state;
-	struct ts_error err;
-	json_t *list, *root;
+	json_t *list;
 
-	(void)call;
-	ts_error_clear(&err);
-	if (im->from_file && import_file(im, &err) != TS_OK)
-		goto out_fail;
-	if (!im->parsed || im->data_got != im->st.data_len) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "TRUNCATED",
-		             "safetensors body ended after %" PRIu64 " bytes, before its data did",
-		             im->received);
-		goto out_fail;
-	}
+	if (!im->parsed || im->data_got != im->st.data_len)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "TRUNCATED",
+		                    "safetensors body ended after %" PRIu64 " bytes, before its data did",
+		                    im->received);
 	if (im->writer) {
-		ts_status s = ts_array_writer_finish(im->writer, &err);
+		ts_status s = ts_array_writer_finish(im->writer, err);
 
 		ts_array_writer_free(im->writer);
 		im->writer = NULL;
 		if (s != TS_OK)
-			goto out_fail;
+			return s;
 	}
 	if (ts_catalog_put_all(im->core->catalog, im->arrays, im->st.ntensors, im->overwrite,
-	                       &err) != TS_OK)
-		goto out_fail;
+	                       err) != TS_OK)
+		return err->status;
 	list = json_array();
 	for (size_t i = 0; list && i < im->st.ntensors; i++)
 		json_array_append_new(list, ts_h_array_json(im->arrays[i]));
-	root = json_pack("{s:o*}", "arrays", list);
-	if (root && im->st.metadata)
-		json_object_set(root, "metadata", im->st.metadata);
+	*result = json_pack("{s:o*}", "arrays", list);
+	if (*result && im->st.metadata)
+		json_object_set(*result, "metadata", im->st.metadata);
+	return TS_OK;
+}
+
+static void import_free(struct import *im);
+
+/* The operation reading a server-side file. */
+static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct import *im = arg;
+	json_t *result = NULL;
+	ts_status s;
+
+	im->op = op;
+	s = import_file(im, err);
+	if (s == TS_OK)
+		s = import_complete(im, &result, err);
+	if (s == TS_OK)
+		ts_operation_set_result(op, result ? result : json_object());
+	return s;
+}
+
+static void import_file_release(void *arg)
+{
+	import_free(arg);
+}
+
+static void import_finish(void *state, const struct ts_call *call, struct ts_reply *reply)
+{
+	struct import *im = state;
+	struct ts_operation *op = NULL;
+	struct ts_error err;
+	json_t *root = NULL;
+	uint64_t wait_ns;
+
+	ts_error_clear(&err);
+	if (im->from_file) {
+		/* a large file is read by an operation, not by this HTTP thread */
+		if (ts_op_submit(im->core->operations, "import", NULL, 0, "bytes", import_file_run, im,
+		                 import_file_release, &op, &err) != TS_OK)
+			goto out_fail;
+		im->handed_off = true;
+		if (ts_h_wait_requested(call, &wait_ns))
+			ts_h_reply_wait(reply, op, wait_ns, true);
+		else
+			ts_h_reply_operation(reply, op, false);
+		ts_operation_unref(op);
+		return;
+	}
+	if (import_complete(im, &root, &err) != TS_OK)
+		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_CREATED, root);
 	return;
 
@@ -371,6 +422,12 @@ static void import_release(void *state)
 {
 	struct import *im = state;
 
+	if (!im->handed_off)
+		import_free(im);
+}
+
+static void import_free(struct import *im)
+{
 	ts_array_writer_free(im->writer);
 	for (size_t i = 0; im->arrays && i < im->st.ntensors; i++)
 		ts_array_unref(im->arrays[i]);
