@@ -49,19 +49,22 @@ static bool contains(const struct ts_layout *l, int s, const uint64_t *m)
 	return true;
 }
 
-/* Bytes from index m on that stay contiguous in shard s (and the parent). */
+/*
+ * Bytes from index m on that stay contiguous in shard s (and the parent):
+ * to the end of the box along the innermost dimension k the box does not
+ * span whole (or dimension 0), since every dimension inside k is whole and
+ * so laid out alike in the parent and in the shard, wherever m starts.
+ */
 static uint64_t span_in(const struct ts_layout *l, int s, const uint64_t *m)
 {
-	int r = l->rank;
-	uint64_t inner = 1, span = l->shard[s].stop[r - 1] - m[r - 1];
+	int k = l->rank - 1;
+	uint64_t inner = 0;
 
-	for (int d = r - 1; d >= 1; d--) {
-		if (m[d] != 0 || l->shard[s].start[d] != 0 || l->shard[s].stop[d] != l->shape[d])
-			break;
-		inner *= l->shape[d];
-		span = (l->shard[s].stop[d - 1] - m[d - 1]) * inner;
-	}
-	return span;
+	while (k > 0 && l->shard[s].start[k] == 0 && l->shard[s].stop[k] == l->shape[k])
+		k--;
+	for (int d = k + 1; d < l->rank; d++)
+		inner += m[d] * l->stride[d];
+	return (l->shard[s].stop[k] - m[k]) * l->stride[k] - inner;
 }
 
 static uint64_t local_of(const struct ts_layout *l, int s, const uint64_t *m)

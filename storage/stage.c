@@ -278,6 +278,8 @@ void ts_writer_free(struct ts_writer *w)
 			ts_event_free(w->slots[i].ev);
 		ts_buffer_unref(w->slots[i].buf);
 	}
+	if (w->failed && w->dq)
+		(void)ts_queue_sync(w->dq->h2d, NULL);   /* clear the failure for the next user */
 	ts_buffer_unref(w->dst);
 	free(w);
 }
@@ -300,8 +302,8 @@ static ts_status copy_and_wait(struct ts_queue *q, const struct ts_run *runs, si
 		s = ts_event_record(ev, q, err);
 	if (s == TS_OK)
 		s = ts_event_sync(ev, err);
-	else if (ev)
-		(void)ts_queue_sync(q, NULL);     /* nothing of ours may still be queued */
+	if (s != TS_OK && ev)
+		(void)ts_queue_sync(q, NULL);     /* nothing of ours queued; the failure cleared */
 	if (ev)
 		ts_event_free(ev);
 	return s;
