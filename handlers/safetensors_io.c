@@ -55,6 +55,8 @@ struct import {
 	char *json;                        /* JSON body (from_file) */
 	size_t json_len;
 	struct ts_operation *op;           /* from_file: the operation reading it */
+	int fd;                            /* from_file: the open file, -1 none */
+	uint64_t file_size;
 	bool handed_off;                   /* the operation owns this state now */
 };
 
@@ -72,6 +74,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 		return NULL;
 	}
 	im->core = call->core;
+	im->fd = -1;
 	im->content_length = content_length;
 	im->overwrite = !ow || strcmp(ow, "false") != 0;
 	im->from_file = ctype && strncasecmp(ctype, "application/json", 16) == 0;
@@ -300,16 +303,15 @@ out:
 	return s;
 }
 
-/* Reads the whole file through the same path a streamed body takes. */
+/* Reads the whole (already opened) file through the same path a streamed
+ * body takes. */
 static ts_status import_file(struct import *im, struct ts_error *err)
 {
-	int fd = -1;
-	uint64_t size = 0, off = 0;
+	int fd = im->fd;
+	uint64_t size = im->file_size, off = 0;
 	char *chunk = NULL;
-	ts_status s = import_open_file(im, &fd, &size, err);
+	ts_status s = TS_OK;
 
-	if (s != TS_OK)
-		return s;
 	im->content_length = size;
 	ts_operation_total_set(im->op, size);
 	chunk = malloc(FILE_CHUNK);
@@ -331,7 +333,6 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 			s = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the import was cancelled");
 	}
 	free(chunk);
-	close(fd);
 	return s;
 }
 
@@ -397,7 +398,10 @@ static void import_finish(void *state, const struct ts_call *call, struct ts_rep
 
 	ts_error_clear(&err);
 	if (im->from_file) {
-		/* a large file is read by an operation, not by this HTTP thread */
+		/* the request is checked now (bad paths answer at once); the file,
+		 * possibly large, is read by an operation, not by this HTTP thread */
+		if (import_open_file(im, &im->fd, &im->file_size, &err) != TS_OK)
+			goto out_fail;
 		if (ts_op_submit(im->core->operations, "import", NULL, 0, "bytes", import_file_run, im,
 		                 import_file_release, &op, &err) != TS_OK)
 			goto out_fail;
@@ -436,6 +440,8 @@ static void import_free(struct import *im)
 		ts_st_header_release(&im->st);
 	free(im->header);
 	free(im->json);
+	if (im->fd >= 0)
+		close(im->fd);
 	free(im);
 }
 
