@@ -32,7 +32,7 @@ OPT       ?= -O2
 CPPFLAGS  += -I. -D_GNU_SOURCE $(PKG_CFLAGS)
 CFLAGS    += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
              -fno-strict-aliasing -pthread -MMD -MP
-LDLIBS    += $(PKG_LIBS) -lpthread -lm
+LDLIBS    += $(PKG_LIBS) -lopenblas -lpthread -lm
 LDFLAGS   += -pthread
 
 ifneq ($(SANITIZE),)
@@ -54,13 +54,14 @@ CPPFLAGS  += -DTS_VERSION='"$(VERSION)"' -DTS_GIT_REV='"$(GIT_REV)"'
 
 # ---- sources ---------------------------------------------------------------
 LIB_DIRS  := common device storage handlers server train
-LIB_SRC   := $(filter-out server/main.c device/cuda_%.c device/nocuda.c, \
+LIB_SRC   := $(filter-out server/main.c device/cuda_%.c device/nocuda.c train/cuda_%.c \
+                 train/nocuda_%.c, \
                $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
 ifeq ($(CUDA),1)
-LIB_SRC   += $(wildcard device/cuda_*.c)
+LIB_SRC   += $(wildcard device/cuda_*.c train/cuda_*.c)
 CU_SRC    := $(wildcard device/*.cu train/*.cu)
 else
-LIB_SRC   += device/nocuda.c
+LIB_SRC   += device/nocuda.c $(wildcard train/nocuda_*.c)
 CU_SRC    :=
 endif
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)

@@ -76,6 +76,9 @@ struct ts__backend_ops {
 	ts_status (*queue_wait_event)(struct ts_queue *q, struct ts_event *ev,
 	                              struct ts_error *err);
 	ts_status (*queue_sync)(struct ts_queue *q, struct ts_error *err);
+	/* The queue's native handle (a cudaStream_t); optional: NULL when the
+	 * backend has none. */
+	void *(*queue_native)(const struct ts_queue *q);
 
 	ts_status (*event_new)(struct ts_device *dev, struct ts_event **out,
 	                       struct ts_error *err);

@@ -357,6 +357,11 @@ static ts_status cuda_queue_host_fn(struct ts_queue *base, void (*fn)(void *arg)
 	                 "cudaLaunchHostFunc", NULL, err);
 }
 
+static void *cuda_queue_native(const struct ts_queue *base)
+{
+	return ((const struct cuda_queue *)base)->stream;
+}
+
 static ts_status cuda_queue_wait_event(struct ts_queue *base, struct ts_event *ev,
                                        struct ts_error *err)
 {
@@ -491,6 +496,7 @@ static const struct ts__backend_ops cuda_ops = {
 	.queue_host_fn = cuda_queue_host_fn,
 	.queue_wait_event = cuda_queue_wait_event,
 	.queue_sync = cuda_queue_sync,
+	.queue_native = cuda_queue_native,
 	.event_new = cuda_event_new,
 	.event_free = cuda_event_free,
 	.event_record = cuda_event_record,

@@ -473,6 +473,13 @@ struct ts_device *ts_queue_device(const struct ts_queue *q)
 	return q->dev;
 }
 
+void *ts_queue_native(const struct ts_queue *q)
+{
+	if (!q || !q->dev->ops->queue_native)
+		return NULL;
+	return q->dev->ops->queue_native(q);
+}
+
 ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
                         size_t n, enum ts_copy_kind kind, struct ts_error *err)
 {

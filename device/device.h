@@ -171,6 +171,11 @@ void ts_queue_free(struct ts_queue *q);
 /* The device a queue or event belongs to (borrowed). */
 struct ts_device *ts_queue_device(const struct ts_queue *q);
 
+/* The backend's own handle of q, for code that launches backend work on it
+ * (train/cuda_*): its cudaStream_t on CUDA; NULL on sim and cpu, and for a
+ * NULL q. Borrowed: lives as long as q. */
+void *ts_queue_native(const struct ts_queue *q);
+
 /*
  * Enqueues a copy of n bytes. dst and src stay borrowed: the caller keeps
  * them alive until an event recorded after this copy completes. n == 0 is a

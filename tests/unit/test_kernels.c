@@ -1,0 +1,1149 @@
+/*
+ * test_kernels.c - the training kernels against float64 references: gemm in
+ * every transpose combination against a naive triple loop, activations and
+ * their derivatives against central finite differences, the losses, sums of
+ * squares, SGD and Adam (with and without global-norm clipping) against
+ * optax's formulas, a whole tiny MLP's gradients against finite differences
+ * of its loss, bit-for-bit determinism, queue order, and argument checks.
+ *
+ * Every case runs on sim:0 (the CPU kernels); with TS_TEST_BACKEND=cuda the
+ * backend-independent ones run again on cuda:0 (cuBLAS and the CUDA
+ * kernels). Operands live in device memory, filled and read back with
+ * queue copies, so the same code drives both.
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/kernels.h"
+
+static struct ts_device_set *set;
+static struct ts_device *dev;
+static struct ts_kernels *kern;
+static struct ts_queue *q;
+static struct ts_error err;
+
+/* Device buffers of the running case, freed by dfree_all or teardown. */
+#define MAX_BUFS 512
+static struct {
+	void *p;
+	size_t size;
+} bufs[MAX_BUFS];
+static int nbufs;
+
+#define OK(call)                                                                       \
+	do {                                                                           \
+		ts_status st_ = (call);                                                \
+		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
+		              ts_status_name(st_), err.message);                       \
+	} while (0)
+
+#define REFUSED(call)                                                                  \
+	do {                                                                           \
+		ts_error_clear(&err);                                                  \
+		ck_assert_int_eq((call), TS_INVALID_ARGUMENT);                         \
+		ck_assert_int_eq(err.status, TS_INVALID_ARGUMENT);                     \
+		ts_error_clear(&err);                                                  \
+	} while (0)
+
+static void setup_on(const struct ts_device_config *dc, const char *id)
+{
+	ts_error_clear(&err);
+	nbufs = 0;
+	OK(ts_device_set_new(dc, &set, &err));
+	dev = ts_device_set_find(set, id);
+	ck_assert_msg(dev != NULL, "no device %s", id);
+	OK(ts_kernels_new(dev, &kern, &err));
+	OK(ts_queue_new(dev, &q, &err));
+}
+
+static void setup_sim(void)
+{
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 64ull << 20,
+	                              .cuda = false, .host = "t"};
+
+	setup_on(&dc, "sim:0");
+}
+
+static void setup_cuda(void)
+{
+	struct ts_device_config dc = {.sim_devices = 0, .cuda = true, .host = "t"};
+
+	setup_on(&dc, "cuda:0");
+}
+
+static void dfree_all(void)
+{
+	if (q)
+		ts_queue_sync(q, NULL);
+	for (int i = 0; i < nbufs; i++)
+		ts_device_mem_free(dev, TS_MEM_DEVICE, bufs[i].p, bufs[i].size);
+	nbufs = 0;
+}
+
+static void teardown(void)
+{
+	dfree_all();
+	ts_queue_free(q);
+	q = NULL;
+	ts_kernels_free(kern);
+	ts_device_set_free(set);
+}
+
+/* ---- device buffers --------------------------------------------------------- */
+
+static float *dalloc(size_t n)
+{
+	void *p = NULL;
+
+	ck_assert_int_lt(nbufs, MAX_BUFS);
+	OK(ts_device_mem_alloc(dev, TS_MEM_DEVICE, (n ? n : 1) * sizeof(float), &p, &err));
+	bufs[nbufs].p = p;
+	bufs[nbufs].size = (n ? n : 1) * sizeof(float);
+	nbufs++;
+	return p;
+}
+
+/* A device copy of h[0..n) (h may go once this returns). */
+static float *dput(const float *h, size_t n)
+{
+	float *d = dalloc(n);
+
+	OK(ts_queue_copy(q, d, h, n * sizeof(float), TS_COPY_H2D, &err));
+	OK(ts_queue_sync(q, &err));
+	return d;
+}
+
+/* Waits for the queue, then reads d[0..n) into h. */
+static void dget(float *h, const float *d, size_t n)
+{
+	OK(ts_queue_copy(q, h, d, n * sizeof(float), TS_COPY_D2H, &err));
+	OK(ts_queue_sync(q, &err));
+}
+
+static float dget1(const float *d)
+{
+	float v;
+
+	dget(&v, d, 1);
+	return v;
+}
+
+static void dcopy(float *dst, const float *src, size_t n)
+{
+	OK(ts_queue_copy(q, dst, src, n * sizeof(float), TS_COPY_D2D, &err));
+}
+
+/* ---- references ------------------------------------------------------------- */
+
+/* Deterministic uniform numbers in [lo, hi). */
+static float rnd(unsigned *s, float lo, float hi)
+{
+	*s = *s * 1664525u + 1013904223u;
+	return lo + (hi - lo) * (float)((*s >> 8) & 0xffffff) / 16777216.0f;
+}
+
+static void fill_rnd(float *x, size_t n, unsigned seed, float lo, float hi)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = rnd(&seed, lo, hi);
+}
+
+static double act_ref(enum ts_act act, double x)
+{
+	switch (act) {
+	case TS_ACT_RELU:
+		return x > 0 ? x : 0;
+	case TS_ACT_GELU:
+		return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+	case TS_ACT_TANH:
+		return tanh(x);
+	case TS_ACT_NONE:
+	default:
+		return x;
+	}
+}
+
+/* Central finite difference of act_ref at x. */
+static double act_fd(enum ts_act act, double x)
+{
+	const double h = 1e-6;
+
+	return (act_ref(act, x + h) - act_ref(act, x - h)) / (2 * h);
+}
+
+/* |got - ref| <= rtol * (|ref| + floor). */
+static void check_close(double got, double ref, double rtol, double floor, const char *what,
+                        size_t i)
+{
+	ck_assert_msg(fabs(got - ref) <= rtol * (fabs(ref) + floor),
+	              "%s[%zu]: got %.9g, want %.9g (diff %.3g)", what, i, got, ref,
+	              fabs(got - ref));
+}
+
+static double max_abs(const double *x, size_t n)
+{
+	double m = 0;
+
+	for (size_t i = 0; i < n; i++)
+		m = fmax(m, fabs(x[i]));
+	return m;
+}
+
+static const enum ts_act all_acts[] = {TS_ACT_NONE, TS_ACT_RELU, TS_ACT_GELU, TS_ACT_TANH};
+
+/* ---- names --------------------------------------------------------------------- */
+
+START_TEST(names_round_trip)
+{
+	enum ts_act a;
+	enum ts_loss l;
+	enum ts_opt o;
+
+	for (int i = 0; i < 4; i++) {
+		ck_assert(ts_act_parse(ts_act_name(all_acts[i]), &a));
+		ck_assert_int_eq(a, all_acts[i]);
+	}
+	ck_assert_str_eq(ts_act_name(TS_ACT_GELU), "gelu");
+	ck_assert_str_eq(ts_loss_name(TS_LOSS_MSE), "mse");
+	ck_assert_str_eq(ts_opt_name(TS_OPT_ADAM), "adam");
+	ck_assert(ts_loss_parse("sum", &l) && l == TS_LOSS_SUM);
+	ck_assert(ts_loss_parse("mse", &l) && l == TS_LOSS_MSE);
+	ck_assert(ts_opt_parse("none", &o) && o == TS_OPT_NONE);
+	ck_assert(ts_opt_parse("sgd", &o) && o == TS_OPT_SGD);
+	ck_assert(ts_opt_parse("adam", NULL));
+	ck_assert(!ts_act_parse("Relu", &a));
+	ck_assert(!ts_act_parse("", &a));
+	ck_assert(!ts_act_parse(NULL, &a));
+	ck_assert(!ts_loss_parse("l2", &l));
+	ck_assert(!ts_opt_parse("adamw", &o));
+	ck_assert_str_eq(ts_act_name((enum ts_act)42), "unknown");
+	ck_assert_str_eq(ts_loss_name((enum ts_loss)-1), "unknown");
+}
+END_TEST
+
+/* ---- gemm ---------------------------------------------------------------------- */
+
+/* One gemm against the naive loop, with an error bound scaled by the sum of
+ * the magnitudes that went into each element. */
+static void gemm_case(bool ta, bool tb, int M, int N, int K, float alpha, float beta,
+                      unsigned seed)
+{
+	size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *A = malloc(na * sizeof *A + 1), *B = malloc(nb * sizeof *B + 1);
+	float *C0 = malloc(nc * sizeof *C0), *C = malloc(nc * sizeof *C);
+	float *dA, *dB, *dC;
+
+	fill_rnd(A, na, seed, -1, 1);
+	fill_rnd(B, nb, seed + 1, -1, 1);
+	fill_rnd(C0, nc, seed + 2, -1, 1);
+	if (beta == 0.0f)
+		for (size_t i = 0; i < nc; i++)
+			C0[i] = NAN;    /* beta == 0: what C held is ignored */
+	dA = dput(A, na);
+	dB = dput(B, nb);
+	dC = dput(C0, nc);
+	OK(ts_k_gemm(kern, q, ta, tb, M, N, K, alpha, dA, dB, beta, dC, &err));
+	dget(C, dC, nc);
+	for (int i = 0; i < M; i++) {
+		for (int j = 0; j < N; j++) {
+			double s = 0, mag = 0, ref;
+
+			for (int k = 0; k < K; k++) {
+				double a = ta ? A[(size_t)k * M + i] : A[(size_t)i * K + k];
+				double b = tb ? B[(size_t)j * K + k] : B[(size_t)k * N + j];
+
+				s += a * b;
+				mag += fabs(a * b);
+			}
+			ref = alpha * s;
+			mag = fabs(alpha) * mag;
+			if (beta != 0.0f) {
+				ref += beta * (double)C0[(size_t)i * N + j];
+				mag += fabs(beta * (double)C0[(size_t)i * N + j]);
+			}
+			ck_assert_msg(fabs(C[(size_t)i * N + j] - ref) <= 1e-5 * (mag + 1e-30),
+			              "gemm ta=%d tb=%d %dx%dx%d: C[%d,%d] = %.9g, want %.9g", ta,
+			              tb, M, N, K, i, j, C[(size_t)i * N + j], ref);
+		}
+	}
+	free(A);
+	free(B);
+	free(C0);
+	free(C);
+	dfree_all();
+}
+
+START_TEST(gemm_all_transposes)
+{
+	static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {3, 4, 2}, {33, 17, 65},
+	                                {64, 48, 128}, {2, 130, 9}};
+
+	for (int t = 0; t < 4; t++) {
+		bool ta = t & 1, tb = t & 2;
+
+		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+			gemm_case(ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f, 0.0f,
+			          (unsigned)(t * 10 + s));
+			gemm_case(ta, tb, shapes[s][0], shapes[s][1], shapes[s][2], 1.25f, 0.5f,
+			          (unsigned)(t * 10 + s + 100));
+		}
+	}
+}
+END_TEST
+
+START_TEST(gemm_empty_sizes)
+{
+	float C0[6] = {1, 2, 3, 4, 5, 6}, C[6];
+	float *dC = dput(C0, 6);
+
+	/* K == 0: C = beta * C */
+	OK(ts_k_gemm(kern, q, false, false, 2, 3, 0, 1.0f, NULL, NULL, 0.5f, dC, &err));
+	dget(C, dC, 6);
+	for (int i = 0; i < 6; i++)
+		ck_assert_float_eq(C[i], 0.5f * C0[i]);
+	OK(ts_k_gemm(kern, q, true, true, 2, 3, 0, 1.0f, NULL, NULL, 0.0f, dC, &err));
+	dget(C, dC, 6);
+	for (int i = 0; i < 6; i++)
+		ck_assert_float_eq(C[i], 0.0f);
+	/* M or N == 0: nothing at all, NULL operands included */
+	OK(ts_k_gemm(kern, q, false, false, 0, 3, 4, 1.0f, NULL, NULL, 0.0f, NULL, &err));
+	OK(ts_k_gemm(kern, q, false, false, 3, 0, 4, 1.0f, NULL, NULL, 0.0f, NULL, &err));
+	OK(ts_queue_sync(q, &err));
+}
+END_TEST
+
+/* ---- activations ---------------------------------------------------------------- */
+
+#define NX 64
+
+/* Points over [-6, 6], none within 1e-3 of relu's kink. */
+static void act_points(float *x)
+{
+	static const float fixed[] = {-20, -9, -6, -4, -1, -0.5f, 0.25f, 1, 3, 4, 9, 20};
+	unsigned s = 7;
+
+	for (int i = 0; i < NX; i++) {
+		float v = i < 12 ? fixed[i] : rnd(&s, -6, 6);
+
+		if (fabsf(v) < 1e-3f)
+			v = 0.5f;
+		x[i] = v;
+	}
+}
+
+START_TEST(activations_forward)
+{
+	float x[NX], y[NX];
+	float *dx, *dy;
+
+	act_points(x);
+	dx = dput(x, NX);
+	dy = dalloc(NX);
+	for (int a = 0; a < 4; a++) {
+		OK(ts_k_act_fwd(kern, q, all_acts[a], dx, dy, NX, &err));
+		dget(y, dy, NX);
+		for (int i = 0; i < NX; i++)
+			check_close(y[i], act_ref(all_acts[a], x[i]), 1e-5, 0.1 * (1 + fabs(x[i])),
+			            ts_act_name(all_acts[a]), (size_t)i);
+	}
+	/* in place */
+	OK(ts_k_act_fwd(kern, q, TS_ACT_TANH, dx, dx, NX, &err));
+	dget(y, dx, NX);
+	for (int i = 0; i < NX; i++)
+		check_close(y[i], tanh(x[i]), 1e-5, 0.1, "tanh in place", (size_t)i);
+	/* relu at zero, and gelu's exact value at a point */
+	x[0] = 0.0f;
+	x[1] = 1.0f;
+	dx = dput(x, 2);
+	OK(ts_k_act_fwd(kern, q, TS_ACT_RELU, dx, dy, 2, &err));
+	dget(y, dy, 2);
+	ck_assert_float_eq(y[0], 0.0f);
+	ck_assert_float_eq(y[1], 1.0f);
+	OK(ts_k_act_fwd(kern, q, TS_ACT_GELU, dx + 1, dy, 1, &err));
+	ck_assert_double_eq_tol(dget1(dy), 0.8411919906082768, 1e-6);
+}
+END_TEST
+
+START_TEST(activations_backward)
+{
+	float x[NX], go[NX], gi[NX];
+	float *dx, *dgo, *dgi;
+
+	act_points(x);
+	fill_rnd(go, NX, 11, -2, 2);
+	dx = dput(x, NX);
+	dgo = dput(go, NX);
+	dgi = dalloc(NX);
+	for (int a = 0; a < 4; a++) {
+		enum ts_act act = all_acts[a];
+
+		OK(ts_k_act_bwd(kern, q, act, dx, dgo, dgi, NX, &err));
+		dget(gi, dgi, NX);
+		for (int i = 0; i < NX; i++)
+			check_close(gi[i], go[i] * act_fd(act, x[i]), 1e-5,
+			            fabs(go[i]) * (1 + fabs(x[i])) * 0.1, ts_act_name(act),
+			            (size_t)i);
+	}
+	/* in place (grad_in == grad_out) */
+	OK(ts_k_act_bwd(kern, q, TS_ACT_GELU, dx, dgo, dgo, NX, &err));
+	dget(gi, dgo, NX);
+	for (int i = 0; i < NX; i++)
+		check_close(gi[i], go[i] * act_fd(TS_ACT_GELU, x[i]), 1e-5,
+		            fabs(go[i]) * (1 + fabs(x[i])) * 0.1, "gelu in place", (size_t)i);
+	/* jax.nn.relu's derivative at 0 is 0 */
+	x[0] = 0.0f;
+	go[0] = 3.0f;
+	dx = dput(x, 1);
+	dgo = dput(go, 1);
+	OK(ts_k_act_bwd(kern, q, TS_ACT_RELU, dx, dgo, dgi, 1, &err));
+	ck_assert_float_eq(dget1(dgi), 0.0f);
+}
+END_TEST
+
+/* ---- loss, sumsq, add, fill -------------------------------------------------------- */
+
+START_TEST(loss_sum_and_mse)
+{
+	enum { N = 37 };
+	float out[N], target[N], grad[N];
+	float *dout, *dtarget, *dgrad, *dloss;
+	double sum = 0, sq = 0;
+
+	fill_rnd(out, N, 3, -2, 2);
+	fill_rnd(target, N, 4, -2, 2);
+	dout = dput(out, N);
+	dtarget = dput(target, N);
+	dgrad = dalloc(N);
+	dloss = dalloc(1);
+	for (int i = 0; i < N; i++) {
+		sum += out[i];
+		sq += ((double)out[i] - target[i]) * ((double)out[i] - target[i]);
+	}
+
+	OK(ts_k_loss(kern, q, TS_LOSS_SUM, dout, NULL, dloss, dgrad, N, &err));
+	check_close(dget1(dloss), sum, 1e-6, 1.0, "sum loss", 0);
+	dget(grad, dgrad, N);
+	for (int i = 0; i < N; i++)
+		ck_assert_float_eq(grad[i], 1.0f);
+
+	OK(ts_k_loss(kern, q, TS_LOSS_MSE, dout, dtarget, dloss, dgrad, N, &err));
+	check_close(dget1(dloss), sq / N, 1e-6, 0, "mse loss", 0);
+	dget(grad, dgrad, N);
+	for (int i = 0; i < N; i++)
+		check_close(grad[i], 2 * ((double)out[i] - target[i]) / N, 1e-6, 1e-3, "mse grad",
+		            (size_t)i);
+	/* the loss is written, not accumulated */
+	OK(ts_k_loss(kern, q, TS_LOSS_MSE, dout, dtarget, dloss, dgrad, N, &err));
+	check_close(dget1(dloss), sq / N, 1e-6, 0, "mse loss again", 0);
+}
+END_TEST
+
+START_TEST(sumsq_accumulates)
+{
+	enum { N = 1000 };
+	float x[N], y[N], acc0 = 1.5f;
+	float *dx, *dy, *dacc;
+	double want = acc0;
+
+	fill_rnd(x, N, 5, -1, 1);
+	fill_rnd(y, N, 6, -3, 3);
+	for (int i = 0; i < N; i++)
+		want += (double)x[i] * x[i] + (double)y[i] * y[i];
+	dx = dput(x, N);
+	dy = dput(y, N);
+	dacc = dput(&acc0, 1);
+	OK(ts_k_sumsq(kern, q, dx, N, dacc, &err));
+	OK(ts_k_sumsq(kern, q, dy, N, dacc, &err));
+	OK(ts_k_sumsq(kern, q, NULL, 0, dacc, &err));   /* empty: no change */
+	check_close(dget1(dacc), want, 1e-6, 0, "sumsq", 0);
+}
+END_TEST
+
+START_TEST(add_and_fill)
+{
+	enum { N = 3001 };
+	float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *got = malloc(N * sizeof *got);
+	float *dx, *dy;
+
+	fill_rnd(y, N, 9, -5, 5);
+	dx = dalloc(N);
+	dy = dput(y, N);
+	OK(ts_k_fill(kern, q, dx, 0.375f, N, &err));
+	dget(x, dx, N);
+	for (int i = 0; i < N; i++)
+		ck_assert_float_eq(x[i], 0.375f);
+	OK(ts_k_add(kern, q, dx, dy, N, &err));
+	OK(ts_k_add(kern, q, dx, dy, N - 1, &err));
+	dget(got, dy, N);
+	for (int i = 0; i < N; i++) {
+		float want = y[i] + 0.375f;
+
+		if (i < N - 1)
+			want += 0.375f;
+		ck_assert_float_eq(got[i], want);
+	}
+	OK(ts_k_fill(kern, q, dx, -1.0f, 0, &err));    /* empty: no change */
+	ck_assert_float_eq(dget1(dx), 0.375f);
+	free(x);
+	free(y);
+	free(got);
+}
+END_TEST
+
+/* ---- optimizers -------------------------------------------------------------------- */
+
+enum { NP1 = 40, NP2 = 23, STEPS = 3 };
+
+/* The float64 model of optax's chain(clip_by_global_norm(c), adam) or sgd
+ * over two tensors sharing one global norm. */
+struct opt_ref {
+	double p[NP1 + NP2], mu[NP1 + NP2], nu[NP1 + NP2];
+};
+
+static void opt_ref_step(struct opt_ref *r, const struct ts_optimizer *o, int t, const float *g)
+{
+	double gsq = 0, norm, scale_num = 1, scale_den = 1;
+	double b1 = o->b1, b2 = o->b2, eps = o->eps, lr = o->learning_rate, c = o->clip_global_norm;
+
+	for (int i = 0; i < NP1 + NP2; i++)
+		gsq += (double)g[i] * g[i];
+	norm = sqrt(gsq);
+	if (c > 0 && !(norm < c)) {
+		scale_num = c;
+		scale_den = norm;
+	}
+	for (int i = 0; i < NP1 + NP2; i++) {
+		double gi = g[i] / scale_den * scale_num;
+
+		if (o->type == TS_OPT_SGD) {
+			r->p[i] -= lr * gi;
+			continue;
+		}
+		r->mu[i] = (1 - b1) * gi + b1 * r->mu[i];
+		r->nu[i] = (1 - b2) * gi * gi + b2 * r->nu[i];
+		r->p[i] -= lr * (r->mu[i] / (1 - pow(b1, t))) / (sqrt(r->nu[i] / (1 - pow(b2, t))) + eps);
+	}
+}
+
+/* Runs STEPS updates of two tensors on the kernels and on the reference;
+ * compares parameters and moments after each step. */
+static void optimizer_case(const struct ts_optimizer *o, unsigned seed)
+{
+	float p[NP1 + NP2], g[STEPS][NP1 + NP2], got[NP1 + NP2], zero[NP1 + NP2] = {0};
+	struct opt_ref r;
+	float *dp, *dmu, *dnu, *dg[STEPS], *dgsq;
+
+	fill_rnd(p, NP1 + NP2, seed, -1, 1);
+	for (int t = 0; t < STEPS; t++) {
+		unsigned s = seed + 17 * (t + 1);
+
+		for (int i = 0; i < NP1 + NP2; i++) {
+			float m = rnd(&s, 0.1f, 1.5f);
+
+			g[t][i] = rnd(&s, 0, 1) < 0.5f ? -m : m;
+		}
+	}
+	for (int i = 0; i < NP1 + NP2; i++) {
+		r.p[i] = p[i];
+		r.mu[i] = r.nu[i] = 0;
+	}
+	dp = dput(p, NP1 + NP2);
+	dmu = dput(zero, NP1 + NP2);
+	dnu = dput(zero, NP1 + NP2);
+	dgsq = dalloc(1);
+	for (int t = 0; t < STEPS; t++)
+		dg[t] = dput(g[t], NP1 + NP2);
+
+	for (int t = 1; t <= STEPS; t++) {
+		float *gg = dg[t - 1];
+
+		/* the global norm over both tensors, then each tensor's update */
+		OK(ts_k_fill(kern, q, dgsq, 0.0f, 1, &err));
+		OK(ts_k_sumsq(kern, q, gg, NP1, dgsq, &err));
+		OK(ts_k_sumsq(kern, q, gg + NP1, NP2, dgsq, &err));
+		OK(ts_k_update(kern, q, o, t, dp, gg, dmu, dnu, NP1, dgsq, &err));
+		OK(ts_k_update(kern, q, o, t, dp + NP1, gg + NP1, dmu + NP1, dnu + NP1, NP2, dgsq,
+		               &err));
+		opt_ref_step(&r, o, t, g[t - 1]);
+
+		dget(got, dp, NP1 + NP2);
+		for (int i = 0; i < NP1 + NP2; i++)
+			check_close(got[i], r.p[i], 1e-6, 1e-1, "p", (size_t)i);
+		if (o->type != TS_OPT_ADAM)
+			continue;
+		dget(got, dmu, NP1 + NP2);
+		for (int i = 0; i < NP1 + NP2; i++)
+			/* mu sums terms of both signs: relative to their scale */
+			check_close(got[i], r.mu[i], 1e-6, max_abs(r.mu, NP1 + NP2), "mu",
+			            (size_t)i);
+		dget(got, dnu, NP1 + NP2);
+		for (int i = 0; i < NP1 + NP2; i++)
+			check_close(got[i], r.nu[i], 1e-6, 0, "nu", (size_t)i);
+	}
+	dfree_all();
+}
+
+START_TEST(sgd_updates)
+{
+	struct ts_optimizer o = {.type = TS_OPT_SGD, .learning_rate = 0.05f};
+
+	optimizer_case(&o, 21);
+	o.clip_global_norm = 0.75f;     /* clips: the norm is about 6 */
+	optimizer_case(&o, 22);
+}
+END_TEST
+
+START_TEST(adam_without_clipping)
+{
+	struct ts_optimizer o = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                         .b2 = 0.999f, .eps = 1e-8f};
+
+	optimizer_case(&o, 31);
+	o.learning_rate = 0.3f;
+	o.b1 = 0.5f;
+	o.b2 = 0.75f;
+	o.eps = 1e-3f;
+	optimizer_case(&o, 32);
+	/* a bound above the norm changes nothing */
+	o.clip_global_norm = 1e3f;
+	optimizer_case(&o, 33);
+}
+END_TEST
+
+START_TEST(adam_with_clipping)
+{
+	struct ts_optimizer o = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                         .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f};
+
+	optimizer_case(&o, 41);
+	o.clip_global_norm = 0.05f;
+	o.eps = 1e-2f;      /* clipped gradients are small: eps shows */
+	optimizer_case(&o, 42);
+}
+END_TEST
+
+/* ---- a whole MLP --------------------------------------------------------------------- */
+
+enum { MB = 3, MD = 4, MH = 3, ML = 2 };
+
+struct mlp_case {
+	struct ts_mlp m;
+	float x0[MB * MD], target[MB * MD];
+	float w1[ML * MD * MD], w2[ML * MD * MD];      /* room for h <= d */
+};
+
+static void mlp_case_init(struct mlp_case *c, enum ts_act act, bool residual, enum ts_loss loss,
+                          int d_hidden, unsigned seed)
+{
+	int h;
+
+	memset(c, 0, sizeof *c);
+	c->m.layers = ML;
+	c->m.d_model = MD;
+	c->m.d_hidden = d_hidden;
+	c->m.act = act;
+	c->m.residual = residual;
+	c->m.loss = loss;
+	h = ts_mlp_hidden(&c->m);
+	fill_rnd(c->x0, MB * MD, seed, -1, 1);
+	fill_rnd(c->target, MB * MD, seed + 1, -1, 1);
+	fill_rnd(c->w1, (size_t)ML * MD * h, seed + 2, -0.9f, 0.9f);
+	fill_rnd(c->w2, (size_t)ML * h * MD, seed + 3, -0.9f, 0.9f);
+}
+
+/* The loss of the model in float64, for weights w1, w2 (doubles). */
+static double mlp_loss_ref(const struct mlp_case *c, const double *w1, const double *w2)
+{
+	int d = MD, h = ts_mlp_hidden(&c->m);
+	double x[MB * MD], hid[MB * MD], y[MB * MD], loss = 0;
+
+	for (int i = 0; i < MB * d; i++)
+		x[i] = c->x0[i];
+	for (int l = 0; l < ML; l++) {
+		const double *a = w1 + (size_t)l * d * h, *b = w2 + (size_t)l * h * d;
+
+		for (int r = 0; r < MB; r++)
+			for (int j = 0; j < h; j++) {
+				double s = 0;
+
+				for (int k = 0; k < d; k++)
+					s += x[r * d + k] * a[k * h + j];
+				hid[r * h + j] = act_ref(c->m.act, s);
+			}
+		for (int r = 0; r < MB; r++)
+			for (int j = 0; j < d; j++) {
+				double s = 0;
+
+				if (ts_mlp_has_w2(&c->m))
+					for (int k = 0; k < h; k++)
+						s += hid[r * h + k] * b[k * d + j];
+				else
+					s = hid[r * h + j];
+				y[r * d + j] = s;
+			}
+		for (int i = 0; i < MB * d; i++)
+			x[i] = c->m.residual ? x[i] + y[i] : y[i];
+	}
+	for (int i = 0; i < MB * d; i++) {
+		if (c->m.loss == TS_LOSS_SUM)
+			loss += x[i];
+		else
+			loss += (x[i] - c->target[i]) * (x[i] - c->target[i]);
+	}
+	return c->m.loss == TS_LOSS_SUM ? loss : loss / (MB * d);
+}
+
+/* Device state of one forward and backward pass. */
+struct mlp_dev {
+	float *x0, *target, *w1, *w2;
+	float *xs;          /* [L+1, B, d]: layer inputs, then the output */
+	float *hs, *as;     /* [L, B, h]: pre-activations and activations */
+	float *dx, *dx2;    /* [B, d] */
+	float *da, *dh;     /* [B, h] */
+	float *dw1, *dw2;
+	float *loss;
+};
+
+static void mlp_dev_init(struct mlp_dev *md, const struct mlp_case *c)
+{
+	int d = MD, h = ts_mlp_hidden(&c->m);
+
+	md->x0 = dput(c->x0, MB * d);
+	md->target = dput(c->target, MB * d);
+	md->w1 = dput(c->w1, (size_t)ML * d * h);
+	md->w2 = dput(c->w2, (size_t)ML * h * d);
+	md->xs = dalloc((size_t)(ML + 1) * MB * d);
+	md->hs = dalloc((size_t)ML * MB * h);
+	md->as = dalloc((size_t)ML * MB * h);
+	md->dx = dalloc(MB * d);
+	md->dx2 = dalloc(MB * d);
+	md->da = dalloc(MB * h);
+	md->dh = dalloc(MB * h);
+	md->dw1 = dalloc((size_t)ML * d * h);
+	md->dw2 = dalloc((size_t)ML * h * d);
+	md->loss = dalloc(1);
+}
+
+/* Enqueues one forward and backward pass; gradients land in dw1, dw2. */
+static void mlp_step(struct mlp_dev *md, const struct ts_mlp *m)
+{
+	int B = MB, d = m->d_model, h = ts_mlp_hidden(m), L = m->layers;
+	bool w2 = ts_mlp_has_w2(m);
+
+	dcopy(md->xs, md->x0, (size_t)B * d);
+	for (int l = 0; l < L; l++) {
+		float *xl = md->xs + (size_t)l * B * d, *xn = xl + (size_t)B * d;
+		float *hl = md->hs + (size_t)l * B * h, *al = md->as + (size_t)l * B * h;
+
+		OK(ts_k_gemm(kern, q, false, false, B, h, d, 1.0f, xl, md->w1 + (size_t)l * d * h,
+		             0.0f, hl, &err));
+		OK(ts_k_act_fwd(kern, q, m->act, hl, al, (uint64_t)B * h, &err));
+		if (w2)
+			OK(ts_k_gemm(kern, q, false, false, B, d, h, 1.0f, al,
+			             md->w2 + (size_t)l * h * d, 0.0f, xn, &err));
+		else
+			dcopy(xn, al, (size_t)B * d);
+		if (m->residual)
+			OK(ts_k_add(kern, q, xl, xn, (uint64_t)B * d, &err));
+	}
+	OK(ts_k_loss(kern, q, m->loss, md->xs + (size_t)L * B * d, md->target, md->loss, md->dx,
+	             (uint64_t)B * d, &err));
+	for (int l = L - 1; l >= 0; l--) {
+		float *xl = md->xs + (size_t)l * B * d;
+		float *hl = md->hs + (size_t)l * B * h, *al = md->as + (size_t)l * B * h;
+		float *w1l = md->w1 + (size_t)l * d * h, *w2l = md->w2 + (size_t)l * h * d;
+		float *tmp;
+
+		if (w2) {
+			/* dW2 = a^T dy; da = dy W2^T */
+			OK(ts_k_gemm(kern, q, true, false, h, d, B, 1.0f, al, md->dx, 0.0f,
+			             md->dw2 + (size_t)l * h * d, &err));
+			OK(ts_k_gemm(kern, q, false, true, B, h, d, 1.0f, md->dx, w2l, 0.0f, md->da,
+			             &err));
+			OK(ts_k_act_bwd(kern, q, m->act, hl, md->da, md->dh, (uint64_t)B * h, &err));
+		} else {
+			OK(ts_k_act_bwd(kern, q, m->act, hl, md->dx, md->dh, (uint64_t)B * h, &err));
+		}
+		/* dW1 = x^T dh; dx = dh W1^T (+ dy through the residual) */
+		OK(ts_k_gemm(kern, q, true, false, d, h, B, 1.0f, xl, md->dh, 0.0f,
+		             md->dw1 + (size_t)l * d * h, &err));
+		OK(ts_k_gemm(kern, q, false, true, B, d, h, 1.0f, md->dh, w1l, 0.0f, md->dx2, &err));
+		if (m->residual)
+			OK(ts_k_add(kern, q, md->dx, md->dx2, (uint64_t)B * d, &err));
+		tmp = md->dx;
+		md->dx = md->dx2;
+		md->dx2 = tmp;
+	}
+}
+
+/* Gradients of one model against central differences of its float64 loss. */
+static void mlp_check(enum ts_act act, bool residual, enum ts_loss loss, int d_hidden,
+                      unsigned seed)
+{
+	struct mlp_case c;
+	struct mlp_dev md;
+	int h, n1, n2;
+	double w1[ML * MD * MD], w2[ML * MD * MD], fd[2 * ML * MD * MD], gmax;
+	float got[2 * ML * MD * MD];
+	const double eps = 1e-6;
+	char what[96];
+
+	mlp_case_init(&c, act, residual, loss, d_hidden, seed);
+	h = ts_mlp_hidden(&c.m);
+	n1 = ML * MD * h;
+	n2 = ts_mlp_has_w2(&c.m) ? ML * h * MD : 0;
+	for (int i = 0; i < n1; i++)
+		w1[i] = c.w1[i];
+	for (int i = 0; i < ML * h * MD; i++)
+		w2[i] = c.w2[i];
+	for (int i = 0; i < n1 + n2; i++) {
+		double *w = i < n1 ? &w1[i] : &w2[i - n1];
+		double keep = *w, lp, lm;
+
+		*w = keep + eps;
+		lp = mlp_loss_ref(&c, w1, w2);
+		*w = keep - eps;
+		lm = mlp_loss_ref(&c, w1, w2);
+		*w = keep;
+		fd[i] = (lp - lm) / (2 * eps);
+	}
+	gmax = max_abs(fd, (size_t)(n1 + n2));
+
+	mlp_dev_init(&md, &c);
+	mlp_step(&md, &c.m);
+	dget(got, md.dw1, (size_t)n1);
+	if (n2)
+		dget(got + n1, md.dw2, (size_t)n2);
+	snprintf(what, sizeof what, "%s residual=%d %s h=%d grad", ts_act_name(act), residual,
+	         ts_loss_name(loss), d_hidden);
+	for (int i = 0; i < n1 + n2; i++)
+		check_close(got[i], fd[i], 1e-3, 1e-2 * gmax, what, (size_t)i);
+	snprintf(what, sizeof what, "%s residual=%d %s h=%d loss", ts_act_name(act), residual,
+	         ts_loss_name(loss), d_hidden);
+	check_close(dget1(md.loss), mlp_loss_ref(&c, w1, w2), 1e-5, 1e-3, what, 0);
+	dfree_all();
+}
+
+START_TEST(mlp_gradients_match_finite_differences)
+{
+	unsigned seed = 100;
+
+	for (int a = 0; a < 4; a++)
+		for (int r = 0; r < 2; r++)
+			for (int l = 0; l < 2; l++) {
+				enum ts_loss loss = l ? TS_LOSS_MSE : TS_LOSS_SUM;
+
+				mlp_check(all_acts[a], r, loss, MH, seed++);
+				mlp_check(all_acts[a], r, loss, 0, seed++);
+			}
+}
+END_TEST
+
+/* ---- determinism, order, arguments ------------------------------------------------ */
+
+/* A forward, backward and two clipped Adam steps, plus a larger gemm; the
+ * results are appended to out (n floats). */
+static size_t training_run(float *out)
+{
+	struct ts_optimizer o = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                         .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 0.5f};
+	enum { GM = 96, GN = 80, GK = 200 };
+	struct mlp_case c;
+	struct mlp_dev md;
+	float zero[ML * MD * MH] = {0};
+	float *A = malloc(GM * GK * sizeof *A), *B = malloc(GK * GN * sizeof *B);
+	float *dmu, *dnu, *dgsq, *dA, *dB, *dC;
+	size_t n = 0, nw = ML * MD * MH;
+
+	mlp_case_init(&c, TS_ACT_GELU, true, TS_LOSS_MSE, MH, 7);
+	mlp_dev_init(&md, &c);
+	dmu = dput(zero, nw);
+	dnu = dput(zero, nw);
+	dgsq = dalloc(1);
+	for (int t = 1; t <= 2; t++) {
+		mlp_step(&md, &c.m);
+		OK(ts_k_fill(kern, q, dgsq, 0.0f, 1, &err));
+		OK(ts_k_sumsq(kern, q, md.dw1, nw, dgsq, &err));
+		OK(ts_k_update(kern, q, &o, t, md.w1, md.dw1, dmu, dnu, nw, dgsq, &err));
+	}
+	dget(out + n, md.w1, nw);
+	n += nw;
+	dget(out + n, dmu, nw);
+	n += nw;
+	dget(out + n, dnu, nw);
+	n += nw;
+	dget(out + n, md.loss, 1);
+	n += 1;
+	fill_rnd(A, GM * GK, 1, -1, 1);
+	fill_rnd(B, GK * GN, 2, -1, 1);
+	dA = dput(A, GM * GK);
+	dB = dput(B, GK * GN);
+	dC = dalloc(GM * GN);
+	OK(ts_k_gemm(kern, q, true, false, GM, GN, GK, 1.0f, dA, dB, 0.0f, dC, &err));
+	dget(out + n, dC, GM * GN);
+	n += GM * GN;
+	free(A);
+	free(B);
+	dfree_all();
+	return n;
+}
+
+START_TEST(same_sequence_same_bits)
+{
+	size_t cap = 4 * ML * MD * MH + 96 * 80 + 16, n1, n2;
+	float *a = malloc(cap * sizeof *a), *b = malloc(cap * sizeof *b);
+
+	n1 = training_run(a);
+	n2 = training_run(b);
+	ck_assert_uint_eq(n1, n2);
+	ck_assert_uint_le(n1, cap);
+	ck_assert_msg(memcmp(a, b, n1 * sizeof *a) == 0, "two identical runs differ");
+	free(a);
+	free(b);
+}
+END_TEST
+
+/* Two queues share one ts_kernels and run gemms at once (OpenBLAS called
+ * from two queue workers); each matches the same gemms run alone. */
+START_TEST(queues_share_kernels)
+{
+	enum { G = 96, ROUNDS = 12 };
+	size_t n = (size_t)G * G;
+	float *A = malloc(n * sizeof *A), *B = malloc(n * sizeof *B);
+	float *alone = malloc(n * sizeof *alone), *got = malloc(n * sizeof *got);
+	struct ts_queue *q2;
+	float *dA, *dB, *dC1, *dC2, *dAlone;
+
+	fill_rnd(A, n, 51, -1, 1);
+	fill_rnd(B, n, 52, -1, 1);
+	dA = dput(A, n);
+	dB = dput(B, n);
+	dC1 = dalloc(n);
+	dC2 = dalloc(n);
+	dAlone = dalloc(n);
+	OK(ts_k_gemm(kern, q, false, true, G, G, G, 1.0f, dA, dB, 0.0f, dAlone, &err));
+	for (int r = 1; r < ROUNDS; r++)
+		OK(ts_k_gemm(kern, q, false, true, G, G, G, 0.5f, dA, dB, 0.5f, dAlone, &err));
+	dget(alone, dAlone, n);
+
+	OK(ts_queue_new(dev, &q2, &err));
+	OK(ts_k_gemm(kern, q, false, true, G, G, G, 1.0f, dA, dB, 0.0f, dC1, &err));
+	OK(ts_k_gemm(kern, q2, false, true, G, G, G, 1.0f, dA, dB, 0.0f, dC2, &err));
+	for (int r = 1; r < ROUNDS; r++) {
+		OK(ts_k_gemm(kern, q, false, true, G, G, G, 0.5f, dA, dB, 0.5f, dC1, &err));
+		OK(ts_k_gemm(kern, q2, false, true, G, G, G, 0.5f, dA, dB, 0.5f, dC2, &err));
+	}
+	OK(ts_queue_sync(q2, &err));
+	dget(got, dC1, n);
+	ck_assert_msg(memcmp(got, alone, n * sizeof *got) == 0, "queue 1 differs");
+	dget(got, dC2, n);
+	ck_assert_msg(memcmp(got, alone, n * sizeof *got) == 0, "queue 2 differs");
+	ts_queue_free(q2);
+	free(A);
+	free(B);
+	free(alone);
+	free(got);
+}
+END_TEST
+
+/* A host job that holds the queue until released. */
+struct latch {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool open;
+};
+
+static void latch_wait(void *arg)
+{
+	struct latch *l = arg;
+
+	pthread_mutex_lock(&l->mu);
+	while (!l->open)
+		pthread_cond_wait(&l->cv, &l->mu);
+	pthread_mutex_unlock(&l->mu);
+}
+
+START_TEST(kernels_run_later_in_queue_order)
+{
+	struct latch l = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+	float zero[4] = {0}, x[4], y[4];
+	float *dx = dput(zero, 4), *dy = dput(zero, 4);
+
+	OK(ts_queue_host_fn(q, latch_wait, &l, &err));
+	OK(ts_k_fill(kern, q, dx, 2.0f, 4, &err));
+	OK(ts_k_add(kern, q, dx, dy, 4, &err));
+	OK(ts_k_fill(kern, q, dx, 5.0f, 4, &err));
+	OK(ts_k_add(kern, q, dx, dy, 4, &err));
+	/* sim memory is host memory: nothing has run yet */
+	memcpy(x, dx, sizeof x);
+	memcpy(y, dy, sizeof y);
+	for (int i = 0; i < 4; i++) {
+		ck_assert_float_eq(x[i], 0.0f);
+		ck_assert_float_eq(y[i], 0.0f);
+	}
+	pthread_mutex_lock(&l.mu);
+	l.open = true;
+	pthread_cond_signal(&l.cv);
+	pthread_mutex_unlock(&l.mu);
+	dget(y, dy, 4);
+	for (int i = 0; i < 4; i++)
+		ck_assert_float_eq(y[i], 7.0f);
+}
+END_TEST
+
+START_TEST(sim_kernels_run_on_cpu_queues)
+{
+	struct ts_device *cpu = ts_device_set_find(set, "cpu:0");
+	struct ts_queue *cq;
+	float *x = malloc(8 * sizeof *x);
+
+	ck_assert_ptr_nonnull(cpu);
+	OK(ts_queue_new(cpu, &cq, &err));
+	OK(ts_k_fill(kern, cq, x, 1.5f, 8, &err));
+	OK(ts_queue_sync(cq, &err));
+	for (int i = 0; i < 8; i++)
+		ck_assert_float_eq(x[i], 1.5f);
+	ts_queue_free(cq);
+	free(x);
+}
+END_TEST
+
+START_TEST(native_queue_handle)
+{
+	bool cuda = ts_device_props(dev)->backend == TS_BACKEND_CUDA;
+
+	/* a cudaStream_t on CUDA, nothing on the host backends */
+	ck_assert(cuda ? ts_queue_native(q) != NULL : ts_queue_native(q) == NULL);
+	ck_assert_ptr_null(ts_queue_native(NULL));
+}
+END_TEST
+
+START_TEST(bad_arguments_refused)
+{
+	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-3f, .b1 = 0.9f,
+	                            .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_optimizer o;
+	struct ts_kernels *k2 = (struct ts_kernels *)1;
+	float *x = dalloc(16), *y = dalloc(16), *s = dalloc(1);
+
+	REFUSED(ts_kernels_new(NULL, &k2, &err));
+	ck_assert_ptr_null(k2);
+	REFUSED(ts_k_fill(NULL, q, x, 0, 4, &err));
+	REFUSED(ts_k_fill(kern, NULL, x, 0, 4, &err));
+	REFUSED(ts_k_fill(kern, q, NULL, 0, 4, &err));
+
+	REFUSED(ts_k_gemm(kern, q, false, false, -1, 2, 2, 1, x, y, 0, s, &err));
+	REFUSED(ts_k_gemm(kern, q, false, false, 2, -2, 2, 1, x, y, 0, s, &err));
+	REFUSED(ts_k_gemm(kern, q, false, false, 2, 2, -1, 1, x, y, 0, s, &err));
+	REFUSED(ts_k_gemm(kern, q, false, false, 2, 2, 2, 1, NULL, y, 0, s, &err));
+	REFUSED(ts_k_gemm(kern, q, false, false, 2, 2, 2, 1, x, NULL, 0, s, &err));
+	REFUSED(ts_k_gemm(kern, q, false, false, 2, 2, 2, 1, x, y, 0, NULL, &err));
+
+	REFUSED(ts_k_act_fwd(kern, q, (enum ts_act)9, x, y, 4, &err));
+	REFUSED(ts_k_act_fwd(kern, q, TS_ACT_RELU, NULL, y, 4, &err));
+	REFUSED(ts_k_act_bwd(kern, q, (enum ts_act)-1, x, y, y, 4, &err));
+	REFUSED(ts_k_act_bwd(kern, q, TS_ACT_TANH, x, NULL, y, 4, &err));
+	REFUSED(ts_k_add(kern, q, NULL, y, 4, &err));
+
+	REFUSED(ts_k_loss(kern, q, (enum ts_loss)5, x, y, s, y, 4, &err));
+	REFUSED(ts_k_loss(kern, q, TS_LOSS_MSE, x, NULL, s, y, 4, &err));
+	REFUSED(ts_k_loss(kern, q, TS_LOSS_SUM, x, NULL, NULL, y, 4, &err));
+	REFUSED(ts_k_loss(kern, q, TS_LOSS_SUM, x, NULL, s, y, 0, &err));
+	REFUSED(ts_k_sumsq(kern, q, x, 4, NULL, &err));
+	REFUSED(ts_k_sumsq(kern, q, NULL, 4, s, &err));
+
+	REFUSED(ts_k_update(kern, q, NULL, 1, x, y, x, y, 4, NULL, &err));
+	o = adam;
+	o.type = TS_OPT_NONE;
+	REFUSED(ts_k_update(kern, q, &o, 1, x, y, x, y, 4, NULL, &err));
+	REFUSED(ts_k_update(kern, q, &adam, 0, x, y, x, y, 4, NULL, &err));
+	REFUSED(ts_k_update(kern, q, &adam, 1, x, y, NULL, y, 4, NULL, &err));
+	REFUSED(ts_k_update(kern, q, &adam, 1, NULL, y, x, y, 4, NULL, &err));
+	o = adam;
+	o.b1 = 1.0f;
+	REFUSED(ts_k_update(kern, q, &o, 1, x, y, x, y, 4, NULL, &err));
+	o = adam;
+	o.clip_global_norm = -1.0f;
+	REFUSED(ts_k_update(kern, q, &o, 1, x, y, x, y, 4, NULL, &err));
+	o.clip_global_norm = 1.0f;      /* clipping needs the norm */
+	REFUSED(ts_k_update(kern, q, &o, 1, x, y, x, y, 4, NULL, &err));
+	o = adam;
+	o.learning_rate = NAN;
+	REFUSED(ts_k_update(kern, q, &o, 1, x, y, x, y, 4, NULL, &err));
+	/* CUDA kernels run on their own device's streams only */
+	if (ts_device_props(dev)->backend == TS_BACKEND_CUDA) {
+		struct ts_queue *cq;
+
+		OK(ts_queue_new(ts_device_set_find(set, "cpu:0"), &cq, &err));
+		REFUSED(ts_k_fill(kern, cq, x, 0, 4, &err));
+		ts_queue_free(cq);
+	}
+	/* SGD needs neither moments nor a step count */
+	o = adam;
+	o.type = TS_OPT_SGD;
+	OK(ts_k_fill(kern, q, x, 1.0f, 4, &err));
+	OK(ts_k_fill(kern, q, y, 2.0f, 4, &err));
+	OK(ts_k_update(kern, q, &o, 0, x, y, NULL, NULL, 4, NULL, &err));
+	check_close(dget1(x), 1.0 - 2e-3, 1e-6, 0, "sgd", 0);
+}
+END_TEST
+
+static void add_common(TCase *tc)
+{
+	tcase_add_test(tc, gemm_all_transposes);
+	tcase_add_test(tc, gemm_empty_sizes);
+	tcase_add_test(tc, activations_forward);
+	tcase_add_test(tc, activations_backward);
+	tcase_add_test(tc, loss_sum_and_mse);
+	tcase_add_test(tc, sumsq_accumulates);
+	tcase_add_test(tc, add_and_fill);
+	tcase_add_test(tc, sgd_updates);
+	tcase_add_test(tc, adam_without_clipping);
+	tcase_add_test(tc, adam_with_clipping);
+	tcase_add_test(tc, mlp_gradients_match_finite_differences);
+	tcase_add_test(tc, bad_arguments_refused);
+	tcase_add_test(tc, native_queue_handle);
+}
+
+static Suite *kernels_suite(bool cuda)
+{
+	Suite *s = suite_create("kernels");
+	TCase *tc = tcase_create("sim");
+
+	tcase_add_checked_fixture(tc, setup_sim, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, names_round_trip);
+	add_common(tc);
+	tcase_add_test(tc, same_sequence_same_bits);
+	tcase_add_test(tc, queues_share_kernels);
+	tcase_add_test(tc, kernels_run_later_in_queue_order);
+	tcase_add_test(tc, sim_kernels_run_on_cpu_queues);
+	suite_add_tcase(s, tc);
+	if (cuda) {
+		/* cuBLAS and the CUDA kernels; atomics make reductions vary in
+		 * their last bits, so no bit-for-bit case here */
+		tc = tcase_create("cuda");
+		tcase_add_checked_fixture(tc, setup_cuda, teardown);
+		tcase_set_timeout(tc, 300);
+		add_common(tc);
+		suite_add_tcase(s, tc);
+	}
+	return s;
+}
+
+int main(void)
+{
+	const char *backend = getenv("TS_TEST_BACKEND");
+	bool cuda = backend && strcmp(backend, "cuda") == 0;
+	SRunner *sr = srunner_create(kernels_suite(cuda));
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

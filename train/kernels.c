@@ -1,0 +1,285 @@
+/*
+ * kernels.c - the training kernels' front: picks the backend of a device
+ * and checks every call before a backend enqueues it.
+ *
+ * A ts_kernels is a device, its backend's ops (kernels_int.h) and the
+ * backend's state. Nothing can be reported once a kernel runs (it runs
+ * later, on a queue worker or a stream), so every argument is checked
+ * here, at enqueue time: NULL operands, negative sizes, unknown enums,
+ * optimizer hyperparameters that would divide by zero, a queue of another
+ * backend (or, on CUDA, of another device than the kernels'), a broken
+ * device. Empty work (a zero size) is accepted and enqueues nothing.
+ *
+ * Invariants: dev, ops and impl are immutable between new and free.
+ *
+ * Thread-safety: a ts_kernels may be used from any thread once made; the
+ * backends make their ops safe for that.
+ */
+#include "train/kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "train/kernels_int.h"
+
+struct ts_kernels {
+	struct ts_device *dev;                  /* borrowed; immutable */
+	const struct ts__kernel_ops *ops;       /* immutable */
+	void *impl;                             /* the backend's; immutable */
+};
+
+static ts_status bad(struct ts_error *err, const char *what)
+{
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT", "%s", what);
+}
+
+ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct ts_error *err)
+{
+	const struct ts__kernel_ops *ops;
+	struct ts_kernels *k;
+	ts_status st;
+
+	if (!out)
+		return bad(err, "training kernels: nowhere to put them");
+	*out = NULL;
+	if (!dev)
+		return bad(err, "training kernels: no device");
+	if (ts_device_broken(dev))
+		return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+		                    "%s is unusable after an unrecoverable (sticky) error",
+		                    ts_device_props(dev)->id);
+	switch (ts_device_props(dev)->backend) {
+	case TS_BACKEND_CUDA:
+		ops = ts__kernels_cuda_ops();
+		break;
+	case TS_BACKEND_SIM:
+	case TS_BACKEND_CPU:
+		ops = ts__kernels_cpu_ops();
+		break;
+	default:
+		ops = NULL;
+		break;
+	}
+	if (!ops)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "NO_KERNELS",
+		                    "%s: no training kernels for backend '%s' (built without CUDA)",
+		                    ts_device_props(dev)->id,
+		                    ts_backend_name(ts_device_props(dev)->backend));
+	k = calloc(1, sizeof *k);
+	if (!k)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "%s: out of memory creating training kernels",
+		                    ts_device_props(dev)->id);
+	k->dev = dev;
+	k->ops = ops;
+	st = ops->init(dev, &k->impl, err);
+	if (st != TS_OK) {
+		free(k);
+		return st;
+	}
+	*out = k;
+	return TS_OK;
+}
+
+void ts_kernels_free(struct ts_kernels *k)
+{
+	if (!k)
+		return;
+	k->ops->fini(k->impl);
+	free(k);
+}
+
+/* Whether q can run k's kernels: a queue of the kernels' own device on
+ * CUDA (the cuBLAS handle belongs to it), of any cpu or sim device
+ * otherwise (they all compute on host memory), and not broken. */
+static ts_status check_queue(const struct ts_kernels *k, struct ts_queue *q, const char *what,
+                             struct ts_error *err)
+{
+	struct ts_device *qdev;
+	enum ts_backend_kind kb, qb;
+	bool fits;
+
+	if (!k || !q)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "%s: no kernels or no queue", what);
+	qdev = ts_queue_device(q);
+	kb = ts_device_props(k->dev)->backend;
+	qb = ts_device_props(qdev)->backend;
+	if (kb == TS_BACKEND_CUDA)
+		fits = qdev == k->dev;
+	else
+		fits = qb == TS_BACKEND_SIM || qb == TS_BACKEND_CPU;
+	if (!fits)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "%s: the kernels of %s cannot run on a queue of %s", what,
+		                    ts_device_props(k->dev)->id, ts_device_props(qdev)->id);
+	if (ts_device_broken(qdev))
+		return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+		                    "%s is unusable after an unrecoverable (sticky) error",
+		                    ts_device_props(qdev)->id);
+	return TS_OK;
+}
+
+static bool act_known(enum ts_act act)
+{
+	return act == TS_ACT_NONE || act == TS_ACT_RELU || act == TS_ACT_GELU ||
+	       act == TS_ACT_TANH;
+}
+
+ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, int M, int N,
+                    int K, float alpha, const float *A, const float *B, float beta, float *C,
+                    struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "gemm", err);
+
+	if (st != TS_OK)
+		return st;
+	if (M < 0 || N < 0 || K < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "gemm: negative size (M=%d, N=%d, K=%d)", M, N, K);
+	if (M == 0 || N == 0)
+		return TS_OK;
+	if (!C || (K > 0 && (!A || !B)))
+		return bad(err, "gemm: NULL operand");
+	return k->ops->gemm(k->impl, q, ta, tb, M, N, K, alpha, A, B, beta, C, err);
+}
+
+ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
+                       const float *in, float *out, uint64_t n, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "activation", err);
+
+	if (st != TS_OK)
+		return st;
+	if (!act_known(act))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "activation: unknown activation %d", (int)act);
+	if (n == 0)
+		return TS_OK;
+	if (!in || !out)
+		return bad(err, "activation: NULL operand");
+	return k->ops->act_fwd(k->impl, q, act, in, out, n, err);
+}
+
+ts_status ts_k_act_bwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
+                       const float *pre, const float *grad_out, float *grad_in, uint64_t n,
+                       struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "activation gradient", err);
+
+	if (st != TS_OK)
+		return st;
+	if (!act_known(act))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "activation gradient: unknown activation %d", (int)act);
+	if (n == 0)
+		return TS_OK;
+	if (!pre || !grad_out || !grad_in)
+		return bad(err, "activation gradient: NULL operand");
+	return k->ops->act_bwd(k->impl, q, act, pre, grad_out, grad_in, n, err);
+}
+
+ts_status ts_k_add(struct ts_kernels *k, struct ts_queue *q, const float *x, float *y,
+                   uint64_t n, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "add", err);
+
+	if (st != TS_OK)
+		return st;
+	if (n == 0)
+		return TS_OK;
+	if (!x || !y)
+		return bad(err, "add: NULL operand");
+	return k->ops->add(k->impl, q, x, y, n, err);
+}
+
+ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,
+                    const float *out, const float *target, float *loss_dev, float *grad,
+                    uint64_t n, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "loss", err);
+
+	if (st != TS_OK)
+		return st;
+	if (loss != TS_LOSS_SUM && loss != TS_LOSS_MSE)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "loss: unknown loss %d", (int)loss);
+	if (n == 0)
+		return bad(err, "loss: no elements");
+	if (!out || !loss_dev || !grad || (loss == TS_LOSS_MSE && !target))
+		return bad(err, "loss: NULL operand");
+	return k->ops->loss(k->impl, q, loss, out, target, loss_dev, grad, n, err);
+}
+
+ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, uint64_t n,
+                     float *acc, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "sum of squares", err);
+
+	if (st != TS_OK)
+		return st;
+	if (n == 0)
+		return TS_OK;
+	if (!x || !acc)
+		return bad(err, "sum of squares: NULL operand");
+	return k->ops->sumsq(k->impl, q, x, n, acc, err);
+}
+
+/* The optimizer's settings, as an update needs them. */
+static ts_status check_optimizer(const struct ts_optimizer *opt, int step, struct ts_error *err)
+{
+	if (!opt)
+		return bad(err, "update: no optimizer");
+	if (opt->type != TS_OPT_SGD && opt->type != TS_OPT_ADAM)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "update: optimizer '%s' updates nothing",
+		                    ts_opt_name(opt->type));
+	if (!isfinite(opt->learning_rate))
+		return bad(err, "update: learning rate is not finite");
+	if (!(opt->clip_global_norm >= 0.0f) || isinf(opt->clip_global_norm))
+		return bad(err, "update: clip_global_norm must be finite and >= 0");
+	if (opt->type != TS_OPT_ADAM)
+		return TS_OK;
+	if (step < 1)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "update: adam step %d; steps count from 1", step);
+	if (!(opt->b1 >= 0.0f && opt->b1 < 1.0f) || !(opt->b2 >= 0.0f && opt->b2 < 1.0f))
+		return bad(err, "update: adam b1 and b2 must lie in [0, 1)");
+	if (!(opt->eps >= 0.0f) || isinf(opt->eps))
+		return bad(err, "update: adam eps must be finite and >= 0");
+	return TS_OK;
+}
+
+ts_status ts_k_update(struct ts_kernels *k, struct ts_queue *q, const struct ts_optimizer *opt,
+                      int step, float *p, const float *g, float *mu, float *nu, uint64_t n,
+                      const float *gnorm_sq_dev, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "update", err);
+
+	if (st != TS_OK)
+		return st;
+	st = check_optimizer(opt, step, err);
+	if (st != TS_OK)
+		return st;
+	if (n == 0)
+		return TS_OK;
+	if (!p || !g || (opt->type == TS_OPT_ADAM && (!mu || !nu)))
+		return bad(err, "update: NULL operand");
+	if (opt->clip_global_norm > 0.0f && !gnorm_sq_dev)
+		return bad(err, "update: clipping without a global norm");
+	return k->ops->update(k->impl, q, opt, step, p, g, mu, nu, n, gnorm_sq_dev, err);
+}
+
+ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v, uint64_t n,
+                    struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "fill", err);
+
+	if (st != TS_OK)
+		return st;
+	if (n == 0)
+		return TS_OK;
+	if (!x)
+		return bad(err, "fill: NULL operand");
+	return k->ops->fill(k->impl, q, x, v, n, err);
+}

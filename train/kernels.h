@@ -1,0 +1,100 @@
+/*
+ * kernels.h - the numerical kernels of a training step, behind one
+ * interface with two implementations: the CPU (OpenBLAS sgemm and plain C
+ * loops), used for cpu and sim devices, and CUDA (cuBLAS and small CUDA
+ * kernels), used for cuda devices. One planner and executor drive both.
+ *
+ * Every kernel is enqueued on a compute queue of the device that holds its
+ * operands (pointers are device pointers: host memory on cpu and sim) and
+ * runs after the queue's earlier work; the caller orders queues with
+ * events. All data is float32, row-major. Operands are borrowed: they must
+ * stay alive until the kernel has run (an event recorded after it).
+ *
+ * Failures: nothing can be reported once a kernel runs, so every call
+ * checks its arguments when it enqueues: NULL kernels, queue or operand,
+ * a negative size, an unknown enum, or a queue the kernels cannot use (on
+ * CUDA, a queue of another device than the kernels'; on cpu and sim, a
+ * queue of a cuda device) is INVALID_ARGUMENT; a broken device UNAVAILABLE;
+ * running out of memory RESOURCE_EXHAUSTED. A zero size enqueues nothing
+ * (NULL operands are then allowed), except where a kernel says otherwise.
+ * On CUDA, launch and cuBLAS errors are translated when enqueueing; a
+ * sticky one is UNAVAILABLE.
+ *
+ * Thread-safety: a ts_kernels object may be shared; kernels on one queue
+ * run in order.
+ */
+#ifndef TS_KERNELS_H
+#define TS_KERNELS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "device/device.h"
+#include "train/mlp.h"
+
+struct ts_kernels;
+
+/* The kernels for dev's backend (CPU kernels for cpu and sim, cuBLAS and
+ * CUDA kernels for cuda; UNIMPLEMENTED for cuda in a build without CUDA).
+ * New object, freed with ts_kernels_free, which on CUDA waits for the
+ * device; dev is borrowed and must outlive it. */
+ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct ts_error *err);
+void ts_kernels_free(struct ts_kernels *k);
+
+/* C[M,N] = alpha * op(A) @ op(B) + beta * C, op = transpose when ta / tb;
+ * A is [M,K] (or [K,M] when ta), B is [K,N] (or [N,K] when tb); dense,
+ * row-major, leading dimensions implied by the shapes. With beta == 0, C
+ * is only written (as BLAS); K == 0 gives C = beta * C. */
+ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, int M, int N,
+                    int K, float alpha, const float *A, const float *B, float beta, float *C,
+                    struct ts_error *err);
+
+/* out[i] = act(in[i]), n elements (in == out allowed). */
+ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
+                       const float *in, float *out, uint64_t n, struct ts_error *err);
+
+/* grad_in[i] = grad_out[i] * act'(pre[i]) (grad_in == grad_out allowed). */
+ts_status ts_k_act_bwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
+                       const float *pre, const float *grad_out, float *grad_in, uint64_t n,
+                       struct ts_error *err);
+
+/* y[i] += x[i]. */
+ts_status ts_k_add(struct ts_kernels *k, struct ts_queue *q, const float *x, float *y,
+                   uint64_t n, struct ts_error *err);
+
+/*
+ * The loss of out (n elements) against target (mse; NULL for sum) into
+ * *loss_dev (one float in device memory, overwritten), and its gradient
+ * into grad (n elements): sum -> 1 everywhere; mse -> 2 (out - target) / n.
+ * n == 0 is INVALID_ARGUMENT.
+ */
+ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,
+                    const float *out, const float *target, float *loss_dev, float *grad,
+                    uint64_t n, struct ts_error *err);
+
+/* acc[0] += sum(x[i]^2) (acc one float in device memory), for global norms. */
+ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, uint64_t n,
+                     float *acc, struct ts_error *err);
+
+/*
+ * One optimizer update of n parameters from their gradient g, with the
+ * global gradient norm's square in *gnorm_sq_dev (device memory; read only
+ * when opt->clip_global_norm > 0): g is scaled by min(1, c / norm) first,
+ * as optax's clip_by_global_norm. Adam keeps mu and nu (n each) and uses
+ * step t (1-based) for bias correction: mu = b1 mu + (1-b1) g;
+ * nu = b2 nu + (1-b2) g^2; p -= lr * (mu / (1-b1^t)) / (sqrt(nu / (1-b2^t)) + eps).
+ * SGD: p -= lr * g (mu, nu and step unused). INVALID_ARGUMENT for
+ * optimizer "none", a non-finite learning rate, a negative or infinite
+ * clip_global_norm (or a positive one without gnorm_sq_dev), and for Adam
+ * a step < 1, b1 or b2 outside [0, 1), or a negative eps.
+ */
+ts_status ts_k_update(struct ts_kernels *k, struct ts_queue *q, const struct ts_optimizer *opt,
+                      int step, float *p, const float *g, float *mu, float *nu, uint64_t n,
+                      const float *gnorm_sq_dev, struct ts_error *err);
+
+/* x[i] = v. */
+ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v, uint64_t n,
+                    struct ts_error *err);
+
+#endif

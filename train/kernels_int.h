@@ -1,0 +1,78 @@
+/*
+ * kernels_int.h - what a kernel backend implements for kernels.c.
+ *
+ * Internal to train/: kernels.c checks every argument of the public ts_k_*
+ * functions (non-NULL operands, sizes, known enums, a queue of the right
+ * backend, a device that is not broken) and skips empty work before it
+ * calls an op, so ops only enqueue. A backend keeps its own state in impl
+ * (NULL for the CPU one; the cuBLAS handle for CUDA).
+ *
+ * The CPU backend lives in kernels_cpu.c; the CUDA one in cuda_kernels.cu,
+ * or nocuda_kernels.c for builds without CUDA, whose ts__kernels_cuda_ops()
+ * returns NULL.
+ *
+ * Thread-safety: ops are called from any thread, concurrently, and must be
+ * safe for that.
+ */
+#ifndef TS_KERNELS_INT_H
+#define TS_KERNELS_INT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "train/kernels.h"
+
+/*
+ * The operations of one kernel backend. Every op enqueues on q (a queue of a
+ * device of the backend, not broken) and returns what enqueueing cost:
+ * RESOURCE_EXHAUSTED when out of memory, the backend's own errors otherwise.
+ * Sizes are non-zero; M, N > 0 and K >= 0 for gemm; n > 0 elsewhere.
+ */
+struct ts__kernel_ops {
+	const char *name;                       /* "cpu", "cuda" */
+
+	/* The backend's state for dev into *impl (may stay NULL). */
+	ts_status (*init)(struct ts_device *dev, void **impl, struct ts_error *err);
+	/* Frees impl (NULL allowed); every kernel enqueued may still be pending. */
+	void (*fini)(void *impl);
+
+	ts_status (*gemm)(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N,
+	                  int K, float alpha, const float *A, const float *B, float beta,
+	                  float *C, struct ts_error *err);
+	ts_status (*act_fwd)(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
+	                     float *out, uint64_t n, struct ts_error *err);
+	ts_status (*act_bwd)(void *impl, struct ts_queue *q, enum ts_act act, const float *pre,
+	                     const float *grad_out, float *grad_in, uint64_t n,
+	                     struct ts_error *err);
+	ts_status (*add)(void *impl, struct ts_queue *q, const float *x, float *y, uint64_t n,
+	                 struct ts_error *err);
+	ts_status (*loss)(void *impl, struct ts_queue *q, enum ts_loss loss, const float *out,
+	                  const float *target, float *loss_dev, float *grad, uint64_t n,
+	                  struct ts_error *err);
+	ts_status (*sumsq)(void *impl, struct ts_queue *q, const float *x, uint64_t n,
+	                   float *acc, struct ts_error *err);
+	/* opt is adam or sgd, checked; for adam, step >= 1 and mu, nu set; when
+	 * opt->clip_global_norm > 0, gnorm_sq_dev is set. */
+	ts_status (*update)(void *impl, struct ts_queue *q, const struct ts_optimizer *opt,
+	                    int step, float *p, const float *g, float *mu, float *nu,
+	                    uint64_t n, const float *gnorm_sq_dev, struct ts_error *err);
+	ts_status (*fill)(void *impl, struct ts_queue *q, float *x, float v, uint64_t n,
+	                  struct ts_error *err);
+};
+
+/* The CPU kernels (OpenBLAS and plain loops, run on host queue workers). */
+const struct ts__kernel_ops *ts__kernels_cpu_ops(void);
+
+/* The CUDA kernels (cuBLAS and CUDA kernels on the queue's stream), or NULL
+ * in a build without CUDA. */
+const struct ts__kernel_ops *ts__kernels_cuda_ops(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

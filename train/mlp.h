@@ -1,0 +1,64 @@
+/*
+ * mlp.h - the model tstage trains: an MLP in the scanned layout of the JAX
+ * host-offloading guide, its loss, and its optimizers.
+ *
+ * Parameters: w1 [L, d, h] and w2 [L, h, d] (or, without a hidden width,
+ * w1 [L, d, d] only). Layer l maps x [B, d] to
+ *     h = x @ w1[l]            (pre-activation, [B, h])
+ *     a = act(h)
+ *     y = a @ w2[l]            ([B, d]; without w2, y = a)
+ *     x <- residual ? x + y : y
+ * Loss: "sum" is sum(x_L); "mse" is mean((x_L - target)^2) over all B*d
+ * elements. Activations: none, relu, gelu (tanh approximation, as
+ * jax.nn.gelu's default), tanh. Optimizers follow optax: SGD (p -= lr*g),
+ * and chain(clip_by_global_norm(c), adam(lr, b1, b2, eps)) with bias
+ * correction and eps outside the square root; with c == 0 no clipping.
+ *
+ * Thread-safety: plain values.
+ */
+#ifndef TS_MLP_H
+#define TS_MLP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum ts_act { TS_ACT_NONE = 0, TS_ACT_RELU, TS_ACT_GELU, TS_ACT_TANH };
+enum ts_loss { TS_LOSS_SUM = 0, TS_LOSS_MSE };
+enum ts_opt { TS_OPT_NONE = 0, TS_OPT_SGD, TS_OPT_ADAM };
+
+struct ts_mlp {
+	int layers;          /* L >= 1 */
+	int d_model;         /* d >= 1 */
+	int d_hidden;        /* h; 0: one d x d matrix per layer (no w2) */
+	enum ts_act act;
+	bool residual;
+	enum ts_loss loss;
+};
+
+struct ts_optimizer {
+	enum ts_opt type;
+	float learning_rate;
+	float b1, b2, eps;        /* adam; optax defaults 0.9, 0.999, 1e-8 */
+	float clip_global_norm;   /* 0: no clipping */
+};
+
+/* "none", "relu", ... and their parsers (false on unknown names). */
+const char *ts_act_name(enum ts_act a);
+bool ts_act_parse(const char *s, enum ts_act *out);
+const char *ts_loss_name(enum ts_loss l);
+bool ts_loss_parse(const char *s, enum ts_loss *out);
+const char *ts_opt_name(enum ts_opt o);
+bool ts_opt_parse(const char *s, enum ts_opt *out);
+
+/* The width of the hidden layer (d_hidden, or d_model without w2). */
+static inline int ts_mlp_hidden(const struct ts_mlp *m)
+{
+	return m->d_hidden ? m->d_hidden : m->d_model;
+}
+
+static inline bool ts_mlp_has_w2(const struct ts_mlp *m)
+{
+	return m->d_hidden != 0;
+}
+
+#endif
