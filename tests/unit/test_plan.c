@@ -1,0 +1,280 @@
+/*
+ * test_plan.c - the step planner: the JAX host-offloading guide's
+ * configurations (argument and output sizes equal the guide's; temp never
+ * above it with prefetch_depth 0), the 4-layer 7168x7168 Adam model under
+ * the guide's 4.59 GB / 2.87 GB, and schedule invariants (every buffer
+ * allocated is freed once, used only while live; copies and waits paired).
+ */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train/plan.h"
+
+#define MiB (1024.0 * 1024.0)
+
+static const struct ts_mlp guide = {.layers = 10, .d_model = 256, .d_hidden = 1024,
+                                    .act = TS_ACT_RELU, .residual = false, .loss = TS_LOSS_SUM};
+static const struct ts_optimizer grads_only = {.type = TS_OPT_NONE};
+
+static struct ts_policy policy(bool params_host, bool offload_x, int prefetch)
+{
+	struct ts_policy p = {.params = params_host ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+	                      .opt_state = TS_MEM_DEVICE, .prefetch_depth = prefetch};
+
+	if (offload_x) {
+		p.offload_x = true;             /* h recomputed */
+	} else {
+		p.save_x = true;
+		p.save_h = true;
+	}
+	return p;
+}
+
+/* Every temp is allocated once and freed once, and only live buffers are used. */
+static void check_schedule(const struct ts_plan *p)
+{
+	int *state = calloc((size_t)p->nbufs, sizeof *state);   /* 0 new, 1 live, 2 freed */
+
+	for (int i = 0; i < p->nbufs; i++)
+		if (p->bufs[i].cls != TS_PB_TEMP)
+			state[i] = 1;
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		int used[5] = {a->a, a->b, a->c, a->d, a->e};
+
+		if (a->op == TS_P_ALLOC) {
+			ck_assert_msg(state[a->a] == 0, "action %d allocates buffer %d twice", i, a->a);
+			state[a->a] = 1;
+			continue;
+		}
+		if (a->op == TS_P_FREE) {
+			ck_assert_msg(state[a->a] == 1, "action %d frees buffer %d not live", i, a->a);
+			state[a->a] = 2;
+			continue;
+		}
+		for (int k = 0; k < 5; k++)
+			if (used[k] >= 0)
+				ck_assert_msg(state[used[k]] == 1, "action %d (op %d, %s layer %d) uses "
+				              "buffer %d (role %d) not live", i, a->op, a->phase, a->layer,
+				              used[k], p->bufs[used[k]].role);
+		if (a->op == TS_P_COPY) {
+			ck_assert(p->bufs[a->a].kind != p->bufs[a->b].kind);
+			ck_assert_uint_le(a->aoff + a->bytes, p->bufs[a->a].bytes);
+			ck_assert_uint_le(a->boff + a->bytes, p->bufs[a->b].bytes);
+			ck_assert_int_eq(p->actions[i + 1].op, TS_P_WAIT);
+		}
+		if (a->op == TS_P_GEMM) {
+			ck_assert_uint_le(a->coff + (uint64_t)a->M * a->N * 4, p->bufs[a->c].bytes);
+			ck_assert_uint_le(a->aoff + (uint64_t)a->M * a->K * 4, p->bufs[a->a].bytes);
+			ck_assert_uint_le(a->boff + (uint64_t)a->K * a->N * 4, p->bufs[a->b].bytes);
+			/* compute touches device memory only */
+			ck_assert_int_eq(p->bufs[a->a].kind, TS_MEM_DEVICE);
+			ck_assert_int_eq(p->bufs[a->b].kind, TS_MEM_DEVICE);
+			ck_assert_int_eq(p->bufs[a->c].kind, TS_MEM_DEVICE);
+		}
+	}
+	for (int i = 0; i < p->nbufs; i++)
+		if (p->bufs[i].cls == TS_PB_TEMP)
+			ck_assert_msg(state[i] == 2, "buffer %d (role %d) never freed", i, p->bufs[i].role);
+	ck_assert_int_gt(p->npoints, 0);
+	ck_assert_uint_eq(p->points[p->npoints - 1].live,
+	                  p->argument_size_in_bytes + p->output_size_in_bytes);
+	free(state);
+}
+
+static void plan_guide(bool params_host, bool offload_x, int prefetch, struct ts_plan *p)
+{
+	struct ts_policy pol = policy(params_host, offload_x, prefetch);
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_msg(ts_plan_build(&guide, &grads_only, 256, &pol, p, &err) == TS_OK, "%s",
+	              err.message);
+	check_schedule(p);
+	fprintf(stderr, "guide params_host=%d offload_x=%d prefetch=%d: argument %.2f MiB, "
+	                "output %.2f MiB, temp %.2f MiB, host argument %.2f MiB, host temp %.2f MiB, "
+	                "peak %.2f MiB, h2d %.2f MiB, d2h %.2f MiB\n",
+	        params_host, offload_x, prefetch, p->argument_size_in_bytes / MiB,
+	        p->output_size_in_bytes / MiB, p->temp_size_in_bytes / MiB,
+	        p->host_argument_size_in_bytes / MiB, p->host_temp_size_in_bytes / MiB,
+	        p->peak_device_bytes / MiB, p->h2d_bytes / MiB, p->d2h_bytes / MiB);
+}
+
+START_TEST(guide_no_offload)
+{
+	struct ts_plan p;
+
+	plan_guide(false, false, 0, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, (uint64_t)(20.25 * MiB));
+	ck_assert_uint_eq(p.output_size_in_bytes, (uint64_t)(20 * MiB));
+	ck_assert_uint_eq(p.alias_size_in_bytes, 0);
+	ck_assert_uint_le(p.temp_size_in_bytes, (uint64_t)(17.25 * MiB));
+	ck_assert_uint_eq(p.h2d_bytes, 0);
+	ck_assert_uint_eq(p.d2h_bytes, 0);
+	ck_assert_uint_eq(p.peak_device_bytes,
+	                  p.argument_size_in_bytes + p.output_size_in_bytes + p.temp_size_in_bytes);
+	ts_plan_release(&p);
+}
+END_TEST
+
+START_TEST(guide_params_offloaded)
+{
+	struct ts_plan p;
+
+	plan_guide(true, false, 0, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, (uint64_t)(0.25 * MiB));
+	ck_assert_uint_eq(p.host_argument_size_in_bytes, (uint64_t)(20 * MiB));
+	ck_assert_uint_eq(p.output_size_in_bytes, (uint64_t)(20 * MiB));
+	ck_assert_uint_le(p.temp_size_in_bytes, (uint64_t)(17.25 * MiB));
+	/* every layer's weights come in twice (forward, backward) */
+	ck_assert_uint_eq(p.h2d_bytes, (uint64_t)(40 * MiB));
+	ts_plan_release(&p);
+	plan_guide(true, false, 1, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, (uint64_t)(0.25 * MiB));
+	ts_plan_release(&p);
+}
+END_TEST
+
+START_TEST(guide_activations_offloaded)
+{
+	struct ts_plan p;
+
+	plan_guide(false, true, 0, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, (uint64_t)(20.25 * MiB));
+	ck_assert_uint_eq(p.output_size_in_bytes, (uint64_t)(20 * MiB));
+	ck_assert_uint_le(p.temp_size_in_bytes, (uint64_t)(6.50 * MiB));
+	/* x_1..x_9 go out and come back */
+	ck_assert_uint_eq(p.d2h_bytes, (uint64_t)(9 * 0.25 * MiB));
+	ck_assert_uint_eq(p.h2d_bytes, (uint64_t)(9 * 0.25 * MiB));
+	ck_assert_uint_eq(p.host_temp_size_in_bytes, (uint64_t)(9 * 0.25 * MiB));
+	ts_plan_release(&p);
+}
+END_TEST
+
+START_TEST(guide_both_offloaded)
+{
+	struct ts_plan p;
+
+	plan_guide(true, true, 0, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, (uint64_t)(0.25 * MiB));
+	ck_assert_uint_le(p.temp_size_in_bytes, (uint64_t)(4.75 * MiB));
+	ts_plan_release(&p);
+	plan_guide(true, true, 1, &p);     /* reported, not bounded by the guide */
+	ts_plan_release(&p);
+}
+END_TEST
+
+START_TEST(big_adam_model)
+{
+	/* 4 layers of 7168 x 7168 (no hidden width: one matrix per layer) with Adam */
+	struct ts_mlp m = {.layers = 4, .d_model = 7168, .d_hidden = 0, .act = TS_ACT_RELU,
+	                   .loss = TS_LOSS_SUM};
+	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-3f, .b1 = 0.9f,
+	                            .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_policy on_dev = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                           .save_x = true, .save_h = true};
+	struct ts_policy opt_host = on_dev;
+	struct ts_plan p;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build(&m, &adam, 128, &on_dev, &p, &err), TS_OK);
+	check_schedule(&p);
+	fprintf(stderr, "7168x7168 adam: peak %.3f GB\n", p.peak_device_bytes / 1e9);
+	ck_assert_uint_le(p.peak_device_bytes, 4590000000ull);
+	ck_assert_uint_eq(p.alias_size_in_bytes, 3ull * 4 * 7168 * 7168 * 4);
+	ts_plan_release(&p);
+	opt_host.opt_state = TS_MEM_PINNED_HOST;
+	ck_assert_int_eq(ts_plan_build(&m, &adam, 128, &opt_host, &p, &err), TS_OK);
+	check_schedule(&p);
+	fprintf(stderr, "7168x7168 adam, opt state on host: peak %.3f GB\n", p.peak_device_bytes / 1e9);
+	ck_assert_uint_le(p.peak_device_bytes, 2870000000ull);
+	ck_assert_uint_eq(p.host_argument_size_in_bytes, 2ull * 4 * 7168 * 7168 * 4);
+	ts_plan_release(&p);
+}
+END_TEST
+
+START_TEST(every_policy_is_consistent)
+{
+	static const enum ts_act acts[] = {TS_ACT_NONE, TS_ACT_GELU};
+
+	for (int mask = 0; mask < 64; mask++) {
+		struct ts_policy pol = {
+			.params = mask & 1 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+			.opt_state = mask & 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+			.save_x = (mask >> 2) % 3 == 1, .offload_x = (mask >> 2) % 3 == 2,
+			.save_h = mask & 16, .offload_h = !(mask & 16) && (mask & 32),
+			.prefetch_depth = (mask >> 5) & 1,
+		};
+		for (int w2 = 0; w2 < 2; w2++) {
+			struct ts_mlp m = {.layers = 5, .d_model = 8, .d_hidden = w2 ? 12 : 0,
+			                   .act = acts[w2], .residual = mask & 8,
+			                   .loss = mask & 4 ? TS_LOSS_MSE : TS_LOSS_SUM};
+			struct ts_optimizer o = {.type = (enum ts_opt)(mask % 3), .learning_rate = 0.1f,
+			                         .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+			                         .clip_global_norm = mask & 1 ? 1.0f : 0.0f};
+			struct ts_plan p;
+			struct ts_error err;
+
+			ts_error_clear(&err);
+			if (ts_policy_check(&pol, &err) != TS_OK)
+				continue;
+			ck_assert_msg(ts_plan_build(&m, &o, 3, &pol, &p, &err) == TS_OK, "%s", err.message);
+			check_schedule(&p);
+			ts_plan_release(&p);
+		}
+	}
+}
+END_TEST
+
+START_TEST(policy_refusals)
+{
+	struct ts_policy both = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                         .save_x = true, .offload_x = true};
+	struct ts_policy bad_kind = {.params = TS_MEM_UNPINNED_HOST, .opt_state = TS_MEM_DEVICE};
+	struct ts_policy bad_depth = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                              .prefetch_depth = 2};
+	struct ts_plan p;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build(&guide, &grads_only, 256, &both, &p, &err), TS_INVALID_ARGUMENT);
+	ck_assert_ptr_nonnull(strstr(err.message, "exclusive"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_policy_check(&bad_kind, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_policy_check(&bad_depth, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build(&guide, &grads_only, 0, &bad_depth, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+}
+END_TEST
+
+static Suite *plan_suite(void)
+{
+	Suite *s = suite_create("plan");
+	TCase *tc = tcase_create("planner");
+
+	tcase_add_test(tc, guide_no_offload);
+	tcase_add_test(tc, guide_params_offloaded);
+	tcase_add_test(tc, guide_activations_offloaded);
+	tcase_add_test(tc, guide_both_offloaded);
+	tcase_add_test(tc, big_adam_model);
+	tcase_add_test(tc, every_policy_is_consistent);
+	tcase_add_test(tc, policy_refusals);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(plan_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,647 @@
+/*
+ * plan.c - building a step's schedule and reading its memory analysis.
+ *
+ * The builder emits actions in execution order through a small state
+ * machine per layer (forward, loss, backward, update); every device buffer
+ * it allocates it also frees, so the live-bytes curve it records is the one
+ * the executor's allocator will see.
+ */
+#include "train/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define F32 4u
+
+struct builder {
+	struct ts_plan *p;
+	int cap_bufs, cap_actions;
+	ts_status failed;
+	/* per-layer state */
+	int *x;          /* device buffer holding layer l's input, or -1 */
+	int *xh;         /* pinned_host copy of x_l, or -1 */
+	int *h;          /* device buffer holding h_l, or -1 */
+	int *hh;         /* pinned_host copy of h_l, or -1 */
+	int *w1, *w2;    /* device buffers of streamed params, or -1 */
+	int W1, W2, MU1, MU2, NU1, NU2, IN, TGT, G1, G2;
+};
+
+static int add_buf(struct builder *b, enum ts_pbuf_role role, enum ts_pbuf_class cls,
+                   enum ts_memory_kind kind, int layer, uint64_t bytes)
+{
+	struct ts_plan *p = b->p;
+
+	if (b->failed)
+		return -1;
+	if (p->nbufs == b->cap_bufs) {
+		int cap = b->cap_bufs ? b->cap_bufs * 2 : 64;
+		struct ts_pbuf *g = realloc(p->bufs, (size_t)cap * sizeof *g);
+
+		if (!g) {
+			b->failed = TS_RESOURCE_EXHAUSTED;
+			return -1;
+		}
+		p->bufs = g;
+		b->cap_bufs = cap;
+	}
+	p->bufs[p->nbufs] = (struct ts_pbuf){.role = role, .cls = cls, .kind = kind,
+	                                     .layer = layer, .bytes = bytes};
+	return p->nbufs++;
+}
+
+static struct ts_paction *emit(struct builder *b, enum ts_pop op, int layer, const char *phase)
+{
+	struct ts_plan *p = b->p;
+
+	if (b->failed)
+		return NULL;
+	if (p->nactions == b->cap_actions) {
+		int cap = b->cap_actions ? b->cap_actions * 2 : 256;
+		struct ts_paction *g = realloc(p->actions, (size_t)cap * sizeof *g);
+
+		if (!g) {
+			b->failed = TS_RESOURCE_EXHAUSTED;
+			return NULL;
+		}
+		p->actions = g;
+		b->cap_actions = cap;
+	}
+	p->actions[p->nactions] = (struct ts_paction){.op = op, .a = -1, .b = -1, .c = -1,
+	                                              .d = -1, .e = -1, .layer = layer,
+	                                              .phase = phase};
+	return &p->actions[p->nactions++];
+}
+
+/* A temp buffer allocated now. */
+static int temp(struct builder *b, enum ts_pbuf_role role, enum ts_memory_kind kind, int layer,
+                uint64_t bytes, const char *phase)
+{
+	int i = add_buf(b, role, TS_PB_TEMP, kind, layer, bytes);
+	struct ts_paction *a = emit(b, TS_P_ALLOC, layer, phase);
+
+	if (a)
+		a->a = i;
+	return i;
+}
+
+static void release(struct builder *b, int buf, int layer, const char *phase)
+{
+	struct ts_paction *a;
+
+	if (buf < 0)
+		return;
+	a = emit(b, TS_P_FREE, layer, phase);
+	if (a)
+		a->a = buf;
+}
+
+static void copy(struct builder *b, int dst, uint64_t doff, int src, uint64_t soff,
+                 uint64_t bytes, int layer, const char *phase)
+{
+	struct ts_paction *a = emit(b, TS_P_COPY, layer, phase);
+
+	if (!a)
+		return;
+	a->a = dst;
+	a->b = src;
+	a->aoff = doff;
+	a->boff = soff;
+	a->bytes = bytes;
+	a = emit(b, TS_P_WAIT, layer, phase);
+	if (a)
+		a->a = dst;
+}
+
+static void gemm(struct builder *b, int c, uint64_t coff, int a_, uint64_t aoff, bool ta, int b_,
+                 uint64_t boff, bool tb, int M, int N, int K, float beta, int layer,
+                 const char *phase)
+{
+	struct ts_paction *x = emit(b, TS_P_GEMM, layer, phase);
+
+	if (!x)
+		return;
+	x->a = a_;
+	x->aoff = aoff;
+	x->b = b_;
+	x->boff = boff;
+	x->c = c;
+	x->coff = coff;
+	x->ta = ta;
+	x->tb = tb;
+	x->M = M;
+	x->N = N;
+	x->K = K;
+	x->beta = beta;
+}
+
+static void elementwise(struct builder *b, enum ts_pop op, int a_, int b_, int c, uint64_t n,
+                        int layer, const char *phase)
+{
+	struct ts_paction *x = emit(b, op, layer, phase);
+
+	if (!x)
+		return;
+	x->a = a_;
+	x->b = b_;
+	x->c = c;
+	x->n = n;
+}
+
+/* ---- parameters of one layer --------------------------------------------- */
+
+static uint64_t w1_bytes(const struct ts_plan *p)
+{
+	return (uint64_t)p->mlp.d_model * (uint64_t)ts_mlp_hidden(&p->mlp) * F32;
+}
+
+/* Issues the device copies of layer l's streamed params (no-op on device). */
+static void params_fetch(struct builder *b, int l, const char *phase)
+{
+	const struct ts_plan *p = b->p;
+	uint64_t n = w1_bytes(p);
+
+	if (p->policy.params == TS_MEM_DEVICE || l < 0 || l >= p->mlp.layers || b->w1[l] >= 0)
+		return;
+	b->w1[l] = temp(b, TS_ROLE_W1, TS_MEM_DEVICE, l, n, phase);
+	copy(b, b->w1[l], 0, b->W1, (uint64_t)l * n, n, l, phase);
+	if (ts_mlp_has_w2(&p->mlp)) {
+		b->w2[l] = temp(b, TS_ROLE_W2, TS_MEM_DEVICE, l, n, phase);
+		copy(b, b->w2[l], 0, b->W2, (uint64_t)l * n, n, l, phase);
+	}
+}
+
+static void params_drop(struct builder *b, int l, const char *phase)
+{
+	if (b->p->policy.params == TS_MEM_DEVICE)
+		return;
+	release(b, b->w1[l], l, phase);
+	release(b, b->w2[l], l, phase);
+	b->w1[l] = b->w2[l] = -1;
+}
+
+/* Where layer l's w1 / w2 are: a buffer and an offset into it. */
+static int w1_at(struct builder *b, int l, uint64_t *off)
+{
+	if (b->p->policy.params == TS_MEM_DEVICE) {
+		*off = (uint64_t)l * w1_bytes(b->p);
+		return b->W1;
+	}
+	*off = 0;
+	return b->w1[l];
+}
+
+static int w2_at(struct builder *b, int l, uint64_t *off)
+{
+	if (b->p->policy.params == TS_MEM_DEVICE) {
+		*off = (uint64_t)l * w1_bytes(b->p);
+		return b->W2;
+	}
+	*off = 0;
+	return b->w2[l];
+}
+
+/* ---- one layer forward ------------------------------------------------------ */
+
+/*
+ * Runs layer l forward from buffer x (offset 0): returns the new device
+ * buffer holding x_{l+1}; keeps h in *h_out when keep_h (else frees it).
+ */
+static int layer_forward(struct builder *b, int l, int x, bool keep_h, int *h_out,
+                         const char *phase)
+{
+	const struct ts_plan *p = b->p;
+	int B = p->batch, d = p->mlp.d_model, H = ts_mlp_hidden(&p->mlp);
+	uint64_t xb = (uint64_t)B * d * F32, hb = (uint64_t)B * H * F32, o1, o2;
+	int h, a, y, w1, w2;
+
+	w1 = w1_at(b, l, &o1);
+	h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, phase);
+	gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, phase);
+	y = temp(b, TS_ROLE_X, TS_MEM_DEVICE, l + 1, xb, phase);
+	if (ts_mlp_has_w2(&p->mlp)) {
+		a = keep_h ? temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, phase) : h;
+		elementwise(b, TS_P_ACT_FWD, h, a, -1, (uint64_t)B * H, l, phase);
+		w2 = w2_at(b, l, &o2);
+		gemm(b, y, 0, a, 0, false, w2, o2, false, B, d, H, 0.0f, l, phase);
+		if (a != h)
+			release(b, a, l, phase);
+	} else {
+		elementwise(b, TS_P_ACT_FWD, h, y, -1, (uint64_t)B * H, l, phase);
+	}
+	if (p->mlp.residual)
+		elementwise(b, TS_P_ADD, x, y, -1, (uint64_t)B * d, l, phase);
+	if (keep_h) {
+		*h_out = h;
+	} else {
+		release(b, h, l, phase);
+		*h_out = -1;
+	}
+	return y;
+}
+
+/* ---- the step ------------------------------------------------------------------ */
+
+static void forward(struct builder *b, int *xL)
+{
+	const struct ts_plan *p = b->p;
+	const struct ts_policy *pol = &p->policy;
+	int L = p->mlp.layers;
+	uint64_t xb = (uint64_t)p->batch * p->mlp.d_model * F32;
+	uint64_t hb = (uint64_t)p->batch * ts_mlp_hidden(&p->mlp) * F32;
+	int x = b->IN;
+
+	b->x[0] = b->IN;
+	params_fetch(b, 0, "forward");
+	for (int l = 0; l < L; l++) {
+		int h, y;
+
+		if (pol->prefetch_depth)
+			params_fetch(b, l + 1, "forward");
+		y = layer_forward(b, l, x, pol->save_h || pol->offload_h, &h, "forward");
+		if (pol->offload_h) {
+			b->hh[l] = temp(b, TS_ROLE_H, TS_MEM_PINNED_HOST, l, hb, "forward");
+			copy(b, b->hh[l], 0, h, 0, hb, l, "forward");
+			release(b, h, l, "forward");
+		} else if (pol->save_h) {
+			b->h[l] = h;
+		}
+		/* the layer's input: the argument stays; others are kept, offloaded or dropped */
+		if (l > 0) {
+			if (pol->offload_x) {
+				b->xh[l] = temp(b, TS_ROLE_X, TS_MEM_PINNED_HOST, l, xb, "forward");
+				copy(b, b->xh[l], 0, x, 0, xb, l, "forward");
+				release(b, x, l, "forward");
+				b->x[l] = -1;
+			} else if (pol->save_x) {
+				b->x[l] = x;
+			} else {
+				release(b, x, l, "forward");
+				b->x[l] = -1;
+			}
+		}
+		params_drop(b, l, "forward");
+		if (!pol->prefetch_depth)
+			params_fetch(b, l + 1, "forward");
+		x = y;
+	}
+	*xL = x;
+}
+
+/* A device buffer holding x_l for the backward pass: saved, fetched back
+ * from pinned_host, or recomputed forward from the nearest earlier input
+ * that exists (x_0, the argument, always does). *temp_out says whether the
+ * caller frees it. */
+static int backward_input(struct builder *b, int l, bool *temp_out)
+{
+	const struct ts_plan *p = b->p;
+	uint64_t xb = (uint64_t)p->batch * p->mlp.d_model * F32;
+	bool owned;
+	int j, x, h;
+
+	*temp_out = false;
+	if (b->x[l] >= 0)
+		return b->x[l];
+	*temp_out = true;
+	if (b->xh[l] >= 0) {
+		x = temp(b, TS_ROLE_X, TS_MEM_DEVICE, l, xb, "backward");
+		copy(b, x, 0, b->xh[l], 0, xb, l, "backward");
+		return x;
+	}
+	for (j = l - 1; j > 0 && b->x[j] < 0 && b->xh[j] < 0; j--)
+		;
+	owned = b->x[j] < 0;
+	if (owned) {
+		x = temp(b, TS_ROLE_X, TS_MEM_DEVICE, j, xb, "recompute");
+		copy(b, x, 0, b->xh[j], 0, xb, j, "recompute");
+	} else {
+		x = b->x[j];
+	}
+	for (int k = j; k < l; k++) {
+		int y;
+
+		params_fetch(b, k, "recompute");
+		y = layer_forward(b, k, x, false, &h, "recompute");
+		if (owned)
+			release(b, x, k, "recompute");
+		params_drop(b, k, "recompute");
+		x = y;
+		owned = true;
+	}
+	return x;
+}
+
+static void backward(struct builder *b, int g)
+{
+	const struct ts_plan *p = b->p;
+	const struct ts_policy *pol = &p->policy;
+	int L = p->mlp.layers, B = p->batch, d = p->mlp.d_model, H = ts_mlp_hidden(&p->mlp);
+	uint64_t xb = (uint64_t)B * d * F32, hb = (uint64_t)B * H * F32, wb = w1_bytes(p);
+
+	params_fetch(b, L - 1, "backward");
+	for (int l = L - 1; l >= 0; l--) {
+		bool x_temp;
+		int x, h, A, gx = -1, w1, w2;
+		uint64_t o1, o2;
+
+		if (pol->prefetch_depth)
+			params_fetch(b, l - 1, "backward");
+		x = backward_input(b, l, &x_temp);
+		params_fetch(b, l, "backward");     /* recompute may have dropped it */
+		w1 = w1_at(b, l, &o1);
+		if (b->h[l] >= 0) {
+			h = b->h[l];
+		} else if (b->hh[l] >= 0) {
+			h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
+			copy(b, h, 0, b->hh[l], 0, hb, l, "backward");
+		} else {
+			h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
+			gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, "backward");
+		}
+		A = temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, "backward");
+		if (ts_mlp_has_w2(&p->mlp)) {
+			w2 = w2_at(b, l, &o2);
+			elementwise(b, TS_P_ACT_FWD, h, A, -1, (uint64_t)B * H, l, "backward");
+			gemm(b, b->G2, (uint64_t)l * wb, A, 0, true, g, 0, false, H, d, B, 0.0f, l,
+			     "backward");
+			gemm(b, A, 0, g, 0, false, w2, o2, true, B, H, d, 0.0f, l, "backward");
+			elementwise(b, TS_P_ACT_BWD, h, A, A, (uint64_t)B * H, l, "backward");
+		} else {
+			elementwise(b, TS_P_ACT_BWD, h, g, A, (uint64_t)B * H, l, "backward");
+		}
+		release(b, h, l, "backward");
+		b->h[l] = -1;
+		gemm(b, b->G1, (uint64_t)l * wb, x, 0, true, A, 0, false, d, H, B, 0.0f, l, "backward");
+		if (l > 0) {
+			gx = temp(b, TS_ROLE_GX, TS_MEM_DEVICE, l, xb, "backward");
+			gemm(b, gx, 0, A, 0, false, w1, o1, true, B, d, H, 0.0f, l, "backward");
+			if (p->mlp.residual)
+				elementwise(b, TS_P_ADD, g, gx, -1, (uint64_t)B * d, l, "backward");
+		}
+		release(b, A, l, "backward");
+		release(b, g, l, "backward");
+		g = gx;
+		if (x_temp || (l > 0 && b->x[l] >= 0))
+			release(b, x, l, "backward");
+		b->x[l] = l == 0 ? b->IN : -1;
+		release(b, b->xh[l], l, "backward");
+		release(b, b->hh[l], l, "backward");
+		b->xh[l] = b->hh[l] = -1;
+		params_drop(b, l, "backward");
+		if (!pol->prefetch_depth)
+			params_fetch(b, l - 1, "backward");
+	}
+}
+
+static void update(struct builder *b)
+{
+	const struct ts_plan *p = b->p;
+	int L = p->mlp.layers;
+	uint64_t wb = w1_bytes(p), n = wb / F32;
+	bool adam = p->opt.type == TS_OPT_ADAM;
+	bool host_p = p->policy.params != TS_MEM_DEVICE, host_s = p->policy.opt_state != TS_MEM_DEVICE;
+	int norm = -1, nparams = ts_mlp_has_w2(&p->mlp) ? 2 : 1;
+
+	if (p->opt.clip_global_norm > 0) {
+		norm = temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
+		elementwise(b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
+		elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
+		if (nparams == 2)
+			elementwise(b, TS_P_SUMSQ, b->G2, norm, -1, n * (uint64_t)L, -1, "update");
+	}
+	for (int l = 0; l < L; l++) {
+		for (int k = 0; k < nparams; k++) {
+			int W = k ? b->W2 : b->W1, G = k ? b->G2 : b->G1;
+			int MU = k ? b->MU2 : b->MU1, NU = k ? b->NU2 : b->NU1;
+			int pbuf = W, mu = MU, nu = NU;
+			uint64_t poff = (uint64_t)l * wb, soff = poff;
+			struct ts_paction *u;
+
+			if (host_p) {
+				pbuf = temp(b, k ? TS_ROLE_W2 : TS_ROLE_W1, TS_MEM_DEVICE, l, wb, "update");
+				copy(b, pbuf, 0, W, poff, wb, l, "update");
+				poff = 0;
+			}
+			if (adam && host_s) {
+				mu = temp(b, k ? TS_ROLE_MU_W2 : TS_ROLE_MU_W1, TS_MEM_DEVICE, l, wb, "update");
+				copy(b, mu, 0, MU, soff, wb, l, "update");
+				nu = temp(b, k ? TS_ROLE_NU_W2 : TS_ROLE_NU_W1, TS_MEM_DEVICE, l, wb, "update");
+				copy(b, nu, 0, NU, soff, wb, l, "update");
+			}
+			u = emit(b, TS_P_UPDATE, l, "update");
+			if (u) {
+				u->a = pbuf;
+				u->aoff = poff;
+				u->b = G;
+				u->boff = (uint64_t)l * wb;
+				u->c = adam ? mu : -1;
+				u->coff = adam && !host_s ? soff : 0;
+				u->d = adam ? nu : -1;
+				u->n = n;
+				u->e = norm;
+			}
+			if (host_p) {
+				copy(b, W, (uint64_t)l * wb, pbuf, 0, wb, l, "update");
+				release(b, pbuf, l, "update");
+			}
+			if (adam && host_s) {
+				copy(b, MU, soff, mu, 0, wb, l, "update");
+				copy(b, NU, soff, nu, 0, wb, l, "update");
+				release(b, mu, l, "update");
+				release(b, nu, l, "update");
+			}
+		}
+	}
+	release(b, norm, -1, "update");
+}
+
+/* ---- analysis ------------------------------------------------------------------- */
+
+static ts_status analyse(struct ts_plan *p)
+{
+	uint64_t live_dev = 0, live_host = 0, base_dev = 0;
+	int cap = 0;
+
+	p->argument_size_in_bytes = p->output_size_in_bytes = p->alias_size_in_bytes = 0;
+	p->host_argument_size_in_bytes = p->host_output_size_in_bytes = 0;
+	p->host_alias_size_in_bytes = 0;
+	for (int i = 0; i < p->nbufs; i++) {
+		const struct ts_pbuf *bf = &p->bufs[i];
+		bool dev = bf->kind == TS_MEM_DEVICE;
+		bool updated = p->opt.type != TS_OPT_NONE && bf->role <= TS_ROLE_NU_W2;
+
+		if (bf->cls == TS_PB_ARGUMENT) {
+			*(dev ? &p->argument_size_in_bytes : &p->host_argument_size_in_bytes) += bf->bytes;
+			if (updated)
+				*(dev ? &p->alias_size_in_bytes : &p->host_alias_size_in_bytes) += bf->bytes;
+		} else if (bf->cls == TS_PB_OUTPUT) {
+			*(dev ? &p->output_size_in_bytes : &p->host_output_size_in_bytes) += bf->bytes;
+		}
+	}
+	base_dev = p->argument_size_in_bytes + p->output_size_in_bytes;
+	p->temp_size_in_bytes = p->host_temp_size_in_bytes = 0;
+	p->h2d_bytes = p->d2h_bytes = 0;
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		const struct ts_pbuf *bf = a->a >= 0 ? &p->bufs[a->a] : NULL;
+		bool change = false;
+
+		if (a->op == TS_P_ALLOC || a->op == TS_P_FREE) {
+			uint64_t *live = bf->kind == TS_MEM_DEVICE ? &live_dev : &live_host;
+
+			*live = a->op == TS_P_ALLOC ? *live + bf->bytes : *live - bf->bytes;
+			if (live_dev > p->temp_size_in_bytes)
+				p->temp_size_in_bytes = live_dev;
+			if (live_host > p->host_temp_size_in_bytes)
+				p->host_temp_size_in_bytes = live_host;
+			change = bf->kind == TS_MEM_DEVICE;
+		} else if (a->op == TS_P_COPY) {
+			bool to_dev = p->bufs[a->a].kind == TS_MEM_DEVICE;
+			bool from_dev = p->bufs[a->b].kind == TS_MEM_DEVICE;
+
+			if (to_dev && !from_dev)
+				p->h2d_bytes += a->bytes;
+			else if (!to_dev && from_dev)
+				p->d2h_bytes += a->bytes;
+		}
+		if (!change)
+			continue;
+		if (p->npoints == cap) {
+			int ncap = cap ? cap * 2 : 128;
+			void *g = realloc(p->points, (size_t)ncap * sizeof *p->points);
+
+			if (!g)
+				return TS_RESOURCE_EXHAUSTED;
+			p->points = g;
+			cap = ncap;
+		}
+		p->points[p->npoints].phase = a->phase;
+		p->points[p->npoints].layer = a->layer;
+		p->points[p->npoints].live = base_dev + live_dev;
+		p->npoints++;
+	}
+	p->peak_device_bytes = base_dev + p->temp_size_in_bytes;
+	return TS_OK;
+}
+
+/* ---- entry points ------------------------------------------------------------------ */
+
+ts_status ts_policy_check(const struct ts_policy *p, struct ts_error *err)
+{
+	if ((p->params != TS_MEM_DEVICE && p->params != TS_MEM_PINNED_HOST) ||
+	    (p->opt_state != TS_MEM_DEVICE && p->opt_state != TS_MEM_PINNED_HOST))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "params and opt_state live on device or pinned_host");
+	if ((p->save_x && p->offload_x) || (p->save_h && p->offload_h))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "activation names in \"save\" and \"offload\" must be exclusive; "
+		                    "'%s' is in both", p->save_x && p->offload_x ? "x" : "h");
+	if (p->prefetch_depth != 0 && p->prefetch_depth != 1)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "prefetch_depth is 0 or 1, not %d", p->prefetch_depth);
+	return TS_OK;
+}
+
+static int *ints(int n)
+{
+	int *v = malloc((size_t)(n > 0 ? n : 1) * sizeof *v);
+
+	for (int i = 0; v && i < n; i++)
+		v[i] = -1;
+	return v;
+}
+
+ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                        const struct ts_policy *policy, struct ts_plan *out,
+                        struct ts_error *err)
+{
+	struct builder b = {.p = out};
+	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
+	uint64_t wb, xb;
+	bool has2 = ts_mlp_has_w2(mlp), adam = opt->type == TS_OPT_ADAM;
+	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
+	int loss, g, xL;
+	ts_status st;
+
+	memset(out, 0, sizeof *out);
+	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "layers, d_model and batch must be positive");
+	if (!has2 && mlp->d_hidden)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "inconsistent hidden width");
+	st = ts_policy_check(policy, err);
+	if (st != TS_OK)
+		return st;
+	out->mlp = *mlp;
+	out->opt = *opt;
+	out->policy = *policy;
+	out->batch = batch;
+	wb = (uint64_t)d * H * F32;
+	xb = (uint64_t)batch * d * F32;
+	b.x = ints(L + 1);
+	b.xh = ints(L + 1);
+	b.h = ints(L);
+	b.hh = ints(L);
+	b.w1 = ints(L + 1);
+	b.w2 = ints(L + 1);
+	if (!b.x || !b.xh || !b.h || !b.hh || !b.w1 || !b.w2)
+		b.failed = TS_RESOURCE_EXHAUSTED;
+	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
+	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
+	b.MU1 = adam ? add_buf(&b, TS_ROLE_MU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
+	b.NU1 = adam ? add_buf(&b, TS_ROLE_NU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
+	b.MU2 = adam && has2 ? add_buf(&b, TS_ROLE_MU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
+	b.NU2 = adam && has2 ? add_buf(&b, TS_ROLE_NU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
+	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb);
+	b.TGT = mlp->loss == TS_LOSS_MSE ? add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb) : -1;
+	if (gcls == TS_PB_OUTPUT) {
+		b.G1 = add_buf(&b, TS_ROLE_GRAD_W1, gcls, TS_MEM_DEVICE, -1, wb * L);
+		b.G2 = has2 ? add_buf(&b, TS_ROLE_GRAD_W2, gcls, TS_MEM_DEVICE, -1, wb * L) : -1;
+	}
+	forward(&b, &xL);
+	loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
+	g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+	{
+		struct ts_paction *a = emit(&b, TS_P_LOSS, -1, "loss");
+
+		if (a) {
+			a->a = xL;
+			a->b = b.TGT;
+			a->c = loss;
+			a->d = g;
+			a->n = (uint64_t)batch * d;
+		}
+	}
+	release(&b, xL, L, "loss");
+	if (gcls == TS_PB_TEMP) {
+		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
+		b.G2 = has2 ? temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
+	}
+	backward(&b, g);
+	if (opt->type != TS_OPT_NONE) {
+		update(&b);
+		release(&b, b.G1, -1, "update");
+		release(&b, b.G2, -1, "update");
+	}
+	release(&b, loss, -1, "end");
+	free(b.x);
+	free(b.xh);
+	free(b.h);
+	free(b.hh);
+	free(b.w1);
+	free(b.w2);
+	if (!b.failed)
+		b.failed = analyse(out);
+	if (b.failed) {
+		ts_plan_release(out);
+		return ts_error_set(err, b.failed, "OUT_OF_MEMORY", "no memory to plan the step");
+	}
+	return TS_OK;
+}
+
+void ts_plan_release(struct ts_plan *p)
+{
+	free(p->bufs);
+	free(p->actions);
+	free(p->points);
+	memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,136 @@
+/*
+ * plan.h - the step planner: (model, batch, policy) -> a buffer schedule,
+ * and the memory analysis read from it before anything runs.
+ *
+ * A schedule is the exact list of what a training step does on its device,
+ * in order: allocate and free device buffers, copy between host and device
+ * (on the copy queues), wait for a copy, and run kernels (on the compute
+ * queue). The executor performs these actions and nothing else, so the
+ * peak device memory it measures equals the peak the plan predicts.
+ *
+ * Policy, per model and per call:
+ *   params      device | pinned_host: on the host, each layer's w1/w2 are
+ *               copied in before use (forward and backward), and with
+ *               prefetch_depth 1 the next layer's are already on the way;
+ *   opt_state   device | pinned_host: Adam's mu/nu streamed in per layer,
+ *               updated, streamed out;
+ *   activations the layer input x and hidden pre-activation h of every
+ *               layer are saved on the device, offloaded to pinned_host and
+ *               fetched back for the backward pass, or recomputed (x from the
+ *               nearest earlier saved or offloaded input, h from x).
+ *
+ * Analysis (XLA's memory_analysis names): argument = device-resident inputs
+ * of the step (params and optimizer state on the device, the batch input
+ * and target); output = gradients when the optimizer is none; alias = the
+ * arguments the step updates in place (params and optimizer state on the
+ * device, with an optimizer); temp = the peak of everything else on the
+ * device; host_* = the same on pinned_host; peak_device_bytes = argument +
+ * output + temp (aliases are not counted twice).
+ *
+ * Thread-safety: pure functions over caller-owned values.
+ */
+#ifndef TS_PLAN_H
+#define TS_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "device/device.h"
+#include "train/mlp.h"
+
+struct ts_policy {
+	enum ts_memory_kind params;       /* TS_MEM_DEVICE or TS_MEM_PINNED_HOST */
+	enum ts_memory_kind opt_state;
+	bool save_x, save_h;
+	bool offload_x, offload_h;
+	int prefetch_depth;               /* 0 or 1 */
+};
+
+/* Checks a policy: memory kinds device or pinned_host, a residual not both
+ * saved and offloaded ("names must be exclusive", as JAX's ValueError),
+ * prefetch_depth 0 or 1. */
+ts_status ts_policy_check(const struct ts_policy *p, struct ts_error *err);
+
+enum ts_pbuf_class { TS_PB_ARGUMENT = 0, TS_PB_OUTPUT, TS_PB_TEMP };
+
+/* A buffer of the schedule. Arguments name catalog arrays (role says which);
+ * temps are allocated and freed by the schedule. */
+enum ts_pbuf_role {
+	TS_ROLE_W1 = 0, TS_ROLE_W2, TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2,
+	TS_ROLE_INPUT, TS_ROLE_TARGET, TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2,
+	TS_ROLE_X, TS_ROLE_H, TS_ROLE_A, TS_ROLE_G, TS_ROLE_GX, TS_ROLE_LOSS, TS_ROLE_NORM,
+	TS_ROLE_COUNT
+};
+
+struct ts_pbuf {
+	enum ts_pbuf_role role;
+	enum ts_pbuf_class cls;
+	enum ts_memory_kind kind;        /* device or pinned_host */
+	int layer;                       /* -1 for whole-model buffers */
+	uint64_t bytes;
+};
+
+enum ts_pop {
+	TS_P_ALLOC = 0,   /* a: buffer */
+	TS_P_FREE,        /* a: buffer (after the work using it) */
+	TS_P_COPY,        /* a <- b (+offset into the larger of the two), bytes; copy queue */
+	TS_P_WAIT,        /* compute waits for the last copy into a */
+	TS_P_GEMM,        /* c (+coff) = op(a (+aoff)) @ op(b (+boff)) (+ beta c); M N K ta tb */
+	TS_P_ACT_FWD,     /* b = act(a), n */
+	TS_P_ACT_BWD,     /* c = b * act'(a), n */
+	TS_P_ADD,         /* b += a, n */
+	TS_P_LOSS,        /* c: loss scalar, d: grad, a: output, b: target (or -1), n */
+	TS_P_SUMSQ,       /* b[0] += sum(a^2) */
+	TS_P_UPDATE,      /* param a (+aoff) with grad b (+boff), mu c, nu d (+coff), norm e, n */
+	TS_P_FILL,        /* a = 0 */
+	TS_P_PHASE,       /* a label for the timeline */
+};
+
+struct ts_paction {
+	enum ts_pop op;
+	int a, b, c, d, e;               /* buffer indices, -1 unused (e: UPDATE's norm) */
+	uint64_t aoff, boff, coff;       /* byte offsets into a, b, c */
+	uint64_t bytes;                  /* COPY */
+	int M, N, K;
+	bool ta, tb;
+	float beta;
+	uint64_t n;                      /* elements */
+	int layer;
+	const char *phase;               /* static: "forward", "backward", "update", ... */
+};
+
+struct ts_plan {
+	struct ts_mlp mlp;
+	struct ts_optimizer opt;
+	struct ts_policy policy;
+	int batch;
+	int nbufs, nactions;
+	struct ts_pbuf *bufs;            /* owned */
+	struct ts_paction *actions;      /* owned */
+	/* the analysis */
+	uint64_t argument_size_in_bytes, output_size_in_bytes, alias_size_in_bytes;
+	uint64_t temp_size_in_bytes;
+	uint64_t host_argument_size_in_bytes, host_output_size_in_bytes;
+	uint64_t host_alias_size_in_bytes, host_temp_size_in_bytes;
+	uint64_t peak_device_bytes;
+	uint64_t h2d_bytes, d2h_bytes;
+	int npoints;                     /* the timeline: live device bytes after each change */
+	struct {
+		const char *phase;
+		int layer;
+		uint64_t live;
+	} *points;                       /* owned */
+};
+
+/*
+ * Plans one step of mlp/opt on a batch of `batch` rows under policy.
+ * INVALID_ARGUMENT for a bad model, batch or policy; RESOURCE_EXHAUSTED
+ * when out of memory. Fills *out (ts_plan_release frees it).
+ */
+ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                        const struct ts_policy *policy, struct ts_plan *out,
+                        struct ts_error *err);
+void ts_plan_release(struct ts_plan *p);
+
+#endif
