@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,7 +58,7 @@ struct import {
 	struct ts_operation *op;           /* from_file: the operation reading it */
 	int fd;                            /* from_file: the open file, -1 none */
 	uint64_t file_size;
-	bool handed_off;                   /* the operation owns this state now */
+	_Atomic int refs;                  /* the request's, and the operation's when handed off */
 };
 
 static void *import_begin(const struct ts_call *call, uint64_t content_length,
@@ -74,6 +75,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 		return NULL;
 	}
 	im->core = call->core;
+	atomic_init(&im->refs, 1);
 	im->fd = -1;
 	im->content_length = content_length;
 	im->overwrite = !ow || strcmp(ow, "false") != 0;
@@ -366,6 +368,7 @@ static ts_status import_complete(struct import *im, json_t **result, struct ts_e
 }
 
 static void import_free(struct import *im);
+static void import_unref(struct import *im);
 
 /* The operation reading a server-side file. */
 static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_error *err)
@@ -383,9 +386,15 @@ static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_e
 	return s;
 }
 
+static void import_unref(struct import *im)
+{
+	if (atomic_fetch_sub(&im->refs, 1) == 1)
+		import_free(im);
+}
+
 static void import_file_release(void *arg)
 {
-	import_free(arg);
+	import_unref(arg);
 }
 
 static void import_finish(void *state, const struct ts_call *call, struct ts_reply *reply)
@@ -402,10 +411,12 @@ static void import_finish(void *state, const struct ts_call *call, struct ts_rep
 		 * possibly large, is read by an operation, not by this HTTP thread */
 		if (import_open_file(im, &im->fd, &im->file_size, &err) != TS_OK)
 			goto out_fail;
+		atomic_fetch_add(&im->refs, 1);       /* the operation's */
 		if (ts_op_submit(im->core->operations, "import", NULL, 0, "bytes", import_file_run, im,
-		                 import_file_release, &op, &err) != TS_OK)
+		                 import_file_release, &op, &err) != TS_OK) {
+			atomic_fetch_sub(&im->refs, 1);   /* not taken */
 			goto out_fail;
-		im->handed_off = true;
+		}
 		if (ts_h_wait_requested(call, &wait_ns))
 			ts_h_reply_wait(reply, op, wait_ns, true);
 		else
@@ -424,10 +435,7 @@ out_fail:
 
 static void import_release(void *state)
 {
-	struct import *im = state;
-
-	if (!im->handed_off)
-		import_free(im);
+	import_unref(state);
 }
 
 static void import_free(struct import *im)

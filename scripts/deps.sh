@@ -4,7 +4,7 @@
 set -euo pipefail
 
 pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev
-      check libsubunit-dev libopenblas-dev)
+      check libsubunit-dev libopenblas-dev python3-numpy python3-pip)
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")
 
 missing=()
@@ -12,15 +12,24 @@ for p in "${pkgs[@]}"; do
 	status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
 	[ "$status" = installed ] || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-
-cmd="apt-get install -y --no-install-recommends ${missing[*]}"
-if [ "$(id -u)" -ne 0 ]; then
-	echo "tstage: missing packages: ${missing[*]}" >&2
-	echo "run: sudo apt-get update && sudo $cmd" >&2
-	exit 1
+if [ ${#missing[@]} -gt 0 ]; then
+	cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "tstage: missing packages: ${missing[*]}" >&2
+		echo "run: sudo apt-get update && sudo $cmd" >&2
+		exit 1
+	fi
+	echo "tstage: installing ${missing[*]}" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	$cmd
 fi
-echo "tstage: installing ${missing[*]}" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-$cmd
+
+# The integration tests read and write fixtures with numpy and the reference
+# safetensors package, which Debian does not ship: from PyPI, only when
+# python3 cannot import them (PEP 668 systems need --break-system-packages).
+if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+	echo "tstage: installing the python packages safetensors and numpy" >&2
+	python3 -m pip install --quiet safetensors numpy 2>/dev/null ||
+		python3 -m pip install --quiet --break-system-packages safetensors numpy
+fi

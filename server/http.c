@@ -585,8 +585,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 
 		request_take_body(rq, upload_data, *upload_data_size);
 		*upload_data_size = 0;
-		/* a body found bad midway is answered now: the rest is not read,
-		 * and libmicrohttpd closes the connection after the answer */
+		/* a body found bad midway: try to answer now; libmicrohttpd 0.9.75
+		 * refuses a response before the body is read, so then the rest is
+		 * drained (not used) and the answer goes out at the end */
 		if (rq->failed && !was_failed && !rq->queued)
 			(void)request_respond(rq, conn);   /* else drained, answered at the end */
 		return MHD_YES;
