@@ -30,6 +30,7 @@ struct ts_reply;
 struct ts_view_cache;
 struct ts_catalog;
 struct ts_stager;
+struct ts_model_registry;
 struct ts_op_registry;
 struct ts_sharding_registry;
 
@@ -43,6 +44,7 @@ struct ts_core {
 	struct ts_stager *stager;
 	struct ts_op_registry *operations;   /* long-running operations (storage/operation.h) */
 	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
+	struct ts_model_registry *models;    /* training models (train/model.h) */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;

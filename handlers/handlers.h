@@ -69,6 +69,15 @@ ts_handler_fn ts_h_operations_list;
 ts_handler_fn ts_h_operations_get;
 ts_handler_fn ts_h_operations_cancel;
 
+/* models.c */
+ts_handler_fn ts_h_models_create;
+ts_handler_fn ts_h_models_list;
+ts_handler_fn ts_h_models_get;
+ts_handler_fn ts_h_models_delete;
+ts_handler_fn ts_h_models_analyze;
+ts_handler_fn ts_h_models_analyze_spec;
+ts_handler_fn ts_h_models_step;
+
 /* memory.c */
 ts_handler_fn ts_h_memory_get;
 ts_handler_fn ts_h_memory_reset_peak;

@@ -44,7 +44,16 @@
 	X("GET", "/v1/shardings/{sharding}", ts_h_shardings_get, NULL, NULL, TS_BODY_NONE,     \
 	  false)                                                                               \
 	X("POST", "/v1/shardings/{sharding}:withMemoryKind", ts_h_shardings_with_memory_kind,  \
-	  NULL, NULL, TS_BODY_JSON, false)
+	  NULL, NULL, TS_BODY_JSON, false)                                                      \
+	X("POST", "/v1/models", ts_h_models_create, NULL, NULL, TS_BODY_JSON, false)            \
+	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false)               \
+	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,     \
+	  false)                                                                                \
+	X("GET", "/v1/models/{model}", ts_h_models_get, NULL, NULL, TS_BODY_NONE, false)        \
+	X("DELETE", "/v1/models/{model}", ts_h_models_delete, NULL, NULL, TS_BODY_NONE, false)  \
+	X("POST", "/v1/models/{model}:analyze", ts_h_models_analyze, NULL, NULL, TS_BODY_JSON,  \
+	  false)                                                                                \
+	X("POST", "/v1/models/{model}:step", ts_h_models_step, NULL, NULL, TS_BODY_JSON, false)
 
 const struct ts_route ts_routes[] = {
 #define ROUTE_ROW(m, p, fn, sfn, up, body, pub) {m, p, fn, sfn, up, body, pub},

@@ -23,6 +23,7 @@
 #include "storage/sharding.h"
 #include "storage/space.h"
 #include "storage/stage.h"
+#include "train/model.h"
 
 static bool loopback(const char *addr)
 {
@@ -197,6 +198,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.started_wall_ns = ts_wall_ns(),
 	};
 	srv->core.shardings = ts_sharding_registry_new();
+	srv->core.models = ts_model_registry_new();
 	if (!srv->core.shardings) {
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 		                  "no memory for the saved shardings");
@@ -262,6 +264,7 @@ void ts_server_free(struct ts_server *srv)
 	ts_view_cache_free(srv->core.memory_view);
 	ts_catalog_free(srv->catalog);
 	ts_sharding_registry_free(srv->core.shardings);
+	ts_model_registry_free(srv->core.models);
 	ts_stager_free(srv->stager);
 	ts_memory_free(srv->memory);
 	ts_device_set_free(srv->devices);

@@ -1,0 +1,987 @@
+/*
+ * test_exec.c - the step executor on a sim device: the measured temp peaks
+ * equal the plan's predictions for the JAX guide's configurations, and the
+ * bytes copied its figures; every placement policy gives the same loss and
+ * gradients bit for bit; gradients against finite differences (of a float64
+ * reference and of the executor's own forward); SGD and Adam with clipping
+ * equal on device and on pinned_host; failures (injected copy faults,
+ * running out of device memory mid-step, bad arguments) leave the memory
+ * spaces as they were.
+ *
+ * Every case runs on sim:0; with TS_TEST_BACKEND=cuda the ones that need no
+ * fault injection run again on cuda:0, where results are compared with a
+ * tolerance instead of bit for bit (the CUDA kernels reduce with atomics).
+ */
+#include <check.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+#include "train/exec.h"
+
+#define MiB (1024.0 * 1024.0)
+
+static struct ts_device_set *set;
+static struct ts_device *dev;
+static struct ts_memory *mem;
+static struct ts_space *dsp, *psp;
+static struct ts_kernels *kern;
+static struct ts_queue *qc, *qh, *qd;
+static struct ts_exec_env env;
+static struct ts_error err;
+static bool exact;              /* results repeat bit for bit (sim, not cuda) */
+
+#define OK(call)                                                                       \
+	do {                                                                           \
+		ts_status st_ = (call);                                                \
+		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
+		              ts_status_name(st_), err.message);                       \
+	} while (0)
+
+static void setup_on(const struct ts_device_config *dc, const char *id, double fraction)
+{
+	struct ts_memory_config mc = {.device_memory_fraction = fraction,
+	                              .pinned_host_limit = 256ull << 20,
+	                              .unpinned_host_limit = 64ull << 20,
+	                              .pinned_segment = 32ull << 20};
+
+	ts_error_clear(&err);
+	OK(ts_device_set_new(dc, &set, &err));
+	dev = ts_device_set_find(set, id);
+	ck_assert_msg(dev != NULL, "no device %s", id);
+	OK(ts_memory_new(set, &mc, &mem, &err));
+	dsp = ts_memory_find(mem, id, TS_MEM_DEVICE);
+	psp = ts_memory_find(mem, id, TS_MEM_PINNED_HOST);
+	ck_assert_ptr_nonnull(dsp);
+	ck_assert_ptr_nonnull(psp);
+	OK(ts_kernels_new(dev, &kern, &err));
+	OK(ts_queue_new(dev, &qc, &err));
+	OK(ts_queue_new(dev, &qh, &err));
+	OK(ts_queue_new(dev, &qd, &err));
+	env = (struct ts_exec_env){.dev = dev, .device_space = dsp, .pinned_space = psp,
+	                           .kernels = kern, .compute = qc, .h2d = qh, .d2h = qd};
+}
+
+static void setup_sim(void)
+{
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 256ull << 20,
+	                              .cuda = false, .host = "t"};
+
+	exact = true;
+	setup_on(&dc, "sim:0", 1.0);
+}
+
+static void setup_cuda(void)
+{
+	struct ts_device_config dc = {.sim_devices = 0, .cuda = true, .host = "t"};
+
+	exact = false;
+	setup_on(&dc, "cuda:0", 0.05);
+}
+
+static void teardown(void)
+{
+	ts_queue_free(qc);
+	ts_queue_free(qh);
+	ts_queue_free(qd);
+	ts_kernels_free(kern);
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+}
+
+static uint64_t in_use(struct ts_space *sp)
+{
+	struct ts_space_stats s;
+
+	ts_space_stats(sp, &s);
+	return s.bytes_in_use;
+}
+
+/* ---- a planned step with its arguments ---------------------------------------- */
+
+/* Deterministic uniform numbers in [lo, hi). */
+static float rnd(unsigned *s, float lo, float hi)
+{
+	*s = *s * 1664525u + 1013904223u;
+	return lo + (hi - lo) * (float)((*s >> 8) & 0xffffff) / 16777216.0f;
+}
+
+static void fill_rnd(float *x, size_t n, unsigned seed, float lo, float hi)
+{
+	for (size_t i = 0; i < n; i++)
+		x[i] = rnd(&seed, lo, hi);
+}
+
+/* A plan and the memory of its arguments and outputs. */
+struct job {
+	struct ts_plan plan;
+	void **args;
+};
+
+/* The argument or output of a role, or -1. */
+static int role_index(const struct ts_plan *p, enum ts_pbuf_role role)
+{
+	for (int i = 0; i < p->nbufs; i++)
+		if (p->bufs[i].cls != TS_PB_TEMP && p->bufs[i].role == role)
+			return i;
+	return -1;
+}
+
+/* Copies host bytes into buffer i (device memory through a queue). */
+static void put(struct job *j, int i, const void *src, size_t n)
+{
+	if (j->plan.bufs[i].kind == TS_MEM_DEVICE) {
+		OK(ts_queue_copy(qh, j->args[i], src, n, TS_COPY_H2D, &err));
+		OK(ts_queue_sync(qh, &err));
+	} else {
+		memcpy(j->args[i], src, n);
+	}
+}
+
+static void get(const struct job *j, int i, void *dst, size_t n)
+{
+	if (j->plan.bufs[i].kind == TS_MEM_DEVICE) {
+		OK(ts_queue_copy(qd, dst, j->args[i], n, TS_COPY_D2H, &err));
+		OK(ts_queue_sync(qd, &err));
+	} else {
+		memcpy(dst, j->args[i], n);
+	}
+}
+
+/* The initial contents of a role's argument, whatever its placement:
+ * weights scaled by their fan-in, optimizer state zero, inputs in [-1, 1),
+ * outputs NaN (the step must write every element). */
+static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned seed, float *x,
+                    size_t n)
+{
+	int d = p->mlp.d_model, h = ts_mlp_hidden(&p->mlp);
+	float b1 = sqrtf(3.0f / (float)d), b2 = sqrtf(6.0f / (float)h);
+
+	switch (role) {
+	case TS_ROLE_W1:
+		fill_rnd(x, n, seed * 16 + 1, -b1, b1);
+		break;
+	case TS_ROLE_W2:
+		fill_rnd(x, n, seed * 16 + 2, -b2, b2);
+		break;
+	case TS_ROLE_INPUT:
+		fill_rnd(x, n, seed * 16 + 3, -1.0f, 1.0f);
+		break;
+	case TS_ROLE_TARGET:
+		fill_rnd(x, n, seed * 16 + 4, -1.0f, 1.0f);
+		break;
+	case TS_ROLE_GRAD_W1:
+	case TS_ROLE_GRAD_W2:
+		for (size_t i = 0; i < n; i++)
+			x[i] = NAN;
+		break;
+	default:
+		memset(x, 0, n * sizeof *x);
+		break;
+	}
+}
+
+static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                    const struct ts_policy *pol, unsigned seed, struct job *j)
+{
+	OK(ts_plan_build(m, o, batch, pol, &j->plan, &err));
+	j->args = calloc((size_t)j->plan.nbufs, sizeof *j->args);
+	ck_assert_ptr_nonnull(j->args);
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		const struct ts_pbuf *b = &j->plan.bufs[i];
+		struct ts_space *sp = b->kind == TS_MEM_DEVICE ? dsp : psp;
+		float *x;
+
+		if (b->cls == TS_PB_TEMP)
+			continue;
+		OK(ts_space_alloc(sp, b->bytes, &j->args[i], &err));
+		x = malloc(b->bytes);
+		ck_assert_ptr_nonnull(x);
+		initial(&j->plan, b->role, seed, x, b->bytes / sizeof *x);
+		put(j, i, x, b->bytes);
+		free(x);
+	}
+}
+
+static void job_free(struct job *j)
+{
+	for (int i = 0; i < j->plan.nbufs; i++)
+		if (j->args[i])
+			ts_space_release(j->plan.bufs[i].kind == TS_MEM_DEVICE ? dsp : psp,
+			                 j->args[i], j->plan.bufs[i].bytes);
+	free(j->args);
+	ts_plan_release(&j->plan);
+}
+
+/* Runs one step and checks what must hold after every successful one. */
+static void job_run(struct job *j, int step, struct ts_exec_result *res)
+{
+	uint64_t dev0 = in_use(dsp), host0 = in_use(psp);
+
+	ts_error_clear(&err);
+	OK(ts_exec_run(&j->plan, &env, j->args, step, res, &err));
+	ck_assert_uint_eq(res->measured_temp_peak, j->plan.temp_size_in_bytes);
+	ck_assert_uint_eq(res->measured_host_temp_peak, j->plan.host_temp_size_in_bytes);
+	ck_assert_uint_eq(res->h2d_bytes, j->plan.h2d_bytes);
+	ck_assert_uint_eq(res->d2h_bytes, j->plan.d2h_bytes);
+	ck_assert_uint_eq(in_use(dsp), dev0);
+	ck_assert_uint_eq(in_use(psp), host0);
+	ck_assert(res->wall_s > 0);
+	if (exact) {
+		ck_assert(res->compute_s > 0);
+		ck_assert(res->copy_wait_s >= 0);
+		ck_assert(res->compute_s + res->copy_wait_s <= res->wall_s * 1.001 + 1e-6);
+	} else {
+		/* not measured on CUDA */
+		ck_assert(res->compute_s == 0 && res->copy_wait_s == 0);
+	}
+}
+
+/* A role's argument read back (malloc'd, *n elements), NULL without it. */
+static float *job_read(const struct job *j, enum ts_pbuf_role role, size_t *n)
+{
+	int i = role_index(&j->plan, role);
+	float *x;
+
+	*n = 0;
+	if (i < 0)
+		return NULL;
+	*n = j->plan.bufs[i].bytes / sizeof *x;
+	x = malloc(j->plan.bufs[i].bytes);
+	ck_assert_ptr_nonnull(x);
+	get(j, i, x, j->plan.bufs[i].bytes);
+	return x;
+}
+
+static void job_write(struct job *j, enum ts_pbuf_role role, const float *x)
+{
+	int i = role_index(&j->plan, role);
+
+	ck_assert_int_ge(i, 0);
+	put(j, i, x, j->plan.bufs[i].bytes);
+}
+
+/* x and y agree: bit for bit where results are exact, else to a relative
+ * 1e-4 of y (or of 1e-2 * scale, for values near zero). */
+static bool agree(float x, float y, double scale)
+{
+	if (exact)
+		return memcmp(&x, &y, sizeof x) == 0;
+	return fabs((double)x - y) <= 1e-4 * (fabs(y) + 1e-2 * scale);
+}
+
+static void same_loss(float x, float y, const char *what)
+{
+	ck_assert_msg(agree(x, y, 0), "%s: loss %.9g, reference %.9g", what, x, y);
+}
+
+/* Whether two jobs' arguments of a role hold the same values. */
+static void same_values(const struct job *a, const struct job *b, enum ts_pbuf_role role,
+                        const char *what)
+{
+	size_t na, nb;
+	float *x = job_read(a, role, &na), *y = job_read(b, role, &nb);
+	double scale = 0;
+
+	ck_assert_uint_eq(na, nb);
+	for (size_t i = 0; i < nb; i++)
+		scale = fmax(scale, fabs(y[i]));
+	if (exact && na && memcmp(x, y, na * sizeof *x) == 0)
+		na = 0;     /* the common case, without a check per element */
+	for (size_t i = 0; i < na; i++)
+		if (!agree(x[i], y[i], scale))
+			ck_abort_msg("%s: role %d element %zu differs: %.9g vs %.9g", what,
+			             (int)role, i, x[i], y[i]);
+	free(x);
+	free(y);
+}
+
+/* ---- policies ------------------------------------------------------------------ */
+
+static const struct ts_optimizer grads_only = {.type = TS_OPT_NONE};
+
+/* test_plan.c's guide policies: x and h saved, or x offloaded and h recomputed. */
+static struct ts_policy guide_policy(bool params_host, bool offload_x, int prefetch)
+{
+	struct ts_policy p = {.params = params_host ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+	                      .opt_state = TS_MEM_DEVICE, .prefetch_depth = prefetch};
+
+	if (offload_x) {
+		p.offload_x = true;
+	} else {
+		p.save_x = true;
+		p.save_h = true;
+	}
+	return p;
+}
+
+/* Every placement: params on device or pinned_host, x and h each saved,
+ * offloaded or recomputed, prefetch 0 or 1 (36 policies). */
+static struct ts_policy any_policy(int k)
+{
+	int px = k % 3, ph = (k / 3) % 3;
+	struct ts_policy p = {.params = (k / 9) % 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+	                      .opt_state = TS_MEM_DEVICE,
+	                      .save_x = px == 1, .offload_x = px == 2,
+	                      .save_h = ph == 1, .offload_h = ph == 2,
+	                      .prefetch_depth = (k / 18) % 2};
+
+	return p;
+}
+
+#define ANY_POLICIES 36
+
+static void say(const char *what, const struct ts_plan *p, const struct ts_exec_result *r)
+{
+	fprintf(stderr, "%s: temp %.4f MiB (plan %.4f), host temp %.4f MiB (plan %.4f), "
+	                "h2d %.2f MiB (plan %.2f), d2h %.2f MiB (plan %.2f); wall %.1f ms, "
+	                "compute %.1f ms, copy wait %.1f ms\n",
+	        what, r->measured_temp_peak / MiB, p->temp_size_in_bytes / MiB,
+	        r->measured_host_temp_peak / MiB, p->host_temp_size_in_bytes / MiB,
+	        r->h2d_bytes / MiB, p->h2d_bytes / MiB, r->d2h_bytes / MiB, p->d2h_bytes / MiB,
+	        r->wall_s * 1e3, r->compute_s * 1e3, r->copy_wait_s * 1e3);
+}
+
+/* ---- 1. the guide's configurations --------------------------------------------- */
+
+START_TEST(guide_peaks_equal_the_plan)
+{
+	const struct ts_mlp guide = {.layers = 10, .d_model = 256, .d_hidden = 1024,
+	                             .act = TS_ACT_RELU, .residual = false,
+	                             .loss = TS_LOSS_SUM};
+	struct job ref;
+	struct ts_exec_result r0;
+	bool have_ref = false;
+
+	for (int k = 0; k < 8; k++) {
+		bool params_host = k & 1, offload_x = k & 2;
+		int prefetch = (k >> 2) & 1;
+		struct ts_policy pol = guide_policy(params_host, offload_x, prefetch);
+		struct ts_exec_result r;
+		struct job j;
+		char what[96];
+
+		job_new(&guide, &grads_only, 256, &pol, 1, &j);
+		job_run(&j, 1, &r);
+		snprintf(what, sizeof what, "guide params_host=%d offload_x=%d prefetch=%d",
+		         params_host, offload_x, prefetch);
+		say(what, &j.plan, &r);
+		ck_assert(isfinite(r.loss));
+		if (!have_ref) {
+			ref = j;
+			r0 = r;
+			have_ref = true;
+			continue;
+		}
+		same_loss(r.loss, r0.loss, what);
+		same_values(&ref, &j, TS_ROLE_GRAD_W1, what);
+		same_values(&ref, &j, TS_ROLE_GRAD_W2, what);
+		job_free(&j);
+	}
+	job_free(&ref);
+}
+END_TEST
+
+/* ---- 2. every placement, the same numbers ----------------------------------------- */
+
+static void every_policy_same_results(const struct ts_mlp *m, int batch)
+{
+	struct job ref;
+	struct ts_exec_result r0;
+
+	for (int k = 0; k < ANY_POLICIES; k++) {
+		struct ts_policy pol = any_policy(k);
+		struct ts_exec_result r;
+		struct job j;
+		char what[160];
+
+		job_new(m, &grads_only, batch, &pol, 2, &j);
+		job_run(&j, 1, &r);
+		snprintf(what, sizeof what, "policy %d (params %s, x %s, h %s, prefetch %d)", k,
+		         ts_memory_kind_name(pol.params),
+		         pol.save_x ? "saved" : pol.offload_x ? "offloaded" : "recomputed",
+		         pol.save_h ? "saved" : pol.offload_h ? "offloaded" : "recomputed",
+		         pol.prefetch_depth);
+		if (k == 0) {
+			ref = j;
+			r0 = r;
+			continue;
+		}
+		same_loss(r.loss, r0.loss, what);
+		same_values(&ref, &j, TS_ROLE_GRAD_W1, what);
+		if (ts_mlp_has_w2(m))
+			same_values(&ref, &j, TS_ROLE_GRAD_W2, what);
+		job_free(&j);
+	}
+	job_free(&ref);
+}
+
+START_TEST(every_policy_same_loss_and_gradients)
+{
+	const struct ts_mlp a = {.layers = 5, .d_model = 16, .d_hidden = 24, .act = TS_ACT_GELU,
+	                         .residual = true, .loss = TS_LOSS_MSE};
+	const struct ts_mlp b = {.layers = 4, .d_model = 12, .d_hidden = 0, .act = TS_ACT_TANH,
+	                         .residual = false, .loss = TS_LOSS_SUM};
+
+	every_policy_same_results(&a, 6);
+	every_policy_same_results(&b, 5);
+}
+END_TEST
+
+/* ---- 3. gradients against finite differences -------------------------------------- */
+
+/* The loss in float64 for weights w1, w2 (doubles) and the job's inputs. */
+static double loss_ref(const struct ts_mlp *m, int B, const float *x0, const float *target,
+                       const double *w1, const double *w2)
+{
+	int d = m->d_model, h = ts_mlp_hidden(m);
+	double *x = calloc((size_t)B * d, sizeof *x), *y = calloc((size_t)B * d, sizeof *y);
+	double *a = calloc((size_t)B * h, sizeof *a), loss = 0;
+
+	for (int i = 0; i < B * d; i++)
+		x[i] = x0[i];
+	for (int l = 0; l < m->layers; l++) {
+		const double *u = w1 + (size_t)l * d * h, *v = w2 + (size_t)l * h * d;
+
+		for (int r = 0; r < B; r++)
+			for (int j = 0; j < h; j++) {
+				double s = 0, c;
+
+				for (int k = 0; k < d; k++)
+					s += x[r * d + k] * u[k * h + j];
+				switch (m->act) {
+				case TS_ACT_GELU:
+					c = 0.5 * (1 + tanh(sqrt(2 / M_PI) * (s + 0.044715 * s * s * s)));
+					s *= c;
+					break;
+				case TS_ACT_TANH:
+					s = tanh(s);
+					break;
+				case TS_ACT_RELU:
+					s = s > 0 ? s : 0;
+					break;
+				default:
+					break;
+				}
+				a[r * h + j] = s;
+			}
+		for (int r = 0; r < B; r++)
+			for (int j = 0; j < d; j++) {
+				double s = 0;
+
+				if (ts_mlp_has_w2(m))
+					for (int k = 0; k < h; k++)
+						s += a[r * h + k] * v[k * d + j];
+				else
+					s = a[r * h + j];
+				y[r * d + j] = s;
+			}
+		for (int i = 0; i < B * d; i++)
+			x[i] = m->residual ? x[i] + y[i] : y[i];
+	}
+	for (int i = 0; i < B * d; i++)
+		loss += m->loss == TS_LOSS_SUM ? x[i] : (x[i] - target[i]) * (x[i] - target[i]);
+	free(x);
+	free(y);
+	free(a);
+	return m->loss == TS_LOSS_SUM ? loss : loss / (B * d);
+}
+
+static void fd_check(const struct ts_mlp *m, const struct ts_policy *pol)
+{
+	const int B = 2;
+	struct job j;
+	struct ts_exec_result r;
+	size_t n1, n2, nx, nt, nw1, nw2;
+	float *w1, *w2, *g1, *g2, *x0, *target;
+	double *dw1, *dw2;
+	char what[128];
+
+	job_new(m, &grads_only, B, pol, 3, &j);
+	job_run(&j, 1, &r);
+	w1 = job_read(&j, TS_ROLE_W1, &nw1);
+	w2 = job_read(&j, TS_ROLE_W2, &nw2);
+	g1 = job_read(&j, TS_ROLE_GRAD_W1, &n1);
+	g2 = job_read(&j, TS_ROLE_GRAD_W2, &n2);
+	x0 = job_read(&j, TS_ROLE_INPUT, &nx);
+	target = job_read(&j, TS_ROLE_TARGET, &nt);
+	ck_assert_uint_eq(n1, nw1);
+	ck_assert_uint_eq(n2, nw2);
+	dw1 = calloc(n1 + 1, sizeof *dw1);
+	dw2 = calloc(n2 + 1, sizeof *dw2);
+	for (size_t i = 0; i < n1; i++)
+		dw1[i] = w1[i];
+	for (size_t i = 0; i < n2; i++)
+		dw2[i] = w2[i];
+	snprintf(what, sizeof what, "%s residual=%d %s hidden=%d", ts_act_name(m->act),
+	         m->residual, ts_loss_name(m->loss), m->d_hidden);
+
+	/* the loss, against float64 */
+	{
+		double ref = loss_ref(m, B, x0, target, dw1, dw2);
+
+		ck_assert_msg(fabs(r.loss - ref) <= 1e-5 * (fabs(ref) + 1), "%s: loss %.9g, want %.9g",
+		              what, r.loss, ref);
+	}
+	for (size_t i = 0; i < n1 + n2; i++) {
+		bool first = i < n1;
+		size_t k = first ? i : i - n1;
+		double *w = first ? &dw1[k] : &dw2[k], keep = *w, lp, lm, fd64, fd32, g;
+		float *wf = first ? w1 : w2, wkeep = wf[k];
+		const float eps32 = 1e-2f;
+		struct ts_exec_result rp, rm;
+
+		/* central differences of the float64 loss: tight */
+		*w = keep + 1e-6;
+		lp = loss_ref(m, B, x0, target, dw1, dw2);
+		*w = keep - 1e-6;
+		lm = loss_ref(m, B, x0, target, dw1, dw2);
+		*w = keep;
+		fd64 = (lp - lm) / 2e-6;
+		g = first ? g1[k] : g2[k];
+		ck_assert_msg(fabs(g - fd64) <= 1e-4 + 1e-3 * fabs(fd64),
+		              "%s: d loss / d %s[%zu] = %.9g, float64 differences %.9g", what,
+		              first ? "w1" : "w2", k, g, fd64);
+
+		/* central differences of the executor's own float32 loss: loose */
+		wf[k] = wkeep + eps32;
+		job_write(&j, first ? TS_ROLE_W1 : TS_ROLE_W2, wf);
+		job_run(&j, 1, &rp);
+		wf[k] = wkeep - eps32;
+		job_write(&j, first ? TS_ROLE_W1 : TS_ROLE_W2, wf);
+		job_run(&j, 1, &rm);
+		wf[k] = wkeep;
+		job_write(&j, first ? TS_ROLE_W1 : TS_ROLE_W2, wf);
+		fd32 = ((double)rp.loss - (double)rm.loss) / (2.0 * eps32);
+		ck_assert_msg(fabs(g - fd32) <= 5e-3 + 1e-2 * fabs(g),
+		              "%s: d loss / d %s[%zu] = %.9g, executor differences %.9g", what,
+		              first ? "w1" : "w2", k, g, fd32);
+	}
+	free(w1);
+	free(w2);
+	free(g1);
+	free(g2);
+	free(x0);
+	free(target);
+	free(dw1);
+	free(dw2);
+	job_free(&j);
+}
+
+START_TEST(gradients_match_finite_differences)
+{
+	/* the plainest placement (device, x and h saved) and a busy one (params
+	 * on the host with prefetch, x offloaded, h recomputed) */
+	struct ts_policy plain = any_policy(1 + 3);
+	struct ts_policy busy = any_policy(18 + 9 + 2 + 0);
+
+	for (int k = 0; k < 8; k++) {
+		struct ts_mlp m = {.layers = 2, .d_model = 3, .d_hidden = k & 4 ? 0 : 4,
+		                   .act = TS_ACT_GELU, .residual = k & 1,
+		                   .loss = k & 2 ? TS_LOSS_MSE : TS_LOSS_SUM};
+
+		fd_check(&m, k % 2 ? &busy : &plain);
+	}
+}
+END_TEST
+
+/* ---- 4. optimizers ------------------------------------------------------------------ */
+
+static const struct ts_mlp small = {.layers = 3, .d_model = 8, .d_hidden = 12,
+                                    .act = TS_ACT_GELU, .residual = true,
+                                    .loss = TS_LOSS_MSE};
+
+START_TEST(adam_with_clipping_same_on_device_and_host)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
+	                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+	                                  .clip_global_norm = 0.05f};
+	static const enum ts_pbuf_role state[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1,
+	                                          TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2};
+	struct ts_policy pols[4] = {
+		any_policy(1 + 3),                  /* all on device, saved */
+		any_policy(9 + 2 + 6 + 18),         /* params host, x and h offloaded, prefetch */
+		any_policy(0),                      /* device, everything recomputed */
+		any_policy(9 + 1),                  /* params host, x saved, h recomputed */
+	};
+	struct job jobs[4];
+	float loss[4][3];
+
+	pols[1].opt_state = TS_MEM_PINNED_HOST;
+	pols[2].opt_state = TS_MEM_PINNED_HOST;
+	for (int k = 0; k < 4; k++) {
+		job_new(&small, &adam, 4, &pols[k], 5, &jobs[k]);
+		for (int step = 1; step <= 3; step++) {
+			struct ts_exec_result r;
+
+			job_run(&jobs[k], step, &r);
+			loss[k][step - 1] = r.loss;
+		}
+	}
+	for (int k = 1; k < 4; k++) {
+		char what[64];
+
+		snprintf(what, sizeof what, "adam policy %d vs 0", k);
+		for (int s = 0; s < 3; s++)
+			same_loss(loss[k][s], loss[0][s], what);
+		for (size_t i = 0; i < sizeof state / sizeof *state; i++)
+			same_values(&jobs[0], &jobs[k], state[i], what);
+	}
+	/* the steps trained: the loss went down */
+	ck_assert_float_lt(loss[0][2], loss[0][0]);
+	for (int k = 0; k < 4; k++)
+		job_free(&jobs[k]);
+}
+END_TEST
+
+/* Adam's first step from zero state, with the global norm clipped, against
+ * optax's formulas in float64 from the gradients of an optimizer-less run. */
+START_TEST(adam_first_step_matches_optax)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
+	                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-3f,
+	                                  .clip_global_norm = 0.05f};
+	struct ts_policy pol = any_policy(9 + 2 + 18);
+	struct job jg, ja;
+	struct ts_exec_result r;
+	size_t n[2], np, nm, nv;
+	float *g[2];
+	double norm = 0, scale;
+	static const enum ts_pbuf_role gr[2] = {TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2};
+	static const enum ts_pbuf_role pr[2] = {TS_ROLE_W1, TS_ROLE_W2};
+	static const enum ts_pbuf_role mr[2] = {TS_ROLE_MU_W1, TS_ROLE_MU_W2};
+	static const enum ts_pbuf_role vr[2] = {TS_ROLE_NU_W1, TS_ROLE_NU_W2};
+
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	job_new(&small, &grads_only, 4, &pol, 6, &jg);
+	job_run(&jg, 1, &r);
+	for (int k = 0; k < 2; k++) {
+		g[k] = job_read(&jg, gr[k], &n[k]);
+		for (size_t i = 0; i < n[k]; i++)
+			norm += (double)g[k][i] * g[k][i];
+	}
+	norm = sqrt(norm);
+	ck_assert_msg(norm > adam.clip_global_norm, "norm %g does not clip", norm);
+	scale = adam.clip_global_norm / norm;
+	job_new(&small, &adam, 4, &pol, 6, &ja);
+	job_run(&ja, 1, &r);
+	for (int k = 0; k < 2; k++) {
+		float *p0 = job_read(&jg, pr[k], &np), *p1 = job_read(&ja, pr[k], &np);
+		float *mu = job_read(&ja, mr[k], &nm), *nu = job_read(&ja, vr[k], &nv);
+
+		ck_assert_uint_eq(np, n[k]);
+		for (size_t i = 0; i < np; i++) {
+			double gc = g[k][i] * scale, m = (1 - adam.b1) * gc;
+			double v = (1 - adam.b2) * gc * gc;
+			double want = p0[i] - adam.learning_rate * (m / (1 - adam.b1)) /
+			                      (sqrt(v / (1 - adam.b2)) + adam.eps);
+
+			ck_assert_msg(fabs(mu[i] - m) <= 1e-5 * fabs(m) + 1e-12, "mu[%zu] %.9g, want %.9g",
+			              i, mu[i], m);
+			ck_assert_msg(fabs(nu[i] - v) <= 1e-5 * fabs(v) + 1e-15, "nu[%zu] %.9g, want %.9g",
+			              i, nu[i], v);
+			ck_assert_msg(fabs(p1[i] - want) <= 1e-6 + 1e-5 * fabs(want),
+			              "w%d[%zu] %.9g, want %.9g", k + 1, i, p1[i], want);
+		}
+		free(p0);
+		free(p1);
+		free(mu);
+		free(nu);
+		free(g[k]);
+	}
+	job_free(&jg);
+	job_free(&ja);
+}
+END_TEST
+
+START_TEST(sgd_step_is_minus_lr_grad)
+{
+	const struct ts_optimizer sgd = {.type = TS_OPT_SGD, .learning_rate = 0.1f};
+	const int pols[3] = {1 + 3, 9 + 2 + 18, 9 + 6};
+
+	for (int k = 0; k < 3; k++) {
+		struct ts_policy pol = any_policy(pols[k]);
+		struct job jg, js;
+		struct ts_exec_result rg, rs;
+
+		job_new(&small, &grads_only, 4, &pol, 7, &jg);
+		job_new(&small, &sgd, 4, &pol, 7, &js);
+		job_run(&jg, 1, &rg);
+		job_run(&js, 1, &rs);
+		same_loss(rs.loss, rg.loss, "sgd");
+		for (int w = 0; w < 2; w++) {
+			size_t n, ng, n1;
+			float *p0 = job_read(&jg, w ? TS_ROLE_W2 : TS_ROLE_W1, &n);
+			float *g = job_read(&jg, w ? TS_ROLE_GRAD_W2 : TS_ROLE_GRAD_W1, &ng);
+			float *p1 = job_read(&js, w ? TS_ROLE_W2 : TS_ROLE_W1, &n1);
+
+			ck_assert_uint_eq(n, ng);
+			ck_assert_uint_eq(n, n1);
+			for (size_t i = 0; i < n; i++) {
+				float want = p0[i] - sgd.learning_rate * g[i];
+
+				/* on CUDA the update may be one fused multiply-add */
+				ck_assert_msg(agree(p1[i], want, 1.0), "policy %d w%d[%zu]: %.9g, want %.9g",
+				              pols[k], w + 1, i, p1[i], want);
+			}
+			free(p0);
+			free(g);
+			free(p1);
+		}
+		job_free(&jg);
+		job_free(&js);
+	}
+}
+END_TEST
+
+/* ---- 5. failures ------------------------------------------------------------------ */
+
+static const struct ts_optimizer adam_opt = {.type = TS_OPT_ADAM, .learning_rate = 1e-3f,
+                                             .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+                                             .clip_global_norm = 1.0f};
+
+static const struct ts_mlp mid = {.layers = 6, .d_model = 64, .d_hidden = 128,
+                                  .act = TS_ACT_GELU, .residual = true, .loss = TS_LOSS_MSE};
+
+/* An Adam step with everything offloaded. */
+static void offloaded_job(struct job *j)
+{
+	struct ts_policy pol = any_policy(9 + 2 + 6 + 18);
+
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	job_new(&mid, &adam_opt, 16, &pol, 8, j);
+}
+
+/* The value of an error's metadata key, or NULL. */
+static const char *meta(const struct ts_error *e, const char *key)
+{
+	for (int i = 0; i < e->nmeta; i++)
+		if (strcmp(e->meta[i].key, key) == 0)
+			return e->meta[i].value;
+	return NULL;
+}
+
+START_TEST(copy_failure_releases_every_temp)
+{
+	static const enum ts_pbuf_role state[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1,
+	                                          TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2};
+	struct job j, fresh;
+	struct ts_exec_result r;
+	uint64_t dev0, host0;
+	ts_status st;
+
+	offloaded_job(&j);
+	offloaded_job(&fresh);
+	dev0 = in_use(dsp);
+	host0 = in_use(psp);
+	/* the first copy fails, or every copy */
+	for (int n = 1; n <= 1000; n += 999) {
+		ts__sim_inject_copy_failure(dev, n);
+		ts_error_clear(&err);
+		st = ts_exec_run(&j.plan, &env, j.args, 1, &r, &err);
+		ts__sim_inject_copy_failure(dev, 0);
+		ck_assert_int_eq(st, TS_INTERNAL);
+		ck_assert_str_eq(err.reason, "COPY_FAILED");
+		/* caught before the update: the parameters and state are whole */
+		ck_assert_ptr_null(meta(&err, "partial_update"));
+		ck_assert_uint_eq(in_use(dsp), dev0);
+		ck_assert_uint_eq(in_use(psp), host0);
+		for (size_t i = 0; i < sizeof state / sizeof *state; i++)
+			same_values(&j, &fresh, state[i], "after a failed step");
+	}
+	/* the queues are clean again: the next step runs, as on a fresh job */
+	{
+		struct ts_exec_result rf;
+
+		job_run(&j, 1, &r);
+		job_run(&fresh, 1, &rf);
+		ck_assert(memcmp(&r.loss, &rf.loss, sizeof r.loss) == 0);
+	}
+	job_free(&j);
+	job_free(&fresh);
+}
+END_TEST
+
+/* Injects one copy failure once the device space has seen `after` more
+ * allocations: somewhere in the middle of a step. */
+struct injector {
+	pthread_t t;
+	uint64_t after;
+	atomic_bool stop;
+};
+
+static void *injector_main(void *arg)
+{
+	struct injector *in = arg;
+	struct ts_space_stats s;
+
+	for (;;) {
+		ts_space_stats(dsp, &s);
+		if (s.num_allocs >= in->after) {
+			ts__sim_inject_copy_failure(dev, 1);
+			break;
+		}
+		if (atomic_load(&in->stop))
+			break;
+	}
+	return NULL;
+}
+
+START_TEST(copy_failure_mid_step_releases_every_temp)
+{
+	struct job j;
+	struct ts_exec_result r;
+	struct ts_space_stats s;
+	uint64_t dev0, host0, per_step;
+	int failed = 0;
+
+	offloaded_job(&j);
+	/* how many device allocations one step makes */
+	ts_space_stats(dsp, &s);
+	per_step = s.num_allocs;
+	job_run(&j, 1, &r);
+	ts_space_stats(dsp, &s);
+	per_step = s.num_allocs - per_step;
+	dev0 = in_use(dsp);
+	host0 = in_use(psp);
+	for (int attempt = 0; attempt < 5 && !failed; attempt++) {
+		struct injector in = {.after = s.num_allocs + per_step / 3 + (uint64_t)attempt};
+		ts_status st;
+
+		atomic_init(&in.stop, false);
+		ck_assert_int_eq(pthread_create(&in.t, NULL, injector_main, &in), 0);
+		ts_error_clear(&err);
+		st = ts_exec_run(&j.plan, &env, j.args, 2 + attempt, &r, &err);
+		atomic_store(&in.stop, true);
+		pthread_join(in.t, NULL);
+		ts__sim_inject_copy_failure(dev, 0);
+		ts_space_stats(dsp, &s);
+		ck_assert_uint_eq(in_use(dsp), dev0);
+		ck_assert_uint_eq(in_use(psp), host0);
+		if (st != TS_OK) {
+			ck_assert_int_eq(st, TS_INTERNAL);
+			ck_assert_str_eq(err.reason, "COPY_FAILED");
+			failed++;
+			fprintf(stderr, "mid-step copy failure: %s (phase %s, partial update %s)\n",
+			        err.message, meta(&err, "phase") ? meta(&err, "phase") : "?",
+			        meta(&err, "partial_update") ? "yes" : "no");
+		}
+	}
+	ck_assert_msg(failed, "no injected failure landed in a step");
+	job_run(&j, 9, &r);
+	job_free(&j);
+}
+END_TEST
+
+START_TEST(out_of_memory_mid_step_releases_every_temp)
+{
+	struct job j;
+	struct ts_exec_result r;
+	struct ts_space_stats s;
+	uint64_t dev0, host0;
+	void *filler = NULL;
+	uint64_t fsize;
+	ts_status st;
+
+	offloaded_job(&j);
+	dev0 = in_use(dsp);
+	host0 = in_use(psp);
+	/* leave room for half the step's temps: it fails somewhere inside */
+	ts_space_stats(dsp, &s);
+	fsize = s.largest_free_block_bytes - j.plan.temp_size_in_bytes / 2;
+	OK(ts_space_alloc(dsp, fsize, &filler, &err));
+	ts_error_clear(&err);
+	st = ts_exec_run(&j.plan, &env, j.args, 1, &r, &err);
+	ck_assert_int_eq(st, TS_RESOURCE_EXHAUSTED);
+	ck_assert_uint_eq(in_use(dsp), dev0 + fsize);
+	ck_assert_uint_eq(in_use(psp), host0);
+	ts_space_release(dsp, filler, fsize);
+	job_run(&j, 1, &r);
+	job_free(&j);
+}
+END_TEST
+
+START_TEST(bad_arguments_refused)
+{
+	struct job j;
+	struct ts_exec_result r;
+	struct ts_exec_env no_queue = env;
+	void *keep;
+	int i;
+
+	offloaded_job(&j);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(NULL, &env, j.args, 1, &r, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, NULL, j.args, 1, &r, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, NULL, 1, &r, &err), TS_INVALID_ARGUMENT);
+	no_queue.h2d = NULL;
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &no_queue, j.args, 1, &r, &err),
+	                 TS_INVALID_ARGUMENT);
+	i = role_index(&j.plan, TS_ROLE_INPUT);
+	keep = j.args[i];
+	j.args[i] = NULL;
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, 1, &r, &err), TS_INVALID_ARGUMENT);
+	j.args[i] = keep;
+	/* Adam counts steps from 1: refused when enqueued, everything released */
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, 0, &r, &err), TS_INVALID_ARGUMENT);
+	ck_assert_uint_eq(in_use(dsp), j.plan.argument_size_in_bytes);
+	job_run(&j, 1, &r);
+	job_free(&j);
+}
+END_TEST
+
+static void add_common(TCase *tc)
+{
+	tcase_add_test(tc, guide_peaks_equal_the_plan);
+	tcase_add_test(tc, every_policy_same_loss_and_gradients);
+	tcase_add_test(tc, gradients_match_finite_differences);
+	tcase_add_test(tc, adam_with_clipping_same_on_device_and_host);
+	tcase_add_test(tc, adam_first_step_matches_optax);
+	tcase_add_test(tc, sgd_step_is_minus_lr_grad);
+	tcase_add_test(tc, out_of_memory_mid_step_releases_every_temp);
+	tcase_add_test(tc, bad_arguments_refused);
+}
+
+static Suite *exec_suite(bool cuda)
+{
+	Suite *s = suite_create("exec");
+	TCase *tc = tcase_create("sim");
+
+	tcase_add_checked_fixture(tc, setup_sim, teardown);
+	tcase_set_timeout(tc, 120);
+	add_common(tc);
+	/* fault injection exists on sim only */
+	tcase_add_test(tc, copy_failure_releases_every_temp);
+	tcase_add_test(tc, copy_failure_mid_step_releases_every_temp);
+	suite_add_tcase(s, tc);
+	if (cuda) {
+		tc = tcase_create("cuda");
+		tcase_add_checked_fixture(tc, setup_cuda, teardown);
+		tcase_set_timeout(tc, 300);
+		add_common(tc);
+		suite_add_tcase(s, tc);
+	}
+	return s;
+}
+
+int main(void)
+{
+	const char *backend = getenv("TS_TEST_BACKEND");
+	bool cuda = backend && strcmp(backend, "cuda") == 0;
+	SRunner *sr = srunner_create(exec_suite(cuda));
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,684 @@
+/*
+ * exec.c - the step executor: a plan's actions, in order, on one compute and
+ * two copy queues that meet only at events.
+ *
+ * Every buffer of the plan keeps what the three queues did to it: the job
+ * number of the last use on each queue, the queue and job of the last write,
+ * and an event recorded after the last copy into it. Before an action runs
+ * on a queue, each operand is ordered after the other queues' work on it (a
+ * read after their last write, a write after their last use) with a
+ * cross-queue event wait; before a FREE, the host waits until every queue
+ * that touched the buffer is past its last use. So the host blocks only
+ * where memory must go back to the space, and the allocator sees exactly the
+ * plan's ALLOC/FREE sequence: the measured peak is the predicted one.
+ *
+ * A WAIT is honoured where it matters, at the first kernel that touches the
+ * copied buffer: the compute queue waits on the copy's event there and not
+ * earlier, so that a prefetched layer's copy overlaps the kernels enqueued
+ * between. A WAIT on a buffer no kernel touches (an offloaded residual on
+ * pinned_host) costs nothing; the copy is then checked by the FREE of its
+ * ends and the final sync.
+ *
+ * Times: on sim and cpu, host callbacks on the compute queue mark where it
+ * runs kernels and where it waits for copies; on CUDA (where a host callback
+ * would stall the stream) compute_s and copy_wait_s stay 0.
+ *
+ * Thread-safety: one run at a time per environment; the timing marks are
+ * written by the compute queue's worker and read after the queue is synced.
+ */
+#include "train/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/units.h"
+
+enum { QC = 0, QH, QD, NQ };    /* compute, host->device, device->host */
+
+/* What the queues did to one plan buffer. */
+struct slot {
+	char *ptr;                   /* memory; NULL while a temp is not live */
+	struct ts_event *copied;     /* owned; recorded after the last copy into it */
+	int copied_q;                /* queue of that copy, -1: none */
+	uint64_t copied_seq;         /* its job number there */
+	int writer;                  /* queue of the last write, -1: none */
+	uint64_t write_seq;
+	uint64_t use[NQ];            /* last job touching it per queue, 0: none */
+};
+
+/* Busy and waiting time of the compute queue, written by its worker only. */
+struct clock {
+	uint64_t seg, w0;            /* start of the open busy segment, of a wait */
+	uint64_t busy, wait;         /* ns */
+	bool open;
+};
+
+struct run {
+	const struct ts_plan *p;
+	const struct ts_exec_env *env;
+	struct ts_queue *q[NQ];
+	struct ts_event *mark[NQ];   /* owned: "now" on each queue */
+	uint64_t seq[NQ];            /* jobs (kernels, copies) submitted this run */
+	uint64_t done[NQ];           /* jobs the host knows complete */
+	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
+	struct slot *s;              /* owned; one per plan buffer */
+	uint64_t dev_base, host_base;
+	bool timed;                  /* host callbacks mark the compute queue's time */
+	bool host_open;              /* a busy segment is open on the compute queue */
+	bool updating;               /* an UPDATE was enqueued */
+	struct clock clk;
+	float loss;                  /* read back into here by the d2h queue */
+	struct ts_exec_result res;
+};
+
+/* ---- the compute queue's clock (runs on its worker) ---------------------- */
+
+static void clk_open(void *arg)
+{
+	struct clock *c = arg;
+
+	c->seg = ts_now_ns();
+	c->open = true;
+}
+
+static void clk_close(void *arg)
+{
+	struct clock *c = arg;
+
+	if (c->open)
+		c->busy += ts_now_ns() - c->seg;
+	c->open = false;
+}
+
+static void clk_wait_begin(void *arg)
+{
+	struct clock *c = arg;
+
+	clk_close(c);
+	c->w0 = ts_now_ns();
+}
+
+static void clk_wait_end(void *arg)
+{
+	struct clock *c = arg;
+
+	c->wait += ts_now_ns() - c->w0;
+	clk_open(c);
+}
+
+/* Enqueues a clock mark on the compute queue (no-op when untimed). */
+static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
+{
+	if (!r->timed)
+		return TS_OK;
+	return ts_queue_host_fn(r->q[QC], fn, &r->clk, err);
+}
+
+/* ---- ordering ------------------------------------------------------------ */
+
+/* Makes queue x wait on ev (of queue y, covering y's jobs up to upto). */
+static ts_status wait_on(struct run *r, int x, int y, struct ts_event *ev, uint64_t upto,
+                         struct ts_error *err)
+{
+	bool marked = x == QC && r->timed && !ts_event_done(ev);
+	ts_status st = TS_OK;
+
+	if (marked)
+		st = clk_mark(r, clk_wait_begin, err);
+	if (st == TS_OK)
+		st = ts_queue_wait_event(r->q[x], ev, err);
+	if (st == TS_OK && marked) {
+		st = clk_mark(r, clk_wait_end, err);
+		r->host_open = true;
+	}
+	if (st == TS_OK && upto > r->seen[x][y])
+		r->seen[x][y] = upto;
+	return st;
+}
+
+/*
+ * Orders queue x after job u of queue y (u == 0: nothing): nothing when
+ * already known complete or waited for; the buffer's copy event when it
+ * covers u; else a mark recorded on y now.
+ */
+static ts_status order(struct run *r, int x, int y, uint64_t u, const struct slot *sl,
+                       struct ts_error *err)
+{
+	ts_status st;
+
+	if (x == y || u == 0 || u <= r->done[y] || u <= r->seen[x][y])
+		return TS_OK;
+	if (sl && sl->copied && sl->copied_q == y && sl->copied_seq >= u)
+		return wait_on(r, x, y, sl->copied, sl->copied_seq, err);
+	st = ts_event_record(r->mark[y], r->q[y], err);
+	if (st != TS_OK)
+		return st;
+	return wait_on(r, x, y, r->mark[y], r->seq[y], err);
+}
+
+/* Orders queue x's next job after the other queues' work on buffer i: a
+ * read after their last write, a write after everything they did to it. */
+static ts_status before_use(struct run *r, int x, int i, bool write, struct ts_error *err)
+{
+	const struct slot *sl = &r->s[i];
+	ts_status st = TS_OK;
+
+	for (int y = 0; y < NQ && st == TS_OK; y++) {
+		if (write)
+			st = order(r, x, y, sl->use[y], sl, err);
+		else if (sl->writer == y)
+			st = order(r, x, y, sl->write_seq, sl, err);
+	}
+	return st;
+}
+
+/* Notes that the job just submitted on x (number r->seq[x]) used buffer i. */
+static void after_use(struct run *r, int x, int i, bool write)
+{
+	struct slot *sl = &r->s[i];
+
+	sl->use[x] = r->seq[x];
+	if (write) {
+		sl->writer = x;
+		sl->write_seq = r->seq[x];
+	}
+}
+
+/* Blocks the host until queue y has run its jobs up to u. */
+static ts_status settle(struct run *r, int y, uint64_t u, struct ts_error *err)
+{
+	ts_status st;
+
+	if (u <= r->done[y])
+		return TS_OK;
+	if (y == QC && r->host_open) {
+		st = clk_mark(r, clk_close, err);
+		if (st != TS_OK)
+			return st;
+		r->host_open = false;
+	}
+	st = ts_event_record(r->mark[y], r->q[y], err);
+	if (st == TS_OK)
+		st = ts_event_sync(r->mark[y], err);
+	if (st == TS_OK)
+		r->done[y] = r->seq[y];
+	return st;
+}
+
+/* ---- checks ---------------------------------------------------------------- */
+
+static ts_status bad_plan(struct ts_error *err, int action, const char *what, int buf)
+{
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLAN",
+	                    "step plan action %d: %s (buffer %d)", action, what, buf);
+}
+
+/* Buffer i is live and [off, off + bytes) lies inside it. */
+static ts_status need(const struct run *r, int action, int i, uint64_t off, uint64_t bytes,
+                      struct ts_error *err)
+{
+	if (i < 0 || i >= r->p->nbufs)
+		return bad_plan(err, action, "no such buffer", i);
+	if (!r->s[i].ptr)
+		return bad_plan(err, action, "buffer used while not allocated", i);
+	if (off > r->p->bufs[i].bytes || bytes > r->p->bufs[i].bytes - off)
+		return bad_plan(err, action, "range outside the buffer", i);
+	return TS_OK;
+}
+
+static float *at(const struct run *r, int i, uint64_t off)
+{
+	return (float *)(void *)(r->s[i].ptr + off);
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static struct ts_space *space_of(const struct run *r, enum ts_memory_kind k)
+{
+	if (k == TS_MEM_DEVICE)
+		return r->env->device_space;
+	if (k == TS_MEM_PINNED_HOST)
+		return r->env->pinned_space;
+	return NULL;
+}
+
+static uint64_t in_use(struct ts_space *sp)
+{
+	struct ts_space_stats st;
+
+	ts_space_stats(sp, &st);
+	return st.bytes_in_use;
+}
+
+static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err)
+{
+	const struct ts_pbuf *bf;
+	struct ts_space *sp;
+	struct slot *sl;
+	void *mem = NULL;
+	uint64_t now;
+	ts_status st;
+
+	if (i < 0 || i >= r->p->nbufs)
+		return bad_plan(err, action, "no such buffer", i);
+	bf = &r->p->bufs[i];
+	sl = &r->s[i];
+	if (bf->cls != TS_PB_TEMP || sl->ptr)
+		return bad_plan(err, action, "allocates an argument or a live buffer", i);
+	sp = space_of(r, bf->kind);
+	if (!sp)
+		return bad_plan(err, action, "temp neither on device nor on pinned_host", i);
+	st = ts_space_alloc(sp, bf->bytes, &mem, err);
+	if (st != TS_OK)
+		return st;
+	memset(sl, 0, sizeof *sl);
+	sl->ptr = mem;
+	sl->copied_q = sl->writer = -1;
+	now = in_use(sp);
+	if (bf->kind == TS_MEM_DEVICE) {
+		if (now > r->dev_base && now - r->dev_base > r->res.measured_temp_peak)
+			r->res.measured_temp_peak = now - r->dev_base;
+	} else if (now > r->host_base && now - r->host_base > r->res.measured_host_temp_peak) {
+		r->res.measured_host_temp_peak = now - r->host_base;
+	}
+	return TS_OK;
+}
+
+/* Gives a temp's memory back (its queues must be past it). */
+static void slot_release(struct run *r, int i)
+{
+	struct slot *sl = &r->s[i];
+
+	if (sl->copied)
+		ts_event_free(sl->copied);
+	sl->copied = NULL;
+	if (sl->ptr && r->p->bufs[i].cls == TS_PB_TEMP)
+		ts_space_release(space_of(r, r->p->bufs[i].kind), sl->ptr, r->p->bufs[i].bytes);
+	sl->ptr = NULL;
+}
+
+/* Reads the loss scalar of buffer i back into r->loss, on the d2h queue. */
+static ts_status read_loss(struct run *r, int i, struct ts_error *err)
+{
+	ts_status st = before_use(r, QD, i, false, err);
+
+	if (st != TS_OK)
+		return st;
+	st = ts_queue_copy(r->q[QD], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
+	if (st != TS_OK)
+		return st;
+	r->seq[QD]++;
+	after_use(r, QD, i, false);
+	return TS_OK;
+}
+
+static ts_status do_free(struct run *r, int action, int i, struct ts_error *err)
+{
+	ts_status st;
+
+	st = need(r, action, i, 0, 0, err);
+	if (st != TS_OK)
+		return st;
+	if (r->p->bufs[i].cls != TS_PB_TEMP)
+		return bad_plan(err, action, "frees an argument", i);
+	if (r->p->bufs[i].role == TS_ROLE_LOSS && r->p->bufs[i].bytes >= sizeof r->loss) {
+		st = read_loss(r, i, err);
+		if (st != TS_OK)
+			return st;
+	}
+	for (int y = 0; y < NQ; y++) {
+		st = settle(r, y, r->s[i].use[y], err);
+		if (st != TS_OK)
+			return st;
+	}
+	slot_release(r, i);
+	return TS_OK;
+}
+
+/* ---- copies ---------------------------------------------------------------- */
+
+static ts_status do_copy(struct run *r, int action, const struct ts_paction *a,
+                         struct ts_error *err)
+{
+	struct slot *dst;
+	enum ts_copy_kind kind;
+	int x;
+	ts_status st;
+
+	st = need(r, action, a->a, a->aoff, a->bytes, err);
+	if (st == TS_OK)
+		st = need(r, action, a->b, a->boff, a->bytes, err);
+	if (st != TS_OK)
+		return st;
+	if (r->p->bufs[a->a].kind == r->p->bufs[a->b].kind)
+		return bad_plan(err, action, "copy between buffers of one memory kind", a->a);
+	if (r->p->bufs[a->a].kind == TS_MEM_DEVICE) {
+		x = QH;
+		kind = TS_COPY_H2D;
+		r->res.h2d_bytes += a->bytes;
+	} else {
+		x = QD;
+		kind = TS_COPY_D2H;
+		r->res.d2h_bytes += a->bytes;
+	}
+	st = before_use(r, x, a->b, false, err);
+	if (st == TS_OK)
+		st = before_use(r, x, a->a, true, err);
+	if (st == TS_OK)
+		st = ts_queue_copy(r->q[x], r->s[a->a].ptr + a->aoff, r->s[a->b].ptr + a->boff,
+		                   a->bytes, kind, err);
+	if (st != TS_OK)
+		return st;
+	r->seq[x]++;
+	after_use(r, x, a->b, false);
+	after_use(r, x, a->a, true);
+	dst = &r->s[a->a];
+	if (!dst->copied) {
+		st = ts_event_new(ts_queue_device(r->q[x]), &dst->copied, err);
+		if (st != TS_OK)
+			return st;
+	}
+	st = ts_event_record(dst->copied, r->q[x], err);
+	if (st != TS_OK)
+		return st;
+	dst->copied_q = x;
+	dst->copied_seq = r->seq[x];
+	return TS_OK;
+}
+
+/* ---- kernels ---------------------------------------------------------------- */
+
+struct operand {
+	int buf;                     /* -1: not used */
+	uint64_t off, bytes;
+	bool write, optional;
+};
+
+static struct operand opnd(int buf, uint64_t off, uint64_t bytes, bool write, bool optional)
+{
+	return (struct operand){.buf = buf, .off = off, .bytes = bytes, .write = write,
+	                        .optional = optional};
+}
+
+/* Checks the operands of a kernel and orders the compute queue after the
+ * copies that touch them. */
+static ts_status kernel_begin(struct run *r, int action, const struct operand *o, int n,
+                              struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	for (int k = 0; k < n && st == TS_OK; k++)
+		if (o[k].buf >= 0 || !o[k].optional)
+			st = need(r, action, o[k].buf, o[k].off, o[k].bytes, err);
+	for (int k = 0; k < n && st == TS_OK; k++)
+		if (o[k].buf >= 0)
+			st = before_use(r, QC, o[k].buf, o[k].write, err);
+	if (st == TS_OK && !r->host_open) {
+		st = clk_mark(r, clk_open, err);
+		r->host_open = true;
+	}
+	return st;
+}
+
+static void kernel_end(struct run *r, const struct operand *o, int n)
+{
+	r->seq[QC]++;
+	for (int k = 0; k < n; k++)
+		if (o[k].buf >= 0)
+			after_use(r, QC, o[k].buf, o[k].write);
+}
+
+/* A buffer index when set, else NULL's stand-in. */
+static float *opt_at(const struct run *r, int i, uint64_t off)
+{
+	return i >= 0 ? at(r, i, off) : NULL;
+}
+
+static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a, int step,
+                           struct ts_error *err)
+{
+	const struct ts_plan *p = r->p;
+	struct ts_kernels *k = r->env->kernels;
+	struct ts_queue *q = r->q[QC];
+	uint64_t nb = a->n * sizeof(float), mk, kn, mn;
+	struct operand o[5];
+	int n = 0;
+	ts_status st;
+
+	switch (a->op) {
+	case TS_P_GEMM:
+		mk = (uint64_t)a->M * (uint64_t)a->K * sizeof(float);
+		kn = (uint64_t)a->K * (uint64_t)a->N * sizeof(float);
+		mn = (uint64_t)a->M * (uint64_t)a->N * sizeof(float);
+		if (a->M < 0 || a->N < 0 || a->K < 0)
+			return bad_plan(err, action, "negative gemm size", a->c);
+		o[n++] = opnd(a->a, a->aoff, mk, false, false);
+		o[n++] = opnd(a->b, a->boff, kn, false, false);
+		o[n++] = opnd(a->c, a->coff, mn, true, false);
+		break;
+	case TS_P_ACT_FWD:
+		o[n++] = opnd(a->a, a->aoff, nb, false, false);
+		o[n++] = opnd(a->b, a->boff, nb, true, false);
+		break;
+	case TS_P_ACT_BWD:
+		o[n++] = opnd(a->a, a->aoff, nb, false, false);
+		o[n++] = opnd(a->b, a->boff, nb, false, false);
+		o[n++] = opnd(a->c, a->coff, nb, true, false);
+		break;
+	case TS_P_ADD:
+		o[n++] = opnd(a->a, a->aoff, nb, false, false);
+		o[n++] = opnd(a->b, a->boff, nb, true, false);
+		break;
+	case TS_P_LOSS:
+		o[n++] = opnd(a->a, a->aoff, nb, false, false);
+		o[n++] = opnd(a->b, a->boff, nb, false, true);
+		o[n++] = opnd(a->c, a->coff, sizeof(float), true, false);
+		o[n++] = opnd(a->d, 0, nb, true, false);
+		break;
+	case TS_P_SUMSQ:
+		o[n++] = opnd(a->a, a->aoff, nb, false, false);
+		o[n++] = opnd(a->b, a->boff, sizeof(float), true, false);
+		break;
+	case TS_P_UPDATE:
+		o[n++] = opnd(a->a, a->aoff, nb, true, false);
+		o[n++] = opnd(a->b, a->boff, nb, false, false);
+		o[n++] = opnd(a->c, a->coff, nb, true, true);
+		o[n++] = opnd(a->d, a->coff, nb, true, true);
+		o[n++] = opnd(a->e, 0, sizeof(float), false, true);
+		break;
+	case TS_P_FILL:
+		o[n++] = opnd(a->a, a->aoff, nb, true, false);
+		break;
+	default:
+		return bad_plan(err, action, "unknown action", a->a);
+	}
+	if (a->op == TS_P_UPDATE && !r->updating) {
+		/* nothing reaches the parameters before every earlier copy is
+		 * known good: a failure before the update leaves them whole */
+		for (int y = 0; y < NQ; y++) {
+			st = settle(r, y, r->seq[y], err);
+			if (st != TS_OK)
+				return st;
+		}
+	}
+	st = kernel_begin(r, action, o, n, err);
+	if (st != TS_OK)
+		return st;
+	switch (a->op) {
+	case TS_P_GEMM:
+		st = ts_k_gemm(k, q, a->ta, a->tb, a->M, a->N, a->K, 1.0f, at(r, a->a, a->aoff),
+		               at(r, a->b, a->boff), a->beta, at(r, a->c, a->coff), err);
+		break;
+	case TS_P_ACT_FWD:
+		st = ts_k_act_fwd(k, q, p->mlp.act, at(r, a->a, a->aoff), at(r, a->b, a->boff),
+		                  a->n, err);
+		break;
+	case TS_P_ACT_BWD:
+		st = ts_k_act_bwd(k, q, p->mlp.act, at(r, a->a, a->aoff), at(r, a->b, a->boff),
+		                  at(r, a->c, a->coff), a->n, err);
+		break;
+	case TS_P_ADD:
+		st = ts_k_add(k, q, at(r, a->a, a->aoff), at(r, a->b, a->boff), a->n, err);
+		break;
+	case TS_P_LOSS:
+		st = ts_k_loss(k, q, p->mlp.loss, at(r, a->a, a->aoff), opt_at(r, a->b, a->boff),
+		               at(r, a->c, a->coff), at(r, a->d, 0), a->n, err);
+		break;
+	case TS_P_SUMSQ:
+		st = ts_k_sumsq(k, q, at(r, a->a, a->aoff), a->n, at(r, a->b, a->boff), err);
+		break;
+	case TS_P_UPDATE:
+		st = ts_k_update(k, q, &p->opt, step, at(r, a->a, a->aoff), at(r, a->b, a->boff),
+		                 opt_at(r, a->c, a->coff), opt_at(r, a->d, a->coff), a->n,
+		                 opt_at(r, a->e, 0), err);
+		r->updating = r->updating || st == TS_OK;
+		break;
+	default:    /* TS_P_FILL */
+		st = ts_k_fill(k, q, at(r, a->a, a->aoff), 0.0f, a->n, err);
+		break;
+	}
+	if (st != TS_OK)
+		return st;
+	kernel_end(r, o, n);
+	return TS_OK;
+}
+
+/* ---- the run ------------------------------------------------------------------ */
+
+static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *env,
+                           void *const *args, struct ts_exec_result *out,
+                           struct ts_error *err)
+{
+	if (!p || !env || !out || !env->kernels || !env->compute || !env->h2d || !env->d2h ||
+	    !env->device_space || !env->pinned_space)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "step: no plan, result, kernels, queue or memory space");
+	if (p->nbufs < 0 || p->nactions < 0 || (p->nbufs && !p->bufs) ||
+	    (p->nactions && !p->actions))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLAN", "step: empty plan");
+	for (int i = 0; i < p->nbufs; i++) {
+		if (p->bufs[i].cls == TS_PB_TEMP)
+			continue;
+		if (!args || !args[i])
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+			                    "step: no memory for argument %d (role %d)", i,
+			                    (int)p->bufs[i].role);
+	}
+	return TS_OK;
+}
+
+static ts_status run_init(struct run *r, void *const *args, struct ts_error *err)
+{
+	const struct ts_plan *p = r->p;
+	ts_status st = TS_OK;
+
+	r->q[QC] = r->env->compute;
+	r->q[QH] = r->env->h2d;
+	r->q[QD] = r->env->d2h;
+	r->timed = ts_device_props(ts_queue_device(r->q[QC]))->backend != TS_BACKEND_CUDA;
+	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
+	if (!r->s)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "step: out of memory for %d buffers", p->nbufs);
+	for (int i = 0; i < p->nbufs; i++) {
+		r->s[i].copied_q = r->s[i].writer = -1;
+		if (p->bufs[i].cls != TS_PB_TEMP)
+			r->s[i].ptr = args[i];
+	}
+	for (int y = 0; y < NQ && st == TS_OK; y++)
+		st = ts_event_new(ts_queue_device(r->q[y]), &r->mark[y], err);
+	r->dev_base = in_use(r->env->device_space);
+	r->host_base = in_use(r->env->pinned_space);
+	return st;
+}
+
+/* Waits for every queue, gives back what is still allocated, frees the
+ * events. Keeps the first failure in err and returns the outcome. */
+static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
+{
+	ts_status sync;
+
+	if (r->host_open) {
+		sync = clk_mark(r, clk_close, err);
+		if (st == TS_OK)
+			st = sync;
+	}
+	for (int y = 0; y < NQ; y++) {
+		if (!r->q[y])
+			continue;
+		sync = ts_queue_sync(r->q[y], err);
+		if (st == TS_OK)
+			st = sync;
+	}
+	for (int i = 0; r->s && i < r->p->nbufs; i++)
+		slot_release(r, i);
+	for (int y = 0; y < NQ; y++)
+		if (r->mark[y])
+			ts_event_free(r->mark[y]);
+	free(r->s);
+	return st;
+}
+
+/*
+ * A failure carries metadata "phase" (the phase of the action at which it
+ * was noticed) and, once an UPDATE was enqueued, "partial_update": "true".
+ * Every copy and kernel before the first UPDATE is known good before that
+ * UPDATE is enqueued, so a failure there leaves the arguments whole.
+ */
+ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
+                      void *const *args, int step, struct ts_exec_result *out,
+                      struct ts_error *err)
+{
+	struct run r;
+	uint64_t t0 = ts_now_ns();
+	ts_status st;
+	int i;
+
+	st = check_env(p, env, args, out, err);
+	if (st != TS_OK)
+		return st;
+	memset(out, 0, sizeof *out);
+	memset(&r, 0, sizeof r);
+	r.p = p;
+	r.env = env;
+	st = run_init(&r, args, err);
+	for (i = 0; st == TS_OK && i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+
+		switch (a->op) {
+		case TS_P_ALLOC:
+			st = do_alloc(&r, i, a->a, err);
+			break;
+		case TS_P_FREE:
+			st = do_free(&r, i, a->a, err);
+			break;
+		case TS_P_COPY:
+			st = do_copy(&r, i, a, err);
+			break;
+		case TS_P_WAIT:
+			/* honoured at the first kernel touching a (see the top) */
+			st = need(&r, i, a->a, 0, 0, err);
+			break;
+		case TS_P_PHASE:
+			break;
+		default:
+			st = do_kernel(&r, i, a, step, err);
+			break;
+		}
+	}
+	st = run_finish(&r, st, err);
+	if (st != TS_OK) {
+		if (r.updating)
+			ts_error_meta(err, "partial_update", "true");
+		if (i > 0 && i <= p->nactions)
+			ts_error_meta(err, "phase", "%s",
+			              p->actions[i - 1].phase ? p->actions[i - 1].phase : "");
+		return st;
+	}
+	r.res.loss = r.loss;
+	r.res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
+	r.res.compute_s = (double)r.clk.busy / 1e9;
+	r.res.copy_wait_s = (double)r.clk.wait / 1e9;
+	*out = r.res;
+	return TS_OK;
+}
