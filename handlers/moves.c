@@ -88,8 +88,8 @@ static void move_release(void *arg)
 }
 
 /* The destination placement: {"sharding": obj | name} or {"device", "memory_kind"}. */
-static ts_status move_placement(const struct ts_core *core, json_t *body,
-                                struct ts_placement *pl, struct ts_error *err)
+static ts_status move_placement(const struct ts_core *core, const struct ts_array *src,
+                                json_t *body, struct ts_placement *pl, struct ts_error *err)
 {
 	json_t *sh = json_object_get(body, "sharding");
 	json_t *dev = json_object_get(body, "device"), *kind = json_object_get(body, "memory_kind");
@@ -107,6 +107,18 @@ static ts_status move_placement(const struct ts_core *core, json_t *body,
 	if (!dev && !kind)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		                    "a move needs \"sharding\", \"device\" or \"memory_kind\"");
+	if (!dev) {
+		/* only the memory kind changes: the same devices and boxes (with_memory_kind) */
+		enum ts_memory_kind k;
+
+		if (!ts_memory_kind_parse(json_string_value(kind), &k))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+			                    "memory_kind '%s' is not one of device, pinned_host, unpinned_host",
+			                    json_string_value(kind));
+		ts_sharding_with_memory_kind(&ts_array_placement(src)->sharding, k, &pl->sharding);
+		pl->committed = true;
+		return TS_OK;
+	}
 	return ts_h_placement(core, json_string_value(dev), json_string_value(kind), pl, err);
 }
 
@@ -157,7 +169,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 		             "\"out\" must name the new array (^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$)");
 		goto out_fail;
 	}
-	if (move_placement(call->core, body, &pl, &err) != TS_OK)
+	if (move_placement(call->core, src, body, &pl, &err) != TS_OK)
 		goto out_fail;
 	m = calloc(1, sizeof *m);
 	if (!m) {

@@ -683,6 +683,12 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 
 		threads = n > 0 ? (int)n : 1;
 	}
+	/* the deadline thread and its lock exist before any worker can suspend */
+	pthread_mutex_init(&srv->waits_mu, NULL);
+	pthread_cond_init(&srv->waits_cv, NULL);
+	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
+	srv->waits_started = true;
 	srv->daemon = MHD_start_daemon(
 		flags, 0, NULL, NULL, on_request, srv,
 		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
@@ -697,14 +703,6 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
 		                    "cannot listen on %s port %d (in use, or not allowed)",
 		                    srv->cfg.bind, srv->cfg.port);
-	pthread_mutex_init(&srv->waits_mu, NULL);
-	pthread_cond_init(&srv->waits_cv, NULL);
-	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0) {
-		MHD_stop_daemon(srv->daemon);
-		srv->daemon = NULL;
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
-	}
-	srv->waits_started = true;
 	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	srv->port = info ? (int)info->port : srv->cfg.port;
 	return TS_OK;

@@ -91,6 +91,68 @@ static bool same_box(const struct ts_shard_box *x, const struct ts_shard_box *y,
 	return true;
 }
 
+static uint64_t box_bytes(const struct ts_array *a, int i)
+{
+	uint64_t n = ts_dtype_size(a->desc.dtype);
+
+	for (int k = 0; k < a->desc.rank; k++)
+		n *= a->boxes[i].count[k];
+	return n;
+}
+
+static bool shares_with(const struct ts_array *a, int i, const struct ts_array *src,
+                        enum ts_memory_kind kind)
+{
+	for (int j = 0; src && j < src->nshards; j++)
+		if (src->placement.sharding.memory_kind == kind &&
+		    same_box(&src->boxes[j], &a->boxes[i], a->desc.rank))
+			return true;
+	return false;
+}
+
+/*
+ * Admission of a sharded array before any shard is allocated: the shards
+ * that need new memory, summed per space (host kinds: over the node-wide
+ * pool), must fit now; else nothing is allocated at all. Advisory against
+ * concurrent allocations; the allocation itself stays exact.
+ */
+static ts_status admit(const struct ts_array *a, const struct ts_array *src,
+                       enum ts_memory_kind kind, struct ts_memory *mem, struct ts_error *err)
+{
+	bool host = kind != TS_MEM_DEVICE;
+	uint64_t host_sum = 0;
+	struct ts_space *host_sp = NULL;
+
+	if (a->nshards <= 1)
+		return TS_OK;    /* one allocation: its own refusal is already exact */
+	for (int i = 0; i < a->nshards; i++) {
+		struct ts_space *sp = ts_memory_find(mem, ts_device_props(a->boxes[i].device)->id, kind);
+		uint64_t sum = 0;
+		bool seen = false;
+
+		if (!sp || shares_with(a, i, src, kind))
+			continue;
+		if (host) {
+			host_sum += box_bytes(a, i);
+			host_sp = sp;
+			continue;
+		}
+		for (int j = 0; j < i; j++)
+			if (a->boxes[j].device == a->boxes[i].device)
+				seen = true;
+		if (seen)
+			continue;
+		for (int j = i; j < a->nshards; j++)
+			if (a->boxes[j].device == a->boxes[i].device && !shares_with(a, j, src, kind))
+				sum += box_bytes(a, j);
+		if (ts_space_check_fit(sp, sum, err) != TS_OK)
+			return TS_RESOURCE_EXHAUSTED;
+	}
+	if (host_sp && ts_space_check_fit(host_sp, host_sum, err) != TS_OK)
+		return TS_RESOURCE_EXHAUSTED;
+	return TS_OK;
+}
+
 /* Shared by ts_array_new and ts_array_new_like: src may be NULL. */
 static ts_status array_create(const char *name, const struct ts_array_desc *d,
                               const struct ts_placement *pl, const struct ts_array *src,
@@ -111,6 +173,8 @@ static ts_status array_create(const char *name, const struct ts_array_desc *d,
 	if (reused)
 		*reused = 0;
 	st = ts_sharding_boxes(&pl->sharding, d->rank, d->shape, a->boxes, &a->nshards, err);
+	if (st == TS_OK)
+		st = admit(a, src, kind, mem, err);
 	for (int i = 0; st == TS_OK && i < a->nshards; i++) {
 		const struct ts_device_props *pr = ts_device_props(a->boxes[i].device);
 		struct ts_space *sp = ts_memory_find(mem, pr->id, kind);

@@ -956,7 +956,9 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	out->start_ns = op->start_ns;
 	out->end_ns = op->end_ns;
 	out->error = op->error;
-	out->result = op->state == TS_OP_SUCCEEDED ? json_incref(op->result) : NULL;
+	/* a copy of its own: jansson's reference counts are not safe to share
+	 * between threads that render the same value at once */
+	out->result = op->state == TS_OP_SUCCEEDED && op->result ? json_deep_copy(op->result) : NULL;
 	lock_drop(&o->lk);
 	out->done = state_final(out->state);
 	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);

@@ -645,19 +645,20 @@ static bool is_chunked(const char *const *headers)
 	return false;
 }
 
-void th_request(struct th_daemon *d, const char *method, const char *path,
-                const char *const *headers, const char *body, size_t body_len,
-                struct th_response *r)
+/* Sends one request on c (base_url + path) into r, without failing the
+ * test: CURLE_OK, or curl's error with its words in errbuf. */
+static CURLcode perform(CURL *c, const char *base_url, const char *method, const char *path,
+                        const char *const *headers, const char *body, size_t body_len,
+                        struct th_response *r, char *errbuf)
 {
 	struct curl_slist *hl = NULL;
 	struct upload up = {body, body_len, 0};
-	char url[1200], errbuf[CURL_ERROR_SIZE] = "";
-	CURL *c = d->curl;
+	char url[1200];
 	CURLcode rc;
 
 	memset(r, 0, sizeof *r);
-	ck_assert_msg(c != NULL, "no running daemon to send %s %s to", method, path);
-	snprintf(url, sizeof url, "%s%s", d->base_url, path);
+	errbuf[0] = '\0';
+	snprintf(url, sizeof url, "%s%s", base_url, path);
 	curl_easy_reset(c);
 	curl_easy_setopt(c, CURLOPT_URL, url);
 	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
@@ -693,12 +694,65 @@ void th_request(struct th_daemon *d, const char *method, const char *path,
 	}
 	rc = curl_easy_perform(c);
 	curl_slist_free_all(hl);
-	ck_assert_msg(rc == CURLE_OK, "%s %s: curl: %s (%s)", method, path,
-	              curl_easy_strerror(rc), errbuf);
-	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
+	/* the transfer is over: curl must not write to errbuf any more */
+	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, NULL);
+	if (rc == CURLE_OK)
+		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r->status);
 	if (!r->body)
 		r->body = strdup("");
+	return rc;
+}
+
+void th_request(struct th_daemon *d, const char *method, const char *path,
+                const char *const *headers, const char *body, size_t body_len,
+                struct th_response *r)
+{
+	char errbuf[CURL_ERROR_SIZE];
+	CURLcode rc;
+
+	memset(r, 0, sizeof *r);
+	ck_assert_msg(d->curl != NULL, "no running daemon to send %s %s to", method, path);
+	rc = perform(d->curl, d->base_url, method, path, headers, body, body_len, r, errbuf);
+	ck_assert_msg(rc == CURLE_OK, "%s %s: curl: %s (%s)", method, path,
+	              curl_easy_strerror(rc), errbuf);
 	ck_assert_ptr_nonnull(r->body);
+}
+
+/* ---- clients of their own (one per thread) -------------------------------------- */
+
+void th_client_open(struct th_client *c, const struct th_daemon *d)
+{
+	memset(c, 0, sizeof *c);
+	ck_assert_msg(d->base_url[0], "no running daemon to open a client to");
+	snprintf(c->base_url, sizeof c->base_url, "%s", d->base_url);
+	c->curl = curl_easy_init();
+	ck_assert_ptr_nonnull(c->curl);
+}
+
+void th_client_close(struct th_client *c)
+{
+	if (c->curl)
+		curl_easy_cleanup(c->curl);
+	c->curl = NULL;
+}
+
+bool th_client_request(struct th_client *c, const char *method, const char *path,
+                       const char *const *headers, const char *body, size_t body_len,
+                       struct th_response *r)
+{
+	CURLcode rc;
+
+	if (!c->curl) {
+		memset(r, 0, sizeof *r);
+		snprintf(c->error, sizeof c->error, "client is not open");
+		return false;
+	}
+	rc = perform(c->curl, c->base_url, method, path, headers, body, body_len, r, c->error);
+	if (rc != CURLE_OK && !c->error[0])
+		snprintf(c->error, sizeof c->error, "%s", curl_easy_strerror(rc));
+	else if (rc == CURLE_OK && !r->body)
+		snprintf(c->error, sizeof c->error, "out of memory for the body");
+	return rc == CURLE_OK && r->body != NULL;
 }
 
 void th_get(struct th_daemon *d, const char *path, struct th_response *r)

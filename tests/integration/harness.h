@@ -25,6 +25,8 @@
  * backend.
  *
  * Thread-safety: none; one test process drives its daemons from one thread.
+ * The one exception is a struct th_client (below): each thread may send
+ * requests on its own client, opened and closed by the driving thread.
  */
 #ifndef TS_TESTS_HARNESS_H
 #define TS_TESTS_HARNESS_H
@@ -182,6 +184,33 @@ json_t *th_arr(json_t *o, const char *key);
 const char *th_str(json_t *o, const char *key);
 json_int_t th_int(json_t *o, const char *key);
 bool th_bool(json_t *o, const char *key);
+
+/* ---- clients of their own, for threads ------------------------------------ */
+
+/* A connection of its own to a daemon, for a thread that sends requests
+ * while others do (th_request shares the daemon's one handle and fails the
+ * test from whichever thread it runs on). */
+struct th_client {
+	CURL *curl;                     /* private */
+	char base_url[64];              /* the daemon's, copied when opened */
+	char error[CURL_ERROR_SIZE];    /* why the last request failed, if it did */
+};
+
+/* Opens a client to a running daemon (fails the test when curl cannot).
+ * Call from the thread that runs the test, as th_client_close. */
+void th_client_open(struct th_client *c, const struct th_daemon *d);
+void th_client_close(struct th_client *c);
+
+/*
+ * th_request on c, failing nothing: true when an answer came (r->status and
+ * the body as th_request fills them), false when the transfer failed (why in
+ * c->error; r holds what came, if anything). Free r with th_response_free
+ * either way; use json_loadb, not th_json, on the body (th_json fails the
+ * test). Safe from any thread, each client used by one thread at a time.
+ */
+bool th_client_request(struct th_client *c, const char *method, const char *path,
+                       const char *const *headers, const char *body, size_t body_len,
+                       struct th_response *r);
 
 /* ---- Prometheus text exposition ------------------------------------------- */
 
