@@ -507,6 +507,12 @@ static const struct ts__backend_ops cuda_ops = {
 	.device_free = cuda_device_free,
 };
 
+ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const char *call,
+                                struct ts_error *err)
+{
+	return cuda_fail(dev, (cudaError_t)cuda_error, call, NULL, err);
+}
+
 /* ---- discovery ----------------------------------------------------------- */
 
 /* Copies a fixed-size, maybe unterminated string, cut to fit dst. */

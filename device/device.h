@@ -238,6 +238,16 @@ ts_status ts_device_sync(struct ts_device *dev, struct ts_error *err);
 ts_status ts_device_mem_info(struct ts_device *dev, uint64_t *free_bytes,
                              uint64_t *total_bytes, struct ts_error *err);
 
+/*
+ * Translates a CUDA runtime error code (cudaError_t as an int) raised by
+ * work on dev's streams outside this layer (training kernels, cuBLAS) into a
+ * status, once, the same way the device layer translates its own: a sticky
+ * error marks dev broken and is UNAVAILABLE. `call` names what failed. In a
+ * build without CUDA it is INTERNAL.
+ */
+ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const char *call,
+                                struct ts_error *err);
+
 /* true once the device hit an unrecoverable (sticky) error; readiness drops. */
 bool ts_device_broken(const struct ts_device *dev);
 

@@ -21,3 +21,11 @@ ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
 	snprintf(info->detail, sizeof info->detail, "built without CUDA");
 	return TS_OK;
 }
+
+ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const char *call,
+                                struct ts_error *err)
+{
+	(void)dev;
+	return ts_error_set(err, TS_INTERNAL, "NO_CUDA", "%s: CUDA error %d in a build without CUDA",
+	                    call, cuda_error);
+}

@@ -43,6 +43,7 @@
 #define GELU_C 0.044715f
 
 struct cuda_kernels {
+	struct ts_device *dev;          /* immutable; borrowed */
 	int ordinal;                    /* immutable: the CUDA device ordinal */
 	char id[32];                    /* immutable: "cuda:0", for messages */
 	unsigned max_blocks;            /* immutable */
@@ -52,87 +53,14 @@ struct cuda_kernels {
 
 /* ---- error translation ------------------------------------------------------ */
 
-/* Errors after which the context is corrupt (as device/cuda_backend.c). */
-static bool error_sticky(cudaError_t e)
-{
-	switch (e) {
-	case cudaErrorIllegalAddress:
-	case cudaErrorLaunchFailure:
-	case cudaErrorLaunchTimeout:
-	case cudaErrorECCUncorrectable:
-	case cudaErrorNvlinkUncorrectable:
-	case cudaErrorHardwareStackError:
-	case cudaErrorIllegalInstruction:
-	case cudaErrorMisalignedAddress:
-	case cudaErrorInvalidAddressSpace:
-	case cudaErrorInvalidPc:
-	case cudaErrorAssert:
-	case cudaErrorExternalDevice:
-	case cudaErrorMpsClientTerminated:
-#if CUDART_VERSION >= 13000
-	case cudaErrorContained:
-	case cudaErrorTensorMemoryLeak:
-#endif
-		return true;
-	default:
-		return false;
-	}
-}
-
-/* The one translation of a cudaError_t from call into ts_status. */
+/* A cudaError_t from call: translated by the device layer, which owns the
+ * one table of CUDA errors and marks the device broken on sticky ones. */
 static ts_status cuda_status(const struct cuda_kernels *ck, cudaError_t e, const char *call,
                              struct ts_error *err)
 {
-	const char *reason;
-	ts_status st;
-
 	if (e == cudaSuccess)
 		return TS_OK;
-	if (error_sticky(e)) {
-		st = TS_UNAVAILABLE;
-		reason = "CUDA_STICKY_ERROR";
-	} else {
-		cudaGetLastError();     /* not sticky: clear it for later calls */
-		switch (e) {
-		case cudaErrorMemoryAllocation:
-			st = TS_RESOURCE_EXHAUSTED;
-			reason = "OUT_OF_MEMORY";
-			break;
-		case cudaErrorInvalidValue:
-		case cudaErrorInvalidConfiguration:
-		case cudaErrorInvalidDevicePointer:
-		case cudaErrorInvalidResourceHandle:
-		case cudaErrorInvalidDevice:
-			st = TS_INVALID_ARGUMENT;
-			reason = "CUDA_INVALID_ARGUMENT";
-			break;
-		case cudaErrorNoKernelImageForDevice:
-		case cudaErrorInvalidKernelImage:
-		case cudaErrorUnsupportedPtxVersion:
-		case cudaErrorNotSupported:
-			st = TS_UNIMPLEMENTED;
-			reason = "CUDA_UNSUPPORTED";
-			break;
-		case cudaErrorNoDevice:
-		case cudaErrorInsufficientDriver:
-		case cudaErrorInitializationError:
-		case cudaErrorDevicesUnavailable:
-		case cudaErrorCudartUnloading:
-			st = TS_UNAVAILABLE;
-			reason = "CUDA_UNAVAILABLE";
-			break;
-		default:
-			st = TS_INTERNAL;
-			reason = "CUDA_ERROR";
-			break;
-		}
-	}
-	st = ts_error_set(err, st, reason, "%s: %s: %s%s", ck->id, call, cudaGetErrorString(e),
-	                  error_sticky(e) ? "; the device is unusable until the daemon restarts"
-	                                  : "");
-	ts_error_meta(err, "device", "%s", ck->id);
-	ts_error_meta(err, "cuda_error", "%s", cudaGetErrorName(e));
-	return st;
+	return ts_device_cuda_status(ck->dev, (int)e, call, err);
 }
 
 /* The one translation of a cublasStatus_t from call into ts_status. */
@@ -389,6 +317,7 @@ static ts_status cuda_init(struct ts_device *dev, void **impl, struct ts_error *
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 		                    "%s: out of memory creating training kernels",
 		                    ts_device_props(dev)->id);
+	ck->dev = dev;
 	ck->ordinal = ts_device_props(dev)->ordinal;
 	snprintf(ck->id, sizeof ck->id, "%s", ts_device_props(dev)->id);
 	if (pthread_mutex_init(&ck->mu, NULL) != 0) {
