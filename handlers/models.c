@@ -13,6 +13,7 @@
 #include "handlers/arrays_int.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +68,64 @@ static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
 	return TS_OK;
 }
 
+/* A field's expected JSON type, for errors that name the field. */
+struct field {
+	const char *key;
+	json_type type;        /* JSON_TRUE stands for any boolean, JSON_REAL for any number */
+};
+
+/* Checks obj's keys against fields: unknown keys and wrong types are
+ * INVALID_ARGUMENT naming "<where>.<key>". */
+static ts_status check_fields(json_t *obj, const char *where, const char *reason,
+                              const struct field *fields, size_t n, struct ts_error *err)
+{
+	static const char *const names[] = {"an object", "a list", "a string", "an integer",
+	                                    "a number", "a boolean", "a boolean", "null"};
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(obj))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s must be an object", where);
+	json_object_foreach(obj, key, v) {
+		size_t i;
+
+		for (i = 0; i < n && strcmp(fields[i].key, key) != 0; i++)
+			;
+		if (i == n)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, reason,
+			                    "%s.%s is not a field this API knows", where, key);
+		if (fields[i].type == JSON_TRUE ? !json_is_boolean(v)
+		    : fields[i].type == JSON_REAL ? !json_is_number(v)
+		                                  : json_typeof(v) != fields[i].type)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s.%s must be %s", where, key,
+			                    names[fields[i].type]);
+	}
+	return TS_OK;
+}
+
+#define NFIELDS(f) (sizeof (f) / sizeof (f)[0])
+
+static const struct field model_fields[] = {
+	{"name", JSON_STRING}, {"mlp", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
+	{"loss", JSON_STRING}, {"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT},
+};
+static const struct field mlp_fields[] = {
+	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
+	{"activation", JSON_STRING}, {"residual", JSON_TRUE},
+};
+static const struct field placement_fields[] = {
+	{"device", JSON_STRING}, {"params", JSON_STRING}, {"opt_state", JSON_STRING},
+	{"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
+};
+static const struct field activation_fields[] = {{"save", JSON_ARRAY}, {"offload", JSON_ARRAY}};
+static const struct field init_fields[] = {
+	{"seed", JSON_INTEGER}, {"scale", JSON_REAL}, {"constant", JSON_REAL},
+};
+static const struct field optimizer_fields[] = {
+	{"type", JSON_STRING}, {"learning_rate", JSON_REAL}, {"b1", JSON_REAL}, {"b2", JSON_REAL},
+	{"eps", JSON_REAL}, {"clip_global_norm", JSON_REAL},
+};
+
 /* Activations and prefetch from a "placement" object (absent fields keep *p). */
 static ts_status parse_policy(json_t *pl, struct ts_policy *p, struct ts_error *err)
 {
@@ -74,6 +133,11 @@ static ts_status parse_policy(json_t *pl, struct ts_policy *p, struct ts_error *
 	const char *params = json_string_value(json_object_get(pl, "params"));
 	const char *state = json_string_value(json_object_get(pl, "opt_state"));
 
+	if (check_fields(pl, "placement", "BAD_POLICY", placement_fields, NFIELDS(placement_fields),
+	                 err) != TS_OK ||
+	    (acts && check_fields(acts, "placement.activations", "BAD_POLICY", activation_fields,
+	                          NFIELDS(activation_fields), err) != TS_OK))
+		return err->status;
 	if (params && !ts_memory_kind_parse(params, &p->params))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "placement.params '%s' is not device or pinned_host", params);
@@ -90,7 +154,7 @@ static ts_status parse_policy(json_t *pl, struct ts_policy *p, struct ts_error *
 			                                  "placement.activations is {\"save\": [...], \"offload\": [...]}");
 	}
 	if (pf) {
-		if (!json_is_integer(pf))
+		if (json_integer_value(pf) < 0 || json_integer_value(pf) > 1)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 			                    "placement.prefetch_depth is 0 or 1");
 		p->prefetch_depth = (int)json_integer_value(pf);
@@ -109,11 +173,23 @@ static ts_status parse_model(const struct ts_core *core, json_t *body, struct ts
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
-	int layers = 0, d = 0, h = 0, residual = 0;
+	json_int_t layers = 0, d = 0, h = 0;
+	int residual = 0;
 	json_error_t jerr;
 
 	memset(m, 0, sizeof *m);
-	if (json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s, s:{s:i, s:i, s?i, s?s, s?b}, s?s, s?o, s?s, s?o, s?o}",
+	if (check_fields(body, "model", "BAD_MODEL", model_fields, NFIELDS(model_fields), err) != TS_OK ||
+	    (json_object_get(body, "mlp") &&
+	     check_fields(json_object_get(body, "mlp"), "mlp", "BAD_MODEL", mlp_fields,
+	                  NFIELDS(mlp_fields), err) != TS_OK) ||
+	    (json_object_get(body, "optimizer") &&
+	     check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
+	                  optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK) ||
+	    (json_object_get(body, "init") &&
+	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
+	                  NFIELDS(init_fields), err) != TS_OK))
+		return err->status;
+	if (json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s, s:{s:I, s:I, s?I, s?s, s?b}, s?s, s?o, s?s, s?o, s?o}",
 	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
 	                   "activation", &act, "residual", &residual, "dtype", &dtype, "init", &in,
 	                   "loss", &loss, "optimizer", &opt, "placement", &pl) != 0)
@@ -130,7 +206,7 @@ static ts_status parse_model(const struct ts_core *core, json_t *body, struct ts
 	if (strcmp(dtype, "float32") != 0)
 		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
 		                    "models train in float32; dtype '%s' is not supported", dtype);
-	m->mlp = (struct ts_mlp){.layers = layers, .d_model = d, .d_hidden = h,
+	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
 	                         .residual = residual};
 	if (!ts_act_parse(act, &m->mlp.act))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
@@ -386,6 +462,11 @@ void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 		ts_error_clear(&ignore);
 		(void)ts_catalog_delete(call->core->catalog, name, NULL, &ignore);
 	}
+	for (int g = 1; g <= 2; g++) {        /* gradients of earlier steps, if any */
+		snprintf(name, sizeof name, "%s.grad.w%d", m.name, g);
+		ts_error_clear(&ignore);
+		(void)ts_catalog_delete(call->core->catalog, name, NULL, &ignore);
+	}
 	ts_reply_json(reply, TS_HTTP_OK, json_object());
 }
 
@@ -393,25 +474,60 @@ void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 
 /* The policy a step would run with: the model's, with params and optimizer
  * state where their arrays are now, then the call's overrides. */
-static ts_status step_policy(const struct ts_core *core, const struct ts_model *m, json_t *pl,
-                             struct ts_policy *out, struct ts_error *err)
+/* The memory kind shared by the model's arrays of the given roles (where
+ * they are now); mixed kinds are FAILED_PRECONDITION naming two of them. */
+static ts_status arrays_kind(const struct ts_core *core, const struct ts_model *m,
+                             const enum ts_pbuf_role *roles, size_t n, enum ts_memory_kind *kind,
+                             struct ts_error *err)
 {
-	char name[256];
-	struct ts_array *a;
+	char first[256] = "", name[256];
+
+	for (size_t i = 0; i < n; i++) {
+		struct ts_array *a;
+		enum ts_memory_kind k;
+
+		if (!has_role(m, roles[i]))
+			continue;
+		ts_model_array_name(m, roles[i], name, sizeof name);
+		a = ts_catalog_get(core->catalog, name);
+		if (!a)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
+			                    "model array '%s' is missing", name);
+		k = ts_array_placement(a)->sharding.memory_kind;
+		ts_array_unref(a);
+		if (first[0] && k != *kind)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "MIXED_MEMORY_KINDS",
+			                    "'%s' is in %s but '%s' is in %s; put them in one memory kind",
+			                    first, ts_memory_kind_name(*kind), name, ts_memory_kind_name(k));
+		if (!first[0])
+			snprintf(first, sizeof first, "%s", name);
+		*kind = k;
+	}
+	return TS_OK;
+}
+
+/*
+ * The policy a step runs with: the model's activations and prefetch, with
+ * params and optimizer state where their arrays are now. With for_step, the
+ * call may override activations and prefetch only (params and state move
+ * with :put); :analyze may also ask "what if" they were elsewhere.
+ */
+static ts_status step_policy(const struct ts_core *core, const struct ts_model *m, json_t *pl,
+                             bool for_step, struct ts_policy *out, struct ts_error *err)
+{
+	static const enum ts_pbuf_role params[] = {TS_ROLE_W1, TS_ROLE_W2};
+	static const enum ts_pbuf_role state[] = {TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1,
+	                                          TS_ROLE_NU_W2};
 
 	*out = m->policy;
-	ts_model_array_name(m, TS_ROLE_W1, name, sizeof name);
-	if ((a = ts_catalog_get(core->catalog, name)) != NULL) {
-		out->params = ts_array_placement(a)->sharding.memory_kind;
-		ts_array_unref(a);
-	}
-	if (m->opt.type == TS_OPT_ADAM) {
-		ts_model_array_name(m, TS_ROLE_MU_W1, name, sizeof name);
-		if ((a = ts_catalog_get(core->catalog, name)) != NULL) {
-			out->opt_state = ts_array_placement(a)->sharding.memory_kind;
-			ts_array_unref(a);
-		}
-	}
+	if (arrays_kind(core, m, params, 2, &out->params, err) != TS_OK ||
+	    arrays_kind(core, m, state, 4, &out->opt_state, err) != TS_OK)
+		return err->status;
+	if (for_step && pl && (json_object_get(pl, "params") || json_object_get(pl, "opt_state")))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "placement.%s cannot change in a step: a step runs with the "
+		                    "model's arrays where they are; move them with :put",
+		                    json_object_get(pl, "params") ? "params" : "opt_state");
 	if (pl && json_object_get(pl, "activations"))
 		out->save_x = out->save_h = out->offload_x = out->offload_h = false;
 	return pl ? parse_policy(pl, out, err) : ts_policy_check(out, err);
@@ -472,7 +588,7 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 		             (long long)B, (long long)D, m.mlp.d_model);
 		goto out_fail;
 	}
-	if (step_policy(call->core, &m, pl, &pol, &err) != TS_OK ||
+	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK ||
 	    ts_plan_build(&m.mlp, &m.opt, (int)B, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
@@ -561,6 +677,11 @@ static ts_status stage_rows(const struct ts_core *core, struct ts_array *src, js
 	size_t n = 1;
 	ts_status st;
 
+	if (!rows && ts_array_single_buffer(src) && ts_array_box(src, 0)->device == dev &&
+	    ts_array_placement(src)->sharding.memory_kind == TS_MEM_DEVICE) {
+		*out = ts_array_ref(src);      /* already where the step needs it: no copy */
+		return TS_OK;
+	}
 	ts_placement_single(&pl, dev, TS_MEM_DEVICE, false);
 	if (rows && sd->rank >= 1) {
 		size_t cnt = json_is_array(rows) ? json_array_size(rows) : 0;
@@ -667,9 +788,29 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	/* where it runs: committed arrays decide; uncommitted operands follow
 	 * (rows of a dataset are gathered instead: only they move) */
 	if (st == TS_OK) {
-		size_t nco = in_rows ? nparams : narrs;
+		/* the params and every operand given by name are used together; an
+		 * operand given as rows is gathered instead (only its rows move) */
+		struct ts_array *use[8];
+		size_t nuse = 0, where_in = SIZE_MAX, where_tgt = SIZE_MAX;
 
-		st = ts_colocate(core->catalog, core->stager, core->memory, arrs, nco, m->device, &dev, err);
+		for (size_t i = 0; i < nparams; i++)
+			use[nuse++] = arrs[i];
+		if (!in_rows) {
+			where_in = nuse;
+			use[nuse++] = arrs[nparams];
+		}
+		if (m->mlp.loss == TS_LOSS_MSE && !tgt_rows) {
+			where_tgt = nuse;
+			use[nuse++] = arrs[nparams + 1];
+		}
+		st = ts_colocate(core->catalog, core->stager, core->memory, use, nuse, m->device, &dev, err);
+		/* colocation may have replaced a moved operand by its new version */
+		if (where_in != SIZE_MAX)
+			arrs[nparams] = use[where_in];
+		if (where_tgt != SIZE_MAX)
+			arrs[nparams + 1] = use[where_tgt];
+		for (size_t i = 0; i < nparams; i++)
+			arrs[i] = use[i];
 	}
 	if (st == TS_OK)
 		st = stage_rows(core, arrs[nparams], in_rows, dev, &in_dev, err);
@@ -688,9 +829,16 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	/* the plan, with params and opt state where their arrays are */
 	if (st == TS_OK) {
-		s->policy.params = ts_array_placement(arrs[0])->sharding.memory_kind;
-		if (m->opt.type == TS_OPT_ADAM)
-			s->policy.opt_state = ts_array_placement(arrs[ts_mlp_has_w2(&m->mlp) ? 2 : 1])->sharding.memory_kind;
+		/* where the arrays are at run time (a :put may have moved them since) */
+		static const enum ts_pbuf_role pr[] = {TS_ROLE_W1, TS_ROLE_W2};
+		static const enum ts_pbuf_role sr[] = {TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1,
+		                                       TS_ROLE_NU_W2};
+
+		st = arrays_kind(core, m, pr, 2, &s->policy.params, err);
+		if (st == TS_OK)
+			st = arrays_kind(core, m, sr, 4, &s->policy.opt_state, err);
+	}
+	if (st == TS_OK) {
 		st = ts_plan_build(&m->mlp, &m->opt, (int)ts_array_desc(in_dev)->shape[0], &s->policy,
 		                   &plan, err);
 	}
@@ -860,7 +1008,7 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_STEPS", "steps is in 1..1000000");
 		goto out_fail;
 	}
-	if (step_policy(call->core, &s->model, pl, &s->policy, &err) != TS_OK)
+	if (step_policy(call->core, &s->model, pl, true, &s->policy, &err) != TS_OK)
 		goto out_fail;
 	s->steps = (uint64_t)steps;
 	s->inputs = json_incref(inputs);

@@ -1,0 +1,375 @@
+/*
+ * bench_train.c - a training step on the CPU path (a sim device: OpenBLAS
+ * sgemm and the plain C kernels), planned and executed in process, against
+ * a roofline measured in the same run:
+ *
+ *   roofline = FLOPs / (cblas_sgemm's rate on the step's own GEMM shapes
+ *              and transpositions, warmed up, best of a few, FLOP-weighted)
+ *            + the optimizer's bytes / (memory bandwidth: 2 x memcpy's rate,
+ *              as a memcpy reads and writes every byte it copies)
+ *
+ * where the FLOPs are the textbook count (2 B d h per matmul, two matmuls
+ * per layer forward, twice that backward; the configurations here
+ * recompute nothing) and the optimizer's bytes are, per parameter, Adam's
+ * p, g, mu and nu read and p, mu and nu written (plus g read once more for
+ * the global norm when clipping).
+ * Rows: the guide's 10-layer model and a 4-layer d = h = 2048 model with
+ * Adam, each as the fraction of its roofline reached (target >= 0.7); and
+ * the Adam model with params and optimizer state on pinned_host (prefetch
+ * 1) over the same model all on the device (target <= 1.15), run
+ * interleaved so that drift falls on both alike. Each time is the best of
+ * a few steps after a warm-up.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/units.h"
+#include "device/backend.h"
+#include "tests/bench/benchlib.h"
+#include "train/exec.h"
+
+#define MiB (1ull << 20)
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+static struct ts_space *dsp, *psp;
+static struct ts_kernels *kern;
+static struct ts_exec_env env;
+
+static void die(const char *what, const struct ts_error *err)
+{
+	fprintf(stderr, "bench_train: %s: %s\n", what, err ? err->message : "failed");
+	exit(1);
+}
+
+static double now_s(void)
+{
+	return (double)ts_now_ns() / 1e9;
+}
+
+/* ---- references ---------------------------------------------------------------- */
+
+/* Deterministic values in [lo, hi). */
+static void fill(float *x, size_t n, unsigned seed, float lo, float hi)
+{
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		x[i] = lo + (hi - lo) * (float)(seed >> 8) / 16777216.0f;
+	}
+}
+
+/* cblas_sgemm's best rate (FLOP/s) on one shape, in this process. */
+static double sgemm_rate(int M, int N, int K, bool ta, bool tb)
+{
+	size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *C = malloc(nc * sizeof *C);
+	double flops = 2.0 * M * N * K, best = 0;
+	int reps;
+
+	if (!A || !B || !C)
+		die("sgemm buffers", NULL);
+	fill(A, na, 1, -1, 1);
+	fill(B, nb, 2, -1, 1);
+	memset(C, 0, nc * sizeof *C);
+	/* warm up (threads, pages), and size a run to ~30 ms */
+	{
+		double t0 = now_s();
+
+		cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+		            M, N, K, 1.0f, A, ta ? M : K, B, tb ? K : N, 0.0f, C, N);
+		reps = (int)(0.03 / fmax(now_s() - t0, 1e-6)) + 1;
+	}
+	for (int r = 0; r < 5; r++) {
+		double t0 = now_s(), rate;
+
+		for (int i = 0; i < reps; i++)
+			cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans,
+			            tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f, A, ta ? M : K, B,
+			            tb ? K : N, 0.0f, C, N);
+		rate = flops * reps / (now_s() - t0);
+		if (rate > best)
+			best = rate;
+	}
+	free(A);
+	free(B);
+	free(C);
+	return best;
+}
+
+/* memcpy's best rate (bytes copied per second) on 256 MiB, touched first. */
+static double memcpy_rate(void)
+{
+	size_t n = 256 * MiB;
+	char *a = malloc(n), *b = malloc(n);
+	double best = 0;
+
+	if (!a || !b)
+		die("memcpy buffers", NULL);
+	memset(a, 1, n);
+	memset(b, 2, n);
+	for (int r = 0; r < 4; r++) {
+		double t0 = now_s(), rate;
+
+		memcpy(b, a, n);
+		rate = (double)n / (now_s() - t0);
+		if (rate > best)
+			best = rate;
+	}
+	free(a);
+	free(b);
+	return best;
+}
+
+/* ---- a planned step with its arguments ------------------------------------------- */
+
+struct job {
+	struct ts_plan plan;
+	void **args;
+	int step;
+};
+
+static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                    const struct ts_policy *pol, struct job *j)
+{
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	if (ts_plan_build(m, o, batch, pol, &j->plan, &err) != TS_OK)
+		die("plan", &err);
+	j->args = calloc((size_t)j->plan.nbufs, sizeof *j->args);
+	j->step = 0;
+	if (!j->args)
+		die("args", NULL);
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		const struct ts_pbuf *b = &j->plan.bufs[i];
+		float *x;
+		size_t n = b->bytes / sizeof *x;
+
+		if (b->cls == TS_PB_TEMP)
+			continue;
+		if (ts_space_alloc(b->kind == TS_MEM_DEVICE ? dsp : psp, b->bytes, &j->args[i], &err) != TS_OK)
+			die("argument", &err);
+		/* sim device memory is host memory: written directly */
+		x = j->args[i];
+		switch (b->role) {
+		case TS_ROLE_W1:
+		case TS_ROLE_W2:
+			fill(x, n, 10 + (unsigned)b->role, -0.03f, 0.03f);
+			break;
+		case TS_ROLE_INPUT:
+		case TS_ROLE_TARGET:
+			fill(x, n, 20 + (unsigned)b->role, -1.0f, 1.0f);
+			break;
+		default:
+			memset(x, 0, b->bytes);
+			break;
+		}
+	}
+}
+
+static void job_free(struct job *j)
+{
+	for (int i = 0; i < j->plan.nbufs; i++)
+		if (j->args[i])
+			ts_space_release(j->plan.bufs[i].kind == TS_MEM_DEVICE ? dsp : psp, j->args[i],
+			                 j->plan.bufs[i].bytes);
+	free(j->args);
+	ts_plan_release(&j->plan);
+}
+
+/* Seconds of one step (timed around ts_exec_run, which returns once the
+ * step's work has completed). */
+static double job_step(struct job *j)
+{
+	struct ts_exec_result r;
+	struct ts_error err;
+	double t0 = now_s();
+
+	ts_error_clear(&err);
+	if (ts_exec_run(&j->plan, &env, j->args, ++j->step, &r, &err) != TS_OK)
+		die("step", &err);
+	if (r.measured_temp_peak != j->plan.temp_size_in_bytes)
+		fprintf(stderr, "bench_train: measured temp %llu != planned %llu\n",
+		        (unsigned long long)r.measured_temp_peak,
+		        (unsigned long long)j->plan.temp_size_in_bytes);
+	return now_s() - t0;
+}
+
+/* ---- the roofline ------------------------------------------------------------------ */
+
+#define MAX_SHAPES 32
+
+struct shape_rate {
+	int M, N, K;
+	bool ta, tb;
+	double rate;
+};
+
+struct roofline {
+	double flops, gemm_s;       /* the plan's GEMMs, at their measured rates */
+	double opt_bytes, opt_s;    /* the optimizer's reads and writes */
+};
+
+static double rate_of(struct shape_rate *cache, int *n, const struct ts_paction *a)
+{
+	for (int i = 0; i < *n; i++)
+		if (cache[i].M == a->M && cache[i].N == a->N && cache[i].K == a->K &&
+		    cache[i].ta == a->ta && cache[i].tb == a->tb)
+			return cache[i].rate;
+	if (*n == MAX_SHAPES)
+		die("too many GEMM shapes", NULL);
+	cache[*n] = (struct shape_rate){a->M, a->N, a->K, a->ta, a->tb,
+	                                sgemm_rate(a->M, a->N, a->K, a->ta, a->tb)};
+	return cache[(*n)++].rate;
+}
+
+static void roofline_of(const struct ts_plan *p, double mem_bw, struct roofline *out)
+{
+	struct shape_rate cache[MAX_SHAPES];
+	int ncache = 0;
+	bool adam = p->opt.type == TS_OPT_ADAM;
+
+	memset(out, 0, sizeof *out);
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		double f = 2.0 * a->M * a->N * a->K;
+
+		if (a->op == TS_P_GEMM && f > 0) {
+			out->flops += f;
+			out->gemm_s += f / rate_of(cache, &ncache, a);
+		} else if (a->op == TS_P_UPDATE) {
+			/* adam: p g mu nu in, p mu nu out; sgd: p g in, p out */
+			out->opt_bytes += (double)a->n * 4 * (adam ? 7 : 3);
+		} else if (a->op == TS_P_SUMSQ) {
+			out->opt_bytes += (double)a->n * 4;
+		}
+	}
+	out->opt_s = out->opt_bytes / mem_bw;
+}
+
+/* 2 B d h per matmul, two per layer forward, twice the forward backward. */
+static double textbook_flops(const struct ts_mlp *m, int batch)
+{
+	double fwd = 2.0 * batch * m->d_model * ts_mlp_hidden(m) * (ts_mlp_has_w2(m) ? 2 : 1);
+
+	return 3.0 * fwd * m->layers;
+}
+
+static const char *fmt_s(char *buf, size_t cap, double s)
+{
+	if (s < 1.0)
+		snprintf(buf, cap, "%.1f ms", s * 1e3);
+	else
+		snprintf(buf, cap, "%.2f s", s);
+	return buf;
+}
+
+/* Best of runs steps after a warm-up, against its roofline; prints a row.
+ * The FLOPs are the textbook count; the sgemm rate is the one the step's
+ * own GEMM shapes reach (their FLOP-weighted harmonic mean). */
+static double roofline_row(const char *name, struct job *j, int runs, double mem_bw)
+{
+	struct roofline rl;
+	double best = INFINITY, flops = textbook_flops(&j->plan.mlp, j->plan.batch), rate, roof;
+	char v[32], r[64], t[16];
+
+	roofline_of(&j->plan, mem_bw, &rl);
+	rate = rl.flops / rl.gemm_s;
+	roof = flops / rate + rl.opt_s;
+	job_step(j);
+	for (int i = 0; i < runs; i++)
+		best = fmin(best, job_step(j));
+	fprintf(stderr, "bench_train: %s: %.4g GFLOP (the plan's GEMMs: %.4g, without layer 0's "
+	        "input gradient) at %.1f GFLOP/s (sgemm on the step's shapes) = %.1f ms, + optimizer "
+	        "%.0f MB at %.1f GB/s = %.1f ms; roofline %.1f ms, step %.1f ms\n", name, flops / 1e9,
+	        rl.flops / 1e9, rate / 1e9, flops / rate * 1e3, rl.opt_bytes / 1e6, mem_bw / 1e9,
+	        rl.opt_s * 1e3, roof * 1e3, best * 1e3);
+	fmt_s(v, sizeof v, best);
+	fmt_s(r, sizeof r, roof);
+	strncat(r, " roofline", sizeof r - strlen(r) - 1);
+	snprintf(t, sizeof t, ">= 0.70");
+	bench_row(name, v, r, roof / best, t, true, roof / best >= 0.70);
+	return best;
+}
+
+int main(void)
+{
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 1536 * MiB,
+	                              .cuda = false, .host = "bench"};
+	struct ts_memory_config mc = {.device_memory_fraction = 1.0, .pinned_host_limit = 1024 * MiB,
+	                              .unpinned_host_limit = 64 * MiB, .pinned_segment = 512 * MiB};
+	struct ts_mlp guide = {.layers = 10, .d_model = 256, .d_hidden = 1024, .act = TS_ACT_RELU,
+	                       .loss = TS_LOSS_SUM};
+	struct ts_mlp big = {.layers = 4, .d_model = 2048, .d_hidden = 2048, .act = TS_ACT_RELU,
+	                     .loss = TS_LOSS_SUM};
+	struct ts_optimizer none = {.type = TS_OPT_NONE};
+	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-4f, .b1 = 0.9f,
+	                            .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_policy on_dev = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                           .save_x = true, .save_h = true};
+	struct ts_policy off = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_PINNED_HOST,
+	                        .save_x = true, .save_h = true, .prefetch_depth = 1};
+	struct ts_error err;
+	struct job j, jon, joff;
+	double bw, t_on = INFINITY, t_off = INFINITY;
+	int runs = bench_seconds(1.0) >= 1.0 ? 3 : 1;
+
+	ts_error_clear(&err);
+	if (ts_device_set_new(&dc, &set, &err) != TS_OK || ts_memory_new(set, &mc, &mem, &err) != TS_OK)
+		die("devices", &err);
+	env.dev = ts_device_set_find(set, "sim:0");
+	if (!env.dev)
+		die("no sim:0", NULL);
+	dsp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
+	psp = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	if (ts_kernels_new(env.dev, &kern, &err) != TS_OK || ts_queue_new(env.dev, &env.compute, &err) != TS_OK ||
+	    ts_queue_new(env.dev, &env.h2d, &err) != TS_OK || ts_queue_new(env.dev, &env.d2h, &err) != TS_OK)
+		die("kernels and queues", &err);
+	env.kernels = kern;
+	env.device_space = dsp;
+	env.pinned_space = psp;
+
+	bw = 2.0 * memcpy_rate();
+	fprintf(stderr, "bench_train: memory bandwidth %.1f GB/s (2 x memcpy)\n", bw / 1e9);
+
+	job_new(&guide, &none, 256, &on_dev, &j);
+	roofline_row("train sim: guide L=10 d=256 h=1024 step", &j, runs * 2, bw);
+	job_free(&j);
+
+	job_new(&big, &adam, 256, &on_dev, &jon);
+	t_on = roofline_row("train sim: adam L=4 d=h=2048 B=256 step", &jon, runs, bw);
+
+	/* offloaded over on-device, interleaved */
+	job_new(&big, &adam, 256, &off, &joff);
+	job_step(&joff);
+	for (int i = 0; i < runs; i++) {
+		t_off = fmin(t_off, job_step(&joff));
+		t_on = fmin(t_on, job_step(&jon));
+	}
+	{
+		char v[32], r[64], t[16];
+		double ratio = t_off / t_on;
+
+		fmt_s(v, sizeof v, t_off);
+		fmt_s(r, sizeof r, t_on);
+		strncat(r, " on device", sizeof r - strlen(r) - 1);
+		snprintf(t, sizeof t, "<= 1.15");
+		fprintf(stderr, "bench_train: offloaded step moves %.0f MB in, %.0f MB out\n",
+		        (double)joff.plan.h2d_bytes / 1e6, (double)joff.plan.d2h_bytes / 1e6);
+		bench_row("train sim: adam 4x2048 offload / on-device", v, r, ratio, t, true,
+		          ratio <= 1.15);
+	}
+	job_free(&joff);
+	job_free(&jon);
+
+	ts_queue_free(env.compute);
+	ts_queue_free(env.h2d);
+	ts_queue_free(env.d2h);
+	ts_kernels_free(kern);
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+	return 0;
+}

@@ -1,0 +1,1896 @@
+/*
+ * it_models.c - Check suite "models": offloaded training over HTTP against a
+ * real tstaged (two simulated devices of 256 MiB): creating, listing and
+ * deleting models and the arrays that hold their parameters and optimizer
+ * state; the memory analysis of the JAX host-offloading guide's
+ * configurations (:analyze on a model and on a spec alone); steps whose
+ * measured peak equals the prediction and whose losses and gradients are the
+ * same bit for bit under every placement policy; Adam with clipping, SGD and
+ * plain gradients against a float64 numpy reference (py/train_reference.py);
+ * inputs taken as rows of a dataset; committed and uncommitted operands;
+ * progress in steps and cancellation.
+ *
+ * Each case runs forked with its own daemon, so every space starts empty.
+ * Weights come from the daemon's own seeded initialisation and are
+ * downloaded before the first step, so the reference starts from exactly
+ * the same float32 values.
+ */
+#include "tests/integration/harness.h"
+
+#include <check.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MiB (1ull << 20)
+#define CASE_TIMEOUT_S 120
+
+/* The daemon of the checked fixture (per forked case). */
+static struct th_daemon D;
+/* Where train_reference.py is (set once in main). */
+static char py_dir[1024];
+
+static const char *const base_args[] = {"--sim-device-memory", "256MiB", NULL};
+
+static void daemon_up(void)
+{
+	th_daemon_start(&D, base_args);
+}
+
+static void daemon_down(void)
+{
+	th_daemon_stop_ok(&D);
+}
+
+static const char *const json_headers[] = {"Content-Type: application/json", NULL};
+
+/* The guide's 10-layer MLP (relu, loss sum, gradients only). */
+#define GUIDE_MLP "{\"layers\": 10, \"d_model\": 256, \"d_hidden\": 1024, \"activation\": \"relu\"}"
+#define GUIDE_B 256
+#define GUIDE_D 256
+
+/* ---- requests ------------------------------------------------------------------------ */
+
+/* printf into a new string (caller frees). */
+static char *fmt(const char *f, ...)
+{
+	va_list ap;
+	char *s = NULL;
+	int n;
+
+	va_start(ap, f);
+	n = vasprintf(&s, f, ap);
+	va_end(ap);
+	ck_assert_msg(n >= 0 && s, "vasprintf failed");
+	return s;
+}
+
+static void post(const char *path, const char *body, struct th_response *r)
+{
+	th_request(&D, "POST", path, json_headers, body, strlen(body), r);
+}
+
+/* POST path body; the status must be want; returns the JSON body (new reference). */
+static json_t *post_json(const char *path, const char *body, long want)
+{
+	struct th_response r;
+	json_t *j;
+
+	post(path, body, &r);
+	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
+	              r.body);
+	j = json_incref(th_json(&r));
+	th_response_free(&r);
+	return j;
+}
+
+/* POST path body must fail with http/status/reason and a message that
+ * contains each of the NULL-terminated words. */
+static void post_error(const char *path, const char *body, long http, const char *status,
+                       const char *reason, ...)
+{
+	struct th_response r;
+	const char *msg, *word;
+	va_list ap;
+
+	post(path, body, &r);
+	ck_assert_msg(r.status == http, "POST %s %s: %ld, want %ld: %s", path, body, r.status, http,
+	              r.body);
+	th_assert_error(&r, http, status, reason);
+	msg = th_str(th_obj(th_json(&r), "error"), "message");
+	va_start(ap, reason);
+	while ((word = va_arg(ap, const char *)) != NULL)
+		ck_assert_msg(strstr(msg, word), "POST %s %s: the message does not name '%s': %s", path,
+		              body, word, msg);
+	va_end(ap);
+	th_response_free(&r);
+}
+
+static json_t *get_json(const char *path)
+{
+	struct th_response r;
+	json_t *j = json_incref(th_get_json(&D, path, &r));
+
+	th_response_free(&r);
+	return j;
+}
+
+static long get_status(const char *path)
+{
+	struct th_response r;
+	long st;
+
+	th_get(&D, path, &r);
+	st = r.status;
+	th_response_free(&r);
+	return st;
+}
+
+/* Creates a model from its JSON; 201 with the model (new reference). */
+static json_t *create(const char *spec)
+{
+	return post_json("/v1/models", spec, 201);
+}
+
+/* PUT /v1/arrays/name?dtype=float32&shape=rows,cols[&extra] with x. */
+static void upload(const char *name, const float *x, size_t rows, size_t cols, const char *extra)
+{
+	struct th_response r;
+	char path[512];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%zu,%zu%s%s", name, rows, cols,
+	         extra ? "&" : "", extra ? extra : "");
+	th_request(&D, "PUT", path, NULL, (const char *)x, rows * cols * sizeof *x, &r);
+	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+}
+
+/* An array's raw float32 data (new buffer, caller frees), *n floats. */
+static float *download(const char *name, size_t *n)
+{
+	struct th_response r;
+	char path[300];
+	float *x;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	th_get(&D, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	ck_assert_msg(r.body_len % sizeof *x == 0, "GET %s: %zu bytes", path, r.body_len);
+	*n = r.body_len / sizeof *x;
+	x = malloc(r.body_len ? r.body_len : 1);
+	ck_assert_ptr_nonnull(x);
+	memcpy(x, r.body, r.body_len);
+	th_response_free(&r);
+	return x;
+}
+
+static json_t *array_meta(const char *name)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s", name);
+	return get_json(path);
+}
+
+/* :put an array to another memory kind of its device, waiting. */
+static void move_to(const char *name, const char *kind)
+{
+	char path[300], body[128];
+	json_t *a;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s:put?wait=true", name);
+	snprintf(body, sizeof body, "{\"memory_kind\": \"%s\"}", kind);
+	a = post_json(path, body, 200);
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), kind);
+	json_decref(a);
+}
+
+static void delete_array(const char *name)
+{
+	struct th_response r;
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s", name);
+	th_request(&D, "DELETE", path, NULL, NULL, 0, &r);
+	ck_assert_msg(r.status == 200 || r.status == 204 || r.status == 404, "DELETE %s: %ld %s", path,
+	              r.status, r.body);
+	th_response_free(&r);
+}
+
+/* POST /v1/models/{m}:step?wait=true; 200 with the result (new reference). */
+static json_t *step_wait(const char *model, const char *body)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
+	return post_json(path, body, 200);
+}
+
+/* POST /v1/models/{m}:analyze (new reference). */
+static json_t *analyze(const char *model, const char *body)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/models/%s:analyze", model);
+	return post_json(path, body, 200);
+}
+
+/* A space's stats from /v1/memory (new reference). */
+static json_t *space(const char *dev, const char *kind)
+{
+	json_t *feed = get_json("/v1/memory"), *sp, *found = NULL;
+	size_t i;
+
+	json_array_foreach(th_arr(feed, "spaces"), i, sp)
+		if (strcmp(th_str(sp, "device"), dev) == 0 && strcmp(th_str(sp, "memory_kind"), kind) == 0)
+			found = json_incref(sp);
+	json_decref(feed);
+	ck_assert_msg(found != NULL, "no space (%s, %s) in /v1/memory", dev, kind);
+	return found;
+}
+
+static json_int_t space_int(const char *dev, const char *kind, const char *key)
+{
+	json_t *sp = space(dev, kind);
+	json_int_t v = th_int(sp, key);
+
+	json_decref(sp);
+	return v;
+}
+
+static json_int_t implicit_total(void)
+{
+	json_t *feed = get_json("/v1/memory");
+	json_int_t v = th_int(th_obj(feed, "transfers"), "implicit_transfer_bytes");
+
+	json_decref(feed);
+	return v;
+}
+
+/* The i-th loss of a step result. */
+static double loss_at(json_t *result, size_t i)
+{
+	json_t *l = json_array_get(th_arr(result, "losses"), i);
+
+	ck_assert_msg(json_is_number(l), "losses[%zu] is not a number", i);
+	return json_number_value(l);
+}
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+static bool terminal(const char *state)
+{
+	return strcmp(state, "SUCCEEDED") == 0 || strcmp(state, "FAILED") == 0 ||
+	       strcmp(state, "CANCELLED") == 0;
+}
+
+static json_t *op_get(const char *id)
+{
+	char path[96];
+
+	snprintf(path, sizeof path, "/v1/operations/%s", id);
+	return get_json(path);
+}
+
+/* Starts a step as an operation: 202 with kind "step", target model and
+ * progress in steps; returns its id (new string). */
+static char *step_start(const char *model, const char *body, json_int_t steps)
+{
+	char path[300];
+	json_t *op, *progress;
+	char *id;
+
+	snprintf(path, sizeof path, "/v1/models/%s:step", model);
+	op = post_json(path, body, 202);
+	ck_assert_str_eq(th_str(op, "kind"), "step");
+	ck_assert_str_eq(th_str(op, "target"), model);
+	progress = th_obj(op, "progress");
+	ck_assert_int_eq(th_int(progress, "steps_total"), steps);
+	ck_assert_msg(th_int(progress, "steps_done") >= 0, "steps_done < 0");
+	ck_assert_msg(json_object_get(progress, "bytes_done") == NULL, "a step counts bytes: %s",
+	              json_dumps(op, 0));
+	id = strdup(th_str(op, "id"));
+	ck_assert_ptr_nonnull(id);
+	json_decref(op);
+	return id;
+}
+
+/* Polls until the operation is done; returns it (new reference) and counts
+ * in *middle the snapshots with 0 < steps_done < steps_total. */
+static json_t *op_poll(const char *id, int *middle)
+{
+	long long deadline = th_now_ms() + 90000;
+	json_int_t last = 0;
+
+	*middle = 0;
+	for (;;) {
+		json_t *op = op_get(id), *progress = th_obj(op, "progress");
+		json_int_t done = th_int(progress, "steps_done"), total = th_int(progress, "steps_total");
+
+		ck_assert_msg(done >= last && done <= total, "steps_done went %lld -> %lld of %lld",
+		              (long long)last, (long long)done, (long long)total);
+		last = done;
+		if (done > 0 && done < total)
+			(*middle)++;
+		if (th_bool(op, "done")) {
+			ck_assert_msg(terminal(th_str(op, "state")), "done in state %s", th_str(op, "state"));
+			return op;
+		}
+		json_decref(op);
+		ck_assert_msg(th_now_ms() < deadline, "operation %s did not finish", id);
+		usleep(2000);
+	}
+}
+
+/* ---- data ----------------------------------------------------------------------------- */
+
+/* Deterministic values in [lo, hi). */
+static void fill(float *x, size_t n, unsigned seed, float lo, float hi)
+{
+	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+
+	for (size_t i = 0; i < n; i++) {
+		s ^= s >> 12;
+		s ^= s << 25;
+		s ^= s >> 27;
+		x[i] = lo + (hi - lo) * (float)((s * 2685821657736338717ull) >> 40) / 16777216.0f;
+	}
+}
+
+static float *make(size_t n, unsigned seed, float lo, float hi)
+{
+	float *x = malloc(n * sizeof *x);
+
+	ck_assert_ptr_nonnull(x);
+	fill(x, n, seed, lo, hi);
+	return x;
+}
+
+/* Bit-for-bit equality of two float arrays. */
+static void assert_same_bits(const char *what, const float *got, size_t ngot, const float *want,
+                             size_t nwant)
+{
+	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
+	for (size_t i = 0; i < nwant; i++)
+		if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
+			ck_abort_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i,
+			             (double)got[i], (double)want[i]);
+}
+
+/*
+ * got against the float64 reference want, within rel of want's largest
+ * magnitude: an element near zero is the sum of terms much larger than
+ * itself, and float32 rounds it relative to those terms, not to the sum.
+ */
+static void assert_close(const char *what, const float *got, size_t ngot, const float *want,
+                         size_t nwant, double rel)
+{
+	double scale = 0;
+
+	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
+	for (size_t i = 0; i < nwant; i++)
+		scale = fmax(scale, fabs((double)want[i]));
+	ck_assert_msg(scale > 0, "%s: the reference is all zeros", what);
+	for (size_t i = 0; i < nwant; i++)
+		if (!(fabs((double)got[i] - (double)want[i]) <= rel * scale))
+			ck_abort_msg("%s: element %zu is %.9g, reference %.9g (tolerance %.3g)", what, i,
+			             (double)got[i], (double)want[i], rel * scale);
+}
+
+static void assert_rel(const char *what, double got, double want, double rel)
+{
+	ck_assert_msg(fabs(got - want) <= rel * fabs(want), "%s: %.9g, reference %.9g", what, got,
+	              want);
+}
+
+/* ---- the reference -------------------------------------------------------------------- */
+
+/* A small model as the reference and the daemon both see it. */
+struct small {
+	const char *name;
+	int layers, d, h, batch;
+	const char *act;
+	bool residual;
+	const char *loss;                /* "sum" or "mse" */
+	const char *optimizer;           /* JSON object, or NULL for none */
+	double scale;                    /* init scale */
+	int seed;
+};
+
+static char *small_spec(const struct small *s)
+{
+	return fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
+	           "\"activation\": \"%s\", \"residual\": %s}, \"loss\": \"%s\", "
+	           "\"optimizer\": %s, \"init\": {\"seed\": %d, \"scale\": %g}}",
+	           s->name, s->layers, s->d, s->h, s->act, s->residual ? "true" : "false", s->loss,
+	           s->optimizer ? s->optimizer : "{\"type\": \"none\"}", s->seed, s->scale);
+}
+
+/* A model's files for the reference: its initial weights, inputs and targets. */
+struct ref_files {
+	char dir[512];
+	char w1[600], w2[600], inputs[600], targets[600], out[600];
+};
+
+/* Creates the model, downloads its initial weights, uploads inputs
+ * "{name}.x" and targets "{name}.t" (uncommitted, values in [-2, 2)) and
+ * writes all of them where the reference reads them. Returns the model
+ * (new reference). */
+static json_t *small_setup(const struct small *s, struct ref_files *f)
+{
+	char *spec = small_spec(s), name[160];
+	size_t n = (size_t)s->batch * (size_t)s->d, nw;
+	float *x = make(n, (unsigned)s->seed * 3 + 1, -2.0f, 2.0f);
+	float *t = make(n, (unsigned)s->seed * 3 + 2, -2.0f, 2.0f);
+	json_t *m = create(spec);
+	float *w;
+
+	free(spec);
+	th_temp_dir(s->name, f->dir, sizeof f->dir);
+	snprintf(f->w1, sizeof f->w1, "%s/w1.f32", f->dir);
+	snprintf(f->w2, sizeof f->w2, "%s/w2.f32", f->dir);
+	snprintf(f->inputs, sizeof f->inputs, "%s/inputs.f32", f->dir);
+	snprintf(f->targets, sizeof f->targets, "%s/targets.f32", f->dir);
+	snprintf(f->out, sizeof f->out, "%s/out", f->dir);
+	snprintf(name, sizeof name, "%s.w1", s->name);
+	w = download(name, &nw);
+	ck_assert_uint_eq(nw, (size_t)s->layers * s->d * (s->h ? s->h : s->d));
+	th_write_file(f->w1, w, nw * sizeof *w);
+	free(w);
+	if (s->h) {
+		snprintf(name, sizeof name, "%s.w2", s->name);
+		w = download(name, &nw);
+		ck_assert_uint_eq(nw, (size_t)s->layers * s->h * s->d);
+		th_write_file(f->w2, w, nw * sizeof *w);
+		free(w);
+	}
+	th_write_file(f->inputs, x, n * sizeof *x);
+	th_write_file(f->targets, t, n * sizeof *t);
+	snprintf(name, sizeof name, "%s.x", s->name);
+	upload(name, x, (size_t)s->batch, (size_t)s->d, NULL);
+	snprintf(name, sizeof name, "%s.t", s->name);
+	upload(name, t, (size_t)s->batch, (size_t)s->d, NULL);
+	free(x);
+	free(t);
+	return m;
+}
+
+/* Runs train_reference.py for steps steps of model m (its JSON, as the
+ * daemon holds it: the optimizer's float32 values); returns result.json
+ * (new reference). */
+static json_t *reference(const struct small *s, json_t *m, int steps, const struct ref_files *f)
+{
+	char spec_path[600], cmd[2048], result[700];
+	json_t *spec, *res;
+	json_error_t e;
+	int st;
+
+	spec = json_pack("{s:i, s:i, s:i, s:s, s:b, s:s, s:O, s:i, s:i, s:s, s:s, s:s, s:s, s:s}",
+	                 "layers", s->layers, "d_model", s->d, "d_hidden", s->h, "activation", s->act,
+	                 "residual", s->residual, "loss", s->loss, "optimizer", th_obj(m, "optimizer"),
+	                 "batch", s->batch, "steps", steps, "w1", f->w1, "w2", f->w2,
+	                 "inputs", f->inputs, "targets", f->targets, "out", f->out);
+	ck_assert_ptr_nonnull(spec);
+	snprintf(spec_path, sizeof spec_path, "%s/spec.json", f->dir);
+	ck_assert_int_eq(json_dump_file(spec, spec_path, 0), 0);
+	json_decref(spec);
+	snprintf(cmd, sizeof cmd, "python3 '%s/train_reference.py' '%s'", py_dir, spec_path);
+	st = system(cmd);
+	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	              "'%s' failed (status %d): it needs python3 and numpy", cmd, st);
+	snprintf(result, sizeof result, "%s/result.json", f->out);
+	res = json_load_file(result, 0, &e);
+	ck_assert_msg(res != NULL, "%s: %s", result, e.text);
+	return res;
+}
+
+/* A float32 file the reference wrote (new buffer), *n floats. */
+static float *ref_read(const struct ref_files *f, const char *file, size_t *n)
+{
+	char path[700];
+	size_t len = 0;
+	float *x;
+
+	snprintf(path, sizeof path, "%s/%s", f->out, file);
+	x = (float *)th_read_file(path, &len);
+	ck_assert_msg(x != NULL, "cannot read %s", path);
+	*n = len / sizeof *x;
+	return x;
+}
+
+/* The array "{model}.{suffix}" against the reference's file, 1e-5 of scale. */
+static void compare_array(const char *model, const char *suffix, const struct ref_files *f,
+                          const char *file)
+{
+	char name[200], what[300];
+	size_t ng, nw;
+	float *got, *want;
+
+	snprintf(name, sizeof name, "%s.%s", model, suffix);
+	got = download(name, &ng);
+	want = ref_read(f, file, &nw);
+	snprintf(what, sizeof what, "'%s' vs reference %s", name, file);
+	assert_close(what, got, ng, want, nw, 1e-5);
+	free(got);
+	free(want);
+}
+
+static void compare_losses(json_t *result, json_t *ref, size_t first, const char *what)
+{
+	json_t *want = th_arr(ref, "losses");
+	char label[200];
+
+	for (size_t i = 0; i < json_array_size(want); i++) {
+		snprintf(label, sizeof label, "%s: loss of step %zu", what, first + i + 1);
+		assert_rel(label, loss_at(result, first + i), json_number_value(json_array_get(want, i)),
+		           1e-5);
+	}
+}
+
+/* ---- creating, listing, deleting ------------------------------------------------------ */
+
+/* Checks "{model}.{suffix}": shape, float32, committed, single on dev/kind. */
+static void check_param_array(const char *model, const char *suffix, const json_int_t shape[3],
+                              const char *dev, const char *kind)
+{
+	char name[200];
+	json_t *a, *sh, *want;
+
+	snprintf(name, sizeof name, "%s.%s", model, suffix);
+	a = array_meta(name);
+	want = json_pack("[III]", shape[0], shape[1], shape[2]);
+	ck_assert_msg(json_equal(th_arr(a, "shape"), want), "%s: shape %s", name,
+	              json_dumps(th_arr(a, "shape"), 0));
+	ck_assert_str_eq(th_str(a, "dtype"), "float32");
+	ck_assert_int_eq(th_int(a, "nbytes"), shape[0] * shape[1] * shape[2] * 4);
+	ck_assert_msg(th_bool(a, "committed"), "%s is not committed", name);
+	sh = th_obj(a, "sharding");
+	ck_assert_str_eq(th_str(sh, "device"), dev);
+	ck_assert_str_eq(th_str(sh, "memory_kind"), kind);
+	json_decref(want);
+	json_decref(a);
+}
+
+START_TEST(test_create_adam)
+{
+	json_t *m = create("{\"name\": \"net\", \"mlp\": {\"layers\": 3, \"d_model\": 8, "
+	                   "\"d_hidden\": 12, \"activation\": \"gelu\", \"residual\": true}, "
+	                   "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
+	                   "\"learning_rate\": 0.01, \"clip_global_norm\": 1.0}, "
+	                   "\"placement\": {\"params\": \"device\", \"opt_state\": \"pinned_host\", "
+	                   "\"activations\": {\"save\": [\"h\"], \"offload\": [\"x\"]}, "
+	                   "\"prefetch_depth\": 1}}");
+	static const char *const roles[] = {"w1", "w2", "adam.mu.w1", "adam.mu.w2", "adam.nu.w1",
+	                                    "adam.nu.w2"};
+	json_int_t w1[3] = {3, 8, 12}, w2[3] = {3, 12, 8};
+	json_t *mlp = th_obj(m, "mlp"), *opt = th_obj(m, "optimizer"), *pl = th_obj(m, "placement");
+	json_t *arrays = th_obj(m, "arrays");
+	char want[64];
+
+	ck_assert_str_eq(th_str(m, "name"), "net");
+	ck_assert_int_eq(th_int(mlp, "layers"), 3);
+	ck_assert_int_eq(th_int(mlp, "d_model"), 8);
+	ck_assert_int_eq(th_int(mlp, "d_hidden"), 12);
+	ck_assert_str_eq(th_str(mlp, "activation"), "gelu");
+	ck_assert(th_bool(mlp, "residual"));
+	ck_assert_str_eq(th_str(m, "loss"), "mse");
+	ck_assert_str_eq(th_str(m, "dtype"), "float32");
+	ck_assert_str_eq(th_str(opt, "type"), "adam");
+	ck_assert_msg(fabs(json_number_value(json_object_get(opt, "learning_rate")) - 0.01) < 1e-8,
+	              "learning_rate");
+	ck_assert_msg(fabs(json_number_value(json_object_get(opt, "b1")) - 0.9) < 1e-7, "b1 default");
+	ck_assert_msg(fabs(json_number_value(json_object_get(opt, "b2")) - 0.999) < 1e-7, "b2 default");
+	ck_assert_msg(fabs(json_number_value(json_object_get(opt, "eps")) - 1e-8) < 1e-14, "eps default");
+	ck_assert_msg(json_number_value(json_object_get(opt, "clip_global_norm")) == 1.0, "clip");
+	ck_assert_str_eq(th_str(pl, "device"), "sim:0");
+	ck_assert_str_eq(th_str(pl, "params"), "device");
+	ck_assert_str_eq(th_str(pl, "opt_state"), "pinned_host");
+	ck_assert_int_eq(th_int(pl, "prefetch_depth"), 1);
+	{
+		json_t *acts = json_pack("{s:[s], s:[s]}", "save", "h", "offload", "x");
+
+		ck_assert_msg(json_equal(th_obj(pl, "activations"), acts), "activations %s",
+		              json_dumps(th_obj(pl, "activations"), 0));
+		json_decref(acts);
+	}
+	ck_assert_int_eq(th_int(m, "steps"), 0);
+	ck_assert_uint_eq(json_object_size(arrays), 6);
+	for (size_t i = 0; i < 6; i++) {
+		snprintf(want, sizeof want, "net.%s", roles[i]);
+		ck_assert_str_eq(th_str(arrays, roles[i]), want);
+		check_param_array("net", roles[i], strstr(roles[i], "w1") ? w1 : w2, "sim:0",
+		                  i < 2 ? "device" : "pinned_host");
+	}
+	/* the weights are initialised (normal, scale 0.02), the state is zero */
+	{
+		size_t n;
+		float *w = download("net.w1", &n), *mu = download("net.adam.mu.w2", &n);
+		double ss = 0;
+		bool zero = true;
+
+		for (size_t i = 0; i < 3 * 8 * 12; i++)
+			ss += (double)w[i] * w[i];
+		for (size_t i = 0; i < n; i++)
+			zero = zero && mu[i] == 0.0f;
+		ck_assert_msg(ss > 0 && sqrt(ss / (3 * 8 * 12)) < 0.1, "w1 rms %g", sqrt(ss / 288));
+		ck_assert_msg(zero, "adam.mu.w2 is not zero");
+		free(w);
+		free(mu);
+	}
+	json_decref(m);
+}
+END_TEST
+
+START_TEST(test_create_variants)
+{
+	json_int_t sq[3] = {2, 6, 6}, w1[3] = {4, 6, 10};
+	json_t *m;
+
+	/* without d_hidden: one d x d matrix per layer, no w2; defaults relu, sum, none */
+	m = create("{\"name\": \"sq\", \"mlp\": {\"layers\": 2, \"d_model\": 6}}");
+	ck_assert_uint_eq(json_object_size(th_obj(m, "arrays")), 1);
+	ck_assert_str_eq(th_str(th_obj(m, "mlp"), "activation"), "relu");
+	ck_assert_str_eq(th_str(m, "loss"), "sum");
+	ck_assert_str_eq(th_str(th_obj(m, "optimizer"), "type"), "none");
+	ck_assert_str_eq(th_str(th_obj(m, "placement"), "params"), "device");
+	check_param_array("sq", "w1", sq, "sim:0", "device");
+	ck_assert_int_eq(get_status("/v1/arrays/sq.w2"), 404);
+	json_decref(m);
+
+	/* sgd keeps no state; params on pinned_host of sim:1 */
+	m = create("{\"name\": \"sgd1\", \"mlp\": {\"layers\": 4, \"d_model\": 6, \"d_hidden\": 10, "
+	           "\"activation\": \"tanh\"}, \"optimizer\": {\"type\": \"sgd\"}, "
+	           "\"placement\": {\"device\": \"sim:1\", \"params\": \"pinned_host\"}}");
+	ck_assert_uint_eq(json_object_size(th_obj(m, "arrays")), 2);
+	check_param_array("sgd1", "w1", w1, "sim:1", "pinned_host");
+	ck_assert_int_eq(get_status("/v1/arrays/sgd1.adam.mu.w1"), 404);
+	json_decref(m);
+
+	/* a constant init */
+	m = create("{\"name\": \"c\", \"mlp\": {\"layers\": 1, \"d_model\": 2, \"d_hidden\": 3}, "
+	           "\"init\": {\"constant\": 0.5}}");
+	{
+		size_t n;
+		float *w = download("c.w2", &n);
+
+		ck_assert_uint_eq(n, 6);
+		for (size_t i = 0; i < n; i++)
+			ck_assert_msg(w[i] == 0.5f, "c.w2[%zu] = %g", i, (double)w[i]);
+		free(w);
+	}
+	json_decref(m);
+}
+END_TEST
+
+START_TEST(test_create_bad_specs)
+{
+	static const struct {
+		const char *body, *reason, *field;
+	} cases[] = {
+		{"{\"name\": \"m\"}", "BAD_MODEL", "mlp"},
+		{"{\"name\": \"m\", \"mlp\": {\"d_model\": 4}}", "BAD_MODEL", "layers"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 0, \"d_model\": 4}}", "BAD_MODEL", "mlp.layers"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": -4}}", "BAD_MODEL", "mlp.d_model"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4, \"d_hidden\": -1}}", "BAD_MODEL",
+		 "mlp.d_hidden"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4, \"activation\": \"swish\"}}",
+		 "BAD_MODEL", "mlp.activation"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4, \"bogus\": 1}}", "BAD_MODEL",
+		 "bogus"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"colour\": \"red\"}", "BAD_MODEL",
+		 "colour"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"loss\": \"l1\"}", "BAD_MODEL",
+		 "loss"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamw\"}}",
+		 "BAD_OPTIMIZER", "optimizer.type"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0}}", "BAD_OPTIMIZER", "learning_rate"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adam\", \"b1\": 1.0}}", "BAD_OPTIMIZER", "b1"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adam\", \"clip_global_norm\": -1}}", "BAD_OPTIMIZER",
+		 "clip_global_norm"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adam\", \"momentum\": 0.5}}", "BAD_OPTIMIZER", "momentum"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"params\": \"gpu\"}}", "BAD_POLICY", "placement.params"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"opt_state\": \"unpinned_host\"}}", NULL, "opt_state"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"prefetch_depth\": 2}}", "BAD_POLICY", "prefetch_depth"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"prefetch_depth\": \"one\"}}", "BAD_POLICY", "prefetch_depth"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"activations\": {\"save\": [\"y\"]}}}", "BAD_POLICY",
+		 "placement.activations.save"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"activations\": [\"x\"]}}", "BAD_POLICY", "placement.activations"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"placement\": {\"device\": \"sim:9\"}}", "DEVICE_NOT_FOUND", "placement.device"},
+		{"{\"name\": \"bad name\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}", "BAD_MODEL_NAME",
+		 "bad name"},
+		{"{\"mlp\": {\"layers\": 1, \"d_model\": 4}}", "BAD_MODEL", "name"},
+		{"[1, 2]", "BAD_REQUEST_BODY", "JSON object"},
+		{"{\"name\": ", "BAD_REQUEST_BODY", "body"},
+	};
+	json_t *list;
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		post_error("/v1/models", cases[i].body, 400, "INVALID_ARGUMENT", cases[i].reason,
+		           cases[i].field, NULL);
+	/* float32 only: other dtypes are not implemented */
+	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	           "\"dtype\": \"bfloat16\"}", 501, "UNIMPLEMENTED", "BAD_DTYPE", "bfloat16", NULL);
+	/* nothing was created */
+	list = get_json("/v1/models");
+	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
+	json_decref(list);
+	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use"), 0);
+}
+END_TEST
+
+/* Type errors inside the spec must name the field, as every other bad
+ * field does (jansson's own "Expected integer, got string" names none). */
+START_TEST(test_create_type_errors_name_the_field)
+{
+	static const struct {
+		const char *body, *field;
+	} cases[] = {
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": \"two\", \"d_model\": 4}}", "layers"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4.5}}", "d_model"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4, \"residual\": \"yes\"}}", "residual"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"learning_rate\": \"fast\"}}", "learning_rate"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"init\": {\"seed\": \"x\"}}", "seed"},
+	};
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		post_error("/v1/models", cases[i].body, 400, "INVALID_ARGUMENT", NULL, cases[i].field, NULL);
+}
+END_TEST
+
+/* Sizes beyond int must be refused, not truncated: 4294967297 layers is
+ * not one layer, nor is a d_model of 4294967300 four. */
+START_TEST(test_create_sizes_not_truncated)
+{
+	post_error("/v1/models", "{\"name\": \"m1\", \"mlp\": {\"layers\": 4294967297, \"d_model\": 4}}",
+	           400, "INVALID_ARGUMENT", NULL, "layers", NULL);
+	post_error("/v1/models", "{\"name\": \"m2\", \"mlp\": {\"layers\": 1, \"d_model\": 4294967300}}",
+	           400, "INVALID_ARGUMENT", NULL, "d_model", NULL);
+}
+END_TEST
+
+/* A placement with an unknown field (a typo such as "param" for "params")
+ * must be refused, naming it, as unknown fields elsewhere in the spec are,
+ * not ignored. */
+START_TEST(test_create_placement_unknown_field)
+{
+	post_error("/v1/models", "{\"name\": \"m3\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	           "\"placement\": {\"param\": \"pinned_host\"}}", 400, "INVALID_ARGUMENT", NULL,
+	           "param", NULL);
+	ck_assert_int_eq(get_status("/v1/models/m3"), 404);
+}
+END_TEST
+
+START_TEST(test_create_exclusive_names)
+{
+	static const char *const policies[] = {
+		"{\"activations\": {\"save\": [\"x\"], \"offload\": [\"x\"]}}",
+		"{\"activations\": {\"save\": [\"x\", \"h\"], \"offload\": [\"h\"]}}",
+	};
+	json_t *m;
+
+	for (size_t i = 0; i < 2; i++) {
+		char *body = fmt("{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
+		                 "\"placement\": %s}", policies[i]);
+		char *step = fmt("{\"inputs\": \"x\", \"placement\": %s}", policies[i]);
+		char *an = fmt("{\"batch\": [2, 4], \"placement\": %s}", policies[i]);
+		char *spec = fmt("{\"model\": {\"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
+		                 "\"placement\": %s}, \"batch\": [2, 4]}", policies[i]);
+
+		post_error("/v1/models", body, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
+		post_error("/v1/models:analyze", spec, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
+		if (i == 0) {
+			m = create("{\"name\": \"ok\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}}");
+			json_decref(m);
+		}
+		post_error("/v1/models/ok:analyze", an, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
+		post_error("/v1/models/ok:step", step, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
+		free(body);
+		free(step);
+		free(an);
+		free(spec);
+	}
+	ck_assert_int_eq(get_status("/v1/models/m"), 404);
+}
+END_TEST
+
+START_TEST(test_create_duplicate)
+{
+	static const char *spec = "{\"name\": \"dup\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}";
+	float one = 1.0f;
+	json_t *m = create(spec), *a;
+
+	json_decref(m);
+	a = array_meta("dup.w1");
+	post_error("/v1/models", spec, 409, "ALREADY_EXISTS", NULL, "dup", NULL);
+	/* the first one's array is untouched */
+	{
+		json_t *again = array_meta("dup.w1");
+
+		ck_assert_str_eq(th_str(a, "etag"), th_str(again, "etag"));
+		json_decref(again);
+	}
+	json_decref(a);
+	/* an array already holding one of the names: refused, nothing registered */
+	upload("taken.w1", &one, 1, 1, NULL);
+	post_error("/v1/models", "{\"name\": \"taken\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}", 409,
+	           "ALREADY_EXISTS", NULL, "taken.w1", NULL);
+	ck_assert_int_eq(get_status("/v1/models/taken"), 404);
+	a = array_meta("taken.w1");
+	ck_assert_int_eq(th_int(a, "nbytes"), 4);
+	json_decref(a);
+}
+END_TEST
+
+START_TEST(test_get_list_delete)
+{
+	static const char *const names[] = {"b-model", "a.model", "c_model"};
+	json_t *m, *list, *got;
+	json_int_t base = space_int("sim:0", "device", "bytes_in_use");
+
+	for (size_t i = 0; i < 3; i++) {
+		char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 16}, "
+		                 "\"optimizer\": {\"type\": \"adam\"}}", names[i]);
+
+		m = create(spec);
+		free(spec);
+		if (i == 0) {
+			got = get_json("/v1/models/b-model");
+			ck_assert_msg(json_equal(got, m), "GET differs from the 201 body:\n%s\n%s",
+			              json_dumps(got, 0), json_dumps(m, 0));
+			json_decref(got);
+		}
+		json_decref(m);
+	}
+	/* 3 models x (w1, w2, mu, nu) x 2 x 8 x 16 floats */
+	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use") - base, 3 * 6 * 2 * 8 * 16 * 4);
+	list = get_json("/v1/models");
+	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 3);
+	ck_assert_str_eq(th_str(json_array_get(th_arr(list, "models"), 0), "name"), "a.model");
+	ck_assert_str_eq(th_str(json_array_get(th_arr(list, "models"), 1), "name"), "b-model");
+	ck_assert_str_eq(th_str(json_array_get(th_arr(list, "models"), 2), "name"), "c_model");
+	json_decref(list);
+
+	/* delete: the model and every array of it go */
+	json_decref(post_json("/v1/models", "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 2}}", 201));
+	{
+		struct th_response r;
+
+		th_request(&D, "DELETE", "/v1/models/b-model", NULL, NULL, 0, &r);
+		ck_assert_msg(r.status == 200, "DELETE: %ld %s", r.status, r.body);
+		th_response_free(&r);
+		th_request(&D, "DELETE", "/v1/models/b-model", NULL, NULL, 0, &r);
+		th_assert_error(&r, 404, "NOT_FOUND", "MODEL_NOT_FOUND");
+		th_response_free(&r);
+		th_get(&D, "/v1/models/nope", &r);
+		th_assert_error(&r, 404, "NOT_FOUND", "MODEL_NOT_FOUND");
+		th_response_free(&r);
+	}
+	ck_assert_int_eq(get_status("/v1/models/b-model"), 404);
+	ck_assert_int_eq(get_status("/v1/arrays/b-model.w1"), 404);
+	ck_assert_int_eq(get_status("/v1/arrays/b-model.w2"), 404);
+	ck_assert_int_eq(get_status("/v1/arrays/b-model.adam.mu.w1"), 404);
+	ck_assert_int_eq(get_status("/v1/arrays/b-model.adam.nu.w2"), 404);
+	ck_assert_int_eq(get_status("/v1/arrays/a.model.w1"), 200);
+	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use") - base,
+	                 2 * 6 * 2 * 8 * 16 * 4 + 2 * 2 * 4);
+	list = get_json("/v1/models");
+	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 3);
+	json_decref(list);
+	/* the name can be taken again */
+	m = create("{\"name\": \"b-model\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}");
+	ck_assert_int_eq(th_int(m, "steps"), 0);
+	json_decref(m);
+}
+END_TEST
+
+/* ---- analysis ------------------------------------------------------------------------ */
+
+/* The guide's configurations: params on the device or pinned_host, the
+ * activation policy, the guide's argument and temp figures (MiB; temp 0:
+ * none given). */
+static const struct guide_case {
+	const char *label, *params, *acts;
+	double argument, temp;
+} guide_cases[] = {
+	{"no offload", "device", "{\"save\": [\"x\", \"h\"], \"offload\": []}", 20.25, 17.25},
+	{"params offloaded", "pinned_host", "{\"save\": [\"x\", \"h\"], \"offload\": []}", 0.25, 0},
+	{"activation x offloaded", "device", "{\"save\": [], \"offload\": [\"x\"]}", 20.25, 6.50},
+	{"both", "pinned_host", "{\"save\": [], \"offload\": [\"x\"]}", 0.25, 4.75},
+};
+
+static json_int_t J(json_t *o, const char *k)
+{
+	return th_int(o, k);
+}
+
+/* The figures that must hold of any analysis. */
+static void check_analysis(json_t *an, const char *what)
+{
+	json_t *tl = th_arr(an, "timeline"), *p;
+	json_int_t peak = 0;
+	size_t i;
+
+	ck_assert_msg(J(an, "peak_device_bytes") == J(an, "argument_size_in_bytes") +
+	              J(an, "output_size_in_bytes") + J(an, "temp_size_in_bytes"),
+	              "%s: peak != argument + output + temp: %s", what, json_dumps(an, 0));
+	json_array_foreach(tl, i, p)
+		if (J(p, "live_device_bytes") > peak)
+			peak = J(p, "live_device_bytes");
+	ck_assert_msg(peak == J(an, "peak_device_bytes"), "%s: the timeline peaks at %lld, not %lld",
+	              what, (long long)peak, (long long)J(an, "peak_device_bytes"));
+}
+
+START_TEST(test_analyze_guide)
+{
+	json_int_t params_bytes = 10ll * 2 * 256 * 1024 * 4, temp0[4] = {0};
+
+	for (int prefetch = 0; prefetch <= 1; prefetch++) {
+		for (size_t i = 0; i < 4; i++) {
+			const struct guide_case *g = &guide_cases[i];
+			char *spec = fmt("{\"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", \"placement\": "
+			                 "{\"params\": \"%s\", \"activations\": %s, \"prefetch_depth\": %d}}",
+			                 g->params, g->acts, prefetch);
+			char *body = fmt("{\"model\": %s, \"batch\": [256, 256]}", spec);
+			char *named = fmt("{\"name\": \"g%zu%d\", %s", i, prefetch, spec + 1);
+			json_t *an = post_json("/v1/models:analyze", body, 200), *m, *an2;
+			char what[96];
+			bool host = strcmp(g->params, "pinned_host") == 0;
+
+			snprintf(what, sizeof what, "%s, prefetch %d", g->label, prefetch);
+			check_analysis(an, what);
+			ck_assert_msg(J(an, "argument_size_in_bytes") == (json_int_t)(g->argument * MiB),
+			              "%s: argument %lld", what, (long long)J(an, "argument_size_in_bytes"));
+			ck_assert_msg(J(an, "output_size_in_bytes") == (json_int_t)(20 * MiB), "%s: output %lld",
+			              what, (long long)J(an, "output_size_in_bytes"));
+			ck_assert_int_eq(J(an, "alias_size_in_bytes"), 0);
+			ck_assert_int_eq(J(an, "host_argument_size_in_bytes"), host ? params_bytes : 0);
+			if (prefetch == 0 && g->temp > 0)
+				ck_assert_msg(J(an, "temp_size_in_bytes") <= (json_int_t)(g->temp * MiB),
+				              "%s: temp %.4f MiB > the guide's %.2f", what,
+				              (double)J(an, "temp_size_in_bytes") / MiB, g->temp);
+			/* bytes moved: weights in twice (forward and backward) when on
+			 * the host; offloaded x out once and back once */
+			ck_assert_int_eq(J(an, "h2d_bytes"), (host ? 2 * params_bytes : 0) + J(an, "d2h_bytes"));
+			ck_assert_int_eq(J(an, "d2h_bytes"), strstr(g->acts, "\"offload\": [\"x\"]") ? 9 * 256 * 1024 : 0);
+			/* prefetching the next layer's weights costs one layer's w1 and w2 */
+			if (prefetch == 0)
+				temp0[i] = J(an, "temp_size_in_bytes");
+			else
+				ck_assert_int_eq(J(an, "temp_size_in_bytes") - temp0[i],
+				                 host ? 2 * 256 * 1024 * 4 : 0);
+			/* the same on a created model, whose arrays are where the spec says */
+			m = create(named);
+			an2 = analyze(th_str(m, "name"), "{\"batch\": [256, 256]}");
+			ck_assert_msg(json_equal(an, an2), "%s: :analyze of the model differs:\n%s\n%s", what,
+			              json_dumps(an, 0), json_dumps(an2, 0));
+			json_decref(an2);
+			json_decref(m);
+			json_decref(an);
+			free(spec);
+			free(body);
+			free(named);
+		}
+	}
+}
+END_TEST
+
+START_TEST(test_analyze_adam_7168)
+{
+	static const char *fmt_spec = "{\"model\": {\"mlp\": {\"layers\": 4, \"d_model\": 7168, "
+	                              "\"activation\": \"relu\"}, \"optimizer\": {\"type\": \"adam\", "
+	                              "\"learning_rate\": 1e-3}, \"placement\": {\"params\": \"device\", "
+	                              "\"opt_state\": \"%s\"}}, \"batch\": [128, 7168]}";
+	json_int_t weights = 4ll * 7168 * 7168 * 4;
+	json_t *on, *off, *before = space("sim:0", "device"), *after, *list;
+	char body[512];
+
+	snprintf(body, sizeof body, fmt_spec, "device");
+	on = post_json("/v1/models:analyze", body, 200);
+	snprintf(body, sizeof body, fmt_spec, "pinned_host");
+	off = post_json("/v1/models:analyze", body, 200);
+	check_analysis(on, "7168 adam on device");
+	check_analysis(off, "7168 adam, state on host");
+	ck_assert_msg(J(on, "peak_device_bytes") <= 4590000000ll, "peak %lld > 4.59e9",
+	              (long long)J(on, "peak_device_bytes"));
+	ck_assert_msg(J(off, "peak_device_bytes") <= 2870000000ll, "peak %lld > 2.87e9",
+	              (long long)J(off, "peak_device_bytes"));
+	/* params and the two moments are updated in place: aliases */
+	ck_assert_int_eq(J(on, "alias_size_in_bytes"), 3 * weights);
+	ck_assert_int_eq(J(off, "alias_size_in_bytes"), weights);
+	ck_assert_int_eq(J(off, "host_argument_size_in_bytes"), 2 * weights);
+	ck_assert_int_eq(J(on, "output_size_in_bytes"), 0);
+	ck_assert_int_eq(J(on, "peak_device_bytes") - J(off, "peak_device_bytes"),
+	                 2 * weights - (J(off, "temp_size_in_bytes") - J(on, "temp_size_in_bytes")));
+	/* analysed, not created: nothing was allocated or registered */
+	after = space("sim:0", "device");
+	ck_assert_int_eq(th_int(after, "bytes_in_use"), th_int(before, "bytes_in_use"));
+	ck_assert_int_eq(th_int(after, "num_allocs"), th_int(before, "num_allocs"));
+	list = get_json("/v1/models");
+	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
+	json_decref(list);
+	json_decref(before);
+	json_decref(after);
+	json_decref(on);
+	json_decref(off);
+}
+END_TEST
+
+START_TEST(test_analyze_errors)
+{
+	json_t *m = create("{\"name\": \"a\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}}");
+
+	json_decref(m);
+	post_error("/v1/models/a:analyze", "{\"batch\": [2, 5]}", 400, "INVALID_ARGUMENT", "BAD_BATCH",
+	           "d_model", NULL);
+	post_error("/v1/models/a:analyze", "{\"batch\": [0, 4]}", 400, "INVALID_ARGUMENT", "BAD_BATCH",
+	           NULL);
+	post_error("/v1/models/a:analyze", "{\"batch\": 4}", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY",
+	           NULL);
+	post_error("/v1/models/a:analyze", "{\"batch\": [2, 4], \"steps\": 3}", 400, "INVALID_ARGUMENT",
+	           "BAD_REQUEST_BODY", "steps", NULL);
+	post_error("/v1/models/nope:analyze", "{\"batch\": [2, 4]}", 404, "NOT_FOUND", "MODEL_NOT_FOUND",
+	           "nope", NULL);
+	post_error("/v1/models:analyze", "{\"batch\": [2, 4]}", 400, "INVALID_ARGUMENT",
+	           "BAD_REQUEST_BODY", NULL);
+	post_error("/v1/models:analyze", "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, "
+	           "\"batch\": [2, 3]}", 400, "INVALID_ARGUMENT", "BAD_BATCH", NULL);
+	post_error("/v1/models:analyze", "{\"model\": {\"mlp\": {\"layers\": 1}}, \"batch\": [2, 3]}", 400,
+	           "INVALID_ARGUMENT", "BAD_MODEL", "d_model", NULL);
+}
+END_TEST
+
+/* ---- steps: the guide's configurations ----------------------------------------------- */
+
+/* The guide's model (gradients only, loss sum) with weights large enough
+ * that the loss is far from zero, and its batch "x" (uncommitted). */
+static void guide_setup(const char *name, const char *placement)
+{
+	char *spec = fmt("{\"name\": \"%s\", \"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", "
+	                 "\"init\": {\"seed\": 11, \"scale\": 0.05}%s%s}", name,
+	                 placement ? ", \"placement\": " : "", placement ? placement : "");
+	float *x = make(GUIDE_B * GUIDE_D, 5, -1.0f, 1.0f);
+
+	json_decref(create(spec));
+	if (get_status("/v1/arrays/x") == 404)
+		upload("x", x, GUIDE_B, GUIDE_D, NULL);
+	free(x);
+	free(spec);
+}
+
+/* A step's result must report measured == predicted, agree with :analyze
+ * under the same placement, and have moved what the plan says. */
+static void check_step_result(json_t *res, json_t *an, const char *what)
+{
+	json_t *a = th_obj(res, "analysis"), *t = json_deep_copy(an);
+
+	ck_assert_msg(J(res, "measured_peak_device_bytes") == J(res, "predicted_peak_device_bytes"),
+	              "%s: measured %lld, predicted %lld", what,
+	              (long long)J(res, "measured_peak_device_bytes"),
+	              (long long)J(res, "predicted_peak_device_bytes"));
+	ck_assert_int_eq(J(res, "measured_temp_size_in_bytes"), J(res, "predicted_temp_size_in_bytes"));
+	ck_assert_int_eq(J(res, "predicted_peak_device_bytes"), J(an, "peak_device_bytes"));
+	json_object_del(t, "timeline");
+	ck_assert_msg(json_equal(a, t), "%s: the step's analysis differs from :analyze:\n%s\n%s", what,
+	              json_dumps(a, 0), json_dumps(t, 0));
+	json_decref(t);
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(res, "steps") * J(an, "h2d_bytes"));
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "d2h"), J(res, "steps") * J(an, "d2h_bytes"));
+	ck_assert_str_eq(th_str(res, "device"), "sim:0");
+	ck_assert_msg(json_number_value(json_object_get(th_obj(res, "time"), "wall_s")) > 0, "wall_s");
+}
+
+/* Activation policies beyond the guide's: every residual saved, offloaded
+ * or recomputed. */
+static const char *const act_policies[] = {
+	"{\"save\": [\"x\", \"h\"], \"offload\": []}",
+	"{\"save\": [], \"offload\": [\"x\"]}",
+	"{\"save\": [], \"offload\": [\"x\", \"h\"]}",
+	"{\"save\": [\"x\"], \"offload\": [\"h\"]}",
+	"{\"save\": [\"h\"], \"offload\": [\"x\"]}",
+	"{\"save\": [\"x\"], \"offload\": []}",
+	"{\"save\": [], \"offload\": []}",
+};
+
+START_TEST(test_step_guide_policies)
+{
+	float *ref_g1 = NULL, *ref_g2 = NULL;
+	size_t n1 = 0, n2 = 0;
+	double ref_loss = 0;
+	int runs = 0;
+
+	guide_setup("g", NULL);
+	for (int host = 0; host <= 1; host++) {
+		if (host) {
+			move_to("g.w1", "pinned_host");
+			move_to("g.w2", "pinned_host");
+		}
+		for (int prefetch = 0; prefetch <= 1; prefetch++) {
+			for (size_t k = 0; k < sizeof act_policies / sizeof act_policies[0]; k++) {
+				char *pl = fmt("{\"activations\": %s, \"prefetch_depth\": %d}", act_policies[k], prefetch);
+				char *sbody = fmt("{\"inputs\": \"x\", \"steps\": 1, \"placement\": %s}", pl);
+				char *abody = fmt("{\"batch\": [256, 256], \"placement\": %s}", pl);
+				char what[256];
+				json_t *an = analyze("g", abody), *res = step_wait("g", sbody);
+				float *g1, *g2;
+				size_t m1, m2;
+
+				snprintf(what, sizeof what, "params %s, prefetch %d, activations %s",
+				         host ? "pinned_host" : "device", prefetch, act_policies[k]);
+				ck_assert_int_eq(J(an, "host_argument_size_in_bytes"), host ? 20 * MiB : 0);
+				check_step_result(res, an, what);
+				g1 = download("g.grad.w1", &m1);
+				g2 = download("g.grad.w2", &m2);
+				if (!runs++) {
+					ref_loss = loss_at(res, 0);
+					ck_assert_msg(isfinite(ref_loss) && fabs(ref_loss) > 1e-3, "loss %g", ref_loss);
+					ref_g1 = g1;
+					ref_g2 = g2;
+					n1 = m1;
+					n2 = m2;
+				} else {
+					ck_assert_msg(memcmp(&(double){loss_at(res, 0)}, &ref_loss, sizeof ref_loss) == 0,
+					              "%s: loss %.17g, first run %.17g", what, loss_at(res, 0), ref_loss);
+					assert_same_bits(what, g1, m1, ref_g1, n1);
+					assert_same_bits(what, g2, m2, ref_g2, n2);
+					free(g1);
+					free(g2);
+				}
+				json_decref(an);
+				json_decref(res);
+				free(pl);
+				free(sbody);
+				free(abody);
+			}
+		}
+	}
+	/* nothing is left behind: params (host), the batch and the gradients */
+	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use"),
+	                 (json_int_t)(GUIDE_B * GUIDE_D * 4 + 20 * MiB));
+	ck_assert_int_eq(space_int("sim:0", "pinned_host", "bytes_in_use"), (json_int_t)(20 * MiB));
+	free(ref_g1);
+	free(ref_g2);
+}
+END_TEST
+
+/* The guide's four models, created with their policy (as
+ * examples/offload_guide.py does): measured == predicted, same losses. */
+START_TEST(test_step_guide_models)
+{
+	double first = 0;
+
+	for (size_t i = 0; i < 4; i++) {
+		const struct guide_case *g = &guide_cases[i];
+		char name[16], *pl = fmt("{\"params\": \"%s\", \"activations\": %s}", g->params, g->acts);
+		json_t *an, *res;
+
+		snprintf(name, sizeof name, "guide%zu", i);
+		guide_setup(name, pl);
+		an = analyze(name, "{\"batch\": [256, 256]}");
+		res = step_wait(name, "{\"inputs\": \"x\", \"steps\": 2}");
+		check_step_result(res, an, g->label);
+		ck_assert_uint_eq(json_array_size(th_arr(res, "losses")), 2);
+		/* gradients only: the weights do not change, nor the loss */
+		ck_assert_msg(loss_at(res, 0) == loss_at(res, 1), "%s: %.17g then %.17g", g->label,
+		              loss_at(res, 0), loss_at(res, 1));
+		if (i == 0)
+			first = loss_at(res, 0);
+		ck_assert_msg(loss_at(res, 0) == first, "%s: loss %.17g, first model %.17g", g->label,
+		              loss_at(res, 0), first);
+		json_decref(an);
+		json_decref(res);
+		free(pl);
+	}
+}
+END_TEST
+
+/*
+ * The peak that the device space itself records while a step runs must be
+ * the predicted one: with only the model's arrays and the batch on the
+ * device, after :resetPeak, peak_bytes_in_use must equal
+ * predicted_peak_device_bytes (the reported measured peak is computed from
+ * a baseline taken inside the step, after whatever the handler allocated).
+ */
+START_TEST(test_step_peak_seen_by_the_space)
+{
+	guide_setup("g", "{\"params\": \"pinned_host\", \"activations\": {\"offload\": [\"x\"]}}");
+	for (int run = 0; run < 2; run++) {
+		json_t *res, *sp;
+
+		delete_array("g.grad.w1");
+		delete_array("g.grad.w2");
+		json_decref(post_json("/v1/memory:resetPeak", "{}", 200));
+		res = step_wait("g", "{\"inputs\": \"x\"}");
+		sp = space("sim:0", "device");
+		ck_assert_msg(th_int(sp, "peak_bytes_in_use") == J(res, "predicted_peak_device_bytes"),
+		              "run %d: the device space peaked at %lld bytes; predicted %lld, reported "
+		              "measured %lld", run, (long long)th_int(sp, "peak_bytes_in_use"),
+		              (long long)J(res, "predicted_peak_device_bytes"),
+		              (long long)J(res, "measured_peak_device_bytes"));
+		json_decref(sp);
+		json_decref(res);
+	}
+}
+END_TEST
+
+/* A step's placement override must be honoured or refused: :analyze with
+ * {"params": "pinned_host"} reports the offloaded plan, so :step with the
+ * same placement may not silently run another. */
+START_TEST(test_step_params_override_not_ignored)
+{
+	static const char *pl = "{\"params\": \"pinned_host\"}";
+	char body[256];
+	struct th_response r;
+	json_t *an;
+
+	guide_setup("g", NULL);
+	snprintf(body, sizeof body, "{\"batch\": [256, 256], \"placement\": %s}", pl);
+	an = analyze("g", body);
+	snprintf(body, sizeof body, "{\"inputs\": \"x\", \"placement\": %s}", pl);
+	post("/v1/models/g:step?wait=true", body, &r);
+	if (r.status == 200) {
+		json_t *a = th_obj(th_json(&r), "analysis");
+
+		ck_assert_msg(J(a, "argument_size_in_bytes") == J(an, "argument_size_in_bytes") &&
+		              J(a, "host_argument_size_in_bytes") == J(an, "host_argument_size_in_bytes"),
+		              "placement.params ignored: :analyze reports argument %lld (host %lld), the step "
+		              "ran with %lld (host %lld)", (long long)J(an, "argument_size_in_bytes"),
+		              (long long)J(an, "host_argument_size_in_bytes"),
+		              (long long)J(a, "argument_size_in_bytes"),
+		              (long long)J(a, "host_argument_size_in_bytes"));
+	} else {
+		th_assert_error(&r, 400, "INVALID_ARGUMENT", NULL);
+	}
+	th_response_free(&r);
+	json_decref(an);
+}
+END_TEST
+
+/* Params split between memory kinds ("{m}.w1" moved to pinned_host, "{m}.w2"
+ * left on the device): the step must run with each where it is, or be
+ * refused with a message that names both arrays; and :analyze may not
+ * report a plan the step would not run. */
+START_TEST(test_step_params_split)
+{
+	float *x = make(8 * 16, 80, -1.0f, 1.0f);
+	struct th_response r;
+	json_t *an;
+
+	json_decref(create("{\"name\": \"sp\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}}"));
+	upload("spx", x, 8, 16, NULL);
+	move_to("sp.w1", "pinned_host");
+	post("/v1/models/sp:step?wait=true", "{\"inputs\": \"spx\"}", &r);
+	if (r.status == 200) {
+		json_t *a = th_obj(th_json(&r), "analysis");
+
+		/* w1 on the host, w2 and the batch on the device */
+		ck_assert_int_eq(J(a, "host_argument_size_in_bytes"), 2 * 16 * 8 * 4);
+		ck_assert_int_eq(J(a, "argument_size_in_bytes"), 2 * 8 * 16 * 4 + 8 * 16 * 4);
+	} else {
+		const char *msg;
+
+		ck_assert_msg(r.status == 400, "step: %ld %s", r.status, r.body);
+		msg = th_str(th_obj(th_json(&r), "error"), "message");
+		ck_assert_msg(strstr(msg, "sp.w1") && strstr(msg, "sp.w2"),
+		              "the refusal does not name the split arrays: %s", msg);
+	}
+	th_response_free(&r);
+	/* :analyze answers the same way as the step: no plan for a split model */
+	post("/v1/models/sp:analyze", "{\"batch\": [8, 16]}", &r);
+	ck_assert_msg(r.status == 400, ":analyze of a split model: %ld %s", r.status, r.body);
+	ck_assert_msg(strstr(r.body, "sp.w1") && strstr(r.body, "sp.w2"),
+	              ":analyze does not name the split arrays: %s", r.body);
+	th_response_free(&r);
+	(void)an;
+	free(x);
+}
+END_TEST
+
+/* ---- steps against the reference ------------------------------------------------------ */
+
+START_TEST(test_step_adam_clipped)
+{
+	static const struct small s = {"adam", 3, 16, 24, 8, "gelu", true, "mse",
+	                               "{\"type\": \"adam\", \"learning_rate\": 0.01, "
+	                               "\"clip_global_norm\": 1.0}", 0.3, 7};
+	struct ref_files f;
+	json_t *m = small_setup(&s, &f), *res, *ref, *got;
+
+	res = step_wait("adam", "{\"inputs\": \"adam.x\", \"targets\": \"adam.t\", \"steps\": 4}");
+	ref = reference(&s, m, 4, &f);
+	/* the norm is above the clip in every step here: clipping is exercised */
+	ck_assert_msg(json_is_true(json_array_get(th_arr(ref, "clipped"), 0)),
+	              "the reference did not clip: norms %s", json_dumps(th_arr(ref, "grad_norms"), 0));
+	ck_assert_uint_eq(json_array_size(th_arr(res, "losses")), 4);
+	compare_losses(res, ref, 0, "adam");
+	ck_assert_msg(loss_at(res, 3) < loss_at(res, 0), "the loss did not go down");
+	compare_array("adam", "w1", &f, "w1.f32");
+	compare_array("adam", "w2", &f, "w2.f32");
+	compare_array("adam", "adam.mu.w1", &f, "mu_w1.f32");
+	compare_array("adam", "adam.mu.w2", &f, "mu_w2.f32");
+	compare_array("adam", "adam.nu.w1", &f, "nu_w1.f32");
+	compare_array("adam", "adam.nu.w2", &f, "nu_w2.f32");
+	/* Adam's t is the model's: 4 steps taken */
+	got = get_json("/v1/models/adam");
+	ck_assert_int_eq(th_int(got, "steps"), 4);
+	ck_assert_int_eq(get_status("/v1/arrays/adam.grad.w1"), 404);
+	json_decref(got);
+	json_decref(ref);
+	json_decref(res);
+	json_decref(m);
+}
+END_TEST
+
+/* Two calls of 2 steps continue the bias correction where the first left
+ * it: the same params bit for bit as one call of 4; and the same with
+ * params and optimizer state on pinned_host. */
+START_TEST(test_step_adam_split_and_offloaded)
+{
+	static const char *opt = "{\"type\": \"adam\", \"learning_rate\": 0.01, \"clip_global_norm\": 1.0}";
+	static const char *const roles[] = {"w1", "w2", "adam.mu.w1", "adam.mu.w2", "adam.nu.w1",
+	                                    "adam.nu.w2"};
+	float *x = make(8 * 16, 22, -2.0f, 2.0f), *t = make(8 * 16, 23, -2.0f, 2.0f);
+	json_t *res[3];
+	double all[3][4];
+
+	for (int i = 0; i < 3; i++) {
+		char *spec = fmt("{\"name\": \"m%d\", \"mlp\": {\"layers\": 3, \"d_model\": 16, \"d_hidden\": 24, "
+		                 "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
+		                 "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}%s}", i, opt,
+		                 i == 2 ? ", \"placement\": {\"params\": \"pinned_host\", \"opt_state\": "
+		                          "\"pinned_host\", \"prefetch_depth\": 1}" : "");
+
+		json_decref(create(spec));
+		free(spec);
+	}
+	upload("x", x, 8, 16, NULL);
+	upload("t", t, 8, 16, NULL);
+	res[0] = step_wait("m0", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
+	res[1] = step_wait("m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
+	res[2] = step_wait("m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
+	for (int i = 0; i < 4; i++) {
+		all[0][i] = loss_at(res[0], (size_t)i);
+		all[1][i] = loss_at(res[i < 2 ? 1 : 2], (size_t)(i % 2));
+	}
+	json_decref(res[1]);
+	json_decref(res[2]);
+	res[2] = step_wait("m2", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
+	ck_assert_int_eq(J(th_obj(res[2], "analysis"), "host_argument_size_in_bytes"), 6 * 3 * 16 * 24 * 4);
+	ck_assert_int_eq(J(th_obj(res[2], "analysis"), "argument_size_in_bytes"), 2 * 8 * 16 * 4);
+	for (int i = 0; i < 4; i++)
+		all[2][i] = loss_at(res[2], (size_t)i);
+	for (int i = 0; i < 4; i++)
+		ck_assert_msg(all[1][i] == all[0][i] && all[2][i] == all[0][i],
+		              "step %d: losses %.17g (4 at once), %.17g (2 + 2), %.17g (offloaded)", i + 1,
+		              all[0][i], all[1][i], all[2][i]);
+	for (size_t r = 0; r < 6; r++) {
+		char a[64], what[128];
+		size_t n0, n;
+		float *w0, *w;
+
+		snprintf(a, sizeof a, "m0.%s", roles[r]);
+		w0 = download(a, &n0);
+		for (int i = 1; i < 3; i++) {
+			snprintf(a, sizeof a, "m%d.%s", i, roles[r]);
+			snprintf(what, sizeof what, "%s vs m0", a);
+			w = download(a, &n);
+			assert_same_bits(what, w, n, w0, n0);
+			free(w);
+		}
+		free(w0);
+	}
+	json_decref(res[0]);
+	json_decref(res[2]);
+	free(x);
+	free(t);
+}
+END_TEST
+
+START_TEST(test_step_sgd_clipped)
+{
+	static const struct small s = {"sgd", 2, 12, 20, 6, "tanh", true, "mse",
+	                               "{\"type\": \"sgd\", \"learning_rate\": 0.05, "
+	                               "\"clip_global_norm\": 0.5}", 0.3, 3};
+	struct ref_files f;
+	json_t *m = small_setup(&s, &f), *res, *ref;
+
+	res = step_wait("sgd", "{\"inputs\": \"sgd.x\", \"targets\": \"sgd.t\", \"steps\": 3}");
+	ref = reference(&s, m, 3, &f);
+	ck_assert_msg(json_is_true(json_array_get(th_arr(ref, "clipped"), 0)), "no clipping: %s",
+	              json_dumps(th_arr(ref, "grad_norms"), 0));
+	compare_losses(res, ref, 0, "sgd");
+	compare_array("sgd", "w1", &f, "w1.f32");
+	compare_array("sgd", "w2", &f, "w2.f32");
+	json_decref(ref);
+	json_decref(res);
+	json_decref(m);
+}
+END_TEST
+
+START_TEST(test_step_gradients)
+{
+	static const struct small cases[] = {
+		{"gr0", 3, 16, 24, 8, "relu", false, "sum", NULL, 0.3, 1},
+		{"gr1", 3, 16, 24, 8, "gelu", true, "mse", NULL, 0.3, 2},
+		{"gr2", 2, 16, 0, 8, "tanh", true, "sum", NULL, 0.3, 3},
+		{"gr3", 2, 10, 12, 5, "none", false, "mse", NULL, 0.3, 4},
+		{"gr4", 4, 8, 16, 4, "gelu", false, "sum", NULL, 0.5, 5},
+	};
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		const struct small *s = &cases[i];
+		struct ref_files f;
+		json_t *m = small_setup(s, &f), *res, *ref, *g;
+		char *body = fmt("{\"inputs\": \"%s.x\"%s%s%s}", s->name,
+		                 strcmp(s->loss, "mse") == 0 ? ", \"targets\": \"" : "",
+		                 strcmp(s->loss, "mse") == 0 ? s->name : "",
+		                 strcmp(s->loss, "mse") == 0 ? ".t\"" : "");
+		char name[64];
+		json_int_t shape[3] = {s->layers, s->d, s->h ? s->h : s->d};
+
+		snprintf(name, sizeof name, "/v1/arrays/%s.grad.w1", s->name);
+		ck_assert_int_eq(get_status(name), 404);
+		res = step_wait(s->name, body);
+		ref = reference(s, m, 1, &f);
+		compare_losses(res, ref, 0, s->name);
+		check_param_array(s->name, "grad.w1", shape, "sim:0", "device");
+		compare_array(s->name, "grad.w1", &f, "grad_w1.f32");
+		if (s->h) {
+			json_int_t shape2[3] = {s->layers, s->h, s->d};
+
+			check_param_array(s->name, "grad.w2", shape2, "sim:0", "device");
+			compare_array(s->name, "grad.w2", &f, "grad_w2.f32");
+		} else {
+			snprintf(name, sizeof name, "/v1/arrays/%s.grad.w2", s->name);
+			ck_assert_int_eq(get_status(name), 404);
+		}
+		/* gradients only: the weights are untouched, no steps counted */
+		compare_array(s->name, "w1", &f, "w1.f32");
+		snprintf(name, sizeof name, "/v1/models/%s", s->name);
+		g = get_json(name);
+		ck_assert_int_eq(th_int(g, "steps"), 0);
+		json_decref(g);
+		json_decref(ref);
+		json_decref(res);
+		json_decref(m);
+		free(body);
+	}
+}
+END_TEST
+
+/* ---- operands ------------------------------------------------------------------------- */
+
+START_TEST(test_step_rows)
+{
+	static const int rows[8] = {5, 0, 31, 7, 12, 3, 20, 8};
+	float *data = make(32 * 16, 40, -2.0f, 2.0f), *tdata = make(32 * 16, 41, -2.0f, 2.0f);
+	float batch[8 * 16], tbatch[8 * 16];
+	float *g_rows, *g_own;
+	size_t n_rows, n_own;
+	json_t *a, *b;
+	json_int_t implicit0;
+
+	json_decref(create("{\"name\": \"r\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 24, "
+	                   "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
+	                   "\"init\": {\"seed\": 2, \"scale\": 0.3}}"));
+	for (int i = 0; i < 8; i++) {
+		memcpy(batch + i * 16, data + rows[i] * 16, 16 * sizeof *data);
+		memcpy(tbatch + i * 16, tdata + rows[i] * 16, 16 * sizeof *tdata);
+	}
+	upload("data", data, 32, 16, NULL);
+	upload("tdata", tdata, 32, 16, NULL);
+	upload("batch", batch, 8, 16, NULL);
+	upload("tbatch", tbatch, 8, 16, NULL);
+	implicit0 = implicit_total();
+	a = step_wait("r", "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
+	              "\"targets\": {\"array\": \"tdata\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}}");
+	g_rows = download("r.grad.w1", &n_rows);
+	b = step_wait("r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
+	g_own = download("r.grad.w1", &n_own);
+	ck_assert_msg(loss_at(a, 0) == loss_at(b, 0), "rows: loss %.17g, own array %.17g",
+	              loss_at(a, 0), loss_at(b, 0));
+	assert_same_bits("r.grad.w1 (rows vs own array)", g_rows, n_rows, g_own, n_own);
+	/* the plan's batch is the rows' count */
+	ck_assert_int_eq(J(th_obj(a, "analysis"), "argument_size_in_bytes"),
+	                 J(th_obj(b, "analysis"), "argument_size_in_bytes"));
+	/* the datasets stay where they were, nothing moved implicitly */
+	ck_assert_int_eq(implicit_total(), implicit0);
+	json_decref(a);
+	json_decref(b);
+	/* rows mixed with a plain name */
+	a = step_wait("r", "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
+	              "\"targets\": \"tbatch\"}");
+	b = step_wait("r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
+	ck_assert_msg(loss_at(a, 0) == loss_at(b, 0), "rows + name: %.17g vs %.17g", loss_at(a, 0),
+	              loss_at(b, 0));
+	json_decref(a);
+	json_decref(b);
+	/* bad rows */
+	post_error("/v1/models/r:step?wait=true", "{\"inputs\": {\"array\": \"data\", \"rows\": [0, 32]}, "
+	           "\"targets\": \"tbatch\"}", 400, "OUT_OF_RANGE", NULL, NULL);
+	post_error("/v1/models/r:step?wait=true", "{\"inputs\": {\"array\": \"data\", \"rows\": \"all\"}, "
+	           "\"targets\": \"tbatch\"}", 400, "INVALID_ARGUMENT", NULL, "rows", NULL);
+	post_error("/v1/models/r:step?wait=true", "{\"inputs\": {\"array\": \"data\", \"rows\": [0, 1]}, "
+	           "\"targets\": \"tbatch\"}", 400, "INVALID_ARGUMENT", "BAD_TARGETS", NULL);
+	free(g_rows);
+	free(g_own);
+	free(data);
+	free(tdata);
+}
+END_TEST
+
+/* A daemon whose default device is sim:1: uploads without a placement land
+ * there, uncommitted, while the model is placed on sim:0. */
+static void daemon_up_default_sim1(void)
+{
+	static const char *const args[] = {"--sim-device-memory", "256MiB", "--default-device", "sim:1",
+	                                   NULL};
+
+	th_daemon_start(&D, args);
+}
+
+START_TEST(test_step_uncommitted_inputs_follow)
+{
+	float *x = make(8 * 16, 50, -1.0f, 1.0f);
+	json_t *a, *res;
+	json_int_t before;
+
+	json_decref(create("{\"name\": \"u\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"placement\": {\"device\": \"sim:0\"}}"));
+	upload("ux", x, 8, 16, NULL);
+	a = array_meta("ux");
+	ck_assert(!th_bool(a, "committed"));
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), "sim:1");
+	ck_assert_int_eq(th_int(a, "implicit_transfer_bytes"), 0);
+	json_decref(a);
+	before = implicit_total();
+	res = step_wait("u", "{\"inputs\": \"ux\"}");
+	ck_assert_str_eq(th_str(res, "device"), "sim:0");
+	a = array_meta("ux");
+	ck_assert_msg(th_int(a, "implicit_transfer_bytes") == 8 * 16 * 4,
+	              "implicit_transfer_bytes %lld", (long long)th_int(a, "implicit_transfer_bytes"));
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), "sim:0");
+	ck_assert(!th_bool(a, "committed"));
+	ck_assert_int_eq(implicit_total() - before, 8 * 16 * 4);
+	json_decref(a);
+	json_decref(res);
+	/* it is there now: a second step moves nothing */
+	json_decref(step_wait("u", "{\"inputs\": \"ux\"}"));
+	ck_assert_int_eq(implicit_total() - before, 8 * 16 * 4);
+	free(x);
+}
+END_TEST
+
+START_TEST(test_step_committed_apart)
+{
+	float *x = make(8 * 16, 60, -1.0f, 1.0f);
+	struct th_response r;
+	char *id;
+	json_t *op, *err;
+	int middle;
+
+	json_decref(create("{\"name\": \"c\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\"}"));
+	upload("cx", x, 8, 16, "device=sim:1");
+	upload("ct", x, 8, 16, NULL);
+	post_error("/v1/models/c:step?wait=true", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 400,
+	           "FAILED_PRECONDITION", "COMMITTED_APART", "c.w1", "sim:0", "cx", "sim:1", NULL);
+	/* as an operation: it fails with the same error */
+	id = step_start("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 1);
+	op = op_poll(id, &middle);
+	ck_assert_str_eq(th_str(op, "state"), "FAILED");
+	err = th_obj(op, "error");
+	ck_assert_msg(strstr(th_str(err, "message"), "cx") && strstr(th_str(err, "message"), "sim:1"),
+	              "error %s", json_dumps(err, 0));
+	json_decref(op);
+	free(id);
+	/* nothing moved, nothing counted */
+	op = array_meta("cx");
+	ck_assert_str_eq(th_str(th_obj(op, "sharding"), "device"), "sim:1");
+	ck_assert_int_eq(th_int(op, "implicit_transfer_bytes"), 0);
+	json_decref(op);
+	ck_assert_int_eq(implicit_total(), 0);
+	/* moved next to the model, it runs */
+	th_request(&D, "POST", "/v1/arrays/cx:put?wait=true", json_headers,
+	           "{\"device\": \"sim:0\", \"memory_kind\": \"device\"}",
+	           strlen("{\"device\": \"sim:0\", \"memory_kind\": \"device\"}"), &r);
+	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	json_decref(step_wait("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}"));
+	free(x);
+}
+END_TEST
+
+/* Committed-apart operands for the rows tests: a model on sim:0, a
+ * dataset on sim:0 (uncommitted) and one committed to sim:1, targets
+ * committed to sim:1, inputs on sim:0. */
+static void apart_setup(void)
+{
+	float *x = make(32 * 16, 61, -1.0f, 1.0f);
+
+	json_decref(create("{\"name\": \"c\", \"mlp\": {\"layers\": 1, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\"}"));
+	upload("ds", x, 32, 16, NULL);
+	upload("ds1", x, 32, 16, "device=sim:1");
+	upload("t1", x, 8, 16, "device=sim:1");
+	upload("in0", x, 8, 16, NULL);
+	free(x);
+}
+
+/* Targets given by name are colocated whether the inputs are given by name
+ * or as rows: targets committed to sim:1 beside a model on sim:0 are
+ * refused in both cases. */
+START_TEST(test_step_named_targets_colocated_with_row_inputs)
+{
+	apart_setup();
+	/* rows of ds1 (committed to sim:1), as inputs and as targets: gathered */
+	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                      "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	post_error("/v1/models/c:step?wait=true", "{\"inputs\": \"in0\", \"targets\": \"t1\"}", 400,
+	           "FAILED_PRECONDITION", "COMMITTED_APART", "t1", "sim:1", NULL);
+	post_error("/v1/models/c:step?wait=true", "{\"inputs\": {\"array\": \"ds\", \"rows\": "
+	           "[0, 1, 2, 3, 4, 5, 6, 7]}, \"targets\": \"t1\"}", 400, "FAILED_PRECONDITION",
+	           "COMMITTED_APART", "t1", "sim:1", NULL);
+}
+END_TEST
+
+/* Rows of a committed dataset are gathered wherever it is, for targets as
+ * for inputs, whether the other operand is given by name or as rows. */
+START_TEST(test_step_target_rows_gathered_with_named_inputs)
+{
+	apart_setup();
+	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                      "\"targets\": {\"array\": \"ds\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	json_decref(step_wait("c", "{\"inputs\": \"in0\", \"targets\": {\"array\": \"ds1\", \"rows\": "
+	                      "[1, 2, 3, 4, 5, 6, 7, 8]}}"));
+}
+END_TEST
+
+START_TEST(test_step_errors)
+{
+	float *x = make(8 * 16, 70, -1.0f, 1.0f);
+
+	json_decref(create("{\"name\": \"e\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\"}"));
+	upload("ex", x, 8, 16, NULL);
+	upload("ey", x, 4, 32, NULL);
+	upload("ez", x, 4, 16, NULL);
+	post_error("/v1/models/nope:step?wait=true", "{\"inputs\": \"ex\"}", 404, "NOT_FOUND",
+	           "MODEL_NOT_FOUND", "nope", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"steps\": 1}", 400, "INVALID_ARGUMENT",
+	           "BAD_REQUEST_BODY", "inputs", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ex\", \"lr\": 1}",
+	           400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "lr", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ex\", \"steps\": 0}",
+	           400, "INVALID_ARGUMENT", "BAD_STEPS", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"missing\", \"targets\": \"ex\"}", 404,
+	           "NOT_FOUND", "ARRAY_NOT_FOUND", "missing", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\"}", 400, "INVALID_ARGUMENT",
+	           "NO_TARGETS", "targets", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ey\", \"targets\": \"ey\"}", 400,
+	           "INVALID_ARGUMENT", "BAD_INPUTS", "16", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ez\"}", 400,
+	           "INVALID_ARGUMENT", "BAD_TARGETS", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": 5, \"targets\": \"ex\"}", 400,
+	           "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs", NULL);
+	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ex\", "
+	           "\"placement\": {\"prefetch_depth\": 3}}", 400, "INVALID_ARGUMENT", "BAD_POLICY",
+	           "prefetch_depth", NULL);
+	/* after all that, it runs, and no failed step counted */
+	json_decref(step_wait("e", "{\"inputs\": \"ex\", \"targets\": \"ex\"}"));
+	free(x);
+}
+END_TEST
+
+/* ---- progress and cancellation -------------------------------------------------------- */
+
+START_TEST(test_step_progress)
+{
+	char *id;
+	json_t *op, *res;
+	int middle;
+
+	guide_setup("g", NULL);
+	id = step_start("g", "{\"inputs\": \"x\", \"steps\": 3}", 3);
+	op = op_poll(id, &middle);
+	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+	ck_assert_int_eq(th_int(th_obj(op, "progress"), "steps_done"), 3);
+	ck_assert_msg(middle > 0, "no snapshot showed 0 < steps_done < 3");
+	res = th_obj(op, "result");
+	ck_assert_uint_eq(json_array_size(th_arr(res, "losses")), 3);
+	ck_assert_int_eq(th_int(res, "steps"), 3);
+	ck_assert_str_eq(th_str(res, "model"), "g");
+	json_decref(op);
+	/* :wait on it answers the finished operation */
+	{
+		char path[96];
+
+		snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
+		op = post_json(path, "{\"timeout\": \"5s\"}", 200);
+		ck_assert(th_bool(op, "done"));
+		json_decref(op);
+	}
+	free(id);
+}
+END_TEST
+
+START_TEST(test_step_cancel)
+{
+	json_t *op, *res, *m;
+	json_int_t dev0, host0;
+	char *id, path[96];
+	long long deadline;
+	const char *state;
+
+	guide_setup("g", "{\"params\": \"pinned_host\", \"activations\": {\"offload\": [\"x\"]}, "
+	                 "\"prefetch_depth\": 1}");
+	json_decref(step_wait("g", "{\"inputs\": \"x\"}"));
+	dev0 = space_int("sim:0", "device", "bytes_in_use");
+	host0 = space_int("sim:0", "pinned_host", "bytes_in_use");
+	id = step_start("g", "{\"inputs\": \"x\", \"steps\": 200}", 200);
+	/* let it start */
+	deadline = th_now_ms() + 30000;
+	for (;;) {
+		op = op_get(id);
+		if (th_int(th_obj(op, "progress"), "steps_done") >= 1 || th_bool(op, "done"))
+			break;
+		json_decref(op);
+		ck_assert_msg(th_now_ms() < deadline, "the steps did not start");
+		usleep(2000);
+	}
+	json_decref(op);
+	snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
+	{
+		struct th_response r;
+
+		post(path, "{}", &r);
+		ck_assert_msg(r.status == 200 || r.status == 400, "cancel: %ld %s", r.status, r.body);
+		th_response_free(&r);
+	}
+	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
+	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	state = th_str(op, "state");
+	ck_assert_msg(strcmp(state, "CANCELLED") == 0 || strcmp(state, "SUCCEEDED") == 0, "state %s",
+	              state);
+	if (strcmp(state, "CANCELLED") == 0) {
+		json_t *e = th_obj(op, "error");
+
+		ck_assert_msg(th_int(th_obj(op, "progress"), "steps_done") < 200, "cancelled after all");
+		ck_assert_msg(th_int(e, "code") == 499 && strcmp(th_str(e, "status"), "CANCELLED") == 0,
+		              "error %s", json_dumps(e, 0));
+	}
+	json_decref(op);
+	/* every temp is back, and the model still runs, as predicted */
+	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use"), dev0);
+	ck_assert_int_eq(space_int("sim:0", "pinned_host", "bytes_in_use"), host0);
+	res = step_wait("g", "{\"inputs\": \"x\", \"steps\": 2}");
+	ck_assert_int_eq(J(res, "measured_peak_device_bytes"), J(res, "predicted_peak_device_bytes"));
+	ck_assert_msg(loss_at(res, 0) == loss_at(res, 1), "losses differ");
+	json_decref(res);
+	m = get_json("/v1/models/g");
+	ck_assert_int_eq(th_int(m, "steps"), 0);
+	json_decref(m);
+	free(id);
+}
+END_TEST
+
+/* ---- the suite ------------------------------------------------------------------------- */
+
+static Suite *models_suite(void)
+{
+	Suite *s = suite_create("models");
+	TCase *tc;
+
+	tc = tcase_create("create");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_create_adam);
+	tcase_add_test(tc, test_create_variants);
+	tcase_add_test(tc, test_create_bad_specs);
+	tcase_add_test(tc, test_create_type_errors_name_the_field);
+	tcase_add_test(tc, test_create_sizes_not_truncated);
+	tcase_add_test(tc, test_create_placement_unknown_field);
+	tcase_add_test(tc, test_create_exclusive_names);
+	tcase_add_test(tc, test_create_duplicate);
+	tcase_add_test(tc, test_get_list_delete);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("analyze");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_analyze_guide);
+	tcase_add_test(tc, test_analyze_adam_7168);
+	tcase_add_test(tc, test_analyze_errors);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("guide_steps");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_guide_policies);
+	tcase_add_test(tc, test_step_guide_models);
+	tcase_add_test(tc, test_step_peak_seen_by_the_space);
+	tcase_add_test(tc, test_step_params_override_not_ignored);
+	tcase_add_test(tc, test_step_params_split);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("reference");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_adam_clipped);
+	tcase_add_test(tc, test_step_adam_split_and_offloaded);
+	tcase_add_test(tc, test_step_sgd_clipped);
+	tcase_add_test(tc, test_step_gradients);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("operands");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_rows);
+	tcase_add_test(tc, test_step_committed_apart);
+	tcase_add_test(tc, test_step_named_targets_colocated_with_row_inputs);
+	tcase_add_test(tc, test_step_target_rows_gathered_with_named_inputs);
+	tcase_add_test(tc, test_step_errors);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("uncommitted");
+	tcase_add_checked_fixture(tc, daemon_up_default_sim1, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_uncommitted_inputs_follow);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("operations");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_progress);
+	tcase_add_test(tc, test_step_cancel);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+/* Where the python scripts are: $TS_IT_PY_DIR, else py/ beside this file
+ * (the build runs from the repository root). */
+static void find_py_dir(void)
+{
+	const char *env = getenv("TS_IT_PY_DIR"), *slash = strrchr(__FILE__, '/');
+
+	if (env && *env)
+		snprintf(py_dir, sizeof py_dir, "%s", env);
+	else if (slash)
+		snprintf(py_dir, sizeof py_dir, "%.*s/py", (int)(slash - __FILE__), __FILE__);
+	else
+		snprintf(py_dir, sizeof py_dir, "py");
+}
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	th_init();
+	find_py_dir();
+	check_set_max_msg_size(32768);
+	sr = srunner_create(models_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	curl_global_cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
