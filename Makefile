@@ -31,7 +31,7 @@ PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 OPT       ?= -O2
 CPPFLAGS  += -I. -D_GNU_SOURCE $(PKG_CFLAGS)
 CFLAGS    += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
-             -fno-strict-aliasing -pthread -MMD -MP
+             -fno-strict-aliasing -fno-math-errno -pthread -MMD -MP
 LDLIBS    += $(PKG_LIBS) -lopenblas -lpthread -lm
 LDFLAGS   += -pthread
 
@@ -93,6 +93,9 @@ $(BUILD)/obj/%.o: %.c
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -DTS_HAVE_CUDA=1 -c $< -o $@
+
+# the CPU training kernels are loops the vectoriser should take whole
+$(BUILD)/obj/train/kernels_cpu.o: CFLAGS += -O3
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
