@@ -1217,3 +1217,66 @@ bool th_prom_find(const char *text, const char *name, const char *labels, double
 	}
 	return false;
 }
+
+/* ---- bytes ------------------------------------------------------------------ */
+
+uint64_t th_rand(uint64_t *s)
+{
+	*s ^= *s >> 12;
+	*s ^= *s << 25;
+	*s ^= *s >> 27;
+	return *s * 2685821657736338717ull;
+}
+
+void th_fill(void *buf, size_t n, uint64_t seed)
+{
+	unsigned char *p = buf;
+	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull, v;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		v = th_rand(&s);
+		memcpy(p + i, &v, 8);
+	}
+	if (i < n) {
+		v = th_rand(&s);
+		memcpy(p + i, &v, n - i);
+	}
+}
+
+void *th_pattern(size_t n, uint64_t seed)
+{
+	void *p = malloc(n ? n : 1);
+
+	ck_assert_ptr_nonnull(p);
+	th_fill(p, n, seed);
+	return p;
+}
+
+void th_assert_bytes(const char *what, const void *got, size_t got_len, const void *want,
+                     size_t want_len)
+{
+	const unsigned char *g = got, *w = want;
+	size_t i = 0;
+
+	ck_assert_msg(got_len == want_len, "%s: %zu bytes, want %zu", what, got_len, want_len);
+	if (want_len == 0 || memcmp(g, w, want_len) == 0)
+		return;
+	while (g[i] == w[i])
+		i++;
+	ck_abort_msg("%s: byte %zu of %zu is 0x%02x, want 0x%02x", what, i, want_len, g[i], w[i]);
+}
+
+const char *th_py_dir(void)
+{
+	static char dir[1024];
+	const char *env = getenv("TS_IT_PY_DIR"), *slash = strrchr(__FILE__, '/');
+
+	if (env && *env)
+		snprintf(dir, sizeof dir, "%s", env);
+	else if (slash)
+		snprintf(dir, sizeof dir, "%.*s/py", (int)(slash - __FILE__), __FILE__);
+	else
+		snprintf(dir, sizeof dir, "py");
+	return dir;
+}

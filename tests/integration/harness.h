@@ -34,6 +34,7 @@
 #include <curl/curl.h>
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -279,5 +280,24 @@ char *th_read_file(const char *path, size_t *len);
 
 /* Monotonic milliseconds. */
 long long th_now_ms(void);
+
+/* ---- bytes ------------------------------------------------------------------ */
+
+/* The next value of a small xorshift generator (state must be non-zero). */
+uint64_t th_rand(uint64_t *state);
+
+/* n deterministic pseudo-random bytes from seed into buf. */
+void th_fill(void *buf, size_t n, uint64_t seed);
+
+/* A new buffer of th_fill's bytes (caller frees; fails the test when out of memory). */
+void *th_pattern(size_t n, uint64_t seed);
+
+/* Fails the test unless got equals want, naming the first differing byte. */
+void th_assert_bytes(const char *what, const void *got, size_t got_len, const void *want,
+                     size_t want_len);
+
+/* The folder of the Python helper scripts: $TS_IT_PY_DIR, else py/ beside
+ * the integration sources (the build runs from the repository root). */
+const char *th_py_dir(void);
 
 #endif

@@ -76,54 +76,6 @@ static void need_fixtures(void)
 
 /* ---- bytes ------------------------------------------------------------------------ */
 
-static uint64_t next_rand(uint64_t *s)
-{
-	*s ^= *s >> 12;
-	*s ^= *s << 25;
-	*s ^= *s >> 27;
-	return *s * 2685821657736338717ull;
-}
-
-/* The same seed always gives the same bytes. */
-static void fill(void *buf, size_t n, uint64_t seed)
-{
-	unsigned char *p = buf;
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull, v;
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8) {
-		v = next_rand(&s);
-		memcpy(p + i, &v, 8);
-	}
-	if (i < n) {
-		v = next_rand(&s);
-		memcpy(p + i, &v, n - i);
-	}
-}
-
-/* n pseudo-random bytes (new buffer, caller frees). */
-static void *pattern(size_t n, uint64_t seed)
-{
-	void *p = malloc(n ? n : 1);
-
-	ck_assert_ptr_nonnull(p);
-	fill(p, n, seed);
-	return p;
-}
-
-static void assert_bytes(const char *what, const void *got, size_t got_len, const void *want,
-                         size_t want_len)
-{
-	const unsigned char *g = got, *w = want;
-	size_t i = 0;
-
-	ck_assert_msg(got_len == want_len, "%s: %zu bytes, want %zu", what, got_len, want_len);
-	if (want_len == 0 || memcmp(g, w, want_len) == 0)
-		return;
-	while (g[i] == w[i])
-		i++;
-	ck_abort_msg("%s: byte %zu of %zu is 0x%02x, want 0x%02x", what, i, want_len, g[i], w[i]);
-}
 
 /* ---- requests ----------------------------------------------------------------------- */
 
@@ -176,7 +128,7 @@ static void expect_data(struct th_daemon *d, const char *name, const void *want,
 	get_data(d, name, NULL, NULL, &r);
 	ck_assert_msg(r.status == 200, "GET %s/data: %ld %s", name, r.status, r.body);
 	snprintf(what, sizeof what, "data of '%s'", name);
-	assert_bytes(what, r.body, r.body_len, want, len);
+	th_assert_bytes(what, r.body, r.body_len, want, len);
 	th_response_free(&r);
 }
 
@@ -577,7 +529,7 @@ START_TEST(test_raw_roundtrip_every_dtype)
 	pyc_init(&pc);
 	for (size_t i = 0; i < NDTYPES; i++) {
 		size_t len = 60 * dtypes[i].size;
-		unsigned char *data = pattern(len, i + 1);
+		unsigned char *data = th_pattern(len, i + 1);
 
 		if (strcmp(dtypes[i].name, "bool") == 0)
 			for (size_t k = 0; k < len; k++)
@@ -599,7 +551,7 @@ START_TEST(test_raw_roundtrip_every_dtype)
 
 			get_data(&D, name, NULL, NULL, &r);
 			ck_assert_int_eq(r.status, 200);
-			assert_bytes(name, r.body, r.body_len, data, len);
+			th_assert_bytes(name, r.body, r.body_len, data, len);
 			ck_assert_str_eq(th_header(&r, "Content-Type"), "application/octet-stream");
 			ck_assert_str_eq(th_header(&r, "X-Tstage-Dtype"), dtypes[i].name);
 			ck_assert_str_eq(th_header(&r, "X-Tstage-Shape"), "[3,4,5]");
@@ -610,7 +562,7 @@ START_TEST(test_raw_roundtrip_every_dtype)
 			ck_assert_int_eq(r.status, 200);
 			ck_assert_str_eq(th_header(&r, "Content-Type"), "application/x-npy");
 			off = npy_data_offset(r.body, r.body_len, dtypes[i].descr);
-			assert_bytes(name, r.body + off, r.body_len - off, data, len);
+			th_assert_bytes(name, r.body + off, r.body_len - off, data, len);
 			pyc_npy(&pc, r.body, r.body_len, dtypes[i].name, 3, shape, data, len);
 			th_response_free(&r);
 		}
@@ -642,7 +594,7 @@ START_TEST(test_raw_scalar_and_empty)
 	th_response_free(&r);
 	get_data(&D, "scalar", "format=npy", NULL, &r);
 	off = npy_data_offset(r.body, r.body_len, "<f8");
-	assert_bytes("scalar npy", r.body + off, r.body_len - off, &v, sizeof v);
+	th_assert_bytes("scalar npy", r.body + off, r.body_len - off, &v, sizeof v);
 	ck_assert_ptr_nonnull(memmem(r.body, off, "'shape': ()", 11));
 	pyc_npy(&pc, r.body, r.body_len, "float64", 0, NULL, &v, sizeof v);
 	th_response_free(&r);
@@ -812,7 +764,7 @@ START_TEST(test_placements)
 		size_t len = 1000 + 37 * i;
 		char key[64];
 		json_int_t want;
-		void *data = pattern(len, 100 + i);
+		void *data = th_pattern(len, 100 + i);
 		char name[32], query[200];
 		json_t *j, *sh, *shards;
 
@@ -892,7 +844,7 @@ static bool rfc3339_utc(const char *s)
 START_TEST(test_metadata)
 {
 	struct th_response r;
-	char etag1[128], created[64], *data = pattern(8 * 6 * 2, 5);
+	char etag1[128], created[64], *data = th_pattern(8 * 6 * 2, 5);
 	json_t *j;
 
 	put(&D, "m", "dtype=int16&shape=8,6&device=sim:1", NULL, data, 96, &r);
@@ -1103,7 +1055,7 @@ static void check_index_cases(struct th_daemon *d, const char *name, const uint1
 		get_data(d, name, query, NULL, &r);
 		ck_assert_msg(r.status == 200, "%s[%s]: %ld %s", name, c->expr, r.status, r.body);
 		snprintf(what, sizeof what, "%s[%s]", name, c->expr);
-		assert_bytes(what, r.body, r.body_len, want, n * 2);
+		th_assert_bytes(what, r.body, r.body_len, want, n * 2);
 		format_shape(shape_s, sizeof shape_s, rank, shape);
 		shape_header_ok(&r, what, shape_s, header_problem, cap);
 		ck_assert_str_eq(th_header(&r, "X-Tstage-Dtype"), "uint16");
@@ -1114,7 +1066,7 @@ static void check_index_cases(struct th_daemon *d, const char *name, const uint1
 		get_data(d, name, query, NULL, &r);
 		ck_assert_int_eq(r.status, 200);
 		off = npy_data_offset(r.body, r.body_len, "<u2");
-		assert_bytes(what, r.body + off, r.body_len - off, want, n * 2);
+		th_assert_bytes(what, r.body + off, r.body_len - off, want, n * 2);
 		pyc_npy(pc, r.body, r.body_len, "uint16", rank, shape, want, n * 2);
 		th_response_free(&r);
 	}
@@ -1202,7 +1154,7 @@ START_TEST(test_index_scalar_parent)
 	put_ok(&D, "s", "dtype=int32&shape=", &v, sizeof v, 201);
 	get_data(&D, "s", "index=...", NULL, &r);
 	ck_assert_int_eq(r.status, 200);
-	assert_bytes("s[...]", r.body, r.body_len, &v, sizeof v);
+	th_assert_bytes("s[...]", r.body, r.body_len, &v, sizeof v);
 	th_response_free(&r);
 	get_data(&D, "s", "index=0", NULL, &r);
 	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_INDEX");
@@ -1334,7 +1286,7 @@ START_TEST(test_gather_errors)
 		 "RESOURCE_EXHAUSTED", NULL},
 	};
 	uint16_t parent[IDX_ELEMS];
-	void *big = pattern(40 * MiB, 3);
+	void *big = th_pattern(40 * MiB, 3);
 	struct th_response r;
 	char *before;
 
@@ -1400,7 +1352,7 @@ static void check_oom_details(json_t *body, const char *space, unsigned long lon
 
 START_TEST(test_admission_before_body)
 {
-	void *resident = pattern(40 * MiB, 7);
+	void *resident = th_pattern(40 * MiB, 7);
 	json_t *before, *after, *body;
 	struct th_response r;
 	char path[200];
@@ -1456,7 +1408,7 @@ START_TEST(test_wrong_byte_count)
 	                                         "device=sim:1&memory_kind=pinned_host"};
 	static const char *const chunked[] = {"Transfer-Encoding: chunked", NULL};
 	static const char *const npy_h[] = {"Content-Type: application/x-npy", NULL};
-	char *v1 = pattern(96, 1), *v2 = pattern(200 * KiB, 2), *before;
+	char *v1 = th_pattern(96, 1), *v2 = th_pattern(200 * KiB, 2), *before;
 	struct th_response r;
 
 	for (size_t p = 0; p < 3; p++) {
@@ -1537,7 +1489,7 @@ START_TEST(test_cut_off_body)
 		{"device=sim:1&memory_kind=pinned_host", "sim:1", "pinned_host"},
 	};
 	const size_t len = 8 * MiB;
-	char *v1 = pattern(len, 11), *v2 = pattern(len, 12), why[3][2048];
+	char *v1 = th_pattern(len, 11), *v2 = th_pattern(len, 12), why[3][2048];
 	int leaked = 0;
 
 	for (size_t p = 0; p < 3; p++) {
@@ -1586,7 +1538,7 @@ START_TEST(test_preconditions_and_delete)
 	static const char *const wrong[] = {"If-Match: \"nope\"", NULL};
 	static const char *const any[] = {"If-Match: *", NULL};
 	const char *match[2] = {NULL, NULL};
-	char *v1 = pattern(64, 1), *v2 = pattern(64, 2), *v3 = pattern(64, 3);
+	char *v1 = th_pattern(64, 1), *v2 = th_pattern(64, 2), *v3 = th_pattern(64, 3);
 	char etag1[128], etag2[128], hdr[160], stale[160];
 	struct th_response r;
 
@@ -2320,7 +2272,7 @@ START_TEST(test_delete_while_downloading)
 	};
 
 	for (size_t p = 0; p < 3; p++) {
-		char name[16], query[160], req[256], *want = pattern(pl[p].len, 40 + p), *got;
+		char name[16], query[160], req[256], *want = th_pattern(pl[p].len, 40 + p), *got;
 		struct raw_head *h = malloc(sizeof *h);
 		struct th_response r;
 		size_t have;
@@ -2362,7 +2314,7 @@ START_TEST(test_delete_while_downloading)
 			              pl[p].len);
 			have += (size_t)n;
 		}
-		assert_bytes(name, got, have, want, pl[p].len);
+		th_assert_bytes(name, got, have, want, pl[p].len);
 		close(fd);
 		wait_in_use(&D, pl[p].dev, pl[p].kind, 0, 5000);
 		free(got);
@@ -2471,7 +2423,7 @@ static void conc_fill(unsigned char *p, size_t n, uint64_t seed)
 {
 	uint64_t len = n;
 
-	fill(p, n, seed);
+	th_fill(p, n, seed);
 	memcpy(p, &seed, 8);
 	memcpy(p + 8, &len, 8);
 }
@@ -2505,7 +2457,7 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 
 	while (th_now_ms() < w->until_ms) {
-		uint64_t r = next_rand(&w->seed);
+		uint64_t r = th_rand(&w->seed);
 		const char *name = names[r % 3];
 		unsigned op = (unsigned)((r >> 8) % 100);
 		char path[256];
@@ -2697,18 +2649,9 @@ static Suite *arrays_suite(void)
 	return s;
 }
 
-/* Where the python scripts are: $TS_IT_PY_DIR, else py/ beside this file
- * (the build runs from the repository root). */
 static void find_py_dir(void)
 {
-	const char *env = getenv("TS_IT_PY_DIR"), *slash = strrchr(__FILE__, '/');
-
-	if (env && *env)
-		snprintf(py_dir, sizeof py_dir, "%s", env);
-	else if (slash)
-		snprintf(py_dir, sizeof py_dir, "%.*s/py", (int)(slash - __FILE__), __FILE__);
-	else
-		snprintf(py_dir, sizeof py_dir, "py");
+	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
 }
 
 /* Runs make_fixtures.py once, into the runner's temporary root. */

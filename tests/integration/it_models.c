@@ -1864,18 +1864,9 @@ static Suite *models_suite(void)
 	return s;
 }
 
-/* Where the python scripts are: $TS_IT_PY_DIR, else py/ beside this file
- * (the build runs from the repository root). */
 static void find_py_dir(void)
 {
-	const char *env = getenv("TS_IT_PY_DIR"), *slash = strrchr(__FILE__, '/');
-
-	if (env && *env)
-		snprintf(py_dir, sizeof py_dir, "%s", env);
-	else if (slash)
-		snprintf(py_dir, sizeof py_dir, "%.*s/py", (int)(slash - __FILE__), __FILE__);
-	else
-		snprintf(py_dir, sizeof py_dir, "py");
+	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
 }
 
 int main(void)

@@ -58,54 +58,6 @@ static const char *const prefer_headers[] = {"Content-Type: application/json",
 
 /* ---- bytes ------------------------------------------------------------------------ */
 
-static uint64_t next_rand(uint64_t *s)
-{
-	*s ^= *s >> 12;
-	*s ^= *s << 25;
-	*s ^= *s >> 27;
-	return *s * 2685821657736338717ull;
-}
-
-/* The same seed always gives the same bytes. */
-static void fill(void *buf, size_t n, uint64_t seed)
-{
-	unsigned char *p = buf;
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull, v;
-	size_t i = 0;
-
-	for (; i + 8 <= n; i += 8) {
-		v = next_rand(&s);
-		memcpy(p + i, &v, 8);
-	}
-	if (i < n) {
-		v = next_rand(&s);
-		memcpy(p + i, &v, n - i);
-	}
-}
-
-/* n pseudo-random bytes (new buffer, caller frees). */
-static void *pattern(size_t n, uint64_t seed)
-{
-	void *p = malloc(n ? n : 1);
-
-	ck_assert_ptr_nonnull(p);
-	fill(p, n, seed);
-	return p;
-}
-
-static void assert_bytes(const char *what, const void *got, size_t got_len, const void *want,
-                         size_t want_len)
-{
-	const unsigned char *g = got, *w = want;
-	size_t i = 0;
-
-	ck_assert_msg(got_len == want_len, "%s: %zu bytes, want %zu", what, got_len, want_len);
-	if (want_len == 0 || memcmp(g, w, want_len) == 0)
-		return;
-	while (g[i] == w[i])
-		i++;
-	ck_abort_msg("%s: byte %zu of %zu is 0x%02x, want 0x%02x", what, i, want_len, g[i], w[i]);
-}
 
 /*
  * Self-describing rows: bytes 0..7 are the seed, 8..11 the row's number in
@@ -122,7 +74,7 @@ static void row_fill(unsigned char *row, size_t row_bytes, uint64_t seed, uint32
 	memcpy(row, &seed, 8);
 	memcpy(row + 8, &idx, 4);
 	memcpy(row + 12, &len, 4);
-	fill(row + ROW_HEAD, row_bytes - ROW_HEAD, seed ^ ((uint64_t)idx * 0x9e3779b97f4a7c15ull));
+	th_fill(row + ROW_HEAD, row_bytes - ROW_HEAD, seed ^ ((uint64_t)idx * 0x9e3779b97f4a7c15ull));
 }
 
 static void rows_fill(unsigned char *p, size_t rows, size_t row_bytes, uint64_t seed)
@@ -216,7 +168,7 @@ static void expect_data(const char *name, const char *index, const void *want, s
 	th_get(&D, path, &r);
 	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
 	snprintf(what, sizeof what, "GET %s", path);
-	assert_bytes(what, r.body, r.body_len, want, len);
+	th_assert_bytes(what, r.body, r.body_len, want, len);
 	th_response_free(&r);
 }
 
@@ -656,7 +608,7 @@ static void expect_shard(json_t *array, const char *device, const char *kind, js
 START_TEST(test_acceptance)
 {
 	size_t q = BIG_BYTES / 4;
-	char *data = pattern(BIG_BYTES, 1), *id, want[256];
+	char *data = th_pattern(BIG_BYTES, 1), *id, want[256];
 	struct th_response r;
 	json_t *a, *op, *grid = load(GRID), *res;
 	json_int_t total;
@@ -747,7 +699,7 @@ static void defaults(char *dev, size_t dev_cap, char *kind, size_t kind_cap)
 
 START_TEST(test_put_device_and_kind)
 {
-	unsigned char *data = pattern(512, 2);
+	unsigned char *data = th_pattern(512, 2);
 	struct th_response r;
 	char etag[80], dev[32], kind[32], body[256], want[128];
 	json_t *a, *single;
@@ -831,7 +783,7 @@ END_TEST
  * its devices, with its mesh and spec. */
 START_TEST(test_put_memory_kind_only)
 {
-	unsigned char *data = pattern(512, 10);
+	unsigned char *data = th_pattern(512, 10);
 	json_t *a, *want;
 
 	upload("mk", "dtype=int32&shape=16,8&device=sim:2&memory_kind=device", data, 512);
@@ -1042,7 +994,7 @@ END_TEST
 /* A put shares the shards that stay where they are and copies the rest. */
 START_TEST(test_put_shares_unmoved_shards)
 {
-	unsigned char *data = pattern(1024, 3);
+	unsigned char *data = th_pattern(1024, 3);
 	json_t *a;
 	json_int_t total;
 
@@ -1411,7 +1363,7 @@ END_TEST
 
 START_TEST(test_cancel_running)
 {
-	char *data = pattern(BIG_BYTES, 6), *id, path[96], etag[80], want[128];
+	char *data = th_pattern(BIG_BYTES, 6), *id, path[96], etag[80], want[128];
 	struct th_response r;
 	json_t *op, *a, *grid = load(GRID);
 	const char *state;
@@ -1594,7 +1546,7 @@ END_TEST
  * reads the version it started from and still makes its array. */
 START_TEST(test_changed_while_moving)
 {
-	char *data = pattern(BIG_BYTES, 7), *id, want[256];
+	char *data = th_pattern(BIG_BYTES, 7), *id, want[256];
 	struct th_response r;
 	json_t *op, *err, *a;
 
@@ -1660,7 +1612,7 @@ END_TEST
 /* A copy that donates its source: the new array, and the source gone. */
 START_TEST(test_copy_donate)
 {
-	unsigned char *data = pattern(4096, 8);
+	unsigned char *data = th_pattern(4096, 8);
 	struct th_response r;
 	json_t *a;
 
@@ -1695,7 +1647,7 @@ END_TEST
 
 START_TEST(test_cancel_pending)
 {
-	char *data = pattern(PEND_BYTES, 9), *ids[PEND_ARRAYS], name[16], path[96];
+	char *data = th_pattern(PEND_BYTES, 9), *ids[PEND_ARRAYS], name[16], path[96];
 	struct th_response r;
 	json_t *op;
 	int pending = -1;
@@ -1918,12 +1870,12 @@ static void random_place(uint64_t *s, struct place *p)
 	static const char *const spec2[] = {"[\"x\", \"y\"]", "[\"y\", \"x\"]", "[\"x\", null]",
 	                                    "[null, \"y\"]", "[[\"x\", \"y\"], null]",
 	                                    "[null, [\"y\", \"x\"]]", "[]"};
-	uint64_t r = next_rand(s);
+	uint64_t r = th_rand(s);
 	int d[4] = {0, 1, 2, 3};
 	char sharding[512], enc[1300];
 
 	for (int i = 3; i > 0; i--) {
-		int j = (int)(next_rand(s) % (uint64_t)(i + 1)), t = d[i];
+		int j = (int)(th_rand(s) % (uint64_t)(i + 1)), t = d[i];
 
 		d[i] = d[j];
 		d[j] = t;
@@ -1964,7 +1916,7 @@ static void random_shape(uint64_t *s, size_t *rows, size_t *cols, size_t big_row
 {
 	static const size_t small[] = {4, 8, 12, 16, 32};
 	static const size_t widths[] = {4, 8, 16};
-	uint64_t r = next_rand(s);
+	uint64_t r = th_rand(s);
 
 	*cols = widths[r % 3];
 	switch ((r >> 8) % 10) {
@@ -1987,7 +1939,7 @@ static unsigned char *random_rows(uint64_t *s, size_t rows, size_t cols)
 	unsigned char *data = malloc(rows * cols * 4 + 1);
 
 	if (data)
-		rows_fill(data, rows, cols * 4, next_rand(s));
+		rows_fill(data, rows, cols * 4, th_rand(s));
 	return data;
 }
 
@@ -1996,7 +1948,7 @@ static unsigned char *random_rows(uint64_t *s, size_t rows, size_t cols)
 static void gather_body(uint64_t *s, const char *out, const struct place *p, char *buf,
                         size_t cap)
 {
-	uint64_t r = next_rand(s);
+	uint64_t r = th_rand(s);
 	int start = (int)(r % 2) * 4, stop = start + 4 * (1 + (int)((r >> 4) % 3));
 
 	snprintf(buf, cap, "{\"rows\": {\"start\": %d, \"stop\": %d}, \"out\": {\"name\": \"%s\", "
@@ -2150,7 +2102,7 @@ static void seq_move(struct seq *q, const char *name, const char *verb, const ch
 	static const char *const now_allowed = "202 404:ARRAY_NOT_FOUND 409:TARGET_BUSY";
 	static const char *const wait_allowed =
 		"200 202 404:ARRAY_NOT_FOUND 409:TARGET_BUSY 409:ARRAY_CHANGED";
-	uint64_t r = next_rand(&q->seed);
+	uint64_t r = th_rand(&q->seed);
 	unsigned mode = (unsigned)(r % 4 < 2 ? 0 : r % 4 - 1);
 	struct th_response resp;
 	char path[128], body[1200];
@@ -2176,7 +2128,7 @@ static void seq_move(struct seq *q, const char *name, const char *verb, const ch
 
 static void seq_step(struct seq *q)
 {
-	uint64_t r = next_rand(&q->seed);
+	uint64_t r = th_rand(&q->seed);
 	const char *name = seq_names[r % 5], *out = seq_names[(r >> 4) % 5];
 	unsigned what = (unsigned)((r >> 8) % 100);
 	char path[2048], body[1024], fields[1024], why[300] = "";
@@ -2355,7 +2307,7 @@ static void client_push(struct client *w, struct th_response *r)
 static void client_move(struct client *w, const char *name, const char *verb,
                         const char *fields)
 {
-	bool wait = next_rand(&w->seed) % 2;
+	bool wait = th_rand(&w->seed) % 2;
 	struct th_response r;
 	char path[128], body[1200];
 
@@ -2376,7 +2328,7 @@ static void client_step(struct client *w)
 {
 	static const char *const reads[] = {"/v1/memory", "/v1/operations?page_size=5",
 	                                    "/v1/arrays", "/metrics"};
-	uint64_t r = next_rand(&w->seed);
+	uint64_t r = th_rand(&w->seed);
 	const char *name = conc_names[r % 3], *out = conc_names[(r >> 4) % 3];
 	unsigned what = (unsigned)((r >> 8) % 100);
 	char path[2048], body[1024], fields[1024], why[300];
