@@ -330,18 +330,29 @@ static int backward_input(struct builder *b, int l, bool *temp_out)
 	return x;
 }
 
+static void update_one(struct builder *b, int l, int k, int G, uint64_t goff, int norm,
+                       int fused, const char *phase);
+
+/* Whether each layer's update runs right after its backward (no clipping:
+ * no global norm to wait for), so gradients exist one layer at a time. */
+static bool update_fused(const struct ts_plan *p)
+{
+	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0);
+}
+
 static void backward(struct builder *b, int g)
 {
 	const struct ts_plan *p = b->p;
 	const struct ts_policy *pol = &p->policy;
 	int L = p->mlp.layers, B = p->batch, d = p->mlp.d_model, H = ts_mlp_hidden(&p->mlp);
 	uint64_t xb = (uint64_t)B * d * F32, hb = (uint64_t)B * H * F32, wb = w1_bytes(p);
+	bool fused = update_fused(p);
 
 	params_fetch(b, L - 1, "backward");
 	for (int l = L - 1; l >= 0; l--) {
 		bool x_temp;
-		int x, h, A, gx = -1, w1, w2;
-		uint64_t o1, o2;
+		int x, h, A, gx = -1, w1, w2, G1 = b->G1, G2 = b->G2;
+		uint64_t o1, o2, goff = (uint64_t)l * wb;
 
 		if (pol->prefetch_depth)
 			params_fetch(b, l - 1, "backward");
@@ -357,12 +368,17 @@ static void backward(struct builder *b, int g)
 			h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
 			gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, "backward");
 		}
+		if (fused) {          /* this layer's gradients only */
+			G1 = temp(b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, l, wb, "backward");
+			G2 = ts_mlp_has_w2(&p->mlp) ? temp(b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, l, wb,
+			                                   "backward") : -1;
+			goff = 0;
+		}
 		A = temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, "backward");
 		if (ts_mlp_has_w2(&p->mlp)) {
 			w2 = w2_at(b, l, &o2);
 			elementwise(b, TS_P_ACT_FWD, h, A, -1, (uint64_t)B * H, l, "backward");
-			gemm(b, b->G2, (uint64_t)l * wb, A, 0, true, g, 0, false, H, d, B, 0.0f, l,
-			     "backward");
+			gemm(b, G2, goff, A, 0, true, g, 0, false, H, d, B, 0.0f, l, "backward");
 			gemm(b, A, 0, g, 0, false, w2, o2, true, B, H, d, 0.0f, l, "backward");
 			elementwise(b, TS_P_ACT_BWD, h, A, A, (uint64_t)B * H, l, "backward");
 		} else {
@@ -370,7 +386,7 @@ static void backward(struct builder *b, int g)
 		}
 		release(b, h, l, "backward");
 		b->h[l] = -1;
-		gemm(b, b->G1, (uint64_t)l * wb, x, 0, true, A, 0, false, d, H, B, 0.0f, l, "backward");
+		gemm(b, G1, goff, x, 0, true, A, 0, false, d, H, B, 0.0f, l, "backward");
 		if (l > 0) {
 			gx = temp(b, TS_ROLE_GX, TS_MEM_DEVICE, l, xb, "backward");
 			gemm(b, gx, 0, A, 0, false, w1, o1, true, B, d, H, 0.0f, l, "backward");
@@ -380,6 +396,13 @@ static void backward(struct builder *b, int g)
 		release(b, A, l, "backward");
 		release(b, g, l, "backward");
 		g = gx;
+		if (fused) {          /* the layer's weights are used no more: update them now */
+			update_one(b, l, 0, G1, 0, -1, b->w1[l], "backward");
+			if (G2 >= 0)
+				update_one(b, l, 1, G2, 0, -1, b->w2[l], "backward");
+			release(b, G1, l, "backward");
+			release(b, G2, l, "backward");
+		}
 		if (x_temp || (l > 0 && b->x[l] >= 0))
 			release(b, x, l, "backward");
 		b->x[l] = l == 0 ? b->IN : -1;
@@ -392,13 +415,71 @@ static void backward(struct builder *b, int g)
 	}
 }
 
+/*
+ * Updates parameter k (0: w1, 1: w2) of layer l from its gradient G
+ * (+goff). The parameter's device copy is `fused` when the backward pass
+ * still holds it (params on the host, update fused into backward), else it
+ * is the device slice or a copy fetched here. Streamed optimizer state comes
+ * in, is updated, and goes back; a host parameter is written back.
+ */
+static void update_one(struct builder *b, int l, int k, int G, uint64_t goff, int norm,
+                       int fused, const char *phase)
+{
+	const struct ts_plan *p = b->p;
+	uint64_t wb = w1_bytes(p), n = wb / F32;
+	bool adam = p->opt.type == TS_OPT_ADAM;
+	bool host_p = p->policy.params != TS_MEM_DEVICE, host_s = p->policy.opt_state != TS_MEM_DEVICE;
+	int W = k ? b->W2 : b->W1, MU = k ? b->MU2 : b->MU1, NU = k ? b->NU2 : b->NU1;
+	int pbuf = W, mu = MU, nu = NU;
+	uint64_t poff = (uint64_t)l * wb, soff = poff;
+	struct ts_paction *u;
+
+	if (host_p && fused >= 0) {
+		pbuf = fused;
+		poff = 0;
+	} else if (host_p) {
+		pbuf = temp(b, k ? TS_ROLE_W2 : TS_ROLE_W1, TS_MEM_DEVICE, l, wb, phase);
+		copy(b, pbuf, 0, W, poff, wb, l, phase);
+		poff = 0;
+	}
+	if (adam && host_s) {
+		mu = temp(b, k ? TS_ROLE_MU_W2 : TS_ROLE_MU_W1, TS_MEM_DEVICE, l, wb, phase);
+		copy(b, mu, 0, MU, soff, wb, l, phase);
+		nu = temp(b, k ? TS_ROLE_NU_W2 : TS_ROLE_NU_W1, TS_MEM_DEVICE, l, wb, phase);
+		copy(b, nu, 0, NU, soff, wb, l, phase);
+	}
+	u = emit(b, TS_P_UPDATE, l, phase);
+	if (u) {
+		u->a = pbuf;
+		u->aoff = poff;
+		u->b = G;
+		u->boff = goff;
+		u->c = adam ? mu : -1;
+		u->coff = adam && !host_s ? soff : 0;
+		u->d = adam ? nu : -1;
+		u->n = n;
+		u->e = norm;
+	}
+	if (host_p) {
+		copy(b, W, (uint64_t)l * wb, pbuf, 0, wb, l, phase);
+		if (fused < 0)
+			release(b, pbuf, l, phase);
+	}
+	if (adam && host_s) {
+		copy(b, MU, soff, mu, 0, wb, l, phase);
+		copy(b, NU, soff, nu, 0, wb, l, phase);
+		release(b, mu, l, phase);
+		release(b, nu, l, phase);
+	}
+}
+
+/* The update after the backward pass (needed when the global norm of all
+ * gradients must be known first: clipping). */
 static void update(struct builder *b)
 {
 	const struct ts_plan *p = b->p;
 	int L = p->mlp.layers;
 	uint64_t wb = w1_bytes(p), n = wb / F32;
-	bool adam = p->opt.type == TS_OPT_ADAM;
-	bool host_p = p->policy.params != TS_MEM_DEVICE, host_s = p->policy.opt_state != TS_MEM_DEVICE;
 	int norm = -1, nparams = ts_mlp_has_w2(&p->mlp) ? 2 : 1;
 
 	if (p->opt.clip_global_norm > 0) {
@@ -408,49 +489,9 @@ static void update(struct builder *b)
 		if (nparams == 2)
 			elementwise(b, TS_P_SUMSQ, b->G2, norm, -1, n * (uint64_t)L, -1, "update");
 	}
-	for (int l = 0; l < L; l++) {
-		for (int k = 0; k < nparams; k++) {
-			int W = k ? b->W2 : b->W1, G = k ? b->G2 : b->G1;
-			int MU = k ? b->MU2 : b->MU1, NU = k ? b->NU2 : b->NU1;
-			int pbuf = W, mu = MU, nu = NU;
-			uint64_t poff = (uint64_t)l * wb, soff = poff;
-			struct ts_paction *u;
-
-			if (host_p) {
-				pbuf = temp(b, k ? TS_ROLE_W2 : TS_ROLE_W1, TS_MEM_DEVICE, l, wb, "update");
-				copy(b, pbuf, 0, W, poff, wb, l, "update");
-				poff = 0;
-			}
-			if (adam && host_s) {
-				mu = temp(b, k ? TS_ROLE_MU_W2 : TS_ROLE_MU_W1, TS_MEM_DEVICE, l, wb, "update");
-				copy(b, mu, 0, MU, soff, wb, l, "update");
-				nu = temp(b, k ? TS_ROLE_NU_W2 : TS_ROLE_NU_W1, TS_MEM_DEVICE, l, wb, "update");
-				copy(b, nu, 0, NU, soff, wb, l, "update");
-			}
-			u = emit(b, TS_P_UPDATE, l, "update");
-			if (u) {
-				u->a = pbuf;
-				u->aoff = poff;
-				u->b = G;
-				u->boff = (uint64_t)l * wb;
-				u->c = adam ? mu : -1;
-				u->coff = adam && !host_s ? soff : 0;
-				u->d = adam ? nu : -1;
-				u->n = n;
-				u->e = norm;
-			}
-			if (host_p) {
-				copy(b, W, (uint64_t)l * wb, pbuf, 0, wb, l, "update");
-				release(b, pbuf, l, "update");
-			}
-			if (adam && host_s) {
-				copy(b, MU, soff, mu, 0, wb, l, "update");
-				copy(b, NU, soff, nu, 0, wb, l, "update");
-				release(b, mu, l, "update");
-				release(b, nu, l, "update");
-			}
-		}
-	}
+	for (int l = 0; l < L; l++)
+		for (int k = 0; k < nparams; k++)
+			update_one(b, l, k, k ? b->G2 : b->G1, (uint64_t)l * wb, norm, -1, "update");
 	release(b, norm, -1, "update");
 }
 
@@ -585,6 +626,7 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 	b.w2 = ints(L + 1);
 	if (!b.x || !b.xh || !b.h || !b.hh || !b.w1 || !b.w2)
 		b.failed = TS_RESOURCE_EXHAUSTED;
+	b.G1 = b.G2 = -1;
 	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
 	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
 	b.MU1 = adam ? add_buf(&b, TS_ROLE_MU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
@@ -612,12 +654,12 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 		}
 	}
 	release(&b, xL, L, "loss");
-	if (gcls == TS_PB_TEMP) {
+	if (gcls == TS_PB_TEMP && !update_fused(out)) {
 		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
 		b.G2 = has2 ? temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
 	}
 	backward(&b, g);
-	if (opt->type != TS_OPT_NONE) {
+	if (opt->type != TS_OPT_NONE && !update_fused(out)) {
 		update(&b);
 		release(&b, b.G1, -1, "update");
 		release(&b, b.G2, -1, "update");
