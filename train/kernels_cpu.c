@@ -217,29 +217,18 @@ static void run_sumsq(const struct job *j)
 }
 
 /*
- * Adam over n parameters. The operands never overlap (restrict) and the
- * clip is decided once, so the compiler vectorises the loop (the build
- * passes -fno-math-errno, letting sqrtf become one instruction); the
- * arithmetic per element is exactly the scalar one.
+ * Adam over n parameters. The operands never overlap (restrict), so the
+ * compiler vectorises the loop (the build passes -fno-math-errno, letting
+ * sqrtf become one instruction); the arithmetic per element is exactly the
+ * scalar one.
  */
 static void adam_loop(float *restrict p, const float *restrict g, float *restrict mu,
                       float *restrict nu, uint64_t n, float lr, float b1, float b2, float eps,
                       float bc1, float bc2, float norm, float c, bool clip)
 {
-	if (clip) {
-		for (uint64_t i = 0; i < n; i++) {
-			float gi = g[i] / norm * c;
-			float m = (1.0f - b1) * gi + b1 * mu[i];
-			float v = (1.0f - b2) * (gi * gi) + b2 * nu[i];
-
-			mu[i] = m;
-			nu[i] = v;
-			p[i] -= lr * ((m / bc1) / (sqrtf(v / bc2) + eps));
-		}
-		return;
-	}
+	/* -O3 unswitches the loop on the invariant clip, then vectorises each copy */
 	for (uint64_t i = 0; i < n; i++) {
-		float gi = g[i];
+		float gi = clip ? g[i] / norm * c : g[i];
 		float m = (1.0f - b1) * gi + b1 * mu[i];
 		float v = (1.0f - b2) * (gi * gi) + b2 * nu[i];
 
