@@ -4,9 +4,12 @@
 # benches. Needs nothing installed but the NVIDIA driver.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# the bundle's libraries, then the machine's CUDA runtime and cuBLAS
+cuda_lib=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 2>/dev/null | head -1)
+export LD_LIBRARY_PATH="$here/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export TSTAGED="$here/bin/tstaged"
 export TS_TEST_BACKEND=cuda
+export TS_IT_PY_DIR="$here/tests/py"
 export CK_DEFAULT_TIMEOUT=300
 nvidia-smi -L 2>/dev/null || echo "gpu: nvidia-smi not found"
 "$TSTAGED" --version
