@@ -1280,3 +1280,13 @@ const char *th_py_dir(void)
 		snprintf(dir, sizeof dir, "py");
 	return dir;
 }
+
+void th_url_escape(char *out, size_t cap, const char *in)
+{
+	char *e = curl_easy_escape(NULL, in, 0);
+
+	ck_assert_ptr_nonnull(e);
+	ck_assert_msg(strlen(e) < cap, "escaped value too long: %s", e);
+	snprintf(out, cap, "%s", e);
+	curl_free(e);
+}

@@ -296,6 +296,9 @@ void *th_pattern(size_t n, uint64_t seed);
 void th_assert_bytes(const char *what, const void *got, size_t got_len, const void *want,
                      size_t want_len);
 
+/* Percent-encodes in for a query value (libcurl's escaping) into out. */
+void th_url_escape(char *out, size_t cap, const char *in);
+
 /* The folder of the Python helper scripts: $TS_IT_PY_DIR, else py/ beside
  * the integration sources (the build runs from the repository root). */
 const char *th_py_dir(void);

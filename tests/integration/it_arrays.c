@@ -160,27 +160,6 @@ static void expect_absent(struct th_daemon *d, const char *name)
 	th_response_free(&r);
 }
 
-/* Percent-encodes everything but unreserved characters and ':' ','. */
-static void url_escape(char *out, size_t cap, const char *in)
-{
-	static const char hex[] = "0123456789ABCDEF";
-	size_t o = 0;
-
-	for (; *in && o + 4 < cap; in++) {
-		unsigned char c = (unsigned char)*in;
-
-		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-		    strchr("-._~:,", c)) {
-			out[o++] = (char)c;
-		} else {
-			out[o++] = '%';
-			out[o++] = hex[c >> 4];
-			out[o++] = hex[c & 15];
-		}
-	}
-	out[o] = '\0';
-}
-
 /* Whether X-Tstage-Shape says the shape as README.md has it: "[6,16]",
  * "[]" for a 0-d result (a header value cannot be empty). What is wrong goes
  * to why (when it is still empty), so that a case can check everything else
@@ -1050,7 +1029,7 @@ static void check_index_cases(struct th_daemon *d, const char *name, const uint1
 		int rank;
 		size_t n = reference_index(parent, c, want, &rank, shape), off;
 
-		url_escape(esc, sizeof esc, c->expr);
+		th_url_escape(esc, sizeof esc, c->expr);
 		snprintf(query, sizeof query, "index=%s", esc);
 		get_data(d, name, query, NULL, &r);
 		ck_assert_msg(r.status == 200, "%s[%s]: %ld %s", name, c->expr, r.status, r.body);
@@ -1089,7 +1068,7 @@ static void check_index_errors(struct th_daemon *d, const char *name)
 		struct th_response r;
 		json_t *err;
 
-		url_escape(esc, sizeof esc, bad[i].expr);
+		th_url_escape(esc, sizeof esc, bad[i].expr);
 		snprintf(query, sizeof query, "index=%s", esc);
 		get_data(d, name, query, NULL, &r);
 		if (bad[i].axis < 0) {

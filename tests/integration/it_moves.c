@@ -172,27 +172,6 @@ static void expect_data(const char *name, const char *index, const void *want, s
 	th_response_free(&r);
 }
 
-/* Percent-encodes all but unreserved characters. */
-static void url_escape(char *out, size_t cap, const char *in)
-{
-	static const char hex[] = "0123456789ABCDEF";
-	size_t o = 0;
-
-	for (; *in && o + 4 < cap; in++) {
-		unsigned char c = (unsigned char)*in;
-
-		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-		    strchr("-._~", c)) {
-			out[o++] = (char)c;
-		} else {
-			out[o++] = '%';
-			out[o++] = hex[c >> 4];
-			out[o++] = hex[c & 15];
-		}
-	}
-	out[o] = '\0';
-}
-
 /* The error message of a google.rpc.Status answer (borrowed from r). */
 static const char *error_message(struct th_response *r)
 {
@@ -1203,7 +1182,7 @@ START_TEST(test_sharded_upload)
 	}
 
 	/* inline JSON: columns split over y, each half replicated over x */
-	url_escape(enc, sizeof enc, HALVES);
+	th_url_escape(enc, sizeof enc, HALVES);
 	snprintf(query, sizeof query, "dtype=uint16&shape=8,16&sharding=%s", enc);
 	upload("sb", query, b, sizeof b);
 	m = meta("sb", &r);
@@ -1906,7 +1885,7 @@ static void random_place(uint64_t *s, struct place *p)
 		break;
 	}
 	snprintf(p->body, sizeof p->body, "\"sharding\": %s", sharding);
-	url_escape(enc, sizeof enc, sharding);
+	th_url_escape(enc, sizeof enc, sharding);
 	snprintf(p->query, sizeof p->query, "sharding=%s", enc);
 }
 
