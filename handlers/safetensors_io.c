@@ -489,7 +489,7 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_stream stream;
 	struct ts_error err;
 	char *list = NULL, *save = NULL, *tok, *hdr = NULL;
-	size_t n = 0, cap = 0, hdr_len = 0;
+	size_t n = 0, cap = 1, hdr_len = 0;
 	json_t *meta = NULL;
 
 	ts_error_clear(&err);
@@ -498,15 +498,18 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 		              "export needs ?names=a,b naming the arrays to write");
 		return;
 	}
+	/* one slot per comma-separated name, allocated once */
+	for (const char *c = names; *c; c++)
+		cap += *c == ',';
 	list = strdup(names);
-	for (tok = list ? strtok_r(list, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
-		if (n == cap) {
-			struct ts_array **g = realloc(arrs, (cap = cap ? cap * 2 : 8) * sizeof *g);
-
-			if (!g)
-				break;
-			arrs = g;
-		}
+	arrs = calloc(cap, sizeof *arrs);
+	tensors = calloc(cap, sizeof *tensors);
+	parts = calloc(cap, sizeof *parts);
+	if (!list || !arrs || !tensors || !parts) {
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
+		goto out_fail;
+	}
+	for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
 		if (!ts_array_name_valid(tok)) {
 			ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME", "array name '%s' is invalid", tok);
 			goto out_fail;
@@ -517,12 +520,6 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 			goto out_fail;
 		}
 		n++;
-	}
-	tensors = calloc(n ? n : 1, sizeof *tensors);
-	parts = calloc(n ? n : 1, sizeof *parts);
-	if (!list || !tensors || !parts || (tok && n == cap)) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
-		goto out_fail;
 	}
 	for (size_t i = 0; i < n; i++) {
 		const struct ts_array_desc *d = ts_array_desc(arrs[i]);

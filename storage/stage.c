@@ -309,21 +309,6 @@ static ts_status copy_and_wait(struct ts_queue *q, const struct ts_run *runs, si
 	return s;
 }
 
-ts_status ts_stage_read(struct ts_stager *st, struct ts_buffer *src, uint64_t offset,
-                        void *dst, uint64_t len, struct ts_error *err)
-{
-	struct ts_run run = {.src_offset = offset, .dst_offset = 0, .len = len};
-	struct dev_queues *dq;
-
-	if (offset > ts_buffer_size(src) || len > ts_buffer_size(src) - offset)
-		return ts_error_set(err, TS_OUT_OF_RANGE, "READ_RANGE", "read past the end of a buffer");
-	if (ts_buffer_host_visible(src)) {
-		memcpy(dst, (const char *)ts_buffer_data(src) + offset, len);
-		return TS_OK;
-	}
-	dq = queues_for(st, ts_buffer_device(src));
-	return copy_and_wait(dq->d2h, &run, 1, dst, ts_buffer_data(src), TS_COPY_D2H, err);
-}
 
 static ts_status check_runs(const struct ts_run *runs, size_t n, uint64_t src_size,
                             uint64_t dst_size, struct ts_error *err)
@@ -511,6 +496,14 @@ static ts_status staged_d2h(struct ts_stager *st, char *d, struct ts_buffer *src
 		(void)ts_queue_sync(q, NULL);
 	ring_free(&r);
 	return rc;
+}
+
+ts_status ts_stage_read(struct ts_stager *st, struct ts_buffer *src, uint64_t offset,
+                        void *dst, uint64_t len, struct ts_error *err)
+{
+	struct ts_run run = {.src_offset = offset, .dst_offset = 0, .len = len};
+
+	return ts_stage_read_runs(st, src, &run, 1, dst, err);
 }
 
 ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
