@@ -55,9 +55,19 @@
 	  false)                                                                                \
 	X("POST", "/v1/models/{model}:step", ts_h_models_step, NULL, NULL, TS_BODY_JSON, false)
 
+/* The test-only control of injected failures exists in fault builds only. */
+#ifdef TS_FAULT_BUILD
+#define FAULT_ROUTES(X)                                                                    \
+	X("GET", "/debug/faults", ts_h_debug_faults_get, NULL, NULL, TS_BODY_NONE, false)      \
+	X("POST", "/debug/faults", ts_h_debug_faults_arm, NULL, NULL, TS_BODY_JSON, false)
+#else
+#define FAULT_ROUTES(X)
+#endif
+
 const struct ts_route ts_routes[] = {
 #define ROUTE_ROW(m, p, fn, sfn, up, body, pub) {m, p, fn, sfn, up, body, pub},
 	ROUTES(ROUTE_ROW)
+	FAULT_ROUTES(ROUTE_ROW)
 #undef ROUTE_ROW
 };
 
@@ -66,5 +76,6 @@ const size_t ts_nroutes = sizeof ts_routes / sizeof ts_routes[0];
 const char *const ts_route_patterns[] = {
 #define ROUTE_PATTERN(m, p, fn, sfn, up, body, pub) m " " p,
 	ROUTES(ROUTE_PATTERN)
+	FAULT_ROUTES(ROUTE_PATTERN)
 #undef ROUTE_PATTERN
 };

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "storage/allocator.h"
@@ -245,6 +246,13 @@ static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
 	return TS_OK;
 }
 
+/* The failure point an allocation of p is (fault.h). */
+static enum ts_fault_kind pool_fault_kind(const struct pool *p)
+{
+	return p->type == POOL_REGION ? TS_FAULT_ALLOC_DEVICE
+	       : p->type == POOL_SEGMENTS ? TS_FAULT_ALLOC_PINNED : TS_FAULT_ALLOC_PAGEABLE;
+}
+
 static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
                             void **out, struct ts_error *err)
 {
@@ -254,7 +262,9 @@ static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
 
 	ts_error_clear(&inner);
 	pthread_mutex_lock(&p->mu);
-	if (p->type == POOL_PAGEABLE) {
+	if (ts_fault_fire(pool_fault_kind(p))) {
+		st = TS_RESOURCE_EXHAUSTED;   /* injected: refused as a full pool is */
+	} else if (p->type == POOL_PAGEABLE) {
 		if (want > p->limit || p->used > p->limit - want) {
 			st = TS_RESOURCE_EXHAUSTED;
 		} else {

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fault.h"
 struct dev_queues {
 	struct ts_device *dev;    /* immutable */
 	struct ts_queue *h2d;     /* immutable; host->device and device->device */
@@ -128,7 +129,7 @@ void ts_stager_free(struct ts_stager *st)
 ts_status ts_writer_new(struct ts_stager *st, struct ts_buffer *dst, uint64_t offset,
                         struct ts_writer **out, struct ts_error *err)
 {
-	struct ts_writer *w = calloc(1, sizeof *w);
+	struct ts_writer *w = ts_fault_calloc(1, sizeof *w);
 	struct ts_device *dev = ts_buffer_device(dst);
 	ts_status s = TS_OK;
 
