@@ -16,7 +16,7 @@
  * bytes_in_use equals the sum of the shards the array list places in each
  * space; and the previous data of the target downloads byte-identical.
  *
- * Points above TH_WALK_ALL of a kind are sampled (the first and last few and
+ * Points above WALK_ALL (400) of a kind are sampled (the first and last few and
  * evenly between); FAULT_WALK_ALL=1 walks every one.
  */
 #include "tests/integration/harness.h"
