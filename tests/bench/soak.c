@@ -132,7 +132,7 @@ static const char *const kinds[] = {"device", "pinned_host", "unpinned_host"};
 static void op_upload(struct client *c)
 {
 	static float data[64 * 256];
-	int rows = 8 + (int)(rnd(c) % 57), cols = 1 + (int)(rnd(c) % 256);
+	int rows = 8 + 2 * (int)(rnd(c) % 29), cols = 1 + (int)(rnd(c) % 256);
 	char path[256];
 
 	snprintf(path, sizeof path, "/v1/arrays/s%d_%d?dtype=float32&shape=%d,%d&device=sim:%d"
