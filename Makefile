@@ -165,7 +165,9 @@ integration: $(DAEMON) $(IT_BIN)
 # The fault-injection walk: a daemon built with FAULT=1 (build/fault), every
 # failure point of each workflow failed in turn.
 faults:
-	@$(MAKE) --no-print-directory FAULT=1 build/fault/tstaged build/fault/tests/it_faults
+	@$(MAKE) --no-print-directory FAULT=1 build/fault/tstaged build/fault/tests/test_fault \
+		build/fault/tests/it_faults
+	build/fault/tests/test_fault
 	TSTAGED=build/fault/tstaged CK_DEFAULT_TIMEOUT=600 build/fault/tests/it_faults
 
 # The bounded soak against a production daemon (SOAK_SECONDS, default 60).
