@@ -2,8 +2,9 @@
  * it_faults.c - Check suite "faults": the fault-injection walk, against a
  * tstaged built with FAULT=1 (make faults).
  *
- * For each workflow (raw and .npy uploads, safetensors import from the body
- * and from a server-side path, :put between kinds and devices, :copy,
+ * For each workflow (raw uploads to a device and to a mesh, a .npy upload,
+ * safetensors import from the body and from a server-side path, :put
+ * between kinds and devices and onto a mesh, :copy,
  * :gather, model create, :step with the parameters on the device and
  * offloaded), the walk first runs it once with the failure points only
  * counted, to learn how many points of each kind (device, pinned, pageable,
@@ -446,7 +447,7 @@ static void daemon_down(void)
 static void put_raw(const char *name, const char *where, const void *data, size_t len,
                     struct th_response *r)
 {
-	char path[512];
+	char path[1024];
 
 	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%d,%d%s%s", name, ROWS,
 	         COLS, where ? "&" : "", where ? where : "");
@@ -483,6 +484,47 @@ static void t_undo(const char *when)
 START_TEST(walk_upload_raw)
 {
 	static const struct workflow w = {"upload raw", raw_run, t_intact, t_undo, true};
+
+	seed("t", "device=sim:0&memory_kind=device", old_t);
+	walk(&w);
+}
+END_TEST
+
+static void mesh_where(char *buf, size_t cap)
+{
+	static const char mesh[] = "{\"mesh\": {\"devices\": [\"sim:0\",\"sim:1\"], "
+	                           "\"axis_names\": [\"x\"], \"shape\": [2]}, \"spec\": [\"x\", null], "
+	                           "\"memory_kind\": \"device\"}";
+	char esc[512];
+
+	th_url_escape(esc, sizeof esc, mesh);
+	snprintf(buf, cap, "sharding=%s", esc);
+}
+
+static void raw_mesh_run(struct th_response *r)
+{
+	char where[600];
+
+	mesh_where(where, sizeof where);
+	put_raw("t", where, new_t, NBYTES, r);
+}
+
+static void t_mesh_undo(const char *when)
+{
+	struct th_response r;
+	json_t *a;
+
+	expect_data(when, "t", new_t, NBYTES);
+	a = th_get_json(&D, "/v1/arrays/t", &r);
+	ck_assert_msg(json_array_size(th_arr(a, "shards")) == 2, "%s: 't' is %s", when, r.body);
+	th_response_free(&r);
+	seed("t", "device=sim:0&memory_kind=device", old_t);
+}
+
+START_TEST(walk_upload_raw_mesh)
+{
+	static const struct workflow w = {"upload raw to mesh", raw_mesh_run, t_intact, t_mesh_undo,
+	                                  true};
 
 	seed("t", "device=sim:0&memory_kind=device", old_t);
 	walk(&w);
@@ -705,6 +747,49 @@ START_TEST(walk_put_to_mesh)
 }
 END_TEST
 
+static void put_h2d_run(struct th_response *r)
+{
+	static const char body[] = "{\"sharding\": {\"device\": \"sim:1\", "
+	                           "\"memory_kind\": \"device\"}}";
+
+	req("POST", "/v1/arrays/h:put?wait=true", json_h, body, strlen(body), r);
+}
+
+static void h_where(const char *when, const char *dev, const char *kind)
+{
+	struct th_response r;
+	json_t *a = th_get_json(&D, "/v1/arrays/h", &r), *sh = th_obj(a, "sharding");
+
+	ck_assert_msg(strcmp(th_str(sh, "device"), dev) == 0 &&
+	              strcmp(th_str(sh, "memory_kind"), kind) == 0,
+	              "%s: 'h' is on %s, want %s/%s", when, r.body, dev, kind);
+	th_response_free(&r);
+}
+
+static void put_h2d_intact(const char *when)
+{
+	expect_data(when, "h", old_t, NBYTES);
+	h_where(when, "sim:0", "unpinned_host");
+}
+
+static void put_h2d_undo(const char *when)
+{
+	expect_data(when, "h", old_t, NBYTES);
+	h_where(when, "sim:1", "device");
+	post_json("/v1/arrays/h:put?wait=true",
+	          "{\"sharding\": {\"device\": \"sim:0\", \"memory_kind\": \"unpinned_host\"}}");
+}
+
+START_TEST(walk_put_host_to_device)
+{
+	static const struct workflow w = {":put pageable to device", put_h2d_run, put_h2d_intact,
+	                                  put_h2d_undo, true};
+
+	seed("h", "device=sim:0&memory_kind=unpinned_host", old_t);
+	walk(&w);
+}
+END_TEST
+
 static void copy_run(struct th_response *r)
 {
 	static const char body[] = "{\"out\": \"c\", \"sharding\": {\"device\": \"sim:1\", "
@@ -859,6 +944,7 @@ static void step_run(struct th_response *r)
  * update layer by layer (optimizer state in and out), so a failure there
  * tears the weights, and the error says so (metadata partial_update).
  * Either way the model must still train: the next step succeeds.
+ * FAULT_STRICT_STEP=1 accepts no partial update.
  */
 static void step_intact(const char *when)
 {
@@ -868,6 +954,7 @@ static void step_intact(const char *when)
 	char what[300];
 	bool declared = false;
 	struct th_response r;
+	const char *strict;
 
 	json_array_foreach(json_object_get(json_object_get(e, "error"), "details"), i, d) {
 		const char *pu;
@@ -877,7 +964,8 @@ static void step_intact(const char *when)
 		declared = declared || (pu && strcmp(pu, "true") == 0);
 	}
 	json_decref(e);
-	if (declared) {
+	strict = getenv("FAULT_STRICT_STEP");
+	if (declared && !(strict && strcmp(strict, "1") == 0)) {
 		partial++;
 	} else {
 		snprintf(what, sizeof what, "%s: the weights of '%s'", when, step_model);
@@ -955,11 +1043,13 @@ static Suite *faults_suite(void)
 	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
 	tcase_set_timeout(tc, 600);
 	tcase_add_test(tc, walk_upload_raw);
+	tcase_add_test(tc, walk_upload_raw_mesh);
 	tcase_add_test(tc, walk_upload_npy);
 	tcase_add_test(tc, walk_import_body);
 	tcase_add_test(tc, walk_import_path);
 	tcase_add_test(tc, walk_put_device_to_host);
 	tcase_add_test(tc, walk_put_to_mesh);
+	tcase_add_test(tc, walk_put_host_to_device);
 	tcase_add_test(tc, walk_copy);
 	tcase_add_test(tc, walk_gather);
 	tcase_add_test(tc, walk_model_create);
