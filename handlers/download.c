@@ -119,20 +119,49 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 	return (long)got;
 }
 
+/* The first broken device holding a shard of a, or NULL. */
+static const struct ts_device *broken_device(const struct ts_array *a)
+{
+	for (int i = 0; i < ts_array_nshards(a); i++) {
+		const struct ts_device *dev = ts_buffer_device(ts_array_shard_buffer(a, i));
+
+		if (!ts_buffer_host_visible(ts_array_shard_buffer(a, i)) && ts_device_broken(dev))
+			return dev;
+	}
+	return NULL;
+}
+
 ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t prefix_len,
                              struct ts_h_part *parts, size_t nparts,
                              struct ts_stream *stream, struct ts_error *err)
 {
 	struct reader *r = calloc(1, sizeof *r);
 	uint64_t total = prefix_len;
+	ts_status st = TS_OK;
 
-	if (!r) {
+	if (!r)
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                  "no memory for a response reader");
+	/* a device known broken answers now, not with a 200 that stops short */
+	for (size_t i = 0; st == TS_OK && i < nparts; i++) {
+		const struct ts_device *dev = broken_device(parts[i].array);
+
+		if (dev) {
+			st = ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+			                  "array '%s' is on %s, which is unusable after an "
+			                  "unrecoverable (sticky) error", ts_array_name(parts[i].array),
+			                  ts_device_props(dev)->id);
+			ts_error_meta(err, "array", "%s", ts_array_name(parts[i].array));
+			ts_error_meta(err, "device", "%s", ts_device_props(dev)->id);
+		}
+	}
+	if (st != TS_OK) {
+		free(r);
 		free(prefix);
 		for (size_t i = 0; i < nparts; i++)
 			ts_array_unref(parts[i].array);
 		free(parts);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a response reader");
+		return st;
 	}
 	r->stager = core->stager;
 	r->prefix = prefix;

@@ -414,7 +414,8 @@ static size_t read_to_close(int fd, int timeout_ms)
  * meanwhile a training step on the same GPU hits a sticky error
  * (FAKECUDA_STICKY_AT=1: its first kernel faults). The response announced
  * its length, so the client sees a body shorter than Content-Length when the
- * connection closes: never a complete-looking 200. The daemon lives on, not
+ * connection closes: never a complete-looking 200. Later downloads of it
+ * are refused (503) before a response begins. The daemon lives on, not
  * ready. On a real GPU nothing faults: the body then arrives whole.
  */
 START_TEST(download_cut_short_by_a_device_error)
@@ -468,6 +469,14 @@ START_TEST(download_cut_short_by_a_device_error)
 		th_response_free(&r);
 		th_get(&D, "/readyz", &r);
 		ck_assert_int_eq(r.status, 503);
+		th_response_free(&r);
+		/* a download begun now is refused whole, not a 200 that stops short */
+		th_get(&D, "/v1/arrays/big/data?index=::2", &r);
+		th_assert_error(&r, 503, "UNAVAILABLE", "DEVICE_BROKEN");
+		ck_assert_ptr_nonnull(strstr(r.body, gpu));
+		th_response_free(&r);
+		th_get(&D, "/v1/arrays:export?names=big", &r);
+		th_assert_error(&r, 503, "UNAVAILABLE", "DEVICE_BROKEN");
 		/* the other backend still serves */
 		snprintf(query, sizeof query, "dtype=uint8&shape=4096&device=%s&memory_kind=device",
 		         other);

@@ -359,6 +359,39 @@ START_TEST(strided_read_spanning_slots)
 }
 END_TEST
 
+/* With the pinned budget spent, a strided read still comes whole, one copy
+ * per run straight into the destination. */
+START_TEST(strided_read_without_pinned_slots)
+{
+	const size_t n = 1u << 16;
+	unsigned char *host;
+	struct ts_buffer *b = device_pattern("sim:0", n, 23, &host);
+	static const uint64_t grains[] = {1u << 20, 16u << 10};
+	struct ts_buffer *hog[256];
+	struct ts_error err;
+	size_t nhog = 0;
+
+	/* the 64 MiB pinned budget taken, 1 MiB at a time, then the rest in
+	 * pieces smaller than the read's window */
+	for (int g = 0; g < 2; g++)
+		for (;;) {
+			ts_error_clear(&err);
+			ck_assert_uint_lt(nhog, 256);
+			if (ts_buffer_new(ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST), grains[g],
+			                  &hog[nhog], &err) != TS_OK)
+				break;
+			nhog++;
+		}
+	ck_assert_int_eq(err.status, TS_RESOURCE_EXHAUSTED);
+	ck_assert_uint_eq(strided_read(b, host, 1024, 4, 64), 1024);
+	while (nhog)
+		ts_buffer_unref(hog[--nhog]);
+	ck_assert_uint_eq(strided_read(b, host, 1024, 4, 64), 1);
+	ts_buffer_unref(b);
+	free(host);
+}
+END_TEST
+
 /* ---- every pair of (backend, memory kind) -------------------------------------- */
 
 struct end {
@@ -455,6 +488,7 @@ static Suite *stage_suite(bool cuda)
 	tcase_add_test(tc, injected_copy_failure_surfaces);
 	tcase_add_test(tc, strided_read_is_one_copy);
 	tcase_add_test(tc, strided_read_spanning_slots);
+	tcase_add_test(tc, strided_read_without_pinned_slots);
 	tcase_add_test(tc, every_backend_and_kind_pair);
 	suite_add_tcase(s, tc);
 	if (cuda) {
