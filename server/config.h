@@ -38,6 +38,12 @@ struct ts_config {
 	char port_file[512];             /* write the bound port here once listening */
 	int drain_seconds;               /* how long SIGTERM waits for requests */
 	char data_dir[512];              /* server-side imports only from below here; "" none */
+	uint64_t import_header_limit;    /* largest safetensors header an import buffers */
+	int max_connections;             /* served at once; more are answered 503 */
+	int max_connections_per_ip;      /* served at once from one address; 0: no own limit */
+	int connection_timeout;          /* seconds an idle connection stays open */
+	int body_idle_timeout;           /* seconds a reserving upload may stall */
+	uint64_t body_min_rate;          /* bytes/s such an upload must average; 0: none */
 };
 
 enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };
