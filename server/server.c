@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,22 +235,64 @@ int ts_server_port(const struct ts_server *srv)
 	return srv->port;
 }
 
-int ts_server_drain(struct ts_server *srv, int seconds)
+/* Operations not finished yet (queued or running). */
+static uint64_t ops_unfinished(struct ts_server *srv)
+{
+	uint64_t counts[TS_OP_CANCELLED + 1] = {0};
+
+	ts_op_counts(srv->core.operations, counts);
+	return counts[TS_OP_PENDING] + counts[TS_OP_RUNNING];
+}
+
+/* Cancels every unfinished operation of state, logging each by id. */
+static int cancel_state(struct ts_server *srv, enum ts_op_state state)
+{
+	struct ts_operation **ops = NULL;
+	struct ts_error err;
+	size_t n = 0;
+
+	ts_error_clear(&err);
+	if (ts_op_list(srv->core.operations, (int)state, SIZE_MAX, &ops, &n, &err) != TS_OK) {
+		ts_log(TS_LOG_ERROR, NULL, "cannot list operations to cancel: %s", err.message);
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct ts_op_snapshot snap;
+		char fields[200], kind[40];
+
+		ts_operation_snapshot(ops[i], &snap);
+		snprintf(kind, sizeof kind, "%s", snap.kind);
+		ts_op_snapshot_release(&snap);
+		ts_error_clear(&err);
+		(void)ts_operation_cancel(ops[i], &err);
+		snprintf(fields, sizeof fields, "\"operation\":\"%s\",\"kind\":\"%s\",\"state\":\"%s\"",
+		         ts_operation_id(ops[i]), kind, ts_op_state_name(state));
+		ts_log(TS_LOG_WARN, fields, "operation %s cancelled at the drain deadline",
+		       ts_operation_id(ops[i]));
+	}
+	ts_op_list_free(ops, n);
+	return (int)n;
+}
+
+void ts_server_drain(struct ts_server *srv, int seconds, struct ts_drain_result *out)
 {
 	uint64_t deadline = ts_now_ns() + (uint64_t)seconds * 1000000000ull;
-	int left;
 
+	memset(out, 0, sizeof *out);
 	atomic_store(&srv->draining, true);
 	ts__http_wake_all(srv);
-	if (srv->daemon) {
-		MHD_socket s = MHD_quiesce_daemon(srv->daemon);
+	/* still listening: new connections learn that this instance is leaving
+	 * (/readyz and /v1 answer 503) instead of being refused */
+	for (;;) {
+		int left = atomic_load(&srv->inflight);
+		uint64_t ops = ops_unfinished(srv);
 
-		if (s != MHD_INVALID_SOCKET)
-			close(s);
-	}
-	while ((left = atomic_load(&srv->inflight)) > 0 && ts_now_ns() < deadline)
+		out->requests = left;
+		if ((left == 0 && ops == 0) || ts_now_ns() >= deadline)
+			break;
 		usleep(10000);
-	return left;
+	}
+	out->operations = cancel_state(srv, TS_OP_RUNNING) + cancel_state(srv, TS_OP_PENDING);
 }
 
 void ts_server_free(struct ts_server *srv)
@@ -257,8 +300,7 @@ void ts_server_free(struct ts_server *srv)
 	if (!srv)
 		return;
 	ts__http_wake_all(srv);
-	if (srv->daemon)
-		MHD_stop_daemon(srv->daemon);
+	ts__http_stop(srv);
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.operations);
 	ts_metrics_free(srv->metrics);
