@@ -37,9 +37,12 @@ static const struct opt options[] = {
 	{"preallocate", OPT_BOOL, F(preallocate), 0, 0, "false",
 	 "pin the whole pinned_host pool at start"},
 	{"pinned-host-limit", OPT_SIZE, F(pinned_host_limit), 0, 0, "RAM/4",
-	 "node-wide pinned_host budget"},
+	 "node-wide pinned_host budget (RAM: the cgroup memory limit when smaller)"},
 	{"unpinned-host-limit", OPT_SIZE, F(unpinned_host_limit), 0, 0, "RAM/2",
 	 "node-wide unpinned_host budget"},
+	{"cgroup-root", OPT_STRING, F(cgroup_root), 0, 0, "/sys/fs/cgroup",
+	 "where the cgroup file systems are mounted; host budgets default to fractions "
+	 "of the cgroup memory limit (not RAM) when it is smaller"},
 	{"default-memory-kind", OPT_KIND, F(default_memory_kind), 0, 0, "device",
 	 "memory kind of uploads that name no placement"},
 	{"default-device", OPT_STRING, F(default_device), 0, 0, "first device",
@@ -85,6 +88,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->log_level = TS_LOG_INFO;
 	cfg->cuda = true;
 	cfg->drain_seconds = 30;
+	strcpy(cfg->cgroup_root, "/sys/fs/cgroup");
 	cfg->import_header_limit = 16ull << 20;
 	cfg->max_connections = 1024;
 	cfg->max_connections_per_ip = 256;

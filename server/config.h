@@ -27,8 +27,9 @@ struct ts_config {
 	uint64_t sim_device_memory;
 	double device_memory_fraction;
 	bool preallocate;
-	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory */
+	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory (or cgroup limit) */
 	uint64_t unpinned_host_limit;    /* 0: half of physical memory */
+	char cgroup_root[256];           /* cgroup mounts: "RAM" is their limit when smaller */
 	enum ts_memory_kind default_memory_kind;
 	char default_device[32];         /* "" : the default backend's first device */
 	enum ts_log_level log_level;

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "server/cgroup.h"
 #include "server/router.h"
 #include "handlers/handlers.h"
 #include "server/server_routes.h"
@@ -127,6 +128,34 @@ static ts_status write_port_file(const struct ts_server *srv, struct ts_error *e
 	return TS_OK;
 }
 
+/*
+ * Inside a container the node's RAM is not what the process may use: host
+ * budgets left to their defaults become the same fractions (a quarter
+ * pinned, a half pageable) of the cgroup memory limit when it is smaller,
+ * so an upload past it is refused with 429 instead of the kernel's OOM kill.
+ */
+static void container_budgets(const struct ts_config *cfg, struct ts_memory_config *mcfg)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+	uint64_t phys = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
+	uint64_t limit;
+	char fields[160];
+
+	if (mcfg->pinned_host_limit && mcfg->unpinned_host_limit)
+		return;
+	if (!ts_cgroup_memory_limit(cfg->cgroup_root, TS_CGROUP_SELF, &limit) || limit >= phys)
+		return;
+	if (!mcfg->pinned_host_limit)
+		mcfg->pinned_host_limit = limit / 4;
+	if (!mcfg->unpinned_host_limit)
+		mcfg->unpinned_host_limit = limit / 2;
+	snprintf(fields, sizeof fields,
+	         "\"cgroup_memory_limit\":%llu,\"pinned_host_limit\":%llu,\"unpinned_host_limit\":%llu",
+	         (unsigned long long)limit, (unsigned long long)mcfg->pinned_host_limit,
+	         (unsigned long long)mcfg->unpinned_host_limit);
+	ts_log(TS_LOG_INFO, fields, "host budgets follow the cgroup memory limit");
+}
+
 ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
                         struct ts_error *err)
 {
@@ -165,6 +194,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.unpinned_host_limit = cfg->unpinned_host_limit,
 		.preallocate = cfg->preallocate,
 	};
+	container_budgets(cfg, &mcfg);
 	st = ts_memory_new(srv->devices, &mcfg, &srv->memory, err);
 	if (st != TS_OK)
 		goto out_free;
