@@ -46,6 +46,7 @@ struct ts_core {
 	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
 	struct ts_model_registry *models;    /* training models (train/model.h) */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */
+	const char *data_dir_given;          /* --data-dir as configured (another spelling) */
 	uint64_t import_header_max;          /* largest safetensors header an import holds */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;

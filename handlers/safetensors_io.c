@@ -308,7 +308,8 @@ static ts_status import_parse_path(struct import *im, struct ts_error *err)
 		goto out;
 	}
 	snprintf(im->path, sizeof im->path, "%s", path);
-	s = ts_path_beneath(im->core->data_dir, NULL, im->path, im->rel, sizeof im->rel, err);
+	s = ts_path_beneath(im->core->data_dir, im->core->data_dir_given, im->path, im->rel,
+	                    sizeof im->rel, err);
 out:
 	json_decref(body);
 	return s;

@@ -61,6 +61,7 @@ struct request {
 	size_t body_len, body_cap;
 	int http_code;
 	bool close;                      /* answer with Connection: close */
+	bool chunked;                    /* Transfer-Encoding: the length is unknown */
 	bool reserving;                  /* a streamed upload admitted: rate rules apply */
 	bool cut;                        /* too slow: the connection is dropped */
 	uint64_t body_start_ns;
@@ -224,6 +225,7 @@ static bool request_framing(struct request *rq, struct MHD_Connection *conn)
 		              "the request has two different Content-Length headers");
 		return false;
 	}
+	rq->chunked = f.chunked;  /* Transfer-Encoding overrides Content-Length */
 	if (f.length && f.chunked)
 		rq->close = true;     /* answered, then the connection is closed */
 	return true;
@@ -284,8 +286,8 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 		ts_reply_header(&rq->reply, "WWW-Authenticate", "Bearer realm=\"tstage\"");
 		return;
 	}
-	len_s = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-	                                    MHD_HTTP_HEADER_CONTENT_LENGTH);
+	len_s = rq->chunked ? NULL : MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	                                                         MHD_HTTP_HEADER_CONTENT_LENGTH);
 	if (route->body == TS_BODY_JSON && len_s && strtoull(len_s, NULL, 10) > TS_JSON_BODY_MAX) {
 		rq->failed = true;
 		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",

@@ -311,6 +311,52 @@ START_TEST(test_trickling_body_cut)
 }
 END_TEST
 
+/* A long step as an operation on d; its id in id. */
+static void start_long_step(struct th_daemon *d, char *id, size_t cap)
+{
+	static const char *const json_h[] = {"Content-Type: application/json", NULL};
+	static const char model[] = "{\"name\": \"m\", \"mlp\": {\"layers\": 4, \"d_model\": 128}}";
+	static const char step[] = "{\"inputs\": \"x\", \"steps\": 1000000}";
+	struct th_response r;
+	char *x;
+
+	th_request(d, "POST", "/v1/models", json_h, model, sizeof model - 1, &r);
+	ck_assert_msg(r.status == 201, "model: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	x = calloc(256 * 128, 4);
+	th_request(d, "PUT", "/v1/arrays/x?dtype=float32&shape=256,128", NULL, x, 256 * 128 * 4, &r);
+	ck_assert_msg(r.status == 201, "inputs: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	free(x);
+	th_request(d, "POST", "/v1/models/m:step", json_h, step, sizeof step - 1, &r);
+	ck_assert_msg(r.status == 202, "step: %ld %s", r.status, r.body);
+	snprintf(id, cap, "%s", th_str(th_json(&r), "id"));
+	th_response_free(&r);
+}
+
+/* The idle timeout is for idle connections: a request waiting on an
+ * operation (suspended) outlives it, and answers when its own wait ends. */
+START_TEST(test_wait_outlives_connection_timeout)
+{
+	static const char *const args[] = {"--connection-timeout", "1", "--drain-seconds", "1", NULL};
+	struct th_daemon d;
+	struct th_response r;
+	char id[64], path[128];
+	long long t0;
+
+	th_daemon_start(&d, args);
+	start_long_step(&d, id, sizeof id);
+	snprintf(path, sizeof path, "/v1/operations/%s:wait?timeout=3s", id);
+	t0 = th_now_ms();
+	th_request(&d, "POST", path, NULL, NULL, 0, &r);
+	ck_assert_msg(r.status == 202, "wait: %ld %s", r.status, r.body);   /* not done yet */
+	ck_assert(!th_bool(th_json(&r), "done"));
+	ck_assert_msg(th_now_ms() - t0 >= 2500, "the wait ended after %lld ms", th_now_ms() - t0);
+	th_response_free(&r);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* ---- framing ---------------------------------------------------------------- */
 
 START_TEST(test_framing)
@@ -477,29 +523,13 @@ END_TEST
 START_TEST(test_drain_cancels_operations)
 {
 	static const char *const args[] = {"--drain-seconds", "1", NULL};
-	static const char *const json_h[] = {"Content-Type: application/json", NULL};
-	static const char model[] = "{\"name\": \"m\", \"mlp\": {\"layers\": 4, \"d_model\": 128}}";
-	static const char step[] = "{\"inputs\": \"x\", \"steps\": 1000000}";
 	struct th_daemon d;
-	struct th_response r;
-	char id[64], *log, *x;
+	char id[64], *log;
 	long long t0;
 	int st;
 
 	th_daemon_start(&d, args);
-	th_request(&d, "POST", "/v1/models", json_h, model, sizeof model - 1, &r);
-	ck_assert_msg(r.status == 201, "model: %ld %s", r.status, r.body);
-	th_response_free(&r);
-	x = calloc(256 * 128, 4);
-	th_request(&d, "PUT", "/v1/arrays/x?dtype=float32&shape=256,128", NULL, x, 256 * 128 * 4,
-	           &r);
-	ck_assert_msg(r.status == 201, "inputs: %ld %s", r.status, r.body);
-	th_response_free(&r);
-	free(x);
-	th_request(&d, "POST", "/v1/models/m:step", json_h, step, sizeof step - 1, &r);
-	ck_assert_msg(r.status == 202, "step: %ld %s", r.status, r.body);
-	snprintf(id, sizeof id, "%s", th_str(th_json(&r), "id"));
-	th_response_free(&r);
+	start_long_step(&d, id, sizeof id);
 	t0 = th_now_ms();
 	th_daemon_signal(&d, SIGTERM);
 	st = th_daemon_wait(&d, 15000);
@@ -696,6 +726,7 @@ static Suite *hostile_suite(void)
 	tcase_add_test(tc, test_connection_limit_flags);
 	tcase_add_test(tc, test_stalled_body_cut);
 	tcase_add_test(tc, test_trickling_body_cut);
+	tcase_add_test(tc, test_wait_outlives_connection_timeout);
 	tcase_add_test(tc, test_framing);
 	tcase_add_test(tc, test_second_daemon_same_port);
 	suite_add_tcase(s, tc);
