@@ -56,7 +56,7 @@ static const struct opt options[] = {
 	{"port-file", OPT_STRING, F(port_file), 0, 0, "none",
 	 "write the bound port to this file once listening"},
 	{"drain-seconds", OPT_INT, F(drain_seconds), 0, 3600, "30",
-	 "how long SIGTERM waits for in-flight requests"},
+	 "how long SIGTERM waits for in-flight requests and operations (then cancelled)"},
 	{"data-dir", OPT_STRING, F(data_dir), 0, 0, "none",
 	 "folder server-side imports ({\"path\": ...}) may read from"},
 	{"import-header-limit", OPT_SIZE, F(import_header_limit), 0, 0, "16MiB",

@@ -23,6 +23,8 @@
 #include "server/server_int.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -815,6 +817,7 @@ static struct ts__addr_count *addr_count_locked(struct ts_server *srv, const uns
 {
 	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(addr)];
 
+	assert(pthread_mutex_trylock(&srv->conns_mu) == EBUSY);
 	for (; *pp; pp = &(*pp)->next)
 		if (memcmp((*pp)->addr, addr, 16) == 0)
 			return *pp;
@@ -824,6 +827,18 @@ static struct ts__addr_count *addr_count_locked(struct ts_server *srv, const uns
 	if (*pp)
 		memcpy((*pp)->addr, addr, 16);
 	return *pp;
+}
+
+/* Drops the count ac (at 0) from its bucket. */
+static void addr_drop_locked(struct ts_server *srv, struct ts__addr_count *ac)
+{
+	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(ac->addr)];
+
+	assert(pthread_mutex_trylock(&srv->conns_mu) == EBUSY);
+	while (*pp != ac)
+		pp = &(*pp)->next;
+	*pp = ac->next;
+	free(ac);
 }
 
 /* Admits a new connection: 0 when served, else which limit it passes
@@ -844,13 +859,7 @@ static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
 		if (ac)
 			ac->n++;
 	} else if (ac && ac->n == 0) {
-		/* nothing counted for it: drop the empty entry again */
-		struct ts__addr_count **pp = &srv->by_addr[addr_bucket(cc->addr)];
-
-		while (*pp != ac)
-			pp = &(*pp)->next;
-		*pp = ac->next;
-		free(ac);
+		addr_drop_locked(srv, ac);    /* nothing counted for it */
 	}
 	pthread_mutex_unlock(&srv->conns_mu);
 	return over;
@@ -863,14 +872,8 @@ static void conn_leave(struct ts_server *srv, const struct conn_ctx *cc)
 	pthread_mutex_lock(&srv->conns_mu);
 	srv->conns--;
 	ac = addr_count_locked(srv, cc->addr, false);
-	if (ac && --ac->n == 0) {
-		struct ts__addr_count **pp = &srv->by_addr[addr_bucket(cc->addr)];
-
-		while (*pp != ac)
-			pp = &(*pp)->next;
-		*pp = ac->next;
-		free(ac);
-	}
+	if (ac && --ac->n == 0)
+		addr_drop_locked(srv, ac);
 	pthread_mutex_unlock(&srv->conns_mu);
 }
 
@@ -910,10 +913,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		int over;
 
 		cc = calloc(1, sizeof *cc);
-		if (!cc) {
-			conn_refuse(srv, conn, 1);
-			return;                 /* no context: on_request sees none, serves */
-		}
+		if (!cc)
+			return;                 /* served uncounted: refusing needs no memory, counting does */
 		addr_of(ci ? ci->client_addr : NULL, cc->addr);
 		over = conn_admit(srv, cc);
 		cc->refused = over != 0;
