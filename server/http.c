@@ -954,23 +954,40 @@ static char *busy_reply(const char *message, size_t *len)
 	return text;
 }
 
-/* Lets the process hold the descriptors the limits allow (the soft limit
- * up to the hard one); warns when even that is too few. */
-static void raise_fd_limit(unsigned int need)
+/* Lets the process hold need descriptors (the soft limit raised up to the
+ * hard one); returns how many it may hold. */
+static unsigned long fd_limit(unsigned long need)
 {
 	struct rlimit rl;
 
-	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
-		return;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return need;
+	if (rl.rlim_cur >= need)
+		return rl.rlim_cur;
 	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
-	if (setrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur < need) {
-		char fields[64];
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0 && getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return need;
+	return rl.rlim_cur;
+}
 
-		snprintf(fields, sizeof fields, "\"nofile\":%llu,\"needed\":%u",
-		         (unsigned long long)rl.rlim_cur, need);
-		ts_log(TS_LOG_WARN, fields,
-		       "the descriptor limit is below what --max-connections needs");
-	}
+/* The library's own connection limit: room to answer those past ours,
+ * within the descriptors the process may hold (256 kept for files, pipes
+ * and the rest); --max-connections shrinks to fit, with a warning. */
+static unsigned int library_limit(struct ts_server *srv)
+{
+	unsigned long want = (unsigned long)srv->cfg.max_connections * 2u + 64u;
+	unsigned long have = fd_limit(want + 256u);
+	char fields[96];
+
+	if (have >= want + 256u)
+		return (unsigned int)want;
+	want = have > 512u ? have - 256u : have / 2u;
+	snprintf(fields, sizeof fields, "\"nofile\":%lu,\"max_connections\":%lu", have,
+	         want / 2u > 0 ? want / 2u : 1u);
+	ts_log(TS_LOG_WARN, fields, "the descriptor limit is too low for --max-connections; "
+	       "serving fewer");
+	srv->cfg.max_connections = want / 2u > 0 ? (int)(want / 2u) : 1;
+	return (unsigned int)(want > 0 ? want : 1u);
 }
 
 static ts_status conns_start(struct ts_server *srv, struct ts_error *err)
@@ -1026,7 +1043,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	const union MHD_DaemonInfo *info;
 	int threads = srv->cfg.threads;
 	/* the library's own limit leaves room to answer those past ours */
-	unsigned int hard = (unsigned int)srv->cfg.max_connections * 2u + 64u;
+	unsigned int hard;
 	ts_status st;
 
 	memset(&ss, 0, sizeof ss);
@@ -1046,10 +1063,10 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 
 		threads = n > 0 ? (int)n : 1;
 	}
+	hard = library_limit(srv);          /* before the 503s quote the limit */
 	st = conns_start(srv, err);
 	if (st != TS_OK)
 		return st;
-	raise_fd_limit(hard + 256u);
 	/* the deadline thread and its lock exist before any worker can suspend */
 	pthread_mutex_init(&srv->waits_mu, NULL);
 	pthread_cond_init(&srv->waits_cv, NULL);
