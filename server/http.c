@@ -696,8 +696,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		if (cc && cc->refused)
 			return MHD_NO;          /* answered 503 at accept */
 		rq = request_new(srv, conn, url, method);
-		if (!rq)
+		if (!rq) {
+			ts_log(TS_LOG_ERROR, NULL, "no memory for a request; connection closed");
 			return MHD_NO;
+		}
 		*req_cls = rq;
 		atomic_fetch_add(&srv->inflight, 1);
 		request_admit(rq, conn, url, method);
@@ -780,6 +782,11 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	(void)cls;
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	msg[strcspn(msg, "\n")] = '\0';
+	/* said for every MHD_NO on_request returns: a connection refused at
+	 * accept (logged, rate-limited, by conn_refuse) or cut for being slow
+	 * (logged by request_too_slow); a flood must not become a log flood */
+	if (strncmp(msg, "Application reported internal error", 35) == 0)
+		return;
 	ts_log(TS_LOG_WARN, "\"component\":\"libmicrohttpd\"", "%s", msg);
 }
 

@@ -214,9 +214,23 @@ START_TEST(test_connection_limit_flags)
 	code = get_from(&d, "127.0.0.2", "/livez", buf, sizeof buf, 3000);
 	ck_assert_msg(code == 503, "past --max-connections: %d\n%s", code, buf);
 	assert_busy(buf, "at most 3 connections at once;");
+	for (int i = 0; i < 20; i++)            /* refusals log a line now and then, not each */
+		ck_assert_int_eq(get_from(&d, "127.0.0.2", "/livez", buf, sizeof buf, 3000), 503);
 	for (int i = 0; i < 3; i++)
 		close(fds[i]);
-	th_daemon_stop_ok(&d);
+	th_daemon_stop(&d, true);
+	{
+		char *log = th_daemon_stderr(&d), *p = log;
+		int lines = 0;
+
+		while ((p = strstr(p, "\n")) != NULL) {
+			lines++;
+			p++;
+		}
+		ck_assert_msg(lines < 12, "21 refusals logged %d lines:\n%s", lines, log);
+		free(log);
+	}
+	th_daemon_cleanup(&d);
 }
 END_TEST
 
