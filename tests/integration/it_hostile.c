@@ -236,16 +236,18 @@ END_TEST
 
 /* ---- slow bodies ------------------------------------------------------------ */
 
-/* bytes_in_use + bytes_reserved... of sim:0/device: what an upload holds. */
+/* bytes_in_use of the first device's device memory: what an upload holds. */
 static json_int_t device_in_use(struct th_daemon *d)
 {
 	struct th_response r;
 	json_t *spaces = th_arr(th_get_json(d, "/v1/memory", &r), "spaces"), *s;
 	json_int_t v = -1;
+	char dev[32];
 	size_t i;
 
+	th_device_id(0, dev, sizeof dev);
 	json_array_foreach(spaces, i, s)
-		if (strcmp(th_str(s, "device"), "sim:0") == 0 &&
+		if (strcmp(th_str(s, "device"), dev) == 0 &&
 		    strcmp(th_str(s, "memory_kind"), "device") == 0)
 			v = th_int(s, "bytes_in_use");
 	th_response_free(&r);
@@ -253,11 +255,18 @@ static json_int_t device_in_use(struct th_daemon *d)
 	return v;
 }
 
-static const char big_put[] = "PUT /v1/arrays/big?dtype=uint8&shape=33554432&device=sim:0"
-                              "&memory_kind=device HTTP/1.1\r\nHost: t\r\n"
-                              "Content-Length: 33554432\r\n\r\n";
+/* A 32 MiB upload's request line and headers, onto the first device. */
+static void send_big_put(int fd)
+{
+	char req[300], dev[32];
 
-/* An upload admitted (32 MiB held on sim:0) that then sends one byte and
+	snprintf(req, sizeof req, "PUT /v1/arrays/big?dtype=uint8&shape=33554432&device=%s"
+	         "&memory_kind=device HTTP/1.1\r\nHost: t\r\nContent-Length: 33554432\r\n\r\n",
+	         th_device_id(0, dev, sizeof dev));
+	th_raw_send(fd, req);
+}
+
+/* An upload admitted (32 MiB held on the first device) that then sends one byte and
  * stalls: the connection is cut after --body-idle-timeout and the memory is
  * free again. */
 START_TEST(test_stalled_body_cut)
@@ -271,7 +280,7 @@ START_TEST(test_stalled_body_cut)
 	th_daemon_start(&d, args);
 	ck_assert_int_eq(device_in_use(&d), 0);
 	fd = th_raw_connect(&d);
-	th_raw_send(fd, big_put);
+	send_big_put(fd);
 	th_raw_send_bytes(fd, "x", 1);
 	deadline = th_now_ms() + 3000;
 	while ((held = device_in_use(&d)) == 0 && th_now_ms() < deadline)
@@ -302,7 +311,7 @@ START_TEST(test_trickling_body_cut)
 
 	th_daemon_start(&d, args);
 	fd = th_raw_connect(&d);
-	th_raw_send(fd, big_put);
+	send_big_put(fd);
 	deadline = th_now_ms() + 8000;
 	while (!cut && th_now_ms() < deadline) {
 		if (send(fd, "x", 1, MSG_NOSIGNAL) != 1)
@@ -719,8 +728,13 @@ START_TEST(test_cgroup_budgets)
 	th_response_free(&r);
 	big = calloc(1, 160 << 20);
 	ck_assert_ptr_nonnull(big);
-	th_request(&d, "PUT", "/v1/arrays/big?dtype=uint8&shape=167772160&device=sim:0"
-	           "&memory_kind=unpinned_host", NULL, big, 160 << 20, &r);
+	{
+		char dev[32], url[200];
+
+		snprintf(url, sizeof url, "/v1/arrays/big?dtype=uint8&shape=167772160&device=%s"
+		         "&memory_kind=unpinned_host", th_device_id(0, dev, sizeof dev));
+		th_request(&d, "PUT", url, NULL, big, 160 << 20, &r);
+	}
 	free(big);
 	th_assert_error(&r, 429, "RESOURCE_EXHAUSTED", NULL);
 	th_response_free(&r);
