@@ -88,19 +88,18 @@ static int get_from(const struct th_daemon *d, const char *src, const char *path
 	return code;
 }
 
-/* Lets this process (and the daemons it starts) hold n descriptors. */
-static void want_fds(rlim_t n)
+/* Lets this process (and the daemons it starts) hold up to n descriptors;
+ * returns how many it may (the hard limit may be lower). */
+static rlim_t want_fds(rlim_t n)
 {
 	struct rlimit rl;
 
 	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
 	if (rl.rlim_cur >= n)
-		return;
-	ck_assert_msg(rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= n,
-	              "the hard descriptor limit %llu is below %llu", (unsigned long long)rl.rlim_max,
-	              (unsigned long long)n);
-	rl.rlim_cur = n;
+		return rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= n ? n : rl.rlim_max;
 	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	return rl.rlim_cur;
 }
 
 static void assert_busy(const char *buf, const char *words)
@@ -126,11 +125,16 @@ START_TEST(test_idle_flood_defaults)
 	struct th_daemon d;
 	char buf[8192];
 	long long t0, deadline;
-	int code, served = 0, refused = 0;
+	int code, served = 0, refused = 0, flood = FLOOD;
+	rlim_t fds_max = want_fds(2 * FLOOD + 3000);
 
-	want_fds(2 * FLOOD + 3000);
+	/* a host with a low hard limit floods less (still well past 256) */
+	if (fds_max < 2 * FLOOD + 3000)
+		flood = (int)(fds_max - 100) / 2 < FLOOD ? (int)(fds_max - 100) / 2 : FLOOD;
+	ck_assert_msg(flood > 300, "the descriptor limit %llu is too low for this test",
+	              (unsigned long long)fds_max);
 	th_daemon_start(&d, NULL);
-	for (int i = 0; i < FLOOD; i++) {
+	for (int i = 0; i < flood; i++) {
 		fds[i] = connect_from(&d, NULL);
 		ck_assert_msg(fds[i] >= 0, "connection %d: %s", i, strerror(errno));
 	}
@@ -146,7 +150,7 @@ START_TEST(test_idle_flood_defaults)
 	/* the flood's own connections: those past the per-address limit have
 	 * been told 503 without asking; the others are served */
 	usleep(300000);
-	for (int i = 0; i < FLOOD; i++) {
+	for (int i = 0; i < flood; i++) {
 		struct pollfd pfd = {.fd = fds[i], .events = POLLIN};
 
 		if (poll(&pfd, 1, 0) == 1) {
@@ -162,8 +166,8 @@ START_TEST(test_idle_flood_defaults)
 		served++;
 	}
 	ck_assert_int_eq(served, 256);
-	ck_assert_int_eq(refused, FLOOD - 256);
-	for (int i = 0; i < FLOOD; i++)
+	ck_assert_int_eq(refused, flood - 256);
+	for (int i = 0; i < flood; i++)
 		close(fds[i]);
 	/* the address is served again once its connections have gone */
 	deadline = th_now_ms() + 5000;
