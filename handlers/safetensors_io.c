@@ -33,6 +33,7 @@
 #include <unistd.h>
 
 #include "common/beneath.h"
+#include "common/units.h"
 #include "handlers/operations.h"
 #include "storage/operation.h"
 #include "storage/safetensors.h"
@@ -52,6 +53,7 @@ struct import {
 	uint64_t received;
 	char first8[8];
 	char *header;                      /* the JSON header, buffered */
+	uint64_t header_held;              /* of the headers' budget, given back at free */
 	uint64_t header_len, header_got;
 	bool parsed;
 	struct ts_st_header st;
@@ -204,6 +206,33 @@ static ts_status import_data(struct import *im, const char *data, size_t n, stru
 	return TS_OK;
 }
 
+/* Takes the header's bytes from the budget every import shares, so that
+ * many connections cannot hold headers past it: RESOURCE_EXHAUSTED. */
+static ts_status header_budget_take(struct import *im, struct ts_error *err)
+{
+	const struct ts_core *core = im->core;
+	uint64_t used, n = im->header_len;
+	char have[32], limit[32];
+
+	if (!core->import_header_budget || !core->import_header_used)
+		return TS_OK;
+	used = atomic_load(core->import_header_used);
+	do {
+		if (used + n > core->import_header_budget) {
+			ts_error_set(err, TS_RESOURCE_EXHAUSTED, "HEADER_BUDGET",
+			             "imports being read hold %s of safetensors headers; this one's "
+			             "would pass the %s budget (--import-header-budget); retry later",
+			             ts_format_bytes(have, sizeof have, used),
+			             ts_format_bytes(limit, sizeof limit, core->import_header_budget));
+			ts_error_meta_u64(err, "requested_bytes", n);
+			ts_error_meta_u64(err, "limit_bytes", core->import_header_budget);
+			return err->status;
+		}
+	} while (!atomic_compare_exchange_weak(core->import_header_used, &used, used + n));
+	im->header_held = n;
+	return TS_OK;
+}
+
 static ts_status import_bytes(struct import *im, const char *data, size_t n, struct ts_error *err)
 {
 	size_t take;
@@ -229,6 +258,8 @@ static ts_status import_bytes(struct import *im, const char *data, size_t n, str
 			                    "the safetensors header is larger than the %" PRIu64
 			                    "-byte limit of this server (--import-header-limit)",
 			                    im->core->import_header_max);
+		if (header_budget_take(im, err) != TS_OK)
+			return err->status;
 		im->header = malloc(im->header_len ? im->header_len : 1);
 		if (!im->header)
 			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
@@ -561,6 +592,8 @@ static void import_free(struct import *im)
 	if (im->parsed)
 		ts_st_header_release(&im->st);
 	free(im->header);
+	if (im->header_held)
+		atomic_fetch_sub(im->core->import_header_used, im->header_held);
 	free(im->json);
 	if (im->fd >= 0)
 		close(im->fd);

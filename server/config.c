@@ -61,6 +61,9 @@ static const struct opt options[] = {
 	 "folder server-side imports ({\"path\": ...}) may read from"},
 	{"import-header-limit", OPT_SIZE, F(import_header_limit), 0, 0, "16MiB",
 	 "largest safetensors header an import holds in memory (at most 100MB)"},
+	{"import-header-budget", OPT_SIZE, F(import_header_budget), 0, 0, "256MiB",
+	 "safetensors headers all imports together may hold while they are read "
+	 "(0: no budget); past it an import is refused with 429"},
 	{"max-connections", OPT_INT, F(max_connections), 1, 100000, "1024",
 	 "connections served at once; more are answered 503 with Retry-After"},
 	{"max-connections-per-ip", OPT_INT, F(max_connections_per_ip), 0, 100000, "256",
@@ -90,6 +93,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->drain_seconds = 30;
 	strcpy(cfg->cgroup_root, "/sys/fs/cgroup");
 	cfg->import_header_limit = 16ull << 20;
+	cfg->import_header_budget = 256ull << 20;
 	cfg->max_connections = 1024;
 	cfg->max_connections_per_ip = 256;
 	cfg->connection_timeout = 60;

@@ -40,6 +40,7 @@ struct ts_config {
 	int drain_seconds;               /* how long SIGTERM waits for requests */
 	char data_dir[512];              /* server-side imports only from below here; "" none */
 	uint64_t import_header_limit;    /* largest safetensors header an import buffers */
+	uint64_t import_header_budget;   /* all headers being read at once; 0: none */
 	int max_connections;             /* served at once; more are answered 503 */
 	int max_connections_per_ip;      /* served at once from one address; 0: no own limit */
 	int connection_timeout;          /* seconds an idle connection stays open */

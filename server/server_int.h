@@ -51,6 +51,7 @@ struct ts_server {
 	char *busy[2];                   /* immutable after start: raw 503s (all, per address) */
 	size_t busy_len[2];
 	_Atomic uint64_t refused;        /* connections answered 503 at accept */
+	_Atomic uint64_t import_header_used;   /* safetensors headers being read (handlers) */
 };
 
 struct ts__waiting;

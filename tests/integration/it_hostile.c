@@ -693,6 +693,50 @@ START_TEST(test_import_header_limit)
 }
 END_TEST
 
+/* Headers being read share --import-header-budget: while one import holds
+ * 2 MiB of a 3 MiB budget, another 2 MiB header is refused with 429; once
+ * the first goes, the budget is whole again. */
+START_TEST(test_import_header_budget)
+{
+	static const char *const args[] = {"--import-header-limit", "2MiB",
+	                                   "--import-header-budget", "3MiB", NULL};
+	static const char *const octets[] = {"Content-Type: application/octet-stream", NULL};
+	size_t n = 2u << 20;
+	char *body = calloc(1, 8 + n), req[300];
+	struct th_daemon d;
+	struct th_response r;
+	long long deadline;
+	int fd;
+
+	ck_assert_ptr_nonnull(body);
+	body[2] = 0x20;                                  /* N = 2 MiB; zeros: not JSON */
+	th_daemon_start(&d, args);
+	fd = th_raw_connect(&d);
+	snprintf(req, sizeof req, "POST /v1/arrays:import HTTP/1.1\r\nHost: t\r\n"
+	         "Content-Type: application/octet-stream\r\nContent-Length: %zu\r\n\r\n", 8 + n);
+	th_raw_send(fd, req);
+	th_raw_send_bytes(fd, body, 8 + 1024);           /* holds its header's budget */
+	usleep(200000);
+	th_request(&d, "POST", "/v1/arrays:import", octets, body, 8 + n, &r);
+	th_assert_error(&r, 429, "RESOURCE_EXHAUSTED", "HEADER_BUDGET");
+	ck_assert_ptr_nonnull(strstr(r.body, "--import-header-budget"));
+	th_response_free(&r);
+	close(fd);
+	deadline = th_now_ms() + 5000;
+	for (;;) {
+		th_request(&d, "POST", "/v1/arrays:import", octets, body, 8 + n, &r);
+		if (r.status != 429 || th_now_ms() > deadline)
+			break;
+		th_response_free(&r);
+		usleep(20000);
+	}
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_SAFETENSORS_HEADER");
+	th_response_free(&r);
+	free(body);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* ---- memory defaults under a cgroup limit ----------------------------------- */
 
 /* With a 256 MiB cgroup limit, host budgets are a quarter and a half of it,
@@ -772,6 +816,7 @@ static Suite *hostile_suite(void)
 	tc = tcase_create("import");
 	tcase_add_test(tc, test_import_stays_below_data_dir);
 	tcase_add_test(tc, test_import_header_limit);
+	tcase_add_test(tc, test_import_header_budget);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("memory");

@@ -135,6 +135,7 @@ START_TEST(connection_limits)
 	char *argv2[] = {"tstaged", "--max-connections", "10", "--max-connections-per-ip=3",
 	                 "--connection-timeout", "5", "--body-idle-timeout", "2",
 	                 "--body-min-rate", "1KiB", "--import-header-limit", "1MiB",
+	                 "--import-header-budget", "0",
 	                 "--cgroup-root", "/tmp/cg"};
 	static const char *const bad[][2] = {
 		{"--max-connections", "0"}, {"--connection-timeout", "0"},
@@ -149,6 +150,7 @@ START_TEST(connection_limits)
 	ck_assert_int_eq(c.body_idle_timeout, 15);
 	ck_assert_uint_eq(c.body_min_rate, 64u << 10);
 	ck_assert_uint_eq(c.import_header_limit, 16u << 20);
+	ck_assert_uint_eq(c.import_header_budget, 256u << 20);
 	ck_assert_str_eq(c.cgroup_root, "/sys/fs/cgroup");
 	ck_assert_int_eq(parse(&c, out, sizeof out, sizeof argv2 / sizeof argv2[0], argv2),
 	                 TS_CONFIG_RUN);
@@ -158,6 +160,7 @@ START_TEST(connection_limits)
 	ck_assert_int_eq(c.body_idle_timeout, 2);
 	ck_assert_uint_eq(c.body_min_rate, 1024);
 	ck_assert_uint_eq(c.import_header_limit, 1u << 20);
+	ck_assert_uint_eq(c.import_header_budget, 0);
 	ck_assert_str_eq(c.cgroup_root, "/tmp/cg");
 	setenv("TSTAGE_MAX_CONNECTIONS_PER_IP", "0", 1);
 	setenv("TSTAGE_BODY_MIN_RATE", "0", 1);
