@@ -265,12 +265,16 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	case TS_MATCH_FOUND:
 		break;
 	}
-	if (rq->match.too_long >= 0) {
-		const char *param = rq->match.params[rq->match.too_long].name;
+	for (int i = 0; i < rq->match.nparams; i++) {
+		const struct ts_param_rule *rule = ts_param_rule_find(rq->match.params[i].name);
 
-		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, ts_route_param_reason(param),
-		              "the %s in the path is longer than %d bytes", param, TS_PARAM_MAX);
-		return;
+		if (rq->match.params[i].len > rule->max) {
+			ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, rule->reason,
+			              "%s '%.40s...' is %zu bytes long, longer than the %zu a %s may hold",
+			              rule->what, rq->match.params[i].value, rq->match.params[i].len,
+			              rule->max, rule->what);
+			return;
+		}
 	}
 	rq->route = rq->match.index;
 	route = &ts_routes[rq->route];

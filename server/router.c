@@ -61,6 +61,7 @@ static bool match_segment(const char *p, const char *pe, const char *s,
 	m->params[m->nparams].name[nlen] = '\0';
 	memcpy(m->params[m->nparams].value, s, keep);
 	m->params[m->nparams].value[keep] = '\0';
+	m->params[m->nparams].len = vlen;
 	m->nparams++;
 	return true;
 }
@@ -148,20 +149,15 @@ enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
 	return path_known ? TS_MATCH_BAD_METHOD : TS_MATCH_NO_PATH;
 }
 
-const char *ts_route_param_reason(const char *name)
+const struct ts_param_rule *ts_param_rule_find(const char *name)
 {
-	static const struct {
-		const char *param, *reason;
-	} reasons[] = {
-		{"array", "BAD_ARRAY_NAME"},       {"model", "BAD_MODEL_NAME"},
-		{"sharding", "BAD_SHARDING_NAME"}, {"operation", "BAD_OPERATION_ID"},
-		{"device", "BAD_DEVICE_ID"},
-	};
+	static const struct ts_param_rule generic = {"", "path parameter", TS_PARAM_MAX,
+	                                             "BAD_PATH_PARAMETER"};
 
-	for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
-		if (strcmp(reasons[i].param, name) == 0)
-			return reasons[i].reason;
-	return "BAD_PATH_PARAMETER";
+	for (size_t i = 0; i < ts_nparam_rules; i++)
+		if (strcmp(ts_param_rules[i].name, name) == 0)
+			return &ts_param_rules[i];
+	return &generic;
 }
 
 /* ---- escapes ------------------------------------------------------------------------ */

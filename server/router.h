@@ -75,6 +75,7 @@ struct ts_route_match {
 	struct {
 		char name[32];              /* from the pattern ("device") */
 		char value[TS_PARAM_MAX + 1];
+		size_t len;                 /* the whole value's, even when cut */
 	} params[TS_CALL_MAX_PARAMS];
 	char allow[64];                 /* "GET, POST" when BAD_METHOD */
 };
@@ -88,9 +89,21 @@ enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
                             const char *method, const char *path,
                             struct ts_route_match *out);
 
-/* The ErrorInfo reason for a bad path parameter of that name ("array":
- * "BAD_ARRAY_NAME", "operation": "BAD_OPERATION_ID"). Static string. */
-const char *ts_route_param_reason(const char *name);
+/* What a path parameter of a given name may hold: at most max bytes, or
+ * it is refused with reason before any handler runs (routes.c). */
+struct ts_param_rule {
+	const char *name;               /* as in the patterns: "array" */
+	const char *what;               /* for messages: "array name" */
+	size_t max;
+	const char *reason;             /* ErrorInfo reason: "BAD_ARRAY_NAME" */
+};
+
+extern const struct ts_param_rule ts_param_rules[];
+extern const size_t ts_nparam_rules;
+
+/* The rule for a parameter name: its entry in ts_param_rules, or a generic
+ * one (TS_PARAM_MAX bytes, BAD_PATH_PARAMETER). Never NULL. */
+const struct ts_param_rule *ts_param_rule_find(const char *name);
 
 /*
  * Decodes %HH escapes of the NUL-terminated s in place and returns the new

@@ -2,7 +2,10 @@
  * routes.c - the route table: every endpoint tstaged serves, in one place.
  */
 #include "server/router.h"
+
 #include "server/server_routes.h"
+#include "storage/array.h"
+#include "train/model.h"
 
 /* X(method, pattern, handler, server handler, upload ops, body, public,
  *   query parameters the handler reads) */
@@ -80,3 +83,16 @@ const char *const ts_route_patterns[] = {
 	ROUTES(ROUTE_PATTERN)
 #undef ROUTE_PATTERN
 };
+
+/* Lengths checked before any handler runs, so that a name too long for
+ * its kind is a bad name (400), never "not found"; the handlers check the
+ * rest of each name's form. */
+const struct ts_param_rule ts_param_rules[] = {
+	{"array", "array name", TS_ARRAY_NAME_MAX, "BAD_ARRAY_NAME"},
+	{"sharding", "sharding name", TS_ARRAY_NAME_MAX, "BAD_SHARDING_NAME"},
+	{"model", "model name", TS_MODEL_NAME_MAX, "BAD_MODEL_NAME"},
+	{"operation", "operation id", TS_PARAM_MAX, "BAD_OPERATION_ID"},
+	{"device", "device id", TS_PARAM_MAX, "BAD_DEVICE_ID"},
+};
+
+const size_t ts_nparam_rules = sizeof ts_param_rules / sizeof ts_param_rules[0];

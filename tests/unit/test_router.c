@@ -131,9 +131,12 @@ START_TEST(long_parameters)
 	ck_assert_int_eq(ts_route_find(table, N, "POST", put, &m), TS_MATCH_FOUND);
 	ck_assert_uint_eq(m.index, 7);
 	ck_assert_int_eq(m.too_long, 0);
-	ck_assert_str_eq(ts_route_param_reason("array"), "BAD_ARRAY_NAME");
-	ck_assert_str_eq(ts_route_param_reason("operation"), "BAD_OPERATION_ID");
-	ck_assert_str_eq(ts_route_param_reason("zzz"), "BAD_PATH_PARAMETER");
+	ck_assert_uint_eq(m.params[0].len, sizeof path - 1 - 11);
+	ck_assert_str_eq(ts_param_rule_find("array")->reason, "BAD_ARRAY_NAME");
+	ck_assert_uint_eq(ts_param_rule_find("array")->max, 128);
+	ck_assert_str_eq(ts_param_rule_find("operation")->reason, "BAD_OPERATION_ID");
+	ck_assert_str_eq(ts_param_rule_find("zzz")->reason, "BAD_PATH_PARAMETER");
+	ck_assert_uint_eq(ts_param_rule_find("zzz")->max, TS_PARAM_MAX);
 }
 END_TEST
 
