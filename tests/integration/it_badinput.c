@@ -30,6 +30,9 @@ static struct th_daemon D;
 
 #define H(...) ((const char *const[]){__VA_ARGS__, NULL})
 
+/* A body with its exact length (for bodies holding NUL bytes). */
+#define LIT(s) s, sizeof(s) - 1
+
 struct bad {
 	const char *method, *path;
 	const char *const *headers;
@@ -299,8 +302,8 @@ static const struct bad rows[] = {
 	 400, NULL, NULL, "mesh"},
 	{"PUT", "/v1/arrays/n1", H("Content-Type: application/x-npy"), "not an npy file", 0, 400,
 	 NULL, NULL, "npy"},
-	{"PUT", "/v1/arrays/n1", H("Content-Type: application/x-npy"), "\x93NUMPY\x01\x00\xff\xff",
-	 14, 400, NULL, NULL, "npy"},
+	{"PUT", "/v1/arrays/n1", H("Content-Type: application/x-npy"), LIT("\x93NUMPY\x01\x00\xff\xff"),
+	 400, NULL, NULL, "npy"},
 	{"PUT", "/v1/arrays/n1", NULL, "xy", 0, 400, NULL, "BAD_DTYPE", "dtype"},
 
 	/* ---- JSON bodies of moves ---- */
@@ -321,7 +324,7 @@ static const struct bad rows[] = {
 	 "BAD_REQUEST_BODY", "body"},
 	{"POST", "/v1/arrays/a:put", NULL, "{\"memory_kind\": \"dev\xff\"}", 0, 400, NULL,
 	 "BAD_REQUEST_BODY", "body"},
-	{"POST", "/v1/arrays/a:put", NULL, "{\"memory_kind\":\0\"device\"}", 28, 400, NULL,
+	{"POST", "/v1/arrays/a:put", NULL, LIT("{\"memory_kind\":\0\"device\"}"), 400, NULL,
 	 "BAD_REQUEST_BODY", "body"},
 	{"POST", "/v1/arrays/a:put", NULL, "@BIG@", 0, 400, NULL, "BODY_TOO_LARGE", "bytes"},
 	{"POST", "/v1/arrays/nosuch:put", NULL, "{\"memory_kind\": \"device\"}", 0, 404, NULL,
@@ -448,15 +451,15 @@ static const struct bad rows[] = {
 
 	/* ---- import and export ---- */
 	{"POST", "/v1/arrays:import", NULL, "garbage", 0, 400, NULL, NULL, "safetensors"},
-	{"POST", "/v1/arrays:import", NULL, "\xff\xff\xff\xff\xff\xff\xff\x7f{}", 10, 400, NULL,
+	{"POST", "/v1/arrays:import", NULL, LIT("\xff\xff\xff\xff\xff\xff\xff\x7f{}"), 400, NULL,
 	 NULL, "header"},
-	{"POST", "/v1/arrays:import", NULL, "\x20\x00\x00\x00\x00\x00\x00\x00"
-	 "{\"t\xff\": {\"dtype\": \"U8\"}}       ", 40, 400, NULL, NULL, "header"},
+	{"POST", "/v1/arrays:import", NULL, LIT("\x20\x00\x00\x00\x00\x00\x00\x00"
+	     "{\"t\xff\": {\"dtype\": \"U8\"}}         "), 400, NULL, NULL, "header"},
 	{"POST", "/v1/arrays:import?prefix=" L300, NULL, "x", 0, 400, NULL, "BAD_PREFIX",
 	 "prefix"},
 	{"POST", "/v1/arrays:import?memory_kind=vram", NULL, "x", 0, 400, NULL, "BAD_MEMORY_KIND",
 	 "vram"},
-	{"POST", "/v1/arrays:import", JSON_CT, "\x08\x00\x00\x00\x00\x00\x00\x00{}      ", 18, 400,
+	{"POST", "/v1/arrays:import", JSON_CT, LIT("\x08\x00\x00\x00\x00\x00\x00\x00{}      "), 400,
 	 NULL, "BAD_REQUEST_BODY", "import body"},
 	{"GET", "/v1/arrays:export", NULL, NULL, 0, 400, NULL, "NO_NAMES", "names"},
 	{"GET", "/v1/arrays:export?names=", NULL, NULL, 0, 400, NULL, "NO_NAMES", "names"},
