@@ -209,12 +209,12 @@ static enum MHD_Result header_arg(void *cls, enum MHD_ValueKind kind, const char
 	size_t at = 0;
 
 	(void)kind;
+	(void)key_size;
 	if (!value || ts_utf8_check(value, value_size, &at) == TS_UTF8_OK)
 		return MHD_YES;
 	ts_error_set(&w->err, TS_INVALID_ARGUMENT, "BAD_ENCODING",
 	             "header '%.64s' is not valid UTF-8 (byte 0x%02x at offset %zu)",
 	             key ? key : "", (unsigned char)value[at], at);
-	(void)key_size;
 	return MHD_NO;
 }
 
