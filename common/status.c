@@ -95,8 +95,8 @@ ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
 	err->status = st;
 	snprintf(err->reason, sizeof err->reason, "%s", reason ? reason : "");
 	va_start(ap, fmt);
-	vsnprintf(err->message, sizeof err->message, fmt, ap);
-	ts_utf8_repair(err->message, sizeof err->message);  /* cut on characters, no bad bytes */
+	if (vsnprintf(err->message, sizeof err->message, fmt, ap) >= (int)sizeof err->message)
+		ts_utf8_trim(err->message);     /* cut on a character boundary */
 	va_end(ap);
 	err->nmeta = 0;
 	return st;
@@ -110,8 +110,9 @@ void ts_error_meta(struct ts_error *err, const char *key, const char *fmt, ...)
 		return;
 	snprintf(err->meta[err->nmeta].key, sizeof err->meta[0].key, "%s", key);
 	va_start(ap, fmt);
-	vsnprintf(err->meta[err->nmeta].value, sizeof err->meta[0].value, fmt, ap);
-	ts_utf8_repair(err->meta[err->nmeta].value, sizeof err->meta[0].value);
+	if (vsnprintf(err->meta[err->nmeta].value, sizeof err->meta[0].value, fmt, ap) >=
+	    (int)sizeof err->meta[0].value)
+		ts_utf8_trim(err->meta[err->nmeta].value);
 	va_end(ap);
 	err->nmeta++;
 }

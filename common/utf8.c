@@ -126,29 +126,6 @@ char *ts_utf8_sanitize(char *dst, size_t cap, const char *s)
 	return dst;
 }
 
-char *ts_utf8_repair(char *s, size_t cap)
-{
-	char small[1024], *tmp;
-	size_t len = strlen(s);
-
-	if (ts_utf8_check(s, len, NULL) == TS_UTF8_OK)
-		return s;
-	if (cap > len * 3 + 1)
-		cap = len * 3 + 1;
-	tmp = cap <= sizeof small ? small : malloc(cap);
-	if (!tmp) {             /* no memory: replace bad bytes one for one */
-		for (size_t i = 0; i < len; i++)
-			if ((unsigned char)s[i] >= 0x80)
-				s[i] = '?';
-		return s;
-	}
-	ts_utf8_sanitize(tmp, cap, s);
-	memcpy(s, tmp, strlen(tmp) + 1);
-	if (tmp != small)
-		free(tmp);
-	return s;
-}
-
 json_t *ts_json_text(const char *s)
 {
 	json_t *j;

@@ -38,11 +38,6 @@ char *ts_utf8_trim(char *s);
  */
 char *ts_utf8_sanitize(char *dst, size_t cap, const char *s);
 
-/* Makes the NUL-terminated s (in a buffer of cap bytes) valid UTF-8 in
- * place, as ts_utf8_sanitize does; returns s. What every error message and
- * metadata value passes through when it is written. */
-char *ts_utf8_repair(char *s, size_t cap);
-
 /* A JSON string of s, made valid UTF-8 as ts_utf8_sanitize does (NULL is
  * ""). New reference; NULL only when out of memory. */
 json_t *ts_json_text(const char *s);

@@ -141,8 +141,8 @@ ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
 	e.status = st;
 	snprintf(e.reason, sizeof e.reason, "%s", reason);
 	va_start(ap, fmt);
-	vsnprintf(e.message, sizeof e.message, fmt, ap);
-	ts_utf8_repair(e.message, sizeof e.message);
+	if (vsnprintf(e.message, sizeof e.message, fmt, ap) >= (int)sizeof e.message)
+		ts_utf8_trim(e.message);
 	va_end(ap);
 	ts_reply_error(r, &e);
 	return st;
