@@ -137,6 +137,8 @@ FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 10
 FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined
 FUZZ_router  := server/router.c
+FUZZ_query   := server/router.c common/utf8.c
+FUZZ_wait    := handlers/wait.c
 FUZZ_index   := storage/index.c
 FUZZ_units   := common/units.c
 FUZZ_config  := server/config.c common/units.c

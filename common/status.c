@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/utf8.h"
+
 static const struct {
 	ts_status st;
 	const char *name;
@@ -93,7 +95,8 @@ ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
 	err->status = st;
 	snprintf(err->reason, sizeof err->reason, "%s", reason ? reason : "");
 	va_start(ap, fmt);
-	vsnprintf(err->message, sizeof err->message, fmt, ap);
+	if (vsnprintf(err->message, sizeof err->message, fmt, ap) >= (int)sizeof err->message)
+		ts_utf8_trim(err->message);     /* cut on a character boundary */
 	va_end(ap);
 	err->nmeta = 0;
 	return st;
@@ -107,7 +110,9 @@ void ts_error_meta(struct ts_error *err, const char *key, const char *fmt, ...)
 		return;
 	snprintf(err->meta[err->nmeta].key, sizeof err->meta[0].key, "%s", key);
 	va_start(ap, fmt);
-	vsnprintf(err->meta[err->nmeta].value, sizeof err->meta[0].value, fmt, ap);
+	if (vsnprintf(err->meta[err->nmeta].value, sizeof err->meta[0].value, fmt, ap) >=
+	    (int)sizeof err->meta[0].value)
+		ts_utf8_trim(err->meta[err->nmeta].value);
 	va_end(ap);
 	err->nmeta++;
 }

@@ -58,7 +58,10 @@ ts_status ts_status_from_errno(int err);
 
 /*
  * A failure with its explanation. Metadata values are strings, as
- * google.rpc.ErrorInfo requires. The first error set is kept: ts_error_set()
+ * google.rpc.ErrorInfo requires. The message and metadata values are cut
+ * on a character boundary when too long; bytes of an echoed text that are
+ * not UTF-8 are kept here (a caller may look for them) and replaced by
+ * U+FFFD wherever the error is rendered (the reply, the log). The first error set is kept: ts_error_set()
  * on an error that already holds a failure does nothing, so cleanup paths
  * cannot overwrite the cause.
  */

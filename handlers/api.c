@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/utf8.h"
+
 const char *ts_call_param(const struct ts_call *c, const char *name)
 {
 	for (int i = 0; i < c->nparams; i++)
@@ -139,7 +141,8 @@ ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
 	e.status = st;
 	snprintf(e.reason, sizeof e.reason, "%s", reason);
 	va_start(ap, fmt);
-	vsnprintf(e.message, sizeof e.message, fmt, ap);
+	if (vsnprintf(e.message, sizeof e.message, fmt, ap) >= (int)sizeof e.message)
+		ts_utf8_trim(e.message);
 	va_end(ap);
 	ts_reply_error(r, &e);
 	return st;
@@ -150,24 +153,26 @@ void ts_reply_header(struct ts_reply *r, const char *name, const char *value)
 	if (r->nheaders >= TS_REPLY_MAX_HEADERS)
 		return;
 	snprintf(r->headers[r->nheaders].name, sizeof r->headers[0].name, "%s", name);
-	snprintf(r->headers[r->nheaders].value, sizeof r->headers[0].value, "%s", value);
+	ts_utf8_sanitize(r->headers[r->nheaders].value, sizeof r->headers[0].value, value);
 	r->nheaders++;
 }
 
+/* Every text of an error is echoed as valid UTF-8, whatever cut or client
+ * bytes it holds: rendering an error never fails on its text. */
 json_t *ts_error_to_json(const struct ts_error *err, int http_code)
 {
 	json_t *meta = json_object(), *info, *root;
 
 	for (int i = 0; meta && i < err->nmeta; i++)
-		json_object_set_new(meta, err->meta[i].key, json_string(err->meta[i].value));
+		json_object_set_new(meta, err->meta[i].key, ts_json_text(err->meta[i].value));
 	info = json_pack("{s:s, s:s, s:s, s:o}",
 	                 "@type", "type.googleapis.com/google.rpc.ErrorInfo",
 	                 "reason", err->reason[0] ? err->reason : ts_status_name(err->status),
 	                 "domain", "tstage", "metadata", meta ? meta : json_object());
-	root = json_pack("{s:{s:i, s:s, s:s, s:[o]}}", "error",
+	root = json_pack("{s:{s:i, s:s, s:o, s:[o]}}", "error",
 	                 "code", http_code ? http_code : ts_status_http(err->status),
 	                 "status", ts_status_name(err->status),
-	                 "message", err->message,
+	                 "message", ts_json_text(err->message),
 	                 "details", info ? info : json_object());
 	return root;
 }

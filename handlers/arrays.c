@@ -53,11 +53,18 @@ ts_status ts_h_placement_query(const struct ts_call *call, struct ts_placement *
 	if ((dev && *dev) || (kind && *kind))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT",
 		                    "give either ?sharding= or ?device=/?memory_kind=, not both");
-	j = sh[0] == '{' ? json_loads(sh, JSON_REJECT_DUPLICATES, &jerr) : json_string(sh);
-	if (!j)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
-		                    "?sharding= is neither a saved sharding's name nor JSON: %s",
-		                    jerr.text);
+	if (sh[0] == '{') {
+		j = json_loads(sh, JSON_REJECT_DUPLICATES, &jerr);
+		if (!j)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+			                    "?sharding= is neither a saved sharding's name nor JSON: %s",
+			                    jerr.text);
+	} else {
+		j = json_string(sh);   /* NULL: not UTF-8 (the server refuses that first) */
+		if (!j)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+			                    "?sharding= is not valid UTF-8");
+	}
 	out->committed = true;
 	st = ts_h_sharding_resolve(call->core, j, &out->sharding, err);
 	json_decref(j);
@@ -289,7 +296,7 @@ void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 	ts_error_clear(&err);
 	if (size_s && !ts_parse_long(size_s, 1, 1000, &page)) {
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_SIZE",
-		              "page_size '%s' is not an integer in 1..1000", size_s);
+		              "page_size '%.64s' is not an integer in 1..1000", size_s);
 		return;
 	}
 	if (dev && *dev && !(f.device = ts_device_set_find(call->core->devices, dev))) {
@@ -308,7 +315,8 @@ void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 	}
 	if (token && *token && !ts_array_name_valid(token)) {
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_TOKEN",
-		              "page_token '%s' is not one this server gave", token);
+		              "page_token '%.140s' is not one this server gave (next_page_token of "
+		              "an earlier page)", token);
 		return;
 	}
 	if (ts_catalog_list(call->core->catalog, token && *token ? token : NULL, (size_t)page,

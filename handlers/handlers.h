@@ -60,6 +60,13 @@ void ts_h_reply_wait(struct ts_reply *reply, struct ts_operation *op, uint64_t t
 /* Whether the caller asked to wait (?wait=true, Prefer: wait=N), and how long. */
 bool ts_h_wait_requested(const struct ts_call *call, uint64_t *timeout_ns);
 
+/* The timeout of a :wait from ?timeout= (query, may be NULL) and the body
+ * (body_len bytes: none, or {"timeout": "30s"}), validated as every JSON
+ * body is (strict members, no duplicates). Pure; TS_INVALID_ARGUMENT with
+ * err naming the problem. */
+ts_status ts_h_wait_timeout(const char *query, const char *body, size_t body_len,
+                            uint64_t *timeout_ns, struct ts_error *err);
+
 /* moves.c */
 ts_handler_fn ts_h_arrays_put_sharding;
 ts_handler_fn ts_h_arrays_copy;

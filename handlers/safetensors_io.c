@@ -628,6 +628,36 @@ static json_t *export_metadata(struct ts_array *const *arrs, size_t n)
 	return meta;
 }
 
+static int name_cmp(const void *a, const void *b)
+{
+	return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Refuses two of arrs with the same name (a safetensors header holds each
+ * once). O(n log n): a URL may name very many. */
+static ts_status export_check_repeats(struct ts_array *const *arrs, size_t n,
+                                      struct ts_error *err)
+{
+	const char **sorted;
+	ts_status st = TS_OK;
+
+	if (n < 2)
+		return TS_OK;
+	sorted = malloc(n * sizeof *sorted);
+	if (!sorted)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory to check %zu names", n);
+	for (size_t i = 0; i < n; i++)
+		sorted[i] = ts_array_name(arrs[i]);
+	qsort(sorted, n, sizeof *sorted, name_cmp);
+	for (size_t i = 1; i < n && st == TS_OK; i++)
+		if (strcmp(sorted[i - 1], sorted[i]) == 0)
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_NAMES",
+			                  "names gives array '%s' more than once", sorted[i]);
+	free(sorted);
+	return st;
+}
+
 void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 {
 	const char *names = ts_call_query(call, "names");
@@ -657,9 +687,20 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
 		goto out_fail;
 	}
-	for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+	/* every entry names an array: no empty entries ("a,,b", "a,"), no
+	 * repeats (a safetensors header holds each name once) */
+	for (tok = list; tok; tok = save) {
+		save = strchr(tok, ',');
+		if (save)
+			*save++ = '\0';
+		if (!*tok) {
+			ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_NAMES",
+			             "names has an empty entry at position %zu; give ?names=a,b", n + 1);
+			goto out_fail;
+		}
 		if (!ts_array_name_valid(tok)) {
-			ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME", "array name '%s' is invalid", tok);
+			ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME",
+			             "array name '%.140s' in names is invalid", tok);
 			goto out_fail;
 		}
 		arrs[n] = ts_catalog_get(call->core->catalog, tok);
@@ -669,6 +710,8 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 		}
 		n++;
 	}
+	if (export_check_repeats(arrs, n, &err) != TS_OK)
+		goto out_fail;
 	for (size_t i = 0; i < n; i++) {
 		const struct ts_array_desc *d = ts_array_desc(arrs[i]);
 

@@ -98,43 +98,93 @@ bool ts_h_wait_requested(const struct ts_call *call, uint64_t *timeout_ns)
 			return true;
 		}
 	}
-	if (q && (strcmp(q, "true") == 0 || strcmp(q, "1") == 0)) {
+	/* the route declares wait:bool, so q is "true" or "false" */
+	if (q && strcmp(q, "true") == 0) {
 		*timeout_ns = (uint64_t)secs * 1000000000ull;
 		return true;
 	}
 	return false;
 }
 
+/* Seconds as AIP-151 writes a duration ("30s", "1.5s") or a bare number:
+ * digits, an optional fraction, an optional 's'; nothing else. */
+static bool parse_seconds(const char *t, double *secs)
+{
+	const char *p = t;
+	size_t whole = strspn(p, "0123456789"), frac = 0;
+	char *end;
+
+	p += whole;
+	if (*p == '.') {
+		frac = strspn(p + 1, "0123456789");
+		p += 1 + frac;
+	}
+	if (whole + frac == 0 || whole > 9 || (*p && strcmp(p, "s") != 0))
+		return false;
+	*secs = strtod(t, &end);
+	return end == p;
+}
+
+ts_status ts_h_wait_timeout(const char *query, const char *body, size_t body_len,
+                            uint64_t *timeout_ns, struct ts_error *err)
+{
+	const char *t = query, *bt = NULL;
+	double secs = WAIT_DEFAULT_S;
+	json_error_t jerr;
+	json_t *j = NULL;
+	ts_status st = TS_OK;
+	size_t blank = 0;
+
+	while (blank < body_len && body[blank] && strchr(" \t\r\n", body[blank]))
+		blank++;
+	if (blank < body_len) {
+		j = json_loadb(body, body_len, JSON_REJECT_DUPLICATES, &jerr);
+		if (!j || json_unpack_ex(j, &jerr, JSON_STRICT, "{s?s}", "timeout", &bt) != 0) {
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+			                  "wait body: %s (expected {\"timeout\": \"30s\"} or none)",
+			                  jerr.text);
+			goto out;
+		}
+		if (bt && t) {
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TIMEOUT",
+			                  "give the timeout once: as ?timeout= or in the body");
+			goto out;
+		}
+		if (bt)
+			t = bt;
+	}
+	if (t && (!parse_seconds(t, &secs) || secs > WAIT_MAX_S)) {
+		st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TIMEOUT",
+		                  "timeout '%.64s' is not a number of seconds in 0..%d, as in \"30s\"",
+		                  t, WAIT_MAX_S);
+		goto out;
+	}
+	*timeout_ns = (uint64_t)(secs * 1e9);
+out:
+	json_decref(j);
+	return st;
+}
+
 void ts_h_operations_wait(const struct ts_call *call, struct ts_reply *reply)
 {
-	const char *id = ts_call_param(call, "operation"), *t = ts_call_query(call, "timeout");
-	struct ts_operation *op = id ? ts_op_get(call->core->operations, id) : NULL;
-	double secs = WAIT_DEFAULT_S;
-	json_t *body = NULL;
+	const char *id = ts_call_param(call, "operation");
+	struct ts_operation *op;
+	struct ts_error err;
+	uint64_t ns = 0;
 
+	ts_error_clear(&err);
+	/* the timeout comes as ?timeout=30s or {"timeout": "30s"} (AIP-151) */
+	if (ts_h_wait_timeout(ts_call_query(call, "timeout"), call->body, call->body_len, &ns,
+	                      &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
+	}
+	op = id ? ts_op_get(call->core->operations, id) : NULL;
 	if (!op) {
-		ts_reply_fail(reply, TS_NOT_FOUND, "OPERATION_NOT_FOUND", "operation '%s' not found",
+		ts_reply_fail(reply, TS_NOT_FOUND, "OPERATION_NOT_FOUND", "operation '%.128s' not found",
 		              id ? id : "");
 		return;
 	}
-	/* the timeout comes as ?timeout=30s or {"timeout": "30s"} (AIP-151) */
-	if (!t && call->body_len) {
-		body = json_loadb(call->body, call->body_len, 0, NULL);
-		t = body ? json_string_value(json_object_get(body, "timeout")) : NULL;
-	}
-	if (t) {
-		char *end;
-
-		secs = strtod(t, &end);
-		if (end == t || (*end && strcmp(end, "s") != 0) || !(secs >= 0) || secs > WAIT_MAX_S) {
-			ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_TIMEOUT",
-			              "timeout '%s' is not a number of seconds in 0..%d, as in \"30s\"", t,
-			              WAIT_MAX_S);
-			goto out;
-		}
-	}
-	ts_h_reply_wait(reply, op, (uint64_t)(secs * 1e9), false);
-out:
-	json_decref(body);
+	ts_h_reply_wait(reply, op, ns, false);
 	ts_operation_unref(op);
 }

@@ -37,6 +37,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "common/utf8.h"
 #include "server/router.h"
 
 struct request {
@@ -246,6 +247,85 @@ static bool request_draining(struct request *rq, const struct ts_route *route)
 	return true;
 }
 
+/* libmicrohttpd's unescaper for the path and every query key and value:
+ * ts_url_unescape keeps a %00 visible (see router.h). */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
+{
+	(void)cls;
+	(void)conn;
+	return ts_url_unescape(s);
+}
+
+/* Refuses a path that is not UTF-8 or holds a NUL (before routing, so that
+ * no reply echoes it). */
+static bool request_path_ok(struct request *rq, const char *url)
+{
+	size_t at = 0;
+
+	switch (ts_utf8_check(url, strlen(url), &at)) {
+	case TS_UTF8_OK:
+		return true;
+	case TS_UTF8_NUL:
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BAD_ENCODING",
+		              "the path holds a NUL byte (%%00) at byte %zu", at);
+		return false;
+	default:
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BAD_ENCODING",
+		              "the path is not valid UTF-8 (byte 0x%02x at offset %zu)",
+		              (unsigned char)url[at], at);
+		return false;
+	}
+}
+
+struct arg_walk {
+	const struct ts_route *route;
+	uint32_t seen;
+	struct ts_error err;
+};
+
+static enum MHD_Result query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                 size_t key_size, const char *value, size_t value_size)
+{
+	struct arg_walk *w = cls;
+
+	(void)kind;
+	return ts_query_arg_check(w->route, key ? key : "", key ? key_size : 0, value, value_size,
+	                          &w->seen, &w->err) == TS_OK ? MHD_YES : MHD_NO;
+}
+
+static enum MHD_Result header_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  size_t key_size, const char *value, size_t value_size)
+{
+	struct arg_walk *w = cls;
+	size_t at = 0;
+
+	(void)kind;
+	(void)key_size;
+	if (!value || ts_utf8_check(value, value_size, &at) == TS_UTF8_OK)
+		return MHD_YES;
+	ts_error_set(&w->err, TS_INVALID_ARGUMENT, "BAD_ENCODING",
+	             "header '%.64s' is not valid UTF-8 (byte 0x%02x at offset %zu)",
+	             key ? key : "", (unsigned char)value[at], at);
+	return MHD_NO;
+}
+
+/* Refuses query arguments the route does not take, repeated ones, and any
+ * query or header text that is not UTF-8 or holds a NUL: nothing the
+ * handler can read is unchecked. */
+static bool request_args_ok(struct request *rq, struct MHD_Connection *conn)
+{
+	struct arg_walk w = {.route = &ts_routes[rq->route]};
+
+	ts_error_clear(&w.err);
+	MHD_get_connection_values_n(conn, MHD_GET_ARGUMENT_KIND, query_arg, &w);
+	if (w.err.status == TS_OK)
+		MHD_get_connection_values_n(conn, MHD_HEADER_KIND, header_arg, &w);
+	if (w.err.status == TS_OK)
+		return true;
+	ts_reply_error(&rq->reply, &w.err);
+	return false;
+}
+
 /* Decides routing, auth and body admission on the first callback. */
 static void request_admit(struct request *rq, struct MHD_Connection *conn,
                           const char *url, const char *method)
@@ -255,17 +335,18 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	const char *len_s;
 	char allow[96];
 
-	if (!request_framing(rq, conn))
+	rq->failed = true;             /* until admitted */
+	if (!request_framing(rq, conn) || !request_path_ok(rq, url))
 		return;
 	switch (ts_route_find(ts_routes, ts_nroutes, method, url, &rq->match)) {
 	case TS_MATCH_NO_PATH:
-		rq->failed = true;
 		ts_reply_fail(&rq->reply, TS_NOT_FOUND, "ROUTE_NOT_FOUND",
 		              "no resource at '%s'", rq->path);
 		return;
 	case TS_MATCH_BAD_METHOD:
-		rq->failed = true;
-		ts_reply_fail(&rq->reply, TS_UNIMPLEMENTED, "METHOD_NOT_ALLOWED",
+		/* 405 has no canonical code of its own: the request is invalid
+		 * for this resource (UNIMPLEMENTED would claim 501) */
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "METHOD_NOT_ALLOWED",
 		              "method %s is not allowed on '%s'; allowed: %s", rq->method,
 		              rq->path, rq->match.allow);
 		snprintf(allow, sizeof allow, "%s", rq->match.allow);
@@ -275,6 +356,17 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	case TS_MATCH_FOUND:
 		break;
 	}
+	for (int i = 0; i < rq->match.nparams; i++) {
+		const struct ts_param_rule *rule = ts_param_rule_find(rq->match.params[i].name);
+
+		if (rq->match.params[i].len > rule->max) {
+			ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, rule->reason,
+			              "%s '%.40s...' is %zu bytes long, longer than the %zu a %s may hold",
+			              rule->what, rq->match.params[i].value, rq->match.params[i].len,
+			              rule->max, rule->what);
+			return;
+		}
+	}
 	rq->route = rq->match.index;
 	route = &ts_routes[rq->route];
 	if (request_draining(rq, route))
@@ -282,12 +374,14 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	if (srv->token_len && !route->public_route &&
 	    !token_ok(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
-		rq->failed = true;
 		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
 		              "a valid 'Authorization: Bearer <token>' header is required");
 		ts_reply_header(&rq->reply, "WWW-Authenticate", "Bearer realm=\"tstage\"");
 		return;
 	}
+	if (!request_args_ok(rq, conn))
+		return;
+	rq->failed = false;
 	len_s = rq->chunked ? NULL : MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                                         MHD_HTTP_HEADER_CONTENT_LENGTH);
 	if (route->body == TS_BODY_JSON && len_s && strtoull(len_s, NULL, 10) > TS_JSON_BODY_MAX) {
@@ -748,17 +842,14 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
 		                          (unsigned int)srv->cfg.connection_timeout);
 	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
-	if (ts_log_enabled(TS_LOG_INFO)) {
-		char fields[640], path[300];
-
-		snprintf(fields, sizeof fields,
-		         "\"request_id\":\"%s\",\"method\":\"%s\",\"path\":\"%s\",\"status\":%d,"
-		         "\"duration_ms\":%.3f,\"completed\":%s",
-		         rq->id, rq->method, ts_json_escape(path, sizeof path, rq->path),
-		         rq->http_code, (double)dur / 1e6,
-		         toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "true" : "false");
-		ts_log(TS_LOG_INFO, fields, "request");
-	}
+	if (ts_log_enabled(TS_LOG_INFO))
+		ts_log_json(TS_LOG_INFO,
+		            json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b}", "request_id", rq->id,
+		                      "method", ts_json_text(rq->method), "path",
+		                      ts_json_text(rq->path), "status", rq->http_code,
+		                      "duration_ms", (double)(dur / 1000) / 1e3, "completed",
+		                      toe == MHD_REQUEST_TERMINATED_COMPLETED_OK),
+		            "request");
 	if (rq->suspended)       /* the client left while waiting */
 		waits_remove(srv, rq);
 	if (rq->susp.release) {
@@ -787,7 +878,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	 * (logged by request_too_slow); a flood must not become a log flood */
 	if (strncmp(msg, "Application reported internal error", 35) == 0)
 		return;
-	ts_log(TS_LOG_WARN, "\"component\":\"libmicrohttpd\"", "%s", msg);
+	ts_log_json(TS_LOG_WARN, json_pack("{s:s}", "component", "libmicrohttpd"), "%s", msg);
 }
 
 /* ---- connections ---------------------------------------------------------- */
@@ -1087,6 +1178,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
 		MHD_OPTION_CONNECTION_LIMIT, hard,

@@ -3,19 +3,27 @@
  * a path to a route and its path parameters.
  *
  * Patterns are '/'-separated segments: a literal ("devices"), a parameter
- * ("{device}", any non-empty segment without ':'), or a parameter with a
- * custom method ("{array}:put", Google's AIP-136 style), or a literal with a
- * custom method ("memory:resetPeak"). A path that matches some pattern under
- * another method is 405 with the allowed methods; one that matches none is
- * 404. HEAD is answered by GET routes.
+ * ("{device}", any non-empty segment that calls no custom method), or a
+ * parameter with a custom method ("{array}:put", Google's AIP-136 style), or
+ * a literal with a custom method ("memory:resetPeak"). A segment calls a
+ * custom method when its last ':' is followed by a letter ("m:forward");
+ * "sim:0" calls none and is a plain value. A path that matches some pattern
+ * under another method is 405 with the allowed methods; one that matches
+ * none, an unknown custom method included, is 404. HEAD is answered by GET
+ * routes.
  *
- * Thread-safety: the table is immutable; matching is pure.
+ * Each route also declares the query parameters it reads; the server refuses
+ * any other before the handler runs (ts_query_arg_check), so that a typo
+ * such as "memory_knd=" is an error, not a silent default.
+ *
+ * Thread-safety: the table is immutable; matching and checking are pure.
  */
 #ifndef TS_ROUTER_H
 #define TS_ROUTER_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "handlers/handlers.h"
 
@@ -41,6 +49,10 @@ struct ts_route {
 	const struct ts_upload_ops *upload;   /* TS_BODY_STREAM routes */
 	enum ts_body_mode body;
 	bool public_route;              /* no token needed (health, metrics) */
+	/* the query parameters the handler reads, comma-separated, each
+	 * optionally typed ("device,wait:bool"); "" for none. ":bool" values
+	 * must be true or false. At most 32. */
+	const char *query;
 };
 
 /* The table and its size. */
@@ -52,22 +64,67 @@ extern const char *const ts_route_patterns[];
 
 enum ts_match { TS_MATCH_FOUND, TS_MATCH_NO_PATH, TS_MATCH_BAD_METHOD };
 
+/* Path parameters longer than this match, but are refused (400). */
+#define TS_PARAM_MAX 255
+
 struct ts_route_match {
 	size_t index;                   /* into ts_routes when FOUND */
 	int nparams;
+	int too_long;                   /* a parameter over TS_PARAM_MAX (its first
+	                                 * TS_PARAM_MAX bytes kept), or -1 */
 	struct {
 		char name[32];              /* from the pattern ("device") */
-		char value[256];
+		char value[TS_PARAM_MAX + 1];
+		size_t len;                 /* the whole value's, even when cut */
 	} params[TS_CALL_MAX_PARAMS];
 	char allow[64];                 /* "GET, POST" when BAD_METHOD */
 };
 
 /*
  * Matches method and path (without query string) against routes[0..n).
- * Path parameters longer than 255 bytes do not match. Pure; never allocates.
+ * A path parameter longer than TS_PARAM_MAX bytes still matches, with
+ * out->too_long set. Pure; never allocates.
  */
 enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
                             const char *method, const char *path,
                             struct ts_route_match *out);
+
+/* What a path parameter of a given name may hold: at most max bytes, or
+ * it is refused with reason before any handler runs (routes.c). */
+struct ts_param_rule {
+	const char *name;               /* as in the patterns: "array" */
+	const char *what;               /* for messages: "array name" */
+	size_t max;
+	const char *reason;             /* ErrorInfo reason: "BAD_ARRAY_NAME" */
+};
+
+extern const struct ts_param_rule ts_param_rules[];
+extern const size_t ts_nparam_rules;
+
+/* The rule for a parameter name: its entry in ts_param_rules, or a generic
+ * one (TS_PARAM_MAX bytes, BAD_PATH_PARAMETER). Never NULL. */
+const struct ts_param_rule *ts_param_rule_find(const char *name);
+
+/*
+ * Decodes %HH escapes of the NUL-terminated s in place and returns the new
+ * length (libmicrohttpd's unescape callback contract: never longer). A
+ * decoded NUL is written as C0 80, which ts_utf8_check reports as a NUL, so
+ * that "a%00b" cannot pass for "a" once the text is a C string. Anything
+ * else ('%' without two hex digits) is kept as it is.
+ */
+size_t ts_url_unescape(char *s);
+
+/*
+ * Checks one query argument of a request for route: key (key_len bytes)
+ * must be one the route declares and not seen before (*seen, zero before
+ * the first argument, records which were), and both key and value
+ * (value_len bytes; value NULL when the argument has no '=') must be valid
+ * UTF-8 without NUL. An empty key without a value ("?&a=1") is skipped.
+ * Returns TS_OK or TS_INVALID_ARGUMENT with err naming the argument and,
+ * for an unknown one, the ones the route takes. Pure.
+ */
+ts_status ts_query_arg_check(const struct ts_route *route, const char *key, size_t key_len,
+                             const char *value, size_t value_len, uint32_t *seen,
+                             struct ts_error *err);
 
 #endif

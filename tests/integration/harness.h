@@ -173,7 +173,7 @@ json_t *th_json(struct th_response *r);
  * "message": non-empty, "details": [{"@type": ErrorInfo, "reason": reason
  * (any non-empty one when NULL), "domain": "tstage", "metadata": {}}]}},
  * and status's canonical HTTP number equals http (405 goes with
- * UNIMPLEMENTED).
+ * INVALID_ARGUMENT).
  */
 void th_assert_error(struct th_response *r, long http, const char *status,
                      const char *reason);

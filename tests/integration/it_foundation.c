@@ -518,10 +518,10 @@ START_TEST(test_device_not_found)
 	th_assert_error(&r, 404, "NOT_FOUND", "DEVICE_NOT_FOUND");
 	th_response_free(&r);
 
-	/* a segment too long for a parameter matches no route */
+	/* a segment too long for a parameter is a bad id, not a missing route */
 	snprintf(path, sizeof path, "/v1/devices/%0300d", 0);
 	th_get(&D, path, &r);
-	th_assert_error(&r, 404, "NOT_FOUND", NULL);
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_DEVICE_ID");
 	th_response_free(&r);
 }
 END_TEST
@@ -635,7 +635,8 @@ START_TEST(test_wrong_method)
 		const char *allow;
 
 		th_request(&D, cases[i].method, cases[i].path, NULL, NULL, 0, &r);
-		th_assert_error(&r, 405, "UNIMPLEMENTED", "METHOD_NOT_ALLOWED");
+		/* 405 is no 501: the body does not say UNIMPLEMENTED */
+		th_assert_error(&r, 405, "INVALID_ARGUMENT", "METHOD_NOT_ALLOWED");
 		allow = th_header(&r, "Allow");
 		ck_assert_msg(allow && strstr(allow, cases[i].allow), "%s %s: Allow '%s', want %s",
 		              cases[i].method, cases[i].path, allow ? allow : "(none)",
@@ -998,6 +999,14 @@ START_TEST(test_request_log)
 	th_daemon_start(&d, args);
 	th_request(&d, "GET", "/v1/devices", id, NULL, 0, &r);
 	ck_assert_int_eq(r.status, 200);
+	th_response_free(&r);
+	/* a method and a path that would forge members or break a line if
+	 * pasted into it: every line must still parse (find_request_log) */
+	th_request(&d, "GE\"T", "/v1/devices", NULL, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 405);
+	th_response_free(&r);
+	th_request(&d, "GET", "/v1/devi%22%0a%ffces\",\"status\":1", NULL, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 400);
 	th_response_free(&r);
 	ck_assert_int_eq(th_daemon_stop(&d, true), 0);
 	log = th_daemon_stderr(&d);

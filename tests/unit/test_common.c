@@ -6,10 +6,14 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
 
 #include "common/log.h"
 #include "common/status.h"
 #include "common/units.h"
+#include "common/utf8.h"
 
 START_TEST(status_canonical_mapping)
 {
@@ -149,6 +153,188 @@ START_TEST(log_levels)
 }
 END_TEST
 
+
+START_TEST(utf8_check)
+{
+	static const struct {
+		const char *s;
+		size_t len;
+		enum ts_utf8_fault want;
+		size_t at;
+	} cases[] = {
+		{"plain ascii", 11, TS_UTF8_OK, 0},
+		{"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14, TS_UTF8_OK, 0},
+		{"a\0b", 3, TS_UTF8_NUL, 1},
+		{"ab\xc0\x80", 4, TS_UTF8_NUL, 2},            /* a decoded %00 */
+		{"\xff", 1, TS_UTF8_INVALID, 0},
+		{"ab\x80", 3, TS_UTF8_INVALID, 2},            /* lone continuation */
+		{"\xc3", 1, TS_UTF8_INVALID, 0},              /* cut */
+		{"\xe2\x82", 2, TS_UTF8_INVALID, 0},
+		{"\xc1\xbf", 2, TS_UTF8_INVALID, 0},          /* overlong */
+		{"\xe0\x80\xaf", 3, TS_UTF8_INVALID, 0},      /* overlong '/' */
+		{"\xed\xa0\x80", 3, TS_UTF8_INVALID, 0},      /* surrogate */
+		{"\xf4\x90\x80\x80", 4, TS_UTF8_INVALID, 0},  /* above U+10FFFF */
+		{"\xf5\x80\x80\x80", 4, TS_UTF8_INVALID, 0},
+		{"x\xc3(", 3, TS_UTF8_INVALID, 1},
+	};
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		size_t at = 99;
+		enum ts_utf8_fault f = ts_utf8_check(cases[i].s, cases[i].len, &at);
+
+		ck_assert_msg(f == cases[i].want, "case %zu: fault %d, want %d", i, f, cases[i].want);
+		if (f != TS_UTF8_OK)
+			ck_assert_msg(at == cases[i].at, "case %zu: at %zu, want %zu", i, at, cases[i].at);
+	}
+}
+END_TEST
+
+/* A cut message ends on a character boundary; jansson takes the result. */
+START_TEST(utf8_trim_and_sanitize)
+{
+	char s[16], out[16];
+	json_t *j;
+
+	snprintf(s, sizeof s, "ab\xe2\x82");
+	ck_assert_str_eq(ts_utf8_trim(s), "ab");
+	snprintf(s, sizeof s, "ab\xe2\x82\xac");
+	ck_assert_str_eq(ts_utf8_trim(s), "ab\xe2\x82\xac");
+	snprintf(s, sizeof s, "ab\xf0");
+	ck_assert_str_eq(ts_utf8_trim(s), "ab");
+	snprintf(s, sizeof s, "abc");
+	ck_assert_str_eq(ts_utf8_trim(s), "abc");
+
+	ck_assert_str_eq(ts_utf8_sanitize(out, sizeof out, "a\xff" "b"), "a\xef\xbf\xbd" "b");
+	ck_assert_str_eq(ts_utf8_sanitize(out, sizeof out, "ab\xe2\x82"), "ab");
+	/* too small: cut before a whole character, never inside one */
+	ck_assert_str_eq(ts_utf8_sanitize(out, 5, "ab\xe2\x82\xac"), "ab");
+	ck_assert_str_eq(ts_utf8_sanitize(out, 6, "ab\xe2\x82\xac"), "ab\xe2\x82\xac");
+	ck_assert_str_eq(ts_utf8_sanitize(out, sizeof out, NULL), "");
+
+	j = ts_json_text("bad \xc0\x80 and \xff");
+	ck_assert_ptr_nonnull(j);
+	ck_assert_ptr_nonnull(strstr(json_string_value(j), "bad "));
+	json_decref(j);
+}
+END_TEST
+
+/* ts_error_set cuts a long message on a character boundary. */
+START_TEST(error_message_boundary)
+{
+	struct ts_error e;
+	char big[TS_ERROR_MESSAGE_MAX * 2];
+	size_t n = 0;
+
+	while (n + 2 < sizeof big - 1) {      /* "é" repeated, starting one byte in */
+		if (n == 0)
+			big[n++] = 'x';
+		big[n++] = '\xc3';
+		big[n++] = '\xa9';
+	}
+	big[n] = '\0';
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "%s", big);
+	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);
+	ck_assert_uint_gt(strlen(e.message), TS_ERROR_MESSAGE_MAX - 4);
+	ts_error_meta(&e, "k", "%s", big);
+	ck_assert_int_eq(ts_utf8_check(e.meta[0].value, strlen(e.meta[0].value), NULL), TS_UTF8_OK);
+
+	/* echoed bytes that are not UTF-8 (found by fuzz_wait: a ?timeout= of
+	 * "\xdd\xc9\xe6i\"]" echoed as it came) are a valid JSON string once
+	 * rendered */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "BAD_TIMEOUT", "timeout '%s' is bad", "\xdd\xc9\xe6i\"]");
+	{
+		json_t *j = ts_json_text(e.message);
+
+		ck_assert_ptr_nonnull(j);
+		ck_assert_ptr_nonnull(strstr(json_string_value(j), "i\"]' is bad"));
+		json_decref(j);
+	}
+}
+END_TEST
+
+/* Runs fn with stderr going to a file; returns what it wrote (caller frees). */
+static char *capture_stderr(void (*fn)(void))
+{
+	char path[] = "/tmp/test_common_logXXXXXX";
+	int fd = mkstemp(path), saved = dup(STDERR_FILENO);
+	char *text;
+	long len;
+	FILE *f;
+
+	ck_assert_int_ge(fd, 0);
+	dup2(fd, STDERR_FILENO);
+	fn();
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	f = fdopen(fd, "r");
+	fseek(f, 0, SEEK_END);
+	len = ftell(f);
+	rewind(f);
+	text = calloc(1, (size_t)len + 1);
+	ck_assert_int_eq(fread(text, 1, (size_t)len, f), (size_t)len);
+	fclose(f);
+	unlink(path);
+	return text;
+}
+
+static void hostile_lines(void)
+{
+	ts_log_set_level(TS_LOG_INFO);
+	/* a message with quotes, newlines and bytes that are not UTF-8 */
+	ts_log(TS_LOG_INFO, NULL, "method GE\"T\n\"forged\":1 \xff\xc0\x80");
+	/* legacy fields that try to forge: invalid, and overriding level */
+	ts_log(TS_LOG_INFO, "\"a\":\"x\",\"level\":\"error\"", "override");
+	ts_log(TS_LOG_INFO, "\"a\":\"x\"},{\"b\":1", "broken");
+	ts_log_json(TS_LOG_WARN, json_pack("{s:o, s:i}", "path", ts_json_text("/v1/\xff\""),
+	                                   "status", 404), "request");
+	ts_log_json(TS_LOG_DEBUG, json_pack("{s:i}", "x", 1), "dropped below the level");
+}
+
+/* Every line is one JSON object with ts, level and msg that fields cannot
+ * override, whatever bytes the message or fields hold. */
+START_TEST(log_lines_are_json)
+{
+	char *text = capture_stderr(hostile_lines), *p = text;
+	int lines = 0;
+
+	while (*p) {
+		char *nl = strchr(p, '\n');
+		json_error_t e;
+		json_t *j;
+
+		ck_assert_ptr_nonnull(nl);
+		j = json_loadb(p, (size_t)(nl - p), JSON_REJECT_DUPLICATES, &e);
+		ck_assert_msg(j && json_is_object(j), "line %d is not JSON: %.*s (%s)", lines,
+		              (int)(nl - p), p, e.text);
+		ck_assert(json_is_string(json_object_get(j, "ts")));
+		ck_assert(json_is_string(json_object_get(j, "msg")));
+		ck_assert(json_is_string(json_object_get(j, "level")));
+		if (lines == 0) {
+			ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(j, "msg")),
+			                             "GE\"T\n\"forged\":1"));
+			ck_assert_ptr_null(json_object_get(j, "forged"));
+		}
+		if (lines == 1) {
+			ck_assert_str_eq(json_string_value(json_object_get(j, "level")), "info");
+			ck_assert_str_eq(json_string_value(json_object_get(j, "a")), "x");
+		}
+		if (lines == 2)
+			ck_assert(json_is_string(json_object_get(j, "fields")));
+		if (lines == 3) {
+			ck_assert_str_eq(json_string_value(json_object_get(j, "level")), "warn");
+			ck_assert_int_eq(json_integer_value(json_object_get(j, "status")), 404);
+		}
+		json_decref(j);
+		lines++;
+		p = nl + 1;
+	}
+	ck_assert_int_eq(lines, 4);
+	free(text);
+}
+END_TEST
+
 static Suite *common_suite(void)
 {
 	Suite *s = suite_create("common");
@@ -162,6 +348,10 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, long_parse);
 	tcase_add_test(tc, json_escape);
 	tcase_add_test(tc, log_levels);
+	tcase_add_test(tc, utf8_check);
+	tcase_add_test(tc, utf8_trim_and_sanitize);
+	tcase_add_test(tc, error_message_boundary);
+	tcase_add_test(tc, log_lines_are_json);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,0 +1,148 @@
+/*
+ * utf8.c - RFC 3629 validation, boundary-safe truncation and repair of
+ * UTF-8 text.
+ */
+#include "common/utf8.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Length of the valid sequence at p (n bytes left), or 0 when p starts
+ * none; *cut is set when p is a valid but incomplete prefix of one. */
+static size_t seq_len(const unsigned char *p, size_t n, int *cut)
+{
+	unsigned c = p[0];
+	unsigned lo = 0x80, hi = 0xBF;
+	size_t need, i;
+
+	*cut = 0;
+	if (c < 0x80)
+		return 1;
+	if (c < 0xC2)
+		return 0;              /* a continuation byte, or overlong C0/C1 */
+	if (c < 0xE0) {
+		need = 2;
+	} else if (c < 0xF0) {
+		need = 3;
+		if (c == 0xE0)
+			lo = 0xA0;         /* overlong */
+		if (c == 0xED)
+			hi = 0x9F;         /* surrogates */
+	} else if (c < 0xF5) {
+		need = 4;
+		if (c == 0xF0)
+			lo = 0x90;         /* overlong */
+		if (c == 0xF4)
+			hi = 0x8F;         /* above U+10FFFF */
+	} else {
+		return 0;
+	}
+	for (i = 1; i < need; i++) {
+		if (i >= n) {
+			*cut = 1;
+			return 0;
+		}
+		if (p[i] < lo || p[i] > hi)
+			return 0;
+		lo = 0x80;
+		hi = 0xBF;
+	}
+	return need;
+}
+
+enum ts_utf8_fault ts_utf8_check(const char *s, size_t len, size_t *at)
+{
+	const unsigned char *p = (const unsigned char *)s;
+	size_t i = 0;
+
+	while (i < len) {
+		size_t k;
+		int cut;
+
+		if (p[i] == 0 || (p[i] == 0xC0 && i + 1 < len && p[i + 1] == 0x80)) {
+			if (at)
+				*at = i;
+			return TS_UTF8_NUL;
+		}
+		if (p[i] < 0x80) {     /* the common case */
+			i++;
+			continue;
+		}
+		k = seq_len(p + i, len - i, &cut);
+		if (!k) {
+			if (at)
+				*at = i;
+			return TS_UTF8_INVALID;
+		}
+		i += k;
+	}
+	return TS_UTF8_OK;
+}
+
+char *ts_utf8_trim(char *s)
+{
+	size_t len = strlen(s), j = len;
+	unsigned lead;
+	size_t need;
+
+	while (j > 0 && len - j < 4 && ((unsigned char)s[j - 1] & 0xC0) == 0x80)
+		j--;
+	if (j == 0)
+		return s;
+	lead = (unsigned char)s[j - 1];
+	need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+	if (need > 1 && len - (j - 1) < need)
+		s[j - 1] = '\0';
+	return s;
+}
+
+char *ts_utf8_sanitize(char *dst, size_t cap, const char *s)
+{
+	static const char repl[] = "\xEF\xBF\xBD";
+	const unsigned char *p = (const unsigned char *)(s ? s : "");
+	size_t n = strlen((const char *)p), i = 0, o = 0;
+
+	while (i < n) {
+		int cut;
+		size_t k = seq_len(p + i, n - i, &cut);
+
+		if (!k && cut)
+			break;                       /* a cut trailing sequence: drop it */
+		if (k) {
+			if (o + k >= cap)
+				break;
+			memcpy(dst + o, p + i, k);
+			o += k;
+			i += k;
+		} else {
+			if (o + 3 >= cap)
+				break;
+			memcpy(dst + o, repl, 3);
+			o += 3;
+			i++;
+		}
+	}
+	dst[o] = '\0';
+	return dst;
+}
+
+json_t *ts_json_text(const char *s)
+{
+	json_t *j;
+	char small[512], *buf;
+	size_t cap;
+
+	if (!s)
+		s = "";
+	j = json_string(s);          /* jansson checks the UTF-8 itself */
+	if (j)
+		return j;
+	cap = strlen(s) * 3 + 1;
+	buf = cap <= sizeof small ? small : malloc(cap);
+	if (!buf)
+		return NULL;
+	j = json_string(ts_utf8_sanitize(buf, cap, s));
+	if (buf != small)
+		free(buf);
+	return j;
+}
