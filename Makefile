@@ -94,6 +94,9 @@ $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -DTS_HAVE_CUDA=1 -c $< -o $@
 
+# nvcc writes no dependency files: the CUDA kernels' headers by hand
+$(BUILD)/obj/train/cuda_kernels.cu.o: train/kernels_math.h train/kernels_int.h train/kernels.h
+
 # the CPU training kernels are loops the vectoriser should take whole
 $(BUILD)/obj/train/kernels_cpu.o: CFLAGS += -O3
 
