@@ -10,7 +10,9 @@
  * cross-queue event wait; before a FREE, the host waits until every queue
  * that touched the buffer is past its last use. So the host blocks only
  * where memory must go back to the space, and the allocator sees exactly the
- * plan's ALLOC/FREE sequence: the measured peak is the predicted one.
+ * plan's ALLOC/FREE sequence: the measured peak is the predicted one. The
+ * peak counts the step's own live temps only, so it holds while other work
+ * allocates from the same spaces.
  *
  * A WAIT is honoured where it matters, at the first kernel that touches the
  * copied buffer: the compute queue waits on the copy's event there and not
@@ -62,7 +64,7 @@ struct run {
 	uint64_t done[NQ];           /* jobs the host knows complete */
 	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
 	struct slot *s;              /* owned; one per plan buffer */
-	uint64_t dev_base, host_base;
+	uint64_t dev_live, host_live; /* bytes of this step's live temps */
 	bool timed;                  /* host callbacks mark the compute queue's time */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
@@ -242,21 +244,12 @@ static struct ts_space *space_of(const struct run *r, enum ts_memory_kind k)
 	return NULL;
 }
 
-static uint64_t in_use(struct ts_space *sp)
-{
-	struct ts_space_stats st;
-
-	ts_space_stats(sp, &st);
-	return st.bytes_in_use;
-}
-
 static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err)
 {
 	const struct ts_pbuf *bf;
 	struct ts_space *sp;
 	struct slot *sl;
 	void *mem = NULL;
-	uint64_t now;
 	ts_status st;
 
 	if (i < 0 || i >= r->p->nbufs)
@@ -274,12 +267,17 @@ static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err
 	memset(sl, 0, sizeof *sl);
 	sl->ptr = mem;
 	sl->copied_q = sl->writer = -1;
-	now = in_use(sp);
+	/* the step's own live bytes (a space's bytes_in_use is the sum of
+	 * its live allocations' sizes): other work on the same device, a
+	 * concurrent upload or another model's step, does not show */
 	if (bf->kind == TS_MEM_DEVICE) {
-		if (now > r->dev_base && now - r->dev_base > r->res.measured_temp_peak)
-			r->res.measured_temp_peak = now - r->dev_base;
-	} else if (now > r->host_base && now - r->host_base > r->res.measured_host_temp_peak) {
-		r->res.measured_host_temp_peak = now - r->host_base;
+		r->dev_live += bf->bytes;
+		if (r->dev_live > r->res.measured_temp_peak)
+			r->res.measured_temp_peak = r->dev_live;
+	} else {
+		r->host_live += bf->bytes;
+		if (r->host_live > r->res.measured_host_temp_peak)
+			r->res.measured_host_temp_peak = r->host_live;
 	}
 	return TS_OK;
 }
@@ -292,8 +290,13 @@ static void slot_release(struct run *r, int i)
 	if (sl->copied)
 		ts_event_free(sl->copied);
 	sl->copied = NULL;
-	if (sl->ptr && r->p->bufs[i].cls == TS_PB_TEMP)
+	if (sl->ptr && r->p->bufs[i].cls == TS_PB_TEMP) {
 		ts_space_release(space_of(r, r->p->bufs[i].kind), sl->ptr, r->p->bufs[i].bytes);
+		if (r->p->bufs[i].kind == TS_MEM_DEVICE)
+			r->dev_live -= r->p->bufs[i].bytes;
+		else
+			r->host_live -= r->p->bufs[i].bytes;
+	}
 	sl->ptr = NULL;
 }
 
@@ -587,8 +590,6 @@ static ts_status run_init(struct run *r, void *const *args, struct ts_error *err
 	}
 	for (int y = 0; y < NQ && st == TS_OK; y++)
 		st = ts_event_new(ts_queue_device(r->q[y]), &r->mark[y], err);
-	r->dev_base = in_use(r->env->device_space);
-	r->host_base = in_use(r->env->pinned_space);
 	return st;
 }
 

@@ -1124,6 +1124,73 @@ static void check_step_result(json_t *res, json_t *an, const char *what)
 	ck_assert_msg(json_number_value(json_object_get(th_obj(res, "time"), "wall_s")) > 0, "wall_s");
 }
 
+/* The issue's large model, timed: 4 layers of D x D with Adam (D from
+ * TS_TEST_LARGE_D: 7168 on a GPU; unset, the case does nothing), batch
+ * 128, once on the device and once with params and optimizer state on
+ * pinned_host (prefetch 1): the measured peak equals the prediction, and
+ * each step's time is printed ("large: ..." on stderr). */
+START_TEST(test_step_adam_large_timed)
+{
+	const char *ds = getenv("TS_TEST_LARGE_D");
+	long d = ds ? atol(ds) : 0;
+	static const char *const where[2] = {
+		"{\"params\": \"device\", \"opt_state\": \"device\"}",
+		"{\"params\": \"pinned_host\", \"opt_state\": \"pinned_host\", \"prefetch_depth\": 1}"};
+	double per[2];
+	float *x;
+
+	if (d <= 0)
+		return;
+	x = make((size_t)128 * d, 90, -1.0f, 1.0f);
+	upload("bx", x, 128, (size_t)d, NULL);
+	for (int w = 0; w < 2; w++) {
+		char *spec = fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
+		                 "\"activation\": \"relu\"}, \"loss\": \"sum\", \"optimizer\": "
+		                 "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
+		                 w, d, where[w]);
+		char name[16], *an_body = fmt("{\"batch\": [128, %ld]}", d);
+		json_t *an, *res;
+
+		snprintf(name, sizeof name, "big%d", w);
+		json_decref(create(spec));
+		an = analyze(name, an_body);
+		json_decref(step_wait(name, "{\"inputs\": \"bx\", \"steps\": 1}")); /* warm-up */
+		res = step_wait(name, "{\"inputs\": \"bx\", \"steps\": 3}");
+		ck_assert_msg(J(res, "measured_peak_device_bytes") == J(res, "predicted_peak_device_bytes"),
+		              "%s: measured %lld, predicted %lld", name,
+		              (long long)J(res, "measured_peak_device_bytes"),
+		              (long long)J(res, "predicted_peak_device_bytes"));
+		ck_assert_int_eq(J(res, "predicted_peak_device_bytes"), J(an, "peak_device_bytes"));
+		for (int i = 0; i < 3; i++)
+			ck_assert_msg(isfinite(loss_at(res, i)), "%s: loss %d not finite", name, i);
+		per[w] = json_number_value(json_object_get(th_obj(res, "time"), "per_step_s"));
+		fprintf(stderr, "large: 4x%ld adam on %s, %s: %.2f ms per step, compute %.2f ms, "
+		        "peak %lld bytes (predicted %lld)\n", d, th_str(res, "device"),
+		        w ? "params and state on pinned_host, prefetch 1" : "all on the device",
+		        per[w] * 1e3,
+		        json_number_value(json_object_get(th_obj(res, "time"), "compute_s")) * 1e3 / 3,
+		        (long long)J(res, "measured_peak_device_bytes"),
+		        (long long)J(res, "predicted_peak_device_bytes"));
+		json_decref(an);
+		json_decref(res);
+		free(spec);
+		free(an_body);
+		{
+			struct th_response r;
+			char path[64];
+
+			/* its params and state go: the next placement has the room */
+			snprintf(path, sizeof path, "/v1/models/%s", name);
+			th_request(&D, "DELETE", path, NULL, NULL, 0, &r);
+			ck_assert_msg(r.status == 200, "DELETE %s: %ld %s", path, r.status, r.body);
+			th_response_free(&r);
+		}
+	}
+	fprintf(stderr, "large: 4x%ld adam offloaded / on device: %.3f\n", d, per[1] / per[0]);
+	free(x);
+}
+END_TEST
+
 /* Activation policies beyond the guide's: every residual saved, offloaded
  * or recomputed. */
 static const char *const act_policies[] = {
@@ -1871,6 +1938,12 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_step_peak_seen_by_the_space);
 	tcase_add_test(tc, test_step_params_override_not_ignored);
 	tcase_add_test(tc, test_step_params_split);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("large");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_adam_large_timed);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("reference");
