@@ -159,8 +159,10 @@ bench: deps
 	@tests/bench/run.sh $(BUILD)
 
 # A folder to carry to a CUDA machine without a package registry (tests/gpu/run.sh).
+# bundle_check.sh: it loads with only its own libraries and the system's libc.
 gpu-bundle: all $(UNIT_BIN) $(IT_BIN) $(BENCH_BIN)
 	@tests/gpu/bundle.sh $(BUILD) $(BUILD)/gpu-bundle
+	@tests/gpu/bundle_check.sh $(BUILD)/gpu-bundle.tar.gz
 
 clean:
 	rm -rf build
