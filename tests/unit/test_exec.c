@@ -57,6 +57,14 @@ static void setup_on(const struct ts_device_config *dc, const char *id, double f
 	OK(ts_device_set_new(dc, &set, &err));
 	dev = ts_device_set_find(set, id);
 	ck_assert_msg(dev != NULL, "no device %s", id);
+	if (fraction < 0) {
+		/* -bytes: a pool of that many bytes, whatever the GPU's size */
+		uint64_t free_b = 0, total_b = 0;
+
+		OK(ts_device_mem_info(dev, &free_b, &total_b, &err));
+		ck_assert_uint_gt(free_b, 0);
+		mc.device_memory_fraction = -fraction >= (double)free_b ? 1.0 : -fraction / (double)free_b;
+	}
 	OK(ts_memory_new(set, &mc, &mem, &err));
 	dsp = ts_memory_find(mem, id, TS_MEM_DEVICE);
 	psp = ts_memory_find(mem, id, TS_MEM_PINNED_HOST);
@@ -89,7 +97,7 @@ static void setup_cuda(void)
 	exact = true;
 	timed = false;
 	fused = true;
-	setup_on(&dc, "cuda:0", 0.05);
+	setup_on(&dc, "cuda:0", -256.0 * MiB);
 }
 
 static void teardown(void)
