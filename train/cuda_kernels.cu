@@ -19,6 +19,11 @@
  * are scheduled and equal the CPU's bit for bit. Clipping and the global
  * norm are read on the device, in stream order.
  *
+ * Timelines (kernels.h) are CUDA events with timing, one per mark, on the
+ * marked stream; cudaEventElapsedTime is looked up at read time, so a
+ * runtime without it (a CPU stand-in) reads UNIMPLEMENTED, not a failed
+ * load.
+ *
  * Every cudaError_t and cublasStatus_t is translated here, once: errors
  * that corrupt the context are UNAVAILABLE (the device layer marks the
  * device broken at its next call, which meets the same error).
@@ -27,6 +32,7 @@
  * kernels' device current; a device's cuBLAS handle is guarded by its
  * slot's mu, the cache by blas_cache.mu.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -494,6 +500,127 @@ static ts_status cuda_fill(void *impl, struct ts_queue *q, float *x, float v, ui
 	return launched(ck, "fill", err);
 }
 
+/* ---- device-timed timelines ---------------------------------------------------- */
+
+/* Events with timing recorded on the queues' streams, one per mark. */
+struct cuda_timeline {
+	struct cuda_kernels *ck;        /* borrowed */
+	cudaEvent_t *ev;
+	int *mark;
+	int n, cap;
+};
+
+typedef cudaError_t (*elapsed_fn)(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+static ts_status cuda_timeline_new(void *impl, void **out, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	struct cuda_timeline *tl = (struct cuda_timeline *)calloc(1, sizeof *tl);
+
+	*out = tl;
+	if (!tl)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "%s: out of memory for a timeline", ck->id);
+	tl->ck = ck;
+	return TS_OK;
+}
+
+static ts_status cuda_timeline_mark(void *p, struct ts_queue *q, enum ts_k_mark m,
+                                    struct ts_error *err)
+{
+	struct cuda_timeline *tl = (struct cuda_timeline *)p;
+	cudaEvent_t e;
+	ts_status st = enter(tl->ck, err);
+
+	if (st != TS_OK)
+		return st;
+	if (tl->n == tl->cap) {
+		int cap = tl->cap ? 2 * tl->cap : 32;
+		cudaEvent_t *ev = (cudaEvent_t *)realloc(tl->ev, (size_t)cap * sizeof *ev);
+		int *mark;
+
+		if (ev)
+			tl->ev = ev;
+		mark = ev ? (int *)realloc(tl->mark, (size_t)cap * sizeof *mark) : NULL;
+		if (!mark)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "%s: out of memory for timeline marks", tl->ck->id);
+		tl->mark = mark;
+		tl->cap = cap;
+	}
+	/* default flags: timing on (the device layer's events have it off) */
+	st = cuda_status(tl->ck, cudaEventCreate(&e), "cudaEventCreate", err);
+	if (st != TS_OK)
+		return st;
+	st = cuda_status(tl->ck, cudaEventRecord(e, stream_of(q)), "cudaEventRecord", err);
+	if (st != TS_OK) {
+		cudaEventDestroy(e);
+		return st;
+	}
+	tl->ev[tl->n] = e;
+	tl->mark[tl->n] = (int)m;
+	tl->n++;
+	return TS_OK;
+}
+
+/* cudaEventElapsedTime, looked up where the runtime has it (a stand-in of
+ * the runtime may not), or NULL. */
+static elapsed_fn elapsed_time(void)
+{
+	return (elapsed_fn)dlsym(RTLD_DEFAULT, "cudaEventElapsedTime");
+}
+
+static ts_status cuda_timeline_read(void *p, double *busy_s, double *wait_s,
+                                    struct ts_error *err)
+{
+	struct cuda_timeline *tl = (struct cuda_timeline *)p;
+	elapsed_fn elapsed = elapsed_time();
+	double busy = 0, wait = 0;
+	ts_status st = enter(tl->ck, err);
+
+	if (st != TS_OK)
+		return st;
+	if (!elapsed)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "NO_DEVICE_TIMING",
+		                    "%s: the CUDA runtime offers no cudaEventElapsedTime", tl->ck->id);
+	for (int i = 1; i < tl->n && st == TS_OK; i++) {
+		int a = tl->mark[i - 1], b = tl->mark[i];
+		bool busy_span = (a == TS_K_OPEN || a == TS_K_WAIT_END) &&
+		                 (b == TS_K_CLOSE || b == TS_K_WAIT_BEGIN);
+		bool wait_span = a == TS_K_WAIT_BEGIN && b == TS_K_WAIT_END;
+		float ms = 0;
+
+		if (!busy_span && !wait_span)
+			continue;
+		st = cuda_status(tl->ck, elapsed(&ms, tl->ev[i - 1], tl->ev[i]),
+		                 "cudaEventElapsedTime", err);
+		if (busy_span)
+			busy += ms / 1e3;
+		else
+			wait += ms / 1e3;
+	}
+	if (st == TS_OK) {
+		*busy_s = busy;
+		*wait_s = wait;
+	}
+	return st;
+}
+
+static void cuda_timeline_free(void *p)
+{
+	struct cuda_timeline *tl = (struct cuda_timeline *)p;
+
+	if (!tl)
+		return;
+	/* a destroyed event still pending is released by the driver later */
+	if (enter(tl->ck, NULL) == TS_OK)
+		for (int i = 0; i < tl->n; i++)
+			cudaEventDestroy(tl->ev[i]);
+	free(tl->ev);
+	free(tl->mark);
+	free(tl);
+}
+
 /* In the order of struct ts__kernel_ops (C++17 has no designated
  * initializers). */
 static const struct ts__kernel_ops cuda_ops = {
@@ -508,6 +635,10 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_sumsq,
 	cuda_update,
 	cuda_fill,
+	cuda_timeline_new,
+	cuda_timeline_mark,
+	cuda_timeline_read,
+	cuda_timeline_free,
 };
 
 const struct ts__kernel_ops *ts__kernels_cuda_ops(void)

@@ -23,7 +23,9 @@
  *
  * Times: on sim and cpu, host callbacks on the compute queue mark where it
  * runs kernels and where it waits for copies; on CUDA (where a host callback
- * would stall the stream) compute_s and copy_wait_s stay 0.
+ * would stall the stream) the same marks are CUDA events with timing on the
+ * compute stream (ts_k_timeline), read after the final sync. A runtime
+ * that cannot time events leaves compute_s and copy_wait_s 0.
  *
  * Thread-safety: one run at a time per environment; the timing marks are
  * written by the compute queue's worker and read after the queue is synced.
@@ -65,7 +67,8 @@ struct run {
 	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
 	struct slot *s;              /* owned; one per plan buffer */
 	uint64_t dev_live, host_live; /* bytes of this step's live temps */
-	bool timed;                  /* host callbacks mark the compute queue's time */
+	bool timed;                  /* marks time the compute queue */
+	struct ts_k_timeline *tl;    /* owned; the marks on CUDA, else NULL */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
 	struct clock clk;
@@ -108,12 +111,25 @@ static void clk_wait_end(void *arg)
 	clk_open(c);
 }
 
-/* Enqueues a clock mark on the compute queue (no-op when untimed). */
+/* Enqueues a clock mark on the compute queue (no-op when untimed): a host
+ * callback on sim and cpu, a device-timed mark on CUDA. */
 static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
 {
+	enum ts_k_mark m;
+
 	if (!r->timed)
 		return TS_OK;
-	return ts_queue_host_fn(r->q[QC], fn, &r->clk, err);
+	if (!r->tl)
+		return ts_queue_host_fn(r->q[QC], fn, &r->clk, err);
+	if (fn == clk_open)
+		m = TS_K_OPEN;
+	else if (fn == clk_close)
+		m = TS_K_CLOSE;
+	else if (fn == clk_wait_begin)
+		m = TS_K_WAIT_BEGIN;
+	else
+		m = TS_K_WAIT_END;
+	return ts_k_timeline_mark(r->tl, r->q[QC], m, err);
 }
 
 /* ---- ordering ------------------------------------------------------------ */
@@ -578,7 +594,10 @@ static ts_status run_init(struct run *r, void *const *args, struct ts_error *err
 	r->q[QC] = r->env->compute;
 	r->q[QH] = r->env->h2d;
 	r->q[QD] = r->env->d2h;
-	r->timed = ts_device_props(ts_queue_device(r->q[QC]))->backend != TS_BACKEND_CUDA;
+	r->timed = true;
+	/* a host callback would stall a CUDA stream: the device times itself */
+	if (ts_device_props(ts_queue_device(r->q[QC]))->backend == TS_BACKEND_CUDA)
+		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
 	if (!r->s)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
@@ -616,6 +635,18 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 	for (int y = 0; y < NQ; y++)
 		if (r->mark[y])
 			ts_event_free(r->mark[y]);
+	if (r->tl) {
+		double busy, wait;
+
+		/* every mark has run: the queues are synced; a runtime that
+		 * cannot time events leaves the times 0 */
+		if (st == TS_OK && ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
+			r->clk.busy = (uint64_t)(busy * 1e9);
+			r->clk.wait = (uint64_t)(wait * 1e9);
+		}
+		ts_k_timeline_free(r->tl);
+		r->tl = NULL;
+	}
 	free(r->s);
 	return st;
 }

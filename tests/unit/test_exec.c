@@ -36,7 +36,7 @@ static struct ts_queue *qc, *qh, *qd;
 static struct ts_exec_env env;
 static struct ts_error err;
 static bool exact;              /* results repeat bit for bit (both backends) */
-static bool timed;              /* compute_s and copy_wait_s measured (sim) */
+static bool timed;              /* compute_s > 0 for sure (host clocks on sim) */
 static bool fused;              /* kernels contract multiply-adds (cuda) */
 
 #define OK(call)                                                                       \
@@ -253,8 +253,11 @@ static void job_run(struct job *j, int step, struct ts_exec_result *res)
 		ck_assert(res->copy_wait_s >= 0);
 		ck_assert(res->compute_s + res->copy_wait_s <= res->wall_s * 1.001 + 1e-6);
 	} else {
-		/* not measured on CUDA */
-		ck_assert(res->compute_s == 0 && res->copy_wait_s == 0);
+		/* CUDA events time the stream where the runtime can (0 under a
+		 * stand-in without cudaEventElapsedTime); the stream's busy and
+		 * waiting stretches lie within the step */
+		ck_assert(res->compute_s >= 0 && res->copy_wait_s >= 0);
+		ck_assert(res->compute_s + res->copy_wait_s <= res->wall_s * 1.001 + 1e-6);
 	}
 }
 

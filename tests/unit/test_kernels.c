@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cblas.h>
 
@@ -1419,7 +1420,7 @@ START_TEST(cuda_matches_cpu_gemm)
 END_TEST
 
 /* Kernels of one device share its cuBLAS handle: making and freeing them
- * per step costs no device-wide synchronisation (and stays correct). */
+ * per step creates and destroys none (and stays correct). */
 START_TEST(cuda_kernels_made_per_step)
 {
 	float a[4] = {1, 2, 3, 4}, c[4];
@@ -1441,6 +1442,111 @@ START_TEST(cuda_kernels_made_per_step)
 	ck_assert_float_eq(c[1], 10.0f);
 	ck_assert_float_eq(c[2], 15.0f);
 	ck_assert_float_eq(c[3], 22.0f);
+}
+END_TEST
+
+/* A closed gate on a queue, and a thread that forces it open after a long
+ * while (so that a blocked free ends, and says so). */
+struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool open, forced;
+};
+
+static void *gate_forcer(void *arg)
+{
+	struct gate *g = arg;
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 30;
+	pthread_mutex_lock(&g->mu);
+	while (!g->open)
+		if (pthread_cond_timedwait(&g->cv, &g->mu, &until) != 0)
+			break;
+	if (!g->open) {
+		g->forced = g->open = true;
+		pthread_cond_broadcast(&g->cv);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return NULL;
+}
+
+static void gate_wait(void *arg)
+{
+	struct gate *g = arg;
+
+	pthread_mutex_lock(&g->mu);
+	while (!g->open)
+		pthread_cond_wait(&g->cv, &g->mu);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Freeing kernels does not synchronise the device (cublasDestroy would):
+ * it returns while another queue of the device is held. */
+START_TEST(cuda_kernels_free_does_not_wait_for_the_device)
+{
+	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+	struct ts_kernels *k2;
+	pthread_t t;
+
+	OK(ts_kernels_new(dev, &k2, &err));
+	OK(ts_queue_host_fn(q, gate_wait, &g, &err));
+	ck_assert_int_eq(pthread_create(&t, NULL, gate_forcer, &g), 0);
+	ts_kernels_free(k2);
+	pthread_mutex_lock(&g.mu);
+	g.open = true;
+	pthread_cond_broadcast(&g.cv);
+	pthread_mutex_unlock(&g.mu);
+	pthread_join(t, NULL);
+	OK(ts_queue_sync(q, &err));
+	ck_assert_msg(!g.forced, "freeing kernels waited for the whole device");
+}
+END_TEST
+
+/* A device-timed timeline on the CUDA stream: marks recorded in stream
+ * order, read after the sync (busy time > 0 where the runtime times
+ * events; a stand-in without cudaEventElapsedTime says so). */
+START_TEST(cuda_timeline_times_the_stream)
+{
+	enum { N = 1 << 18 };
+	struct ts_k_timeline *tl;
+	float *x = dalloc(N);
+	double busy = -1, wait = -1;
+	ts_status st;
+
+	OK(ts_k_timeline_new(kern, &tl, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_OPEN, &err));
+	for (int i = 0; i < 8; i++)
+		OK(ts_k_fill(kern, q, x, (float)i, N, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_WAIT_BEGIN, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_WAIT_END, &err));
+	OK(ts_k_fill(kern, q, x, 9.0f, N, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_CLOSE, &err));
+	REFUSED(ts_k_timeline_mark(tl, q, (enum ts_k_mark)7, &err));
+	OK(ts_queue_sync(q, &err));
+	ck_assert_float_eq(dget1(x + N - 1), 9.0f);
+	st = ts_k_timeline_read(tl, &busy, &wait, &err);
+	if (st == TS_UNIMPLEMENTED) {
+		ck_assert_msg(strstr(err.message, "cudaEventElapsedTime"), "%s", err.message);
+		ck_assert(busy == 0 && wait == 0);
+	} else {
+		OK(st);
+		ck_assert_msg(busy > 0, "busy %g s", busy);
+		ck_assert_msg(wait >= 0 && wait < busy + 1, "wait %g s", wait);
+	}
+	ts_k_timeline_free(tl);
+}
+END_TEST
+
+/* cpu and sim kernels time themselves on their workers: no timeline. */
+START_TEST(sim_keeps_no_device_timeline)
+{
+	struct ts_k_timeline *tl = (struct ts_k_timeline *)&err;
+
+	ck_assert_int_eq(ts_k_timeline_new(kern, &tl, &err), TS_UNIMPLEMENTED);
+	ck_assert_ptr_null(tl);
+	ts_k_timeline_free(NULL);
 }
 END_TEST
 
@@ -1475,6 +1581,7 @@ static Suite *kernels_suite(bool cuda)
 	tcase_add_test(tc, queues_share_kernels);
 	tcase_add_test(tc, kernels_run_later_in_queue_order);
 	tcase_add_test(tc, sim_kernels_run_on_cpu_queues);
+	tcase_add_test(tc, sim_keeps_no_device_timeline);
 	suite_add_tcase(s, tc);
 	if (cuda) {
 		/* cuBLAS and the CUDA kernels; reductions are deterministic
@@ -1485,6 +1592,8 @@ static Suite *kernels_suite(bool cuda)
 		add_common(tc);
 		tcase_add_test(tc, same_sequence_same_bits);
 		tcase_add_test(tc, cuda_kernels_made_per_step);
+		tcase_add_test(tc, cuda_kernels_free_does_not_wait_for_the_device);
+		tcase_add_test(tc, cuda_timeline_times_the_stream);
 		suite_add_tcase(s, tc);
 		tc = tcase_create("cuda_vs_cpu");
 		tcase_add_checked_fixture(tc, setup_both, teardown_both);
