@@ -1426,6 +1426,8 @@ START_TEST(cuda_kernels_made_per_step)
 	float a[4] = {1, 2, 3, 4}, c[4];
 	float *dA = dput(a, 4), *dC = dalloc(4);
 
+	uint64_t free0 = 0, free1 = 0, total = 0;
+
 	for (int i = 0; i < 50; i++) {
 		struct ts_kernels *k2;
 		struct ts_queue *q2;
@@ -1436,7 +1438,14 @@ START_TEST(cuda_kernels_made_per_step)
 		/* the queue (its stream) goes first: the handle must not hold it */
 		ts_queue_free(q2);
 		ts_kernels_free(k2);
+		if (i == 0)
+			OK(ts_device_mem_info(dev, &free0, &total, &err));
 	}
+	/* nothing kept per stream: 49 more streams cost no device memory
+	 * (a cuBLAS workspace per stream would be 4 to 32 MiB each) */
+	OK(ts_device_mem_info(dev, &free1, &total, &err));
+	ck_assert_msg(free1 + (64ull << 20) >= free0, "device free memory fell by %llu MiB over 49 "
+	              "steps' streams", (unsigned long long)((free0 - free1) >> 20));
 	dget(c, dC, 4);
 	ck_assert_float_eq(c[0], 7.0f);
 	ck_assert_float_eq(c[1], 10.0f);
