@@ -106,6 +106,9 @@ $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -DTS_HAVE_CUDA=1 -c $< -o $@
 
+# nvcc writes no dependency files: the CUDA kernels' headers by hand
+$(BUILD)/obj/train/cuda_kernels.cu.o: train/kernels_math.h train/kernels_int.h train/kernels.h
+
 # the CPU training kernels are loops the vectoriser should take whole
 $(BUILD)/obj/train/kernels_cpu.o: CFLAGS += -O3
 
@@ -187,8 +190,10 @@ bench: deps
 	@tests/bench/run.sh $(BUILD)
 
 # A folder to carry to a CUDA machine without a package registry (tests/gpu/run.sh).
+# bundle_check.sh: it loads with only its own libraries and the system's libc.
 gpu-bundle: all $(UNIT_BIN) $(IT_BIN) $(BENCH_BIN)
 	@tests/gpu/bundle.sh $(BUILD) $(BUILD)/gpu-bundle
+	@tests/gpu/bundle_check.sh $(BUILD)/gpu-bundle.tar.gz
 
 clean:
 	rm -rf build

@@ -2,27 +2,37 @@
  * cuda_kernels.cu - the training kernels on a CUDA GPU: cuBLAS for gemm,
  * small CUDA kernels for the rest, all on the queue's stream.
  *
- * A ts_kernels of a cuda device owns one cuBLAS handle, created in that
- * device's context; each gemm binds it to the calling queue's stream
+ * Each CUDA device has one cuBLAS handle for the life of the process,
+ * created in its context by the first kernels of the device and shared by
+ * every later one (creating and destroying one synchronises the device).
+ * Each gemm binds it to the calling queue's stream for that call only
  * (cublasSetStream, which also selects cuBLAS's default workspace of that
- * stream) under a mutex, since the handle is shared by every caller.
- * Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS
- * gets the operands swapped and nothing is transposed in memory. The math
- * mode is CUBLAS_DEFAULT_MATH: full float32, no TF32.
+ * stream) and back to no stream, under the handle's mutex: the handle never
+ * refers to a stream its queue may destroy. The row-major to column-major
+ * mapping is ts_m_gemm_colmajor (kernels_math.h, tested against OpenBLAS).
+ * The math mode is CUBLAS_DEFAULT_MATH: full float32, no TF32.
  *
- * The element-wise kernels use grid-stride loops over 64-bit indices;
- * sumsq and loss reduce in double per block and atomicAdd each block's
- * sum into the float in device memory (so their last bits may vary with
- * scheduling). Clipping and the global norm are read on the device, in
- * stream order. The formulas are those of kernels_cpu.c.
+ * The element-wise kernels use grid-stride loops over 64-bit indices and
+ * the formulas of kernels_math.h, the CPU kernels' own. sumsq and loss are
+ * one block each: 256 lanes in double, then a fixed tree, the same order
+ * as the CPU's (no atomics), so their results do not depend on how blocks
+ * are scheduled and equal the CPU's bit for bit. Clipping and the global
+ * norm are read on the device, in stream order.
+ *
+ * Timelines (kernels.h) are CUDA events with timing, one per mark, on the
+ * marked stream; cudaEventElapsedTime is looked up at read time, so a
+ * runtime without it (a CPU stand-in) reads UNIMPLEMENTED, not a failed
+ * load.
  *
  * Every cudaError_t and cublasStatus_t is translated here, once: errors
  * that corrupt the context are UNAVAILABLE (the device layer marks the
  * device broken at its next call, which meets the same error).
  *
  * Thread-safety: ops may be called from any thread; each first makes the
- * kernels' device current; the cuBLAS handle is guarded by mu.
+ * kernels' device current; a device's cuBLAS handle is guarded by its
+ * slot's mu, the cache by blas_cache.mu.
  */
+#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -39,16 +49,20 @@
 #define THREADS 256             /* threads per block, every kernel */
 #define BLOCKS_PER_SM 16        /* grid cap for grid-stride loops */
 
-#define GELU_S 0.7978845608028654f
-#define GELU_C 0.044715f
+
+/* A device's cuBLAS handle, shared by every kernels object of it. */
+struct blas_slot {
+	bool made;                      /* guarded by: blas_cache.mu; then immutable */
+	cublasHandle_t h;               /* immutable once made */
+	pthread_mutex_t mu;             /* guards h's stream binding and each gemm */
+};
 
 struct cuda_kernels {
 	struct ts_device *dev;          /* immutable; borrowed */
 	int ordinal;                    /* immutable: the CUDA device ordinal */
 	char id[32];                    /* immutable: "cuda:0", for messages */
 	unsigned max_blocks;            /* immutable */
-	pthread_mutex_t mu;
-	cublasHandle_t blas;            /* guarded by: mu (its stream binding) */
+	struct blas_slot *blas;         /* immutable; the device's (blas_cache) */
 };
 
 /* ---- error translation ------------------------------------------------------ */
@@ -133,73 +147,29 @@ static unsigned blocks_for(const struct cuda_kernels *ck, uint64_t n)
 
 /* ---- device code ------------------------------------------------------------- */
 
+#include "train/kernels_math.h"
+
 #define GRID_STRIDE(i, n)                                                          \
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
 	     i += (uint64_t)gridDim.x * blockDim.x)
 
-__device__ static float gelu(float x)
-{
-	float cdf = 0.5f * (1.0f + tanhf(GELU_S * (x + GELU_C * (x * x * x))));
+/* The reductions' lanes: thread t of the one block of a reduction kernel
+ * takes elements t, t + THREADS, ... in order (kernels_math.h). */
+#define LANE_STRIDE(i, n) for (uint64_t i = threadIdx.x; i < (n); i += THREADS)
 
-	return x * cdf;
-}
-
-__device__ static float gelu_grad(float x)
-{
-	float x2 = x * x;
-	float t = tanhf(GELU_S * (x + GELU_C * (x2 * x)));
-	float du = GELU_S * (1.0f + 3.0f * GELU_C * x2);
-
-	return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-}
-
-__device__ static float act_fwd(int act, float x)
-{
-	switch (act) {
-	case TS_ACT_RELU:
-		return x < 0.0f ? 0.0f : x;
-	case TS_ACT_GELU:
-		return gelu(x);
-	case TS_ACT_TANH:
-		return tanhf(x);
-	default:
-		return x;
-	}
-}
-
-__device__ static float act_grad(int act, float x)
-{
-	float t;
-
-	switch (act) {
-	case TS_ACT_RELU:
-		return x > 0.0f ? 1.0f : 0.0f;
-	case TS_ACT_GELU:
-		return gelu_grad(x);
-	case TS_ACT_TANH:
-		t = tanhf(x);
-		return 1.0f - t * t;
-	default:
-		return 1.0f;
-	}
-}
+static_assert(THREADS == TS_RED_LANES, "a reduction block is one lane per thread");
 
 __global__ static void k_act_fwd(int act, const float *in, float *out, uint64_t n)
 {
 	GRID_STRIDE(i, n)
-		out[i] = act_fwd(act, in[i]);
+		out[i] = ts_m_act_fwd(act, in[i]);
 }
 
 __global__ static void k_act_bwd(int act, const float *pre, const float *go, float *gi,
                                  uint64_t n)
 {
-	GRID_STRIDE(i, n) {
-		/* relu passes go through untouched where it is 1 (no 0 * inf) */
-		if (act == TS_ACT_RELU)
-			gi[i] = pre[i] > 0.0f ? go[i] : 0.0f;
-		else
-			gi[i] = go[i] * act_grad(act, pre[i]);
-	}
+	GRID_STRIDE(i, n)
+		gi[i] = ts_m_act_bwd(act, pre[i], go[i]);
 }
 
 __global__ static void k_add(const float *x, float *y, uint64_t n)
@@ -221,52 +191,57 @@ __global__ static void k_scale(float *x, float beta, uint64_t n)
 		x[i] = beta == 0.0f ? 0.0f : beta * x[i];
 }
 
-/* Adds the block's sum of v, times scale, to *acc (one atomicAdd per block). */
-__device__ static void block_accumulate(double v, double scale, float *acc)
+/* The sum of every thread's v, in the lanes' tree order, valid in every
+ * thread on return. Once per kernel (one shared array). */
+__device__ static double lanes_reduce(double v)
 {
 	__shared__ double part[THREADS];
 
 	part[threadIdx.x] = v;
 	__syncthreads();
-	for (unsigned s = blockDim.x / 2; s > 0; s >>= 1) {
+	for (unsigned s = THREADS / 2; s > 0; s >>= 1) {
 		if (threadIdx.x < s)
 			part[threadIdx.x] += part[threadIdx.x + s];
 		__syncthreads();
 	}
-	if (threadIdx.x == 0)
-		atomicAdd(acc, (float)(part[0] * scale));
+	return part[0];
 }
 
+/* One block: *acc += sum(x^2), in the lanes' fixed order. */
 __global__ static void k_sumsq(const float *x, uint64_t n, float *acc)
 {
 	double s = 0.0;
 
-	GRID_STRIDE(i, n)
-		s += (double)x[i] * x[i];
-	block_accumulate(s, 1.0, acc);
+	LANE_STRIDE(i, n)
+		s += ts_m_sq(x[i]);
+	s = lanes_reduce(s);
+	if (threadIdx.x == 0)
+		*acc = ts_m_sumsq_acc(*acc, s);
 }
 
-/* *value was zeroed before; sum: grad 1; mse: grad 2 (out - target) / n. */
+/* One block: *value = the loss (overwritten); sum: grad 1; mse: grad
+ * 2 (out - target) / n. */
 __global__ static void k_loss(int loss, const float *out, const float *target, float *value,
                               float *grad, uint64_t n)
 {
 	double s = 0.0;
 
 	if (loss == TS_LOSS_SUM) {
-		GRID_STRIDE(i, n) {
+		LANE_STRIDE(i, n) {
 			s += out[i];
 			grad[i] = 1.0f;
 		}
-		block_accumulate(s, 1.0, value);
-		return;
-	}
-	GRID_STRIDE(i, n) {
-		float d = out[i] - target[i];
+	} else {
+		LANE_STRIDE(i, n) {
+			float d = ts_m_mse_diff(out[i], target[i]);
 
-		s += (double)d * d;
-		grad[i] = 2.0f * d / (float)n;
+			s += ts_m_sq(d);
+			grad[i] = ts_m_mse_grad(d, n);
+		}
 	}
-	block_accumulate(s, 1.0 / (double)n, value);
+	s = lanes_reduce(s);
+	if (threadIdx.x == 0)
+		*value = ts_m_loss_value(loss, s, n);
 }
 
 struct update_args {
@@ -283,28 +258,71 @@ __global__ static void k_update(struct update_args a, float *p, const float *g, 
 	float norm = 0.0f;
 	bool clip = false;
 
-	if (a.clip > 0.0f) {
-		/* optax: select(norm < c, g, g / norm * c); a NaN norm clips */
-		norm = sqrtf(*a.gnorm_sq);
-		clip = !(norm < a.clip);
-	}
+	if (a.clip > 0.0f)
+		clip = ts_m_clips(*a.gnorm_sq, a.clip, &norm);
 	GRID_STRIDE(i, n) {
-		float gi = clip ? g[i] / norm * a.clip : g[i];
+		float gi = ts_m_clip_grad(g[i], clip, norm, a.clip);
 
-		if (!a.adam) {
-			p[i] -= a.lr * gi;
-			continue;
-		}
-		float m = (1.0f - a.b1) * gi + a.b1 * mu[i];
-		float v = (1.0f - a.b2) * (gi * gi) + a.b2 * nu[i];
-
-		mu[i] = m;
-		nu[i] = v;
-		p[i] -= a.lr * ((m / a.bc1) / (sqrtf(v / a.bc2) + a.eps));
+		if (!a.adam)
+			p[i] = ts_m_sgd(p[i], gi, a.lr);
+		else
+			p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], a.lr, a.b1, a.b2, a.eps, a.bc1,
+			                 a.bc2);
 	}
 }
 
 /* ---- ops ------------------------------------------------------------------------ */
+
+/*
+ * One cuBLAS handle per CUDA device for the life of the process, made by the
+ * first kernels of that device and shared by all later ones: a handle
+ * belongs to the device's primary context, which is process-wide too, and
+ * cublasCreate / cublasDestroy synchronise the whole device, so they must
+ * not run once per step. Never destroyed (the context goes at exit).
+ */
+#define MAX_BLAS 64
+
+static struct blas_cache {
+	pthread_mutex_t mu;             /* guards made and h of every slot */
+	struct blas_slot slot[MAX_BLAS];
+} blas_cache = {PTHREAD_MUTEX_INITIALIZER, {}};
+
+/* The shared handle of ck's device into ck->blas (made on first use, in
+ * that device's context, which enter() made current). */
+static ts_status blas_get(struct cuda_kernels *ck, struct ts_error *err)
+{
+	struct blas_slot *b;
+	ts_status st = TS_OK;
+
+	if (ck->ordinal < 0 || ck->ordinal >= MAX_BLAS)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "TOO_MANY_DEVICES",
+		                    "%s: training kernels serve cuda ordinals below %d", ck->id,
+		                    MAX_BLAS);
+	b = &blas_cache.slot[ck->ordinal];
+	pthread_mutex_lock(&blas_cache.mu);
+	if (!b->made) {
+		cublasHandle_t h = NULL;
+
+		st = blas_status(ck, cublasCreate(&h), "cublasCreate", err);
+		/* full float32: no TF32 tensor-op math */
+		if (st == TS_OK)
+			st = blas_status(ck, cublasSetMathMode(h, CUBLAS_DEFAULT_MATH),
+			                 "cublasSetMathMode", err);
+		if (st == TS_OK && pthread_mutex_init(&b->mu, NULL) != 0)
+			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                  "%s: cannot create a mutex for cuBLAS", ck->id);
+		if (st == TS_OK) {
+			b->h = h;
+			b->made = true;
+		} else if (h) {
+			cublasDestroy(h);
+		}
+	}
+	pthread_mutex_unlock(&blas_cache.mu);
+	if (st == TS_OK)
+		ck->blas = b;
+	return st;
+}
 
 static ts_status cuda_init(struct ts_device *dev, void **impl, struct ts_error *err)
 {
@@ -320,53 +338,31 @@ static ts_status cuda_init(struct ts_device *dev, void **impl, struct ts_error *
 	ck->dev = dev;
 	ck->ordinal = ts_device_props(dev)->ordinal;
 	snprintf(ck->id, sizeof ck->id, "%s", ts_device_props(dev)->id);
-	if (pthread_mutex_init(&ck->mu, NULL) != 0) {
-		free(ck);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: cannot create a mutex for training kernels",
-		                    ts_device_props(dev)->id);
-	}
 	st = enter(ck, err);
 	if (st != TS_OK)
-		goto out_mutex;
+		goto out_free;
 	st = cuda_status(ck, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
 	                                            ck->ordinal),
 	                 "cudaDeviceGetAttribute", err);
 	if (st != TS_OK)
-		goto out_mutex;
+		goto out_free;
 	ck->max_blocks = (unsigned)(sms > 0 ? sms : 1) * BLOCKS_PER_SM;
-	st = blas_status(ck, cublasCreate(&ck->blas), "cublasCreate", err);
+	st = blas_get(ck, err);
 	if (st != TS_OK)
-		goto out_mutex;
-	st = blas_status(ck, cublasSetMathMode(ck->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode",
-	                 err);
-	if (st != TS_OK)
-		goto out_blas;
+		goto out_free;
 	*impl = ck;
 	return TS_OK;
 
-out_blas:
-	cublasDestroy(ck->blas);
-out_mutex:
-	pthread_mutex_destroy(&ck->mu);
+out_free:
 	free(ck);
 	return st;
 }
 
+/* The shared handle stays (blas_cache); it is bound to no stream between
+ * gemms, so no queue freed after this outlives it. */
 static void cuda_fini(void *impl)
 {
-	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
-
-	if (!ck)
-		return;
-	/* cublasDestroy waits for the device: pending gemms finish first; the
-	 * handle lets go of the last queue's stream (maybe gone) before */
-	if (enter(ck, NULL) == TS_OK) {
-		blas_status(ck, cublasSetStream(ck->blas, NULL), "cublasSetStream", NULL);
-		blas_status(ck, cublasDestroy(ck->blas), "cublasDestroy", NULL);
-	}
-	pthread_mutex_destroy(&ck->mu);
-	free(ck);
+	free(impl);
 }
 
 static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N,
@@ -375,7 +371,8 @@ static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
 	cudaStream_t s = stream_of(q);
-	ts_status st = enter(ck, err);
+	struct ts_m_colmajor_gemm g;
+	ts_status st = enter(ck, err), unbound;
 
 	if (st != TS_OK)
 		return st;
@@ -385,16 +382,21 @@ static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int
 		k_scale<<<blocks_for(ck, n), THREADS, 0, s>>>(C, beta, n);
 		return launched(ck, "gemm (K = 0)", err);
 	}
-	/* row-major C[M,N] is column-major C^T[N,M] = op(B)^T op(A)^T */
-	pthread_mutex_lock(&ck->mu);
-	st = blas_status(ck, cublasSetStream(ck->blas, s), "cublasSetStream", err);
+	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	/* the handle is bound to q's stream for this call only: it never
+	 * refers to a stream that its queue may destroy after the step */
+	pthread_mutex_lock(&ck->blas->mu);
+	st = blas_status(ck, cublasSetStream(ck->blas->h, s), "cublasSetStream", err);
 	if (st == TS_OK)
 		st = blas_status(ck,
-		                 cublasSgemm(ck->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
-		                             ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &alpha, B,
-		                             tb ? K : N, A, ta ? M : K, &beta, C, N),
+		                 cublasSgemm(ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+		                             g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
+		                             &alpha, B, g.lda, A, g.ldb, &beta, C, g.ldc),
 		                 "cublasSgemm", err);
-	pthread_mutex_unlock(&ck->mu);
+	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = unbound;
+	pthread_mutex_unlock(&ck->blas->mu);
 	return st;
 }
 
@@ -441,16 +443,12 @@ static ts_status cuda_loss(void *impl, struct ts_queue *q, enum ts_loss loss, co
                            struct ts_error *err)
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
-	cudaStream_t s = stream_of(q);
 	ts_status st = enter(ck, err);
 
 	if (st != TS_OK)
 		return st;
-	st = cuda_status(ck, cudaMemsetAsync(loss_dev, 0, sizeof(float), s), "cudaMemsetAsync",
-	                 err);
-	if (st != TS_OK)
-		return st;
-	k_loss<<<blocks_for(ck, n), THREADS, 0, s>>>((int)loss, out, target, loss_dev, grad, n);
+	/* one block: the lanes' fixed order, no atomics (kernels_math.h) */
+	k_loss<<<1, THREADS, 0, stream_of(q)>>>((int)loss, out, target, loss_dev, grad, n);
 	return launched(ck, "loss", err);
 }
 
@@ -462,7 +460,8 @@ static ts_status cuda_sumsq(void *impl, struct ts_queue *q, const float *x, uint
 
 	if (st != TS_OK)
 		return st;
-	k_sumsq<<<blocks_for(ck, n), THREADS, 0, stream_of(q)>>>(x, n, acc);
+	/* one block: the lanes' fixed order, no atomics (kernels_math.h) */
+	k_sumsq<<<1, THREADS, 0, stream_of(q)>>>(x, n, acc);
 	return launched(ck, "sum of squares", err);
 }
 
@@ -481,8 +480,8 @@ static ts_status cuda_update(void *impl, struct ts_queue *q, const struct ts_opt
 	a.b1 = opt->b1;
 	a.b2 = opt->b2;
 	a.eps = opt->eps;
-	a.bc1 = a.adam ? 1.0f - powf(opt->b1, (float)step) : 1.0f;
-	a.bc2 = a.adam ? 1.0f - powf(opt->b2, (float)step) : 1.0f;
+	a.bc1 = a.adam ? ts_m_bias_correction(opt->b1, step) : 1.0f;
+	a.bc2 = a.adam ? ts_m_bias_correction(opt->b2, step) : 1.0f;
 	a.clip = opt->clip_global_norm;
 	a.gnorm_sq = gnorm_sq_dev;
 	k_update<<<blocks_for(ck, n), THREADS, 0, stream_of(q)>>>(a, p, g, mu, nu, n);
@@ -501,6 +500,127 @@ static ts_status cuda_fill(void *impl, struct ts_queue *q, float *x, float v, ui
 	return launched(ck, "fill", err);
 }
 
+/* ---- device-timed timelines ---------------------------------------------------- */
+
+/* Events with timing recorded on the queues' streams, one per mark. */
+struct cuda_timeline {
+	struct cuda_kernels *ck;        /* borrowed */
+	cudaEvent_t *ev;
+	int *mark;
+	int n, cap;
+};
+
+typedef cudaError_t (*elapsed_fn)(float *ms, cudaEvent_t start, cudaEvent_t end);
+
+static ts_status cuda_timeline_new(void *impl, void **out, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	struct cuda_timeline *tl = (struct cuda_timeline *)calloc(1, sizeof *tl);
+
+	*out = tl;
+	if (!tl)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "%s: out of memory for a timeline", ck->id);
+	tl->ck = ck;
+	return TS_OK;
+}
+
+static ts_status cuda_timeline_mark(void *p, struct ts_queue *q, enum ts_k_mark m,
+                                    struct ts_error *err)
+{
+	struct cuda_timeline *tl = (struct cuda_timeline *)p;
+	cudaEvent_t e;
+	ts_status st = enter(tl->ck, err);
+
+	if (st != TS_OK)
+		return st;
+	if (tl->n == tl->cap) {
+		int cap = tl->cap ? 2 * tl->cap : 32;
+		cudaEvent_t *ev = (cudaEvent_t *)realloc(tl->ev, (size_t)cap * sizeof *ev);
+		int *mark;
+
+		if (ev)
+			tl->ev = ev;
+		mark = ev ? (int *)realloc(tl->mark, (size_t)cap * sizeof *mark) : NULL;
+		if (!mark)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "%s: out of memory for timeline marks", tl->ck->id);
+		tl->mark = mark;
+		tl->cap = cap;
+	}
+	/* default flags: timing on (the device layer's events have it off) */
+	st = cuda_status(tl->ck, cudaEventCreate(&e), "cudaEventCreate", err);
+	if (st != TS_OK)
+		return st;
+	st = cuda_status(tl->ck, cudaEventRecord(e, stream_of(q)), "cudaEventRecord", err);
+	if (st != TS_OK) {
+		cudaEventDestroy(e);
+		return st;
+	}
+	tl->ev[tl->n] = e;
+	tl->mark[tl->n] = (int)m;
+	tl->n++;
+	return TS_OK;
+}
+
+/* cudaEventElapsedTime, looked up where the runtime has it (a stand-in of
+ * the runtime may not), or NULL. */
+static elapsed_fn elapsed_time(void)
+{
+	return (elapsed_fn)dlsym(RTLD_DEFAULT, "cudaEventElapsedTime");
+}
+
+static ts_status cuda_timeline_read(void *p, double *busy_s, double *wait_s,
+                                    struct ts_error *err)
+{
+	struct cuda_timeline *tl = (struct cuda_timeline *)p;
+	elapsed_fn elapsed = elapsed_time();
+	double busy = 0, wait = 0;
+	ts_status st = enter(tl->ck, err);
+
+	if (st != TS_OK)
+		return st;
+	if (!elapsed)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "NO_DEVICE_TIMING",
+		                    "%s: the CUDA runtime offers no cudaEventElapsedTime", tl->ck->id);
+	for (int i = 1; i < tl->n && st == TS_OK; i++) {
+		int a = tl->mark[i - 1], b = tl->mark[i];
+		bool busy_span = (a == TS_K_OPEN || a == TS_K_WAIT_END) &&
+		                 (b == TS_K_CLOSE || b == TS_K_WAIT_BEGIN);
+		bool wait_span = a == TS_K_WAIT_BEGIN && b == TS_K_WAIT_END;
+		float ms = 0;
+
+		if (!busy_span && !wait_span)
+			continue;
+		st = cuda_status(tl->ck, elapsed(&ms, tl->ev[i - 1], tl->ev[i]),
+		                 "cudaEventElapsedTime", err);
+		if (busy_span)
+			busy += ms / 1e3;
+		else
+			wait += ms / 1e3;
+	}
+	if (st == TS_OK) {
+		*busy_s = busy;
+		*wait_s = wait;
+	}
+	return st;
+}
+
+static void cuda_timeline_free(void *p)
+{
+	struct cuda_timeline *tl = (struct cuda_timeline *)p;
+
+	if (!tl)
+		return;
+	/* a destroyed event still pending is released by the driver later */
+	if (enter(tl->ck, NULL) == TS_OK)
+		for (int i = 0; i < tl->n; i++)
+			cudaEventDestroy(tl->ev[i]);
+	free(tl->ev);
+	free(tl->mark);
+	free(tl);
+}
+
 /* In the order of struct ts__kernel_ops (C++17 has no designated
  * initializers). */
 static const struct ts__kernel_ops cuda_ops = {
@@ -515,6 +635,10 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_sumsq,
 	cuda_update,
 	cuda_fill,
+	cuda_timeline_new,
+	cuda_timeline_mark,
+	cuda_timeline_read,
+	cuda_timeline_free,
 };
 
 const struct ts__kernel_ops *ts__kernels_cuda_ops(void)

@@ -10,7 +10,9 @@
  * cross-queue event wait; before a FREE, the host waits until every queue
  * that touched the buffer is past its last use. So the host blocks only
  * where memory must go back to the space, and the allocator sees exactly the
- * plan's ALLOC/FREE sequence: the measured peak is the predicted one.
+ * plan's ALLOC/FREE sequence: the measured peak is the predicted one. The
+ * peak counts the step's own live temps only, so it holds while other work
+ * allocates from the same spaces.
  *
  * A WAIT is honoured where it matters, at the first kernel that touches the
  * copied buffer: the compute queue waits on the copy's event there and not
@@ -21,7 +23,9 @@
  *
  * Times: on sim and cpu, host callbacks on the compute queue mark where it
  * runs kernels and where it waits for copies; on CUDA (where a host callback
- * would stall the stream) compute_s and copy_wait_s stay 0.
+ * would stall the stream) the same marks are CUDA events with timing on the
+ * compute stream (ts_k_timeline), read after the final sync. A runtime
+ * that cannot time events leaves compute_s and copy_wait_s 0.
  *
  * Thread-safety: one run at a time per environment; the timing marks are
  * written by the compute queue's worker and read after the queue is synced.
@@ -62,8 +66,9 @@ struct run {
 	uint64_t done[NQ];           /* jobs the host knows complete */
 	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
 	struct slot *s;              /* owned; one per plan buffer */
-	uint64_t dev_base, host_base;
-	bool timed;                  /* host callbacks mark the compute queue's time */
+	uint64_t dev_live, host_live; /* bytes of this step's live temps */
+	bool timed;                  /* marks time the compute queue */
+	struct ts_k_timeline *tl;    /* owned; the marks on CUDA, else NULL */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
 	struct clock clk;
@@ -106,12 +111,25 @@ static void clk_wait_end(void *arg)
 	clk_open(c);
 }
 
-/* Enqueues a clock mark on the compute queue (no-op when untimed). */
+/* Enqueues a clock mark on the compute queue (no-op when untimed): a host
+ * callback on sim and cpu, a device-timed mark on CUDA. */
 static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
 {
+	enum ts_k_mark m;
+
 	if (!r->timed)
 		return TS_OK;
-	return ts_queue_host_fn(r->q[QC], fn, &r->clk, err);
+	if (!r->tl)
+		return ts_queue_host_fn(r->q[QC], fn, &r->clk, err);
+	if (fn == clk_open)
+		m = TS_K_OPEN;
+	else if (fn == clk_close)
+		m = TS_K_CLOSE;
+	else if (fn == clk_wait_begin)
+		m = TS_K_WAIT_BEGIN;
+	else
+		m = TS_K_WAIT_END;
+	return ts_k_timeline_mark(r->tl, r->q[QC], m, err);
 }
 
 /* ---- ordering ------------------------------------------------------------ */
@@ -242,21 +260,12 @@ static struct ts_space *space_of(const struct run *r, enum ts_memory_kind k)
 	return NULL;
 }
 
-static uint64_t in_use(struct ts_space *sp)
-{
-	struct ts_space_stats st;
-
-	ts_space_stats(sp, &st);
-	return st.bytes_in_use;
-}
-
 static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err)
 {
 	const struct ts_pbuf *bf;
 	struct ts_space *sp;
 	struct slot *sl;
 	void *mem = NULL;
-	uint64_t now;
 	ts_status st;
 
 	if (i < 0 || i >= r->p->nbufs)
@@ -274,12 +283,17 @@ static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err
 	memset(sl, 0, sizeof *sl);
 	sl->ptr = mem;
 	sl->copied_q = sl->writer = -1;
-	now = in_use(sp);
+	/* the step's own live bytes (a space's bytes_in_use is the sum of
+	 * its live allocations' sizes): other work on the same device, a
+	 * concurrent upload or another model's step, does not show */
 	if (bf->kind == TS_MEM_DEVICE) {
-		if (now > r->dev_base && now - r->dev_base > r->res.measured_temp_peak)
-			r->res.measured_temp_peak = now - r->dev_base;
-	} else if (now > r->host_base && now - r->host_base > r->res.measured_host_temp_peak) {
-		r->res.measured_host_temp_peak = now - r->host_base;
+		r->dev_live += bf->bytes;
+		if (r->dev_live > r->res.measured_temp_peak)
+			r->res.measured_temp_peak = r->dev_live;
+	} else {
+		r->host_live += bf->bytes;
+		if (r->host_live > r->res.measured_host_temp_peak)
+			r->res.measured_host_temp_peak = r->host_live;
 	}
 	return TS_OK;
 }
@@ -292,8 +306,13 @@ static void slot_release(struct run *r, int i)
 	if (sl->copied)
 		ts_event_free(sl->copied);
 	sl->copied = NULL;
-	if (sl->ptr && r->p->bufs[i].cls == TS_PB_TEMP)
+	if (sl->ptr && r->p->bufs[i].cls == TS_PB_TEMP) {
 		ts_space_release(space_of(r, r->p->bufs[i].kind), sl->ptr, r->p->bufs[i].bytes);
+		if (r->p->bufs[i].kind == TS_MEM_DEVICE)
+			r->dev_live -= r->p->bufs[i].bytes;
+		else
+			r->host_live -= r->p->bufs[i].bytes;
+	}
 	sl->ptr = NULL;
 }
 
@@ -575,7 +594,10 @@ static ts_status run_init(struct run *r, void *const *args, struct ts_error *err
 	r->q[QC] = r->env->compute;
 	r->q[QH] = r->env->h2d;
 	r->q[QD] = r->env->d2h;
-	r->timed = ts_device_props(ts_queue_device(r->q[QC]))->backend != TS_BACKEND_CUDA;
+	r->timed = true;
+	/* a host callback would stall a CUDA stream: the device times itself */
+	if (ts_device_props(ts_queue_device(r->q[QC]))->backend == TS_BACKEND_CUDA)
+		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
 	if (!r->s)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
@@ -587,8 +609,6 @@ static ts_status run_init(struct run *r, void *const *args, struct ts_error *err
 	}
 	for (int y = 0; y < NQ && st == TS_OK; y++)
 		st = ts_event_new(ts_queue_device(r->q[y]), &r->mark[y], err);
-	r->dev_base = in_use(r->env->device_space);
-	r->host_base = in_use(r->env->pinned_space);
 	return st;
 }
 
@@ -615,6 +635,18 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 	for (int y = 0; y < NQ; y++)
 		if (r->mark[y])
 			ts_event_free(r->mark[y]);
+	if (r->tl) {
+		double busy, wait;
+
+		/* every mark has run: the queues are synced; a runtime that
+		 * cannot time events leaves the times 0 */
+		if (st == TS_OK && ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
+			r->clk.busy = (uint64_t)(busy * 1e9);
+			r->clk.wait = (uint64_t)(wait * 1e9);
+		}
+		ts_k_timeline_free(r->tl);
+		r->tl = NULL;
+	}
 	free(r->s);
 	return st;
 }

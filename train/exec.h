@@ -35,7 +35,7 @@ struct ts_exec_env {
 
 struct ts_exec_result {
 	float loss;                        /* this step's loss, read back */
-	uint64_t measured_temp_peak;       /* max(device in-use) - in-use before the step */
+	uint64_t measured_temp_peak;       /* max bytes of this step's live device temps */
 	uint64_t measured_host_temp_peak;  /* the same on pinned_host */
 	uint64_t h2d_bytes, d2h_bytes;     /* copied this step */
 	double wall_s;                     /* the whole step */

@@ -283,3 +283,72 @@ ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v,
 		return bad(err, "fill: NULL operand");
 	return k->ops->fill(k->impl, q, x, v, n, err);
 }
+
+/* ---- device-timed timelines ------------------------------------------------ */
+
+struct ts_k_timeline {
+	struct ts_kernels *k;                   /* borrowed */
+	void *impl;                             /* the backend's */
+};
+
+ts_status ts_k_timeline_new(struct ts_kernels *k, struct ts_k_timeline **out,
+                            struct ts_error *err)
+{
+	struct ts_k_timeline *tl;
+	ts_status st;
+
+	if (!out)
+		return bad(err, "timeline: nowhere to put it");
+	*out = NULL;
+	if (!k)
+		return bad(err, "timeline: no kernels");
+	if (!k->ops->timeline_new)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "NO_DEVICE_TIMING",
+		                    "%s: %s kernels keep no device-timed timeline",
+		                    ts_device_props(k->dev)->id, k->ops->name);
+	tl = calloc(1, sizeof *tl);
+	if (!tl)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "%s: out of memory for a timeline", ts_device_props(k->dev)->id);
+	tl->k = k;
+	st = k->ops->timeline_new(k->impl, &tl->impl, err);
+	if (st != TS_OK) {
+		free(tl);
+		return st;
+	}
+	*out = tl;
+	return TS_OK;
+}
+
+ts_status ts_k_timeline_mark(struct ts_k_timeline *tl, struct ts_queue *q, enum ts_k_mark m,
+                             struct ts_error *err)
+{
+	ts_status st;
+
+	if (!tl)
+		return bad(err, "timeline mark: no timeline");
+	st = check_queue(tl->k, q, "timeline mark", err);
+	if (st != TS_OK)
+		return st;
+	if (m != TS_K_OPEN && m != TS_K_CLOSE && m != TS_K_WAIT_BEGIN && m != TS_K_WAIT_END)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "timeline mark: unknown mark %d", (int)m);
+	return tl->k->ops->timeline_mark(tl->impl, q, m, err);
+}
+
+ts_status ts_k_timeline_read(struct ts_k_timeline *tl, double *busy_s, double *wait_s,
+                             struct ts_error *err)
+{
+	if (!tl || !busy_s || !wait_s)
+		return bad(err, "timeline read: no timeline or nowhere to put the times");
+	*busy_s = *wait_s = 0;
+	return tl->k->ops->timeline_read(tl->impl, busy_s, wait_s, err);
+}
+
+void ts_k_timeline_free(struct ts_k_timeline *tl)
+{
+	if (!tl)
+		return;
+	tl->k->ops->timeline_free(tl->impl);
+	free(tl);
+}

@@ -97,4 +97,25 @@ ts_status ts_k_update(struct ts_kernels *k, struct ts_queue *q, const struct ts_
 ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v, uint64_t n,
                     struct ts_error *err);
 
+/*
+ * A timeline of marks on a device queue, timed by the device itself (CUDA
+ * events with timing), for busy and waiting times that host callbacks
+ * would distort on a GPU stream. A mark records where the queue is: OPEN
+ * and WAIT_END start a busy stretch, CLOSE and WAIT_BEGIN end one;
+ * WAIT_BEGIN to WAIT_END is waiting. Read once every mark has run (the
+ * queue synced). UNIMPLEMENTED for cpu and sim kernels (their queue
+ * workers time themselves) and, from read, where the CUDA runtime cannot
+ * time events. New object from new, freed by free (NULL allowed).
+ */
+enum ts_k_mark { TS_K_OPEN, TS_K_CLOSE, TS_K_WAIT_BEGIN, TS_K_WAIT_END };
+struct ts_k_timeline;
+
+ts_status ts_k_timeline_new(struct ts_kernels *k, struct ts_k_timeline **out,
+                            struct ts_error *err);
+ts_status ts_k_timeline_mark(struct ts_k_timeline *tl, struct ts_queue *q, enum ts_k_mark m,
+                             struct ts_error *err);
+ts_status ts_k_timeline_read(struct ts_k_timeline *tl, double *busy_s, double *wait_s,
+                             struct ts_error *err);
+void ts_k_timeline_free(struct ts_k_timeline *tl);
+
 #endif

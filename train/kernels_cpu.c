@@ -7,12 +7,12 @@
  * run asynchronously and in queue order, as GPU work does on a stream, and
  * operands stay borrowed until the queue has run them.
  *
- * gemm is OpenBLAS's cblas_sgemm; everything else is a plain, single
- * threaded loop in float arithmetic (sums in double), so a sequence of
- * kernels gives bit-identical results run after run. The formulas are
- * optax's and jax.nn's: gelu is the tanh approximation, Adam has bias
- * correction and eps outside the square root, clipping is
- * clip_by_global_norm's select.
+ * gemm is OpenBLAS's cblas_sgemm, called column-major with the very
+ * arguments cuBLAS gets (ts_m_gemm_colmajor); everything else is a plain,
+ * single threaded loop over the formulas of kernels_math.h, which the CUDA
+ * kernels use too. Sums run in double in the reductions' fixed lane order,
+ * so a sequence of kernels gives bit-identical results run after run, and
+ * the same sums as CUDA.
  *
  * Thread-safety: stateless; each job touches only its own operands.
  */
@@ -21,10 +21,8 @@
 #include <stdlib.h>
 
 #include "train/kernels_int.h"
+#include "train/kernels_math.h"
 
-/* sqrt(2 / pi) in float, as jax.nn.gelu rounds it. */
-#define GELU_S 0.7978845608028654f
-#define GELU_C 0.044715f
 
 struct job;
 typedef void (*job_fn)(const struct job *j);
@@ -85,6 +83,7 @@ static void run_gemm(const struct job *j)
 	int M = j->u.gemm.M, N = j->u.gemm.N, K = j->u.gemm.K;
 	float beta = j->u.gemm.beta;
 	float *C = j->u.gemm.C;
+	struct ts_m_colmajor_gemm g;
 
 	if (K == 0) {
 		/* C = beta * C, and BLAS's beta == 0 ignores what C held */
@@ -92,27 +91,11 @@ static void run_gemm(const struct job *j)
 			C[i] = beta == 0.0f ? 0.0f : beta * C[i];
 		return;
 	}
-	cblas_sgemm(CblasRowMajor, j->u.gemm.ta ? CblasTrans : CblasNoTrans,
-	            j->u.gemm.tb ? CblasTrans : CblasNoTrans, M, N, K, j->u.gemm.alpha,
-	            j->u.gemm.A, j->u.gemm.ta ? M : K, j->u.gemm.B, j->u.gemm.tb ? K : N, beta,
-	            C, N);
-}
-
-static float gelu(float x)
-{
-	float cdf = 0.5f * (1.0f + tanhf(GELU_S * (x + GELU_C * (x * x * x))));
-
-	return x * cdf;
-}
-
-/* d gelu / dx of the tanh approximation, exactly differentiated. */
-static float gelu_grad(float x)
-{
-	float x2 = x * x;
-	float t = tanhf(GELU_S * (x + GELU_C * (x2 * x)));
-	float du = GELU_S * (1.0f + 3.0f * GELU_C * x2);
-
-	return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+	/* the column-major call cuBLAS gets too (kernels_math.h) */
+	g = ts_m_gemm_colmajor(j->u.gemm.ta, j->u.gemm.tb, M, N, K);
+	cblas_sgemm(CblasColMajor, g.transa ? CblasTrans : CblasNoTrans,
+	            g.transb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, j->u.gemm.alpha,
+	            j->u.gemm.B, g.lda, j->u.gemm.A, g.ldb, beta, C, g.ldc);
 }
 
 static void run_act_fwd(const struct job *j)
@@ -121,14 +104,15 @@ static void run_act_fwd(const struct job *j)
 	float *out = j->u.act.out;
 	uint64_t n = j->u.act.n;
 
+	/* one loop per activation: each vectorises on its own */
 	switch (j->u.act.act) {
 	case TS_ACT_RELU:
 		for (uint64_t i = 0; i < n; i++)
-			out[i] = in[i] < 0.0f ? 0.0f : in[i];
+			out[i] = ts_m_relu(in[i]);
 		break;
 	case TS_ACT_GELU:
 		for (uint64_t i = 0; i < n; i++)
-			out[i] = gelu(in[i]);
+			out[i] = ts_m_gelu(in[i]);
 		break;
 	case TS_ACT_TANH:
 		for (uint64_t i = 0; i < n; i++)
@@ -150,20 +134,16 @@ static void run_act_bwd(const struct job *j)
 
 	switch (j->u.act.act) {
 	case TS_ACT_RELU:
-		/* jax.nn.relu's derivative is 0 at 0 */
 		for (uint64_t i = 0; i < n; i++)
-			gi[i] = pre[i] > 0.0f ? go[i] : 0.0f;
+			gi[i] = ts_m_relu_bwd(pre[i], go[i]);
 		break;
 	case TS_ACT_GELU:
 		for (uint64_t i = 0; i < n; i++)
-			gi[i] = go[i] * gelu_grad(pre[i]);
+			gi[i] = ts_m_gelu_bwd(pre[i], go[i]);
 		break;
 	case TS_ACT_TANH:
-		for (uint64_t i = 0; i < n; i++) {
-			float t = tanhf(pre[i]);
-
-			gi[i] = go[i] * (1.0f - t * t);
-		}
+		for (uint64_t i = 0; i < n; i++)
+			gi[i] = ts_m_tanh_bwd(pre[i], go[i]);
 		break;
 	case TS_ACT_NONE:
 	default:
@@ -182,45 +162,63 @@ static void run_add(const struct job *j)
 		y[i] += x[i];
 }
 
+/* The lanes' tree over part (kernels_math.h): CUDA's order exactly. */
+static double lanes_reduce(double *part)
+{
+	for (unsigned s = TS_RED_LANES / 2; s > 0; s >>= 1)
+		for (unsigned l = 0; l < s; l++)
+			part[l] += part[l + s];
+	return part[0];
+}
+
 static void run_loss(const struct job *j)
 {
 	const float *out = j->u.loss.out, *target = j->u.loss.target;
 	float *grad = j->u.loss.grad;
 	uint64_t n = j->u.loss.n;
-	double sum = 0.0;
+	double part[TS_RED_LANES] = {0};
 
-	if (j->u.loss.loss == TS_LOSS_SUM) {
-		for (uint64_t i = 0; i < n; i++) {
-			sum += out[i];
-			grad[i] = 1.0f;
+	/* element i goes to lane i % LANES, in increasing i per lane */
+	for (uint64_t b = 0; b < n; b += TS_RED_LANES) {
+		unsigned lim = n - b < TS_RED_LANES ? (unsigned)(n - b) : TS_RED_LANES;
+
+		if (j->u.loss.loss == TS_LOSS_SUM) {
+			for (unsigned l = 0; l < lim; l++) {
+				part[l] += out[b + l];
+				grad[b + l] = 1.0f;
+			}
+			continue;
 		}
-		*j->u.loss.value = (float)sum;
-		return;
-	}
-	for (uint64_t i = 0; i < n; i++) {
-		float d = out[i] - target[i];
+		for (unsigned l = 0; l < lim; l++) {
+			float d = ts_m_mse_diff(out[b + l], target[b + l]);
 
-		sum += (double)d * d;
-		grad[i] = 2.0f * d / (float)n;
+			part[l] += ts_m_sq(d);
+			grad[b + l] = ts_m_mse_grad(d, n);
+		}
 	}
-	*j->u.loss.value = (float)(sum / (double)n);
+	*j->u.loss.value = ts_m_loss_value(j->u.loss.loss, lanes_reduce(part), n);
 }
 
 static void run_sumsq(const struct job *j)
 {
 	const float *x = j->u.sumsq.x;
-	double sum = 0.0;
+	uint64_t n = j->u.sumsq.n;
+	double part[TS_RED_LANES] = {0};
 
-	for (uint64_t i = 0; i < j->u.sumsq.n; i++)
-		sum += (double)x[i] * x[i];
-	*j->u.sumsq.acc = (float)((double)*j->u.sumsq.acc + sum);
+	for (uint64_t b = 0; b < n; b += TS_RED_LANES) {
+		unsigned lim = n - b < TS_RED_LANES ? (unsigned)(n - b) : TS_RED_LANES;
+
+		for (unsigned l = 0; l < lim; l++)
+			part[l] += ts_m_sq(x[b + l]);
+	}
+	*j->u.sumsq.acc = ts_m_sumsq_acc(*j->u.sumsq.acc, lanes_reduce(part));
 }
 
 /*
  * Adam over n parameters. The operands never overlap (restrict), so the
  * compiler vectorises the loop (the build passes -fno-math-errno, letting
- * sqrtf become one instruction); the arithmetic per element is exactly the
- * scalar one.
+ * sqrtf become one instruction); the arithmetic per element is exactly
+ * ts_m_adam's.
  */
 static void adam_loop(float *restrict p, const float *restrict g, float *restrict mu,
                       float *restrict nu, uint64_t n, float lr, float b1, float b2, float eps,
@@ -228,13 +226,9 @@ static void adam_loop(float *restrict p, const float *restrict g, float *restric
 {
 	/* -O3 unswitches the loop on the invariant clip, then vectorises each copy */
 	for (uint64_t i = 0; i < n; i++) {
-		float gi = clip ? g[i] / norm * c : g[i];
-		float m = (1.0f - b1) * gi + b1 * mu[i];
-		float v = (1.0f - b2) * (gi * gi) + b2 * nu[i];
+		float gi = ts_m_clip_grad(g[i], clip, norm, c);
 
-		mu[i] = m;
-		nu[i] = v;
-		p[i] -= lr * ((m / bc1) / (sqrtf(v / bc2) + eps));
+		p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], lr, b1, b2, eps, bc1, bc2);
 	}
 }
 
@@ -247,24 +241,17 @@ static void run_update(const struct job *j)
 	float lr = o->learning_rate, c = o->clip_global_norm, norm = 0.0f;
 	bool clip = false;
 
-	if (c > 0.0f) {
-		/* optax: select(norm < c, g, g / norm * c); a NaN norm clips */
-		norm = sqrtf(*j->u.update.gnorm_sq);
-		clip = !(norm < c);
-	}
+	if (c > 0.0f)
+		clip = ts_m_clips(*j->u.update.gnorm_sq, c, &norm);
 	if (o->type == TS_OPT_SGD) {
-		for (uint64_t i = 0; i < n; i++) {
-			float gi = clip ? g[i] / norm * c : g[i];
-
-			p[i] -= lr * gi;
-		}
+		for (uint64_t i = 0; i < n; i++)
+			p[i] = ts_m_sgd(p[i], ts_m_clip_grad(g[i], clip, norm, c), lr);
 		return;
 	}
-
 	adam_loop(p, g, mu, nu, n, lr, o->b1, o->b2, o->eps,
-	          1.0f - powf(o->b1, (float)j->u.update.step),
-	          1.0f - powf(o->b2, (float)j->u.update.step), clip ? norm : 1.0f, clip ? c : 1.0f,
-	          clip);
+	          ts_m_bias_correction(o->b1, j->u.update.step),
+	          ts_m_bias_correction(o->b2, j->u.update.step), clip ? norm : 1.0f,
+	          clip ? c : 1.0f, clip);
 }
 
 static void run_fill(const struct job *j)

@@ -62,6 +62,15 @@ struct ts__kernel_ops {
 	                    uint64_t n, const float *gnorm_sq_dev, struct ts_error *err);
 	ts_status (*fill)(void *impl, struct ts_queue *q, float *x, float v, uint64_t n,
 	                  struct ts_error *err);
+
+	/* A device-timed timeline (kernels.h); NULL ops: none. q is a queue of
+	 * the kernels' device, checked. */
+	ts_status (*timeline_new)(void *impl, void **tl, struct ts_error *err);
+	ts_status (*timeline_mark)(void *tl, struct ts_queue *q, enum ts_k_mark m,
+	                           struct ts_error *err);
+	ts_status (*timeline_read)(void *tl, double *busy_s, double *wait_s,
+	                           struct ts_error *err);
+	void (*timeline_free)(void *tl);
 };
 
 /* The CPU kernels (OpenBLAS and plain loops, run on host queue workers). */

@@ -259,6 +259,40 @@ const char *th_device_id(int ordinal, char *buf, size_t cap)
 	return buf;
 }
 
+const char *th_dev(int ordinal)
+{
+	static char ids[8][16];
+
+	ck_assert_msg(ordinal >= 0 && ordinal < 8, "th_dev(%d): ordinals 0..7", ordinal);
+	if (!ids[ordinal][0])
+		th_device_id(ordinal, ids[ordinal], sizeof ids[ordinal]);
+	return ids[ordinal];
+}
+
+const char *th_on_backend(const char *text)
+{
+	static char ring[16][4096];
+	static unsigned next;
+	char *out = ring[next++ % 16];
+	size_t n = 0;
+
+	for (const char *p = text; *p; ) {
+		if (strncmp(p, "sim:", 4) == 0 && p[4] >= '0' && p[4] <= '7') {
+			const char *id = th_dev(p[4] - '0');
+
+			ck_assert_msg(n + strlen(id) < sizeof ring[0], "th_on_backend: text too long");
+			memcpy(out + n, id, strlen(id));
+			n += strlen(id);
+			p += 5;
+			continue;
+		}
+		ck_assert_msg(n + 1 < sizeof ring[0], "th_on_backend: text too long");
+		out[n++] = *p++;
+	}
+	out[n] = '\0';
+	return out;
+}
+
 const char *th_tstaged(void)
 {
 	const char *p = getenv("TSTAGED");
@@ -769,6 +803,19 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 	j = th_json(r);
 	ck_assert_msg(json_is_object(j), "GET %s: body is not a JSON object: %s", path, r->body);
 	return j;
+}
+
+bool th_daemon_has_device(struct th_daemon *d, const char *id)
+{
+	struct th_response r;
+	json_t *dev;
+	bool found = false;
+	size_t i;
+
+	json_array_foreach(th_arr(th_get_json(d, "/v1/devices", &r), "devices"), i, dev)
+		found = found || strcmp(th_str(dev, "id"), id) == 0;
+	th_response_free(&r);
+	return found;
 }
 
 void th_response_free(struct th_response *r)

@@ -59,6 +59,16 @@ bool th_backend_is_sim(void);
  * "cuda:0", "cuda:1"); the second may not exist on a one-GPU machine. */
 const char *th_device_id(int ordinal, char *buf, size_t cap);
 
+/* The same, borrowed: the backend's device of ordinal 0..7 ("sim:1",
+ * "cuda:1"), valid for the whole process. Suites that name devices take
+ * them from here, so a cuda run tests the GPU. */
+const char *th_dev(int ordinal);
+
+/* text with every "sim:N" (N one digit) replaced by th_dev(N): request
+ * bodies and query strings written for sim, run on the backend under test.
+ * Borrowed from a ring of 16 buffers: valid for the next 15 calls. */
+const char *th_on_backend(const char *text);
+
 /* ---- a daemon ------------------------------------------------------------- */
 
 struct th_daemon {
@@ -101,6 +111,10 @@ void th_daemon_signal(struct th_daemon *d, int sig);
 /* Waits at most timeout_ms for the daemon to exit: its shell-style status,
  * or -1 while it still runs. Once it has exited, d->pid is 0. */
 int th_daemon_wait(struct th_daemon *d, int timeout_ms);
+
+/* Whether the running daemon lists device id (GET /v1/devices): a suite
+ * that needs a second device skips what it cannot do on a one-GPU machine. */
+bool th_daemon_has_device(struct th_daemon *d, const char *id);
 
 /* Stops the daemon and fails the test unless it exits 0 (graceful drain). */
 void th_daemon_stop_ok(struct th_daemon *d);

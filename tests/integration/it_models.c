@@ -1,6 +1,7 @@
 /*
  * it_models.c - Check suite "models": offloaded training over HTTP against a
- * real tstaged (two simulated devices of 256 MiB): creating, listing and
+ * real tstaged (two simulated devices of 256 MiB, or the GPUs with
+ * TS_TEST_BACKEND=cuda, every device id from the harness): creating, listing and
  * deleting models and the arrays that hold their parameters and optimizer
  * state; the memory analysis of the JAX host-offloading guide's
  * configurations (:analyze on a model and on a spec alone); steps whose
@@ -54,6 +55,24 @@ static const char *const json_headers[] = {"Content-Type: application/json", NUL
 #define GUIDE_MLP "{\"layers\": 10, \"d_model\": 256, \"d_hidden\": 1024, \"activation\": \"relu\"}"
 #define GUIDE_B 256
 #define GUIDE_D 256
+
+/* ---- the devices under test ------------------------------------------------------------ */
+
+/* Whether the daemon has a second device of the backend under test (a
+ * one-GPU machine has not: the cases that need two say so and pass). */
+static bool two_devices(void)
+{
+	if (th_daemon_has_device(&D, th_dev(1)))
+		return true;
+	fprintf(stderr, "models: no %s: a two-device case skipped\n", th_dev(1));
+	return false;
+}
+
+/* The second device, or the first where there is only one. */
+static const char *second_device(void)
+{
+	return th_daemon_has_device(&D, th_dev(1)) ? th_dev(1) : th_dev(0);
+}
 
 /* ---- requests ------------------------------------------------------------------------ */
 
@@ -588,7 +607,7 @@ START_TEST(test_create_adam)
 	ck_assert_msg(fabs(json_number_value(json_object_get(opt, "b2")) - 0.999) < 1e-7, "b2 default");
 	ck_assert_msg(fabs(json_number_value(json_object_get(opt, "eps")) - 1e-8) < 1e-14, "eps default");
 	ck_assert_msg(json_number_value(json_object_get(opt, "clip_global_norm")) == 1.0, "clip");
-	ck_assert_str_eq(th_str(pl, "device"), "sim:0");
+	ck_assert_str_eq(th_str(pl, "device"), th_dev(0));
 	ck_assert_str_eq(th_str(pl, "params"), "device");
 	ck_assert_str_eq(th_str(pl, "opt_state"), "pinned_host");
 	ck_assert_int_eq(th_int(pl, "prefetch_depth"), 1);
@@ -604,7 +623,7 @@ START_TEST(test_create_adam)
 	for (size_t i = 0; i < 6; i++) {
 		snprintf(want, sizeof want, "net.%s", roles[i]);
 		ck_assert_str_eq(th_str(arrays, roles[i]), want);
-		check_param_array("net", roles[i], strstr(roles[i], "w1") ? w1 : w2, "sim:0",
+		check_param_array("net", roles[i], strstr(roles[i], "w1") ? w1 : w2, th_dev(0),
 		                  i < 2 ? "device" : "pinned_host");
 	}
 	/* the weights are initialised (normal, scale 0.02), the state is zero */
@@ -639,18 +658,26 @@ START_TEST(test_create_variants)
 	ck_assert_str_eq(th_str(m, "loss"), "sum");
 	ck_assert_str_eq(th_str(th_obj(m, "optimizer"), "type"), "none");
 	ck_assert_str_eq(th_str(th_obj(m, "placement"), "params"), "device");
-	check_param_array("sq", "w1", sq, "sim:0", "device");
+	check_param_array("sq", "w1", sq, th_dev(0), "device");
 	ck_assert_int_eq(get_status("/v1/arrays/sq.w2"), 404);
 	json_decref(m);
 
-	/* sgd keeps no state; params on pinned_host of sim:1 */
-	m = create("{\"name\": \"sgd1\", \"mlp\": {\"layers\": 4, \"d_model\": 6, \"d_hidden\": 10, "
-	           "\"activation\": \"tanh\"}, \"optimizer\": {\"type\": \"sgd\"}, "
-	           "\"placement\": {\"device\": \"sim:1\", \"params\": \"pinned_host\"}}");
-	ck_assert_uint_eq(json_object_size(th_obj(m, "arrays")), 2);
-	check_param_array("sgd1", "w1", w1, "sim:1", "pinned_host");
-	ck_assert_int_eq(get_status("/v1/arrays/sgd1.adam.mu.w1"), 404);
-	json_decref(m);
+	/* sgd keeps no state; params on pinned_host of the second device (the
+	 * first on a one-GPU machine) */
+	{
+		const char *d1 = second_device();
+		char *body = fmt("{\"name\": \"sgd1\", \"mlp\": {\"layers\": 4, \"d_model\": 6, "
+		                  "\"d_hidden\": 10, \"activation\": \"tanh\"}, \"optimizer\": "
+		                  "{\"type\": \"sgd\"}, \"placement\": {\"device\": \"%s\", "
+		                  "\"params\": \"pinned_host\"}}", d1);
+
+		m = create(body);
+		free(body);
+		ck_assert_uint_eq(json_object_size(th_obj(m, "arrays")), 2);
+		check_param_array("sgd1", "w1", w1, d1, "pinned_host");
+		ck_assert_int_eq(get_status("/v1/arrays/sgd1.adam.mu.w1"), 404);
+		json_decref(m);
+	}
 
 	/* a constant init */
 	m = create("{\"name\": \"c\", \"mlp\": {\"layers\": 1, \"d_model\": 2, \"d_hidden\": 3}, "
@@ -731,7 +758,7 @@ START_TEST(test_create_bad_specs)
 	list = get_json("/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
 	json_decref(list);
-	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use"), 0);
+	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use"), 0);
 }
 END_TEST
 
@@ -843,7 +870,7 @@ START_TEST(test_get_list_delete)
 {
 	static const char *const names[] = {"b-model", "a.model", "c_model"};
 	json_t *m, *list, *got;
-	json_int_t base = space_int("sim:0", "device", "bytes_in_use");
+	json_int_t base = space_int(th_dev(0), "device", "bytes_in_use");
 
 	for (size_t i = 0; i < 3; i++) {
 		char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 16}, "
@@ -860,7 +887,7 @@ START_TEST(test_get_list_delete)
 		json_decref(m);
 	}
 	/* 3 models x (w1, w2, mu, nu) x 2 x 8 x 16 floats */
-	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use") - base, 3 * 6 * 2 * 8 * 16 * 4);
+	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use") - base, 3 * 6 * 2 * 8 * 16 * 4);
 	list = get_json("/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 3);
 	ck_assert_str_eq(th_str(json_array_get(th_arr(list, "models"), 0), "name"), "a.model");
@@ -889,7 +916,7 @@ START_TEST(test_get_list_delete)
 	ck_assert_int_eq(get_status("/v1/arrays/b-model.adam.mu.w1"), 404);
 	ck_assert_int_eq(get_status("/v1/arrays/b-model.adam.nu.w2"), 404);
 	ck_assert_int_eq(get_status("/v1/arrays/a.model.w1"), 200);
-	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use") - base,
+	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use") - base,
 	                 2 * 6 * 2 * 8 * 16 * 4 + 2 * 2 * 4);
 	list = get_json("/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 3);
@@ -999,7 +1026,7 @@ START_TEST(test_analyze_adam_7168)
 	                              "\"learning_rate\": 1e-3}, \"placement\": {\"params\": \"device\", "
 	                              "\"opt_state\": \"%s\"}}, \"batch\": [128, 7168]}";
 	json_int_t weights = 4ll * 7168 * 7168 * 4;
-	json_t *on, *off, *before = space("sim:0", "device"), *after, *list;
+	json_t *on, *off, *before = space(th_dev(0), "device"), *after, *list;
 	char body[512];
 
 	snprintf(body, sizeof body, fmt_spec, "device");
@@ -1020,7 +1047,7 @@ START_TEST(test_analyze_adam_7168)
 	ck_assert_int_eq(J(on, "peak_device_bytes") - J(off, "peak_device_bytes"),
 	                 2 * weights - (J(off, "temp_size_in_bytes") - J(on, "temp_size_in_bytes")));
 	/* analysed, not created: nothing was allocated or registered */
-	after = space("sim:0", "device");
+	after = space(th_dev(0), "device");
 	ck_assert_int_eq(th_int(after, "bytes_in_use"), th_int(before, "bytes_in_use"));
 	ck_assert_int_eq(th_int(after, "num_allocs"), th_int(before, "num_allocs"));
 	list = get_json("/v1/models");
@@ -1093,9 +1120,76 @@ static void check_step_result(json_t *res, json_t *an, const char *what)
 	json_decref(t);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(res, "steps") * J(an, "h2d_bytes"));
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "d2h"), J(res, "steps") * J(an, "d2h_bytes"));
-	ck_assert_str_eq(th_str(res, "device"), "sim:0");
+	ck_assert_str_eq(th_str(res, "device"), th_dev(0));
 	ck_assert_msg(json_number_value(json_object_get(th_obj(res, "time"), "wall_s")) > 0, "wall_s");
 }
+
+/* The issue's large model, timed: 4 layers of D x D with Adam (D from
+ * TS_TEST_LARGE_D: 7168 on a GPU; unset, the case does nothing), batch
+ * 128, once on the device and once with params and optimizer state on
+ * pinned_host (prefetch 1): the measured peak equals the prediction, and
+ * each step's time is printed ("large: ..." on stderr). */
+START_TEST(test_step_adam_large_timed)
+{
+	const char *ds = getenv("TS_TEST_LARGE_D");
+	long d = ds ? atol(ds) : 0;
+	static const char *const where[2] = {
+		"{\"params\": \"device\", \"opt_state\": \"device\"}",
+		"{\"params\": \"pinned_host\", \"opt_state\": \"pinned_host\", \"prefetch_depth\": 1}"};
+	double per[2];
+	float *x;
+
+	if (d <= 0)
+		return;
+	x = make((size_t)128 * d, 90, -1.0f, 1.0f);
+	upload("bx", x, 128, (size_t)d, NULL);
+	for (int w = 0; w < 2; w++) {
+		char *spec = fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
+		                 "\"activation\": \"relu\"}, \"loss\": \"sum\", \"optimizer\": "
+		                 "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
+		                 w, d, where[w]);
+		char name[16], *an_body = fmt("{\"batch\": [128, %ld]}", d);
+		json_t *an, *res;
+
+		snprintf(name, sizeof name, "big%d", w);
+		json_decref(create(spec));
+		an = analyze(name, an_body);
+		json_decref(step_wait(name, "{\"inputs\": \"bx\", \"steps\": 1}")); /* warm-up */
+		res = step_wait(name, "{\"inputs\": \"bx\", \"steps\": 3}");
+		ck_assert_msg(J(res, "measured_peak_device_bytes") == J(res, "predicted_peak_device_bytes"),
+		              "%s: measured %lld, predicted %lld", name,
+		              (long long)J(res, "measured_peak_device_bytes"),
+		              (long long)J(res, "predicted_peak_device_bytes"));
+		ck_assert_int_eq(J(res, "predicted_peak_device_bytes"), J(an, "peak_device_bytes"));
+		for (int i = 0; i < 3; i++)
+			ck_assert_msg(isfinite(loss_at(res, i)), "%s: loss %d not finite", name, i);
+		per[w] = json_number_value(json_object_get(th_obj(res, "time"), "per_step_s"));
+		fprintf(stderr, "large: 4x%ld adam on %s, %s: %.2f ms per step, compute %.2f ms, "
+		        "peak %lld bytes (predicted %lld)\n", d, th_str(res, "device"),
+		        w ? "params and state on pinned_host, prefetch 1" : "all on the device",
+		        per[w] * 1e3,
+		        json_number_value(json_object_get(th_obj(res, "time"), "compute_s")) * 1e3 / 3,
+		        (long long)J(res, "measured_peak_device_bytes"),
+		        (long long)J(res, "predicted_peak_device_bytes"));
+		json_decref(an);
+		json_decref(res);
+		free(spec);
+		free(an_body);
+		{
+			struct th_response r;
+			char path[64];
+
+			/* its params and state go: the next placement has the room */
+			snprintf(path, sizeof path, "/v1/models/%s", name);
+			th_request(&D, "DELETE", path, NULL, NULL, 0, &r);
+			ck_assert_msg(r.status == 200, "DELETE %s: %ld %s", path, r.status, r.body);
+			th_response_free(&r);
+		}
+	}
+	fprintf(stderr, "large: 4x%ld adam offloaded / on device: %.3f\n", d, per[1] / per[0]);
+	free(x);
+}
+END_TEST
 
 /* Activation policies beyond the guide's: every residual saved, offloaded
  * or recomputed. */
@@ -1162,9 +1256,9 @@ START_TEST(test_step_guide_policies)
 		}
 	}
 	/* nothing is left behind: params (host), the batch and the gradients */
-	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use"),
+	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use"),
 	                 (json_int_t)(GUIDE_B * GUIDE_D * 4 + 20 * MiB));
-	ck_assert_int_eq(space_int("sim:0", "pinned_host", "bytes_in_use"), (json_int_t)(20 * MiB));
+	ck_assert_int_eq(space_int(th_dev(0), "pinned_host", "bytes_in_use"), (json_int_t)(20 * MiB));
 	free(ref_g1);
 	free(ref_g2);
 }
@@ -1218,7 +1312,7 @@ START_TEST(test_step_peak_seen_by_the_space)
 		delete_array("g.grad.w2");
 		json_decref(post_json("/v1/memory:resetPeak", "{}", 200));
 		res = step_wait("g", "{\"inputs\": \"x\"}");
-		sp = space("sim:0", "device");
+		sp = space(th_dev(0), "device");
 		ck_assert_msg(th_int(sp, "peak_bytes_in_use") == J(res, "predicted_peak_device_bytes"),
 		              "run %d: the device space peaked at %lld bytes; predicted %lld, reported "
 		              "measured %lld", run, (long long)th_int(sp, "peak_bytes_in_use"),
@@ -1450,12 +1544,12 @@ START_TEST(test_step_gradients)
 		res = step_wait(s->name, body);
 		ref = reference(s, m, 1, &f);
 		compare_losses(res, ref, 0, s->name);
-		check_param_array(s->name, "grad.w1", shape, "sim:0", "device");
+		check_param_array(s->name, "grad.w1", shape, th_dev(0), "device");
 		compare_array(s->name, "grad.w1", &f, "grad_w1.f32");
 		if (s->h) {
 			json_int_t shape2[3] = {s->layers, s->h, s->d};
 
-			check_param_array(s->name, "grad.w2", shape2, "sim:0", "device");
+			check_param_array(s->name, "grad.w2", shape2, th_dev(0), "device");
 			compare_array(s->name, "grad.w2", &f, "grad_w2.f32");
 		} else {
 			snprintf(name, sizeof name, "/v1/arrays/%s.grad.w2", s->name);
@@ -1536,13 +1630,18 @@ START_TEST(test_step_rows)
 }
 END_TEST
 
-/* A daemon whose default device is sim:1: uploads without a placement land
- * there, uncommitted, while the model is placed on sim:0. */
+/* A daemon whose default device is the second one (sim:1, cuda:1):
+ * uploads without a placement land there, uncommitted, while the model is
+ * placed on the first. Without a second device, a plain daemon (the cases
+ * skip). */
 static void daemon_up_default_sim1(void)
 {
-	static const char *const args[] = {"--sim-device-memory", "256MiB", "--default-device", "sim:1",
-	                                   NULL};
+	const char *args[] = {"--sim-device-memory", "256MiB", "--default-device", th_dev(1), NULL};
 
+	th_daemon_start(&D, base_args);
+	if (!th_daemon_has_device(&D, th_dev(1)))
+		return;
+	th_daemon_stop_ok(&D);
 	th_daemon_start(&D, args);
 }
 
@@ -1552,21 +1651,23 @@ START_TEST(test_step_uncommitted_inputs_follow)
 	json_t *a, *res;
 	json_int_t before;
 
-	json_decref(create("{\"name\": \"u\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	                   "\"placement\": {\"device\": \"sim:0\"}}"));
+	if (!two_devices())
+		return;
+	json_decref(create(th_on_backend("{\"name\": \"u\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"placement\": {\"device\": \"sim:0\"}}")));
 	upload("ux", x, 8, 16, NULL);
 	a = array_meta("ux");
 	ck_assert(!th_bool(a, "committed"));
-	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), "sim:1");
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(1));
 	ck_assert_int_eq(th_int(a, "implicit_transfer_bytes"), 0);
 	json_decref(a);
 	before = implicit_total();
 	res = step_wait("u", "{\"inputs\": \"ux\"}");
-	ck_assert_str_eq(th_str(res, "device"), "sim:0");
+	ck_assert_str_eq(th_str(res, "device"), th_dev(0));
 	a = array_meta("ux");
 	ck_assert_msg(th_int(a, "implicit_transfer_bytes") == 8 * 16 * 4,
 	              "implicit_transfer_bytes %lld", (long long)th_int(a, "implicit_transfer_bytes"));
-	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), "sim:0");
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(0));
 	ck_assert(!th_bool(a, "committed"));
 	ck_assert_int_eq(implicit_total() - before, 8 * 16 * 4);
 	json_decref(a);
@@ -1586,31 +1687,36 @@ START_TEST(test_step_committed_apart)
 	json_t *op, *err;
 	int middle;
 
+	if (!two_devices())
+		return;
 	json_decref(create("{\"name\": \"c\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"loss\": \"mse\"}"));
-	upload("cx", x, 8, 16, "device=sim:1");
+	upload("cx", x, 8, 16, th_on_backend("device=sim:1"));
 	upload("ct", x, 8, 16, NULL);
 	post_error("/v1/models/c:step?wait=true", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 400,
-	           "FAILED_PRECONDITION", "COMMITTED_APART", "c.w1", "sim:0", "cx", "sim:1", NULL);
+	           "FAILED_PRECONDITION", "COMMITTED_APART", "c.w1", th_dev(0), "cx", th_dev(1), NULL);
 	/* as an operation: it fails with the same error */
 	id = step_start("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 1);
 	op = op_poll(id, &middle);
 	ck_assert_str_eq(th_str(op, "state"), "FAILED");
 	err = th_obj(op, "error");
-	ck_assert_msg(strstr(th_str(err, "message"), "cx") && strstr(th_str(err, "message"), "sim:1"),
+	ck_assert_msg(strstr(th_str(err, "message"), "cx") && strstr(th_str(err, "message"), th_dev(1)),
 	              "error %s", json_dumps(err, 0));
 	json_decref(op);
 	free(id);
 	/* nothing moved, nothing counted */
 	op = array_meta("cx");
-	ck_assert_str_eq(th_str(th_obj(op, "sharding"), "device"), "sim:1");
+	ck_assert_str_eq(th_str(th_obj(op, "sharding"), "device"), th_dev(1));
 	ck_assert_int_eq(th_int(op, "implicit_transfer_bytes"), 0);
 	json_decref(op);
 	ck_assert_int_eq(implicit_total(), 0);
 	/* moved next to the model, it runs */
-	th_request(&D, "POST", "/v1/arrays/cx:put?wait=true", json_headers,
-	           "{\"device\": \"sim:0\", \"memory_kind\": \"device\"}",
-	           strlen("{\"device\": \"sim:0\", \"memory_kind\": \"device\"}"), &r);
+	{
+		const char *put = th_on_backend("{\"device\": \"sim:0\", \"memory_kind\": \"device\"}");
+
+		th_request(&D, "POST", "/v1/arrays/cx:put?wait=true", json_headers, put, strlen(put),
+		           &r);
+	}
 	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
 	th_response_free(&r);
 	json_decref(step_wait("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}"));
@@ -1628,8 +1734,8 @@ static void apart_setup(void)
 	json_decref(create("{\"name\": \"c\", \"mlp\": {\"layers\": 1, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"loss\": \"mse\"}"));
 	upload("ds", x, 32, 16, NULL);
-	upload("ds1", x, 32, 16, "device=sim:1");
-	upload("t1", x, 8, 16, "device=sim:1");
+	upload("ds1", x, 32, 16, th_on_backend("device=sim:1"));
+	upload("t1", x, 8, 16, th_on_backend("device=sim:1"));
 	upload("in0", x, 8, 16, NULL);
 	free(x);
 }
@@ -1639,15 +1745,17 @@ static void apart_setup(void)
  * refused in both cases. */
 START_TEST(test_step_named_targets_colocated_with_row_inputs)
 {
+	if (!two_devices())
+		return;
 	apart_setup();
 	/* rows of ds1 (committed to sim:1), as inputs and as targets: gathered */
 	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
 	                      "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
 	post_error("/v1/models/c:step?wait=true", "{\"inputs\": \"in0\", \"targets\": \"t1\"}", 400,
-	           "FAILED_PRECONDITION", "COMMITTED_APART", "t1", "sim:1", NULL);
+	           "FAILED_PRECONDITION", "COMMITTED_APART", "t1", th_dev(1), NULL);
 	post_error("/v1/models/c:step?wait=true", "{\"inputs\": {\"array\": \"ds\", \"rows\": "
 	           "[0, 1, 2, 3, 4, 5, 6, 7]}, \"targets\": \"t1\"}", 400, "FAILED_PRECONDITION",
-	           "COMMITTED_APART", "t1", "sim:1", NULL);
+	           "COMMITTED_APART", "t1", th_dev(1), NULL);
 }
 END_TEST
 
@@ -1655,6 +1763,8 @@ END_TEST
  * for inputs, whether the other operand is given by name or as rows. */
 START_TEST(test_step_target_rows_gathered_with_named_inputs)
 {
+	if (!two_devices())
+		return;
 	apart_setup();
 	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
 	                      "\"targets\": {\"array\": \"ds\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
@@ -1742,8 +1852,8 @@ START_TEST(test_step_cancel)
 	guide_setup("g", "{\"params\": \"pinned_host\", \"activations\": {\"offload\": [\"x\"]}, "
 	                 "\"prefetch_depth\": 1}");
 	json_decref(step_wait("g", "{\"inputs\": \"x\"}"));
-	dev0 = space_int("sim:0", "device", "bytes_in_use");
-	host0 = space_int("sim:0", "pinned_host", "bytes_in_use");
+	dev0 = space_int(th_dev(0), "device", "bytes_in_use");
+	host0 = space_int(th_dev(0), "pinned_host", "bytes_in_use");
 	id = step_start("g", "{\"inputs\": \"x\", \"steps\": 200}", 200);
 	/* let it start */
 	deadline = th_now_ms() + 30000;
@@ -1778,8 +1888,8 @@ START_TEST(test_step_cancel)
 	}
 	json_decref(op);
 	/* every temp is back, and the model still runs, as predicted */
-	ck_assert_int_eq(space_int("sim:0", "device", "bytes_in_use"), dev0);
-	ck_assert_int_eq(space_int("sim:0", "pinned_host", "bytes_in_use"), host0);
+	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use"), dev0);
+	ck_assert_int_eq(space_int(th_dev(0), "pinned_host", "bytes_in_use"), host0);
 	res = step_wait("g", "{\"inputs\": \"x\", \"steps\": 2}");
 	ck_assert_int_eq(J(res, "measured_peak_device_bytes"), J(res, "predicted_peak_device_bytes"));
 	ck_assert_msg(loss_at(res, 0) == loss_at(res, 1), "losses differ");
@@ -1828,6 +1938,12 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_step_peak_seen_by_the_space);
 	tcase_add_test(tc, test_step_params_override_not_ignored);
 	tcase_add_test(tc, test_step_params_split);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("large");
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_step_adam_large_timed);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("reference");

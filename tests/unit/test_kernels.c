@@ -8,8 +8,12 @@
  *
  * Every case runs on sim:0 (the CPU kernels); with TS_TEST_BACKEND=cuda the
  * backend-independent ones run again on cuda:0 (cuBLAS and the CUDA
- * kernels). Operands live in device memory, filled and read back with
- * queue copies, so the same code drives both.
+ * kernels), and every CUDA kernel is compared with the CPU kernel on the
+ * same inputs: reductions bit for bit, the rest to a few ulp. Operands live
+ * in device memory, filled and read back with queue copies, so the same
+ * code drives both. The row-major to column-major gemm mapping is checked
+ * on its own against cblas_sgemm(CblasColMajor) for every transpose and the
+ * plan's six gemms.
  */
 #include <check.h>
 #include <math.h>
@@ -17,8 +21,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include <cblas.h>
 
 #include "train/kernels.h"
+#include "train/kernels_math.h"
 
 static struct ts_device_set *set;
 static struct ts_device *dev;
@@ -276,6 +284,74 @@ static void gemm_case(bool ta, bool tb, int M, int N, int K, float alpha, float 
 	free(C);
 	dfree_all();
 }
+
+/* ---- the column-major gemm mapping --------------------------------------------- */
+
+/* Row-major C = alpha op(A) op(B) + beta C through ts_m_gemm_colmajor and
+ * cblas_sgemm(CblasColMajor), against the naive loop. */
+static void colmajor_case(bool ta, bool tb, int M, int N, int K, float alpha, float beta,
+                          unsigned seed)
+{
+	size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B);
+	float *C = malloc(nc * sizeof *C), *C0 = malloc(nc * sizeof *C0);
+	struct ts_m_colmajor_gemm g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+
+	ck_assert(g.a_is_B);
+	ck_assert_int_eq(g.m, N);
+	ck_assert_int_eq(g.n, M);
+	ck_assert_int_eq(g.k, K);
+	fill_rnd(A, na, seed, -1, 1);
+	fill_rnd(B, nb, seed + 1, -1, 1);
+	fill_rnd(C0, nc, seed + 2, -1, 1);
+	memcpy(C, C0, nc * sizeof *C);
+	cblas_sgemm(CblasColMajor, g.transa ? CblasTrans : CblasNoTrans,
+	            g.transb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, alpha, B, g.lda, A,
+	            g.ldb, beta, C, g.ldc);
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double sum = 0, mag = 0, ref;
+
+			for (int k = 0; k < K; k++) {
+				double a = ta ? A[(size_t)k * M + i] : A[(size_t)i * K + k];
+				double b = tb ? B[(size_t)j * K + k] : B[(size_t)k * N + j];
+
+				sum += a * b;
+				mag += fabs(a * b);
+			}
+			ref = alpha * sum + beta * (double)C0[(size_t)i * N + j];
+			mag = fabs(alpha) * mag + fabs(beta * (double)C0[(size_t)i * N + j]);
+			ck_assert_msg(fabs(C[(size_t)i * N + j] - ref) <= 1e-5 * (mag + 1e-30),
+			              "colmajor ta=%d tb=%d %dx%dx%d: C[%d,%d] = %.9g, want %.9g", ta,
+			              tb, M, N, K, i, j, C[(size_t)i * N + j], ref);
+		}
+	free(A);
+	free(B);
+	free(C);
+	free(C0);
+}
+
+START_TEST(gemm_colmajor_mapping)
+{
+	enum { B_ = 6, H = 10, D = 7 };
+	/* the plan's six: h = x w1, y = a w2, G2 = A^T g, A = g w2^T,
+	 * G1 = x^T A, gx = A w1^T (ta, tb, M, N, K) */
+	static const int plan6[6][5] = {{0, 0, B_, H, D}, {0, 0, B_, D, H}, {1, 0, H, D, B_},
+	                                {0, 1, B_, H, D}, {1, 0, D, H, B_}, {0, 1, B_, D, H}};
+	static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {33, 17, 65}, {2, 130, 9}};
+
+	for (int t = 0; t < 4; t++)
+		for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+			colmajor_case(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], 1.0f,
+			              0.0f, (unsigned)(t * 7 + s));
+			colmajor_case(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], -0.75f,
+			              0.5f, (unsigned)(t * 7 + s + 50));
+		}
+	for (int i = 0; i < 6; i++)
+		colmajor_case(plan6[i][0], plan6[i][1], plan6[i][2], plan6[i][3], plan6[i][4], 1.0f,
+		              i % 2 ? 1.0f : 0.0f, (unsigned)(200 + i));
+}
+END_TEST
 
 START_TEST(gemm_all_transposes)
 {
@@ -1092,6 +1168,397 @@ START_TEST(bad_arguments_refused)
 }
 END_TEST
 
+/* ---- CUDA against the CPU on the same inputs ---------------------------------- */
+
+/* sim:0 (the CPU kernels) beside cuda:0, with a queue and kernels each. */
+static struct ts_device *xdev[2];
+static struct ts_kernels *xk[2];
+static struct ts_queue *xq[2];
+
+static void setup_both(void)
+{
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 256ull << 20,
+	                              .cuda = true, .host = "t"};
+	static const char *const ids[2] = {"sim:0", "cuda:0"};
+
+	setup_on(&dc, "cuda:0");
+	for (int b = 0; b < 2; b++) {
+		xdev[b] = ts_device_set_find(set, ids[b]);
+		ck_assert_msg(xdev[b] != NULL, "no device %s", ids[b]);
+		OK(ts_kernels_new(xdev[b], &xk[b], &err));
+		OK(ts_queue_new(xdev[b], &xq[b], &err));
+	}
+}
+
+static void teardown_both(void)
+{
+	for (int b = 0; b < 2; b++) {
+		ts_queue_free(xq[b]);
+		ts_kernels_free(xk[b]);
+	}
+	teardown();
+}
+
+/* Device copies on both backends of h[0..n): x[0] on sim, x[1] on cuda. */
+struct xbuf {
+	float *d[2];
+	size_t n;
+};
+
+static struct xbuf xput(const float *h, size_t n)
+{
+	struct xbuf x = {{NULL, NULL}, n};
+
+	for (int b = 0; b < 2; b++) {
+		void *p = NULL;
+
+		ck_assert_int_lt(nbufs, MAX_BUFS);
+		OK(ts_device_mem_alloc(xdev[b], TS_MEM_DEVICE, n * sizeof(float), &p, &err));
+		/* dfree_all frees on dev (cuda:0); sim buffers go by hand below */
+		x.d[b] = p;
+		OK(ts_queue_copy(xq[b], p, h, n * sizeof(float), TS_COPY_H2D, &err));
+		OK(ts_queue_sync(xq[b], &err));
+	}
+	return x;
+}
+
+static void xfree(struct xbuf *x)
+{
+	for (int b = 0; b < 2; b++) {
+		ts_queue_sync(xq[b], NULL);
+		ts_device_mem_free(xdev[b], TS_MEM_DEVICE, x->d[b], x->n * sizeof(float));
+	}
+}
+
+/* Both backends' contents, read back into h[0] (sim) and h[1] (cuda). */
+static void xget(float *h[2], const struct xbuf *x)
+{
+	for (int b = 0; b < 2; b++) {
+		OK(ts_queue_copy(xq[b], h[b], x->d[b], x->n * sizeof(float), TS_COPY_D2H, &err));
+		OK(ts_queue_sync(xq[b], &err));
+	}
+}
+
+/* Distance in units in the last place between two floats (NaN == NaN). */
+static uint64_t ulps(float a, float b)
+{
+	int32_t ia, ib;
+
+	if (isnan(a) && isnan(b))
+		return 0;
+	if (isnan(a) || isnan(b))
+		return UINT64_MAX;
+	memcpy(&ia, &a, 4);
+	memcpy(&ib, &b, 4);
+	if (ia < 0)
+		ia = INT32_MIN - ia;
+	if (ib < 0)
+		ib = INT32_MIN - ib;
+	return ia > ib ? (uint64_t)((int64_t)ia - ib) : (uint64_t)((int64_t)ib - ia);
+}
+
+/* CPU and CUDA results of one kernel agree within max_ulp, or within
+ * abs_tol where the values are tiny (cancellation near 0). */
+static void xcheck(const struct xbuf *x, uint64_t max_ulp, double abs_tol, const char *what)
+{
+	float *h[2] = {malloc(x->n * sizeof(float)), malloc(x->n * sizeof(float))};
+
+	xget(h, x);
+	for (size_t i = 0; i < x->n; i++) {
+		uint64_t u = ulps(h[0][i], h[1][i]);
+
+		ck_assert_msg(u <= max_ulp || fabs((double)h[0][i] - h[1][i]) <= abs_tol,
+		              "%s[%zu]: cpu %.9g, cuda %.9g (%llu ulp)", what, i, h[0][i],
+		              h[1][i], (unsigned long long)u);
+	}
+	free(h[0]);
+	free(h[1]);
+}
+
+/* Inputs with the awkward values first: 0, -0, tiny, large, then random. */
+static float *x_inputs(size_t n, unsigned seed, float lo, float hi)
+{
+	static const float edge[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 1.0f, -1.0f};
+	float *h = malloc(n * sizeof *h);
+
+	fill_rnd(h, n, seed, lo, hi);
+	for (size_t i = 0; i < n && i < sizeof edge / sizeof edge[0]; i++)
+		h[i] = edge[i];
+	return h;
+}
+
+/* not a multiple of 256, above one block's lanes and the sim grid */
+#define XN ((size_t)300007)
+
+START_TEST(cuda_matches_cpu_elementwise)
+{
+	float *in = x_inputs(XN, 11, -6, 6), *go = x_inputs(XN, 12, -2, 2);
+	struct xbuf x = xput(in, XN), g = xput(go, XN), y = xput(go, XN);
+
+	for (size_t a = 0; a < sizeof all_acts / sizeof all_acts[0]; a++) {
+		for (int b = 0; b < 2; b++)
+			OK(ts_k_act_fwd(xk[b], xq[b], all_acts[a], x.d[b], y.d[b], XN, &err));
+		/* gelu cancels 1 + tanh for negative x: absolute, not relative,
+		 * agreement there (FMA contraction and CUDA's tanhf differ) */
+		xcheck(&y, 4, 2e-6, ts_act_name(all_acts[a]));
+		for (int b = 0; b < 2; b++)
+			OK(ts_k_act_bwd(xk[b], xq[b], all_acts[a], x.d[b], g.d[b], y.d[b], XN, &err));
+		xcheck(&y, 8, 2e-6, "activation gradient");
+	}
+	for (int b = 0; b < 2; b++) {
+		OK(ts_k_add(xk[b], xq[b], x.d[b], g.d[b], XN, &err));
+		OK(ts_k_fill(xk[b], xq[b], y.d[b], -2.5f, XN / 2, &err));
+	}
+	xcheck(&g, 0, 0, "add");
+	xcheck(&y, 4, 2e-6, "fill");
+	xfree(&x);
+	xfree(&g);
+	xfree(&y);
+	free(in);
+	free(go);
+}
+END_TEST
+
+START_TEST(cuda_matches_cpu_reductions_bit_for_bit)
+{
+	static const size_t sizes[] = {1, 255, 256, 257, 4096, XN};
+	float *out = x_inputs(XN, 21, -3, 3), *tgt = x_inputs(XN, 22, -3, 3);
+	float zero = 0.0f;
+	struct xbuf o = xput(out, XN), t = xput(tgt, XN), g = xput(out, XN);
+	struct xbuf acc = xput(&zero, 1), val = xput(&zero, 1);
+
+	for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+		for (int l = 0; l < 2; l++) {
+			enum ts_loss loss = l ? TS_LOSS_MSE : TS_LOSS_SUM;
+
+			for (int b = 0; b < 2; b++)
+				OK(ts_k_loss(xk[b], xq[b], loss, o.d[b], l ? t.d[b] : NULL, val.d[b],
+				             g.d[b], sizes[s], &err));
+			xcheck(&val, 0, 0, ts_loss_name(loss));
+			xcheck(&g, 4, 0, "loss gradient");
+		}
+		/* accumulated over the sizes: the global norm of several tensors */
+		for (int b = 0; b < 2; b++)
+			OK(ts_k_sumsq(xk[b], xq[b], o.d[b], sizes[s], acc.d[b], &err));
+		xcheck(&acc, 0, 0, "sum of squares");
+	}
+	xfree(&o);
+	xfree(&t);
+	xfree(&g);
+	xfree(&acc);
+	xfree(&val);
+	free(out);
+	free(tgt);
+}
+END_TEST
+
+START_TEST(cuda_matches_cpu_updates)
+{
+	struct ts_optimizer opts[] = {
+		{.type = TS_OPT_SGD, .learning_rate = 0.1f},
+		{.type = TS_OPT_SGD, .learning_rate = 0.1f, .clip_global_norm = 0.5f},
+		{.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f},
+		{.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+		 .clip_global_norm = 1.0f},
+	};
+	float *p0 = x_inputs(XN, 31, -1, 1), *g0 = x_inputs(XN, 32, -1, 1);
+	float zero = 0.0f, *z = calloc(XN, sizeof *z);
+
+	for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++) {
+		struct xbuf p = xput(p0, XN), g = xput(g0, XN), mu = xput(z, XN), nu = xput(z, XN);
+		struct xbuf gsq = xput(&zero, 1);
+
+		for (int step = 1; step <= 3; step++)
+			for (int b = 0; b < 2; b++) {
+				OK(ts_k_fill(xk[b], xq[b], gsq.d[b], 0.0f, 1, &err));
+				OK(ts_k_sumsq(xk[b], xq[b], g.d[b], XN, gsq.d[b], &err));
+				OK(ts_k_update(xk[b], xq[b], &opts[i], step, p.d[b], g.d[b], mu.d[b],
+				               nu.d[b], XN, gsq.d[b], &err));
+			}
+		xcheck(&gsq, 0, 0, "global norm");
+		xcheck(&p, 4, 1e-7, ts_opt_name(opts[i].type));
+		xcheck(&mu, 4, 1e-9, "mu");
+		xcheck(&nu, 4, 1e-12, "nu");
+		xfree(&p);
+		xfree(&g);
+		xfree(&mu);
+		xfree(&nu);
+		xfree(&gsq);
+	}
+	free(p0);
+	free(g0);
+	free(z);
+}
+END_TEST
+
+START_TEST(cuda_matches_cpu_gemm)
+{
+	enum { B_ = 64, H = 96, D = 80 };
+	static const int plan6[6][5] = {{0, 0, B_, H, D}, {0, 0, B_, D, H}, {1, 0, H, D, B_},
+	                                {0, 1, B_, H, D}, {1, 0, D, H, B_}, {0, 1, B_, D, H}};
+	size_t big = (size_t)H * H;
+	float *a0 = x_inputs(big, 41, -1, 1), *b0 = x_inputs(big, 42, -1, 1);
+	float *c0 = x_inputs(big, 43, -1, 1);
+	struct xbuf A = xput(a0, big), B = xput(b0, big), C = xput(c0, big);
+
+	for (int i = 0; i < 6; i++) {
+		int M = plan6[i][2], N = plan6[i][3], K = plan6[i][4];
+
+		for (int b = 0; b < 2; b++)
+			OK(ts_k_gemm(xk[b], xq[b], plan6[i][0], plan6[i][1], M, N, K, 1.0f, A.d[b],
+			             B.d[b], i % 2 ? 1.0f : 0.0f, C.d[b], &err));
+		/* cuBLAS sums in its own order: a few ulp, or absolutely tiny */
+		xcheck(&C, 64, 1e-5, "gemm");
+	}
+	xfree(&A);
+	xfree(&B);
+	xfree(&C);
+	free(a0);
+	free(b0);
+	free(c0);
+}
+END_TEST
+
+/* Kernels of one device share its cuBLAS handle: making and freeing them
+ * per step creates and destroys none (and stays correct). */
+START_TEST(cuda_kernels_made_per_step)
+{
+	float a[4] = {1, 2, 3, 4}, c[4];
+	float *dA = dput(a, 4), *dC = dalloc(4);
+
+	uint64_t free0 = 0, free1 = 0, total = 0;
+
+	for (int i = 0; i < 50; i++) {
+		struct ts_kernels *k2;
+		struct ts_queue *q2;
+
+		OK(ts_kernels_new(dev, &k2, &err));
+		OK(ts_queue_new(dev, &q2, &err));
+		OK(ts_k_gemm(k2, q2, false, false, 2, 2, 2, 1.0f, dA, dA, 0.0f, dC, &err));
+		/* the queue (its stream) goes first: the handle must not hold it */
+		ts_queue_free(q2);
+		ts_kernels_free(k2);
+		if (i == 0)
+			OK(ts_device_mem_info(dev, &free0, &total, &err));
+	}
+	/* nothing kept per stream: 49 more streams cost no device memory
+	 * (a cuBLAS workspace per stream would be 4 to 32 MiB each) */
+	OK(ts_device_mem_info(dev, &free1, &total, &err));
+	ck_assert_msg(free1 + (64ull << 20) >= free0, "device free memory fell by %llu MiB over 49 "
+	              "steps' streams", (unsigned long long)((free0 - free1) >> 20));
+	dget(c, dC, 4);
+	ck_assert_float_eq(c[0], 7.0f);
+	ck_assert_float_eq(c[1], 10.0f);
+	ck_assert_float_eq(c[2], 15.0f);
+	ck_assert_float_eq(c[3], 22.0f);
+}
+END_TEST
+
+/* A closed gate on a queue, and a thread that forces it open after a long
+ * while (so that a blocked free ends, and says so). */
+struct gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	bool open, forced;
+};
+
+static void *gate_forcer(void *arg)
+{
+	struct gate *g = arg;
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 30;
+	pthread_mutex_lock(&g->mu);
+	while (!g->open)
+		if (pthread_cond_timedwait(&g->cv, &g->mu, &until) != 0)
+			break;
+	if (!g->open) {
+		g->forced = g->open = true;
+		pthread_cond_broadcast(&g->cv);
+	}
+	pthread_mutex_unlock(&g->mu);
+	return NULL;
+}
+
+static void gate_wait(void *arg)
+{
+	struct gate *g = arg;
+
+	pthread_mutex_lock(&g->mu);
+	while (!g->open)
+		pthread_cond_wait(&g->cv, &g->mu);
+	pthread_mutex_unlock(&g->mu);
+}
+
+/* Freeing kernels does not synchronise the device (cublasDestroy would):
+ * it returns while another queue of the device is held. */
+START_TEST(cuda_kernels_free_does_not_wait_for_the_device)
+{
+	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+	struct ts_kernels *k2;
+	pthread_t t;
+
+	OK(ts_kernels_new(dev, &k2, &err));
+	OK(ts_queue_host_fn(q, gate_wait, &g, &err));
+	ck_assert_int_eq(pthread_create(&t, NULL, gate_forcer, &g), 0);
+	ts_kernels_free(k2);
+	pthread_mutex_lock(&g.mu);
+	g.open = true;
+	pthread_cond_broadcast(&g.cv);
+	pthread_mutex_unlock(&g.mu);
+	pthread_join(t, NULL);
+	OK(ts_queue_sync(q, &err));
+	ck_assert_msg(!g.forced, "freeing kernels waited for the whole device");
+}
+END_TEST
+
+/* A device-timed timeline on the CUDA stream: marks recorded in stream
+ * order, read after the sync (busy time > 0 where the runtime times
+ * events; a stand-in without cudaEventElapsedTime says so). */
+START_TEST(cuda_timeline_times_the_stream)
+{
+	enum { N = 1 << 18 };
+	struct ts_k_timeline *tl;
+	float *x = dalloc(N);
+	double busy = -1, wait = -1;
+	ts_status st;
+
+	OK(ts_k_timeline_new(kern, &tl, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_OPEN, &err));
+	for (int i = 0; i < 8; i++)
+		OK(ts_k_fill(kern, q, x, (float)i, N, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_WAIT_BEGIN, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_WAIT_END, &err));
+	OK(ts_k_fill(kern, q, x, 9.0f, N, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_CLOSE, &err));
+	REFUSED(ts_k_timeline_mark(tl, q, (enum ts_k_mark)7, &err));
+	OK(ts_queue_sync(q, &err));
+	ck_assert_float_eq(dget1(x + N - 1), 9.0f);
+	st = ts_k_timeline_read(tl, &busy, &wait, &err);
+	if (st == TS_UNIMPLEMENTED) {
+		ck_assert_msg(strstr(err.message, "cudaEventElapsedTime"), "%s", err.message);
+		ck_assert(busy == 0 && wait == 0);
+	} else {
+		OK(st);
+		ck_assert_msg(busy > 0, "busy %g s", busy);
+		ck_assert_msg(wait >= 0 && wait < busy + 1, "wait %g s", wait);
+	}
+	ts_k_timeline_free(tl);
+}
+END_TEST
+
+/* cpu and sim kernels time themselves on their workers: no timeline. */
+START_TEST(sim_keeps_no_device_timeline)
+{
+	struct ts_k_timeline *tl = (struct ts_k_timeline *)&err;
+
+	ck_assert_int_eq(ts_k_timeline_new(kern, &tl, &err), TS_UNIMPLEMENTED);
+	ck_assert_ptr_null(tl);
+	ts_k_timeline_free(NULL);
+}
+END_TEST
+
 static void add_common(TCase *tc)
 {
 	tcase_add_test(tc, gemm_all_transposes);
@@ -1117,19 +1584,33 @@ static Suite *kernels_suite(bool cuda)
 	tcase_add_checked_fixture(tc, setup_sim, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, names_round_trip);
+	tcase_add_test(tc, gemm_colmajor_mapping);
 	add_common(tc);
 	tcase_add_test(tc, same_sequence_same_bits);
 	tcase_add_test(tc, queues_share_kernels);
 	tcase_add_test(tc, kernels_run_later_in_queue_order);
 	tcase_add_test(tc, sim_kernels_run_on_cpu_queues);
+	tcase_add_test(tc, sim_keeps_no_device_timeline);
 	suite_add_tcase(s, tc);
 	if (cuda) {
-		/* cuBLAS and the CUDA kernels; atomics make reductions vary in
-		 * their last bits, so no bit-for-bit case here */
+		/* cuBLAS and the CUDA kernels; reductions are deterministic
+		 * there too, whatever the block order */
 		tc = tcase_create("cuda");
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
 		add_common(tc);
+		tcase_add_test(tc, same_sequence_same_bits);
+		tcase_add_test(tc, cuda_kernels_made_per_step);
+		tcase_add_test(tc, cuda_kernels_free_does_not_wait_for_the_device);
+		tcase_add_test(tc, cuda_timeline_times_the_stream);
+		suite_add_tcase(s, tc);
+		tc = tcase_create("cuda_vs_cpu");
+		tcase_add_checked_fixture(tc, setup_both, teardown_both);
+		tcase_set_timeout(tc, 300);
+		tcase_add_test(tc, cuda_matches_cpu_elementwise);
+		tcase_add_test(tc, cuda_matches_cpu_reductions_bit_for_bit);
+		tcase_add_test(tc, cuda_matches_cpu_updates);
+		tcase_add_test(tc, cuda_matches_cpu_gemm);
 		suite_add_tcase(s, tc);
 	}
 	return s;

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# tests/gpu/fakecuda.sh - the CUDA build of the suites, without a GPU: builds
+# the CPU stand-in of libcudart and libcublas (../shared/fakecuda, which
+# runs train/cuda_kernels.cu's own device code and checks every CUDA call
+# strictly) and runs under it, with TS_TEST_BACKEND=cuda on two stand-in
+# GPUs:
+#
+#   plain    every unit suite, and the integration suites' CUDA cases;
+#   shuffle  FAKECUDA_SHUFFLE=1 (blocks in random order): the suites whose
+#            results are compared bit for bit (kernels, exec, models' guide);
+#   delay    FAKECUDA_COPY_DELAY_US (copies late, the host ahead), with
+#            shuffled blocks: the unit suites that order copies against
+#            kernels and each other (exec, stage, device, kernels);
+#   bundle   make gpu-bundle, bundle_check.sh, and gpu-bundle/run.sh end to
+#            end (TS_GPU_FAKE=1) within its budget.
+#
+# Any "FAKECUDA VIOLATION" (stderr or $FAKECUDA_LOG) fails the run. Usage:
+#   tests/gpu/fakecuda.sh [plain|shuffle|delay|bundle ...]   (default: all)
+# BUILD (default build), FAKECUDA_DIR (default ../shared/fakecuda) and
+# FAKECUDA_COPY_DELAY_US (default 300) may be set.
+set -u
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+build=${BUILD:-build}
+fakedir=${FAKECUDA_DIR:-$root/../shared/fakecuda}
+passes=${*:-plain shuffle delay bundle}
+logs=$build/fakecuda/logs
+t_start=$(date +%s)
+
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
+	echo "fakecuda: no nvcc here: the CUDA build cannot be made; skipped"
+	exit 0
+fi
+if [ ! -f "$fakedir/build.sh" ]; then
+	echo "fakecuda: no stand-in at $fakedir" >&2
+	exit 1
+fi
+mkdir -p "$logs"
+rm -f "$logs"/*.log
+echo "fakecuda: building the CUDA build and the stand-in"
+bins=$(ls tests/unit/test_*.c tests/integration/it_*.c |
+	sed -E "s#tests/(unit|integration)/(.*)\.c#$build/tests/\2#")
+# shellcheck disable=SC2086
+nice make -j2 CUDA=1 all $bins >"$logs/make.log" 2>&1 || { tail -20 "$logs/make.log" >&2; exit 1; }
+SRC=$root OUT=$root/$build/fakecuda sh "$fakedir/build.sh" >/dev/null || exit 1
+
+export LD_LIBRARY_PATH=$root/$build/fakecuda/lib
+export TS_TEST_BACKEND=cuda
+export FAKECUDA_DEVICES=2
+# small stand-in GPUs: mapping and unmapping their memory is the cost here
+export FAKECUDA_MEM_MB=${FAKECUDA_MEM_MB:-1024}
+export FAKECUDA_LOG=$root/$logs/violations.log
+export TSTAGED=$root/$build/tstaged
+export CK_DEFAULT_TIMEOUT=300
+: >"$FAKECUDA_LOG"
+
+failed=0
+# run NAME [VAR=value ...] BINARY: one suite, its output in logs/NAME.log
+run() {
+	local name=$1 t0 rc
+	shift
+	t0=$(date +%s)
+	env "$@" >"$logs/$name.log" 2>&1
+	rc=$?
+	if [ $rc -ne 0 ] || grep -q 'FAKECUDA VIOLATION' "$logs/$name.log"; then
+		echo "fakecuda: FAIL $name ($(( $(date +%s) - t0 )) s, exit $rc)"
+		grep -E ':F:|:E:|FAKECUDA VIOLATION|Checks:' "$logs/$name.log" | head -10 | sed 's/^/    /'
+		failed=1
+	else
+		echo "fakecuda: ok   $name ($(( $(date +%s) - t0 )) s) $(grep -h 'Checks:' "$logs/$name.log" | tail -1)"
+	fi
+}
+
+for pass in $passes; do
+	case $pass in
+	plain)
+		for t in tests/unit/test_*.c; do
+			b=$(basename "$t" .c)
+			run "$b" "$build/tests/$b"
+		done
+		# it_foundation's http and daemons cases start many daemons and
+		# touch no device: its endpoints on the stand-in's GPUs only
+		run it_foundation-endpoints CK_RUN_CASE=endpoints "$build/tests/it_foundation"
+		for t in it_moves it_operations it_shardings; do
+			run "$t" "$build/tests/$t"
+		done
+		run it_arrays CK_RUN_CASE=on_backend "$build/tests/it_arrays"
+		run it_models "$build/tests/it_models"
+		;;
+	shuffle)
+		for t in test_kernels test_exec; do
+			run "$t-shuffle" FAKECUDA_SHUFFLE=1 "$build/tests/$t"
+		done
+		run it_models-guide_steps-shuffle FAKECUDA_SHUFFLE=1 CK_RUN_CASE=guide_steps \
+			"$build/tests/it_models"
+		;;
+	delay)
+		for t in test_exec test_stage test_device test_kernels; do
+			run "$t-delay" FAKECUDA_COPY_DELAY_US="${FAKECUDA_COPY_DELAY_US:-300}" \
+				FAKECUDA_SHUFFLE=1 "$build/tests/$t"
+		done
+		;;
+	bundle)
+		t0=$(date +%s)
+		if ! nice make -j2 CUDA=1 gpu-bundle >"$logs/bundle-make.log" 2>&1; then
+			echo "fakecuda: FAIL gpu-bundle"
+			tail -5 "$logs/bundle-make.log" | sed 's/^/    /'
+			failed=1
+			continue
+		fi
+		tmp=$(mktemp -d)
+		tar -C "$tmp" -xzf "$build/gpu-bundle.tar.gz"
+		budget=${TS_GPU_BUDGET_S:-480}
+		if TS_GPU_FAKE=1 TS_GPU_BUDGET_S=$budget TS_GPU_SUMMARY="$tmp/summary.txt" \
+			"$tmp/gpu-bundle/run.sh" >"$logs/run.sh.log" 2>&1; then
+			echo "fakecuda: ok   gpu-bundle/run.sh ($(( $(date +%s) - t0 )) s with the bundle)"
+		else
+			echo "fakecuda: FAIL gpu-bundle/run.sh"
+			failed=1
+		fi
+		sed 's/^/    /' "$tmp/summary.txt"
+		cp "$tmp/summary.txt" "$logs/gpu-summary.txt"
+		rm -rf "$tmp"
+		;;
+	*)
+		echo "fakecuda: unknown pass '$pass' (plain, shuffle, delay, bundle)" >&2
+		failed=1
+		;;
+	esac
+done
+
+if [ -s "$FAKECUDA_LOG" ] && grep -q 'VIOLATION' "$FAKECUDA_LOG"; then
+	echo "fakecuda: FAKECUDA VIOLATION lines in $FAKECUDA_LOG:"
+	grep 'VIOLATION' "$FAKECUDA_LOG" | sort | uniq -c | head -10 | sed 's/^/    /'
+	failed=1
+fi
+echo "fakecuda: $(( $(date +%s) - t_start )) s; $([ $failed -eq 0 ] && echo passed || echo FAILED)"
+exit $failed

@@ -1,0 +1,226 @@
+/*
+ * kernels_math.h - the element-wise formulas of the training kernels, once,
+ * for the CPU loops (kernels_cpu.c) and the CUDA kernels (cuda_kernels.cu):
+ * activations and their gradients, the losses and their gradients, the
+ * Adam and SGD updates with clip_by_global_norm's scaling, the order of the
+ * reductions, and the mapping of a row-major gemm onto column-major BLAS.
+ * What the CPU tests check is what the GPU runs.
+ *
+ * Every function is `static inline` and, under nvcc, `__host__ __device__`
+ * (TS_HD). The formulas are optax's and jax.nn's: gelu is the tanh
+ * approximation, Adam has bias correction and eps outside the square root,
+ * clipping is clip_by_global_norm's select (a NaN norm clips).
+ *
+ * Reductions (sum of squares, the losses) run in one fixed order on both
+ * backends: TS_RED_LANES partial sums in double, lane l taking elements
+ * l, l + TS_RED_LANES, ... in increasing order, then a pairwise tree over
+ * the lanes (lane l adds lane l + s for s = LANES/2, ..., 1). The products
+ * of two floats are exact in double, so the result does not depend on
+ * fused multiply-adds either: CPU and CUDA sums agree bit for bit, run
+ * after run, whatever the order in which blocks are scheduled.
+ *
+ * Thread-safety: pure functions.
+ */
+#ifndef TS_KERNELS_MATH_H
+#define TS_KERNELS_MATH_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "train/mlp.h"
+
+#if defined(__CUDACC__)
+#define TS_HD __host__ __device__
+#else
+#define TS_HD
+#endif
+
+/* sqrt(2 / pi) in float, as jax.nn.gelu rounds it. */
+#define TS_GELU_S 0.7978845608028654f
+#define TS_GELU_C 0.044715f
+
+/* Partial sums of a reduction: one CUDA block of this many threads. */
+#define TS_RED_LANES 256
+
+/* ---- activations ----------------------------------------------------------- */
+
+TS_HD static inline float ts_m_relu(float x)
+{
+	return x < 0.0f ? 0.0f : x;
+}
+
+TS_HD static inline float ts_m_gelu(float x)
+{
+	float cdf = 0.5f * (1.0f + tanhf(TS_GELU_S * (x + TS_GELU_C * (x * x * x))));
+
+	return x * cdf;
+}
+
+/* d gelu / dx of the tanh approximation, exactly differentiated. */
+TS_HD static inline float ts_m_gelu_grad(float x)
+{
+	float x2 = x * x;
+	float t = tanhf(TS_GELU_S * (x + TS_GELU_C * (x2 * x)));
+	float du = TS_GELU_S * (1.0f + 3.0f * TS_GELU_C * x2);
+
+	return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+/* jax.nn.relu's derivative is 0 at 0; go passes through untouched where
+ * the derivative is 1 (no 0 * inf). */
+TS_HD static inline float ts_m_relu_bwd(float pre, float go)
+{
+	return pre > 0.0f ? go : 0.0f;
+}
+
+TS_HD static inline float ts_m_gelu_bwd(float pre, float go)
+{
+	return go * ts_m_gelu_grad(pre);
+}
+
+TS_HD static inline float ts_m_tanh_bwd(float pre, float go)
+{
+	float t = tanhf(pre);
+
+	return go * (1.0f - t * t);
+}
+
+TS_HD static inline float ts_m_act_fwd(int act, float x)
+{
+	switch (act) {
+	case TS_ACT_RELU:
+		return ts_m_relu(x);
+	case TS_ACT_GELU:
+		return ts_m_gelu(x);
+	case TS_ACT_TANH:
+		return tanhf(x);
+	default:
+		return x;
+	}
+}
+
+TS_HD static inline float ts_m_act_bwd(int act, float pre, float go)
+{
+	switch (act) {
+	case TS_ACT_RELU:
+		return ts_m_relu_bwd(pre, go);
+	case TS_ACT_GELU:
+		return ts_m_gelu_bwd(pre, go);
+	case TS_ACT_TANH:
+		return ts_m_tanh_bwd(pre, go);
+	default:
+		return go;
+	}
+}
+
+/* ---- losses and reductions ------------------------------------------------- */
+
+/* One element's term of a sum of squares. */
+TS_HD static inline double ts_m_sq(float x)
+{
+	return (double)x * x;
+}
+
+/* mse: the difference, its term of the sum, and its gradient 2 d / n. */
+TS_HD static inline float ts_m_mse_diff(float out, float target)
+{
+	return out - target;
+}
+
+TS_HD static inline float ts_m_mse_grad(float d, uint64_t n)
+{
+	return 2.0f * d / (float)n;
+}
+
+/* The loss from the reduced sum: sum itself, or mse's mean. */
+TS_HD static inline float ts_m_loss_value(int loss, double sum, uint64_t n)
+{
+	return (float)(loss == TS_LOSS_SUM ? sum : sum / (double)n);
+}
+
+/* The global norm's accumulator after adding one tensor's sum. */
+TS_HD static inline float ts_m_sumsq_acc(float acc, double sum)
+{
+	return (float)((double)acc + sum);
+}
+
+/* ---- optimizer updates ----------------------------------------------------- */
+
+/* What one update needs, computed once on the host per kernel. */
+struct ts_m_update {
+	float lr, b1, b2, eps;
+	float bc1, bc2;         /* 1 - b^t; 1 for sgd */
+	float clip;             /* 0: none */
+};
+
+/* Adam's bias correction 1 - b^t. */
+static inline float ts_m_bias_correction(float b, int step)
+{
+	return 1.0f - powf(b, (float)step);
+}
+
+/* clip_by_global_norm's decision from the norm's square: whether to clip,
+ * and the norm in *norm (optax: select(norm < c, g, g / norm * c), so a
+ * NaN norm clips). */
+TS_HD static inline bool ts_m_clips(float gnorm_sq, float c, float *norm)
+{
+	*norm = sqrtf(gnorm_sq);
+	return !(*norm < c);
+}
+
+TS_HD static inline float ts_m_clip_grad(float g, bool clip, float norm, float c)
+{
+	return clip ? g / norm * c : g;
+}
+
+TS_HD static inline float ts_m_sgd(float p, float g, float lr)
+{
+	return p - lr * g;
+}
+
+/* One Adam element: new m, v into *m, *v; returns the new parameter. */
+TS_HD static inline float ts_m_adam(float p, float g, float *m, float *v, float lr, float b1,
+                                    float b2, float eps, float bc1, float bc2)
+{
+	float mm = (1.0f - b1) * g + b1 * *m;
+	float vv = (1.0f - b2) * (g * g) + b2 * *v;
+
+	*m = mm;
+	*v = vv;
+	return p - lr * ((mm / bc1) / (sqrtf(vv / bc2) + eps));
+}
+
+/* ---- gemm ------------------------------------------------------------------- */
+
+/*
+ * Row-major C[M,N] = alpha op(A) op(B) + beta C is column-major
+ * C^T[N,M] = op(B)^T op(A)^T: the column-major call gets the operands
+ * swapped (B first), the same transposes, m = N, n = M, and leading
+ * dimensions that are the row lengths of the row-major matrices. Nothing
+ * is transposed in memory.
+ */
+struct ts_m_colmajor_gemm {
+	bool transa, transb;    /* of the first and second column-major operand */
+	int m, n, k;
+	bool a_is_B;            /* always true: the first operand is B */
+	int lda, ldb, ldc;
+};
+
+static inline struct ts_m_colmajor_gemm ts_m_gemm_colmajor(bool ta, bool tb, int M, int N, int K)
+{
+	struct ts_m_colmajor_gemm g;
+
+	g.transa = tb;
+	g.transb = ta;
+	g.m = N;
+	g.n = M;
+	g.k = K;
+	g.a_is_B = true;
+	g.lda = tb ? K : N;
+	g.ldb = ta ? M : K;
+	g.ldc = N;
+	return g;
+}
+
+#endif
