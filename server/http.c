@@ -609,10 +609,13 @@ static enum MHD_Result request_suspend(struct request *rq, struct MHD_Connection
 	}
 	w->next = srv->waits;
 	srv->waits = w;
-	pthread_cond_signal(&srv->waits_cv);
-	pthread_mutex_unlock(&srv->waits_mu);
+	/* armed under waits_mu: the deadline thread cannot expire (and so
+	 * answer and free) rq before its waiter is registered, and a wake
+	 * that comes at once resumes a request that is already listed */
 	if (!rq->susp.arm(rq->susp.state, wake_request, rq))
 		wake_request(rq);
+	pthread_cond_signal(&srv->waits_cv);
+	pthread_mutex_unlock(&srv->waits_mu);
 	return MHD_YES;
 }
 
