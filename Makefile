@@ -17,10 +17,15 @@ CUDA := $(if $(NVCC),1,0)
 endif
 
 SANITIZE  ?=
+# FAULT=1: the fault-injection build (common/fault.h), in a folder of its own
+FAULT     ?= 0
+ifeq ($(FAULT),1)
+FAULT_DIR := fault
+endif
 ifeq ($(SANITIZE),)
-BUILD     ?= build
+BUILD     ?= build$(if $(FAULT_DIR),/$(FAULT_DIR))
 else
-BUILD     ?= build/san-$(subst $(comma),-,$(SANITIZE))
+BUILD     ?= build/$(if $(FAULT_DIR),$(FAULT_DIR)-)san-$(subst $(comma),-,$(SANITIZE))
 endif
 comma := ,
 
@@ -34,6 +39,10 @@ CFLAGS    += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-param
              -fno-strict-aliasing -fno-math-errno -pthread -MMD -MP
 LDLIBS    += $(PKG_LIBS) -lopenblas -lpthread -lm
 LDFLAGS   += -pthread
+
+ifeq ($(FAULT),1)
+CPPFLAGS  += -DTS_FAULT_BUILD=1
+endif
 
 ifneq ($(SANITIZE),)
 CFLAGS    += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
@@ -72,6 +81,9 @@ UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 IT_SRC    := $(wildcard tests/integration/it_*.c)
 IT_BIN    := $(IT_SRC:tests/integration/%.c=$(BUILD)/tests/%)
+# it_faults needs a fault-injection daemon: `make faults` runs it
+IT_FAULTS := $(BUILD)/tests/it_faults
+IT_BIN    := $(filter-out $(IT_FAULTS),$(IT_BIN))
 IT_COMMON := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
@@ -80,7 +92,7 @@ BENCH_COMMON := tests/bench/benchlib.c
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CURL_LIBS  := $(shell pkg-config --libs libcurl 2>/dev/null)
 
-.PHONY: all run test unit integration bench clean deps fuzz gpu-bundle
+.PHONY: all run test unit integration bench clean deps fuzz gpu-bundle faults soak
 all: $(DAEMON)
 
 deps:
@@ -111,6 +123,10 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 $(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) tests/integration/harness.h
 	@mkdir -p $(@D)
 	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm -o $@
+
+$(BUILD)/bench/soak: tests/bench/soak.c $(BENCH_COMMON) $(LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(LDLIBS) -o $@
 
 $(BUILD)/bench/bench_%: tests/bench/bench_%.c $(BENCH_COMMON) $(LIB)
 	@mkdir -p $(@D)
@@ -147,6 +163,19 @@ unit: $(UNIT_BIN)
 
 integration: $(DAEMON) $(IT_BIN)
 	@set -e; for t in $(IT_BIN); do TSTAGED=$(DAEMON) CK_DEFAULT_TIMEOUT=300 $$t; done
+
+# The fault-injection walk: a daemon built with FAULT=1 (build/fault), every
+# failure point of each workflow failed in turn.
+faults:
+	@$(MAKE) --no-print-directory FAULT=1 build/fault/tstaged build/fault/tests/test_fault \
+		build/fault/tests/it_faults
+	build/fault/tests/test_fault
+	TSTAGED=build/fault/tstaged CK_DEFAULT_TIMEOUT=600 build/fault/tests/it_faults
+
+# The bounded soak against a production daemon (SOAK_SECONDS, default 60).
+SOAK_SECONDS ?= 60
+soak: $(DAEMON) $(BUILD)/bench/soak
+	TSTAGED=$(DAEMON) SOAK_SECONDS=$(SOAK_SECONDS) $(BUILD)/bench/soak
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -117,6 +117,7 @@ struct ts_device {
 	const struct ts__pinned_ops *pinned;    /* the set's; immutable after discovery */
 	void *impl;                             /* the backend's */
 	atomic_bool broken;                     /* set once, by a sticky error */
+	_Atomic uint64_t copies;                /* copies accepted by its queues */
 	pthread_mutex_t queues_mu;
 	struct ts_queue *queues;                /* guarded by: queues_mu */
 };

@@ -7,7 +7,7 @@
  * cudaMemcpyAsync (D2D with cudaMemcpyDefault, so peers copy directly where
  * peer access could be enabled, and through the driver otherwise). Once a
  * device exists, pinned host memory for every device of the set comes from
- * cudaHostAlloc(cudaHostAllocPortable).
+ * cudaHostAlloc(cudaHostAllocPortable), in the context of any healthy GPU.
  *
  * Every cudaError_t is translated in cuda_fail() and nowhere else: an error
  * that corrupts the context (illegal address, launch failure, ECC, ...) is
@@ -31,6 +31,8 @@
 
 struct cuda_dev {
 	int ordinal;                    /* immutable: the CUDA device ordinal */
+	struct cuda_pinned *pinned;     /* the set's pinned provider, owned by the
+	                                 * first GPU (freed last of the set) */
 };
 
 struct cuda_queue {
@@ -225,34 +227,76 @@ static void cuda_mem_free(struct ts_device *dev, void *p, size_t size)
 	cuda_fail(dev, cudaFree(p), "cudaFree", NULL, NULL);
 }
 
-/* Pinned host memory for any device of the set; ctx is the CUDA device
- * whose context allocates it (portable: every context sees it pinned). */
+/*
+ * Pinned host memory for every device of the set comes from cudaHostAlloc
+ * (portable: every GPU's streams may use it, whichever context made it).
+ * The provider holds every GPU of the set, not one: a sticky error corrupts
+ * one context only, so memory is pinned in the context of the GPU it is
+ * asked for when that one is healthy, else of the first healthy GPU, and
+ * freed with a healthy GPU current. Only when every GPU is broken is pinned
+ * memory refused (UNAVAILABLE naming them).
+ */
+struct cuda_pinned {
+	size_t n;
+	struct ts_device *gpus[];       /* immutable: the set's GPUs, in order */
+};
+
+/* The GPU whose context pins memory asked for dev: dev itself when it is a
+ * healthy GPU, else the first healthy one; NULL when every GPU is broken. */
+static struct ts_device *pinning_gpu(const struct cuda_pinned *cp, struct ts_device *dev)
+{
+	for (size_t i = 0; dev && i < cp->n; i++)
+		if (cp->gpus[i] == dev && !ts_device_broken(dev))
+			return dev;
+	for (size_t i = 0; i < cp->n; i++)
+		if (!ts_device_broken(cp->gpus[i]))
+			return cp->gpus[i];
+	return NULL;
+}
+
 static ts_status cuda_pinned_alloc(void *ctx, struct ts_device *dev, size_t size,
                                    void **out, struct ts_error *err)
 {
-	struct ts_device *owner = ctx;
+	const struct cuda_pinned *cp = ctx;
 	struct alloc_ask ask = {dev, TS_MEM_PINNED_HOST, size};
+	bool fresh = !err || err->status == TS_OK;
+	struct ts_device *gpu;
 	void *p = NULL;
 	ts_status st;
 
-	st = cuda_enter(owner, err);
-	if (st != TS_OK)
-		return st;
-	st = cuda_fail(owner, cudaHostAlloc(&p, size, cudaHostAllocPortable),
-	               "cudaHostAlloc", &ask, err);
-	if (st != TS_OK)
-		return st;
-	*out = p;
-	return TS_OK;
+	/* a GPU that breaks meanwhile hands the request on to the next one */
+	while ((gpu = pinning_gpu(cp, dev)) != NULL) {
+		st = cuda_enter(gpu, err);
+		if (st == TS_OK)
+			st = cuda_fail(gpu, cudaHostAlloc(&p, size, cudaHostAllocPortable),
+			               "cudaHostAlloc", &ask, err);
+		if (st == TS_OK) {
+			*out = p;
+			return TS_OK;
+		}
+		if (!ts_device_broken(gpu) || !fresh)
+			return st;
+		if (err)
+			ts_error_clear(err);     /* ours: the next GPU answers instead */
+	}
+	st = ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+	                  "%s/pinned_host: cannot pin %zu bytes: every GPU (%s%s) is unusable "
+	                  "after an unrecoverable (sticky) error", dev->props.id, size,
+	                  cp->gpus[0]->props.id, cp->n > 1 ? ", ..." : "");
+	ts_error_meta(err, "device", "%s", dev->props.id);
+	ts_error_meta(err, "memory_kind", "%s", ts_memory_kind_name(TS_MEM_PINNED_HOST));
+	return st;
 }
 
 static void cuda_pinned_free(void *ctx, void *p, size_t size)
 {
-	struct ts_device *owner = ctx;
+	const struct cuda_pinned *cp = ctx;
+	struct ts_device *gpu = pinning_gpu(cp, NULL);
 
-	if (cuda_enter(owner, NULL) != TS_OK)
+	/* with every GPU broken the memory stays mapped until the process ends */
+	if (!gpu || cuda_enter(gpu, NULL) != TS_OK)
 		return;
-	cuda_fail(owner, cudaFreeHost(p), "cudaFreeHost", NULL, NULL);
+	cuda_fail(gpu, cudaFreeHost(p), "cudaFreeHost", NULL, NULL);
 }
 
 static ts_status cuda_mem_info(struct ts_device *dev, uint64_t *free_bytes,
@@ -482,7 +526,10 @@ static ts_status cuda_device_sync(struct ts_device *dev, struct ts_error *err)
 
 static void cuda_device_free(struct ts_device *dev)
 {
-	free(dev->impl);
+	struct cuda_dev *c = dev->impl;
+
+	free(c->pinned);
+	free(c);
 	dev->impl = NULL;
 }
 
@@ -637,6 +684,7 @@ ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
 {
 	int n = 0, runtime = 0, driver = 0;
 	size_t first = ctx->count;
+	struct cuda_pinned *cp;
 	cudaError_t e;
 
 	memset(info, 0, sizeof *info);
@@ -678,9 +726,16 @@ ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
 		return TS_OK;
 
 	enable_peer_access(ctx->devices + first, ctx->count - first);
+	cp = malloc(sizeof *cp + (ctx->count - first) * sizeof cp->gpus[0]);
+	if (!cp)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "cuda: out of memory during discovery");
+	cp->n = ctx->count - first;
+	memcpy(cp->gpus, ctx->devices + first, cp->n * sizeof cp->gpus[0]);
+	((struct cuda_dev *)ctx->devices[first]->impl)->pinned = cp;
 	ctx->pinned->alloc = cuda_pinned_alloc;
 	ctx->pinned->free = cuda_pinned_free;
-	ctx->pinned->ctx = ctx->devices[first];
+	ctx->pinned->ctx = cp;
 	ctx->pinned->source = "cudaHostAlloc";
 	return TS_OK;
 }

@@ -151,6 +151,7 @@ struct ts_device *ts__device_new(struct ts__discover_ctx *ctx,
 	dev->ops = ops;
 	dev->pinned = ctx->pinned;
 	atomic_init(&dev->broken, false);
+	atomic_init(&dev->copies, 0);
 	return dev;
 }
 
@@ -483,6 +484,8 @@ void *ts_queue_native(const struct ts_queue *q)
 ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
                         size_t n, enum ts_copy_kind kind, struct ts_error *err)
 {
+	ts_status st;
+
 	if (!q || (unsigned)kind > TS_COPY_H2H)
 		return bad_argument(err, "copy: no queue or unknown copy kind");
 	if (n == 0)
@@ -493,7 +496,15 @@ ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
 		                    q->dev->props.id, copy_kind_names[kind], n);
 	if (ts_device_broken(q->dev))
 		return refuse_broken(q->dev, err);
-	return q->dev->ops->queue_copy(q, dst, src, n, kind, err);
+	st = q->dev->ops->queue_copy(q, dst, src, n, kind, err);
+	if (st == TS_OK)
+		atomic_fetch_add_explicit(&q->dev->copies, 1, memory_order_relaxed);
+	return st;
+}
+
+uint64_t ts_device_copies(const struct ts_device *dev)
+{
+	return atomic_load_explicit(&((struct ts_device *)dev)->copies, memory_order_relaxed);
 }
 
 ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,

@@ -186,6 +186,10 @@ void *ts_queue_native(const struct ts_queue *q);
 ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
                         size_t n, enum ts_copy_kind kind, struct ts_error *err);
 
+/* Copies accepted by dev's queues so far (each ts_queue_copy of n > 0 that
+ * returned TS_OK counts one), for tests and accounting. Lock-free. */
+uint64_t ts_device_copies(const struct ts_device *dev);
+
 /*
  * Enqueues fn(arg) to run on a host thread after all earlier work in q (the
  * queue's worker on sim and cpu, the driver's callback thread on CUDA); the

@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fault.h"
 #include "device/backend.h"
 
 enum job_type {
@@ -125,6 +126,8 @@ static struct job *job_get(struct hostq *q)
 {
 	struct job *j;
 
+	if (ts_fault_fire(TS_FAULT_ALLOC_HEAP))
+		return NULL;
 	pthread_mutex_lock(&q->mu);
 	j = q->spare;
 	if (j) {
@@ -211,7 +214,11 @@ static void run_copy(struct hostq *q, struct job *j)
 	struct ts_error e;
 
 	ts_error_clear(&e);
-	if (q->copy(q->base.dev, j->u.copy.dst, j->u.copy.src, j->u.copy.n,
+	if (ts_fault_fire(TS_FAULT_COPY))
+		ts_error_set(&e, TS_INTERNAL, "COPY_FAILED", "%s: copy of %zu bytes failed (injected)",
+		             q->base.dev->props.id, j->u.copy.n);
+	if (e.status != TS_OK ||
+	    q->copy(q->base.dev, j->u.copy.dst, j->u.copy.src, j->u.copy.n,
 	            j->u.copy.kind, &e) != TS_OK)
 		fault_raise(q, j->seq, &e);
 }

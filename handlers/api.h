@@ -20,6 +20,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -46,6 +47,10 @@ struct ts_core {
 	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
 	struct ts_model_registry *models;    /* training models (train/model.h) */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */
+	const char *data_dir_given;          /* --data-dir as configured (another spelling) */
+	uint64_t import_header_max;          /* largest safetensors header an import holds */
+	uint64_t import_header_budget;       /* all headers being read together; 0: none */
+	_Atomic uint64_t *import_header_used;   /* bytes of that budget held now */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;
 	const char *version;

@@ -54,7 +54,9 @@ void ts_h_reply_array(struct ts_reply *reply, const struct ts_array *a, bool cre
  * header) followed by the selected bytes of one or more arrays, read run by
  * run straight from their buffers (device memory through the device's copy
  * queue, batched per read). Takes ownership of prefix and of the array
- * references; fills stream.
+ * references, also on failure; fills stream. UNAVAILABLE (DEVICE_BROKEN)
+ * when a part lives on a device broken by a sticky error: answered before
+ * the response begins.
  */
 struct ts_h_part {
 	struct ts_array *array;        /* reference owned by the reader */

@@ -3,8 +3,10 @@
  * .npy, whole or an index expression's selection (numpy basic indexing).
  *
  * Only the selected bytes are read: the selection becomes contiguous runs of
- * the parent, and each response block is filled from the runs it covers (for
- * device memory, one batched device->host copy per block). A whole array in
+ * the parent, and each response block is filled from the runs it covers with
+ * one read of the stager (for device memory, one staged copy per covering
+ * window of the block's runs: a strided slice of a device array costs about
+ * one copy per block, not one per element). A whole array in
  * host memory is answered from its buffer in place, with no copy at all.
  * The response holds a reference to the array version it reads, so a delete
  * or replace while it streams changes nothing it sends.
@@ -16,20 +18,26 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/log.h"
 #include "storage/npy.h"
 #include "storage/array_io.h"
 
-#define READER_MAX_RUNS 4096
+/* Runs one block may gather: a 256 KiB block of 4-byte elements at any
+ * stride is one read. */
+#define READER_MAX_RUNS 65536
 
 struct reader {
 	struct ts_stager *stager;          /* borrowed from the core */
 	char *prefix;                      /* owned */
 	size_t prefix_len;
+	uint64_t size;                     /* of the whole body (its Content-Length) */
 	struct ts_h_part *parts;           /* owned, with their references */
 	size_t nparts, cur;
 	struct ts_run_iter it;             /* over parts[cur] */
 	uint64_t run_off, run_left;        /* the unsent rest of the current run */
-	struct ts_run runs[READER_MAX_RUNS];
+	uint64_t nruns;                    /* runs of every part: what a block may need */
+	struct ts_run *runs;               /* owned; cap entries, made at the first read */
+	size_t cap;
 };
 
 static void reader_release(void *state)
@@ -39,6 +47,7 @@ static void reader_release(void *state)
 	for (size_t i = 0; i < r->nparts; i++)
 		ts_array_unref(r->parts[i].array);
 	free(r->parts);
+	free(r->runs);
 	free(r->prefix);
 	free(r);
 }
@@ -61,11 +70,20 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 	struct reader *r = state;
 	size_t got = 0, nruns = 0;
 	const struct ts_array *src = NULL;
+	struct ts_error err;
 
 	if (pos < r->prefix_len) {
 		got = r->prefix_len - pos < max ? (size_t)(r->prefix_len - pos) : max;
 		memcpy(buf, r->prefix + pos, got);
 		return (long)got;
+	}
+	if (!r->runs) {
+		/* no more entries than the selection has runs: small reads stay small */
+		r->cap = r->nruns < READER_MAX_RUNS ? (size_t)r->nruns : READER_MAX_RUNS;
+		r->cap = r->cap ? r->cap : 1;
+		r->runs = malloc(r->cap * sizeof *r->runs);
+		if (!r->runs)
+			return -1;
 	}
 	/* batch the runs of one part that fit in this block into one read */
 	while (got < max) {
@@ -82,14 +100,35 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 		r->run_off += take;
 		r->run_left -= take;
 		got += take;
-		if (nruns == READER_MAX_RUNS)
+		if (nruns == r->cap)
 			break;
 	}
 	if (!got)
 		return -1;        /* the size promised more than the parts hold */
-	if (ts_array_read(r->stager, src, r->runs, nruns, buf, NULL) != TS_OK)
+	ts_error_clear(&err);
+	if (ts_array_read(r->stager, src, r->runs, nruns, buf, &err) != TS_OK) {
+		/* the response carries Content-Length: the client sees a short body
+		 * when the connection closes here, never a complete-looking one */
+		char fields[160];
+
+		snprintf(fields, sizeof fields, "\"array\":\"%s\",\"offset\":%llu,\"size\":%llu",
+		         ts_array_name(src), (unsigned long long)pos, (unsigned long long)r->size);
+		ts_log(TS_LOG_WARN, fields, "download cut short: %s", err.message);
 		return -1;
+	}
 	return (long)got;
+}
+
+/* The first broken device holding a shard of a, or NULL. */
+static const struct ts_device *broken_device(const struct ts_array *a)
+{
+	for (int i = 0; i < ts_array_nshards(a); i++) {
+		const struct ts_device *dev = ts_buffer_device(ts_array_shard_buffer(a, i));
+
+		if (!ts_buffer_host_visible(ts_array_shard_buffer(a, i)) && ts_device_broken(dev))
+			return dev;
+	}
+	return NULL;
 }
 
 ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t prefix_len,
@@ -98,25 +137,46 @@ ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t pr
 {
 	struct reader *r = calloc(1, sizeof *r);
 	uint64_t total = prefix_len;
+	ts_status st = TS_OK;
 
-	if (!r) {
+	if (!r)
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                  "no memory for a response reader");
+	/* a device known broken answers now, not with a 200 that stops short */
+	for (size_t i = 0; st == TS_OK && i < nparts; i++) {
+		const struct ts_device *dev = broken_device(parts[i].array);
+
+		if (dev) {
+			st = ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+			                  "array '%s' is on %s, which is unusable after an "
+			                  "unrecoverable (sticky) error", ts_array_name(parts[i].array),
+			                  ts_device_props(dev)->id);
+			ts_error_meta(err, "array", "%s", ts_array_name(parts[i].array));
+			ts_error_meta(err, "device", "%s", ts_device_props(dev)->id);
+		}
+	}
+	if (st != TS_OK) {
+		free(r);
 		free(prefix);
 		for (size_t i = 0; i < nparts; i++)
 			ts_array_unref(parts[i].array);
 		free(parts);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a response reader");
+		return st;
 	}
 	r->stager = core->stager;
 	r->prefix = prefix;
 	r->prefix_len = prefix_len;
 	r->parts = parts;
 	r->nparts = nparts;
-	for (size_t i = 0; i < nparts; i++)
-		total += ts_selection_elems(&parts[i].sel) *
-		         ts_dtype_size(ts_array_desc(parts[i].array)->dtype);
+	for (size_t i = 0; i < nparts; i++) {
+		size_t esize = ts_dtype_size(ts_array_desc(parts[i].array)->dtype);
+
+		total += ts_selection_elems(&parts[i].sel) * esize;
+		r->nruns += ts_selection_nruns(&parts[i].sel, esize);
+	}
 	if (nparts)
 		ts_run_iter_init(&r->it, &parts[0].sel, ts_dtype_size(ts_array_desc(parts[0].array)->dtype));
+	r->size = total;
 	*stream = (struct ts_stream){.size = total, .read = reader_read,
 	                             .release = reader_release, .state = r};
 	return TS_OK;

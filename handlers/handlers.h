@@ -85,6 +85,12 @@ ts_handler_fn ts_h_models_analyze;
 ts_handler_fn ts_h_models_analyze_spec;
 ts_handler_fn ts_h_models_step;
 
+/* faults.c: only in a fault-injection build (common/fault.h) */
+#ifdef TS_FAULT_BUILD
+ts_handler_fn ts_h_debug_faults_get;
+ts_handler_fn ts_h_debug_faults_arm;
+#endif
+
 /* memory.c */
 ts_handler_fn ts_h_memory_get;
 ts_handler_fn ts_h_memory_reset_peak;

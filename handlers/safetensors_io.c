@@ -8,7 +8,10 @@
  * read, all or nothing, and all are published together at the end, so a
  * refused, truncated or failed import leaves the catalog and the spaces as
  * they were. With a JSON body {"path": ...} the file is read on the server,
- * only from below --data-dir, so a 19 GiB file need not cross HTTP.
+ * only from below --data-dir, so a 19 GiB file need not cross HTTP: the
+ * path is checked by text on the HTTP thread, and opened (beneath the data
+ * dir, no link followed, regular files only) and read by the import's
+ * operation; the request is answered once the open has succeeded or failed.
  *
  * Export streams a safetensors file of the named arrays: the header, then
  * each array's bytes read from its buffer (device memory through the copy
@@ -20,6 +23,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +32,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/beneath.h"
+#include "common/units.h"
 #include "handlers/operations.h"
 #include "storage/operation.h"
 #include "storage/safetensors.h"
@@ -35,6 +41,7 @@
 
 #define FILE_CHUNK (8u << 20)
 #define TS_IMPORT_JSON_MAX (64u << 10)
+#define OPEN_WAIT_NS (10ull * 1000000000ull)   /* a hung open answers 202 after this */
 
 struct import {
 	const struct ts_core *core;
@@ -46,6 +53,7 @@ struct import {
 	uint64_t received;
 	char first8[8];
 	char *header;                      /* the JSON header, buffered */
+	uint64_t header_held;              /* of the headers' budget, given back at free */
 	uint64_t header_len, header_got;
 	bool parsed;
 	struct ts_st_header st;
@@ -58,6 +66,14 @@ struct import {
 	struct ts_operation *op;           /* from_file: the operation reading it */
 	int fd;                            /* from_file: the open file, -1 none */
 	uint64_t file_size;
+	char path[PATH_MAX];               /* from_file: as the client wrote it */
+	char rel[PATH_MAX];                /* from_file: relative to the data dir */
+	/* from_file: the open's outcome, for the request waiting on it */
+	pthread_mutex_t open_mu;
+	bool opened;                       /* guarded by: open_mu */
+	struct ts_error open_err;          /* guarded by: open_mu; set once opened */
+	void (*open_wake)(void *token);    /* guarded by: open_mu */
+	void *open_token;                  /* guarded by: open_mu */
 	_Atomic int refs;                  /* the request's, and the operation's when handed off */
 };
 
@@ -77,6 +93,8 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 	im->core = call->core;
 	atomic_init(&im->refs, 1);
 	im->fd = -1;
+	pthread_mutex_init(&im->open_mu, NULL);
+	ts_error_clear(&im->open_err);
 	im->content_length = content_length;
 	im->overwrite = !ow || strcmp(ow, "false") != 0;
 	im->from_file = ctype && strncasecmp(ctype, "application/json", 16) == 0;
@@ -98,6 +116,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 
 out_fail:
 	ts_reply_error(reply, &err);
+	pthread_mutex_destroy(&im->open_mu);
 	free(im);
 	return NULL;
 }
@@ -187,6 +206,33 @@ static ts_status import_data(struct import *im, const char *data, size_t n, stru
 	return TS_OK;
 }
 
+/* Takes the header's bytes from the budget every import shares, so that
+ * many connections cannot hold headers past it: RESOURCE_EXHAUSTED. */
+static ts_status header_budget_take(struct import *im, struct ts_error *err)
+{
+	const struct ts_core *core = im->core;
+	uint64_t used, n = im->header_len;
+	char have[32], limit[32];
+
+	if (!core->import_header_budget || !core->import_header_used)
+		return TS_OK;
+	used = atomic_load(core->import_header_used);
+	do {
+		if (used + n > core->import_header_budget) {
+			ts_error_set(err, TS_RESOURCE_EXHAUSTED, "HEADER_BUDGET",
+			             "imports being read hold %s of safetensors headers; this one's "
+			             "would pass the %s budget (--import-header-budget); retry later",
+			             ts_format_bytes(have, sizeof have, used),
+			             ts_format_bytes(limit, sizeof limit, core->import_header_budget));
+			ts_error_meta_u64(err, "requested_bytes", n);
+			ts_error_meta_u64(err, "limit_bytes", core->import_header_budget);
+			return err->status;
+		}
+	} while (!atomic_compare_exchange_weak(core->import_header_used, &used, used + n));
+	im->header_held = n;
+	return TS_OK;
+}
+
 static ts_status import_bytes(struct import *im, const char *data, size_t n, struct ts_error *err)
 {
 	size_t take;
@@ -199,12 +245,21 @@ static ts_status import_bytes(struct import *im, const char *data, size_t n, str
 		n -= take;
 		if (im->received < 8)
 			return TS_OK;
+		/* the length is the file's first 8 bytes: no message spells it out */
 		if (ts_st_header_len(im->first8, &im->header_len, err) != TS_OK)
 			return err->status;
 		if (im->content_length != UINT64_MAX && im->header_len > im->content_length - 8)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SAFETENSORS_HEADER",
-			                    "header length %" PRIu64 " runs past the %" PRIu64 "-byte body",
-			                    im->header_len, im->content_length);
+			                    "the header length in the first 8 bytes runs past the "
+			                    "%" PRIu64 "-byte body (is it a safetensors file?)",
+			                    im->content_length);
+		if (im->core->import_header_max && im->header_len > im->core->import_header_max)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "HEADER_TOO_LARGE",
+			                    "the safetensors header is larger than the %" PRIu64
+			                    "-byte limit of this server (--import-header-limit)",
+			                    im->core->import_header_max);
+		if (header_budget_take(im, err) != TS_OK)
+			return err->status;
 		im->header = malloc(im->header_len ? im->header_len : 1);
 		if (!im->header)
 			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
@@ -259,17 +314,13 @@ static bool import_chunk(void *state, const char *data, size_t n, struct ts_repl
 	return true;
 }
 
-/* The file named by a JSON body, opened after checking it lies below the
- * data dir. */
-static ts_status import_open_file(struct import *im, int *fd, uint64_t *size,
-                                  struct ts_error *err)
+/* The path named by a JSON body, made relative to the data dir by text
+ * (no file is touched: this runs on the HTTP thread). */
+static ts_status import_parse_path(struct import *im, struct ts_error *err)
 {
 	json_error_t jerr;
 	json_t *body = json_loadb(im->json ? im->json : "", im->json_len, JSON_REJECT_DUPLICATES, &jerr);
 	const char *path = NULL;
-	char real[PATH_MAX];
-	size_t dl;
-	struct stat sb;
 	ts_status s = TS_OK;
 
 	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s}", "path", &path) != 0) {
@@ -282,26 +333,41 @@ static ts_status import_open_file(struct import *im, int *fd, uint64_t *size,
 		                 "server-side import is off: start tstaged with --data-dir");
 		goto out;
 	}
-	dl = strlen(im->core->data_dir);
-	if (!realpath(path, real) || strncmp(real, im->core->data_dir, dl) != 0 ||
-	    (real[dl] != '/' && real[dl] != '\0')) {
-		s = ts_error_set(err, errno == ENOENT ? TS_NOT_FOUND : TS_PERMISSION_DENIED,
-		                 "PATH_NOT_ALLOWED", "'%s' is not a file below the data dir '%s'",
-		                 path, im->core->data_dir);
+	if (strlen(path) >= sizeof im->path) {
+		s = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PATH", "the path is longer than %zu bytes",
+		                 sizeof im->path - 1);
 		goto out;
 	}
-	*fd = open(real, O_RDONLY | O_CLOEXEC);
-	if (*fd < 0 || fstat(*fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-		s = ts_error_set(err, ts_status_from_errno(errno), "PATH_NOT_ALLOWED",
-		                 "cannot read '%s': %s", path, *fd < 0 ? strerror(errno) : "not a file");
-		if (*fd >= 0)
-			close(*fd);
-		*fd = -1;
-		goto out;
-	}
-	*size = (uint64_t)sb.st_size;
+	snprintf(im->path, sizeof im->path, "%s", path);
+	s = ts_path_beneath(im->core->data_dir, im->core->data_dir_given, im->path, im->rel,
+	                    sizeof im->rel, err);
 out:
 	json_decref(body);
+	return s;
+}
+
+/* Opens the file below the data dir (on the operation's worker) and tells
+ * the request waiting for it. */
+static ts_status import_open_file(struct import *im, struct ts_error *err)
+{
+	int dirfd = open(im->core->data_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	ts_status s;
+
+	if (dirfd < 0)
+		s = ts_error_set(err, TS_UNAVAILABLE, "DATA_DIR_GONE",
+		                 "the data dir cannot be opened: %s", strerror(errno));
+	else
+		s = ts_open_beneath(dirfd, im->rel, im->path, &im->fd, &im->file_size, err);
+	if (dirfd >= 0)
+		close(dirfd);
+	pthread_mutex_lock(&im->open_mu);
+	im->opened = true;
+	if (s != TS_OK)
+		im->open_err = *err;
+	if (im->open_wake)
+		im->open_wake(im->open_token);  /* under the lock: disarm cannot pass it */
+	im->open_wake = NULL;
+	pthread_mutex_unlock(&im->open_mu);
 	return s;
 }
 
@@ -378,7 +444,9 @@ static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_e
 	ts_status s;
 
 	im->op = op;
-	s = import_file(im, err);
+	s = import_open_file(im, err);
+	if (s == TS_OK)
+		s = import_file(im, err);
 	if (s == TS_OK)
 		s = import_complete(im, &result, err);
 	if (s == TS_OK)
@@ -397,6 +465,83 @@ static void import_file_release(void *arg)
 	import_unref(arg);
 }
 
+/* A request waiting for its file to be opened: answered with the open's
+ * error, or 202 and the operation. */
+struct open_waiter {
+	struct import *im;                 /* own reference */
+	struct ts_operation *op;           /* own reference */
+};
+
+static bool open_waiter_arm(void *state, void (*wake)(void *token), void *token)
+{
+	struct import *im = ((struct open_waiter *)state)->im;
+	bool armed;
+
+	pthread_mutex_lock(&im->open_mu);
+	armed = !im->opened;
+	if (armed) {
+		im->open_wake = wake;
+		im->open_token = token;
+	}
+	pthread_mutex_unlock(&im->open_mu);
+	return armed;
+}
+
+static void open_waiter_disarm(void *state, void (*wake)(void *token), void *token)
+{
+	struct import *im = ((struct open_waiter *)state)->im;
+
+	pthread_mutex_lock(&im->open_mu);
+	if (im->open_wake == wake && im->open_token == token)
+		im->open_wake = NULL;
+	pthread_mutex_unlock(&im->open_mu);
+}
+
+static void open_waiter_resume(void *state, bool timed_out, struct ts_reply *reply)
+{
+	struct open_waiter *w = state;
+	struct ts_error err;
+	bool failed;
+
+	(void)timed_out;
+	pthread_mutex_lock(&w->im->open_mu);
+	failed = w->im->opened && w->im->open_err.status != TS_OK;
+	err = w->im->open_err;
+	pthread_mutex_unlock(&w->im->open_mu);
+	if (failed)
+		ts_reply_error(reply, &err);
+	else
+		ts_h_reply_operation(reply, w->op, false);
+}
+
+static void open_waiter_release(void *state)
+{
+	struct open_waiter *w = state;
+
+	ts_operation_unref(w->op);
+	import_unref(w->im);
+	free(w);
+}
+
+/* Answers once the operation has opened the file (or failed to). */
+static void reply_when_open(struct ts_reply *reply, struct import *im, struct ts_operation *op)
+{
+	struct open_waiter *w = malloc(sizeof *w);
+	struct ts_suspend s;
+
+	if (!w) {
+		ts_h_reply_operation(reply, op, false);
+		return;
+	}
+	atomic_fetch_add(&im->refs, 1);
+	w->im = im;
+	w->op = ts_operation_ref(op);
+	s = (struct ts_suspend){.timeout_ns = OPEN_WAIT_NS, .arm = open_waiter_arm,
+	                        .disarm = open_waiter_disarm, .resume = open_waiter_resume,
+	                        .release = open_waiter_release, .state = w};
+	ts_reply_suspend(reply, &s);
+}
+
 static void import_finish(void *state, const struct ts_call *call, struct ts_reply *reply)
 {
 	struct import *im = state;
@@ -407,9 +552,9 @@ static void import_finish(void *state, const struct ts_call *call, struct ts_rep
 
 	ts_error_clear(&err);
 	if (im->from_file) {
-		/* the request is checked now (bad paths answer at once); the file,
-		 * possibly large, is read by an operation, not by this HTTP thread */
-		if (import_open_file(im, &im->fd, &im->file_size, &err) != TS_OK)
+		/* the path is checked by text now; the file is opened and read by an
+		 * operation, never by this HTTP thread (an open can block: NFS, FUSE) */
+		if (import_parse_path(im, &err) != TS_OK)
 			goto out_fail;
 		atomic_fetch_add(&im->refs, 1);       /* the operation's */
 		if (ts_op_submit(im->core->operations, "import", NULL, 0, "bytes", import_file_run, im,
@@ -420,7 +565,7 @@ static void import_finish(void *state, const struct ts_call *call, struct ts_rep
 		if (ts_h_wait_requested(call, &wait_ns))
 			ts_h_reply_wait(reply, op, wait_ns, true);
 		else
-			ts_h_reply_operation(reply, op, false);
+			reply_when_open(reply, im, op);
 		ts_operation_unref(op);
 		return;
 	}
@@ -447,9 +592,12 @@ static void import_free(struct import *im)
 	if (im->parsed)
 		ts_st_header_release(&im->st);
 	free(im->header);
+	if (im->header_held)
+		atomic_fetch_sub(im->core->import_header_used, im->header_held);
 	free(im->json);
 	if (im->fd >= 0)
 		close(im->fd);
+	pthread_mutex_destroy(&im->open_mu);
 	free(im);
 }
 

@@ -98,6 +98,8 @@ static ts_status parse_raw_desc(const struct ts_call *call, struct ts_array_desc
 	return ts_array_desc_init(d, err);
 }
 
+static void upload_release(void *state);
+
 static void *upload_begin(const struct ts_call *call, uint64_t content_length,
                           struct ts_reply *reply)
 {
@@ -184,7 +186,7 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 
 out_fail:
 	ts_reply_error(reply, &err);
-	free(u);
+	upload_release(u);    /* and what upload_admit made before it failed */
 	return NULL;
 }
 

@@ -37,9 +37,12 @@ static const struct opt options[] = {
 	{"preallocate", OPT_BOOL, F(preallocate), 0, 0, "false",
 	 "pin the whole pinned_host pool at start"},
 	{"pinned-host-limit", OPT_SIZE, F(pinned_host_limit), 0, 0, "RAM/4",
-	 "node-wide pinned_host budget"},
+	 "node-wide pinned_host budget (RAM: the cgroup memory limit when smaller)"},
 	{"unpinned-host-limit", OPT_SIZE, F(unpinned_host_limit), 0, 0, "RAM/2",
 	 "node-wide unpinned_host budget"},
+	{"cgroup-root", OPT_STRING, F(cgroup_root), 0, 0, "/sys/fs/cgroup",
+	 "where the cgroup file systems are mounted; host budgets default to fractions "
+	 "of the cgroup memory limit (not RAM) when it is smaller"},
 	{"default-memory-kind", OPT_KIND, F(default_memory_kind), 0, 0, "device",
 	 "memory kind of uploads that name no placement"},
 	{"default-device", OPT_STRING, F(default_device), 0, 0, "first device",
@@ -53,9 +56,25 @@ static const struct opt options[] = {
 	{"port-file", OPT_STRING, F(port_file), 0, 0, "none",
 	 "write the bound port to this file once listening"},
 	{"drain-seconds", OPT_INT, F(drain_seconds), 0, 3600, "30",
-	 "how long SIGTERM waits for in-flight requests"},
+	 "how long SIGTERM waits for in-flight requests and operations (then cancelled)"},
 	{"data-dir", OPT_STRING, F(data_dir), 0, 0, "none",
 	 "folder server-side imports ({\"path\": ...}) may read from"},
+	{"import-header-limit", OPT_SIZE, F(import_header_limit), 0, 0, "16MiB",
+	 "largest safetensors header an import holds in memory (at most 100MB)"},
+	{"import-header-budget", OPT_SIZE, F(import_header_budget), 0, 0, "256MiB",
+	 "safetensors headers all imports together may hold while they are read "
+	 "(0: no budget); past it an import is refused with 429"},
+	{"max-connections", OPT_INT, F(max_connections), 1, 100000, "1024",
+	 "connections served at once; more are answered 503 with Retry-After"},
+	{"max-connections-per-ip", OPT_INT, F(max_connections_per_ip), 0, 100000, "256",
+	 "connections served at once from one client address (0: no limit of its own)"},
+	{"connection-timeout", OPT_INT, F(connection_timeout), 1, 86400, "60",
+	 "seconds an idle connection is kept open"},
+	{"body-idle-timeout", OPT_INT, F(body_idle_timeout), 1, 3600, "15",
+	 "seconds an upload holding a memory reservation may send nothing"},
+	{"body-min-rate", OPT_SIZE, F(body_min_rate), 0, 0, "64KiB",
+	 "bytes per second such an upload must average once body-idle-timeout has passed "
+	 "(0: no minimum)"},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -72,6 +91,14 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->log_level = TS_LOG_INFO;
 	cfg->cuda = true;
 	cfg->drain_seconds = 30;
+	strcpy(cfg->cgroup_root, "/sys/fs/cgroup");
+	cfg->import_header_limit = 16ull << 20;
+	cfg->import_header_budget = 256ull << 20;
+	cfg->max_connections = 1024;
+	cfg->max_connections_per_ip = 256;
+	cfg->connection_timeout = 60;
+	cfg->body_idle_timeout = 15;
+	cfg->body_min_rate = 64ull << 10;
 }
 
 static bool parse_bool(const char *s, bool *out)
@@ -103,7 +130,11 @@ static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
 		*(int *)field = (int)l;
 		return true;
 	case OPT_SIZE:
-		return ts_parse_size(value, (uint64_t *)field);
+		if (!ts_parse_size(value, (uint64_t *)field))
+			return false;
+		/* the format's own limit on a header */
+		return field != (char *)&cfg->import_header_limit ||
+		       (cfg->import_header_limit > 0 && cfg->import_header_limit <= 100000000ull);
 	case OPT_FRACTION:
 		d = strtod(value, &end);
 		if (*value == '\0' || *end || !(d > 0.0 && d <= 1.0))

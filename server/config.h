@@ -27,8 +27,9 @@ struct ts_config {
 	uint64_t sim_device_memory;
 	double device_memory_fraction;
 	bool preallocate;
-	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory */
+	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory (or cgroup limit) */
 	uint64_t unpinned_host_limit;    /* 0: half of physical memory */
+	char cgroup_root[256];           /* cgroup mounts: "RAM" is their limit when smaller */
 	enum ts_memory_kind default_memory_kind;
 	char default_device[32];         /* "" : the default backend's first device */
 	enum ts_log_level log_level;
@@ -38,6 +39,13 @@ struct ts_config {
 	char port_file[512];             /* write the bound port here once listening */
 	int drain_seconds;               /* how long SIGTERM waits for requests */
 	char data_dir[512];              /* server-side imports only from below here; "" none */
+	uint64_t import_header_limit;    /* largest safetensors header an import buffers */
+	uint64_t import_header_budget;   /* all headers being read at once; 0: none */
+	int max_connections;             /* served at once; more are answered 503 */
+	int max_connections_per_ip;      /* served at once from one address; 0: no own limit */
+	int connection_timeout;          /* seconds an idle connection stays open */
+	int body_idle_timeout;           /* seconds a reserving upload may stall */
+	uint64_t body_min_rate;          /* bytes/s such an upload must average; 0: none */
 };
 
 enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };

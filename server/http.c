@@ -8,14 +8,30 @@
  * callback. Errors found before the body arrives are answered at once, so a
  * client sending Expect: 100-continue never sends a body that would be
  * refused.
+ *
+ * Connections are limited above the library: each one is counted when it
+ * opens, in all and by client address; one past --max-connections or
+ * --max-connections-per-ip is answered 503 with Retry-After on the raw
+ * socket at once (whether or not it has sent a request) and closed, so a
+ * flood of idle connections never leaves a new client unanswered. An upload
+ * holding a memory reservation must keep sending (--body-idle-timeout) and
+ * average --body-min-rate, or its connection is cut and the reservation
+ * freed. Framing that could smuggle a request is refused (two different
+ * Content-Length values) or closes the connection after the answer
+ * (Content-Length with Transfer-Encoding, RFC 9112 section 6.1).
  */
 #include "server/server_int.h"
 
 #include <arpa/inet.h>
+#include <assert.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +63,18 @@ struct request {
 	char *body;
 	size_t body_len, body_cap;
 	int http_code;
+	bool close;                      /* answer with Connection: close */
+	bool chunked;                    /* Transfer-Encoding: the length is unknown */
+	bool reserving;                  /* a streamed upload admitted: rate rules apply */
+	bool cut;                        /* too slow: the connection is dropped */
+	uint64_t body_start_ns;
+	uint64_t body_got;
+};
+
+/* Per-connection state (MHD's socket context), from open to close. */
+struct conn_ctx {
+	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
+	bool refused;                    /* answered 503 at accept; not counted */
 };
 
 static const char *lookup(void *conn, int where, const char *key)
@@ -149,6 +177,13 @@ static void request_begin_upload(struct request *rq, struct MHD_Connection *conn
 	}
 	request_call(rq, conn, &call);
 	rq->upload = route->upload->begin(&call, len, &rq->reply);
+	if (rq->upload) {
+		/* admitted: the body now holds memory, so it may not stall */
+		rq->reserving = true;
+		rq->body_start_ns = ts_now_ns();
+		MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+		                          (unsigned int)rq->srv->cfg.body_idle_timeout);
+	}
 	if (!rq->upload) {
 		rq->failed = true;
 		if (rq->reply.kind == TS_REPLY_NONE)
@@ -235,6 +270,62 @@ static bool request_args_ok(struct request *rq, struct MHD_Connection *conn)
 	return false;
 }
 
+struct framing {
+	const char *length;              /* the first Content-Length */
+	bool conflict;                   /* another with a different value */
+	bool chunked;                    /* Transfer-Encoding present */
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+	struct framing *f = cls;
+
+	(void)kind;
+	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+		if (!f->length)
+			f->length = value;
+		else if (strcmp(f->length, value) != 0)
+			f->conflict = true;
+	} else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+		f->chunked = true;
+	}
+	return MHD_YES;
+}
+
+/* Refuses framing a proxy could read otherwise (RFC 9112 section 6):
+ * false when rq is answered. */
+static bool request_framing(struct request *rq, struct MHD_Connection *conn)
+{
+	struct framing f = {0};
+
+	MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+	if (f.conflict) {
+		rq->failed = true;
+		rq->close = true;
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "CONFLICTING_CONTENT_LENGTH",
+		              "the request has two different Content-Length headers");
+		return false;
+	}
+	rq->chunked = f.chunked;  /* Transfer-Encoding overrides Content-Length */
+	if (f.length && f.chunked)
+		rq->close = true;     /* answered, then the connection is closed */
+	return true;
+}
+
+/* New /v1 work is refused while draining. */
+static bool request_draining(struct request *rq, const struct ts_route *route)
+{
+	if (!atomic_load(&rq->srv->draining) || strncmp(route->pattern, "/v1", 3) != 0)
+		return false;
+	rq->failed = true;
+	rq->close = true;
+	ts_reply_fail(&rq->reply, TS_UNAVAILABLE, "DRAINING",
+	              "tstaged is shutting down and takes no new work; retry on another instance");
+	ts_reply_header(&rq->reply, "Retry-After", "1");
+	return true;
+}
+
 /* Decides routing, auth and body admission on the first callback. */
 static void request_admit(struct request *rq, struct MHD_Connection *conn,
                           const char *url, const char *method)
@@ -245,7 +336,7 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	char allow[96];
 
 	rq->failed = true;             /* until admitted */
-	if (!request_path_ok(rq, url))
+	if (!request_framing(rq, conn) || !request_path_ok(rq, url))
 		return;
 	switch (ts_route_find(ts_routes, ts_nroutes, method, url, &rq->match)) {
 	case TS_MATCH_NO_PATH:
@@ -278,6 +369,8 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	}
 	rq->route = rq->match.index;
 	route = &ts_routes[rq->route];
+	if (request_draining(rq, route))
+		return;
 	if (srv->token_len && !route->public_route &&
 	    !token_ok(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
@@ -289,8 +382,8 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	if (!request_args_ok(rq, conn))
 		return;
 	rq->failed = false;
-	len_s = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-	                                    MHD_HTTP_HEADER_CONTENT_LENGTH);
+	len_s = rq->chunked ? NULL : MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	                                                         MHD_HTTP_HEADER_CONTENT_LENGTH);
 	if (route->body == TS_BODY_JSON && len_s && strtoull(len_s, NULL, 10) > TS_JSON_BODY_MAX) {
 		rq->failed = true;
 		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "BODY_TOO_LARGE",
@@ -302,6 +395,26 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 		request_begin_upload(rq, conn, len_s);
 }
 
+/* Counts n more body bytes of a reserving upload; true (and rq->cut) when
+ * it has averaged less than --body-min-rate past its grace period. */
+static bool request_too_slow(struct request *rq, size_t n)
+{
+	const struct ts_config *cfg = &rq->srv->cfg;
+	uint64_t elapsed = ts_now_ns() - rq->body_start_ns;
+	uint64_t grace = (uint64_t)cfg->body_idle_timeout * 1000000000ull;
+	char fields[160];
+
+	rq->body_got += n;
+	if (!cfg->body_min_rate || elapsed <= grace ||
+	    (double)rq->body_got * 1e9 >= (double)cfg->body_min_rate * (double)elapsed)
+		return false;
+	rq->cut = true;
+	snprintf(fields, sizeof fields, "\"request_id\":\"%s\",\"bytes\":%llu,\"seconds\":%.1f",
+	         rq->id, (unsigned long long)rq->body_got, (double)elapsed / 1e9);
+	ts_log(TS_LOG_WARN, fields, "upload slower than --body-min-rate; connection closed");
+	return true;
+}
+
 /* Takes one piece of the body. */
 static void request_take_body(struct request *rq, const char *data, size_t n)
 {
@@ -309,6 +422,8 @@ static void request_take_body(struct request *rq, const char *data, size_t n)
 
 	if (rq->failed || !route)
 		return;        /* drained and dropped */
+	if (rq->reserving && request_too_slow(rq, n))
+		return;
 	if (route->body == TS_BODY_STREAM) {
 		if (!route->upload->chunk(rq->upload, data, n, &rq->reply))
 			rq->failed = true;
@@ -538,6 +653,8 @@ static void reply_headers(struct request *rq, struct MHD_Response *resp)
 	MHD_add_response_header(resp, "X-Request-Id", rq->id);
 	for (int i = 0; i < r->nheaders; i++)
 		MHD_add_response_header(resp, r->headers[i].name, r->headers[i].value);
+	if (rq->close || atomic_load(&rq->srv->draining))
+		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
 /* Streams and in-place buffers: ownership passes to the MHD response. */
@@ -666,9 +783,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 
 	(void)version;
 	if (!rq) {
+		const union MHD_ConnectionInfo *ci =
+			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+		const struct conn_ctx *cc = ci ? ci->socket_context : NULL;
+
+		if (cc && cc->refused)
+			return MHD_NO;          /* answered 503 at accept */
 		rq = request_new(srv, conn, url, method);
-		if (!rq)
+		if (!rq) {
+			ts_log(TS_LOG_ERROR, NULL, "no memory for a request; connection closed");
 			return MHD_NO;
+		}
 		*req_cls = rq;
 		atomic_fetch_add(&srv->inflight, 1);
 		request_admit(rq, conn, url, method);
@@ -681,6 +806,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 
 		request_take_body(rq, upload_data, *upload_data_size);
 		*upload_data_size = 0;
+		if (rq->cut)
+			return MHD_NO;          /* closes the connection; completion frees */
 		/* a body found bad midway: try to answer now; libmicrohttpd 0.9.75
 		 * refuses a response before the body is read, so then the rest is
 		 * drained (not used) and the answer goes out at the end */
@@ -704,12 +831,16 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 	struct request *rq = *req_cls;
 	uint64_t dur;
 
-	(void)conn;
 	if (!rq)
 		return;
 	dur = ts_now_ns() - rq->start_ns;
+	if (rq->cut)
+		rq->http_code = 408;     /* cut off for sending too slowly */
 	if (!rq->http_code)
 		rq->http_code = 499;     /* the client went away before an answer */
+	if (rq->reserving && toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+		MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
+		                          (unsigned int)srv->cfg.connection_timeout);
 	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
 	if (ts_log_enabled(TS_LOG_INFO))
 		ts_log_json(TS_LOG_INFO,
@@ -742,7 +873,258 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	(void)cls;
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	msg[strcspn(msg, "\n")] = '\0';
+	/* said for every MHD_NO on_request returns: a connection refused at
+	 * accept (logged, rate-limited, by conn_refuse) or cut for being slow
+	 * (logged by request_too_slow); a flood must not become a log flood */
+	if (strncmp(msg, "Application reported internal error", 35) == 0)
+		return;
 	ts_log_json(TS_LOG_WARN, json_pack("{s:s}", "component", "libmicrohttpd"), "%s", msg);
+}
+
+/* ---- connections ---------------------------------------------------------- */
+
+struct ts__addr_count {
+	struct ts__addr_count *next;
+	unsigned char addr[16];
+	int n;
+};
+
+static unsigned addr_bucket(const unsigned char *a)
+{
+	unsigned h = 2166136261u;
+
+	for (int i = 0; i < 16; i++)
+		h = (h ^ a[i]) * 16777619u;
+	return h % TS__ADDR_BUCKETS;
+}
+
+static void addr_of(const struct sockaddr *sa, unsigned char *out)
+{
+	memset(out, 0, 16);
+	if (sa && sa->sa_family == AF_INET) {
+		out[10] = out[11] = 0xff;
+		memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	} else if (sa && sa->sa_family == AF_INET6) {
+		memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	}
+}
+
+/* The count of addr, created at 0 when absent (NULL when out of memory). */
+static struct ts__addr_count *addr_count_locked(struct ts_server *srv, const unsigned char *addr,
+                                                bool create)
+{
+	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(addr)];
+
+	assert(pthread_mutex_trylock(&srv->conns_mu) == EBUSY);
+	for (; *pp; pp = &(*pp)->next)
+		if (memcmp((*pp)->addr, addr, 16) == 0)
+			return *pp;
+	if (!create)
+		return NULL;
+	*pp = calloc(1, sizeof **pp);
+	if (*pp)
+		memcpy((*pp)->addr, addr, 16);
+	return *pp;
+}
+
+/* Drops the count ac (at 0) from its bucket. */
+static void addr_drop_locked(struct ts_server *srv, struct ts__addr_count *ac)
+{
+	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(ac->addr)];
+
+	assert(pthread_mutex_trylock(&srv->conns_mu) == EBUSY);
+	while (*pp != ac)
+		pp = &(*pp)->next;
+	*pp = ac->next;
+	free(ac);
+}
+
+/* Admits a new connection: 0 when served, else which limit it passes
+ * (1: all, 2: its address). */
+static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
+{
+	struct ts__addr_count *ac;
+	int over = 0;
+
+	pthread_mutex_lock(&srv->conns_mu);
+	ac = addr_count_locked(srv, cc->addr, true);
+	if (srv->conns >= srv->cfg.max_connections)
+		over = 1;
+	else if (srv->cfg.max_connections_per_ip && ac && ac->n >= srv->cfg.max_connections_per_ip)
+		over = 2;
+	if (!over) {
+		srv->conns++;
+		if (ac)
+			ac->n++;
+	} else if (ac && ac->n == 0) {
+		addr_drop_locked(srv, ac);    /* nothing counted for it */
+	}
+	pthread_mutex_unlock(&srv->conns_mu);
+	return over;
+}
+
+static void conn_leave(struct ts_server *srv, const struct conn_ctx *cc)
+{
+	struct ts__addr_count *ac;
+
+	pthread_mutex_lock(&srv->conns_mu);
+	srv->conns--;
+	ac = addr_count_locked(srv, cc->addr, false);
+	if (ac && --ac->n == 0)
+		addr_drop_locked(srv, ac);
+	pthread_mutex_unlock(&srv->conns_mu);
+}
+
+/* Answers a connection past a limit on its raw socket (nothing has been
+ * read or written on it yet) and half-closes it; the library closes it once
+ * the client does, or after a second. */
+static void conn_refuse(struct ts_server *srv, struct MHD_Connection *conn, int which)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+	uint64_t n = atomic_fetch_add(&srv->refused, 1) + 1;
+
+	if (ci && srv->busy[which - 1]) {
+		(void)send(ci->connect_fd, srv->busy[which - 1], srv->busy_len[which - 1],
+		           MSG_NOSIGNAL | MSG_DONTWAIT);
+		shutdown(ci->connect_fd, SHUT_WR);
+	}
+	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
+	if ((n & (n - 1)) == 0) {       /* 1, 2, 4, 8, ...: not a line per connection */
+		char fields[96];
+
+		snprintf(fields, sizeof fields, "\"refused_total\":%llu,\"limit\":\"%s\"",
+		         (unsigned long long)n, which == 1 ? "max-connections" : "max-connections-per-ip");
+		ts_log(TS_LOG_WARN, fields, "connection refused with 503: too many connections");
+	}
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+	struct ts_server *srv = cls;
+	struct conn_ctx *cc = *socket_context;
+
+	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+		const union MHD_ConnectionInfo *ci =
+			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+		int over;
+
+		cc = calloc(1, sizeof *cc);
+		if (!cc)
+			return;                 /* served uncounted: refusing needs no memory, counting does */
+		addr_of(ci ? ci->client_addr : NULL, cc->addr);
+		over = conn_admit(srv, cc);
+		cc->refused = over != 0;
+		*socket_context = cc;
+		if (over)
+			conn_refuse(srv, conn, over);
+		return;
+	}
+	if (!cc)
+		return;
+	if (!cc->refused)
+		conn_leave(srv, cc);
+	free(cc);
+	*socket_context = NULL;
+}
+
+/* The raw 503 for a connection past a limit (all, or per address). */
+static char *busy_reply(const char *message, size_t *len)
+{
+	struct ts_error err;
+	json_t *j;
+	char *body, *text = NULL;
+
+	ts_error_clear(&err);
+	ts_error_set(&err, TS_UNAVAILABLE, "TOO_MANY_CONNECTIONS", "%s", message);
+	j = ts_error_to_json(&err, 0);
+	body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	if (body && asprintf(&text, "HTTP/1.1 503 Service Unavailable\r\n"
+	                            "Content-Type: application/json\r\n"
+	                            "Retry-After: 1\r\nConnection: close\r\n"
+	                            "Content-Length: %zu\r\n\r\n%s\n",
+	                     strlen(body) + 1, body) < 0)
+		text = NULL;
+	free(body);
+	*len = text ? strlen(text) : 0;
+	return text;
+}
+
+/* Lets the process hold need descriptors (the soft limit raised up to the
+ * hard one); returns how many it may hold. */
+static unsigned long fd_limit(unsigned long need)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return need;
+	if (rl.rlim_cur >= need)
+		return rl.rlim_cur;
+	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0 && getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return need;
+	return rl.rlim_cur;
+}
+
+/* The library's own connection limit: room to answer those past ours,
+ * within the descriptors the process may hold (256 kept for files, pipes
+ * and the rest); --max-connections shrinks to fit, with a warning. */
+static unsigned int library_limit(struct ts_server *srv)
+{
+	unsigned long want = (unsigned long)srv->cfg.max_connections * 2u + 64u;
+	unsigned long have = fd_limit(want + 256u);
+	char fields[96];
+
+	if (have >= want + 256u)
+		return (unsigned int)want;
+	want = have > 512u ? have - 256u : have / 2u;
+	snprintf(fields, sizeof fields, "\"nofile\":%lu,\"max_connections\":%lu", have,
+	         want / 2u > 0 ? want / 2u : 1u);
+	ts_log(TS_LOG_WARN, fields, "the descriptor limit is too low for --max-connections; "
+	       "serving fewer");
+	srv->cfg.max_connections = want / 2u > 0 ? (int)(want / 2u) : 1;
+	return (unsigned int)(want > 0 ? want : 1u);
+}
+
+static ts_status conns_start(struct ts_server *srv, struct ts_error *err)
+{
+	char msg[200];
+
+	pthread_mutex_init(&srv->conns_mu, NULL);
+	srv->conns_started = true;
+	snprintf(msg, sizeof msg, "tstaged serves at most %d connections at once; retry later",
+	         srv->cfg.max_connections);
+	srv->busy[0] = busy_reply(msg, &srv->busy_len[0]);
+	snprintf(msg, sizeof msg, "tstaged serves at most %d connections at once from one "
+	         "address; retry later", srv->cfg.max_connections_per_ip);
+	srv->busy[1] = busy_reply(msg, &srv->busy_len[1]);
+	if (!srv->busy[0] || !srv->busy[1])
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for the connection limits");
+	return TS_OK;
+}
+
+void ts__http_stop(struct ts_server *srv)
+{
+	if (srv->daemon)
+		MHD_stop_daemon(srv->daemon);
+	srv->daemon = NULL;
+	if (!srv->conns_started)
+		return;
+	for (int i = 0; i < TS__ADDR_BUCKETS; i++) {
+		while (srv->by_addr[i]) {
+			struct ts__addr_count *ac = srv->by_addr[i];
+
+			srv->by_addr[i] = ac->next;
+			free(ac);
+		}
+	}
+	free(srv->busy[0]);
+	free(srv->busy[1]);
+	pthread_mutex_destroy(&srv->conns_mu);
+	srv->conns_started = false;
 }
 
 ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
@@ -758,6 +1140,9 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
 	const union MHD_DaemonInfo *info;
 	int threads = srv->cfg.threads;
+	/* the library's own limit leaves room to answer those past ours */
+	unsigned int hard;
+	ts_status st;
 
 	memset(&ss, 0, sizeof ss);
 	if (inet_pton(AF_INET, srv->cfg.bind, &v4->sin_addr) == 1) {
@@ -776,6 +1161,10 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 
 		threads = n > 0 ? (int)n : 1;
 	}
+	hard = library_limit(srv);          /* before the 503s quote the limit */
+	st = conns_start(srv, err);
+	if (st != TS_OK)
+		return st;
 	/* the deadline thread and its lock exist before any worker can suspend */
 	pthread_mutex_init(&srv->waits_mu, NULL);
 	pthread_cond_init(&srv->waits_cv, NULL);
@@ -789,13 +1178,16 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
-		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)300,
-		MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
+		MHD_OPTION_CONNECTION_LIMIT, hard,
+		/* no SO_REUSEPORT: a second daemon on the port fails to start
+		 * instead of taking half of the requests */
 		MHD_OPTION_END);
 	if (!srv->daemon)
 		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
-		                    "cannot listen on %s port %d (in use, or not allowed)",
+		                    "cannot listen on %s port %d (address in use, or not allowed)",
 		                    srv->cfg.bind, srv->cfg.port);
 	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	srv->port = info ? (int)info->port : srv->cfg.port;

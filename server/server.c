@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "server/cgroup.h"
 #include "server/router.h"
 #include "handlers/handlers.h"
 #include "server/server_routes.h"
@@ -126,6 +128,34 @@ static ts_status write_port_file(const struct ts_server *srv, struct ts_error *e
 	return TS_OK;
 }
 
+/*
+ * Inside a container the node's RAM is not what the process may use: host
+ * budgets left to their defaults become the same fractions (a quarter
+ * pinned, a half pageable) of the cgroup memory limit when it is smaller,
+ * so an upload past it is refused with 429 instead of the kernel's OOM kill.
+ */
+static void container_budgets(const struct ts_config *cfg, struct ts_memory_config *mcfg)
+{
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+	uint64_t phys = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : UINT64_MAX;
+	uint64_t limit;
+	char fields[160];
+
+	if (mcfg->pinned_host_limit && mcfg->unpinned_host_limit)
+		return;
+	if (!ts_cgroup_memory_limit(cfg->cgroup_root, TS_CGROUP_SELF, &limit) || limit >= phys)
+		return;
+	if (!mcfg->pinned_host_limit)
+		mcfg->pinned_host_limit = limit / 4;
+	if (!mcfg->unpinned_host_limit)
+		mcfg->unpinned_host_limit = limit / 2;
+	snprintf(fields, sizeof fields,
+	         "\"cgroup_memory_limit\":%llu,\"pinned_host_limit\":%llu,\"unpinned_host_limit\":%llu",
+	         (unsigned long long)limit, (unsigned long long)mcfg->pinned_host_limit,
+	         (unsigned long long)mcfg->unpinned_host_limit);
+	ts_log(TS_LOG_INFO, fields, "host budgets follow the cgroup memory limit");
+}
+
 ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
                         struct ts_error *err)
 {
@@ -164,6 +194,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.unpinned_host_limit = cfg->unpinned_host_limit,
 		.preallocate = cfg->preallocate,
 	};
+	container_budgets(cfg, &mcfg);
 	st = ts_memory_new(srv->devices, &mcfg, &srv->memory, err);
 	if (st != TS_OK)
 		goto out_free;
@@ -190,6 +221,10 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.catalog = srv->catalog,
 		.stager = srv->stager,
 		.data_dir = srv->data_dir[0] ? srv->data_dir : NULL,
+		.data_dir_given = srv->data_dir[0] ? srv->cfg.data_dir : NULL,
+		.import_header_max = cfg->import_header_limit,
+		.import_header_budget = cfg->import_header_budget,
+		.import_header_used = &srv->import_header_used,
 		.default_device = srv->core.default_device,
 		.default_memory_kind = cfg->default_memory_kind,
 		.version = TS_VERSION,
@@ -233,22 +268,64 @@ int ts_server_port(const struct ts_server *srv)
 	return srv->port;
 }
 
-int ts_server_drain(struct ts_server *srv, int seconds)
+/* Operations not finished yet (queued or running). */
+static uint64_t ops_unfinished(struct ts_server *srv)
+{
+	uint64_t counts[TS_OP_CANCELLED + 1] = {0};
+
+	ts_op_counts(srv->core.operations, counts);
+	return counts[TS_OP_PENDING] + counts[TS_OP_RUNNING];
+}
+
+/* Cancels every unfinished operation of state, logging each by id. */
+static int cancel_state(struct ts_server *srv, enum ts_op_state state)
+{
+	struct ts_operation **ops = NULL;
+	struct ts_error err;
+	size_t n = 0;
+
+	ts_error_clear(&err);
+	if (ts_op_list(srv->core.operations, (int)state, SIZE_MAX, &ops, &n, &err) != TS_OK) {
+		ts_log(TS_LOG_ERROR, NULL, "cannot list operations to cancel: %s", err.message);
+		return 0;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct ts_op_snapshot snap;
+		char fields[200], kind[40];
+
+		ts_operation_snapshot(ops[i], &snap);
+		snprintf(kind, sizeof kind, "%s", snap.kind);
+		ts_op_snapshot_release(&snap);
+		ts_error_clear(&err);
+		(void)ts_operation_cancel(ops[i], &err);
+		snprintf(fields, sizeof fields, "\"operation\":\"%s\",\"kind\":\"%s\",\"state\":\"%s\"",
+		         ts_operation_id(ops[i]), kind, ts_op_state_name(state));
+		ts_log(TS_LOG_WARN, fields, "operation %s cancelled at the drain deadline",
+		       ts_operation_id(ops[i]));
+	}
+	ts_op_list_free(ops, n);
+	return (int)n;
+}
+
+void ts_server_drain(struct ts_server *srv, int seconds, struct ts_drain_result *out)
 {
 	uint64_t deadline = ts_now_ns() + (uint64_t)seconds * 1000000000ull;
-	int left;
 
+	memset(out, 0, sizeof *out);
 	atomic_store(&srv->draining, true);
 	ts__http_wake_all(srv);
-	if (srv->daemon) {
-		MHD_socket s = MHD_quiesce_daemon(srv->daemon);
+	/* still listening: new connections learn that this instance is leaving
+	 * (/readyz and /v1 answer 503) instead of being refused */
+	for (;;) {
+		int left = atomic_load(&srv->inflight);
+		uint64_t ops = ops_unfinished(srv);
 
-		if (s != MHD_INVALID_SOCKET)
-			close(s);
-	}
-	while ((left = atomic_load(&srv->inflight)) > 0 && ts_now_ns() < deadline)
+		out->requests = left;
+		if ((left == 0 && ops == 0) || ts_now_ns() >= deadline)
+			break;
 		usleep(10000);
-	return left;
+	}
+	out->operations = cancel_state(srv, TS_OP_RUNNING) + cancel_state(srv, TS_OP_PENDING);
 }
 
 void ts_server_free(struct ts_server *srv)
@@ -256,8 +333,7 @@ void ts_server_free(struct ts_server *srv)
 	if (!srv)
 		return;
 	ts__http_wake_all(srv);
-	if (srv->daemon)
-		MHD_stop_daemon(srv->daemon);
+	ts__http_stop(srv);
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.operations);
 	ts_metrics_free(srv->metrics);

@@ -4,8 +4,8 @@
  *
  * All state lives in struct ts_server and is passed down; there are no
  * mutable globals. Lifecycle: ts_server_new (discovers devices, builds
- * memory, starts listening), ts_server_drain (stop accepting, readiness
- * false, wait for in-flight requests), ts_server_free.
+ * memory, starts listening), ts_server_drain (readiness false, new work
+ * refused, wait for in-flight requests and operations), ts_server_free.
  *
  * Thread-safety: after ts_server_new returns, the daemon's threads use the
  * server concurrently; only the drain flag and counters change, atomically.
@@ -29,9 +29,19 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 /* The port the daemon listens on (useful with --port 0). */
 int ts_server_port(const struct ts_server *srv);
 
-/* Stops accepting connections, makes /readyz answer 503, and waits up to
- * seconds for in-flight requests to finish; returns how many remain. */
-int ts_server_drain(struct ts_server *srv, int seconds);
+struct ts_drain_result {
+	int requests;          /* still in flight when the drain ended */
+	int operations;        /* cancelled at the deadline (each logged by id) */
+};
+
+/*
+ * Drains: /readyz and every new /v1 call answer 503 UNAVAILABLE (the daemon
+ * keeps listening, so new clients are told, not refused), suspended waits
+ * answer now, and this waits up to seconds for in-flight requests and
+ * unfinished operations; at the deadline those operations are cancelled
+ * and each is logged with its id.
+ */
+void ts_server_drain(struct ts_server *srv, int seconds, struct ts_drain_result *out);
 
 /* Stops the daemon and frees everything. */
 void ts_server_free(struct ts_server *srv);

@@ -15,6 +15,10 @@
 #include "server/metrics.h"
 #include "server/server.h"
 
+#define TS__ADDR_BUCKETS 256
+
+struct ts__addr_count;
+
 struct ts_server {
 	struct ts_config cfg;            /* immutable after init */
 	struct ts_core core;             /* immutable after init */
@@ -39,6 +43,15 @@ struct ts_server {
 	_Atomic uint64_t next_id;
 	_Atomic int inflight;
 	_Atomic bool draining;
+	/* connections served, in all and by client address (http.c) */
+	pthread_mutex_t conns_mu;
+	bool conns_started;
+	int conns;                       /* guarded by: conns_mu */
+	struct ts__addr_count *by_addr[TS__ADDR_BUCKETS];   /* guarded by: conns_mu */
+	char *busy[2];                   /* immutable after start: raw 503s (all, per address) */
+	size_t busy_len[2];
+	_Atomic uint64_t refused;        /* connections answered 503 at accept */
+	_Atomic uint64_t import_header_used;   /* safetensors headers being read (handlers) */
 };
 
 struct ts__waiting;
@@ -49,5 +62,8 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err);
 /* Answers every suspended request now (as timed out) and stops the
  * deadline thread; for draining (http.c). */
 void ts__http_wake_all(struct ts_server *srv);
+
+/* Stops the daemon and frees the connection accounting (http.c). */
+void ts__http_stop(struct ts_server *srv);
 
 #endif

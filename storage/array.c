@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fault.h"
 #include "common/units.h"
 
 struct ts_array {
@@ -159,7 +160,7 @@ static ts_status array_create(const char *name, const struct ts_array_desc *d,
                               struct ts_memory *mem, struct ts_array **out, int *reused,
                               bool *shared, struct ts_error *err)
 {
-	struct ts_array *a = calloc(1, sizeof *a);
+	struct ts_array *a = ts_fault_calloc(1, sizeof *a);
 	enum ts_memory_kind kind = pl->sharding.memory_kind;
 	ts_status st;
 
@@ -423,7 +424,7 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
                          const struct ts_precondition *pre, bool *replaced,
                          struct ts_error *err)
 {
-	struct entry *e = malloc(sizeof *e), **pp;
+	struct entry *e = ts_fault_malloc(sizeof *e), **pp;
 	ts_status st;
 
 	if (!e)
@@ -454,7 +455,7 @@ ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 		                    "no memory for catalog entries");
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
-		fresh[i] = malloc(sizeof **fresh);
+		fresh[i] = ts_fault_malloc(sizeof **fresh);
 		if (!fresh[i])
 			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 			                  "no memory for catalog entries");

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fault.h"
 /* A growing list of runs per shard (or per pair of shards). */
 struct run_list {
 	struct ts_run *runs;
@@ -60,7 +61,7 @@ ts_status ts_array_read(struct ts_stager *st, const struct ts_array *a,
 
 	if (single)
 		return ts_stage_read_runs(st, single, runs, n, dst, err);
-	c = calloc(1, sizeof *c);
+	c = ts_fault_calloc(1, sizeof *c);
 	if (!c)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
 	for (size_t i = 0; s == TS_OK && i < n; i++) {
@@ -202,7 +203,7 @@ struct ts_array_writer {
 ts_status ts_array_writer_new(struct ts_stager *st, struct ts_array *a,
                               struct ts_array_writer **out, struct ts_error *err)
 {
-	struct ts_array_writer *w = calloc(1, sizeof *w);
+	struct ts_array_writer *w = ts_fault_calloc(1, sizeof *w);
 	ts_status s = TS_OK;
 
 	if (!w)

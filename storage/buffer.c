@@ -3,6 +3,8 @@
  */
 #include "storage/buffer.h"
 
+#include "common/fault.h"
+
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -16,7 +18,7 @@ struct ts_buffer {
 ts_status ts_buffer_new(struct ts_space *sp, uint64_t size, struct ts_buffer **out,
                         struct ts_error *err)
 {
-	struct ts_buffer *b = malloc(sizeof *b);
+	struct ts_buffer *b = ts_fault_malloc(sizeof *b);
 	ts_status st;
 
 	if (!b)

@@ -97,9 +97,11 @@ ts_status ts_st_header_len(const void *first8, uint64_t *n, struct ts_error *err
 
 	for (int i = LEN_BYTES - 1; i >= 0; i--)
 		v = v << 8 | b[i];
+	/* the value is not shown: for a file that is not safetensors it would
+	 * spell out the file's first 8 bytes */
 	if (v > TS_ST_HEADER_MAX)
-		return bad(err, "header length %llu exceeds the %llu-byte limit",
-		           (unsigned long long)v, TS_ST_HEADER_MAX);
+		return bad(err, "the header length in the first 8 bytes exceeds the %llu-byte limit "
+		           "(is it a safetensors file?)", TS_ST_HEADER_MAX);
 	*n = v;
 	return TS_OK;
 }
@@ -399,8 +401,8 @@ ts_status ts_st_parse_buffer(const void *buf, size_t len, struct ts_st_header *o
 	if (st != TS_OK)
 		return st;
 	if (n > len - LEN_BYTES)
-		return bad(err, "header length %llu exceeds the %zu bytes that follow it",
-		           (unsigned long long)n, len - LEN_BYTES);
+		return bad(err, "the header length in the first 8 bytes exceeds the %zu bytes that "
+		           "follow it", len - LEN_BYTES);
 	st = ts_st_parse_header((const char *)buf + LEN_BYTES, (size_t)n, &h, err);
 	if (st != TS_OK)
 		return st;

@@ -50,7 +50,9 @@ struct ts_st_header {
 
 /*
  * Reads N from the first 8 bytes of a file into *n.
- * Fails: TS_INVALID_ARGUMENT when N > TS_ST_HEADER_MAX. first8 is borrowed.
+ * Fails: TS_INVALID_ARGUMENT when N > TS_ST_HEADER_MAX, with a message that
+ * does not show N (the bytes of a file that may not be safetensors). first8
+ * is borrowed.
  */
 ts_status ts_st_header_len(const void *first8, uint64_t *n, struct ts_error *err);
 

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "storage/allocator.h"
@@ -245,6 +246,13 @@ static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
 	return TS_OK;
 }
 
+/* The failure point an allocation of p is (fault.h). */
+static enum ts_fault_kind pool_fault_kind(const struct pool *p)
+{
+	return p->type == POOL_REGION ? TS_FAULT_ALLOC_DEVICE
+	       : p->type == POOL_SEGMENTS ? TS_FAULT_ALLOC_PINNED : TS_FAULT_ALLOC_PAGEABLE;
+}
+
 static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
                             void **out, struct ts_error *err)
 {
@@ -254,7 +262,9 @@ static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
 
 	ts_error_clear(&inner);
 	pthread_mutex_lock(&p->mu);
-	if (p->type == POOL_PAGEABLE) {
+	if (ts_fault_fire(pool_fault_kind(p))) {
+		st = TS_RESOURCE_EXHAUSTED;   /* injected: refused as a full pool is */
+	} else if (p->type == POOL_PAGEABLE) {
 		if (want > p->limit || p->used > p->limit - want) {
 			st = TS_RESOURCE_EXHAUSTED;
 		} else {
@@ -385,6 +395,32 @@ static uint64_t physical_memory(void)
 	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : (8ull << 30);
 }
 
+uint64_t ts_device_pool_size(uint64_t free_bytes, double fraction)
+{
+	uint64_t share = (uint64_t)((double)free_bytes * fraction);
+	uint64_t headroom = free_bytes / 4 < TS_DEVICE_HEADROOM ? free_bytes / 4 : TS_DEVICE_HEADROOM;
+
+	return share < free_bytes - headroom ? share : free_bytes - headroom;
+}
+
+/* Says at start what a GPU's pool takes and what it leaves to the rest. */
+static void log_device_pool(const char *id, uint64_t pool, uint64_t free_b, double fraction)
+{
+	char fields[192], pool_h[32], free_h[32], left_h[32];
+
+	ts_format_bytes(pool_h, sizeof pool_h, pool);
+	ts_format_bytes(free_h, sizeof free_h, free_b);
+	ts_format_bytes(left_h, sizeof left_h, free_b - pool);
+	snprintf(fields, sizeof fields,
+	         "\"device\":\"%s\",\"pool_bytes\":%llu,\"free_bytes\":%llu,\"left_bytes\":%llu",
+	         id, (unsigned long long)pool, (unsigned long long)free_b,
+	         (unsigned long long)(free_b - pool));
+	ts_log(TS_LOG_INFO, fields,
+	       "%s: device pool of %s (--device-memory-fraction %.2f of %s free); %s left to the "
+	       "CUDA runtime, cuBLAS workspaces and kernel modules", id, pool_h, fraction, free_h,
+	       left_h);
+}
+
 static ts_status device_pool_limit(struct ts_device *dev,
                                    const struct ts_memory_config *cfg,
                                    uint64_t *limit, struct ts_error *err)
@@ -400,7 +436,8 @@ static ts_status device_pool_limit(struct ts_device *dev,
 	st = ts_device_mem_info(dev, &free_b, &total, err);
 	if (st != TS_OK)
 		return st;
-	*limit = (uint64_t)((double)free_b * cfg->device_memory_fraction);
+	*limit = ts_device_pool_size(free_b, cfg->device_memory_fraction);
+	log_device_pool(pr->id, *limit, free_b, cfg->device_memory_fraction);
 	return TS_OK;
 }
 

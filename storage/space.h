@@ -56,6 +56,21 @@ struct ts_memory_config {
 };
 
 /*
+ * Device memory a GPU's pool never takes, whatever the fraction: cuBLAS
+ * handles and their workspaces, lazily loaded kernel modules and the
+ * runtime's own allocations are made at run time, outside the pool.
+ */
+#define TS_DEVICE_HEADROOM (512ull << 20)
+
+/*
+ * Bytes a GPU's device pool reserves out of free_bytes: fraction of them,
+ * but never more than free_bytes less TS_DEVICE_HEADROOM (a quarter of
+ * free_bytes on a GPU with less than 2 GiB free). Pure. ts_memory_new logs
+ * at start, per GPU, the pool and what it leaves.
+ */
+uint64_t ts_device_pool_size(uint64_t free_bytes, double fraction);
+
+/*
  * Builds every pool and space for the devices of set: per device, spaces for
  * device, pinned_host and unpinned_host memory. Device pools reserve their
  * region now (a range of address space on sim, cudaMalloc on CUDA); host

@@ -1,6 +1,7 @@
 /*
  * stage.c - writers, reads and run copies over host-visible and device
- * buffers, with per-device copy queues and pinned staging slots.
+ * buffers, with per-device copy queues and pinned staging slots. Which queue
+ * carries a copy is decided in route() alone (see there).
  */
 #include "storage/stage.h"
 
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fault.h"
 struct dev_queues {
 	struct ts_device *dev;    /* immutable */
 	struct ts_queue *h2d;     /* immutable; host->device and device->device */
@@ -128,7 +130,7 @@ void ts_stager_free(struct ts_stager *st)
 ts_status ts_writer_new(struct ts_stager *st, struct ts_buffer *dst, uint64_t offset,
                         struct ts_writer **out, struct ts_error *err)
 {
-	struct ts_writer *w = calloc(1, sizeof *w);
+	struct ts_writer *w = ts_fault_calloc(1, sizeof *w);
 	struct ts_device *dev = ts_buffer_device(dst);
 	ts_status s = TS_OK;
 
@@ -284,9 +286,99 @@ void ts_writer_free(struct ts_writer *w)
 	free(w);
 }
 
+/* ---- routes: which queue carries a copy ------------------------------------- */
+
+/*
+ * Every copy between two ends goes the way route() says, and route() is the
+ * only place that decides it:
+ *
+ *   HOST      both ends host-visible: memcpy on the calling thread;
+ *   QUEUE     one device's queue reaches both ends: asynchronous copies on
+ *             it, the destination's h2d queue when it reaches both, else the
+ *             source's d2h queue. A queue reaches pinned host memory (on CUDA
+ *             it is cudaHostAlloc'd portable: every GPU's streams may use it),
+ *             its device's own memory, and the device memory of a peer of the
+ *             same backend (CUDA peers through unified addressing; sim
+ *             devices, whose memory is host memory). Pageable host memory is
+ *             reached by no queue (CUDA would stage it synchronously);
+ *   RING_H2D  pageable host -> device: through pinned slots on the device's
+ *             h2d queue;
+ *   RING_D2H  device -> pageable host: through pinned slots on the device's
+ *             d2h queue;
+ *   RING_D2D  device memory of two backends (a CUDA GPU and a sim device):
+ *             no queue reaches both, so each slot is filled from the source
+ *             on the source's d2h queue and emptied into the destination on
+ *             the destination's h2d queue.
+ *
+ * So a copy with a CUDA end always runs on a stream of that GPU (or of its
+ * peer for GPU <-> GPU), whose backend makes the GPU current first.
+ */
+enum route_kind {
+	ROUTE_HOST = 0,
+	ROUTE_QUEUE,
+	ROUTE_RING_H2D,
+	ROUTE_RING_D2H,
+	ROUTE_RING_D2D,
+};
+
+struct route {
+	enum route_kind kind;
+	struct ts_queue *q;          /* QUEUE; the device end's queue of a ring; D2D: the source's */
+	struct ts_queue *q2;         /* D2D: the destination's h2d queue */
+	enum ts_copy_kind ck;        /* QUEUE */
+	struct ts_device *slots_dev; /* rings: whose pinned space the slots come from */
+};
+
+/* Whether work on dev's queues may touch b directly; b NULL is the
+ * caller's own (pageable) memory. */
+static bool reaches(const struct ts_device *dev, const struct ts_buffer *b)
+{
+	if (!b)
+		return false;
+	if (ts_buffer_kind(b) == TS_MEM_PINNED_HOST)
+		return true;
+	if (ts_buffer_host_visible(b))
+		return false;
+	return ts_device_props(ts_buffer_device(b))->backend == ts_device_props(dev)->backend;
+}
+
+/* How bytes go from src to dst (NULL: the caller's host memory). */
+static void route(struct ts_stager *st, const struct ts_buffer *dst,
+                  const struct ts_buffer *src, struct route *r)
+{
+	bool dh = !dst || ts_buffer_host_visible(dst), sh = ts_buffer_host_visible(src);
+	struct ts_device *dd = dst ? ts_buffer_device(dst) : NULL, *sd = ts_buffer_device(src);
+
+	memset(r, 0, sizeof *r);
+	if (dh && sh) {
+		r->kind = ROUTE_HOST;
+	} else if (!dh && reaches(dd, dst) && reaches(dd, src)) {
+		r->kind = ROUTE_QUEUE;
+		r->q = queues_for(st, dd)->h2d;
+		r->ck = sh ? TS_COPY_H2D : TS_COPY_D2D;
+	} else if (!sh && reaches(sd, src) && reaches(sd, dst)) {
+		r->kind = ROUTE_QUEUE;
+		r->q = queues_for(st, sd)->d2h;
+		r->ck = dh ? TS_COPY_D2H : TS_COPY_D2D;
+	} else if (sh) {
+		r->kind = ROUTE_RING_H2D;
+		r->q = queues_for(st, dd)->h2d;
+		r->slots_dev = dd;
+	} else if (dh) {
+		r->kind = ROUTE_RING_D2H;
+		r->q = queues_for(st, sd)->d2h;
+		r->slots_dev = sd;
+	} else {
+		r->kind = ROUTE_RING_D2D;
+		r->q = queues_for(st, sd)->d2h;
+		r->q2 = queues_for(st, dd)->h2d;
+		r->slots_dev = sd;
+	}
+}
+
 /* ---- reads and run copies --------------------------------------------------- */
 
-/* Queues one copy and its event on q, then waits for it. */
+/* Queues every run on q as its own copy and waits once. */
 static ts_status copy_and_wait(struct ts_queue *q, const struct ts_run *runs, size_t n,
                                char *dst, const char *src, enum ts_copy_kind kind,
                                struct ts_error *err)
@@ -309,7 +401,6 @@ static ts_status copy_and_wait(struct ts_queue *q, const struct ts_run *runs, si
 	return s;
 }
 
-
 static ts_status check_runs(const struct ts_run *runs, size_t n, uint64_t src_size,
                             uint64_t dst_size, struct ts_error *err)
 {
@@ -321,78 +412,14 @@ static ts_status check_runs(const struct ts_run *runs, size_t n, uint64_t src_si
 	return TS_OK;
 }
 
-ts_status ts_stage_read_runs(struct ts_stager *st, struct ts_buffer *src,
-                             const struct ts_run *runs, size_t n, void *dst,
-                             struct ts_error *err)
-{
-	const char *s = ts_buffer_data(src);
-	ts_status rc = check_runs(runs, n, ts_buffer_size(src), UINT64_MAX, err);
+/* ---- batches: runs cut into slot-sized pieces, pieces grouped into windows ---- */
 
-	if (rc != TS_OK)
-		return rc;
-	count(st, ts_buffer_kind(src), TS_MEM_UNPINNED_HOST, runs_bytes(runs, n));
-	if (ts_buffer_host_visible(src)) {
-		for (size_t i = 0; i < n; i++)
-			memcpy((char *)dst + runs[i].dst_offset, s + runs[i].src_offset, runs[i].len);
-		return TS_OK;
-	}
-	return copy_and_wait(queues_for(st, ts_buffer_device(src))->d2h, runs, n, dst, s,
-	                     TS_COPY_D2H, err);
-}
-
-/* ---- staged copies between pageable host memory and device memory ---------- */
-
-/*
- * Pageable memory cannot be the end of an asynchronous device copy (CUDA
- * would stage it synchronously, one piece at a time), so such copies go
- * through a ring of pinned slots: for host->device, the CPU fills slot k+1
- * while the copy queue empties slot k; for device->host, the queue fills
- * slot k+1 while the CPU empties slot k.
- */
-struct ring {
-	struct ts_buffer *buf[TS_STAGE_SLOTS];
-	struct ts_event *ev[TS_STAGE_SLOTS];
-	uint64_t size;
-	int n;
-};
-
-static void ring_free(struct ring *r)
-{
-	for (int i = 0; i < r->n; i++) {
-		if (r->ev[i])
-			ts_event_free(r->ev[i]);
-		ts_buffer_unref(r->buf[i]);
-	}
-}
-
-static ts_status ring_new(struct ts_stager *st, struct ts_device *dev, uint64_t total,
-                          struct ring *r, struct ts_error *err)
-{
-	struct ts_space *pinned = ts_memory_find(st->mem, ts_device_props(dev)->id,
-	                                         TS_MEM_PINNED_HOST);
-	ts_status s = TS_OK;
-
-	memset(r, 0, sizeof *r);
-	r->size = total < TS_STAGE_SLOT ? (total ? total : 1) : TS_STAGE_SLOT;
-	for (int i = 0; s == TS_OK && i < TS_STAGE_SLOTS; i++) {
-		r->n = i + 1;
-		s = ts_buffer_new(pinned, r->size, &r->buf[i], err);
-		if (s == TS_OK)
-			s = ts_event_new(dev, &r->ev[i], err);
-	}
-	if (s != TS_OK) {
-		ring_free(r);
-		r->n = 0;
-	}
-	return s;
-}
-
-/* One chunk of a run: where it comes from and goes, how long. */
+/* One piece of a run: where it comes from and goes, how long. */
 struct chunk {
 	uint64_t src, dst, len;
 };
 
-/* Walks runs in chunks no longer than max. */
+/* Walks runs in pieces no longer than max. */
 static bool next_chunk(const struct ts_run *runs, size_t n, size_t *i, uint64_t *done,
                        uint64_t max, struct chunk *c)
 {
@@ -409,93 +436,339 @@ static bool next_chunk(const struct ts_run *runs, size_t n, size_t *i, uint64_t 
 	return true;
 }
 
-static ts_status staged_h2d(struct ts_stager *st, struct ts_buffer *dst, const char *s,
-                            const struct ts_run *runs, size_t n, struct ts_error *err)
+/*
+ * A window: consecutive pieces whose source bytes are staged as one range
+ * [lo, hi), so that a strided selection costs one copy per window instead of
+ * one per element run. A piece joins the window when the range stays within
+ * one staging slot and the piece lies at most TS_STAGE_GAP bytes from it:
+ * bridging 64 KiB costs a few microseconds of bus time, about what one more
+ * copy's fixed cost is, so a window never moves much more than the pieces
+ * would have cost anyway. Pieces are replayed from (i, done) to place them.
+ */
+struct window {
+	uint64_t lo, hi;
+	size_t i, npieces;
+	uint64_t done;
+};
+
+static bool next_window(const struct ts_run *runs, size_t n, size_t *i, uint64_t *done,
+                        struct window *w)
 {
-	struct ts_queue *q = queues_for(st, ts_buffer_device(dst))->h2d;
-	char *d = ts_buffer_data(dst);
-	bool busy[TS_STAGE_SLOTS] = {false};
-	struct ring r;
 	struct chunk c;
-	size_t i = 0;
-	uint64_t done = 0;
-	int k = 0;
-	ts_status rc = ring_new(st, ts_buffer_device(dst), runs_bytes(runs, n), &r, err);
 
-	while (rc == TS_OK && next_chunk(runs, n, &i, &done, r.size, &c)) {
-		if (busy[k]) {
-			rc = ts_event_sync(r.ev[k], err);
-			busy[k] = false;
-			if (rc != TS_OK)
-				break;
-		}
-		memcpy(ts_buffer_data(r.buf[k]), s + c.src, c.len);
-		rc = ts_queue_copy(q, d + c.dst, ts_buffer_data(r.buf[k]), c.len, TS_COPY_H2D, err);
-		if (rc == TS_OK)
-			rc = ts_event_record(r.ev[k], q, err);
-		busy[k] = rc == TS_OK;
-		k = (k + 1) % TS_STAGE_SLOTS;
-	}
-	for (int j = 0; j < r.n; j++) {
-		ts_status e = busy[j] ? ts_event_sync(r.ev[j], err) : TS_OK;
+	w->i = *i;
+	w->done = *done;
+	if (!next_chunk(runs, n, i, done, TS_STAGE_SLOT, &c))
+		return false;
+	w->lo = c.src;
+	w->hi = c.src + c.len;
+	w->npieces = 1;
+	for (;;) {
+		size_t pi = *i;
+		uint64_t pd = *done, lo, hi, gap;
 
-		if (rc == TS_OK)
-			rc = e;
+		if (!next_chunk(runs, n, &pi, &pd, TS_STAGE_SLOT, &c))
+			break;
+		lo = c.src < w->lo ? c.src : w->lo;
+		hi = c.src + c.len > w->hi ? c.src + c.len : w->hi;
+		gap = c.src >= w->hi ? c.src - w->hi :
+		      c.src + c.len <= w->lo ? w->lo - (c.src + c.len) : 0;
+		if (hi - lo > TS_STAGE_SLOT || gap > TS_STAGE_GAP)
+			break;
+		w->lo = lo;
+		w->hi = hi;
+		w->npieces++;
+		*i = pi;
+		*done = pd;
 	}
-	if (rc != TS_OK && r.n)
-		(void)ts_queue_sync(q, NULL);
-	ring_free(&r);
-	return rc;
+	return true;
 }
 
-/* Empties slot k into d when it holds a finished chunk. */
-static ts_status ring_drain(struct ring *r, int k, bool *busy, const struct chunk *pending,
-                           char *d, ts_status rc, struct ts_error *err)
+/* The k-th piece of w, in order (k counts from 0 on each call sequence). */
+struct window_walk {
+	size_t i;
+	uint64_t done;
+};
+
+static void window_walk_init(struct window_walk *ww, const struct window *w)
+{
+	ww->i = w->i;
+	ww->done = w->done;
+}
+
+static void window_walk_next(struct window_walk *ww, const struct ts_run *runs, size_t n,
+                             struct chunk *c)
+{
+	(void)next_chunk(runs, n, &ww->i, &ww->done, TS_STAGE_SLOT, c);
+}
+
+/* Number of windows, the widest one's span and the number of pieces. */
+static void plan_windows(const struct ts_run *runs, size_t n, size_t *count, uint64_t *widest,
+                         size_t *pieces)
+{
+	struct window w;
+	size_t i = 0;
+	uint64_t done = 0;
+
+	*count = *pieces = 0;
+	*widest = 0;
+	while (next_window(runs, n, &i, &done, &w)) {
+		(*count)++;
+		*pieces += w.npieces;
+		if (w.hi - w.lo > *widest)
+			*widest = w.hi - w.lo;
+	}
+}
+
+/* ---- staged copies through a ring of pinned slots ---------------------------- */
+
+/*
+ * Pageable memory cannot be the end of an asynchronous device copy, and a
+ * GPU and a sim device share no queue, so such copies go through a ring of
+ * pinned slots, one window per slot: for host->device, the CPU fills slot
+ * k+1 while the queue empties slot k; for device->host, the queue fills slot
+ * k+1 while the CPU empties slot k; for device->device, the source's queue
+ * fills slot k+1 while the destination's empties slot k.
+ */
+struct ring {
+	struct ts_buffer *buf[TS_STAGE_SLOTS];
+	struct ts_event *ev[TS_STAGE_SLOTS];     /* on q: the slot's last fill or empty */
+	struct ts_event *ev2[TS_STAGE_SLOTS];    /* D2D: on q2, the slot's last empty */
+	struct window win[TS_STAGE_SLOTS];       /* what the slot holds (D2H) */
+	bool busy[TS_STAGE_SLOTS], busy2[TS_STAGE_SLOTS];
+	uint64_t size;
+	int n;
+};
+
+static void ring_free(struct ring *r)
+{
+	for (int i = 0; i < r->n; i++) {
+		if (r->ev[i])
+			ts_event_free(r->ev[i]);
+		if (r->ev2[i])
+			ts_event_free(r->ev2[i]);
+		ts_buffer_unref(r->buf[i]);
+	}
+	r->n = 0;
+}
+
+static ts_status ring_new(struct ts_stager *st, const struct route *rt, uint64_t size,
+                          size_t windows, struct ring *r, struct ts_error *err)
+{
+	struct ts_space *pinned = ts_memory_find(st->mem, ts_device_props(rt->slots_dev)->id,
+	                                         TS_MEM_PINNED_HOST);
+	int want = windows < TS_STAGE_SLOTS ? (int)windows : TS_STAGE_SLOTS;
+	ts_status s = TS_OK;
+
+	memset(r, 0, sizeof *r);
+	r->size = size ? size : 1;
+	for (int i = 0; s == TS_OK && i < (want ? want : 1); i++) {
+		r->n = i + 1;
+		s = ts_buffer_new(pinned, r->size, &r->buf[i], err);
+		if (s == TS_OK)
+			s = ts_event_new(ts_queue_device(rt->q), &r->ev[i], err);
+		if (s == TS_OK && rt->q2)
+			s = ts_event_new(ts_queue_device(rt->q2), &r->ev2[i], err);
+	}
+	if (s != TS_OK)
+		ring_free(r);
+	return s;
+}
+
+/* Waits for slot k's work on q (and q2), keeping the first failure. */
+static ts_status ring_wait(struct ring *r, int k, ts_status rc, struct ts_error *err)
 {
 	ts_status e;
 
-	if (!busy[k])
-		return rc;
-	e = ts_event_sync(r->ev[k], err);
-	busy[k] = false;
-	if (rc == TS_OK && e == TS_OK)
-		memcpy(d + pending[k].dst, ts_buffer_data(r->buf[k]), pending[k].len);
-	return rc == TS_OK ? e : rc;
+	if (r->busy[k]) {
+		e = ts_event_sync(r->ev[k], err);
+		r->busy[k] = false;
+		rc = rc == TS_OK ? e : rc;
+	}
+	if (r->busy2[k]) {
+		e = ts_event_sync(r->ev2[k], err);
+		r->busy2[k] = false;
+		rc = rc == TS_OK ? e : rc;
+	}
+	return rc;
 }
 
-static ts_status staged_d2h(struct ts_stager *st, char *d, struct ts_buffer *src,
-                            const struct ts_run *runs, size_t n, struct ts_error *err)
+/* Queues the pieces of w from slot k (holding source bytes [w->lo, w->hi))
+ * into d on q, and marks the slot with ev. */
+static ts_status ring_empty_to_device(struct ring *r, int k, const struct window *w,
+                                      const struct ts_run *runs, size_t n, char *d,
+                                      struct ts_queue *q, struct ts_event *ev,
+                                      struct ts_error *err)
 {
-	struct ts_queue *q = queues_for(st, ts_buffer_device(src))->d2h;
-	const char *s = ts_buffer_data(src);
-	struct chunk pending[TS_STAGE_SLOTS];
-	bool busy[TS_STAGE_SLOTS] = {false};
-	struct ring r;
+	const char *slot = ts_buffer_data(r->buf[k]);
+	struct window_walk ww;
 	struct chunk c;
-	size_t i = 0;
-	uint64_t done = 0;
-	int k = 0;
-	ts_status rc = ring_new(st, ts_buffer_device(src), runs_bytes(runs, n), &r, err);
+	ts_status s = TS_OK;
 
-	while (rc == TS_OK && next_chunk(runs, n, &i, &done, r.size, &c)) {
-		rc = ring_drain(&r, k, busy, pending, d, rc, err);   /* the oldest chunk */
-		if (rc != TS_OK)
-			break;
-		rc = ts_queue_copy(q, ts_buffer_data(r.buf[k]), s + c.src, c.len, TS_COPY_D2H, err);
-		if (rc == TS_OK)
-			rc = ts_event_record(r.ev[k], q, err);
-		if (rc != TS_OK)
-			break;
-		pending[k] = c;
-		busy[k] = true;
-		k = (k + 1) % TS_STAGE_SLOTS;
+	window_walk_init(&ww, w);
+	for (size_t p = 0; s == TS_OK && p < w->npieces; p++) {
+		window_walk_next(&ww, runs, n, &c);
+		s = ts_queue_copy(q, d + c.dst, slot + (c.src - w->lo), c.len, TS_COPY_H2D, err);
 	}
-	for (int j = 0; j < TS_STAGE_SLOTS; j++)
-		rc = ring_drain(&r, (k + j) % TS_STAGE_SLOTS, busy, pending, d, rc, err);
-	if (rc != TS_OK && r.n)
-		(void)ts_queue_sync(q, NULL);
+	if (s == TS_OK)
+		s = ts_event_record(ev, q, err);
+	return s;
+}
+
+/* Copies the pieces of the window slot k holds out to host memory d. */
+static void ring_empty_to_host(struct ring *r, int k, const struct ts_run *runs, size_t n,
+                               char *d)
+{
+	const char *slot = ts_buffer_data(r->buf[k]);
+	const struct window *w = &r->win[k];
+	struct window_walk ww;
+	struct chunk c;
+
+	window_walk_init(&ww, w);
+	for (size_t p = 0; p < w->npieces; p++) {
+		window_walk_next(&ww, runs, n, &c);
+		memcpy(d + c.dst, slot + (c.src - w->lo), c.len);
+	}
+}
+
+/* Slot k, when it holds a finished device->host window, emptied into d. */
+static ts_status ring_drain(struct ring *r, int k, const struct ts_run *runs, size_t n,
+                            char *d, ts_status rc, struct ts_error *err)
+{
+	bool held = r->busy[k];
+
+	rc = ring_wait(r, k, rc, err);
+	if (held && rc == TS_OK)
+		ring_empty_to_host(r, k, runs, n, d);
+	return rc;
+}
+
+/* One window through slot k, for each kind of ring. */
+static ts_status ring_step(struct ring *r, int k, const struct route *rt, const struct window *w,
+                           const struct ts_run *runs, size_t n, char *d, const char *s,
+                           struct ts_error *err)
+{
+	void *slot = ts_buffer_data(r->buf[k]);
+	ts_status rc;
+
+	switch (rt->kind) {
+	case ROUTE_RING_H2D:
+		memcpy(slot, s + w->lo, w->hi - w->lo);
+		rc = ring_empty_to_device(r, k, w, runs, n, d, rt->q, r->ev[k], err);
+		r->busy[k] = rc == TS_OK;
+		return rc;
+	case ROUTE_RING_D2H:
+		rc = ts_queue_copy(rt->q, slot, s + w->lo, w->hi - w->lo, TS_COPY_D2H, err);
+		if (rc == TS_OK)
+			rc = ts_event_record(r->ev[k], rt->q, err);
+		r->win[k] = *w;
+		r->busy[k] = rc == TS_OK;
+		return rc;
+	case ROUTE_RING_D2D:
+	default:
+		rc = ts_queue_copy(rt->q, slot, s + w->lo, w->hi - w->lo, TS_COPY_D2H, err);
+		if (rc == TS_OK)
+			rc = ts_event_record(r->ev[k], rt->q, err);
+		if (rc == TS_OK)
+			rc = ts_event_sync(r->ev[k], err);  /* the two queues meet only here */
+		if (rc == TS_OK)
+			rc = ring_empty_to_device(r, k, w, runs, n, d, rt->q2, r->ev2[k], err);
+		r->busy2[k] = rc == TS_OK;
+		return rc;
+	}
+}
+
+/*
+ * Copies runs from s to d along a ring route and waits for all of it.
+ * Returns RESOURCE_EXHAUSTED, before moving anything, when the pinned slots
+ * cannot be had.
+ */
+static ts_status ring_copy(struct ts_stager *st, const struct route *rt, char *d,
+                           const char *s, const struct ts_run *runs, size_t n,
+                           struct ts_error *err)
+{
+	struct ring r;
+	struct window w;
+	size_t i = 0, windows, pieces;
+	uint64_t done = 0, widest;
+	int k = 0;
+	ts_status rc;
+
+	plan_windows(runs, n, &windows, &widest, &pieces);
+	if (!windows)
+		return TS_OK;
+	rc = ring_new(st, rt, widest, windows, &r, err);
+	if (rc != TS_OK)
+		return rc;
+	while (rc == TS_OK && next_window(runs, n, &i, &done, &w)) {
+		/* the slot's previous window must be done (and, D2H, emptied) */
+		rc = rt->kind == ROUTE_RING_D2H ? ring_drain(&r, k, runs, n, d, rc, err)
+		                                : ring_wait(&r, k, rc, err);
+		if (rc == TS_OK)
+			rc = ring_step(&r, k, rt, &w, runs, n, d, s, err);
+		k = (k + 1) % r.n;
+	}
+	for (int j = 0; j < r.n; j++) {
+		int m = (k + j) % r.n;
+
+		rc = rt->kind == ROUTE_RING_D2H ? ring_drain(&r, m, runs, n, d, rc, err)
+		                                : ring_wait(&r, m, rc, err);
+	}
+	if (rc != TS_OK) {
+		(void)ts_queue_sync(rt->q, NULL);     /* clear the failure for the next user */
+		if (rt->q2)
+			(void)ts_queue_sync(rt->q2, NULL);
+	}
 	ring_free(&r);
 	return rc;
+}
+
+/* ---- the entry points -------------------------------------------------------- */
+
+static void host_copy(char *d, const char *s, const struct ts_run *runs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		memcpy(d + runs[i].dst_offset, s + runs[i].src_offset, runs[i].len);
+}
+
+ts_status ts_stage_read_runs(struct ts_stager *st, struct ts_buffer *src,
+                             const struct ts_run *runs, size_t n, void *dst,
+                             struct ts_error *err)
+{
+	const char *s = ts_buffer_data(src);
+	struct route rt;
+	size_t windows, pieces;
+	uint64_t widest;
+	ts_status rc = check_runs(runs, n, ts_buffer_size(src), UINT64_MAX, err);
+
+	if (rc != TS_OK)
+		return rc;
+	count(st, ts_buffer_kind(src), TS_MEM_UNPINNED_HOST, runs_bytes(runs, n));
+	route(st, NULL, src, &rt);
+	if (rt.kind == ROUTE_HOST) {
+		host_copy(dst, s, runs, n);
+		return TS_OK;
+	}
+	/*
+	 * Runs that windows gather are staged (one copy per window); runs that
+	 * no window gathers gain nothing from a slot, and go straight to dst as
+	 * before (a device->pageable copy, which CUDA stages itself). Without
+	 * pinned slots to spare, the direct way serves every read.
+	 */
+	plan_windows(runs, n, &windows, &widest, &pieces);
+	if (windows < pieces) {
+		struct ts_error tmp;
+
+		ts_error_clear(&tmp);
+		rc = ring_copy(st, &rt, dst, s, runs, n, &tmp);
+		if (rc != TS_RESOURCE_EXHAUSTED || tmp.status != TS_RESOURCE_EXHAUSTED ||
+		    strcmp(tmp.reason, "OUT_OF_MEMORY") != 0) {
+			if (rc != TS_OK && err && err->status == TS_OK)
+				*err = tmp;
+			return rc;
+		}
+	}
+	return copy_and_wait(rt.q, runs, n, dst, s, TS_COPY_D2H, err);
 }
 
 ts_status ts_stage_read(struct ts_stager *st, struct ts_buffer *src, uint64_t offset,
@@ -510,29 +783,22 @@ ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
                              struct ts_buffer *src, const struct ts_run *runs,
                              size_t n, struct ts_error *err)
 {
-	bool dh = ts_buffer_host_visible(dst), sh = ts_buffer_host_visible(src);
 	char *d = ts_buffer_data(dst);
 	const char *s = ts_buffer_data(src);
+	struct route rt;
 	ts_status rc = check_runs(runs, n, ts_buffer_size(src), ts_buffer_size(dst), err);
 
 	if (rc != TS_OK)
 		return rc;
 	count(st, ts_buffer_kind(src), ts_buffer_kind(dst), runs_bytes(runs, n));
-	if (dh && sh) {
-		for (size_t i = 0; i < n; i++)
-			memcpy(d + runs[i].dst_offset, s + runs[i].src_offset, runs[i].len);
+	route(st, dst, src, &rt);
+	switch (rt.kind) {
+	case ROUTE_HOST:
+		host_copy(d, s, runs, n);
 		return TS_OK;
+	case ROUTE_QUEUE:
+		return copy_and_wait(rt.q, runs, n, d, s, rt.ck, err);
+	default:
+		return ring_copy(st, &rt, d, s, runs, n, err);
 	}
-	if (sh && ts_buffer_kind(src) != TS_MEM_PINNED_HOST)
-		return staged_h2d(st, dst, s, runs, n, err);
-	if (sh)
-		return copy_and_wait(queues_for(st, ts_buffer_device(dst))->h2d, runs, n, d, s,
-		                     TS_COPY_H2D, err);
-	if (dh && ts_buffer_kind(dst) != TS_MEM_PINNED_HOST)
-		return staged_d2h(st, d, src, runs, n, err);
-	if (dh)
-		return copy_and_wait(queues_for(st, ts_buffer_device(src))->d2h, runs, n, d, s,
-		                     TS_COPY_D2H, err);
-	return copy_and_wait(queues_for(st, ts_buffer_device(dst))->h2d, runs, n, d, s,
-	                     TS_COPY_D2D, err);
 }

@@ -8,7 +8,11 @@
  * Host-visible buffers are written and read with memcpy. Device buffers are
  * reached only through their device's queues: one host->device and one
  * device->host queue per device, shared by every request and created once,
- * so both directions run at once. Each caller waits on its own event.
+ * so both directions run at once. Each caller waits on its own event. A copy
+ * runs on a queue that reaches both its ends (a copy with a CUDA end on a
+ * stream of that GPU); pageable host memory, and the pair of a GPU and a sim
+ * device, which no queue reaches together, go through pinned slots. Every
+ * pair of backends and memory kinds is served.
  *
  * Thread-safety: a stager is shared by all threads; a writer belongs to one
  * request at a time.
@@ -28,6 +32,10 @@ struct ts_writer;
 /* Bytes of one pinned staging slot, and how many a writer cycles through. */
 #define TS_STAGE_SLOT (4u << 20)
 #define TS_STAGE_SLOTS 3
+
+/* Reads of many runs of device memory stage covering windows: runs at most
+ * this many bytes apart (and within one slot) are read with one copy. */
+#define TS_STAGE_GAP (64u << 10)
 
 /* One queue pair per device of set; staging slots come from mem's pinned
  * pool. Returns a new stager (ts_stager_free), or an error. */
@@ -68,8 +76,13 @@ struct ts_run {
 	uint64_t len;
 };
 
-/* Reads every run of src into host memory dst (dst_offset relative to dst)
- * and waits once. */
+/*
+ * Reads every run of src into host memory dst (dst_offset relative to dst)
+ * and waits once. From device memory, runs close together are read as
+ * covering windows (TS_STAGE_GAP) through a pinned slot, one copy each, so a
+ * strided selection costs about one copy per slot of its span; runs no
+ * window gathers are copied straight into dst.
+ */
 ts_status ts_stage_read_runs(struct ts_stager *st, struct ts_buffer *src,
                              const struct ts_run *runs, size_t n, void *dst,
                              struct ts_error *err);

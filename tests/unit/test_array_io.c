@@ -709,6 +709,43 @@ START_TEST(writer_fills_every_shard)
 }
 END_TEST
 
+/* A strided read of an array sharded over two devices costs one copy per
+ * shard (a covering window each), and is exact. */
+START_TEST(strided_read_of_shards_one_copy_each)
+{
+	enum { ROWS = 64, COLS = 4096, N = ROWS * COLS * 4, STEP = 16 };
+	uint64_t shape[2] = {ROWS, COLS};
+	struct ts_placement pl = {.committed = true};
+	unsigned char *parent = malloc(N), *out = malloc(N / STEP * 4);
+	struct ts_run *runs = calloc(N / STEP, sizeof *runs);
+	uint64_t c0, c1;
+	struct ts_array *a;
+	struct ts_error err;
+	size_t bad = 0;
+
+	ck_assert(parent && out && runs);
+	named(&pl.sharding, TS_MEM_DEVICE, 1, 2, 0, "01", "x");
+	a = make("s", TS_DT_FLOAT32, 2, shape, &pl);
+	fill_random(parent, N, 77);
+	write_all(a, parent);
+	for (size_t i = 0; i < N / STEP; i++)      /* a[:, ::4] as runs of one float */
+		runs[i] = (struct ts_run){.src_offset = i * STEP, .dst_offset = i * 4, .len = 4};
+	c0 = ts_device_copies(sim(0));
+	c1 = ts_device_copies(sim(1));
+	ts_error_clear(&err);
+	ck_assert_msg(ts_array_read(stg, a, runs, N / STEP, out, &err) == TS_OK, "%s", err.message);
+	ck_assert_uint_eq(ts_device_copies(sim(0)) - c0, 1);
+	ck_assert_uint_eq(ts_device_copies(sim(1)) - c1, 1);
+	for (size_t i = 0; i < N / STEP; i++)
+		bad += memcmp(out + i * 4, parent + i * STEP, 4) != 0;
+	ck_assert_uint_eq(bad, 0);
+	ts_array_unref(a);
+	free(parent);
+	free(out);
+	free(runs);
+}
+END_TEST
+
 /* Shards past the staging slot size, and the single-device path. */
 START_TEST(writer_large_shards)
 {
@@ -1470,6 +1507,7 @@ static Suite *array_io_suite(void)
 	tcase_add_test(tw, writer_fills_every_shard);
 	tcase_add_test(tw, writer_large_shards);
 	tcase_add_test(tw, writer_scalar_and_empty);
+	tcase_add_test(tw, strided_read_of_shards_one_copy_each);
 	tcase_set_timeout(tw, 120);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, copy_between_shardings);

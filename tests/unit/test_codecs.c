@@ -953,7 +953,8 @@ START_TEST(st_refuses_bad_lengths)
 
 	ts_error_clear(&err);
 	check_error(&err, ts_st_header_len(first8, &n, &err), TS_INVALID_ARGUMENT,
-	            "BAD_SAFETENSORS_HEADER", "header length 100000001 exceeds the 100000000-byte limit");
+	            "BAD_SAFETENSORS_HEADER", "exceeds the 100000000-byte limit");
+	ck_assert_ptr_null(strstr(err.message, "100000001"));
 	first8[0] = 0x00;                                        /* exactly 100 MB is allowed */
 	ts_error_clear(&err);
 	ck_assert_int_eq(ts_st_header_len(first8, &n, &err), TS_OK);
@@ -961,14 +962,15 @@ START_TEST(st_refuses_bad_lengths)
 	memset(first8, 0xff, 8);
 	ts_error_clear(&err);
 	check_error(&err, ts_st_header_len(first8, &n, &err), TS_INVALID_ARGUMENT,
-	            "BAD_SAFETENSORS_HEADER", "18446744073709551615 exceeds");
+	            "BAD_SAFETENSORS_HEADER", "header length in the first 8 bytes exceeds");
+	ck_assert_ptr_null(strstr(err.message, "18446744073709551615"));
 
 	file = st_file(json, 8, &len);
 	/* N larger than the bytes supplied */
 	file[0] = (char)(strlen(json) + 9);
 	ts_error_clear(&err);
 	check_error(&err, ts_st_parse_buffer(file, strlen(json) + 16, &h, &err), TS_INVALID_ARGUMENT,
-	            "BAD_SAFETENSORS_HEADER", "header length 63 exceeds the 62 bytes that follow it");
+	            "BAD_SAFETENSORS_HEADER", "exceeds the 62 bytes that follow it");
 	file[0] = (char)strlen(json);
 	ts_error_clear(&err);
 	check_error(&err, ts_st_parse_buffer(file, 7, &h, &err), TS_INVALID_ARGUMENT,

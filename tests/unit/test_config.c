@@ -116,10 +116,66 @@ START_TEST(help_and_version)
 	ck_assert_int_eq(parse(&c, out, sizeof out, 2, argv), TS_CONFIG_EXIT_OK);
 	ck_assert_ptr_nonnull(strstr(out, "--sim-devices"));
 	ck_assert_ptr_nonnull(strstr(out, "TSTAGE_SIM_DEVICES"));
+	ck_assert_ptr_nonnull(strstr(out, "TSTAGE_MAX_CONNECTIONS_PER_IP"));
+	ck_assert_ptr_nonnull(strstr(out, "--body-idle-timeout"));
 	ck_assert_int_eq(parse(&c, out, sizeof out, 2, argv2), TS_CONFIG_EXIT_OK);
 	ck_assert_ptr_nonnull(strstr(out, "tstaged "));
 	ck_assert_int_eq(parse(&c, out, sizeof out, 2, argv3), TS_CONFIG_EXIT_USAGE);
 	ck_assert_ptr_nonnull(strstr(out, "needs a value"));
+}
+END_TEST
+
+/* The limits against hostile and slow clients: defaults, flags, variables
+ * and bounds. */
+START_TEST(connection_limits)
+{
+	struct ts_config c;
+	char out[512] = "";
+	char *argv1[] = {"tstaged"};
+	char *argv2[] = {"tstaged", "--max-connections", "10", "--max-connections-per-ip=3",
+	                 "--connection-timeout", "5", "--body-idle-timeout", "2",
+	                 "--body-min-rate", "1KiB", "--import-header-limit", "1MiB",
+	                 "--import-header-budget", "0",
+	                 "--cgroup-root", "/tmp/cg"};
+	static const char *const bad[][2] = {
+		{"--max-connections", "0"}, {"--connection-timeout", "0"},
+		{"--body-idle-timeout", "0"}, {"--import-header-limit", "0"},
+		{"--import-header-limit", "200MB"}, {"--max-connections-per-ip", "-1"},
+	};
+
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv1), TS_CONFIG_RUN);
+	ck_assert_int_eq(c.max_connections, 1024);
+	ck_assert_int_eq(c.max_connections_per_ip, 256);
+	ck_assert_int_eq(c.connection_timeout, 60);
+	ck_assert_int_eq(c.body_idle_timeout, 15);
+	ck_assert_uint_eq(c.body_min_rate, 64u << 10);
+	ck_assert_uint_eq(c.import_header_limit, 16u << 20);
+	ck_assert_uint_eq(c.import_header_budget, 256u << 20);
+	ck_assert_str_eq(c.cgroup_root, "/sys/fs/cgroup");
+	ck_assert_int_eq(parse(&c, out, sizeof out, sizeof argv2 / sizeof argv2[0], argv2),
+	                 TS_CONFIG_RUN);
+	ck_assert_int_eq(c.max_connections, 10);
+	ck_assert_int_eq(c.max_connections_per_ip, 3);
+	ck_assert_int_eq(c.connection_timeout, 5);
+	ck_assert_int_eq(c.body_idle_timeout, 2);
+	ck_assert_uint_eq(c.body_min_rate, 1024);
+	ck_assert_uint_eq(c.import_header_limit, 1u << 20);
+	ck_assert_uint_eq(c.import_header_budget, 0);
+	ck_assert_str_eq(c.cgroup_root, "/tmp/cg");
+	setenv("TSTAGE_MAX_CONNECTIONS_PER_IP", "0", 1);
+	setenv("TSTAGE_BODY_MIN_RATE", "0", 1);
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv1), TS_CONFIG_RUN);
+	ck_assert_int_eq(c.max_connections_per_ip, 0);
+	ck_assert_uint_eq(c.body_min_rate, 0);
+	unsetenv("TSTAGE_MAX_CONNECTIONS_PER_IP");
+	unsetenv("TSTAGE_BODY_MIN_RATE");
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		char *argv[] = {"tstaged", (char *)bad[i][0], (char *)bad[i][1]};
+
+		ck_assert_msg(parse(&c, out, sizeof out, 3, argv) == TS_CONFIG_EXIT_USAGE, "%s %s",
+		              bad[i][0], bad[i][1]);
+		ck_assert_ptr_nonnull(strstr(out, bad[i][0]));
+	}
 }
 END_TEST
 
@@ -133,6 +189,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, environment_and_precedence);
 	tcase_add_test(tc, refusals_name_the_option);
 	tcase_add_test(tc, help_and_version);
+	tcase_add_test(tc, connection_limits);
 	suite_add_tcase(s, tc);
 	return s;
 }

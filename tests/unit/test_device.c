@@ -5,9 +5,12 @@
  * there is no GPU).
  *
  * Every test builds its own device set; tests that depend on the absence of
- * a GPU say so and adapt when one is present.
+ * a GPU say so and adapt when one is present. The sticky-error case needs
+ * two GPUs of ../shared/fakecuda (FAKECUDA_DEVICES=2), whose fault hook it
+ * calls; elsewhere it has nothing to break and returns.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1132,6 +1135,83 @@ START_TEST(test_concurrent_events)
 }
 END_TEST
 
+/* A sticky error on the first GPU leaves pinned memory to every other
+ * device: it is pinned in a healthy GPU's context. */
+START_TEST(test_pinned_outlives_a_broken_gpu)
+{
+	void (*fault)(int, const char *) =
+		(void (*)(int, const char *))dlsym(RTLD_DEFAULT, "fakecuda_fault");
+	struct ts_device_set *set = make_set(1, 64 * MIB);
+	struct ts_device *g0, *g1, *sim, *cpu;
+	struct ts_queue *q;
+	struct ts_event *ev;
+	unsigned char *before, *after, *back;
+	void *dmem;
+	uint64_t copies;
+	struct ts_error err;
+
+	if (!fault || cuda_count(set) < 2) {
+		ts_device_set_free(set);
+		return;            /* needs the stand-in with two GPUs */
+	}
+	g0 = find(set, "cuda:0");
+	g1 = find(set, "cuda:1");
+	sim = find(set, "sim:0");
+	cpu = find(set, "cpu:0");
+	before = xalloc(cpu, TS_MEM_PINNED_HOST, MIB);
+	fault(0, "test: sticky error on cuda:0");
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_sync(g0, &err), TS_UNAVAILABLE);
+	ck_assert(ts_device_broken(g0));
+	/* pinned memory for every other device still comes */
+	after = xalloc(sim, TS_MEM_PINNED_HOST, MIB);
+	back = xalloc(g1, TS_MEM_PINNED_HOST, MIB);
+	ts_device_mem_free(cpu, TS_MEM_PINNED_HOST, xalloc(cpu, TS_MEM_PINNED_HOST, MIB), MIB);
+	/* ... and the healthy GPU copies through it, old and new alike */
+	dmem = xalloc(g1, TS_MEM_DEVICE, MIB);
+	for (size_t i = 0; i < MIB; i++)
+		before[i] = (unsigned char)(i * 7 + 1);
+	q = xqueue(g1);
+	ev = xevent(g1);
+	copies = ts_device_copies(g1);
+	ck_assert_int_eq(ts_queue_copy(q, dmem, before, MIB, TS_COPY_H2D, &err), TS_OK);
+	ck_assert_int_eq(ts_queue_copy(q, back, dmem, MIB, TS_COPY_D2H, &err), TS_OK);
+	ck_assert_int_eq(ts_event_record(ev, q, &err), TS_OK);
+	ck_assert_int_eq(ts_event_sync(ev, &err), TS_OK);
+	ck_assert_uint_eq(ts_device_copies(g1) - copies, 2);
+	ck_assert(memcmp(back, before, MIB) == 0);
+	/* the broken GPU's own requests are refused, naming it */
+	{
+		void *p = NULL;
+
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_device_mem_alloc(g0, TS_MEM_PINNED_HOST, MIB, &p, &err),
+		                 TS_UNAVAILABLE);
+		ck_assert_ptr_nonnull(strstr(err.message, "cuda:0"));
+	}
+	ts_event_free(ev);
+	ts_queue_free(q);
+	ts_device_mem_free(g1, TS_MEM_DEVICE, dmem, MIB);
+	ts_device_mem_free(cpu, TS_MEM_PINNED_HOST, before, MIB);
+	ts_device_mem_free(sim, TS_MEM_PINNED_HOST, after, MIB);
+	ts_device_mem_free(g1, TS_MEM_PINNED_HOST, back, MIB);
+	/* with every GPU broken, pinned memory is refused, not taken from a
+	 * broken context */
+	fault(1, "test: sticky error on cuda:1");
+	ck_assert_int_eq(ts_device_sync(g1, &err), TS_UNAVAILABLE);
+	{
+		void *p = NULL;
+
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_device_mem_alloc(sim, TS_MEM_PINNED_HOST, MIB, &p, &err),
+		                 TS_UNAVAILABLE);
+		ck_assert_ptr_null(p);
+		ck_assert_ptr_nonnull(strstr(err.message, "sim:0/pinned_host"));
+	}
+	ts_device_set_free(set);
+}
+END_TEST
+
 static Suite *device_suite(void)
 {
 	Suite *s = suite_create("device");
@@ -1157,6 +1237,7 @@ static Suite *device_suite(void)
 	tcase_add_test(tc, test_free_queue_waits);
 	tcase_add_test(tc, test_concurrent_submission);
 	tcase_add_test(tc, test_concurrent_events);
+	tcase_add_test(tc, test_pinned_outlives_a_broken_gpu);
 	suite_add_tcase(s, tc);
 	return s;
 }

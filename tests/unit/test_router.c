@@ -290,6 +290,21 @@ START_TEST(real_table)
 }
 END_TEST
 
+/* The control of injected failures is a route of fault builds only. */
+START_TEST(fault_control_only_in_fault_builds)
+{
+	struct ts_route_match m;
+#ifdef TS_FAULT_BUILD
+	enum ts_match want = TS_MATCH_FOUND;
+#else
+	enum ts_match want = TS_MATCH_NO_PATH;
+#endif
+
+	ck_assert_int_eq(ts_route_find(ts_routes, ts_nroutes, "GET", "/debug/faults", &m), want);
+	ck_assert_int_eq(ts_route_find(ts_routes, ts_nroutes, "POST", "/debug/faults", &m), want);
+}
+END_TEST
+
 static Suite *router_suite(void)
 {
 	Suite *s = suite_create("router");
@@ -304,6 +319,7 @@ static Suite *router_suite(void)
 	tcase_add_test(tc, unescape);
 	tcase_add_test(tc, query_args);
 	tcase_add_test(tc, real_table_queries);
+	tcase_add_test(tc, fault_control_only_in_fault_builds);
 	suite_add_tcase(s, tc);
 	return s;
 }

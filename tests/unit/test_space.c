@@ -199,6 +199,20 @@ START_TEST(pageable_limit_shared_with_cpu_device)
 }
 END_TEST
 
+/* A GPU pool leaves headroom for cuBLAS and the runtime, whatever the fraction. */
+START_TEST(device_pool_leaves_headroom)
+{
+	const uint64_t gib = 1ull << 30, h200 = 140ull * gib;
+
+	ck_assert_uint_eq(ts_device_pool_size(h200, 0.75), (uint64_t)(0.75 * (double)h200));
+	ck_assert_uint_eq(ts_device_pool_size(h200, 1.0), h200 - TS_DEVICE_HEADROOM);
+	ck_assert_uint_eq(ts_device_pool_size(h200, 0.999), h200 - TS_DEVICE_HEADROOM);
+	ck_assert_uint_eq(ts_device_pool_size(gib, 1.0), gib - gib / 4);
+	ck_assert_uint_eq(ts_device_pool_size(gib, 0.5), gib / 2);
+	ck_assert_uint_eq(ts_device_pool_size(0, 1.0), 0);
+}
+END_TEST
+
 START_TEST(zero_size)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
@@ -299,6 +313,7 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, pinned_pool_grows_in_segments);
 	tcase_add_test(tc, pageable_limit_shared_with_cpu_device);
 	tcase_add_test(tc, zero_size);
+	tcase_add_test(tc, device_pool_leaves_headroom);
 	tcase_add_test(tc, randomized_exact_stats);
 	suite_add_tcase(s, tc);
 	return s;

@@ -2,9 +2,18 @@
  * test_stage.c - the stager: writers into host and device buffers across
  * staging-slot edges with odd piece sizes, reads and run copies between
  * every pair of host and device spaces, range refusals, and injected copy
- * failures surfacing from a writer.
+ * failures surfacing from a writer; strided reads of device memory costing
+ * one copy per window; the full matrix of (backend, memory kind) pairs.
+ *
+ * The "stager" case runs on two sim devices; with TS_TEST_BACKEND=cuda the
+ * "cuda" case runs the matrix and the strided reads on every GPU found
+ * beside one sim device and cpu:0 (under ../shared/fakecuda, with
+ * FAKECUDA_DEVICES=2 for GPU peers), and fails on any FAKECUDA VIOLATION.
  */
 #include <check.h>
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,21 +23,51 @@
 static struct ts_device_set *set;
 static struct ts_memory *mem;
 static struct ts_stager *stg;
+static const char *dut;          /* the device the strided reads run on */
 
-static void setup(void)
+static void setup_with(const struct ts_device_config *dc, double fraction)
 {
-	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 64ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
+	struct ts_memory_config mc = {.device_memory_fraction = fraction,
 	                              .pinned_host_limit = 64ull << 20,
 	                              .unpinned_host_limit = 128ull << 20,
 	                              .pinned_segment = 8ull << 20};
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
+	ck_assert_int_eq(ts_device_set_new(dc, &set, &err), TS_OK);
 	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
 	ck_assert_int_eq(ts_stager_new(set, mem, &stg, &err), TS_OK);
+}
+
+static void setup(void)
+{
+	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 64ull << 20,
+	                              .cuda = false, .host = "t"};
+
+	setup_with(&dc, 0.75);
+	dut = "sim:0";
+}
+
+/* Every GPU, one sim device and cpu:0 in one set. */
+static void setup_cuda(void)
+{
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 64ull << 20,
+	                              .cuda = true, .host = "t"};
+	struct ts_backend_info bi;
+
+	setup_with(&dc, 0.02);     /* of each GPU's free memory: pools the tests fit in */
+	ts_device_set_backend(set, TS_BACKEND_CUDA, &bi);
+	ck_assert_msg(bi.device_count > 0, "TS_TEST_BACKEND=cuda but no GPU: %s", bi.detail);
+	ck_assert_ptr_nonnull(ts_device_set_find(set, "sim:0"));
+	dut = "cuda:0";
+}
+
+/* The stand-in's count of rule violations (0 on a real GPU: no stand-in). */
+static int cuda_violations(void)
+{
+	int (*fn)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fakecuda_violations");
+
+	return fn ? fn() : 0;
 }
 
 static void teardown(void)
@@ -36,6 +75,7 @@ static void teardown(void)
 	ts_stager_free(stg);
 	ts_memory_free(mem);
 	ts_device_set_free(set);
+	ck_assert_msg(cuda_violations() == 0, "FAKECUDA VIOLATION (see stderr)");
 }
 
 static struct ts_buffer *buf(const char *dev, enum ts_memory_kind k, uint64_t n)
@@ -230,7 +270,209 @@ START_TEST(injected_copy_failure_surfaces)
 }
 END_TEST
 
-static Suite *stage_suite(void)
+
+/* ---- strided reads: one copy per covering window ------------------------------ */
+
+/* A device buffer of n bytes of fill(seed) on dev. */
+static struct ts_buffer *device_pattern(const char *dev, size_t n, unsigned seed,
+                                        unsigned char **host)
+{
+	struct ts_buffer *b = buf(dev, TS_MEM_DEVICE, n);
+	struct ts_writer *w;
+	struct ts_error err;
+
+	*host = malloc(n);
+	ck_assert_ptr_nonnull(*host);
+	fill(*host, n, seed);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_writer_new(stg, b, 0, &w, &err), TS_OK);
+	ck_assert_int_eq(ts_writer_write(w, *host, n, &err), TS_OK);
+	ck_assert_int_eq(ts_writer_finish(w, &err), TS_OK);
+	ts_writer_free(w);
+	return b;
+}
+
+/* Reads count runs of len bytes, stride bytes apart (negative: from the end
+ * backwards), checks every byte and returns the copies the device made. */
+static uint64_t strided_read(struct ts_buffer *b, const unsigned char *host, size_t count,
+                             size_t len, long long stride)
+{
+	struct ts_device *dev = ts_buffer_device(b);
+	struct ts_run *runs = calloc(count, sizeof *runs);
+	unsigned char *out = malloc(count * len);
+	uint64_t first = stride < 0 ? ts_buffer_size(b) - len : 0, before;
+	struct ts_error err;
+
+	ck_assert(runs && out);
+	for (size_t i = 0; i < count; i++)
+		runs[i] = (struct ts_run){.src_offset = first + (uint64_t)((long long)i * stride),
+		                          .dst_offset = i * len, .len = len};
+	memset(out, 0xa5, count * len);
+	ts_error_clear(&err);
+	before = ts_device_copies(dev);
+	ck_assert_int_eq(ts_stage_read_runs(stg, b, runs, count, out, &err), TS_OK);
+	before = ts_device_copies(dev) - before;
+	for (size_t i = 0; i < count; i++)
+		ck_assert_msg(memcmp(out + i * len, host + runs[i].src_offset, len) == 0,
+		              "run %zu of %zu (stride %lld) differs", i, count, stride);
+	free(runs);
+	free(out);
+	return before;
+}
+
+START_TEST(strided_read_is_one_copy)
+{
+	const size_t n = 1u << 20;         /* 256K float32 elements */
+	unsigned char *host;
+	struct ts_buffer *b = device_pattern(dut, n, 21, &host);
+	struct ts_space_stats ps;
+
+	/* x[::4] of float32: 64K runs of 4 bytes */
+	ck_assert_uint_eq(strided_read(b, host, 65536, 4, 16), 1);
+	/* x[::-4] walks the same window backwards */
+	ck_assert_uint_eq(strided_read(b, host, 65536, 4, -16), 1);
+	/* rows of 1 KiB every 3 KiB */
+	ck_assert_uint_eq(strided_read(b, host, 341, 1024, 3072), 1);
+	/* runs farther apart than TS_STAGE_GAP gain nothing from a window: one
+	 * copy each, straight into the destination */
+	ck_assert_uint_eq(strided_read(b, host, 7, 8, (long long)TS_STAGE_GAP + 4096), 7);
+	ts_space_stats(ts_memory_find(mem, dut, TS_MEM_PINNED_HOST), &ps);
+	ck_assert_uint_eq(ps.bytes_in_use, 0);          /* the slots went back */
+	ts_buffer_unref(b);
+	free(host);
+}
+END_TEST
+
+START_TEST(strided_read_spanning_slots)
+{
+	const size_t n = 12u << 20;
+	unsigned char *host;
+	struct ts_buffer *b = device_pattern(dut, n, 22, &host);
+	uint64_t copies;
+
+	/* x[::64] of float32 over 12 MiB spans three slots: three windows */
+	copies = strided_read(b, host, n / 256, 4, 256);
+	ck_assert_msg(copies >= 3 && copies <= 4, "%llu copies for three slots of span",
+	              (unsigned long long)copies);
+	ts_buffer_unref(b);
+	free(host);
+}
+END_TEST
+
+/* With the pinned budget spent, a strided read still comes whole, one copy
+ * per run straight into the destination. */
+START_TEST(strided_read_without_pinned_slots)
+{
+	const size_t n = 1u << 16;
+	unsigned char *host;
+	struct ts_buffer *b = device_pattern("sim:0", n, 23, &host);
+	static const uint64_t grains[] = {1u << 20, 16u << 10};
+	struct ts_buffer *hog[256];
+	struct ts_error err;
+	size_t nhog = 0;
+
+	/* the 64 MiB pinned budget taken, 1 MiB at a time, then the rest in
+	 * pieces smaller than the read's window */
+	for (int g = 0; g < 2; g++)
+		for (;;) {
+			ts_error_clear(&err);
+			ck_assert_uint_lt(nhog, 256);
+			if (ts_buffer_new(ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST), grains[g],
+			                  &hog[nhog], &err) != TS_OK)
+				break;
+			nhog++;
+		}
+	ck_assert_int_eq(err.status, TS_RESOURCE_EXHAUSTED);
+	ck_assert_uint_eq(strided_read(b, host, 1024, 4, 64), 1024);
+	while (nhog)
+		ts_buffer_unref(hog[--nhog]);
+	ck_assert_uint_eq(strided_read(b, host, 1024, 4, 64), 1);
+	ts_buffer_unref(b);
+	free(host);
+}
+END_TEST
+
+/* ---- every pair of (backend, memory kind) -------------------------------------- */
+
+struct end {
+	char dev[32];
+	enum ts_memory_kind kind;
+};
+
+/* Every (device, memory kind) of the set. */
+static size_t all_ends(struct end *out, size_t cap)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < ts_device_set_count(set); i++)
+		for (int k = 0; k < TS_MEM_KIND_COUNT && n < cap; k++) {
+			snprintf(out[n].dev, sizeof out[n].dev, "%s",
+			         ts_device_props(ts_device_set_at(set, i))->id);
+			out[n++].kind = (enum ts_memory_kind)k;
+		}
+	return n;
+}
+
+START_TEST(every_backend_and_kind_pair)
+{
+	enum { N = 200000, NRUNS = 6 };
+	struct ts_run runs[NRUNS] = {{0, 10, 100}, {5000, 0, 7}, {N - 50, 200, 50}, {123, 400, 0},
+	                             {60000, 100000, 70000}, {199000, 1000, 4}};
+	struct ts_run strided[64];
+	struct end ends[64];
+	size_t nends = all_ends(ends, 64);
+	unsigned char *src = malloc(N), *out = malloc(N), *got = malloc(sizeof strided / sizeof strided[0] * 4);
+	struct ts_error err;
+	bool backends[TS_BACKEND_COUNT] = {false};
+
+	ck_assert(src && out && got);
+	for (size_t i = 0; i < 64; i++)
+		strided[i] = (struct ts_run){.src_offset = 8 + 16 * i, .dst_offset = 4 * i, .len = 4};
+	fill(src, N, 3);
+	for (size_t a = 0; a < nends; a++) {
+		struct ts_buffer *s = buf(ends[a].dev, ends[a].kind, N);
+		struct ts_writer *w;
+
+		backends[ts_device_props(ts_buffer_device(s))->backend] = true;
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_writer_new(stg, s, 0, &w, &err), TS_OK);
+		ck_assert_int_eq(ts_writer_write(w, src, N, &err), TS_OK);
+		ck_assert_int_eq(ts_writer_finish(w, &err), TS_OK);
+		ts_writer_free(w);
+		/* a strided read of every end */
+		ck_assert_msg(ts_stage_read_runs(stg, s, strided, 64, got, &err) == TS_OK,
+		              "read of %s/%s: %s", ends[a].dev, ts_memory_kind_name(ends[a].kind),
+		              err.message);
+		for (size_t i = 0; i < 64; i++)
+			ck_assert(memcmp(got + 4 * i, src + 8 + 16 * i, 4) == 0);
+		for (size_t b = 0; b < nends; b++) {
+			struct ts_buffer *d = buf(ends[b].dev, ends[b].kind, N);
+
+			ck_assert_msg(ts_stage_copy_runs(stg, d, s, runs, NRUNS, &err) == TS_OK,
+			              "copy %s/%s -> %s/%s: %s", ends[a].dev,
+			              ts_memory_kind_name(ends[a].kind), ends[b].dev,
+			              ts_memory_kind_name(ends[b].kind), err.message);
+			ck_assert_int_eq(ts_stage_read(stg, d, 0, out, N, &err), TS_OK);
+			for (size_t r = 0; r < NRUNS; r++)
+				ck_assert_msg(memcmp(out + runs[r].dst_offset, src + runs[r].src_offset,
+				                     runs[r].len) == 0,
+				              "copy %s/%s -> %s/%s: run %zu differs", ends[a].dev,
+				              ts_memory_kind_name(ends[a].kind), ends[b].dev,
+				              ts_memory_kind_name(ends[b].kind), r);
+			ts_buffer_unref(d);
+		}
+		ts_buffer_unref(s);
+	}
+	/* the set really mixes backends: sim and cpu always, cuda in the cuda case */
+	ck_assert(backends[TS_BACKEND_SIM] && backends[TS_BACKEND_CPU]);
+	ck_assert(strcmp(dut, "cuda:0") != 0 || backends[TS_BACKEND_CUDA]);
+	free(src);
+	free(out);
+	free(got);
+}
+END_TEST
+
+static Suite *stage_suite(bool cuda)
 {
 	Suite *s = suite_create("stage");
 	TCase *tc = tcase_create("stager");
@@ -244,13 +486,27 @@ static Suite *stage_suite(void)
 	tcase_add_test(tc, read_runs_into_host_memory);
 	tcase_add_test(tc, out_of_range_refused);
 	tcase_add_test(tc, injected_copy_failure_surfaces);
+	tcase_add_test(tc, strided_read_is_one_copy);
+	tcase_add_test(tc, strided_read_spanning_slots);
+	tcase_add_test(tc, strided_read_without_pinned_slots);
+	tcase_add_test(tc, every_backend_and_kind_pair);
 	suite_add_tcase(s, tc);
+	if (cuda) {
+		tc = tcase_create("cuda");
+		tcase_add_checked_fixture(tc, setup_cuda, teardown);
+		tcase_set_timeout(tc, 300);
+		tcase_add_test(tc, strided_read_is_one_copy);
+		tcase_add_test(tc, strided_read_spanning_slots);
+		tcase_add_test(tc, every_backend_and_kind_pair);
+		suite_add_tcase(s, tc);
+	}
 	return s;
 }
 
 int main(void)
 {
-	SRunner *sr = srunner_create(stage_suite());
+	const char *backend = getenv("TS_TEST_BACKEND");
+	SRunner *sr = srunner_create(stage_suite(backend && strcmp(backend, "cuda") == 0));
 	int failed;
 
 	srunner_run_all(sr, CK_NORMAL);
