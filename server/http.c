@@ -191,62 +191,6 @@ static void request_begin_upload(struct request *rq, struct MHD_Connection *conn
 	}
 }
 
-struct framing {
-	const char *length;              /* the first Content-Length */
-	bool conflict;                   /* another with a different value */
-	bool chunked;                    /* Transfer-Encoding present */
-};
-
-static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
-                                      const char *value)
-{
-	struct framing *f = cls;
-
-	(void)kind;
-	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
-		if (!f->length)
-			f->length = value;
-		else if (strcmp(f->length, value) != 0)
-			f->conflict = true;
-	} else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
-		f->chunked = true;
-	}
-	return MHD_YES;
-}
-
-/* Refuses framing a proxy could read otherwise (RFC 9112 section 6):
- * false when rq is answered. */
-static bool request_framing(struct request *rq, struct MHD_Connection *conn)
-{
-	struct framing f = {0};
-
-	MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
-	if (f.conflict) {
-		rq->failed = true;
-		rq->close = true;
-		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "CONFLICTING_CONTENT_LENGTH",
-		              "the request has two different Content-Length headers");
-		return false;
-	}
-	rq->chunked = f.chunked;  /* Transfer-Encoding overrides Content-Length */
-	if (f.length && f.chunked)
-		rq->close = true;     /* answered, then the connection is closed */
-	return true;
-}
-
-/* New /v1 work is refused while draining. */
-static bool request_draining(struct request *rq, const struct ts_route *route)
-{
-	if (!atomic_load(&rq->srv->draining) || strncmp(route->pattern, "/v1", 3) != 0)
-		return false;
-	rq->failed = true;
-	rq->close = true;
-	ts_reply_fail(&rq->reply, TS_UNAVAILABLE, "DRAINING",
-	              "tstaged is shutting down and takes no new work; retry on another instance");
-	ts_reply_header(&rq->reply, "Retry-After", "1");
-	return true;
-}
-
 /* libmicrohttpd's unescaper for the path and every query key and value:
  * ts_url_unescape keeps a %00 visible (see router.h). */
 static size_t unescape(void *cls, struct MHD_Connection *conn, char *s)
@@ -324,6 +268,62 @@ static bool request_args_ok(struct request *rq, struct MHD_Connection *conn)
 		return true;
 	ts_reply_error(&rq->reply, &w.err);
 	return false;
+}
+
+struct framing {
+	const char *length;              /* the first Content-Length */
+	bool conflict;                   /* another with a different value */
+	bool chunked;                    /* Transfer-Encoding present */
+};
+
+static enum MHD_Result framing_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                      const char *value)
+{
+	struct framing *f = cls;
+
+	(void)kind;
+	if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) == 0) {
+		if (!f->length)
+			f->length = value;
+		else if (strcmp(f->length, value) != 0)
+			f->conflict = true;
+	} else if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+		f->chunked = true;
+	}
+	return MHD_YES;
+}
+
+/* Refuses framing a proxy could read otherwise (RFC 9112 section 6):
+ * false when rq is answered. */
+static bool request_framing(struct request *rq, struct MHD_Connection *conn)
+{
+	struct framing f = {0};
+
+	MHD_get_connection_values(conn, MHD_HEADER_KIND, framing_header, &f);
+	if (f.conflict) {
+		rq->failed = true;
+		rq->close = true;
+		ts_reply_fail(&rq->reply, TS_INVALID_ARGUMENT, "CONFLICTING_CONTENT_LENGTH",
+		              "the request has two different Content-Length headers");
+		return false;
+	}
+	rq->chunked = f.chunked;  /* Transfer-Encoding overrides Content-Length */
+	if (f.length && f.chunked)
+		rq->close = true;     /* answered, then the connection is closed */
+	return true;
+}
+
+/* New /v1 work is refused while draining. */
+static bool request_draining(struct request *rq, const struct ts_route *route)
+{
+	if (!atomic_load(&rq->srv->draining) || strncmp(route->pattern, "/v1", 3) != 0)
+		return false;
+	rq->failed = true;
+	rq->close = true;
+	ts_reply_fail(&rq->reply, TS_UNAVAILABLE, "DRAINING",
+	              "tstaged is shutting down and takes no new work; retry on another instance");
+	ts_reply_header(&rq->reply, "Retry-After", "1");
+	return true;
 }
 
 /* Decides routing, auth and body admission on the first callback. */
@@ -1180,8 +1180,8 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
 		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
 		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
 		MHD_OPTION_CONNECTION_LIMIT, hard,

@@ -8,7 +8,10 @@
 #include "train/model.h"
 
 /* X(method, pattern, handler, server handler, upload ops, body, public,
- *   query parameters the handler reads) */
+ *   query parameters the handler reads). Every call that makes or moves
+ * bytes takes ?wait= (DESIGN: 202 with an operation, or the finished result
+ * when asked to wait); one that always finishes before it answers (:gather,
+ * model creation today) satisfies wait=true as it is. */
 #define PLACE "sharding,device,memory_kind"
 #define ROUTES(X)                                                                          \
 	X("GET", "/livez", ts_h_livez, NULL, NULL, TS_BODY_NONE, true, "")                     \
@@ -37,7 +40,7 @@
 	X("GET", "/v1/arrays/{array}/data", ts_h_arrays_data, NULL, NULL, TS_BODY_NONE, false, \
 	  "format,index")                                                                      \
 	X("POST", "/v1/arrays/{array}:gather", ts_h_arrays_gather, NULL, NULL, TS_BODY_JSON,   \
-	  false, "")                                                                           \
+	  false, "wait:bool")                                                                  \
 	X("POST", "/v1/arrays/{array}:put", ts_h_arrays_put_sharding, NULL, NULL,              \
 	  TS_BODY_JSON, false, "wait:bool")                                                    \
 	X("POST", "/v1/arrays/{array}:copy", ts_h_arrays_copy, NULL, NULL, TS_BODY_JSON, false,\
@@ -58,7 +61,8 @@
 	  false, "")                                                                           \
 	X("POST", "/v1/shardings/{sharding}:withMemoryKind", ts_h_shardings_with_memory_kind,  \
 	  NULL, NULL, TS_BODY_JSON, false, "")                                                 \
-	X("POST", "/v1/models", ts_h_models_create, NULL, NULL, TS_BODY_JSON, false, "")       \
+	X("POST", "/v1/models", ts_h_models_create, NULL, NULL, TS_BODY_JSON, false,          \
+	  "wait:bool")                                                                         \
 	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false, "")          \
 	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,    \
 	  false, "")                                                                           \
@@ -73,7 +77,7 @@
 /* The test-only control of injected failures exists in fault builds only. */
 #ifdef TS_FAULT_BUILD
 #define FAULT_ROUTES(X)                                                                    \
-	X("GET", "/debug/faults", ts_h_debug_faults_get, NULL, NULL, TS_BODY_NONE, false, "")      \
+	X("GET", "/debug/faults", ts_h_debug_faults_get, NULL, NULL, TS_BODY_NONE, false, "")  \
 	X("POST", "/debug/faults", ts_h_debug_faults_arm, NULL, NULL, TS_BODY_JSON, false, "")
 #else
 #define FAULT_ROUTES(X)

@@ -315,11 +315,11 @@ static Suite *router_suite(void)
 	tcase_add_test(tc, method_not_allowed);
 	tcase_add_test(tc, unmatched_shapes);
 	tcase_add_test(tc, real_table);
-	tcase_add_test(tc, fault_control_only_in_fault_builds);
 	tcase_add_test(tc, long_parameters);
 	tcase_add_test(tc, unescape);
 	tcase_add_test(tc, query_args);
 	tcase_add_test(tc, real_table_queries);
+	tcase_add_test(tc, fault_control_only_in_fault_builds);
 	suite_add_tcase(s, tc);
 	return s;
 }
