@@ -94,7 +94,7 @@ START_TEST(uncommitted_follow_committed)
 	struct ts_array *cur;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:2"), NULL, &where, &err), TS_OK);
 	ck_assert_ptr_eq(where, dev("sim:1"));
 	/* x moved to sim:1, stays uncommitted and in device memory, counted */
 	ck_assert_ptr_eq(ts_array_box(arrs[1], 0)->device, dev("sim:1"));
@@ -130,7 +130,7 @@ START_TEST(committed_apart_refused)
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:0"), &where, &err),
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:0"), NULL, &where, &err),
 	                 TS_FAILED_PRECONDITION);
 	ck_assert_str_eq(err.reason, "COMMITTED_APART");
 	ck_assert_ptr_nonnull(strstr(err.message, "'a' (on sim:0)"));
@@ -151,12 +151,12 @@ START_TEST(no_committed_uses_fallback)
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), NULL, &where, &err), TS_OK);
 	ck_assert_ptr_eq(where, dev("sim:2"));
 	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[0]), 64);
 	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[1]), 0);
 	/* a second use finds it in place: no new move, count unchanged */
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), NULL, &where, &err), TS_OK);
 	ck_assert_uint_eq(ts_stager_implicit(stg), 64);
 	for (int i = 0; i < 2; i++)
 		ts_array_unref(arrs[i]);
@@ -173,7 +173,7 @@ START_TEST(replaced_meanwhile_aborts)
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, &where, &err), TS_ABORTED);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, NULL, &where, &err), TS_ABORTED);
 	ck_assert_uint_eq(ts_stager_implicit(stg), 0);
 	ts_array_unref(arrs[0]);
 	ts_array_unref(arrs[1]);
