@@ -292,22 +292,24 @@ void ts_array_set_owner(struct ts_array *a, const char *owner)
 ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
                                struct ts_error *err)
 {
-	struct ts_array *v = malloc(sizeof *v);
+	struct ts_array *v = calloc(1, sizeof *v);
 
 	if (!v)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 		                    "no memory for a new version of array '%s'", a->name);
-	*v = *a;
+	/* field by field: the counts and the hold are the new version's own */
 	atomic_init(&v->refs, 1);
+	memcpy(v->name, a->name, sizeof v->name);
+	v->desc = a->desc;
+	v->placement = a->placement;
+	v->nshards = a->nshards;
+	memcpy(v->boxes, a->boxes, sizeof v->boxes);
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
-		if (v->bufs[i])
-			ts_buffer_ref(v->bufs[i]);
-	if (v->metadata)
-		json_incref(v->metadata);
-	v->held_by[0] = '\0';
-	v->version = 0;
-	v->etag[0] = '\0';
-	v->published = false;
+		v->bufs[i] = a->bufs[i] ? ts_buffer_ref(a->bufs[i]) : NULL;
+	v->layout = a->layout;
+	v->metadata = a->metadata ? json_deep_copy(a->metadata) : NULL;   /* not shared across threads */
+	v->implicit_bytes = a->implicit_bytes;
+	memcpy(v->owner, a->owner, sizeof v->owner);
 	*out = v;
 	return TS_OK;
 }
