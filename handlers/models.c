@@ -3,12 +3,19 @@
  * POST /v1/models/{model}:analyze (the memory analysis of a step, before
  * any run) and POST /v1/models/{model}:step (run N steps as an operation).
  *
- * A step runs where the model's parameters are: committed arrays decide the
- * device, uncommitted inputs follow (counted as implicit transfers), inputs
- * taken as rows of a dataset move only those rows. The parameters' and
- * optimizer state's memory kinds are read from their arrays, so moving
- * "{model}.w1" to pinned_host offloads it; the call may override the
- * activation policy and prefetch depth.
+ * Creation is an operation too: admission (the arrays allocated) on the HTTP
+ * thread, initialisation on a worker. A model is known by its uid; its
+ * arrays are owned by it (their dtype and shape stay, only it deletes them).
+ * A step holds the model's parameter and optimizer-state arrays in the
+ * catalog from submission to completion (they are updated in place, so
+ * every other writer is refused 409 ABORTED naming the step) and publishes
+ * new versions of them as it ends. It runs where the parameters are:
+ * committed arrays decide the device, uncommitted inputs follow (counted as
+ * implicit transfers), inputs taken as rows of a dataset move only those
+ * rows (the rows parser of :gather). The parameters' and optimizer state's
+ * memory kinds are read from their arrays, so moving "{model}.w1" to
+ * pinned_host offloads it; the call may override the activation policy and
+ * prefetch depth.
  */
 #include "handlers/arrays_int.h"
 
