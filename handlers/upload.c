@@ -153,8 +153,9 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 		             cur ? ts_array_etag(cur) : "absent", u->if_match);
 	if (err.status == TS_OK)
 		ts_catalog_check_write(call->core->catalog, u->name, NULL, NULL, &err);
-	if (err.status == TS_OK)
-		ts_h_placement_query(call, &u->placement, &err);
+	if (err.status == TS_OK && ts_h_placement_query(call, &u->placement, &err) != TS_OK &&
+	    err.status == TS_OK)
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT", "the placement is invalid");
 	/* no placement given over a committed array: it stays where it is */
 	if (err.status == TS_OK && cur && !u->placement.committed &&
 	    ts_array_placement(cur)->committed)
