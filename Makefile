@@ -148,6 +148,8 @@ FUZZ_config  := server/config.c common/units.c
 FUZZ_npy     := storage/npy.c storage/dtype.c
 FUZZ_safetensors := storage/safetensors.c storage/dtype.c
 FUZZ_sharding := handlers/sharding_json.c storage/sharding.c
+FUZZ_model_spec := handlers/model_spec.c
+FUZZ_rows    := storage/index.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)

@@ -67,7 +67,7 @@ def main():
         if a.device:
             placement["device"] = a.device
         model = "guide-" + name.replace(" ", "-")
-        call(a.url, "POST", "/v1/models", {
+        call(a.url, "POST", "/v1/models?wait=true", {
             "name": model, "mlp": {"layers": 10, "d_model": 256, "d_hidden": 1024,
                                    "activation": "relu"},
             "loss": "sum", "init": {"seed": 0, "scale": 0.02}, "placement": placement})

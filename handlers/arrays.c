@@ -363,72 +363,6 @@ void ts_h_arrays_delete(const struct ts_call *call, struct ts_reply *reply)
 
 /* ---- POST /v1/arrays/{array}:gather ---------------------------------------------- */
 
-/* Rows from {"rows": [..]} or {"rows": {"start","stop","step"}}; a new
- * malloc'd array of normalised rows. */
-static ts_status gather_rows(json_t *rows, uint64_t dim0, uint64_t **out, size_t *n,
-                             struct ts_error *err)
-{
-	if (json_is_array(rows)) {
-		size_t cnt = json_array_size(rows);
-		int64_t *raw = malloc((cnt ? cnt : 1) * sizeof *raw);
-		uint64_t *norm = malloc((cnt ? cnt : 1) * sizeof *norm);
-		ts_status st = raw && norm ? TS_OK
-		                           : ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                                          "no memory for %zu rows", cnt);
-
-		for (size_t i = 0; st == TS_OK && i < cnt; i++) {
-			json_t *v = json_array_get(rows, i);
-
-			if (!json_is_integer(v))
-				st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
-				                  "rows[%zu] is not an integer", i);
-			else
-				raw[i] = (int64_t)json_integer_value(v);
-		}
-		if (st == TS_OK)
-			st = ts_rows_check(raw, cnt, dim0, norm, err);
-		free(raw);
-		if (st != TS_OK) {
-			free(norm);
-			return st;
-		}
-		*out = norm;
-		*n = cnt;
-		return TS_OK;
-	}
-	if (json_is_object(rows)) {
-		json_t *js = json_object_get(rows, "start"), *je = json_object_get(rows, "stop"),
-		       *jt = json_object_get(rows, "step");
-		struct ts_index_dim dim;
-		ts_status st;
-		uint64_t *norm;
-
-		if ((js && !json_is_integer(js) && !json_is_null(js)) ||
-		    (je && !json_is_integer(je) && !json_is_null(je)) ||
-		    (jt && !json_is_integer(jt) && !json_is_null(jt)) ||
-		    json_object_size(rows) > (size_t)(!!js + !!je + !!jt))
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
-			                    "rows as a slice takes integer start, stop and step only");
-		st = ts_rows_from_slice(json_integer_value(js), json_integer_value(je),
-		                        jt && json_is_integer(jt) ? json_integer_value(jt) : 1,
-		                        js && json_is_integer(js), je && json_is_integer(je), dim0,
-		                        &dim, err);
-		if (st != TS_OK)
-			return st;
-		norm = malloc((dim.count ? dim.count : 1) * sizeof *norm);
-		if (!norm)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "no memory for %" PRIu64 " rows", dim.count);
-		for (uint64_t i = 0; i < dim.count; i++)
-			norm[i] = (uint64_t)(dim.start + (int64_t)i * dim.step);
-		*out = norm;
-		*n = dim.count;
-		return TS_OK;
-	}
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
-	                    "rows must be a list of integers or {\"start\", \"stop\", \"step\"}");
-}
-
 /* Copies the rows of src into dst as merged runs. */
 static ts_status gather_copy(const struct ts_core *core, struct ts_array *dst,
                              struct ts_array *src, const uint64_t *rows, size_t n,
@@ -490,7 +424,7 @@ void ts_h_arrays_gather(const struct ts_call *call, struct ts_reply *reply)
 		goto out_fail;
 	}
 	row_bytes = d.shape[0] ? d.nbytes / d.shape[0] : 0;
-	if (gather_rows(rows, d.shape[0], &norm, &n, &err) != TS_OK ||
+	if (ts_rows_parse(rows, "rows", d.shape[0], &norm, &n, &err) != TS_OK ||
 	    ts_h_placement(call->core, dev, kind, &pl, &err) != TS_OK)
 		goto out_fail;
 	d.shape[0] = n;

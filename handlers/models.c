@@ -3,12 +3,19 @@
  * POST /v1/models/{model}:analyze (the memory analysis of a step, before
  * any run) and POST /v1/models/{model}:step (run N steps as an operation).
  *
- * A step runs where the model's parameters are: committed arrays decide the
- * device, uncommitted inputs follow (counted as implicit transfers), inputs
- * taken as rows of a dataset move only those rows. The parameters' and
- * optimizer state's memory kinds are read from their arrays, so moving
- * "{model}.w1" to pinned_host offloads it; the call may override the
- * activation policy and prefetch depth.
+ * Creation is an operation too: admission (the arrays allocated) on the HTTP
+ * thread, initialisation on a worker. A model is known by its uid; its
+ * arrays are owned by it (their dtype and shape stay, only it deletes them).
+ * A step holds the model's parameter and optimizer-state arrays in the
+ * catalog from submission to completion (they are updated in place, so
+ * every other writer is refused 409 ABORTED naming the step) and publishes
+ * new versions of them as it ends. It runs where the parameters are:
+ * committed arrays decide the device, uncommitted inputs follow (counted as
+ * implicit transfers), inputs taken as rows of a dataset move only those
+ * rows (the rows parser of :gather). The parameters' and optimizer state's
+ * memory kinds are read from their arrays, so moving "{model}.w1" to
+ * pinned_host offloads it; the call may override the activation policy and
+ * prefetch depth.
  */
 #include "handlers/arrays_int.h"
 
@@ -24,6 +31,7 @@
 #include "storage/colocate.h"
 #include "storage/operation.h"
 #include "train/exec.h"
+#include "handlers/model_spec.h"
 #include "train/model.h"
 
 #define INIT_CHUNK (1u << 20)   /* floats generated per write */
@@ -40,236 +48,6 @@ static bool has_role(const struct ts_model *m, enum ts_pbuf_role r)
 	return (!second || ts_mlp_has_w2(&m->mlp)) && (!state || m->opt.type == TS_OPT_ADAM);
 }
 
-/* ---- parsing -------------------------------------------------------------------- */
-
-static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
-                             struct ts_error *err)
-{
-	size_t i;
-	json_t *v;
-
-	*x = *h = false;
-	if (!list)
-		return TS_OK;
-	if (!json_is_array(list))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-		                    "placement.activations.%s is a list of \"x\" and \"h\"", field);
-	json_array_foreach(list, i, v) {
-		const char *s = json_string_value(v);
-
-		if (s && strcmp(s, "x") == 0)
-			*x = true;
-		else if (s && strcmp(s, "h") == 0)
-			*h = true;
-		else
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-			                    "placement.activations.%s[%zu] is not \"x\" or \"h\"", field, i);
-	}
-	return TS_OK;
-}
-
-/* A field's expected JSON type, for errors that name the field. */
-struct field {
-	const char *key;
-	json_type type;        /* JSON_TRUE stands for any boolean, JSON_REAL for any number */
-};
-
-/* Checks obj's keys against fields: unknown keys and wrong types are
- * INVALID_ARGUMENT naming "<where>.<key>". */
-static ts_status check_fields(json_t *obj, const char *where, const char *reason,
-                              const struct field *fields, size_t n, struct ts_error *err)
-{
-	static const char *const names[] = {"an object", "a list", "a string", "an integer",
-	                                    "a number", "a boolean", "a boolean", "null"};
-	const char *key;
-	json_t *v;
-
-	if (!json_is_object(obj))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s must be an object", where);
-	json_object_foreach(obj, key, v) {
-		size_t i;
-
-		for (i = 0; i < n && strcmp(fields[i].key, key) != 0; i++)
-			;
-		if (i == n)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, reason,
-			                    "%s.%s is not a field this API knows", where, key);
-		if (fields[i].type == JSON_TRUE ? !json_is_boolean(v)
-		    : fields[i].type == JSON_REAL ? !json_is_number(v)
-		                                  : json_typeof(v) != fields[i].type)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s.%s must be %s", where, key,
-			                    names[fields[i].type]);
-	}
-	return TS_OK;
-}
-
-#define NFIELDS(f) (sizeof (f) / sizeof (f)[0])
-
-static const struct field model_fields[] = {
-	{"name", JSON_STRING}, {"mlp", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
-	{"loss", JSON_STRING}, {"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT},
-};
-static const struct field mlp_fields[] = {
-	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
-	{"activation", JSON_STRING}, {"residual", JSON_TRUE},
-};
-static const struct field placement_fields[] = {
-	{"device", JSON_STRING}, {"params", JSON_STRING}, {"opt_state", JSON_STRING},
-	{"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
-};
-static const struct field activation_fields[] = {{"save", JSON_ARRAY}, {"offload", JSON_ARRAY}};
-static const struct field init_fields[] = {
-	{"seed", JSON_INTEGER}, {"scale", JSON_REAL}, {"constant", JSON_REAL},
-};
-static const struct field optimizer_fields[] = {
-	{"type", JSON_STRING}, {"learning_rate", JSON_REAL}, {"b1", JSON_REAL}, {"b2", JSON_REAL},
-	{"eps", JSON_REAL}, {"clip_global_norm", JSON_REAL},
-};
-
-/* Activations and prefetch from a "placement" object (absent fields keep *p). */
-static ts_status parse_policy(json_t *pl, struct ts_policy *p, struct ts_error *err)
-{
-	json_t *acts = json_object_get(pl, "activations"), *pf = json_object_get(pl, "prefetch_depth");
-	const char *params = json_string_value(json_object_get(pl, "params"));
-	const char *state = json_string_value(json_object_get(pl, "opt_state"));
-
-	if (check_fields(pl, "placement", "BAD_POLICY", placement_fields, NFIELDS(placement_fields),
-	                 err) != TS_OK ||
-	    (acts && check_fields(acts, "placement.activations", "BAD_POLICY", activation_fields,
-	                          NFIELDS(activation_fields), err) != TS_OK))
-		return err->status;
-	if (params && !ts_memory_kind_parse(params, &p->params))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-		                    "placement.params '%s' is not device or pinned_host", params);
-	if (state && !ts_memory_kind_parse(state, &p->opt_state))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-		                    "placement.opt_state '%s' is not device or pinned_host", state);
-	if (acts) {
-		if (!json_is_object(acts) ||
-		    parse_names(json_object_get(acts, "save"), "save", &p->save_x, &p->save_h, err) != TS_OK ||
-		    parse_names(json_object_get(acts, "offload"), "offload", &p->offload_x, &p->offload_h,
-		                err) != TS_OK)
-			return err->status ? err->status
-			                   : ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-			                                  "placement.activations is {\"save\": [...], \"offload\": [...]}");
-	}
-	if (pf) {
-		if (json_integer_value(pf) < 0 || json_integer_value(pf) > 1)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-			                    "placement.prefetch_depth is 0 or 1");
-		p->prefetch_depth = (int)json_integer_value(pf);
-	}
-	return ts_policy_check(p, err);
-}
-
-struct init_spec {
-	bool constant;
-	double value, scale;
-	uint64_t seed;
-};
-
-static ts_status parse_model(const struct ts_core *core, json_t *body, struct ts_model *m,
-                             struct init_spec *init, struct ts_error *err)
-{
-	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
-	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
-	json_int_t layers = 0, d = 0, h = 0;
-	int residual = 0;
-	json_error_t jerr;
-
-	memset(m, 0, sizeof *m);
-	if (check_fields(body, "model", "BAD_MODEL", model_fields, NFIELDS(model_fields), err) != TS_OK ||
-	    (json_object_get(body, "mlp") &&
-	     check_fields(json_object_get(body, "mlp"), "mlp", "BAD_MODEL", mlp_fields,
-	                  NFIELDS(mlp_fields), err) != TS_OK) ||
-	    (json_object_get(body, "optimizer") &&
-	     check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
-	                  optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK) ||
-	    (json_object_get(body, "init") &&
-	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
-	                  NFIELDS(init_fields), err) != TS_OK))
-		return err->status;
-	if (json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s, s:{s:I, s:I, s?I, s?s, s?b}, s?s, s?o, s?s, s?o, s?o}",
-	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
-	                   "activation", &act, "residual", &residual, "dtype", &dtype, "init", &in,
-	                   "loss", &loss, "optimizer", &opt, "placement", &pl) != 0)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
-	(void)mlp;
-	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
-		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
-		                    name, TS_MODEL_NAME_MAX);
-	snprintf(m->name, sizeof m->name, "%s", name);
-	if (layers < 1 || d < 1 || h < 0 || layers > 4096 || d > 65536 || h > 65536)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "mlp.layers, mlp.d_model (and mlp.d_hidden) must be positive");
-	if (strcmp(dtype, "float32") != 0)
-		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
-		                    "models train in float32; dtype '%s' is not supported", dtype);
-	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
-	                         .residual = residual};
-	if (!ts_act_parse(act, &m->mlp.act))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);
-	if (!ts_loss_parse(loss, &m->mlp.loss))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "loss '%s' is not sum or mse", loss);
-	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
-	                               .b2 = 0.999f, .eps = 1e-8f};
-	if (opt) {
-		const char *type = "none";
-		double lr = m->opt.learning_rate, b1 = m->opt.b1, b2 = m->opt.b2, eps = m->opt.eps, clip = 0;
-
-		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F}", "type", &type,
-		                   "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
-		                   "clip_global_norm", &clip) != 0)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER", "optimizer: %s", jerr.text);
-		if (!ts_opt_parse(type, &m->opt.type))
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer.type '%s' is not none, sgd or adam", type);
-		if (!(lr > 0) || b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1 || eps < 0 || clip < 0)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
-			                    "clip_global_norm >= 0");
-		m->opt.learning_rate = (float)lr;
-		m->opt.b1 = (float)b1;
-		m->opt.b2 = (float)b2;
-		m->opt.eps = (float)eps;
-		m->opt.clip_global_norm = (float)clip;
-	}
-	*init = (struct init_spec){.scale = 0.02};
-	if (in) {
-		json_int_t seed = 0;
-		double c = 0, scale = 0.02;
-
-		if (json_object_get(in, "constant")) {
-			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s:F}", "constant", &c) != 0)
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
-			init->constant = true;
-			init->value = c;
-		} else {
-			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s?I, s?F}", "seed", &seed, "scale", &scale) != 0)
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
-			init->seed = (uint64_t)seed;
-			init->scale = scale;
-		}
-	}
-	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
-	                               .save_x = true, .save_h = true};
-	m->device = core->default_device;
-	if (pl) {
-		dev = json_string_value(json_object_get(pl, "device"));
-		if (dev && !(m->device = ts_device_set_find(core->devices, dev)))
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
-			                    "placement.device '%s' is not a device of this node", dev);
-		if (json_object_get(pl, "activations")) {
-			m->policy.save_x = m->policy.save_h = false;
-		}
-		if (parse_policy(pl, &m->policy, err) != TS_OK)
-			return err->status;
-	}
-	return TS_OK;
-}
-
 /* ---- creation ------------------------------------------------------------------- */
 
 static uint64_t splitmix(uint64_t *s)
@@ -283,8 +61,9 @@ static uint64_t splitmix(uint64_t *s)
 
 /* Fills a with its initial values: normal(0, scale) from (seed, role), a
  * constant, or zeros for optimizer state. */
-static ts_status init_array(const struct ts_core *core, struct ts_array *a, enum ts_pbuf_role role,
-                            const struct init_spec *in, struct ts_error *err)
+static ts_status init_array(const struct ts_core *core, struct ts_operation *op, struct ts_array *a,
+                            enum ts_pbuf_role role, const struct ts_model_init *in,
+                            struct ts_error *err)
 {
 	uint64_t n = ts_array_desc(a)->nbytes / 4, done = 0, state = in->seed * 1000003ull + (uint64_t)role;
 	struct ts_array_writer *w = NULL;
@@ -313,6 +92,9 @@ static ts_status init_array(const struct ts_core *core, struct ts_array *a, enum
 		}
 		st = ts_array_writer_write(w, chunk, k * sizeof *chunk, err);
 		done += k;
+		ts_operation_progress_add(op, k * sizeof *chunk);
+		if (st == TS_OK && ts_operation_cancelled(op))
+			st = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the creation was cancelled");
 	}
 	if (st == TS_OK)
 		st = ts_array_writer_finish(w, err);
@@ -357,60 +139,157 @@ static json_t *model_json(const struct ts_model *m)
 	                 "arrays", arrays, "steps", (json_int_t)m->steps);
 }
 
+/* model_json with "state" (CREATING while its creation runs, with the
+ * operation's id, then READY). */
+static json_t *model_state_json(const struct ts_model *m)
+{
+	json_t *o = model_json(m);
+
+	if (o) {
+		json_object_set_new(o, "state", json_string(m->ready ? "READY" : "CREATING"));
+		if (!m->ready && m->creating[0])
+			json_object_set_new(o, "creating_operation", json_string(m->creating));
+	}
+	return o;
+}
+
+/*
+ * Creation. The request is checked, the model listed (not ready) and its
+ * arrays allocated on the HTTP thread - admission: a model that cannot fit
+ * is refused at once; the O(size) part, initialising the weights, runs on an
+ * operation worker, which publishes the arrays all at once and marks the
+ * model ready. A creation that fails or is cancelled leaves nothing.
+ */
+struct create {
+	const struct ts_core *core;
+	struct ts_model model;                /* with its uid */
+	struct ts_model_init init;
+	struct ts_array *arrs[6];             /* own references; unpublished until done */
+	enum ts_pbuf_role roles[6];
+	size_t n;
+	bool published;
+};
+
+static ts_status create_hold(const char *id, void *arg, struct ts_error *err)
+{
+	struct create *c = arg;
+
+	(void)err;
+	ts_model_registry_set_ready(c->core->models, c->model.uid, false, id);
+	return TS_OK;
+}
+
+static ts_status create_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct create *c = arg;
+	ts_status st = TS_OK;
+
+	for (size_t i = 0; i < c->n && st == TS_OK; i++)
+		st = init_array(c->core, op, c->arrs[i], c->roles[i], &c->init, err);
+	if (st == TS_OK)
+		st = ts_catalog_put_all(c->core->catalog, c->arrs, c->n, false, err);
+	if (st != TS_OK)
+		return st;
+	c->published = true;
+	ts_model_registry_set_ready(c->core->models, c->model.uid, true, NULL);
+	c->model.ready = true;
+	ts_operation_set_result(op, model_state_json(&c->model));
+	return TS_OK;
+}
+
+static void create_release(void *arg)
+{
+	struct create *c = arg;
+
+	if (!c->published && c->model.uid)
+		ts_model_registry_remove(c->core->models, c->model.uid);
+	for (size_t i = 0; i < c->n; i++)
+		ts_array_unref(c->arrs[i]);
+	free(c);
+}
+
 void ts_h_models_create(const struct ts_call *call, struct ts_reply *reply)
 {
 	const struct ts_core *core = call->core;
-	struct ts_array *arrs[6] = {NULL};
-	struct ts_model m = {0};
-	struct init_spec init = {.scale = 0.02};
+	struct create *c = calloc(1, sizeof *c);
+	struct ts_operation *op = NULL;
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	size_t n = 0;
-	bool registered = false;
+	uint64_t total = 0, wait_ns = 0;
+	char owner[160];
 
 	ts_error_clear(&err);
+	if (!c) {
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a model");
+		goto out_fail;
+	}
+	c->core = core;
 	if (!json_is_object(body)) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY", "body: %s",
 		             body ? "must be a JSON object" : jerr.text);
 		goto out_fail;
 	}
-	if (parse_model(core, body, &m, &init, &err) != TS_OK)
+	if (ts_h_model_parse(core, body, &c->model, &c->init, &err) != TS_OK)
 		goto out_fail;
-	m.create_ns = ts_wall_ns();
-	if (ts_model_registry_put(core->models, &m, &err) != TS_OK)
+	c->model.create_ns = ts_wall_ns();
+	ts_model_owner(&c->model, owner, sizeof owner);
+	if (ts_model_registry_put(core->models, &c->model, &c->model.uid, &err) != TS_OK)
 		goto out_fail;
-	registered = true;
+	/* the names first: a model or array name taken refuses it all */
+	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
+		struct ts_array *there;
+		char name[256];
+
+		if (!has_role(&c->model, param_roles[i]))
+			continue;
+		ts_model_array_name(&c->model, param_roles[i], name, sizeof name);
+		there = ts_catalog_get(core->catalog, name);
+		ts_array_unref(there);
+		if (there) {
+			ts_error_set(&err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+			             "array '%s' already exists; model '%s' needs the name", name,
+			             c->model.name);
+			goto out_fail;
+		}
+	}
+	/* admission: every array allocated now, or nothing is created */
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
 		enum ts_pbuf_role role = param_roles[i];
 		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 3};
 		struct ts_placement pl;
 		char name[256];
 
-		if (!has_role(&m, role))
+		if (!has_role(&c->model, role))
 			continue;
-		ts_model_array_name(&m, role, name, sizeof name);
-		ts_model_param_shape(&m, role, d.shape);
-		ts_placement_single(&pl, m.device, role <= TS_ROLE_W2 ? m.policy.params : m.policy.opt_state,
+		ts_model_array_name(&c->model, role, name, sizeof name);
+		ts_model_param_shape(&c->model, role, d.shape);
+		ts_placement_single(&pl, c->model.device,
+		                    role <= TS_ROLE_W2 ? c->model.policy.params : c->model.policy.opt_state,
 		                    true);
 		if (ts_array_desc_init(&d, &err) != TS_OK ||
-		    ts_array_new(name, &d, &pl, core->memory, &arrs[n], &err) != TS_OK ||
-		    init_array(core, arrs[n], role, &init, &err) != TS_OK)
+		    ts_array_new(name, &d, &pl, core->memory, &c->arrs[c->n], &err) != TS_OK)
 			goto out_fail;
-		n++;
+		ts_array_set_owner(c->arrs[c->n], owner);
+		c->roles[c->n++] = role;
+		total += d.nbytes;
 	}
-	if (ts_catalog_put_all(core->catalog, arrs, n, false, &err) != TS_OK)
+	if (ts_op_submit_holding(core->operations, "create", c->model.name, total, "bytes",
+	                         create_run, c, create_release, create_hold, &op, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_CREATED, model_json(&m));
+	c = NULL;
+	if (ts_h_wait_requested(call, &wait_ns))
+		ts_h_reply_wait(reply, op, wait_ns, true);
+	else
+		ts_h_reply_operation(reply, op, false);
 	goto out_free;
 
 out_fail:
-	if (registered)
-		ts_model_registry_remove(core->models, m.name);
 	ts_reply_error(reply, &err);
 out_free:
-	for (size_t i = 0; i < n + 1 && i < 6; i++)
-		ts_array_unref(arrs[i]);
+	if (c)
+		create_release(c);
+	ts_operation_unref(op);
 	json_decref(body);
 }
 
@@ -426,6 +305,26 @@ static bool model_from_path(const struct ts_call *call, struct ts_reply *reply, 
 	return true;
 }
 
+/* A ready model from the path; a model still being created is 409 ABORTED
+ * naming its creation. */
+static bool ready_model_from_path(const struct ts_call *call, struct ts_reply *reply,
+                                  struct ts_model *m)
+{
+	struct ts_error err;
+
+	if (!model_from_path(call, reply, m))
+		return false;
+	if (m->ready)
+		return true;
+	ts_error_clear(&err);
+	ts_error_set(&err, TS_ABORTED, "MODEL_CREATING",
+	             "model '%s' is being created by operation %s; wait for it", m->name,
+	             m->creating);
+	ts_error_meta(&err, "operation", "%s", m->creating);
+	ts_reply_error(reply, &err);
+	return false;
+}
+
 void ts_h_models_list(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct ts_model *all = malloc(1024 * sizeof *all);
@@ -433,7 +332,7 @@ void ts_h_models_list(const struct ts_call *call, struct ts_reply *reply)
 	size_t n = all ? ts_model_registry_list(call->core->models, all, 1024) : 0;
 
 	for (size_t i = 0; list && i < n; i++)
-		json_array_append_new(list, model_json(&all[i]));
+		json_array_append_new(list, model_state_json(&all[i]));
 	free(all);
 	ts_reply_json(reply, TS_HTTP_OK, json_pack("{s:o*}", "models", list));
 }
@@ -443,30 +342,49 @@ void ts_h_models_get(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_model m;
 
 	if (model_from_path(call, reply, &m))
-		ts_reply_json(reply, TS_HTTP_OK, model_json(&m));
+		ts_reply_json(reply, TS_HTTP_OK, model_state_json(&m));
 }
 
+/*
+ * DELETE: the model's arrays (and gradients) go all at once, then the
+ * model. While an operation holds them - a step - the delete is refused
+ * (409 ABORTED naming it: cancel the step, or wait for it), and nothing
+ * changes; a model being created is refused the same way.
+ */
 void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct ts_model m;
-	struct ts_error ignore;
-	char name[256];
+	struct ts_error err;
+	char names[8][256], owner[160], holder[40];
+	const char *list[8];
+	struct ts_precondition pre = {.owner = owner};
+	size_t n = 0;
 
-	if (!model_from_path(call, reply, &m))
+	if (!ready_model_from_path(call, reply, &m))
 		return;
-	ts_model_registry_remove(call->core->models, m.name);
-	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
-		if (!has_role(&m, param_roles[i]))
-			continue;
-		ts_model_array_name(&m, param_roles[i], name, sizeof name);
-		ts_error_clear(&ignore);
-		(void)ts_catalog_delete(call->core->catalog, name, NULL, &ignore);
+	ts_error_clear(&err);
+	ts_model_owner(&m, owner, sizeof owner);
+	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++)
+		if (has_role(&m, param_roles[i]))
+			ts_model_array_name(&m, param_roles[i], names[n++], sizeof names[0]);
+	for (int g = 1; g <= 2; g++)          /* gradients of earlier steps, if any */
+		snprintf(names[n++], sizeof names[0], "%s.grad.w%d", m.name, g);
+	for (size_t i = 0; i < n; i++) {
+		list[i] = names[i];
+		if (ts_catalog_held(call->core->catalog, names[i], holder, sizeof holder)) {
+			ts_error_set(&err, TS_ABORTED, "MODEL_BUSY",
+			             "model '%s' is in use by operation %s (array '%s'); cancel it or "
+			             "wait for it, then delete", m.name, holder, names[i]);
+			ts_error_meta(&err, "operation", "%s", holder);
+			ts_reply_error(reply, &err);
+			return;
+		}
 	}
-	for (int g = 1; g <= 2; g++) {        /* gradients of earlier steps, if any */
-		snprintf(name, sizeof name, "%s.grad.w%d", m.name, g);
-		ts_error_clear(&ignore);
-		(void)ts_catalog_delete(call->core->catalog, name, NULL, &ignore);
+	if (ts_catalog_delete_all(call->core->catalog, list, n, &pre, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
 	}
+	ts_model_registry_remove(call->core->models, m.uid);
 	ts_reply_json(reply, TS_HTTP_OK, json_object());
 }
 
@@ -530,7 +448,7 @@ static ts_status step_policy(const struct ts_core *core, const struct ts_model *
 		                    json_object_get(pl, "params") ? "params" : "opt_state");
 	if (pl && json_object_get(pl, "activations"))
 		out->save_x = out->save_h = out->offload_x = out->offload_h = false;
-	return pl ? parse_policy(pl, out, err) : ts_policy_check(out, err);
+	return pl ? ts_h_policy_parse(pl, out, err) : ts_policy_check(out, err);
 }
 
 static json_t *analysis_json(const struct ts_plan *p, bool timeline)
@@ -570,7 +488,7 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	json_t *body, *batch, *pl;
 	json_int_t B = 0, D = 0;
 
-	if (!model_from_path(call, reply, &m))
+	if (!ready_model_from_path(call, reply, &m))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
@@ -607,7 +525,7 @@ out_fail:
 void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct ts_model m;
-	struct init_spec init;
+	struct ts_model_init init;
 	struct ts_plan plan;
 	struct ts_error err;
 	json_error_t jerr;
@@ -625,7 +543,7 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	}
 	if (!json_object_get(spec, "name"))
 		json_object_set_new(spec, "name", json_string("analysis"));
-	if (parse_model(call->core, spec, &m, &init, &err) != TS_OK)
+	if (ts_h_model_parse(call->core, spec, &m, &init, &err) != TS_OK)
 		goto out_fail;
 	if (D != m.mlp.d_model || B < 1 || B > (1 << 24)) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_BATCH",
@@ -647,100 +565,193 @@ out_fail:
 
 /* ---- steps ---------------------------------------------------------------------- */
 
+/*
+ * A step holds its model's parameter and optimizer-state arrays (by
+ * identity, in the catalog) from submission to completion: they are updated
+ * in place, so every other writer is refused meanwhile (409 ABORTED naming
+ * the step). When weights changed, the step publishes new versions of them
+ * (new ETags) as it ends, whether it succeeded, failed or was cancelled
+ * after some steps. It counts Adam's t on the model's uid.
+ */
 struct step {
 	const struct ts_core *core;
 	struct ts_model model;
 	struct ts_policy policy;
 	uint64_t steps;
 	json_t *inputs, *targets;          /* the request's fields (own references) */
+	struct ts_array *params[6];        /* held versions, in param_roles order (own references) */
+	size_t nparams;
+	char op_id[40];                    /* the holder, once submitted */
 };
+
+static ts_status step_hold(const char *id, void *arg, struct ts_error *err)
+{
+	struct step *s = arg;
+	ts_status st = ts_catalog_hold(s->core->catalog, s->params, s->nparams, id, err);
+
+	if (st == TS_OK)
+		snprintf(s->op_id, sizeof s->op_id, "%s", id);
+	return st;
+}
 
 static void step_release(void *arg)
 {
 	struct step *s = arg;
 
+	ts_catalog_release(s->core->catalog, s->op_id);
+	for (size_t i = 0; i < s->nparams; i++)
+		ts_array_unref(s->params[i]);
 	json_decref(s->inputs);
 	json_decref(s->targets);
 	free(s);
 }
 
 /* A device-memory copy of rows (or all) of a catalog array, on dev: only the
- * selected rows cross. New reference, never published. */
+ * selected rows cross, as merged runs. New reference, never published. */
 static ts_status stage_rows(const struct ts_core *core, struct ts_array *src, json_t *rows,
-                            struct ts_device *dev, struct ts_array **out, struct ts_error *err)
+                            const char *field, struct ts_device *dev, struct ts_array **out,
+                            struct ts_error *err)
 {
 	const struct ts_array_desc *sd = ts_array_desc(src);
 	struct ts_array_desc d = *sd;
 	struct ts_placement pl;
 	struct ts_run *runs = NULL;
-	uint64_t row_bytes = sd->rank ? (sd->shape[0] ? sd->nbytes / sd->shape[0] : 0) : sd->nbytes;
-	size_t n = 1;
+	uint64_t *norm = NULL, off, len, at = 0;
+	size_t n = 0, k = 0;
 	ts_status st;
 
+	*out = NULL;
 	if (!rows && ts_array_single_buffer(src) && ts_array_box(src, 0)->device == dev &&
 	    ts_array_placement(src)->sharding.memory_kind == TS_MEM_DEVICE) {
 		*out = ts_array_ref(src);      /* already where the step needs it: no copy */
 		return TS_OK;
 	}
 	ts_placement_single(&pl, dev, TS_MEM_DEVICE, false);
-	if (rows && sd->rank >= 1) {
-		size_t cnt = json_is_array(rows) ? json_array_size(rows) : 0;
-		int64_t *raw = calloc(cnt ? cnt : 1, sizeof *raw);
-		uint64_t *norm = calloc(cnt ? cnt : 1, sizeof *norm);
+	if (rows) {
+		struct ts_rows_iter it;
 
-		if (!json_is_array(rows) || !raw || !norm) {
-			free(raw);
-			free(norm);
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS", "\"rows\" is a list of integers");
-		}
-		for (size_t i = 0; i < cnt; i++)
-			raw[i] = (int64_t)json_integer_value(json_array_get(rows, i));
-		st = ts_rows_check(raw, cnt, sd->shape[0], norm, err);
-		free(raw);
-		if (st != TS_OK) {
-			free(norm);
+		if (sd->rank == 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			                    "%s: array '%s' is 0-dimensional: it has no rows", field,
+			                    ts_array_name(src));
+		st = ts_rows_parse(rows, field, sd->shape[0], &norm, &n, err);
+		if (st != TS_OK)
 			return st;
+		runs = malloc((n ? n : 1) * sizeof *runs);
+		if (!runs) {
+			free(norm);
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
 		}
-		runs = calloc(cnt ? cnt : 1, sizeof *runs);
-		for (size_t i = 0; runs && i < cnt; i++)
-			runs[i] = (struct ts_run){norm[i] * row_bytes, i * row_bytes, row_bytes};
+		ts_rows_iter_init(&it, norm, n, sd->shape[0] ? sd->nbytes / sd->shape[0] : 0);
+		while (ts_rows_iter_next(&it, &off, &len)) {
+			runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};
+			at += len;
+		}
 		free(norm);
-		n = cnt;
-		d.shape[0] = cnt;
+		d.shape[0] = n;
 	} else {
-		runs = calloc(1, sizeof *runs);
-		if (runs)
-			runs[0] = (struct ts_run){0, 0, sd->nbytes};
+		runs = malloc(sizeof *runs);
+		if (!runs)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
+		runs[k++] = (struct ts_run){0, 0, sd->nbytes};
 	}
-	if (!runs)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
 	st = ts_array_desc_init(&d, err);
 	if (st == TS_OK)
 		st = ts_array_new(ts_array_name(src), &d, &pl, core->memory, out, err);
 	if (st == TS_OK)
-		st = ts_array_copy(core->stager, *out, NULL, src, runs, n, NULL, NULL, NULL, err);
+		st = ts_array_copy(core->stager, *out, NULL, src, runs, k, NULL, NULL, NULL, err);
 	free(runs);
 	return st;
 }
 
-/* Resolves "inputs"/"targets": a name, or {"array": name, "rows": [...]}. */
+/* Checks "inputs"/"targets": an array name, or {"array": name, "rows":
+ * rows} (rows as :gather takes them), strictly. */
+static ts_status step_operand_check(json_t *spec, const char *what, struct ts_error *err)
+{
+	const char *key;
+	json_t *v;
+
+	if (json_is_string(spec))
+		return TS_OK;
+	if (!json_is_object(spec))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "%s is an array name or {\"array\": name, \"rows\": [...]}", what);
+	json_object_foreach(spec, key, v) {
+		if (strcmp(key, "array") != 0 && strcmp(key, "rows") != 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+			                    "%s.%s is not a field this API knows; it takes \"array\" and "
+			                    "\"rows\"", what, key);
+	}
+	if (!json_is_string(json_object_get(spec, "array")))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "%s.array must be the name of an array", what);
+	return TS_OK;
+}
+
+/* Resolves a checked "inputs"/"targets" to the current version of its array
+ * and its rows (borrowed; NULL for all). */
 static ts_status step_operand(const struct ts_core *core, json_t *spec, const char *what,
                               struct ts_array **arr, json_t **rows, struct ts_error *err)
 {
 	const char *name = json_string_value(spec);
 
 	*rows = NULL;
-	if (!name && json_is_object(spec)) {
+	if (!name) {
 		name = json_string_value(json_object_get(spec, "array"));
 		*rows = json_object_get(spec, "rows");
 	}
-	if (!name)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
-		                    "\"%s\" is an array name or {\"array\": name, \"rows\": [...]}", what);
-	*arr = ts_catalog_get(core->catalog, name);
+	*arr = name ? ts_catalog_get(core->catalog, name) : NULL;
 	if (!*arr)
-		return ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "%s array '%s' not found", what, name);
+		return ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "%s array '%s' not found", what,
+		                    name ? name : "");
 	return TS_OK;
+}
+
+/* The memory kind shared by the held parameters (state false) or optimizer
+ * state (state true); unchanged when there are none. */
+static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind *kind,
+                           struct ts_error *err)
+{
+	const struct ts_array *first = NULL;
+
+	for (size_t i = 0; i < s->nparams; i++) {
+		const struct ts_array *a = s->params[i];
+		enum ts_memory_kind k = ts_array_placement(a)->sharding.memory_kind;
+
+		/* params come first (w1, and w2 when the model has it), then the state */
+		if ((i >= (ts_mlp_has_w2(&s->model.mlp) ? 2u : 1u)) != state)
+			continue;
+		if (first && k != *kind)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "MIXED_MEMORY_KINDS",
+			                    "'%s' is in %s but '%s' is in %s; put them in one memory kind",
+			                    ts_array_name(first), ts_memory_kind_name(*kind),
+			                    ts_array_name(a), ts_memory_kind_name(k));
+		first = a;
+		*kind = k;
+	}
+	return TS_OK;
+}
+
+/* Publishes new versions of the held arrays a run updated in place. */
+static ts_status publish_updates(struct step *s, struct ts_error *err)
+{
+	struct ts_precondition pre = {.holder = s->op_id};
+	ts_status st = TS_OK;
+
+	for (size_t i = 0; i < s->nparams && st == TS_OK; i++) {
+		struct ts_array *v = NULL;
+
+		st = ts_array_new_version(s->params[i], &v, err);
+		if (st == TS_OK)
+			st = ts_catalog_put(s->core->catalog, v, &pre, NULL, err);
+		if (st == TS_OK) {
+			ts_array_unref(s->params[i]);
+			s->params[i] = v;
+			v = NULL;
+		}
+		ts_array_unref(v);
+	}
+	return st;
 }
 
 static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *err)
@@ -759,23 +770,13 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	uint64_t base_steps, measured_temp = 0, measured_host = 0, h2d = 0, d2h = 0;
 	uint64_t dev_args = 0;
 	double wall = 0, compute = 0, waits = 0;
+	bool updated = false;
 	ts_status st = TS_OK;
 	char name[256];
 
-	/* the model's arrays (committed) and the operands */
-	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0] && st == TS_OK; i++) {
-		if (!has_role(m, param_roles[i]))
-			continue;
-		ts_model_array_name(m, param_roles[i], name, sizeof name);
-		arrs[narrs] = ts_catalog_get(core->catalog, name);
-		if (!arrs[narrs])
-			st = ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
-			                  "model array '%s' is missing", name);
-		else if (ts_array_nshards(arrs[narrs]) != 1)
-			st = ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
-			                  "model array '%s' is sharded; steps run on one device", name);
-		narrs++;
-	}
+	/* the model's arrays (held by this step) and the operands */
+	for (size_t i = 0; i < s->nparams; i++)
+		arrs[narrs++] = ts_array_ref(s->params[i]);
 	nparams = narrs;
 	if (st == TS_OK)
 		st = step_operand(core, s->inputs, "inputs", &arrs[narrs++], &in_rows, err);
@@ -803,19 +804,26 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 			where_tgt = nuse;
 			use[nuse++] = arrs[nparams + 1];
 		}
-		st = ts_colocate(core->catalog, core->stager, core->memory, use, nuse, m->device, &dev, err);
+		st = ts_colocate(core->catalog, core->stager, core->memory, use, nuse, m->device,
+		                 s->op_id, &dev, err);
 		/* colocation may have replaced a moved operand by its new version */
 		if (where_in != SIZE_MAX)
 			arrs[nparams] = use[where_in];
 		if (where_tgt != SIZE_MAX)
 			arrs[nparams + 1] = use[where_tgt];
-		for (size_t i = 0; i < nparams; i++)
+		for (size_t i = 0; i < nparams; i++) {
 			arrs[i] = use[i];
+			/* an uncommitted parameter moved: its new version is the held one */
+			if (arrs[i] != s->params[i]) {
+				ts_array_unref(s->params[i]);
+				s->params[i] = ts_array_ref(arrs[i]);
+			}
+		}
 	}
 	if (st == TS_OK)
-		st = stage_rows(core, arrs[nparams], in_rows, dev, &in_dev, err);
+		st = stage_rows(core, arrs[nparams], in_rows, "inputs.rows", dev, &in_dev, err);
 	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE)
-		st = stage_rows(core, arrs[nparams + 1], tgt_rows, dev, &tgt_dev, err);
+		st = stage_rows(core, arrs[nparams + 1], tgt_rows, "targets.rows", dev, &tgt_dev, err);
 	if (st == TS_OK) {
 		const struct ts_array_desc *d = ts_array_desc(in_dev);
 
@@ -829,14 +837,10 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	/* the plan, with params and opt state where their arrays are */
 	if (st == TS_OK) {
-		/* where the arrays are at run time (a :put may have moved them since) */
-		static const enum ts_pbuf_role pr[] = {TS_ROLE_W1, TS_ROLE_W2};
-		static const enum ts_pbuf_role sr[] = {TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1,
-		                                       TS_ROLE_NU_W2};
-
-		st = arrays_kind(core, m, pr, 2, &s->policy.params, err);
+		/* where the held arrays are (a :put before the step may have moved them) */
+		st = held_kind(s, false, &s->policy.params, err);
 		if (st == TS_OK)
-			st = arrays_kind(core, m, sr, 4, &s->policy.opt_state, err);
+			st = held_kind(s, true, &s->policy.opt_state, err);
 	}
 	if (st == TS_OK) {
 		st = ts_plan_build(&m->mlp, &m->opt, (int)ts_array_desc(in_dev)->shape[0], &s->policy,
@@ -906,7 +910,9 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = ts_queue_new(dev, &env.h2d, err);
 	if (st == TS_OK)
 		st = ts_queue_new(dev, &env.d2h, err);
-	base_steps = ts_model_registry_advance(core->models, m->name, 0);
+	base_steps = 0;
+	if (!ts_model_registry_advance(core->models, m->uid, 0, &base_steps) && st == TS_OK)
+		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
 	for (uint64_t i = 0; st == TS_OK && i < s->steps; i++) {
 		struct ts_exec_result r;
 
@@ -916,10 +922,12 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 			break;
 		}
 		st = ts_exec_run(&plan, &env, args, (int)(base_steps + i + 1), &r, err);
+		if (m->opt.type != TS_OPT_NONE)
+			updated = true;      /* even a failed step may have written some weights */
 		if (st != TS_OK)
 			break;
 		if (m->opt.type != TS_OPT_NONE)
-			ts_model_registry_advance(core->models, m->name, 1);
+			ts_model_registry_advance(core->models, m->uid, 1, NULL);
 		json_array_append_new(losses, json_real(r.loss));
 		if (r.measured_temp_peak > measured_temp)
 			measured_temp = r.measured_temp_peak;
@@ -931,6 +939,17 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		compute += r.compute_s;
 		waits += r.copy_wait_s;
 		ts_operation_progress_add(op, 1);
+	}
+	if (updated) {
+		struct ts_error perr;
+		ts_status pst;
+
+		ts_error_clear(&perr);
+		pst = publish_updates(s, &perr);
+		if (pst != TS_OK && st == TS_OK) {
+			*err = perr;
+			st = pst;
+		}
 	}
 	if (st == TS_OK && grads[0])
 		st = ts_catalog_put_all(core->catalog, grads, ts_mlp_has_w2(&m->mlp) ? 2 : 1, true, err);
@@ -985,13 +1004,14 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL;
 	json_int_t steps = 1;
 	uint64_t wait_ns;
+	char owner[160];
 
 	ts_error_clear(&err);
 	if (!s) {
 		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a step");
 		return;
 	}
-	if (!model_from_path(call, reply, &s->model)) {
+	if (!ready_model_from_path(call, reply, &s->model)) {
 		free(s);
 		return;
 	}
@@ -1004,6 +1024,9 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 		             jerr.text);
 		goto out_fail;
 	}
+	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
+	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
+		goto out_fail;
 	if (steps < 1 || steps > 1000000) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_STEPS", "steps is in 1..1000000");
 		goto out_fail;
@@ -1013,8 +1036,35 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	s->steps = (uint64_t)steps;
 	s->inputs = json_incref(inputs);
 	s->targets = targets ? json_incref(targets) : NULL;
-	if (ts_op_submit(call->core->operations, "step", s->model.name, s->steps, "steps", step_run, s,
-	                 step_release, &op, &err) != TS_OK)
+	/* the model's arrays, by the versions current now, to be held */
+	ts_model_owner(&s->model, owner, sizeof owner);
+	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
+		struct ts_array *a;
+		char name[256];
+
+		if (!has_role(&s->model, param_roles[i]))
+			continue;
+		ts_model_array_name(&s->model, param_roles[i], name, sizeof name);
+		a = ts_catalog_get(call->core->catalog, name);
+		if (!a) {
+			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
+			             "model array '%s' is missing", name);
+			goto out_fail;
+		}
+		s->params[s->nparams++] = a;
+		if (strcmp(ts_array_owner(a), owner) != 0) {
+			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
+			             "array '%s' is not %s's", name, owner);
+			goto out_fail;
+		}
+		if (ts_array_nshards(a) != 1) {
+			ts_error_set(&err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
+			             "model array '%s' is sharded; steps run on one device", name);
+			goto out_fail;
+		}
+	}
+	if (ts_op_submit_holding(call->core->operations, "step", s->model.name, s->steps, "steps",
+	                         step_run, s, step_release, step_hold, &op, &err) != TS_OK)
 		goto out_fail;
 	s = NULL;
 	if (ts_h_wait_requested(call, &wait_ns))

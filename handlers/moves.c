@@ -3,14 +3,13 @@
  * to a new sharding or memory kind under the same name; POST
  * /v1/arrays/{array}:copy makes a new array. Both run as operations.
  *
- * The destination is admitted (allocated) before the operation starts, so a
- * move that cannot fit is refused at once. Shards that a put leaves exactly
- * where they are (same device, memory kind and box) are shared with the old
- * version, not copied (versions are immutable); the rest is copied shard to shard in chunks, with
- * progress, and cancellation between chunks. Readers see the old version
- * until the switch, which happens only if the array was not replaced
- * meanwhile; a failed or cancelled move leaves it whole where it was. The
- * old buffers go when the last reader lets go of the old version.
+ * The move itself is storage/move.h's (admission before the operation
+ * starts, shared shards, publish only over the version read, metadata
+ * kept); this file parses the request and runs it as an operation. A :copy
+ * onto an existing array needs "overwrite": true (else 409 ALREADY_EXISTS);
+ * "donate" belongs to :copy (the source is deleted when the copy is
+ * published) and is refused on :put. A target held by a running operation
+ * is refused at once (409 ABORTED naming it).
  */
 #include "handlers/arrays_int.h"
 
@@ -20,18 +19,8 @@
 
 #include "handlers/operations.h"
 #include "handlers/sharding_json.h"
-#include "storage/array_io.h"
+#include "storage/move.h"
 #include "storage/operation.h"
-
-struct move {
-	const struct ts_core *core;
-	struct ts_array *src;                 /* own reference: the version being moved */
-	struct ts_array *dst;                 /* own reference: unpublished until done */
-	bool shared[TS_MESH_MAX_DEVICES];     /* dst shards that reuse src buffers */
-	bool rename;                          /* copy: publish under the new name */
-	bool donate;                          /* copy: delete the source when done */
-	char src_etag[32];
-};
 
 static void move_progress(void *arg, uint64_t bytes)
 {
@@ -43,38 +32,20 @@ static bool move_cancelled(void *arg)
 	return ts_operation_cancelled(arg);
 }
 
+struct move {
+	const struct ts_core *core;
+	struct ts_move *mv;
+};
+
 static ts_status move_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct move *m = arg;
-	struct ts_run whole = {0, 0, ts_array_desc(m->src)->nbytes};
-	struct ts_precondition same = {.if_match = m->src_etag};
 	ts_status s;
 
-	s = ts_array_copy(m->core->stager, m->dst, m->shared, m->src, &whole, 1, move_progress,
-	                  move_cancelled, op, err);
-	if (s != TS_OK)
-		return s;
-	if (ts_operation_cancelled(op))
-		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the move was cancelled");
-	if (m->rename) {
-		s = ts_catalog_put(m->core->catalog, m->dst, NULL, NULL, err);
-		if (s == TS_OK && m->donate) {
-			struct ts_error ignore;
-
-			ts_error_clear(&ignore);
-			(void)ts_catalog_delete(m->core->catalog, ts_array_name(m->src), &same, &ignore);
-		}
-	} else {
-		s = ts_catalog_put(m->core->catalog, m->dst, &same, NULL, err);
-		if (s == TS_FAILED_PRECONDITION) {
-			ts_error_clear(err);
-			s = ts_error_set(err, TS_ABORTED, "ARRAY_CHANGED",
-			                 "array '%s' was replaced while it moved; the move was dropped",
-			                 ts_array_name(m->src));
-		}
-	}
+	s = ts_move_run(m->mv, m->core->catalog, m->core->stager, move_progress, move_cancelled, op,
+	                err);
 	if (s == TS_OK)
-		ts_operation_set_result(op, ts_h_array_json(m->dst));
+		ts_operation_set_result(op, ts_h_array_json(ts_move_result(m->mv)));
 	return s;
 }
 
@@ -82,8 +53,7 @@ static void move_release(void *arg)
 {
 	struct move *m = arg;
 
-	ts_array_unref(m->src);
-	ts_array_unref(m->dst);
+	ts_move_free(m->mv);
 	free(m);
 }
 
@@ -127,13 +97,13 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	struct ts_array *src = ts_h_array_from_path(call, reply);
 	struct move *m = NULL;
 	struct ts_operation *op = NULL;
-	struct ts_placement pl;
+	struct ts_move_spec spec = {0};
+	struct ts_precondition pre = {0};
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body = NULL, *donate, *out;
+	json_t *body = NULL, *donate, *out, *overwrite;
 	const char *name;
 	uint64_t total = 0, wait_ns = 0;
-	int reused = 0;
 
 	ts_error_clear(&err);
 	if (!src)
@@ -150,17 +120,28 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 
 		json_object_foreach(body, k, v) {
 			if (strcmp(k, "sharding") && strcmp(k, "device") && strcmp(k, "memory_kind") &&
-			    strcmp(k, "donate") && !(is_copy && strcmp(k, "out") == 0)) {
-				ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
-				             "unknown field '%s'", k);
+			    !(is_copy && (strcmp(k, "out") == 0 || strcmp(k, "donate") == 0 ||
+			                  strcmp(k, "overwrite") == 0))) {
+				if (!is_copy && strcmp(k, "donate") == 0)
+					ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+					             "\"donate\" is for :copy; a :put replaces the array's "
+					             "version, and the old buffers go when their last reader "
+					             "lets go");
+				else
+					ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+					             "unknown field '%s'; a %s takes \"sharding\" or \"device\"/"
+					             "\"memory_kind\"%s", k, is_copy ? ":copy" : ":put",
+					             is_copy ? ", \"out\", \"overwrite\" and \"donate\"" : "");
 				goto out_fail;
 			}
 		}
 	}
 	donate = json_object_get(body, "donate");
+	overwrite = json_object_get(body, "overwrite");
 	out = json_object_get(body, "out");
-	if (donate && !json_is_boolean(donate)) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY", "\"donate\" is a boolean");
+	if ((donate && !json_is_boolean(donate)) || (overwrite && !json_is_boolean(overwrite))) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY", "\"%s\" is a boolean",
+		             donate && !json_is_boolean(donate) ? "donate" : "overwrite");
 		goto out_fail;
 	}
 	name = is_copy ? json_string_value(out) : ts_array_name(src);
@@ -169,35 +150,39 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 		             "\"out\" must name the new array (^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$)");
 		goto out_fail;
 	}
-	if (move_placement(call->core, src, body, &pl, &err) != TS_OK)
+	if (move_placement(call->core, src, body, &spec.placement, &err) != TS_OK)
 		goto out_fail;
+	spec.name = name;
+	spec.overwrite = json_is_true(overwrite);
+	spec.donate = json_is_true(donate);
+	/* refusals the publish would meet, answered now: a hold on the target, a
+	 * copy onto an existing array without "overwrite" */
+	if (ts_catalog_check_write(call->core->catalog, name, is_copy ? ts_array_desc(src) : NULL,
+	                           &pre, &err) != TS_OK)
+		goto out_fail;
+	if (is_copy && !spec.overwrite) {
+		struct ts_array *there = ts_catalog_get(call->core->catalog, name);
+
+		ts_array_unref(there);
+		if (there) {
+			ts_error_set(&err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+			             "array '%s' already exists; give \"overwrite\": true to replace it",
+			             name);
+			goto out_fail;
+		}
+	}
 	m = calloc(1, sizeof *m);
 	if (!m) {
 		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a move");
 		goto out_fail;
 	}
 	m->core = call->core;
-	m->rename = is_copy;
-	m->donate = is_copy && json_is_true(donate);
-	snprintf(m->src_etag, sizeof m->src_etag, "%s", ts_array_etag(src));
-	/* admission: the destination is allocated now, or the move is refused; a
-	 * put shares the shards that stay where they are, a copy copies all */
-	if ((is_copy ? ts_array_new(name, ts_array_desc(src), &pl, call->core->memory, &m->dst, &err)
-	             : ts_array_new_like(name, src, &pl, call->core->memory, &m->dst, &reused,
-	                                 m->shared, &err)) != TS_OK)
+	/* admission: the destination is allocated now, or the move is refused */
+	if (ts_move_new(call->core->memory, src, &spec, &m->mv, &total, &err) != TS_OK)
 		goto out_fail;
-	m->src = src;
-	src = NULL;
-	for (int i = 0; i < ts_array_nshards(m->dst); i++)
-		if (!m->shared[i])
-			total += ts_buffer_size(ts_array_shard_buffer(m->dst, i));
-	if (ts_op_submit(call->core->operations, is_copy ? "copy" : "put",
-	                 ts_array_name(m->src), total, "bytes", move_run, m, move_release, &op,
-	                 &err) != TS_OK) {
-		move_release(m);     /* not taken by the registry */
-		m = NULL;
+	if (ts_op_submit(call->core->operations, is_copy ? "copy" : "put", ts_array_name(src), total,
+	                 "bytes", move_run, m, move_release, &op, &err) != TS_OK)
 		goto out_fail;
-	}
 	m = NULL;
 	if (ts_h_wait_requested(call, &wait_ns))
 		ts_h_reply_wait(reply, op, wait_ns, true);

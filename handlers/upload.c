@@ -11,6 +11,12 @@
  * failed copy, leaves the previous version whole and the space's stats as
  * they were. A big-endian or Fortran-ordered .npy is converted through one
  * host copy.
+ *
+ * Without a placement, a replace of a committed array keeps its placement
+ * (an uncommitted one goes to the default). A model's array keeps its dtype
+ * and shape, and an array held by a running operation is not replaced:
+ * both are refused before the body is read (and checked again, atomically,
+ * when the version is published).
  */
 #include "handlers/arrays_int.h"
 
@@ -61,6 +67,10 @@ static ts_status upload_admit(struct upload *u, const struct ts_array_desc *d,
 {
 	ts_status st;
 
+	/* a model's array keeps its dtype and shape; a held one is not written */
+	st = ts_catalog_check_write(u->core->catalog, u->name, d, NULL, err);
+	if (st != TS_OK)
+		return st;
 	st = ts_array_new(u->name, d, &u->placement, u->core->memory, &u->array, err);
 	if (st != TS_OK)
 		return st;
@@ -143,10 +153,17 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 		ts_error_set(&err, TS_FAILED_PRECONDITION, "ETAG_MISMATCH",
 		             "array '%s' is %s, not %s (If-Match)", u->name,
 		             cur ? ts_array_etag(cur) : "absent", u->if_match);
+	if (err.status == TS_OK)
+		ts_catalog_check_write(call->core->catalog, u->name, NULL, NULL, &err);
+	if (err.status == TS_OK && ts_h_placement_query(call, &u->placement, &err) != TS_OK &&
+	    err.status == TS_OK)
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT", "the placement is invalid");
+	/* no placement given over a committed array: it stays where it is */
+	if (err.status == TS_OK && cur && !u->placement.committed &&
+	    ts_array_placement(cur)->committed)
+		u->placement = *ts_array_placement(cur);
 	ts_array_unref(cur);
 	if (err.status != TS_OK)
-		goto out_fail;
-	if (ts_h_placement_query(call, &u->placement, &err) != TS_OK)
 		goto out_fail;
 	if (u->mode == MODE_RAW) {
 		struct ts_array_desc d;

@@ -24,6 +24,8 @@ struct ts_array {
 	struct ts_layout layout;                /* immutable */
 	json_t *metadata;                       /* immutable after publish */
 	uint64_t implicit_bytes;                /* immutable after publish */
+	char owner[112];                        /* immutable after publish */
+	char held_by[40];                       /* guarded by: the catalog's lock */
 	/* assigned once, under the catalog's write lock, before publication */
 	uint64_t version;
 	char etag[24];
@@ -281,6 +283,38 @@ void ts_array_set_metadata(struct ts_array *a, json_t *meta)
 	a->metadata = meta;
 }
 
+const char *ts_array_owner(const struct ts_array *a) { return a->owner; }
+
+void ts_array_set_owner(struct ts_array *a, const char *owner)
+{
+	snprintf(a->owner, sizeof a->owner, "%s", owner ? owner : "");
+}
+
+ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
+                               struct ts_error *err)
+{
+	struct ts_array *v = calloc(1, sizeof *v);
+
+	if (!v)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for a new version of array '%s'", a->name);
+	/* field by field: the counts and the hold are the new version's own */
+	atomic_init(&v->refs, 1);
+	memcpy(v->name, a->name, sizeof v->name);
+	v->desc = a->desc;
+	v->placement = a->placement;
+	v->nshards = a->nshards;
+	memcpy(v->boxes, a->boxes, sizeof v->boxes);
+	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
+		v->bufs[i] = a->bufs[i] ? ts_buffer_ref(a->bufs[i]) : NULL;
+	v->layout = a->layout;
+	v->metadata = a->metadata ? json_deep_copy(a->metadata) : NULL;   /* not shared across threads */
+	v->implicit_bytes = a->implicit_bytes;
+	memcpy(v->owner, a->owner, sizeof v->owner);
+	*out = v;
+	return TS_OK;
+}
+
 /* ---- catalog --------------------------------------------------------------- */
 
 static uint64_t hash_name(const char *s)
@@ -387,6 +421,65 @@ static ts_status check_pre_locked(const struct ts_array *cur, const char *name,
 	return TS_OK;
 }
 
+static void format_desc(char *buf, size_t cap, const struct ts_array_desc *d)
+{
+	int n = snprintf(buf, cap, "%s [", ts_dtype_name(d->dtype));
+
+	for (int i = 0; i < d->rank && n > 0 && (size_t)n < cap; i++)
+		n += snprintf(buf + n, cap - (size_t)n, "%s%llu", i ? ", " : "",
+		              (unsigned long long)d->shape[i]);
+	if (n > 0 && (size_t)n < cap)
+		snprintf(buf + n, cap - (size_t)n, "]");
+}
+
+static bool same_desc(const struct ts_array_desc *x, const struct ts_array_desc *y)
+{
+	if (x->dtype != y->dtype || x->rank != y->rank)
+		return false;
+	for (int i = 0; i < x->rank; i++)
+		if (x->shape[i] != y->shape[i])
+			return false;
+	return true;
+}
+
+/*
+ * Whether cur (the current version of name, may be NULL) may be replaced by
+ * a version of desc d (NULL: deleted): a hold by another operation refuses
+ * both, an owner refuses a new dtype or shape and a delete by anyone else.
+ */
+static ts_status check_write_locked(const struct ts_array *cur, const char *name,
+                                    const struct ts_array_desc *d,
+                                    const struct ts_precondition *pre, struct ts_error *err)
+{
+	const char *holder = pre ? pre->holder : NULL, *owner = pre ? pre->owner : NULL;
+
+	if (!cur)
+		return TS_OK;
+	if (cur->held_by[0] && !(holder && strcmp(holder, cur->held_by) == 0)) {
+		ts_error_set(err, TS_ABORTED, "ARRAY_HELD",
+		             "array '%s' is held by operation %s, which uses it in place; wait for "
+		             "it to finish or cancel it", name, cur->held_by);
+		ts_error_meta(err, "operation", "%s", cur->held_by);
+		return TS_ABORTED;
+	}
+	if (!cur->owner[0] || (owner && strcmp(owner, cur->owner) == 0))
+		return TS_OK;
+	if (!d)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_OWNED",
+		                    "array '%s' belongs to %s; delete the model to delete it", name,
+		                    cur->owner);
+	if (!same_desc(d, &cur->desc)) {
+		char want[160], got[160];
+
+		format_desc(want, sizeof want, &cur->desc);
+		format_desc(got, sizeof got, d);
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "OWNED_SHAPE",
+		                    "array '%s' belongs to %s and must stay %s, not %s", name,
+		                    cur->owner, want, got);
+	}
+	return TS_OK;
+}
+
 /* Fills version, ETag and times of a from the version it replaces. */
 static void stamp_locked(struct ts_catalog *c, struct ts_array *a, const struct ts_array *prev)
 {
@@ -404,7 +497,14 @@ static void stamp_locked(struct ts_catalog *c, struct ts_array *a, const struct 
 static void install_locked(struct ts_catalog *c, struct entry **pp, struct entry *e,
                            struct ts_array *a)
 {
-	stamp_locked(c, a, *pp ? (*pp)->arr : NULL);
+	const struct ts_array *prev = *pp ? (*pp)->arr : NULL;
+
+	stamp_locked(c, a, prev);
+	if (prev && prev->owner[0] && !a->owner[0])
+		snprintf(a->owner, sizeof a->owner, "%s", prev->owner);
+	/* only the holder gets here over a held version: it keeps holding */
+	if (prev)
+		snprintf(a->held_by, sizeof a->held_by, "%s", prev->held_by);
 	ts_array_ref(a);
 	c->bytes += a->desc.nbytes;
 	if (*pp) {
@@ -434,6 +534,8 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
 	grow_locked(c);
 	pp = find_slot_locked(c, a->name);
 	st = check_pre_locked(*pp ? (*pp)->arr : NULL, a->name, pre, err);
+	if (st == TS_OK)
+		st = check_write_locked(*pp ? (*pp)->arr : NULL, a->name, &a->desc, pre, err);
 	if (st == TS_OK) {
 		if (replaced)
 			*replaced = *pp != NULL;
@@ -472,6 +574,12 @@ ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
 				                  "array '%s' already exists; nothing was imported",
 				                  arrs[i]->name);
 		for (size_t i = 0; i < n && st == TS_OK; i++) {
+			struct entry *cur = *find_slot_locked(c, arrs[i]->name);
+
+			st = check_write_locked(cur ? cur->arr : NULL, arrs[i]->name, &arrs[i]->desc,
+			                        NULL, err);
+		}
+		for (size_t i = 0; i < n && st == TS_OK; i++) {
 			grow_locked(c);
 			install_locked(c, find_slot_locked(c, arrs[i]->name), fresh[i], arrs[i]);
 			fresh[i] = NULL;
@@ -496,6 +604,8 @@ ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
 		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
 	} else {
 		st = check_pre_locked((*pp)->arr, name, pre, err);
+		if (st == TS_OK)
+			st = check_write_locked((*pp)->arr, name, NULL, pre, err);
 		if (st == TS_OK) {
 			e = *pp;
 			*pp = e->next;
@@ -508,6 +618,113 @@ ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
 		ts_array_unref(e->arr);
 		free(e);
 	}
+	return st;
+}
+
+ts_status ts_catalog_delete_all(struct ts_catalog *c, const char *const *names, size_t n,
+                                const struct ts_precondition *pre, struct ts_error *err)
+{
+	struct entry *gone = NULL;
+	ts_status st = TS_OK;
+
+	pthread_rwlock_wrlock(&c->lock);
+	for (size_t i = 0; i < n && st == TS_OK; i++) {
+		struct entry *e = *find_slot_locked(c, names[i]);
+
+		if (e)
+			st = check_write_locked(e->arr, names[i], NULL, pre, err);
+	}
+	for (size_t i = 0; i < n && st == TS_OK; i++) {
+		struct entry **pp = find_slot_locked(c, names[i]), *e = *pp;
+
+		if (!e)
+			continue;
+		*pp = e->next;
+		c->count--;
+		c->bytes -= e->arr->desc.nbytes;
+		e->next = gone;
+		gone = e;
+	}
+	pthread_rwlock_unlock(&c->lock);
+	while (gone) {
+		struct entry *next = gone->next;
+
+		ts_array_unref(gone->arr);
+		free(gone);
+		gone = next;
+	}
+	return st;
+}
+
+ts_status ts_catalog_hold(struct ts_catalog *c, struct ts_array *const *arrs, size_t n,
+                          const char *holder, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	if (!holder || !*holder || strlen(holder) >= sizeof arrs[0]->held_by)
+		return ts_error_set(err, TS_INTERNAL, "BAD_HOLDER", "a hold needs an operation id");
+	pthread_rwlock_wrlock(&c->lock);
+	for (size_t i = 0; i < n && st == TS_OK; i++) {
+		struct entry *e = *find_slot_locked(c, arrs[i]->name);
+
+		if (!e || e->arr != arrs[i]) {
+			st = ts_error_set(err, TS_ABORTED, "ARRAY_CHANGED",
+			                  "array '%s' was %s while the operation started", arrs[i]->name,
+			                  e ? "replaced" : "deleted");
+		} else if (e->arr->held_by[0] && strcmp(e->arr->held_by, holder) != 0) {
+			st = ts_error_set(err, TS_ABORTED, "ARRAY_HELD",
+			                  "array '%s' is held by operation %s, which uses it in place",
+			                  arrs[i]->name, e->arr->held_by);
+			ts_error_meta(err, "operation", "%s", e->arr->held_by);
+		}
+	}
+	for (size_t i = 0; i < n && st == TS_OK; i++)
+		snprintf(arrs[i]->held_by, sizeof arrs[i]->held_by, "%s", holder);
+	pthread_rwlock_unlock(&c->lock);
+	return st;
+}
+
+void ts_catalog_release(struct ts_catalog *c, const char *holder)
+{
+	if (!holder || !*holder)
+		return;
+	pthread_rwlock_wrlock(&c->lock);
+	for (size_t i = 0; i < c->nbuckets; i++)
+		for (struct entry *e = c->buckets[i]; e; e = e->next)
+			if (strcmp(e->arr->held_by, holder) == 0)
+				e->arr->held_by[0] = '\0';
+	pthread_rwlock_unlock(&c->lock);
+}
+
+bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_t cap)
+{
+	bool held = false;
+	struct entry *e;
+
+	pthread_rwlock_rdlock(&c->lock);
+	e = *find_slot_locked(c, name);
+	if (e && e->arr->held_by[0]) {
+		held = true;
+		if (holder && cap)
+			snprintf(holder, cap, "%s", e->arr->held_by);
+	}
+	pthread_rwlock_unlock(&c->lock);
+	return held;
+}
+
+ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,
+                                 const struct ts_array_desc *d,
+                                 const struct ts_precondition *pre, struct ts_error *err)
+{
+	struct entry *e;
+	ts_status st;
+
+	pthread_rwlock_rdlock(&c->lock);
+	e = *find_slot_locked(c, name);
+	/* without d, a write that keeps the shape (a move) */
+	st = check_write_locked(e ? e->arr : NULL, name, d ? d : e ? &e->arr->desc : NULL, pre,
+	                        err);
+	pthread_rwlock_unlock(&c->lock);
 	return st;
 }
 

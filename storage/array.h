@@ -12,9 +12,21 @@
  * The catalog maps names to their current version. Names match
  * ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$.
  *
+ * Holds and owners. An operation that uses a version in place (a training
+ * step updates its model's weights in their buffers) holds it, by identity,
+ * from submission to completion: every publish over it and every delete of
+ * it (upload, import, :put, :copy onto, colocation, DELETE) is refused with
+ * ABORTED naming the operation, except a publish by the holder itself,
+ * whose new version stays held. A version may carry an owner (a model):
+ * replacing it keeps the owner and must keep its dtype and shape
+ * (INVALID_ARGUMENT naming the owner, the array and the shape), and only
+ * the owner deletes it. Both marks live with the catalog's entries and are
+ * checked under its lock, so no writer can slip between a check and its
+ * publish.
+ *
  * Thread-safety: the catalog is guarded by a reader-writer lock held only to
- * look up, swap or list pointers; array versions are shared read-only
- * between threads through reference counts.
+ * look up, swap or list pointers and to read or change holds; array
+ * versions are shared read-only between threads through reference counts.
  */
 #ifndef TS_ARRAY_H
 #define TS_ARRAY_H
@@ -117,6 +129,20 @@ void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n);
 json_t *ts_array_metadata(const struct ts_array *a);
 void ts_array_set_metadata(struct ts_array *a, json_t *meta);
 
+/* The owner of an array's name ("model 'm'"), "" when none. Set only before
+ * the first publish; later versions inherit it. */
+const char *ts_array_owner(const struct ts_array *a);
+void ts_array_set_owner(struct ts_array *a, const char *owner);
+
+/*
+ * A new unpublished version of a sharing its buffers, desc, placement,
+ * metadata, implicit-transfer count and owner: what a training step
+ * publishes after updating a's buffers in place, so that the version and
+ * ETag change with the bytes. New reference in *out.
+ */
+ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
+                               struct ts_error *err);
+
 /* The catalog. */
 struct ts_catalog *ts_catalog_new(void);
 void ts_catalog_free(struct ts_catalog *c);
@@ -128,12 +154,18 @@ struct ts_array *ts_catalog_get(struct ts_catalog *c, const char *name);
 struct ts_precondition {
 	bool create_only;         /* If-None-Match: *  -> ALREADY_EXISTS if present */
 	const char *if_match;     /* If-Match: an ETag, or "*"; FAILED_PRECONDITION if not current */
+	const char *holder;       /* the operation publishing: a version it holds may be
+	                           * replaced (the new one stays held by it) */
+	const char *owner;        /* acting for this owner: its arrays may be deleted */
 };
 
 /*
  * Publishes a as the current version of its name (the catalog takes its own
  * reference), assigning version, ETag and times; the previous version, if
  * any, is dropped from the catalog. *replaced says whether one existed.
+ * Refused when the current version is held by another operation (ABORTED,
+ * reason ARRAY_HELD, naming it) or owned and a changes its dtype or shape
+ * (INVALID_ARGUMENT, reason OWNED_SHAPE).
  */
 ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
                          const struct ts_precondition *pre, bool *replaced,
@@ -145,9 +177,39 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
 ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
                              size_t n, bool overwrite, struct ts_error *err);
 
-/* Removes name (its buffers go when the last reader lets go). */
+/* Removes name (its buffers go when the last reader lets go). Refused when
+ * held (ABORTED, ARRAY_HELD) or owned by another than pre->owner
+ * (FAILED_PRECONDITION, ARRAY_OWNED). */
 ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
                             const struct ts_precondition *pre, struct ts_error *err);
+
+/* Removes every one of names that exists, all or none (the refusals of
+ * ts_catalog_delete, for any of them, refuse the whole set). */
+ts_status ts_catalog_delete_all(struct ts_catalog *c, const char *const *names, size_t n,
+                                const struct ts_precondition *pre, struct ts_error *err);
+
+/*
+ * Marks arrs[0..n) as held by operation holder, all or none: each must
+ * still be the current version of its name (else ABORTED, ARRAY_CHANGED)
+ * and not held by another operation (ABORTED, ARRAY_HELD naming it).
+ */
+ts_status ts_catalog_hold(struct ts_catalog *c, struct ts_array *const *arrs, size_t n,
+                          const char *holder, struct ts_error *err);
+
+/* Clears every hold of holder (a finished operation). */
+void ts_catalog_release(struct ts_catalog *c, const char *holder);
+
+/* Whether the current version of name is held; the holder's id into
+ * holder (cap bytes) when it is. */
+bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_t cap);
+
+/* The refusal a write of name would meet now (a hold by another than
+ * pre->holder, or an owner's shape, d; NULL for a write that keeps the
+ * shape, as a move does), without writing:
+ * for handlers that check before a body is read. TS_OK when none. */
+ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,
+                                 const struct ts_array_desc *d,
+                                 const struct ts_precondition *pre, struct ts_error *err);
 
 /* A page of arrays in name order, after the name `after` (NULL: from the
  * start), at most limit, keeping those for which keep returns true (keep may

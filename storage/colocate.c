@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "storage/array_io.h"
+#include "storage/move.h"
 
 static struct ts_device *first_device(const struct ts_array *a)
 {
@@ -17,45 +17,26 @@ static struct ts_device *first_device(const struct ts_array *a)
 /* Moves uncommitted a to dev (same memory kind); the moved version in *out. */
 static ts_status move_implicitly(struct ts_catalog *cat, struct ts_stager *st,
                                  struct ts_memory *mem, struct ts_array *a,
-                                 struct ts_device *dev, struct ts_array **out,
-                                 struct ts_error *err)
+                                 struct ts_device *dev, const char *holder,
+                                 struct ts_array **out, struct ts_error *err)
 {
-	struct ts_placement pl;
-	struct ts_precondition same;
-	struct ts_array *moved = NULL;
-	struct ts_run whole = {0, 0, ts_array_desc(a)->nbytes};
-	char etag[32];
+	struct ts_move_spec spec = {.implicit = true, .holder = holder};
+	struct ts_move *mv = NULL;
 	ts_status s;
 
-	ts_placement_single(&pl, dev, ts_array_placement(a)->sharding.memory_kind, false);
-	snprintf(etag, sizeof etag, "%s", ts_array_etag(a));
-	same = (struct ts_precondition){.if_match = etag};
-	s = ts_array_new(ts_array_name(a), ts_array_desc(a), &pl, mem, &moved, err);
+	ts_placement_single(&spec.placement, dev, ts_array_placement(a)->sharding.memory_kind, false);
+	s = ts_move_new(mem, a, &spec, &mv, NULL, err);
 	if (s == TS_OK)
-		s = ts_array_copy(st, moved, NULL, a, &whole, 1, NULL, NULL, NULL, err);
-	if (s == TS_OK) {
-		ts_array_set_implicit_bytes(moved, ts_array_implicit_bytes(a) + whole.len);
-		if (ts_array_metadata(a))
-			ts_array_set_metadata(moved, json_incref(ts_array_metadata(a)));
-		s = ts_catalog_put(cat, moved, &same, NULL, err);
-		if (s == TS_FAILED_PRECONDITION) {
-			ts_error_clear(err);
-			s = ts_error_set(err, TS_ABORTED, "ARRAY_CHANGED",
-			                 "array '%s' was replaced while it moved", ts_array_name(a));
-		}
-	}
-	if (s != TS_OK) {
-		ts_array_unref(moved);
-		return s;
-	}
-	ts_stager_count_implicit(st, whole.len);
-	*out = moved;
-	return TS_OK;
+		s = ts_move_run(mv, cat, st, NULL, NULL, NULL, err);
+	if (s == TS_OK)
+		*out = ts_array_ref(ts_move_result(mv));
+	ts_move_free(mv);
+	return s;
 }
 
 ts_status ts_colocate(struct ts_catalog *cat, struct ts_stager *st, struct ts_memory *mem,
                       struct ts_array **arrs, size_t n, struct ts_device *fallback,
-                      struct ts_device **where, struct ts_error *err)
+                      const char *holder, struct ts_device **where, struct ts_error *err)
 {
 	const struct ts_array *anchor = NULL;
 
@@ -86,7 +67,7 @@ ts_status ts_colocate(struct ts_catalog *cat, struct ts_stager *st, struct ts_me
 		if (ts_array_placement(arrs[i])->committed || first_device(arrs[i]) == *where ||
 		    ts_array_nshards(arrs[i]) != 1)
 			continue;
-		s = move_implicitly(cat, st, mem, arrs[i], *where, &moved, err);
+		s = move_implicitly(cat, st, mem, arrs[i], *where, holder, &moved, err);
 		if (s != TS_OK)
 			return s;
 		ts_array_unref(arrs[i]);

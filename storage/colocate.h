@@ -27,10 +27,12 @@
  * device and must equal each other), else `fallback`. Moves every
  * uncommitted array not on it there; arrs[i] is replaced by the moved
  * version (the reference in arrs[i] is dropped, a new one stored). *where
- * receives the device.
+ * receives the device. Each move is ts_move's (metadata and counts kept,
+ * published only over the version read); holder (may be NULL) is the
+ * operation asking, which may move the arrays it holds (they stay held).
  */
 ts_status ts_colocate(struct ts_catalog *cat, struct ts_stager *st, struct ts_memory *mem,
                       struct ts_array **arrs, size_t n, struct ts_device *fallback,
-                      struct ts_device **where, struct ts_error *err);
+                      const char *holder, struct ts_device **where, struct ts_error *err);
 
 #endif

@@ -12,6 +12,8 @@
 #include "storage/index.h"
 
 #include <assert.h>
+#include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- parsing ------------------------------------------------------------ */
@@ -597,4 +599,119 @@ ts_status ts_rows_from_slice(int64_t start, int64_t stop, int64_t step,
 		return ts__step_zero(err, 0);
 	ts__slice_resolve(start, stop, step, has_start, has_stop, dim0, out);
 	return TS_OK;
+}
+
+static const char *json_kind(const json_t *v)
+{
+	switch (json_typeof(v)) {
+	case JSON_OBJECT: return "an object";
+	case JSON_ARRAY: return "a list";
+	case JSON_STRING: return "a string";
+	case JSON_INTEGER: return "an integer";
+	case JSON_REAL: return "a real number";
+	case JSON_TRUE:
+	case JSON_FALSE: return "a boolean";
+	case JSON_NULL: return "null";
+	}
+	return "a value";
+}
+
+static ts_status rows_list(const json_t *rows, const char *field, uint64_t dim0, uint64_t **out,
+                           size_t *n, struct ts_error *err)
+{
+	size_t cnt = json_array_size(rows);
+	int64_t *raw;
+	uint64_t *norm;
+	ts_status st = TS_OK;
+
+	if (cnt > TS_ROWS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		                    "%s lists %zu rows; at most %u per call", field, cnt, TS_ROWS_MAX);
+	for (size_t i = 0; i < cnt; i++) {
+		const json_t *v = json_array_get(rows, i);
+
+		if (!json_is_integer(v))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			                    "%s[%zu] must be an integer row index, not %s", field, i,
+			                    json_kind(v));
+	}
+	raw = malloc((cnt ? cnt : 1) * sizeof *raw);
+	norm = malloc((cnt ? cnt : 1) * sizeof *norm);
+	if (!raw || !norm) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for %zu rows",
+		                  cnt);
+		goto out;
+	}
+	for (size_t i = 0; i < cnt; i++)
+		raw[i] = (int64_t)json_integer_value(json_array_get(rows, i));
+	st = ts_rows_check(raw, cnt, dim0, norm, err);
+	if (st == TS_OK) {
+		*out = norm;
+		*n = cnt;
+		norm = NULL;
+	}
+out:
+	free(raw);
+	free(norm);
+	return st;
+}
+
+static ts_status rows_slice(const json_t *rows, const char *field, uint64_t dim0, uint64_t **out,
+                            size_t *n, struct ts_error *err)
+{
+	static const char *const keys[] = {"start", "stop", "step"};
+	const json_t *part[3] = {NULL, NULL, NULL};
+	struct ts_index_dim dim;
+	const char *key;
+	json_t *v;
+	uint64_t *norm;
+	ts_status st;
+
+	json_object_foreach((json_t *)rows, key, v) {
+		int k;
+
+		for (k = 0; k < 3 && strcmp(key, keys[k]) != 0; k++)
+			;
+		if (k == 3)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			                    "%s.%s is not a field this API knows; a slice of rows takes "
+			                    "start, stop and step", field, key);
+		if (!json_is_integer(v) && !json_is_null(v))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			                    "%s.%s must be an integer or null, not %s", field, key,
+			                    json_kind(v));
+		part[k] = json_is_integer(v) ? v : NULL;
+	}
+	st = ts_rows_from_slice(json_integer_value(part[0]), json_integer_value(part[1]),
+	                        part[2] ? json_integer_value(part[2]) : 1, part[0] != NULL,
+	                        part[1] != NULL, dim0, &dim, err);
+	if (st != TS_OK)
+		return st;
+	if (dim.count > TS_ROWS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		                    "%s selects %" PRIu64 " rows; at most %u per call", field, dim.count,
+		                    TS_ROWS_MAX);
+	norm = malloc((dim.count ? dim.count : 1) * sizeof *norm);
+	if (!norm)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for %" PRIu64 " rows", dim.count);
+	for (uint64_t i = 0; i < dim.count; i++)
+		norm[i] = (uint64_t)(dim.start + (int64_t)i * dim.step);
+	*out = norm;
+	*n = (size_t)dim.count;
+	return TS_OK;
+}
+
+ts_status ts_rows_parse(const json_t *rows, const char *field, uint64_t dim0, uint64_t **out,
+                        size_t *n, struct ts_error *err)
+{
+	*out = NULL;
+	*n = 0;
+	if (json_is_array(rows))
+		return rows_list(rows, field, dim0, out, n, err);
+	if (json_is_object(rows))
+		return rows_slice(rows, field, dim0, out, n, err);
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+	                    "%s must be a list of integer row indices or {\"start\", \"stop\", "
+	                    "\"step\"}, not %s", field, rows ? json_kind(rows) : "missing");
 }

@@ -26,6 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "common/status.h"
 
 #define TS_INDEX_MAX_RANK 32
@@ -152,5 +154,25 @@ bool ts_rows_iter_next(struct ts_rows_iter *it, uint64_t *src_offset, uint64_t *
 ts_status ts_rows_from_slice(int64_t start, int64_t stop, int64_t step,
                              bool has_start, bool has_stop, uint64_t dim0,
                              struct ts_index_dim *out, struct ts_error *err);
+
+/* Most rows one call may select (a list or a slice). */
+#define TS_ROWS_MAX (1u << 26)
+
+/*
+ * The rows of axis 0 a request gives in JSON, the one parser of :gather and
+ * :step: a list of integers (negative counts from the end; any order and
+ * repeats), or a slice {"start", "stop", "step"} (each optional, an
+ * integer or null; Python's semantics). Anything else - a string, real,
+ * boolean or null in the list, an unknown key or a non-integer part of the
+ * slice, another JSON type - is INVALID_ARGUMENT ("BAD_ROWS") naming the
+ * field as field[i] or field.key (field is what the request calls it, e.g.
+ * "rows" or "inputs.rows"); a row outside the axis is OUT_OF_RANGE as
+ * ts_rows_check says; more than TS_ROWS_MAX rows is INVALID_ARGUMENT.
+ * *out is a new malloc'd list of *n normalised rows (at least one element
+ * allocated, so never NULL on success); RESOURCE_EXHAUSTED when out of
+ * memory. rows is borrowed.
+ */
+ts_status ts_rows_parse(const json_t *rows, const char *field, uint64_t dim0, uint64_t **out,
+                        size_t *n, struct ts_error *err);
 
 #endif

@@ -695,6 +695,15 @@ ts_status ts_op_submit(struct ts_op_registry *r, const char *kind, const char *t
                        void (*release)(void *arg), struct ts_operation **out,
                        struct ts_error *err)
 {
+	return ts_op_submit_holding(r, kind, target, total, unit, fn, arg, release, NULL, out, err);
+}
+
+ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const char *target,
+                               uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                               void (*release)(void *arg),
+                               ts_status (*hold)(const char *id, void *arg, struct ts_error *err),
+                               struct ts_operation **out, struct ts_error *err)
+{
 	struct ts_operation *op, *holder;
 	ts_status st;
 
@@ -724,6 +733,8 @@ ts_status ts_op_submit(struct ts_op_registry *r, const char *kind, const char *t
 		goto out_unlock;
 	}
 	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
+	if (hold && (st = hold(op->id, arg, err)) != TS_OK)
+		goto out_unlock;
 	insert_locked(r, op);   /* the registry's reference */
 	if (out)
 		*out = ts_operation_ref(op);

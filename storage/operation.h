@@ -92,6 +92,21 @@ ts_status ts_op_submit(struct ts_op_registry *r, const char *kind, const char *t
                        void (*release)(void *arg), struct ts_operation **out,
                        struct ts_error *err);
 
+/*
+ * ts_op_submit, and before the operation is queued, with its id assigned,
+ * hold(id, arg, err): where the work takes what it uses by identity (e.g.
+ * ts_catalog_hold), so that nothing can change it between the answer and
+ * the run. When hold fails, nothing is submitted and its error is returned
+ * (arg stays the caller's). hold runs under the registry's lock: it may
+ * take only locks under which no thread calls into the registry (the
+ * catalog's).
+ */
+ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const char *target,
+                               uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                               void (*release)(void *arg),
+                               ts_status (*hold)(const char *id, void *arg, struct ts_error *err),
+                               struct ts_operation **out, struct ts_error *err);
+
 /* New reference to the operation with this id, or NULL (never created, or
  * dropped by retention). */
 struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id);

@@ -13,6 +13,7 @@
 struct ts_model_registry {
 	pthread_mutex_t mu;
 	size_t n;                          /* guarded by: mu */
+	uint64_t next_uid;                 /* guarded by: mu */
 	struct ts_model *models;           /* guarded by: mu; sorted by name */
 };
 
@@ -25,6 +26,11 @@ void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char 
 	};
 
 	snprintf(buf, cap, "%s.%s", m->name, role <= TS_ROLE_NU_W2 ? suffix[role] : "?");
+}
+
+void ts_model_owner(const struct ts_model *m, char *buf, size_t cap)
+{
+	snprintf(buf, cap, "model '%s'", m->name);
 }
 
 void ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint64_t shape[3])
@@ -83,7 +89,7 @@ static size_t find_locked(const struct ts_model_registry *r, const char *name, b
 }
 
 ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_model *m,
-                                struct ts_error *err)
+                                uint64_t *uid, struct ts_error *err)
 {
 	ts_status st = TS_OK;
 	bool found;
@@ -100,6 +106,9 @@ ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_mod
 	if (st == TS_OK) {
 		memmove(&r->models[at + 1], &r->models[at], (r->n - at) * sizeof *r->models);
 		r->models[at] = *m;
+		r->models[at].uid = ++r->next_uid;
+		if (uid)
+			*uid = r->models[at].uid;
 		r->n++;
 	}
 	pthread_mutex_unlock(&r->mu);
@@ -119,13 +128,24 @@ bool ts_model_registry_get(struct ts_model_registry *r, const char *name, struct
 	return found;
 }
 
-bool ts_model_registry_remove(struct ts_model_registry *r, const char *name)
+/* The index of the model with this uid, or r->n. */
+static size_t find_uid_locked(const struct ts_model_registry *r, uint64_t uid)
+{
+	size_t i;
+
+	for (i = 0; i < r->n && r->models[i].uid != uid; i++)
+		;
+	return i;
+}
+
+bool ts_model_registry_remove(struct ts_model_registry *r, uint64_t uid)
 {
 	bool found;
 	size_t at;
 
 	pthread_mutex_lock(&r->mu);
-	at = find_locked(r, name, &found);
+	at = find_uid_locked(r, uid);
+	found = at < r->n;
 	if (found) {
 		memmove(&r->models[at], &r->models[at + 1], (r->n - at - 1) * sizeof *r->models);
 		r->n--;
@@ -134,20 +154,40 @@ bool ts_model_registry_remove(struct ts_model_registry *r, const char *name)
 	return found;
 }
 
-uint64_t ts_model_registry_advance(struct ts_model_registry *r, const char *name, uint64_t n)
+bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool ready,
+                                 const char *creating)
 {
-	uint64_t before = 0;
 	bool found;
 	size_t at;
 
 	pthread_mutex_lock(&r->mu);
-	at = find_locked(r, name, &found);
+	at = find_uid_locked(r, uid);
+	found = at < r->n;
 	if (found) {
-		before = r->models[at].steps;
+		r->models[at].ready = ready;
+		snprintf(r->models[at].creating, sizeof r->models[at].creating, "%s",
+		         !ready && creating ? creating : "");
+	}
+	pthread_mutex_unlock(&r->mu);
+	return found;
+}
+
+bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
+                               uint64_t *before)
+{
+	bool found;
+	size_t at;
+
+	pthread_mutex_lock(&r->mu);
+	at = find_uid_locked(r, uid);
+	found = at < r->n;
+	if (found) {
+		if (before)
+			*before = r->models[at].steps;
 		r->models[at].steps += n;
 	}
 	pthread_mutex_unlock(&r->mu);
-	return before;
+	return found;
 }
 
 size_t ts_model_registry_list(struct ts_model_registry *r, struct ts_model *out, size_t cap)

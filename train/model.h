@@ -9,6 +9,14 @@
  * them wherever they are, so moving "{name}.w1" to pinned_host offloads the
  * parameters. The registry maps names to models.
  *
+ * Identity: every model the registry takes gets a uid never given before;
+ * its arrays carry the owner label ts_model_owner() writes, and operations
+ * (creation, steps) refer to the model by uid, so a model created again
+ * under the same name is a different model that no earlier operation can
+ * reach. A model is listed from the moment its creation is accepted; it is
+ * ready once its arrays are initialised and published (creating names the
+ * operation doing that until then).
+ *
  * Thread-safety: the registry is guarded by its lock; a model record is an
  * immutable value copied out.
  */
@@ -32,7 +40,13 @@ struct ts_model {
 	struct ts_device *device;
 	uint64_t steps;                   /* steps run so far (Adam's t) */
 	uint64_t create_ns;
+	uint64_t uid;                     /* assigned by the registry */
+	bool ready;                       /* arrays initialised and published */
+	char creating[40];                /* the creating operation's id while !ready */
 };
+
+/* The owner label of the model's arrays: "model 'name'". */
+void ts_model_owner(const struct ts_model *m, char *buf, size_t cap);
 
 /* Catalog names of the model's arrays: role is one of TS_ROLE_W1, W2,
  * MU_W1, MU_W2, NU_W1, NU_W2. */
@@ -45,14 +59,22 @@ struct ts_model_registry;
 struct ts_model_registry *ts_model_registry_new(void);
 void ts_model_registry_free(struct ts_model_registry *r);
 
-/* ALREADY_EXISTS when the name is taken. */
+/* Lists m under its name with a new uid (written to *uid, may be NULL);
+ * ALREADY_EXISTS when the name is taken. */
 ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_model *m,
-                                struct ts_error *err);
+                                uint64_t *uid, struct ts_error *err);
 /* Copies the model out; false when absent. */
 bool ts_model_registry_get(struct ts_model_registry *r, const char *name, struct ts_model *out);
-bool ts_model_registry_remove(struct ts_model_registry *r, const char *name);
-/* Adds n to the step counter; returns the counter before. */
-uint64_t ts_model_registry_advance(struct ts_model_registry *r, const char *name, uint64_t n);
+/* Removes the model with this uid; false when it is gone already. */
+bool ts_model_registry_remove(struct ts_model_registry *r, uint64_t uid);
+/* Marks the model with this uid ready, or records its creating operation
+ * (ready false); false when it is gone. */
+bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool ready,
+                                 const char *creating);
+/* Adds n to the step counter of the model with this uid; the counter
+ * before in *before (may be NULL). False, changing nothing, when gone. */
+bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
+                               uint64_t *before);
 /* Copies up to cap models in name order into out; returns the count. */
 size_t ts_model_registry_list(struct ts_model_registry *r, struct ts_model *out, size_t cap);
 

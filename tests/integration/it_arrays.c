@@ -903,15 +903,16 @@ START_TEST(test_metadata)
 	ck_assert_int_eq(th_int(j, "version"), 2);
 	ck_assert_str_ne(th_str(j, "etag"), etag1);
 	ck_assert_str_eq(th_str(j, "dtype"), "uint8");
-	ck_assert_str_eq(th_str(th_obj(j, "sharding"), "device"), "sim:0");
-	ck_assert(!th_bool(j, "committed"));
+	/* no placement given: a committed array keeps its placement */
+	ck_assert_str_eq(th_str(th_obj(j, "sharding"), "device"), "sim:1");
+	ck_assert(th_bool(j, "committed"));
 	ck_assert_str_eq(th_str(j, "create_time"), created);
 	ck_assert_msg(strcmp(th_str(j, "update_time"), created) > 0, "update_time %s <= %s",
 	              th_str(j, "update_time"), created);
 	th_response_free(&r);
-	/* the old version's bytes went back to sim:1 */
-	wait_in_use(&D, "sim:1", "device", 0, 2000);
-	ck_assert_int_eq(in_use(&D, "sim:0", "device"), 3);
+	/* the old version's bytes went back; the new ones are on sim:1 too */
+	wait_in_use(&D, "sim:1", "device", 3, 2000);
+	ck_assert_int_eq(in_use(&D, "sim:0", "device"), 0);
 
 	th_get(&D, "/v1/arrays/no-such", &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "ARRAY_NOT_FOUND");

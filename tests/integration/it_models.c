@@ -151,10 +151,11 @@ static long get_status(const char *path)
 	return st;
 }
 
-/* Creates a model from its JSON; 201 with the model (new reference). */
+/* Creates a model from its JSON, waiting for its creation (an operation);
+ * 200 with the model (new reference). */
 static json_t *create(const char *spec)
 {
-	return post_json("/v1/models", spec, 201);
+	return post_json("/v1/models?wait=true", spec, 200);
 }
 
 /* PUT /v1/arrays/name?dtype=float32&shape=rows,cols[&extra] with x. */
@@ -896,7 +897,7 @@ START_TEST(test_get_list_delete)
 	json_decref(list);
 
 	/* delete: the model and every array of it go */
-	json_decref(post_json("/v1/models", "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 2}}", 201));
+	json_decref(create("{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 2}}"));
 	{
 		struct th_response r;
 

@@ -2133,7 +2133,8 @@ static void seq_step(struct seq *q)
 		seq_move(q, name, ":put", p.body);
 		return;
 	} else if (what < 57) {                  /* copy, sometimes donating */
-		snprintf(fields, sizeof fields, "\"out\": \"%s\", %s, \"donate\": %s", out, p.body,
+		snprintf(fields, sizeof fields,
+		         "\"out\": \"%s\", %s, \"overwrite\": true, \"donate\": %s", out, p.body,
 		         (r >> 44) % 4 == 0 ? "true" : "false");
 		seq_move(q, name, ":copy", fields);
 		return;
@@ -2335,7 +2336,8 @@ static void client_step(struct client *w)
 		client_move(w, name, ":put", p.body);
 		return;
 	} else if (what < 52) {
-		snprintf(fields, sizeof fields, "\"out\": \"%s\", %s, \"donate\": %s", out, p.body,
+		snprintf(fields, sizeof fields,
+		         "\"out\": \"%s\", %s, \"overwrite\": true, \"donate\": %s", out, p.body,
 		         (r >> 44) % 4 == 0 ? "true" : "false");
 		client_move(w, name, ":copy", fields);
 		return;

@@ -2,7 +2,9 @@
  * test_array.c - array versions, buffers and the catalog: names, admission,
  * publish with preconditions, versions and ETags, all-or-nothing publishes,
  * listing, readers keeping old versions alive, and the catalog under
- * concurrent publish/get/delete with exact space accounting afterwards.
+ * concurrent publish/get/delete with exact space accounting afterwards;
+ * holds that refuse every writer but the holder, and owners that keep a
+ * name's dtype and shape.
  */
 #include <check.h>
 #include <pthread.h>
@@ -359,6 +361,112 @@ START_TEST(concurrent_churn_keeps_stats_exact)
 }
 END_TEST
 
+
+/* A hold refuses every writer but its holder, whose new version stays held,
+ * until it is released. */
+START_TEST(holds_refuse_other_writers)
+{
+	struct ts_array *a = make("w", 8, &dev0), *b = make("w", 8, &dev0), *c = make("w", 8, &dev0);
+	struct ts_array *other = make("o", 8, &dev0), *got;
+	struct ts_precondition mine = {.holder = "op-1"}, theirs = {.holder = "op-2"};
+	const char *both[] = {"w", "o"};
+	struct ts_error err;
+	char who[40];
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_put(cat, other, NULL, NULL, &err), TS_OK);
+	ck_assert(!ts_catalog_held(cat, "w", who, sizeof who));
+	ck_assert_int_eq(ts_catalog_hold(cat, &a, 1, "op-1", &err), TS_OK);
+	ck_assert(ts_catalog_held(cat, "w", who, sizeof who));
+	ck_assert_str_eq(who, "op-1");
+	/* a second holder, a plain writer, another holder's publish and deletes: refused */
+	ck_assert_int_eq(ts_catalog_hold(cat, &a, 1, "op-2", &err), TS_ABORTED);
+	ck_assert_str_eq(err.reason, "ARRAY_HELD");
+	ck_assert_ptr_nonnull(strstr(err.message, "op-1"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, b, NULL, NULL, &err), TS_ABORTED);
+	ck_assert_ptr_nonnull(strstr(err.message, "op-1"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, b, &theirs, NULL, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put_all(cat, &b, 1, true, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_delete(cat, "w", NULL, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_delete_all(cat, both, 2, NULL, &err), TS_ABORTED);
+	ck_assert_ptr_eq((got = ts_catalog_get(cat, "o")), other);   /* none of the set went */
+	ts_array_unref(got);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_check_write(cat, "w", NULL, NULL, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_check_write(cat, "w", NULL, &mine, &err), TS_OK);
+	/* the holder publishes; its new version stays held */
+	ck_assert_int_eq(ts_catalog_put(cat, b, &mine, NULL, &err), TS_OK);
+	ck_assert(ts_catalog_held(cat, "w", who, sizeof who));
+	ck_assert_int_eq(ts_catalog_put(cat, c, NULL, NULL, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	/* released: anyone writes again */
+	ts_catalog_release(cat, "op-1");
+	ck_assert(!ts_catalog_held(cat, "w", NULL, 0));
+	ck_assert_int_eq(ts_catalog_put(cat, c, NULL, NULL, &err), TS_OK);
+	/* a hold is on a version: one no longer current cannot be held */
+	ck_assert_int_eq(ts_catalog_hold(cat, &b, 1, "op-3", &err), TS_ABORTED);
+	ck_assert_str_eq(err.reason, "ARRAY_CHANGED");
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_delete_all(cat, both, 2, NULL, &err), TS_OK);
+	ck_assert_ptr_null(ts_catalog_get(cat, "w"));
+	ck_assert_ptr_null(ts_catalog_get(cat, "o"));
+	ts_array_unref(a);
+	ts_array_unref(b);
+	ts_array_unref(c);
+	ts_array_unref(other);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 0);
+}
+END_TEST
+
+/* An owned name keeps its dtype and shape, passes its owner to the versions
+ * that replace it, and is deleted only by its owner. */
+START_TEST(owners_keep_shape)
+{
+	struct ts_array *a = make("m.w1", 8, &dev0), *same = make("m.w1", 8, &dev0);
+	struct ts_array *wider = make("m.w1", 9, &dev0), *v = NULL;
+	struct ts_precondition owner = {.owner = "model 'm'"};
+	struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 1, .shape = {2}};
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ts_array_set_owner(a, "model 'm'");
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_put(cat, wider, NULL, NULL, &err), TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(err.reason, "OWNED_SHAPE");
+	ck_assert_ptr_nonnull(strstr(err.message, "model 'm'"));
+	ck_assert_ptr_nonnull(strstr(err.message, "uint8 [8]"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_check_write(cat, "m.w1", &d, NULL, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, same, NULL, NULL, &err), TS_OK);
+	ck_assert_str_eq(ts_array_owner(same), "model 'm'");
+	ck_assert_int_eq(ts_catalog_delete(cat, "m.w1", NULL, &err), TS_FAILED_PRECONDITION);
+	ck_assert_str_eq(err.reason, "ARRAY_OWNED");
+	ts_error_clear(&err);
+	/* a new version of the same buffers: a new ETag, the owner kept */
+	ck_assert_int_eq(ts_array_new_version(same, &v, &err), TS_OK);
+	ck_assert_ptr_eq(ts_array_single_buffer(v), ts_array_single_buffer(same));
+	ck_assert_int_eq(ts_catalog_put(cat, v, NULL, NULL, &err), TS_OK);
+	ck_assert_uint_eq(ts_array_version(v), ts_array_version(same) + 1);
+	ck_assert_str_ne(ts_array_etag(v), ts_array_etag(same));
+	ck_assert_str_eq(ts_array_owner(v), "model 'm'");
+	ck_assert_int_eq(ts_catalog_delete(cat, "m.w1", &owner, &err), TS_OK);
+	ts_array_unref(a);
+	ts_array_unref(same);
+	ts_array_unref(wider);
+	ts_array_unref(v);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 0);
+}
+END_TEST
+
 static Suite *array_suite(void)
 {
 	Suite *s = suite_create("array");
@@ -375,6 +483,8 @@ static Suite *array_suite(void)
 	tcase_add_test(tc, list_pages_in_name_order);
 	tcase_add_test(tc, many_names_grow_the_table);
 	tcase_add_test(tc, concurrent_churn_keeps_stats_exact);
+	tcase_add_test(tc, holds_refuse_other_writers);
+	tcase_add_test(tc, owners_keep_shape);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -94,7 +94,7 @@ START_TEST(uncommitted_follow_committed)
 	struct ts_array *cur;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:2"), NULL, &where, &err), TS_OK);
 	ck_assert_ptr_eq(where, dev("sim:1"));
 	/* x moved to sim:1, stays uncommitted and in device memory, counted */
 	ck_assert_ptr_eq(ts_array_box(arrs[1], 0)->device, dev("sim:1"));
@@ -130,7 +130,7 @@ START_TEST(committed_apart_refused)
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:0"), &where, &err),
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:0"), NULL, &where, &err),
 	                 TS_FAILED_PRECONDITION);
 	ck_assert_str_eq(err.reason, "COMMITTED_APART");
 	ck_assert_ptr_nonnull(strstr(err.message, "'a' (on sim:0)"));
@@ -151,12 +151,12 @@ START_TEST(no_committed_uses_fallback)
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), NULL, &where, &err), TS_OK);
 	ck_assert_ptr_eq(where, dev("sim:2"));
 	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[0]), 64);
 	ck_assert_uint_eq(ts_array_implicit_bytes(arrs[1]), 0);
 	/* a second use finds it in place: no new move, count unchanged */
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), &where, &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:2"), NULL, &where, &err), TS_OK);
 	ck_assert_uint_eq(ts_stager_implicit(stg), 64);
 	for (int i = 0; i < 2; i++)
 		ts_array_unref(arrs[i]);
@@ -173,11 +173,43 @@ START_TEST(replaced_meanwhile_aborts)
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, &where, &err), TS_ABORTED);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, NULL, &where, &err), TS_ABORTED);
 	ck_assert_uint_eq(ts_stager_implicit(stg), 0);
 	ts_array_unref(arrs[0]);
 	ts_array_unref(arrs[1]);
 	ts_array_unref(newer);
+}
+END_TEST
+
+
+/* An implicit move is the one move primitive's: metadata kept; a held array
+ * moves only for its holder, and stays held by it. */
+START_TEST(held_arrays_move_for_their_holder)
+{
+	struct ts_array *c = publish("c", "sim:1", TS_MEM_DEVICE, true, 16);
+	struct ts_array *h = publish("h", "sim:0", TS_MEM_DEVICE, false, 16);
+	struct ts_array *arrs[2] = {c, h};
+	struct ts_device *where;
+	struct ts_error err;
+	char who[40];
+
+	ts_error_clear(&err);
+	ts_array_set_metadata(h, json_pack("{s:s}", "origin", "test"));
+	ck_assert_int_eq(ts_catalog_hold(cat, &h, 1, "op-9", &err), TS_OK);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, NULL, &where, &err), TS_ABORTED);
+	ck_assert_str_eq(err.reason, "ARRAY_HELD");
+	ck_assert_uint_eq(ts_stager_implicit(stg), 0);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, "op-9", &where, &err), TS_OK);
+	ck_assert_ptr_eq(ts_array_box(arrs[1], 0)->device, dev("sim:1"));
+	ck_assert_str_eq(json_string_value(json_object_get(ts_array_metadata(arrs[1]), "origin")),
+	                 "test");
+	ck_assert(ts_catalog_held(cat, "h", who, sizeof who));
+	ck_assert_str_eq(who, "op-9");
+	expect_bytes(arrs[1], 'h');
+	ts_catalog_release(cat, "op-9");
+	ts_array_unref(arrs[0]);
+	ts_array_unref(arrs[1]);
 }
 END_TEST
 
@@ -191,6 +223,7 @@ static Suite *colocate_suite(void)
 	tcase_add_test(tc, committed_apart_refused);
 	tcase_add_test(tc, no_committed_uses_fallback);
 	tcase_add_test(tc, replaced_meanwhile_aborts);
+	tcase_add_test(tc, held_arrays_move_for_their_holder);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -922,6 +922,88 @@ START_TEST(huge_parent_one_run)
 }
 END_TEST
 
+
+/* The one JSON rows parser of :gather and :step: every form, every field. */
+START_TEST(rows_parse_json_forms)
+{
+	static const struct {
+		const char *json, *reason, *names;
+	} bad[] = {
+		{"[\"a\", 1.5, null]", "BAD_ROWS", "rows[0] must be an integer row index, not a string"},
+		{"[0, 1.5]", "BAD_ROWS", "rows[1] must be an integer row index, not a real number"},
+		{"[0, null]", "BAD_ROWS", "rows[1] must be an integer row index, not null"},
+		{"[false]", "BAD_ROWS", "rows[0] must be an integer row index, not a boolean"},
+		{"[[1]]", "BAD_ROWS", "rows[0] must be an integer row index, not a list"},
+		{"{\"start\": 0.5}", "BAD_ROWS", "rows.start must be an integer or null, not a real"},
+		{"{\"stop\": \"3\"}", "BAD_ROWS", "rows.stop must be an integer or null, not a string"},
+		{"{\"begin\": 0}", "BAD_ROWS", "rows.begin is not a field this API knows"},
+		{"{\"step\": 0}", "BAD_INDEX", "step"},
+		{"\"0:3\"", "BAD_ROWS", "rows must be a list of integer row indices"},
+		{"[8]", "INDEX_OUT_OF_RANGE", "row index 8 at position 0"},
+		{"[-9]", "INDEX_OUT_OF_RANGE", "row index -9 at position 0"},
+	};
+	static const struct {
+		const char *json;
+		size_t n;
+		uint64_t rows[8];
+	} good[] = {
+		{"[7, 1, -1, 0, 0]", 5, {7, 1, 7, 0, 0}},
+		{"[]", 0, {0}},
+		{"{}", 8, {0, 1, 2, 3, 4, 5, 6, 7}},
+		{"{\"start\": 1, \"stop\": 7, \"step\": 2}", 3, {1, 3, 5}},
+		{"{\"start\": null, \"stop\": -5, \"step\": null}", 3, {0, 1, 2}},
+		{"{\"step\": -3}", 3, {7, 4, 1}},
+		{"{\"start\": 100}", 0, {0}},
+	};
+	struct ts_error err;
+	uint64_t *rows;
+	size_t n;
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		json_t *j = json_loads(bad[i].json, JSON_DECODE_ANY, NULL);
+		ts_status st;
+
+		ck_assert_ptr_nonnull(j);
+		ts_error_clear(&err);
+		st = ts_rows_parse(j, "rows", 8, &rows, &n, &err);
+		ck_assert_msg(st != TS_OK && st == err.status, "%s: %d", bad[i].json, st);
+		ck_assert_msg(strcmp(err.reason, bad[i].reason) == 0, "%s: reason %s", bad[i].json,
+		              err.reason);
+		ck_assert_msg(strstr(err.message, bad[i].names), "%s: message %s", bad[i].json,
+		              err.message);
+		ck_assert_ptr_null(rows);
+		json_decref(j);
+	}
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_rows_parse(NULL, "inputs.rows", 8, &rows, &n, &err), TS_INVALID_ARGUMENT);
+	ck_assert_ptr_nonnull(strstr(err.message, "inputs.rows"));
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		json_t *j = json_loads(good[i].json, JSON_DECODE_ANY, NULL);
+
+		ck_assert_ptr_nonnull(j);
+		ts_error_clear(&err);
+		ck_assert_msg(ts_rows_parse(j, "rows", 8, &rows, &n, &err) == TS_OK, "%s: %s",
+		              good[i].json, err.message);
+		ck_assert_ptr_nonnull(rows);
+		ck_assert_uint_eq(n, good[i].n);
+		for (size_t k = 0; k < n; k++)
+			ck_assert_uint_eq(rows[k], good[i].rows[k]);
+		free(rows);
+		json_decref(j);
+	}
+	/* a slice selecting more rows than one call may take */
+	{
+		json_t *j = json_loads("{}", 0, NULL);
+
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_rows_parse(j, "rows", (uint64_t)TS_ROWS_MAX + 1, &rows, &n, &err),
+		                 TS_INVALID_ARGUMENT);
+		ck_assert_ptr_nonnull(strstr(err.message, "at most"));
+		json_decref(j);
+	}
+}
+END_TEST
+
 static Suite *index_suite(void)
 {
 	Suite *s = suite_create("index");
@@ -938,6 +1020,7 @@ static Suite *index_suite(void)
 	tcase_add_test(tc, rows_in_place_and_errors);
 	tcase_add_test(tc, rows_random_cover_the_list);
 	tcase_add_test(tc, rows_slice_python_semantics);
+	tcase_add_test(tc, rows_parse_json_forms);
 	tcase_add_test(tc, huge_parent_one_run);
 	suite_add_tcase(s, tc);
 	return s;

@@ -75,6 +75,8 @@ static void gate_pass(struct gate *g)
 	pthread_mutex_unlock(&g->mu);
 }
 
+struct holding;
+
 /* What one operation's work saw and did. */
 struct job {
 	struct gate *gate;            /* waited at when set */
@@ -83,6 +85,7 @@ struct job {
 	_Atomic int cancel_seen;
 	_Atomic int go;               /* work_racing starts when set */
 	uint64_t progress;            /* units added by work_ok */
+	struct holding *hold;         /* for hold_cb */
 };
 
 static void job_release(void *arg)
@@ -1240,6 +1243,57 @@ END_TEST
 
 /* ---- the suite --------------------------------------------------------------------------- */
 
+
+/* What a hold callback saw, and what it answers. */
+struct holding {
+	char id[40];
+	int calls;
+	bool fail;
+};
+
+static ts_status hold_cb(const char *id, void *arg, struct ts_error *err)
+{
+	struct job *j = arg;
+	struct holding *h = j->hold;
+
+	h->calls++;
+	snprintf(h->id, sizeof h->id, "%s", id);
+	if (h->fail)
+		return ts_error_set(err, TS_ABORTED, "ARRAY_HELD", "held by someone else");
+	return TS_OK;
+}
+
+/* The hold runs once, with the id the operation gets, before it can run; a
+ * failed hold submits nothing and leaves arg the caller's. */
+START_TEST(submit_holding_runs_the_hold_first)
+{
+	struct ts_op_registry *r = registry(1, 100, 0);
+	struct holding ok = {.fail = false}, no = {.fail = true};
+	struct job a = {.hold = &ok}, b = {.hold = &no};
+	struct ts_operation *op = NULL, *none = (void *)1;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_submit_holding(r, "step", "m", 1, "steps", work_ok, &a, job_release,
+	                                      hold_cb, &op, &err), TS_OK);
+	ck_assert_int_eq(ok.calls, 1);
+	ck_assert_str_eq(ok.id, ts_operation_id(op));
+	ck_assert(ts_operation_block(op, 10 * SEC));
+	ck_assert_int_eq(atomic_load(&a.ran), 1);
+	ck_assert_int_eq(atomic_load(&a.released), 1);
+	ck_assert_int_eq(ts_op_submit_holding(r, "step", "m", 1, "steps", work_ok, &b, job_release,
+	                                      hold_cb, &none, &err), TS_ABORTED);
+	ck_assert_str_eq(err.reason, "ARRAY_HELD");
+	ck_assert_ptr_null(none);
+	ck_assert_int_eq(no.calls, 1);
+	ck_assert_ptr_null(ts_op_get(r, no.id));     /* never listed */
+	ck_assert_int_eq(atomic_load(&b.ran), 0);
+	ck_assert_int_eq(atomic_load(&b.released), 0);
+	ts_operation_unref(op);
+	ts_op_registry_free(r);
+}
+END_TEST
+
 static Suite *operation_suite(void)
 {
 	Suite *s = suite_create("operation");
@@ -1253,6 +1307,7 @@ static Suite *operation_suite(void)
 	tcase_add_test(tc, cancel_while_running);
 	tcase_add_test(tc, cancel_after_finish_refused);
 	tcase_add_test(tc, target_claims);
+	tcase_add_test(tc, submit_holding_runs_the_hold_first);
 	tcase_add_test(tc, bad_arguments_refused);
 	tcase_add_test(tc, state_names);
 	tcase_add_test(tc, progress_is_atomic);

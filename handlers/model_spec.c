@@ -1,0 +1,233 @@
+/*
+ * model_spec.c - strict parsing of model specs and step policies.
+ */
+#include "handlers/model_spec.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "device/device.h"
+#include "storage/array.h"
+
+static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
+                             struct ts_error *err)
+{
+	size_t i;
+	json_t *v;
+
+	*x = *h = false;
+	if (!list)
+		return TS_OK;
+	if (!json_is_array(list))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "placement.activations.%s is a list of \"x\" and \"h\"", field);
+	json_array_foreach(list, i, v) {
+		const char *s = json_string_value(v);
+
+		if (s && strcmp(s, "x") == 0)
+			*x = true;
+		else if (s && strcmp(s, "h") == 0)
+			*h = true;
+		else
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+			                    "placement.activations.%s[%zu] is not \"x\" or \"h\"", field, i);
+	}
+	return TS_OK;
+}
+
+/* A field's expected JSON type, for errors that name the field. */
+struct field {
+	const char *key;
+	json_type type;        /* JSON_TRUE stands for any boolean, JSON_REAL for any number */
+};
+
+/* Checks obj's keys against fields: unknown keys and wrong types are
+ * INVALID_ARGUMENT naming "<where>.<key>". */
+static ts_status check_fields(json_t *obj, const char *where, const char *reason,
+                              const struct field *fields, size_t n, struct ts_error *err)
+{
+	static const char *const names[] = {"an object", "a list", "a string", "an integer",
+	                                    "a number", "a boolean", "a boolean", "null"};
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(obj))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s must be an object", where);
+	json_object_foreach(obj, key, v) {
+		size_t i;
+
+		for (i = 0; i < n && strcmp(fields[i].key, key) != 0; i++)
+			;
+		if (i == n)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, reason,
+			                    "%s.%s is not a field this API knows", where, key);
+		if (fields[i].type == JSON_TRUE ? !json_is_boolean(v)
+		    : fields[i].type == JSON_REAL ? !json_is_number(v)
+		                                  : json_typeof(v) != fields[i].type)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s.%s must be %s", where, key,
+			                    names[fields[i].type]);
+	}
+	return TS_OK;
+}
+
+#define NFIELDS(f) (sizeof (f) / sizeof (f)[0])
+
+static const struct field model_fields[] = {
+	{"name", JSON_STRING}, {"mlp", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
+	{"loss", JSON_STRING}, {"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT},
+};
+static const struct field mlp_fields[] = {
+	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
+	{"activation", JSON_STRING}, {"residual", JSON_TRUE},
+};
+static const struct field placement_fields[] = {
+	{"device", JSON_STRING}, {"params", JSON_STRING}, {"opt_state", JSON_STRING},
+	{"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
+};
+static const struct field activation_fields[] = {{"save", JSON_ARRAY}, {"offload", JSON_ARRAY}};
+static const struct field init_fields[] = {
+	{"seed", JSON_INTEGER}, {"scale", JSON_REAL}, {"constant", JSON_REAL},
+};
+static const struct field optimizer_fields[] = {
+	{"type", JSON_STRING}, {"learning_rate", JSON_REAL}, {"b1", JSON_REAL}, {"b2", JSON_REAL},
+	{"eps", JSON_REAL}, {"clip_global_norm", JSON_REAL},
+};
+
+/* Activations and prefetch from a "placement" object (absent fields keep *p). */
+ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err)
+{
+	json_t *acts = json_object_get(pl, "activations"), *pf = json_object_get(pl, "prefetch_depth");
+	const char *params = json_string_value(json_object_get(pl, "params"));
+	const char *state = json_string_value(json_object_get(pl, "opt_state"));
+
+	if (check_fields(pl, "placement", "BAD_POLICY", placement_fields, NFIELDS(placement_fields),
+	                 err) != TS_OK ||
+	    (acts && check_fields(acts, "placement.activations", "BAD_POLICY", activation_fields,
+	                          NFIELDS(activation_fields), err) != TS_OK))
+		return err->status;
+	if (params && !ts_memory_kind_parse(params, &p->params))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "placement.params '%s' is not device or pinned_host", params);
+	if (state && !ts_memory_kind_parse(state, &p->opt_state))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "placement.opt_state '%s' is not device or pinned_host", state);
+	if (acts) {
+		if (!json_is_object(acts) ||
+		    parse_names(json_object_get(acts, "save"), "save", &p->save_x, &p->save_h, err) != TS_OK ||
+		    parse_names(json_object_get(acts, "offload"), "offload", &p->offload_x, &p->offload_h,
+		                err) != TS_OK)
+			return err->status ? err->status
+			                   : ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+			                                  "placement.activations is {\"save\": [...], \"offload\": [...]}");
+	}
+	if (pf) {
+		if (json_integer_value(pf) < 0 || json_integer_value(pf) > 1)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+			                    "placement.prefetch_depth is 0 or 1");
+		p->prefetch_depth = (int)json_integer_value(pf);
+	}
+	return ts_policy_check(p, err);
+}
+
+ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
+                           struct ts_model_init *init, struct ts_error *err)
+{
+	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
+	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
+	json_int_t layers = 0, d = 0, h = 0;
+	int residual = 0;
+	json_error_t jerr;
+
+	memset(m, 0, sizeof *m);
+	if (check_fields(body, "model", "BAD_MODEL", model_fields, NFIELDS(model_fields), err) != TS_OK ||
+	    (json_object_get(body, "mlp") &&
+	     check_fields(json_object_get(body, "mlp"), "mlp", "BAD_MODEL", mlp_fields,
+	                  NFIELDS(mlp_fields), err) != TS_OK) ||
+	    (json_object_get(body, "optimizer") &&
+	     check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
+	                  optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK) ||
+	    (json_object_get(body, "init") &&
+	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
+	                  NFIELDS(init_fields), err) != TS_OK))
+		return err->status;
+	if (json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s, s:{s:I, s:I, s?I, s?s, s?b}, s?s, s?o, s?s, s?o, s?o}",
+	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
+	                   "activation", &act, "residual", &residual, "dtype", &dtype, "init", &in,
+	                   "loss", &loss, "optimizer", &opt, "placement", &pl) != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
+	(void)mlp;
+	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
+		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
+		                    name, TS_MODEL_NAME_MAX);
+	snprintf(m->name, sizeof m->name, "%s", name);
+	if (layers < 1 || d < 1 || h < 0 || layers > 4096 || d > 65536 || h > 65536)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "mlp.layers, mlp.d_model (and mlp.d_hidden) must be positive");
+	if (strcmp(dtype, "float32") != 0)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
+		                    "models train in float32; dtype '%s' is not supported", dtype);
+	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
+	                         .residual = residual};
+	if (!ts_act_parse(act, &m->mlp.act))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);
+	if (!ts_loss_parse(loss, &m->mlp.loss))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "loss '%s' is not sum or mse", loss);
+	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
+	                               .b2 = 0.999f, .eps = 1e-8f};
+	if (opt) {
+		const char *type = "none";
+		double lr = m->opt.learning_rate, b1 = m->opt.b1, b2 = m->opt.b2, eps = m->opt.eps, clip = 0;
+
+		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F}", "type", &type,
+		                   "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
+		                   "clip_global_norm", &clip) != 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER", "optimizer: %s", jerr.text);
+		if (!ts_opt_parse(type, &m->opt.type))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.type '%s' is not none, sgd or adam", type);
+		if (!(lr > 0) || b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1 || eps < 0 || clip < 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
+			                    "clip_global_norm >= 0");
+		m->opt.learning_rate = (float)lr;
+		m->opt.b1 = (float)b1;
+		m->opt.b2 = (float)b2;
+		m->opt.eps = (float)eps;
+		m->opt.clip_global_norm = (float)clip;
+	}
+	*init = (struct ts_model_init){.scale = 0.02};
+	if (in) {
+		json_int_t seed = 0;
+		double c = 0, scale = 0.02;
+
+		if (json_object_get(in, "constant")) {
+			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s:F}", "constant", &c) != 0)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
+			init->constant = true;
+			init->value = c;
+		} else {
+			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s?I, s?F}", "seed", &seed, "scale", &scale) != 0)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
+			init->seed = (uint64_t)seed;
+			init->scale = scale;
+		}
+	}
+	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                               .save_x = true, .save_h = true};
+	m->device = core->default_device;
+	if (pl) {
+		dev = json_string_value(json_object_get(pl, "device"));
+		if (dev && !(m->device = ts_device_set_find(core->devices, dev)))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+			                    "placement.device '%s' is not a device of this node", dev);
+		if (json_object_get(pl, "activations")) {
+			m->policy.save_x = m->policy.save_h = false;
+		}
+		if (ts_h_policy_parse(pl, &m->policy, err) != TS_OK)
+			return err->status;
+	}
+	return TS_OK;
+}
+

@@ -1,0 +1,38 @@
+/*
+ * model_spec.h - the model spec of POST /v1/models (and of
+ * POST /v1/models:analyze) and the placement policy of :analyze and :step,
+ * parsed strictly: an unknown key or a wrong type is INVALID_ARGUMENT
+ * naming the field ("mlp.layers must be an integer", "model.bogus is not a
+ * field this API knows"), a value out of range names it and the range.
+ *
+ * Thread-safety: pure functions of their arguments (the core is read only).
+ */
+#ifndef TS_HANDLERS_MODEL_SPEC_H
+#define TS_HANDLERS_MODEL_SPEC_H
+
+#include <jansson.h>
+
+#include "handlers/api.h"
+#include "train/model.h"
+
+/* How a new model's weights start: normal(0, scale) draws from seed, or a
+ * constant. */
+struct ts_model_init {
+	bool constant;
+	double value, scale;
+	uint64_t seed;
+};
+
+/* A model (name, mlp, dtype, loss, optimizer, init, placement) from body
+ * (borrowed, any JSON value): *m and *init on success; m->device is the
+ * placement's device or the core's default. UNIMPLEMENTED for a dtype other
+ * than float32. */
+ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
+                           struct ts_model_init *init, struct ts_error *err);
+
+/* Activations and prefetch (and params / opt_state memory kinds) from a
+ * "placement" object into *p; absent fields keep *p. Checks the result
+ * (ts_policy_check). */
+ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err);
+
+#endif

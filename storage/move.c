@@ -1,0 +1,121 @@
+/*
+ * move.c - admission, copy and publish of an array's move to a new
+ * placement.
+ */
+#include "storage/move.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/array_io.h"
+
+struct ts_move {
+	struct ts_move_spec spec;
+	char name[TS_ARRAY_NAME_MAX + 1];
+	char holder[40];
+	char src_etag[32];
+	struct ts_array *src;                 /* own reference */
+	struct ts_array *dst;                 /* own reference */
+	bool shared[TS_MESH_MAX_DEVICES];     /* dst shards that reuse src buffers */
+	bool rename;                          /* a copy: a new name */
+	uint64_t bytes;
+};
+
+ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
+                      const struct ts_move_spec *spec, struct ts_move **out, uint64_t *bytes,
+                      struct ts_error *err)
+{
+	struct ts_move *mv = calloc(1, sizeof *mv);
+	ts_status st;
+	int reused = 0;
+
+	*out = NULL;
+	if (!mv)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory to move array '%s'", ts_array_name(src));
+	mv->spec = *spec;
+	snprintf(mv->name, sizeof mv->name, "%s", spec->name ? spec->name : ts_array_name(src));
+	snprintf(mv->holder, sizeof mv->holder, "%s", spec->holder ? spec->holder : "");
+	mv->spec.name = mv->name;
+	mv->spec.holder = mv->holder[0] ? mv->holder : NULL;
+	mv->rename = strcmp(mv->name, ts_array_name(src)) != 0;
+	snprintf(mv->src_etag, sizeof mv->src_etag, "%s", ts_array_etag(src));
+	/* a put shares the shards that stay where they are; a copy copies all */
+	st = mv->rename ? ts_array_new(mv->name, ts_array_desc(src), &spec->placement, mem, &mv->dst,
+	                               err)
+	                : ts_array_new_like(mv->name, src, &spec->placement, mem, &mv->dst, &reused,
+	                                    mv->shared, err);
+	if (st != TS_OK) {
+		free(mv);
+		return st;
+	}
+	mv->src = ts_array_ref(src);
+	for (int i = 0; i < ts_array_nshards(mv->dst); i++)
+		if (!mv->shared[i])
+			mv->bytes += ts_buffer_size(ts_array_shard_buffer(mv->dst, i));
+	if (bytes)
+		*bytes = mv->bytes;
+	*out = mv;
+	return TS_OK;
+}
+
+struct ts_array *ts_move_source(const struct ts_move *mv) { return mv->src; }
+struct ts_array *ts_move_result(const struct ts_move *mv) { return mv->dst; }
+
+ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stager *st,
+                      void (*progress)(void *arg, uint64_t bytes), bool (*cancelled)(void *arg),
+                      void *arg, struct ts_error *err)
+{
+	struct ts_run whole = {0, 0, ts_array_desc(mv->src)->nbytes};
+	struct ts_precondition pre = {.holder = mv->spec.holder};
+	ts_status s;
+
+	s = ts_array_copy(st, mv->dst, mv->shared, mv->src, &whole, 1, progress, cancelled, arg, err);
+	if (s != TS_OK)
+		return s;
+	if (cancelled && cancelled(arg))
+		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the move was cancelled");
+	if (ts_array_metadata(mv->src))
+		ts_array_set_metadata(mv->dst, json_deep_copy(ts_array_metadata(mv->src)));
+	if (mv->rename) {
+		pre.create_only = !mv->spec.overwrite;
+		s = ts_catalog_put(cat, mv->dst, &pre, NULL, err);
+		if (s == TS_ALREADY_EXISTS) {
+			ts_error_clear(err);
+			s = ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+			                 "array '%s' already exists; give \"overwrite\": true to replace it",
+			                 mv->name);
+		}
+		if (s == TS_OK && mv->spec.donate) {
+			struct ts_precondition same = {.if_match = mv->src_etag, .holder = mv->spec.holder};
+			struct ts_error ignore;
+
+			ts_error_clear(&ignore);
+			(void)ts_catalog_delete(cat, ts_array_name(mv->src), &same, &ignore);
+		}
+		return s;
+	}
+	ts_array_set_implicit_bytes(mv->dst, ts_array_implicit_bytes(mv->src) +
+	                                         (mv->spec.implicit ? whole.len : 0));
+	pre.if_match = mv->src_etag;
+	s = ts_catalog_put(cat, mv->dst, &pre, NULL, err);
+	if (s == TS_FAILED_PRECONDITION) {
+		ts_error_clear(err);
+		s = ts_error_set(err, TS_ABORTED, "ARRAY_CHANGED",
+		                 "array '%s' was replaced while it moved; the move was dropped",
+		                 ts_array_name(mv->src));
+	}
+	if (s == TS_OK && mv->spec.implicit)
+		ts_stager_count_implicit(st, whole.len);
+	return s;
+}
+
+void ts_move_free(struct ts_move *mv)
+{
+	if (!mv)
+		return;
+	ts_array_unref(mv->src);
+	ts_array_unref(mv->dst);
+	free(mv);
+}

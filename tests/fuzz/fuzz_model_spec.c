@@ -1,0 +1,95 @@
+/*
+ * fuzz_model_spec.c - libFuzzer target for the model spec of POST /v1/models
+ * and the placement policy of :analyze / :step: the input is parsed as any
+ * JSON value and handed to ts_h_model_parse against a fake core of two
+ * simulated devices, and to ts_h_policy_parse. A refusal must carry a known
+ * code, a reason and a message; a model that parses must satisfy the limits
+ * the parser promises (a valid name, sizes in range, a device, a policy
+ * that checks).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/device.h"
+#include "handlers/model_spec.h"
+#include "storage/array.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The fake core, built on the first input and kept for the process. */
+static const struct ts_core *fake_core(void)
+{
+	static struct ts_core core;
+	static bool ready;
+	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 1ull << 20,
+	                              .cuda = false, .host = "fuzz"};
+	struct ts_error err;
+
+	if (ready)
+		return &core;
+	ts_error_clear(&err);
+	if (ts_device_set_new(&dc, &core.devices, &err) != TS_OK)
+		abort();
+	core.default_device = ts_device_set_find(core.devices, "sim:0");
+	core.default_memory_kind = TS_MEM_DEVICE;
+	ready = true;
+	return &core;
+}
+
+static void check_failure(ts_status st, const struct ts_error *err)
+{
+	if (st != err->status || !err->message[0] || !err->reason[0])
+		abort();
+	if (st != TS_INVALID_ARGUMENT && st != TS_UNIMPLEMENTED)
+		abort();
+}
+
+static void check_model(const struct ts_model *m, const struct ts_model_init *in)
+{
+	struct ts_error err;
+
+	if (!ts_array_name_valid(m->name) || strlen(m->name) > TS_MODEL_NAME_MAX)
+		abort();
+	if (m->mlp.layers < 1 || m->mlp.layers > 4096 || m->mlp.d_model < 1 ||
+	    m->mlp.d_model > 65536 || m->mlp.d_hidden < 0 || m->mlp.d_hidden > 65536)
+		abort();
+	if (!m->device || !(m->opt.learning_rate > 0) || m->opt.b1 < 0 || m->opt.b1 >= 1 ||
+	    m->opt.b2 < 0 || m->opt.b2 >= 1)
+		abort();
+	ts_error_clear(&err);
+	if (ts_policy_check(&m->policy, &err) != TS_OK)
+		abort();
+	(void)in;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	const struct ts_core *core = fake_core();
+	struct ts_model m;
+	struct ts_model_init init;
+	struct ts_policy p = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE, .save_x = true,
+	                      .save_h = true};
+	struct ts_error err;
+	json_error_t jerr;
+	json_t *j;
+	ts_status st;
+
+	j = json_loadb((const char *)data, size, JSON_DECODE_ANY | JSON_ALLOW_NUL, &jerr);
+	if (!j)
+		return 0;
+	ts_error_clear(&err);
+	st = ts_h_model_parse(core, j, &m, &init, &err);
+	if (st != TS_OK)
+		check_failure(st, &err);
+	else
+		check_model(&m, &init);
+	ts_error_clear(&err);
+	st = ts_h_policy_parse(j, &p, &err);
+	if (st != TS_OK)
+		check_failure(st, &err);
+	else if (ts_policy_check(&p, &err) != TS_OK)
+		abort();
+	json_decref(j);
+	return 0;
+}
