@@ -705,7 +705,7 @@ static void daemon_up(void)
 	              201);
 	expect_status("POST", "/v1/shardings",
 	              "{\"name\": \"s1\", \"sharding\": {\"device\": \"sim:0\"}}", 201);
-	expect_status("POST", "/v1/models", "{\"name\": \"m\", " MLP "}", 201);
+	expect_status("POST", "/v1/models?wait=true", "{\"name\": \"m\", " MLP "}", 200);
 }
 
 static void daemon_down(void)
