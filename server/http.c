@@ -21,6 +21,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "server/http_tuning.h"
 #include "server/router.h"
 
 struct request {
@@ -456,7 +457,7 @@ static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Conne
 
 		if (st) {
 			*st = r->stream;
-			resp = MHD_create_response_from_callback(st->size, 256 * 1024, stream_read,
+			resp = MHD_create_response_from_callback(st->size, TS_HTTP_STREAM_BLOCK, stream_read,
 			                                         st, stream_free);
 			if (!resp)
 				free(st);
@@ -657,12 +658,8 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	struct sockaddr_storage ss;
 	struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
 	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
-	/* poll, not epoll: libmicrohttpd 0.9.75's edge-triggered epoll loop
-	 * misses a client's close that arrives together with the last body
-	 * bytes, which would keep a cut-off upload's reservation until the
-	 * connection timeout (it-arrays' cut-off test checks this) */
-	unsigned int flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
-	                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
+	/* flags and option values: server/http_tuning.h */
+	unsigned int flags = TS_HTTP_MHD_FLAGS;
 	const union MHD_DaemonInfo *info;
 	int threads = srv->cfg.threads;
 
@@ -695,7 +692,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)300,
 		MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
 		MHD_OPTION_END);
