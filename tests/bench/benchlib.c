@@ -206,6 +206,7 @@ int bench_daemon_stop(struct bench_daemon *d)
 struct window {
 	_Atomic int open;            /* count what completes now */
 	_Atomic int stop;
+	_Atomic int ready;           /* event-loop threads with every connection open */
 };
 
 struct client {
@@ -556,6 +557,7 @@ struct mthread {
 	struct window *win;
 	struct mconn *c;
 	int first, n;                /* connections first .. first + n - 1 */
+	int win_threads;             /* threads of the round */
 	uint64_t requests, errors;
 	uint32_t *lat_ns;
 	size_t nlat, cap;
@@ -743,9 +745,18 @@ static void *mthread_main(void *arg)
 		struct mconn *c = &t->c[i];
 
 		c->index = t->first + i;
-		if (mconn_open(t, c, ep) != 0 || !mconn_next(t, c) || !mconn_send(ep, c))
+		if (mconn_open(t, c, ep) != 0)
 			goto fail;
 	}
+	/* the first requests go once every connection of the round is open,
+	 * so that the window measures requests, not connection setup */
+	atomic_fetch_add(&t->win->ready, 1);
+	while (atomic_load(&t->win->ready) < t->win_threads &&
+	       !atomic_load_explicit(&t->win->stop, memory_order_relaxed))
+		sleep_s(0.001);
+	for (int i = 0; i < t->n; i++)
+		if (!mconn_next(t, &t->c[i]) || !mconn_send(ep, &t->c[i]))
+			goto fail;
 	while (!atomic_load_explicit(&t->win->stop, memory_order_relaxed)) {
 		int ne = epoll_wait(ep, evs, 64, 20);
 
@@ -804,6 +815,7 @@ static void *mthread_main(void *arg)
 	goto out;
 fail:
 	t->failed = true;
+	atomic_fetch_add(&t->win->ready, t->win_threads);  /* nobody waits for a failed thread */
 out:
 	for (int i = 0; i < t->n; i++)
 		if (t->c[i].fd > 0)
@@ -847,14 +859,22 @@ static int mload_round(int port, const struct bench_mload *l, double duration_s,
 		int n = l->conns / nt + (i < l->conns % nt);
 
 		th[i] = (struct mthread){.port = port, .load = l, .win = &win, .c = conns + first,
-		                         .first = first, .n = n};
+		                         .first = first, .n = n, .win_threads = nt};
 		first += n;
 		if (pthread_create(&th[i].tid, NULL, mthread_main, &th[i]) != 0)
 			break;
 		started++;
 	}
-	if (started < nt)
+	if (started < nt) {
 		rc = -1;
+		atomic_store(&win.stop, 1);
+	}
+	{
+		uint64_t deadline = now_ns() + 20000000000ull;
+
+		while (rc == 0 && atomic_load(&win.ready) < nt && now_ns() < deadline)
+			sleep_s(0.001);
+	}
 	sleep_s(l->warmup_s);
 	{
 		uint64_t t_open = now_ns();
@@ -1060,7 +1080,8 @@ int bench_nginx_start(struct bench_ref *r, int worker_processes)
 	        "http {\n  access_log off;\n  keepalive_requests 100000000;\n"
 	        "  keepalive_timeout 300s;\n  client_body_temp_path %s;\n"
 	        "  proxy_temp_path %s;\n  fastcgi_temp_path %s;\n  uwsgi_temp_path %s;\n"
-	        "  scgi_temp_path %s;\n  default_type application/json;\n  tcp_nodelay on;\n"
+	        "  scgi_temp_path %s;\n  default_type application/json;\n  sendfile on;\n"
+	        "  tcp_nopush on;\n  tcp_nodelay on;\n"
 	        "  server {\n    listen 127.0.0.1:%d;\n    root %s/www;\n  }\n}\n",
 	        worker_processes, r->dir, r->dir, r->dir, r->dir, r->dir, r->dir, r->dir, r->port,
 	        r->dir);
