@@ -90,6 +90,32 @@ static bool token_ok(const struct ts_server *srv, const char *auth)
 	return diff == 0;
 }
 
+/* Hot-path string copies (request_new): no printf per request. */
+static void copy_trunc(char *dst, size_t cap, const char *src)
+{
+	size_t n = strnlen(src, cap - 1);
+
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* "<prefix>-<hex n>" into dst (cap >= sizeof prefix + 18). */
+static void format_request_id(char *dst, size_t cap, const char *prefix, uint64_t n)
+{
+	char hex[16];
+	size_t len = strnlen(prefix, cap - 18), k = 0;
+
+	memcpy(dst, prefix, len);
+	dst[len++] = '-';
+	do {
+		hex[k++] = "0123456789abcdef"[n & 15];
+		n >>= 4;
+	} while (n);
+	while (k)
+		dst[len++] = hex[--k];
+	dst[len] = '\0';
+}
+
 static struct request *request_new(struct ts_server *srv,
                                    struct MHD_Connection *conn, const char *url,
                                    const char *method)
@@ -102,14 +128,14 @@ static struct request *request_new(struct ts_server *srv,
 	rq->srv = srv;
 	rq->start_ns = ts_now_ns();
 	rq->route = ts_nroutes;
-	snprintf(rq->method, sizeof rq->method, "%s", method);
-	snprintf(rq->path, sizeof rq->path, "%s", url);
+	copy_trunc(rq->method, sizeof rq->method, method);
+	copy_trunc(rq->path, sizeof rq->path, url);
 	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
 	if (valid_request_id(given))
-		snprintf(rq->id, sizeof rq->id, "%s", given);
+		copy_trunc(rq->id, sizeof rq->id, given);
 	else
-		snprintf(rq->id, sizeof rq->id, "%s-%llx", srv->id_prefix,
-		         (unsigned long long)atomic_fetch_add(&srv->next_id, 1));
+		format_request_id(rq->id, sizeof rq->id, srv->id_prefix,
+		                  atomic_fetch_add(&srv->next_id, 1));
 	return rq;
 }
 
