@@ -180,6 +180,39 @@ static long rows_reader_read(void *state, uint64_t pos, char *buf, size_t max)
 }
 
 /*
+ * Rows of an array held in one host-visible buffer, answered from it in
+ * place (no copy) when their runs, with the .npy header, fit in a reply's
+ * parts; the reply then owns r. False (r untouched, the walk restarted)
+ * otherwise.
+ */
+static bool rows_in_place(struct rows_reader *r, bool npy, struct ts_reply *reply)
+{
+	const struct ts_buffer *buf = ts_array_single_buffer(r->array);
+	struct ts_parts parts = {0};
+	struct ts_rows_iter it = r->it;
+	uint64_t off, len;
+	const char *base;
+
+	if (!buf || !ts_buffer_host_visible(buf))
+		return false;
+	base = ts_buffer_data(buf);
+	if (r->prefix_len)
+		parts.part[parts.n++] = (struct ts_part){r->prefix, r->prefix_len};
+	while (ts_rows_iter_next(&it, &off, &len)) {
+		if (parts.n == TS_REPLY_MAX_PARTS)
+			return false;
+		parts.part[parts.n++] = (struct ts_part){base + off, (size_t)len};
+	}
+	if (parts.n == 0)
+		return false;               /* an empty body: streamed */
+	parts.release = rows_reader_release;
+	parts.cls = r;
+	ts_reply_buffers(reply, TS_HTTP_OK, npy ? "application/x-npy" : "application/octet-stream",
+	                 &parts);
+	return true;
+}
+
+/*
  * Parses "7,1,-2" into *out (malloc'd) and *n. Fails with BAD_ROWS naming
  * the entry that is not an integer.
  */
@@ -287,10 +320,12 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 	snprintf(etag, sizeof etag, "%s", ts_array_etag(a));
 	r->array = a;
 	a = NULL;
-	ts_reply_stream(reply, TS_HTTP_OK, npy ? "application/x-npy" : "application/octet-stream",
-	                &(struct ts_stream){.size = r->prefix_len + (uint64_t)n * row_bytes,
-	                                    .read = rows_reader_read,
-	                                    .release = rows_reader_release, .state = r});
+	if (!rows_in_place(r, npy, reply))
+		ts_reply_stream(reply, TS_HTTP_OK,
+		                npy ? "application/x-npy" : "application/octet-stream",
+		                &(struct ts_stream){.size = r->prefix_len + (uint64_t)n * row_bytes,
+		                                    .read = rows_reader_read,
+		                                    .release = rows_reader_release, .state = r});
 	shape_s[0] = '[';
 	ts_h_format_shape(shape_s + 1, sizeof shape_s - 2, d->rank, shape);
 	strcat(shape_s, "]");

@@ -471,6 +471,15 @@ static void reply_headers(struct request *rq, struct MHD_Response *resp)
 		MHD_add_response_header(resp, r->headers[i].name, r->headers[i].value);
 }
 
+/* libmicrohttpd callocs a stream's whole block with the response: a
+ * small stream gets a block of its own size, not TS_HTTP_STREAM_BLOCK. */
+static size_t stream_block(uint64_t size)
+{
+	if (size < 4096)
+		return 4096;
+	return size < TS_HTTP_STREAM_BLOCK ? (size_t)size : TS_HTTP_STREAM_BLOCK;
+}
+
 /* Streams and in-place buffers: ownership passes to the MHD response. */
 static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Connection *conn)
 {
@@ -483,8 +492,8 @@ static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Conne
 
 		if (st) {
 			*st = r->stream;
-			resp = MHD_create_response_from_callback(st->size, TS_HTTP_STREAM_BLOCK, stream_read,
-			                                         st, stream_free);
+			resp = MHD_create_response_from_callback(st->size, stream_block(st->size),
+			                                         stream_read, st, stream_free);
 			if (!resp)
 				free(st);
 		}

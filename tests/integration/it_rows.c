@@ -2,7 +2,7 @@
  * it_rows.c - Check suite "rows": GET /v1/arrays/{a}/data?rows=7,1,2,3
  * against a real daemon: the named rows of axis 0 in the given order, in
  * one [n, ...] body (raw, or .npy with Accept), from host and device
- * memory, across response blocks; and its errors: out-of-range and
+ * memory, answered in place or streamed across response blocks; and its errors: out-of-range and
  * negative out-of-range rows (400 naming the row), entries that are not
  * integers, rows= with index=, rows of a scalar.
  *
@@ -53,7 +53,7 @@ static void check_rows(const char *name, const char *list, const long *want, siz
                        const char *data, size_t row_bytes)
 {
 	struct th_response r;
-	char path[512], shape[64], what[600];
+	char path[2048], shape[64], what[2100];
 	char *expect = malloc(n * row_bytes + 1);
 
 	ck_assert_ptr_nonnull(expect);
@@ -111,6 +111,28 @@ START_TEST(test_rows_across_blocks)
 	data = put_rows("bigd", 10, row, "device", 12);
 	check_rows("bigd", "9,0,1,2,5,5,3,8", want, 8, data, row);
 	free(data);
+}
+END_TEST
+
+/* More runs than a reply answers in place (descending rows never merge):
+ * the rows are streamed, in host and device memory alike. */
+START_TEST(test_rows_many_runs)
+{
+	static const char *const kinds[] = {"unpinned_host", "device"};
+	long want[150];
+	char list[1024];
+	size_t o = 0;
+
+	for (int i = 0; i < 150; i++) {
+		want[i] = (long)(199 - (i * 7) % 200);
+		o += (size_t)snprintf(list + o, sizeof list - o, "%s%ld", i ? "," : "", want[i]);
+	}
+	for (size_t k = 0; k < 2; k++) {
+		char *data = put_rows(kinds[k], 200, 24, kinds[k], 5 + k);
+
+		check_rows(kinds[k], list, want, 150, data, 24);
+		free(data);
+	}
 }
 END_TEST
 
@@ -190,6 +212,7 @@ static Suite *rows_suite(void)
 	tcase_add_test(tc, test_rows_host);
 	tcase_add_test(tc, test_rows_device);
 	tcase_add_test(tc, test_rows_across_blocks);
+	tcase_add_test(tc, test_rows_many_runs);
 	tcase_add_test(tc, test_rows_npy);
 	tcase_add_test(tc, test_rows_errors);
 	suite_add_tcase(s, tc);
