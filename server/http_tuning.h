@@ -26,13 +26,18 @@
  * Memory per connection. libmicrohttpd 0.9.75 zeroes a connection's whole
  * pool when it resets it for the next request on a keep-alive connection,
  * so this is paid on every request; it also bounds the read buffer (half
- * the pool), thus the pieces an upload's body is read in, and the request
- * head (URL and headers) to about half of it. Measured on 2 cores, daemon
- * CPU per GET /v1/memory and 1 GiB upload rate: 32 KiB 13.9 us, 1.4 GB/s;
- * 64 KiB 12.5 us, 1.8 GB/s; 128 KiB 14.4 us, 1.95 GB/s; 256 KiB 21 us,
- * 2.0 GB/s; 1 MiB 42 us, 2.1 GB/s. 128 KiB is the knee.
+ * the pool), thus the pieces an upload's body is read in (one poll and one
+ * recv each), and the request head (URL and headers) to about half of it.
+ * Measured on a busy 2-core machine, daemon CPU per request at 4
+ * connections (GET /v1/memory; one 12 KiB item) and per 1 GiB upload:
+ *   32 KiB  14-17 us; 16-20 us; 560 ms
+ *   64 KiB  13-15 us; 17 us;    470 ms
+ *  128 KiB  14-19 us; 18-59 us (memset up to half the profile); 1.3 s
+ *    1 MiB  42-44 us; 40-45 us; 330 ms
+ * 64 KiB keeps small requests at the 32 KiB cost and takes uploads in
+ * 32 KiB pieces.
  */
-#define TS_HTTP_CONN_MEMORY ((size_t)128 * 1024)
+#define TS_HTTP_CONN_MEMORY ((size_t)64 * 1024)
 
 /* Block size of a streamed response (MHD_create_response_from_callback). */
 #define TS_HTTP_STREAM_BLOCK ((size_t)256 * 1024)
