@@ -253,7 +253,7 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 			if (res[0].errors)
 				res[0].rate = 0;
 			if (batch)
-				rate_row("batch: 32 rows ?rows= / redis MGET", counts[i], res[0].rate,
+				rate_row("batch: ?rows= 32 items / MGET", counts[i], res[0].rate,
 				         res[1].rate, "MGET", 1.0, true);
 			else
 				rate_row("items: 12 KiB item / redis GET", counts[i], res[0].rate,
