@@ -187,7 +187,8 @@ test: deps
 	@$(MAKE) --no-print-directory unit integration
 	@tests/gpu/detect.sh $(DAEMON)
 
-bench: deps
+bench:
+	@TS_DEPS_BENCH=1 scripts/deps.sh
 	@$(MAKE) --no-print-directory all $(BENCH_BIN)
 	@tests/bench/run.sh $(BUILD)
 

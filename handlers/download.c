@@ -13,6 +13,7 @@
  */
 #include "handlers/arrays_int.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,228 @@ ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t pr
 	return TS_OK;
 }
 
+/* ---- ?rows=: rows of axis 0 in the given order ------------------------------------ */
+
+/* Most rows one ?rows= list may name (the URL limit keeps lists far below). */
+#define ROWS_MAX 65536
+
+/* The rows of one array version, each block filled from the runs it covers. */
+struct rows_reader {
+	struct ts_stager *stager;          /* borrowed from the core */
+	struct ts_array *array;            /* a reference */
+	char *prefix;                      /* owned */
+	size_t prefix_len;
+	uint64_t *rows;                    /* owned: normalized */
+	struct ts_rows_iter it;
+	uint64_t run_off, run_left;        /* the unsent rest of the current run */
+	struct ts_run runs[READER_MAX_RUNS];
+};
+
+static void rows_reader_release(void *state)
+{
+	struct rows_reader *r = state;
+
+	ts_array_unref(r->array);
+	free(r->rows);
+	free(r->prefix);
+	free(r);
+}
+
+static long rows_reader_read(void *state, uint64_t pos, char *buf, size_t max)
+{
+	struct rows_reader *r = state;
+	size_t got = 0, nruns = 0;
+
+	if (pos < r->prefix_len) {
+		got = r->prefix_len - pos < max ? (size_t)(r->prefix_len - pos) : max;
+		memcpy(buf, r->prefix + pos, got);
+		return (long)got;
+	}
+	while (got < max && nruns < READER_MAX_RUNS) {
+		uint64_t take;
+
+		if (!r->run_left && !ts_rows_iter_next(&r->it, &r->run_off, &r->run_left))
+			break;
+		take = r->run_left < max - got ? r->run_left : max - got;
+		r->runs[nruns++] = (struct ts_run){.src_offset = r->run_off, .dst_offset = got,
+		                                   .len = take};
+		r->run_off += take;
+		r->run_left -= take;
+		got += take;
+	}
+	if (!got)
+		return -1;        /* the size promised more than the rows hold */
+	if (ts_array_read(r->stager, r->array, r->runs, nruns, buf, NULL) != TS_OK)
+		return -1;
+	return (long)got;
+}
+
+/*
+ * Rows of an array held in one host-visible buffer, answered from it in
+ * place (no copy) when their runs, with the .npy header, fit in a reply's
+ * parts; the reply then owns r. False (r untouched, the walk restarted)
+ * otherwise.
+ */
+static bool rows_in_place(struct rows_reader *r, bool npy, struct ts_reply *reply)
+{
+	const struct ts_buffer *buf = ts_array_single_buffer(r->array);
+	struct ts_parts parts = {0};
+	struct ts_rows_iter it = r->it;
+	uint64_t off, len;
+	const char *base;
+
+	if (!buf || !ts_buffer_host_visible(buf))
+		return false;
+	base = ts_buffer_data(buf);
+	if (r->prefix_len)
+		parts.part[parts.n++] = (struct ts_part){r->prefix, r->prefix_len};
+	while (ts_rows_iter_next(&it, &off, &len)) {
+		if (parts.n == TS_REPLY_MAX_PARTS)
+			return false;
+		parts.part[parts.n++] = (struct ts_part){base + off, (size_t)len};
+	}
+	if (parts.n == 0)
+		return false;               /* an empty body: streamed */
+	parts.release = rows_reader_release;
+	parts.cls = r;
+	ts_reply_buffers(reply, TS_HTTP_OK, npy ? "application/x-npy" : "application/octet-stream",
+	                 &parts);
+	return true;
+}
+
+/*
+ * Parses "7,1,-2" into *out (malloc'd) and *n. Fails with BAD_ROWS naming
+ * the entry that is not an integer.
+ */
+static ts_status rows_parse(const char *s, int64_t **out, size_t *n, struct ts_error *err)
+{
+	size_t cnt = 1, i = 0;
+	int64_t *v;
+
+	for (const char *p = s; *p; p++)
+		cnt += *p == ',';
+	if (cnt > ROWS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		                    "rows lists %zu rows; at most %d are allowed", cnt, ROWS_MAX);
+	v = malloc(cnt * sizeof *v);
+	if (!v)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for %zu rows", cnt);
+	for (const char *p = s;; i++) {
+		const char *end = strchr(p, ',');
+		size_t len = end ? (size_t)(end - p) : strlen(p);
+		char tok[24], *stop;
+
+		if (len == 0 || len >= sizeof tok) {
+			ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			             "rows entry %zu '%.*s' is not an integer", i, (int)(len < 32 ? len : 32), p);
+			free(v);
+			return err->status;
+		}
+		memcpy(tok, p, len);
+		tok[len] = '\0';
+		errno = 0;
+		v[i] = strtoll(tok, &stop, 10);
+		if (*stop || errno || tok[0] == '+' || tok[0] == ' ') {
+			ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+			             "rows entry %zu '%s' is not an integer", i, tok);
+			free(v);
+			return err->status;
+		}
+		if (!end)
+			break;
+		p = end + 1;
+	}
+	*out = v;
+	*n = cnt;
+	return TS_OK;
+}
+
+/*
+ * GET .../data?rows=7,1,2: the named rows of axis 0, in that order
+ * (repeats allowed, negatives from the end), as one [n, ...] body, raw or
+ * .npy. Only those rows are read. Takes over a (a reference) and prefix
+ * decisions; answers reply.
+ */
+static void rows_reply(const struct ts_call *call, struct ts_array *a, const char *list, bool npy,
+                       struct ts_reply *reply)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+	struct rows_reader *r = NULL;
+	struct ts_error err;
+	uint64_t shape[TS_MAX_RANK], row_bytes;
+	int64_t *raw = NULL;
+	size_t n = 0;
+	char shape_s[TS_MAX_RANK * 21 + 3], etag[32];
+
+	ts_error_clear(&err);
+	if (ts_call_query(call, "index")) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		             "rows and index cannot be given together; give one");
+		goto fail;
+	}
+	if (d->rank < 1) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		             "rows needs an axis 0; this array is a scalar");
+		goto fail;
+	}
+	if (rows_parse(list, &raw, &n, &err) != TS_OK)
+		goto fail;
+	r = calloc(1, sizeof *r);
+	if (!r) {
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a response");
+		goto fail;
+	}
+	/* normalized in place: the list is no longer needed as given */
+	if (ts_rows_check(raw, n, d->shape[0], (uint64_t *)raw, &err) != TS_OK)
+		goto fail;
+	r->stager = call->core->stager;
+	r->rows = (uint64_t *)raw;
+	raw = NULL;
+	row_bytes = ts_dtype_size(d->dtype);
+	shape[0] = n;
+	for (int i = 1; i < d->rank; i++) {
+		shape[i] = d->shape[i];
+		row_bytes *= d->shape[i];
+	}
+	if (npy) {
+		r->prefix = malloc(TS_NPY_HEADER_MAX);
+		if (!r->prefix) {
+			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a header");
+			goto fail;
+		}
+		r->prefix_len = ts_npy_write_header(r->prefix, TS_NPY_HEADER_MAX, d->dtype, d->rank,
+		                                    shape);
+	}
+	ts_rows_iter_init(&r->it, r->rows, n, row_bytes);
+	snprintf(etag, sizeof etag, "%s", ts_array_etag(a));
+	r->array = a;
+	a = NULL;
+	if (!rows_in_place(r, npy, reply))
+		ts_reply_stream(reply, TS_HTTP_OK,
+		                npy ? "application/x-npy" : "application/octet-stream",
+		                &(struct ts_stream){.size = r->prefix_len + (uint64_t)n * row_bytes,
+		                                    .read = rows_reader_read,
+		                                    .release = rows_reader_release, .state = r});
+	shape_s[0] = '[';
+	ts_h_format_shape(shape_s + 1, sizeof shape_s - 2, d->rank, shape);
+	strcat(shape_s, "]");
+	ts_reply_header(reply, "X-Tstage-Dtype", ts_dtype_name(d->dtype));
+	ts_reply_header(reply, "X-Tstage-Shape", shape_s);
+	ts_reply_header(reply, "ETag", etag);
+	return;
+
+fail:
+	ts_reply_error(reply, &err);
+	free(raw);
+	if (r) {
+		free(r->rows);
+		free(r->prefix);
+		free(r);
+	}
+	ts_array_unref(a);
+}
+
 /* ---- the handler --------------------------------------------------------------- */
 
 struct in_place {
@@ -238,6 +461,10 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 	esize = ts_dtype_size(d->dtype);
 	if (!wants_npy(call, reply, &npy))
 		goto out_unref;
+	if (ts_call_query(call, "rows")) {
+		rows_reply(call, a, ts_call_query(call, "rows"), npy, reply);
+		return;
+	}
 	if (ts_index_parse(ts_call_query(call, "index"), d->rank, d->shape, &sel, &err) != TS_OK)
 		goto out_fail;
 	if (npy) {

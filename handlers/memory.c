@@ -124,29 +124,97 @@ static void cache_put(struct ts_view_cache *c, uint64_t gen, const char *text, s
 }
 
 #define VIEW_TAIL_MAX 1024
+#define KIND_NAME_MAX 24
+
+/* Room for the totals: a key pair of kind names and a number per pair,
+ * and the arrays and implicit counters. */
+_Static_assert(TS_MEM_KIND_COUNT * TS_MEM_KIND_COUNT * (2 * KIND_NAME_MAX + 28) + 200 <=
+               VIEW_TAIL_MAX, "VIEW_TAIL_MAX holds the transfer totals");
+
+/* The tail is built on every request: plain appends, no printf. */
+static char *put(char *p, const char *s, size_t n)
+{
+	memcpy(p, s, n);
+	return p + n;
+}
+
+#define PUT_LIT(p, lit) put((p), (lit), sizeof(lit) - 1)
+
+static char *put_u64(char *p, uint64_t v)
+{
+	char tmp[20];
+	size_t n = 0;
+
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (n)
+		*p++ = tmp[--n];
+	return p;
+}
+
+/* A memory kind's name, at most KIND_NAME_MAX bytes. */
+static char *put_kind(char *p, int k)
+{
+	const char *name = ts_memory_kind_name((enum ts_memory_kind)k);
+	size_t n = strlen(name);
+
+	return put(p, name, n < KIND_NAME_MAX ? n : KIND_NAME_MAX);
+}
 
 /* "arrays": {...}, "transfers": {...}} - counters read without the cache */
-static int render_totals(const struct ts_core *core, char *p, size_t cap)
+static char *render_totals(const struct ts_core *core, char *p)
 {
 	uint64_t count = 0, bytes = 0, moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT] = {{0}};
-	size_t o = 0;
 
 	if (core->catalog)
 		ts_catalog_totals(core->catalog, &count, &bytes);
 	if (core->stager)
 		ts_stager_totals(core->stager, moved);
-	o += (size_t)snprintf(p + o, cap - o, "\"arrays\":{\"count\":%llu,\"bytes\":%llu},"
-	                      "\"transfers\":{\"implicit_transfer_bytes\":%llu,\"bytes\":{",
-	                      (unsigned long long)count, (unsigned long long)bytes,
-	                      (unsigned long long)(core->stager ? ts_stager_implicit(core->stager) : 0));
-	for (int a = 0; a < TS_MEM_KIND_COUNT; a++)
-		for (int b = 0; b < TS_MEM_KIND_COUNT; b++)
-			o += (size_t)snprintf(p + o, cap - o, "%s\"%s->%s\":%llu", a + b ? "," : "",
-			                      ts_memory_kind_name((enum ts_memory_kind)a),
-			                      ts_memory_kind_name((enum ts_memory_kind)b),
-			                      (unsigned long long)moved[a][b]);
-	o += (size_t)snprintf(p + o, cap - o, "}}}\n");
-	return (int)o;
+	p = PUT_LIT(p, "\"arrays\":{\"count\":");
+	p = put_u64(p, count);
+	p = PUT_LIT(p, ",\"bytes\":");
+	p = put_u64(p, bytes);
+	p = PUT_LIT(p, "},\"transfers\":{\"implicit_transfer_bytes\":");
+	p = put_u64(p, core->stager ? ts_stager_implicit(core->stager) : 0);
+	p = PUT_LIT(p, ",\"bytes\":{");
+	for (int a = 0; a < TS_MEM_KIND_COUNT; a++) {
+		for (int b = 0; b < TS_MEM_KIND_COUNT; b++) {
+			if (a + b)
+				*p++ = ',';
+			*p++ = '"';
+			p = put_kind(p, a);
+			p = PUT_LIT(p, "->");
+			p = put_kind(p, b);
+			p = PUT_LIT(p, "\":");
+			p = put_u64(p, moved[a][b]);
+		}
+	}
+	return PUT_LIT(p, "}}}\n");
+}
+
+/* ,"host":"...","uptime_seconds":1.234,"timestamp_ms":...,<totals> */
+static size_t render_tail(const struct ts_core *core, char *p, char *host, size_t host_cap)
+{
+	char *start = p;
+	uint64_t up_ms = (ts_now_ns() - core->started_ns + 500000ull) / 1000000ull;
+	unsigned frac = (unsigned)(up_ms % 1000);
+
+	p = PUT_LIT(p, ",\"host\":\"");
+	ts_json_escape(host, host_cap, core->host);
+	p = put(p, host, strlen(host));
+	p = PUT_LIT(p, "\",\"uptime_seconds\":");
+	p = put_u64(p, up_ms / 1000);
+	*p++ = '.';
+	*p++ = (char)('0' + frac / 100);
+	*p++ = (char)('0' + frac / 10 % 10);
+	*p++ = (char)('0' + frac % 10);
+	p = PUT_LIT(p, ",\"timestamp_ms\":");
+	p = put_u64(p, ts_wall_ns() / 1000000ull);
+	*p++ = ',';
+	p = render_totals(core, p);
+	return (size_t)(p - start);
 }
 
 /* {"spaces":[...],"host":"...","uptime_seconds":...,"timestamp_ms":..., "arrays", "transfers"} */
@@ -156,7 +224,6 @@ static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 	uint64_t gen = ts_memory_generation(core->memory);
 	char *body = NULL, *list, host[160];
 	size_t len = 0, tail_room = VIEW_TAIL_MAX + sizeof host;
-	int n;
 
 	if (!cache_get(core->memory_view, gen, tail_room + sizeof head, &body, &len)) {
 		json_t *spaces = spaces_json(core);
@@ -184,13 +251,8 @@ static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 	memmove(body + sizeof head - 1, body, len);
 	memcpy(body, head, sizeof head - 1);
 	len += sizeof head - 1;
-	n = snprintf(body + len, tail_room, ",\"host\":\"%s\",\"uptime_seconds\":%.3f,"
-	             "\"timestamp_ms\":%llu,",
-	             ts_json_escape(host, sizeof host, core->host),
-	             (double)(ts_now_ns() - core->started_ns) / 1e9,
-	             (unsigned long long)(ts_wall_ns() / 1000000ull));
-	n += render_totals(core, body + len + n, tail_room - (size_t)n);
-	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", body, len + (size_t)n);
+	len += render_tail(core, body + len, host, sizeof host);
+	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", body, len);
 }
 
 void ts_h_memory_get(const struct ts_call *call, struct ts_reply *reply)

@@ -5,6 +5,8 @@ set -euo pipefail
 
 pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev
       check libsubunit-dev libopenblas-dev python3-numpy python3-pip)
+# make bench (TS_DEPS_BENCH=1) adds the servers its references run
+[ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")
 
 missing=()

@@ -38,6 +38,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "common/utf8.h"
+#include "server/http_tuning.h"
 #include "server/router.h"
 
 struct request {
@@ -118,6 +119,32 @@ static bool token_ok(const struct ts_server *srv, const char *auth)
 	return diff == 0;
 }
 
+/* Hot-path string copies (request_new): no printf per request. */
+static void copy_trunc(char *dst, size_t cap, const char *src)
+{
+	size_t n = strnlen(src, cap - 1);
+
+	memcpy(dst, src, n);
+	dst[n] = '\0';
+}
+
+/* "<prefix>-<hex n>" into dst (cap >= sizeof prefix + 18). */
+static void format_request_id(char *dst, size_t cap, const char *prefix, uint64_t n)
+{
+	char hex[16];
+	size_t len = strnlen(prefix, cap - 18), k = 0;
+
+	memcpy(dst, prefix, len);
+	dst[len++] = '-';
+	do {
+		hex[k++] = "0123456789abcdef"[n & 15];
+		n >>= 4;
+	} while (n);
+	while (k)
+		dst[len++] = hex[--k];
+	dst[len] = '\0';
+}
+
 static struct request *request_new(struct ts_server *srv,
                                    struct MHD_Connection *conn, const char *url,
                                    const char *method)
@@ -130,14 +157,14 @@ static struct request *request_new(struct ts_server *srv,
 	rq->srv = srv;
 	rq->start_ns = ts_now_ns();
 	rq->route = ts_nroutes;
-	snprintf(rq->method, sizeof rq->method, "%s", method);
-	snprintf(rq->path, sizeof rq->path, "%s", url);
+	copy_trunc(rq->method, sizeof rq->method, method);
+	copy_trunc(rq->path, sizeof rq->path, url);
 	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
 	if (valid_request_id(given))
-		snprintf(rq->id, sizeof rq->id, "%s", given);
+		copy_trunc(rq->id, sizeof rq->id, given);
 	else
-		snprintf(rq->id, sizeof rq->id, "%s-%llx", srv->id_prefix,
-		         (unsigned long long)atomic_fetch_add(&srv->next_id, 1));
+		format_request_id(rq->id, sizeof rq->id, srv->id_prefix,
+		                  atomic_fetch_add(&srv->next_id, 1));
 	return rq;
 }
 
@@ -660,6 +687,15 @@ static void reply_headers(struct request *rq, struct MHD_Response *resp)
 		MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
 }
 
+/* libmicrohttpd callocs a stream's whole block with the response: a
+ * small stream gets a block of its own size, not TS_HTTP_STREAM_BLOCK. */
+static size_t stream_block(uint64_t size)
+{
+	if (size < 4096)
+		return 4096;
+	return size < TS_HTTP_STREAM_BLOCK ? (size_t)size : TS_HTTP_STREAM_BLOCK;
+}
+
 /* Streams and in-place buffers: ownership passes to the MHD response. */
 static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Connection *conn)
 {
@@ -672,8 +708,8 @@ static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Conne
 
 		if (st) {
 			*st = r->stream;
-			resp = MHD_create_response_from_callback(st->size, 256 * 1024, stream_read,
-			                                         st, stream_free);
+			resp = MHD_create_response_from_callback(st->size, stream_block(st->size),
+			                                         stream_read, st, stream_free);
 			if (!resp)
 				free(st);
 		}
@@ -1135,12 +1171,8 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	struct sockaddr_storage ss;
 	struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
 	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
-	/* poll, not epoll: libmicrohttpd 0.9.75's edge-triggered epoll loop
-	 * misses a client's close that arrives together with the last body
-	 * bytes, which would keep a cut-off upload's reservation until the
-	 * connection timeout (it-arrays' cut-off test checks this) */
-	unsigned int flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ERROR_LOG |
-	                     MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC;
+	/* flags and option values: server/http_tuning.h */
+	unsigned int flags = TS_HTTP_MHD_FLAGS;
 	const union MHD_DaemonInfo *info;
 	int threads = srv->cfg.threads;
 	/* the library's own limit leaves room to answer those past ours */
@@ -1182,7 +1214,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(1u << 20),
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
 		MHD_OPTION_CONNECTION_LIMIT, hard,
 		/* no SO_REUSEPORT: a second daemon on the port fails to start

@@ -8,6 +8,8 @@
  * connections at random indices of the 4 GiB parent.
  *
  * Rows and targets: upload / loopback >= 0.8; download / loopback >= 0.8;
+ * upload / a bare libmicrohttpd sink and download / its source (tstaged's
+ * daemon flags, bodies dropped or sent from one block; benchlib) >= 0.9;
  * median item latency 4 GiB / 4 MiB parent <= 1.2; items/s >= 10000 (of 2,
  * 3 and 4 connections, the best). Warm-ups: the pinned pool is filled by a
  * first upload and a replace before a replace is timed, and one download
@@ -33,6 +35,7 @@
 #define RUNS 4
 
 #define BULK_TARGET 0.8
+#define BARE_TARGET 0.9
 #define LATENCY_TARGET 1.2
 #define ITEMS_TARGET 10000.0
 
@@ -113,28 +116,46 @@ static int bench_bulk(int port, const char *chunk)
 {
 	static const char put_path[] = "/v1/arrays/bulk?dtype=uint8&shape=1073741824"
 	                               "&memory_kind=pinned_host";
-	double tcp = 0, up = 0, down = 0;
-	char v[64], ref[64], tgt[32];
+	double tcp = 0, up = 0, down = 0, sink = 0, source = 0;
+	char v[64], ref[64], tgt[32], big[64];
+	struct bench_ref mhd = {0};
+
+	/* the bare libmicrohttpd sink and source, with tstaged's flags */
+	if (bench_ref_dir(&mhd, "mhd") != 0 || bench_mhd_start(&mhd, 16) != 0) {
+		bench_ref_stop(&mhd);
+		return -1;
+	}
+	snprintf(big, sizeof big, "/big?bytes=%llu", (unsigned long long)GiB);
 
 	/* fill the pinned pool: the first version, then a replace that holds
 	 * both; the timed replaces reuse what they freed. One download warms
 	 * the way out. */
 	if (!put_once(port, put_path, chunk, GiB, 201) || !put_once(port, put_path, chunk, GiB, 200) ||
-	    transfer_rate(port, "GET", "/v1/arrays/bulk/data", chunk, 0, GiB, 200) <= 0)
+	    transfer_rate(port, "GET", "/v1/arrays/bulk/data", chunk, 0, GiB, 200) <= 0) {
+		bench_ref_stop(&mhd);
 		return -1;
+	}
 	for (int r = 0; r < RUNS; r++) {
 		double t = bench_tcp_loopback(chunk, CHUNK, GiB, 1);
 		double u = transfer_rate(port, "PUT", put_path, chunk, GiB, 0, 200);
 		double g = transfer_rate(port, "GET", "/v1/arrays/bulk/data", chunk, 0, GiB, 200);
+		double ks = transfer_rate(mhd.port, "PUT", "/sink", chunk, GiB, 0, 200);
+		double kg = transfer_rate(mhd.port, "GET", big, chunk, 0, GiB, 200);
 
-		if (t <= 0 || u <= 0 || g <= 0)
+		if (t <= 0 || u <= 0 || g <= 0 || ks <= 0 || kg <= 0) {
+			bench_ref_stop(&mhd);
 			return -1;
+		}
 		fprintf(stderr, "bench_arrays: round %d: loopback %.2f GB/s, upload %.2f GB/s, "
-		        "download %.2f GB/s\n", r, t / 1e9, u / 1e9, g / 1e9);
+		        "download %.2f GB/s, bare libmicrohttpd sink %.2f GB/s, source %.2f GB/s\n",
+		        r, t / 1e9, u / 1e9, g / 1e9, ks / 1e9, kg / 1e9);
 		tcp = t > tcp ? t : tcp;
 		up = u > up ? u : up;
 		down = g > down ? g : down;
+		sink = ks > sink ? ks : sink;
+		source = kg > source ? kg : source;
 	}
+	bench_ref_stop(&mhd);
 	if (!delete_array(port, "bulk"))
 		return -1;
 
@@ -146,6 +167,17 @@ static int bench_bulk(int port, const char *chunk)
 	bench_row("arrays: download 1 GiB pinned / loopback TCP",
 	          bench_fmt_bandwidth(v, sizeof v, down), ref, down / tcp, tgt, true,
 	          down / tcp >= BULK_TARGET);
+
+	snprintf(tgt, sizeof tgt, ">= %.2f", BARE_TARGET);
+	bench_fmt_bandwidth(ref, sizeof ref, sink);
+	snprintf(ref + strlen(ref), sizeof ref - strlen(ref), " bare MHD sink");
+	bench_row("arrays: upload 1 GiB pinned / bare MHD sink", bench_fmt_bandwidth(v, sizeof v, up),
+	          ref, up / sink, tgt, true, up / sink >= BARE_TARGET);
+	bench_fmt_bandwidth(ref, sizeof ref, source);
+	snprintf(ref + strlen(ref), sizeof ref - strlen(ref), " bare MHD source");
+	bench_row("arrays: download 1 GiB / bare MHD source",
+	          bench_fmt_bandwidth(v, sizeof v, down), ref, down / source, tgt, true,
+	          down / source >= BARE_TARGET);
 	return 0;
 }
 

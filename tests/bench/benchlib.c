@@ -21,10 +21,16 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/prctl.h>
+#include <sys/epoll.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <microhttpd.h>
+
+#include "server/http_tuning.h"
 
 #define MAX_ARGS 64
 #define MAX_CLIENTS 64
@@ -200,6 +206,7 @@ int bench_daemon_stop(struct bench_daemon *d)
 struct window {
 	_Atomic int open;            /* count what completes now */
 	_Atomic int stop;
+	_Atomic int ready;           /* event-loop threads with every connection open */
 };
 
 struct client {
@@ -517,6 +524,758 @@ int bench_load_interleaved(int port, const struct bench_load *loads, int n, int 
 int bench_load_run(int port, const struct bench_load *load, struct bench_result *out)
 {
 	return bench_load_interleaved(port, load, 1, 1, out);
+}
+
+/* ---- many connections, one event loop --------------------------------------------- */
+
+#define MCONN_BUF (64 * 1024)
+
+/* One connection of the event-loop generator and where its answer stands. */
+struct mconn {
+	int fd;
+	int index;                   /* 0 .. conns-1 */
+	uint64_t seq, t0;
+	char req[2048];
+	size_t req_len, req_off;
+	bool reading;
+	/* HTTP: the head gathered so far, then the body bytes still to come */
+	char head[4096];
+	size_t head_len;
+	long long body_left;         /* -1 while in the head */
+	int code;
+	/* RESP: a line gathered so far, elements still to come, bulk bytes left */
+	char line[64];
+	size_t line_len;
+	long long pending, bulk_left;
+	bool resp_error;
+};
+
+struct mthread {
+	pthread_t tid;
+	int port;
+	const struct bench_mload *load;
+	struct window *win;
+	struct mconn *c;
+	int first, n;                /* connections first .. first + n - 1 */
+	int win_threads;             /* threads of the round */
+	uint64_t requests, errors;
+	uint32_t *lat_ns;
+	size_t nlat, cap;
+	bool failed;
+};
+
+static void mrecord(struct mthread *t, uint64_t ns)
+{
+	if (t->nlat == t->cap) {
+		size_t cap = t->cap ? t->cap * 2 : 65536;
+		uint32_t *grown = realloc(t->lat_ns, cap * sizeof *grown);
+
+		if (!grown)
+			return;
+		t->lat_ns = grown;
+		t->cap = cap;
+	}
+	t->lat_ns[t->nlat++] = ns > UINT32_MAX ? UINT32_MAX : (uint32_t)ns;
+}
+
+static bool mconn_next(struct mthread *t, struct mconn *c)
+{
+	const struct bench_mload *l = t->load;
+
+	if (l->next) {
+		c->req_len = l->next(l->arg, c->index, c->seq, c->req, sizeof c->req);
+	} else {
+		c->req_len = l->fixed_len < sizeof c->req ? l->fixed_len : 0;
+		memcpy(c->req, l->fixed, c->req_len);
+	}
+	c->seq++;
+	c->req_off = 0;
+	c->reading = false;
+	c->head_len = 0;
+	c->body_left = -1;
+	c->code = 0;
+	c->line_len = 0;
+	c->pending = 1;
+	c->bulk_left = -1;
+	c->resp_error = false;
+	c->t0 = now_ns();
+	return c->req_len > 0;
+}
+
+/* HTTP: takes n bytes of the answer; 1 when it is whole, 0 for more, -1 broken. */
+static int http_take(struct mconn *c, const char *p, size_t n)
+{
+	if (c->body_left < 0) {
+		size_t room = sizeof c->head - c->head_len, k = n < room ? n : room;
+		const char *eoh;
+		size_t hl;
+		long long cl;
+
+		memcpy(c->head + c->head_len, p, k);
+		c->head_len += k;
+		eoh = memmem(c->head, c->head_len, "\r\n\r\n", 4);
+		if (!eoh)
+			return c->head_len == sizeof c->head ? -1 : 0;
+		hl = (size_t)(eoh - c->head) + 4;
+		cl = content_length(c->head, hl);
+		if (cl < 0 || strncmp(c->head, "HTTP/1.", 7) != 0 || c->head_len < 12)
+			return -1;
+		c->code = atoi(c->head + 9);
+		/* the bytes of this read past the head are body */
+		c->body_left = cl - (long long)(c->head_len - hl) - (long long)(n - k);
+	} else {
+		c->body_left -= (long long)n;
+	}
+	if (c->body_left < 0)
+		return -1;       /* more than was asked for: nothing is pipelined */
+	return c->body_left == 0;
+}
+
+/* RESP: the same, for one reply (a bulk string, or an array of them). */
+static int resp_take(struct mconn *c, const char *p, size_t n, size_t expect_bulk)
+{
+	while (n > 0) {
+		if (c->bulk_left >= 0) {
+			size_t k = (long long)n < c->bulk_left ? n : (size_t)c->bulk_left;
+
+			c->bulk_left -= (long long)k;
+			p += k;
+			n -= k;
+			if (c->bulk_left == 0) {
+				c->bulk_left = -1;
+				c->pending--;
+			}
+			continue;
+		}
+		if (c->line_len == sizeof c->line)
+			return -1;
+		c->line[c->line_len++] = *p++;
+		n--;
+		if (c->line_len < 2 || c->line[c->line_len - 1] != '\n')
+			continue;
+		c->line[c->line_len - 2] = '\0';
+		switch (c->line[0]) {
+		case '*':
+			c->pending += strtoll(c->line + 1, NULL, 10) - 1;
+			break;
+		case '$': {
+			long long len = strtoll(c->line + 1, NULL, 10);
+
+			if (len < 0 || (expect_bulk && (size_t)len != expect_bulk)) {
+				c->resp_error = true;
+				c->pending--;
+			} else {
+				c->bulk_left = len + 2;
+			}
+			break;
+		}
+		case '-':
+			c->resp_error = true;
+			/* fall through */
+		default:
+			c->pending--;
+			break;
+		}
+		c->line_len = 0;
+	}
+	if (c->pending < 0)
+		return -1;
+	return c->pending == 0 && c->bulk_left < 0;
+}
+
+static int mconn_open(struct mthread *t, struct mconn *c, int ep)
+{
+	struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.ptr = c};
+	int fl;
+
+	c->fd = connect_to(t->port);
+	if (c->fd < 0)
+		return -1;
+	fl = fcntl(c->fd, F_GETFL);
+	fcntl(c->fd, F_SETFL, fl | O_NONBLOCK);
+	if (epoll_ctl(ep, EPOLL_CTL_ADD, c->fd, &ev) != 0) {
+		close(c->fd);
+		c->fd = -1;
+		return -1;
+	}
+	return 0;
+}
+
+static void mconn_set(int ep, struct mconn *c, uint32_t events)
+{
+	struct epoll_event ev = {.events = events, .data.ptr = c};
+
+	epoll_ctl(ep, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* Sends what is left of c's request; false when the connection broke. */
+static bool mconn_send(int ep, struct mconn *c)
+{
+	while (c->req_off < c->req_len) {
+		ssize_t n = send(c->fd, c->req + c->req_off, c->req_len - c->req_off, MSG_NOSIGNAL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			mconn_set(ep, c, EPOLLIN | EPOLLOUT);
+			return true;
+		}
+		if (n <= 0)
+			return false;
+		c->req_off += (size_t)n;
+	}
+	if (!c->reading) {
+		c->reading = true;
+		mconn_set(ep, c, EPOLLIN);
+	}
+	return true;
+}
+
+static void *mthread_main(void *arg)
+{
+	struct mthread *t = arg;
+	const struct bench_mload *l = t->load;
+	struct epoll_event evs[64];
+	char *buf = malloc(MCONN_BUF);
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+
+	if (!buf || ep < 0)
+		goto fail;
+	for (int i = 0; i < t->n; i++) {
+		struct mconn *c = &t->c[i];
+
+		c->index = t->first + i;
+		if (mconn_open(t, c, ep) != 0)
+			goto fail;
+	}
+	/* the first requests go once every connection of the round is open,
+	 * so that the window measures requests, not connection setup */
+	atomic_fetch_add(&t->win->ready, 1);
+	while (atomic_load(&t->win->ready) < t->win_threads &&
+	       !atomic_load_explicit(&t->win->stop, memory_order_relaxed))
+		sleep_s(0.001);
+	for (int i = 0; i < t->n; i++)
+		if (!mconn_next(t, &t->c[i]) || !mconn_send(ep, &t->c[i]))
+			goto fail;
+	while (!atomic_load_explicit(&t->win->stop, memory_order_relaxed)) {
+		int ne = epoll_wait(ep, evs, 64, 20);
+
+		for (int e = 0; e < ne; e++) {
+			struct mconn *c = evs[e].data.ptr;
+			int done = 0;
+
+			if (!c->reading) {
+				if (!mconn_send(ep, c))
+					done = -1;
+			} else {
+				for (;;) {
+					ssize_t n = recv(c->fd, buf, MCONN_BUF, 0);
+
+					if (n < 0 && errno == EINTR)
+						continue;
+					if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+						break;
+					if (n <= 0) {
+						done = -1;
+						break;
+					}
+					done = l->proto == BENCH_PROTO_HTTP
+					               ? http_take(c, buf, (size_t)n)
+					               : resp_take(c, buf, (size_t)n, l->expect_bulk);
+					if (done != 0)
+						break;
+				}
+			}
+			if (done == 0)
+				continue;
+			if (atomic_load_explicit(&t->win->open, memory_order_relaxed)) {
+				bool ok = done > 0 && (l->proto == BENCH_PROTO_HTTP
+				                               ? c->code >= 200 && c->code < 300
+				                               : !c->resp_error);
+
+				if (ok) {
+					t->requests++;
+					mrecord(t, now_ns() - c->t0);
+				} else {
+					t->errors++;
+				}
+			}
+			if (done < 0) {
+				epoll_ctl(ep, EPOLL_CTL_DEL, c->fd, NULL);
+				close(c->fd);
+				if (mconn_open(t, c, ep) != 0) {
+					t->errors++;
+					goto fail;
+				}
+			}
+			if (!mconn_next(t, c) || !mconn_send(ep, c))
+				goto fail;
+		}
+	}
+	goto out;
+fail:
+	t->failed = true;
+	atomic_fetch_add(&t->win->ready, t->win_threads);  /* nobody waits for a failed thread */
+out:
+	for (int i = 0; i < t->n; i++)
+		if (t->c[i].fd > 0)
+			close(t->c[i].fd);
+	if (ep >= 0)
+		close(ep);
+	free(buf);
+	return NULL;
+}
+
+static int client_threads(const struct bench_mload *l)
+{
+	const char *s = getenv("BENCH_CLIENT_THREADS");
+	int n = l->client_threads > 0 ? l->client_threads : (s ? atoi(s) : 1);
+
+	if (n < 1)
+		n = 1;
+	return n > l->conns ? l->conns : n;
+}
+
+static int mload_round(int port, const struct bench_mload *l, double duration_s, struct tally *ta)
+{
+	struct window win = {0};
+	int nt, rc = 0, started = 0;
+	struct mthread *th;
+	struct mconn *conns;
+
+	if (l->conns < 1 || l->conns > BENCH_MAX_CONNS)
+		return -1;
+	nt = client_threads(l);
+	th = calloc((size_t)nt, sizeof *th);
+	conns = calloc((size_t)l->conns, sizeof *conns);
+	if (!th || !conns) {
+		free(th);
+		free(conns);
+		return -1;
+	}
+	for (int i = 0; i < l->conns; i++)
+		conns[i].fd = -1;
+	for (int i = 0, first = 0; i < nt; i++) {
+		int n = l->conns / nt + (i < l->conns % nt);
+
+		th[i] = (struct mthread){.port = port, .load = l, .win = &win, .c = conns + first,
+		                         .first = first, .n = n, .win_threads = nt};
+		first += n;
+		if (pthread_create(&th[i].tid, NULL, mthread_main, &th[i]) != 0)
+			break;
+		started++;
+	}
+	if (started < nt) {
+		rc = -1;
+		atomic_store(&win.stop, 1);
+	}
+	{
+		uint64_t deadline = now_ns() + 20000000000ull;
+
+		while (rc == 0 && atomic_load(&win.ready) < nt && now_ns() < deadline)
+			sleep_s(0.001);
+	}
+	sleep_s(l->warmup_s);
+	{
+		uint64_t t_open = now_ns();
+
+		atomic_store(&win.open, 1);
+		sleep_s(duration_s);
+		atomic_store(&win.open, 0);
+		ta->seconds += (double)(now_ns() - t_open) / 1e9;
+	}
+	atomic_store(&win.stop, 1);
+	for (int i = 0; i < started; i++) {
+		pthread_join(th[i].tid, NULL);
+		if (th[i].failed) {
+			fprintf(stderr, "bench: %d connections to port %d: a connection failed\n",
+			        l->conns, port);
+			rc = -1;
+		}
+		ta->requests += th[i].requests;
+		ta->errors += th[i].errors;
+		if (!tally_add_latencies(ta, th[i].lat_ns, th[i].nlat))
+			rc = -1;
+		free(th[i].lat_ns);
+	}
+	free(th);
+	free(conns);
+	return rc;
+}
+
+int bench_mload_interleaved(const int *ports, const struct bench_mload *loads, int n, int rounds,
+                            struct bench_result *results)
+{
+	struct tally *t = calloc((size_t)(n > 0 ? n : 1), sizeof *t);
+	int rc = 0;
+
+	if (!t || n < 1 || rounds < 1) {
+		free(t);
+		return -1;
+	}
+	for (int r = 0; r < rounds && rc == 0; r++)
+		for (int i = 0; i < n && rc == 0; i++)
+			rc = mload_round(ports[i], &loads[i], loads[i].duration_s / rounds, &t[i]);
+	for (int i = 0; i < n; i++) {
+		tally_result(&t[i], &results[i]);
+		if (rc == 0 && results[i].requests == 0) {
+			fprintf(stderr, "bench: port %d: no request succeeded (%llu errors)\n", ports[i],
+			        (unsigned long long)results[i].errors);
+			rc = -1;
+		}
+		free(t[i].lat_ns);
+	}
+	free(t);
+	return rc;
+}
+
+int bench_mload_run(int port, const struct bench_mload *load, struct bench_result *out)
+{
+	return bench_mload_interleaved(&port, load, 1, 1, out);
+}
+
+size_t bench_http_get(char *buf, size_t cap, int port, const char *path, const char *extra)
+{
+	int n = snprintf(buf, cap, "GET %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n%s\r\n", path, port,
+	                 extra ? extra : "");
+
+	return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+/* ---- references: nginx, redis-server, a bare libmicrohttpd ------------------------- */
+
+int bench_ref_dir(struct bench_ref *r, const char *what)
+{
+	const char *tmp = getenv("TMPDIR");
+	char www[300];
+
+	memset(r, 0, sizeof *r);
+	snprintf(r->dir, sizeof r->dir, "%s/tstage-%s-XXXXXX", tmp && *tmp ? tmp : "/tmp", what);
+	if (!mkdtemp(r->dir)) {
+		fprintf(stderr, "bench: mkdtemp: %s\n", strerror(errno));
+		r->dir[0] = '\0';
+		return -1;
+	}
+	snprintf(www, sizeof www, "%s/www", r->dir);
+	return mkdir(www, 0700);
+}
+
+/* A loopback port nobody listens on now (bound, read, released). */
+static int free_port(void)
+{
+	struct sockaddr_in sa = {.sin_family = AF_INET};
+	socklen_t sl = sizeof sa;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+		port = ntohs(sa.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* Forks and execs argv with stdout and stderr to dir/log; the child dies
+ * with the bench. */
+static pid_t spawn(const char *dir, const char *const *argv)
+{
+	pid_t parent = getpid(), pid;
+	char log[300];
+	int fd;
+
+	snprintf(log, sizeof log, "%s/log", dir);
+	fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -1;
+	fflush(NULL);
+	pid = fork();
+	if (pid == 0) {
+		sigset_t none;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent)
+			_exit(127);
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		execvp(argv[0], (char *const *)argv);
+		dprintf(2, "cannot exec '%s': %s\n", argv[0], strerror(errno));
+		_exit(127);
+	}
+	close(fd);
+	return pid;
+}
+
+/* Waits up to 10 s for r's port to accept; 0, or -1 after printing its log. */
+static int wait_listening(struct bench_ref *r, const char *what)
+{
+	uint64_t deadline = now_ns() + 10000000000ull;
+
+	for (;;) {
+		int fd = connect_to(r->port), ws;
+
+		if (fd >= 0) {
+			close(fd);
+			return 0;
+		}
+		if (waitpid(r->pid, &ws, WNOHANG) == r->pid || now_ns() > deadline) {
+			char log[300], line[512];
+			FILE *f;
+
+			snprintf(log, sizeof log, "%s/log", r->dir);
+			fprintf(stderr, "bench: %s did not start:\n", what);
+			if ((f = fopen(log, "r")) != NULL) {
+				while (fgets(line, sizeof line, f))
+					fprintf(stderr, "  %s: %s", what, line);
+				fclose(f);
+			}
+			if (waitpid(r->pid, &ws, WNOHANG) == 0) {
+				kill(r->pid, SIGKILL);
+				waitpid(r->pid, NULL, 0);
+			}
+			r->pid = 0;
+			return -1;
+		}
+		sleep_s(0.01);
+	}
+}
+
+static bool have_program(const char *name)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof cmd, "command -v %s >/dev/null 2>&1", name);
+	return system(cmd) == 0;
+}
+
+int bench_nginx_start(struct bench_ref *r, int worker_processes)
+{
+	static const char *const bins[] = {"nginx", "/usr/sbin/nginx"};
+	const char *bin = NULL;
+	char conf[300];
+	FILE *f;
+
+	for (size_t i = 0; i < sizeof bins / sizeof bins[0] && !bin; i++)
+		if (have_program(bins[i]))
+			bin = bins[i];
+	if (!bin) {
+		fprintf(stderr, "bench: nginx is not installed (make bench installs it: "
+		        "TS_DEPS_EXTRA in the Makefile)\n");
+		return -1;
+	}
+	if ((r->port = free_port()) < 0)
+		return -1;
+	/* a root master runs its workers as another user: they must read www */
+	snprintf(conf, sizeof conf, "%s/www", r->dir);
+	chmod(r->dir, 0755);
+	chmod(conf, 0755);
+	snprintf(conf, sizeof conf, "%s/nginx.conf", r->dir);
+	if (!(f = fopen(conf, "w")))
+		return -1;
+	fprintf(f,
+	        "daemon off;\nmaster_process on;\nworker_processes %d;\npid %s/nginx.pid;\n"
+	        "error_log %s/error.log warn;\nevents { worker_connections 4096; }\n"
+	        "http {\n  access_log off;\n  keepalive_requests 100000000;\n"
+	        "  keepalive_timeout 300s;\n  client_body_temp_path %s;\n"
+	        "  proxy_temp_path %s;\n  fastcgi_temp_path %s;\n  uwsgi_temp_path %s;\n"
+	        "  scgi_temp_path %s;\n  default_type application/json;\n  sendfile on;\n"
+	        "  tcp_nopush on;\n  tcp_nodelay on;\n"
+	        "  server {\n    listen 127.0.0.1:%d;\n    root %s/www;\n  }\n}\n",
+	        worker_processes, r->dir, r->dir, r->dir, r->dir, r->dir, r->dir, r->dir, r->port,
+	        r->dir);
+	fclose(f);
+	{
+		const char *const argv[] = {bin, "-p", r->dir, "-c", conf, "-e", "stderr", NULL};
+
+		r->pid = spawn(r->dir, argv);
+	}
+	return r->pid > 0 ? wait_listening(r, "nginx") : -1;
+}
+
+int bench_redis_start(struct bench_ref *r)
+{
+	char port[16];
+
+	if (!have_program("redis-server")) {
+		fprintf(stderr, "bench: redis-server is not installed (make bench installs it: "
+		        "TS_DEPS_EXTRA in the Makefile)\n");
+		return -1;
+	}
+	if ((r->port = free_port()) < 0)
+		return -1;
+	snprintf(port, sizeof port, "%d", r->port);
+	{
+		const char *const argv[] = {"redis-server", "--bind", "127.0.0.1", "--port", port,
+		                            "--dir", r->dir, "--save", "", "--appendonly", "no",
+		                            "--protected-mode", "no", "--maxclients", "4096",
+		                            "--io-threads", "1", "--daemonize", "no", NULL};
+
+		r->pid = spawn(r->dir, argv);
+	}
+	return r->pid > 0 ? wait_listening(r, "redis-server") : -1;
+}
+
+int bench_resp_send(int port, const void *cmds, size_t len, int nreplies)
+{
+	int fd = connect_to(port), got = 0;
+	char buf[4096];
+	struct timeval none = {0, 0};
+
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+	if (!send_all(fd, cmds, len)) {
+		close(fd);
+		return -1;
+	}
+	/* simple replies only (+OK): count the lines */
+	while (got < nreplies) {
+		ssize_t n = recv(fd, buf, sizeof buf, 0);
+
+		if (n <= 0)
+			break;
+		for (ssize_t i = 0; i < n; i++) {
+			if (buf[i] == '-')
+				fprintf(stderr, "bench: redis answered an error\n");
+			got += buf[i] == '\n';
+		}
+	}
+	close(fd);
+	return got == nreplies ? 0 : -1;
+}
+
+/* The bare libmicrohttpd server: the child's request handler. */
+struct mhd_ref {
+	char *small;
+	size_t small_len;
+	char *block;
+};
+
+static ssize_t mhd_ref_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+	const struct mhd_ref *m = cls;
+	size_t n = max < TS_HTTP_STREAM_BLOCK ? max : TS_HTTP_STREAM_BLOCK;
+
+	(void)pos;
+	memcpy(buf, m->block, n);
+	return (ssize_t)n;
+}
+
+static enum MHD_Result mhd_ref_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                       const char *method, const char *version,
+                                       const char *upload_data, size_t *upload_data_size,
+                                       void **req_cls)
+{
+	struct mhd_ref *m = cls;
+	struct MHD_Response *resp;
+	enum MHD_Result ret;
+
+	(void)version;
+	(void)upload_data;
+	if (!*req_cls) {
+		*req_cls = m;
+		return MHD_YES;
+	}
+	if (*upload_data_size) {
+		*upload_data_size = 0;      /* dropped, as a sink */
+		return MHD_YES;
+	}
+	if (strcmp(method, "GET") == 0 && strcmp(url, "/big") == 0) {
+		const char *b = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "bytes");
+
+		resp = MHD_create_response_from_callback(b ? strtoull(b, NULL, 10) : 0,
+		                                         TS_HTTP_STREAM_BLOCK, mhd_ref_read, m, NULL);
+	} else if (strcmp(method, "GET") == 0) {
+		resp = MHD_create_response_from_buffer(m->small_len, m->small,
+		                                       MHD_RESPMEM_PERSISTENT);
+	} else {
+		resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+	}
+	if (!resp)
+		return MHD_NO;
+	MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+	ret = MHD_queue_response(conn, MHD_HTTP_OK, resp);
+	MHD_destroy_response(resp);
+	return ret;
+}
+
+static void mhd_ref_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
+                              enum MHD_RequestTerminationCode toe)
+{
+	(void)cls;
+	(void)conn;
+	(void)toe;
+	*req_cls = NULL;
+}
+
+int bench_mhd_start(struct bench_ref *r, size_t small_len)
+{
+	pid_t parent = getpid();
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+	if ((r->port = free_port()) < 0)
+		return -1;
+	fflush(NULL);
+	r->pid = fork();
+	if (r->pid == 0) {
+		struct mhd_ref m = {.small = malloc(small_len + 1), .small_len = small_len,
+		                    .block = malloc(TS_HTTP_STREAM_BLOCK)};
+		struct MHD_Daemon *d;
+		sigset_t none;
+
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		if (getppid() != parent || !m.small || !m.block)
+			_exit(127);
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		memset(m.small, 'x', small_len);
+		memset(m.block, 'y', TS_HTTP_STREAM_BLOCK);
+		/* tstaged's flags and options (server/http_tuning.h) */
+		d = MHD_start_daemon(TS_HTTP_MHD_FLAGS, (uint16_t)r->port, NULL, NULL,
+		                     mhd_ref_request, &m,
+		                     MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cores > 0 ? cores : 1),
+		                     MHD_OPTION_NOTIFY_COMPLETED, mhd_ref_completed, &m,
+		                     MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
+		                     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)300,
+		                     MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
+		                     MHD_OPTION_END);
+		if (!d)
+			_exit(126);
+		for (;;)
+			pause();
+	}
+	if (r->pid < 0)
+		return -1;
+	return wait_listening(r, "bare libmicrohttpd");
+}
+
+void bench_ref_stop(struct bench_ref *r)
+{
+	char path[600];
+
+	if (r->pid > 0) {
+		uint64_t deadline = now_ns() + 5000000000ull;
+
+		kill(r->pid, SIGTERM);
+		while (waitpid(r->pid, NULL, WNOHANG) == 0) {
+			if (now_ns() > deadline) {
+				kill(r->pid, SIGKILL);
+				waitpid(r->pid, NULL, 0);
+				break;
+			}
+			sleep_s(0.005);
+		}
+		r->pid = 0;
+	}
+	if (!r->dir[0])
+		return;
+	snprintf(path, sizeof path, "rm -rf '%s'", r->dir);
+	if (system(path) != 0)
+		fprintf(stderr, "bench: cannot remove %s\n", r->dir);
+	r->dir[0] = '\0';
 }
 
 /* ---- bulk transfers ----------------------------------------------------------------- */

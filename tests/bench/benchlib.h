@@ -123,6 +123,92 @@ double bench_tcp_loopback(const void *chunk, size_t chunk_len, uint64_t bytes, i
 /* Formats bytes per second as "2.41 GB/s" into buf; returns buf. */
 const char *bench_fmt_bandwidth(char *buf, size_t cap, double bytes_per_s);
 
+
+/* ---- many connections, one event loop ------------------------------------------- */
+
+/*
+ * The load generator the references share: conns connections (up to
+ * BENCH_MAX_CONNS) driven by client_threads event-loop threads (epoll, each
+ * owning conns / client_threads of them), every connection sending one
+ * request at a time and reading its answer whole before the next (no
+ * pipelining). The same loop drives tstaged, nginx, a bare libmicrohttpd
+ * server (keep-alive HTTP/1.1, answers read by Content-Length) and Redis
+ * (RESP: a bulk string, or an array of them for MGET), so the targets differ
+ * only in the server. A warm-up, then the requests completed within the
+ * window are counted and timed.
+ */
+#define BENCH_MAX_CONNS 1024
+
+enum bench_proto { BENCH_PROTO_HTTP, BENCH_PROTO_RESP };
+
+struct bench_mload {
+	enum bench_proto proto;
+	int conns;
+	int client_threads;          /* 0: $BENCH_CLIENT_THREADS or 1 */
+	double warmup_s, duration_s;
+	/* the request: fixed bytes, or from next (when set) before each one:
+	 * it writes request seq of connection conn into buf (at most cap bytes)
+	 * and returns its length (0: an error). Called from the client threads
+	 * at once; arg is shared. */
+	const char *fixed;
+	size_t fixed_len;
+	size_t (*next)(void *arg, int conn, uint64_t seq, char *buf, size_t cap);
+	void *arg;
+	/* RESP: bytes each bulk string must have (0: any) */
+	size_t expect_bulk;
+};
+
+/* Runs the load against 127.0.0.1:port; 0, or -1 after printing why. */
+int bench_mload_run(int port, const struct bench_mload *load, struct bench_result *out);
+
+/* Like bench_load_interleaved, for n loads on their own ports. */
+int bench_mload_interleaved(const int *ports, const struct bench_mload *loads, int n, int rounds,
+                            struct bench_result *results);
+
+/* Writes "GET path HTTP/1.1" with a Host header and extra (may be NULL)
+ * into buf; returns its length, 0 when it does not fit. */
+size_t bench_http_get(char *buf, size_t cap, int port, const char *path, const char *extra);
+
+/* ---- references: nginx, redis-server, a bare libmicrohttpd ------------------------ */
+
+/*
+ * A reference server started by the bench: nginx serving a directory of
+ * static files, redis-server without persistence, or a bare libmicrohttpd
+ * server in a child of this process. Each listens on an ephemeral loopback
+ * port, keeps its files in a temporary directory, and dies with the bench.
+ */
+struct bench_ref {
+	pid_t pid;
+	int port;
+	char dir[256];
+};
+
+/* nginx, as a foreground process with worker_processes workers, no access
+ * log, serving the files of ref->dir/www (the caller writes them there
+ * after bench_ref_dir). Returns 0, or -1 after printing why (nginx missing:
+ * the command to install it). */
+int bench_ref_dir(struct bench_ref *r, const char *what);
+int bench_nginx_start(struct bench_ref *r, int worker_processes);
+
+/* redis-server: no RDB, no AOF, io-threads 1. */
+int bench_redis_start(struct bench_ref *r);
+
+/*
+ * A bare libmicrohttpd server with tstaged's daemon flags and options
+ * (ts_http_tuning): GET /small answers small_len bytes from a static
+ * buffer; GET /big?bytes=N streams N bytes from a callback in 256 KiB
+ * blocks, as tstaged's downloads do; PUT drops its body and answers 200.
+ * It runs in a forked child.
+ */
+int bench_mhd_start(struct bench_ref *r, size_t small_len);
+
+/* Stops a reference (SIGTERM, then SIGKILL) and removes its directory. */
+void bench_ref_stop(struct bench_ref *r);
+
+/* Sends len bytes and reads the replies of nreplies RESP commands,
+ * blocking; for loading Redis. 0 or -1. */
+int bench_resp_send(int port, const void *cmds, size_t len, int nreplies);
+
 /* ---- the table ----------------------------------------------------------------------- */
 
 /* Column widths shared with run.sh's header: bench, value, reference,
