@@ -242,7 +242,7 @@ START_TEST(colocation_across_backends)
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 12}, "
 	         "\"init\": {\"constant\": 0.125}, \"placement\": {\"device\": \"%s\"}}", other);
-	m = post("/v1/models", body, 201);
+	m = post("/v1/models?wait=true", body, 200);
 	json_decref(m);
 	/* no placement: lands on the default device (the accelerator), uncommitted */
 	put_array("x", x, sizeof x, "dtype=float32&shape=4,8");
@@ -262,7 +262,7 @@ START_TEST(colocation_across_backends)
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m2\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 12}, "
 	         "\"init\": {\"constant\": 0.125}, \"placement\": {\"device\": \"%s\"}}", other);
-	json_decref(post("/v1/models", body, 201));
+	json_decref(post("/v1/models?wait=true", body, 200));
 	snprintf(query, sizeof query, "dtype=float32&shape=4,8&device=%s&memory_kind=device", other);
 	put_array("x2", x, sizeof x, query);
 	res = post("/v1/models/m2:step?wait=true", "{\"inputs\": \"x2\"}", 200);
@@ -436,7 +436,7 @@ START_TEST(download_cut_short_by_a_device_error)
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	         "\"placement\": {\"device\": \"%s\"}}", gpu);
-	json_decref(post("/v1/models", body, 201));
+	json_decref(post("/v1/models?wait=true", body, 200));
 	snprintf(query, sizeof query, "dtype=float32&shape=4,8&device=%s&memory_kind=device", gpu);
 	put_array("in", x, 4 * 8 * sizeof(float), query);
 	snprintf(query, sizeof query, "dtype=uint8&shape=%d&device=%s&memory_kind=device", N, gpu);

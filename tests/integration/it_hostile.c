@@ -347,8 +347,8 @@ static void start_long_step(struct th_daemon *d, char *id, size_t cap)
 	struct th_response r;
 	char *x;
 
-	th_request(d, "POST", "/v1/models", json_h, model, sizeof model - 1, &r);
-	ck_assert_msg(r.status == 201, "model: %ld %s", r.status, r.body);
+	th_request(d, "POST", "/v1/models?wait=true", json_h, model, sizeof model - 1, &r);
+	ck_assert_msg(r.status == 200, "model: %ld %s", r.status, r.body);
 	th_response_free(&r);
 	x = calloc(256 * 128, 4);
 	th_request(d, "PUT", "/v1/arrays/x?dtype=float32&shape=256,128", NULL, x, 256 * 128 * 4, &r);
