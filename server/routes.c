@@ -38,7 +38,7 @@
 	X("DELETE", "/v1/arrays/{array}", ts_h_arrays_delete, NULL, NULL, TS_BODY_NONE, false, \
 	  "")                                                                                  \
 	X("GET", "/v1/arrays/{array}/data", ts_h_arrays_data, NULL, NULL, TS_BODY_NONE, false, \
-	  "format,index")                                                                      \
+	  "format,index,rows")                                                                    \
 	X("POST", "/v1/arrays/{array}:gather", ts_h_arrays_gather, NULL, NULL, TS_BODY_JSON,   \
 	  false, "wait:bool")                                                                  \
 	X("POST", "/v1/arrays/{array}:put", ts_h_arrays_put_sharding, NULL, NULL,              \
