@@ -33,33 +33,44 @@ PKGS      := libmicrohttpd jansson
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
+# The project's flags live in TS_*; a user's CPPFLAGS, CFLAGS, LDFLAGS and
+# LDLIBS (from the environment or the command line) come after them, so
+# that `make CFLAGS=-O0` adds -O0 instead of dropping -std=c11, -Werror and
+# the dependency files.
 OPT       ?= -O2
-CPPFLAGS  += -I. -D_GNU_SOURCE $(PKG_CFLAGS)
-CFLAGS    += -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+TS_CPPFLAGS := -I. -D_GNU_SOURCE $(PKG_CFLAGS)
+TS_CFLAGS := -std=c11 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
              -fno-strict-aliasing -fno-math-errno -pthread -MMD -MP
-LDLIBS    += $(PKG_LIBS) -lopenblas -lpthread -lm
-LDFLAGS   += -pthread
+TS_LDLIBS := $(PKG_LIBS) -lopenblas -lpthread -lm
+TS_LDFLAGS := -pthread
 
 ifeq ($(FAULT),1)
-CPPFLAGS  += -DTS_FAULT_BUILD=1
+TS_CPPFLAGS += -DTS_FAULT_BUILD=1
 endif
 
 ifneq ($(SANITIZE),)
-CFLAGS    += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
-LDFLAGS   += -fsanitize=$(SANITIZE)
+TS_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+TS_LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
 ifeq ($(CUDA),1)
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
-CPPFLAGS  += -DTS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+TS_CPPFLAGS += -DTS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
+TS_LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 NVCCFLAGS ?= -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall -I.
 endif
 
+# The version and git revision reach one object, common/version.o, which is
+# rebuilt whenever either changes ($(BUILD)/version.stamp is rewritten only
+# then): --version and tstage_build_info follow HEAD without a clean build.
 VERSION   := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 GIT_REV   := $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
-CPPFLAGS  += -DTS_VERSION='"$(VERSION)"' -DTS_GIT_REV='"$(GIT_REV)"'
+
+ALL_CPPFLAGS = $(TS_CPPFLAGS) $(CPPFLAGS)
+ALL_CFLAGS   = $(TS_CFLAGS) $(CFLAGS)
+ALL_LDFLAGS  = $(TS_LDFLAGS) $(LDFLAGS)
+ALL_LDLIBS   = $(TS_LDLIBS) $(LDLIBS)
 
 # ---- sources ---------------------------------------------------------------
 LIB_DIRS  := common device storage handlers server train
@@ -100,7 +111,17 @@ deps:
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/version.stamp: FORCE
+	@mkdir -p $(@D)
+	@echo '$(VERSION) $(GIT_REV)' | cmp -s - $@ || echo '$(VERSION) $(GIT_REV)' > $@
+
+$(BUILD)/obj/common/version.o: $(BUILD)/version.stamp
+$(BUILD)/obj/common/version.o: TS_CPPFLAGS += -DTS_VERSION='"$(VERSION)"' -DTS_GIT_REV='"$(GIT_REV)"'
+
+.PHONY: FORCE
+FORCE:
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
@@ -110,30 +131,30 @@ $(BUILD)/obj/%.cu.o: %.cu
 $(BUILD)/obj/train/cuda_kernels.cu.o: train/kernels_math.h train/kernels_int.h train/kernels.h
 
 # the CPU training kernels are loops the vectoriser should take whole
-$(BUILD)/obj/train/kernels_cpu.o: CFLAGS += -O3
+$(BUILD)/obj/train/kernels_cpu.o: TS_CFLAGS += -O3
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
 	rm -f $@ && ar rcs $@ $^
 
 $(DAEMON): $(BUILD)/obj/server/main.o $(LIB)
-	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+	$(CC) $(ALL_LDFLAGS) $^ $(ALL_LDLIBS) -o $@
 
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(LIB) $(CHECK_LIBS) $(LDLIBS) -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(LIB) $(CHECK_LIBS) $(ALL_LDLIBS) -o $@
 
 $(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) tests/integration/harness.h
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm -o $@
 
 $(BUILD)/bench/soak: tests/bench/soak.c $(BENCH_COMMON) $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(LDLIBS) -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(ALL_LDLIBS) -o $@
 
 $(BUILD)/bench/bench_%: tests/bench/bench_%.c $(BENCH_COMMON) $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(LDLIBS) -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(ALL_LDLIBS) -o $@
 
 # libFuzzer targets: each parser compiled again with coverage, the rest from the library
 FUZZ_CC      ?= clang
@@ -154,7 +175,7 @@ FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard t
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)
 	@mkdir -p $(@D)
-	$(FUZZ_CC) $(CPPFLAGS) -std=c11 $(FUZZ_FLAGS) $< $(FUZZ_$*) $(LIB) $(LDLIBS) -o $@
+	$(FUZZ_CC) $(ALL_CPPFLAGS) -std=c11 $(FUZZ_FLAGS) $< $(FUZZ_$*) $(LIB) $(ALL_LDLIBS) -o $@
 
 fuzz: $(FUZZ_BIN)
 	@tests/fuzz/run.sh $(BUILD)/fuzz $(FUZZ_SECONDS)

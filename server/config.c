@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "common/units.h"
+#include "common/version.h"
 
 enum opt_type { OPT_INT, OPT_SIZE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL };
 
@@ -215,7 +216,7 @@ enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
 			return TS_CONFIG_EXIT_OK;
 		}
 		if (strcmp(arg, "--version") == 0) {
-			fprintf(out, "tstaged %s (%s)\n", TS_VERSION, TS_GIT_REV);
+			fprintf(out, "tstaged %s (%s)\n", ts_version, ts_git_rev);
 			return TS_CONFIG_EXIT_OK;
 		}
 		if (strncmp(arg, "--", 2) != 0) {

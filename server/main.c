@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/version.h"
 #include "server/config.h"
 #include "server/server.h"
 
@@ -175,7 +176,7 @@ int main(int argc, char **argv)
 	/* the server's threads keep the mask; main takes the signals */
 	pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
 	snprintf(fields, sizeof fields, "\"port\":%d", ts_server_port(srv));
-	ts_log(TS_LOG_INFO, fields, "tstaged %s listening on %s:%d", TS_VERSION, cfg.bind,
+	ts_log(TS_LOG_INFO, fields, "tstaged %s listening on %s:%d", ts_version, cfg.bind,
 	       ts_server_port(srv));
 	sig = wait_stop();
 	ts_log(TS_LOG_INFO, NULL, "%s received; draining (a second one exits at once)",

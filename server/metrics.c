@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/units.h"
+#include "common/version.h"
 #include "handlers/api.h"
 #include "storage/operation.h"
 #include "storage/array.h"
@@ -305,7 +306,7 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	out_printf(&o, "# HELP tstage_build_info Build of the running tstaged (value 1).\n"
 	               "# TYPE tstage_build_info gauge\n"
 	               "tstage_build_info{version=\"%s\",revision=\"%s\",cuda=\"%s\"} 1\n",
-	           TS_VERSION, TS_GIT_REV,
+	           ts_version, ts_git_rev,
 #ifdef TS_HAVE_CUDA
 	           "true"
 #else

@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "common/version.h"
 #include "server/cgroup.h"
 #include "server/router.h"
 #include "handlers/handlers.h"
@@ -227,7 +228,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.import_header_used = &srv->import_header_used,
 		.default_device = srv->core.default_device,
 		.default_memory_kind = cfg->default_memory_kind,
-		.version = TS_VERSION,
+		.version = ts_version,
 		.host = ts_device_props(srv->core.default_device)->host,
 		.started_ns = ts_now_ns(),
 		.started_wall_ns = ts_wall_ns(),
