@@ -3,8 +3,11 @@
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
 
-pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev
-      check libsubunit-dev libopenblas-dev python3-numpy python3-pip)
+# what building tstaged needs (the Dockerfile's build stage installs the same,
+# tests/deploy/check_dockerfile.sh checks it), then what the tests add
+build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev)
+test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip)
+pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")
 
 missing=()
