@@ -29,6 +29,8 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,13 +285,13 @@ static int probe(const char *url)
 
 	if (!probe_parse_url(url, host, sizeof host, port, sizeof port, &path, why, sizeof why)) {
 		fprintf(stderr, "tstaged: cannot probe '%s': %s\n", url, why);
-		goto out;
+		goto out_close;
 	}
 	gai = getaddrinfo(host, port, &hints, &ai);
 	if (gai != 0) {
 		fprintf(stderr, "tstaged: cannot probe '%s': host '%s' is not a numeric address "
 		                "or localhost (%s)\n", url, host, gai_strerror(gai));
-		goto out;
+		goto out_close;
 	}
 	reqlen = (size_t)snprintf(req, sizeof req,
 	                          "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nUser-Agent: tstaged-probe"
@@ -298,7 +300,7 @@ static int probe(const char *url)
 	                          ai->ai_family == AF_INET6 ? "]" : "", port);
 	if (reqlen >= sizeof req) {
 		fprintf(stderr, "tstaged: cannot probe '%s': the path is too long\n", url);
-		goto out;
+		goto out_close;
 	}
 	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0 || (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) ||
@@ -307,7 +309,7 @@ static int probe(const char *url)
 		fprintf(stderr, "tstaged: probe '%s': cannot connect: %s\n", url,
 		        soerr ? strerror(soerr) : fd < 0 || errno != EINPROGRESS ? strerror(errno)
 		                                                                : "timed out");
-		goto out;
+		goto out_close;
 	}
 	while (sent < reqlen) {
 		n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
@@ -315,7 +317,7 @@ static int probe(const char *url)
 			continue;
 		if (n <= 0) {
 			fprintf(stderr, "tstaged: probe '%s': cannot send the request\n", url);
-			goto out;
+			goto out_close;
 		}
 		sent += (size_t)n;
 	}
@@ -324,7 +326,7 @@ static int probe(const char *url)
 		if (!probe_wait(fd, POLLIN, deadline)) {
 			fprintf(stderr, "tstaged: probe '%s': no answer within %d ms\n", url,
 			        PROBE_TIMEOUT_MS);
-			goto out;
+			goto out_close;
 		}
 		n = recv(fd, resp + got, sizeof resp - 1 - got, 0);
 		if (n < 0 && (errno == EAGAIN || errno == EINTR))
@@ -336,14 +338,14 @@ static int probe(const char *url)
 	resp[got] = '\0';
 	if (sscanf(resp, "HTTP/1.%*1[01] %3d", &code) != 1) {
 		fprintf(stderr, "tstaged: probe '%s': not an HTTP answer\n", url);
-		goto out;
+		goto out_close;
 	}
 	if (code < 200 || code > 299) {
 		fprintf(stderr, "tstaged: probe '%s': HTTP %d\n", url, code);
-		goto out;
+		goto out_close;
 	}
 	rc = 0;
-out:
+out_close:
 	if (fd >= 0)
 		close(fd);
 	if (ai)
