@@ -76,6 +76,8 @@ static const struct opt options[] = {
 	{"body-min-rate", OPT_SIZE, F(body_min_rate), 0, 0, "64KiB",
 	 "bytes per second such an upload must average once body-idle-timeout has passed "
 	 "(0: no minimum)"},
+	{"host-name", OPT_STRING, F(host_name), 0, 0, "gethostname()",
+	 "the host every device reports (in Kubernetes the node's name, not the pod's)"},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -181,6 +183,9 @@ static void usage(FILE *out)
 	}
 	fprintf(out, "  --%-24s %s\n  --%-24s %s\n", "help", "show this text", "version",
 	        "print the version");
+	fprintf(out, "  --%-24s %s\n", "probe URL",
+	        "GET an http://ADDRESS:PORT/path URL (numeric address or localhost) and exit "
+	        "0 on a 2xx answer, 1 otherwise (a container health check)");
 }
 
 static const struct opt *find_opt(const char *name, size_t len)
@@ -218,6 +223,16 @@ enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
 		if (strcmp(arg, "--version") == 0) {
 			fprintf(out, "tstaged %s (%s)\n", ts_version, ts_git_rev);
 			return TS_CONFIG_EXIT_OK;
+		}
+		if (strcmp(arg, "--probe") == 0 || strncmp(arg, "--probe=", 8) == 0) {
+			value = arg[7] == '=' ? arg + 8 : i + 1 < argc ? argv[++i] : NULL;
+			if (!value || !*value || strlen(value) >= sizeof cfg->probe) {
+				fprintf(err, "tstaged: option '--probe' needs a URL of at most %zu "
+				             "characters\n", sizeof cfg->probe - 1);
+				return TS_CONFIG_EXIT_USAGE;
+			}
+			strcpy(cfg->probe, value);
+			continue;
 		}
 		if (strncmp(arg, "--", 2) != 0) {
 			fprintf(err, "tstaged: unexpected argument '%s' (see --help)\n", arg);

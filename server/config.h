@@ -46,6 +46,8 @@ struct ts_config {
 	int connection_timeout;          /* seconds an idle connection stays open */
 	int body_idle_timeout;           /* seconds a reserving upload may stall */
 	uint64_t body_min_rate;          /* bytes/s such an upload must average; 0: none */
+	char host_name[64];              /* the "host" devices report; "": gethostname() */
+	char probe[512];                 /* --probe URL: check that URL and exit; "" run */
 };
 
 enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };
@@ -54,7 +56,9 @@ enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE }
  * Fills cfg from defaults, then the environment (envp-style lookup through
  * getenv), then argv. --help and --version print to out and return
  * TS_CONFIG_EXIT_OK; a bad value prints a message naming the option to err
- * and returns TS_CONFIG_EXIT_USAGE.
+ * and returns TS_CONFIG_EXIT_USAGE. --probe URL (a flag only, never read from
+ * the environment) fills cfg->probe: main then checks the URL instead of
+ * serving.
  */
 enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
                                       char **argv, FILE *out, FILE *err);

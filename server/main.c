@@ -10,16 +10,32 @@
  * the signal's number to a pipe, which main reads. A second stop signal,
  * whenever it comes (draining, or stopping the workers), exits at once from
  * the handler, with a log line and exit code 3.
+ *
+ * Under systemd (Type=notify) readiness is a datagram to $NOTIFY_SOCKET:
+ * READY=1 once the port listens, STOPPING=1 when draining starts. The
+ * protocol is one AF_UNIX datagram (a path, or an abstract name written with
+ * a leading '@'), so no library is needed.
+ *
+ * --probe URL is the container health check: one GET over a plain TCP
+ * socket to a numeric address (or localhost), exit 0 on a 2xx answer and 1
+ * otherwise, within PROBE_TIMEOUT_MS.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -29,6 +45,7 @@
 #include "server/server.h"
 
 #define EXIT_INTERRUPTED 3
+#define PROBE_TIMEOUT_MS 3000
 
 /* The pipe the handler writes to: the one piece of process state a signal
  * handler can reach. Written once before the handler is installed. */
@@ -134,6 +151,209 @@ static int wait_stop(void)
 	}
 }
 
+/* Sends state ("READY=1") to the service manager when $NOTIFY_SOCKET names
+ * one; a failure is logged and otherwise ignored (the service still runs). */
+static void notify_service_manager(const char *state)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t len;
+	int fd;
+
+	if (!path || !*path)
+		return;
+	len = strlen(path);
+	if ((path[0] != '/' && path[0] != '@') || len >= sizeof sa.sun_path) {
+		ts_log(TS_LOG_WARN, NULL, "NOTIFY_SOCKET '%s' is not a socket path or @name", path);
+		return;
+	}
+	memcpy(sa.sun_path, path, len);
+	if (path[0] == '@')
+		sa.sun_path[0] = '\0';         /* abstract: the name has no terminator */
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+	                     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len)) < 0)
+		ts_log(TS_LOG_WARN, NULL, "cannot notify the service manager at '%s': %s", path,
+		       strerror(errno));
+	if (fd >= 0)
+		close(fd);
+}
+
+/* ---- --probe ------------------------------------------------------------- */
+
+static long long probe_now_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/* Splits "http://HOST[:PORT][/path]" (HOST numeric, [v6] or localhost);
+ * false with why filled when url is not one. */
+static bool probe_parse_url(const char *url, char *host, size_t hcap, char *port,
+                            size_t pcap, const char **path, char *why, size_t wcap)
+{
+	const char *p, *h, *hend, *slash;
+	size_t hlen, plen;
+
+	if (strncmp(url, "http://", 7) != 0) {
+		snprintf(why, wcap, "only http:// URLs can be probed");
+		return false;
+	}
+	h = url + 7;
+	slash = strchr(h, '/');
+	*path = slash ? slash : "/";
+	if (!slash)
+		slash = h + strlen(h);
+	if (*h == '[') {
+		hend = memchr(h, ']', (size_t)(slash - h));
+		if (!hend) {
+			snprintf(why, wcap, "unterminated IPv6 address");
+			return false;
+		}
+		h++;
+		p = hend + 1;
+	} else {
+		hend = memchr(h, ':', (size_t)(slash - h));
+		if (!hend)
+			hend = slash;
+		p = hend;
+	}
+	hlen = (size_t)(hend - h);
+	if (hlen == 0 || hlen >= hcap) {
+		snprintf(why, wcap, "no host");
+		return false;
+	}
+	memcpy(host, h, hlen);
+	host[hlen] = '\0';
+	if (strcmp(host, "localhost") == 0)
+		snprintf(host, hcap, "127.0.0.1");
+	if (p == slash) {
+		snprintf(port, pcap, "80");
+	} else if (*p == ':') {
+		plen = (size_t)(slash - p - 1);
+		if (plen == 0 || plen >= pcap || strspn(p + 1, "0123456789") < plen ||
+		    atoi(p + 1) < 1 || atoi(p + 1) > 65535) {
+			snprintf(why, wcap, "bad port");
+			return false;
+		}
+		memcpy(port, p + 1, plen);
+		port[plen] = '\0';
+	} else {
+		snprintf(why, wcap, "unexpected text after the host");
+		return false;
+	}
+	if (strpbrk(*path, " \r\n")) {
+		snprintf(why, wcap, "the path holds a space or a line break");
+		return false;
+	}
+	return true;
+}
+
+/* Waits for events on fd until deadline; false on timeout or error. */
+static bool probe_wait(int fd, short events, long long deadline)
+{
+	struct pollfd pfd = {.fd = fd, .events = events};
+	long long left;
+	int n;
+
+	for (;;) {
+		left = deadline - probe_now_ms();
+		if (left <= 0)
+			return false;
+		n = poll(&pfd, 1, (int)left);
+		if (n > 0)
+			return true;
+		if (n == 0 || errno != EINTR)
+			return false;
+	}
+}
+
+/* GET url: 0 when it answers 2xx, 1 otherwise (why on stderr). */
+static int probe(const char *url)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+	                         .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV};
+	struct addrinfo *ai = NULL;
+	long long deadline = probe_now_ms() + PROBE_TIMEOUT_MS;
+	char host[64], port[8], why[128], req[1024], resp[256];
+	const char *path;
+	size_t got = 0, sent = 0, reqlen;
+	ssize_t n;
+	int fd = -1, rc = 1, soerr = 0, code = 0, gai;
+	socklen_t slen = sizeof soerr;
+
+	if (!probe_parse_url(url, host, sizeof host, port, sizeof port, &path, why, sizeof why)) {
+		fprintf(stderr, "tstaged: cannot probe '%s': %s\n", url, why);
+		goto out_close;
+	}
+	gai = getaddrinfo(host, port, &hints, &ai);
+	if (gai != 0) {
+		fprintf(stderr, "tstaged: cannot probe '%s': host '%s' is not a numeric address "
+		                "or localhost (%s)\n", url, host, gai_strerror(gai));
+		goto out_close;
+	}
+	reqlen = (size_t)snprintf(req, sizeof req,
+	                          "GET %s HTTP/1.1\r\nHost: %s%s%s:%s\r\nUser-Agent: tstaged-probe"
+	                          "\r\nConnection: close\r\n\r\n", path,
+	                          ai->ai_family == AF_INET6 ? "[" : "", host,
+	                          ai->ai_family == AF_INET6 ? "]" : "", port);
+	if (reqlen >= sizeof req) {
+		fprintf(stderr, "tstaged: cannot probe '%s': the path is too long\n", url);
+		goto out_close;
+	}
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0 || (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) ||
+	    !probe_wait(fd, POLLOUT, deadline) ||
+	    getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &slen) != 0 || soerr != 0) {
+		fprintf(stderr, "tstaged: probe '%s': cannot connect: %s\n", url,
+		        soerr ? strerror(soerr) : fd < 0 || errno != EINPROGRESS ? strerror(errno)
+		                                                                : "timed out");
+		goto out_close;
+	}
+	while (sent < reqlen) {
+		n = send(fd, req + sent, reqlen - sent, MSG_NOSIGNAL);
+		if (n < 0 && errno == EAGAIN && probe_wait(fd, POLLOUT, deadline))
+			continue;
+		if (n <= 0) {
+			fprintf(stderr, "tstaged: probe '%s': cannot send the request\n", url);
+			goto out_close;
+		}
+		sent += (size_t)n;
+	}
+	/* the status line is all it reads: "HTTP/1.1 200 OK" */
+	while (got < sizeof resp - 1 && !memchr(resp, '\n', got)) {
+		if (!probe_wait(fd, POLLIN, deadline)) {
+			fprintf(stderr, "tstaged: probe '%s': no answer within %d ms\n", url,
+			        PROBE_TIMEOUT_MS);
+			goto out_close;
+		}
+		n = recv(fd, resp + got, sizeof resp - 1 - got, 0);
+		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	resp[got] = '\0';
+	if (sscanf(resp, "HTTP/1.%*1[01] %3d", &code) != 1) {
+		fprintf(stderr, "tstaged: probe '%s': not an HTTP answer\n", url);
+		goto out_close;
+	}
+	if (code < 200 || code > 299) {
+		fprintf(stderr, "tstaged: probe '%s': HTTP %d\n", url, code);
+		goto out_close;
+	}
+	rc = 0;
+out_close:
+	if (fd >= 0)
+		close(fd);
+	if (ai)
+		freeaddrinfo(ai);
+	return rc;
+}
+
 static const char *sig_name(int sig)
 {
 	return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "signal";
@@ -157,6 +377,8 @@ int main(int argc, char **argv)
 	case TS_CONFIG_RUN:
 		break;
 	}
+	if (cfg.probe[0])
+		return probe(cfg.probe);
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
 	sigaddset(&sigs, SIGINT);
@@ -178,9 +400,11 @@ int main(int argc, char **argv)
 	snprintf(fields, sizeof fields, "\"port\":%d", ts_server_port(srv));
 	ts_log(TS_LOG_INFO, fields, "tstaged %s listening on %s:%d", ts_version, cfg.bind,
 	       ts_server_port(srv));
+	notify_service_manager("READY=1");
 	sig = wait_stop();
 	ts_log(TS_LOG_INFO, NULL, "%s received; draining (a second one exits at once)",
 	       sig_name(sig));
+	notify_service_manager("STOPPING=1");
 	ts_server_drain(srv, cfg.drain_seconds, &dr);
 	if (dr.requests)
 		ts_log(TS_LOG_WARN, NULL, "%d requests still in flight at shutdown", dr.requests);

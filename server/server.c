@@ -183,7 +183,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.sim_devices = cfg->sim_devices,
 		.sim_device_memory = cfg->sim_device_memory,
 		.cuda = cfg->cuda,
-		.host = NULL,
+		.host = cfg->host_name[0] ? cfg->host_name : NULL,
 	};
 	st = ts_device_set_new(&dcfg, &srv->devices, err);
 	if (st != TS_OK)
