@@ -8,7 +8,7 @@
 #       -v "$PWD/token:/run/secrets/tstage-token:ro" tstage/tstaged:0.1.0
 #
 # The build stage installs the build half of scripts/deps.sh's list and runs
-# the Makefile's own `make all`; tests/deploy/check_dockerfile.sh keeps both in
+# the Makefile's own `make all`; tests/deploy/check_dockerfile.py keeps both in
 # step (package lists, the make line, the runtime libraries the binary needs).
 
 # cuda (default) or cpu: the cpu variant builds and runs on debian:bookworm-slim

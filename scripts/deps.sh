@@ -3,18 +3,13 @@
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
 
-<<<<<<< HEAD
-pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libcurl4-openssl-dev
-      check libsubunit-dev libopenblas-dev python3-numpy python3-pip)
-# make bench (TS_DEPS_BENCH=1) adds the servers its references run
-[ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
-=======
 # what building tstaged needs (the Dockerfile's build stage installs the same,
-# tests/deploy/check_dockerfile.sh checks it), then what the tests add
+# tests/deploy/check_dockerfile.py checks it), then what the tests add
 build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev)
 test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip)
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
->>>>>>> h-deploy
+# make bench (TS_DEPS_BENCH=1) adds the servers its references run
+[ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")
 
 missing=()

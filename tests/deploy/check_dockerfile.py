@@ -175,9 +175,9 @@ def check(docker, ignore, deps, runtime_pkgs):
         if not copies or copies[0].split()[1] != src:
             probs.append("the image copies %s, the Makefile builds %s"
                          % (copies[0].split()[1] if copies else None, src))
-        cflags = make_var("CFLAGS", ["CUDA=0", "GIT_REV=x"]) or ""
+        cflags = make_var("TS_CFLAGS", ["CUDA=0", "GIT_REV=x"]) or ""
         if "-Werror" not in cflags:
-            probs.append("the Makefile's CFLAGS lost -Werror: %s" % cflags)
+            probs.append("the Makefile's TS_CFLAGS lost -Werror: %s" % cflags)
 
     # the runtime stage: the binary's libraries, nothing else
     got = stage_packages(st["runtime"])
