@@ -73,7 +73,15 @@ ALL_LDFLAGS  = $(TS_LDFLAGS) $(LDFLAGS)
 ALL_LDLIBS   = $(TS_LDLIBS) $(LDLIBS)
 
 # ---- sources ---------------------------------------------------------------
-LIB_DIRS  := common device storage handlers server train
+# The floors, bottom to top, and the one place they are named: a file may
+# include headers from its own folder and from the floors below it, never
+# from above (tests/make/floors.sh checks). Folders joined by '|' share a
+# floor and do not see each other: the array catalog (storage), the
+# operations runner (ops) and training (train) each build on device, memory
+# and formats alone, and handlers join them. The library is every .c of
+# these folders (less main() and the backend not built).
+FLOORS    := common device memory formats storage|ops|train handlers server
+LIB_DIRS  := $(subst |, ,$(FLOORS))
 LIB_SRC   := $(filter-out server/main.c device/cuda_%.c device/nocuda.c train/cuda_%.c \
                  train/nocuda_%.c, \
                $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c)))
@@ -163,14 +171,14 @@ FUZZ_FLAGS   := -g -O1 -fsanitize=fuzzer,address,undefined
 FUZZ_router  := server/router.c
 FUZZ_query   := server/router.c common/utf8.c
 FUZZ_wait    := handlers/wait.c
-FUZZ_index   := storage/index.c
+FUZZ_index   := formats/index.c
 FUZZ_units   := common/units.c
 FUZZ_config  := server/config.c common/units.c
-FUZZ_npy     := storage/npy.c storage/dtype.c
-FUZZ_safetensors := storage/safetensors.c storage/dtype.c
+FUZZ_npy     := formats/npy.c formats/dtype.c
+FUZZ_safetensors := formats/safetensors.c formats/dtype.c
 FUZZ_sharding := handlers/sharding_json.c storage/sharding.c
 FUZZ_model_spec := handlers/model_spec.c
-FUZZ_rows    := storage/index.c
+FUZZ_rows    := formats/index.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)

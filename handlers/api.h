@@ -43,7 +43,7 @@ struct ts_core {
 	struct ts_view_cache *memory_view;   /* handlers/memory.c */
 	struct ts_catalog *catalog;
 	struct ts_stager *stager;
-	struct ts_op_registry *operations;   /* long-running operations (storage/operation.h) */
+	struct ts_op_registry *operations;   /* long-running operations (ops/operation.h) */
 	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
 	struct ts_model_registry *models;    /* training models (train/model.h) */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */

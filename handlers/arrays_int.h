@@ -9,9 +9,9 @@
 #ifndef TS_ARRAYS_INT_H
 #define TS_ARRAYS_INT_H
 
+#include "formats/index.h"
 #include "handlers/handlers.h"
 #include "storage/array.h"
-#include "storage/index.h"
 
 /*
  * The placement asked for by device / memory_kind (either may be NULL):

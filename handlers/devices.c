@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "storage/space.h"
+#include "memory/space.h"
 
 static json_t *device_json(const struct ts_core *core, struct ts_device *dev)
 {

@@ -20,7 +20,7 @@
 #include <strings.h>
 
 #include "common/log.h"
-#include "storage/npy.h"
+#include "formats/npy.h"
 #include "storage/array_io.h"
 
 /* Runs one block may gather: a 256 KiB block of 4-byte elements at any

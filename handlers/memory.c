@@ -15,8 +15,8 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "memory/space.h"
 #include "storage/array.h"
-#include "storage/space.h"
 #include "storage/stage.h"
 
 struct ts_view_cache {

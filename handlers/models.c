@@ -29,7 +29,7 @@
 #include "handlers/operations.h"
 #include "storage/array_io.h"
 #include "storage/colocate.h"
-#include "storage/operation.h"
+#include "ops/operation.h"
 #include "train/exec.h"
 #include "handlers/model_spec.h"
 #include "train/model.h"

@@ -19,8 +19,8 @@
 
 #include "handlers/operations.h"
 #include "handlers/sharding_json.h"
+#include "ops/operation.h"
 #include "storage/move.h"
-#include "storage/operation.h"
 
 static void move_progress(void *arg, uint64_t bytes)
 {

@@ -13,7 +13,7 @@
 #include <stdbool.h>
 
 #include "handlers/api.h"
-#include "storage/operation.h"
+#include "ops/operation.h"
 
 /*
  * {"name": "operations/<id>", "id", "kind", "target" (absent when none),

@@ -34,9 +34,9 @@
 
 #include "common/beneath.h"
 #include "common/units.h"
+#include "formats/safetensors.h"
 #include "handlers/operations.h"
-#include "storage/operation.h"
-#include "storage/safetensors.h"
+#include "ops/operation.h"
 #include "storage/array_io.h"
 
 #define FILE_CHUNK (8u << 20)

@@ -26,7 +26,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "storage/npy.h"
+#include "formats/npy.h"
 #include "storage/array_io.h"
 
 enum upload_mode { MODE_RAW, MODE_NPY };

@@ -13,7 +13,7 @@
 
 #include "common/units.h"
 #include "handlers/operations.h"
-#include "storage/operation.h"
+#include "ops/operation.h"
 
 #define WAIT_DEFAULT_S 60
 #define WAIT_MAX_S 3600

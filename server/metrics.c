@@ -13,9 +13,9 @@
 #include "common/units.h"
 #include "common/version.h"
 #include "handlers/api.h"
-#include "storage/operation.h"
+#include "memory/space.h"
+#include "ops/operation.h"
 #include "storage/array.h"
-#include "storage/space.h"
 #include "storage/stage.h"
 
 static const int code_slots[] = {200, 201, 202, 204, 206, 304, 400, 401, 403, 404,

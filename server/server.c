@@ -22,9 +22,9 @@
 #include "handlers/handlers.h"
 #include "server/server_routes.h"
 #include "storage/array.h"
-#include "storage/operation.h"
+#include "ops/operation.h"
 #include "storage/sharding.h"
-#include "storage/space.h"
+#include "memory/space.h"
 #include "storage/stage.h"
 #include "train/model.h"
 

@@ -50,18 +50,7 @@ struct ts_catalog {
 
 bool ts_array_name_valid(const char *name)
 {
-	size_t n = 0;
-
-	if (!name)
-		return false;
-	for (; name[n]; n++) {
-		char c = name[n];
-		bool alnum = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
-
-		if (n >= TS_ARRAY_NAME_MAX || !(alnum || (n > 0 && (c == '.' || c == '_' || c == '-'))))
-			return false;
-	}
-	return n > 0;
+	return ts_name_valid(name);
 }
 
 ts_status ts_array_desc_init(struct ts_array_desc *d, struct ts_error *err)

@@ -36,13 +36,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/name.h"
 #include "common/status.h"
-#include "storage/buffer.h"
-#include "storage/dtype.h"
+#include "formats/dtype.h"
+#include "memory/buffer.h"
 #include "storage/layout.h"
 #include "storage/sharding.h"
 
-#define TS_ARRAY_NAME_MAX 128
+#define TS_ARRAY_NAME_MAX TS_NAME_MAX
 
 /* What an array holds. */
 struct ts_array_desc {
@@ -66,7 +67,7 @@ void ts_placement_single(struct ts_placement *pl, struct ts_device *dev,
 struct ts_array;
 struct ts_catalog;
 
-/* Whether name is a valid array name. */
+/* Whether name is a valid array name: common/name.h's rule. */
 bool ts_array_name_valid(const char *name);
 
 /* Fills d->nbytes from dtype and shape; INVALID_ARGUMENT on rank > 32 or

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "storage/array.h"
+#include "common/name.h"
 
 /* ---- mesh geometry ------------------------------------------------------------- */
 
@@ -495,7 +495,7 @@ size_t ts_sharding_render_text(const struct ts_sharding *s, int rank, const uint
 #define REGISTRY_MAX 4096
 
 struct entry {
-	char name[TS_ARRAY_NAME_MAX + 1];
+	char name[TS_NAME_MAX + 1];
 	struct ts_sharding sharding;
 };
 
@@ -583,7 +583,7 @@ ts_status ts_sharding_registry_put(struct ts_sharding_registry *r, const char *n
 {
 	ts_status st;
 
-	if (!ts_array_name_valid(name))
+	if (!ts_name_valid(name))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING_NAME",
 		                    "sharding name '%s' is invalid: it must match "
 		                    "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", name ? name : "");

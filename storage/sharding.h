@@ -27,7 +27,7 @@
 
 #include "common/status.h"
 #include "device/device.h"
-#include "storage/dtype.h"
+#include "formats/dtype.h"
 
 #define TS_MESH_MAX_DEVICES 64
 #define TS_MESH_MAX_AXES 8

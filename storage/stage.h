@@ -24,7 +24,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "storage/buffer.h"
+#include "memory/buffer.h"
 
 struct ts_stager;
 struct ts_writer;

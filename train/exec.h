@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "storage/space.h"
+#include "memory/space.h"
 #include "train/kernels.h"
 #include "train/plan.h"
 

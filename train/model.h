@@ -26,7 +26,6 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "storage/array.h"
 #include "train/mlp.h"
 #include "train/plan.h"
 

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "storage/index.h"
+#include "formats/index.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "storage/npy.h"
+#include "formats/npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

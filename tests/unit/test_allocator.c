@@ -1,5 +1,5 @@
 /*
- * test_allocator.c - Check suite "allocator" for storage/allocator.
+ * test_allocator.c - Check suite "allocator" for memory/allocator.
  *
  * Directed cases pin down rounding, the best-fit choice, coalescing (and its
  * absence across regions), failures that must change nothing, region removal
@@ -9,14 +9,14 @@
  * every address best fit must return; ts_alloc_check runs after every step.
  * Bookkeeping failures are injected through the allocator's ts__ test hook.
  */
-#include "storage/allocator.h"
+#include "memory/allocator.h"
 
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Test hook defined in storage/allocator.c: fail the next n bookkeeping
+/* Test hook defined in memory/allocator.c: fail the next n bookkeeping
  * allocations of a. */
 void ts__alloc_fail_next(struct ts_alloc *a, unsigned n);
 

@@ -16,9 +16,9 @@
 
 #include <jansson.h>
 
-#include "storage/dtype.h"
-#include "storage/npy.h"
-#include "storage/safetensors.h"
+#include "formats/dtype.h"
+#include "formats/npy.h"
+#include "formats/safetensors.h"
 
 #define PREAMBLE(s) s, sizeof(s) - 1
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

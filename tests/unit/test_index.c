@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "storage/index.h"
+#include "formats/index.h"
 
 /* ---- the reference ------------------------------------------------------ */
 

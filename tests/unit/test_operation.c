@@ -25,7 +25,7 @@
 #include "common/units.h"
 #include "handlers/handlers.h"
 #include "handlers/operations.h"
-#include "storage/operation.h"
+#include "ops/operation.h"
 
 #define SEC 1000000000ull
 #define MS 1000000ull

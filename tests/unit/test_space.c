@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "storage/space.h"
+#include "memory/space.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;

@@ -16,7 +16,7 @@
  * only the operation's lock. Progress, totals and the cancel flag are
  * atomics. The registry holds one reference to each listed operation.
  */
-#include "storage/operation.h"
+#include "ops/operation.h"
 
 #include <assert.h>
 #include <errno.h>

@@ -22,7 +22,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "storage/space.h"
+#include "memory/space.h"
 
 struct ts_buffer;
 

@@ -1,7 +1,7 @@
 /*
  * buffer.c - reference-counted blocks of memory spaces.
  */
-#include "storage/buffer.h"
+#include "memory/buffer.h"
 
 #include "common/fault.h"
 

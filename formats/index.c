@@ -9,7 +9,7 @@
  * steps by 1, and drives the remaining axes with an odometer whose adjacent
  * levels are fused when one tiles the other, so each run costs O(1).
  */
-#include "storage/index.h"
+#include "formats/index.h"
 
 #include <assert.h>
 #include <inttypes.h>

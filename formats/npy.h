@@ -26,7 +26,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "storage/dtype.h"
+#include "formats/dtype.h"
 
 /* Largest preamble (magic through header padding) this codec reads. */
 #define TS_NPY_PREAMBLE_MAX (1u << 20)

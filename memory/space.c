@@ -12,7 +12,7 @@
  * Pool state is guarded by the pool's mutex; the numbers readers want are
  * mirrored into atomics after each change so that stats never take a lock.
  */
-#include "storage/space.h"
+#include "memory/space.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -24,7 +24,7 @@
 #include "common/fault.h"
 #include "common/log.h"
 #include "common/units.h"
-#include "storage/allocator.h"
+#include "memory/allocator.h"
 
 #define POOL_ALIGN 256u
 #define DEFAULT_SEGMENT (256ull << 20)

@@ -16,7 +16,7 @@
  * Test hook: ts__alloc_fail_next(a, n) makes the next n bookkeeping
  * allocations of `a` fail. It is not in the header; tests declare it.
  */
-#include "storage/allocator.h"
+#include "memory/allocator.h"
 
 #include <stdlib.h>
 

@@ -27,7 +27,7 @@
 #include <jansson.h>
 
 #include "common/status.h"
-#include "storage/dtype.h"
+#include "formats/dtype.h"
 
 /* Largest header length N the reference implementation reads (100 MB). */
 #define TS_ST_HEADER_MAX 100000000ull

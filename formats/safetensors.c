@@ -7,7 +7,7 @@
  * reported with the tensor it belongs to. The writer builds the same JSON
  * with jansson and pads it like the reference writer.
  */
-#include "storage/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * (3.0) headers read alike. Every refusal names the key, value or byte offset
  * (counted from the start of the file) that broke the rules.
  */
-#include "storage/npy.h"
+#include "formats/npy.h"
 
 #include <stdarg.h>
 #include <stdio.h>

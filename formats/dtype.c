@@ -4,7 +4,7 @@
  * The table is indexed by enum ts_dtype; every lookup range-checks first, so
  * a value outside the enum never reads past it.
  */
-#include "storage/dtype.h"
+#include "formats/dtype.h"
 
 #include <string.h>
 
