@@ -808,11 +808,13 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 bool th_daemon_has_device(struct th_daemon *d, const char *id)
 {
 	struct th_response r;
-	json_t *dev;
+	json_t *devices, *dev;
 	bool found = false;
 	size_t i;
 
-	json_array_foreach(th_arr(th_get_json(d, "/v1/devices", &r), "devices"), i, dev)
+	/* fetched once: json_array_foreach evaluates its array per item */
+	devices = th_arr(th_get_json(d, "/v1/devices", &r), "devices");
+	json_array_foreach(devices, i, dev)
 		found = found || strcmp(th_str(dev, "id"), id) == 0;
 	th_response_free(&r);
 	return found;

@@ -747,7 +747,7 @@ START_TEST(test_cgroup_budgets)
 	const char *args[] = {"--cgroup-root", root, NULL};
 	struct th_daemon d;
 	struct th_response r;
-	json_t *s;
+	json_t *spaces, *s;
 	size_t i;
 	char *big;
 	int seen = 0;
@@ -761,7 +761,9 @@ START_TEST(test_cgroup_budgets)
 	snprintf(p, sizeof p, "%s/memory/memory.limit_in_bytes", root);
 	th_write_file(p, "268435456\n", 10);
 	th_daemon_start(&d, args);
-	json_array_foreach(th_arr(th_get_json(&d, "/v1/memory", &r), "spaces"), i, s) {
+	spaces = th_arr(th_get_json(&d, "/v1/memory", &r), "spaces");   /* once: the macro
+	                                                                  * evaluates it per item */
+	json_array_foreach(spaces, i, s) {
 		const char *kind = th_str(s, "memory_kind");
 
 		if (strcmp(kind, "pinned_host") == 0) {
