@@ -732,24 +732,40 @@ static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind
 	return TS_OK;
 }
 
-/* Publishes new versions of the held arrays a run updated in place. */
-static ts_status publish_updates(struct step *s, struct ts_error *err)
+/* Makes the versions a run will publish, before it writes anything: once
+ * the weights change, publishing them needs no allocation that could fail
+ * (next[] gets new references; on failure none is left). */
+static ts_status prepare_updates(struct step *s, struct ts_array **next, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	for (size_t i = 0; i < s->nparams && st == TS_OK; i++)
+		st = ts_array_new_version(s->params[i], &next[i], err);
+	if (st != TS_OK)
+		for (size_t i = 0; i < s->nparams; i++) {
+			ts_array_unref(next[i]);
+			next[i] = NULL;
+		}
+	return st;
+}
+
+/* Publishes next[] (from prepare_updates; steals them) in place of the
+ * held arrays a run updated in place: replacements that allocate nothing. */
+static ts_status publish_updates(struct step *s, struct ts_array **next, struct ts_error *err)
 {
 	struct ts_precondition pre = {.holder = s->op_id};
 	ts_status st = TS_OK;
 
-	for (size_t i = 0; i < s->nparams && st == TS_OK; i++) {
-		struct ts_array *v = NULL;
-
-		st = ts_array_new_version(s->params[i], &v, err);
+	for (size_t i = 0; i < s->nparams; i++) {
 		if (st == TS_OK)
-			st = ts_catalog_put(s->core->catalog, v, &pre, NULL, err);
+			st = ts_catalog_replace(s->core->catalog, next[i], &pre, err);
 		if (st == TS_OK) {
 			ts_array_unref(s->params[i]);
-			s->params[i] = v;
-			v = NULL;
+			s->params[i] = next[i];
+		} else {
+			ts_array_unref(next[i]);
 		}
-		ts_array_unref(v);
+		next[i] = NULL;
 	}
 	return st;
 }
@@ -760,6 +776,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	const struct ts_core *core = s->core;
 	struct ts_model *m = &s->model;
 	struct ts_array *arrs[8] = {NULL}, *grads[2] = {NULL}, *in_dev = NULL, *tgt_dev = NULL;
+	struct ts_array *next[6] = {NULL};    /* the versions an update publishes */
 	size_t narrs = 0, nparams = 0;
 	json_t *in_rows = NULL, *tgt_rows = NULL, *losses = json_array(), *result = NULL;
 	struct ts_device *dev = NULL;
@@ -910,6 +927,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = ts_queue_new(dev, &env.h2d, err);
 	if (st == TS_OK)
 		st = ts_queue_new(dev, &env.d2h, err);
+	if (st == TS_OK && m->opt.type != TS_OPT_NONE)
+		st = prepare_updates(s, next, err);
 	base_steps = 0;
 	if (!ts_model_registry_advance(core->models, m->uid, 0, &base_steps) && st == TS_OK)
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
@@ -945,7 +964,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		ts_status pst;
 
 		ts_error_clear(&perr);
-		pst = publish_updates(s, &perr);
+		pst = publish_updates(s, next, &perr);
 		if (pst != TS_OK && st == TS_OK) {
 			*err = perr;
 			st = pst;
@@ -988,6 +1007,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	ts_plan_release(&plan);
 	for (size_t i = 0; i < 8; i++)
 		ts_array_unref(arrs[i]);
+	for (size_t i = 0; i < 6; i++)
+		ts_array_unref(next[i]);     /* prepared, not published (no update) */
 	ts_array_unref(grads[0]);
 	ts_array_unref(grads[1]);
 	ts_array_unref(in_dev);

@@ -536,6 +536,27 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
 	return st;
 }
 
+ts_status ts_catalog_replace(struct ts_catalog *c, struct ts_array *a,
+                             const struct ts_precondition *pre, struct ts_error *err)
+{
+	struct entry **pp;
+	ts_status st;
+
+	pthread_rwlock_wrlock(&c->lock);
+	pp = find_slot_locked(c, a->name);
+	if (!*pp)
+		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found",
+		                  a->name);
+	else
+		st = check_pre_locked((*pp)->arr, a->name, pre, err);
+	if (st == TS_OK)
+		st = check_write_locked((*pp)->arr, a->name, &a->desc, pre, err);
+	if (st == TS_OK)
+		install_locked(c, pp, NULL, a);     /* an existing entry: nothing allocated */
+	pthread_rwlock_unlock(&c->lock);
+	return st;
+}
+
 ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
                              size_t n, bool overwrite, struct ts_error *err)
 {

@@ -172,6 +172,16 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
                          const struct ts_precondition *pre, bool *replaced,
                          struct ts_error *err);
 
+/*
+ * Publishes a in place of the array of the same name, which must exist
+ * (NOT_FOUND otherwise), with the checks of ts_catalog_put; allocates
+ * nothing, so a writer that prepared a (e.g. with ts_array_new_version)
+ * before changing bytes cannot fail for memory when it publishes.
+ * Borrows a (the catalog takes its own reference). Thread-safe.
+ */
+ts_status ts_catalog_replace(struct ts_catalog *c, struct ts_array *a,
+                             const struct ts_precondition *pre, struct ts_error *err);
+
 /* Publishes all of arrs at once or none: with overwrite false, any existing
  * name refuses the whole set (ALREADY_EXISTS naming it). Duplicate names in
  * arrs are INVALID_ARGUMENT. */

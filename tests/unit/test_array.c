@@ -425,6 +425,49 @@ START_TEST(holds_refuse_other_writers)
 }
 END_TEST
 
+/* A replacement prepared before bytes change publishes without allocating:
+ * only over an existing name, with the holder's rights, as a new version. */
+START_TEST(replace_publishes_a_prepared_version)
+{
+	struct ts_array *a = make("r", 8, &dev0), *v = NULL, *w = NULL, *got;
+	struct ts_precondition mine = {.holder = "op-9"}, theirs = {.holder = "op-8"};
+	struct ts_error err;
+	uint64_t before;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_hold(cat, &a, 1, "op-9", &err), TS_OK);
+	before = ts_array_version(a);
+	ck_assert_int_eq(ts_array_new_version(a, &v, &err), TS_OK);
+	ck_assert_int_eq(ts_array_new_version(a, &w, &err), TS_OK);
+	/* another holder and a plain writer are refused; nothing changes */
+	ck_assert_int_eq(ts_catalog_replace(cat, v, &theirs, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_replace(cat, v, NULL, &err), TS_ABORTED);
+	ts_error_clear(&err);
+	ck_assert_ptr_eq((got = ts_catalog_get(cat, "r")), a);
+	ts_array_unref(got);
+	/* the holder: a new version, still held, the same bytes */
+	ck_assert_int_eq(ts_catalog_replace(cat, v, &mine, &err), TS_OK);
+	got = ts_catalog_get(cat, "r");
+	ck_assert_ptr_eq(got, v);
+	ck_assert_uint_eq(ts_array_version(got), before + 1);
+	ck_assert_str_ne(ts_array_etag(got), ts_array_etag(a));
+	ck_assert_ptr_eq(ts_array_single_buffer(got), ts_array_single_buffer(a));
+	ck_assert(ts_catalog_held(cat, "r", NULL, 0));
+	ts_array_unref(got);
+	ts_catalog_release(cat, "op-9");
+	/* only over an existing name */
+	ck_assert_int_eq(ts_catalog_delete(cat, "r", NULL, &err), TS_OK);
+	ck_assert_int_eq(ts_catalog_replace(cat, w, NULL, &err), TS_NOT_FOUND);
+	ck_assert_ptr_null(ts_catalog_get(cat, "r"));
+	ts_array_unref(a);
+	ts_array_unref(v);
+	ts_array_unref(w);
+	ck_assert_uint_eq(in_use("sim:0", TS_MEM_DEVICE), 0);
+}
+END_TEST
+
 /* An owned name keeps its dtype and shape, passes its owner to the versions
  * that replace it, and is deleted only by its owner. */
 START_TEST(owners_keep_shape)
@@ -485,6 +528,7 @@ static Suite *array_suite(void)
 	tcase_add_test(tc, concurrent_churn_keeps_stats_exact);
 	tcase_add_test(tc, holds_refuse_other_writers);
 	tcase_add_test(tc, owners_keep_shape);
+	tcase_add_test(tc, replace_publishes_a_prepared_version);
 	suite_add_tcase(s, tc);
 	return s;
 }
