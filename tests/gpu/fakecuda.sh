@@ -5,7 +5,9 @@
 # strictly) and runs under it, with TS_TEST_BACKEND=cuda on two stand-in
 # GPUs:
 #
-#   plain    every unit suite, and the integration suites' CUDA cases;
+#   plain    every unit suite, and the integration suites' CUDA cases (the
+#            HTTP-only suites, badinput, hostile, probe, and integrity's
+#            catalog rules, run on sim in make test);
 #   shuffle  FAKECUDA_SHUFFLE=1 (blocks in random order): the suites whose
 #            results are compared bit for bit (kernels, exec, models' guide);
 #   delay    FAKECUDA_COPY_DELAY_US (copies late, the host ahead), with
@@ -86,6 +88,9 @@ for pass in $passes; do
 		done
 		run it_arrays CK_RUN_CASE=on_backend "$build/tests/it_arrays"
 		run it_models "$build/tests/it_models"
+		run it_rows "$build/tests/it_rows"
+		# its daemons take a small device fraction of a larger stand-in GPU
+		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
 		;;
 	shuffle)
 		for t in test_kernels test_exec; do
@@ -99,6 +104,8 @@ for pass in $passes; do
 			run "$t-delay" FAKECUDA_COPY_DELAY_US="${FAKECUDA_COPY_DELAY_US:-300}" \
 				FAKECUDA_SHUFFLE=1 "$build/tests/$t"
 		done
+		run it_cuda_seams-delay FAKECUDA_MEM_MB=4096 FAKECUDA_SHUFFLE=1 \
+			FAKECUDA_COPY_DELAY_US="${FAKECUDA_COPY_DELAY_US:-300}" "$build/tests/it_cuda_seams"
 		;;
 	bundle)
 		t0=$(date +%s)
