@@ -3,6 +3,7 @@
  */
 #include "handlers/model_spec.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -187,15 +188,21 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		if (!ts_opt_parse(type, &m->opt.type))
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
 			                    "optimizer.type '%s' is not none, sgd or adam", type);
-		if (!(lr > 0) || b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1 || eps < 0 || clip < 0)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
-			                    "clip_global_norm >= 0");
+		/* the ranges hold for the float32 values the optimizer uses: a
+		 * learning rate that underflows to 0 or a b1 that rounds up to 1
+		 * is refused, not trained with */
 		m->opt.learning_rate = (float)lr;
 		m->opt.b1 = (float)b1;
 		m->opt.b2 = (float)b2;
 		m->opt.eps = (float)eps;
 		m->opt.clip_global_norm = (float)clip;
+		if (!(m->opt.learning_rate > 0) || !isfinite(m->opt.learning_rate) ||
+		    !(m->opt.b1 >= 0 && m->opt.b1 < 1) || !(m->opt.b2 >= 0 && m->opt.b2 < 1) ||
+		    !(m->opt.eps >= 0) || !isfinite(m->opt.eps) || !(m->opt.clip_global_norm >= 0) ||
+		    !isfinite(m->opt.clip_global_norm))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
+			                    "clip_global_norm >= 0, each a finite float32");
 	}
 	*init = (struct ts_model_init){.scale = 0.02};
 	if (in) {

@@ -434,6 +434,13 @@ static const struct bad rows[] = {
 	 0, 400, NULL, NULL, "layers"},
 	{"POST", "/v1/models", NULL, "{\"name\": \"m2\", " MLP ", \"k\xff\": 1}", 0, 400, NULL,
 	 "BAD_REQUEST_BODY", "body"},
+	/* positive doubles that are no float32 in range (a fuzz_model_spec finding) */
+	{"POST", "/v1/models", NULL, "{\"name\": \"m2\", " MLP ", \"optimizer\": {\"type\": "
+	 "\"adam\", \"learning_rate\": 1e-60}}", 0, 400, NULL, "BAD_OPTIMIZER", "float32"},
+	{"POST", "/v1/models", NULL, "{\"name\": \"m2\", " MLP ", \"optimizer\": {\"type\": "
+	 "\"adam\", \"b1\": 0.99999999999}}", 0, 400, NULL, "BAD_OPTIMIZER", "b1"},
+	{"POST", "/v1/models", NULL, "{\"name\": \"m2\", " MLP ", \"optimizer\": {\"type\": "
+	 "\"sgd\", \"learning_rate\": 1e300}}", 0, 400, NULL, "BAD_OPTIMIZER", "finite"},
 	{"POST", "/v1/models", NULL, "{\"name\": \"m\", " MLP "}", 0, 409, NULL, NULL, "'m'"},
 	{"POST", "/v1/models", NULL, "{\"name\": \"m2\", \"name\": \"m3\", " MLP "}", 0, 400, NULL,
 	 NULL, "duplicate"},
