@@ -79,6 +79,16 @@ enum ts_utf8_fault ts_utf8_check(const char *s, size_t len, size_t *at)
 	return TS_UTF8_OK;
 }
 
+int ts_utf8_prefix(const char *s, size_t len, size_t max)
+{
+	size_t n = len < max ? len : max;
+
+	/* a continuation byte (10xxxxxx) at n means n splits a sequence */
+	while (n > 0 && n < len && ((unsigned char)s[n] & 0xc0) == 0x80)
+		n--;
+	return (int)n;
+}
+
 char *ts_utf8_trim(char *s)
 {
 	size_t len = strlen(s), j = len;

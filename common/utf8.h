@@ -30,6 +30,10 @@ enum ts_utf8_fault ts_utf8_check(const char *s, size_t len, size_t *at);
  * (what a byte-counting truncation leaves); returns s. */
 char *ts_utf8_trim(char *s);
 
+/* How many of s's first len bytes to echo when at most max may be: max cut
+ * back to a character boundary (never inside a multi-byte sequence). */
+int ts_utf8_prefix(const char *s, size_t len, size_t max);
+
 /*
  * Copies the NUL-terminated s into dst (cap > 0 bytes, always terminated)
  * as valid UTF-8: each byte that starts no valid sequence becomes U+FFFD,

@@ -248,7 +248,7 @@ static void query_known(const char *spec, char *buf, size_t cap)
 static ts_status text_check(const char *what, const char *key, size_t key_len,
                             const char *text, size_t len, struct ts_error *err)
 {
-	int kl = (int)(key_len < 64 ? key_len : 64);
+	int kl = ts_utf8_prefix(key, key_len, 64);
 	size_t at = 0;
 
 	switch (ts_utf8_check(text, len, &at)) {
@@ -270,7 +270,7 @@ ts_status ts_query_arg_check(const struct ts_route *route, const char *key, size
 {
 	char known[256];
 	bool is_bool = false;
-	int idx, klen = (int)(key_len < 64 ? key_len : 64);
+	int idx, klen = ts_utf8_prefix(key, key_len, 64);
 
 	if (key_len == 0 && !value)
 		return TS_OK;               /* "?&a=1", "a=1&&b=2" */

@@ -190,6 +190,28 @@ START_TEST(utf8_check)
 END_TEST
 
 /* A cut message ends on a character boundary; jansson takes the result. */
+/* An echo of client text cut to a length never ends inside a character
+ * (a fuzz_query finding: a 4-byte character cut after its first byte). */
+START_TEST(utf8_prefix_on_boundaries)
+{
+	static const char key[] = "devit\xf4\x86\x9b\x8e" "e";   /* U+1066CE after 5 bytes */
+	static const char two[] = "\xc3\xa9\xc3\xa9";                /* "éé" */
+
+	ck_assert_int_eq(ts_utf8_prefix(key, 10, 64), 10);          /* shorter than max */
+	ck_assert_int_eq(ts_utf8_prefix(key, 10, 6), 5);            /* not after \xf4 */
+	ck_assert_int_eq(ts_utf8_prefix(key, 10, 8), 5);
+	ck_assert_int_eq(ts_utf8_prefix(key, 10, 9), 9);            /* the whole character */
+	ck_assert_int_eq(ts_utf8_prefix(two, 4, 3), 2);
+	ck_assert_int_eq(ts_utf8_prefix(two, 4, 1), 0);
+	ck_assert_int_eq(ts_utf8_prefix(two, 4, 0), 0);
+	for (size_t max = 0; max <= 10; max++) {
+		int n = ts_utf8_prefix(key, 10, max);
+
+		ck_assert_int_eq(ts_utf8_check(key, (size_t)n, NULL), TS_UTF8_OK);
+	}
+}
+END_TEST
+
 START_TEST(utf8_trim_and_sanitize)
 {
 	char s[16], out[16];
@@ -350,6 +372,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, log_levels);
 	tcase_add_test(tc, utf8_check);
 	tcase_add_test(tc, utf8_trim_and_sanitize);
+	tcase_add_test(tc, utf8_prefix_on_boundaries);
 	tcase_add_test(tc, error_message_boundary);
 	tcase_add_test(tc, log_lines_are_json);
 	suite_add_tcase(s, tc);
