@@ -937,6 +937,20 @@ static json_t *member(json_t *o, const char *key)
 	return v;
 }
 
+json_t *th_op_meta(json_t *op, const char *key)
+{
+	json_t *meta = json_object_get(op, "metadata");
+
+	return member(json_is_object(meta) ? meta : op, key);
+}
+
+json_t *th_op_result(json_t *op)
+{
+	json_t *v = json_object_get(op, "response");
+
+	return v ? v : member(op, "result");
+}
+
 json_t *th_obj(json_t *o, const char *key)
 {
 	json_t *v = member(o, key);

@@ -200,6 +200,16 @@ const char *th_str(json_t *o, const char *key);
 json_int_t th_int(json_t *o, const char *key);
 bool th_bool(json_t *o, const char *key);
 
+/*
+ * An operation's members, whatever its shape: th_op_meta returns the member
+ * key of its "metadata" (kind, target, state, progress, create_time...),
+ * th_op_result its "response" (a succeeded operation's result); both fail the
+ * test when the member is missing. Tests read operations only through these
+ * two, so that the operation's shape is stated in one place.
+ */
+json_t *th_op_meta(json_t *op, const char *key);
+json_t *th_op_result(json_t *op);
+
 /* ---- clients of their own, for threads ------------------------------------ */
 
 /* A connection of its own to a daemon, for a thread that sends requests
