@@ -78,6 +78,13 @@ static const struct opt options[] = {
 	 "(0: no minimum)"},
 	{"host-name", OPT_STRING, F(host_name), 0, 0, "gethostname()",
 	 "the host every device reports (in Kubernetes the node's name, not the pod's)"},
+	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
+	 "also serve the HTTP API on this Unix socket (its file's mode and group are the "
+	 "permission: no token is asked there)"},
+	{"unix-socket-mode", OPT_STRING, F(unix_socket_mode), 0, 0, "0600",
+	 "file mode of the Unix socket, octal (0600, 0660, ...)"},
+	{"unix-socket-group", OPT_STRING, F(unix_socket_group), 0, 0, "the daemon's",
+	 "group of the Unix socket, a name or a gid"},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -102,6 +109,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->connection_timeout = 60;
 	cfg->body_idle_timeout = 15;
 	cfg->body_min_rate = 64ull << 10;
+	strcpy(cfg->unix_socket_mode, "0600");
 }
 
 static bool parse_bool(const char *s, bool *out)

@@ -48,6 +48,9 @@ struct ts_config {
 	uint64_t body_min_rate;          /* bytes/s such an upload must average; 0: none */
 	char host_name[64];              /* the "host" devices report; "": gethostname() */
 	char probe[512];                 /* --probe URL: check that URL and exit; "" run */
+	char unix_socket[108];           /* also serve on this Unix socket; "" none */
+	char unix_socket_mode[8];        /* its file mode, octal ("0600") */
+	char unix_socket_group[64];      /* its group (name or gid); "" the daemon's */
 };
 
 enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };

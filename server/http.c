@@ -76,7 +76,18 @@ struct request {
 struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
+	bool local;                      /* on the Unix socket: counted in all, not by address */
 };
+
+/* Whether the connection came through --unix-socket (whose file's mode and
+ * group are the permission). */
+static bool on_unix_socket(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+
+	return ci && ci->client_addr && ci->client_addr->sa_family == AF_UNIX;
+}
 
 static const char *lookup(void *conn, int where, const char *key)
 {
@@ -398,7 +409,7 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	route = &ts_routes[rq->route];
 	if (request_draining(rq, route))
 		return;
-	if (srv->token_len && !route->public_route &&
+	if (srv->token_len && !route->public_route && !on_unix_socket(conn) &&
 	    !token_ok(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
 		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
@@ -986,7 +997,7 @@ static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
 	int over = 0;
 
 	pthread_mutex_lock(&srv->conns_mu);
-	ac = addr_count_locked(srv, cc->addr, true);
+	ac = cc->local ? NULL : addr_count_locked(srv, cc->addr, true);
 	if (srv->conns >= srv->cfg.max_connections)
 		over = 1;
 	else if (srv->cfg.max_connections_per_ip && ac && ac->n >= srv->cfg.max_connections_per_ip)
@@ -1008,7 +1019,7 @@ static void conn_leave(struct ts_server *srv, const struct conn_ctx *cc)
 
 	pthread_mutex_lock(&srv->conns_mu);
 	srv->conns--;
-	ac = addr_count_locked(srv, cc->addr, false);
+	ac = cc->local ? NULL : addr_count_locked(srv, cc->addr, false);
 	if (ac && --ac->n == 0)
 		addr_drop_locked(srv, ac);
 	pthread_mutex_unlock(&srv->conns_mu);
@@ -1053,6 +1064,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		if (!cc)
 			return;                 /* served uncounted: refusing needs no memory, counting does */
 		addr_of(ci ? ci->client_addr : NULL, cc->addr);
+		cc->local = on_unix_socket(conn);
 		over = conn_admit(srv, cc);
 		cc->refused = over != 0;
 		*socket_context = cc;
@@ -1150,6 +1162,11 @@ void ts__http_stop(struct ts_server *srv)
 	if (srv->daemon)
 		MHD_stop_daemon(srv->daemon);
 	srv->daemon = NULL;
+	if (srv->unix_daemon) {
+		MHD_stop_daemon(srv->unix_daemon);
+		unlink(srv->cfg.unix_socket);
+	}
+	srv->unix_daemon = NULL;
 	if (!srv->conns_started)
 		return;
 	for (int i = 0; i < TS__ADDR_BUCKETS; i++) {
@@ -1164,6 +1181,39 @@ void ts__http_stop(struct ts_server *srv)
 	free(srv->busy[1]);
 	pthread_mutex_destroy(&srv->conns_mu);
 	srv->conns_started = false;
+}
+
+/* The same API on --unix-socket: a second daemon with the same callbacks
+ * and limits (the connection count is shared) on the socket unix_socket.c
+ * made; MHD closes it when the daemon stops. */
+static ts_status unix_start(struct ts_server *srv, unsigned int flags, int threads,
+                            unsigned int hard, struct ts_error *err)
+{
+	ts_status st;
+	int fd;
+
+	st = ts__unix_listen(&srv->cfg, &fd, err);
+	if (st != TS_OK)
+		return st;
+	srv->unix_daemon = MHD_start_daemon(
+		flags, 0, NULL, NULL, on_request, srv,
+		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
+		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
+		MHD_OPTION_CONNECTION_LIMIT, hard,
+		MHD_OPTION_END);
+	if (!srv->unix_daemon) {
+		close(fd);
+		unlink(srv->cfg.unix_socket);
+		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
+		                    "cannot serve on --unix-socket '%s'", srv->cfg.unix_socket);
+	}
+	return TS_OK;
 }
 
 ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
@@ -1226,5 +1276,6 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		                    srv->cfg.bind, srv->cfg.port);
 	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	srv->port = info ? (int)info->port : srv->cfg.port;
-	return TS_OK;
+	return srv->cfg.unix_socket[0] ? unix_start(srv, TS_HTTP_MHD_FLAGS, threads, hard, err)
+	                               : TS_OK;
 }
