@@ -182,3 +182,31 @@ def test_token_from_environment(tmp_path, monkeypatch):
         assert tstage.Client(d.url, token="s3cret-token-of-enough-length").backends()
     finally:
         d.stop()
+
+
+def test_unix_socket(tmp_path, monkeypatch):
+    sock = os.path.join(tmp_path, "tstaged.sock")
+    tok = tmp_path / "token"
+    tok.write_text("unix-socket-token-of-enough-length\n")
+    os.chmod(tok, 0o600)
+    d = Daemon(["--unix-socket", sock, "--unix-socket-mode", "0660", "--token-file", str(tok)])
+    try:
+        st = os.stat(sock)
+        assert oct(st.st_mode & 0o777) == "0o660"
+        c = tstage.Client(unix_socket=sock)  # the socket is the permission: no token
+        a = np.arange(64, dtype=np.float32).reshape(8, 8)
+        c.put("u", a, memory_kind="pinned_host")
+        assert np.array_equal(c.get("u"), a)
+        assert np.array_equal(c.get_rows("u", [3, 1]), a[[3, 1]])
+        assert c.device_put("u", device="sim:1", wait=True)["sharding"]["device"] == "sim:1"
+        with pytest.raises(tstage.NotFound):
+            c.get("nope")
+        with pytest.raises(tstage.Unauthenticated):  # TCP still asks for the token
+            tstage.Client(d.url, retries=0).get("u")
+        monkeypatch.setenv("TSTAGE_UNIX_SOCKET", sock)
+        assert [x["name"] for x in tstage.Client().list()] == ["u"]
+    finally:
+        d.stop()
+    assert not os.path.exists(sock)
+    with pytest.raises(tstage.TransportError):
+        tstage.Client(unix_socket=sock, retries=1, backoff=0.01).devices()
