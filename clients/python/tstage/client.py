@@ -76,6 +76,25 @@ def _as_numpy(array: Any) -> np.ndarray:
     return a if a.flags.c_contiguous else a.copy(order="C")
 
 
+def _read_into(resp: Any, view: memoryview) -> int:
+    """Reads the body into view, in pieces of at most CHUNK; answers the bytes
+    read. An identity body is read by the http.client response underneath
+    urllib3's straight into view (urllib3's own readinto goes through a
+    temporary bytes object: one more copy of every byte)."""
+    fp = getattr(resp, "_fp", None)
+    direct = None
+    if fp is not None and not resp.headers.get("Content-Encoding"):
+        direct = getattr(fp, "readinto", None)
+    got, n = 0, view.nbytes
+    while got < n:
+        piece = view[got:min(got + CHUNK, n)]
+        k = direct(piece) if direct is not None else resp.readinto(piece)
+        if not k:
+            break
+        got += k
+    return got
+
+
 def _convert(a: np.ndarray, like: Optional[str]) -> Any:
     if like is None or like == "numpy":
         return a
@@ -234,12 +253,7 @@ class Client:
             shape = tuple(int(d) for d in _json.loads(resp.headers["X-Tstage-Shape"]))
             out = np.empty(shape, dtype=dtype)
             view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
-            got = 0
-            while got < view.nbytes:
-                k = resp.readinto(view[got:])
-                if not k:
-                    break
-                got += k
+            got = _read_into(resp, view)
             if got != view.nbytes:
                 raise TstageError(f"download of {path} cut off at {got} of {view.nbytes} "
                                   "bytes", status="DATA_LOSS")
