@@ -136,7 +136,7 @@ class Transport:
             if timeout is not None else self.timeout
         attempt = 0
         while True:
-            payload = body() if callable(body) else body
+            payload: Any = body() if callable(body) else body
             try:
                 resp = self.pool.urlopen(method, url, body=payload, headers=hdrs,
                                          preload_content=False, retries=False,

@@ -4,14 +4,13 @@ from __future__ import annotations
 import io
 import json as _json
 import os
-from typing import (Any, BinaryIO, Dict, Iterable, Iterator, List, Optional, Sequence,
-                    Tuple, Union)
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 
 from . import dtypes as _dt
 from ._transport import Transport, quote_name
-from .errors import TstageError
+from .errors import NotFound, TstageError
 from .operation import Operation
 
 __all__ = ["Client", "rows"]
@@ -20,7 +19,8 @@ __all__ = ["Client", "rows"]
 CHUNK = 4 << 20
 
 Sharding = Union[str, Dict[str, Any]]
-Index = Union[str, int, slice, type(Ellipsis), Tuple[Any, ...]]
+#: numpy basic indexing: a str expression, an int, a slice, ... or a tuple of them
+Index = Any
 PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
 
 
@@ -52,10 +52,10 @@ def _index_expr(index: Index) -> str:
 def _as_numpy(array: Any) -> np.ndarray:
     """A C-contiguous little-endian numpy view (or copy) of a numpy array, or of
     anything with __dlpack__ or __array__ (JAX, torch, CuPy ...)."""
+    a: Optional[np.ndarray] = None
     if isinstance(array, np.ndarray):
         a = array
     else:
-        a = None
         mod = type(array).__module__.split(".")[0]
         if mod == "torch":
             t = array.detach().cpu()
@@ -70,6 +70,7 @@ def _as_numpy(array: Any) -> np.ndarray:
                 a = None
         if a is None:
             a = np.asarray(array)
+    assert a is not None
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     # (np.ascontiguousarray would make a 0-d array 1-d)
@@ -229,7 +230,7 @@ class Client:
         """
         a = _as_numpy(array)
         dtype = _dt.from_numpy(a.dtype)
-        flat = memoryview(a.reshape(-1).view(np.uint8)) if a.size else memoryview(b"")
+        flat = a.reshape(-1).view(np.uint8).data if a.size else memoryview(b"")
         n = flat.nbytes
         q = {"dtype": dtype, "shape": ",".join(str(d) for d in a.shape)}
         q.update(_placement(device, memory_kind, sharding))
@@ -252,7 +253,7 @@ class Client:
             dtype = _dt.to_numpy(resp.headers["X-Tstage-Dtype"])
             shape = tuple(int(d) for d in _json.loads(resp.headers["X-Tstage-Shape"]))
             out = np.empty(shape, dtype=dtype)
-            view = memoryview(out.reshape(-1).view(np.uint8)) if out.size else memoryview(b"")
+            view = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
             got = _read_into(resp, view)
             if got != view.nbytes:
                 raise TstageError(f"download of {path} cut off at {got} of {view.nbytes} "
@@ -271,7 +272,7 @@ class Client:
         answer (bfloat16 as ``ml_dtypes.bfloat16``). ``like="jax"`` or
         ``"torch"`` answers that library's array instead.
         """
-        q = {} if index is None else {"index": _index_expr(index)}
+        q: Dict[str, Any] = {} if index is None else {"index": _index_expr(index)}
         return self._download(f"/v1/arrays/{quote_name(name)}/data", q, like)
 
     def get_rows(self, name: str, rows: Sequence[int], *, like: Optional[str] = None) -> Any:
@@ -289,7 +290,6 @@ class Client:
 
     def exists(self, name: str) -> bool:
         """Whether an array of that name exists."""
-        from .errors import NotFound
         try:
             self.info(name)
             return True
@@ -408,7 +408,7 @@ class Client:
         if source is None:
             raise ValueError("import_safetensors needs a source or a server_path")
         own = not hasattr(source, "read")
-        f: BinaryIO = open(source, "rb") if own else source  # type: ignore[arg-type]
+        f: BinaryIO = open(source, "rb") if own else source  # type: ignore
         try:
             headers = {"Content-Type": "application/octet-stream"}
             start = None

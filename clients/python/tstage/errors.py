@@ -202,7 +202,8 @@ def error_from_status(status: Any, *, http_status: int = 0,
     name = str(status.get("status") or _STATUS_OF_HTTP.get(http_status, "UNKNOWN"))
     code = http_status or int(status.get("code") or 0)
     details = status.get("details") or []
-    reason, metadata = "", {}
+    reason: str = ""
+    metadata: Dict[str, str] = {}
     for d in details:
         if isinstance(d, dict) and str(d.get("@type", "")).endswith("google.rpc.ErrorInfo"):
             reason = str(d.get("reason", ""))
