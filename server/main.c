@@ -400,6 +400,10 @@ int main(int argc, char **argv)
 	snprintf(fields, sizeof fields, "\"port\":%d", ts_server_port(srv));
 	ts_log(TS_LOG_INFO, fields, "tstaged %s listening on %s:%d", ts_version, cfg.bind,
 	       ts_server_port(srv));
+	if (cfg.unix_socket[0])
+		ts_log(TS_LOG_INFO, NULL, "and on unix socket %s (mode %s, group %s; no token asked)",
+		       cfg.unix_socket, cfg.unix_socket_mode,
+		       cfg.unix_socket_group[0] ? cfg.unix_socket_group : "the daemon's");
 	notify_service_manager("READY=1");
 	sig = wait_stop();
 	ts_log(TS_LOG_INFO, NULL, "%s received; draining (a second one exits at once)",
