@@ -294,6 +294,54 @@ START_TEST(test_bad_flags_refused)
 }
 END_TEST
 
+static int unix_connect(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	memcpy(sa.sun_path, path, strlen(path));
+	ck_assert_msg(connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0, "connect '%s': %s", path,
+	              strerror(errno));
+	return fd;
+}
+
+/* Socket clients are counted in --max-connections, not as one address:
+ * with a per-address limit of 1, TCP's second connection is refused and
+ * the socket's second and third are served; the total still holds. */
+START_TEST(test_socket_connections_not_limited_per_address)
+{
+	static const char req[] = "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n";
+	char sock[300], buf[4096];
+	const char *args[] = {"--unix-socket", socket_path(sock, sizeof sock),
+	                      "--max-connections-per-ip", "1", "--max-connections", "4", NULL};
+	struct th_daemon d;
+	int t1, t2, u[4];
+
+	th_daemon_start(&d, args);
+	t1 = th_raw_connect(&d);
+	th_raw_send(t1, req);
+	ck_assert_int_eq(th_raw_response(t1, buf, sizeof buf, 10000), 200);
+	t2 = th_raw_connect(&d);
+	th_raw_send(t2, req);
+	ck_assert_int_eq(th_raw_response(t2, buf, sizeof buf, 10000), 503);
+	close(t2);
+	for (int i = 0; i < 3; i++) {
+		u[i] = unix_connect(sock);
+		th_raw_send(u[i], req);
+		ck_assert_msg(th_raw_response(u[i], buf, sizeof buf, 10000) == 200,
+		              "socket connection %d: %s", i + 1, buf);
+	}
+	u[3] = unix_connect(sock);                   /* the fifth in all */
+	th_raw_send(u[3], req);
+	ck_assert_int_eq(th_raw_response(u[3], buf, sizeof buf, 10000), 503);
+	for (int i = 0; i < 4; i++)
+		close(u[i]);
+	close(t1);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 static Suite *unix_suite(void)
 {
 	Suite *s = suite_create("unix");
@@ -304,6 +352,7 @@ static Suite *unix_suite(void)
 	tcase_add_test(tc, test_socket_is_the_permission);
 	tcase_add_test(tc, test_stale_socket_replaced_live_one_refused);
 	tcase_add_test(tc, test_bad_flags_refused);
+	tcase_add_test(tc, test_socket_connections_not_limited_per_address);
 	suite_add_tcase(s, tc);
 	return s;
 }
