@@ -204,3 +204,10 @@ def test_devices_backends_memory(client):
     client.put("m", np.zeros(1000, np.uint8), device="sim:1", memory_kind="pinned_host")
     spaces = {(s["device"], s["memory_kind"]): s for s in client.memory()["spaces"]}
     assert spaces[("sim:1", "pinned_host")]["bytes_in_use"] >= 1000
+    assert client.memory_stats("sim:1", "pinned_host")["peak_bytes_in_use"] >= 1000
+    client.delete("m")
+    client.reset_peak()
+    assert client.memory_stats("sim:1", "pinned_host")["peak_bytes_in_use"] == \
+        client.memory_stats("sim:1", "pinned_host")["bytes_in_use"]
+    assert client.health()
+    assert not tstage.Client("http://127.0.0.1:1", retries=0).health()
