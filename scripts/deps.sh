@@ -6,8 +6,10 @@ set -euo pipefail
 # what building tstaged needs (the Dockerfile's build stage installs the same,
 # tests/deploy/check_dockerfile.py checks it), then what the tests add
 build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev)
-test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip python3-venv)
+test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip)
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
+# make pytest: the Python client's virtual environment
+pkgs+=(python3-venv)
 # make bench (TS_DEPS_BENCH=1) adds the servers its references run
 [ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")

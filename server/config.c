@@ -102,6 +102,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->cuda = true;
 	cfg->drain_seconds = 30;
 	strcpy(cfg->cgroup_root, "/sys/fs/cgroup");
+	strcpy(cfg->unix_socket_mode, "0600");
 	cfg->import_header_limit = 16ull << 20;
 	cfg->import_header_budget = 256ull << 20;
 	cfg->max_connections = 1024;
@@ -109,7 +110,6 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->connection_timeout = 60;
 	cfg->body_idle_timeout = 15;
 	cfg->body_min_rate = 64ull << 10;
-	strcpy(cfg->unix_socket_mode, "0600");
 }
 
 static bool parse_bool(const char *s, bool *out)

@@ -76,7 +76,7 @@ struct request {
 struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
-	bool local;                      /* on the Unix socket: counted in all, not by address */
+	bool local;                      /* on the Unix socket: no limit per address */
 };
 
 /* Whether the connection came through --unix-socket (whose file's mode and
@@ -997,10 +997,11 @@ static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
 	int over = 0;
 
 	pthread_mutex_lock(&srv->conns_mu);
-	ac = cc->local ? NULL : addr_count_locked(srv, cc->addr, true);
+	ac = addr_count_locked(srv, cc->addr, true);
 	if (srv->conns >= srv->cfg.max_connections)
 		over = 1;
-	else if (srv->cfg.max_connections_per_ip && ac && ac->n >= srv->cfg.max_connections_per_ip)
+	else if (srv->cfg.max_connections_per_ip && !cc->local && ac &&
+	         ac->n >= srv->cfg.max_connections_per_ip)
 		over = 2;
 	if (!over) {
 		srv->conns++;
@@ -1019,7 +1020,7 @@ static void conn_leave(struct ts_server *srv, const struct conn_ctx *cc)
 
 	pthread_mutex_lock(&srv->conns_mu);
 	srv->conns--;
-	ac = cc->local ? NULL : addr_count_locked(srv, cc->addr, false);
+	ac = addr_count_locked(srv, cc->addr, false);
 	if (ac && --ac->n == 0)
 		addr_drop_locked(srv, ac);
 	pthread_mutex_unlock(&srv->conns_mu);
