@@ -156,6 +156,16 @@ def test_aborted_retried_only_when_idempotent(scripted):
     assert len(Scripted.seen) == 1
 
 
+def test_operations_follow_pages(scripted):
+    _, url = scripted
+    op = {"name": "operations/op-1", "done": True, "metadata": {"state": "SUCCEEDED"}}
+    Scripted.script = [(200, {}, {"operations": [op], "next_page_token": "t1"}),
+                       (200, {}, {"operations": [dict(op, name="operations/op-2")]})]
+    ops = tstage.Client(url).operations(state="SUCCEEDED", page_size=1)
+    assert [o.id for o in ops] == ["op-1", "op-2"]
+    assert Scripted.seen[1].endswith("page_size=1&page_token=t1")
+
+
 def test_connection_refused_is_retried_then_raised():
     import socket
     s = socket.socket()

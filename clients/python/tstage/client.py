@@ -481,10 +481,18 @@ class Client:
 
     def operations(self, state: Optional[str] = None,
                    page_size: Optional[int] = None) -> List[Operation]:
-        """Operations, newest first, optionally only those in ``state``."""
-        body = self._t.json("GET", "/v1/operations",
-                            query={"state": state, "page_size": page_size})
-        return [Operation(self, o) for o in body.get("operations", [])]
+        """Operations, newest first, optionally only those in ``state``; every
+        page, following ``next_page_token`` where the server gives one."""
+        out: List[Operation] = []
+        token = None
+        while True:
+            body = self._t.json("GET", "/v1/operations",
+                                query={"state": state, "page_size": page_size,
+                                       "page_token": token})
+            out.extend(Operation(self, o) for o in body.get("operations", []))
+            token = body.get("next_page_token")
+            if not token:
+                return out
 
     # ---- models --------------------------------------------------------------
     def create_model(self, name: str, spec: Optional[Dict[str, Any]] = None, *,
