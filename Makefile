@@ -213,7 +213,8 @@ soak: $(DAEMON) $(BUILD)/bench/soak
 
 # The Python client's suite (clients/python/tests) against $(DAEMON): the
 # package and its test dependencies (PyPI) in a virtual environment under
-# build/, reinstalled when the package's files change.
+# build/, reinstalled when the package's files change; pytest (not python -m,
+# which would put the source folder first) tests the installed package.
 PYVENV    := build/pyvenv
 PY_SRC    := clients/python/pyproject.toml $(wildcard clients/python/tstage/*.py)
 
@@ -223,7 +224,7 @@ $(PYVENV)/installed: $(PY_SRC)
 	@touch $@
 
 pytest: $(DAEMON) $(PYVENV)/installed
-	cd clients/python && TSTAGED=$(abspath $(DAEMON)) $(abspath $(PYVENV))/bin/python -m pytest -q -p no:cacheprovider tests
+	cd clients/python && TSTAGED=$(abspath $(DAEMON)) $(abspath $(PYVENV))/bin/pytest -q -p no:cacheprovider tests
 
 test: deps
 	@$(MAKE) --no-print-directory all

@@ -117,6 +117,14 @@ def test_index_as_string_expression(client):
 def test_index_rejects_advanced_indexing_locally(client):
     with pytest.raises(TypeError):
         client.get("t", index=[1, 2])
+    with pytest.raises(ValueError):
+        client.get("t", like="tensorflow")
+
+
+def test_empty_index_is_the_whole_array(client):
+    a = np.arange(6, dtype=np.int8).reshape(2, 3)
+    client.put("t", a)
+    assert np.array_equal(client.get("t", index=()), a[()])
 
 
 def test_get_rows_order_repeats_negatives(client):

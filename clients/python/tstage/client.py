@@ -96,6 +96,14 @@ def _read_into(resp: Any, view: memoryview) -> int:
     return got
 
 
+_LIKES = (None, "numpy", "jax", "torch")
+
+
+def _check_like(like: Optional[str]) -> None:
+    if like not in _LIKES:
+        raise ValueError(f"like='{like}' is not 'numpy', 'jax' or 'torch'")
+
+
 def _convert(a: np.ndarray, like: Optional[str]) -> Any:
     if like is None or like == "numpy":
         return a
@@ -248,6 +256,7 @@ class Client:
                             headers=headers)
 
     def _download(self, path: str, query: Dict[str, Any], like: Optional[str]) -> Any:
+        _check_like(like)
         resp = self._t.request("GET", path, query=query, stream=True)
         try:
             dtype = _dt.to_numpy(resp.headers["X-Tstage-Dtype"])
@@ -272,7 +281,8 @@ class Client:
         answer (bfloat16 as ``ml_dtypes.bfloat16``). ``like="jax"`` or
         ``"torch"`` answers that library's array instead.
         """
-        q: Dict[str, Any] = {} if index is None else {"index": _index_expr(index)}
+        expr = "" if index is None else _index_expr(index)
+        q: Dict[str, Any] = {"index": expr} if expr else {}
         return self._download(f"/v1/arrays/{quote_name(name)}/data", q, like)
 
     def get_rows(self, name: str, rows: Sequence[int], *, like: Optional[str] = None) -> Any:
