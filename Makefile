@@ -214,6 +214,7 @@ soak: $(DAEMON) $(BUILD)/bench/soak
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit integration
+	@tests/examples/run.sh $(DAEMON)
 	@tests/gpu/detect.sh $(DAEMON)
 
 bench:
