@@ -31,10 +31,11 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The integration tests read and write fixtures with numpy and the reference
-# safetensors package, which Debian does not ship: from PyPI, only when
+# safetensors package, and check dtype conversions against ml_dtypes (the
+# bfloat16 JAX uses), which Debian does not ship: from PyPI, only when
 # python3 cannot import them (PEP 668 systems need --break-system-packages).
-if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-	echo "tstage: installing the python packages safetensors and numpy" >&2
-	python3 -m pip install --quiet safetensors numpy 2>/dev/null ||
-		python3 -m pip install --quiet --break-system-packages safetensors numpy
+if ! python3 -c 'import safetensors, numpy, ml_dtypes' 2>/dev/null; then
+	echo "tstage: installing the python packages safetensors, numpy and ml_dtypes" >&2
+	python3 -m pip install --quiet safetensors numpy ml_dtypes 2>/dev/null ||
+		python3 -m pip install --quiet --break-system-packages safetensors numpy ml_dtypes
 fi
