@@ -715,7 +715,7 @@ START_TEST(test_create_bad_specs)
 		 "colour"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"loss\": \"l1\"}", "BAD_MODEL",
 		 "loss"},
-		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamw\"}}",
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamax\"}}",
 		 "BAD_OPTIMIZER", "optimizer.type"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0}}", "BAD_OPTIMIZER", "learning_rate"},
