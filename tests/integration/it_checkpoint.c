@@ -327,6 +327,17 @@ START_TEST(test_resume_adam_bit_identical)
 }
 END_TEST
 
+/* AdamW on a warmup cosine schedule: t places the resumed run on the
+ * schedule too. */
+START_TEST(test_resume_adamw_schedule_bit_identical)
+{
+	resume_case("{\"type\": \"adamw\", \"weight_decay\": 0.05, \"clip_global_norm\": 1.0, "
+	            "\"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0.001, "
+	            "\"peak_value\": 0.01, \"warmup_steps\": 2, \"decay_steps\": 6, "
+	            "\"end_value\": 0.002}}");
+}
+END_TEST
+
 /* The checkpoint is what it says: the spec in its metadata, t, the tensors. */
 START_TEST(test_export_contents)
 {
@@ -527,6 +538,7 @@ static Suite *checkpoint_suite(void)
 	tcase_add_checked_fixture(tc, up, down);
 	tcase_set_timeout(tc, CASE_TIMEOUT_S);
 	tcase_add_test(tc, test_resume_adam_bit_identical);
+	tcase_add_test(tc, test_resume_adamw_schedule_bit_identical);
 	tcase_add_test(tc, test_export_contents);
 	tcase_add_test(tc, test_create_with_steps);
 	tcase_add_test(tc, test_import_errors);
