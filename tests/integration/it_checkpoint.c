@@ -24,6 +24,7 @@
 #define D 16
 
 static struct th_daemon A, Bd;
+static struct th_response r_resp;
 static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
 static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 static const char *const octet_headers[] = {"Content-Type: application/octet-stream", NULL};
@@ -530,6 +531,49 @@ START_TEST(test_export_errors)
 }
 END_TEST
 
+/* While a step changes the weights in place, export is refused naming
+ * it; once it ends, the file carries the t the model shows. */
+START_TEST(test_export_during_a_step)
+{
+	char path[300], *name, *file;
+	json_t *op, *m, *h;
+	size_t len, at;
+
+	data_up(&A);
+	create(&A, "r", "{\"type\": \"adam\", \"learning_rate\": 0.001}");
+	op = post_json(&A, "/v1/models/r:step",
+	               "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 1000000}", 202);
+	name = strdup(th_str(op, "name"));
+	json_decref(op);
+	th_get(&A, "/v1/models/r:export", &r_resp);
+	th_assert_error(&r_resp, 409, "ABORTED", "ARRAY_HELD");
+	ck_assert_msg(strstr(th_str(th_obj(th_json(&r_resp), "error"), "message"), "op-"),
+	              "the refusal does not name the step: %s", r_resp.body);
+	th_response_free(&r_resp);
+	snprintf(path, sizeof path, "/v1/%s:cancel", name);
+	th_request(&A, "POST", path, NULL, NULL, 0, &r_resp);
+	ck_assert_msg(r_resp.status == 200, "cancel: %ld %s", r_resp.status, r_resp.body);
+	th_response_free(&r_resp);
+	snprintf(path, sizeof path, "/v1/%s:wait?timeout=60s", name);
+	op = post_json(&A, path, "{}", 200);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
+	json_decref(op);
+	free(name);
+	file = export_model(&A, "r", &len);
+	m = get_json(&A, "/v1/models/r");
+	h = st_header(file, len, &at);
+	{
+		char want[32];
+
+		snprintf(want, sizeof want, "%lld", (long long)th_int(m, "steps"));
+		ck_assert_str_eq(th_str(th_obj(h, "__metadata__"), "steps"), want);
+	}
+	json_decref(h);
+	json_decref(m);
+	free(file);
+}
+END_TEST
+
 static Suite *checkpoint_suite(void)
 {
 	Suite *s = suite_create("checkpoint");
@@ -543,6 +587,7 @@ static Suite *checkpoint_suite(void)
 	tcase_add_test(tc, test_create_with_steps);
 	tcase_add_test(tc, test_import_errors);
 	tcase_add_test(tc, test_export_errors);
+	tcase_add_test(tc, test_export_during_a_step);
 	suite_add_tcase(s, tc);
 	return s;
 }
