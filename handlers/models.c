@@ -105,7 +105,7 @@ static ts_status init_array(const struct ts_core *core, struct ts_operation *op,
 
 static json_t *model_json(const struct ts_model *m)
 {
-	json_t *arrays = json_object(), *save = json_array(), *offload = json_array();
+	json_t *o = ts_h_model_spec_json(m), *arrays = json_object();
 	char name[256];
 
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
@@ -114,29 +114,11 @@ static json_t *model_json(const struct ts_model *m)
 		ts_model_array_name(m, param_roles[i], name, sizeof name);
 		json_object_set_new(arrays, strchr(name, '.') + 1, json_string(name));
 	}
-	if (m->policy.save_x)
-		json_array_append_new(save, json_string("x"));
-	if (m->policy.save_h)
-		json_array_append_new(save, json_string("h"));
-	if (m->policy.offload_x)
-		json_array_append_new(offload, json_string("x"));
-	if (m->policy.offload_h)
-		json_array_append_new(offload, json_string("h"));
-	return json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:{s:s, s:f, s:f, s:f, s:f, s:f},"
-	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:o, s:I}",
-	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,
-	                 "d_hidden", m->mlp.d_hidden, "activation", ts_act_name(m->mlp.act),
-	                 "residual", m->mlp.residual, "dtype", "float32",
-	                 "loss", ts_loss_name(m->mlp.loss), "optimizer",
-	                 "type", ts_opt_name(m->opt.type), "learning_rate", (double)m->opt.learning_rate,
-	                 "b1", (double)m->opt.b1, "b2", (double)m->opt.b2, "eps", (double)m->opt.eps,
-	                 "clip_global_norm", (double)m->opt.clip_global_norm,
-	                 "placement", "device", ts_device_props(m->device)->id,
-	                 "params", ts_memory_kind_name(m->policy.params),
-	                 "opt_state", ts_memory_kind_name(m->policy.opt_state),
-	                 "activations", "save", save, "offload", offload,
-	                 "prefetch_depth", m->policy.prefetch_depth,
-	                 "arrays", arrays, "steps", (json_int_t)m->steps);
+	if (o)
+		json_object_set_new(o, "arrays", arrays);
+	else
+		json_decref(arrays);
+	return o;
 }
 
 /* model_json with "state" (CREATING while its creation runs, with the

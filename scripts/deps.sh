@@ -39,3 +39,12 @@ if ! python3 -c 'import safetensors, numpy, ml_dtypes' 2>/dev/null; then
 	python3 -m pip install --quiet safetensors numpy ml_dtypes 2>/dev/null ||
 		python3 -m pip install --quiet --break-system-packages safetensors numpy ml_dtypes
 fi
+
+# The optax comparisons (tests/integration/it_optax) run the model in JAX
+# with optax itself: jax, jaxlib (CPU wheels) and optax from PyPI, only when
+# python3 cannot import them.
+if ! python3 -c 'import jax, jaxlib, optax' 2>/dev/null; then
+	echo "tstage: installing the python packages jax, jaxlib and optax" >&2
+	python3 -m pip install --quiet jax jaxlib optax 2>/dev/null ||
+		python3 -m pip install --quiet --break-system-packages jax jaxlib optax
+fi

@@ -238,6 +238,17 @@ static ts_status check_optimizer(const struct ts_optimizer *opt, int step, struc
 		return bad(err, "update: learning rate is not finite");
 	if (!(opt->clip_global_norm >= 0.0f) || isinf(opt->clip_global_norm))
 		return bad(err, "update: clip_global_norm must be finite and >= 0");
+	if (opt->schedule.type == TS_SCHED_WARMUP_COSINE &&
+	    (!isfinite(opt->schedule.init_value) || !isfinite(opt->schedule.peak_value) ||
+	     !isfinite(opt->schedule.end_value) || opt->schedule.warmup_steps < 0 ||
+	     opt->schedule.decay_steps <= opt->schedule.warmup_steps))
+		return bad(err, "update: a warmup cosine schedule needs finite values and "
+		                "0 <= warmup_steps < decay_steps");
+	if (opt->schedule.type != TS_SCHED_CONSTANT && opt->schedule.type != TS_SCHED_WARMUP_COSINE)
+		return bad(err, "update: unknown learning-rate schedule");
+	if (opt->adamw && (opt->type != TS_OPT_ADAM || !(opt->weight_decay >= 0.0f) ||
+	                   isinf(opt->weight_decay)))
+		return bad(err, "update: adamw's weight_decay must be finite and >= 0");
 	if (opt->type != TS_OPT_ADAM)
 		return TS_OK;
 	if (step < 1)

@@ -715,7 +715,7 @@ START_TEST(test_create_bad_specs)
 		 "colour"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"loss\": \"l1\"}", "BAD_MODEL",
 		 "loss"},
-		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamw\"}}",
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamax\"}}",
 		 "BAD_OPTIMIZER", "optimizer.type"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0}}", "BAD_OPTIMIZER", "learning_rate"},
@@ -726,6 +726,24 @@ START_TEST(test_create_bad_specs)
 		 "clip_global_norm"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"optimizer\": {\"type\": \"adam\", \"momentum\": 0.5}}", "BAD_OPTIMIZER", "momentum"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adam\", \"weight_decay\": 0.1}}", "BAD_OPTIMIZER", "weight_decay"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adamw\", \"weight_decay\": -1}}", "BAD_OPTIMIZER", "weight_decay"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adamw\", \"learning_rate\": 0.1, \"schedule\": {\"type\": \"constant\", \"value\": 0.1}}}", "BAD_OPTIMIZER", "exclusive"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"step\"}}}", "BAD_OPTIMIZER", "optimizer.schedule.type"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0, \"peak_value\": 0.1, \"warmup_steps\": 10, \"decay_steps\": 10}}}", "BAD_OPTIMIZER", "decay_steps"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"warmup_cosine_decay\", \"peak_value\": 0.1, \"warmup_steps\": 1, \"decay_steps\": 10}}}", "BAD_OPTIMIZER", "init_value"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0, \"peak_value\": 0.1, \"warmup_steps\": 1, \"decay_steps\": 10, \"alpha\": 0}}}", "BAD_OPTIMIZER", "optimizer.schedule.alpha"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"constant\", \"value\": 0.1, \"peak_value\": 1}}}", "BAD_OPTIMIZER", "optimizer.schedule.peak_value"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"steps\": -1}", "BAD_MODEL", "steps"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"placement\": {\"params\": \"gpu\"}}", "BAD_POLICY", "placement.params"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
