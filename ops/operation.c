@@ -1,6 +1,6 @@
 /*
  * operation.c - the operation registry: every operation listed in creation
- * order and hashed by id, a FIFO of pending ones, the worker threads that
+ * order and by id (a common/registry.h map), a FIFO of pending ones, the worker threads that
  * run them, target claims, waiters and retention.
  *
  * Each listed operation sits on exactly one state list of its registry: the
@@ -29,6 +29,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/registry.h"
 #include "common/units.h"
 
 /* A mutex that knows its holder, so that _locked functions can assert it. */
@@ -124,7 +125,6 @@ struct ts_operation {
 	enum where where;
 	struct ts_operation *prev, *next;   /* on the state list `where` names */
 	struct ts_operation *older, *newer; /* every listed operation */
-	struct ts_operation *hnext;         /* hash chain */
 	uint64_t end_mono;                  /* when it finished (for retention) */
 };
 
@@ -143,8 +143,7 @@ struct ts_op_registry {
 	pthread_cond_t work;                /* pending work, or shutdown */
 	struct oplist queue, active, finished;     /* guarded by: lk */
 	struct ts_operation *oldest, *newest;      /* guarded by: lk */
-	struct ts_operation **buckets;             /* guarded by: lk */
-	size_t nbuckets, count;                    /* guarded by: lk */
+	struct ts_registry ids;                    /* id -> listed op; guarded by: lk */
 	uint64_t next_seq;                         /* guarded by: lk */
 	uint64_t counts[TS_OP_CANCELLED + 1];      /* guarded by: lk */
 	bool shutdown;                             /* guarded by: lk */
@@ -276,68 +275,16 @@ static void oplist_remove_locked(struct ts_op_registry *r, struct ts_operation *
 	op->where = WHERE_NONE;
 }
 
-static uint64_t hash_id(const char *id)
-{
-	uint64_t h = 1469598103934665603ull;
-
-	for (; *id; id++)
-		h = (h ^ (unsigned char)*id) * 1099511628211ull;
-	return h;
-}
-
-/* Doubles the hash table when chains grow long; keeps the old one when out
- * of memory (longer chains, same answers). */
-static void hash_grow_locked(struct ts_op_registry *r)
-{
-	size_t n = r->nbuckets * 2;
-	struct ts_operation **b;
-
-	assert(lock_mine(&r->lk));
-	if (r->count < r->nbuckets * 2)
-		return;
-	b = calloc(n, sizeof *b);
-	if (!b)
-		return;
-	for (size_t i = 0; i < r->nbuckets; i++) {
-		struct ts_operation *op = r->buckets[i];
-
-		while (op) {
-			struct ts_operation *next = op->hnext;
-			size_t k = hash_id(op->id) & (n - 1);
-
-			op->hnext = b[k];
-			b[k] = op;
-			op = next;
-		}
-	}
-	free(r->buckets);
-	r->buckets = b;
-	r->nbuckets = n;
-}
-
-static struct ts_operation **hash_slot_locked(struct ts_op_registry *r, const char *id)
-{
-	struct ts_operation **pp;
-
-	assert(lock_mine(&r->lk));
-	pp = &r->buckets[hash_id(id) & (r->nbuckets - 1)];
-	while (*pp && strcmp((*pp)->id, id) != 0)
-		pp = &(*pp)->hnext;
-	return pp;
-}
-
-/* Lists a new operation: hash, creation order, queue. Takes over one of its
- * references. */
+/* Lists a new operation: by id, creation order, queue. Takes over one of
+ * its references. Room for its id was reserved (ts_registry_reserve). */
 static void insert_locked(struct ts_op_registry *r, struct ts_operation *op)
 {
-	struct ts_operation **pp;
+	ts_status st;
 
 	assert(lock_mine(&r->lk));
-	hash_grow_locked(r);
-	pp = hash_slot_locked(r, op->id);
-	op->hnext = NULL;
-	*pp = op;
-	r->count++;
+	st = ts_registry_put(&r->ids, op->id, op, NULL, NULL);
+	assert(st == TS_OK);   /* a valid, unique id; room reserved */
+	(void)st;
 	op->older = r->newest;
 	op->newer = NULL;
 	if (r->newest)
@@ -353,11 +300,12 @@ static void insert_locked(struct ts_op_registry *r, struct ts_operation *op)
  * (after unlocking). */
 static void unlist_locked(struct ts_op_registry *r, struct ts_operation *op)
 {
-	struct ts_operation **pp = hash_slot_locked(r, op->id);
+	struct ts_operation *listed;
 
-	assert(*pp == op && op->where == WHERE_FINISHED);
-	*pp = op->hnext;
-	r->count--;
+	assert(lock_mine(&r->lk) && op->where == WHERE_FINISHED);
+	listed = ts_registry_remove(&r->ids, op->id);
+	assert(listed == op);
+	(void)listed;
 	if (op->older)
 		op->older->newer = op->newer;
 	else
@@ -564,7 +512,7 @@ static void registry_destroy(struct ts_op_registry *r)
 {
 	pthread_cond_destroy(&r->work);
 	pthread_mutex_destroy(&r->lk.mu);
-	free(r->buckets);
+	ts_registry_release(&r->ids);
 	free(r->threads);
 	free(r);
 }
@@ -588,10 +536,9 @@ ts_status ts_op_registry_new(const struct ts_op_registry_config *cfg,
 		r->salt = mix64(ts_wall_ns() ^ (uint64_t)(uintptr_t)r);
 	lock_init(&r->lk);
 	cond_init_monotonic(&r->work);
-	r->nbuckets = 64;
-	r->buckets = calloc(r->nbuckets, sizeof *r->buckets);
+	ts_registry_init(&r->ids);
 	r->threads = calloc((size_t)cfg->workers, sizeof *r->threads);
-	if (!r->buckets || !r->threads) {
+	if (!r->threads) {
 		registry_destroy(r);
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 		                    "no memory for the operation registry");
@@ -733,6 +680,11 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 		goto out_unlock;
 	}
 	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
+	if (ts_registry_reserve(&r->ids, 1, NULL) != TS_OK) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                  "no memory for a %s operation", kind);
+		goto out_unlock;
+	}
 	if (hold && (st = hold(op->id, arg, err)) != TS_OK)
 		goto out_unlock;
 	insert_locked(r, op);   /* the registry's reference */
@@ -755,7 +707,7 @@ struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)
 		return NULL;
 	lock_take(&r->lk);
 	dropped = prune_locked(r);
-	op = ts_operation_ref(*hash_slot_locked(r, id));
+	op = ts_operation_ref(ts_registry_get(&r->ids, id));
 	lock_drop(&r->lk);
 	unref_chain(dropped);
 	return op;
@@ -775,8 +727,8 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
 		                    "operation state %d is not one of the five", only);
 	lock_take(&r->lk);
 	dropped = prune_locked(r);
-	if (limit > r->count)
-		limit = r->count;
+	if (limit > ts_registry_count(&r->ids))
+		limit = ts_registry_count(&r->ids);
 	ops = malloc((limit ? limit : 1) * sizeof *ops);
 	if (!ops) {
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",

@@ -7,7 +7,7 @@
  * replica number is its coordinates on the axes the spec leaves unused, read
  * row-major, which is its rank in mesh order among the devices holding the
  * same box. Everything here is computed from the sharding value alone; only
- * the registry holds state, behind its rwlock.
+ * the registry holds state: a common/registry.h map behind its rwlock.
  */
 #include "storage/sharding.h"
 
@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "common/name.h"
+#include "common/registry.h"
 
 /* ---- mesh geometry ------------------------------------------------------------- */
 
@@ -501,8 +502,7 @@ struct entry {
 
 struct ts_sharding_registry {
 	pthread_rwlock_t lock;
-	struct entry *entries;     /* sorted by name; guarded by: lock */
-	size_t n, cap;             /* guarded by: lock */
+	struct ts_registry names;  /* of struct entry (own); guarded by: lock */
 };
 
 struct ts_sharding_registry *ts_sharding_registry_new(void)
@@ -513,6 +513,8 @@ struct ts_sharding_registry *ts_sharding_registry_new(void)
 		free(r);
 		return NULL;
 	}
+	if (r)
+		ts_registry_init(&r->names);
 	return r;
 }
 
@@ -521,61 +523,37 @@ void ts_sharding_registry_free(struct ts_sharding_registry *r)
 	if (!r)
 		return;
 	pthread_rwlock_destroy(&r->lock);
-	free(r->entries);
+	for (size_t i = 0; i < ts_registry_count(&r->names); i++)
+		free(ts_registry_at(&r->names, i));
+	ts_registry_release(&r->names);
 	free(r);
-}
-
-/* Index of name, or where it would go (*found false). Lock held. */
-static size_t find_locked(const struct ts_sharding_registry *r, const char *name, bool *found)
-{
-	size_t lo = 0, hi = r->n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(r->entries[mid].name, name);
-
-		if (c == 0) {
-			*found = true;
-			return mid;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*found = false;
-	return lo;
 }
 
 static ts_status insert_locked(struct ts_sharding_registry *r, const char *name,
                                const struct ts_sharding *s, struct ts_error *err)
 {
-	bool found;
-	size_t at = find_locked(r, name, &found);
+	struct entry *e;
+	ts_status st;
 
-	if (found)
+	if (ts_registry_get(&r->names, name))
 		return ts_error_set(err, TS_ALREADY_EXISTS, "SHARDING_EXISTS",
 		                    "sharding '%s' already exists", name);
-	if (r->n == REGISTRY_MAX)
+	if (ts_registry_count(&r->names) == REGISTRY_MAX)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_SHARDINGS",
 		                    "sharding '%s' cannot be saved: %d shardings are saved already",
 		                    name, REGISTRY_MAX);
-	if (r->n == r->cap) {
-		size_t cap = r->cap ? r->cap * 2 : 16;
-		struct entry *e = realloc(r->entries, cap * sizeof *e);
-
-		if (!e)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "no memory to save sharding '%s'", name);
-		r->entries = e;
-		r->cap = cap;
+	e = calloc(1, sizeof *e);
+	if (!e || ts_registry_reserve(&r->names, 1, NULL) != TS_OK) {
+		free(e);
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory to save sharding '%s'", name);
 	}
-	memmove(&r->entries[at + 1], &r->entries[at], (r->n - at) * sizeof *r->entries);
-	memset(&r->entries[at], 0, sizeof r->entries[at]);
-	memcpy(r->entries[at].name, name, strlen(name) + 1);
-	r->entries[at].sharding = *s;
-	r->n++;
-	return TS_OK;
+	memcpy(e->name, name, strlen(name) + 1);
+	e->sharding = *s;
+	st = ts_registry_put(&r->names, e->name, e, NULL, err);   /* valid, new, room reserved */
+	if (st != TS_OK)
+		free(e);
+	return st;
 }
 
 ts_status ts_sharding_registry_put(struct ts_sharding_registry *r, const char *name,
@@ -599,17 +577,14 @@ ts_status ts_sharding_registry_put(struct ts_sharding_registry *r, const char *n
 bool ts_sharding_registry_get(struct ts_sharding_registry *r, const char *name,
                               struct ts_sharding *out)
 {
-	bool found = false;
-	size_t at;
+	const struct entry *e;
 
-	if (!name)
-		return false;
 	pthread_rwlock_rdlock(&r->lock);
-	at = find_locked(r, name, &found);
-	if (found)
-		*out = r->entries[at].sharding;
+	e = ts_registry_get(&r->names, name);
+	if (e)
+		*out = e->sharding;
 	pthread_rwlock_unlock(&r->lock);
-	return found;
+	return e != NULL;
 }
 
 void ts_sharding_registry_each(struct ts_sharding_registry *r,
@@ -617,7 +592,10 @@ void ts_sharding_registry_each(struct ts_sharding_registry *r,
                                void *arg)
 {
 	pthread_rwlock_rdlock(&r->lock);
-	for (size_t i = 0; i < r->n; i++)
-		fn(r->entries[i].name, &r->entries[i].sharding, arg);
+	for (size_t i = 0; i < ts_registry_count(&r->names); i++) {
+		const struct entry *e = ts_registry_at(&r->names, i);
+
+		fn(e->name, &e->sharding, arg);
+	}
 	pthread_rwlock_unlock(&r->lock);
 }
