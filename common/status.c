@@ -83,10 +83,10 @@ void ts_error_clear(struct ts_error *err)
 	memset(err, 0, sizeof *err);
 }
 
-ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
-                       const char *fmt, ...)
+ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,
+                        const char *prefix, const char *fmt, va_list ap)
 {
-	va_list ap;
+	size_t o = 0;
 
 	if (!err)
 		return st;
@@ -94,11 +94,49 @@ ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
 		return err->status;
 	err->status = st;
 	snprintf(err->reason, sizeof err->reason, "%s", reason ? reason : "");
-	va_start(ap, fmt);
-	if (vsnprintf(err->message, sizeof err->message, fmt, ap) >= (int)sizeof err->message)
+	if (prefix) {
+		int n = snprintf(err->message, sizeof err->message, "%s: ", prefix);
+
+		o = n < 0 ? 0 : (size_t)n < sizeof err->message ? (size_t)n : sizeof err->message - 1;
+	}
+	if ((size_t)vsnprintf(err->message + o, sizeof err->message - o, fmt, ap) >=
+	    sizeof err->message - o)
 		ts_utf8_trim(err->message);     /* cut on a character boundary */
-	va_end(ap);
 	err->nmeta = 0;
+	return st;
+}
+
+ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
+                       const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	st = ts_error_vset(err, st, reason, NULL, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+ts_status ts_error_bad(struct ts_error *err, const char *reason, const char *prefix,
+                       const char *fmt, ...)
+{
+	va_list ap;
+	ts_status st;
+
+	va_start(ap, fmt);
+	st = ts_error_vset(err, TS_INVALID_ARGUMENT, reason, prefix, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+ts_status ts_error_oom(struct ts_error *err, const char *fmt, ...)
+{
+	va_list ap;
+	ts_status st;
+
+	va_start(ap, fmt);
+	st = ts_error_vset(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", NULL, fmt, ap);
+	va_end(ap);
 	return st;
 }
 

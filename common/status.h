@@ -85,6 +85,23 @@ ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
                        const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+/* ts_error_set from a va_list, the message after prefix and ": " when
+ * prefix is not NULL ("npy header" gives "npy header: ..."). */
+ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,
+                        const char *prefix, const char *fmt, va_list ap)
+	__attribute__((format(printf, 5, 0)));
+
+/* The one helper for bad input: INVALID_ARGUMENT with reason, the message
+ * after prefix as ts_error_vset words it. Returns the recorded status. */
+ts_status ts_error_bad(struct ts_error *err, const char *reason, const char *prefix,
+                       const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* The one out-of-memory answer: RESOURCE_EXHAUSTED, reason OUT_OF_MEMORY,
+ * the message as given (callers with figures add them as metadata too). */
+ts_status ts_error_oom(struct ts_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
 /* Add a metadata pair (silently truncated; dropped past TS_ERROR_META_MAX). */
 void ts_error_meta(struct ts_error *err, const char *key, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

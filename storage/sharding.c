@@ -125,40 +125,29 @@ void ts_sharding_with_memory_kind(const struct ts_sharding *s, enum ts_memory_ki
 	out->memory_kind = kind;
 }
 
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING", "%s", msg);
-}
+/* Bad input, through the one helper (common/status.h). */
+#define BAD(err, ...) ts_error_bad((err), "BAD_SHARDING", NULL, __VA_ARGS__)
 
 static ts_status validate_mesh(const struct ts_mesh *m, struct ts_error *err)
 {
 	long long prod = 1;
 
 	if (m->ndevices < 1 || m->ndevices > TS_MESH_MAX_DEVICES)
-		return bad(err, "mesh has %d devices; it must have 1 to %d", m->ndevices,
+		return BAD(err, "mesh has %d devices; it must have 1 to %d", m->ndevices,
 		           TS_MESH_MAX_DEVICES);
 	if (m->naxes < 1 || m->naxes > TS_MESH_MAX_AXES)
-		return bad(err, "mesh has %d axes; it must have 1 to %d", m->naxes, TS_MESH_MAX_AXES);
+		return BAD(err, "mesh has %d axes; it must have 1 to %d", m->naxes, TS_MESH_MAX_AXES);
 	for (int a = 0; a < m->naxes; a++) {
 		const char *name = m->axis_names[a];
 
 		if (name[0] == '\0' || !memchr(name, '\0', TS_AXIS_NAME_MAX))
-			return bad(err, "mesh axis %d needs a name of 1 to %d characters", a,
+			return BAD(err, "mesh axis %d needs a name of 1 to %d characters", a,
 			           TS_AXIS_NAME_MAX - 1);
 		for (int b = 0; b < a; b++)
 			if (strcmp(m->axis_names[b], name) == 0)
-				return bad(err, "mesh axis name '%s' appears twice", name);
+				return BAD(err, "mesh axis name '%s' appears twice", name);
 		if (m->shape[a] < 1)
-			return bad(err, "mesh axis '%s' has size %d; sizes must be at least 1", name,
+			return BAD(err, "mesh axis '%s' has size %d; sizes must be at least 1", name,
 			           m->shape[a]);
 		prod *= m->shape[a];
 		if (prod > TS_MESH_MAX_DEVICES)
@@ -171,15 +160,15 @@ static ts_status validate_mesh(const struct ts_mesh *m, struct ts_error *err)
 		for (int a = 0; a < m->naxes && o < sizeof dims; a++)
 			o += (size_t)snprintf(dims + o, sizeof dims - o, "%s%d", a ? ", " : "",
 			                      m->shape[a]);
-		return bad(err, "mesh shape (%s) does not hold the %d devices the mesh lists",
+		return BAD(err, "mesh shape (%s) does not hold the %d devices the mesh lists",
 		           dims, m->ndevices);
 	}
 	for (int k = 0; k < m->ndevices; k++) {
 		if (!m->devices[k])
-			return bad(err, "mesh device %d is missing", k);
+			return BAD(err, "mesh device %d is missing", k);
 		for (int j = 0; j < k; j++)
 			if (m->devices[j] == m->devices[k])
-				return bad(err, "device '%s' appears twice in the mesh",
+				return BAD(err, "device '%s' appears twice in the mesh",
 				           ts_device_props(m->devices[k])->id);
 	}
 	return TS_OK;
@@ -190,22 +179,22 @@ static ts_status validate_spec(const struct ts_sharding *s, struct ts_error *err
 	bool used[TS_MESH_MAX_AXES] = {false};
 
 	if (s->spec_rank < 0 || s->spec_rank > TS_MAX_RANK)
-		return bad(err, "partition spec has %d entries; at most %d", s->spec_rank,
+		return BAD(err, "partition spec has %d entries; at most %d", s->spec_rank,
 		           TS_MAX_RANK);
 	for (int d = 0; d < s->spec_rank; d++) {
 		const struct ts_spec_entry *e = &s->spec[d];
 
 		if (e->naxes < 0 || e->naxes > TS_SPEC_MAX_AXES)
-			return bad(err, "partition spec entry %d names %d mesh axes; at most %d", d,
+			return BAD(err, "partition spec entry %d names %d mesh axes; at most %d", d,
 			           e->naxes, TS_SPEC_MAX_AXES);
 		for (int i = 0; i < e->naxes; i++) {
 			int a = e->axes[i];
 
 			if (a < 0 || a >= s->mesh.naxes)
-				return bad(err, "partition spec entry %d names mesh axis %d; the mesh has %d",
+				return BAD(err, "partition spec entry %d names mesh axis %d; the mesh has %d",
 				           d, a, s->mesh.naxes);
 			if (used[a])
-				return bad(err, "mesh axis '%s' is used twice in the partition spec",
+				return BAD(err, "mesh axis '%s' is used twice in the partition spec",
 				           s->mesh.axis_names[a]);
 			used[a] = true;
 		}
@@ -218,12 +207,12 @@ ts_status ts_sharding_validate(const struct ts_sharding *s, struct ts_error *err
 	ts_status st;
 
 	if ((unsigned)s->memory_kind >= TS_MEM_KIND_COUNT)
-		return bad(err, "memory kind %d is not one of device, pinned_host, unpinned_host",
+		return BAD(err, "memory kind %d is not one of device, pinned_host, unpinned_host",
 		           (int)s->memory_kind);
 	if (s->type == TS_SHARDING_SINGLE)
-		return s->device ? TS_OK : bad(err, "single-device sharding has no device");
+		return s->device ? TS_OK : BAD(err, "single-device sharding has no device");
 	if (s->type != TS_SHARDING_NAMED)
-		return bad(err, "sharding type %d is unknown", (int)s->type);
+		return BAD(err, "sharding type %d is unknown", (int)s->type);
 	st = validate_mesh(&s->mesh, err);
 	if (st == TS_OK)
 		st = validate_spec(s, err);
@@ -240,9 +229,9 @@ static ts_status check_shape(const struct ts_sharding *s, int rank, const uint64
 	if (st != TS_OK)
 		return st;
 	if (rank < 0 || rank > TS_MAX_RANK)
-		return bad(err, "array rank %d is outside 0..%d", rank, TS_MAX_RANK);
+		return BAD(err, "array rank %d is outside 0..%d", rank, TS_MAX_RANK);
 	if (s->type == TS_SHARDING_NAMED && s->spec_rank > rank)
-		return bad(err, "partition spec has %d entries but the array has rank %d",
+		return BAD(err, "partition spec has %d entries but the array has rank %d",
 		           s->spec_rank, rank);
 	for (int d = 0; d < rank; d++) {
 		uint64_t n = (uint64_t)dim_blocks(s, d);
@@ -251,7 +240,7 @@ static ts_status check_shape(const struct ts_sharding *s, int rank, const uint64
 		if (shape[d] % n == 0)
 			continue;
 		format_axes(s, spec_at(s, d), axes, sizeof axes);
-		return bad(err, "dimension %d of size %" PRIu64 " is not divisible by %" PRIu64
+		return BAD(err, "dimension %d of size %" PRIu64 " is not divisible by %" PRIu64
 		           ", the size of mesh %s %s", d, shape[d], n,
 		           spec_at(s, d)->naxes == 1 ? "axis" : "axes", axes);
 	}

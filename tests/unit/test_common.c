@@ -77,6 +77,47 @@ START_TEST(error_first_wins)
 }
 END_TEST
 
+/* The one bad-input and out-of-memory helpers: prefix, reason, status, the
+ * first error kept, and a long message cut on a character boundary after
+ * the prefix. */
+START_TEST(error_bad_and_oom_helpers)
+{
+	struct ts_error e;
+	char big[TS_ERROR_MESSAGE_MAX * 2];
+	size_t n = 0;
+
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_bad(&e, "BAD_NPY_HEADER", "npy header", "rank %d", 9),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(e.reason, "BAD_NPY_HEADER");
+	ck_assert_str_eq(e.message, "npy header: rank 9");
+	ck_assert_int_eq(ts_error_oom(&e, "no memory for %s", "x"), TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(e.message, "npy header: rank 9");
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_bad(&e, "BAD_SHARDING", NULL, "mesh has %d axes", 0),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(e.message, "mesh has 0 axes");
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_oom(&e, "no memory for array '%s'", "w1"), TS_RESOURCE_EXHAUSTED);
+	ck_assert_str_eq(e.reason, "OUT_OF_MEMORY");
+	ck_assert_str_eq(e.message, "no memory for array 'w1'");
+	ck_assert_int_eq(ts_error_oom(NULL, "x"), TS_RESOURCE_EXHAUSTED);
+	ck_assert_int_eq(ts_error_bad(NULL, "R", "p", "x"), TS_INVALID_ARGUMENT);
+	while (n + 2 < sizeof big - 1) {      /* "é" repeated, starting one byte in */
+		if (n == 0)
+			big[n++] = 'x';
+		big[n++] = '\xc3';
+		big[n++] = '\xa9';
+	}
+	big[n] = '\0';
+	ts_error_clear(&e);
+	ts_error_bad(&e, "R", "safetensors header", "%s", big);
+	ck_assert_int_eq(strncmp(e.message, "safetensors header: x\xc3\xa9", 23), 0);
+	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);
+	ck_assert_uint_gt(strlen(e.message), TS_ERROR_MESSAGE_MAX - 4);
+}
+END_TEST
+
 START_TEST(size_parse)
 {
 	static const struct {
@@ -365,6 +406,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, status_canonical_mapping);
 	tcase_add_test(tc, status_from_errno);
 	tcase_add_test(tc, error_first_wins);
+	tcase_add_test(tc, error_bad_and_oom_helpers);
 	tcase_add_test(tc, size_parse);
 	tcase_add_test(tc, size_format);
 	tcase_add_test(tc, long_parse);
