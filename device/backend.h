@@ -187,9 +187,6 @@ ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
                   enum ts_memory_kind kind, uint64_t requested,
                   uint64_t free_bytes, uint64_t limit_bytes, const char *cause);
 
-/* "1.50 GiB": bytes for humans (binary units, two decimals above 1 KiB). */
-void ts__format_bytes(char *buf, size_t len, uint64_t bytes);
-
 /* ---- host memory (hostmem.c) --------------------------------------------- */
 
 /*

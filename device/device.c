@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/units.h"
 #include "device/backend.h"
 
 struct ts_device_set {
@@ -80,23 +81,6 @@ const char *ts_backend_name(enum ts_backend_kind kind)
 
 /* ---- helpers shared by the backends ------------------------------------- */
 
-void ts__format_bytes(char *buf, size_t len, uint64_t bytes)
-{
-	static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-	double v = (double)bytes;
-	int u = -1;
-
-	if (bytes < 1024) {
-		snprintf(buf, len, "%" PRIu64 " B", bytes);
-		return;
-	}
-	while (v >= 1024.0 && u < 5) {
-		v /= 1024.0;
-		u++;
-	}
-	snprintf(buf, len, "%.2f %s", v, units[u]);
-}
-
 ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
                   enum ts_memory_kind kind, uint64_t requested,
                   uint64_t free_bytes, uint64_t limit_bytes, const char *cause)
@@ -106,9 +90,9 @@ ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
 
 	if (err && err->status != TS_OK)
 		return err->status;
-	ts__format_bytes(req_h, sizeof req_h, requested);
-	ts__format_bytes(free_h, sizeof free_h, free_bytes);
-	ts__format_bytes(limit_h, sizeof limit_h, limit_bytes);
+	ts_format_bytes(req_h, sizeof req_h, requested);
+	ts_format_bytes(free_h, sizeof free_h, free_bytes);
+	ts_format_bytes(limit_h, sizeof limit_h, limit_bytes);
 	st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
 	                  "%s/%s: cannot allocate %" PRIu64 " bytes (%s); %" PRIu64
 	                  " bytes (%s) free of %" PRIu64 " (%s)%s%s",

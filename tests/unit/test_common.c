@@ -151,6 +151,9 @@ START_TEST(size_format)
 	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 1024), "1.00 KiB");
 	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 2ull << 30), "2.00 GiB");
 	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 768ull << 20), "768.00 MiB");
+	/* the device layer's messages use it too: every unit up to EiB */
+	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 3ull << 60), "3.00 EiB");
+	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, UINT64_MAX), "16.00 EiB");
 }
 END_TEST
 
