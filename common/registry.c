@@ -80,8 +80,7 @@ ts_status ts_registry_reserve(struct ts_registry *r, size_t more, struct ts_erro
 	r->cap = cap;
 	return TS_OK;
 out_nomem:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "no memory for %zu more registry entries", more);
+	return ts_error_oom(err, "no memory for %zu more registry entries", more);
 }
 
 ts_status ts_registry_put(struct ts_registry *r, const char *name, void *value, void **old,

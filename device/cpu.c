@@ -149,6 +149,5 @@ ts_status ts__cpu_discover(struct ts__discover_ctx *ctx,
 out_dev:
 	ts__device_destroy(dev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "cpu:0: out of memory during discovery");
+	return ts_error_oom(err, "cpu:0: out of memory during discovery");
 }

@@ -115,8 +115,7 @@ static ts_status error_copy(struct ts_error *err, const struct ts_error *src)
 
 static ts_status job_oom(struct hostq *q, struct ts_error *err)
 {
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory queueing work",
+	return ts_error_oom(err, "%s: out of memory queueing work",
 	                    q->base.dev->props.id);
 }
 
@@ -375,8 +374,7 @@ out_free:
 	if (rc != 0)
 		return st;
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory creating a queue", dev->props.id);
+	return ts_error_oom(err, "%s: out of memory creating a queue", dev->props.id);
 }
 
 void ts__hostq_free(struct ts_queue *base)
@@ -502,8 +500,7 @@ out_mutex:
 out_free:
 	free(ev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory creating an event", dev->props.id);
+	return ts_error_oom(err, "%s: out of memory creating an event", dev->props.id);
 }
 
 void ts__hostev_free(struct ts_event *base)

@@ -182,8 +182,7 @@ out_impl:
 out_dev:
 	ts__device_destroy(dev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "sim:%d: out of memory during discovery", ordinal);
+	return ts_error_oom(err, "sim:%d: out of memory during discovery", ordinal);
 }
 
 ts_status ts__sim_discover(struct ts__discover_ctx *ctx,

@@ -638,7 +638,7 @@ static ts_status rows_list(const json_t *rows, const char *field, uint64_t dim0,
 	raw = malloc((cnt ? cnt : 1) * sizeof *raw);
 	norm = malloc((cnt ? cnt : 1) * sizeof *norm);
 	if (!raw || !norm) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for %zu rows",
+		st = ts_error_oom(err, "no memory for %zu rows",
 		                  cnt);
 		goto out;
 	}
@@ -693,8 +693,7 @@ static ts_status rows_slice(const json_t *rows, const char *field, uint64_t dim0
 		                    TS_ROWS_MAX);
 	norm = malloc((dim.count ? dim.count : 1) * sizeof *norm);
 	if (!norm)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for %" PRIu64 " rows", dim.count);
+		return ts_error_oom(err, "no memory for %" PRIu64 " rows", dim.count);
 	for (uint64_t i = 0; i < dim.count; i++)
 		norm[i] = (uint64_t)(dim.start + (int64_t)i * dim.step);
 	*out = norm;

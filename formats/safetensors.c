@@ -9,7 +9,6 @@
  */
 #include "formats/safetensors.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,20 +20,9 @@
 /* Bad input, through the one helper (common/status.h). */
 #define BAD(err, ...) ts_error_bad((err), REASON, "safetensors header", __VA_ARGS__)
 
-static ts_status out_of_memory(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static ts_status out_of_memory(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "safetensors header: out of memory for %s", msg);
-}
+/* Out of memory, through the one helper; the format is a string literal. */
+#define OUT_OF_MEMORY(err, ...) \
+	ts_error_oom((err), "safetensors header: out of memory for " __VA_ARGS__)
 
 /* A tensor name (valid UTF-8) for a message: control bytes as \xNN, cut at a
  * character boundary with "..." past NAME_SHOW bytes. Returns buf, which
@@ -220,7 +208,7 @@ static ts_status parse_tensor(const char *name, const json_t *v, struct ts_st_te
 		           show_shape(shp, sizeof shp, t->rank, t->shape), (unsigned long long)nbytes);
 	t->name = strdup(name);
 	if (!t->name)
-		return out_of_memory(err, "the name of tensor '%s'", nm);
+		return OUT_OF_MEMORY(err, "the name of tensor '%s'", nm);
 	return TS_OK;
 }
 
@@ -302,7 +290,7 @@ ts_status ts_st_parse_header(const char *json, size_t n, struct ts_st_header *ou
 	root = json_loadb(json, n, JSON_REJECT_DUPLICATES, &jerr);
 	/* jansson leaves the text empty when it cannot even start for lack of memory */
 	if (!root && (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]))
-		return out_of_memory(err, "the JSON of a %zu-byte header", n);
+		return OUT_OF_MEMORY(err, "the JSON of a %zu-byte header", n);
 	if (!root)
 		return BAD(err, "header is not valid JSON: %s (byte %d)", jerr.text, jerr.position);
 	if (!json_is_object(root)) {
@@ -313,7 +301,7 @@ ts_status ts_st_parse_header(const char *json, size_t n, struct ts_st_header *ou
 	cap = json_object_size(root);
 	h.tensors = calloc(cap ? cap : 1, sizeof *h.tensors);
 	if (!h.tensors) {
-		st = out_of_memory(err, "a table of %zu tensors", cap);
+		st = OUT_OF_MEMORY(err, "a table of %zu tensors", cap);
 		goto out_root;
 	}
 	json_object_foreach(root, key, v) {
@@ -506,7 +494,7 @@ static ts_status frame(const char *text, size_t n, size_t ntensors, char **out,
 	char *buf = malloc(LEN_BYTES + padded);
 
 	if (!buf)
-		return out_of_memory(err, "a %zu-byte header of %zu tensors", LEN_BYTES + padded, ntensors);
+		return OUT_OF_MEMORY(err, "a %zu-byte header of %zu tensors", LEN_BYTES + padded, ntensors);
 	for (int i = 0; i < LEN_BYTES; i++)
 		buf[i] = (char)(((uint64_t)padded >> (8 * i)) & 0xff);
 	memcpy(buf + LEN_BYTES, text, n);
@@ -527,13 +515,13 @@ ts_status ts_st_build_header(struct ts_st_tensor *tensors, size_t n, const json_
 
 	root = json_object();
 	if (!root)
-		return out_of_memory(err, "a header of %zu tensors", n);
+		return OUT_OF_MEMORY(err, "a header of %zu tensors", n);
 	if (metadata) {
 		st = check_metadata_for_build(metadata, err);
 		if (st != TS_OK)
 			goto out_root;
 		if (json_object_set_new(root, "__metadata__", json_deep_copy(metadata)) != 0) {
-			st = out_of_memory(err, "a copy of __metadata__");
+			st = OUT_OF_MEMORY(err, "a copy of __metadata__");
 			goto out_root;
 		}
 	}
@@ -552,18 +540,18 @@ ts_status ts_st_build_header(struct ts_st_tensor *tensors, size_t n, const json_
 		}
 		entry = tensor_entry(&tensors[i], at, at + nbytes);
 		if (!entry) {
-			st = out_of_memory(err, "the entry of tensor '%s'", nm);
+			st = OUT_OF_MEMORY(err, "the entry of tensor '%s'", nm);
 			goto out_root;
 		}
 		if (json_object_set_new(root, tensors[i].name, entry) != 0) {
-			st = out_of_memory(err, "the entry of tensor '%s'", nm);
+			st = OUT_OF_MEMORY(err, "the entry of tensor '%s'", nm);
 			goto out_root;
 		}
 		at += nbytes;
 	}
 	text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	if (!text) {
-		st = out_of_memory(err, "the text of a header of %zu tensors", n);
+		st = OUT_OF_MEMORY(err, "the text of a header of %zu tensors", n);
 		goto out_root;
 	}
 	st = frame(text, strlen(text), n, out, out_len, err);

@@ -126,8 +126,7 @@ static ts_status import_admit(struct import *im, struct ts_error *err)
 {
 	im->arrays = calloc(im->st.ntensors ? im->st.ntensors : 1, sizeof *im->arrays);
 	if (!im->arrays)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for %zu tensors", im->st.ntensors);
+		return ts_error_oom(err, "no memory for %zu tensors", im->st.ntensors);
 	for (size_t i = 0; i < im->st.ntensors; i++) {
 		const struct ts_st_tensor *t = &im->st.tensors[i];
 		struct ts_array_desc d = {.dtype = t->dtype, .rank = t->rank};
@@ -262,7 +261,7 @@ static ts_status import_bytes(struct import *im, const char *data, size_t n, str
 			return err->status;
 		im->header = malloc(im->header_len ? im->header_len : 1);
 		if (!im->header)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			return ts_error_oom(err,
 			                    "no memory for a %" PRIu64 "-byte header", im->header_len);
 	}
 	if (!im->parsed) {
@@ -384,7 +383,7 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 	ts_operation_total_set(im->op, size);
 	chunk = malloc(FILE_CHUNK);
 	if (!chunk)
-		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
+		s = ts_error_oom(err, "no memory to read");
 	while (s == TS_OK && off < size) {
 		ssize_t got = pread(fd, chunk, FILE_CHUNK, (off_t)off);
 
@@ -645,8 +644,7 @@ static ts_status export_check_repeats(struct ts_array *const *arrs, size_t n,
 		return TS_OK;
 	sorted = malloc(n * sizeof *sorted);
 	if (!sorted)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to check %zu names", n);
+		return ts_error_oom(err, "no memory to check %zu names", n);
 	for (size_t i = 0; i < n; i++)
 		sorted[i] = ts_array_name(arrs[i]);
 	qsort(sorted, n, sizeof *sorted, name_cmp);
@@ -684,7 +682,7 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 	tensors = calloc(cap, sizeof *tensors);
 	parts = calloc(cap, sizeof *parts);
 	if (!list || !arrs || !tensors || !parts) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
+		ts_error_oom(&err, "no memory for the export");
 		goto out_fail;
 	}
 	/* every entry names an array: no empty entries ("a,,b", "a,"), no

@@ -22,8 +22,7 @@ ts_status ts_buffer_new(struct ts_space *sp, uint64_t size, struct ts_buffer **o
 	ts_status st;
 
 	if (!b)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a buffer record");
+		return ts_error_oom(err, "no memory for a buffer record");
 	st = ts_space_alloc(sp, size, &b->data, err);
 	if (st != TS_OK) {
 		free(b);

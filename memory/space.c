@@ -123,8 +123,7 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
 
 		grown = realloc(p->segs, cap * sizeof *grown);
 		if (!grown)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "%s: no memory for pool bookkeeping", p->name);
+			return ts_error_oom(err, "%s: no memory for pool bookkeeping", p->name);
 		p->segs = grown;
 		p->capsegs = cap;
 	}
@@ -162,8 +161,7 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	ts_status st = TS_OK;
 
 	if (!p)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for pool '%s'", name);
+		return ts_error_oom(err, "no memory for pool '%s'", name);
 	pthread_mutex_init(&p->mu, NULL);
 	p->type = type;
 	p->src = src;
@@ -174,8 +172,7 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	if (type != POOL_PAGEABLE) {
 		p->alloc = ts_alloc_new(POOL_ALIGN);
 		if (!p->alloc) {
-			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                  "no memory for pool '%s'", name);
+			st = ts_error_oom(err, "no memory for pool '%s'", name);
 			goto out_destroy;
 		}
 	}
@@ -197,23 +194,14 @@ out_destroy:
 static ts_status pool_refuse(struct pool *p, const char *space, uint64_t size,
                              struct ts_error *err)
 {
-	char req[32], fr[32], lim[32], big[32];
 	uint64_t used = atomic_load(&p->a_used);
-	uint64_t free_b = p->limit > used ? p->limit - used : 0;
-	uint64_t largest = atomic_load(&p->a_largest_free);
+	struct ts_oom_figures f = {
+		.where = space, .ids = {{"space", space}}, .requested = size,
+		.free_bytes = p->limit > used ? p->limit - used : 0, .limit = p->limit,
+		.largest = atomic_load(&p->a_largest_free),
+	};
 
-	ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	             "%s cannot hold %s more: %s free (largest free block %s) of %s",
-	             space, ts_format_bytes(req, sizeof req, size),
-	             ts_format_bytes(fr, sizeof fr, free_b),
-	             ts_format_bytes(big, sizeof big, largest),
-	             ts_format_bytes(lim, sizeof lim, p->limit));
-	ts_error_meta(err, "space", "%s", space);
-	ts_error_meta_u64(err, "requested_bytes", size);
-	ts_error_meta_u64(err, "free_bytes", free_b);
-	ts_error_meta_u64(err, "largest_free_block_bytes", largest);
-	ts_error_meta_u64(err, "limit_bytes", p->limit);
-	return TS_RESOURCE_EXHAUSTED;
+	return ts_error_oom_bytes(err, &f);
 }
 
 /* Carves from the allocator, growing a pinned pool by one segment if needed. */
@@ -448,8 +436,7 @@ static ts_status memory_add_pool(struct ts_memory *m, struct pool *p,
 
 	if (!grown) {
 		pool_destroy(p);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the pool table");
+		return ts_error_oom(err, "no memory for the pool table");
 	}
 	m->pools = grown;
 	m->pools[m->npools++] = p;
@@ -480,8 +467,7 @@ ts_status ts_memory_new(struct ts_device_set *set,
 	ts_status st;
 
 	if (!m)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the memory table");
+		return ts_error_oom(err, "no memory for the memory table");
 	m->set = set;
 	m->spaces = calloc(ndev * TS_MEM_KIND_COUNT, sizeof *m->spaces);
 	if (!m->spaces || !host) {

@@ -529,8 +529,7 @@ ts_status ts_op_registry_new(const struct ts_op_registry_config *cfg,
 		                    "operation workers %d is not in 1..1024", cfg->workers);
 	r = calloc(1, sizeof *r);
 	if (!r)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the operation registry");
+		return ts_error_oom(err, "no memory for the operation registry");
 	r->cfg = *cfg;
 	if (getrandom(&r->salt, sizeof r->salt, GRND_NONBLOCK) != (ssize_t)sizeof r->salt)
 		r->salt = mix64(ts_wall_ns() ^ (uint64_t)(uintptr_t)r);
@@ -540,8 +539,7 @@ ts_status ts_op_registry_new(const struct ts_op_registry_config *cfg,
 	r->threads = calloc((size_t)cfg->workers, sizeof *r->threads);
 	if (!r->threads) {
 		registry_destroy(r);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the operation registry");
+		return ts_error_oom(err, "no memory for the operation registry");
 	}
 	for (; r->nthreads < cfg->workers; r->nthreads++) {
 		rc = pthread_create(&r->threads[r->nthreads], NULL, worker_main, r);
@@ -664,8 +662,7 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 		return ts_error_set(err, TS_INTERNAL, "BAD_OPERATION", "operation has no work");
 	op = op_new(r, kind, target, total, unit, fn, arg, release);
 	if (!op)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a %s operation", kind);
+		return ts_error_oom(err, "no memory for a %s operation", kind);
 	lock_take(&r->lk);
 	if (r->shutdown) {
 		st = ts_error_set(err, TS_UNAVAILABLE, "SHUTTING_DOWN",
@@ -681,8 +678,7 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 	}
 	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
 	if (ts_registry_reserve(&r->ids, 1, NULL) != TS_OK) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for a %s operation", kind);
+		st = ts_error_oom(err, "no memory for a %s operation", kind);
 		goto out_unlock;
 	}
 	if (hold && (st = hold(op->id, arg, err)) != TS_OK)
@@ -731,8 +727,7 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
 		limit = ts_registry_count(&r->ids);
 	ops = malloc((limit ? limit : 1) * sizeof *ops);
 	if (!ops) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory to list %zu operations", limit);
+		st = ts_error_oom(err, "no memory to list %zu operations", limit);
 		goto out_unlock;
 	}
 	for (struct ts_operation *op = r->newest; op && k < limit; op = op->older) {

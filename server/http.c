@@ -1140,8 +1140,7 @@ static ts_status conns_start(struct ts_server *srv, struct ts_error *err)
 	         "address; retry later", srv->cfg.max_connections_per_ip);
 	srv->busy[1] = busy_reply(msg, &srv->busy_len[1]);
 	if (!srv->busy[0] || !srv->busy[1])
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the connection limits");
+		return ts_error_oom(err, "no memory for the connection limits");
 	return TS_OK;
 }
 

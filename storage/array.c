@@ -152,8 +152,7 @@ static ts_status array_create(const char *name, const struct ts_array_desc *d,
 	ts_status st;
 
 	if (!a)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for array '%s'", name);
+		return ts_error_oom(err, "no memory for array '%s'", name);
 	atomic_init(&a->refs, 1);
 	snprintf(a->name, sizeof a->name, "%s", name);
 	a->desc = *d;
@@ -281,8 +280,7 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 	struct ts_array *v = calloc(1, sizeof *v);
 
 	if (!v)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a new version of array '%s'", a->name);
+		return ts_error_oom(err, "no memory for a new version of array '%s'", a->name);
 	/* field by field: the counts and the hold are the new version's own */
 	atomic_init(&v->refs, 1);
 	memcpy(v->name, a->name, sizeof v->name);
@@ -490,8 +488,7 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
 	if (st == TS_OK)
 		st = check_write_locked(cur, a->name, &a->desc, pre, err);
 	if (st == TS_OK && ts_registry_reserve(&c->names, 1, NULL) != TS_OK)
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for a catalog entry");
+		st = ts_error_oom(err, "no memory for a catalog entry");
 	if (st == TS_OK) {
 		if (replaced)
 			*replaced = cur != NULL;
@@ -547,8 +544,7 @@ ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
 		st = check_write_locked(find_locked(c, arrs[i]->name), arrs[i]->name,
 		                        &arrs[i]->desc, NULL, err);
 	if (st == TS_OK && ts_registry_reserve(&c->names, n, NULL) != TS_OK)
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for catalog entries");
+		st = ts_error_oom(err, "no memory for catalog entries");
 	for (size_t i = 0; i < n && st == TS_OK; i++)
 		install_locked(c, find_locked(c, arrs[i]->name), arrs[i]);
 	pthread_rwlock_unlock(&c->lock);
@@ -584,8 +580,7 @@ ts_status ts_catalog_delete_all(struct ts_catalog *c, const char *const *names, 
 	ts_status st = TS_OK;
 
 	if (!gone)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to delete %zu arrays", n);
+		return ts_error_oom(err, "no memory to delete %zu arrays", n);
 	pthread_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
 		struct ts_array *cur = find_locked(c, names[i]);
@@ -707,8 +702,7 @@ ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
 	}
 	pthread_rwlock_unlock(&c->lock);
 	if (!page)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to list arrays");
+		return ts_error_oom(err, "no memory to list arrays");
 	*out = page;
 	*n = m;
 	return TS_OK;

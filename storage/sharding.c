@@ -534,8 +534,7 @@ static ts_status insert_locked(struct ts_sharding_registry *r, const char *name,
 	e = calloc(1, sizeof *e);
 	if (!e || ts_registry_reserve(&r->names, 1, NULL) != TS_OK) {
 		free(e);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to save sharding '%s'", name);
+		return ts_error_oom(err, "no memory to save sharding '%s'", name);
 	}
 	memcpy(e->name, name, strlen(name) + 1);
 	e->sharding = *s;

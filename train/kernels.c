@@ -65,8 +65,7 @@ ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct 
 		                    ts_backend_name(ts_device_props(dev)->backend));
 	k = calloc(1, sizeof *k);
 	if (!k)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: out of memory creating training kernels",
+		return ts_error_oom(err, "%s: out of memory creating training kernels",
 		                    ts_device_props(dev)->id);
 	k->dev = dev;
 	k->ops = ops;
@@ -306,7 +305,7 @@ ts_status ts_k_timeline_new(struct ts_kernels *k, struct ts_k_timeline **out,
 		                    ts_device_props(k->dev)->id, k->ops->name);
 	tl = calloc(1, sizeof *tl);
 	if (!tl)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		return ts_error_oom(err,
 		                    "%s: out of memory for a timeline", ts_device_props(k->dev)->id);
 	tl->k = k;
 	st = k->ops->timeline_new(k->impl, &tl->impl, err);

@@ -81,8 +81,7 @@ ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_mod
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_MODELS",
 		                  "at most %d models", MODELS_MAX);
 	else if (!(copy = malloc(sizeof *copy)))
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for model '%s'", m->name);
+		st = ts_error_oom(err, "no memory for model '%s'", m->name);
 	if (st == TS_OK) {
 		*copy = *m;
 		st = ts_registry_put(&r->names, copy->name, copy, NULL, err);

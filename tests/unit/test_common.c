@@ -118,6 +118,50 @@ START_TEST(error_bad_and_oom_helpers)
 }
 END_TEST
 
+/* Every out-of-memory answer with figures is worded by one builder. */
+START_TEST(error_oom_figures)
+{
+	struct ts_error e;
+	struct ts_oom_figures f = {
+		.where = "sim:0/device", .ids = {{"space", "sim:0/device"}},
+		.requested = 3ull << 30, .free_bytes = 2ull << 30, .limit = 2ull << 30,
+		.largest = 1ull << 30,
+	};
+
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_oom_bytes(&e, &f), TS_RESOURCE_EXHAUSTED);
+	ck_assert_str_eq(e.reason, "OUT_OF_MEMORY");
+	ck_assert_str_eq(e.message, "sim:0/device: cannot allocate 3221225472 bytes (3.00 GiB); "
+	                            "2147483648 bytes (2.00 GiB) free (largest free block 1.00 GiB) "
+	                            "of 2147483648 (2.00 GiB)");
+	ck_assert_int_eq(e.nmeta, 5);
+	ck_assert_str_eq(e.meta[0].key, "space");
+	ck_assert_str_eq(e.meta[3].key, "largest_free_block_bytes");
+	ck_assert_str_eq(e.meta[3].value, "1073741824");
+	ck_assert_str_eq(e.meta[4].key, "limit_bytes");
+	/* no largest block, a cause, two ids */
+	f.largest = TS_ERROR_UNKNOWN_BYTES;
+	f.cause = "cudaMalloc: out of memory";
+	f.ids[0][0] = "device", f.ids[0][1] = "cuda:0";
+	f.ids[1][0] = "memory_kind", f.ids[1][1] = "device";
+	f.requested = 512;
+	ts_error_clear(&e);
+	ts_error_oom_bytes(&e, &f);
+	ck_assert_str_eq(e.message, "sim:0/device: cannot allocate 512 bytes (512 B); 2147483648 "
+	                            "bytes (2.00 GiB) free of 2147483648 (2.00 GiB): cudaMalloc: "
+	                            "out of memory");
+	ck_assert_int_eq(e.nmeta, 5);
+	ck_assert_str_eq(e.meta[1].value, "device");
+	ck_assert_str_eq(e.meta[2].key, "requested_bytes");
+	/* the first error stays, with its own metadata only */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INTERNAL, "FIRST", "first");
+	ck_assert_int_eq(ts_error_oom_bytes(&e, &f), TS_INTERNAL);
+	ck_assert_str_eq(e.message, "first");
+	ck_assert_int_eq(e.nmeta, 0);
+}
+END_TEST
+
 START_TEST(size_parse)
 {
 	static const struct {
@@ -410,6 +454,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, status_from_errno);
 	tcase_add_test(tc, error_first_wins);
 	tcase_add_test(tc, error_bad_and_oom_helpers);
+	tcase_add_test(tc, error_oom_figures);
 	tcase_add_test(tc, size_parse);
 	tcase_add_test(tc, size_format);
 	tcase_add_test(tc, long_parse);
