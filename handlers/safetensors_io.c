@@ -19,6 +19,7 @@
  */
 #include "handlers/arrays_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -455,7 +456,10 @@ static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_e
 
 static void import_unref(struct import *im)
 {
-	if (atomic_fetch_sub(&im->refs, 1) == 1)
+	int was = atomic_fetch_sub(&im->refs, 1);
+
+	assert(was > 0);     /* an unref without its reference */
+	if (was == 1)
 		import_free(im);
 }
 

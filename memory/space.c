@@ -14,7 +14,7 @@
  */
 #include "memory/space.h"
 
-#include <pthread.h>
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/fault.h"
+#include "common/lock.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "memory/allocator.h"
@@ -37,7 +38,7 @@ struct segment {
 };
 
 struct pool {
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	enum pool_type type;          /* immutable after init */
 	struct ts_device *src;        /* immutable: where raw memory comes from */
 	enum ts_memory_kind kind;     /* immutable */
@@ -96,6 +97,7 @@ static void pool_publish_locked(struct pool *p)
 	struct ts_alloc_stats st;
 	uint64_t largest;
 
+	assert(ts_mutex_held(&p->mu));
 	if (p->type == POOL_PAGEABLE) {
 		largest = p->limit > p->used ? p->limit - p->used : 0;
 	} else {
@@ -118,6 +120,7 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
 	void *base;
 	ts_status st;
 
+	assert(ts_mutex_held(&p->mu));
 	if (p->nsegs == p->capsegs) {
 		size_t cap = p->capsegs ? p->capsegs * 2 : 8;
 
@@ -148,7 +151,7 @@ static void pool_destroy(struct pool *p)
 		ts_device_mem_free(p->src, p->kind, p->segs[i].base, p->segs[i].size);
 	free(p->segs);
 	ts_alloc_free(p->alloc);
-	pthread_mutex_destroy(&p->mu);
+	ts_mutex_destroy(&p->mu);
 	free(p);
 }
 
@@ -162,7 +165,7 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 
 	if (!p)
 		return ts_error_oom(err, "no memory for pool '%s'", name);
-	pthread_mutex_init(&p->mu, NULL);
+	ts_mutex_init(&p->mu);
 	p->type = type;
 	p->src = src;
 	p->kind = kind;
@@ -176,13 +179,16 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 			goto out_destroy;
 		}
 	}
+	ts_mutex_lock(&p->mu);      /* not shared yet; held as the _locked helpers assert */
 	if (type == POOL_REGION && p->limit > 0)
 		st = pool_add_segment_locked(p, p->limit, err);
 	else if (type == POOL_SEGMENTS && preallocate && p->limit > 0)
 		st = pool_add_segment_locked(p, p->limit, err);
+	if (st == TS_OK)
+		pool_publish_locked(p);
+	ts_mutex_unlock(&p->mu);
 	if (st != TS_OK)
 		goto out_destroy;
-	pool_publish_locked(p);
 	*out = p;
 	return TS_OK;
 
@@ -213,6 +219,7 @@ static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
 	uintptr_t addr;
 	ts_status s;
 
+	assert(ts_mutex_held(&p->mu));
 	if (!ts_alloc_alloc(p->alloc, need, &addr)) {
 		if (p->type != POOL_SEGMENTS)
 			return TS_RESOURCE_EXHAUSTED;
@@ -249,7 +256,7 @@ static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
 	ts_status st;
 
 	ts_error_clear(&inner);
-	pthread_mutex_lock(&p->mu);
+	ts_mutex_lock(&p->mu);
 	if (ts_fault_fire(pool_fault_kind(p))) {
 		st = TS_RESOURCE_EXHAUSTED;   /* injected: refused as a full pool is */
 	} else if (p->type == POOL_PAGEABLE) {
@@ -264,7 +271,7 @@ static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
 		st = pool_carve_locked(p, want, out, &inner);
 	}
 	pool_publish_locked(p);
-	pthread_mutex_unlock(&p->mu);
+	ts_mutex_unlock(&p->mu);
 	if (st == TS_RESOURCE_EXHAUSTED)
 		return pool_refuse(p, space, size, err);
 	if (st != TS_OK) {
@@ -278,7 +285,7 @@ static void pool_release(struct pool *p, void *ptr, uint64_t size)
 {
 	uint64_t want = size ? size : 1;
 
-	pthread_mutex_lock(&p->mu);
+	ts_mutex_lock(&p->mu);
 	if (p->type == POOL_PAGEABLE) {
 		ts_device_mem_free(p->src, p->kind, ptr, want);
 		p->used -= want;
@@ -291,7 +298,7 @@ static void pool_release(struct pool *p, void *ptr, uint64_t size)
 			ts_log(TS_LOG_ERROR, NULL, "%s: release of unknown block %p", p->name, ptr);
 	}
 	pool_publish_locked(p);
-	pthread_mutex_unlock(&p->mu);
+	ts_mutex_unlock(&p->mu);
 }
 
 /* ---- spaces ---------------------------------------------------------------- */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/fault.h"
+#include "common/lock.h"
 #include "common/registry.h"
 #include "common/units.h"
 
@@ -36,7 +37,7 @@ struct ts_array {
 };
 
 struct ts_catalog {
-	pthread_rwlock_t lock;
+	struct ts_rwlock lock;
 	struct ts_registry names;               /* guarded by: lock; own references */
 	uint64_t bytes;                         /* guarded by: lock */
 	uint64_t next_tag;                      /* guarded by: lock (write) */
@@ -222,7 +223,13 @@ struct ts_array *ts_array_ref(struct ts_array *a)
 
 void ts_array_unref(struct ts_array *a)
 {
-	if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
+	uint32_t was;
+
+	if (!a)
+		return;
+	was = atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel);
+	assert(was > 0);     /* an unref without its reference */
+	if (was != 1)
 		return;
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		ts_buffer_unref(a->bufs[i]);
@@ -307,7 +314,7 @@ struct ts_catalog *ts_catalog_new(void)
 	if (!c)
 		return NULL;
 	ts_registry_init(&c->names);
-	pthread_rwlock_init(&c->lock, NULL);
+	ts_rwlock_init(&c->lock);
 	return c;
 }
 
@@ -318,13 +325,14 @@ void ts_catalog_free(struct ts_catalog *c)
 	for (size_t i = 0; i < ts_registry_count(&c->names); i++)
 		ts_array_unref(ts_registry_at(&c->names, i));
 	ts_registry_release(&c->names);
-	pthread_rwlock_destroy(&c->lock);
+	ts_rwlock_destroy(&c->lock);
 	free(c);
 }
 
 /* The current version of name (borrowed), or NULL. */
 static struct ts_array *find_locked(struct ts_catalog *c, const char *name)
 {
+	assert(ts_rwlock_held(&c->lock));
 	return ts_registry_get(&c->names, name);
 }
 
@@ -332,17 +340,19 @@ struct ts_array *ts_catalog_get(struct ts_catalog *c, const char *name)
 {
 	struct ts_array *a;
 
-	pthread_rwlock_rdlock(&c->lock);
+	ts_rwlock_rdlock(&c->lock);
 	a = find_locked(c, name);
 	if (a)
 		ts_array_ref(a);
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return a;
 }
 
-static ts_status check_pre_locked(const struct ts_array *cur, const char *name,
-                                  const struct ts_precondition *pre, struct ts_error *err)
+static ts_status check_pre_locked(const struct ts_catalog *c, const struct ts_array *cur,
+                                  const char *name, const struct ts_precondition *pre,
+                                  struct ts_error *err)
 {
+	assert(ts_rwlock_held(&c->lock));
 	if (!pre)
 		return TS_OK;
 	if (pre->create_only && cur)
@@ -385,12 +395,13 @@ static bool same_desc(const struct ts_array_desc *x, const struct ts_array_desc 
  * a version of desc d (NULL: deleted): a hold by another operation refuses
  * both, an owner refuses a new dtype or shape and a delete by anyone else.
  */
-static ts_status check_write_locked(const struct ts_array *cur, const char *name,
-                                    const struct ts_array_desc *d,
+static ts_status check_write_locked(const struct ts_catalog *c, const struct ts_array *cur,
+                                    const char *name, const struct ts_array_desc *d,
                                     const struct ts_precondition *pre, struct ts_error *err)
 {
 	const char *holder = pre ? pre->holder : NULL, *owner = pre ? pre->owner : NULL;
 
+	assert(ts_rwlock_held(&c->lock));
 	if (!cur)
 		return TS_OK;
 	if (cur->held_by[0] && !(holder && strcmp(holder, cur->held_by) == 0)) {
@@ -423,6 +434,7 @@ static void stamp_locked(struct ts_catalog *c, struct ts_array *a, const struct 
 {
 	uint64_t now = ts_wall_ns();
 
+	assert(ts_rwlock_writing(&c->lock));
 	a->version = prev ? prev->version + 1 : 1;
 	a->created_ns = prev ? prev->created_ns : now;
 	a->updated_ns = now;
@@ -445,6 +457,7 @@ static void install_locked(struct ts_catalog *c, struct ts_array *prev, struct t
 	void *old;
 	ts_status st;
 
+	assert(ts_rwlock_writing(&c->lock));
 	stamp_locked(c, a, prev);
 	if (prev && prev->owner[0] && !a->owner[0])
 		snprintf(a->owner, sizeof a->owner, "%s", prev->owner);
@@ -466,8 +479,10 @@ static void install_locked(struct ts_catalog *c, struct ts_array *prev, struct t
  * reference, for the caller to drop after unlocking). */
 static struct ts_array *unlist_locked(struct ts_catalog *c, const char *name)
 {
-	struct ts_array *a = ts_registry_remove(&c->names, name);
+	struct ts_array *a;
 
+	assert(ts_rwlock_writing(&c->lock));
+	a = ts_registry_remove(&c->names, name);
 	if (a)
 		c->bytes -= a->desc.nbytes;
 	return a;
@@ -482,11 +497,11 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
 
 	if (!ts_name_valid(a->name))
 		return bad_name(a->name, err);
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	cur = find_locked(c, a->name);
-	st = check_pre_locked(cur, a->name, pre, err);
+	st = check_pre_locked(c, cur, a->name, pre, err);
 	if (st == TS_OK)
-		st = check_write_locked(cur, a->name, &a->desc, pre, err);
+		st = check_write_locked(c, cur, a->name, &a->desc, pre, err);
 	if (st == TS_OK && ts_registry_reserve(&c->names, 1, NULL) != TS_OK)
 		st = ts_error_oom(err, "no memory for a catalog entry");
 	if (st == TS_OK) {
@@ -494,7 +509,7 @@ ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
 			*replaced = cur != NULL;
 		install_locked(c, cur, a);
 	}
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
@@ -504,18 +519,18 @@ ts_status ts_catalog_replace(struct ts_catalog *c, struct ts_array *a,
 	struct ts_array *cur;
 	ts_status st;
 
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	cur = find_locked(c, a->name);
 	if (!cur)
 		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found",
 		                  a->name);
 	else
-		st = check_pre_locked(cur, a->name, pre, err);
+		st = check_pre_locked(c, cur, a->name, pre, err);
 	if (st == TS_OK)
-		st = check_write_locked(cur, a->name, &a->desc, pre, err);
+		st = check_write_locked(c, cur, a->name, &a->desc, pre, err);
 	if (st == TS_OK)
 		install_locked(c, cur, a);     /* an existing name: nothing allocated */
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
@@ -534,20 +549,20 @@ ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
 	}
 	if (st != TS_OK)
 		return st;
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < n && !overwrite && st == TS_OK; i++)
 		if (find_locked(c, arrs[i]->name))
 			st = ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
 			                  "array '%s' already exists; nothing was imported",
 			                  arrs[i]->name);
 	for (size_t i = 0; i < n && st == TS_OK; i++)
-		st = check_write_locked(find_locked(c, arrs[i]->name), arrs[i]->name,
+		st = check_write_locked(c, find_locked(c, arrs[i]->name), arrs[i]->name,
 		                        &arrs[i]->desc, NULL, err);
 	if (st == TS_OK && ts_registry_reserve(&c->names, n, NULL) != TS_OK)
 		st = ts_error_oom(err, "no memory for catalog entries");
 	for (size_t i = 0; i < n && st == TS_OK; i++)
 		install_locked(c, find_locked(c, arrs[i]->name), arrs[i]);
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
@@ -557,18 +572,18 @@ ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
 	struct ts_array *cur, *gone = NULL;
 	ts_status st;
 
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	cur = find_locked(c, name);
 	if (!cur) {
 		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
 	} else {
-		st = check_pre_locked(cur, name, pre, err);
+		st = check_pre_locked(c, cur, name, pre, err);
 		if (st == TS_OK)
-			st = check_write_locked(cur, name, NULL, pre, err);
+			st = check_write_locked(c, cur, name, NULL, pre, err);
 		if (st == TS_OK)
 			gone = unlist_locked(c, name);
 	}
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	ts_array_unref(gone);
 	return st;
 }
@@ -581,16 +596,16 @@ ts_status ts_catalog_delete_all(struct ts_catalog *c, const char *const *names, 
 
 	if (!gone)
 		return ts_error_oom(err, "no memory to delete %zu arrays", n);
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
 		struct ts_array *cur = find_locked(c, names[i]);
 
 		if (cur)
-			st = check_write_locked(cur, names[i], NULL, pre, err);
+			st = check_write_locked(c, cur, names[i], NULL, pre, err);
 	}
 	for (size_t i = 0; i < n && st == TS_OK; i++)
 		gone[i] = unlist_locked(c, names[i]);
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	for (size_t i = 0; i < n; i++)
 		ts_array_unref(gone[i]);
 	free(gone);
@@ -604,7 +619,7 @@ ts_status ts_catalog_hold(struct ts_catalog *c, struct ts_array *const *arrs, si
 
 	if (!holder || !*holder || strlen(holder) >= sizeof arrs[0]->held_by)
 		return ts_error_set(err, TS_INTERNAL, "BAD_HOLDER", "a hold needs an operation id");
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
 		struct ts_array *cur = find_locked(c, arrs[i]->name);
 
@@ -621,7 +636,7 @@ ts_status ts_catalog_hold(struct ts_catalog *c, struct ts_array *const *arrs, si
 	}
 	for (size_t i = 0; i < n && st == TS_OK; i++)
 		snprintf(arrs[i]->held_by, sizeof arrs[i]->held_by, "%s", holder);
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
@@ -629,14 +644,14 @@ void ts_catalog_release(struct ts_catalog *c, const char *holder)
 {
 	if (!holder || !*holder)
 		return;
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < ts_registry_count(&c->names); i++) {
 		struct ts_array *a = ts_registry_at(&c->names, i);
 
 		if (strcmp(a->held_by, holder) == 0)
 			a->held_by[0] = '\0';
 	}
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 }
 
 bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_t cap)
@@ -644,14 +659,14 @@ bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_
 	bool held = false;
 	struct ts_array *cur;
 
-	pthread_rwlock_rdlock(&c->lock);
+	ts_rwlock_rdlock(&c->lock);
 	cur = find_locked(c, name);
 	if (cur && cur->held_by[0]) {
 		held = true;
 		if (holder && cap)
 			snprintf(holder, cap, "%s", cur->held_by);
 	}
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return held;
 }
 
@@ -662,11 +677,11 @@ ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,
 	struct ts_array *cur;
 	ts_status st;
 
-	pthread_rwlock_rdlock(&c->lock);
+	ts_rwlock_rdlock(&c->lock);
 	cur = find_locked(c, name);
 	/* without d, a write that keeps the shape (a move) */
-	st = check_write_locked(cur, name, d ? d : cur ? &cur->desc : NULL, pre, err);
-	pthread_rwlock_unlock(&c->lock);
+	st = check_write_locked(c, cur, name, d ? d : cur ? &cur->desc : NULL, pre, err);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
@@ -691,7 +706,7 @@ ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
 	struct ts_array **page;
 	size_t m = 0, cap;
 
-	pthread_rwlock_rdlock(&c->lock);
+	ts_rwlock_rdlock(&c->lock);
 	cap = ts_registry_count(&c->names) < limit ? ts_registry_count(&c->names) : limit;
 	page = malloc((cap ? cap : 1) * sizeof *page);
 	if (page) {
@@ -700,7 +715,7 @@ ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
 		for (size_t i = 0; i < m; i++)
 			ts_array_ref(page[i]);
 	}
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	if (!page)
 		return ts_error_oom(err, "no memory to list arrays");
 	*out = page;
@@ -717,8 +732,8 @@ void ts_catalog_list_free(struct ts_array **arrs, size_t n)
 
 void ts_catalog_totals(struct ts_catalog *c, uint64_t *count, uint64_t *bytes)
 {
-	pthread_rwlock_rdlock(&c->lock);
+	ts_rwlock_rdlock(&c->lock);
 	*count = ts_registry_count(&c->names);
 	*bytes = c->bytes;
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 }

@@ -11,13 +11,14 @@
  */
 #include "storage/sharding.h"
 
+#include <assert.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lock.h"
 #include "common/name.h"
 #include "common/registry.h"
 
@@ -490,7 +491,7 @@ struct entry {
 };
 
 struct ts_sharding_registry {
-	pthread_rwlock_t lock;
+	struct ts_rwlock lock;
 	struct ts_registry names;  /* of struct entry (own); guarded by: lock */
 };
 
@@ -498,7 +499,7 @@ struct ts_sharding_registry *ts_sharding_registry_new(void)
 {
 	struct ts_sharding_registry *r = calloc(1, sizeof *r);
 
-	if (r && pthread_rwlock_init(&r->lock, NULL) != 0) {
+	if (r && ts_rwlock_init(&r->lock) != 0) {
 		free(r);
 		return NULL;
 	}
@@ -511,7 +512,7 @@ void ts_sharding_registry_free(struct ts_sharding_registry *r)
 {
 	if (!r)
 		return;
-	pthread_rwlock_destroy(&r->lock);
+	ts_rwlock_destroy(&r->lock);
 	for (size_t i = 0; i < ts_registry_count(&r->names); i++)
 		free(ts_registry_at(&r->names, i));
 	ts_registry_release(&r->names);
@@ -524,6 +525,7 @@ static ts_status insert_locked(struct ts_sharding_registry *r, const char *name,
 	struct entry *e;
 	ts_status st;
 
+	assert(ts_rwlock_writing(&r->lock));
 	if (ts_registry_get(&r->names, name))
 		return ts_error_set(err, TS_ALREADY_EXISTS, "SHARDING_EXISTS",
 		                    "sharding '%s' already exists", name);
@@ -556,9 +558,9 @@ ts_status ts_sharding_registry_put(struct ts_sharding_registry *r, const char *n
 	st = ts_sharding_validate(s, err);
 	if (st != TS_OK)
 		return st;
-	pthread_rwlock_wrlock(&r->lock);
+	ts_rwlock_wrlock(&r->lock);
 	st = insert_locked(r, name, s, err);
-	pthread_rwlock_unlock(&r->lock);
+	ts_rwlock_unlock(&r->lock);
 	return st;
 }
 
@@ -567,11 +569,11 @@ bool ts_sharding_registry_get(struct ts_sharding_registry *r, const char *name,
 {
 	const struct entry *e;
 
-	pthread_rwlock_rdlock(&r->lock);
+	ts_rwlock_rdlock(&r->lock);
 	e = ts_registry_get(&r->names, name);
 	if (e)
 		*out = e->sharding;
-	pthread_rwlock_unlock(&r->lock);
+	ts_rwlock_unlock(&r->lock);
 	return e != NULL;
 }
 
@@ -579,11 +581,11 @@ void ts_sharding_registry_each(struct ts_sharding_registry *r,
                                void (*fn)(const char *name, const struct ts_sharding *s, void *arg),
                                void *arg)
 {
-	pthread_rwlock_rdlock(&r->lock);
+	ts_rwlock_rdlock(&r->lock);
 	for (size_t i = 0; i < ts_registry_count(&r->names); i++) {
 		const struct entry *e = ts_registry_at(&r->names, i);
 
 		fn(e->name, &e->sharding, arg);
 	}
-	pthread_rwlock_unlock(&r->lock);
+	ts_rwlock_unlock(&r->lock);
 }

@@ -4,17 +4,18 @@
  */
 #include "train/model.h"
 
-#include <pthread.h>
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lock.h"
 #include "common/registry.h"
 
 #define MODELS_MAX 1024
 
 struct ts_model_registry {
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	struct ts_registry names;          /* of struct ts_model (own); guarded by: mu */
 	uint64_t next_uid;                 /* guarded by: mu */
 };
@@ -52,7 +53,7 @@ struct ts_model_registry *ts_model_registry_new(void)
 	if (!r)
 		return NULL;
 	ts_registry_init(&r->names);
-	pthread_mutex_init(&r->mu, NULL);
+	ts_mutex_init(&r->mu);
 	return r;
 }
 
@@ -60,7 +61,7 @@ void ts_model_registry_free(struct ts_model_registry *r)
 {
 	if (!r)
 		return;
-	pthread_mutex_destroy(&r->mu);
+	ts_mutex_destroy(&r->mu);
 	for (size_t i = 0; i < ts_registry_count(&r->names); i++)
 		free(ts_registry_at(&r->names, i));
 	ts_registry_release(&r->names);
@@ -73,7 +74,7 @@ ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_mod
 	ts_status st = TS_OK;
 	struct ts_model *copy = NULL;
 
-	pthread_mutex_lock(&r->mu);
+	ts_mutex_lock(&r->mu);
 	if (ts_registry_get(&r->names, m->name))
 		st = ts_error_set(err, TS_ALREADY_EXISTS, "MODEL_EXISTS", "model '%s' already exists",
 		                  m->name);
@@ -92,7 +93,7 @@ ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_mod
 			*uid = copy->uid;
 		copy = NULL;
 	}
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_unlock(&r->mu);
 	free(copy);
 	return st;
 }
@@ -101,17 +102,18 @@ bool ts_model_registry_get(struct ts_model_registry *r, const char *name, struct
 {
 	const struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
+	ts_mutex_lock(&r->mu);
 	m = ts_registry_get(&r->names, name);
 	if (m)
 		*out = *m;
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_unlock(&r->mu);
 	return m != NULL;
 }
 
 /* The model with this uid, or NULL. */
 static struct ts_model *find_uid_locked(struct ts_model_registry *r, uint64_t uid)
 {
+	assert(ts_mutex_held(&r->mu));
 	for (size_t i = 0; i < ts_registry_count(&r->names); i++) {
 		struct ts_model *m = ts_registry_at(&r->names, i);
 
@@ -125,11 +127,11 @@ bool ts_model_registry_remove(struct ts_model_registry *r, uint64_t uid)
 {
 	struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
+	ts_mutex_lock(&r->mu);
 	m = find_uid_locked(r, uid);
 	if (m)
 		ts_registry_remove(&r->names, m->name);
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_unlock(&r->mu);
 	free(m);
 	return m != NULL;
 }
@@ -139,13 +141,13 @@ bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool
 {
 	struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
+	ts_mutex_lock(&r->mu);
 	m = find_uid_locked(r, uid);
 	if (m) {
 		m->ready = ready;
 		snprintf(m->creating, sizeof m->creating, "%s", !ready && creating ? creating : "");
 	}
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_unlock(&r->mu);
 	return m != NULL;
 }
 
@@ -154,14 +156,14 @@ bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64
 {
 	struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
+	ts_mutex_lock(&r->mu);
 	m = find_uid_locked(r, uid);
 	if (m) {
 		if (before)
 			*before = m->steps;
 		m->steps += n;
 	}
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_unlock(&r->mu);
 	return m != NULL;
 }
 
@@ -169,10 +171,10 @@ size_t ts_model_registry_list(struct ts_model_registry *r, struct ts_model *out,
 {
 	size_t n;
 
-	pthread_mutex_lock(&r->mu);
+	ts_mutex_lock(&r->mu);
 	n = ts_registry_count(&r->names) < cap ? ts_registry_count(&r->names) : cap;
 	for (size_t i = 0; i < n; i++)
 		out[i] = *(const struct ts_model *)ts_registry_at(&r->names, i);
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_unlock(&r->mu);
 	return n;
 }

@@ -4,12 +4,14 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "common/lock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -159,6 +161,65 @@ START_TEST(error_oom_figures)
 	ck_assert_int_eq(ts_error_oom_bytes(&e, &f), TS_INTERNAL);
 	ck_assert_str_eq(e.message, "first");
 	ck_assert_int_eq(e.nmeta, 0);
+}
+END_TEST
+
+/* The locks that know their holder: held by the caller, not by another
+ * thread; a rwlock's writer is known, its readers only counted. */
+struct held_probe {
+	struct ts_mutex *m;
+	struct ts_rwlock *l;
+	bool mutex_held, writing, held;
+};
+
+static void *probe_main(void *arg)
+{
+	struct held_probe *p = arg;
+
+	p->mutex_held = ts_mutex_held(p->m);
+	p->writing = ts_rwlock_writing(p->l);
+	p->held = ts_rwlock_held(p->l);
+	return NULL;
+}
+
+static void probe(struct held_probe *p)
+{
+	pthread_t t;
+
+	ck_assert_int_eq(pthread_create(&t, NULL, probe_main, p), 0);
+	pthread_join(t, NULL);
+}
+
+START_TEST(locks_know_their_holder)
+{
+	struct ts_mutex m;
+	struct ts_rwlock l;
+	struct held_probe p = {&m, &l, true, true, true};
+	pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+	struct timespec past = {0, 0};
+
+	ck_assert_int_eq(ts_mutex_init(&m), 0);
+	ck_assert_int_eq(ts_rwlock_init(&l), 0);
+	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l) && !ts_rwlock_writing(&l));
+	ts_mutex_lock(&m);
+	ts_rwlock_wrlock(&l);
+	ck_assert(ts_mutex_held(&m) && ts_rwlock_writing(&l) && ts_rwlock_held(&l));
+	probe(&p);                    /* another thread holds neither */
+	ck_assert(!p.mutex_held && !p.writing && !p.held);
+	ck_assert_int_ne(ts_mutex_wait(&m, &c, &past), 0);   /* times out, held again */
+	ck_assert(ts_mutex_held(&m));
+	ts_rwlock_unlock(&l);
+	ts_mutex_unlock(&m);
+	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l));
+	ts_rwlock_rdlock(&l);
+	ck_assert(ts_rwlock_held(&l) && !ts_rwlock_writing(&l));
+	probe(&p);                    /* a reader's identity is not kept */
+	ck_assert(p.held && !p.writing);
+	ts_rwlock_unlock(&l);
+	ck_assert(!ts_rwlock_held(&l));
+	ts_rwlock_destroy(&l);
+	ts_mutex_destroy(&m);
+	pthread_cond_destroy(&c);
 }
 END_TEST
 
@@ -455,6 +516,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, error_first_wins);
 	tcase_add_test(tc, error_bad_and_oom_helpers);
 	tcase_add_test(tc, error_oom_figures);
+	tcase_add_test(tc, locks_know_their_holder);
 	tcase_add_test(tc, size_parse);
 	tcase_add_test(tc, size_format);
 	tcase_add_test(tc, long_parse);
