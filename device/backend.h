@@ -176,19 +176,16 @@ ts_status ts__discover_add(struct ts__discover_ctx *ctx, struct ts_device *dev,
 bool ts__device_mark_broken(struct ts_device *dev);
 
 /*
- * Records an out-of-memory failure the one way every allocator of this layer
- * words it: "sim:0/device: cannot allocate 1048576 bytes (1.00 MiB); 512
- * bytes (512 B) free of 4096 (4.00 KiB)", reason OUT_OF_MEMORY, metadata
- * device, memory_kind, requested_bytes, free_bytes, limit_bytes. cause, when
- * not NULL, is appended ("...: cudaMalloc: out of memory"). Returns
- * RESOURCE_EXHAUSTED (or the error already recorded in err).
+ * Records an out-of-memory failure through the one builder (common/status.h,
+ * ts_error_oom_bytes): "sim:0/device: cannot allocate 1048576 bytes
+ * (1.00 MiB); 512 bytes (512 B) free of 4096 (4.00 KiB)", reason
+ * OUT_OF_MEMORY, metadata device, memory_kind, requested_bytes, free_bytes,
+ * limit_bytes. cause, when not NULL, is appended ("...: cudaMalloc: out of
+ * memory"). Returns RESOURCE_EXHAUSTED (or the error already recorded in err).
  */
 ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
                   enum ts_memory_kind kind, uint64_t requested,
                   uint64_t free_bytes, uint64_t limit_bytes, const char *cause);
-
-/* "1.50 GiB": bytes for humans (binary units, two decimals above 1 KiB). */
-void ts__format_bytes(char *buf, size_t len, uint64_t bytes);
 
 /* ---- host memory (hostmem.c) --------------------------------------------- */
 

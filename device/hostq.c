@@ -20,6 +20,7 @@
  * (recording queues its signal job under the event's mu). The worker never
  * holds a queue's mu while it takes an event's.
  */
+#include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include <string.h>
 
 #include "common/fault.h"
+#include "common/lock.h"
 #include "device/backend.h"
 
 enum job_type {
@@ -66,7 +68,7 @@ struct hostq {
 	struct ts_queue base;           /* first: device.c sees this */
 	ts__hostq_copy_fn copy;         /* immutable */
 	pthread_t worker;               /* immutable */
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	pthread_cond_t work_cv;         /* jobs queued, or stop */
 	pthread_cond_t done_cv;         /* completed moved */
 	struct job *head, *tail;        /* guarded by: mu */
@@ -115,8 +117,7 @@ static ts_status error_copy(struct ts_error *err, const struct ts_error *src)
 
 static ts_status job_oom(struct hostq *q, struct ts_error *err)
 {
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory queueing work",
+	return ts_error_oom(err, "%s: out of memory queueing work",
 	                    q->base.dev->props.id);
 }
 
@@ -128,13 +129,13 @@ static struct job *job_get(struct hostq *q)
 
 	if (ts_fault_fire(TS_FAULT_ALLOC_HEAP))
 		return NULL;
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	j = q->spare;
 	if (j) {
 		q->spare = j->next;
 		q->nspare--;
 	}
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	if (!j)
 		j = malloc(sizeof *j);
 	if (j)
@@ -144,6 +145,7 @@ static struct job *job_get(struct hostq *q)
 
 static void job_put_locked(struct hostq *q, struct job *j)
 {
+	assert(ts_mutex_held(&q->mu));
 	if (q->nspare < SPARE_JOBS_MAX) {
 		j->next = q->spare;
 		q->spare = j;
@@ -155,15 +157,15 @@ static void job_put_locked(struct hostq *q, struct job *j)
 
 static void job_put(struct hostq *q, struct job *j)
 {
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	job_put_locked(q, j);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 }
 
 /* Queues j at the end of q; it cannot fail once j exists. */
 static void job_push(struct hostq *q, struct job *j)
 {
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	j->seq = ++q->submitted;
 	j->next = NULL;
 	if (q->tail)
@@ -172,7 +174,7 @@ static void job_push(struct hostq *q, struct job *j)
 		q->head = j;
 	q->tail = j;
 	pthread_cond_signal(&q->work_cv);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 }
 
 /* ---- failures ------------------------------------------------------------ */
@@ -181,6 +183,7 @@ static void job_push(struct hostq *q, struct job *j)
 static void fault_raise_locked(struct hostq *q, uint64_t seq,
                                const struct ts_error *e)
 {
+	assert(ts_mutex_held(&q->mu));
 	if (q->fault.status == TS_OK)
 		q->fault = *e;
 	q->last_fault = *e;
@@ -191,6 +194,7 @@ static void fault_raise_locked(struct hostq *q, uint64_t seq,
  * unless a job after target failed meanwhile (its failure stays). */
 static void fault_clear_locked(struct hostq *q, uint64_t target)
 {
+	assert(ts_mutex_held(&q->mu));
 	if (q->last_fault_seq > target) {
 		q->fault = q->last_fault;
 		return;
@@ -202,9 +206,9 @@ static void fault_clear_locked(struct hostq *q, uint64_t target)
 
 static void fault_raise(struct hostq *q, uint64_t seq, const struct ts_error *e)
 {
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	fault_raise_locked(q, seq, e);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 }
 
 /* ---- the worker ---------------------------------------------------------- */
@@ -228,9 +232,9 @@ static void run_signal(struct hostq *q, struct job *j)
 	struct hostev *ev = j->u.event.ev;
 	struct ts_error outcome;
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	outcome = q->fault;
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 
 	pthread_mutex_lock(&ev->mu);
 	if (j->u.event.gen > ev->completed) {
@@ -263,17 +267,17 @@ static void *worker_main(void *arg)
 	struct hostq *q = arg;
 	struct job *j;
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	for (;;) {
 		while (!q->head && !q->stop)
-			pthread_cond_wait(&q->work_cv, &q->mu);
+			ts_mutex_wait(&q->mu, &q->work_cv, NULL);
 		j = q->head;
 		if (!j)
 			break;          /* stopping, and nothing is left */
 		q->head = j->next;
 		if (!q->head)
 			q->tail = NULL;
-		pthread_mutex_unlock(&q->mu);
+		ts_mutex_unlock(&q->mu);
 
 		switch (j->type) {
 		case JOB_COPY:
@@ -290,12 +294,12 @@ static void *worker_main(void *arg)
 			break;
 		}
 
-		pthread_mutex_lock(&q->mu);
+		ts_mutex_lock(&q->mu);
 		q->completed = j->seq;
 		job_put_locked(q, j);
 		pthread_cond_broadcast(&q->done_cv);
 	}
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	return NULL;
 }
 
@@ -303,10 +307,12 @@ static void *worker_main(void *arg)
  * the seq of the last of them. */
 static uint64_t wait_drained_locked(struct hostq *q)
 {
-	uint64_t target = q->submitted;
+	uint64_t target;
 
+	assert(ts_mutex_held(&q->mu));
+	target = q->submitted;
 	while (q->completed < target)
-		pthread_cond_wait(&q->done_cv, &q->mu);
+		ts_mutex_wait(&q->mu, &q->done_cv, NULL);
 	return target;
 }
 
@@ -322,7 +328,7 @@ static void hostq_destroy(struct hostq *q)
 	}
 	pthread_cond_destroy(&q->done_cv);
 	pthread_cond_destroy(&q->work_cv);
-	pthread_mutex_destroy(&q->mu);
+	ts_mutex_destroy(&q->mu);
 	free(q);
 }
 
@@ -339,7 +345,7 @@ ts_status ts__hostq_new(struct ts_device *dev, ts__hostq_copy_fn copy,
 	q = calloc(1, sizeof *q);
 	if (!q)
 		goto out_oom;
-	if (pthread_mutex_init(&q->mu, NULL) != 0)
+	if (ts_mutex_init(&q->mu) != 0)
 		goto out_free;
 	if (pthread_cond_init(&q->work_cv, NULL) != 0)
 		goto out_mutex;
@@ -369,24 +375,23 @@ out_done_cv:
 out_work_cv:
 	pthread_cond_destroy(&q->work_cv);
 out_mutex:
-	pthread_mutex_destroy(&q->mu);
+	ts_mutex_destroy(&q->mu);
 out_free:
 	free(q);
 	if (rc != 0)
 		return st;
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory creating a queue", dev->props.id);
+	return ts_error_oom(err, "%s: out of memory creating a queue", dev->props.id);
 }
 
 void ts__hostq_free(struct ts_queue *base)
 {
 	struct hostq *q = to_hostq(base);
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	q->stop = true;
 	pthread_cond_signal(&q->work_cv);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	pthread_join(q->worker, NULL);   /* the worker drains the list first */
 	hostq_destroy(q);
 }
@@ -457,11 +462,11 @@ ts_status ts__hostq_sync(struct ts_queue *base, struct ts_error *err)
 	struct ts_error fault;
 	uint64_t target;
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	target = wait_drained_locked(q);
 	fault = q->fault;
 	fault_clear_locked(q, target);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	return error_copy(err, &fault);
 }
 
@@ -471,9 +476,9 @@ ts_status ts__hostq_device_sync(struct ts_device *dev, struct ts_error *err)
 	for (struct ts_queue *base = dev->queues; base; base = base->next) {
 		struct hostq *q = to_hostq(base);
 
-		pthread_mutex_lock(&q->mu);
+		ts_mutex_lock(&q->mu);
 		wait_drained_locked(q);
-		pthread_mutex_unlock(&q->mu);
+		ts_mutex_unlock(&q->mu);
 	}
 	pthread_mutex_unlock(&dev->queues_mu);
 	return TS_OK;
@@ -502,8 +507,7 @@ out_mutex:
 out_free:
 	free(ev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory creating an event", dev->props.id);
+	return ts_error_oom(err, "%s: out of memory creating an event", dev->props.id);
 }
 
 void ts__hostev_free(struct ts_event *base)

@@ -208,7 +208,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	}
 	m = calloc(1, sizeof *m);
 	if (!m) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a move");
+		ts_error_oom(&err, "no memory for a move");
 		goto out_fail;
 	}
 	m->core = call->core;

@@ -19,6 +19,7 @@
  */
 #include "handlers/arrays_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -167,8 +168,7 @@ static ts_status recv_header(struct ts_h_st_recv *im, struct ts_error *err)
 	}
 	im->arrays = calloc(im->st.ntensors ? im->st.ntensors : 1, sizeof *im->arrays);
 	if (!im->arrays)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for %zu tensors", im->st.ntensors);
+		return ts_error_oom(err, "no memory for %zu tensors", im->st.ntensors);
 	return im->admit(im->ctx, &im->st, im->arrays, err);
 }
 
@@ -269,7 +269,7 @@ ts_status ts_h_st_recv_bytes(struct ts_h_st_recv *im, const char *data, size_t n
 			return err->status;
 		im->header = malloc(im->header_len ? im->header_len : 1);
 		if (!im->header)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			return ts_error_oom(err,
 			                    "no memory for a %" PRIu64 "-byte header", im->header_len);
 	}
 	if (!im->parsed) {
@@ -428,7 +428,7 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 	ts_operation_total_set(im->op, size);
 	chunk = malloc(FILE_CHUNK);
 	if (!chunk)
-		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
+		s = ts_error_oom(err, "no memory to read");
 	while (s == TS_OK && off < size) {
 		ssize_t got = pread(fd, chunk, FILE_CHUNK, (off_t)off);
 
@@ -490,7 +490,10 @@ static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_e
 
 static void import_unref(struct import *im)
 {
-	if (atomic_fetch_sub(&im->refs, 1) == 1)
+	int was = atomic_fetch_sub(&im->refs, 1);
+
+	assert(was > 0);     /* an unref without its reference */
+	if (was == 1)
 		import_free(im);
 }
 
@@ -671,8 +674,7 @@ static ts_status export_check_repeats(struct ts_array *const *arrs, size_t n,
 		return TS_OK;
 	sorted = malloc(n * sizeof *sorted);
 	if (!sorted)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to check %zu names", n);
+		return ts_error_oom(err, "no memory to check %zu names", n);
 	for (size_t i = 0; i < n; i++)
 		sorted[i] = ts_array_name(arrs[i]);
 	qsort(sorted, n, sizeof *sorted, name_cmp);
@@ -710,7 +712,7 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 	tensors = calloc(cap, sizeof *tensors);
 	parts = calloc(cap, sizeof *parts);
 	if (!list || !arrs || !tensors || !parts) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
+		ts_error_oom(&err, "no memory for the export");
 		goto out_fail;
 	}
 	/* every entry names an array: no empty entries ("a,,b", "a,"), no

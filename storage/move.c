@@ -33,8 +33,7 @@ ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
 
 	*out = NULL;
 	if (!mv)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to move array '%s'", ts_array_name(src));
+		return ts_error_oom(err, "no memory to move array '%s'", ts_array_name(src));
 	mv->spec = *spec;
 	snprintf(mv->name, sizeof mv->name, "%s", spec->name ? spec->name : ts_array_name(src));
 	snprintf(mv->holder, sizeof mv->holder, "%s", spec->holder ? spec->holder : "");

@@ -281,8 +281,7 @@ static ts_status job_new(job_fn run, struct ts_queue *q, struct job **out, struc
 
 	*out = j;
 	if (!j)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: out of memory queueing a kernel",
+		return ts_error_oom(err, "%s: out of memory queueing a kernel",
 		                    ts_device_props(ts_queue_device(q))->id);
 	j->run = run;
 	return TS_OK;
