@@ -76,6 +76,10 @@ struct ts__backend_ops {
 	ts_status (*queue_wait_event)(struct ts_queue *q, struct ts_event *ev,
 	                              struct ts_error *err);
 	ts_status (*queue_sync)(struct ts_queue *q, struct ts_error *err);
+	/* Makes the next `jobs` submissions to q (copies, host functions, event
+	 * records and waits) need no allocation; optional: NULL when the
+	 * backend's submissions allocate nothing on the host. */
+	ts_status (*queue_reserve)(struct ts_queue *q, size_t jobs, struct ts_error *err);
 	/* The queue's native handle (a cudaStream_t); optional: NULL when the
 	 * backend has none. */
 	void *(*queue_native)(const struct ts_queue *q);
@@ -245,6 +249,7 @@ ts_status ts__hostq_host_fn(struct ts_queue *q, void (*fn)(void *arg),
 ts_status ts__hostq_wait_event(struct ts_queue *q, struct ts_event *ev,
                                struct ts_error *err);
 ts_status ts__hostq_sync(struct ts_queue *q, struct ts_error *err);
+ts_status ts__hostq_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err);
 ts_status ts__hostev_new(struct ts_device *dev, struct ts_event **out,
                          struct ts_error *err);
 void ts__hostev_free(struct ts_event *ev);

@@ -72,6 +72,7 @@ static const struct ts__backend_ops cpu_ops = {
 	.queue_host_fn = ts__hostq_host_fn,
 	.queue_wait_event = ts__hostq_wait_event,
 	.queue_sync = ts__hostq_sync,
+	.queue_reserve = ts__hostq_reserve,
 	.event_new = ts__hostev_new,
 	.event_free = ts__hostev_free,
 	.event_record = ts__hostev_record,

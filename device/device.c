@@ -489,6 +489,15 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 	return q->dev->ops->queue_host_fn(q, fn, arg, err);
 }
 
+ts_status ts_queue_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err)
+{
+	if (!q)
+		return bad_argument(err, "reserve: no queue");
+	if (!q->dev->ops->queue_reserve)
+		return TS_OK;
+	return q->dev->ops->queue_reserve(q, jobs, err);
+}
+
 ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,
                               struct ts_error *err)
 {

@@ -80,6 +80,9 @@ struct hostq {
 	uint64_t last_fault_seq;        /* guarded by: mu; its job, 0: none */
 	struct job *spare;              /* guarded by: mu; recycled jobs */
 	unsigned nspare;                /* guarded by: mu */
+	struct job *reserved;           /* guarded by: mu; taken before spare, never failing */
+	size_t nreserved;               /* guarded by: mu */
+	size_t reserve;                 /* guarded by: mu; finished jobs refill it to this */
 };
 
 struct hostev {
@@ -127,6 +130,18 @@ static struct job *job_get(struct hostq *q)
 {
 	struct job *j;
 
+	/* a reserved job was allocated already: taking it cannot fail */
+	ts_mutex_lock(&q->mu);
+	j = q->reserved;
+	if (j) {
+		q->reserved = j->next;
+		q->nreserved--;
+	}
+	ts_mutex_unlock(&q->mu);
+	if (j) {
+		memset(j, 0, sizeof *j);
+		return j;
+	}
 	if (ts_fault_fire(TS_FAULT_ALLOC_HEAP))
 		return NULL;
 	ts_mutex_lock(&q->mu);
@@ -146,7 +161,11 @@ static struct job *job_get(struct hostq *q)
 static void job_put_locked(struct hostq *q, struct job *j)
 {
 	assert(ts_mutex_held(&q->mu));
-	if (q->nspare < SPARE_JOBS_MAX) {
+	if (q->nreserved < q->reserve) {
+		j->next = q->reserved;
+		q->reserved = j;
+		q->nreserved++;
+	} else if (q->nspare < SPARE_JOBS_MAX) {
 		j->next = q->spare;
 		q->spare = j;
 		q->nspare++;
@@ -326,6 +345,10 @@ static void hostq_destroy(struct hostq *q)
 		q->spare = j->next;
 		free(j);
 	}
+	while ((j = q->reserved) != NULL) {
+		q->reserved = j->next;
+		free(j);
+	}
 	pthread_cond_destroy(&q->done_cv);
 	pthread_cond_destroy(&q->work_cv);
 	ts_mutex_destroy(&q->mu);
@@ -394,6 +417,47 @@ void ts__hostq_free(struct ts_queue *base)
 	ts_mutex_unlock(&q->mu);
 	pthread_join(q->worker, NULL);   /* the worker drains the list first */
 	hostq_destroy(q);
+}
+
+ts_status ts__hostq_reserve(struct ts_queue *base, size_t jobs, struct ts_error *err)
+{
+	struct hostq *q = to_hostq(base);
+	struct job *list = NULL, *j;
+	size_t have, n = 0;
+
+	ts_mutex_lock(&q->mu);
+	have = q->nreserved;
+	if (jobs > q->reserve)
+		q->reserve = jobs;
+	ts_mutex_unlock(&q->mu);
+	if (have >= jobs)
+		return TS_OK;
+	/* one failure point for the whole reservation, then plain allocations */
+	if (ts_fault_fire(TS_FAULT_ALLOC_HEAP))
+		return job_oom(q, err);
+	for (; have + n < jobs; n++) {
+		j = malloc(sizeof *j);
+		if (!j)
+			break;
+		j->next = list;
+		list = j;
+	}
+	if (have + n < jobs) {
+		while ((j = list) != NULL) {
+			list = j->next;
+			free(j);
+		}
+		return job_oom(q, err);
+	}
+	ts_mutex_lock(&q->mu);
+	while ((j = list) != NULL) {
+		list = j->next;
+		j->next = q->reserved;
+		q->reserved = j;
+		q->nreserved++;
+	}
+	ts_mutex_unlock(&q->mu);
+	return TS_OK;
 }
 
 ts_status ts__hostq_copy(struct ts_queue *base, void *dst, const void *src,
