@@ -451,9 +451,18 @@ static ts_status step_policy(const struct ts_core *core, const struct ts_model *
 	return pl ? ts_h_policy_parse(pl, out, err) : ts_policy_check(out, err);
 }
 
+/* Whether the call asks for the analysis' timeline (?timeline=true; the
+ * route declares it a bool). */
+static bool timeline_requested(const struct ts_call *call)
+{
+	const char *q = ts_call_query(call, "timeline");
+
+	return q && strcmp(q, "true") == 0;
+}
+
 static json_t *analysis_json(const struct ts_plan *p, bool timeline)
 {
-	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 	                      "argument_size_in_bytes", (json_int_t)p->argument_size_in_bytes,
 	                      "output_size_in_bytes", (json_int_t)p->output_size_in_bytes,
 	                      "alias_size_in_bytes", (json_int_t)p->alias_size_in_bytes,
@@ -462,6 +471,8 @@ static json_t *analysis_json(const struct ts_plan *p, bool timeline)
 	                      "host_output_size_in_bytes", (json_int_t)p->host_output_size_in_bytes,
 	                      "host_alias_size_in_bytes", (json_int_t)p->host_alias_size_in_bytes,
 	                      "host_temp_size_in_bytes", (json_int_t)p->host_temp_size_in_bytes,
+	                      "host_version_size_in_bytes", (json_int_t)p->host_version_size_in_bytes,
+	                      "host_journal_size_in_bytes", (json_int_t)p->host_journal_size_in_bytes,
 	                      "peak_device_bytes", (json_int_t)p->peak_device_bytes,
 	                      "h2d_bytes", (json_int_t)p->h2d_bytes,
 	                      "d2h_bytes", (json_int_t)p->d2h_bytes);
@@ -509,7 +520,7 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK ||
 	    ts_plan_build(&m.mlp, &m.opt, (int)B, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
+	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
 	json_decref(body);
 	return;
@@ -553,7 +564,7 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	}
 	if (ts_plan_build(&m.mlp, &m.opt, (int)B, &m.policy, &plan, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
+	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
 	json_decref(body);
 	return;
