@@ -202,8 +202,9 @@ integration: $(DAEMON) $(IT_BIN)
 # failure point of each workflow failed in turn.
 faults:
 	@$(MAKE) --no-print-directory FAULT=1 build/fault/tstaged build/fault/tests/test_fault \
-		build/fault/tests/it_faults
+		build/fault/tests/test_exec build/fault/tests/it_faults
 	build/fault/tests/test_fault
+	CK_RUN_CASE=sim CK_DEFAULT_TIMEOUT=600 build/fault/tests/test_exec
 	TSTAGED=build/fault/tstaged CK_DEFAULT_TIMEOUT=600 build/fault/tests/it_faults
 
 # The bounded soak against a production daemon (SOAK_SECONDS, default 60).
@@ -229,6 +230,7 @@ pytest: $(DAEMON) $(PYVENV)/installed
 test: deps
 	@$(MAKE) --no-print-directory all
 	@$(MAKE) --no-print-directory unit integration pytest
+	@tests/examples/run.sh $(DAEMON)
 	@tests/gpu/detect.sh $(DAEMON)
 
 bench:

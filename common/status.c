@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/units.h"
 #include "common/utf8.h"
 
 static const struct {
@@ -83,10 +84,10 @@ void ts_error_clear(struct ts_error *err)
 	memset(err, 0, sizeof *err);
 }
 
-ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
-                       const char *fmt, ...)
+ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,
+                        const char *prefix, const char *fmt, va_list ap)
 {
-	va_list ap;
+	size_t o = 0;
 
 	if (!err)
 		return st;
@@ -94,12 +95,79 @@ ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
 		return err->status;
 	err->status = st;
 	snprintf(err->reason, sizeof err->reason, "%s", reason ? reason : "");
-	va_start(ap, fmt);
-	if (vsnprintf(err->message, sizeof err->message, fmt, ap) >= (int)sizeof err->message)
+	if (prefix) {
+		int n = snprintf(err->message, sizeof err->message, "%s: ", prefix);
+
+		o = n < 0 ? 0 : (size_t)n < sizeof err->message ? (size_t)n : sizeof err->message - 1;
+	}
+	if ((size_t)vsnprintf(err->message + o, sizeof err->message - o, fmt, ap) >=
+	    sizeof err->message - o)
 		ts_utf8_trim(err->message);     /* cut on a character boundary */
-	va_end(ap);
 	err->nmeta = 0;
 	return st;
+}
+
+ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
+                       const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	st = ts_error_vset(err, st, reason, NULL, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+ts_status ts_error_bad(struct ts_error *err, const char *reason, const char *prefix,
+                       const char *fmt, ...)
+{
+	va_list ap;
+	ts_status st;
+
+	va_start(ap, fmt);
+	st = ts_error_vset(err, TS_INVALID_ARGUMENT, reason, prefix, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+ts_status ts_error_oom(struct ts_error *err, const char *fmt, ...)
+{
+	va_list ap;
+	ts_status st;
+
+	va_start(ap, fmt);
+	st = ts_error_vset(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", NULL, fmt, ap);
+	va_end(ap);
+	return st;
+}
+
+ts_status ts_error_oom_bytes(struct ts_error *err, const struct ts_oom_figures *f)
+{
+	char req[32], fr[32], lim[32], big[64] = "";
+	bool known = f->largest != TS_ERROR_UNKNOWN_BYTES;
+
+	if (err && err->status != TS_OK)
+		return err->status;
+	if (known) {
+		char h[32];
+
+		snprintf(big, sizeof big, " (largest free block %s)",
+		         ts_format_bytes(h, sizeof h, f->largest));
+	}
+	ts_error_oom(err, "%s: cannot allocate %llu bytes (%s); %llu bytes (%s) free%s of %llu (%s)%s%s",
+	             f->where, (unsigned long long)f->requested,
+	             ts_format_bytes(req, sizeof req, f->requested),
+	             (unsigned long long)f->free_bytes, ts_format_bytes(fr, sizeof fr, f->free_bytes),
+	             big, (unsigned long long)f->limit, ts_format_bytes(lim, sizeof lim, f->limit),
+	             f->cause ? ": " : "", f->cause ? f->cause : "");
+	for (int i = 0; i < 2 && f->ids[i][0]; i++)
+		ts_error_meta(err, f->ids[i][0], "%s", f->ids[i][1]);
+	ts_error_meta_u64(err, "requested_bytes", f->requested);
+	ts_error_meta_u64(err, "free_bytes", f->free_bytes);
+	if (known)
+		ts_error_meta_u64(err, "largest_free_block_bytes", f->largest);
+	ts_error_meta_u64(err, "limit_bytes", f->limit);
+	return TS_RESOURCE_EXHAUSTED;
 }
 
 void ts_error_meta(struct ts_error *err, const char *key, const char *fmt, ...)

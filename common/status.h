@@ -85,6 +85,44 @@ ts_status ts_error_set(struct ts_error *err, ts_status st, const char *reason,
                        const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
+/* ts_error_set from a va_list, the message after prefix and ": " when
+ * prefix is not NULL ("npy header" gives "npy header: ..."). */
+ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,
+                        const char *prefix, const char *fmt, va_list ap)
+	__attribute__((format(printf, 5, 0)));
+
+/* The one helper for bad input: INVALID_ARGUMENT with reason, the message
+ * after prefix as ts_error_vset words it. Returns the recorded status. */
+ts_status ts_error_bad(struct ts_error *err, const char *reason, const char *prefix,
+                       const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* The one out-of-memory answer: RESOURCE_EXHAUSTED, reason OUT_OF_MEMORY,
+ * the message as given (callers with figures add them as metadata too). */
+ts_status ts_error_oom(struct ts_error *err, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
+/* What did not fit, for ts_error_oom_bytes. */
+#define TS_ERROR_UNKNOWN_BYTES UINT64_MAX
+struct ts_oom_figures {
+	const char *where;             /* the subject: "sim:0/device" */
+	const char *ids[2][2];         /* {key, value} metadata put first; NULL key: none */
+	uint64_t requested, free_bytes, limit;
+	uint64_t largest;              /* largest free block; TS_ERROR_UNKNOWN_BYTES: unknown */
+	const char *cause;             /* appended after ": " when not NULL */
+};
+
+/*
+ * The one out-of-memory answer with figures, for every space and device:
+ * "sim:0/device: cannot allocate 1048576 bytes (1.00 MiB); 512 bytes
+ * (512 B) free (largest free block 512 B) of 4096 (4.00 KiB): <cause>" (the
+ * largest block and the cause only when given), reason OUT_OF_MEMORY,
+ * metadata: the ids, then requested_bytes, free_bytes,
+ * largest_free_block_bytes (when known) and limit_bytes. Returns
+ * RESOURCE_EXHAUSTED, or the error already recorded (then adds nothing).
+ */
+ts_status ts_error_oom_bytes(struct ts_error *err, const struct ts_oom_figures *f);
+
 /* Add a metadata pair (silently truncated; dropped past TS_ERROR_META_MAX). */
 void ts_error_meta(struct ts_error *err, const char *key, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));

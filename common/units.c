@@ -67,7 +67,7 @@ bool ts_parse_size(const char *s, uint64_t *out)
 
 char *ts_format_bytes(char *buf, size_t cap, uint64_t n)
 {
-	static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+	static const char *const names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
 	double v = (double)n;
 	size_t u = 0;
 

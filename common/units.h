@@ -19,8 +19,8 @@
  */
 bool ts_parse_size(const char *s, uint64_t *out);
 
-/* Formats n as "%.2f <unit>" with binary units ("1.00 GiB", "512 B") into buf;
- * returns buf. */
+/* Formats n as "%.2f <unit>" with binary units up to EiB ("1.00 GiB",
+ * "512 B") into buf; returns buf. The one byte formatter of every message. */
 char *ts_format_bytes(char *buf, size_t cap, uint64_t n);
 
 /* Parses a whole decimal integer in [lo, hi]; false otherwise. */

@@ -76,6 +76,10 @@ struct ts__backend_ops {
 	ts_status (*queue_wait_event)(struct ts_queue *q, struct ts_event *ev,
 	                              struct ts_error *err);
 	ts_status (*queue_sync)(struct ts_queue *q, struct ts_error *err);
+	/* Makes the next `jobs` submissions to q (copies, host functions, event
+	 * records and waits) need no allocation; optional: NULL when the
+	 * backend's submissions allocate nothing on the host. */
+	ts_status (*queue_reserve)(struct ts_queue *q, size_t jobs, struct ts_error *err);
 	/* The queue's native handle (a cudaStream_t); optional: NULL when the
 	 * backend has none. */
 	void *(*queue_native)(const struct ts_queue *q);
@@ -176,19 +180,16 @@ ts_status ts__discover_add(struct ts__discover_ctx *ctx, struct ts_device *dev,
 bool ts__device_mark_broken(struct ts_device *dev);
 
 /*
- * Records an out-of-memory failure the one way every allocator of this layer
- * words it: "sim:0/device: cannot allocate 1048576 bytes (1.00 MiB); 512
- * bytes (512 B) free of 4096 (4.00 KiB)", reason OUT_OF_MEMORY, metadata
- * device, memory_kind, requested_bytes, free_bytes, limit_bytes. cause, when
- * not NULL, is appended ("...: cudaMalloc: out of memory"). Returns
- * RESOURCE_EXHAUSTED (or the error already recorded in err).
+ * Records an out-of-memory failure through the one builder (common/status.h,
+ * ts_error_oom_bytes): "sim:0/device: cannot allocate 1048576 bytes
+ * (1.00 MiB); 512 bytes (512 B) free of 4096 (4.00 KiB)", reason
+ * OUT_OF_MEMORY, metadata device, memory_kind, requested_bytes, free_bytes,
+ * limit_bytes. cause, when not NULL, is appended ("...: cudaMalloc: out of
+ * memory"). Returns RESOURCE_EXHAUSTED (or the error already recorded in err).
  */
 ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
                   enum ts_memory_kind kind, uint64_t requested,
                   uint64_t free_bytes, uint64_t limit_bytes, const char *cause);
-
-/* "1.50 GiB": bytes for humans (binary units, two decimals above 1 KiB). */
-void ts__format_bytes(char *buf, size_t len, uint64_t bytes);
 
 /* ---- host memory (hostmem.c) --------------------------------------------- */
 
@@ -248,6 +249,7 @@ ts_status ts__hostq_host_fn(struct ts_queue *q, void (*fn)(void *arg),
 ts_status ts__hostq_wait_event(struct ts_queue *q, struct ts_event *ev,
                                struct ts_error *err);
 ts_status ts__hostq_sync(struct ts_queue *q, struct ts_error *err);
+ts_status ts__hostq_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err);
 ts_status ts__hostev_new(struct ts_device *dev, struct ts_event **out,
                          struct ts_error *err);
 void ts__hostev_free(struct ts_event *ev);

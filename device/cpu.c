@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/units.h"
 #include "device/backend.h"
 
 /* Nothing mutable: impl only marks the device as set up. */
@@ -71,6 +72,7 @@ static const struct ts__backend_ops cpu_ops = {
 	.queue_host_fn = ts__hostq_host_fn,
 	.queue_wait_event = ts__hostq_wait_event,
 	.queue_sync = ts__hostq_sync,
+	.queue_reserve = ts__hostq_reserve,
 	.event_new = ts__hostev_new,
 	.event_free = ts__hostev_free,
 	.event_record = ts__hostev_record,
@@ -138,7 +140,7 @@ ts_status ts__cpu_discover(struct ts__discover_ctx *ctx,
 	dev->props.total_memory = total;
 	dev->props.free_memory = avail;
 	dev->props.multiprocessors = c->online_cpus;
-	ts__format_bytes(total_h, sizeof total_h, total);
+	ts_format_bytes(total_h, sizeof total_h, total);
 	snprintf(info->detail, sizeof info->detail, "%d online cpus, %s of memory",
 	         c->online_cpus, total_h);
 	info->device_count = 1;
@@ -148,6 +150,5 @@ ts_status ts__cpu_discover(struct ts__discover_ctx *ctx,
 out_dev:
 	ts__device_destroy(dev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "cpu:0: out of memory during discovery");
+	return ts_error_oom(err, "cpu:0: out of memory during discovery");
 }

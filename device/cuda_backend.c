@@ -325,8 +325,7 @@ static ts_status cuda_queue_new(struct ts_device *dev, struct ts_queue **out,
 	ts_status st;
 
 	if (!q)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: out of memory creating a queue", dev->props.id);
+		return ts_error_oom(err, "%s: out of memory creating a queue", dev->props.id);
 	st = cuda_enter(dev, err);
 	if (st != TS_OK)
 		goto out_free;
@@ -441,8 +440,7 @@ static ts_status cuda_event_new(struct ts_device *dev, struct ts_event **out,
 	ts_status st;
 
 	if (!ev)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: out of memory creating an event", dev->props.id);
+		return ts_error_oom(err, "%s: out of memory creating an event", dev->props.id);
 	st = cuda_enter(dev, err);
 	if (st != TS_OK)
 		goto out_free;
@@ -647,8 +645,7 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 out_dev:
 	ts__device_destroy(dev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory during discovery", id);
+	return ts_error_oom(err, "%s: out of memory during discovery", id);
 }
 
 /* Lets every pair of found devices that can reach each other copy directly.
@@ -728,8 +725,7 @@ ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
 	enable_peer_access(ctx->devices + first, ctx->count - first);
 	cp = malloc(sizeof *cp + (ctx->count - first) * sizeof cp->gpus[0]);
 	if (!cp)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "cuda: out of memory during discovery");
+		return ts_error_oom(err, "cuda: out of memory during discovery");
 	cp->n = ctx->count - first;
 	memcpy(cp->gpus, ctx->devices + first, cp->n * sizeof cp->gpus[0]);
 	((struct cuda_dev *)ctx->devices[first]->impl)->pinned = cp;

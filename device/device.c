@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/units.h"
 #include "device/backend.h"
 
 struct ts_device_set {
@@ -80,47 +81,20 @@ const char *ts_backend_name(enum ts_backend_kind kind)
 
 /* ---- helpers shared by the backends ------------------------------------- */
 
-void ts__format_bytes(char *buf, size_t len, uint64_t bytes)
-{
-	static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-	double v = (double)bytes;
-	int u = -1;
-
-	if (bytes < 1024) {
-		snprintf(buf, len, "%" PRIu64 " B", bytes);
-		return;
-	}
-	while (v >= 1024.0 && u < 5) {
-		v /= 1024.0;
-		u++;
-	}
-	snprintf(buf, len, "%.2f %s", v, units[u]);
-}
-
 ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
                   enum ts_memory_kind kind, uint64_t requested,
                   uint64_t free_bytes, uint64_t limit_bytes, const char *cause)
 {
-	char req_h[32], free_h[32], limit_h[32];
-	ts_status st;
+	char where[96];
+	struct ts_oom_figures f = {
+		.where = where,
+		.ids = {{"device", dev->props.id}, {"memory_kind", ts_memory_kind_name(kind)}},
+		.requested = requested, .free_bytes = free_bytes, .limit = limit_bytes,
+		.largest = TS_ERROR_UNKNOWN_BYTES, .cause = cause,
+	};
 
-	if (err && err->status != TS_OK)
-		return err->status;
-	ts__format_bytes(req_h, sizeof req_h, requested);
-	ts__format_bytes(free_h, sizeof free_h, free_bytes);
-	ts__format_bytes(limit_h, sizeof limit_h, limit_bytes);
-	st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                  "%s/%s: cannot allocate %" PRIu64 " bytes (%s); %" PRIu64
-	                  " bytes (%s) free of %" PRIu64 " (%s)%s%s",
-	                  dev->props.id, ts_memory_kind_name(kind), requested, req_h,
-	                  free_bytes, free_h, limit_bytes, limit_h,
-	                  cause ? ": " : "", cause ? cause : "");
-	ts_error_meta(err, "device", "%s", dev->props.id);
-	ts_error_meta(err, "memory_kind", "%s", ts_memory_kind_name(kind));
-	ts_error_meta_u64(err, "requested_bytes", requested);
-	ts_error_meta_u64(err, "free_bytes", free_bytes);
-	ts_error_meta_u64(err, "limit_bytes", limit_bytes);
-	return st;
+	snprintf(where, sizeof where, "%s/%s", dev->props.id, ts_memory_kind_name(kind));
+	return ts_error_oom_bytes(err, &f);
 }
 
 bool ts__device_mark_broken(struct ts_device *dev)
@@ -174,8 +148,7 @@ ts_status ts__discover_add(struct ts__discover_ctx *ctx, struct ts_device *dev,
 
 		if (!v) {
 			ts__device_destroy(dev);
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "device discovery: out of memory");
+			return ts_error_oom(err, "device discovery: out of memory");
 		}
 		ctx->devices = v;
 		ctx->cap = cap;
@@ -235,8 +208,7 @@ ts_status ts_device_set_new(const struct ts_device_config *cfg,
 		cfg = &defaults;
 	set = calloc(1, sizeof *set);
 	if (!set)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "device set: out of memory");
+		return ts_error_oom(err, "device set: out of memory");
 	ts__pinned_ops_default(&set->pinned);
 	resolve_host(cfg, host, sizeof host);
 	ctx.cfg = cfg;
@@ -515,6 +487,15 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 	if (ts_device_broken(q->dev))
 		return refuse_broken(q->dev, err);
 	return q->dev->ops->queue_host_fn(q, fn, arg, err);
+}
+
+ts_status ts_queue_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err)
+{
+	if (!q)
+		return bad_argument(err, "reserve: no queue");
+	if (!q->dev->ops->queue_reserve)
+		return TS_OK;
+	return q->dev->ops->queue_reserve(q, jobs, err);
 }
 
 ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,

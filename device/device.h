@@ -209,6 +209,15 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,
                               struct ts_error *err);
 
+/*
+ * Takes now, on the host, what the next `jobs` submissions to q (copies,
+ * host functions, event records, waits) need, so that they cannot fail for
+ * memory: work that must not be interrupted halfway reserves before it
+ * starts. A reservation only grows; what is left goes with the queue.
+ * RESOURCE_EXHAUSTED when it cannot be taken (nothing is reserved then).
+ */
+ts_status ts_queue_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err);
+
 /* Blocks until all work submitted to q so far has completed; returns the
  * first copy failure seen by the queue, if any, and clears it (the queue's
  * later events complete cleanly again). */

@@ -20,6 +20,7 @@
  * (recording queues its signal job under the event's mu). The worker never
  * holds a queue's mu while it takes an event's.
  */
+#include <assert.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -27,6 +28,7 @@
 #include <string.h>
 
 #include "common/fault.h"
+#include "common/lock.h"
 #include "device/backend.h"
 
 enum job_type {
@@ -66,7 +68,7 @@ struct hostq {
 	struct ts_queue base;           /* first: device.c sees this */
 	ts__hostq_copy_fn copy;         /* immutable */
 	pthread_t worker;               /* immutable */
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	pthread_cond_t work_cv;         /* jobs queued, or stop */
 	pthread_cond_t done_cv;         /* completed moved */
 	struct job *head, *tail;        /* guarded by: mu */
@@ -78,6 +80,9 @@ struct hostq {
 	uint64_t last_fault_seq;        /* guarded by: mu; its job, 0: none */
 	struct job *spare;              /* guarded by: mu; recycled jobs */
 	unsigned nspare;                /* guarded by: mu */
+	struct job *reserved;           /* guarded by: mu; taken before spare, never failing */
+	size_t nreserved;               /* guarded by: mu */
+	size_t reserve;                 /* guarded by: mu; finished jobs refill it to this */
 };
 
 struct hostev {
@@ -115,8 +120,7 @@ static ts_status error_copy(struct ts_error *err, const struct ts_error *src)
 
 static ts_status job_oom(struct hostq *q, struct ts_error *err)
 {
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory queueing work",
+	return ts_error_oom(err, "%s: out of memory queueing work",
 	                    q->base.dev->props.id);
 }
 
@@ -126,15 +130,27 @@ static struct job *job_get(struct hostq *q)
 {
 	struct job *j;
 
+	/* a reserved job was allocated already: taking it cannot fail */
+	ts_mutex_lock(&q->mu);
+	j = q->reserved;
+	if (j) {
+		q->reserved = j->next;
+		q->nreserved--;
+	}
+	ts_mutex_unlock(&q->mu);
+	if (j) {
+		memset(j, 0, sizeof *j);
+		return j;
+	}
 	if (ts_fault_fire(TS_FAULT_ALLOC_HEAP))
 		return NULL;
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	j = q->spare;
 	if (j) {
 		q->spare = j->next;
 		q->nspare--;
 	}
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	if (!j)
 		j = malloc(sizeof *j);
 	if (j)
@@ -144,7 +160,12 @@ static struct job *job_get(struct hostq *q)
 
 static void job_put_locked(struct hostq *q, struct job *j)
 {
-	if (q->nspare < SPARE_JOBS_MAX) {
+	assert(ts_mutex_held(&q->mu));
+	if (q->nreserved < q->reserve) {
+		j->next = q->reserved;
+		q->reserved = j;
+		q->nreserved++;
+	} else if (q->nspare < SPARE_JOBS_MAX) {
 		j->next = q->spare;
 		q->spare = j;
 		q->nspare++;
@@ -155,15 +176,15 @@ static void job_put_locked(struct hostq *q, struct job *j)
 
 static void job_put(struct hostq *q, struct job *j)
 {
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	job_put_locked(q, j);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 }
 
 /* Queues j at the end of q; it cannot fail once j exists. */
 static void job_push(struct hostq *q, struct job *j)
 {
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	j->seq = ++q->submitted;
 	j->next = NULL;
 	if (q->tail)
@@ -172,7 +193,7 @@ static void job_push(struct hostq *q, struct job *j)
 		q->head = j;
 	q->tail = j;
 	pthread_cond_signal(&q->work_cv);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 }
 
 /* ---- failures ------------------------------------------------------------ */
@@ -181,6 +202,7 @@ static void job_push(struct hostq *q, struct job *j)
 static void fault_raise_locked(struct hostq *q, uint64_t seq,
                                const struct ts_error *e)
 {
+	assert(ts_mutex_held(&q->mu));
 	if (q->fault.status == TS_OK)
 		q->fault = *e;
 	q->last_fault = *e;
@@ -191,6 +213,7 @@ static void fault_raise_locked(struct hostq *q, uint64_t seq,
  * unless a job after target failed meanwhile (its failure stays). */
 static void fault_clear_locked(struct hostq *q, uint64_t target)
 {
+	assert(ts_mutex_held(&q->mu));
 	if (q->last_fault_seq > target) {
 		q->fault = q->last_fault;
 		return;
@@ -202,9 +225,9 @@ static void fault_clear_locked(struct hostq *q, uint64_t target)
 
 static void fault_raise(struct hostq *q, uint64_t seq, const struct ts_error *e)
 {
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	fault_raise_locked(q, seq, e);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 }
 
 /* ---- the worker ---------------------------------------------------------- */
@@ -228,9 +251,9 @@ static void run_signal(struct hostq *q, struct job *j)
 	struct hostev *ev = j->u.event.ev;
 	struct ts_error outcome;
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	outcome = q->fault;
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 
 	pthread_mutex_lock(&ev->mu);
 	if (j->u.event.gen > ev->completed) {
@@ -263,17 +286,17 @@ static void *worker_main(void *arg)
 	struct hostq *q = arg;
 	struct job *j;
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	for (;;) {
 		while (!q->head && !q->stop)
-			pthread_cond_wait(&q->work_cv, &q->mu);
+			ts_mutex_wait(&q->mu, &q->work_cv, NULL);
 		j = q->head;
 		if (!j)
 			break;          /* stopping, and nothing is left */
 		q->head = j->next;
 		if (!q->head)
 			q->tail = NULL;
-		pthread_mutex_unlock(&q->mu);
+		ts_mutex_unlock(&q->mu);
 
 		switch (j->type) {
 		case JOB_COPY:
@@ -290,12 +313,12 @@ static void *worker_main(void *arg)
 			break;
 		}
 
-		pthread_mutex_lock(&q->mu);
+		ts_mutex_lock(&q->mu);
 		q->completed = j->seq;
 		job_put_locked(q, j);
 		pthread_cond_broadcast(&q->done_cv);
 	}
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	return NULL;
 }
 
@@ -303,10 +326,12 @@ static void *worker_main(void *arg)
  * the seq of the last of them. */
 static uint64_t wait_drained_locked(struct hostq *q)
 {
-	uint64_t target = q->submitted;
+	uint64_t target;
 
+	assert(ts_mutex_held(&q->mu));
+	target = q->submitted;
 	while (q->completed < target)
-		pthread_cond_wait(&q->done_cv, &q->mu);
+		ts_mutex_wait(&q->mu, &q->done_cv, NULL);
 	return target;
 }
 
@@ -320,9 +345,13 @@ static void hostq_destroy(struct hostq *q)
 		q->spare = j->next;
 		free(j);
 	}
+	while ((j = q->reserved) != NULL) {
+		q->reserved = j->next;
+		free(j);
+	}
 	pthread_cond_destroy(&q->done_cv);
 	pthread_cond_destroy(&q->work_cv);
-	pthread_mutex_destroy(&q->mu);
+	ts_mutex_destroy(&q->mu);
 	free(q);
 }
 
@@ -339,7 +368,7 @@ ts_status ts__hostq_new(struct ts_device *dev, ts__hostq_copy_fn copy,
 	q = calloc(1, sizeof *q);
 	if (!q)
 		goto out_oom;
-	if (pthread_mutex_init(&q->mu, NULL) != 0)
+	if (ts_mutex_init(&q->mu) != 0)
 		goto out_free;
 	if (pthread_cond_init(&q->work_cv, NULL) != 0)
 		goto out_mutex;
@@ -369,26 +398,66 @@ out_done_cv:
 out_work_cv:
 	pthread_cond_destroy(&q->work_cv);
 out_mutex:
-	pthread_mutex_destroy(&q->mu);
+	ts_mutex_destroy(&q->mu);
 out_free:
 	free(q);
 	if (rc != 0)
 		return st;
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory creating a queue", dev->props.id);
+	return ts_error_oom(err, "%s: out of memory creating a queue", dev->props.id);
 }
 
 void ts__hostq_free(struct ts_queue *base)
 {
 	struct hostq *q = to_hostq(base);
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	q->stop = true;
 	pthread_cond_signal(&q->work_cv);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	pthread_join(q->worker, NULL);   /* the worker drains the list first */
 	hostq_destroy(q);
+}
+
+ts_status ts__hostq_reserve(struct ts_queue *base, size_t jobs, struct ts_error *err)
+{
+	struct hostq *q = to_hostq(base);
+	struct job *list = NULL, *j;
+	size_t have, n = 0;
+
+	ts_mutex_lock(&q->mu);
+	have = q->nreserved;
+	if (jobs > q->reserve)
+		q->reserve = jobs;
+	ts_mutex_unlock(&q->mu);
+	if (have >= jobs)
+		return TS_OK;
+	/* one failure point for the whole reservation, then plain allocations */
+	if (ts_fault_fire(TS_FAULT_ALLOC_HEAP))
+		return job_oom(q, err);
+	for (; have + n < jobs; n++) {
+		j = malloc(sizeof *j);
+		if (!j)
+			break;
+		j->next = list;
+		list = j;
+	}
+	if (have + n < jobs) {
+		while ((j = list) != NULL) {
+			list = j->next;
+			free(j);
+		}
+		return job_oom(q, err);
+	}
+	ts_mutex_lock(&q->mu);
+	while ((j = list) != NULL) {
+		list = j->next;
+		j->next = q->reserved;
+		q->reserved = j;
+		q->nreserved++;
+	}
+	ts_mutex_unlock(&q->mu);
+	return TS_OK;
 }
 
 ts_status ts__hostq_copy(struct ts_queue *base, void *dst, const void *src,
@@ -457,11 +526,11 @@ ts_status ts__hostq_sync(struct ts_queue *base, struct ts_error *err)
 	struct ts_error fault;
 	uint64_t target;
 
-	pthread_mutex_lock(&q->mu);
+	ts_mutex_lock(&q->mu);
 	target = wait_drained_locked(q);
 	fault = q->fault;
 	fault_clear_locked(q, target);
-	pthread_mutex_unlock(&q->mu);
+	ts_mutex_unlock(&q->mu);
 	return error_copy(err, &fault);
 }
 
@@ -471,9 +540,9 @@ ts_status ts__hostq_device_sync(struct ts_device *dev, struct ts_error *err)
 	for (struct ts_queue *base = dev->queues; base; base = base->next) {
 		struct hostq *q = to_hostq(base);
 
-		pthread_mutex_lock(&q->mu);
+		ts_mutex_lock(&q->mu);
 		wait_drained_locked(q);
-		pthread_mutex_unlock(&q->mu);
+		ts_mutex_unlock(&q->mu);
 	}
 	pthread_mutex_unlock(&dev->queues_mu);
 	return TS_OK;
@@ -502,8 +571,7 @@ out_mutex:
 out_free:
 	free(ev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "%s: out of memory creating an event", dev->props.id);
+	return ts_error_oom(err, "%s: out of memory creating an event", dev->props.id);
 }
 
 void ts__hostev_free(struct ts_event *base)

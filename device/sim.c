@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/units.h"
 #include "device/backend.h"
 
 struct sim_dev {
@@ -141,6 +142,7 @@ static const struct ts__backend_ops sim_ops = {
 	.queue_host_fn = ts__hostq_host_fn,
 	.queue_wait_event = ts__hostq_wait_event,
 	.queue_sync = ts__hostq_sync,
+	.queue_reserve = ts__hostq_reserve,
 	.event_new = ts__hostev_new,
 	.event_free = ts__hostev_free,
 	.event_record = ts__hostev_record,
@@ -181,8 +183,7 @@ out_impl:
 out_dev:
 	ts__device_destroy(dev);
 out_oom:
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "sim:%d: out of memory during discovery", ordinal);
+	return ts_error_oom(err, "sim:%d: out of memory during discovery", ordinal);
 }
 
 ts_status ts__sim_discover(struct ts__discover_ctx *ctx,
@@ -205,7 +206,7 @@ ts_status ts__sim_discover(struct ts__discover_ctx *ctx,
 		info->device_count++;
 	}
 	info->available = info->device_count > 0;
-	ts__format_bytes(cap_h, sizeof cap_h, capacity);
+	ts_format_bytes(cap_h, sizeof cap_h, capacity);
 	if (info->available)
 		snprintf(info->detail, sizeof info->detail,
 		         "%d simulated device%s of %s each (host memory)",

@@ -64,10 +64,10 @@ static ts_status ts__bad(struct ts__parser *p, const char *what, size_t at)
 	unsigned char c = (unsigned char)p->s[at];
 
 	if (c >= 0x20 && c < 0x7f)
-		return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "%s '%c' at offset %zu in index '%.*s'", what,
 		                    (char)c, at, TS__QUOTE, p->s);
-	return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+	return ts_error_bad(p->err, "BAD_INDEX", NULL,
 	                    "%s byte 0x%02x at offset %zu in index", what, c, at);
 }
 
@@ -86,15 +86,15 @@ static ts_status ts__bad_word(struct ts__parser *p)
 		n++;
 	if (ts__word_is(w, n, "None") || ts__word_is(w, n, "newaxis") ||
 	    ts__word_is(w, n, "np.newaxis") || ts__word_is(w, n, "numpy.newaxis"))
-		return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "new axes ('%.*s') are not supported in index '%.*s'",
 		                    (int)n, w, TS__QUOTE, p->s);
 	if (ts__word_is(w, n, "True") || ts__word_is(w, n, "False") ||
 	    ts__word_is(w, n, "true") || ts__word_is(w, n, "false"))
-		return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "boolean indices ('%.*s') are not supported in index '%.*s'",
 		                    (int)n, w, TS__QUOTE, p->s);
-	return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+	return ts_error_bad(p->err, "BAD_INDEX", NULL,
 	                    "unexpected '%.*s' at offset %zu in index '%.*s'",
 	                    (int)(n > 32 ? 32 : n), w, p->pos, TS__QUOTE, p->s);
 }
@@ -121,7 +121,7 @@ static ts_status ts__parse_int(struct ts__parser *p, int64_t *v, bool *has)
 		if (ts__is_alpha(s[i]))
 			return ts__bad_word(p);
 		if (s[i] == '[' || s[i] == '(' || s[i] == '{')
-			return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+			return ts_error_bad(p->err, "BAD_INDEX", NULL,
 			                    "index arrays and lists are not supported in index '%.*s' "
 			                    "(only integers, slices and '...')", TS__QUOTE, s);
 		return TS_OK;
@@ -139,14 +139,14 @@ static ts_status ts__parse_int(struct ts__parser *p, int64_t *v, bool *has)
 
 		while (ts__is_alpha(s[end]) || ts__is_digit(s[end]) || s[end] == '.')
 			end++;
-		return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "non-integer index '%.*s' at offset %zu",
 		                    (int)(end - at > 32 ? 32 : end - at), s + at, at);
 	}
 	if (neg)
 		limit = (uint64_t)INT64_MAX + 1;
 	if (overflow || mag > limit)
-		return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "index '%.*s' at offset %zu does not fit in a 64-bit integer",
 		                    (int)(i - at > 40 ? 40 : i - at), s + at, at);
 	if (!neg)
@@ -196,7 +196,7 @@ static ts_status ts__parse_item(struct ts__parser *p, int number, struct ts__ite
 		else if (it->has[0])
 			it->kind = TS__ITEM_INT;
 		else if (p->s[p->pos] == ',' || p->s[p->pos] == '\0')
-			return ts_error_set(p->err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+			return ts_error_bad(p->err, "BAD_INDEX", NULL,
 			                    "empty item at position %d in index '%.*s'",
 			                    number, TS__QUOTE, p->s);
 		if (st != TS_OK)
@@ -255,7 +255,7 @@ static void ts__slice_resolve(int64_t start, int64_t stop, int64_t step,
 
 static ts_status ts__step_zero(struct ts_error *err, int axis)
 {
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+	return ts_error_bad(err, "BAD_INDEX", NULL,
 	                    "slice step cannot be zero for axis %d", axis);
 }
 
@@ -315,12 +315,12 @@ static ts_status ts__check_shape(int rank, const uint64_t *shape, struct ts_erro
 	bool empty = false, overflow = false;
 
 	if (rank < 0 || rank > TS_INDEX_MAX_RANK)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(err, "BAD_INDEX", NULL,
 		                    "array rank %d is outside the indexing limit of %d",
 		                    rank, TS_INDEX_MAX_RANK);
 	for (int i = 0; i < rank; i++) {
 		if (shape[i] > (uint64_t)INT64_MAX)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+			return ts_error_bad(err, "BAD_INDEX", NULL,
 			                    "size %llu of axis %d is too large to index",
 			                    (unsigned long long)shape[i], i);
 		if (shape[i] == 0)
@@ -331,7 +331,7 @@ static ts_status ts__check_shape(int rank, const uint64_t *shape, struct ts_erro
 			elems *= shape[i];
 	}
 	if (overflow && !empty)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(err, "BAD_INDEX", NULL,
 		                    "array shape has more than 2^64 elements");
 	return TS_OK;
 }
@@ -383,7 +383,7 @@ ts_status ts_index_parse(const char *expr, int rank, const uint64_t *shape,
 			return st;
 		if (item.kind == TS__ITEM_ELLIPSIS) {
 			if (ellipsis)
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+				return ts_error_bad(err, "BAD_INDEX", NULL,
 				                    "an index can only have a single ellipsis ('...')");
 			ellipsis = true;
 		} else {
@@ -397,7 +397,7 @@ ts_status ts_index_parse(const char *expr, int rank, const uint64_t *shape,
 		}
 	}
 	if (nindexed > rank)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(err, "BAD_INDEX", NULL,
 		                    "too many indices: array is %d-dimensional, but %d were indexed",
 		                    rank, nindexed);
 	return ts__apply_items(items, nitems, nindexed, out, err);
@@ -592,7 +592,7 @@ ts_status ts_rows_from_slice(int64_t start, int64_t stop, int64_t step,
                              struct ts_index_dim *out, struct ts_error *err)
 {
 	if (dim0 > (uint64_t)INT64_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INDEX",
+		return ts_error_bad(err, "BAD_INDEX", NULL,
 		                    "size %llu of axis 0 is too large to index",
 		                    (unsigned long long)dim0);
 	if (step == 0)
@@ -638,7 +638,7 @@ static ts_status rows_list(const json_t *rows, const char *field, uint64_t dim0,
 	raw = malloc((cnt ? cnt : 1) * sizeof *raw);
 	norm = malloc((cnt ? cnt : 1) * sizeof *norm);
 	if (!raw || !norm) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for %zu rows",
+		st = ts_error_oom(err, "no memory for %zu rows",
 		                  cnt);
 		goto out;
 	}
@@ -693,8 +693,7 @@ static ts_status rows_slice(const json_t *rows, const char *field, uint64_t dim0
 		                    TS_ROWS_MAX);
 	norm = malloc((dim.count ? dim.count : 1) * sizeof *norm);
 	if (!norm)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for %" PRIu64 " rows", dim.count);
+		return ts_error_oom(err, "no memory for %" PRIu64 " rows", dim.count);
 	for (uint64_t i = 0; i < dim.count; i++)
 		norm[i] = (uint64_t)(dim.start + (int64_t)i * dim.step);
 	*out = norm;

@@ -11,7 +11,6 @@
  */
 #include "formats/npy.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -37,19 +36,8 @@ struct pystr {
 	size_t len;
 };
 
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_INVALID_ARGUMENT, REASON, "npy header: %s", msg);
-}
+/* Bad input, through the one helper (common/status.h). */
+#define BAD(err, ...) ts_error_bad((err), REASON, "npy header", __VA_ARGS__)
 
 static ts_status need_more(struct ts_error *err, size_t have, uint64_t need)
 {
@@ -149,7 +137,7 @@ static ts_status parse_string(struct cursor *c, struct pystr *out)
 	out->len = 0;
 	while (c->p < c->end && *c->p != quote && *c->p != '\n') {
 		if (*c->p == '\\')
-			return bad(c->err, "escape sequence in the string at offset %llu is not supported",
+			return BAD(c->err, "escape sequence in the string at offset %llu is not supported",
 			           (unsigned long long)(start - c->file));
 		if (out->len < STR_KEEP - 1)
 			out->s[out->len] = *c->p;
@@ -158,7 +146,7 @@ static ts_status parse_string(struct cursor *c, struct pystr *out)
 	}
 	out->s[out->len < STR_KEEP ? out->len : STR_KEEP - 1] = '\0';
 	if (peek(c) != quote)
-		return bad(c->err, "unterminated string starting at offset %llu",
+		return BAD(c->err, "unterminated string starting at offset %llu",
 		           (unsigned long long)(start - c->file));
 	c->p++;
 	return TS_OK;
@@ -190,20 +178,20 @@ static ts_status parse_dim(struct cursor *c, int i, uint64_t *out)
 	if (c->p > digits && (peek(c) == 'L' || peek(c) == 'l'))
 		c->p++;
 	if (c->p == start && c->p == c->end)
-		return bad(c->err, "shape entry %d is missing: the header ends", i);
+		return BAD(c->err, "shape entry %d is missing: the header ends", i);
 	if (c->p == digits || is_word_char(peek(c))) {
 		while (c->p < c->end && is_word_char((unsigned char)*c->p))
 			c->p++;
 		if (c->p == start)
 			c->p++;      /* one non-word byte, which exists: start < end */
-		return bad(c->err, "shape entry %d ('%s') is not an integer", i,
+		return BAD(c->err, "shape entry %d ('%s') is not an integer", i,
 		           show(tok, sizeof tok, start, (size_t)(c->p - start)));
 	}
 	if (neg && (v != 0 || overflow))
-		return bad(c->err, "shape entry %d is negative ('%s')", i,
+		return BAD(c->err, "shape entry %d is negative ('%s')", i,
 		           show(tok, sizeof tok, start, (size_t)(c->p - start)));
 	if (overflow)
-		return bad(c->err, "shape entry %d ('%s') does not fit in 64 bits", i,
+		return BAD(c->err, "shape entry %d ('%s') does not fit in 64 bits", i,
 		           show(tok, sizeof tok, start, (size_t)(c->p - start)));
 	*out = v;
 	return TS_OK;
@@ -217,9 +205,9 @@ static ts_status parse_shape(struct cursor *c, int *rank, uint64_t *shape)
 	int n = 0;
 
 	if (peek(c) == '[')
-		return bad(c->err, "shape must be a tuple, not a list");
+		return BAD(c->err, "shape must be a tuple, not a list");
 	if (peek(c) != '(')
-		return bad(c->err, "shape must be a tuple, found %s", show_token(tok, sizeof tok, c));
+		return BAD(c->err, "shape must be a tuple, found %s", show_token(tok, sizeof tok, c));
 	c->p++;
 	skip_ws(c);
 	if (peek(c) == ')') {
@@ -229,7 +217,7 @@ static ts_status parse_shape(struct cursor *c, int *rank, uint64_t *shape)
 	}
 	for (;;) {
 		if (n == TS_MAX_RANK)
-			return bad(c->err, "shape has more than %d entries (rank %d at offset %llu)",
+			return BAD(c->err, "shape has more than %d entries (rank %d at offset %llu)",
 			           TS_MAX_RANK, TS_MAX_RANK + 1, offset(c));
 		st = parse_dim(c, n, &shape[n]);
 		if (st != TS_OK)
@@ -245,11 +233,11 @@ static ts_status parse_shape(struct cursor *c, int *rank, uint64_t *shape)
 		}
 		if (peek(c) == ')') {
 			if (n == 1)
-				return bad(c->err, "shape (%llu) is not a tuple; a 1-d shape is written (%llu,)",
+				return BAD(c->err, "shape (%llu) is not a tuple; a 1-d shape is written (%llu,)",
 				           (unsigned long long)shape[0], (unsigned long long)shape[0]);
 			break;
 		}
-		return bad(c->err, "expected ',' or ')' after shape entry %d at offset %llu, found %s",
+		return BAD(c->err, "expected ',' or ')' after shape entry %d at offset %llu, found %s",
 		           n - 1, offset(c), show_token(tok, sizeof tok, c));
 	}
 	c->p++;
@@ -275,7 +263,7 @@ static ts_status parse_bool(struct cursor *c, bool *out)
 		return TS_OK;
 	}
 	c->p = start;
-	return bad(c->err, "fortran_order must be True or False, found %s",
+	return BAD(c->err, "fortran_order must be True or False, found %s",
 	           show_token(tok, sizeof tok, c));
 }
 
@@ -284,9 +272,9 @@ static ts_status parse_descr(struct cursor *c, struct pystr *out)
 	char tok[SHOW_MAX + 16];
 
 	if (peek(c) == '[')
-		return bad(c->err, "descr is a list: structured dtypes are not supported");
+		return BAD(c->err, "descr is a list: structured dtypes are not supported");
 	if (peek(c) != '\'' && peek(c) != '"')
-		return bad(c->err, "descr must be a string, found %s", show_token(tok, sizeof tok, c));
+		return BAD(c->err, "descr must be a string, found %s", show_token(tok, sizeof tok, c));
 	return parse_string(c, out);
 }
 
@@ -311,19 +299,19 @@ static ts_status decode_descr(const struct pystr *d, const enum ts_dtype *hint,
 
 	show_str(shown, sizeof shown, d);
 	if (n >= STR_KEEP)
-		return bad(err, "descr '%s' is not a supported dtype", shown);
+		return BAD(err, "descr '%s' is not a supported dtype", shown);
 	if (n > 0 && memchr("<>|=", s[0], 4)) {
 		order = s[0];
 		s++;
 		n--;
 	}
 	if (n >= 1 && s[0] == 'O' && strspn(s + 1, "0123456789") == n - 1)
-		return bad(err, "descr '%s' is an object dtype, which is not supported", shown);
+		return BAD(err, "descr '%s' is an object dtype, which is not supported", shown);
 	if (n == 2 && memcmp(s, "V2", 2) == 0 && order != '>') {
 		if (!hint)
-			return bad(err, "descr '%s' (bfloat16?) needs ?dtype=bfloat16", shown);
+			return BAD(err, "descr '%s' (bfloat16?) needs ?dtype=bfloat16", shown);
 		if (*hint != TS_DT_BFLOAT16)
-			return bad(err, "descr '%s' (bfloat16?) needs ?dtype=bfloat16, not ?dtype=%s",
+			return BAD(err, "descr '%s' (bfloat16?) needs ?dtype=bfloat16, not ?dtype=%s",
 			           shown, ts_dtype_name(*hint) ? ts_dtype_name(*hint) : "?");
 		h->dtype = TS_DT_BFLOAT16;
 		h->big_endian = false;
@@ -337,12 +325,12 @@ static ts_status decode_descr(const struct pystr *d, const enum ts_dtype *hint,
 		h->big_endian = order == '>' && ts_dtype_size(h->dtype) > 1;
 		h->dtype_from_hint = false;
 		if (hint && *hint != h->dtype)
-			return bad(err, "descr '%s' is %s but ?dtype=%s was asked for", shown,
+			return BAD(err, "descr '%s' is %s but ?dtype=%s was asked for", shown,
 			           ts_dtype_name(h->dtype),
 			           ts_dtype_name(*hint) ? ts_dtype_name(*hint) : "?");
 		return TS_OK;
 	}
-	return bad(err, "descr '%s' is not a supported dtype", shown);
+	return BAD(err, "descr '%s' is not a supported dtype", shown);
 }
 
 /* "(2, 3)" for messages, cut short past cap. */
@@ -369,7 +357,7 @@ static ts_status parse_entry(struct cursor *c, bool seen[3], struct pystr *descr
 	int k;
 
 	if (peek(c) != '\'' && peek(c) != '"')
-		return bad(c->err, "expected a quoted key at offset %llu, found %s", offset(c),
+		return BAD(c->err, "expected a quoted key at offset %llu, found %s", offset(c),
 		           show_token(tok, sizeof tok, c));
 	st = parse_string(c, &key);
 	if (st != TS_OK)
@@ -377,13 +365,13 @@ static ts_status parse_entry(struct cursor *c, bool seen[3], struct pystr *descr
 	for (k = 0; k < 3 && !str_is(&key, keys[k]); k++)
 		;
 	if (k == 3)
-		return bad(c->err, "unknown key '%s'", show_str(tok, sizeof tok, &key));
+		return BAD(c->err, "unknown key '%s'", show_str(tok, sizeof tok, &key));
 	if (seen[k])
-		return bad(c->err, "duplicate key '%s'", keys[k]);
+		return BAD(c->err, "duplicate key '%s'", keys[k]);
 	seen[k] = true;
 	skip_ws(c);
 	if (peek(c) != ':')
-		return bad(c->err, "expected ':' after key '%s' at offset %llu, found %s", keys[k],
+		return BAD(c->err, "expected ':' after key '%s' at offset %llu, found %s", keys[k],
 		           offset(c), show_token(tok, sizeof tok, c));
 	c->p++;
 	skip_ws(c);
@@ -404,7 +392,7 @@ static ts_status parse_dict(struct cursor *c, const enum ts_dtype *hint, struct 
 
 	skip_ws(c);
 	if (peek(c) != '{')
-		return bad(c->err, "header is not a dict literal (found %s at offset %llu)",
+		return BAD(c->err, "header is not a dict literal (found %s at offset %llu)",
 		           show_token(tok, sizeof tok, c), offset(c));
 	c->p++;
 	for (;;) {
@@ -412,7 +400,7 @@ static ts_status parse_dict(struct cursor *c, const enum ts_dtype *hint, struct 
 		if (peek(c) == '}')
 			break;
 		if (peek(c) < 0)
-			return bad(c->err, "header dict is not closed");
+			return BAD(c->err, "header dict is not closed");
 		st = parse_entry(c, seen, &descr, h);
 		if (st != TS_OK)
 			return st;
@@ -420,25 +408,25 @@ static ts_status parse_dict(struct cursor *c, const enum ts_dtype *hint, struct 
 		if (peek(c) == '}')
 			break;
 		if (peek(c) < 0)
-			return bad(c->err, "header dict is not closed");
+			return BAD(c->err, "header dict is not closed");
 		if (peek(c) != ',')
-			return bad(c->err, "expected ',' or '}' at offset %llu, found %s", offset(c),
+			return BAD(c->err, "expected ',' or '}' at offset %llu, found %s", offset(c),
 			           show_token(tok, sizeof tok, c));
 		c->p++;
 	}
 	c->p++;
 	skip_ws(c);
 	if (c->p != c->end)
-		return bad(c->err, "unexpected %s after the header dict at offset %llu",
+		return BAD(c->err, "unexpected %s after the header dict at offset %llu",
 		           show_token(tok, sizeof tok, c), offset(c));
 	for (int k = 0; k < 3; k++)
 		if (!seen[k])
-			return bad(c->err, "header has no '%s' key", keys[k]);
+			return BAD(c->err, "header has no '%s' key", keys[k]);
 	st = decode_descr(&descr, hint, h, c->err);
 	if (st != TS_OK)
 		return st;
 	if (!ts_shape_nbytes(h->rank, h->shape, h->dtype, &h->nbytes))
-		return bad(c->err, "shape %s of %s needs more than 2^64 bytes",
+		return BAD(c->err, "shape %s of %s needs more than 2^64 bytes",
 		           show_shape(shp, sizeof shp, h->rank, h->shape), ts_dtype_name(h->dtype));
 	return TS_OK;
 }
@@ -458,12 +446,12 @@ ts_status ts_npy_preamble(const void *buf, size_t len, uint64_t *data_offset,
 	uint64_t hlen;
 
 	if (memcmp(b, MAGIC, len < MAGIC_LEN ? len : MAGIC_LEN) != 0)
-		return bad(err, "bad magic '%s' (not an .npy file)",
+		return BAD(err, "bad magic '%s' (not an .npy file)",
 		           show(tok, sizeof tok, buf, len < MAGIC_LEN ? len : MAGIC_LEN));
 	if (len < MAGIC_LEN + 2)
 		return need_more(err, len, MAGIC_LEN + 2);
 	if (!((b[6] == 1 || b[6] == 2 || b[6] == 3) && b[7] == 0))
-		return bad(err, "unsupported version %u.%u (1.0, 2.0 and 3.0 are read)", b[6], b[7]);
+		return BAD(err, "unsupported version %u.%u (1.0, 2.0 and 3.0 are read)", b[6], b[7]);
 	lf = length_field(b[6]);
 	if (len < MAGIC_LEN + 2 + lf)
 		return need_more(err, len, MAGIC_LEN + 2 + lf);
@@ -471,7 +459,7 @@ ts_status ts_npy_preamble(const void *buf, size_t len, uint64_t *data_offset,
 	if (lf == 4)
 		hlen |= (uint64_t)b[10] << 16 | (uint64_t)b[11] << 24;
 	if (MAGIC_LEN + 2 + lf + hlen > TS_NPY_PREAMBLE_MAX)
-		return bad(err, "header length %llu exceeds the %u-byte limit",
+		return BAD(err, "header length %llu exceeds the %u-byte limit",
 		           (unsigned long long)hlen, TS_NPY_PREAMBLE_MAX);
 	*data_offset = MAGIC_LEN + 2 + lf + hlen;
 	return TS_OK;

@@ -9,7 +9,6 @@
  */
 #include "formats/safetensors.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,34 +17,12 @@
 #define LEN_BYTES 8
 #define NAME_SHOW 64 /* bytes of a tensor name quoted in a message */
 
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
+/* Bad input, through the one helper (common/status.h). */
+#define BAD(err, ...) ts_error_bad((err), REASON, "safetensors header", __VA_ARGS__)
 
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_INVALID_ARGUMENT, REASON, "safetensors header: %s", msg);
-}
-
-static ts_status out_of_memory(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static ts_status out_of_memory(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	                    "safetensors header: out of memory for %s", msg);
-}
+/* Out of memory, through the one helper; the format is a string literal. */
+#define OUT_OF_MEMORY(err, ...) \
+	ts_error_oom((err), "safetensors header: out of memory for " __VA_ARGS__)
 
 /* A tensor name (valid UTF-8) for a message: control bytes as \xNN, cut at a
  * character boundary with "..." past NAME_SHOW bytes. Returns buf, which
@@ -100,7 +77,7 @@ ts_status ts_st_header_len(const void *first8, uint64_t *n, struct ts_error *err
 	/* the value is not shown: for a file that is not safetensors it would
 	 * spell out the file's first 8 bytes */
 	if (v > TS_ST_HEADER_MAX)
-		return bad(err, "the header length in the first 8 bytes exceeds the %llu-byte limit "
+		return BAD(err, "the header length in the first 8 bytes exceeds the %llu-byte limit "
 		           "(is it a safetensors file?)", TS_ST_HEADER_MAX);
 	*n = v;
 	return TS_OK;
@@ -141,9 +118,9 @@ static ts_status parse_dtype(const char *nm, const json_t *v, struct ts_st_tenso
 	char shown[NAME_BUF];
 
 	if (!json_is_string(v))
-		return bad(err, "tensor '%s': dtype must be a string", nm);
+		return BAD(err, "tensor '%s': dtype must be a string", nm);
 	if (!ts_dtype_from_safetensors(json_string_value(v), &t->dtype))
-		return bad(err, "tensor '%s': unknown dtype '%s'", nm,
+		return BAD(err, "tensor '%s': unknown dtype '%s'", nm,
 		           show_name(shown, json_string_value(v)));
 	return TS_OK;
 }
@@ -156,13 +133,13 @@ static ts_status parse_shape(const char *nm, const json_t *v, struct ts_st_tenso
 	json_t *d;
 
 	if (!json_is_array(v))
-		return bad(err, "tensor '%s': shape must be an array", nm);
+		return BAD(err, "tensor '%s': shape must be an array", nm);
 	if (json_array_size(v) > TS_MAX_RANK)
-		return bad(err, "tensor '%s': rank %zu exceeds the maximum of %d", nm,
+		return BAD(err, "tensor '%s': rank %zu exceeds the maximum of %d", nm,
 		           json_array_size(v), TS_MAX_RANK);
 	json_array_foreach(v, i, d) {
 		if (!get_u64(d, &t->shape[i]))
-			return bad(err, "tensor '%s': shape entry %zu (%s) is not a non-negative integer",
+			return BAD(err, "tensor '%s': shape entry %zu (%s) is not a non-negative integer",
 			           nm, i, show_value(val, sizeof val, d));
 	}
 	t->rank = (int)json_array_size(v);
@@ -175,9 +152,9 @@ static ts_status parse_offsets(const char *nm, const json_t *v, struct ts_st_ten
 	char a[64], b[64];
 
 	if (!json_is_array(v) || json_array_size(v) != 2)
-		return bad(err, "tensor '%s': data_offsets must be an array [begin, end]", nm);
+		return BAD(err, "tensor '%s': data_offsets must be an array [begin, end]", nm);
 	if (!get_u64(json_array_get(v, 0), &t->begin) || !get_u64(json_array_get(v, 1), &t->end))
-		return bad(err, "tensor '%s': data_offsets [%s, %s] are not non-negative integers", nm,
+		return BAD(err, "tensor '%s': data_offsets [%s, %s] are not non-negative integers", nm,
 		           show_value(a, sizeof a, json_array_get(v, 0)),
 		           show_value(b, sizeof b, json_array_get(v, 1)));
 	return TS_OK;
@@ -197,18 +174,18 @@ static ts_status parse_tensor(const char *name, const json_t *v, struct ts_st_te
 
 	show_name(nm, name);
 	if (!json_is_object(v))
-		return bad(err, "tensor '%s' is not an object", nm);
+		return BAD(err, "tensor '%s' is not an object", nm);
 	json_object_foreach((json_t *)v, key, fv) {
 		if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets")) {
 			char k[NAME_BUF];
 
-			return bad(err, "tensor '%s': unknown field '%s'", nm, show_name(k, key));
+			return BAD(err, "tensor '%s': unknown field '%s'", nm, show_name(k, key));
 		}
 	}
 	for (int i = 0; i < 3; i++) {
 		f[i] = json_object_get(v, fields[i]);
 		if (!f[i])
-			return bad(err, "tensor '%s': missing field '%s'", nm, fields[i]);
+			return BAD(err, "tensor '%s': missing field '%s'", nm, fields[i]);
 	}
 	memset(t, 0, sizeof *t);
 	st = parse_dtype(nm, f[0], t, err);
@@ -219,19 +196,19 @@ static ts_status parse_tensor(const char *name, const json_t *v, struct ts_st_te
 	if (st != TS_OK)
 		return st;
 	if (t->end < t->begin)
-		return bad(err, "tensor '%s': data_offsets [%llu, %llu] are reversed", nm,
+		return BAD(err, "tensor '%s': data_offsets [%llu, %llu] are reversed", nm,
 		           (unsigned long long)t->begin, (unsigned long long)t->end);
 	if (!ts_shape_nbytes(t->rank, t->shape, t->dtype, &nbytes))
-		return bad(err, "tensor '%s': %s shape %s needs more than 2^64 bytes", nm,
+		return BAD(err, "tensor '%s': %s shape %s needs more than 2^64 bytes", nm,
 		           ts_dtype_safetensors(t->dtype), show_shape(shp, sizeof shp, t->rank, t->shape));
 	if (t->end - t->begin != nbytes)
-		return bad(err, "tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s shape %s "
+		return BAD(err, "tensor '%s': data_offsets [%llu, %llu] hold %llu bytes but %s shape %s "
 		           "needs %llu", nm, (unsigned long long)t->begin, (unsigned long long)t->end,
 		           (unsigned long long)(t->end - t->begin), ts_dtype_safetensors(t->dtype),
 		           show_shape(shp, sizeof shp, t->rank, t->shape), (unsigned long long)nbytes);
 	t->name = strdup(name);
 	if (!t->name)
-		return out_of_memory(err, "the name of tensor '%s'", nm);
+		return OUT_OF_MEMORY(err, "the name of tensor '%s'", nm);
 	return TS_OK;
 }
 
@@ -245,11 +222,11 @@ static ts_status parse_metadata(const json_t *v, json_t **out, struct ts_error *
 	if (json_is_null(v))
 		return TS_OK;
 	if (!json_is_object(v))
-		return bad(err, "__metadata__ must be an object of strings, not %s",
+		return BAD(err, "__metadata__ must be an object of strings, not %s",
 		           show_value(val, sizeof val, v));
 	json_object_foreach((json_t *)v, key, mv) {
 		if (!json_is_string(mv))
-			return bad(err, "__metadata__ value of '%s' is %s, not a string",
+			return BAD(err, "__metadata__ value of '%s' is %s, not a string",
 			           show_name(k, key), show_value(val, sizeof val, mv));
 	}
 	*out = json_incref((json_t *)v);
@@ -277,15 +254,15 @@ static ts_status check_layout(struct ts_st_header *h, struct ts_error *err)
 		const struct ts_st_tensor *t = &h->tensors[i], *prev = i ? t - 1 : NULL;
 
 		if (!prev && t->begin != 0)
-			return bad(err, "tensor '%s' begins at %llu: the first tensor must begin at 0",
+			return BAD(err, "tensor '%s' begins at %llu: the first tensor must begin at 0",
 			           show_name(a, t->name), (unsigned long long)t->begin);
 		if (prev && t->begin > at)
-			return bad(err, "gap of %llu bytes between tensor '%s' (ends at %llu) and "
+			return BAD(err, "gap of %llu bytes between tensor '%s' (ends at %llu) and "
 			           "tensor '%s' (begins at %llu)", (unsigned long long)(t->begin - at),
 			           show_name(a, prev->name), (unsigned long long)at,
 			           show_name(b, t->name), (unsigned long long)t->begin);
 		if (prev && t->begin < at)
-			return bad(err, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
+			return BAD(err, "tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
 			           show_name(a, prev->name), (unsigned long long)prev->begin,
 			           (unsigned long long)prev->end, show_name(b, t->name),
 			           (unsigned long long)t->begin, (unsigned long long)t->end);
@@ -307,24 +284,24 @@ ts_status ts_st_parse_header(const char *json, size_t n, struct ts_st_header *ou
 
 	memset(&h, 0, sizeof h);
 	if (n > TS_ST_HEADER_MAX)
-		return bad(err, "header length %zu exceeds the %llu-byte limit", n, TS_ST_HEADER_MAX);
+		return BAD(err, "header length %zu exceeds the %llu-byte limit", n, TS_ST_HEADER_MAX);
 	if (n == 0 || json[0] != '{')
-		return bad(err, "header does not start with '{'");
+		return BAD(err, "header does not start with '{'");
 	root = json_loadb(json, n, JSON_REJECT_DUPLICATES, &jerr);
 	/* jansson leaves the text empty when it cannot even start for lack of memory */
 	if (!root && (json_error_code(&jerr) == json_error_out_of_memory || !jerr.text[0]))
-		return out_of_memory(err, "the JSON of a %zu-byte header", n);
+		return OUT_OF_MEMORY(err, "the JSON of a %zu-byte header", n);
 	if (!root)
-		return bad(err, "header is not valid JSON: %s (byte %d)", jerr.text, jerr.position);
+		return BAD(err, "header is not valid JSON: %s (byte %d)", jerr.text, jerr.position);
 	if (!json_is_object(root)) {
-		st = bad(err, "header is not a JSON object");
+		st = BAD(err, "header is not a JSON object");
 		goto out_root;
 	}
 	h.header_len = n;
 	cap = json_object_size(root);
 	h.tensors = calloc(cap ? cap : 1, sizeof *h.tensors);
 	if (!h.tensors) {
-		st = out_of_memory(err, "a table of %zu tensors", cap);
+		st = OUT_OF_MEMORY(err, "a table of %zu tensors", cap);
 		goto out_root;
 	}
 	json_object_foreach(root, key, v) {
@@ -366,7 +343,7 @@ ts_status ts_st_check_total(const struct ts_st_header *h, uint64_t total_len,
 	ts_status st;
 
 	if (h->data_len > UINT64_MAX - want) {
-		st = bad(err, "header describes %llu data bytes, more than any file holds",
+		st = BAD(err, "header describes %llu data bytes, more than any file holds",
 		         (unsigned long long)h->data_len);
 		goto out_meta;
 	}
@@ -374,11 +351,11 @@ ts_status ts_st_check_total(const struct ts_st_header *h, uint64_t total_len,
 	if (total_len == want)
 		return TS_OK;
 	if (total_len < want)
-		st = bad(err, "file is truncated: %llu bytes, but 8 + %llu (header) + %llu (data) = %llu "
+		st = BAD(err, "file is truncated: %llu bytes, but 8 + %llu (header) + %llu (data) = %llu "
 		         "are needed", (unsigned long long)total_len, (unsigned long long)h->header_len,
 		         (unsigned long long)h->data_len, (unsigned long long)want);
 	else
-		st = bad(err, "%llu trailing bytes: file is %llu bytes, but 8 + %llu (header) + %llu "
+		st = BAD(err, "%llu trailing bytes: file is %llu bytes, but 8 + %llu (header) + %llu "
 		         "(data) = %llu", (unsigned long long)(total_len - want),
 		         (unsigned long long)total_len, (unsigned long long)h->header_len,
 		         (unsigned long long)h->data_len, (unsigned long long)want);
@@ -396,12 +373,12 @@ ts_status ts_st_parse_buffer(const void *buf, size_t len, struct ts_st_header *o
 	ts_status st;
 
 	if (len < LEN_BYTES)
-		return bad(err, "file is %zu bytes, too short for the 8-byte header length", len);
+		return BAD(err, "file is %zu bytes, too short for the 8-byte header length", len);
 	st = ts_st_header_len(buf, &n, err);
 	if (st != TS_OK)
 		return st;
 	if (n > len - LEN_BYTES)
-		return bad(err, "the header length in the first 8 bytes exceeds the %zu bytes that "
+		return BAD(err, "the header length in the first 8 bytes exceeds the %zu bytes that "
 		           "follow it", len - LEN_BYTES);
 	st = ts_st_parse_header((const char *)buf + LEN_BYTES, (size_t)n, &h, err);
 	if (st != TS_OK)
@@ -456,22 +433,22 @@ static ts_status check_for_build(const struct ts_st_tensor *t, size_t i, uint64_
 	char nm[NAME_BUF], shp[128];
 
 	if (!t->name)
-		return bad(err, "tensor %zu has no name", i);
+		return BAD(err, "tensor %zu has no name", i);
 	show_name(nm, t->name);
 	if (strcmp(t->name, "__metadata__") == 0)
-		return bad(err, "tensor %zu: the name '__metadata__' is reserved", i);
+		return BAD(err, "tensor %zu: the name '__metadata__' is reserved", i);
 	if (!utf8_valid(t->name))
-		return bad(err, "tensor %zu: name '%s' is not valid UTF-8", i, nm);
+		return BAD(err, "tensor %zu: name '%s' is not valid UTF-8", i, nm);
 	if (!ts_dtype_safetensors(t->dtype))
-		return bad(err, "tensor '%s': dtype %d is not a known dtype", nm, (int)t->dtype);
+		return BAD(err, "tensor '%s': dtype %d is not a known dtype", nm, (int)t->dtype);
 	if (t->rank < 0 || t->rank > TS_MAX_RANK)
-		return bad(err, "tensor '%s': rank %d is outside [0, %d]", nm, t->rank, TS_MAX_RANK);
+		return BAD(err, "tensor '%s': rank %d is outside [0, %d]", nm, t->rank, TS_MAX_RANK);
 	for (int d = 0; d < t->rank; d++)
 		if (t->shape[d] > (uint64_t)INT64_MAX)
-			return bad(err, "tensor '%s': shape entry %d (%llu) exceeds 2^63 - 1", nm, d,
+			return BAD(err, "tensor '%s': shape entry %d (%llu) exceeds 2^63 - 1", nm, d,
 			           (unsigned long long)t->shape[d]);
 	if (!ts_shape_nbytes(t->rank, t->shape, t->dtype, nbytes))
-		return bad(err, "tensor '%s': %s shape %s needs more than 2^64 bytes", nm,
+		return BAD(err, "tensor '%s': %s shape %s needs more than 2^64 bytes", nm,
 		           ts_dtype_safetensors(t->dtype), show_shape(shp, sizeof shp, t->rank, t->shape));
 	return TS_OK;
 }
@@ -499,11 +476,11 @@ static ts_status check_metadata_for_build(const json_t *metadata, struct ts_erro
 	json_t *mv;
 
 	if (!json_is_object(metadata))
-		return bad(err, "__metadata__ must be an object of strings, not %s",
+		return BAD(err, "__metadata__ must be an object of strings, not %s",
 		           show_value(val, sizeof val, metadata));
 	json_object_foreach((json_t *)metadata, key, mv) {
 		if (!json_is_string(mv))
-			return bad(err, "__metadata__ value of '%s' is %s, not a string",
+			return BAD(err, "__metadata__ value of '%s' is %s, not a string",
 			           show_name(k, key), show_value(val, sizeof val, mv));
 	}
 	return TS_OK;
@@ -517,7 +494,7 @@ static ts_status frame(const char *text, size_t n, size_t ntensors, char **out,
 	char *buf = malloc(LEN_BYTES + padded);
 
 	if (!buf)
-		return out_of_memory(err, "a %zu-byte header of %zu tensors", LEN_BYTES + padded, ntensors);
+		return OUT_OF_MEMORY(err, "a %zu-byte header of %zu tensors", LEN_BYTES + padded, ntensors);
 	for (int i = 0; i < LEN_BYTES; i++)
 		buf[i] = (char)(((uint64_t)padded >> (8 * i)) & 0xff);
 	memcpy(buf + LEN_BYTES, text, n);
@@ -538,13 +515,13 @@ ts_status ts_st_build_header(struct ts_st_tensor *tensors, size_t n, const json_
 
 	root = json_object();
 	if (!root)
-		return out_of_memory(err, "a header of %zu tensors", n);
+		return OUT_OF_MEMORY(err, "a header of %zu tensors", n);
 	if (metadata) {
 		st = check_metadata_for_build(metadata, err);
 		if (st != TS_OK)
 			goto out_root;
 		if (json_object_set_new(root, "__metadata__", json_deep_copy(metadata)) != 0) {
-			st = out_of_memory(err, "a copy of __metadata__");
+			st = OUT_OF_MEMORY(err, "a copy of __metadata__");
 			goto out_root;
 		}
 	}
@@ -554,27 +531,27 @@ ts_status ts_st_build_header(struct ts_st_tensor *tensors, size_t n, const json_
 			goto out_root;
 		show_name(nm, tensors[i].name);
 		if (json_object_get(root, tensors[i].name)) {
-			st = bad(err, "duplicate tensor name '%s'", nm);
+			st = BAD(err, "duplicate tensor name '%s'", nm);
 			goto out_root;
 		}
 		if (nbytes > (uint64_t)INT64_MAX - at) {
-			st = bad(err, "tensor '%s': data_offsets would pass 2^63 - 1", nm);
+			st = BAD(err, "tensor '%s': data_offsets would pass 2^63 - 1", nm);
 			goto out_root;
 		}
 		entry = tensor_entry(&tensors[i], at, at + nbytes);
 		if (!entry) {
-			st = out_of_memory(err, "the entry of tensor '%s'", nm);
+			st = OUT_OF_MEMORY(err, "the entry of tensor '%s'", nm);
 			goto out_root;
 		}
 		if (json_object_set_new(root, tensors[i].name, entry) != 0) {
-			st = out_of_memory(err, "the entry of tensor '%s'", nm);
+			st = OUT_OF_MEMORY(err, "the entry of tensor '%s'", nm);
 			goto out_root;
 		}
 		at += nbytes;
 	}
 	text = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
 	if (!text) {
-		st = out_of_memory(err, "the text of a header of %zu tensors", n);
+		st = OUT_OF_MEMORY(err, "the text of a header of %zu tensors", n);
 		goto out_root;
 	}
 	st = frame(text, strlen(text), n, out, out_len, err);

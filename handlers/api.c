@@ -138,11 +138,8 @@ ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
 	va_list ap;
 
 	ts_error_clear(&e);
-	e.status = st;
-	snprintf(e.reason, sizeof e.reason, "%s", reason);
 	va_start(ap, fmt);
-	if (vsnprintf(e.message, sizeof e.message, fmt, ap) >= (int)sizeof e.message)
-		ts_utf8_trim(e.message);
+	ts_error_vset(&e, st, reason, NULL, fmt, ap);
 	va_end(ap);
 	ts_reply_error(r, &e);
 	return st;

@@ -375,7 +375,7 @@ static ts_status gather_copy(const struct ts_core *core, struct ts_array *dst,
 	ts_status st;
 
 	if (!runs)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for runs");
+		return ts_error_oom(err, "no memory for runs");
 	ts_rows_iter_init(&it, rows, n, row_bytes);
 	while (ts_rows_iter_next(&it, &off, &len)) {
 		runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};

@@ -141,8 +141,7 @@ ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t pr
 	ts_status st = TS_OK;
 
 	if (!r)
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for a response reader");
+		st = ts_error_oom(err, "no memory for a response reader");
 	/* a device known broken answers now, not with a 200 that stops short */
 	for (size_t i = 0; st == TS_OK && i < nparts; i++) {
 		const struct ts_device *dev = broken_device(parts[i].array);
@@ -288,8 +287,7 @@ static ts_status rows_parse(const char *s, int64_t **out, size_t *n, struct ts_e
 		                    "rows lists %zu rows; at most %d are allowed", cnt, ROWS_MAX);
 	v = malloc(cnt * sizeof *v);
 	if (!v)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for %zu rows", cnt);
+		return ts_error_oom(err, "no memory for %zu rows", cnt);
 	for (const char *p = s;; i++) {
 		const char *end = strchr(p, ',');
 		size_t len = end ? (size_t)(end - p) : strlen(p);
@@ -352,7 +350,7 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 		goto fail;
 	r = calloc(1, sizeof *r);
 	if (!r) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a response");
+		ts_error_oom(&err, "no memory for a response");
 		goto fail;
 	}
 	/* normalized in place: the list is no longer needed as given */
@@ -370,7 +368,7 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 	if (npy) {
 		r->prefix = malloc(TS_NPY_HEADER_MAX);
 		if (!r->prefix) {
-			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a header");
+			ts_error_oom(&err, "no memory for a header");
 			goto fail;
 		}
 		r->prefix_len = ts_npy_write_header(r->prefix, TS_NPY_HEADER_MAX, d->dtype, d->rank,
@@ -470,7 +468,7 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 	if (npy) {
 		prefix = malloc(TS_NPY_HEADER_MAX);
 		if (!prefix) {
-			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a header");
+			ts_error_oom(&err, "no memory for a header");
 			goto out_fail;
 		}
 		prefix_len = ts_npy_write_header(prefix, TS_NPY_HEADER_MAX, d->dtype, sel.out_rank,
@@ -482,7 +480,7 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 		struct ts_parts parts = {0};
 
 		if (!ip) {
-			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a response");
+			ts_error_oom(&err, "no memory for a response");
 			goto out_fail;
 		}
 		ip->array = a;
@@ -500,7 +498,7 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 	} else {
 		part = malloc(sizeof *part);
 		if (!part) {
-			ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a response");
+			ts_error_oom(&err, "no memory for a response");
 			goto out_fail;
 		}
 		part->array = ts_array_ref(a);

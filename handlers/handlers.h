@@ -41,6 +41,10 @@ extern const struct ts_upload_ops ts_h_arrays_put;
 extern const struct ts_upload_ops ts_h_arrays_import;
 ts_handler_fn ts_h_arrays_export;
 
+/* checkpoint.c */
+ts_handler_fn ts_h_models_export;
+extern const struct ts_upload_ops ts_h_models_import;
+
 /* shardings.c */
 ts_handler_fn ts_h_shardings_create;
 ts_handler_fn ts_h_shardings_list;

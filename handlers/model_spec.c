@@ -76,6 +76,7 @@ static ts_status check_fields(json_t *obj, const char *where, const char *reason
 static const struct field model_fields[] = {
 	{"name", JSON_STRING}, {"mlp", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
 	{"loss", JSON_STRING}, {"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT},
+	{"steps", JSON_INTEGER},
 };
 static const struct field mlp_fields[] = {
 	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
@@ -91,8 +92,107 @@ static const struct field init_fields[] = {
 };
 static const struct field optimizer_fields[] = {
 	{"type", JSON_STRING}, {"learning_rate", JSON_REAL}, {"b1", JSON_REAL}, {"b2", JSON_REAL},
-	{"eps", JSON_REAL}, {"clip_global_norm", JSON_REAL},
+	{"eps", JSON_REAL}, {"clip_global_norm", JSON_REAL}, {"weight_decay", JSON_REAL},
+	{"schedule", JSON_OBJECT},
 };
+static const struct field schedule_fields[] = {
+	{"type", JSON_STRING}, {"value", JSON_REAL}, {"init_value", JSON_REAL},
+	{"peak_value", JSON_REAL}, {"end_value", JSON_REAL}, {"warmup_steps", JSON_INTEGER},
+	{"decay_steps", JSON_INTEGER},
+};
+
+#define SCHEDULE_STEPS_MAX 1000000000
+#define MODEL_STEPS_MAX 1000000000
+
+/* A float32 from a JSON number that must be finite and >= lo (> lo when
+ * strict), for errors naming "<where>". */
+static ts_status finite_at_least(json_t *v, const char *where, double lo, bool strict,
+                                 float *out, struct ts_error *err)
+{
+	float f = (float)json_number_value(v);
+
+	if (!isfinite(f) || !(strict ? f > lo : f >= lo))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+		                    "%s must be a finite float32 %s %g", where, strict ? ">" : ">=", lo);
+	*out = f;
+	return TS_OK;
+}
+
+/* optimizer.schedule into o->schedule (and learning_rate its constant
+ * value or peak). */
+static ts_status parse_schedule(json_t *sc, struct ts_optimizer *o, struct ts_error *err)
+{
+	const char *type = json_string_value(json_object_get(sc, "type"));
+	struct ts_schedule *s = &o->schedule;
+	json_t *v;
+	const char *key;
+
+	if (check_fields(sc, "optimizer.schedule", "BAD_OPTIMIZER", schedule_fields,
+	                 NFIELDS(schedule_fields), err) != TS_OK)
+		return err->status;
+	if (!type)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+		                    "optimizer.schedule.type is required: constant or "
+		                    "warmup_cosine_decay");
+	if (strcmp(type, "constant") == 0) {
+		json_object_foreach(sc, key, v) {
+			if (strcmp(key, "type") != 0 && strcmp(key, "value") != 0)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+				                    "optimizer.schedule.%s is not a field of a constant "
+				                    "schedule (type, value)", key);
+		}
+		if (!(v = json_object_get(sc, "value")))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.schedule.value is required for a constant schedule");
+		s->type = TS_SCHED_CONSTANT;
+		return finite_at_least(v, "optimizer.schedule.value", 0, true, &o->learning_rate, err);
+	}
+	if (strcmp(type, "warmup_cosine_decay") != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+		                    "optimizer.schedule.type '%s' is not constant or warmup_cosine_decay",
+		                    type);
+	if (json_object_get(sc, "value"))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+		                    "optimizer.schedule.value is a constant schedule's; a "
+		                    "warmup_cosine_decay schedule has init_value, peak_value, "
+		                    "warmup_steps, decay_steps and end_value");
+	{
+		static const char *const need[] = {"init_value", "peak_value", "warmup_steps",
+		                                   "decay_steps"};
+		json_int_t warm, decay;
+
+		for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
+			if (!json_object_get(sc, need[i]))
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+				                    "optimizer.schedule.%s is required for a warmup_cosine_decay "
+				                    "schedule", need[i]);
+		s->type = TS_SCHED_WARMUP_COSINE;
+		if (finite_at_least(json_object_get(sc, "init_value"), "optimizer.schedule.init_value",
+		                    0, false, &s->init_value, err) != TS_OK ||
+		    finite_at_least(json_object_get(sc, "peak_value"), "optimizer.schedule.peak_value",
+		                    0, true, &s->peak_value, err) != TS_OK)
+			return err->status;
+		s->end_value = 0.0f;
+		if (json_object_get(sc, "end_value") &&
+		    finite_at_least(json_object_get(sc, "end_value"), "optimizer.schedule.end_value", 0,
+		                    false, &s->end_value, err) != TS_OK)
+			return err->status;
+		warm = json_integer_value(json_object_get(sc, "warmup_steps"));
+		decay = json_integer_value(json_object_get(sc, "decay_steps"));
+		if (warm < 0 || warm > SCHEDULE_STEPS_MAX)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.schedule.warmup_steps must be in 0..%d",
+			                    SCHEDULE_STEPS_MAX);
+		if (decay <= warm || decay > SCHEDULE_STEPS_MAX)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.schedule.decay_steps must be greater than warmup_steps "
+			                    "(it includes the warmup) and at most %d", SCHEDULE_STEPS_MAX);
+		s->warmup_steps = (int)warm;
+		s->decay_steps = (int)decay;
+		o->learning_rate = s->peak_value;
+	}
+	return TS_OK;
+}
 
 /* Activations and prefetch from a "placement" object (absent fields keep *p). */
 ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err)
@@ -135,7 +235,7 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
-	json_int_t layers = 0, d = 0, h = 0;
+	json_int_t layers = 0, d = 0, h = 0, steps = 0;
 	int residual = 0;
 	json_error_t jerr;
 
@@ -151,11 +251,16 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
 	                  NFIELDS(init_fields), err) != TS_OK))
 		return err->status;
-	if (json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s, s:{s:I, s:I, s?I, s?s, s?b}, s?s, s?o, s?s, s?o, s?o}",
+	if (json_unpack_ex(body, &jerr, JSON_STRICT,
+	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b}, s?s, s?o, s?s, s?o, s?o, s?I}",
 	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
 	                   "activation", &act, "residual", &residual, "dtype", &dtype, "init", &in,
-	                   "loss", &loss, "optimizer", &opt, "placement", &pl) != 0)
+	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
+	if (steps < 0 || steps > MODEL_STEPS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
+		                    MODEL_STEPS_MAX);
 	(void)mlp;
 	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
@@ -175,19 +280,34 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);
 	if (!ts_loss_parse(loss, &m->mlp.loss))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "loss '%s' is not sum or mse", loss);
+	m->steps = (uint64_t)steps;
 	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
 	                               .b2 = 0.999f, .eps = 1e-8f};
 	if (opt) {
 		const char *type = "none";
 		double lr = m->opt.learning_rate, b1 = m->opt.b1, b2 = m->opt.b2, eps = m->opt.eps, clip = 0;
+		double wd = 1e-4;        /* optax.adamw's default */
+		json_t *sched = NULL;
 
-		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F}", "type", &type,
-		                   "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
-		                   "clip_global_norm", &clip) != 0)
+		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F, s?F, s?o}",
+		                   "type", &type, "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
+		                   "clip_global_norm", &clip, "weight_decay", &wd, "schedule",
+		                   &sched) != 0)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER", "optimizer: %s", jerr.text);
-		if (!ts_opt_parse(type, &m->opt.type))
+		if (strcmp(type, "adamw") == 0) {
+			m->opt.type = TS_OPT_ADAM;
+			m->opt.adamw = true;
+		} else if (!ts_opt_parse(type, &m->opt.type)) {
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer.type '%s' is not none, sgd or adam", type);
+			                    "optimizer.type '%s' is not none, sgd, adam or adamw", type);
+		}
+		if (json_object_get(opt, "weight_decay") && !m->opt.adamw)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.weight_decay is adamw's; optimizer '%s' has none", type);
+		if (sched && json_object_get(opt, "learning_rate"))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.learning_rate and optimizer.schedule are exclusive: "
+			                    "give one");
 		/* the ranges hold for the float32 values the optimizer uses: a
 		 * learning rate that underflows to 0 or a b1 that rounds up to 1
 		 * is refused, not trained with */
@@ -203,6 +323,14 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
 			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
 			                    "clip_global_norm >= 0, each a finite float32");
+		if (m->opt.adamw) {
+			m->opt.weight_decay = (float)wd;
+			if (!(m->opt.weight_decay >= 0) || !isfinite(m->opt.weight_decay))
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+				                    "optimizer.weight_decay must be a finite float32 >= 0");
+		}
+		if (sched && parse_schedule(sched, &m->opt, err) != TS_OK)
+			return err->status;
 	}
 	*init = (struct ts_model_init){.scale = 0.02};
 	if (in) {
@@ -238,3 +366,51 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	return TS_OK;
 }
 
+
+json_t *ts_h_optimizer_json(const struct ts_optimizer *o)
+{
+	json_t *j = json_pack("{s:s, s:f, s:f, s:f, s:f}", "type", ts_optimizer_name(o),
+	                      "b1", (double)o->b1, "b2", (double)o->b2, "eps", (double)o->eps,
+	                      "clip_global_norm", (double)o->clip_global_norm);
+
+	if (!j)
+		return NULL;
+	if (o->adamw)
+		json_object_set_new(j, "weight_decay", json_real((double)o->weight_decay));
+	if (o->schedule.type == TS_SCHED_WARMUP_COSINE)
+		json_object_set_new(j, "schedule",
+		                    json_pack("{s:s, s:f, s:f, s:I, s:I, s:f}", "type", "warmup_cosine_decay",
+		                              "init_value", (double)o->schedule.init_value,
+		                              "peak_value", (double)o->schedule.peak_value,
+		                              "warmup_steps", (json_int_t)o->schedule.warmup_steps,
+		                              "decay_steps", (json_int_t)o->schedule.decay_steps,
+		                              "end_value", (double)o->schedule.end_value));
+	else
+		json_object_set_new(j, "learning_rate", json_real((double)o->learning_rate));
+	return j;
+}
+
+json_t *ts_h_model_spec_json(const struct ts_model *m)
+{
+	json_t *save = json_array(), *offload = json_array();
+
+	if (m->policy.save_x)
+		json_array_append_new(save, json_string("x"));
+	if (m->policy.save_h)
+		json_array_append_new(save, json_string("h"));
+	if (m->policy.offload_x)
+		json_array_append_new(offload, json_string("x"));
+	if (m->policy.offload_h)
+		json_array_append_new(offload, json_string("h"));
+	return json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:o*,"
+	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:I}",
+	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,
+	                 "d_hidden", m->mlp.d_hidden, "activation", ts_act_name(m->mlp.act),
+	                 "residual", m->mlp.residual, "dtype", "float32",
+	                 "loss", ts_loss_name(m->mlp.loss), "optimizer", ts_h_optimizer_json(&m->opt),
+	                 "placement", "device", ts_device_props(m->device)->id,
+	                 "params", ts_memory_kind_name(m->policy.params),
+	                 "opt_state", ts_memory_kind_name(m->policy.opt_state),
+	                 "activations", "save", save, "offload", offload,
+	                 "prefetch_depth", m->policy.prefetch_depth, "steps", (json_int_t)m->steps);
+}

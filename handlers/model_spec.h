@@ -25,10 +25,26 @@ struct ts_model_init {
 
 /* A model (name, mlp, dtype, loss, optimizer, init, placement) from body
  * (borrowed, any JSON value): *m and *init on success; m->device is the
- * placement's device or the core's default. UNIMPLEMENTED for a dtype other
- * than float32. */
+ * placement's device or the core's default; m->steps from "steps" (the
+ * optimizer's step count, Adam's t: a resumed model's). Optimizers: none,
+ * sgd, adam, adamw (weight_decay, optax's default 1e-4), each with
+ * learning_rate or a schedule {"type": "constant", "value"} or
+ * {"type": "warmup_cosine_decay", "init_value", "peak_value",
+ * "warmup_steps", "decay_steps", "end_value"} (optax's). UNIMPLEMENTED for
+ * a dtype other than float32. */
 ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
                            struct ts_model_init *init, struct ts_error *err);
+
+/* The model as a spec ts_h_model_parse reads back to the same model (name,
+ * mlp, dtype, loss, optimizer, placement, steps; no init): what GET
+ * /v1/models/{m} shows and a checkpoint carries. New reference; NULL when
+ * out of memory. */
+json_t *ts_h_model_spec_json(const struct ts_model *m);
+
+/* The optimizer object of a spec: type (adamw for decoupled decay), b1, b2,
+ * eps, clip_global_norm, weight_decay (adamw), and learning_rate or, for a
+ * warmup cosine, the schedule. New reference; NULL when out of memory. */
+json_t *ts_h_optimizer_json(const struct ts_optimizer *o);
 
 /* Activations and prefetch (and params / opt_state memory kinds) from a
  * "placement" object into *p; absent fields keep *p. Checks the result

@@ -30,7 +30,7 @@
 #include "storage/array_io.h"
 #include "storage/colocate.h"
 #include "ops/operation.h"
-#include "train/exec.h"
+#include "train/session.h"
 #include "handlers/model_spec.h"
 #include "train/model.h"
 
@@ -105,7 +105,7 @@ static ts_status init_array(const struct ts_core *core, struct ts_operation *op,
 
 static json_t *model_json(const struct ts_model *m)
 {
-	json_t *arrays = json_object(), *save = json_array(), *offload = json_array();
+	json_t *o = ts_h_model_spec_json(m), *arrays = json_object();
 	char name[256];
 
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
@@ -114,29 +114,11 @@ static json_t *model_json(const struct ts_model *m)
 		ts_model_array_name(m, param_roles[i], name, sizeof name);
 		json_object_set_new(arrays, strchr(name, '.') + 1, json_string(name));
 	}
-	if (m->policy.save_x)
-		json_array_append_new(save, json_string("x"));
-	if (m->policy.save_h)
-		json_array_append_new(save, json_string("h"));
-	if (m->policy.offload_x)
-		json_array_append_new(offload, json_string("x"));
-	if (m->policy.offload_h)
-		json_array_append_new(offload, json_string("h"));
-	return json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:{s:s, s:f, s:f, s:f, s:f, s:f},"
-	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:o, s:I}",
-	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,
-	                 "d_hidden", m->mlp.d_hidden, "activation", ts_act_name(m->mlp.act),
-	                 "residual", m->mlp.residual, "dtype", "float32",
-	                 "loss", ts_loss_name(m->mlp.loss), "optimizer",
-	                 "type", ts_opt_name(m->opt.type), "learning_rate", (double)m->opt.learning_rate,
-	                 "b1", (double)m->opt.b1, "b2", (double)m->opt.b2, "eps", (double)m->opt.eps,
-	                 "clip_global_norm", (double)m->opt.clip_global_norm,
-	                 "placement", "device", ts_device_props(m->device)->id,
-	                 "params", ts_memory_kind_name(m->policy.params),
-	                 "opt_state", ts_memory_kind_name(m->policy.opt_state),
-	                 "activations", "save", save, "offload", offload,
-	                 "prefetch_depth", m->policy.prefetch_depth,
-	                 "arrays", arrays, "steps", (json_int_t)m->steps);
+	if (o)
+		json_object_set_new(o, "arrays", arrays);
+	else
+		json_decref(arrays);
+	return o;
 }
 
 /* model_json with "state" (CREATING while its creation runs, with the
@@ -451,9 +433,18 @@ static ts_status step_policy(const struct ts_core *core, const struct ts_model *
 	return pl ? ts_h_policy_parse(pl, out, err) : ts_policy_check(out, err);
 }
 
+/* Whether the call asks for the analysis' timeline (?timeline=true; the
+ * route declares it a bool). */
+static bool timeline_requested(const struct ts_call *call)
+{
+	const char *q = ts_call_query(call, "timeline");
+
+	return q && strcmp(q, "true") == 0;
+}
+
 static json_t *analysis_json(const struct ts_plan *p, bool timeline)
 {
-	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 	                      "argument_size_in_bytes", (json_int_t)p->argument_size_in_bytes,
 	                      "output_size_in_bytes", (json_int_t)p->output_size_in_bytes,
 	                      "alias_size_in_bytes", (json_int_t)p->alias_size_in_bytes,
@@ -462,6 +453,8 @@ static json_t *analysis_json(const struct ts_plan *p, bool timeline)
 	                      "host_output_size_in_bytes", (json_int_t)p->host_output_size_in_bytes,
 	                      "host_alias_size_in_bytes", (json_int_t)p->host_alias_size_in_bytes,
 	                      "host_temp_size_in_bytes", (json_int_t)p->host_temp_size_in_bytes,
+	                      "host_version_size_in_bytes", (json_int_t)p->host_version_size_in_bytes,
+	                      "host_journal_size_in_bytes", (json_int_t)p->host_journal_size_in_bytes,
 	                      "peak_device_bytes", (json_int_t)p->peak_device_bytes,
 	                      "h2d_bytes", (json_int_t)p->h2d_bytes,
 	                      "d2h_bytes", (json_int_t)p->d2h_bytes);
@@ -509,7 +502,7 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK ||
 	    ts_plan_build(&m.mlp, &m.opt, (int)B, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
+	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
 	json_decref(body);
 	return;
@@ -553,7 +546,7 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	}
 	if (ts_plan_build(&m.mlp, &m.opt, (int)B, &m.policy, &plan, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
+	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
 	json_decref(body);
 	return;
@@ -567,11 +560,15 @@ out_fail:
 
 /*
  * A step holds its model's parameter and optimizer-state arrays (by
- * identity, in the catalog) from submission to completion: they are updated
- * in place, so every other writer is refused meanwhile (409 ABORTED naming
- * the step). When weights changed, the step publishes new versions of them
- * (new ETags) as it ends, whether it succeeded, failed or was cancelled
- * after some steps. It counts Adam's t on the model's uid.
+ * identity, in the catalog) from submission to completion, so every other
+ * writer is refused meanwhile (409 ABORTED naming the step). The training
+ * itself is a session (train/session.h) on memory this handler binds by
+ * role. Each step is atomic: one that fails leaves every array as the
+ * previous step left it, and the model's step count (Adam's t) advances per
+ * step that succeeded. The call publishes once, as it ends (also when it
+ * failed or was cancelled after some steps): a new version (new ETag) of
+ * every array its steps updated. Offloaded arrays are updated into private
+ * memory (two per array, taking turns), device ones in place.
  */
 struct step {
 	const struct ts_core *core;
@@ -579,16 +576,26 @@ struct step {
 	struct ts_policy policy;
 	uint64_t steps;
 	json_t *inputs, *targets;          /* the request's fields (own references) */
-	struct ts_array *params[6];        /* held versions, in param_roles order (own references) */
-	size_t nparams;
+	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
 	char op_id[40];                    /* the holder, once submitted */
+	/* while it runs */
+	struct ts_operation *op;           /* borrowed */
+	struct ts_array *priv[TS_ROLE_COUNT][2];  /* offloaded: the private versions */
+	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
+	uint64_t done;                     /* steps that succeeded */
 };
 
 static ts_status step_hold(const char *id, void *arg, struct ts_error *err)
 {
 	struct step *s = arg;
-	ts_status st = ts_catalog_hold(s->core->catalog, s->params, s->nparams, id, err);
+	struct ts_array *list[TS_ROLE_COUNT];
+	size_t n = 0;
+	ts_status st;
 
+	for (int r = 0; r < TS_ROLE_COUNT; r++)
+		if (s->held[r])
+			list[n++] = s->held[r];
+	st = ts_catalog_hold(s->core->catalog, list, n, id, err);
 	if (st == TS_OK)
 		snprintf(s->op_id, sizeof s->op_id, "%s", id);
 	return st;
@@ -599,62 +606,46 @@ static void step_release(void *arg)
 	struct step *s = arg;
 
 	ts_catalog_release(s->core->catalog, s->op_id);
-	for (size_t i = 0; i < s->nparams; i++)
-		ts_array_unref(s->params[i]);
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		ts_array_unref(s->held[r]);
+		ts_array_unref(s->next[r]);
+		ts_array_unref(s->priv[r][0]);
+		ts_array_unref(s->priv[r][1]);
+	}
 	json_decref(s->inputs);
 	json_decref(s->targets);
 	free(s);
 }
 
-/* A device-memory copy of rows (or all) of a catalog array, on dev: only the
- * selected rows cross, as merged runs. New reference, never published. */
-static ts_status stage_rows(const struct ts_core *core, struct ts_array *src, json_t *rows,
-                            const char *field, struct ts_device *dev, struct ts_array **out,
-                            struct ts_error *err)
+/* A device copy of rows (or all) of a sharded array, on dev: what a session
+ * cannot stage from one piece of memory. New reference, never published. */
+static ts_status gather_sharded(const struct ts_core *core, struct ts_array *src,
+                                const uint64_t *rows, size_t n, struct ts_device *dev,
+                                struct ts_array **out, struct ts_error *err)
 {
 	const struct ts_array_desc *sd = ts_array_desc(src);
 	struct ts_array_desc d = *sd;
 	struct ts_placement pl;
-	struct ts_run *runs = NULL;
-	uint64_t *norm = NULL, off, len, at = 0;
-	size_t n = 0, k = 0;
+	struct ts_run *runs = malloc((rows && n ? n : 1) * sizeof *runs);
+	struct ts_rows_iter it;
+	uint64_t off, len, at = 0;
+	size_t k = 0;
 	ts_status st;
 
 	*out = NULL;
-	if (!rows && ts_array_single_buffer(src) && ts_array_box(src, 0)->device == dev &&
-	    ts_array_placement(src)->sharding.memory_kind == TS_MEM_DEVICE) {
-		*out = ts_array_ref(src);      /* already where the step needs it: no copy */
-		return TS_OK;
-	}
-	ts_placement_single(&pl, dev, TS_MEM_DEVICE, false);
+	if (!runs)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
 	if (rows) {
-		struct ts_rows_iter it;
-
-		if (sd->rank == 0)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
-			                    "%s: array '%s' is 0-dimensional: it has no rows", field,
-			                    ts_array_name(src));
-		st = ts_rows_parse(rows, field, sd->shape[0], &norm, &n, err);
-		if (st != TS_OK)
-			return st;
-		runs = malloc((n ? n : 1) * sizeof *runs);
-		if (!runs) {
-			free(norm);
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
-		}
-		ts_rows_iter_init(&it, norm, n, sd->shape[0] ? sd->nbytes / sd->shape[0] : 0);
+		ts_rows_iter_init(&it, rows, n, sd->shape[0] ? sd->nbytes / sd->shape[0] : 0);
 		while (ts_rows_iter_next(&it, &off, &len)) {
 			runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};
 			at += len;
 		}
-		free(norm);
 		d.shape[0] = n;
 	} else {
-		runs = malloc(sizeof *runs);
-		if (!runs)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
 		runs[k++] = (struct ts_run){0, 0, sd->nbytes};
 	}
+	ts_placement_single(&pl, dev, TS_MEM_DEVICE, false);
 	st = ts_array_desc_init(&d, err);
 	if (st == TS_OK)
 		st = ts_array_new(ts_array_name(src), &d, &pl, core->memory, out, err);
@@ -714,13 +705,13 @@ static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind
 {
 	const struct ts_array *first = NULL;
 
-	for (size_t i = 0; i < s->nparams; i++) {
-		const struct ts_array *a = s->params[i];
-		enum ts_memory_kind k = ts_array_placement(a)->sharding.memory_kind;
+	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
+		const struct ts_array *a = s->held[param_roles[i]];
+		enum ts_memory_kind k;
 
-		/* params come first (w1, and w2 when the model has it), then the state */
-		if ((i >= (ts_mlp_has_w2(&s->model.mlp) ? 2u : 1u)) != state)
+		if (!a || (param_roles[i] >= TS_ROLE_MU_W1) != state)
 			continue;
+		k = ts_array_placement(a)->sharding.memory_kind;
 		if (first && k != *kind)
 			return ts_error_set(err, TS_FAILED_PRECONDITION, "MIXED_MEMORY_KINDS",
 			                    "'%s' is in %s but '%s' is in %s; put them in one memory kind",
@@ -732,42 +723,275 @@ static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind
 	return TS_OK;
 }
 
-/* Makes the versions a run will publish, before it writes anything: once
- * the weights change, publishing them needs no allocation that could fail
- * (next[] gets new references; on failure none is left). */
-static ts_status prepare_updates(struct step *s, struct ts_array **next, struct ts_error *err)
+/* ---- the session's hooks: versions of the held arrays ---------------------------- */
+
+static bool step_cancelled(void *arg)
 {
+	return ts_operation_cancelled(((struct step *)arg)->op);
+}
+
+/* A private version of cur, in new memory where it is (unpublished). */
+static ts_status private_version(const struct ts_core *core, const struct ts_array *cur,
+                                 struct ts_array **out, struct ts_error *err)
+{
+	json_t *meta = ts_array_metadata(cur);
+	ts_status st;
+
+	st = ts_array_new(ts_array_name(cur), ts_array_desc(cur), ts_array_placement(cur),
+	                  core->memory, out, err);
+	if (st != TS_OK)
+		return st;
+	if (meta)
+		ts_array_set_metadata(*out, json_deep_copy(meta));
+	ts_array_set_implicit_bytes(*out, ts_array_implicit_bytes(cur));
+	ts_array_set_owner(*out, ts_array_owner(cur));
+	return TS_OK;
+}
+
+/*
+ * Before each step, what it writes and what publishing will need: for an
+ * offloaded array, the private version the step writes its update into
+ * (the two take turns: a step reads the one the last wrote); for a device
+ * array, once, the new version sharing its updated-in-place buffer. Made
+ * before anything is written, so publishing allocates nothing.
+ */
+static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_error *err)
+{
+	struct step *s = arg;
 	ts_status st = TS_OK;
 
-	for (size_t i = 0; i < s->nparams && st == TS_OK; i++)
-		st = ts_array_new_version(s->params[i], &next[i], err);
-	if (st != TS_OK)
-		for (size_t i = 0; i < s->nparams; i++) {
-			ts_array_unref(next[i]);
-			next[i] = NULL;
+	if (s->model.opt.type == TS_OPT_NONE)
+		return TS_OK;
+	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0] && st == TS_OK; i++) {
+		enum ts_pbuf_role role = param_roles[i];
+		struct ts_array *cur = s->held[role], **slot;
+
+		if (!cur)
+			continue;
+		if (!ts_session_versioned(sess, role)) {
+			if (!s->next[role])
+				st = ts_array_new_version(cur, &s->next[role], err);
+			continue;
 		}
+		slot = &s->priv[role][s->done % 2];
+		if (!*slot)
+			st = private_version(s->core, cur, slot, err);
+		if (st == TS_OK)
+			st = ts_session_set_next(sess, role, ts_buffer_data(ts_array_single_buffer(*slot)),
+			                         err);
+	}
 	return st;
 }
 
-/* Publishes next[] (from prepare_updates; steals them) in place of the
- * held arrays a run updated in place: replacements that allocate nothing. */
-static ts_status publish_updates(struct step *s, struct ts_array **next, struct ts_error *err)
+/* After a step that succeeded: counted, on the model (Adam's t) too. */
+static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
+                              struct ts_error *err)
+{
+	struct step *s = arg;
+
+	(void)sess;
+	(void)loss;
+	(void)err;
+	s->done++;
+	if (s->model.opt.type != TS_OPT_NONE)
+		ts_model_registry_advance(s->core->models, s->model.uid, 1, NULL);
+	ts_operation_progress_add(s->op, 1);
+	return TS_OK;
+}
+
+/* As the call ends, when some step updated them: the new versions replace
+ * the held ones (allocation-free replaces, as the holder). */
+static ts_status step_install(struct step *s, struct ts_error *err)
 {
 	struct ts_precondition pre = {.holder = s->op_id};
 	ts_status st = TS_OK;
 
-	for (size_t i = 0; i < s->nparams; i++) {
-		if (st == TS_OK)
-			st = ts_catalog_replace(s->core->catalog, next[i], &pre, err);
+	if (!s->done || s->model.opt.type == TS_OPT_NONE)
+		return TS_OK;
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		struct ts_array *v = s->priv[r][(s->done - 1) % 2] ? s->priv[r][(s->done - 1) % 2]
+		                                                   : s->next[r];
+
+		if (!v || st != TS_OK)
+			continue;
+		st = ts_catalog_replace(s->core->catalog, v, &pre, err);
 		if (st == TS_OK) {
-			ts_array_unref(s->params[i]);
-			s->params[i] = next[i];
-		} else {
-			ts_array_unref(next[i]);
+			ts_array_unref(s->held[r]);
+			s->held[r] = ts_array_ref(v);
 		}
-		next[i] = NULL;
 	}
 	return st;
+}
+
+static const struct ts_session_hooks step_hooks = {
+	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
+};
+
+/* ---- the run ------------------------------------------------------------------------ */
+
+/* One operand of a step: the array, its rows (normalised; NULL: all) and a
+ * device copy when the array is sharded. */
+struct operand {
+	struct ts_array *arr;              /* own reference */
+	json_t *rows_json;                 /* borrowed from the request */
+	uint64_t *rows;                    /* owned */
+	size_t nrows;
+	struct ts_array *gathered;         /* own reference, or NULL */
+};
+
+static void operand_release(struct operand *o)
+{
+	ts_array_unref(o->arr);
+	ts_array_unref(o->gathered);
+	free(o->rows);
+}
+
+/* The rows the operand stages: parsed, and its batch rows. */
+static ts_status operand_rows(struct operand *o, const char *field, uint64_t *batch,
+                              struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(o->arr);
+	ts_status st;
+
+	*batch = d->rank ? d->shape[0] : 0;
+	if (!o->rows_json)
+		return TS_OK;
+	if (d->rank == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		                    "%s: array '%s' is 0-dimensional: it has no rows", field,
+		                    ts_array_name(o->arr));
+	st = ts_rows_parse(o->rows_json, field, d->shape[0], &o->rows, &o->nrows, err);
+	if (st == TS_OK)
+		*batch = o->nrows;
+	return st;
+}
+
+/* Stages an operand for the session: its memory as a source (gathered to
+ * dev first when sharded). */
+static ts_status operand_stage(const struct ts_core *core, struct ts_session *sess,
+                               enum ts_pbuf_role role, struct operand *o, struct ts_device *dev,
+                               struct ts_error *err)
+{
+	const struct ts_array *a = o->arr;
+	const struct ts_array_desc *d = ts_array_desc(a);
+	struct ts_session_source src = {0};
+	ts_status st;
+
+	if (!ts_array_single_buffer(a)) {
+		st = gather_sharded(core, o->arr, o->rows, o->nrows, dev, &o->gathered, err);
+		if (st != TS_OK)
+			return st;
+		a = o->gathered;
+		d = ts_array_desc(a);
+	} else {
+		src.rows = o->rows;
+		src.nrows = o->nrows;
+	}
+	src.mem = ts_buffer_data(ts_array_single_buffer(a));
+	src.bytes = d->nbytes;
+	src.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0;
+	src.src_dev = ts_array_box(a, 0)->device;
+	src.src_kind = ts_array_placement(a)->sharding.memory_kind;
+	return ts_session_stage(sess, role, &src, err);
+}
+
+/* The operands' shapes: inputs float32 [B, d_model], targets like them. */
+static ts_status check_batch(const struct step *s, const struct operand *in, uint64_t bin,
+                             const struct operand *tgt, uint64_t btgt, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+
+	if (d->dtype != TS_DT_FLOAT32 || d->rank != 2 || d->shape[1] != (uint64_t)s->model.mlp.d_model ||
+	    bin == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs must be float32 [B, %d] with B >= 1", s->model.mlp.d_model);
+	if (bin > (1u << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs have %llu rows; a step takes at most %u",
+		                    (unsigned long long)bin, 1u << 24);
+	if (tgt && tgt->arr) {
+		const struct ts_array_desc *t = ts_array_desc(tgt->arr);
+
+		if (t->dtype != d->dtype || t->rank != 2 || t->shape[1] != d->shape[1] || btgt != bin)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+			                    "targets must have the shape of the inputs");
+	}
+	return TS_OK;
+}
+
+/* Where it runs: committed arrays decide; uncommitted operands given by
+ * name follow (counted as implicit transfers); operands given as rows are
+ * staged instead (only their rows move). */
+static ts_status step_place(struct step *s, struct operand *in, struct operand *tgt,
+                            struct ts_device **dev, struct ts_error *err)
+{
+	const struct ts_core *core = s->core;
+	struct ts_array *use[TS_ROLE_COUNT + 2];
+	enum ts_pbuf_role from[TS_ROLE_COUNT];
+	size_t nuse = 0, where_in = SIZE_MAX, where_tgt = SIZE_MAX, nheld;
+	ts_status st;
+
+	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++)
+		if (s->held[param_roles[i]]) {
+			from[nuse] = param_roles[i];
+			use[nuse++] = ts_array_ref(s->held[param_roles[i]]);
+		}
+	nheld = nuse;
+	if (!in->rows_json) {
+		where_in = nuse;
+		use[nuse++] = ts_array_ref(in->arr);
+	}
+	if (tgt->arr && !tgt->rows_json) {
+		where_tgt = nuse;
+		use[nuse++] = ts_array_ref(tgt->arr);
+	}
+	st = ts_colocate(core->catalog, core->stager, core->memory, use, nuse, s->model.device,
+	                 s->op_id, dev, err);
+	/* colocation may have replaced a moved array by its new version */
+	for (size_t i = 0; i < nheld; i++) {
+		ts_array_unref(s->held[from[i]]);
+		s->held[from[i]] = use[i];
+	}
+	if (where_in != SIZE_MAX) {
+		ts_array_unref(in->arr);
+		in->arr = use[where_in];
+	}
+	if (where_tgt != SIZE_MAX) {
+		ts_array_unref(tgt->arr);
+		tgt->arr = use[where_tgt];
+	}
+	return st;
+}
+
+/* The result of a run (the session's report; the plan's analysis). */
+static json_t *step_result(const struct step *s, const struct ts_session *sess,
+                           struct ts_device *dev)
+{
+	const struct ts_plan *plan = ts_session_plan(sess);
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *losses = json_array();
+	double per = rep->steps ? 1.0 / (double)rep->steps : 0;
+	double busy = rep->compute_s, waits = rep->copy_wait_s;
+
+	for (uint64_t i = 0; losses && i < rep->steps; i++)
+		json_array_append_new(losses, json_real(rep->losses[i]));
+	return json_pack("{s:s, s:I, s:o*, s:s, s:I, s:I, s:I, s:I, s:o*,"
+	                 " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:I}, s:f}",
+	                 "model", s->model.name, "steps", (json_int_t)rep->steps, "losses", losses,
+	                 "device", ts_device_props(dev)->id,
+	                 "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                 "measured_peak_device_bytes",
+	                 (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
+	                              rep->measured_temp_peak),
+	                 "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
+	                 "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
+	                 "analysis", analysis_json(plan, false),
+	                 "time", "wall_s", rep->wall_s, "compute_s", busy,
+	                 "transfer_not_hidden_s", waits, "per_step_s", rep->wall_s * per,
+	                 "bytes_moved", "h2d", (json_int_t)rep->h2d_bytes,
+	                 "d2h", (json_int_t)rep->d2h_bytes,
+	                 "staged_h2d", (json_int_t)rep->staged_h2d_bytes,
+	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
 }
 
 static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *err)
@@ -775,244 +999,107 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct step *s = arg;
 	const struct ts_core *core = s->core;
 	struct ts_model *m = &s->model;
-	struct ts_array *arrs[8] = {NULL}, *grads[2] = {NULL}, *in_dev = NULL, *tgt_dev = NULL;
-	struct ts_array *next[6] = {NULL};    /* the versions an update publishes */
-	size_t narrs = 0, nparams = 0;
-	json_t *in_rows = NULL, *tgt_rows = NULL, *losses = json_array(), *result = NULL;
+	struct operand in = {0}, tgt = {0};
+	struct ts_array *grads[2] = {NULL};
+	struct ts_session_config cfg = {.mlp = m->mlp, .opt = m->opt, .memory = core->memory};
+	struct ts_session *sess = NULL;
 	struct ts_device *dev = NULL;
-	struct ts_kernels *k = NULL;
-	struct ts_exec_env env = {0};
-	struct ts_plan plan = {0};
-	void **args = NULL;
-	uint64_t base_steps, measured_temp = 0, measured_host = 0, h2d = 0, d2h = 0;
-	uint64_t dev_args = 0;
-	double wall = 0, compute = 0, waits = 0;
-	bool updated = false;
-	ts_status st = TS_OK;
-	char name[256];
+	uint64_t bin = 0, btgt = 0, base_steps = 0;
+	int ngrads = ts_mlp_has_w2(&m->mlp) ? 2 : 1;
+	ts_status st;
 
-	/* the model's arrays (held by this step) and the operands */
-	for (size_t i = 0; i < s->nparams; i++)
-		arrs[narrs++] = ts_array_ref(s->params[i]);
-	nparams = narrs;
-	if (st == TS_OK)
-		st = step_operand(core, s->inputs, "inputs", &arrs[narrs++], &in_rows, err);
+	s->op = op;
+	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
 	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
 		if (!s->targets)
 			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
 		else
-			st = step_operand(core, s->targets, "targets", &arrs[narrs++], &tgt_rows, err);
-	}
-	/* where it runs: committed arrays decide; uncommitted operands follow
-	 * (rows of a dataset are gathered instead: only they move) */
-	if (st == TS_OK) {
-		/* the params and every operand given by name are used together; an
-		 * operand given as rows is gathered instead (only its rows move) */
-		struct ts_array *use[8];
-		size_t nuse = 0, where_in = SIZE_MAX, where_tgt = SIZE_MAX;
-
-		for (size_t i = 0; i < nparams; i++)
-			use[nuse++] = arrs[i];
-		if (!in_rows) {
-			where_in = nuse;
-			use[nuse++] = arrs[nparams];
-		}
-		if (m->mlp.loss == TS_LOSS_MSE && !tgt_rows) {
-			where_tgt = nuse;
-			use[nuse++] = arrs[nparams + 1];
-		}
-		st = ts_colocate(core->catalog, core->stager, core->memory, use, nuse, m->device,
-		                 s->op_id, &dev, err);
-		/* colocation may have replaced a moved operand by its new version */
-		if (where_in != SIZE_MAX)
-			arrs[nparams] = use[where_in];
-		if (where_tgt != SIZE_MAX)
-			arrs[nparams + 1] = use[where_tgt];
-		for (size_t i = 0; i < nparams; i++) {
-			arrs[i] = use[i];
-			/* an uncommitted parameter moved: its new version is the held one */
-			if (arrs[i] != s->params[i]) {
-				ts_array_unref(s->params[i]);
-				s->params[i] = ts_array_ref(arrs[i]);
-			}
-		}
+			st = step_operand(core, s->targets, "targets", &tgt.arr, &tgt.rows_json, err);
 	}
 	if (st == TS_OK)
-		st = stage_rows(core, arrs[nparams], in_rows, "inputs.rows", dev, &in_dev, err);
-	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE)
-		st = stage_rows(core, arrs[nparams + 1], tgt_rows, "targets.rows", dev, &tgt_dev, err);
-	if (st == TS_OK) {
-		const struct ts_array_desc *d = ts_array_desc(in_dev);
-
-		if (d->dtype != TS_DT_FLOAT32 || d->rank != 2 || d->shape[1] != (uint64_t)m->mlp.d_model ||
-		    d->shape[0] == 0)
-			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
-			                  "inputs must be float32 [B, %d] with B >= 1", m->mlp.d_model);
-		else if (tgt_dev && memcmp(ts_array_desc(tgt_dev)->shape, d->shape, 2 * sizeof d->shape[0]))
-			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
-			                  "targets must have the shape of the inputs");
-	}
-	/* the plan, with params and opt state where their arrays are */
-	if (st == TS_OK) {
-		/* where the held arrays are (a :put before the step may have moved them) */
+		st = step_place(s, &in, &tgt, &dev, err);
+	if (st == TS_OK)
+		st = operand_rows(&in, "inputs.rows", &bin, err);
+	if (st == TS_OK && tgt.arr)
+		st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	if (st == TS_OK)
+		st = check_batch(s, &in, bin, &tgt, btgt, err);
+	/* the plan, with params and opt state where the held arrays are (a :put
+	 * before the step may have moved them) */
+	if (st == TS_OK)
 		st = held_kind(s, false, &s->policy.params, err);
-		if (st == TS_OK)
-			st = held_kind(s, true, &s->policy.opt_state, err);
-	}
-	if (st == TS_OK) {
-		st = ts_plan_build(&m->mlp, &m->opt, (int)ts_array_desc(in_dev)->shape[0], &s->policy,
-		                   &plan, err);
-	}
-	if (st == TS_OK && ts_array_box(arrs[0], 0)->device != dev)
+	if (st == TS_OK)
+		st = held_kind(s, true, &s->policy.opt_state, err);
+	if (st == TS_OK && ts_array_box(s->held[TS_ROLE_W1], 0)->device != dev)
 		st = ts_error_set(err, TS_FAILED_PRECONDITION, "PARAMS_ELSEWHERE",
 		                  "model '%s' parameters are on %s, not %s", m->name,
-		                  ts_device_props(ts_array_box(arrs[0], 0)->device)->id,
+		                  ts_device_props(ts_array_box(s->held[TS_ROLE_W1], 0)->device)->id,
 		                  ts_device_props(dev)->id);
-	/* outputs: gradients when there is no optimizer */
-	if (st == TS_OK && m->opt.type == TS_OPT_NONE) {
-		for (int g = 0; g < (ts_mlp_has_w2(&m->mlp) ? 2 : 1) && st == TS_OK; g++) {
-			struct ts_placement pl;
-
-			snprintf(name, sizeof name, "%s.grad.w%d", m->name, g + 1);
-			ts_placement_single(&pl, dev, TS_MEM_DEVICE, true);
-			st = ts_array_new(name, ts_array_desc(arrs[g]), &pl, core->memory, &grads[g], err);
-		}
-	}
-	/* bind arguments and outputs to memory */
 	if (st == TS_OK) {
-		args = calloc((size_t)plan.nbufs, sizeof *args);
-		if (!args)
-			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to bind");
+		cfg.dev = dev;
+		cfg.policy = s->policy;
+		cfg.batch = (int)bin;
+		st = ts_session_new(&cfg, &sess, err);
 	}
-	for (int i = 0; st == TS_OK && i < plan.nbufs; i++) {
-		const struct ts_pbuf *b = &plan.bufs[i];
-		struct ts_array *a = NULL;
+	/* every slot by its role: the held arrays, the gradients, the batch */
+	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
+		const struct ts_array *a = s->held[r];
 
-		if (b->cls == TS_PB_TEMP)
+		if (!a)
 			continue;
-		switch (b->role) {
-		case TS_ROLE_W1: a = arrs[0]; break;
-		case TS_ROLE_W2: a = arrs[1]; break;
-		case TS_ROLE_MU_W1: a = arrs[ts_mlp_has_w2(&m->mlp) ? 2 : 1]; break;
-		case TS_ROLE_MU_W2: a = arrs[3]; break;
-		case TS_ROLE_NU_W1: a = arrs[ts_mlp_has_w2(&m->mlp) ? 4 : 2]; break;
-		case TS_ROLE_NU_W2: a = arrs[5]; break;
-		case TS_ROLE_INPUT: a = in_dev; break;
-		case TS_ROLE_TARGET: a = tgt_dev; break;
-		case TS_ROLE_GRAD_W1: a = grads[0]; break;
-		case TS_ROLE_GRAD_W2: a = grads[1]; break;
-		default: break;
-		}
-		if (!a || ts_buffer_size(ts_array_single_buffer(a)) != b->bytes ||
-		    ts_array_placement(a)->sharding.memory_kind != b->kind) {
-			st = ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
-			                  "array for plan buffer %d does not match the plan", i);
-			break;
-		}
-		args[i] = ts_buffer_data(ts_array_single_buffer(a));
-		if (b->kind == TS_MEM_DEVICE)
-			dev_args += b->bytes;
+		st = ts_session_bind(sess, (enum ts_pbuf_role)r,
+		                     ts_buffer_data(ts_array_single_buffer(a)),
+		                     ts_buffer_size(ts_array_single_buffer(a)),
+		                     ts_array_placement(a)->sharding.memory_kind, err);
 	}
-	/* the environment: kernels and three queues on the device */
-	if (st == TS_OK) {
-		env.dev = dev;
-		env.device_space = ts_memory_find(core->memory, ts_device_props(dev)->id, TS_MEM_DEVICE);
-		env.pinned_space = ts_memory_find(core->memory, ts_device_props(dev)->id, TS_MEM_PINNED_HOST);
-		st = ts_kernels_new(dev, &k, err);
-		env.kernels = k;
+	for (int g = 0; st == TS_OK && m->opt.type == TS_OPT_NONE && g < ngrads; g++) {
+		enum ts_pbuf_role role = g ? TS_ROLE_GRAD_W2 : TS_ROLE_GRAD_W1;
+		struct ts_placement pl;
+		char name[256];
+
+		snprintf(name, sizeof name, "%s.grad.w%d", m->name, g + 1);
+		ts_placement_single(&pl, dev, TS_MEM_DEVICE, true);
+		st = ts_array_new(name, ts_array_desc(s->held[g ? TS_ROLE_W2 : TS_ROLE_W1]), &pl,
+		                  core->memory, &grads[g], err);
+		if (st == TS_OK)
+			st = ts_session_bind(sess, role, ts_buffer_data(ts_array_single_buffer(grads[g])),
+			                     ts_array_desc(grads[g])->nbytes, TS_MEM_DEVICE, err);
 	}
 	if (st == TS_OK)
-		st = ts_queue_new(dev, &env.compute, err);
-	if (st == TS_OK)
-		st = ts_queue_new(dev, &env.h2d, err);
-	if (st == TS_OK)
-		st = ts_queue_new(dev, &env.d2h, err);
-	if (st == TS_OK && m->opt.type != TS_OPT_NONE)
-		st = prepare_updates(s, next, err);
-	base_steps = 0;
-	if (!ts_model_registry_advance(core->models, m->uid, 0, &base_steps) && st == TS_OK)
+		st = operand_stage(core, sess, TS_ROLE_INPUT, &in, dev, err);
+	if (st == TS_OK && tgt.arr)
+		st = operand_stage(core, sess, TS_ROLE_TARGET, &tgt, dev, err);
+	if (st == TS_OK && !ts_model_registry_advance(core->models, m->uid, 0, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
-	for (uint64_t i = 0; st == TS_OK && i < s->steps; i++) {
-		struct ts_exec_result r;
+	if (st == TS_OK)
+		st = ts_session_run(sess, s->steps, base_steps + 1, &step_hooks, s, err);
+	/* what the steps that succeeded did is published, also after a failure */
+	{
+		struct ts_error ierr;
+		ts_status ist;
 
-		if (ts_operation_cancelled(op)) {
-			st = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the steps were cancelled after %llu",
-			                  (unsigned long long)i);
-			break;
-		}
-		st = ts_exec_run(&plan, &env, args, (int)(base_steps + i + 1), &r, err);
-		if (m->opt.type != TS_OPT_NONE)
-			updated = true;      /* even a failed step may have written some weights */
-		if (st != TS_OK)
-			break;
-		if (m->opt.type != TS_OPT_NONE)
-			ts_model_registry_advance(core->models, m->uid, 1, NULL);
-		json_array_append_new(losses, json_real(r.loss));
-		if (r.measured_temp_peak > measured_temp)
-			measured_temp = r.measured_temp_peak;
-		if (r.measured_host_temp_peak > measured_host)
-			measured_host = r.measured_host_temp_peak;
-		h2d += r.h2d_bytes;
-		d2h += r.d2h_bytes;
-		wall += r.wall_s;
-		compute += r.compute_s;
-		waits += r.copy_wait_s;
-		ts_operation_progress_add(op, 1);
-	}
-	if (updated) {
-		struct ts_error perr;
-		ts_status pst;
-
-		ts_error_clear(&perr);
-		pst = publish_updates(s, next, &perr);
-		if (pst != TS_OK && st == TS_OK) {
-			*err = perr;
-			st = pst;
+		ts_error_clear(&ierr);
+		ist = step_install(s, &ierr);
+		if (ist != TS_OK && st == TS_OK) {
+			*err = ierr;
+			st = ist;
 		}
 	}
 	if (st == TS_OK && grads[0])
-		st = ts_catalog_put_all(core->catalog, grads, ts_mlp_has_w2(&m->mlp) ? 2 : 1, true, err);
-	if (st == TS_OK) {
-		double per = s->steps ? 1.0 / (double)s->steps : 0;
-
-		result = json_pack("{s:s, s:I, s:o, s:s, s:I, s:I, s:I, s:I, s:o,"
-		                   " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I}, s:f}",
-		                   "model", m->name, "steps", (json_int_t)s->steps, "losses", losses,
-		                   "device", ts_device_props(dev)->id,
-		                   "predicted_peak_device_bytes", (json_int_t)plan.peak_device_bytes,
-		                   "measured_peak_device_bytes",
-		                   (json_int_t)(plan.argument_size_in_bytes + plan.output_size_in_bytes +
-		                                measured_temp),
-		                   "predicted_temp_size_in_bytes", (json_int_t)plan.temp_size_in_bytes,
-		                   "measured_temp_size_in_bytes", (json_int_t)measured_temp,
-		                   "analysis", analysis_json(&plan, false),
-		                   "time", "wall_s", wall, "compute_s", compute,
-		                   "transfer_not_hidden_s", waits, "per_step_s", wall * per,
-		                   "bytes_moved", "h2d", (json_int_t)h2d, "d2h", (json_int_t)d2h,
-		                   "overlap_ratio", compute + waits > 0 ? compute / (compute + waits) : 1.0);
-		losses = NULL;
-		(void)dev_args;
-		(void)measured_host;
-		ts_operation_set_result(op, result);
+		st = ts_catalog_put_all(core->catalog, grads, (size_t)ngrads, true, err);
+	if (st == TS_OK)
+		ts_operation_set_result(op, step_result(s, sess, dev));
+	ts_session_free(sess);
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		ts_array_unref(s->next[r]);
+		ts_array_unref(s->priv[r][0]);
+		ts_array_unref(s->priv[r][1]);
+		s->next[r] = s->priv[r][0] = s->priv[r][1] = NULL;
 	}
-	json_decref(losses);
-	if (env.compute)
-		ts_queue_free(env.compute);
-	if (env.h2d)
-		ts_queue_free(env.h2d);
-	if (env.d2h)
-		ts_queue_free(env.d2h);
-	ts_kernels_free(k);
-	free(args);
-	ts_plan_release(&plan);
-	for (size_t i = 0; i < 8; i++)
-		ts_array_unref(arrs[i]);
-	for (size_t i = 0; i < 6; i++)
-		ts_array_unref(next[i]);     /* prepared, not published (no update) */
 	ts_array_unref(grads[0]);
 	ts_array_unref(grads[1]);
-	ts_array_unref(in_dev);
-	ts_array_unref(tgt_dev);
+	operand_release(&in);
+	operand_release(&tgt);
 	return st;
 }
 
@@ -1057,7 +1144,7 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	s->steps = (uint64_t)steps;
 	s->inputs = json_incref(inputs);
 	s->targets = targets ? json_incref(targets) : NULL;
-	/* the model's arrays, by the versions current now, to be held */
+	/* the model's arrays by role, by the versions current now, to be held */
 	ts_model_owner(&s->model, owner, sizeof owner);
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
 		struct ts_array *a;
@@ -1072,7 +1159,7 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 			             "model array '%s' is missing", name);
 			goto out_fail;
 		}
-		s->params[s->nparams++] = a;
+		s->held[param_roles[i]] = a;
 		if (strcmp(ts_array_owner(a), owner) != 0) {
 			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
 			             "array '%s' is not %s's", name, owner);

@@ -9,7 +9,8 @@
  * onto an existing array needs "overwrite": true (else 409 ALREADY_EXISTS);
  * "donate" belongs to :copy (the source is deleted when the copy is
  * published) and is refused on :put. A target held by a running operation
- * is refused at once (409 ABORTED naming it).
+ * is refused at once (409 ABORTED naming it). Both take "dtype" to convert
+ * the elements on the way (float32, bfloat16, float16, as jnp.astype).
  */
 #include "handlers/arrays_int.h"
 
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "handlers/operations.h"
+#include "formats/convert.h"
 #include "handlers/sharding_json.h"
 #include "ops/operation.h"
 #include "storage/move.h"
@@ -92,6 +94,27 @@ static ts_status move_placement(const struct ts_core *core, const struct ts_arra
 	return ts_h_placement(core, json_string_value(dev), json_string_value(kind), pl, err);
 }
 
+/* "dtype": the destination's element type (absent: the source's). */
+static ts_status move_dtype(const struct ts_array *src, json_t *v, struct ts_move_spec *spec,
+                            struct ts_error *err)
+{
+	enum ts_dtype from = ts_array_desc(src)->dtype;
+
+	spec->dtype = from;
+	if (!v)
+		return TS_OK;
+	if (!json_is_string(v) || !ts_dtype_parse(json_string_value(v), &spec->dtype))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
+		                    "\"dtype\" must be a dtype name (float32, bfloat16, float16, ...)");
+	if (!ts_convert_supported(from, spec->dtype))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "UNSUPPORTED_CONVERSION",
+		                    "array '%s' is %s and cannot be converted to %s: moves convert "
+		                    "between float32, bfloat16 and float16", ts_array_name(src),
+		                    ts_dtype_name(from), ts_dtype_name(spec->dtype));
+	spec->convert = spec->dtype != from;
+	return TS_OK;
+}
+
 static void move_start(const struct ts_call *call, struct ts_reply *reply, bool is_copy)
 {
 	struct ts_array *src = ts_h_array_from_path(call, reply);
@@ -120,6 +143,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 
 		json_object_foreach(body, k, v) {
 			if (strcmp(k, "sharding") && strcmp(k, "device") && strcmp(k, "memory_kind") &&
+			    strcmp(k, "dtype") &&
 			    !(is_copy && (strcmp(k, "out") == 0 || strcmp(k, "donate") == 0 ||
 			                  strcmp(k, "overwrite") == 0))) {
 				if (!is_copy && strcmp(k, "donate") == 0)
@@ -130,7 +154,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 				else
 					ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 					             "unknown field '%s'; a %s takes \"sharding\" or \"device\"/"
-					             "\"memory_kind\"%s", k, is_copy ? ":copy" : ":put",
+					             "\"memory_kind\", \"dtype\"%s", k, is_copy ? ":copy" : ":put",
 					             is_copy ? ", \"out\", \"overwrite\" and \"donate\"" : "");
 				goto out_fail;
 			}
@@ -150,16 +174,27 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 		             "\"out\" must name the new array (^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$)");
 		goto out_fail;
 	}
-	if (move_placement(call->core, src, body, &spec.placement, &err) != TS_OK)
+	if (move_dtype(src, json_object_get(body, "dtype"), &spec, &err) != TS_OK)
+		goto out_fail;
+	if (!json_object_get(body, "sharding") && !json_object_get(body, "device") &&
+	    !json_object_get(body, "memory_kind") && spec.convert)
+		spec.placement = *ts_array_placement(src);   /* a conversion where it is */
+	else if (move_placement(call->core, src, body, &spec.placement, &err) != TS_OK)
 		goto out_fail;
 	spec.name = name;
 	spec.overwrite = json_is_true(overwrite);
 	spec.donate = json_is_true(donate);
 	/* refusals the publish would meet, answered now: a hold on the target, a
 	 * copy onto an existing array without "overwrite" */
-	if (ts_catalog_check_write(call->core->catalog, name, is_copy ? ts_array_desc(src) : NULL,
-	                           &pre, &err) != TS_OK)
-		goto out_fail;
+	{
+		struct ts_array_desc d = *ts_array_desc(src);
+
+		d.dtype = spec.dtype;
+		if (ts_array_desc_init(&d, &err) != TS_OK ||
+		    ts_catalog_check_write(call->core->catalog, name,
+		                           is_copy || spec.convert ? &d : NULL, &pre, &err) != TS_OK)
+			goto out_fail;
+	}
 	if (is_copy && !spec.overwrite) {
 		struct ts_array *there = ts_catalog_get(call->core->catalog, name);
 
@@ -173,7 +208,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	}
 	m = calloc(1, sizeof *m);
 	if (!m) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a move");
+		ts_error_oom(&err, "no memory for a move");
 		goto out_fail;
 	}
 	m->core = call->core;

@@ -19,6 +19,7 @@
  */
 #include "handlers/arrays_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -49,18 +50,7 @@ struct import {
 	char prefix[TS_ARRAY_NAME_MAX + 1];
 	bool overwrite;
 	bool from_file;                    /* JSON body naming a server-side file */
-	uint64_t content_length;
-	uint64_t received;
-	char first8[8];
-	char *header;                      /* the JSON header, buffered */
-	uint64_t header_held;              /* of the headers' budget, given back at free */
-	uint64_t header_len, header_got;
-	bool parsed;
-	struct ts_st_header st;
-	struct ts_array **arrays;          /* one per tensor, in st order */
-	size_t cur;                        /* tensor receiving data */
-	struct ts_array_writer *writer;    /* into arrays[cur] */
-	uint64_t data_got;                 /* bytes of the data section received */
+	struct ts_h_st_recv rx;            /* the body's bytes into arrays */
 	char *json;                        /* JSON body (from_file) */
 	size_t json_len;
 	struct ts_operation *op;           /* from_file: the operation reading it */
@@ -76,6 +66,8 @@ struct import {
 	void *open_token;                  /* guarded by: open_mu */
 	_Atomic int refs;                  /* the request's, and the operation's when handed off */
 };
+
+static ts_h_st_admit_fn import_admit;
 
 static void *import_begin(const struct ts_call *call, uint64_t content_length,
                           struct ts_reply *reply)
@@ -95,7 +87,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 	im->fd = -1;
 	pthread_mutex_init(&im->open_mu, NULL);
 	ts_error_clear(&im->open_err);
-	im->content_length = content_length;
+	ts_h_st_recv_init(&im->rx, call->core, content_length, import_admit, im);
 	im->overwrite = !ow || strcmp(ow, "false") != 0;
 	im->from_file = ctype && strncasecmp(ctype, "application/json", 16) == 0;
 	if (prefix && strlen(prefix) > TS_ARRAY_NAME_MAX) {
@@ -122,14 +114,13 @@ out_fail:
 }
 
 /* Creates (admits) every tensor's array; all or nothing. */
-static ts_status import_admit(struct import *im, struct ts_error *err)
+static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct ts_array **arrays,
+                              struct ts_error *err)
 {
-	im->arrays = calloc(im->st.ntensors ? im->st.ntensors : 1, sizeof *im->arrays);
-	if (!im->arrays)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for %zu tensors", im->st.ntensors);
-	for (size_t i = 0; i < im->st.ntensors; i++) {
-		const struct ts_st_tensor *t = &im->st.tensors[i];
+	struct import *im = ctx;
+
+	for (size_t i = 0; i < st->ntensors; i++) {
+		const struct ts_st_tensor *t = &st->tensors[i];
 		struct ts_array_desc d = {.dtype = t->dtype, .rank = t->rank};
 		char name[2 * TS_ARRAY_NAME_MAX + 2];
 		ts_status s;
@@ -142,16 +133,28 @@ static ts_status import_admit(struct import *im, struct ts_error *err)
 		memcpy(d.shape, t->shape, sizeof d.shape);
 		s = ts_array_desc_init(&d, err);
 		if (s == TS_OK)
-			s = ts_array_new(name, &d, &im->placement, im->core->memory, &im->arrays[i], err);
+			s = ts_array_new(name, &d, &im->placement, im->core->memory, &arrays[i], err);
 		if (s != TS_OK)
 			return s;
-		if (im->st.metadata)
-			ts_array_set_metadata(im->arrays[i], json_incref(im->st.metadata));
+		if (st->metadata)
+			ts_array_set_metadata(arrays[i], json_incref(st->metadata));
 	}
 	return TS_OK;
 }
 
-static ts_status import_header(struct import *im, struct ts_error *err)
+/* ---- the receiver of a safetensors body (shared with models:import) ----------- */
+
+void ts_h_st_recv_init(struct ts_h_st_recv *r, const struct ts_core *core,
+                       uint64_t content_length, ts_h_st_admit_fn *admit, void *ctx)
+{
+	memset(r, 0, sizeof *r);
+	r->core = core;
+	r->content_length = content_length;
+	r->admit = admit;
+	r->ctx = ctx;
+}
+
+static ts_status recv_header(struct ts_h_st_recv *im, struct ts_error *err)
 {
 	ts_status s = ts_st_parse_header(im->header, im->header_len, &im->st, err);
 
@@ -163,11 +166,14 @@ static ts_status import_header(struct import *im, struct ts_error *err)
 		if (s != TS_OK)
 			return s;
 	}
-	return import_admit(im, err);
+	im->arrays = calloc(im->st.ntensors ? im->st.ntensors : 1, sizeof *im->arrays);
+	if (!im->arrays)
+		return ts_error_oom(err, "no memory for %zu tensors", im->st.ntensors);
+	return im->admit(im->ctx, &im->st, im->arrays, err);
 }
 
 /* Routes data bytes to the tensors, in order of their offsets. */
-static ts_status import_data(struct import *im, const char *data, size_t n, struct ts_error *err)
+static ts_status recv_data(struct ts_h_st_recv *im, const char *data, size_t n, struct ts_error *err)
 {
 	while (n) {
 		const struct ts_st_tensor *t;
@@ -208,7 +214,7 @@ static ts_status import_data(struct import *im, const char *data, size_t n, stru
 
 /* Takes the header's bytes from the budget every import shares, so that
  * many connections cannot hold headers past it: RESOURCE_EXHAUSTED. */
-static ts_status header_budget_take(struct import *im, struct ts_error *err)
+static ts_status header_budget_take(struct ts_h_st_recv *im, struct ts_error *err)
 {
 	const struct ts_core *core = im->core;
 	uint64_t used, n = im->header_len;
@@ -233,7 +239,8 @@ static ts_status header_budget_take(struct import *im, struct ts_error *err)
 	return TS_OK;
 }
 
-static ts_status import_bytes(struct import *im, const char *data, size_t n, struct ts_error *err)
+ts_status ts_h_st_recv_bytes(struct ts_h_st_recv *im, const char *data, size_t n,
+                             struct ts_error *err)
 {
 	size_t take;
 
@@ -262,7 +269,7 @@ static ts_status import_bytes(struct import *im, const char *data, size_t n, str
 			return err->status;
 		im->header = malloc(im->header_len ? im->header_len : 1);
 		if (!im->header)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			return ts_error_oom(err,
 			                    "no memory for a %" PRIu64 "-byte header", im->header_len);
 	}
 	if (!im->parsed) {
@@ -274,12 +281,49 @@ static ts_status import_bytes(struct import *im, const char *data, size_t n, str
 		n -= take;
 		if (im->header_got < im->header_len)
 			return TS_OK;
-		if (import_header(im, err) != TS_OK)
+		if (recv_header(im, err) != TS_OK)
 			return err->status;
 	}
 	im->received += n;
-	return import_data(im, data, n, err);
+	return recv_data(im, data, n, err);
 }
+
+ts_status ts_h_st_recv_finish(struct ts_h_st_recv *im, struct ts_error *err)
+{
+	if (!im->parsed || im->data_got != im->st.data_len)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "TRUNCATED",
+		                    "safetensors body ended after %" PRIu64 " bytes, before its data did",
+		                    im->received);
+	if (im->writer) {
+		ts_status s = ts_array_writer_finish(im->writer, err);
+
+		ts_array_writer_free(im->writer);
+		im->writer = NULL;
+		if (s != TS_OK)
+			return s;
+	}
+	return TS_OK;
+}
+
+void ts_h_st_recv_release(struct ts_h_st_recv *im)
+{
+	ts_array_writer_free(im->writer);
+	im->writer = NULL;
+	for (size_t i = 0; im->arrays && i < im->st.ntensors; i++)
+		ts_array_unref(im->arrays[i]);
+	free(im->arrays);
+	im->arrays = NULL;
+	if (im->parsed)
+		ts_st_header_release(&im->st);
+	im->parsed = false;
+	free(im->header);
+	im->header = NULL;
+	if (im->header_held)
+		atomic_fetch_sub(im->core->import_header_used, im->header_held);
+	im->header_held = 0;
+}
+
+/* ---- POST /v1/arrays:import --------------------------------------------------- */
 
 static bool import_chunk(void *state, const char *data, size_t n, struct ts_reply *reply)
 {
@@ -307,7 +351,7 @@ static bool import_chunk(void *state, const char *data, size_t n, struct ts_repl
 		im->json[im->json_len] = '\0';
 		return true;
 	}
-	if (import_bytes(im, data, n, &err) != TS_OK) {
+	if (ts_h_st_recv_bytes(&im->rx, data, n, &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return false;
 	}
@@ -380,11 +424,11 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 	char *chunk = NULL;
 	ts_status s = TS_OK;
 
-	im->content_length = size;
+	im->rx.content_length = size;
 	ts_operation_total_set(im->op, size);
 	chunk = malloc(FILE_CHUNK);
 	if (!chunk)
-		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
+		s = ts_error_oom(err, "no memory to read");
 	while (s == TS_OK && off < size) {
 		ssize_t got = pread(fd, chunk, FILE_CHUNK, (off_t)off);
 
@@ -394,7 +438,7 @@ static ts_status import_file(struct import *im, struct ts_error *err)
 			                 got < 0 ? strerror(errno) : "it got shorter");
 			break;
 		}
-		s = import_bytes(im, chunk, (size_t)got, err);
+		s = ts_h_st_recv_bytes(&im->rx, chunk, (size_t)got, err);
 		off += (uint64_t)got;
 		ts_operation_progress_set(im->op, off);
 		if (s == TS_OK && ts_operation_cancelled(im->op))
@@ -409,27 +453,17 @@ static ts_status import_complete(struct import *im, json_t **result, struct ts_e
 {
 	json_t *list;
 
-	if (!im->parsed || im->data_got != im->st.data_len)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "TRUNCATED",
-		                    "safetensors body ended after %" PRIu64 " bytes, before its data did",
-		                    im->received);
-	if (im->writer) {
-		ts_status s = ts_array_writer_finish(im->writer, err);
-
-		ts_array_writer_free(im->writer);
-		im->writer = NULL;
-		if (s != TS_OK)
-			return s;
-	}
-	if (ts_catalog_put_all(im->core->catalog, im->arrays, im->st.ntensors, im->overwrite,
+	if (ts_h_st_recv_finish(&im->rx, err) != TS_OK)
+		return err->status;
+	if (ts_catalog_put_all(im->core->catalog, im->rx.arrays, im->rx.st.ntensors, im->overwrite,
 	                       err) != TS_OK)
 		return err->status;
 	list = json_array();
-	for (size_t i = 0; list && i < im->st.ntensors; i++)
-		json_array_append_new(list, ts_h_array_json(im->arrays[i]));
+	for (size_t i = 0; list && i < im->rx.st.ntensors; i++)
+		json_array_append_new(list, ts_h_array_json(im->rx.arrays[i]));
 	*result = json_pack("{s:o*}", "arrays", list);
-	if (*result && im->st.metadata)
-		json_object_set(*result, "metadata", im->st.metadata);
+	if (*result && im->rx.st.metadata)
+		json_object_set(*result, "metadata", im->rx.st.metadata);
 	return TS_OK;
 }
 
@@ -456,7 +490,10 @@ static ts_status import_file_run(struct ts_operation *op, void *arg, struct ts_e
 
 static void import_unref(struct import *im)
 {
-	if (atomic_fetch_sub(&im->refs, 1) == 1)
+	int was = atomic_fetch_sub(&im->refs, 1);
+
+	assert(was > 0);     /* an unref without its reference */
+	if (was == 1)
 		import_free(im);
 }
 
@@ -585,15 +622,7 @@ static void import_release(void *state)
 
 static void import_free(struct import *im)
 {
-	ts_array_writer_free(im->writer);
-	for (size_t i = 0; im->arrays && i < im->st.ntensors; i++)
-		ts_array_unref(im->arrays[i]);
-	free(im->arrays);
-	if (im->parsed)
-		ts_st_header_release(&im->st);
-	free(im->header);
-	if (im->header_held)
-		atomic_fetch_sub(im->core->import_header_used, im->header_held);
+	ts_h_st_recv_release(&im->rx);
 	free(im->json);
 	if (im->fd >= 0)
 		close(im->fd);
@@ -645,8 +674,7 @@ static ts_status export_check_repeats(struct ts_array *const *arrs, size_t n,
 		return TS_OK;
 	sorted = malloc(n * sizeof *sorted);
 	if (!sorted)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to check %zu names", n);
+		return ts_error_oom(err, "no memory to check %zu names", n);
 	for (size_t i = 0; i < n; i++)
 		sorted[i] = ts_array_name(arrs[i]);
 	qsort(sorted, n, sizeof *sorted, name_cmp);
@@ -684,7 +712,7 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 	tensors = calloc(cap, sizeof *tensors);
 	parts = calloc(cap, sizeof *parts);
 	if (!list || !arrs || !tensors || !parts) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
+		ts_error_oom(&err, "no memory for the export");
 		goto out_fail;
 	}
 	/* every entry names an array: no empty entries ("a,,b", "a,"), no

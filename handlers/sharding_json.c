@@ -5,24 +5,12 @@
  */
 #include "handlers/sharding_json.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 /* An INVALID_ARGUMENT with reason BAD_SHARDING; returns the status. */
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING", "%s", msg);
-}
+/* Bad input, through the one helper (common/status.h). */
+#define BAD(err, ...) ts_error_bad((err), "BAD_SHARDING", NULL, __VA_ARGS__)
 
 /* The value of a JSON string without embedded NULs, else NULL. */
 static const char *plain_string(json_t *v)
@@ -57,13 +45,13 @@ static ts_status parse_mesh_devices(const struct ts_core *core, json_t *list,
 	size_t n = json_array_size(list);
 
 	if (!json_is_array(list) || n == 0 || n > TS_MESH_MAX_DEVICES)
-		return bad(err, "sharding.mesh.devices: expected a list of 1 to %d device ids",
+		return BAD(err, "sharding.mesh.devices: expected a list of 1 to %d device ids",
 		           TS_MESH_MAX_DEVICES);
 	for (size_t i = 0; i < n; i++) {
 		const char *id = plain_string(json_array_get(list, i));
 
 		if (!id)
-			return bad(err, "sharding.mesh.devices[%zu]: expected a device id string", i);
+			return BAD(err, "sharding.mesh.devices[%zu]: expected a device id string", i);
 		m->devices[i] = ts_device_set_find(core->devices, id);
 		if (!m->devices[i])
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
@@ -71,7 +59,7 @@ static ts_status parse_mesh_devices(const struct ts_core *core, json_t *list,
 			                    "of this node", i, id);
 		for (size_t j = 0; j < i; j++)
 			if (m->devices[j] == m->devices[i])
-				return bad(err, "sharding.mesh.devices[%zu]: device '%s' is listed twice",
+				return BAD(err, "sharding.mesh.devices[%zu]: device '%s' is listed twice",
 				           i, id);
 	}
 	m->ndevices = (int)n;
@@ -83,17 +71,17 @@ static ts_status parse_mesh_axes(json_t *list, struct ts_mesh *m, struct ts_erro
 	size_t n = json_array_size(list);
 
 	if (!json_is_array(list) || n == 0 || n > TS_MESH_MAX_AXES)
-		return bad(err, "sharding.mesh.axis_names: expected a list of 1 to %d axis names",
+		return BAD(err, "sharding.mesh.axis_names: expected a list of 1 to %d axis names",
 		           TS_MESH_MAX_AXES);
 	for (size_t i = 0; i < n; i++) {
 		const char *name = plain_string(json_array_get(list, i));
 
 		if (!name || !name[0] || strlen(name) >= TS_AXIS_NAME_MAX)
-			return bad(err, "sharding.mesh.axis_names[%zu]: expected a name of 1 to %d "
+			return BAD(err, "sharding.mesh.axis_names[%zu]: expected a name of 1 to %d "
 			           "characters", i, TS_AXIS_NAME_MAX - 1);
 		for (size_t j = 0; j < i; j++)
 			if (strcmp(m->axis_names[j], name) == 0)
-				return bad(err, "sharding.mesh.axis_names[%zu]: axis '%s' is named twice",
+				return BAD(err, "sharding.mesh.axis_names[%zu]: axis '%s' is named twice",
 				           i, name);
 		memcpy(m->axis_names[i], name, strlen(name) + 1);
 	}
@@ -107,19 +95,19 @@ static ts_status parse_mesh_shape(json_t *list, struct ts_mesh *m, struct ts_err
 
 	if (!list) {
 		if (m->naxes != 1)
-			return bad(err, "sharding.mesh.shape: needed when the mesh has %d axes", m->naxes);
+			return BAD(err, "sharding.mesh.shape: needed when the mesh has %d axes", m->naxes);
 		m->shape[0] = m->ndevices;
 		return TS_OK;
 	}
 	if (!json_is_array(list) || json_array_size(list) != (size_t)m->naxes)
-		return bad(err, "sharding.mesh.shape: expected a list of %d sizes, one per axis name",
+		return BAD(err, "sharding.mesh.shape: expected a list of %d sizes, one per axis name",
 		           m->naxes);
 	for (int a = 0; a < m->naxes; a++) {
 		json_t *v = json_array_get(list, (size_t)a);
 		json_int_t size = json_integer_value(v);
 
 		if (!json_is_integer(v) || size < 1 || size > TS_MESH_MAX_DEVICES)
-			return bad(err, "sharding.mesh.shape[%d]: expected an integer in 1..%d", a,
+			return BAD(err, "sharding.mesh.shape[%d]: expected an integer in 1..%d", a,
 			           TS_MESH_MAX_DEVICES);
 		m->shape[a] = (int)size;
 		prod *= size;
@@ -127,7 +115,7 @@ static ts_status parse_mesh_shape(json_t *list, struct ts_mesh *m, struct ts_err
 			break;
 	}
 	if (prod != m->ndevices)
-		return bad(err, "sharding.mesh.shape: its sizes multiply to %s%lld but "
+		return BAD(err, "sharding.mesh.shape: its sizes multiply to %s%lld but "
 		           "sharding.mesh.devices lists %d devices",
 		           prod > TS_MESH_MAX_DEVICES ? "more than " : "",
 		           prod > TS_MESH_MAX_DEVICES ? (long long)TS_MESH_MAX_DEVICES : prod,
@@ -144,15 +132,15 @@ static ts_status parse_mesh(const struct ts_core *core, json_t *j, struct ts_mes
 	ts_status st;
 
 	if (!json_is_object(j))
-		return bad(err, "sharding.mesh: expected an object with devices, axis_names and shape");
+		return BAD(err, "sharding.mesh: expected an object with devices, axis_names and shape");
 	if (json_unpack_ex(j, &jerr, JSON_STRICT, "{s:o, s:o, s?o}", "devices", &devices,
 	                   "axis_names", &axes, "shape", &shape) != 0) {
 		const char *k = unknown_key(j, keys);
 
 		if (k)
-			return bad(err, "sharding.mesh: unknown field '%.64s' (expected devices, "
+			return BAD(err, "sharding.mesh: unknown field '%.64s' (expected devices, "
 			           "axis_names, shape)", k);
-		return bad(err, "sharding.mesh: needs %s", devices ? "axis_names" : "devices");
+		return BAD(err, "sharding.mesh: needs %s", devices ? "axis_names" : "devices");
 	}
 	st = parse_mesh_devices(core, devices, m, err);
 	if (st == TS_OK)
@@ -174,16 +162,16 @@ static ts_status spec_axis(const struct ts_mesh *m, json_t *v, const char *field
 	int a = 0;
 
 	if (!name)
-		return bad(err, "%s: expected an axis name", field);
+		return BAD(err, "%s: expected an axis name", field);
 	while (a < m->naxes && strcmp(m->axis_names[a], name) != 0)
 		a++;
 	if (a == m->naxes)
-		return bad(err, "%s: axis '%.64s' is not in the mesh", field, name);
+		return BAD(err, "%s: axis '%.64s' is not in the mesh", field, name);
 	if (used[a])
-		return bad(err, "%s: mesh axis '%s' already splits dimension %d; a mesh axis may "
+		return BAD(err, "%s: mesh axis '%s' already splits dimension %d; a mesh axis may "
 		           "split one dimension only", field, name, used[a] - 1);
 	if (e->naxes == TS_SPEC_MAX_AXES)
-		return bad(err, "%s: at most %d mesh axes may split one dimension", field,
+		return BAD(err, "%s: at most %d mesh axes may split one dimension", field,
 		           TS_SPEC_MAX_AXES);
 	used[a] = d + 1;
 	e->axes[e->naxes++] = a;
@@ -196,10 +184,10 @@ static ts_status parse_spec(json_t *j, struct ts_sharding *s, struct ts_error *e
 	size_t n = json_array_size(j);
 
 	if (!json_is_array(j))
-		return bad(err, "sharding.spec: expected a list with one entry per dimension: null, "
+		return BAD(err, "sharding.spec: expected a list with one entry per dimension: null, "
 		           "an axis name, or a list of axis names");
 	if (n > TS_MAX_RANK)
-		return bad(err, "sharding.spec: has %zu entries; arrays have at most %d dimensions",
+		return BAD(err, "sharding.spec: has %zu entries; arrays have at most %d dimensions",
 		           n, TS_MAX_RANK);
 	for (size_t d = 0; d < n; d++) {
 		json_t *v = json_array_get(j, d);
@@ -214,7 +202,7 @@ static ts_status parse_spec(json_t *j, struct ts_sharding *s, struct ts_error *e
 			st = spec_axis(&s->mesh, v, field, (int)d, e, used, err);
 		} else if (json_is_array(v)) {
 			if (json_array_size(v) > TS_SPEC_MAX_AXES)
-				return bad(err, "%s: at most %d mesh axes may split one dimension", field,
+				return BAD(err, "%s: at most %d mesh axes may split one dimension", field,
 				           TS_SPEC_MAX_AXES);
 			for (size_t i = 0; st == TS_OK && i < json_array_size(v); i++) {
 				char sub[80];
@@ -223,7 +211,7 @@ static ts_status parse_spec(json_t *j, struct ts_sharding *s, struct ts_error *e
 				st = spec_axis(&s->mesh, json_array_get(v, i), sub, (int)d, e, used, err);
 			}
 		} else {
-			return bad(err, "%s: expected null, an axis name or a list of axis names", field);
+			return BAD(err, "%s: expected null, an axis name or a list of axis names", field);
 		}
 		if (st != TS_OK)
 			return st;
@@ -259,9 +247,9 @@ static ts_status parse_single(const struct ts_core *core, json_t *device, json_t
 	const char *id = plain_string(device);
 
 	if (spec)
-		return bad(err, "sharding.spec: only a named sharding (with a mesh) takes a spec");
+		return BAD(err, "sharding.spec: only a named sharding (with a mesh) takes a spec");
 	if (!id)
-		return bad(err, "sharding.device: expected a device id string");
+		return BAD(err, "sharding.device: expected a device id string");
 	s->type = TS_SHARDING_SINGLE;
 	s->device = ts_device_set_find(core->devices, id);
 	if (!s->device)
@@ -280,18 +268,18 @@ ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_s
 	ts_status st;
 
 	if (!json_is_object(j))
-		return bad(err, "sharding: expected an object, {\"device\", \"memory_kind\"} or "
+		return BAD(err, "sharding: expected an object, {\"device\", \"memory_kind\"} or "
 		           "{\"mesh\", \"spec\", \"memory_kind\"}");
 	if (json_unpack_ex(j, &jerr, JSON_STRICT, "{s?o, s?o, s?o, s?o}", "device", &device,
 	                   "mesh", &mesh, "spec", &spec, "memory_kind", &kind) != 0)
-		return bad(err, "sharding: unknown field '%.64s' (expected device, mesh, spec, "
+		return BAD(err, "sharding: unknown field '%.64s' (expected device, mesh, spec, "
 		           "memory_kind)", unknown_key(j, keys) ? unknown_key(j, keys) : "?");
 	memset(&s, 0, sizeof s);
 	if (device && mesh)
-		return bad(err, "sharding: give either device (single-device) or mesh and spec "
+		return BAD(err, "sharding: give either device (single-device) or mesh and spec "
 		           "(named), not both");
 	if (!device && !mesh)
-		return bad(err, "sharding: needs device (single-device) or mesh and spec (named)");
+		return BAD(err, "sharding: needs device (single-device) or mesh and spec (named)");
 	st = parse_kind(core, kind, &s.memory_kind, err);
 	if (st != TS_OK)
 		return st;
@@ -301,7 +289,7 @@ ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_s
 		s.type = TS_SHARDING_NAMED;
 		st = parse_mesh(core, mesh, &s.mesh, err);
 		if (st == TS_OK && !spec)
-			st = bad(err, "sharding.spec: a named sharding needs a spec, one entry per "
+			st = BAD(err, "sharding.spec: a named sharding needs a spec, one entry per "
 			         "dimension ([] replicates the array on every device)");
 		if (st == TS_OK)
 			st = parse_spec(spec, &s, err);
@@ -321,7 +309,7 @@ ts_status ts_h_sharding_resolve(const struct ts_core *core, json_t *j, struct ts
 	if (!json_is_string(j))
 		return json_is_object(j)
 		           ? ts_h_sharding_parse(core, j, out, err)
-		           : bad(err, "sharding: expected an object or the name of a saved sharding");
+		           : BAD(err, "sharding: expected an object or the name of a saved sharding");
 	name = plain_string(j);
 	if (!name || !core->shardings || !ts_sharding_registry_get(core->shardings, name, out))
 		return ts_error_set(err, TS_NOT_FOUND, "SHARDING_NOT_FOUND",

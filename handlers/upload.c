@@ -220,8 +220,7 @@ static ts_status npy_take_header(struct upload *u, const char **data, size_t *n,
 		want = u->data_offset ? (size_t)u->data_offset : 12;
 		if (u->hdr_len < want) {
 			if (!u->hdr && !(u->hdr = malloc(TS_NPY_PREAMBLE_MAX)))
-				return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-				                    "no memory for an .npy header");
+				return ts_error_oom(err, "no memory for an .npy header");
 			take = want - u->hdr_len < *n ? want - u->hdr_len : *n;
 			memcpy(u->hdr + u->hdr_len, *data, take);
 			u->hdr_len += take;

@@ -5,6 +5,7 @@
 
 #include "common/fault.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -22,8 +23,7 @@ ts_status ts_buffer_new(struct ts_space *sp, uint64_t size, struct ts_buffer **o
 	ts_status st;
 
 	if (!b)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a buffer record");
+		return ts_error_oom(err, "no memory for a buffer record");
 	st = ts_space_alloc(sp, size, &b->data, err);
 	if (st != TS_OK) {
 		free(b);
@@ -44,9 +44,13 @@ struct ts_buffer *ts_buffer_ref(struct ts_buffer *b)
 
 void ts_buffer_unref(struct ts_buffer *b)
 {
+	uint32_t was;
+
 	if (!b)
 		return;
-	if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+	was = atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel);
+	assert(was > 0);     /* an unref without its reference */
+	if (was != 1)
 		return;
 	ts_space_release(b->space, b->data, b->size);
 	free(b);

@@ -14,7 +14,7 @@
  */
 #include "memory/space.h"
 
-#include <pthread.h>
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/fault.h"
+#include "common/lock.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "memory/allocator.h"
@@ -37,7 +38,7 @@ struct segment {
 };
 
 struct pool {
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	enum pool_type type;          /* immutable after init */
 	struct ts_device *src;        /* immutable: where raw memory comes from */
 	enum ts_memory_kind kind;     /* immutable */
@@ -96,6 +97,7 @@ static void pool_publish_locked(struct pool *p)
 	struct ts_alloc_stats st;
 	uint64_t largest;
 
+	assert(ts_mutex_held(&p->mu));
 	if (p->type == POOL_PAGEABLE) {
 		largest = p->limit > p->used ? p->limit - p->used : 0;
 	} else {
@@ -118,13 +120,13 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
 	void *base;
 	ts_status st;
 
+	assert(ts_mutex_held(&p->mu));
 	if (p->nsegs == p->capsegs) {
 		size_t cap = p->capsegs ? p->capsegs * 2 : 8;
 
 		grown = realloc(p->segs, cap * sizeof *grown);
 		if (!grown)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "%s: no memory for pool bookkeeping", p->name);
+			return ts_error_oom(err, "%s: no memory for pool bookkeeping", p->name);
 		p->segs = grown;
 		p->capsegs = cap;
 	}
@@ -149,7 +151,7 @@ static void pool_destroy(struct pool *p)
 		ts_device_mem_free(p->src, p->kind, p->segs[i].base, p->segs[i].size);
 	free(p->segs);
 	ts_alloc_free(p->alloc);
-	pthread_mutex_destroy(&p->mu);
+	ts_mutex_destroy(&p->mu);
 	free(p);
 }
 
@@ -162,9 +164,8 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	ts_status st = TS_OK;
 
 	if (!p)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for pool '%s'", name);
-	pthread_mutex_init(&p->mu, NULL);
+		return ts_error_oom(err, "no memory for pool '%s'", name);
+	ts_mutex_init(&p->mu);
 	p->type = type;
 	p->src = src;
 	p->kind = kind;
@@ -174,18 +175,20 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	if (type != POOL_PAGEABLE) {
 		p->alloc = ts_alloc_new(POOL_ALIGN);
 		if (!p->alloc) {
-			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                  "no memory for pool '%s'", name);
+			st = ts_error_oom(err, "no memory for pool '%s'", name);
 			goto out_destroy;
 		}
 	}
+	ts_mutex_lock(&p->mu);      /* not shared yet; held as the _locked helpers assert */
 	if (type == POOL_REGION && p->limit > 0)
 		st = pool_add_segment_locked(p, p->limit, err);
 	else if (type == POOL_SEGMENTS && preallocate && p->limit > 0)
 		st = pool_add_segment_locked(p, p->limit, err);
+	if (st == TS_OK)
+		pool_publish_locked(p);
+	ts_mutex_unlock(&p->mu);
 	if (st != TS_OK)
 		goto out_destroy;
-	pool_publish_locked(p);
 	*out = p;
 	return TS_OK;
 
@@ -197,23 +200,14 @@ out_destroy:
 static ts_status pool_refuse(struct pool *p, const char *space, uint64_t size,
                              struct ts_error *err)
 {
-	char req[32], fr[32], lim[32], big[32];
 	uint64_t used = atomic_load(&p->a_used);
-	uint64_t free_b = p->limit > used ? p->limit - used : 0;
-	uint64_t largest = atomic_load(&p->a_largest_free);
+	struct ts_oom_figures f = {
+		.where = space, .ids = {{"space", space}}, .requested = size,
+		.free_bytes = p->limit > used ? p->limit - used : 0, .limit = p->limit,
+		.largest = atomic_load(&p->a_largest_free),
+	};
 
-	ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-	             "%s cannot hold %s more: %s free (largest free block %s) of %s",
-	             space, ts_format_bytes(req, sizeof req, size),
-	             ts_format_bytes(fr, sizeof fr, free_b),
-	             ts_format_bytes(big, sizeof big, largest),
-	             ts_format_bytes(lim, sizeof lim, p->limit));
-	ts_error_meta(err, "space", "%s", space);
-	ts_error_meta_u64(err, "requested_bytes", size);
-	ts_error_meta_u64(err, "free_bytes", free_b);
-	ts_error_meta_u64(err, "largest_free_block_bytes", largest);
-	ts_error_meta_u64(err, "limit_bytes", p->limit);
-	return TS_RESOURCE_EXHAUSTED;
+	return ts_error_oom_bytes(err, &f);
 }
 
 /* Carves from the allocator, growing a pinned pool by one segment if needed. */
@@ -225,6 +219,7 @@ static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
 	uintptr_t addr;
 	ts_status s;
 
+	assert(ts_mutex_held(&p->mu));
 	if (!ts_alloc_alloc(p->alloc, need, &addr)) {
 		if (p->type != POOL_SEGMENTS)
 			return TS_RESOURCE_EXHAUSTED;
@@ -261,7 +256,7 @@ static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
 	ts_status st;
 
 	ts_error_clear(&inner);
-	pthread_mutex_lock(&p->mu);
+	ts_mutex_lock(&p->mu);
 	if (ts_fault_fire(pool_fault_kind(p))) {
 		st = TS_RESOURCE_EXHAUSTED;   /* injected: refused as a full pool is */
 	} else if (p->type == POOL_PAGEABLE) {
@@ -276,7 +271,7 @@ static ts_status pool_alloc(struct pool *p, const char *space, uint64_t size,
 		st = pool_carve_locked(p, want, out, &inner);
 	}
 	pool_publish_locked(p);
-	pthread_mutex_unlock(&p->mu);
+	ts_mutex_unlock(&p->mu);
 	if (st == TS_RESOURCE_EXHAUSTED)
 		return pool_refuse(p, space, size, err);
 	if (st != TS_OK) {
@@ -290,7 +285,7 @@ static void pool_release(struct pool *p, void *ptr, uint64_t size)
 {
 	uint64_t want = size ? size : 1;
 
-	pthread_mutex_lock(&p->mu);
+	ts_mutex_lock(&p->mu);
 	if (p->type == POOL_PAGEABLE) {
 		ts_device_mem_free(p->src, p->kind, ptr, want);
 		p->used -= want;
@@ -303,7 +298,7 @@ static void pool_release(struct pool *p, void *ptr, uint64_t size)
 			ts_log(TS_LOG_ERROR, NULL, "%s: release of unknown block %p", p->name, ptr);
 	}
 	pool_publish_locked(p);
-	pthread_mutex_unlock(&p->mu);
+	ts_mutex_unlock(&p->mu);
 }
 
 /* ---- spaces ---------------------------------------------------------------- */
@@ -448,8 +443,7 @@ static ts_status memory_add_pool(struct ts_memory *m, struct pool *p,
 
 	if (!grown) {
 		pool_destroy(p);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the pool table");
+		return ts_error_oom(err, "no memory for the pool table");
 	}
 	m->pools = grown;
 	m->pools[m->npools++] = p;
@@ -480,8 +474,7 @@ ts_status ts_memory_new(struct ts_device_set *set,
 	ts_status st;
 
 	if (!m)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the memory table");
+		return ts_error_oom(err, "no memory for the memory table");
 	m->set = set;
 	m->spaces = calloc(ndev * TS_MEM_KIND_COUNT, sizeof *m->spaces);
 	if (!m->spaces || !host) {

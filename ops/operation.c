@@ -1,6 +1,6 @@
 /*
  * operation.c - the operation registry: every operation listed in creation
- * order and hashed by id, a FIFO of pending ones, the worker threads that
+ * order and by id (a common/registry.h map), a FIFO of pending ones, the worker threads that
  * run them, target claims, waiters and retention.
  *
  * Each listed operation sits on exactly one state list of its registry: the
@@ -29,52 +29,9 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/lock.h"
+#include "common/registry.h"
 #include "common/units.h"
-
-/* A mutex that knows its holder, so that _locked functions can assert it. */
-struct lock {
-	pthread_mutex_t mu;
-	pthread_t holder;                   /* valid while held */
-	bool held;                          /* guarded by: mu */
-};
-
-static void lock_init(struct lock *l)
-{
-	pthread_mutex_init(&l->mu, NULL);
-	l->held = false;
-}
-
-static void lock_take(struct lock *l)
-{
-	pthread_mutex_lock(&l->mu);
-	l->holder = pthread_self();
-	l->held = true;
-}
-
-static void lock_drop(struct lock *l)
-{
-	l->held = false;
-	pthread_mutex_unlock(&l->mu);
-}
-
-/* Whether the calling thread holds l (only meaningful in assertions). */
-static bool lock_mine(const struct lock *l)
-{
-	return l->held && pthread_equal(l->holder, pthread_self());
-}
-
-/* Waits on c, releasing l meanwhile; until is CLOCK_MONOTONIC, or NULL for
- * no deadline. Returns pthread_cond_timedwait's code. */
-static int lock_wait(struct lock *l, pthread_cond_t *c, const struct timespec *until)
-{
-	int rc;
-
-	l->held = false;
-	rc = until ? pthread_cond_timedwait(c, &l->mu, until) : pthread_cond_wait(c, &l->mu);
-	l->holder = pthread_self();
-	l->held = true;
-	return rc;
-}
 
 static void cond_init_monotonic(pthread_cond_t *c)
 {
@@ -111,7 +68,7 @@ struct ts_operation {
 	_Atomic uint64_t done_units, total_units;
 	_Atomic bool cancel;
 
-	struct lock lk;
+	struct ts_mutex lk;
 	pthread_cond_t finished_cv;         /* broadcast when state becomes final */
 	pthread_mutex_t waking;             /* held while waiters are called */
 	enum ts_op_state state;             /* guarded by: lk (and reg->lk to change) */
@@ -124,7 +81,6 @@ struct ts_operation {
 	enum where where;
 	struct ts_operation *prev, *next;   /* on the state list `where` names */
 	struct ts_operation *older, *newer; /* every listed operation */
-	struct ts_operation *hnext;         /* hash chain */
 	uint64_t end_mono;                  /* when it finished (for retention) */
 };
 
@@ -139,12 +95,11 @@ struct ts_op_registry {
 	pthread_t *threads;                 /* immutable after new */
 	int nthreads;                       /* immutable after new */
 
-	struct lock lk;
+	struct ts_mutex lk;
 	pthread_cond_t work;                /* pending work, or shutdown */
 	struct oplist queue, active, finished;     /* guarded by: lk */
 	struct ts_operation *oldest, *newest;      /* guarded by: lk */
-	struct ts_operation **buckets;             /* guarded by: lk */
-	size_t nbuckets, count;                    /* guarded by: lk */
+	struct ts_registry ids;                    /* id -> listed op; guarded by: lk */
 	uint64_t next_seq;                         /* guarded by: lk */
 	uint64_t counts[TS_OP_CANCELLED + 1];      /* guarded by: lk */
 	bool shutdown;                             /* guarded by: lk */
@@ -193,7 +148,7 @@ static void op_free(struct ts_operation *op)
 	json_decref(op->result);
 	pthread_cond_destroy(&op->finished_cv);
 	pthread_mutex_destroy(&op->waking);
-	pthread_mutex_destroy(&op->lk.mu);
+	ts_mutex_destroy(&op->lk);
 	free(op);
 }
 
@@ -206,7 +161,13 @@ struct ts_operation *ts_operation_ref(struct ts_operation *op)
 
 void ts_operation_unref(struct ts_operation *op)
 {
-	if (op && atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) == 1)
+	uint32_t was;
+
+	if (!op)
+		return;
+	was = atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel);
+	assert(was > 0);     /* an unref without its reference */
+	if (was == 1)
 		op_free(op);
 }
 
@@ -232,7 +193,7 @@ const char *ts_operation_id(const struct ts_operation *op)
 static void oplist_push_locked(struct ts_op_registry *r, struct oplist *l,
                                struct ts_operation *op, enum where w)
 {
-	assert(lock_mine(&r->lk) && op->where == WHERE_NONE);
+	assert(ts_mutex_held(&r->lk) && op->where == WHERE_NONE);
 	op->prev = l->tail;
 	op->next = NULL;
 	if (l->tail)
@@ -246,7 +207,7 @@ static void oplist_push_locked(struct ts_op_registry *r, struct oplist *l,
 
 static struct oplist *list_of_locked(struct ts_op_registry *r, enum where w)
 {
-	assert(lock_mine(&r->lk));
+	assert(ts_mutex_held(&r->lk));
 	switch (w) {
 	case WHERE_QUEUE: return &r->queue;
 	case WHERE_ACTIVE: return &r->active;
@@ -259,8 +220,10 @@ static struct oplist *list_of_locked(struct ts_op_registry *r, enum where w)
 /* Takes op off whichever state list holds it. */
 static void oplist_remove_locked(struct ts_op_registry *r, struct ts_operation *op)
 {
-	struct oplist *l = list_of_locked(r, op->where);
+	struct oplist *l;
 
+	assert(ts_mutex_held(&r->lk));
+	l = list_of_locked(r, op->where);
 	if (!l)
 		return;
 	if (op->prev)
@@ -276,68 +239,16 @@ static void oplist_remove_locked(struct ts_op_registry *r, struct ts_operation *
 	op->where = WHERE_NONE;
 }
 
-static uint64_t hash_id(const char *id)
-{
-	uint64_t h = 1469598103934665603ull;
-
-	for (; *id; id++)
-		h = (h ^ (unsigned char)*id) * 1099511628211ull;
-	return h;
-}
-
-/* Doubles the hash table when chains grow long; keeps the old one when out
- * of memory (longer chains, same answers). */
-static void hash_grow_locked(struct ts_op_registry *r)
-{
-	size_t n = r->nbuckets * 2;
-	struct ts_operation **b;
-
-	assert(lock_mine(&r->lk));
-	if (r->count < r->nbuckets * 2)
-		return;
-	b = calloc(n, sizeof *b);
-	if (!b)
-		return;
-	for (size_t i = 0; i < r->nbuckets; i++) {
-		struct ts_operation *op = r->buckets[i];
-
-		while (op) {
-			struct ts_operation *next = op->hnext;
-			size_t k = hash_id(op->id) & (n - 1);
-
-			op->hnext = b[k];
-			b[k] = op;
-			op = next;
-		}
-	}
-	free(r->buckets);
-	r->buckets = b;
-	r->nbuckets = n;
-}
-
-static struct ts_operation **hash_slot_locked(struct ts_op_registry *r, const char *id)
-{
-	struct ts_operation **pp;
-
-	assert(lock_mine(&r->lk));
-	pp = &r->buckets[hash_id(id) & (r->nbuckets - 1)];
-	while (*pp && strcmp((*pp)->id, id) != 0)
-		pp = &(*pp)->hnext;
-	return pp;
-}
-
-/* Lists a new operation: hash, creation order, queue. Takes over one of its
- * references. */
+/* Lists a new operation: by id, creation order, queue. Takes over one of
+ * its references. Room for its id was reserved (ts_registry_reserve). */
 static void insert_locked(struct ts_op_registry *r, struct ts_operation *op)
 {
-	struct ts_operation **pp;
+	ts_status st;
 
-	assert(lock_mine(&r->lk));
-	hash_grow_locked(r);
-	pp = hash_slot_locked(r, op->id);
-	op->hnext = NULL;
-	*pp = op;
-	r->count++;
+	assert(ts_mutex_held(&r->lk));
+	st = ts_registry_put(&r->ids, op->id, op, NULL, NULL);
+	assert(st == TS_OK);   /* a valid, unique id; room reserved */
+	(void)st;
 	op->older = r->newest;
 	op->newer = NULL;
 	if (r->newest)
@@ -353,11 +264,12 @@ static void insert_locked(struct ts_op_registry *r, struct ts_operation *op)
  * (after unlocking). */
 static void unlist_locked(struct ts_op_registry *r, struct ts_operation *op)
 {
-	struct ts_operation **pp = hash_slot_locked(r, op->id);
+	struct ts_operation *listed;
 
-	assert(*pp == op && op->where == WHERE_FINISHED);
-	*pp = op->hnext;
-	r->count--;
+	assert(ts_mutex_held(&r->lk) && op->where == WHERE_FINISHED);
+	listed = ts_registry_remove(&r->ids, op->id);
+	assert(listed == op);
+	(void)listed;
 	if (op->older)
 		op->older->newer = op->newer;
 	else
@@ -381,7 +293,7 @@ static struct ts_operation *prune_locked(struct ts_op_registry *r)
 	uint64_t now = ts_now_ns();
 	struct ts_operation *dropped = NULL, **tail = &dropped;
 
-	assert(lock_mine(&r->lk));
+	assert(ts_mutex_held(&r->lk));
 	while (r->finished.head) {
 		struct ts_operation *op = r->finished.head;
 		bool too_many = r->finished.n > r->cfg.keep_finished;
@@ -401,7 +313,7 @@ static struct ts_operation *claim_holder_locked(struct ts_op_registry *r, const 
 {
 	const struct oplist *lists[2] = {&r->queue, &r->active};
 
-	assert(lock_mine(&r->lk));
+	assert(ts_mutex_held(&r->lk));
 	if (!target || !*target)
 		return NULL;
 	for (int i = 0; i < 2; i++)
@@ -415,7 +327,7 @@ static struct ts_operation *claim_holder_locked(struct ts_op_registry *r, const 
 static void set_state_locked(struct ts_op_registry *r, struct ts_operation *op,
                              enum ts_op_state s)
 {
-	assert(lock_mine(&r->lk) && lock_mine(&op->lk));
+	assert(ts_mutex_held(&r->lk) && ts_mutex_held(&op->lk));
 	r->counts[op->state]--;
 	r->counts[s]++;
 	op->state = s;
@@ -427,7 +339,7 @@ static void set_state_locked(struct ts_op_registry *r, struct ts_operation *op,
 static void record_outcome_locked(struct ts_op_registry *r, struct ts_operation *op,
                                   ts_status st, const struct ts_error *err)
 {
-	assert(lock_mine(&op->lk));
+	assert(ts_mutex_held(&op->lk));
 	ts_error_clear(&op->error);
 	if (st == TS_OK) {
 		set_state_locked(r, op, TS_OP_SUCCEEDED);
@@ -459,8 +371,8 @@ static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_stat
 	struct ts_operation *dropped;
 	struct waiter *w;
 
-	lock_take(&r->lk);
-	lock_take(&op->lk);
+	ts_mutex_lock(&r->lk);
+	ts_mutex_lock(&op->lk);
 	oplist_remove_locked(r, op);
 	record_outcome_locked(r, op, st, err);
 	op->end_ns = ts_wall_ns();
@@ -472,9 +384,9 @@ static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_stat
 	/* taken before the waiter list leaves the lock: an unwait that no
 	 * longer finds its waiter waits for the calls below to end */
 	pthread_mutex_lock(&op->waking);
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	dropped = prune_locked(r);
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	while (w) {
 		struct waiter *next = w->next;
 
@@ -510,17 +422,17 @@ static bool take_locked(struct ts_op_registry *r, struct ts_operation *op)
 {
 	bool start;
 
-	assert(lock_mine(&r->lk));
+	assert(ts_mutex_held(&r->lk));
 	oplist_remove_locked(r, op);
 	oplist_push_locked(r, &r->active, op, WHERE_ACTIVE);
 	ts_operation_ref(op);
-	lock_take(&op->lk);
+	ts_mutex_lock(&op->lk);
 	start = !atomic_load(&op->cancel);
 	if (start) {
 		set_state_locked(r, op, TS_OP_RUNNING);
 		op->start_ns = ts_wall_ns();
 	}
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	return start;
 }
 
@@ -528,22 +440,22 @@ static void *worker_main(void *arg)
 {
 	struct ts_op_registry *r = arg;
 
-	lock_take(&r->lk);
+	ts_mutex_lock(&r->lk);
 	for (;;) {
 		struct ts_operation *op;
 		bool start;
 
 		while (!r->shutdown && !r->queue.head)
-			lock_wait(&r->lk, &r->work, NULL);
+			ts_mutex_wait(&r->lk, &r->work, NULL);
 		op = r->queue.head;
 		if (!op)
 			break;
 		start = take_locked(r, op);
-		lock_drop(&r->lk);
+		ts_mutex_unlock(&r->lk);
 		op_run(r, op, start);
-		lock_take(&r->lk);
+		ts_mutex_lock(&r->lk);
 	}
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	return NULL;
 }
 
@@ -563,8 +475,8 @@ static uint64_t mix64(uint64_t x)
 static void registry_destroy(struct ts_op_registry *r)
 {
 	pthread_cond_destroy(&r->work);
-	pthread_mutex_destroy(&r->lk.mu);
-	free(r->buckets);
+	ts_mutex_destroy(&r->lk);
+	ts_registry_release(&r->ids);
 	free(r->threads);
 	free(r);
 }
@@ -581,20 +493,17 @@ ts_status ts_op_registry_new(const struct ts_op_registry_config *cfg,
 		                    "operation workers %d is not in 1..1024", cfg->workers);
 	r = calloc(1, sizeof *r);
 	if (!r)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the operation registry");
+		return ts_error_oom(err, "no memory for the operation registry");
 	r->cfg = *cfg;
 	if (getrandom(&r->salt, sizeof r->salt, GRND_NONBLOCK) != (ssize_t)sizeof r->salt)
 		r->salt = mix64(ts_wall_ns() ^ (uint64_t)(uintptr_t)r);
-	lock_init(&r->lk);
+	ts_mutex_init(&r->lk);
 	cond_init_monotonic(&r->work);
-	r->nbuckets = 64;
-	r->buckets = calloc(r->nbuckets, sizeof *r->buckets);
+	ts_registry_init(&r->ids);
 	r->threads = calloc((size_t)cfg->workers, sizeof *r->threads);
-	if (!r->buckets || !r->threads) {
+	if (!r->threads) {
 		registry_destroy(r);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the operation registry");
+		return ts_error_oom(err, "no memory for the operation registry");
 	}
 	for (; r->nthreads < cfg->workers; r->nthreads++) {
 		rc = pthread_create(&r->threads[r->nthreads], NULL, worker_main, r);
@@ -619,7 +528,7 @@ void ts_op_registry_free(struct ts_op_registry *r)
 		return;
 	/* flag everything; then cancel the queue here, one by one (a worker
 	 * that takes one first skips its work, seeing the flag) */
-	lock_take(&r->lk);
+	ts_mutex_lock(&r->lk);
 	r->shutdown = true;
 	for (struct ts_operation *op = r->queue.head; op; op = op->next)
 		atomic_store(&op->cancel, true);
@@ -630,11 +539,11 @@ void ts_op_registry_free(struct ts_op_registry *r)
 		struct ts_operation *op = r->queue.head;
 		bool start = take_locked(r, op);
 
-		lock_drop(&r->lk);
+		ts_mutex_unlock(&r->lk);
 		op_run(r, op, start);
-		lock_take(&r->lk);
+		ts_mutex_lock(&r->lk);
 	}
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	for (int i = 0; i < r->nthreads; i++)
 		pthread_join(r->threads[i], NULL);
 	/* nothing runs now: drop the registry's references */
@@ -682,7 +591,7 @@ static struct ts_operation *op_new(struct ts_op_registry *r, const char *kind,
 	atomic_init(&op->done_units, 0);
 	atomic_init(&op->total_units, total);
 	atomic_init(&op->cancel, false);
-	lock_init(&op->lk);
+	ts_mutex_init(&op->lk);
 	cond_init_monotonic(&op->finished_cv);
 	pthread_mutex_init(&op->waking, NULL);
 	op->state = TS_OP_PENDING;
@@ -717,9 +626,8 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 		return ts_error_set(err, TS_INTERNAL, "BAD_OPERATION", "operation has no work");
 	op = op_new(r, kind, target, total, unit, fn, arg, release);
 	if (!op)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a %s operation", kind);
-	lock_take(&r->lk);
+		return ts_error_oom(err, "no memory for a %s operation", kind);
+	ts_mutex_lock(&r->lk);
 	if (r->shutdown) {
 		st = ts_error_set(err, TS_UNAVAILABLE, "SHUTTING_DOWN",
 		                  "operations are shutting down; %s not started", kind);
@@ -733,6 +641,10 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 		goto out_unlock;
 	}
 	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
+	if (ts_registry_reserve(&r->ids, 1, NULL) != TS_OK) {
+		st = ts_error_oom(err, "no memory for a %s operation", kind);
+		goto out_unlock;
+	}
 	if (hold && (st = hold(op->id, arg, err)) != TS_OK)
 		goto out_unlock;
 	insert_locked(r, op);   /* the registry's reference */
@@ -741,7 +653,7 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 	pthread_cond_signal(&r->work);
 	op = NULL;
 out_unlock:
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	if (op)
 		op_free(op);   /* never listed: its arg stays the caller's */
 	return st;
@@ -753,10 +665,10 @@ struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)
 
 	if (!id)
 		return NULL;
-	lock_take(&r->lk);
+	ts_mutex_lock(&r->lk);
 	dropped = prune_locked(r);
-	op = ts_operation_ref(*hash_slot_locked(r, id));
-	lock_drop(&r->lk);
+	op = ts_operation_ref(ts_registry_get(&r->ids, id));
+	ts_mutex_unlock(&r->lk);
 	unref_chain(dropped);
 	return op;
 }
@@ -773,14 +685,13 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
 	if (only < -1 || only > TS_OP_CANCELLED)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_STATE",
 		                    "operation state %d is not one of the five", only);
-	lock_take(&r->lk);
+	ts_mutex_lock(&r->lk);
 	dropped = prune_locked(r);
-	if (limit > r->count)
-		limit = r->count;
+	if (limit > ts_registry_count(&r->ids))
+		limit = ts_registry_count(&r->ids);
 	ops = malloc((limit ? limit : 1) * sizeof *ops);
 	if (!ops) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory to list %zu operations", limit);
+		st = ts_error_oom(err, "no memory to list %zu operations", limit);
 		goto out_unlock;
 	}
 	for (struct ts_operation *op = r->newest; op && k < limit; op = op->older) {
@@ -791,7 +702,7 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
 	*out = ops;
 	*n = k;
 out_unlock:
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	unref_chain(dropped);
 	return st;
 }
@@ -807,10 +718,10 @@ void ts_op_counts(struct ts_op_registry *r, uint64_t *counts)
 {
 	struct ts_operation *dropped;
 
-	lock_take(&r->lk);
+	ts_mutex_lock(&r->lk);
 	dropped = prune_locked(r);
 	memcpy(counts, r->counts, sizeof r->counts);
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	unref_chain(dropped);
 }
 
@@ -842,14 +753,14 @@ static void cancel_pending(struct ts_op_registry *r, struct ts_operation *op)
 {
 	bool mine = false;
 
-	lock_take(&r->lk);
+	ts_mutex_lock(&r->lk);
 	if (op->where == WHERE_QUEUE) {
 		oplist_remove_locked(r, op);
 		oplist_push_locked(r, &r->active, op, WHERE_ACTIVE);
 		ts_operation_ref(op);
 		mine = true;
 	}
-	lock_drop(&r->lk);
+	ts_mutex_unlock(&r->lk);
 	if (mine)
 		op_run(r, op, false);
 }
@@ -858,11 +769,11 @@ ts_status ts_operation_cancel(struct ts_operation *op, struct ts_error *err)
 {
 	enum ts_op_state s;
 
-	lock_take(&op->lk);
+	ts_mutex_lock(&op->lk);
 	s = op->state;
 	if (!state_final(s))
 		atomic_store_explicit(&op->cancel, true, memory_order_release);
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	if (state_final(s))
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "OPERATION_FINISHED",
 		                    "operation %s has already finished", op->id);
@@ -875,10 +786,10 @@ void ts_operation_set_result(struct ts_operation *op, json_t *result)
 {
 	json_t *old;
 
-	lock_take(&op->lk);
+	ts_mutex_lock(&op->lk);
 	old = op->result;
 	op->result = result;
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	json_decref(old);
 }
 
@@ -893,13 +804,13 @@ bool ts_operation_wait(struct ts_operation *op, void (*wake)(void *token), void 
 		return false;
 	w->wake = wake;
 	w->token = token;
-	lock_take(&op->lk);
+	ts_mutex_lock(&op->lk);
 	if (!state_final(op->state)) {
 		w->next = op->waiters;
 		op->waiters = w;
 		added = true;
 	}
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	if (!added)
 		free(w);
 	return added;
@@ -909,7 +820,7 @@ void ts_operation_unwait(struct ts_operation *op, void (*wake)(void *token), voi
 {
 	struct waiter *gone = NULL;
 
-	lock_take(&op->lk);
+	ts_mutex_lock(&op->lk);
 	for (struct waiter **pp = &op->waiters; *pp;) {
 		struct waiter *w = *pp;
 
@@ -921,7 +832,7 @@ void ts_operation_unwait(struct ts_operation *op, void (*wake)(void *token), voi
 			pp = &w->next;
 		}
 	}
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	/* when the finisher took the list first, wait for its calls to end */
 	pthread_mutex_lock(&op->waking);
 	pthread_mutex_unlock(&op->waking);
@@ -941,12 +852,12 @@ bool ts_operation_block(struct ts_operation *op, uint64_t timeout_ns)
 	                      .tv_nsec = (long)(until % 1000000000ull)};
 	bool done;
 
-	lock_take(&op->lk);
+	ts_mutex_lock(&op->lk);
 	while (!state_final(op->state))
-		if (lock_wait(&op->lk, &op->finished_cv, &ts) == ETIMEDOUT)
+		if (ts_mutex_wait(&op->lk, &op->finished_cv, &ts) == ETIMEDOUT)
 			break;
 	done = state_final(op->state);
-	lock_drop(&op->lk);
+	ts_mutex_unlock(&op->lk);
 	return done;
 }
 
@@ -962,7 +873,7 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	snprintf(out->target, sizeof out->target, "%s", op->target);
 	snprintf(out->unit, sizeof out->unit, "%s", op->unit);
 	out->create_ns = op->create_ns;
-	lock_take(&o->lk);
+	ts_mutex_lock(&o->lk);
 	out->state = op->state;
 	out->start_ns = op->start_ns;
 	out->end_ns = op->end_ns;
@@ -970,7 +881,7 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	/* a copy of its own: jansson's reference counts are not safe to share
 	 * between threads that render the same value at once */
 	out->result = op->state == TS_OP_SUCCEEDED && op->result ? json_deep_copy(op->result) : NULL;
-	lock_drop(&o->lk);
+	ts_mutex_unlock(&o->lk);
 	out->done = state_final(out->state);
 	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);
 	out->total_units = atomic_load_explicit(&o->total_units, memory_order_relaxed);

@@ -6,7 +6,7 @@ set -euo pipefail
 # what building tstaged needs (the Dockerfile's build stage installs the same,
 # tests/deploy/check_dockerfile.py checks it), then what the tests add
 build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev)
-test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip)
+test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip jq)
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
 # make pytest: the Python client's virtual environment
 pkgs+=(python3-venv)
@@ -33,10 +33,20 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # The integration tests read and write fixtures with numpy and the reference
-# safetensors package, which Debian does not ship: from PyPI, only when
+# safetensors package, and check dtype conversions against ml_dtypes (the
+# bfloat16 JAX uses), which Debian does not ship: from PyPI, only when
 # python3 cannot import them (PEP 668 systems need --break-system-packages).
-if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-	echo "tstage: installing the python packages safetensors and numpy" >&2
-	python3 -m pip install --quiet safetensors numpy 2>/dev/null ||
-		python3 -m pip install --quiet --break-system-packages safetensors numpy
+if ! python3 -c 'import safetensors, numpy, ml_dtypes' 2>/dev/null; then
+	echo "tstage: installing the python packages safetensors, numpy and ml_dtypes" >&2
+	python3 -m pip install --quiet safetensors numpy ml_dtypes 2>/dev/null ||
+		python3 -m pip install --quiet --break-system-packages safetensors numpy ml_dtypes
+fi
+
+# The optax comparisons (tests/integration/it_optax) run the model in JAX
+# with optax itself: jax, jaxlib (CPU wheels) and optax from PyPI, only when
+# python3 cannot import them.
+if ! python3 -c 'import jax, jaxlib, optax' 2>/dev/null; then
+	echo "tstage: installing the python packages jax, jaxlib and optax" >&2
+	python3 -m pip install --quiet jax jaxlib optax 2>/dev/null ||
+		python3 -m pip install --quiet --break-system-packages jax jaxlib optax
 fi

@@ -537,6 +537,7 @@ static void expire_locked(struct request *rq)
 {
 	bool expect = false;
 
+	assert(ts_mutex_held(&rq->srv->waits_mu));
 	if (!atomic_compare_exchange_strong(&rq->woken, &expect, true))
 		return;                           /* woken meanwhile */
 	rq->timed_out = true;
@@ -548,7 +549,7 @@ static void *waits_main(void *arg)
 {
 	struct ts_server *srv = arg;
 
-	pthread_mutex_lock(&srv->waits_mu);
+	ts_mutex_lock(&srv->waits_mu);
 	while (!srv->waits_stop) {
 		uint64_t now = ts_now_ns(), next = UINT64_MAX;
 		struct ts__waiting **pp = &srv->waits;
@@ -567,24 +568,24 @@ static void *waits_main(void *arg)
 			pp = &w->next;
 		}
 		if (next == UINT64_MAX) {
-			pthread_cond_wait(&srv->waits_cv, &srv->waits_mu);
+			ts_mutex_wait(&srv->waits_mu, &srv->waits_cv, NULL);
 		} else {
 			struct timespec ts;
 			uint64_t wall = ts_wall_ns() + (next - now);
 
 			ts.tv_sec = (time_t)(wall / 1000000000ull);
 			ts.tv_nsec = (long)(wall % 1000000000ull);
-			pthread_cond_timedwait(&srv->waits_cv, &srv->waits_mu, &ts);
+			ts_mutex_wait(&srv->waits_mu, &srv->waits_cv, &ts);
 		}
 	}
-	pthread_mutex_unlock(&srv->waits_mu);
+	ts_mutex_unlock(&srv->waits_mu);
 	return NULL;
 }
 
 /* Removes rq from the list (if still there). */
 static void waits_remove(struct ts_server *srv, struct request *rq)
 {
-	pthread_mutex_lock(&srv->waits_mu);
+	ts_mutex_lock(&srv->waits_mu);
 	for (struct ts__waiting **pp = &srv->waits; *pp; pp = &(*pp)->next) {
 		if ((*pp)->rq == rq) {
 			struct ts__waiting *w = *pp;
@@ -594,14 +595,14 @@ static void waits_remove(struct ts_server *srv, struct request *rq)
 			break;
 		}
 	}
-	pthread_mutex_unlock(&srv->waits_mu);
+	ts_mutex_unlock(&srv->waits_mu);
 }
 
 void ts__http_wake_all(struct ts_server *srv)
 {
 	if (!srv->waits_started)
 		return;
-	pthread_mutex_lock(&srv->waits_mu);
+	ts_mutex_lock(&srv->waits_mu);
 	while (srv->waits) {
 		struct ts__waiting *w = srv->waits;
 
@@ -611,7 +612,7 @@ void ts__http_wake_all(struct ts_server *srv)
 	}
 	srv->waits_stop = true;
 	pthread_cond_signal(&srv->waits_cv);
-	pthread_mutex_unlock(&srv->waits_mu);
+	ts_mutex_unlock(&srv->waits_mu);
 	pthread_join(srv->waits_thread, NULL);
 	srv->waits_started = false;
 }
@@ -635,10 +636,10 @@ static enum MHD_Result request_suspend(struct request *rq, struct MHD_Connection
 	rq->deadline_ns = ts_now_ns() + rq->susp.timeout_ns;
 	MHD_suspend_connection(conn);
 	w->rq = rq;
-	pthread_mutex_lock(&srv->waits_mu);
+	ts_mutex_lock(&srv->waits_mu);
 	if (srv->waits_stop) {
 		/* draining: answer at once */
-		pthread_mutex_unlock(&srv->waits_mu);
+		ts_mutex_unlock(&srv->waits_mu);
 		free(w);
 		atomic_store(&rq->woken, true);
 		rq->timed_out = true;
@@ -653,7 +654,7 @@ static enum MHD_Result request_suspend(struct request *rq, struct MHD_Connection
 	if (!rq->susp.arm(rq->susp.state, wake_request, rq))
 		wake_request(rq);
 	pthread_cond_signal(&srv->waits_cv);
-	pthread_mutex_unlock(&srv->waits_mu);
+	ts_mutex_unlock(&srv->waits_mu);
 	return MHD_YES;
 }
 
@@ -965,7 +966,7 @@ static struct ts__addr_count *addr_count_locked(struct ts_server *srv, const uns
 {
 	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(addr)];
 
-	assert(pthread_mutex_trylock(&srv->conns_mu) == EBUSY);
+	assert(ts_mutex_held(&srv->conns_mu));
 	for (; *pp; pp = &(*pp)->next)
 		if (memcmp((*pp)->addr, addr, 16) == 0)
 			return *pp;
@@ -982,7 +983,7 @@ static void addr_drop_locked(struct ts_server *srv, struct ts__addr_count *ac)
 {
 	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(ac->addr)];
 
-	assert(pthread_mutex_trylock(&srv->conns_mu) == EBUSY);
+	assert(ts_mutex_held(&srv->conns_mu));
 	while (*pp != ac)
 		pp = &(*pp)->next;
 	*pp = ac->next;
@@ -996,7 +997,7 @@ static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
 	struct ts__addr_count *ac;
 	int over = 0;
 
-	pthread_mutex_lock(&srv->conns_mu);
+	ts_mutex_lock(&srv->conns_mu);
 	ac = addr_count_locked(srv, cc->addr, true);
 	if (srv->conns >= srv->cfg.max_connections)
 		over = 1;
@@ -1010,7 +1011,7 @@ static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
 	} else if (ac && ac->n == 0) {
 		addr_drop_locked(srv, ac);    /* nothing counted for it */
 	}
-	pthread_mutex_unlock(&srv->conns_mu);
+	ts_mutex_unlock(&srv->conns_mu);
 	return over;
 }
 
@@ -1018,12 +1019,12 @@ static void conn_leave(struct ts_server *srv, const struct conn_ctx *cc)
 {
 	struct ts__addr_count *ac;
 
-	pthread_mutex_lock(&srv->conns_mu);
+	ts_mutex_lock(&srv->conns_mu);
 	srv->conns--;
 	ac = addr_count_locked(srv, cc->addr, false);
 	if (ac && --ac->n == 0)
 		addr_drop_locked(srv, ac);
-	pthread_mutex_unlock(&srv->conns_mu);
+	ts_mutex_unlock(&srv->conns_mu);
 }
 
 /* Answers a connection past a limit on its raw socket (nothing has been
@@ -1144,7 +1145,7 @@ static ts_status conns_start(struct ts_server *srv, struct ts_error *err)
 {
 	char msg[200];
 
-	pthread_mutex_init(&srv->conns_mu, NULL);
+	ts_mutex_init(&srv->conns_mu);
 	srv->conns_started = true;
 	snprintf(msg, sizeof msg, "tstaged serves at most %d connections at once; retry later",
 	         srv->cfg.max_connections);
@@ -1153,8 +1154,7 @@ static ts_status conns_start(struct ts_server *srv, struct ts_error *err)
 	         "address; retry later", srv->cfg.max_connections_per_ip);
 	srv->busy[1] = busy_reply(msg, &srv->busy_len[1]);
 	if (!srv->busy[0] || !srv->busy[1])
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the connection limits");
+		return ts_error_oom(err, "no memory for the connection limits");
 	return TS_OK;
 }
 
@@ -1180,7 +1180,7 @@ void ts__http_stop(struct ts_server *srv)
 	}
 	free(srv->busy[0]);
 	free(srv->busy[1]);
-	pthread_mutex_destroy(&srv->conns_mu);
+	ts_mutex_destroy(&srv->conns_mu);
 	srv->conns_started = false;
 }
 
@@ -1252,7 +1252,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	if (st != TS_OK)
 		return st;
 	/* the deadline thread and its lock exist before any worker can suspend */
-	pthread_mutex_init(&srv->waits_mu, NULL);
+	ts_mutex_init(&srv->waits_mu);
 	pthread_cond_init(&srv->waits_cv, NULL);
 	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");

@@ -64,13 +64,17 @@
 	X("POST", "/v1/models", ts_h_models_create, NULL, NULL, TS_BODY_JSON, false,          \
 	  "wait:bool")                                                                         \
 	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false, "")          \
+	X("POST", "/v1/models:import", NULL, NULL, &ts_h_models_import, TS_BODY_STREAM, false, \
+	  "name,device")                                                                       \
 	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,    \
-	  false, "")                                                                           \
+	  false, "timeline:bool")                                                              \
 	X("GET", "/v1/models/{model}", ts_h_models_get, NULL, NULL, TS_BODY_NONE, false, "")   \
+	X("GET", "/v1/models/{model}:export", ts_h_models_export, NULL, NULL, TS_BODY_NONE,    \
+	  false, "")                                                                           \
 	X("DELETE", "/v1/models/{model}", ts_h_models_delete, NULL, NULL, TS_BODY_NONE, false, \
 	  "")                                                                                  \
 	X("POST", "/v1/models/{model}:analyze", ts_h_models_analyze, NULL, NULL, TS_BODY_JSON, \
-	  false, "")                                                                           \
+	  false, "timeline:bool")                                                              \
 	X("POST", "/v1/models/{model}:step", ts_h_models_step, NULL, NULL, TS_BODY_JSON, false,\
 	  "wait:bool")
 

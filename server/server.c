@@ -167,8 +167,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	ts_status st;
 
 	if (!srv)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the server");
+		return ts_error_oom(err, "no memory for the server");
 	srv->cfg = *cfg;
 	ts_log_set_level(cfg->log_level);
 	if (getrandom(rnd, sizeof rnd, 0) < 0)
@@ -207,7 +206,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		goto out_free;
 	srv->catalog = ts_catalog_new();
 	if (!srv->catalog) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the catalog");
+		st = ts_error_oom(err, "no memory for the catalog");
 		goto out_free;
 	}
 	if (cfg->data_dir[0] && !realpath(cfg->data_dir, srv->data_dir)) {
@@ -236,8 +235,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	srv->core.shardings = ts_sharding_registry_new();
 	srv->core.models = ts_model_registry_new();
 	if (!srv->core.shardings) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for the saved shardings");
+		st = ts_error_oom(err, "no memory for the saved shardings");
 		goto out_free;
 	}
 	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
@@ -247,7 +245,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		goto out_free;
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
 	if (!srv->metrics || !srv->core.memory_view) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for metrics");
+		st = ts_error_oom(err, "no memory for metrics");
 		goto out_free;
 	}
 	st = ts__http_start(srv, err);

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "common/lock.h"
 #include "handlers/api.h"
 #include "server/config.h"
 #include "server/metrics.h"
@@ -35,7 +36,7 @@ struct ts_server {
 	char id_prefix[12];              /* immutable: random per process */
 	int port;                        /* immutable after listen */
 	/* suspended requests and their deadlines (http.c) */
-	pthread_mutex_t waits_mu;
+	struct ts_mutex waits_mu;
 	pthread_cond_t waits_cv;
 	struct ts__waiting *waits;       /* guarded by: waits_mu */
 	bool waits_stop;                 /* guarded by: waits_mu */
@@ -45,7 +46,7 @@ struct ts_server {
 	_Atomic int inflight;
 	_Atomic bool draining;
 	/* connections served, in all and by client address (http.c) */
-	pthread_mutex_t conns_mu;
+	struct ts_mutex conns_mu;
 	bool conns_started;
 	int conns;                       /* guarded by: conns_mu */
 	struct ts__addr_count *by_addr[TS__ADDR_BUCKETS];   /* guarded by: conns_mu */

@@ -1,9 +1,10 @@
 /*
  * array.c - immutable array versions and the name -> version catalog (a
- * chained hash table under a reader-writer lock).
+ * common/registry.h map under a reader-writer lock, which stays here).
  */
 #include "storage/array.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -11,6 +12,8 @@
 #include <string.h>
 
 #include "common/fault.h"
+#include "common/lock.h"
+#include "common/registry.h"
 #include "common/units.h"
 
 struct ts_array {
@@ -33,15 +36,9 @@ struct ts_array {
 	bool published;
 };
 
-struct entry {
-	struct entry *next;
-	struct ts_array *arr;                   /* own reference */
-};
-
 struct ts_catalog {
-	pthread_rwlock_t lock;
-	struct entry **buckets;                 /* guarded by: lock */
-	size_t nbuckets, count;                 /* guarded by: lock */
+	struct ts_rwlock lock;
+	struct ts_registry names;               /* guarded by: lock; own references */
 	uint64_t bytes;                         /* guarded by: lock */
 	uint64_t next_tag;                      /* guarded by: lock (write) */
 };
@@ -156,8 +153,7 @@ static ts_status array_create(const char *name, const struct ts_array_desc *d,
 	ts_status st;
 
 	if (!a)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for array '%s'", name);
+		return ts_error_oom(err, "no memory for array '%s'", name);
 	atomic_init(&a->refs, 1);
 	snprintf(a->name, sizeof a->name, "%s", name);
 	a->desc = *d;
@@ -227,7 +223,13 @@ struct ts_array *ts_array_ref(struct ts_array *a)
 
 void ts_array_unref(struct ts_array *a)
 {
-	if (!a || atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel) != 1)
+	uint32_t was;
+
+	if (!a)
+		return;
+	was = atomic_fetch_sub_explicit(&a->refs, 1, memory_order_acq_rel);
+	assert(was > 0);     /* an unref without its reference */
+	if (was != 1)
 		return;
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		ts_buffer_unref(a->bufs[i]);
@@ -285,8 +287,7 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 	struct ts_array *v = calloc(1, sizeof *v);
 
 	if (!v)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a new version of array '%s'", a->name);
+		return ts_error_oom(err, "no memory for a new version of array '%s'", a->name);
 	/* field by field: the counts and the hold are the new version's own */
 	atomic_init(&v->refs, 1);
 	memcpy(v->name, a->name, sizeof v->name);
@@ -306,28 +307,14 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 
 /* ---- catalog --------------------------------------------------------------- */
 
-static uint64_t hash_name(const char *s)
-{
-	uint64_t h = 1469598103934665603ull;     /* FNV-1a */
-
-	for (; *s; s++)
-		h = (h ^ (unsigned char)*s) * 1099511628211ull;
-	return h;
-}
-
 struct ts_catalog *ts_catalog_new(void)
 {
 	struct ts_catalog *c = calloc(1, sizeof *c);
 
 	if (!c)
 		return NULL;
-	c->nbuckets = 64;
-	c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
-	if (!c->buckets) {
-		free(c);
-		return NULL;
-	}
-	pthread_rwlock_init(&c->lock, NULL);
+	ts_registry_init(&c->names);
+	ts_rwlock_init(&c->lock);
 	return c;
 }
 
@@ -335,65 +322,37 @@ void ts_catalog_free(struct ts_catalog *c)
 {
 	if (!c)
 		return;
-	for (size_t i = 0; i < c->nbuckets; i++) {
-		for (struct entry *e = c->buckets[i], *next; e; e = next) {
-			next = e->next;
-			ts_array_unref(e->arr);
-			free(e);
-		}
-	}
-	free(c->buckets);
-	pthread_rwlock_destroy(&c->lock);
+	for (size_t i = 0; i < ts_registry_count(&c->names); i++)
+		ts_array_unref(ts_registry_at(&c->names, i));
+	ts_registry_release(&c->names);
+	ts_rwlock_destroy(&c->lock);
 	free(c);
 }
 
-static struct entry **find_slot_locked(struct ts_catalog *c, const char *name)
+/* The current version of name (borrowed), or NULL. */
+static struct ts_array *find_locked(struct ts_catalog *c, const char *name)
 {
-	struct entry **pp = &c->buckets[hash_name(name) & (c->nbuckets - 1)];
-
-	while (*pp && strcmp((*pp)->arr->name, name) != 0)
-		pp = &(*pp)->next;
-	return pp;
+	assert(ts_rwlock_held(&c->lock));
+	return ts_registry_get(&c->names, name);
 }
 
 struct ts_array *ts_catalog_get(struct ts_catalog *c, const char *name)
 {
-	struct ts_array *a = NULL;
-	struct entry **pp;
+	struct ts_array *a;
 
-	pthread_rwlock_rdlock(&c->lock);
-	pp = find_slot_locked(c, name);
-	if (*pp)
-		a = ts_array_ref((*pp)->arr);
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_rdlock(&c->lock);
+	a = find_locked(c, name);
+	if (a)
+		ts_array_ref(a);
+	ts_rwlock_unlock(&c->lock);
 	return a;
 }
 
-/* Doubles the table when it is full; failure only keeps chains longer. */
-static void grow_locked(struct ts_catalog *c)
+static ts_status check_pre_locked(const struct ts_catalog *c, const struct ts_array *cur,
+                                  const char *name, const struct ts_precondition *pre,
+                                  struct ts_error *err)
 {
-	size_t n = c->nbuckets * 2;
-	struct entry **b;
-
-	if (c->count < c->nbuckets || !(b = calloc(n, sizeof *b)))
-		return;
-	for (size_t i = 0; i < c->nbuckets; i++) {
-		for (struct entry *e = c->buckets[i], *next; e; e = next) {
-			size_t j = hash_name(e->arr->name) & (n - 1);
-
-			next = e->next;
-			e->next = b[j];
-			b[j] = e;
-		}
-	}
-	free(c->buckets);
-	c->buckets = b;
-	c->nbuckets = n;
-}
-
-static ts_status check_pre_locked(const struct ts_array *cur, const char *name,
-                                  const struct ts_precondition *pre, struct ts_error *err)
-{
+	assert(ts_rwlock_held(&c->lock));
 	if (!pre)
 		return TS_OK;
 	if (pre->create_only && cur)
@@ -436,12 +395,13 @@ static bool same_desc(const struct ts_array_desc *x, const struct ts_array_desc 
  * a version of desc d (NULL: deleted): a hold by another operation refuses
  * both, an owner refuses a new dtype or shape and a delete by anyone else.
  */
-static ts_status check_write_locked(const struct ts_array *cur, const char *name,
-                                    const struct ts_array_desc *d,
+static ts_status check_write_locked(const struct ts_catalog *c, const struct ts_array *cur,
+                                    const char *name, const struct ts_array_desc *d,
                                     const struct ts_precondition *pre, struct ts_error *err)
 {
 	const char *holder = pre ? pre->holder : NULL, *owner = pre ? pre->owner : NULL;
 
+	assert(ts_rwlock_held(&c->lock));
 	if (!cur)
 		return TS_OK;
 	if (cur->held_by[0] && !(holder && strcmp(holder, cur->held_by) == 0)) {
@@ -474,6 +434,7 @@ static void stamp_locked(struct ts_catalog *c, struct ts_array *a, const struct 
 {
 	uint64_t now = ts_wall_ns();
 
+	assert(ts_rwlock_writing(&c->lock));
 	a->version = prev ? prev->version + 1 : 1;
 	a->created_ns = prev ? prev->created_ns : now;
 	a->updated_ns = now;
@@ -482,12 +443,21 @@ static void stamp_locked(struct ts_catalog *c, struct ts_array *a, const struct 
 	a->published = true;
 }
 
-/* Links a in place of *pp's array (or as a new entry; e is preallocated). */
-static void install_locked(struct ts_catalog *c, struct entry **pp, struct entry *e,
-                           struct ts_array *a)
+static ts_status bad_name(const char *name, struct ts_error *err)
 {
-	const struct ts_array *prev = *pp ? (*pp)->arr : NULL;
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ARRAY_NAME",
+	                    "array name '%s' is invalid: it must match "
+	                    "^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", name);
+}
 
+/* Enters a in place of prev, the current version of its name (or as a new
+ * name, with room reserved): cannot fail. */
+static void install_locked(struct ts_catalog *c, struct ts_array *prev, struct ts_array *a)
+{
+	void *old;
+	ts_status st;
+
+	assert(ts_rwlock_writing(&c->lock));
 	stamp_locked(c, a, prev);
 	if (prev && prev->owner[0] && !a->owner[0])
 		snprintf(a->owner, sizeof a->owner, "%s", prev->owner);
@@ -496,173 +466,149 @@ static void install_locked(struct ts_catalog *c, struct entry **pp, struct entry
 		snprintf(a->held_by, sizeof a->held_by, "%s", prev->held_by);
 	ts_array_ref(a);
 	c->bytes += a->desc.nbytes;
-	if (*pp) {
-		c->bytes -= (*pp)->arr->desc.nbytes;
-		ts_array_unref((*pp)->arr);
-		(*pp)->arr = a;
-		free(e);
-		return;
+	st = ts_registry_put(&c->names, a->name, a, &old, NULL);
+	assert(st == TS_OK && old == prev);   /* a valid name, room reserved */
+	(void)st;
+	if (prev) {
+		c->bytes -= prev->desc.nbytes;
+		ts_array_unref(prev);
 	}
-	e->arr = a;
-	e->next = NULL;
-	*pp = e;
-	c->count++;
+}
+
+/* Takes the current version of name out; returns it (the catalog's
+ * reference, for the caller to drop after unlocking). */
+static struct ts_array *unlist_locked(struct ts_catalog *c, const char *name)
+{
+	struct ts_array *a;
+
+	assert(ts_rwlock_writing(&c->lock));
+	a = ts_registry_remove(&c->names, name);
+	if (a)
+		c->bytes -= a->desc.nbytes;
+	return a;
 }
 
 ts_status ts_catalog_put(struct ts_catalog *c, struct ts_array *a,
                          const struct ts_precondition *pre, bool *replaced,
                          struct ts_error *err)
 {
-	struct entry *e = ts_fault_malloc(sizeof *e), **pp;
+	struct ts_array *cur;
 	ts_status st;
 
-	if (!e)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a catalog entry");
-	pthread_rwlock_wrlock(&c->lock);
-	grow_locked(c);
-	pp = find_slot_locked(c, a->name);
-	st = check_pre_locked(*pp ? (*pp)->arr : NULL, a->name, pre, err);
+	if (!ts_name_valid(a->name))
+		return bad_name(a->name, err);
+	ts_rwlock_wrlock(&c->lock);
+	cur = find_locked(c, a->name);
+	st = check_pre_locked(c, cur, a->name, pre, err);
 	if (st == TS_OK)
-		st = check_write_locked(*pp ? (*pp)->arr : NULL, a->name, &a->desc, pre, err);
+		st = check_write_locked(c, cur, a->name, &a->desc, pre, err);
+	if (st == TS_OK && ts_registry_reserve(&c->names, 1, NULL) != TS_OK)
+		st = ts_error_oom(err, "no memory for a catalog entry");
 	if (st == TS_OK) {
 		if (replaced)
-			*replaced = *pp != NULL;
-		install_locked(c, pp, e, a);
-		e = NULL;
+			*replaced = cur != NULL;
+		install_locked(c, cur, a);
 	}
-	pthread_rwlock_unlock(&c->lock);
-	free(e);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
 ts_status ts_catalog_replace(struct ts_catalog *c, struct ts_array *a,
                              const struct ts_precondition *pre, struct ts_error *err)
 {
-	struct entry **pp;
+	struct ts_array *cur;
 	ts_status st;
 
-	pthread_rwlock_wrlock(&c->lock);
-	pp = find_slot_locked(c, a->name);
-	if (!*pp)
+	ts_rwlock_wrlock(&c->lock);
+	cur = find_locked(c, a->name);
+	if (!cur)
 		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found",
 		                  a->name);
 	else
-		st = check_pre_locked((*pp)->arr, a->name, pre, err);
+		st = check_pre_locked(c, cur, a->name, pre, err);
 	if (st == TS_OK)
-		st = check_write_locked((*pp)->arr, a->name, &a->desc, pre, err);
+		st = check_write_locked(c, cur, a->name, &a->desc, pre, err);
 	if (st == TS_OK)
-		install_locked(c, pp, NULL, a);     /* an existing entry: nothing allocated */
-	pthread_rwlock_unlock(&c->lock);
+		install_locked(c, cur, a);     /* an existing name: nothing allocated */
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
 ts_status ts_catalog_put_all(struct ts_catalog *c, struct ts_array *const *arrs,
                              size_t n, bool overwrite, struct ts_error *err)
 {
-	struct entry **fresh = calloc(n ? n : 1, sizeof *fresh);
 	ts_status st = TS_OK;
 
-	if (!fresh)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for catalog entries");
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
-		fresh[i] = ts_fault_malloc(sizeof **fresh);
-		if (!fresh[i])
-			st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                  "no memory for catalog entries");
+		if (!ts_name_valid(arrs[i]->name))
+			st = bad_name(arrs[i]->name, err);
 		for (size_t j = 0; j < i && st == TS_OK; j++)
 			if (strcmp(arrs[i]->name, arrs[j]->name) == 0)
 				st = ts_error_set(err, TS_INVALID_ARGUMENT, "DUPLICATE_NAME",
 				                  "name '%s' appears twice", arrs[i]->name);
 	}
-	if (st == TS_OK) {
-		pthread_rwlock_wrlock(&c->lock);
-		for (size_t i = 0; i < n && !overwrite && st == TS_OK; i++)
-			if (*find_slot_locked(c, arrs[i]->name))
-				st = ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
-				                  "array '%s' already exists; nothing was imported",
-				                  arrs[i]->name);
-		for (size_t i = 0; i < n && st == TS_OK; i++) {
-			struct entry *cur = *find_slot_locked(c, arrs[i]->name);
-
-			st = check_write_locked(cur ? cur->arr : NULL, arrs[i]->name, &arrs[i]->desc,
-			                        NULL, err);
-		}
-		for (size_t i = 0; i < n && st == TS_OK; i++) {
-			grow_locked(c);
-			install_locked(c, find_slot_locked(c, arrs[i]->name), fresh[i], arrs[i]);
-			fresh[i] = NULL;
-		}
-		pthread_rwlock_unlock(&c->lock);
-	}
-	for (size_t i = 0; i < n; i++)
-		free(fresh[i]);
-	free(fresh);
+	if (st != TS_OK)
+		return st;
+	ts_rwlock_wrlock(&c->lock);
+	for (size_t i = 0; i < n && !overwrite && st == TS_OK; i++)
+		if (find_locked(c, arrs[i]->name))
+			st = ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+			                  "array '%s' already exists; nothing was imported",
+			                  arrs[i]->name);
+	for (size_t i = 0; i < n && st == TS_OK; i++)
+		st = check_write_locked(c, find_locked(c, arrs[i]->name), arrs[i]->name,
+		                        &arrs[i]->desc, NULL, err);
+	if (st == TS_OK && ts_registry_reserve(&c->names, n, NULL) != TS_OK)
+		st = ts_error_oom(err, "no memory for catalog entries");
+	for (size_t i = 0; i < n && st == TS_OK; i++)
+		install_locked(c, find_locked(c, arrs[i]->name), arrs[i]);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
 ts_status ts_catalog_delete(struct ts_catalog *c, const char *name,
                             const struct ts_precondition *pre, struct ts_error *err)
 {
-	struct entry **pp, *e = NULL;
+	struct ts_array *cur, *gone = NULL;
 	ts_status st;
 
-	pthread_rwlock_wrlock(&c->lock);
-	pp = find_slot_locked(c, name);
-	if (!*pp) {
+	ts_rwlock_wrlock(&c->lock);
+	cur = find_locked(c, name);
+	if (!cur) {
 		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
 	} else {
-		st = check_pre_locked((*pp)->arr, name, pre, err);
+		st = check_pre_locked(c, cur, name, pre, err);
 		if (st == TS_OK)
-			st = check_write_locked((*pp)->arr, name, NULL, pre, err);
-		if (st == TS_OK) {
-			e = *pp;
-			*pp = e->next;
-			c->count--;
-			c->bytes -= e->arr->desc.nbytes;
-		}
+			st = check_write_locked(c, cur, name, NULL, pre, err);
+		if (st == TS_OK)
+			gone = unlist_locked(c, name);
 	}
-	pthread_rwlock_unlock(&c->lock);
-	if (e) {
-		ts_array_unref(e->arr);
-		free(e);
-	}
+	ts_rwlock_unlock(&c->lock);
+	ts_array_unref(gone);
 	return st;
 }
 
 ts_status ts_catalog_delete_all(struct ts_catalog *c, const char *const *names, size_t n,
                                 const struct ts_precondition *pre, struct ts_error *err)
 {
-	struct entry *gone = NULL;
+	struct ts_array **gone = calloc(n ? n : 1, sizeof *gone);
 	ts_status st = TS_OK;
 
-	pthread_rwlock_wrlock(&c->lock);
+	if (!gone)
+		return ts_error_oom(err, "no memory to delete %zu arrays", n);
+	ts_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
-		struct entry *e = *find_slot_locked(c, names[i]);
+		struct ts_array *cur = find_locked(c, names[i]);
 
-		if (e)
-			st = check_write_locked(e->arr, names[i], NULL, pre, err);
+		if (cur)
+			st = check_write_locked(c, cur, names[i], NULL, pre, err);
 	}
-	for (size_t i = 0; i < n && st == TS_OK; i++) {
-		struct entry **pp = find_slot_locked(c, names[i]), *e = *pp;
-
-		if (!e)
-			continue;
-		*pp = e->next;
-		c->count--;
-		c->bytes -= e->arr->desc.nbytes;
-		e->next = gone;
-		gone = e;
-	}
-	pthread_rwlock_unlock(&c->lock);
-	while (gone) {
-		struct entry *next = gone->next;
-
-		ts_array_unref(gone->arr);
-		free(gone);
-		gone = next;
-	}
+	for (size_t i = 0; i < n && st == TS_OK; i++)
+		gone[i] = unlist_locked(c, names[i]);
+	ts_rwlock_unlock(&c->lock);
+	for (size_t i = 0; i < n; i++)
+		ts_array_unref(gone[i]);
+	free(gone);
 	return st;
 }
 
@@ -673,24 +619,24 @@ ts_status ts_catalog_hold(struct ts_catalog *c, struct ts_array *const *arrs, si
 
 	if (!holder || !*holder || strlen(holder) >= sizeof arrs[0]->held_by)
 		return ts_error_set(err, TS_INTERNAL, "BAD_HOLDER", "a hold needs an operation id");
-	pthread_rwlock_wrlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
 	for (size_t i = 0; i < n && st == TS_OK; i++) {
-		struct entry *e = *find_slot_locked(c, arrs[i]->name);
+		struct ts_array *cur = find_locked(c, arrs[i]->name);
 
-		if (!e || e->arr != arrs[i]) {
+		if (cur != arrs[i]) {
 			st = ts_error_set(err, TS_ABORTED, "ARRAY_CHANGED",
 			                  "array '%s' was %s while the operation started", arrs[i]->name,
-			                  e ? "replaced" : "deleted");
-		} else if (e->arr->held_by[0] && strcmp(e->arr->held_by, holder) != 0) {
+			                  cur ? "replaced" : "deleted");
+		} else if (cur->held_by[0] && strcmp(cur->held_by, holder) != 0) {
 			st = ts_error_set(err, TS_ABORTED, "ARRAY_HELD",
 			                  "array '%s' is held by operation %s, which uses it in place",
-			                  arrs[i]->name, e->arr->held_by);
-			ts_error_meta(err, "operation", "%s", e->arr->held_by);
+			                  arrs[i]->name, cur->held_by);
+			ts_error_meta(err, "operation", "%s", cur->held_by);
 		}
 	}
 	for (size_t i = 0; i < n && st == TS_OK; i++)
 		snprintf(arrs[i]->held_by, sizeof arrs[i]->held_by, "%s", holder);
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
@@ -698,27 +644,29 @@ void ts_catalog_release(struct ts_catalog *c, const char *holder)
 {
 	if (!holder || !*holder)
 		return;
-	pthread_rwlock_wrlock(&c->lock);
-	for (size_t i = 0; i < c->nbuckets; i++)
-		for (struct entry *e = c->buckets[i]; e; e = e->next)
-			if (strcmp(e->arr->held_by, holder) == 0)
-				e->arr->held_by[0] = '\0';
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_wrlock(&c->lock);
+	for (size_t i = 0; i < ts_registry_count(&c->names); i++) {
+		struct ts_array *a = ts_registry_at(&c->names, i);
+
+		if (strcmp(a->held_by, holder) == 0)
+			a->held_by[0] = '\0';
+	}
+	ts_rwlock_unlock(&c->lock);
 }
 
 bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_t cap)
 {
 	bool held = false;
-	struct entry *e;
+	struct ts_array *cur;
 
-	pthread_rwlock_rdlock(&c->lock);
-	e = *find_slot_locked(c, name);
-	if (e && e->arr->held_by[0]) {
+	ts_rwlock_rdlock(&c->lock);
+	cur = find_locked(c, name);
+	if (cur && cur->held_by[0]) {
 		held = true;
 		if (holder && cap)
-			snprintf(holder, cap, "%s", e->arr->held_by);
+			snprintf(holder, cap, "%s", cur->held_by);
 	}
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 	return held;
 }
 
@@ -726,23 +674,27 @@ ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,
                                  const struct ts_array_desc *d,
                                  const struct ts_precondition *pre, struct ts_error *err)
 {
-	struct entry *e;
+	struct ts_array *cur;
 	ts_status st;
 
-	pthread_rwlock_rdlock(&c->lock);
-	e = *find_slot_locked(c, name);
+	ts_rwlock_rdlock(&c->lock);
+	cur = find_locked(c, name);
 	/* without d, a write that keeps the shape (a move) */
-	st = check_write_locked(e ? e->arr : NULL, name, d ? d : e ? &e->arr->desc : NULL, pre,
-	                        err);
-	pthread_rwlock_unlock(&c->lock);
+	st = check_write_locked(c, cur, name, d ? d : cur ? &cur->desc : NULL, pre, err);
+	ts_rwlock_unlock(&c->lock);
 	return st;
 }
 
-static int by_name(const void *x, const void *y)
-{
-	const struct ts_array *a = *(struct ts_array *const *)x, *b = *(struct ts_array *const *)y;
+struct keep_arg {
+	bool (*keep)(const struct ts_array *a, void *arg);
+	void *arg;
+};
 
-	return strcmp(a->name, b->name);
+static bool keep_array(const void *value, void *arg)
+{
+	const struct keep_arg *k = arg;
+
+	return k->keep(value, k->arg);
 }
 
 ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
@@ -750,28 +702,24 @@ ts_status ts_catalog_list(struct ts_catalog *c, const char *after, size_t limit,
                           struct ts_array ***out, size_t *n, bool *more,
                           struct ts_error *err)
 {
-	struct ts_array **all;
-	size_t m = 0, k = 0;
+	struct keep_arg k = {keep, arg};
+	struct ts_array **page;
+	size_t m = 0, cap;
 
-	pthread_rwlock_rdlock(&c->lock);
-	all = malloc((c->count ? c->count : 1) * sizeof *all);
-	if (all)
-		for (size_t i = 0; i < c->nbuckets; i++)
-			for (struct entry *e = c->buckets[i]; e; e = e->next)
-				if ((!after || strcmp(e->arr->name, after) > 0) &&
-				    (!keep || keep(e->arr, arg)))
-					all[m++] = ts_array_ref(e->arr);
-	pthread_rwlock_unlock(&c->lock);
-	if (!all)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to list arrays");
-	qsort(all, m, sizeof *all, by_name);
-	k = m < limit ? m : limit;
-	for (size_t i = k; i < m; i++)
-		ts_array_unref(all[i]);
-	*out = all;
-	*n = k;
-	*more = m > k;
+	ts_rwlock_rdlock(&c->lock);
+	cap = ts_registry_count(&c->names) < limit ? ts_registry_count(&c->names) : limit;
+	page = malloc((cap ? cap : 1) * sizeof *page);
+	if (page) {
+		m = ts_registry_list(&c->names, after, limit, keep ? keep_array : NULL, &k,
+		                     (void **)page, more);
+		for (size_t i = 0; i < m; i++)
+			ts_array_ref(page[i]);
+	}
+	ts_rwlock_unlock(&c->lock);
+	if (!page)
+		return ts_error_oom(err, "no memory to list arrays");
+	*out = page;
+	*n = m;
 	return TS_OK;
 }
 
@@ -784,8 +732,8 @@ void ts_catalog_list_free(struct ts_array **arrs, size_t n)
 
 void ts_catalog_totals(struct ts_catalog *c, uint64_t *count, uint64_t *bytes)
 {
-	pthread_rwlock_rdlock(&c->lock);
-	*count = c->count;
+	ts_rwlock_rdlock(&c->lock);
+	*count = ts_registry_count(&c->names);
 	*bytes = c->bytes;
-	pthread_rwlock_unlock(&c->lock);
+	ts_rwlock_unlock(&c->lock);
 }

@@ -25,8 +25,7 @@ static ts_status run_push(struct run_list *l, struct ts_run r, struct ts_error *
 		struct ts_run *g = realloc(l->runs, cap * sizeof *g);
 
 		if (!g)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "no memory for a copy plan");
+			return ts_error_oom(err, "no memory for a copy plan");
 		l->runs = g;
 		l->cap = cap;
 	}
@@ -63,7 +62,7 @@ ts_status ts_array_read(struct ts_stager *st, const struct ts_array *a,
 		return ts_stage_read_runs(st, single, runs, n, dst, err);
 	c = ts_fault_calloc(1, sizeof *c);
 	if (!c)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to read");
+		return ts_error_oom(err, "no memory to read");
 	for (size_t i = 0; s == TS_OK && i < n; i++) {
 		c->dst_base = runs[i].dst_offset;
 		c->parent_base = runs[i].src_offset;
@@ -170,7 +169,7 @@ ts_status ts_array_copy(struct ts_stager *st, struct ts_array *dst, const bool *
 
 	c.pairs = calloc((size_t)(c.nsrc * c.ndst), sizeof *c.pairs);
 	if (!c.pairs)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a copy plan");
+		return ts_error_oom(err, "no memory for a copy plan");
 	for (size_t i = 0; s == TS_OK && i < n; i++) {
 		c.src_parent_base = runs[i].src_offset;
 		c.dst_parent_base = runs[i].dst_offset;
@@ -207,7 +206,7 @@ ts_status ts_array_writer_new(struct ts_stager *st, struct ts_array *a,
 	ts_status s = TS_OK;
 
 	if (!w)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a writer");
+		return ts_error_oom(err, "no memory for a writer");
 	w->a = ts_array_ref(a);
 	for (int i = 0; s == TS_OK && i < ts_array_nshards(a); i++)
 		s = ts_writer_new(st, ts_array_shard_buffer(a, i), 0, &w->w[i], err);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "formats/convert.h"
 #include "storage/array_io.h"
 
 struct ts_move {
@@ -32,8 +33,7 @@ ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
 
 	*out = NULL;
 	if (!mv)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to move array '%s'", ts_array_name(src));
+		return ts_error_oom(err, "no memory to move array '%s'", ts_array_name(src));
 	mv->spec = *spec;
 	snprintf(mv->name, sizeof mv->name, "%s", spec->name ? spec->name : ts_array_name(src));
 	snprintf(mv->holder, sizeof mv->holder, "%s", spec->holder ? spec->holder : "");
@@ -41,11 +41,26 @@ ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
 	mv->spec.holder = mv->holder[0] ? mv->holder : NULL;
 	mv->rename = strcmp(mv->name, ts_array_name(src)) != 0;
 	snprintf(mv->src_etag, sizeof mv->src_etag, "%s", ts_array_etag(src));
-	/* a put shares the shards that stay where they are; a copy copies all */
-	st = mv->rename ? ts_array_new(mv->name, ts_array_desc(src), &spec->placement, mem, &mv->dst,
-	                               err)
-	                : ts_array_new_like(mv->name, src, &spec->placement, mem, &mv->dst, &reused,
-	                                    mv->shared, err);
+	mv->spec.convert = spec->convert && spec->dtype != ts_array_desc(src)->dtype;
+	if (mv->spec.convert) {
+		struct ts_array_desc d = *ts_array_desc(src);
+
+		d.dtype = spec->dtype;
+		st = ts_convert_supported(ts_array_desc(src)->dtype, d.dtype)
+		         ? ts_array_desc_init(&d, err)
+		         : ts_error_set(err, TS_INVALID_ARGUMENT, "UNSUPPORTED_CONVERSION",
+		                        "array '%s' cannot be converted from %s to %s",
+		                        ts_array_name(src), ts_dtype_name(ts_array_desc(src)->dtype),
+		                        ts_dtype_name(d.dtype));
+		if (st == TS_OK)
+			st = ts_array_new(mv->name, &d, &spec->placement, mem, &mv->dst, err);
+	} else if (mv->rename) {
+		/* a put shares the shards that stay where they are; a copy copies all */
+		st = ts_array_new(mv->name, ts_array_desc(src), &spec->placement, mem, &mv->dst, err);
+	} else {
+		st = ts_array_new_like(mv->name, src, &spec->placement, mem, &mv->dst, &reused,
+		                       mv->shared, err);
+	}
 	if (st != TS_OK) {
 		free(mv);
 		return st;
@@ -63,6 +78,50 @@ ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
 struct ts_array *ts_move_source(const struct ts_move *mv) { return mv->src; }
 struct ts_array *ts_move_result(const struct ts_move *mv) { return mv->dst; }
 
+/* The converting copy: chunks of the source read into host memory,
+ * converted, and written in parent order through the destination's writer. */
+static ts_status convert_copy(struct ts_move *mv, struct ts_stager *st,
+                              void (*progress)(void *arg, uint64_t bytes),
+                              bool (*cancelled)(void *arg), void *arg, struct ts_error *err)
+{
+	const struct ts_array_desc *sd = ts_array_desc(mv->src), *dd = ts_array_desc(mv->dst);
+	size_t ssize = ts_dtype_size(sd->dtype), dsize = ts_dtype_size(dd->dtype);
+	uint64_t total = ssize ? sd->nbytes / ssize : 0;
+	uint64_t chunk = total < TS_MOVE_CONVERT_CHUNK ? total : TS_MOVE_CONVERT_CHUNK;
+	void *in = malloc(chunk * ssize + 1), *conv = malloc(chunk * dsize + 1);
+	struct ts_array_writer *w = NULL;
+	ts_status s;
+
+	if (!in || !conv) {
+		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                 "no host memory to convert array '%s'", ts_array_name(mv->src));
+		goto out;
+	}
+	s = ts_array_writer_new(st, mv->dst, &w, err);
+	for (uint64_t done = 0; s == TS_OK && done < total; done += chunk) {
+		uint64_t n = total - done < chunk ? total - done : chunk;
+		struct ts_run run = {done * ssize, 0, n * ssize};
+
+		if (cancelled && cancelled(arg))
+			s = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the move was cancelled");
+		if (s == TS_OK)
+			s = ts_array_read(st, mv->src, &run, 1, in, err);
+		if (s == TS_OK) {
+			ts_convert(dd->dtype, conv, sd->dtype, in, n);
+			s = ts_array_writer_write(w, conv, (size_t)(n * dsize), err);
+		}
+		if (s == TS_OK && progress)
+			progress(arg, n * dsize);
+	}
+	if (s == TS_OK)
+		s = ts_array_writer_finish(w, err);
+out:
+	ts_array_writer_free(w);
+	free(in);
+	free(conv);
+	return s;
+}
+
 ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stager *st,
                       void (*progress)(void *arg, uint64_t bytes), bool (*cancelled)(void *arg),
                       void *arg, struct ts_error *err)
@@ -71,7 +130,10 @@ ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stag
 	struct ts_precondition pre = {.holder = mv->spec.holder};
 	ts_status s;
 
-	s = ts_array_copy(st, mv->dst, mv->shared, mv->src, &whole, 1, progress, cancelled, arg, err);
+	s = mv->spec.convert
+	        ? convert_copy(mv, st, progress, cancelled, arg, err)
+	        : ts_array_copy(st, mv->dst, mv->shared, mv->src, &whole, 1, progress, cancelled, arg,
+	                        err);
 	if (s != TS_OK)
 		return s;
 	if (cancelled && cancelled(arg))

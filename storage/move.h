@@ -13,6 +13,13 @@
  * the metadata, and refuses an existing name (ALREADY_EXISTS) unless told
  * to overwrite. The catalog's holds and owners apply to every publish.
  *
+ * A move may convert its elements on the way (spec.convert: float32,
+ * bfloat16 and float16 either way, formats/convert.h, as jnp.astype): the
+ * destination has the new dtype and shares nothing; the source is read in
+ * chunks into host memory, converted there, and written through the
+ * destination's writer (so into every shard and replica, through the
+ * device's copy queue where the destination is a device).
+ *
  * Thread-safety: a move belongs to one thread at a time; the catalog and the
  * stager are shared.
  */
@@ -29,7 +36,12 @@ struct ts_move_spec {
 	bool overwrite;                     /* a copy may replace an existing array */
 	bool donate;                        /* a copy deletes its source when published */
 	const char *holder;                 /* the operation publishing, may be NULL */
+	bool convert;                       /* the destination's elements are dtype */
+	enum ts_dtype dtype;                /* (ts_convert_supported from the source's) */
 };
+
+/* Elements converted per chunk of a converting move. */
+#define TS_MOVE_CONVERT_CHUNK ((uint64_t)1 << 20)
 
 struct ts_move;
 

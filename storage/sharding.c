@@ -7,18 +7,20 @@
  * replica number is its coordinates on the axes the spec leaves unused, read
  * row-major, which is its rank in mesh order among the devices holding the
  * same box. Everything here is computed from the sharding value alone; only
- * the registry holds state, behind its rwlock.
+ * the registry holds state: a common/registry.h map behind its rwlock.
  */
 #include "storage/sharding.h"
 
+#include <assert.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lock.h"
 #include "common/name.h"
+#include "common/registry.h"
 
 /* ---- mesh geometry ------------------------------------------------------------- */
 
@@ -124,40 +126,29 @@ void ts_sharding_with_memory_kind(const struct ts_sharding *s, enum ts_memory_ki
 	out->memory_kind = kind;
 }
 
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static ts_status bad(struct ts_error *err, const char *fmt, ...)
-{
-	char msg[TS_ERROR_MESSAGE_MAX];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof msg, fmt, ap);
-	va_end(ap);
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING", "%s", msg);
-}
+/* Bad input, through the one helper (common/status.h). */
+#define BAD(err, ...) ts_error_bad((err), "BAD_SHARDING", NULL, __VA_ARGS__)
 
 static ts_status validate_mesh(const struct ts_mesh *m, struct ts_error *err)
 {
 	long long prod = 1;
 
 	if (m->ndevices < 1 || m->ndevices > TS_MESH_MAX_DEVICES)
-		return bad(err, "mesh has %d devices; it must have 1 to %d", m->ndevices,
+		return BAD(err, "mesh has %d devices; it must have 1 to %d", m->ndevices,
 		           TS_MESH_MAX_DEVICES);
 	if (m->naxes < 1 || m->naxes > TS_MESH_MAX_AXES)
-		return bad(err, "mesh has %d axes; it must have 1 to %d", m->naxes, TS_MESH_MAX_AXES);
+		return BAD(err, "mesh has %d axes; it must have 1 to %d", m->naxes, TS_MESH_MAX_AXES);
 	for (int a = 0; a < m->naxes; a++) {
 		const char *name = m->axis_names[a];
 
 		if (name[0] == '\0' || !memchr(name, '\0', TS_AXIS_NAME_MAX))
-			return bad(err, "mesh axis %d needs a name of 1 to %d characters", a,
+			return BAD(err, "mesh axis %d needs a name of 1 to %d characters", a,
 			           TS_AXIS_NAME_MAX - 1);
 		for (int b = 0; b < a; b++)
 			if (strcmp(m->axis_names[b], name) == 0)
-				return bad(err, "mesh axis name '%s' appears twice", name);
+				return BAD(err, "mesh axis name '%s' appears twice", name);
 		if (m->shape[a] < 1)
-			return bad(err, "mesh axis '%s' has size %d; sizes must be at least 1", name,
+			return BAD(err, "mesh axis '%s' has size %d; sizes must be at least 1", name,
 			           m->shape[a]);
 		prod *= m->shape[a];
 		if (prod > TS_MESH_MAX_DEVICES)
@@ -170,15 +161,15 @@ static ts_status validate_mesh(const struct ts_mesh *m, struct ts_error *err)
 		for (int a = 0; a < m->naxes && o < sizeof dims; a++)
 			o += (size_t)snprintf(dims + o, sizeof dims - o, "%s%d", a ? ", " : "",
 			                      m->shape[a]);
-		return bad(err, "mesh shape (%s) does not hold the %d devices the mesh lists",
+		return BAD(err, "mesh shape (%s) does not hold the %d devices the mesh lists",
 		           dims, m->ndevices);
 	}
 	for (int k = 0; k < m->ndevices; k++) {
 		if (!m->devices[k])
-			return bad(err, "mesh device %d is missing", k);
+			return BAD(err, "mesh device %d is missing", k);
 		for (int j = 0; j < k; j++)
 			if (m->devices[j] == m->devices[k])
-				return bad(err, "device '%s' appears twice in the mesh",
+				return BAD(err, "device '%s' appears twice in the mesh",
 				           ts_device_props(m->devices[k])->id);
 	}
 	return TS_OK;
@@ -189,22 +180,22 @@ static ts_status validate_spec(const struct ts_sharding *s, struct ts_error *err
 	bool used[TS_MESH_MAX_AXES] = {false};
 
 	if (s->spec_rank < 0 || s->spec_rank > TS_MAX_RANK)
-		return bad(err, "partition spec has %d entries; at most %d", s->spec_rank,
+		return BAD(err, "partition spec has %d entries; at most %d", s->spec_rank,
 		           TS_MAX_RANK);
 	for (int d = 0; d < s->spec_rank; d++) {
 		const struct ts_spec_entry *e = &s->spec[d];
 
 		if (e->naxes < 0 || e->naxes > TS_SPEC_MAX_AXES)
-			return bad(err, "partition spec entry %d names %d mesh axes; at most %d", d,
+			return BAD(err, "partition spec entry %d names %d mesh axes; at most %d", d,
 			           e->naxes, TS_SPEC_MAX_AXES);
 		for (int i = 0; i < e->naxes; i++) {
 			int a = e->axes[i];
 
 			if (a < 0 || a >= s->mesh.naxes)
-				return bad(err, "partition spec entry %d names mesh axis %d; the mesh has %d",
+				return BAD(err, "partition spec entry %d names mesh axis %d; the mesh has %d",
 				           d, a, s->mesh.naxes);
 			if (used[a])
-				return bad(err, "mesh axis '%s' is used twice in the partition spec",
+				return BAD(err, "mesh axis '%s' is used twice in the partition spec",
 				           s->mesh.axis_names[a]);
 			used[a] = true;
 		}
@@ -217,12 +208,12 @@ ts_status ts_sharding_validate(const struct ts_sharding *s, struct ts_error *err
 	ts_status st;
 
 	if ((unsigned)s->memory_kind >= TS_MEM_KIND_COUNT)
-		return bad(err, "memory kind %d is not one of device, pinned_host, unpinned_host",
+		return BAD(err, "memory kind %d is not one of device, pinned_host, unpinned_host",
 		           (int)s->memory_kind);
 	if (s->type == TS_SHARDING_SINGLE)
-		return s->device ? TS_OK : bad(err, "single-device sharding has no device");
+		return s->device ? TS_OK : BAD(err, "single-device sharding has no device");
 	if (s->type != TS_SHARDING_NAMED)
-		return bad(err, "sharding type %d is unknown", (int)s->type);
+		return BAD(err, "sharding type %d is unknown", (int)s->type);
 	st = validate_mesh(&s->mesh, err);
 	if (st == TS_OK)
 		st = validate_spec(s, err);
@@ -239,9 +230,9 @@ static ts_status check_shape(const struct ts_sharding *s, int rank, const uint64
 	if (st != TS_OK)
 		return st;
 	if (rank < 0 || rank > TS_MAX_RANK)
-		return bad(err, "array rank %d is outside 0..%d", rank, TS_MAX_RANK);
+		return BAD(err, "array rank %d is outside 0..%d", rank, TS_MAX_RANK);
 	if (s->type == TS_SHARDING_NAMED && s->spec_rank > rank)
-		return bad(err, "partition spec has %d entries but the array has rank %d",
+		return BAD(err, "partition spec has %d entries but the array has rank %d",
 		           s->spec_rank, rank);
 	for (int d = 0; d < rank; d++) {
 		uint64_t n = (uint64_t)dim_blocks(s, d);
@@ -250,7 +241,7 @@ static ts_status check_shape(const struct ts_sharding *s, int rank, const uint64
 		if (shape[d] % n == 0)
 			continue;
 		format_axes(s, spec_at(s, d), axes, sizeof axes);
-		return bad(err, "dimension %d of size %" PRIu64 " is not divisible by %" PRIu64
+		return BAD(err, "dimension %d of size %" PRIu64 " is not divisible by %" PRIu64
 		           ", the size of mesh %s %s", d, shape[d], n,
 		           spec_at(s, d)->naxes == 1 ? "axis" : "axes", axes);
 	}
@@ -500,19 +491,20 @@ struct entry {
 };
 
 struct ts_sharding_registry {
-	pthread_rwlock_t lock;
-	struct entry *entries;     /* sorted by name; guarded by: lock */
-	size_t n, cap;             /* guarded by: lock */
+	struct ts_rwlock lock;
+	struct ts_registry names;  /* of struct entry (own); guarded by: lock */
 };
 
 struct ts_sharding_registry *ts_sharding_registry_new(void)
 {
 	struct ts_sharding_registry *r = calloc(1, sizeof *r);
 
-	if (r && pthread_rwlock_init(&r->lock, NULL) != 0) {
+	if (r && ts_rwlock_init(&r->lock) != 0) {
 		free(r);
 		return NULL;
 	}
+	if (r)
+		ts_registry_init(&r->names);
 	return r;
 }
 
@@ -520,62 +512,38 @@ void ts_sharding_registry_free(struct ts_sharding_registry *r)
 {
 	if (!r)
 		return;
-	pthread_rwlock_destroy(&r->lock);
-	free(r->entries);
+	ts_rwlock_destroy(&r->lock);
+	for (size_t i = 0; i < ts_registry_count(&r->names); i++)
+		free(ts_registry_at(&r->names, i));
+	ts_registry_release(&r->names);
 	free(r);
-}
-
-/* Index of name, or where it would go (*found false). Lock held. */
-static size_t find_locked(const struct ts_sharding_registry *r, const char *name, bool *found)
-{
-	size_t lo = 0, hi = r->n;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		int c = strcmp(r->entries[mid].name, name);
-
-		if (c == 0) {
-			*found = true;
-			return mid;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*found = false;
-	return lo;
 }
 
 static ts_status insert_locked(struct ts_sharding_registry *r, const char *name,
                                const struct ts_sharding *s, struct ts_error *err)
 {
-	bool found;
-	size_t at = find_locked(r, name, &found);
+	struct entry *e;
+	ts_status st;
 
-	if (found)
+	assert(ts_rwlock_writing(&r->lock));
+	if (ts_registry_get(&r->names, name))
 		return ts_error_set(err, TS_ALREADY_EXISTS, "SHARDING_EXISTS",
 		                    "sharding '%s' already exists", name);
-	if (r->n == REGISTRY_MAX)
+	if (ts_registry_count(&r->names) == REGISTRY_MAX)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_SHARDINGS",
 		                    "sharding '%s' cannot be saved: %d shardings are saved already",
 		                    name, REGISTRY_MAX);
-	if (r->n == r->cap) {
-		size_t cap = r->cap ? r->cap * 2 : 16;
-		struct entry *e = realloc(r->entries, cap * sizeof *e);
-
-		if (!e)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "no memory to save sharding '%s'", name);
-		r->entries = e;
-		r->cap = cap;
+	e = calloc(1, sizeof *e);
+	if (!e || ts_registry_reserve(&r->names, 1, NULL) != TS_OK) {
+		free(e);
+		return ts_error_oom(err, "no memory to save sharding '%s'", name);
 	}
-	memmove(&r->entries[at + 1], &r->entries[at], (r->n - at) * sizeof *r->entries);
-	memset(&r->entries[at], 0, sizeof r->entries[at]);
-	memcpy(r->entries[at].name, name, strlen(name) + 1);
-	r->entries[at].sharding = *s;
-	r->n++;
-	return TS_OK;
+	memcpy(e->name, name, strlen(name) + 1);
+	e->sharding = *s;
+	st = ts_registry_put(&r->names, e->name, e, NULL, err);   /* valid, new, room reserved */
+	if (st != TS_OK)
+		free(e);
+	return st;
 }
 
 ts_status ts_sharding_registry_put(struct ts_sharding_registry *r, const char *name,
@@ -590,34 +558,34 @@ ts_status ts_sharding_registry_put(struct ts_sharding_registry *r, const char *n
 	st = ts_sharding_validate(s, err);
 	if (st != TS_OK)
 		return st;
-	pthread_rwlock_wrlock(&r->lock);
+	ts_rwlock_wrlock(&r->lock);
 	st = insert_locked(r, name, s, err);
-	pthread_rwlock_unlock(&r->lock);
+	ts_rwlock_unlock(&r->lock);
 	return st;
 }
 
 bool ts_sharding_registry_get(struct ts_sharding_registry *r, const char *name,
                               struct ts_sharding *out)
 {
-	bool found = false;
-	size_t at;
+	const struct entry *e;
 
-	if (!name)
-		return false;
-	pthread_rwlock_rdlock(&r->lock);
-	at = find_locked(r, name, &found);
-	if (found)
-		*out = r->entries[at].sharding;
-	pthread_rwlock_unlock(&r->lock);
-	return found;
+	ts_rwlock_rdlock(&r->lock);
+	e = ts_registry_get(&r->names, name);
+	if (e)
+		*out = e->sharding;
+	ts_rwlock_unlock(&r->lock);
+	return e != NULL;
 }
 
 void ts_sharding_registry_each(struct ts_sharding_registry *r,
                                void (*fn)(const char *name, const struct ts_sharding *s, void *arg),
                                void *arg)
 {
-	pthread_rwlock_rdlock(&r->lock);
-	for (size_t i = 0; i < r->n; i++)
-		fn(r->entries[i].name, &r->entries[i].sharding, arg);
-	pthread_rwlock_unlock(&r->lock);
+	ts_rwlock_rdlock(&r->lock);
+	for (size_t i = 0; i < ts_registry_count(&r->names); i++) {
+		const struct entry *e = ts_registry_at(&r->names, i);
+
+		fn(e->name, &e->sharding, arg);
+	}
+	ts_rwlock_unlock(&r->lock);
 }

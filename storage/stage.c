@@ -92,8 +92,7 @@ ts_status ts_stager_new(struct ts_device_set *set, struct ts_memory *mem,
 
 	if (!st || !(st->q = calloc(n, sizeof *st->q))) {
 		free(st);
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the stager");
+		return ts_error_oom(err, "no memory for the stager");
 	}
 	st->mem = mem;
 	for (size_t i = 0; i < n && s == TS_OK; i++) {
@@ -135,8 +134,7 @@ ts_status ts_writer_new(struct ts_stager *st, struct ts_buffer *dst, uint64_t of
 	ts_status s = TS_OK;
 
 	if (!w)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a writer");
+		return ts_error_oom(err, "no memory for a writer");
 	w->st = st;
 	w->dst = ts_buffer_ref(dst);
 	w->start = w->offset = offset;

@@ -248,6 +248,7 @@ struct update_args {
 	int adam;
 	float lr, b1, b2, eps;
 	float bc1, bc2;                 /* 1 - b^t, computed on the host */
+	float wd;                       /* adamw's decoupled weight decay; 0: none */
 	float clip;                     /* 0: none */
 	const float *gnorm_sq;
 };
@@ -267,7 +268,7 @@ __global__ static void k_update(struct update_args a, float *p, const float *g, 
 			p[i] = ts_m_sgd(p[i], gi, a.lr);
 		else
 			p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], a.lr, a.b1, a.b2, a.eps, a.bc1,
-			                 a.bc2);
+			                 a.bc2, a.wd);
 	}
 }
 
@@ -476,12 +477,14 @@ static ts_status cuda_update(void *impl, struct ts_queue *q, const struct ts_opt
 	if (st != TS_OK)
 		return st;
 	a.adam = opt->type == TS_OPT_ADAM;
-	a.lr = opt->learning_rate;
+	/* the schedule on the host, as the CPU kernels compute it */
+	a.lr = ts_m_learning_rate(opt, step - 1);
 	a.b1 = opt->b1;
 	a.b2 = opt->b2;
 	a.eps = opt->eps;
 	a.bc1 = a.adam ? ts_m_bias_correction(opt->b1, step) : 1.0f;
 	a.bc2 = a.adam ? ts_m_bias_correction(opt->b2, step) : 1.0f;
+	a.wd = a.adam && opt->adamw ? opt->weight_decay : 0.0f;
 	a.clip = opt->clip_global_norm;
 	a.gnorm_sq = gnorm_sq_dev;
 	k_update<<<blocks_for(ck, n), THREADS, 0, stream_of(q)>>>(a, p, g, mu, nu, n);

@@ -9,10 +9,17 @@
  * read after their last write, a write after their last use) with a
  * cross-queue event wait; before a FREE, the host waits until every queue
  * that touched the buffer is past its last use. So the host blocks only
- * where memory must go back to the space, and the allocator sees exactly the
- * plan's ALLOC/FREE sequence: the measured peak is the predicted one. The
- * peak counts the step's own live temps only, so it holds while other work
- * allocates from the same spaces.
+ * where a temp's place in its arena may be reused. The arenas (one per
+ * memory kind, of the plan's size, each temp at its planned offset), the
+ * events and the queue jobs are taken before the first action: nothing after
+ * it allocates, and the measured peak (the extent the temps reach) is the
+ * predicted one, also while other work allocates from the same spaces.
+ *
+ * Atomicity: every copy and kernel before the first UPDATE is known good
+ * before it is enqueued; the loss is read back before it too. Versioned
+ * arguments (plan.h) are written to new memory, so after the first UPDATE
+ * nothing can change an argument but kernels, which allocate nothing. A
+ * failure anywhere leaves the arguments as they were.
  *
  * A WAIT is honoured where it matters, at the first kernel that touches the
  * copied buffer: the compute queue waits on the copy's event there and not
@@ -42,6 +49,8 @@ enum { QC = 0, QH, QD, NQ };    /* compute, host->device, device->host */
 /* What the queues did to one plan buffer. */
 struct slot {
 	char *ptr;                   /* memory; NULL while a temp is not live */
+	char *wptr;                  /* where copies into it go: ptr, or a host
+	                                argument's new version */
 	struct ts_event *copied;     /* owned; recorded after the last copy into it */
 	int copied_q;                /* queue of that copy, -1: none */
 	uint64_t copied_seq;         /* its job number there */
@@ -66,11 +75,16 @@ struct run {
 	uint64_t done[NQ];           /* jobs the host knows complete */
 	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
 	struct slot *s;              /* owned; one per plan buffer */
+	char *arena[2];              /* owned; the temps of device, of pinned_host */
+	uint64_t arena_bytes[2];
+	char *journal;               /* owned, pinned_host: journaled arguments before the step */
 	uint64_t dev_live, host_live; /* bytes of this step's live temps */
 	bool timed;                  /* marks time the compute queue */
 	struct ts_k_timeline *tl;    /* owned; the marks on CUDA, else NULL */
+	bool tl_lost;                /* a mark could not be made: no times */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
+	bool loss_read;              /* the loss is on its way back */
 	struct clock clk;
 	float loss;                  /* read back into here by the d2h queue */
 	struct ts_exec_result res;
@@ -112,9 +126,12 @@ static void clk_wait_end(void *arg)
 }
 
 /* Enqueues a clock mark on the compute queue (no-op when untimed): a host
- * callback on sim and cpu, a device-timed mark on CUDA. */
+ * callback on sim and cpu (its job reserved), a device-timed mark on CUDA.
+ * A CUDA mark that cannot be made (it may allocate) stops the timing, not
+ * the step: times are best effort, the step is atomic. */
 static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
 {
+	struct ts_error merr;
 	enum ts_k_mark m;
 
 	if (!r->timed)
@@ -129,7 +146,12 @@ static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *er
 		m = TS_K_WAIT_BEGIN;
 	else
 		m = TS_K_WAIT_END;
-	return ts_k_timeline_mark(r->tl, r->q[QC], m, err);
+	ts_error_clear(&merr);
+	if (ts_k_timeline_mark(r->tl, r->q[QC], m, &merr) != TS_OK) {
+		r->timed = false;
+		r->tl_lost = true;
+	}
+	return TS_OK;
 }
 
 /* ---- ordering ------------------------------------------------------------ */
@@ -251,22 +273,13 @@ static float *at(const struct run *r, int i, uint64_t off)
 
 /* ---- memory ---------------------------------------------------------------- */
 
-static struct ts_space *space_of(const struct run *r, enum ts_memory_kind k)
-{
-	if (k == TS_MEM_DEVICE)
-		return r->env->device_space;
-	if (k == TS_MEM_PINNED_HOST)
-		return r->env->pinned_space;
-	return NULL;
-}
-
 static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err)
 {
 	const struct ts_pbuf *bf;
-	struct ts_space *sp;
 	struct slot *sl;
-	void *mem = NULL;
-	ts_status st;
+	struct ts_event *copied;
+	uint64_t end;
+	int k;
 
 	if (i < 0 || i >= r->p->nbufs)
 		return bad_plan(err, action, "no such buffer", i);
@@ -274,46 +287,44 @@ static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err
 	sl = &r->s[i];
 	if (bf->cls != TS_PB_TEMP || sl->ptr)
 		return bad_plan(err, action, "allocates an argument or a live buffer", i);
-	sp = space_of(r, bf->kind);
-	if (!sp)
+	if (bf->kind != TS_MEM_DEVICE && bf->kind != TS_MEM_PINNED_HOST)
 		return bad_plan(err, action, "temp neither on device nor on pinned_host", i);
-	st = ts_space_alloc(sp, bf->bytes, &mem, err);
-	if (st != TS_OK)
-		return st;
+	k = bf->kind == TS_MEM_DEVICE ? 0 : 1;
+	end = bf->offset + bf->bytes;
+	if (bf->offset % TS_PLAN_ALIGN || end < bf->offset || end > r->arena_bytes[k])
+		return bad_plan(err, action, "temp outside the step's arena", i);
+	copied = sl->copied;                 /* made before the run, kept */
 	memset(sl, 0, sizeof *sl);
-	sl->ptr = mem;
+	sl->copied = copied;
+	sl->ptr = sl->wptr = r->arena[k] + bf->offset;
 	sl->copied_q = sl->writer = -1;
-	/* the step's own live bytes (a space's bytes_in_use is the sum of
-	 * its live allocations' sizes): other work on the same device, a
-	 * concurrent upload or another model's step, does not show */
+	/* the step's own bytes: its arena's, as far as its temps reach */
+	end = (end + TS_PLAN_ALIGN - 1) / TS_PLAN_ALIGN * TS_PLAN_ALIGN;
 	if (bf->kind == TS_MEM_DEVICE) {
 		r->dev_live += bf->bytes;
-		if (r->dev_live > r->res.measured_temp_peak)
-			r->res.measured_temp_peak = r->dev_live;
+		if (end > r->res.measured_temp_peak)
+			r->res.measured_temp_peak = end;
 	} else {
 		r->host_live += bf->bytes;
-		if (r->host_live > r->res.measured_host_temp_peak)
-			r->res.measured_host_temp_peak = r->host_live;
+		if (end > r->res.measured_host_temp_peak)
+			r->res.measured_host_temp_peak = end;
 	}
 	return TS_OK;
 }
 
-/* Gives a temp's memory back (its queues must be past it). */
+/* Ends a temp's life (its queues must be past it); the arena keeps the
+ * memory, and the copy event stays for the next buffer there. */
 static void slot_release(struct run *r, int i)
 {
 	struct slot *sl = &r->s[i];
 
-	if (sl->copied)
-		ts_event_free(sl->copied);
-	sl->copied = NULL;
 	if (sl->ptr && r->p->bufs[i].cls == TS_PB_TEMP) {
-		ts_space_release(space_of(r, r->p->bufs[i].kind), sl->ptr, r->p->bufs[i].bytes);
 		if (r->p->bufs[i].kind == TS_MEM_DEVICE)
 			r->dev_live -= r->p->bufs[i].bytes;
 		else
 			r->host_live -= r->p->bufs[i].bytes;
 	}
-	sl->ptr = NULL;
+	sl->ptr = sl->wptr = NULL;
 }
 
 /* Reads the loss scalar of buffer i back into r->loss, on the d2h queue. */
@@ -340,11 +351,6 @@ static ts_status do_free(struct run *r, int action, int i, struct ts_error *err)
 		return st;
 	if (r->p->bufs[i].cls != TS_PB_TEMP)
 		return bad_plan(err, action, "frees an argument", i);
-	if (r->p->bufs[i].role == TS_ROLE_LOSS && r->p->bufs[i].bytes >= sizeof r->loss) {
-		st = read_loss(r, i, err);
-		if (st != TS_OK)
-			return st;
-	}
 	for (int y = 0; y < NQ; y++) {
 		st = settle(r, y, r->s[i].use[y], err);
 		if (st != TS_OK)
@@ -384,7 +390,7 @@ static ts_status do_copy(struct run *r, int action, const struct ts_paction *a,
 	if (st == TS_OK)
 		st = before_use(r, x, a->a, true, err);
 	if (st == TS_OK)
-		st = ts_queue_copy(r->q[x], r->s[a->a].ptr + a->aoff, r->s[a->b].ptr + a->boff,
+		st = ts_queue_copy(r->q[x], r->s[a->a].wptr + a->aoff, r->s[a->b].ptr + a->boff,
 		                   a->bytes, kind, err);
 	if (st != TS_OK)
 		return st;
@@ -392,11 +398,8 @@ static ts_status do_copy(struct run *r, int action, const struct ts_paction *a,
 	after_use(r, x, a->b, false);
 	after_use(r, x, a->a, true);
 	dst = &r->s[a->a];
-	if (!dst->copied) {
-		st = ts_event_new(ts_queue_device(r->q[x]), &dst->copied, err);
-		if (st != TS_OK)
-			return st;
-	}
+	if (!dst->copied)          /* made before the run for every copy's end */
+		return bad_plan(err, action, "copy into a buffer without an event", a->a);
 	st = ts_event_record(dst->copied, r->q[x], err);
 	if (st != TS_OK)
 		return st;
@@ -559,14 +562,19 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	if (st != TS_OK)
 		return st;
 	kernel_end(r, o, n);
-	return TS_OK;
+	/* the loss goes back at once: known good before the first update */
+	if (a->op == TS_P_LOSS && !r->loss_read) {
+		st = read_loss(r, a->c, err);
+		r->loss_read = st == TS_OK;
+	}
+	return st;
 }
 
 /* ---- the run ------------------------------------------------------------------ */
 
 static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *env,
-                           void *const *args, struct ts_exec_result *out,
-                           struct ts_error *err)
+                           void *const *args, void *const *outs,
+                           struct ts_exec_result *out, struct ts_error *err)
 {
 	if (!p || !env || !out || !env->kernels || !env->compute || !env->h2d || !env->d2h ||
 	    !env->device_space || !env->pinned_space)
@@ -582,13 +590,31 @@ static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *en
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 			                    "step: no memory for argument %d (role %d)", i,
 			                    (int)p->bufs[i].role);
+		if (p->bufs[i].versioned && (!outs || !outs[i] || outs[i] == args[i]))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+			                    "step: no new memory for the new version of argument %d "
+			                    "(role %d)", i, (int)p->bufs[i].role);
 	}
 	return TS_OK;
 }
 
-static ts_status run_init(struct run *r, void *const *args, struct ts_error *err)
+/* Upper bound of the queue jobs one action submits to any one queue: the
+ * action itself, a record and a wait per other queue for each of up to five
+ * operands, clock marks around each wait, the loss read-back. */
+#define JOBS_PER_ACTION 48
+
+/*
+ * Takes everything the run will need before its first action: the slots,
+ * an event per buffer a copy writes, the queues' marks, the two arenas and
+ * the queue jobs. A step that got past this cannot fail for memory.
+ */
+static ts_status run_init(struct run *r, void *const *args, void *const *outs,
+                          struct ts_error *err)
 {
 	const struct ts_plan *p = r->p;
+	struct ts_space *sp[2] = {r->env->device_space, r->env->pinned_space};
+	uint64_t sizes[2] = {p->temp_size_in_bytes, p->host_temp_size_in_bytes};
+	size_t jobs = (size_t)p->nactions * JOBS_PER_ACTION + 64;
 	ts_status st = TS_OK;
 
 	r->q[QC] = r->env->compute;
@@ -604,18 +630,96 @@ static ts_status run_init(struct run *r, void *const *args, struct ts_error *err
 		                    "step: out of memory for %d buffers", p->nbufs);
 	for (int i = 0; i < p->nbufs; i++) {
 		r->s[i].copied_q = r->s[i].writer = -1;
-		if (p->bufs[i].cls != TS_PB_TEMP)
-			r->s[i].ptr = args[i];
+		if (p->bufs[i].cls == TS_PB_TEMP)
+			continue;
+		r->s[i].ptr = r->s[i].wptr = args[i];
+		if (p->bufs[i].versioned)
+			r->s[i].wptr = outs[i];                  /* read the old, write the new */
+	}
+	for (int i = 0; i < p->nactions && st == TS_OK; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		struct slot *sl;
+
+		if (a->op != TS_P_COPY || a->a < 0 || a->a >= p->nbufs)
+			continue;
+		sl = &r->s[a->a];
+		if (!sl->copied)
+			st = ts_event_new(ts_queue_device(r->q[QC]), &sl->copied, err);
 	}
 	for (int y = 0; y < NQ && st == TS_OK; y++)
 		st = ts_event_new(ts_queue_device(r->q[y]), &r->mark[y], err);
+	for (int k = 0; k < 2 && st == TS_OK; k++) {
+		void *mem = NULL;
+
+		if (!sizes[k])
+			continue;
+		st = ts_space_alloc(sp[k], sizes[k], &mem, err);
+		if (st == TS_OK) {
+			r->arena[k] = mem;
+			r->arena_bytes[k] = sizes[k];
+		}
+	}
+	if (st == TS_OK && p->host_journal_size_in_bytes) {
+		void *mem = NULL;
+
+		st = ts_space_alloc(sp[1], p->host_journal_size_in_bytes, &mem, err);
+		r->journal = mem;
+	}
+	for (int y = 0; y < NQ && st == TS_OK; y++)
+		st = ts_queue_reserve(r->q[y], jobs + 2 * (size_t)p->nbufs, err);
 	return st;
 }
 
-/* Waits for every queue, gives back what is still allocated, frees the
- * events. Keeps the first failure in err and returns the outcome. */
+/* Saves the journaled arguments to the journal (on the d2h queue; known
+ * good before the first update, as every copy before it). */
+static ts_status journal_save(struct run *r, struct ts_error *err)
+{
+	const struct ts_plan *p = r->p;
+	ts_status st = TS_OK;
+
+	for (int i = 0; i < p->nbufs && st == TS_OK; i++) {
+		if (!p->bufs[i].journaled)
+			continue;
+		st = ts_queue_copy(r->q[QD], r->journal + p->bufs[i].offset, r->s[i].ptr,
+		                   p->bufs[i].bytes, TS_COPY_D2H, err);
+		if (st != TS_OK)
+			break;
+		r->seq[QD]++;
+		after_use(r, QD, i, false);
+	}
+	return st;
+}
+
+/*
+ * After a failure past the first update (every queue synced): the
+ * journaled arguments get their bytes back. A restore that fails too is
+ * DATA_LOSS naming the argument (the device lost the step's weights).
+ */
+static ts_status journal_restore(struct run *r, struct ts_error *err)
+{
+	const struct ts_plan *p = r->p;
+	struct ts_error rerr;
+	ts_status st = TS_OK;
+
+	ts_error_clear(&rerr);
+	for (int i = 0; i < p->nbufs && st == TS_OK; i++)
+		if (p->bufs[i].journaled)
+			st = ts_queue_copy(r->q[QH], r->s[i].ptr, r->journal + p->bufs[i].offset,
+			                   p->bufs[i].bytes, TS_COPY_H2D, &rerr);
+	if (ts_queue_sync(r->q[QH], &rerr) != TS_OK || st != TS_OK) {
+		ts_error_clear(err);
+		return ts_error_set(err, TS_DATA_LOSS, "STEP_NOT_RESTORED",
+		                    "a failed step could not restore the weights it had updated on "
+		                    "%s: %s", ts_device_props(r->env->dev)->id, rerr.message);
+	}
+	return TS_OK;
+}
+
+/* Waits for every queue, gives back the arenas, frees the events. Keeps
+ * the first failure in err and returns the outcome. */
 static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 {
+	struct ts_space *sp[2] = {r->env->device_space, r->env->pinned_space};
 	ts_status sync;
 
 	if (r->host_open) {
@@ -630,8 +734,19 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 		if (st == TS_OK)
 			st = sync;
 	}
-	for (int i = 0; r->s && i < r->p->nbufs; i++)
+	/* a failure past the first update: the journal puts the weights back */
+	if (st != TS_OK && r->updating && r->journal && journal_restore(r, err) != TS_OK)
+		st = TS_DATA_LOSS;
+	for (int i = 0; r->s && i < r->p->nbufs; i++) {
 		slot_release(r, i);
+		if (r->s[i].copied)
+			ts_event_free(r->s[i].copied);
+	}
+	if (r->journal)
+		ts_space_release(sp[1], r->journal, r->p->host_journal_size_in_bytes);
+	for (int k = 0; k < 2; k++)
+		if (r->arena[k])
+			ts_space_release(sp[k], r->arena[k], r->arena_bytes[k]);
 	for (int y = 0; y < NQ; y++)
 		if (r->mark[y])
 			ts_event_free(r->mark[y]);
@@ -640,7 +755,8 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 
 		/* every mark has run: the queues are synced; a runtime that
 		 * cannot time events leaves the times 0 */
-		if (st == TS_OK && ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
+		if (st == TS_OK && !r->tl_lost &&
+		    ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
 			r->clk.busy = (uint64_t)(busy * 1e9);
 			r->clk.wait = (uint64_t)(wait * 1e9);
 		}
@@ -653,27 +769,30 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 
 /*
  * A failure carries metadata "phase" (the phase of the action at which it
- * was noticed) and, once an UPDATE was enqueued, "partial_update": "true".
- * Every copy and kernel before the first UPDATE is known good before that
- * UPDATE is enqueued, so a failure there leaves the arguments whole.
+ * was noticed). Every copy and kernel before the first UPDATE is known good
+ * before that UPDATE is enqueued, and after it only kernels run on device
+ * arguments in place (a copy after it makes them versioned), so a failure
+ * anywhere leaves the arguments as they were.
  */
 ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
-                      void *const *args, int step, struct ts_exec_result *out,
-                      struct ts_error *err)
+                      void *const *args, void *const *outs, int step,
+                      struct ts_exec_result *out, struct ts_error *err)
 {
 	struct run r;
 	uint64_t t0 = ts_now_ns();
 	ts_status st;
 	int i;
 
-	st = check_env(p, env, args, out, err);
+	st = check_env(p, env, args, outs, out, err);
 	if (st != TS_OK)
 		return st;
 	memset(out, 0, sizeof *out);
 	memset(&r, 0, sizeof r);
 	r.p = p;
 	r.env = env;
-	st = run_init(&r, args, err);
+	st = run_init(&r, args, outs, err);
+	if (st == TS_OK)
+		st = journal_save(&r, err);
 	for (i = 0; st == TS_OK && i < p->nactions; i++) {
 		const struct ts_paction *a = &p->actions[i];
 
@@ -700,8 +819,6 @@ ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
 	}
 	st = run_finish(&r, st, err);
 	if (st != TS_OK) {
-		if (r.updating)
-			ts_error_meta(err, "partial_update", "true");
 		if (i > 0 && i <= p->nactions)
 			ts_error_meta(err, "phase", "%s",
 			              p->actions[i - 1].phase ? p->actions[i - 1].phase : "");

@@ -1,16 +1,17 @@
 /*
  * exec.h - the step executor: runs a plan's actions on a device, exactly.
  *
- * The executor allocates every temp buffer of the plan from the device's
- * memory spaces when the plan says ALLOC and releases it when the plan says
- * FREE (after the work using it has completed), runs kernels on a compute
+ * The executor takes one arena per memory kind from the device's spaces,
+ * of the plan's temp size, before anything runs, and places each temp at its
+ * planned offset when the plan says ALLOC; FREE ends its life (after the
+ * work using it has completed). It runs kernels on a compute
  * queue, and copies on a host->device and a device->host queue, which meet
  * the compute queue only at events: a WAIT makes the compute queue wait for
  * the last copy into a buffer, and a copy out of a buffer computed on the
  * device first waits for that computation. Since it allocates nothing else,
  * the device space's in-use bytes rise above their level before the step by
  * exactly the plan's temp peak, which the executor measures from the space
- * itself and reports.
+ * itself and reports (the arena's extent its temps reached).
  *
  * Thread-safety: one run at a time per environment (queues are shared by
  * the actions of one run).
@@ -46,13 +47,21 @@ struct ts_exec_result {
 /*
  * Runs one step of plan p. args[i] is the memory of plan buffer i for every
  * ARGUMENT and OUTPUT buffer (device pointers for device buffers, host
- * pointers for pinned_host ones; NULL for temps, which the executor
- * allocates). step is 1-based (Adam's bias correction). On failure every
- * temp is released and the arguments may hold a partial update only if the
- * failure happened during the update phase (reported as such).
+ * pointers for pinned_host ones; NULL for temps, which live in the arenas).
+ * outs[i] is new memory of the same size and kind for every versioned
+ * argument (NULL elsewhere; outs may be NULL when none is): the step's
+ * update of it lands there, args[i] is only read. step is 1-based (Adam's
+ * bias correction).
+ *
+ * Atomic: the arenas, events and queue jobs are taken before the first
+ * action, so nothing after it allocates; on any failure every argument
+ * (args[i]) holds what it held before the call, and outs[i] is garbage. On
+ * success outs[i] holds the updated values. Failures are RESOURCE_EXHAUSTED
+ * (an arena or the queue jobs did not fit), the queues' copy failures, or
+ * BAD_PLAN / INVALID_ARGUMENT for a plan or binding that cannot run.
  */
 ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
-                      void *const *args, int step, struct ts_exec_result *out,
-                      struct ts_error *err);
+                      void *const *args, void *const *outs, int step,
+                      struct ts_exec_result *out, struct ts_error *err);
 
 #endif

@@ -28,10 +28,8 @@ struct ts_kernels {
 	void *impl;                             /* the backend's; immutable */
 };
 
-static ts_status bad(struct ts_error *err, const char *what)
-{
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT", "%s", what);
-}
+/* Bad input, through the one helper (common/status.h). */
+#define BAD(err, what) ts_error_bad((err), "INVALID_ARGUMENT", NULL, "%s", (what))
 
 ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct ts_error *err)
 {
@@ -40,10 +38,10 @@ ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct 
 	ts_status st;
 
 	if (!out)
-		return bad(err, "training kernels: nowhere to put them");
+		return BAD(err, "training kernels: nowhere to put them");
 	*out = NULL;
 	if (!dev)
-		return bad(err, "training kernels: no device");
+		return BAD(err, "training kernels: no device");
 	if (ts_device_broken(dev))
 		return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
 		                    "%s is unusable after an unrecoverable (sticky) error",
@@ -67,8 +65,7 @@ ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct 
 		                    ts_backend_name(ts_device_props(dev)->backend));
 	k = calloc(1, sizeof *k);
 	if (!k)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: out of memory creating training kernels",
+		return ts_error_oom(err, "%s: out of memory creating training kernels",
 		                    ts_device_props(dev)->id);
 	k->dev = dev;
 	k->ops = ops;
@@ -140,7 +137,7 @@ ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, 
 	if (M == 0 || N == 0)
 		return TS_OK;
 	if (!C || (K > 0 && (!A || !B)))
-		return bad(err, "gemm: NULL operand");
+		return BAD(err, "gemm: NULL operand");
 	return k->ops->gemm(k->impl, q, ta, tb, M, N, K, alpha, A, B, beta, C, err);
 }
 
@@ -157,7 +154,7 @@ ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act
 	if (n == 0)
 		return TS_OK;
 	if (!in || !out)
-		return bad(err, "activation: NULL operand");
+		return BAD(err, "activation: NULL operand");
 	return k->ops->act_fwd(k->impl, q, act, in, out, n, err);
 }
 
@@ -175,7 +172,7 @@ ts_status ts_k_act_bwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act
 	if (n == 0)
 		return TS_OK;
 	if (!pre || !grad_out || !grad_in)
-		return bad(err, "activation gradient: NULL operand");
+		return BAD(err, "activation gradient: NULL operand");
 	return k->ops->act_bwd(k->impl, q, act, pre, grad_out, grad_in, n, err);
 }
 
@@ -189,7 +186,7 @@ ts_status ts_k_add(struct ts_kernels *k, struct ts_queue *q, const float *x, flo
 	if (n == 0)
 		return TS_OK;
 	if (!x || !y)
-		return bad(err, "add: NULL operand");
+		return BAD(err, "add: NULL operand");
 	return k->ops->add(k->impl, q, x, y, n, err);
 }
 
@@ -205,9 +202,9 @@ ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "loss: unknown loss %d", (int)loss);
 	if (n == 0)
-		return bad(err, "loss: no elements");
+		return BAD(err, "loss: no elements");
 	if (!out || !loss_dev || !grad || (loss == TS_LOSS_MSE && !target))
-		return bad(err, "loss: NULL operand");
+		return BAD(err, "loss: NULL operand");
 	return k->ops->loss(k->impl, q, loss, out, target, loss_dev, grad, n, err);
 }
 
@@ -221,7 +218,7 @@ ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, u
 	if (n == 0)
 		return TS_OK;
 	if (!x || !acc)
-		return bad(err, "sum of squares: NULL operand");
+		return BAD(err, "sum of squares: NULL operand");
 	return k->ops->sumsq(k->impl, q, x, n, acc, err);
 }
 
@@ -229,24 +226,35 @@ ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, u
 static ts_status check_optimizer(const struct ts_optimizer *opt, int step, struct ts_error *err)
 {
 	if (!opt)
-		return bad(err, "update: no optimizer");
+		return BAD(err, "update: no optimizer");
 	if (opt->type != TS_OPT_SGD && opt->type != TS_OPT_ADAM)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "update: optimizer '%s' updates nothing",
 		                    ts_opt_name(opt->type));
 	if (!isfinite(opt->learning_rate))
-		return bad(err, "update: learning rate is not finite");
+		return BAD(err, "update: learning rate is not finite");
 	if (!(opt->clip_global_norm >= 0.0f) || isinf(opt->clip_global_norm))
-		return bad(err, "update: clip_global_norm must be finite and >= 0");
+		return BAD(err, "update: clip_global_norm must be finite and >= 0");
+	if (opt->schedule.type == TS_SCHED_WARMUP_COSINE &&
+	    (!isfinite(opt->schedule.init_value) || !isfinite(opt->schedule.peak_value) ||
+	     !isfinite(opt->schedule.end_value) || opt->schedule.warmup_steps < 0 ||
+	     opt->schedule.decay_steps <= opt->schedule.warmup_steps))
+		return BAD(err, "update: a warmup cosine schedule needs finite values and "
+		                "0 <= warmup_steps < decay_steps");
+	if (opt->schedule.type != TS_SCHED_CONSTANT && opt->schedule.type != TS_SCHED_WARMUP_COSINE)
+		return BAD(err, "update: unknown learning-rate schedule");
+	if (opt->adamw && (opt->type != TS_OPT_ADAM || !(opt->weight_decay >= 0.0f) ||
+	                   isinf(opt->weight_decay)))
+		return BAD(err, "update: adamw's weight_decay must be finite and >= 0");
 	if (opt->type != TS_OPT_ADAM)
 		return TS_OK;
 	if (step < 1)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "update: adam step %d; steps count from 1", step);
 	if (!(opt->b1 >= 0.0f && opt->b1 < 1.0f) || !(opt->b2 >= 0.0f && opt->b2 < 1.0f))
-		return bad(err, "update: adam b1 and b2 must lie in [0, 1)");
+		return BAD(err, "update: adam b1 and b2 must lie in [0, 1)");
 	if (!(opt->eps >= 0.0f) || isinf(opt->eps))
-		return bad(err, "update: adam eps must be finite and >= 0");
+		return BAD(err, "update: adam eps must be finite and >= 0");
 	return TS_OK;
 }
 
@@ -264,9 +272,9 @@ ts_status ts_k_update(struct ts_kernels *k, struct ts_queue *q, const struct ts_
 	if (n == 0)
 		return TS_OK;
 	if (!p || !g || (opt->type == TS_OPT_ADAM && (!mu || !nu)))
-		return bad(err, "update: NULL operand");
+		return BAD(err, "update: NULL operand");
 	if (opt->clip_global_norm > 0.0f && !gnorm_sq_dev)
-		return bad(err, "update: clipping without a global norm");
+		return BAD(err, "update: clipping without a global norm");
 	return k->ops->update(k->impl, q, opt, step, p, g, mu, nu, n, gnorm_sq_dev, err);
 }
 
@@ -280,7 +288,7 @@ ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v,
 	if (n == 0)
 		return TS_OK;
 	if (!x)
-		return bad(err, "fill: NULL operand");
+		return BAD(err, "fill: NULL operand");
 	return k->ops->fill(k->impl, q, x, v, n, err);
 }
 
@@ -298,17 +306,17 @@ ts_status ts_k_timeline_new(struct ts_kernels *k, struct ts_k_timeline **out,
 	ts_status st;
 
 	if (!out)
-		return bad(err, "timeline: nowhere to put it");
+		return BAD(err, "timeline: nowhere to put it");
 	*out = NULL;
 	if (!k)
-		return bad(err, "timeline: no kernels");
+		return BAD(err, "timeline: no kernels");
 	if (!k->ops->timeline_new)
 		return ts_error_set(err, TS_UNIMPLEMENTED, "NO_DEVICE_TIMING",
 		                    "%s: %s kernels keep no device-timed timeline",
 		                    ts_device_props(k->dev)->id, k->ops->name);
 	tl = calloc(1, sizeof *tl);
 	if (!tl)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		return ts_error_oom(err,
 		                    "%s: out of memory for a timeline", ts_device_props(k->dev)->id);
 	tl->k = k;
 	st = k->ops->timeline_new(k->impl, &tl->impl, err);
@@ -326,7 +334,7 @@ ts_status ts_k_timeline_mark(struct ts_k_timeline *tl, struct ts_queue *q, enum 
 	ts_status st;
 
 	if (!tl)
-		return bad(err, "timeline mark: no timeline");
+		return BAD(err, "timeline mark: no timeline");
 	st = check_queue(tl->k, q, "timeline mark", err);
 	if (st != TS_OK)
 		return st;
@@ -340,7 +348,7 @@ ts_status ts_k_timeline_read(struct ts_k_timeline *tl, double *busy_s, double *w
                              struct ts_error *err)
 {
 	if (!tl || !busy_s || !wait_s)
-		return bad(err, "timeline read: no timeline or nowhere to put the times");
+		return BAD(err, "timeline read: no timeline or nowhere to put the times");
 	*busy_s = *wait_s = 0;
 	return tl->k->ops->timeline_read(tl->impl, busy_s, wait_s, err);
 }

@@ -84,7 +84,10 @@ ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, u
  * as optax's clip_by_global_norm. Adam keeps mu and nu (n each) and uses
  * step t (1-based) for bias correction: mu = b1 mu + (1-b1) g;
  * nu = b2 nu + (1-b2) g^2; p -= lr * (mu / (1-b1^t)) / (sqrt(nu / (1-b2^t)) + eps).
- * SGD: p -= lr * g (mu, nu and step unused). INVALID_ARGUMENT for
+ * With opt->adamw, weight_decay * p is added to Adam's update before lr
+ * scales it (optax.adamw). lr is opt's schedule at count step - 1
+ * (ts_m_learning_rate), computed on the host the same way for both
+ * backends. SGD: p -= lr * g (mu and nu unused). INVALID_ARGUMENT for
  * optimizer "none", a non-finite learning rate, a negative or infinite
  * clip_global_norm (or a positive one without gnorm_sq_dev), and for Adam
  * a step < 1, b1 or b2 outside [0, 1), or a negative eps.

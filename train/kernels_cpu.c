@@ -222,13 +222,13 @@ static void run_sumsq(const struct job *j)
  */
 static void adam_loop(float *restrict p, const float *restrict g, float *restrict mu,
                       float *restrict nu, uint64_t n, float lr, float b1, float b2, float eps,
-                      float bc1, float bc2, float norm, float c, bool clip)
+                      float bc1, float bc2, float wd, float norm, float c, bool clip)
 {
 	/* -O3 unswitches the loop on the invariant clip, then vectorises each copy */
 	for (uint64_t i = 0; i < n; i++) {
 		float gi = ts_m_clip_grad(g[i], clip, norm, c);
 
-		p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], lr, b1, b2, eps, bc1, bc2);
+		p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], lr, b1, b2, eps, bc1, bc2, wd);
 	}
 }
 
@@ -238,7 +238,7 @@ static void run_update(const struct job *j)
 	const float *g = j->u.update.g;
 	float *p = j->u.update.p, *mu = j->u.update.mu, *nu = j->u.update.nu;
 	uint64_t n = j->u.update.n;
-	float lr = o->learning_rate, c = o->clip_global_norm, norm = 0.0f;
+	float lr = ts_m_learning_rate(o, j->u.update.step - 1), c = o->clip_global_norm, norm = 0.0f;
 	bool clip = false;
 
 	if (c > 0.0f)
@@ -250,8 +250,8 @@ static void run_update(const struct job *j)
 	}
 	adam_loop(p, g, mu, nu, n, lr, o->b1, o->b2, o->eps,
 	          ts_m_bias_correction(o->b1, j->u.update.step),
-	          ts_m_bias_correction(o->b2, j->u.update.step), clip ? norm : 1.0f,
-	          clip ? c : 1.0f, clip);
+	          ts_m_bias_correction(o->b2, j->u.update.step), o->adamw ? o->weight_decay : 0.0f,
+	          clip ? norm : 1.0f, clip ? c : 1.0f, clip);
 }
 
 static void run_fill(const struct job *j)
@@ -281,8 +281,7 @@ static ts_status job_new(job_fn run, struct ts_queue *q, struct job **out, struc
 
 	*out = j;
 	if (!j)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "%s: out of memory queueing a kernel",
+		return ts_error_oom(err, "%s: out of memory queueing a kernel",
 		                    ts_device_props(ts_queue_device(q))->id);
 	j->run = run;
 	return TS_OK;

@@ -2,7 +2,8 @@
  * kernels_math.h - the element-wise formulas of the training kernels, once,
  * for the CPU loops (kernels_cpu.c) and the CUDA kernels (cuda_kernels.cu):
  * activations and their gradients, the losses and their gradients, the
- * Adam and SGD updates with clip_by_global_norm's scaling, the order of the
+ * Adam, AdamW and SGD updates with clip_by_global_norm's scaling, the
+ * learning-rate schedule, the order of the
  * reductions, and the mapping of a row-major gemm onto column-major BLAS.
  * What the CPU tests check is what the GPU runs.
  *
@@ -179,16 +180,55 @@ TS_HD static inline float ts_m_sgd(float p, float g, float lr)
 	return p - lr * g;
 }
 
-/* One Adam element: new m, v into *m, *v; returns the new parameter. */
+/*
+ * The learning rate of the update after count updates (count 0 for the
+ * first), on the host, once per update kernel, for both backends: the
+ * constant, or optax's warmup_cosine_decay_schedule in float32 as optax
+ * evaluates it (Python-float constants such as init - peak and
+ * end / peak are formed in double and rounded once; count / steps, the
+ * cosine and the products in float32).
+ */
+static inline float ts_m_learning_rate(const struct ts_optimizer *o, int count)
+{
+	const struct ts_schedule *s = &o->schedule;
+	int warm = s->warmup_steps, span = s->decay_steps - s->warmup_steps;
+	float c, cd;
+	double alpha;
+
+	if (s->type != TS_SCHED_WARMUP_COSINE)
+		return o->learning_rate;
+	if (count < 0)
+		count = 0;
+	if (count < warm) {
+		/* linear_schedule(init, peak, warm): (init - peak) * frac + peak */
+		float frac = 1.0f - (float)count / (float)warm;
+
+		return (float)((double)s->init_value - (double)s->peak_value) * frac + s->peak_value;
+	}
+	/* cosine_decay_schedule(peak, decay - warm, alpha = end / peak) at count - warm */
+	c = (float)(count - warm);
+	if (c > (float)span)
+		c = (float)span;
+	cd = 0.5f * (1.0f + cosf((float)3.141592653589793 * c / (float)span));
+	alpha = s->peak_value == 0.0f ? 0.0 : (double)s->end_value / (double)s->peak_value;
+	return s->peak_value * ((float)(1.0 - alpha) * cd + (float)alpha);
+}
+
+/* One Adam element: new m, v into *m, *v; returns the new parameter. wd is
+ * AdamW's decoupled weight decay (0 for Adam): optax's add_decayed_weights
+ * adds wd * p to Adam's update before the learning rate scales it. */
 TS_HD static inline float ts_m_adam(float p, float g, float *m, float *v, float lr, float b1,
-                                    float b2, float eps, float bc1, float bc2)
+                                    float b2, float eps, float bc1, float bc2, float wd)
 {
 	float mm = (1.0f - b1) * g + b1 * *m;
 	float vv = (1.0f - b2) * (g * g) + b2 * *v;
+	float u = (mm / bc1) / (sqrtf(vv / bc2) + eps);
 
 	*m = mm;
 	*v = vv;
-	return p - lr * ((mm / bc1) / (sqrtf(vv / bc2) + eps));
+	if (wd != 0.0f)
+		u = u + wd * p;
+	return p - lr * u;
 }
 
 /* ---- gemm ------------------------------------------------------------------- */

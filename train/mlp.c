@@ -81,6 +81,11 @@ bool ts_loss_parse(const char *s, enum ts_loss *out)
 	return true;
 }
 
+const char *ts_optimizer_name(const struct ts_optimizer *o)
+{
+	return o->type == TS_OPT_ADAM && o->adamw ? "adamw" : ts_opt_name(o->type);
+}
+
 const char *ts_opt_name(enum ts_opt o)
 {
 	return name_of(opt_names, COUNT(opt_names), (int)o);

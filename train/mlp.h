@@ -12,7 +12,9 @@
  * elements. Activations: none, relu, gelu (tanh approximation, as
  * jax.nn.gelu's default), tanh. Optimizers follow optax: SGD (p -= lr*g),
  * and chain(clip_by_global_norm(c), adam(lr, b1, b2, eps)) with bias
- * correction and eps outside the square root; with c == 0 no clipping.
+ * correction and eps outside the square root; with c == 0 no clipping;
+ * adamw(lr, b1, b2, eps, weight_decay) likewise; lr a constant or optax's
+ * warmup_cosine_decay_schedule.
  *
  * Thread-safety: plain values.
  */
@@ -35,12 +37,36 @@ struct ts_mlp {
 	enum ts_loss loss;
 };
 
+/*
+ * The learning rate at update count c (0 for the first update), as optax's
+ * schedules: constant (learning_rate), or warmup_cosine_decay_schedule(
+ * init_value, peak_value, warmup_steps, decay_steps, end_value): linear
+ * from init_value to peak_value over warmup_steps, then cosine decay to
+ * end_value at decay_steps (which includes the warmup), end_value after.
+ */
+enum ts_sched { TS_SCHED_CONSTANT = 0, TS_SCHED_WARMUP_COSINE };
+
+struct ts_schedule {
+	enum ts_sched type;
+	float init_value, peak_value, end_value;
+	int warmup_steps, decay_steps;    /* 0 <= warmup < decay */
+};
+
 struct ts_optimizer {
 	enum ts_opt type;
-	float learning_rate;
+	float learning_rate;      /* the constant schedule's; the peak of a warmup cosine */
 	float b1, b2, eps;        /* adam; optax defaults 0.9, 0.999, 1e-8 */
 	float clip_global_norm;   /* 0: no clipping */
+	/* adamw is type adam with decoupled weight decay (optax.adamw: the decay
+	 * added to Adam's update of every parameter, no mask, before the
+	 * learning rate scales it); weight_decay 0 otherwise */
+	bool adamw;
+	float weight_decay;
+	struct ts_schedule schedule;
 };
+
+/* "none", "sgd", "adam" or "adamw". */
+const char *ts_optimizer_name(const struct ts_optimizer *o);
 
 /* "none", "relu", ... and their parsers (false on unknown names). */
 const char *ts_act_name(enum ts_act a);

@@ -1,20 +1,23 @@
 /*
- * model.c - model records, their array names, and the registry.
+ * model.c - model records, their array names, and the registry (a
+ * common/registry.h map of heap records under a mutex, which stays here).
  */
 #include "train/model.h"
 
-#include <pthread.h>
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lock.h"
+#include "common/registry.h"
+
 #define MODELS_MAX 1024
 
 struct ts_model_registry {
-	pthread_mutex_t mu;
-	size_t n;                          /* guarded by: mu */
+	struct ts_mutex mu;
+	struct ts_registry names;          /* of struct ts_model (own); guarded by: mu */
 	uint64_t next_uid;                 /* guarded by: mu */
-	struct ts_model *models;           /* guarded by: mu; sorted by name */
 };
 
 void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char *buf, size_t cap)
@@ -49,12 +52,8 @@ struct ts_model_registry *ts_model_registry_new(void)
 
 	if (!r)
 		return NULL;
-	r->models = calloc(MODELS_MAX, sizeof *r->models);
-	if (!r->models) {
-		free(r);
-		return NULL;
-	}
-	pthread_mutex_init(&r->mu, NULL);
+	ts_registry_init(&r->names);
+	ts_mutex_init(&r->mu);
 	return r;
 }
 
@@ -62,141 +61,120 @@ void ts_model_registry_free(struct ts_model_registry *r)
 {
 	if (!r)
 		return;
-	pthread_mutex_destroy(&r->mu);
-	free(r->models);
+	ts_mutex_destroy(&r->mu);
+	for (size_t i = 0; i < ts_registry_count(&r->names); i++)
+		free(ts_registry_at(&r->names, i));
+	ts_registry_release(&r->names);
 	free(r);
-}
-
-static size_t find_locked(const struct ts_model_registry *r, const char *name, bool *found)
-{
-	size_t lo = 0, hi = r->n;
-
-	while (lo < hi) {
-		size_t mid = (lo + hi) / 2;
-		int c = strcmp(r->models[mid].name, name);
-
-		if (c == 0) {
-			*found = true;
-			return mid;
-		}
-		if (c < 0)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	*found = false;
-	return lo;
 }
 
 ts_status ts_model_registry_put(struct ts_model_registry *r, const struct ts_model *m,
                                 uint64_t *uid, struct ts_error *err)
 {
 	ts_status st = TS_OK;
-	bool found;
-	size_t at;
+	struct ts_model *copy = NULL;
 
-	pthread_mutex_lock(&r->mu);
-	at = find_locked(r, m->name, &found);
-	if (found)
+	ts_mutex_lock(&r->mu);
+	if (ts_registry_get(&r->names, m->name))
 		st = ts_error_set(err, TS_ALREADY_EXISTS, "MODEL_EXISTS", "model '%s' already exists",
 		                  m->name);
-	else if (r->n == MODELS_MAX)
+	else if (ts_registry_count(&r->names) == MODELS_MAX)
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_MODELS",
 		                  "at most %d models", MODELS_MAX);
+	else if (!(copy = malloc(sizeof *copy)))
+		st = ts_error_oom(err, "no memory for model '%s'", m->name);
 	if (st == TS_OK) {
-		memmove(&r->models[at + 1], &r->models[at], (r->n - at) * sizeof *r->models);
-		r->models[at] = *m;
-		r->models[at].uid = ++r->next_uid;
-		if (uid)
-			*uid = r->models[at].uid;
-		r->n++;
+		*copy = *m;
+		st = ts_registry_put(&r->names, copy->name, copy, NULL, err);
 	}
-	pthread_mutex_unlock(&r->mu);
+	if (st == TS_OK) {
+		copy->uid = ++r->next_uid;
+		if (uid)
+			*uid = copy->uid;
+		copy = NULL;
+	}
+	ts_mutex_unlock(&r->mu);
+	free(copy);
 	return st;
 }
 
 bool ts_model_registry_get(struct ts_model_registry *r, const char *name, struct ts_model *out)
 {
-	bool found;
-	size_t at;
+	const struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
-	at = find_locked(r, name, &found);
-	if (found)
-		*out = r->models[at];
-	pthread_mutex_unlock(&r->mu);
-	return found;
+	ts_mutex_lock(&r->mu);
+	m = ts_registry_get(&r->names, name);
+	if (m)
+		*out = *m;
+	ts_mutex_unlock(&r->mu);
+	return m != NULL;
 }
 
-/* The index of the model with this uid, or r->n. */
-static size_t find_uid_locked(const struct ts_model_registry *r, uint64_t uid)
+/* The model with this uid, or NULL. */
+static struct ts_model *find_uid_locked(struct ts_model_registry *r, uint64_t uid)
 {
-	size_t i;
+	assert(ts_mutex_held(&r->mu));
+	for (size_t i = 0; i < ts_registry_count(&r->names); i++) {
+		struct ts_model *m = ts_registry_at(&r->names, i);
 
-	for (i = 0; i < r->n && r->models[i].uid != uid; i++)
-		;
-	return i;
+		if (m->uid == uid)
+			return m;
+	}
+	return NULL;
 }
 
 bool ts_model_registry_remove(struct ts_model_registry *r, uint64_t uid)
 {
-	bool found;
-	size_t at;
+	struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
-	at = find_uid_locked(r, uid);
-	found = at < r->n;
-	if (found) {
-		memmove(&r->models[at], &r->models[at + 1], (r->n - at - 1) * sizeof *r->models);
-		r->n--;
-	}
-	pthread_mutex_unlock(&r->mu);
-	return found;
+	ts_mutex_lock(&r->mu);
+	m = find_uid_locked(r, uid);
+	if (m)
+		ts_registry_remove(&r->names, m->name);
+	ts_mutex_unlock(&r->mu);
+	free(m);
+	return m != NULL;
 }
 
 bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool ready,
                                  const char *creating)
 {
-	bool found;
-	size_t at;
+	struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
-	at = find_uid_locked(r, uid);
-	found = at < r->n;
-	if (found) {
-		r->models[at].ready = ready;
-		snprintf(r->models[at].creating, sizeof r->models[at].creating, "%s",
-		         !ready && creating ? creating : "");
+	ts_mutex_lock(&r->mu);
+	m = find_uid_locked(r, uid);
+	if (m) {
+		m->ready = ready;
+		snprintf(m->creating, sizeof m->creating, "%s", !ready && creating ? creating : "");
 	}
-	pthread_mutex_unlock(&r->mu);
-	return found;
+	ts_mutex_unlock(&r->mu);
+	return m != NULL;
 }
 
 bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
                                uint64_t *before)
 {
-	bool found;
-	size_t at;
+	struct ts_model *m;
 
-	pthread_mutex_lock(&r->mu);
-	at = find_uid_locked(r, uid);
-	found = at < r->n;
-	if (found) {
+	ts_mutex_lock(&r->mu);
+	m = find_uid_locked(r, uid);
+	if (m) {
 		if (before)
-			*before = r->models[at].steps;
-		r->models[at].steps += n;
+			*before = m->steps;
+		m->steps += n;
 	}
-	pthread_mutex_unlock(&r->mu);
-	return found;
+	ts_mutex_unlock(&r->mu);
+	return m != NULL;
 }
 
 size_t ts_model_registry_list(struct ts_model_registry *r, struct ts_model *out, size_t cap)
 {
 	size_t n;
 
-	pthread_mutex_lock(&r->mu);
-	n = r->n < cap ? r->n : cap;
-	memcpy(out, r->models, n * sizeof *out);
-	pthread_mutex_unlock(&r->mu);
+	ts_mutex_lock(&r->mu);
+	n = ts_registry_count(&r->names) < cap ? ts_registry_count(&r->names) : cap;
+	for (size_t i = 0; i < n; i++)
+		out[i] = *(const struct ts_model *)ts_registry_at(&r->names, i);
+	ts_mutex_unlock(&r->mu);
 	return n;
 }

@@ -497,71 +497,462 @@ static void update(struct builder *b)
 
 /* ---- analysis ------------------------------------------------------------------- */
 
+/*
+ * An arena of one memory kind: holes between live temps, best fit, merged
+ * when freed; `end` is the high-water mark (the arena's size).
+ */
+struct arena {
+	struct hole {
+		uint64_t off, len;
+	} *h;
+	int n, cap;
+	uint64_t end;
+};
+
+static uint64_t align_up(uint64_t n)
+{
+	return (n + TS_PLAN_ALIGN - 1) / TS_PLAN_ALIGN * TS_PLAN_ALIGN;
+}
+
+static bool arena_place(struct arena *ar, uint64_t bytes, uint64_t *off)
+{
+	uint64_t len = align_up(bytes ? bytes : 1);
+	int best = -1;
+
+	for (int i = 0; i < ar->n; i++)
+		if (ar->h[i].len >= len && (best < 0 || ar->h[i].len < ar->h[best].len))
+			best = i;
+	if (best >= 0) {
+		*off = ar->h[best].off;
+		ar->h[best].off += len;
+		ar->h[best].len -= len;
+		if (!ar->h[best].len) {
+			memmove(&ar->h[best], &ar->h[best + 1], (size_t)(ar->n - best - 1) * sizeof *ar->h);
+			ar->n--;
+		}
+		return true;
+	}
+	/* a hole at the top grows into the space above it */
+	if (ar->n && ar->h[ar->n - 1].off + ar->h[ar->n - 1].len == ar->end) {
+		*off = ar->h[ar->n - 1].off;
+		ar->n--;
+	} else {
+		*off = ar->end;
+	}
+	ar->end = *off + len;
+	return true;
+}
+
+static bool arena_free(struct arena *ar, uint64_t off, uint64_t bytes)
+{
+	uint64_t len = align_up(bytes ? bytes : 1);
+	int i = 0;
+
+	while (i < ar->n && ar->h[i].off < off)
+		i++;
+	if (ar->n == ar->cap) {
+		int cap = ar->cap ? ar->cap * 2 : 32;
+		struct hole *g = realloc(ar->h, (size_t)cap * sizeof *g);
+
+		if (!g)
+			return false;
+		ar->h = g;
+		ar->cap = cap;
+	}
+	memmove(&ar->h[i + 1], &ar->h[i], (size_t)(ar->n - i) * sizeof *ar->h);
+	ar->h[i] = (struct hole){off, len};
+	ar->n++;
+	if (i + 1 < ar->n && ar->h[i].off + ar->h[i].len == ar->h[i + 1].off) {
+		ar->h[i].len += ar->h[i + 1].len;
+		memmove(&ar->h[i + 1], &ar->h[i + 2], (size_t)(ar->n - i - 2) * sizeof *ar->h);
+		ar->n--;
+	}
+	if (i > 0 && ar->h[i - 1].off + ar->h[i - 1].len == ar->h[i].off) {
+		ar->h[i - 1].len += ar->h[i].len;
+		memmove(&ar->h[i], &ar->h[i + 1], (size_t)(ar->n - i - 1) * sizeof *ar->h);
+		ar->n--;
+	}
+	return true;
+}
+
+/* The top of the live temps of an arena: its end less a hole at the top. */
+static uint64_t arena_top(const struct arena *ar)
+{
+	if (ar->n && ar->h[ar->n - 1].off + ar->h[ar->n - 1].len == ar->end)
+		return ar->h[ar->n - 1].off;
+	return ar->end;
+}
+
+/* Whether an UPDATE writes a device argument (in place) through operand i. */
+static bool writes_device_arg(const struct ts_plan *p, int i)
+{
+	return i >= 0 && p->bufs[i].cls == TS_PB_ARGUMENT && p->bufs[i].kind == TS_MEM_DEVICE;
+}
+
+/* Marks the arguments a step updates into new memory or journals (plan.h),
+ * and places the journaled ones in the journal. */
+static void mark_versioned(struct ts_plan *p)
+{
+	int first = -1;
+	bool copy_after = false;
+	uint64_t at = 0;
+
+	if (p->opt.type == TS_OPT_NONE)
+		return;
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+
+		if (first < 0 && a->op == TS_P_UPDATE &&
+		    (writes_device_arg(p, a->a) || writes_device_arg(p, a->c) ||
+		     writes_device_arg(p, a->d)))
+			first = i;
+		if (first >= 0 && a->op == TS_P_COPY)
+			copy_after = true;
+	}
+	for (int i = 0; i < p->nbufs; i++) {
+		struct ts_pbuf *bf = &p->bufs[i];
+
+		if (bf->cls != TS_PB_ARGUMENT || bf->role > TS_ROLE_NU_W2)
+			continue;
+		bf->versioned = bf->kind != TS_MEM_DEVICE;
+		bf->journaled = bf->kind == TS_MEM_DEVICE && copy_after;
+		if (bf->journaled) {
+			bf->offset = at;
+			at += align_up(bf->bytes);
+		}
+	}
+	p->host_journal_size_in_bytes = at;
+}
+
+/* A temp's life in the schedule, for the offline placement. */
+struct life {
+	int buf;
+	int from, to;                /* ALLOC and FREE action indices */
+	uint64_t len;                /* aligned */
+};
+
+static int by_size_desc(const void *x, const void *y)
+{
+	const struct life *a = x, *b = y;
+
+	if (a->len != b->len)
+		return a->len < b->len ? 1 : -1;
+	return a->from - b->from;
+}
+
+static int by_life_desc(const void *x, const void *y)
+{
+	const struct life *a = x, *b = y;
+
+	if (a->to - a->from != b->to - b->from)
+		return (b->to - b->from) - (a->to - a->from);
+	return by_size_desc(x, y);
+}
+
+static int by_area_desc(const void *x, const void *y)
+{
+	const struct life *a = x, *b = y;
+	double ka = (double)a->len * (a->to - a->from), kb = (double)b->len * (b->to - b->from);
+
+	if (ka != kb)
+		return ka < kb ? 1 : -1;
+	return by_size_desc(x, y);
+}
+
+static int by_start(const void *x, const void *y)
+{
+	const struct life *a = x, *b = y;
+
+	return a->from != b->from ? a->from - b->from : by_size_desc(x, y);
+}
+
+static int by_end_desc(const void *x, const void *y)
+{
+	const struct life *a = x, *b = y;
+
+	return a->to != b->to ? b->to - a->to : by_size_desc(x, y);
+}
+
+static int by_offset(const void *x, const void *y)
+{
+	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+
+	return a < b ? -1 : a > b;
+}
+
+/* Most temps of a kind placed offline (greedy by size, O(n^2)); beyond,
+ * the online best fit of the schedule's order. */
+#define OFFLINE_MAX 4096
+
+/*
+ * Places the temps of one memory kind knowing every lifetime (greedy, as
+ * XLA's heap simulator, in the given order: by size, by lifetime or by
+ * both - the caller keeps the best), each in the gap between already
+ * placed temps alive at the same time that fits it tightest, or in the
+ * lowest that fits (first_fit). Returns the arena's size, or UINT64_MAX when it could not
+ * allocate (the caller uses the online placement then).
+ */
+static uint64_t place_offline(struct ts_plan *p, enum ts_memory_kind kind,
+                              int (*order)(const void *, const void *), bool first_fit,
+                              uint64_t shuffle)
+{
+	struct life *v = NULL;
+	uint64_t *busy = NULL, end = 0;
+	int n = 0, *live_at = calloc((size_t)p->nbufs + 1, sizeof *live_at);
+
+	if (!live_at)
+		return UINT64_MAX;
+	for (int i = 0; i < p->nbufs; i++)
+		live_at[i] = -1;
+	v = malloc(((size_t)p->nbufs + 1) * sizeof *v);
+	if (!v)
+		goto out_fail;
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		const struct ts_pbuf *bf;
+
+		if ((a->op != TS_P_ALLOC && a->op != TS_P_FREE) || a->a < 0)
+			continue;
+		bf = &p->bufs[a->a];
+		if (bf->kind != kind)
+			continue;
+		if (a->op == TS_P_ALLOC) {
+			live_at[a->a] = n;
+			v[n++] = (struct life){a->a, i, p->nactions, align_up(bf->bytes ? bf->bytes : 1)};
+		} else if (live_at[a->a] >= 0) {
+			v[live_at[a->a]].to = i;
+		}
+	}
+	if (n > OFFLINE_MAX)
+		goto out_fail;
+	qsort(v, (size_t)n, sizeof *v, order);
+	/* a seeded perturbation of the order: swaps of neighbours */
+	for (int k = 0; shuffle && k + 1 < n; k++) {
+		shuffle = shuffle * 6364136223846793005ull + 1442695040888963407ull;
+		if ((shuffle >> 61) == 0) {
+			struct life t = v[k];
+
+			v[k] = v[k + 1];
+			v[k + 1] = t;
+		}
+	}
+	busy = malloc(((size_t)n + 1) * 2 * sizeof *busy);
+	if (!busy)
+		goto out_fail;
+	for (int k = 0; k < n; k++) {
+		uint64_t best = UINT64_MAX, best_gap = UINT64_MAX, at = 0;
+		int m = 0;
+
+		/* the placed temps alive with this one, by offset: [off, end) pairs */
+		for (int j = 0; j < k; j++)
+			if (v[j].from < v[k].to && v[k].from < v[j].to) {
+				busy[2 * m] = p->bufs[v[j].buf].offset;
+				busy[2 * m + 1] = v[j].len;
+				m++;
+			}
+		qsort(busy, (size_t)m, 2 * sizeof *busy, by_offset);
+		for (int j = 0; j <= m; j++) {
+			uint64_t stop = j < m ? busy[2 * j] : UINT64_MAX;
+
+			if (stop > at && stop - at >= v[k].len && stop - at - v[k].len < best_gap &&
+			    !(first_fit && best != UINT64_MAX)) {
+				best = at;
+				best_gap = stop - at - v[k].len;
+			}
+			if (j < m && busy[2 * j] + busy[2 * j + 1] > at)
+				at = busy[2 * j] + busy[2 * j + 1];
+		}
+		p->bufs[v[k].buf].offset = best;
+		if (best + v[k].len > end)
+			end = best + v[k].len;
+	}
+	free(busy);
+	free(v);
+	free(live_at);
+	return end;
+
+out_fail:
+	free(v);
+	free(live_at);
+	return UINT64_MAX;
+}
+
+/*
+ * Keeps, per memory kind, the smaller of the online placement (made while
+ * walking the schedule) and the offline one; when the device's changes,
+ * the timeline's points are read again from its offsets (the top of the
+ * live temps after each change).
+ */
+#define PERTURBATIONS 48
+
+static ts_status place_better(struct ts_plan *p, const uint64_t *base_dev, const uint64_t *peak)
+{
+	static const enum ts_memory_kind kinds[2] = {TS_MEM_DEVICE, TS_MEM_PINNED_HOST};
+	uint64_t *saved = malloc(((size_t)p->nbufs + 1) * sizeof *saved);
+	bool moved_dev = false;
+
+	if (!saved)
+		return TS_RESOURCE_EXHAUSTED;
+	for (int k = 0; k < 2; k++) {
+		uint64_t *extent = k ? &p->host_temp_size_in_bytes : &p->temp_size_in_bytes, e;
+
+		static int (*const orders[])(const void *, const void *) = {
+			by_size_desc, by_life_desc, by_area_desc, by_start, by_end_desc};
+
+		size_t norders = 2 * sizeof orders / sizeof orders[0];
+
+		/* the plain orders, then seeded perturbations while the arena is
+		 * above the live peak and the plan small enough to afford them */
+		for (size_t o = 0; o < norders + (p->nbufs <= 1024 ? PERTURBATIONS : 0); o++) {
+			if (o >= norders && *extent <= peak[k])
+				break;
+			for (int i = 0; i < p->nbufs; i++)
+				saved[i] = p->bufs[i].offset;
+			e = place_offline(p, kinds[k], orders[(o / 2) % (norders / 2)], o % 2,
+			                  o < norders ? 0 : (uint64_t)o);
+			if (e < *extent) {
+				*extent = e;
+				moved_dev = moved_dev || k == 0;
+				continue;
+			}
+			for (int i = 0; i < p->nbufs; i++)
+				if (p->bufs[i].cls == TS_PB_TEMP && p->bufs[i].kind == kinds[k])
+					p->bufs[i].offset = saved[i];
+		}
+	}
+	free(saved);
+	if (moved_dev) {
+		int *live = malloc(((size_t)p->nbufs + 1) * sizeof *live), nlive = 0, pt = 0;
+		uint64_t top = 0;
+
+		if (!live)
+			return TS_RESOURCE_EXHAUSTED;
+		for (int i = 0; i < p->nactions && pt < p->npoints; i++) {
+			const struct ts_paction *a = &p->actions[i];
+			const struct ts_pbuf *bf;
+			uint64_t endb;
+
+			if ((a->op != TS_P_ALLOC && a->op != TS_P_FREE) || a->a < 0)
+				continue;
+			bf = &p->bufs[a->a];
+			if (bf->kind != TS_MEM_DEVICE)
+				continue;
+			endb = bf->offset + align_up(bf->bytes ? bf->bytes : 1);
+			if (a->op == TS_P_ALLOC) {
+				live[nlive++] = a->a;
+				if (endb > top)
+					top = endb;
+			} else {
+				for (int j = 0; j < nlive; j++)
+					if (live[j] == a->a) {
+						live[j] = live[--nlive];
+						break;
+					}
+				if (endb == top) {
+					top = 0;
+					for (int j = 0; j < nlive; j++) {
+						const struct ts_pbuf *o = &p->bufs[live[j]];
+						uint64_t e2 = o->offset + align_up(o->bytes ? o->bytes : 1);
+
+						if (e2 > top)
+							top = e2;
+					}
+				}
+			}
+			p->points[pt++].live = *base_dev + top;
+		}
+		free(live);
+	}
+	return TS_OK;
+}
+
 static ts_status analyse(struct ts_plan *p)
 {
-	uint64_t live_dev = 0, live_host = 0, base_dev = 0;
+	struct arena dev = {0}, host = {0};
+	uint64_t base_dev = 0, live[2] = {0, 0}, live_peak[2] = {0, 0};
+	ts_status st = TS_OK;
 	int cap = 0;
 
+	p->host_journal_size_in_bytes = 0;
+	mark_versioned(p);
 	p->argument_size_in_bytes = p->output_size_in_bytes = p->alias_size_in_bytes = 0;
 	p->host_argument_size_in_bytes = p->host_output_size_in_bytes = 0;
 	p->host_alias_size_in_bytes = 0;
+	p->host_version_size_in_bytes = 0;
 	for (int i = 0; i < p->nbufs; i++) {
 		const struct ts_pbuf *bf = &p->bufs[i];
-		bool dev = bf->kind == TS_MEM_DEVICE;
+		bool isdev = bf->kind == TS_MEM_DEVICE;
 		bool updated = p->opt.type != TS_OPT_NONE && bf->role <= TS_ROLE_NU_W2;
 
 		if (bf->cls == TS_PB_ARGUMENT) {
-			*(dev ? &p->argument_size_in_bytes : &p->host_argument_size_in_bytes) += bf->bytes;
-			if (updated)
-				*(dev ? &p->alias_size_in_bytes : &p->host_alias_size_in_bytes) += bf->bytes;
+			*(isdev ? &p->argument_size_in_bytes : &p->host_argument_size_in_bytes) += bf->bytes;
+			if (bf->versioned)
+				p->host_version_size_in_bytes += bf->bytes;
+			else if (updated)
+				*(isdev ? &p->alias_size_in_bytes : &p->host_alias_size_in_bytes) += bf->bytes;
 		} else if (bf->cls == TS_PB_OUTPUT) {
-			*(dev ? &p->output_size_in_bytes : &p->host_output_size_in_bytes) += bf->bytes;
+			*(isdev ? &p->output_size_in_bytes : &p->host_output_size_in_bytes) += bf->bytes;
 		}
 	}
 	base_dev = p->argument_size_in_bytes + p->output_size_in_bytes;
-	p->temp_size_in_bytes = p->host_temp_size_in_bytes = 0;
 	p->h2d_bytes = p->d2h_bytes = 0;
-	for (int i = 0; i < p->nactions; i++) {
+	for (int i = 0; i < p->nactions && st == TS_OK; i++) {
 		const struct ts_paction *a = &p->actions[i];
-		const struct ts_pbuf *bf = a->a >= 0 ? &p->bufs[a->a] : NULL;
-		bool change = false;
+		struct ts_pbuf *bf = a->a >= 0 ? &p->bufs[a->a] : NULL;
 
 		if (a->op == TS_P_ALLOC || a->op == TS_P_FREE) {
-			uint64_t *live = bf->kind == TS_MEM_DEVICE ? &live_dev : &live_host;
+			struct arena *ar = bf->kind == TS_MEM_DEVICE ? &dev : &host;
+			int k = bf->kind == TS_MEM_DEVICE ? 0 : 1;
 
-			*live = a->op == TS_P_ALLOC ? *live + bf->bytes : *live - bf->bytes;
-			if (live_dev > p->temp_size_in_bytes)
-				p->temp_size_in_bytes = live_dev;
-			if (live_host > p->host_temp_size_in_bytes)
-				p->host_temp_size_in_bytes = live_host;
-			change = bf->kind == TS_MEM_DEVICE;
-		} else if (a->op == TS_P_COPY) {
-			bool to_dev = p->bufs[a->a].kind == TS_MEM_DEVICE;
-			bool from_dev = p->bufs[a->b].kind == TS_MEM_DEVICE;
+			/* the aligned live bytes: no placement does better */
+			if (a->op == TS_P_ALLOC)
+				live[k] += align_up(bf->bytes ? bf->bytes : 1);
+			else
+				live[k] -= align_up(bf->bytes ? bf->bytes : 1);
+			if (live[k] > live_peak[k])
+				live_peak[k] = live[k];
+			if (a->op == TS_P_ALLOC)
+				arena_place(ar, bf->bytes, &bf->offset);
+			else if (!arena_free(ar, bf->offset, bf->bytes))
+				st = TS_RESOURCE_EXHAUSTED;
+			if (bf->kind != TS_MEM_DEVICE)
+				continue;
+		} else {
+			if (a->op == TS_P_COPY) {
+				bool to_dev = p->bufs[a->a].kind == TS_MEM_DEVICE;
+				bool from_dev = p->bufs[a->b].kind == TS_MEM_DEVICE;
 
-			if (to_dev && !from_dev)
-				p->h2d_bytes += a->bytes;
-			else if (!to_dev && from_dev)
-				p->d2h_bytes += a->bytes;
-		}
-		if (!change)
+				if (to_dev && !from_dev)
+					p->h2d_bytes += a->bytes;
+				else if (!to_dev && from_dev)
+					p->d2h_bytes += a->bytes;
+			}
 			continue;
+		}
 		if (p->npoints == cap) {
 			int ncap = cap ? cap * 2 : 128;
 			void *g = realloc(p->points, (size_t)ncap * sizeof *p->points);
 
-			if (!g)
-				return TS_RESOURCE_EXHAUSTED;
+			if (!g) {
+				st = TS_RESOURCE_EXHAUSTED;
+				break;
+			}
 			p->points = g;
 			cap = ncap;
 		}
 		p->points[p->npoints].phase = a->phase;
 		p->points[p->npoints].layer = a->layer;
-		p->points[p->npoints].live = base_dev + live_dev;
+		p->points[p->npoints].live = base_dev + arena_top(&dev);
 		p->npoints++;
 	}
+	free(dev.h);
+	free(host.h);
+	p->temp_size_in_bytes = dev.end;
+	p->host_temp_size_in_bytes = host.end;
+	if (st == TS_OK)
+		st = place_better(p, &base_dev, live_peak);
 	p->peak_device_bytes = base_dev + p->temp_size_in_bytes;
-	return TS_OK;
+	return st;
 }
 
 /* ---- entry points ------------------------------------------------------------------ */
@@ -653,6 +1044,9 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 			a->n = (uint64_t)batch * d;
 		}
 	}
+	/* the loss goes back to the host at once (the executor reads it after
+	 * the kernel): its buffer lives through the loss phase only */
+	release(&b, loss, -1, "loss");
 	release(&b, xL, L, "loss");
 	if (gcls == TS_PB_TEMP && !update_fused(out)) {
 		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
@@ -664,7 +1058,6 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 		release(&b, b.G1, -1, "update");
 		release(&b, b.G2, -1, "update");
 	}
-	release(&b, loss, -1, "end");
 	free(b.x);
 	free(b.xh);
 	free(b.h);

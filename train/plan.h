@@ -27,6 +27,18 @@
  * device; host_* = the same on pinned_host; peak_device_bytes = argument +
  * output + temp (aliases are not counted twice).
  *
+ * Atomicity: a step either updates every weight or leaves every array as it
+ * was. Temps live at planner-assigned offsets in one arena per memory kind
+ * (temp_size_in_bytes is the device arena, host_temp_size_in_bytes the
+ * pinned one, each taken whole before the first action). An argument the
+ * step updates on pinned_host is `versioned`: its update is copied out to
+ * new memory of its size, published only when the step succeeded
+ * (host_version_size_in_bytes). A device argument is updated in place by
+ * kernels (an alias); when a copy, which can fail, follows its first update,
+ * it is `journaled`: copied to pinned_host before the first update and
+ * copied back if the step fails after it (host_journal_size_in_bytes; its
+ * bytes move once each way, not counted in h2d/d2h_bytes).
+ *
  * Thread-safety: pure functions over caller-owned values.
  */
 #ifndef TS_PLAN_H
@@ -69,6 +81,10 @@ struct ts_pbuf {
 	enum ts_memory_kind kind;        /* device or pinned_host */
 	int layer;                       /* -1 for whole-model buffers */
 	uint64_t bytes;
+	uint64_t offset;                 /* temps: where in the arena of its kind;
+	                                    journaled arguments: where in the journal */
+	bool versioned;                  /* host arguments: updated into new memory */
+	bool journaled;                  /* device arguments: saved before the update */
 };
 
 enum ts_pop {
@@ -113,6 +129,7 @@ struct ts_plan {
 	uint64_t temp_size_in_bytes;
 	uint64_t host_argument_size_in_bytes, host_output_size_in_bytes;
 	uint64_t host_alias_size_in_bytes, host_temp_size_in_bytes;
+	uint64_t host_version_size_in_bytes, host_journal_size_in_bytes;
 	uint64_t peak_device_bytes;
 	uint64_t h2d_bytes, d2h_bytes;
 	int npoints;                     /* the timeline: live device bytes after each change */
@@ -132,5 +149,8 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
                         const struct ts_policy *policy, struct ts_plan *out,
                         struct ts_error *err);
 void ts_plan_release(struct ts_plan *p);
+
+/* Bytes between temps in an arena: every temp starts at a multiple. */
+#define TS_PLAN_ALIGN 256u
 
 #endif

@@ -9,7 +9,10 @@
  *                        daemon flags answering as many bytes from memory:
  *                        what the library allows);
  *   one 12 KiB item      (GET /v1/arrays/items/data?index=k of a [N,6,1024]
- *                        uint16 array) vs Redis GET of the same bytes;
+ *                        uint16 array) vs Redis GET of the same bytes, and
+ *                        the bare libmicrohttpd server answering 12 KiB
+ *                        against the same Redis: the ceiling the HTTP
+ *                        library sets, measured in the same rounds;
  *   32 random items      (GET ...?rows=a,b,...) vs Redis MGET of 32 keys.
  *
  * Targets: /v1/memory >= 1.0x nginx from 4 to 256 connections, and its rate
@@ -196,13 +199,13 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 {
 	static const char put[] = "/v1/arrays/items?dtype=uint16&shape=4096,6,1024"
 	                          "&memory_kind=unpinned_host";
-	struct bench_ref rds = {0};
+	struct bench_ref rds = {0}, mhd = {0};
 	struct gen g = {.port = d->port};
-	char reply[512], *cmds = NULL;
+	char reply[512], *cmds = NULL, mhd_req[512];
 	uint64_t got;
 	double t;
 	size_t o = 0;
-	int rc = -1, ports[2];
+	int rc = -1, ports[3];
 
 	if (bench_http_transfer(d->port, "PUT", put, NULL, data, (size_t)NITEMS * ITEM_BYTES,
 	                        (uint64_t)NITEMS * ITEM_BYTES, reply, sizeof reply, &got,
@@ -210,8 +213,10 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 		fprintf(stderr, "bench_serve: PUT %s: %s\n", put, reply);
 		return -1;
 	}
-	if (bench_ref_dir(&rds, "redis") != 0 || bench_redis_start(&rds) != 0)
+	if (bench_ref_dir(&rds, "redis") != 0 || bench_redis_start(&rds) != 0 ||
+	    bench_ref_dir(&mhd, "mhd-item") != 0 || bench_mhd_start(&mhd, ITEM_BYTES) != 0)
 		goto out;
+	bench_http_get(mhd_req, sizeof mhd_req, mhd.port, "/small", NULL);
 	/* the same bytes under item:<row> */
 	cmds = malloc((size_t)NITEMS * (ITEM_BYTES + 64));
 	if (!cmds)
@@ -233,17 +238,22 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 	}
 	ports[0] = d->port;
 	ports[1] = rds.port;
+	ports[2] = mhd.port;
 	for (int batch = 0; batch < 2; batch++) {
 		for (int i = 0; i < NCOUNTS; i++) {
-			struct bench_mload loads[2] = {load_of(BENCH_PROTO_HTTP, counts[i]),
-			                               load_of(BENCH_PROTO_RESP, counts[i])};
-			struct bench_result res[2];
+			struct bench_mload loads[3] = {load_of(BENCH_PROTO_HTTP, counts[i]),
+			                               load_of(BENCH_PROTO_RESP, counts[i]),
+			                               load_of(BENCH_PROTO_HTTP, counts[i])};
+			struct bench_result res[3];
 
 			loads[0].next = batch ? batch_http : item_http;
 			loads[0].arg = &g;
 			loads[1].next = batch ? batch_resp : item_resp;
 			loads[1].expect_bulk = ITEM_BYTES;
-			if (bench_mload_interleaved(ports, loads, 2, ROUNDS, res) != 0)
+			loads[2].fixed = mhd_req;
+			loads[2].fixed_len = strlen(mhd_req);
+			/* the bare server takes part in the item rounds only */
+			if (bench_mload_interleaved(ports, loads, batch ? 2 : 3, ROUNDS, res) != 0)
 				goto out;
 			fprintf(stderr, "bench_serve: %3d conns: %s %.0f req/s (p50 %.0f us, p99 %.0f us, "
 			        "%llu errors), redis %.0f (%llu errors)\n", counts[i],
@@ -255,15 +265,21 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 			if (batch)
 				rate_row("batch: ?rows= 32 items / MGET", counts[i], res[0].rate,
 				         res[1].rate, "MGET", 1.0, true);
-			else
+			else {
 				rate_row("items: 12 KiB item / redis GET", counts[i], res[0].rate,
 				         res[1].rate, "GET", 1.0, counts[i] <= 4);
+				rate_row("items: bare MHD 12 KiB / redis GET", counts[i], res[2].rate,
+				         res[1].rate, "GET", 0, false);
+				rate_row("items: 12 KiB item / bare MHD 12 KiB", counts[i], res[0].rate,
+				         res[2].rate, "bare MHD", 0, false);
+			}
 		}
 	}
 	rc = 0;
 out:
 	free(cmds);
 	bench_ref_stop(&rds);
+	bench_ref_stop(&mhd);
 	return rc;
 }
 

@@ -128,6 +128,7 @@ static double memcpy_rate(void)
 struct job {
 	struct ts_plan plan;
 	void **args;
+	void **outs;                 /* new memory of the versioned arguments */
 	int step;
 };
 
@@ -140,8 +141,9 @@ static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int ba
 	if (ts_plan_build(m, o, batch, pol, &j->plan, &err) != TS_OK)
 		die("plan", &err);
 	j->args = calloc((size_t)j->plan.nbufs, sizeof *j->args);
+	j->outs = calloc((size_t)j->plan.nbufs, sizeof *j->outs);
 	j->step = 0;
-	if (!j->args)
+	if (!j->args || !j->outs)
 		die("args", NULL);
 	for (int i = 0; i < j->plan.nbufs; i++) {
 		const struct ts_pbuf *b = &j->plan.bufs[i];
@@ -151,6 +153,9 @@ static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int ba
 		if (b->cls == TS_PB_TEMP)
 			continue;
 		if (ts_space_alloc(b->kind == TS_MEM_DEVICE ? dsp : psp, b->bytes, &j->args[i], &err) != TS_OK)
+			die("argument", &err);
+		if (b->versioned &&
+		    ts_space_alloc(b->kind == TS_MEM_DEVICE ? dsp : psp, b->bytes, &j->outs[i], &err) != TS_OK)
 			die("argument", &err);
 		/* sim device memory is host memory: written directly */
 		x = j->args[i];
@@ -172,11 +177,16 @@ static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int ba
 
 static void job_free(struct job *j)
 {
-	for (int i = 0; i < j->plan.nbufs; i++)
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		struct ts_space *sp = j->plan.bufs[i].kind == TS_MEM_DEVICE ? dsp : psp;
+
 		if (j->args[i])
-			ts_space_release(j->plan.bufs[i].kind == TS_MEM_DEVICE ? dsp : psp, j->args[i],
-			                 j->plan.bufs[i].bytes);
+			ts_space_release(sp, j->args[i], j->plan.bufs[i].bytes);
+		if (j->outs[i])
+			ts_space_release(sp, j->outs[i], j->plan.bufs[i].bytes);
+	}
 	free(j->args);
+	free(j->outs);
 	ts_plan_release(&j->plan);
 }
 
@@ -189,8 +199,16 @@ static double job_step(struct job *j)
 	double t0 = now_s();
 
 	ts_error_clear(&err);
-	if (ts_exec_run(&j->plan, &env, j->args, ++j->step, &r, &err) != TS_OK)
+	if (ts_exec_run(&j->plan, &env, j->args, j->outs, ++j->step, &r, &err) != TS_OK)
 		die("step", &err);
+	/* the new versions are the next step's arguments */
+	for (int i = 0; i < j->plan.nbufs; i++)
+		if (j->plan.bufs[i].versioned) {
+			void *t = j->args[i];
+
+			j->args[i] = j->outs[i];
+			j->outs[i] = t;
+		}
 	if (r.measured_temp_peak != j->plan.temp_size_in_bytes)
 		fprintf(stderr, "bench_train: measured temp %llu != planned %llu\n",
 		        (unsigned long long)r.measured_temp_peak,

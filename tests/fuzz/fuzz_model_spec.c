@@ -5,7 +5,9 @@
  * simulated devices, and to ts_h_policy_parse. A refusal must carry a known
  * code, a reason and a message; a model that parses must satisfy the limits
  * the parser promises (a valid name, sizes in range, a device, a policy
- * that checks).
+ * that checks, a schedule whose steps are ordered), and its rendering
+ * (ts_h_model_spec_json, what a checkpoint carries) must parse back to the
+ * same model.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,7 +62,49 @@ static void check_model(const struct ts_model *m, const struct ts_model_init *in
 	ts_error_clear(&err);
 	if (ts_policy_check(&m->policy, &err) != TS_OK)
 		abort();
+	if (m->opt.schedule.type == TS_SCHED_WARMUP_COSINE &&
+	    (m->opt.schedule.warmup_steps < 0 ||
+	     m->opt.schedule.decay_steps <= m->opt.schedule.warmup_steps ||
+	     !(m->opt.schedule.peak_value > 0)))
+		abort();
+	if (m->opt.adamw && (m->opt.type != TS_OPT_ADAM || !(m->opt.weight_decay >= 0)))
+		abort();
+	if (m->steps > 1000000000ull)
+		abort();
 	(void)in;
+}
+
+/* The rendered spec parses back to the same model. */
+static void check_round_trip(const struct ts_core *core, const struct ts_model *m)
+{
+	json_t *spec = ts_h_model_spec_json(m);
+	struct ts_model back;
+	struct ts_model_init init;
+	struct ts_error err;
+	const struct ts_optimizer *a = &m->opt, *b = &back.opt;
+
+	if (!spec)
+		abort();
+	ts_error_clear(&err);
+	if (ts_h_model_parse(core, spec, &back, &init, &err) != TS_OK)
+		abort();
+	if (strcmp(back.name, m->name) != 0 || back.steps != m->steps || back.device != m->device ||
+	    memcmp(&back.mlp, &m->mlp, sizeof m->mlp) != 0 || a->type != b->type ||
+	    a->adamw != b->adamw || a->learning_rate != b->learning_rate || a->b1 != b->b1 ||
+	    a->b2 != b->b2 || a->eps != b->eps || a->clip_global_norm != b->clip_global_norm ||
+	    a->weight_decay != b->weight_decay || a->schedule.type != b->schedule.type ||
+	    a->schedule.init_value != b->schedule.init_value ||
+	    a->schedule.peak_value != b->schedule.peak_value ||
+	    a->schedule.end_value != b->schedule.end_value ||
+	    a->schedule.warmup_steps != b->schedule.warmup_steps ||
+	    a->schedule.decay_steps != b->schedule.decay_steps ||
+	    back.policy.params != m->policy.params || back.policy.opt_state != m->policy.opt_state ||
+	    back.policy.save_x != m->policy.save_x || back.policy.save_h != m->policy.save_h ||
+	    back.policy.offload_x != m->policy.offload_x ||
+	    back.policy.offload_h != m->policy.offload_h ||
+	    back.policy.prefetch_depth != m->policy.prefetch_depth)
+		abort();
+	json_decref(spec);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -82,8 +126,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	st = ts_h_model_parse(core, j, &m, &init, &err);
 	if (st != TS_OK)
 		check_failure(st, &err);
-	else
+	else {
 		check_model(&m, &init);
+		check_round_trip(core, &m);
+	}
 	ts_error_clear(&err);
 	st = ts_h_policy_parse(j, &p, &err);
 	if (st != TS_OK)

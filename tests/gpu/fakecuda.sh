@@ -5,9 +5,9 @@
 # strictly) and runs under it, with TS_TEST_BACKEND=cuda on two stand-in
 # GPUs:
 #
-#   plain    every unit suite, and the integration suites' CUDA cases (the
-#            HTTP-only suites, badinput, hostile, probe, and integrity's
-#            catalog rules, run on sim in make test);
+#   plain    every unit suite, and every integration suite on the
+#            stand-in's GPUs (it_foundation's endpoints; it_faults needs the
+#            fault build and runs on sim in make faults);
 #   shuffle  FAKECUDA_SHUFFLE=1 (blocks in random order): the suites whose
 #            results are compared bit for bit (kernels, exec, models' guide);
 #   delay    FAKECUDA_COPY_DELAY_US (copies late, the host ahead), with
@@ -89,6 +89,9 @@ for pass in $passes; do
 		run it_arrays CK_RUN_CASE=on_backend "$build/tests/it_arrays"
 		run it_models "$build/tests/it_models"
 		run it_rows "$build/tests/it_rows"
+		for t in it_integrity it_badinput it_hostile it_probe it_convert; do
+			run "$t" "$build/tests/$t"
+		done
 		# its daemons take a small device fraction of a larger stand-in GPU
 		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
 		;;

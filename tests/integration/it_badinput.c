@@ -27,6 +27,8 @@ static struct th_daemon D;
 /* Placeholders a row's path or body may hold, filled in at run time. */
 #define L300 "@L300@"     /* 300 'a's: longer than any path parameter */
 #define L129 "@L129@"     /* 129 'a's: one more than a name may hold */
+/* and "sim:N" (N in 0..7) is the backend's device N (th_dev): the table runs
+ * on the stand-in's GPUs too */
 
 #define H(...) ((const char *const[]){__VA_ARGS__, NULL})
 
@@ -506,6 +508,14 @@ static char *expand(const char *tmpl)
 	for (const char *p = tmpl; *p;) {
 		int n = 0;
 
+		if (strncmp(p, "sim:", 4) == 0 && p[4] >= '0' && p[4] <= '7') {
+			const char *id = th_dev(p[4] - '0');   /* the backend under test */
+
+			memcpy(out + o, id, strlen(id));
+			o += strlen(id);
+			p += 5;
+			continue;
+		}
 		if (strncmp(p, L300, strlen(L300)) == 0)
 			n = 300;
 		else if (strncmp(p, L129, strlen(L129)) == 0)
@@ -696,10 +706,13 @@ static void holdings_assert_equal(const struct holdings *want, const struct hold
 static void expect_status(const char *method, const char *path, const char *body, long want)
 {
 	struct th_response r;
+	char *p = expand(path), *b = body ? expand(body) : NULL;
 
-	th_request(&D, method, path, NULL, body, body ? strlen(body) : 0, &r);
-	ck_assert_msg(r.status == want, "%s %s: %ld %s", method, path, r.status, r.body);
+	th_request(&D, method, p, NULL, b, b ? strlen(b) : 0, &r);
+	ck_assert_msg(r.status == want, "%s %s: %ld %s", method, p, r.status, r.body);
 	th_response_free(&r);
+	free(p);
+	free(b);
 }
 
 static void daemon_up(void)

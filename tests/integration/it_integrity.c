@@ -14,7 +14,9 @@
  * Model creation runs as an operation, so /livez answers while six 128 MiB
  * models initialise.
  *
- * Each case runs forked with its own daemon.
+ * Device ids are written for sim and run on the backend under test
+ * (th_on_backend): tests/gpu/fakecuda.sh runs the suite on the stand-in's
+ * GPUs. Each case runs forked with its own daemon.
  */
 #include "tests/integration/harness.h"
 
@@ -51,8 +53,11 @@ static void daemon_down(void)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
+/* Paths and bodies are written for sim and run on the backend under test. */
 static void post(const char *path, const char *body, struct th_response *r)
 {
+	path = th_on_backend(path);
+	body = th_on_backend(body);
 	th_request(&D, "POST", path, json_headers, body, strlen(body), r);
 }
 
@@ -123,7 +128,7 @@ static void put_bytes(const char *name, const char *query, const void *data, siz
 	struct th_response r;
 	char path[512];
 
-	snprintf(path, sizeof path, "/v1/arrays/%s?%s", name, query);
+	snprintf(path, sizeof path, "/v1/arrays/%s?%s", name, th_on_backend(query));
 	th_request(&D, "PUT", path, NULL, data, n, &r);
 	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
 	th_response_free(&r);
@@ -419,7 +424,7 @@ START_TEST(test_put_keeps_placement)
 	put_floats("h.w1", 4, 8, 1.0f, "device=sim:1&memory_kind=pinned_host");
 	put_floats("h.w1", 4, 8, 2.0f, NULL);
 	a = meta("h.w1");
-	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), "sim:1");
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(1));
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), "pinned_host");
 	ck_assert(th_bool(a, "committed"));
 	ck_assert_int_eq(th_int(a, "version"), 2);
@@ -433,7 +438,7 @@ START_TEST(test_put_keeps_placement)
 	/* a placement given still wins */
 	put_floats("h.w1", 4, 8, 2.0f, "device=sim:0");
 	a = meta("h.w1");
-	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), "sim:0");
+	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(0));
 	json_decref(a);
 }
 END_TEST
@@ -511,7 +516,7 @@ START_TEST(test_copy_overwrite_and_donate)
 	           "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "overwrite", NULL);
 	res = post_json("/v1/arrays/a:copy?wait=true",
 	                "{\"out\": \"b\", \"device\": \"sim:1\", \"overwrite\": true}", 200);
-	ck_assert_str_eq(th_str(th_obj(res, "sharding"), "device"), "sim:1");
+	ck_assert_str_eq(th_str(th_obj(res, "sharding"), "device"), th_dev(1));
 	json_decref(res);
 	a = download("a", &na);
 	b = download("b", &nb);
@@ -541,8 +546,8 @@ START_TEST(test_move_keeps_metadata_and_counts)
 	memcpy(body, &hlen, 8);                      /* little-endian hosts */
 	memcpy(body + 8, header, hlen);
 	memset(body + 8 + hlen, 0, 8);
-	th_request(&D, "POST", "/v1/arrays:import?device=sim:0&memory_kind=pinned_host", NULL, body,
-	           8 + hlen + 8, &r);
+	th_request(&D, "POST", th_on_backend("/v1/arrays:import?device=sim:0&memory_kind=pinned_host"),
+	           NULL, body, 8 + hlen + 8, &r);
 	ck_assert_msg(r.status == 200 || r.status == 201, "import: %ld %s", r.status, r.body);
 	th_response_free(&r);
 	res = post_json("/v1/arrays/t:put?wait=true", "{\"memory_kind\": \"device\"}", 200);

@@ -237,7 +237,7 @@ static json_t *analyze(const char *model, const char *body)
 {
 	char path[300];
 
-	snprintf(path, sizeof path, "/v1/models/%s:analyze", model);
+	snprintf(path, sizeof path, "/v1/models/%s:analyze?timeline=true", model);
 	return post_json(path, body, 200);
 }
 
@@ -715,7 +715,7 @@ START_TEST(test_create_bad_specs)
 		 "colour"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"loss\": \"l1\"}", "BAD_MODEL",
 		 "loss"},
-		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamw\"}}",
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"optimizer\": {\"type\": \"adamax\"}}",
 		 "BAD_OPTIMIZER", "optimizer.type"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0}}", "BAD_OPTIMIZER", "learning_rate"},
@@ -726,6 +726,24 @@ START_TEST(test_create_bad_specs)
 		 "clip_global_norm"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"optimizer\": {\"type\": \"adam\", \"momentum\": 0.5}}", "BAD_OPTIMIZER", "momentum"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adam\", \"weight_decay\": 0.1}}", "BAD_OPTIMIZER", "weight_decay"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adamw\", \"weight_decay\": -1}}", "BAD_OPTIMIZER", "weight_decay"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"adamw\", \"learning_rate\": 0.1, \"schedule\": {\"type\": \"constant\", \"value\": 0.1}}}", "BAD_OPTIMIZER", "exclusive"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"step\"}}}", "BAD_OPTIMIZER", "optimizer.schedule.type"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0, \"peak_value\": 0.1, \"warmup_steps\": 10, \"decay_steps\": 10}}}", "BAD_OPTIMIZER", "decay_steps"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"warmup_cosine_decay\", \"peak_value\": 0.1, \"warmup_steps\": 1, \"decay_steps\": 10}}}", "BAD_OPTIMIZER", "init_value"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0, \"peak_value\": 0.1, \"warmup_steps\": 1, \"decay_steps\": 10, \"alpha\": 0}}}", "BAD_OPTIMIZER", "optimizer.schedule.alpha"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"optimizer\": {\"type\": \"sgd\", \"schedule\": {\"type\": \"constant\", \"value\": 0.1, \"peak_value\": 1}}}", "BAD_OPTIMIZER", "optimizer.schedule.peak_value"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+		 "\"steps\": -1}", "BAD_MODEL", "steps"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 		 "\"placement\": {\"params\": \"gpu\"}}", "BAD_POLICY", "placement.params"},
 		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
@@ -978,7 +996,7 @@ START_TEST(test_analyze_guide)
 			                 g->params, g->acts, prefetch);
 			char *body = fmt("{\"model\": %s, \"batch\": [256, 256]}", spec);
 			char *named = fmt("{\"name\": \"g%zu%d\", %s", i, prefetch, spec + 1);
-			json_t *an = post_json("/v1/models:analyze", body, 200), *m, *an2;
+			json_t *an = post_json("/v1/models:analyze?timeline=true", body, 200), *m, *an2;
 			char what[96];
 			bool host = strcmp(g->params, "pinned_host") == 0;
 
@@ -1031,9 +1049,9 @@ START_TEST(test_analyze_adam_7168)
 	char body[512];
 
 	snprintf(body, sizeof body, fmt_spec, "device");
-	on = post_json("/v1/models:analyze", body, 200);
+	on = post_json("/v1/models:analyze?timeline=true", body, 200);
 	snprintf(body, sizeof body, fmt_spec, "pinned_host");
-	off = post_json("/v1/models:analyze", body, 200);
+	off = post_json("/v1/models:analyze?timeline=true", body, 200);
 	check_analysis(on, "7168 adam on device");
 	check_analysis(off, "7168 adam, state on host");
 	ck_assert_msg(J(on, "peak_device_bytes") <= 4590000000ll, "peak %lld > 4.59e9",
@@ -1044,6 +1062,12 @@ START_TEST(test_analyze_adam_7168)
 	ck_assert_int_eq(J(on, "alias_size_in_bytes"), 3 * weights);
 	ck_assert_int_eq(J(off, "alias_size_in_bytes"), weights);
 	ck_assert_int_eq(J(off, "host_argument_size_in_bytes"), 2 * weights);
+	/* atomic steps: the offloaded state is updated into new versions; the
+	 * device weights, which state copies follow, are journaled on the host */
+	ck_assert_int_eq(J(off, "host_version_size_in_bytes"), 2 * weights);
+	ck_assert_int_eq(J(off, "host_journal_size_in_bytes"), weights);
+	ck_assert_int_eq(J(on, "host_version_size_in_bytes"), 0);
+	ck_assert_int_eq(J(on, "host_journal_size_in_bytes"), 0);
 	ck_assert_int_eq(J(on, "output_size_in_bytes"), 0);
 	ck_assert_int_eq(J(on, "peak_device_bytes") - J(off, "peak_device_bytes"),
 	                 2 * weights - (J(off, "temp_size_in_bytes") - J(on, "temp_size_in_bytes")));
@@ -1119,7 +1143,9 @@ static void check_step_result(json_t *res, json_t *an, const char *what)
 	ck_assert_msg(json_equal(a, t), "%s: the step's analysis differs from :analyze:\n%s\n%s", what,
 	              json_dumps(a, 0), json_dumps(t, 0));
 	json_decref(t);
-	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(res, "steps") * J(an, "h2d_bytes"));
+	/* the steps' copies, and staging the batch once when it is in host memory */
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
+	                 J(res, "steps") * J(an, "h2d_bytes") + J(th_obj(res, "bytes_moved"), "staged_h2d"));
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "d2h"), J(res, "steps") * J(an, "d2h_bytes"));
 	ck_assert_str_eq(th_str(res, "device"), th_dev(0));
 	ck_assert_msg(json_number_value(json_object_get(th_obj(res, "time"), "wall_s")) > 0, "wall_s");
@@ -1774,6 +1800,68 @@ START_TEST(test_step_target_rows_gathered_with_named_inputs)
 }
 END_TEST
 
+/* :analyze answers its timeline only when asked (?timeline=true); a value
+ * that is not a bool is 400 naming the parameter. */
+START_TEST(test_analyze_timeline_only_when_asked)
+{
+	json_t *plain, *with;
+	struct th_response r;
+
+	json_decref(create("{\"name\": \"tl\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"sum\"}"));
+	plain = post_json("/v1/models/tl:analyze", "{\"batch\": [4, 16]}", 200);
+	ck_assert_ptr_null(json_object_get(plain, "timeline"));
+	with = post_json("/v1/models/tl:analyze?timeline=true", "{\"batch\": [4, 16]}", 200);
+	ck_assert_int_gt((json_int_t)json_array_size(th_arr(with, "timeline")), 0);
+	json_object_del(with, "timeline");
+	ck_assert(json_equal(plain, with));
+	json_decref(plain);
+	json_decref(with);
+	plain = post_json("/v1/models:analyze",
+	                  "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, \"batch\": [2, 4]}",
+	                  200);
+	ck_assert_ptr_null(json_object_get(plain, "timeline"));
+	json_decref(plain);
+	post("/v1/models/tl:analyze?timeline=yes", "{\"batch\": [4, 16]}", &r);
+	ck_assert_msg(r.status == 400 && strstr(r.body, "timeline"), ":analyze?timeline=yes: %ld %s",
+	              r.status, r.body);
+	th_response_free(&r);
+}
+END_TEST
+
+/* Inputs and targets on pinned_host are staged to the device once per
+ * call: bytes_moved.h2d counts them (staged_h2d), named or as rows. */
+START_TEST(test_step_counts_staging_from_the_host)
+{
+	float *x = make(12 * 16, 71, -1.0f, 1.0f);
+	json_t *res;
+	const json_int_t batch = 8 * 16 * 4;
+
+	json_decref(create("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\", \"placement\": {\"device\": \"sim:0\"}}"));
+	upload("hx", x, 8, 16, "device=sim:0&memory_kind=pinned_host");
+	upload("hy", x + 16, 8, 16, "device=sim:0&memory_kind=pinned_host");
+	upload("hds", x, 12, 16, "device=sim:0&memory_kind=pinned_host");
+	res = step_wait("hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
+	                 2 * J(th_obj(res, "analysis"), "h2d_bytes") + 2 * batch);
+	json_decref(res);
+	res = step_wait("hs", "{\"inputs\": {\"array\": \"hds\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                "\"targets\": {\"array\": \"hds\", \"rows\": {\"start\": 4}}}");
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
+	json_decref(res);
+	/* already on the device: nothing is staged */
+	upload("dx", x, 8, 16, "device=sim:0");
+	upload("dy", x + 16, 8, 16, "device=sim:0");
+	res = step_wait("hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 0);
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(th_obj(res, "analysis"), "h2d_bytes"));
+	json_decref(res);
+	free(x);
+}
+END_TEST
+
 START_TEST(test_step_errors)
 {
 	float *x = make(8 * 16, 70, -1.0f, 1.0f);
@@ -1964,6 +2052,8 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_step_named_targets_colocated_with_row_inputs);
 	tcase_add_test(tc, test_step_target_rows_gathered_with_named_inputs);
 	tcase_add_test(tc, test_step_errors);
+	tcase_add_test(tc, test_analyze_timeline_only_when_asked);
+	tcase_add_test(tc, test_step_counts_staging_from_the_host);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("uncommitted");

@@ -4,12 +4,14 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "common/lock.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -77,6 +79,150 @@ START_TEST(error_first_wins)
 }
 END_TEST
 
+/* The one bad-input and out-of-memory helpers: prefix, reason, status, the
+ * first error kept, and a long message cut on a character boundary after
+ * the prefix. */
+START_TEST(error_bad_and_oom_helpers)
+{
+	struct ts_error e;
+	char big[TS_ERROR_MESSAGE_MAX * 2];
+	size_t n = 0;
+
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_bad(&e, "BAD_NPY_HEADER", "npy header", "rank %d", 9),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(e.reason, "BAD_NPY_HEADER");
+	ck_assert_str_eq(e.message, "npy header: rank 9");
+	ck_assert_int_eq(ts_error_oom(&e, "no memory for %s", "x"), TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(e.message, "npy header: rank 9");
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_bad(&e, "BAD_SHARDING", NULL, "mesh has %d axes", 0),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(e.message, "mesh has 0 axes");
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_oom(&e, "no memory for array '%s'", "w1"), TS_RESOURCE_EXHAUSTED);
+	ck_assert_str_eq(e.reason, "OUT_OF_MEMORY");
+	ck_assert_str_eq(e.message, "no memory for array 'w1'");
+	ck_assert_int_eq(ts_error_oom(NULL, "x"), TS_RESOURCE_EXHAUSTED);
+	ck_assert_int_eq(ts_error_bad(NULL, "R", "p", "x"), TS_INVALID_ARGUMENT);
+	while (n + 2 < sizeof big - 1) {      /* "é" repeated, starting one byte in */
+		if (n == 0)
+			big[n++] = 'x';
+		big[n++] = '\xc3';
+		big[n++] = '\xa9';
+	}
+	big[n] = '\0';
+	ts_error_clear(&e);
+	ts_error_bad(&e, "R", "safetensors header", "%s", big);
+	ck_assert_int_eq(strncmp(e.message, "safetensors header: x\xc3\xa9", 23), 0);
+	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);
+	ck_assert_uint_gt(strlen(e.message), TS_ERROR_MESSAGE_MAX - 4);
+}
+END_TEST
+
+/* Every out-of-memory answer with figures is worded by one builder. */
+START_TEST(error_oom_figures)
+{
+	struct ts_error e;
+	struct ts_oom_figures f = {
+		.where = "sim:0/device", .ids = {{"space", "sim:0/device"}},
+		.requested = 3ull << 30, .free_bytes = 2ull << 30, .limit = 2ull << 30,
+		.largest = 1ull << 30,
+	};
+
+	ts_error_clear(&e);
+	ck_assert_int_eq(ts_error_oom_bytes(&e, &f), TS_RESOURCE_EXHAUSTED);
+	ck_assert_str_eq(e.reason, "OUT_OF_MEMORY");
+	ck_assert_str_eq(e.message, "sim:0/device: cannot allocate 3221225472 bytes (3.00 GiB); "
+	                            "2147483648 bytes (2.00 GiB) free (largest free block 1.00 GiB) "
+	                            "of 2147483648 (2.00 GiB)");
+	ck_assert_int_eq(e.nmeta, 5);
+	ck_assert_str_eq(e.meta[0].key, "space");
+	ck_assert_str_eq(e.meta[3].key, "largest_free_block_bytes");
+	ck_assert_str_eq(e.meta[3].value, "1073741824");
+	ck_assert_str_eq(e.meta[4].key, "limit_bytes");
+	/* no largest block, a cause, two ids */
+	f.largest = TS_ERROR_UNKNOWN_BYTES;
+	f.cause = "cudaMalloc: out of memory";
+	f.ids[0][0] = "device", f.ids[0][1] = "cuda:0";
+	f.ids[1][0] = "memory_kind", f.ids[1][1] = "device";
+	f.requested = 512;
+	ts_error_clear(&e);
+	ts_error_oom_bytes(&e, &f);
+	ck_assert_str_eq(e.message, "sim:0/device: cannot allocate 512 bytes (512 B); 2147483648 "
+	                            "bytes (2.00 GiB) free of 2147483648 (2.00 GiB): cudaMalloc: "
+	                            "out of memory");
+	ck_assert_int_eq(e.nmeta, 5);
+	ck_assert_str_eq(e.meta[1].value, "device");
+	ck_assert_str_eq(e.meta[2].key, "requested_bytes");
+	/* the first error stays, with its own metadata only */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INTERNAL, "FIRST", "first");
+	ck_assert_int_eq(ts_error_oom_bytes(&e, &f), TS_INTERNAL);
+	ck_assert_str_eq(e.message, "first");
+	ck_assert_int_eq(e.nmeta, 0);
+}
+END_TEST
+
+/* The locks that know their holder: held by the caller, not by another
+ * thread; a rwlock's writer is known, its readers only counted. */
+struct held_probe {
+	struct ts_mutex *m;
+	struct ts_rwlock *l;
+	bool mutex_held, writing, held;
+};
+
+static void *probe_main(void *arg)
+{
+	struct held_probe *p = arg;
+
+	p->mutex_held = ts_mutex_held(p->m);
+	p->writing = ts_rwlock_writing(p->l);
+	p->held = ts_rwlock_held(p->l);
+	return NULL;
+}
+
+static void probe(struct held_probe *p)
+{
+	pthread_t t;
+
+	ck_assert_int_eq(pthread_create(&t, NULL, probe_main, p), 0);
+	pthread_join(t, NULL);
+}
+
+START_TEST(locks_know_their_holder)
+{
+	struct ts_mutex m;
+	struct ts_rwlock l;
+	struct held_probe p = {&m, &l, true, true, true};
+	pthread_cond_t c = PTHREAD_COND_INITIALIZER;
+	struct timespec past = {0, 0};
+
+	ck_assert_int_eq(ts_mutex_init(&m), 0);
+	ck_assert_int_eq(ts_rwlock_init(&l), 0);
+	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l) && !ts_rwlock_writing(&l));
+	ts_mutex_lock(&m);
+	ts_rwlock_wrlock(&l);
+	ck_assert(ts_mutex_held(&m) && ts_rwlock_writing(&l) && ts_rwlock_held(&l));
+	probe(&p);                    /* another thread holds neither */
+	ck_assert(!p.mutex_held && !p.writing && !p.held);
+	ck_assert_int_ne(ts_mutex_wait(&m, &c, &past), 0);   /* times out, held again */
+	ck_assert(ts_mutex_held(&m));
+	ts_rwlock_unlock(&l);
+	ts_mutex_unlock(&m);
+	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l));
+	ts_rwlock_rdlock(&l);
+	ck_assert(ts_rwlock_held(&l) && !ts_rwlock_writing(&l));
+	probe(&p);                    /* a reader's identity is not kept */
+	ck_assert(p.held && !p.writing);
+	ts_rwlock_unlock(&l);
+	ck_assert(!ts_rwlock_held(&l));
+	ts_rwlock_destroy(&l);
+	ts_mutex_destroy(&m);
+	pthread_cond_destroy(&c);
+}
+END_TEST
+
 START_TEST(size_parse)
 {
 	static const struct {
@@ -110,6 +256,9 @@ START_TEST(size_format)
 	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 1024), "1.00 KiB");
 	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 2ull << 30), "2.00 GiB");
 	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 768ull << 20), "768.00 MiB");
+	/* the device layer's messages use it too: every unit up to EiB */
+	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, 3ull << 60), "3.00 EiB");
+	ck_assert_str_eq(ts_format_bytes(buf, sizeof buf, UINT64_MAX), "16.00 EiB");
 }
 END_TEST
 
@@ -365,6 +514,9 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, status_canonical_mapping);
 	tcase_add_test(tc, status_from_errno);
 	tcase_add_test(tc, error_first_wins);
+	tcase_add_test(tc, error_bad_and_oom_helpers);
+	tcase_add_test(tc, error_oom_figures);
+	tcase_add_test(tc, locks_know_their_holder);
 	tcase_add_test(tc, size_parse);
 	tcase_add_test(tc, size_format);
 	tcase_add_test(tc, long_parse);

@@ -137,6 +137,7 @@ static void fill_rnd(float *x, size_t n, unsigned seed, float lo, float hi)
 struct job {
 	struct ts_plan plan;
 	void **args;
+	void **outs;                 /* new memory of the versioned arguments */
 };
 
 /* The argument or output of a role, or -1. */
@@ -207,7 +208,9 @@ static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int ba
 {
 	OK(ts_plan_build(m, o, batch, pol, &j->plan, &err));
 	j->args = calloc((size_t)j->plan.nbufs, sizeof *j->args);
+	j->outs = calloc((size_t)j->plan.nbufs, sizeof *j->outs);
 	ck_assert_ptr_nonnull(j->args);
+	ck_assert_ptr_nonnull(j->outs);
 	for (int i = 0; i < j->plan.nbufs; i++) {
 		const struct ts_pbuf *b = &j->plan.bufs[i];
 		struct ts_space *sp = b->kind == TS_MEM_DEVICE ? dsp : psp;
@@ -216,6 +219,8 @@ static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int ba
 		if (b->cls == TS_PB_TEMP)
 			continue;
 		OK(ts_space_alloc(sp, b->bytes, &j->args[i], &err));
+		if (b->versioned)
+			OK(ts_space_alloc(sp, b->bytes, &j->outs[i], &err));
 		x = malloc(b->bytes);
 		ck_assert_ptr_nonnull(x);
 		initial(&j->plan, b->role, seed, x, b->bytes / sizeof *x);
@@ -224,13 +229,32 @@ static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int ba
 	}
 }
 
+/* After a successful step, the new versions are the arguments of the next
+ * (as the session publishes them); the old memory takes the next update. */
+static void publish(struct job *j)
+{
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		void *t = j->args[i];
+
+		if (!j->plan.bufs[i].versioned)
+			continue;
+		j->args[i] = j->outs[i];
+		j->outs[i] = t;
+	}
+}
+
 static void job_free(struct job *j)
 {
-	for (int i = 0; i < j->plan.nbufs; i++)
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		struct ts_space *sp = j->plan.bufs[i].kind == TS_MEM_DEVICE ? dsp : psp;
+
 		if (j->args[i])
-			ts_space_release(j->plan.bufs[i].kind == TS_MEM_DEVICE ? dsp : psp,
-			                 j->args[i], j->plan.bufs[i].bytes);
+			ts_space_release(sp, j->args[i], j->plan.bufs[i].bytes);
+		if (j->outs[i])
+			ts_space_release(sp, j->outs[i], j->plan.bufs[i].bytes);
+	}
 	free(j->args);
+	free(j->outs);
 	ts_plan_release(&j->plan);
 }
 
@@ -240,7 +264,8 @@ static void job_run(struct job *j, int step, struct ts_exec_result *res)
 	uint64_t dev0 = in_use(dsp), host0 = in_use(psp);
 
 	ts_error_clear(&err);
-	OK(ts_exec_run(&j->plan, &env, j->args, step, res, &err));
+	OK(ts_exec_run(&j->plan, &env, j->args, j->outs, step, res, &err));
+	publish(j);
 	ck_assert_uint_eq(res->measured_temp_peak, j->plan.temp_size_in_bytes);
 	ck_assert_uint_eq(res->measured_host_temp_peak, j->plan.host_temp_size_in_bytes);
 	ck_assert_uint_eq(res->h2d_bytes, j->plan.h2d_bytes);
@@ -470,7 +495,7 @@ START_TEST(peak_is_the_steps_own_while_others_allocate)
 	OK(ts_queue_host_fn(qc, gate_wait, &g, &err));
 	ck_assert_int_eq(pthread_create(&t, NULL, intruder_main, &in), 0);
 	ts_error_clear(&err);
-	OK(ts_exec_run(&j.plan, &env, j.args, 1, &r, &err));
+	OK(ts_exec_run(&j.plan, &env, j.args, j.outs, 1, &r, &err));
 	pthread_join(t, NULL);
 	ck_assert_msg(in.p != NULL, "the intruder got no memory");
 	ck_assert_msg(r.measured_temp_peak == j.plan.temp_size_in_bytes,
@@ -864,6 +889,47 @@ static const char *meta(const struct ts_error *e, const char *key)
 	return NULL;
 }
 
+/* Every argument's bytes (NULL for temps), to compare after a failure. */
+static void **snapshot(const struct job *j)
+{
+	void **snap = calloc((size_t)j->plan.nbufs, sizeof *snap);
+
+	ck_assert_ptr_nonnull(snap);
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		if (j->plan.bufs[i].cls != TS_PB_ARGUMENT)
+			continue;
+		snap[i] = malloc(j->plan.bufs[i].bytes);
+		ck_assert_ptr_nonnull(snap[i]);
+		get(j, i, snap[i], j->plan.bufs[i].bytes);
+	}
+	return snap;
+}
+
+/* Every argument holds the bytes of snap, byte for byte. */
+static void same_as_snapshot(const struct job *j, void **snap, const char *when)
+{
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		void *now;
+
+		if (!snap[i])
+			continue;
+		now = malloc(j->plan.bufs[i].bytes);
+		ck_assert_ptr_nonnull(now);
+		get(j, i, now, j->plan.bufs[i].bytes);
+		ck_assert_msg(memcmp(now, snap[i], j->plan.bufs[i].bytes) == 0,
+		              "%s: argument %d (role %d, %s) changed", when, i,
+		              (int)j->plan.bufs[i].role, ts_memory_kind_name(j->plan.bufs[i].kind));
+		free(now);
+	}
+}
+
+static void snapshot_free(const struct job *j, void **snap)
+{
+	for (int i = 0; i < j->plan.nbufs; i++)
+		free(snap[i]);
+	free(snap);
+}
+
 START_TEST(copy_failure_releases_every_temp)
 {
 	static const enum ts_pbuf_role state[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1,
@@ -881,12 +947,11 @@ START_TEST(copy_failure_releases_every_temp)
 	for (int n = 1; n <= 1000; n += 999) {
 		ts__sim_inject_copy_failure(dev, n);
 		ts_error_clear(&err);
-		st = ts_exec_run(&j.plan, &env, j.args, 1, &r, &err);
+		st = ts_exec_run(&j.plan, &env, j.args, j.outs, 1, &r, &err);
 		ts__sim_inject_copy_failure(dev, 0);
 		ck_assert_int_eq(st, TS_INTERNAL);
 		ck_assert_str_eq(err.reason, "COPY_FAILED");
-		/* caught before the update: the parameters and state are whole */
-		ck_assert_ptr_null(meta(&err, "partial_update"));
+		/* the parameters and state are whole */
 		ck_assert_uint_eq(in_use(dsp), dev0);
 		ck_assert_uint_eq(in_use(psp), host0);
 		for (size_t i = 0; i < sizeof state / sizeof *state; i++)
@@ -905,8 +970,8 @@ START_TEST(copy_failure_releases_every_temp)
 }
 END_TEST
 
-/* Injects one copy failure once the device space has seen `after` more
- * allocations: somewhere in the middle of a step. */
+/* Injects one copy failure once the device has accepted `after` copies:
+ * somewhere in the middle of a step. */
 struct injector {
 	pthread_t t;
 	uint64_t after;
@@ -916,11 +981,9 @@ struct injector {
 static void *injector_main(void *arg)
 {
 	struct injector *in = arg;
-	struct ts_space_stats s;
 
 	for (;;) {
-		ts_space_stats(dsp, &s);
-		if (s.num_allocs >= in->after) {
+		if (ts_device_copies(dev) >= in->after) {
 			ts__sim_inject_copy_failure(dev, 1);
 			break;
 		}
@@ -930,51 +993,191 @@ static void *injector_main(void *arg)
 	return NULL;
 }
 
-START_TEST(copy_failure_mid_step_releases_every_temp)
+/*
+ * A copy that fails anywhere in a step - before the first update, between
+ * updates, while optimizer state streams in and out - leaves every argument
+ * byte for byte as it was, whatever the placement: params and state on the
+ * device, on pinned_host, mixed, with residuals offloaded (copies after the
+ * first in-place update). The next step then runs as on an untouched job.
+ */
+static void fail_mid_step(const struct ts_mlp *m, const struct ts_optimizer *o,
+                          struct ts_policy pol, const char *what)
 {
-	struct job j;
-	struct ts_exec_result r;
-	struct ts_space_stats s;
-	uint64_t dev0, host0, per_step;
-	int failed = 0;
+	struct job j, fresh;
+	struct ts_exec_result r, rf;
+	uint64_t dev0, host0, per_step, c0;
+	int failed = 0, done = 1;
 
-	offloaded_job(&j);
-	/* how many device allocations one step makes */
-	ts_space_stats(dsp, &s);
-	per_step = s.num_allocs;
+	job_new(m, o, 16, &pol, 8, &j);
+	job_new(m, o, 16, &pol, 8, &fresh);
+	c0 = ts_device_copies(dev);
 	job_run(&j, 1, &r);
-	ts_space_stats(dsp, &s);
-	per_step = s.num_allocs - per_step;
+	job_run(&fresh, 1, &rf);
+	per_step = (ts_device_copies(dev) - c0) / 2;
+	ck_assert_uint_gt(per_step, 2);
 	dev0 = in_use(dsp);
 	host0 = in_use(psp);
-	for (int attempt = 0; attempt < 5 && !failed; attempt++) {
-		struct injector in = {.after = s.num_allocs + per_step / 3 + (uint64_t)attempt};
+	for (int k = 1; k <= 8; k++) {
+		void **snap = snapshot(&j);
+		struct injector in = {.after = ts_device_copies(dev) + per_step * (uint64_t)k / 9};
 		ts_status st;
+		char when[160];
 
 		atomic_init(&in.stop, false);
 		ck_assert_int_eq(pthread_create(&in.t, NULL, injector_main, &in), 0);
 		ts_error_clear(&err);
-		st = ts_exec_run(&j.plan, &env, j.args, 2 + attempt, &r, &err);
+		st = ts_exec_run(&j.plan, &env, j.args, j.outs, done + 1, &r, &err);
 		atomic_store(&in.stop, true);
 		pthread_join(in.t, NULL);
 		ts__sim_inject_copy_failure(dev, 0);
-		ts_space_stats(dsp, &s);
 		ck_assert_uint_eq(in_use(dsp), dev0);
 		ck_assert_uint_eq(in_use(psp), host0);
-		if (st != TS_OK) {
-			ck_assert_int_eq(st, TS_INTERNAL);
-			ck_assert_str_eq(err.reason, "COPY_FAILED");
-			failed++;
-			fprintf(stderr, "mid-step copy failure: %s (phase %s, partial update %s)\n",
-			        err.message, meta(&err, "phase") ? meta(&err, "phase") : "?",
-			        meta(&err, "partial_update") ? "yes" : "no");
+		snprintf(when, sizeof when, "%s, a copy failing after %d/9 of a step", what, k);
+		if (st == TS_OK) {
+			/* armed after the step's last copy: it went through */
+			publish(&j);
+			job_run(&fresh, ++done, &rf);
+			snapshot_free(&j, snap);
+			continue;
 		}
+		ck_assert_msg(st == TS_INTERNAL, "%s: %s", when, err.message);
+		ck_assert_str_eq(err.reason, "COPY_FAILED");
+		ck_assert_ptr_null(meta(&err, "partial_update"));
+		same_as_snapshot(&j, snap, when);
+		snapshot_free(&j, snap);
+		failed++;
 	}
-	ck_assert_msg(failed, "no injected failure landed in a step");
-	job_run(&j, 9, &r);
+	ck_assert_msg(failed >= 1, "%s: no injected failure landed in a step", what);
+	/* whole and trainable: the next step equals an untouched job's */
+	job_run(&j, done + 1, &r);
+	job_run(&fresh, done + 1, &rf);
+	ck_assert_msg(memcmp(&r.loss, &rf.loss, sizeof r.loss) == 0, "%s: loss %g, untouched %g",
+	              what, (double)r.loss, (double)rf.loss);
+	for (int i = 0; i < j.plan.nbufs; i++)
+		if (j.plan.bufs[i].cls == TS_PB_ARGUMENT && j.plan.bufs[i].role <= TS_ROLE_NU_W2)
+			same_values(&j, &fresh, j.plan.bufs[i].role, what);
 	job_free(&j);
+	job_free(&fresh);
+}
+
+START_TEST(copy_failure_mid_step_leaves_every_array_whole)
+{
+	static const struct ts_optimizer adam_fused = {.type = TS_OPT_ADAM,
+	                                               .learning_rate = 1e-3f, .b1 = 0.9f,
+	                                               .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_policy pol = any_policy(9 + 2 + 6 + 18);
+
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	fail_mid_step(&mid, &adam_opt, pol, "all offloaded, clipped");
+	fail_mid_step(&mid, &adam_fused, pol, "all offloaded, fused update");
+	pol = guide_policy(false, true, 0);
+	fail_mid_step(&mid, &adam_fused, pol, "on the device, x offloaded, fused update");
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	fail_mid_step(&mid, &adam_fused, pol, "params on the device, state on pinned_host");
+	pol = guide_policy(true, false, 1);
+	fail_mid_step(&mid, &adam_fused, pol, "params on pinned_host, state on the device");
 }
 END_TEST
+
+#ifdef TS_FAULT_BUILD
+#include "common/fault.h"
+
+/*
+ * The walk over every failure point of a step (a fault build): each
+ * allocation (device, pinned, heap) and each copy of one step fails in turn;
+ * a step that fails leaves every argument byte for byte as it was, a step
+ * that absorbed the failure trained, and either way the job keeps training
+ * exactly as an untouched one.
+ */
+static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
+                      struct ts_policy pol, const char *what)
+{
+	static const enum ts_fault_kind kinds[] = {TS_FAULT_COPY, TS_FAULT_ALLOC_HEAP,
+	                                           TS_FAULT_ALLOC_DEVICE, TS_FAULT_ALLOC_PINNED,
+	                                           TS_FAULT_ALLOC_PAGEABLE};
+	struct job j, fresh;
+	struct ts_exec_result r, rf;
+	int done = 1, failed = 0, points = 0;
+
+	job_new(m, o, 16, &pol, 8, &j);
+	job_new(m, o, 16, &pol, 8, &fresh);
+	job_run(&j, 1, &r);
+	job_run(&fresh, 1, &rf);
+	for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+		uint64_t n;
+
+		ts_fault_arm(kinds[k], 0);
+		job_run(&j, ++done, &r);
+		n = ts_fault_count(kinds[k]);
+		job_run(&fresh, done, &rf);
+		for (uint64_t at = 1; at <= n; at++) {
+			void **snap = snapshot(&j);
+			uint64_t dev0 = in_use(dsp), host0 = in_use(psp);
+			char when[200];
+			ts_status st;
+
+			snprintf(when, sizeof when, "%s: %s point %llu of %llu", what,
+			         ts_fault_kind_name(kinds[k]), (unsigned long long)at,
+			         (unsigned long long)n);
+			ts_fault_arm(kinds[k], at);
+			ts_error_clear(&err);
+			st = ts_exec_run(&j.plan, &env, j.args, j.outs, done + 1, &r, &err);
+			ck_assert_msg(ts_fault_fired() == 1, "%s: not reached", when);
+			ts_fault_arm(kinds[k], 0);
+			ck_assert_msg(in_use(dsp) == dev0 && in_use(psp) == host0,
+			              "%s: memory in use changed", when);
+			points++;
+			if (st == TS_OK) {
+				publish(&j);
+				job_run(&fresh, ++done, &rf);
+			} else {
+				ck_assert_msg(st == TS_INTERNAL || st == TS_RESOURCE_EXHAUSTED,
+				              "%s: %s %s", when, ts_status_name(st), err.message);
+				same_as_snapshot(&j, snap, when);
+				failed++;
+			}
+			snapshot_free(&j, snap);
+		}
+	}
+	job_run(&j, done + 1, &r);
+	job_run(&fresh, done + 1, &rf);
+	ck_assert_msg(memcmp(&r.loss, &rf.loss, sizeof r.loss) == 0, "%s: loss %g, untouched %g",
+	              what, (double)r.loss, (double)rf.loss);
+	for (int i = 0; i < j.plan.nbufs; i++)
+		if (j.plan.bufs[i].cls == TS_PB_ARGUMENT && j.plan.bufs[i].role <= TS_ROLE_NU_W2)
+			same_values(&j, &fresh, j.plan.bufs[i].role, what);
+	fprintf(stderr, "%s: %d failure points, %d failed cleanly, %d absorbed\n", what, points,
+	        failed, points - failed);
+	ck_assert_int_gt(failed, 0);
+	job_free(&j);
+	job_free(&fresh);
+}
+
+START_TEST(every_failure_point_of_a_step_leaves_every_array_whole)
+{
+	static const struct ts_optimizer adam_fused = {.type = TS_OPT_ADAM,
+	                                               .learning_rate = 1e-3f, .b1 = 0.9f,
+	                                               .b2 = 0.999f, .eps = 1e-8f};
+	static const struct ts_mlp walk_mlp = {.layers = 3, .d_model = 32, .d_hidden = 48,
+	                                    .act = TS_ACT_GELU, .residual = true,
+	                                    .loss = TS_LOSS_MSE};
+	struct ts_policy pol = any_policy(9 + 2 + 6 + 18);
+
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	walk_step(&walk_mlp, &adam_opt, pol, "all offloaded, clipped");
+	walk_step(&walk_mlp, &adam_fused, pol, "all offloaded, fused");
+	pol = guide_policy(false, true, 0);
+	walk_step(&walk_mlp, &adam_fused, pol, "on the device, x offloaded");
+	walk_step(&walk_mlp, &adam_opt, pol, "on the device, x offloaded, clipped");
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	walk_step(&walk_mlp, &adam_fused, pol, "params on the device, state on pinned_host");
+	pol = guide_policy(true, false, 1);
+	walk_step(&walk_mlp, &adam_fused, pol, "params on pinned_host, state on the device");
+	pol = guide_policy(false, false, 0);
+	walk_step(&walk_mlp, &adam_fused, pol, "everything on the device");
+}
+END_TEST
+#endif
 
 START_TEST(out_of_memory_mid_step_releases_every_temp)
 {
@@ -994,7 +1197,7 @@ START_TEST(out_of_memory_mid_step_releases_every_temp)
 	fsize = s.largest_free_block_bytes - j.plan.temp_size_in_bytes / 2;
 	OK(ts_space_alloc(dsp, fsize, &filler, &err));
 	ts_error_clear(&err);
-	st = ts_exec_run(&j.plan, &env, j.args, 1, &r, &err);
+	st = ts_exec_run(&j.plan, &env, j.args, j.outs, 1, &r, &err);
 	ck_assert_int_eq(st, TS_RESOURCE_EXHAUSTED);
 	ck_assert_uint_eq(in_use(dsp), dev0 + fsize);
 	ck_assert_uint_eq(in_use(psp), host0);
@@ -1014,24 +1217,24 @@ START_TEST(bad_arguments_refused)
 
 	offloaded_job(&j);
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(NULL, &env, j.args, 1, &r, &err), TS_INVALID_ARGUMENT);
+	ck_assert_int_eq(ts_exec_run(NULL, &env, j.args, j.outs, 1, &r, &err), TS_INVALID_ARGUMENT);
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(&j.plan, NULL, j.args, 1, &r, &err), TS_INVALID_ARGUMENT);
+	ck_assert_int_eq(ts_exec_run(&j.plan, NULL, j.args, j.outs, 1, &r, &err), TS_INVALID_ARGUMENT);
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(&j.plan, &env, NULL, 1, &r, &err), TS_INVALID_ARGUMENT);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, NULL, NULL, 1, &r, &err), TS_INVALID_ARGUMENT);
 	no_queue.h2d = NULL;
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(&j.plan, &no_queue, j.args, 1, &r, &err),
+	ck_assert_int_eq(ts_exec_run(&j.plan, &no_queue, j.args, j.outs, 1, &r, &err),
 	                 TS_INVALID_ARGUMENT);
 	i = role_index(&j.plan, TS_ROLE_INPUT);
 	keep = j.args[i];
 	j.args[i] = NULL;
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, 1, &r, &err), TS_INVALID_ARGUMENT);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, j.outs, 1, &r, &err), TS_INVALID_ARGUMENT);
 	j.args[i] = keep;
 	/* Adam counts steps from 1: refused when enqueued, everything released */
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, 0, &r, &err), TS_INVALID_ARGUMENT);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, j.outs, 0, &r, &err), TS_INVALID_ARGUMENT);
 	ck_assert_uint_eq(in_use(dsp), j.plan.argument_size_in_bytes);
 	job_run(&j, 1, &r);
 	job_free(&j);
@@ -1061,7 +1264,10 @@ static Suite *exec_suite(bool cuda)
 	add_common(tc);
 	/* fault injection exists on sim only */
 	tcase_add_test(tc, copy_failure_releases_every_temp);
-	tcase_add_test(tc, copy_failure_mid_step_releases_every_temp);
+	tcase_add_test(tc, copy_failure_mid_step_leaves_every_array_whole);
+#ifdef TS_FAULT_BUILD
+	tcase_add_test(tc, every_failure_point_of_a_step_leaves_every_array_whole);
+#endif
 	suite_add_tcase(s, tc);
 	if (cuda) {
 		tc = tcase_create("cuda");

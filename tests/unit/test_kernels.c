@@ -580,10 +580,25 @@ struct opt_ref {
 	double p[NP1 + NP2], mu[NP1 + NP2], nu[NP1 + NP2];
 };
 
+/* optax's learning rate after count updates, in float64. */
+static double ref_learning_rate(const struct ts_optimizer *o, int count)
+{
+	const struct ts_schedule *s = &o->schedule;
+	double warm = s->warmup_steps, span = s->decay_steps - s->warmup_steps, c;
+
+	if (s->type != TS_SCHED_WARMUP_COSINE)
+		return o->learning_rate;
+	if (count < s->warmup_steps)
+		return s->init_value + (s->peak_value - s->init_value) * (count / warm);
+	c = fmin(count - warm, span);
+	return s->end_value + (s->peak_value - s->end_value) * 0.5 * (1 + cos(M_PI * c / span));
+}
+
 static void opt_ref_step(struct opt_ref *r, const struct ts_optimizer *o, int t, const float *g)
 {
 	double gsq = 0, norm, scale_num = 1, scale_den = 1;
-	double b1 = o->b1, b2 = o->b2, eps = o->eps, lr = o->learning_rate, c = o->clip_global_norm;
+	double b1 = o->b1, b2 = o->b2, eps = o->eps, c = o->clip_global_norm;
+	double lr = ref_learning_rate(o, t - 1), wd = o->adamw ? o->weight_decay : 0;
 
 	for (int i = 0; i < NP1 + NP2; i++)
 		gsq += (double)g[i] * g[i];
@@ -601,7 +616,8 @@ static void opt_ref_step(struct opt_ref *r, const struct ts_optimizer *o, int t,
 		}
 		r->mu[i] = (1 - b1) * gi + b1 * r->mu[i];
 		r->nu[i] = (1 - b2) * gi * gi + b2 * r->nu[i];
-		r->p[i] -= lr * (r->mu[i] / (1 - pow(b1, t))) / (sqrt(r->nu[i] / (1 - pow(b2, t))) + eps);
+		r->p[i] -= lr * ((r->mu[i] / (1 - pow(b1, t))) / (sqrt(r->nu[i] / (1 - pow(b2, t))) + eps) +
+		                 wd * r->p[i]);
 	}
 }
 
@@ -699,6 +715,53 @@ START_TEST(adam_with_clipping)
 	o.clip_global_norm = 0.05f;
 	o.eps = 1e-2f;      /* clipped gradients are small: eps shows */
 	optimizer_case(&o, 42);
+}
+END_TEST
+
+/* AdamW: the decay of every parameter, decoupled from the moments. */
+START_TEST(adamw_updates)
+{
+	struct ts_optimizer o = {.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f,
+	                         .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f};
+
+	optimizer_case(&o, 51);
+	o.clip_global_norm = 1.0f;
+	o.weight_decay = 0.5f;
+	optimizer_case(&o, 52);
+	o.weight_decay = 0.0f;      /* no decay: Adam's update */
+	optimizer_case(&o, 53);
+}
+END_TEST
+
+/* optax's warmup_cosine_decay_schedule: init at count 0, the peak at the
+ * end of the warmup, end_value from decay_steps on, float64's curve in
+ * between; and the updates of SGD and AdamW follow it. */
+START_TEST(warmup_cosine_schedule)
+{
+	struct ts_optimizer o = {.type = TS_OPT_SGD, .learning_rate = 0.05f,
+	                         .schedule = {TS_SCHED_WARMUP_COSINE, 0.001f, 0.05f, 0.005f, 4, 20}};
+
+	/* float32 as optax: (init - peak) * 1 + peak is init within rounding */
+	check_close(ts_m_learning_rate(&o, 0), 0.001, 1e-6, 0.05, "lr at 0", 0);
+	check_close(ts_m_learning_rate(&o, 4), 0.05, 1e-6, 0, "lr at the peak", 4);
+	for (int c = 0; c <= 30; c++)
+		check_close(ts_m_learning_rate(&o, c), ref_learning_rate(&o, c), 1e-6, 0.05, "lr",
+		            (size_t)c);
+	ck_assert_float_eq(ts_m_learning_rate(&o, 20), ts_m_learning_rate(&o, 25));
+	ck_assert(fabsf(ts_m_learning_rate(&o, 20) - 0.005f) < 1e-9f);
+	ck_assert(ts_m_learning_rate(&o, 2) < ts_m_learning_rate(&o, 3));
+	ck_assert(ts_m_learning_rate(&o, 10) > ts_m_learning_rate(&o, 11));
+	/* a constant schedule is the learning rate */
+	o.schedule.type = TS_SCHED_CONSTANT;
+	ck_assert_float_eq(ts_m_learning_rate(&o, 7), 0.05f);
+	/* the kernels step along it: warmup over counts 0, 1; cosine at 2 */
+	o.schedule = (struct ts_schedule){TS_SCHED_WARMUP_COSINE, 0.01f, 0.2f, 0.0f, 2, 4};
+	optimizer_case(&o, 61);
+	o = (struct ts_optimizer){.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f,
+	                          .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f,
+	                          .learning_rate = 0.02f,
+	                          .schedule = {TS_SCHED_WARMUP_COSINE, 0.0f, 0.02f, 0.001f, 1, 3}};
+	optimizer_case(&o, 62);
 }
 END_TEST
 
@@ -1360,6 +1423,9 @@ START_TEST(cuda_matches_cpu_updates)
 		{.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f},
 		{.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
 		 .clip_global_norm = 1.0f},
+		{.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f, .learning_rate = 1e-2f,
+		 .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f,
+		 .schedule = {TS_SCHED_WARMUP_COSINE, 0.001f, 0.01f, 0.0f, 1, 3}},
 	};
 	float *p0 = x_inputs(XN, 31, -1, 1), *g0 = x_inputs(XN, 32, -1, 1);
 	float zero = 0.0f, *z = calloc(XN, sizeof *z);
@@ -1571,6 +1637,8 @@ static void add_common(TCase *tc)
 	tcase_add_test(tc, sgd_updates);
 	tcase_add_test(tc, adam_without_clipping);
 	tcase_add_test(tc, adam_with_clipping);
+	tcase_add_test(tc, adamw_updates);
+	tcase_add_test(tc, warmup_cosine_schedule);
 	tcase_add_test(tc, mlp_gradients_match_finite_differences);
 	tcase_add_test(tc, bad_arguments_refused);
 	tcase_add_test(tc, native_queue_handle);

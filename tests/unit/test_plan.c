@@ -32,6 +32,68 @@ static struct ts_policy policy(bool params_host, bool offload_x, int prefetch)
 	return p;
 }
 
+/*
+ * The arenas: every temp lies inside the arena of its kind at an aligned
+ * offset, and two temps alive at the same time never overlap; the timeline
+ * peaks at the analysis' peak. Versioned arguments are the updated ones on
+ * pinned_host; journaled ones the device ones a copy follows after the
+ * first update, laid out in the journal.
+ */
+static void check_arena(const struct ts_plan *p)
+{
+	int *live = calloc((size_t)p->nbufs + 1, sizeof *live), n = 0;
+	uint64_t peak = 0, journal = 0;
+
+	ck_assert_ptr_nonnull(live);
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		const struct ts_pbuf *b;
+
+		if (a->op != TS_P_ALLOC && a->op != TS_P_FREE)
+			continue;
+		b = &p->bufs[a->a];
+		if (a->op == TS_P_FREE) {
+			for (int j = 0; j < n; j++)
+				if (live[j] == a->a)
+					live[j] = live[--n];
+			continue;
+		}
+		ck_assert_uint_eq(b->offset % TS_PLAN_ALIGN, 0);
+		ck_assert_uint_le(b->offset + b->bytes, b->kind == TS_MEM_DEVICE ?
+		                  p->temp_size_in_bytes : p->host_temp_size_in_bytes);
+		for (int j = 0; j < n; j++) {
+			const struct ts_pbuf *o = &p->bufs[live[j]];
+
+			if (o->kind != b->kind)
+				continue;
+			ck_assert_msg(o->offset + o->bytes <= b->offset || b->offset + b->bytes <= o->offset,
+			              "action %d: buffer %d [%llu, +%llu) overlaps live buffer %d [%llu, +%llu)",
+			              i, a->a, (unsigned long long)b->offset, (unsigned long long)b->bytes,
+			              live[j], (unsigned long long)o->offset, (unsigned long long)o->bytes);
+		}
+		live[n++] = a->a;
+	}
+	for (int i = 0; i < p->npoints; i++)
+		if (p->points[i].live > peak)
+			peak = p->points[i].live;
+	ck_assert_uint_eq(peak, p->peak_device_bytes);
+	for (int i = 0; i < p->nbufs; i++) {
+		const struct ts_pbuf *b = &p->bufs[i];
+		bool updated = p->opt.type != TS_OPT_NONE && b->cls == TS_PB_ARGUMENT &&
+		               b->role <= TS_ROLE_NU_W2;
+
+		ck_assert(!b->versioned || (updated && b->kind == TS_MEM_PINNED_HOST));
+		ck_assert(!updated || b->kind == TS_MEM_DEVICE || b->versioned);
+		ck_assert(!b->journaled || (updated && b->kind == TS_MEM_DEVICE));
+		if (b->journaled) {
+			ck_assert_uint_le(b->offset + b->bytes, p->host_journal_size_in_bytes);
+			journal += b->bytes;
+		}
+	}
+	ck_assert_uint_le(journal, p->host_journal_size_in_bytes);
+	free(live);
+}
+
 /* Every temp is allocated once and freed once, and only live buffers are used. */
 static void check_schedule(const struct ts_plan *p)
 {
@@ -81,6 +143,7 @@ static void check_schedule(const struct ts_plan *p)
 	ck_assert_int_gt(p->npoints, 0);
 	ck_assert_uint_eq(p->points[p->npoints - 1].live,
 	                  p->argument_size_in_bytes + p->output_size_in_bytes);
+	check_arena(p);
 	free(state);
 }
 

@@ -396,8 +396,8 @@ class Client:
                            wait: bool = True) -> Any:
         """Imports every tensor of a safetensors file, all or nothing.
 
-        ``source`` is a local path or a binary file object, streamed as the
-        request body. ``server_path`` instead has tstaged read the file itself
+        ``source`` is a local path, a binary file object (read from its
+        position) or bytes, streamed as the request body. ``server_path`` instead has tstaged read the file itself
         (below its ``--data-dir``) as an operation: answered as an
         :class:`Operation` unless ``wait``. Answers ``{"arrays": [...],
         "metadata": {...}}``.
@@ -417,11 +417,21 @@ class Client:
             return out
         if source is None:
             raise ValueError("import_safetensors needs a source or a server_path")
+        resp = self._post_file("/v1/arrays:import", q, source, idempotent=overwrite)
+        return _json.loads(resp.data)
+
+    def _post_file(self, path: str, query: Dict[str, Any], source: Any,
+                   idempotent: bool) -> Any:
+        """POSTs a file (a path, a binary file object from its position, or
+        bytes) as the body, streamed in pieces with its Content-Length where
+        it can be known; sent again only when it can be re-read."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            source = io.BytesIO(bytes(source))
         own = not hasattr(source, "read")
-        f: BinaryIO = open(source, "rb") if own else source  # type: ignore
+        f: BinaryIO = open(source, "rb") if own else source
         try:
             headers = {"Content-Type": "application/octet-stream"}
-            start = None
+            start: Optional[int] = None
             try:
                 start = f.tell()
                 size = os.fstat(f.fileno()).st_size - start
@@ -429,8 +439,8 @@ class Client:
             except (OSError, AttributeError, io.UnsupportedOperation):
                 try:
                     f.seek(0, io.SEEK_END)
-                    headers["Content-Length"] = str(f.tell() - start)  # type: ignore[operator]
-                    f.seek(start)  # type: ignore[arg-type]
+                    headers["Content-Length"] = str(f.tell() - (start or 0))
+                    f.seek(start or 0)
                 except (OSError, AttributeError, io.UnsupportedOperation, TypeError):
                     start = None
 
@@ -443,22 +453,16 @@ class Client:
                         return
                     yield b
 
-            resp = self._t.request("POST", "/v1/arrays:import", query=q, body=pieces,
-                                   headers=headers, idempotent=start is not None and overwrite)
-            return _json.loads(resp.data)
+            return self._t.request("POST", path, query=query, body=pieces, headers=headers,
+                                   idempotent=idempotent and start is not None)
         finally:
             if own:
                 f.close()
 
-    def export(self, names: Union[str, Sequence[str]],
-               file: Optional[PathOrFile] = None) -> Optional[bytes]:
-        """Arrays as one safetensors stream (their ``__metadata__`` included):
-        written to ``file`` (a path or a binary file object), or answered as
-        bytes."""
-        if isinstance(names, str):
-            names = [names]
-        resp = self._t.request("GET", "/v1/arrays:export", query={"names": ",".join(names)},
-                               stream=True)
+    def _get_file(self, path: str, query: Optional[Dict[str, Any]],
+                  file: Optional[PathOrFile]) -> Optional[bytes]:
+        """GETs a body into file (a path or a binary file object), or as bytes."""
+        resp = self._t.request("GET", path, query=query, stream=True)
         try:
             if file is None:
                 return resp.read()
@@ -473,6 +477,15 @@ class Client:
             return None
         finally:
             resp.release_conn()
+
+    def export(self, names: Union[str, Sequence[str]],
+               file: Optional[PathOrFile] = None) -> Optional[bytes]:
+        """Arrays as one safetensors stream (their ``__metadata__`` included):
+        written to ``file`` (a path or a binary file object), or answered as
+        bytes."""
+        if isinstance(names, str):
+            names = [names]
+        return self._get_file("/v1/arrays:export", {"names": ",".join(names)}, file)
 
     # ---- shardings -----------------------------------------------------------
     def create_sharding(self, name: str, sharding: Dict[str, Any]) -> Dict[str, Any]:
@@ -534,7 +547,8 @@ class Client:
         self._t.request("DELETE", f"/v1/models/{quote_name(name)}")
 
     def analyze(self, model: Union[str, Dict[str, Any]], batch: Sequence[int], *,
-                placement: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                placement: Optional[Dict[str, Any]] = None,
+                timeline: bool = False) -> Dict[str, Any]:
         """The memory analysis of one step for a batch shape (XLA's
         ``memory_analysis`` names, ``peak_device_bytes``, the ``timeline``),
         before anything runs: of an existing model (its name), or of a spec
@@ -542,11 +556,31 @@ class Client:
         body: Dict[str, Any] = {"batch": [int(b) for b in batch]}
         if placement is not None:
             body["placement"] = placement
+        q = {"timeline": True} if timeline else None
         if isinstance(model, str):
             return self._t.json("POST", f"/v1/models/{quote_name(model)}:analyze", json=body,
-                                idempotent=True)
+                                query=q, idempotent=True)
         body["model"] = model
-        return self._t.json("POST", "/v1/models:analyze", json=body, idempotent=True)
+        return self._t.json("POST", "/v1/models:analyze", json=body, query=q, idempotent=True)
+
+    def export_model(self, name: str, file: Optional[PathOrFile] = None) -> Optional[bytes]:
+        """A checkpoint: the model's arrays by role, its spec and step count, as
+        a safetensors file written to ``file`` (a path or a binary file
+        object), or answered as bytes.
+
+        Raises:
+            Aborted: a step is running on the model.
+        """
+        return self._get_file(f"/v1/models/{quote_name(name)}:export", None, file)
+
+    def import_model(self, source: Union[PathOrFile, bytes], *, name: Optional[str] = None,
+                     device: Optional[str] = None) -> Dict[str, Any]:
+        """Creates a model from a checkpoint of :meth:`export_model` (a path, a
+        binary file object or bytes), with exactly its bytes and step count;
+        ``name`` and ``device`` override the checkpoint's. Answers the model."""
+        resp = self._post_file("/v1/models:import", {"name": name, "device": device}, source,
+                               idempotent=False)
+        return _json.loads(resp.data)
 
     def step(self, model: str, inputs: Union[str, Dict[str, Any]],
              targets: Union[None, str, Dict[str, Any]] = None, *, steps: int = 1,

@@ -1,0 +1,315 @@
+/*
+ * it_optax.c - Check suite "optax": a daemon's training steps against JAX
+ * and optax themselves (py/optax_reference.py: jax.grad and
+ * optax.chain(clip_by_global_norm, sgd | adam | adamw) with a constant
+ * learning rate or optax.warmup_cosine_decay_schedule, in float32), step by
+ * step over 24 steps with clipping active: every loss and, at the end, the
+ * weights and Adam's moments, within 3e-5 relative (float32 sums in two
+ * orders). The float64 numpy reference of it_models stays the stricter
+ * check of the formulas; this one checks that they are optax's.
+ *
+ * Needs python3 with jax, jaxlib and optax (scripts/deps.sh installs them).
+ * Each case runs forked with its own daemon.
+ */
+#include "tests/integration/harness.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#define CASE_TIMEOUT_S 240
+#define STEPS 24
+#define REL 3e-5
+
+static struct th_daemon D;
+static char py_dir[1024];
+static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
+static const char *const json_headers[] = {"Content-Type: application/json", NULL};
+
+static void up(void)
+{
+	th_daemon_start(&D, args);
+}
+
+static void down(void)
+{
+	th_daemon_stop_ok(&D);
+}
+
+static char *fmt(const char *f, ...)
+{
+	va_list ap;
+	char *s = NULL;
+	int n;
+
+	va_start(ap, f);
+	n = vasprintf(&s, f, ap);
+	va_end(ap);
+	ck_assert_msg(n >= 0 && s, "vasprintf failed");
+	return s;
+}
+
+static json_t *post_json(const char *path, const char *body, long want)
+{
+	struct th_response r;
+	json_t *j;
+
+	th_request(&D, "POST", path, json_headers, body, strlen(body), &r);
+	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
+	              r.body);
+	j = json_incref(th_json(&r));
+	th_response_free(&r);
+	return j;
+}
+
+static float *download(const char *name, size_t *n)
+{
+	struct th_response r;
+	char path[256];
+	float *x;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	th_get(&D, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	*n = r.body_len / sizeof *x;
+	x = malloc(r.body_len ? r.body_len : 1);
+	ck_assert_ptr_nonnull(x);
+	memcpy(x, r.body, r.body_len);
+	th_response_free(&r);
+	return x;
+}
+
+static void upload(const char *name, const float *x, size_t rows, size_t cols)
+{
+	struct th_response r;
+	char path[256];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%zu,%zu", name, rows, cols);
+	th_request(&D, "PUT", path, NULL, (const char *)x, rows * cols * sizeof *x, &r);
+	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+}
+
+static float *make(size_t n, uint64_t seed)
+{
+	float *x = malloc(n * sizeof *x);
+	uint64_t s = seed;
+
+	ck_assert_ptr_nonnull(x);
+	for (size_t i = 0; i < n; i++)
+		x[i] = (float)((double)(th_rand(&s) >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+	return x;
+}
+
+struct net {
+	const char *name;
+	int layers, d, h, batch;
+	const char *act;
+	const char *optimizer;       /* the spec's JSON object */
+};
+
+static const char *const adam_files[][2] = {
+	{"w1", "w1.f32"}, {"w2", "w2.f32"}, {"adam.mu.w1", "mu_w1.f32"}, {"adam.mu.w2", "mu_w2.f32"},
+	{"adam.nu.w1", "nu_w1.f32"}, {"adam.nu.w2", "nu_w2.f32"},
+};
+
+/* got against want elementwise, within REL of want's largest magnitude. */
+static void compare(const char *what, const float *got, size_t ng, const float *want, size_t nw)
+{
+	double scale = 0;
+
+	ck_assert_msg(ng == nw, "%s: %zu elements, reference %zu", what, ng, nw);
+	for (size_t i = 0; i < nw; i++)
+		scale = fmax(scale, fabs((double)want[i]));
+	for (size_t i = 0; i < nw; i++)
+		ck_assert_msg(fabs((double)got[i] - (double)want[i]) <= REL * scale,
+		              "%s[%zu]: %.9g, optax %.9g (tolerance %.3g)", what, i, (double)got[i],
+		              (double)want[i], REL * scale);
+}
+
+/* Creates the model, runs STEPS steps on the daemon and in optax from the
+ * same initial weights and batch, and compares them. */
+static void optax_case(const struct net *n)
+{
+	char dir[512], path[700], cmd[2048], name[160];
+	size_t nx = (size_t)n->batch * (size_t)n->d, nw;
+	float *x = make(nx, 41), *t = make(nx, 42), *w;
+	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
+	                 "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
+	                 "\"optimizer\": %s, \"init\": {\"seed\": 11, \"scale\": 0.3}}", n->name,
+	                 n->layers, n->d, n->h, n->act, n->optimizer);
+	json_t *m, *res, *ref, *rspec, *want, *got;
+	json_error_t e;
+	bool adam;
+	int st, nclipped = 0;
+
+	m = post_json("/v1/models?wait=true", spec, 200);
+	free(spec);
+	snprintf(path, sizeof path, "/v1/models/%s", n->name);
+	{
+		struct th_response r;
+
+		json_decref(m);
+		m = json_incref(th_get_json(&D, path, &r));
+		th_response_free(&r);
+	}
+	adam = strncmp(th_str(th_obj(m, "optimizer"), "type"), "adam", 4) == 0;
+	th_temp_dir(n->name, dir, sizeof dir);
+	for (int k = 0; k < 2; k++) {
+		snprintf(name, sizeof name, "%s.w%d", n->name, k + 1);
+		w = download(name, &nw);
+		snprintf(path, sizeof path, "%s/w%d.f32", dir, k + 1);
+		th_write_file(path, w, nw * sizeof *w);
+		free(w);
+	}
+	snprintf(path, sizeof path, "%s/inputs.f32", dir);
+	th_write_file(path, x, nx * sizeof *x);
+	snprintf(path, sizeof path, "%s/targets.f32", dir);
+	th_write_file(path, t, nx * sizeof *t);
+	upload("x", x, (size_t)n->batch, (size_t)n->d);
+	upload("t", t, (size_t)n->batch, (size_t)n->d);
+	free(x);
+	free(t);
+
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", n->name);
+	res = post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 24}", 200);
+
+	rspec = json_pack("{s:i, s:i, s:i, s:s, s:b, s:s, s:O, s:i, s:i, s:s+, s:s+, s:s+, s:s+,"
+	                  " s:s+}",
+	                  "layers", n->layers, "d_model", n->d, "d_hidden", n->h, "activation", n->act,
+	                  "residual", 1, "loss", "mse", "optimizer", th_obj(m, "optimizer"),
+	                  "batch", n->batch, "steps", STEPS, "w1", dir, "/w1.f32", "w2", dir,
+	                  "/w2.f32", "inputs", dir, "/inputs.f32", "targets", dir, "/targets.f32",
+	                  "out", dir, "/out");
+	ck_assert_ptr_nonnull(rspec);
+	snprintf(path, sizeof path, "%s/spec.json", dir);
+	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
+	json_decref(rspec);
+	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", py_dir, path);
+	st = system(cmd);
+	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
+	              "(scripts/deps.sh)", cmd, st);
+	snprintf(path, sizeof path, "%s/out/result.json", dir);
+	ref = json_load_file(path, 0, &e);
+	ck_assert_msg(ref != NULL, "%s: %s", path, e.text);
+
+	want = th_arr(ref, "losses");
+	got = th_arr(res, "losses");
+	ck_assert_uint_eq(json_array_size(want), STEPS);
+	ck_assert_uint_eq(json_array_size(got), STEPS);
+	for (size_t i = 0; i < STEPS; i++) {
+		double g = json_number_value(json_array_get(got, i));
+		double r = json_number_value(json_array_get(want, i));
+
+		ck_assert_msg(fabs(g - r) <= REL * fabs(r), "%s: loss of step %zu: %.9g, optax %.9g",
+		              n->name, i + 1, g, r);
+		nclipped += json_is_true(json_array_get(th_arr(ref, "clipped"), i));
+	}
+	/* clipping is exercised: the first steps' norms are above the bound */
+	ck_assert_msg(json_is_true(json_array_get(th_arr(ref, "clipped"), 0)) && nclipped >= 4,
+	              "%s: optax clipped %d of %d steps: norms %s", n->name, nclipped, STEPS,
+	              json_dumps(th_arr(ref, "grad_norms"), 0));
+	ck_assert_msg(json_number_value(json_array_get(got, STEPS - 1)) <
+	              json_number_value(json_array_get(got, 0)), "%s: the loss did not go down",
+	              n->name);
+	for (size_t k = 0; k < (adam ? 6u : 2u); k++) {
+		size_t ng, nr;
+		float *a, *b;
+		char what[200];
+
+		snprintf(name, sizeof name, "%s.%s", n->name, adam_files[k][0]);
+		a = download(name, &ng);
+		snprintf(path, sizeof path, "%s/out/%s", dir, adam_files[k][1]);
+		b = (float *)th_read_file(path, &nr);
+		ck_assert_msg(b != NULL, "cannot read %s", path);
+		snprintf(what, sizeof what, "'%s' after %d steps vs optax", name, STEPS);
+		compare(what, a, ng, b, nr / sizeof *b);
+		free(a);
+		free(b);
+	}
+	json_decref(ref);
+	json_decref(res);
+	json_decref(m);
+}
+
+START_TEST(test_sgd_clipped)
+{
+	static const struct net n = {"sgd", 3, 16, 24, 8, "tanh",
+	                             "{\"type\": \"sgd\", \"learning_rate\": 0.05, "
+	                             "\"clip_global_norm\": 0.5}"};
+
+	optax_case(&n);
+}
+END_TEST
+
+START_TEST(test_adam_clipped)
+{
+	static const struct net n = {"adam", 3, 16, 24, 8, "gelu",
+	                             "{\"type\": \"adam\", \"learning_rate\": 0.003, "
+	                             "\"clip_global_norm\": 1.0}"};
+
+	optax_case(&n);
+}
+END_TEST
+
+START_TEST(test_adamw_clipped)
+{
+	static const struct net n = {"adamw", 3, 16, 24, 8, "gelu",
+	                             "{\"type\": \"adamw\", \"learning_rate\": 0.003, "
+	                             "\"weight_decay\": 0.1, \"clip_global_norm\": 1.0}"};
+
+	optax_case(&n);
+}
+END_TEST
+
+/* optax.adamw's default weight decay (1e-4) and a warmup then cosine decay
+ * that ends inside the run (end_value from step 21 on). */
+START_TEST(test_adamw_warmup_cosine)
+{
+	static const struct net n = {"adamwc", 3, 16, 24, 8, "relu",
+	                             "{\"type\": \"adamw\", \"clip_global_norm\": 1.0, \"schedule\": "
+	                             "{\"type\": \"warmup_cosine_decay\", \"init_value\": 0.0001, "
+	                             "\"peak_value\": 0.005, \"warmup_steps\": 5, "
+	                             "\"decay_steps\": 20, \"end_value\": 0.0005}}"};
+
+	optax_case(&n);
+}
+END_TEST
+
+static Suite *optax_suite(void)
+{
+	Suite *s = suite_create("optax");
+	TCase *tc = tcase_create("optax");
+
+	tcase_add_checked_fixture(tc, up, down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_sgd_clipped);
+	tcase_add_test(tc, test_adam_clipped);
+	tcase_add_test(tc, test_adamw_clipped);
+	tcase_add_test(tc, test_adamw_warmup_cosine);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	th_init();
+	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
+	check_set_max_msg_size(32768);
+	sr = srunner_create(optax_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	curl_global_cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,333 @@
+/*
+ * session.c - a training session: the plan, its bound memory by role, the
+ * staged batch, kernels and queues, and the steps run one after another.
+ *
+ * Every plan buffer the caller binds has one slot, found by its role
+ * (slot_of); the executor gets the slots as its argument array. A
+ * versioned role's next memory (outs) is given before each step and
+ * becomes the role's memory after the step succeeded and was published.
+ */
+#include "train/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/index.h"
+
+struct ts_session {
+	struct ts_session_config cfg;
+	struct ts_plan plan;
+	struct ts_kernels *kernels;
+	struct ts_exec_env env;
+	void **args, **outs;             /* owned arrays, one per plan buffer; memory borrowed */
+	int slot_of[TS_ROLE_COUNT];      /* plan buffer of a bound role, -1: none */
+	void *staged[2];                 /* owned: device copies of inputs, targets */
+	uint64_t staged_bytes[2];
+	size_t cap;                      /* of report.losses */
+	struct ts_session_report report;
+};
+
+static const char *const role_names[TS_ROLE_COUNT] = {
+	[TS_ROLE_W1] = "w1", [TS_ROLE_W2] = "w2", [TS_ROLE_MU_W1] = "mu.w1",
+	[TS_ROLE_MU_W2] = "mu.w2", [TS_ROLE_NU_W1] = "nu.w1", [TS_ROLE_NU_W2] = "nu.w2",
+	[TS_ROLE_INPUT] = "inputs", [TS_ROLE_TARGET] = "targets",
+	[TS_ROLE_GRAD_W1] = "grad.w1", [TS_ROLE_GRAD_W2] = "grad.w2",
+};
+
+static const char *role_name(enum ts_pbuf_role role)
+{
+	return (unsigned)role < TS_ROLE_COUNT && role_names[role] ? role_names[role] : "temp";
+}
+
+static int slot(const struct ts_session *s, enum ts_pbuf_role role)
+{
+	return (unsigned)role < TS_ROLE_COUNT ? s->slot_of[role] : -1;
+}
+
+static ts_status no_slot(enum ts_pbuf_role role, struct ts_error *err)
+{
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+	                    "the step plan has no '%s' to bind", role_name(role));
+}
+
+ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session **out,
+                         struct ts_error *err)
+{
+	struct ts_session *s;
+	const char *id;
+	ts_status st;
+
+	*out = NULL;
+	if (!cfg || !cfg->dev || !cfg->memory)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "session: no device or memory");
+	s = calloc(1, sizeof *s);
+	if (!s)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory for a training session");
+	s->cfg = *cfg;
+	for (int r = 0; r < TS_ROLE_COUNT; r++)
+		s->slot_of[r] = -1;
+	st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
+	if (st != TS_OK)
+		goto out_fail;
+	s->args = calloc((size_t)s->plan.nbufs + 1, sizeof *s->args);
+	s->outs = calloc((size_t)s->plan.nbufs + 1, sizeof *s->outs);
+	if (!s->args || !s->outs) {
+		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                  "no memory to bind a step");
+		goto out_fail;
+	}
+	for (int i = 0; i < s->plan.nbufs; i++)
+		if (s->plan.bufs[i].cls != TS_PB_TEMP)
+			s->slot_of[s->plan.bufs[i].role] = i;
+	id = ts_device_props(cfg->dev)->id;
+	s->env.dev = cfg->dev;
+	s->env.device_space = ts_memory_find(cfg->memory, id, TS_MEM_DEVICE);
+	s->env.pinned_space = ts_memory_find(cfg->memory, id, TS_MEM_PINNED_HOST);
+	if (!s->env.device_space || !s->env.pinned_space) {
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "NO_MEMORY_SPACE",
+		                  "device '%s' has no device or pinned_host memory to train in", id);
+		goto out_fail;
+	}
+	st = ts_kernels_new(cfg->dev, &s->kernels, err);
+	s->env.kernels = s->kernels;
+	if (st == TS_OK)
+		st = ts_queue_new(cfg->dev, &s->env.compute, err);
+	if (st == TS_OK)
+		st = ts_queue_new(cfg->dev, &s->env.h2d, err);
+	if (st == TS_OK)
+		st = ts_queue_new(cfg->dev, &s->env.d2h, err);
+	if (st != TS_OK)
+		goto out_fail;
+	*out = s;
+	return TS_OK;
+
+out_fail:
+	ts_session_free(s);
+	return st;
+}
+
+void ts_session_free(struct ts_session *s)
+{
+	if (!s)
+		return;
+	if (s->env.compute)
+		ts_queue_free(s->env.compute);
+	if (s->env.h2d)
+		ts_queue_free(s->env.h2d);     /* waits for staging copies */
+	if (s->env.d2h)
+		ts_queue_free(s->env.d2h);
+	ts_kernels_free(s->kernels);
+	for (int k = 0; k < 2; k++)
+		if (s->staged[k])
+			ts_space_release(s->env.device_space, s->staged[k], s->staged_bytes[k]);
+	free(s->args);
+	free(s->outs);
+	free(s->report.losses);
+	ts_plan_release(&s->plan);
+	free(s);
+}
+
+const struct ts_plan *ts_session_plan(const struct ts_session *s)
+{
+	return &s->plan;
+}
+
+bool ts_session_has_role(const struct ts_session *s, enum ts_pbuf_role role)
+{
+	return slot(s, role) >= 0;
+}
+
+bool ts_session_versioned(const struct ts_session *s, enum ts_pbuf_role role)
+{
+	int i = slot(s, role);
+
+	return i >= 0 && s->plan.bufs[i].versioned;
+}
+
+bool ts_session_slot(const struct ts_session *s, enum ts_pbuf_role role, uint64_t *bytes,
+                     enum ts_memory_kind *kind)
+{
+	int i = slot(s, role);
+
+	if (i < 0)
+		return false;
+	if (bytes)
+		*bytes = s->plan.bufs[i].bytes;
+	if (kind)
+		*kind = s->plan.bufs[i].kind;
+	return true;
+}
+
+ts_status ts_session_bind(struct ts_session *s, enum ts_pbuf_role role, void *mem,
+                          uint64_t bytes, enum ts_memory_kind kind, struct ts_error *err)
+{
+	int i = slot(s, role);
+
+	if (i < 0)
+		return no_slot(role, err);
+	if (!mem || bytes != s->plan.bufs[i].bytes || kind != s->plan.bufs[i].kind)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
+		                    "'%s' does not match the step plan: %llu bytes in %s, the plan "
+		                    "wants %llu bytes in %s", role_name(role), (unsigned long long)bytes,
+		                    ts_memory_kind_name(kind),
+		                    (unsigned long long)s->plan.bufs[i].bytes,
+		                    ts_memory_kind_name(s->plan.bufs[i].kind));
+	s->args[i] = mem;
+	return TS_OK;
+}
+
+/* Whether memory of (dev, kind) is host memory (a copy from it is h2d). */
+static bool host_memory(struct ts_device *dev, enum ts_memory_kind kind)
+{
+	return kind != TS_MEM_DEVICE || ts_device_props(dev)->backend == TS_BACKEND_CPU;
+}
+
+ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
+                           const struct ts_session_source *src, struct ts_error *err)
+{
+	int i = slot(s, role), k = role == TS_ROLE_TARGET ? 1 : 0;
+	uint64_t want, have, off, len, at = 0;
+	struct ts_rows_iter it;
+	bool from_host;
+	void *mem = NULL;
+	ts_status st = TS_OK;
+
+	if (i < 0 || (role != TS_ROLE_INPUT && role != TS_ROLE_TARGET))
+		return no_slot(role, err);
+	if (s->staged[k])
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "ALREADY_STAGED",
+		                    "'%s' is staged already", role_name(role));
+	want = s->plan.bufs[i].bytes;
+	have = src->rows ? (uint64_t)src->nrows * src->row_bytes : src->bytes;
+	if (have != want || (src->rows && src->row_bytes == 0))
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
+		                    "'%s' stages %llu bytes; the step plan wants %llu", role_name(role),
+		                    (unsigned long long)have, (unsigned long long)want);
+	if (!src->rows && src->src_dev == s->cfg.dev && src->src_kind == TS_MEM_DEVICE &&
+	    !host_memory(src->src_dev, src->src_kind)) {
+		s->args[i] = (void *)src->mem;     /* already where the step reads it */
+		return TS_OK;
+	}
+	st = ts_space_alloc(s->env.device_space, want, &mem, err);
+	if (st != TS_OK)
+		return st;
+	from_host = host_memory(src->src_dev, src->src_kind);
+	if (src->rows) {
+		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
+		while (st == TS_OK && ts_rows_iter_next(&it, &off, &len)) {
+			st = ts_queue_copy(s->env.h2d, (char *)mem + at, (const char *)src->mem + off, len,
+			                   from_host ? TS_COPY_H2D : TS_COPY_D2D, err);
+			at += len;
+		}
+	} else {
+		st = ts_queue_copy(s->env.h2d, mem, src->mem, want,
+		                   from_host ? TS_COPY_H2D : TS_COPY_D2D, err);
+	}
+	if (st == TS_OK)
+		st = ts_queue_sync(s->env.h2d, err);
+	else
+		ts_queue_sync(s->env.h2d, NULL);    /* the copies enqueued are done with mem */
+	if (st != TS_OK) {
+		ts_space_release(s->env.device_space, mem, want);
+		return st;
+	}
+	s->staged[k] = mem;
+	s->staged_bytes[k] = want;
+	s->args[i] = mem;
+	if (from_host) {
+		s->report.staged_h2d_bytes += want;
+		s->report.h2d_bytes += want;
+	}
+	return TS_OK;
+}
+
+ts_status ts_session_set_next(struct ts_session *s, enum ts_pbuf_role role, void *mem,
+                              struct ts_error *err)
+{
+	int i = slot(s, role);
+
+	if (i < 0)
+		return no_slot(role, err);
+	if (!s->plan.bufs[i].versioned || !mem)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "'%s' is not updated into new memory", role_name(role));
+	s->outs[i] = mem;
+	return TS_OK;
+}
+
+static void add(struct ts_session_report *rep, const struct ts_exec_result *r)
+{
+	if (r->measured_temp_peak > rep->measured_temp_peak)
+		rep->measured_temp_peak = r->measured_temp_peak;
+	if (r->measured_host_temp_peak > rep->measured_host_temp_peak)
+		rep->measured_host_temp_peak = r->measured_host_temp_peak;
+	rep->h2d_bytes += r->h2d_bytes;
+	rep->d2h_bytes += r->d2h_bytes;
+	rep->wall_s += r->wall_s;
+	rep->compute_s += r->compute_s;
+	rep->copy_wait_s += r->copy_wait_s;
+}
+
+/* The next memory of every versioned role becomes its memory. */
+static void advance(struct ts_session *s)
+{
+	for (int i = 0; i < s->plan.nbufs; i++) {
+		if (!s->plan.bufs[i].versioned)
+			continue;
+		s->args[i] = s->outs[i];
+		s->outs[i] = NULL;
+	}
+}
+
+ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
+                         const struct ts_session_hooks *hooks, void *arg,
+                         struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	if (first_t < 1 || first_t + steps > (uint64_t)INT32_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_STEPS",
+		                    "step count %llu is out of range", (unsigned long long)first_t);
+	if (s->report.steps + steps > s->cap) {
+		size_t cap = (size_t)(s->report.steps + steps);
+		float *g = realloc(s->report.losses, (cap ? cap : 1) * sizeof *g);
+
+		if (!g)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "no memory for %llu losses", (unsigned long long)steps);
+		s->report.losses = g;
+		s->cap = cap;
+	}
+	for (uint64_t n = 0; n < steps && st == TS_OK; n++) {
+		struct ts_exec_result r;
+
+		if (hooks && hooks->cancelled && hooks->cancelled(arg)) {
+			st = ts_error_set(err, TS_CANCELLED, "CANCELLED",
+			                  "the steps were cancelled after %llu", (unsigned long long)n);
+			break;
+		}
+		if (hooks && hooks->prepare)
+			st = hooks->prepare(arg, s, err);
+		if (st == TS_OK)
+			st = ts_exec_run(&s->plan, &s->env, s->args, s->outs, (int)(first_t + n), &r, err);
+		if (st != TS_OK) {
+			/* the next memory was not used: the caller drops it */
+			for (int i = 0; i < s->plan.nbufs; i++)
+				s->outs[i] = NULL;
+			break;
+		}
+		add(&s->report, &r);
+		s->report.losses[s->report.steps++] = r.loss;
+		if (hooks && hooks->publish)
+			st = hooks->publish(arg, s, r.loss, err);
+		advance(s);
+	}
+	return st;
+}
+
+const struct ts_session_report *ts_session_report(const struct ts_session *s)
+{
+	return &s->report;
+}

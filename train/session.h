@@ -1,0 +1,141 @@
+/*
+ * session.h - a training session: the steps of one :step call on one
+ * device, from memory bound to the plan's roles to measured results.
+ *
+ * A session owns the plan of (model, batch, policy), the kernels and three
+ * queues (compute, host->device, device->host) on its device, and the
+ * staged batch. Its caller owns the arrays: it binds the memory of each
+ * role - one slot per role of the plan (w1, w2, mu/nu of each, inputs,
+ * targets, gradients), never by position - and stages the inputs and
+ * targets from a source in any memory (only the selected rows move, merged
+ * into runs). Then ts_session_run runs the steps one after another.
+ *
+ * Atomic steps: an argument the plan updates into new memory ("versioned",
+ * plan.h) gets that memory from the caller before every step (hooks'
+ * prepare, ts_session_set_next) and is handed back after every step that
+ * succeeded (hooks' publish), when it becomes the role's memory for the
+ * next step. A step that fails leaves every bound argument as it was.
+ *
+ * A session knows memory (device/, memory/), not arrays: it never calls up
+ * into the layers that own them.
+ *
+ * Thread-safety: a session is used by one thread at a time.
+ */
+#ifndef TS_SESSION_H
+#define TS_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "device/device.h"
+#include "memory/space.h"
+#include "train/exec.h"
+#include "train/mlp.h"
+#include "train/plan.h"
+
+struct ts_session;
+
+struct ts_session_config {
+	struct ts_device *dev;           /* where the steps run (borrowed) */
+	struct ts_memory *memory;        /* its spaces: arenas and staging (borrowed) */
+	struct ts_mlp mlp;
+	struct ts_optimizer opt;
+	struct ts_policy policy;         /* params and opt_state where their memory is */
+	int batch;                       /* rows per step */
+};
+
+/* Where a role's batch comes from: memory of `bytes` holding rows of
+ * row_bytes, on src_dev in src_kind (any device, any memory kind). */
+struct ts_session_source {
+	const void *mem;                 /* borrowed; alive until the session is freed */
+	uint64_t bytes;
+	uint64_t row_bytes;
+	struct ts_device *src_dev;
+	enum ts_memory_kind src_kind;
+	const uint64_t *rows;            /* normalised rows (formats/index.h), borrowed; */
+	size_t nrows;                    /* NULL: all of it, in order */
+};
+
+/* What the steps did, summed over them (peaks: the largest). */
+struct ts_session_report {
+	uint64_t steps;                  /* steps that succeeded */
+	float *losses;                   /* one per step that succeeded (owned by the session) */
+	uint64_t measured_temp_peak, measured_host_temp_peak;
+	uint64_t h2d_bytes, d2h_bytes;   /* the steps' and the staging's */
+	uint64_t staged_h2d_bytes;       /* of them, staging the batch from host memory */
+	double wall_s, compute_s, copy_wait_s;
+};
+
+struct ts_session_hooks {
+	/* True to stop before the next step (CANCELLED). */
+	bool (*cancelled)(void *arg);
+	/* Before each step: ts_session_set_next for every versioned role. */
+	ts_status (*prepare)(void *arg, struct ts_session *s, struct ts_error *err);
+	/* After each step that succeeded, with its loss: the versioned roles'
+	 * next memory holds their update; publish it. Must not fail for memory
+	 * (prepare what publishing needs). A failure stops the run. */
+	ts_status (*publish)(void *arg, struct ts_session *s, float loss, struct ts_error *err);
+};
+
+/*
+ * Plans the step and makes the kernels and queues on cfg->dev.
+ * INVALID_ARGUMENT for a model, batch or policy the planner refuses;
+ * RESOURCE_EXHAUSTED when out of memory. New session in *out.
+ */
+ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session **out,
+                         struct ts_error *err);
+void ts_session_free(struct ts_session *s);
+
+/* The plan (borrowed, as long as s). */
+const struct ts_plan *ts_session_plan(const struct ts_session *s);
+
+/* Whether the plan has a buffer of role that the caller binds (an
+ * argument or output), and whether the steps update it into new memory. */
+bool ts_session_has_role(const struct ts_session *s, enum ts_pbuf_role role);
+bool ts_session_versioned(const struct ts_session *s, enum ts_pbuf_role role);
+
+/* The bytes and memory kind the plan wants for role (false: no such slot). */
+bool ts_session_slot(const struct ts_session *s, enum ts_pbuf_role role, uint64_t *bytes,
+                     enum ts_memory_kind *kind);
+
+/*
+ * Binds role's memory (borrowed: the caller keeps it alive and unchanged by
+ * others while the session runs). FAILED_PRECONDITION ("BAD_BINDING",
+ * naming the role) when its size or memory kind is not the plan's;
+ * INVALID_ARGUMENT for a role the plan does not bind.
+ */
+ts_status ts_session_bind(struct ts_session *s, enum ts_pbuf_role role, void *mem,
+                          uint64_t bytes, enum ts_memory_kind kind, struct ts_error *err);
+
+/*
+ * Stages role (TS_ROLE_INPUT or TS_ROLE_TARGET) from src: the memory itself
+ * when it already is the plan's (all rows, in the device memory of the
+ * session's device), else a copy of the selected rows into device memory the
+ * session allocates, counted in the report (h2d when src is host memory).
+ * RESOURCE_EXHAUSTED when the device cannot hold it; FAILED_PRECONDITION
+ * when the staged size is not the plan's.
+ */
+ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
+                           const struct ts_session_source *src, struct ts_error *err);
+
+/* Gives a versioned role the memory its next update lands in (borrowed, of
+ * the role's size and kind). */
+ts_status ts_session_set_next(struct ts_session *s, enum ts_pbuf_role role, void *mem,
+                              struct ts_error *err);
+
+/*
+ * Runs `steps` steps, the first with Adam's t = first_t: before each,
+ * hooks->cancelled and hooks->prepare; after each that succeeded,
+ * hooks->publish. Stops at the first failure, which leaves the arguments as
+ * the last published step left them. The report (borrowed from s) counts
+ * the steps that succeeded, also on failure.
+ */
+ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
+                         const struct ts_session_hooks *hooks, void *arg,
+                         struct ts_error *err);
+
+const struct ts_session_report *ts_session_report(const struct ts_session *s);
+
+#endif
