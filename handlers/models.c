@@ -947,6 +947,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 			break;
 		if (m->opt.type != TS_OPT_NONE)
 			ts_model_registry_advance(core->models, m->uid, 1, NULL);
+		ts_model_registry_step_ran(core->models, (uint64_t)(r.wall_s * 1e9));
 		json_array_append_new(losses, json_real(r.loss));
 		if (r.measured_temp_peak > measured_temp)
 			measured_temp = r.measured_temp_peak;

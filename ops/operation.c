@@ -423,6 +423,12 @@ static void set_state_locked(struct ts_op_registry *r, struct ts_operation *op,
 
 /* ---- finishing ------------------------------------------------------------------- */
 
+/* b - a on the wall clock, 0 when it stepped back. */
+static uint64_t wall_since(uint64_t a, uint64_t b)
+{
+	return b > a ? b - a : 0;
+}
+
 /* Records the outcome of a run that returned st with err. */
 static void record_outcome_locked(struct ts_op_registry *r, struct ts_operation *op,
                                   ts_status st, const struct ts_error *err)
@@ -458,6 +464,8 @@ static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_stat
 {
 	struct ts_operation *dropped;
 	struct waiter *w;
+	struct ts_op_end end;
+	struct ts_error end_err;
 
 	lock_take(&r->lk);
 	lock_take(&op->lk);
@@ -465,6 +473,16 @@ static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_stat
 	record_outcome_locked(r, op, st, err);
 	op->end_ns = ts_wall_ns();
 	op->end_mono = ts_now_ns();
+	end_err = op->error;
+	end = (struct ts_op_end){
+		.id = op->id, .kind = op->kind, .target = op->target, .unit = op->unit,
+		.state = op->state,
+		.done_units = atomic_load(&op->done_units),
+		.total_units = atomic_load(&op->total_units),
+		.run_ns = op->start_ns && op->end_ns > op->start_ns ? op->end_ns - op->start_ns : 0,
+		.queued_ns = wall_since(op->create_ns, op->start_ns ? op->start_ns : op->end_ns),
+		.error = op->state == TS_OP_SUCCEEDED ? NULL : &end_err,
+	};
 	oplist_push_locked(r, &r->finished, op, WHERE_FINISHED);
 	w = op->waiters;
 	op->waiters = NULL;
@@ -475,6 +493,8 @@ static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_stat
 	lock_drop(&op->lk);
 	dropped = prune_locked(r);
 	lock_drop(&r->lk);
+	if (r->cfg.ended)
+		r->cfg.ended(r->cfg.ended_cls, &end);
 	while (w) {
 		struct waiter *next = w->next;
 

@@ -835,6 +835,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		}
 		*req_cls = rq;
 		atomic_fetch_add(&srv->inflight, 1);
+		ts_metrics_request_started(srv->metrics);
 		request_admit(rq, conn, url, method);
 		if (rq->failed)
 			return request_respond(rq, conn);

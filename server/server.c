@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "common/utf8.h"
 #include "common/version.h"
 #include "server/cgroup.h"
 #include "server/router.h"
@@ -157,6 +158,38 @@ static void container_budgets(const struct ts_config *cfg, struct ts_memory_conf
 	ts_log(TS_LOG_INFO, fields, "host budgets follow the cgroup memory limit");
 }
 
+/*
+ * Every operation's end: counted in the metrics, and one log line with its
+ * kind, outcome, times and what it moved (a failure at warn, with the
+ * error's status, reason and message).
+ */
+static void operation_ended(void *cls, const struct ts_op_end *end)
+{
+	bool failed = end->state == TS_OP_FAILED;
+	json_t *f;
+
+	ts_metrics_operation_ended(cls, end);
+	if (!ts_log_enabled(failed ? TS_LOG_WARN : TS_LOG_INFO))
+		return;
+	f = json_pack("{s:s, s:s, s:o*, s:s, s:f, s:f, s:I, s:I, s:s}", "operation", end->id,
+	              "kind", end->kind, "target", end->target[0] ? ts_json_text(end->target) : NULL,
+	              "outcome", ts_metrics_outcome_name(end->state),
+	              "duration_ms", (double)(end->run_ns / 1000) / 1e3,
+	              "queued_ms", (double)(end->queued_ns / 1000) / 1e3,
+	              "done", (json_int_t)end->done_units, "total", (json_int_t)end->total_units,
+	              "unit", end->unit);
+	if (f && strcmp(end->unit, "bytes") == 0)
+		json_object_set_new(f, "bytes", json_integer((json_int_t)end->done_units));
+	if (f && end->error && end->error->status != TS_OK)
+		json_object_set_new(f, "error",
+		                    json_pack("{s:s, s:s, s:o*}", "status",
+		                              ts_status_name(end->error->status), "reason",
+		                              end->error->reason, "message",
+		                              ts_json_text(end->error->message)));
+	ts_log_json(failed ? TS_LOG_WARN : TS_LOG_INFO, f, "operation %s %s %s", end->id, end->kind,
+	            ts_metrics_outcome_name(end->state));
+}
+
 ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
                         struct ts_error *err)
 {
@@ -240,16 +273,18 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		                  "no memory for the saved shardings");
 		goto out_free;
 	}
-	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
-	                                                          .keep_ns = 3600ull * 1000000000ull},
-	                        &srv->core.operations, err);
-	if (st != TS_OK)
-		goto out_free;
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
 	if (!srv->metrics || !srv->core.memory_view) {
 		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for metrics");
 		goto out_free;
 	}
+	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
+	                                                          .keep_ns = 3600ull * 1000000000ull,
+	                                                          .ended = operation_ended,
+	                                                          .ended_cls = srv->metrics},
+	                        &srv->core.operations, err);
+	if (st != TS_OK)
+		goto out_free;
 	st = ts__http_start(srv, err);
 	if (st != TS_OK)
 		goto out_free;

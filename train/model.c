@@ -15,6 +15,7 @@ struct ts_model_registry {
 	size_t n;                          /* guarded by: mu */
 	uint64_t next_uid;                 /* guarded by: mu */
 	struct ts_model *models;           /* guarded by: mu; sorted by name */
+	struct ts_histogram steps;         /* atomics: every step run */
 };
 
 void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char *buf, size_t cap)
@@ -55,7 +56,18 @@ struct ts_model_registry *ts_model_registry_new(void)
 		return NULL;
 	}
 	pthread_mutex_init(&r->mu, NULL);
+	ts_histogram_init(&r->steps, ts_histogram_long_bounds, ts_histogram_long_nbounds);
 	return r;
+}
+
+void ts_model_registry_step_ran(struct ts_model_registry *r, uint64_t ns)
+{
+	ts_histogram_observe(&r->steps, ns);
+}
+
+const struct ts_histogram *ts_model_registry_steps(const struct ts_model_registry *r)
+{
+	return &r->steps;
 }
 
 void ts_model_registry_free(struct ts_model_registry *r)
