@@ -5,8 +5,10 @@ set -euo pipefail
 
 # what building tstaged needs (the Dockerfile's build stage installs the same,
 # tests/deploy/check_dockerfile.py checks it), then what the tests add
+# (prometheus: promtool and the live Prometheus of tests/deploy/prometheus.sh)
 build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev)
-test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip)
+test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip python3-yaml
+	prometheus)
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
 # make bench (TS_DEPS_BENCH=1) adds the servers its references run
 [ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
