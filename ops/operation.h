@@ -55,8 +55,9 @@ struct ts_op_end {
 struct ts_op_registry_config {
 	int workers;                  /* threads running operations (1..1024) */
 	/* called once per operation as it ends, on the finishing thread, with
-	 * no lock held and before its waiters wake; it must not call into the
-	 * registry. NULL: none. */
+	 * no lock held and before the operation shows as done (so whoever sees
+	 * it done sees what the hook did); it must not call into the registry.
+	 * NULL: none. */
 	void (*ended)(void *cls, const struct ts_op_end *end);
 	void *ended_cls;
 	size_t keep_finished;         /* finished operations kept (oldest dropped first) */

@@ -387,6 +387,22 @@ static void render_pools(struct out *o, const struct ts_core *core)
 
 /* ---- devices and transfers -------------------------------------------------- */
 
+/*
+ * A PCI bus id as the DCGM exporter and nvidia-smi write it, with an 8-digit
+ * domain ("00000000:3B:00.0"); cudaDeviceGetPCIBusId writes 4 ("0000:3B:00.0").
+ * "" stays "".
+ */
+static void dcgm_bus_id(const char *in, char *out, size_t cap)
+{
+	const char *colon = strchr(in, ':');
+	size_t domain = colon ? (size_t)(colon - in) : 0;
+
+	if (!colon || domain >= 8)
+		snprintf(out, cap, "%s", in);
+	else
+		snprintf(out, cap, "%.*s%s", (int)(8 - domain), "00000000", in);
+}
+
 static void render_devices(struct out *o, const struct ts_core *core)
 {
 	static const char *const directions[] = {"h2d", "d2h", "d2d", "h2h"};
@@ -397,11 +413,13 @@ static void render_devices(struct out *o, const struct ts_core *core)
 	       "to join with DCGM exporter series.");
 	for (size_t i = 0; i < n; i++) {
 		const struct ts_device_props *p = ts_device_props(ts_device_set_at(core->devices, i));
+		char bus[48];
 
+		dcgm_bus_id(p->pci_bus_id, bus, sizeof bus);
 		out_printf(o, "tstage_device_info{device=\"%s\",backend=\"%s\",simulated=\"%s\","
 		              "gpu_uuid=\"%s\",pci_bus_id=\"%s\"} 1\n",
 		           p->id, ts_backend_name(p->backend), p->simulated ? "true" : "false",
-		           p->uuid, p->pci_bus_id);
+		           p->uuid, bus);
 	}
 	family(o, "tstage_device_healthy", "gauge", "1 unless the device hit a sticky error.");
 	for (size_t i = 0; i < n; i++) {

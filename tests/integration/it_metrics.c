@@ -339,6 +339,11 @@ START_TEST(test_pools_add_up)
 			ck_assert_msg(strncmp(th_prom_label(&sc.s[i], "gpu_uuid"), "GPU-", 4) == 0 &&
 			              strlen(th_prom_label(&sc.s[i], "gpu_uuid")) == 40,
 			              "gpu_uuid '%s'", th_prom_label(&sc.s[i], "gpu_uuid"));
+		if (has(&sc.s[i], "backend", "cuda") && th_prom_label(&sc.s[i], "pci_bus_id")[0])
+			ck_assert_msg(strchr(th_prom_label(&sc.s[i], "pci_bus_id"), ':') ==
+			              th_prom_label(&sc.s[i], "pci_bus_id") + 8,
+			              "pci_bus_id '%s' has no 8-digit domain",
+			              th_prom_label(&sc.s[i], "pci_bus_id"));
 	}
 	scrape_free(&sc);
 }
