@@ -583,6 +583,7 @@ struct step {
 	struct ts_array *priv[TS_ROLE_COUNT][2];  /* offloaded: the private versions */
 	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
 	uint64_t done;                     /* steps that succeeded */
+	double timed_s;                    /* the report's wall time at the last step's end */
 };
 
 static ts_status step_hold(const char *id, void *arg, struct ts_error *err)
@@ -788,13 +789,15 @@ static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
                               struct ts_error *err)
 {
 	struct step *s = arg;
+	double wall = ts_session_report(sess)->wall_s;
 
-	(void)sess;
 	(void)loss;
 	(void)err;
 	s->done++;
 	if (s->model.opt.type != TS_OPT_NONE)
 		ts_model_registry_advance(s->core->models, s->model.uid, 1, NULL);
+	ts_model_registry_step_ran(s->core->models, (uint64_t)((wall - s->timed_s) * 1e9));
+	s->timed_s = wall;
 	ts_operation_progress_add(s->op, 1);
 	return TS_OK;
 }

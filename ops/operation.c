@@ -335,47 +335,92 @@ static void set_state_locked(struct ts_op_registry *r, struct ts_operation *op,
 
 /* ---- finishing ------------------------------------------------------------------- */
 
-/* Records the outcome of a run that returned st with err. */
+/* b - a on the wall clock, 0 when it stepped back. */
+static uint64_t wall_since(uint64_t a, uint64_t b)
+{
+	return b > a ? b - a : 0;
+}
+
+/* The final state and error of a run that returned st with err (pure; op
+ * is read only for its immutable id). */
+static enum ts_op_state outcome_of(const struct ts_operation *op, ts_status st,
+                                   const struct ts_error *err, struct ts_error *out)
+{
+	ts_error_clear(out);
+	if (st == TS_OK)
+		return TS_OP_SUCCEEDED;
+	if (st == TS_CANCELLED) {
+		ts_error_set(out, TS_CANCELLED, "OPERATION_CANCELLED", "operation %s was cancelled",
+		             op->id);
+		return TS_OP_CANCELLED;
+	}
+	if (err && err->status != TS_OK)
+		*out = *err;
+	else
+		ts_error_set(out, st, "OPERATION_FAILED", "operation %s failed", op->id);
+	return TS_OP_FAILED;
+}
+
+/* Records an outcome found by outcome_of; a run that did not succeed keeps
+ * no result. */
 static void record_outcome_locked(struct ts_op_registry *r, struct ts_operation *op,
-                                  ts_status st, const struct ts_error *err)
+                                  enum ts_op_state state, const struct ts_error *error)
 {
 	assert(ts_mutex_held(&op->lk));
-	ts_error_clear(&op->error);
-	if (st == TS_OK) {
-		set_state_locked(r, op, TS_OP_SUCCEEDED);
-		return;
+	if (state != TS_OP_SUCCEEDED) {
+		json_decref(op->result);
+		op->result = NULL;
 	}
-	json_decref(op->result);
-	op->result = NULL;
-	if (st == TS_CANCELLED) {
-		set_state_locked(r, op, TS_OP_CANCELLED);
-		ts_error_set(&op->error, TS_CANCELLED, "OPERATION_CANCELLED",
-		             "operation %s was cancelled", op->id);
+	set_state_locked(r, op, state);
+	op->error = *error;
+}
+
+/* Hands the end of op to the registry's hook, before op shows as done, so
+ * that whoever sees it done also sees it counted. */
+static void report_end(struct ts_op_registry *r, struct ts_operation *op,
+                       enum ts_op_state state, const struct ts_error *error, uint64_t end_ns)
+{
+	struct ts_op_end end;
+	uint64_t start_ns;
+
+	if (!r->cfg.ended)
 		return;
-	}
-	set_state_locked(r, op, TS_OP_FAILED);
-	if (err && err->status != TS_OK)
-		op->error = *err;
-	else
-		ts_error_set(&op->error, st, "OPERATION_FAILED", "operation %s failed", op->id);
+	ts_mutex_lock(&op->lk);
+	start_ns = op->start_ns;
+	ts_mutex_unlock(&op->lk);
+	end = (struct ts_op_end){
+		.id = op->id, .kind = op->kind, .target = op->target, .unit = op->unit,
+		.state = state,
+		.done_units = atomic_load(&op->done_units),
+		.total_units = atomic_load(&op->total_units),
+		.run_ns = start_ns ? wall_since(start_ns, end_ns) : 0,
+		.queued_ns = wall_since(op->create_ns, start_ns ? start_ns : end_ns),
+		.error = state == TS_OP_SUCCEEDED ? NULL : error,
+	};
+	r->cfg.ended(r->cfg.ended_cls, &end);
 }
 
 /*
  * Finishes an operation taken off the queue (on the active list), after its
- * release ran: records the outcome, frees its target, wakes its waiters once
- * and applies retention. The caller holds a reference to op.
+ * release ran: reports its end to the hook, records the outcome, frees its
+ * target, wakes its waiters once and applies retention. The caller holds a
+ * reference to op.
  */
 static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_status st,
                       const struct ts_error *err)
 {
 	struct ts_operation *dropped;
 	struct waiter *w;
+	struct ts_error outcome;
+	enum ts_op_state state = outcome_of(op, st, err, &outcome);
+	uint64_t end_ns = ts_wall_ns();
 
+	report_end(r, op, state, &outcome, end_ns);
 	ts_mutex_lock(&r->lk);
 	ts_mutex_lock(&op->lk);
 	oplist_remove_locked(r, op);
-	record_outcome_locked(r, op, st, err);
-	op->end_ns = ts_wall_ns();
+	record_outcome_locked(r, op, state, &outcome);
+	op->end_ns = end_ns;
 	op->end_mono = ts_now_ns();
 	oplist_push_locked(r, &r->finished, op, WHERE_FINISHED);
 	w = op->waiters;

@@ -41,8 +41,25 @@ const char *ts_op_state_name(enum ts_op_state s);
 /* The state named name (as ts_op_state_name writes it); false for others. */
 bool ts_op_state_parse(const char *name, enum ts_op_state *out);
 
+/* What an operation's end looks like, for metrics and the log: handed to
+ * the registry's `ended` hook; every pointer is borrowed for the call. */
+struct ts_op_end {
+	const char *id, *kind, *target, *unit;    /* target "" when none */
+	enum ts_op_state state;                   /* SUCCEEDED, FAILED or CANCELLED */
+	uint64_t done_units, total_units;
+	uint64_t run_ns;                          /* from start to end; 0 if it never ran */
+	uint64_t queued_ns;                       /* from creation to start (or end) */
+	const struct ts_error *error;             /* FAILED / CANCELLED; else NULL */
+};
+
 struct ts_op_registry_config {
 	int workers;                  /* threads running operations (1..1024) */
+	/* called once per operation as it ends, on the finishing thread, with
+	 * no lock held and before the operation shows as done (so whoever sees
+	 * it done sees what the hook did); it must not call into the registry.
+	 * NULL: none. */
+	void (*ended)(void *cls, const struct ts_op_end *end);
+	void *ended_cls;
 	size_t keep_finished;         /* finished operations kept (oldest dropped first) */
 	uint64_t keep_ns;             /* and for at most this long after they
 	                               * finish (0: no age limit) */

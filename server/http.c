@@ -70,6 +70,12 @@ struct request {
 	bool cut;                        /* too slow: the connection is dropped */
 	uint64_t body_start_ns;
 	uint64_t body_got;
+	/* for the request's log line */
+	uint64_t bytes_in;               /* body bytes received */
+	uint64_t bytes_out;              /* response body bytes queued */
+	char client[48];                 /* the peer's address */
+	char user_agent[128];            /* truncated */
+	char traceparent[56];            /* a valid W3C traceparent, or "" */
 };
 
 /* Per-connection state (MHD's socket context), from open to close. */
@@ -111,6 +117,55 @@ static bool valid_request_id(const char *s)
 			return false;
 	}
 	return n > 0;
+}
+
+static bool all_hex(const char *s, size_t n, bool *all_zero)
+{
+	*all_zero = true;
+	for (size_t i = 0; i < n; i++) {
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+		if (s[i] != '0')
+			*all_zero = false;
+	}
+	return true;
+}
+
+/*
+ * Whether s is a W3C Trace Context traceparent: version "-" trace-id "-"
+ * parent-id "-" flags, lower-case hex of 2, 32, 16 and 2 digits; version ff,
+ * an all-zero trace-id or parent-id are invalid. Version 00 is exactly 55
+ * characters; a later version may go on after a '-' (only the first 55
+ * are read).
+ */
+static bool valid_traceparent(const char *s)
+{
+	bool zero;
+	size_t n = s ? strnlen(s, 56) : 0;
+
+	if (n < 55 || s[2] != '-' || s[35] != '-' || s[52] != '-')
+		return false;
+	if (!all_hex(s, 2, &zero) || strncmp(s, "ff", 2) == 0 || !all_hex(s + 53, 2, &zero))
+		return false;
+	if (!all_hex(s + 3, 32, &zero) || zero || !all_hex(s + 36, 16, &zero) || zero)
+		return false;
+	if (strncmp(s, "00", 2) == 0)
+		return n == 55;
+	return n == 55 || s[55] == '-';
+}
+
+/* The peer's address as text ("127.0.0.1", "::1"), "" when unknown. */
+static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+
+	buf[0] = '\0';
+	if (sa && sa->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)cap);
+	else if (sa && sa->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)cap);
 }
 
 /* Constant-time comparison of the presented bearer token. */
@@ -176,6 +231,14 @@ static struct request *request_new(struct ts_server *srv,
 	else
 		format_request_id(rq->id, sizeof rq->id, srv->id_prefix,
 		                  atomic_fetch_add(&srv->next_id, 1));
+	/* an invalid traceparent is ignored, as Trace Context asks */
+	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "traceparent");
+	if (valid_traceparent(given))
+		copy_trunc(rq->traceparent, sizeof rq->traceparent, given);
+	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_USER_AGENT);
+	if (given)
+		copy_trunc(rq->user_agent, sizeof rq->user_agent, given);
+	client_text(conn, rq->client, sizeof rq->client);
 	return rq;
 }
 
@@ -724,15 +787,19 @@ static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Conne
 			                                         stream_read, st, stream_free);
 			if (!resp)
 				free(st);
+			else
+				rq->bytes_out = st->size;
 		}
 		if (resp)
 			memset(&r->stream, 0, sizeof r->stream);   /* the response owns it */
 	} else {
 		struct MHD_IoVec iov[TS_REPLY_MAX_PARTS];
 
+		rq->bytes_out = 0;
 		for (int i = 0; i < r->parts.n; i++) {
 			iov[i].iov_base = r->parts.part[i].base;
 			iov[i].iov_len = r->parts.part[i].len;
+			rq->bytes_out += r->parts.part[i].len;
 		}
 		resp = MHD_create_response_from_iovec(iov, (unsigned int)r->parts.n,
 		                                      r->parts.release, r->parts.cls);
@@ -805,9 +872,11 @@ static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection
 	}
 	if (text)
 		resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+	rq->bytes_out = len;
 	if (!resp) {
 		free(text);
 		rq->http_code = 500;
+		rq->bytes_out = sizeof fallback_error - 1;
 		resp = MHD_create_response_from_buffer(sizeof fallback_error - 1,
 		                                       (void *)fallback_error,
 		                                       MHD_RESPMEM_PERSISTENT);
@@ -847,6 +916,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		}
 		*req_cls = rq;
 		atomic_fetch_add(&srv->inflight, 1);
+		ts_metrics_request_started(srv->metrics);
 		request_admit(rq, conn, url, method);
 		if (rq->failed)
 			return request_respond(rq, conn);
@@ -855,6 +925,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (*upload_data_size) {
 		bool was_failed = rq->failed;
 
+		rq->bytes_in += *upload_data_size;
 		request_take_body(rq, upload_data, *upload_data_size);
 		*upload_data_size = 0;
 		if (rq->cut)
@@ -873,6 +944,35 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (!rq->failed)
 		request_dispatch(rq, conn);
 	return request_respond(rq, conn);
+}
+
+/*
+ * The request's line: id, method, path, status, time, the client's address
+ * and user agent, body bytes in and out, its traceparent when valid, and on
+ * a failed request the error's status, reason and message.
+ */
+static void request_log(const struct request *rq, uint64_t dur, bool completed)
+{
+	json_t *f = json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b, s:s, s:o*, s:I, s:I}",
+	                      "request_id", rq->id, "method", ts_json_text(rq->method), "path",
+	                      ts_json_text(rq->path), "status", rq->http_code, "duration_ms",
+	                      (double)(dur / 1000) / 1e3, "completed", completed, "client",
+	                      rq->client, "user_agent",
+	                      rq->user_agent[0] ? ts_json_text(rq->user_agent) : NULL,
+	                      "bytes_in", (json_int_t)rq->bytes_in, "bytes_out",
+	                      (json_int_t)rq->bytes_out);
+
+	if (f && rq->traceparent[0]) {
+		json_object_set_new(f, "traceparent", json_string(rq->traceparent));
+		json_object_set_new(f, "trace_id", json_stringn(rq->traceparent + 3, 32));
+	}
+	if (f && rq->reply.kind == TS_REPLY_ERROR)
+		json_object_set_new(f, "error",
+		                    json_pack("{s:s, s:s, s:o*}", "status",
+		                              ts_status_name(rq->reply.error.status), "reason",
+		                              rq->reply.error.reason, "message",
+		                              ts_json_text(rq->reply.error.message)));
+	ts_log_json(TS_LOG_INFO, f, "request");
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
@@ -894,13 +994,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		                          (unsigned int)srv->cfg.connection_timeout);
 	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
 	if (ts_log_enabled(TS_LOG_INFO))
-		ts_log_json(TS_LOG_INFO,
-		            json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b}", "request_id", rq->id,
-		                      "method", ts_json_text(rq->method), "path",
-		                      ts_json_text(rq->path), "status", rq->http_code,
-		                      "duration_ms", (double)(dur / 1000) / 1e3, "completed",
-		                      toe == MHD_REQUEST_TERMINATED_COMPLETED_OK),
-		            "request");
+		request_log(rq, dur, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
 	if (rq->suspended)       /* the client left while waiting */
 		waits_remove(srv, rq);
 	if (rq->susp.release) {

@@ -212,7 +212,7 @@ END_TEST
 START_TEST(test_metrics_exposition)
 {
 	struct th_response r;
-	char dev0[32], labels[96], why[300];
+	char dev0[32], labels[192], why[300];
 	const char *ct;
 	double v = -1;
 	int n;
@@ -226,24 +226,29 @@ START_TEST(test_metrics_exposition)
 	ck_assert_msg(n > 0, "exposition invalid at %s", why);
 	ck_assert_ptr_nonnull(strstr(r.body, "\ntstage_build_info{"));
 	ck_assert_ptr_nonnull(strstr(r.body, "# TYPE tstage_build_info gauge\n"));
-	snprintf(labels, sizeof labels, "device=\"%s\",memory_kind=\"device\"",
-	         th_device_id(0, dev0, sizeof dev0));
-	ck_assert_msg(th_prom_find(r.body, "tstage_memory_bytes_in_use", labels, &v),
-	              "tstage_memory_bytes_in_use{%s} missing", labels);
+	th_device_id(0, dev0, sizeof dev0);
+	snprintf(labels, sizeof labels, "device=\"%s\",memory_kind=\"device\",pool=\"%s/device\"",
+	         dev0, dev0);
+	ck_assert_msg(th_prom_find(r.body, "tstage_memory_in_use_bytes", labels, &v),
+	              "tstage_memory_in_use_bytes{%s} missing", labels);
 	ck_assert(v == 0);
 	if (th_backend_is_sim()) {
-		ck_assert(th_prom_find(r.body, "tstage_memory_bytes_limit", labels, &v));
+		snprintf(labels, sizeof labels,
+		         "pool=\"%s/device\",memory_kind=\"device\",device=\"%s\"", dev0, dev0);
+		ck_assert(th_prom_find(r.body, "tstage_pool_limit_bytes", labels, &v));
 		ck_assert(v == (double)TH_SIM_MEMORY);
 	}
-	ck_assert(th_prom_find(r.body, "tstage_memory_bytes_in_use",
-	                       "memory_kind=\"pinned_host\",device=\"cpu:0\"", &v));
+	ck_assert(th_prom_find(r.body, "tstage_memory_in_use_bytes",
+	                       "memory_kind=\"pinned_host\",device=\"cpu:0\","
+	                       "pool=\"host/pinned_host\"", &v));
 	th_response_free(&r);
 }
 END_TEST
 
 START_TEST(test_metrics_count_requests)
 {
-	const char *sel = "route=\"GET /v1/devices\",code=\"200\"";
+	const char *sel = "method=\"GET\",route=\"/v1/devices\",code=\"200\"";
+	const char *unmatched = "method=\"other\",route=\"unmatched\",code=\"404\"";
 	struct th_response r;
 	double before = metric(&D, "tstage_http_requests_total", sel), after = 0;
 	long long deadline;
@@ -265,10 +270,10 @@ START_TEST(test_metrics_count_requests)
 	ck_assert_int_eq(r.status, 404);
 	th_response_free(&r);
 	deadline = th_now_ms() + 2000;
-	while (metric(&D, "tstage_http_requests_total", "route=\"unmatched\",code=\"404\"") < 1 &&
+	while (metric(&D, "tstage_http_requests_total", unmatched) < 1 &&
 	       th_now_ms() < deadline)
 		usleep(10000);
-	ck_assert(metric(&D, "tstage_http_requests_total", "route=\"unmatched\",code=\"404\"") == 1);
+	ck_assert(metric(&D, "tstage_http_requests_total", unmatched) == 1);
 }
 END_TEST
 
@@ -323,7 +328,7 @@ START_TEST(test_metrics_histogram)
 	}
 	ck_assert_msg(counts >= 2, "only %d histograms", counts);
 	ck_assert(th_prom_find(r.body, "tstage_http_request_duration_seconds_count",
-	                       "route=\"GET /v1/memory\"", NULL));
+	                       "method=\"GET\",route=\"/v1/memory\"", NULL));
 	free(s);
 	th_response_free(&r);
 }

@@ -128,15 +128,15 @@ START_TEST(test_operations_gauge)
 	th_get(&D, "/metrics", &r);
 	ck_assert_int_eq(r.status, 200);
 	ck_assert_msg(th_prom_validate(r.body, why, sizeof why) > 0, "metrics: %s", why);
-	ck_assert_ptr_nonnull(strstr(r.body, "# TYPE tstage_operations gauge"));
+	ck_assert_ptr_nonnull(strstr(r.body, "# TYPE tstage_operations_listed gauge"));
 	for (size_t i = 0; i < sizeof states / sizeof states[0]; i++) {
 		char labels[64];
 		double v = -1;
 
 		snprintf(labels, sizeof labels, "state=\"%s\"", states[i]);
-		ck_assert_msg(th_prom_find(r.body, "tstage_operations", labels, &v),
-		              "no tstage_operations{%s}", labels);
-		ck_assert_msg(v == 0, "tstage_operations{%s} = %g", labels, v);
+		ck_assert_msg(th_prom_find(r.body, "tstage_operations_listed", labels, &v),
+		              "no tstage_operations_listed{%s}", labels);
+		ck_assert_msg(v == 0, "tstage_operations_listed{%s} = %g", labels, v);
 	}
 	th_response_free(&r);
 }

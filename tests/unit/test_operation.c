@@ -1294,6 +1294,100 @@ START_TEST(submit_holding_runs_the_hold_first)
 }
 END_TEST
 
+/* ---- the end hook ---------------------------------------------------------------------- */
+
+/* What the registry's ended hook saw (called on worker threads: it only
+ * records, under a lock, for the test thread to check). */
+struct ends {
+	pthread_mutex_t mu;
+	int n;
+	struct {
+		char id[40], kind[16], target[136], reason[64];
+		enum ts_op_state state;
+		uint64_t done, total, run_ns;
+	} e[8];
+};
+
+static void record_end(void *cls, const struct ts_op_end *end)
+{
+	struct ends *x = cls;
+
+	pthread_mutex_lock(&x->mu);
+	if (x->n < 8) {
+		snprintf(x->e[x->n].id, sizeof x->e[0].id, "%s", end->id);
+		snprintf(x->e[x->n].kind, sizeof x->e[0].kind, "%s", end->kind);
+		snprintf(x->e[x->n].target, sizeof x->e[0].target, "%s", end->target);
+		snprintf(x->e[x->n].reason, sizeof x->e[0].reason, "%s",
+		         end->error ? end->error->reason : "");
+		x->e[x->n].state = end->state;
+		x->e[x->n].done = end->done_units;
+		x->e[x->n].total = end->total_units;
+		x->e[x->n].run_ns = end->run_ns;
+	}
+	x->n++;
+	pthread_mutex_unlock(&x->mu);
+}
+
+/* The hook runs once per operation, before its waiters wake, with its kind,
+ * outcome, units and error: succeeded, failed, and cancelled while pending
+ * (never run: no running time). */
+START_TEST(ended_hook_once_per_operation)
+{
+	static struct ends x = {.mu = PTHREAD_MUTEX_INITIALIZER};
+	struct ts_op_registry_config cfg = {.workers = 1, .keep_finished = 10,
+	                                    .ended = record_end, .ended_cls = &x};
+	struct ts_op_registry *r = NULL;
+	struct gate g;
+	struct job ok = {.progress = 100}, bad = {0}, held = {0}, queued = {0};
+	struct ts_operation *a, *b, *c, *d;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_registry_new(&cfg, &r, &err), TS_OK);
+	a = submit(r, "t1", work_ok, &ok);
+	ck_assert(ts_operation_block(a, 10 * SEC));
+	/* the hook ran before the waiter woke */
+	ck_assert_int_eq(x.n, 1);
+	b = submit(r, NULL, work_fail, &bad);
+	ck_assert(ts_operation_block(b, 10 * SEC));
+	ck_assert_int_eq(x.n, 2);
+	gate_init(&g);
+	held.gate = &g;
+	c = submit(r, NULL, work_ok, &held);
+	gate_wait_entered(&g, 1);
+	d = submit(r, "t2", work_ok, &queued);     /* behind c on the one worker */
+	ck_assert_int_eq(ts_operation_cancel(d, &err), TS_OK);
+	gate_open(&g);
+	ck_assert(ts_operation_block(c, 10 * SEC));
+	ck_assert(ts_operation_block(d, 10 * SEC));
+	ts_op_registry_free(r);
+
+	ck_assert_int_eq(x.n, 4);
+	ck_assert_str_eq(x.e[0].id, ts_operation_id(a));
+	ck_assert_str_eq(x.e[0].kind, "put");
+	ck_assert_str_eq(x.e[0].target, "t1");
+	ck_assert_int_eq(x.e[0].state, TS_OP_SUCCEEDED);
+	ck_assert_uint_eq(x.e[0].done, 100);
+	ck_assert_uint_eq(x.e[0].total, 100);
+	ck_assert_str_eq(x.e[0].reason, "");
+	ck_assert_int_eq(x.e[1].state, TS_OP_FAILED);
+	ck_assert_str_eq(x.e[1].reason, "ARRAY_NOT_FOUND");
+	ck_assert_str_eq(x.e[1].target, "");
+	/* d was cancelled while c still ran: d ends first */
+	ck_assert_str_eq(x.e[2].id, ts_operation_id(d));
+	ck_assert_int_eq(x.e[2].state, TS_OP_CANCELLED);
+	ck_assert_str_eq(x.e[2].reason, "OPERATION_CANCELLED");
+	ck_assert_uint_eq(x.e[2].run_ns, 0);
+	ck_assert_str_eq(x.e[3].id, ts_operation_id(c));
+	ck_assert_int_eq(x.e[3].state, TS_OP_SUCCEEDED);
+	ck_assert_int_eq(atomic_load(&queued.ran), 0);
+	ts_operation_unref(a);
+	ts_operation_unref(b);
+	ts_operation_unref(c);
+	ts_operation_unref(d);
+}
+END_TEST
+
 static Suite *operation_suite(void)
 {
 	Suite *s = suite_create("operation");
@@ -1329,6 +1423,7 @@ static Suite *operation_suite(void)
 	tcase_add_test(tc, free_with_pending_and_running);
 	tcase_add_test(tc, free_waits_for_running_work);
 	tcase_add_test(tc, many_concurrent_submitters);
+	tcase_add_test(tc, ended_hook_once_per_operation);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rendering");
