@@ -154,7 +154,8 @@ static bool valid_traceparent(const char *s)
 	return n == 55 || s[55] == '-';
 }
 
-/* The peer's address as text ("127.0.0.1", "::1"), "" when unknown. */
+/* The peer's address as text ("127.0.0.1", "::1", "unix" through
+ * --unix-socket), "" when unknown. */
 static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
 {
 	const union MHD_ConnectionInfo *ci =
@@ -166,6 +167,8 @@ static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
 		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)cap);
 	else if (sa && sa->sa_family == AF_INET6)
 		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)cap);
+	else if (sa && sa->sa_family == AF_UNIX)
+		snprintf(buf, cap, "unix");
 }
 
 /* Constant-time comparison of the presented bearer token. */
