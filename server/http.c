@@ -496,6 +496,8 @@ static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 		route->sfn(rq->srv, &call, &rq->reply);
 	if (rq->reply.kind == TS_REPLY_NONE)
 		ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the handler gave no answer");
+	if (strcmp(route->method, "GET") == 0)      /* GET and HEAD: conditional */
+		ts_reply_not_modified(&rq->reply, ts_call_header(&call, "If-None-Match"));
 }
 
 static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn);

@@ -50,10 +50,12 @@
 	X("POST", "/v1/operations/{operation}:wait", ts_h_operations_wait, NULL, NULL,         \
 	  TS_BODY_JSON, false, "timeout")                                                      \
 	X("GET", "/v1/operations", ts_h_operations_list, NULL, NULL, TS_BODY_NONE, false,      \
-	  "state,page_size")                                                                   \
+	  "state,page_size,page_token")                                                        \
 	X("GET", "/v1/operations/{operation}", ts_h_operations_get, NULL, NULL, TS_BODY_NONE,  \
 	  false, "")                                                                           \
 	X("POST", "/v1/operations/{operation}:cancel", ts_h_operations_cancel, NULL, NULL,     \
+	  TS_BODY_NONE, false, "")                                                             \
+	X("DELETE", "/v1/operations/{operation}", ts_h_operations_delete, NULL, NULL,          \
 	  TS_BODY_NONE, false, "")                                                             \
 	X("POST", "/v1/shardings", ts_h_shardings_create, NULL, NULL, TS_BODY_JSON, false, "") \
 	X("GET", "/v1/shardings", ts_h_shardings_list, NULL, NULL, TS_BODY_NONE, false, "")    \
