@@ -18,6 +18,8 @@
 	X("GET", "/healthz", ts_h_livez, NULL, NULL, TS_BODY_NONE, true, "")                   \
 	X("GET", "/readyz", NULL, ts_s_readyz, NULL, TS_BODY_NONE, true, "")                   \
 	X("GET", "/metrics", NULL, ts_s_metrics, NULL, TS_BODY_NONE, true, "")                 \
+	X("GET", "/openapi.yaml", NULL, ts_s_openapi, NULL, TS_BODY_NONE, false, "")           \
+	X("GET", "/dashboard", NULL, ts_s_dashboard, NULL, TS_BODY_NONE, false, "")            \
 	X("GET", "/v1/backends", ts_h_backends_list, NULL, NULL, TS_BODY_NONE, false, "")      \
 	X("GET", "/v1/devices", ts_h_devices_list, NULL, NULL, TS_BODY_NONE, false, "")        \
 	X("GET", "/v1/devices/{device}", ts_h_devices_get, NULL, NULL, TS_BODY_NONE, false, "") \

@@ -755,6 +755,11 @@ START_TEST(test_create_bad_specs)
 	/* float32 only: other dtypes are not implemented */
 	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 	           "\"dtype\": \"bfloat16\"}", 501, "UNIMPLEMENTED", "BAD_DTYPE", "bfloat16", NULL);
+	/* what is no dtype at all is a bad argument (schemathesis: "" was 501) */
+	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	           "\"dtype\": \"\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "''", NULL);
+	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	           "\"dtype\": \"f32\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "'f32'", NULL);
 	/* nothing was created */
 	list = get_json("/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);

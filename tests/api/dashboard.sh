@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# dashboard.sh - GET /dashboard in headless Chromium against a live tstaged:
+# the page draws a bar for every (device, memory kind) space /v1/memory
+# lists, and after an upload it shows the array with its placement and the
+# space's bytes in use grown by the array's size; a screenshot goes to
+# build/dashboard.png. Then, with --token-file, the page (and the spec) are
+# behind the token as the API is.
+#
+# Chromium runs offline (--headless, no sandbox as root, no first-run
+# requests); --virtual-time-budget lets the page's fetches and first draw
+# finish before --dump-dom writes the DOM.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/api/lib.sh
+
+CHROMIUM=${CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
+[ -n "$CHROMIUM" ] || { echo "dashboard: no chromium (scripts/deps.sh installs it)" >&2; exit 1; }
+
+chrome() {
+	timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+		--no-first-run --disable-extensions --disable-background-networking \
+		--user-data-dir="$API_TMP/chrome" --virtual-time-budget=4000 "$@" 2>>"$API_TMP/chrome.log"
+}
+
+start_daemon dash
+base=http://127.0.0.1:$PORT
+curl -sf "$base/v1/memory" >"$API_TMP/memory0.json"
+chrome --dump-dom "$base/dashboard" >"$API_TMP/before.html"
+
+# 1 MiB on sim:0's pinned_host, committed
+head -c 1048576 /dev/urandom >"$API_TMP/mib"
+curl -sf -o /dev/null -X PUT --data-binary "@$API_TMP/mib" \
+	"$base/v1/arrays/dash.tokens?dtype=uint16&shape=512,1024&device=sim:0&memory_kind=pinned_host"
+curl -sf "$base/v1/memory" >"$API_TMP/memory1.json"
+chrome --dump-dom "$base/dashboard" >"$API_TMP/after.html"
+mkdir -p build
+chrome --window-size=1280,1000 --hide-scrollbars --screenshot="$PWD/build/dashboard.png" \
+	"$base/dashboard" >/dev/null
+[ -s build/dashboard.png ] || { echo "dashboard: no screenshot written" >&2; exit 1; }
+
+python3 tests/api/check_dashboard.py "$API_TMP/memory0.json" "$API_TMP/before.html" \
+	"$API_TMP/memory1.json" "$API_TMP/after.html" dash.tokens sim:0/pinned_host 1048576
+
+# behind the token, as /v1 is; the health routes stay open
+printf 'dash-secret-0123456789\n' >"$API_TMP/token"
+start_daemon tok --token-file "$API_TMP/token"
+tbase=http://127.0.0.1:$PORT
+for path in /dashboard /openapi.yaml; do
+	code=$(curl -s -o /dev/null -w '%{http_code}' "$tbase$path")
+	[ "$code" = 401 ] || { echo "dashboard: $path without the token answered $code" >&2; exit 1; }
+	code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer dash-secret-0123456789' "$tbase$path")
+	[ "$code" = 200 ] || { echo "dashboard: $path with the token answered $code" >&2; exit 1; }
+done
+code=$(curl -s -o /dev/null -w '%{http_code}' "$tbase/livez")
+[ "$code" = 200 ] || { echo "dashboard: /livez behind a token answered $code" >&2; exit 1; }
+echo "dashboard: spaces drawn, upload shown, screenshot in build/dashboard.png, token enforced"
