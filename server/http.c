@@ -40,6 +40,7 @@
 #include "common/utf8.h"
 #include "server/http_tuning.h"
 #include "server/router.h"
+#include "server/server_routes.h"
 
 struct request {
 	struct ts_server *srv;
@@ -102,21 +103,77 @@ static bool valid_request_id(const char *s)
 	return n > 0;
 }
 
-/* Constant-time comparison of the presented bearer token. */
+/* Constant-time comparison of a presented token (n bytes) with the one. */
+static bool token_equal(const struct ts_server *srv, const char *given, size_t n)
+{
+	unsigned char diff = (unsigned char)(n != srv->token_len);
+
+	for (size_t i = 0; i < srv->token_len; i++)
+		diff |= (unsigned char)(srv->token[i] ^ (i < n ? given[i] : 0));
+	return diff == 0;
+}
+
+static int base64_value(char c)
+{
+	if (c >= 'A' && c <= 'Z')
+		return c - 'A';
+	if (c >= 'a' && c <= 'z')
+		return c - 'a' + 26;
+	if (c >= '0' && c <= '9')
+		return c - '0' + 52;
+	return c == '+' ? 62 : c == '/' ? 63 : -1;
+}
+
+/* Decodes standard base64 (padding optional) into out (cap bytes); the
+ * length, or -1 when it is no base64 or does not fit. */
+static long base64_decode(const char *s, char *out, size_t cap)
+{
+	unsigned acc = 0;
+	size_t n = 0;
+	int bits = 0;
+
+	for (; *s && *s != '='; s++) {
+		int v = base64_value(*s);
+
+		if (v < 0)
+			return -1;
+		acc = (acc << 6 | (unsigned)v) & 0xffffff;
+		bits += 6;
+		if (bits >= 8) {
+			bits -= 8;
+			if (n >= cap)
+				return -1;
+			out[n++] = (char)(acc >> bits & 0xff);
+		}
+	}
+	return (long)n;
+}
+
+/* Whether auth presents the token: "Bearer <token>", or HTTP Basic with the
+ * token as the password (any user name), which is what a browser sends
+ * after the prompt a 401 on /dashboard raises, and then for the page's own
+ * calls. Compared in constant time. */
 static bool token_ok(const struct ts_server *srv, const char *auth)
 {
-	static const char prefix[] = "Bearer ";
-	unsigned char diff = 0;
-	size_t n;
+	static const char bearer[] = "Bearer ", basic[] = "Basic ";
+	char buf[1024];
+	const char *colon;
+	long n;
+	bool ok;
 
-	if (!auth || strncmp(auth, prefix, sizeof prefix - 1) != 0)
+	if (!auth)
 		return false;
-	auth += sizeof prefix - 1;
-	n = strlen(auth);
-	diff = (unsigned char)(n != srv->token_len);
-	for (size_t i = 0; i < srv->token_len; i++)
-		diff |= (unsigned char)(srv->token[i] ^ (i < n ? auth[i] : 0));
-	return diff == 0;
+	if (strncmp(auth, bearer, sizeof bearer - 1) == 0) {
+		auth += sizeof bearer - 1;
+		return token_equal(srv, auth, strlen(auth));
+	}
+	if (strncasecmp(auth, basic, sizeof basic - 1) != 0)
+		return false;
+	n = base64_decode(auth + sizeof basic - 1, buf, sizeof buf);
+	colon = n > 0 ? memchr(buf, ':', (size_t)n) : NULL;
+	ok = colon && token_equal(srv, colon + 1, (size_t)(buf + n - (colon + 1)));
+	explicit_bzero(buf, sizeof buf);
+	return ok;
 }
 
 /* Hot-path string copies (request_new): no printf per request. */
@@ -403,7 +460,10 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
 		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
 		              "a valid 'Authorization: Bearer <token>' header is required");
-		ts_reply_header(&rq->reply, "WWW-Authenticate", "Bearer realm=\"tstage\"");
+		/* a browser asks for the token (as the password) on the page */
+		ts_reply_header(&rq->reply, "WWW-Authenticate",
+		                route->sfn == ts_s_dashboard ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                                             : "Bearer realm=\"tstage\"");
 		return;
 	}
 	if (!request_args_ok(rq, conn))

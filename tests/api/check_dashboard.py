@@ -3,7 +3,8 @@
 dashboard's DOM (as Chromium dumped it) against /v1/memory read at the same
 moment: one bar per space with its used, peak and limit; after the upload of
 ARRAY (NBYTES on SPACE, "device/memory_kind"), the array's row with that
-placement and the space's bytes in use grown by NBYTES."""
+placement and the space's bytes in use grown by NBYTES.
+check_dashboard.py --spaces MEM DOM checks the spaces of one page only."""
 import html.parser
 import json
 import sys
@@ -57,6 +58,10 @@ def check(label, dom, mem):
 
 
 def main():
+    if sys.argv[1] == "--spaces":
+        n = len(check("page", parse(sys.argv[3]), sys.argv[2]))
+        print(f"dashboard: {n} spaces drawn")
+        return
     mem0, dom0, mem1, dom1, array, space, nbytes = sys.argv[1:8]
     nbytes = int(nbytes)
     before, after = parse(dom0), parse(dom1)

@@ -41,16 +41,30 @@ chrome --window-size=1280,1000 --hide-scrollbars --screenshot="$PWD/build/dashbo
 python3 tests/api/check_dashboard.py "$API_TMP/memory0.json" "$API_TMP/before.html" \
 	"$API_TMP/memory1.json" "$API_TMP/after.html" dash.tokens sim:0/pinned_host 1048576
 
-# behind the token, as /v1 is; the health routes stay open
-printf 'dash-secret-0123456789\n' >"$API_TMP/token"
+# behind the token, as /v1 is; the health routes stay open. A browser is
+# asked for the token (Basic, the token as the password): Chromium given it
+# in the URL draws the page from calls that carry it.
+token=dash-secret-0123456789
+printf '%s\n' "$token" >"$API_TMP/token"
 start_daemon tok --token-file "$API_TMP/token"
 tbase=http://127.0.0.1:$PORT
+status() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
 for path in /dashboard /openapi.yaml; do
-	code=$(curl -s -o /dev/null -w '%{http_code}' "$tbase$path")
-	[ "$code" = 401 ] || { echo "dashboard: $path without the token answered $code" >&2; exit 1; }
-	code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Authorization: Bearer dash-secret-0123456789' "$tbase$path")
-	[ "$code" = 200 ] || { echo "dashboard: $path with the token answered $code" >&2; exit 1; }
+	for how in none bearer basic wrong; do
+		case $how in
+		none) code=$(status "$tbase$path"); want=401 ;;
+		bearer) code=$(status -H "Authorization: Bearer $token" "$tbase$path"); want=200 ;;
+		basic) code=$(status -u "ops:$token" "$tbase$path"); want=200 ;;
+		wrong) code=$(status -u "ops:x$token" "$tbase$path"); want=401 ;;
+		esac
+		[ "$code" = "$want" ] ||
+			{ echo "dashboard: $path, token $how: $code, want $want" >&2; exit 1; }
+	done
 done
-code=$(curl -s -o /dev/null -w '%{http_code}' "$tbase/livez")
-[ "$code" = 200 ] || { echo "dashboard: /livez behind a token answered $code" >&2; exit 1; }
+curl -s -D - -o /dev/null "$tbase/dashboard" | grep -qi '^WWW-Authenticate: Basic' ||
+	{ echo "dashboard: no Basic challenge on /dashboard" >&2; exit 1; }
+[ "$(status "$tbase/livez")" = 200 ] || { echo "dashboard: /livez behind a token" >&2; exit 1; }
+curl -sf -u "ops:$token" "$tbase/v1/memory" >"$API_TMP/memory2.json"
+chrome --dump-dom "http://ops:$token@127.0.0.1:$PORT/dashboard" >"$API_TMP/token.html"
+python3 tests/api/check_dashboard.py --spaces "$API_TMP/memory2.json" "$API_TMP/token.html"
 echo "dashboard: spaces drawn, upload shown, screenshot in build/dashboard.png, token enforced"
