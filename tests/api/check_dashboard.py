@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""check_dashboard.py MEM0 DOM0 MEM1 DOM1 ARRAY SPACE NBYTES - checks the
+"""check_dashboard.py MEM0 DOM0 MEM1 DOM1 ARRAY SPACE NBYTES [OP TOTAL] - checks the
 dashboard's DOM (as Chromium dumped it) against /v1/memory read at the same
 moment: one bar per space with its used, peak and limit; after the upload of
 ARRAY (NBYTES on SPACE, "device/memory_kind"), the array's row with that
-placement and the space's bytes in use grown by NBYTES.
+placement and the space's bytes in use grown by NBYTES, and operation OP in
+flight with TOTAL units to do.
 check_dashboard.py --spaces MEM DOM checks the spaces of one page only."""
 import html.parser
 import json
@@ -14,12 +15,15 @@ class Dom(html.parser.HTMLParser):
     def __init__(self):
         super().__init__()
         self.spaces, self.arrays, self.errors, self.updated = {}, {}, [], False
+        self.operations = {}
         self._in_error = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if "data-space" in a:
             self.spaces[a["data-space"]] = {k: int(a["data-" + k]) for k in ("used", "peak", "limit")}
+        if "data-operation" in a:
+            self.operations[a["data-operation"]] = (int(a["data-done"]), int(a["data-total"]))
         if "data-array" in a:
             self.arrays[a["data-array"]] = a.get("data-placement", "")
         if tag == "body" and "data-updated" in a:
@@ -78,7 +82,14 @@ def main():
         sys.exit(f"after: {space} in use grew by {grown} bytes on the page, want {nbytes}")
     if after.spaces[space]["peak"] < after.spaces[space]["used"]:
         sys.exit(f"after: {space} peak below in use: {after.spaces[space]}")
-    print(f"dashboard: {len(after.spaces)} spaces drawn; '{array}' shown on {space}, +{grown} bytes")
+    if len(sys.argv) > 9:
+        op, total = sys.argv[8], int(sys.argv[9])
+        if op not in after.operations:
+            sys.exit(f"after: operation {op} in flight not shown (rows: {sorted(after.operations)})")
+        if after.operations[op][1] != total:
+            sys.exit(f"after: operation {op} shows a total of {after.operations[op][1]}, want {total}")
+    print(f"dashboard: {len(after.spaces)} spaces drawn; '{array}' shown on {space}, +{grown} bytes; "
+          f"{len(after.operations)} operation(s) in flight shown")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # dashboard.sh - GET /dashboard in headless Chromium against a live tstaged:
 # the page draws a bar for every (device, memory kind) space /v1/memory
 # lists, and after an upload it shows the array with its placement and the
-# space's bytes in use grown by the array's size; a screenshot goes to
+# space's bytes in use grown by the array's size, and a training run in
+# flight with its progress in steps; a screenshot goes to
 # build/dashboard.png. Then, with --token-file, the page (and the spec) are
 # behind the token as the API is.
 #
@@ -32,14 +33,23 @@ head -c 1048576 /dev/urandom >"$API_TMP/mib"
 curl -sf -o /dev/null -X PUT --data-binary "@$API_TMP/mib" \
 	"$base/v1/arrays/dash.tokens?dtype=uint16&shape=512,1024&device=sim:0&memory_kind=pinned_host"
 curl -sf "$base/v1/memory" >"$API_TMP/memory1.json"
+# and a training run in flight: a 10-layer MLP stepping until cancelled
+curl -sf -o /dev/null -X POST "$base/v1/models?wait=true" \
+	-d '{"name": "dash", "mlp": {"layers": 10, "d_model": 256, "d_hidden": 1024}}'
+head -c 262144 /dev/zero >"$API_TMP/x"
+curl -sf -o /dev/null -X PUT --data-binary "@$API_TMP/x" "$base/v1/arrays/dash.x?dtype=float32&shape=256,256"
+op=$(curl -sf -X POST "$base/v1/models/dash:step" -d '{"inputs": "dash.x", "steps": 1000000}' |
+	python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["id"])')
 chrome --dump-dom "$base/dashboard" >"$API_TMP/after.html"
 mkdir -p build
 chrome --window-size=1280,1000 --hide-scrollbars --screenshot="$PWD/build/dashboard.png" \
 	"$base/dashboard" >/dev/null
 [ -s build/dashboard.png ] || { echo "dashboard: no screenshot written" >&2; exit 1; }
 
+curl -sf -o /dev/null -X POST "$base/v1/operations/$op:cancel"
 python3 tests/api/check_dashboard.py "$API_TMP/memory0.json" "$API_TMP/before.html" \
-	"$API_TMP/memory1.json" "$API_TMP/after.html" dash.tokens sim:0/pinned_host 1048576
+	"$API_TMP/memory1.json" "$API_TMP/after.html" dash.tokens sim:0/pinned_host 1048576 \
+	"$op" 1000000
 
 # behind the token, as /v1 is; the health routes stay open. A browser is
 # asked for the token (Basic, the token as the password): Chromium given it
