@@ -135,6 +135,9 @@ $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -DTS_HAVE_CUDA=1 -c $< -o $@
 
+# the documents the daemon serves are assembled into it (.incbin)
+$(BUILD)/obj/server/assets.o: openapi.yaml server/dashboard.html
+
 # nvcc writes no dependency files: the CUDA kernels' headers by hand
 $(BUILD)/obj/train/cuda_kernels.cu.o: train/kernels_math.h train/kernels_int.h train/kernels.h
 

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "formats/dtype.h"
 #include "storage/array.h"
 
 static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
@@ -235,6 +236,7 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
+	enum ts_dtype dt;
 	json_int_t layers = 0, d = 0, h = 0, steps = 0;
 	int residual = 0;
 	json_error_t jerr;
@@ -270,6 +272,9 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	if (layers < 1 || d < 1 || h < 0 || layers > 4096 || d > 65536 || h > 65536)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.layers, mlp.d_model (and mlp.d_hidden) must be positive");
+	if (!ts_dtype_parse(dtype, &dt))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
+		                    "dtype '%.32s' is not a dtype (models train in float32)", dtype);
 	if (strcmp(dtype, "float32") != 0)
 		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
 		                    "models train in float32; dtype '%s' is not supported", dtype);

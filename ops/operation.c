@@ -58,6 +58,7 @@ struct ts_operation {
 	char target[136];                   /* immutable; "" when none */
 	char unit[16];                      /* immutable */
 	uint64_t create_ns;                 /* immutable: wall clock */
+	uint64_t seq;                       /* immutable once listed: creation order */
 	ts_op_fn *fn;                       /* immutable */
 	void *arg;                          /* immutable; handed to release once */
 	void (*release)(void *arg);         /* immutable */
@@ -685,7 +686,8 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 		ts_error_meta(err, "operation", "%s", holder->id);
 		goto out_unlock;
 	}
-	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
+	op->seq = ++r->next_seq;
+	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(op->seq ^ r->salt));
 	if (ts_registry_reserve(&r->ids, 1, NULL) != TS_OK) {
 		st = ts_error_oom(err, "no memory for a %s operation", kind);
 		goto out_unlock;
@@ -721,12 +723,21 @@ struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)
 ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
                      struct ts_operation ***out, size_t *n, struct ts_error *err)
 {
-	struct ts_operation **ops = NULL, *dropped;
+	return ts_op_list_before(r, only, 0, limit, out, n, NULL, err);
+}
+
+ts_status ts_op_list_before(struct ts_op_registry *r, int only, uint64_t before, size_t limit,
+                            struct ts_operation ***out, size_t *n, bool *more,
+                            struct ts_error *err)
+{
+	struct ts_operation **ops = NULL, *dropped, *op;
 	ts_status st = TS_OK;
 	size_t k = 0;
 
 	*out = NULL;
 	*n = 0;
+	if (more)
+		*more = false;
 	if (only < -1 || only > TS_OP_CANCELLED)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_STATE",
 		                    "operation state %d is not one of the five", only);
@@ -739,10 +750,19 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
 		st = ts_error_oom(err, "no memory to list %zu operations", limit);
 		goto out_unlock;
 	}
-	for (struct ts_operation *op = r->newest; op && k < limit; op = op->older) {
+	/* newest first: sequence numbers fall along the older links */
+	for (op = r->newest; op && before && op->seq >= before; op = op->older)
+		;
+	for (; op; op = op->older) {
 		/* a state changes only under the registry's lock too */
-		if (only < 0 || op->state == (enum ts_op_state)only)
-			ops[k++] = ts_operation_ref(op);
+		if (only >= 0 && op->state != (enum ts_op_state)only)
+			continue;
+		if (k == limit) {
+			if (more)
+				*more = true;
+			break;
+		}
+		ops[k++] = ts_operation_ref(op);
 	}
 	*out = ops;
 	*n = k;
@@ -750,6 +770,35 @@ out_unlock:
 	ts_mutex_unlock(&r->lk);
 	unref_chain(dropped);
 	return st;
+}
+
+ts_status ts_op_remove(struct ts_op_registry *r, struct ts_operation *op, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+	bool listed;
+
+	ts_mutex_lock(&r->lk);
+	listed = ts_registry_get(&r->ids, op->id) == op;
+	if (!listed) {
+		st = ts_error_set(err, TS_NOT_FOUND, "OPERATION_NOT_FOUND",
+		                  "operation '%s' not found", op->id);
+	} else if (op->where != WHERE_FINISHED) {
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "OPERATION_RUNNING",
+		                  "operation '%s' has not finished; cancel it, or wait for it, "
+		                  "before deleting it", op->id);
+		ts_error_meta(err, "operation", "%s", op->id);
+	} else {
+		unlist_locked(r, op);
+	}
+	ts_mutex_unlock(&r->lk);
+	if (listed && st == TS_OK)
+		ts_operation_unref(op);   /* the registry's reference */
+	return st;
+}
+
+uint64_t ts_operation_seq(const struct ts_operation *op)
+{
+	return op->seq;
 }
 
 void ts_op_list_free(struct ts_operation **ops, size_t n)

@@ -135,6 +135,24 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
                      struct ts_operation ***out, size_t *n, struct ts_error *err);
 void ts_op_list_free(struct ts_operation **ops, size_t n);
 
+/* ts_op_list resuming a listing: only operations created before the one
+ * whose ts_operation_seq is `before` (0: from the newest; that operation
+ * need not be listed any more). *more (may be NULL) tells whether matching
+ * operations remain past the last one returned. */
+ts_status ts_op_list_before(struct ts_op_registry *r, int only, uint64_t before, size_t limit,
+                            struct ts_operation ***out, size_t *n, bool *more,
+                            struct ts_error *err);
+
+/* Unlists a finished operation (AIP-151 DeleteOperation): it is no longer
+ * found, listed or counted; references held elsewhere stay valid.
+ * FAILED_PRECONDITION (reason OPERATION_RUNNING) while it is pending or
+ * running; NOT_FOUND when it is no longer listed. op is borrowed. */
+ts_status ts_op_remove(struct ts_op_registry *r, struct ts_operation *op, struct ts_error *err);
+
+/* Its creation order in its registry: later operations have larger
+ * numbers (from 1). For resuming listings. */
+uint64_t ts_operation_seq(const struct ts_operation *op);
+
 /* Counts per state of the operations listed now (finished ones until
  * retention drops them), for metrics. counts has TS_OP_CANCELLED + 1
  * entries. */

@@ -14,6 +14,10 @@ pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
 pkgs+=(python3-venv)
 # make bench (TS_DEPS_BENCH=1) adds the servers its references run
 [ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
+# the API checks (TS_DEPS_API=1, tests/api/*.sh): headless Chromium for the
+# dashboard, PyYAML for the route-vs-spec check, venv for their PyPI tools
+# (openapi-spec-validator, schemathesis: installed by tests/api/lib.sh under build/)
+[ "${TS_DEPS_API:-0}" = 1 ] && pkgs+=(chromium python3-yaml python3-venv)
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")
 
 missing=()

@@ -76,6 +76,9 @@ static const struct opt options[] = {
 	{"body-min-rate", OPT_SIZE, F(body_min_rate), 0, 0, "64KiB",
 	 "bytes per second such an upload must average once body-idle-timeout has passed "
 	 "(0: no minimum)"},
+	{"wait-limit", OPT_INT, F(wait_limit), 1, 3600, "60",
+	 "seconds a call that waits for its operation (?wait=true, Prefer: wait=N, :wait) "
+	 "holds its connection; then it answers 202 with the operation still running"},
 	{"host-name", OPT_STRING, F(host_name), 0, 0, "gethostname()",
 	 "the host every device reports (in Kubernetes the node's name, not the pod's)"},
 	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
@@ -110,6 +113,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->connection_timeout = 60;
 	cfg->body_idle_timeout = 15;
 	cfg->body_min_rate = 64ull << 10;
+	cfg->wait_limit = 60;
 }
 
 static bool parse_bool(const char *s, bool *out)

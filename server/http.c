@@ -40,6 +40,7 @@
 #include "common/utf8.h"
 #include "server/http_tuning.h"
 #include "server/router.h"
+#include "server/server_routes.h"
 
 struct request {
 	struct ts_server *srv;
@@ -171,21 +172,44 @@ static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
 		snprintf(buf, cap, "unix");
 }
 
-/* Constant-time comparison of the presented bearer token. */
-static bool token_ok(const struct ts_server *srv, const char *auth)
+/* Constant-time comparison of a presented token (n bytes) with the one. */
+static bool token_equal(const struct ts_server *srv, const char *given, size_t n)
 {
-	static const char prefix[] = "Bearer ";
-	unsigned char diff = 0;
-	size_t n;
+	unsigned char diff = (unsigned char)(n != srv->token_len);
 
-	if (!auth || strncmp(auth, prefix, sizeof prefix - 1) != 0)
-		return false;
-	auth += sizeof prefix - 1;
-	n = strlen(auth);
-	diff = (unsigned char)(n != srv->token_len);
 	for (size_t i = 0; i < srv->token_len; i++)
-		diff |= (unsigned char)(srv->token[i] ^ (i < n ? auth[i] : 0));
+		diff |= (unsigned char)(srv->token[i] ^ (i < n ? given[i] : 0));
 	return diff == 0;
+}
+
+/* Whether the request presents the token: "Authorization: Bearer <token>",
+ * or HTTP Basic with the token as the password (any user name; decoded by
+ * libmicrohttpd), which is what a browser sends after the prompt a 401 on
+ * /dashboard raises, and then for the page's own calls. Compared in
+ * constant time. */
+static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
+{
+	static const char bearer[] = "Bearer ";
+	const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	                                               MHD_HTTP_HEADER_AUTHORIZATION);
+	char *user, *pass = NULL;
+	bool ok;
+
+	if (!auth)
+		return false;
+	if (strncmp(auth, bearer, sizeof bearer - 1) == 0) {
+		auth += sizeof bearer - 1;
+		return token_equal(srv, auth, strlen(auth));
+	}
+	user = MHD_basic_auth_get_username_password(conn, &pass);
+	ok = user && pass && token_equal(srv, pass, strlen(pass));
+	if (pass) {
+		explicit_bzero(pass, strlen(pass));
+		MHD_free(pass);
+	}
+	if (user)
+		MHD_free(user);
+	return ok;
 }
 
 /* Hot-path string copies (request_new): no printf per request. */
@@ -476,11 +500,13 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	if (request_draining(rq, route))
 		return;
 	if (srv->token_len && !route->public_route && !on_unix_socket(conn) &&
-	    !token_ok(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
+	    !token_ok(srv, conn)) {
 		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
 		              "a valid 'Authorization: Bearer <token>' header is required");
-		ts_reply_header(&rq->reply, "WWW-Authenticate", "Bearer realm=\"tstage\"");
+		/* a browser asks for the token (as the password) on the page */
+		ts_reply_header(&rq->reply, "WWW-Authenticate",
+		                route->sfn == ts_s_dashboard ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                                             : "Bearer realm=\"tstage\"");
 		return;
 	}
 	if (!request_args_ok(rq, conn))
@@ -573,6 +599,8 @@ static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 		route->sfn(rq->srv, &call, &rq->reply);
 	if (rq->reply.kind == TS_REPLY_NONE)
 		ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the handler gave no answer");
+	if (strcmp(route->method, "GET") == 0)      /* GET and HEAD: conditional */
+		ts_reply_not_modified(&rq->reply, ts_call_header(&call, "If-None-Match"));
 }
 
 static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn);

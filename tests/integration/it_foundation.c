@@ -780,6 +780,58 @@ START_TEST(test_token_auth)
 }
 END_TEST
 
+/* HTTP Basic with the token as the password (what a browser sends after
+ * the prompt /dashboard's 401 raises) is the token too; the page and the
+ * API description are behind it, the challenge on the page is Basic. */
+START_TEST(test_token_basic)
+{
+	/* base64 of "tstage:" TOKEN, of ":" TOKEN, of "tstage:" + a wrong one,
+	 * of the token alone (no colon) */
+	static const char *const user[] = {
+		"Authorization: Basic dHN0YWdlOjAxMjM0NTY3ODlhYmNkZWZnaGlqQUJDREVGR0hJSnh5", NULL};
+	static const char *const nouser[] = {
+		"Authorization: Basic OjAxMjM0NTY3ODlhYmNkZWZnaGlqQUJDREVGR0hJSnh5", NULL};
+	static const char *const wrong[] = {
+		"Authorization: Basic dHN0YWdlOjAxMjM0NTY3ODlhYmNkZWZnaGlqQUJDREVGR0hJSnh6", NULL};
+	static const char *const nocolon[] = {
+		"Authorization: Basic MDEyMzQ1Njc4OWFiY2RlZmdoaWpBQkNERUZHSElKeHk=", NULL};
+	static const char *const notb64[] = {"Authorization: Basic ***", NULL};
+	static const char *const paths[] = {"/v1/devices", "/dashboard", "/openapi.yaml"};
+	char file[512];
+	const char *args[] = {"--token-file", NULL, NULL};
+	struct th_daemon d;
+	struct th_response r;
+
+	args[1] = th_write_temp("token", TOKEN "\n", file, sizeof file);
+	th_daemon_start(&d, args);
+	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+		th_request(&d, "GET", paths[i], user, NULL, 0, &r);
+		ck_assert_msg(r.status == 200, "%s with Basic: %ld", paths[i], r.status);
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], nouser, NULL, 0, &r);
+		ck_assert_msg(r.status == 200, "%s with Basic, no user: %ld", paths[i], r.status);
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], wrong, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], nocolon, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], notb64, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		th_response_free(&r);
+		th_get(&d, paths[i], &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		ck_assert_str_eq(th_header(&r, "WWW-Authenticate"),
+		                 strcmp(paths[i], "/dashboard") == 0
+		                     ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                     : "Bearer realm=\"tstage\"");
+		th_response_free(&r);
+	}
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(test_token_file_bad)
 {
 	char file[512];
@@ -1145,6 +1197,7 @@ static Suite *foundation_suite(void)
 	tc = tcase_create("daemons");
 	tcase_add_test(tc, test_backends_cuda_discovery);
 	tcase_add_test(tc, test_token_auth);
+	tcase_add_test(tc, test_token_basic);
 	tcase_add_test(tc, test_token_file_bad);
 	tcase_add_test(tc, test_insecure_bind_refused);
 	tcase_add_test(tc, test_insecure_bind_allowed);
