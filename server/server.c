@@ -238,6 +238,10 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for the saved shardings");
 		goto out_free;
 	}
+	if (!srv->core.models) {
+		st = ts_error_oom(err, "no memory for the model registry");
+		goto out_free;
+	}
 	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
 	                                                          .keep_ns = 3600ull * 1000000000ull},
 	                        &srv->core.operations, err);
