@@ -209,12 +209,12 @@ START_TEST(locks_know_their_holder)
 	ck_assert_int_eq(ts_rwlock_init(&l), 0);
 	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l) && !ts_rwlock_writing(&l));
 	ts_mutex_lock(&m);
+	ck_assert_int_ne(ts_mutex_wait(&m, &c, &past), 0);   /* times out, held again */
+	ck_assert(ts_mutex_held(&m));
 	ts_rwlock_wrlock(&l);
 	ck_assert(ts_mutex_held(&m) && ts_rwlock_writing(&l) && ts_rwlock_held(&l));
 	probe(&p);                    /* another thread holds neither */
 	ck_assert(!p.mutex_held && !p.writing && !p.held);
-	ck_assert_int_ne(ts_mutex_wait(&m, &c, &past), 0);   /* times out, held again */
-	ck_assert(ts_mutex_held(&m));
 	ts_rwlock_unlock(&l);
 	ts_mutex_unlock(&m);
 	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l));
