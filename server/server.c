@@ -337,6 +337,10 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for the saved shardings");
 		goto out_free;
 	}
+	if (!srv->core.models) {
+		st = ts_error_oom(err, "no memory for the model registry");
+		goto out_free;
+	}
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
 	if (!srv->metrics || !srv->core.memory_view) {
 		st = ts_error_oom(err, "no memory for metrics");
