@@ -194,6 +194,7 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 		break;
 	case TS_ROLE_GRAD_W1:
 	case TS_ROLE_GRAD_W2:
+	case TS_ROLE_OUTPUT:
 		for (size_t i = 0; i < n; i++)
 			x[i] = NAN;
 		break;
@@ -203,10 +204,26 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 	}
 }
 
+static void job_bind(unsigned seed, struct job *j);
+
 static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
                     const struct ts_policy *pol, unsigned seed, struct job *j)
 {
 	OK(ts_plan_build(m, o, batch, pol, &j->plan, &err));
+	job_bind(seed, j);
+}
+
+/* An evaluation's job (ts_plan_build_eval), its arguments as job_new's. */
+static void job_new_eval(const struct ts_mlp *m, int batch, const struct ts_policy *pol,
+                         bool outputs, enum ts_memory_kind kind, unsigned seed, struct job *j)
+{
+	OK(ts_plan_build_eval(m, batch, pol, outputs, kind, &j->plan, &err));
+	job_bind(seed, j);
+}
+
+/* Allocates and fills the plan's arguments. */
+static void job_bind(unsigned seed, struct job *j)
+{
 	j->args = calloc((size_t)j->plan.nbufs, sizeof *j->args);
 	j->outs = calloc((size_t)j->plan.nbufs, sizeof *j->outs);
 	ck_assert_ptr_nonnull(j->args);
@@ -1241,6 +1258,78 @@ START_TEST(bad_arguments_refused)
 }
 END_TEST
 
+/* ---- evaluation ---------------------------------------------------------------- */
+
+/* An evaluation under every params placement, prefetch and outputs kind:
+ * its measured peak and bytes are the plan's (job_run), its loss is the
+ * step's before the update (bit for bit where exact), its outputs agree
+ * with its loss and are the same under every policy, and it writes no
+ * argument. */
+START_TEST(evaluation_is_the_steps_forward)
+{
+	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
+	                         .residual = true, .loss = TS_LOSS_MSE};
+	struct ts_policy dp = guide_policy(false, false, 0);
+	struct ts_exec_result rs, r;
+	struct job st, first;
+	bool have = false;
+
+	job_new(&m, &grads_only, 32, &dp, 3, &st);
+	job_run(&st, 1, &rs);
+	for (int k = 0; k < 8; k++) {
+		struct ts_policy pol = guide_policy(k & 1, false, (k >> 1) & 1);
+		enum ts_memory_kind kind = k & 4 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE;
+		size_t nw0, nw1, no, nt;
+		float *w0, *w1, *out, *tgt;
+		double sum = 0;
+		struct job ev;
+		char what[96];
+
+		snprintf(what, sizeof what, "evaluation params_host=%d prefetch=%d outputs %s", k & 1,
+		         (k >> 1) & 1, ts_memory_kind_name(kind));
+		job_new_eval(&m, 32, &pol, true, kind, 3, &ev);
+		w0 = job_read(&ev, TS_ROLE_W1, &nw0);
+		job_run(&ev, 1, &r);
+		say(what, &ev.plan, &r);
+		{
+			struct ts_plan sp;      /* a step under the same policy needs more */
+
+			OK(ts_plan_build(&m, &grads_only, 32, &pol, &sp, &err));
+			ck_assert_uint_lt(ev.plan.temp_size_in_bytes, sp.temp_size_in_bytes);
+			ts_plan_release(&sp);
+		}
+		same_loss(r.loss, rs.loss, what);
+		w1 = job_read(&ev, TS_ROLE_W1, &nw1);
+		ck_assert_uint_eq(nw0, nw1);
+		ck_assert_msg(memcmp(w0, w1, nw0 * sizeof *w0) == 0, "%s: w1 was written", what);
+		out = job_read(&ev, TS_ROLE_OUTPUT, &no);
+		tgt = job_read(&ev, TS_ROLE_TARGET, &nt);
+		ck_assert_uint_eq(no, (size_t)32 * 64);
+		ck_assert_uint_eq(nt, no);
+		for (size_t i = 0; i < no; i++) {
+			ck_assert_msg(isfinite(out[i]), "%s: outputs[%zu] not written", what, i);
+			sum += ((double)out[i] - tgt[i]) * ((double)out[i] - tgt[i]);
+		}
+		ck_assert_msg(fabs(sum / (double)no - r.loss) <= 1e-5 * fabs(r.loss),
+		              "%s: the outputs' mse %.9g is not the loss %.9g", what, sum / (double)no,
+		              (double)r.loss);
+		free(w0);
+		free(w1);
+		free(out);
+		free(tgt);
+		if (!have) {
+			first = ev;
+			have = true;
+			continue;
+		}
+		same_values(&first, &ev, TS_ROLE_OUTPUT, what);
+		job_free(&ev);
+	}
+	job_free(&first);
+	job_free(&st);
+}
+END_TEST
+
 static void add_common(TCase *tc)
 {
 	tcase_add_test(tc, guide_peaks_equal_the_plan);
@@ -1252,6 +1341,7 @@ static void add_common(TCase *tc)
 	tcase_add_test(tc, sgd_step_is_minus_lr_grad);
 	tcase_add_test(tc, out_of_memory_mid_step_releases_every_temp);
 	tcase_add_test(tc, bad_arguments_refused);
+	tcase_add_test(tc, evaluation_is_the_steps_forward);
 }
 
 static Suite *exec_suite(bool cuda)
