@@ -220,7 +220,7 @@ __global__ static void k_sumsq(const float *x, uint64_t n, float *acc)
 }
 
 /* One block: *value = the loss (overwritten); sum: grad 1; mse: grad
- * 2 (out - target) / n; grad NULL: the loss only. */
+ * 2 (out - target) / n. */
 __global__ static void k_loss(int loss, const float *out, const float *target, float *value,
                               float *grad, uint64_t n)
 {
@@ -229,16 +229,14 @@ __global__ static void k_loss(int loss, const float *out, const float *target, f
 	if (loss == TS_LOSS_SUM) {
 		LANE_STRIDE(i, n) {
 			s += out[i];
-			if (grad)
-				grad[i] = 1.0f;
+			grad[i] = 1.0f;
 		}
 	} else {
 		LANE_STRIDE(i, n) {
 			float d = ts_m_mse_diff(out[i], target[i]);
 
 			s += ts_m_sq(d);
-			if (grad)
-				grad[i] = ts_m_mse_grad(d, n);
+			grad[i] = ts_m_mse_grad(d, n);
 		}
 	}
 	s = lanes_reduce(s);

@@ -486,7 +486,7 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		o[n++] = opnd(a->a, a->aoff, nb, false, false);
 		o[n++] = opnd(a->b, a->boff, nb, false, true);
 		o[n++] = opnd(a->c, a->coff, sizeof(float), true, false);
-		o[n++] = opnd(a->d, 0, nb, true, true);     /* none: an evaluation */
+		o[n++] = opnd(a->d, 0, nb, true, false);
 		break;
 	case TS_P_SUMSQ:
 		o[n++] = opnd(a->a, a->aoff, nb, false, false);
@@ -535,7 +535,7 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		break;
 	case TS_P_LOSS:
 		st = ts_k_loss(k, q, p->mlp.loss, at(r, a->a, a->aoff), opt_at(r, a->b, a->boff),
-		               at(r, a->c, a->coff), opt_at(r, a->d, 0), a->n, err);
+		               at(r, a->c, a->coff), at(r, a->d, 0), a->n, err);
 		break;
 	case TS_P_SUMSQ:
 		st = ts_k_sumsq(k, q, at(r, a->a, a->aoff), a->n, at(r, a->b, a->boff), err);

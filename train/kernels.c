@@ -203,7 +203,7 @@ ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,
 		                    "loss: unknown loss %d", (int)loss);
 	if (n == 0)
 		return BAD(err, "loss: no elements");
-	if (!out || !loss_dev || (loss == TS_LOSS_MSE && !target))
+	if (!out || !loss_dev || !grad || (loss == TS_LOSS_MSE && !target))
 		return BAD(err, "loss: NULL operand");
 	return k->ops->loss(k->impl, q, loss, out, target, loss_dev, grad, n, err);
 }

@@ -67,7 +67,6 @@ ts_status ts_k_add(struct ts_kernels *k, struct ts_queue *q, const float *x, flo
  * The loss of out (n elements) against target (mse; NULL for sum) into
  * *loss_dev (one float in device memory, overwritten), and its gradient
  * into grad (n elements): sum -> 1 everywhere; mse -> 2 (out - target) / n.
- * grad NULL: the loss only (an evaluation), the same value bit for bit.
  * n == 0 is INVALID_ARGUMENT.
  */
 ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,

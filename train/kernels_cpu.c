@@ -185,8 +185,7 @@ static void run_loss(const struct job *j)
 		if (j->u.loss.loss == TS_LOSS_SUM) {
 			for (unsigned l = 0; l < lim; l++) {
 				part[l] += out[b + l];
-				if (grad)
-					grad[b + l] = 1.0f;
+				grad[b + l] = 1.0f;
 			}
 			continue;
 		}
@@ -194,8 +193,7 @@ static void run_loss(const struct job *j)
 			float d = ts_m_mse_diff(out[b + l], target[b + l]);
 
 			part[l] += ts_m_sq(d);
-			if (grad)
-				grad[b + l] = ts_m_mse_grad(d, n);
+			grad[b + l] = ts_m_mse_grad(d, n);
 		}
 	}
 	*j->u.loss.value = ts_m_loss_value(j->u.loss.loss, lanes_reduce(part), n);

@@ -1118,7 +1118,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
 	uint64_t wb, xb;
 	bool has2 = ts_mlp_has_w2(mlp);
-	int loss, xL, OUT = -1;
+	int loss, g, xL, OUT = -1;
 	struct ts_paction *a;
 	ts_status st;
 
@@ -1154,15 +1154,20 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	if (outputs)
 		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, xb);
 	xL = forward_eval(&b, OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1);
+	/* the step's loss kernel, for the same value bit for bit: its gradient
+	 * lands in a scratch temp that is freed at once */
 	loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
+	g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
 	a = emit(&b, TS_P_LOSS, -1, "loss");
 	if (a) {
 		a->a = xL;
 		a->b = b.TGT;
 		a->c = loss;
-		a->n = (uint64_t)batch * d;      /* d stays -1: no gradient */
+		a->d = g;
+		a->n = (uint64_t)batch * d;
 	}
 	release(&b, loss, -1, "loss");
+	release(&b, g, L, "loss");
 	if (OUT >= 0 && outputs_kind != TS_MEM_DEVICE)
 		copy(&b, OUT, 0, xL, 0, xb, L, "outputs");
 	if (xL != OUT && xL != b.IN)

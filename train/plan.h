@@ -163,7 +163,10 @@ void ts_plan_release(struct ts_plan *p);
  * OUTPUT buffer of role TS_ROLE_OUTPUT in outputs_kind (device: the last
  * layer writes it directly; pinned_host: copied out of a device temp). The
  * plan's optimizer is none and no argument is updated (no alias, version or
- * journal). Errors as ts_plan_build.
+ * journal). The loss kernel is the step's, gradient included: that gradient
+ * [batch, d] lands in a temp freed right after it (counted in the analysis;
+ * below the forward's peak unless the model has one layer). Errors as
+ * ts_plan_build.
  */
 ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
                              bool outputs, enum ts_memory_kind outputs_kind,

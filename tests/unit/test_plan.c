@@ -337,18 +337,21 @@ static void plan_eval(const struct ts_mlp *m, bool params_host, int prefetch, bo
 	              err.message);
 	ck_assert(p->evaluate);
 	check_schedule(p);
-	/* forward only: no gradient, no backward kernel, no update, nothing aliased */
+	/* forward only: no backward kernel, no update, nothing aliased; the loss
+	 * kernel's gradient is freed right after it */
 	for (int i = 0; i < p->nactions; i++) {
 		const struct ts_paction *a = &p->actions[i];
 
 		ck_assert_int_ne(a->op, TS_P_ACT_BWD);
 		ck_assert_int_ne(a->op, TS_P_UPDATE);
 		ck_assert_int_ne(a->op, TS_P_SUMSQ);
-		if (a->op == TS_P_LOSS)
-			ck_assert_int_eq(a->d, -1);
+		if (a->op == TS_P_LOSS) {
+			ck_assert_int_eq(p->bufs[a->d].role, TS_ROLE_G);
+			ck_assert_int_eq(p->actions[i + 2].op, TS_P_FREE);
+			ck_assert_int_eq(p->actions[i + 2].a, a->d);
+		}
 	}
 	for (int i = 0; i < p->nbufs; i++) {
-		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_G);
 		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_GX);
 		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_GRAD_W1);
 		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_GRAD_W2);
