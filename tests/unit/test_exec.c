@@ -24,6 +24,7 @@
 
 #include "device/backend.h"
 #include "train/exec.h"
+#include "train/session.h"
 
 #define MiB (1024.0 * 1024.0)
 
@@ -1330,6 +1331,82 @@ START_TEST(evaluation_is_the_steps_forward)
 }
 END_TEST
 
+/* The same through a session, by role: only params, inputs, targets and
+ * outputs have slots; the loss and outputs are the executor's. */
+START_TEST(evaluation_session_binds_by_role)
+{
+	const struct ts_mlp m = {.layers = 3, .d_model = 64, .d_hidden = 128, .act = TS_ACT_TANH,
+	                         .residual = true, .loss = TS_LOSS_MSE};
+	struct ts_policy pol = guide_policy(true, false, 1);
+	struct ts_session_config cfg = {.dev = dev, .memory = mem, .mlp = m, .policy = pol,
+	                                .batch = 16, .evaluate = true, .outputs = true,
+	                                .outputs_kind = TS_MEM_PINNED_HOST};
+	const struct ts_session_report *rep;
+	struct ts_session *sess;
+	struct ts_exec_result r;
+	struct job ev;
+	size_t nx, nt, no;
+	float *x, *t, *want;
+	void *px, *pt, *po;
+	uint64_t xb = 16 * 64 * sizeof(float);
+
+	job_new_eval(&m, 16, &pol, true, TS_MEM_PINNED_HOST, 5, &ev);
+	job_run(&ev, 1, &r);
+	x = job_read(&ev, TS_ROLE_INPUT, &nx);
+	t = job_read(&ev, TS_ROLE_TARGET, &nt);
+	want = job_read(&ev, TS_ROLE_OUTPUT, &no);
+	OK(ts_session_new(&cfg, &sess, &err));
+	ck_assert(ts_session_has_role(sess, TS_ROLE_W1) && ts_session_has_role(sess, TS_ROLE_W2));
+	ck_assert(ts_session_has_role(sess, TS_ROLE_OUTPUT));
+	ck_assert(!ts_session_has_role(sess, TS_ROLE_MU_W1));
+	ck_assert(!ts_session_has_role(sess, TS_ROLE_GRAD_W1));
+	ck_assert(!ts_session_versioned(sess, TS_ROLE_W1));
+	for (int k = 0; k < 2; k++) {
+		enum ts_pbuf_role role = k ? TS_ROLE_W2 : TS_ROLE_W1;
+		int i = role_index(&ev.plan, role);
+
+		OK(ts_session_bind(sess, role, ev.args[i], ev.plan.bufs[i].bytes, TS_MEM_PINNED_HOST,
+		                   &err));
+	}
+	OK(ts_space_alloc(psp, xb, &px, &err));
+	OK(ts_space_alloc(psp, xb, &pt, &err));
+	OK(ts_space_alloc(psp, xb, &po, &err));
+	memcpy(px, x, xb);
+	memcpy(pt, t, xb);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_bind(sess, TS_ROLE_OUTPUT, po, xb, TS_MEM_DEVICE, &err),
+	                 TS_FAILED_PRECONDITION);
+	ck_assert_ptr_nonnull(strstr(err.message, "outputs"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_bind(sess, TS_ROLE_MU_W1, po, xb, TS_MEM_DEVICE, &err),
+	                 TS_INVALID_ARGUMENT);
+	OK(ts_session_bind(sess, TS_ROLE_OUTPUT, po, xb, TS_MEM_PINNED_HOST, &err));
+	OK(ts_session_stage(sess, TS_ROLE_INPUT, &(struct ts_session_source){
+		.mem = px, .bytes = xb, .row_bytes = 64 * sizeof(float), .src_dev = dev,
+		.src_kind = TS_MEM_PINNED_HOST}, &err));
+	OK(ts_session_stage(sess, TS_ROLE_TARGET, &(struct ts_session_source){
+		.mem = pt, .bytes = xb, .row_bytes = 64 * sizeof(float), .src_dev = dev,
+		.src_kind = TS_MEM_PINNED_HOST}, &err));
+	OK(ts_session_run(sess, 1, 1, NULL, NULL, &err));
+	rep = ts_session_report(sess);
+	ck_assert_uint_eq(rep->steps, 1);
+	same_loss(rep->losses[0], r.loss, "session evaluation");
+	ck_assert_uint_eq(rep->measured_temp_peak, ts_session_plan(sess)->temp_size_in_bytes);
+	ck_assert_uint_eq(rep->staged_h2d_bytes, 2 * xb);
+	ck_assert(ts_session_plan(sess)->evaluate);
+	ck_assert_uint_eq(no * sizeof(float), xb);
+	ck_assert_msg(memcmp(po, want, xb) == 0, "the session's outputs are not the executor's");
+	ts_session_free(sess);
+	ts_space_release(psp, px, xb);
+	ts_space_release(psp, pt, xb);
+	ts_space_release(psp, po, xb);
+	free(x);
+	free(t);
+	free(want);
+	job_free(&ev);
+}
+END_TEST
+
 static void add_common(TCase *tc)
 {
 	tcase_add_test(tc, guide_peaks_equal_the_plan);
@@ -1342,6 +1419,7 @@ static void add_common(TCase *tc)
 	tcase_add_test(tc, out_of_memory_mid_step_releases_every_temp);
 	tcase_add_test(tc, bad_arguments_refused);
 	tcase_add_test(tc, evaluation_is_the_steps_forward);
+	tcase_add_test(tc, evaluation_session_binds_by_role);
 }
 
 static Suite *exec_suite(bool cuda)
