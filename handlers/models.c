@@ -479,7 +479,7 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_plan plan;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *batch, *pl, *outs = NULL;
+	json_t *body, *batch, *pl, *outs = NULL, *modej = NULL;
 	json_int_t B = 0, D = 0;
 	const char *mode = "step";
 	struct eval_outputs ev = {.kind = TS_MEM_DEVICE};
@@ -490,13 +490,20 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
 	pl = NULL;
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?s, s?o}", "batch", &batch,
-	                            "placement", &pl, "mode", &mode, "outputs", &outs) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o}", "batch", &batch,
+	                            "placement", &pl, "mode", &modej, "outputs", &outs) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"batch\": [B, d]})", jerr.text);
 		goto out_fail;
 	}
+	if (modej && !json_is_string(modej)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODE",
+		             "mode must be a string: \"step\" or \"evaluate\"");
+		goto out_fail;
+	}
+	if (modej)
+		mode = json_string_value(modej);
 	if (strcmp(mode, "step") != 0 && strcmp(mode, "evaluate") != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODE",
 		             "mode '%s' is not one of step, evaluate", mode);
