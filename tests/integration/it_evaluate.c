@@ -11,9 +11,10 @@
  * to pinned_host (streamed per layer) give the same loss and outputs bit for
  * bit; the measured peak equals the forward-only plan's prediction, which
  * :analyze with "mode": "evaluate" answers before any run and which is
- * below a step's; rows of a dataset as inputs; a step holding the weights
- * refuses an evaluation (409 naming it); bad requests are 4xx naming the
- * problem; a cancelled evaluation publishes nothing.
+ * below a step's; rows of a dataset as inputs; a step running refuses an
+ * evaluation and an evaluation running refuses a move of the weights (409
+ * naming the operation); bad requests are 4xx naming the problem; a
+ * cancelled evaluation publishes nothing.
  *
  * Each case runs forked with its own daemon.
  */
@@ -709,6 +710,53 @@ START_TEST(test_evaluate_cancel)
 }
 END_TEST
 
+/* A long evaluation holds the weights: a move of one of them submitted
+ * while it runs is refused naming it (a write that got through must have
+ * come after the evaluation ended). */
+START_TEST(test_evaluate_holds_the_weights)
+{
+	struct th_response r;
+	json_t *op, *before, *after;
+	char path[200], id[64];
+	float *x = make(2048 * 256, 5, -1.0f, 1.0f);
+
+	json_decref(post_json("/v1/models?wait=true",
+	                      "{\"name\": \"g\", \"mlp\": {\"layers\": 8, \"d_model\": 256, "
+	                      "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\"}",
+	                      200));
+	upload("gx", x, 2048, 256);
+	free(x);
+	before = array_meta("g.w1");
+	op = post_json("/v1/models/g:evaluate", "{\"inputs\": \"gx\"}", 202);
+	snprintf(id, sizeof id, "%s", th_str(op, "id"));
+	json_decref(op);
+	post("/v1/arrays/g.w1:put", "{\"memory_kind\": \"pinned_host\"}", &r);
+	if (r.status == 409) {
+		const char *msg;
+
+		th_assert_error(&r, 409, "ABORTED", "ARRAY_HELD");
+		msg = th_str(th_obj(th_json(&r), "error"), "message");
+		ck_assert_msg(strstr(msg, id) != NULL, "the refusal does not name %s: %s", id, msg);
+	} else {
+		snprintf(path, sizeof path, "/v1/operations/%s", id);
+		op = get_json(path);
+		ck_assert_msg(th_bool(op, "done"), "a move of g.w1 (%ld) got through while evaluation "
+		              "%s ran", r.status, id);
+		json_decref(op);
+		fprintf(stderr, "evaluate: the evaluation ended before the move arrived\n");
+	}
+	th_response_free(&r);
+	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
+	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+	json_decref(op);
+	after = array_meta("g.w1");
+	ck_assert_str_eq(th_str(after, "etag"), th_str(before, "etag"));
+	json_decref(before);
+	json_decref(after);
+}
+END_TEST
+
 static Suite *evaluate_suite(void)
 {
 	Suite *s = suite_create("evaluate");
@@ -723,6 +771,7 @@ static Suite *evaluate_suite(void)
 	tcase_add_test(tc, test_evaluate_errors);
 	tcase_add_test(tc, test_evaluate_refused_while_a_step_runs);
 	tcase_add_test(tc, test_evaluate_cancel);
+	tcase_add_test(tc, test_evaluate_holds_the_weights);
 	suite_add_tcase(s, tc);
 	return s;
 }
