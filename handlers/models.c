@@ -27,6 +27,7 @@
 
 #include "common/units.h"
 #include "handlers/operations.h"
+#include "handlers/sharding_json.h"
 #include "storage/array_io.h"
 #include "storage/colocate.h"
 #include "ops/operation.h"
@@ -372,6 +373,17 @@ void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 
 /* ---- analysis ------------------------------------------------------------------- */
 
+/* An evaluation's "outputs" (below): where its outputs array goes. */
+struct eval_outputs {
+	bool outputs;
+	char name[TS_NAME_MAX + 1];
+	struct ts_device *dev;             /* NULL: where the evaluation runs */
+	enum ts_memory_kind kind;
+};
+
+static ts_status eval_outputs_parse(const struct ts_core *core, json_t *o, bool need_name,
+                                    struct eval_outputs *s, struct ts_error *err);
+
 /* The policy a step would run with: the model's, with params and optimizer
  * state where their arrays are now, then the call's overrides. */
 /* The memory kind shared by the model's arrays of the given roles (where
@@ -478,29 +490,55 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_plan plan;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *batch, *pl;
+	json_t *body, *batch, *pl, *outs = NULL, *modej = NULL;
 	json_int_t B = 0, D = 0;
+	const char *mode = "step";
+	struct eval_outputs ev = {.kind = TS_MEM_DEVICE};
+	bool evaluate;
 
 	if (!ready_model_from_path(call, reply, &m))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
 	pl = NULL;
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o}", "batch", &batch,
-	                            "placement", &pl) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o}", "batch", &batch,
+	                            "placement", &pl, "mode", &modej, "outputs", &outs) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"batch\": [B, d]})", jerr.text);
 		goto out_fail;
 	}
+	if (modej && !json_is_string(modej)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODE",
+		             "mode must be a string: \"step\" or \"evaluate\"");
+		goto out_fail;
+	}
+	if (modej)
+		mode = json_string_value(modej);
+	if (strcmp(mode, "step") != 0 && strcmp(mode, "evaluate") != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODE",
+		             "mode '%s' is not one of step, evaluate", mode);
+		goto out_fail;
+	}
+	evaluate = strcmp(mode, "evaluate") == 0;
+	if (outs && !evaluate) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "\"outputs\" is for mode evaluate: a step writes no outputs");
+		goto out_fail;
+	}
+	if (outs && eval_outputs_parse(call->core, outs, false, &ev, &err) != TS_OK)
+		goto out_fail;
 	if (D != m.mlp.d_model || B < 1 || B > (1 << 24)) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_BATCH",
 		             "batch [%lld, %lld] does not fit the model: [B >= 1, d_model = %d]",
 		             (long long)B, (long long)D, m.mlp.d_model);
 		goto out_fail;
 	}
-	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK ||
-	    ts_plan_build(&m.mlp, &m.opt, (int)B, &pol, &plan, &err) != TS_OK)
+	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK)
+		goto out_fail;
+	if (evaluate ? ts_plan_build_eval(&m.mlp, (int)B, &pol, ev.outputs, ev.kind, &plan,
+	                                  &err) != TS_OK
+	             : ts_plan_build(&m.mlp, &m.opt, (int)B, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -584,6 +622,7 @@ struct step {
 	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
 	uint64_t done;                     /* steps that succeeded */
 	double timed_s;                    /* the report's wall time at the last step's end */
+	struct eval_outputs out;           /* an evaluation's outputs array, when asked for */
 };
 
 static ts_status step_hold(const char *id, void *arg, struct ts_error *err)
@@ -1176,6 +1215,349 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	}
 	if (ts_op_submit_holding(call->core->operations, "step", s->model.name, s->steps, "steps",
 	                         step_run, s, step_release, step_hold, &op, &err) != TS_OK)
+		goto out_fail;
+	s = NULL;
+	if (ts_h_wait_requested(call, &wait_ns))
+		ts_h_reply_wait(reply, op, wait_ns, true);
+	else
+		ts_h_reply_operation(reply, op, false);
+	ts_operation_unref(op);
+	json_decref(body);
+	return;
+
+out_fail:
+	ts_reply_error(reply, &err);
+	if (s)
+		step_release(s);
+	json_decref(body);
+}
+
+/* ---- evaluation ----------------------------------------------------------------- */
+
+/*
+ * POST /v1/models/{model}:evaluate {"inputs", "targets", "outputs",
+ * "placement"}: the loss of the model over a batch, and on request its
+ * outputs (the last layer's activations) in a new array, as an operation.
+ * Nothing of the model is written: its weights and optimizer state keep
+ * their bytes, versions and ETags, and its step count stays.
+ *
+ * Holds. A step updates device weights in place, so an evaluation must not
+ * read them while one runs. It takes the catalog's hold (the same,
+ * exclusive, one as a step) on the model's parameter arrays from
+ * submission to completion: a step (or any writer of w1/w2: :put, upload,
+ * DELETE) submitted meanwhile is refused 409 ABORTED naming the
+ * evaluation, and an evaluation submitted during a step is refused naming
+ * the step - never a mix of two versions. Two evaluations of one model
+ * exclude each other the same way (holds have one holder); the optimizer
+ * state, which it does not read, is not held.
+ *
+ * "outputs": {"name": array, "device": id, "memory_kind": kind} or
+ * {"name": array, "sharding": a sharding on one device} (JAX's
+ * out_shardings): float32 [B, d_model] published under name when the
+ * evaluation succeeded, committed to that placement, which must be on the
+ * device the evaluation runs on (device or pinned_host memory).
+ */
+
+/* Parses "outputs" strictly into s (name required when need_name). */
+static ts_status eval_outputs_parse(const struct ts_core *core, json_t *o, bool need_name,
+                                    struct eval_outputs *s, struct ts_error *err)
+{
+	json_t *name = json_object_get(o, "name"), *sh = json_object_get(o, "sharding");
+	json_t *dev = json_object_get(o, "device"), *kind = json_object_get(o, "memory_kind");
+	struct ts_sharding sharding;
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(o))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs is {\"name\": array, \"device\": id, \"memory_kind\": kind}"
+		                    " or {\"name\": array, \"sharding\": ...}");
+	json_object_foreach(o, key, v) {
+		if (strcmp(key, "name") && strcmp(key, "sharding") && strcmp(key, "device") &&
+		    strcmp(key, "memory_kind"))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+			                    "outputs.%s is not a field this API knows; it takes \"name\", "
+			                    "\"sharding\", \"device\" and \"memory_kind\"", key);
+	}
+	if (name && (!json_is_string(name) || !ts_array_name_valid(json_string_value(name))))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs.name must be a valid array name");
+	if (!name && need_name)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs.name is missing: the array the outputs are written to");
+	if (sh && (dev || kind))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs: give either \"sharding\" or \"device\"/\"memory_kind\", "
+		                    "not both");
+	if ((dev && !json_is_string(dev)) || (kind && !json_is_string(kind)))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs.device and outputs.memory_kind are strings");
+	s->outputs = true;
+	if (name)
+		snprintf(s->name, sizeof s->name, "%s", json_string_value(name));
+	s->kind = TS_MEM_DEVICE;
+	s->dev = NULL;
+	if (sh) {
+		if (ts_h_sharding_resolve(core, sh, &sharding, err) != TS_OK)
+			return err->status;
+		if (sharding.type != TS_SHARDING_SINGLE)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+			                    "outputs.sharding must be on one device: an evaluation writes "
+			                    "its outputs where it runs");
+		s->dev = sharding.device;
+		s->kind = sharding.memory_kind;
+	} else {
+		if (kind && !ts_memory_kind_parse(json_string_value(kind), &s->kind))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+			                    "outputs.memory_kind '%s' is not one of device, pinned_host",
+			                    json_string_value(kind));
+		if (dev) {
+			struct ts_placement pl;
+
+			if (ts_h_placement(core, json_string_value(dev), NULL, &pl, err) != TS_OK)
+				return err->status;
+			s->dev = pl.sharding.device;
+		}
+	}
+	if (s->kind != TS_MEM_DEVICE && s->kind != TS_MEM_PINNED_HOST)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+		                    "outputs.memory_kind '%s': outputs are written to device or "
+		                    "pinned_host memory", ts_memory_kind_name(s->kind));
+	return TS_OK;
+}
+
+/* Whether the outputs may be published under their name: not over a held
+ * array, nor over any model's array (an evaluation writes no weights). */
+static ts_status eval_outputs_writable(const struct ts_core *core, const struct eval_outputs *o,
+                                       struct ts_error *err)
+{
+	struct ts_array *a = ts_catalog_get(core->catalog, o->name);
+	ts_status st = TS_OK;
+
+	if (a && ts_array_owner(a)[0])
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_OWNED",
+		                  "outputs.name '%s' is an array of %s; an evaluation writes its "
+		                  "outputs to an array of its own", o->name, ts_array_owner(a));
+	ts_array_unref(a);
+	if (st == TS_OK)
+		st = ts_catalog_check_write(core->catalog, o->name, NULL,
+		                            &(struct ts_precondition){0}, err);
+	return st;
+}
+
+static const struct ts_session_hooks eval_hooks = {.cancelled = step_cancelled};
+
+static json_t *eval_result(const struct step *s, const struct ts_session *sess,
+                           struct ts_device *dev, const struct ts_array *outs)
+{
+	const struct ts_plan *plan = ts_session_plan(sess);
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *o = json_pack("{s:s, s:f, s:I, s:s, s:I, s:I, s:I, s:I, s:o*,"
+	                      " s:{s:f, s:f, s:f}, s:{s:I, s:I, s:I}}",
+	                      "model", s->model.name, "loss", (double)rep->losses[0],
+	                      "batch", (json_int_t)plan->batch, "device", ts_device_props(dev)->id,
+	                      "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                      "measured_peak_device_bytes",
+	                      (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
+	                                   rep->measured_temp_peak),
+	                      "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
+	                      "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
+	                      "analysis", analysis_json(plan, false),
+	                      "time", "wall_s", rep->wall_s, "compute_s", rep->compute_s,
+	                      "transfer_not_hidden_s", rep->copy_wait_s,
+	                      "bytes_moved", "h2d", (json_int_t)rep->h2d_bytes,
+	                      "d2h", (json_int_t)rep->d2h_bytes,
+	                      "staged_h2d", (json_int_t)rep->staged_h2d_bytes);
+
+	if (o && outs)
+		json_object_set_new(o, "outputs", ts_h_array_json(outs));
+	return o;
+}
+
+static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct step *s = arg;
+	const struct ts_core *core = s->core;
+	struct ts_model *m = &s->model;
+	struct operand in = {0}, tgt = {0};
+	struct ts_array *outs = NULL;
+	struct ts_session_config cfg = {.mlp = m->mlp, .memory = core->memory, .evaluate = true};
+	struct ts_session *sess = NULL;
+	struct ts_device *dev = NULL;
+	uint64_t bin = 0, btgt = 0;
+	ts_status st;
+
+	s->op = op;
+	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
+	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
+		if (!s->targets)
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+		else
+			st = step_operand(core, s->targets, "targets", &tgt.arr, &tgt.rows_json, err);
+	}
+	if (st == TS_OK)
+		st = step_place(s, &in, &tgt, &dev, err);
+	if (st == TS_OK)
+		st = operand_rows(&in, "inputs.rows", &bin, err);
+	if (st == TS_OK && tgt.arr)
+		st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	if (st == TS_OK)
+		st = check_batch(s, &in, bin, &tgt, btgt, err);
+	if (st == TS_OK)
+		st = held_kind(s, false, &s->policy.params, err);
+	if (st == TS_OK && ts_array_box(s->held[TS_ROLE_W1], 0)->device != dev)
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "PARAMS_ELSEWHERE",
+		                  "model '%s' parameters are on %s, not %s", m->name,
+		                  ts_device_props(ts_array_box(s->held[TS_ROLE_W1], 0)->device)->id,
+		                  ts_device_props(dev)->id);
+	if (st == TS_OK && s->out.outputs && s->out.dev && s->out.dev != dev)
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "OUTPUTS_ELSEWHERE",
+		                  "outputs '%s' are asked for on %s, but the evaluation runs on %s, "
+		                  "where model '%s' is", s->out.name, ts_device_props(s->out.dev)->id,
+		                  ts_device_props(dev)->id, m->name);
+	if (st == TS_OK) {
+		cfg.dev = dev;
+		cfg.policy = s->policy;
+		cfg.batch = (int)bin;
+		cfg.outputs = s->out.outputs;
+		cfg.outputs_kind = s->out.kind;
+		st = ts_session_new(&cfg, &sess, err);
+	}
+	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
+		const struct ts_array *a = s->held[r];
+
+		if (!a)
+			continue;
+		st = ts_session_bind(sess, (enum ts_pbuf_role)r,
+		                     ts_buffer_data(ts_array_single_buffer(a)),
+		                     ts_buffer_size(ts_array_single_buffer(a)),
+		                     ts_array_placement(a)->sharding.memory_kind, err);
+	}
+	if (st == TS_OK && s->out.outputs) {
+		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2,
+		                          .shape = {bin, (uint64_t)m->mlp.d_model}};
+		struct ts_placement pl;
+
+		ts_placement_single(&pl, dev, s->out.kind, true);
+		st = ts_array_desc_init(&d, err);
+		if (st == TS_OK)
+			st = ts_array_new(s->out.name, &d, &pl, core->memory, &outs, err);
+		if (st == TS_OK)
+			st = ts_session_bind(sess, TS_ROLE_OUTPUT,
+			                     ts_buffer_data(ts_array_single_buffer(outs)), d.nbytes,
+			                     s->out.kind, err);
+	}
+	if (st == TS_OK)
+		st = operand_stage(core, sess, TS_ROLE_INPUT, &in, dev, err);
+	if (st == TS_OK && tgt.arr)
+		st = operand_stage(core, sess, TS_ROLE_TARGET, &tgt, dev, err);
+	if (st == TS_OK)
+		st = ts_session_run(sess, 1, 1, &eval_hooks, s, err);
+	/* the pass itself runs to its end; a cancel that came meanwhile drops it */
+	if (st == TS_OK && ts_operation_cancelled(op))
+		st = ts_error_set(err, TS_CANCELLED, "CANCELLED",
+		                  "the evaluation of model '%s' was cancelled; no outputs were "
+		                  "published", m->name);
+	if (st == TS_OK && outs)
+		st = eval_outputs_writable(core, &s->out, err);
+	if (st == TS_OK && outs) {
+		struct ts_precondition pre = {0};
+
+		st = ts_catalog_put(core->catalog, outs, &pre, NULL, err);
+	}
+	if (st == TS_OK) {
+		ts_operation_progress_add(op, 1);
+		ts_operation_set_result(op, eval_result(s, sess, dev, outs));
+	}
+	ts_session_free(sess);
+	ts_array_unref(outs);
+	operand_release(&in);
+	operand_release(&tgt);
+	return st;
+}
+
+void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct step *s = calloc(1, sizeof *s);
+	struct ts_operation *op = NULL;
+	struct ts_error err;
+	json_error_t jerr;
+	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *outs = NULL;
+	uint64_t wait_ns;
+	char owner[160];
+
+	ts_error_clear(&err);
+	if (!s) {
+		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		              "no memory for an evaluation");
+		return;
+	}
+	if (!ready_model_from_path(call, reply, &s->model)) {
+		free(s);
+		return;
+	}
+	s->core = call->core;
+	s->steps = 1;
+	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o}", "inputs",
+	                            &inputs, "targets", &targets, "outputs", &outs, "placement",
+	                            &pl) != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "evaluate body: %s (expected {\"inputs\": ..., \"targets\": ..., "
+		             "\"outputs\": {\"name\": ...}})", jerr.text);
+		goto out_fail;
+	}
+	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
+	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
+		goto out_fail;
+	if (targets && s->model.mlp.loss != TS_LOSS_MSE) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNEXPECTED_TARGETS",
+		             "model '%s' has loss %s, which takes no \"targets\"", s->model.name,
+		             ts_loss_name(s->model.mlp.loss));
+		goto out_fail;
+	}
+	if (!targets && s->model.mlp.loss == TS_LOSS_MSE) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+		goto out_fail;
+	}
+	if (outs && eval_outputs_parse(call->core, outs, true, &s->out, &err) != TS_OK)
+		goto out_fail;
+	if (s->out.outputs && eval_outputs_writable(call->core, &s->out, &err) != TS_OK)
+		goto out_fail;
+	if (step_policy(call->core, &s->model, pl, true, &s->policy, &err) != TS_OK)
+		goto out_fail;
+	s->inputs = json_incref(inputs);
+	s->targets = targets ? json_incref(targets) : NULL;
+	/* the parameters by role, as current now, held for reading */
+	ts_model_owner(&s->model, owner, sizeof owner);
+	for (int k = 0; k < 2; k++) {
+		enum ts_pbuf_role role = k ? TS_ROLE_W2 : TS_ROLE_W1;
+		struct ts_array *a;
+		char name[256];
+
+		if (!has_role(&s->model, role))
+			continue;
+		ts_model_array_name(&s->model, role, name, sizeof name);
+		a = ts_catalog_get(call->core->catalog, name);
+		if (!a) {
+			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
+			             "model array '%s' is missing", name);
+			goto out_fail;
+		}
+		s->held[role] = a;
+		if (strcmp(ts_array_owner(a), owner) != 0) {
+			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
+			             "array '%s' is not %s's", name, owner);
+			goto out_fail;
+		}
+		if (ts_array_nshards(a) != 1) {
+			ts_error_set(&err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
+			             "model array '%s' is sharded; evaluations run on one device", name);
+			goto out_fail;
+		}
+	}
+	if (ts_op_submit_holding(call->core->operations, "evaluate", s->model.name, 1, "passes",
+	                         eval_run, s, step_release, step_hold, &op, &err) != TS_OK)
 		goto out_fail;
 	s = NULL;
 	if (ts_h_wait_requested(call, &wait_ns))

@@ -32,6 +32,7 @@ static const char *const role_names[TS_ROLE_COUNT] = {
 	[TS_ROLE_MU_W2] = "mu.w2", [TS_ROLE_NU_W1] = "nu.w1", [TS_ROLE_NU_W2] = "nu.w2",
 	[TS_ROLE_INPUT] = "inputs", [TS_ROLE_TARGET] = "targets",
 	[TS_ROLE_GRAD_W1] = "grad.w1", [TS_ROLE_GRAD_W2] = "grad.w2",
+	[TS_ROLE_OUTPUT] = "outputs",
 };
 
 static const char *role_name(enum ts_pbuf_role role)
@@ -68,7 +69,11 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 	s->cfg = *cfg;
 	for (int r = 0; r < TS_ROLE_COUNT; r++)
 		s->slot_of[r] = -1;
-	st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
+	if (cfg->evaluate)
+		st = ts_plan_build_eval(&cfg->mlp, cfg->batch, &cfg->policy, cfg->outputs,
+		                        cfg->outputs_kind, &s->plan, err);
+	else
+		st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
 	if (st != TS_OK)
 		goto out_fail;
 	s->args = calloc((size_t)s->plan.nbufs + 1, sizeof *s->args);

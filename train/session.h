@@ -19,6 +19,11 @@
  * A session knows memory (device/, memory/), not arrays: it never calls up
  * into the layers that own them.
  *
+ * An evaluation session (cfg.evaluate) plans the forward pass and the loss
+ * only: ts_session_run with steps 1 computes the loss into the report (the
+ * same value, bit for bit, as a step's before its update) and, when bound,
+ * the outputs; no role is versioned and nothing but the outputs is written.
+ *
  * Thread-safety: a session is used by one thread at a time.
  */
 #ifndef TS_SESSION_H
@@ -44,6 +49,12 @@ struct ts_session_config {
 	struct ts_optimizer opt;
 	struct ts_policy policy;         /* params and opt_state where their memory is */
 	int batch;                       /* rows per step */
+	/* an evaluation (ts_plan_build_eval): forward and loss only, opt is not
+	 * used, nothing is updated; with outputs, role TS_ROLE_OUTPUT is bound
+	 * to memory of [batch, d_model] float32 in outputs_kind */
+	bool evaluate;
+	bool outputs;
+	enum ts_memory_kind outputs_kind;
 };
 
 /* Where a role's batch comes from: memory of `bytes` holding rows of
