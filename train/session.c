@@ -184,27 +184,72 @@ static bool host_memory(struct ts_device *dev, enum ts_memory_kind kind)
 	return kind != TS_MEM_DEVICE || ts_device_props(dev)->backend == TS_BACKEND_CPU;
 }
 
+/* Copies src's selected rows (all of it when none) into mem, on the h2d
+ * queue, and waits. */
+static ts_status copy_rows(struct ts_session *s, void *mem, const struct ts_session_source *src,
+                           bool from_host, uint64_t want, struct ts_error *err)
+{
+	enum ts_copy_kind kind = from_host ? TS_COPY_H2D : TS_COPY_D2D;
+	uint64_t off, len, at = 0;
+	struct ts_rows_iter it;
+	ts_status st = TS_OK;
+
+	if (src->rows) {
+		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
+		while (st == TS_OK && ts_rows_iter_next(&it, &off, &len)) {
+			st = ts_queue_copy(s->env.h2d, (char *)mem + at, (const char *)src->mem + off, len,
+			                   kind, err);
+			at += len;
+		}
+	} else {
+		st = ts_queue_copy(s->env.h2d, mem, src->mem, want, kind, err);
+	}
+	if (st == TS_OK)
+		return ts_queue_sync(s->env.h2d, err);
+	ts_queue_sync(s->env.h2d, NULL);    /* the copies enqueued are done with mem */
+	return st;
+}
+
+/* The staged bytes src gives, checked against the plan's buffer i. */
+static ts_status stage_check(const struct ts_session *s, enum ts_pbuf_role role, int i,
+                             const struct ts_session_source *src, struct ts_error *err)
+{
+	uint64_t want = s->plan.bufs[i].bytes;
+	uint64_t have = src->rows ? (uint64_t)src->nrows * src->row_bytes : src->bytes;
+
+	if (have != want || (src->rows && src->row_bytes == 0))
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
+		                    "'%s' stages %llu bytes; the step plan wants %llu", role_name(role),
+		                    (unsigned long long)have, (unsigned long long)want);
+	return TS_OK;
+}
+
+static void count_staged(struct ts_session *s, bool from_host, uint64_t bytes)
+{
+	if (from_host) {
+		s->report.staged_h2d_bytes += bytes;
+		s->report.h2d_bytes += bytes;
+	}
+}
+
 ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
                            const struct ts_session_source *src, struct ts_error *err)
 {
 	int i = slot(s, role), k = role == TS_ROLE_TARGET ? 1 : 0;
-	uint64_t want, have, off, len, at = 0;
-	struct ts_rows_iter it;
+	uint64_t want;
 	bool from_host;
 	void *mem = NULL;
-	ts_status st = TS_OK;
+	ts_status st;
 
 	if (i < 0 || (role != TS_ROLE_INPUT && role != TS_ROLE_TARGET))
 		return no_slot(role, err);
 	if (s->staged[k])
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "ALREADY_STAGED",
 		                    "'%s' is staged already", role_name(role));
+	st = stage_check(s, role, i, src, err);
+	if (st != TS_OK)
+		return st;
 	want = s->plan.bufs[i].bytes;
-	have = src->rows ? (uint64_t)src->nrows * src->row_bytes : src->bytes;
-	if (have != want || (src->rows && src->row_bytes == 0))
-		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
-		                    "'%s' stages %llu bytes; the step plan wants %llu", role_name(role),
-		                    (unsigned long long)have, (unsigned long long)want);
 	if (!src->rows && src->src_dev == s->cfg.dev && src->src_kind == TS_MEM_DEVICE &&
 	    !host_memory(src->src_dev, src->src_kind)) {
 		s->args[i] = (void *)src->mem;     /* already where the step reads it */
@@ -214,21 +259,7 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 	if (st != TS_OK)
 		return st;
 	from_host = host_memory(src->src_dev, src->src_kind);
-	if (src->rows) {
-		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
-		while (st == TS_OK && ts_rows_iter_next(&it, &off, &len)) {
-			st = ts_queue_copy(s->env.h2d, (char *)mem + at, (const char *)src->mem + off, len,
-			                   from_host ? TS_COPY_H2D : TS_COPY_D2D, err);
-			at += len;
-		}
-	} else {
-		st = ts_queue_copy(s->env.h2d, mem, src->mem, want,
-		                   from_host ? TS_COPY_H2D : TS_COPY_D2D, err);
-	}
-	if (st == TS_OK)
-		st = ts_queue_sync(s->env.h2d, err);
-	else
-		ts_queue_sync(s->env.h2d, NULL);    /* the copies enqueued are done with mem */
+	st = copy_rows(s, mem, src, from_host, want, err);
 	if (st != TS_OK) {
 		ts_space_release(s->env.device_space, mem, want);
 		return st;
@@ -236,11 +267,31 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 	s->staged[k] = mem;
 	s->staged_bytes[k] = want;
 	s->args[i] = mem;
-	if (from_host) {
-		s->report.staged_h2d_bytes += want;
-		s->report.h2d_bytes += want;
-	}
+	count_staged(s, from_host, want);
 	return TS_OK;
+}
+
+ts_status ts_session_restage(struct ts_session *s, enum ts_pbuf_role role,
+                             const struct ts_session_source *src, struct ts_error *err)
+{
+	int i = slot(s, role), k = role == TS_ROLE_TARGET ? 1 : 0;
+	bool from_host;
+	ts_status st;
+
+	if (i < 0 || (role != TS_ROLE_INPUT && role != TS_ROLE_TARGET))
+		return no_slot(role, err);
+	if (!s->staged[k])
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_STAGED",
+		                    "'%s' was not staged into memory of the session's own",
+		                    role_name(role));
+	st = stage_check(s, role, i, src, err);
+	if (st != TS_OK)
+		return st;
+	from_host = host_memory(src->src_dev, src->src_kind);
+	st = copy_rows(s, s->staged[k], src, from_host, s->staged_bytes[k], err);
+	if (st == TS_OK)
+		count_staged(s, from_host, s->staged_bytes[k]);
+	return st;
 }
 
 ts_status ts_session_set_next(struct ts_session *s, enum ts_pbuf_role role, void *mem,

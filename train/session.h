@@ -120,6 +120,15 @@ ts_status ts_session_bind(struct ts_session *s, enum ts_pbuf_role role, void *me
 ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
                            const struct ts_session_source *src, struct ts_error *err);
 
+/*
+ * Stages the next batch of role from src into the memory ts_session_stage
+ * allocated for it (a step reads it only while it runs: between steps, from
+ * a hook, it can be replaced). FAILED_PRECONDITION when role was not staged
+ * into memory of the session's own or src's size is not the plan's.
+ */
+ts_status ts_session_restage(struct ts_session *s, enum ts_pbuf_role role,
+                             const struct ts_session_source *src, struct ts_error *err);
+
 /* Gives a versioned role the memory its next update lands in (borrowed, of
  * the role's size and kind). */
 ts_status ts_session_set_next(struct ts_session *s, enum ts_pbuf_role role, void *mem,
