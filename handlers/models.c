@@ -844,7 +844,7 @@ static ts_status batches_parse(json_t *v, struct batches *b, struct ts_error *er
 
 /* ---- the session's hooks: versions of the held arrays ---------------------------- */
 
-static ts_status batches_restage(struct step *s, struct ts_session *sess, struct ts_error *err);
+
 
 static bool step_cancelled(void *arg)
 {
@@ -881,9 +881,7 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 	struct step *s = arg;
 	ts_status st = TS_OK;
 
-	if (s->batches.on && s->done > 0)
-		st = batches_restage(s, sess, err);
-	if (st != TS_OK || s->model.opt.type == TS_OPT_NONE)
+	if (s->model.opt.type == TS_OPT_NONE)
 		return st;
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0] && st == TS_OK; i++) {
 		enum ts_pbuf_role role = param_roles[i];
@@ -948,6 +946,14 @@ static ts_status step_install(struct step *s, struct ts_error *err)
 
 static const struct ts_session_hooks step_hooks = {
 	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
+};
+
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err);
+
+static const struct ts_session_hooks batch_hooks = {
+	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
+	.batch = step_batch,
 };
 
 /* ---- the run ------------------------------------------------------------------------ */
@@ -1023,20 +1029,20 @@ static ts_status operand_stage(const struct ts_core *core, struct ts_session *se
 	return ts_session_stage(sess, role, &src, err);
 }
 
-/* Before step s->done of a data-driven run: its batch replaces the last. */
-static ts_status batches_restage(struct step *s, struct ts_session *sess, struct ts_error *err)
+/* The batch of the run's step n of a data-driven run: the inputs' rows
+ * drawn, the targets' the same. */
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err)
 {
-	struct ts_session_source src;
-	ts_status st = batch_rows(&s->batches, s->done, s->in->rows, err);
+	struct step *s = arg;
+	ts_status st = TS_OK;
 
-	if (st != TS_OK)
-		return st;
-	src = operand_source(s->in->arr, s->in->rows, s->in->nrows);
-	st = ts_session_restage(sess, TS_ROLE_INPUT, &src, err);
-	if (st == TS_OK && s->tgt->arr) {
+	if (role == TS_ROLE_INPUT) {
+		st = batch_rows(&s->batches, n, s->in->rows, err);
+		*src = operand_source(s->in->arr, s->in->rows, s->in->nrows);
+	} else {
 		memcpy(s->tgt->rows, s->in->rows, s->in->nrows * sizeof *s->in->rows);
-		src = operand_source(s->tgt->arr, s->tgt->rows, s->tgt->nrows);
-		st = ts_session_restage(sess, TS_ROLE_TARGET, &src, err);
+		*src = operand_source(s->tgt->arr, s->tgt->rows, s->tgt->nrows);
 	}
 	return st;
 }
@@ -1160,6 +1166,13 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	const struct ts_session_report *rep = ts_session_report(sess);
 	json_t *losses = json_array();
 	double per = rep->steps ? 1.0 / (double)rep->steps : 0;
+	uint64_t spare = 0, bytes = 0;
+
+	/* a data-driven run of more than one step stages the next batch in a
+	 * second buffer per operand: device memory beside the plan's */
+	for (int k = 0; s->batches.on && s->steps > 1 && k < 2; k++)
+		if (ts_session_slot(sess, k ? TS_ROLE_TARGET : TS_ROLE_INPUT, &bytes, NULL))
+			spare += bytes;
 	double busy = rep->compute_s, waits = rep->copy_wait_s;
 
 	for (uint64_t i = 0; losses && i < rep->steps; i++)
@@ -1168,10 +1181,10 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	                 " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:I}, s:f}",
 	                 "model", s->model.name, "steps", (json_int_t)rep->steps, "losses", losses,
 	                 "device", ts_device_props(dev)->id,
-	                 "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                 "predicted_peak_device_bytes", (json_int_t)(plan->peak_device_bytes + spare),
 	                 "measured_peak_device_bytes",
 	                 (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
-	                              rep->measured_temp_peak),
+	                              rep->measured_temp_peak + rep->spare_bytes),
 	                 "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
 	                 "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
 	                 "analysis", analysis_json(plan, false),
@@ -1267,7 +1280,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK && !ts_model_registry_advance(core->models, m->uid, 0, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
 	if (st == TS_OK)
-		st = ts_session_run(sess, s->steps, base_steps + 1, &step_hooks, s, err);
+		st = ts_session_run(sess, s->steps, base_steps + 1,
+		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
 	/* what the steps that succeeded did is published, also after a failure */
 	{
 		struct ts_error ierr;

@@ -1888,6 +1888,11 @@ START_TEST(test_step_batches)
 	ck_assert_int_eq(J(bt, "epoch"), 1);
 	ck_assert_int_eq(J(bt, "rows"), 12);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 5 * 2 * 4 * 16 * 4);
+	/* the next batch is staged in a second buffer per operand meanwhile:
+	 * counted in the prediction and measured */
+	ck_assert_int_eq(J(res, "predicted_peak_device_bytes"),
+	                 J(th_obj(res, "analysis"), "peak_device_bytes") + 2 * 4 * 16 * 4);
+	ck_assert_int_eq(J(res, "measured_peak_device_bytes"), J(res, "predicted_peak_device_bytes"));
 	json_decref(res);
 	for (int i = 0; i < 5; i++) {
 		int r0 = (i * 4) % 12;
