@@ -608,6 +608,8 @@ out_fail:
  * every array its steps updated. Offloaded arrays are updated into private
  * memory (two per array, taking turns), device ones in place.
  */
+struct operand;
+
 struct step {
 	const struct ts_core *core;
 	struct ts_model model;
@@ -616,8 +618,17 @@ struct step {
 	json_t *inputs, *targets;          /* the request's fields (own references) */
 	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
 	char op_id[40];                    /* the holder, once submitted */
+	struct batches {                   /* a data-driven run: a batch per step */
+		bool on;
+		bool shuffle;
+		uint64_t size, start, seed;
+		uint64_t rows;                 /* of the datasets, while it runs */
+		uint64_t perm_epoch;           /* the epoch of perm (UINT64_MAX: none) */
+		uint64_t *perm;                /* owned; a permutation of the rows */
+	} batches;
 	/* while it runs */
 	struct ts_operation *op;           /* borrowed */
+	struct operand *in, *tgt;          /* borrowed from step_run */
 	struct ts_array *priv[TS_ROLE_COUNT][2];  /* offloaded: the private versions */
 	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
 	uint64_t done;                     /* steps that succeeded */
@@ -654,6 +665,7 @@ static void step_release(void *arg)
 	}
 	json_decref(s->inputs);
 	json_decref(s->targets);
+	free(s->batches.perm);
 	free(s);
 }
 
@@ -763,7 +775,98 @@ static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind
 	return TS_OK;
 }
 
+/* ---- data-driven runs: the rows of each step's batch ------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* The permutation of epoch e: Fisher-Yates from (seed, e). */
+static ts_status epoch_perm(struct batches *b, uint64_t e, struct ts_error *err)
+{
+	uint64_t state = mix64(b->seed * 0x9e3779b97f4a7c15ull + e + 1);
+
+	if (b->perm && b->perm_epoch == e)
+		return TS_OK;
+	if (!b->perm) {
+		b->perm = malloc(b->rows * sizeof *b->perm);
+		if (!b->perm)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "no memory to shuffle %llu rows", (unsigned long long)b->rows);
+	}
+	for (uint64_t i = 0; i < b->rows; i++)
+		b->perm[i] = i;
+	for (uint64_t i = b->rows - 1; i > 0; i--) {
+		uint64_t j, t;
+
+		state += 0x9e3779b97f4a7c15ull;
+		j = mix64(state) % (i + 1);
+		t = b->perm[i];
+		b->perm[i] = b->perm[j];
+		b->perm[j] = t;
+	}
+	b->perm_epoch = e;
+	return TS_OK;
+}
+
+/* The rows of the batch of step i (0-based in this call) into rows[size]:
+ * positions start + i * size onwards, wrapping into the next epoch (each
+ * epoch its own order when shuffled). */
+static ts_status batch_rows(struct batches *b, uint64_t i, uint64_t *rows, struct ts_error *err)
+{
+	for (uint64_t j = 0; j < b->size; j++) {
+		uint64_t q = b->start + i * b->size + j, e = q / b->rows, k = q % b->rows;
+		ts_status st;
+
+		if (!b->shuffle) {
+			rows[j] = k;
+			continue;
+		}
+		st = epoch_perm(b, e, err);
+		if (st != TS_OK)
+			return st;
+		rows[j] = b->perm[k];
+	}
+	return TS_OK;
+}
+
+/* Parses "batches": {"batch_size": B, "order": "sequential" | "shuffle",
+ * "seed": S, "start": P}, strictly. */
+static ts_status batches_parse(json_t *v, struct batches *b, struct ts_error *err)
+{
+	json_error_t jerr;
+	json_int_t size = 0, seed = 0, start = 0;
+	const char *order = "sequential";
+
+	if (json_unpack_ex(v, &jerr, JSON_STRICT, "{s:I, s?s, s?I, s?I}", "batch_size", &size,
+	                   "order", &order, "seed", &seed, "start", &start) != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches: %s (expected {\"batch_size\": B, \"order\": \"sequential\" "
+		                    "or \"shuffle\", \"seed\": S, \"start\": P})", jerr.text);
+	if (size < 1 || size > (1 << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.batch_size is in 1..%d", 1 << 24);
+	if (strcmp(order, "sequential") != 0 && strcmp(order, "shuffle") != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.order is \"sequential\" or \"shuffle\"");
+	if (seed < 0 || start < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.%s must not be negative", seed < 0 ? "seed" : "start");
+	b->on = true;
+	b->shuffle = order[0] == 's' && order[1] == 'h';
+	b->size = (uint64_t)size;
+	b->seed = (uint64_t)seed;
+	b->start = (uint64_t)start;
+	b->perm_epoch = UINT64_MAX;
+	return TS_OK;
+}
+
 /* ---- the session's hooks: versions of the held arrays ---------------------------- */
+
+
 
 static bool step_cancelled(void *arg)
 {
@@ -801,7 +904,7 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 	ts_status st = TS_OK;
 
 	if (s->model.opt.type == TS_OPT_NONE)
-		return TS_OK;
+		return st;
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0] && st == TS_OK; i++) {
 		enum ts_pbuf_role role = param_roles[i];
 		struct ts_array *cur = s->held[role], **slot;
@@ -869,6 +972,14 @@ static const struct ts_session_hooks step_hooks = {
 	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
 };
 
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err);
+
+static const struct ts_session_hooks batch_hooks = {
+	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
+	.batch = step_batch,
+};
+
 /* ---- the run ------------------------------------------------------------------------ */
 
 /* One operand of a step: the array, its rows (normalised; NULL: all) and a
@@ -910,31 +1021,97 @@ static ts_status operand_rows(struct operand *o, const char *field, uint64_t *ba
 
 /* Stages an operand for the session: its memory as a source (gathered to
  * dev first when sharded). */
+/* The memory of a one-shard array as a session's source, with rows. */
+static struct ts_session_source operand_source(const struct ts_array *a, const uint64_t *rows,
+                                               size_t nrows)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+
+	return (struct ts_session_source){
+		.mem = ts_buffer_data(ts_array_single_buffer(a)), .bytes = d->nbytes,
+		.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0,
+		.src_dev = ts_array_box(a, 0)->device,
+		.src_kind = ts_array_placement(a)->sharding.memory_kind,
+		.rows = rows, .nrows = nrows};
+}
+
 static ts_status operand_stage(const struct ts_core *core, struct ts_session *sess,
                                enum ts_pbuf_role role, struct operand *o, struct ts_device *dev,
                                struct ts_error *err)
 {
-	const struct ts_array *a = o->arr;
-	const struct ts_array_desc *d = ts_array_desc(a);
-	struct ts_session_source src = {0};
+	struct ts_session_source src;
 	ts_status st;
 
-	if (!ts_array_single_buffer(a)) {
+	if (!ts_array_single_buffer(o->arr)) {
 		st = gather_sharded(core, o->arr, o->rows, o->nrows, dev, &o->gathered, err);
 		if (st != TS_OK)
 			return st;
-		a = o->gathered;
-		d = ts_array_desc(a);
+		src = operand_source(o->gathered, NULL, 0);
 	} else {
-		src.rows = o->rows;
-		src.nrows = o->nrows;
+		src = operand_source(o->arr, o->rows, o->nrows);
 	}
-	src.mem = ts_buffer_data(ts_array_single_buffer(a));
-	src.bytes = d->nbytes;
-	src.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0;
-	src.src_dev = ts_array_box(a, 0)->device;
-	src.src_kind = ts_array_placement(a)->sharding.memory_kind;
 	return ts_session_stage(sess, role, &src, err);
+}
+
+/* The batch of the run's step n of a data-driven run: the inputs' rows
+ * drawn, the targets' the same. */
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err)
+{
+	struct step *s = arg;
+	ts_status st = TS_OK;
+
+	if (role == TS_ROLE_INPUT) {
+		st = batch_rows(&s->batches, n, s->in->rows, err);
+		*src = operand_source(s->in->arr, s->in->rows, s->in->nrows);
+	} else {
+		memcpy(s->tgt->rows, s->in->rows, s->in->nrows * sizeof *s->in->rows);
+		*src = operand_source(s->tgt->arr, s->tgt->rows, s->tgt->nrows);
+	}
+	return st;
+}
+
+/* A data-driven run's operands: whole datasets of the same rows, one shard
+ * each; the first batch's rows. */
+static ts_status batches_begin(struct step *s, struct operand *in, struct operand *tgt,
+                               uint64_t *bin, uint64_t *btgt, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+	struct batches *b = &s->batches;
+	ts_status st;
+
+	if (in->rows_json || (tgt->arr && tgt->rows_json))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "%s.rows and batches are exclusive: batches draw the rows",
+		                    in->rows_json ? "inputs" : "targets");
+	if (!ts_array_single_buffer(in->arr) || (tgt->arr && !ts_array_single_buffer(tgt->arr)))
+		return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_DATASET",
+		                    "batches are drawn from one-shard datasets; '%s' is sharded",
+		                    ts_array_name(ts_array_single_buffer(in->arr) ? tgt->arr : in->arr));
+	b->rows = d->rank ? d->shape[0] : 0;
+	if (tgt->arr && (ts_array_desc(tgt->arr)->rank == 0 ||
+	                 ts_array_desc(tgt->arr)->shape[0] != b->rows))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+		                    "targets '%s' must have the %llu rows of the inputs '%s'",
+		                    ts_array_name(tgt->arr), (unsigned long long)b->rows,
+		                    ts_array_name(in->arr));
+	if (b->size > b->rows)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.batch_size %llu exceeds the %llu rows of '%s'",
+		                    (unsigned long long)b->size, (unsigned long long)b->rows,
+		                    ts_array_name(in->arr));
+	in->rows = malloc(b->size * sizeof *in->rows);
+	tgt->rows = tgt->arr ? malloc(b->size * sizeof *tgt->rows) : NULL;
+	if (!in->rows || (tgt->arr && !tgt->rows))
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a batch");
+	in->nrows = b->size;
+	st = batch_rows(b, 0, in->rows, err);
+	if (st == TS_OK && tgt->arr) {
+		memcpy(tgt->rows, in->rows, b->size * sizeof *in->rows);
+		tgt->nrows = b->size;
+	}
+	*bin = *btgt = b->size;
+	return st;
 }
 
 /* The operands' shapes: inputs float32 [B, d_model], targets like them. */
@@ -979,11 +1156,11 @@ static ts_status step_place(struct step *s, struct operand *in, struct operand *
 			use[nuse++] = ts_array_ref(s->held[param_roles[i]]);
 		}
 	nheld = nuse;
-	if (!in->rows_json) {
+	if (!in->rows_json && !s->batches.on) {
 		where_in = nuse;
 		use[nuse++] = ts_array_ref(in->arr);
 	}
-	if (tgt->arr && !tgt->rows_json) {
+	if (tgt->arr && !tgt->rows_json && !s->batches.on) {
 		where_tgt = nuse;
 		use[nuse++] = ts_array_ref(tgt->arr);
 	}
@@ -1013,6 +1190,13 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	const struct ts_session_report *rep = ts_session_report(sess);
 	json_t *losses = json_array();
 	double per = rep->steps ? 1.0 / (double)rep->steps : 0;
+	uint64_t spare = 0, bytes = 0;
+
+	/* a data-driven run of more than one step stages the next batch in a
+	 * second buffer per operand: device memory beside the plan's */
+	for (int k = 0; s->batches.on && s->steps > 1 && k < 2; k++)
+		if (ts_session_slot(sess, k ? TS_ROLE_TARGET : TS_ROLE_INPUT, &bytes, NULL))
+			spare += bytes;
 	double busy = rep->compute_s, waits = rep->copy_wait_s;
 
 	for (uint64_t i = 0; losses && i < rep->steps; i++)
@@ -1021,10 +1205,10 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	                 " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:I}, s:f}",
 	                 "model", s->model.name, "steps", (json_int_t)rep->steps, "losses", losses,
 	                 "device", ts_device_props(dev)->id,
-	                 "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                 "predicted_peak_device_bytes", (json_int_t)(plan->peak_device_bytes + spare),
 	                 "measured_peak_device_bytes",
 	                 (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
-	                              rep->measured_temp_peak),
+	                              rep->measured_temp_peak + rep->spare_bytes),
 	                 "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
 	                 "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
 	                 "analysis", analysis_json(plan, false),
@@ -1051,6 +1235,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	ts_status st;
 
 	s->op = op;
+	s->in = &in;
+	s->tgt = &tgt;
 	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
 	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
 		if (!s->targets)
@@ -1060,10 +1246,14 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	if (st == TS_OK)
 		st = step_place(s, &in, &tgt, &dev, err);
-	if (st == TS_OK)
-		st = operand_rows(&in, "inputs.rows", &bin, err);
-	if (st == TS_OK && tgt.arr)
-		st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	if (st == TS_OK && s->batches.on) {
+		st = batches_begin(s, &in, &tgt, &bin, &btgt, err);
+	} else {
+		if (st == TS_OK)
+			st = operand_rows(&in, "inputs.rows", &bin, err);
+		if (st == TS_OK && tgt.arr)
+			st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	}
 	if (st == TS_OK)
 		st = check_batch(s, &in, bin, &tgt, btgt, err);
 	/* the plan, with params and opt state where the held arrays are (a :put
@@ -1114,7 +1304,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK && !ts_model_registry_advance(core->models, m->uid, 0, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
 	if (st == TS_OK)
-		st = ts_session_run(sess, s->steps, base_steps + 1, &step_hooks, s, err);
+		st = ts_session_run(sess, s->steps, base_steps + 1,
+		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
 	/* what the steps that succeeded did is published, also after a failure */
 	{
 		struct ts_error ierr;
@@ -1129,8 +1320,26 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	if (st == TS_OK && grads[0])
 		st = ts_catalog_put_all(core->catalog, grads, (size_t)ngrads, true, err);
-	if (st == TS_OK)
-		ts_operation_set_result(op, step_result(s, sess, dev));
+	if (st == TS_OK) {
+		json_t *res = step_result(s, sess, dev);
+
+		if (res && s->batches.on) {
+			const struct batches *b = &s->batches;
+			uint64_t next = b->start + s->done * b->size;
+
+			/* where the run stopped: the next call continues with start = next */
+			json_object_set_new(res, "batches",
+			                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
+			                              "batch_size", (json_int_t)b->size,
+			                              "order", b->shuffle ? "shuffle" : "sequential",
+			                              "seed", (json_int_t)b->seed,
+			                              "start", (json_int_t)b->start,
+			                              "next", (json_int_t)next,
+			                              "epoch", (json_int_t)(next / b->rows),
+			                              "rows", (json_int_t)b->rows));
+		}
+		ts_operation_set_result(op, res);
+	}
 	ts_session_free(sess);
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
 		ts_array_unref(s->next[r]);
@@ -1151,7 +1360,7 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_operation *op = NULL;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL;
+	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *batches = NULL;
 	json_int_t steps = 1;
 	uint64_t wait_ns;
 	char owner[160];
@@ -1167,13 +1376,16 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	}
 	s->core = call->core;
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?I, s?o}", "inputs", &inputs,
-	                            "targets", &targets, "steps", &steps, "placement", &pl) != 0) {
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?I, s?o, s?o}", "inputs",
+	                            &inputs, "targets", &targets, "steps", &steps, "placement", &pl,
+	                            "batches", &batches) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
-		             "step body: %s (expected {\"inputs\": ..., \"targets\": ..., \"steps\": N})",
-		             jerr.text);
+		             "step body: %s (expected {\"inputs\": ..., \"targets\": ..., \"steps\": N, "
+		             "\"batches\": {...}})", jerr.text);
 		goto out_fail;
 	}
+	if (batches && batches_parse(batches, &s->batches, &err) != TS_OK)
+		goto out_fail;
 	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
 	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
 		goto out_fail;

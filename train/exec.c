@@ -598,10 +598,51 @@ static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *en
 	return TS_OK;
 }
 
-/* Upper bound of the queue jobs one action submits to any one queue: the
- * action itself, a record and a wait per other queue for each of up to five
- * operands, clock marks around each wait, the loss read-back. */
-#define JOBS_PER_ACTION 48
+/*
+ * Upper bounds of the queue jobs the run submits to each queue. An action
+ * on queue x with m operands submits itself, for each operand a wait per
+ * other queue (on the compute queue with a clock mark on each side) and on
+ * each other queue a record; a FREE a record per queue (and a clock mark);
+ * a copy also records its event; the loss read-back is a copy of one
+ * operand; the journal a copy per journaled buffer each way.
+ */
+static void count_jobs(const struct ts_plan *p, size_t jobs[NQ])
+{
+	for (int y = 0; y < NQ; y++)
+		jobs[y] = 16 + 2 * (size_t)p->nbufs;
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		int x, m;
+
+		switch (a->op) {
+		case TS_P_ALLOC:
+		case TS_P_WAIT:
+		case TS_P_PHASE:
+			continue;
+		case TS_P_FREE:
+			for (int y = 0; y < NQ; y++)
+				jobs[y] += 2;
+			continue;
+		case TS_P_COPY:
+			x = a->a >= 0 && p->bufs[a->a].kind == TS_MEM_DEVICE ? QH : QD;
+			m = 2;
+			jobs[x] += 1;              /* its event */
+			break;
+		case TS_P_LOSS:
+			jobs[QD] += 1 + (size_t)(NQ - 1) * 3;    /* the read-back */
+			jobs[QC] += 1;
+			/* fall through */
+		default:
+			x = QC;
+			m = 5;
+			break;
+		}
+		jobs[x] += 2 + (size_t)m * (NQ - 1) * (x == QC ? 3 : 1);
+		for (int y = 0; y < NQ; y++)
+			if (y != x)
+				jobs[y] += (size_t)m;
+	}
+}
 
 /*
  * Takes everything the run will need before its first action: the slots,
@@ -614,7 +655,7 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 	const struct ts_plan *p = r->p;
 	struct ts_space *sp[2] = {r->env->device_space, r->env->pinned_space};
 	uint64_t sizes[2] = {p->temp_size_in_bytes, p->host_temp_size_in_bytes};
-	size_t jobs = (size_t)p->nactions * JOBS_PER_ACTION + 64;
+	size_t jobs[NQ];
 	ts_status st = TS_OK;
 
 	r->q[QC] = r->env->compute;
@@ -665,8 +706,9 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 		st = ts_space_alloc(sp[1], p->host_journal_size_in_bytes, &mem, err);
 		r->journal = mem;
 	}
+	count_jobs(p, jobs);
 	for (int y = 0; y < NQ && st == TS_OK; y++)
-		st = ts_queue_reserve(r->q[y], jobs + 2 * (size_t)p->nbufs, err);
+		st = ts_queue_reserve(r->q[y], jobs[y], err);
 	return st;
 }
 

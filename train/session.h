@@ -76,6 +76,7 @@ struct ts_session_report {
 	uint64_t measured_temp_peak, measured_host_temp_peak;
 	uint64_t h2d_bytes, d2h_bytes;   /* the steps' and the staging's */
 	uint64_t staged_h2d_bytes;       /* of them, staging the batch from host memory */
+	uint64_t spare_bytes;            /* device memory of the next batches (hooks' batch) */
 	double wall_s, compute_s, copy_wait_s;
 };
 
@@ -88,6 +89,13 @@ struct ts_session_hooks {
 	 * next memory holds their update; publish it. Must not fail for memory
 	 * (prepare what publishing needs). A failure stops the run. */
 	ts_status (*publish)(void *arg, struct ts_session *s, float loss, struct ts_error *err);
+	/* Data-driven runs (optional): the source of the batch of the run's
+	 * step n for role (TS_ROLE_INPUT, then TS_ROLE_TARGET when staged; rows
+	 * borrowed until the next call). Step 0's batch is the one staged with
+	 * ts_session_stage; each later one is staged into a second buffer of
+	 * the session's (report's spare_bytes) while the step before computes. */
+	ts_status (*batch)(void *arg, uint64_t n, enum ts_pbuf_role role,
+	                   struct ts_session_source *src, struct ts_error *err);
 };
 
 /*
