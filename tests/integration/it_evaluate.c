@@ -642,7 +642,7 @@ START_TEST(test_evaluate_refused_while_a_step_runs)
 	small_setup("m", NULL, NULL);
 	op = post_json("/v1/models/m:step", "{\"inputs\": \"x\", \"targets\": \"t\", "
 	                                    "\"steps\": 100000}", 202);
-	snprintf(id, sizeof id, "%s", th_str(op, "id"));
+	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
 	post("/v1/models/m:evaluate", "{\"inputs\": \"x\", \"targets\": \"t\"}", &r);
 	ck_assert_msg(r.status == 409, "evaluate during a step: %ld %s", r.status, r.body);
@@ -681,9 +681,9 @@ START_TEST(test_evaluate_cancel)
 	dev0 = space_int(th_dev(0), "device", "bytes_in_use");
 	op = post_json("/v1/models/g:evaluate", "{\"inputs\": \"gx\", \"outputs\": {\"name\": \"go\"}}",
 	               202);
-	ck_assert_str_eq(th_str(op, "kind"), "evaluate");
-	ck_assert_str_eq(th_str(op, "target"), "g");
-	snprintf(id, sizeof id, "%s", th_str(op, "id"));
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), "evaluate");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "target")), "g");
+	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
 	snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
 	post(path, "{}", &r);
@@ -693,12 +693,12 @@ START_TEST(test_evaluate_cancel)
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
 	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
 	if (cancel == 200) {
-		ck_assert_str_eq(th_str(op, "state"), "CANCELLED");
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
 		ck_assert_int_eq(th_int(th_obj(op, "error"), "code"), 499);
 		ck_assert_int_eq(get_status("/v1/arrays/go"), 404);
 	} else {
 		fprintf(stderr, "evaluate: the evaluation ended before its cancel arrived\n");
-		ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	}
 	json_decref(op);
 	if (cancel == 200)
@@ -728,7 +728,7 @@ START_TEST(test_evaluate_holds_the_weights)
 	free(x);
 	before = array_meta("g.w1");
 	op = post_json("/v1/models/g:evaluate", "{\"inputs\": \"gx\"}", 202);
-	snprintf(id, sizeof id, "%s", th_str(op, "id"));
+	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
 	post("/v1/arrays/g.w1:put", "{\"memory_kind\": \"pinned_host\"}", &r);
 	if (r.status == 409) {
@@ -748,7 +748,7 @@ START_TEST(test_evaluate_holds_the_weights)
 	th_response_free(&r);
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
 	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
-	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
 	after = array_meta("g.w1");
 	ck_assert_str_eq(th_str(after, "etag"), th_str(before, "etag"));
