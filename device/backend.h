@@ -108,7 +108,7 @@ struct ts__pinned_ops {
 	                   void **out, struct ts_error *err);
 	void (*free)(void *ctx, void *p, size_t size);
 	void *ctx;
-	const char *source;             /* "cudaHostAlloc" or "mmap" */
+	const char *source;             /* "cudaHostAlloc" or "memfd" */
 };
 
 struct ts_device {
@@ -193,9 +193,11 @@ void ts__format_bytes(char *buf, size_t len, uint64_t bytes);
 /* ---- host memory (hostmem.c) --------------------------------------------- */
 
 /*
- * Anonymous page-aligned host memory of exactly size bytes, never touched
- * here. noreserve maps it without reserving swap (MAP_NORESERVE), for sim
- * device memory whose capacity may exceed what the host would commit.
+ * Page-aligned host memory of exactly size bytes, never touched here: a
+ * shareable memfd mapping (ts_host_mem_share), or anonymous pages when no
+ * memfd can be had. noreserve maps anonymous pages without reserving swap
+ * (MAP_NORESERVE), for sim device memory whose capacity may exceed what the
+ * host would commit.
  * Fails with RESOURCE_EXHAUSTED (ts__oom wording, host MemAvailable as the
  * free figure). Owned by the caller; release with ts__host_pages_free.
  */

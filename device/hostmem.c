@@ -1,20 +1,34 @@
 /*
- * hostmem.c - host memory for every backend: page-aligned anonymous mappings
+ * hostmem.c - host memory for every backend: page-aligned shareable mappings
  * and the host's memory figures.
  *
+ * Host pages (pageable host memory, and "pinned" host memory without CUDA)
+ * are memfd files mapped MAP_SHARED, so that any host allocation can be
+ * named as (descriptor, offset, length) and handed to a process on the same
+ * node (the lease service, server/lease.c). The file is sized once and
+ * sealed against shrinking and growing, so no holder of the descriptor can
+ * truncate pages under the daemon. When no memfd can be made (descriptors
+ * exhausted) the mapping is anonymous and simply not shareable. Sim device
+ * memory (noreserve) stays anonymous: it stands for device memory.
+ *
  * Mappings are made with exactly the size asked for and never touched here:
- * the first touch (and so the cost of faulting pages in) is the caller's.
- * Without CUDA, "pinned" host memory is such a mapping too; it is not locked
+ * the first touch (and so the cost of faulting pages in) is the caller's; a
+ * memfd's pages, like anonymous ones, exist only once touched. Without
+ * CUDA, "pinned" host memory is such a mapping too; it is not locked
  * (locking needs privileges the daemon should not require).
  *
- * Thread-safety: every function is safe from any thread; nothing is shared.
+ * Thread-safety: every function is safe from any thread; the table of
+ * shareable mappings is guarded by its mutex.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "device/backend.h"
 
@@ -54,16 +68,157 @@ ts_status ts__host_meminfo(uint64_t *avail, uint64_t *total,
 	return TS_OK;
 }
 
+/* ---- the table of shareable mappings ---------------------------------------- */
+
+struct shared_map {
+	uintptr_t base;
+	size_t size;
+	int fd;
+};
+
+static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_map *maps;       /* guarded by: maps_mu; sorted by base */
+static size_t nmaps, capmaps;         /* guarded by: maps_mu */
+
+/* Index of the first mapping whose base is > addr. */
+static size_t maps_upper_locked(uintptr_t addr)
+{
+	size_t lo = 0, hi = nmaps;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (maps[mid].base <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static bool maps_add(uintptr_t base, size_t size, int fd)
+{
+	bool ok = true;
+	size_t i;
+
+	pthread_mutex_lock(&maps_mu);
+	if (nmaps == capmaps) {
+		size_t cap = capmaps ? capmaps * 2 : 64;
+		struct shared_map *grown = realloc(maps, cap * sizeof *grown);
+
+		if (!grown) {
+			ok = false;
+			goto out;
+		}
+		maps = grown;
+		capmaps = cap;
+	}
+	i = maps_upper_locked(base);
+	memmove(&maps[i + 1], &maps[i], (nmaps - i) * sizeof *maps);
+	maps[i] = (struct shared_map){base, size, fd};
+	nmaps++;
+out:
+	pthread_mutex_unlock(&maps_mu);
+	return ok;
+}
+
+/* Removes the mapping based at base; its descriptor, or -1 when none. */
+static int maps_remove(uintptr_t base)
+{
+	int fd = -1;
+	size_t i;
+
+	pthread_mutex_lock(&maps_mu);
+	i = maps_upper_locked(base);
+	if (i > 0 && maps[i - 1].base == base) {
+		fd = maps[i - 1].fd;
+		memmove(&maps[i - 1], &maps[i], (nmaps - i) * sizeof *maps);
+		nmaps--;
+	}
+	pthread_mutex_unlock(&maps_mu);
+	return fd;
+}
+
+int ts_host_mem_share(const void *p, uint64_t len, bool writable, uint64_t *offset)
+{
+	uintptr_t a = (uintptr_t)p;
+	char path[64];
+	int fd = -1, src = -1;
+	size_t i;
+
+	pthread_mutex_lock(&maps_mu);
+	i = maps_upper_locked(a);
+	if (i > 0 && a - maps[i - 1].base < maps[i - 1].size &&
+	    len <= maps[i - 1].size - (a - maps[i - 1].base)) {
+		*offset = a - maps[i - 1].base;
+		src = maps[i - 1].fd;
+		/* a descriptor of its own, opened while the table still holds src:
+		 * read-only opens a new read-only file description of the memfd */
+		if (writable) {
+			fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
+		} else {
+			snprintf(path, sizeof path, "/proc/self/fd/%d", src);
+			fd = open(path, O_RDONLY | O_CLOEXEC);
+		}
+		if (fd < 0)
+			fd = -errno;
+	} else {
+		fd = -ENOENT;
+	}
+	pthread_mutex_unlock(&maps_mu);
+	return fd;
+}
+
+/* A memfd of size bytes mapped shared, sealed at its size; NULL (errno set)
+ * when no memfd can be made. */
+static void *shared_pages(size_t size)
+{
+	int fd = memfd_create("tstage-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	void *p = MAP_FAILED;
+	int e;
+
+	if (fd < 0)
+		return NULL;
+	if (ftruncate(fd, (off_t)size) != 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+		goto fail;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		goto fail;
+	if (!maps_add((uintptr_t)p, size, fd)) {
+		errno = ENOMEM;
+		goto fail;
+	}
+	return p;
+
+fail:
+	e = errno;
+	if (p != MAP_FAILED)
+		munmap(p, size);
+	close(fd);
+	errno = e;
+	return NULL;
+}
+
+/* ---- host pages ------------------------------------------------------------- */
+
 ts_status ts__host_pages_alloc(const struct ts_device *dev,
                                enum ts_memory_kind kind, size_t size,
                                bool noreserve, void **out,
                                struct ts_error *err)
 {
 	int flags = MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0);
-	void *p;
+	void *p = NULL;
 
 	*out = NULL;
-	p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+	if (!noreserve)
+		p = shared_pages(size);
+	/* ENOMEM and ENOSPC (memory or tmpfs limits) are an answer; any other
+	 * failure (descriptors exhausted) falls back to anonymous pages */
+	if (!p && !noreserve && (errno == ENOMEM || errno == ENOSPC))
+		p = MAP_FAILED;
+	else if (!p)
+		p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
 	if (p == MAP_FAILED) {
 		int e = errno;
 		uint64_t avail = 0, total = 0;
@@ -83,8 +238,14 @@ ts_status ts__host_pages_alloc(const struct ts_device *dev,
 
 void ts__host_pages_free(void *p, size_t size)
 {
-	if (p)
-		munmap(p, size);
+	int fd;
+
+	if (!p)
+		return;
+	fd = maps_remove((uintptr_t)p);
+	munmap(p, size);
+	if (fd >= 0)
+		close(fd);
 }
 
 static ts_status pinned_pages_alloc(void *ctx, struct ts_device *dev, size_t size,
@@ -103,5 +264,5 @@ void ts__pinned_ops_default(struct ts__pinned_ops *ops)
 	ops->alloc = pinned_pages_alloc;
 	ops->free = pinned_pages_free;
 	ops->ctx = NULL;
-	ops->source = "mmap";
+	ops->source = "memfd";
 }
