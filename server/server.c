@@ -251,6 +251,8 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		goto out_free;
 	}
 	st = ts__http_start(srv, err);
+	if (st == TS_OK && cfg->unix_socket[0])
+		st = ts__lease_start(srv, err);
 	if (st != TS_OK)
 		goto out_free;
 	st = write_port_file(srv, err);
@@ -335,6 +337,7 @@ void ts_server_free(struct ts_server *srv)
 		return;
 	ts__http_wake_all(srv);
 	ts__http_stop(srv);
+	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.operations);
 	ts_metrics_free(srv->metrics);
