@@ -7,8 +7,10 @@
  * named as (descriptor, offset, length) and handed to a process on the same
  * node (the lease service, server/lease.c). The file is sized once and
  * sealed against shrinking and growing, so no holder of the descriptor can
- * truncate pages under the daemon. When no memfd can be made (descriptors
- * exhausted) the mapping is anonymous and simply not shareable. Sim device
+ * truncate pages under the daemon. Each holds a descriptor until it is
+ * freed: mappings take at most half of RLIMIT_NOFILE, so that connections
+ * and files keep theirs; past that, or when no memfd can be made, the
+ * mapping is anonymous and simply not shareable. Sim device
  * memory (noreserve) stays anonymous: it stands for device memory.
  *
  * Mappings are made with exactly the size asked for and never touched here:
@@ -28,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "device/backend.h"
@@ -169,14 +172,32 @@ int ts_host_mem_share(const void *p, uint64_t len, bool writable, uint64_t *offs
 	return fd;
 }
 
+/* Whether another mapping may hold a descriptor (half of RLIMIT_NOFILE). */
+static bool maps_budget_left(void)
+{
+	struct rlimit rl;
+	size_t n;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return false;
+	pthread_mutex_lock(&maps_mu);
+	n = nmaps;
+	pthread_mutex_unlock(&maps_mu);
+	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
+}
+
 /* A memfd of size bytes mapped shared, sealed at its size; NULL (errno set)
- * when no memfd can be made. */
+ * when no memfd can be made or the descriptor budget is spent (EMFILE). */
 static void *shared_pages(size_t size)
 {
-	int fd = memfd_create("tstage-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	void *p = MAP_FAILED;
-	int e;
+	int fd, e;
 
+	if (!maps_budget_left()) {
+		errno = EMFILE;
+		return NULL;
+	}
+	fd = memfd_create("tstage-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return NULL;
 	if (ftruncate(fd, (off_t)size) != 0 ||

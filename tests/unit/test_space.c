@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "memory/buffer.h"
@@ -397,6 +398,40 @@ START_TEST(device_memory_is_not_shareable)
 }
 END_TEST
 
+START_TEST(descriptors_are_budgeted)
+{
+	struct ts_space *sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
+	struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
+	void *p[100];
+	struct ts_error err;
+	uint64_t off;
+	int shared = 0, fd;
+
+	/* this case runs in its own process (fork mode): the limit is its own */
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	ts_error_clear(&err);
+	for (int i = 0; i < 100; i++) {
+		ck_assert_msg(ts_space_alloc(sp, 4096, &p[i], &err) == TS_OK, "%s", err.message);
+		fd = ts_host_mem_share(p[i], 4096, false, &off);
+		if (fd >= 0) {
+			shared++;
+			close(fd);
+		}
+	}
+	/* at most half the limit holds memfds (the pinned pool's none yet);
+	 * the others are anonymous pages, allocated all the same */
+	ck_assert_int_gt(shared, 0);
+	ck_assert_int_le(shared, 32);
+	for (int i = 0; i < 100; i++)
+		ts_space_release(sp, p[i], 4096);
+	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p[0], &err), TS_OK);
+	fd = ts_host_mem_share(p[0], 4096, false, &off);
+	ck_assert_int_ge(fd, 0);                   /* freed ones gave theirs back */
+	close(fd);
+	ts_space_release(sp, p[0], 4096);
+}
+END_TEST
+
 static Suite *space_suite(void)
 {
 	Suite *s = suite_create("space");
@@ -414,6 +449,7 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, randomized_exact_stats);
 	tcase_add_test(tc, host_memory_is_shareable);
 	tcase_add_test(tc, device_memory_is_not_shareable);
+	tcase_add_test(tc, descriptors_are_budgeted);
 	suite_add_tcase(s, tc);
 	return s;
 }
