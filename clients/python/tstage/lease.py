@@ -23,6 +23,7 @@ import mmap
 import os
 import socket
 import struct
+import sys
 import threading
 import weakref
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
@@ -35,6 +36,9 @@ from .errors import TransportError, error_from_status
 _HDR = struct.Struct(">I")
 _MAX_FDS = 64
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+# Python >= 3.13 can map without keeping a duplicate of the descriptor: a
+# leased array then costs the client no descriptor while it lives
+_NO_TRACK: Dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
 
 
 class _Mapping(mmap.mmap):
@@ -161,7 +165,7 @@ class LeaseConnection:
             delta = int(sh["offset"]) - base
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             m = _Mapping(fds[0], delta + length, flags=mmap.MAP_SHARED | _POPULATE,
-                         prot=prot, offset=base)
+                         prot=prot, offset=base, **_NO_TRACK)
         except BaseException:
             self.release_later(lease)
             raise
