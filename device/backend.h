@@ -108,7 +108,7 @@ struct ts__pinned_ops {
 	                   void **out, struct ts_error *err);
 	void (*free)(void *ctx, void *p, size_t size);
 	void *ctx;
-	const char *source;             /* "cudaHostAlloc" or "memfd" */
+	const char *source;             /* "cudaHostAlloc", "memfd+cudaHostRegister", "memfd" */
 };
 
 struct ts_device {

@@ -97,6 +97,9 @@ struct ts_device_config {
 	uint64_t sim_device_memory; /* capacity of each sim device, bytes; 0: 2 GiB */
 	bool cuda;                /* try the CUDA backend (false: skip it) */
 	const char *host;         /* node name reported; NULL: gethostname() */
+	bool shareable_pinned;    /* CUDA: pinned host memory as memfd pages pinned with
+	                           * cudaHostRegister (shareable by leases), not
+	                           * cudaHostAlloc; without CUDA it is memfd anyway */
 };
 
 /* Per-backend discovery outcome, for GET /v1/backends. */

@@ -184,6 +184,8 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.sim_device_memory = cfg->sim_device_memory,
 		.cuda = cfg->cuda,
 		.host = cfg->host_name[0] ? cfg->host_name : NULL,
+		/* the lease service shares pinned memory too */
+		.shareable_pinned = cfg->unix_socket[0] != '\0',
 	};
 	st = ts_device_set_new(&dcfg, &srv->devices, err);
 	if (st != TS_OK)

@@ -9,9 +9,9 @@
  * publish; then unmap) against the same memcpy. All measured in the same run, each the best of
  * a few runs.
  *
- * The daemon runs without CUDA, so that pinned_host is memfd memory (on a
- * CUDA build with a GPU pinned_host is cudaHostAlloc, not shareable yet;
- * unpinned_host is). Written arrays reuse the pinned pool's segment (as a
+ * The daemon runs without CUDA (host memory alone is measured; with CUDA
+ * and --unix-socket pinned_host is the same memfd memory, registered with
+ * cudaHostRegister). Written arrays reuse the pinned pool's segment (as a
  * daemon does in steady state): the runs after the first fault no new
  * pages. Mappings are made with MAP_POPULATE (page tables filled at once:
  * the pages exist already, in the daemon).
