@@ -303,3 +303,30 @@ def test_service_answers_bad_requests_and_goes_on(lease_daemon, lc):
     assert r["error"]["status"] == "INVALID_ARGUMENT"
     assert _read(s) is None
     s.close()
+
+
+def test_zero_copy_dtypes(lc):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.arange(96, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(4, 24)
+    lc.put("bf", a, device="cpu:0", memory_kind="unpinned_host")
+    x = lc.get("bf", zero_copy=True)
+    assert x.dtype == np.dtype(ml_dtypes.bfloat16) and x.shape == (4, 24)
+    assert np.array_equal(x.view(np.uint16), a.view(np.uint16))
+    lc.put("empty", np.zeros((0, 3), np.int64), device="cpu:0", memory_kind="unpinned_host")
+    e = lc.get("empty", zero_copy=True)
+    assert e.shape == (0, 3) and e.dtype == np.int64 and not e.flags.writeable
+
+
+def test_sharded_host_array_is_read_over_http(lc):
+    sharding = {"mesh": {"devices": ["sim:0", "sim:1"], "axis_names": ["x"]}, "spec": ["x"],
+                "memory_kind": "pinned_host"}
+    a = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+    lc.put("sh", a, sharding=sharding)
+    with pytest.raises(ValueError, match="2 shards"):
+        lc.get("sh", zero_copy=True)
+    assert np.array_equal(lc.get("sh"), a)
+    # the lease the client could not map was released: deleting frees the bytes
+    lc.delete("sh")
+    release_all(lc)
+    assert in_use(lc, "pinned_host", "sim:0") == 0
+    assert in_use(lc, "pinned_host", "sim:1") == 0
