@@ -267,7 +267,7 @@ static ts_status register_pages(const struct cuda_pinned *cp, struct ts_device *
 	st = cuda_fail(gpu, cp->host_register(p, size, cudaHostRegisterPortable),
 	               "cudaHostRegister", ask, err);
 	if (st != TS_OK) {
-		ts__host_pages_free(p, size);
+		ts__host_pages_free(dev, p, size);
 		return st;
 	}
 	*out = p;
@@ -333,7 +333,7 @@ static void cuda_pinned_free(void *ctx, void *p, size_t size)
 		return;
 	if (cp->host_register) {
 		cuda_fail(gpu, cp->host_unregister(p), "cudaHostUnregister", NULL, NULL);
-		ts__host_pages_free(p, size);
+		ts__host_pages_free(gpu, p, size);      /* the set's table, as every device's */
 		return;
 	}
 	cuda_fail(gpu, cudaFreeHost(p), "cudaFreeHost", NULL, NULL);

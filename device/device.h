@@ -260,7 +260,8 @@ bool ts_device_broken(const struct ts_device *dev);
 
 /*
  * A descriptor of the shareable host mapping holding [p, p + len) (host
- * pages of pinned or pageable host memory, hostmem.c), and p's offset in it
+ * pages of pinned or pageable host memory of dev's set, hostmem.c: any
+ * device of the set answers the same), and p's offset in it
  * into *offset: read-only (a new read-only open of the memfd, which a
  * receiver can map only PROT_READ) or, with writable, read-write. The
  * caller owns the descriptor (close-on-exec). A negative errno when p is in
@@ -268,6 +269,7 @@ bool ts_device_broken(const struct ts_device *dev);
  * anonymous fallback pages) or a descriptor cannot be made. Thread-safe;
  * the caller keeps the memory alive meanwhile.
  */
-int ts_host_mem_share(const void *p, uint64_t len, bool writable, uint64_t *offset);
+int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
+                      bool writable, uint64_t *offset);
 
 #endif

@@ -20,7 +20,8 @@
  * (locking needs privileges the daemon should not require).
  *
  * Thread-safety: every function is safe from any thread; the table of
- * shareable mappings is guarded by its mutex.
+ * shareable mappings (one per device set, backend.h) is guarded by its
+ * mutex.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -73,25 +74,29 @@ ts_status ts__host_meminfo(uint64_t *avail, uint64_t *total,
 
 /* ---- the table of shareable mappings ---------------------------------------- */
 
-struct shared_map {
-	uintptr_t base;
-	size_t size;
-	int fd;
-};
+void ts__host_maps_init(struct ts__host_maps *m)
+{
+	pthread_mutex_init(&m->mu, NULL);
+	m->maps = NULL;
+	m->n = m->cap = 0;
+}
 
-static pthread_mutex_t maps_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct shared_map *maps;       /* guarded by: maps_mu; sorted by base */
-static size_t nmaps, capmaps;         /* guarded by: maps_mu */
+void ts__host_maps_release(struct ts__host_maps *m)
+{
+	free(m->maps);
+	m->maps = NULL;
+	pthread_mutex_destroy(&m->mu);
+}
 
 /* Index of the first mapping whose base is > addr. */
-static size_t maps_upper_locked(uintptr_t addr)
+static size_t maps_upper_locked(const struct ts__host_maps *m, uintptr_t addr)
 {
-	size_t lo = 0, hi = nmaps;
+	size_t lo = 0, hi = m->n;
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 
-		if (maps[mid].base <= addr)
+		if (m->maps[mid].base <= addr)
 			lo = mid + 1;
 		else
 			hi = mid;
@@ -99,62 +104,64 @@ static size_t maps_upper_locked(uintptr_t addr)
 	return lo;
 }
 
-static bool maps_add(uintptr_t base, size_t size, int fd)
+static bool maps_add(struct ts__host_maps *m, uintptr_t base, size_t size, int fd)
 {
 	bool ok = true;
 	size_t i;
 
-	pthread_mutex_lock(&maps_mu);
-	if (nmaps == capmaps) {
-		size_t cap = capmaps ? capmaps * 2 : 64;
-		struct shared_map *grown = realloc(maps, cap * sizeof *grown);
+	pthread_mutex_lock(&m->mu);
+	if (m->n == m->cap) {
+		size_t cap = m->cap ? m->cap * 2 : 64;
+		struct ts__host_map *grown = realloc(m->maps, cap * sizeof *grown);
 
 		if (!grown) {
 			ok = false;
 			goto out;
 		}
-		maps = grown;
-		capmaps = cap;
+		m->maps = grown;
+		m->cap = cap;
 	}
-	i = maps_upper_locked(base);
-	memmove(&maps[i + 1], &maps[i], (nmaps - i) * sizeof *maps);
-	maps[i] = (struct shared_map){base, size, fd};
-	nmaps++;
+	i = maps_upper_locked(m, base);
+	memmove(&m->maps[i + 1], &m->maps[i], (m->n - i) * sizeof *m->maps);
+	m->maps[i] = (struct ts__host_map){base, size, fd};
+	m->n++;
 out:
-	pthread_mutex_unlock(&maps_mu);
+	pthread_mutex_unlock(&m->mu);
 	return ok;
 }
 
 /* Removes the mapping based at base; its descriptor, or -1 when none. */
-static int maps_remove(uintptr_t base)
+static int maps_remove(struct ts__host_maps *m, uintptr_t base)
 {
 	int fd = -1;
 	size_t i;
 
-	pthread_mutex_lock(&maps_mu);
-	i = maps_upper_locked(base);
-	if (i > 0 && maps[i - 1].base == base) {
-		fd = maps[i - 1].fd;
-		memmove(&maps[i - 1], &maps[i], (nmaps - i) * sizeof *maps);
-		nmaps--;
+	pthread_mutex_lock(&m->mu);
+	i = maps_upper_locked(m, base);
+	if (i > 0 && m->maps[i - 1].base == base) {
+		fd = m->maps[i - 1].fd;
+		memmove(&m->maps[i - 1], &m->maps[i], (m->n - i) * sizeof *m->maps);
+		m->n--;
 	}
-	pthread_mutex_unlock(&maps_mu);
+	pthread_mutex_unlock(&m->mu);
 	return fd;
 }
 
-int ts_host_mem_share(const void *p, uint64_t len, bool writable, uint64_t *offset)
+int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
+                      bool writable, uint64_t *offset)
 {
+	struct ts__host_maps *m = dev->host_maps;
 	uintptr_t a = (uintptr_t)p;
 	char path[64];
-	int fd = -1, src = -1;
+	int fd, src;
 	size_t i;
 
-	pthread_mutex_lock(&maps_mu);
-	i = maps_upper_locked(a);
-	if (i > 0 && a - maps[i - 1].base < maps[i - 1].size &&
-	    len <= maps[i - 1].size - (a - maps[i - 1].base)) {
-		*offset = a - maps[i - 1].base;
-		src = maps[i - 1].fd;
+	pthread_mutex_lock(&m->mu);
+	i = maps_upper_locked(m, a);
+	if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
+	    len <= m->maps[i - 1].size - (a - m->maps[i - 1].base)) {
+		*offset = a - m->maps[i - 1].base;
+		src = m->maps[i - 1].fd;
 		/* a descriptor of its own, opened while the table still holds src:
 		 * read-only opens a new read-only file description of the memfd */
 		if (writable) {
@@ -168,32 +175,33 @@ int ts_host_mem_share(const void *p, uint64_t len, bool writable, uint64_t *offs
 	} else {
 		fd = -ENOENT;
 	}
-	pthread_mutex_unlock(&maps_mu);
+	pthread_mutex_unlock(&m->mu);
 	return fd;
 }
 
 /* Whether another mapping may hold a descriptor (half of RLIMIT_NOFILE). */
-static bool maps_budget_left(void)
+static bool maps_budget_left(struct ts__host_maps *m)
 {
 	struct rlimit rl;
 	size_t n;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
 		return false;
-	pthread_mutex_lock(&maps_mu);
-	n = nmaps;
-	pthread_mutex_unlock(&maps_mu);
+	pthread_mutex_lock(&m->mu);
+	n = m->n;
+	pthread_mutex_unlock(&m->mu);
 	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
 }
 
-/* A memfd of size bytes mapped shared, sealed at its size; NULL (errno set)
- * when no memfd can be made or the descriptor budget is spent (EMFILE). */
-static void *shared_pages(size_t size)
+/* A memfd of size bytes mapped shared, sealed at its size and entered in
+ * m; NULL (errno set) when no memfd can be made or the descriptor budget
+ * is spent (EMFILE). */
+static void *shared_pages(struct ts__host_maps *m, size_t size)
 {
 	void *p = MAP_FAILED;
 	int fd, e;
 
-	if (!maps_budget_left()) {
+	if (!maps_budget_left(m)) {
 		errno = EMFILE;
 		return NULL;
 	}
@@ -206,7 +214,7 @@ static void *shared_pages(size_t size)
 	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		goto fail;
-	if (!maps_add((uintptr_t)p, size, fd)) {
+	if (!maps_add(m, (uintptr_t)p, size, fd)) {
 		errno = ENOMEM;
 		goto fail;
 	}
@@ -233,7 +241,7 @@ ts_status ts__host_pages_alloc(const struct ts_device *dev,
 
 	*out = NULL;
 	if (!noreserve)
-		p = shared_pages(size);
+		p = shared_pages(dev->host_maps, size);
 	/* ENOMEM and ENOSPC (memory or tmpfs limits) are an answer; any other
 	 * failure (descriptors exhausted) falls back to anonymous pages */
 	if (!p && !noreserve && (errno == ENOMEM || errno == ENOSPC))
@@ -257,16 +265,21 @@ ts_status ts__host_pages_alloc(const struct ts_device *dev,
 	return TS_OK;
 }
 
-void ts__host_pages_free(void *p, size_t size)
+static void pages_free(struct ts__host_maps *m, void *p, size_t size)
 {
 	int fd;
 
 	if (!p)
 		return;
-	fd = maps_remove((uintptr_t)p);
+	fd = maps_remove(m, (uintptr_t)p);
 	munmap(p, size);
 	if (fd >= 0)
 		close(fd);
+}
+
+void ts__host_pages_free(const struct ts_device *dev, void *p, size_t size)
+{
+	pages_free(dev->host_maps, p, size);
 }
 
 static ts_status pinned_pages_alloc(void *ctx, struct ts_device *dev, size_t size,
@@ -277,13 +290,13 @@ static ts_status pinned_pages_alloc(void *ctx, struct ts_device *dev, size_t siz
 
 static void pinned_pages_free(void *ctx, void *p, size_t size)
 {
-	ts__host_pages_free(p, size);
+	pages_free(ctx, p, size);
 }
 
-void ts__pinned_ops_default(struct ts__pinned_ops *ops)
+void ts__pinned_ops_default(struct ts__pinned_ops *ops, struct ts__host_maps *maps)
 {
 	ops->alloc = pinned_pages_alloc;
 	ops->free = pinned_pages_free;
-	ops->ctx = NULL;
+	ops->ctx = maps;
 	ops->source = "memfd";
 }

@@ -90,5 +90,6 @@ int ts_buffer_share(const struct ts_buffer *b, bool writable, uint64_t *offset)
 {
 	if (!ts_buffer_host_visible(b))
 		return -ENOENT;
-	return ts_host_mem_share(b->data, b->size ? b->size : 1, writable, offset);
+	return ts_host_mem_share(ts_buffer_device(b), b->data, b->size ? b->size : 1, writable,
+	                         offset);
 }

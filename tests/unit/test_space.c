@@ -383,18 +383,18 @@ START_TEST(device_memory_is_not_shareable)
 	ck_assert_int_eq(ts_buffer_new(sp, 4096, &b, &err), TS_OK);
 	ck_assert_int_eq(ts_buffer_share(b, false, &off), -ENOENT);
 	/* nor is an address outside every mapping, or past one's end */
-	ck_assert_int_eq(ts_host_mem_share(&off, 1, false, &off), -ENOENT);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), &off, 1, false, &off), -ENOENT);
 	ts_buffer_unref(b);
 	sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
 	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p, &err), TS_OK);
-	ck_assert_int_eq(ts_host_mem_share(p, 8192, false, &off), -ENOENT);
-	fd = ts_host_mem_share((char *)p + 4095, 1, false, &off);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 8192, false, &off), -ENOENT);
+	fd = ts_host_mem_share(ts_space_device(sp), (char *)p + 4095, 1, false, &off);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_uint_eq(off, 4095);
 	close(fd);
 	ts_space_release(sp, p, 4096);
 	/* freed: no longer shareable */
-	ck_assert_int_eq(ts_host_mem_share(p, 1, false, &off), -ENOENT);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 1, false, &off), -ENOENT);
 }
 END_TEST
 
@@ -412,7 +412,7 @@ START_TEST(descriptors_are_budgeted)
 	ts_error_clear(&err);
 	for (int i = 0; i < 100; i++) {
 		ck_assert_msg(ts_space_alloc(sp, 4096, &p[i], &err) == TS_OK, "%s", err.message);
-		fd = ts_host_mem_share(p[i], 4096, false, &off);
+		fd = ts_host_mem_share(ts_space_device(sp), p[i], 4096, false, &off);
 		if (fd >= 0) {
 			shared++;
 			close(fd);
@@ -425,7 +425,7 @@ START_TEST(descriptors_are_budgeted)
 	for (int i = 0; i < 100; i++)
 		ts_space_release(sp, p[i], 4096);
 	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p[0], &err), TS_OK);
-	fd = ts_host_mem_share(p[0], 4096, false, &off);
+	fd = ts_host_mem_share(ts_space_device(sp), p[0], 4096, false, &off);
 	ck_assert_int_ge(fd, 0);                   /* freed ones gave theirs back */
 	close(fd);
 	ts_space_release(sp, p[0], 4096);
