@@ -30,6 +30,7 @@ struct ts_device_set {
 	size_t count;
 	struct ts_backend_info info[TS_BACKEND_COUNT];
 	struct ts__pinned_ops pinned;               /* immutable after new */
+	struct ts__host_maps host_maps;             /* its devices' shareable host memory */
 };
 
 static const char *const memory_kind_names[TS_MEM_KIND_COUNT] = {
@@ -124,6 +125,7 @@ struct ts_device *ts__device_new(struct ts__discover_ctx *ctx,
 	dev->props.simulated = backend == TS_BACKEND_SIM;
 	dev->ops = ops;
 	dev->pinned = ctx->pinned;
+	dev->host_maps = ctx->host_maps;
 	atomic_init(&dev->broken, false);
 	atomic_init(&dev->copies, 0);
 	for (int k = 0; k <= TS_COPY_H2H; k++)
@@ -212,11 +214,13 @@ ts_status ts_device_set_new(const struct ts_device_config *cfg,
 	set = calloc(1, sizeof *set);
 	if (!set)
 		return ts_error_oom(err, "device set: out of memory");
-	ts__pinned_ops_default(&set->pinned);
+	ts__host_maps_init(&set->host_maps);
+	ts__pinned_ops_default(&set->pinned, &set->host_maps);
 	resolve_host(cfg, host, sizeof host);
 	ctx.cfg = cfg;
 	ctx.host = host;
 	ctx.pinned = &set->pinned;
+	ctx.host_maps = &set->host_maps;
 
 	st = ts__cuda_discover(&ctx, &set->info[TS_BACKEND_CUDA], err);
 	if (st != TS_OK)
@@ -241,6 +245,7 @@ out_free:
 	for (size_t i = ctx.count; i-- > 0;)
 		device_release(ctx.devices[i]);
 	free(ctx.devices);
+	ts__host_maps_release(&set->host_maps);
 	free(set);
 	return st;
 }
@@ -253,6 +258,7 @@ void ts_device_set_free(struct ts_device_set *set)
 	for (size_t i = set->count; i-- > 0;)
 		device_release(set->devices[i]);
 	free(set->devices);
+	ts__host_maps_release(&set->host_maps);
 	free(set);
 }
 
@@ -361,7 +367,7 @@ void ts_device_mem_free(struct ts_device *dev, enum ts_memory_kind kind,
 		dev->pinned->free(dev->pinned->ctx, p, size);
 		break;
 	case TS_MEM_UNPINNED_HOST:
-		ts__host_pages_free(p, size);
+		ts__host_pages_free(dev, p, size);
 		break;
 	default:
 		break;
