@@ -327,18 +327,19 @@ static void slot_release(struct run *r, int i)
 	sl->ptr = sl->wptr = NULL;
 }
 
-/* Reads the loss scalar of buffer i back into r->loss, on the d2h queue. */
+/* Reads the loss scalar of buffer i back into r->loss. */
 static ts_status read_loss(struct run *r, int i, struct ts_error *err)
 {
-	ts_status st = before_use(r, QD, i, false, err);
+	ts_status st;
 
+	/* on the compute queue, right behind the kernel that wrote it: its
+	 * FREE then waits for the forward pass only, not for the offloads
+	 * queued on the d2h queue meanwhile */
+	st = ts_queue_copy(r->q[QC], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
 	if (st != TS_OK)
 		return st;
-	st = ts_queue_copy(r->q[QD], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
-	if (st != TS_OK)
-		return st;
-	r->seq[QD]++;
-	after_use(r, QD, i, false);
+	r->seq[QC]++;
+	after_use(r, QC, i, false);
 	return TS_OK;
 }
 
@@ -629,8 +630,7 @@ static void count_jobs(const struct ts_plan *p, size_t jobs[NQ])
 			jobs[x] += 1;              /* its event */
 			break;
 		case TS_P_LOSS:
-			jobs[QD] += 1 + (size_t)(NQ - 1) * 3;    /* the read-back */
-			jobs[QC] += 1;
+			jobs[QC] += 1;                 /* the read-back */
 			/* fall through */
 		default:
 			x = QC;

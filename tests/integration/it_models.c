@@ -1842,11 +1842,14 @@ START_TEST(test_step_counts_staging_from_the_host)
 	json_t *res;
 	const json_int_t batch = 8 * 16 * 4;
 
-	json_decref(create("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	                   "\"loss\": \"mse\", \"placement\": {\"device\": \"sim:0\"}}"));
-	upload("hx", x, 8, 16, "device=sim:0&memory_kind=pinned_host");
-	upload("hy", x + 16, 8, 16, "device=sim:0&memory_kind=pinned_host");
-	upload("hds", x, 12, 16, "device=sim:0&memory_kind=pinned_host");
+	char *spec = fmt("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                 "\"loss\": \"mse\", \"placement\": {\"device\": \"%s\"}}", th_dev(0));
+	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0)), *dev0 = fmt("device=%s", th_dev(0));
+
+	json_decref(create(spec));
+	upload("hx", x, 8, 16, host);
+	upload("hy", x + 16, 8, 16, host);
+	upload("hds", x, 12, 16, host);
 	res = step_wait("hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
@@ -1857,12 +1860,15 @@ START_TEST(test_step_counts_staging_from_the_host)
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	json_decref(res);
 	/* already on the device: nothing is staged */
-	upload("dx", x, 8, 16, "device=sim:0");
-	upload("dy", x + 16, 8, 16, "device=sim:0");
+	upload("dx", x, 8, 16, dev0);
+	upload("dy", x + 16, 8, 16, dev0);
 	res = step_wait("hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 0);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(th_obj(res, "analysis"), "h2d_bytes"));
 	json_decref(res);
+	free(spec);
+	free(host);
+	free(dev0);
 	free(x);
 }
 END_TEST
@@ -1876,10 +1882,16 @@ static void take_losses(json_t *res, double *out, size_t *n)
 		out[(*n)++] = json_real_value(json_array_get(l, i));
 }
 
-#define BATCH_MODEL(name) \
-	"{\"name\": \"" name "\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, " \
-	"\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, " \
-	"\"placement\": {\"device\": \"sim:0\"}}"
+/* Creates the Adam model name of the batches test on the first device. */
+static void batch_model(const char *name)
+{
+	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                 "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, "
+	                 "\"placement\": {\"device\": \"%s\"}}", name, th_dev(0));
+
+	json_decref(create(spec));
+	free(spec);
+}
 
 /*
  * Data-driven runs: "batches" draws each step's batch from whole datasets
@@ -1893,15 +1905,15 @@ START_TEST(test_step_batches)
 	float *x = make(12 * 16, 72, -1.0f, 1.0f), *y = make(12 * 16, 73, -1.0f, 1.0f);
 	double a[8], b[8], c[8], d[8], e[8];
 	size_t na = 0, nb = 0, nc = 0, nd = 0, ne = 0;
-	const char *host = "device=sim:0&memory_kind=pinned_host";
+	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0));
 	json_t *res, *bt;
 	char body[512];
 
 	upload("bx", x, 12, 16, host);
 	upload("by", y, 12, 16, host);
-	json_decref(create(BATCH_MODEL("ba")));
-	json_decref(create(BATCH_MODEL("bb")));
-	json_decref(create(BATCH_MODEL("bc")));
+	batch_model("ba");
+	batch_model("bb");
+	batch_model("bc");
 	/* 5 steps of 4 rows over 12: rows 0..11, then 0..7 of the next epoch */
 	res = step_wait("ba", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 5, "
 	                "\"batches\": {\"batch_size\": 4}}");
@@ -1943,8 +1955,8 @@ START_TEST(test_step_batches)
 	json_decref(res);
 	ck_assert_msg(nc == 5 && memcmp(a, c, sizeof a[0] * 5) == 0, "a resumed run differs");
 	/* shuffled: the same seed, in one call or resumed, the same run */
-	json_decref(create(BATCH_MODEL("bd")));
-	json_decref(create(BATCH_MODEL("be")));
+	batch_model("bd");
+	batch_model("be");
 	res = step_wait("bd", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 6, "
 	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
 	take_losses(res, d, &nd);
@@ -1975,6 +1987,7 @@ START_TEST(test_step_batches)
 	           "INVALID_ARGUMENT", "BAD_BATCHES", "order", NULL);
 	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
 	           "\"batches\": {\"size\": 4}}", 400, "INVALID_ARGUMENT", "BAD_BATCHES", "size", NULL);
+	free(host);
 	free(x);
 	free(y);
 }
