@@ -130,13 +130,18 @@ ts_status ts_error_bad(struct ts_error *err, const char *reason, const char *pre
 	return st;
 }
 
+ts_status ts_error_voom(struct ts_error *err, const char *fmt, va_list ap)
+{
+	return ts_error_vset(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", NULL, fmt, ap);
+}
+
 ts_status ts_error_oom(struct ts_error *err, const char *fmt, ...)
 {
 	va_list ap;
 	ts_status st;
 
 	va_start(ap, fmt);
-	st = ts_error_vset(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", NULL, fmt, ap);
+	st = ts_error_voom(err, fmt, ap);
 	va_end(ap);
 	return st;
 }

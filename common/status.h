@@ -102,6 +102,10 @@ ts_status ts_error_bad(struct ts_error *err, const char *reason, const char *pre
 ts_status ts_error_oom(struct ts_error *err, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/* ts_error_oom with a va_list (for other layers' variadic wrappers). */
+ts_status ts_error_voom(struct ts_error *err, const char *fmt, va_list ap)
+	__attribute__((format(printf, 2, 0)));
+
 /* What did not fit, for ts_error_oom_bytes. */
 #define TS_ERROR_UNKNOWN_BYTES UINT64_MAX
 struct ts_oom_figures {

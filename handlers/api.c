@@ -84,8 +84,7 @@ void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body)
 {
 	reply_reset_body(r);
 	if (!body) {
-		ts_reply_fail(r, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		              "out of memory while building the response");
+		ts_reply_oom(r, "out of memory while building the response");
 		return;
 	}
 	r->kind = TS_REPLY_JSON;
@@ -161,8 +160,7 @@ void ts_reply_text_owned(struct ts_reply *r, enum ts_http_ok ok,
 {
 	reply_reset_body(r);
 	if (!text) {
-		ts_reply_fail(r, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		              "out of memory while building the response");
+		ts_reply_oom(r, "out of memory while building the response");
 		return;
 	}
 	r->kind = TS_REPLY_TEXT;
@@ -203,6 +201,20 @@ ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
 	ts_error_clear(&e);
 	va_start(ap, fmt);
 	ts_error_vset(&e, st, reason, NULL, fmt, ap);
+	va_end(ap);
+	ts_reply_error(r, &e);
+	return st;
+}
+
+ts_status ts_reply_oom(struct ts_reply *r, const char *fmt, ...)
+{
+	struct ts_error e;
+	va_list ap;
+	ts_status st;
+
+	ts_error_clear(&e);
+	va_start(ap, fmt);
+	st = ts_error_voom(&e, fmt, ap);
 	va_end(ap);
 	ts_reply_error(r, &e);
 	return st;

@@ -230,6 +230,10 @@ void ts_reply_error(struct ts_reply *r, const struct ts_error *err);
 ts_status ts_reply_fail(struct ts_reply *r, ts_status st, const char *reason,
                         const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
+/* Answers RESOURCE_EXHAUSTED OUT_OF_MEMORY (ts_error_oom's); returns it. */
+ts_status ts_reply_oom(struct ts_reply *r, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+
 /* Answers with a stream; the reply owns it from now on (released even if
  * the reply is replaced by an error). */
 void ts_reply_stream(struct ts_reply *r, enum ts_http_ok ok, const char *content_type,

@@ -143,7 +143,7 @@ void ts_h_models_export(const struct ts_call *call, struct ts_reply *reply)
 	meta = checkpoint_metadata(&m);
 	parts = calloc(NROLES, sizeof *parts);
 	if (!meta || !parts) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the export");
+		ts_error_oom(&err, "no memory for the export");
 		goto out_fail;
 	}
 	for (size_t i = 0; i < n; i++) {
@@ -387,7 +387,7 @@ static void *mimport_begin(const struct ts_call *call, uint64_t content_length,
 	}
 	im = calloc(1, sizeof *im);
 	if (!im) {
-		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for an import");
+		ts_reply_oom(reply, "no memory for an import");
 		return NULL;
 	}
 	im->core = call->core;

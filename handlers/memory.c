@@ -231,8 +231,7 @@ static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 		list = spaces ? json_dumps(spaces, JSON_COMPACT) : NULL;
 		json_decref(spaces);
 		if (!list) {
-			ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			              "out of memory while rendering the memory view");
+			ts_reply_oom(reply, "out of memory while rendering the memory view");
 			return;
 		}
 		len = strlen(list);
@@ -242,8 +241,7 @@ static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 			memcpy(body, list, len);
 		free(list);
 		if (!body) {
-			ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			              "out of memory while rendering the memory view");
+			ts_reply_oom(reply, "out of memory while rendering the memory view");
 			return;
 		}
 	}

@@ -79,7 +79,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 
 	ts_error_clear(&err);
 	if (!im) {
-		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for an import");
+		ts_reply_oom(reply, "no memory for an import");
 		return NULL;
 	}
 	im->core = call->core;
@@ -342,7 +342,7 @@ static bool import_chunk(void *state, const char *data, size_t n, struct ts_repl
 		}
 		grown = realloc(im->json, im->json_len + n + 1);
 		if (!grown) {
-			ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for the body");
+			ts_reply_oom(reply, "no memory for the body");
 			return false;
 		}
 		im->json = grown;

@@ -126,7 +126,7 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 	ts_error_clear(&err);
 	u = calloc(1, sizeof *u);
 	if (!u) {
-		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for an upload");
+		ts_reply_oom(reply, "no memory for an upload");
 		return NULL;
 	}
 	u->core = call->core;

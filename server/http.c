@@ -574,8 +574,7 @@ static void request_take_body(struct request *rq, const char *data, size_t n)
 
 		if (!grown) {
 			rq->failed = true;
-			ts_reply_fail(&rq->reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			              "no memory for the request body");
+			ts_reply_oom(&rq->reply, "no memory for the request body");
 			return;
 		}
 		rq->body = grown;
@@ -719,8 +718,7 @@ static enum MHD_Result request_suspend(struct request *rq, struct MHD_Connection
 	struct ts__waiting *w = malloc(sizeof *w);
 
 	if (!w) {
-		ts_reply_fail(&rq->reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		              "no memory to wait");
+		ts_reply_oom(&rq->reply, "no memory to wait");
 		return request_respond(rq, conn);
 	}
 	rq->susp = rq->reply.suspend;
@@ -839,8 +837,7 @@ static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Conne
 			memset(&r->parts, 0, sizeof r->parts);
 	}
 	if (!resp) {
-		ts_reply_fail(r, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		              "out of memory while starting the response");
+		ts_reply_oom(r, "out of memory while starting the response");
 		return request_respond(rq, conn);
 	}
 	rq->http_code = (int)r->ok;

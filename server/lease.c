@@ -231,8 +231,7 @@ static ts_status describe(const struct ts_array *a, bool writable, uint64_t id, 
 	                 "version", (json_int_t)ts_array_version(a), "etag", ts_array_etag(a),
 	                 "writable", writable, "shards", shards);
 	if (!root) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory for a lease answer");
+		st = ts_error_oom(err, "no memory for a lease answer");
 		goto fail_root;
 	}
 	*out = root;
@@ -267,7 +266,7 @@ static bool grant(struct ts__lease_service *svc, struct lconn *c, struct ts_arra
 	}
 	l = calloc(1, sizeof *l);
 	if (!l) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a lease");
+		ts_error_oom(&err, "no memory for a lease");
 		goto refuse;
 	}
 	l->id = ++svc->next_id;
@@ -532,8 +531,7 @@ ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err)
 
 	svc = calloc(1, sizeof *svc);
 	if (!svc)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for the lease service");
+		return ts_error_oom(err, "no memory for the lease service");
 	svc->core = &srv->core;
 	svc->listen_fd = svc->wake[0] = svc->wake[1] = -1;
 	n = snprintf(svc->path, sizeof svc->path, "%s.lease", srv->cfg.unix_socket);

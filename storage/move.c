@@ -93,8 +93,7 @@ static ts_status convert_copy(struct ts_move *mv, struct ts_stager *st,
 	ts_status s;
 
 	if (!in || !conv) {
-		s = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                 "no host memory to convert array '%s'", ts_array_name(mv->src));
+		s = ts_error_oom(err, "no host memory to convert array '%s'", ts_array_name(mv->src));
 		goto out;
 	}
 	s = ts_array_writer_new(st, mv->dst, &w, err);

@@ -667,8 +667,7 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
 	if (!r->s)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "step: out of memory for %d buffers", p->nbufs);
+		return ts_error_oom(err, "step: out of memory for %d buffers", p->nbufs);
 	for (int i = 0; i < p->nbufs; i++) {
 		r->s[i].copied_q = r->s[i].writer = -1;
 		if (p->bufs[i].cls == TS_PB_TEMP)
