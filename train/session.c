@@ -32,6 +32,10 @@ static const char *const role_names[TS_ROLE_COUNT] = {
 	[TS_ROLE_MU_W2] = "mu.w2", [TS_ROLE_NU_W1] = "nu.w1", [TS_ROLE_NU_W2] = "nu.w2",
 	[TS_ROLE_INPUT] = "inputs", [TS_ROLE_TARGET] = "targets",
 	[TS_ROLE_GRAD_W1] = "grad.w1", [TS_ROLE_GRAD_W2] = "grad.w2",
+	[TS_ROLE_EMBED] = "embed", [TS_ROLE_PROJ] = "proj", [TS_ROLE_MU_EMBED] = "mu.embed",
+	[TS_ROLE_MU_PROJ] = "mu.proj", [TS_ROLE_NU_EMBED] = "nu.embed",
+	[TS_ROLE_NU_PROJ] = "nu.proj", [TS_ROLE_GRAD_EMBED] = "grad.embed",
+	[TS_ROLE_GRAD_PROJ] = "grad.proj",
 };
 
 static const char *role_name(enum ts_pbuf_role role)
@@ -184,6 +188,97 @@ static bool host_memory(struct ts_device *dev, enum ts_memory_kind kind)
 	return kind != TS_MEM_DEVICE || ts_device_props(dev)->backend == TS_BACKEND_CPU;
 }
 
+/* The first of n ids (of width w) outside [0, vocab) into *bad, its index
+ * into *at; false when all are in. */
+static bool first_bad_id(const char *ids, uint64_t n, int w, int vocab, int64_t *bad,
+                         uint64_t *at)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		int64_t v;
+
+		if (w == 2) {
+			uint16_t u;
+
+			memcpy(&u, ids + 2 * i, 2);
+			v = u;
+		} else {
+			int32_t x;
+
+			memcpy(&x, ids + 4 * i, 4);
+			v = x;
+		}
+		if (v < 0 || v >= vocab) {
+			*bad = v;
+			*at = i;
+			return true;
+		}
+	}
+	return false;
+}
+
+static ts_status bad_id(const struct ts_session *s, enum ts_pbuf_role role, uint64_t row_bytes,
+                        int64_t v, uint64_t at, struct ts_error *err)
+{
+	uint64_t per = row_bytes / (uint64_t)s->plan.mlp.id_bytes;
+
+	if (!per)
+		per = 1;
+	ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TOKEN",
+	             "%s: token id %lld (row %llu of the batch, position %llu) is outside the "
+	             "vocabulary [0, %d)", role_name(role), (long long)v,
+	             (unsigned long long)(at / per), (unsigned long long)(at % per),
+	             s->plan.mlp.vocab);
+	ts_error_meta(err, "token_id", "%lld", (long long)v);
+	return TS_INVALID_ARGUMENT;
+}
+
+/*
+ * Token models: every id staged for role is inside the vocabulary, checked
+ * before any step - on the source where the host reads it (host memory),
+ * else on a copy of the staged ids read back.
+ */
+static ts_status check_ids(struct ts_session *s, enum ts_pbuf_role role,
+                           const struct ts_session_source *src, const void *staged,
+                           struct ts_error *err)
+{
+	int w = s->plan.mlp.id_bytes, vocab = s->plan.mlp.vocab;
+	uint64_t off, len, at = 0, bad_at;
+	struct ts_rows_iter it;
+	int64_t v;
+	char *h;
+	ts_status st;
+
+	if (!ts_mlp_tokens(&s->plan.mlp))
+		return TS_OK;
+	if (!staged) {
+		if (!src->rows)
+			return first_bad_id(src->mem, src->bytes / (uint64_t)w, w, vocab, &v, &bad_at) ?
+			       bad_id(s, role, src->row_bytes, v, bad_at, err) : TS_OK;
+		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
+		while (ts_rows_iter_next(&it, &off, &len)) {
+			if (first_bad_id((const char *)src->mem + off, len / (uint64_t)w, w, vocab, &v,
+			                 &bad_at))
+				return bad_id(s, role, src->row_bytes, v, at + bad_at, err);
+			at += len / (uint64_t)w;
+		}
+		return TS_OK;
+	}
+	len = s->plan.bufs[slot(s, role)].bytes;
+	h = malloc(len ? len : 1);
+	if (!h)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory to check %llu bytes of token ids", (unsigned long long)len);
+	st = ts_queue_copy(s->env.d2h, h, staged, len, TS_COPY_D2H, err);
+	if (st == TS_OK)
+		st = ts_queue_sync(s->env.d2h, err);
+	else
+		ts_queue_sync(s->env.d2h, NULL);
+	if (st == TS_OK && first_bad_id(h, len / (uint64_t)w, w, vocab, &v, &bad_at))
+		st = bad_id(s, role, src->row_bytes, v, bad_at, err);
+	free(h);
+	return st;
+}
+
 ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
                            const struct ts_session_source *src, struct ts_error *err)
 {
@@ -205,15 +300,22 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
 		                    "'%s' stages %llu bytes; the step plan wants %llu", role_name(role),
 		                    (unsigned long long)have, (unsigned long long)want);
+	from_host = host_memory(src->src_dev, src->src_kind);
+	if (from_host) {
+		st = check_ids(s, role, src, NULL, err);
+		if (st != TS_OK)
+			return st;
+	}
 	if (!src->rows && src->src_dev == s->cfg.dev && src->src_kind == TS_MEM_DEVICE &&
 	    !host_memory(src->src_dev, src->src_kind)) {
-		s->args[i] = (void *)src->mem;     /* already where the step reads it */
-		return TS_OK;
+		st = check_ids(s, role, src, src->mem, err);
+		if (st == TS_OK)
+			s->args[i] = (void *)src->mem;     /* already where the step reads it */
+		return st;
 	}
 	st = ts_space_alloc(s->env.device_space, want, &mem, err);
 	if (st != TS_OK)
 		return st;
-	from_host = host_memory(src->src_dev, src->src_kind);
 	if (src->rows) {
 		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
 		while (st == TS_OK && ts_rows_iter_next(&it, &off, &len)) {
@@ -229,6 +331,8 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 		st = ts_queue_sync(s->env.h2d, err);
 	else
 		ts_queue_sync(s->env.h2d, NULL);    /* the copies enqueued are done with mem */
+	if (st == TS_OK && !from_host)
+		st = check_ids(s, role, src, mem, err);
 	if (st != TS_OK) {
 		ts_space_release(s->env.device_space, mem, want);
 		return st;
