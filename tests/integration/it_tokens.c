@@ -377,6 +377,56 @@ START_TEST(test_tokens_bad_id_refused)
 }
 END_TEST
 
+
+/* Ids [B] int32, no projection (d_model == vocab), no optimizer: the
+ * gradients of the table and the layers are arrays; they go with the model. */
+START_TEST(test_tokens_rank1_no_projection_gradients)
+{
+	static const int32_t ids[6] = {3, 3, 0, 7, 3, 1}, tg[6] = {1, 2, 3, 4, 5, 6};
+	struct th_response r;
+	json_t *res, *g;
+	size_t n;
+	char *x;
+
+	th_request(&A, "PUT", "/v1/arrays/ids?dtype=int32&shape=6", NULL, (const char *)ids,
+	           sizeof ids, &r);
+	ck_assert_msg(r.status == 201 || r.status == 200, "PUT ids: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	th_request(&A, "PUT", "/v1/arrays/tg?dtype=int32&shape=6", NULL, (const char *)tg,
+	           sizeof tg, &r);
+	th_response_free(&r);
+	json_decref(post_json(&A, "/v1/models?wait=true",
+	                      "{\"name\": \"g\", \"mlp\": {\"layers\": 1, \"d_model\": 8, "
+	                      "\"d_hidden\": 4, \"vocab\": 8}, \"init\": {\"seed\": 2}}", 200));
+	res = post_json(&A, "/v1/models/g:step?wait=true",
+	                "{\"inputs\": \"ids\", \"targets\": \"tg\"}", 200);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	json_decref(res);
+	g = get_json(&A, "/v1/arrays/g.grad.embed");
+	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(g, "shape"), 0)), 8);
+	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(g, "shape"), 1)), 8);
+	json_decref(g);
+	/* rows of ids never seen (2, 4, 5, 6) have no gradient; id 3's is the sum of three */
+	x = download(&A, "g.grad.embed", &n);
+	ck_assert_uint_eq(n, 8 * 8 * sizeof(float));
+	for (int v = 0; v < 8; v++) {
+		bool seen = v == 0 || v == 1 || v == 3 || v == 7, any = false;
+
+		for (int c = 0; c < 8; c++)
+			any = any || ((float *)(void *)x)[v * 8 + c] != 0.0f;
+		ck_assert_msg(any == seen, "grad.embed row %d: %s", v, any ? "nonzero" : "zero");
+	}
+	free(x);
+	th_request(&A, "DELETE", "/v1/models/g", NULL, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 200);
+	th_response_free(&r);
+	th_get(&A, "/v1/arrays/g.grad.embed", &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tokens");
@@ -387,6 +437,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_tokens_train_checkpoint_resume);
 	tcase_add_test(tc, test_tokens_analyze_matches_step);
 	tcase_add_test(tc, test_tokens_bad_id_refused);
+	tcase_add_test(tc, test_tokens_rank1_no_projection_gradients);
 	suite_add_tcase(s, tc);
 	return s;
 }
