@@ -111,7 +111,7 @@ BENCH_COMMON := tests/bench/benchlib.c
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CURL_LIBS  := $(shell pkg-config --libs libcurl 2>/dev/null)
 
-.PHONY: all run test unit integration bench clean deps fuzz gpu-bundle faults soak
+.PHONY: all run test unit integration pytest bench clean deps fuzz gpu-bundle faults soak
 all: $(DAEMON)
 
 deps:
@@ -134,6 +134,9 @@ FORCE:
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -DTS_HAVE_CUDA=1 -c $< -o $@
+
+# the documents the daemon serves are assembled into it (.incbin)
+$(BUILD)/obj/server/assets.o: openapi.yaml server/dashboard.html
 
 # nvcc writes no dependency files: the CUDA kernels' headers by hand
 $(BUILD)/obj/train/cuda_kernels.cu.o: train/kernels_math.h train/kernels_int.h train/kernels.h
@@ -212,9 +215,24 @@ SOAK_SECONDS ?= 60
 soak: $(DAEMON) $(BUILD)/bench/soak
 	TSTAGED=$(DAEMON) SOAK_SECONDS=$(SOAK_SECONDS) $(BUILD)/bench/soak
 
+# The Python client's suite (clients/python/tests) against $(DAEMON): the
+# package and its test dependencies (PyPI) in a virtual environment under
+# build/, reinstalled when the package's files change; pytest (not python -m,
+# which would put the source folder first) tests the installed package.
+PYVENV    := build/pyvenv
+PY_SRC    := clients/python/pyproject.toml $(wildcard clients/python/tstage/*.py)
+
+$(PYVENV)/installed: $(PY_SRC)
+	@test -x $(PYVENV)/bin/python || python3 -m venv $(PYVENV)
+	$(PYVENV)/bin/python -m pip install --quiet './clients/python[test]'
+	@touch $@
+
+pytest: $(DAEMON) $(PYVENV)/installed
+	cd clients/python && TSTAGED=$(abspath $(DAEMON)) $(abspath $(PYVENV))/bin/pytest -q -p no:cacheprovider tests
+
 test: deps
 	@$(MAKE) --no-print-directory all
-	@$(MAKE) --no-print-directory unit integration
+	@$(MAKE) --no-print-directory unit integration pytest
 	@tests/examples/run.sh $(DAEMON)
 	@tests/gpu/detect.sh $(DAEMON)
 

@@ -122,6 +122,8 @@ struct ts_device {
 	void *impl;                             /* the backend's */
 	atomic_bool broken;                     /* set once, by a sticky error */
 	_Atomic uint64_t copies;                /* copies accepted by its queues */
+	_Atomic uint64_t copied[TS_COPY_H2H + 1];   /* their bytes, per direction */
+	_Atomic uint64_t copies_queued;         /* accepted, not yet run (host queues) */
 	pthread_mutex_t queues_mu;
 	struct ts_queue *queues;                /* guarded by: queues_mu */
 };

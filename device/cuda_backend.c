@@ -571,6 +571,16 @@ static void copy_truncated(char *dst, size_t dst_len, const char *src, size_t sr
 	dst[n] = '\0';
 }
 
+/* The 16 bytes of a cudaUUID_t as nvidia-smi and the DCGM exporter write
+ * them: "GPU-" and 8-4-4-4-12 lower-case hex digits (dst holds 41). */
+static void format_uuid(char *dst, size_t cap, const unsigned char *b)
+{
+	snprintf(dst, cap,
+	         "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+	         b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12],
+	         b[13], b[14], b[15]);
+}
+
 /* Notes in the backend's detail a device that could not be used. */
 static void detail_skipped(struct ts_backend_info *info, const char *id,
                            const char *call, cudaError_t e)
@@ -639,6 +649,7 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 		cudaGetLastError();
 		dev->props.pci_bus_id[0] = '\0';
 	}
+	format_uuid(dev->props.uuid, sizeof dev->props.uuid, (const unsigned char *)p.uuid.bytes);
 	*added = true;
 	return ts__discover_add(ctx, dev, err);
 

@@ -126,6 +126,9 @@ struct ts_device *ts__device_new(struct ts__discover_ctx *ctx,
 	dev->pinned = ctx->pinned;
 	atomic_init(&dev->broken, false);
 	atomic_init(&dev->copies, 0);
+	for (int k = 0; k <= TS_COPY_H2H; k++)
+		atomic_init(&dev->copied[k], 0);
+	atomic_init(&dev->copies_queued, 0);
 	return dev;
 }
 
@@ -469,9 +472,27 @@ ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
 	if (ts_device_broken(q->dev))
 		return refuse_broken(q->dev, err);
 	st = q->dev->ops->queue_copy(q, dst, src, n, kind, err);
-	if (st == TS_OK)
+	if (st == TS_OK) {
 		atomic_fetch_add_explicit(&q->dev->copies, 1, memory_order_relaxed);
+		atomic_fetch_add_explicit(&q->dev->copied[kind], n, memory_order_relaxed);
+	}
 	return st;
+}
+
+uint64_t ts_device_copied_bytes(const struct ts_device *dev, enum ts_copy_kind kind)
+{
+	if ((unsigned)kind > TS_COPY_H2H)
+		return 0;
+	return atomic_load_explicit(&((struct ts_device *)dev)->copied[kind], memory_order_relaxed);
+}
+
+bool ts_device_copies_queued(const struct ts_device *dev, uint64_t *out)
+{
+	if (dev->props.backend == TS_BACKEND_CUDA)
+		return false;
+	*out = atomic_load_explicit(&((struct ts_device *)dev)->copies_queued,
+	                            memory_order_relaxed);
+	return true;
 }
 
 uint64_t ts_device_copies(const struct ts_device *dev)

@@ -69,6 +69,8 @@ struct ts_device_props {
 	int compute_minor;
 	int multiprocessors;      /* SMs on CUDA, cores on cpu, copy threads on sim */
 	char pci_bus_id[32];      /* CUDA only, else "" */
+	char uuid[48];            /* CUDA only, as nvidia-smi and DCGM write it
+	                           * ("GPU-8f6e...-..."), else "" */
 	bool simulated;           /* true for sim devices: never presented as a GPU */
 };
 
@@ -189,6 +191,15 @@ ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
 /* Copies accepted by dev's queues so far (each ts_queue_copy of n > 0 that
  * returned TS_OK counts one), for tests and accounting. Lock-free. */
 uint64_t ts_device_copies(const struct ts_device *dev);
+
+/* Bytes of the copies dev's queues accepted so far, of one direction
+ * (counted as ts_device_copies counts). Lock-free. */
+uint64_t ts_device_copied_bytes(const struct ts_device *dev, enum ts_copy_kind kind);
+
+/* Copies accepted by dev's queues that have not completed yet, in *out;
+ * false when the backend cannot tell (CUDA: a stream does not say). sim and
+ * cpu count them on their queue workers. Lock-free. */
+bool ts_device_copies_queued(const struct ts_device *dev, uint64_t *out);
 
 /*
  * Enqueues fn(arg) to run on a host thread after all earlier work in q (the

@@ -244,6 +244,7 @@ static void run_copy(struct hostq *q, struct job *j)
 	    q->copy(q->base.dev, j->u.copy.dst, j->u.copy.src, j->u.copy.n,
 	            j->u.copy.kind, &e) != TS_OK)
 		fault_raise(q, j->seq, &e);
+	atomic_fetch_sub_explicit(&q->base.dev->copies_queued, 1, memory_order_relaxed);
 }
 
 static void run_signal(struct hostq *q, struct job *j)
@@ -473,6 +474,7 @@ ts_status ts__hostq_copy(struct ts_queue *base, void *dst, const void *src,
 	j->u.copy.src = src;
 	j->u.copy.n = n;
 	j->u.copy.kind = kind;
+	atomic_fetch_add_explicit(&q->base.dev->copies_queued, 1, memory_order_relaxed);
 	job_push(q, j);
 	return TS_OK;
 }

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/utf8.h"
 
@@ -91,6 +92,68 @@ void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body)
 	r->ok = ok;
 	r->json = body;
 	r->content_type = "application/json";
+}
+
+void ts_reply_json_tagged(struct ts_reply *r, json_t *body)
+{
+	char *text = body ? json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	uint64_t h = 1469598103934665603ull;
+	char etag[24];
+
+	ts_reply_json(r, TS_HTTP_OK, body);
+	if (!text || r->kind != TS_REPLY_JSON) {
+		free(text);
+		return;
+	}
+	for (const char *p = text; *p; p++)
+		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	free(text);
+	snprintf(etag, sizeof etag, "\"%016llx\"", (unsigned long long)h);
+	ts_reply_header(r, "ETag", etag);
+}
+
+/* Whether the entity tag etag (quoted, maybe W/) is one of list, an
+ * If-None-Match value ("*" or comma-separated tags), compared weakly as
+ * RFC 9110 13.1.2 asks. */
+static bool etag_listed(const char *list, const char *etag)
+{
+	size_t elen;
+
+	if (strncmp(etag, "W/", 2) == 0)
+		etag += 2;
+	elen = strlen(etag);
+	for (const char *p = list; *p;) {
+		size_t len;
+
+		p += strspn(p, " \t,");
+		if (*p == '*')
+			return true;
+		if (strncmp(p, "W/", 2) == 0)
+			p += 2;
+		len = strcspn(p, " \t,");
+		if (len == elen && len && memcmp(p, etag, len) == 0)
+			return true;
+		p += len;
+	}
+	return false;
+}
+
+bool ts_reply_not_modified(struct ts_reply *r, const char *if_none_match)
+{
+	const char *etag = NULL;
+	char *empty;
+
+	if (!if_none_match || r->kind == TS_REPLY_ERROR || r->kind == TS_REPLY_SUSPEND ||
+	    r->kind == TS_REPLY_NONE || r->ok != TS_HTTP_OK)
+		return false;
+	for (int i = 0; i < r->nheaders && !etag; i++)
+		if (strcasecmp(r->headers[i].name, "ETag") == 0)
+			etag = r->headers[i].value;
+	if (!etag || !etag_listed(if_none_match, etag) || !(empty = calloc(1, 1)))
+		return false;
+	/* the headers (ETag, Location) stay: RFC 9110 15.4.5 */
+	ts_reply_text_owned(r, TS_HTTP_NOT_MODIFIED, r->content_type, empty, 0);
+	return true;
 }
 
 void ts_reply_text_owned(struct ts_reply *r, enum ts_http_ok ok,

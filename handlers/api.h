@@ -51,6 +51,7 @@ struct ts_core {
 	uint64_t import_header_max;          /* largest safetensors header an import holds */
 	uint64_t import_header_budget;       /* all headers being read together; 0: none */
 	_Atomic uint64_t *import_header_used;   /* bytes of that budget held now */
+	uint64_t wait_limit_ns;              /* longest a waiting call holds its connection */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;
 	const char *version;
@@ -83,6 +84,7 @@ enum ts_http_ok {
 	TS_HTTP_CREATED = 201,
 	TS_HTTP_ACCEPTED = 202,
 	TS_HTTP_NO_CONTENT = 204,
+	TS_HTTP_NOT_MODIFIED = 304,   /* only through ts_reply_not_modified */
 };
 
 enum ts_reply_kind {
@@ -198,6 +200,20 @@ struct ts_upload_ops {
 
 /* Answers with a JSON value; steals the reference to body. */
 void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body);
+
+/* ts_reply_json with 200 and an ETag that names body's content (a hash of
+ * its canonical form), for resources that have no version of their own:
+ * a conditional GET of an unchanged one is then 304. Steals body. */
+void ts_reply_json_tagged(struct ts_reply *r, json_t *body);
+
+/*
+ * Conditional GET (RFC 9110 13.1.2): when the 200 reply r carries an ETag
+ * that if_none_match (the request's header, may be NULL) lists, or
+ * if_none_match is "*", replaces its body with none and its code with 304,
+ * keeping its headers, and returns true. The server calls it for GET and
+ * HEAD after the handler ran.
+ */
+bool ts_reply_not_modified(struct ts_reply *r, const char *if_none_match);
 
 /* Answers with text (copied). */
 void ts_reply_text(struct ts_reply *r, enum ts_http_ok ok,

@@ -61,12 +61,14 @@ ts_handler_fn ts_h_operations_wait;
 void ts_h_reply_wait(struct ts_reply *reply, struct ts_operation *op, uint64_t timeout_ns,
                      bool answer_result);
 
-/* Whether the caller asked to wait (?wait=true, Prefer: wait=N), and how long. */
+/* Whether the caller asked to wait (?wait=true, Prefer: wait=N), and how long:
+ * --wait-limit (core->wait_limit_ns) for ?wait=true, N cut to it. */
 bool ts_h_wait_requested(const struct ts_call *call, uint64_t *timeout_ns);
 
 /* The timeout of a :wait from ?timeout= (query, may be NULL) and the body
  * (body_len bytes: none, or {"timeout": "30s"}), validated as every JSON
- * body is (strict members, no duplicates). Pure; TS_INVALID_ARGUMENT with
+ * body is (strict members, no duplicates); none given is 3600 s, which the
+ * handler cuts to --wait-limit as any longer timeout. Pure; TS_INVALID_ARGUMENT with
  * err naming the problem. */
 ts_status ts_h_wait_timeout(const char *query, const char *body, size_t body_len,
                             uint64_t *timeout_ns, struct ts_error *err);
@@ -79,6 +81,7 @@ ts_handler_fn ts_h_arrays_copy;
 ts_handler_fn ts_h_operations_list;
 ts_handler_fn ts_h_operations_get;
 ts_handler_fn ts_h_operations_cancel;
+ts_handler_fn ts_h_operations_delete;
 
 /* models.c */
 ts_handler_fn ts_h_models_create;

@@ -260,8 +260,29 @@ void ts_h_memory_get(const struct ts_call *call, struct ts_reply *reply)
 	memory_view(call->core, reply);
 }
 
+/* The body is none, or an empty object: it takes no options, and one that
+ * names some (or is no object) is refused rather than ignored. */
 void ts_h_memory_reset_peak(const struct ts_call *call, struct ts_reply *reply)
 {
+	const char *b = call->body;
+	size_t blank = 0;
+	json_error_t jerr;
+	json_t *j;
+
+	while (blank < call->body_len && b[blank] && strchr(" \t\r\n", b[blank]))
+		blank++;
+	if (blank < call->body_len) {
+		j = json_loadb(call->body, call->body_len, JSON_REJECT_DUPLICATES, &jerr);
+		if (!json_is_object(j) || json_object_size(j) != 0) {
+			ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+			              "resetPeak body: %s (expected {} or none)",
+			              !j ? jerr.text : json_is_object(j) ? "it takes no members"
+			                                                 : "not an object");
+			json_decref(j);
+			return;
+		}
+		json_decref(j);
+	}
 	ts_memory_reset_peaks(call->core->memory);
 	memory_view(call->core, reply);
 }

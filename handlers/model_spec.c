@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "formats/dtype.h"
 #include "storage/array.h"
 
 static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
@@ -236,6 +237,7 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
+	enum ts_dtype dt;
 	json_int_t layers = 0, d = 0, h = 0, steps = 0, vocab = 0;
 	int residual = 0, proj = 0;
 	json_error_t jerr;
@@ -272,10 +274,14 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	if (layers < 1 || d < 1 || h < 0 || layers > 4096 || d > 65536 || h > 65536)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.layers, mlp.d_model (and mlp.d_hidden) must be positive");
+	if (!ts_dtype_parse(dtype, &dt))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
+		                    "dtype '%.32s' is not a dtype (models train in float32)", dtype);
 	if (strcmp(dtype, "float32") != 0)
 		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
 		                    "models train in float32; dtype '%s' is not supported", dtype);
-	if (vocab < 0 || vocab > TS_MODEL_VOCAB_MAX || (proj && !vocab))
+	if (vocab < 0 || vocab > TS_MODEL_VOCAB_MAX || (proj && !vocab) ||
+	    (json_object_get(json_object_get(body, "mlp"), "vocab") && vocab < 1))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.vocab must be in 1..%d (and mlp.projection needs it)",
 		                    TS_MODEL_VOCAB_MAX);

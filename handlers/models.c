@@ -468,9 +468,18 @@ static ts_status step_policy(const struct ts_core *core, const struct ts_model *
 	return pl ? ts_h_policy_parse(pl, out, err) : ts_policy_check(out, err);
 }
 
+/* Whether the call asks for the analysis' timeline (?timeline=true; the
+ * route declares it a bool). */
+static bool timeline_requested(const struct ts_call *call)
+{
+	const char *q = ts_call_query(call, "timeline");
+
+	return q && strcmp(q, "true") == 0;
+}
+
 static json_t *analysis_json(const struct ts_plan *p, bool timeline)
 {
-	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
 	                      "argument_size_in_bytes", (json_int_t)p->argument_size_in_bytes,
 	                      "output_size_in_bytes", (json_int_t)p->output_size_in_bytes,
 	                      "alias_size_in_bytes", (json_int_t)p->alias_size_in_bytes,
@@ -479,6 +488,8 @@ static json_t *analysis_json(const struct ts_plan *p, bool timeline)
 	                      "host_output_size_in_bytes", (json_int_t)p->host_output_size_in_bytes,
 	                      "host_alias_size_in_bytes", (json_int_t)p->host_alias_size_in_bytes,
 	                      "host_temp_size_in_bytes", (json_int_t)p->host_temp_size_in_bytes,
+	                      "host_version_size_in_bytes", (json_int_t)p->host_version_size_in_bytes,
+	                      "host_journal_size_in_bytes", (json_int_t)p->host_journal_size_in_bytes,
 	                      "peak_device_bytes", (json_int_t)p->peak_device_bytes,
 	                      "h2d_bytes", (json_int_t)p->h2d_bytes,
 	                      "d2h_bytes", (json_int_t)p->d2h_bytes);
@@ -524,7 +535,7 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK ||
 	    ts_plan_build(&m.mlp, &m.opt, rows, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
+	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
 	json_decref(body);
 	return;
@@ -566,7 +577,7 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 		goto out_fail;
 	if (ts_plan_build(&m.mlp, &m.opt, rows, &m.policy, &plan, &err) != TS_OK)
 		goto out_fail;
-	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, true));
+	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
 	json_decref(body);
 	return;
@@ -583,10 +594,12 @@ out_fail:
  * identity, in the catalog) from submission to completion, so every other
  * writer is refused meanwhile (409 ABORTED naming the step). The training
  * itself is a session (train/session.h) on memory this handler binds by
- * role; after each step that succeeded the arrays it updated are published
- * as new versions (new ETags) and the model's step count (Adam's t)
- * advances; a step that fails leaves every array and the count as they
- * were.
+ * role. Each step is atomic: one that fails leaves every array as the
+ * previous step left it, and the model's step count (Adam's t) advances per
+ * step that succeeded. The call publishes once, as it ends (also when it
+ * failed or was cancelled after some steps): a new version (new ETag) of
+ * every array its steps updated. Offloaded arrays are updated into private
+ * memory (two per array, taking turns), device ones in place.
  */
 struct step {
 	const struct ts_core *core;
@@ -598,7 +611,10 @@ struct step {
 	char op_id[40];                    /* the holder, once submitted */
 	/* while it runs */
 	struct ts_operation *op;           /* borrowed */
-	struct ts_array *next[TS_ROLE_COUNT];  /* the versions the next publish installs */
+	struct ts_array *priv[TS_ROLE_COUNT][2];  /* offloaded: the private versions */
+	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
+	uint64_t done;                     /* steps that succeeded */
+	double timed_s;                    /* the report's wall time at the last step's end */
 };
 
 static ts_status step_hold(const char *id, void *arg, struct ts_error *err)
@@ -625,6 +641,8 @@ static void step_release(void *arg)
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
 		ts_array_unref(s->held[r]);
 		ts_array_unref(s->next[r]);
+		ts_array_unref(s->priv[r][0]);
+		ts_array_unref(s->priv[r][1]);
 	}
 	json_decref(s->inputs);
 	json_decref(s->targets);
@@ -744,11 +762,30 @@ static bool step_cancelled(void *arg)
 	return ts_operation_cancelled(((struct step *)arg)->op);
 }
 
+/* A private version of cur, in new memory where it is (unpublished). */
+static ts_status private_version(const struct ts_core *core, const struct ts_array *cur,
+                                 struct ts_array **out, struct ts_error *err)
+{
+	json_t *meta = ts_array_metadata(cur);
+	ts_status st;
+
+	st = ts_array_new(ts_array_name(cur), ts_array_desc(cur), ts_array_placement(cur),
+	                  core->memory, out, err);
+	if (st != TS_OK)
+		return st;
+	if (meta)
+		ts_array_set_metadata(*out, json_deep_copy(meta));
+	ts_array_set_implicit_bytes(*out, ts_array_implicit_bytes(cur));
+	ts_array_set_owner(*out, ts_array_owner(cur));
+	return TS_OK;
+}
+
 /*
- * Before each step, the version each updated array publishes after it:
- * new memory where the session writes the update (versioned roles), else a
- * new version sharing the updated-in-place buffer. Made before anything is
- * written, so publishing allocates nothing.
+ * Before each step, what it writes and what publishing will need: for an
+ * offloaded array, the private version the step writes its update into
+ * (the two take turns: a step reads the one the last wrote); for a device
+ * array, once, the new version sharing its updated-in-place buffer. Made
+ * before anything is written, so publishing allocates nothing.
  */
 static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_error *err)
 {
@@ -759,57 +796,64 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 		return TS_OK;
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0] && st == TS_OK; i++) {
 		enum ts_pbuf_role role = param_roles[i];
-		struct ts_array *cur = s->held[role], *v = NULL;
-		json_t *meta;
+		struct ts_array *cur = s->held[role], **slot;
 
-		if (!cur || s->next[role])
+		if (!cur)
 			continue;
 		if (!ts_session_versioned(sess, role)) {
-			st = ts_array_new_version(cur, &s->next[role], err);
+			if (!s->next[role])
+				st = ts_array_new_version(cur, &s->next[role], err);
 			continue;
 		}
-		st = ts_array_new(ts_array_name(cur), ts_array_desc(cur), ts_array_placement(cur),
-		                  s->core->memory, &v, err);
-		if (st != TS_OK)
-			break;
-		meta = ts_array_metadata(cur);
-		if (meta)
-			ts_array_set_metadata(v, json_deep_copy(meta));
-		ts_array_set_implicit_bytes(v, ts_array_implicit_bytes(cur));
-		ts_array_set_owner(v, ts_array_owner(cur));
-		s->next[role] = v;
-		st = ts_session_set_next(sess, role, ts_buffer_data(ts_array_single_buffer(v)), err);
+		slot = &s->priv[role][s->done % 2];
+		if (!*slot)
+			st = private_version(s->core, cur, slot, err);
+		if (st == TS_OK)
+			st = ts_session_set_next(sess, role, ts_buffer_data(ts_array_single_buffer(*slot)),
+			                         err);
 	}
 	return st;
 }
 
-/* After a step that succeeded: its versions replace the held ones (an
- * allocation-free replace), and the model's step count advances. */
+/* After a step that succeeded: counted, on the model (Adam's t) too. */
 static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
                               struct ts_error *err)
 {
 	struct step *s = arg;
+	double wall = ts_session_report(sess)->wall_s;
+
+	(void)loss;
+	(void)err;
+	s->done++;
+	if (s->model.opt.type != TS_OPT_NONE)
+		ts_model_registry_advance(s->core->models, s->model.uid, 1, NULL);
+	ts_model_registry_step_ran(s->core->models, (uint64_t)((wall - s->timed_s) * 1e9));
+	s->timed_s = wall;
+	ts_operation_progress_add(s->op, 1);
+	return TS_OK;
+}
+
+/* As the call ends, when some step updated them: the new versions replace
+ * the held ones (allocation-free replaces, as the holder). */
+static ts_status step_install(struct step *s, struct ts_error *err)
+{
 	struct ts_precondition pre = {.holder = s->op_id};
 	ts_status st = TS_OK;
 
-	(void)sess;
-	(void)loss;
+	if (!s->done || s->model.opt.type == TS_OPT_NONE)
+		return TS_OK;
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
-		if (!s->next[r])
+		struct ts_array *v = s->priv[r][(s->done - 1) % 2] ? s->priv[r][(s->done - 1) % 2]
+		                                                   : s->next[r];
+
+		if (!v || st != TS_OK)
 			continue;
-		if (st == TS_OK)
-			st = ts_catalog_replace(s->core->catalog, s->next[r], &pre, err);
+		st = ts_catalog_replace(s->core->catalog, v, &pre, err);
 		if (st == TS_OK) {
 			ts_array_unref(s->held[r]);
-			s->held[r] = s->next[r];
-		} else {
-			ts_array_unref(s->next[r]);
+			s->held[r] = ts_array_ref(v);
 		}
-		s->next[r] = NULL;
 	}
-	if (st == TS_OK && s->model.opt.type != TS_OPT_NONE)
-		ts_model_registry_advance(s->core->models, s->model.uid, 1, NULL);
-	ts_operation_progress_add(s->op, 1);
 	return st;
 }
 
@@ -1109,14 +1153,28 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
 	if (st == TS_OK)
 		st = ts_session_run(sess, s->steps, base_steps + 1, &step_hooks, s, err);
+	/* what the steps that succeeded did is published, also after a failure */
+	{
+		struct ts_error ierr;
+		ts_status ist;
+
+		ts_error_clear(&ierr);
+		ist = step_install(s, &ierr);
+		if (ist != TS_OK && st == TS_OK) {
+			*err = ierr;
+			st = ist;
+		}
+	}
 	if (st == TS_OK && grads[0])
 		st = ts_catalog_put_all(core->catalog, grads, (size_t)ng, true, err);
 	if (st == TS_OK)
 		ts_operation_set_result(op, step_result(s, sess, dev));
 	ts_session_free(sess);
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
-		ts_array_unref(s->next[r]);      /* prepared for a step that failed */
-		s->next[r] = NULL;
+		ts_array_unref(s->next[r]);
+		ts_array_unref(s->priv[r][0]);
+		ts_array_unref(s->priv[r][1]);
+		s->next[r] = s->priv[r][0] = s->priv[r][1] = NULL;
 	}
 	for (int g = 0; g < 4; g++)
 		ts_array_unref(grads[g]);

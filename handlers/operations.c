@@ -1,12 +1,16 @@
 /*
- * operations.c - the operation resource: GET /v1/operations (newest first,
- * filtered by state), GET /v1/operations/{operation} and
- * POST /v1/operations/{operation}:cancel, and the rendering other handlers
- * use to answer with an operation.
+ * operations.c - the operation resource (AIP-151): GET /v1/operations
+ * (newest first, filtered by state, paged by opaque tokens),
+ * GET /v1/operations/{operation} (with an ETag for conditional GETs),
+ * POST /v1/operations/{operation}:cancel, DELETE /v1/operations/{operation}
+ * for finished ones, and the rendering other handlers use to answer with an
+ * operation.
  */
 #include "handlers/operations.h"
 
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -56,21 +60,22 @@ json_t *ts_h_operation_json(const struct ts_operation *op)
 {
 	struct ts_op_snapshot s;
 	char name[64];
-	json_t *o;
+	json_t *o, *meta;
 
 	ts_operation_snapshot(op, &s);
 	snprintf(name, sizeof name, "operations/%s", s.id);
-	o = json_pack("{s:s, s:s, s:s, s:b, s:s, s:o*, s:o*, s:o*, s:o*}",
-	              "name", name, "id", s.id, "kind", s.kind, "done", s.done,
-	              "state", ts_op_state_name(s.state), "progress", progress_json(&s),
-	              "create_time", time_json(s.create_ns), "start_time", time_json(s.start_ns),
-	              "end_time", time_json(s.end_ns));
-	if (o && s.target[0])
-		json_object_set_new(o, "target", json_string(s.target));
+	meta = json_pack("{s:s, s:s, s:s, s:s, s:o*, s:o*, s:o*, s:o*}",
+	                 "@type", TS_OP_METADATA_TYPE, "id", s.id, "kind", s.kind,
+	                 "state", ts_op_state_name(s.state), "progress", progress_json(&s),
+	                 "create_time", time_json(s.create_ns), "start_time", time_json(s.start_ns),
+	                 "end_time", time_json(s.end_ns));
+	if (meta && s.target[0])
+		json_object_set_new(meta, "target", json_string(s.target));
+	o = json_pack("{s:s, s:o*, s:b}", "name", name, "metadata", meta, "done", s.done);
 	if (o && (s.state == TS_OP_FAILED || s.state == TS_OP_CANCELLED))
 		json_object_set_new(o, "error", status_json(&s.error));
 	if (o && s.state == TS_OP_SUCCEEDED)
-		json_object_set(o, "result", s.result ? s.result : json_object());
+		json_object_set(o, "response", s.result ? s.result : json_object());
 	ts_op_snapshot_release(&s);
 	return o;
 }
@@ -101,14 +106,55 @@ static struct ts_operation *operation_from_path(const struct ts_call *call,
 
 /* ---- GET /v1/operations ----------------------------------------------------------- */
 
+/* A page token: where the next page starts (the sequence number of the last
+ * operation listed) and the state filter it was made for, with a check
+ * value, in 24 hex digits. Opaque to clients: only tokens this code wrote
+ * decode. */
+static uint16_t token_check(uint64_t seq, unsigned filter)
+{
+	uint64_t h = 1469598103934665603ull ^ 0x746f6b656eull;
+
+	h = (h ^ seq) * 1099511628211ull;
+	h = (h ^ filter) * 1099511628211ull;
+	return (uint16_t)(h ^ h >> 16 ^ h >> 32 ^ h >> 48);
+}
+
+static void token_write(char *buf, size_t cap, uint64_t seq, int only)
+{
+	unsigned filter = (unsigned)(only + 1);
+
+	snprintf(buf, cap, "%016" PRIx64 "%04x%04x", seq, filter, token_check(seq, filter));
+}
+
+/* The sequence number a token resumes after, when it is one this code wrote
+ * for the same state filter. */
+static bool token_read(const char *t, int only, uint64_t *seq)
+{
+	unsigned filter, check;
+	char hex[17];
+
+	if (strlen(t) != 24 || strspn(t, "0123456789abcdef") != 24)
+		return false;
+	memcpy(hex, t, 16);
+	hex[16] = '\0';
+	*seq = strtoull(hex, NULL, 16);
+	if (sscanf(t + 16, "%4x%4x", &filter, &check) != 2)
+		return false;
+	return *seq && filter == (unsigned)(only + 1) && check == token_check(*seq, filter);
+}
+
 void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
 {
 	const char *state_s = ts_call_query(call, "state"), *size_s = ts_call_query(call, "page_size");
+	const char *token = ts_call_query(call, "page_token");
 	enum ts_op_state state;
 	struct ts_operation **ops;
 	struct ts_error err;
 	long page = PAGE_SIZE_DEFAULT;
-	json_t *list;
+	uint64_t before = 0;
+	int only = -1;
+	json_t *list, *root;
+	bool more;
 	size_t n;
 
 	ts_error_clear(&err);
@@ -123,16 +169,31 @@ void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
 		              "CANCELLED", state_s);
 		return;
 	}
-	if (ts_op_list(call->core->operations, state_s && *state_s ? (int)state : -1,
-	               (size_t)page, &ops, &n, &err) != TS_OK) {
+	if (state_s && *state_s)
+		only = (int)state;
+	if (token && *token && !token_read(token, only, &before)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_TOKEN",
+		              "page_token '%.64s' is not one this server gave for this listing "
+		              "(the next_page_token of an earlier page, with the same state)", token);
+		return;
+	}
+	if (ts_op_list_before(call->core->operations, only, before, (size_t)page, &ops, &n, &more,
+	                      &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return;
 	}
 	list = json_array();
 	for (size_t i = 0; list && i < n; i++)
 		json_array_append_new(list, ts_h_operation_json(ops[i]));
+	root = json_pack("{s:o*}", "operations", list);
+	if (root && more && n) {
+		char next[32];
+
+		token_write(next, sizeof next, ts_operation_seq(ops[n - 1]), only);
+		json_object_set_new(root, "next_page_token", json_string(next));
+	}
 	ts_op_list_free(ops, n);
-	ts_reply_json(reply, TS_HTTP_OK, json_pack("{s:o*}", "operations", list));
+	ts_reply_json(reply, TS_HTTP_OK, root);
 }
 
 /* ---- GET /v1/operations/{operation} ------------------------------------------------ */
@@ -140,11 +201,13 @@ void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
 void ts_h_operations_get(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct ts_operation *op = operation_from_path(call, reply);
+	json_t *body;
 
 	if (!op)
 		return;
-	ts_reply_json(reply, TS_HTTP_OK, ts_h_operation_json(op));
+	body = ts_h_operation_json(op);
 	ts_operation_unref(op);
+	ts_reply_json_tagged(reply, body);
 }
 
 /* ---- POST /v1/operations/{operation}:cancel ---------------------------------------- */
@@ -161,5 +224,26 @@ void ts_h_operations_cancel(const struct ts_call *call, struct ts_reply *reply)
 		ts_reply_error(reply, &err);
 	else
 		ts_reply_json(reply, TS_HTTP_OK, ts_h_operation_json(op));
+	ts_operation_unref(op);
+}
+
+/* ---- DELETE /v1/operations/{operation} --------------------------------------------- */
+
+/* A finished operation is forgotten (AIP-151 DeleteOperation); one still
+ * pending or running is FAILED_PRECONDITION: the client must first change
+ * the system's state (cancel it, or wait for it), so retrying as is would
+ * fail again, which is what that code says (ABORTED would invite a retry). */
+void ts_h_operations_delete(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_operation *op = operation_from_path(call, reply);
+	struct ts_error err;
+
+	if (!op)
+		return;
+	ts_error_clear(&err);
+	if (ts_op_remove(call->core->operations, op, &err) != TS_OK)
+		ts_reply_error(reply, &err);
+	else
+		ts_reply_json(reply, TS_HTTP_OK, json_object());
 	ts_operation_unref(op);
 }

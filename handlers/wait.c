@@ -15,7 +15,8 @@
 #include "handlers/operations.h"
 #include "ops/operation.h"
 
-#define WAIT_DEFAULT_S 60
+/* the largest timeout a :wait may name; what it waits is then cut to
+ * --wait-limit (core->wait_limit_ns), as a ?wait=true or Prefer: wait=N is */
 #define WAIT_MAX_S 3600
 
 struct waiter {
@@ -80,10 +81,18 @@ void ts_h_reply_wait(struct ts_reply *reply, struct ts_operation *op, uint64_t t
 	ts_reply_suspend(reply, &s);
 }
 
+/* A wait of ns, cut to --wait-limit (0 there: no limit, for tests). */
+static uint64_t wait_cut(const struct ts_call *call, uint64_t ns)
+{
+	uint64_t limit = call->core->wait_limit_ns;
+
+	return limit && ns > limit ? limit : ns;
+}
+
 bool ts_h_wait_requested(const struct ts_call *call, uint64_t *timeout_ns)
 {
 	const char *q = ts_call_query(call, "wait"), *prefer = ts_call_header(call, "Prefer");
-	long secs = WAIT_DEFAULT_S;
+	long secs;
 	const char *p;
 
 	if (prefer && (p = strcasestr(prefer, "wait=")) != NULL) {
@@ -94,13 +103,14 @@ bool ts_h_wait_requested(const struct ts_call *call, uint64_t *timeout_ns)
 			memcpy(num, p + 5, n);
 			num[n] = '\0';
 			secs = atol(num);
-			*timeout_ns = (uint64_t)(secs > WAIT_MAX_S ? WAIT_MAX_S : secs) * 1000000000ull;
+			*timeout_ns = wait_cut(call, (uint64_t)(secs > WAIT_MAX_S ? WAIT_MAX_S : secs) *
+			                             1000000000ull);
 			return true;
 		}
 	}
 	/* the route declares wait:bool, so q is "true" or "false" */
 	if (q && strcmp(q, "true") == 0) {
-		*timeout_ns = (uint64_t)secs * 1000000000ull;
+		*timeout_ns = wait_cut(call, (uint64_t)WAIT_MAX_S * 1000000000ull);
 		return true;
 	}
 	return false;
@@ -129,7 +139,7 @@ ts_status ts_h_wait_timeout(const char *query, const char *body, size_t body_len
                             uint64_t *timeout_ns, struct ts_error *err)
 {
 	const char *t = query, *bt = NULL;
-	double secs = WAIT_DEFAULT_S;
+	double secs = WAIT_MAX_S;
 	json_error_t jerr;
 	json_t *j = NULL;
 	ts_status st = TS_OK;
@@ -185,6 +195,6 @@ void ts_h_operations_wait(const struct ts_call *call, struct ts_reply *reply)
 		              id ? id : "");
 		return;
 	}
-	ts_h_reply_wait(reply, op, ns, false);
+	ts_h_reply_wait(reply, op, wait_cut(call, ns), false);
 	ts_operation_unref(op);
 }

@@ -65,6 +65,7 @@ struct ts_space {
 	_Atomic uint64_t num_allocs;
 	_Atomic uint64_t largest_alloc;
 	_Atomic uint64_t live;
+	_Atomic uint64_t refusals;
 	_Atomic uint64_t *generation; /* immutable: the memory table's counter */
 };
 
@@ -318,14 +319,22 @@ const char *ts_space_name(const struct ts_space *sp)
 	return sp->name;
 }
 
+const char *ts_space_pool_name(const struct ts_space *sp)
+{
+	return sp->pool->name;
+}
+
 ts_status ts_space_alloc(struct ts_space *sp, uint64_t size, void **out,
                          struct ts_error *err)
 {
 	ts_status st = pool_alloc(sp->pool, sp->name, size, out, err);
 	uint64_t now;
 
-	if (st != TS_OK)
+	if (st != TS_OK) {
+		if (st == TS_RESOURCE_EXHAUSTED)
+			atomic_fetch_add(&sp->refusals, 1);
 		return st;
+	}
 	now = atomic_fetch_add(&sp->in_use, size) + size;
 	atomic_max(&sp->peak, now);
 	atomic_max(&sp->largest_alloc, size);
@@ -355,6 +364,7 @@ ts_status ts_space_check_fit(const struct ts_space *sp, uint64_t size,
 {
 	if (ts_space_would_fit(sp, size))
 		return TS_OK;
+	atomic_fetch_add(&((struct ts_space *)sp)->refusals, 1);   /* a counter, not state */
 	return pool_refuse(sp->pool, sp->name, size, err);
 }
 
@@ -368,6 +378,7 @@ void ts_space_stats(const struct ts_space *sp, struct ts_space_stats *out)
 	out->num_allocs = atomic_load(&sp->num_allocs);
 	out->largest_alloc_size = atomic_load(&sp->largest_alloc);
 	out->live_allocs = atomic_load(&sp->live);
+	out->refusals = atomic_load(&sp->refusals);
 	out->bytes_limit = p->limit;
 	out->pool_bytes_in_use = used;
 	out->bytes_free = p->limit > used ? p->limit - used : 0;
@@ -566,6 +577,31 @@ void ts_memory_reset_peaks(struct ts_memory *mem)
 		atomic_store(&mem->pools[i]->a_peak_reserved,
 		             atomic_load(&mem->pools[i]->a_reserved));
 	atomic_fetch_add(&mem->generation, 1);
+}
+
+size_t ts_memory_pool_count(const struct ts_memory *mem)
+{
+	return mem->npools;
+}
+
+void ts_memory_pool_stats(const struct ts_memory *mem, size_t i, struct ts_pool_stats *out)
+{
+	struct pool *p = mem->pools[i];
+	uint64_t used = atomic_load(&p->a_used);
+
+	out->name = p->name;
+	out->kind = p->kind;
+	out->device = p->type == POOL_REGION ? p->src : NULL;
+	out->limit = p->limit;
+	out->bytes_in_use = used;
+	out->largest_free_block_bytes = atomic_load(&p->a_largest_free);
+	if (p->type == POOL_PAGEABLE) {
+		out->bytes_reserved = used;
+		out->peak_bytes_reserved = used;
+	} else {
+		out->bytes_reserved = atomic_load(&p->a_reserved);
+		out->peak_bytes_reserved = atomic_load(&p->a_peak_reserved);
+	}
 }
 
 uint64_t ts_memory_generation(const struct ts_memory *mem)

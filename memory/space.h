@@ -44,6 +44,21 @@ struct ts_space_stats {
 	uint64_t bytes_free;            /* limit - pool bytes in use */
 	uint64_t pool_bytes_in_use;     /* every space sharing the pool */
 	uint64_t live_allocs;           /* allocations of this space alive now */
+	uint64_t refusals;              /* allocations and admissions refused since start */
+};
+
+/* A pool's own numbers: device pools are per device, pinned_host and
+ * unpinned_host pools are node-wide (every device's space draws from them). */
+struct ts_pool_stats {
+	const char *name;               /* "sim:0/device", "host/pinned_host"; borrowed */
+	enum ts_memory_kind kind;
+	const struct ts_device *device; /* a device pool's device; NULL when node-wide */
+	uint64_t limit;
+	uint64_t bytes_in_use;          /* every space drawing from it (plus alignment) */
+	uint64_t bytes_reserved;        /* held from the system (a device pool's region,
+	                                 * reserved at start; pinned segments) */
+	uint64_t peak_bytes_reserved;
+	uint64_t largest_free_block_bytes;
 };
 
 /* Configuration of the node's spaces. */
@@ -100,6 +115,13 @@ uint64_t ts_memory_generation(const struct ts_memory *mem);
 /* Resets every space's and pool's peak counters to the current values. */
 void ts_memory_reset_peaks(struct ts_memory *mem);
 
+/* Number of pools and the i-th's stats (i < count): node-wide pools first. */
+size_t ts_memory_pool_count(const struct ts_memory *mem);
+void ts_memory_pool_stats(const struct ts_memory *mem, size_t i, struct ts_pool_stats *out);
+
+/* The name of the pool a space draws from ("host/pinned_host"; borrowed). */
+const char *ts_space_pool_name(const struct ts_space *sp);
+
 /* The device and memory kind of a space (borrowed). */
 struct ts_device *ts_space_device(const struct ts_space *sp);
 enum ts_memory_kind ts_space_kind(const struct ts_space *sp);
@@ -113,7 +135,7 @@ const char *ts_space_name(const struct ts_space *sp);
  * with reason OUT_OF_MEMORY and metadata space, requested_bytes, free_bytes,
  * largest_free_block_bytes, limit_bytes; nothing changes. The memory is not
  * initialised. Caller owns the block and frees it with ts_space_release
- * (same size).
+ * (same size). A refusal counts in the space's stats (refusals).
  */
 ts_status ts_space_alloc(struct ts_space *sp, uint64_t size, void **out,
                          struct ts_error *err);
@@ -124,7 +146,8 @@ bool ts_space_would_fit(const struct ts_space *sp, uint64_t size);
 
 /* TS_OK when size would fit now; else RESOURCE_EXHAUSTED with the same
  * message and metadata as a refused ts_space_alloc. Advisory: admission
- * before a body whose exact size is not known yet. */
+ * before a body whose exact size is not known yet; a refusal counts in
+ * refusals as ts_space_alloc's does. */
 ts_status ts_space_check_fit(const struct ts_space *sp, uint64_t size,
                              struct ts_error *err);
 

@@ -58,6 +58,7 @@ struct ts_operation {
 	char target[136];                   /* immutable; "" when none */
 	char unit[16];                      /* immutable */
 	uint64_t create_ns;                 /* immutable: wall clock */
+	uint64_t seq;                       /* immutable once listed: creation order */
 	ts_op_fn *fn;                       /* immutable */
 	void *arg;                          /* immutable; handed to release once */
 	void (*release)(void *arg);         /* immutable */
@@ -335,47 +336,92 @@ static void set_state_locked(struct ts_op_registry *r, struct ts_operation *op,
 
 /* ---- finishing ------------------------------------------------------------------- */
 
-/* Records the outcome of a run that returned st with err. */
+/* b - a on the wall clock, 0 when it stepped back. */
+static uint64_t wall_since(uint64_t a, uint64_t b)
+{
+	return b > a ? b - a : 0;
+}
+
+/* The final state and error of a run that returned st with err (pure; op
+ * is read only for its immutable id). */
+static enum ts_op_state outcome_of(const struct ts_operation *op, ts_status st,
+                                   const struct ts_error *err, struct ts_error *out)
+{
+	ts_error_clear(out);
+	if (st == TS_OK)
+		return TS_OP_SUCCEEDED;
+	if (st == TS_CANCELLED) {
+		ts_error_set(out, TS_CANCELLED, "OPERATION_CANCELLED", "operation %s was cancelled",
+		             op->id);
+		return TS_OP_CANCELLED;
+	}
+	if (err && err->status != TS_OK)
+		*out = *err;
+	else
+		ts_error_set(out, st, "OPERATION_FAILED", "operation %s failed", op->id);
+	return TS_OP_FAILED;
+}
+
+/* Records an outcome found by outcome_of; a run that did not succeed keeps
+ * no result. */
 static void record_outcome_locked(struct ts_op_registry *r, struct ts_operation *op,
-                                  ts_status st, const struct ts_error *err)
+                                  enum ts_op_state state, const struct ts_error *error)
 {
 	assert(ts_mutex_held(&op->lk));
-	ts_error_clear(&op->error);
-	if (st == TS_OK) {
-		set_state_locked(r, op, TS_OP_SUCCEEDED);
-		return;
+	if (state != TS_OP_SUCCEEDED) {
+		json_decref(op->result);
+		op->result = NULL;
 	}
-	json_decref(op->result);
-	op->result = NULL;
-	if (st == TS_CANCELLED) {
-		set_state_locked(r, op, TS_OP_CANCELLED);
-		ts_error_set(&op->error, TS_CANCELLED, "OPERATION_CANCELLED",
-		             "operation %s was cancelled", op->id);
+	set_state_locked(r, op, state);
+	op->error = *error;
+}
+
+/* Hands the end of op to the registry's hook, before op shows as done, so
+ * that whoever sees it done also sees it counted. */
+static void report_end(struct ts_op_registry *r, struct ts_operation *op,
+                       enum ts_op_state state, const struct ts_error *error, uint64_t end_ns)
+{
+	struct ts_op_end end;
+	uint64_t start_ns;
+
+	if (!r->cfg.ended)
 		return;
-	}
-	set_state_locked(r, op, TS_OP_FAILED);
-	if (err && err->status != TS_OK)
-		op->error = *err;
-	else
-		ts_error_set(&op->error, st, "OPERATION_FAILED", "operation %s failed", op->id);
+	ts_mutex_lock(&op->lk);
+	start_ns = op->start_ns;
+	ts_mutex_unlock(&op->lk);
+	end = (struct ts_op_end){
+		.id = op->id, .kind = op->kind, .target = op->target, .unit = op->unit,
+		.state = state,
+		.done_units = atomic_load(&op->done_units),
+		.total_units = atomic_load(&op->total_units),
+		.run_ns = start_ns ? wall_since(start_ns, end_ns) : 0,
+		.queued_ns = wall_since(op->create_ns, start_ns ? start_ns : end_ns),
+		.error = state == TS_OP_SUCCEEDED ? NULL : error,
+	};
+	r->cfg.ended(r->cfg.ended_cls, &end);
 }
 
 /*
  * Finishes an operation taken off the queue (on the active list), after its
- * release ran: records the outcome, frees its target, wakes its waiters once
- * and applies retention. The caller holds a reference to op.
+ * release ran: reports its end to the hook, records the outcome, frees its
+ * target, wakes its waiters once and applies retention. The caller holds a
+ * reference to op.
  */
 static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_status st,
                       const struct ts_error *err)
 {
 	struct ts_operation *dropped;
 	struct waiter *w;
+	struct ts_error outcome;
+	enum ts_op_state state = outcome_of(op, st, err, &outcome);
+	uint64_t end_ns = ts_wall_ns();
 
+	report_end(r, op, state, &outcome, end_ns);
 	ts_mutex_lock(&r->lk);
 	ts_mutex_lock(&op->lk);
 	oplist_remove_locked(r, op);
-	record_outcome_locked(r, op, st, err);
-	op->end_ns = ts_wall_ns();
+	record_outcome_locked(r, op, state, &outcome);
+	op->end_ns = end_ns;
 	op->end_mono = ts_now_ns();
 	oplist_push_locked(r, &r->finished, op, WHERE_FINISHED);
 	w = op->waiters;
@@ -640,7 +686,8 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 		ts_error_meta(err, "operation", "%s", holder->id);
 		goto out_unlock;
 	}
-	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(++r->next_seq ^ r->salt));
+	op->seq = ++r->next_seq;
+	snprintf(op->id, sizeof op->id, "op-%016" PRIx64, mix64(op->seq ^ r->salt));
 	if (ts_registry_reserve(&r->ids, 1, NULL) != TS_OK) {
 		st = ts_error_oom(err, "no memory for a %s operation", kind);
 		goto out_unlock;
@@ -676,12 +723,21 @@ struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)
 ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
                      struct ts_operation ***out, size_t *n, struct ts_error *err)
 {
-	struct ts_operation **ops = NULL, *dropped;
+	return ts_op_list_before(r, only, 0, limit, out, n, NULL, err);
+}
+
+ts_status ts_op_list_before(struct ts_op_registry *r, int only, uint64_t before, size_t limit,
+                            struct ts_operation ***out, size_t *n, bool *more,
+                            struct ts_error *err)
+{
+	struct ts_operation **ops = NULL, *dropped, *op;
 	ts_status st = TS_OK;
 	size_t k = 0;
 
 	*out = NULL;
 	*n = 0;
+	if (more)
+		*more = false;
 	if (only < -1 || only > TS_OP_CANCELLED)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_STATE",
 		                    "operation state %d is not one of the five", only);
@@ -694,10 +750,19 @@ ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
 		st = ts_error_oom(err, "no memory to list %zu operations", limit);
 		goto out_unlock;
 	}
-	for (struct ts_operation *op = r->newest; op && k < limit; op = op->older) {
+	/* newest first: sequence numbers fall along the older links */
+	for (op = r->newest; op && before && op->seq >= before; op = op->older)
+		;
+	for (; op; op = op->older) {
 		/* a state changes only under the registry's lock too */
-		if (only < 0 || op->state == (enum ts_op_state)only)
-			ops[k++] = ts_operation_ref(op);
+		if (only >= 0 && op->state != (enum ts_op_state)only)
+			continue;
+		if (k == limit) {
+			if (more)
+				*more = true;
+			break;
+		}
+		ops[k++] = ts_operation_ref(op);
 	}
 	*out = ops;
 	*n = k;
@@ -705,6 +770,35 @@ out_unlock:
 	ts_mutex_unlock(&r->lk);
 	unref_chain(dropped);
 	return st;
+}
+
+ts_status ts_op_remove(struct ts_op_registry *r, struct ts_operation *op, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+	bool listed;
+
+	ts_mutex_lock(&r->lk);
+	listed = ts_registry_get(&r->ids, op->id) == op;
+	if (!listed) {
+		st = ts_error_set(err, TS_NOT_FOUND, "OPERATION_NOT_FOUND",
+		                  "operation '%s' not found", op->id);
+	} else if (op->where != WHERE_FINISHED) {
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "OPERATION_RUNNING",
+		                  "operation '%s' has not finished; cancel it, or wait for it, "
+		                  "before deleting it", op->id);
+		ts_error_meta(err, "operation", "%s", op->id);
+	} else {
+		unlist_locked(r, op);
+	}
+	ts_mutex_unlock(&r->lk);
+	if (listed && st == TS_OK)
+		ts_operation_unref(op);   /* the registry's reference */
+	return st;
+}
+
+uint64_t ts_operation_seq(const struct ts_operation *op)
+{
+	return op->seq;
 }
 
 void ts_op_list_free(struct ts_operation **ops, size_t n)

@@ -41,8 +41,25 @@ const char *ts_op_state_name(enum ts_op_state s);
 /* The state named name (as ts_op_state_name writes it); false for others. */
 bool ts_op_state_parse(const char *name, enum ts_op_state *out);
 
+/* What an operation's end looks like, for metrics and the log: handed to
+ * the registry's `ended` hook; every pointer is borrowed for the call. */
+struct ts_op_end {
+	const char *id, *kind, *target, *unit;    /* target "" when none */
+	enum ts_op_state state;                   /* SUCCEEDED, FAILED or CANCELLED */
+	uint64_t done_units, total_units;
+	uint64_t run_ns;                          /* from start to end; 0 if it never ran */
+	uint64_t queued_ns;                       /* from creation to start (or end) */
+	const struct ts_error *error;             /* FAILED / CANCELLED; else NULL */
+};
+
 struct ts_op_registry_config {
 	int workers;                  /* threads running operations (1..1024) */
+	/* called once per operation as it ends, on the finishing thread, with
+	 * no lock held and before the operation shows as done (so whoever sees
+	 * it done sees what the hook did); it must not call into the registry.
+	 * NULL: none. */
+	void (*ended)(void *cls, const struct ts_op_end *end);
+	void *ended_cls;
 	size_t keep_finished;         /* finished operations kept (oldest dropped first) */
 	uint64_t keep_ns;             /* and for at most this long after they
 	                               * finish (0: no age limit) */
@@ -117,6 +134,24 @@ struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id);
 ts_status ts_op_list(struct ts_op_registry *r, int only, size_t limit,
                      struct ts_operation ***out, size_t *n, struct ts_error *err);
 void ts_op_list_free(struct ts_operation **ops, size_t n);
+
+/* ts_op_list resuming a listing: only operations created before the one
+ * whose ts_operation_seq is `before` (0: from the newest; that operation
+ * need not be listed any more). *more (may be NULL) tells whether matching
+ * operations remain past the last one returned. */
+ts_status ts_op_list_before(struct ts_op_registry *r, int only, uint64_t before, size_t limit,
+                            struct ts_operation ***out, size_t *n, bool *more,
+                            struct ts_error *err);
+
+/* Unlists a finished operation (AIP-151 DeleteOperation): it is no longer
+ * found, listed or counted; references held elsewhere stay valid.
+ * FAILED_PRECONDITION (reason OPERATION_RUNNING) while it is pending or
+ * running; NOT_FOUND when it is no longer listed. op is borrowed. */
+ts_status ts_op_remove(struct ts_op_registry *r, struct ts_operation *op, struct ts_error *err);
+
+/* Its creation order in its registry: later operations have larger
+ * numbers (from 1). For resuming listings. */
+uint64_t ts_operation_seq(const struct ts_operation *op);
 
 /* Counts per state of the operations listed now (finished ones until
  * retention drops them), for metrics. counts has TS_OP_CANCELLED + 1

@@ -5,11 +5,19 @@ set -euo pipefail
 
 # what building tstaged needs (the Dockerfile's build stage installs the same,
 # tests/deploy/check_dockerfile.py checks it), then what the tests add
+# (prometheus: promtool and the live Prometheus of tests/deploy/prometheus.sh)
 build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev)
-test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip jq)
+test_pkgs=(libcurl4-openssl-dev check libsubunit-dev python3-numpy python3-pip jq python3-yaml
+	prometheus)
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
+# make pytest: the Python client's virtual environment
+pkgs+=(python3-venv)
 # make bench (TS_DEPS_BENCH=1) adds the servers its references run
 [ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
+# the API checks (TS_DEPS_API=1, tests/api/*.sh): headless Chromium for the
+# dashboard, PyYAML for the route-vs-spec check, venv for their PyPI tools
+# (openapi-spec-validator, schemathesis: installed by tests/api/lib.sh under build/)
+[ "${TS_DEPS_API:-0}" = 1 ] && pkgs+=(chromium python3-yaml python3-venv)
 [ "${TS_DEPS_EXTRA:-}" ] && read -r -a extra <<<"$TS_DEPS_EXTRA" && pkgs+=("${extra[@]}")
 
 missing=()

@@ -76,8 +76,18 @@ static const struct opt options[] = {
 	{"body-min-rate", OPT_SIZE, F(body_min_rate), 0, 0, "64KiB",
 	 "bytes per second such an upload must average once body-idle-timeout has passed "
 	 "(0: no minimum)"},
+	{"wait-limit", OPT_INT, F(wait_limit), 1, 3600, "60",
+	 "seconds a call that waits for its operation (?wait=true, Prefer: wait=N, :wait) "
+	 "holds its connection; then it answers 202 with the operation still running"},
 	{"host-name", OPT_STRING, F(host_name), 0, 0, "gethostname()",
 	 "the host every device reports (in Kubernetes the node's name, not the pod's)"},
+	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
+	 "also serve the HTTP API on this Unix socket (its file's mode and group are the "
+	 "permission: no token is asked there)"},
+	{"unix-socket-mode", OPT_STRING, F(unix_socket_mode), 0, 0, "0600",
+	 "file mode of the Unix socket, octal (0600, 0660, ...)"},
+	{"unix-socket-group", OPT_STRING, F(unix_socket_group), 0, 0, "the daemon's",
+	 "group of the Unix socket, a name or a gid"},
 };
 
 #define NOPTIONS (sizeof options / sizeof options[0])
@@ -95,6 +105,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->cuda = true;
 	cfg->drain_seconds = 30;
 	strcpy(cfg->cgroup_root, "/sys/fs/cgroup");
+	strcpy(cfg->unix_socket_mode, "0600");
 	cfg->import_header_limit = 16ull << 20;
 	cfg->import_header_budget = 256ull << 20;
 	cfg->max_connections = 1024;
@@ -102,6 +113,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->connection_timeout = 60;
 	cfg->body_idle_timeout = 15;
 	cfg->body_min_rate = 64ull << 10;
+	cfg->wait_limit = 60;
 }
 
 static bool parse_bool(const char *s, bool *out)

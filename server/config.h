@@ -46,8 +46,12 @@ struct ts_config {
 	int connection_timeout;          /* seconds an idle connection stays open */
 	int body_idle_timeout;           /* seconds a reserving upload may stall */
 	uint64_t body_min_rate;          /* bytes/s such an upload must average; 0: none */
+	int wait_limit;                  /* seconds a waiting call holds its connection */
 	char host_name[64];              /* the "host" devices report; "": gethostname() */
 	char probe[512];                 /* --probe URL: check that URL and exit; "" run */
+	char unix_socket[108];           /* also serve on this Unix socket; "" none */
+	char unix_socket_mode[8];        /* its file mode, octal ("0600") */
+	char unix_socket_group[64];      /* its group (name or gid); "" the daemon's */
 };
 
 enum ts_config_result { TS_CONFIG_RUN, TS_CONFIG_EXIT_OK, TS_CONFIG_EXIT_USAGE };

@@ -40,6 +40,7 @@
 #include "common/utf8.h"
 #include "server/http_tuning.h"
 #include "server/router.h"
+#include "server/server_routes.h"
 
 struct request {
 	struct ts_server *srv;
@@ -70,13 +71,30 @@ struct request {
 	bool cut;                        /* too slow: the connection is dropped */
 	uint64_t body_start_ns;
 	uint64_t body_got;
+	/* for the request's log line */
+	uint64_t bytes_in;               /* body bytes received */
+	uint64_t bytes_out;              /* response body bytes queued */
+	char client[48];                 /* the peer's address */
+	char user_agent[128];            /* truncated */
+	char traceparent[56];            /* a valid W3C traceparent, or "" */
 };
 
 /* Per-connection state (MHD's socket context), from open to close. */
 struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
+	bool local;                      /* on the Unix socket: no limit per address */
 };
+
+/* Whether the connection came through --unix-socket (whose file's mode and
+ * group are the permission). */
+static bool on_unix_socket(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+
+	return ci && ci->client_addr && ci->client_addr->sa_family == AF_UNIX;
+}
 
 static const char *lookup(void *conn, int where, const char *key)
 {
@@ -102,21 +120,96 @@ static bool valid_request_id(const char *s)
 	return n > 0;
 }
 
-/* Constant-time comparison of the presented bearer token. */
-static bool token_ok(const struct ts_server *srv, const char *auth)
+static bool all_hex(const char *s, size_t n, bool *all_zero)
 {
-	static const char prefix[] = "Bearer ";
-	unsigned char diff = 0;
-	size_t n;
+	*all_zero = true;
+	for (size_t i = 0; i < n; i++) {
+		if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f')))
+			return false;
+		if (s[i] != '0')
+			*all_zero = false;
+	}
+	return true;
+}
 
-	if (!auth || strncmp(auth, prefix, sizeof prefix - 1) != 0)
+/*
+ * Whether s is a W3C Trace Context traceparent: version "-" trace-id "-"
+ * parent-id "-" flags, lower-case hex of 2, 32, 16 and 2 digits; version ff,
+ * an all-zero trace-id or parent-id are invalid. Version 00 is exactly 55
+ * characters; a later version may go on after a '-' (only the first 55
+ * are read).
+ */
+static bool valid_traceparent(const char *s)
+{
+	bool zero;
+	size_t n = s ? strnlen(s, 56) : 0;
+
+	if (n < 55 || s[2] != '-' || s[35] != '-' || s[52] != '-')
 		return false;
-	auth += sizeof prefix - 1;
-	n = strlen(auth);
-	diff = (unsigned char)(n != srv->token_len);
+	if (!all_hex(s, 2, &zero) || strncmp(s, "ff", 2) == 0 || !all_hex(s + 53, 2, &zero))
+		return false;
+	if (!all_hex(s + 3, 32, &zero) || zero || !all_hex(s + 36, 16, &zero) || zero)
+		return false;
+	if (strncmp(s, "00", 2) == 0)
+		return n == 55;
+	return n == 55 || s[55] == '-';
+}
+
+/* The peer's address as text ("127.0.0.1", "::1", "unix" through
+ * --unix-socket), "" when unknown. */
+static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+	const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+
+	buf[0] = '\0';
+	if (sa && sa->sa_family == AF_INET)
+		inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, buf, (socklen_t)cap);
+	else if (sa && sa->sa_family == AF_INET6)
+		inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, buf, (socklen_t)cap);
+	else if (sa && sa->sa_family == AF_UNIX)
+		snprintf(buf, cap, "unix");
+}
+
+/* Constant-time comparison of a presented token (n bytes) with the one. */
+static bool token_equal(const struct ts_server *srv, const char *given, size_t n)
+{
+	unsigned char diff = (unsigned char)(n != srv->token_len);
+
 	for (size_t i = 0; i < srv->token_len; i++)
-		diff |= (unsigned char)(srv->token[i] ^ (i < n ? auth[i] : 0));
+		diff |= (unsigned char)(srv->token[i] ^ (i < n ? given[i] : 0));
 	return diff == 0;
+}
+
+/* Whether the request presents the token: "Authorization: Bearer <token>",
+ * or HTTP Basic with the token as the password (any user name; decoded by
+ * libmicrohttpd), which is what a browser sends after the prompt a 401 on
+ * /dashboard raises, and then for the page's own calls. Compared in
+ * constant time. */
+static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
+{
+	static const char bearer[] = "Bearer ";
+	const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+	                                               MHD_HTTP_HEADER_AUTHORIZATION);
+	char *user, *pass = NULL;
+	bool ok;
+
+	if (!auth)
+		return false;
+	if (strncmp(auth, bearer, sizeof bearer - 1) == 0) {
+		auth += sizeof bearer - 1;
+		return token_equal(srv, auth, strlen(auth));
+	}
+	user = MHD_basic_auth_get_username_password(conn, &pass);
+	ok = user && pass && token_equal(srv, pass, strlen(pass));
+	if (pass) {
+		explicit_bzero(pass, strlen(pass));
+		MHD_free(pass);
+	}
+	if (user)
+		MHD_free(user);
+	return ok;
 }
 
 /* Hot-path string copies (request_new): no printf per request. */
@@ -165,6 +258,14 @@ static struct request *request_new(struct ts_server *srv,
 	else
 		format_request_id(rq->id, sizeof rq->id, srv->id_prefix,
 		                  atomic_fetch_add(&srv->next_id, 1));
+	/* an invalid traceparent is ignored, as Trace Context asks */
+	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "traceparent");
+	if (valid_traceparent(given))
+		copy_trunc(rq->traceparent, sizeof rq->traceparent, given);
+	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_USER_AGENT);
+	if (given)
+		copy_trunc(rq->user_agent, sizeof rq->user_agent, given);
+	client_text(conn, rq->client, sizeof rq->client);
 	return rq;
 }
 
@@ -398,12 +499,14 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	route = &ts_routes[rq->route];
 	if (request_draining(rq, route))
 		return;
-	if (srv->token_len && !route->public_route &&
-	    !token_ok(srv, MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-	                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
+	if (srv->token_len && !route->public_route && !on_unix_socket(conn) &&
+	    !token_ok(srv, conn)) {
 		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
 		              "a valid 'Authorization: Bearer <token>' header is required");
-		ts_reply_header(&rq->reply, "WWW-Authenticate", "Bearer realm=\"tstage\"");
+		/* a browser asks for the token (as the password) on the page */
+		ts_reply_header(&rq->reply, "WWW-Authenticate",
+		                route->sfn == ts_s_dashboard ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                                             : "Bearer realm=\"tstage\"");
 		return;
 	}
 	if (!request_args_ok(rq, conn))
@@ -496,6 +599,8 @@ static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 		route->sfn(rq->srv, &call, &rq->reply);
 	if (rq->reply.kind == TS_REPLY_NONE)
 		ts_reply_fail(&rq->reply, TS_INTERNAL, "NO_REPLY", "the handler gave no answer");
+	if (strcmp(route->method, "GET") == 0)      /* GET and HEAD: conditional */
+		ts_reply_not_modified(&rq->reply, ts_call_header(&call, "If-None-Match"));
 }
 
 static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection *conn);
@@ -713,15 +818,19 @@ static enum MHD_Result request_respond_body(struct request *rq, struct MHD_Conne
 			                                         stream_read, st, stream_free);
 			if (!resp)
 				free(st);
+			else
+				rq->bytes_out = st->size;
 		}
 		if (resp)
 			memset(&r->stream, 0, sizeof r->stream);   /* the response owns it */
 	} else {
 		struct MHD_IoVec iov[TS_REPLY_MAX_PARTS];
 
+		rq->bytes_out = 0;
 		for (int i = 0; i < r->parts.n; i++) {
 			iov[i].iov_base = r->parts.part[i].base;
 			iov[i].iov_len = r->parts.part[i].len;
+			rq->bytes_out += r->parts.part[i].len;
 		}
 		resp = MHD_create_response_from_iovec(iov, (unsigned int)r->parts.n,
 		                                      r->parts.release, r->parts.cls);
@@ -794,9 +903,11 @@ static enum MHD_Result request_respond(struct request *rq, struct MHD_Connection
 	}
 	if (text)
 		resp = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+	rq->bytes_out = len;
 	if (!resp) {
 		free(text);
 		rq->http_code = 500;
+		rq->bytes_out = sizeof fallback_error - 1;
 		resp = MHD_create_response_from_buffer(sizeof fallback_error - 1,
 		                                       (void *)fallback_error,
 		                                       MHD_RESPMEM_PERSISTENT);
@@ -836,6 +947,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 		}
 		*req_cls = rq;
 		atomic_fetch_add(&srv->inflight, 1);
+		ts_metrics_request_started(srv->metrics);
 		request_admit(rq, conn, url, method);
 		if (rq->failed)
 			return request_respond(rq, conn);
@@ -844,6 +956,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (*upload_data_size) {
 		bool was_failed = rq->failed;
 
+		rq->bytes_in += *upload_data_size;
 		request_take_body(rq, upload_data, *upload_data_size);
 		*upload_data_size = 0;
 		if (rq->cut)
@@ -862,6 +975,35 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 	if (!rq->failed)
 		request_dispatch(rq, conn);
 	return request_respond(rq, conn);
+}
+
+/*
+ * The request's line: id, method, path, status, time, the client's address
+ * and user agent, body bytes in and out, its traceparent when valid, and on
+ * a failed request the error's status, reason and message.
+ */
+static void request_log(const struct request *rq, uint64_t dur, bool completed)
+{
+	json_t *f = json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b, s:s, s:o*, s:I, s:I}",
+	                      "request_id", rq->id, "method", ts_json_text(rq->method), "path",
+	                      ts_json_text(rq->path), "status", rq->http_code, "duration_ms",
+	                      (double)(dur / 1000) / 1e3, "completed", completed, "client",
+	                      rq->client, "user_agent",
+	                      rq->user_agent[0] ? ts_json_text(rq->user_agent) : NULL,
+	                      "bytes_in", (json_int_t)rq->bytes_in, "bytes_out",
+	                      (json_int_t)rq->bytes_out);
+
+	if (f && rq->traceparent[0]) {
+		json_object_set_new(f, "traceparent", json_string(rq->traceparent));
+		json_object_set_new(f, "trace_id", json_stringn(rq->traceparent + 3, 32));
+	}
+	if (f && rq->reply.kind == TS_REPLY_ERROR)
+		json_object_set_new(f, "error",
+		                    json_pack("{s:s, s:s, s:o*}", "status",
+		                              ts_status_name(rq->reply.error.status), "reason",
+		                              rq->reply.error.reason, "message",
+		                              ts_json_text(rq->reply.error.message)));
+	ts_log_json(TS_LOG_INFO, f, "request");
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
@@ -883,13 +1025,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		                          (unsigned int)srv->cfg.connection_timeout);
 	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
 	if (ts_log_enabled(TS_LOG_INFO))
-		ts_log_json(TS_LOG_INFO,
-		            json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b}", "request_id", rq->id,
-		                      "method", ts_json_text(rq->method), "path",
-		                      ts_json_text(rq->path), "status", rq->http_code,
-		                      "duration_ms", (double)(dur / 1000) / 1e3, "completed",
-		                      toe == MHD_REQUEST_TERMINATED_COMPLETED_OK),
-		            "request");
+		request_log(rq, dur, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
 	if (rq->suspended)       /* the client left while waiting */
 		waits_remove(srv, rq);
 	if (rq->susp.release) {
@@ -990,7 +1126,8 @@ static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
 	ac = addr_count_locked(srv, cc->addr, true);
 	if (srv->conns >= srv->cfg.max_connections)
 		over = 1;
-	else if (srv->cfg.max_connections_per_ip && ac && ac->n >= srv->cfg.max_connections_per_ip)
+	else if (srv->cfg.max_connections_per_ip && !cc->local && ac &&
+	         ac->n >= srv->cfg.max_connections_per_ip)
 		over = 2;
 	if (!over) {
 		srv->conns++;
@@ -1054,6 +1191,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		if (!cc)
 			return;                 /* served uncounted: refusing needs no memory, counting does */
 		addr_of(ci ? ci->client_addr : NULL, cc->addr);
+		cc->local = on_unix_socket(conn);
 		over = conn_admit(srv, cc);
 		cc->refused = over != 0;
 		*socket_context = cc;
@@ -1150,6 +1288,11 @@ void ts__http_stop(struct ts_server *srv)
 	if (srv->daemon)
 		MHD_stop_daemon(srv->daemon);
 	srv->daemon = NULL;
+	if (srv->unix_daemon) {
+		MHD_stop_daemon(srv->unix_daemon);
+		unlink(srv->cfg.unix_socket);
+	}
+	srv->unix_daemon = NULL;
 	if (!srv->conns_started)
 		return;
 	for (int i = 0; i < TS__ADDR_BUCKETS; i++) {
@@ -1164,6 +1307,39 @@ void ts__http_stop(struct ts_server *srv)
 	free(srv->busy[1]);
 	ts_mutex_destroy(&srv->conns_mu);
 	srv->conns_started = false;
+}
+
+/* The same API on --unix-socket: a second daemon with the same callbacks
+ * and limits (the connection count is shared) on the socket unix_socket.c
+ * made; MHD closes it when the daemon stops. */
+static ts_status unix_start(struct ts_server *srv, unsigned int flags, int threads,
+                            unsigned int hard, struct ts_error *err)
+{
+	ts_status st;
+	int fd;
+
+	st = ts__unix_listen(&srv->cfg, &fd, err);
+	if (st != TS_OK)
+		return st;
+	srv->unix_daemon = MHD_start_daemon(
+		flags, 0, NULL, NULL, on_request, srv,
+		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
+		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
+		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
+		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
+		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
+		MHD_OPTION_CONNECTION_LIMIT, hard,
+		MHD_OPTION_END);
+	if (!srv->unix_daemon) {
+		close(fd);
+		unlink(srv->cfg.unix_socket);
+		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
+		                    "cannot serve on --unix-socket '%s'", srv->cfg.unix_socket);
+	}
+	return TS_OK;
 }
 
 ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
@@ -1226,5 +1402,6 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 		                    srv->cfg.bind, srv->cfg.port);
 	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
 	srv->port = info ? (int)info->port : srv->cfg.port;
-	return TS_OK;
+	return srv->cfg.unix_socket[0] ? unix_start(srv, TS_HTTP_MHD_FLAGS, threads, hard, err)
+	                               : TS_OK;
 }

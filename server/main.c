@@ -367,7 +367,7 @@ int main(int argc, char **argv)
 	struct ts_error err;
 	sigset_t sigs;
 	int sig;
-	char fields[64];
+	char fields[160];
 
 	switch (ts_config_parse(&cfg, argc, argv, stdout, stderr)) {
 	case TS_CONFIG_EXIT_OK:
@@ -397,12 +397,18 @@ int main(int argc, char **argv)
 	}
 	/* the server's threads keep the mask; main takes the signals */
 	pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
-	snprintf(fields, sizeof fields, "\"port\":%d", ts_server_port(srv));
+	snprintf(fields, sizeof fields, "\"event\":\"listening\",\"port\":%d", ts_server_port(srv));
 	ts_log(TS_LOG_INFO, fields, "tstaged %s listening on %s:%d", ts_version, cfg.bind,
 	       ts_server_port(srv));
+	if (cfg.unix_socket[0])
+		ts_log(TS_LOG_INFO, NULL, "and on unix socket %s (mode %s, group %s; no token asked)",
+		       cfg.unix_socket, cfg.unix_socket_mode,
+		       cfg.unix_socket_group[0] ? cfg.unix_socket_group : "the daemon's");
 	notify_service_manager("READY=1");
 	sig = wait_stop();
-	ts_log(TS_LOG_INFO, NULL, "%s received; draining (a second one exits at once)",
+	snprintf(fields, sizeof fields, "\"event\":\"drain\",\"signal\":\"%s\",\"drain_seconds\":%d",
+	         sig_name(sig), cfg.drain_seconds);
+	ts_log(TS_LOG_INFO, fields, "%s received; draining (a second one exits at once)",
 	       sig_name(sig));
 	notify_service_manager("STOPPING=1");
 	ts_server_drain(srv, cfg.drain_seconds, &dr);
@@ -411,6 +417,9 @@ int main(int argc, char **argv)
 	if (dr.operations)
 		ts_log(TS_LOG_WARN, NULL, "%d operations cancelled at shutdown", dr.operations);
 	ts_server_free(srv);
-	ts_log(TS_LOG_INFO, NULL, "stopped");
+	snprintf(fields, sizeof fields,
+	         "\"event\":\"exit\",\"code\":0,\"requests_left\":%d,\"operations_cancelled\":%d",
+	         dr.requests, dr.operations);
+	ts_log(TS_LOG_INFO, fields, "stopped");
 	return 0;
 }

@@ -1,44 +1,62 @@
 /*
- * metrics.c - request counters, latency histograms and the Prometheus text
- * exposition, including the memory gauges of every space.
+ * metrics.c - request and operation counters, latency histograms and the
+ * Prometheus text exposition, including the memory of every space and pool,
+ * transfers per device, training steps and the process_* series.
+ *
+ * Naming: base units last (`_bytes`, `_seconds`), counters end in `_total`,
+ * and no gauge shares a name with a counter's stem. Space series
+ * (`tstage_memory_*{device,memory_kind,pool}`) count only the space's own
+ * bytes, so sums over devices add up; the limits of node-wide host pools are
+ * their own series (`tstage_pool_*{pool,memory_kind}`), listed once.
  */
 #include "server/metrics.h"
 
+#include <dirent.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include "common/histogram.h"
 #include "common/units.h"
 #include "common/version.h"
 #include "handlers/api.h"
 #include "memory/space.h"
-#include "ops/operation.h"
 #include "storage/array.h"
 #include "storage/stage.h"
+#include "train/model.h"
 
 static const int code_slots[] = {200, 201, 202, 204, 206, 304, 400, 401, 403, 404,
-                                 405, 409, 411, 412, 413, 416, 429, 499, 500, 501,
-                                 503, 504};
+                                 405, 408, 409, 411, 412, 413, 416, 429, 499, 500,
+                                 501, 503, 504};
 #define NCODES (sizeof code_slots / sizeof code_slots[0])
 #define CODE_OTHER NCODES
 
-static const double buckets[] = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
-#define NBUCKETS (sizeof buckets / sizeof buckets[0])
+/* Operation kinds tstaged submits; anything else counts as "other". */
+static const char *const op_kinds[] = {"put", "copy", "import", "create", "step", "other"};
+#define NKINDS (sizeof op_kinds / sizeof op_kinds[0])
+#define NOUTCOMES 3
 
 struct route_metrics {
 	_Atomic uint64_t codes[NCODES + 1];
-	_Atomic uint64_t bucket[NBUCKETS + 1];   /* last: +Inf (non-cumulative) */
-	_Atomic uint64_t sum_ns;
-	_Atomic uint64_t count;
+	struct ts_histogram latency;
+};
+
+struct kind_metrics {
+	_Atomic uint64_t outcomes[NOUTCOMES];   /* succeeded, failed, cancelled */
+	_Atomic uint64_t bytes;                 /* moved by those whose unit is bytes */
+	struct ts_histogram duration;
 };
 
 struct ts_metrics {
 	size_t nroutes;                         /* immutable */
 	const char *const *patterns;            /* immutable, borrowed */
 	struct route_metrics *routes;           /* nroutes + 1 entries */
+	struct kind_metrics kinds[NKINDS];
+	_Atomic int64_t in_flight;
 };
 
 struct ts_metrics *ts_metrics_new(size_t nroutes, const char *const *patterns)
@@ -54,6 +72,12 @@ struct ts_metrics *ts_metrics_new(size_t nroutes, const char *const *patterns)
 	}
 	m->nroutes = nroutes;
 	m->patterns = patterns;
+	for (size_t i = 0; i <= nroutes; i++)
+		ts_histogram_init(&m->routes[i].latency, ts_histogram_request_bounds,
+		                  ts_histogram_request_nbounds);
+	for (size_t k = 0; k < NKINDS; k++)
+		ts_histogram_init(&m->kinds[k].duration, ts_histogram_long_bounds,
+		                  ts_histogram_long_nbounds);
 	return m;
 }
 
@@ -65,27 +89,54 @@ void ts_metrics_free(struct ts_metrics *m)
 	free(m);
 }
 
+void ts_metrics_request_started(struct ts_metrics *m)
+{
+	atomic_fetch_add_explicit(&m->in_flight, 1, memory_order_relaxed);
+}
+
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
                        uint64_t duration_ns)
 {
 	struct route_metrics *r = &m->routes[route < m->nroutes ? route : m->nroutes];
-	double secs = (double)duration_ns / 1e9;
-	size_t c = CODE_OTHER, b = NBUCKETS;
+	size_t c = CODE_OTHER;
 
 	for (size_t i = 0; i < NCODES; i++)
 		if (code_slots[i] == http_code)
 			c = i;
-	for (size_t i = 0; i < NBUCKETS; i++) {
-		if (secs <= buckets[i]) {
-			b = i;
-			break;
-		}
-	}
 	atomic_fetch_add_explicit(&r->codes[c], 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&r->bucket[b], 1, memory_order_relaxed);
-	atomic_fetch_add_explicit(&r->sum_ns, duration_ns, memory_order_relaxed);
-	atomic_fetch_add_explicit(&r->count, 1, memory_order_relaxed);
+	ts_histogram_observe(&r->latency, duration_ns);
+	atomic_fetch_sub_explicit(&m->in_flight, 1, memory_order_relaxed);
 }
+
+const char *ts_metrics_outcome_name(enum ts_op_state state)
+{
+	switch (state) {
+	case TS_OP_SUCCEEDED: return "succeeded";
+	case TS_OP_CANCELLED: return "cancelled";
+	default: return "failed";
+	}
+}
+
+static int outcome_slot(enum ts_op_state state)
+{
+	return state == TS_OP_SUCCEEDED ? 0 : state == TS_OP_CANCELLED ? 2 : 1;
+}
+
+void ts_metrics_operation_ended(struct ts_metrics *m, const struct ts_op_end *end)
+{
+	size_t k = NKINDS - 1;
+
+	for (size_t i = 0; i + 1 < NKINDS; i++)
+		if (strcmp(end->kind, op_kinds[i]) == 0)
+			k = i;
+	atomic_fetch_add_explicit(&m->kinds[k].outcomes[outcome_slot(end->state)], 1,
+	                          memory_order_relaxed);
+	if (strcmp(end->unit, "bytes") == 0)
+		atomic_fetch_add_explicit(&m->kinds[k].bytes, end->done_units, memory_order_relaxed);
+	ts_histogram_observe(&m->kinds[k].duration, end->run_ns);
+}
+
+/* ---- the exposition -------------------------------------------------------- */
 
 /* A growing output buffer; a failed append marks it broken. */
 struct out {
@@ -128,73 +179,163 @@ static void out_printf(struct out *o, const char *fmt, ...)
 	}
 }
 
-static const char *route_name(const struct ts_metrics *m, size_t i)
+static void family(struct out *o, const char *name, const char *type, const char *help)
 {
-	return i < m->nroutes ? m->patterns[i] : "unmatched";
+	out_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/*
+ * Writes a histogram's samples: name_bucket{labels,le=...}, name_sum and
+ * name_count. labels is "" or a run of label pairs without braces.
+ */
+static void histogram(struct out *o, const char *name, const char *labels,
+                      const struct ts_histogram *h)
+{
+	struct ts_histogram_snapshot s;
+	const char *sep = labels[0] ? "," : "";
+
+	ts_histogram_read(h, &s);
+	for (size_t b = 0; b < h->nbounds; b++)
+		out_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->bounds[b],
+		           (unsigned long long)s.cumulative[b]);
+	out_printf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+	           (unsigned long long)s.count);
+	if (labels[0])
+		out_printf(o, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name, labels, s.sum_seconds,
+		           name, labels, (unsigned long long)s.count);
+	else
+		out_printf(o, "%s_sum %.9f\n%s_count %llu\n", name, s.sum_seconds, name,
+		           (unsigned long long)s.count);
+}
+
+/* The method and path of route i ("GET", "/v1/memory"); "other" and
+ * "unmatched" for requests no route matched. */
+static void route_labels(const struct ts_metrics *m, size_t i, char *buf, size_t cap)
+{
+	const char *p = i < m->nroutes ? m->patterns[i] : NULL;
+	const char *sp = p ? strchr(p, ' ') : NULL;
+
+	if (!sp)
+		snprintf(buf, cap, "method=\"other\",route=\"unmatched\"");
+	else
+		snprintf(buf, cap, "method=\"%.*s\",route=\"%s\"", (int)(sp - p), p, sp + 1);
 }
 
 static void render_http(struct out *o, struct ts_metrics *m)
 {
-	out_printf(o, "# HELP tstage_http_requests_total HTTP requests by route and status code.\n"
-	              "# TYPE tstage_http_requests_total counter\n");
+	char labels[320];
+	int64_t in_flight = atomic_load_explicit(&m->in_flight, memory_order_relaxed);
+
+	family(o, "tstage_http_requests_in_flight", "gauge",
+	       "HTTP requests received and not yet answered in full.");
+	out_printf(o, "tstage_http_requests_in_flight %lld\n",
+	           (long long)(in_flight > 0 ? in_flight : 0));
+	family(o, "tstage_http_requests_total", "counter",
+	       "HTTP requests answered, by method, route and status code.");
 	for (size_t i = 0; i <= m->nroutes; i++) {
+		route_labels(m, i, labels, sizeof labels);
 		for (size_t c = 0; c <= NCODES; c++) {
 			uint64_t v = atomic_load_explicit(&m->routes[i].codes[c], memory_order_relaxed);
 
 			if (!v)
 				continue;
 			if (c == CODE_OTHER)
-				out_printf(o, "tstage_http_requests_total{route=\"%s\",code=\"other\"} %llu\n",
-				           route_name(m, i), (unsigned long long)v);
+				out_printf(o, "tstage_http_requests_total{%s,code=\"other\"} %llu\n",
+				           labels, (unsigned long long)v);
 			else
-				out_printf(o, "tstage_http_requests_total{route=\"%s\",code=\"%d\"} %llu\n",
-				           route_name(m, i), code_slots[c], (unsigned long long)v);
+				out_printf(o, "tstage_http_requests_total{%s,code=\"%d\"} %llu\n", labels,
+				           code_slots[c], (unsigned long long)v);
 		}
 	}
-	out_printf(o, "# HELP tstage_http_request_duration_seconds Time from the first byte of a request to the end of its response.\n"
-	              "# TYPE tstage_http_request_duration_seconds histogram\n");
+	family(o, "tstage_http_request_duration_seconds", "histogram",
+	       "Time from the first byte of a request to the end of its response.");
 	for (size_t i = 0; i <= m->nroutes; i++) {
-		struct route_metrics *r = &m->routes[i];
-		uint64_t cum = 0, count = atomic_load_explicit(&r->count, memory_order_relaxed);
+		struct ts_histogram_snapshot s;
 
-		if (!count)
+		ts_histogram_read(&m->routes[i].latency, &s);
+		if (!s.count)
 			continue;
-		for (size_t b = 0; b < NBUCKETS; b++) {
-			cum += atomic_load_explicit(&r->bucket[b], memory_order_relaxed);
-			out_printf(o, "tstage_http_request_duration_seconds_bucket{route=\"%s\",le=\"%g\"} %llu\n",
-			           route_name(m, i), buckets[b], (unsigned long long)cum);
-		}
-		cum += atomic_load_explicit(&r->bucket[NBUCKETS], memory_order_relaxed);
-		/* count read first, buckets after: +Inf is the bucket total, so that
-		 * the series stays consistent under concurrent updates */
-		out_printf(o, "tstage_http_request_duration_seconds_bucket{route=\"%s\",le=\"+Inf\"} %llu\n"
-		              "tstage_http_request_duration_seconds_sum{route=\"%s\"} %.9f\n"
-		              "tstage_http_request_duration_seconds_count{route=\"%s\"} %llu\n",
-		           route_name(m, i), (unsigned long long)cum, route_name(m, i),
-		           (double)atomic_load_explicit(&r->sum_ns, memory_order_relaxed) / 1e9,
-		           route_name(m, i), (unsigned long long)cum);
+		route_labels(m, i, labels, sizeof labels);
+		histogram(o, "tstage_http_request_duration_seconds", labels, &m->routes[i].latency);
 	}
 }
+
+static void render_operations(struct out *o, struct ts_metrics *m, const struct ts_core *core)
+{
+	static const char *const outcomes[NOUTCOMES] = {"succeeded", "failed", "cancelled"};
+	uint64_t counts[TS_OP_CANCELLED + 1];
+	char labels[64];
+
+	if (core->operations) {
+		ts_op_counts(core->operations, counts);
+		family(o, "tstage_operations_listed", "gauge",
+		       "Operations listed now, by state (finished ones until retention drops them).");
+		for (int s = TS_OP_PENDING; s <= TS_OP_CANCELLED; s++)
+			out_printf(o, "tstage_operations_listed{state=\"%s\"} %llu\n",
+			           ts_op_state_name((enum ts_op_state)s), (unsigned long long)counts[s]);
+	}
+	family(o, "tstage_operations_total", "counter",
+	       "Operations ended since start, by kind and outcome.");
+	for (size_t k = 0; k < NKINDS; k++)
+		for (int s = 0; s < NOUTCOMES; s++)
+			out_printf(o, "tstage_operations_total{kind=\"%s\",outcome=\"%s\"} %llu\n",
+			           op_kinds[k], outcomes[s],
+			           (unsigned long long)atomic_load_explicit(&m->kinds[k].outcomes[s],
+			                                                    memory_order_relaxed));
+	family(o, "tstage_operation_moved_bytes_total", "counter",
+	       "Bytes that ended operations moved (those counted in bytes), by kind.");
+	for (size_t k = 0; k < NKINDS; k++)
+		out_printf(o, "tstage_operation_moved_bytes_total{kind=\"%s\"} %llu\n", op_kinds[k],
+		           (unsigned long long)atomic_load_explicit(&m->kinds[k].bytes,
+		                                                    memory_order_relaxed));
+	family(o, "tstage_operation_duration_seconds", "histogram",
+	       "Time ended operations ran (0 for those cancelled before they started), by kind.");
+	for (size_t k = 0; k < NKINDS; k++) {
+		snprintf(labels, sizeof labels, "kind=\"%s\"", op_kinds[k]);
+		histogram(o, "tstage_operation_duration_seconds", labels, &m->kinds[k].duration);
+	}
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static const struct {
+	const char *name, *type, *help;
+	size_t offset;
+} space_series[] = {
+	{"tstage_memory_in_use_bytes", "gauge",
+	 "Bytes allocated in a (device, memory kind) space; sums over devices add up.",
+	 offsetof(struct ts_space_stats, bytes_in_use)},
+	{"tstage_memory_peak_bytes", "gauge",
+	 "Peak bytes in use in the space since start or the last resetPeak.",
+	 offsetof(struct ts_space_stats, peak_bytes_in_use)},
+	{"tstage_memory_live_allocations", "gauge", "Allocations of the space alive now.",
+	 offsetof(struct ts_space_stats, live_allocs)},
+	{"tstage_memory_allocations_total", "counter", "Allocations made in the space since start.",
+	 offsetof(struct ts_space_stats, num_allocs)},
+	{"tstage_memory_refusals_total", "counter",
+	 "Allocations and uploads the space refused for want of memory since start.",
+	 offsetof(struct ts_space_stats, refusals)},
+};
 
 static const struct {
 	const char *name, *help;
 	size_t offset;
-} memory_gauges[] = {
-	{"tstage_memory_bytes_in_use", "Bytes allocated in a (device, memory kind) space.",
-	 offsetof(struct ts_space_stats, bytes_in_use)},
-	{"tstage_memory_peak_bytes", "Peak bytes in use since start or the last resetPeak.",
-	 offsetof(struct ts_space_stats, peak_bytes_in_use)},
-	{"tstage_memory_bytes_limit", "Limit of the pool the space draws from.",
-	 offsetof(struct ts_space_stats, bytes_limit)},
-	{"tstage_memory_bytes_reserved", "Bytes the space's pool holds from the system.",
-	 offsetof(struct ts_space_stats, bytes_reserved)},
-	{"tstage_memory_largest_free_block_bytes", "Largest allocation that fits now.",
-	 offsetof(struct ts_space_stats, largest_free_block_bytes)},
-	{"tstage_memory_allocations", "Live allocations in the space.",
-	 offsetof(struct ts_space_stats, live_allocs)},
+} pool_series[] = {
+	{"tstage_pool_limit_bytes", "Limit of a memory pool (node-wide host pools listed once).",
+	 offsetof(struct ts_pool_stats, limit)},
+	{"tstage_pool_in_use_bytes", "Bytes in use in the pool by every space drawing from it.",
+	 offsetof(struct ts_pool_stats, bytes_in_use)},
+	{"tstage_pool_reserved_bytes",
+	 "Bytes the pool holds from the system: a device pool's region reserved at start "
+	 "(what nvidia-smi and DCGM show as used), pinned segments.",
+	 offsetof(struct ts_pool_stats, bytes_reserved)},
+	{"tstage_pool_peak_reserved_bytes", "Peak of tstage_pool_reserved_bytes.",
+	 offsetof(struct ts_pool_stats, peak_bytes_reserved)},
+	{"tstage_pool_largest_free_block_bytes", "Largest single allocation the pool fits now.",
+	 offsetof(struct ts_pool_stats, largest_free_block_bytes)},
 };
 
-static void render_memory(struct out *o, const struct ts_core *core)
+static void render_spaces(struct out *o, const struct ts_core *core)
 {
 	size_t n = ts_memory_space_count(core->memory);
 	struct ts_space_stats *st = calloc(n ? n : 1, sizeof *st);
@@ -205,65 +346,109 @@ static void render_memory(struct out *o, const struct ts_core *core)
 	}
 	for (size_t i = 0; i < n; i++)
 		ts_space_stats(ts_memory_space_at(core->memory, i), &st[i]);
-	for (size_t g = 0; g < sizeof memory_gauges / sizeof memory_gauges[0]; g++) {
-		out_printf(o, "# HELP %s %s\n# TYPE %s gauge\n", memory_gauges[g].name,
-		           memory_gauges[g].help, memory_gauges[g].name);
+	for (size_t g = 0; g < sizeof space_series / sizeof space_series[0]; g++) {
+		family(o, space_series[g].name, space_series[g].type, space_series[g].help);
 		for (size_t i = 0; i < n; i++) {
 			const struct ts_space *sp = ts_memory_space_at(core->memory, i);
-			uint64_t v = *(const uint64_t *)((const char *)&st[i] + memory_gauges[g].offset);
+			uint64_t v = *(const uint64_t *)((const char *)&st[i] + space_series[g].offset);
 
-			out_printf(o, "%s{device=\"%s\",memory_kind=\"%s\"} %llu\n",
-			           memory_gauges[g].name, ts_device_props(ts_space_device(sp))->id,
-			           ts_memory_kind_name(ts_space_kind(sp)), (unsigned long long)v);
+			out_printf(o, "%s{device=\"%s\",memory_kind=\"%s\",pool=\"%s\"} %llu\n",
+			           space_series[g].name, ts_device_props(ts_space_device(sp))->id,
+			           ts_memory_kind_name(ts_space_kind(sp)), ts_space_pool_name(sp),
+			           (unsigned long long)v);
 		}
-	}
-	out_printf(o, "# HELP tstage_memory_allocations_total Allocations made in the space since start.\n"
-	              "# TYPE tstage_memory_allocations_total counter\n");
-	for (size_t i = 0; i < n; i++) {
-		const struct ts_space *sp = ts_memory_space_at(core->memory, i);
-
-		out_printf(o, "tstage_memory_allocations_total{device=\"%s\",memory_kind=\"%s\"} %llu\n",
-		           ts_device_props(ts_space_device(sp))->id,
-		           ts_memory_kind_name(ts_space_kind(sp)), (unsigned long long)st[i].num_allocs);
 	}
 	free(st);
 }
 
+static void render_pools(struct out *o, const struct ts_core *core)
+{
+	size_t n = ts_memory_pool_count(core->memory);
+
+	for (size_t g = 0; g < sizeof pool_series / sizeof pool_series[0]; g++) {
+		family(o, pool_series[g].name, "gauge", pool_series[g].help);
+		for (size_t i = 0; i < n; i++) {
+			struct ts_pool_stats ps;
+			uint64_t v;
+
+			ts_memory_pool_stats(core->memory, i, &ps);
+			v = *(const uint64_t *)((const char *)&ps + pool_series[g].offset);
+			if (ps.device)
+				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\",device=\"%s\"} %llu\n",
+				           pool_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
+				           ts_device_props(ps.device)->id, (unsigned long long)v);
+			else
+				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
+				           pool_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
+				           (unsigned long long)v);
+		}
+	}
+}
+
+/* ---- devices and transfers -------------------------------------------------- */
+
+/*
+ * A PCI bus id as the DCGM exporter and nvidia-smi write it, with an 8-digit
+ * domain ("00000000:3B:00.0"); cudaDeviceGetPCIBusId writes 4 ("0000:3B:00.0").
+ * "" stays "".
+ */
+static void dcgm_bus_id(const char *in, char *out, size_t cap)
+{
+	const char *colon = strchr(in, ':');
+	size_t domain = colon ? (size_t)(colon - in) : 0;
+
+	if (!colon || domain >= 8)
+		snprintf(out, cap, "%s", in);
+	else
+		snprintf(out, cap, "%.*s%s", (int)(8 - domain), "00000000", in);
+}
+
 static void render_devices(struct out *o, const struct ts_core *core)
 {
+	static const char *const directions[] = {"h2d", "d2h", "d2d", "h2h"};
 	size_t n = ts_device_set_count(core->devices);
 
-	out_printf(o, "# HELP tstage_device_info A device tstaged serves (value 1).\n"
-	              "# TYPE tstage_device_info gauge\n");
+	family(o, "tstage_device_info", "gauge",
+	       "A device tstaged serves (value 1); CUDA devices carry gpu_uuid and pci_bus_id "
+	       "to join with DCGM exporter series.");
 	for (size_t i = 0; i < n; i++) {
 		const struct ts_device_props *p = ts_device_props(ts_device_set_at(core->devices, i));
+		char bus[48];
 
-		out_printf(o, "tstage_device_info{device=\"%s\",backend=\"%s\",simulated=\"%s\"} 1\n",
-		           p->id, ts_backend_name(p->backend), p->simulated ? "true" : "false");
+		dcgm_bus_id(p->pci_bus_id, bus, sizeof bus);
+		out_printf(o, "tstage_device_info{device=\"%s\",backend=\"%s\",simulated=\"%s\","
+		              "gpu_uuid=\"%s\",pci_bus_id=\"%s\"} 1\n",
+		           p->id, ts_backend_name(p->backend), p->simulated ? "true" : "false",
+		           p->uuid, bus);
 	}
-	out_printf(o, "# HELP tstage_device_healthy 1 unless the device hit a sticky error.\n"
-	              "# TYPE tstage_device_healthy gauge\n");
+	family(o, "tstage_device_healthy", "gauge", "1 unless the device hit a sticky error.");
 	for (size_t i = 0; i < n; i++) {
 		struct ts_device *d = ts_device_set_at(core->devices, i);
 
 		out_printf(o, "tstage_device_healthy{device=\"%s\"} %d\n", ts_device_props(d)->id,
 		           ts_device_broken(d) ? 0 : 1);
 	}
-}
+	family(o, "tstage_device_transfer_bytes_total", "counter",
+	       "Bytes of the copies a device's queues accepted, by direction.");
+	for (size_t i = 0; i < n; i++) {
+		struct ts_device *d = ts_device_set_at(core->devices, i);
 
-static void render_operations(struct out *o, const struct ts_core *core)
-{
-	uint64_t counts[TS_OP_CANCELLED + 1];
+		for (int k = TS_COPY_H2D; k <= TS_COPY_H2H; k++)
+			out_printf(o, "tstage_device_transfer_bytes_total{device=\"%s\",direction=\"%s\"} "
+			              "%llu\n", ts_device_props(d)->id, directions[k],
+			           (unsigned long long)ts_device_copied_bytes(d, (enum ts_copy_kind)k));
+	}
+	family(o, "tstage_device_copy_queue_depth", "gauge",
+	       "Copies accepted by a device's queues and not yet run (sim and cpu devices; "
+	       "a CUDA stream does not say).");
+	for (size_t i = 0; i < n; i++) {
+		struct ts_device *d = ts_device_set_at(core->devices, i);
+		uint64_t depth;
 
-	if (!core->operations)
-		return;
-	ts_op_counts(core->operations, counts);
-	out_printf(o, "# HELP tstage_operations Operations listed, by state (finished ones until "
-	              "retention drops them).\n"
-	              "# TYPE tstage_operations gauge\n");
-	for (int s = TS_OP_PENDING; s <= TS_OP_CANCELLED; s++)
-		out_printf(o, "tstage_operations{state=\"%s\"} %llu\n",
-		           ts_op_state_name((enum ts_op_state)s), (unsigned long long)counts[s]);
+		if (ts_device_copies_queued(d, &depth))
+			out_printf(o, "tstage_device_copy_queue_depth{device=\"%s\"} %llu\n",
+			           ts_device_props(d)->id, (unsigned long long)depth);
+	}
 }
 
 static void render_transfers(struct out *o, const struct ts_core *core)
@@ -272,40 +457,122 @@ static void render_transfers(struct out *o, const struct ts_core *core)
 
 	if (core->stager) {
 		ts_stager_totals(core->stager, moved);
-		out_printf(o, "# HELP tstage_transfer_bytes_total Bytes moved, by source and destination "
-		              "memory kind (HTTP bodies count as unpinned_host).\n"
-		              "# TYPE tstage_transfer_bytes_total counter\n");
+		family(o, "tstage_transfer_bytes_total", "counter",
+		       "Bytes moved, by source and destination memory kind (HTTP bodies count as "
+		       "unpinned_host).");
 		for (int a = 0; a < TS_MEM_KIND_COUNT; a++)
 			for (int b = 0; b < TS_MEM_KIND_COUNT; b++)
 				out_printf(o, "tstage_transfer_bytes_total{src_kind=\"%s\",dst_kind=\"%s\"} %llu\n",
 				           ts_memory_kind_name((enum ts_memory_kind)a),
 				           ts_memory_kind_name((enum ts_memory_kind)b),
 				           (unsigned long long)moved[a][b]);
-		out_printf(o, "# HELP tstage_implicit_transfer_bytes_total Bytes of uncommitted arrays "
-		              "moved because an operation needed them elsewhere.\n"
-		              "# TYPE tstage_implicit_transfer_bytes_total counter\n"
-		              "tstage_implicit_transfer_bytes_total %llu\n",
+		family(o, "tstage_implicit_transfer_bytes_total", "counter",
+		       "Bytes of uncommitted arrays moved because an operation needed them elsewhere.");
+		out_printf(o, "tstage_implicit_transfer_bytes_total %llu\n",
 		           (unsigned long long)ts_stager_implicit(core->stager));
 	}
 	if (core->catalog) {
 		ts_catalog_totals(core->catalog, &count, &bytes);
-		out_printf(o, "# HELP tstage_arrays Arrays in the catalog.\n"
-		              "# TYPE tstage_arrays gauge\n"
-		              "tstage_arrays %llu\n"
-		              "# HELP tstage_array_bytes Bytes of the arrays in the catalog.\n"
-		              "# TYPE tstage_array_bytes gauge\n"
-		              "tstage_array_bytes %llu\n",
-		           (unsigned long long)count, (unsigned long long)bytes);
+		family(o, "tstage_arrays", "gauge", "Arrays in the catalog.");
+		out_printf(o, "tstage_arrays %llu\n", (unsigned long long)count);
+		family(o, "tstage_array_bytes", "gauge", "Bytes of the arrays in the catalog.");
+		out_printf(o, "tstage_array_bytes %llu\n", (unsigned long long)bytes);
 	}
+}
+
+static void render_training(struct out *o, const struct ts_core *core)
+{
+	const struct ts_histogram *h;
+	struct ts_histogram_snapshot s;
+
+	if (!core->models)
+		return;
+	h = ts_model_registry_steps(core->models);
+	ts_histogram_read(h, &s);
+	family(o, "tstage_training_steps_total", "counter", "Training steps run since start.");
+	out_printf(o, "tstage_training_steps_total %llu\n", (unsigned long long)s.count);
+	family(o, "tstage_training_step_duration_seconds", "histogram",
+	       "Wall time of one training step, transfers it waited for included.");
+	histogram(o, "tstage_training_step_duration_seconds", "", h);
+}
+
+/* ---- the process ------------------------------------------------------------- */
+
+/* Open descriptors of this process (/proc/self/fd less the one reading it). */
+static long open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	long n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		if (e->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1;
+}
+
+/* utime + stime in seconds, vsize and rss in bytes, from /proc/self/stat. */
+static bool proc_stat(double *cpu, uint64_t *vsize, uint64_t *rss)
+{
+	char buf[1024], *p;
+	unsigned long utime, stime, vs;
+	long rs, tck = sysconf(_SC_CLK_TCK), psz = sysconf(_SC_PAGESIZE);
+	FILE *f = fopen("/proc/self/stat", "r");
+	size_t n;
+
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');     /* the command name may hold spaces */
+	if (!p || tck <= 0 || psz <= 0 ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu %*d %*d %*d %*d "
+	                  "%*d %*d %*u %lu %ld", &utime, &stime, &vs, &rs) != 4)
+		return false;
+	*cpu = (double)(utime + stime) / (double)tck;
+	*vsize = vs;
+	*rss = (uint64_t)(rs > 0 ? rs : 0) * (uint64_t)psz;
+	return true;
+}
+
+static void render_process(struct out *o, const struct ts_core *core)
+{
+	struct rlimit rl;
+	double cpu;
+	uint64_t vsize, rss;
+	long fds = open_fds();
+
+	if (proc_stat(&cpu, &vsize, &rss)) {
+		family(o, "process_cpu_seconds_total", "counter", "User and system CPU time spent.");
+		out_printf(o, "process_cpu_seconds_total %.2f\n", cpu);
+		family(o, "process_resident_memory_bytes", "gauge", "Resident memory size.");
+		out_printf(o, "process_resident_memory_bytes %llu\n", (unsigned long long)rss);
+		family(o, "process_virtual_memory_bytes", "gauge", "Virtual memory size.");
+		out_printf(o, "process_virtual_memory_bytes %llu\n", (unsigned long long)vsize);
+	}
+	if (fds >= 0) {
+		family(o, "process_open_fds", "gauge", "Open file descriptors.");
+		out_printf(o, "process_open_fds %ld\n", fds);
+	}
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+		family(o, "process_max_fds", "gauge", "Limit of open file descriptors.");
+		out_printf(o, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+	}
+	family(o, "process_start_time_seconds", "gauge",
+	       "Start time of the process since the Unix epoch.");
+	out_printf(o, "process_start_time_seconds %.3f\n", (double)core->started_wall_ns / 1e9);
 }
 
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t *len)
 {
 	struct out o = {0};
 
-	out_printf(&o, "# HELP tstage_build_info Build of the running tstaged (value 1).\n"
-	               "# TYPE tstage_build_info gauge\n"
-	               "tstage_build_info{version=\"%s\",revision=\"%s\",cuda=\"%s\"} 1\n",
+	family(&o, "tstage_build_info", "gauge", "Build of the running tstaged (value 1).");
+	out_printf(&o, "tstage_build_info{version=\"%s\",revision=\"%s\",cuda=\"%s\"} 1\n",
 	           ts_version, ts_git_rev,
 #ifdef TS_HAVE_CUDA
 	           "true"
@@ -313,14 +580,16 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	           "false"
 #endif
 	);
-	out_printf(&o, "# HELP tstage_uptime_seconds Seconds since tstaged started.\n"
-	               "# TYPE tstage_uptime_seconds gauge\n"
-	               "tstage_uptime_seconds %.3f\n",
+	family(&o, "tstage_uptime_seconds", "gauge", "Seconds since tstaged started.");
+	out_printf(&o, "tstage_uptime_seconds %.3f\n",
 	           (double)(ts_now_ns() - core->started_ns) / 1e9);
+	render_process(&o, core);
 	render_devices(&o, core);
-	render_memory(&o, core);
-	render_operations(&o, core);
+	render_spaces(&o, core);
+	render_pools(&o, core);
+	render_operations(&o, m, core);
 	render_transfers(&o, core);
+	render_training(&o, core);
 	render_http(&o, m);
 	if (o.failed) {
 		free(o.buf);

@@ -1,13 +1,18 @@
 /*
- * metrics.h - request counters and latency histograms, and the Prometheus
- * text exposition (format 0.0.4) of everything tstaged measures.
+ * metrics.h - request, operation and process counters, latency histograms,
+ * and the Prometheus text exposition (format 0.0.4) of everything tstaged
+ * measures.
  *
- * Counters are per route (the route table's pattern, never an array name)
- * and per HTTP status code; the histogram is per route. All updates are
- * relaxed atomics: recording a request never takes a lock.
+ * Request counters are per route (the route table's method and pattern as
+ * separate labels, never an array name) and per HTTP status code, with a
+ * histogram per route and a gauge of requests in flight; operations are
+ * counted per kind and outcome, with a duration histogram per kind. The
+ * exposition adds what the core's objects count (memory per space and per
+ * pool, transfers per device and direction, training steps) and process_*
+ * series. All updates are relaxed atomics: recording never takes a lock.
  *
- * Thread-safety: ts_metrics_record and ts_metrics_render may run on any
- * threads at once.
+ * Thread-safety: every function but new and free may run on any threads at
+ * once.
  */
 #ifndef TS_METRICS_H
 #define TS_METRICS_H
@@ -15,17 +20,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ops/operation.h"
+
 struct ts_metrics;
 struct ts_core;
 
-/* New metrics for nroutes routes named by patterns (borrowed, must outlive
- * it); route index nroutes is "unmatched". NULL when out of memory. */
+/* New metrics for nroutes routes named by patterns ("GET /v1/memory";
+ * borrowed, must outlive it); route index nroutes is "unmatched". NULL when
+ * out of memory. */
 struct ts_metrics *ts_metrics_new(size_t nroutes, const char *const *patterns);
 void ts_metrics_free(struct ts_metrics *m);
 
-/* Counts one finished request. */
+/* A request began (in flight until its ts_metrics_record). */
+void ts_metrics_request_started(struct ts_metrics *m);
+
+/* Counts one finished request, begun with ts_metrics_request_started. */
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
                        uint64_t duration_ns);
+
+/* Counts one operation's end (its kind, outcome and time running; the
+ * bytes it moved when its unit is bytes). */
+void ts_metrics_operation_ended(struct ts_metrics *m, const struct ts_op_end *end);
+
+/* "succeeded", "failed", "cancelled": the outcome label of an ended
+ * operation's state. */
+const char *ts_metrics_outcome_name(enum ts_op_state state);
 
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */

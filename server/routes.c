@@ -18,6 +18,8 @@
 	X("GET", "/healthz", ts_h_livez, NULL, NULL, TS_BODY_NONE, true, "")                   \
 	X("GET", "/readyz", NULL, ts_s_readyz, NULL, TS_BODY_NONE, true, "")                   \
 	X("GET", "/metrics", NULL, ts_s_metrics, NULL, TS_BODY_NONE, true, "")                 \
+	X("GET", "/openapi.yaml", NULL, ts_s_openapi, NULL, TS_BODY_NONE, false, "")           \
+	X("GET", "/dashboard", NULL, ts_s_dashboard, NULL, TS_BODY_NONE, false, "")            \
 	X("GET", "/v1/backends", ts_h_backends_list, NULL, NULL, TS_BODY_NONE, false, "")      \
 	X("GET", "/v1/devices", ts_h_devices_list, NULL, NULL, TS_BODY_NONE, false, "")        \
 	X("GET", "/v1/devices/{device}", ts_h_devices_get, NULL, NULL, TS_BODY_NONE, false, "") \
@@ -50,10 +52,12 @@
 	X("POST", "/v1/operations/{operation}:wait", ts_h_operations_wait, NULL, NULL,         \
 	  TS_BODY_JSON, false, "timeout")                                                      \
 	X("GET", "/v1/operations", ts_h_operations_list, NULL, NULL, TS_BODY_NONE, false,      \
-	  "state,page_size")                                                                   \
+	  "state,page_size,page_token")                                                        \
 	X("GET", "/v1/operations/{operation}", ts_h_operations_get, NULL, NULL, TS_BODY_NONE,  \
 	  false, "")                                                                           \
 	X("POST", "/v1/operations/{operation}:cancel", ts_h_operations_cancel, NULL, NULL,     \
+	  TS_BODY_NONE, false, "")                                                             \
+	X("DELETE", "/v1/operations/{operation}", ts_h_operations_delete, NULL, NULL,          \
 	  TS_BODY_NONE, false, "")                                                             \
 	X("POST", "/v1/shardings", ts_h_shardings_create, NULL, NULL, TS_BODY_JSON, false, "") \
 	X("GET", "/v1/shardings", ts_h_shardings_list, NULL, NULL, TS_BODY_NONE, false, "")    \
@@ -67,14 +71,14 @@
 	X("POST", "/v1/models:import", NULL, NULL, &ts_h_models_import, TS_BODY_STREAM, false, \
 	  "name,device")                                                                       \
 	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,    \
-	  false, "")                                                                           \
+	  false, "timeline:bool")                                                              \
 	X("GET", "/v1/models/{model}", ts_h_models_get, NULL, NULL, TS_BODY_NONE, false, "")   \
 	X("GET", "/v1/models/{model}:export", ts_h_models_export, NULL, NULL, TS_BODY_NONE,    \
 	  false, "")                                                                           \
 	X("DELETE", "/v1/models/{model}", ts_h_models_delete, NULL, NULL, TS_BODY_NONE, false, \
 	  "")                                                                                  \
 	X("POST", "/v1/models/{model}:analyze", ts_h_models_analyze, NULL, NULL, TS_BODY_JSON, \
-	  false, "")                                                                           \
+	  false, "timeline:bool")                                                              \
 	X("POST", "/v1/models/{model}:step", ts_h_models_step, NULL, NULL, TS_BODY_JSON, false,\
 	  "wait:bool")
 

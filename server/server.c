@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "common/utf8.h"
 #include "common/version.h"
 #include "server/cgroup.h"
 #include "server/router.h"
@@ -93,22 +94,86 @@ static ts_status pick_default_device(struct ts_server *srv, struct ts_error *err
 	return ts_error_set(err, TS_INTERNAL, "NO_DEVICE", "no device found");
 }
 
+/* One line per device found, with what a scrape joins on. */
+static void log_device_list(const struct ts_server *srv)
+{
+	for (size_t i = 0; i < ts_device_set_count(srv->devices); i++) {
+		const struct ts_device_props *p = ts_device_props(ts_device_set_at(srv->devices, i));
+
+		ts_log_json(TS_LOG_INFO,
+		            json_pack("{s:s, s:s, s:s, s:o*, s:s, s:I, s:b, s:s, s:s}", "event", "device",
+		                      "device", p->id, "backend", ts_backend_name(p->backend), "name",
+		                      ts_json_text(p->name), "host", p->host, "total_memory_bytes",
+		                      (json_int_t)p->total_memory, "simulated", p->simulated,
+		                      "gpu_uuid", p->uuid, "pci_bus_id", p->pci_bus_id),
+		            "device %s: %s", p->id, p->name);
+	}
+}
+
+/*
+ * The configuration in effect once defaults, the environment, flags and the
+ * cgroup's budgets are applied (the token itself is never logged).
+ */
+static void log_start(const struct ts_server *srv)
+{
+	const struct ts_config *c = &srv->cfg;
+	uint64_t limit[TS_MEM_KIND_COUNT] = {0};
+
+	for (size_t i = 0; i < ts_memory_pool_count(srv->memory); i++) {
+		struct ts_pool_stats ps;
+
+		ts_memory_pool_stats(srv->memory, i, &ps);
+		if (!ps.device)
+			limit[ps.kind] = ps.limit;
+	}
+	static const char *const levels[] = {"debug", "info", "warn", "error"};
+	json_t *f;
+
+	f = json_pack(
+		"{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:f, s:b, s:I, s:I, s:s, s:s, s:s, s:b, s:b,"
+		" s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:I}",
+		"event", "start", "version", ts_version, "bind", c->bind, "port", srv->port,
+		"threads", c->threads, "sim_devices", c->sim_devices,
+		"sim_device_memory", (json_int_t)c->sim_device_memory,
+		"device_memory_fraction", c->device_memory_fraction, "preallocate", c->preallocate,
+		"pinned_host_limit", (json_int_t)limit[TS_MEM_PINNED_HOST],
+		"unpinned_host_limit", (json_int_t)limit[TS_MEM_UNPINNED_HOST],
+		"default_memory_kind", ts_memory_kind_name(c->default_memory_kind),
+		"default_device", ts_device_props(srv->core.default_device)->id,
+		"log_level", levels[c->log_level], "cuda", c->cuda, "token_required",
+		srv->token_len > 0, "drain_seconds", c->drain_seconds, "data_dir", c->data_dir,
+		"import_header_limit", (json_int_t)c->import_header_limit,
+		"import_header_budget", (json_int_t)c->import_header_budget,
+		"max_connections", c->max_connections, "max_connections_per_ip",
+		c->max_connections_per_ip, "connection_timeout", c->connection_timeout,
+		"body_idle_timeout", c->body_idle_timeout, "body_min_rate",
+		(json_int_t)c->body_min_rate);
+
+	ts_log_json(TS_LOG_INFO, f, "tstaged %s starting with this configuration", ts_version);
+}
+
 static void log_devices(const struct ts_server *srv)
 {
 	for (int k = 0; k < TS_BACKEND_COUNT; k++) {
 		struct ts_backend_info bi;
-		char fields[320], detail[240];
+		char fields[352], detail[240];
 
 		ts_device_set_backend(srv->devices, (enum ts_backend_kind)k, &bi);
 		snprintf(fields, sizeof fields,
-		         "\"backend\":\"%s\",\"compiled\":%s,\"devices\":%d,\"detail\":\"%s\"",
+		         "\"event\":\"backend\",\"backend\":\"%s\",\"compiled\":%s,\"devices\":%d,"
+		         "\"detail\":\"%s\"",
 		         ts_backend_name(bi.kind), bi.compiled ? "true" : "false", bi.device_count,
 		         ts_json_escape(detail, sizeof detail, bi.detail));
 		if (bi.kind == TS_BACKEND_CUDA && bi.compiled && !bi.available)
 			ts_log(TS_LOG_WARN, fields, "cuda backend unavailable, falling back: %s",
 			       bi.detail);
+		else if (!bi.compiled)
+			ts_log(TS_LOG_INFO, fields, "%s backend not compiled into this build",
+			       ts_backend_name(bi.kind));
 		else
-			ts_log(TS_LOG_INFO, fields, "backend");
+			ts_log(TS_LOG_INFO, fields, "%s backend: %d device%s (%s)",
+			       ts_backend_name(bi.kind), bi.device_count, bi.device_count == 1 ? "" : "s",
+			       bi.detail);
 	}
 }
 
@@ -157,6 +222,38 @@ static void container_budgets(const struct ts_config *cfg, struct ts_memory_conf
 	ts_log(TS_LOG_INFO, fields, "host budgets follow the cgroup memory limit");
 }
 
+/*
+ * Every operation's end: counted in the metrics, and one log line with its
+ * kind, outcome, times and what it moved (a failure at warn, with the
+ * error's status, reason and message).
+ */
+static void operation_ended(void *cls, const struct ts_op_end *end)
+{
+	bool failed = end->state == TS_OP_FAILED;
+	json_t *f;
+
+	ts_metrics_operation_ended(cls, end);
+	if (!ts_log_enabled(failed ? TS_LOG_WARN : TS_LOG_INFO))
+		return;
+	f = json_pack("{s:s, s:s, s:o*, s:s, s:f, s:f, s:I, s:I, s:s}", "operation", end->id,
+	              "kind", end->kind, "target", end->target[0] ? ts_json_text(end->target) : NULL,
+	              "outcome", ts_metrics_outcome_name(end->state),
+	              "duration_ms", (double)(end->run_ns / 1000) / 1e3,
+	              "queued_ms", (double)(end->queued_ns / 1000) / 1e3,
+	              "done", (json_int_t)end->done_units, "total", (json_int_t)end->total_units,
+	              "unit", end->unit);
+	if (f && strcmp(end->unit, "bytes") == 0)
+		json_object_set_new(f, "bytes", json_integer((json_int_t)end->done_units));
+	if (f && end->error && end->error->status != TS_OK)
+		json_object_set_new(f, "error",
+		                    json_pack("{s:s, s:s, s:o*}", "status",
+		                              ts_status_name(end->error->status), "reason",
+		                              end->error->reason, "message",
+		                              ts_json_text(end->error->message)));
+	ts_log_json(failed ? TS_LOG_WARN : TS_LOG_INFO, f, "operation %s %s %s", end->id, end->kind,
+	            ts_metrics_outcome_name(end->state));
+}
+
 ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
                         struct ts_error *err)
 {
@@ -188,6 +285,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	if (st != TS_OK)
 		goto out_free;
 	log_devices(srv);
+	log_device_list(srv);
 	mcfg = (struct ts_memory_config){
 		.device_memory_fraction = cfg->device_memory_fraction,
 		.pinned_host_limit = cfg->pinned_host_limit,
@@ -223,6 +321,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.data_dir = srv->data_dir[0] ? srv->data_dir : NULL,
 		.data_dir_given = srv->data_dir[0] ? srv->cfg.data_dir : NULL,
 		.import_header_max = cfg->import_header_limit,
+		.wait_limit_ns = (uint64_t)cfg->wait_limit * 1000000000ull,
 		.import_header_budget = cfg->import_header_budget,
 		.import_header_used = &srv->import_header_used,
 		.default_device = srv->core.default_device,
@@ -238,22 +337,25 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for the saved shardings");
 		goto out_free;
 	}
-	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
-	                                                          .keep_ns = 3600ull * 1000000000ull},
-	                        &srv->core.operations, err);
-	if (st != TS_OK)
-		goto out_free;
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
 	if (!srv->metrics || !srv->core.memory_view) {
 		st = ts_error_oom(err, "no memory for metrics");
 		goto out_free;
 	}
+	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
+	                                                          .keep_ns = 3600ull * 1000000000ull,
+	                                                          .ended = operation_ended,
+	                                                          .ended_cls = srv->metrics},
+	                        &srv->core.operations, err);
+	if (st != TS_OK)
+		goto out_free;
 	st = ts__http_start(srv, err);
 	if (st != TS_OK)
 		goto out_free;
 	st = write_port_file(srv, err);
 	if (st != TS_OK)
 		goto out_free;
+	log_start(srv);
 	*out = srv;
 	return TS_OK;
 

@@ -30,6 +30,7 @@ struct ts_server {
 	struct ts_stager *stager;        /* owned */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	struct MHD_Daemon *daemon;       /* owned */
+	struct MHD_Daemon *unix_daemon;  /* owned; NULL without --unix-socket */
 	char token[256];                 /* immutable; "" when no token is required */
 	size_t token_len;
 	char id_prefix[12];              /* immutable: random per process */
@@ -63,6 +64,10 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err);
 /* Answers every suspended request now (as timed out) and stops the
  * deadline thread; for draining (http.c). */
 void ts__http_wake_all(struct ts_server *srv);
+
+/* Makes the listening socket of cfg->unix_socket with its mode and group
+ * (unix_socket.c): *fd, or an error naming the flag. */
+ts_status ts__unix_listen(const struct ts_config *cfg, int *fd, struct ts_error *err);
 
 /* Stops the daemon and frees the connection accounting (http.c). */
 void ts__http_stop(struct ts_server *srv);

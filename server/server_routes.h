@@ -1,7 +1,8 @@
 /*
  * server_routes.h - the routes the server answers itself, because they read
  * server state: readiness (draining, device health) and the metrics
- * exposition (request counters).
+ * exposition (request counters); and the documents built into the binary
+ * (assets.c): the OpenAPI description and the dashboard page.
  */
 #ifndef TS_SERVER_ROUTES_H
 #define TS_SERVER_ROUTES_H
@@ -10,5 +11,7 @@
 
 ts_server_handler_fn ts_s_readyz;
 ts_server_handler_fn ts_s_metrics;
+ts_server_handler_fn ts_s_openapi;
+ts_server_handler_fn ts_s_dashboard;
 
 #endif

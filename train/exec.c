@@ -81,6 +81,7 @@ struct run {
 	uint64_t dev_live, host_live; /* bytes of this step's live temps */
 	bool timed;                  /* marks time the compute queue */
 	struct ts_k_timeline *tl;    /* owned; the marks on CUDA, else NULL */
+	bool tl_lost;                /* a mark could not be made: no times */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
 	bool loss_read;              /* the loss is on its way back */
@@ -125,9 +126,12 @@ static void clk_wait_end(void *arg)
 }
 
 /* Enqueues a clock mark on the compute queue (no-op when untimed): a host
- * callback on sim and cpu, a device-timed mark on CUDA. */
+ * callback on sim and cpu (its job reserved), a device-timed mark on CUDA.
+ * A CUDA mark that cannot be made (it may allocate) stops the timing, not
+ * the step: times are best effort, the step is atomic. */
 static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
 {
+	struct ts_error merr;
 	enum ts_k_mark m;
 
 	if (!r->timed)
@@ -142,7 +146,12 @@ static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *er
 		m = TS_K_WAIT_BEGIN;
 	else
 		m = TS_K_WAIT_END;
-	return ts_k_timeline_mark(r->tl, r->q[QC], m, err);
+	ts_error_clear(&merr);
+	if (ts_k_timeline_mark(r->tl, r->q[QC], m, &merr) != TS_OK) {
+		r->timed = false;
+		r->tl_lost = true;
+	}
+	return TS_OK;
 }
 
 /* ---- ordering ------------------------------------------------------------ */
@@ -778,7 +787,8 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 
 		/* every mark has run: the queues are synced; a runtime that
 		 * cannot time events leaves the times 0 */
-		if (st == TS_OK && ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
+		if (st == TS_OK && !r->tl_lost &&
+		    ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
 			r->clk.busy = (uint64_t)(busy * 1e9);
 			r->clk.wait = (uint64_t)(wait * 1e9);
 		}

@@ -18,6 +18,7 @@ struct ts_model_registry {
 	struct ts_mutex mu;
 	struct ts_registry names;          /* of struct ts_model (own); guarded by: mu */
 	uint64_t next_uid;                 /* guarded by: mu */
+	struct ts_histogram steps;         /* atomics: every step run */
 };
 
 void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char *buf, size_t cap)
@@ -85,7 +86,18 @@ struct ts_model_registry *ts_model_registry_new(void)
 		return NULL;
 	ts_registry_init(&r->names);
 	ts_mutex_init(&r->mu);
+	ts_histogram_init(&r->steps, ts_histogram_long_bounds, ts_histogram_long_nbounds);
 	return r;
+}
+
+void ts_model_registry_step_ran(struct ts_model_registry *r, uint64_t ns)
+{
+	ts_histogram_observe(&r->steps, ns);
+}
+
+const struct ts_histogram *ts_model_registry_steps(const struct ts_model_registry *r)
+{
+	return &r->steps;
 }
 
 void ts_model_registry_free(struct ts_model_registry *r)

@@ -83,7 +83,7 @@ for pass in $passes; do
 		# it_foundation's http and daemons cases start many daemons and
 		# touch no device: its endpoints on the stand-in's GPUs only
 		run it_foundation-endpoints CK_RUN_CASE=endpoints "$build/tests/it_foundation"
-		for t in it_moves it_operations it_shardings; do
+		for t in it_moves it_operations it_shardings it_metrics; do
 			run "$t" "$build/tests/$t"
 		done
 		run it_arrays CK_RUN_CASE=on_backend "$build/tests/it_arrays"

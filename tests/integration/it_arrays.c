@@ -2204,15 +2204,15 @@ START_TEST(test_import_server_side)
 	snprintf(path, sizeof path, "%s/sub/../small.safetensors", dir);
 	import_path(&d, "prefix=again_&device=sim:1", path, &r);
 	ck_assert_msg(r.status == 202, "import: %ld %s", r.status, r.body);
-	ck_assert_str_eq(th_str(th_json(&r), "kind"), "import");
+	ck_assert_str_eq(json_string_value(th_op_meta(th_json(&r), "kind")), "import");
 	ck_assert_ptr_nonnull(th_header(&r, "Location"));
 	snprintf(location, sizeof location, "%s", th_header(&r, "Location"));
 	th_response_free(&r);
 	op = wait_operation(&d, location);
-	ck_assert_msg(strcmp(th_str(op, "state"), "SUCCEEDED") == 0, "operation: %s",
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "SUCCEEDED") == 0, "operation: %s",
 	              json_dumps(op, JSON_COMPACT));
-	ck_assert_int_eq(th_int(th_obj(op, "progress"), "bytes_done"), len);
-	check_import_result(&d, th_obj(op, "result"), small, "again_", "sim:1", "device");
+	ck_assert_int_eq(th_int(th_op_meta(op, "progress"), "bytes_done"), len);
+	check_import_result(&d, th_op_result(op), small, "again_", "sim:1", "device");
 	json_decref(op);
 
 	/* a malformed file fails its operation, and imports nothing */

@@ -162,8 +162,9 @@ static const struct bad rows[] = {
 	 NULL, "UNKNOWN_QUERY_PARAMETER", "'wiat'"},
 	{"POST", "/v1/arrays/a:copy?force=true&wait=true", NULL, "{\"out\": {\"name\": \"c\"}}",
 	 0, 400, NULL, "UNKNOWN_QUERY_PARAMETER", "'force'"},
-	{"GET", "/v1/operations?page_token=x", NULL, NULL, 0, 400, NULL,
-	 "UNKNOWN_QUERY_PARAMETER", "'page_token'"},
+	{"GET", "/v1/operations?page_token=x", NULL, NULL, 0, 400, NULL, "BAD_PAGE_TOKEN", "'x'"},
+	{"GET", "/v1/operations?page_tokn=x", NULL, NULL, 0, 400, NULL,
+	 "UNKNOWN_QUERY_PARAMETER", "'page_tokn'"},
 	{"GET", "/v1/arrays:export?name=a", NULL, NULL, 0, 400, NULL, "UNKNOWN_QUERY_PARAMETER",
 	 "'name'"},
 	{"POST", "/v1/arrays:import?prefx=x", NULL, "x", 0, 400, NULL, "UNKNOWN_QUERY_PARAMETER",
@@ -493,6 +494,14 @@ static const struct bad rows[] = {
 	{"GET", "/v1/devices/sim:9/memory_stats", NULL, NULL, 0, 404, NULL, "DEVICE_NOT_FOUND",
 	 "sim:9"},
 	{"POST", "/v1/memory:resetPeak", NULL, "@BIG@", 0, 400, NULL, "BODY_TOO_LARGE", "bytes"},
+	/* schemathesis: resetPeak took any body and ignored it */
+	{"POST", "/v1/memory:resetPeak", NULL, "[null, null]", 0, 400, NULL, "BAD_REQUEST_BODY",
+	 "not an object"},
+	{"POST", "/v1/memory:resetPeak", NULL, "{\"device\": \"sim:0\"}", 0, 400, NULL,
+	 "BAD_REQUEST_BODY", "no members"},
+	{"POST", "/v1/memory:resetPeak", NULL, "{", 0, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
+	{"POST", "/v1/memory:resetPeak", NULL, "\0", 1, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
+	{"POST", "/v1/memory:resetPeak", NULL, " \0", 2, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
 };
 
 #define NROWS (sizeof rows / sizeof rows[0])

@@ -212,7 +212,7 @@ END_TEST
 START_TEST(test_metrics_exposition)
 {
 	struct th_response r;
-	char dev0[32], labels[96], why[300];
+	char dev0[32], labels[192], why[300];
 	const char *ct;
 	double v = -1;
 	int n;
@@ -226,24 +226,29 @@ START_TEST(test_metrics_exposition)
 	ck_assert_msg(n > 0, "exposition invalid at %s", why);
 	ck_assert_ptr_nonnull(strstr(r.body, "\ntstage_build_info{"));
 	ck_assert_ptr_nonnull(strstr(r.body, "# TYPE tstage_build_info gauge\n"));
-	snprintf(labels, sizeof labels, "device=\"%s\",memory_kind=\"device\"",
-	         th_device_id(0, dev0, sizeof dev0));
-	ck_assert_msg(th_prom_find(r.body, "tstage_memory_bytes_in_use", labels, &v),
-	              "tstage_memory_bytes_in_use{%s} missing", labels);
+	th_device_id(0, dev0, sizeof dev0);
+	snprintf(labels, sizeof labels, "device=\"%s\",memory_kind=\"device\",pool=\"%s/device\"",
+	         dev0, dev0);
+	ck_assert_msg(th_prom_find(r.body, "tstage_memory_in_use_bytes", labels, &v),
+	              "tstage_memory_in_use_bytes{%s} missing", labels);
 	ck_assert(v == 0);
 	if (th_backend_is_sim()) {
-		ck_assert(th_prom_find(r.body, "tstage_memory_bytes_limit", labels, &v));
+		snprintf(labels, sizeof labels,
+		         "pool=\"%s/device\",memory_kind=\"device\",device=\"%s\"", dev0, dev0);
+		ck_assert(th_prom_find(r.body, "tstage_pool_limit_bytes", labels, &v));
 		ck_assert(v == (double)TH_SIM_MEMORY);
 	}
-	ck_assert(th_prom_find(r.body, "tstage_memory_bytes_in_use",
-	                       "memory_kind=\"pinned_host\",device=\"cpu:0\"", &v));
+	ck_assert(th_prom_find(r.body, "tstage_memory_in_use_bytes",
+	                       "memory_kind=\"pinned_host\",device=\"cpu:0\","
+	                       "pool=\"host/pinned_host\"", &v));
 	th_response_free(&r);
 }
 END_TEST
 
 START_TEST(test_metrics_count_requests)
 {
-	const char *sel = "route=\"GET /v1/devices\",code=\"200\"";
+	const char *sel = "method=\"GET\",route=\"/v1/devices\",code=\"200\"";
+	const char *unmatched = "method=\"other\",route=\"unmatched\",code=\"404\"";
 	struct th_response r;
 	double before = metric(&D, "tstage_http_requests_total", sel), after = 0;
 	long long deadline;
@@ -265,10 +270,10 @@ START_TEST(test_metrics_count_requests)
 	ck_assert_int_eq(r.status, 404);
 	th_response_free(&r);
 	deadline = th_now_ms() + 2000;
-	while (metric(&D, "tstage_http_requests_total", "route=\"unmatched\",code=\"404\"") < 1 &&
+	while (metric(&D, "tstage_http_requests_total", unmatched) < 1 &&
 	       th_now_ms() < deadline)
 		usleep(10000);
-	ck_assert(metric(&D, "tstage_http_requests_total", "route=\"unmatched\",code=\"404\"") == 1);
+	ck_assert(metric(&D, "tstage_http_requests_total", unmatched) == 1);
 }
 END_TEST
 
@@ -323,7 +328,7 @@ START_TEST(test_metrics_histogram)
 	}
 	ck_assert_msg(counts >= 2, "only %d histograms", counts);
 	ck_assert(th_prom_find(r.body, "tstage_http_request_duration_seconds_count",
-	                       "route=\"GET /v1/memory\"", NULL));
+	                       "method=\"GET\",route=\"/v1/memory\"", NULL));
 	free(s);
 	th_response_free(&r);
 }
@@ -775,6 +780,58 @@ START_TEST(test_token_auth)
 }
 END_TEST
 
+/* HTTP Basic with the token as the password (what a browser sends after
+ * the prompt /dashboard's 401 raises) is the token too; the page and the
+ * API description are behind it, the challenge on the page is Basic. */
+START_TEST(test_token_basic)
+{
+	/* base64 of "tstage:" TOKEN, of ":" TOKEN, of "tstage:" + a wrong one,
+	 * of the token alone (no colon) */
+	static const char *const user[] = {
+		"Authorization: Basic dHN0YWdlOjAxMjM0NTY3ODlhYmNkZWZnaGlqQUJDREVGR0hJSnh5", NULL};
+	static const char *const nouser[] = {
+		"Authorization: Basic OjAxMjM0NTY3ODlhYmNkZWZnaGlqQUJDREVGR0hJSnh5", NULL};
+	static const char *const wrong[] = {
+		"Authorization: Basic dHN0YWdlOjAxMjM0NTY3ODlhYmNkZWZnaGlqQUJDREVGR0hJSnh6", NULL};
+	static const char *const nocolon[] = {
+		"Authorization: Basic MDEyMzQ1Njc4OWFiY2RlZmdoaWpBQkNERUZHSElKeHk=", NULL};
+	static const char *const notb64[] = {"Authorization: Basic ***", NULL};
+	static const char *const paths[] = {"/v1/devices", "/dashboard", "/openapi.yaml"};
+	char file[512];
+	const char *args[] = {"--token-file", NULL, NULL};
+	struct th_daemon d;
+	struct th_response r;
+
+	args[1] = th_write_temp("token", TOKEN "\n", file, sizeof file);
+	th_daemon_start(&d, args);
+	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) {
+		th_request(&d, "GET", paths[i], user, NULL, 0, &r);
+		ck_assert_msg(r.status == 200, "%s with Basic: %ld", paths[i], r.status);
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], nouser, NULL, 0, &r);
+		ck_assert_msg(r.status == 200, "%s with Basic, no user: %ld", paths[i], r.status);
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], wrong, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], nocolon, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		th_response_free(&r);
+		th_request(&d, "GET", paths[i], notb64, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		th_response_free(&r);
+		th_get(&d, paths[i], &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		ck_assert_str_eq(th_header(&r, "WWW-Authenticate"),
+		                 strcmp(paths[i], "/dashboard") == 0
+		                     ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                     : "Bearer realm=\"tstage\"");
+		th_response_free(&r);
+	}
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(test_token_file_bad)
 {
 	char file[512];
@@ -1140,6 +1197,7 @@ static Suite *foundation_suite(void)
 	tc = tcase_create("daemons");
 	tcase_add_test(tc, test_backends_cuda_discovery);
 	tcase_add_test(tc, test_token_auth);
+	tcase_add_test(tc, test_token_basic);
 	tcase_add_test(tc, test_token_file_bad);
 	tcase_add_test(tc, test_insecure_bind_refused);
 	tcase_add_test(tc, test_insecure_bind_allowed);

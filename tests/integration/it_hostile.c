@@ -372,7 +372,7 @@ static void start_long_step(struct th_daemon *d, char *id, size_t cap)
 	free(x);
 	th_request(d, "POST", "/v1/models/m:step", json_h, step, sizeof step - 1, &r);
 	ck_assert_msg(r.status == 202, "step: %ld %s", r.status, r.body);
-	snprintf(id, cap, "%s", th_str(th_json(&r), "id"));
+	snprintf(id, cap, "%s", json_string_value(th_op_meta(th_json(&r), "id")));
 	th_response_free(&r);
 }
 

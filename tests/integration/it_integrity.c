@@ -179,7 +179,7 @@ static void start_op(const char *path, const char *body, char *id, size_t cap)
 {
 	json_t *op = post_json(path, body, 202);
 
-	snprintf(id, cap, "%s", th_str(op, "id"));
+	snprintf(id, cap, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
 }
 
@@ -196,7 +196,7 @@ static void wait_progress(const char *id, const char *unit)
 {
 	for (int i = 0; i < 20000; i++) {
 		json_t *op = op_get(id);
-		json_int_t done = th_int(th_obj(op, "progress"), unit);
+		json_int_t done = th_int(th_op_meta(op, "progress"), unit);
 		bool finished = th_bool(op, "done");
 
 		json_decref(op);
@@ -229,7 +229,7 @@ static void cancel_and_wait(const char *id, const char *state)
 	th_response_free(&r);
 	op = op_wait(id);
 	ck_assert(th_bool(op, "done"));
-	ck_assert_str_eq(th_str(op, "state"), state);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), state);
 	json_decref(op);
 }
 
@@ -594,7 +594,7 @@ START_TEST(test_create_off_http_threads)
 	for (int i = 0; i < 6; i++) {
 		json_t *op = op_get(ids[i]);
 
-		ck_assert_str_eq(th_str(op, "kind"), "create");
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), "create");
 		running += !th_bool(op, "done");
 		json_decref(op);
 	}
@@ -603,8 +603,8 @@ START_TEST(test_create_off_http_threads)
 		json_t *op = op_wait(ids[i]), *m;
 		char path[64];
 
-		ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
-		ck_assert_str_eq(th_str(th_obj(op, "result"), "state"), "READY");
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
+		ck_assert_str_eq(th_str(th_op_result(op), "state"), "READY");
 		json_decref(op);
 		snprintf(path, sizeof path, "/v1/models/big%d", i);
 		m = get_json(path);

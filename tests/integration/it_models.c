@@ -237,7 +237,7 @@ static json_t *analyze(const char *model, const char *body)
 {
 	char path[300];
 
-	snprintf(path, sizeof path, "/v1/models/%s:analyze", model);
+	snprintf(path, sizeof path, "/v1/models/%s:analyze?timeline=true", model);
 	return post_json(path, body, 200);
 }
 
@@ -308,14 +308,14 @@ static char *step_start(const char *model, const char *body, json_int_t steps)
 
 	snprintf(path, sizeof path, "/v1/models/%s:step", model);
 	op = post_json(path, body, 202);
-	ck_assert_str_eq(th_str(op, "kind"), "step");
-	ck_assert_str_eq(th_str(op, "target"), model);
-	progress = th_obj(op, "progress");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), "step");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "target")), model);
+	progress = th_op_meta(op, "progress");
 	ck_assert_int_eq(th_int(progress, "steps_total"), steps);
 	ck_assert_msg(th_int(progress, "steps_done") >= 0, "steps_done < 0");
 	ck_assert_msg(json_object_get(progress, "bytes_done") == NULL, "a step counts bytes: %s",
 	              json_dumps(op, 0));
-	id = strdup(th_str(op, "id"));
+	id = strdup(json_string_value(th_op_meta(op, "id")));
 	ck_assert_ptr_nonnull(id);
 	json_decref(op);
 	return id;
@@ -330,7 +330,7 @@ static json_t *op_poll(const char *id, int *middle)
 
 	*middle = 0;
 	for (;;) {
-		json_t *op = op_get(id), *progress = th_obj(op, "progress");
+		json_t *op = op_get(id), *progress = th_op_meta(op, "progress");
 		json_int_t done = th_int(progress, "steps_done"), total = th_int(progress, "steps_total");
 
 		ck_assert_msg(done >= last && done <= total, "steps_done went %lld -> %lld of %lld",
@@ -339,7 +339,7 @@ static json_t *op_poll(const char *id, int *middle)
 		if (done > 0 && done < total)
 			(*middle)++;
 		if (th_bool(op, "done")) {
-			ck_assert_msg(terminal(th_str(op, "state")), "done in state %s", th_str(op, "state"));
+			ck_assert_msg(terminal(json_string_value(th_op_meta(op, "state"))), "done in state %s", json_string_value(th_op_meta(op, "state")));
 			return op;
 		}
 		json_decref(op);
@@ -773,6 +773,11 @@ START_TEST(test_create_bad_specs)
 	/* float32 only: other dtypes are not implemented */
 	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
 	           "\"dtype\": \"bfloat16\"}", 501, "UNIMPLEMENTED", "BAD_DTYPE", "bfloat16", NULL);
+	/* what is no dtype at all is a bad argument (schemathesis: "" was 501) */
+	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	           "\"dtype\": \"\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "''", NULL);
+	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	           "\"dtype\": \"f32\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "'f32'", NULL);
 	/* nothing was created */
 	list = get_json("/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
@@ -996,7 +1001,7 @@ START_TEST(test_analyze_guide)
 			                 g->params, g->acts, prefetch);
 			char *body = fmt("{\"model\": %s, \"batch\": [256, 256]}", spec);
 			char *named = fmt("{\"name\": \"g%zu%d\", %s", i, prefetch, spec + 1);
-			json_t *an = post_json("/v1/models:analyze", body, 200), *m, *an2;
+			json_t *an = post_json("/v1/models:analyze?timeline=true", body, 200), *m, *an2;
 			char what[96];
 			bool host = strcmp(g->params, "pinned_host") == 0;
 
@@ -1049,9 +1054,9 @@ START_TEST(test_analyze_adam_7168)
 	char body[512];
 
 	snprintf(body, sizeof body, fmt_spec, "device");
-	on = post_json("/v1/models:analyze", body, 200);
+	on = post_json("/v1/models:analyze?timeline=true", body, 200);
 	snprintf(body, sizeof body, fmt_spec, "pinned_host");
-	off = post_json("/v1/models:analyze", body, 200);
+	off = post_json("/v1/models:analyze?timeline=true", body, 200);
 	check_analysis(on, "7168 adam on device");
 	check_analysis(off, "7168 adam, state on host");
 	ck_assert_msg(J(on, "peak_device_bytes") <= 4590000000ll, "peak %lld > 4.59e9",
@@ -1062,6 +1067,12 @@ START_TEST(test_analyze_adam_7168)
 	ck_assert_int_eq(J(on, "alias_size_in_bytes"), 3 * weights);
 	ck_assert_int_eq(J(off, "alias_size_in_bytes"), weights);
 	ck_assert_int_eq(J(off, "host_argument_size_in_bytes"), 2 * weights);
+	/* atomic steps: the offloaded state is updated into new versions; the
+	 * device weights, which state copies follow, are journaled on the host */
+	ck_assert_int_eq(J(off, "host_version_size_in_bytes"), 2 * weights);
+	ck_assert_int_eq(J(off, "host_journal_size_in_bytes"), weights);
+	ck_assert_int_eq(J(on, "host_version_size_in_bytes"), 0);
+	ck_assert_int_eq(J(on, "host_journal_size_in_bytes"), 0);
 	ck_assert_int_eq(J(on, "output_size_in_bytes"), 0);
 	ck_assert_int_eq(J(on, "peak_device_bytes") - J(off, "peak_device_bytes"),
 	                 2 * weights - (J(off, "temp_size_in_bytes") - J(on, "temp_size_in_bytes")));
@@ -1137,7 +1148,9 @@ static void check_step_result(json_t *res, json_t *an, const char *what)
 	ck_assert_msg(json_equal(a, t), "%s: the step's analysis differs from :analyze:\n%s\n%s", what,
 	              json_dumps(a, 0), json_dumps(t, 0));
 	json_decref(t);
-	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(res, "steps") * J(an, "h2d_bytes"));
+	/* the steps' copies, and staging the batch once when it is in host memory */
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
+	                 J(res, "steps") * J(an, "h2d_bytes") + J(th_obj(res, "bytes_moved"), "staged_h2d"));
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "d2h"), J(res, "steps") * J(an, "d2h_bytes"));
 	ck_assert_str_eq(th_str(res, "device"), th_dev(0));
 	ck_assert_msg(json_number_value(json_object_get(th_obj(res, "time"), "wall_s")) > 0, "wall_s");
@@ -1717,7 +1730,7 @@ START_TEST(test_step_committed_apart)
 	/* as an operation: it fails with the same error */
 	id = step_start("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 1);
 	op = op_poll(id, &middle);
-	ck_assert_str_eq(th_str(op, "state"), "FAILED");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "FAILED");
 	err = th_obj(op, "error");
 	ck_assert_msg(strstr(th_str(err, "message"), "cx") && strstr(th_str(err, "message"), th_dev(1)),
 	              "error %s", json_dumps(err, 0));
@@ -1792,6 +1805,68 @@ START_TEST(test_step_target_rows_gathered_with_named_inputs)
 }
 END_TEST
 
+/* :analyze answers its timeline only when asked (?timeline=true); a value
+ * that is not a bool is 400 naming the parameter. */
+START_TEST(test_analyze_timeline_only_when_asked)
+{
+	json_t *plain, *with;
+	struct th_response r;
+
+	json_decref(create("{\"name\": \"tl\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"sum\"}"));
+	plain = post_json("/v1/models/tl:analyze", "{\"batch\": [4, 16]}", 200);
+	ck_assert_ptr_null(json_object_get(plain, "timeline"));
+	with = post_json("/v1/models/tl:analyze?timeline=true", "{\"batch\": [4, 16]}", 200);
+	ck_assert_int_gt((json_int_t)json_array_size(th_arr(with, "timeline")), 0);
+	json_object_del(with, "timeline");
+	ck_assert(json_equal(plain, with));
+	json_decref(plain);
+	json_decref(with);
+	plain = post_json("/v1/models:analyze",
+	                  "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, \"batch\": [2, 4]}",
+	                  200);
+	ck_assert_ptr_null(json_object_get(plain, "timeline"));
+	json_decref(plain);
+	post("/v1/models/tl:analyze?timeline=yes", "{\"batch\": [4, 16]}", &r);
+	ck_assert_msg(r.status == 400 && strstr(r.body, "timeline"), ":analyze?timeline=yes: %ld %s",
+	              r.status, r.body);
+	th_response_free(&r);
+}
+END_TEST
+
+/* Inputs and targets on pinned_host are staged to the device once per
+ * call: bytes_moved.h2d counts them (staged_h2d), named or as rows. */
+START_TEST(test_step_counts_staging_from_the_host)
+{
+	float *x = make(12 * 16, 71, -1.0f, 1.0f);
+	json_t *res;
+	const json_int_t batch = 8 * 16 * 4;
+
+	json_decref(create("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\", \"placement\": {\"device\": \"sim:0\"}}"));
+	upload("hx", x, 8, 16, "device=sim:0&memory_kind=pinned_host");
+	upload("hy", x + 16, 8, 16, "device=sim:0&memory_kind=pinned_host");
+	upload("hds", x, 12, 16, "device=sim:0&memory_kind=pinned_host");
+	res = step_wait("hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
+	                 2 * J(th_obj(res, "analysis"), "h2d_bytes") + 2 * batch);
+	json_decref(res);
+	res = step_wait("hs", "{\"inputs\": {\"array\": \"hds\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                "\"targets\": {\"array\": \"hds\", \"rows\": {\"start\": 4}}}");
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
+	json_decref(res);
+	/* already on the device: nothing is staged */
+	upload("dx", x, 8, 16, "device=sim:0");
+	upload("dy", x + 16, 8, 16, "device=sim:0");
+	res = step_wait("hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 0);
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(th_obj(res, "analysis"), "h2d_bytes"));
+	json_decref(res);
+	free(x);
+}
+END_TEST
+
 START_TEST(test_step_errors)
 {
 	float *x = make(8 * 16, 70, -1.0f, 1.0f);
@@ -1839,10 +1914,10 @@ START_TEST(test_step_progress)
 	guide_setup("g", NULL);
 	id = step_start("g", "{\"inputs\": \"x\", \"steps\": 3}", 3);
 	op = op_poll(id, &middle);
-	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
-	ck_assert_int_eq(th_int(th_obj(op, "progress"), "steps_done"), 3);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
+	ck_assert_int_eq(th_int(th_op_meta(op, "progress"), "steps_done"), 3);
 	ck_assert_msg(middle > 0, "no snapshot showed 0 < steps_done < 3");
-	res = th_obj(op, "result");
+	res = th_op_result(op);
 	ck_assert_uint_eq(json_array_size(th_arr(res, "losses")), 3);
 	ck_assert_int_eq(th_int(res, "steps"), 3);
 	ck_assert_str_eq(th_str(res, "model"), "g");
@@ -1878,7 +1953,7 @@ START_TEST(test_step_cancel)
 	deadline = th_now_ms() + 30000;
 	for (;;) {
 		op = op_get(id);
-		if (th_int(th_obj(op, "progress"), "steps_done") >= 1 || th_bool(op, "done"))
+		if (th_int(th_op_meta(op, "progress"), "steps_done") >= 1 || th_bool(op, "done"))
 			break;
 		json_decref(op);
 		ck_assert_msg(th_now_ms() < deadline, "the steps did not start");
@@ -1895,13 +1970,13 @@ START_TEST(test_step_cancel)
 	}
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
 	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
-	state = th_str(op, "state");
+	state = json_string_value(th_op_meta(op, "state"));
 	ck_assert_msg(strcmp(state, "CANCELLED") == 0 || strcmp(state, "SUCCEEDED") == 0, "state %s",
 	              state);
 	if (strcmp(state, "CANCELLED") == 0) {
 		json_t *e = th_obj(op, "error");
 
-		ck_assert_msg(th_int(th_obj(op, "progress"), "steps_done") < 200, "cancelled after all");
+		ck_assert_msg(th_int(th_op_meta(op, "progress"), "steps_done") < 200, "cancelled after all");
 		ck_assert_msg(th_int(e, "code") == 499 && strcmp(th_str(e, "status"), "CANCELLED") == 0,
 		              "error %s", json_dumps(e, 0));
 	}
@@ -1982,6 +2057,8 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_step_named_targets_colocated_with_row_inputs);
 	tcase_add_test(tc, test_step_target_rows_gathered_with_named_inputs);
 	tcase_add_test(tc, test_step_errors);
+	tcase_add_test(tc, test_analyze_timeline_only_when_asked);
+	tcase_add_test(tc, test_step_counts_staging_from_the_host);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("uncommitted");

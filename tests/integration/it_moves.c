@@ -189,8 +189,8 @@ static bool terminal(const char *state)
 /* Checks the shape of an operation (kind may be NULL: any). */
 static void check_operation(json_t *op, const char *kind)
 {
-	const char *id = th_str(op, "id"), *state = th_str(op, "state");
-	json_t *progress = th_obj(op, "progress");
+	const char *id = json_string_value(th_op_meta(op, "id")), *state = json_string_value(th_op_meta(op, "state"));
+	json_t *progress = th_op_meta(op, "progress");
 	json_int_t done_b = th_int(progress, "bytes_done"), total = th_int(progress, "bytes_total");
 	char name[64];
 
@@ -198,14 +198,14 @@ static void check_operation(json_t *op, const char *kind)
 	snprintf(name, sizeof name, "operations/%s", id);
 	ck_assert_str_eq(th_str(op, "name"), name);
 	if (kind)
-		ck_assert_str_eq(th_str(op, "kind"), kind);
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), kind);
 	ck_assert_msg(done_b >= 0 && done_b <= total, "progress %lld of %lld",
 	              (long long)done_b, (long long)total);
-	th_str(op, "create_time");
+	json_string_value(th_op_meta(op, "create_time"));
 	if (th_bool(op, "done")) {
 		ck_assert_msg(terminal(state), "done in state %s", state);
 		if (strcmp(state, "SUCCEEDED") == 0) {
-			th_obj(op, "result");
+			th_op_result(op);
 			ck_assert_msg(done_b == total, "succeeded with %lld of %lld bytes",
 			              (long long)done_b, (long long)total);
 		} else {
@@ -214,7 +214,7 @@ static void check_operation(json_t *op, const char *kind)
 	} else {
 		ck_assert_msg(strcmp(state, "PENDING") == 0 || strcmp(state, "RUNNING") == 0,
 		              "not done in state %s", state);
-		ck_assert_ptr_null(json_object_get(op, "result"));
+		ck_assert_ptr_null(json_object_get(op, "response"));
 		ck_assert_ptr_null(json_object_get(op, "error"));
 	}
 }
@@ -234,15 +234,15 @@ static char *move_start(const char *name, const char *verb, const char *body, js
 	ck_assert_msg(r.status == 202, "POST %s %s: %ld %s", path, body, r.status, r.body);
 	op = th_json(&r);
 	check_operation(op, verb + 1);
-	ck_assert_str_eq(th_str(op, "target"), name);
-	id = strdup(th_str(op, "id"));
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "target")), name);
+	id = strdup(json_string_value(th_op_meta(op, "id")));
 	ck_assert_ptr_nonnull(id);
 	snprintf(loc, sizeof loc, "/v1/operations/%s", id);
 	ck_assert_msg(th_header(&r, "Location") && strcmp(th_header(&r, "Location"), loc) == 0,
 	              "Location '%s', want '%s'", th_header(&r, "Location") ? th_header(&r, "Location")
 	                                                                   : "(none)", loc);
 	if (total)
-		*total = th_int(th_obj(op, "progress"), "bytes_total");
+		*total = th_int(th_op_meta(op, "progress"), "bytes_total");
 	th_response_free(&r);
 	return id;
 }
@@ -286,11 +286,11 @@ static json_t *move_ok(const char *name, const char *verb, const char *body, jso
 	char *id = move_start(name, verb, body, NULL);
 	json_t *op = op_wait(id), *result;
 
-	ck_assert_msg(strcmp(th_str(op, "state"), "SUCCEEDED") == 0, "%s%s %s: %s", name, verb, body,
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "SUCCEEDED") == 0, "%s%s %s: %s", name, verb, body,
 	              json_dumps(op, 0));
 	if (total)
-		*total = th_int(th_obj(op, "progress"), "bytes_total");
-	result = json_incref(th_obj(op, "result"));
+		*total = th_int(th_op_meta(op, "progress"), "bytes_total");
+	result = json_incref(th_op_result(op));
 	json_decref(op);
 	free(id);
 	return result;
@@ -347,9 +347,9 @@ static json_t *watch(const char *id, json_int_t total, struct watch *w)
 		const char *state;
 
 		op = op_get(id);
-		progress = th_obj(op, "progress");
+		progress = th_op_meta(op, "progress");
 		done_b = th_int(progress, "bytes_done");
-		state = th_str(op, "state");
+		state = json_string_value(th_op_meta(op, "state"));
 		w->polls++;
 		ck_assert_msg(th_int(progress, "bytes_total") == total, "bytes_total %lld, then %lld",
 		              (long long)total, (long long)th_int(progress, "bytes_total"));
@@ -606,10 +606,10 @@ START_TEST(test_acceptance)
 	id = move_start("w", ":put", "{\"sharding\": " GRID "}", &total);
 	ck_assert_int_eq(total, BIG_BYTES);
 	op = watch(id, total, &w);
-	ck_assert_msg(strcmp(th_str(op, "state"), "SUCCEEDED") == 0, "put: %s", json_dumps(op, 0));
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "SUCCEEDED") == 0, "put: %s", json_dumps(op, 0));
 	ck_assert_msg(w.busy > 0, "none of %d polls of a 200 MiB put saw it running", w.polls);
-	ck_assert_int_eq(th_int(th_obj(op, "progress"), "bytes_done"), BIG_BYTES);
-	res = th_obj(op, "result");
+	ck_assert_int_eq(th_int(th_op_meta(op, "progress"), "bytes_done"), BIG_BYTES);
+	res = th_op_result(op);
 	ck_assert_str_eq(th_str(res, "name"), "w");
 	ck_assert_int_eq(th_int(res, "version"), 2);
 	ck_assert(th_bool(res, "committed"));
@@ -631,9 +631,9 @@ START_TEST(test_acceptance)
 	                "\"memory_kind\": \"unpinned_host\"}", &total);
 	ck_assert_int_eq(total, BIG_BYTES);
 	op = watch(id, total, &w);
-	ck_assert_msg(strcmp(th_str(op, "state"), "SUCCEEDED") == 0, "copy: %s", json_dumps(op, 0));
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "SUCCEEDED") == 0, "copy: %s", json_dumps(op, 0));
 	ck_assert_msg(w.busy > 0, "none of %d polls of a 200 MiB copy saw it running", w.polls);
-	res = th_obj(op, "result");
+	res = th_op_result(op);
 	ck_assert_str_eq(th_str(res, "name"), "w-host");
 	ck_assert_int_eq(th_int(res, "version"), 1);
 	ck_assert(th_bool(res, "committed"));
@@ -1246,7 +1246,7 @@ START_TEST(test_wait)
 	ck_assert_msg(r.status == 200 || r.status == 202, "POST %s: %ld %s", path, r.status, r.body);
 	op = th_json(&r);
 	check_operation(op, "put");
-	ck_assert_str_eq(th_str(op, "id"), id);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "id")), id);
 	ck_assert_msg(took < 2000, "a zero timeout took %lld ms", took);
 	if (th_bool(op, "done"))
 		ck_assert_int_eq(r.status, 200);
@@ -1255,8 +1255,8 @@ START_TEST(test_wait)
 	/* a timeout in the body: the answer comes when it is done, and the
 	 * array has its new version by then */
 	op = op_wait(id);
-	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
-	ck_assert_int_eq(th_int(th_obj(op, "result"), "version"), v + 1);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
+	ck_assert_int_eq(th_int(th_op_result(op), "version"), v + 1);
 	json_decref(op);
 	a = meta("big", &r);
 	ck_assert_int_eq(th_int(a, "version"), v + 1);
@@ -1290,7 +1290,7 @@ START_TEST(test_wait)
 		ck_assert_msg(took >= 40, "not done, but answered after %lld ms of 50", took);
 	th_response_free(&r);
 	op = op_wait(id);
-	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
 
 	/* bad timeouts, unknown operations */
@@ -1334,7 +1334,7 @@ START_TEST(test_cancel_finished)
 	ck_assert_msg(strstr(error_message(&r), id), "message does not name %s: %s", id, r.body);
 	th_response_free(&r);
 	op = op_get(id);
-	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
 	free(id);
 }
@@ -1362,21 +1362,21 @@ START_TEST(test_cancel_running)
 	th_request(&D, "POST", path, NULL, NULL, 0, &r);
 	if (r.status == 200) {
 		check_operation(th_json(&r), "put");
-		ck_assert_str_eq(th_str(th_json(&r), "id"), id);
+		ck_assert_str_eq(json_string_value(th_op_meta(th_json(&r), "id")), id);
 	} else {
 		th_assert_error(&r, 400, "FAILED_PRECONDITION", "OPERATION_FINISHED");
 	}
 	th_response_free(&r);
 
 	op = op_wait(id);
-	state = th_str(op, "state");
+	state = json_string_value(th_op_meta(op, "state"));
 	if (strcmp(state, "CANCELLED") == 0) {
 		/* the array is where and what it was; the new buffers went back */
 		json_t *err = th_obj(op, "error");
 
 		ck_assert_str_eq(th_str(err, "status"), "CANCELLED");
 		ck_assert_int_eq(th_int(err, "code"), 499);
-		ck_assert_ptr_null(json_object_get(op, "result"));
+		ck_assert_ptr_null(json_object_get(op, "response"));
 		a = meta("c", &r);
 		ck_assert_int_eq(th_int(a, "version"), v);
 		ck_assert_str_eq(th_str(a, "etag"), etag);
@@ -1451,7 +1451,7 @@ START_TEST(test_busy)
 	ck_assert_int_eq(op_count(), 1);
 
 	op = op_wait(id);
-	ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
 	a = meta("b", &r);
 	ck_assert_int_eq(th_int(a, "version"), v + 1);
@@ -1495,20 +1495,20 @@ START_TEST(test_list_newest_first)
 	ck_assert_int_eq(json_array_size(list), 3);
 	json_array_foreach(list, i, op) {
 		check_operation(op, kinds[2 - i]);
-		ck_assert_str_eq(th_str(op, "id"), ids[2 - i]);
-		ck_assert_str_eq(th_str(op, "target"), "l");
-		ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "id")), ids[2 - i]);
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "target")), "l");
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 		if (i > 0)
-			ck_assert_msg(strcmp(th_str(op, "create_time"),
-			                     th_str(json_array_get(list, i - 1), "create_time")) <= 0,
+			ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "create_time")),
+			                     json_string_value(th_op_meta(json_array_get(list, i - 1), "create_time"))) <= 0,
 			              "create_time goes forward down the list");
 	}
 	th_response_free(&r);
 
 	list = th_arr(th_get_json(&D, "/v1/operations?state=SUCCEEDED&page_size=2", &r), "operations");
 	ck_assert_int_eq(json_array_size(list), 2);
-	ck_assert_str_eq(th_str(json_array_get(list, 0), "id"), ids[2]);
-	ck_assert_str_eq(th_str(json_array_get(list, 1), "id"), ids[1]);
+	ck_assert_str_eq(json_string_value(th_op_meta(json_array_get(list, 0), "id")), ids[2]);
+	ck_assert_str_eq(json_string_value(th_op_meta(json_array_get(list, 1), "id")), ids[1]);
 	th_response_free(&r);
 	list = th_arr(th_get_json(&D, "/v1/operations?state=RUNNING", &r), "operations");
 	ck_assert_int_eq(json_array_size(list), 0);
@@ -1536,7 +1536,7 @@ START_TEST(test_changed_while_moving)
 	id = move_start("x", ":put", "{\"sharding\": " GRID "}", NULL);
 	upload("x", "dtype=uint8&shape=4&device=sim:1&memory_kind=unpinned_host", "abcd", 4);
 	op = op_wait(id);
-	ck_assert_msg(strcmp(th_str(op, "state"), "FAILED") == 0, "a put of a replaced array: %s",
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "FAILED") == 0, "a put of a replaced array: %s",
 	              json_dumps(op, 0));
 	err = th_obj(op, "error");
 	ck_assert_str_eq(th_str(err, "status"), "ABORTED");
@@ -1557,7 +1557,7 @@ START_TEST(test_changed_while_moving)
 	ck_assert_msg(r.status == 200, "DELETE: %ld %s", r.status, r.body);
 	th_response_free(&r);
 	op = op_wait(id);
-	ck_assert_msg(strcmp(th_str(op, "state"), "FAILED") == 0, "a put of a deleted array: %s",
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "FAILED") == 0, "a put of a deleted array: %s",
 	              json_dumps(op, 0));
 	ck_assert_str_eq(th_str(th_obj(op, "error"), "status"), "ABORTED");
 	json_decref(op);
@@ -1575,7 +1575,7 @@ START_TEST(test_changed_while_moving)
 	ck_assert_msg(r.status == 200, "DELETE: %ld %s", r.status, r.body);
 	th_response_free(&r);
 	op = op_wait(id);
-	ck_assert_msg(strcmp(th_str(op, "state"), "SUCCEEDED") == 0, "a copy of a deleted array: %s",
+	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "SUCCEEDED") == 0, "a copy of a deleted array: %s",
 	              json_dumps(op, 0));
 	json_decref(op);
 	free(id);
@@ -1643,7 +1643,7 @@ START_TEST(test_cancel_pending)
 	}
 	/* the last one queued behind the others, if they are still at work */
 	op = op_get(ids[PEND_ARRAYS - 1]);
-	if (strcmp(th_str(op, "state"), "PENDING") == 0)
+	if (strcmp(json_string_value(th_op_meta(op, "state")), "PENDING") == 0)
 		pending = PEND_ARRAYS - 1;
 	json_decref(op);
 	snprintf(path, sizeof path, "/v1/operations/%s:cancel", ids[PEND_ARRAYS - 1]);
@@ -1652,10 +1652,10 @@ START_TEST(test_cancel_pending)
 		op = th_json(&r);
 		check_operation(op, "put");
 		/* unless a worker took it in between, it is over at once */
-		if (pending >= 0 && strcmp(th_str(op, "state"), "RUNNING") != 0)
-			ck_assert_msg(th_bool(op, "done") && strcmp(th_str(op, "state"), "CANCELLED") == 0,
+		if (pending >= 0 && strcmp(json_string_value(th_op_meta(op, "state")), "RUNNING") != 0)
+			ck_assert_msg(th_bool(op, "done") && strcmp(json_string_value(th_op_meta(op, "state")), "CANCELLED") == 0,
 			              "a pending move, cancelled: %s", r.body);
-		cancelled = strcmp(th_str(op, "state"), "CANCELLED") == 0;
+		cancelled = strcmp(json_string_value(th_op_meta(op, "state")), "CANCELLED") == 0;
 	} else {
 		th_assert_error(&r, 400, "FAILED_PRECONDITION", "OPERATION_FINISHED");
 	}
@@ -1663,7 +1663,7 @@ START_TEST(test_cancel_pending)
 	for (int i = 0; i < PEND_ARRAYS; i++) {
 		op = op_wait(ids[i]);
 		if (i < PEND_ARRAYS - 1)
-			ck_assert_str_eq(th_str(op, "state"), "SUCCEEDED");
+			ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 		json_decref(op);
 		free(ids[i]);
 	}
@@ -1946,10 +1946,10 @@ static void expect_all_finished(void)
 
 	list = th_arr(th_get_json(&D, "/v1/operations?page_size=1000", &r), "operations");
 	json_array_foreach(list, i, op) {
-		const char *state = th_str(op, "state");
+		const char *state = json_string_value(th_op_meta(op, "state"));
 
 		check_operation(op, NULL);
-		ck_assert_msg(th_bool(op, "done"), "operation %s is %s", th_str(op, "id"), state);
+		ck_assert_msg(th_bool(op, "done"), "operation %s is %s", json_string_value(th_op_meta(op, "id")), state);
 		if (strcmp(state, "CANCELLED") == 0) {
 			ck_assert_str_eq(th_str(th_obj(op, "error"), "status"), "CANCELLED");
 		} else if (strcmp(state, "FAILED") == 0) {
@@ -1958,7 +1958,7 @@ static void expect_all_finished(void)
 
 			ck_assert_msg(strcmp(th_str(err, "status"), "ABORTED") == 0 &&
 			              strcmp(th_str(info, "reason"), "ARRAY_CHANGED") == 0,
-			              "operation %s failed: %s", th_str(op, "id"), json_dumps(err, 0));
+			              "operation %s failed: %s", json_string_value(th_op_meta(op, "id")), json_dumps(err, 0));
 		}
 	}
 	th_response_free(&r);
@@ -1984,7 +1984,7 @@ static void wait_all_operations(void)
 			list = th_arr(th_get_json(&D, paths[k], &r), "operations");
 			json_array_foreach(list, i, op) {
 				any = true;
-				json_decref(op_wait(th_str(op, "id")));
+				json_decref(op_wait(json_string_value(th_op_meta(op, "id"))));
 			}
 			th_response_free(&r);
 		}
@@ -2042,9 +2042,9 @@ static void seq_wait_one(struct seq *q, int i)
 {
 	json_t *op = op_wait(q->pending[i]);
 
-	if (strcmp(th_str(op, "state"), "SUCCEEDED") == 0)
+	if (strcmp(json_string_value(th_op_meta(op, "state")), "SUCCEEDED") == 0)
 		q->finished_ok++;
-	else if (strcmp(th_str(op, "state"), "CANCELLED") == 0)
+	else if (strcmp(json_string_value(th_op_meta(op, "state")), "CANCELLED") == 0)
 		q->cancelled++;
 	json_decref(op);
 	q->waited++;
@@ -2058,7 +2058,7 @@ static void seq_push(struct seq *q, struct th_response *r)
 	check_operation(op, NULL);
 	if (q->npending == SEQ_PENDING)
 		seq_wait_one(q, 0);
-	snprintf(q->pending[q->npending++], sizeof q->pending[0], "%s", th_str(op, "id"));
+	snprintf(q->pending[q->npending++], sizeof q->pending[0], "%s", json_string_value(th_op_meta(op, "id")));
 	q->started++;
 }
 
@@ -2272,7 +2272,7 @@ static void client_wait_one(struct client *w, int i)
 static void client_push(struct client *w, struct th_response *r)
 {
 	json_t *op = json_loadb(r->body, r->body_len, 0, NULL);
-	const char *id = json_string_value(json_object_get(op, "id"));
+	const char *id = json_string_value(th_op_meta(op, "id"));
 
 	if (!id) {
 		client_bad(w, "202 without an operation id", r->status, r->body);

@@ -372,6 +372,9 @@ START_TEST(test_tokens_bad_id_refused)
 	                      "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 8, \"vocab\": 9}}",
 	                      400));
 	json_decref(post_json(&A, "/v1/models",
+	                      "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 8, \"vocab\": 0}}",
+	                      400));
+	json_decref(post_json(&A, "/v1/models",
 	                      "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	                      "\"loss\": \"softmax_cross_entropy\"}", 400));
 }

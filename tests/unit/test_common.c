@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "common/lock.h"
+#include "common/histogram.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "common/units.h"
@@ -465,6 +466,47 @@ static void hostile_lines(void)
 
 /* Every line is one JSON object with ts, level and msg that fields cannot
  * override, whatever bytes the message or fields hold. */
+/* Each observation lands in the first bucket whose bound holds it (a bound
+ * is inclusive), past every bound in +Inf; buckets read cumulative and the
+ * count is the last. */
+START_TEST(histogram_buckets)
+{
+	static const double bounds[] = {0.001, 0.01, 1};
+	struct ts_histogram h;
+	struct ts_histogram_snapshot s;
+
+	ts_histogram_init(&h, bounds, 3);
+	ts_histogram_read(&h, &s);
+	ck_assert_uint_eq(s.count, 0);
+	ck_assert(s.sum_seconds == 0);
+	ts_histogram_observe(&h, 0);                /* 0 s: first bucket */
+	ts_histogram_observe(&h, 1000000);          /* exactly 1 ms: first bucket */
+	ts_histogram_observe(&h, 1000001);          /* just past: second */
+	ts_histogram_observe(&h, 500000000);        /* 0.5 s: third */
+	ts_histogram_observe(&h, 3000000000ull);    /* 3 s: +Inf */
+	ts_histogram_read(&h, &s);
+	ck_assert_uint_eq(s.cumulative[0], 2);
+	ck_assert_uint_eq(s.cumulative[1], 3);
+	ck_assert_uint_eq(s.cumulative[2], 4);
+	ck_assert_uint_eq(s.cumulative[3], 5);
+	ck_assert_uint_eq(s.count, 5);
+	ck_assert_msg(s.sum_seconds > 3.502 && s.sum_seconds < 3.503, "sum %.9f", s.sum_seconds);
+	/* more bounds than fit are cut to TS_HISTOGRAM_MAX */
+	{
+		double many[TS_HISTOGRAM_MAX + 5];
+
+		for (size_t i = 0; i < sizeof many / sizeof many[0]; i++)
+			many[i] = (double)(i + 1);
+		ts_histogram_init(&h, many, sizeof many / sizeof many[0]);
+		ck_assert_uint_eq(h.nbounds, TS_HISTOGRAM_MAX);
+		ts_histogram_observe(&h, 1000000000000ull);
+		ts_histogram_read(&h, &s);
+		ck_assert_uint_eq(s.cumulative[TS_HISTOGRAM_MAX - 1], 0);
+		ck_assert_uint_eq(s.cumulative[TS_HISTOGRAM_MAX], 1);
+	}
+}
+END_TEST
+
 START_TEST(log_lines_are_json)
 {
 	char *text = capture_stderr(hostile_lines), *p = text;
@@ -527,6 +569,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, utf8_prefix_on_boundaries);
 	tcase_add_test(tc, error_message_boundary);
 	tcase_add_test(tc, log_lines_are_json);
+	tcase_add_test(tc, histogram_buckets);
 	suite_add_tcase(s, tc);
 	return s;
 }

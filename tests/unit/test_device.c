@@ -671,6 +671,59 @@ START_TEST(test_queue_order)
 }
 END_TEST
 
+/* A host function that holds its queue until *release is set. */
+static void hold_queue(void *arg)
+{
+	_Atomic int *release = arg;
+
+	while (!atomic_load(release))
+		usleep(200);
+}
+
+/* Bytes are counted per device and direction as copies are accepted; the
+ * copies queued behind a held worker are the queue's depth until they run. */
+START_TEST(test_copy_accounting)
+{
+	struct ts_device_set *set = make_set(1, 16 * MIB);
+	struct ts_device *s0 = find(set, "sim:0");
+	struct ts_queue *q = xqueue(s0);
+	struct ts_event *ev = xevent(s0);
+	unsigned char *h = xalloc(s0, TS_MEM_UNPINNED_HOST, 4096);
+	unsigned char *d = xalloc(s0, TS_MEM_DEVICE, 4096);
+	unsigned char *d2 = xalloc(s0, TS_MEM_DEVICE, 4096);
+	_Atomic int release = 0;
+	uint64_t depth = 99;
+
+	memset(h, 1, 4096);
+	ck_assert(ts_device_copies_queued(s0, &depth));
+	ck_assert_uint_eq(depth, 0);
+	ck_assert_int_eq(ts_queue_host_fn(q, hold_queue, &release, NULL), TS_OK);
+	xcopy(q, d, h, 4096, TS_COPY_H2D);
+	xcopy(q, d2, d, 1000, TS_COPY_D2D);
+	xcopy(q, h, d2, 10, TS_COPY_D2H);
+	xcopy(q, h, h, 0, TS_COPY_H2H);          /* nothing: not counted */
+	ck_assert(ts_device_copies_queued(s0, &depth));
+	ck_assert_uint_eq(depth, 3);
+	ck_assert_uint_eq(ts_device_copied_bytes(s0, TS_COPY_H2D), 4096);
+	ck_assert_uint_eq(ts_device_copied_bytes(s0, TS_COPY_D2D), 1000);
+	ck_assert_uint_eq(ts_device_copied_bytes(s0, TS_COPY_D2H), 10);
+	ck_assert_uint_eq(ts_device_copied_bytes(s0, TS_COPY_H2H), 0);
+	ck_assert_uint_eq(ts_device_copied_bytes(s0, (enum ts_copy_kind)9), 0);
+	atomic_store(&release, 1);
+	xrecord(ev, q);
+	xsync_event(ev);
+	ck_assert(ts_device_copies_queued(s0, &depth));
+	ck_assert_uint_eq(depth, 0);
+	ck_assert_uint_eq(ts_device_copies(s0), 3);
+	ts_device_mem_free(s0, TS_MEM_UNPINNED_HOST, h, 4096);
+	ts_device_mem_free(s0, TS_MEM_DEVICE, d, 4096);
+	ts_device_mem_free(s0, TS_MEM_DEVICE, d2, 4096);
+	ts_event_free(ev);
+	ts_queue_free(q);
+	ts_device_set_free(set);
+}
+END_TEST
+
 START_TEST(test_events_across_queues)
 {
 	struct ts_device_set *set = make_set(2, 64 * MIB);
@@ -1230,6 +1283,7 @@ static Suite *device_suite(void)
 	tcase_add_test(tc, test_sim_copies_exact);
 	tcase_add_test(tc, test_cpu_copies);
 	tcase_add_test(tc, test_queue_order);
+	tcase_add_test(tc, test_copy_accounting);
 	tcase_add_test(tc, test_events_across_queues);
 	tcase_add_test(tc, test_sync_functions);
 	tcase_add_test(tc, test_injected_copy_failure);

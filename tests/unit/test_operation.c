@@ -740,6 +740,88 @@ START_TEST(retention_by_count)
 }
 END_TEST
 
+/* Resuming a listing after an operation: the older ones, page by page,
+ * whatever was removed meanwhile; more says whether any remain. */
+START_TEST(list_before_pages)
+{
+	struct ts_op_registry *r = registry(1, 100, 0);
+	struct job j[5] = {0};
+	struct ts_operation *op[5], **ops;
+	struct ts_error err;
+	bool more;
+	size_t n;
+
+	for (int i = 0; i < 5; i++)
+		run_to_end(r, &j[i], &op[i]);
+	for (int i = 1; i < 5; i++)
+		ck_assert_uint_gt(ts_operation_seq(op[i]), ts_operation_seq(op[i - 1]));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_list_before(r, -1, 0, 2, &ops, &n, &more, &err), TS_OK);
+	ck_assert_uint_eq(n, 2);
+	ck_assert(more);
+	ck_assert_ptr_eq(ops[0], op[4]);
+	ck_assert_ptr_eq(ops[1], op[3]);
+	ts_op_list_free(ops, n);
+	/* op[2] goes; the page after op[3] starts at op[1] */
+	ck_assert_int_eq(ts_op_remove(r, op[2], &err), TS_OK);
+	ck_assert_int_eq(ts_op_list_before(r, -1, ts_operation_seq(op[3]), 2, &ops, &n, &more,
+	                                   &err), TS_OK);
+	ck_assert_uint_eq(n, 2);
+	ck_assert(!more);
+	ck_assert_ptr_eq(ops[0], op[1]);
+	ck_assert_ptr_eq(ops[1], op[0]);
+	ts_op_list_free(ops, n);
+	/* after a removed operation, as after a listed one */
+	ck_assert_int_eq(ts_op_list_before(r, -1, ts_operation_seq(op[2]), 10, &ops, &n, &more,
+	                                   &err), TS_OK);
+	ck_assert_uint_eq(n, 2);
+	ts_op_list_free(ops, n);
+	ck_assert_int_eq(ts_op_list_before(r, TS_OP_FAILED, 0, 10, &ops, &n, &more, &err), TS_OK);
+	ck_assert_uint_eq(n, 0);
+	ck_assert(!more);
+	ts_op_list_free(ops, n);
+	for (int i = 0; i < 5; i++)
+		ts_operation_unref(op[i]);
+	ts_op_registry_free(r);
+}
+END_TEST
+
+/* Removing: a finished operation is no longer found nor counted, its
+ * holders keep it; a running one is refused; twice is NOT_FOUND. */
+START_TEST(remove_finished_only)
+{
+	struct ts_op_registry *r = registry(1, 100, 0);
+	struct gate g;
+	struct job j = {0}, jr = {.gate = &g};
+	struct ts_operation *done, *running;
+	uint64_t counts[TS_OP_CANCELLED + 1];
+	struct ts_error err;
+
+	gate_init(&g);
+	run_to_end(r, &j, &done);
+	running = submit(r, "w", work_ok, &jr);
+	gate_wait_entered(&g, 1);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_remove(r, running, &err), TS_FAILED_PRECONDITION);
+	ck_assert_str_eq(err.reason, "OPERATION_RUNNING");
+	ck_assert_ptr_nonnull(strstr(err.message, ts_operation_id(running)));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_remove(r, done, &err), TS_OK);
+	ck_assert_ptr_null(ts_op_get(r, ts_operation_id(done)));
+	ts_op_counts(r, counts);
+	ck_assert_uint_eq(counts[TS_OP_SUCCEEDED], 0);
+	ck_assert_int_eq(state_of(done), TS_OP_SUCCEEDED);
+	ck_assert_int_eq(ts_op_remove(r, done, &err), TS_NOT_FOUND);
+	gate_open(&g);
+	ck_assert(ts_operation_block(running, 10 * SEC));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_remove(r, running, &err), TS_OK);
+	ts_operation_unref(done);
+	ts_operation_unref(running);
+	ts_op_registry_free(r);
+}
+END_TEST
+
 START_TEST(retention_keeps_none)
 {
 	struct ts_op_registry *r = registry(1, 0, 0);
@@ -1029,6 +1111,10 @@ static bool rfc3339_utc_micros(const char *t)
 	       z == 'Z' && y >= 2020;
 }
 
+/* An operation's metadata member (AIP-151: kind, state, progress... live
+ * there). */
+#define META(o) json_object_get((o), "metadata")
+
 START_TEST(operation_json_shapes)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
@@ -1049,28 +1135,28 @@ START_TEST(operation_json_shapes)
 	o = ts_h_operation_json(a);
 	snprintf(name, sizeof name, "operations/%s", ts_operation_id(a));
 	ck_assert_str_eq(json_string_value(json_object_get(o, "name")), name);
-	ck_assert_str_eq(json_string_value(json_object_get(o, "id")), ts_operation_id(a));
-	ck_assert_str_eq(json_string_value(json_object_get(o, "kind")), "put");
-	ck_assert_str_eq(json_string_value(json_object_get(o, "target")), "w1");
-	ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "RUNNING");
+	ck_assert_str_eq(json_string_value(json_object_get(META(o), "id")), ts_operation_id(a));
+	ck_assert_str_eq(json_string_value(json_object_get(META(o), "kind")), "put");
+	ck_assert_str_eq(json_string_value(json_object_get(META(o), "target")), "w1");
+	ck_assert_str_eq(json_string_value(json_object_get(META(o), "state")), "RUNNING");
 	ck_assert(json_is_false(json_object_get(o, "done")));
-	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "progress"),
+	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(META(o), "progress"),
 	                                                    "bytes_total")), 100);
-	ck_assert(json_is_integer(json_object_get(json_object_get(o, "progress"), "bytes_done")));
-	ck_assert(rfc3339_utc_micros(json_string_value(json_object_get(o, "create_time"))));
-	ck_assert(rfc3339_utc_micros(json_string_value(json_object_get(o, "start_time"))));
-	ck_assert_ptr_null(json_object_get(o, "end_time"));
+	ck_assert(json_is_integer(json_object_get(json_object_get(META(o), "progress"), "bytes_done")));
+	ck_assert(rfc3339_utc_micros(json_string_value(json_object_get(META(o), "create_time"))));
+	ck_assert(rfc3339_utc_micros(json_string_value(json_object_get(META(o), "start_time"))));
+	ck_assert_ptr_null(json_object_get(META(o), "end_time"));
 	ck_assert_ptr_null(json_object_get(o, "error"));
-	ck_assert_ptr_null(json_object_get(o, "result"));
+	ck_assert_ptr_null(json_object_get(o, "response"));
 	json_decref(o);
 	/* pending, with steps and no target */
 	o = ts_h_operation_json(b);
-	ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "PENDING");
-	ck_assert_ptr_null(json_object_get(o, "target"));
-	ck_assert_ptr_null(json_object_get(o, "start_time"));
-	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "progress"),
+	ck_assert_str_eq(json_string_value(json_object_get(META(o), "state")), "PENDING");
+	ck_assert_ptr_null(json_object_get(META(o), "target"));
+	ck_assert_ptr_null(json_object_get(META(o), "start_time"));
+	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(META(o), "progress"),
 	                                                    "steps_total")), 10);
-	ck_assert_ptr_null(json_object_get(json_object_get(o, "progress"), "bytes_total"));
+	ck_assert_ptr_null(json_object_get(json_object_get(META(o), "progress"), "bytes_total"));
 	json_decref(o);
 	/* cancelled: a google.rpc.Status */
 	ck_assert_int_eq(ts_operation_cancel(b, &err), TS_OK);
@@ -1082,16 +1168,16 @@ START_TEST(operation_json_shapes)
 	ck_assert_ptr_nonnull(strstr(json_string_value(json_object_get(e, "message")),
 	                             "was cancelled"));
 	ck_assert(json_is_array(json_object_get(e, "details")));
-	ck_assert_ptr_null(json_object_get(o, "result"));
-	ck_assert(rfc3339_utc_micros(json_string_value(json_object_get(o, "end_time"))));
+	ck_assert_ptr_null(json_object_get(o, "response"));
+	ck_assert(rfc3339_utc_micros(json_string_value(json_object_get(META(o), "end_time"))));
 	json_decref(o);
 	/* succeeded: the result */
 	gate_open(&g);
 	ck_assert(ts_operation_block(a, 10 * SEC));
 	o = ts_h_operation_json(a);
-	ck_assert_str_eq(json_string_value(json_object_get(o, "state")), "SUCCEEDED");
-	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "result"), "n")), 42);
-	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "progress"),
+	ck_assert_str_eq(json_string_value(json_object_get(META(o), "state")), "SUCCEEDED");
+	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(o, "response"), "n")), 42);
+	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(META(o), "progress"),
 	                                                    "bytes_done")), 100);
 	ck_assert_ptr_null(json_object_get(o, "error"));
 	json_decref(o);
@@ -1188,7 +1274,7 @@ START_TEST(handlers_get_list_cancel)
 
 	call_handler(ts_h_operations_get, r, ts_operation_id(a), NULL, &reply);
 	ck_assert_int_eq(reply.kind, TS_REPLY_JSON);
-	ck_assert_str_eq(json_string_value(json_object_get(reply.json, "state")), "RUNNING");
+	ck_assert_str_eq(json_string_value(json_object_get(META(reply.json), "state")), "RUNNING");
 	ts_reply_release(&reply);
 	call_handler(ts_h_operations_get, r, "op-0000000000000000", NULL, &reply);
 	ck_assert_int_eq(reply.kind, TS_REPLY_ERROR);
@@ -1199,14 +1285,14 @@ START_TEST(handlers_get_list_cancel)
 	call_handler(ts_h_operations_list, r, NULL, NULL, &reply);
 	list = json_object_get(reply.json, "operations");
 	ck_assert_uint_eq(json_array_size(list), 2);
-	ck_assert_str_eq(json_string_value(json_object_get(json_array_get(list, 0), "id")),
+	ck_assert_str_eq(json_string_value(json_object_get(META(json_array_get(list, 0)), "id")),
 	                 ts_operation_id(b));
 	ts_reply_release(&reply);
 	call_handler(ts_h_operations_list, r, NULL, (const char *const[]){"state=PENDING", NULL},
 	             &reply);
 	list = json_object_get(reply.json, "operations");
 	ck_assert_uint_eq(json_array_size(list), 1);
-	ck_assert_str_eq(json_string_value(json_object_get(json_array_get(list, 0), "state")),
+	ck_assert_str_eq(json_string_value(json_object_get(META(json_array_get(list, 0)), "state")),
 	                 "PENDING");
 	ts_reply_release(&reply);
 	call_handler(ts_h_operations_list, r, NULL, (const char *const[]){"page_size=1", NULL},
@@ -1223,7 +1309,7 @@ START_TEST(handlers_get_list_cancel)
 	call_handler(ts_h_operations_cancel, r, ts_operation_id(b), NULL, &reply);
 	ck_assert_int_eq(reply.kind, TS_REPLY_JSON);
 	ck_assert_int_eq(reply.ok, TS_HTTP_OK);
-	ck_assert_str_eq(json_string_value(json_object_get(reply.json, "state")), "CANCELLED");
+	ck_assert_str_eq(json_string_value(json_object_get(META(reply.json), "state")), "CANCELLED");
 	ts_reply_release(&reply);
 	call_handler(ts_h_operations_cancel, r, ts_operation_id(b), NULL, &reply);
 	ck_assert_int_eq(reply.kind, TS_REPLY_ERROR);
@@ -1294,6 +1380,100 @@ START_TEST(submit_holding_runs_the_hold_first)
 }
 END_TEST
 
+/* ---- the end hook ---------------------------------------------------------------------- */
+
+/* What the registry's ended hook saw (called on worker threads: it only
+ * records, under a lock, for the test thread to check). */
+struct ends {
+	pthread_mutex_t mu;
+	int n;
+	struct {
+		char id[40], kind[16], target[136], reason[64];
+		enum ts_op_state state;
+		uint64_t done, total, run_ns;
+	} e[8];
+};
+
+static void record_end(void *cls, const struct ts_op_end *end)
+{
+	struct ends *x = cls;
+
+	pthread_mutex_lock(&x->mu);
+	if (x->n < 8) {
+		snprintf(x->e[x->n].id, sizeof x->e[0].id, "%s", end->id);
+		snprintf(x->e[x->n].kind, sizeof x->e[0].kind, "%s", end->kind);
+		snprintf(x->e[x->n].target, sizeof x->e[0].target, "%s", end->target);
+		snprintf(x->e[x->n].reason, sizeof x->e[0].reason, "%s",
+		         end->error ? end->error->reason : "");
+		x->e[x->n].state = end->state;
+		x->e[x->n].done = end->done_units;
+		x->e[x->n].total = end->total_units;
+		x->e[x->n].run_ns = end->run_ns;
+	}
+	x->n++;
+	pthread_mutex_unlock(&x->mu);
+}
+
+/* The hook runs once per operation, before its waiters wake, with its kind,
+ * outcome, units and error: succeeded, failed, and cancelled while pending
+ * (never run: no running time). */
+START_TEST(ended_hook_once_per_operation)
+{
+	static struct ends x = {.mu = PTHREAD_MUTEX_INITIALIZER};
+	struct ts_op_registry_config cfg = {.workers = 1, .keep_finished = 10,
+	                                    .ended = record_end, .ended_cls = &x};
+	struct ts_op_registry *r = NULL;
+	struct gate g;
+	struct job ok = {.progress = 100}, bad = {0}, held = {0}, queued = {0};
+	struct ts_operation *a, *b, *c, *d;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_op_registry_new(&cfg, &r, &err), TS_OK);
+	a = submit(r, "t1", work_ok, &ok);
+	ck_assert(ts_operation_block(a, 10 * SEC));
+	/* the hook ran before the waiter woke */
+	ck_assert_int_eq(x.n, 1);
+	b = submit(r, NULL, work_fail, &bad);
+	ck_assert(ts_operation_block(b, 10 * SEC));
+	ck_assert_int_eq(x.n, 2);
+	gate_init(&g);
+	held.gate = &g;
+	c = submit(r, NULL, work_ok, &held);
+	gate_wait_entered(&g, 1);
+	d = submit(r, "t2", work_ok, &queued);     /* behind c on the one worker */
+	ck_assert_int_eq(ts_operation_cancel(d, &err), TS_OK);
+	gate_open(&g);
+	ck_assert(ts_operation_block(c, 10 * SEC));
+	ck_assert(ts_operation_block(d, 10 * SEC));
+	ts_op_registry_free(r);
+
+	ck_assert_int_eq(x.n, 4);
+	ck_assert_str_eq(x.e[0].id, ts_operation_id(a));
+	ck_assert_str_eq(x.e[0].kind, "put");
+	ck_assert_str_eq(x.e[0].target, "t1");
+	ck_assert_int_eq(x.e[0].state, TS_OP_SUCCEEDED);
+	ck_assert_uint_eq(x.e[0].done, 100);
+	ck_assert_uint_eq(x.e[0].total, 100);
+	ck_assert_str_eq(x.e[0].reason, "");
+	ck_assert_int_eq(x.e[1].state, TS_OP_FAILED);
+	ck_assert_str_eq(x.e[1].reason, "ARRAY_NOT_FOUND");
+	ck_assert_str_eq(x.e[1].target, "");
+	/* d was cancelled while c still ran: d ends first */
+	ck_assert_str_eq(x.e[2].id, ts_operation_id(d));
+	ck_assert_int_eq(x.e[2].state, TS_OP_CANCELLED);
+	ck_assert_str_eq(x.e[2].reason, "OPERATION_CANCELLED");
+	ck_assert_uint_eq(x.e[2].run_ns, 0);
+	ck_assert_str_eq(x.e[3].id, ts_operation_id(c));
+	ck_assert_int_eq(x.e[3].state, TS_OP_SUCCEEDED);
+	ck_assert_int_eq(atomic_load(&queued.ran), 0);
+	ts_operation_unref(a);
+	ts_operation_unref(b);
+	ts_operation_unref(c);
+	ts_operation_unref(d);
+}
+END_TEST
+
 static Suite *operation_suite(void)
 {
 	Suite *s = suite_create("operation");
@@ -1324,11 +1504,14 @@ static Suite *operation_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, retention_by_count);
 	tcase_add_test(tc, retention_keeps_none);
+	tcase_add_test(tc, list_before_pages);
+	tcase_add_test(tc, remove_finished_only);
 	tcase_add_test(tc, retention_by_age);
 	tcase_add_test(tc, list_newest_first_by_state);
 	tcase_add_test(tc, free_with_pending_and_running);
 	tcase_add_test(tc, free_waits_for_running_work);
 	tcase_add_test(tc, many_concurrent_submitters);
+	tcase_add_test(tc, ended_hook_once_per_operation);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rendering");

@@ -112,7 +112,13 @@ START_TEST(refusal_is_a_value)
 	ck_assert_str_eq(err.meta[2].value, "25165824");
 	ck_assert_str_eq(err.meta[4].key, "limit_bytes");
 	ts_space_stats(sp, &after);
+	/* nothing changes but the count of refusals */
+	ck_assert_uint_eq(after.refusals, before.refusals + 1);
+	after.refusals = before.refusals;
 	ck_assert_mem_eq(&before, &after, sizeof before);
+	ck_assert_int_eq(ts_space_check_fit(sp, 40ull << 20, &err), TS_RESOURCE_EXHAUSTED);
+	ts_space_stats(sp, &after);
+	ck_assert_uint_eq(after.refusals, before.refusals + 2);
 	ck_assert(!ts_space_would_fit(sp, 40ull << 20));
 	ck_assert(ts_space_would_fit(sp, 20ull << 20));
 	ts_space_release(sp, a, 40ull << 20);
@@ -196,6 +202,50 @@ START_TEST(pageable_limit_shared_with_cpu_device)
 	ts_space_release(u, a, 30ull << 20);
 	ts_space_stats(u, &s);
 	ck_assert_uint_eq(s.pool_bytes_in_use, 0);
+}
+END_TEST
+
+/* Node-wide host pools are listed once, device pools once per device; a
+ * pool's in-use bytes are the sum over every space drawing from it. */
+START_TEST(pools_listed_once)
+{
+	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
+	struct ts_error err;
+	size_t n = ts_memory_pool_count(mem), host = 0, device = 0;
+	void *a, *b;
+
+	ts_error_clear(&err);
+	ck_assert_uint_eq(n, 4);    /* pinned_host, unpinned_host, sim:0, sim:1 */
+	ck_assert_int_eq(ts_space_alloc(p0, 1ull << 20, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_space_alloc(p1, 2ull << 20, &b, &err), TS_OK);
+	ck_assert_str_eq(ts_space_pool_name(p0), "host/pinned_host");
+	ck_assert_str_eq(ts_space_pool_name(p1), "host/pinned_host");
+	ck_assert_str_eq(ts_space_pool_name(ts_memory_find(mem, "cpu:0", TS_MEM_DEVICE)),
+	                 "host/unpinned_host");
+	for (size_t i = 0; i < n; i++) {
+		struct ts_pool_stats ps;
+
+		ts_memory_pool_stats(mem, i, &ps);
+		if (!ps.device) {
+			host++;
+			ck_assert_int_ne(ps.kind, TS_MEM_DEVICE);
+		} else {
+			device++;
+			ck_assert_int_eq(ps.kind, TS_MEM_DEVICE);
+			ck_assert_uint_eq(ps.limit, 64ull << 20);
+			ck_assert_uint_eq(ps.bytes_reserved, 64ull << 20);   /* the region, at start */
+			ck_assert_uint_eq(ps.bytes_in_use, 0);
+		}
+		if (strcmp(ps.name, "host/pinned_host") == 0) {
+			ck_assert_uint_eq(ps.limit, 32ull << 20);
+			ck_assert_uint_eq(ps.bytes_in_use, 3ull << 20);
+		}
+	}
+	ck_assert_uint_eq(host, 2);
+	ck_assert_uint_eq(device, 2);
+	ts_space_release(p0, a, 1ull << 20);
+	ts_space_release(p1, b, 2ull << 20);
 }
 END_TEST
 
@@ -312,6 +362,7 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, fragmentation_reported);
 	tcase_add_test(tc, pinned_pool_grows_in_segments);
 	tcase_add_test(tc, pageable_limit_shared_with_cpu_device);
+	tcase_add_test(tc, pools_listed_once);
 	tcase_add_test(tc, zero_size);
 	tcase_add_test(tc, device_pool_leaves_headroom);
 	tcase_add_test(tc, randomized_exact_stats);

@@ -1,0 +1,263 @@
+"""Moves, operations, safetensors and models against a live tstaged."""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+import tstage
+
+RNG = np.random.default_rng(11)
+
+MLP = {"mlp": {"layers": 2, "d_model": 16, "d_hidden": 32, "activation": "gelu",
+               "residual": True},
+       "loss": "mse", "optimizer": {"type": "adam", "learning_rate": 1e-3},
+       "placement": {"device": "sim:0"}}
+
+
+def kinds(client, name):
+    return [(s["device"], s["memory_kind"]) for s in client.info(name)["shards"]]
+
+
+def test_device_put_between_memory_kinds(client):
+    a = RNG.random((64, 33)).astype(np.float32)
+    client.put("w", a, device="sim:0", memory_kind="device")
+    for dev, kind in [("sim:0", "pinned_host"), ("sim:0", "unpinned_host"),
+                      ("sim:1", "device"), ("sim:1", "pinned_host"), ("sim:0", "device")]:
+        op = client.device_put("w", device=dev, memory_kind=kind)
+        assert isinstance(op, tstage.Operation) and op.kind == "put" and op.target == "w"
+        meta = op.result(timeout=60)
+        assert meta["sharding"] == {"device": dev, "memory_kind": kind}
+        assert kinds(client, "w") == [(dev, kind)]
+        assert client.get("w").tobytes() == a.tobytes()
+    meta = client.device_put("w", memory_kind="pinned_host", wait=True)
+    assert meta["sharding"]["memory_kind"] == "pinned_host"
+
+
+def test_copy_between_memory_kinds_and_donate(client):
+    a = RNG.integers(0, 1000, (40, 8), dtype=np.int64)
+    client.put("src", a, device="sim:1", memory_kind="pinned_host")
+    meta = client.copy("src", "dst", device="sim:0", memory_kind="device", wait=True)
+    assert meta["name"] == "dst" and kinds(client, "dst") == [("sim:0", "device")]
+    assert np.array_equal(client.get("dst"), a)
+    with pytest.raises(tstage.AlreadyExists):
+        client.copy("src", "dst", memory_kind="unpinned_host", wait=True)
+    op = client.copy("src", "dst", memory_kind="unpinned_host", overwrite=True, donate=True)
+    op.wait(timeout=60)
+    assert op.state == "SUCCEEDED" and op.done
+    assert kinds(client, "dst") == [("sim:1", "unpinned_host")]  # the source's device
+    assert not client.exists("src")
+    assert np.array_equal(client.get("dst"), a)
+
+
+def test_sharded_upload_and_put(client):
+    client.create_sharding("rows2", {"mesh": {"devices": ["sim:0", "sim:1"], "axis_names": ["x"]},
+                                     "spec": ["x"], "memory_kind": "device"})
+    a = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+    client.put("sh", a, sharding="rows2")
+    assert sorted(kinds(client, "sh")) == [("sim:0", "device"), ("sim:1", "device")]
+    assert "sim:1" in client.sharding("sh", text=True)
+    client.device_put("sh", sharding={"device": "sim:0", "memory_kind": "pinned_host"}, wait=True)
+    assert kinds(client, "sh") == [("sim:0", "pinned_host")]
+    assert np.array_equal(client.get("sh"), a)
+
+
+def test_gather_rows_and_slice(client):
+    a = np.arange(10 * 3, dtype=np.int32).reshape(10, 3)
+    client.put("g", a, memory_kind="pinned_host")
+    meta = client.gather("g", [7, 1, 1, -1], "gb", device="sim:1", memory_kind="device")
+    assert meta["shape"] == [4, 3] and kinds(client, "gb") == [("sim:1", "device")]
+    assert np.array_equal(client.get("gb"), a[[7, 1, 1, -1]])
+    client.gather("g", slice(0, 10, 3), "gs")
+    assert np.array_equal(client.get("gs"), a[0:10:3])
+
+
+def test_operation_wait_progress_bar_in_bytes(client, capsys):
+    a = np.zeros(8 << 20, np.uint8)
+    client.put("p", a, memory_kind="unpinned_host")
+    op = client.device_put("p", device="sim:0", memory_kind="device")
+    op.wait(timeout=60, progress=True)
+    assert op.state == "SUCCEEDED"
+    assert op.progress == {"bytes_done": a.nbytes, "bytes_total": a.nbytes}
+    err = capsys.readouterr().err
+    assert "put p" in err and "8.00M" in err  # tqdm's bar, in bytes
+
+
+def test_step_progress_wait_timeout_and_cancel(client, capsys):
+    client.create_model("mlp", MLP)
+    client.put("x", RNG.random((8, 16)).astype(np.float32), device="sim:0")
+    client.put("t", RNG.random((8, 16)).astype(np.float32), device="sim:0")
+    op = client.step("mlp", "x", "t", steps=1000000)
+    assert op.kind == "step" and op.progress["steps_total"] == 1000000
+    with pytest.raises(tstage.DeadlineExceeded):
+        op.wait(timeout=0.5, progress=True)
+    assert "steps" in capsys.readouterr().err
+    assert op.refresh().progress["steps_done"] > 0
+    op.cancel()
+    op.wait(timeout=60)
+    assert op.state == "CANCELLED" and op.done
+    with pytest.raises(tstage.Cancelled):
+        op.result()
+    assert isinstance(op.exception(), tstage.Cancelled)
+    assert client.model("mlp")["steps"] == op.progress["steps_done"]
+    assert op.id in [o.id for o in client.operations(state="CANCELLED")]
+
+
+def test_aborted_while_a_step_holds_the_weights(client):
+    c = tstage.Client(client.url, retries=0)
+    client.create_model("mlp", MLP)
+    client.put("x", RNG.random((8, 16)).astype(np.float32), device="sim:0")
+    client.put("t", RNG.random((8, 16)).astype(np.float32), device="sim:0")
+    op = client.step("mlp", "x", "t", steps=1000000)
+    try:
+        with pytest.raises(tstage.Aborted) as e:
+            c.put("mlp.w1", np.zeros((2, 16, 32), np.float32))
+        assert e.value.retryable and op.id in e.value.message
+    finally:
+        op.cancel().wait(timeout=60)
+        c.close()
+
+
+def test_model_create_analyze_step(client):
+    spec_peak = client.analyze(dict(MLP, name="mlp"), [8, 16])["peak_device_bytes"]
+    model = client.create_model("mlp", MLP)
+    assert model["state"] == "READY" and model["steps"] == 0
+    assert set(model["arrays"]) >= {"w1", "w2", "adam.mu.w1"}
+    assert [m["name"] for m in client.models()] == ["mlp"]
+    an = client.analyze("mlp", [8, 16])
+    assert an["peak_device_bytes"] == spec_peak > 0
+    x = RNG.random((8, 16)).astype(np.float32)
+    t = RNG.random((8, 16)).astype(np.float32)
+    client.put("x", x, device="sim:0")
+    client.put("t", t, device="sim:0")
+    rep = client.step("mlp", "x", "t", steps=3, wait=True)
+    assert len(rep["losses"]) == 3 and rep["losses"][2] < rep["losses"][0]
+    assert rep["measured_peak_device_bytes"] == rep["predicted_peak_device_bytes"]
+    assert client.model("mlp")["steps"] == 3
+    # data-driven: rows of a dataset array
+    client.put("data", RNG.random((100, 16)).astype(np.float32), memory_kind="pinned_host")
+    client.put("labels", RNG.random((100, 16)).astype(np.float32), memory_kind="pinned_host")
+    op = client.step("mlp", tstage.rows("data", [17, 4, 99, 23]),
+                     tstage.rows("labels", [17, 4, 99, 23]), steps=2)
+    rep = op.result(timeout=60)
+    assert len(rep["losses"]) == 2 and op.progress["steps_done"] == 2
+    w1 = client.get("mlp.w1")
+    assert w1.shape == (2, 16, 32) and w1.dtype == np.float32
+    client.delete_model("mlp")
+    assert not client.exists("mlp.w1")
+
+
+def test_create_model_as_operation_and_errors(client):
+    op = client.create_model("m2", MLP, wait=False)
+    assert isinstance(op, tstage.Operation) and op.kind == "create"
+    assert op.result(timeout=60)["name"] == "m2"
+    with pytest.raises(tstage.AlreadyExists):
+        client.create_model("m2", MLP)
+    with pytest.raises(tstage.InvalidArgument) as e:
+        client.create_model("m3", dict(MLP, mlp={"layers": 0, "d_model": 4}))
+    assert "mlp.layers" in e.value.message
+    with pytest.raises(tstage.OutOfMemory) as oom:
+        client.create_model("m4", dict(MLP, mlp={"layers": 4, "d_model": 4096}))
+    assert oom.value.space.startswith("sim:0/")
+
+
+def test_model_checkpoint_export_import(client, tmp_path):
+    client.create_model("mlp", MLP)
+    x = RNG.random((8, 16)).astype(np.float32)
+    t = RNG.random((8, 16)).astype(np.float32)
+    client.put("x", x, device="sim:0")
+    client.put("t", t, device="sim:0")
+    client.step("mlp", "x", "t", steps=2, wait=True)
+    w1 = client.get("mlp.w1")
+    blob = client.export_model("mlp")
+    client.export_model("mlp", tmp_path / "mlp.safetensors")
+    assert (tmp_path / "mlp.safetensors").read_bytes() == blob
+    assert "w1" in st_load(blob)
+    # resumed under another name from the file, and from bytes after a delete
+    other = client.import_model(tmp_path / "mlp.safetensors", name="mlp2")
+    assert other["name"] == "mlp2" and other["steps"] == 2
+    assert np.array_equal(client.get("mlp2.w1"), w1)
+    a = client.step("mlp", "x", "t", steps=1, wait=True)["losses"]
+    b = client.step("mlp2", "x", "t", steps=1, wait=True)["losses"]
+    assert a == b  # the same losses bit for bit
+    client.delete_model("mlp")
+    assert client.import_model(blob)["name"] == "mlp"
+    with pytest.raises(tstage.InvalidArgument):
+        client.import_model(st_save({"w": np.zeros(3, np.float32)}), name="bad")
+    an = client.analyze("mlp", [8, 16], timeline=True)
+    assert an["timeline"] and "timeline" not in client.analyze("mlp", [8, 16])
+
+
+def _tensors():
+    return {"w": RNG.random((4, 5)).astype(np.float32),
+            "b": np.arange(6, dtype=np.int64),
+            "h": RNG.random((3, 3)).astype(np.float16)}
+
+
+def test_import_safetensors_path_file_and_export(client, tmp_path):
+    ts = _tensors()
+    blob = st_save(ts, metadata={"fmt": "pt"})
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(blob)
+    out = client.import_safetensors(str(p), prefix="m.", memory_kind="pinned_host")
+    assert sorted(a["name"] for a in out["arrays"]) == ["m.b", "m.h", "m.w"]
+    for k, v in ts.items():
+        got = client.get(f"m.{k}")
+        assert got.dtype == v.dtype and np.array_equal(got, v)
+    assert kinds(client, "m.w") == [("sim:0", "pinned_host")]
+    # a file object, at an offset
+    f = io.BytesIO(b"junk" + blob)
+    f.seek(4)
+    client.import_safetensors(f, prefix="f.", device="sim:1", memory_kind="device")
+    assert kinds(client, "f.b") == [("sim:1", "device")]
+    with pytest.raises(tstage.AlreadyExists):
+        client.import_safetensors(io.BytesIO(blob), prefix="f.", overwrite=False)
+    client.import_safetensors(blob, prefix="b.")  # bytes
+    assert np.array_equal(client.get("b.w"), ts["w"])
+    # export, read back by the reference implementation
+    back = st_load(client.export(["m.w", "m.b", "f.h"]))
+    assert np.array_equal(back["m.w"], ts["w"]) and np.array_equal(back["f.h"], ts["h"])
+    dst = tmp_path / "out.safetensors"
+    client.export("m.b", dst)
+    assert np.array_equal(st_load(dst.read_bytes())["m.b"], ts["b"])
+
+
+def test_import_safetensors_server_side(client, daemon):
+    ts = _tensors()
+    with open(os.path.join(daemon.data_dir, "d.safetensors"), "wb") as f:
+        f.write(st_save(ts))
+    op = client.import_safetensors(server_path="d.safetensors", prefix="s.",
+                                   memory_kind="unpinned_host", wait=False)
+    assert isinstance(op, tstage.Operation) and op.kind == "import"
+    res = op.result(timeout=60, progress=True)
+    assert sorted(a["name"] for a in res["arrays"]) == ["s.b", "s.h", "s.w"]
+    assert np.array_equal(client.get("s.w"), ts["w"])
+    with pytest.raises(tstage.PermissionDenied):
+        client.import_safetensors(server_path="/etc/passwd")
+
+
+def test_like_jax_and_torch(client):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    client.put("a", a)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        jax = None
+    if torch is None and jax is None:
+        pytest.skip("neither jax nor torch is installed")
+    if torch is not None:
+        t = client.get("a", like="torch")
+        assert isinstance(t, torch.Tensor) and t.tolist() == a.tolist()
+        client.put("tb", torch.tensor([1.5, 2.0], dtype=torch.bfloat16))
+        assert client.info("tb")["dtype"] == "bfloat16"
+    if jax is not None:
+        j = client.get("a", like="jax")
+        assert np.array_equal(np.asarray(j), a)

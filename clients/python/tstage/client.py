@@ -1,0 +1,603 @@
+"""The tstage client: arrays, moves, operations and models of one tstaged."""
+from __future__ import annotations
+
+import io
+import json as _json
+import os
+from typing import Any, BinaryIO, Dict, Iterator, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import dtypes as _dt
+from ._transport import Transport, quote_name
+from .errors import NotFound, TstageError
+from .operation import Operation
+
+__all__ = ["Client", "rows"]
+
+#: bytes per piece of a streamed upload or import
+CHUNK = 4 << 20
+
+Sharding = Union[str, Dict[str, Any]]
+#: numpy basic indexing: a str expression, an int, a slice, ... or a tuple of them
+Index = Any
+PathOrFile = Union[str, "os.PathLike[str]", BinaryIO]
+
+
+def rows(array: str, rows: Sequence[int]) -> Dict[str, Any]:
+    """A step's ``inputs``/``targets`` given as rows of a dataset array."""
+    return {"array": array, "rows": [int(r) for r in rows]}
+
+
+def _index_expr(index: Index) -> str:
+    """numpy basic indexing as tstaged's ``?index=`` expression."""
+    if isinstance(index, str):
+        return index
+    parts = index if isinstance(index, tuple) else (index,)
+    out = []
+    for p in parts:
+        if p is Ellipsis:
+            out.append("...")
+        elif isinstance(p, slice):
+            f = ["" if v is None else str(int(v)) for v in (p.start, p.stop, p.step)]
+            out.append(f"{f[0]}:{f[1]}" + (f":{f[2]}" if p.step is not None else ""))
+        elif isinstance(p, (int, np.integer)) and not isinstance(p, bool):
+            out.append(str(int(p)))
+        else:
+            raise TypeError(f"index entry {p!r} is not an integer, a slice or '...' "
+                            "(basic indexing only; get_rows takes a list of rows)")
+    return ",".join(out)
+
+
+def _as_numpy(array: Any) -> np.ndarray:
+    """A C-contiguous little-endian numpy view (or copy) of a numpy array, or of
+    anything with __dlpack__ or __array__ (JAX, torch, CuPy ...)."""
+    a: Optional[np.ndarray] = None
+    if isinstance(array, np.ndarray):
+        a = array
+    else:
+        mod = type(array).__module__.split(".")[0]
+        if mod == "torch":
+            t = array.detach().cpu()
+            if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16 of its own
+                a = t.view(__import__("torch").int16).numpy().view(_dt.DTYPES["bfloat16"])
+            else:
+                a = t.numpy()
+        elif hasattr(array, "__dlpack__"):
+            try:
+                a = np.from_dlpack(array)
+            except (TypeError, RuntimeError, BufferError, ValueError):
+                a = None
+        if a is None:
+            a = np.asarray(array)
+    assert a is not None
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    # (np.ascontiguousarray would make a 0-d array 1-d)
+    return a if a.flags.c_contiguous else a.copy(order="C")
+
+
+def _read_into(resp: Any, view: memoryview) -> int:
+    """Reads the body into view, in pieces of at most CHUNK; answers the bytes
+    read. An identity body is read by the http.client response underneath
+    urllib3's straight into view (urllib3's own readinto goes through a
+    temporary bytes object: one more copy of every byte)."""
+    fp = getattr(resp, "_fp", None)
+    direct = None
+    if fp is not None and not resp.headers.get("Content-Encoding"):
+        direct = getattr(fp, "readinto", None)
+    got, n = 0, view.nbytes
+    while got < n:
+        piece = view[got:min(got + CHUNK, n)]
+        k = direct(piece) if direct is not None else resp.readinto(piece)
+        if not k:
+            break
+        got += k
+    return got
+
+
+_LIKES = (None, "numpy", "jax", "torch")
+
+
+def _check_like(like: Optional[str]) -> None:
+    if like not in _LIKES:
+        raise ValueError(f"like='{like}' is not 'numpy', 'jax' or 'torch'")
+
+
+def _convert(a: np.ndarray, like: Optional[str]) -> Any:
+    if like is None or like == "numpy":
+        return a
+    if like == "jax":
+        import jax.numpy as jnp
+        return jnp.asarray(a)
+    if like == "torch":
+        import torch
+        if a.dtype == _dt.DTYPES["bfloat16"]:
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+        return torch.from_numpy(a.copy() if not a.flags.writeable else a)
+    raise ValueError(f"like='{like}' is not 'numpy', 'jax' or 'torch'")
+
+
+def _placement(device: Optional[str], memory_kind: Optional[str],
+               sharding: Optional[Sharding]) -> Dict[str, Any]:
+    q: Dict[str, Any] = {}
+    if sharding is not None:
+        q["sharding"] = sharding if isinstance(sharding, str) else _json.dumps(sharding)
+    if device is not None:
+        q["device"] = device
+    if memory_kind is not None:
+        q["memory_kind"] = memory_kind
+    return q
+
+
+def _read_token_file(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read().strip()
+
+
+class Client:
+    """A connection to one tstaged.
+
+    Args:
+        url: ``http://host:port``; default ``$TSTAGE_URL``, else
+            ``http://127.0.0.1:8470``.
+        token: the bearer token; default the contents of ``token_file``.
+        token_file: default ``$TSTAGE_TOKEN_FILE``.
+        unix_socket: serve over this Unix socket instead of TCP (tstaged
+            ``--unix-socket``); default ``$TSTAGE_UNIX_SOCKET``.
+        timeout: seconds a request may wait for its answer.
+        retries: how many times a request is sent again where its answer says
+            that is safe (see ``tstage._transport``); 0 never.
+        backoff: first delay between tries, seconds (doubling, with jitter).
+
+    The client is thread-safe (a pool of keep-alive connections) and a context
+    manager.
+    """
+
+    def __init__(self, url: Optional[str] = None, token: Optional[str] = None, *,
+                 token_file: Optional[str] = None, unix_socket: Optional[str] = None,
+                 timeout: float = 300.0, retries: int = 4, backoff: float = 0.1,
+                 max_backoff: float = 5.0) -> None:
+        url = url or os.environ.get("TSTAGE_URL") or "http://127.0.0.1:8470"
+        unix_socket = unix_socket or os.environ.get("TSTAGE_UNIX_SOCKET") or None
+        if token is None:
+            token_file = token_file or os.environ.get("TSTAGE_TOKEN_FILE") or None
+            if token_file:
+                token = _read_token_file(token_file)
+        self.url = url
+        self._t = Transport(url, unix_socket=unix_socket, token=token, timeout=timeout,
+                            retries=retries, backoff=backoff, max_backoff=max_backoff)
+
+    def close(self) -> None:
+        """Closes the pooled connections."""
+        self._t.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<tstage.Client {self._t.base}>"
+
+    # ---- node ----------------------------------------------------------------
+    def health(self) -> bool:
+        """Whether ``/readyz`` answers ready."""
+        try:
+            self._t.request("GET", "/readyz", idempotent=True)
+            return True
+        except TstageError:
+            return False
+
+    def backends(self) -> List[Dict[str, Any]]:
+        """Every backend this daemon knows (``cuda``, ``sim``, ``cpu``)."""
+        return self._t.json("GET", "/v1/backends")["backends"]
+
+    def devices(self) -> List[Dict[str, Any]]:
+        """Every device with its memories and their live stats."""
+        return self._t.json("GET", "/v1/devices")["devices"]
+
+    def device(self, device: str) -> Dict[str, Any]:
+        """One device (``sim:0``, ``cuda:1``, ``cpu:0``)."""
+        return self._t.json("GET", f"/v1/devices/{quote_name(device)}")
+
+    def memory_stats(self, device: str, memory_kind: str = "device") -> Dict[str, Any]:
+        """JAX's ``Device.memory_stats()`` for one space."""
+        return self._t.json("GET", f"/v1/devices/{quote_name(device)}/memory_stats",
+                            query={"memory_kind": memory_kind})
+
+    def memory(self) -> Dict[str, Any]:
+        """The dashboard view: every space's stats, array and transfer totals."""
+        return self._t.json("GET", "/v1/memory")
+
+    def reset_peak(self) -> Dict[str, Any]:
+        """Sets every space's peak to its current use."""
+        return self._t.json("POST", "/v1/memory:resetPeak", idempotent=True)
+
+    # ---- arrays --------------------------------------------------------------
+    def put(self, name: str, array: Any, *, device: Optional[str] = None,
+            memory_kind: Optional[str] = None, sharding: Optional[Sharding] = None,
+            overwrite: bool = True, if_match: Optional[str] = None) -> Dict[str, Any]:
+        """Uploads an array under ``name`` and answers its description.
+
+        ``array`` is a numpy array or anything with ``__dlpack__`` or
+        ``__array__`` (JAX, torch, lists...). Its bytes are streamed from its
+        own buffer in pieces (a C-contiguous little-endian array is not
+        copied). With a placement (``device``/``memory_kind`` or ``sharding``, a
+        saved name or a JSON sharding) the array is committed there.
+
+        Args:
+            overwrite: False refuses to replace an existing array
+                (:class:`AlreadyExists`).
+            if_match: replace only the version of this ETag
+                (:class:`EtagMismatch` otherwise).
+
+        Raises:
+            OutOfMemory: the target space cannot hold it (nothing was sent).
+        """
+        a = _as_numpy(array)
+        dtype = _dt.from_numpy(a.dtype)
+        flat = a.reshape(-1).view(np.uint8).data if a.size else memoryview(b"")
+        n = flat.nbytes
+        q = {"dtype": dtype, "shape": ",".join(str(d) for d in a.shape)}
+        q.update(_placement(device, memory_kind, sharding))
+        headers = {"Content-Type": "application/octet-stream", "Content-Length": str(n)}
+        if not overwrite:
+            headers["If-None-Match"] = "*"
+        if if_match:
+            headers["If-Match"] = if_match
+
+        def pieces() -> Iterator[memoryview]:
+            for off in range(0, n, CHUNK):
+                yield flat[off:off + CHUNK]
+
+        return self._t.json("PUT", f"/v1/arrays/{quote_name(name)}", query=q, body=pieces,
+                            headers=headers)
+
+    def _download(self, path: str, query: Dict[str, Any], like: Optional[str]) -> Any:
+        _check_like(like)
+        resp = self._t.request("GET", path, query=query, stream=True)
+        try:
+            dtype = _dt.to_numpy(resp.headers["X-Tstage-Dtype"])
+            shape = tuple(int(d) for d in _json.loads(resp.headers["X-Tstage-Shape"]))
+            out = np.empty(shape, dtype=dtype)
+            view = out.reshape(-1).view(np.uint8).data if out.size else memoryview(b"")
+            got = _read_into(resp, view)
+            if got != view.nbytes:
+                raise TstageError(f"download of {path} cut off at {got} of {view.nbytes} "
+                                  "bytes", status="DATA_LOSS")
+        finally:
+            resp.release_conn()
+        return _convert(out, like)
+
+    def get(self, name: str, index: Optional[Index] = None, *,
+            like: Optional[str] = None) -> Any:
+        """Downloads an array (or the slice ``index`` of it) as numpy.
+
+        ``index`` is numpy basic indexing: an int, a slice, ``...``, a tuple of
+        them, or tstaged's expression as a string (``"2:10:2,:,-1"``); only the
+        selected bytes are read on the server. The dtype and shape come from the
+        answer (bfloat16 as ``ml_dtypes.bfloat16``). ``like="jax"`` or
+        ``"torch"`` answers that library's array instead.
+        """
+        expr = "" if index is None else _index_expr(index)
+        q: Dict[str, Any] = {"index": expr} if expr else {}
+        return self._download(f"/v1/arrays/{quote_name(name)}/data", q, like)
+
+    def get_rows(self, name: str, rows: Sequence[int], *, like: Optional[str] = None) -> Any:
+        """Rows of axis 0 in the given order (repeats and negatives allowed), in
+        one request that reads only those rows: an ``[n, ...]`` array."""
+        rs = [int(r) for r in rows]
+        if not rs:
+            raise ValueError("get_rows needs at least one row")
+        return self._download(f"/v1/arrays/{quote_name(name)}/data",
+                              {"rows": ",".join(map(str, rs))}, like)
+
+    def info(self, name: str) -> Dict[str, Any]:
+        """An array's description: dtype, shape, sharding, shards, version, etag."""
+        return self._t.json("GET", f"/v1/arrays/{quote_name(name)}")
+
+    def exists(self, name: str) -> bool:
+        """Whether an array of that name exists."""
+        try:
+            self.info(name)
+            return True
+        except NotFound:
+            return False
+
+    def sharding(self, name: str, text: bool = False) -> Any:
+        """Which device holds which block of an array (``text``: as a table)."""
+        q = {"format": "text"} if text else None
+        resp = self._t.request("GET", f"/v1/arrays/{quote_name(name)}/sharding", query=q)
+        return resp.data.decode() if text else _json.loads(resp.data)
+
+    def delete(self, name: str) -> None:
+        """Deletes an array (readers in flight keep the version they hold)."""
+        self._t.request("DELETE", f"/v1/arrays/{quote_name(name)}")
+
+    def list(self, *, device: Optional[str] = None, memory_kind: Optional[str] = None,
+             page_size: Optional[int] = None) -> Iterator[Dict[str, Any]]:
+        """Every array (optionally of one device or memory kind), in name order,
+        fetching the pages as the iteration reaches them."""
+        token = None
+        while True:
+            page = self._t.json("GET", "/v1/arrays",
+                                query={"device": device, "memory_kind": memory_kind,
+                                       "page_size": page_size, "page_token": token})
+            yield from page.get("arrays", [])
+            token = page.get("next_page_token")
+            if not token:
+                return
+
+    # ---- moves ---------------------------------------------------------------
+    def _submit(self, path: str, body: Dict[str, Any], wait: bool, idempotent: bool,
+                timeout: Optional[float] = None) -> Any:
+        """POSTs an operation: the Operation, or with ``wait`` its result."""
+        resp = self._t.request("POST", path, json=body, query={"wait": True} if wait else None,
+                               idempotent=idempotent)
+        out = _json.loads(resp.data) if resp.data else {}
+        if resp.status == 202:
+            op = Operation(self, out)
+            return op.result(timeout=timeout) if wait else op
+        if not wait and isinstance(out, dict) and "done" in out and "name" in out \
+                and str(out.get("name", "")).startswith("operations/"):
+            return Operation(self, out)
+        return out
+
+    def device_put(self, name: str, *, device: Optional[str] = None,
+                   memory_kind: Optional[str] = None, sharding: Optional[Sharding] = None,
+                   wait: bool = False) -> Any:
+        """Moves an array (same name) to another device, memory kind or sharding.
+
+        Answers the :class:`Operation`, or with ``wait=True`` the moved array's
+        description.
+        """
+        body = _placement(device, memory_kind, None)
+        if sharding is not None:
+            body["sharding"] = sharding
+        return self._submit(f"/v1/arrays/{quote_name(name)}:put", body, wait, idempotent=True)
+
+    def copy(self, name: str, out: str, *, device: Optional[str] = None,
+             memory_kind: Optional[str] = None, sharding: Optional[Sharding] = None,
+             overwrite: bool = False, donate: bool = False, wait: bool = False) -> Any:
+        """Copies an array into a new one (``out``) at a placement; ``donate``
+        deletes the source when done. Answers the :class:`Operation`, or with
+        ``wait=True`` the new array's description."""
+        body: Dict[str, Any] = {"out": out}
+        body.update(_placement(device, memory_kind, None))
+        if sharding is not None:
+            body["sharding"] = sharding
+        if overwrite:
+            body["overwrite"] = True
+        if donate:
+            body["donate"] = True
+        return self._submit(f"/v1/arrays/{quote_name(name)}:copy", body, wait, idempotent=False)
+
+    def gather(self, name: str, rows: Union[Sequence[int], slice], out: str, *,
+               device: Optional[str] = None, memory_kind: Optional[str] = None) -> Dict[str, Any]:
+        """Rows of axis 0 (a list, or a slice) into a new array ``out`` at a
+        placement, moving only those rows; answers the new array."""
+        if isinstance(rows, slice):
+            r: Any = {"start": rows.start, "stop": rows.stop, "step": rows.step}
+        else:
+            r = [int(x) for x in rows]
+        o: Dict[str, Any] = {"name": out}
+        o.update(_placement(device, memory_kind, None))
+        res = self._submit(f"/v1/arrays/{quote_name(name)}:gather", {"rows": r, "out": o},
+                           wait=True, idempotent=False)
+        return res
+
+    # ---- safetensors ---------------------------------------------------------
+    def import_safetensors(self, source: Optional[PathOrFile] = None, *,
+                           server_path: Optional[str] = None, prefix: Optional[str] = None,
+                           device: Optional[str] = None, memory_kind: Optional[str] = None,
+                           sharding: Optional[Sharding] = None, overwrite: bool = True,
+                           wait: bool = True) -> Any:
+        """Imports every tensor of a safetensors file, all or nothing.
+
+        ``source`` is a local path, a binary file object (read from its
+        position) or bytes, streamed as the request body. ``server_path`` instead has tstaged read the file itself
+        (below its ``--data-dir``) as an operation: answered as an
+        :class:`Operation` unless ``wait``. Answers ``{"arrays": [...],
+        "metadata": {...}}``.
+        """
+        q: Dict[str, Any] = {"prefix": prefix, "overwrite": None if overwrite else False}
+        q.update(_placement(device, memory_kind, sharding))
+        if server_path is not None:
+            if source is not None:
+                raise ValueError("give source or server_path, not both")
+            resp = self._t.request("POST", "/v1/arrays:import", json={"path": server_path},
+                                   query=dict(q, wait=True if wait else None),
+                                   idempotent=False)
+            out = _json.loads(resp.data)
+            if resp.status == 202:
+                op = Operation(self, out)
+                return op.result() if wait else op
+            return out
+        if source is None:
+            raise ValueError("import_safetensors needs a source or a server_path")
+        resp = self._post_file("/v1/arrays:import", q, source, idempotent=overwrite)
+        return _json.loads(resp.data)
+
+    def _post_file(self, path: str, query: Dict[str, Any], source: Any,
+                   idempotent: bool) -> Any:
+        """POSTs a file (a path, a binary file object from its position, or
+        bytes) as the body, streamed in pieces with its Content-Length where
+        it can be known; sent again only when it can be re-read."""
+        if isinstance(source, (bytes, bytearray, memoryview)):
+            source = io.BytesIO(bytes(source))
+        own = not hasattr(source, "read")
+        f: BinaryIO = open(source, "rb") if own else source
+        try:
+            headers = {"Content-Type": "application/octet-stream"}
+            start: Optional[int] = None
+            try:
+                start = f.tell()
+                size = os.fstat(f.fileno()).st_size - start
+                headers["Content-Length"] = str(size)
+            except (OSError, AttributeError, io.UnsupportedOperation):
+                try:
+                    f.seek(0, io.SEEK_END)
+                    headers["Content-Length"] = str(f.tell() - (start or 0))
+                    f.seek(start or 0)
+                except (OSError, AttributeError, io.UnsupportedOperation, TypeError):
+                    start = None
+
+            def pieces() -> Iterator[bytes]:
+                if start is not None:
+                    f.seek(start)
+                while True:
+                    b = f.read(CHUNK)
+                    if not b:
+                        return
+                    yield b
+
+            return self._t.request("POST", path, query=query, body=pieces, headers=headers,
+                                   idempotent=idempotent and start is not None)
+        finally:
+            if own:
+                f.close()
+
+    def _get_file(self, path: str, query: Optional[Dict[str, Any]],
+                  file: Optional[PathOrFile]) -> Optional[bytes]:
+        """GETs a body into file (a path or a binary file object), or as bytes."""
+        resp = self._t.request("GET", path, query=query, stream=True)
+        try:
+            if file is None:
+                return resp.read()
+            own = not hasattr(file, "write")
+            f = open(file, "wb") if own else file  # type: ignore[arg-type]
+            try:
+                for piece in resp.stream(CHUNK):
+                    f.write(piece)  # type: ignore[union-attr]
+            finally:
+                if own:
+                    f.close()  # type: ignore[union-attr]
+            return None
+        finally:
+            resp.release_conn()
+
+    def export(self, names: Union[str, Sequence[str]],
+               file: Optional[PathOrFile] = None) -> Optional[bytes]:
+        """Arrays as one safetensors stream (their ``__metadata__`` included):
+        written to ``file`` (a path or a binary file object), or answered as
+        bytes."""
+        if isinstance(names, str):
+            names = [names]
+        return self._get_file("/v1/arrays:export", {"names": ",".join(names)}, file)
+
+    # ---- shardings -----------------------------------------------------------
+    def create_sharding(self, name: str, sharding: Dict[str, Any]) -> Dict[str, Any]:
+        """Saves a sharding under a name, for ``sharding=name`` later."""
+        return self._t.json("POST", "/v1/shardings", json={"name": name, "sharding": sharding})
+
+    def shardings(self) -> List[Dict[str, Any]]:
+        """The saved shardings."""
+        return self._t.json("GET", "/v1/shardings").get("shardings", [])
+
+    # ---- operations ----------------------------------------------------------
+    def operation(self, op_id: str) -> Operation:
+        """The operation of that id (``op-...`` or ``operations/op-...``)."""
+        op_id = op_id.rsplit("/", 1)[-1]
+        return Operation(self, self._t.json("GET", f"/v1/operations/{quote_name(op_id)}"))
+
+    def operations(self, state: Optional[str] = None,
+                   page_size: Optional[int] = None) -> List[Operation]:
+        """Operations, newest first, optionally only those in ``state``; every
+        page, following ``next_page_token`` where the server gives one."""
+        out: List[Operation] = []
+        token = None
+        while True:
+            body = self._t.json("GET", "/v1/operations",
+                                query={"state": state, "page_size": page_size,
+                                       "page_token": token})
+            out.extend(Operation(self, o) for o in body.get("operations", []))
+            token = body.get("next_page_token")
+            if not token:
+                return out
+
+    # ---- models --------------------------------------------------------------
+    def create_model(self, name: str, spec: Optional[Dict[str, Any]] = None, *,
+                     wait: bool = True, **fields: Any) -> Any:
+        """Creates a model (the guide's MLP: ``mlp``, ``loss``, ``optimizer``,
+        ``init``, ``placement``), given as ``spec`` or as keywords. Answers the
+        model's description, or with ``wait=False`` the creating
+        :class:`Operation`.
+
+        Raises:
+            OutOfMemory: its arrays do not fit (nothing is created).
+            AlreadyExists: the name, or one of its arrays' names, is taken.
+        """
+        body = dict(spec or {})
+        body.update(fields)
+        body["name"] = name
+        return self._submit("/v1/models", body, wait, idempotent=False)
+
+    def model(self, name: str) -> Dict[str, Any]:
+        """A model's description (``steps``, ``state``, its arrays...)."""
+        return self._t.json("GET", f"/v1/models/{quote_name(name)}")
+
+    def models(self) -> List[Dict[str, Any]]:
+        """Every model, in name order."""
+        return self._t.json("GET", "/v1/models").get("models", [])
+
+    def delete_model(self, name: str) -> None:
+        """Deletes a model and its parameter and state arrays."""
+        self._t.request("DELETE", f"/v1/models/{quote_name(name)}")
+
+    def analyze(self, model: Union[str, Dict[str, Any]], batch: Sequence[int], *,
+                placement: Optional[Dict[str, Any]] = None,
+                timeline: bool = False) -> Dict[str, Any]:
+        """The memory analysis of one step for a batch shape (XLA's
+        ``memory_analysis`` names, ``peak_device_bytes``, the ``timeline``),
+        before anything runs: of an existing model (its name), or of a spec
+        that does not exist yet (a dict), which allocates nothing."""
+        body: Dict[str, Any] = {"batch": [int(b) for b in batch]}
+        if placement is not None:
+            body["placement"] = placement
+        q = {"timeline": True} if timeline else None
+        if isinstance(model, str):
+            return self._t.json("POST", f"/v1/models/{quote_name(model)}:analyze", json=body,
+                                query=q, idempotent=True)
+        body["model"] = model
+        return self._t.json("POST", "/v1/models:analyze", json=body, query=q, idempotent=True)
+
+    def export_model(self, name: str, file: Optional[PathOrFile] = None) -> Optional[bytes]:
+        """A checkpoint: the model's arrays by role, its spec and step count, as
+        a safetensors file written to ``file`` (a path or a binary file
+        object), or answered as bytes.
+
+        Raises:
+            Aborted: a step is running on the model.
+        """
+        return self._get_file(f"/v1/models/{quote_name(name)}:export", None, file)
+
+    def import_model(self, source: Union[PathOrFile, bytes], *, name: Optional[str] = None,
+                     device: Optional[str] = None) -> Dict[str, Any]:
+        """Creates a model from a checkpoint of :meth:`export_model` (a path, a
+        binary file object or bytes), with exactly its bytes and step count;
+        ``name`` and ``device`` override the checkpoint's. Answers the model."""
+        resp = self._post_file("/v1/models:import", {"name": name, "device": device}, source,
+                               idempotent=False)
+        return _json.loads(resp.data)
+
+    def step(self, model: str, inputs: Union[str, Dict[str, Any]],
+             targets: Union[None, str, Dict[str, Any]] = None, *, steps: int = 1,
+             placement: Optional[Dict[str, Any]] = None, wait: bool = False,
+             timeout: Optional[float] = None, **fields: Any) -> Any:
+        """Runs ``steps`` training steps on ``inputs`` (and ``targets`` for
+        ``mse``), each an array name or :func:`rows` of a dataset array.
+
+        Answers the :class:`Operation` (progress in steps), or with ``wait=True``
+        the step report (``losses``, predicted and measured peaks, times).
+        """
+        body: Dict[str, Any] = {"inputs": inputs, "steps": int(steps)}
+        if targets is not None:
+            body["targets"] = targets
+        if placement is not None:
+            body["placement"] = placement
+        body.update(fields)
+        return self._submit(f"/v1/models/{quote_name(model)}:step", body, wait,
+                            idempotent=False, timeout=timeout)
+

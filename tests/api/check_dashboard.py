@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""check_dashboard.py MEM0 DOM0 MEM1 DOM1 ARRAY SPACE NBYTES [OP TOTAL] - checks the
+dashboard's DOM (as Chromium dumped it) against /v1/memory read at the same
+moment: one bar per space with its used, peak and limit; after the upload of
+ARRAY (NBYTES on SPACE, "device/memory_kind"), the array's row with that
+placement and the space's bytes in use grown by NBYTES, and operation OP in
+flight with TOTAL units to do.
+check_dashboard.py --spaces MEM DOM checks the spaces of one page only."""
+import html.parser
+import json
+import sys
+
+
+class Dom(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.spaces, self.arrays, self.errors, self.updated = {}, {}, [], False
+        self.operations = {}
+        self._in_error = False
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if "data-space" in a:
+            self.spaces[a["data-space"]] = {k: int(a["data-" + k]) for k in ("used", "peak", "limit")}
+        if "data-operation" in a:
+            self.operations[a["data-operation"]] = (int(a["data-done"]), int(a["data-total"]))
+        if "data-array" in a:
+            self.arrays[a["data-array"]] = a.get("data-placement", "")
+        if tag == "body" and "data-updated" in a:
+            self.updated = True
+        self._in_error = a.get("id") == "error"
+        if self._in_error and "display: block" in a.get("style", ""):
+            self.errors.append("")
+
+    def handle_data(self, data):
+        if self._in_error and self.errors:
+            self.errors[-1] += data
+
+
+def parse(path):
+    d = Dom()
+    d.feed(open(path, encoding="utf-8").read())
+    return d
+
+
+def spaces(mem):
+    return {f'{s["device"]}/{s["memory_kind"]}': s for s in json.load(open(mem))["spaces"]}
+
+
+def check(label, dom, mem):
+    if not dom.updated:
+        sys.exit(f"{label}: the page never finished a poll (errors: {dom.errors})")
+    if dom.errors:
+        sys.exit(f"{label}: the page shows an error: {dom.errors}")
+    want = spaces(mem)
+    if set(dom.spaces) != set(want):
+        sys.exit(f"{label}: the page draws spaces {sorted(dom.spaces)}, /v1/memory lists {sorted(want)}")
+    for key, s in want.items():
+        if dom.spaces[key]["limit"] != s["bytes_limit"]:
+            sys.exit(f"{label}: {key} limit {dom.spaces[key]['limit']}, /v1/memory says {s['bytes_limit']}")
+    return want
+
+
+def main():
+    if sys.argv[1] == "--spaces":
+        n = len(check("page", parse(sys.argv[3]), sys.argv[2]))
+        print(f"dashboard: {n} spaces drawn")
+        return
+    mem0, dom0, mem1, dom1, array, space, nbytes = sys.argv[1:8]
+    nbytes = int(nbytes)
+    before, after = parse(dom0), parse(dom1)
+    check("before", before, mem0)
+    check("after", after, mem1)
+    if array in before.arrays:
+        sys.exit(f"before: array '{array}' shown before its upload")
+    if array not in after.arrays:
+        sys.exit(f"after: array '{array}' not shown (rows: {sorted(after.arrays)})")
+    if after.arrays[array] != space:
+        sys.exit(f"after: array '{array}' placed at '{after.arrays[array]}', want '{space}'")
+    grown = after.spaces[space]["used"] - before.spaces[space]["used"]
+    if grown != nbytes:
+        sys.exit(f"after: {space} in use grew by {grown} bytes on the page, want {nbytes}")
+    if after.spaces[space]["peak"] < after.spaces[space]["used"]:
+        sys.exit(f"after: {space} peak below in use: {after.spaces[space]}")
+    if len(sys.argv) > 9:
+        op, total = sys.argv[8], int(sys.argv[9])
+        if op not in after.operations:
+            sys.exit(f"after: operation {op} in flight not shown (rows: {sorted(after.operations)})")
+        if after.operations[op][1] != total:
+            sys.exit(f"after: operation {op} shows a total of {after.operations[op][1]}, want {total}")
+    print(f"dashboard: {len(after.spaces)} spaces drawn; '{array}' shown on {space}, +{grown} bytes; "
+          f"{len(after.operations)} operation(s) in flight shown")
+
+
+if __name__ == "__main__":
+    main()

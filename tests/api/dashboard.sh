@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# dashboard.sh - GET /dashboard in headless Chromium against a live tstaged:
+# the page draws a bar for every (device, memory kind) space /v1/memory
+# lists, and after an upload it shows the array with its placement and the
+# space's bytes in use grown by the array's size, and a training run in
+# flight with its progress in steps; a screenshot goes to
+# build/dashboard.png. Then, with --token-file, the page (and the spec) are
+# behind the token as the API is.
+#
+# Chromium runs offline (--headless, no sandbox as root, no first-run
+# requests); --virtual-time-budget lets the page's fetches and first draw
+# finish before --dump-dom writes the DOM.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. tests/api/lib.sh
+
+CHROMIUM=${CHROMIUM:-$(command -v chromium || command -v chromium-browser || true)}
+[ -n "$CHROMIUM" ] || { echo "dashboard: no chromium (scripts/deps.sh installs it)" >&2; exit 1; }
+
+chrome() {
+	timeout 60 "$CHROMIUM" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
+		--no-first-run --disable-extensions --disable-background-networking \
+		--user-data-dir="$API_TMP/chrome" --virtual-time-budget=4000 "$@" 2>>"$API_TMP/chrome.log"
+}
+
+start_daemon dash
+base=http://127.0.0.1:$PORT
+curl -sf "$base/v1/memory" >"$API_TMP/memory0.json"
+chrome --dump-dom "$base/dashboard" >"$API_TMP/before.html"
+
+# 1 MiB on sim:0's pinned_host, committed
+head -c 1048576 /dev/urandom >"$API_TMP/mib"
+curl -sf -o /dev/null -X PUT --data-binary "@$API_TMP/mib" \
+	"$base/v1/arrays/dash.tokens?dtype=uint16&shape=512,1024&device=sim:0&memory_kind=pinned_host"
+curl -sf "$base/v1/memory" >"$API_TMP/memory1.json"
+# and a training run in flight: a 10-layer MLP stepping until cancelled
+curl -sf -o /dev/null -X POST "$base/v1/models?wait=true" \
+	-d '{"name": "dash", "mlp": {"layers": 10, "d_model": 256, "d_hidden": 1024}}'
+head -c 262144 /dev/zero >"$API_TMP/x"
+curl -sf -o /dev/null -X PUT --data-binary "@$API_TMP/x" "$base/v1/arrays/dash.x?dtype=float32&shape=256,256"
+op=$(curl -sf -X POST "$base/v1/models/dash:step" -d '{"inputs": "dash.x", "steps": 1000000}' |
+	python3 -c 'import json, sys; print(json.load(sys.stdin)["metadata"]["id"])')
+chrome --dump-dom "$base/dashboard" >"$API_TMP/after.html"
+mkdir -p build
+chrome --window-size=1280,1000 --hide-scrollbars --screenshot="$PWD/build/dashboard.png" \
+	"$base/dashboard" >/dev/null
+[ -s build/dashboard.png ] || { echo "dashboard: no screenshot written" >&2; exit 1; }
+
+curl -sf -o /dev/null -X POST "$base/v1/operations/$op:cancel"
+python3 tests/api/check_dashboard.py "$API_TMP/memory0.json" "$API_TMP/before.html" \
+	"$API_TMP/memory1.json" "$API_TMP/after.html" dash.tokens sim:0/pinned_host 1048576 \
+	"$op" 1000000
+
+# behind the token, as /v1 is; the health routes stay open. A browser is
+# asked for the token (Basic, the token as the password): Chromium given it
+# in the URL draws the page from calls that carry it.
+token=dash-secret-0123456789
+printf '%s\n' "$token" >"$API_TMP/token"
+start_daemon tok --token-file "$API_TMP/token"
+tbase=http://127.0.0.1:$PORT
+status() { curl -s -o /dev/null -w '%{http_code}' "$@"; }
+for path in /dashboard /openapi.yaml; do
+	for how in none bearer basic wrong; do
+		case $how in
+		none) code=$(status "$tbase$path"); want=401 ;;
+		bearer) code=$(status -H "Authorization: Bearer $token" "$tbase$path"); want=200 ;;
+		basic) code=$(status -u "ops:$token" "$tbase$path"); want=200 ;;
+		wrong) code=$(status -u "ops:x$token" "$tbase$path"); want=401 ;;
+		esac
+		[ "$code" = "$want" ] ||
+			{ echo "dashboard: $path, token $how: $code, want $want" >&2; exit 1; }
+	done
+done
+curl -s -D - -o /dev/null "$tbase/dashboard" | grep -qi '^WWW-Authenticate: Basic' ||
+	{ echo "dashboard: no Basic challenge on /dashboard" >&2; exit 1; }
+[ "$(status "$tbase/livez")" = 200 ] || { echo "dashboard: /livez behind a token" >&2; exit 1; }
+curl -sf -u "ops:$token" "$tbase/v1/memory" >"$API_TMP/memory2.json"
+chrome --dump-dom "http://ops:$token@127.0.0.1:$PORT/dashboard" >"$API_TMP/token.html"
+python3 tests/api/check_dashboard.py --spaces "$API_TMP/memory2.json" "$API_TMP/token.html"
+echo "dashboard: spaces drawn, upload shown, screenshot in build/dashboard.png, token enforced"
