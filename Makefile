@@ -17,6 +17,13 @@ CUDA := $(if $(NVCC),1,0)
 endif
 
 SANITIZE  ?=
+# DEBUG=1: the costlier invariant checks (TS_DEBUG: a published array
+# version is sealed and checked unmodified); on in every sanitizer build,
+# off in release. A plain DEBUG=1 build has a folder of its own.
+DEBUG     ?= $(if $(SANITIZE),1,0)
+ifeq ($(DEBUG)$(SANITIZE),1)
+BUILD     ?= build/debug
+endif
 # FAULT=1: the fault-injection build (common/fault.h), in a folder of its own
 FAULT     ?= 0
 ifeq ($(FAULT),1)
@@ -46,6 +53,10 @@ TS_LDFLAGS := -pthread
 
 ifeq ($(FAULT),1)
 TS_CPPFLAGS += -DTS_FAULT_BUILD=1
+endif
+
+ifeq ($(DEBUG),1)
+TS_CPPFLAGS += -DTS_DEBUG=1
 endif
 
 ifneq ($(SANITIZE),)
@@ -182,6 +193,7 @@ FUZZ_safetensors := formats/safetensors.c formats/dtype.c
 FUZZ_sharding := handlers/sharding_json.c storage/sharding.c
 FUZZ_model_spec := handlers/model_spec.c
 FUZZ_rows    := formats/index.c
+FUZZ_lease   := server/lease_proto.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)

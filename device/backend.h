@@ -112,13 +112,35 @@ struct ts__pinned_ops {
 	                   void **out, struct ts_error *err);
 	void (*free)(void *ctx, void *p, size_t size);
 	void *ctx;
-	const char *source;             /* "cudaHostAlloc" or "mmap" */
+	const char *source;             /* "cudaHostAlloc", "memfd+cudaHostRegister", "memfd" */
 };
+
+/*
+ * The shareable host mappings of a device set (hostmem.c): memfd mappings
+ * by base address, so that an address can be named as (descriptor, offset).
+ * One per set, shared by its devices.
+ */
+struct ts__host_map {
+	uintptr_t base;
+	size_t size;
+	int fd;
+};
+
+struct ts__host_maps {
+	pthread_mutex_t mu;
+	struct ts__host_map *maps;      /* guarded by: mu; sorted by base */
+	size_t n, cap;                  /* guarded by: mu */
+};
+
+/* An empty table; frees one whose mappings are all gone. */
+void ts__host_maps_init(struct ts__host_maps *m);
+void ts__host_maps_release(struct ts__host_maps *m);
 
 struct ts_device {
 	struct ts_device_props props;           /* immutable after discovery */
 	const struct ts__backend_ops *ops;      /* immutable */
 	const struct ts__pinned_ops *pinned;    /* the set's; immutable after discovery */
+	struct ts__host_maps *host_maps;        /* the set's; immutable after discovery */
 	void *impl;                             /* the backend's */
 	atomic_bool broken;                     /* set once, by a sticky error */
 	_Atomic uint64_t copies;                /* copies accepted by its queues */
@@ -137,6 +159,7 @@ struct ts__discover_ctx {
 	const char *host;                       /* node name for props.host */
 	int sim_devices;                        /* resolved count (>= 0) for sim */
 	struct ts__pinned_ops *pinned;          /* the set's: CUDA replaces it */
+	struct ts__host_maps *host_maps;        /* the set's */
 	struct ts_device **devices;             /* owned by the set being built */
 	size_t count, cap;
 };
@@ -196,9 +219,11 @@ ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
 /* ---- host memory (hostmem.c) --------------------------------------------- */
 
 /*
- * Anonymous page-aligned host memory of exactly size bytes, never touched
- * here. noreserve maps it without reserving swap (MAP_NORESERVE), for sim
- * device memory whose capacity may exceed what the host would commit.
+ * Page-aligned host memory of exactly size bytes, never touched here: a
+ * shareable memfd mapping (ts_host_mem_share), or anonymous pages when no
+ * memfd can be had. noreserve maps anonymous pages without reserving swap
+ * (MAP_NORESERVE), for sim device memory whose capacity may exceed what the
+ * host would commit. Shareable mappings are entered in dev->host_maps.
  * Fails with RESOURCE_EXHAUSTED (ts__oom wording, host MemAvailable as the
  * free figure). Owned by the caller; release with ts__host_pages_free.
  */
@@ -206,10 +231,11 @@ ts_status ts__host_pages_alloc(const struct ts_device *dev,
                                enum ts_memory_kind kind, size_t size,
                                bool noreserve, void **out,
                                struct ts_error *err);
-void ts__host_pages_free(void *p, size_t size);
+void ts__host_pages_free(const struct ts_device *dev, void *p, size_t size);
 
-/* The pinned provider without CUDA: host pages (see ts__host_pages_alloc). */
-void ts__pinned_ops_default(struct ts__pinned_ops *ops);
+/* The pinned provider without CUDA: host pages (see ts__host_pages_alloc)
+ * entered in maps (its ctx). */
+void ts__pinned_ops_default(struct ts__pinned_ops *ops, struct ts__host_maps *maps);
 
 /* MemAvailable and MemTotal of /proc/meminfo, in bytes; an errno-translated
  * failure when it cannot be read. */

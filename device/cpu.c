@@ -34,7 +34,7 @@ static ts_status cpu_mem_alloc(struct ts_device *dev, size_t size, void **out,
 
 static void cpu_mem_free(struct ts_device *dev, void *p, size_t size)
 {
-	ts__host_pages_free(p, size);
+	ts__host_pages_free(dev, p, size);
 }
 
 static ts_status cpu_copy(struct ts_device *dev, void *dst, const void *src,

@@ -7,7 +7,13 @@
  * cudaMemcpyAsync (D2D with cudaMemcpyDefault, so peers copy directly where
  * peer access could be enabled, and through the driver otherwise). Once a
  * device exists, pinned host memory for every device of the set comes from
- * cudaHostAlloc(cudaHostAllocPortable), in the context of any healthy GPU.
+ * cudaHostAlloc(cudaHostAllocPortable), in the context of any healthy GPU;
+ * with cfg->shareable_pinned (the lease service is on) it is memfd host
+ * pages (hostmem.c) pinned with cudaHostRegister(Portable) instead, so that
+ * it can be shared. That path is exercised by the GPU suite (tests/gpu):
+ * the CPU stand-in of libcudart has no cudaHostRegister, so the two calls
+ * are looked up at run time (dlsym) and only when the path is chosen, and
+ * nothing the stand-in runs chooses it.
  *
  * Every cudaError_t is translated in cuda_fail() and nowhere else: an error
  * that corrupts the context (illegal address, launch failure, ECC, ...) is
@@ -21,12 +27,14 @@
  * the calling thread's current device first (cudaSetDevice), since callers
  * come from any thread. The CUDA runtime serialises the rest.
  */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cuda_runtime.h>
 
+#include "common/log.h"
 #include "device/backend.h"
 
 struct cuda_dev {
@@ -237,9 +245,34 @@ static void cuda_mem_free(struct ts_device *dev, void *p, size_t size)
  * memory refused (UNAVAILABLE naming them).
  */
 struct cuda_pinned {
+	/* immutable; both set for memfd pages registered with cudaHostRegister,
+	 * both NULL for cudaHostAlloc */
+	cudaError_t (*host_register)(void *p, size_t size, unsigned int flags);
+	cudaError_t (*host_unregister)(void *p);
 	size_t n;
 	struct ts_device *gpus[];       /* immutable: the set's GPUs, in order */
 };
+
+/* Host pages of size bytes registered (pinned, portable) in gpu's context. */
+static ts_status register_pages(const struct cuda_pinned *cp, struct ts_device *gpu,
+                                struct ts_device *dev, size_t size,
+                                const struct alloc_ask *ask, void **out,
+                                struct ts_error *err)
+{
+	void *p = NULL;
+	ts_status st = ts__host_pages_alloc(dev, TS_MEM_PINNED_HOST, size, false, &p, err);
+
+	if (st != TS_OK)
+		return st;
+	st = cuda_fail(gpu, cp->host_register(p, size, cudaHostRegisterPortable),
+	               "cudaHostRegister", ask, err);
+	if (st != TS_OK) {
+		ts__host_pages_free(dev, p, size);
+		return st;
+	}
+	*out = p;
+	return TS_OK;
+}
 
 /* The GPU whose context pins memory asked for dev: dev itself when it is a
  * healthy GPU, else the first healthy one; NULL when every GPU is broken. */
@@ -267,7 +300,9 @@ static ts_status cuda_pinned_alloc(void *ctx, struct ts_device *dev, size_t size
 	/* a GPU that breaks meanwhile hands the request on to the next one */
 	while ((gpu = pinning_gpu(cp, dev)) != NULL) {
 		st = cuda_enter(gpu, err);
-		if (st == TS_OK)
+		if (st == TS_OK && cp->host_register)
+			st = register_pages(cp, gpu, dev, size, &ask, &p, err);
+		else if (st == TS_OK)
 			st = cuda_fail(gpu, cudaHostAlloc(&p, size, cudaHostAllocPortable),
 			               "cudaHostAlloc", &ask, err);
 		if (st == TS_OK) {
@@ -296,6 +331,11 @@ static void cuda_pinned_free(void *ctx, void *p, size_t size)
 	/* with every GPU broken the memory stays mapped until the process ends */
 	if (!gpu || cuda_enter(gpu, NULL) != TS_OK)
 		return;
+	if (cp->host_register) {
+		cuda_fail(gpu, cp->host_unregister(p), "cudaHostUnregister", NULL, NULL);
+		ts__host_pages_free(gpu, p, size);      /* the set's table, as every device's */
+		return;
+	}
 	cuda_fail(gpu, cudaFreeHost(p), "cudaFreeHost", NULL, NULL);
 }
 
@@ -739,10 +779,25 @@ ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
 		return ts_error_oom(err, "cuda: out of memory during discovery");
 	cp->n = ctx->count - first;
 	memcpy(cp->gpus, ctx->devices + first, cp->n * sizeof cp->gpus[0]);
+	cp->host_register = NULL;
+	cp->host_unregister = NULL;
+	if (ctx->cfg->shareable_pinned) {
+		/* looked up here, not linked: see the file's comment */
+		void *reg = dlsym(RTLD_DEFAULT, "cudaHostRegister");
+		void *unreg = dlsym(RTLD_DEFAULT, "cudaHostUnregister");
+
+		if (reg && unreg) {
+			memcpy(&cp->host_register, &reg, sizeof reg);
+			memcpy(&cp->host_unregister, &unreg, sizeof unreg);
+		} else {
+			ts_log(TS_LOG_WARN, NULL, "cuda: this libcudart has no cudaHostRegister: "
+			       "pinned_host memory stays cudaHostAlloc, not shareable by leases");
+		}
+	}
 	((struct cuda_dev *)ctx->devices[first]->impl)->pinned = cp;
 	ctx->pinned->alloc = cuda_pinned_alloc;
 	ctx->pinned->free = cuda_pinned_free;
 	ctx->pinned->ctx = cp;
-	ctx->pinned->source = "cudaHostAlloc";
+	ctx->pinned->source = cp->host_register ? "memfd+cudaHostRegister" : "cudaHostAlloc";
 	return TS_OK;
 }

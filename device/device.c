@@ -30,6 +30,7 @@ struct ts_device_set {
 	size_t count;
 	struct ts_backend_info info[TS_BACKEND_COUNT];
 	struct ts__pinned_ops pinned;               /* immutable after new */
+	struct ts__host_maps host_maps;             /* its devices' shareable host memory */
 };
 
 static const char *const memory_kind_names[TS_MEM_KIND_COUNT] = {
@@ -124,6 +125,7 @@ struct ts_device *ts__device_new(struct ts__discover_ctx *ctx,
 	dev->props.simulated = backend == TS_BACKEND_SIM;
 	dev->ops = ops;
 	dev->pinned = ctx->pinned;
+	dev->host_maps = ctx->host_maps;
 	atomic_init(&dev->broken, false);
 	atomic_init(&dev->copies, 0);
 	for (int k = 0; k <= TS_COPY_H2H; k++)
@@ -212,11 +214,13 @@ ts_status ts_device_set_new(const struct ts_device_config *cfg,
 	set = calloc(1, sizeof *set);
 	if (!set)
 		return ts_error_oom(err, "device set: out of memory");
-	ts__pinned_ops_default(&set->pinned);
+	ts__host_maps_init(&set->host_maps);
+	ts__pinned_ops_default(&set->pinned, &set->host_maps);
 	resolve_host(cfg, host, sizeof host);
 	ctx.cfg = cfg;
 	ctx.host = host;
 	ctx.pinned = &set->pinned;
+	ctx.host_maps = &set->host_maps;
 
 	st = ts__cuda_discover(&ctx, &set->info[TS_BACKEND_CUDA], err);
 	if (st != TS_OK)
@@ -241,6 +245,7 @@ out_free:
 	for (size_t i = ctx.count; i-- > 0;)
 		device_release(ctx.devices[i]);
 	free(ctx.devices);
+	ts__host_maps_release(&set->host_maps);
 	free(set);
 	return st;
 }
@@ -253,6 +258,7 @@ void ts_device_set_free(struct ts_device_set *set)
 	for (size_t i = set->count; i-- > 0;)
 		device_release(set->devices[i]);
 	free(set->devices);
+	ts__host_maps_release(&set->host_maps);
 	free(set);
 }
 
@@ -322,17 +328,15 @@ static ts_status refuse_broken(const struct ts_device *dev, struct ts_error *err
 	                    dev->props.id);
 }
 
-static ts_status bad_argument(struct ts_error *err, const char *what)
-{
-	return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT", "%s", what);
-}
+/* Bad input, through the one helper (common/status.h). */
+#define BAD_ARGUMENT(err, what) ts_error_bad((err), "INVALID_ARGUMENT", NULL, "%s", (what))
 
 ts_status ts_device_mem_alloc(struct ts_device *dev, enum ts_memory_kind kind,
                               size_t size, void **out, struct ts_error *err)
 {
 	*out = NULL;
 	if (!dev || (unsigned)kind >= TS_MEM_KIND_COUNT)
-		return bad_argument(err, "device memory allocation: no device or unknown memory kind");
+		return BAD_ARGUMENT(err, "device memory allocation: no device or unknown memory kind");
 	if (size == 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "%s/%s: cannot allocate 0 bytes", dev->props.id,
@@ -363,7 +367,7 @@ void ts_device_mem_free(struct ts_device *dev, enum ts_memory_kind kind,
 		dev->pinned->free(dev->pinned->ctx, p, size);
 		break;
 	case TS_MEM_UNPINNED_HOST:
-		ts__host_pages_free(p, size);
+		ts__host_pages_free(dev, p, size);
 		break;
 	default:
 		break;
@@ -373,7 +377,7 @@ void ts_device_mem_free(struct ts_device *dev, enum ts_memory_kind kind,
 ts_status ts_device_sync(struct ts_device *dev, struct ts_error *err)
 {
 	if (!dev)
-		return bad_argument(err, "device sync: no device");
+		return BAD_ARGUMENT(err, "device sync: no device");
 	if (ts_device_broken(dev))
 		return refuse_broken(dev, err);
 	return dev->ops->device_sync(dev, err);
@@ -386,7 +390,7 @@ ts_status ts_device_mem_info(struct ts_device *dev, uint64_t *free_bytes,
 	ts_status st;
 
 	if (!dev)
-		return bad_argument(err, "device memory info: no device");
+		return BAD_ARGUMENT(err, "device memory info: no device");
 	if (ts_device_broken(dev))
 		return refuse_broken(dev, err);
 	st = dev->ops->mem_info(dev, &f, &t, err);
@@ -407,7 +411,7 @@ ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,
 
 	*out = NULL;
 	if (!dev)
-		return bad_argument(err, "queue: no device");
+		return BAD_ARGUMENT(err, "queue: no device");
 	if (ts_device_broken(dev))
 		return refuse_broken(dev, err);
 	st = dev->ops->queue_new(dev, &q, err);
@@ -462,7 +466,7 @@ ts_status ts_queue_copy(struct ts_queue *q, void *dst, const void *src,
 	ts_status st;
 
 	if (!q || (unsigned)kind > TS_COPY_H2H)
-		return bad_argument(err, "copy: no queue or unknown copy kind");
+		return BAD_ARGUMENT(err, "copy: no queue or unknown copy kind");
 	if (n == 0)
 		return TS_OK;
 	if (!dst || !src)
@@ -504,7 +508,7 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
                            struct ts_error *err)
 {
 	if (!q || !fn)
-		return bad_argument(err, "host function: no queue or no function");
+		return BAD_ARGUMENT(err, "host function: no queue or no function");
 	if (ts_device_broken(q->dev))
 		return refuse_broken(q->dev, err);
 	return q->dev->ops->queue_host_fn(q, fn, arg, err);
@@ -513,7 +517,7 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 ts_status ts_queue_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err)
 {
 	if (!q)
-		return bad_argument(err, "reserve: no queue");
+		return BAD_ARGUMENT(err, "reserve: no queue");
 	if (!q->dev->ops->queue_reserve)
 		return TS_OK;
 	return q->dev->ops->queue_reserve(q, jobs, err);
@@ -523,7 +527,7 @@ ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,
                               struct ts_error *err)
 {
 	if (!q || !ev)
-		return bad_argument(err, "wait: no queue or no event");
+		return BAD_ARGUMENT(err, "wait: no queue or no event");
 	if (q->dev->ops->events != ev->dev->ops->events)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "a queue of %s cannot wait on an event of %s",
@@ -536,7 +540,7 @@ ts_status ts_queue_wait_event(struct ts_queue *q, struct ts_event *ev,
 ts_status ts_queue_sync(struct ts_queue *q, struct ts_error *err)
 {
 	if (!q)
-		return bad_argument(err, "queue sync: no queue");
+		return BAD_ARGUMENT(err, "queue sync: no queue");
 	if (ts_device_broken(q->dev))
 		return refuse_broken(q->dev, err);
 	return q->dev->ops->queue_sync(q, err);
@@ -552,7 +556,7 @@ ts_status ts_event_new(struct ts_device *dev, struct ts_event **out,
 
 	*out = NULL;
 	if (!dev)
-		return bad_argument(err, "event: no device");
+		return BAD_ARGUMENT(err, "event: no device");
 	if (ts_device_broken(dev))
 		return refuse_broken(dev, err);
 	st = dev->ops->event_new(dev, &ev, err);
@@ -573,7 +577,7 @@ ts_status ts_event_record(struct ts_event *ev, struct ts_queue *q,
                           struct ts_error *err)
 {
 	if (!ev || !q)
-		return bad_argument(err, "record: no event or no queue");
+		return BAD_ARGUMENT(err, "record: no event or no queue");
 	if (ev->dev != q->dev)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "an event of %s cannot be recorded on a queue of %s",
@@ -593,7 +597,7 @@ bool ts_event_done(struct ts_event *ev)
 ts_status ts_event_sync(struct ts_event *ev, struct ts_error *err)
 {
 	if (!ev)
-		return bad_argument(err, "event sync: no event");
+		return BAD_ARGUMENT(err, "event sync: no event");
 	if (ts_device_broken(ev->dev))
 		return refuse_broken(ev->dev, err);
 	return ev->dev->ops->event_sync(ev, err);

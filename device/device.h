@@ -99,6 +99,9 @@ struct ts_device_config {
 	uint64_t sim_device_memory; /* capacity of each sim device, bytes; 0: 2 GiB */
 	bool cuda;                /* try the CUDA backend (false: skip it) */
 	const char *host;         /* node name reported; NULL: gethostname() */
+	bool shareable_pinned;    /* CUDA: pinned host memory as memfd pages pinned with
+	                           * cudaHostRegister (shareable by leases), not
+	                           * cudaHostAlloc; without CUDA it is memfd anyway */
 };
 
 /* Per-backend discovery outcome, for GET /v1/backends. */
@@ -274,5 +277,19 @@ ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const cha
 
 /* true once the device hit an unrecoverable (sticky) error; readiness drops. */
 bool ts_device_broken(const struct ts_device *dev);
+
+/*
+ * A descriptor of the shareable host mapping holding [p, p + len) (host
+ * pages of pinned or pageable host memory of dev's set, hostmem.c: any
+ * device of the set answers the same), and p's offset in it
+ * into *offset: read-only (a new read-only open of the memfd, which a
+ * receiver can map only PROT_READ) or, with writable, read-write. The
+ * caller owns the descriptor (close-on-exec). A negative errno when p is in
+ * no shareable mapping (-ENOENT: device memory, cudaHostAlloc memory,
+ * anonymous fallback pages) or a descriptor cannot be made. Thread-safe;
+ * the caller keeps the memory alive meanwhile.
+ */
+int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
+                      bool writable, uint64_t *offset);
 
 #endif

@@ -1,20 +1,38 @@
 /*
- * hostmem.c - host memory for every backend: page-aligned anonymous mappings
+ * hostmem.c - host memory for every backend: page-aligned shareable mappings
  * and the host's memory figures.
  *
+ * Host pages (pageable host memory, and "pinned" host memory without CUDA)
+ * are memfd files mapped MAP_SHARED, so that any host allocation can be
+ * named as (descriptor, offset, length) and handed to a process on the same
+ * node (the lease service, server/lease.c). The file is sized once and
+ * sealed against shrinking and growing, so no holder of the descriptor can
+ * truncate pages under the daemon. Each holds a descriptor until it is
+ * freed: mappings take at most half of RLIMIT_NOFILE, so that connections
+ * and files keep theirs; past that, or when no memfd can be made, the
+ * mapping is anonymous and simply not shareable. Sim device
+ * memory (noreserve) stays anonymous: it stands for device memory.
+ *
  * Mappings are made with exactly the size asked for and never touched here:
- * the first touch (and so the cost of faulting pages in) is the caller's.
- * Without CUDA, "pinned" host memory is such a mapping too; it is not locked
+ * the first touch (and so the cost of faulting pages in) is the caller's; a
+ * memfd's pages, like anonymous ones, exist only once touched. Without
+ * CUDA, "pinned" host memory is such a mapping too; it is not locked
  * (locking needs privileges the daemon should not require).
  *
- * Thread-safety: every function is safe from any thread; nothing is shared.
+ * Thread-safety: every function is safe from any thread; the table of
+ * shareable mappings (one per device set, backend.h) is guarded by its
+ * mutex.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "device/backend.h"
 
@@ -54,16 +72,182 @@ ts_status ts__host_meminfo(uint64_t *avail, uint64_t *total,
 	return TS_OK;
 }
 
+/* ---- the table of shareable mappings ---------------------------------------- */
+
+void ts__host_maps_init(struct ts__host_maps *m)
+{
+	pthread_mutex_init(&m->mu, NULL);
+	m->maps = NULL;
+	m->n = m->cap = 0;
+}
+
+void ts__host_maps_release(struct ts__host_maps *m)
+{
+	free(m->maps);
+	m->maps = NULL;
+	pthread_mutex_destroy(&m->mu);
+}
+
+/* Index of the first mapping whose base is > addr. */
+static size_t maps_upper_locked(const struct ts__host_maps *m, uintptr_t addr)
+{
+	size_t lo = 0, hi = m->n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (m->maps[mid].base <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static bool maps_add(struct ts__host_maps *m, uintptr_t base, size_t size, int fd)
+{
+	bool ok = true;
+	size_t i;
+
+	pthread_mutex_lock(&m->mu);
+	if (m->n == m->cap) {
+		size_t cap = m->cap ? m->cap * 2 : 64;
+		struct ts__host_map *grown = realloc(m->maps, cap * sizeof *grown);
+
+		if (!grown) {
+			ok = false;
+			goto out;
+		}
+		m->maps = grown;
+		m->cap = cap;
+	}
+	i = maps_upper_locked(m, base);
+	memmove(&m->maps[i + 1], &m->maps[i], (m->n - i) * sizeof *m->maps);
+	m->maps[i] = (struct ts__host_map){base, size, fd};
+	m->n++;
+out:
+	pthread_mutex_unlock(&m->mu);
+	return ok;
+}
+
+/* Removes the mapping based at base; its descriptor, or -1 when none. */
+static int maps_remove(struct ts__host_maps *m, uintptr_t base)
+{
+	int fd = -1;
+	size_t i;
+
+	pthread_mutex_lock(&m->mu);
+	i = maps_upper_locked(m, base);
+	if (i > 0 && m->maps[i - 1].base == base) {
+		fd = m->maps[i - 1].fd;
+		memmove(&m->maps[i - 1], &m->maps[i], (m->n - i) * sizeof *m->maps);
+		m->n--;
+	}
+	pthread_mutex_unlock(&m->mu);
+	return fd;
+}
+
+int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
+                      bool writable, uint64_t *offset)
+{
+	struct ts__host_maps *m = dev->host_maps;
+	uintptr_t a = (uintptr_t)p;
+	char path[64];
+	int fd, src;
+	size_t i;
+
+	pthread_mutex_lock(&m->mu);
+	i = maps_upper_locked(m, a);
+	if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
+	    len <= m->maps[i - 1].size - (a - m->maps[i - 1].base)) {
+		*offset = a - m->maps[i - 1].base;
+		src = m->maps[i - 1].fd;
+		/* a descriptor of its own, opened while the table still holds src:
+		 * read-only opens a new read-only file description of the memfd */
+		if (writable) {
+			fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
+		} else {
+			snprintf(path, sizeof path, "/proc/self/fd/%d", src);
+			fd = open(path, O_RDONLY | O_CLOEXEC);
+		}
+		if (fd < 0)
+			fd = -errno;
+	} else {
+		fd = -ENOENT;
+	}
+	pthread_mutex_unlock(&m->mu);
+	return fd;
+}
+
+/* Whether another mapping may hold a descriptor (half of RLIMIT_NOFILE). */
+static bool maps_budget_left(struct ts__host_maps *m)
+{
+	struct rlimit rl;
+	size_t n;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return false;
+	pthread_mutex_lock(&m->mu);
+	n = m->n;
+	pthread_mutex_unlock(&m->mu);
+	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
+}
+
+/* A memfd of size bytes mapped shared, sealed at its size and entered in
+ * m; NULL (errno set) when no memfd can be made or the descriptor budget
+ * is spent (EMFILE). */
+static void *shared_pages(struct ts__host_maps *m, size_t size)
+{
+	void *p = MAP_FAILED;
+	int fd, e;
+
+	if (!maps_budget_left(m)) {
+		errno = EMFILE;
+		return NULL;
+	}
+	fd = memfd_create("tstage-host", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return NULL;
+	if (ftruncate(fd, (off_t)size) != 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+		goto fail;
+	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		goto fail;
+	if (!maps_add(m, (uintptr_t)p, size, fd)) {
+		errno = ENOMEM;
+		goto fail;
+	}
+	return p;
+
+fail:
+	e = errno;
+	if (p != MAP_FAILED)
+		munmap(p, size);
+	close(fd);
+	errno = e;
+	return NULL;
+}
+
+/* ---- host pages ------------------------------------------------------------- */
+
 ts_status ts__host_pages_alloc(const struct ts_device *dev,
                                enum ts_memory_kind kind, size_t size,
                                bool noreserve, void **out,
                                struct ts_error *err)
 {
 	int flags = MAP_PRIVATE | MAP_ANONYMOUS | (noreserve ? MAP_NORESERVE : 0);
-	void *p;
+	void *p = NULL;
 
 	*out = NULL;
-	p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
+	if (!noreserve)
+		p = shared_pages(dev->host_maps, size);
+	/* ENOMEM and ENOSPC (memory or tmpfs limits) are an answer; any other
+	 * failure (descriptors exhausted) falls back to anonymous pages */
+	if (!p && !noreserve && (errno == ENOMEM || errno == ENOSPC))
+		p = MAP_FAILED;
+	else if (!p)
+		p = mmap(NULL, size, PROT_READ | PROT_WRITE, flags, -1, 0);
 	if (p == MAP_FAILED) {
 		int e = errno;
 		uint64_t avail = 0, total = 0;
@@ -81,10 +265,21 @@ ts_status ts__host_pages_alloc(const struct ts_device *dev,
 	return TS_OK;
 }
 
-void ts__host_pages_free(void *p, size_t size)
+static void pages_free(struct ts__host_maps *m, void *p, size_t size)
 {
-	if (p)
-		munmap(p, size);
+	int fd;
+
+	if (!p)
+		return;
+	fd = maps_remove(m, (uintptr_t)p);
+	munmap(p, size);
+	if (fd >= 0)
+		close(fd);
+}
+
+void ts__host_pages_free(const struct ts_device *dev, void *p, size_t size)
+{
+	pages_free(dev->host_maps, p, size);
 }
 
 static ts_status pinned_pages_alloc(void *ctx, struct ts_device *dev, size_t size,
@@ -95,13 +290,13 @@ static ts_status pinned_pages_alloc(void *ctx, struct ts_device *dev, size_t siz
 
 static void pinned_pages_free(void *ctx, void *p, size_t size)
 {
-	ts__host_pages_free(p, size);
+	pages_free(ctx, p, size);
 }
 
-void ts__pinned_ops_default(struct ts__pinned_ops *ops)
+void ts__pinned_ops_default(struct ts__pinned_ops *ops, struct ts__host_maps *maps)
 {
 	ops->alloc = pinned_pages_alloc;
 	ops->free = pinned_pages_free;
-	ops->ctx = NULL;
-	ops->source = "mmap";
+	ops->ctx = maps;
+	ops->source = "memfd";
 }

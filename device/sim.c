@@ -68,7 +68,7 @@ static void sim_mem_free(struct ts_device *dev, void *p, size_t size)
 {
 	struct sim_dev *s = sim_of(dev);
 
-	ts__host_pages_free(p, size);
+	ts__host_pages_free(dev, p, size);
 	pthread_mutex_lock(&s->mu);
 	s->used -= size <= s->used ? size : s->used;
 	pthread_mutex_unlock(&s->mu);

@@ -249,7 +249,7 @@ void ts_h_arrays_sharding(const struct ts_call *call, struct ts_reply *reply)
 			ts_sharding_render_text(s, d->rank, d->shape, text, need + 1);
 		ts_reply_text_owned(reply, TS_HTTP_OK, "text/plain; charset=utf-8", text,
 		                    text ? strlen(text) : 0);
-	} else if (fmt && *fmt && strcmp(fmt, "json") != 0) {
+	} else if (fmt && strcmp(fmt, "json") != 0) {
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_FORMAT", "format '%s' is not one of json, text",
 		              fmt);
 	} else {

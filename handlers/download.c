@@ -424,7 +424,7 @@ static bool wants_npy(const struct ts_call *call, struct ts_reply *reply, bool *
 	const char *fmt = ts_call_query(call, "format"), *accept = ts_call_header(call, "Accept");
 
 	*npy = false;
-	if (fmt && *fmt) {
+	if (fmt) {
 		if (strcmp(fmt, "npy") == 0)
 			*npy = true;
 		else if (strcmp(fmt, "raw") != 0) {

@@ -91,6 +91,7 @@ ts_handler_fn ts_h_models_delete;
 ts_handler_fn ts_h_models_analyze;
 ts_handler_fn ts_h_models_analyze_spec;
 ts_handler_fn ts_h_models_step;
+ts_handler_fn ts_h_models_evaluate;
 
 /* faults.c: only in a fault-injection build (common/fault.h) */
 #ifdef TS_FAULT_BUILD

@@ -27,6 +27,7 @@
 
 #include "common/units.h"
 #include "handlers/operations.h"
+#include "handlers/sharding_json.h"
 #include "storage/array_io.h"
 #include "storage/colocate.h"
 #include "ops/operation.h"
@@ -405,6 +406,17 @@ static ts_status analyze_rows(struct ts_model *m, json_int_t B, json_int_t D, co
 	return TS_OK;
 }
 
+/* An evaluation's "outputs" (below): where its outputs array goes. */
+struct eval_outputs {
+	bool outputs;
+	char name[TS_NAME_MAX + 1];
+	struct ts_device *dev;             /* NULL: where the evaluation runs */
+	enum ts_memory_kind kind;
+};
+
+static ts_status eval_outputs_parse(const struct ts_core *core, json_t *o, bool need_name,
+                                    struct eval_outputs *s, struct ts_error *err);
+
 /* The policy a step would run with: the model's, with params and optimizer
  * state where their arrays are now, then the call's overrides. */
 /* The memory kind shared by the model's arrays of the given roles (where
@@ -513,27 +525,54 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_plan plan;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *batch, *pl;
+	json_t *body, *batch, *pl, *outs = NULL, *modej = NULL;
 	json_int_t B = 0, D = 0;
 	const char *ids = NULL;
 	int rows = 0;
+	const char *mode = "step";
+	struct eval_outputs ev = {.kind = TS_MEM_DEVICE};
+	bool evaluate;
 
 	if (!ready_model_from_path(call, reply, &m))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
 	pl = NULL;
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?s}", "batch", &batch,
-	                            "placement", &pl, "dtype", &ids) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o, s?s}", "batch",
+	                            &batch, "placement", &pl, "mode", &modej, "outputs", &outs,
+	                            "dtype", &ids) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"batch\": [B, d]})", jerr.text);
 		goto out_fail;
 	}
+	if (modej && !json_is_string(modej)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODE",
+		             "mode must be a string: \"step\" or \"evaluate\"");
+		goto out_fail;
+	}
+	if (modej)
+		mode = json_string_value(modej);
+	if (strcmp(mode, "step") != 0 && strcmp(mode, "evaluate") != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODE",
+		             "mode '%s' is not one of step, evaluate", mode);
+		goto out_fail;
+	}
+	evaluate = strcmp(mode, "evaluate") == 0;
+	if (outs && !evaluate) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "\"outputs\" is for mode evaluate: a step writes no outputs");
+		goto out_fail;
+	}
+	if (outs && eval_outputs_parse(call->core, outs, false, &ev, &err) != TS_OK)
+		goto out_fail;
 	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK)
 		goto out_fail;
-	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK ||
-	    ts_plan_build(&m.mlp, &m.opt, rows, &pol, &plan, &err) != TS_OK)
+	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK)
+		goto out_fail;
+	if (evaluate ? ts_plan_build_eval(&m.mlp, rows, &pol, ev.outputs, ev.kind, &plan,
+	                                  &err) != TS_OK
+	             : ts_plan_build(&m.mlp, &m.opt, rows, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -601,6 +640,8 @@ out_fail:
  * every array its steps updated. Offloaded arrays are updated into private
  * memory (two per array, taking turns), device ones in place.
  */
+struct operand;
+
 struct step {
 	const struct ts_core *core;
 	struct ts_model model;
@@ -609,12 +650,22 @@ struct step {
 	json_t *inputs, *targets;          /* the request's fields (own references) */
 	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
 	char op_id[40];                    /* the holder, once submitted */
+	struct batches {                   /* a data-driven run: a batch per step */
+		bool on;
+		bool shuffle;
+		uint64_t size, start, seed;
+		uint64_t rows;                 /* of the datasets, while it runs */
+		uint64_t perm_epoch;           /* the epoch of perm (UINT64_MAX: none) */
+		uint64_t *perm;                /* owned; a permutation of the rows */
+	} batches;
 	/* while it runs */
 	struct ts_operation *op;           /* borrowed */
+	struct operand *in, *tgt;          /* borrowed from step_run */
 	struct ts_array *priv[TS_ROLE_COUNT][2];  /* offloaded: the private versions */
 	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
 	uint64_t done;                     /* steps that succeeded */
 	double timed_s;                    /* the report's wall time at the last step's end */
+	struct eval_outputs out;           /* an evaluation's outputs array, when asked for */
 };
 
 static ts_status step_hold(const char *id, void *arg, struct ts_error *err)
@@ -646,6 +697,7 @@ static void step_release(void *arg)
 	}
 	json_decref(s->inputs);
 	json_decref(s->targets);
+	free(s->batches.perm);
 	free(s);
 }
 
@@ -755,7 +807,98 @@ static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind
 	return TS_OK;
 }
 
+/* ---- data-driven runs: the rows of each step's batch ------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* The permutation of epoch e: Fisher-Yates from (seed, e). */
+static ts_status epoch_perm(struct batches *b, uint64_t e, struct ts_error *err)
+{
+	uint64_t state = mix64(b->seed * 0x9e3779b97f4a7c15ull + e + 1);
+
+	if (b->perm && b->perm_epoch == e)
+		return TS_OK;
+	if (!b->perm) {
+		b->perm = malloc(b->rows * sizeof *b->perm);
+		if (!b->perm)
+			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+			                    "no memory to shuffle %llu rows", (unsigned long long)b->rows);
+	}
+	for (uint64_t i = 0; i < b->rows; i++)
+		b->perm[i] = i;
+	for (uint64_t i = b->rows - 1; i > 0; i--) {
+		uint64_t j, t;
+
+		state += 0x9e3779b97f4a7c15ull;
+		j = mix64(state) % (i + 1);
+		t = b->perm[i];
+		b->perm[i] = b->perm[j];
+		b->perm[j] = t;
+	}
+	b->perm_epoch = e;
+	return TS_OK;
+}
+
+/* The rows of the batch of step i (0-based in this call) into rows[size]:
+ * positions start + i * size onwards, wrapping into the next epoch (each
+ * epoch its own order when shuffled). */
+static ts_status batch_rows(struct batches *b, uint64_t i, uint64_t *rows, struct ts_error *err)
+{
+	for (uint64_t j = 0; j < b->size; j++) {
+		uint64_t q = b->start + i * b->size + j, e = q / b->rows, k = q % b->rows;
+		ts_status st;
+
+		if (!b->shuffle) {
+			rows[j] = k;
+			continue;
+		}
+		st = epoch_perm(b, e, err);
+		if (st != TS_OK)
+			return st;
+		rows[j] = b->perm[k];
+	}
+	return TS_OK;
+}
+
+/* Parses "batches": {"batch_size": B, "order": "sequential" | "shuffle",
+ * "seed": S, "start": P}, strictly. */
+static ts_status batches_parse(json_t *v, struct batches *b, struct ts_error *err)
+{
+	json_error_t jerr;
+	json_int_t size = 0, seed = 0, start = 0;
+	const char *order = "sequential";
+
+	if (json_unpack_ex(v, &jerr, JSON_STRICT, "{s:I, s?s, s?I, s?I}", "batch_size", &size,
+	                   "order", &order, "seed", &seed, "start", &start) != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches: %s (expected {\"batch_size\": B, \"order\": \"sequential\" "
+		                    "or \"shuffle\", \"seed\": S, \"start\": P})", jerr.text);
+	if (size < 1 || size > (1 << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.batch_size is in 1..%d", 1 << 24);
+	if (strcmp(order, "sequential") != 0 && strcmp(order, "shuffle") != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.order is \"sequential\" or \"shuffle\"");
+	if (seed < 0 || start < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.%s must not be negative", seed < 0 ? "seed" : "start");
+	b->on = true;
+	b->shuffle = order[0] == 's' && order[1] == 'h';
+	b->size = (uint64_t)size;
+	b->seed = (uint64_t)seed;
+	b->start = (uint64_t)start;
+	b->perm_epoch = UINT64_MAX;
+	return TS_OK;
+}
+
 /* ---- the session's hooks: versions of the held arrays ---------------------------- */
+
+
 
 static bool step_cancelled(void *arg)
 {
@@ -793,7 +936,7 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 	ts_status st = TS_OK;
 
 	if (s->model.opt.type == TS_OPT_NONE)
-		return TS_OK;
+		return st;
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0] && st == TS_OK; i++) {
 		enum ts_pbuf_role role = param_roles[i];
 		struct ts_array *cur = s->held[role], **slot;
@@ -861,6 +1004,14 @@ static const struct ts_session_hooks step_hooks = {
 	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
 };
 
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err);
+
+static const struct ts_session_hooks batch_hooks = {
+	.cancelled = step_cancelled, .prepare = step_prepare, .publish = step_publish,
+	.batch = step_batch,
+};
+
 /* ---- the run ------------------------------------------------------------------------ */
 
 /* One operand of a step: the array, its rows (normalised; NULL: all) and a
@@ -902,30 +1053,35 @@ static ts_status operand_rows(struct operand *o, const char *field, uint64_t *ba
 
 /* Stages an operand for the session: its memory as a source (gathered to
  * dev first when sharded). */
+/* The memory of a one-shard array as a session's source, with rows. */
+static struct ts_session_source operand_source(const struct ts_array *a, const uint64_t *rows,
+                                               size_t nrows)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+
+	return (struct ts_session_source){
+		.mem = ts_buffer_data(ts_array_single_buffer(a)), .bytes = d->nbytes,
+		.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0,
+		.src_dev = ts_array_box(a, 0)->device,
+		.src_kind = ts_array_placement(a)->sharding.memory_kind,
+		.rows = rows, .nrows = nrows};
+}
+
 static ts_status operand_stage(const struct ts_core *core, struct ts_session *sess,
                                enum ts_pbuf_role role, struct operand *o, struct ts_device *dev,
                                struct ts_error *err)
 {
-	const struct ts_array *a = o->arr;
-	const struct ts_array_desc *d = ts_array_desc(a);
-	struct ts_session_source src = {0};
+	struct ts_session_source src;
 	ts_status st;
 
-	if (!ts_array_single_buffer(a)) {
+	if (!ts_array_single_buffer(o->arr)) {
 		st = gather_sharded(core, o->arr, o->rows, o->nrows, dev, &o->gathered, err);
 		if (st != TS_OK)
 			return st;
-		a = o->gathered;
-		d = ts_array_desc(a);
+		src = operand_source(o->gathered, NULL, 0);
 	} else {
-		src.rows = o->rows;
-		src.nrows = o->nrows;
+		src = operand_source(o->arr, o->rows, o->nrows);
 	}
-	src.mem = ts_buffer_data(ts_array_single_buffer(a));
-	src.bytes = d->nbytes;
-	src.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0;
-	src.src_dev = ts_array_box(a, 0)->device;
-	src.src_kind = ts_array_placement(a)->sharding.memory_kind;
 	return ts_session_stage(sess, role, &src, err);
 }
 
@@ -962,6 +1118,67 @@ static ts_status check_token_batch(const struct step *s, const struct operand *i
 	*rows = bin * T;
 	*id_bytes = d->dtype == TS_DT_UINT16 ? 2 : 4;
 	return TS_OK;
+}
+
+/* The batch of the run's step n of a data-driven run: the inputs' rows
+ * drawn, the targets' the same. */
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err)
+{
+	struct step *s = arg;
+	ts_status st = TS_OK;
+
+	if (role == TS_ROLE_INPUT) {
+		st = batch_rows(&s->batches, n, s->in->rows, err);
+		*src = operand_source(s->in->arr, s->in->rows, s->in->nrows);
+	} else {
+		memcpy(s->tgt->rows, s->in->rows, s->in->nrows * sizeof *s->in->rows);
+		*src = operand_source(s->tgt->arr, s->tgt->rows, s->tgt->nrows);
+	}
+	return st;
+}
+
+/* A data-driven run's operands: whole datasets of the same rows, one shard
+ * each; the first batch's rows. */
+static ts_status batches_begin(struct step *s, struct operand *in, struct operand *tgt,
+                               uint64_t *bin, uint64_t *btgt, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+	struct batches *b = &s->batches;
+	ts_status st;
+
+	if (in->rows_json || (tgt->arr && tgt->rows_json))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "%s.rows and batches are exclusive: batches draw the rows",
+		                    in->rows_json ? "inputs" : "targets");
+	if (!ts_array_single_buffer(in->arr) || (tgt->arr && !ts_array_single_buffer(tgt->arr)))
+		return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_DATASET",
+		                    "batches are drawn from one-shard datasets; '%s' is sharded",
+		                    ts_array_name(ts_array_single_buffer(in->arr) ? tgt->arr : in->arr));
+	b->rows = d->rank ? d->shape[0] : 0;
+	if (tgt->arr && (ts_array_desc(tgt->arr)->rank == 0 ||
+	                 ts_array_desc(tgt->arr)->shape[0] != b->rows))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+		                    "targets '%s' must have the %llu rows of the inputs '%s'",
+		                    ts_array_name(tgt->arr), (unsigned long long)b->rows,
+		                    ts_array_name(in->arr));
+	if (b->size > b->rows)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.batch_size %llu exceeds the %llu rows of '%s'",
+		                    (unsigned long long)b->size, (unsigned long long)b->rows,
+		                    ts_array_name(in->arr));
+	in->rows = malloc(b->size * sizeof *in->rows);
+	tgt->rows = tgt->arr ? malloc(b->size * sizeof *tgt->rows) : NULL;
+	if (!in->rows || (tgt->arr && !tgt->rows))
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a batch");
+	in->nrows = b->size;
+	st = batch_rows(b, 0, in->rows, err);
+	if (st == TS_OK && tgt->arr) {
+		memcpy(tgt->rows, in->rows, b->size * sizeof *in->rows);
+		tgt->nrows = b->size;
+	}
+	*bin = *btgt = b->size;
+	return st;
 }
 
 /* The operands' shapes: inputs float32 [B, d_model], targets like them. */
@@ -1006,11 +1223,11 @@ static ts_status step_place(struct step *s, struct operand *in, struct operand *
 			use[nuse++] = ts_array_ref(s->held[param_roles[i]]);
 		}
 	nheld = nuse;
-	if (!in->rows_json) {
+	if (!in->rows_json && !s->batches.on) {
 		where_in = nuse;
 		use[nuse++] = ts_array_ref(in->arr);
 	}
-	if (tgt->arr && !tgt->rows_json) {
+	if (tgt->arr && !tgt->rows_json && !s->batches.on) {
 		where_tgt = nuse;
 		use[nuse++] = ts_array_ref(tgt->arr);
 	}
@@ -1040,6 +1257,13 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	const struct ts_session_report *rep = ts_session_report(sess);
 	json_t *losses = json_array();
 	double per = rep->steps ? 1.0 / (double)rep->steps : 0;
+	uint64_t spare = 0, bytes = 0;
+
+	/* a data-driven run of more than one step stages the next batch in a
+	 * second buffer per operand: device memory beside the plan's */
+	for (int k = 0; s->batches.on && s->steps > 1 && k < 2; k++)
+		if (ts_session_slot(sess, k ? TS_ROLE_TARGET : TS_ROLE_INPUT, &bytes, NULL))
+			spare += bytes;
 	double busy = rep->compute_s, waits = rep->copy_wait_s;
 
 	for (uint64_t i = 0; losses && i < rep->steps; i++)
@@ -1048,10 +1272,10 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	                 " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:I}, s:f}",
 	                 "model", s->model.name, "steps", (json_int_t)rep->steps, "losses", losses,
 	                 "device", ts_device_props(dev)->id,
-	                 "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                 "predicted_peak_device_bytes", (json_int_t)(plan->peak_device_bytes + spare),
 	                 "measured_peak_device_bytes",
 	                 (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
-	                              rep->measured_temp_peak),
+	                              rep->measured_temp_peak + rep->spare_bytes),
 	                 "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
 	                 "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
 	                 "analysis", analysis_json(plan, false),
@@ -1083,6 +1307,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	ts_status st;
 
 	s->op = op;
+	s->in = &in;
+	s->tgt = &tgt;
 	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
 	if (st == TS_OK && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		if (!s->targets)
@@ -1092,10 +1318,14 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	if (st == TS_OK)
 		st = step_place(s, &in, &tgt, &dev, err);
-	if (st == TS_OK)
-		st = operand_rows(&in, "inputs.rows", &bin, err);
-	if (st == TS_OK && tgt.arr)
-		st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	if (st == TS_OK && s->batches.on) {
+		st = batches_begin(s, &in, &tgt, &bin, &btgt, err);
+	} else {
+		if (st == TS_OK)
+			st = operand_rows(&in, "inputs.rows", &bin, err);
+		if (st == TS_OK && tgt.arr)
+			st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	}
 	if (st == TS_OK && ts_mlp_tokens(&m->mlp))
 		st = check_token_batch(s, &in, bin, &tgt, btgt, &rows, &id_bytes, err);
 	else if (st == TS_OK)
@@ -1152,7 +1382,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK && !ts_model_registry_advance(core->models, m->uid, 0, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
 	if (st == TS_OK)
-		st = ts_session_run(sess, s->steps, base_steps + 1, &step_hooks, s, err);
+		st = ts_session_run(sess, s->steps, base_steps + 1,
+		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
 	/* what the steps that succeeded did is published, also after a failure */
 	{
 		struct ts_error ierr;
@@ -1167,8 +1398,26 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	if (st == TS_OK && grads[0])
 		st = ts_catalog_put_all(core->catalog, grads, (size_t)ng, true, err);
-	if (st == TS_OK)
-		ts_operation_set_result(op, step_result(s, sess, dev));
+	if (st == TS_OK) {
+		json_t *res = step_result(s, sess, dev);
+
+		if (res && s->batches.on) {
+			const struct batches *b = &s->batches;
+			uint64_t next = b->start + s->done * b->size;
+
+			/* where the run stopped: the next call continues with start = next */
+			json_object_set_new(res, "batches",
+			                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
+			                              "batch_size", (json_int_t)b->size,
+			                              "order", b->shuffle ? "shuffle" : "sequential",
+			                              "seed", (json_int_t)b->seed,
+			                              "start", (json_int_t)b->start,
+			                              "next", (json_int_t)next,
+			                              "epoch", (json_int_t)(next / b->rows),
+			                              "rows", (json_int_t)b->rows));
+		}
+		ts_operation_set_result(op, res);
+	}
 	ts_session_free(sess);
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
 		ts_array_unref(s->next[r]);
@@ -1189,7 +1438,7 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_operation *op = NULL;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL;
+	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *batches = NULL;
 	json_int_t steps = 1;
 	uint64_t wait_ns;
 	char owner[160];
@@ -1205,13 +1454,16 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	}
 	s->core = call->core;
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?I, s?o}", "inputs", &inputs,
-	                            "targets", &targets, "steps", &steps, "placement", &pl) != 0) {
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?I, s?o, s?o}", "inputs",
+	                            &inputs, "targets", &targets, "steps", &steps, "placement", &pl,
+	                            "batches", &batches) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
-		             "step body: %s (expected {\"inputs\": ..., \"targets\": ..., \"steps\": N})",
-		             jerr.text);
+		             "step body: %s (expected {\"inputs\": ..., \"targets\": ..., \"steps\": N, "
+		             "\"batches\": {...}})", jerr.text);
 		goto out_fail;
 	}
+	if (batches && batches_parse(batches, &s->batches, &err) != TS_OK)
+		goto out_fail;
 	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
 	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
 		goto out_fail;
@@ -1253,6 +1505,357 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	}
 	if (ts_op_submit_holding(call->core->operations, "step", s->model.name, s->steps, "steps",
 	                         step_run, s, step_release, step_hold, &op, &err) != TS_OK)
+		goto out_fail;
+	s = NULL;
+	if (ts_h_wait_requested(call, &wait_ns))
+		ts_h_reply_wait(reply, op, wait_ns, true);
+	else
+		ts_h_reply_operation(reply, op, false);
+	ts_operation_unref(op);
+	json_decref(body);
+	return;
+
+out_fail:
+	ts_reply_error(reply, &err);
+	if (s)
+		step_release(s);
+	json_decref(body);
+}
+
+/* ---- evaluation ----------------------------------------------------------------- */
+
+/*
+ * POST /v1/models/{model}:evaluate {"inputs", "targets", "outputs",
+ * "placement"}: the loss of the model over a batch, and on request its
+ * outputs (the last layer's activations) in a new array, as an operation.
+ * Nothing of the model is written: its weights and optimizer state keep
+ * their bytes, versions and ETags, and its step count stays.
+ *
+ * Holds. A step updates device weights in place, so an evaluation must not
+ * read them while one runs. It takes the catalog's hold (the same,
+ * exclusive, one as a step) on the model's parameter arrays from
+ * submission to completion: a step (or any writer of w1/w2: :put, upload,
+ * DELETE) submitted meanwhile is refused 409 ABORTED naming the
+ * evaluation, and an evaluation submitted during a step is refused naming
+ * the step - never a mix of two versions. Two evaluations of one model
+ * exclude each other the same way (holds have one holder); the optimizer
+ * state, which it does not read, is not held.
+ *
+ * "outputs": {"name": array, "device": id, "memory_kind": kind} or
+ * {"name": array, "sharding": a sharding on one device} (JAX's
+ * out_shardings): float32 [B, d_model] published under name when the
+ * evaluation succeeded, committed to that placement, which must be on the
+ * device the evaluation runs on (device or pinned_host memory).
+ */
+
+/* Parses "outputs" strictly into s (name required when need_name). */
+static ts_status eval_outputs_parse(const struct ts_core *core, json_t *o, bool need_name,
+                                    struct eval_outputs *s, struct ts_error *err)
+{
+	json_t *name = json_object_get(o, "name"), *sh = json_object_get(o, "sharding");
+	json_t *dev = json_object_get(o, "device"), *kind = json_object_get(o, "memory_kind");
+	struct ts_sharding sharding;
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(o))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs is {\"name\": array, \"device\": id, \"memory_kind\": kind}"
+		                    " or {\"name\": array, \"sharding\": ...}");
+	json_object_foreach(o, key, v) {
+		if (strcmp(key, "name") && strcmp(key, "sharding") && strcmp(key, "device") &&
+		    strcmp(key, "memory_kind"))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+			                    "outputs.%s is not a field this API knows; it takes \"name\", "
+			                    "\"sharding\", \"device\" and \"memory_kind\"", key);
+	}
+	if (name && (!json_is_string(name) || !ts_array_name_valid(json_string_value(name))))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs.name must be a valid array name");
+	if (!name && need_name)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs.name is missing: the array the outputs are written to");
+	if (sh && (dev || kind))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs: give either \"sharding\" or \"device\"/\"memory_kind\", "
+		                    "not both");
+	if ((dev && !json_is_string(dev)) || (kind && !json_is_string(kind)))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+		                    "outputs.device and outputs.memory_kind are strings");
+	s->outputs = true;
+	if (name)
+		snprintf(s->name, sizeof s->name, "%s", json_string_value(name));
+	s->kind = TS_MEM_DEVICE;
+	s->dev = NULL;
+	if (sh) {
+		if (ts_h_sharding_resolve(core, sh, &sharding, err) != TS_OK)
+			return err->status;
+		if (sharding.type != TS_SHARDING_SINGLE)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OUTPUTS",
+			                    "outputs.sharding must be on one device: an evaluation writes "
+			                    "its outputs where it runs");
+		s->dev = sharding.device;
+		s->kind = sharding.memory_kind;
+	} else {
+		if (kind && !ts_memory_kind_parse(json_string_value(kind), &s->kind))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+			                    "outputs.memory_kind '%s' is not one of device, pinned_host",
+			                    json_string_value(kind));
+		if (dev) {
+			struct ts_placement pl;
+
+			if (ts_h_placement(core, json_string_value(dev), NULL, &pl, err) != TS_OK)
+				return err->status;
+			s->dev = pl.sharding.device;
+		}
+	}
+	if (s->kind != TS_MEM_DEVICE && s->kind != TS_MEM_PINNED_HOST)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MEMORY_KIND",
+		                    "outputs.memory_kind '%s': outputs are written to device or "
+		                    "pinned_host memory", ts_memory_kind_name(s->kind));
+	return TS_OK;
+}
+
+/* Whether the outputs may be published under their name: not over a held
+ * array, nor over any model's array (an evaluation writes no weights). */
+static ts_status eval_outputs_writable(const struct ts_core *core, const struct eval_outputs *o,
+                                       struct ts_error *err)
+{
+	struct ts_array *a = ts_catalog_get(core->catalog, o->name);
+	ts_status st = TS_OK;
+
+	if (a && ts_array_owner(a)[0])
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_OWNED",
+		                  "outputs.name '%s' is an array of %s; an evaluation writes its "
+		                  "outputs to an array of its own", o->name, ts_array_owner(a));
+	ts_array_unref(a);
+	if (st == TS_OK)
+		st = ts_catalog_check_write(core->catalog, o->name, NULL,
+		                            &(struct ts_precondition){0}, err);
+	return st;
+}
+
+static const struct ts_session_hooks eval_hooks = {.cancelled = step_cancelled};
+
+static json_t *eval_result(const struct step *s, const struct ts_session *sess,
+                           struct ts_device *dev, const struct ts_array *outs)
+{
+	const struct ts_plan *plan = ts_session_plan(sess);
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *o = json_pack("{s:s, s:f, s:I, s:s, s:I, s:I, s:I, s:I, s:o*,"
+	                      " s:{s:f, s:f, s:f}, s:{s:I, s:I, s:I}}",
+	                      "model", s->model.name, "loss", (double)rep->losses[0],
+	                      "batch", (json_int_t)plan->batch, "device", ts_device_props(dev)->id,
+	                      "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                      "measured_peak_device_bytes",
+	                      (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
+	                                   rep->measured_temp_peak),
+	                      "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
+	                      "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
+	                      "analysis", analysis_json(plan, false),
+	                      "time", "wall_s", rep->wall_s, "compute_s", rep->compute_s,
+	                      "transfer_not_hidden_s", rep->copy_wait_s,
+	                      "bytes_moved", "h2d", (json_int_t)rep->h2d_bytes,
+	                      "d2h", (json_int_t)rep->d2h_bytes,
+	                      "staged_h2d", (json_int_t)rep->staged_h2d_bytes);
+
+	if (o && outs)
+		json_object_set_new(o, "outputs", ts_h_array_json(outs));
+	return o;
+}
+
+static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct step *s = arg;
+	const struct ts_core *core = s->core;
+	struct ts_model *m = &s->model;
+	struct operand in = {0}, tgt = {0};
+	struct ts_array *outs = NULL;
+	struct ts_session_config cfg = {.mlp = m->mlp, .memory = core->memory, .evaluate = true};
+	struct ts_session *sess = NULL;
+	struct ts_device *dev = NULL;
+	uint64_t bin = 0, btgt = 0;
+	ts_status st;
+
+	s->op = op;
+	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
+	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
+		if (!s->targets)
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+		else
+			st = step_operand(core, s->targets, "targets", &tgt.arr, &tgt.rows_json, err);
+	}
+	if (st == TS_OK)
+		st = step_place(s, &in, &tgt, &dev, err);
+	if (st == TS_OK)
+		st = operand_rows(&in, "inputs.rows", &bin, err);
+	if (st == TS_OK && tgt.arr)
+		st = operand_rows(&tgt, "targets.rows", &btgt, err);
+	if (st == TS_OK)
+		st = check_batch(s, &in, bin, &tgt, btgt, err);
+	if (st == TS_OK)
+		st = held_kind(s, false, &s->policy.params, err);
+	if (st == TS_OK && ts_array_box(s->held[TS_ROLE_W1], 0)->device != dev)
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "PARAMS_ELSEWHERE",
+		                  "model '%s' parameters are on %s, not %s", m->name,
+		                  ts_device_props(ts_array_box(s->held[TS_ROLE_W1], 0)->device)->id,
+		                  ts_device_props(dev)->id);
+	if (st == TS_OK && s->out.outputs && s->out.dev && s->out.dev != dev)
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "OUTPUTS_ELSEWHERE",
+		                  "outputs '%s' are asked for on %s, but the evaluation runs on %s, "
+		                  "where model '%s' is", s->out.name, ts_device_props(s->out.dev)->id,
+		                  ts_device_props(dev)->id, m->name);
+	if (st == TS_OK) {
+		cfg.dev = dev;
+		cfg.policy = s->policy;
+		cfg.batch = (int)bin;
+		cfg.outputs = s->out.outputs;
+		cfg.outputs_kind = s->out.kind;
+		st = ts_session_new(&cfg, &sess, err);
+	}
+	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
+		const struct ts_array *a = s->held[r];
+
+		if (!a)
+			continue;
+		st = ts_session_bind(sess, (enum ts_pbuf_role)r,
+		                     ts_buffer_data(ts_array_single_buffer(a)),
+		                     ts_buffer_size(ts_array_single_buffer(a)),
+		                     ts_array_placement(a)->sharding.memory_kind, err);
+	}
+	if (st == TS_OK && s->out.outputs) {
+		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2,
+		                          .shape = {bin, (uint64_t)m->mlp.d_model}};
+		struct ts_placement pl;
+
+		ts_placement_single(&pl, dev, s->out.kind, true);
+		st = ts_array_desc_init(&d, err);
+		if (st == TS_OK)
+			st = ts_array_new(s->out.name, &d, &pl, core->memory, &outs, err);
+		if (st == TS_OK)
+			st = ts_session_bind(sess, TS_ROLE_OUTPUT,
+			                     ts_buffer_data(ts_array_single_buffer(outs)), d.nbytes,
+			                     s->out.kind, err);
+	}
+	if (st == TS_OK)
+		st = operand_stage(core, sess, TS_ROLE_INPUT, &in, dev, err);
+	if (st == TS_OK && tgt.arr)
+		st = operand_stage(core, sess, TS_ROLE_TARGET, &tgt, dev, err);
+	if (st == TS_OK)
+		st = ts_session_run(sess, 1, 1, &eval_hooks, s, err);
+	/* the pass itself runs to its end; a cancel that came meanwhile drops it */
+	if (st == TS_OK && ts_operation_cancelled(op))
+		st = ts_error_set(err, TS_CANCELLED, "CANCELLED",
+		                  "the evaluation of model '%s' was cancelled; no outputs were "
+		                  "published", m->name);
+	if (st == TS_OK && outs)
+		st = eval_outputs_writable(core, &s->out, err);
+	if (st == TS_OK && outs) {
+		struct ts_precondition pre = {0};
+
+		st = ts_catalog_put(core->catalog, outs, &pre, NULL, err);
+	}
+	if (st == TS_OK) {
+		ts_operation_progress_add(op, 1);
+		ts_operation_set_result(op, eval_result(s, sess, dev, outs));
+	}
+	ts_session_free(sess);
+	ts_array_unref(outs);
+	operand_release(&in);
+	operand_release(&tgt);
+	return st;
+}
+
+void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct step *s = calloc(1, sizeof *s);
+	struct ts_operation *op = NULL;
+	struct ts_error err;
+	json_error_t jerr;
+	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *outs = NULL;
+	uint64_t wait_ns;
+	char owner[160];
+
+	ts_error_clear(&err);
+	if (!s) {
+		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		              "no memory for an evaluation");
+		return;
+	}
+	if (!ready_model_from_path(call, reply, &s->model)) {
+		free(s);
+		return;
+	}
+	s->core = call->core;
+	s->steps = 1;
+	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o}", "inputs",
+	                            &inputs, "targets", &targets, "outputs", &outs, "placement",
+	                            &pl) != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "evaluate body: %s (expected {\"inputs\": ..., \"targets\": ..., "
+		             "\"outputs\": {\"name\": ...}})", jerr.text);
+		goto out_fail;
+	}
+	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
+	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
+		goto out_fail;
+	if (ts_mlp_tokens(&s->model.mlp)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
+		             "evaluation of token models is not supported: model '%s' (vocab %d) "
+		             "needs the embedding and cross-entropy, which the forward-only plan "
+		             "lacks; its loss is the one the next :step reports", s->model.name,
+		             s->model.mlp.vocab);
+		goto out_fail;
+	}
+	if (targets && s->model.mlp.loss != TS_LOSS_MSE) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNEXPECTED_TARGETS",
+		             "model '%s' has loss %s, which takes no \"targets\"", s->model.name,
+		             ts_loss_name(s->model.mlp.loss));
+		goto out_fail;
+	}
+	if (!targets && s->model.mlp.loss == TS_LOSS_MSE) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+		goto out_fail;
+	}
+	if (outs && eval_outputs_parse(call->core, outs, true, &s->out, &err) != TS_OK)
+		goto out_fail;
+	if (s->out.outputs && eval_outputs_writable(call->core, &s->out, &err) != TS_OK)
+		goto out_fail;
+	if (step_policy(call->core, &s->model, pl, true, &s->policy, &err) != TS_OK)
+		goto out_fail;
+	s->inputs = json_incref(inputs);
+	s->targets = targets ? json_incref(targets) : NULL;
+	/* the parameters by role, as current now, held for reading */
+	ts_model_owner(&s->model, owner, sizeof owner);
+	for (int k = 0; k < 2; k++) {
+		enum ts_pbuf_role role = k ? TS_ROLE_W2 : TS_ROLE_W1;
+		struct ts_array *a;
+		char name[256];
+
+		if (!has_role(&s->model, role))
+			continue;
+		ts_model_array_name(&s->model, role, name, sizeof name);
+		a = ts_catalog_get(call->core->catalog, name);
+		if (!a) {
+			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
+			             "model array '%s' is missing", name);
+			goto out_fail;
+		}
+		s->held[role] = a;
+		if (strcmp(ts_array_owner(a), owner) != 0) {
+			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
+			             "array '%s' is not %s's", name, owner);
+			goto out_fail;
+		}
+		if (ts_array_nshards(a) != 1) {
+			ts_error_set(&err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
+			             "model array '%s' is sharded; evaluations run on one device", name);
+			goto out_fail;
+		}
+	}
+	if (ts_op_submit_holding(call->core->operations, "evaluate", s->model.name, 1, "passes",
+	                         eval_run, s, step_release, step_hold, &op, &err) != TS_OK)
 		goto out_fail;
 	s = NULL;
 	if (ts_h_wait_requested(call, &wait_ns))

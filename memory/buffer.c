@@ -6,6 +6,7 @@
 #include "common/fault.h"
 
 #include <assert.h>
+#include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -87,4 +88,12 @@ bool ts_buffer_host_visible(const struct ts_buffer *b)
 
 	return k != TS_MEM_DEVICE ||
 	       ts_device_props(ts_space_device(b->space))->backend == TS_BACKEND_CPU;
+}
+
+int ts_buffer_share(const struct ts_buffer *b, bool writable, uint64_t *offset)
+{
+	if (!ts_buffer_host_visible(b))
+		return -ENOENT;
+	return ts_host_mem_share(ts_buffer_device(b), b->data, b->size ? b->size : 1, writable,
+	                         offset);
 }

@@ -47,4 +47,11 @@ enum ts_memory_kind ts_buffer_kind(const struct ts_buffer *b);
 /* Whether the CPU may touch the bytes directly. */
 bool ts_buffer_host_visible(const struct ts_buffer *b);
 
+/*
+ * A descriptor of the shareable host memory holding b's bytes and their
+ * offset in it (see ts_host_mem_share); read-only unless writable. A
+ * negative errno when b is not host memory or not shareable (-ENOENT).
+ */
+int ts_buffer_share(const struct ts_buffer *b, bool writable, uint64_t *offset);
+
 #endif

@@ -33,6 +33,11 @@
 #include "common/registry.h"
 #include "common/units.h"
 
+/* Values are shared between threads by reference (docs/ARCHITECTURE.md). */
+#if !JANSSON_THREAD_SAFE_REFCOUNT
+#error "jansson without atomic reference counts (JANSSON_THREAD_SAFE_REFCOUNT)"
+#endif
+
 static void cond_init_monotonic(pthread_cond_t *c)
 {
 	pthread_condattr_t a;
@@ -972,9 +977,9 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	out->start_ns = op->start_ns;
 	out->end_ns = op->end_ns;
 	out->error = op->error;
-	/* a copy of its own: jansson's reference counts are not safe to share
-	 * between threads that render the same value at once */
-	out->result = op->state == TS_OP_SUCCEEDED && op->result ? json_deep_copy(op->result) : NULL;
+	/* shared, not copied: a result is never changed once set (the jansson
+	 * rule in docs/ARCHITECTURE.md), and 2.14's counts are atomic */
+	out->result = op->state == TS_OP_SUCCEEDED ? json_incref(op->result) : NULL;
 	ts_mutex_unlock(&o->lk);
 	out->done = state_final(out->state);
 	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);

@@ -180,7 +180,9 @@ ts_status ts_operation_cancel(struct ts_operation *op, struct ts_error *err);
 bool ts_operation_cancelled(const struct ts_operation *op);
 
 /* Stores the result of a successful run (steals the reference; replaces an
- * earlier one). For the work, on its thread. */
+ * earlier one). For the work, on its thread. Once stored the value is
+ * shared with every snapshot and never changed (docs/ARCHITECTURE.md's
+ * jansson rule): build a new one to change it. */
 void ts_operation_set_result(struct ts_operation *op, json_t *result);
 
 /*
@@ -212,7 +214,7 @@ struct ts_op_snapshot {
 	uint64_t done_units, total_units;
 	uint64_t create_ns, start_ns, end_ns;   /* wall clock; 0 when not yet */
 	struct ts_error error;         /* FAILED / CANCELLED */
-	json_t *result;                /* SUCCEEDED: new reference or NULL */
+	json_t *result;                /* SUCCEEDED: new reference or NULL; shared, never modify */
 };
 void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot *out);
 void ts_op_snapshot_release(struct ts_op_snapshot *s);

@@ -35,6 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/hash.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "common/utf8.h"
@@ -1067,11 +1068,7 @@ struct ts__addr_count {
 
 static unsigned addr_bucket(const unsigned char *a)
 {
-	unsigned h = 2166136261u;
-
-	for (int i = 0; i < 16; i++)
-		h = (h ^ a[i]) * 16777619u;
-	return h % TS__ADDR_BUCKETS;
+	return (unsigned)(ts_fnv1a(TS_FNV1A_INIT, a, 16) % TS__ADDR_BUCKETS);
 }
 
 static void addr_of(const struct sockaddr *sa, unsigned char *out)

@@ -80,7 +80,9 @@
 	X("POST", "/v1/models/{model}:analyze", ts_h_models_analyze, NULL, NULL, TS_BODY_JSON, \
 	  false, "timeline:bool")                                                              \
 	X("POST", "/v1/models/{model}:step", ts_h_models_step, NULL, NULL, TS_BODY_JSON, false,\
-	  "wait:bool")
+	  "wait:bool")                                                                         \
+	X("POST", "/v1/models/{model}:evaluate", ts_h_models_evaluate, NULL, NULL,             \
+	  TS_BODY_JSON, false, "wait:bool")
 
 /* The test-only control of injected failures exists in fault builds only. */
 #ifdef TS_FAULT_BUILD

@@ -280,6 +280,8 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.sim_device_memory = cfg->sim_device_memory,
 		.cuda = cfg->cuda,
 		.host = cfg->host_name[0] ? cfg->host_name : NULL,
+		/* the lease service shares pinned memory too */
+		.shareable_pinned = cfg->unix_socket[0] != '\0',
 	};
 	st = ts_device_set_new(&dcfg, &srv->devices, err);
 	if (st != TS_OK)
@@ -337,6 +339,10 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for the saved shardings");
 		goto out_free;
 	}
+	if (!srv->core.models) {
+		st = ts_error_oom(err, "no memory for the model registry");
+		goto out_free;
+	}
 	srv->metrics = ts_metrics_new(ts_nroutes, ts_route_patterns);
 	if (!srv->metrics || !srv->core.memory_view) {
 		st = ts_error_oom(err, "no memory for metrics");
@@ -350,6 +356,8 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	if (st != TS_OK)
 		goto out_free;
 	st = ts__http_start(srv, err);
+	if (st == TS_OK && cfg->unix_socket[0])
+		st = ts__lease_start(srv, err);
 	if (st != TS_OK)
 		goto out_free;
 	st = write_port_file(srv, err);
@@ -435,6 +443,7 @@ void ts_server_free(struct ts_server *srv)
 		return;
 	ts__http_wake_all(srv);
 	ts__http_stop(srv);
+	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.operations);
 	ts_metrics_free(srv->metrics);

@@ -19,6 +19,7 @@
 #define TS__ADDR_BUCKETS 256
 
 struct ts__addr_count;
+struct ts__lease_service;
 
 struct ts_server {
 	struct ts_config cfg;            /* immutable after init */
@@ -31,6 +32,7 @@ struct ts_server {
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	struct MHD_Daemon *daemon;       /* owned */
 	struct MHD_Daemon *unix_daemon;  /* owned; NULL without --unix-socket */
+	struct ts__lease_service *lease; /* owned; NULL without --unix-socket (lease.c) */
 	char token[256];                 /* immutable; "" when no token is required */
 	size_t token_len;
 	char id_prefix[12];              /* immutable: random per process */
@@ -68,6 +70,15 @@ void ts__http_wake_all(struct ts_server *srv);
 /* Makes the listening socket of cfg->unix_socket with its mode and group
  * (unix_socket.c): *fd, or an error naming the flag. */
 ts_status ts__unix_listen(const struct ts_config *cfg, int *fd, struct ts_error *err);
+
+/* The same for another path with cfg's mode and group (the lease socket). */
+ts_status ts__unix_listen_at(const struct ts_config *cfg, const char *path, int *fd,
+                             struct ts_error *err);
+
+/* Starts the lease service on "<--unix-socket>.lease" (lease.c); stops it,
+ * ending every lease (their arrays' references dropped). */
+ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err);
+void ts__lease_stop(struct ts_server *srv);
 
 /* Stops the daemon and frees the connection accounting (http.c). */
 void ts__http_stop(struct ts_server *srv);

@@ -89,6 +89,12 @@ static ts_status clear_stale(const struct sockaddr_un *sa, struct ts_error *err)
 
 ts_status ts__unix_listen(const struct ts_config *cfg, int *out, struct ts_error *err)
 {
+	return ts__unix_listen_at(cfg, cfg->unix_socket, out, err);
+}
+
+ts_status ts__unix_listen_at(const struct ts_config *cfg, const char *path, int *out,
+                             struct ts_error *err)
+{
 	struct sockaddr_un sa;
 	mode_t mode, old_mask;
 	gid_t gid = (gid_t)-1;
@@ -106,8 +112,8 @@ ts_status ts__unix_listen(const struct ts_config *cfg, int *out, struct ts_error
 		                    cfg->unix_socket_group);
 	memset(&sa, 0, sizeof sa);
 	sa.sun_family = AF_UNIX;
-	/* config.c refuses a path longer than sun_path holds */
-	memcpy(sa.sun_path, cfg->unix_socket, strnlen(cfg->unix_socket, sizeof sa.sun_path - 1));
+	/* config.c and lease.c refuse a path longer than sun_path holds */
+	memcpy(sa.sun_path, path, strnlen(path, sizeof sa.sun_path - 1));
 	st = clear_stale(&sa, err);
 	if (st != TS_OK)
 		return st;

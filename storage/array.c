@@ -7,14 +7,21 @@
 #include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/fault.h"
+#include "common/hash.h"
 #include "common/lock.h"
 #include "common/registry.h"
 #include "common/units.h"
+
+/* Values are shared between threads by reference (docs/ARCHITECTURE.md). */
+#if !JANSSON_THREAD_SAFE_REFCOUNT
+#error "jansson without atomic reference counts (JANSSON_THREAD_SAFE_REFCOUNT)"
+#endif
 
 struct ts_array {
 	_Atomic uint32_t refs;
@@ -34,6 +41,7 @@ struct ts_array {
 	char etag[24];
 	uint64_t created_ns, updated_ns;
 	bool published;
+	uint64_t seal;                          /* TS_DEBUG: seal_of at publish */
 };
 
 struct ts_catalog {
@@ -44,6 +52,56 @@ struct ts_catalog {
 };
 
 /* ---- arrays ---------------------------------------------------------------- */
+
+/*
+ * Debug builds (TS_DEBUG: make DEBUG=1, and every sanitizer build) seal a
+ * version when it is published: a hash of every field that is immutable
+ * from then on (all but refs and held_by), the metadata by its text. The
+ * seal is checked when the version is replaced or deleted and when its last
+ * reference goes, so a published version written in place (its metadata
+ * changed through the pointer ts_array_metadata lends, say) stops the
+ * process there. Release builds keep neither.
+ */
+#if TS_DEBUG
+static uint64_t seal_of(const struct ts_array *a)
+{
+	uint64_t h = TS_FNV1A_INIT;
+	char *meta = a->metadata ? json_dumps(a->metadata, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	int n = a->nshards < TS_MESH_MAX_DEVICES ? a->nshards : TS_MESH_MAX_DEVICES;
+
+	h = ts_fnv1a(h, a->name, sizeof a->name);
+	h = ts_fnv1a(h, &a->desc, sizeof a->desc);
+	h = ts_fnv1a(h, &a->placement, sizeof a->placement);
+	h = ts_fnv1a(h, &a->nshards, sizeof a->nshards);
+	h = ts_fnv1a(h, a->boxes, (size_t)(n > 0 ? n : 0) * sizeof a->boxes[0]);
+	h = ts_fnv1a(h, a->bufs, sizeof a->bufs);
+	h = ts_fnv1a(h, &a->layout, offsetof(struct ts_layout, shard));
+	h = ts_fnv1a(h, a->layout.shard, (size_t)(n > 0 ? n : 0) * sizeof a->layout.shard[0]);
+	h = ts_fnv1a(h, &a->metadata, sizeof a->metadata);
+	h = ts_fnv1a(h, meta ? meta : "", meta ? strlen(meta) : 0);
+	h = ts_fnv1a(h, &a->implicit_bytes, sizeof a->implicit_bytes);
+	h = ts_fnv1a(h, a->owner, sizeof a->owner);
+	h = ts_fnv1a(h, &a->version, sizeof a->version);
+	h = ts_fnv1a(h, a->etag, sizeof a->etag);
+	h = ts_fnv1a(h, &a->created_ns, sizeof a->created_ns);
+	h = ts_fnv1a(h, &a->updated_ns, sizeof a->updated_ns);
+	free(meta);
+	return h;
+}
+
+static void seal(struct ts_array *a)
+{
+	a->seal = seal_of(a);
+}
+
+static void check_sealed(const struct ts_array *a)
+{
+	assert(!a->published || a->seal == seal_of(a));  /* a published version changed */
+}
+#else
+static void seal(struct ts_array *a) { (void)a; }
+static void check_sealed(const struct ts_array *a) { (void)a; }
+#endif
 
 bool ts_array_name_valid(const char *name)
 {
@@ -231,6 +289,7 @@ void ts_array_unref(struct ts_array *a)
 	assert(was > 0);     /* an unref without its reference */
 	if (was != 1)
 		return;
+	check_sealed(a);
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		ts_buffer_unref(a->bufs[i]);
 	json_decref(a->metadata);
@@ -266,10 +325,15 @@ uint64_t ts_array_created_ns(const struct ts_array *a) { return a->created_ns; }
 uint64_t ts_array_updated_ns(const struct ts_array *a) { return a->updated_ns; }
 json_t *ts_array_metadata(const struct ts_array *a) { return a->metadata; }
 uint64_t ts_array_implicit_bytes(const struct ts_array *a) { return a->implicit_bytes; }
-void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n) { a->implicit_bytes = n; }
+void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n)
+{
+	assert(!a->published);
+	a->implicit_bytes = n;
+}
 
 void ts_array_set_metadata(struct ts_array *a, json_t *meta)
 {
+	assert(!a->published);
 	json_decref(a->metadata);
 	a->metadata = meta;
 }
@@ -278,6 +342,7 @@ const char *ts_array_owner(const struct ts_array *a) { return a->owner; }
 
 void ts_array_set_owner(struct ts_array *a, const char *owner)
 {
+	assert(!a->published);
 	snprintf(a->owner, sizeof a->owner, "%s", owner ? owner : "");
 }
 
@@ -298,7 +363,7 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		v->bufs[i] = a->bufs[i] ? ts_buffer_ref(a->bufs[i]) : NULL;
 	v->layout = a->layout;
-	v->metadata = a->metadata ? json_deep_copy(a->metadata) : NULL;   /* not shared across threads */
+	v->metadata = json_incref(a->metadata);   /* shared: never changed once published */
 	v->implicit_bytes = a->implicit_bytes;
 	memcpy(v->owner, a->owner, sizeof v->owner);
 	*out = v;
@@ -464,12 +529,14 @@ static void install_locked(struct ts_catalog *c, struct ts_array *prev, struct t
 	/* only the holder gets here over a held version: it keeps holding */
 	if (prev)
 		snprintf(a->held_by, sizeof a->held_by, "%s", prev->held_by);
+	seal(a);
 	ts_array_ref(a);
 	c->bytes += a->desc.nbytes;
 	st = ts_registry_put(&c->names, a->name, a, &old, NULL);
 	assert(st == TS_OK && old == prev);   /* a valid name, room reserved */
 	(void)st;
 	if (prev) {
+		check_sealed(prev);
 		c->bytes -= prev->desc.nbytes;
 		ts_array_unref(prev);
 	}
@@ -483,8 +550,10 @@ static struct ts_array *unlist_locked(struct ts_catalog *c, const char *name)
 
 	assert(ts_rwlock_writing(&c->lock));
 	a = ts_registry_remove(&c->names, name);
-	if (a)
+	if (a) {
+		check_sealed(a);
 		c->bytes -= a->desc.nbytes;
+	}
 	return a;
 }
 

@@ -27,6 +27,9 @@
  * Thread-safety: the catalog is guarded by a reader-writer lock held only to
  * look up, swap or list pointers and to read or change holds; array
  * versions are shared read-only between threads through reference counts.
+ * A published version is never written (its buffers only by the operation
+ * holding it); debug builds (TS_DEBUG) seal it at publish and check the
+ * seal when it is replaced, deleted or freed.
  */
 #ifndef TS_ARRAY_H
 #define TS_ARRAY_H
@@ -126,7 +129,10 @@ uint64_t ts_array_implicit_bytes(const struct ts_array *a);
 void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n);
 
 /* Free-form string metadata kept with the array (safetensors __metadata__);
- * borrowed, may be NULL. Set only before publishing; steals the reference. */
+ * borrowed, may be NULL. Set only before publishing; steals the reference.
+ * Shared between versions and threads by reference and never changed (the
+ * jansson rule, docs/ARCHITECTURE.md): take a reference or a copy, never
+ * modify the value returned. */
 json_t *ts_array_metadata(const struct ts_array *a);
 void ts_array_set_metadata(struct ts_array *a, json_t *meta);
 

@@ -139,7 +139,7 @@ ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stag
 	if (cancelled && cancelled(arg))
 		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the move was cancelled");
 	if (ts_array_metadata(mv->src))
-		ts_array_set_metadata(mv->dst, json_deep_copy(ts_array_metadata(mv->src)));
+		ts_array_set_metadata(mv->dst, json_incref(ts_array_metadata(mv->src)));
 	if (mv->rename) {
 		pre.create_only = !mv->spec.overwrite;
 		s = ts_catalog_put(cat, mv->dst, &pre, NULL, err);

@@ -75,12 +75,19 @@ uint64_t ts_stager_implicit(const struct ts_stager *st)
 	return atomic_load_explicit(&((struct ts_stager *)st)->implicit, memory_order_relaxed);
 }
 
+/* dev's queues, or NULL for a device the stager was not made with. */
 static struct dev_queues *queues_for(struct ts_stager *st, struct ts_device *dev)
 {
 	for (size_t i = 0; i < st->n; i++)
 		if (st->q[i].dev == dev)
 			return &st->q[i];
 	return NULL;
+}
+
+static ts_status no_queues(const struct ts_device *dev, struct ts_error *err)
+{
+	return ts_error_set(err, TS_INTERNAL, "NO_QUEUES", "device '%s' has no copy queues here",
+	                    dev ? ts_device_props(dev)->id : "?");
 }
 
 ts_status ts_stager_new(struct ts_device_set *set, struct ts_memory *mem,
@@ -146,6 +153,8 @@ ts_status ts_writer_new(struct ts_stager *st, struct ts_buffer *dst, uint64_t of
 		uint64_t slot = total < TS_STAGE_SLOT ? total : TS_STAGE_SLOT;
 
 		w->dq = queues_for(st, dev);
+		if (!w->dq)
+			s = no_queues(dev, err);
 		for (int i = 0; s == TS_OK && i < nslots; i++) {
 			s = ts_buffer_new(pinned, slot ? slot : 1, &w->slots[i].buf, err);
 			if (s == TS_OK)
@@ -340,14 +349,19 @@ static bool reaches(const struct ts_device *dev, const struct ts_buffer *b)
 	return ts_device_props(ts_buffer_device(b))->backend == ts_device_props(dev)->backend;
 }
 
-/* How bytes go from src to dst (NULL: the caller's host memory). */
-static void route(struct ts_stager *st, const struct ts_buffer *dst,
-                  const struct ts_buffer *src, struct route *r)
+/* How bytes go from src to dst (NULL: the caller's host memory). INTERNAL
+ * when a device end has no queues here (a device of another set). */
+static ts_status route(struct ts_stager *st, const struct ts_buffer *dst,
+                       const struct ts_buffer *src, struct route *r, struct ts_error *err)
 {
 	bool dh = !dst || ts_buffer_host_visible(dst), sh = ts_buffer_host_visible(src);
 	struct ts_device *dd = dst ? ts_buffer_device(dst) : NULL, *sd = ts_buffer_device(src);
 
 	memset(r, 0, sizeof *r);
+	if (!dh && !queues_for(st, dd))
+		return no_queues(dd, err);
+	if (!sh && !queues_for(st, sd))
+		return no_queues(sd, err);
 	if (dh && sh) {
 		r->kind = ROUTE_HOST;
 	} else if (!dh && reaches(dd, dst) && reaches(dd, src)) {
@@ -372,6 +386,7 @@ static void route(struct ts_stager *st, const struct ts_buffer *dst,
 		r->q2 = queues_for(st, dd)->h2d;
 		r->slots_dev = sd;
 	}
+	return TS_OK;
 }
 
 /* ---- reads and run copies --------------------------------------------------- */
@@ -742,7 +757,8 @@ ts_status ts_stage_read_runs(struct ts_stager *st, struct ts_buffer *src,
 	if (rc != TS_OK)
 		return rc;
 	count(st, ts_buffer_kind(src), TS_MEM_UNPINNED_HOST, runs_bytes(runs, n));
-	route(st, NULL, src, &rt);
+	if ((rc = route(st, NULL, src, &rt, err)) != TS_OK)
+		return rc;
 	if (rt.kind == ROUTE_HOST) {
 		host_copy(dst, s, runs, n);
 		return TS_OK;
@@ -789,7 +805,8 @@ ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
 	if (rc != TS_OK)
 		return rc;
 	count(st, ts_buffer_kind(src), ts_buffer_kind(dst), runs_bytes(runs, n));
-	route(st, dst, src, &rt);
+	if ((rc = route(st, dst, src, &rt, err)) != TS_OK)
+		return rc;
 	switch (rt.kind) {
 	case ROUTE_HOST:
 		host_copy(d, s, runs, n);

@@ -327,18 +327,19 @@ static void slot_release(struct run *r, int i)
 	sl->ptr = sl->wptr = NULL;
 }
 
-/* Reads the loss scalar of buffer i back into r->loss, on the d2h queue. */
+/* Reads the loss scalar of buffer i back into r->loss. */
 static ts_status read_loss(struct run *r, int i, struct ts_error *err)
 {
-	ts_status st = before_use(r, QD, i, false, err);
+	ts_status st;
 
+	/* on the compute queue, right behind the kernel that wrote it: its
+	 * FREE then waits for the forward pass only, not for the offloads
+	 * queued on the d2h queue meanwhile */
+	st = ts_queue_copy(r->q[QC], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
 	if (st != TS_OK)
 		return st;
-	st = ts_queue_copy(r->q[QD], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
-	if (st != TS_OK)
-		return st;
-	r->seq[QD]++;
-	after_use(r, QD, i, false);
+	r->seq[QC]++;
+	after_use(r, QC, i, false);
 	return TS_OK;
 }
 
@@ -630,10 +631,50 @@ static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *en
 	return TS_OK;
 }
 
-/* Upper bound of the queue jobs one action submits to any one queue: the
- * action itself, a record and a wait per other queue for each of up to five
- * operands, clock marks around each wait, the loss read-back. */
-#define JOBS_PER_ACTION 48
+/*
+ * Upper bounds of the queue jobs the run submits to each queue. An action
+ * on queue x with m operands submits itself, for each operand a wait per
+ * other queue (on the compute queue with a clock mark on each side) and on
+ * each other queue a record; a FREE a record per queue (and a clock mark);
+ * a copy also records its event; the loss read-back is a copy of one
+ * operand; the journal a copy per journaled buffer each way.
+ */
+static void count_jobs(const struct ts_plan *p, size_t jobs[NQ])
+{
+	for (int y = 0; y < NQ; y++)
+		jobs[y] = 16 + 2 * (size_t)p->nbufs;
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+		int x, m;
+
+		switch (a->op) {
+		case TS_P_ALLOC:
+		case TS_P_WAIT:
+		case TS_P_PHASE:
+			continue;
+		case TS_P_FREE:
+			for (int y = 0; y < NQ; y++)
+				jobs[y] += 2;
+			continue;
+		case TS_P_COPY:
+			x = a->a >= 0 && p->bufs[a->a].kind == TS_MEM_DEVICE ? QH : QD;
+			m = 2;
+			jobs[x] += 1;              /* its event */
+			break;
+		case TS_P_LOSS:
+			jobs[QC] += 1;                 /* the read-back */
+			/* fall through */
+		default:
+			x = QC;
+			m = 5;
+			break;
+		}
+		jobs[x] += 2 + (size_t)m * (NQ - 1) * (x == QC ? 3 : 1);
+		for (int y = 0; y < NQ; y++)
+			if (y != x)
+				jobs[y] += (size_t)m;
+	}
+}
 
 /*
  * Takes everything the run will need before its first action: the slots,
@@ -646,7 +687,7 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 	const struct ts_plan *p = r->p;
 	struct ts_space *sp[2] = {r->env->device_space, r->env->pinned_space};
 	uint64_t sizes[2] = {p->temp_size_in_bytes, p->host_temp_size_in_bytes};
-	size_t jobs = (size_t)p->nactions * JOBS_PER_ACTION + 64;
+	size_t jobs[NQ];
 	ts_status st = TS_OK;
 
 	r->q[QC] = r->env->compute;
@@ -697,8 +738,9 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 		st = ts_space_alloc(sp[1], p->host_journal_size_in_bytes, &mem, err);
 		r->journal = mem;
 	}
+	count_jobs(p, jobs);
 	for (int y = 0; y < NQ && st == TS_OK; y++)
-		st = ts_queue_reserve(r->q[y], jobs + 2 * (size_t)p->nbufs, err);
+		st = ts_queue_reserve(r->q[y], jobs[y], err);
 	return st;
 }
 

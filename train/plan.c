@@ -209,8 +209,19 @@ static int w2_at(struct builder *b, int l, uint64_t *off)
  * Runs layer l forward from buffer x (offset 0): returns the new device
  * buffer holding x_{l+1}; keeps h in *h_out when keep_h (else frees it).
  */
+static int layer_forward_into(struct builder *b, int l, int x, int y_dst, bool keep_h,
+                              int *h_out, const char *phase);
+
 static int layer_forward(struct builder *b, int l, int x, bool keep_h, int *h_out,
                          const char *phase)
+{
+	return layer_forward_into(b, l, x, -1, keep_h, h_out, phase);
+}
+
+/* The same, writing x_{l+1} into the device buffer y_dst (an argument or
+ * output, offset 0) instead of a new temp when y_dst >= 0. */
+static int layer_forward_into(struct builder *b, int l, int x, int y_dst, bool keep_h,
+                              int *h_out, const char *phase)
 {
 	const struct ts_plan *p = b->p;
 	int B = p->batch, d = p->mlp.d_model, H = ts_mlp_hidden(&p->mlp);
@@ -220,7 +231,7 @@ static int layer_forward(struct builder *b, int l, int x, bool keep_h, int *h_ou
 	w1 = w1_at(b, l, &o1);
 	h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, phase);
 	gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, phase);
-	y = temp(b, TS_ROLE_X, TS_MEM_DEVICE, l + 1, xb, phase);
+	y = y_dst >= 0 ? y_dst : temp(b, TS_ROLE_X, TS_MEM_DEVICE, l + 1, xb, phase);
 	if (ts_mlp_has_w2(&p->mlp)) {
 		a = keep_h ? temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, phase) : h;
 		elementwise(b, TS_P_ACT_FWD, h, a, -1, (uint64_t)B * H, l, phase);
@@ -1270,6 +1281,109 @@ backward_pass:
 	if (b.failed) {
 		ts_plan_release(out);
 		return ts_error_set(err, b.failed, "OUT_OF_MEMORY", "no memory to plan the step");
+	}
+	return TS_OK;
+}
+
+/* ---- evaluation --------------------------------------------------------------- */
+
+/* The forward pass of an evaluation: every layer's input is freed once the
+ * layer read it; the last layer writes into `last` when it is set. */
+static int forward_eval(struct builder *b, int last)
+{
+	const struct ts_plan *p = b->p;
+	int L = p->mlp.layers, x = b->IN;
+
+	params_fetch(b, 0, "forward");
+	for (int l = 0; l < L; l++) {
+		int h, y;
+
+		if (p->policy.prefetch_depth)
+			params_fetch(b, l + 1, "forward");
+		y = layer_forward_into(b, l, x, l == L - 1 ? last : -1, false, &h, "forward");
+		if (l > 0)
+			release(b, x, l, "forward");
+		params_drop(b, l, "forward");
+		if (!p->policy.prefetch_depth)
+			params_fetch(b, l + 1, "forward");
+		x = y;
+	}
+	return x;
+}
+
+ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
+                             bool outputs, enum ts_memory_kind outputs_kind,
+                             struct ts_plan *out, struct ts_error *err)
+{
+	struct builder b = {.p = out};
+	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
+	uint64_t wb, xb;
+	bool has2 = ts_mlp_has_w2(mlp);
+	int loss, g, xL, OUT = -1;
+	struct ts_paction *a;
+	ts_status st;
+
+	memset(out, 0, sizeof *out);
+	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "layers, d_model and batch must be positive");
+	if (ts_mlp_tokens(mlp))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
+		                    "evaluation of token models (vocab %d) is not supported: "
+		                    "no embedding or cross-entropy in the forward-only plan", mlp->vocab);
+	st = ts_policy_check(policy, err);
+	if (st != TS_OK)
+		return st;
+	if (outputs && outputs_kind != TS_MEM_DEVICE && outputs_kind != TS_MEM_PINNED_HOST)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "outputs live on device or pinned_host, not '%s'",
+		                    ts_memory_kind_name(outputs_kind));
+	out->mlp = *mlp;
+	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
+	out->policy = *policy;
+	out->policy.save_x = out->policy.save_h = false;
+	out->policy.offload_x = out->policy.offload_h = false;
+	out->batch = batch;
+	out->evaluate = true;
+	wb = (uint64_t)d * H * F32;
+	xb = (uint64_t)batch * d * F32;
+	b.w1 = ints(L + 1);
+	b.w2 = ints(L + 1);
+	if (!b.w1 || !b.w2)
+		b.failed = TS_RESOURCE_EXHAUSTED;
+	b.G1 = b.G2 = b.MU1 = b.MU2 = b.NU1 = b.NU2 = -1;
+	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
+	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
+	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb);
+	b.TGT = mlp->loss == TS_LOSS_MSE ? add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb) : -1;
+	if (outputs)
+		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, xb);
+	xL = forward_eval(&b, OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1);
+	/* the step's loss kernel, for the same value bit for bit: its gradient
+	 * lands in a scratch temp that is freed at once */
+	loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
+	g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+	a = emit(&b, TS_P_LOSS, -1, "loss");
+	if (a) {
+		a->a = xL;
+		a->b = b.TGT;
+		a->c = loss;
+		a->d = g;
+		a->n = (uint64_t)batch * d;
+	}
+	release(&b, loss, -1, "loss");
+	release(&b, g, L, "loss");
+	if (OUT >= 0 && outputs_kind != TS_MEM_DEVICE)
+		copy(&b, OUT, 0, xL, 0, xb, L, "outputs");
+	if (xL != OUT && xL != b.IN)
+		release(&b, xL, L, "outputs");
+	free(b.w1);
+	free(b.w2);
+	if (!b.failed)
+		b.failed = analyse(out);
+	if (b.failed) {
+		ts_plan_release(out);
+		return ts_error_set(err, b.failed, "OUT_OF_MEMORY", "no memory to plan the evaluation");
 	}
 	return TS_OK;
 }

@@ -79,6 +79,7 @@ enum ts_pbuf_role {
 	TS_ROLE_W1 = 0, TS_ROLE_W2, TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2,
 	TS_ROLE_INPUT, TS_ROLE_TARGET, TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2,
 	TS_ROLE_X, TS_ROLE_H, TS_ROLE_A, TS_ROLE_G, TS_ROLE_GX, TS_ROLE_LOSS, TS_ROLE_NORM,
+	TS_ROLE_OUTPUT,                  /* an evaluation's outputs x_L [B, d] */
 	/* token models (mlp.h): the embedding table [vocab, d] and the output
 	 * projection [d, vocab], their Adam state and gradients, the logits */
 	TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_EMBED,
@@ -154,6 +155,7 @@ struct ts_plan {
 	struct ts_optimizer opt;
 	struct ts_policy policy;
 	int batch;
+	bool evaluate;                   /* forward and loss only (ts_plan_build_eval) */
 	int nbufs, nactions;
 	struct ts_pbuf *bufs;            /* owned */
 	struct ts_paction *actions;      /* owned */
@@ -182,6 +184,26 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
                         const struct ts_policy *policy, struct ts_plan *out,
                         struct ts_error *err);
 void ts_plan_release(struct ts_plan *p);
+
+/*
+ * Plans an evaluation of mlp on a batch of `batch` rows: the forward pass
+ * and the loss, nothing else - no gradient, no backward, no update, and no
+ * activation kept past the layer that reads it (policy's save/offload names
+ * do not apply; params and prefetch_depth do: params on pinned_host are
+ * streamed in per layer). The loss is computed by the step's own kernel, so
+ * it equals bit for bit the loss a step reports before its update. With
+ * `outputs`, the last layer's activations x_L [batch, d] are written to an
+ * OUTPUT buffer of role TS_ROLE_OUTPUT in outputs_kind (device: the last
+ * layer writes it directly; pinned_host: copied out of a device temp). The
+ * plan's optimizer is none and no argument is updated (no alias, version or
+ * journal). The loss kernel is the step's, gradient included: that gradient
+ * [batch, d] lands in a temp freed right after it (counted in the analysis;
+ * below the forward's peak unless the model has one layer). Errors as
+ * ts_plan_build.
+ */
+ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
+                             bool outputs, enum ts_memory_kind outputs_kind,
+                             struct ts_plan *out, struct ts_error *err);
 
 /* Bytes between temps in an arena: every temp starts at a multiple. */
 #define TS_PLAN_ALIGN 256u

@@ -23,6 +23,13 @@ struct ts_session {
 	int slot_of[TS_ROLE_COUNT];      /* plan buffer of a bound role, -1: none */
 	void *staged[2];                 /* owned: device copies of inputs, targets */
 	uint64_t staged_bytes[2];
+	void *spare[2];                  /* owned: the next batch, staged meanwhile */
+	struct ts_queue *stage_q;        /* owned: the next batch's copies */
+	bool pending;                    /* copies of the next batch are on stage_q */
+	/* token models: the next batch's ids come from device memory and are
+	 * checked once copied (the source's row bytes; 0: checked already) */
+	uint64_t spare_check[2];
+	struct ts_error next_err;        /* the next batch's bad ids, reported as it is due */
 	size_t cap;                      /* of report.losses */
 	struct ts_session_report report;
 };
@@ -36,6 +43,7 @@ static const char *const role_names[TS_ROLE_COUNT] = {
 	[TS_ROLE_MU_PROJ] = "mu.proj", [TS_ROLE_NU_EMBED] = "nu.embed",
 	[TS_ROLE_NU_PROJ] = "nu.proj", [TS_ROLE_GRAD_EMBED] = "grad.embed",
 	[TS_ROLE_GRAD_PROJ] = "grad.proj",
+	[TS_ROLE_OUTPUT] = "outputs",
 };
 
 static const char *role_name(enum ts_pbuf_role role)
@@ -72,7 +80,11 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 	s->cfg = *cfg;
 	for (int r = 0; r < TS_ROLE_COUNT; r++)
 		s->slot_of[r] = -1;
-	st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
+	if (cfg->evaluate)
+		st = ts_plan_build_eval(&cfg->mlp, cfg->batch, &cfg->policy, cfg->outputs,
+		                        cfg->outputs_kind, &s->plan, err);
+	else
+		st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
 	if (st != TS_OK)
 		goto out_fail;
 	s->args = calloc((size_t)s->plan.nbufs + 1, sizeof *s->args);
@@ -122,10 +134,15 @@ void ts_session_free(struct ts_session *s)
 		ts_queue_free(s->env.h2d);     /* waits for staging copies */
 	if (s->env.d2h)
 		ts_queue_free(s->env.d2h);
+	if (s->stage_q)
+		ts_queue_free(s->stage_q);     /* waits for the next batch's copies */
 	ts_kernels_free(s->kernels);
-	for (int k = 0; k < 2; k++)
+	for (int k = 0; k < 2; k++) {
 		if (s->staged[k])
 			ts_space_release(s->env.device_space, s->staged[k], s->staged_bytes[k]);
+		if (s->spare[k])
+			ts_space_release(s->env.device_space, s->spare[k], s->staged_bytes[k]);
+	}
 	free(s->args);
 	free(s->outs);
 	free(s->report.losses);
@@ -279,27 +296,78 @@ static ts_status check_ids(struct ts_session *s, enum ts_pbuf_role role,
 	return st;
 }
 
+/* Enqueues on q the copies of src's selected rows (all of it when none)
+ * into mem. */
+static ts_status enqueue_rows(struct ts_queue *q, void *mem, const struct ts_session_source *src,
+                              bool from_host, uint64_t want, struct ts_error *err)
+{
+	enum ts_copy_kind kind = from_host ? TS_COPY_H2D : TS_COPY_D2D;
+	uint64_t off, len, at = 0;
+	struct ts_rows_iter it;
+	ts_status st = TS_OK;
+
+	if (!src->rows)
+		return ts_queue_copy(q, mem, src->mem, want, kind, err);
+	ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
+	while (st == TS_OK && ts_rows_iter_next(&it, &off, &len)) {
+		st = ts_queue_copy(q, (char *)mem + at, (const char *)src->mem + off, len, kind, err);
+		at += len;
+	}
+	return st;
+}
+
+/* Copies src's selected rows into mem on the h2d queue, and waits. */
+static ts_status copy_rows(struct ts_session *s, void *mem, const struct ts_session_source *src,
+                           bool from_host, uint64_t want, struct ts_error *err)
+{
+	ts_status st = enqueue_rows(s->env.h2d, mem, src, from_host, want, err);
+
+	if (st == TS_OK)
+		return ts_queue_sync(s->env.h2d, err);
+	ts_queue_sync(s->env.h2d, NULL);    /* the copies enqueued are done with mem */
+	return st;
+}
+
+/* The staged bytes src gives, checked against the plan's buffer i. */
+static ts_status stage_check(const struct ts_session *s, enum ts_pbuf_role role, int i,
+                             const struct ts_session_source *src, struct ts_error *err)
+{
+	uint64_t want = s->plan.bufs[i].bytes;
+	uint64_t have = src->rows ? (uint64_t)src->nrows * src->row_bytes : src->bytes;
+
+	if (have != want || (src->rows && src->row_bytes == 0))
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
+		                    "'%s' stages %llu bytes; the step plan wants %llu", role_name(role),
+		                    (unsigned long long)have, (unsigned long long)want);
+	return TS_OK;
+}
+
+static void count_staged(struct ts_session *s, bool from_host, uint64_t bytes)
+{
+	if (from_host) {
+		s->report.staged_h2d_bytes += bytes;
+		s->report.h2d_bytes += bytes;
+	}
+}
+
 ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
                            const struct ts_session_source *src, struct ts_error *err)
 {
 	int i = slot(s, role), k = role == TS_ROLE_TARGET ? 1 : 0;
-	uint64_t want, have, off, len, at = 0;
-	struct ts_rows_iter it;
+	uint64_t want;
 	bool from_host;
 	void *mem = NULL;
-	ts_status st = TS_OK;
+	ts_status st;
 
 	if (i < 0 || (role != TS_ROLE_INPUT && role != TS_ROLE_TARGET))
 		return no_slot(role, err);
 	if (s->staged[k])
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "ALREADY_STAGED",
 		                    "'%s' is staged already", role_name(role));
+	st = stage_check(s, role, i, src, err);
+	if (st != TS_OK)
+		return st;
 	want = s->plan.bufs[i].bytes;
-	have = src->rows ? (uint64_t)src->nrows * src->row_bytes : src->bytes;
-	if (have != want || (src->rows && src->row_bytes == 0))
-		return ts_error_set(err, TS_FAILED_PRECONDITION, "BAD_BINDING",
-		                    "'%s' stages %llu bytes; the step plan wants %llu", role_name(role),
-		                    (unsigned long long)have, (unsigned long long)want);
 	from_host = host_memory(src->src_dev, src->src_kind);
 	if (from_host) {
 		st = check_ids(s, role, src, NULL, err);
@@ -316,21 +384,7 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 	st = ts_space_alloc(s->env.device_space, want, &mem, err);
 	if (st != TS_OK)
 		return st;
-	if (src->rows) {
-		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
-		while (st == TS_OK && ts_rows_iter_next(&it, &off, &len)) {
-			st = ts_queue_copy(s->env.h2d, (char *)mem + at, (const char *)src->mem + off, len,
-			                   from_host ? TS_COPY_H2D : TS_COPY_D2D, err);
-			at += len;
-		}
-	} else {
-		st = ts_queue_copy(s->env.h2d, mem, src->mem, want,
-		                   from_host ? TS_COPY_H2D : TS_COPY_D2D, err);
-	}
-	if (st == TS_OK)
-		st = ts_queue_sync(s->env.h2d, err);
-	else
-		ts_queue_sync(s->env.h2d, NULL);    /* the copies enqueued are done with mem */
+	st = copy_rows(s, mem, src, from_host, want, err);
 	if (st == TS_OK && !from_host)
 		st = check_ids(s, role, src, mem, err);
 	if (st != TS_OK) {
@@ -340,9 +394,91 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 	s->staged[k] = mem;
 	s->staged_bytes[k] = want;
 	s->args[i] = mem;
-	if (from_host) {
-		s->report.staged_h2d_bytes += want;
-		s->report.h2d_bytes += want;
+	count_staged(s, from_host, want);
+	return TS_OK;
+}
+
+/*
+ * Starts staging the batch of the run's step n into the spare buffers, on
+ * the stage queue, while the step before computes: the hooks give the
+ * sources; the copies are waited for by prestage_finish.
+ */
+static ts_status prestage_start(struct ts_session *s, const struct ts_session_hooks *h,
+                                void *arg, uint64_t n, struct ts_error *err)
+{
+	static const enum ts_pbuf_role roles[2] = {TS_ROLE_INPUT, TS_ROLE_TARGET};
+	ts_status st = TS_OK;
+
+	if (!s->stage_q)
+		st = ts_queue_new(s->cfg.dev, &s->stage_q, err);
+	for (int k = 0; k < 2 && st == TS_OK; k++) {
+		struct ts_session_source src;
+		int i = slot(s, roles[k]);
+
+		if (i < 0 || !s->staged[k])
+			continue;
+		st = h->batch(arg, n, roles[k], &src, err);
+		if (st == TS_OK)
+			st = stage_check(s, roles[k], i, &src, err);
+		if (st == TS_OK && !s->spare[k]) {
+			st = ts_space_alloc(s->env.device_space, s->staged_bytes[k], &s->spare[k], err);
+			if (st == TS_OK)
+				s->report.spare_bytes += s->staged_bytes[k];
+		}
+		if (st == TS_OK) {
+			bool from_host = host_memory(src.src_dev, src.src_kind);
+
+			/* token ids in host memory are checked where they are */
+			s->spare_check[k] = from_host ? 0 : src.row_bytes ? src.row_bytes : 1;
+			s->pending = true;
+			/* token ids in host memory are checked where they are; a bad
+			 * one fails the run as its step is due, not this step */
+			if (from_host && s->next_err.status == TS_OK &&
+			    check_ids(s, roles[k], &src, NULL, &s->next_err) != TS_OK)
+				continue;
+			st = enqueue_rows(s->stage_q, s->spare[k], &src, from_host, s->staged_bytes[k], err);
+			if (st == TS_OK)
+				count_staged(s, from_host, s->staged_bytes[k]);
+		}
+	}
+	return st;
+}
+
+/* Waits for the next batch's copies; with swap, it becomes the batch. */
+static ts_status prestage_finish(struct ts_session *s, bool swap, struct ts_error *err)
+{
+	static const enum ts_pbuf_role roles[2] = {TS_ROLE_INPUT, TS_ROLE_TARGET};
+	ts_status st;
+
+	if (!s->pending)
+		return TS_OK;
+	s->pending = false;
+	st = ts_queue_sync(s->stage_q, swap ? err : NULL);
+	if (st == TS_OK && swap && s->next_err.status != TS_OK) {
+		if (err)
+			*err = s->next_err;
+		st = s->next_err.status;
+	}
+	ts_error_clear(&s->next_err);
+	if (st != TS_OK || !swap)
+		return st;
+	for (int k = 0; k < 2; k++) {
+		int i = slot(s, roles[k]);
+		void *t;
+
+		if (i < 0 || !s->spare[k])
+			continue;
+		if (s->spare_check[k]) {
+			struct ts_session_source src = {.row_bytes = s->spare_check[k]};
+
+			st = check_ids(s, roles[k], &src, s->spare[k], err);
+			if (st != TS_OK)
+				return st;
+		}
+		t = s->staged[k];
+		s->staged[k] = s->spare[k];
+		s->spare[k] = t;
+		s->args[i] = s->staged[k];
 	}
 	return TS_OK;
 }
@@ -412,8 +548,14 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 			                  "the steps were cancelled after %llu", (unsigned long long)n);
 			break;
 		}
-		if (hooks && hooks->prepare)
+		/* a data-driven run: this step's batch, staged meanwhile; the
+		 * next one starts on its way while this one computes */
+		if (hooks && hooks->batch && n > 0)
+			st = prestage_finish(s, true, err);
+		if (st == TS_OK && hooks && hooks->prepare)
 			st = hooks->prepare(arg, s, err);
+		if (st == TS_OK && hooks && hooks->batch && n + 1 < steps)
+			st = prestage_start(s, hooks, arg, n + 1, err);
 		if (st == TS_OK)
 			st = ts_exec_run(&s->plan, &s->env, s->args, s->outs, (int)(first_t + n), &r, err);
 		if (st != TS_OK) {
@@ -428,6 +570,8 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 			st = hooks->publish(arg, s, r.loss, err);
 		advance(s);
 	}
+	/* a next batch still on its way is not needed */
+	prestage_finish(s, false, NULL);
 	return st;
 }
 

@@ -19,6 +19,11 @@
  * A session knows memory (device/, memory/), not arrays: it never calls up
  * into the layers that own them.
  *
+ * An evaluation session (cfg.evaluate) plans the forward pass and the loss
+ * only: ts_session_run with steps 1 computes the loss into the report (the
+ * same value, bit for bit, as a step's before its update) and, when bound,
+ * the outputs; no role is versioned and nothing but the outputs is written.
+ *
  * Thread-safety: a session is used by one thread at a time.
  */
 #ifndef TS_SESSION_H
@@ -44,6 +49,12 @@ struct ts_session_config {
 	struct ts_optimizer opt;
 	struct ts_policy policy;         /* params and opt_state where their memory is */
 	int batch;                       /* rows per step */
+	/* an evaluation (ts_plan_build_eval): forward and loss only, opt is not
+	 * used, nothing is updated; with outputs, role TS_ROLE_OUTPUT is bound
+	 * to memory of [batch, d_model] float32 in outputs_kind */
+	bool evaluate;
+	bool outputs;
+	enum ts_memory_kind outputs_kind;
 };
 
 /* Where a role's batch comes from: memory of `bytes` holding rows of
@@ -65,6 +76,7 @@ struct ts_session_report {
 	uint64_t measured_temp_peak, measured_host_temp_peak;
 	uint64_t h2d_bytes, d2h_bytes;   /* the steps' and the staging's */
 	uint64_t staged_h2d_bytes;       /* of them, staging the batch from host memory */
+	uint64_t spare_bytes;            /* device memory of the next batches (hooks' batch) */
 	double wall_s, compute_s, copy_wait_s;
 };
 
@@ -77,6 +89,13 @@ struct ts_session_hooks {
 	 * next memory holds their update; publish it. Must not fail for memory
 	 * (prepare what publishing needs). A failure stops the run. */
 	ts_status (*publish)(void *arg, struct ts_session *s, float loss, struct ts_error *err);
+	/* Data-driven runs (optional): the source of the batch of the run's
+	 * step n for role (TS_ROLE_INPUT, then TS_ROLE_TARGET when staged; rows
+	 * borrowed until the next call). Step 0's batch is the one staged with
+	 * ts_session_stage; each later one is staged into a second buffer of
+	 * the session's (report's spare_bytes) while the step before computes. */
+	ts_status (*batch)(void *arg, uint64_t n, enum ts_pbuf_role role,
+	                   struct ts_session_source *src, struct ts_error *err);
 };
 
 /*

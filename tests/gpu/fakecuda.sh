@@ -88,6 +88,7 @@ for pass in $passes; do
 		done
 		run it_arrays CK_RUN_CASE=on_backend "$build/tests/it_arrays"
 		run it_models "$build/tests/it_models"
+		run it_evaluate "$build/tests/it_evaluate"
 		run it_rows "$build/tests/it_rows"
 		for t in it_integrity it_badinput it_hostile it_probe it_convert; do
 			run "$t" "$build/tests/$t"

@@ -91,6 +91,8 @@ static const struct bad rows[] = {
 	{"DELETE", "/v1/models/" L129, NULL, NULL, 0, 400, NULL, "BAD_MODEL_NAME", "model name"},
 	{"GET", "/v1/models/" L300, NULL, NULL, 0, 400, NULL, "BAD_MODEL_NAME", "model"},
 	{"POST", "/v1/models/" L300 ":step", NULL, "{}", 0, 400, NULL, "BAD_MODEL_NAME", "model"},
+	{"POST", "/v1/models/" L300 ":evaluate", NULL, "{}", 0, 400, NULL, "BAD_MODEL_NAME",
+	 "model"},
 	{"GET", "/v1/shardings/" L300, NULL, NULL, 0, 400, NULL, "BAD_SHARDING_NAME", "sharding"},
 	{"GET", "/v1/shardings/" L129, NULL, NULL, 0, 400, NULL, "BAD_SHARDING_NAME", "128"},
 	{"GET", "/v1/operations/" L300, NULL, NULL, 0, 400, NULL, "BAD_OPERATION_ID", "operation"},
@@ -139,6 +141,8 @@ static const struct bad rows[] = {
 	 "POST"},
 	{"GET", "/v1/models/m:step", NULL, NULL, 0, 405, "INVALID_ARGUMENT", "METHOD_NOT_ALLOWED",
 	 "POST"},
+	{"GET", "/v1/models/m:evaluate", NULL, NULL, 0, 405, "INVALID_ARGUMENT",
+	 "METHOD_NOT_ALLOWED", "POST"},
 	{"GE\"T", "/v1/devices", NULL, NULL, 0, 405, "INVALID_ARGUMENT", "METHOD_NOT_ALLOWED",
 	 "GE\"T"},
 	{"DELETE", "/v1/shardings/s1", NULL, NULL, 0, 405, "INVALID_ARGUMENT", "METHOD_NOT_ALLOWED",
@@ -194,6 +198,8 @@ static const struct bad rows[] = {
 	 "'overwrite'"},
 	{"POST", "/v1/models/m:step?wait=maybe", NULL, "{}", 0, 400, NULL, "BAD_QUERY_PARAMETER",
 	 "'wait'"},
+	{"POST", "/v1/models/m:evaluate?wait=maybe", NULL, "{}", 0, 400, NULL,
+	 "BAD_QUERY_PARAMETER", "'wait'"},
 
 	/* ---- NUL and invalid UTF-8 in query keys and values ---- */
 	{"GET", "/v1/arrays?device=sim:0%00x", NULL, NULL, 0, 400, NULL, "BAD_ENCODING", "NUL"},
@@ -249,6 +255,9 @@ static const struct bad rows[] = {
 	 "BAD_MEMORY_KIND", "vram"},
 	{"GET", "/v1/arrays/a/sharding?format=xml", NULL, NULL, 0, 400, NULL, "BAD_FORMAT", "xml"},
 	{"GET", "/v1/arrays/a/data?format=csv", NULL, NULL, 0, 400, NULL, "BAD_FORMAT", "csv"},
+	/* an empty format is no format (a schemathesis finding) */
+	{"GET", "/v1/arrays/a/sharding?format=", NULL, NULL, 0, 400, NULL, "BAD_FORMAT", "json, text"},
+	{"GET", "/v1/arrays/a/data?format=", NULL, NULL, 0, 400, NULL, "BAD_FORMAT", "raw, npy"},
 
 	/* ---- index expressions on a: uint8 [4, 2] ---- */
 	{"GET", IDX "9", NULL, NULL, 0, 400, "OUT_OF_RANGE", NULL, "9"},
@@ -458,6 +467,15 @@ static const struct bad rows[] = {
 	 0, 400, NULL, NULL, "steps"},
 	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", \"bogus\": 1}",
 	 0, 400, NULL, NULL, "bogus"},
+	{"POST", "/v1/models/nosuch:evaluate", NULL, "{\"inputs\": \"x\"}", 0, 404, NULL,
+	 "MODEL_NOT_FOUND", "nosuch"},
+	{"POST", "/v1/models/m:evaluate", NULL, "{\"inputs\": \"x\", \"bogus\": 1}", 0, 400, NULL,
+	 NULL, "bogus"},
+	{"POST", "/v1/models/m:evaluate", NULL, "{\"inputs\": 7}", 0, 400, NULL, NULL, "inputs"},
+	{"POST", "/v1/models/m:evaluate", NULL, "{\"inputs\": \"x\", \"outputs\": []}", 0, 400,
+	 NULL, "BAD_OUTPUTS", "outputs"},
+	{"POST", "/v1/models/m:analyze", NULL, "{\"batch\": [4, 8], \"mode\": 3}", 0, 400, NULL,
+	 NULL, "mode"},
 
 	/* ---- import and export ---- */
 	{"POST", "/v1/arrays:import", NULL, "garbage", 0, 400, NULL, NULL, "safetensors"},

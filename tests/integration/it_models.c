@@ -1842,11 +1842,14 @@ START_TEST(test_step_counts_staging_from_the_host)
 	json_t *res;
 	const json_int_t batch = 8 * 16 * 4;
 
-	json_decref(create("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	                   "\"loss\": \"mse\", \"placement\": {\"device\": \"sim:0\"}}"));
-	upload("hx", x, 8, 16, "device=sim:0&memory_kind=pinned_host");
-	upload("hy", x + 16, 8, 16, "device=sim:0&memory_kind=pinned_host");
-	upload("hds", x, 12, 16, "device=sim:0&memory_kind=pinned_host");
+	char *spec = fmt("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                 "\"loss\": \"mse\", \"placement\": {\"device\": \"%s\"}}", th_dev(0));
+	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0)), *dev0 = fmt("device=%s", th_dev(0));
+
+	json_decref(create(spec));
+	upload("hx", x, 8, 16, host);
+	upload("hy", x + 16, 8, 16, host);
+	upload("hds", x, 12, 16, host);
 	res = step_wait("hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
@@ -1857,13 +1860,136 @@ START_TEST(test_step_counts_staging_from_the_host)
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	json_decref(res);
 	/* already on the device: nothing is staged */
-	upload("dx", x, 8, 16, "device=sim:0");
-	upload("dy", x + 16, 8, 16, "device=sim:0");
+	upload("dx", x, 8, 16, dev0);
+	upload("dy", x + 16, 8, 16, dev0);
 	res = step_wait("hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 0);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(th_obj(res, "analysis"), "h2d_bytes"));
 	json_decref(res);
+	free(spec);
+	free(host);
+	free(dev0);
 	free(x);
+}
+END_TEST
+
+/* The losses of a result, appended to out[*n]. */
+static void take_losses(json_t *res, double *out, size_t *n)
+{
+	json_t *l = th_arr(res, "losses");
+
+	for (size_t i = 0; i < json_array_size(l); i++)
+		out[(*n)++] = json_real_value(json_array_get(l, i));
+}
+
+/* Creates the Adam model name of the batches test on the first device. */
+static void batch_model(const char *name)
+{
+	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                 "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, "
+	                 "\"placement\": {\"device\": \"%s\"}}", name, th_dev(0));
+
+	json_decref(create(spec));
+	free(spec);
+}
+
+/*
+ * Data-driven runs: "batches" draws each step's batch from whole datasets
+ * (12 rows, batches of 4): sequential runs wrap into the next epoch and
+ * equal the same rows given step by step; a run resumed at the "next" it
+ * reported continues exactly, shuffled too (each epoch its own order, the
+ * same for the same seed); only the batches' rows move (staged_h2d).
+ */
+START_TEST(test_step_batches)
+{
+	float *x = make(12 * 16, 72, -1.0f, 1.0f), *y = make(12 * 16, 73, -1.0f, 1.0f);
+	double a[8], b[8], c[8], d[8], e[8];
+	size_t na = 0, nb = 0, nc = 0, nd = 0, ne = 0;
+	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0));
+	json_t *res, *bt;
+	char body[512];
+
+	upload("bx", x, 12, 16, host);
+	upload("by", y, 12, 16, host);
+	batch_model("ba");
+	batch_model("bb");
+	batch_model("bc");
+	/* 5 steps of 4 rows over 12: rows 0..11, then 0..7 of the next epoch */
+	res = step_wait("ba", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 5, "
+	                "\"batches\": {\"batch_size\": 4}}");
+	take_losses(res, a, &na);
+	bt = th_obj(res, "batches");
+	ck_assert_int_eq(J(bt, "next"), 20);
+	ck_assert_int_eq(J(bt, "epoch"), 1);
+	ck_assert_int_eq(J(bt, "rows"), 12);
+	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 5 * 2 * 4 * 16 * 4);
+	/* the next batch is staged in a second buffer per operand meanwhile:
+	 * counted in the prediction and measured */
+	ck_assert_int_eq(J(res, "predicted_peak_device_bytes"),
+	                 J(th_obj(res, "analysis"), "peak_device_bytes") + 2 * 4 * 16 * 4);
+	ck_assert_int_eq(J(res, "measured_peak_device_bytes"), J(res, "predicted_peak_device_bytes"));
+	json_decref(res);
+	for (int i = 0; i < 5; i++) {
+		int r0 = (i * 4) % 12;
+
+		snprintf(body, sizeof body, "{\"inputs\": {\"array\": \"bx\", \"rows\": [%d, %d, %d, %d]}, "
+		         "\"targets\": {\"array\": \"by\", \"rows\": [%d, %d, %d, %d]}}",
+		         r0, r0 + 1, r0 + 2, r0 + 3, r0, r0 + 1, r0 + 2, r0 + 3);
+		res = step_wait("bb", body);
+		take_losses(res, b, &nb);
+		json_decref(res);
+	}
+	ck_assert_uint_eq(na, 5);
+	ck_assert_uint_eq(nb, 5);
+	ck_assert_msg(memcmp(a, b, sizeof a[0] * 5) == 0, "batches differ from the same rows");
+	/* resumed where it stopped */
+	res = step_wait("bc", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "
+	                "\"batches\": {\"batch_size\": 4}}");
+	take_losses(res, c, &nc);
+	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 3, "
+	         "\"batches\": {\"batch_size\": 4, \"start\": %lld}}",
+	         (long long)J(th_obj(res, "batches"), "next"));
+	json_decref(res);
+	res = step_wait("bc", body);
+	take_losses(res, c, &nc);
+	json_decref(res);
+	ck_assert_msg(nc == 5 && memcmp(a, c, sizeof a[0] * 5) == 0, "a resumed run differs");
+	/* shuffled: the same seed, in one call or resumed, the same run */
+	batch_model("bd");
+	batch_model("be");
+	res = step_wait("bd", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 6, "
+	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
+	take_losses(res, d, &nd);
+	json_decref(res);
+	res = step_wait("be", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 4, "
+	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
+	take_losses(res, e, &ne);
+	json_decref(res);
+	res = step_wait("be", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "
+	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7, "
+	                "\"start\": 16}}");
+	take_losses(res, e, &ne);
+	json_decref(res);
+	ck_assert_msg(nd == 6 && ne == 6 && memcmp(d, e, sizeof d[0] * 6) == 0,
+	              "a resumed shuffled run differs");
+	/* shuffled is not sequential */
+	ck_assert_msg(memcmp(a, d, sizeof a[0] * 3) != 0, "shuffle drew the sequential batches");
+	/* refused: rows and batches together, a batch larger than the data, an
+	 * unknown order */
+	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": {\"array\": \"bx\", \"rows\": [0]}, "
+	           "\"targets\": \"by\", \"batches\": {\"batch_size\": 1}}", 400, "INVALID_ARGUMENT",
+	           "BAD_BATCHES", "exclusive", NULL);
+	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
+	           "\"batches\": {\"batch_size\": 13}}", 400, "INVALID_ARGUMENT", "BAD_BATCHES", "12",
+	           NULL);
+	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
+	           "\"batches\": {\"batch_size\": 4, \"order\": \"random\"}}", 400,
+	           "INVALID_ARGUMENT", "BAD_BATCHES", "order", NULL);
+	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
+	           "\"batches\": {\"size\": 4}}", 400, "INVALID_ARGUMENT", "BAD_BATCHES", "size", NULL);
+	free(host);
+	free(x);
+	free(y);
 }
 END_TEST
 
@@ -2059,6 +2185,7 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_step_errors);
 	tcase_add_test(tc, test_analyze_timeline_only_when_asked);
 	tcase_add_test(tc, test_step_counts_staging_from_the_host);
+	tcase_add_test(tc, test_step_batches);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("uncommitted");

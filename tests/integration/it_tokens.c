@@ -381,6 +381,69 @@ START_TEST(test_tokens_bad_id_refused)
 END_TEST
 
 
+/*
+ * Data-driven runs of a token model: "batches" of rows of the [N, T] uint16
+ * dataset equal the same rows given call by call; an id outside the
+ * vocabulary in a later batch (staged while a step computes) is 400
+ * BAD_TOKEN; :evaluate of a token model is a 400 naming the limitation.
+ */
+START_TEST(test_tokens_batches)
+{
+	double a[6], b[6];
+	char body[512], rows[128];
+	const char *msg;
+	struct th_response r;
+	json_t *res, *losses;
+
+	dataset_up(&A, "", -1);
+	dataset_up(&Bd, "", 200);           /* row 5 holds id 200 at position 3 */
+	create(&A, "da");
+	create(&A, "db");
+	res = post_json(&A, "/v1/models/da:step?wait=true",
+	                "{\"inputs\": \"inputs\", \"targets\": \"targets\", \"steps\": 6, "
+	                "\"batches\": {\"batch_size\": 4}}", 200);
+	losses = th_arr(res, "losses");
+	ck_assert_uint_eq(json_array_size(losses), 6);
+	for (int i = 0; i < 6; i++)
+		a[i] = json_number_value(json_array_get(losses, (size_t)i));
+	ck_assert_int_eq(th_int(th_obj(res, "batches"), "next"), 24);
+	ck_assert_int_eq(th_int(th_obj(res, "bytes_moved"), "staged_h2d"), 6 * 2 * BATCH * T * 2);
+	json_decref(res);
+	for (int c = 0; c < 6; c++) {
+		rows_of(c, rows, sizeof rows);
+		snprintf(body, sizeof body,
+		         "{\"inputs\": {\"array\": \"inputs\", \"rows\": %s}, "
+		         "\"targets\": {\"array\": \"targets\", \"rows\": %s}}", rows, rows);
+		res = post_json(&A, "/v1/models/db:step?wait=true", body, 200);
+		b[c] = json_number_value(json_array_get(th_arr(res, "losses"), 0));
+		json_decref(res);
+	}
+	for (int i = 0; i < 6; i++)
+		ck_assert_msg(a[i] == b[i], "step %d: batches %.17g, rows %.17g", i + 1, a[i], b[i]);
+	/* the second batch (rows 4..7) holds the bad id: found as it is staged */
+	create(&Bd, "dc");
+	th_request(&Bd, "POST", "/v1/models/dc:step?wait=true", json_headers,
+	           "{\"inputs\": \"inputs\", \"targets\": \"targets\", \"steps\": 3, "
+	           "\"batches\": {\"batch_size\": 4}}", strlen("{\"inputs\": \"inputs\", "
+	           "\"targets\": \"targets\", \"steps\": 3, \"batches\": {\"batch_size\": 4}}"), &r);
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_TOKEN");
+	msg = th_str(th_obj(th_json(&r), "error"), "message");
+	ck_assert_msg(strstr(msg, "200") && strstr(msg, "row 1") && strstr(msg, "position 3"),
+	              "%s", msg);
+	th_response_free(&r);
+	/* the first batch's step ran and is kept, as any failed run's */
+	res = get_json(&Bd, "/v1/models/dc");
+	ck_assert_int_eq(th_int(res, "steps"), 1);
+	json_decref(res);
+	/* a forward-only evaluation of a token model is refused, by name */
+	res = post_json(&A, "/v1/models/da:evaluate?wait=true",
+	                "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1]}, "
+	                "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1]}}", 400);
+	ck_assert_msg(mentions(res, "token models"), "evaluate: %s", json_dumps(res, 0));
+	json_decref(res);
+}
+END_TEST
+
 /* Ids [B] int32, no projection (d_model == vocab), no optimizer: the
  * gradients of the table and the layers are arrays; they go with the model. */
 START_TEST(test_tokens_rank1_no_projection_gradients)
@@ -441,6 +504,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_tokens_analyze_matches_step);
 	tcase_add_test(tc, test_tokens_bad_id_refused);
 	tcase_add_test(tc, test_tokens_rank1_no_projection_gradients);
+	tcase_add_test(tc, test_tokens_batches);
 	suite_add_tcase(s, tc);
 	return s;
 }

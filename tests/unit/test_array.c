@@ -8,6 +8,7 @@
  */
 #include <check.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -510,6 +511,59 @@ START_TEST(owners_keep_shape)
 }
 END_TEST
 
+/* A published version is never written: its setters stop the process (an
+ * assertion, in every build with assertions). */
+START_TEST(setters_refuse_published)
+{
+	struct ts_array *a = make("sealed", 64, &dev0);
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	ts_array_set_owner(a, "model 'm'");       /* aborts here */
+	ts_array_unref(a);
+}
+END_TEST
+
+START_TEST(unpublished_setters_work)
+{
+	struct ts_array *a = make("open", 64, &dev0), *b;
+	struct ts_precondition owner = {.owner = "model 'm'"};
+	struct ts_error err;
+
+	ts_array_set_owner(a, "model 'm'");
+	ts_array_set_implicit_bytes(a, 7);
+	ts_array_set_metadata(a, json_pack("{s:s}", "k", "v"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	b = ts_catalog_get(cat, "open");
+	ck_assert_str_eq(ts_array_owner(b), "model 'm'");
+	ck_assert_uint_eq(ts_array_implicit_bytes(b), 7);
+	ck_assert_str_eq(json_string_value(json_object_get(ts_array_metadata(b), "k")), "v");
+	ck_assert_int_eq(ts_catalog_delete(cat, "open", &owner, &err), TS_OK);   /* seal intact */
+	ts_array_unref(b);
+	ts_array_unref(a);
+}
+END_TEST
+
+#if TS_DEBUG
+/* Debug builds seal a version at publish: metadata changed in place through
+ * the borrowed pointer is caught when the version is deleted. */
+START_TEST(seal_catches_a_changed_version)
+{
+	struct ts_array *a = make("meta", 64, &dev0);
+	struct ts_error err;
+
+	ts_array_set_metadata(a, json_pack("{s:s}", "k", "v"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	json_object_set_new(ts_array_metadata(a), "k", json_string("changed"));
+	ts_catalog_delete(cat, "meta", NULL, &err);     /* aborts here */
+	ts_array_unref(a);
+}
+END_TEST
+#endif
+
 static Suite *array_suite(void)
 {
 	Suite *s = suite_create("array");
@@ -529,6 +583,11 @@ static Suite *array_suite(void)
 	tcase_add_test(tc, holds_refuse_other_writers);
 	tcase_add_test(tc, owners_keep_shape);
 	tcase_add_test(tc, replace_publishes_a_prepared_version);
+	tcase_add_test(tc, unpublished_setters_work);
+	tcase_add_test_raise_signal(tc, setters_refuse_published, SIGABRT);
+#if TS_DEBUG
+	tcase_add_test_raise_signal(tc, seal_catches_a_changed_version, SIGABRT);
+#endif
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -44,9 +44,11 @@ static struct ts_device *dev(const char *id)
 	return ts_device_set_find(set, id);
 }
 
-/* Publishes an n-byte array of known bytes; returns a reference. */
-static struct ts_array *publish(const char *name, const char *on, enum ts_memory_kind k,
-                                bool committed, uint64_t n)
+/* Publishes an n-byte array of known bytes with metadata meta (stolen, may
+ * be NULL: set before the publish, as versions are immutable after it);
+ * returns a reference. */
+static struct ts_array *publish_meta(const char *name, const char *on, enum ts_memory_kind k,
+                                     bool committed, uint64_t n, json_t *meta)
 {
 	struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1, .shape = {n}};
 	struct ts_placement pl;
@@ -65,9 +67,17 @@ static struct ts_array *publish(const char *name, const char *on, enum ts_memory
 	ck_assert_int_eq(ts_array_writer_write(w, bytes, n, &err), TS_OK);
 	ck_assert_int_eq(ts_array_writer_finish(w, &err), TS_OK);
 	ts_array_writer_free(w);
+	if (meta)
+		ts_array_set_metadata(a, meta);
 	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
 	free(bytes);
 	return a;
+}
+
+static struct ts_array *publish(const char *name, const char *on, enum ts_memory_kind k,
+                                bool committed, uint64_t n)
+{
+	return publish_meta(name, on, k, committed, n, NULL);
 }
 
 static void expect_bytes(struct ts_array *a, char seed)
@@ -187,14 +197,14 @@ END_TEST
 START_TEST(held_arrays_move_for_their_holder)
 {
 	struct ts_array *c = publish("c", "sim:1", TS_MEM_DEVICE, true, 16);
-	struct ts_array *h = publish("h", "sim:0", TS_MEM_DEVICE, false, 16);
+	struct ts_array *h = publish_meta("h", "sim:0", TS_MEM_DEVICE, false, 16,
+	                                  json_pack("{s:s}", "origin", "test"));
 	struct ts_array *arrs[2] = {c, h};
 	struct ts_device *where;
 	struct ts_error err;
 	char who[40];
 
 	ts_error_clear(&err);
-	ts_array_set_metadata(h, json_pack("{s:s}", "origin", "test"));
 	ck_assert_int_eq(ts_catalog_hold(cat, &h, 1, "op-9", &err), TS_OK);
 	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, NULL, NULL, &where, &err), TS_ABORTED);
 	ck_assert_str_eq(err.reason, "ARRAY_HELD");

@@ -80,6 +80,20 @@ START_TEST(error_first_wins)
 }
 END_TEST
 
+/* "x" then "é" repeated into big (cap bytes), NUL-terminated: a text that a
+ * byte cut would split inside a character. */
+static void fill_e_acute(char *big, size_t cap)
+{
+	size_t n = 0;
+
+	big[n++] = 'x';
+	while (n + 2 < cap - 1) {
+		big[n++] = '\xc3';
+		big[n++] = '\xa9';
+	}
+	big[n] = '\0';
+}
+
 /* The one bad-input and out-of-memory helpers: prefix, reason, status, the
  * first error kept, and a long message cut on a character boundary after
  * the prefix. */
@@ -87,7 +101,6 @@ START_TEST(error_bad_and_oom_helpers)
 {
 	struct ts_error e;
 	char big[TS_ERROR_MESSAGE_MAX * 2];
-	size_t n = 0;
 
 	ts_error_clear(&e);
 	ck_assert_int_eq(ts_error_bad(&e, "BAD_NPY_HEADER", "npy header", "rank %d", 9),
@@ -106,13 +119,7 @@ START_TEST(error_bad_and_oom_helpers)
 	ck_assert_str_eq(e.message, "no memory for array 'w1'");
 	ck_assert_int_eq(ts_error_oom(NULL, "x"), TS_RESOURCE_EXHAUSTED);
 	ck_assert_int_eq(ts_error_bad(NULL, "R", "p", "x"), TS_INVALID_ARGUMENT);
-	while (n + 2 < sizeof big - 1) {      /* "é" repeated, starting one byte in */
-		if (n == 0)
-			big[n++] = 'x';
-		big[n++] = '\xc3';
-		big[n++] = '\xa9';
-	}
-	big[n] = '\0';
+	fill_e_acute(big, sizeof big);
 	ts_error_clear(&e);
 	ts_error_bad(&e, "R", "safetensors header", "%s", big);
 	ck_assert_int_eq(strncmp(e.message, "safetensors header: x\xc3\xa9", 23), 0);
@@ -203,12 +210,12 @@ START_TEST(locks_know_their_holder)
 	ck_assert_int_eq(ts_rwlock_init(&l), 0);
 	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l) && !ts_rwlock_writing(&l));
 	ts_mutex_lock(&m);
+	ck_assert_int_ne(ts_mutex_wait(&m, &c, &past), 0);   /* times out, held again */
+	ck_assert(ts_mutex_held(&m));
 	ts_rwlock_wrlock(&l);
 	ck_assert(ts_mutex_held(&m) && ts_rwlock_writing(&l) && ts_rwlock_held(&l));
 	probe(&p);                    /* another thread holds neither */
 	ck_assert(!p.mutex_held && !p.writing && !p.held);
-	ck_assert_int_ne(ts_mutex_wait(&m, &c, &past), 0);   /* times out, held again */
-	ck_assert(ts_mutex_held(&m));
 	ts_rwlock_unlock(&l);
 	ts_mutex_unlock(&m);
 	ck_assert(!ts_mutex_held(&m) && !ts_rwlock_held(&l));
@@ -395,15 +402,8 @@ START_TEST(error_message_boundary)
 {
 	struct ts_error e;
 	char big[TS_ERROR_MESSAGE_MAX * 2];
-	size_t n = 0;
 
-	while (n + 2 < sizeof big - 1) {      /* "é" repeated, starting one byte in */
-		if (n == 0)
-			big[n++] = 'x';
-		big[n++] = '\xc3';
-		big[n++] = '\xa9';
-	}
-	big[n] = '\0';
+	fill_e_acute(big, sizeof big);
 	ts_error_clear(&e);
 	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "%s", big);
 	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);

@@ -24,6 +24,7 @@
 
 #include "device/backend.h"
 #include "train/exec.h"
+#include "train/session.h"
 
 #define MiB (1024.0 * 1024.0)
 
@@ -220,6 +221,7 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 	case TS_ROLE_GRAD_W2:
 	case TS_ROLE_GRAD_EMBED:
 	case TS_ROLE_GRAD_PROJ:
+	case TS_ROLE_OUTPUT:
 		for (size_t i = 0; i < n; i++)
 			x[i] = NAN;
 		break;
@@ -229,10 +231,26 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 	}
 }
 
+static void job_bind(unsigned seed, struct job *j);
+
 static void job_new(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
                     const struct ts_policy *pol, unsigned seed, struct job *j)
 {
 	OK(ts_plan_build(m, o, batch, pol, &j->plan, &err));
+	job_bind(seed, j);
+}
+
+/* An evaluation's job (ts_plan_build_eval), its arguments as job_new's. */
+static void job_new_eval(const struct ts_mlp *m, int batch, const struct ts_policy *pol,
+                         bool outputs, enum ts_memory_kind kind, unsigned seed, struct job *j)
+{
+	OK(ts_plan_build_eval(m, batch, pol, outputs, kind, &j->plan, &err));
+	job_bind(seed, j);
+}
+
+/* Allocates and fills the plan's arguments. */
+static void job_bind(unsigned seed, struct job *j)
+{
 	j->args = calloc((size_t)j->plan.nbufs, sizeof *j->args);
 	j->outs = calloc((size_t)j->plan.nbufs, sizeof *j->outs);
 	ck_assert_ptr_nonnull(j->args);
@@ -1361,19 +1379,175 @@ START_TEST(bad_arguments_refused)
 }
 END_TEST
 
+/* ---- evaluation ---------------------------------------------------------------- */
+
+/* An evaluation under every params placement, prefetch and outputs kind:
+ * its measured peak and bytes are the plan's (job_run), its loss is the
+ * step's before the update (bit for bit where exact), its outputs agree
+ * with its loss and are the same under every policy, and it writes no
+ * argument. */
+START_TEST(evaluation_is_the_steps_forward)
+{
+	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
+	                         .residual = true, .loss = TS_LOSS_MSE};
+	struct ts_policy dp = guide_policy(false, false, 0);
+	struct ts_exec_result rs, r;
+	struct job st, first;
+	bool have = false;
+
+	job_new(&m, &grads_only, 32, &dp, 3, &st);
+	job_run(&st, 1, &rs);
+	for (int k = 0; k < 8; k++) {
+		struct ts_policy pol = guide_policy(k & 1, false, (k >> 1) & 1);
+		enum ts_memory_kind kind = k & 4 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE;
+		size_t nw0, nw1, no, nt;
+		float *w0, *w1, *out, *tgt;
+		double sum = 0;
+		struct job ev;
+		char what[96];
+
+		snprintf(what, sizeof what, "evaluation params_host=%d prefetch=%d outputs %s", k & 1,
+		         (k >> 1) & 1, ts_memory_kind_name(kind));
+		job_new_eval(&m, 32, &pol, true, kind, 3, &ev);
+		w0 = job_read(&ev, TS_ROLE_W1, &nw0);
+		job_run(&ev, 1, &r);
+		say(what, &ev.plan, &r);
+		{
+			struct ts_plan sp;      /* a step under the same policy needs more */
+
+			OK(ts_plan_build(&m, &grads_only, 32, &pol, &sp, &err));
+			ck_assert_uint_lt(ev.plan.temp_size_in_bytes, sp.temp_size_in_bytes);
+			ts_plan_release(&sp);
+		}
+		same_loss(r.loss, rs.loss, what);
+		w1 = job_read(&ev, TS_ROLE_W1, &nw1);
+		ck_assert_uint_eq(nw0, nw1);
+		ck_assert_msg(memcmp(w0, w1, nw0 * sizeof *w0) == 0, "%s: w1 was written", what);
+		out = job_read(&ev, TS_ROLE_OUTPUT, &no);
+		tgt = job_read(&ev, TS_ROLE_TARGET, &nt);
+		ck_assert_uint_eq(no, (size_t)32 * 64);
+		ck_assert_uint_eq(nt, no);
+		for (size_t i = 0; i < no; i++) {
+			ck_assert_msg(isfinite(out[i]), "%s: outputs[%zu] not written", what, i);
+			sum += ((double)out[i] - tgt[i]) * ((double)out[i] - tgt[i]);
+		}
+		ck_assert_msg(fabs(sum / (double)no - r.loss) <= 1e-5 * fabs(r.loss),
+		              "%s: the outputs' mse %.9g is not the loss %.9g", what, sum / (double)no,
+		              (double)r.loss);
+		free(w0);
+		free(w1);
+		free(out);
+		free(tgt);
+		if (!have) {
+			first = ev;
+			have = true;
+			continue;
+		}
+		same_values(&first, &ev, TS_ROLE_OUTPUT, what);
+		job_free(&ev);
+	}
+	job_free(&first);
+	job_free(&st);
+}
+END_TEST
+
+/* The same through a session, by role: only params, inputs, targets and
+ * outputs have slots; the loss and outputs are the executor's. */
+START_TEST(evaluation_session_binds_by_role)
+{
+	const struct ts_mlp m = {.layers = 3, .d_model = 64, .d_hidden = 128, .act = TS_ACT_TANH,
+	                         .residual = true, .loss = TS_LOSS_MSE};
+	struct ts_policy pol = guide_policy(true, false, 1);
+	struct ts_session_config cfg = {.dev = dev, .memory = mem, .mlp = m, .policy = pol,
+	                                .batch = 16, .evaluate = true, .outputs = true,
+	                                .outputs_kind = TS_MEM_PINNED_HOST};
+	const struct ts_session_report *rep;
+	struct ts_session *sess;
+	struct ts_exec_result r;
+	struct job ev;
+	size_t nx, nt, no;
+	float *x, *t, *want;
+	void *px, *pt, *po;
+	uint64_t xb = 16 * 64 * sizeof(float);
+
+	job_new_eval(&m, 16, &pol, true, TS_MEM_PINNED_HOST, 5, &ev);
+	job_run(&ev, 1, &r);
+	x = job_read(&ev, TS_ROLE_INPUT, &nx);
+	t = job_read(&ev, TS_ROLE_TARGET, &nt);
+	want = job_read(&ev, TS_ROLE_OUTPUT, &no);
+	OK(ts_session_new(&cfg, &sess, &err));
+	ck_assert(ts_session_has_role(sess, TS_ROLE_W1) && ts_session_has_role(sess, TS_ROLE_W2));
+	ck_assert(ts_session_has_role(sess, TS_ROLE_OUTPUT));
+	ck_assert(!ts_session_has_role(sess, TS_ROLE_MU_W1));
+	ck_assert(!ts_session_has_role(sess, TS_ROLE_GRAD_W1));
+	ck_assert(!ts_session_versioned(sess, TS_ROLE_W1));
+	for (int k = 0; k < 2; k++) {
+		enum ts_pbuf_role role = k ? TS_ROLE_W2 : TS_ROLE_W1;
+		int i = role_index(&ev.plan, role);
+
+		OK(ts_session_bind(sess, role, ev.args[i], ev.plan.bufs[i].bytes, TS_MEM_PINNED_HOST,
+		                   &err));
+	}
+	OK(ts_space_alloc(psp, xb, &px, &err));
+	OK(ts_space_alloc(psp, xb, &pt, &err));
+	OK(ts_space_alloc(psp, xb, &po, &err));
+	memcpy(px, x, xb);
+	memcpy(pt, t, xb);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_bind(sess, TS_ROLE_OUTPUT, po, xb, TS_MEM_DEVICE, &err),
+	                 TS_FAILED_PRECONDITION);
+	ck_assert_ptr_nonnull(strstr(err.message, "outputs"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_bind(sess, TS_ROLE_MU_W1, po, xb, TS_MEM_DEVICE, &err),
+	                 TS_INVALID_ARGUMENT);
+	OK(ts_session_bind(sess, TS_ROLE_OUTPUT, po, xb, TS_MEM_PINNED_HOST, &err));
+	OK(ts_session_stage(sess, TS_ROLE_INPUT, &(struct ts_session_source){
+		.mem = px, .bytes = xb, .row_bytes = 64 * sizeof(float), .src_dev = dev,
+		.src_kind = TS_MEM_PINNED_HOST}, &err));
+	OK(ts_session_stage(sess, TS_ROLE_TARGET, &(struct ts_session_source){
+		.mem = pt, .bytes = xb, .row_bytes = 64 * sizeof(float), .src_dev = dev,
+		.src_kind = TS_MEM_PINNED_HOST}, &err));
+	OK(ts_session_run(sess, 1, 1, NULL, NULL, &err));
+	rep = ts_session_report(sess);
+	ck_assert_uint_eq(rep->steps, 1);
+	same_loss(rep->losses[0], r.loss, "session evaluation");
+	ck_assert_uint_eq(rep->measured_temp_peak, ts_session_plan(sess)->temp_size_in_bytes);
+	ck_assert_uint_eq(rep->staged_h2d_bytes, 2 * xb);
+	ck_assert(ts_session_plan(sess)->evaluate);
+	ck_assert_uint_eq(no * sizeof(float), xb);
+	ck_assert_msg(memcmp(po, want, xb) == 0, "the session's outputs are not the executor's");
+	ts_session_free(sess);
+	ts_space_release(psp, px, xb);
+	ts_space_release(psp, pt, xb);
+	ts_space_release(psp, po, xb);
+	free(x);
+	free(t);
+	free(want);
+	job_free(&ev);
+}
+END_TEST
+
 static void add_common(TCase *tc)
 {
 	tcase_add_test(tc, guide_peaks_equal_the_plan);
 	tcase_add_test(tc, peak_is_the_steps_own_while_others_allocate);
 	tcase_add_test(tc, every_policy_same_loss_and_gradients);
-	tcase_add_test(tc, token_models_every_policy_same_results);
-	tcase_add_test(tc, token_models_adam_same_on_device_and_host);
 	tcase_add_test(tc, gradients_match_finite_differences);
 	tcase_add_test(tc, adam_with_clipping_same_on_device_and_host);
 	tcase_add_test(tc, adam_first_step_matches_optax);
 	tcase_add_test(tc, sgd_step_is_minus_lr_grad);
 	tcase_add_test(tc, out_of_memory_mid_step_releases_every_temp);
 	tcase_add_test(tc, bad_arguments_refused);
+	tcase_add_test(tc, evaluation_is_the_steps_forward);
+	tcase_add_test(tc, evaluation_session_binds_by_role);
+}
+
+/* Token models' cases: they run the token kernels (k_embed_fwd,
+ * k_embed_bwd, k_xent_rows, k_xent_mean). */
+static void add_tokens(TCase *tc)
+{
+	tcase_add_test(tc, token_models_every_policy_same_results);
+	tcase_add_test(tc, token_models_adam_same_on_device_and_host);
 }
 
 static Suite *exec_suite(bool cuda)
@@ -1384,6 +1558,7 @@ static Suite *exec_suite(bool cuda)
 	tcase_add_checked_fixture(tc, setup_sim, teardown);
 	tcase_set_timeout(tc, 120);
 	add_common(tc);
+	add_tokens(tc);
 	/* fault injection exists on sim only */
 	tcase_add_test(tc, copy_failure_releases_every_temp);
 	tcase_add_test(tc, copy_failure_mid_step_leaves_every_array_whole);
@@ -1396,6 +1571,7 @@ static Suite *exec_suite(bool cuda)
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
 		add_common(tc);
+		add_tokens(tc);
 		suite_add_tcase(s, tc);
 	}
 	return s;

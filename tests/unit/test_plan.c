@@ -315,6 +315,162 @@ START_TEST(policy_refusals)
 }
 END_TEST
 
+/* ---- evaluation: the forward pass and the loss only ---------------------------- */
+
+/* L layers of d 64, h 128 on 8 rows: x 2 KiB, h 4 KiB, w1/w2 32 KiB each. */
+#define EX 2048u
+#define EH 4096u
+#define EW 32768u
+
+static const struct ts_mlp small_mse = {.layers = 3, .d_model = 64, .d_hidden = 128,
+                                        .act = TS_ACT_GELU, .residual = true,
+                                        .loss = TS_LOSS_MSE};
+
+static void plan_eval(const struct ts_mlp *m, bool params_host, int prefetch, bool outputs,
+                      enum ts_memory_kind kind, struct ts_plan *p)
+{
+	struct ts_policy pol = policy(params_host, false, prefetch);
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_msg(ts_plan_build_eval(m, 8, &pol, outputs, kind, p, &err) == TS_OK, "%s",
+	              err.message);
+	ck_assert(p->evaluate);
+	check_schedule(p);
+	/* forward only: no backward kernel, no update, nothing aliased; the loss
+	 * kernel's gradient is freed right after it */
+	for (int i = 0; i < p->nactions; i++) {
+		const struct ts_paction *a = &p->actions[i];
+
+		ck_assert_int_ne(a->op, TS_P_ACT_BWD);
+		ck_assert_int_ne(a->op, TS_P_UPDATE);
+		ck_assert_int_ne(a->op, TS_P_SUMSQ);
+		if (a->op == TS_P_LOSS) {
+			ck_assert_int_eq(p->bufs[a->d].role, TS_ROLE_G);
+			ck_assert_int_eq(p->actions[i + 2].op, TS_P_FREE);
+			ck_assert_int_eq(p->actions[i + 2].a, a->d);
+		}
+	}
+	for (int i = 0; i < p->nbufs; i++) {
+		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_GX);
+		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_GRAD_W1);
+		ck_assert_int_ne(p->bufs[i].role, TS_ROLE_GRAD_W2);
+		ck_assert(p->bufs[i].role > TS_ROLE_NU_W2 || p->bufs[i].role < TS_ROLE_MU_W1);
+		ck_assert(!p->bufs[i].versioned && !p->bufs[i].journaled);
+	}
+	ck_assert_uint_eq(p->alias_size_in_bytes, 0);
+	ck_assert_uint_eq(p->host_alias_size_in_bytes, 0);
+	ck_assert_uint_eq(p->host_version_size_in_bytes, 0);
+	ck_assert_uint_eq(p->host_journal_size_in_bytes, 0);
+}
+
+/* Params on the device: arguments are w1, w2, inputs, targets; the temps
+ * peak in a middle layer at its input, h and output (x + h + x). */
+START_TEST(eval_params_on_device)
+{
+	struct ts_plan p;
+
+	plan_eval(&small_mse, false, 0, false, TS_MEM_DEVICE, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, 2 * 3 * EW + 2 * EX);
+	ck_assert_uint_eq(p.output_size_in_bytes, 0);
+	ck_assert_uint_eq(p.temp_size_in_bytes, EX + EH + EX);
+	ck_assert_uint_eq(p.peak_device_bytes, 2 * 3 * EW + 2 * EX + EX + EH + EX);
+	ck_assert_uint_eq(p.host_argument_size_in_bytes, 0);
+	ck_assert_uint_eq(p.host_temp_size_in_bytes, 0);
+	ck_assert_uint_eq(p.h2d_bytes, 0);
+	ck_assert_uint_eq(p.d2h_bytes, 0);
+	ts_plan_release(&p);
+}
+END_TEST
+
+/* Params on pinned_host: each layer's w1 and w2 come in once (h2d = all of
+ * them), and with prefetch_depth 1 the next layer's are there too. */
+START_TEST(eval_params_streamed)
+{
+	struct ts_plan p;
+
+	plan_eval(&small_mse, true, 0, false, TS_MEM_DEVICE, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, 2 * EX);
+	ck_assert_uint_eq(p.host_argument_size_in_bytes, 2 * 3 * EW);
+	ck_assert_uint_eq(p.temp_size_in_bytes, 2 * EW + EX + EH + EX);
+	ck_assert_uint_eq(p.h2d_bytes, 2 * 3 * EW);
+	ck_assert_uint_eq(p.d2h_bytes, 0);
+	ck_assert_uint_eq(p.peak_device_bytes, 2 * EX + 2 * EW + EX + EH + EX);
+	ts_plan_release(&p);
+	plan_eval(&small_mse, true, 1, false, TS_MEM_DEVICE, &p);
+	ck_assert_uint_eq(p.temp_size_in_bytes, 4 * EW + EX + EH + EX);
+	ck_assert_uint_eq(p.h2d_bytes, 2 * 3 * EW);
+	ts_plan_release(&p);
+}
+END_TEST
+
+/* Outputs on the device are written by the last layer (an output, no
+ * temp); on pinned_host they are copied out of the last layer's temp. */
+START_TEST(eval_outputs)
+{
+	struct ts_mlp two = small_mse;
+	struct ts_plan p;
+
+	two.layers = 2;
+	plan_eval(&two, false, 0, true, TS_MEM_DEVICE, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, 2 * 2 * EW + 2 * EX);
+	ck_assert_uint_eq(p.output_size_in_bytes, EX);
+	ck_assert_uint_eq(p.temp_size_in_bytes, EH + EX);      /* layer 0: h, x_1; layer 1: x_1, h */
+	ck_assert_uint_eq(p.peak_device_bytes, 2 * 2 * EW + 2 * EX + EX + EH + EX);
+	ck_assert_uint_eq(p.d2h_bytes, 0);
+	ts_plan_release(&p);
+	plan_eval(&two, false, 0, true, TS_MEM_PINNED_HOST, &p);
+	ck_assert_uint_eq(p.output_size_in_bytes, 0);
+	ck_assert_uint_eq(p.host_output_size_in_bytes, EX);
+	ck_assert_uint_eq(p.temp_size_in_bytes, EX + EH + EX);
+	ck_assert_uint_eq(p.d2h_bytes, EX);
+	ck_assert_uint_eq(p.h2d_bytes, 0);
+	ts_plan_release(&p);
+}
+END_TEST
+
+/* An evaluation never needs more device memory than a step of the same
+ * model (it keeps no residual and no gradient), under any policy; the
+ * refusals are the step's. */
+START_TEST(eval_below_step)
+{
+	static const struct ts_mlp models[] = {
+		{.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_RELU, .loss = TS_LOSS_SUM},
+		{.layers = 3, .d_model = 64, .d_hidden = 0, .act = TS_ACT_TANH, .residual = true,
+		 .loss = TS_LOSS_MSE},
+		{.layers = 1, .d_model = 32, .d_hidden = 96, .act = TS_ACT_GELU, .loss = TS_LOSS_MSE},
+	};
+	struct ts_policy bad = {.params = TS_MEM_UNPINNED_HOST, .opt_state = TS_MEM_DEVICE};
+	struct ts_error err;
+	struct ts_plan p, q;
+
+	for (size_t m = 0; m < sizeof models / sizeof models[0]; m++)
+		for (int host = 0; host < 2; host++)
+			for (int pre = 0; pre < 2; pre++) {
+				struct ts_policy pol = policy(host, false, pre);
+
+				plan_eval(&models[m], host, pre, m == 1, host ? TS_MEM_PINNED_HOST :
+				          TS_MEM_DEVICE, &p);
+				ts_error_clear(&err);
+				ck_assert(ts_plan_build(&models[m], &grads_only, 8, &pol, &q, &err) == TS_OK);
+				ck_assert_uint_lt(p.temp_size_in_bytes, q.temp_size_in_bytes);
+				ck_assert_uint_le(p.peak_device_bytes, q.peak_device_bytes);
+				ts_plan_release(&p);
+				ts_plan_release(&q);
+			}
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_eval(&small_mse, 8, &bad, false, TS_MEM_DEVICE, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_eval(&small_mse, 0, &(struct ts_policy){0}, false,
+	                                    TS_MEM_DEVICE, &p, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_eval(&small_mse, 8, &(struct ts_policy){0}, true,
+	                                    TS_MEM_UNPINNED_HOST, &p, &err), TS_INVALID_ARGUMENT);
+	ck_assert_ptr_nonnull(strstr(err.message, "unpinned_host"));
+}
+END_TEST
+
 static Suite *plan_suite(void)
 {
 	Suite *s = suite_create("plan");
@@ -327,6 +483,10 @@ static Suite *plan_suite(void)
 	tcase_add_test(tc, big_adam_model);
 	tcase_add_test(tc, every_policy_is_consistent);
 	tcase_add_test(tc, policy_refusals);
+	tcase_add_test(tc, eval_params_on_device);
+	tcase_add_test(tc, eval_params_streamed);
+	tcase_add_test(tc, eval_outputs);
+	tcase_add_test(tc, eval_below_step);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -204,7 +204,29 @@ static ts_status hook_publish(void *arg, struct ts_session *s, float loss, struc
 	return TS_OK;
 }
 
-static const struct ts_session_hooks hooks = {hook_cancelled, hook_prepare, hook_publish};
+static const struct ts_session_hooks hooks = {hook_cancelled, hook_prepare, hook_publish, NULL};
+
+/* A data-driven run's batches: step n's inputs are rows 4n..4n+7 of the
+ * dataset (mod ROWS), its targets the rows after them. */
+static uint64_t batch_in[BATCH], batch_tgt[BATCH];
+
+static ts_status hook_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *e)
+{
+	struct model *m = arg;
+	uint64_t rb = (uint64_t)mlp.d_model * 4, *rows = role == TS_ROLE_INPUT ? batch_in : batch_tgt;
+
+	(void)e;
+	for (int j = 0; j < BATCH; j++)
+		rows[j] = (4 * n + (uint64_t)j + (role == TS_ROLE_TARGET)) % ROWS;
+	*src = (struct ts_session_source){.mem = m->data, .bytes = ROWS * rb, .row_bytes = rb,
+	                                  .src_dev = dev, .src_kind = TS_MEM_PINNED_HOST,
+	                                  .rows = rows, .nrows = BATCH};
+	return TS_OK;
+}
+
+static const struct ts_session_hooks batch_hooks = {hook_cancelled, hook_prepare, hook_publish,
+                                                    hook_batch};
 
 /* A session over m with inputs rows[i] and targets trows[i] of the
  * dataset (rows NULL: rows 0.. and 1.. of it, copied to device memory). */
@@ -448,6 +470,49 @@ START_TEST(bindings_that_do_not_match_the_plan_are_refused)
 }
 END_TEST
 
+/* A data-driven run stages each step's batch while the step before
+ * computes: the same as one step per call on those rows. */
+START_TEST(a_batch_per_step_equals_those_rows_step_by_step)
+{
+	struct model a, b;
+	struct ts_session *s;
+	float losses[5];
+	uint64_t rb = (uint64_t)mlp.d_model * 4;
+
+	model_new(&a, TS_MEM_PINNED_HOST);
+	model_new(&b, TS_MEM_PINNED_HOST);
+	for (int j = 0; j < BATCH; j++) {
+		batch_in[j] = (uint64_t)j;
+		batch_tgt[j] = (uint64_t)j + 1;
+	}
+	s = session_rows(&a, batch_in, batch_tgt, NULL);
+	OK(ts_session_run(s, 5, 1, &batch_hooks, &a, &err));
+	ck_assert_uint_eq(ts_session_report(s)->steps, 5);
+	ck_assert_uint_eq(ts_session_report(s)->spare_bytes, 2 * BATCH * rb);
+	ck_assert_uint_eq(ts_session_report(s)->staged_h2d_bytes, 5 * 2 * BATCH * rb);
+	memcpy(losses, ts_session_report(s)->losses, sizeof losses);
+	ts_session_free(s);
+	for (int n = 0; n < 5; n++) {
+		uint64_t in[BATCH], tgt[BATCH];
+
+		for (int j = 0; j < BATCH; j++) {
+			in[j] = (4 * (uint64_t)n + (uint64_t)j) % ROWS;
+			tgt[j] = (4 * (uint64_t)n + (uint64_t)j + 1) % ROWS;
+		}
+		s = session_rows(&b, in, tgt, NULL);
+		OK(ts_session_run(s, 1, 1 + (uint64_t)n, &hooks, &b, &err));
+		ck_assert_msg(memcmp(&losses[n], ts_session_report(s)->losses, sizeof(float)) == 0,
+		              "step %d: %g, step by step %g", n, (double)losses[n],
+		              (double)ts_session_report(s)->losses[0]);
+		ts_session_free(s);
+	}
+	for (size_t i = 0; i < sizeof params / sizeof *params; i++)
+		ck_assert(memcmp(a.role[params[i]], b.role[params[i]], a.bytes[params[i]]) == 0);
+	model_free(&a);
+	model_free(&b);
+}
+END_TEST
+
 static Suite *session_suite(void)
 {
 	Suite *s = suite_create("session");
@@ -459,6 +524,7 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, repeated_and_reordered_rows_stage_exactly_those_rows);
 	tcase_add_test(tc, a_failed_step_leaves_every_array_and_publishes_nothing);
 	tcase_add_test(tc, cancelled_between_steps);
+	tcase_add_test(tc, a_batch_per_step_equals_those_rows_step_by_step);
 	tcase_add_test(tc, bindings_that_do_not_match_the_plan_are_refused);
 	suite_add_tcase(s, tc);
 	return s;

@@ -2,12 +2,18 @@
  * test_space.c - memory spaces over real (sim and cpu) devices: exact
  * accounting, peaks, refusal as a value with its numbers, pinned pool growth
  * in segments without rounding, shared host pools, and a randomized sequence
- * whose every space's bytes_in_use equals the sum of its live blocks.
+ * whose every space's bytes_in_use equals the sum of its live blocks; host
+ * memory shareable as (descriptor, offset, length), device memory not.
  */
 #include <check.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include "memory/buffer.h"
 #include "memory/space.h"
 
 static struct ts_device_set *set;
@@ -350,6 +356,132 @@ START_TEST(randomized_exact_stats)
 }
 END_TEST
 
+/* Maps [off, off + len) of fd read-only and checks it holds want's bytes. */
+static void check_mapped(int fd, uint64_t off, const unsigned char *want, size_t len)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t base = off / (uint64_t)page * (uint64_t)page;
+	unsigned char *m = mmap(NULL, len + (off - base), PROT_READ, MAP_SHARED, fd, (off_t)base);
+
+	ck_assert_ptr_ne(m, MAP_FAILED);
+	ck_assert_int_eq(memcmp(m + (off - base), want, len), 0);
+	munmap(m, len + (off - base));
+}
+
+START_TEST(host_memory_is_shareable)
+{
+	const enum ts_memory_kind kinds[] = {TS_MEM_PINNED_HOST, TS_MEM_UNPINNED_HOST};
+
+	for (size_t k = 0; k < 2; k++) {
+		struct ts_space *sp = ts_memory_find(mem, "cpu:0", kinds[k]);
+		struct ts_space_stats st;
+		struct ts_buffer *a, *b;
+		struct ts_error err;
+		uint64_t off_a = 1, off_b = 1;
+		int fa, fb, fw;
+		void *w;
+
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_buffer_new(sp, 5000, &a, &err), TS_OK);
+		ck_assert_int_eq(ts_buffer_new(sp, 3000, &b, &err), TS_OK);
+		ts_space_stats(sp, &st);
+		ck_assert_uint_eq(st.bytes_in_use, 8000);        /* exact, as before */
+		memset(ts_buffer_data(a), 0xa5, 5000);
+		memset(ts_buffer_data(b), 0x5a, 3000);
+		fa = ts_buffer_share(a, false, &off_a);
+		fb = ts_buffer_share(b, false, &off_b);
+		ck_assert_int_ge(fa, 0);
+		ck_assert_int_ge(fb, 0);
+		if (kinds[k] == TS_MEM_PINNED_HOST)
+			ck_assert_uint_ne(off_a, off_b);             /* carved from one segment */
+		else
+			ck_assert_uint_eq(off_b, 0);                 /* a mapping of its own */
+		check_mapped(fa, off_a, ts_buffer_data(a), 5000);
+		check_mapped(fb, off_b, ts_buffer_data(b), 3000);
+		/* a read-only descriptor cannot be mapped for writing, nor resized */
+		w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fa, 0);
+		ck_assert_ptr_eq(w, MAP_FAILED);
+		ck_assert_int_ne(ftruncate(fa, 0), 0);
+		/* a writable one writes the daemon's bytes, but is sealed at its size */
+		fw = ts_buffer_share(b, true, &off_b);
+		ck_assert_int_ge(fw, 0);
+		ck_assert_int_ne(ftruncate(fw, 0), 0);
+		ck_assert_int_eq(errno, EPERM);
+		ck_assert_int_eq((int)pwrite(fw, "xyz", 3, (off_t)off_b), 3);
+		ck_assert_int_eq(memcmp(ts_buffer_data(b), "xyz", 3), 0);
+		close(fa);
+		close(fb);
+		close(fw);
+		ts_buffer_unref(a);
+		ts_buffer_unref(b);
+		ts_space_stats(sp, &st);
+		ck_assert_uint_eq(st.bytes_in_use, 0);
+	}
+}
+END_TEST
+
+START_TEST(device_memory_is_not_shareable)
+{
+	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
+	struct ts_buffer *b;
+	struct ts_error err;
+	uint64_t off = 0;
+	void *p;
+	int fd;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_buffer_new(sp, 4096, &b, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_share(b, false, &off), -ENOENT);
+	/* nor is an address outside every mapping, or past one's end */
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), &off, 1, false, &off), -ENOENT);
+	ts_buffer_unref(b);
+	sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
+	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p, &err), TS_OK);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 8192, false, &off), -ENOENT);
+	fd = ts_host_mem_share(ts_space_device(sp), (char *)p + 4095, 1, false, &off);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_uint_eq(off, 4095);
+	close(fd);
+	ts_space_release(sp, p, 4096);
+	/* freed: no longer shareable */
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 1, false, &off), -ENOENT);
+}
+END_TEST
+
+START_TEST(descriptors_are_budgeted)
+{
+	struct ts_space *sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
+	struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
+	void *p[100];
+	struct ts_error err;
+	uint64_t off;
+	int shared = 0, fd;
+
+	/* this case runs in its own process (fork mode): the limit is its own */
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	ts_error_clear(&err);
+	for (int i = 0; i < 100; i++) {
+		ck_assert_msg(ts_space_alloc(sp, 4096, &p[i], &err) == TS_OK, "%s", err.message);
+		fd = ts_host_mem_share(ts_space_device(sp), p[i], 4096, false, &off);
+		if (fd >= 0) {
+			shared++;
+			close(fd);
+		}
+	}
+	/* at most half the limit holds memfds (the pinned pool's none yet);
+	 * the others are anonymous pages, allocated all the same */
+	ck_assert_int_gt(shared, 0);
+	ck_assert_int_le(shared, 32);
+	for (int i = 0; i < 100; i++)
+		ts_space_release(sp, p[i], 4096);
+	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p[0], &err), TS_OK);
+	fd = ts_host_mem_share(ts_space_device(sp), p[0], 4096, false, &off);
+	ck_assert_int_ge(fd, 0);                   /* freed ones gave theirs back */
+	close(fd);
+	ts_space_release(sp, p[0], 4096);
+}
+END_TEST
+
 static Suite *space_suite(void)
 {
 	Suite *s = suite_create("space");
@@ -366,6 +498,9 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, zero_size);
 	tcase_add_test(tc, device_pool_leaves_headroom);
 	tcase_add_test(tc, randomized_exact_stats);
+	tcase_add_test(tc, host_memory_is_shareable);
+	tcase_add_test(tc, device_memory_is_not_shareable);
+	tcase_add_test(tc, descriptors_are_budgeted);
 	suite_add_tcase(s, tc);
 	return s;
 }

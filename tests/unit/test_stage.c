@@ -140,6 +140,47 @@ START_TEST(writer_host_and_device)
 }
 END_TEST
 
+/* A device the stager was not made with (one of another set) has no
+ * queues here: writers, reads and copies touching its memory are refused
+ * (INTERNAL, NO_QUEUES) instead of following a NULL queue. */
+START_TEST(foreign_device_refused)
+{
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 16ull << 20,
+	                              .cuda = false, .host = "o"};
+	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
+	                              .pinned_host_limit = 8ull << 20,
+	                              .unpinned_host_limit = 8ull << 20,
+	                              .pinned_segment = 1ull << 20};
+	struct ts_device_set *oset;
+	struct ts_memory *omem;
+	struct ts_buffer *foreign, *mine = buf("sim:0", TS_MEM_DEVICE, 4096);
+	struct ts_writer *w = NULL;
+	struct ts_run run = {.src_offset = 0, .dst_offset = 0, .len = 4096};
+	struct ts_error err;
+	char host[4096];
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_set_new(&dc, &oset, &err), TS_OK);
+	ck_assert_int_eq(ts_memory_new(oset, &mc, &omem, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_new(ts_memory_find(omem, "sim:0", TS_MEM_DEVICE), 4096, &foreign,
+	                               &err), TS_OK);
+	ck_assert_int_eq(ts_writer_new(stg, foreign, 0, &w, &err), TS_INTERNAL);
+	ck_assert_str_eq(err.reason, "NO_QUEUES");
+	ck_assert_ptr_null(w);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_stage_read(stg, foreign, 0, host, sizeof host, &err), TS_INTERNAL);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_stage_copy_runs(stg, mine, foreign, &run, 1, &err), TS_INTERNAL);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_stage_copy_runs(stg, foreign, mine, &run, 1, &err), TS_INTERNAL);
+	ck_assert_str_eq(err.reason, "NO_QUEUES");
+	ts_buffer_unref(foreign);
+	ts_buffer_unref(mine);
+	ts_memory_free(omem);
+	ts_device_set_free(oset);
+}
+END_TEST
+
 START_TEST(staging_slots_return_to_the_pool)
 {
 	struct ts_space_stats s;
@@ -480,6 +521,7 @@ static Suite *stage_suite(bool cuda)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, writer_host_and_device);
+	tcase_add_test(tc, foreign_device_refused);
 	tcase_add_test(tc, staging_slots_return_to_the_pool);
 	tcase_add_test(tc, copy_runs_every_pair);
 	tcase_add_test(tc, staged_copies_through_the_ring);

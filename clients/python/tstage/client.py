@@ -11,6 +11,7 @@ import numpy as np
 from . import dtypes as _dt
 from ._transport import Transport, quote_name
 from .errors import NotFound, TstageError
+from .lease import LeaseConnection, WriteLease
 from .operation import Operation
 
 __all__ = ["Client", "rows"]
@@ -165,12 +166,38 @@ class Client:
             if token_file:
                 token = _read_token_file(token_file)
         self.url = url
+        self._unix_socket = unix_socket
+        self._lease_conn: Optional[LeaseConnection] = None
         self._t = Transport(url, unix_socket=unix_socket, token=token, timeout=timeout,
                             retries=retries, backoff=backoff, max_backoff=max_backoff)
 
     def close(self) -> None:
-        """Closes the pooled connections."""
+        """Closes the pooled connections, and the lease connection: every lease
+        ends (arrays of ``get(zero_copy=True)`` must not be used after)."""
+        if self._lease_conn is not None:
+            self._lease_conn.close()
+            self._lease_conn = None
         self._t.close()
+
+    def leases(self) -> LeaseConnection:
+        """The connection to the lease service (``<unix socket>.lease``), made on
+        first use; needs ``unix_socket``."""
+        if self._lease_conn is None:
+            if not self._unix_socket:
+                raise ValueError("zero_copy and lease_write need tstaged's Unix socket: "
+                                 "Client(unix_socket=...) on the same node")
+            self._lease_conn = LeaseConnection(self._unix_socket)
+        return self._lease_conn
+
+    def lease_write(self, name: str, dtype: Any, shape: Sequence[int], *,
+                    memory_kind: Optional[str] = None,
+                    device: Optional[str] = None) -> WriteLease:
+        """A new array in the server's host memory (``pinned_host`` unless
+        ``memory_kind`` says ``unpinned_host``) to fill in place: ``w.array`` is
+        a writable numpy array over it (not initialised), ``w.publish()`` makes
+        it the current version of name. Same node only (Unix socket)."""
+        return self.leases().create(name, dtype, shape, memory_kind=memory_kind,
+                                    device=device)
 
     def __enter__(self) -> "Client":
         return self
@@ -272,7 +299,7 @@ class Client:
         return _convert(out, like)
 
     def get(self, name: str, index: Optional[Index] = None, *,
-            like: Optional[str] = None) -> Any:
+            like: Optional[str] = None, zero_copy: bool = False) -> Any:
         """Downloads an array (or the slice ``index`` of it) as numpy.
 
         ``index`` is numpy basic indexing: an int, a slice, ``...``, a tuple of
@@ -280,7 +307,16 @@ class Client:
         selected bytes are read on the server. The dtype and shape come from the
         answer (bfloat16 as ``ml_dtypes.bfloat16``). ``like="jax"`` or
         ``"torch"`` answers that library's array instead.
+
+        ``zero_copy=True`` (Unix socket, host memory, one shard) maps the
+        server's memory instead: a read-only numpy array of the version current
+        now, kept alive on the server until the array is garbage-collected or
+        the client closes.
         """
+        if zero_copy:
+            if index is not None or like is not None:
+                raise ValueError("zero_copy maps the whole array: no index or like")
+            return self.leases().read(name)
         expr = "" if index is None else _index_expr(index)
         q: Dict[str, Any] = {"index": expr} if expr else {}
         return self._download(f"/v1/arrays/{quote_name(name)}/data", q, like)

@@ -32,7 +32,9 @@ SPEC.json (paths are raw little-endian float32, C order):
 Writes into "out": result.json {"losses": [N floats], "grad_norms": [N],
 "clipped": [N booleans]}; w1.f32 and w2.f32 (the parameters after the N
 steps); grad_w1.f32 and grad_w2.f32 (the last step's gradients, before
-clipping); with adam, mu_w1.f32, nu_w1.f32, mu_w2.f32, nu_w2.f32. All float32.
+clipping); with adam, mu_w1.f32, nu_w1.f32, mu_w2.f32, nu_w2.f32;
+outputs.f32 (x_L [B, d] of the initial parameters: what an evaluation before
+the steps writes) and "initial_loss" in result.json. All float32.
 Exit status 0 on success, 2 on a bad spec.
 """
 import json
@@ -126,6 +128,21 @@ def forward_backward(spec, params, x0, target):
     return loss, grads
 
 
+def forward(spec, params, x0, target):
+    """The outputs x_L and the loss, in float64 (an evaluation)."""
+    act, residual = spec["activation"], bool(spec.get("residual", False))
+    w1, w2 = params["w1"], params.get("w2")
+    x = x0
+    for l in range(spec["layers"]):
+        a = act_fwd(act, x @ w1[l])
+        y = a @ w2[l] if w2 is not None else a
+        x = x + y if residual else y
+    if spec.get("loss", "sum") == "sum":
+        return x, float(np.sum(x))
+    diff = x - target
+    return x, float(np.mean(diff * diff))
+
+
 def f32(v):
     """A hyperparameter as the daemon holds it (float32)."""
     return float(np.float32(v))
@@ -155,6 +172,7 @@ def main():
     mu = {k: np.zeros_like(v) for k, v in params.items()}
     nu = {k: np.zeros_like(v) for k, v in params.items()}
 
+    outputs, initial_loss = forward(spec, params, x0, target)
     losses, norms, clipped, grads = [], [], [], {}
     for i in range(steps):
         t = t0 + i
@@ -187,8 +205,10 @@ def main():
         if kind == "adam":
             save(os.path.join(out, f"mu_{k}.f32"), mu[k])
             save(os.path.join(out, f"nu_{k}.f32"), nu[k])
+    save(os.path.join(out, "outputs.f32"), outputs)
     with open(os.path.join(out, "result.json"), "w") as f:
-        json.dump({"losses": losses, "grad_norms": norms, "clipped": clipped}, f)
+        json.dump({"losses": losses, "grad_norms": norms, "clipped": clipped,
+                   "initial_loss": initial_loss}, f)
     return 0
 
 

@@ -1,0 +1,332 @@
+"""The same-node path without a copy: leases of host arrays over the Unix
+socket's lease service (mapped while the name is replaced, deleted or moved,
+memory returned when the lease ends, killed clients, many leases, writers that
+never publish, the socket files' mode, and the service's framing)."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Iterator
+
+import numpy as np
+import pytest
+
+import tstage
+from conftest import Daemon, ROOT
+
+MIB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def lease_daemon() -> Iterator[Daemon]:
+    sock_dir = tempfile.mkdtemp(prefix="tsl-")
+    sock = os.path.join(sock_dir, "s")
+    d = Daemon(["--unix-socket", sock, "--unix-socket-mode", "0660"])
+    d.sock = sock  # type: ignore[attr-defined]
+    yield d
+    d.stop()
+    assert d.proc.returncode == 0, open(d.stderr.name).read()
+
+
+@pytest.fixture
+def lc(lease_daemon: Daemon) -> Iterator[tstage.Client]:
+    c = tstage.Client(unix_socket=lease_daemon.sock, retries=2, backoff=0.05)  # type: ignore
+    yield c
+    c.close()
+    c = tstage.Client(unix_socket=lease_daemon.sock)  # type: ignore
+    for a in list(c.list()):
+        c.delete(a["name"])
+    c.close()
+
+
+def in_use(c: tstage.Client, kind: str = "pinned_host", device: str = "cpu:0") -> int:
+    return int(c.memory_stats(device, kind)["bytes_in_use"])
+
+
+def settle(c: tstage.Client, want: int, kind: str = "pinned_host", timeout: float = 10) -> int:
+    """bytes_in_use once it reaches want (a closed connection is seen by the
+    service's thread a moment later), or its last value."""
+    deadline = time.monotonic() + timeout
+    got = in_use(c, kind)
+    while got != want and time.monotonic() < deadline:
+        time.sleep(0.02)
+        got = in_use(c, kind)
+    return got
+
+
+def release_all(c: tstage.Client) -> None:
+    gc.collect()
+    c.leases().sync()
+
+
+def test_zero_copy_read_is_a_read_only_mapping(lc):
+    a = np.arange(1 << 16, dtype=np.float32).reshape(256, 256)
+    lc.put("a", a, device="cpu:0", memory_kind="pinned_host")
+    x = lc.get("a", zero_copy=True)
+    assert x.dtype == a.dtype and x.shape == a.shape
+    assert np.array_equal(x, a)
+    assert not x.flags.writeable
+    with pytest.raises(ValueError):
+        x[0, 0] = 1
+    # the same bytes as over HTTP, and the mapping is the server's memory
+    assert np.array_equal(lc.get("a"), x)
+
+
+@pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
+def test_replaced_while_mapped_keeps_the_old_bytes(lc, kind):
+    n = 4 * MIB
+    lc.put("r", np.full(n // 4, 1, np.int32), device="cpu:0", memory_kind=kind)
+    base = in_use(lc, kind)
+    x = lc.get("r", zero_copy=True)
+    lc.put("r", np.full(n // 4, 2, np.int32), device="cpu:0", memory_kind=kind)
+    assert np.all(lc.get("r") == 2)
+    assert np.all(x == 1), "the mapped version changed under its lease"
+    # both versions live: the old one is held by the lease
+    assert in_use(lc, kind) == base + n
+    del x
+    release_all(lc)
+    assert in_use(lc, kind) == base
+
+
+def test_deleted_while_mapped_keeps_the_bytes_until_released(lc):
+    n = 8 * MIB
+    before = in_use(lc)
+    data = np.random.default_rng(1).integers(0, 255, n, dtype=np.uint8)
+    lc.put("d", data, device="cpu:0", memory_kind="pinned_host")
+    x = lc.get("d", zero_copy=True)
+    view = x[100:200]              # a view keeps the lease too
+    lc.delete("d")
+    assert not lc.exists("d")
+    assert in_use(lc) == before + n
+    assert np.array_equal(x, data)
+    del x
+    release_all(lc)
+    assert in_use(lc) == before + n, "released while a view still maps it"
+    assert np.array_equal(view, data[100:200])
+    del view
+    release_all(lc)
+    assert in_use(lc) == before
+
+
+def test_moved_while_mapped(lc):
+    n = 2 * MIB
+    data = np.arange(n // 8, dtype=np.float64)
+    lc.put("m", data, device="cpu:0", memory_kind="pinned_host")
+    x = lc.get("m", zero_copy=True)
+    lc.device_put("m", device="sim:0", memory_kind="device", wait=True)
+    assert np.array_equal(x, data)
+    # the pinned version lives only through the lease now
+    assert in_use(lc) == n
+    with pytest.raises(tstage.FailedPrecondition, match="not host memory; use HTTP"):
+        lc.get("m", zero_copy=True)
+    del x
+    release_all(lc)
+    assert in_use(lc) == 0
+    assert np.array_equal(lc.get("m"), data)
+
+
+def test_close_ends_every_lease(lease_daemon, lc):
+    lc.put("c", np.ones(MIB, np.uint8), device="cpu:0",
+           memory_kind="pinned_host")
+    keep = [lc.get("c", zero_copy=True) for _ in range(3)]
+    lc.delete("c")
+    assert in_use(lc) == MIB
+    other = tstage.Client(unix_socket=lease_daemon.sock)
+    lc.close()
+    assert settle(other, 0) == 0
+    other.close()
+    del keep
+
+
+def test_killed_client_returns_the_memory(lease_daemon, lc):
+    n = 16 * MIB
+    lc.put("k", np.full(n, 3, np.uint8), device="cpu:0", memory_kind="pinned_host")
+    script = (
+        "import sys, time, tstage\n"
+        f"c = tstage.Client(unix_socket={lease_daemon.sock!r})\n"
+        "x = c.get('k', zero_copy=True)\n"
+        "w = c.lease_write('never', 'uint8', [1 << 20], memory_kind='unpinned_host',\n"
+        "                  device='cpu:0')\n"
+        "w.array[:] = 1\n"
+        "assert int(x[12345]) == 3\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "clients" / "python"))
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
+        lc.delete("k")
+        assert in_use(lc) == n
+        assert in_use(lc, "unpinned_host") == MIB
+        assert not lc.exists("never")
+        p.kill()
+        p.wait()
+        assert settle(lc, 0) == 0
+        assert settle(lc, 0, "unpinned_host") == 0
+        assert not lc.exists("never")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def test_many_leases(lc):
+    arrays = 40
+    for i in range(arrays):
+        lc.put(f"many{i}", np.full(4096, i, np.int32), device="cpu:0",
+               memory_kind="unpinned_host")
+    base = in_use(lc, "unpinned_host")
+    maps = [lc.get(f"many{i % arrays}", zero_copy=True) for i in range(400)]
+    for i in range(arrays):
+        lc.delete(f"many{i}")
+    assert in_use(lc, "unpinned_host") == base
+    for i, m in enumerate(maps):
+        assert int(m[0]) == i % arrays and int(m[-1]) == i % arrays
+    del maps, m
+    release_all(lc)
+    assert in_use(lc, "unpinned_host") == 0
+
+
+@pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
+def test_write_lease_publishes_in_place(lc, kind):
+    w = lc.lease_write("w", np.float32, (64, 32), memory_kind=kind, device="cpu:0")
+    assert w.array.flags.writeable and w.array.shape == (64, 32)
+    w.array[:] = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    assert not lc.exists("w"), "visible before publish"
+    assert in_use(lc, kind) == 64 * 32 * 4
+    got = w.publish()
+    assert got["name"] == "w" and got["replaced"] is False
+    assert not w.array.flags.writeable
+    assert np.array_equal(lc.get("w"), np.arange(64 * 32, dtype=np.float32).reshape(64, 32))
+    assert lc.info("w")["etag"] == got["etag"]
+    # if_none_match refuses an existing name, and the lease stays usable
+    w2 = lc.lease_write("w", np.float32, (1,), memory_kind=kind, device="cpu:0")
+    with pytest.raises(tstage.AlreadyExists):
+        w2.publish(if_none_match="*")
+    w2.array[:] = 5
+    assert w2.publish()["replaced"] is True
+    assert np.array_equal(lc.get("w"), np.array([5], np.float32))
+
+
+def test_writer_that_never_publishes(lc):
+    w = lc.lease_write("ghost", np.uint8, (3 * MIB,), memory_kind="pinned_host",
+                       device="cpu:0")
+    w.array[:] = 9
+    assert in_use(lc) == 3 * MIB
+    w.release()
+    assert not lc.exists("ghost")
+    assert in_use(lc) == 0
+    # dropped unpublished: the garbage collector releases it
+    w = lc.lease_write("ghost", np.uint8, (MIB,), memory_kind="unpinned_host", device="cpu:0")
+    del w
+    release_all(lc)
+    assert not lc.exists("ghost")
+    assert in_use(lc, "unpinned_host") == 0
+
+
+def test_write_lease_refusals(lc):
+    with pytest.raises(tstage.FailedPrecondition, match="not host memory"):
+        lc.lease_write("x", np.float32, (4,), device="sim:0", memory_kind="device")
+    with pytest.raises(tstage.OutOfMemory):
+        lc.lease_write("x", np.uint8, (1 << 40,), memory_kind="pinned_host", device="cpu:0")
+    with pytest.raises(tstage.NotFound):
+        lc.lease_write("x", np.uint8, (4,), device="sim:9")
+    with pytest.raises(tstage.InvalidArgument, match="array name"):
+        lc.lease_write("bad name", np.uint8, (4,))
+    assert in_use(lc) == 0
+
+
+def test_zero_copy_needs_the_unix_socket(daemon):
+    c = tstage.Client(daemon.url)
+    with pytest.raises(ValueError, match="Unix socket"):
+        c.get("a", zero_copy=True)
+    c.close()
+
+
+def test_socket_files_keep_the_mode(lease_daemon):
+    for path in (lease_daemon.sock, lease_daemon.sock + ".lease"):
+        st = os.stat(path)
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o660, (path, oct(st.st_mode))
+
+
+def _frame(obj) -> bytes:
+    body = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+def _read(s: socket.socket):
+    def exact(n):
+        b = b""
+        while len(b) < n:
+            got = s.recv(n - len(b))
+            if not got:
+                return None
+            b += got
+        return b
+    h = exact(4)
+    if h is None:
+        return None
+    return json.loads(exact(struct.unpack(">I", h)[0]))
+
+
+def test_service_answers_bad_requests_and_goes_on(lease_daemon, lc):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10)
+    s.connect(lease_daemon.sock + ".lease")
+    for bad, want in [(b"{not json", "one JSON object"),
+                      ({"op": "steal"}, "member 'op'"),
+                      ({"op": "lease"}, "member 'name'"),
+                      ({"op": "lease", "name": "a", "extra": 1}, "no member 'extra'"),
+                      ({"op": "publish", "lease": 99}, "no lease 99"),
+                      ({"op": "publish", "lease": -1}, "member 'lease'"),
+                      ({"op": "create", "name": "z", "dtype": "float32",
+                        "shape": [1, -1]}, "'shape'[1]")]:
+        s.sendall(_frame(bad))
+        r = _read(s)
+        assert r is not None and "error" in r, bad
+        assert 400 <= r["error"]["code"] < 500 and want in r["error"]["message"], r
+    # a release has no answer (not even for a lease not held): the ping's is next
+    s.sendall(_frame({"op": "release", "lease": 12345}) + _frame({"op": "ping"}))
+    assert _read(s) == {}
+    # a frame that cannot be read is answered, then the connection closes
+    s.sendall(struct.pack(">I", 1 << 30))
+    r = _read(s)
+    assert r["error"]["status"] == "INVALID_ARGUMENT"
+    assert _read(s) is None
+    s.close()
+
+
+def test_zero_copy_dtypes(lc):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    a = np.arange(96, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(4, 24)
+    lc.put("bf", a, device="cpu:0", memory_kind="unpinned_host")
+    x = lc.get("bf", zero_copy=True)
+    assert x.dtype == np.dtype(ml_dtypes.bfloat16) and x.shape == (4, 24)
+    assert np.array_equal(x.view(np.uint16), a.view(np.uint16))
+    lc.put("empty", np.zeros((0, 3), np.int64), device="cpu:0", memory_kind="unpinned_host")
+    e = lc.get("empty", zero_copy=True)
+    assert e.shape == (0, 3) and e.dtype == np.int64 and not e.flags.writeable
+
+
+def test_sharded_host_array_is_read_over_http(lc):
+    sharding = {"mesh": {"devices": ["sim:0", "sim:1"], "axis_names": ["x"]}, "spec": ["x"],
+                "memory_kind": "pinned_host"}
+    a = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+    lc.put("sh", a, sharding=sharding)
+    with pytest.raises(ValueError, match="2 shards"):
+        lc.get("sh", zero_copy=True)
+    assert np.array_equal(lc.get("sh"), a)
+    # the lease the client could not map was released: deleting frees the bytes
+    lc.delete("sh")
+    release_all(lc)
+    assert in_use(lc, "pinned_host", "sim:0") == 0
+    assert in_use(lc, "pinned_host", "sim:1") == 0

@@ -1,0 +1,404 @@
+/*
+ * it_lease.c - Check suite "lease": the lease service beside --unix-socket
+ * ("<socket>.lease"). A client on the same node leases an array in host
+ * memory and maps the descriptor it receives (SCM_RIGHTS) read-only: the
+ * bytes stay as they were while the name is replaced or deleted, and the
+ * memory goes back to its space (/v1/memory bytes_in_use) only when the
+ * lease is released or the client's connection closes, also when the client
+ * is killed. A writable lease is invisible until published and freed when
+ * its connection closes unpublished. Read-only descriptors cannot be mapped
+ * for writing or truncated; descriptors a client sends are dropped; device
+ * arrays are refused with a message that says to use HTTP; the lease
+ * socket's file has the mode of --unix-socket-mode. Pinned host memory is
+ * shareable on every backend once --unix-socket is on (on CUDA, memfd pages
+ * pinned with cudaHostRegister: exercised where the suite runs on a GPU).
+ *
+ * Each test case runs in its own forked process with its own daemon.
+ */
+#include "tests/integration/harness.h"
+#include "tests/integration/lease_wire.h"
+
+#include <check.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MiB (1u << 20)
+
+static struct th_daemon d;
+static char sock[300];
+
+static void start(const char *mode)
+{
+	char dir[256];
+	const char *args[] = {"--unix-socket", sock, "--unix-socket-mode", mode, NULL};
+
+	snprintf(sock, sizeof sock, "%s/s", th_temp_dir("lease", dir, sizeof dir));
+	th_daemon_start(&d, args);
+}
+
+static long long in_use(const char *dev, const char *kind)
+{
+	struct th_response r;
+	json_t *spaces = th_arr(th_get_json(&d, "/v1/memory", &r), "spaces"), *s;
+	long long v = -1;
+	size_t i;
+
+	json_array_foreach(spaces, i, s)
+		if (strcmp(th_str(s, "device"), dev) == 0 && strcmp(th_str(s, "memory_kind"), kind) == 0)
+			v = th_int(s, "bytes_in_use");
+	th_response_free(&r);
+	ck_assert_msg(v >= 0, "no space %s/%s in /v1/memory", dev, kind);
+	return v;
+}
+
+/* bytes_in_use once it reads want (a closed connection is served a moment
+ * later), or its value after timeout_ms. */
+static long long settle(const char *kind, long long want, int timeout_ms)
+{
+	long long deadline = th_now_ms() + timeout_ms, v = in_use("cpu:0", kind);
+
+	while (v != want && th_now_ms() < deadline) {
+		usleep(20000);
+		v = in_use("cpu:0", kind);
+	}
+	return v;
+}
+
+static void upload(const char *name, const char *kind, const void *data, size_t n)
+{
+	char path[256];
+	struct th_response r;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=uint8&shape=%zu&device=cpu:0&memory_kind=%s",
+	         name, n, kind);
+	th_request(&d, "PUT", path, NULL, data, n, &r);
+	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+}
+
+static long http_status(const char *method, const char *path)
+{
+	struct th_response r;
+	long s;
+
+	th_request(&d, method, path, NULL, NULL, 0, &r);
+	s = r.status;
+	th_response_free(&r);
+	return s;
+}
+
+struct mapped {
+	json_t *answer;
+	const unsigned char *data;
+	void *base;
+	size_t maplen;
+	uint64_t lease;
+};
+
+/* Leases name (or creates it from a create request) on fd and maps its one
+ * shard. */
+static void lease_map(int fd, const char *req, bool writable, struct mapped *m)
+{
+	int fds[LW_MAX_FDS], nfds = 0;
+	json_t *sh;
+
+	m->answer = lw_call(fd, req, fds, &nfds);
+	ck_assert_msg(m->answer && !json_object_get(m->answer, "error"), "%s: %s", req,
+	              m->answer ? json_dumps(m->answer, 0) : "no answer");
+	ck_assert_int_eq(nfds, 1);
+	sh = json_array_get(th_arr(m->answer, "shards"), 0);
+	m->lease = (uint64_t)th_int(m->answer, "lease");
+	m->data = lw_map(fds[0], (uint64_t)th_int(sh, "offset"), (uint64_t)th_int(sh, "length"),
+	                 writable, 0, &m->base, &m->maplen);
+	ck_assert_msg(m->data != NULL, "mmap: %s", strerror(errno));
+	close(fds[0]);
+}
+
+static void unmap(struct mapped *m)
+{
+	munmap(m->base, m->maplen);
+	json_decref(m->answer);
+}
+
+static void release(int fd, uint64_t lease)
+{
+	char req[96];
+	int nfds;
+	json_t *j;
+
+	snprintf(req, sizeof req, "{\"op\":\"release\",\"lease\":%llu}", (unsigned long long)lease);
+	ck_assert_int_eq(lw_send_frame(fd, req, (uint32_t)strlen(req), NULL, 0), 0);
+	j = lw_call(fd, "{\"op\":\"ping\"}", NULL, &nfds);     /* releases have no answer */
+	ck_assert_msg(j && json_object_size(j) == 0, "ping after release");
+	json_decref(j);
+}
+
+static void check_kept(const char *kind)
+{
+	unsigned char *v1 = th_pattern(4 * MiB, 1), *v2 = th_pattern(4 * MiB, 2);
+	struct th_response r;
+	struct mapped m;
+	int fd;
+
+	upload("a", kind, v1, 4 * MiB);
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	lease_map(fd, "{\"op\":\"lease\",\"name\":\"a\"}", false, &m);
+	ck_assert_str_eq(th_str(m.answer, "dtype"), "uint8");
+	ck_assert_int_eq(th_int(m.answer, "nbytes"), 4 * MiB);
+	th_assert_bytes("mapped", m.data, 4 * MiB, v1, 4 * MiB);
+
+	/* replaced: the name reads the new bytes, the mapping the old */
+	upload("a", kind, v2, 4 * MiB);
+	th_get(&d, "/v1/arrays/a/data", &r);
+	th_assert_bytes("downloaded", r.body, r.body_len, v2, 4 * MiB);
+	th_response_free(&r);
+	th_assert_bytes("mapped after replace", m.data, 4 * MiB, v1, 4 * MiB);
+	ck_assert_int_eq(in_use("cpu:0", kind), 8 * MiB);
+
+	/* deleted: still the old bytes, still held */
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/a"), 200);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/a"), 404);
+	th_assert_bytes("mapped after delete", m.data, 4 * MiB, v1, 4 * MiB);
+	ck_assert_int_eq(in_use("cpu:0", kind), 4 * MiB);
+
+	release(fd, m.lease);
+	ck_assert_int_eq(in_use("cpu:0", kind), 0);
+	unmap(&m);
+	close(fd);
+	free(v1);
+	free(v2);
+}
+
+START_TEST(test_kept_while_replaced_and_deleted)
+{
+	start("0600");
+	check_kept("unpinned_host");
+	/* memfd pages: without CUDA as they are, on CUDA pinned with
+	 * cudaHostRegister (the GPU suite runs this case there) */
+	check_kept("pinned_host");
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_killed_client_returns_memory)
+{
+	unsigned char *v = th_pattern(8 * MiB, 3);
+	int ready[2];
+	char c = 0;
+	pid_t pid;
+
+	start("0600");
+	upload("k", "unpinned_host", v, 8 * MiB);
+	ck_assert_int_eq(pipe(ready), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = lw_connect(sock), fds[LW_MAX_FDS], nfds;
+		json_t *a = fd >= 0 ? lw_call(fd, "{\"op\":\"lease\",\"name\":\"k\"}", fds, &nfds) : NULL;
+		json_t *w = fd >= 0 ? lw_call(fd, "{\"op\":\"create\",\"name\":\"never\",\"dtype\":"
+		                                  "\"uint8\",\"shape\":[1048576],\"device\":\"cpu:0\","
+		                                  "\"memory_kind\":\"unpinned_host\"}", fds, &nfds)
+		                    : NULL;
+
+		c = a && w && !json_object_get(a, "error") && !json_object_get(w, "error") ? 'y' : 'n';
+		if (write(ready[1], &c, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(ready[1]);
+	ck_assert_int_eq(read(ready[0], &c, 1), 1);
+	ck_assert_int_eq(c, 'y');
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/k"), 200);
+	ck_assert_int_eq(in_use("cpu:0", "unpinned_host"), 9 * MiB);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/never"), 404);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	ck_assert_int_eq(settle("unpinned_host", 0, 10000), 0);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/never"), 404);
+	close(ready[0]);
+	free(v);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_write_lease)
+{
+	const char *kind = "pinned_host";
+	char req[256];
+	struct th_response r;
+	struct mapped m;
+	int fd, nfds;
+	json_t *j;
+
+	start("0600");
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"w\",\"dtype\":\"uint8\","
+	         "\"shape\":[2,1048576],\"device\":\"cpu:0\",\"memory_kind\":\"%s\"}", kind);
+	lease_map(fd, req, true, &m);
+	ck_assert(th_bool(m.answer, "writable"));
+	th_fill((void *)m.data, 2 * MiB, 7);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/w"), 404);    /* not yet */
+	ck_assert_int_eq(in_use("cpu:0", kind), 2 * MiB);
+	snprintf(req, sizeof req, "{\"op\":\"publish\",\"lease\":%llu}", (unsigned long long)m.lease);
+	j = lw_call(fd, req, NULL, &nfds);
+	ck_assert_msg(j && !json_object_get(j, "error"), "publish");
+	ck_assert_str_eq(th_str(j, "name"), "w");
+	json_decref(j);
+	th_get(&d, "/v1/arrays/w/data", &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_str_eq(th_header(&r, "X-Tstage-Shape"), "[2,1048576]");
+	{
+		unsigned char *want = th_pattern(2 * MiB, 7);
+
+		th_assert_bytes("published", r.body, r.body_len, want, 2 * MiB);
+		free(want);
+	}
+	th_response_free(&r);
+	unmap(&m);
+
+	/* a second writer that never publishes: nothing visible, memory back
+	 * when its connection closes */
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"ghost\",\"dtype\":\"float32\","
+	         "\"shape\":[262144],\"device\":\"cpu:0\",\"memory_kind\":\"%s\"}", kind);
+	lease_map(fd, req, true, &m);
+	memset((void *)m.data, 1, MiB);
+	ck_assert_int_eq(in_use("cpu:0", kind), 3 * MiB);
+	close(fd);
+	ck_assert_int_eq(settle(kind, 2 * MiB, 10000), 2 * MiB);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/ghost"), 404);
+	unmap(&m);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_read_only_descriptors)
+{
+	unsigned char *v = th_pattern(MiB, 4);
+	int fd, fds[LW_MAX_FDS], nfds;
+	json_t *a;
+	void *w;
+
+	start("0600");
+	upload("ro", "unpinned_host", v, MiB);
+	fd = lw_connect(sock);
+	a = lw_call(fd, "{\"op\":\"lease\",\"name\":\"ro\"}", fds, &nfds);
+	ck_assert_msg(a && nfds == 1, "lease");
+	w = mmap(NULL, MiB, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+	ck_assert_ptr_eq(w, MAP_FAILED);
+	ck_assert_int_eq(errno, EACCES);
+	ck_assert_int_ne(ftruncate(fds[0], 0), 0);
+	ck_assert_int_lt(write(fds[0], "x", 1), 0);
+	close(fds[0]);
+	json_decref(a);
+	close(fd);
+	free(v);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_refusals)
+{
+	char path[256];
+	struct th_response r;
+	int fd, nfds, p[2];
+	struct pollfd pf;
+	json_t *j;
+
+	start("0600");
+	snprintf(path, sizeof path, "/v1/arrays/dev?dtype=uint8&shape=16&device=%s&memory_kind=device",
+	         th_dev(0));
+	th_request(&d, "PUT", path, NULL, "0123456789abcdef", 16, &r);
+	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
+	th_response_free(&r);
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"dev\"}", NULL, &nfds);
+	ck_assert_msg(j != NULL, "no answer");
+	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "error"), "code")), 400);
+	ck_assert_msg(strstr(th_str(th_obj(j, "error"), "message"), "not host memory; use HTTP"),
+	              "%s", th_str(th_obj(j, "error"), "message"));
+	ck_assert_int_eq(nfds, 0);
+	json_decref(j);
+	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"missing\"}", NULL, &nfds);
+	ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "NOT_FOUND");
+	json_decref(j);
+
+	/* a descriptor sent to the service is dropped, not kept: the pipe's
+	 * read end sees EOF once ours is closed */
+	ck_assert_int_eq(pipe(p), 0);
+	ck_assert_int_eq(lw_send_frame(fd, "{\"op\":\"ping\"}", 13, &p[1], 1), 0);
+	close(p[1]);
+	j = lw_recv(fd, NULL, &nfds);
+	ck_assert_msg(j && json_object_size(j) == 0, "ping");
+	json_decref(j);
+	pf = (struct pollfd){.fd = p[0], .events = POLLIN};
+	ck_assert_int_eq(poll(&pf, 1, 5000), 1);
+	ck_assert_int_eq(read(p[0], path, 1), 0);
+	close(p[0]);
+
+	/* a frame that cannot be read: answered, then the connection closes */
+	ck_assert_int_eq(lw_send_frame(fd, "", 0, NULL, 0), 0);
+	j = lw_recv(fd, NULL, &nfds);
+	ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "INVALID_ARGUMENT");
+	json_decref(j);
+	ck_assert_ptr_null(lw_recv(fd, NULL, &nfds));
+	close(fd);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_socket_mode)
+{
+	char lease[320];
+	struct stat st;
+
+	start("0640");
+	snprintf(lease, sizeof lease, "%s.lease", sock);
+	ck_assert_int_eq(stat(lease, &st), 0);
+	ck_assert(S_ISSOCK(st.st_mode));
+	ck_assert_int_eq(st.st_mode & 0777, 0640);
+	th_daemon_stop_ok(&d);
+	ck_assert_int_ne(access(lease, F_OK), 0);      /* removed at stop */
+}
+END_TEST
+
+static Suite *lease_suite(void)
+{
+	Suite *s = suite_create("lease");
+	TCase *tc = tcase_create("lease");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_kept_while_replaced_and_deleted);
+	tcase_add_test(tc, test_killed_client_returns_memory);
+	tcase_add_test(tc, test_write_lease);
+	tcase_add_test(tc, test_read_only_descriptors);
+	tcase_add_test(tc, test_refusals);
+	tcase_add_test(tc, test_socket_mode);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	th_init();
+	sr = srunner_create(lease_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	curl_global_cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,186 @@
+/*
+ * lease_wire.h - a small client of tstaged's lease service (server/lease.c)
+ * for the tests and benches: frames (4-byte big-endian length, JSON), the
+ * descriptors of an answer received with SCM_RIGHTS, and mappings of them.
+ * Static functions: each binary that includes it gets its own copy.
+ * Failures return -1 / NULL with errno set or the answer's error kept.
+ */
+#ifndef TS_TESTS_LEASE_WIRE_H
+#define TS_TESTS_LEASE_WIRE_H
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#define LW_MAX_FDS 64
+
+/* A connection to "<sock>.lease"; -1 on failure. */
+static inline int lw_connect(const char *sock)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	size_t n = strlen(sock);
+	int fd;
+
+	if (n + sizeof ".lease" > sizeof sa.sun_path) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	memcpy(sa.sun_path, sock, n);
+	memcpy(sa.sun_path + n, ".lease", sizeof ".lease");
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Sends len bytes of payload as one frame, with fds attached when nfds > 0. */
+static inline int lw_send_frame(int fd, const void *payload, uint32_t len, const int *fds,
+                                int nfds)
+{
+	unsigned char *frame = malloc(4 + (size_t)len);
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * LW_MAX_FDS)];
+		struct cmsghdr align;
+	} ctl;
+	struct iovec iov;
+	struct msghdr msg = {0};
+	size_t off = 0;
+	ssize_t n;
+
+	if (!frame)
+		return -1;
+	frame[0] = (unsigned char)(len >> 24);
+	frame[1] = (unsigned char)(len >> 16);
+	frame[2] = (unsigned char)(len >> 8);
+	frame[3] = (unsigned char)len;
+	memcpy(frame + 4, payload, len);
+	while (off < 4 + (size_t)len) {
+		iov = (struct iovec){frame + off, 4 + (size_t)len - off};
+		memset(&msg, 0, sizeof msg);
+		msg.msg_iov = &iov;
+		msg.msg_iovlen = 1;
+		if (off == 0 && nfds > 0) {
+			struct cmsghdr *c;
+
+			memset(&ctl, 0, sizeof ctl);
+			msg.msg_control = ctl.buf;
+			msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+			c = CMSG_FIRSTHDR(&msg);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SCM_RIGHTS;
+			c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+			memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
+		}
+		n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			free(frame);
+			return -1;
+		}
+		off += (size_t)n;
+	}
+	free(frame);
+	return 0;
+}
+
+/* Reads exactly n bytes, collecting descriptors; -1 at EOF or failure. */
+static inline int lw_recv_exact(int fd, void *buf, size_t n, int *fds, int *nfds)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		union {
+			char buf[CMSG_SPACE(sizeof(int) * LW_MAX_FDS)];
+			struct cmsghdr align;
+		} ctl;
+		struct iovec iov = {(char *)buf + got, n - got};
+		struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
+		                     .msg_control = ctl.buf, .msg_controllen = sizeof ctl.buf};
+		ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+
+			for (int i = 0; i < k; i++) {
+				int v;
+
+				memcpy(&v, CMSG_DATA(c) + i * sizeof(int), sizeof v);
+				if (fds && *nfds < LW_MAX_FDS)
+					fds[(*nfds)++] = v;
+				else
+					close(v);
+			}
+		}
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* One answer: its JSON (new reference) and descriptors; NULL at EOF. */
+static inline json_t *lw_recv(int fd, int *fds, int *nfds)
+{
+	unsigned char h[4];
+	uint32_t len;
+	char *body;
+	json_t *j;
+
+	*nfds = 0;
+	if (lw_recv_exact(fd, h, 4, fds, nfds) != 0)
+		return NULL;
+	len = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+	body = malloc(len ? len : 1);
+	if (!body || lw_recv_exact(fd, body, len, fds, nfds) != 0) {
+		free(body);
+		return NULL;
+	}
+	j = json_loadb(body, len, 0, NULL);
+	free(body);
+	return j;
+}
+
+/* Sends the JSON text req and answers the reply (NULL when none came). */
+static inline json_t *lw_call(int fd, const char *req, int *fds, int *nfds)
+{
+	*nfds = 0;
+	if (lw_send_frame(fd, req, (uint32_t)strlen(req), NULL, 0) != 0)
+		return NULL;
+	return lw_recv(fd, fds, nfds);
+}
+
+/* A mapping of [off, off + len) of fd; *base and *maplen are what to munmap. */
+static inline void *lw_map(int fd, uint64_t off, uint64_t len, bool writable, int extra_flags,
+                           void **base, size_t *maplen)
+{
+	long page = sysconf(_SC_PAGESIZE);
+	uint64_t start = off / (uint64_t)page * (uint64_t)page;
+	void *m;
+
+	*maplen = (size_t)(len + (off - start));
+	m = mmap(NULL, *maplen, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | extra_flags,
+	         fd, (off_t)start);
+	if (m == MAP_FAILED)
+		return NULL;
+	*base = m;
+	return (char *)m + (off - start);
+}
+
+#endif
