@@ -38,10 +38,8 @@
 #include "train/model.h"
 
 #define CHECKPOINT_FORMAT "tstage.model.v1"
-#define NROLES 6
-
-static const enum ts_pbuf_role all_roles[NROLES] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1,
-                                                    TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2};
+#define NROLES TS_MODEL_NROLES
+#define all_roles ts_model_roles
 
 /* The roles model m has, in all_roles order, into roles; their count. */
 static size_t model_roles(const struct ts_model *m, enum ts_pbuf_role *roles)
@@ -50,10 +48,8 @@ static size_t model_roles(const struct ts_model *m, enum ts_pbuf_role *roles)
 
 	for (size_t i = 0; i < NROLES; i++) {
 		enum ts_pbuf_role r = all_roles[i];
-		bool second = r == TS_ROLE_W2 || r == TS_ROLE_MU_W2 || r == TS_ROLE_NU_W2;
-		bool state = r >= TS_ROLE_MU_W1;
 
-		if ((!second || ts_mlp_has_w2(&m->mlp)) && (!state || m->opt.type == TS_OPT_ADAM))
+		if (ts_model_has_role(m, r))
 			roles[n++] = r;
 	}
 	return n;
@@ -299,6 +295,7 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 		uint64_t shape[3];
 		size_t r;
 		char tn[32];
+		int rank;
 
 		for (r = 0; r < n; r++) {
 			role_tensor_name(m, roles[r], tn, sizeof tn);
@@ -310,13 +307,19 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 			                    "tensor '%.100s' is not an array of model '%s' (%s optimizer "
 			                    "'%s')", t->name, m->name, ts_mlp_has_w2(&m->mlp) ? "with w2," :
 			                    "without w2,", ts_optimizer_name(&m->opt));
-		ts_model_param_shape(m, roles[r], shape);
-		if (t->dtype != TS_DT_FLOAT32 || t->rank != 3 || t->shape[0] != shape[0] ||
-		    t->shape[1] != shape[1] || t->shape[2] != shape[2])
+		rank = ts_model_param_shape(m, roles[r], shape);
+		if (t->dtype != TS_DT_FLOAT32 || t->rank != rank ||
+		    t->shape[0] != shape[0] || t->shape[1] != shape[1] ||
+		    (rank == 3 && t->shape[2] != shape[2])) {
+			if (rank == 2)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_CHECKPOINT",
+				                    "tensor '%s' must be float32 [%" PRIu64 ", %" PRIu64
+				                    "] for model '%s'", t->name, shape[0], shape[1], m->name);
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_CHECKPOINT",
 			                    "tensor '%s' must be float32 [%" PRIu64 ", %" PRIu64 ", %" PRIu64
 			                    "] for model '%s'", t->name, shape[0], shape[1], shape[2],
 			                    m->name);
+		}
 		of[i] = roles[r];
 	}
 	for (size_t r = 0; r < n; r++) {
@@ -352,14 +355,14 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 	}
 	ts_model_owner(m, owner, sizeof owner);
 	for (size_t i = 0; i < st->ntensors; i++) {
-		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 3};
+		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32};
 		struct ts_placement pl;
 		char an[TS_MODEL_NAME_MAX + 32];
 
 		ts_model_array_name(m, of[i], an, sizeof an);
-		ts_model_param_shape(m, of[i], d.shape);
+		d.rank = ts_model_param_shape(m, of[i], d.shape);
 		ts_placement_single(&pl, m->device,
-		                    of[i] <= TS_ROLE_W2 ? m->policy.params : m->policy.opt_state, true);
+		                    ts_role_param(of[i]) ? m->policy.params : m->policy.opt_state, true);
 		if (ts_array_desc_init(&d, err) != TS_OK ||
 		    ts_array_new(an, &d, &pl, im->core->memory, &arrays[i], err) != TS_OK)
 			return err->status;

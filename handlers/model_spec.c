@@ -81,7 +81,8 @@ static const struct field model_fields[] = {
 };
 static const struct field mlp_fields[] = {
 	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
-	{"activation", JSON_STRING}, {"residual", JSON_TRUE},
+	{"activation", JSON_STRING}, {"residual", JSON_TRUE}, {"vocab", JSON_INTEGER},
+	{"projection", JSON_TRUE},
 };
 static const struct field placement_fields[] = {
 	{"device", JSON_STRING}, {"params", JSON_STRING}, {"opt_state", JSON_STRING},
@@ -237,8 +238,8 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
 	enum ts_dtype dt;
-	json_int_t layers = 0, d = 0, h = 0, steps = 0;
-	int residual = 0;
+	json_int_t layers = 0, d = 0, h = 0, steps = 0, vocab = 0;
+	int residual = 0, proj = 0;
 	json_error_t jerr;
 
 	memset(m, 0, sizeof *m);
@@ -254,9 +255,10 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	                  NFIELDS(init_fields), err) != TS_OK))
 		return err->status;
 	if (json_unpack_ex(body, &jerr, JSON_STRICT,
-	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b}, s?s, s?o, s?s, s?o, s?o, s?I}",
+	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b, s?I, s?b}, s?s, s?o, s?s, s?o, s?o, s?I}",
 	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
-	                   "activation", &act, "residual", &residual, "dtype", &dtype, "init", &in,
+	                   "activation", &act, "residual", &residual, "vocab", &vocab,
+	                   "projection", &proj, "dtype", &dtype, "init", &in,
 	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
 	if (steps < 0 || steps > MODEL_STEPS_MAX)
@@ -278,13 +280,31 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	if (strcmp(dtype, "float32") != 0)
 		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
 		                    "models train in float32; dtype '%s' is not supported", dtype);
+	if (vocab < 0 || vocab > TS_MODEL_VOCAB_MAX || (proj && !vocab) ||
+	    (json_object_get(json_object_get(body, "mlp"), "vocab") && vocab < 1))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "mlp.vocab must be in 1..%d (and mlp.projection needs it)",
+		                    TS_MODEL_VOCAB_MAX);
+	if (vocab && !proj && vocab != d)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "mlp.vocab %lld without mlp.projection must equal mlp.d_model %lld "
+		                    "(the last layer's outputs are the logits)", (long long)vocab,
+		                    (long long)d);
 	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
-	                         .residual = residual};
+	                         .residual = residual, .vocab = (int)vocab, .proj = proj};
 	if (!ts_act_parse(act, &m->mlp.act))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);
 	if (!ts_loss_parse(loss, &m->mlp.loss))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "loss '%s' is not sum or mse", loss);
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "loss '%s' is not sum, mse or softmax_cross_entropy", loss);
+	if (!json_object_get(body, "loss") && vocab)
+		m->mlp.loss = TS_LOSS_XENT;
+	if ((m->mlp.loss == TS_LOSS_XENT) != (vocab > 0))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    vocab ? "a token model (mlp.vocab) takes loss softmax_cross_entropy, "
+		                            "not '%s'"
+		                          : "loss '%s' needs token ids: give mlp.vocab", loss);
 	m->steps = (uint64_t)steps;
 	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
 	                               .b2 = 0.999f, .eps = 1e-8f};
@@ -407,7 +427,7 @@ json_t *ts_h_model_spec_json(const struct ts_model *m)
 		json_array_append_new(offload, json_string("x"));
 	if (m->policy.offload_h)
 		json_array_append_new(offload, json_string("h"));
-	return json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:o*,"
+	json_t *o = json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:o*,"
 	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:I}",
 	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,
 	                 "d_hidden", m->mlp.d_hidden, "activation", ts_act_name(m->mlp.act),
@@ -418,4 +438,12 @@ json_t *ts_h_model_spec_json(const struct ts_model *m)
 	                 "opt_state", ts_memory_kind_name(m->policy.opt_state),
 	                 "activations", "save", save, "offload", offload,
 	                 "prefetch_depth", m->policy.prefetch_depth, "steps", (json_int_t)m->steps);
+
+	if (o && ts_mlp_tokens(&m->mlp)) {
+		json_t *mlp = json_object_get(o, "mlp");
+
+		json_object_set_new(mlp, "vocab", json_integer(m->mlp.vocab));
+		json_object_set_new(mlp, "projection", json_boolean(m->mlp.proj));
+	}
+	return o;
 }

@@ -37,16 +37,12 @@
 
 #define INIT_CHUNK (1u << 20)   /* floats generated per write */
 
-static const enum ts_pbuf_role param_roles[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1,
-                                                TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2};
+#define param_roles ts_model_roles
 
 /* Whether the model has the array of this role. */
 static bool has_role(const struct ts_model *m, enum ts_pbuf_role r)
 {
-	bool second = r == TS_ROLE_W2 || r == TS_ROLE_MU_W2 || r == TS_ROLE_NU_W2;
-	bool state = r >= TS_ROLE_MU_W1 && r <= TS_ROLE_NU_W2;
-
-	return (!second || ts_mlp_has_w2(&m->mlp)) && (!state || m->opt.type == TS_OPT_ADAM);
+	return ts_model_has_role(m, r);
 }
 
 /* ---- creation ------------------------------------------------------------------- */
@@ -69,7 +65,7 @@ static ts_status init_array(const struct ts_core *core, struct ts_operation *op,
 	uint64_t n = ts_array_desc(a)->nbytes / 4, done = 0, state = in->seed * 1000003ull + (uint64_t)role;
 	struct ts_array_writer *w = NULL;
 	float *chunk = malloc(INIT_CHUNK * sizeof *chunk);
-	bool zero = role >= TS_ROLE_MU_W1;
+	bool zero = ts_role_opt_state(role);
 	ts_status st;
 
 	if (!chunk)
@@ -147,8 +143,8 @@ struct create {
 	const struct ts_core *core;
 	struct ts_model model;                /* with its uid */
 	struct ts_model_init init;
-	struct ts_array *arrs[6];             /* own references; unpublished until done */
-	enum ts_pbuf_role roles[6];
+	struct ts_array *arrs[TS_MODEL_NROLES];  /* own references; unpublished until done */
+	enum ts_pbuf_role roles[TS_MODEL_NROLES];
 	size_t n;
 	bool published;
 };
@@ -239,16 +235,16 @@ void ts_h_models_create(const struct ts_call *call, struct ts_reply *reply)
 	/* admission: every array allocated now, or nothing is created */
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
 		enum ts_pbuf_role role = param_roles[i];
-		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 3};
+		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32};
 		struct ts_placement pl;
 		char name[256];
 
 		if (!has_role(&c->model, role))
 			continue;
 		ts_model_array_name(&c->model, role, name, sizeof name);
-		ts_model_param_shape(&c->model, role, d.shape);
+		d.rank = ts_model_param_shape(&c->model, role, d.shape);
 		ts_placement_single(&pl, c->model.device,
-		                    role <= TS_ROLE_W2 ? c->model.policy.params : c->model.policy.opt_state,
+		                    ts_role_param(role) ? c->model.policy.params : c->model.policy.opt_state,
 		                    true);
 		if (ts_array_desc_init(&d, &err) != TS_OK ||
 		    ts_array_new(name, &d, &pl, core->memory, &c->arrs[c->n], &err) != TS_OK)
@@ -338,8 +334,8 @@ void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct ts_model m;
 	struct ts_error err;
-	char names[8][256], owner[160], holder[40];
-	const char *list[8];
+	char names[TS_MODEL_NROLES + 4][256], owner[160], holder[40];
+	const char *list[TS_MODEL_NROLES + 4];
 	struct ts_precondition pre = {.owner = owner};
 	size_t n = 0;
 
@@ -352,6 +348,11 @@ void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 			ts_model_array_name(&m, param_roles[i], names[n++], sizeof names[0]);
 	for (int g = 1; g <= 2; g++)          /* gradients of earlier steps, if any */
 		snprintf(names[n++], sizeof names[0], "%s.grad.w%d", m.name, g);
+	if (ts_mlp_tokens(&m.mlp)) {
+		snprintf(names[n++], sizeof names[0], "%s.grad.embed", m.name);
+		if (m.mlp.proj)
+			snprintf(names[n++], sizeof names[0], "%s.grad.proj", m.name);
+	}
 	for (size_t i = 0; i < n; i++) {
 		list[i] = names[i];
 		if (ts_catalog_held(call->core->catalog, names[i], holder, sizeof holder)) {
@@ -372,6 +373,38 @@ void ts_h_models_delete(const struct ts_call *call, struct ts_reply *reply)
 }
 
 /* ---- analysis ------------------------------------------------------------------- */
+
+/*
+ * The rows of an analysed batch [B, d] (B), or for a token model [B, T] of
+ * token ids of dtype ids ("uint16" or "int32", NULL: int32): B*T rows; sets
+ * m's id width. BAD_BATCH when it does not fit.
+ */
+static ts_status analyze_rows(struct ts_model *m, json_int_t B, json_int_t D, const char *ids,
+                              int *rows, struct ts_error *err)
+{
+	if (!ts_mlp_tokens(&m->mlp)) {
+		if (ids)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
+			                    "dtype is for token models' ids; model '%s' takes float32",
+			                    m->name);
+		if (D != m->mlp.d_model || B < 1 || B > (1 << 24))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
+			                    "batch [%lld, %lld] does not fit the model: [B >= 1, d_model = %d]",
+			                    (long long)B, (long long)D, m->mlp.d_model);
+		*rows = (int)B;
+		return TS_OK;
+	}
+	if (ids && strcmp(ids, "uint16") != 0 && strcmp(ids, "int32") != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
+		                    "token ids are uint16 or int32, not '%s'", ids);
+	if (B < 1 || D < 1 || B > (1 << 24) || D > (1 << 24) || B * D > (1 << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
+		                    "batch [%lld, %lld] of token ids does not fit: [B, T >= 1], at most "
+		                    "%d tokens", (long long)B, (long long)D, 1 << 24);
+	m->mlp.id_bytes = ids && strcmp(ids, "uint16") == 0 ? 2 : 4;
+	*rows = (int)(B * D);
+	return TS_OK;
+}
 
 /* An evaluation's "outputs" (below): where its outputs array goes. */
 struct eval_outputs {
@@ -427,13 +460,15 @@ static ts_status arrays_kind(const struct ts_core *core, const struct ts_model *
 static ts_status step_policy(const struct ts_core *core, const struct ts_model *m, json_t *pl,
                              bool for_step, struct ts_policy *out, struct ts_error *err)
 {
-	static const enum ts_pbuf_role params[] = {TS_ROLE_W1, TS_ROLE_W2};
+	static const enum ts_pbuf_role params[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
+	                                           TS_ROLE_PROJ};
 	static const enum ts_pbuf_role state[] = {TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1,
-	                                          TS_ROLE_NU_W2};
+	                                          TS_ROLE_NU_W2, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ,
+	                                          TS_ROLE_NU_EMBED, TS_ROLE_NU_PROJ};
 
 	*out = m->policy;
-	if (arrays_kind(core, m, params, 2, &out->params, err) != TS_OK ||
-	    arrays_kind(core, m, state, 4, &out->opt_state, err) != TS_OK)
+	if (arrays_kind(core, m, params, 4, &out->params, err) != TS_OK ||
+	    arrays_kind(core, m, state, 8, &out->opt_state, err) != TS_OK)
 		return err->status;
 	if (for_step && pl && (json_object_get(pl, "params") || json_object_get(pl, "opt_state")))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
@@ -492,6 +527,8 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	json_error_t jerr;
 	json_t *body, *batch, *pl, *outs = NULL, *modej = NULL;
 	json_int_t B = 0, D = 0;
+	const char *ids = NULL;
+	int rows = 0;
 	const char *mode = "step";
 	struct eval_outputs ev = {.kind = TS_MEM_DEVICE};
 	bool evaluate;
@@ -501,8 +538,9 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
 	pl = NULL;
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o}", "batch", &batch,
-	                            "placement", &pl, "mode", &modej, "outputs", &outs) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o, s?s}", "batch",
+	                            &batch, "placement", &pl, "mode", &modej, "outputs", &outs,
+	                            "dtype", &ids) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"batch\": [B, d]})", jerr.text);
@@ -528,17 +566,13 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	}
 	if (outs && eval_outputs_parse(call->core, outs, false, &ev, &err) != TS_OK)
 		goto out_fail;
-	if (D != m.mlp.d_model || B < 1 || B > (1 << 24)) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_BATCH",
-		             "batch [%lld, %lld] does not fit the model: [B >= 1, d_model = %d]",
-		             (long long)B, (long long)D, m.mlp.d_model);
+	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK)
 		goto out_fail;
-	}
 	if (step_policy(call->core, &m, pl, false, &pol, &err) != TS_OK)
 		goto out_fail;
-	if (evaluate ? ts_plan_build_eval(&m.mlp, (int)B, &pol, ev.outputs, ev.kind, &plan,
+	if (evaluate ? ts_plan_build_eval(&m.mlp, rows, &pol, ev.outputs, ev.kind, &plan,
 	                                  &err) != TS_OK
-	             : ts_plan_build(&m.mlp, &m.opt, (int)B, &pol, &plan, &err) != TS_OK)
+	             : ts_plan_build(&m.mlp, &m.opt, rows, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -562,11 +596,13 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	json_error_t jerr;
 	json_t *body, *spec = NULL, *batch = NULL;
 	json_int_t B = 0, D = 0;
+	const char *ids = NULL;
+	int rows = 0;
 
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s:o}", "model", &spec, "batch",
-	                            &batch) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s:o, s?s}", "model", &spec,
+	                            "batch", &batch, "dtype", &ids) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"model\": {...}, \"batch\": [B, d]})", jerr.text);
@@ -576,13 +612,9 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 		json_object_set_new(spec, "name", json_string("analysis"));
 	if (ts_h_model_parse(call->core, spec, &m, &init, &err) != TS_OK)
 		goto out_fail;
-	if (D != m.mlp.d_model || B < 1 || B > (1 << 24)) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_BATCH",
-		             "batch [%lld, %lld] does not fit the model: [B >= 1, d_model = %d]",
-		             (long long)B, (long long)D, m.mlp.d_model);
+	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK)
 		goto out_fail;
-	}
-	if (ts_plan_build(&m.mlp, &m.opt, (int)B, &m.policy, &plan, &err) != TS_OK)
+	if (ts_plan_build(&m.mlp, &m.opt, rows, &m.policy, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, analysis_json(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -761,7 +793,7 @@ static ts_status held_kind(const struct step *s, bool state, enum ts_memory_kind
 		const struct ts_array *a = s->held[param_roles[i]];
 		enum ts_memory_kind k;
 
-		if (!a || (param_roles[i] >= TS_ROLE_MU_W1) != state)
+		if (!a || ts_role_opt_state(param_roles[i]) != state)
 			continue;
 		k = ts_array_placement(a)->sharding.memory_kind;
 		if (first && k != *kind)
@@ -1053,6 +1085,41 @@ static ts_status operand_stage(const struct ts_core *core, struct ts_session *se
 	return ts_session_stage(sess, role, &src, err);
 }
 
+/* A token model's operands: ids uint16 or int32, [B] or [B, T] (B*T rows
+ * of the step, one per token), targets of the inputs' dtype and shape.
+ * The rows of the step into *rows, the ids' width into *id_bytes. */
+static ts_status check_token_batch(const struct step *s, const struct operand *in, uint64_t bin,
+                                   const struct operand *tgt, uint64_t btgt, uint64_t *rows,
+                                   int *id_bytes, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+	uint64_t T = d->rank == 2 ? d->shape[1] : 1;
+
+	if ((d->dtype != TS_DT_UINT16 && d->dtype != TS_DT_INT32) || d->rank < 1 || d->rank > 2 ||
+	    bin == 0 || T == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs of token model '%s' must be token ids, uint16 or int32, "
+		                    "[B] or [B, T] with B, T >= 1", s->model.name);
+	if (bin * T > (1u << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs have %llu tokens; a step takes at most %u",
+		                    (unsigned long long)(bin * T), 1u << 24);
+	if (!tgt->arr)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS",
+		                    "loss softmax_cross_entropy needs \"targets\" (token ids)");
+	{
+		const struct ts_array_desc *t = ts_array_desc(tgt->arr);
+
+		if (t->dtype != d->dtype || t->rank != d->rank || (d->rank == 2 && t->shape[1] != T) ||
+		    btgt != bin)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+			                    "targets must be token ids of the inputs' dtype and shape");
+	}
+	*rows = bin * T;
+	*id_bytes = d->dtype == TS_DT_UINT16 ? 2 : 4;
+	return TS_OK;
+}
+
 /* The batch of the run's step n of a data-driven run: the inputs' rows
  * drawn, the targets' the same. */
 static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
@@ -1226,19 +1293,24 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	const struct ts_core *core = s->core;
 	struct ts_model *m = &s->model;
 	struct operand in = {0}, tgt = {0};
-	struct ts_array *grads[2] = {NULL};
+	struct ts_array *grads[4] = {NULL};
+	enum ts_pbuf_role grad_of[4] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED, TS_ROLE_PROJ};
+	enum ts_pbuf_role grad_role[4] = {TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2, TS_ROLE_GRAD_EMBED,
+	                                  TS_ROLE_GRAD_PROJ};
+	static const char *const grad_name[4] = {"w1", "w2", "embed", "proj"};
+	uint64_t rows = 0;
+	int id_bytes = 4, ng = 0;
 	struct ts_session_config cfg = {.mlp = m->mlp, .opt = m->opt, .memory = core->memory};
 	struct ts_session *sess = NULL;
 	struct ts_device *dev = NULL;
 	uint64_t bin = 0, btgt = 0, base_steps = 0;
-	int ngrads = ts_mlp_has_w2(&m->mlp) ? 2 : 1;
 	ts_status st;
 
 	s->op = op;
 	s->in = &in;
 	s->tgt = &tgt;
 	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
-	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
+	if (st == TS_OK && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		if (!s->targets)
 			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
 		else
@@ -1254,7 +1326,9 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		if (st == TS_OK && tgt.arr)
 			st = operand_rows(&tgt, "targets.rows", &btgt, err);
 	}
-	if (st == TS_OK)
+	if (st == TS_OK && ts_mlp_tokens(&m->mlp))
+		st = check_token_batch(s, &in, bin, &tgt, btgt, &rows, &id_bytes, err);
+	else if (st == TS_OK)
 		st = check_batch(s, &in, bin, &tgt, btgt, err);
 	/* the plan, with params and opt state where the held arrays are (a :put
 	 * before the step may have moved them) */
@@ -1270,7 +1344,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK) {
 		cfg.dev = dev;
 		cfg.policy = s->policy;
-		cfg.batch = (int)bin;
+		cfg.batch = (int)(ts_mlp_tokens(&m->mlp) ? rows : bin);
+		cfg.mlp.id_bytes = id_bytes;
 		st = ts_session_new(&cfg, &sess, err);
 	}
 	/* every slot by its role: the held arrays, the gradients, the batch */
@@ -1284,18 +1359,21 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		                     ts_buffer_size(ts_array_single_buffer(a)),
 		                     ts_array_placement(a)->sharding.memory_kind, err);
 	}
-	for (int g = 0; st == TS_OK && m->opt.type == TS_OPT_NONE && g < ngrads; g++) {
-		enum ts_pbuf_role role = g ? TS_ROLE_GRAD_W2 : TS_ROLE_GRAD_W1;
+	for (int g = 0; st == TS_OK && m->opt.type == TS_OPT_NONE && g < 4; g++) {
 		struct ts_placement pl;
 		char name[256];
 
-		snprintf(name, sizeof name, "%s.grad.w%d", m->name, g + 1);
+		if (!s->held[grad_of[g]])
+			continue;
+		snprintf(name, sizeof name, "%s.grad.%s", m->name, grad_name[g]);
 		ts_placement_single(&pl, dev, TS_MEM_DEVICE, true);
-		st = ts_array_new(name, ts_array_desc(s->held[g ? TS_ROLE_W2 : TS_ROLE_W1]), &pl,
-		                  core->memory, &grads[g], err);
+		st = ts_array_new(name, ts_array_desc(s->held[grad_of[g]]), &pl, core->memory,
+		                  &grads[ng], err);
 		if (st == TS_OK)
-			st = ts_session_bind(sess, role, ts_buffer_data(ts_array_single_buffer(grads[g])),
-			                     ts_array_desc(grads[g])->nbytes, TS_MEM_DEVICE, err);
+			st = ts_session_bind(sess, grad_role[g],
+			                     ts_buffer_data(ts_array_single_buffer(grads[ng])),
+			                     ts_array_desc(grads[ng])->nbytes, TS_MEM_DEVICE, err);
+		ng++;
 	}
 	if (st == TS_OK)
 		st = operand_stage(core, sess, TS_ROLE_INPUT, &in, dev, err);
@@ -1319,7 +1397,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		}
 	}
 	if (st == TS_OK && grads[0])
-		st = ts_catalog_put_all(core->catalog, grads, (size_t)ngrads, true, err);
+		st = ts_catalog_put_all(core->catalog, grads, (size_t)ng, true, err);
 	if (st == TS_OK) {
 		json_t *res = step_result(s, sess, dev);
 
@@ -1347,8 +1425,8 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		ts_array_unref(s->priv[r][1]);
 		s->next[r] = s->priv[r][0] = s->priv[r][1] = NULL;
 	}
-	ts_array_unref(grads[0]);
-	ts_array_unref(grads[1]);
+	for (int g = 0; g < 4; g++)
+		ts_array_unref(grads[g]);
 	operand_release(&in);
 	operand_release(&tgt);
 	return st;
@@ -1722,6 +1800,14 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
 	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
 		goto out_fail;
+	if (ts_mlp_tokens(&s->model.mlp)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
+		             "evaluation of token models is not supported: model '%s' (vocab %d) "
+		             "needs the embedding and cross-entropy, which the forward-only plan "
+		             "lacks; its loss is the one the next :step reports", s->model.name,
+		             s->model.mlp.vocab);
+		goto out_fail;
+	}
 	if (targets && s->model.mlp.loss != TS_LOSS_MSE) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNEXPECTED_TARGETS",
 		             "model '%s' has loss %s, which takes no \"targets\"", s->model.name,

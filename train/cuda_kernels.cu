@@ -244,6 +244,89 @@ __global__ static void k_loss(int loss, const float *out, const float *target, f
 		*value = ts_m_loss_value(loss, s, n);
 }
 
+/* out[r, c] = table[ids[r], c] (zeros for a stray id). */
+__global__ static void k_embed_fwd(const float *table, int vocab, int d, const void *ids,
+                                   int id_bytes, uint64_t rows, float *out)
+{
+	GRID_STRIDE(i, rows * (uint64_t)d) {
+		uint64_t r = i / (uint64_t)d, c = i % (uint64_t)d;
+		int64_t t = ts_m_token(ids, id_bytes, r, vocab);
+
+		out[i] = t >= 0 ? table[(uint64_t)t * d + c] : 0.0f;
+	}
+}
+
+/* The scatter-add: one thread per column, over the rows in order, so each
+ * element's sum runs in row order (the CPU's) whatever the block order. */
+__global__ static void k_embed_bwd(const void *ids, int id_bytes, uint64_t rows, int vocab,
+                                   int d, const float *go, float *gt)
+{
+	GRID_STRIDE(c, (uint64_t)d) {
+		for (uint64_t r = 0; r < rows; r++) {
+			int64_t t = ts_m_token(ids, id_bytes, r, vocab);
+
+			if (t >= 0)
+				gt[(uint64_t)t * d + c] += go[r * d + c];
+		}
+	}
+}
+
+/* One block per row (grid-stride over rows): the row's max, its sum of
+ * exp(x - max) in the lanes' order, the gradients and the row's loss. */
+__global__ static void k_xent_rows(const float *x, const void *ids, int id_bytes,
+                                   uint64_t rows, int vocab, float *loss, float *grad)
+{
+	__shared__ float fmax_part[THREADS];
+	__shared__ double part[THREADS];
+	uint64_t V = (uint64_t)vocab;
+
+	for (uint64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *xr = x + r * V;
+		float *gr = grad + r * V, m = -INFINITY;
+		int64_t t = ts_m_token(ids, id_bytes, r, vocab);
+		double s = 0.0, sum;
+
+		LANE_STRIDE(c, V)
+			m = fmaxf(m, xr[c]);
+		fmax_part[threadIdx.x] = m;
+		__syncthreads();
+		for (unsigned k = THREADS / 2; k > 0; k >>= 1) {
+			if (threadIdx.x < k)
+				fmax_part[threadIdx.x] = fmaxf(fmax_part[threadIdx.x],
+				                               fmax_part[threadIdx.x + k]);
+			__syncthreads();
+		}
+		m = fmax_part[0];
+		LANE_STRIDE(c, V)
+			s += ts_m_xent_exp(xr[c], m);
+		part[threadIdx.x] = s;
+		__syncthreads();
+		for (unsigned k = THREADS / 2; k > 0; k >>= 1) {
+			if (threadIdx.x < k)
+				part[threadIdx.x] += part[threadIdx.x + k];
+			__syncthreads();
+		}
+		sum = part[0];
+		LANE_STRIDE(c, V)
+			gr[c] = t < 0 ? 0.0f : ts_m_xent_grad(xr[c], m, sum, (int64_t)c == t, rows);
+		if (threadIdx.x == 0)
+			loss[1 + r] = t < 0 ? 0.0f : ts_m_xent_loss(sum, m, xr[t]);
+		__syncthreads();        /* the shared parts are reused by the next row */
+	}
+}
+
+/* One block: loss[0] = the mean of the rows' losses, in the lanes' order. */
+__global__ static void k_xent_mean(float *loss, uint64_t rows)
+{
+	double s = 0.0;
+
+	LANE_STRIDE(r, rows)
+		s += loss[1 + r];
+	s = lanes_reduce(s);
+	if (threadIdx.x == 0)
+		loss[0] = (float)(s / (double)rows);
+}
+
 struct update_args {
 	int adam;
 	float lr, b1, b2, eps;
@@ -624,6 +707,59 @@ static void cuda_timeline_free(void *p)
 	free(tl);
 }
 
+static ts_status cuda_embed_fwd(void *impl, struct ts_queue *q, const float *table, int vocab,
+                                int d, const void *ids, int id_bytes, uint64_t rows, float *out,
+                                struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_embed_fwd<<<blocks_for(ck, rows * (uint64_t)d), THREADS, 0, stream_of(q)>>>(
+		table, vocab, d, ids, id_bytes, rows, out);
+	return launched(ck, "embedding", err);
+}
+
+static ts_status cuda_embed_bwd(void *impl, struct ts_queue *q, const void *ids, int id_bytes,
+                                uint64_t rows, int vocab, int d, const float *grad_out,
+                                float *grad_table, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	uint64_t n = (uint64_t)vocab * (uint64_t)d;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_fill<<<blocks_for(ck, n), THREADS, 0, stream_of(q)>>>(grad_table, 0.0f, n);
+	st = launched(ck, "embedding gradient", err);
+	if (st != TS_OK || rows == 0)
+		return st;
+	k_embed_bwd<<<blocks_for(ck, (uint64_t)d), THREADS, 0, stream_of(q)>>>(
+		ids, id_bytes, rows, vocab, d, grad_out, grad_table);
+	return launched(ck, "embedding gradient", err);
+}
+
+static ts_status cuda_xent(void *impl, struct ts_queue *q, const float *logits,
+                           const void *targets, int id_bytes, uint64_t rows, int vocab,
+                           float *loss_dev, float *grad, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	unsigned blocks = (unsigned)(rows < ck->max_blocks ? rows : ck->max_blocks);
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_xent_rows<<<blocks, THREADS, 0, stream_of(q)>>>(logits, targets, id_bytes, rows, vocab,
+	                                                    loss_dev, grad);
+	st = launched(ck, "cross-entropy", err);
+	if (st != TS_OK)
+		return st;
+	/* one block: the lanes' fixed order, no atomics (kernels_math.h) */
+	k_xent_mean<<<1, THREADS, 0, stream_of(q)>>>(loss_dev, rows);
+	return launched(ck, "cross-entropy", err);
+}
+
 /* In the order of struct ts__kernel_ops (C++17 has no designated
  * initializers). */
 static const struct ts__kernel_ops cuda_ops = {
@@ -638,6 +774,9 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_sumsq,
 	cuda_update,
 	cuda_fill,
+	cuda_embed_fwd,
+	cuda_embed_bwd,
+	cuda_xent,
 	cuda_timeline_new,
 	cuda_timeline_mark,
 	cuda_timeline_read,

@@ -464,6 +464,9 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	struct ts_kernels *k = r->env->kernels;
 	struct ts_queue *q = r->q[QC];
 	uint64_t nb = a->n * sizeof(float), mk, kn, mn;
+	uint64_t ib = a->n * (uint64_t)p->mlp.id_bytes;                        /* token ids */
+	uint64_t tb = (uint64_t)p->mlp.vocab * (uint64_t)p->mlp.d_model * sizeof(float);
+	uint64_t rd = nb * (uint64_t)p->mlp.d_model, rv = nb * (uint64_t)p->mlp.vocab;
 	struct operand o[5];
 	int n = 0;
 	ts_status st;
@@ -512,6 +515,22 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	case TS_P_FILL:
 		o[n++] = opnd(a->a, a->aoff, nb, true, false);
 		break;
+	case TS_P_EMBED_FWD:
+		o[n++] = opnd(a->a, a->aoff, tb, false, false);
+		o[n++] = opnd(a->b, a->boff, ib, false, false);
+		o[n++] = opnd(a->c, a->coff, rd, true, false);
+		break;
+	case TS_P_EMBED_BWD:
+		o[n++] = opnd(a->a, a->aoff, rd, false, false);
+		o[n++] = opnd(a->b, a->boff, ib, false, false);
+		o[n++] = opnd(a->c, a->coff, tb, true, false);
+		break;
+	case TS_P_XENT:
+		o[n++] = opnd(a->a, a->aoff, rv, false, false);
+		o[n++] = opnd(a->b, a->boff, ib, false, false);
+		o[n++] = opnd(a->c, a->coff, nb + sizeof(float), true, false);
+		o[n++] = opnd(a->d, 0, rv, true, false);
+		break;
 	default:
 		return bad_plan(err, action, "unknown action", a->a);
 	}
@@ -556,6 +575,19 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		                 opt_at(r, a->e, 0), err);
 		r->updating = r->updating || st == TS_OK;
 		break;
+	case TS_P_EMBED_FWD:
+		st = ts_k_embed_fwd(k, q, at(r, a->a, a->aoff), p->mlp.vocab, p->mlp.d_model,
+		                    at(r, a->b, a->boff), p->mlp.id_bytes, a->n, at(r, a->c, a->coff),
+		                    err);
+		break;
+	case TS_P_EMBED_BWD:
+		st = ts_k_embed_bwd(k, q, at(r, a->b, a->boff), p->mlp.id_bytes, a->n, p->mlp.vocab,
+		                    p->mlp.d_model, at(r, a->a, a->aoff), at(r, a->c, a->coff), err);
+		break;
+	case TS_P_XENT:
+		st = ts_k_xent(k, q, at(r, a->a, a->aoff), at(r, a->b, a->boff), p->mlp.id_bytes, a->n,
+		               p->mlp.vocab, at(r, a->c, a->coff), at(r, a->d, 0), err);
+		break;
 	default:    /* TS_P_FILL */
 		st = ts_k_fill(k, q, at(r, a->a, a->aoff), 0.0f, a->n, err);
 		break;
@@ -564,7 +596,7 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		return st;
 	kernel_end(r, o, n);
 	/* the loss goes back at once: known good before the first update */
-	if (a->op == TS_P_LOSS && !r->loss_read) {
+	if ((a->op == TS_P_LOSS || a->op == TS_P_XENT) && !r->loss_read) {
 		st = read_loss(r, a->c, err);
 		r->loss_read = st == TS_OK;
 	}

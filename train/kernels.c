@@ -292,6 +292,69 @@ ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v,
 	return k->ops->fill(k->impl, q, x, v, n, err);
 }
 
+/* ---- token models ------------------------------------------------------------ */
+
+static ts_status check_tokens(int vocab, int d, int id_bytes, const char *what,
+                              struct ts_error *err)
+{
+	if (id_bytes != 2 && id_bytes != 4)
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "%s: token ids are 2 (uint16) or 4 (int32) bytes, not %d", what,
+		                    id_bytes);
+	if (vocab < 1 || d < 1)
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "%s: vocab %d and width %d must be positive", what, vocab, d);
+	return TS_OK;
+}
+
+ts_status ts_k_embed_fwd(struct ts_kernels *k, struct ts_queue *q, const float *table, int vocab,
+                         int d, const void *ids, int id_bytes, uint64_t rows, float *out,
+                         struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "embedding", err);
+
+	if (st == TS_OK)
+		st = check_tokens(vocab, d, id_bytes, "embedding", err);
+	if (st != TS_OK || rows == 0)
+		return st;
+	if (!table || !ids || !out)
+		return BAD(err, "embedding: NULL operand");
+	return k->ops->embed_fwd(k->impl, q, table, vocab, d, ids, id_bytes, rows, out, err);
+}
+
+ts_status ts_k_embed_bwd(struct ts_kernels *k, struct ts_queue *q, const void *ids, int id_bytes,
+                         uint64_t rows, int vocab, int d, const float *grad_out,
+                         float *grad_table, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "embedding gradient", err);
+
+	if (st == TS_OK)
+		st = check_tokens(vocab, d, id_bytes, "embedding gradient", err);
+	if (st != TS_OK)
+		return st;
+	if (!grad_table || (rows && (!ids || !grad_out)))
+		return BAD(err, "embedding gradient: NULL operand");
+	return k->ops->embed_bwd(k->impl, q, ids, id_bytes, rows, vocab, d, grad_out, grad_table,
+	                         err);
+}
+
+ts_status ts_k_xent(struct ts_kernels *k, struct ts_queue *q, const float *logits,
+                    const void *targets, int id_bytes, uint64_t rows, int vocab, float *loss_dev,
+                    float *grad, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "cross-entropy", err);
+
+	if (st == TS_OK)
+		st = check_tokens(vocab, 1, id_bytes, "cross-entropy", err);
+	if (st != TS_OK)
+		return st;
+	if (rows == 0)
+		return BAD(err, "cross-entropy: no rows");
+	if (!logits || !targets || !loss_dev || !grad)
+		return BAD(err, "cross-entropy: NULL operand");
+	return k->ops->xent(k->impl, q, logits, targets, id_bytes, rows, vocab, loss_dev, grad, err);
+}
+
 /* ---- device-timed timelines ------------------------------------------------ */
 
 struct ts_k_timeline {

@@ -96,6 +96,34 @@ ts_status ts_k_update(struct ts_kernels *k, struct ts_queue *q, const struct ts_
                       int step, float *p, const float *g, float *mu, float *nu, uint64_t n,
                       const float *gnorm_sq_dev, struct ts_error *err);
 
+/*
+ * Token models. ids are `rows` token ids, uint16 (id_bytes 2) or int32
+ * (id_bytes 4), in device memory; the caller has checked them against the
+ * vocabulary (an id outside [0, vocab) reads as a row of zeros and
+ * contributes nothing).
+ *
+ * embed_fwd: out[r, :] = table[ids[r], :] (table [vocab, d], out [rows, d]).
+ * embed_bwd: grad_table = 0, then grad_table[ids[r], :] += grad_out[r, :]
+ * for r = 0, 1, ... in order: a scatter-add whose sums run in row order on
+ * both backends (no atomics), so repeated ids give the same bits every run
+ * and on CPU and CUDA.
+ * xent: softmax cross-entropy of logits [rows, vocab] against the target ids:
+ * loss_dev[0] = the mean over rows of logsumexp(logits[r]) -
+ * logits[r, target[r]], loss_dev[1 + r] each row's (rows + 1 floats of
+ * device memory, overwritten); grad [rows, vocab] = (softmax - onehot) / rows.
+ * INVALID_ARGUMENT for NULL operands, id_bytes not 2 or 4, vocab or d < 1;
+ * rows == 0 enqueues nothing, except for xent (INVALID_ARGUMENT: no mean).
+ */
+ts_status ts_k_embed_fwd(struct ts_kernels *k, struct ts_queue *q, const float *table, int vocab,
+                         int d, const void *ids, int id_bytes, uint64_t rows, float *out,
+                         struct ts_error *err);
+ts_status ts_k_embed_bwd(struct ts_kernels *k, struct ts_queue *q, const void *ids, int id_bytes,
+                         uint64_t rows, int vocab, int d, const float *grad_out,
+                         float *grad_table, struct ts_error *err);
+ts_status ts_k_xent(struct ts_kernels *k, struct ts_queue *q, const float *logits,
+                    const void *targets, int id_bytes, uint64_t rows, int vocab, float *loss_dev,
+                    float *grad, struct ts_error *err);
+
 /* x[i] = v. */
 ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v, uint64_t n,
                     struct ts_error *err);

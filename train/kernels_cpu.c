@@ -73,6 +73,14 @@ struct job {
 			float v;
 			uint64_t n;
 		} fill;
+		struct {
+			const float *in;        /* fwd: table; bwd: grad_out; xent: logits */
+			const void *ids;
+			float *out;             /* fwd: rows; bwd: grad_table; xent: grad */
+			float *loss;            /* xent: rows + 1 */
+			int id_bytes, vocab, d;
+			uint64_t rows;
+		} tok;
 	} u;
 };
 
@@ -263,6 +271,70 @@ static void run_fill(const struct job *j)
 		x[i] = v;
 }
 
+static void run_embed_fwd(const struct job *j)
+{
+	const float *table = j->u.tok.in;
+	float *out = j->u.tok.out;
+	size_t d = (size_t)j->u.tok.d;
+
+	for (uint64_t r = 0; r < j->u.tok.rows; r++) {
+		int64_t t = ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, j->u.tok.vocab);
+
+		for (size_t c = 0; c < d; c++)
+			out[r * d + c] = t >= 0 ? table[(size_t)t * d + c] : 0.0f;
+	}
+}
+
+/* In row order, one column at a time as the CUDA kernel: the same adds. */
+static void run_embed_bwd(const struct job *j)
+{
+	const float *go = j->u.tok.in;
+	float *gt = j->u.tok.out;
+	size_t d = (size_t)j->u.tok.d;
+
+	for (size_t i = 0; i < (size_t)j->u.tok.vocab * d; i++)
+		gt[i] = 0.0f;
+	for (uint64_t r = 0; r < j->u.tok.rows; r++) {
+		int64_t t = ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, j->u.tok.vocab);
+
+		if (t < 0)
+			continue;
+		for (size_t c = 0; c < d; c++)
+			gt[(size_t)t * d + c] += go[r * d + c];
+	}
+}
+
+static void run_xent(const struct job *j)
+{
+	const float *x = j->u.tok.in;
+	float *grad = j->u.tok.out, *loss = j->u.tok.loss;
+	uint64_t rows = j->u.tok.rows, V = (uint64_t)j->u.tok.vocab;
+	double part[TS_RED_LANES];
+
+	for (uint64_t r = 0; r < rows; r++) {
+		const float *xr = x + r * V;
+		float *gr = grad + r * V, max = -INFINITY;
+		int64_t t = ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, (int)V);
+		double sum;
+
+		for (uint64_t c = 0; c < V; c++)
+			max = fmaxf(max, xr[c]);
+		for (unsigned l = 0; l < TS_RED_LANES; l++)
+			part[l] = 0.0;
+		for (uint64_t c = 0; c < V; c++)
+			part[c % TS_RED_LANES] += ts_m_xent_exp(xr[c], max);
+		sum = lanes_reduce(part);
+		for (uint64_t c = 0; c < V; c++)
+			gr[c] = t < 0 ? 0.0f : ts_m_xent_grad(xr[c], max, sum, (int64_t)c == t, rows);
+		loss[1 + r] = t < 0 ? 0.0f : ts_m_xent_loss(sum, max, xr[t]);
+	}
+	for (unsigned l = 0; l < TS_RED_LANES; l++)
+		part[l] = 0.0;
+	for (uint64_t r = 0; r < rows; r++)
+		part[r % TS_RED_LANES] += loss[1 + r];
+	loss[0] = (float)(lanes_reduce(part) / (double)rows);
+}
+
 /* ---- enqueueing ------------------------------------------------------------ */
 
 /* The host callback: runs the kernel, then frees its closure (steals arg). */
@@ -441,6 +513,48 @@ static ts_status cpu_fill(void *impl, struct ts_queue *q, float *x, float v, uin
 	return job_submit(q, j, err);
 }
 
+static ts_status cpu_tok(job_fn run, struct ts_queue *q, const float *in, const void *ids,
+                         int id_bytes, uint64_t rows, int vocab, int d, float *out, float *loss,
+                         struct ts_error *err)
+{
+	struct job *j;
+	ts_status st = job_new(run, q, &j, err);
+
+	if (st != TS_OK)
+		return st;
+	j->u.tok.in = in;
+	j->u.tok.ids = ids;
+	j->u.tok.id_bytes = id_bytes;
+	j->u.tok.rows = rows;
+	j->u.tok.vocab = vocab;
+	j->u.tok.d = d;
+	j->u.tok.out = out;
+	j->u.tok.loss = loss;
+	return job_submit(q, j, err);
+}
+
+static ts_status cpu_embed_fwd(void *impl, struct ts_queue *q, const float *table, int vocab,
+                               int d, const void *ids, int id_bytes, uint64_t rows, float *out,
+                               struct ts_error *err)
+{
+	return cpu_tok(run_embed_fwd, q, table, ids, id_bytes, rows, vocab, d, out, NULL, err);
+}
+
+static ts_status cpu_embed_bwd(void *impl, struct ts_queue *q, const void *ids, int id_bytes,
+                               uint64_t rows, int vocab, int d, const float *grad_out,
+                               float *grad_table, struct ts_error *err)
+{
+	return cpu_tok(run_embed_bwd, q, grad_out, ids, id_bytes, rows, vocab, d, grad_table, NULL,
+	               err);
+}
+
+static ts_status cpu_xent(void *impl, struct ts_queue *q, const float *logits,
+                          const void *targets, int id_bytes, uint64_t rows, int vocab,
+                          float *loss_dev, float *grad, struct ts_error *err)
+{
+	return cpu_tok(run_xent, q, logits, targets, id_bytes, rows, vocab, 1, grad, loss_dev, err);
+}
+
 static const struct ts__kernel_ops cpu_ops = {
 	.name = "cpu",
 	.init = cpu_init,
@@ -453,6 +567,9 @@ static const struct ts__kernel_ops cpu_ops = {
 	.sumsq = cpu_sumsq,
 	.update = cpu_update,
 	.fill = cpu_fill,
+	.embed_fwd = cpu_embed_fwd,
+	.embed_bwd = cpu_embed_bwd,
+	.xent = cpu_xent,
 };
 
 const struct ts__kernel_ops *ts__kernels_cpu_ops(void)

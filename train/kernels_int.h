@@ -62,6 +62,16 @@ struct ts__kernel_ops {
 	                    uint64_t n, const float *gnorm_sq_dev, struct ts_error *err);
 	ts_status (*fill)(void *impl, struct ts_queue *q, float *x, float v, uint64_t n,
 	                  struct ts_error *err);
+	/* token models (kernels.h); checked, rows > 0 */
+	ts_status (*embed_fwd)(void *impl, struct ts_queue *q, const float *table, int vocab,
+	                       int d, const void *ids, int id_bytes, uint64_t rows, float *out,
+	                       struct ts_error *err);
+	ts_status (*embed_bwd)(void *impl, struct ts_queue *q, const void *ids, int id_bytes,
+	                       uint64_t rows, int vocab, int d, const float *grad_out,
+	                       float *grad_table, struct ts_error *err);
+	ts_status (*xent)(void *impl, struct ts_queue *q, const float *logits, const void *targets,
+	                  int id_bytes, uint64_t rows, int vocab, float *loss_dev, float *grad,
+	                  struct ts_error *err);
 
 	/* A device-timed timeline (kernels.h); NULL ops: none. q is a queue of
 	 * the kernels' device, checked. */

@@ -146,6 +146,37 @@ TS_HD static inline float ts_m_sumsq_acc(float acc, double sum)
 	return (float)((double)acc + sum);
 }
 
+/* ---- token models ----------------------------------------------------------- */
+
+/* Token id r of ids (uint16 when id_bytes is 2, else int32), or -1 when it
+ * is outside [0, vocab) (the caller checked: a stray one reads as nothing). */
+TS_HD static inline int64_t ts_m_token(const void *ids, int id_bytes, uint64_t r, int vocab)
+{
+	int64_t v = id_bytes == 2 ? (int64_t)((const uint16_t *)ids)[r]
+	                          : (int64_t)((const int32_t *)ids)[r];
+
+	return v >= 0 && v < vocab ? v : -1;
+}
+
+/* Softmax cross-entropy of one row of logits: exp(x - max) summed (in
+ * double, the lanes' order) gives the row's loss log(sum) + max - x[target]
+ * and each gradient (exp(x - max) / sum - [j == target]) / rows. */
+TS_HD static inline double ts_m_xent_exp(float x, float max)
+{
+	return exp((double)x - (double)max);
+}
+
+TS_HD static inline float ts_m_xent_loss(double sum, float max, float xt)
+{
+	return (float)(log(sum) + (double)max - (double)xt);
+}
+
+TS_HD static inline float ts_m_xent_grad(float x, float max, double sum, bool target,
+                                         uint64_t rows)
+{
+	return (float)((ts_m_xent_exp(x, max) / sum - (target ? 1.0 : 0.0)) / (double)rows);
+}
+
 /* ---- optimizer updates ----------------------------------------------------- */
 
 /* What one update needs, computed once on the host per kernel. */

@@ -21,6 +21,7 @@ static const char *const act_names[] = {
 static const char *const loss_names[] = {
 	[TS_LOSS_SUM] = "sum",
 	[TS_LOSS_MSE] = "mse",
+	[TS_LOSS_XENT] = "softmax_cross_entropy",
 };
 
 static const char *const opt_names[] = {

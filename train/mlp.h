@@ -9,7 +9,8 @@
  *     y = a @ w2[l]            ([B, d]; without w2, y = a)
  *     x <- residual ? x + y : y
  * Loss: "sum" is sum(x_L); "mse" is mean((x_L - target)^2) over all B*d
- * elements. Activations: none, relu, gelu (tanh approximation, as
+ * elements; "softmax_cross_entropy" (token models, below) the mean over rows
+ * of -log softmax(logits)[target]. Activations: none, relu, gelu (tanh approximation, as
  * jax.nn.gelu's default), tanh. Optimizers follow optax: SGD (p -= lr*g),
  * and chain(clip_by_global_norm(c), adam(lr, b1, b2, eps)) with bias
  * correction and eps outside the square root; with c == 0 no clipping;
@@ -25,7 +26,7 @@
 #include <stdint.h>
 
 enum ts_act { TS_ACT_NONE = 0, TS_ACT_RELU, TS_ACT_GELU, TS_ACT_TANH };
-enum ts_loss { TS_LOSS_SUM = 0, TS_LOSS_MSE };
+enum ts_loss { TS_LOSS_SUM = 0, TS_LOSS_MSE, TS_LOSS_XENT };
 enum ts_opt { TS_OPT_NONE = 0, TS_OPT_SGD, TS_OPT_ADAM };
 
 struct ts_mlp {
@@ -35,7 +36,27 @@ struct ts_mlp {
 	enum ts_act act;
 	bool residual;
 	enum ts_loss loss;
+	/* token models (vocab > 0): the inputs are token ids, one per row of the
+	 * batch, looked up in embed [vocab, d]; with proj, the last layer's
+	 * output x_L [B, d] is projected to logits x_L @ proj [B, vocab],
+	 * without it d == vocab and x_L are the logits. The loss is then
+	 * softmax_cross_entropy against integer targets, one per row: the mean
+	 * over rows of logsumexp(logits) - logits[target]. id_bytes is the width
+	 * of the ids a step is fed: 2 (uint16) or 4 (int32); 0 reads as 4. */
+	int vocab;
+	bool proj;
+	int id_bytes;
 };
+
+static inline bool ts_mlp_tokens(const struct ts_mlp *m)
+{
+	return m->vocab > 0;
+}
+
+static inline int ts_mlp_id_bytes(const struct ts_mlp *m)
+{
+	return m->id_bytes == 2 ? 2 : 4;
+}
 
 /*
  * The learning rate at update count c (0 for the first update), as optax's

@@ -27,9 +27,32 @@ void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char 
 		[TS_ROLE_W1] = "w1", [TS_ROLE_W2] = "w2",
 		[TS_ROLE_MU_W1] = "adam.mu.w1", [TS_ROLE_MU_W2] = "adam.mu.w2",
 		[TS_ROLE_NU_W1] = "adam.nu.w1", [TS_ROLE_NU_W2] = "adam.nu.w2",
+		[TS_ROLE_EMBED] = "embed", [TS_ROLE_PROJ] = "proj",
+		[TS_ROLE_MU_EMBED] = "adam.mu.embed", [TS_ROLE_MU_PROJ] = "adam.mu.proj",
+		[TS_ROLE_NU_EMBED] = "adam.nu.embed", [TS_ROLE_NU_PROJ] = "adam.nu.proj",
 	};
 
-	snprintf(buf, cap, "%s.%s", m->name, role <= TS_ROLE_NU_W2 ? suffix[role] : "?");
+	snprintf(buf, cap, "%s.%s", m->name,
+	         ts_role_state(role) && suffix[role] ? suffix[role] : "?");
+}
+
+const enum ts_pbuf_role ts_model_roles[TS_MODEL_NROLES] = {
+	TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2,
+	TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_EMBED,
+	TS_ROLE_NU_PROJ,
+};
+
+bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role r)
+{
+	bool second = r == TS_ROLE_W2 || r == TS_ROLE_MU_W2 || r == TS_ROLE_NU_W2;
+	bool tok = r >= TS_ROLE_EMBED && r <= TS_ROLE_NU_PROJ;
+	bool prj = r == TS_ROLE_PROJ || r == TS_ROLE_MU_PROJ || r == TS_ROLE_NU_PROJ;
+
+	if (!ts_role_state(r))
+		return false;
+	return (!second || ts_mlp_has_w2(&m->mlp)) &&
+	       (!ts_role_opt_state(r) || m->opt.type == TS_OPT_ADAM) &&
+	       (!tok || ts_mlp_tokens(&m->mlp)) && (!prj || m->mlp.proj);
 }
 
 void ts_model_owner(const struct ts_model *m, char *buf, size_t cap)
@@ -37,14 +60,22 @@ void ts_model_owner(const struct ts_model *m, char *buf, size_t cap)
 	snprintf(buf, cap, "model '%s'", m->name);
 }
 
-void ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint64_t shape[3])
+int ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint64_t shape[3])
 {
 	bool second = role == TS_ROLE_W2 || role == TS_ROLE_MU_W2 || role == TS_ROLE_NU_W2;
+	bool prj = role == TS_ROLE_PROJ || role == TS_ROLE_MU_PROJ || role == TS_ROLE_NU_PROJ;
 	uint64_t d = (uint64_t)m->mlp.d_model, h = (uint64_t)ts_mlp_hidden(&m->mlp);
 
+	if (role >= TS_ROLE_EMBED && role <= TS_ROLE_NU_PROJ) {
+		shape[0] = prj ? d : (uint64_t)m->mlp.vocab;
+		shape[1] = prj ? (uint64_t)m->mlp.vocab : d;
+		shape[2] = 0;
+		return 2;
+	}
 	shape[0] = (uint64_t)m->mlp.layers;
 	shape[1] = second ? h : d;
 	shape[2] = second ? d : h;
+	return 3;
 }
 
 struct ts_model_registry *ts_model_registry_new(void)

@@ -23,6 +23,8 @@
 #ifndef TS_MODEL_H
 #define TS_MODEL_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/histogram.h"
@@ -31,6 +33,7 @@
 #include "train/plan.h"
 
 #define TS_MODEL_NAME_MAX 100
+#define TS_MODEL_VOCAB_MAX (1 << 20)
 
 struct ts_model {
 	char name[TS_MODEL_NAME_MAX + 1];
@@ -49,11 +52,20 @@ struct ts_model {
 void ts_model_owner(const struct ts_model *m, char *buf, size_t cap);
 
 /* Catalog names of the model's arrays: role is one of TS_ROLE_W1, W2,
- * MU_W1, MU_W2, NU_W1, NU_W2. */
+ * MU_W1, MU_W2, NU_W1, NU_W2, and for token models EMBED ("{name}.embed"),
+ * PROJ ("{name}.proj") and their state ("{name}.adam.mu.embed", ...). */
 void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char *buf, size_t cap);
 
-/* The shape of a parameter role: [L, d, h] or [L, h, d]. */
-void ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint64_t shape[3]);
+/* The shape of a parameter role: [L, d, h] or [L, h, d]; embed [vocab, d]
+ * and proj [d, vocab]. Returns the rank (3 or 2). */
+int ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint64_t shape[3]);
+
+/* Whether the model has the array of a parameter or optimizer-state role. */
+bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role role);
+
+/* Every parameter and optimizer-state role a model may have, in order. */
+#define TS_MODEL_NROLES 12
+extern const enum ts_pbuf_role ts_model_roles[TS_MODEL_NROLES];
 
 struct ts_model_registry;
 struct ts_model_registry *ts_model_registry_new(void);

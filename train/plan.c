@@ -24,6 +24,9 @@ struct builder {
 	int *hh;         /* pinned_host copy of h_l, or -1 */
 	int *w1, *w2;    /* device buffers of streamed params, or -1 */
 	int W1, W2, MU1, MU2, NU1, NU2, IN, TGT, G1, G2;
+	/* token models: the table, the projection, their state and gradients */
+	int EMB, PRJ, MUE, MUP, NUE, NUP, GE, GP;
+	int x0;          /* the gathered first input (a temp), or -1 */
 };
 
 static int add_buf(struct builder *b, enum ts_pbuf_role role, enum ts_pbuf_class cls,
@@ -259,9 +262,9 @@ static void forward(struct builder *b, int *xL)
 	int L = p->mlp.layers;
 	uint64_t xb = (uint64_t)p->batch * p->mlp.d_model * F32;
 	uint64_t hb = (uint64_t)p->batch * ts_mlp_hidden(&p->mlp) * F32;
-	int x = b->IN;
+	int x = b->x0 >= 0 ? b->x0 : b->IN;
 
-	b->x[0] = b->IN;
+	b->x[0] = x;
 	params_fetch(b, 0, "forward");
 	for (int l = 0; l < L; l++) {
 		int h, y;
@@ -351,7 +354,7 @@ static bool update_fused(const struct ts_plan *p)
 	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0);
 }
 
-static void backward(struct builder *b, int g)
+static int backward(struct builder *b, int g)
 {
 	const struct ts_plan *p = b->p;
 	const struct ts_policy *pol = &p->policy;
@@ -398,7 +401,7 @@ static void backward(struct builder *b, int g)
 		release(b, h, l, "backward");
 		b->h[l] = -1;
 		gemm(b, G1, goff, x, 0, true, A, 0, false, d, H, B, 0.0f, l, "backward");
-		if (l > 0) {
+		if (l > 0 || b->x0 >= 0) {     /* token models: x_0's gradient too */
 			gx = temp(b, TS_ROLE_GX, TS_MEM_DEVICE, l, xb, "backward");
 			gemm(b, gx, 0, A, 0, false, w1, o1, true, B, d, H, 0.0f, l, "backward");
 			if (p->mlp.residual)
@@ -414,9 +417,9 @@ static void backward(struct builder *b, int g)
 			release(b, G1, l, "backward");
 			release(b, G2, l, "backward");
 		}
-		if (x_temp || (l > 0 && b->x[l] >= 0))
+		if (x_temp || ((l > 0 || b->x0 >= 0) && b->x[l] >= 0))
 			release(b, x, l, "backward");
-		b->x[l] = l == 0 ? b->IN : -1;
+		b->x[l] = l == 0 && b->x0 < 0 ? b->IN : -1;
 		release(b, b->xh[l], l, "backward");
 		release(b, b->hh[l], l, "backward");
 		b->xh[l] = b->hh[l] = -1;
@@ -424,6 +427,7 @@ static void backward(struct builder *b, int g)
 		if (!pol->prefetch_depth)
 			params_fetch(b, l - 1, "backward");
 	}
+	return g;
 }
 
 /*
@@ -433,30 +437,68 @@ static void backward(struct builder *b, int g)
  * is the device slice or a copy fetched here. Streamed optimizer state comes
  * in, is updated, and goes back; a host parameter is written back.
  */
+/* A parameter for update_param: its argument and Adam state, the slice
+ * updated (offset and bytes), and the roles of its device copies. */
+struct param_ref {
+	int W, MU, NU;
+	uint64_t off, bytes;
+	enum ts_pbuf_role rw, rmu, rnu;
+};
+
+static void update_param(struct builder *b, const struct param_ref *pr, int l, int G,
+                         uint64_t goff, int norm, int fused, const char *phase);
+
 static void update_one(struct builder *b, int l, int k, int G, uint64_t goff, int norm,
                        int fused, const char *phase)
 {
+	uint64_t wb = w1_bytes(b->p);
+	struct param_ref pr = {
+		.W = k ? b->W2 : b->W1, .MU = k ? b->MU2 : b->MU1, .NU = k ? b->NU2 : b->NU1,
+		.off = (uint64_t)l * wb, .bytes = wb,
+		.rw = k ? TS_ROLE_W2 : TS_ROLE_W1, .rmu = k ? TS_ROLE_MU_W2 : TS_ROLE_MU_W1,
+		.rnu = k ? TS_ROLE_NU_W2 : TS_ROLE_NU_W1,
+	};
+
+	update_param(b, &pr, l, G, goff, norm, fused, phase);
+}
+
+/* The table (k 0) or projection (k 1) of a token model as a param_ref. */
+static struct param_ref token_param(const struct builder *b, int k)
+{
+	uint64_t bytes = (uint64_t)b->p->mlp.vocab * (uint64_t)b->p->mlp.d_model * F32;
+
+	return (struct param_ref){
+		.W = k ? b->PRJ : b->EMB, .MU = k ? b->MUP : b->MUE, .NU = k ? b->NUP : b->NUE,
+		.off = 0, .bytes = bytes,
+		.rw = k ? TS_ROLE_PROJ : TS_ROLE_EMBED, .rmu = k ? TS_ROLE_MU_PROJ : TS_ROLE_MU_EMBED,
+		.rnu = k ? TS_ROLE_NU_PROJ : TS_ROLE_NU_EMBED,
+	};
+}
+
+static void update_param(struct builder *b, const struct param_ref *pr, int l, int G,
+                         uint64_t goff, int norm, int fused, const char *phase)
+{
 	const struct ts_plan *p = b->p;
-	uint64_t wb = w1_bytes(p), n = wb / F32;
+	uint64_t wb = pr->bytes, n = wb / F32;
 	bool adam = p->opt.type == TS_OPT_ADAM;
 	bool host_p = p->policy.params != TS_MEM_DEVICE, host_s = p->policy.opt_state != TS_MEM_DEVICE;
-	int W = k ? b->W2 : b->W1, MU = k ? b->MU2 : b->MU1, NU = k ? b->NU2 : b->NU1;
+	int W = pr->W, MU = pr->MU, NU = pr->NU;
 	int pbuf = W, mu = MU, nu = NU;
-	uint64_t poff = (uint64_t)l * wb, soff = poff;
+	uint64_t poff = pr->off, soff = poff;
 	struct ts_paction *u;
 
 	if (host_p && fused >= 0) {
 		pbuf = fused;
 		poff = 0;
 	} else if (host_p) {
-		pbuf = temp(b, k ? TS_ROLE_W2 : TS_ROLE_W1, TS_MEM_DEVICE, l, wb, phase);
+		pbuf = temp(b, pr->rw, TS_MEM_DEVICE, l, wb, phase);
 		copy(b, pbuf, 0, W, poff, wb, l, phase);
 		poff = 0;
 	}
 	if (adam && host_s) {
-		mu = temp(b, k ? TS_ROLE_MU_W2 : TS_ROLE_MU_W1, TS_MEM_DEVICE, l, wb, phase);
+		mu = temp(b, pr->rmu, TS_MEM_DEVICE, l, wb, phase);
 		copy(b, mu, 0, MU, soff, wb, l, phase);
-		nu = temp(b, k ? TS_ROLE_NU_W2 : TS_ROLE_NU_W1, TS_MEM_DEVICE, l, wb, phase);
+		nu = temp(b, pr->rnu, TS_MEM_DEVICE, l, wb, phase);
 		copy(b, nu, 0, NU, soff, wb, l, phase);
 	}
 	u = emit(b, TS_P_UPDATE, l, phase);
@@ -472,7 +514,7 @@ static void update_one(struct builder *b, int l, int k, int G, uint64_t goff, in
 		u->e = norm;
 	}
 	if (host_p) {
-		copy(b, W, (uint64_t)l * wb, pbuf, 0, wb, l, phase);
+		copy(b, W, pr->off, pbuf, 0, wb, l, phase);
 		if (fused < 0)
 			release(b, pbuf, l, phase);
 	}
@@ -499,10 +541,20 @@ static void update(struct builder *b)
 		elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
 		if (nparams == 2)
 			elementwise(b, TS_P_SUMSQ, b->G2, norm, -1, n * (uint64_t)L, -1, "update");
+		for (int k = 0; k < 2; k++)
+			if ((k ? b->GP : b->GE) >= 0)
+				elementwise(b, TS_P_SUMSQ, k ? b->GP : b->GE, norm, -1,
+				            token_param(b, k).bytes / F32, -1, "update");
 	}
 	for (int l = 0; l < L; l++)
 		for (int k = 0; k < nparams; k++)
 			update_one(b, l, k, k ? b->G2 : b->G1, (uint64_t)l * wb, norm, -1, "update");
+	for (int k = 0; k < 2; k++) {
+		struct param_ref pr = token_param(b, k);
+
+		if ((k ? b->GP : b->GE) >= 0)
+			update_param(b, &pr, -1, k ? b->GP : b->GE, 0, norm, -1, "update");
+	}
 	release(b, norm, -1, "update");
 }
 
@@ -623,7 +675,7 @@ static void mark_versioned(struct ts_plan *p)
 	for (int i = 0; i < p->nbufs; i++) {
 		struct ts_pbuf *bf = &p->bufs[i];
 
-		if (bf->cls != TS_PB_ARGUMENT || bf->role > TS_ROLE_NU_W2)
+		if (bf->cls != TS_PB_ARGUMENT || !ts_role_state(bf->role))
 			continue;
 		bf->versioned = bf->kind != TS_MEM_DEVICE;
 		bf->journaled = bf->kind == TS_MEM_DEVICE && copy_after;
@@ -893,7 +945,7 @@ static ts_status analyse(struct ts_plan *p)
 	for (int i = 0; i < p->nbufs; i++) {
 		const struct ts_pbuf *bf = &p->bufs[i];
 		bool isdev = bf->kind == TS_MEM_DEVICE;
-		bool updated = p->opt.type != TS_OPT_NONE && bf->role <= TS_ROLE_NU_W2;
+		bool updated = p->opt.type != TS_OPT_NONE && ts_role_state(bf->role);
 
 		if (bf->cls == TS_PB_ARGUMENT) {
 			*(isdev ? &p->argument_size_in_bytes : &p->host_argument_size_in_bytes) += bf->bytes;
@@ -966,6 +1018,113 @@ static ts_status analyse(struct ts_plan *p)
 	return st;
 }
 
+/* ---- token models ------------------------------------------------------------------ */
+
+/* A whole parameter on the device: the argument itself, or a copy of it
+ * fetched from pinned_host (token_drop frees it). */
+static int token_fetch(struct builder *b, int W, enum ts_pbuf_role role, uint64_t bytes,
+                       const char *phase)
+{
+	int t;
+
+	if (b->p->policy.params == TS_MEM_DEVICE)
+		return W;
+	t = temp(b, role, TS_MEM_DEVICE, -1, bytes, phase);
+	copy(b, t, 0, W, 0, bytes, -1, phase);
+	return t;
+}
+
+static void token_drop(struct builder *b, int t, int W, const char *phase)
+{
+	if (t != W)
+		release(b, t, -1, phase);
+}
+
+static void token_op(struct builder *b, enum ts_pop op, int a_, int b_, int c, int d,
+                     const char *phase)
+{
+	struct ts_paction *x = emit(b, op, -1, phase);
+
+	if (!x)
+		return;
+	x->a = a_;
+	x->b = b_;
+	x->c = c;
+	x->d = d;
+	x->n = (uint64_t)b->p->batch;
+}
+
+/* x_0 = the table's rows at the input ids. */
+static void token_forward(struct builder *b)
+{
+	const struct ts_plan *p = b->p;
+	uint64_t eb = token_param(b, 0).bytes;
+	int tab = token_fetch(b, b->EMB, TS_ROLE_EMBED, eb, "forward");
+
+	b->x0 = temp(b, TS_ROLE_X, TS_MEM_DEVICE, 0, (uint64_t)p->batch * p->mlp.d_model * F32,
+	             "forward");
+	token_op(b, TS_P_EMBED_FWD, tab, b->IN, b->x0, -1, "forward");
+	token_drop(b, tab, b->EMB, "forward");
+}
+
+/* The loss of x_L: projected to logits (or x_L itself), cross-entropy
+ * against the target ids; the projection's gradient and update; returns
+ * the gradient of x_L. Frees x_L. */
+static int token_loss(struct builder *b, int xL, enum ts_pbuf_class gcls)
+{
+	const struct ts_plan *p = b->p;
+	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
+	uint64_t lb = (uint64_t)B * V * F32, xb = (uint64_t)B * d * F32;
+	struct param_ref pr = token_param(b, 1);
+	int prj = -1, logits = xL, loss, glog, g;
+
+	if (p->mlp.proj) {
+		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, pr.bytes, "loss");
+		logits = temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
+		gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
+	}
+	loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)B + 1) * F32, "loss");
+	glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, L, lb, "loss");
+	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
+	release(b, loss, -1, "loss");
+	if (!p->mlp.proj) {
+		release(b, xL, L, "loss");
+		return glog;
+	}
+	release(b, logits, L, "loss");
+	if (gcls == TS_PB_TEMP)
+		b->GP = temp(b, TS_ROLE_GRAD_PROJ, TS_MEM_DEVICE, -1, pr.bytes, "loss");
+	gemm(b, b->GP, 0, xL, 0, true, glog, 0, false, d, V, B, 0.0f, L, "loss");
+	g = temp(b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+	gemm(b, g, 0, glog, 0, false, prj, 0, true, B, d, V, 0.0f, L, "loss");
+	release(b, glog, L, "loss");
+	release(b, xL, L, "loss");
+	if (update_fused(p)) {
+		update_param(b, &pr, -1, b->GP, 0, -1, prj != b->PRJ ? prj : -1, "loss");
+		release(b, b->GP, -1, "loss");
+		b->GP = -1;
+	}
+	token_drop(b, prj, b->PRJ, "loss");
+	return g;
+}
+
+/* The table's gradient: x_0's scattered by id; its update when fused. */
+static void token_backward(struct builder *b, int gx0)
+{
+	struct param_ref pr = token_param(b, 0);
+	bool fused = update_fused(b->p);
+
+	if (fused)
+		b->GE = temp(b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1, pr.bytes, "backward");
+	token_op(b, TS_P_EMBED_BWD, gx0, b->IN, b->GE, -1, "backward");
+	release(b, gx0, 0, "backward");
+	if (fused) {
+		update_param(b, &pr, -1, b->GE, 0, -1, -1, "backward");
+		release(b, b->GE, -1, "backward");
+		b->GE = -1;
+	}
+}
+
 /* ---- entry points ------------------------------------------------------------------ */
 
 ts_status ts_policy_check(const struct ts_policy *p, struct ts_error *err)
@@ -997,7 +1156,9 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
                         const struct ts_policy *policy, struct ts_plan *out,
                         struct ts_error *err)
 {
-	struct builder b = {.p = out};
+	struct builder b = {.p = out, .EMB = -1, .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1,
+	                    .NUP = -1, .GE = -1, .GP = -1, .x0 = -1};
+	bool tok = ts_mlp_tokens(mlp);
 	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
 	uint64_t wb, xb;
 	bool has2 = ts_mlp_has_w2(mlp), adam = opt->type == TS_OPT_ADAM;
@@ -1011,10 +1172,16 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 		                    "layers, d_model and batch must be positive");
 	if (!has2 && mlp->d_hidden)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "inconsistent hidden width");
+	if (tok != (mlp->loss == TS_LOSS_XENT) || mlp->vocab < 0 || mlp->vocab > (1 << 24) ||
+	    (tok && !mlp->proj && mlp->vocab != d))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
+		                    "without a projection d_model == vocab", mlp->vocab);
 	st = ts_policy_check(policy, err);
 	if (st != TS_OK)
 		return st;
 	out->mlp = *mlp;
+	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
 	out->opt = *opt;
 	out->policy = *policy;
 	out->batch = batch;
@@ -1035,13 +1202,39 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 	b.NU1 = adam ? add_buf(&b, TS_ROLE_NU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
 	b.MU2 = adam && has2 ? add_buf(&b, TS_ROLE_MU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
 	b.NU2 = adam && has2 ? add_buf(&b, TS_ROLE_NU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb);
-	b.TGT = mlp->loss == TS_LOSS_MSE ? add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb) : -1;
+	if (tok) {
+		uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
+		bool p2 = mlp->proj;
+
+		b.EMB = add_buf(&b, TS_ROLE_EMBED, TS_PB_ARGUMENT, policy->params, -1, eb);
+		b.PRJ = p2 ? add_buf(&b, TS_ROLE_PROJ, TS_PB_ARGUMENT, policy->params, -1, eb) : -1;
+		b.MUE = adam ? add_buf(&b, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
+		b.NUE = adam ? add_buf(&b, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
+		b.MUP = adam && p2 ? add_buf(&b, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
+		b.NUP = adam && p2 ? add_buf(&b, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
+		if (gcls == TS_PB_OUTPUT) {
+			b.GE = add_buf(&b, TS_ROLE_GRAD_EMBED, gcls, TS_MEM_DEVICE, -1, eb);
+			b.GP = p2 ? add_buf(&b, TS_ROLE_GRAD_PROJ, gcls, TS_MEM_DEVICE, -1, eb) : -1;
+		}
+	}
+	{
+		uint64_t ib = tok ? (uint64_t)batch * (uint64_t)out->mlp.id_bytes : xb;
+
+		b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib);
+		b.TGT = mlp->loss == TS_LOSS_MSE || tok ?
+		        add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib) : -1;
+	}
 	if (gcls == TS_PB_OUTPUT) {
 		b.G1 = add_buf(&b, TS_ROLE_GRAD_W1, gcls, TS_MEM_DEVICE, -1, wb * L);
 		b.G2 = has2 ? add_buf(&b, TS_ROLE_GRAD_W2, gcls, TS_MEM_DEVICE, -1, wb * L) : -1;
 	}
+	if (tok)
+		token_forward(&b);
 	forward(&b, &xL);
+	if (tok) {
+		g = token_loss(&b, xL, gcls);
+		goto backward_pass;
+	}
 	loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
 	g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
 	{
@@ -1059,15 +1252,23 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 	 * the kernel): its buffer lives through the loss phase only */
 	release(&b, loss, -1, "loss");
 	release(&b, xL, L, "loss");
+backward_pass:
 	if (gcls == TS_PB_TEMP && !update_fused(out)) {
 		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
 		b.G2 = has2 ? temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
+		if (tok)
+			b.GE = temp(&b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1,
+			            (uint64_t)mlp->vocab * (uint64_t)d * F32, "backward");
 	}
-	backward(&b, g);
+	g = backward(&b, g);
+	if (tok)
+		token_backward(&b, g);
 	if (opt->type != TS_OPT_NONE && !update_fused(out)) {
 		update(&b);
 		release(&b, b.G1, -1, "update");
 		release(&b, b.G2, -1, "update");
+		release(&b, b.GE, -1, "update");
+		release(&b, b.GP, -1, "update");
 	}
 	free(b.x);
 	free(b.xh);
@@ -1126,6 +1327,10 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "layers, d_model and batch must be positive");
+	if (ts_mlp_tokens(mlp))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
+		                    "evaluation of token models (vocab %d) is not supported: "
+		                    "no embedding or cross-entropy in the forward-only plan", mlp->vocab);
 	st = ts_policy_check(policy, err);
 	if (st != TS_OK)
 		return st;

@@ -27,6 +27,13 @@
  * device; host_* = the same on pinned_host; peak_device_bytes = argument +
  * output + temp (aliases are not counted twice).
  *
+ * Token models (mlp.h): the input and target are n ids (the plan's batch is
+ * one row per token); the embedding table and the projection are parameters
+ * like w1 and w2 (on the device or streamed whole from pinned_host, with
+ * their Adam state), their gradients temps or outputs like w1's. The first
+ * layer's input x_0 is a temp, the gathered rows, kept until the backward
+ * pass has scattered its gradient into the table's.
+ *
  * Atomicity: a step either updates every weight or leaves every array as it
  * was. Temps live at planner-assigned offsets in one arena per memory kind
  * (temp_size_in_bytes is the device arena, host_temp_size_in_bytes the
@@ -73,8 +80,30 @@ enum ts_pbuf_role {
 	TS_ROLE_INPUT, TS_ROLE_TARGET, TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2,
 	TS_ROLE_X, TS_ROLE_H, TS_ROLE_A, TS_ROLE_G, TS_ROLE_GX, TS_ROLE_LOSS, TS_ROLE_NORM,
 	TS_ROLE_OUTPUT,                  /* an evaluation's outputs x_L [B, d] */
+	/* token models (mlp.h): the embedding table [vocab, d] and the output
+	 * projection [d, vocab], their Adam state and gradients, the logits */
+	TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_EMBED,
+	TS_ROLE_NU_PROJ, TS_ROLE_GRAD_EMBED, TS_ROLE_GRAD_PROJ, TS_ROLE_LOGITS,
 	TS_ROLE_COUNT
 };
+
+/* A parameter (w1, w2, embed, proj); optimizer state (mu, nu of one); either:
+ * the arguments a step with an optimizer updates. */
+static inline bool ts_role_param(enum ts_pbuf_role r)
+{
+	return r == TS_ROLE_W1 || r == TS_ROLE_W2 || r == TS_ROLE_EMBED || r == TS_ROLE_PROJ;
+}
+
+static inline bool ts_role_opt_state(enum ts_pbuf_role r)
+{
+	return (r >= TS_ROLE_MU_W1 && r <= TS_ROLE_NU_W2) ||
+	       (r >= TS_ROLE_MU_EMBED && r <= TS_ROLE_NU_PROJ);
+}
+
+static inline bool ts_role_state(enum ts_pbuf_role r)
+{
+	return ts_role_param(r) || ts_role_opt_state(r);
+}
 
 struct ts_pbuf {
 	enum ts_pbuf_role role;
@@ -102,6 +131,10 @@ enum ts_pop {
 	TS_P_UPDATE,      /* param a (+aoff) with grad b (+boff), mu c, nu d (+coff), norm e, n */
 	TS_P_FILL,        /* a = 0 */
 	TS_P_PHASE,       /* a label for the timeline */
+	/* token models: vocab, d and the ids' width are the plan's mlp's */
+	TS_P_EMBED_FWD,   /* c [n, d] = rows of table a (+aoff) at ids b, n rows */
+	TS_P_EMBED_BWD,   /* c (+coff) [vocab, d] = scatter-add of a [n, d] at ids b */
+	TS_P_XENT,        /* c: loss (n + 1 floats), d: grad, a: logits [n, vocab], b: target ids */
 };
 
 struct ts_paction {

@@ -26,6 +26,10 @@ struct ts_session {
 	void *spare[2];                  /* owned: the next batch, staged meanwhile */
 	struct ts_queue *stage_q;        /* owned: the next batch's copies */
 	bool pending;                    /* copies of the next batch are on stage_q */
+	/* token models: the next batch's ids come from device memory and are
+	 * checked once copied (the source's row bytes; 0: checked already) */
+	uint64_t spare_check[2];
+	struct ts_error next_err;        /* the next batch's bad ids, reported as it is due */
 	size_t cap;                      /* of report.losses */
 	struct ts_session_report report;
 };
@@ -35,6 +39,10 @@ static const char *const role_names[TS_ROLE_COUNT] = {
 	[TS_ROLE_MU_W2] = "mu.w2", [TS_ROLE_NU_W1] = "nu.w1", [TS_ROLE_NU_W2] = "nu.w2",
 	[TS_ROLE_INPUT] = "inputs", [TS_ROLE_TARGET] = "targets",
 	[TS_ROLE_GRAD_W1] = "grad.w1", [TS_ROLE_GRAD_W2] = "grad.w2",
+	[TS_ROLE_EMBED] = "embed", [TS_ROLE_PROJ] = "proj", [TS_ROLE_MU_EMBED] = "mu.embed",
+	[TS_ROLE_MU_PROJ] = "mu.proj", [TS_ROLE_NU_EMBED] = "nu.embed",
+	[TS_ROLE_NU_PROJ] = "nu.proj", [TS_ROLE_GRAD_EMBED] = "grad.embed",
+	[TS_ROLE_GRAD_PROJ] = "grad.proj",
 	[TS_ROLE_OUTPUT] = "outputs",
 };
 
@@ -197,6 +205,97 @@ static bool host_memory(struct ts_device *dev, enum ts_memory_kind kind)
 	return kind != TS_MEM_DEVICE || ts_device_props(dev)->backend == TS_BACKEND_CPU;
 }
 
+/* The first of n ids (of width w) outside [0, vocab) into *bad, its index
+ * into *at; false when all are in. */
+static bool first_bad_id(const char *ids, uint64_t n, int w, int vocab, int64_t *bad,
+                         uint64_t *at)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		int64_t v;
+
+		if (w == 2) {
+			uint16_t u;
+
+			memcpy(&u, ids + 2 * i, 2);
+			v = u;
+		} else {
+			int32_t x;
+
+			memcpy(&x, ids + 4 * i, 4);
+			v = x;
+		}
+		if (v < 0 || v >= vocab) {
+			*bad = v;
+			*at = i;
+			return true;
+		}
+	}
+	return false;
+}
+
+static ts_status bad_id(const struct ts_session *s, enum ts_pbuf_role role, uint64_t row_bytes,
+                        int64_t v, uint64_t at, struct ts_error *err)
+{
+	uint64_t per = row_bytes / (uint64_t)s->plan.mlp.id_bytes;
+
+	if (!per)
+		per = 1;
+	ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TOKEN",
+	             "%s: token id %lld (row %llu of the batch, position %llu) is outside the "
+	             "vocabulary [0, %d)", role_name(role), (long long)v,
+	             (unsigned long long)(at / per), (unsigned long long)(at % per),
+	             s->plan.mlp.vocab);
+	ts_error_meta(err, "token_id", "%lld", (long long)v);
+	return TS_INVALID_ARGUMENT;
+}
+
+/*
+ * Token models: every id staged for role is inside the vocabulary, checked
+ * before any step - on the source where the host reads it (host memory),
+ * else on a copy of the staged ids read back.
+ */
+static ts_status check_ids(struct ts_session *s, enum ts_pbuf_role role,
+                           const struct ts_session_source *src, const void *staged,
+                           struct ts_error *err)
+{
+	int w = s->plan.mlp.id_bytes, vocab = s->plan.mlp.vocab;
+	uint64_t off, len, at = 0, bad_at;
+	struct ts_rows_iter it;
+	int64_t v;
+	char *h;
+	ts_status st;
+
+	if (!ts_mlp_tokens(&s->plan.mlp))
+		return TS_OK;
+	if (!staged) {
+		if (!src->rows)
+			return first_bad_id(src->mem, src->bytes / (uint64_t)w, w, vocab, &v, &bad_at) ?
+			       bad_id(s, role, src->row_bytes, v, bad_at, err) : TS_OK;
+		ts_rows_iter_init(&it, src->rows, src->nrows, src->row_bytes);
+		while (ts_rows_iter_next(&it, &off, &len)) {
+			if (first_bad_id((const char *)src->mem + off, len / (uint64_t)w, w, vocab, &v,
+			                 &bad_at))
+				return bad_id(s, role, src->row_bytes, v, at + bad_at, err);
+			at += len / (uint64_t)w;
+		}
+		return TS_OK;
+	}
+	len = s->plan.bufs[slot(s, role)].bytes;
+	h = malloc(len ? len : 1);
+	if (!h)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
+		                    "no memory to check %llu bytes of token ids", (unsigned long long)len);
+	st = ts_queue_copy(s->env.d2h, h, staged, len, TS_COPY_D2H, err);
+	if (st == TS_OK)
+		st = ts_queue_sync(s->env.d2h, err);
+	else
+		ts_queue_sync(s->env.d2h, NULL);
+	if (st == TS_OK && first_bad_id(h, len / (uint64_t)w, w, vocab, &v, &bad_at))
+		st = bad_id(s, role, src->row_bytes, v, bad_at, err);
+	free(h);
+	return st;
+}
+
 /* Enqueues on q the copies of src's selected rows (all of it when none)
  * into mem. */
 static ts_status enqueue_rows(struct ts_queue *q, void *mem, const struct ts_session_source *src,
@@ -269,16 +368,25 @@ ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
 	if (st != TS_OK)
 		return st;
 	want = s->plan.bufs[i].bytes;
+	from_host = host_memory(src->src_dev, src->src_kind);
+	if (from_host) {
+		st = check_ids(s, role, src, NULL, err);
+		if (st != TS_OK)
+			return st;
+	}
 	if (!src->rows && src->src_dev == s->cfg.dev && src->src_kind == TS_MEM_DEVICE &&
 	    !host_memory(src->src_dev, src->src_kind)) {
-		s->args[i] = (void *)src->mem;     /* already where the step reads it */
-		return TS_OK;
+		st = check_ids(s, role, src, src->mem, err);
+		if (st == TS_OK)
+			s->args[i] = (void *)src->mem;     /* already where the step reads it */
+		return st;
 	}
 	st = ts_space_alloc(s->env.device_space, want, &mem, err);
 	if (st != TS_OK)
 		return st;
-	from_host = host_memory(src->src_dev, src->src_kind);
 	st = copy_rows(s, mem, src, from_host, want, err);
+	if (st == TS_OK && !from_host)
+		st = check_ids(s, role, src, mem, err);
 	if (st != TS_OK) {
 		ts_space_release(s->env.device_space, mem, want);
 		return st;
@@ -320,7 +428,14 @@ static ts_status prestage_start(struct ts_session *s, const struct ts_session_ho
 		if (st == TS_OK) {
 			bool from_host = host_memory(src.src_dev, src.src_kind);
 
+			/* token ids in host memory are checked where they are */
+			s->spare_check[k] = from_host ? 0 : src.row_bytes ? src.row_bytes : 1;
 			s->pending = true;
+			/* token ids in host memory are checked where they are; a bad
+			 * one fails the run as its step is due, not this step */
+			if (from_host && s->next_err.status == TS_OK &&
+			    check_ids(s, roles[k], &src, NULL, &s->next_err) != TS_OK)
+				continue;
 			st = enqueue_rows(s->stage_q, s->spare[k], &src, from_host, s->staged_bytes[k], err);
 			if (st == TS_OK)
 				count_staged(s, from_host, s->staged_bytes[k]);
@@ -339,6 +454,12 @@ static ts_status prestage_finish(struct ts_session *s, bool swap, struct ts_erro
 		return TS_OK;
 	s->pending = false;
 	st = ts_queue_sync(s->stage_q, swap ? err : NULL);
+	if (st == TS_OK && swap && s->next_err.status != TS_OK) {
+		if (err)
+			*err = s->next_err;
+		st = s->next_err.status;
+	}
+	ts_error_clear(&s->next_err);
 	if (st != TS_OK || !swap)
 		return st;
 	for (int k = 0; k < 2; k++) {
@@ -347,6 +468,13 @@ static ts_status prestage_finish(struct ts_session *s, bool swap, struct ts_erro
 
 		if (i < 0 || !s->spare[k])
 			continue;
+		if (s->spare_check[k]) {
+			struct ts_session_source src = {.row_bytes = s->spare_check[k]};
+
+			st = check_ids(s, roles[k], &src, s->spare[k], err);
+			if (st != TS_OK)
+				return st;
+		}
 		t = s->staged[k];
 		s->staged[k] = s->spare[k];
 		s->spare[k] = t;

@@ -282,6 +282,163 @@ START_TEST(test_adamw_warmup_cosine)
 }
 END_TEST
 
+
+/* ---- a token model ------------------------------------------------------------------ */
+
+#define TV 37         /* vocabulary */
+#define TB 4          /* rows of ids */
+#define TT 8          /* ids per row: TB * TT rows of the step */
+
+static void upload_ids(const char *name, const int32_t *ids)
+{
+	struct th_response r;
+	char path[256];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=int32&shape=%d,%d", name, TB, TT);
+	th_request(&D, "PUT", path, NULL, (const char *)ids, TB * TT * sizeof *ids, &r);
+	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+}
+
+/* Downloads name's array and compares it with the reference's file. */
+static void compare_file(const char *name, const char *dir, const char *file, const char *when)
+{
+	char path[700], what[300];
+	size_t ng, nr;
+	float *a = download(name, &ng), *b;
+
+	snprintf(path, sizeof path, "%s/out/%s", dir, file);
+	b = (float *)th_read_file(path, &nr);
+	ck_assert_msg(b != NULL, "cannot read %s", path);
+	snprintf(what, sizeof what, "'%s' %s vs optax", name, when);
+	compare(what, a, ng, b, nr / sizeof *b);
+	free(a);
+	free(b);
+}
+
+/*
+ * Embedding table, two residual gelu layers, output projection, softmax
+ * cross-entropy against int32 ids (repeated ones among them), Adam with
+ * clipping: STEPS losses and the final weights and moments against optax,
+ * and the gradients at the initial weights (a twin with optimizer none,
+ * the same init) against jax.grad.
+ */
+START_TEST(test_tokens_adam_clipped)
+{
+	static const char *const files[][2] = {
+		{"embed", "embed.f32"}, {"proj", "proj.f32"}, {"w1", "w1.f32"}, {"w2", "w2.f32"},
+		{"adam.mu.embed", "mu_embed.f32"}, {"adam.nu.embed", "nu_embed.f32"},
+		{"adam.mu.proj", "mu_proj.f32"}, {"adam.nu.proj", "nu_proj.f32"},
+		{"adam.mu.w1", "mu_w1.f32"}, {"adam.nu.w1", "nu_w1.f32"},
+	};
+	static const char *const grads[][2] = {
+		{"embed", "grad_embed.f32"}, {"proj", "grad_proj.f32"}, {"w1", "grad_w1.f32"},
+		{"w2", "grad_w2.f32"},
+	};
+	const char *spec_fmt =
+		"{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 24, "
+		"\"activation\": \"gelu\", \"residual\": true, \"vocab\": %d, \"projection\": true}, "
+		"\"loss\": \"softmax_cross_entropy\", \"optimizer\": %s, "
+		"\"init\": {\"seed\": 13, \"scale\": 0.5}}";
+	const char *opt = "{\"type\": \"adam\", \"learning_rate\": 0.01, \"clip_global_norm\": 0.3}";
+	int32_t ids[TB * TT], tg[TB * TT];
+	uint64_t seed = 77;
+	char dir[512], path[700], cmd[2048], name[160], *spec;
+	json_t *m, *res, *ref, *rspec, *want, *got;
+	json_error_t e;
+	int st, nclipped = 0;
+
+	for (int i = 0; i < TB * TT; i++) {
+		ids[i] = (int32_t)(th_rand(&seed) % 12);     /* 12 of 37 ids, each many times */
+		tg[i] = (int32_t)(th_rand(&seed) % TV);
+	}
+	spec = fmt(spec_fmt, "tok", TV, opt);
+	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	free(spec);
+	spec = fmt(spec_fmt, "tokg", TV, "{\"type\": \"none\"}");
+	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	free(spec);
+	{
+		struct th_response r;
+
+		m = json_incref(th_get_json(&D, "/v1/models/tok", &r));
+		th_response_free(&r);
+	}
+	th_temp_dir("tok", dir, sizeof dir);
+	for (size_t k = 0; k < 4; k++) {
+		size_t nw;
+		float *w;
+
+		snprintf(name, sizeof name, "tok.%s", files[k][0]);
+		w = download(name, &nw);
+		snprintf(path, sizeof path, "%s/%s", dir, files[k][1]);
+		th_write_file(path, w, nw * sizeof *w);
+		free(w);
+	}
+	snprintf(path, sizeof path, "%s/inputs.i32", dir);
+	th_write_file(path, ids, sizeof ids);
+	snprintf(path, sizeof path, "%s/targets.i32", dir);
+	th_write_file(path, tg, sizeof tg);
+	upload_ids("ids", ids);
+	upload_ids("labels", tg);
+
+	res = post_json("/v1/models/tokg:step?wait=true",
+	                "{\"inputs\": \"ids\", \"targets\": \"labels\", \"steps\": 1}", 200);
+	json_decref(res);
+	res = post_json("/v1/models/tok:step?wait=true",
+	                "{\"inputs\": \"ids\", \"targets\": \"labels\", \"steps\": 24}", 200);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+
+	rspec = json_pack("{s:i, s:i, s:i, s:s, s:b, s:s, s:O, s:i, s:i, s:i, s:b,"
+	                  " s:s+, s:s+, s:s+, s:s+, s:s+, s:s+, s:s+}",
+	                  "layers", 2, "d_model", 16, "d_hidden", 24, "activation", "gelu",
+	                  "residual", 1, "loss", "softmax_cross_entropy",
+	                  "optimizer", th_obj(m, "optimizer"), "batch", TB * TT, "steps", STEPS,
+	                  "vocab", TV, "projection", 1,
+	                  "w1", dir, "/w1.f32", "w2", dir, "/w2.f32", "embed", dir, "/embed.f32",
+	                  "proj", dir, "/proj.f32", "inputs", dir, "/inputs.i32",
+	                  "targets", dir, "/targets.i32", "out", dir, "/out");
+	ck_assert_ptr_nonnull(rspec);
+	snprintf(path, sizeof path, "%s/spec.json", dir);
+	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
+	json_decref(rspec);
+	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", py_dir, path);
+	st = system(cmd);
+	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
+	              "(scripts/deps.sh)", cmd, st);
+	snprintf(path, sizeof path, "%s/out/result.json", dir);
+	ref = json_load_file(path, 0, &e);
+	ck_assert_msg(ref != NULL, "%s: %s", path, e.text);
+	want = th_arr(ref, "losses");
+	got = th_arr(res, "losses");
+	ck_assert_uint_eq(json_array_size(got), STEPS);
+	for (size_t i = 0; i < STEPS; i++) {
+		double g = json_number_value(json_array_get(got, i));
+		double r = json_number_value(json_array_get(want, i));
+
+		ck_assert_msg(fabs(g - r) <= REL * fabs(r), "tokens: loss of step %zu: %.9g, optax %.9g",
+		              i + 1, g, r);
+		nclipped += json_is_true(json_array_get(th_arr(ref, "clipped"), i));
+	}
+	ck_assert_msg(nclipped >= 4, "tokens: optax clipped %d of %d steps", nclipped, STEPS);
+	ck_assert_msg(json_number_value(json_array_get(got, STEPS - 1)) <
+	              json_number_value(json_array_get(got, 0)) - 0.1, "tokens: the loss did not go down");
+	for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
+		snprintf(name, sizeof name, "tok.%s", files[k][0]);
+		compare_file(name, dir, files[k][1], "after 24 steps");
+	}
+	for (size_t k = 0; k < sizeof grads / sizeof grads[0]; k++) {
+		snprintf(name, sizeof name, "tokg.grad.%s", grads[k][0]);
+		compare_file(name, dir, grads[k][1], "at the initial weights (jax.grad)");
+	}
+	json_decref(ref);
+	json_decref(res);
+	json_decref(m);
+}
+END_TEST
+
 static Suite *optax_suite(void)
 {
 	Suite *s = suite_create("optax");
@@ -293,6 +450,7 @@ static Suite *optax_suite(void)
 	tcase_add_test(tc, test_adam_clipped);
 	tcase_add_test(tc, test_adamw_clipped);
 	tcase_add_test(tc, test_adamw_warmup_cosine);
+	tcase_add_test(tc, test_tokens_adam_clipped);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -180,7 +180,31 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 	int d = p->mlp.d_model, h = ts_mlp_hidden(&p->mlp);
 	float b1 = sqrtf(3.0f / (float)d), b2 = sqrtf(6.0f / (float)h);
 
+	if (ts_mlp_tokens(&p->mlp) && (role == TS_ROLE_INPUT || role == TS_ROLE_TARGET)) {
+		/* token ids in the vocabulary, repeated (x holds n floats' bytes) */
+		unsigned s = seed * 16 + (role == TS_ROLE_INPUT ? 5 : 6);
+		size_t k = n * sizeof *x / (size_t)p->mlp.id_bytes;
+
+		for (size_t i = 0; i < k; i++) {
+			int v = (int)(rnd(&s, 0, 1) * (float)(role == TS_ROLE_INPUT ? (p->mlp.vocab + 1) / 2
+			                                                          : p->mlp.vocab));
+			uint16_t u = (uint16_t)v;
+			int32_t w = v;
+
+			if (p->mlp.id_bytes == 2)
+				memcpy((char *)x + 2 * i, &u, 2);
+			else
+				memcpy((char *)x + 4 * i, &w, 4);
+		}
+		return;
+	}
 	switch (role) {
+	case TS_ROLE_EMBED:
+		fill_rnd(x, n, seed * 16 + 7, -1.0f, 1.0f);
+		break;
+	case TS_ROLE_PROJ:
+		fill_rnd(x, n, seed * 16 + 8, -b1, b1);
+		break;
 	case TS_ROLE_W1:
 		fill_rnd(x, n, seed * 16 + 1, -b1, b1);
 		break;
@@ -195,6 +219,8 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 		break;
 	case TS_ROLE_GRAD_W1:
 	case TS_ROLE_GRAD_W2:
+	case TS_ROLE_GRAD_EMBED:
+	case TS_ROLE_GRAD_PROJ:
 	case TS_ROLE_OUTPUT:
 		for (size_t i = 0; i < n; i++)
 			x[i] = NAN;
@@ -559,6 +585,100 @@ static void every_policy_same_results(const struct ts_mlp *m, int batch)
 	}
 	job_free(&ref);
 }
+
+/* Token models: every placement gives the same loss and gradients of the
+ * table, the projection and the layers, each measured peak the plan's. */
+static void every_policy_same_token_results(const struct ts_mlp *m, int rows)
+{
+	struct job ref;
+	struct ts_exec_result r0;
+
+	for (int k = 0; k < ANY_POLICIES; k++) {
+		struct ts_policy pol = any_policy(k);
+		struct ts_exec_result r;
+		struct job j;
+		char what[64];
+
+		job_new(m, &grads_only, rows, &pol, 3, &j);
+		job_run(&j, 1, &r);
+		ck_assert(isfinite(r.loss) && r.loss > 0);
+		snprintf(what, sizeof what, "token model, policy %d", k);
+		if (k == 0) {
+			ref = j;
+			r0 = r;
+			continue;
+		}
+		same_loss(r.loss, r0.loss, what);
+		same_values(&ref, &j, TS_ROLE_GRAD_W1, what);
+		same_values(&ref, &j, TS_ROLE_GRAD_EMBED, what);
+		if (ts_mlp_has_w2(m))
+			same_values(&ref, &j, TS_ROLE_GRAD_W2, what);
+		if (m->proj)
+			same_values(&ref, &j, TS_ROLE_GRAD_PROJ, what);
+		job_free(&j);
+	}
+	job_free(&ref);
+}
+
+START_TEST(token_models_every_policy_same_results)
+{
+	const struct ts_mlp a = {.layers = 3, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
+	                         .residual = true, .loss = TS_LOSS_XENT, .vocab = 29,
+	                         .proj = true, .id_bytes = 2};
+	const struct ts_mlp b = {.layers = 2, .d_model = 11, .d_hidden = 0, .act = TS_ACT_TANH,
+	                         .residual = false, .loss = TS_LOSS_XENT, .vocab = 11,
+	                         .id_bytes = 4};
+
+	every_policy_same_token_results(&a, 14);
+	every_policy_same_token_results(&b, 9);
+}
+END_TEST
+
+/* Adam on a token model, fused into the backward pass (no clipping) and
+ * after it (clipping): the same on the device and streamed from the host. */
+START_TEST(token_models_adam_same_on_device_and_host)
+{
+	const struct ts_mlp m = {.layers = 2, .d_model = 12, .d_hidden = 16, .act = TS_ACT_GELU,
+	                         .residual = true, .loss = TS_LOSS_XENT, .vocab = 23,
+	                         .proj = true, .id_bytes = 4};
+	static const enum ts_pbuf_role state[] = {
+		TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED,
+		TS_ROLE_NU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_PROJ, TS_ROLE_MU_W1, TS_ROLE_NU_W2};
+
+	for (int clip = 0; clip < 2; clip++) {
+		const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
+		                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+		                                  .clip_global_norm = clip ? 0.05f : 0.0f};
+		struct ts_policy pols[3] = {any_policy(1 + 3), any_policy(9 + 2 + 6 + 18),
+		                            any_policy(9)};
+		struct job jobs[3];
+		float loss[3][3];
+
+		pols[1].opt_state = TS_MEM_PINNED_HOST;
+		for (int k = 0; k < 3; k++) {
+			job_new(&m, &adam, 10, &pols[k], 6, &jobs[k]);
+			for (int step = 1; step <= 3; step++) {
+				struct ts_exec_result r;
+
+				job_run(&jobs[k], step, &r);
+				loss[k][step - 1] = r.loss;
+			}
+		}
+		for (int k = 1; k < 3; k++) {
+			char what[64];
+
+			snprintf(what, sizeof what, "token adam clip=%d policy %d vs 0", clip, k);
+			for (int s2 = 0; s2 < 3; s2++)
+				same_loss(loss[k][s2], loss[0][s2], what);
+			for (size_t i = 0; i < sizeof state / sizeof *state; i++)
+				same_values(&jobs[0], &jobs[k], state[i], what);
+		}
+		ck_assert_float_lt(loss[0][2], loss[0][0]);
+		for (int k = 0; k < 3; k++)
+			job_free(&jobs[k]);
+	}
+}
+END_TEST
 
 START_TEST(every_policy_same_loss_and_gradients)
 {
@@ -1422,6 +1542,27 @@ static void add_common(TCase *tc)
 	tcase_add_test(tc, evaluation_session_binds_by_role);
 }
 
+/* Token models' cases: they run the token kernels (k_embed_fwd,
+ * k_embed_bwd, k_xent_rows, k_xent_mean). */
+static void add_tokens(TCase *tc)
+{
+	tcase_add_test(tc, token_models_every_policy_same_results);
+	tcase_add_test(tc, token_models_adam_same_on_device_and_host);
+}
+
+/* Under tests/gpu/fakecuda.sh (TS_FAKECUDA=1): its CPU stand-in of
+ * libcudart launches only the kernels it knows, and not the token ones. */
+static bool fakecuda_lacks_token_kernels(void)
+{
+	const char *f = getenv("TS_FAKECUDA");
+
+	if (!f || strcmp(f, "1") != 0)
+		return false;
+	fprintf(stderr, "fakecuda: skipped token kernels (the stand-in lacks k_embed_fwd, "
+	        "k_embed_bwd, k_xent_rows, k_xent_mean): test_exec's cuda token-model cases\n");
+	return true;
+}
+
 static Suite *exec_suite(bool cuda)
 {
 	Suite *s = suite_create("exec");
@@ -1430,6 +1571,7 @@ static Suite *exec_suite(bool cuda)
 	tcase_add_checked_fixture(tc, setup_sim, teardown);
 	tcase_set_timeout(tc, 120);
 	add_common(tc);
+	add_tokens(tc);
 	/* fault injection exists on sim only */
 	tcase_add_test(tc, copy_failure_releases_every_temp);
 	tcase_add_test(tc, copy_failure_mid_step_leaves_every_array_whole);
@@ -1442,6 +1584,8 @@ static Suite *exec_suite(bool cuda)
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
 		add_common(tc);
+		if (!fakecuda_lacks_token_kernels())
+			add_tokens(tc);
 		suite_add_tcase(s, tc);
 	}
 	return s;

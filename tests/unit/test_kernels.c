@@ -1415,6 +1415,165 @@ START_TEST(cuda_matches_cpu_reductions_bit_for_bit)
 }
 END_TEST
 
+
+/* ---- token models --------------------------------------------------------------- */
+
+/* Device copies of token ids as uint16 (id_bytes 2) or int32. */
+static void *dput_ids(const int *ids, size_t n, int id_bytes)
+{
+	float *d = dalloc((n * (size_t)id_bytes + 3) / 4);
+	char *h = malloc(n * (size_t)id_bytes + 1);
+
+	for (size_t i = 0; i < n; i++) {
+		if (id_bytes == 2) {
+			uint16_t v = (uint16_t)ids[i];
+
+			memcpy(h + 2 * i, &v, 2);
+		} else {
+			int32_t v = ids[i];
+
+			memcpy(h + 4 * i, &v, 4);
+		}
+	}
+	OK(ts_queue_copy(q, d, h, n * (size_t)id_bytes, TS_COPY_H2D, &err));
+	OK(ts_queue_sync(q, &err));
+	free(h);
+	return d;
+}
+
+START_TEST(embedding_gather_and_scatter_add)
+{
+	enum { V = 7, D = 5, R = 11 };
+	/* repeated ids (3 four times, 0 twice), and ids never used (4, 6) */
+	static const int ids[R] = {3, 0, 3, 1, 5, 3, 2, 0, 3, 1, 5};
+	float table[V * D], go[R * D], out[R * D], gt[V * D];
+
+	fill_rnd(table, V * D, 31, -1, 1);
+	fill_rnd(go, R * D, 32, -1, 1);
+	for (int w = 2; w <= 4; w += 2) {
+		float *dt = dput(table, V * D), *dgo = dput(go, R * D), *dout = dalloc(R * D);
+		float *dgt = dput(go, V * D);            /* garbage: overwritten */
+		void *di = dput_ids(ids, R, w);
+
+		OK(ts_k_embed_fwd(kern, q, dt, V, D, di, w, R, dout, &err));
+		dget(out, dout, R * D);
+		for (int r = 0; r < R; r++)
+			for (int c = 0; c < D; c++)
+				ck_assert_float_eq(out[r * D + c], table[ids[r] * D + c]);
+		OK(ts_k_embed_bwd(kern, q, di, w, R, V, D, dgo, dgt, &err));
+		dget(gt, dgt, V * D);
+		for (int v = 0; v < V; v++)
+			for (int c = 0; c < D; c++) {
+				double ref = 0;
+
+				for (int r = 0; r < R; r++)
+					if (ids[r] == v)
+						ref += go[r * D + c];
+				check_close(gt[v * D + c], ref, 1e-6, 1e-6, "embedding gradient",
+				            (size_t)(v * D + c));
+			}
+		dfree_all();
+	}
+}
+END_TEST
+
+START_TEST(softmax_cross_entropy)
+{
+	enum { V = 300, R = 9 };     /* more classes than a block's lanes */
+	static const int tg[R] = {0, 299, 17, 17, 256, 255, 1, 42, 299};
+	float *x = malloc(V * R * sizeof *x), *g = malloc(V * R * sizeof *g), loss[R + 1];
+
+	fill_rnd(x, V * R, 41, -8, 8);
+	x[5] = 60.0f;                /* a dominant logit: the max is taken out */
+	for (int w = 2; w <= 4; w += 2) {
+		float *dx = dput(x, V * R), *dg = dalloc(V * R), *dl = dalloc(R + 1);
+		void *dt = dput_ids(tg, R, w);
+		double mean = 0;
+
+		OK(ts_k_xent(kern, q, dx, dt, w, R, V, dl, dg, &err));
+		dget(loss, dl, R + 1);
+		dget(g, dg, V * R);
+		for (int r = 0; r < R; r++) {
+			double m = -INFINITY, s = 0, lse;
+
+			for (int c = 0; c < V; c++)
+				m = fmax(m, x[r * V + c]);
+			for (int c = 0; c < V; c++)
+				s += exp((double)x[r * V + c] - m);
+			lse = log(s) + m;
+			check_close(loss[1 + r], lse - x[r * V + tg[r]], 1e-6, 1e-6, "row loss",
+			            (size_t)r);
+			mean += (lse - x[r * V + tg[r]]) / R;
+			for (int c = 0; c < V; c++) {
+				double p = exp((double)x[r * V + c] - lse);
+
+				check_close(g[r * V + c], (p - (c == tg[r])) / R, 1e-5, 1e-7,
+				            "cross-entropy gradient", (size_t)(r * V + c));
+			}
+		}
+		check_close(loss[0], mean, 1e-6, 0, "cross-entropy", 0);
+		/* refused: no rows, a bad id width */
+		ck_assert_int_eq(ts_k_xent(kern, q, dx, dt, w, 0, V, dl, dg, &err), TS_INVALID_ARGUMENT);
+		ck_assert_int_eq(ts_k_xent(kern, q, dx, dt, 3, R, V, dl, dg, &err), TS_INVALID_ARGUMENT);
+		ck_assert_int_eq(ts_k_embed_fwd(kern, q, dx, V, 1, NULL, w, R, dg, &err),
+		                 TS_INVALID_ARGUMENT);
+		dfree_all();
+	}
+	free(x);
+	free(g);
+}
+END_TEST
+
+/* Token ids on both backends, int32. */
+static struct xbuf xput_ids(const int *ids, size_t n)
+{
+	return xput((const float *)(const void *)ids, n);
+}
+
+START_TEST(cuda_matches_cpu_tokens_bit_for_bit)
+{
+	enum { V = 1031, D = 67, R = 700 };
+	int *ids = malloc(R * sizeof *ids);
+	float *table = x_inputs(V * D, 51, -1, 1), *go = x_inputs(R * D, 52, -1, 1);
+	float *logits = x_inputs(R * V, 53, -6, 6);
+	struct xbuf t, g, o, gt, lg, gl, l, id;
+	unsigned seed = 54;
+
+	for (int r = 0; r < R; r++)      /* many repeats: 40 distinct ids */
+		ids[r] = (int)(rnd(&seed, 0, 40) * 1.0f) * 25;
+	t = xput(table, V * D);
+	g = xput(go, R * D);
+	o = xput(go, R * D);
+	gt = xput(table, V * D);
+	lg = xput(logits, R * V);
+	gl = xput(logits, R * V);
+	l = xput(go, R + 1);
+	id = xput_ids(ids, R);
+	for (int b = 0; b < 2; b++) {
+		OK(ts_k_embed_fwd(xk[b], xq[b], t.d[b], V, D, id.d[b], 4, R, o.d[b], &err));
+		OK(ts_k_embed_bwd(xk[b], xq[b], id.d[b], 4, R, V, D, g.d[b], gt.d[b], &err));
+		OK(ts_k_xent(xk[b], xq[b], lg.d[b], id.d[b], 4, R, V, l.d[b], gl.d[b], &err));
+	}
+	xcheck(&o, 0, 0, "embedding");
+	xcheck(&gt, 0, 0, "embedding gradient");
+	/* exp and log of the two libms may differ by an ulp in double */
+	xcheck(&l, 1, 0, "cross-entropy");
+	xcheck(&gl, 2, 1e-12, "cross-entropy gradient");
+	xfree(&t);
+	xfree(&g);
+	xfree(&o);
+	xfree(&gt);
+	xfree(&lg);
+	xfree(&gl);
+	xfree(&l);
+	xfree(&id);
+	free(ids);
+	free(table);
+	free(go);
+	free(logits);
+}
+END_TEST
+
 START_TEST(cuda_matches_cpu_updates)
 {
 	struct ts_optimizer opts[] = {
@@ -1644,6 +1803,27 @@ static void add_common(TCase *tc)
 	tcase_add_test(tc, native_queue_handle);
 }
 
+/* The token kernels' cases (k_embed_fwd, k_embed_bwd, k_xent_rows,
+ * k_xent_mean). */
+static void add_tokens(TCase *tc)
+{
+	tcase_add_test(tc, embedding_gather_and_scatter_add);
+	tcase_add_test(tc, softmax_cross_entropy);
+}
+
+/* Under tests/gpu/fakecuda.sh (TS_FAKECUDA=1): its CPU stand-in of
+ * libcudart launches only the kernels it knows, and not the token ones. */
+static bool fakecuda_lacks_token_kernels(void)
+{
+	const char *f = getenv("TS_FAKECUDA");
+
+	if (!f || strcmp(f, "1") != 0)
+		return false;
+	fprintf(stderr, "fakecuda: skipped token kernels (the stand-in lacks k_embed_fwd, "
+	        "k_embed_bwd, k_xent_rows, k_xent_mean): test_kernels' cuda token cases\n");
+	return true;
+}
+
 static Suite *kernels_suite(bool cuda)
 {
 	Suite *s = suite_create("kernels");
@@ -1654,6 +1834,7 @@ static Suite *kernels_suite(bool cuda)
 	tcase_add_test(tc, names_round_trip);
 	tcase_add_test(tc, gemm_colmajor_mapping);
 	add_common(tc);
+	add_tokens(tc);
 	tcase_add_test(tc, same_sequence_same_bits);
 	tcase_add_test(tc, queues_share_kernels);
 	tcase_add_test(tc, kernels_run_later_in_queue_order);
@@ -1666,7 +1847,11 @@ static Suite *kernels_suite(bool cuda)
 		tc = tcase_create("cuda");
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
+		bool tokens = !fakecuda_lacks_token_kernels();
+
 		add_common(tc);
+		if (tokens)
+			add_tokens(tc);
 		tcase_add_test(tc, same_sequence_same_bits);
 		tcase_add_test(tc, cuda_kernels_made_per_step);
 		tcase_add_test(tc, cuda_kernels_free_does_not_wait_for_the_device);
@@ -1679,6 +1864,8 @@ static Suite *kernels_suite(bool cuda)
 		tcase_add_test(tc, cuda_matches_cpu_reductions_bit_for_bit);
 		tcase_add_test(tc, cuda_matches_cpu_updates);
 		tcase_add_test(tc, cuda_matches_cpu_gemm);
+		if (tokens)
+			tcase_add_test(tc, cuda_matches_cpu_tokens_bit_for_bit);
 		suite_add_tcase(s, tc);
 	}
 	return s;

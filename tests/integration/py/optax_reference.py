@@ -23,6 +23,13 @@ optax.warmup_cosine_decay_schedule(...). Each step is one jitted
 value_and_grad + tx.update + optax.apply_updates, in float32 (jax_enable_x64
 off), hyperparameters the daemon's float32 values.
 
+Token models: with "vocab": V, the inputs and targets files hold int32 token
+ids (B of them, B the rows of the step), "embed" names the [V, d] table and,
+with "projection": true, "proj" the [d, V] projection; x_0 = jnp.take(embed,
+ids, axis=0), the logits x_L @ proj (or x_L), and the loss
+optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean().
+The gradients at the initial weights are written too (grad_{name}.f32).
+
 Writes into "out": result.json {"losses": [N], "grad_norms": [N] (before
 clipping), "clipped": [N], "learning_rates": [N] (the schedule's value at
 each step)}; w1.f32, w2.f32 (after the N steps), and with adam or adamw
@@ -48,11 +55,13 @@ def bad(msg):
     sys.exit(2)
 
 
-def load(path, shape):
-    x = np.fromfile(path, dtype="<f4")
+def load(path, shape, dtype="<f4"):
+    x = np.fromfile(path, dtype=dtype)
     want = int(np.prod(shape))
     if x.size != want:
         bad(f"{path} holds {x.size} floats, want {want} {shape}")
+    if dtype != "<f4":
+        return jnp.asarray(x.reshape(shape), dtype=jnp.int32)
     return jnp.asarray(x.reshape(shape), dtype=jnp.float32)
 
 
@@ -115,20 +124,35 @@ def main():
         bad("optax_reference starts from a fresh optimizer state (first_step 1)")
     residual = bool(spec.get("residual", False))
     mse = spec.get("loss", "sum") == "mse"
+    vocab = int(spec.get("vocab", 0))
+    proj = bool(spec.get("projection", False))
     params = {"w1": load(spec["w1"], (L, d, hd if hd else d))}
     if hd:
         params["w2"] = load(spec["w2"], (L, hd, d))
-    x0 = load(spec["inputs"], (B, d))
-    target = load(spec["targets"], (B, d)) if mse else None
+    if vocab:
+        params["embed"] = load(spec["embed"], (vocab, d))
+        if proj:
+            params["proj"] = load(spec["proj"], (d, vocab))
+        ids = load(spec["inputs"], (B,), "<i4")
+        labels = load(spec["targets"], (B,), "<i4")
+        x0 = target = None
+    else:
+        x0 = load(spec["inputs"], (B, d))
+        target = load(spec["targets"], (B, d)) if mse else None
     tx, lr, clip = optimizer(spec["optimizer"])
 
     def loss_fn(p):
-        x = x0
+        x = jnp.take(p["embed"], ids, axis=0) if vocab else x0
         for l in range(L):
             a = act(x @ p["w1"][l])
             y = a @ p["w2"][l] if "w2" in p else a
             x = x + y if residual else y
+        if vocab:
+            logits = x @ p["proj"] if proj else x
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return jnp.mean((x - target) ** 2) if mse else jnp.sum(x)
+
+    grads0 = jax.jit(jax.grad(loss_fn))(params)
 
     @jax.jit
     def step(p, state):
@@ -149,6 +173,7 @@ def main():
     os.makedirs(out, exist_ok=True)
     for k, v in params.items():
         save(os.path.join(out, f"{k}.f32"), v)
+        save(os.path.join(out, f"grad_{k}.f32"), grads0[k])
     adam = [s for s in jax.tree_util.tree_leaves(
         state, is_leaf=lambda s: isinstance(s, optax.ScaleByAdamState))
         if isinstance(s, optax.ScaleByAdamState)]
