@@ -69,7 +69,7 @@ static ts_status init_array(const struct ts_core *core, struct ts_operation *op,
 	ts_status st;
 
 	if (!chunk)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory to initialise");
+		return ts_error_oom(err, "no memory to initialise");
 	st = ts_array_writer_new(core->stager, a, &w, err);
 	while (st == TS_OK && done < n) {
 		uint64_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
@@ -200,7 +200,7 @@ void ts_h_models_create(const struct ts_call *call, struct ts_reply *reply)
 
 	ts_error_clear(&err);
 	if (!c) {
-		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a model");
+		ts_error_oom(&err, "no memory for a model");
 		goto out_fail;
 	}
 	c->core = core;
@@ -718,7 +718,7 @@ static ts_status gather_sharded(const struct ts_core *core, struct ts_array *src
 
 	*out = NULL;
 	if (!runs)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for rows");
+		return ts_error_oom(err, "no memory for rows");
 	if (rows) {
 		ts_rows_iter_init(&it, rows, n, sd->shape[0] ? sd->nbytes / sd->shape[0] : 0);
 		while (ts_rows_iter_next(&it, &off, &len)) {
@@ -826,8 +826,7 @@ static ts_status epoch_perm(struct batches *b, uint64_t e, struct ts_error *err)
 	if (!b->perm) {
 		b->perm = malloc(b->rows * sizeof *b->perm);
 		if (!b->perm)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "no memory to shuffle %llu rows", (unsigned long long)b->rows);
+			return ts_error_oom(err, "no memory to shuffle %llu rows", (unsigned long long)b->rows);
 	}
 	for (uint64_t i = 0; i < b->rows; i++)
 		b->perm[i] = i;
@@ -1170,7 +1169,7 @@ static ts_status batches_begin(struct step *s, struct operand *in, struct operan
 	in->rows = malloc(b->size * sizeof *in->rows);
 	tgt->rows = tgt->arr ? malloc(b->size * sizeof *tgt->rows) : NULL;
 	if (!in->rows || (tgt->arr && !tgt->rows))
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a batch");
+		return ts_error_oom(err, "no memory for a batch");
 	in->nrows = b->size;
 	st = batch_rows(b, 0, in->rows, err);
 	if (st == TS_OK && tgt->arr) {
@@ -1445,7 +1444,7 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 
 	ts_error_clear(&err);
 	if (!s) {
-		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY", "no memory for a step");
+		ts_reply_oom(reply, "no memory for a step");
 		return;
 	}
 	if (!ready_model_from_path(call, reply, &s->model)) {
@@ -1778,8 +1777,7 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 
 	ts_error_clear(&err);
 	if (!s) {
-		ts_reply_fail(reply, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		              "no memory for an evaluation");
+		ts_reply_oom(reply, "no memory for an evaluation");
 		return;
 	}
 	if (!ready_model_from_path(call, reply, &s->model)) {

@@ -1280,7 +1280,7 @@ backward_pass:
 		b.failed = analyse(out);
 	if (b.failed) {
 		ts_plan_release(out);
-		return ts_error_set(err, b.failed, "OUT_OF_MEMORY", "no memory to plan the step");
+		return ts_error_oom(err, "no memory to plan the step");
 	}
 	return TS_OK;
 }
@@ -1383,7 +1383,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 		b.failed = analyse(out);
 	if (b.failed) {
 		ts_plan_release(out);
-		return ts_error_set(err, b.failed, "OUT_OF_MEMORY", "no memory to plan the evaluation");
+		return ts_error_oom(err, "no memory to plan the evaluation");
 	}
 	return TS_OK;
 }

@@ -75,8 +75,7 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 		                    "session: no device or memory");
 	s = calloc(1, sizeof *s);
 	if (!s)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory for a training session");
+		return ts_error_oom(err, "no memory for a training session");
 	s->cfg = *cfg;
 	for (int r = 0; r < TS_ROLE_COUNT; r++)
 		s->slot_of[r] = -1;
@@ -90,8 +89,7 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 	s->args = calloc((size_t)s->plan.nbufs + 1, sizeof *s->args);
 	s->outs = calloc((size_t)s->plan.nbufs + 1, sizeof *s->outs);
 	if (!s->args || !s->outs) {
-		st = ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                  "no memory to bind a step");
+		st = ts_error_oom(err, "no memory to bind a step");
 		goto out_fail;
 	}
 	for (int i = 0; i < s->plan.nbufs; i++)
@@ -283,8 +281,7 @@ static ts_status check_ids(struct ts_session *s, enum ts_pbuf_role role,
 	len = s->plan.bufs[slot(s, role)].bytes;
 	h = malloc(len ? len : 1);
 	if (!h)
-		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-		                    "no memory to check %llu bytes of token ids", (unsigned long long)len);
+		return ts_error_oom(err, "no memory to check %llu bytes of token ids", (unsigned long long)len);
 	st = ts_queue_copy(s->env.d2h, h, staged, len, TS_COPY_D2H, err);
 	if (st == TS_OK)
 		st = ts_queue_sync(s->env.d2h, err);
@@ -535,8 +532,7 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 		float *g = realloc(s->report.losses, (cap ? cap : 1) * sizeof *g);
 
 		if (!g)
-			return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "OUT_OF_MEMORY",
-			                    "no memory for %llu losses", (unsigned long long)steps);
+			return ts_error_oom(err, "no memory for %llu losses", (unsigned long long)steps);
 		s->report.losses = g;
 		s->cap = cap;
 	}
