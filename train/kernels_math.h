@@ -257,8 +257,8 @@ TS_HD static inline float ts_m_adam(float p, float g, float *m, float *v, float 
 
 	*m = mm;
 	*v = vv;
-	if (wd != 0.0f)
-		u = u + wd * p;
+	/* no branch on wd (0 for Adam): the CPU loop over it must vectorise */
+	u = u + wd * p;
 	return p - lr * u;
 }
 
