@@ -75,7 +75,6 @@ struct request {
 	/* for the request's log line */
 	uint64_t bytes_in;               /* body bytes received */
 	uint64_t bytes_out;              /* response body bytes queued */
-	char client[48];                 /* the peer's address */
 	char user_agent[128];            /* truncated */
 	char traceparent[56];            /* a valid W3C traceparent, or "" */
 };
@@ -266,7 +265,6 @@ static struct request *request_new(struct ts_server *srv,
 	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_USER_AGENT);
 	if (given)
 		copy_trunc(rq->user_agent, sizeof rq->user_agent, given);
-	client_text(conn, rq->client, sizeof rq->client);
 	return rq;
 }
 
@@ -980,13 +978,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
  * and user agent, body bytes in and out, its traceparent when valid, and on
  * a failed request the error's status, reason and message.
  */
-static void request_log(const struct request *rq, uint64_t dur, bool completed)
+static void request_log(const struct request *rq, struct MHD_Connection *conn, uint64_t dur,
+                        bool completed)
 {
-	json_t *f = json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b, s:s, s:o*, s:I, s:I}",
+	char client[48];
+	json_t *f;
+
+	/* the address as text only when it is logged: inet_ntop formats with printf */
+	client_text(conn, client, sizeof client);
+	f = json_pack("{s:s, s:o*, s:o*, s:i, s:f, s:b, s:s, s:o*, s:I, s:I}",
 	                      "request_id", rq->id, "method", ts_json_text(rq->method), "path",
 	                      ts_json_text(rq->path), "status", rq->http_code, "duration_ms",
 	                      (double)(dur / 1000) / 1e3, "completed", completed, "client",
-	                      rq->client, "user_agent",
+	                      client, "user_agent",
 	                      rq->user_agent[0] ? ts_json_text(rq->user_agent) : NULL,
 	                      "bytes_in", (json_int_t)rq->bytes_in, "bytes_out",
 	                      (json_int_t)rq->bytes_out);
@@ -1023,7 +1027,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		                          (unsigned int)srv->cfg.connection_timeout);
 	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
 	if (ts_log_enabled(TS_LOG_INFO))
-		request_log(rq, dur, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
+		request_log(rq, conn, dur, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
 	if (rq->suspended)       /* the client left while waiting */
 		waits_remove(srv, rq);
 	if (rq->susp.release) {
