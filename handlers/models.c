@@ -1431,16 +1431,68 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	return st;
 }
 
+/* Takes into s->held the current version of each of the model's arrays of
+ * roles (those it has), checking each is the model's and on one device;
+ * what says what runs there ("steps", "evaluations"). */
+static ts_status hold_roles(const struct ts_core *core, struct step *s,
+                            const enum ts_pbuf_role *roles, size_t n, const char *what,
+                            struct ts_error *err)
+{
+	char owner[160];
+
+	ts_model_owner(&s->model, owner, sizeof owner);
+	for (size_t i = 0; i < n; i++) {
+		struct ts_array *a;
+		char name[256];
+
+		if (!has_role(&s->model, roles[i]))
+			continue;
+		ts_model_array_name(&s->model, roles[i], name, sizeof name);
+		a = ts_catalog_get(core->catalog, name);
+		if (!a)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
+			                    "model array '%s' is missing", name);
+		s->held[roles[i]] = a;
+		if (strcmp(ts_array_owner(a), owner) != 0)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
+			                    "array '%s' is not %s's", name, owner);
+		if (ts_array_nshards(a) != 1)
+			return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
+			                    "model array '%s' is sharded; %s run on one device", name,
+			                    what);
+	}
+	return TS_OK;
+}
+
+/* Submits s as an operation of kind holding its arrays (s is the
+ * operation's once this succeeds; the caller keeps it on failure) and
+ * answers the operation, or its result with ?wait=. */
+static ts_status submit(const struct ts_call *call, struct ts_reply *reply, struct step *s,
+                        const char *kind, uint64_t total, const char *unit,
+                        ts_status (*run)(struct ts_operation *, void *, struct ts_error *),
+                        struct ts_error *err)
+{
+	struct ts_operation *op = NULL;
+	uint64_t wait_ns;
+
+	if (ts_op_submit_holding(call->core->operations, kind, s->model.name, total, unit, run, s,
+	                         step_release, step_hold, &op, err) != TS_OK)
+		return err->status;
+	if (ts_h_wait_requested(call, &wait_ns))
+		ts_h_reply_wait(reply, op, wait_ns, true);
+	else
+		ts_h_reply_operation(reply, op, false);
+	ts_operation_unref(op);
+	return TS_OK;
+}
+
 void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct step *s = calloc(1, sizeof *s);
-	struct ts_operation *op = NULL;
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *batches = NULL;
 	json_int_t steps = 1;
-	uint64_t wait_ns;
-	char owner[160];
 
 	ts_error_clear(&err);
 	if (!s) {
@@ -1476,48 +1528,16 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	s->inputs = json_incref(inputs);
 	s->targets = targets ? json_incref(targets) : NULL;
 	/* the model's arrays by role, by the versions current now, to be held */
-	ts_model_owner(&s->model, owner, sizeof owner);
-	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
-		struct ts_array *a;
-		char name[256];
-
-		if (!has_role(&s->model, param_roles[i]))
-			continue;
-		ts_model_array_name(&s->model, param_roles[i], name, sizeof name);
-		a = ts_catalog_get(call->core->catalog, name);
-		if (!a) {
-			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
-			             "model array '%s' is missing", name);
-			goto out_fail;
-		}
-		s->held[param_roles[i]] = a;
-		if (strcmp(ts_array_owner(a), owner) != 0) {
-			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
-			             "array '%s' is not %s's", name, owner);
-			goto out_fail;
-		}
-		if (ts_array_nshards(a) != 1) {
-			ts_error_set(&err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
-			             "model array '%s' is sharded; steps run on one device", name);
-			goto out_fail;
-		}
-	}
-	if (ts_op_submit_holding(call->core->operations, "step", s->model.name, s->steps, "steps",
-	                         step_run, s, step_release, step_hold, &op, &err) != TS_OK)
+	if (hold_roles(call->core, s, param_roles, sizeof param_roles / sizeof param_roles[0],
+	               "steps", &err) != TS_OK ||
+	    submit(call, reply, s, "step", s->steps, "steps", step_run, &err) != TS_OK)
 		goto out_fail;
-	s = NULL;
-	if (ts_h_wait_requested(call, &wait_ns))
-		ts_h_reply_wait(reply, op, wait_ns, true);
-	else
-		ts_h_reply_operation(reply, op, false);
-	ts_operation_unref(op);
 	json_decref(body);
 	return;
 
 out_fail:
 	ts_reply_error(reply, &err);
-	if (s)
-		step_release(s);
+	step_release(s);
 	json_decref(body);
 }
 
@@ -1765,15 +1785,15 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	return st;
 }
 
+/* What an evaluation reads, and so holds: the weights. */
+static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2};
+
 void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 {
 	struct step *s = calloc(1, sizeof *s);
-	struct ts_operation *op = NULL;
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *outs = NULL;
-	uint64_t wait_ns;
-	char owner[160];
 
 	ts_error_clear(&err);
 	if (!s) {
@@ -1825,48 +1845,14 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 	s->inputs = json_incref(inputs);
 	s->targets = targets ? json_incref(targets) : NULL;
 	/* the parameters by role, as current now, held for reading */
-	ts_model_owner(&s->model, owner, sizeof owner);
-	for (int k = 0; k < 2; k++) {
-		enum ts_pbuf_role role = k ? TS_ROLE_W2 : TS_ROLE_W1;
-		struct ts_array *a;
-		char name[256];
-
-		if (!has_role(&s->model, role))
-			continue;
-		ts_model_array_name(&s->model, role, name, sizeof name);
-		a = ts_catalog_get(call->core->catalog, name);
-		if (!a) {
-			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
-			             "model array '%s' is missing", name);
-			goto out_fail;
-		}
-		s->held[role] = a;
-		if (strcmp(ts_array_owner(a), owner) != 0) {
-			ts_error_set(&err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
-			             "array '%s' is not %s's", name, owner);
-			goto out_fail;
-		}
-		if (ts_array_nshards(a) != 1) {
-			ts_error_set(&err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
-			             "model array '%s' is sharded; evaluations run on one device", name);
-			goto out_fail;
-		}
-	}
-	if (ts_op_submit_holding(call->core->operations, "evaluate", s->model.name, 1, "passes",
-	                         eval_run, s, step_release, step_hold, &op, &err) != TS_OK)
+	if (hold_roles(call->core, s, eval_roles, sizeof eval_roles / sizeof eval_roles[0], "evaluations", &err) != TS_OK ||
+	    submit(call, reply, s, "evaluate", 1, "passes", eval_run, &err) != TS_OK)
 		goto out_fail;
-	s = NULL;
-	if (ts_h_wait_requested(call, &wait_ns))
-		ts_h_reply_wait(reply, op, wait_ns, true);
-	else
-		ts_h_reply_operation(reply, op, false);
-	ts_operation_unref(op);
 	json_decref(body);
 	return;
 
 out_fail:
 	ts_reply_error(reply, &err);
-	if (s)
-		step_release(s);
+	step_release(s);
 	json_decref(body);
 }
