@@ -520,6 +520,7 @@ static const struct bad rows[] = {
 	{"POST", "/v1/memory:resetPeak", NULL, "{", 0, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
 	{"POST", "/v1/memory:resetPeak", NULL, "\0", 1, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
 	{"POST", "/v1/memory:resetPeak", NULL, " \0", 2, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
+	{"POST", "/v1/memory:resetPeak", NULL, "\t", 0, 400, NULL, "BAD_REQUEST_BODY", "resetPeak"},
 };
 
 #define NROWS (sizeof rows / sizeof rows[0])
