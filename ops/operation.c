@@ -977,9 +977,10 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	out->start_ns = op->start_ns;
 	out->end_ns = op->end_ns;
 	out->error = op->error;
-	/* shared, not copied: a result is never changed once set (the jansson
-	 * rule in docs/ARCHITECTURE.md), and 2.14's counts are atomic */
-	out->result = op->state == TS_OP_SUCCEEDED ? json_incref(op->result) : NULL;
+	/* copied: the snapshot's readers take and drop references on their own
+	 * threads, and jansson's json_incref reads the count unsynchronised
+	 * before its atomic increment (a race ThreadSanitizer reports) */
+	out->result = op->state == TS_OP_SUCCEEDED ? json_deep_copy(op->result) : NULL;
 	ts_mutex_unlock(&o->lk);
 	out->done = state_final(out->state);
 	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);
