@@ -136,6 +136,15 @@ char *ts_utf8_sanitize(char *dst, size_t cap, const char *s)
 	return dst;
 }
 
+size_t ts_str_copy(char *dst, size_t cap, const char *s)
+{
+	size_t n = strnlen(s, cap - 1);
+
+	memcpy(dst, s, n);
+	dst[n] = '\0';
+	return n;
+}
+
 json_t *ts_json_text(const char *s)
 {
 	json_t *j;

@@ -42,6 +42,12 @@ int ts_utf8_prefix(const char *s, size_t len, size_t max);
  */
 char *ts_utf8_sanitize(char *dst, size_t cap, const char *s);
 
+/* Copies the NUL-terminated s into dst (cap > 0 bytes, always
+ * terminated), cut to cap - 1 bytes, which may split a multi-byte
+ * character: text that is echoed to a client or a log goes through
+ * ts_utf8_sanitize or ts_utf8_trim first. Returns the length copied. */
+size_t ts_str_copy(char *dst, size_t cap, const char *s);
+
 /* A JSON string of s, made valid UTF-8 as ts_utf8_sanitize does (NULL is
  * ""). New reference; NULL only when out of memory. */
 json_t *ts_json_text(const char *s);

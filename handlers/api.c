@@ -224,7 +224,7 @@ void ts_reply_header(struct ts_reply *r, const char *name, const char *value)
 {
 	if (r->nheaders >= TS_REPLY_MAX_HEADERS)
 		return;
-	snprintf(r->headers[r->nheaders].name, sizeof r->headers[0].name, "%s", name);
+	ts_str_copy(r->headers[r->nheaders].name, sizeof r->headers[0].name, name);
 	ts_utf8_sanitize(r->headers[r->nheaders].value, sizeof r->headers[0].value, value);
 	r->nheaders++;
 }

@@ -20,6 +20,7 @@
 #include <strings.h>
 
 #include "common/log.h"
+#include "common/utf8.h"
 #include "formats/npy.h"
 #include "storage/array_io.h"
 
@@ -375,7 +376,7 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 		                                    shape);
 	}
 	ts_rows_iter_init(&r->it, r->rows, n, row_bytes);
-	snprintf(etag, sizeof etag, "%s", ts_array_etag(a));
+	ts_str_copy(etag, sizeof etag, ts_array_etag(a));
 	r->array = a;
 	a = NULL;
 	if (!rows_in_place(r, npy, reply))
@@ -455,7 +456,7 @@ void ts_h_arrays_data(const struct ts_call *call, struct ts_reply *reply)
 	if (!a)
 		return;
 	d = ts_array_desc(a);
-	snprintf(etag, sizeof etag, "%s", ts_array_etag(a));
+	ts_str_copy(etag, sizeof etag, ts_array_etag(a));
 	esize = ts_dtype_size(d->dtype);
 	if (!wants_npy(call, reply, &npy))
 		goto out_unref;

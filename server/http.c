@@ -84,7 +84,22 @@ struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
 	bool local;                      /* on the Unix socket: no limit per address */
+	/* the last request's memory, kept for the connection's next one: a
+	 * request is some kilobytes, and allocating and freeing it per request
+	 * costs more than clearing it (libmicrohttpd runs one request of a
+	 * connection at a time, on one thread). Debug builds (TS_DEBUG, every
+	 * sanitizer build) keep none, so that a stale request pointer still
+	 * faults there. */
+	struct request *spare;
 };
+
+static struct conn_ctx *conn_ctx_of(struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+
+	return ci ? ci->socket_context : NULL;
+}
 
 /* Whether the connection came through --unix-socket (whose file's mode and
  * group are the permission). */
@@ -212,15 +227,6 @@ static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
 	return ok;
 }
 
-/* Hot-path string copies (request_new): no printf per request. */
-static void copy_trunc(char *dst, size_t cap, const char *src)
-{
-	size_t n = strnlen(src, cap - 1);
-
-	memcpy(dst, src, n);
-	dst[n] = '\0';
-}
-
 /* "<prefix>-<hex n>" into dst (cap >= sizeof prefix + 18). */
 static void format_request_id(char *dst, size_t cap, const char *prefix, uint64_t n)
 {
@@ -242,29 +248,34 @@ static struct request *request_new(struct ts_server *srv,
                                    struct MHD_Connection *conn, const char *url,
                                    const char *method)
 {
-	struct request *rq = calloc(1, sizeof *rq);
+	struct conn_ctx *cc = conn_ctx_of(conn);
+	struct request *rq = cc ? cc->spare : NULL;
 	const char *given;
 
-	if (!rq)
+	if (rq) {
+		cc->spare = NULL;
+		memset(rq, 0, sizeof *rq);
+	} else if (!(rq = calloc(1, sizeof *rq))) {
 		return NULL;
+	}
 	rq->srv = srv;
 	rq->start_ns = ts_now_ns();
 	rq->route = ts_nroutes;
-	copy_trunc(rq->method, sizeof rq->method, method);
-	copy_trunc(rq->path, sizeof rq->path, url);
+	ts_str_copy(rq->method, sizeof rq->method, method);
+	ts_str_copy(rq->path, sizeof rq->path, url);
 	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "X-Request-Id");
 	if (valid_request_id(given))
-		copy_trunc(rq->id, sizeof rq->id, given);
+		ts_str_copy(rq->id, sizeof rq->id, given);
 	else
 		format_request_id(rq->id, sizeof rq->id, srv->id_prefix,
 		                  atomic_fetch_add(&srv->next_id, 1));
 	/* an invalid traceparent is ignored, as Trace Context asks */
 	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "traceparent");
 	if (valid_traceparent(given))
-		copy_trunc(rq->traceparent, sizeof rq->traceparent, given);
+		ts_str_copy(rq->traceparent, sizeof rq->traceparent, given);
 	given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_USER_AGENT);
 	if (given)
-		copy_trunc(rq->user_agent, sizeof rq->user_agent, given);
+		ts_str_copy(rq->user_agent, sizeof rq->user_agent, given);
 	return rq;
 }
 
@@ -465,7 +476,7 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	rq->failed = true;             /* until admitted */
 	if (!request_framing(rq, conn) || !request_path_ok(rq, url))
 		return;
-	switch (ts_route_find(ts_routes, ts_nroutes, method, url, &rq->match)) {
+	switch (ts_router_find(rq->srv->router, method, url, &rq->match)) {
 	case TS_MATCH_NO_PATH:
 		ts_reply_fail(&rq->reply, TS_NOT_FOUND, "ROUTE_NOT_FOUND",
 		              "no resource at '%s'", rq->path);
@@ -1013,6 +1024,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 {
 	struct ts_server *srv = cls;
 	struct request *rq = *req_cls;
+	struct conn_ctx *cc;
 	uint64_t dur;
 
 	if (!rq)
@@ -1039,7 +1051,15 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		ts_routes[rq->route].upload->release(rq->upload);
 	ts_reply_release(&rq->reply);
 	free(rq->body);
-	free(rq);
+#if TS_DEBUG
+	cc = NULL;
+#else
+	cc = conn_ctx_of(conn);
+#endif
+	if (cc && !cc->spare)
+		cc->spare = rq;
+	else
+		free(rq);
 	*req_cls = NULL;
 	atomic_fetch_sub(&srv->inflight, 1);
 }
@@ -1201,6 +1221,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		return;
 	if (!cc->refused)
 		conn_leave(srv, cc);
+	free(cc->spare);
 	free(cc);
 	*socket_context = NULL;
 }

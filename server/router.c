@@ -5,6 +5,7 @@
 #include "server/router.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/utf8.h"
@@ -66,33 +67,108 @@ static bool match_segment(const char *p, const char *pe, const char *s,
 	return true;
 }
 
-static bool match_pattern(const char *pattern, const char *path,
-                          struct ts_route_match *m)
-{
-	const char *p = pattern, *s = path;
+/* A path split at its '/'s once per request, so that each pattern is
+ * compared segment by segment without scanning the path again. */
+#define MAX_SEGMENTS 16
 
+struct segments {
+	int n;
+	const char *s[MAX_SEGMENTS];
+	size_t len[MAX_SEGMENTS];
+};
+
+/* Splits path ("/a/b"); false when it does not start with '/' or has more
+ * segments than any pattern could (then nothing matches). */
+static bool split_path(const char *path, struct segments *out)
+{
+	const char *s = path + 1;
+
+	out->n = 0;
+	if (*path != '/')
+		return false;
+	for (;;) {
+		const char *e = s;
+
+		while (*e && *e != '/')
+			e++;
+		if (out->n == MAX_SEGMENTS)
+			return false;
+		out->s[out->n] = s;
+		out->len[out->n] = (size_t)(e - s);
+		out->n++;
+		if (!*e)
+			return true;
+		s = e + 1;
+	}
+}
+
+/* A pattern split into its segments once, when the router is made. */
+struct prepared {
+	int nsegs;                      /* 0: a pattern no path can match */
+	bool custom;                    /* calls a custom method ("{a}:put") */
+	const char *seg[MAX_SEGMENTS], *seg_end[MAX_SEGMENTS];
+};
+
+struct ts_router {
+	const struct ts_route *routes;
+	size_t n;
+	struct prepared r[];
+};
+
+static void prepare(const char *pattern, struct prepared *out)
+{
+	const char *p = pattern;
+
+	out->nsegs = 0;
+	out->custom = strchr(pattern, ':') != NULL;
+	while (*p == '/') {
+		const char *pe = ++p;
+
+		while (*pe && *pe != '/')
+			pe++;
+		if (out->nsegs == MAX_SEGMENTS || pe == p) {
+			out->nsegs = 0;
+			return;
+		}
+		out->seg[out->nsegs] = p;
+		out->seg_end[out->nsegs] = pe;
+		out->nsegs++;
+		p = pe;
+	}
+	if (*p)
+		out->nsegs = 0;
+}
+
+struct ts_router *ts_router_new(const struct ts_route *routes, size_t n)
+{
+	struct ts_router *rt = malloc(sizeof *rt + n * sizeof rt->r[0]);
+
+	if (!rt)
+		return NULL;
+	rt->routes = routes;
+	rt->n = n;
+	for (size_t i = 0; i < n; i++)
+		prepare(routes[i].pattern, &rt->r[i]);
+	return rt;
+}
+
+void ts_router_free(struct ts_router *rt)
+{
+	free(rt);
+}
+
+static bool match_prepared(const struct prepared *pr, const struct segments *path,
+                           struct ts_route_match *m)
+{
 	m->nparams = 0;
 	m->too_long = -1;
-	for (;;) {
-		const char *pe, *se;
-
-		if (*p != '/' || *s != '/')
+	if (pr->nsegs != path->n)
+		return false;
+	for (int k = 0; k < pr->nsegs; k++)
+		if (!match_segment(pr->seg[k], pr->seg_end[k], path->s[k], path->s[k] + path->len[k],
+		                   m))
 			return false;
-		p++;
-		s++;
-		pe = strchr(p, '/');
-		se = strchr(s, '/');
-		if (!pe)
-			pe = p + strlen(p);
-		if (!se)
-			se = s + strlen(s);
-		if (!match_segment(p, pe, s, se, m))
-			return false;
-		p = pe;
-		s = se;
-		if (!*p || !*s)
-			return !*p && !*s;
-	}
+	return true;
 }
 
 static bool method_is(const char *route_method, const char *method)
@@ -102,51 +178,90 @@ static bool method_is(const char *route_method, const char *method)
 	return strcmp(method, "HEAD") == 0 && strcmp(route_method, "GET") == 0;
 }
 
-static bool has_custom_method(const char *pattern)
+/* Adds a route's method to an Allow list ("GET, HEAD" for GET). */
+static void allow_add(char *allow, size_t cap, const char *method)
 {
-	return strchr(pattern, ':') != NULL;
+	const char *add = strcmp(method, "GET") == 0 ? "GET, HEAD" : method;
+
+	if (strstr(allow, add) || strlen(allow) + strlen(add) + 3 > cap)
+		return;
+	if (allow[0])
+		strcat(allow, ", ");
+	strcat(allow, add);
+}
+
+/*
+ * One pass over the table. Patterns with a custom method ("{a}:put") take
+ * precedence: the first one that matches path and method wins, and one that
+ * matches the path alone decides 405 with its methods. Otherwise the first
+ * plain pattern that matches both wins, or 405 lists the plain patterns'
+ * methods for the path.
+ */
+enum ts_match ts_router_find(const struct ts_router *rt, const char *method, const char *path,
+                             struct ts_route_match *out)
+{
+	struct segments segs;
+	struct ts_route_match tmp;
+	char allow_plain[sizeof out->allow] = "";
+	bool custom_known = false, plain_known = false;
+	size_t plain_found = rt->n;
+
+	out->allow[0] = '\0';
+	out->nparams = 0;
+	out->too_long = -1;
+	if (!split_path(path, &segs))
+		return TS_MATCH_NO_PATH;
+	for (size_t i = 0; i < rt->n; i++) {
+		const struct ts_route *route = &rt->routes[i];
+
+		if (!match_prepared(&rt->r[i], &segs, &tmp))
+			continue;
+		if (method_is(route->method, method)) {
+			if (rt->r[i].custom) {
+				*out = tmp;
+				out->index = i;
+				return TS_MATCH_FOUND;
+			}
+			if (plain_found == rt->n)
+				plain_found = i;
+		} else if (rt->r[i].custom) {
+			custom_known = true;
+			allow_add(out->allow, sizeof out->allow, route->method);
+		} else {
+			plain_known = true;
+			allow_add(allow_plain, sizeof allow_plain, route->method);
+		}
+	}
+	if (custom_known)
+		return TS_MATCH_BAD_METHOD;
+	if (plain_found < rt->n) {
+		match_prepared(&rt->r[plain_found], &segs, out);
+		out->index = plain_found;
+		return TS_MATCH_FOUND;
+	}
+	if (plain_known) {
+		memcpy(out->allow, allow_plain, sizeof allow_plain);
+		return TS_MATCH_BAD_METHOD;
+	}
+	return TS_MATCH_NO_PATH;
 }
 
 enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
                             const char *method, const char *path,
                             struct ts_route_match *out)
 {
-	struct ts_route_match tmp;
-	bool path_known = false;
+	struct ts_router *rt = ts_router_new(routes, n);
+	enum ts_match m;
 
-	out->allow[0] = '\0';
-	out->nparams = 0;
-	out->too_long = -1;
-	/* pass 0: patterns with a custom method ("{a}:put"); pass 1: the rest */
-	for (size_t k = 0; k < 2 * n && !(k == n && path_known); k++) {
-		size_t i = k % n;
-
-		if (has_custom_method(routes[i].pattern) != (k < n))
-			continue;
-		if (!match_pattern(routes[i].pattern, path, &tmp))
-			continue;
-		if (method_is(routes[i].method, method)) {
-			*out = tmp;
-			out->index = i;
-			return TS_MATCH_FOUND;
-		}
-		if (strcmp(routes[i].method, "GET") == 0 && !strstr(out->allow, "HEAD") &&
-		    strlen(out->allow) + 12 < sizeof out->allow) {
-			if (out->allow[0])
-				strcat(out->allow, ", ");
-			strcat(out->allow, "GET, HEAD");
-			path_known = true;
-			continue;
-		}
-		if (!strstr(out->allow, routes[i].method) &&
-		    strlen(out->allow) + strlen(routes[i].method) + 2 < sizeof out->allow) {
-			if (out->allow[0])
-				strcat(out->allow, ", ");
-			strcat(out->allow, routes[i].method);
-		}
-		path_known = true;
+	if (!rt) {
+		out->allow[0] = '\0';
+		out->nparams = 0;
+		out->too_long = -1;
+		return TS_MATCH_NO_PATH;
 	}
-	return path_known ? TS_MATCH_BAD_METHOD : TS_MATCH_NO_PATH;
+	m = ts_router_find(rt, method, path, out);
+	ts_router_free(rt);
+	return m;
 }
 
 const struct ts_param_rule *ts_param_rule_find(const char *name)

@@ -81,10 +81,26 @@ struct ts_route_match {
 };
 
 /*
- * Matches method and path (without query string) against routes[0..n).
- * A path parameter longer than TS_PARAM_MAX bytes still matches, with
+ * A route table prepared for matching: each pattern split into its
+ * segments once, so that a request's path, split once too, is compared
+ * segment by segment and only with patterns of as many segments. Made
+ * when the server starts; NULL when out of memory. Immutable after.
+ */
+struct ts_router;
+
+struct ts_router *ts_router_new(const struct ts_route *routes, size_t n);
+void ts_router_free(struct ts_router *rt);
+
+/*
+ * Matches method and path (without query string) against the table. A
+ * path parameter longer than TS_PARAM_MAX bytes still matches, with
  * out->too_long set. Pure; never allocates.
  */
+enum ts_match ts_router_find(const struct ts_router *rt, const char *method, const char *path,
+                             struct ts_route_match *out);
+
+/* The same for a table used once (tests): prepares it, matches, frees;
+ * NO_PATH when out of memory. */
 enum ts_match ts_route_find(const struct ts_route *routes, size_t n,
                             const char *method, const char *path,
                             struct ts_route_match *out);

@@ -348,6 +348,11 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for metrics");
 		goto out_free;
 	}
+	srv->router = ts_router_new(ts_routes, ts_nroutes);
+	if (!srv->router) {
+		st = ts_error_oom(err, "no memory for the route table");
+		goto out_free;
+	}
 	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
 	                                                          .keep_ns = 3600ull * 1000000000ull,
 	                                                          .ended = operation_ended,
@@ -447,6 +452,7 @@ void ts_server_free(struct ts_server *srv)
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.operations);
 	ts_metrics_free(srv->metrics);
+	ts_router_free(srv->router);
 	ts_view_cache_free(srv->core.memory_view);
 	ts_catalog_free(srv->catalog);
 	ts_sharding_registry_free(srv->core.shardings);

@@ -27,6 +27,7 @@ struct ts_server {
 	struct ts_device_set *devices;   /* owned */
 	struct ts_memory *memory;        /* owned */
 	struct ts_metrics *metrics;      /* owned */
+	struct ts_router *router;        /* owned; ts_routes prepared for matching */
 	struct ts_catalog *catalog;      /* owned */
 	struct ts_stager *stager;        /* owned */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */

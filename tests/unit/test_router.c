@@ -101,9 +101,15 @@ START_TEST(unmatched_shapes)
 	                                    "/v1", "/v2/devices"};
 	struct ts_route_match m;
 
+	char deep[400] = "/v1/devices";
+
 	for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++)
 		ck_assert_msg(ts_route_find(table, N, "GET", paths[i], &m) == TS_MATCH_NO_PATH,
 		              "'%s' should not match", paths[i]);
+	/* more segments than any pattern has: split no further, nothing matches */
+	for (int i = 0; i < 40; i++)
+		strcat(deep, "/x");
+	ck_assert_int_eq(ts_route_find(table, N, "GET", deep, &m), TS_MATCH_NO_PATH);
 }
 END_TEST
 
