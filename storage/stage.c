@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/copy.h"
 #include "common/fault.h"
 struct dev_queues {
 	struct ts_device *dev;    /* immutable */
@@ -218,7 +219,8 @@ ts_status ts_writer_write(struct ts_writer *w, const void *data, size_t n,
 		                    (unsigned long long)(n - (ts_buffer_size(w->dst) - w->offset)));
 	count(w->st, TS_MEM_UNPINNED_HOST, ts_buffer_kind(w->dst), n);
 	if (!w->dq) {
-		memcpy((char *)ts_buffer_data(w->dst) + w->offset, p, n);
+		/* host memory that nothing reads before the upload ends */
+		ts_copy_streaming((char *)ts_buffer_data(w->dst) + w->offset, p, n);
 		w->offset += n;
 		return TS_OK;
 	}

@@ -11,6 +11,7 @@
 
 #include <jansson.h>
 
+#include "common/copy.h"
 #include "common/lock.h"
 #include "common/histogram.h"
 #include "common/log.h"
@@ -548,6 +549,35 @@ START_TEST(log_lines_are_json)
 }
 END_TEST
 
+/* A streaming copy is a copy: every size around the thresholds, at every
+ * destination alignment, leaving the bytes around the target untouched. */
+START_TEST(streaming_copy_exact)
+{
+	static const size_t sizes[] = {0, 1, 15, 63, 64, 4095, 4096, 4097, 4096 + 63, 32768, 100003};
+	unsigned char *src = malloc(100003 + 64), *dst = malloc(100003 + 96);
+	unsigned char *fill = malloc(100003 + 96);
+
+	ck_assert_ptr_nonnull(src);
+	ck_assert_ptr_nonnull(dst);
+	ck_assert_ptr_nonnull(fill);
+	memset(fill, 0xA5, 100003 + 96);
+	for (size_t i = 0; i < 100003 + 64; i++)
+		src[i] = (unsigned char)(i * 131 + 7);
+	for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
+		for (size_t off = 0; off < 17; off++) {
+			memset(dst, 0xA5, 100003 + 96);
+			ts_copy_streaming(dst + 16 + off, src + (off * 3) % 64, sizes[k]);
+			ck_assert_int_eq(memcmp(dst + 16 + off, src + (off * 3) % 64, sizes[k]), 0);
+			ck_assert_int_eq(memcmp(dst, fill, 16 + off), 0);
+			ck_assert_int_eq(memcmp(dst + 16 + off + sizes[k], fill,
+			                        100003 + 96 - (16 + off + sizes[k])), 0);
+		}
+	free(src);
+	free(dst);
+	free(fill);
+}
+END_TEST
+
 static Suite *common_suite(void)
 {
 	Suite *s = suite_create("common");
@@ -570,6 +600,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, error_message_boundary);
 	tcase_add_test(tc, log_lines_are_json);
 	tcase_add_test(tc, histogram_buckets);
+	tcase_add_test(tc, streaming_copy_exact);
 	suite_add_tcase(s, tc);
 	return s;
 }
