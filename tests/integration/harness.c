@@ -544,6 +544,21 @@ char *th_daemon_stderr(const struct th_daemon *d)
 	return s ? s : strdup("");
 }
 
+void th_expect_no_sanitizer_report(const struct th_daemon *d)
+{
+	static const char *const marks[] = {"WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
+	                                    "ERROR: LeakSanitizer", "runtime error:"};
+	char *err = th_daemon_stderr(d);
+
+	for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+		const char *at = strstr(err, marks[i]);
+
+		if (at)
+			ck_abort_msg("tstaged reported:\n%.3500s", at);
+	}
+	free(err);
+}
+
 void th_daemon_cleanup(struct th_daemon *d)
 {
 	remove_dir(d->dir);

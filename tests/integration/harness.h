@@ -122,6 +122,11 @@ void th_daemon_stop_ok(struct th_daemon *d);
 /* The daemon's stderr so far (new NUL-terminated string, caller frees). */
 char *th_daemon_stderr(const struct th_daemon *d);
 
+/* Fails the test when the daemon's stderr so far holds a sanitizer's
+ * report (ThreadSanitizer, AddressSanitizer, LeakSanitizer, UBSan), showing
+ * its start. Room for the stacks: check_set_max_msg_size(32768) in main. */
+void th_expect_no_sanitizer_report(const struct th_daemon *d);
+
 /* Removes a stopped daemon's files (after th_daemon_stop(d, true)). */
 void th_daemon_cleanup(struct th_daemon *d);
 

@@ -527,22 +527,6 @@ static void expect_exact_accounting(const char *when)
 	ck_assert_msg(spaces_match_shards(why, sizeof why), "%s: %s", when, why);
 }
 
-/* Fails the test when the daemon's stderr holds a sanitizer's report. */
-static void expect_no_sanitizer_report(void)
-{
-	static const char *const marks[] = {"WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
-	                                    "ERROR: LeakSanitizer", "runtime error:"};
-	char *err = th_daemon_stderr(&D);
-
-	for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
-		const char *at = strstr(err, marks[i]);
-
-		if (at)
-			ck_abort_msg("tstaged reported:\n%.3500s", at);
-	}
-	free(err);
-}
-
 /* The shard of a metadata "shards" list on device (borrowed); fails the
  * test when there is not exactly one. */
 static json_t *shard_on(json_t *array, const char *device)
@@ -2199,7 +2183,7 @@ START_TEST(test_random_sequence)
 	              q.gathered >= 5, "a thin workload: %u uploads, %u moves taken (%u without "
 	              "waiting, %u of them succeeded), %u gathers", q.uploads, q.moved, q.started,
 	              q.finished_ok, q.gathered);
-	expect_no_sanitizer_report();
+	th_expect_no_sanitizer_report(&D);
 }
 END_TEST
 
@@ -2424,7 +2408,7 @@ START_TEST(test_concurrent_clients)
 	expect_all_finished();
 	expect_exact_accounting("after four clients");
 	expect_arrays_whole("after four clients");
-	expect_no_sanitizer_report();
+	th_expect_no_sanitizer_report(&D);
 }
 END_TEST
 

@@ -1,0 +1,317 @@
+/*
+ * it_shared_json.c - jansson values that more than one thread of tstaged can
+ * reach, hammered from many clients at once: arrays carrying safetensors
+ * metadata are read (GET /v1/arrays/{a}, the list, :export), moved (:put,
+ * :copy) and replaced (:import over them) while operations holding their
+ * metadata in results are listed and waited on.
+ *
+ * jansson's json_incref/json_decref read a value's count before their
+ * atomic update, so two threads counting references to one value race; the
+ * daemon's rule (docs/ARCHITECTURE.md) is that such a value has one owner
+ * and crosses threads only as a copy. Every answer here must be whole and
+ * carry the metadata unchanged, and run against a ThreadSanitizer build
+ * (TSTAGED=build/san-thread/tstaged, as .ci/run does) the daemon must report
+ * no race and exit 0.
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/integration/harness.h"
+
+#define NARRAYS 3
+#define ROW_BYTES 64
+#define ROUNDS 30
+#define METADATA "{\"format\": \"pt\", \"origin\": \"it_shared_json\", \"note\": \"shared\"}"
+
+static struct th_daemon D;
+
+static void daemon_up(void)
+{
+	th_daemon_start(&D, NULL);
+}
+
+static void daemon_down(void)
+{
+	th_daemon_stop_ok(&D);
+}
+
+/* A safetensors file of NARRAYS U8 tensors "sj<i>" of ROW_BYTES bytes each
+ * (byte j of tensor i is i * 31 + j + seed) with METADATA (new buffer). */
+static char *safetensors(uint8_t seed, size_t *len)
+{
+	char header[1024];
+	size_t n = 0, data = NARRAYS * ROW_BYTES;
+	char *out;
+
+	n += (size_t)snprintf(header + n, sizeof header - n, "{\"__metadata__\": %s", METADATA);
+	for (int i = 0; i < NARRAYS; i++)
+		n += (size_t)snprintf(header + n, sizeof header - n,
+		                      ", \"sj%d\": {\"dtype\": \"U8\", \"shape\": [%d], "
+		                      "\"data_offsets\": [%d, %d]}",
+		                      i, ROW_BYTES, i * ROW_BYTES, (i + 1) * ROW_BYTES);
+	n += (size_t)snprintf(header + n, sizeof header - n, "}");
+	ck_assert_uint_lt(n, sizeof header);
+	*len = 8 + n + data;
+	out = malloc(*len);
+	ck_assert_ptr_nonnull(out);
+	for (int b = 0; b < 8; b++)
+		out[b] = (char)((uint64_t)n >> (8 * b));
+	memcpy(out + 8, header, n);
+	for (size_t j = 0; j < data; j++)
+		out[8 + n + j] = (char)((j / ROW_BYTES) * 31 + j % ROW_BYTES + seed);
+	return out;
+}
+
+/* ---- the clients ------------------------------------------------------------------- */
+
+enum role { MOVER, COPIER, IMPORTER, READER, LISTER, EXPORTER, NROLES };
+
+struct client {
+	enum role role;
+	struct th_client c;
+	pthread_t tid;
+	json_t *want_meta;                  /* METADATA parsed (read only) */
+	unsigned requests, bad;
+	char first_bad[1024];
+};
+
+static void client_bad(struct client *w, const char *what, const struct th_response *r,
+                       const char *why)
+{
+	if (w->bad++ == 0)
+		snprintf(w->first_bad, sizeof w->first_bad, "%s: %ld %s: %.600s", what,
+		         r ? r->status : -1L, why, r && r->body ? r->body : w->c.error);
+}
+
+/* Sends a request; false (and a bad mark) unless its status is one of ok
+ * ("200 201 409"). */
+static bool client_call(struct client *w, const char *method, const char *path,
+                        const char *body, size_t len, const char *ok, struct th_response *r)
+{
+	static const char *const json_h[] = {"Content-Type: application/json", NULL};
+	char code[8];
+	bool sent;
+
+	w->requests++;
+	sent = th_client_request(&w->c, method, path, body && *body == '{' ? json_h : NULL, body,
+	                         len, r);
+	snprintf(code, sizeof code, "%ld", r->status);
+	if (!sent || !strstr(ok, code)) {
+		client_bad(w, path, sent ? r : NULL, sent ? "unexpected status" : "no answer");
+		return false;
+	}
+	return true;
+}
+
+/* The metadata of an array's JSON must be METADATA. */
+static void check_meta(struct client *w, const char *what, json_t *array,
+                       const struct th_response *r)
+{
+	if (!json_equal(json_object_get(array, "metadata"), w->want_meta))
+		client_bad(w, what, r, "metadata missing or changed");
+}
+
+/* A JSON answer's body parsed (new reference) or NULL with a bad mark. */
+static json_t *client_json(struct client *w, const char *what, const struct th_response *r)
+{
+	json_t *j = json_loadb(r->body, r->body_len, 0, NULL);
+
+	if (!j)
+		client_bad(w, what, r, "not JSON");
+	return j;
+}
+
+static void do_move(struct client *w, int round)
+{
+	struct th_response r;
+	char path[128];
+	const char *body = round % 2 ? "{\"memory_kind\": \"pinned_host\"}"
+	                             : "{\"memory_kind\": \"device\"}";
+
+	snprintf(path, sizeof path, "/v1/arrays/sj%d:put?wait=true", round % NARRAYS);
+	if (client_call(w, "POST", path, body, strlen(body), "200 409", &r) && r.status == 200) {
+		json_t *a = client_json(w, path, &r);     /* the finished move's result */
+
+		check_meta(w, path, a, &r);
+		json_decref(a);
+	}
+	th_response_free(&r);
+}
+
+static void do_copy(struct client *w, int round)
+{
+	struct th_response r;
+	char path[128], body[160];
+
+	snprintf(path, sizeof path, "/v1/arrays/sj%d:copy?wait=true", round % NARRAYS);
+	snprintf(body, sizeof body, "{\"out\": \"sjc%d\", \"overwrite\": true, \"memory_kind\": \"%s\"}",
+	         round % NARRAYS, round % 2 ? "device" : "unpinned_host");
+	if (client_call(w, "POST", path, body, strlen(body), "200 409", &r) && r.status == 200) {
+		json_t *a = client_json(w, path, &r);     /* the finished move's result */
+
+		check_meta(w, path, a, &r);
+		json_decref(a);
+	}
+	th_response_free(&r);
+}
+
+static void do_import(struct client *w, int round)
+{
+	struct th_response r;
+	size_t len;
+	char *body = safetensors((uint8_t)round, &len);
+	const char *path = round % 2 ? "/v1/arrays:import?memory_kind=pinned_host"
+	                             : "/v1/arrays:import?memory_kind=device";
+
+	if (client_call(w, "POST", path, body, len, "200 201 409", &r) && r.status != 409) {
+		json_t *res = client_json(w, path, &r);
+
+		if (res && !json_equal(json_object_get(res, "metadata"), w->want_meta))
+			client_bad(w, path, &r, "import result without its metadata");
+		json_decref(res);
+	}
+	th_response_free(&r);
+	free(body);
+}
+
+static void do_read(struct client *w, int round)
+{
+	struct th_response r;
+	char path[64];
+
+	snprintf(path, sizeof path, "/v1/arrays/sj%d", round % NARRAYS);
+	if (client_call(w, "GET", path, NULL, 0, "200", &r)) {
+		json_t *a = client_json(w, path, &r);
+
+		check_meta(w, path, a, &r);
+		json_decref(a);
+	}
+	th_response_free(&r);
+	if (client_call(w, "GET", "/v1/arrays", NULL, 0, "200", &r)) {
+		json_t *list = client_json(w, "/v1/arrays", &r), *a;
+		size_t i;
+
+		json_array_foreach(json_object_get(list, "arrays"), i, a)
+			check_meta(w, "/v1/arrays", a, &r);
+		json_decref(list);
+	}
+	th_response_free(&r);
+}
+
+/* Lists the operations, and waits on the newest (a finished one answers at
+ * once with its result, a copy of which every waiter gets). */
+static void do_list(struct client *w, int round)
+{
+	struct th_response r;
+	json_t *list = NULL, *op;
+	char path[128];
+
+	(void)round;
+	if (client_call(w, "GET", "/v1/operations", NULL, 0, "200", &r))
+		list = client_json(w, "/v1/operations", &r);
+	th_response_free(&r);
+	op = json_array_get(json_object_get(list, "operations"), 0);
+	if (json_is_string(json_object_get(op, "name"))) {
+		const char *name = json_string_value(json_object_get(op, "name"));
+
+		snprintf(path, sizeof path, "/v1/%s:wait", name);
+		client_call(w, "POST", path, "{\"timeout\": \"5s\"}", 17, "200 404", &r);
+		th_response_free(&r);
+	}
+	json_decref(list);
+}
+
+static void do_export(struct client *w, int round)
+{
+	struct th_response r;
+
+	(void)round;
+	if (client_call(w, "GET", "/v1/arrays:export?names=sj0,sj1,sj2", NULL, 0, "200", &r) &&
+	    !memmem(r.body, r.body_len, "\"origin\":\"it_shared_json\"", 25))
+		client_bad(w, "export", &r, "export without the metadata");
+	th_response_free(&r);
+}
+
+static void *client_main(void *arg)
+{
+	static void (*const step[NROLES])(struct client *, int) = {
+		[MOVER] = do_move, [COPIER] = do_copy, [IMPORTER] = do_import,
+		[READER] = do_read, [LISTER] = do_list, [EXPORTER] = do_export,
+	};
+	struct client *w = arg;
+
+	for (int round = 0; round < ROUNDS && w->bad < 5; round++)
+		step[w->role](w, round);
+	return NULL;
+}
+
+/* Every role at once, one thread each, on the arrays sj0..sj2. */
+START_TEST(test_metadata_across_threads)
+{
+	struct client w[NROLES];
+	struct th_response r;
+	size_t len;
+	char *body = safetensors(0, &len);
+	json_t *want = json_loads(METADATA, 0, NULL);
+	unsigned bad = 0, requests = 0;
+	const char *first = "";
+
+	th_request(&D, "POST", "/v1/arrays:import?memory_kind=pinned_host", NULL, body, len, &r);
+	ck_assert_msg(r.status == 201, "import: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	free(body);
+
+	memset(w, 0, sizeof w);
+	for (int i = 0; i < NROLES; i++) {
+		w[i].role = (enum role)i;
+		w[i].want_meta = want;
+		th_client_open(&w[i].c, &D);
+	}
+	for (int i = 0; i < NROLES; i++)
+		ck_assert_int_eq(pthread_create(&w[i].tid, NULL, client_main, &w[i]), 0);
+	for (int i = 0; i < NROLES; i++) {
+		pthread_join(w[i].tid, NULL);
+		th_client_close(&w[i].c);
+		bad += w[i].bad;
+		requests += w[i].requests;
+		if (!*first && w[i].first_bad[0])
+			first = w[i].first_bad;
+	}
+	json_decref(want);
+	ck_assert_msg(bad == 0, "%u of %u requests went wrong; first: %s", bad, requests, first);
+	ck_assert_msg(requests >= NROLES * ROUNDS, "a thin workload: %u requests", requests);
+	th_expect_no_sanitizer_report(&D);
+}
+END_TEST
+
+static Suite *shared_json_suite(void)
+{
+	Suite *s = suite_create("shared_json");
+	TCase *tc = tcase_create("metadata");
+
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, 300);          /* a ThreadSanitizer build on a small machine */
+	tcase_add_test(tc, test_metadata_across_threads);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	th_init();
+	check_set_max_msg_size(32768);      /* room for a sanitizer's report */
+	sr = srunner_create(shared_json_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	curl_global_cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
