@@ -820,6 +820,85 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 	return j;
 }
 
+void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r)
+{
+	static const char *const json_headers[] = {"Content-Type: application/json", NULL};
+
+	th_request(d, "POST", path, body ? json_headers : NULL, body, body ? strlen(body) : 0, r);
+}
+
+json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want)
+{
+	struct th_response r;
+	json_t *j;
+
+	th_post(d, path, body, &r);
+	ck_assert_msg(r.status == want, "POST %s %.2000s: %ld, want %ld: %s", path,
+	              body ? body : "", r.status, want, r.body);
+	j = json_incref(th_json(&r));
+	th_response_free(&r);
+	return j;
+}
+
+json_t *th_get_object(struct th_daemon *d, const char *path)
+{
+	struct th_response r;
+	json_t *j = json_incref(th_get_json(d, path, &r));
+
+	th_response_free(&r);
+	return j;
+}
+
+long th_get_status(struct th_daemon *d, const char *path)
+{
+	struct th_response r;
+	long st;
+
+	th_get(d, path, &r);
+	st = r.status;
+	th_response_free(&r);
+	return st;
+}
+
+void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
+                  size_t n)
+{
+	struct th_response r;
+	char path[2048];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s%s%s", name, query && *query ? "?" : "",
+	         query ? query : "");
+	th_request(d, "PUT", path, NULL, data, n, &r);
+	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+}
+
+void th_expect_error(struct th_response *r, const char *what, long http, const char *status,
+                     const char *reason, const char *word, const char *word2)
+{
+	const char *msg;
+
+	ck_assert_msg(r->status == http, "%s: %ld, want %ld: %s", what, r->status, http, r->body);
+	th_assert_error(r, http, status, reason);
+	msg = th_str(th_obj(th_json(r), "error"), "message");
+	ck_assert_msg(!word || strstr(msg, word), "%s: the message does not name '%s': %s", what,
+	              word, msg);
+	ck_assert_msg(!word2 || strstr(msg, word2), "%s: the message does not name '%s': %s", what,
+	              word2, msg);
+	th_response_free(r);
+}
+
+void th_post_error(struct th_daemon *d, const char *path, const char *body, long http,
+                   const char *status, const char *reason, const char *word, const char *word2)
+{
+	struct th_response r;
+	char what[600];
+
+	snprintf(what, sizeof what, "POST %s %.400s", path, body ? body : "");
+	th_post(d, path, body, &r);
+	th_expect_error(&r, what, http, status, reason, word, word2);
+}
+
 bool th_daemon_has_device(struct th_daemon *d, const char *id)
 {
 	struct th_response r;

@@ -180,6 +180,43 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 
 void th_response_free(struct th_response *r);
 
+/*
+ * The requests every suite sends, each with one behaviour. Path and body
+ * go as given (a suite that writes them for sim and runs them on the
+ * backend under test passes them through th_on_backend first); every
+ * failure fails the test with the request and the answer in the message.
+ */
+
+/* POST path with body (NUL-terminated JSON text, Content-Type
+ * application/json; NULL sends none); the answer in r. */
+void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r);
+
+/* th_post; the status must be want and the body JSON: returns it (new
+ * reference). */
+json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want);
+
+/* th_get_json's checks (200, a JSON object); returns the object (new
+ * reference), the response freed. */
+json_t *th_get_object(struct th_daemon *d, const char *path);
+
+/* The status of GET path. */
+long th_get_status(struct th_daemon *d, const char *path);
+
+/* PUT /v1/arrays/name?query (query NULL or "" for none) with n bytes of
+ * data; the status must be 200 or 201. */
+void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
+                  size_t n);
+
+/* Fails the test unless r is the error th_assert_error checks (http,
+ * status, reason) and its message contains word and word2 (each when not
+ * NULL); what names the request in the failure. Frees r. */
+void th_expect_error(struct th_response *r, const char *what, long http, const char *status,
+                     const char *reason, const char *word, const char *word2);
+
+/* th_post, then th_expect_error on the answer. */
+void th_post_error(struct th_daemon *d, const char *path, const char *body, long http,
+                   const char *status, const char *reason, const char *word, const char *word2);
+
 /* Value of a response header (case-insensitive name), or NULL (borrowed). */
 const char *th_header(const struct th_response *r, const char *name);
 
