@@ -873,6 +873,25 @@ void th_put_array(struct th_daemon *d, const char *name, const char *query, cons
 	th_response_free(&r);
 }
 
+void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
+                    size_t len)
+{
+	struct th_response r;
+	char path[1024], esc[512], what[1100];
+
+	if (index) {
+		th_url_escape(esc, sizeof esc, index);
+		snprintf(path, sizeof path, "/v1/arrays/%s/data?index=%s", name, esc);
+	} else {
+		snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	}
+	th_get(d, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	snprintf(what, sizeof what, "GET %s", path);
+	th_assert_bytes(what, r.body, r.body_len, want, len);
+	th_response_free(&r);
+}
+
 void th_expect_error(struct th_response *r, const char *what, long http, const char *status,
                      const char *reason, const char *word, const char *word2)
 {

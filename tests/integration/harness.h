@@ -207,6 +207,11 @@ long th_get_status(struct th_daemon *d, const char *path);
 void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
                   size_t n);
 
+/* GET /v1/arrays/name/data, with ?index=index (escaped here) when index is
+ * not NULL: it must answer 200 with exactly the len bytes of want. */
+void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
+                    size_t len);
+
 /* Fails the test unless r is the error th_assert_error checks (http,
  * status, reason) and its message contains word and word2 (each when not
  * NULL); what names the request in the failure. Frees r. */

@@ -158,19 +158,6 @@ static void get_data(struct th_daemon *d, const char *name, const char *query,
 	th_request(d, "GET", path, headers, NULL, 0, r);
 }
 
-/* The raw data of name must be exactly want. */
-static void expect_data(struct th_daemon *d, const char *name, const void *want, size_t len)
-{
-	struct th_response r;
-	char what[200];
-
-	get_data(d, name, NULL, NULL, &r);
-	ck_assert_msg(r.status == 200, "GET %s/data: %ld %s", name, r.status, r.body);
-	snprintf(what, sizeof what, "data of '%s'", name);
-	th_assert_bytes(what, r.body, r.body_len, want, len);
-	th_response_free(&r);
-}
-
 static json_t *get_meta(struct th_daemon *d, const char *name, struct th_response *r)
 {
 	char path[300];
@@ -606,7 +593,7 @@ START_TEST(test_raw_scalar_and_empty)
 	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
 	ck_assert_int_eq(json_array_size(th_arr(th_json(&r), "shape")), 0);
 	th_response_free(&r);
-	expect_data(&D, "scalar", &v, sizeof v);
+	th_expect_data(&D, "scalar", NULL, &v, sizeof v);
 	get_data(&D, "scalar", NULL, NULL, &r);
 	ck_assert_str_eq(th_header(&r, "X-Tstage-Dtype"), "float64");
 	shape_header_ok(&r, "scalar", "[]", header_problem, sizeof header_problem);
@@ -679,7 +666,7 @@ START_TEST(test_npy_fixtures)
 			              "%s: dtype %s, want %s", cas, th_str(th_json(&r), "dtype"), dtype);
 			ck_assert_msg(json_equal(th_arr(th_json(&r), "shape"), shape), "%s: shape", cas);
 			th_response_free(&r);
-			expect_data(&D, name, raw, raw_len);
+			th_expect_data(&D, name, NULL, raw, raw_len);
 
 			get_data(&D, name, "format=npy", NULL, &r);
 			ck_assert_int_eq(r.status, 200);
@@ -808,7 +795,7 @@ START_TEST(test_placements)
 		json_object_set_new(held, key, json_integer(want));
 		ck_assert_msg(in_use(&D, pl[i].dev, pl[i].kind) == want, "%s holds %lld, want %lld",
 		              key, in_use(&D, pl[i].dev, pl[i].kind), (long long)want);
-		expect_data(&D, name, data, len);
+		th_expect_data(&D, name, NULL, data, len);
 		free(data);
 	}
 
@@ -1254,8 +1241,8 @@ START_TEST(test_gather)
 		ck_assert(th_bool(j, "committed") == (*cases[i].out_place != '\0'));
 		th_response_free(&r);
 		n = reference_rows(parent, cases[i].list, cases[i].n, want);
-		expect_data(&D, out, want, n * 2);
-		expect_data(&D, src, parent, sizeof parent);     /* the source is untouched */
+		th_expect_data(&D, out, NULL, want, n * 2);
+		th_expect_data(&D, src, NULL, parent, sizeof parent);     /* the source is untouched */
 	}
 	{
 		/* gathering onto an existing name replaces it */
@@ -1267,7 +1254,7 @@ START_TEST(test_gather)
 		ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
 		ck_assert_int_eq(th_int(th_json(&r), "version"), 2);
 		th_response_free(&r);
-		expect_data(&D, "out1", want, n * 2);
+		th_expect_data(&D, "out1", NULL, want, n * 2);
 	}
 }
 END_TEST
@@ -1323,7 +1310,7 @@ START_TEST(test_gather_errors)
 		expect_absent(&D, "o");
 	}
 	wait_all_in_use(&D, before, 2000);
-	expect_data(&D, "big", big, 40 * MiB);
+	th_expect_data(&D, "big", NULL, big, 40 * MiB);
 	free(before);
 	free(big);
 }
@@ -1413,7 +1400,7 @@ START_TEST(test_admission_before_body)
 	expect_absent(&D, "huge");
 	expect_absent(&D, "small");
 	ck_assert_int_eq(version_of(&D, "resident"), 1);
-	expect_data(&D, "resident", resident, 40 * MiB);
+	th_expect_data(&D, "resident", NULL, resident, 40 * MiB);
 	th_get(&D, "/livez", &r);
 	ck_assert_int_eq(r.status, 200);
 	th_response_free(&r);
@@ -1482,7 +1469,7 @@ START_TEST(test_wrong_byte_count)
 			th_response_free(&r);
 		}
 		ck_assert_int_eq(version_of(&D, name), 1);
-		expect_data(&D, name, v1, 96);
+		th_expect_data(&D, name, NULL, v1, 96);
 		wait_all_in_use(&D, before, 2000);
 		free(before);
 		/* and a right one still goes through, sized and chunked */
@@ -1490,7 +1477,7 @@ START_TEST(test_wrong_byte_count)
 		put(&D, name, query, chunked, v1, 96, &r);
 		ck_assert_msg(r.status == 200, "chunked replace: %ld %s", r.status, r.body);
 		th_response_free(&r);
-		expect_data(&D, name, v1, 96);
+		th_expect_data(&D, name, NULL, v1, 96);
 		free(npy);
 	}
 	free(v1);
@@ -1539,7 +1526,7 @@ START_TEST(test_cut_off_body)
 		if (!all_in_use_becomes(&D, before, 3000, why[p], sizeof why[p]))
 			leaked++;
 		ck_assert_int_eq(version_of(&D, name), 1);
-		expect_data(&D, name, v1, len);
+		th_expect_data(&D, name, NULL, v1, len);
 		free(before);
 	}
 	free(v1);
@@ -1581,7 +1568,7 @@ START_TEST(test_preconditions_and_delete)
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", NULL);
 	th_response_free(&r);
 	expect_absent(&D, "absent");
-	expect_data(&D, "p", v1, 64);
+	th_expect_data(&D, "p", NULL, v1, 64);
 	ck_assert_int_eq(version_of(&D, "p"), 1);
 
 	snprintf(hdr, sizeof hdr, "If-Match: %s", etag1);
@@ -1596,18 +1583,18 @@ START_TEST(test_preconditions_and_delete)
 	put(&D, "p", "dtype=uint8&shape=64", match, v3, 64, &r);
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", NULL);
 	th_response_free(&r);
-	expect_data(&D, "p", v2, 64);
+	th_expect_data(&D, "p", NULL, v2, 64);
 	put(&D, "p", "dtype=uint8&shape=64", any, v3, 64, &r);
 	ck_assert_int_eq(r.status, 200);
 	snprintf(etag2, sizeof etag2, "%s", th_header(&r, "ETag"));
 	th_response_free(&r);
-	expect_data(&D, "p", v3, 64);
+	th_expect_data(&D, "p", NULL, v3, 64);
 
 	/* DELETE honours If-Match too */
 	th_request(&D, "DELETE", "/v1/arrays/p", match, NULL, 0, &r);
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", NULL);
 	th_response_free(&r);
-	expect_data(&D, "p", v3, 64);
+	th_expect_data(&D, "p", NULL, v3, 64);
 	snprintf(hdr, sizeof hdr, "If-Match: %s", etag2);
 	match[0] = hdr;
 	th_request(&D, "DELETE", "/v1/arrays/p", match, NULL, 0, &r);
@@ -1625,7 +1612,7 @@ START_TEST(test_preconditions_and_delete)
 	put(&D, "p", "dtype=uint8&shape=64", create_only, v1, 64, &r);
 	ck_assert_int_eq(r.status, 201);
 	th_response_free(&r);
-	expect_data(&D, "p", v1, 64);
+	th_expect_data(&D, "p", NULL, v1, 64);
 	free(v1);
 	free(v2);
 	free(v3);
@@ -1792,7 +1779,7 @@ static void check_import_result(struct th_daemon *d, json_t *result, json_t *st,
 		ck_assert_int_eq(th_int(a, "nbytes"), raw_len);
 		ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), B(dev));
 		ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), kind);
-		expect_data(d, name, raw, raw_len);
+		th_expect_data(d, name, NULL, raw, raw_len);
 		free(raw);
 	}
 }
@@ -1968,7 +1955,7 @@ START_TEST(test_import_no_overwrite)
 	ck_assert_ptr_nonnull(strstr(r.body, "taken"));
 	th_response_free(&r);
 	expect_absent(&D, "fresh");
-	expect_data(&D, "taken", mine, 2);
+	th_expect_data(&D, "taken", NULL, mine, 2);
 	ck_assert_int_eq(version_of(&D, "taken"), 1);
 	wait_all_in_use(&D, before, 2000);
 

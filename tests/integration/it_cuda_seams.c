@@ -86,26 +86,6 @@ static void delete_array(const char *name)
 	th_response_free(&r);
 }
 
-/* GET the array's data (with an escaped ?index= when index is not NULL) and
- * compare it with want. */
-static void expect_data(const char *name, const char *index, const void *want, size_t n,
-                        const char *what)
-{
-	struct th_response r;
-	char path[512], esc[256];
-
-	if (index) {
-		th_url_escape(esc, sizeof esc, index);
-		snprintf(path, sizeof path, "/v1/arrays/%s/data?index=%s", name, esc);
-	} else {
-		snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	}
-	th_get(&D, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s (%s): %ld %s", path, what, r.status, r.body);
-	th_assert_bytes(what, r.body, r.body_len, want, n);
-	th_response_free(&r);
-}
-
 /* The array's placement as its metadata says. */
 static void expect_placement(const char *name, const char *dev, const char *kind)
 {
@@ -178,8 +158,8 @@ START_TEST(copy_between_every_pair)
 					res = th_post_json(&D, "/v1/arrays/src:copy?wait=true", body, 200);
 					json_decref(res);
 					expect_placement("dst", devs[b], kinds[kb]);
-					expect_data("dst", NULL, x, N, what);
-					expect_data("dst", "::3", strided, ns, what);
+					th_expect_data(&D, "dst", NULL, x, N);
+					th_expect_data(&D, "dst", "::3", strided, ns);
 					delete_array("dst");
 				}
 		}
@@ -193,7 +173,7 @@ START_TEST(copy_between_every_pair)
 			res = th_post_json(&D, "/v1/arrays/src:put?wait=true", body, 200);
 			json_decref(res);
 			expect_placement("src", devs[b], kinds[kb]);
-			expect_data("src", NULL, x, N, body);
+			th_expect_data(&D, "src", NULL, x, N);
 		}
 	free(strided);
 	free(x);
@@ -232,7 +212,7 @@ START_TEST(colocation_across_backends)
 	ck_assert_str_eq(th_str(th_obj(meta, "sharding"), "device"), other);
 	ck_assert_int_eq(th_int(meta, "implicit_transfer_bytes"), (json_int_t)sizeof x);
 	th_response_free(&r);
-	expect_data("x", NULL, x, sizeof x, "the moved input");
+	th_expect_data(&D, "x", NULL, x, sizeof x);
 	/* the same step with the input placed there: the same loss (fresh model) */
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m2\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 12}, "
@@ -274,8 +254,8 @@ START_TEST(mesh_of_two_backends)
 		th_url_escape(esc, sizeof esc, sharding);
 		snprintf(query, sizeof query, "dtype=float32&shape=%d,%d&sharding=%s", ROWS, COLS, esc);
 		th_put_array(&D, "mx", query, x, ROWS * COLS * sizeof *x);
-		expect_data("mx", NULL, x, ROWS * COLS * sizeof *x, sharding);
-		expect_data("mx", "::3,::4", sl, ns * sizeof *sl, sharding);
+		th_expect_data(&D, "mx", NULL, x, ROWS * COLS * sizeof *x);
+		th_expect_data(&D, "mx", "::3,::4", sl, ns * sizeof *sl);
 		/* into the reversed mesh, every kind */
 		for (size_t kb = 0; kb < 3; kb++) {
 			snprintf(body, sizeof body,
@@ -284,20 +264,20 @@ START_TEST(mesh_of_two_backends)
 			         other, gpu, kinds[kb]);
 			res = th_post_json(&D, "/v1/arrays/mx:copy?wait=true", body, 200);
 			json_decref(res);
-			expect_data("my", NULL, x, ROWS * COLS * sizeof *x, body);
-			expect_data("my", "::3,::4", sl, ns * sizeof *sl, body);
+			th_expect_data(&D, "my", NULL, x, ROWS * COLS * sizeof *x);
+			th_expect_data(&D, "my", "::3,::4", sl, ns * sizeof *sl);
 			delete_array("my");
 		}
 		/* onto each backend alone, then back onto the mesh */
 		snprintf(body, sizeof body, "{\"device\": \"%s\", \"memory_kind\": \"device\"}", other);
 		json_decref(th_post_json(&D, "/v1/arrays/mx:put?wait=true", body, 200));
-		expect_data("mx", NULL, x, ROWS * COLS * sizeof *x, body);
+		th_expect_data(&D, "mx", NULL, x, ROWS * COLS * sizeof *x);
 		snprintf(body, sizeof body, "{\"device\": \"%s\", \"memory_kind\": \"device\"}", gpu);
 		json_decref(th_post_json(&D, "/v1/arrays/mx:put?wait=true", body, 200));
-		expect_data("mx", NULL, x, ROWS * COLS * sizeof *x, body);
+		th_expect_data(&D, "mx", NULL, x, ROWS * COLS * sizeof *x);
 		snprintf(body, sizeof body, "{\"sharding\": %s}", sharding);
 		json_decref(th_post_json(&D, "/v1/arrays/mx:put?wait=true", body, 200));
-		expect_data("mx", "::3,::4", sl, ns * sizeof *sl, body);
+		th_expect_data(&D, "mx", "::3,::4", sl, ns * sizeof *sl);
 		delete_array("mx");
 	}
 	free(sl);
@@ -320,10 +300,10 @@ START_TEST(strided_slice_of_a_device_array)
 		want[i] = x[4 * i];
 	snprintf(query, sizeof query, "dtype=float32&shape=%d&device=%s&memory_kind=device", N, gpu);
 	th_put_array(&D, "v", query, x, N * sizeof *x);
-	expect_data("v", "::4", want, N / 4 * sizeof *want, "v[::4]");
+	th_expect_data(&D, "v", "::4", want, N / 4 * sizeof *want);
 	for (size_t i = 0; i < N / 4; i++)
 		want[i] = x[N - 1 - 4 * i];
-	expect_data("v", "::-4", want, N / 4 * sizeof *want, "v[::-4]");
+	th_expect_data(&D, "v", "::-4", want, N / 4 * sizeof *want);
 	th_get(&D, "/v1/arrays/v/data?index=1::4&format=npy", &r);
 	ck_assert_int_eq(r.status, 200);
 	ck_assert_uint_gt(r.body_len, N / 4 * sizeof *want);
@@ -456,7 +436,7 @@ START_TEST(download_cut_short_by_a_device_error)
 		snprintf(query, sizeof query, "dtype=uint8&shape=4096&device=%s&memory_kind=device",
 		         other);
 		th_put_array(&D, "after", query, x, 4096);
-		expect_data("after", NULL, x, 4096, "an upload after the fault");
+		th_expect_data(&D, "after", NULL, x, 4096);
 	}
 	th_response_free(&r);
 	free(x);
