@@ -293,14 +293,10 @@ static void wait_in_use(struct th_daemon *d, const char *dev, const char *kind, 
 /* GET /v1/devices/dev/memory_stats (new reference). */
 static json_t *memory_stats(struct th_daemon *d, const char *dev)
 {
-	struct th_response r;
 	char path[128];
-	json_t *j;
 
 	snprintf(path, sizeof path, "/v1/devices/%s/memory_stats", B(dev));
-	j = json_incref(th_get_json(d, path, &r));
-	th_response_free(&r);
-	return j;
+	return th_get_object(d, path);
 }
 
 /* An ErrorInfo metadata value as a number (metadata values are strings in
@@ -2127,12 +2123,10 @@ static void import_path(struct th_daemon *d, const char *query, const char *path
 static json_t *wait_operation(struct th_daemon *d, const char *location)
 {
 	long long deadline = th_now_ms() + 5000;
-	struct th_response r;
 	json_t *op;
 
 	for (;;) {
-		op = json_incref(th_get_json(d, location, &r));
-		th_response_free(&r);
+		op = th_get_object(d, location);
 		if (th_bool(op, "done") || th_now_ms() > deadline)
 			break;
 		json_decref(op);

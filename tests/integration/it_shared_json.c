@@ -363,7 +363,6 @@ static void expect_all_succeeded(size_t n)
  * checked here rather than by a report.) */
 START_TEST(test_operands_across_threads)
 {
-	static const char *const json_h[] = {"Content-Type: application/json", NULL};
 	static const char model[] = "{\"name\": \"sm\", \"mlp\": {\"layers\": 2, \"d_model\": 32}, "
 	                            "\"loss\": \"sum\", \"optimizer\": {\"type\": \"sgd\", "
 	                            "\"learning_rate\": 0.001}}";
@@ -374,15 +373,10 @@ START_TEST(test_operands_across_threads)
 	unsigned bad = 0, requests = 0, done = 0;
 	const char *first = "";
 
-	th_request(&D, "POST", "/v1/models?wait=true", json_h, model, strlen(model), &r);
-	ck_assert_msg(r.status == 200, "model: %ld %s", r.status, r.body);
-	th_response_free(&r);
+	json_decref(th_post_json(&D, "/v1/models?wait=true", model, 200));
 	for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
 		x[i] = (float)(i % 7) / 7.0f - 0.5f;
-	th_request(&D, "PUT", "/v1/arrays/x?dtype=float32&shape=8,32", NULL, (const char *)x,
-	           sizeof x, &r);
-	ck_assert_msg(r.status == 201, "PUT x: %ld %s", r.status, r.body);
-	th_response_free(&r);
+	th_put_array(&D, "x", "dtype=float32&shape=8,32", x, sizeof x);
 
 	memset(t, 0, sizeof t);
 	for (int i = 0; i < 4; i++) {
