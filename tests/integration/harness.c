@@ -873,6 +873,22 @@ void th_put_array(struct th_daemon *d, const char *name, const char *query, cons
 	th_response_free(&r);
 }
 
+char *th_download(struct th_daemon *d, const char *name, size_t *n)
+{
+	struct th_response r;
+	char path[300], *x;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	th_get(d, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	*n = r.body_len;
+	x = malloc(r.body_len ? r.body_len : 1);
+	ck_assert_ptr_nonnull(x);
+	memcpy(x, r.body, r.body_len);
+	th_response_free(&r);
+	return x;
+}
+
 void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
                     size_t len)
 {

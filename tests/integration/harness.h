@@ -207,6 +207,10 @@ long th_get_status(struct th_daemon *d, const char *path);
 void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
                   size_t n);
 
+/* GET /v1/arrays/name/data: it must answer 200; returns the body (a new
+ * buffer the caller frees) and its length in *n. */
+char *th_download(struct th_daemon *d, const char *name, size_t *n);
+
 /* GET /v1/arrays/name/data, with ?index=index (escaped here) when index is
  * not NULL: it must answer 200 with exactly the len bytes of want. */
 void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,

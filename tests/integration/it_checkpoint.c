@@ -61,23 +61,6 @@ static void upload(struct th_daemon *d, const char *name, const float *x, size_t
 	th_put_array(d, name, query, x, rows * cols * sizeof *x);
 }
 
-/* An array's raw bytes (new buffer), *n bytes. */
-static char *download(struct th_daemon *d, const char *name, size_t *n)
-{
-	struct th_response r;
-	char path[256], *x;
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	th_get(d, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*n = r.body_len;
-	x = malloc(r.body_len ? r.body_len : 1);
-	ck_assert_ptr_nonnull(x);
-	memcpy(x, r.body, r.body_len);
-	th_response_free(&r);
-	return x;
-}
-
 /* The values of [-2, 2) the inputs and targets hold. */
 static float *make(size_t n, uint64_t seed)
 {
@@ -276,9 +259,9 @@ static void resume_case(const char *opt)
 		char *w0, *w1;
 
 		snprintf(a, sizeof a, "u.%s", adam_roles[r]);
-		w0 = download(&A, a, &n0);
+		w0 = th_download(&A, a, &n0);
 		snprintf(a, sizeof a, "c.%s", adam_roles[r]);
-		w1 = download(&Bd, a, &n1);
+		w1 = th_download(&Bd, a, &n1);
 		th_assert_bytes(a, w1, n1, w0, n0);
 		free(w0);
 		free(w1);

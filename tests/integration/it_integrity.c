@@ -86,23 +86,6 @@ static void put_floats(const char *name, size_t rows, size_t cols, float seed, c
 	free(x);
 }
 
-/* The bytes of an array (new buffer, caller frees). */
-static char *download(const char *name, size_t *n)
-{
-	struct th_response r;
-	char path[300], *x;
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	th_get(&D, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*n = r.body_len;
-	x = malloc(r.body_len ? r.body_len : 1);
-	ck_assert_ptr_nonnull(x);
-	memcpy(x, r.body, r.body_len);
-	th_response_free(&r);
-	return x;
-}
-
 static json_t *meta(const char *name)
 {
 	char path[300];
@@ -248,7 +231,7 @@ START_TEST(test_step_publishes_versions)
 	after = meta("v.w1");
 	ck_assert_str_ne(th_str(after, "etag"), etag0);
 	ck_assert_int_eq(th_int(after, "version"), th_int(before, "version") + 1);
-	trained = download("v.w1", &n_trained);
+	trained = th_download(&D, "v.w1", &n_trained);
 
 	/* a PUT guarded by the ETag taken before the step does not overwrite trained weights */
 	snprintf(hdr, sizeof hdr, "If-Match: %s", etag0);
@@ -256,7 +239,7 @@ START_TEST(test_step_publishes_versions)
 	           sizeof zeros, &r);
 	th_expect_error(&r, "PUT v.w1 If-Match old", 400, "FAILED_PRECONDITION", "ETAG_MISMATCH", NULL,
 	             NULL);
-	now = download("v.w1", &n_now);
+	now = th_download(&D, "v.w1", &n_now);
 	th_assert_bytes("v.w1 after the refused PUT", now, n_now, trained, n_trained);
 	/* with the current ETag it goes through */
 	snprintf(hdr, sizeof hdr, "If-Match: %s", th_str(after, "etag"));
@@ -304,8 +287,8 @@ START_TEST(test_recreated_model_is_new)
 	m = th_get_object(&D, "/v1/models/m");
 	ck_assert_int_eq(th_int(m, "steps"), 1);
 	json_decref(m);
-	mine = download("m.w1", &n_mine);
-	ref = download("ref.w1", &n_ref);
+	mine = th_download(&D, "m.w1", &n_mine);
+	ref = th_download(&D, "ref.w1", &n_ref);
 	th_assert_bytes("m.w1 after one step of the new model", mine, n_mine, ref, n_ref);
 	free(mine);
 	free(ref);
@@ -455,8 +438,8 @@ START_TEST(test_copy_overwrite_and_donate)
 	                "{\"out\": \"b\", \"device\": \"sim:1\", \"overwrite\": true}", 200);
 	ck_assert_str_eq(th_str(th_obj(res, "sharding"), "device"), th_dev(1));
 	json_decref(res);
-	a = download("a", &na);
-	b = download("b", &nb);
+	a = th_download(&D, "a", &na);
+	b = th_download(&D, "b", &nb);
 	th_assert_bytes("b after the overwriting copy", b, nb, a, na);
 	free(a);
 	free(b);
