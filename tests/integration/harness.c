@@ -934,6 +934,47 @@ void th_post_error(struct th_daemon *d, const char *path, const char *body, long
 	th_expect_error(&r, what, http, status, reason, word, word2);
 }
 
+bool th_spaces_match_shards(struct th_daemon *d, char *why, size_t cap)
+{
+	struct th_response r;
+	json_t *sums = json_object(), *a, *s, *list, *shard;
+	size_t i, k, o = 0;
+	bool ok = true;
+
+	list = th_arr(th_get_json(d, "/v1/arrays?page_size=1000", &r), "arrays");
+	ck_assert_ptr_null(json_object_get(th_json(&r), "next_page_token"));
+	json_array_foreach(list, i, a) {
+		json_array_foreach(th_arr(a, "shards"), k, shard) {
+			char key[64];
+
+			snprintf(key, sizeof key, "%s/%s", th_str(shard, "device"),
+			         th_str(shard, "memory_kind"));
+			json_object_set_new(sums, key,
+			                    json_integer(json_integer_value(json_object_get(sums, key)) +
+			                                 th_int(shard, "nbytes")));
+		}
+	}
+	th_response_free(&r);
+	why[0] = '\0';
+	list = th_arr(th_get_json(d, "/v1/memory", &r), "spaces");
+	json_array_foreach(list, i, s) {
+		char key[64];
+		json_int_t want;
+
+		snprintf(key, sizeof key, "%s/%s", th_str(s, "device"), th_str(s, "memory_kind"));
+		want = json_integer_value(json_object_get(sums, key));
+		if (th_int(s, "bytes_in_use") != want) {
+			ok = false;
+			o += (size_t)snprintf(why + o, cap > o ? cap - o : 0,
+			                      "%s holds %lld, its shards %lld; ", key,
+			                      (long long)th_int(s, "bytes_in_use"), (long long)want);
+		}
+	}
+	th_response_free(&r);
+	json_decref(sums);
+	return ok;
+}
+
 bool th_daemon_has_device(struct th_daemon *d, const char *id)
 {
 	struct th_response r;

@@ -216,6 +216,11 @@ char *th_download(struct th_daemon *d, const char *name, size_t *n);
 void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
                     size_t len);
 
+/* Whether every space's bytes_in_use (GET /v1/memory) equals the sum of
+ * the nbytes of the shards that GET /v1/arrays places in it: the daemon's
+ * accounting is exact. What differs goes to why (cap bytes). */
+bool th_spaces_match_shards(struct th_daemon *d, char *why, size_t cap);
+
 /* Fails the test unless r is the error th_assert_error checks (http,
  * status, reason) and its message contains word and word2 (each when not
  * NULL); what names the request in the failure. Frees r. */

@@ -2507,45 +2507,6 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* Whether every space's bytes_in_use equals the nbytes of the arrays the
- * list places in it; what differs goes to why. */
-static bool spaces_match_list(struct th_daemon *d, char *why, size_t cap)
-{
-	struct th_response r;
-	json_t *sums = json_object(), *a, *s, *list;
-	size_t i, o = 0;
-	bool ok = true;
-
-	/* (json_array_foreach evaluates its array once per element) */
-	list = th_arr(th_get_json(d, "/v1/arrays?page_size=1000", &r), "arrays");
-	json_array_foreach(list, i, a) {
-		char key[64];
-		json_t *sh = th_obj(a, "sharding");
-
-		snprintf(key, sizeof key, "%s/%s", th_str(sh, "device"), th_str(sh, "memory_kind"));
-		json_object_set_new(sums, key, json_integer(json_integer_value(json_object_get(sums, key)) +
-		                                            th_int(a, "nbytes")));
-	}
-	th_response_free(&r);
-	why[0] = '\0';
-	list = th_arr(th_get_json(d, "/v1/memory", &r), "spaces");
-	json_array_foreach(list, i, s) {
-		char key[64];
-		json_int_t want;
-
-		snprintf(key, sizeof key, "%s/%s", th_str(s, "device"), th_str(s, "memory_kind"));
-		want = json_integer_value(json_object_get(sums, key));
-		if (th_int(s, "bytes_in_use") != want) {
-			ok = false;
-			o += (size_t)snprintf(why + o, cap > o ? cap - o : 0, "%s holds %lld, its arrays %lld; ",
-			                      key, (long long)th_int(s, "bytes_in_use"), (long long)want);
-		}
-	}
-	th_response_free(&r);
-	json_decref(sums);
-	return ok;
-}
-
 START_TEST(test_concurrent_clients)
 {
 	struct worker w[CONC_THREADS];
@@ -2582,9 +2543,9 @@ START_TEST(test_concurrent_clients)
 	ck_assert_msg(ops >= 100, "only %lu requests in %d ms", ops, CONC_MS);
 
 	deadline = th_now_ms() + 3000;
-	while (!spaces_match_list(&D, why, sizeof why) && th_now_ms() < deadline)
+	while (!th_spaces_match_shards(&D, why, sizeof why) && th_now_ms() < deadline)
 		usleep(20000);
-	ck_assert_msg(spaces_match_list(&D, why, sizeof why), "after %lu requests: %s", ops, why);
+	ck_assert_msg(th_spaces_match_shards(&D, why, sizeof why), "after %lu requests: %s", ops, why);
 }
 END_TEST
 

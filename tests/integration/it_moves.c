@@ -444,58 +444,15 @@ static void expect_spaces(const char *want, int timeout_ms)
 	json_decref(w);
 }
 
-/* Whether every space's bytes_in_use equals the sum of the nbytes of the
- * shards that GET /v1/arrays places in it; what differs goes to why. */
-static bool spaces_match_shards(char *why, size_t cap)
-{
-	struct th_response r;
-	json_t *sums = json_object(), *a, *s, *list, *shard;
-	size_t i, k, o = 0;
-	bool ok = true;
-
-	list = th_arr(th_get_json(&D, "/v1/arrays?page_size=1000", &r), "arrays");
-	ck_assert_ptr_null(json_object_get(th_json(&r), "next_page_token"));
-	json_array_foreach(list, i, a) {
-		json_array_foreach(th_arr(a, "shards"), k, shard) {
-			char key[64];
-
-			snprintf(key, sizeof key, "%s/%s", th_str(shard, "device"),
-			         th_str(shard, "memory_kind"));
-			json_object_set_new(sums, key,
-			                    json_integer(json_integer_value(json_object_get(sums, key)) +
-			                                 th_int(shard, "nbytes")));
-		}
-	}
-	th_response_free(&r);
-	why[0] = '\0';
-	list = th_arr(th_get_json(&D, "/v1/memory", &r), "spaces");
-	json_array_foreach(list, i, s) {
-		char key[64];
-		json_int_t want;
-
-		snprintf(key, sizeof key, "%s/%s", th_str(s, "device"), th_str(s, "memory_kind"));
-		want = json_integer_value(json_object_get(sums, key));
-		if (th_int(s, "bytes_in_use") != want) {
-			ok = false;
-			o += (size_t)snprintf(why + o, cap > o ? cap - o : 0,
-			                      "%s holds %lld, its shards %lld; ", key,
-			                      (long long)th_int(s, "bytes_in_use"), (long long)want);
-		}
-	}
-	th_response_free(&r);
-	json_decref(sums);
-	return ok;
-}
-
 /* Every operation listed is done; the accounting is exact within 5 s. */
 static void expect_exact_accounting(const char *when)
 {
 	long long deadline = th_now_ms() + 5000;
 	char why[4096];
 
-	while (!spaces_match_shards(why, sizeof why) && th_now_ms() < deadline)
+	while (!th_spaces_match_shards(&D, why, sizeof why) && th_now_ms() < deadline)
 		usleep(20000);
-	ck_assert_msg(spaces_match_shards(why, sizeof why), "%s: %s", when, why);
+	ck_assert_msg(th_spaces_match_shards(&D, why, sizeof why), "%s: %s", when, why);
 }
 
 /* The shard of a metadata "shards" list on device (borrowed); fails the
