@@ -126,16 +126,17 @@ static json_t *client_json(struct client *w, const char *what, const struct th_r
 	return j;
 }
 
-static void do_move(struct client *w, int round)
+/* POST /v1/arrays/sj<i><verb>?wait=true with body: the finished move's
+ * result, the array, must carry the metadata (or be refused 409 while an
+ * import holds it). */
+static void move_checked(struct client *w, int round, const char *verb, const char *body)
 {
 	struct th_response r;
 	char path[128];
-	const char *body = round % 2 ? "{\"memory_kind\": \"pinned_host\"}"
-	                             : "{\"memory_kind\": \"device\"}";
 
-	snprintf(path, sizeof path, "/v1/arrays/sj%d:put?wait=true", round % NARRAYS);
+	snprintf(path, sizeof path, "/v1/arrays/sj%d%s?wait=true", round % NARRAYS, verb);
 	if (client_call(w, "POST", path, body, strlen(body), "200 409", &r) && r.status == 200) {
-		json_t *a = client_json(w, path, &r);     /* the finished move's result */
+		json_t *a = client_json(w, path, &r);
 
 		check_meta(w, path, a, &r);
 		json_decref(a);
@@ -143,21 +144,19 @@ static void do_move(struct client *w, int round)
 	th_response_free(&r);
 }
 
+static void do_move(struct client *w, int round)
+{
+	move_checked(w, round, ":put", round % 2 ? "{\"memory_kind\": \"pinned_host\"}"
+	                                         : "{\"memory_kind\": \"device\"}");
+}
+
 static void do_copy(struct client *w, int round)
 {
-	struct th_response r;
-	char path[128], body[160];
+	char body[160];
 
-	snprintf(path, sizeof path, "/v1/arrays/sj%d:copy?wait=true", round % NARRAYS);
 	snprintf(body, sizeof body, "{\"out\": \"sjc%d\", \"overwrite\": true, \"memory_kind\": \"%s\"}",
 	         round % NARRAYS, round % 2 ? "device" : "unpinned_host");
-	if (client_call(w, "POST", path, body, strlen(body), "200 409", &r) && r.status == 200) {
-		json_t *a = client_json(w, path, &r);     /* the finished move's result */
-
-		check_meta(w, path, a, &r);
-		json_decref(a);
-	}
-	th_response_free(&r);
+	move_checked(w, round, ":copy", body);
 }
 
 static void do_import(struct client *w, int round)
