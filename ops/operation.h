@@ -180,8 +180,8 @@ ts_status ts_operation_cancel(struct ts_operation *op, struct ts_error *err);
 bool ts_operation_cancelled(const struct ts_operation *op);
 
 /* Stores the result of a successful run (steals the reference, which must
- * be the caller's alone, all of it new: asserted at the top; replaces an
- * earlier one). For the work, on its thread. Once stored the value is the
+ * be the only one, asserted, to a value built of nothing another thread
+ * holds; replaces an earlier one). For the work, on its thread. Once stored the value is the
  * operation's, read under its lock and copied into every snapshot, never
  * shared by reference (docs/ARCHITECTURE.md's jansson rule). */
 void ts_operation_set_result(struct ts_operation *op, json_t *result);
