@@ -15,10 +15,10 @@
  * a message naming the tensor, field and numbers; out of memory is
  * TS_RESOURCE_EXHAUSTED.
  *
- * Thread-safety: pure functions; a ts_st_header belongs to one thread. Its
- * metadata is a jansson value shared by reference (json_incref, atomic in
- * jansson 2.14) and never changed once another thread can reach it: the
- * rule for every jansson value (docs/ARCHITECTURE.md).
+ * Thread-safety: pure functions; a ts_st_header belongs to one thread, and
+ * so does its metadata: whoever hands it to another thread hands a copy
+ * (json_deep_copy), never a reference, the rule for every jansson value
+ * (docs/ARCHITECTURE.md).
  */
 #ifndef TS_SAFETENSORS_H
 #define TS_SAFETENSORS_H

@@ -203,8 +203,14 @@ json_t *ts_h_array_json(const struct ts_array *a)
 	if (o)
 		json_object_set_new(o, "implicit_transfer_bytes",
 		                    json_integer((json_int_t)ts_array_implicit_bytes(a)));
-	if (o && ts_array_metadata(a))
-		json_object_set(o, "metadata", ts_array_metadata(a));
+	/* a copy: the version's metadata is its own (storage/array.h), and a
+	 * reference here would be counted on this thread while others count
+	 * theirs */
+	if (o && ts_array_metadata(a) &&
+	    json_object_set_new(o, "metadata", json_deep_copy(ts_array_metadata(a))) != 0) {
+		json_decref(o);
+		o = NULL;
+	}
 	return o;
 }
 

@@ -647,7 +647,7 @@ struct step {
 	struct ts_model model;
 	struct ts_policy policy;
 	uint64_t steps;
-	json_t *inputs, *targets;          /* the request's fields (own references) */
+	json_t *inputs, *targets;          /* copies of the request's fields (own) */
 	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
 	char op_id[40];                    /* the holder, once submitted */
 	struct batches {                   /* a data-driven run: a batch per step */
@@ -908,7 +908,7 @@ static bool step_cancelled(void *arg)
 static ts_status private_version(const struct ts_core *core, const struct ts_array *cur,
                                  struct ts_array **out, struct ts_error *err)
 {
-	json_t *meta = ts_array_metadata(cur);
+	const json_t *meta = ts_array_metadata(cur);
 	ts_status st;
 
 	st = ts_array_new(ts_array_name(cur), ts_array_desc(cur), ts_array_placement(cur),
@@ -1525,8 +1525,13 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	if (step_policy(call->core, &s->model, pl, true, &s->policy, &err) != TS_OK)
 		goto out_fail;
 	s->steps = (uint64_t)steps;
-	s->inputs = json_incref(inputs);
-	s->targets = targets ? json_incref(targets) : NULL;
+	/* copies: the worker drops them while this thread drops the body */
+	s->inputs = json_deep_copy(inputs);
+	s->targets = targets ? json_deep_copy(targets) : NULL;
+	if (!s->inputs || (targets && !s->targets)) {
+		ts_error_oom(&err, "no memory for the request's operands");
+		goto out_fail;
+	}
 	/* the model's arrays by role, by the versions current now, to be held */
 	if (hold_roles(call->core, s, param_roles, sizeof param_roles / sizeof param_roles[0],
 	               "steps", &err) != TS_OK ||
@@ -1842,8 +1847,13 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 		goto out_fail;
 	if (step_policy(call->core, &s->model, pl, true, &s->policy, &err) != TS_OK)
 		goto out_fail;
-	s->inputs = json_incref(inputs);
-	s->targets = targets ? json_incref(targets) : NULL;
+	/* copies: the worker drops them while this thread drops the body */
+	s->inputs = json_deep_copy(inputs);
+	s->targets = targets ? json_deep_copy(targets) : NULL;
+	if (!s->inputs || (targets && !s->targets)) {
+		ts_error_oom(&err, "no memory for the request's operands");
+		goto out_fail;
+	}
 	/* the parameters by role, as current now, held for reading */
 	if (hold_roles(call->core, s, eval_roles, sizeof eval_roles / sizeof eval_roles[0], "evaluations", &err) != TS_OK ||
 	    submit(call, reply, s, "evaluate", 1, "passes", eval_run, &err) != TS_OK)

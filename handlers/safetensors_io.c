@@ -136,8 +136,15 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 			s = ts_array_new(name, &d, &im->placement, im->core->memory, &arrays[i], err);
 		if (s != TS_OK)
 			return s;
-		if (st->metadata)
-			ts_array_set_metadata(arrays[i], json_incref(st->metadata));
+		if (st->metadata) {
+			/* one copy per array: a version's metadata is its own */
+			json_t *meta = json_deep_copy(st->metadata);
+
+			if (!meta)
+				return ts_error_oom(err, "no memory for the metadata of array '%s'",
+				                    name);
+			ts_array_set_metadata(arrays[i], meta);
+		}
 	}
 	return TS_OK;
 }
@@ -462,8 +469,12 @@ static ts_status import_complete(struct import *im, json_t **result, struct ts_e
 	for (size_t i = 0; list && i < im->rx.st.ntensors; i++)
 		json_array_append_new(list, ts_h_array_json(im->rx.arrays[i]));
 	*result = json_pack("{s:o*}", "arrays", list);
-	if (*result && im->rx.st.metadata)
-		json_object_set(*result, "metadata", im->rx.st.metadata);
+	/* the result is the operation's alone: a copy, not the header's value */
+	if (*result && im->rx.st.metadata &&
+	    json_object_set_new(*result, "metadata", json_deep_copy(im->rx.st.metadata)) != 0) {
+		json_decref(*result);
+		*result = NULL;
+	}
 	return TS_OK;
 }
 
@@ -645,14 +656,15 @@ static json_t *export_metadata(struct ts_array *const *arrs, size_t n)
 	json_t *meta = NULL;
 
 	for (size_t i = 0; i < n; i++) {
-		json_t *m = ts_array_metadata(arrs[i]);
+		const json_t *m = ts_array_metadata(arrs[i]);
 
 		if (!m)
 			continue;
 		if (!meta)
 			meta = json_object();
+		/* copied: update_missing would take references to the version's own values */
 		if (meta)
-			json_object_update_missing(meta, m);
+			json_object_update_missing_new(meta, json_deep_copy(m));
 	}
 	return meta;
 }

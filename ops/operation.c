@@ -33,7 +33,8 @@
 #include "common/registry.h"
 #include "common/units.h"
 
-/* Values are shared between threads by reference (docs/ARCHITECTURE.md). */
+/* A result set on a worker is freed on whichever thread drops the
+ * operation (docs/ARCHITECTURE.md's jansson rule). */
 #if !JANSSON_THREAD_SAFE_REFCOUNT
 #error "jansson without atomic reference counts (JANSSON_THREAD_SAFE_REFCOUNT)"
 #endif
@@ -885,6 +886,8 @@ void ts_operation_set_result(struct ts_operation *op, json_t *result)
 {
 	json_t *old;
 
+	/* the operation's alone (docs/ARCHITECTURE.md's jansson rule) */
+	assert(!result || result->refcount == 1);
 	ts_mutex_lock(&op->lk);
 	old = op->result;
 	op->result = result;
@@ -979,7 +982,8 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	out->error = op->error;
 	/* copied: the snapshot's readers take and drop references on their own
 	 * threads, and jansson's json_incref reads the count unsynchronised
-	 * before its atomic increment (a race ThreadSanitizer reports) */
+	 * before its atomic increment (a race ThreadSanitizer reports); the
+	 * result's own count is touched only by its owner, the operation */
 	out->result = op->state == TS_OP_SUCCEEDED ? json_deep_copy(op->result) : NULL;
 	ts_mutex_unlock(&o->lk);
 	out->done = state_final(out->state);

@@ -179,10 +179,11 @@ ts_status ts_operation_cancel(struct ts_operation *op, struct ts_error *err);
 /* Whether cancellation was requested (for the work to check). */
 bool ts_operation_cancelled(const struct ts_operation *op);
 
-/* Stores the result of a successful run (steals the reference; replaces an
- * earlier one). For the work, on its thread. Once stored the value is
- * shared with every snapshot and never changed (docs/ARCHITECTURE.md's
- * jansson rule): build a new one to change it. */
+/* Stores the result of a successful run (steals the reference, which must
+ * be the only one, asserted, to a value built of nothing another thread
+ * holds; replaces an earlier one). For the work, on its thread. Once stored the value is the
+ * operation's, read under its lock and copied into every snapshot, never
+ * shared by reference (docs/ARCHITECTURE.md's jansson rule). */
 void ts_operation_set_result(struct ts_operation *op, json_t *result);
 
 /*
@@ -203,7 +204,8 @@ bool ts_operation_block(struct ts_operation *op, uint64_t timeout_ns);
 
 /* A consistent snapshot for rendering (progress is read from the atomics at
  * the same moment, without the registry's lock). error and result are
- * copies / new references owned by the snapshot (ts_op_snapshot_release). */
+ * copies owned by the snapshot (ts_op_snapshot_release), the caller's to
+ * reference, change or hand on. */
 struct ts_op_snapshot {
 	char id[40];
 	char kind[16];
@@ -214,7 +216,7 @@ struct ts_op_snapshot {
 	uint64_t done_units, total_units;
 	uint64_t create_ns, start_ns, end_ns;   /* wall clock; 0 when not yet */
 	struct ts_error error;         /* FAILED / CANCELLED */
-	json_t *result;                /* SUCCEEDED: new reference or NULL; shared, never modify */
+	json_t *result;                /* SUCCEEDED: a copy (own) or NULL */
 };
 void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot *out);
 void ts_op_snapshot_release(struct ts_op_snapshot *s);

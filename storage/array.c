@@ -18,7 +18,8 @@
 #include "common/registry.h"
 #include "common/units.h"
 
-/* Values are shared between threads by reference (docs/ARCHITECTURE.md). */
+/* A version's last reference may go on any thread, and its metadata with it
+ * (docs/ARCHITECTURE.md's jansson rule). */
 #if !JANSSON_THREAD_SAFE_REFCOUNT
 #error "jansson without atomic reference counts (JANSSON_THREAD_SAFE_REFCOUNT)"
 #endif
@@ -32,7 +33,7 @@ struct ts_array {
 	struct ts_shard_box boxes[TS_MESH_MAX_DEVICES];   /* immutable */
 	struct ts_buffer *bufs[TS_MESH_MAX_DEVICES];      /* immutable; own references */
 	struct ts_layout layout;                /* immutable */
-	json_t *metadata;                       /* immutable after publish */
+	json_t *metadata;                       /* immutable after publish; own, unshared */
 	uint64_t implicit_bytes;                /* immutable after publish */
 	char owner[112];                        /* immutable after publish */
 	char held_by[40];                       /* guarded by: the catalog's lock */
@@ -323,7 +324,7 @@ uint64_t ts_array_version(const struct ts_array *a) { return a->version; }
 const char *ts_array_etag(const struct ts_array *a) { return a->etag; }
 uint64_t ts_array_created_ns(const struct ts_array *a) { return a->created_ns; }
 uint64_t ts_array_updated_ns(const struct ts_array *a) { return a->updated_ns; }
-json_t *ts_array_metadata(const struct ts_array *a) { return a->metadata; }
+const json_t *ts_array_metadata(const struct ts_array *a) { return a->metadata; }
 uint64_t ts_array_implicit_bytes(const struct ts_array *a) { return a->implicit_bytes; }
 void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n)
 {
@@ -334,6 +335,8 @@ void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n)
 void ts_array_set_metadata(struct ts_array *a, json_t *meta)
 {
 	assert(!a->published);
+	/* the version's alone, never shared (jansson's singletons count nothing) */
+	assert(!meta || meta->refcount == 1 || meta->refcount == (size_t)-1);
 	json_decref(a->metadata);
 	a->metadata = meta;
 }
@@ -350,9 +353,13 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
                                struct ts_error *err)
 {
 	struct ts_array *v = calloc(1, sizeof *v);
+	json_t *meta = a->metadata ? json_deep_copy(a->metadata) : NULL;
 
-	if (!v)
+	if (!v || (a->metadata && !meta)) {
+		free(v);
+		json_decref(meta);
 		return ts_error_oom(err, "no memory for a new version of array '%s'", a->name);
+	}
 	/* field by field: the counts and the hold are the new version's own */
 	atomic_init(&v->refs, 1);
 	memcpy(v->name, a->name, sizeof v->name);
@@ -363,7 +370,7 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		v->bufs[i] = a->bufs[i] ? ts_buffer_ref(a->bufs[i]) : NULL;
 	v->layout = a->layout;
-	v->metadata = json_incref(a->metadata);   /* shared: never changed once published */
+	v->metadata = meta;                       /* its own copy: never shared by reference */
 	v->implicit_bytes = a->implicit_bytes;
 	memcpy(v->owner, a->owner, sizeof v->owner);
 	*out = v;

@@ -29,7 +29,10 @@
  * versions are shared read-only between threads through reference counts.
  * A published version is never written (its buffers only by the operation
  * holding it); debug builds (TS_DEBUG) seal it at publish and check the
- * seal when it is replaced, deleted or freed.
+ * seal when it is replaced, deleted or freed. A version's metadata (a
+ * jansson value) is the version's alone: other threads only read it, and
+ * its reference count is never touched but by the version's last
+ * ts_array_unref (the jansson rule, docs/ARCHITECTURE.md).
  */
 #ifndef TS_ARRAY_H
 #define TS_ARRAY_H
@@ -128,12 +131,20 @@ uint64_t ts_array_updated_ns(const struct ts_array *a);
 uint64_t ts_array_implicit_bytes(const struct ts_array *a);
 void ts_array_set_implicit_bytes(struct ts_array *a, uint64_t n);
 
-/* Free-form string metadata kept with the array (safetensors __metadata__);
- * borrowed, may be NULL. Set only before publishing; steals the reference.
- * Shared between versions and threads by reference and never changed (the
- * jansson rule, docs/ARCHITECTURE.md): take a reference or a copy, never
- * modify the value returned. */
-json_t *ts_array_metadata(const struct ts_array *a);
+/*
+ * Free-form string metadata kept with the array (safetensors __metadata__);
+ * borrowed, may be NULL. Each version owns its own value: it is read-only
+ * for everyone (getters, iteration, json_dumps, json_deep_copy) and never
+ * shared by reference, because jansson's json_incref/json_decref read the
+ * count before their atomic update, so two threads counting references to
+ * one value race (docs/ARCHITECTURE.md). Hence const: a reader that keeps
+ * it or puts it in a reply or a result takes a copy (json_deep_copy), never
+ * a reference (json_incref, json_object_set, "O" in json_pack).
+ *
+ * ts_array_set_metadata, only before publishing, steals meta, which must be
+ * the caller's alone (a new value or a copy, one reference: asserted).
+ */
+const json_t *ts_array_metadata(const struct ts_array *a);
 void ts_array_set_metadata(struct ts_array *a, json_t *meta);
 
 /* The owner of an array's name ("model 'm'"), "" when none. Set only before
@@ -143,9 +154,10 @@ void ts_array_set_owner(struct ts_array *a, const char *owner);
 
 /*
  * A new unpublished version of a sharing its buffers, desc, placement,
- * metadata, implicit-transfer count and owner: what a training step
- * publishes after updating a's buffers in place, so that the version and
- * ETag change with the bytes. New reference in *out.
+ * implicit-transfer count and owner, with a copy of its metadata: what a
+ * training step publishes after updating a's buffers in place, so that the
+ * version and ETag change with the bytes. New reference in *out. Fails
+ * (RESOURCE_EXHAUSTED) only when out of memory.
  */
 ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
                                struct ts_error *err);

@@ -137,8 +137,14 @@ ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stag
 		return s;
 	if (cancelled && cancelled(arg))
 		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the move was cancelled");
-	if (ts_array_metadata(mv->src))
-		ts_array_set_metadata(mv->dst, json_incref(ts_array_metadata(mv->src)));
+	if (ts_array_metadata(mv->src)) {
+		/* a copy: the source version's value is its own (array.h) */
+		json_t *meta = json_deep_copy(ts_array_metadata(mv->src));
+
+		if (!meta)
+			return ts_error_oom(err, "no memory for the metadata of array '%s'", mv->name);
+		ts_array_set_metadata(mv->dst, meta);
+	}
 	if (mv->rename) {
 		pre.create_only = !mv->spec.overwrite;
 		s = ts_catalog_put(cat, mv->dst, &pre, NULL, err);

@@ -544,6 +544,21 @@ char *th_daemon_stderr(const struct th_daemon *d)
 	return s ? s : strdup("");
 }
 
+void th_expect_no_sanitizer_report(const struct th_daemon *d)
+{
+	static const char *const marks[] = {"WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
+	                                    "ERROR: LeakSanitizer", "runtime error:"};
+	char *err = th_daemon_stderr(d);
+
+	for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
+		const char *at = strstr(err, marks[i]);
+
+		if (at)
+			ck_abort_msg("tstaged reported:\n%.3500s", at);
+	}
+	free(err);
+}
+
 void th_daemon_cleanup(struct th_daemon *d)
 {
 	remove_dir(d->dir);
@@ -803,6 +818,161 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 	j = th_json(r);
 	ck_assert_msg(json_is_object(j), "GET %s: body is not a JSON object: %s", path, r->body);
 	return j;
+}
+
+void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r)
+{
+	static const char *const json_headers[] = {"Content-Type: application/json", NULL};
+
+	th_request(d, "POST", path, body ? json_headers : NULL, body, body ? strlen(body) : 0, r);
+}
+
+json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want)
+{
+	struct th_response r;
+	json_t *j;
+
+	th_post(d, path, body, &r);
+	ck_assert_msg(r.status == want, "POST %s %.2000s: %ld, want %ld: %s", path,
+	              body ? body : "", r.status, want, r.body);
+	j = json_incref(th_json(&r));
+	th_response_free(&r);
+	return j;
+}
+
+json_t *th_get_object(struct th_daemon *d, const char *path)
+{
+	struct th_response r;
+	json_t *j = json_incref(th_get_json(d, path, &r));
+
+	th_response_free(&r);
+	return j;
+}
+
+long th_get_status(struct th_daemon *d, const char *path)
+{
+	struct th_response r;
+	long st;
+
+	th_get(d, path, &r);
+	st = r.status;
+	th_response_free(&r);
+	return st;
+}
+
+void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
+                  size_t n)
+{
+	struct th_response r;
+	char path[2048];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s%s%s", name, query && *query ? "?" : "",
+	         query ? query : "");
+	th_request(d, "PUT", path, NULL, data, n, &r);
+	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+}
+
+char *th_download(struct th_daemon *d, const char *name, size_t *n)
+{
+	struct th_response r;
+	char path[300], *x;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	th_get(d, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	*n = r.body_len;
+	x = malloc(r.body_len ? r.body_len : 1);
+	ck_assert_ptr_nonnull(x);
+	memcpy(x, r.body, r.body_len);
+	th_response_free(&r);
+	return x;
+}
+
+void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
+                    size_t len)
+{
+	struct th_response r;
+	char path[1024], esc[512], what[1100];
+
+	if (index) {
+		th_url_escape(esc, sizeof esc, index);
+		snprintf(path, sizeof path, "/v1/arrays/%s/data?index=%s", name, esc);
+	} else {
+		snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	}
+	th_get(d, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	snprintf(what, sizeof what, "GET %s", path);
+	th_assert_bytes(what, r.body, r.body_len, want, len);
+	th_response_free(&r);
+}
+
+void th_expect_error(struct th_response *r, const char *what, long http, const char *status,
+                     const char *reason, const char *word, const char *word2)
+{
+	const char *msg;
+
+	ck_assert_msg(r->status == http, "%s: %ld, want %ld: %s", what, r->status, http, r->body);
+	th_assert_error(r, http, status, reason);
+	msg = th_str(th_obj(th_json(r), "error"), "message");
+	ck_assert_msg(!word || strstr(msg, word), "%s: the message does not name '%s': %s", what,
+	              word, msg);
+	ck_assert_msg(!word2 || strstr(msg, word2), "%s: the message does not name '%s': %s", what,
+	              word2, msg);
+	th_response_free(r);
+}
+
+void th_post_error(struct th_daemon *d, const char *path, const char *body, long http,
+                   const char *status, const char *reason, const char *word, const char *word2)
+{
+	struct th_response r;
+	char what[600];
+
+	snprintf(what, sizeof what, "POST %s %.400s", path, body ? body : "");
+	th_post(d, path, body, &r);
+	th_expect_error(&r, what, http, status, reason, word, word2);
+}
+
+bool th_spaces_match_shards(struct th_daemon *d, char *why, size_t cap)
+{
+	struct th_response r;
+	json_t *sums = json_object(), *a, *s, *list, *shard;
+	size_t i, k, o = 0;
+	bool ok = true;
+
+	list = th_arr(th_get_json(d, "/v1/arrays?page_size=1000", &r), "arrays");
+	ck_assert_ptr_null(json_object_get(th_json(&r), "next_page_token"));
+	json_array_foreach(list, i, a) {
+		json_array_foreach(th_arr(a, "shards"), k, shard) {
+			char key[64];
+
+			snprintf(key, sizeof key, "%s/%s", th_str(shard, "device"),
+			         th_str(shard, "memory_kind"));
+			json_object_set_new(sums, key,
+			                    json_integer(json_integer_value(json_object_get(sums, key)) +
+			                                 th_int(shard, "nbytes")));
+		}
+	}
+	th_response_free(&r);
+	why[0] = '\0';
+	list = th_arr(th_get_json(d, "/v1/memory", &r), "spaces");
+	json_array_foreach(list, i, s) {
+		char key[64];
+		json_int_t want;
+
+		snprintf(key, sizeof key, "%s/%s", th_str(s, "device"), th_str(s, "memory_kind"));
+		want = json_integer_value(json_object_get(sums, key));
+		if (th_int(s, "bytes_in_use") != want) {
+			ok = false;
+			o += (size_t)snprintf(why + o, cap > o ? cap - o : 0,
+			                      "%s holds %lld, its shards %lld; ", key,
+			                      (long long)th_int(s, "bytes_in_use"), (long long)want);
+		}
+	}
+	th_response_free(&r);
+	json_decref(sums);
+	return ok;
 }
 
 bool th_daemon_has_device(struct th_daemon *d, const char *id)

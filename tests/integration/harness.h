@@ -122,6 +122,11 @@ void th_daemon_stop_ok(struct th_daemon *d);
 /* The daemon's stderr so far (new NUL-terminated string, caller frees). */
 char *th_daemon_stderr(const struct th_daemon *d);
 
+/* Fails the test when the daemon's stderr so far holds a sanitizer's
+ * report (ThreadSanitizer, AddressSanitizer, LeakSanitizer, UBSan), showing
+ * its start. Room for the stacks: check_set_max_msg_size(32768) in main. */
+void th_expect_no_sanitizer_report(const struct th_daemon *d);
+
 /* Removes a stopped daemon's files (after th_daemon_stop(d, true)). */
 void th_daemon_cleanup(struct th_daemon *d);
 
@@ -174,6 +179,57 @@ void th_get(struct th_daemon *d, const char *path, struct th_response *r);
 json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r);
 
 void th_response_free(struct th_response *r);
+
+/*
+ * The requests every suite sends, each with one behaviour. Path and body
+ * go as given (a suite that writes them for sim and runs them on the
+ * backend under test passes them through th_on_backend first); every
+ * failure fails the test with the request and the answer in the message.
+ */
+
+/* POST path with body (NUL-terminated JSON text, Content-Type
+ * application/json; NULL sends none); the answer in r. */
+void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r);
+
+/* th_post; the status must be want and the body JSON: returns it (new
+ * reference). */
+json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want);
+
+/* th_get_json's checks (200, a JSON object); returns the object (new
+ * reference), the response freed. */
+json_t *th_get_object(struct th_daemon *d, const char *path);
+
+/* The status of GET path. */
+long th_get_status(struct th_daemon *d, const char *path);
+
+/* PUT /v1/arrays/name?query (query NULL or "" for none) with n bytes of
+ * data; the status must be 200 or 201. */
+void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
+                  size_t n);
+
+/* GET /v1/arrays/name/data: it must answer 200; returns the body (a new
+ * buffer the caller frees) and its length in *n. */
+char *th_download(struct th_daemon *d, const char *name, size_t *n);
+
+/* GET /v1/arrays/name/data, with ?index=index (escaped here) when index is
+ * not NULL: it must answer 200 with exactly the len bytes of want. */
+void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
+                    size_t len);
+
+/* Whether every space's bytes_in_use (GET /v1/memory) equals the sum of
+ * the nbytes of the shards that GET /v1/arrays places in it: the daemon's
+ * accounting is exact. What differs goes to why (cap bytes). */
+bool th_spaces_match_shards(struct th_daemon *d, char *why, size_t cap);
+
+/* Fails the test unless r is the error th_assert_error checks (http,
+ * status, reason) and its message contains word and word2 (each when not
+ * NULL); what names the request in the failure. Frees r. */
+void th_expect_error(struct th_response *r, const char *what, long http, const char *status,
+                     const char *reason, const char *word, const char *word2);
+
+/* th_post, then th_expect_error on the answer. */
+void th_post_error(struct th_daemon *d, const char *path, const char *body, long http,
+                   const char *status, const char *reason, const char *word, const char *word2);
 
 /* Value of a response header (case-insensitive name), or NULL (borrowed). */
 const char *th_header(const struct th_response *r, const char *name);

@@ -158,19 +158,6 @@ static void get_data(struct th_daemon *d, const char *name, const char *query,
 	th_request(d, "GET", path, headers, NULL, 0, r);
 }
 
-/* The raw data of name must be exactly want. */
-static void expect_data(struct th_daemon *d, const char *name, const void *want, size_t len)
-{
-	struct th_response r;
-	char what[200];
-
-	get_data(d, name, NULL, NULL, &r);
-	ck_assert_msg(r.status == 200, "GET %s/data: %ld %s", name, r.status, r.body);
-	snprintf(what, sizeof what, "data of '%s'", name);
-	th_assert_bytes(what, r.body, r.body_len, want, len);
-	th_response_free(&r);
-}
-
 static json_t *get_meta(struct th_daemon *d, const char *name, struct th_response *r)
 {
 	char path[300];
@@ -306,14 +293,10 @@ static void wait_in_use(struct th_daemon *d, const char *dev, const char *kind, 
 /* GET /v1/devices/dev/memory_stats (new reference). */
 static json_t *memory_stats(struct th_daemon *d, const char *dev)
 {
-	struct th_response r;
 	char path[128];
-	json_t *j;
 
 	snprintf(path, sizeof path, "/v1/devices/%s/memory_stats", B(dev));
-	j = json_incref(th_get_json(d, path, &r));
-	th_response_free(&r);
-	return j;
+	return th_get_object(d, path);
 }
 
 /* An ErrorInfo metadata value as a number (metadata values are strings in
@@ -606,7 +589,7 @@ START_TEST(test_raw_scalar_and_empty)
 	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
 	ck_assert_int_eq(json_array_size(th_arr(th_json(&r), "shape")), 0);
 	th_response_free(&r);
-	expect_data(&D, "scalar", &v, sizeof v);
+	th_expect_data(&D, "scalar", NULL, &v, sizeof v);
 	get_data(&D, "scalar", NULL, NULL, &r);
 	ck_assert_str_eq(th_header(&r, "X-Tstage-Dtype"), "float64");
 	shape_header_ok(&r, "scalar", "[]", header_problem, sizeof header_problem);
@@ -679,7 +662,7 @@ START_TEST(test_npy_fixtures)
 			              "%s: dtype %s, want %s", cas, th_str(th_json(&r), "dtype"), dtype);
 			ck_assert_msg(json_equal(th_arr(th_json(&r), "shape"), shape), "%s: shape", cas);
 			th_response_free(&r);
-			expect_data(&D, name, raw, raw_len);
+			th_expect_data(&D, name, NULL, raw, raw_len);
 
 			get_data(&D, name, "format=npy", NULL, &r);
 			ck_assert_int_eq(r.status, 200);
@@ -808,7 +791,7 @@ START_TEST(test_placements)
 		json_object_set_new(held, key, json_integer(want));
 		ck_assert_msg(in_use(&D, pl[i].dev, pl[i].kind) == want, "%s holds %lld, want %lld",
 		              key, in_use(&D, pl[i].dev, pl[i].kind), (long long)want);
-		expect_data(&D, name, data, len);
+		th_expect_data(&D, name, NULL, data, len);
 		free(data);
 	}
 
@@ -1254,8 +1237,8 @@ START_TEST(test_gather)
 		ck_assert(th_bool(j, "committed") == (*cases[i].out_place != '\0'));
 		th_response_free(&r);
 		n = reference_rows(parent, cases[i].list, cases[i].n, want);
-		expect_data(&D, out, want, n * 2);
-		expect_data(&D, src, parent, sizeof parent);     /* the source is untouched */
+		th_expect_data(&D, out, NULL, want, n * 2);
+		th_expect_data(&D, src, NULL, parent, sizeof parent);     /* the source is untouched */
 	}
 	{
 		/* gathering onto an existing name replaces it */
@@ -1267,7 +1250,7 @@ START_TEST(test_gather)
 		ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
 		ck_assert_int_eq(th_int(th_json(&r), "version"), 2);
 		th_response_free(&r);
-		expect_data(&D, "out1", want, n * 2);
+		th_expect_data(&D, "out1", NULL, want, n * 2);
 	}
 }
 END_TEST
@@ -1323,7 +1306,7 @@ START_TEST(test_gather_errors)
 		expect_absent(&D, "o");
 	}
 	wait_all_in_use(&D, before, 2000);
-	expect_data(&D, "big", big, 40 * MiB);
+	th_expect_data(&D, "big", NULL, big, 40 * MiB);
 	free(before);
 	free(big);
 }
@@ -1413,7 +1396,7 @@ START_TEST(test_admission_before_body)
 	expect_absent(&D, "huge");
 	expect_absent(&D, "small");
 	ck_assert_int_eq(version_of(&D, "resident"), 1);
-	expect_data(&D, "resident", resident, 40 * MiB);
+	th_expect_data(&D, "resident", NULL, resident, 40 * MiB);
 	th_get(&D, "/livez", &r);
 	ck_assert_int_eq(r.status, 200);
 	th_response_free(&r);
@@ -1482,7 +1465,7 @@ START_TEST(test_wrong_byte_count)
 			th_response_free(&r);
 		}
 		ck_assert_int_eq(version_of(&D, name), 1);
-		expect_data(&D, name, v1, 96);
+		th_expect_data(&D, name, NULL, v1, 96);
 		wait_all_in_use(&D, before, 2000);
 		free(before);
 		/* and a right one still goes through, sized and chunked */
@@ -1490,7 +1473,7 @@ START_TEST(test_wrong_byte_count)
 		put(&D, name, query, chunked, v1, 96, &r);
 		ck_assert_msg(r.status == 200, "chunked replace: %ld %s", r.status, r.body);
 		th_response_free(&r);
-		expect_data(&D, name, v1, 96);
+		th_expect_data(&D, name, NULL, v1, 96);
 		free(npy);
 	}
 	free(v1);
@@ -1539,7 +1522,7 @@ START_TEST(test_cut_off_body)
 		if (!all_in_use_becomes(&D, before, 3000, why[p], sizeof why[p]))
 			leaked++;
 		ck_assert_int_eq(version_of(&D, name), 1);
-		expect_data(&D, name, v1, len);
+		th_expect_data(&D, name, NULL, v1, len);
 		free(before);
 	}
 	free(v1);
@@ -1581,7 +1564,7 @@ START_TEST(test_preconditions_and_delete)
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", NULL);
 	th_response_free(&r);
 	expect_absent(&D, "absent");
-	expect_data(&D, "p", v1, 64);
+	th_expect_data(&D, "p", NULL, v1, 64);
 	ck_assert_int_eq(version_of(&D, "p"), 1);
 
 	snprintf(hdr, sizeof hdr, "If-Match: %s", etag1);
@@ -1596,18 +1579,18 @@ START_TEST(test_preconditions_and_delete)
 	put(&D, "p", "dtype=uint8&shape=64", match, v3, 64, &r);
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", NULL);
 	th_response_free(&r);
-	expect_data(&D, "p", v2, 64);
+	th_expect_data(&D, "p", NULL, v2, 64);
 	put(&D, "p", "dtype=uint8&shape=64", any, v3, 64, &r);
 	ck_assert_int_eq(r.status, 200);
 	snprintf(etag2, sizeof etag2, "%s", th_header(&r, "ETag"));
 	th_response_free(&r);
-	expect_data(&D, "p", v3, 64);
+	th_expect_data(&D, "p", NULL, v3, 64);
 
 	/* DELETE honours If-Match too */
 	th_request(&D, "DELETE", "/v1/arrays/p", match, NULL, 0, &r);
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", NULL);
 	th_response_free(&r);
-	expect_data(&D, "p", v3, 64);
+	th_expect_data(&D, "p", NULL, v3, 64);
 	snprintf(hdr, sizeof hdr, "If-Match: %s", etag2);
 	match[0] = hdr;
 	th_request(&D, "DELETE", "/v1/arrays/p", match, NULL, 0, &r);
@@ -1625,7 +1608,7 @@ START_TEST(test_preconditions_and_delete)
 	put(&D, "p", "dtype=uint8&shape=64", create_only, v1, 64, &r);
 	ck_assert_int_eq(r.status, 201);
 	th_response_free(&r);
-	expect_data(&D, "p", v1, 64);
+	th_expect_data(&D, "p", NULL, v1, 64);
 	free(v1);
 	free(v2);
 	free(v3);
@@ -1792,7 +1775,7 @@ static void check_import_result(struct th_daemon *d, json_t *result, json_t *st,
 		ck_assert_int_eq(th_int(a, "nbytes"), raw_len);
 		ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), B(dev));
 		ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), kind);
-		expect_data(d, name, raw, raw_len);
+		th_expect_data(d, name, NULL, raw, raw_len);
 		free(raw);
 	}
 }
@@ -1968,7 +1951,7 @@ START_TEST(test_import_no_overwrite)
 	ck_assert_ptr_nonnull(strstr(r.body, "taken"));
 	th_response_free(&r);
 	expect_absent(&D, "fresh");
-	expect_data(&D, "taken", mine, 2);
+	th_expect_data(&D, "taken", NULL, mine, 2);
 	ck_assert_int_eq(version_of(&D, "taken"), 1);
 	wait_all_in_use(&D, before, 2000);
 
@@ -2140,12 +2123,10 @@ static void import_path(struct th_daemon *d, const char *query, const char *path
 static json_t *wait_operation(struct th_daemon *d, const char *location)
 {
 	long long deadline = th_now_ms() + 5000;
-	struct th_response r;
 	json_t *op;
 
 	for (;;) {
-		op = json_incref(th_get_json(d, location, &r));
-		th_response_free(&r);
+		op = th_get_object(d, location);
 		if (th_bool(op, "done") || th_now_ms() > deadline)
 			break;
 		json_decref(op);
@@ -2526,45 +2507,6 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* Whether every space's bytes_in_use equals the nbytes of the arrays the
- * list places in it; what differs goes to why. */
-static bool spaces_match_list(struct th_daemon *d, char *why, size_t cap)
-{
-	struct th_response r;
-	json_t *sums = json_object(), *a, *s, *list;
-	size_t i, o = 0;
-	bool ok = true;
-
-	/* (json_array_foreach evaluates its array once per element) */
-	list = th_arr(th_get_json(d, "/v1/arrays?page_size=1000", &r), "arrays");
-	json_array_foreach(list, i, a) {
-		char key[64];
-		json_t *sh = th_obj(a, "sharding");
-
-		snprintf(key, sizeof key, "%s/%s", th_str(sh, "device"), th_str(sh, "memory_kind"));
-		json_object_set_new(sums, key, json_integer(json_integer_value(json_object_get(sums, key)) +
-		                                            th_int(a, "nbytes")));
-	}
-	th_response_free(&r);
-	why[0] = '\0';
-	list = th_arr(th_get_json(d, "/v1/memory", &r), "spaces");
-	json_array_foreach(list, i, s) {
-		char key[64];
-		json_int_t want;
-
-		snprintf(key, sizeof key, "%s/%s", th_str(s, "device"), th_str(s, "memory_kind"));
-		want = json_integer_value(json_object_get(sums, key));
-		if (th_int(s, "bytes_in_use") != want) {
-			ok = false;
-			o += (size_t)snprintf(why + o, cap > o ? cap - o : 0, "%s holds %lld, its arrays %lld; ",
-			                      key, (long long)th_int(s, "bytes_in_use"), (long long)want);
-		}
-	}
-	th_response_free(&r);
-	json_decref(sums);
-	return ok;
-}
-
 START_TEST(test_concurrent_clients)
 {
 	struct worker w[CONC_THREADS];
@@ -2601,9 +2543,9 @@ START_TEST(test_concurrent_clients)
 	ck_assert_msg(ops >= 100, "only %lu requests in %d ms", ops, CONC_MS);
 
 	deadline = th_now_ms() + 3000;
-	while (!spaces_match_list(&D, why, sizeof why) && th_now_ms() < deadline)
+	while (!th_spaces_match_shards(&D, why, sizeof why) && th_now_ms() < deadline)
 		usleep(20000);
-	ck_assert_msg(spaces_match_list(&D, why, sizeof why), "after %lu requests: %s", ops, why);
+	ck_assert_msg(th_spaces_match_shards(&D, why, sizeof why), "after %lu requests: %s", ops, why);
 }
 END_TEST
 

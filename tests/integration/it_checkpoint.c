@@ -26,7 +26,6 @@
 static struct th_daemon A, Bd;
 static struct th_response r_resp;
 static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
-static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 static const char *const octet_headers[] = {"Content-Type: application/octet-stream", NULL};
 
 static void up(void)
@@ -54,55 +53,12 @@ static char *fmt(const char *f, ...)
 	return s;
 }
 
-/* POST path body (JSON) to d; the status must be want; the JSON body (new reference). */
-static json_t *post_json(struct th_daemon *d, const char *path, const char *body, long want)
-{
-	struct th_response r;
-	json_t *j;
-
-	th_request(d, "POST", path, json_headers, body, strlen(body), &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
-}
-
-static json_t *get_json(struct th_daemon *d, const char *path)
-{
-	struct th_response r;
-	json_t *j = json_incref(th_get_json(d, path, &r));
-
-	th_response_free(&r);
-	return j;
-}
-
 static void upload(struct th_daemon *d, const char *name, const float *x, size_t rows, size_t cols)
 {
-	struct th_response r;
-	char path[256];
+	char query[64];
 
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%zu,%zu", name, rows, cols);
-	th_request(d, "PUT", path, NULL, (const char *)x, rows * cols * sizeof *x, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-/* An array's raw bytes (new buffer), *n bytes. */
-static char *download(struct th_daemon *d, const char *name, size_t *n)
-{
-	struct th_response r;
-	char path[256], *x;
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	th_get(d, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*n = r.body_len;
-	x = malloc(r.body_len ? r.body_len : 1);
-	ck_assert_ptr_nonnull(x);
-	memcpy(x, r.body, r.body_len);
-	th_response_free(&r);
-	return x;
+	snprintf(query, sizeof query, "dtype=float32&shape=%zu,%zu", rows, cols);
+	th_put_array(d, name, query, x, rows * cols * sizeof *x);
 }
 
 /* The values of [-2, 2) the inputs and targets hold. */
@@ -135,7 +91,7 @@ static void create(struct th_daemon *d, const char *name, const char *opt)
 	                 "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
 	                 "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}}", name, D, opt);
 
-	json_decref(post_json(d, "/v1/models?wait=true", spec, 200));
+	json_decref(th_post_json(d, "/v1/models?wait=true", spec, 200));
 	free(spec);
 }
 
@@ -147,7 +103,7 @@ static void steps(struct th_daemon *d, const char *name, int n, double *out)
 
 	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", name);
 	snprintf(body, sizeof body, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": %d}", n);
-	res = post_json(d, path, body, 200);
+	res = th_post_json(d, path, body, 200);
 	losses = th_arr(res, "losses");
 	ck_assert_uint_eq(json_array_size(losses), (size_t)n);
 	for (int i = 0; i < n; i++)
@@ -286,7 +242,7 @@ static void resume_case(const char *opt)
 		ck_assert_msg(first[i] == whole[i], "step %d: %.17g vs %.17g", i + 1, first[i], whole[i]);
 	file = export_model(&A, "c", &len);
 	import_ok(&Bd, NULL, file, len);
-	m = get_json(&Bd, "/v1/models/c");
+	m = th_get_object(&Bd, "/v1/models/c");
 	ck_assert_int_eq(th_int(m, "steps"), N);
 	json_decref(m);
 	steps(&Bd, "c", M, rest);
@@ -294,7 +250,7 @@ static void resume_case(const char *opt)
 		ck_assert_msg(rest[i] == whole[N + i],
 		              "resumed step %d: loss %.17g, uninterrupted %.17g", N + i + 1, rest[i],
 		              whole[N + i]);
-	m = get_json(&Bd, "/v1/models/c");
+	m = th_get_object(&Bd, "/v1/models/c");
 	ck_assert_int_eq(th_int(m, "steps"), N + M);
 	json_decref(m);
 	for (size_t r = 0; r < sizeof adam_roles / sizeof adam_roles[0]; r++) {
@@ -303,9 +259,9 @@ static void resume_case(const char *opt)
 		char *w0, *w1;
 
 		snprintf(a, sizeof a, "u.%s", adam_roles[r]);
-		w0 = download(&A, a, &n0);
+		w0 = th_download(&A, a, &n0);
 		snprintf(a, sizeof a, "c.%s", adam_roles[r]);
-		w1 = download(&Bd, a, &n1);
+		w1 = th_download(&Bd, a, &n1);
 		th_assert_bytes(a, w1, n1, w0, n0);
 		free(w0);
 		free(w1);
@@ -381,13 +337,13 @@ START_TEST(test_create_with_steps)
 
 	data_up(&A);
 	create(&A, "s0", "{\"type\": \"adam\", \"learning_rate\": 0.01}");
-	json_decref(post_json(&A, "/v1/models?wait=true",
+	json_decref(th_post_json(&A, "/v1/models?wait=true",
 	                      "{\"name\": \"s5\", \"mlp\": {\"layers\": 3, \"d_model\": 16, "
 	                      "\"d_hidden\": 24, \"activation\": \"gelu\", \"residual\": true}, "
 	                      "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
 	                      "\"learning_rate\": 0.01}, \"init\": {\"seed\": 7, \"scale\": 0.3}, "
 	                      "\"steps\": 5}", 200));
-	m = get_json(&A, "/v1/models/s5");
+	m = th_get_object(&A, "/v1/models/s5");
 	ck_assert_int_eq(th_int(m, "steps"), 5);
 	json_decref(m);
 	/* the same weights; t = 6 on the first step corrects the bias less */
@@ -398,10 +354,10 @@ START_TEST(test_create_with_steps)
 	steps(&A, "s0", 1, l0);
 	steps(&A, "s5", 1, l1);
 	ck_assert_msg(l0[0] != l1[0], "t = 6 stepped as t = 1: %.17g", l1[0]);
-	m = get_json(&A, "/v1/models/s5");
+	m = th_get_object(&A, "/v1/models/s5");
 	ck_assert_int_eq(th_int(m, "steps"), 7);
 	json_decref(m);
-	err = post_json(&A, "/v1/models",
+	err = th_post_json(&A, "/v1/models",
 	                "{\"name\": \"bad\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"steps\": -1}",
 	                400);
 	ck_assert_msg(strstr(th_str(th_obj(err, "error"), "message"), "steps"), "%s",
@@ -505,16 +461,16 @@ START_TEST(test_import_errors)
 		free(ae);
 	}
 	/* nothing of any of them stayed: no model, no arrays */
-	list = get_json(&Bd, "/v1/models");
+	list = th_get_object(&Bd, "/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
 	json_decref(list);
-	list = get_json(&Bd, "/v1/arrays");
+	list = th_get_object(&Bd, "/v1/arrays");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "arrays")), 0);
 	json_decref(list);
 	/* and the file itself imports, under another name too */
 	import_ok(&Bd, NULL, file, len);
 	import_ok(&Bd, "name=m2", file, len);
-	list = get_json(&Bd, "/v1/models/m2");
+	list = th_get_object(&Bd, "/v1/models/m2");
 	ck_assert_int_eq(th_int(list, "steps"), 1);
 	json_decref(list);
 	free(file);
@@ -541,7 +497,7 @@ START_TEST(test_export_during_a_step)
 
 	data_up(&A);
 	create(&A, "r", "{\"type\": \"adam\", \"learning_rate\": 0.001}");
-	op = post_json(&A, "/v1/models/r:step",
+	op = th_post_json(&A, "/v1/models/r:step",
 	               "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 1000000}", 202);
 	name = strdup(th_str(op, "name"));
 	json_decref(op);
@@ -555,12 +511,12 @@ START_TEST(test_export_during_a_step)
 	ck_assert_msg(r_resp.status == 200, "cancel: %ld %s", r_resp.status, r_resp.body);
 	th_response_free(&r_resp);
 	snprintf(path, sizeof path, "/v1/%s:wait?timeout=60s", name);
-	op = post_json(&A, path, "{}", 200);
+	op = th_post_json(&A, path, "{}", 200);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
 	json_decref(op);
 	free(name);
 	file = export_model(&A, "r", &len);
-	m = get_json(&A, "/v1/models/r");
+	m = th_get_object(&A, "/v1/models/r");
 	h = st_header(file, len, &at);
 	{
 		char want[32];

@@ -22,7 +22,6 @@
 #include <string.h>
 
 static struct th_daemon D;
-static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 
 static void daemon_up(void)
 {
@@ -34,58 +33,31 @@ static void daemon_down(void)
 	th_daemon_stop_ok(&D);
 }
 
+/* Queries and bodies are written for sim and run on the backend under test. */
 static void put_raw(const char *name, const char *query, const void *data, size_t n)
 {
-	struct th_response r;
-	char path[512];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?%s", name, th_on_backend(query));
-	th_request(&D, "PUT", path, NULL, data, n, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
+	th_put_array(&D, name, th_on_backend(query), data, n);
 }
 
-/* POSTs body (written for sim) to path; the answer's status must be want. */
 static json_t *post(const char *path, const char *body, long want)
 {
-	struct th_response r;
-	json_t *j;
-
-	body = th_on_backend(body);
-	th_request(&D, "POST", path, json_headers, body, strlen(body), &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
+	return th_post_json(&D, path, th_on_backend(body), want);
 }
 
 static void post_error(const char *path, const char *body, long http, const char *reason,
                        const char *word)
 {
-	struct th_response r;
-	const char *msg;
-
-	body = th_on_backend(body);
-	th_request(&D, "POST", path, json_headers, body, strlen(body), &r);
-	th_assert_error(&r, http, http == 429 ? "RESOURCE_EXHAUSTED" : "INVALID_ARGUMENT", reason);
-	msg = th_str(th_obj(th_json(&r), "error"), "message");
-	ck_assert_msg(!word || strstr(msg, word), "%s: the message does not name '%s': %s", path,
-	              word, msg);
-	th_response_free(&r);
+	th_post_error(&D, path, th_on_backend(body), http,
+	              http == 429 ? "RESOURCE_EXHAUSTED" : "INVALID_ARGUMENT", reason, word, NULL);
 }
 
 /* An array's description (new reference). */
 static json_t *meta(const char *name)
 {
-	struct th_response r;
 	char path[300];
-	json_t *j;
 
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	j = json_incref(th_get_json(&D, path, &r));
-	th_response_free(&r);
-	return j;
+	return th_get_object(&D, path);
 }
 
 /* The bytes of an array (new buffer), its dtype header checked. */

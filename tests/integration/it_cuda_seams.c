@@ -75,31 +75,6 @@ static void teardown(void)
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static void put_array(const char *name, const void *data, size_t n, const char *query)
-{
-	struct th_response r;
-	char path[1024];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?%s", name, query);
-	th_request(&D, "PUT", path, NULL, data, n, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-/* POST path body, wanting http; the answer's JSON (new reference). */
-static json_t *post(const char *path, const char *body, long http)
-{
-	struct th_response r;
-	json_t *j;
-
-	th_request(&D, "POST", path, NULL, body, strlen(body), &r);
-	ck_assert_msg(r.status == http, "POST %s %s: %ld, want %ld: %s", path, body, r.status, http,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
-}
-
 static void delete_array(const char *name)
 {
 	struct th_response r;
@@ -108,26 +83,6 @@ static void delete_array(const char *name)
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
 	th_request(&D, "DELETE", path, NULL, NULL, 0, &r);
 	ck_assert_msg(r.status == 200 || r.status == 204, "DELETE %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-/* GET the array's data (with an escaped ?index= when index is not NULL) and
- * compare it with want. */
-static void expect_data(const char *name, const char *index, const void *want, size_t n,
-                        const char *what)
-{
-	struct th_response r;
-	char path[512], esc[256];
-
-	if (index) {
-		th_url_escape(esc, sizeof esc, index);
-		snprintf(path, sizeof path, "/v1/arrays/%s/data?index=%s", name, esc);
-	} else {
-		snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	}
-	th_get(&D, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s (%s): %ld %s", path, what, r.status, r.body);
-	th_assert_bytes(what, r.body, r.body_len, want, n);
 	th_response_free(&r);
 }
 
@@ -189,7 +144,7 @@ START_TEST(copy_between_every_pair)
 		for (size_t ka = 0; ka < 3; ka++) {
 			snprintf(query, sizeof query, "dtype=uint8&shape=%d&device=%s&memory_kind=%s", N,
 			         devs[a], kinds[ka]);
-			put_array("src", x, N, query);
+			th_put_array(&D, "src", query, x, N);
 			for (size_t b = 0; b < ndev; b++)
 				for (size_t kb = 0; kb < 3; kb++) {
 					char what[128];
@@ -200,11 +155,11 @@ START_TEST(copy_between_every_pair)
 					snprintf(body, sizeof body,
 					         "{\"out\": \"dst\", \"device\": \"%s\", \"memory_kind\": \"%s\"}",
 					         devs[b], kinds[kb]);
-					res = post("/v1/arrays/src:copy?wait=true", body, 200);
+					res = th_post_json(&D, "/v1/arrays/src:copy?wait=true", body, 200);
 					json_decref(res);
 					expect_placement("dst", devs[b], kinds[kb]);
-					expect_data("dst", NULL, x, N, what);
-					expect_data("dst", "::3", strided, ns, what);
+					th_expect_data(&D, "dst", NULL, x, N);
+					th_expect_data(&D, "dst", "::3", strided, ns);
 					delete_array("dst");
 				}
 		}
@@ -215,10 +170,10 @@ START_TEST(copy_between_every_pair)
 
 			snprintf(body, sizeof body, "{\"device\": \"%s\", \"memory_kind\": \"%s\"}", devs[b],
 			         kinds[kb]);
-			res = post("/v1/arrays/src:put?wait=true", body, 200);
+			res = th_post_json(&D, "/v1/arrays/src:put?wait=true", body, 200);
 			json_decref(res);
 			expect_placement("src", devs[b], kinds[kb]);
-			expect_data("src", NULL, x, N, body);
+			th_expect_data(&D, "src", NULL, x, N);
 		}
 	free(strided);
 	free(x);
@@ -242,30 +197,30 @@ START_TEST(colocation_across_backends)
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 12}, "
 	         "\"init\": {\"constant\": 0.125}, \"placement\": {\"device\": \"%s\"}}", other);
-	m = post("/v1/models?wait=true", body, 200);
+	m = th_post_json(&D, "/v1/models?wait=true", body, 200);
 	json_decref(m);
 	/* no placement: lands on the default device (the accelerator), uncommitted */
-	put_array("x", x, sizeof x, "dtype=float32&shape=4,8");
+	th_put_array(&D, "x", "dtype=float32&shape=4,8", x, sizeof x);
 	meta = th_get_json(&D, "/v1/arrays/x", &r);
 	ck_assert(!th_bool(meta, "committed"));
 	ck_assert_str_eq(th_str(th_obj(meta, "sharding"), "device"), gpu);
 	th_response_free(&r);
-	res = post("/v1/models/m:step?wait=true", "{\"inputs\": \"x\"}", 200);
+	res = th_post_json(&D, "/v1/models/m:step?wait=true", "{\"inputs\": \"x\"}", 200);
 	moved_loss = json_number_value(json_array_get(th_arr(res, "losses"), 0));
 	json_decref(res);
 	meta = th_get_json(&D, "/v1/arrays/x", &r);
 	ck_assert_str_eq(th_str(th_obj(meta, "sharding"), "device"), other);
 	ck_assert_int_eq(th_int(meta, "implicit_transfer_bytes"), (json_int_t)sizeof x);
 	th_response_free(&r);
-	expect_data("x", NULL, x, sizeof x, "the moved input");
+	th_expect_data(&D, "x", NULL, x, sizeof x);
 	/* the same step with the input placed there: the same loss (fresh model) */
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m2\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 12}, "
 	         "\"init\": {\"constant\": 0.125}, \"placement\": {\"device\": \"%s\"}}", other);
-	json_decref(post("/v1/models?wait=true", body, 200));
+	json_decref(th_post_json(&D, "/v1/models?wait=true", body, 200));
 	snprintf(query, sizeof query, "dtype=float32&shape=4,8&device=%s&memory_kind=device", other);
-	put_array("x2", x, sizeof x, query);
-	res = post("/v1/models/m2:step?wait=true", "{\"inputs\": \"x2\"}", 200);
+	th_put_array(&D, "x2", query, x, sizeof x);
+	res = th_post_json(&D, "/v1/models/m2:step?wait=true", "{\"inputs\": \"x2\"}", 200);
 	placed_loss = json_number_value(json_array_get(th_arr(res, "losses"), 0));
 	json_decref(res);
 	ck_assert_msg(moved_loss == placed_loss, "loss %.9g after the move, %.9g placed", moved_loss,
@@ -298,31 +253,31 @@ START_TEST(mesh_of_two_backends)
 		         "\"spec\": [\"x\", null], \"memory_kind\": \"%s\"}", gpu, other, kinds[k]);
 		th_url_escape(esc, sizeof esc, sharding);
 		snprintf(query, sizeof query, "dtype=float32&shape=%d,%d&sharding=%s", ROWS, COLS, esc);
-		put_array("mx", x, ROWS * COLS * sizeof *x, query);
-		expect_data("mx", NULL, x, ROWS * COLS * sizeof *x, sharding);
-		expect_data("mx", "::3,::4", sl, ns * sizeof *sl, sharding);
+		th_put_array(&D, "mx", query, x, ROWS * COLS * sizeof *x);
+		th_expect_data(&D, "mx", NULL, x, ROWS * COLS * sizeof *x);
+		th_expect_data(&D, "mx", "::3,::4", sl, ns * sizeof *sl);
 		/* into the reversed mesh, every kind */
 		for (size_t kb = 0; kb < 3; kb++) {
 			snprintf(body, sizeof body,
 			         "{\"out\": \"my\", \"sharding\": {\"mesh\": {\"devices\": [\"%s\", \"%s\"], "
 			         "\"axis_names\": [\"x\"]}, \"spec\": [\"x\", null], \"memory_kind\": \"%s\"}}",
 			         other, gpu, kinds[kb]);
-			res = post("/v1/arrays/mx:copy?wait=true", body, 200);
+			res = th_post_json(&D, "/v1/arrays/mx:copy?wait=true", body, 200);
 			json_decref(res);
-			expect_data("my", NULL, x, ROWS * COLS * sizeof *x, body);
-			expect_data("my", "::3,::4", sl, ns * sizeof *sl, body);
+			th_expect_data(&D, "my", NULL, x, ROWS * COLS * sizeof *x);
+			th_expect_data(&D, "my", "::3,::4", sl, ns * sizeof *sl);
 			delete_array("my");
 		}
 		/* onto each backend alone, then back onto the mesh */
 		snprintf(body, sizeof body, "{\"device\": \"%s\", \"memory_kind\": \"device\"}", other);
-		json_decref(post("/v1/arrays/mx:put?wait=true", body, 200));
-		expect_data("mx", NULL, x, ROWS * COLS * sizeof *x, body);
+		json_decref(th_post_json(&D, "/v1/arrays/mx:put?wait=true", body, 200));
+		th_expect_data(&D, "mx", NULL, x, ROWS * COLS * sizeof *x);
 		snprintf(body, sizeof body, "{\"device\": \"%s\", \"memory_kind\": \"device\"}", gpu);
-		json_decref(post("/v1/arrays/mx:put?wait=true", body, 200));
-		expect_data("mx", NULL, x, ROWS * COLS * sizeof *x, body);
+		json_decref(th_post_json(&D, "/v1/arrays/mx:put?wait=true", body, 200));
+		th_expect_data(&D, "mx", NULL, x, ROWS * COLS * sizeof *x);
 		snprintf(body, sizeof body, "{\"sharding\": %s}", sharding);
-		json_decref(post("/v1/arrays/mx:put?wait=true", body, 200));
-		expect_data("mx", "::3,::4", sl, ns * sizeof *sl, body);
+		json_decref(th_post_json(&D, "/v1/arrays/mx:put?wait=true", body, 200));
+		th_expect_data(&D, "mx", "::3,::4", sl, ns * sizeof *sl);
 		delete_array("mx");
 	}
 	free(sl);
@@ -344,11 +299,11 @@ START_TEST(strided_slice_of_a_device_array)
 	for (size_t i = 0; i < N / 4; i++)
 		want[i] = x[4 * i];
 	snprintf(query, sizeof query, "dtype=float32&shape=%d&device=%s&memory_kind=device", N, gpu);
-	put_array("v", x, N * sizeof *x, query);
-	expect_data("v", "::4", want, N / 4 * sizeof *want, "v[::4]");
+	th_put_array(&D, "v", query, x, N * sizeof *x);
+	th_expect_data(&D, "v", "::4", want, N / 4 * sizeof *want);
 	for (size_t i = 0; i < N / 4; i++)
 		want[i] = x[N - 1 - 4 * i];
-	expect_data("v", "::-4", want, N / 4 * sizeof *want, "v[::-4]");
+	th_expect_data(&D, "v", "::-4", want, N / 4 * sizeof *want);
 	th_get(&D, "/v1/arrays/v/data?index=1::4&format=npy", &r);
 	ck_assert_int_eq(r.status, 200);
 	ck_assert_uint_gt(r.body_len, N / 4 * sizeof *want);
@@ -436,11 +391,11 @@ START_TEST(download_cut_short_by_a_device_error)
 	snprintf(body, sizeof body,
 	         "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	         "\"placement\": {\"device\": \"%s\"}}", gpu);
-	json_decref(post("/v1/models?wait=true", body, 200));
+	json_decref(th_post_json(&D, "/v1/models?wait=true", body, 200));
 	snprintf(query, sizeof query, "dtype=float32&shape=4,8&device=%s&memory_kind=device", gpu);
-	put_array("in", x, 4 * 8 * sizeof(float), query);
+	th_put_array(&D, "in", query, x, 4 * 8 * sizeof(float));
 	snprintf(query, sizeof query, "dtype=uint8&shape=%d&device=%s&memory_kind=device", N, gpu);
-	put_array("big", x, N, query);
+	th_put_array(&D, "big", query, x, N);
 
 	fd = th_raw_connect(&D);
 	snprintf(req, sizeof req, "GET /v1/arrays/big/data?index=0: HTTP/1.1\r\nHost: t\r\n\r\n");
@@ -480,8 +435,8 @@ START_TEST(download_cut_short_by_a_device_error)
 		/* the other backend still serves */
 		snprintf(query, sizeof query, "dtype=uint8&shape=4096&device=%s&memory_kind=device",
 		         other);
-		put_array("after", x, 4096, query);
-		expect_data("after", NULL, x, 4096, "an upload after the fault");
+		th_put_array(&D, "after", query, x, 4096);
+		th_expect_data(&D, "after", NULL, x, 4096);
 	}
 	th_response_free(&r);
 	free(x);

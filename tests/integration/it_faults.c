@@ -155,17 +155,6 @@ static void delete_name(const char *what, const char *name)
 	th_response_free(&r);
 }
 
-static long status_of(const char *path)
-{
-	struct th_response r;
-	long st;
-
-	th_get(&D, path, &r);
-	st = r.status;
-	th_response_free(&r);
-	return st;
-}
-
 /* The data of an array, or NULL when it does not exist (new buffer). */
 static char *data_of(const char *name, size_t *len)
 {
@@ -201,7 +190,7 @@ static void expect_absent(const char *when, const char *name)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	ck_assert_msg(status_of(path) == 404, "%s: array '%s' exists", when, name);
+	ck_assert_msg(th_get_status(&D, path) == 404, "%s: array '%s' exists", when, name);
 }
 
 /* ---- accounting -------------------------------------------------------------------- */
@@ -377,7 +366,7 @@ static void walk(const struct workflow *w)
 			w->run(&r);
 			fired = fault_counts(now);
 			fault_arm(kinds[k], 0);
-			ck_assert_msg(status_of("/livez") == 200, "%s: the server is not alive", when);
+			ck_assert_msg(th_get_status(&D, "/livez") == 200, "%s: the server is not alive", when);
 			if (fired == 0) {
 				/* the last points of a run may come after its answer
 				 * (releases on a worker): not reached this time */
@@ -870,7 +859,7 @@ static void create_intact(const char *when)
 	size_t i;
 	json_t *a;
 
-	ck_assert_msg(status_of("/v1/models/mc") == 404, "%s: model 'mc' exists", when);
+	ck_assert_msg(th_get_status(&D, "/v1/models/mc") == 404, "%s: model 'mc' exists", when);
 	list = th_arr(th_get_json(&D, "/v1/arrays?page_size=1000", &r), "arrays");
 	json_array_foreach(list, i, a)
 		ck_assert_msg(strncmp(th_str(a, "name"), "mc.", 3) != 0,
@@ -881,7 +870,7 @@ static void create_intact(const char *when)
 
 static void create_undo(const char *when)
 {
-	ck_assert_msg(status_of("/v1/models/mc") == 200, "%s: model 'mc' missing", when);
+	ck_assert_msg(th_get_status(&D, "/v1/models/mc") == 200, "%s: model 'mc' missing", when);
 	delete_name("models", "mc");
 	create_intact(when);
 }

@@ -591,12 +591,11 @@ END_TEST
 static void import_path(struct th_daemon *d, const char *query, const char *path,
                         struct th_response *r)
 {
-	static const char *const json_h[] = {"Content-Type: application/json", NULL};
 	json_t *j = json_pack("{s:s}", "path", path);
 	char *text = json_dumps(j, JSON_COMPACT), url[256];
 
 	snprintf(url, sizeof url, "/v1/arrays:import%s%s", query ? "?" : "", query ? query : "");
-	th_request(d, "POST", url, json_h, text, strlen(text), r);
+	th_post(d, url, text, r);
 	free(text);
 	json_decref(j);
 }

@@ -31,7 +31,6 @@
 #define CASE_TIMEOUT_S 240
 
 static struct th_daemon D;
-static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 
 /* A small Adam model: w1 [2, 8, 16], w2 [2, 16, 8]. */
 #define ADAM_SPEC(name)                                                                         \
@@ -53,85 +52,23 @@ static void daemon_down(void)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
-/* Paths and bodies are written for sim and run on the backend under test. */
+/* Paths, bodies and queries are written for sim and run on the backend
+ * under test: these map them (th_on_backend) onto the harness's requests. */
 static void post(const char *path, const char *body, struct th_response *r)
 {
-	path = th_on_backend(path);
-	body = th_on_backend(body);
-	th_request(&D, "POST", path, json_headers, body, strlen(body), r);
+	th_post(&D, th_on_backend(path), th_on_backend(body), r);
 }
 
 static json_t *post_json(const char *path, const char *body, long want)
 {
-	struct th_response r;
-	json_t *j;
-
-	post(path, body, &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
-}
-
-/* r must be an error http/status/reason whose message contains word (if
- * not NULL); frees r. */
-static void expect_error(struct th_response *r, const char *what, long http, const char *status,
-                         const char *reason, const char *word, const char *word2)
-{
-	const char *msg;
-
-	ck_assert_msg(r->status == http, "%s: %ld, want %ld: %s", what, r->status, http, r->body);
-	th_assert_error(r, http, status, reason);
-	msg = th_str(th_obj(th_json(r), "error"), "message");
-	ck_assert_msg(!word || strstr(msg, word), "%s: the message does not name '%s': %s", what,
-	              word, msg);
-	ck_assert_msg(!word2 || strstr(msg, word2), "%s: the message does not name '%s': %s", what,
-	              word2, msg);
-	th_response_free(r);
+	return th_post_json(&D, th_on_backend(path), th_on_backend(body), want);
 }
 
 static void post_error(const char *path, const char *body, long http, const char *status,
                        const char *reason, const char *word, const char *word2)
 {
-	struct th_response r;
-	char what[600];
-
-	snprintf(what, sizeof what, "POST %s %.400s", path, body);
-	post(path, body, &r);
-	expect_error(&r, what, http, status, reason, word, word2);
-}
-
-static json_t *get_json(const char *path)
-{
-	struct th_response r;
-	json_t *j = json_incref(th_get_json(&D, path, &r));
-
-	th_response_free(&r);
-	return j;
-}
-
-static long get_status(const char *path)
-{
-	struct th_response r;
-	long st;
-
-	th_get(&D, path, &r);
-	st = r.status;
-	th_response_free(&r);
-	return st;
-}
-
-/* PUT /v1/arrays/name?query with n bytes; the status must be one of 200, 201. */
-static void put_bytes(const char *name, const char *query, const void *data, size_t n)
-{
-	struct th_response r;
-	char path[512];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?%s", name, th_on_backend(query));
-	th_request(&D, "PUT", path, NULL, data, n, &r);
-	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
+	th_post_error(&D, th_on_backend(path), th_on_backend(body), http, status, reason, word,
+	              word2);
 }
 
 /* float32 [rows, cols] of a fixed pattern. */
@@ -145,25 +82,8 @@ static void put_floats(const char *name, size_t rows, size_t cols, float seed, c
 		x[i] = seed * (float)((i * 7) % 13) / 13.0f - 0.25f;
 	snprintf(query, sizeof query, "dtype=float32&shape=%zu,%zu%s%s", rows, cols,
 	         extra ? "&" : "", extra ? extra : "");
-	put_bytes(name, query, x, rows * cols * sizeof *x);
+	th_put_array(&D, name, th_on_backend(query), x, rows * cols * sizeof *x);
 	free(x);
-}
-
-/* The bytes of an array (new buffer, caller frees). */
-static char *download(const char *name, size_t *n)
-{
-	struct th_response r;
-	char path[300], *x;
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	th_get(&D, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*n = r.body_len;
-	x = malloc(r.body_len ? r.body_len : 1);
-	ck_assert_ptr_nonnull(x);
-	memcpy(x, r.body, r.body_len);
-	th_response_free(&r);
-	return x;
 }
 
 static json_t *meta(const char *name)
@@ -171,7 +91,7 @@ static json_t *meta(const char *name)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return get_json(path);
+	return th_get_object(&D, path);
 }
 
 /* The operation id of a 202 answer (copied into id). */
@@ -188,7 +108,7 @@ static json_t *op_get(const char *id)
 	char path[128];
 
 	snprintf(path, sizeof path, "/v1/operations/%.60s", id);
-	return get_json(path);
+	return th_get_object(&D, path);
 }
 
 /* Waits (bounded) until the operation has done at least one unit. */
@@ -263,7 +183,7 @@ START_TEST(test_step_holds_arrays)
 	/* PUT of zeros over a held array: refused before its body is read */
 	th_request(&D, "PUT", "/v1/arrays/m.w2?dtype=float32&shape=2,16,8", NULL, (char *)w2,
 	           sizeof w2, &r);
-	expect_error(&r, "PUT m.w2", 409, "ABORTED", "ARRAY_HELD", id, "m.w2");
+	th_expect_error(&r, "PUT m.w2", 409, "ABORTED", "ARRAY_HELD", id, "m.w2");
 	post_error("/v1/arrays/m.w2:put", "{\"memory_kind\": \"pinned_host\"}", 409, "ABORTED",
 	           "ARRAY_HELD", id, "m.w2");
 	put_floats("w", 16, 16, 2.0f, "device=sim:0");
@@ -272,9 +192,9 @@ START_TEST(test_step_holds_arrays)
 	post_error("/v1/arrays/w:gather", "{\"rows\": [0], \"out\": {\"name\": \"m.adam.mu.w1\"}}", 409,
 	           "ABORTED", "ARRAY_HELD", id, NULL);
 	th_request(&D, "DELETE", "/v1/arrays/m.adam.nu.w2", NULL, NULL, 0, &r);
-	expect_error(&r, "DELETE m.adam.nu.w2", 409, "ABORTED", "ARRAY_HELD", id, NULL);
+	th_expect_error(&r, "DELETE m.adam.nu.w2", 409, "ABORTED", "ARRAY_HELD", id, NULL);
 	th_request(&D, "DELETE", "/v1/models/m", NULL, NULL, 0, &r);
-	expect_error(&r, "DELETE model m", 409, "ABORTED", "MODEL_BUSY", id, NULL);
+	th_expect_error(&r, "DELETE model m", 409, "ABORTED", "MODEL_BUSY", id, NULL);
 	post_error("/v1/models/m:step", "{\"inputs\": \"x\"}", 409, "ABORTED", "TARGET_BUSY", id, NULL);
 
 	cancel_and_wait(id, "CANCELLED");
@@ -311,15 +231,15 @@ START_TEST(test_step_publishes_versions)
 	after = meta("v.w1");
 	ck_assert_str_ne(th_str(after, "etag"), etag0);
 	ck_assert_int_eq(th_int(after, "version"), th_int(before, "version") + 1);
-	trained = download("v.w1", &n_trained);
+	trained = th_download(&D, "v.w1", &n_trained);
 
 	/* a PUT guarded by the ETag taken before the step does not overwrite trained weights */
 	snprintf(hdr, sizeof hdr, "If-Match: %s", etag0);
 	th_request(&D, "PUT", "/v1/arrays/v.w1?dtype=float32&shape=2,8,16", headers, (char *)zeros,
 	           sizeof zeros, &r);
-	expect_error(&r, "PUT v.w1 If-Match old", 400, "FAILED_PRECONDITION", "ETAG_MISMATCH", NULL,
+	th_expect_error(&r, "PUT v.w1 If-Match old", 400, "FAILED_PRECONDITION", "ETAG_MISMATCH", NULL,
 	             NULL);
-	now = download("v.w1", &n_now);
+	now = th_download(&D, "v.w1", &n_now);
 	th_assert_bytes("v.w1 after the refused PUT", now, n_now, trained, n_trained);
 	/* with the current ETag it goes through */
 	snprintf(hdr, sizeof hdr, "If-Match: %s", th_str(after, "etag"));
@@ -348,27 +268,27 @@ START_TEST(test_recreated_model_is_new)
 	start_op("/v1/models/m:step", "{\"inputs\": \"x\", \"steps\": 1000000}", id, sizeof id);
 	wait_progress(id, "steps_done");
 	th_request(&D, "DELETE", "/v1/models/m", NULL, NULL, 0, &r);
-	expect_error(&r, "DELETE model m while it steps", 409, "ABORTED", "MODEL_BUSY", id, NULL);
+	th_expect_error(&r, "DELETE model m while it steps", 409, "ABORTED", "MODEL_BUSY", id, NULL);
 	cancel_and_wait(id, "CANCELLED");
 	th_request(&D, "DELETE", "/v1/models/m", NULL, NULL, 0, &r);
 	ck_assert_msg(r.status == 200, "DELETE model m: %ld %s", r.status, r.body);
 	th_response_free(&r);
-	ck_assert_int_eq(get_status("/v1/models/m"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/m.w1"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/m"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/m.w1"), 404);
 
 	create_model(ADAM_SPEC("m"));
-	m = get_json("/v1/models/m");
+	m = th_get_object(&D, "/v1/models/m");
 	ck_assert_int_eq(th_int(m, "steps"), 0);
 	json_decref(m);
 	/* one step of the new model is Adam's first step: as a fresh model's */
 	create_model(ADAM_SPEC("ref"));
 	json_decref(post_json("/v1/models/m:step?wait=true", "{\"inputs\": \"x\"}", 200));
 	json_decref(post_json("/v1/models/ref:step?wait=true", "{\"inputs\": \"x\"}", 200));
-	m = get_json("/v1/models/m");
+	m = th_get_object(&D, "/v1/models/m");
 	ck_assert_int_eq(th_int(m, "steps"), 1);
 	json_decref(m);
-	mine = download("m.w1", &n_mine);
-	ref = download("ref.w1", &n_ref);
+	mine = th_download(&D, "m.w1", &n_mine);
+	ref = th_download(&D, "ref.w1", &n_ref);
 	th_assert_bytes("m.w1 after one step of the new model", mine, n_mine, ref, n_ref);
 	free(mine);
 	free(ref);
@@ -388,11 +308,11 @@ START_TEST(test_model_array_shape)
 	put_floats("x", 4, 8, 1.0f, "device=sim:0");
 	th_request(&D, "PUT", "/v1/arrays/s.w1?dtype=float32&shape=3", NULL, (char *)small,
 	           sizeof small, &r);
-	expect_error(&r, "PUT s.w1 [3]", 400, "INVALID_ARGUMENT", "OWNED_SHAPE", "model 's'",
+	th_expect_error(&r, "PUT s.w1 [3]", 400, "INVALID_ARGUMENT", "OWNED_SHAPE", "model 's'",
 	             "float32 [2, 8, 16]");
 	th_request(&D, "PUT", "/v1/arrays/s.w1?dtype=float64&shape=2,8,16", NULL, (char *)wide,
 	           sizeof wide, &r);
-	expect_error(&r, "PUT s.w1 float64", 400, "INVALID_ARGUMENT", "OWNED_SHAPE", "s.w1",
+	th_expect_error(&r, "PUT s.w1 float64", 400, "INVALID_ARGUMENT", "OWNED_SHAPE", "s.w1",
 	             "float32 [2, 8, 16]");
 	/* a copy onto it too */
 	put_floats("y", 3, 8, 1.0f, "device=sim:0");
@@ -401,14 +321,14 @@ START_TEST(test_model_array_shape)
 	           "INVALID_ARGUMENT", "OWNED_SHAPE", "s.w2", "float32 [2, 16, 8]");
 	/* only the model deletes its arrays */
 	th_request(&D, "DELETE", "/v1/arrays/s.w1", NULL, NULL, 0, &r);
-	expect_error(&r, "DELETE s.w1", 400, "FAILED_PRECONDITION", "ARRAY_OWNED", "model 's'", NULL);
+	th_expect_error(&r, "DELETE s.w1", 400, "FAILED_PRECONDITION", "ARRAY_OWNED", "model 's'", NULL);
 	/* the same dtype and shape loads weights, and the model still steps */
 	{
 		float same[2 * 8 * 16];
 
 		for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
 			same[i] = 0.01f * (float)(i % 7);
-		put_bytes("s.w1", "dtype=float32&shape=2,8,16", same, sizeof same);
+		th_put_array(&D, "s.w1", "dtype=float32&shape=2,8,16", same, sizeof same);
 	}
 	res = post_json("/v1/models/s:step?wait=true", "{\"inputs\": \"x\"}", 200);
 	json_decref(res);
@@ -518,8 +438,8 @@ START_TEST(test_copy_overwrite_and_donate)
 	                "{\"out\": \"b\", \"device\": \"sim:1\", \"overwrite\": true}", 200);
 	ck_assert_str_eq(th_str(th_obj(res, "sharding"), "device"), th_dev(1));
 	json_decref(res);
-	a = download("a", &na);
-	b = download("b", &nb);
+	a = th_download(&D, "a", &na);
+	b = th_download(&D, "b", &nb);
 	th_assert_bytes("b after the overwriting copy", b, nb, a, na);
 	free(a);
 	free(b);
@@ -607,7 +527,7 @@ START_TEST(test_create_off_http_threads)
 		ck_assert_str_eq(th_str(th_op_result(op), "state"), "READY");
 		json_decref(op);
 		snprintf(path, sizeof path, "/v1/models/big%d", i);
-		m = get_json(path);
+		m = th_get_object(&D, path);
 		ck_assert_str_eq(th_str(m, "state"), "READY");
 		json_decref(m);
 	}
@@ -625,7 +545,7 @@ START_TEST(test_create_conflicts_and_cancel)
 	         "\"placement\": {\"device\": \"sim:0\"}}", id,
 	         sizeof id);
 	wait_progress(id, "bytes_done");
-	m = get_json("/v1/models/big");
+	m = th_get_object(&D, "/v1/models/big");
 	ck_assert_str_eq(th_str(m, "state"), "CREATING");
 	ck_assert_str_eq(th_str(m, "creating_operation"), id);
 	json_decref(m);
@@ -636,11 +556,11 @@ START_TEST(test_create_conflicts_and_cancel)
 	post_error("/v1/models/big:step", "{\"inputs\": \"x\"}", 409, "ABORTED", "MODEL_CREATING", id,
 	           NULL);
 	th_request(&D, "DELETE", "/v1/models/big", NULL, NULL, 0, &r);
-	expect_error(&r, "DELETE a model being created", 409, "ABORTED", "MODEL_CREATING", id, NULL);
-	ck_assert_int_eq(get_status("/v1/arrays/big.w1"), 404);   /* not published yet */
+	th_expect_error(&r, "DELETE a model being created", 409, "ABORTED", "MODEL_CREATING", id, NULL);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/big.w1"), 404);   /* not published yet */
 	cancel_and_wait(id, "CANCELLED");
-	ck_assert_int_eq(get_status("/v1/models/big"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/big.w1"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/big"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/big.w1"), 404);
 	/* the name is free again */
 	create_model("{\"name\": \"big\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}");
 }

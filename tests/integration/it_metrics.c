@@ -164,16 +164,6 @@ static long put_array(const char *name, const char *query, size_t len)
 	return st;
 }
 
-/* POST path with a JSON body; returns the status (the body in *r, freed by
- * the caller). */
-static long post(const char *path, const char *body, struct th_response *r)
-{
-	static const char *const hdr[] = {"Content-Type: application/json", NULL};
-
-	th_request(&D, "POST", path, hdr, body, strlen(body), r);
-	return r->status;
-}
-
 /*
  * Restarts the daemon with --data-dir and a malformed safetensors file in it,
  * and imports that file waiting: the import operation runs and fails
@@ -184,7 +174,6 @@ static void failed_import(void)
 	static const char junk[] = "\x10\x00\x00\x00\x00\x00\x00\x00{not a header}";
 	char dir[512], file[600], body[700];
 	const char *args[] = {"--log-level", "info", "--data-dir", dir, NULL};
-	struct th_response r;
 
 	th_temp_dir("data", dir, sizeof dir);
 	snprintf(file, sizeof file, "%s/bad.safetensors", dir);
@@ -192,8 +181,8 @@ static void failed_import(void)
 	th_daemon_stop_ok(&D);
 	th_daemon_start(&D, args);
 	snprintf(body, sizeof body, "{\"path\": \"%s\"}", file);
-	ck_assert_int_eq(post("/v1/arrays:import?wait=true", body, &r), 400);
-	th_response_free(&r);
+	th_post_error(&D, "/v1/arrays:import?wait=true", body, 400, "INVALID_ARGUMENT", NULL, NULL,
+	              NULL);
 }
 
 /* ---- names ----------------------------------------------------------------------------- */
@@ -356,7 +345,6 @@ START_TEST(test_upload_then_move)
 {
 	const char *d0 = th_dev(0), *d1 = th_dev(1), *k1 = "device";
 	struct scrape a, b, c;
-	struct th_response r;
 	char body[128];
 
 	if (!th_daemon_has_device(&D, d1)) {      /* a one-GPU machine */
@@ -381,8 +369,7 @@ START_TEST(test_upload_then_move)
 	moved0 = sum_of(&b, "tstage_device_transfer_bytes_total", NULL, NULL);
 
 	snprintf(body, sizeof body, "{\"device\": \"%s\", \"memory_kind\": \"%s\"}", d1, k1);
-	ck_assert_int_eq(post("/v1/arrays/w:put?wait=true", body, &r), 200);
-	th_response_free(&r);
+	json_decref(th_post_json(&D, "/v1/arrays/w:put?wait=true", body, 200));
 	scrape(&c);
 	ck_assert(one(&c, "tstage_operations_total", "kind", "put", "outcome", "succeeded") ==
 	          one(&b, "tstage_operations_total", "kind", "put", "outcome", "succeeded") + 1);
@@ -413,7 +400,6 @@ START_TEST(test_refusals_counted)
 {
 	const char *d0 = th_dev(0);
 	struct scrape a, b, c;
-	struct th_response r;
 	long st;
 
 	if (!th_backend_is_sim())
@@ -428,10 +414,10 @@ START_TEST(test_refusals_counted)
 	          one(&a, "tstage_memory_refusals_total", "device", d0, "memory_kind", "device") + 1);
 	ck_assert(one(&b, "tstage_memory_refusals_total", "device", th_dev(1), "memory_kind",
 	              "device") == 0);
-	ck_assert_int_eq(post("/v1/arrays/big:copy?wait=true",
-	                      th_on_backend("{\"out\": \"big3\", \"device\": \"sim:0\", "
-	                                    "\"memory_kind\": \"device\"}"), &r), 429);
-	th_response_free(&r);
+	th_post_error(&D, "/v1/arrays/big:copy?wait=true",
+	              th_on_backend("{\"out\": \"big3\", \"device\": \"sim:0\", "
+	                            "\"memory_kind\": \"device\"}"),
+	              429, "RESOURCE_EXHAUSTED", NULL, NULL, NULL);
 	scrape(&c);
 	ck_assert(one(&c, "tstage_memory_refusals_total", "device", d0, "memory_kind", "device") ==
 	          one(&b, "tstage_memory_refusals_total", "device", d0, "memory_kind", "device") + 1);
@@ -466,17 +452,16 @@ START_TEST(test_training_steps_counted)
 
 	for (size_t i = 0; i < sizeof x / sizeof x[0]; i++)
 		x[i] = (float)i / 32.0f;
-	ck_assert_int_eq(post("/v1/models?wait=true",
-	                      "{\"name\": \"mm\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}", &r), 200);
-	th_response_free(&r);
+	json_decref(th_post_json(&D, "/v1/models?wait=true",
+	                         "{\"name\": \"mm\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}",
+	                         200));
 	th_request(&D, "PUT", "/v1/arrays/mm.x?dtype=float32&shape=8,4", NULL, (const char *)x,
 	           sizeof x, &r);
 	ck_assert_int_eq(r.status, 201);
 	th_response_free(&r);
 	scrape(&a);
-	ck_assert_int_eq(post("/v1/models/mm:step?wait=true", "{\"inputs\": \"mm.x\", \"steps\": 3}",
-	                      &r), 200);
-	th_response_free(&r);
+	json_decref(th_post_json(&D, "/v1/models/mm:step?wait=true",
+	                         "{\"inputs\": \"mm.x\", \"steps\": 3}", 200));
 	scrape(&b);
 	ck_assert(one(&b, "tstage_training_steps_total", NULL, NULL, NULL, NULL) ==
 	          one(&a, "tstage_training_steps_total", NULL, NULL, NULL, NULL) + 3);
@@ -606,16 +591,14 @@ END_TEST
  * one at warn with its error. */
 START_TEST(test_operation_end_logged)
 {
-	struct th_response r;
 	json_t *lines, *ok = NULL, *bad = NULL, *j;
 	size_t i;
 
 	failed_import();
 	ck_assert_int_eq(put_array("v", "dtype=uint8&shape=8192&device=sim:0&memory_kind=device",
 	                           8192), 201);
-	ck_assert_int_eq(post("/v1/arrays/v:put?wait=true", "{\"memory_kind\": \"pinned_host\"}", &r),
-	                 200);
-	th_response_free(&r);
+	json_decref(th_post_json(&D, "/v1/arrays/v:put?wait=true",
+	                         "{\"memory_kind\": \"pinned_host\"}", 200));
 	stop_keeping_log();
 	lines = log_lines();
 	json_array_foreach(lines, i, j) {

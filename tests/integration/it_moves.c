@@ -137,39 +137,12 @@ static void post(const char *path, const char *body, const char *const *headers,
 	th_request(&D, "POST", path, headers ? headers : json_headers, body, strlen(body), r);
 }
 
-/* PUT /v1/arrays/name?query with data; it must be taken (201 or 200). */
-static void upload(const char *name, const char *query, const void *data, size_t len)
-{
-	struct th_response r;
-	char path[2048];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?%s", name, query);
-	th_request(&D, "PUT", path, NULL, data, len, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
 static json_t *meta(const char *name, struct th_response *r)
 {
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
 	return th_get_json(&D, path, r);
-}
-
-/* GET /v1/arrays/name/data[?index=index] must be exactly want. */
-static void expect_data(const char *name, const char *index, const void *want, size_t len)
-{
-	struct th_response r;
-	char path[400], what[420];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data%s%s", name, index ? "?index=" : "",
-	         index ? index : "");
-	th_get(&D, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	snprintf(what, sizeof what, "GET %s", path);
-	th_assert_bytes(what, r.body, r.body_len, want, len);
-	th_response_free(&r);
 }
 
 /* The error message of a google.rpc.Status answer (borrowed from r). */
@@ -250,13 +223,11 @@ static char *move_start(const char *name, const char *verb, const char *body, js
 /* GET /v1/operations/{id} (new reference). */
 static json_t *op_get(const char *id)
 {
-	struct th_response r;
 	char path[96];
 	json_t *op;
 
 	snprintf(path, sizeof path, "/v1/operations/%s", id);
-	op = json_incref(th_get_json(&D, path, &r));
-	th_response_free(&r);
+	op = th_get_object(&D, path);
 	check_operation(op, NULL);
 	return op;
 }
@@ -473,74 +444,15 @@ static void expect_spaces(const char *want, int timeout_ms)
 	json_decref(w);
 }
 
-/* Whether every space's bytes_in_use equals the sum of the nbytes of the
- * shards that GET /v1/arrays places in it; what differs goes to why. */
-static bool spaces_match_shards(char *why, size_t cap)
-{
-	struct th_response r;
-	json_t *sums = json_object(), *a, *s, *list, *shard;
-	size_t i, k, o = 0;
-	bool ok = true;
-
-	list = th_arr(th_get_json(&D, "/v1/arrays?page_size=1000", &r), "arrays");
-	ck_assert_ptr_null(json_object_get(th_json(&r), "next_page_token"));
-	json_array_foreach(list, i, a) {
-		json_array_foreach(th_arr(a, "shards"), k, shard) {
-			char key[64];
-
-			snprintf(key, sizeof key, "%s/%s", th_str(shard, "device"),
-			         th_str(shard, "memory_kind"));
-			json_object_set_new(sums, key,
-			                    json_integer(json_integer_value(json_object_get(sums, key)) +
-			                                 th_int(shard, "nbytes")));
-		}
-	}
-	th_response_free(&r);
-	why[0] = '\0';
-	list = th_arr(th_get_json(&D, "/v1/memory", &r), "spaces");
-	json_array_foreach(list, i, s) {
-		char key[64];
-		json_int_t want;
-
-		snprintf(key, sizeof key, "%s/%s", th_str(s, "device"), th_str(s, "memory_kind"));
-		want = json_integer_value(json_object_get(sums, key));
-		if (th_int(s, "bytes_in_use") != want) {
-			ok = false;
-			o += (size_t)snprintf(why + o, cap > o ? cap - o : 0,
-			                      "%s holds %lld, its shards %lld; ", key,
-			                      (long long)th_int(s, "bytes_in_use"), (long long)want);
-		}
-	}
-	th_response_free(&r);
-	json_decref(sums);
-	return ok;
-}
-
 /* Every operation listed is done; the accounting is exact within 5 s. */
 static void expect_exact_accounting(const char *when)
 {
 	long long deadline = th_now_ms() + 5000;
 	char why[4096];
 
-	while (!spaces_match_shards(why, sizeof why) && th_now_ms() < deadline)
+	while (!th_spaces_match_shards(&D, why, sizeof why) && th_now_ms() < deadline)
 		usleep(20000);
-	ck_assert_msg(spaces_match_shards(why, sizeof why), "%s: %s", when, why);
-}
-
-/* Fails the test when the daemon's stderr holds a sanitizer's report. */
-static void expect_no_sanitizer_report(void)
-{
-	static const char *const marks[] = {"WARNING: ThreadSanitizer", "ERROR: AddressSanitizer",
-	                                    "ERROR: LeakSanitizer", "runtime error:"};
-	char *err = th_daemon_stderr(&D);
-
-	for (size_t i = 0; i < sizeof marks / sizeof marks[0]; i++) {
-		const char *at = strstr(err, marks[i]);
-
-		if (at)
-			ck_abort_msg("tstaged reported:\n%.3500s", at);
-	}
-	free(err);
+	ck_assert_msg(th_spaces_match_shards(&D, why, sizeof why), "%s: %s", when, why);
 }
 
 /* The shard of a metadata "shards" list on device (borrowed); fails the
@@ -593,7 +505,7 @@ START_TEST(test_acceptance)
 	json_int_t total;
 	struct watch w;
 
-	upload("w", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "w", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
 	       BIG_BYTES);
 	a = meta("w", &r);
 	ck_assert_int_eq(th_int(a, "version"), 1);
@@ -642,8 +554,8 @@ START_TEST(test_acceptance)
 	json_decref(op);
 	free(id);
 
-	expect_data("w-host", NULL, data, BIG_BYTES);
-	expect_data("w", NULL, data, BIG_BYTES);
+	th_expect_data(&D, "w-host", NULL, data, BIG_BYTES);
+	th_expect_data(&D, "w", NULL, data, BIG_BYTES);
 	/* the source of a copy is untouched */
 	a = meta("w", &r);
 	ck_assert_int_eq(th_int(a, "version"), 2);
@@ -684,7 +596,7 @@ START_TEST(test_put_device_and_kind)
 	json_t *a, *single;
 	json_int_t v, total;
 
-	upload("p", "dtype=int32&shape=16,8&device=sim:0&memory_kind=unpinned_host", data, 512);
+	th_put_array(&D, "p", "dtype=int32&shape=16,8&device=sim:0&memory_kind=unpinned_host", data, 512);
 	a = meta("p", &r);
 	v = th_int(a, "version");
 	ck_assert(th_bool(a, "committed"));
@@ -713,7 +625,7 @@ START_TEST(test_put_device_and_kind)
 	ck_assert_str_eq(th_str(a, "etag"), th_header(&r, "ETag"));
 	snprintf(etag, sizeof etag, "%s", th_header(&r, "ETag"));
 	th_response_free(&r);
-	expect_data("p", NULL, data, 512);
+	th_expect_data(&D, "p", NULL, data, 512);
 	expect_spaces("sim:2/device=512", 2000);
 
 	/* Prefer: wait=5, to another device's pinned host */
@@ -723,7 +635,7 @@ START_TEST(test_put_device_and_kind)
 	ck_assert_msg(strcmp(th_str(a, "etag"), etag) != 0, "etag %s did not change", etag);
 	expect_shard(a, "sim:3", "pinned_host", 512, 0, 16, 0, 8);
 	json_decref(a);
-	expect_data("p", NULL, data, 512);
+	th_expect_data(&D, "p", NULL, data, 512);
 	expect_spaces("sim:3/pinned_host=512", 2000);
 
 	/* to where it is: nothing to copy */
@@ -731,12 +643,12 @@ START_TEST(test_put_device_and_kind)
 	ck_assert_int_eq(total, 0);
 	expect_shard(a, "sim:3", "pinned_host", 512, 0, 16, 0, 8);
 	json_decref(a);
-	expect_data("p", NULL, data, 512);
+	th_expect_data(&D, "p", NULL, data, 512);
 	expect_spaces("sim:3/pinned_host=512", 2000);
 
 	/* an array uploaded without a placement is uncommitted; a put to the
 	 * placement it already has copies nothing and commits it */
-	upload("q", "dtype=int32&shape=16,8", data, 512);
+	th_put_array(&D, "q", "dtype=int32&shape=16,8", data, 512);
 	a = meta("q", &r);
 	ck_assert(!th_bool(a, "committed"));
 	th_response_free(&r);
@@ -746,7 +658,7 @@ START_TEST(test_put_device_and_kind)
 	ck_assert_int_eq(total, 0);
 	ck_assert(th_bool(a, "committed"));
 	json_decref(a);
-	expect_data("q", NULL, data, 512);
+	th_expect_data(&D, "q", NULL, data, 512);
 	if (strncmp(dev, "sim:", 4) == 0) {
 		snprintf(want, sizeof want, "sim:3/pinned_host=512 %s/%s=512", dev, kind);
 		expect_spaces(want, 2000);
@@ -765,14 +677,14 @@ START_TEST(test_put_memory_kind_only)
 	unsigned char *data = th_pattern(512, 10);
 	json_t *a, *want;
 
-	upload("mk", "dtype=int32&shape=16,8&device=sim:2&memory_kind=device", data, 512);
+	th_put_array(&D, "mk", "dtype=int32&shape=16,8&device=sim:2&memory_kind=device", data, 512);
 	a = move_waiting("mk", ":put", "{\"memory_kind\": \"pinned_host\"}", false);
 	want = load("{\"device\": \"sim:2\", \"memory_kind\": \"pinned_host\"}");
 	ck_assert_msg(json_equal(th_obj(a, "sharding"), want), "{\"memory_kind\": \"pinned_host\"} "
 	              "moved an array on sim:2 to %s", json_dumps(th_obj(a, "sharding"), 0));
 	json_decref(want);
 	json_decref(a);
-	expect_data("mk", NULL, data, 512);
+	th_expect_data(&D, "mk", NULL, data, 512);
 
 	json_decref(move_waiting("mk", ":put", "{\"sharding\": " GRID "}", false));
 	a = move_waiting("mk", ":put", "{\"memory_kind\": \"unpinned_host\"}", true);
@@ -782,7 +694,7 @@ START_TEST(test_put_memory_kind_only)
 	              "made an array sharded over four devices %s", json_dumps(th_obj(a, "sharding"), 0));
 	json_decref(want);
 	json_decref(a);
-	expect_data("mk", NULL, data, 512);
+	th_expect_data(&D, "mk", NULL, data, 512);
 	expect_spaces("sim:0/unpinned_host=128 sim:1/unpinned_host=128 sim:2/unpinned_host=128 "
 	              "sim:3/unpinned_host=128", 2000);
 	free(data);
@@ -825,7 +737,7 @@ static void expect_grid_indexes(const char *name, const int32_t *v)
 			for (int j = 0; j < grid_indexes[k].cn; j++)
 				want[n++] = v[(grid_indexes[k].r0 + i * grid_indexes[k].rs) * 6 +
 				              grid_indexes[k].c0 + j * grid_indexes[k].cs];
-		expect_data(name, grid_indexes[k].index, want, n * sizeof want[0]);
+		th_expect_data(&D, name, grid_indexes[k].index, want, n * sizeof want[0]);
 	}
 }
 
@@ -838,7 +750,7 @@ START_TEST(test_put_inline_sharding)
 	json_int_t ver;
 
 	grid_values(v);
-	upload("g", "dtype=int32&shape=8,6&device=sim:0&memory_kind=unpinned_host", v, sizeof v);
+	th_put_array(&D, "g", "dtype=int32&shape=8,6&device=sim:0&memory_kind=unpinned_host", v, sizeof v);
 	a = meta("g", &r);
 	ver = th_int(a, "version");
 	th_response_free(&r);
@@ -877,7 +789,7 @@ START_TEST(test_put_inline_sharding)
 	              strstr(text, "memory_kind: device"), "grid:\n%s", text);
 	th_response_free(&r);
 
-	expect_data("g", NULL, v, sizeof v);
+	th_expect_data(&D, "g", NULL, v, sizeof v);
 	expect_grid_indexes("g", v);
 	expect_spaces("sim:0/device=48 sim:1/device=48 sim:2/device=48 sim:3/device=48", 2000);
 	expect_exact_accounting("after a sharded put");
@@ -911,7 +823,7 @@ START_TEST(test_put_saved_sharding)
 		v[i] = (float)i * 0.5f;
 	save_sharding("rows4", ROWS4);
 	save_sharding("cols4", COLS4);
-	upload("s", "dtype=float32&shape=8,8&device=sim:1&memory_kind=device", v, sizeof v);
+	th_put_array(&D, "s", "dtype=float32&shape=8,8&device=sim:1&memory_kind=device", v, sizeof v);
 	a = meta("s", &r);
 	ver = th_int(a, "version");
 	th_response_free(&r);
@@ -930,8 +842,8 @@ START_TEST(test_put_saved_sharding)
 	expect_shard(a, "sim:3", "pinned_host", 128, 4, 8, 0, 8);
 	ck_assert_int_ne(th_int(shard_on(a, "sim:0"), "replica"), th_int(shard_on(a, "sim:1"), "replica"));
 	json_decref(a);
-	expect_data("s", NULL, v, sizeof v);
-	expect_data("s", "4:8", v + 32, 32 * sizeof v[0]);
+	th_expect_data(&D, "s", NULL, v, sizeof v);
+	th_expect_data(&D, "s", "4:8", v + 32, 32 * sizeof v[0]);
 	expect_spaces("sim:0/pinned_host=128 sim:1/pinned_host=128 sim:2/pinned_host=128 "
 	              "sim:3/pinned_host=128", 2000);
 
@@ -943,7 +855,7 @@ START_TEST(test_put_saved_sharding)
 	expect_shard(a, "sim:1", "device", 64, 0, 8, 4, 6);
 	expect_shard(a, "sim:0", "device", 64, 0, 8, 6, 8);
 	json_decref(a);
-	expect_data("s", NULL, v, sizeof v);
+	th_expect_data(&D, "s", NULL, v, sizeof v);
 	{
 		float want_cols[16];
 
@@ -951,7 +863,7 @@ START_TEST(test_put_saved_sharding)
 			want_cols[i * 2] = v[i * 8 + 1];
 			want_cols[i * 2 + 1] = v[i * 8 + 2];
 		}
-		expect_data("s", ":,1:3", want_cols, sizeof want_cols);
+		th_expect_data(&D, "s", ":,1:3", want_cols, sizeof want_cols);
 	}
 	expect_spaces("sim:0/device=64 sim:1/device=64 sim:2/device=64 sim:3/device=64", 2000);
 
@@ -963,7 +875,7 @@ START_TEST(test_put_saved_sharding)
 	a = move_ok("s", ":put", "{\"sharding\": \"cols4-host\"}", NULL);
 	expect_shard(a, "sim:0", "unpinned_host", 64, 0, 8, 6, 8);
 	json_decref(a);
-	expect_data("s", NULL, v, sizeof v);
+	th_expect_data(&D, "s", NULL, v, sizeof v);
 	expect_spaces("sim:0/unpinned_host=64 sim:1/unpinned_host=64 sim:2/unpinned_host=64 "
 	              "sim:3/unpinned_host=64", 2000);
 	expect_exact_accounting("after puts by saved shardings");
@@ -977,7 +889,7 @@ START_TEST(test_put_shares_unmoved_shards)
 	json_t *a;
 	json_int_t total;
 
-	upload("m", "dtype=float32&shape=16,16&device=sim:0&memory_kind=device", data, 1024);
+	th_put_array(&D, "m", "dtype=float32&shape=16,16&device=sim:0&memory_kind=device", data, 1024);
 	/* replicated on sim:0 and sim:1: the sim:0 copy is the old buffer */
 	a = move_ok("m", ":put", "{\"sharding\": {\"mesh\": {\"devices\": [\"sim:0\",\"sim:1\"], "
 	            "\"axis_names\": [\"x\"], \"shape\": [2]}, \"spec\": [null, null], "
@@ -988,7 +900,7 @@ START_TEST(test_put_shares_unmoved_shards)
 	expect_shard(a, "sim:1", "device", 1024, 0, 16, 0, 16);
 	json_decref(a);
 	expect_spaces("sim:0/device=1024 sim:1/device=1024", 2000);
-	expect_data("m", NULL, data, 1024);
+	th_expect_data(&D, "m", NULL, data, 1024);
 
 	/* the same again: nothing moves */
 	a = move_ok("m", ":put", "{\"sharding\": {\"mesh\": {\"devices\": [\"sim:0\",\"sim:1\"], "
@@ -1003,13 +915,13 @@ START_TEST(test_put_shares_unmoved_shards)
 	ck_assert_int_eq(total, 1024);
 	json_decref(a);
 	expect_spaces("sim:0/device=256 sim:1/device=256 sim:2/device=256 sim:3/device=256", 2000);
-	expect_data("m", NULL, data, 1024);
+	th_expect_data(&D, "m", NULL, data, 1024);
 	{
 		unsigned char block[256];
 
 		for (int i = 0; i < 8; i++)
 			memcpy(block + i * 32, data + ((8 + i) * 16 + 8) * 4, 32);
-		expect_data("m", "8:16,8:16", block, sizeof block);
+		th_expect_data(&D, "m", "8:16,8:16", block, sizeof block);
 	}
 	expect_exact_accounting("after puts that share shards");
 	free(data);
@@ -1070,7 +982,7 @@ START_TEST(test_put_refused)
 	char etag[80], diff[2048];
 	json_int_t v;
 
-	upload("e", "dtype=uint8&shape=3,4&device=sim:0&memory_kind=unpinned_host", "abcdefghijkl", 12);
+	th_put_array(&D, "e", "dtype=uint8&shape=3,4&device=sim:0&memory_kind=unpinned_host", "abcdefghijkl", 12);
 	a = meta("e", &r);
 	v = th_int(a, "version");
 	snprintf(etag, sizeof etag, "%s", th_str(a, "etag"));
@@ -1116,7 +1028,7 @@ START_TEST(test_put_refused)
 	th_get(&D, "/v1/arrays/e2", &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "ARRAY_NOT_FOUND");
 	th_response_free(&r);
-	expect_data("e", NULL, "abcdefghijkl", 12);
+	th_expect_data(&D, "e", NULL, "abcdefghijkl", 12);
 	json_decref(before);
 	json_decref(after);
 }
@@ -1153,7 +1065,7 @@ START_TEST(test_sharded_upload)
 
 	/* by a saved sharding's name: a quarter on each device */
 	save_sharding("grid", GRID);
-	upload("sa", "dtype=int32&shape=8,8&sharding=grid", a, sizeof a);
+	th_put_array(&D, "sa", "dtype=int32&shape=8,8&sharding=grid", a, sizeof a);
 	m = meta("sa", &r);
 	ck_assert(th_bool(m, "committed"));
 	ck_assert(json_equal(th_obj(m, "sharding"), grid));
@@ -1163,7 +1075,7 @@ START_TEST(test_sharded_upload)
 	expect_shard(m, "sim:2", "device", 64, 4, 8, 0, 4);
 	expect_shard(m, "sim:3", "device", 64, 4, 8, 4, 8);
 	th_response_free(&r);
-	expect_data("sa", NULL, a, sizeof a);
+	th_expect_data(&D, "sa", NULL, a, sizeof a);
 	{
 		int32_t block[8];
 
@@ -1171,7 +1083,7 @@ START_TEST(test_sharded_upload)
 			block[i * 2] = a[(2 + i) * 8 + 3];
 			block[i * 2 + 1] = a[(2 + i) * 8 + 4];
 		}
-		expect_data("sa", "2:6,3:5", block, sizeof block);
+		th_expect_data(&D, "sa", "2:6,3:5", block, sizeof block);
 	}
 	for (int i = 0; i < 4; i++) {
 		char dev[16];
@@ -1184,7 +1096,7 @@ START_TEST(test_sharded_upload)
 	/* inline JSON: columns split over y, each half replicated over x */
 	th_url_escape(enc, sizeof enc, HALVES);
 	snprintf(query, sizeof query, "dtype=uint16&shape=8,16&sharding=%s", enc);
-	upload("sb", query, b, sizeof b);
+	th_put_array(&D, "sb", query, b, sizeof b);
 	m = meta("sb", &r);
 	ck_assert(json_equal(th_obj(m, "sharding"), halves));
 	ck_assert_int_eq(json_array_size(th_arr(m, "shards")), 4);
@@ -1193,11 +1105,11 @@ START_TEST(test_sharded_upload)
 	expect_shard(m, "sim:2", "pinned_host", 128, 0, 8, 0, 8);
 	expect_shard(m, "sim:3", "pinned_host", 128, 0, 8, 8, 16);
 	th_response_free(&r);
-	expect_data("sb", NULL, b, sizeof b);
+	th_expect_data(&D, "sb", NULL, b, sizeof b);
 	for (int i = 0; i < 8; i++)
 		for (int j = 0; j < 4; j++)
 			want[i * 4 + j] = b[i * 16 + 6 + j];
-	expect_data("sb", ":,6:10", want, sizeof want);
+	th_expect_data(&D, "sb", ":,6:10", want, sizeof want);
 	for (int i = 0; i < 4; i++) {
 		char dev[16];
 
@@ -1210,7 +1122,7 @@ START_TEST(test_sharded_upload)
 	m = move_waiting("sb", ":put", "{\"sharding\": \"grid\"}", false);
 	expect_shard(m, "sim:3", "device", 64, 4, 8, 8, 16);
 	json_decref(m);
-	expect_data("sb", NULL, b, sizeof b);
+	th_expect_data(&D, "sb", NULL, b, sizeof b);
 	expect_spaces("sim:0/device=128 sim:1/device=128 sim:2/device=128 sim:3/device=128", 2000);
 	expect_exact_accounting("after sharded uploads");
 	json_decref(grid);
@@ -1231,7 +1143,7 @@ START_TEST(test_wait)
 	json_int_t v;
 
 	ck_assert_ptr_nonnull(data);
-	upload("big", "dtype=uint8&shape=134217728&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "big", "dtype=uint8&shape=134217728&device=sim:0&memory_kind=pinned_host", data,
 	       MID_BYTES);
 	a = meta("big", &r);
 	v = th_int(a, "version");
@@ -1324,7 +1236,7 @@ START_TEST(test_cancel_finished)
 	char path[96], *id;
 	json_t *op;
 
-	upload("k", "dtype=uint8&shape=64&device=sim:0&memory_kind=device",
+	th_put_array(&D, "k", "dtype=uint8&shape=64&device=sim:0&memory_kind=device",
 	       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", 64);
 	id = move_start("k", ":put", "{\"device\": \"sim:1\"}", NULL);
 	json_decref(op_wait(id));
@@ -1348,7 +1260,7 @@ START_TEST(test_cancel_running)
 	const char *state;
 	json_int_t v;
 
-	upload("c", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "c", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
 	       BIG_BYTES);
 	a = meta("c", &r);
 	v = th_int(a, "version");
@@ -1393,7 +1305,7 @@ START_TEST(test_cancel_running)
 		th_response_free(&r);
 	}
 	json_decref(op);
-	expect_data("c", NULL, data, BIG_BYTES);
+	th_expect_data(&D, "c", NULL, data, BIG_BYTES);
 	expect_exact_accounting("after a cancelled move");
 
 	/* the array is free to move again */
@@ -1401,7 +1313,7 @@ START_TEST(test_cancel_running)
 	                 false);
 	expect_shard(a, "sim:1", "unpinned_host", BIG_BYTES, 0, BIG_ROWS, 0, BIG_COLS);
 	json_decref(a);
-	expect_data("c", NULL, data, BIG_BYTES);
+	th_expect_data(&D, "c", NULL, data, BIG_BYTES);
 	snprintf(want, sizeof want, "sim:1/unpinned_host=%zu", BIG_BYTES);
 	expect_spaces(want, 5000);
 	json_decref(grid);
@@ -1428,7 +1340,7 @@ START_TEST(test_busy)
 	json_int_t v;
 
 	ck_assert_ptr_nonnull(data);
-	upload("b", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "b", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
 	       BIG_BYTES);
 	a = meta("b", &r);
 	v = th_int(a, "version");
@@ -1482,7 +1394,7 @@ START_TEST(test_list_newest_first)
 
 	for (i = 0; i < 64; i++)
 		v[i] = (int32_t)i;
-	upload("l", "dtype=int32&shape=8,8&device=sim:0&memory_kind=unpinned_host", v, sizeof v);
+	th_put_array(&D, "l", "dtype=int32&shape=8,8&device=sim:0&memory_kind=unpinned_host", v, sizeof v);
 	ids[0] = move_start("l", ":put", "{\"device\": \"sim:1\", \"memory_kind\": \"device\"}", NULL);
 	json_decref(op_wait(ids[0]));
 	ids[1] = move_start("l", ":copy", "{\"out\": \"l2\", \"device\": \"sim:2\", "
@@ -1513,8 +1425,8 @@ START_TEST(test_list_newest_first)
 	list = th_arr(th_get_json(&D, "/v1/operations?state=RUNNING", &r), "operations");
 	ck_assert_int_eq(json_array_size(list), 0);
 	th_response_free(&r);
-	expect_data("l", NULL, v, sizeof v);
-	expect_data("l2", NULL, v, sizeof v);
+	th_expect_data(&D, "l", NULL, v, sizeof v);
+	th_expect_data(&D, "l2", NULL, v, sizeof v);
 	for (i = 0; i < 3; i++)
 		free(ids[i]);
 }
@@ -1529,12 +1441,12 @@ START_TEST(test_changed_while_moving)
 	struct th_response r;
 	json_t *op, *err, *a;
 
-	upload("x", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "x", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
 	       BIG_BYTES);
 
 	/* replaced by an upload */
 	id = move_start("x", ":put", "{\"sharding\": " GRID "}", NULL);
-	upload("x", "dtype=uint8&shape=4&device=sim:1&memory_kind=unpinned_host", "abcd", 4);
+	th_put_array(&D, "x", "dtype=uint8&shape=4&device=sim:1&memory_kind=unpinned_host", "abcd", 4);
 	op = op_wait(id);
 	ck_assert_msg(strcmp(json_string_value(th_op_meta(op, "state")), "FAILED") == 0, "a put of a replaced array: %s",
 	              json_dumps(op, 0));
@@ -1546,11 +1458,11 @@ START_TEST(test_changed_while_moving)
 	a = meta("x", &r);
 	ck_assert_int_eq(th_int(a, "nbytes"), 4);
 	th_response_free(&r);
-	expect_data("x", NULL, "abcd", 4);
+	th_expect_data(&D, "x", NULL, "abcd", 4);
 	expect_spaces("sim:1/unpinned_host=4", 5000);
 
 	/* deleted */
-	upload("x", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "x", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
 	       BIG_BYTES);
 	id = move_start("x", ":put", "{\"sharding\": " GRID "}", NULL);
 	th_request(&D, "DELETE", "/v1/arrays/x", NULL, NULL, 0, &r);
@@ -1568,7 +1480,7 @@ START_TEST(test_changed_while_moving)
 	expect_spaces("", 5000);
 
 	/* a copy whose source goes while it runs */
-	upload("x", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
+	th_put_array(&D, "x", "dtype=float32&shape=4096,12800&device=sim:0&memory_kind=pinned_host", data,
 	       BIG_BYTES);
 	id = move_start("x", ":copy", "{\"out\": \"x-copy\", \"sharding\": " GRID "}", NULL);
 	th_request(&D, "DELETE", "/v1/arrays/x", NULL, NULL, 0, &r);
@@ -1579,7 +1491,7 @@ START_TEST(test_changed_while_moving)
 	              json_dumps(op, 0));
 	json_decref(op);
 	free(id);
-	expect_data("x-copy", NULL, data, BIG_BYTES);
+	th_expect_data(&D, "x-copy", NULL, data, BIG_BYTES);
 	snprintf(want, sizeof want, "sim:0/device=%zu sim:1/device=%zu sim:2/device=%zu "
 	         "sim:3/device=%zu", BIG_BYTES / 4, BIG_BYTES / 4, BIG_BYTES / 4, BIG_BYTES / 4);
 	expect_spaces(want, 5000);
@@ -1595,7 +1507,7 @@ START_TEST(test_copy_donate)
 	struct th_response r;
 	json_t *a;
 
-	upload("d", "dtype=uint32&shape=32,32&device=sim:2&memory_kind=device", data, 4096);
+	th_put_array(&D, "d", "dtype=uint32&shape=32,32&device=sim:2&memory_kind=device", data, 4096);
 	a = move_waiting("d", ":copy", "{\"out\": \"d2\", \"sharding\": " GRID ", "
 	                 "\"donate\": true}", false);
 	ck_assert_str_eq(th_str(a, "name"), "d2");
@@ -1604,7 +1516,7 @@ START_TEST(test_copy_donate)
 	th_get(&D, "/v1/arrays/d", &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "ARRAY_NOT_FOUND");
 	th_response_free(&r);
-	expect_data("d2", NULL, data, 4096);
+	th_expect_data(&D, "d2", NULL, data, 4096);
 	expect_spaces("sim:0/device=1024 sim:1/device=1024 sim:2/device=1024 sim:3/device=1024",
 	              5000);
 
@@ -1612,8 +1524,8 @@ START_TEST(test_copy_donate)
 	a = move_waiting("d2", ":copy", "{\"out\": \"d3\", \"device\": \"sim:1\", "
 	                 "\"memory_kind\": \"pinned_host\", \"donate\": false}", true);
 	json_decref(a);
-	expect_data("d2", NULL, data, 4096);
-	expect_data("d3", NULL, data, 4096);
+	th_expect_data(&D, "d2", NULL, data, 4096);
+	th_expect_data(&D, "d3", NULL, data, 4096);
 	expect_exact_accounting("after donating copies");
 	free(data);
 }
@@ -1634,7 +1546,7 @@ START_TEST(test_cancel_pending)
 
 	for (int i = 0; i < PEND_ARRAYS; i++) {
 		snprintf(name, sizeof name, "q%d", i);
-		upload(name, "dtype=uint8&shape=41943040&device=sim:0&memory_kind=pinned_host", data,
+		th_put_array(&D, name, "dtype=uint8&shape=41943040&device=sim:0&memory_kind=pinned_host", data,
 		       PEND_BYTES);
 	}
 	for (int i = 0; i < PEND_ARRAYS; i++) {
@@ -1681,7 +1593,7 @@ START_TEST(test_cancel_pending)
 	}
 	for (int i = 0; i < PEND_ARRAYS; i++) {
 		snprintf(name, sizeof name, "q%d", i);
-		expect_data(name, NULL, data, PEND_BYTES);
+		th_expect_data(&D, name, NULL, data, PEND_BYTES);
 	}
 	expect_exact_accounting("after a cancelled pending move");
 	free(data);
@@ -1721,9 +1633,9 @@ START_TEST(test_admission)
 	size_t ops;
 
 	ck_assert(fill_bytes && h);
-	upload("fill", "dtype=uint8&shape=209715200&device=sim:1&memory_kind=device", fill_bytes,
+	th_put_array(&D, "fill", "dtype=uint8&shape=209715200&device=sim:1&memory_kind=device", fill_bytes,
 	       200 * MiB);
-	upload("h", "dtype=uint8&shape=134217728&device=sim:0&memory_kind=unpinned_host", h,
+	th_put_array(&D, "h", "dtype=uint8&shape=134217728&device=sim:0&memory_kind=unpinned_host", h,
 	       MID_BYTES);
 	expect_spaces("sim:1/device=209715200 sim:0/unpinned_host=134217728", 5000);
 	a = meta("h", &r);
@@ -2199,7 +2111,7 @@ START_TEST(test_random_sequence)
 	              q.gathered >= 5, "a thin workload: %u uploads, %u moves taken (%u without "
 	              "waiting, %u of them succeeded), %u gathers", q.uploads, q.moved, q.started,
 	              q.finished_ok, q.gathered);
-	expect_no_sanitizer_report();
+	th_expect_no_sanitizer_report(&D);
 }
 END_TEST
 
@@ -2424,7 +2336,7 @@ START_TEST(test_concurrent_clients)
 	expect_all_finished();
 	expect_exact_accounting("after four clients");
 	expect_arrays_whole("after four clients");
-	expect_no_sanitizer_report();
+	th_expect_no_sanitizer_report(&D);
 }
 END_TEST
 

@@ -34,17 +34,14 @@ static void daemon_down(void)
 static char *put_rows(const char *name, size_t nrows, size_t row_bytes, const char *kind,
                       uint64_t seed)
 {
-	struct th_response r;
-	char path[256];
+	char query[160];
 	char *data = malloc(nrows * row_bytes);
 
 	ck_assert_ptr_nonnull(data);
 	th_fill(data, nrows * row_bytes, seed);
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=uint8&shape=%zu,%zu&memory_kind=%s", name,
-	         nrows, row_bytes, kind);
-	th_request(&D, "PUT", path, NULL, data, nrows * row_bytes, &r);
-	ck_assert_msg(r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
+	snprintf(query, sizeof query, "dtype=uint8&shape=%zu,%zu&memory_kind=%s", nrows, row_bytes,
+	         kind);
+	th_put_array(&D, name, query, data, nrows * row_bytes);
 	return data;
 }
 
@@ -166,14 +163,11 @@ static void check_error(const char *path, long http, const char *status, const c
                         const char *needle)
 {
 	struct th_response r;
-	const char *msg;
+	char what[300];
 
+	snprintf(what, sizeof what, "GET %s", path);
 	th_get(&D, path, &r);
-	th_assert_error(&r, http, status, reason);
-	msg = th_str(th_obj(th_json(&r), "error"), "message");
-	ck_assert_msg(strstr(msg, needle), "GET %s: message '%s' does not name '%s'", path, msg,
-	              needle);
-	th_response_free(&r);
+	th_expect_error(&r, what, http, status, reason, needle, NULL);
 }
 
 START_TEST(test_rows_errors)

@@ -34,13 +34,6 @@ static void daemon_down(void)
 	"\"axis_names\": [\"x\",\"y\"], \"shape\": [2,2]}, \"spec\": [\"x\",\"y\"], " \
 	"\"memory_kind\": \"device\"}"
 
-static void post(const char *path, const char *body, struct th_response *r)
-{
-	static const char *const headers[] = {"Content-Type: application/json", NULL};
-
-	th_request(&D, "POST", path, headers, body, strlen(body), r);
-}
-
 static json_t *load(const char *text)
 {
 	json_error_t e;
@@ -58,7 +51,7 @@ static void save(const char *name, const char *sharding)
 	json_t *want = load(sharding);
 
 	snprintf(body, sizeof body, "{\"name\": \"%s\", \"sharding\": %s}", name, sharding);
-	post("/v1/shardings", body, &r);
+	th_post(&D, "/v1/shardings", body, &r);
 	ck_assert_msg(r.status == 201, "POST /v1/shardings %s: %ld %s", name, r.status, r.body);
 	ck_assert_str_eq(th_str(th_json(&r), "name"), name);
 	ck_assert_msg(json_equal(th_obj(th_json(&r), "sharding"), want), "saved as %s", r.body);
@@ -108,7 +101,7 @@ START_TEST(test_defaults_and_saved_names)
 
 	/* memory_kind and shape left out: filled in on the way back; a spec
 	 * entry of one axis given as a list comes back as the axis name */
-	post("/v1/shardings", "{\"name\": \"rows\", \"sharding\": {\"mesh\": {\"devices\": "
+	th_post(&D, "/v1/shardings", "{\"name\": \"rows\", \"sharding\": {\"mesh\": {\"devices\": "
 	                      "[\"sim:0\",\"sim:1\"], \"axis_names\": [\"x\"]}, \"spec\": [[\"x\"]]}}",
 	     &r);
 	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
@@ -119,10 +112,10 @@ START_TEST(test_defaults_and_saved_names)
 	th_response_free(&r);
 
 	/* a saved sharding can be named by another */
-	post("/v1/shardings", "{\"name\": \"rows2\", \"sharding\": \"rows\"}", &r);
+	th_post(&D, "/v1/shardings", "{\"name\": \"rows2\", \"sharding\": \"rows\"}", &r);
 	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
 	th_response_free(&r);
-	post("/v1/shardings", "{\"name\": \"rows3\", \"sharding\": \"nope\"}", &r);
+	th_post(&D, "/v1/shardings", "{\"name\": \"rows3\", \"sharding\": \"nope\"}", &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "SHARDING_NOT_FOUND");
 	th_response_free(&r);
 }
@@ -158,7 +151,7 @@ START_TEST(test_create_refused)
 
 	save("grid", GRID);
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		post("/v1/shardings", cases[i].body, &r);
+		th_post(&D, "/v1/shardings", cases[i].body, &r);
 		th_assert_error(&r, cases[i].http, cases[i].status, cases[i].reason);
 		ck_assert_msg(strstr(th_str(th_obj(th_json(&r), "error"), "message"), cases[i].message),
 		              "%s: %s", cases[i].body, r.body);
@@ -195,7 +188,7 @@ START_TEST(test_with_memory_kind)
 	json_t *got, *want = load(GRID), *orig = load(GRID);
 
 	save("grid", GRID);
-	post("/v1/shardings/grid:withMemoryKind",
+	th_post(&D, "/v1/shardings/grid:withMemoryKind",
 	     "{\"memory_kind\": \"pinned_host\", \"name\": \"grid-host\"}", &r);
 	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
 	ck_assert_str_eq(th_str(th_json(&r), "name"), "grid-host");
@@ -212,28 +205,28 @@ START_TEST(test_with_memory_kind)
 	th_response_free(&r);
 
 	/* and back again, under a third name */
-	post("/v1/shardings/grid-host:withMemoryKind",
+	th_post(&D, "/v1/shardings/grid-host:withMemoryKind",
 	     "{\"memory_kind\": \"device\", \"name\": \"grid-again\"}", &r);
 	ck_assert_int_eq(r.status, 201);
 	ck_assert(json_equal(th_obj(th_json(&r), "sharding"), orig));
 	th_response_free(&r);
 
 	/* refusals */
-	post("/v1/shardings/grid:withMemoryKind",
+	th_post(&D, "/v1/shardings/grid:withMemoryKind",
 	     "{\"memory_kind\": \"pinned_host\", \"name\": \"grid-host\"}", &r);
 	th_assert_error(&r, 409, "ALREADY_EXISTS", "SHARDING_EXISTS");
 	th_response_free(&r);
-	post("/v1/shardings/nope:withMemoryKind",
+	th_post(&D, "/v1/shardings/nope:withMemoryKind",
 	     "{\"memory_kind\": \"pinned_host\", \"name\": \"x\"}", &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "SHARDING_NOT_FOUND");
 	th_response_free(&r);
-	post("/v1/shardings/grid:withMemoryKind", "{\"memory_kind\": \"hbm\", \"name\": \"x\"}", &r);
+	th_post(&D, "/v1/shardings/grid:withMemoryKind", "{\"memory_kind\": \"hbm\", \"name\": \"x\"}", &r);
 	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND");
 	th_response_free(&r);
-	post("/v1/shardings/grid:withMemoryKind", "{\"memory_kind\": \"device\"}", &r);
+	th_post(&D, "/v1/shardings/grid:withMemoryKind", "{\"memory_kind\": \"device\"}", &r);
 	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY");
 	th_response_free(&r);
-	post("/v1/shardings/grid:withMemoryKind",
+	th_post(&D, "/v1/shardings/grid:withMemoryKind",
 	     "{\"memory_kind\": \"device\", \"name\": \"a b\"}", &r);
 	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_SHARDING_NAME");
 	th_response_free(&r);

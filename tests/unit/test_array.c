@@ -546,6 +546,44 @@ START_TEST(unpublished_setters_work)
 }
 END_TEST
 
+/* A version's metadata is its own: a new version of it carries an equal
+ * copy, never the same value, so no two versions (which other threads drop
+ * whenever they like) count references to one jansson value. */
+START_TEST(new_version_copies_metadata)
+{
+	struct ts_array *a = make("mv", 64, &dev0), *v;
+	struct ts_error err;
+
+	ts_array_set_metadata(a, json_pack("{s:s}", "k", "v"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
+	ck_assert_int_eq(ts_array_new_version(a, &v, &err), TS_OK);
+	ck_assert_ptr_nonnull(ts_array_metadata(v));
+	ck_assert_ptr_ne(ts_array_metadata(v), ts_array_metadata(a));
+	ck_assert(json_equal((json_t *)ts_array_metadata(v), (json_t *)ts_array_metadata(a)));
+	ck_assert_uint_eq(ts_array_metadata(a)->refcount, 1);
+	ck_assert_uint_eq(ts_array_metadata(v)->refcount, 1);
+	ck_assert_int_eq(ts_catalog_replace(cat, v, NULL, &err), TS_OK);
+	ts_array_unref(a);               /* the old version goes with its own value */
+	ck_assert_str_eq(json_string_value(json_object_get(ts_array_metadata(v), "k")), "v");
+	ck_assert_int_eq(ts_catalog_delete(cat, "mv", NULL, &err), TS_OK);
+	ts_array_unref(v);
+}
+END_TEST
+
+/* Metadata someone else still holds a reference to is refused (an
+ * assertion): the version would share it with that holder's thread. */
+START_TEST(shared_metadata_refused)
+{
+	struct ts_array *a = make("shared", 64, &dev0);
+	json_t *meta = json_pack("{s:s}", "k", "v");
+
+	ts_array_set_metadata(a, json_incref(meta));     /* aborts here */
+	json_decref(meta);
+	ts_array_unref(a);
+}
+END_TEST
+
 #if TS_DEBUG
 /* Debug builds seal a version at publish: metadata changed in place through
  * the borrowed pointer is caught when the version is deleted. */
@@ -557,7 +595,8 @@ START_TEST(seal_catches_a_changed_version)
 	ts_array_set_metadata(a, json_pack("{s:s}", "k", "v"));
 	ts_error_clear(&err);
 	ck_assert_int_eq(ts_catalog_put(cat, a, NULL, NULL, &err), TS_OK);
-	json_object_set_new(ts_array_metadata(a), "k", json_string("changed"));
+	/* what the const forbids, done on purpose */
+	json_object_set_new((json_t *)ts_array_metadata(a), "k", json_string("changed"));
 	ts_catalog_delete(cat, "meta", NULL, &err);     /* aborts here */
 	ts_array_unref(a);
 }
@@ -585,6 +624,8 @@ static Suite *array_suite(void)
 	tcase_add_test(tc, replace_publishes_a_prepared_version);
 	tcase_add_test(tc, unpublished_setters_work);
 	tcase_add_test_raise_signal(tc, setters_refuse_published, SIGABRT);
+	tcase_add_test(tc, new_version_copies_metadata);
+	tcase_add_test_raise_signal(tc, shared_metadata_refused, SIGABRT);
 #if TS_DEBUG
 	tcase_add_test_raise_signal(tc, seal_catches_a_changed_version, SIGABRT);
 #endif
