@@ -638,7 +638,11 @@ out_fail:
  * step that succeeded. The call publishes once, as it ends (also when it
  * failed or was cancelled after some steps): a new version (new ETag) of
  * every array its steps updated. Offloaded arrays are updated into private
- * memory (two per array, taking turns), device ones in place.
+ * memory (two per array, taking turns), device ones in place. What the
+ * steps did is the operation's result; a run that stopped early (cancelled,
+ * or failed after starting) keeps the same object as the partial result in
+ * its metadata: the losses of the steps that ran, their count, the model's
+ * step count and, for a data-driven run, the position to continue from.
  */
 struct operand;
 
@@ -1286,6 +1290,36 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
 }
 
+/* A run's result: step_result, the model's step count after it and, for a
+ * data-driven run, where it stopped (the next call continues with start =
+ * next). The same for a run that completed and one that stopped early. */
+static json_t *run_json(const struct step *s, const struct ts_session *sess,
+                        struct ts_device *dev)
+{
+	json_t *res = step_result(s, sess, dev);
+	uint64_t t = 0;
+
+	if (!res)
+		return NULL;
+	if (ts_model_registry_advance(s->core->models, s->model.uid, 0, &t))
+		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
+	if (s->batches.on) {
+		const struct batches *b = &s->batches;
+		uint64_t next = b->start + s->done * b->size;
+
+		json_object_set_new(res, "batches",
+		                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
+		                              "batch_size", (json_int_t)b->size,
+		                              "order", b->shuffle ? "shuffle" : "sequential",
+		                              "seed", (json_int_t)b->seed,
+		                              "start", (json_int_t)b->start,
+		                              "next", (json_int_t)next,
+		                              "epoch", (json_int_t)(next / b->rows),
+		                              "rows", (json_int_t)b->rows));
+	}
+	return res;
+}
+
 static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct step *s = arg;
@@ -1303,6 +1337,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct ts_session *sess = NULL;
 	struct ts_device *dev = NULL;
 	uint64_t bin = 0, btgt = 0, base_steps = 0;
+	bool ran = false;
 	ts_status st;
 
 	s->op = op;
@@ -1380,9 +1415,11 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = operand_stage(core, sess, TS_ROLE_TARGET, &tgt, dev, err);
 	if (st == TS_OK && !ts_model_registry_advance(core->models, m->uid, 0, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
-	if (st == TS_OK)
+	if (st == TS_OK) {
+		ran = true;
 		st = ts_session_run(sess, s->steps, base_steps + 1,
 		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
+	}
 	/* what the steps that succeeded did is published, also after a failure */
 	{
 		struct ts_error ierr;
@@ -1397,25 +1434,16 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	if (st == TS_OK && grads[0])
 		st = ts_catalog_put_all(core->catalog, grads, (size_t)ng, true, err);
-	if (st == TS_OK) {
-		json_t *res = step_result(s, sess, dev);
+	/* what the run did: its result, or, when it stopped early, the
+	 * operation's partial result (the losses of the steps that ran and
+	 * where to continue) */
+	if (ran) {
+		json_t *res = run_json(s, sess, dev);
 
-		if (res && s->batches.on) {
-			const struct batches *b = &s->batches;
-			uint64_t next = b->start + s->done * b->size;
-
-			/* where the run stopped: the next call continues with start = next */
-			json_object_set_new(res, "batches",
-			                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
-			                              "batch_size", (json_int_t)b->size,
-			                              "order", b->shuffle ? "shuffle" : "sequential",
-			                              "seed", (json_int_t)b->seed,
-			                              "start", (json_int_t)b->start,
-			                              "next", (json_int_t)next,
-			                              "epoch", (json_int_t)(next / b->rows),
-			                              "rows", (json_int_t)b->rows));
-		}
-		ts_operation_set_result(op, res);
+		if (st == TS_OK)
+			ts_operation_set_result(op, res);
+		else
+			ts_operation_set_partial(op, res);
 	}
 	ts_session_free(sess);
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
