@@ -1590,8 +1590,9 @@ out_fail:
  *
  * "outputs": {"name": array, "device": id, "memory_kind": kind} or
  * {"name": array, "sharding": a sharding on one device} (JAX's
- * out_shardings): float32 [B, d_model] published under name when the
- * evaluation succeeded, committed to that placement, which must be on the
+ * out_shardings): float32 [B, d_model] (a token model's logits: the
+ * inputs' shape, then vocab) published under name when the evaluation
+ * succeeded, committed to that placement, which must be on the
  * device the evaluation runs on (device or pinned_host memory).
  */
 
@@ -1721,12 +1722,13 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct ts_session_config cfg = {.mlp = m->mlp, .memory = core->memory, .evaluate = true};
 	struct ts_session *sess = NULL;
 	struct ts_device *dev = NULL;
-	uint64_t bin = 0, btgt = 0;
+	uint64_t bin = 0, btgt = 0, rows = 0;
+	int id_bytes = 4;
 	ts_status st;
 
 	s->op = op;
 	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
-	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
+	if (st == TS_OK && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		if (!s->targets)
 			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
 		else
@@ -1738,7 +1740,9 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = operand_rows(&in, "inputs.rows", &bin, err);
 	if (st == TS_OK && tgt.arr)
 		st = operand_rows(&tgt, "targets.rows", &btgt, err);
-	if (st == TS_OK)
+	if (st == TS_OK && ts_mlp_tokens(&m->mlp))
+		st = check_token_batch(s, &in, bin, &tgt, btgt, &rows, &id_bytes, err);
+	else if (st == TS_OK)
 		st = check_batch(s, &in, bin, &tgt, btgt, err);
 	if (st == TS_OK)
 		st = held_kind(s, false, &s->policy.params, err);
@@ -1755,7 +1759,8 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK) {
 		cfg.dev = dev;
 		cfg.policy = s->policy;
-		cfg.batch = (int)bin;
+		cfg.batch = (int)(ts_mlp_tokens(&m->mlp) ? rows : bin);
+		cfg.mlp.id_bytes = id_bytes;
 		cfg.outputs = s->out.outputs;
 		cfg.outputs_kind = s->out.kind;
 		st = ts_session_new(&cfg, &sess, err);
@@ -1774,6 +1779,17 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2,
 		                          .shape = {bin, (uint64_t)m->mlp.d_model}};
 		struct ts_placement pl;
+
+		/* a token model's are the logits: the inputs' shape, then vocab */
+		if (ts_mlp_tokens(&m->mlp)) {
+			const struct ts_array_desc *id = ts_array_desc(in.arr);
+
+			d.rank = id->rank + 1;
+			d.shape[0] = bin;
+			if (id->rank == 2)
+				d.shape[1] = id->shape[1];
+			d.shape[d.rank - 1] = (uint64_t)m->mlp.vocab;
+		}
 
 		ts_placement_single(&pl, dev, s->out.kind, true);
 		st = ts_array_desc_init(&d, err);
@@ -1813,8 +1829,9 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	return st;
 }
 
-/* What an evaluation reads, and so holds: the weights. */
-static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2};
+/* What an evaluation reads, and so holds: the weights (those the model has). */
+static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
+                                               TS_ROLE_PROJ};
 
 void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 {
@@ -1846,22 +1863,15 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
 	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
 		goto out_fail;
-	if (ts_mlp_tokens(&s->model.mlp)) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
-		             "evaluation of token models is not supported: model '%s' (vocab %d) "
-		             "needs the embedding and cross-entropy, which the forward-only plan "
-		             "lacks; its loss is the one the next :step reports", s->model.name,
-		             s->model.mlp.vocab);
-		goto out_fail;
-	}
-	if (targets && s->model.mlp.loss != TS_LOSS_MSE) {
+	if (targets && s->model.mlp.loss != TS_LOSS_MSE && s->model.mlp.loss != TS_LOSS_XENT) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNEXPECTED_TARGETS",
 		             "model '%s' has loss %s, which takes no \"targets\"", s->model.name,
 		             ts_loss_name(s->model.mlp.loss));
 		goto out_fail;
 	}
-	if (!targets && s->model.mlp.loss == TS_LOSS_MSE) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+	if (!targets && (s->model.mlp.loss == TS_LOSS_MSE || s->model.mlp.loss == TS_LOSS_XENT)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss %s needs \"targets\"",
+		             ts_loss_name(s->model.mlp.loss));
 		goto out_fail;
 	}
 	if (outs && eval_outputs_parse(call->core, outs, true, &s->out, &err) != TS_OK)
