@@ -387,7 +387,7 @@ END_TEST
  * Data-driven runs of a token model: "batches" of rows of the [N, T] uint16
  * dataset equal the same rows given call by call; an id outside the
  * vocabulary in a later batch (staged while a step computes) is 400
- * BAD_TOKEN.
+ * BAD_TOKEN, and the failed operation keeps what the steps before it did.
  */
 START_TEST(test_tokens_batches)
 {
@@ -436,6 +436,21 @@ START_TEST(test_tokens_batches)
 	/* the first batch's step ran and is kept, as any failed run's */
 	res = get_json(&Bd, "/v1/models/dc");
 	ck_assert_int_eq(th_int(res, "steps"), 1);
+	json_decref(res);
+	/* and the failed operation says so: its loss, the step count and where
+	 * to continue (the batch after the one that failed is not drawn) */
+	res = get_json(&Bd, "/v1/operations?state=FAILED");
+	{
+		json_t *op = json_array_get(th_arr(res, "operations"), 0), *part;
+
+		ck_assert_ptr_nonnull(op);
+		ck_assert_str_eq(th_str(th_obj(op, "error"), "status"), "INVALID_ARGUMENT");
+		part = th_op_meta(op, "partial_result");
+		ck_assert_int_eq(th_int(part, "steps"), 1);
+		ck_assert_uint_eq(json_array_size(th_arr(part, "losses")), 1);
+		ck_assert_int_eq(th_int(part, "model_steps"), 1);
+		ck_assert_int_eq(th_int(th_obj(part, "batches"), "next"), 4);
+	}
 	json_decref(res);
 }
 END_TEST
