@@ -1581,10 +1581,10 @@ out_fail:
  * Holds. A step updates device weights in place, so an evaluation must not
  * read them while one runs. It takes the catalog's hold (the same,
  * exclusive, one as a step) on the model's parameter arrays from
- * submission to completion: a step (or any writer of w1/w2: :put, upload,
- * DELETE) submitted meanwhile is refused 409 ABORTED naming the
- * evaluation, and an evaluation submitted during a step is refused naming
- * the step - never a mix of two versions. Two evaluations of one model
+ * submission to completion: a step (or any writer of w1, w2, embed or
+ * proj: :put, upload, DELETE) submitted meanwhile is refused 409 ABORTED
+ * naming the evaluation, and an evaluation submitted during a step is
+ * refused naming the step - never a mix of two versions. Two evaluations of one model
  * exclude each other the same way (holds have one holder); the optimizer
  * state, which it does not read, is not held.
  *
