@@ -638,7 +638,11 @@ out_fail:
  * step that succeeded. The call publishes once, as it ends (also when it
  * failed or was cancelled after some steps): a new version (new ETag) of
  * every array its steps updated. Offloaded arrays are updated into private
- * memory (two per array, taking turns), device ones in place.
+ * memory (two per array, taking turns), device ones in place. What the
+ * steps did is the operation's result; a run that stopped early (cancelled,
+ * or failed after starting) keeps the same object as the partial result in
+ * its metadata: the losses of the steps that ran, their count, the model's
+ * step count and, for a data-driven run, the position to continue from.
  */
 struct operand;
 
@@ -1286,6 +1290,36 @@ static json_t *step_result(const struct step *s, const struct ts_session *sess,
 	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
 }
 
+/* A run's result: step_result, the model's step count after it and, for a
+ * data-driven run, where it stopped (the next call continues with start =
+ * next). The same for a run that completed and one that stopped early. */
+static json_t *run_json(const struct step *s, const struct ts_session *sess,
+                        struct ts_device *dev)
+{
+	json_t *res = step_result(s, sess, dev);
+	uint64_t t = 0;
+
+	if (!res)
+		return NULL;
+	if (ts_model_registry_advance(s->core->models, s->model.uid, 0, &t))
+		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
+	if (s->batches.on) {
+		const struct batches *b = &s->batches;
+		uint64_t next = b->start + s->done * b->size;
+
+		json_object_set_new(res, "batches",
+		                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
+		                              "batch_size", (json_int_t)b->size,
+		                              "order", b->shuffle ? "shuffle" : "sequential",
+		                              "seed", (json_int_t)b->seed,
+		                              "start", (json_int_t)b->start,
+		                              "next", (json_int_t)next,
+		                              "epoch", (json_int_t)(next / b->rows),
+		                              "rows", (json_int_t)b->rows));
+	}
+	return res;
+}
+
 static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct step *s = arg;
@@ -1303,6 +1337,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct ts_session *sess = NULL;
 	struct ts_device *dev = NULL;
 	uint64_t bin = 0, btgt = 0, base_steps = 0;
+	bool ran = false;
 	ts_status st;
 
 	s->op = op;
@@ -1380,9 +1415,11 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = operand_stage(core, sess, TS_ROLE_TARGET, &tgt, dev, err);
 	if (st == TS_OK && !ts_model_registry_advance(core->models, m->uid, 0, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
-	if (st == TS_OK)
+	if (st == TS_OK) {
+		ran = true;
 		st = ts_session_run(sess, s->steps, base_steps + 1,
 		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
+	}
 	/* what the steps that succeeded did is published, also after a failure */
 	{
 		struct ts_error ierr;
@@ -1397,25 +1434,16 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	}
 	if (st == TS_OK && grads[0])
 		st = ts_catalog_put_all(core->catalog, grads, (size_t)ng, true, err);
-	if (st == TS_OK) {
-		json_t *res = step_result(s, sess, dev);
+	/* what the run did: its result, or, when it stopped early, the
+	 * operation's partial result (the losses of the steps that ran and
+	 * where to continue) */
+	if (ran) {
+		json_t *res = run_json(s, sess, dev);
 
-		if (res && s->batches.on) {
-			const struct batches *b = &s->batches;
-			uint64_t next = b->start + s->done * b->size;
-
-			/* where the run stopped: the next call continues with start = next */
-			json_object_set_new(res, "batches",
-			                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
-			                              "batch_size", (json_int_t)b->size,
-			                              "order", b->shuffle ? "shuffle" : "sequential",
-			                              "seed", (json_int_t)b->seed,
-			                              "start", (json_int_t)b->start,
-			                              "next", (json_int_t)next,
-			                              "epoch", (json_int_t)(next / b->rows),
-			                              "rows", (json_int_t)b->rows));
-		}
-		ts_operation_set_result(op, res);
+		if (st == TS_OK)
+			ts_operation_set_result(op, res);
+		else
+			ts_operation_set_partial(op, res);
 	}
 	ts_session_free(sess);
 	for (int r = 0; r < TS_ROLE_COUNT; r++) {
@@ -1558,17 +1586,18 @@ out_fail:
  * Holds. A step updates device weights in place, so an evaluation must not
  * read them while one runs. It takes the catalog's hold (the same,
  * exclusive, one as a step) on the model's parameter arrays from
- * submission to completion: a step (or any writer of w1/w2: :put, upload,
- * DELETE) submitted meanwhile is refused 409 ABORTED naming the
- * evaluation, and an evaluation submitted during a step is refused naming
- * the step - never a mix of two versions. Two evaluations of one model
+ * submission to completion: a step (or any writer of w1, w2, embed or
+ * proj: :put, upload, DELETE) submitted meanwhile is refused 409 ABORTED
+ * naming the evaluation, and an evaluation submitted during a step is
+ * refused naming the step - never a mix of two versions. Two evaluations of one model
  * exclude each other the same way (holds have one holder); the optimizer
  * state, which it does not read, is not held.
  *
  * "outputs": {"name": array, "device": id, "memory_kind": kind} or
  * {"name": array, "sharding": a sharding on one device} (JAX's
- * out_shardings): float32 [B, d_model] published under name when the
- * evaluation succeeded, committed to that placement, which must be on the
+ * out_shardings): float32 [B, d_model] (a token model's logits: the
+ * inputs' shape, then vocab) published under name when the evaluation
+ * succeeded, committed to that placement, which must be on the
  * device the evaluation runs on (device or pinned_host memory).
  */
 
@@ -1698,12 +1727,13 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct ts_session_config cfg = {.mlp = m->mlp, .memory = core->memory, .evaluate = true};
 	struct ts_session *sess = NULL;
 	struct ts_device *dev = NULL;
-	uint64_t bin = 0, btgt = 0;
+	uint64_t bin = 0, btgt = 0, rows = 0;
+	int id_bytes = 4;
 	ts_status st;
 
 	s->op = op;
 	st = step_operand(core, s->inputs, "inputs", &in.arr, &in.rows_json, err);
-	if (st == TS_OK && m->mlp.loss == TS_LOSS_MSE) {
+	if (st == TS_OK && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		if (!s->targets)
 			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
 		else
@@ -1715,7 +1745,9 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = operand_rows(&in, "inputs.rows", &bin, err);
 	if (st == TS_OK && tgt.arr)
 		st = operand_rows(&tgt, "targets.rows", &btgt, err);
-	if (st == TS_OK)
+	if (st == TS_OK && ts_mlp_tokens(&m->mlp))
+		st = check_token_batch(s, &in, bin, &tgt, btgt, &rows, &id_bytes, err);
+	else if (st == TS_OK)
 		st = check_batch(s, &in, bin, &tgt, btgt, err);
 	if (st == TS_OK)
 		st = held_kind(s, false, &s->policy.params, err);
@@ -1732,7 +1764,8 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK) {
 		cfg.dev = dev;
 		cfg.policy = s->policy;
-		cfg.batch = (int)bin;
+		cfg.batch = (int)(ts_mlp_tokens(&m->mlp) ? rows : bin);
+		cfg.mlp.id_bytes = id_bytes;
 		cfg.outputs = s->out.outputs;
 		cfg.outputs_kind = s->out.kind;
 		st = ts_session_new(&cfg, &sess, err);
@@ -1751,6 +1784,17 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2,
 		                          .shape = {bin, (uint64_t)m->mlp.d_model}};
 		struct ts_placement pl;
+
+		/* a token model's are the logits: the inputs' shape, then vocab */
+		if (ts_mlp_tokens(&m->mlp)) {
+			const struct ts_array_desc *id = ts_array_desc(in.arr);
+
+			d.rank = id->rank + 1;
+			d.shape[0] = bin;
+			if (id->rank == 2)
+				d.shape[1] = id->shape[1];
+			d.shape[d.rank - 1] = (uint64_t)m->mlp.vocab;
+		}
 
 		ts_placement_single(&pl, dev, s->out.kind, true);
 		st = ts_array_desc_init(&d, err);
@@ -1790,8 +1834,9 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 	return st;
 }
 
-/* What an evaluation reads, and so holds: the weights. */
-static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2};
+/* What an evaluation reads, and so holds: the weights (those the model has). */
+static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
+                                               TS_ROLE_PROJ};
 
 void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 {
@@ -1823,22 +1868,15 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 	if (step_operand_check(inputs, "inputs", &err) != TS_OK ||
 	    (targets && step_operand_check(targets, "targets", &err) != TS_OK))
 		goto out_fail;
-	if (ts_mlp_tokens(&s->model.mlp)) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
-		             "evaluation of token models is not supported: model '%s' (vocab %d) "
-		             "needs the embedding and cross-entropy, which the forward-only plan "
-		             "lacks; its loss is the one the next :step reports", s->model.name,
-		             s->model.mlp.vocab);
-		goto out_fail;
-	}
-	if (targets && s->model.mlp.loss != TS_LOSS_MSE) {
+	if (targets && s->model.mlp.loss != TS_LOSS_MSE && s->model.mlp.loss != TS_LOSS_XENT) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNEXPECTED_TARGETS",
 		             "model '%s' has loss %s, which takes no \"targets\"", s->model.name,
 		             ts_loss_name(s->model.mlp.loss));
 		goto out_fail;
 	}
-	if (!targets && s->model.mlp.loss == TS_LOSS_MSE) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+	if (!targets && (s->model.mlp.loss == TS_LOSS_MSE || s->model.mlp.loss == TS_LOSS_XENT)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss %s needs \"targets\"",
+		             ts_loss_name(s->model.mlp.loss));
 		goto out_fail;
 	}
 	if (outs && eval_outputs_parse(call->core, outs, true, &s->out, &err) != TS_OK)

@@ -71,6 +71,9 @@ json_t *ts_h_operation_json(const struct ts_operation *op)
 	                 "end_time", time_json(s.end_ns));
 	if (meta && s.target[0])
 		json_object_set_new(meta, "target", json_string(s.target));
+	/* what a run that stopped early did, for the client to continue */
+	if (meta && s.partial)
+		json_object_set(meta, "partial_result", s.partial);
 	o = json_pack("{s:s, s:o*, s:b}", "name", name, "metadata", meta, "done", s.done);
 	if (o && (s.state == TS_OP_FAILED || s.state == TS_OP_CANCELLED))
 		json_object_set_new(o, "error", status_json(&s.error));

@@ -82,6 +82,7 @@ struct ts_operation {
 	uint64_t start_ns, end_ns;          /* guarded by: lk */
 	struct ts_error error;              /* guarded by: lk */
 	json_t *result;                     /* guarded by: lk; own reference */
+	json_t *partial;                    /* guarded by: lk; own reference */
 	struct waiter *waiters;             /* guarded by: lk */
 
 	/* registry links, guarded by: reg->lk */
@@ -153,6 +154,7 @@ static void op_free(struct ts_operation *op)
 		w = next;
 	}
 	json_decref(op->result);
+	json_decref(op->partial);
 	pthread_cond_destroy(&op->finished_cv);
 	pthread_mutex_destroy(&op->waking);
 	ts_mutex_destroy(&op->lk);
@@ -895,6 +897,19 @@ void ts_operation_set_result(struct ts_operation *op, json_t *result)
 	json_decref(old);
 }
 
+void ts_operation_set_partial(struct ts_operation *op, json_t *partial)
+{
+	json_t *old;
+
+	/* the operation's alone, like its result */
+	assert(!partial || partial->refcount == 1);
+	ts_mutex_lock(&op->lk);
+	old = op->partial;
+	op->partial = partial;
+	ts_mutex_unlock(&op->lk);
+	json_decref(old);
+}
+
 /* ---- waiting ------------------------------------------------------------------------------ */
 
 bool ts_operation_wait(struct ts_operation *op, void (*wake)(void *token), void *token)
@@ -985,6 +1000,7 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	 * before its atomic increment (a race ThreadSanitizer reports); the
 	 * result's own count is touched only by its owner, the operation */
 	out->result = op->state == TS_OP_SUCCEEDED ? json_deep_copy(op->result) : NULL;
+	out->partial = op->partial ? json_deep_copy(op->partial) : NULL;
 	ts_mutex_unlock(&o->lk);
 	out->done = state_final(out->state);
 	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);
@@ -995,4 +1011,6 @@ void ts_op_snapshot_release(struct ts_op_snapshot *s)
 {
 	json_decref(s->result);
 	s->result = NULL;
+	json_decref(s->partial);
+	s->partial = NULL;
 }

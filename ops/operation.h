@@ -186,6 +186,13 @@ bool ts_operation_cancelled(const struct ts_operation *op);
  * shared by reference (docs/ARCHITECTURE.md's jansson rule). */
 void ts_operation_set_result(struct ts_operation *op, json_t *result);
 
+/* Stores what the work did so far (steals the reference; replaces an
+ * earlier one): kept whatever the outcome, also when the run fails or is
+ * cancelled (AIP-151's partial results, rendered in the metadata), so that
+ * a client can continue where the work stopped. For the work, on its
+ * thread; shared and never changed once stored, like a result. */
+void ts_operation_set_partial(struct ts_operation *op, json_t *partial);
+
 /*
  * Registers wake(token) to be called once when the operation finishes.
  * Returns false, registering nothing, when it has already finished, and
@@ -217,6 +224,7 @@ struct ts_op_snapshot {
 	uint64_t create_ns, start_ns, end_ns;   /* wall clock; 0 when not yet */
 	struct ts_error error;         /* FAILED / CANCELLED */
 	json_t *result;                /* SUCCEEDED: a copy (own) or NULL */
+	json_t *partial;               /* what the work did so far (any state): own copy or NULL */
 };
 void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot *out);
 void ts_op_snapshot_release(struct ts_op_snapshot *s);

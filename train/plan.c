@@ -1292,7 +1292,7 @@ backward_pass:
 static int forward_eval(struct builder *b, int last)
 {
 	const struct ts_plan *p = b->p;
-	int L = p->mlp.layers, x = b->IN;
+	int L = p->mlp.layers, x = b->x0 >= 0 ? b->x0 : b->IN;
 
 	params_fetch(b, 0, "forward");
 	for (int l = 0; l < L; l++) {
@@ -1301,7 +1301,7 @@ static int forward_eval(struct builder *b, int last)
 		if (p->policy.prefetch_depth)
 			params_fetch(b, l + 1, "forward");
 		y = layer_forward_into(b, l, x, l == L - 1 ? last : -1, false, &h, "forward");
-		if (l > 0)
+		if (x != b->IN)
 			release(b, x, l, "forward");
 		params_drop(b, l, "forward");
 		if (!p->policy.prefetch_depth)
@@ -1311,15 +1311,44 @@ static int forward_eval(struct builder *b, int last)
 	return x;
 }
 
+/* A token model's loss in an evaluation: the logits of x_L (projected into
+ * `dst` when set, else a temp; x_L itself without a projection), the
+ * step's cross-entropy kernel against the target ids, its gradient into a
+ * scratch temp freed at once. Returns the logits' buffer; frees x_L when
+ * it is not that. */
+static int token_loss_eval(struct builder *b, int xL, int dst)
+{
+	const struct ts_plan *p = b->p;
+	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
+	uint64_t lb = (uint64_t)B * V * F32;
+	int logits = xL, loss, glog, prj;
+
+	if (p->mlp.proj) {
+		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, token_param(b, 1).bytes, "loss");
+		logits = dst >= 0 ? dst : temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
+		gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
+		token_drop(b, prj, b->PRJ, "loss");
+		release(b, xL, L, "loss");
+	}
+	loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)B + 1) * F32, "loss");
+	glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, L, lb, "loss");
+	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
+	release(b, loss, -1, "loss");
+	release(b, glog, L, "loss");
+	return logits;
+}
+
 ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
                              bool outputs, enum ts_memory_kind outputs_kind,
                              struct ts_plan *out, struct ts_error *err)
 {
-	struct builder b = {.p = out};
+	struct builder b = {.p = out, .EMB = -1, .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1,
+	                    .NUP = -1, .GE = -1, .GP = -1, .x0 = -1};
+	bool tok = ts_mlp_tokens(mlp);
 	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
-	uint64_t wb, xb;
+	uint64_t wb, xb, ib, ob;
 	bool has2 = ts_mlp_has_w2(mlp);
-	int loss, g, xL, OUT = -1;
+	int loss, g, xL, OUT = -1, dev_out;
 	struct ts_paction *a;
 	ts_status st;
 
@@ -1327,10 +1356,11 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "layers, d_model and batch must be positive");
-	if (ts_mlp_tokens(mlp))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "UNSUPPORTED_FOR_TOKEN_MODELS",
-		                    "evaluation of token models (vocab %d) is not supported: "
-		                    "no embedding or cross-entropy in the forward-only plan", mlp->vocab);
+	if (tok != (mlp->loss == TS_LOSS_XENT) || mlp->vocab < 0 || mlp->vocab > (1 << 24) ||
+	    (tok && !mlp->proj && mlp->vocab != d))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
+		                    "without a projection d_model == vocab", mlp->vocab);
 	st = ts_policy_check(policy, err);
 	if (st != TS_OK)
 		return st;
@@ -1339,6 +1369,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 		                    "outputs live on device or pinned_host, not '%s'",
 		                    ts_memory_kind_name(outputs_kind));
 	out->mlp = *mlp;
+	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
 	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
 	out->policy = *policy;
 	out->policy.save_x = out->policy.save_h = false;
@@ -1354,27 +1385,45 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	b.G1 = b.G2 = b.MU1 = b.MU2 = b.NU1 = b.NU2 = -1;
 	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
 	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
-	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb);
-	b.TGT = mlp->loss == TS_LOSS_MSE ? add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, xb) : -1;
-	if (outputs)
-		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, xb);
-	xL = forward_eval(&b, OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1);
-	/* the step's loss kernel, for the same value bit for bit: its gradient
-	 * lands in a scratch temp that is freed at once */
-	loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
-	g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
-	a = emit(&b, TS_P_LOSS, -1, "loss");
-	if (a) {
-		a->a = xL;
-		a->b = b.TGT;
-		a->c = loss;
-		a->d = g;
-		a->n = (uint64_t)batch * d;
+	if (tok) {
+		uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
+
+		b.EMB = add_buf(&b, TS_ROLE_EMBED, TS_PB_ARGUMENT, policy->params, -1, eb);
+		b.PRJ = mlp->proj ? add_buf(&b, TS_ROLE_PROJ, TS_PB_ARGUMENT, policy->params, -1, eb)
+		                  : -1;
 	}
-	release(&b, loss, -1, "loss");
-	release(&b, g, L, "loss");
+	/* a token model's input and target are ids, its outputs the logits */
+	ib = tok ? (uint64_t)batch * (uint64_t)out->mlp.id_bytes : xb;
+	ob = tok ? (uint64_t)batch * (uint64_t)mlp->vocab * F32 : xb;
+	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib);
+	b.TGT = mlp->loss == TS_LOSS_MSE || tok ?
+	        add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib) : -1;
+	if (outputs)
+		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
+	dev_out = OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1;
+	if (tok)
+		token_forward(&b);
+	xL = forward_eval(&b, tok && mlp->proj ? -1 : dev_out);
+	if (tok) {
+		xL = token_loss_eval(&b, xL, dev_out);
+	} else {
+		/* the step's loss kernel, for the same value bit for bit: its
+		 * gradient lands in a scratch temp that is freed at once */
+		loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
+		g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+		a = emit(&b, TS_P_LOSS, -1, "loss");
+		if (a) {
+			a->a = xL;
+			a->b = b.TGT;
+			a->c = loss;
+			a->d = g;
+			a->n = (uint64_t)batch * d;
+		}
+		release(&b, loss, -1, "loss");
+		release(&b, g, L, "loss");
+	}
 	if (OUT >= 0 && outputs_kind != TS_MEM_DEVICE)
-		copy(&b, OUT, 0, xL, 0, xb, L, "outputs");
+		copy(&b, OUT, 0, xL, 0, ob, L, "outputs");
 	if (xL != OUT && xL != b.IN)
 		release(&b, xL, L, "outputs");
 	free(b.w1);

@@ -200,6 +200,13 @@ void ts_plan_release(struct ts_plan *p);
  * [batch, d] lands in a temp freed right after it (counted in the analysis;
  * below the forward's peak unless the model has one layer). Errors as
  * ts_plan_build.
+ *
+ * A token model's evaluation gathers x_0 from the table at the input ids,
+ * runs the layers, projects to logits [batch, vocab] (x_L itself without a
+ * projection) and takes the step's cross-entropy against the target ids;
+ * its OUTPUT is the logits (the projection writes it directly when on the
+ * device). The table and projection are arguments where params are
+ * (streamed whole from pinned_host like the step's).
  */
 ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
                              bool outputs, enum ts_memory_kind outputs_kind,

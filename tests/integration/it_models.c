@@ -1993,6 +1993,118 @@ START_TEST(test_step_batches)
 }
 END_TEST
 
+/* The losses of a :step result or partial result r appended to out (as
+ * doubles: each is the float32 loss exactly). */
+static void take_all(json_t *r, double **out, size_t *n)
+{
+	json_t *l = th_arr(r, "losses");
+
+	*out = realloc(*out, (*n + json_array_size(l) + 1) * sizeof **out);
+	ck_assert_ptr_nonnull(*out);
+	for (size_t i = 0; i < json_array_size(l); i++)
+		(*out)[(*n)++] = json_real_value(json_array_get(l, i));
+}
+
+/*
+ * A data-driven run cancelled mid-way keeps what its steps did in the
+ * operation's metadata (partial_result): the losses of the steps that ran,
+ * their count, the model's step count and the position it stopped at. They
+ * are the first k losses of an uninterrupted run in a second daemon, bit
+ * for bit, and continuing from the reported position gives its next ones.
+ */
+START_TEST(test_step_cancel_keeps_losses)
+{
+	float *x = make(12 * 16, 82, -1.0f, 1.0f), *y = make(12 * 16, 83, -1.0f, 1.0f);
+	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0));
+	const char *run = "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 1000000, "
+	                  "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5}}";
+	double *kept = NULL, *more = NULL, *whole = NULL;
+	size_t nk = 0, nm = 0, nw = 0;
+	json_int_t k, next;
+	json_t *op, *part, *bt, *res, *m;
+	struct th_daemon first;
+	long long deadline;
+	char *id, path[96], body[512];
+
+	upload("bx", x, 12, 16, host);
+	upload("by", y, 12, 16, host);
+	batch_model("bk");
+	id = step_start("bk", run, 1000000);
+	deadline = th_now_ms() + 60000;
+	for (;;) {
+		op = op_get(id);
+		if (th_int(th_op_meta(op, "progress"), "steps_done") >= 20)
+			break;
+		ck_assert_msg(!th_bool(op, "done"), "the run ended: %s", json_dumps(op, 0));
+		json_decref(op);
+		ck_assert_msg(th_now_ms() < deadline, "the steps did not start");
+		usleep(2000);
+	}
+	json_decref(op);
+	snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
+	json_decref(post_json(path, "{}", 200));
+	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
+	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
+	ck_assert_int_eq(th_int(th_obj(op, "error"), "code"), 499);
+	ck_assert_msg(!json_object_get(op, "response"), "a cancelled run has a response");
+	part = th_op_meta(op, "partial_result");
+	k = J(part, "steps");
+	ck_assert_msg(k >= 20 && k < 1000000, "%lld steps kept", (long long)k);
+	ck_assert_int_eq(k, th_int(th_op_meta(op, "progress"), "steps_done"));
+	ck_assert_int_eq(J(part, "model_steps"), k);
+	take_all(part, &kept, &nk);
+	ck_assert_uint_eq(nk, (size_t)k);
+	bt = th_obj(part, "batches");
+	next = J(bt, "next");
+	ck_assert_int_eq(J(bt, "start"), 0);
+	ck_assert_int_eq(next, 4 * k);
+	ck_assert_int_eq(J(bt, "epoch"), 4 * k / 12);
+	ck_assert_int_eq(J(part, "measured_peak_device_bytes"), J(part, "predicted_peak_device_bytes"));
+	json_decref(op);
+	m = get_json("/v1/models/bk");
+	ck_assert_int_eq(th_int(m, "steps"), k);
+	json_decref(m);
+	/* continuing where it stopped */
+	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 30, "
+	         "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5, "
+	         "\"start\": %lld}}", (long long)next);
+	res = step_wait("bk", body);
+	take_all(res, &more, &nm);
+	ck_assert_int_eq(J(res, "model_steps"), k + 30);
+	json_decref(res);
+	/* the same run uninterrupted, in a second daemon (the helpers speak to D) */
+	first = D;
+	th_daemon_start(&D, base_args);
+	upload("bx", x, 12, 16, host);
+	upload("by", y, 12, 16, host);
+	batch_model("bk");
+	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": %lld, "
+	         "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5}}",
+	         (long long)k + 30);
+	res = step_wait("bk", body);
+	take_all(res, &whole, &nw);
+	json_decref(res);
+	th_daemon_stop_ok(&D);
+	D = first;
+	ck_assert_uint_eq(nw, (size_t)k + 30);
+	for (size_t i = 0; i < nk; i++)
+		ck_assert_msg(memcmp(&kept[i], &whole[i], sizeof kept[i]) == 0,
+		              "kept loss %zu is %.17g, uninterrupted %.17g", i, kept[i], whole[i]);
+	for (size_t i = 0; i < nm; i++)
+		ck_assert_msg(memcmp(&more[i], &whole[nk + i], sizeof more[i]) == 0,
+		              "continued loss %zu is %.17g, uninterrupted %.17g", i, more[i],
+		              whole[nk + i]);
+	free(kept);
+	free(more);
+	free(whole);
+	free(id);
+	free(host);
+	free(x);
+	free(y);
+}
+END_TEST
+
 START_TEST(test_step_errors)
 {
 	float *x = make(8 * 16, 70, -1.0f, 1.0f);
@@ -2186,6 +2298,7 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_analyze_timeline_only_when_asked);
 	tcase_add_test(tc, test_step_counts_staging_from_the_host);
 	tcase_add_test(tc, test_step_batches);
+	tcase_add_test(tc, test_step_cancel_keeps_losses);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("uncommitted");

@@ -17,11 +17,13 @@
 
 #include <check.h>
 #include <curl/curl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #define CASE_TIMEOUT_S 300
 #define NROWS 48          /* dataset rows */
@@ -385,7 +387,7 @@ END_TEST
  * Data-driven runs of a token model: "batches" of rows of the [N, T] uint16
  * dataset equal the same rows given call by call; an id outside the
  * vocabulary in a later batch (staged while a step computes) is 400
- * BAD_TOKEN; :evaluate of a token model is a 400 naming the limitation.
+ * BAD_TOKEN, and the failed operation keeps what the steps before it did.
  */
 START_TEST(test_tokens_batches)
 {
@@ -435,11 +437,20 @@ START_TEST(test_tokens_batches)
 	res = get_json(&Bd, "/v1/models/dc");
 	ck_assert_int_eq(th_int(res, "steps"), 1);
 	json_decref(res);
-	/* a forward-only evaluation of a token model is refused, by name */
-	res = post_json(&A, "/v1/models/da:evaluate?wait=true",
-	                "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1]}, "
-	                "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1]}}", 400);
-	ck_assert_msg(mentions(res, "token models"), "evaluate: %s", json_dumps(res, 0));
+	/* and the failed operation says so: its loss, the step count and where
+	 * to continue (the batch after the one that failed is not drawn) */
+	res = get_json(&Bd, "/v1/operations?state=FAILED");
+	{
+		json_t *op = json_array_get(th_arr(res, "operations"), 0), *part;
+
+		ck_assert_ptr_nonnull(op);
+		ck_assert_str_eq(th_str(th_obj(op, "error"), "status"), "INVALID_ARGUMENT");
+		part = th_op_meta(op, "partial_result");
+		ck_assert_int_eq(th_int(part, "steps"), 1);
+		ck_assert_uint_eq(json_array_size(th_arr(part, "losses")), 1);
+		ck_assert_int_eq(th_int(part, "model_steps"), 1);
+		ck_assert_int_eq(th_int(th_obj(part, "batches"), "next"), 4);
+	}
 	json_decref(res);
 }
 END_TEST
@@ -493,6 +504,226 @@ START_TEST(test_tokens_rank1_no_projection_gradients)
 }
 END_TEST
 
+/* ---- evaluation ------------------------------------------------------------------------ */
+
+/* The ETag of an array (new string). */
+static char *etag_of(struct th_daemon *d, const char *name)
+{
+	struct th_response r;
+	char path[256], *e;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s", name);
+	th_get(d, path, &r);
+	ck_assert_msg(r.status == 200 && th_header(&r, "ETag"), "GET %s: %ld", path, r.status);
+	e = strdup(th_header(&r, "ETag"));
+	th_response_free(&r);
+	return e;
+}
+
+/* Writes array name of d to dir/file and returns the path in buf. */
+static const char *save_array(struct th_daemon *d, const char *name, const char *dir,
+                              const char *file, char *buf, size_t cap, size_t keep)
+{
+	size_t n;
+	char *x = download(d, name, &n);
+
+	snprintf(buf, cap, "%s/%s", dir, file);
+	th_write_file(buf, x, keep && keep < n ? keep : n);
+	free(x);
+	return buf;
+}
+
+/* The float64 reference of model m's forward pass on the first `rows` rows
+ * of the dataset: its loss; its logits [rows * T, V] into *logits (new). */
+static double token_reference(struct th_daemon *d, const char *m, int rows, float **logits)
+{
+	char dir[512], p[7][600], a[128], spec_path[600], cmd[2048], res_path[700];
+	const char *parts[5] = {"embed", "w1", "w2", "proj", NULL};
+	json_t *spec, *res;
+	json_error_t e;
+	size_t n;
+	double loss;
+	int st;
+
+	th_temp_dir("token-eval", dir, sizeof dir);
+	for (int i = 0; parts[i]; i++) {
+		snprintf(a, sizeof a, "%s.%s", m, parts[i]);
+		save_array(d, a, dir, parts[i], p[i], sizeof p[i], 0);
+	}
+	save_array(d, "inputs", dir, "inputs", p[4], sizeof p[4], (size_t)rows * T * 2);
+	save_array(d, "targets", dir, "targets", p[5], sizeof p[5], (size_t)rows * T * 2);
+	snprintf(p[6], sizeof p[6], "%s/out", dir);
+	spec = json_pack("{s:i, s:i, s:i, s:i, s:s, s:b, s:b, s:s, s:i, s:s, s:s, s:s, s:s, s:s,"
+	                 " s:s, s:s}",
+	                 "layers", 2, "d_model", 24, "d_hidden", 40, "vocab", V, "activation", "gelu",
+	                 "residual", 1, "projection", 1, "id_dtype", "uint16", "tokens", rows * T,
+	                 "embed", p[0], "w1", p[1], "w2", p[2], "proj", p[3], "inputs", p[4],
+	                 "targets", p[5], "out", p[6]);
+	ck_assert_ptr_nonnull(spec);
+	snprintf(spec_path, sizeof spec_path, "%s/spec.json", dir);
+	ck_assert_int_eq(json_dump_file(spec, spec_path, 0), 0);
+	json_decref(spec);
+	snprintf(cmd, sizeof cmd, "python3 '%s/token_eval_reference.py' '%s'", th_py_dir(),
+	         spec_path);
+	st = system(cmd);
+	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	              "'%s' failed (status %d): it needs python3 and numpy", cmd, st);
+	snprintf(res_path, sizeof res_path, "%s/result.json", p[6]);
+	res = json_load_file(res_path, 0, &e);
+	ck_assert_msg(res != NULL, "%s: %s", res_path, e.text);
+	loss = json_number_value(json_object_get(res, "loss"));
+	json_decref(res);
+	snprintf(res_path, sizeof res_path, "%s/logits.f32", p[6]);
+	*logits = (float *)(void *)th_read_file(res_path, &n);
+	ck_assert_uint_eq(n, (size_t)rows * T * V * sizeof(float));
+	return loss;
+}
+
+/* POST :evaluate?wait=true of model m on rows 0..3 (new reference). */
+static json_t *evaluate4(struct th_daemon *d, const char *m, const char *outputs)
+{
+	char path[256], body[768];
+
+	snprintf(path, sizeof path, "/v1/models/%s:evaluate?wait=true", m);
+	snprintf(body, sizeof body,
+	         "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1, 2, 3]}, "
+	         "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1, 2, 3]}%s%s}",
+	         outputs ? ", \"outputs\": " : "", outputs ? outputs : "");
+	return post_json(d, path, body, 200);
+}
+
+/*
+ * :evaluate of a token model: the forward-only plan gathers the embedding,
+ * runs the layers, projects and takes the cross-entropy. Its loss is the
+ * loss the following :step reports for the same batch, bit for bit; no
+ * weight or optimizer state changes its ETag; the logits, written where the
+ * request places them, match a float64 numpy reference from the model's
+ * downloaded weights; params offloaded to pinned_host and on the device give
+ * the same bits; the measured peak is the predicted one.
+ */
+START_TEST(test_tokens_evaluate)
+{
+	char spec[1024], outs[256], *tags[sizeof roles / sizeof roles[0]], a[64], *lg, *lgd;
+	struct th_response r;
+	double loss, ref_loss, scale = 0, step_loss;
+	float *ref;
+	size_t n, nd;
+	json_t *res, *o, *m, *an;
+
+	dataset_up(&A, "", -1);
+	create(&A, "e");
+	/* the same model (same seed) with everything on the device */
+	snprintf(spec, sizeof spec, SPEC, "ed", V);
+	{
+		char *at = strstr(spec, "\"placement\"");
+		const char *dev = "\"placement\": {\"params\": \"device\", \"opt_state\": \"device\"}, "
+		                  "\"init\": {\"seed\": 5, \"scale\": 0.2}}";
+
+		ck_assert_ptr_nonnull(at);
+		snprintf(at, sizeof spec - (size_t)(at - spec), "%s", dev);
+	}
+	json_decref(post_json(&A, "/v1/models?wait=true", spec, 200));
+	for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
+		snprintf(a, sizeof a, "e.%s", roles[i]);
+		tags[i] = etag_of(&A, a);
+	}
+	/* offloaded params, logits to pinned_host */
+	snprintf(outs, sizeof outs, "{\"name\": \"lg\", \"device\": \"%s\", \"memory_kind\": "
+	         "\"pinned_host\"}", th_dev(0));
+	an = post_json(&A, "/v1/models/e:analyze", "{\"batch\": [4, 16], \"dtype\": \"uint16\", "
+	               "\"mode\": \"evaluate\", \"outputs\": {\"memory_kind\": \"pinned_host\"}}", 200);
+	res = evaluate4(&A, "e", outs);
+	loss = json_number_value(json_object_get(res, "loss"));
+	/* :analyze predicted it before the run */
+	ck_assert_int_eq(th_int(an, "peak_device_bytes"), th_int(res, "measured_peak_device_bytes"));
+	ck_assert_int_eq(th_int(an, "host_output_size_in_bytes"), 4 * T * V * 4);
+	json_decref(an);
+	ck_assert_int_eq(th_int(res, "batch"), 4 * T);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	ck_assert_int_eq(th_int(res, "measured_temp_size_in_bytes"),
+	                 th_int(res, "predicted_temp_size_in_bytes"));
+	ck_assert_int_ge(th_int(th_obj(res, "analysis"), "host_argument_size_in_bytes"),
+	                 2 * V * 24 * 4);
+	o = th_obj(res, "outputs");
+	ck_assert_str_eq(th_str(o, "dtype"), "float32");
+	ck_assert_uint_eq(json_array_size(th_arr(o, "shape")), 3);
+	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(o, "shape"), 0)), 4);
+	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(o, "shape"), 1)), T);
+	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(o, "shape"), 2)), V);
+	ck_assert_msg(mentions(o, "pinned_host"), "outputs not on pinned_host: %s", json_dumps(o, 0));
+	json_decref(res);
+	/* nothing of the model changed */
+	for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
+		char *now;
+
+		snprintf(a, sizeof a, "e.%s", roles[i]);
+		now = etag_of(&A, a);
+		ck_assert_msg(strcmp(now, tags[i]) == 0, "%s: ETag %s, was %s", a, now, tags[i]);
+		free(now);
+	}
+	m = get_json(&A, "/v1/models/e");
+	ck_assert_int_eq(th_int(m, "steps"), 0);
+	json_decref(m);
+	/* the logits and the loss against the float64 reference */
+	ref_loss = token_reference(&A, "e", 4, &ref);
+	lg = download(&A, "lg", &n);
+	ck_assert_uint_eq(n, (size_t)4 * T * V * sizeof(float));
+	for (size_t i = 0; i < n / sizeof(float); i++)
+		scale = fmax(scale, fabs((double)ref[i]));
+	for (size_t i = 0; i < n / sizeof(float); i++) {
+		double got = ((float *)(void *)lg)[i];
+
+		ck_assert_msg(fabs(got - ref[i]) <= 1e-5 * scale, "logit %zu is %.9g, reference %.9g",
+		              i, got, (double)ref[i]);
+	}
+	ck_assert_msg(fabs(loss - ref_loss) <= 1e-5 * fabs(ref_loss), "loss %.9g, reference %.9g",
+	              loss, ref_loss);
+	/* everything on the device, logits on the device: the same bits */
+	snprintf(outs, sizeof outs, "{\"name\": \"lgd\", \"device\": \"%s\", \"memory_kind\": "
+	         "\"device\"}", th_dev(0));
+	res = evaluate4(&A, "ed", outs);
+	ck_assert_msg(json_number_value(json_object_get(res, "loss")) == loss,
+	              "device params: loss %.17g, offloaded %.17g",
+	              json_number_value(json_object_get(res, "loss")), loss);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	json_decref(res);
+	lgd = download(&A, "lgd", &nd);
+	th_assert_bytes("logits on the device", lgd, nd, lg, n);
+	/* the step's loss for the same batch (before its update) is the same */
+	res = post_json(&A, "/v1/models/e:step?wait=true",
+	                "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1, 2, 3]}, "
+	                "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1, 2, 3]}}", 200);
+	step_loss = json_number_value(json_array_get(th_arr(res, "losses"), 0));
+	ck_assert_msg(step_loss == loss, "step loss %.17g, evaluation %.17g", step_loss, loss);
+	json_decref(res);
+	/* and after it, an evaluation sees the updated weights */
+	res = evaluate4(&A, "e", NULL);
+	ck_assert_msg(json_number_value(json_object_get(res, "loss")) != loss,
+	              "the evaluation after a step gives the loss before it");
+	json_decref(res);
+	/* a token model needs its targets, and ids */
+	th_request(&A, "POST", "/v1/models/e:evaluate?wait=true", json_headers,
+	           "{\"inputs\": \"inputs\"}", strlen("{\"inputs\": \"inputs\"}"), &r);
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "NO_TARGETS");
+	th_response_free(&r);
+	th_request(&A, "PUT", "/v1/arrays/fx?dtype=float32&shape=2,24", NULL, (const char *)ref,
+	           2 * 24 * sizeof(float), &r);
+	th_response_free(&r);
+	th_request(&A, "POST", "/v1/models/e:evaluate?wait=true", json_headers,
+	           "{\"inputs\": \"fx\", \"targets\": \"fx\"}",
+	           strlen("{\"inputs\": \"fx\", \"targets\": \"fx\"}"), &r);
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_INPUTS");
+	th_response_free(&r);
+	for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+		free(tags[i]);
+	free(ref);
+	free(lg);
+	free(lgd);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("tokens");
@@ -505,6 +736,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_tokens_bad_id_refused);
 	tcase_add_test(tc, test_tokens_rank1_no_projection_gradients);
 	tcase_add_test(tc, test_tokens_batches);
+	tcase_add_test(tc, test_tokens_evaluate);
 	suite_add_tcase(s, tc);
 	return s;
 }

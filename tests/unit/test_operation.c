@@ -120,6 +120,17 @@ static ts_status work_fail(struct ts_operation *op, void *arg, struct ts_error *
 	return ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array 'x' not found");
 }
 
+/* Fails with DATA_LOSS after recording what it did so far. */
+static ts_status work_fail_partial(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct job *j = arg;
+
+	atomic_fetch_add(&j->ran, 1);
+	ts_operation_set_partial(op, json_pack("{s:i}", "steps", 1));
+	ts_operation_set_partial(op, json_pack("{s:i}", "steps", 2));
+	return ts_error_set(err, TS_DATA_LOSS, "STEP_FAILED", "step 3 failed");
+}
+
 /* Fails without explaining itself. */
 static ts_status work_fail_silent(struct ts_operation *op, void *arg, struct ts_error *err)
 {
@@ -259,6 +270,40 @@ START_TEST(succeeds_with_result)
 	ck_assert_ptr_null(ts_op_get(r, "op-0000000000000000"));
 	ck_assert_ptr_null(ts_op_get(r, NULL));
 	ts_operation_unref(op);
+	ts_op_registry_free(r);
+}
+END_TEST
+
+/* A run that fails keeps the last partial result it stored (not its
+ * result), and a snapshot owns its copy. */
+START_TEST(failure_keeps_the_partial_result)
+{
+	struct ts_op_registry *r = registry(1, 100, 0);
+	struct job j = {0}, k = {0};
+	struct ts_operation *op = submit(r, NULL, work_fail_partial, &j);
+	struct ts_operation *op2 = submit(r, NULL, work_fail, &k);
+	struct ts_op_snapshot s, s2;
+
+	ck_assert(ts_operation_block(op, 10 * SEC));
+	ts_operation_snapshot(op, &s);
+	ts_operation_snapshot(op, &s2);
+	ck_assert_int_eq(s.state, TS_OP_FAILED);
+	ck_assert_int_eq(s.error.status, TS_DATA_LOSS);
+	ck_assert_ptr_null(s.result);
+	ck_assert_ptr_nonnull(s.partial);
+	ck_assert_int_eq(json_integer_value(json_object_get(s.partial, "steps")), 2);
+	ck_assert_ptr_ne(s.partial, s2.partial);
+	ts_op_snapshot_release(&s);
+	ck_assert_ptr_null(s.partial);
+	ck_assert_int_eq(json_integer_value(json_object_get(s2.partial, "steps")), 2);
+	ts_op_snapshot_release(&s2);
+	/* a run that stored none has none */
+	ck_assert(ts_operation_block(op2, 10 * SEC));
+	ts_operation_snapshot(op2, &s);
+	ck_assert_ptr_null(s.partial);
+	ts_op_snapshot_release(&s);
+	ts_operation_unref(op);
+	ts_operation_unref(op2);
 	ts_op_registry_free(r);
 }
 END_TEST
@@ -1483,6 +1528,7 @@ static Suite *operation_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, succeeds_with_result);
 	tcase_add_test(tc, failure_keeps_the_error);
+	tcase_add_test(tc, failure_keeps_the_partial_result);
 	tcase_add_test(tc, cancel_while_pending);
 	tcase_add_test(tc, cancel_while_running);
 	tcase_add_test(tc, cancel_after_finish_refused);

@@ -471,6 +471,75 @@ START_TEST(eval_below_step)
 }
 END_TEST
 
+/* A token model's evaluation (8 tokens of uint16 ids, vocab 100, with a
+ * projection): the table and projection are arguments where params are, x_0
+ * is gathered, the logits [8, 100] are the outputs (written by the
+ * projection when on the device), the step's cross-entropy gives the loss;
+ * no gradient of the table or the projection, no scatter. */
+START_TEST(eval_tokens)
+{
+	struct ts_mlp tok = small_mse;
+	const uint64_t EE = 100u * 64u * 4u, LG = 8u * 100u * 4u, ID = 8u * 2u;
+	struct ts_policy pol = policy(false, false, 0);
+	struct ts_error err;
+	struct ts_plan p, q;
+	int xent = -1, gathers = 0;
+
+	tok.vocab = 100;
+	tok.proj = true;
+	tok.id_bytes = 2;
+	tok.loss = TS_LOSS_XENT;
+	plan_eval(&tok, false, 0, true, TS_MEM_DEVICE, &p);
+	for (int i = 0; i < p.nactions; i++) {
+		ck_assert_int_ne(p.actions[i].op, TS_P_EMBED_BWD);
+		ck_assert_int_ne(p.actions[i].op, TS_P_LOSS);
+		gathers += p.actions[i].op == TS_P_EMBED_FWD;
+		if (p.actions[i].op == TS_P_XENT)
+			xent = i;
+	}
+	ck_assert_int_eq(gathers, 1);
+	ck_assert_int_ge(xent, 0);
+	ck_assert_int_eq(p.bufs[p.actions[xent].a].role, TS_ROLE_OUTPUT);
+	ck_assert_int_eq(p.bufs[p.actions[xent].b].role, TS_ROLE_TARGET);
+	for (int i = 0; i < p.nbufs; i++) {
+		ck_assert_int_ne(p.bufs[i].role, TS_ROLE_GRAD_EMBED);
+		ck_assert_int_ne(p.bufs[i].role, TS_ROLE_GRAD_PROJ);
+		ck_assert(p.bufs[i].role < TS_ROLE_MU_EMBED || p.bufs[i].role > TS_ROLE_NU_PROJ);
+	}
+	ck_assert_uint_eq(p.argument_size_in_bytes, 2 * 3 * EW + 2 * EE + 2 * ID);
+	ck_assert_uint_eq(p.output_size_in_bytes, LG);
+	ck_assert_uint_eq(p.d2h_bytes, 0);
+	ck_assert_uint_eq(p.h2d_bytes, 0);
+	ts_plan_release(&p);
+	/* params streamed, logits to pinned_host: copied out once */
+	plan_eval(&tok, true, 1, true, TS_MEM_PINNED_HOST, &p);
+	ck_assert_uint_eq(p.argument_size_in_bytes, 2 * ID);
+	ck_assert_uint_eq(p.host_argument_size_in_bytes, 2 * 3 * EW + 2 * EE);
+	ck_assert_uint_eq(p.h2d_bytes, 2 * 3 * EW + 2 * EE);
+	ck_assert_uint_eq(p.host_output_size_in_bytes, LG);
+	ck_assert_uint_eq(p.d2h_bytes, LG);
+	/* below the step's */
+	ts_error_clear(&err);
+	pol = policy(true, false, 1);
+	ck_assert(ts_plan_build(&tok, &grads_only, 8, &pol, &q, &err) == TS_OK);
+	ck_assert_uint_le(p.peak_device_bytes, q.peak_device_bytes);
+	ts_plan_release(&p);
+	ts_plan_release(&q);
+	/* without a projection the logits are x_L (d_model == vocab) */
+	tok.proj = false;
+	tok.vocab = 64;
+	plan_eval(&tok, false, 0, true, TS_MEM_DEVICE, &p);
+	ck_assert_uint_eq(p.output_size_in_bytes, 8u * 64u * 4u);
+	ck_assert_uint_eq(p.argument_size_in_bytes, 2 * 3 * EW + 64u * 64u * 4u + 2 * ID);
+	ts_plan_release(&p);
+	/* a token model without its loss is refused */
+	tok.loss = TS_LOSS_MSE;
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_eval(&tok, 8, &pol, false, TS_MEM_DEVICE, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+}
+END_TEST
+
 static Suite *plan_suite(void)
 {
 	Suite *s = suite_create("plan");
@@ -487,6 +556,7 @@ static Suite *plan_suite(void)
 	tcase_add_test(tc, eval_params_streamed);
 	tcase_add_test(tc, eval_outputs);
 	tcase_add_test(tc, eval_below_step);
+	tcase_add_test(tc, eval_tokens);
 	suite_add_tcase(s, tc);
 	return s;
 }
