@@ -4,6 +4,19 @@
  * descriptors of an answer received with SCM_RIGHTS, and mappings of them.
  * Static functions: each binary that includes it gets its own copy.
  * Failures return -1 / NULL with errno set or the answer's error kept.
+ *
+ * A shard of a lease answer says how it is handed ("transport"):
+ *   "fd"        a descriptor came with the answer for it (one per "fd"
+ *               shard, in shard order); its bytes are [offset, offset +
+ *               length) of the file: lw_map.
+ *   "cuda_ipc"  no descriptor; "cuda_ipc":{"handle": 128 hex digits, the 64
+ *               bytes of a cudaIpcMemHandle_t of the GPU pool's allocation,
+ *               "chunk_bytes": its size, "ordinal", "pci_bus_id", "uuid"}:
+ *               pick the device by its bus id (cudaDeviceGetByPCIBusId:
+ *               ordinals differ under CUDA_VISIBLE_DEVICES), open the
+ *               handle (cudaIpcOpenMemHandle, lw_ipc_handle gives its
+ *               bytes); the bytes are [offset, offset + length) of what it
+ *               opens. Close it (cudaIpcCloseMemHandle) before releasing.
  */
 #ifndef TS_TESTS_LEASE_WIRE_H
 #define TS_TESTS_LEASE_WIRE_H
@@ -181,6 +194,36 @@ static inline void *lw_map(int fd, uint64_t off, uint64_t len, bool writable, in
 		return NULL;
 	*base = m;
 	return (char *)m + (off - start);
+}
+
+/* The value of one hex digit, or -1. */
+static inline int lw_hex_digit(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The 64 bytes of a "cuda_ipc" shard's handle, for cudaIpcOpenMemHandle; -1
+ * (errno EINVAL) when the shard has none or it is not 128 hex digits. */
+static inline int lw_ipc_handle(json_t *shard, unsigned char out[64])
+{
+	const char *hex = json_string_value(json_object_get(json_object_get(shard, "cuda_ipc"),
+	                                                    "handle"));
+
+	if (!hex || strlen(hex) != 128) {
+		errno = EINVAL;
+		return -1;
+	}
+	for (int i = 0; i < 64; i++) {
+		int hi = lw_hex_digit(hex[2 * i]), lo = lw_hex_digit(hex[2 * i + 1]);
+
+		if (hi < 0 || lo < 0) {
+			errno = EINVAL;
+			return -1;
+		}
+		out[i] = (unsigned char)(hi << 4 | lo);
+	}
+	return 0;
 }
 
 #endif
