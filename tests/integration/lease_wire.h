@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -194,6 +195,76 @@ static inline void *lw_map(int fd, uint64_t off, uint64_t len, bool writable, in
 		return NULL;
 	*base = m;
 	return (char *)m + (off - start);
+}
+
+/*
+ * Mappings a client keeps: each memfd it was handed (known by device and
+ * inode: every descriptor of one memfd names the same file) mapped whole,
+ * once per protection, and reused by later leases of arrays in it - a
+ * pinned segment holds many arrays, and one version after another. Mapping
+ * 1 GiB of 4 KiB pages costs the page tables of 262144 pages (tens of
+ * milliseconds, more than reading it); a kept mapping costs them once, as a
+ * process's own buffers do. A kept mapping outlives the leases: the bytes
+ * of a released lease may hold another array later.
+ */
+#define LW_MAX_KEPT 16
+
+struct lw_kept {
+	dev_t dev;
+	ino_t ino;
+	bool writable;
+	void *base;
+	size_t len;
+};
+
+struct lw_maps {
+	struct lw_kept m[LW_MAX_KEPT];
+	int n;
+};
+
+/* [off, off + len) of fd through the kept mapping of its file (made now,
+ * of the whole file, when there is none yet); *fresh says whether it was
+ * made now. NULL (errno set) when it cannot be mapped or maps is full. */
+static inline void *lw_map_kept(struct lw_maps *maps, int fd, uint64_t off, uint64_t len,
+                                bool writable, bool *fresh)
+{
+	struct stat st;
+	struct lw_kept *k;
+	void *m;
+
+	*fresh = false;
+	if (fstat(fd, &st) != 0)
+		return NULL;
+	if (off > (uint64_t)st.st_size || len > (uint64_t)st.st_size - off) {
+		errno = EINVAL;
+		return NULL;
+	}
+	for (int i = 0; i < maps->n; i++) {
+		k = &maps->m[i];
+		if (k->dev == st.st_dev && k->ino == st.st_ino && k->writable == writable &&
+		    off + len <= k->len)
+			return (char *)k->base + off;
+	}
+	if (maps->n == LW_MAX_KEPT) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd,
+	         0);
+	if (m == MAP_FAILED)
+		return NULL;
+	maps->m[maps->n++] = (struct lw_kept){st.st_dev, st.st_ino, writable, m,
+	                                      (size_t)st.st_size};
+	*fresh = true;
+	return (char *)m + off;
+}
+
+/* Unmaps every kept mapping. */
+static inline void lw_maps_release(struct lw_maps *maps)
+{
+	for (int i = 0; i < maps->n; i++)
+		munmap(maps->m[i].base, maps->m[i].len);
+	maps->n = 0;
 }
 
 /* The value of one hex digit, or -1. */
