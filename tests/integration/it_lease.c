@@ -344,9 +344,51 @@ END_TEST
 
 /* ---- device arrays ------------------------------------------------------- */
 
+/* Under the CPU stand-in of libcudart (TS_FAKECUDA) there is no
+ * cudaIpcGetMemHandle: a GPU's arrays cannot be leased. */
+static bool ipc_missing(void)
+{
+	return !th_backend_is_sim() && getenv("TS_FAKECUDA") != NULL;
+}
+
+/* The refusal where cudaIpcGetMemHandle is missing: FAILED_PRECONDITION
+ * naming it, for a lease and a create, and nothing held after either. */
+static void check_ipc_refused(void)
+{
+	unsigned char *v = th_pattern(MiB, 8);
+	char req[256];
+	int fd = lw_connect(sock), fds[LW_MAX_FDS], nfds = 0;
+	json_t *j, *e;
+
+	ck_assert_int_ge(fd, 0);
+	upload_on("g", th_dev(0), "device", v, MiB);
+	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"g\"}", fds, &nfds);
+	e = th_obj(j, "error");
+	ck_assert_str_eq(th_str(e, "status"), "FAILED_PRECONDITION");
+	ck_assert_msg(strstr(th_str(e, "message"), "'cudaIpcGetMemHandle'"), "%s",
+	              th_str(e, "message"));
+	ck_assert_int_eq(nfds, 0);
+	json_decref(j);
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"gw\",\"dtype\":\"uint8\","
+	         "\"shape\":[4096],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
+	j = lw_call(fd, req, fds, &nfds);
+	ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "FAILED_PRECONDITION");
+	json_decref(j);
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/g"), 200);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 0);     /* the refused create's too */
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/gw"), 404);
+	close(fd);
+	free(v);
+}
+
 START_TEST(test_device_kept_while_replaced_and_deleted)
 {
 	start("0600");
+	if (ipc_missing()) {
+		check_ipc_refused();
+		th_daemon_stop_ok(&d);
+		return;
+	}
 	check_kept_on(th_dev(0), "device");
 	th_daemon_stop_ok(&d);
 }
@@ -362,6 +404,11 @@ START_TEST(test_device_kept_while_moved)
 	int fd;
 
 	start("0600");
+	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
+		free(v);
+		th_daemon_stop_ok(&d);
+		return;
+	}
 	upload_on("mv", th_dev(0), "device", v, 4 * MiB);
 	fd = lw_connect(sock);
 	ck_assert_int_ge(fd, 0);
@@ -400,6 +447,11 @@ START_TEST(test_device_write_lease)
 	json_t *j;
 
 	start("0600");
+	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
+		free(want);
+		th_daemon_stop_ok(&d);
+		return;
+	}
 	fd = lw_connect(sock);
 	ck_assert_int_ge(fd, 0);
 	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dw\",\"dtype\":\"uint8\","
@@ -446,6 +498,11 @@ START_TEST(test_device_killed_client_and_many_leases)
 	pid_t pid;
 
 	start("0600");
+	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
+		free(v);
+		th_daemon_stop_ok(&d);
+		return;
+	}
 	upload_on("dk", th_dev(0), "device", v, MiB);
 	ck_assert_int_eq(pipe(ready), 0);
 	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dnever\",\"dtype\":\"uint8\","

@@ -42,6 +42,9 @@ from .errors import TransportError, error_from_status
 
 _HDR = struct.Struct(">I")
 _MAX_FDS = 64
+# writable mappings are populated at once (a write fault maps one page); read
+# ones fault on first touch, where the kernel maps 16 pages of the file a fault
+# (fault-around), cheaper than populating them one by one
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 # Python >= 3.13 can map without keeping a duplicate of the descriptor: a
 # leased array then costs the client no descriptor while it lives
@@ -185,8 +188,9 @@ class LeaseConnection:
             base = int(sh["offset"]) // page * page
             delta = int(sh["offset"]) - base
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            m = _Mapping(fds[0], delta + length, flags=mmap.MAP_SHARED | _POPULATE,
-                         prot=prot, offset=base, **_NO_TRACK)
+            flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
+            m = _Mapping(fds[0], delta + length, flags=flags, prot=prot, offset=base,
+                         **_NO_TRACK)
         except BaseException:
             self.release_later(lease)
             raise
