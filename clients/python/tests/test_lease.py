@@ -372,8 +372,8 @@ class _Opener(tstage.lease._IpcOpener):
     def __init__(self) -> None:
         self.opened, self.closed = [], []
 
-    def open(self, handle: bytes, pci_bus_id: str) -> int:
-        self.opened.append((handle, pci_bus_id))
+    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
+        self.opened.append((handle, pci_bus_id, ordinal))
         return 0x7f0000000000
 
     def close(self, ptr: int) -> None:
@@ -398,7 +398,7 @@ def test_cuda_array_interface_and_close(monkeypatch):
     monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
     x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(), [], False)
     assert isinstance(x, tstage.CudaArray)
-    assert opener.opened == [(bytes(range(64)), "0000:3B:00.0")]
+    assert opener.opened == [(bytes(range(64)), "0000:3B:00.0", 0)]
     cai = x.__cuda_array_interface__
     assert cai["shape"] == (8, 4) and cai["typestr"] == "<f4" and cai["version"] == 3
     assert cai["data"] == (0x7f0000000000 + 4096, True)      # read lease: read-only
@@ -449,3 +449,44 @@ def test_cuda_write_lease_publish_closes(monkeypatch):
     assert sent == [{"op": "publish", "lease": 5}]
     assert arr.closed and opener.closed == [0x7f0000000000]
     assert c.released == []          # publish ended the lease: nothing to release
+
+
+def test_cuda_python_opener_picks_the_gpu_by_bus_id(monkeypatch):
+    """The cuda-python path, against a stand-in of its runtime module: the
+    handle opened on the GPU of the bus id, the current device restored."""
+    import types
+
+    calls = []
+    rt = types.ModuleType("cuda.bindings.runtime")
+
+    class Err:
+        cudaSuccess = 0
+
+    class Handle:
+        reserved = b""
+
+    rt.cudaError_t = Err
+    rt.cudaIpcMemLazyEnablePeerAccess = 1
+    rt.cudaIpcMemHandle_t = Handle
+    rt.cudaGetErrorString = lambda e: (0, b"an error")
+    rt.cudaDeviceGetByPCIBusId = lambda bus: (calls.append(("bus", bus)) or 0, 3)
+    rt.cudaGetDevice = lambda: (0, 1)
+    rt.cudaSetDevice = lambda d: (calls.append(("set", d)) or 0,)
+    rt.cudaIpcOpenMemHandle = lambda h, f: (calls.append(("open", h.reserved, f)) or 0, 0x5000)
+    rt.cudaIpcCloseMemHandle = lambda p: (calls.append(("close", p)) or 0,)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", rt)
+    opener = tstage.lease._ipc_opener()
+    assert opener.name == "cuda-python"
+    conn = _Conn()
+    x = tstage.CudaArray(conn, _ipc_reply(lease=3, offset=256), False, opener)
+    assert calls == [("bus", b"0000:3B:00.0"), ("set", 3), ("open", bytes(range(64)), 1),
+                     ("set", 1)]
+    assert x.ptr == 0x5000 + 256
+    x.close()
+    assert calls[-1] == ("close", 0x5000) and conn.released == [3]
+    # a failing open raises, ends the lease, and leaves the device as it was
+    rt.cudaIpcOpenMemHandle = lambda h, f: (201, 0)
+    calls.clear()
+    with pytest.raises(tstage.TransportError, match="cudaIpcOpenMemHandle: an error"):
+        tstage.CudaArray(conn, _ipc_reply(lease=4), False, opener)
+    assert calls[-1] == ("set", 1) and conn.released == [3, 4]

@@ -230,7 +230,9 @@ class _IpcOpener:
 
     name = ""
 
-    def open(self, handle: bytes, pci_bus_id: str) -> int:
+    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
+        """The base of the allocation handle names, opened on the GPU of that
+        PCI bus id (the server's ordinal only where no bus id is known)."""
         raise NotImplementedError
 
     def close(self, ptr: int) -> None:
@@ -251,15 +253,17 @@ class _CudaPythonOpener(_IpcOpener):
             _, text = self.rt.cudaGetErrorString(err)
             raise TransportError(f"{call}: {text.decode() if isinstance(text, bytes) else text}")
 
-    def _on(self, pci_bus_id: str) -> Tuple[int, int]:
-        err, dev = self.rt.cudaDeviceGetByPCIBusId(pci_bus_id.encode())
-        self._check(err, f"cudaDeviceGetByPCIBusId('{pci_bus_id}')")
+    def _on(self, pci_bus_id: str, ordinal: int) -> Tuple[int, int]:
+        dev = ordinal
+        if pci_bus_id:
+            err, dev = self.rt.cudaDeviceGetByPCIBusId(pci_bus_id.encode())
+            self._check(err, f"cudaDeviceGetByPCIBusId('{pci_bus_id}')")
         err, prev = self.rt.cudaGetDevice()
         self._check(err, "cudaGetDevice")
         return int(dev), int(prev)
 
-    def open(self, handle: bytes, pci_bus_id: str) -> int:
-        dev, prev = self._on(pci_bus_id)
+    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
+        dev, prev = self._on(pci_bus_id, ordinal)
         h = self.rt.cudaIpcMemHandle_t()
         h.reserved = handle
         (err,) = self.rt.cudaSetDevice(dev)
@@ -284,9 +288,10 @@ class _CupyOpener(_IpcOpener):
     def __init__(self, cupy: Any) -> None:
         self.cupy = cupy
 
-    def open(self, handle: bytes, pci_bus_id: str) -> int:
+    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
         rt = self.cupy.cuda.runtime
-        dev = rt.deviceGetByPCIBusId(pci_bus_id)
+        by_bus = getattr(rt, "deviceGetByPCIBusId", None)
+        dev = by_bus(pci_bus_id) if pci_bus_id and by_bus else ordinal
         with self.cupy.cuda.Device(dev):
             return int(rt.ipcOpenMemHandle(handle, rt.cudaIpcMemLazyEnablePeerAccess))
 
@@ -354,7 +359,8 @@ class CudaArray:
         try:
             if self.nbytes:
                 opener = opener or _ipc_opener()
-                ptr = opener.open(bytes.fromhex(ipc["handle"]), self.pci_bus_id)
+                ptr = opener.open(bytes.fromhex(ipc["handle"]), self.pci_bus_id,
+                                  int(ipc["ordinal"]))
         except BaseException as e:
             conn.release_later(self.lease)
             if isinstance(e, ImportError):
