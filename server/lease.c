@@ -7,7 +7,7 @@
  * with sendmsg), with the same mode and group: the socket's file is the
  * permission, as it is for the HTTP socket. Frames and requests are
  * lease_proto.h's; each answer is one frame, a JSON object, with the
- * descriptors of its shards attached (SCM_RIGHTS), one per shard in order:
+ * descriptors of its "fd" shards attached (SCM_RIGHTS), in shard order:
  *
  *   lease    {"lease":ID,"name","dtype","shape","nbytes","version","etag",
  *             "writable":false,"shards":[{"device","memory_kind",
