@@ -249,8 +249,10 @@ static inline void *lw_map_kept(struct lw_maps *maps, int fd, uint64_t off, uint
 		errno = ENOSPC;
 		return NULL;
 	}
-	m = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd,
-	         0);
+	/* a write fault maps one page: writable mappings are populated at once;
+	 * a read fault maps 16 (fault-around), cheaper than populating */
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0),
+	         MAP_SHARED | (writable ? MAP_POPULATE : 0), fd, 0);
 	if (m == MAP_FAILED)
 		return NULL;
 	maps->m[maps->n++] = (struct lw_kept){st.st_dev, st.st_ino, writable, m,
