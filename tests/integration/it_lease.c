@@ -12,8 +12,9 @@
  * follow the same rules: on sim a descriptor of the sim device's memfd
  * (mapped and checked byte for byte, also while the array is moved to host
  * memory), on a GPU a CUDA IPC handle of the pool chunk with the array's
- * offset in it (its shape and the accounting checked; opening it is the
- * Python client's, tests/gpu). Pinned host memory is
+ * offset in it (its shape and the accounting checked, and where a libcudart
+ * can be loaded, the handle opened here and the bytes read and written
+ * through it). Pinned host memory is
  * shareable on every backend once --unix-socket is on (on CUDA, memfd pages
  * pinned with cudaHostRegister: exercised where the suite runs on a GPU).
  *
@@ -23,6 +24,7 @@
 #include "tests/integration/lease_wire.h"
 
 #include <check.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -115,7 +117,93 @@ struct mapped {
 	void *base;
 	size_t maplen;
 	uint64_t lease;
+	void *ipc_base;                 /* a CUDA IPC handle opened here, or NULL */
+	unsigned char *dev_data;        /* the array's bytes in it (device memory) */
 };
+
+/* ---- the CUDA runtime, where the suite runs on a GPU ---------------------- */
+
+/* cudaIpcMemHandle_t as the runtime takes it: 64 bytes, by value. */
+struct ipc_handle {
+	char reserved[64];
+};
+
+/* Enough of libcudart, loaded at run time (the suite links no CUDA), to open
+ * a GPU array's lease in this process as a client does and read and write
+ * its bytes: on a GPU the lease rules are checked byte for byte, as a
+ * mapping's are on sim. Each case runs in a process of its own (fork mode):
+ * the runtime is loaded in it, never in the parent. */
+static struct {
+	bool tried, ok;
+	int (*by_bus)(int *dev, const char *pci_bus_id);
+	int (*set_device)(int dev);
+	int (*open)(void **p, struct ipc_handle h, unsigned flags);
+	int (*close)(void *p);
+	int (*copy)(void *dst, const void *src, size_t n, int kind);
+	int (*sync)(void);
+} rt;
+
+#define CUDA_MEMCPY_DEFAULT 4
+#define CUDA_IPC_LAZY_PEER 1
+
+static void *rt_sym(void *lib, const char *name, bool *ok)
+{
+	void *f = dlsym(lib, name);
+
+	*ok = *ok && f;
+	return f;
+}
+
+static bool cuda_rt(void)
+{
+	static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+	void *lib = NULL, *f;
+	bool ok = true;
+
+	if (rt.tried)
+		return rt.ok;
+	rt.tried = true;
+	for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
+		lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		fprintf(stderr, "it_lease: no libcudart here: a GPU array's lease is checked by "
+		        "its answer, not opened\n");
+		return false;
+	}
+	f = rt_sym(lib, "cudaDeviceGetByPCIBusId", &ok);
+	memcpy(&rt.by_bus, &f, sizeof f);
+	f = rt_sym(lib, "cudaSetDevice", &ok);
+	memcpy(&rt.set_device, &f, sizeof f);
+	f = rt_sym(lib, "cudaIpcOpenMemHandle", &ok);
+	memcpy(&rt.open, &f, sizeof f);
+	f = rt_sym(lib, "cudaIpcCloseMemHandle", &ok);
+	memcpy(&rt.close, &f, sizeof f);
+	f = rt_sym(lib, "cudaMemcpy", &ok);
+	memcpy(&rt.copy, &f, sizeof f);
+	f = rt_sym(lib, "cudaDeviceSynchronize", &ok);
+	memcpy(&rt.sync, &f, sizeof f);
+	rt.ok = ok;
+	return ok;
+}
+
+/* Opens the handle of a "cuda_ipc" shard on the GPU of its bus id. */
+static void ipc_open(json_t *sh, struct mapped *m)
+{
+	json_t *ipc = th_obj(sh, "cuda_ipc");
+	struct ipc_handle h;
+	void *base = NULL;
+	int dev = -1, e;
+
+	ck_assert_int_eq(lw_ipc_handle(sh, (unsigned char *)h.reserved), 0);
+	e = rt.by_bus(&dev, th_str(ipc, "pci_bus_id"));
+	ck_assert_msg(e == 0, "cudaDeviceGetByPCIBusId('%s'): error %d",
+	              th_str(ipc, "pci_bus_id"), e);
+	ck_assert_int_eq(rt.set_device(dev), 0);
+	e = rt.open(&base, h, CUDA_IPC_LAZY_PEER);
+	ck_assert_msg(e == 0 && base, "cudaIpcOpenMemHandle: error %d", e);
+	m->ipc_base = base;
+	m->dev_data = (unsigned char *)base + th_int(sh, "offset");
+}
 
 /* Checks a shard handed by CUDA IPC (a GPU's device array): a handle of
  * 128 hex digits, the array's bytes inside the chunk it names, the GPU's
@@ -154,9 +242,13 @@ static void lease_map(int fd, const char *req, bool writable, struct mapped *m)
 	m->lease = (uint64_t)th_int(m->answer, "lease");
 	m->data = NULL;
 	m->base = NULL;
+	m->ipc_base = NULL;
+	m->dev_data = NULL;
 	if (strcmp(th_str(sh, "transport"), "cuda_ipc") == 0) {
 		ck_assert_int_eq(nfds, 0);
 		check_ipc_shard(sh);
+		if (cuda_rt())
+			ipc_open(sh, m);
 		return;
 	}
 	ck_assert_str_eq(th_str(sh, "transport"), "fd");
@@ -171,14 +263,40 @@ static void unmap(struct mapped *m)
 {
 	if (m->base)
 		munmap(m->base, m->maplen);
+	if (m->ipc_base)
+		ck_assert_int_eq(rt.close(m->ipc_base), 0);
 	json_decref(m->answer);
 }
 
-/* th_assert_bytes where the lease could be mapped. */
+/* th_assert_bytes where the lease could be mapped or opened. */
 static void assert_mapped(const char *what, const struct mapped *m, const void *want, size_t n)
 {
-	if (m->data)
+	unsigned char *got;
+
+	if (m->data) {
 		th_assert_bytes(what, m->data, n, want, n);
+	} else if (m->dev_data) {
+		got = malloc(n);
+		ck_assert_ptr_nonnull(got);
+		ck_assert_int_eq(rt.copy(got, m->dev_data, n, CUDA_MEMCPY_DEFAULT), 0);
+		th_assert_bytes(what, got, n, want, n);
+		free(got);
+	}
+}
+
+/* Writes n bytes of src into a writable lease, done when it returns; false
+ * where it could be neither mapped nor opened. */
+static bool fill_leased(struct mapped *m, const void *src, size_t n)
+{
+	if (m->data) {
+		memcpy((void *)m->data, src, n);
+		return true;
+	}
+	if (!m->dev_data)
+		return false;
+	ck_assert_int_eq(rt.copy(m->dev_data, src, n, CUDA_MEMCPY_DEFAULT), 0);
+	ck_assert_int_eq(rt.sync(), 0);       /* another process reads it next */
+	return true;
 }
 
 static void release(int fd, uint64_t lease)
@@ -443,6 +561,7 @@ START_TEST(test_device_write_lease)
 	char req[256];
 	struct th_response r;
 	struct mapped m;
+	bool filled;
 	int fd, nfds;
 	json_t *j;
 
@@ -458,8 +577,7 @@ START_TEST(test_device_write_lease)
 	         "\"shape\":[2097152],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
 	lease_map(fd, req, true, &m);
 	ck_assert(th_bool(m.answer, "writable"));
-	if (m.data)
-		memcpy((void *)m.data, want, 2 * MiB);
+	filled = fill_leased(&m, want, 2 * MiB);
 	ck_assert_int_eq(http_status("GET", "/v1/arrays/dw"), 404);    /* not yet */
 	ck_assert_int_eq(in_use(th_dev(0), "device"), 2 * MiB);
 	snprintf(req, sizeof req, "{\"op\":\"publish\",\"lease\":%llu}", (unsigned long long)m.lease);
@@ -469,7 +587,7 @@ START_TEST(test_device_write_lease)
 	th_get(&d, "/v1/arrays/dw/data", &r);
 	ck_assert_int_eq(r.status, 200);
 	ck_assert_int_eq(r.body_len, 2 * MiB);
-	if (m.data)
+	if (filled)
 		th_assert_bytes("published", r.body, r.body_len, want, 2 * MiB);
 	th_response_free(&r);
 	unmap(&m);
