@@ -5,11 +5,14 @@
  * and the shard built from a pool chunk and a buffer in it - the chunk
  * lookup of a real device pool (a sim device's region stands for a GPU's
  * cudaMalloc), the offset of the buffer in it, the GPU's identity, and the
- * refusal of bytes outside the chunk.
+ * refusal of bytes outside the chunk; and the wire client's kept mappings.
  */
 #include <check.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "memory/buffer.h"
 #include "memory/space.h"
@@ -180,6 +183,43 @@ START_TEST(no_handle_off_a_gpu)
 }
 END_TEST
 
+/* The wire client's kept mappings (the bench's): one per file and
+ * protection, found again through any descriptor of the same memfd. */
+START_TEST(kept_mappings)
+{
+	struct lw_maps maps = {.n = 0};
+	int fd = memfd_create("kept", 0), ro;
+	char path[64];
+	bool fresh;
+	unsigned char *a, *b, *w;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, 1 << 20), 0);
+	ck_assert_int_eq((int)pwrite(fd, "abc", 3, 4096), 3);
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	ro = open(path, O_RDONLY);                 /* as a read lease's descriptor is */
+	ck_assert_int_ge(ro, 0);
+	a = lw_map_kept(&maps, ro, 4096, 3, false, &fresh);
+	ck_assert_ptr_nonnull(a);
+	ck_assert(fresh);
+	ck_assert_int_eq(memcmp(a, "abc", 3), 0);
+	b = lw_map_kept(&maps, fd, 8192, 100, false, &fresh);
+	ck_assert(!fresh);                         /* the same file: the same mapping */
+	ck_assert_ptr_eq(b, a + 4096);
+	w = lw_map_kept(&maps, fd, 4096, 3, true, &fresh);
+	ck_assert(fresh);                          /* another protection: its own */
+	w[0] = 'x';
+	ck_assert_int_eq(a[0], 'x');               /* one memfd: both see it */
+	ck_assert_ptr_null(lw_map_kept(&maps, fd, (1 << 20) - 2, 3, false, &fresh));
+	ck_assert_int_eq(errno, EINVAL);           /* past the file's end */
+	ck_assert_int_eq(maps.n, 2);
+	lw_maps_release(&maps);
+	ck_assert_int_eq(maps.n, 0);
+	close(ro);
+	close(fd);
+}
+END_TEST
+
 static Suite *lease_suite(void)
 {
 	Suite *s = suite_create("lease");
@@ -189,6 +229,7 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, handle_text_refused);
 	tcase_add_test(tc, shard_from_pool_chunk);
 	tcase_add_test(tc, no_handle_off_a_gpu);
+	tcase_add_test(tc, kept_mappings);
 	suite_add_tcase(s, tc);
 	return s;
 }
