@@ -243,6 +243,16 @@ static void cuda_mem_free(struct ts_device *dev, void *p, size_t size)
 
 static const struct ts__backend_ops cuda_ops;
 
+/* cudaIpcGetMemHandle of the libcudart loaded, or NULL. */
+static ipc_get_fn lookup_ipc_get(void)
+{
+	void *sym = dlsym(RTLD_DEFAULT, "cudaIpcGetMemHandle");
+	ipc_get_fn f;
+
+	memcpy(&f, &sym, sizeof f);
+	return f;
+}
+
 _Static_assert(sizeof(cudaIpcMemHandle_t) == TS_IPC_HANDLE_BYTES,
                "a CUDA IPC handle is TS_IPC_HANDLE_BYTES bytes");
 
@@ -257,6 +267,10 @@ ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_
 	if (dev->ops != &cuda_ops)
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_CUDA_DEVICE",
 		                    "'%s' is no CUDA device: it has no CUDA IPC handles",
+		                    dev->props.id);
+	if (ts_device_broken(dev))
+		return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+		                    "%s is unusable after an unrecoverable (sticky) error",
 		                    dev->props.id);
 	get = ((const struct cuda_dev *)dev->impl)->ipc_get;
 	if (!get)
@@ -713,11 +727,7 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 	if (!c)
 		goto out_dev;
 	c->ordinal = i;
-	{
-		void *sym = dlsym(RTLD_DEFAULT, "cudaIpcGetMemHandle");
-
-		memcpy(&c->ipc_get, &sym, sizeof sym);
-	}
+	c->ipc_get = lookup_ipc_get();
 	dev->impl = c;
 
 	copy_truncated(dev->props.name, sizeof dev->props.name, p.name, sizeof p.name);
