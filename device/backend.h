@@ -221,9 +221,10 @@ ts_status ts__oom(struct ts_error *err, const struct ts_device *dev,
 /*
  * Page-aligned host memory of exactly size bytes, never touched here: a
  * shareable memfd mapping (ts_host_mem_share), or anonymous pages when no
- * memfd can be had. noreserve maps anonymous pages without reserving swap
- * (MAP_NORESERVE), for sim device memory whose capacity may exceed what the
- * host would commit. Shareable mappings are entered in dev->host_maps.
+ * memfd can be had. noreserve is for sim device memory, whose capacity may
+ * exceed what the host would commit: a memfd reserves nothing either, and
+ * the anonymous fallback is then mapped MAP_NORESERVE, whatever made the
+ * memfd fail. Shareable mappings are entered in dev->host_maps.
  * Fails with RESOURCE_EXHAUSTED (ts__oom wording, host MemAvailable as the
  * free figure). Owned by the caller; release with ts__host_pages_free.
  */

@@ -13,7 +13,9 @@
  * it can be shared. That path is exercised by the GPU suite (tests/gpu):
  * the CPU stand-in of libcudart has no cudaHostRegister, so the two calls
  * are looked up at run time (dlsym) and only when the path is chosen, and
- * nothing the stand-in runs chooses it.
+ * nothing the stand-in runs chooses it. cudaIpcGetMemHandle, with which a
+ * lease hands a device array to another process on the node, is looked up
+ * the same way (the stand-in has none: such a lease is then refused).
  *
  * Every cudaError_t is translated in cuda_fail() and nowhere else: an error
  * that corrupts the context (illegal address, launch failure, ECC, ...) is
@@ -37,8 +39,12 @@
 #include "common/log.h"
 #include "device/backend.h"
 
+/* cudaIpcGetMemHandle, looked up at run time (see the file's comment). */
+typedef cudaError_t (*ipc_get_fn)(cudaIpcMemHandle_t *handle, void *dev_ptr);
+
 struct cuda_dev {
 	int ordinal;                    /* immutable: the CUDA device ordinal */
+	ipc_get_fn ipc_get;             /* immutable: NULL where libcudart has none */
 	struct cuda_pinned *pinned;     /* the set's pinned provider, owned by the
 	                                 * first GPU (freed last of the set) */
 };
@@ -233,6 +239,51 @@ static void cuda_mem_free(struct ts_device *dev, void *p, size_t size)
 	if (cuda_enter(dev, NULL) != TS_OK)
 		return;
 	cuda_fail(dev, cudaFree(p), "cudaFree", NULL, NULL);
+}
+
+static const struct ts__backend_ops cuda_ops;
+
+/* cudaIpcGetMemHandle of the libcudart loaded, or NULL. */
+static ipc_get_fn lookup_ipc_get(void)
+{
+	void *sym = dlsym(RTLD_DEFAULT, "cudaIpcGetMemHandle");
+	ipc_get_fn f;
+
+	memcpy(&f, &sym, sizeof f);
+	return f;
+}
+
+_Static_assert(sizeof(cudaIpcMemHandle_t) == TS_IPC_HANDLE_BYTES,
+               "a CUDA IPC handle is TS_IPC_HANDLE_BYTES bytes");
+
+ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_handle *out,
+                               struct ts_error *err)
+{
+	cudaIpcMemHandle_t h;
+	ipc_get_fn get;
+	ts_status st;
+
+	memset(out, 0, sizeof *out);
+	if (dev->ops != &cuda_ops)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_CUDA_DEVICE",
+		                    "'%s' is no CUDA device: it has no CUDA IPC handles",
+		                    dev->props.id);
+	if (ts_device_broken(dev))
+		return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
+		                    "%s is unusable after an unrecoverable (sticky) error",
+		                    dev->props.id);
+	get = ((const struct cuda_dev *)dev->impl)->ipc_get;
+	if (!get)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "CUDA_IPC_UNAVAILABLE",
+		                    "'%s': this libcudart has no 'cudaIpcGetMemHandle': its device "
+		                    "memory cannot be leased; use HTTP", dev->props.id);
+	st = cuda_enter(dev, err);
+	if (st != TS_OK)
+		return st;
+	st = cuda_fail(dev, get(&h, base), "cudaIpcGetMemHandle", NULL, err);
+	if (st == TS_OK)
+		memcpy(out->bytes, &h, sizeof out->bytes);
+	return st;
 }
 
 /*
@@ -676,6 +727,7 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 	if (!c)
 		goto out_dev;
 	c->ordinal = i;
+	c->ipc_get = lookup_ipc_get();
 	dev->impl = c;
 
 	copy_truncated(dev->props.name, sizeof dev->props.name, p.name, sizeof p.name);

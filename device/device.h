@@ -292,4 +292,24 @@ bool ts_device_broken(const struct ts_device *dev);
 int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
                       bool writable, uint64_t *offset);
 
+/* The bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t), opaque. */
+#define TS_IPC_HANDLE_BYTES 64
+struct ts_ipc_handle {
+	unsigned char bytes[TS_IPC_HANDLE_BYTES];
+};
+
+/*
+ * A CUDA IPC memory handle of the device memory allocation based at base (a
+ * base ts_device_mem_alloc returned for dev's device memory: a handle names
+ * a whole cudaMalloc allocation), which a process on the same node opens
+ * with cudaIpcOpenMemHandle. cudaIpcGetMemHandle is looked up at run time:
+ * FAILED_PRECONDITION, reason CUDA_IPC_UNAVAILABLE, naming it when the
+ * libcudart has none, and for a build without CUDA; FAILED_PRECONDITION,
+ * reason NOT_CUDA_DEVICE, for a device that is no GPU; CUDA errors
+ * translated as everywhere (UNAVAILABLE for a sticky one). The caller keeps
+ * the allocation alive while the handle is in use. Thread-safe.
+ */
+ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_handle *out,
+                               struct ts_error *err);
+
 #endif

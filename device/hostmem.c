@@ -10,8 +10,12 @@
  * truncate pages under the daemon. Each holds a descriptor until it is
  * freed: mappings take at most half of RLIMIT_NOFILE, so that connections
  * and files keep theirs; past that, or when no memfd can be made, the
- * mapping is anonymous and simply not shareable. Sim device
- * memory (noreserve) stays anonymous: it stands for device memory.
+ * mapping is anonymous and simply not shareable. Sim device memory
+ * (noreserve) is such a memfd too, so that a lease of a sim device array has
+ * the shape of a host array's (a descriptor, as a GPU's array has a CUDA IPC
+ * handle): a memfd's pages, like MAP_NORESERVE ones, are charged only when
+ * touched, so a capacity past what the host would commit still maps; where
+ * no memfd can be had, its pages are anonymous MAP_NORESERVE ones.
  *
  * Mappings are made with exactly the size asked for and never touched here:
  * the first touch (and so the cost of faulting pages in) is the caller's; a
@@ -240,10 +244,10 @@ ts_status ts__host_pages_alloc(const struct ts_device *dev,
 	void *p = NULL;
 
 	*out = NULL;
-	if (!noreserve)
-		p = shared_pages(dev->host_maps, size);
+	p = shared_pages(dev->host_maps, size);
 	/* ENOMEM and ENOSPC (memory or tmpfs limits) are an answer; any other
-	 * failure (descriptors exhausted) falls back to anonymous pages */
+	 * failure (descriptors exhausted), and any at all for noreserve pages,
+	 * falls back to anonymous pages */
 	if (!p && !noreserve && (errno == ENOMEM || errno == ENOSPC))
 		p = MAP_FAILED;
 	else if (!p)

@@ -29,3 +29,13 @@ ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const cha
 	return ts_error_set(err, TS_INTERNAL, "NO_CUDA", "%s: CUDA error %d in a build without CUDA",
 	                    call, cuda_error);
 }
+
+ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_handle *out,
+                               struct ts_error *err)
+{
+	(void)base;
+	memset(out, 0, sizeof *out);
+	return ts_error_set(err, TS_FAILED_PRECONDITION, "CUDA_IPC_UNAVAILABLE",
+	                    "'%s': no 'cudaIpcGetMemHandle' in a build without CUDA",
+	                    ts_device_props(dev)->id);
+}

@@ -3,7 +3,9 @@
  * capacity, copies run on per-queue copy threads.
  *
  * A sim device stands in for a GPU where there is none. Its memory is
- * anonymous host mappings (MAP_NORESERVE, never touched here), counted
+ * shareable host mappings (memfd, hostmem.c: charged only once touched, and
+ * never touched here), so that a lease hands it to a client on the node as
+ * a GPU's memory is handed by a CUDA IPC handle; counted
  * against the configured capacity with exact sizes: an allocation past the
  * remaining capacity is refused with RESOURCE_EXHAUSTED, whatever the host
  * could give. Each queue is a copy thread running memcpy jobs in order

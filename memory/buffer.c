@@ -92,8 +92,18 @@ bool ts_buffer_host_visible(const struct ts_buffer *b)
 
 int ts_buffer_share(const struct ts_buffer *b, bool writable, uint64_t *offset)
 {
-	if (!ts_buffer_host_visible(b))
-		return -ENOENT;
+	if (ts_buffer_kind(b) == TS_MEM_DEVICE &&
+	    ts_device_props(ts_buffer_device(b))->backend == TS_BACKEND_CUDA)
+		return -ENOENT;   /* a device pointer: never in a host mapping */
 	return ts_host_mem_share(ts_buffer_device(b), b->data, b->size ? b->size : 1, writable,
 	                         offset);
+}
+
+bool ts_buffer_chunk(const struct ts_buffer *b, void **base, uint64_t *size,
+                     uint64_t *offset)
+{
+	if (!ts_space_chunk(b->space, b->data, base, size))
+		return false;
+	*offset = (uint64_t)((uintptr_t)b->data - (uintptr_t)*base);
+	return true;
 }

@@ -10,7 +10,9 @@
  * A buffer is host-visible when the CPU may read and write it directly:
  * pinned and unpinned host memory, and cpu:0's device memory. Device memory
  * of an accelerator (CUDA, and sim, which is simulated faithfully) is reached
- * only through its device's queues.
+ * only through its device's queues - by this process: another process on the
+ * node may be handed it by a lease (a descriptor of a sim device's memfd, a
+ * CUDA IPC handle of a GPU pool's chunk).
  *
  * Thread-safety: ref/unref are atomic; the bytes are guarded by whoever
  * writes them (a buffer is written only before it is published).
@@ -49,9 +51,18 @@ bool ts_buffer_host_visible(const struct ts_buffer *b);
 
 /*
  * A descriptor of the shareable host memory holding b's bytes and their
- * offset in it (see ts_host_mem_share); read-only unless writable. A
- * negative errno when b is not host memory or not shareable (-ENOENT).
+ * offset in it (see ts_host_mem_share); read-only unless writable. Host
+ * memory and sim device memory (a memfd standing for a GPU's) can be; a
+ * negative errno when b is a GPU's memory or not shareable (-ENOENT).
  */
 int ts_buffer_share(const struct ts_buffer *b, bool writable, uint64_t *offset);
+
+/*
+ * The pool chunk holding b's bytes (see ts_space_chunk): its base, its size
+ * and b's offset in it, for a CUDA IPC handle (taken of a cudaMalloc base).
+ * false when b lies in no chunk (pageable memory: its own mapping).
+ */
+bool ts_buffer_chunk(const struct ts_buffer *b, void **base, uint64_t *size,
+                     uint64_t *offset);
 
 #endif

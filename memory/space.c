@@ -354,6 +354,26 @@ void ts_space_release(struct ts_space *sp, void *p, uint64_t size)
 	atomic_fetch_add(sp->generation, 1);
 }
 
+bool ts_space_chunk(const struct ts_space *sp, const void *p, void **base, uint64_t *size)
+{
+	struct pool *pl = sp->pool;
+	uintptr_t a = (uintptr_t)p;
+	bool found = false;
+
+	ts_mutex_lock(&pl->mu);
+	for (size_t i = 0; !found && pl->type != POOL_PAGEABLE && i < pl->nsegs; i++) {
+		uintptr_t b = (uintptr_t)pl->segs[i].base;
+
+		if (a >= b && a - b < pl->segs[i].size) {
+			*base = pl->segs[i].base;
+			*size = pl->segs[i].size;
+			found = true;
+		}
+	}
+	ts_mutex_unlock(&pl->mu);
+	return found;
+}
+
 bool ts_space_would_fit(const struct ts_space *sp, uint64_t size)
 {
 	return round_up(size ? size : 1, POOL_ALIGN) <= atomic_load(&sp->pool->a_largest_free);

@@ -141,6 +141,15 @@ ts_status ts_space_alloc(struct ts_space *sp, uint64_t size, void **out,
                          struct ts_error *err);
 void ts_space_release(struct ts_space *sp, void *p, uint64_t size);
 
+/*
+ * The chunk of sp's pool that holds the allocation at p: the raw memory the
+ * pool took from its device in one piece (a device pool's region, one
+ * cudaMalloc on a GPU; a pinned segment), as base and size. false when p is
+ * in none (pageable pools take a mapping per allocation). Chunks live as
+ * long as the pool. Takes the pool's lock.
+ */
+bool ts_space_chunk(const struct ts_space *sp, const void *p, void **base, uint64_t *size);
+
 /* Whether an allocation of size would fit now (advisory; racy). */
 bool ts_space_would_fit(const struct ts_space *sp, uint64_t size);
 

@@ -7,26 +7,35 @@
  * with sendmsg), with the same mode and group: the socket's file is the
  * permission, as it is for the HTTP socket. Frames and requests are
  * lease_proto.h's; each answer is one frame, a JSON object, with the
- * descriptors of its shards attached (SCM_RIGHTS), one per shard in order:
+ * descriptors of its "fd" shards attached (SCM_RIGHTS), in shard order:
  *
  *   lease    {"lease":ID,"name","dtype","shape","nbytes","version","etag",
- *             "writable":false,"shards":[{"device","memory_kind","offset",
- *             "length","start","count","replica"}]}
- *            read-only descriptors (a fresh O_RDONLY open of the memfd: the
- *            receiver can map it only PROT_READ). The lease holds the
+ *             "writable":false,"shards":[{"device","memory_kind",
+ *             "transport","offset","length","start","count","replica"}]}
+ *            A shard in host memory, or in a sim device's (a memfd
+ *            standing for a GPU's), is "transport":"fd": a descriptor is
+ *            attached for it, read-only (a fresh O_RDONLY open of the
+ *            memfd: the receiver can map it only PROT_READ), and offset is
+ *            its bytes' in the file. A shard in a GPU's memory is
+ *            "transport":"cuda_ipc" with no descriptor: "cuda_ipc" holds a
+ *            CUDA IPC handle of the pool chunk holding it (lease.h), offset
+ *            is its bytes' in the chunk; CUDA IPC maps read-write whatever
+ *            the lease says. The lease holds the
  *            version - its buffers and their bytes - until it is released
  *            or its connection closes, whatever the name meets meanwhile
  *            (replaced, deleted, moved): the memory goes back to its space
  *            only then.
  *   create   the same with "writable":true and read-write descriptors of a
  *            new, unpublished array (bytes not initialised) that the client
- *            fills in place; nothing is visible until publish.
+ *            fills in place - in host memory, or in a device's ("fd" on
+ *            sim, "cuda_ipc" on a GPU); nothing is visible until publish.
  *   publish  {"name","version","etag","replaced"}: the array becomes the
  *            name's current version (the checks of an upload: holds,
  *            owners, if_none_match) and the lease ends.
  *   release  no answer (garbage collectors send it without waiting): the
  *            lease ends; one not held is ignored.
  *   ping     {}: a round trip, after which every earlier release is done.
+ * Descriptors travel one per "fd" shard, in the order of the shards.
  * Failures answer {"error":{...}} (google.rpc.Status, as over HTTP), after
  * which the connection goes on, except for a frame that cannot be read
  * (length 0 or over TS_LEASE_FRAME_MAX): answered, then closed.
@@ -57,6 +66,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "server/lease.h"
 #include "server/lease_proto.h"
 #include "storage/array.h"
 
@@ -147,7 +157,7 @@ static bool send_error(int fd, const struct ts_error *err)
 	return send_frame(fd, ts_error_to_json(err, 0), NULL, 0);
 }
 
-/* ---- leases ------------------------------------------------------------------ */
+/* ---- the lease table ------------------------------------------------------------ */
 
 static void lease_free(struct lease *l)
 {
@@ -174,11 +184,132 @@ static json_t *u64_list(const uint64_t *v, int n)
 	return l;
 }
 
+/* ---- what a shard is handed by ------------------------------------------------ */
+
+void ts_lease_ipc_hex(const struct ts_ipc_handle *h, char out[TS_LEASE_IPC_HEX + 1])
+{
+	static const char digits[] = "0123456789abcdef";
+
+	for (int i = 0; i < TS_IPC_HANDLE_BYTES; i++) {
+		out[2 * i] = digits[h->bytes[i] >> 4];
+		out[2 * i + 1] = digits[h->bytes[i] & 15];
+	}
+	out[TS_LEASE_IPC_HEX] = '\0';
+}
+
+static int hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+bool ts_lease_ipc_unhex(const char *hex, struct ts_ipc_handle *out)
+{
+	if (!hex || strlen(hex) != TS_LEASE_IPC_HEX)
+		return false;
+	for (int i = 0; i < TS_IPC_HANDLE_BYTES; i++) {
+		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+
+		if (hi < 0 || lo < 0)
+			return false;
+		out->bytes[i] = (unsigned char)(hi << 4 | lo);
+	}
+	return true;
+}
+
+ts_status ts_lease_ipc_shard(json_t *shard, const struct ts_lease_ipc_chunk *chunk,
+                             const void *data, uint64_t length,
+                             const struct ts_device_props *props, struct ts_error *err)
+{
+	uintptr_t base = (uintptr_t)chunk->base, p = (uintptr_t)data;
+	char hex[TS_LEASE_IPC_HEX + 1];
+	json_t *ipc;
+	uint64_t off;
+
+	if (p < base || p - base > chunk->size || length > chunk->size - (p - base))
+		return ts_error_set(err, TS_INTERNAL, "LEASE_CHUNK",
+		                    "%llu bytes at %p are not inside the chunk of %llu bytes at %p "
+		                    "on '%s'", (unsigned long long)length, data,
+		                    (unsigned long long)chunk->size, chunk->base, props->id);
+	off = (uint64_t)(p - base);
+	ts_lease_ipc_hex(&chunk->handle, hex);
+	ipc = json_pack("{s:s, s:I, s:i, s:s, s:s}", "handle", hex,
+	                "chunk_bytes", (json_int_t)chunk->size, "ordinal", props->ordinal,
+	                "pci_bus_id", props->pci_bus_id, "uuid", props->uuid);
+	if (!ipc || json_object_set_new(shard, "cuda_ipc", ipc) != 0 ||
+	    json_object_set_new(shard, "transport", json_string("cuda_ipc")) != 0 ||
+	    json_object_set_new(shard, "offset", json_integer((json_int_t)off)) != 0 ||
+	    json_object_set_new(shard, "length", json_integer((json_int_t)length)) != 0)
+		return ts_error_oom(err, "no memory for a lease answer");
+	return TS_OK;
+}
+
+/* Whether b is a GPU's memory: handed by CUDA IPC, not by a descriptor. */
+static bool on_gpu(const struct ts_buffer *b)
+{
+	return ts_buffer_kind(b) == TS_MEM_DEVICE &&
+	       ts_device_props(ts_buffer_device(b))->backend == TS_BACKEND_CUDA;
+}
+
+/* Fills shard with the handle of the GPU pool chunk holding b. */
+static ts_status share_ipc(const struct ts_array *a, const struct ts_buffer *b, json_t *shard,
+                           struct ts_error *err)
+{
+	struct ts_device *dev = ts_buffer_device(b);
+	struct ts_lease_ipc_chunk chunk;
+	void *base;
+	uint64_t off;
+	ts_status st;
+
+	if (!ts_buffer_chunk(b, &base, &chunk.size, &off))
+		return ts_error_set(err, TS_INTERNAL, "LEASE_CHUNK",
+		                    "array '%s': its device memory on '%s' lies in no pool chunk",
+		                    ts_array_name(a), ts_device_props(dev)->id);
+	chunk.base = base;
+	st = ts_device_ipc_handle(dev, base, &chunk.handle, err);
+	if (st != TS_OK)
+		return st;
+	return ts_lease_ipc_shard(shard, &chunk, ts_buffer_data(b), ts_buffer_size(b),
+	                          ts_device_props(dev), err);
+}
+
+/* Fills shard with the offset of b in its memfd, whose descriptor is *fd. */
+static ts_status share_fd(const struct ts_array *a, const struct ts_buffer *b, bool writable,
+                          json_t *shard, int *fd, struct ts_error *err)
+{
+	const char *dev = ts_device_props(ts_buffer_device(b))->id;
+	const char *kind = ts_memory_kind_name(ts_buffer_kind(b));
+	uint64_t off = 0;
+
+	*fd = ts_buffer_share(b, writable, &off);
+	if (*fd < 0)
+		return *fd == -ENOENT
+		       ? ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_SHAREABLE",
+		                      "array '%s': its %s memory on '%s' cannot be shared "
+		                      "(not a memfd); use HTTP", ts_array_name(a), kind, dev)
+		       : ts_error_set(err, TS_RESOURCE_EXHAUSTED, "LEASE_DESCRIPTOR",
+		                      "array '%s': cannot open a descriptor of its memory: %s",
+		                      ts_array_name(a), strerror(-*fd));
+	if (json_object_set_new(shard, "transport", json_string("fd")) != 0 ||
+	    json_object_set_new(shard, "offset", json_integer((json_int_t)off)) != 0 ||
+	    json_object_set_new(shard, "length", json_integer((json_int_t)ts_buffer_size(b))) != 0)
+		return ts_error_oom(err, "no memory for a lease answer");
+	return TS_OK;
+}
+
+/* ---- leases ------------------------------------------------------------------ */
+
 /*
- * The descriptors of a's shards and the answer describing them; closes
- * what it opened on failure. FAILED_PRECONDITION, reason NOT_HOST_MEMORY,
- * for a shard in an accelerator's memory; NOT_SHAREABLE for host memory
- * that is no memfd (cudaHostAlloc).
+ * The answer describing a's shards, and the descriptors of its "fd" shards;
+ * closes what it opened on failure. FAILED_PRECONDITION, reason
+ * NOT_SHAREABLE, for host memory that is no memfd (cudaHostAlloc), and as
+ * ts_device_ipc_handle fails for a GPU's memory (CUDA_IPC_UNAVAILABLE where
+ * libcudart lacks cudaIpcGetMemHandle).
  */
 static ts_status describe(const struct ts_array *a, bool writable, uint64_t id, json_t **out,
                           int *fds, int *nfds, struct ts_error *err)
@@ -193,36 +324,23 @@ static ts_status describe(const struct ts_array *a, bool writable, uint64_t id, 
 	for (int i = 0; i < n; i++) {
 		struct ts_buffer *b = ts_array_shard_buffer(a, i);
 		const struct ts_shard_box *box = ts_array_box(a, i);
-		const char *dev = ts_device_props(ts_buffer_device(b))->id;
-		const char *kind = ts_memory_kind_name(ts_buffer_kind(b));
-		uint64_t off = 0;
-		int fd;
+		json_t *sh = json_pack("{s:s, s:s, s:o, s:o, s:i}",
+		                       "device", ts_device_props(ts_buffer_device(b))->id,
+		                       "memory_kind", ts_memory_kind_name(ts_buffer_kind(b)),
+		                       "start", u64_list(box->start, d->rank),
+		                       "count", u64_list(box->count, d->rank),
+		                       "replica", box->replica);
+		int fd = -1;
 
-		if (!ts_buffer_host_visible(b)) {
-			st = ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_HOST_MEMORY",
-			                  "array '%s' is in %s memory of '%s': not host memory; use HTTP",
-			                  ts_array_name(a), kind, dev);
+		if (!sh || json_array_append_new(shards, sh) != 0) {
+			st = ts_error_oom(err, "no memory for a lease answer");
 			goto fail;
 		}
-		fd = ts_buffer_share(b, writable, &off);
-		if (fd < 0) {
-			st = fd == -ENOENT
-			     ? ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_SHAREABLE",
-			                    "array '%s': its %s memory on '%s' cannot be shared "
-			                    "(not a memfd); use HTTP", ts_array_name(a), kind, dev)
-			     : ts_error_set(err, TS_RESOURCE_EXHAUSTED, "LEASE_DESCRIPTOR",
-			                    "array '%s': cannot open a descriptor of its memory: %s",
-			                    ts_array_name(a), strerror(-fd));
+		st = on_gpu(b) ? share_ipc(a, b, sh, err) : share_fd(a, b, writable, sh, &fd, err);
+		if (fd >= 0)
+			fds[(*nfds)++] = fd;
+		if (st != TS_OK)
 			goto fail;
-		}
-		fds[(*nfds)++] = fd;
-		json_array_append_new(shards, json_pack("{s:s, s:s, s:I, s:I, s:o, s:o, s:i}",
-		                                        "device", dev, "memory_kind", kind,
-		                                        "offset", (json_int_t)off,
-		                                        "length", (json_int_t)ts_buffer_size(b),
-		                                        "start", u64_list(box->start, d->rank),
-		                                        "count", u64_list(box->count, d->rank),
-		                                        "replica", box->replica));
 	}
 	root = json_pack("{s:I, s:s, s:s, s:o, s:I, s:I, s:s, s:b, s:o}",
 	                 "lease", (json_int_t)id, "name", ts_array_name(a),
@@ -309,12 +427,6 @@ static bool do_create(struct ts__lease_service *svc, struct lconn *c,
 	memcpy(d.shape, rq->shape, sizeof d.shape);
 	if (rq->device[0] && !(dev = ts_device_set_find(core->devices, rq->device))) {
 		ts_error_set(&err, TS_NOT_FOUND, "DEVICE_NOT_FOUND", "no device '%s'", rq->device);
-		goto refuse;
-	}
-	if (kind == TS_MEM_DEVICE && ts_device_props(dev)->backend != TS_BACKEND_CPU) {
-		ts_error_set(&err, TS_FAILED_PRECONDITION, "NOT_HOST_MEMORY",
-		             "device memory of '%s' is not host memory; use HTTP",
-		             ts_device_props(dev)->id);
 		goto refuse;
 	}
 	if (ts_array_desc_init(&d, &err) != TS_OK ||

@@ -7,9 +7,14 @@
  * lease is released or the client's connection closes, also when the client
  * is killed. A writable lease is invisible until published and freed when
  * its connection closes unpublished. Read-only descriptors cannot be mapped
- * for writing or truncated; descriptors a client sends are dropped; device
- * arrays are refused with a message that says to use HTTP; the lease
- * socket's file has the mode of --unix-socket-mode. Pinned host memory is
+ * for writing or truncated; descriptors a client sends are dropped; the
+ * lease socket's file has the mode of --unix-socket-mode. Device arrays
+ * follow the same rules: on sim a descriptor of the sim device's memfd
+ * (mapped and checked byte for byte, also while the array is moved to host
+ * memory), on a GPU a CUDA IPC handle of the pool chunk with the array's
+ * offset in it (its shape and the accounting checked, and where a libcudart
+ * can be loaded, the handle opened here and the bytes read and written
+ * through it). Pinned host memory is
  * shareable on every backend once --unix-socket is on (on CUDA, memfd pages
  * pinned with cudaHostRegister: exercised where the suite runs on a GPU).
  *
@@ -19,6 +24,7 @@
 #include "tests/integration/lease_wire.h"
 
 #include <check.h>
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -58,29 +64,40 @@ static long long in_use(const char *dev, const char *kind)
 	return v;
 }
 
-/* bytes_in_use once it reads want (a closed connection is served a moment
- * later), or its value after timeout_ms. */
-static long long settle(const char *kind, long long want, int timeout_ms)
+/* bytes_in_use of (dev, kind) once it reads want (a closed connection is
+ * served a moment later), or its value after timeout_ms. */
+static long long settle_on(const char *dev, const char *kind, long long want, int timeout_ms)
 {
-	long long deadline = th_now_ms() + timeout_ms, v = in_use("cpu:0", kind);
+	long long deadline = th_now_ms() + timeout_ms, v = in_use(dev, kind);
 
 	while (v != want && th_now_ms() < deadline) {
 		usleep(20000);
-		v = in_use("cpu:0", kind);
+		v = in_use(dev, kind);
 	}
 	return v;
 }
 
-static void upload(const char *name, const char *kind, const void *data, size_t n)
+static long long settle(const char *kind, long long want, int timeout_ms)
+{
+	return settle_on("cpu:0", kind, want, timeout_ms);
+}
+
+static void upload_on(const char *name, const char *dev, const char *kind, const void *data,
+                      size_t n)
 {
 	char path[256];
 	struct th_response r;
 
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=uint8&shape=%zu&device=cpu:0&memory_kind=%s",
-	         name, n, kind);
+	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=uint8&shape=%zu&device=%s&memory_kind=%s",
+	         name, n, dev, kind);
 	th_request(&d, "PUT", path, NULL, data, n, &r);
 	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
 	th_response_free(&r);
+}
+
+static void upload(const char *name, const char *kind, const void *data, size_t n)
+{
+	upload_on(name, "cpu:0", kind, data, n);
 }
 
 static long http_status(const char *method, const char *path)
@@ -96,14 +113,123 @@ static long http_status(const char *method, const char *path)
 
 struct mapped {
 	json_t *answer;
-	const unsigned char *data;
+	const unsigned char *data;      /* NULL for a shard handed by CUDA IPC */
 	void *base;
 	size_t maplen;
 	uint64_t lease;
+	void *ipc_base;                 /* a CUDA IPC handle opened here, or NULL */
+	unsigned char *dev_data;        /* the array's bytes in it (device memory) */
 };
 
+/* ---- the CUDA runtime, where the suite runs on a GPU ---------------------- */
+
+/* cudaIpcMemHandle_t as the runtime takes it: 64 bytes, by value. */
+struct ipc_handle {
+	char reserved[64];
+};
+
+/* Enough of libcudart, loaded at run time (the suite links no CUDA), to open
+ * a GPU array's lease in this process as a client does and read and write
+ * its bytes: on a GPU the lease rules are checked byte for byte, as a
+ * mapping's are on sim. Each case runs in a process of its own (fork mode):
+ * the runtime is loaded in it, never in the parent. */
+static struct {
+	bool tried, ok;
+	int (*by_bus)(int *dev, const char *pci_bus_id);
+	int (*set_device)(int dev);
+	int (*open)(void **p, struct ipc_handle h, unsigned flags);
+	int (*close)(void *p);
+	int (*copy)(void *dst, const void *src, size_t n, int kind);
+	int (*sync)(void);
+} rt;
+
+#define CUDA_MEMCPY_DEFAULT 4
+#define CUDA_IPC_LAZY_PEER 1
+
+static void *rt_sym(void *lib, const char *name, bool *ok)
+{
+	void *f = dlsym(lib, name);
+
+	*ok = *ok && f;
+	return f;
+}
+
+static bool cuda_rt(void)
+{
+	static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+	void *lib = NULL, *f;
+	bool ok = true;
+
+	if (rt.tried)
+		return rt.ok;
+	rt.tried = true;
+	for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
+		lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		fprintf(stderr, "it_lease: no libcudart here: a GPU array's lease is checked by "
+		        "its answer, not opened\n");
+		return false;
+	}
+	f = rt_sym(lib, "cudaDeviceGetByPCIBusId", &ok);
+	memcpy(&rt.by_bus, &f, sizeof f);
+	f = rt_sym(lib, "cudaSetDevice", &ok);
+	memcpy(&rt.set_device, &f, sizeof f);
+	f = rt_sym(lib, "cudaIpcOpenMemHandle", &ok);
+	memcpy(&rt.open, &f, sizeof f);
+	f = rt_sym(lib, "cudaIpcCloseMemHandle", &ok);
+	memcpy(&rt.close, &f, sizeof f);
+	f = rt_sym(lib, "cudaMemcpy", &ok);
+	memcpy(&rt.copy, &f, sizeof f);
+	f = rt_sym(lib, "cudaDeviceSynchronize", &ok);
+	memcpy(&rt.sync, &f, sizeof f);
+	rt.ok = ok;
+	return ok;
+}
+
+/* Opens the handle of a "cuda_ipc" shard on the GPU of its bus id. */
+static void ipc_open(json_t *sh, struct mapped *m)
+{
+	json_t *ipc = th_obj(sh, "cuda_ipc");
+	struct ipc_handle h;
+	void *base = NULL;
+	int dev = -1, e;
+
+	ck_assert_int_eq(lw_ipc_handle(sh, (unsigned char *)h.reserved), 0);
+	e = rt.by_bus(&dev, th_str(ipc, "pci_bus_id"));
+	ck_assert_msg(e == 0, "cudaDeviceGetByPCIBusId('%s'): error %d",
+	              th_str(ipc, "pci_bus_id"), e);
+	ck_assert_int_eq(rt.set_device(dev), 0);
+	e = rt.open(&base, h, CUDA_IPC_LAZY_PEER);
+	ck_assert_msg(e == 0 && base, "cudaIpcOpenMemHandle: error %d", e);
+	m->ipc_base = base;
+	m->dev_data = (unsigned char *)base + th_int(sh, "offset");
+}
+
+/* Checks a shard handed by CUDA IPC (a GPU's device array): a handle of
+ * 128 hex digits, the array's bytes inside the chunk it names, the GPU's
+ * ordinal, PCI bus id and UUID as /v1/devices says them. */
+static void check_ipc_shard(json_t *sh)
+{
+	json_t *ipc = th_obj(sh, "cuda_ipc");
+	const char *hex = th_str(ipc, "handle"), *dev = th_str(sh, "device");
+	char path[96];
+	struct th_response r;
+	json_t *props;
+
+	ck_assert_uint_eq(strlen(hex), 128);
+	ck_assert_uint_eq(strspn(hex, "0123456789abcdef"), 128);
+	ck_assert_int_le(th_int(sh, "offset") + th_int(sh, "length"), th_int(ipc, "chunk_bytes"));
+	snprintf(path, sizeof path, "/v1/devices/%s", dev);
+	props = th_get_json(&d, path, &r);
+	ck_assert_int_eq(th_int(ipc, "ordinal"), atoi(strchr(dev, ':') + 1));
+	ck_assert_str_eq(th_str(ipc, "pci_bus_id"), th_str(props, "pci_bus_id"));
+	ck_assert_msg(strncmp(th_str(ipc, "uuid"), "GPU-", 4) == 0, "uuid '%s'",
+	              th_str(ipc, "uuid"));
+	th_response_free(&r);
+}
+
 /* Leases name (or creates it from a create request) on fd and maps its one
- * shard. */
+ * shard; a shard handed by CUDA IPC is checked, not mapped (data NULL). */
 static void lease_map(int fd, const char *req, bool writable, struct mapped *m)
 {
 	int fds[LW_MAX_FDS], nfds = 0;
@@ -112,9 +238,21 @@ static void lease_map(int fd, const char *req, bool writable, struct mapped *m)
 	m->answer = lw_call(fd, req, fds, &nfds);
 	ck_assert_msg(m->answer && !json_object_get(m->answer, "error"), "%s: %s", req,
 	              m->answer ? json_dumps(m->answer, 0) : "no answer");
-	ck_assert_int_eq(nfds, 1);
 	sh = json_array_get(th_arr(m->answer, "shards"), 0);
 	m->lease = (uint64_t)th_int(m->answer, "lease");
+	m->data = NULL;
+	m->base = NULL;
+	m->ipc_base = NULL;
+	m->dev_data = NULL;
+	if (strcmp(th_str(sh, "transport"), "cuda_ipc") == 0) {
+		ck_assert_int_eq(nfds, 0);
+		check_ipc_shard(sh);
+		if (cuda_rt())
+			ipc_open(sh, m);
+		return;
+	}
+	ck_assert_str_eq(th_str(sh, "transport"), "fd");
+	ck_assert_int_eq(nfds, 1);
 	m->data = lw_map(fds[0], (uint64_t)th_int(sh, "offset"), (uint64_t)th_int(sh, "length"),
 	                 writable, 0, &m->base, &m->maplen);
 	ck_assert_msg(m->data != NULL, "mmap: %s", strerror(errno));
@@ -123,8 +261,42 @@ static void lease_map(int fd, const char *req, bool writable, struct mapped *m)
 
 static void unmap(struct mapped *m)
 {
-	munmap(m->base, m->maplen);
+	if (m->base)
+		munmap(m->base, m->maplen);
+	if (m->ipc_base)
+		ck_assert_int_eq(rt.close(m->ipc_base), 0);
 	json_decref(m->answer);
+}
+
+/* th_assert_bytes where the lease could be mapped or opened. */
+static void assert_mapped(const char *what, const struct mapped *m, const void *want, size_t n)
+{
+	unsigned char *got;
+
+	if (m->data) {
+		th_assert_bytes(what, m->data, n, want, n);
+	} else if (m->dev_data) {
+		got = malloc(n);
+		ck_assert_ptr_nonnull(got);
+		ck_assert_int_eq(rt.copy(got, m->dev_data, n, CUDA_MEMCPY_DEFAULT), 0);
+		th_assert_bytes(what, got, n, want, n);
+		free(got);
+	}
+}
+
+/* Writes n bytes of src into a writable lease, done when it returns; false
+ * where it could be neither mapped nor opened. */
+static bool fill_leased(struct mapped *m, const void *src, size_t n)
+{
+	if (m->data) {
+		memcpy((void *)m->data, src, n);
+		return true;
+	}
+	if (!m->dev_data)
+		return false;
+	ck_assert_int_eq(rt.copy(m->dev_data, src, n, CUDA_MEMCPY_DEFAULT), 0);
+	ck_assert_int_eq(rt.sync(), 0);       /* another process reads it next */
+	return true;
 }
 
 static void release(int fd, uint64_t lease)
@@ -140,41 +312,48 @@ static void release(int fd, uint64_t lease)
 	json_decref(j);
 }
 
-static void check_kept(const char *kind)
+/* A lease of a's version on (dev, kind) keeps its bytes and its memory while
+ * the name is replaced and deleted; the memory goes back on release. */
+static void check_kept_on(const char *dev, const char *kind)
 {
 	unsigned char *v1 = th_pattern(4 * MiB, 1), *v2 = th_pattern(4 * MiB, 2);
 	struct th_response r;
 	struct mapped m;
 	int fd;
 
-	upload("a", kind, v1, 4 * MiB);
+	upload_on("a", dev, kind, v1, 4 * MiB);
 	fd = lw_connect(sock);
 	ck_assert_int_ge(fd, 0);
 	lease_map(fd, "{\"op\":\"lease\",\"name\":\"a\"}", false, &m);
 	ck_assert_str_eq(th_str(m.answer, "dtype"), "uint8");
 	ck_assert_int_eq(th_int(m.answer, "nbytes"), 4 * MiB);
-	th_assert_bytes("mapped", m.data, 4 * MiB, v1, 4 * MiB);
+	assert_mapped("mapped", &m, v1, 4 * MiB);
 
 	/* replaced: the name reads the new bytes, the mapping the old */
-	upload("a", kind, v2, 4 * MiB);
+	upload_on("a", dev, kind, v2, 4 * MiB);
 	th_get(&d, "/v1/arrays/a/data", &r);
 	th_assert_bytes("downloaded", r.body, r.body_len, v2, 4 * MiB);
 	th_response_free(&r);
-	th_assert_bytes("mapped after replace", m.data, 4 * MiB, v1, 4 * MiB);
-	ck_assert_int_eq(in_use("cpu:0", kind), 8 * MiB);
+	assert_mapped("mapped after replace", &m, v1, 4 * MiB);
+	ck_assert_int_eq(in_use(dev, kind), 8 * MiB);
 
 	/* deleted: still the old bytes, still held */
 	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/a"), 200);
 	ck_assert_int_eq(http_status("GET", "/v1/arrays/a"), 404);
-	th_assert_bytes("mapped after delete", m.data, 4 * MiB, v1, 4 * MiB);
-	ck_assert_int_eq(in_use("cpu:0", kind), 4 * MiB);
+	assert_mapped("mapped after delete", &m, v1, 4 * MiB);
+	ck_assert_int_eq(in_use(dev, kind), 4 * MiB);
 
 	release(fd, m.lease);
-	ck_assert_int_eq(in_use("cpu:0", kind), 0);
+	ck_assert_int_eq(in_use(dev, kind), 0);
 	unmap(&m);
 	close(fd);
 	free(v1);
 	free(v2);
+}
+
+static void check_kept(const char *kind)
+{
+	check_kept_on("cpu:0", kind);
 }
 
 START_TEST(test_kept_while_replaced_and_deleted)
@@ -281,6 +460,220 @@ START_TEST(test_write_lease)
 }
 END_TEST
 
+/* ---- device arrays ------------------------------------------------------- */
+
+/* Under the CPU stand-in of libcudart (TS_FAKECUDA) there is no
+ * cudaIpcGetMemHandle: a GPU's arrays cannot be leased. */
+static bool ipc_missing(void)
+{
+	return !th_backend_is_sim() && getenv("TS_FAKECUDA") != NULL;
+}
+
+/* The refusal where cudaIpcGetMemHandle is missing: FAILED_PRECONDITION
+ * naming it, for a lease and a create, and nothing held after either. */
+static void check_ipc_refused(void)
+{
+	unsigned char *v = th_pattern(MiB, 8);
+	char req[256];
+	int fd = lw_connect(sock), fds[LW_MAX_FDS], nfds = 0;
+	json_t *j, *e;
+
+	ck_assert_int_ge(fd, 0);
+	upload_on("g", th_dev(0), "device", v, MiB);
+	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"g\"}", fds, &nfds);
+	e = th_obj(j, "error");
+	ck_assert_str_eq(th_str(e, "status"), "FAILED_PRECONDITION");
+	ck_assert_msg(strstr(th_str(e, "message"), "'cudaIpcGetMemHandle'"), "%s",
+	              th_str(e, "message"));
+	ck_assert_int_eq(nfds, 0);
+	json_decref(j);
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"gw\",\"dtype\":\"uint8\","
+	         "\"shape\":[4096],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
+	j = lw_call(fd, req, fds, &nfds);
+	ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "FAILED_PRECONDITION");
+	json_decref(j);
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/g"), 200);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 0);     /* the refused create's too */
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/gw"), 404);
+	close(fd);
+	free(v);
+}
+
+START_TEST(test_device_kept_while_replaced_and_deleted)
+{
+	start("0600");
+	if (ipc_missing()) {
+		check_ipc_refused();
+		th_daemon_stop_ok(&d);
+		return;
+	}
+	check_kept_on(th_dev(0), "device");
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_device_kept_while_moved)
+{
+	const char *json[] = {"Content-Type: application/json", NULL};
+	unsigned char *v = th_pattern(4 * MiB, 5);
+	char body[128];
+	struct th_response r;
+	struct mapped m;
+	int fd;
+
+	start("0600");
+	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
+		free(v);
+		th_daemon_stop_ok(&d);
+		return;
+	}
+	upload_on("mv", th_dev(0), "device", v, 4 * MiB);
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	lease_map(fd, "{\"op\":\"lease\",\"name\":\"mv\"}", false, &m);
+	ck_assert_str_eq(th_str(json_array_get(th_arr(m.answer, "shards"), 0), "memory_kind"),
+	                 "device");
+	assert_mapped("mapped", &m, v, 4 * MiB);
+	snprintf(body, sizeof body, "{\"device\": \"cpu:0\", \"memory_kind\": \"pinned_host\"}");
+	th_request(&d, "POST", "/v1/arrays/mv:put?wait=true", json, body, strlen(body), &r);
+	ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
+	th_response_free(&r);
+	/* moved: the name is in pinned_host now, the leased version still on
+	 * the device, its bytes as they were */
+	ck_assert_int_eq(in_use("cpu:0", "pinned_host"), 4 * MiB);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 4 * MiB);
+	assert_mapped("mapped after the move", &m, v, 4 * MiB);
+	release(fd, m.lease);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 0);
+	th_get(&d, "/v1/arrays/mv/data", &r);
+	th_assert_bytes("moved", r.body, r.body_len, v, 4 * MiB);
+	th_response_free(&r);
+	unmap(&m);
+	close(fd);
+	free(v);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_device_write_lease)
+{
+	unsigned char *want = th_pattern(2 * MiB, 9);
+	char req[256];
+	struct th_response r;
+	struct mapped m;
+	bool filled;
+	int fd, nfds;
+	json_t *j;
+
+	start("0600");
+	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
+		free(want);
+		th_daemon_stop_ok(&d);
+		return;
+	}
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dw\",\"dtype\":\"uint8\","
+	         "\"shape\":[2097152],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
+	lease_map(fd, req, true, &m);
+	ck_assert(th_bool(m.answer, "writable"));
+	filled = fill_leased(&m, want, 2 * MiB);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/dw"), 404);    /* not yet */
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 2 * MiB);
+	snprintf(req, sizeof req, "{\"op\":\"publish\",\"lease\":%llu}", (unsigned long long)m.lease);
+	j = lw_call(fd, req, NULL, &nfds);
+	ck_assert_msg(j && !json_object_get(j, "error"), "publish");
+	json_decref(j);
+	th_get(&d, "/v1/arrays/dw/data", &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_int_eq(r.body_len, 2 * MiB);
+	if (filled)
+		th_assert_bytes("published", r.body, r.body_len, want, 2 * MiB);
+	th_response_free(&r);
+	unmap(&m);
+
+	/* a writer that never publishes: nothing visible, the device's memory
+	 * back when its connection closes */
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dghost\",\"dtype\":\"float32\","
+	         "\"shape\":[262144],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
+	lease_map(fd, req, true, &m);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 3 * MiB);
+	close(fd);
+	ck_assert_int_eq(settle_on(th_dev(0), "device", 2 * MiB, 10000), 2 * MiB);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/dghost"), 404);
+	unmap(&m);
+	free(want);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+START_TEST(test_device_killed_client_and_many_leases)
+{
+	unsigned char *v = th_pattern(MiB, 6);
+	char req[256];
+	int ready[2], conns[3];
+	char c = 0;
+	pid_t pid;
+
+	start("0600");
+	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
+		free(v);
+		th_daemon_stop_ok(&d);
+		return;
+	}
+	upload_on("dk", th_dev(0), "device", v, MiB);
+	ck_assert_int_eq(pipe(ready), 0);
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dnever\",\"dtype\":\"uint8\","
+	         "\"shape\":[1048576],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int fd = lw_connect(sock), fds[LW_MAX_FDS], nfds;
+		json_t *a = fd >= 0 ? lw_call(fd, "{\"op\":\"lease\",\"name\":\"dk\"}", fds, &nfds)
+		                    : NULL;
+		json_t *w = fd >= 0 ? lw_call(fd, req, fds, &nfds) : NULL;
+
+		c = a && w && !json_object_get(a, "error") && !json_object_get(w, "error") ? 'y' : 'n';
+		if (write(ready[1], &c, 1) != 1)
+			_exit(1);
+		pause();
+		_exit(0);
+	}
+	close(ready[1]);
+	ck_assert_int_eq(read(ready[0], &c, 1), 1);
+	ck_assert_int_eq(c, 'y');
+	close(ready[0]);
+
+	/* many leases of one version on three connections besides */
+	for (int k = 0; k < 3; k++) {
+		conns[k] = lw_connect(sock);
+		ck_assert_int_ge(conns[k], 0);
+		for (int i = 0; i < 40; i++) {
+			struct mapped m;
+
+			lease_map(conns[k], "{\"op\":\"lease\",\"name\":\"dk\"}", false, &m);
+			assert_mapped("one of many", &m, v, MiB);
+			unmap(&m);          /* unmapped; the lease stays until its connection ends */
+		}
+	}
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/dk"), 200);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), 2 * MiB);
+	kill(pid, SIGKILL);
+	waitpid(pid, NULL, 0);
+	/* the killed client's writer is gone; its lease of dk is one of many */
+	ck_assert_int_eq(settle_on(th_dev(0), "device", MiB, 10000), MiB);
+	ck_assert_int_eq(http_status("GET", "/v1/arrays/dnever"), 404);
+	/* the version stays while any connection holds a lease of it */
+	close(conns[0]);
+	close(conns[1]);
+	ck_assert_int_eq(in_use(th_dev(0), "device"), MiB);
+	close(conns[2]);
+	ck_assert_int_eq(settle_on(th_dev(0), "device", 0, 10000), 0);
+	free(v);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(test_read_only_descriptors)
 {
 	unsigned char *v = th_pattern(MiB, 4);
@@ -308,27 +701,14 @@ END_TEST
 
 START_TEST(test_refusals)
 {
-	char path[256];
-	struct th_response r;
+	char path[8];
 	int fd, nfds, p[2];
 	struct pollfd pf;
 	json_t *j;
 
 	start("0600");
-	snprintf(path, sizeof path, "/v1/arrays/dev?dtype=uint8&shape=16&device=%s&memory_kind=device",
-	         th_dev(0));
-	th_request(&d, "PUT", path, NULL, "0123456789abcdef", 16, &r);
-	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
-	th_response_free(&r);
 	fd = lw_connect(sock);
 	ck_assert_int_ge(fd, 0);
-	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"dev\"}", NULL, &nfds);
-	ck_assert_msg(j != NULL, "no answer");
-	ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(j, "error"), "code")), 400);
-	ck_assert_msg(strstr(th_str(th_obj(j, "error"), "message"), "not host memory; use HTTP"),
-	              "%s", th_str(th_obj(j, "error"), "message"));
-	ck_assert_int_eq(nfds, 0);
-	json_decref(j);
 	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"missing\"}", NULL, &nfds);
 	ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "NOT_FOUND");
 	json_decref(j);
@@ -381,6 +761,10 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, test_kept_while_replaced_and_deleted);
 	tcase_add_test(tc, test_killed_client_returns_memory);
 	tcase_add_test(tc, test_write_lease);
+	tcase_add_test(tc, test_device_kept_while_replaced_and_deleted);
+	tcase_add_test(tc, test_device_kept_while_moved);
+	tcase_add_test(tc, test_device_write_lease);
+	tcase_add_test(tc, test_device_killed_client_and_many_leases);
 	tcase_add_test(tc, test_read_only_descriptors);
 	tcase_add_test(tc, test_refusals);
 	tcase_add_test(tc, test_socket_mode);

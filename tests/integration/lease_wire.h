@@ -4,6 +4,19 @@
  * descriptors of an answer received with SCM_RIGHTS, and mappings of them.
  * Static functions: each binary that includes it gets its own copy.
  * Failures return -1 / NULL with errno set or the answer's error kept.
+ *
+ * A shard of a lease answer says how it is handed ("transport"):
+ *   "fd"        a descriptor came with the answer for it (one per "fd"
+ *               shard, in shard order); its bytes are [offset, offset +
+ *               length) of the file: lw_map.
+ *   "cuda_ipc"  no descriptor; "cuda_ipc":{"handle": 128 hex digits, the 64
+ *               bytes of a cudaIpcMemHandle_t of the GPU pool's allocation,
+ *               "chunk_bytes": its size, "ordinal", "pci_bus_id", "uuid"}:
+ *               pick the device by its bus id (cudaDeviceGetByPCIBusId:
+ *               ordinals differ under CUDA_VISIBLE_DEVICES), open the
+ *               handle (cudaIpcOpenMemHandle, lw_ipc_handle gives its
+ *               bytes); the bytes are [offset, offset + length) of what it
+ *               opens. Close it (cudaIpcCloseMemHandle) before releasing.
  */
 #ifndef TS_TESTS_LEASE_WIRE_H
 #define TS_TESTS_LEASE_WIRE_H
@@ -17,6 +30,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -181,6 +195,108 @@ static inline void *lw_map(int fd, uint64_t off, uint64_t len, bool writable, in
 		return NULL;
 	*base = m;
 	return (char *)m + (off - start);
+}
+
+/*
+ * Mappings a client keeps: each memfd it was handed (known by device and
+ * inode: every descriptor of one memfd names the same file) mapped whole,
+ * once per protection, and reused by later leases of arrays in it - a
+ * pinned segment holds many arrays, and one version after another. Mapping
+ * 1 GiB of 4 KiB pages costs the page tables of 262144 pages (tens of
+ * milliseconds, more than reading it); a kept mapping costs them once, as a
+ * process's own buffers do. A kept mapping outlives the leases: the bytes
+ * of a released lease may hold another array later.
+ */
+#define LW_MAX_KEPT 16
+
+struct lw_kept {
+	dev_t dev;
+	ino_t ino;
+	bool writable;
+	void *base;
+	size_t len;
+};
+
+struct lw_maps {
+	struct lw_kept m[LW_MAX_KEPT];
+	int n;
+};
+
+/* [off, off + len) of fd through the kept mapping of its file (made now,
+ * of the whole file, when there is none yet); *fresh says whether it was
+ * made now. NULL (errno set) when it cannot be mapped or maps is full. */
+static inline void *lw_map_kept(struct lw_maps *maps, int fd, uint64_t off, uint64_t len,
+                                bool writable, bool *fresh)
+{
+	struct stat st;
+	struct lw_kept *k;
+	void *m;
+
+	*fresh = false;
+	if (fstat(fd, &st) != 0)
+		return NULL;
+	if (off > (uint64_t)st.st_size || len > (uint64_t)st.st_size - off) {
+		errno = EINVAL;
+		return NULL;
+	}
+	for (int i = 0; i < maps->n; i++) {
+		k = &maps->m[i];
+		if (k->dev == st.st_dev && k->ino == st.st_ino && k->writable == writable &&
+		    off + len <= k->len)
+			return (char *)k->base + off;
+	}
+	if (maps->n == LW_MAX_KEPT) {
+		errno = ENOSPC;
+		return NULL;
+	}
+	/* a write fault maps one page: writable mappings are populated at once;
+	 * a read fault maps 16 (fault-around), cheaper than populating */
+	m = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0),
+	         MAP_SHARED | (writable ? MAP_POPULATE : 0), fd, 0);
+	if (m == MAP_FAILED)
+		return NULL;
+	maps->m[maps->n++] = (struct lw_kept){st.st_dev, st.st_ino, writable, m,
+	                                      (size_t)st.st_size};
+	*fresh = true;
+	return (char *)m + off;
+}
+
+/* Unmaps every kept mapping. */
+static inline void lw_maps_release(struct lw_maps *maps)
+{
+	for (int i = 0; i < maps->n; i++)
+		munmap(maps->m[i].base, maps->m[i].len);
+	maps->n = 0;
+}
+
+/* The value of one hex digit, or -1. */
+static inline int lw_hex_digit(char c)
+{
+	return c >= '0' && c <= '9' ? c - '0'
+	       : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The 64 bytes of a "cuda_ipc" shard's handle, for cudaIpcOpenMemHandle; -1
+ * (errno EINVAL) when the shard has none or it is not 128 hex digits. */
+static inline int lw_ipc_handle(json_t *shard, unsigned char out[64])
+{
+	const char *hex = json_string_value(json_object_get(json_object_get(shard, "cuda_ipc"),
+	                                                    "handle"));
+
+	if (!hex || strlen(hex) != 128) {
+		errno = EINVAL;
+		return -1;
+	}
+	for (int i = 0; i < 64; i++) {
+		int hi = lw_hex_digit(hex[2 * i]), lo = lw_hex_digit(hex[2 * i + 1]);
+
+		if (hi < 0 || lo < 0) {
+			errno = EINVAL;
+			return -1;
+		}
+		out[i] = (unsigned char)(hi << 4 | lo);
+	}
+	return 0;
 }
 
 #endif

@@ -420,21 +420,31 @@ START_TEST(host_memory_is_shareable)
 }
 END_TEST
 
-START_TEST(device_memory_is_not_shareable)
+START_TEST(sim_device_memory_is_shareable)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
-	struct ts_buffer *b;
+	struct ts_buffer *a, *b;
 	struct ts_error err;
-	uint64_t off = 0;
+	uint64_t off = 0, off_b = 0;
 	void *p;
 	int fd;
 
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_buffer_new(sp, 4096, &b, &err), TS_OK);
-	ck_assert_int_eq(ts_buffer_share(b, false, &off), -ENOENT);
+	/* a sim device's memory is a memfd standing for a GPU's: a lease hands
+	 * it by descriptor, as a GPU's by CUDA IPC handle */
+	ck_assert_int_eq(ts_buffer_new(sp, 4096, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_new(sp, 3000, &b, &err), TS_OK);
+	memset(ts_buffer_data(b), 0x3c, 3000);
+	fd = ts_buffer_share(b, false, &off_b);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_uint_eq(off_b, (uintptr_t)ts_buffer_data(b) - (uintptr_t)ts_buffer_data(a));
+	check_mapped(fd, off_b, ts_buffer_data(b), 3000);
+	ck_assert_int_ne(ftruncate(fd, 0), 0);
+	close(fd);
+	ts_buffer_unref(a);
+	ts_buffer_unref(b);
 	/* nor is an address outside every mapping, or past one's end */
 	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), &off, 1, false, &off), -ENOENT);
-	ts_buffer_unref(b);
 	sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
 	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p, &err), TS_OK);
 	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 8192, false, &off), -ENOENT);
@@ -445,6 +455,44 @@ START_TEST(device_memory_is_not_shareable)
 	ts_space_release(sp, p, 4096);
 	/* freed: no longer shareable */
 	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 1, false, &off), -ENOENT);
+}
+END_TEST
+
+/* The pool chunk of a buffer: a device pool's one region, a pinned segment;
+ * none for pageable memory. */
+START_TEST(buffers_name_their_pool_chunk)
+{
+	struct ts_space *dev = ts_memory_find(mem, "sim:1", TS_MEM_DEVICE);
+	struct ts_space *pin = ts_memory_find(mem, "cpu:0", TS_MEM_PINNED_HOST);
+	struct ts_space *page = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
+	struct ts_buffer *a, *b, *c, *u;
+	struct ts_error err;
+	void *base_a, *base_b, *base_c;
+	uint64_t size_a, size_b, size_c, off_a, off_b, off_c;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_buffer_new(dev, 10000, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_new(dev, 777, &b, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_new(pin, 5000, &c, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_new(page, 5000, &u, &err), TS_OK);
+	ck_assert(ts_buffer_chunk(a, &base_a, &size_a, &off_a));
+	ck_assert(ts_buffer_chunk(b, &base_b, &size_b, &off_b));
+	ck_assert_ptr_eq(base_a, base_b);                /* one region per device */
+	ck_assert_uint_eq(size_a, 64ull << 20);
+	ck_assert_uint_eq(size_b, size_a);
+	ck_assert_ptr_eq((char *)base_a + off_a, ts_buffer_data(a));
+	ck_assert_ptr_eq((char *)base_b + off_b, ts_buffer_data(b));
+	ck_assert_uint_ne(off_a, off_b);
+	ck_assert(ts_buffer_chunk(c, &base_c, &size_c, &off_c));
+	ck_assert_uint_eq(size_c, 4ull << 20);           /* a pinned segment */
+	ck_assert_ptr_eq((char *)base_c + off_c, ts_buffer_data(c));
+	ck_assert(!ts_buffer_chunk(u, &base_c, &size_c, &off_c));
+	/* an address in no chunk of the space */
+	ck_assert(!ts_space_chunk(dev, ts_buffer_data(c), &base_c, &size_c));
+	ts_buffer_unref(a);
+	ts_buffer_unref(b);
+	ts_buffer_unref(c);
+	ts_buffer_unref(u);
 }
 END_TEST
 
@@ -499,7 +547,8 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, device_pool_leaves_headroom);
 	tcase_add_test(tc, randomized_exact_stats);
 	tcase_add_test(tc, host_memory_is_shareable);
-	tcase_add_test(tc, device_memory_is_not_shareable);
+	tcase_add_test(tc, sim_device_memory_is_shareable);
+	tcase_add_test(tc, buffers_name_their_pool_chunk);
 	tcase_add_test(tc, descriptors_are_budgeted);
 	suite_add_tcase(s, tc);
 	return s;

@@ -125,12 +125,37 @@ def test_moved_while_mapped(lc):
     assert np.array_equal(x, data)
     # the pinned version lives only through the lease now
     assert in_use(lc) == n
-    with pytest.raises(tstage.FailedPrecondition, match="not host memory; use HTTP"):
-        lc.get("m", zero_copy=True)
+    # on the sim device, the new version is leased as host memory is
+    y = lc.get("m", zero_copy=True)
+    assert isinstance(y, np.ndarray) and not y.flags.writeable
+    assert np.array_equal(y, data)
+    assert in_use(lc, "device", "sim:0") == n
     del x
     release_all(lc)
     assert in_use(lc) == 0
     assert np.array_equal(lc.get("m"), data)
+    # moved back to host memory: the sim version stays while y maps it
+    lc.device_put("m", device="cpu:0", memory_kind="pinned_host", wait=True)
+    assert in_use(lc, "device", "sim:0") == n
+    assert np.array_equal(y, data)
+    del y
+    release_all(lc)
+    assert in_use(lc, "device", "sim:0") == 0
+
+
+def test_sim_device_write_lease(lc):
+    w = lc.lease_write("dw", np.float32, (512, 256), device="sim:0", memory_kind="device")
+    assert isinstance(w.array, np.ndarray) and w.array.flags.writeable
+    w.array[:] = np.arange(512 * 256, dtype=np.float32).reshape(512, 256)
+    assert not lc.exists("dw")
+    assert in_use(lc, "device", "sim:0") == 512 * 256 * 4
+    w.publish()
+    assert np.array_equal(lc.get("dw"), np.arange(512 * 256, dtype=np.float32).reshape(512, 256))
+    # one never published is freed, nothing visible
+    g = lc.lease_write("dghost", np.uint8, (MIB,), device="sim:0", memory_kind="device")
+    g.release()
+    assert not lc.exists("dghost")
+    assert in_use(lc, "device", "sim:0") == 512 * 256 * 4
 
 
 def test_close_ends_every_lease(lease_daemon, lc):
@@ -233,8 +258,6 @@ def test_writer_that_never_publishes(lc):
 
 
 def test_write_lease_refusals(lc):
-    with pytest.raises(tstage.FailedPrecondition, match="not host memory"):
-        lc.lease_write("x", np.float32, (4,), device="sim:0", memory_kind="device")
     with pytest.raises(tstage.OutOfMemory):
         lc.lease_write("x", np.uint8, (1 << 40,), memory_kind="pinned_host", device="cpu:0")
     with pytest.raises(tstage.NotFound):
@@ -330,3 +353,140 @@ def test_sharded_host_array_is_read_over_http(lc):
     release_all(lc)
     assert in_use(lc, "pinned_host", "sim:0") == 0
     assert in_use(lc, "pinned_host", "sim:1") == 0
+
+
+# ---- device arrays on a GPU: CUDA IPC (no GPU here: the handle's reply is
+# built as tstaged answers it, the opener stands in for cuda-python/CuPy) ----
+
+class _Conn:
+    def __init__(self) -> None:
+        self.released = []
+
+    def release_later(self, lease: int) -> None:
+        self.released.append(lease)
+
+
+class _Opener(tstage.lease._IpcOpener):
+    name = "stand-in"
+
+    def __init__(self) -> None:
+        self.opened, self.closed = [], []
+
+    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
+        self.opened.append((handle, pci_bus_id, ordinal))
+        return 0x7f0000000000
+
+    def close(self, ptr: int) -> None:
+        self.closed.append(ptr)
+
+
+def _ipc_reply(lease=41, offset=4096, shape=(8, 4), dtype="float32"):
+    handle = bytes(range(64))
+    length = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return {"lease": lease, "name": "g", "dtype": dtype, "shape": list(shape),
+            "nbytes": length, "version": 1, "etag": "\"1\"", "writable": False,
+            "shards": [{"device": "cuda:0", "memory_kind": "device", "transport": "cuda_ipc",
+                        "offset": offset, "length": length, "start": [0, 0],
+                        "count": list(shape), "replica": 0,
+                        "cuda_ipc": {"handle": handle.hex(), "chunk_bytes": 1 << 30,
+                                     "ordinal": 0, "pci_bus_id": "0000:3B:00.0",
+                                     "uuid": "GPU-00000000-0000-0000-0000-000000000000"}}]}
+
+
+def test_cuda_array_interface_and_close(monkeypatch):
+    conn, opener = _Conn(), _Opener()
+    monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
+    x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(), [], False)
+    assert isinstance(x, tstage.CudaArray)
+    assert opener.opened == [(bytes(range(64)), "0000:3B:00.0", 0)]
+    cai = x.__cuda_array_interface__
+    assert cai["shape"] == (8, 4) and cai["typestr"] == "<f4" and cai["version"] == 3
+    assert cai["data"] == (0x7f0000000000 + 4096, True)      # read lease: read-only
+    assert cai["strides"] is None
+    assert conn.released == []
+    x.close()
+    assert opener.closed == [0x7f0000000000]                 # the base, not base + offset
+    assert conn.released == [41]
+    x.close()                                                # once
+    assert conn.released == [41]
+    with pytest.raises(ValueError, match="closed"):
+        x.__cuda_array_interface__
+
+
+def test_cuda_array_released_by_gc(monkeypatch):
+    conn, opener = _Conn(), _Opener()
+    monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
+    x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=7), [], True)
+    assert x.__cuda_array_interface__["data"][1] is False     # writable
+    del x
+    gc.collect()
+    assert opener.closed == [0x7f0000000000] and conn.released == [7]
+
+
+def test_cuda_array_without_cuda_python_or_cupy(monkeypatch):
+    for mod in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart", "cupy"):
+        monkeypatch.setitem(sys.modules, mod, None)          # import fails
+    conn = _Conn()
+    with pytest.raises(ImportError, match="array 'g' is on cuda:0: .*cuda-python.*CuPy"):
+        tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=9), [], False)
+    assert conn.released == [9]                              # the lease does not linger
+
+
+def test_cuda_write_lease_publish_closes(monkeypatch):
+    opener = _Opener()
+    sent = []
+
+    class Conn(_Conn):
+        def request(self, msg):
+            sent.append(msg)
+            return {"name": "g", "version": 2, "etag": "\"2\"", "replaced": False}, []
+
+    c = Conn()
+    monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
+    arr = tstage.lease.LeaseConnection._open(c, _ipc_reply(lease=5), [], True)
+    w = tstage.WriteLease(c, 5, "g", arr)
+    assert w.publish()["version"] == 2
+    assert sent == [{"op": "publish", "lease": 5}]
+    assert arr.closed and opener.closed == [0x7f0000000000]
+    assert c.released == []          # publish ended the lease: nothing to release
+
+
+def test_cuda_python_opener_picks_the_gpu_by_bus_id(monkeypatch):
+    """The cuda-python path, against a stand-in of its runtime module: the
+    handle opened on the GPU of the bus id, the current device restored."""
+    import types
+
+    calls = []
+    rt = types.ModuleType("cuda.bindings.runtime")
+
+    class Err:
+        cudaSuccess = 0
+
+    class Handle:
+        reserved = b""
+
+    rt.cudaError_t = Err
+    rt.cudaIpcMemLazyEnablePeerAccess = 1
+    rt.cudaIpcMemHandle_t = Handle
+    rt.cudaGetErrorString = lambda e: (0, b"an error")
+    rt.cudaDeviceGetByPCIBusId = lambda bus: (calls.append(("bus", bus)) or 0, 3)
+    rt.cudaGetDevice = lambda: (0, 1)
+    rt.cudaSetDevice = lambda d: (calls.append(("set", d)) or 0,)
+    rt.cudaIpcOpenMemHandle = lambda h, f: (calls.append(("open", h.reserved, f)) or 0, 0x5000)
+    rt.cudaIpcCloseMemHandle = lambda p: (calls.append(("close", p)) or 0,)
+    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", rt)
+    opener = tstage.lease._ipc_opener()
+    assert opener.name == "cuda-python"
+    conn = _Conn()
+    x = tstage.CudaArray(conn, _ipc_reply(lease=3, offset=256), False, opener)
+    assert calls == [("bus", b"0000:3B:00.0"), ("set", 3), ("open", bytes(range(64)), 1),
+                     ("set", 1)]
+    assert x.ptr == 0x5000 + 256
+    x.close()
+    assert calls[-1] == ("close", 0x5000) and conn.released == [3]
+    # a failing open raises, ends the lease, and leaves the device as it was
+    rt.cudaIpcOpenMemHandle = lambda h, f: (201, 0)
+    calls.clear()
+    with pytest.raises(tstage.TransportError, match="cudaIpcOpenMemHandle: an error"):
+        tstage.CudaArray(conn, _ipc_reply(lease=4), False, opener)
+    assert calls[-1] == ("set", 1) and conn.released == [3, 4]

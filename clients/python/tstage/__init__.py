@@ -13,12 +13,13 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceed
                      InvalidArgument, NotFound, OutOfMemory, OutOfRange, PermissionDenied,
                      ResourceExhausted, TransportError, TstageError, Unauthenticated,
                      Unavailable, Unimplemented, Unknown, error_from_status)
+from .lease import CudaArray, WriteLease
 from .operation import Operation, op_field, op_result
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Operation", "rows", "DTYPES", "op_field", "op_result", "error_from_status",
+    "Client", "CudaArray", "WriteLease", "Operation", "rows", "DTYPES", "op_field", "op_result", "error_from_status",
     "TstageError", "TransportError", "InvalidArgument", "FailedPrecondition", "OutOfRange",
     "EtagMismatch", "Unauthenticated", "PermissionDenied", "NotFound", "AlreadyExists",
     "Aborted", "ResourceExhausted", "OutOfMemory", "Cancelled", "Unknown", "Internal",

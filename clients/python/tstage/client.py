@@ -192,10 +192,11 @@ class Client:
     def lease_write(self, name: str, dtype: Any, shape: Sequence[int], *,
                     memory_kind: Optional[str] = None,
                     device: Optional[str] = None) -> WriteLease:
-        """A new array in the server's host memory (``pinned_host`` unless
-        ``memory_kind`` says ``unpinned_host``) to fill in place: ``w.array`` is
-        a writable numpy array over it (not initialised), ``w.publish()`` makes
-        it the current version of name. Same node only (Unix socket)."""
+        """A new array in the server's memory (``pinned_host`` unless
+        ``memory_kind`` says ``unpinned_host`` or ``device``) to fill in place:
+        ``w.array`` is a writable numpy array over it (not initialised), or a
+        :class:`tstage.lease.CudaArray` on a GPU; ``w.publish()`` makes it the
+        current version of name. Same node only (Unix socket)."""
         return self.leases().create(name, dtype, shape, memory_kind=memory_kind,
                                     device=device)
 
@@ -308,10 +309,13 @@ class Client:
         answer (bfloat16 as ``ml_dtypes.bfloat16``). ``like="jax"`` or
         ``"torch"`` answers that library's array instead.
 
-        ``zero_copy=True`` (Unix socket, host memory, one shard) maps the
-        server's memory instead: a read-only numpy array of the version current
-        now, kept alive on the server until the array is garbage-collected or
-        the client closes.
+        ``zero_copy=True`` (Unix socket, one shard) hands over the server's
+        memory instead, the version current now, kept alive on the server until
+        the array is garbage-collected or the client closes: a read-only numpy
+        array over it for host memory and sim devices; for a GPU's device
+        memory a :class:`tstage.lease.CudaArray` (``__cuda_array_interface__``,
+        opened from a CUDA IPC handle with cuda-python or CuPy; ``close()``
+        ends it).
         """
         if zero_copy:
             if index is not None or like is not None:
