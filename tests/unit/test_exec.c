@@ -1052,6 +1052,31 @@ START_TEST(lowp_adam_keeps_float32_master_weights)
 }
 END_TEST
 
+/* A bfloat16 token model with its projection: every placement gives the
+ * same bits and measures the plan's peaks (job_run), and its loss is not
+ * the float32 model's (the projection and layers multiply rounded). */
+START_TEST(lowp_token_model_every_policy)
+{
+	struct ts_mlp m = {.layers = 2, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
+	                   .residual = true, .loss = TS_LOSS_XENT, .vocab = 29, .proj = true,
+	                   .id_bytes = 2, .compute = TS_COMPUTE_BF16};
+	struct ts_policy pol = any_policy(1 + 3);
+	struct ts_exec_result r16, r32;
+	struct job j;
+
+	every_policy_same_token_results(&m, 14);
+	job_new(&m, &grads_only, 14, &pol, 3, &j);
+	job_run(&j, 1, &r16);
+	job_free(&j);
+	m.compute = TS_COMPUTE_F32;
+	job_new(&m, &grads_only, 14, &pol, 3, &j);
+	job_run(&j, 1, &r32);
+	job_free(&j);
+	ck_assert_msg(r16.loss != r32.loss && fabs(r16.loss - r32.loss) < 1e-2 * fabs(r32.loss),
+	              "bfloat16 loss %.9g, float32 %.9g", r16.loss, r32.loss);
+}
+END_TEST
+
 /* Kernels without cublasGemmEx (the CPU stand-in's cuBLAS): a bfloat16
  * step is refused before it runs, FAILED_PRECONDITION naming the symbol,
  * every space as it was. */
@@ -1797,6 +1822,7 @@ static void add_lowp(TCase *tc)
 {
 	tcase_add_test(tc, lowp_step_matches_float64_of_rounded_operands);
 	tcase_add_test(tc, lowp_adam_keeps_float32_master_weights);
+	tcase_add_test(tc, lowp_token_model_every_policy);
 }
 
 /* The same for them: the stand-in launches no k_round and its cuBLAS has
