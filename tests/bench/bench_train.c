@@ -13,8 +13,10 @@
  * recompute nothing) and the optimizer's bytes are, per parameter, Adam's
  * p, g, mu and nu read and p, mu and nu written (plus g read once more for
  * the global norm when clipping).
- * Rows: the guide's 10-layer model and a 4-layer d = h = 2048 model with
- * Adam, each as the fraction of its roofline reached (target >= 0.7); and
+ * Rows: the guide's 10-layer model (also in bfloat16, against the same
+ * sgemm roofline: its rounding and widening are the cost over float32) and
+ * a 4-layer d = h = 2048 model with Adam, each as the fraction of its
+ * roofline reached (target >= 0.7); and
  * the Adam model with params and optimizer state on pinned_host (prefetch
  * 1) over the same model all on the device (target <= 1.15), run
  * interleaved so that drift falls on both alike. Each time is the best of
@@ -255,7 +257,7 @@ static void roofline_of(const struct ts_plan *p, double mem_bw, struct roofline 
 		const struct ts_paction *a = &p->actions[i];
 		double f = 2.0 * a->M * a->N * a->K;
 
-		if (a->op == TS_P_GEMM && f > 0) {
+		if ((a->op == TS_P_GEMM || a->op == TS_P_GEMM_LP) && f > 0) {
 			out->flops += f;
 			out->gemm_s += f / rate_of(cache, &ncache, a);
 		} else if (a->op == TS_P_UPDATE) {
@@ -356,6 +358,14 @@ int main(void)
 	job_new(&guide, &none, 256, &on_dev, &j);
 	roofline_row("train sim: guide L=10 d=256 h=1024 step", &j, runs * 2, bw);
 	job_free(&j);
+
+	/* bfloat16 compute: the same products on rounded operands, against the
+	 * float32 sgemm roofline of the same shapes */
+	guide.compute = TS_COMPUTE_BF16;
+	job_new(&guide, &none, 256, &on_dev, &j);
+	roofline_row("train sim: guide bfloat16 step", &j, runs * 2, bw);
+	job_free(&j);
+	guide.compute = TS_COMPUTE_F32;
 
 	job_new(&big, &adam, 256, &on_dev, &jon);
 	t_on = roofline_row("train sim: adam L=4 d=h=2048 B=256 step", &jon, runs, bw);
