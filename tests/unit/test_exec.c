@@ -438,11 +438,13 @@ static void say(const char *what, const struct ts_plan *p, const struct ts_exec_
 
 /* ---- 1. the guide's configurations --------------------------------------------- */
 
-START_TEST(guide_peaks_equal_the_plan)
+/* The guide's model in a compute dtype under its eight placements: measured
+ * peaks equal the plan's (job_run), the same bits under each. */
+static void guide_peaks(enum ts_compute compute)
 {
 	const struct ts_mlp guide = {.layers = 10, .d_model = 256, .d_hidden = 1024,
 	                             .act = TS_ACT_RELU, .residual = false,
-	                             .loss = TS_LOSS_SUM};
+	                             .loss = TS_LOSS_SUM, .compute = compute};
 	struct job ref;
 	struct ts_exec_result r0;
 	bool have_ref = false;
@@ -457,8 +459,8 @@ START_TEST(guide_peaks_equal_the_plan)
 
 		job_new(&guide, &grads_only, 256, &pol, 1, &j);
 		job_run(&j, 1, &r);
-		snprintf(what, sizeof what, "guide params_host=%d offload_x=%d prefetch=%d",
-		         params_host, offload_x, prefetch);
+		snprintf(what, sizeof what, "guide %s params_host=%d offload_x=%d prefetch=%d",
+		         ts_compute_name(compute), params_host, offload_x, prefetch);
 		say(what, &j.plan, &r);
 		ck_assert(isfinite(r.loss));
 		if (!have_ref) {
@@ -473,6 +475,18 @@ START_TEST(guide_peaks_equal_the_plan)
 		job_free(&j);
 	}
 	job_free(&ref);
+}
+
+START_TEST(guide_peaks_equal_the_plan)
+{
+	guide_peaks(TS_COMPUTE_F32);
+}
+END_TEST
+
+/* The same with the rounded copies of every product among the temps. */
+START_TEST(lowp_guide_peaks_equal_the_plan)
+{
+	guide_peaks(TS_COMPUTE_BF16);
 }
 END_TEST
 
@@ -1820,6 +1834,7 @@ static bool fakecuda_lacks_token_kernels(void)
 /* Mixed-precision models' cases (k_round, cublasGemmEx). */
 static void add_lowp(TCase *tc)
 {
+	tcase_add_test(tc, lowp_guide_peaks_equal_the_plan);
 	tcase_add_test(tc, lowp_step_matches_float64_of_rounded_operands);
 	tcase_add_test(tc, lowp_adam_keeps_float32_master_weights);
 	tcase_add_test(tc, lowp_token_model_every_policy);
