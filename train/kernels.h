@@ -7,7 +7,8 @@
  * Every kernel is enqueued on a compute queue of the device that holds its
  * operands (pointers are device pointers: host memory on cpu and sim) and
  * runs after the queue's earlier work; the caller orders queues with
- * events. All data is float32, row-major. Operands are borrowed: they must
+ * events. All data is float32, row-major (the mixed-precision kernels'
+ * 16-bit operands excepted). Operands are borrowed: they must
  * stay alive until the kernel has run (an event recorded after it).
  *
  * Failures: nothing can be reported once a kernel runs, so every call

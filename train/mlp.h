@@ -29,16 +29,8 @@ enum ts_act { TS_ACT_NONE = 0, TS_ACT_RELU, TS_ACT_GELU, TS_ACT_TANH };
 enum ts_loss { TS_LOSS_SUM = 0, TS_LOSS_MSE, TS_LOSS_XENT };
 enum ts_opt { TS_OPT_NONE = 0, TS_OPT_SGD, TS_OPT_ADAM };
 
-/*
- * The compute dtype of a model's matrix products (its "dtype"). float32:
- * every GEMM in float32. bfloat16 and float16 (mixed precision): the
- * parameters, their gradients and the optimizer state stay float32 (the
- * master weights), and so does all element-wise math (activations, loss,
- * update); every GEMM of the step - forward, both backward products, the
- * token projection's too - takes its two operands rounded to the compute
- * dtype (round to nearest even, formats/convert.h) and accumulates in
- * float32 into a float32 result. plan.h says where the rounded copies live.
- */
+/* The compute dtype of a model's matrix products (its "dtype"): float32,
+ * or bfloat16 / float16 for mixed precision, which plan.h defines. */
 enum ts_compute { TS_COMPUTE_F32 = 0, TS_COMPUTE_BF16, TS_COMPUTE_F16 };
 
 struct ts_mlp {

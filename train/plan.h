@@ -34,10 +34,14 @@
  * layer's input x_0 is a temp, the gathered rows, kept until the backward
  * pass has scattered its gradient into the table's.
  *
- * Mixed precision (mlp.h, compute bfloat16 or float16): every GEMM of the
- * step and of an evaluation - forward, both backward products, the token
- * projection's - first rounds its two float32 operands (round to nearest
- * even) into two device temps of role TS_ROLE_LOWP, 2 bytes an element
+ * Mixed precision (mlp.h, compute bfloat16 or float16): the parameters,
+ * their gradients and the optimizer state stay float32 (master weights),
+ * and so does all element-wise math (activations, loss, update); every
+ * GEMM of the step and of an evaluation - forward, both backward products,
+ * the token projection's - takes its two operands rounded to the compute
+ * dtype (round to nearest even, formats/convert.h) and accumulates in
+ * float32 into its float32 result. In the schedule it first rounds them
+ * into two device temps of role TS_ROLE_LOWP, 2 bytes an element
  * (op(A) [M, K] and op(B) [K, N] as stored), runs on them with float32
  * accumulation into its float32 result, and frees them: ROUND, ROUND,
  * GEMM_LP. So the rounded copies are temps like any other, placed in the

@@ -6,7 +6,8 @@
  * reference and of the executor's own forward); SGD and Adam with clipping
  * equal on device and on pinned_host; failures (injected copy faults,
  * running out of device memory mid-step, bad arguments) leave the memory
- * spaces as they were.
+ * spaces as they were; bfloat16 and float16 steps against float64 of their
+ * rounded operands, with the plan's peaks.
  *
  * Every case runs on sim:0; with TS_TEST_BACKEND=cuda the ones that need no
  * fault injection run again on cuda:0, bit for bit there too (reductions

@@ -4,7 +4,9 @@
  * their derivatives against central finite differences, the losses, sums of
  * squares, SGD and Adam (with and without global-norm clipping) against
  * optax's formulas, a whole tiny MLP's gradients against finite differences
- * of its loss, bit-for-bit determinism, queue order, and argument checks.
+ * of its loss, bit-for-bit determinism, queue order, and argument checks;
+ * mixed precision: rounding to bfloat16 / float16 bit for bit as
+ * formats/convert.h, and gemm_lp against float64 of the rounded operands.
  *
  * Every case runs on sim:0 (the CPU kernels); with TS_TEST_BACKEND=cuda the
  * backend-independent ones run again on cuda:0 (cuBLAS and the CUDA

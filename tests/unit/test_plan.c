@@ -3,7 +3,9 @@
  * configurations (argument and output sizes equal the guide's; temp never
  * above it with prefetch_depth 0), the 4-layer 7168x7168 Adam model under
  * the guide's 4.59 GB / 2.87 GB, and schedule invariants (every buffer
- * allocated is freed once, used only while live; copies and waits paired).
+ * allocated is freed once, used only while live; copies and waits paired);
+ * mixed-precision plans round both operands of every product into counted
+ * 2-byte temps.
  */
 #include <check.h>
 #include <stdio.h>
