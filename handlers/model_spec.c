@@ -238,6 +238,7 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
 	enum ts_dtype dt;
+	enum ts_compute compute = TS_COMPUTE_F32;
 	json_int_t layers = 0, d = 0, h = 0, steps = 0, vocab = 0;
 	int residual = 0, proj = 0;
 	json_error_t jerr;
@@ -276,10 +277,12 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                    "mlp.layers, mlp.d_model (and mlp.d_hidden) must be positive");
 	if (!ts_dtype_parse(dtype, &dt))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
-		                    "dtype '%.32s' is not a dtype (models train in float32)", dtype);
-	if (strcmp(dtype, "float32") != 0)
-		return ts_error_set(err, TS_UNIMPLEMENTED, "BAD_DTYPE",
-		                    "models train in float32; dtype '%s' is not supported", dtype);
+		                    "dtype '%.32s' is not a dtype (a model's is float32, bfloat16 or "
+		                    "float16)", dtype);
+	if (!ts_compute_parse(dtype, &compute))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
+		                    "dtype '%s' is not a model's compute dtype: float32, bfloat16 or "
+		                    "float16 (float32 master weights either way)", dtype);
 	if (vocab < 0 || vocab > TS_MODEL_VOCAB_MAX || (proj && !vocab) ||
 	    (json_object_get(json_object_get(body, "mlp"), "vocab") && vocab < 1))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
@@ -291,7 +294,8 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                    "(the last layer's outputs are the logits)", (long long)vocab,
 		                    (long long)d);
 	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
-	                         .residual = residual, .vocab = (int)vocab, .proj = proj};
+	                         .residual = residual, .vocab = (int)vocab, .proj = proj,
+	                         .compute = compute};
 	if (!ts_act_parse(act, &m->mlp.act))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);
@@ -431,7 +435,7 @@ json_t *ts_h_model_spec_json(const struct ts_model *m)
 	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:I}",
 	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,
 	                 "d_hidden", m->mlp.d_hidden, "activation", ts_act_name(m->mlp.act),
-	                 "residual", m->mlp.residual, "dtype", "float32",
+	                 "residual", m->mlp.residual, "dtype", ts_compute_name(m->mlp.compute),
 	                 "loss", ts_loss_name(m->mlp.loss), "optimizer", ts_h_optimizer_json(&m->opt),
 	                 "placement", "device", ts_device_props(m->device)->id,
 	                 "params", ts_memory_kind_name(m->policy.params),

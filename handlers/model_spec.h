@@ -30,8 +30,9 @@ struct ts_model_init {
  * sgd, adam, adamw (weight_decay, optax's default 1e-4), each with
  * learning_rate or a schedule {"type": "constant", "value"} or
  * {"type": "warmup_cosine_decay", "init_value", "peak_value",
- * "warmup_steps", "decay_steps", "end_value"} (optax's). UNIMPLEMENTED for
- * a dtype other than float32. */
+ * "warmup_steps", "decay_steps", "end_value"} (optax's). dtype float32
+ * (default), bfloat16 or float16: the compute dtype of the model's GEMMs
+ * (mlp.h), INVALID_ARGUMENT BAD_DTYPE for any other. */
 ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
                            struct ts_model_init *init, struct ts_error *err);
 

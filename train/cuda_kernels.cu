@@ -10,7 +10,10 @@
  * stream) and back to no stream, under the handle's mutex: the handle never
  * refers to a stream its queue may destroy. The row-major to column-major
  * mapping is ts_m_gemm_colmajor (kernels_math.h, tested against OpenBLAS).
- * The math mode is CUBLAS_DEFAULT_MATH: full float32, no TF32.
+ * The math mode is CUBLAS_DEFAULT_MATH: full float32, no TF32. Mixed
+ * precision (kernels.h) rounds with k_round and multiplies with
+ * cublasGemmEx (CUDA_R_16BF / CUDA_R_16F operands, CUDA_R_32F result,
+ * CUBLAS_COMPUTE_32F), looked up at run time as cudaEventElapsedTime is.
  *
  * The element-wise kernels use grid-stride loops over 64-bit indices and
  * the formulas of kernels_math.h, the CPU kernels' own. sumsq and loss are
@@ -148,6 +151,7 @@ static unsigned blocks_for(const struct cuda_kernels *ck, uint64_t n)
 /* ---- device code ------------------------------------------------------------- */
 
 #include "train/kernels_math.h"
+#include "formats/convert.h"
 
 #define GRID_STRIDE(i, n)                                                          \
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); \
@@ -182,6 +186,14 @@ __global__ static void k_fill(float *x, float v, uint64_t n)
 {
 	GRID_STRIDE(i, n)
 		x[i] = v;
+}
+
+/* y = x rounded to bfloat16 (to_bf16) or float16, 16-bit patterns, with
+ * the host's very conversions (formats/convert.h). */
+__global__ static void k_round(int to_bf16, const float *x, uint16_t *y, uint64_t n)
+{
+	GRID_STRIDE(i, n)
+		y[i] = to_bf16 ? ts_f32_to_bf16(x[i]) : ts_f32_to_f16(x[i]);
 }
 
 /* C = beta * C (beta == 0 ignores what C held): a gemm with K == 0. */
@@ -484,6 +496,75 @@ static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int
 	return st;
 }
 
+/* cublasGemmEx, looked up where the loaded cuBLAS has it (a stand-in may
+ * not), or NULL: a missing symbol is a refused mixed-precision model, not
+ * a failed load. */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                     int, int, const void *, const void *, cudaDataType, int,
+                                     const void *, cudaDataType, int, const void *, void *,
+                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+
+static gemm_ex_fn gemm_ex(void)
+{
+	return (gemm_ex_fn)dlsym(RTLD_DEFAULT, "cublasGemmEx");
+}
+
+static ts_status cuda_lowp_check(void *impl, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+
+	if (gemm_ex())
+		return TS_OK;
+	return ts_error_set(err, TS_FAILED_PRECONDITION, "NO_GEMM_EX",
+	                    "%s: the loaded cuBLAS has no 'cublasGemmEx', which bfloat16 and "
+	                    "float16 models need for their products", ck->id);
+}
+
+static ts_status cuda_round(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
+                            uint16_t *y, uint64_t n, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_round<<<blocks_for(ck, n), THREADS, 0, stream_of(q)>>>(to == TS_COMPUTE_BF16, x, y, n);
+	return launched(ck, "round", err);
+}
+
+/* cublasGemmEx: 16-bit operands, float32 result, CUBLAS_COMPUTE_32F (float32
+ * products and sums), with the handle bound as cuda_gemm binds it. */
+static ts_status cuda_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta,
+                              bool tb, int M, int N, int K, float alpha, const uint16_t *A,
+                              const uint16_t *B, float beta, float *C, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	cudaDataType in = dt == TS_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+	gemm_ex_fn ex = gemm_ex();
+	struct ts_m_colmajor_gemm g;
+	ts_status st = enter(ck, err), unbound;
+
+	if (st != TS_OK)
+		return st;
+	if (!ex)
+		return cuda_lowp_check(impl, err);
+	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	pthread_mutex_lock(&ck->blas->mu);
+	st = blas_status(ck, cublasSetStream(ck->blas->h, stream_of(q)), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = blas_status(ck,
+		                 ex(ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+		                    g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, B, in,
+		                    g.lda, A, in, g.ldb, &beta, C, CUDA_R_32F, g.ldc,
+		                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+		                 "cublasGemmEx", err);
+	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = unbound;
+	pthread_mutex_unlock(&ck->blas->mu);
+	return st;
+}
+
 static ts_status cuda_act_fwd(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
                               float *out, uint64_t n, struct ts_error *err)
 {
@@ -777,6 +858,9 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_embed_fwd,
 	cuda_embed_bwd,
 	cuda_xent,
+	cuda_round,
+	cuda_gemm_lp,
+	cuda_lowp_check,
 	cuda_timeline_new,
 	cuda_timeline_mark,
 	cuda_timeline_read,

@@ -44,6 +44,8 @@
 
 #include "common/units.h"
 
+#define LOWP 2u        /* bytes of a 16-bit GEMM operand (plan.h, mixed precision) */
+
 enum { QC = 0, QH, QD, NQ };    /* compute, host->device, device->host */
 
 /* What the queues did to one plan buffer. */
@@ -482,6 +484,18 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		o[n++] = opnd(a->b, a->boff, kn, false, false);
 		o[n++] = opnd(a->c, a->coff, mn, true, false);
 		break;
+	case TS_P_GEMM_LP:
+		if (a->M < 0 || a->N < 0 || a->K < 0)
+			return bad_plan(err, action, "negative gemm size", a->c);
+		o[n++] = opnd(a->a, a->aoff, (uint64_t)a->M * (uint64_t)a->K * LOWP, false, false);
+		o[n++] = opnd(a->b, a->boff, (uint64_t)a->K * (uint64_t)a->N * LOWP, false, false);
+		o[n++] = opnd(a->c, a->coff, (uint64_t)a->M * (uint64_t)a->N * sizeof(float), true,
+		              false);
+		break;
+	case TS_P_ROUND:
+		o[n++] = opnd(a->a, a->aoff, nb, false, false);
+		o[n++] = opnd(a->b, a->boff, a->n * LOWP, true, false);
+		break;
 	case TS_P_ACT_FWD:
 		o[n++] = opnd(a->a, a->aoff, nb, false, false);
 		o[n++] = opnd(a->b, a->boff, nb, true, false);
@@ -551,6 +565,16 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		st = ts_k_gemm(k, q, a->ta, a->tb, a->M, a->N, a->K, 1.0f, at(r, a->a, a->aoff),
 		               at(r, a->b, a->boff), a->beta, at(r, a->c, a->coff), err);
 		break;
+	case TS_P_GEMM_LP:
+		st = ts_k_gemm_lp(k, q, p->mlp.compute, a->ta, a->tb, a->M, a->N, a->K, 1.0f,
+		                  (const uint16_t *)(const void *)at(r, a->a, a->aoff),
+		                  (const uint16_t *)(const void *)at(r, a->b, a->boff), a->beta,
+		                  at(r, a->c, a->coff), err);
+		break;
+	case TS_P_ROUND:
+		st = ts_k_round(k, q, p->mlp.compute, at(r, a->a, a->aoff),
+		                (uint16_t *)(void *)at(r, a->b, a->boff), a->n, err);
+		break;
 	case TS_P_ACT_FWD:
 		st = ts_k_act_fwd(k, q, p->mlp.act, at(r, a->a, a->aoff), at(r, a->b, a->boff),
 		                  a->n, err);
@@ -616,6 +640,13 @@ static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *en
 	if (p->nbufs < 0 || p->nactions < 0 || (p->nbufs && !p->bufs) ||
 	    (p->nactions && !p->actions))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PLAN", "step: empty plan");
+	/* a compute dtype the kernels cannot multiply in is refused before anything runs */
+	{
+		ts_status st = ts_k_lowp_check(env->kernels, p->mlp.compute, err);
+
+		if (st != TS_OK)
+			return st;
+	}
 	for (int i = 0; i < p->nbufs; i++) {
 		if (p->bufs[i].cls == TS_PB_TEMP)
 			continue;

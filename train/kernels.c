@@ -141,6 +141,63 @@ ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, 
 	return k->ops->gemm(k->impl, q, ta, tb, M, N, K, alpha, A, B, beta, C, err);
 }
 
+static bool lowp_known(enum ts_compute dt)
+{
+	return dt == TS_COMPUTE_BF16 || dt == TS_COMPUTE_F16;
+}
+
+ts_status ts_k_lowp_check(struct ts_kernels *k, enum ts_compute dt, struct ts_error *err)
+{
+	if (!k)
+		return BAD(err, "mixed precision: no kernels");
+	if (dt == TS_COMPUTE_F32)
+		return TS_OK;
+	if (!lowp_known(dt))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "mixed precision: unknown compute dtype %d", (int)dt);
+	return k->ops->lowp_check ? k->ops->lowp_check(k->impl, err) : TS_OK;
+}
+
+ts_status ts_k_round(struct ts_kernels *k, struct ts_queue *q, enum ts_compute to,
+                     const float *x, uint16_t *y, uint64_t n, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "round", err);
+
+	if (st != TS_OK)
+		return st;
+	if (!lowp_known(to))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "round: compute dtype %d is not bfloat16 or float16", (int)to);
+	if (n == 0)
+		return TS_OK;
+	if (!x || !y)
+		return BAD(err, "round: NULL operand");
+	return k->ops->round(k->impl, q, to, x, y, n, err);
+}
+
+ts_status ts_k_gemm_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt, bool ta,
+                       bool tb, int M, int N, int K, float alpha, const uint16_t *A,
+                       const uint16_t *B, float beta, float *C, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "gemm_lp", err);
+
+	if (st != TS_OK)
+		return st;
+	if (!lowp_known(dt))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "gemm_lp: compute dtype %d is not bfloat16 or float16", (int)dt);
+	if (M < 0 || N < 0 || K < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "gemm_lp: negative size (M=%d, N=%d, K=%d)", M, N, K);
+	if (M == 0 || N == 0)
+		return TS_OK;
+	if (!C || (K > 0 && (!A || !B)))
+		return BAD(err, "gemm_lp: NULL operand");
+	if (K == 0)      /* C = beta * C: no operand to read */
+		return k->ops->gemm(k->impl, q, ta, tb, M, N, 0, alpha, NULL, NULL, beta, C, err);
+	return k->ops->gemm_lp(k->impl, q, dt, ta, tb, M, N, K, alpha, A, B, beta, C, err);
+}
+
 ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
                        const float *in, float *out, uint64_t n, struct ts_error *err)
 {

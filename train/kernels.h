@@ -7,7 +7,8 @@
  * Every kernel is enqueued on a compute queue of the device that holds its
  * operands (pointers are device pointers: host memory on cpu and sim) and
  * runs after the queue's earlier work; the caller orders queues with
- * events. All data is float32, row-major. Operands are borrowed: they must
+ * events. All data is float32, row-major (the mixed-precision kernels'
+ * 16-bit operands excepted). Operands are borrowed: they must
  * stay alive until the kernel has run (an event recorded after it).
  *
  * Failures: nothing can be reported once a kernel runs, so every call
@@ -49,6 +50,27 @@ void ts_kernels_free(struct ts_kernels *k);
 ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, int M, int N,
                     int K, float alpha, const float *A, const float *B, float beta, float *C,
                     struct ts_error *err);
+
+/*
+ * Mixed precision (mlp.h). round: y[i] = x[i] rounded to the compute dtype
+ * `to` (bfloat16 or float16, round to nearest even as formats/convert.h:
+ * the same bits on both backends), stored as its 16-bit pattern. gemm_lp:
+ * ts_k_gemm with A and B such 16-bit values of dtype dt, products and sums
+ * in float32, C float32 (CPU: A and B widened exactly to float32 in a
+ * workspace the call takes with its closure, then sgemm; CUDA:
+ * cublasGemmEx with CUBLAS_COMPUTE_32F). INVALID_ARGUMENT for a compute
+ * dtype that is not bfloat16 or float16, and as ts_k_gemm;
+ * FAILED_PRECONDITION on CUDA when the loaded cuBLAS has no cublasGemmEx
+ * (ts_k_lowp_check says so up front).
+ */
+ts_status ts_k_round(struct ts_kernels *k, struct ts_queue *q, enum ts_compute to,
+                     const float *x, uint16_t *y, uint64_t n, struct ts_error *err);
+ts_status ts_k_gemm_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt, bool ta,
+                       bool tb, int M, int N, int K, float alpha, const uint16_t *A,
+                       const uint16_t *B, float beta, float *C, struct ts_error *err);
+/* TS_OK when the kernels can run a model of compute dtype dt (always for
+ * float32 and on cpu and sim); FAILED_PRECONDITION naming what is missing. */
+ts_status ts_k_lowp_check(struct ts_kernels *k, enum ts_compute dt, struct ts_error *err);
 
 /* out[i] = act(in[i]), n elements (in == out allowed). */
 ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,

@@ -8,7 +8,8 @@
  * operands stay borrowed until the queue has run them.
  *
  * gemm is OpenBLAS's cblas_sgemm, called column-major with the very
- * arguments cuBLAS gets (ts_m_gemm_colmajor); everything else is a plain,
+ * arguments cuBLAS gets (ts_m_gemm_colmajor); gemm_lp widens its 16-bit
+ * operands to float32 first and runs the same sgemm; everything else is a plain,
  * single threaded loop over the formulas of kernels_math.h, which the CUDA
  * kernels use too. Sums run in double in the reductions' fixed lane order,
  * so a sequence of kernels gives bit-identical results run after run, and
@@ -20,6 +21,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "formats/convert.h"
 #include "train/kernels_int.h"
 #include "train/kernels_math.h"
 
@@ -37,6 +39,10 @@ struct job {
 			float alpha, beta;
 			const float *A, *B;
 			float *C;
+			/* gemm_lp: the 16-bit operands, widened into A and B (the
+			 * workspace after the closure) before the sgemm */
+			enum ts_dtype dt;
+			const uint16_t *A16, *B16;
 		} gemm;
 		struct {
 			enum ts_act act;
@@ -74,6 +80,12 @@ struct job {
 			uint64_t n;
 		} fill;
 		struct {
+			enum ts_dtype to;
+			const float *x;
+			uint16_t *y;
+			uint64_t n;
+		} round;
+		struct {
 			const float *in;        /* fwd: table; bwd: grad_out; xent: logits */
 			const void *ids;
 			float *out;             /* fwd: rows; bwd: grad_table; xent: grad */
@@ -104,6 +116,24 @@ static void run_gemm(const struct job *j)
 	cblas_sgemm(CblasColMajor, g.transa ? CblasTrans : CblasNoTrans,
 	            g.transb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, j->u.gemm.alpha,
 	            j->u.gemm.B, g.lda, j->u.gemm.A, g.ldb, beta, C, g.ldc);
+}
+
+/* The 16-bit operands widened exactly to float32 (formats/convert.h), then
+ * the float32 GEMM: the products of two bfloat16 or float16 values are
+ * exact in float32, the sums float32. */
+static void run_gemm_lp(const struct job *j)
+{
+	uint64_t mk = (uint64_t)j->u.gemm.M * (uint64_t)j->u.gemm.K;
+	uint64_t kn = (uint64_t)j->u.gemm.K * (uint64_t)j->u.gemm.N;
+
+	ts_convert(TS_DT_FLOAT32, (float *)j->u.gemm.A, j->u.gemm.dt, j->u.gemm.A16, mk);
+	ts_convert(TS_DT_FLOAT32, (float *)j->u.gemm.B, j->u.gemm.dt, j->u.gemm.B16, kn);
+	run_gemm(j);
+}
+
+static void run_round(const struct job *j)
+{
+	ts_convert(j->u.round.to, j->u.round.y, TS_DT_FLOAT32, j->u.round.x, j->u.round.n);
 }
 
 static void run_act_fwd(const struct job *j)
@@ -401,6 +431,60 @@ static ts_status cpu_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int 
 	return job_submit(q, j, err);
 }
 
+static enum ts_dtype lowp_dtype(enum ts_compute c)
+{
+	return c == TS_COMPUTE_F16 ? TS_DT_FLOAT16 : TS_DT_BFLOAT16;
+}
+
+static ts_status cpu_round(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
+                           uint16_t *y, uint64_t n, struct ts_error *err)
+{
+	struct job *j;
+	ts_status st = job_new(run_round, q, &j, err);
+
+	if (st != TS_OK)
+		return st;
+	j->u.round.to = lowp_dtype(to);
+	j->u.round.x = x;
+	j->u.round.y = y;
+	j->u.round.n = n;
+	return job_submit(q, j, err);
+}
+
+/* The closure carries the float32 workspace of the widened operands (sgemm
+ * needs float32), taken when enqueueing like the closure itself. */
+static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta,
+                             bool tb, int M, int N, int K, float alpha, const uint16_t *A,
+                             const uint16_t *B, float beta, float *C, struct ts_error *err)
+{
+	uint64_t mk = (uint64_t)M * (uint64_t)K, kn = (uint64_t)K * (uint64_t)N;
+	size_t head = (sizeof(struct job) + 63) & ~(size_t)63;
+	struct job *j;
+	float *ws;
+
+	if (mk + kn > (SIZE_MAX - head) / sizeof(float) ||
+	    !(j = calloc(1, head + (size_t)(mk + kn) * sizeof(float))))
+		return ts_error_oom(err, "%s: out of memory for the float32 workspace of a %s gemm "
+		                    "(%llu elements)", ts_device_props(ts_queue_device(q))->id,
+		                    ts_compute_name(dt), (unsigned long long)(mk + kn));
+	ws = (float *)(void *)((char *)j + head);
+	j->run = run_gemm_lp;
+	j->u.gemm.ta = ta;
+	j->u.gemm.tb = tb;
+	j->u.gemm.M = M;
+	j->u.gemm.N = N;
+	j->u.gemm.K = K;
+	j->u.gemm.alpha = alpha;
+	j->u.gemm.beta = beta;
+	j->u.gemm.dt = lowp_dtype(dt);
+	j->u.gemm.A16 = A;
+	j->u.gemm.B16 = B;
+	j->u.gemm.A = ws;
+	j->u.gemm.B = ws + mk;
+	j->u.gemm.C = C;
+	return job_submit(q, j, err);
+}
+
 static ts_status cpu_act_fwd(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
                              float *out, uint64_t n, struct ts_error *err)
 {
@@ -570,6 +654,8 @@ static const struct ts__kernel_ops cpu_ops = {
 	.embed_fwd = cpu_embed_fwd,
 	.embed_bwd = cpu_embed_bwd,
 	.xent = cpu_xent,
+	.round = cpu_round,
+	.gemm_lp = cpu_gemm_lp,
 };
 
 const struct ts__kernel_ops *ts__kernels_cpu_ops(void)

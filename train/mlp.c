@@ -1,5 +1,6 @@
 /*
- * mlp.c - the names of the MLP's activations, losses and optimizers.
+ * mlp.c - the names of the MLP's activations, losses, optimizers and
+ * compute dtypes.
  *
  * Each enum has one name table; a name and its parser come from the same
  * row, so they cannot disagree.
@@ -28,6 +29,12 @@ static const char *const opt_names[] = {
 	[TS_OPT_NONE] = "none",
 	[TS_OPT_SGD] = "sgd",
 	[TS_OPT_ADAM] = "adam",
+};
+
+static const char *const compute_names[] = {
+	[TS_COMPUTE_F32] = "float32",
+	[TS_COMPUTE_BF16] = "bfloat16",
+	[TS_COMPUTE_F16] = "float16",
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -100,5 +107,21 @@ bool ts_opt_parse(const char *s, enum ts_opt *out)
 		return false;
 	if (out)
 		*out = (enum ts_opt)i;
+	return true;
+}
+
+const char *ts_compute_name(enum ts_compute c)
+{
+	return name_of(compute_names, COUNT(compute_names), (int)c);
+}
+
+bool ts_compute_parse(const char *s, enum ts_compute *out)
+{
+	int i = index_of(compute_names, COUNT(compute_names), s);
+
+	if (i < 0)
+		return false;
+	if (out)
+		*out = (enum ts_compute)i;
 	return true;
 }

@@ -29,6 +29,10 @@ enum ts_act { TS_ACT_NONE = 0, TS_ACT_RELU, TS_ACT_GELU, TS_ACT_TANH };
 enum ts_loss { TS_LOSS_SUM = 0, TS_LOSS_MSE, TS_LOSS_XENT };
 enum ts_opt { TS_OPT_NONE = 0, TS_OPT_SGD, TS_OPT_ADAM };
 
+/* The compute dtype of a model's matrix products (its "dtype"): float32,
+ * or bfloat16 / float16 for mixed precision, which plan.h defines. */
+enum ts_compute { TS_COMPUTE_F32 = 0, TS_COMPUTE_BF16, TS_COMPUTE_F16 };
+
 struct ts_mlp {
 	int layers;          /* L >= 1 */
 	int d_model;         /* d >= 1 */
@@ -46,6 +50,7 @@ struct ts_mlp {
 	int vocab;
 	bool proj;
 	int id_bytes;
+	enum ts_compute compute;     /* the GEMMs' operand dtype (above) */
 };
 
 static inline bool ts_mlp_tokens(const struct ts_mlp *m)
@@ -96,6 +101,15 @@ const char *ts_loss_name(enum ts_loss l);
 bool ts_loss_parse(const char *s, enum ts_loss *out);
 const char *ts_opt_name(enum ts_opt o);
 bool ts_opt_parse(const char *s, enum ts_opt *out);
+/* "float32", "bfloat16", "float16". */
+const char *ts_compute_name(enum ts_compute c);
+bool ts_compute_parse(const char *s, enum ts_compute *out);
+
+/* Whether the model's GEMMs take rounded 16-bit operands. */
+static inline bool ts_mlp_lowp(const struct ts_mlp *m)
+{
+	return m->compute != TS_COMPUTE_F32;
+}
 
 /* The width of the hidden layer (d_hidden, or d_model without w2). */
 static inline int ts_mlp_hidden(const struct ts_mlp *m)

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #define F32 4u
+#define LOWP 2u       /* bytes of a bfloat16 or float16 element */
 
 struct builder {
 	struct ts_plan *p;
@@ -115,26 +116,57 @@ static void copy(struct builder *b, int dst, uint64_t doff, int src, uint64_t so
 		a->a = dst;
 }
 
+/* A device temp of role TS_ROLE_LOWP holding n elements of buffer src
+ * (+soff) rounded to the compute dtype (plan.h). */
+static int round_copy(struct builder *b, int src, uint64_t soff, uint64_t n, int layer,
+                      const char *phase)
+{
+	int t = temp(b, TS_ROLE_LOWP, TS_MEM_DEVICE, layer, n * LOWP, phase);
+	struct ts_paction *x = emit(b, TS_P_ROUND, layer, phase);
+
+	if (x) {
+		x->a = src;
+		x->aoff = soff;
+		x->b = t;
+		x->n = n;
+	}
+	return t;
+}
+
+/* c (+coff) = op(a) @ op(b) (+ beta c): one GEMM, or with a 16-bit compute
+ * dtype the two rounded copies, the GEMM on them, and their release. */
 static void gemm(struct builder *b, int c, uint64_t coff, int a_, uint64_t aoff, bool ta, int b_,
                  uint64_t boff, bool tb, int M, int N, int K, float beta, int layer,
                  const char *phase)
 {
-	struct ts_paction *x = emit(b, TS_P_GEMM, layer, phase);
+	bool lowp = ts_mlp_lowp(&b->p->mlp) && M > 0 && N > 0 && K > 0;
+	int ra = -1, rb = -1;
+	struct ts_paction *x;
 
-	if (!x)
-		return;
-	x->a = a_;
-	x->aoff = aoff;
-	x->b = b_;
-	x->boff = boff;
-	x->c = c;
-	x->coff = coff;
-	x->ta = ta;
-	x->tb = tb;
-	x->M = M;
-	x->N = N;
-	x->K = K;
-	x->beta = beta;
+	if (lowp) {
+		ra = round_copy(b, a_, aoff, (uint64_t)M * (uint64_t)K, layer, phase);
+		rb = round_copy(b, b_, boff, (uint64_t)K * (uint64_t)N, layer, phase);
+		a_ = ra;
+		b_ = rb;
+		aoff = boff = 0;
+	}
+	x = emit(b, lowp ? TS_P_GEMM_LP : TS_P_GEMM, layer, phase);
+	if (x) {
+		x->a = a_;
+		x->aoff = aoff;
+		x->b = b_;
+		x->boff = boff;
+		x->c = c;
+		x->coff = coff;
+		x->ta = ta;
+		x->tb = tb;
+		x->M = M;
+		x->N = N;
+		x->K = K;
+		x->beta = beta;
+	}
+	release(b, ra, layer, phase);
+	release(b, rb, layer, phase);
 }
 
 static void elementwise(struct builder *b, enum ts_pop op, int a_, int b_, int c, uint64_t n,

@@ -34,6 +34,26 @@
  * layer's input x_0 is a temp, the gathered rows, kept until the backward
  * pass has scattered its gradient into the table's.
  *
+ * Mixed precision (mlp.h, compute bfloat16 or float16): the parameters,
+ * their gradients and the optimizer state stay float32 (master weights),
+ * and so does all element-wise math (activations, loss, update); every
+ * GEMM of the step and of an evaluation - forward, both backward products,
+ * the token projection's - takes its two operands rounded to the compute
+ * dtype (round to nearest even, formats/convert.h) and accumulates in
+ * float32 into its float32 result. In the schedule it first rounds them
+ * into two device temps of role TS_ROLE_LOWP, 2 bytes an element
+ * (op(A) [M, K] and op(B) [K, N] as stored), runs on them with float32
+ * accumulation into its float32 result, and frees them: ROUND, ROUND,
+ * GEMM_LP. So the rounded copies are temps like any other, placed in the
+ * device arena and counted in temp_size_in_bytes, live for one product
+ * each. Parameters, gradients, optimizer state and every element-wise
+ * kernel stay float32. The CPU kernels widen the two rounded copies back to
+ * float32 (exactly) and multiply them with sgemm: exact, since the product
+ * of two bfloat16 (or float16) values is exact in float32, so only the
+ * accumulation order differs from a bf16 GEMM; CUDA runs cublasGemmEx on
+ * them (CUDA_R_16BF or CUDA_R_16F operands, CUDA_R_32F result,
+ * CUBLAS_COMPUTE_32F).
+ *
  * Atomicity: a step either updates every weight or leaves every array as it
  * was. Temps live at planner-assigned offsets in one arena per memory kind
  * (temp_size_in_bytes is the device arena, host_temp_size_in_bytes the
@@ -84,6 +104,7 @@ enum ts_pbuf_role {
 	 * projection [d, vocab], their Adam state and gradients, the logits */
 	TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_EMBED,
 	TS_ROLE_NU_PROJ, TS_ROLE_GRAD_EMBED, TS_ROLE_GRAD_PROJ, TS_ROLE_LOGITS,
+	TS_ROLE_LOWP,                    /* a GEMM operand rounded to the compute dtype */
 	TS_ROLE_COUNT
 };
 
@@ -135,6 +156,9 @@ enum ts_pop {
 	TS_P_EMBED_FWD,   /* c [n, d] = rows of table a (+aoff) at ids b, n rows */
 	TS_P_EMBED_BWD,   /* c (+coff) [vocab, d] = scatter-add of a [n, d] at ids b */
 	TS_P_XENT,        /* c: loss (n + 1 floats), d: grad, a: logits [n, vocab], b: target ids */
+	/* mixed precision: the mlp's compute dtype */
+	TS_P_ROUND,       /* b (16-bit) = a (+aoff) rounded, n elements */
+	TS_P_GEMM_LP,     /* as GEMM, with a and b 16-bit copies (offset 0), c float32 */
 };
 
 struct ts_paction {

@@ -13,8 +13,10 @@
  * recompute nothing) and the optimizer's bytes are, per parameter, Adam's
  * p, g, mu and nu read and p, mu and nu written (plus g read once more for
  * the global norm when clipping).
- * Rows: the guide's 10-layer model and a 4-layer d = h = 2048 model with
- * Adam, each as the fraction of its roofline reached (target >= 0.85), and
+ * Rows: the guide's 10-layer model (also in bfloat16, against the same
+ * sgemm roofline: its rounding and widening are the cost over float32) and
+ * a 4-layer d = h = 2048 model with Adam, each as the fraction of its
+ * roofline reached (target >= 0.85), and
  * a token model (embedding [8192, 256], 4 layers d 256 h 1024, projection,
  * softmax cross-entropy, Adam, 256 tokens; target >= 0.7: its scatter,
  * gather and softmax are not in the roofline); each of the three against
@@ -281,7 +283,7 @@ static void roofline_of(const struct ts_plan *p, double mem_bw, struct roofline 
 		const struct ts_paction *a = &p->actions[i];
 		double f = 2.0 * a->M * a->N * a->K;
 
-		if (a->op == TS_P_GEMM && f > 0) {
+		if ((a->op == TS_P_GEMM || a->op == TS_P_GEMM_LP) && f > 0) {
 			out->flops += f;
 			out->gemm_s += f / rate_of(cache, &ncache, a);
 		} else if (a->op == TS_P_UPDATE) {
@@ -561,6 +563,14 @@ int main(void)
 	t_step = roofline_row("train sim: tokens V=8192 d=256 L=4 adam step", &j, runs * 2, bw, 0.70);
 	job_free(&j);
 	jax_row("train sim: tokens step / JAX cpu", "tokens", t_step, runs * 2);
+
+	/* bfloat16 compute: the same products on rounded operands, against the
+	 * float32 sgemm roofline of the same shapes */
+	guide.compute = TS_COMPUTE_BF16;
+	job_new(&guide, &none, 256, &on_dev, &j);
+	roofline_row("train sim: guide bfloat16 step", &j, runs * 2, bw);
+	job_free(&j);
+	guide.compute = TS_COMPUTE_F32;
 
 	job_new(&big, &adam, 256, &on_dev, &jon);
 	t_on = roofline_row("train sim: adam L=4 d=h=2048 B=256 step", &jon, runs, bw, 0.85);

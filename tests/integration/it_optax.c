@@ -6,7 +6,11 @@
  * step over 24 steps with clipping active: every loss and, at the end, the
  * weights and Adam's moments, within 3e-5 relative (float32 sums in two
  * orders). The float64 numpy reference of it_models stays the stricter
- * check of the formulas; this one checks that they are optax's.
+ * check of the formulas; this one checks that they are optax's. Mixed
+ * precision: bfloat16 and float16 models against JAX's
+ * jnp.matmul(a.astype(dt), b.astype(dt), preferred_element_type=float32)
+ * (lowp_case says which tolerances and why), and the analysis of their
+ * rounded copies.
  *
  * Needs python3 with jax, jaxlib and optax (scripts/deps.sh installs them).
  * Each case runs forked with its own daemon.
@@ -118,18 +122,50 @@ static const char *const adam_files[][2] = {
 	{"adam.nu.w1", "nu_w1.f32"}, {"adam.nu.w2", "nu_w2.f32"},
 };
 
-/* got against want elementwise, within REL of want's largest magnitude. */
-static void compare(const char *what, const float *got, size_t ng, const float *want, size_t nw)
+/* got against want elementwise, within rel of want's largest magnitude;
+ * returns the largest difference in units of that magnitude. */
+static double compare_rel(const char *what, const float *got, size_t ng, const float *want,
+                          size_t nw, double rel)
 {
-	double scale = 0;
+	double scale = 0, worst = 0;
 
 	ck_assert_msg(ng == nw, "%s: %zu elements, reference %zu", what, ng, nw);
 	for (size_t i = 0; i < nw; i++)
 		scale = fmax(scale, fabs((double)want[i]));
-	for (size_t i = 0; i < nw; i++)
-		ck_assert_msg(fabs((double)got[i] - (double)want[i]) <= REL * scale,
+	for (size_t i = 0; i < nw; i++) {
+		ck_assert_msg(fabs((double)got[i] - (double)want[i]) <= rel * scale,
 		              "%s[%zu]: %.9g, optax %.9g (tolerance %.3g)", what, i, (double)got[i],
-		              (double)want[i], REL * scale);
+		              (double)want[i], rel * scale);
+		worst = fmax(worst, fabs((double)got[i] - (double)want[i]) / (scale + 1e-30));
+	}
+	return worst;
+}
+
+static void compare(const char *what, const float *got, size_t ng, const float *want, size_t nw)
+{
+	compare_rel(what, got, ng, want, nw, REL);
+}
+
+/* Runs optax_reference.py on the spec in rspec (dumped into dir); the
+ * result.json (new reference). */
+static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
+{
+	char path[700], cmd[2048];
+	json_t *ref;
+	json_error_t e;
+	int st;
+
+	snprintf(path, sizeof path, "%s/spec%s.json", dir, tag);
+	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
+	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", py_dir, path);
+	st = system(cmd);
+	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
+	              "(scripts/deps.sh)", cmd, st);
+	snprintf(path, sizeof path, "%s/out%s/result.json", dir, tag);
+	ref = json_load_file(path, 0, &e);
+	ck_assert_msg(ref != NULL, "%s: %s", path, e.text);
+	return ref;
 }
 
 /* Creates the model, runs STEPS steps on the daemon and in optax from the
@@ -282,6 +318,261 @@ START_TEST(test_adamw_warmup_cosine)
 }
 END_TEST
 
+
+/* ---- mixed precision ---------------------------------------------------------------- */
+
+static const char *const octet_headers[] = {"Content-Type: application/octet-stream", NULL};
+
+/* :evaluate?wait=true of model on x and t: its loss. */
+static double evaluate_loss(const char *model)
+{
+	char path[300];
+	json_t *r;
+	double loss;
+
+	snprintf(path, sizeof path, "/v1/models/%s:evaluate?wait=true", model);
+	r = post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\"}", 200);
+	loss = json_number_value(json_object_get(r, "loss"));
+	json_decref(r);
+	return loss;
+}
+
+/* The largest |got - want| / |want| over the two loss curves. */
+static double worst_loss(json_t *got, json_t *want)
+{
+	double worst = 0;
+
+	ck_assert_uint_eq(json_array_size(got), json_array_size(want));
+	for (size_t i = 0; i < json_array_size(want); i++) {
+		double g = json_number_value(json_array_get(got, i));
+		double r = json_number_value(json_array_get(want, i));
+
+		worst = fmax(worst, fabs(g - r) / fabs(r));
+	}
+	return worst;
+}
+
+/* The daemon's arrays (files[k][0], of model) against the reference's
+ * files[k][1] in out<tag>: the largest difference, each within rel. */
+static double compare_files(const char *model, const char *const (*files)[2], size_t n,
+                            const char *dir, const char *tag, double rel, const char *when)
+{
+	double worst = 0;
+
+	for (size_t k = 0; k < n; k++) {
+		char name[160], path[700], what[300];
+		size_t ng, nr;
+		float *a, *b;
+
+		snprintf(name, sizeof name, "%s.%s", model, files[k][0]);
+		a = download(name, &ng);
+		snprintf(path, sizeof path, "%s/out%s/%s", dir, tag, files[k][1]);
+		b = (float *)th_read_file(path, &nr);
+		ck_assert_msg(b != NULL, "cannot read %s", path);
+		snprintf(what, sizeof what, "'%s' %s vs JAX (%s)", name, when, *tag ? tag + 1 : "rounded");
+		worst = fmax(worst, compare_rel(what, a, ng, b, nr / sizeof *b, rel));
+		free(a);
+		free(b);
+	}
+	return worst;
+}
+
+static const char *const grad_files[][2] = {{"grad.w1", "grad_w1.f32"}, {"grad.w2", "grad_w2.f32"}};
+
+/* Gradients of the rounded model against jax.grad of the same: float32
+ * accumulation of exact products (K = 8 rows, 16 or 24 terms a sum). */
+#define GRAD_REL 1e-5
+
+/*
+ * A bfloat16 (or float16) model - 3 residual gelu layers, Adam with
+ * clipping - against JAX from the same weights and batch, JAX's matmuls
+ * being jnp.matmul(a.astype(dt), b.astype(dt), preferred_element_type=
+ * jnp.float32) (py/optax_reference.py), with the backward products that
+ * same expression ("rounded", a custom_vjp: the daemon's definition):
+ *
+ * - the gradients at the initial weights (a twin with optimizer none)
+ *   within GRAD_REL of jax.grad's: the products of rounded operands are
+ *   exact in float32 on both sides, only the order of float32 sums
+ *   differs. The float32 model's gradients are more than 10 GRAD_REL away:
+ *   the check sees the rounding.
+ * - STEPS losses and the final weights and moments within rel_curve. Here
+ *   the two runs drift: a float32 sum a few ulps off that lands across a
+ *   rounding boundary becomes an operand one unit of the compute dtype off
+ *   (2^-8 relative for bfloat16, which has 8 bits of mantissa; 2^-11 for
+ *   float16), and Adam, scaling each update by 1/sqrt(nu), passes that on
+ *   to small gradients whole. rel_curve is four such units.
+ * - with rel_jax > 0, the same against jax.grad of the expression itself
+ *   (its transpose rule keeps the cotangent float32 and rounds the operand
+ *   gradients to dt instead), within rel_jax. Not for float16, whose range
+ *   JAX's rounded gradients underflow without loss scaling.
+ *
+ * Also: GET and the checkpoint carry the dtype (export, import under
+ * another name, the same :evaluate loss), :evaluate computes with it (the
+ * first step's loss, bit for bit), and the measured temps equal the plan's.
+ */
+static void lowp_case(const char *model, const char *dtype, double rel_curve, double rel_jax)
+{
+	const int L = 3, d = 16, h = 24, B = 8;
+	const char *spec_fmt = "{\"name\": \"%s%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, "
+	                       "\"d_hidden\": %d, \"activation\": \"gelu\", \"residual\": true}, "
+	                       "\"dtype\": \"%s\", \"loss\": \"mse\", \"optimizer\": %s, "
+	                       "\"init\": {\"seed\": 11, \"scale\": 0.3}}";
+	const char *opt = "{\"type\": \"adam\", \"learning_rate\": 0.003, \"clip_global_norm\": 1.0}";
+	char dir[512], path[700], name[160], imported[160], grads[160];
+	size_t nx = (size_t)B * d, nw;
+	float *x = make(nx, 41), *t = make(nx, 42), *w;
+	char *spec;
+	json_t *m, *res, *ref, *rspec;
+	double eval0, g_round, g_f32, l_round, s_round, l_jax = 0, s_jax = 0;
+	struct th_response r;
+	char *file;
+	size_t len;
+
+	spec = fmt(spec_fmt, model, "", L, d, h, dtype, opt);
+	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	free(spec);
+	spec = fmt(spec_fmt, model, "g", L, d, h, dtype, "{\"type\": \"none\"}");
+	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	free(spec);
+	snprintf(grads, sizeof grads, "%sg", model);
+	snprintf(path, sizeof path, "/v1/models/%s", model);
+	m = json_incref(th_get_json(&D, path, &r));
+	th_response_free(&r);
+	ck_assert_str_eq(th_str(m, "dtype"), dtype);
+	th_temp_dir(model, dir, sizeof dir);
+	for (int k = 0; k < 2; k++) {
+		snprintf(name, sizeof name, "%s.w%d", model, k + 1);
+		w = download(name, &nw);
+		snprintf(path, sizeof path, "%s/w%d.f32", dir, k + 1);
+		th_write_file(path, w, nw * sizeof *w);
+		free(w);
+	}
+	snprintf(path, sizeof path, "%s/inputs.f32", dir);
+	th_write_file(path, x, nx * sizeof *x);
+	snprintf(path, sizeof path, "%s/targets.f32", dir);
+	th_write_file(path, t, nx * sizeof *t);
+	upload("x", x, (size_t)B, (size_t)d);
+	upload("t", t, (size_t)B, (size_t)d);
+	free(x);
+	free(t);
+
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", grads);
+	json_decref(post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 1}", 200));
+	eval0 = evaluate_loss(model);
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
+	res = post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 24}", 200);
+	ck_assert_int_eq(th_int(res, "measured_temp_size_in_bytes"),
+	                 th_int(res, "predicted_temp_size_in_bytes"));
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	ck_assert_msg(json_number_value(json_array_get(th_arr(res, "losses"), 0)) == eval0,
+	              "%s: the first step's loss %.9g is not :evaluate's %.9g", dtype,
+	              json_number_value(json_array_get(th_arr(res, "losses"), 0)), eval0);
+	ck_assert_msg(json_number_value(json_array_get(th_arr(res, "losses"), STEPS - 1)) <
+	              json_number_value(json_array_get(th_arr(res, "losses"), 0)),
+	              "%s: the loss did not go down", dtype);
+
+	rspec = json_pack("{s:i, s:i, s:i, s:s, s:b, s:s, s:O, s:i, s:i, s:s+, s:s+, s:s+, s:s+,"
+	                  " s:s+, s:s, s:s}",
+	                  "layers", L, "d_model", d, "d_hidden", h, "activation", "gelu",
+	                  "residual", 1, "loss", "mse", "optimizer", th_obj(m, "optimizer"),
+	                  "batch", B, "steps", STEPS, "w1", dir, "/w1.f32", "w2", dir, "/w2.f32",
+	                  "inputs", dir, "/inputs.f32", "targets", dir, "/targets.f32",
+	                  "out", dir, "/out", "dtype", dtype, "vjp", "rounded");
+	ck_assert_ptr_nonnull(rspec);
+	ref = run_reference(dir, rspec, "");
+	g_round = compare_files(grads, grad_files, 2, dir, "", GRAD_REL, "at the initial weights");
+	l_round = worst_loss(th_arr(res, "losses"), th_arr(ref, "losses"));
+	ck_assert_msg(l_round <= rel_curve, "%s: losses off by %.3g from JAX's, tolerance %.3g",
+	              dtype, l_round, rel_curve);
+	s_round = compare_files(model, adam_files, 6, dir, "", rel_curve, "after 24 steps");
+	json_decref(ref);
+	if (rel_jax > 0) {
+		snprintf(path, sizeof path, "%s/out_jax", dir);
+		json_object_set_new(rspec, "out", json_string(path));
+		json_object_set_new(rspec, "vjp", json_string("jax"));
+		ref = run_reference(dir, rspec, "_jax");
+		l_jax = worst_loss(th_arr(res, "losses"), th_arr(ref, "losses"));
+		ck_assert_msg(l_jax <= rel_jax, "%s: losses off by %.3g from jax.grad's, tolerance "
+		              "%.3g", dtype, l_jax, rel_jax);
+		s_jax = compare_files(model, adam_files, 6, dir, "_jax", rel_jax, "after 24 steps");
+		json_decref(ref);
+	}
+	snprintf(path, sizeof path, "%s/out_f32", dir);
+	json_object_set_new(rspec, "out", json_string(path));
+	json_object_set_new(rspec, "dtype", json_string("float32"));
+	json_decref(run_reference(dir, rspec, "_f32"));
+	json_decref(rspec);
+	g_f32 = compare_files(grads, grad_files, 2, dir, "_f32", 1.0, "at the initial weights");
+	ck_assert_msg(g_f32 > 10 * GRAD_REL, "%s: gradients within %.3g of the float32 model's: "
+	              "the check cannot see the rounding", dtype, g_f32);
+	fprintf(stderr, "%s vs JAX: gradients off by %.3g (the float32 model's by %.3g); over %d "
+	        "Adam steps losses by %.3g, state by %.3g; jax.grad's own rule: %.3g, %.3g\n",
+	        dtype, g_round, g_f32, STEPS, l_round, s_round, l_jax, s_jax);
+	json_decref(res);
+
+	/* the checkpoint carries the dtype */
+	snprintf(path, sizeof path, "/v1/models/%s:export", model);
+	th_get(&D, path, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	len = r.body_len;
+	file = malloc(len);
+	ck_assert_ptr_nonnull(file);
+	memcpy(file, r.body, len);
+	th_response_free(&r);
+	snprintf(imported, sizeof imported, "%s_i", model);
+	snprintf(path, sizeof path, "/v1/models:import?name=%s", imported);
+	th_request(&D, "POST", path, octet_headers, file, len, &r);
+	ck_assert_msg(r.status == 201, "import: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	free(file);
+	json_decref(m);
+	snprintf(path, sizeof path, "/v1/models/%s", imported);
+	m = json_incref(th_get_json(&D, path, &r));
+	th_response_free(&r);
+	ck_assert_str_eq(th_str(m, "dtype"), dtype);
+	json_decref(m);
+	ck_assert(evaluate_loss(imported) == evaluate_loss(model));
+}
+
+START_TEST(test_bfloat16_adam_vs_jax)
+{
+	/* four bfloat16 units (2^-8) for the same definition, eight for JAX's
+	 * own transpose rule (its gradients rounded to bfloat16 too) */
+	lowp_case("bf", "bfloat16", 4.0 / 256, 8.0 / 256);
+}
+END_TEST
+
+START_TEST(test_float16_adam_vs_jax)
+{
+	/* float16 keeps 11 bits: four units of 2^-11 */
+	lowp_case("hf", "float16", 4.0 / 2048, 0);
+}
+END_TEST
+
+/* The analysis counts the rounded copies: the guide's model in bfloat16
+ * needs its largest product's two copies (h [256, 1024] and w2 [1024,
+ * 256], 2 bytes an element: 1 MiB) more temp than in float32, arguments
+ * and outputs unchanged. */
+START_TEST(test_bfloat16_analysis_counts_the_copies)
+{
+	const char *body = "{\"model\": {\"mlp\": {\"layers\": 10, \"d_model\": 256, "
+	                   "\"d_hidden\": 1024, \"activation\": \"relu\"}, \"loss\": \"sum\", "
+	                   "\"dtype\": \"%s\"}, \"batch\": [256, 256]}";
+	char *b32 = fmt(body, "float32"), *b16 = fmt(body, "bfloat16");
+	json_t *a32 = post_json("/v1/models:analyze", b32, 200);
+	json_t *a16 = post_json("/v1/models:analyze", b16, 200);
+
+	ck_assert_int_eq(th_int(a16, "temp_size_in_bytes"),
+	                 th_int(a32, "temp_size_in_bytes") + 1024 * 1024);
+	ck_assert_int_eq(th_int(a16, "argument_size_in_bytes"), th_int(a32, "argument_size_in_bytes"));
+	ck_assert_int_eq(th_int(a16, "output_size_in_bytes"), th_int(a32, "output_size_in_bytes"));
+	json_decref(a32);
+	json_decref(a16);
+	free(b32);
+	free(b16);
+}
+END_TEST
 
 /* ---- a token model ------------------------------------------------------------------ */
 
@@ -451,6 +742,9 @@ static Suite *optax_suite(void)
 	tcase_add_test(tc, test_adamw_clipped);
 	tcase_add_test(tc, test_adamw_warmup_cosine);
 	tcase_add_test(tc, test_tokens_adam_clipped);
+	tcase_add_test(tc, test_bfloat16_adam_vs_jax);
+	tcase_add_test(tc, test_float16_adam_vs_jax);
+	tcase_add_test(tc, test_bfloat16_analysis_counts_the_copies);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -6,7 +6,8 @@
  * reference and of the executor's own forward); SGD and Adam with clipping
  * equal on device and on pinned_host; failures (injected copy faults,
  * running out of device memory mid-step, bad arguments) leave the memory
- * spaces as they were.
+ * spaces as they were; bfloat16 and float16 steps against float64 of their
+ * rounded operands, with the plan's peaks.
  *
  * Every case runs on sim:0; with TS_TEST_BACKEND=cuda the ones that need no
  * fault injection run again on cuda:0, bit for bit there too (reductions
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "device/backend.h"
+#include "formats/convert.h"
 #include "train/exec.h"
 #include "train/session.h"
 
@@ -437,11 +439,13 @@ static void say(const char *what, const struct ts_plan *p, const struct ts_exec_
 
 /* ---- 1. the guide's configurations --------------------------------------------- */
 
-START_TEST(guide_peaks_equal_the_plan)
+/* The guide's model in a compute dtype under its eight placements: measured
+ * peaks equal the plan's (job_run), the same bits under each. */
+static void guide_peaks(enum ts_compute compute)
 {
 	const struct ts_mlp guide = {.layers = 10, .d_model = 256, .d_hidden = 1024,
 	                             .act = TS_ACT_RELU, .residual = false,
-	                             .loss = TS_LOSS_SUM};
+	                             .loss = TS_LOSS_SUM, .compute = compute};
 	struct job ref;
 	struct ts_exec_result r0;
 	bool have_ref = false;
@@ -456,8 +460,8 @@ START_TEST(guide_peaks_equal_the_plan)
 
 		job_new(&guide, &grads_only, 256, &pol, 1, &j);
 		job_run(&j, 1, &r);
-		snprintf(what, sizeof what, "guide params_host=%d offload_x=%d prefetch=%d",
-		         params_host, offload_x, prefetch);
+		snprintf(what, sizeof what, "guide %s params_host=%d offload_x=%d prefetch=%d",
+		         ts_compute_name(compute), params_host, offload_x, prefetch);
 		say(what, &j.plan, &r);
 		ck_assert(isfinite(r.loss));
 		if (!have_ref) {
@@ -472,6 +476,18 @@ START_TEST(guide_peaks_equal_the_plan)
 		job_free(&j);
 	}
 	job_free(&ref);
+}
+
+START_TEST(guide_peaks_equal_the_plan)
+{
+	guide_peaks(TS_COMPUTE_F32);
+}
+END_TEST
+
+/* The same with the rounded copies of every product among the temps. */
+START_TEST(lowp_guide_peaks_equal_the_plan)
+{
+	guide_peaks(TS_COMPUTE_BF16);
 }
 END_TEST
 
@@ -846,6 +862,259 @@ START_TEST(gradients_match_finite_differences)
 
 		fd_check(&m, k % 2 ? &busy : &plain);
 	}
+}
+END_TEST
+
+/* ---- 3b. mixed precision -------------------------------------------------------------- */
+
+/* x rounded to the compute dtype and back: the value a 16-bit GEMM operand has. */
+static double rnd16(enum ts_compute dt, float x)
+{
+	return dt == TS_COMPUTE_BF16 ? ts_bf16_to_f32(ts_f32_to_bf16(x))
+	                             : ts_f16_to_f32(ts_f32_to_f16(x));
+}
+
+/* C [M, N] (float32 storage) = sum over K of rounded op(A) times rounded
+ * op(B), in float64: what a GEMM of the compute dtype computes exactly. */
+static void ref_gemm(enum ts_compute dt, bool ta, bool tb, int M, int N, int K, const float *A,
+                     const float *B, float *C)
+{
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double s = 0;
+
+			for (int k = 0; k < K; k++)
+				s += rnd16(dt, ta ? A[k * M + i] : A[i * K + k]) *
+				     rnd16(dt, tb ? B[j * K + k] : B[k * N + j]);
+			C[i * N + j] = (float)s;
+		}
+}
+
+/*
+ * The float64 reference of one mixed-precision step of a relu, residual
+ * mse MLP with w2: every intermediate kept in float32, as the executor
+ * keeps it, every GEMM of ref_gemm (the forward's two, and per layer the
+ * backward's G2 = A^T g, A = g w2^T, G1 = x^T A, gx = A w1^T). Returns the
+ * loss; writes the gradients.
+ */
+static double lowp_ref(const struct ts_mlp *m, int B, const float *x0, const float *t,
+                       const float *w1, const float *w2, float *g1, float *g2)
+{
+	int L = m->layers, d = m->d_model, H = m->d_hidden, n = B * d;
+	float *xs = malloc(sizeof(float) * (size_t)(L + 1) * n);
+	float *h = malloc(sizeof(float) * (size_t)B * H), *a = malloc(sizeof(float) * (size_t)B * H);
+	float *y = malloc(sizeof(float) * (size_t)n), *g = malloc(sizeof(float) * (size_t)n);
+	float *gx = malloc(sizeof(float) * (size_t)n);
+	double loss = 0;
+
+	ck_assert(xs && h && a && y && g && gx);
+	memcpy(xs, x0, sizeof(float) * (size_t)n);
+	for (int l = 0; l < L; l++) {
+		float *x = xs + (size_t)l * n, *xn = x + n;
+
+		ref_gemm(m->compute, false, false, B, H, d, x, w1 + (size_t)l * d * H, h);
+		for (int i = 0; i < B * H; i++)
+			a[i] = h[i] > 0 ? h[i] : 0;
+		ref_gemm(m->compute, false, false, B, d, H, a, w2 + (size_t)l * H * d, y);
+		for (int i = 0; i < n; i++)
+			xn[i] = x[i] + y[i];
+	}
+	for (int i = 0; i < n; i++) {
+		double e = (double)xs[(size_t)L * n + i] - t[i];
+
+		loss += e * e;
+		g[i] = (float)(2.0 * e / n);
+	}
+	for (int l = L - 1; l >= 0; l--) {
+		float *x = xs + (size_t)l * n;
+
+		ref_gemm(m->compute, false, false, B, H, d, x, w1 + (size_t)l * d * H, h);
+		for (int i = 0; i < B * H; i++)
+			a[i] = h[i] > 0 ? h[i] : 0;
+		ref_gemm(m->compute, true, false, H, d, B, a, g, g2 + (size_t)l * H * d);
+		ref_gemm(m->compute, false, true, B, H, d, g, w2 + (size_t)l * H * d, a);
+		for (int i = 0; i < B * H; i++)
+			a[i] = h[i] > 0 ? a[i] : 0;
+		ref_gemm(m->compute, true, false, d, H, B, x, a, g1 + (size_t)l * d * H);
+		if (l > 0) {
+			ref_gemm(m->compute, false, true, B, d, H, a, w1 + (size_t)l * d * H, gx);
+			for (int i = 0; i < n; i++)
+				g[i] = gx[i] + g[i];
+		}
+	}
+	free(xs);
+	free(h);
+	free(a);
+	free(y);
+	free(g);
+	free(gx);
+	return loss / n;
+}
+
+/*
+ * A bfloat16 and a float16 step on the CPU kernels equal the float64
+ * reference computed from rounded operands (lowp_ref) within float32
+ * accumulation: 1e-5 relative (the products of rounded operands are exact
+ * in float32 and in float64, only the float32 sums and the float32 storage
+ * of intermediates differ, K <= 12 terms a sum), while the float32 model's
+ * gradients differ from them by far more (the rounding is there: a
+ * bfloat16 operand is off by up to 2^-9 relative). The measured peaks equal
+ * the plan's (job_run) with the rounded copies among the temps, under two
+ * placements that give the same bits.
+ */
+START_TEST(lowp_step_matches_float64_of_rounded_operands)
+{
+	const int B = 4;
+	struct ts_policy pols[2] = {any_policy(1 + 3), any_policy(18 + 9 + 2)};
+
+	for (int c = 0; c < 2; c++) {
+		struct ts_mlp m = {.layers = 3, .d_model = 8, .d_hidden = 12, .act = TS_ACT_RELU,
+		                   .residual = true, .loss = TS_LOSS_MSE,
+		                   .compute = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16};
+		struct ts_mlp mf = m;
+		struct job j[2], jf;
+		struct ts_exec_result r[2], rf;
+		size_t n1, n2, nx, nt, nw1, nw2;
+		float *w1, *w2, *x0, *t, *g1, *g2, *ref1, *ref2, *f1;
+		double loss, worst_f32 = 0, scale = 0;
+
+		mf.compute = TS_COMPUTE_F32;
+		for (int k = 0; k < 2; k++) {
+			job_new(&m, &grads_only, B, &pols[k], 11, &j[k]);
+			job_run(&j[k], 1, &r[k]);
+			ck_assert_uint_gt(r[k].measured_temp_peak, 0);
+		}
+		job_new(&mf, &grads_only, B, &pols[0], 11, &jf);
+		job_run(&jf, 1, &rf);
+		w1 = job_read(&j[0], TS_ROLE_W1, &nw1);
+		w2 = job_read(&j[0], TS_ROLE_W2, &nw2);
+		x0 = job_read(&j[0], TS_ROLE_INPUT, &nx);
+		t = job_read(&j[0], TS_ROLE_TARGET, &nt);
+		g1 = job_read(&j[0], TS_ROLE_GRAD_W1, &n1);
+		g2 = job_read(&j[0], TS_ROLE_GRAD_W2, &n2);
+		f1 = job_read(&jf, TS_ROLE_GRAD_W1, &n1);
+		ref1 = malloc(n1 * sizeof *ref1);
+		ref2 = malloc(n2 * sizeof *ref2);
+		ck_assert(ref1 && ref2);
+		loss = lowp_ref(&m, B, x0, t, w1, w2, ref1, ref2);
+		ck_assert_msg(fabs(r[0].loss - loss) <= 1e-5 * fabs(loss), "%s: loss %.9g, want %.9g",
+		              ts_compute_name(m.compute), r[0].loss, loss);
+		for (size_t i = 0; i < n1; i++)
+			scale = fmax(scale, fabs(ref1[i]));
+		for (size_t i = 0; i < n2 + n1; i++) {
+			bool first = i < n1;
+			size_t k = first ? i : i - n1;
+			double got = first ? g1[k] : g2[k], want = first ? ref1[k] : ref2[k];
+
+			ck_assert_msg(fabs(got - want) <= 1e-5 * (fabs(want) + 1e-2 * scale),
+			              "%s: d loss / d w%d[%zu] = %.9g, want %.9g",
+			              ts_compute_name(m.compute), first ? 1 : 2, k, got, want);
+			if (first)
+				worst_f32 = fmax(worst_f32, fabs((double)f1[k] - want) /
+				                            (fabs(want) + 1e-2 * scale));
+		}
+		ck_assert_msg(worst_f32 > 1e-4, "%s: float32 gradients within %.3g of the rounded "
+		              "ones: nothing was rounded", ts_compute_name(m.compute), worst_f32);
+		/* another placement, the same bits (on one backend) */
+		same_loss(r[1].loss, r[0].loss, "mixed precision, two placements");
+		same_values(&j[1], &j[0], TS_ROLE_GRAD_W1, "mixed precision, two placements");
+		same_values(&j[1], &j[0], TS_ROLE_GRAD_W2, "mixed precision, two placements");
+		fprintf(stderr, "%s step: temp %.0f B (float32 %.0f B), loss %.9g (float32 %.9g), "
+		        "float32 gradients off by %.3g relative\n", ts_compute_name(m.compute),
+		        (double)j[0].plan.temp_size_in_bytes, (double)jf.plan.temp_size_in_bytes,
+		        r[0].loss, rf.loss, worst_f32);
+		free(w1);
+		free(w2);
+		free(x0);
+		free(t);
+		free(g1);
+		free(g2);
+		free(f1);
+		free(ref1);
+		free(ref2);
+		job_free(&j[0]);
+		job_free(&j[1]);
+		job_free(&jf);
+	}
+}
+END_TEST
+
+/* An Adam step of a bfloat16 model updates float32 master weights: the
+ * weights after it are not all bfloat16 values, and the state is float32. */
+START_TEST(lowp_adam_keeps_float32_master_weights)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-3f,
+	                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_mlp m = {.layers = 3, .d_model = 8, .d_hidden = 12, .act = TS_ACT_GELU,
+	                   .residual = true, .loss = TS_LOSS_MSE};
+	struct ts_policy pol = any_policy(9 + 2 + 6 + 18);
+	struct job j;
+	struct ts_exec_result r;
+	size_t n, off = 0;
+	float *w;
+
+	m.compute = TS_COMPUTE_BF16;
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	job_new(&m, &adam, 4, &pol, 12, &j);
+	for (int step = 1; step <= 2; step++)
+		job_run(&j, step, &r);
+	w = job_read(&j, TS_ROLE_W1, &n);
+	for (size_t i = 0; i < n; i++)
+		off += ts_bf16_to_f32(ts_f32_to_bf16(w[i])) != w[i];
+	ck_assert_msg(off > n / 2, "%zu of %zu weights are not bfloat16 values", off, n);
+	free(w);
+	job_free(&j);
+}
+END_TEST
+
+/* A bfloat16 token model with its projection: every placement gives the
+ * same bits and measures the plan's peaks (job_run), and its loss is not
+ * the float32 model's (the projection and layers multiply rounded). */
+START_TEST(lowp_token_model_every_policy)
+{
+	struct ts_mlp m = {.layers = 2, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
+	                   .residual = true, .loss = TS_LOSS_XENT, .vocab = 29, .proj = true,
+	                   .id_bytes = 2, .compute = TS_COMPUTE_BF16};
+	struct ts_policy pol = any_policy(1 + 3);
+	struct ts_exec_result r16, r32;
+	struct job j;
+
+	every_policy_same_token_results(&m, 14);
+	job_new(&m, &grads_only, 14, &pol, 3, &j);
+	job_run(&j, 1, &r16);
+	job_free(&j);
+	m.compute = TS_COMPUTE_F32;
+	job_new(&m, &grads_only, 14, &pol, 3, &j);
+	job_run(&j, 1, &r32);
+	job_free(&j);
+	ck_assert_msg(r16.loss != r32.loss && fabs(r16.loss - r32.loss) < 1e-2 * fabs(r32.loss),
+	              "bfloat16 loss %.9g, float32 %.9g", r16.loss, r32.loss);
+}
+END_TEST
+
+/* Kernels without cublasGemmEx (the CPU stand-in's cuBLAS): a bfloat16
+ * step is refused before it runs, FAILED_PRECONDITION naming the symbol,
+ * every space as it was. */
+START_TEST(lowp_refused_without_gemm_ex)
+{
+	struct ts_mlp m = {.layers = 2, .d_model = 8, .d_hidden = 12, .act = TS_ACT_RELU,
+	                   .loss = TS_LOSS_SUM, .compute = TS_COMPUTE_BF16};
+	struct ts_policy pol = any_policy(1 + 3);
+	struct ts_exec_result r;
+	struct job j;
+	uint64_t dev0, host0;
+
+	job_new(&m, &grads_only, 4, &pol, 13, &j);
+	dev0 = in_use(dsp);
+	host0 = in_use(psp);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, j.outs, 1, &r, &err),
+	                 TS_FAILED_PRECONDITION);
+	ck_assert_ptr_nonnull(strstr(err.message, "'cublasGemmEx'"));
+	ck_assert_uint_eq(in_use(dsp), dev0);
+	ck_assert_uint_eq(in_use(psp), host0);
+	ts_error_clear(&err);
+	job_free(&j);
 }
 END_TEST
 
@@ -1563,6 +1832,28 @@ static bool fakecuda_lacks_token_kernels(void)
 	return true;
 }
 
+/* Mixed-precision models' cases (k_round, cublasGemmEx). */
+static void add_lowp(TCase *tc)
+{
+	tcase_add_test(tc, lowp_guide_peaks_equal_the_plan);
+	tcase_add_test(tc, lowp_step_matches_float64_of_rounded_operands);
+	tcase_add_test(tc, lowp_adam_keeps_float32_master_weights);
+	tcase_add_test(tc, lowp_token_model_every_policy);
+}
+
+/* The same for them: the stand-in launches no k_round and its cuBLAS has
+ * no cublasGemmEx, so there a mixed-precision step is refused instead. */
+static bool fakecuda_lacks_lowp(void)
+{
+	const char *f = getenv("TS_FAKECUDA");
+
+	if (!f || strcmp(f, "1") != 0)
+		return false;
+	fprintf(stderr, "fakecuda: skipped mixed-precision steps (the stand-in lacks k_round and "
+	        "cublasGemmEx): test_exec's cuda bfloat16 and float16 cases\n");
+	return true;
+}
+
 static Suite *exec_suite(bool cuda)
 {
 	Suite *s = suite_create("exec");
@@ -1572,6 +1863,7 @@ static Suite *exec_suite(bool cuda)
 	tcase_set_timeout(tc, 120);
 	add_common(tc);
 	add_tokens(tc);
+	add_lowp(tc);
 	/* fault injection exists on sim only */
 	tcase_add_test(tc, copy_failure_releases_every_temp);
 	tcase_add_test(tc, copy_failure_mid_step_leaves_every_array_whole);
@@ -1586,6 +1878,10 @@ static Suite *exec_suite(bool cuda)
 		add_common(tc);
 		if (!fakecuda_lacks_token_kernels())
 			add_tokens(tc);
+		if (!fakecuda_lacks_lowp())
+			add_lowp(tc);
+		else
+			tcase_add_test(tc, lowp_refused_without_gemm_ex);
 		suite_add_tcase(s, tc);
 	}
 	return s;

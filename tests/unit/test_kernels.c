@@ -4,7 +4,9 @@
  * their derivatives against central finite differences, the losses, sums of
  * squares, SGD and Adam (with and without global-norm clipping) against
  * optax's formulas, a whole tiny MLP's gradients against finite differences
- * of its loss, bit-for-bit determinism, queue order, and argument checks.
+ * of its loss, bit-for-bit determinism, queue order, and argument checks;
+ * mixed precision: rounding to bfloat16 / float16 bit for bit as
+ * formats/convert.h, and gemm_lp against float64 of the rounded operands.
  *
  * Every case runs on sim:0 (the CPU kernels); with TS_TEST_BACKEND=cuda the
  * backend-independent ones run again on cuda:0 (cuBLAS and the CUDA
@@ -25,6 +27,7 @@
 
 #include <cblas.h>
 
+#include "formats/convert.h"
 #include "train/kernels.h"
 #include "train/kernels_math.h"
 
@@ -1784,6 +1787,209 @@ START_TEST(sim_keeps_no_device_timeline)
 }
 END_TEST
 
+/* ---- mixed precision ------------------------------------------------------------ */
+
+/* The float32 value of a 16-bit pattern of compute dtype dt. */
+static double widen(enum ts_compute dt, uint16_t h)
+{
+	return dt == TS_COMPUTE_BF16 ? ts_bf16_to_f32(h) : ts_f16_to_f32(h);
+}
+
+static uint16_t narrow(enum ts_compute dt, float f)
+{
+	return dt == TS_COMPUTE_BF16 ? ts_f32_to_bf16(f) : ts_f32_to_f16(f);
+}
+
+/* n 16-bit elements of device memory (as floats, rounded up). */
+static uint16_t *dalloc16(size_t n)
+{
+	return (uint16_t *)(void *)dalloc((n + 1) / 2);
+}
+
+static void dget16(uint16_t *h, const uint16_t *d, size_t n)
+{
+	float *t = malloc(((n + 1) / 2) * sizeof *t);
+
+	ck_assert_ptr_nonnull(t);
+	dget(t, (const float *)(const void *)d, (n + 1) / 2);
+	memcpy(h, t, n * sizeof *h);
+	free(t);
+}
+
+/* round gives formats/convert.h's bits (round to nearest even, ties, signed
+ * zeros, overflow to inf, subnormals, NaN quiet) for every element. */
+START_TEST(lowp_round_is_converts)
+{
+	static const float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f, 1.01171875f,
+	                             1.0009765625f, 1.0029296875f, 3.4e38f, -3.4e38f, 65504.0f,
+	                             65520.0f, 1e-40f, 6e-8f, 3e-8f, 2.9e-8f, INFINITY,
+	                             -INFINITY, NAN};
+	enum { N = 4096 };
+	float *x = malloc(N * sizeof *x);
+	uint16_t *got = malloc(N * sizeof *got);
+
+	ck_assert_ptr_nonnull(x);
+	ck_assert_ptr_nonnull(got);
+	fill_rnd(x, N, 77, -3, 3);
+	memcpy(x, edge, sizeof edge);
+	for (int c = 0; c < 2; c++) {
+		enum ts_compute dt = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
+		float *dx = dput(x, N);
+		uint16_t *dy = dalloc16(N);
+
+		OK(ts_k_round(kern, q, dt, dx, dy, N, &err));
+		dget16(got, dy, N);
+		for (size_t i = 0; i < N; i++)
+			ck_assert_msg(got[i] == narrow(dt, x[i]), "%s round of %.9g: 0x%04x, want 0x%04x",
+			              ts_compute_name(dt), x[i], got[i], narrow(dt, x[i]));
+	}
+	free(x);
+	free(got);
+}
+END_TEST
+
+/* gemm_lp on rounded operands equals the float64 product of the rounded
+ * values within float32 accumulation (1e-5 of the sum of |terms|, as the
+ * float32 gemm's case: K <= 128 sums of exact products, each addition off
+ * by at most 2^-24), and differs from the unrounded product by more: the
+ * operands were rounded (bfloat16 keeps 8 significant bits, float16 11). */
+static void gemm_lp_case(enum ts_compute dt, bool ta, bool tb, int M, int N, int K, float alpha,
+                         float beta, unsigned seed)
+{
+	size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B), *C0 = malloc(nc * sizeof *C0);
+	float *C = malloc(nc * sizeof *C);
+	uint16_t *A16 = malloc(na * sizeof *A16), *B16 = malloc(nb * sizeof *B16);
+	float *dA, *dB, *dC;
+	uint16_t *dA16, *dB16;
+	double worst_unrounded = 0, tol_worst = 0;
+
+	ck_assert(A && B && C0 && C && A16 && B16);
+	fill_rnd(A, na, seed, -1, 1);
+	fill_rnd(B, nb, seed + 1, -1, 1);
+	fill_rnd(C0, nc, seed + 2, -1, 1);
+	dA = dput(A, na);
+	dB = dput(B, nb);
+	dC = dput(C0, nc);
+	dA16 = dalloc16(na);
+	dB16 = dalloc16(nb);
+	OK(ts_k_round(kern, q, dt, dA, dA16, na, &err));
+	OK(ts_k_round(kern, q, dt, dB, dB16, nb, &err));
+	OK(ts_k_gemm_lp(kern, q, dt, ta, tb, M, N, K, alpha, dA16, dB16, beta, dC, &err));
+	dget(C, dC, nc);
+	dget16(A16, dA16, na);
+	dget16(B16, dB16, nb);
+	for (int i = 0; i < M; i++)
+		for (int j = 0; j < N; j++) {
+			double sum = 0, raw = 0, mag = 0, ref, c0 = C0[(size_t)i * N + j];
+
+			for (int k = 0; k < K; k++) {
+				size_t ia = ta ? (size_t)k * M + i : (size_t)i * K + k;
+				size_t ib = tb ? (size_t)j * K + k : (size_t)k * N + j;
+				double a = widen(dt, A16[ia]), b = widen(dt, B16[ib]);
+
+				sum += a * b;
+				raw += (double)A[ia] * B[ib];
+				mag += fabs(a * b);
+			}
+			ref = alpha * sum + beta * c0;
+			mag = fabs(alpha) * mag + fabs(beta * c0);
+			ck_assert_msg(fabs(C[(size_t)i * N + j] - ref) <= 1e-5 * (mag + 1e-30),
+			              "%s ta=%d tb=%d %dx%dx%d: C[%d,%d] = %.9g, want %.9g",
+			              ts_compute_name(dt), ta, tb, M, N, K, i, j, C[(size_t)i * N + j],
+			              ref);
+			if (fabs(C[(size_t)i * N + j] - (alpha * raw + beta * c0)) > worst_unrounded) {
+				worst_unrounded = fabs(C[(size_t)i * N + j] - (alpha * raw + beta * c0));
+				tol_worst = 1e-5 * (mag + 1e-30);
+			}
+		}
+	ck_assert_msg(K < 2 || worst_unrounded > tol_worst,
+	              "%s %dx%dx%d: no element shows the rounding of the operands",
+	              ts_compute_name(dt), M, N, K);
+	free(A);
+	free(B);
+	free(C0);
+	free(C);
+	free(A16);
+	free(B16);
+}
+
+START_TEST(lowp_gemm_all_transposes)
+{
+	static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {33, 17, 65}, {64, 48, 128},
+	                                {2, 130, 9}};
+
+	for (int c = 0; c < 2; c++)
+		for (int t = 0; t < 4; t++)
+			for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+				enum ts_compute dt = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
+
+				gemm_lp_case(dt, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2],
+				             1.0f, 0.0f, (unsigned)(c * 100 + t * 10 + s));
+				gemm_lp_case(dt, t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2],
+				             -0.75f, 0.5f, (unsigned)(c * 100 + t * 10 + s + 50));
+			}
+}
+END_TEST
+
+START_TEST(lowp_bad_arguments_refused)
+{
+	float *x = dalloc(4);
+	uint16_t *y = dalloc16(4);
+
+	OK(ts_k_lowp_check(kern, TS_COMPUTE_F32, &err));
+	REFUSED(ts_k_round(kern, q, TS_COMPUTE_F32, x, y, 4, &err));
+	REFUSED(ts_k_round(kern, q, (enum ts_compute)7, x, y, 4, &err));
+	REFUSED(ts_k_round(kern, q, TS_COMPUTE_BF16, NULL, y, 4, &err));
+	REFUSED(ts_k_gemm_lp(kern, q, TS_COMPUTE_F32, false, false, 1, 1, 1, 1, y, y, 0, x, &err));
+	REFUSED(ts_k_gemm_lp(kern, q, TS_COMPUTE_BF16, false, false, -1, 1, 1, 1, y, y, 0, x, &err));
+	REFUSED(ts_k_gemm_lp(kern, q, TS_COMPUTE_F16, false, false, 1, 1, 1, 1, NULL, y, 0, x, &err));
+	REFUSED(ts_k_lowp_check(kern, (enum ts_compute)7, &err));
+	/* empty work enqueues nothing */
+	OK(ts_k_round(kern, q, TS_COMPUTE_BF16, NULL, NULL, 0, &err));
+	OK(ts_k_gemm_lp(kern, q, TS_COMPUTE_BF16, false, false, 0, 3, 3, 1, NULL, NULL, 0, NULL,
+	                &err));
+}
+END_TEST
+
+/* The CPU kernels multiply in every compute dtype. */
+START_TEST(lowp_supported_on_cpu)
+{
+	OK(ts_k_lowp_check(kern, TS_COMPUTE_BF16, &err));
+	OK(ts_k_lowp_check(kern, TS_COMPUTE_F16, &err));
+}
+END_TEST
+
+/* A cuBLAS without cublasGemmEx (the CPU stand-in's): a bfloat16 or
+ * float16 product is refused up front, naming the missing symbol. */
+START_TEST(lowp_refused_without_gemm_ex)
+{
+	float *x = dalloc(4);
+	uint16_t *y = dalloc16(4);
+
+	for (int c = 0; c < 2; c++) {
+		enum ts_compute dt = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
+
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_k_lowp_check(kern, dt, &err), TS_FAILED_PRECONDITION);
+		ck_assert_ptr_nonnull(strstr(err.message, "'cublasGemmEx'"));
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_k_gemm_lp(kern, q, dt, false, false, 2, 2, 2, 1, y, y, 0, x, &err),
+		                 TS_FAILED_PRECONDITION);
+		ck_assert_ptr_nonnull(strstr(err.message, "'cublasGemmEx'"));
+	}
+	ts_error_clear(&err);
+}
+END_TEST
+
+/* The mixed-precision cases (k_round, cublasGemmEx). */
+static void add_lowp(TCase *tc)
+{
+	tcase_add_test(tc, lowp_round_is_converts);
+	tcase_add_test(tc, lowp_gemm_all_transposes);
+	tcase_add_test(tc, lowp_bad_arguments_refused);
+}
+
 static void add_common(TCase *tc)
 {
 	tcase_add_test(tc, gemm_all_transposes);
@@ -1824,6 +2030,19 @@ static bool fakecuda_lacks_token_kernels(void)
 	return true;
 }
 
+/* The same for the mixed-precision kernels: the stand-in launches no
+ * k_round and its cuBLAS has no cublasGemmEx. */
+static bool fakecuda_lacks_lowp(void)
+{
+	const char *f = getenv("TS_FAKECUDA");
+
+	if (!f || strcmp(f, "1") != 0)
+		return false;
+	fprintf(stderr, "fakecuda: skipped mixed-precision kernels (the stand-in lacks k_round "
+	        "and cublasGemmEx): test_kernels' cuda bfloat16 and float16 cases\n");
+	return true;
+}
+
 static Suite *kernels_suite(bool cuda)
 {
 	Suite *s = suite_create("kernels");
@@ -1835,6 +2054,8 @@ static Suite *kernels_suite(bool cuda)
 	tcase_add_test(tc, gemm_colmajor_mapping);
 	add_common(tc);
 	add_tokens(tc);
+	add_lowp(tc);
+	tcase_add_test(tc, lowp_supported_on_cpu);
 	tcase_add_test(tc, same_sequence_same_bits);
 	tcase_add_test(tc, queues_share_kernels);
 	tcase_add_test(tc, kernels_run_later_in_queue_order);
@@ -1848,10 +2069,15 @@ static Suite *kernels_suite(bool cuda)
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
 		bool tokens = !fakecuda_lacks_token_kernels();
+		bool lowp = !fakecuda_lacks_lowp();
 
 		add_common(tc);
 		if (tokens)
 			add_tokens(tc);
+		if (lowp)
+			add_lowp(tc);
+		else
+			tcase_add_test(tc, lowp_refused_without_gemm_ex);
 		tcase_add_test(tc, same_sequence_same_bits);
 		tcase_add_test(tc, cuda_kernels_made_per_step);
 		tcase_add_test(tc, cuda_kernels_free_does_not_wait_for_the_device);

@@ -3,7 +3,9 @@
  * configurations (argument and output sizes equal the guide's; temp never
  * above it with prefetch_depth 0), the 4-layer 7168x7168 Adam model under
  * the guide's 4.59 GB / 2.87 GB, and schedule invariants (every buffer
- * allocated is freed once, used only while live; copies and waits paired).
+ * allocated is freed once, used only while live; copies and waits paired);
+ * mixed-precision plans round both operands of every product into counted
+ * 2-byte temps.
  */
 #include <check.h>
 #include <stdio.h>
@@ -80,7 +82,7 @@ static void check_arena(const struct ts_plan *p)
 	for (int i = 0; i < p->nbufs; i++) {
 		const struct ts_pbuf *b = &p->bufs[i];
 		bool updated = p->opt.type != TS_OPT_NONE && b->cls == TS_PB_ARGUMENT &&
-		               b->role <= TS_ROLE_NU_W2;
+		               ts_role_state(b->role);
 
 		ck_assert(!b->versioned || (updated && b->kind == TS_MEM_PINNED_HOST));
 		ck_assert(!updated || b->kind == TS_MEM_DEVICE || b->versioned);
@@ -127,10 +129,12 @@ static void check_schedule(const struct ts_plan *p)
 			ck_assert_uint_le(a->boff + a->bytes, p->bufs[a->b].bytes);
 			ck_assert_int_eq(p->actions[i + 1].op, TS_P_WAIT);
 		}
-		if (a->op == TS_P_GEMM) {
+		if (a->op == TS_P_GEMM || a->op == TS_P_GEMM_LP) {
+			uint64_t e = a->op == TS_P_GEMM ? 4 : 2;     /* operand element bytes */
+
 			ck_assert_uint_le(a->coff + (uint64_t)a->M * a->N * 4, p->bufs[a->c].bytes);
-			ck_assert_uint_le(a->aoff + (uint64_t)a->M * a->K * 4, p->bufs[a->a].bytes);
-			ck_assert_uint_le(a->boff + (uint64_t)a->K * a->N * 4, p->bufs[a->b].bytes);
+			ck_assert_uint_le(a->aoff + (uint64_t)a->M * a->K * e, p->bufs[a->a].bytes);
+			ck_assert_uint_le(a->boff + (uint64_t)a->K * a->N * e, p->bufs[a->b].bytes);
 			/* compute touches device memory only */
 			ck_assert_int_eq(p->bufs[a->a].kind, TS_MEM_DEVICE);
 			ck_assert_int_eq(p->bufs[a->b].kind, TS_MEM_DEVICE);
@@ -540,6 +544,159 @@ START_TEST(eval_tokens)
 }
 END_TEST
 
+/* ---- mixed precision --------------------------------------------------------------- */
+
+/*
+ * A bfloat16 / float16 plan is the float32 plan with every GEMM replaced by
+ * ALLOC ra, ROUND a -> ra, ALLOC rb, ROUND b -> rb, GEMM_LP, FREE ra, FREE rb:
+ * ra and rb device temps of role LOWP holding op(A) [M, K] and op(B) [K, N]
+ * at 2 bytes an element. Returns the largest pair's bytes.
+ */
+static uint64_t check_lowp(const struct ts_plan *lp, const struct ts_plan *f32)
+{
+	int ngemm = 0, nlp = 0, nlowp = 0;
+	uint64_t pair = 0;
+
+	for (int i = 0; i < f32->nactions; i++)
+		ngemm += f32->actions[i].op == TS_P_GEMM;
+	for (int i = 0; i < lp->nbufs; i++)
+		nlowp += lp->bufs[i].role == TS_ROLE_LOWP;
+	for (int i = 0; i < lp->nactions; i++) {
+		const struct ts_paction *a = &lp->actions[i], *w;
+		uint64_t mk, kn;
+
+		ck_assert_msg(a->op != TS_P_GEMM, "action %d: a float32 gemm in a %s plan", i,
+		              ts_compute_name(lp->mlp.compute));
+		if (a->op != TS_P_GEMM_LP)
+			continue;
+		nlp++;
+		ck_assert_int_ge(i, 4);
+		ck_assert_int_lt(i + 2, lp->nactions);
+		mk = (uint64_t)a->M * (uint64_t)a->K;
+		kn = (uint64_t)a->K * (uint64_t)a->N;
+		w = &lp->actions[i - 4];
+		ck_assert(w[0].op == TS_P_ALLOC && w[0].a == a->a);
+		ck_assert(w[1].op == TS_P_ROUND && w[1].b == a->a && w[1].n == mk);
+		ck_assert(w[2].op == TS_P_ALLOC && w[2].a == a->b);
+		ck_assert(w[3].op == TS_P_ROUND && w[3].b == a->b && w[3].n == kn);
+		ck_assert(w[5].op == TS_P_FREE && w[5].a == a->a);
+		ck_assert(w[6].op == TS_P_FREE && w[6].a == a->b);
+		ck_assert_int_eq(lp->bufs[a->a].role, TS_ROLE_LOWP);
+		ck_assert_int_eq(lp->bufs[a->b].role, TS_ROLE_LOWP);
+		ck_assert_int_eq(lp->bufs[a->a].cls, TS_PB_TEMP);
+		ck_assert_int_eq(lp->bufs[a->a].kind, TS_MEM_DEVICE);
+		ck_assert_uint_eq(lp->bufs[a->a].bytes, 2 * mk);
+		ck_assert_uint_eq(lp->bufs[a->b].bytes, 2 * kn);
+		ck_assert_uint_eq(a->aoff + a->boff, 0);
+		/* what is rounded is float32 device memory */
+		ck_assert_int_eq(lp->bufs[w[1].a].kind, TS_MEM_DEVICE);
+		ck_assert_int_ne(lp->bufs[w[1].a].role, TS_ROLE_LOWP);
+		if (2 * (mk + kn) > pair)
+			pair = 2 * (mk + kn);
+	}
+	ck_assert_int_eq(nlp, ngemm);
+	ck_assert_int_eq(nlowp, 2 * ngemm);
+	/* master weights, gradients and optimizer state stay float32 */
+	ck_assert_uint_eq(lp->argument_size_in_bytes, f32->argument_size_in_bytes);
+	ck_assert_uint_eq(lp->output_size_in_bytes, f32->output_size_in_bytes);
+	ck_assert_uint_eq(lp->alias_size_in_bytes, f32->alias_size_in_bytes);
+	ck_assert_uint_eq(lp->host_argument_size_in_bytes, f32->host_argument_size_in_bytes);
+	ck_assert_uint_eq(lp->h2d_bytes, f32->h2d_bytes);
+	ck_assert_uint_eq(lp->d2h_bytes, f32->d2h_bytes);
+	/* the copies are temps in the arena (check_arena: placed, never over a
+	 * live buffer): it holds them, growing at most by the largest pair (each
+	 * lives around one product) plus the alignment; small ones may fit in
+	 * its holes */
+	ck_assert_uint_ge(lp->temp_size_in_bytes, f32->temp_size_in_bytes);
+	ck_assert_uint_le(lp->temp_size_in_bytes,
+	                  f32->temp_size_in_bytes + pair + 2 * TS_PLAN_ALIGN);
+	ck_assert_uint_eq(lp->peak_device_bytes, lp->argument_size_in_bytes +
+	                  lp->output_size_in_bytes + lp->temp_size_in_bytes);
+	return pair;
+}
+
+START_TEST(lowp_guide_counts_the_copies)
+{
+	struct ts_mlp m = guide;
+	struct ts_plan f, lp;
+	struct ts_error err;
+
+	for (int c = 0; c < 2; c++)
+		for (int k = 0; k < 4; k++) {
+			struct ts_policy pol = policy(k & 1, k & 2, 0);
+			uint64_t pair;
+
+			ts_error_clear(&err);
+			m.compute = TS_COMPUTE_F32;
+			ck_assert_int_eq(ts_plan_build(&m, &grads_only, 256, &pol, &f, &err), TS_OK);
+			m.compute = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
+			ck_assert_int_eq(ts_plan_build(&m, &grads_only, 256, &pol, &lp, &err), TS_OK);
+			check_schedule(&lp);
+			pair = check_lowp(&lp, &f);
+			ck_assert_uint_gt(lp.temp_size_in_bytes, f.temp_size_in_bytes);
+			/* the guide's largest product reads h [256, 1024] and w2 [1024, 256] */
+			ck_assert_uint_eq(pair, 2ull * (256 * 1024 + 1024 * 256));
+			fprintf(stderr, "guide %s params_host=%d offload_x=%d: temp %.4f MiB "
+			        "(float32 %.4f MiB), peak %.4f MiB\n", ts_compute_name(m.compute), k & 1,
+			        (k >> 1) & 1, lp.temp_size_in_bytes / MiB, f.temp_size_in_bytes / MiB,
+			        lp.peak_device_bytes / MiB);
+			ts_plan_release(&f);
+			ts_plan_release(&lp);
+		}
+}
+END_TEST
+
+/* Every policy, with Adam and clipping, a token model with its projection,
+ * and evaluations: each product rounds its operands. */
+START_TEST(lowp_every_plan_rounds_every_product)
+{
+	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 0.1f, .b1 = 0.9f,
+	                            .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f};
+	struct ts_mlp tok = {.layers = 2, .d_model = 8, .d_hidden = 16, .act = TS_ACT_GELU,
+	                     .residual = true, .loss = TS_LOSS_XENT, .vocab = 40, .proj = true,
+	                     .id_bytes = 2};
+	struct ts_mlp mlp = {.layers = 3, .d_model = 8, .d_hidden = 12, .act = TS_ACT_TANH,
+	                     .residual = true, .loss = TS_LOSS_MSE};
+	struct ts_plan f, lp;
+	struct ts_error err;
+
+	for (int mask = 0; mask < 36; mask++) {
+		struct ts_policy pol = {
+			.params = mask & 1 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+			.opt_state = mask & 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+			.save_x = (mask >> 2) % 3 == 1, .offload_x = (mask >> 2) % 3 == 2,
+			.save_h = (mask / 12) % 3 == 1, .offload_h = (mask / 12) % 3 == 2,
+			.prefetch_depth = mask & 1,
+		};
+		for (int t = 0; t < 2; t++) {
+			struct ts_mlp m = t ? tok : mlp;
+			const struct ts_optimizer *o = mask & 2 ? &adam : &grads_only;
+
+			ts_error_clear(&err);
+			ck_assert_int_eq(ts_plan_build(&m, o, 4, &pol, &f, &err), TS_OK);
+			m.compute = mask % 2 ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
+			ck_assert_int_eq(ts_plan_build(&m, o, 4, &pol, &lp, &err), TS_OK);
+			check_schedule(&lp);
+			check_lowp(&lp, &f);
+			ts_plan_release(&f);
+			ts_plan_release(&lp);
+			if (t)
+				continue;           /* evaluations of plain MLPs */
+			m.compute = TS_COMPUTE_F32;
+			ck_assert_msg(ts_plan_build_eval(&m, 4, &pol, true, TS_MEM_DEVICE, &f, &err) == TS_OK,
+			              "%s", err.message);
+			m.compute = TS_COMPUTE_BF16;
+			ck_assert_msg(ts_plan_build_eval(&m, 4, &pol, true, TS_MEM_DEVICE, &lp, &err) == TS_OK,
+			              "%s", err.message);
+			check_schedule(&lp);
+			check_lowp(&lp, &f);
+			ts_plan_release(&f);
+			ts_plan_release(&lp);
+		}
+	}
+}
+END_TEST
+
 static Suite *plan_suite(void)
 {
 	Suite *s = suite_create("plan");
@@ -557,6 +714,8 @@ static Suite *plan_suite(void)
 	tcase_add_test(tc, eval_outputs);
 	tcase_add_test(tc, eval_below_step);
 	tcase_add_test(tc, eval_tokens);
+	tcase_add_test(tc, lowp_guide_counts_the_copies);
+	tcase_add_test(tc, lowp_every_plan_rounds_every_product);
 	suite_add_tcase(s, tc);
 	return s;
 }

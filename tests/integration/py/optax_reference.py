@@ -30,6 +30,16 @@ ids, axis=0), the logits x_L @ proj (or x_L), and the loss
 optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean().
 The gradients at the initial weights are written too (grad_{name}.f32).
 
+Mixed precision: with "dtype": "bfloat16" or "float16" (the model's), every
+matmul (x @ w1[l], a @ w2[l], x_L @ proj) is
+  jnp.matmul(a.astype(dt), b.astype(dt), preferred_element_type=jnp.float32)
+and, with "vjp": "rounded" (the default), its two backward products are that
+same expression too (a jax.custom_vjp: g @ b.T and a.T @ g with g, a, b
+rounded to dt, float32 results), which is the daemon's definition
+(train/mlp.h); with "vjp": "jax", jax.grad differentiates the expression
+itself (JAX's transpose rule keeps the cotangent in float32 and rounds the
+operand gradients to dt). Everything else stays float32.
+
 Writes into "out": result.json {"losses": [N], "grad_norms": [N] (before
 clipping), "clipped": [N], "learning_rates": [N] (the schedule's value at
 each step)}; w1.f32, w2.f32 (after the N steps), and with adam or adamw
@@ -79,6 +89,40 @@ ACTS = {
     "gelu": lambda h: jax.nn.gelu(h, approximate=True),
     "tanh": jnp.tanh,
 }
+
+
+LOWP = {"bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def matmul(dtype, vjp):
+    """The model's a @ b for its dtype (see the docstring)."""
+    if dtype in (None, "float32"):
+        return lambda a, b: a @ b
+    if dtype not in LOWP:
+        bad(f"dtype '{dtype}' is not float32, bfloat16 or float16")
+    dt = LOWP[dtype]
+
+    def mm(a, b):
+        return jnp.matmul(a.astype(dt), b.astype(dt), preferred_element_type=jnp.float32)
+
+    if vjp == "jax":
+        return mm
+    if vjp != "rounded":
+        bad(f"vjp '{vjp}' is not rounded or jax")
+
+    @jax.custom_vjp
+    def mm_rounded(a, b):
+        return mm(a, b)
+
+    def fwd(a, b):
+        return mm(a, b), (a, b)
+
+    def bwd(res, g):
+        a, b = res
+        return mm(g, b.T), mm(a.T, g)
+
+    mm_rounded.defvjp(fwd, bwd)
+    return mm_rounded
 
 
 def learning_rate(opt):
@@ -140,15 +184,16 @@ def main():
         x0 = load(spec["inputs"], (B, d))
         target = load(spec["targets"], (B, d)) if mse else None
     tx, lr, clip = optimizer(spec["optimizer"])
+    mm = matmul(spec.get("dtype"), spec.get("vjp", "rounded"))
 
     def loss_fn(p):
         x = jnp.take(p["embed"], ids, axis=0) if vocab else x0
         for l in range(L):
-            a = act(x @ p["w1"][l])
-            y = a @ p["w2"][l] if "w2" in p else a
+            a = act(mm(x, p["w1"][l]))
+            y = mm(a, p["w2"][l]) if "w2" in p else a
             x = x + y if residual else y
         if vocab:
-            logits = x @ p["proj"] if proj else x
+            logits = mm(x, p["proj"]) if proj else x
             return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return jnp.mean((x - target) ** 2) if mse else jnp.sum(x)
 
