@@ -568,7 +568,7 @@ int main(void)
 	 * float32 sgemm roofline of the same shapes */
 	guide.compute = TS_COMPUTE_BF16;
 	job_new(&guide, &none, 256, &on_dev, &j);
-	roofline_row("train sim: guide bfloat16 step", &j, runs * 2, bw);
+	roofline_row("train sim: guide bfloat16 step", &j, runs * 2, bw, 0.85);
 	job_free(&j);
 	guide.compute = TS_COMPUTE_F32;
 
