@@ -65,6 +65,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/hex.h"
 #include "common/log.h"
 #include "server/lease.h"
 #include "server/lease_proto.h"
@@ -197,23 +198,12 @@ void ts_lease_ipc_hex(const struct ts_ipc_handle *h, char out[TS_LEASE_IPC_HEX +
 	out[TS_LEASE_IPC_HEX] = '\0';
 }
 
-static int hex_digit(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 bool ts_lease_ipc_unhex(const char *hex, struct ts_ipc_handle *out)
 {
 	if (!hex || strlen(hex) != TS_LEASE_IPC_HEX)
 		return false;
 	for (int i = 0; i < TS_IPC_HANDLE_BYTES; i++) {
-		int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+		int hi = ts_hex_value(hex[2 * i]), lo = ts_hex_value(hex[2 * i + 1]);
 
 		if (hi < 0 || lo < 0)
 			return false;

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/hex.h"
 #include "common/utf8.h"
 
 /* Whether segment [s, se) calls a custom method: its last ':' is followed
@@ -277,17 +278,6 @@ const struct ts_param_rule *ts_param_rule_find(const char *name)
 
 /* ---- escapes ------------------------------------------------------------------------ */
 
-static int hex_value(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 size_t ts_url_unescape(char *s)
 {
 	char *r = s, *w = s;
@@ -295,7 +285,7 @@ size_t ts_url_unescape(char *s)
 	while (*r) {
 		int hi, lo;
 
-		if (r[0] == '%' && (hi = hex_value(r[1])) >= 0 && (lo = hex_value(r[2])) >= 0) {
+		if (r[0] == '%' && (hi = ts_hex_value(r[1])) >= 0 && (lo = ts_hex_value(r[2])) >= 0) {
 			int byte = hi * 16 + lo;
 
 			if (byte == 0) {            /* 3 bytes become 2: never longer */

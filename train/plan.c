@@ -99,6 +99,27 @@ static void release(struct builder *b, int buf, int layer, const char *phase)
 		a->a = buf;
 }
 
+/* The loss kernel on x (n floats) against the targets; returns its
+ * gradient (a temp of xb bytes of layer L). The loss value goes back to the
+ * host at once (the executor reads it after the kernel): its buffer lives
+ * through the loss phase only. */
+static int emit_loss(struct builder *b, int x, uint64_t n, uint64_t xb, int L)
+{
+	int loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
+	int g = temp(b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+	struct ts_paction *a = emit(b, TS_P_LOSS, -1, "loss");
+
+	if (a) {
+		a->a = x;
+		a->b = b->TGT;
+		a->c = loss;
+		a->d = g;
+		a->n = n;
+	}
+	release(b, loss, -1, "loss");
+	return g;
+}
+
 static void copy(struct builder *b, int dst, uint64_t doff, int src, uint64_t soff,
                  uint64_t bytes, int layer, const char *phase)
 {
@@ -1195,7 +1216,7 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 	uint64_t wb, xb;
 	bool has2 = ts_mlp_has_w2(mlp), adam = opt->type == TS_OPT_ADAM;
 	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
-	int loss, g, xL;
+	int g, xL;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
@@ -1267,22 +1288,7 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 		g = token_loss(&b, xL, gcls);
 		goto backward_pass;
 	}
-	loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
-	g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
-	{
-		struct ts_paction *a = emit(&b, TS_P_LOSS, -1, "loss");
-
-		if (a) {
-			a->a = xL;
-			a->b = b.TGT;
-			a->c = loss;
-			a->d = g;
-			a->n = (uint64_t)batch * d;
-		}
-	}
-	/* the loss goes back to the host at once (the executor reads it after
-	 * the kernel): its buffer lives through the loss phase only */
-	release(&b, loss, -1, "loss");
+	g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
 	release(&b, xL, L, "loss");
 backward_pass:
 	if (gcls == TS_PB_TEMP && !update_fused(out)) {
@@ -1380,8 +1386,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
 	uint64_t wb, xb, ib, ob;
 	bool has2 = ts_mlp_has_w2(mlp);
-	int loss, g, xL, OUT = -1, dev_out;
-	struct ts_paction *a;
+	int g, xL, OUT = -1, dev_out;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
@@ -1441,17 +1446,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	} else {
 		/* the step's loss kernel, for the same value bit for bit: its
 		 * gradient lands in a scratch temp that is freed at once */
-		loss = temp(&b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
-		g = temp(&b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
-		a = emit(&b, TS_P_LOSS, -1, "loss");
-		if (a) {
-			a->a = xL;
-			a->b = b.TGT;
-			a->c = loss;
-			a->d = g;
-			a->n = (uint64_t)batch * d;
-		}
-		release(&b, loss, -1, "loss");
+		g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
 		release(&b, g, L, "loss");
 	}
 	if (OUT >= 0 && outputs_kind != TS_MEM_DEVICE)
