@@ -51,19 +51,6 @@ static void down(void)
 	th_daemon_stop_ok(&Bd);
 }
 
-static json_t *post_json(struct th_daemon *d, const char *path, const char *body, long want)
-{
-	struct th_response r;
-	json_t *j;
-
-	th_request(d, "POST", path, json_headers, body, strlen(body), &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
-}
-
 /* Whether the JSON text of o mentions word. */
 static bool mentions(json_t *o, const char *word)
 {
@@ -72,31 +59,6 @@ static bool mentions(json_t *o, const char *word)
 
 	free(text);
 	return yes;
-}
-
-static json_t *get_json(struct th_daemon *d, const char *path)
-{
-	struct th_response r;
-	json_t *j = json_incref(th_get_json(d, path, &r));
-
-	th_response_free(&r);
-	return j;
-}
-
-static char *download(struct th_daemon *d, const char *name, size_t *n)
-{
-	struct th_response r;
-	char path[256], *x;
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	th_get(d, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*n = r.body_len;
-	x = malloc(r.body_len ? r.body_len : 1);
-	ck_assert_ptr_nonnull(x);
-	memcpy(x, r.body, r.body_len);
-	th_response_free(&r);
-	return x;
 }
 
 /* ---- the dataset ---------------------------------------------------------------------- */
@@ -160,7 +122,7 @@ static void dataset_up(struct th_daemon *d, const char *prefix, int bad)
 	th_response_free(&r);
 	free(f);
 	snprintf(path, sizeof path, "/v1/arrays/%sinputs", prefix);
-	a = get_json(d, path);
+	a = th_get_object(d, path);
 	ck_assert_str_eq(th_str(a, "dtype"), "uint16");
 	ck_assert_msg(mentions(a, "pinned_host"), "the dataset is not on pinned_host");
 	json_decref(a);
@@ -186,10 +148,10 @@ static void create(struct th_daemon *d, const char *name)
 	json_t *m;
 
 	snprintf(spec, sizeof spec, SPEC, name, V);
-	m = post_json(d, "/v1/models?wait=true", spec, 200);
+	m = th_post_json(d, "/v1/models?wait=true", spec, 200);
 	json_decref(m);
 	snprintf(spec, sizeof spec, "/v1/arrays/%s.embed", name);
-	m = get_json(d, spec);
+	m = th_get_object(d, spec);
 	ck_assert_msg(mentions(m, "pinned_host"), "embed is not on pinned_host");
 	json_decref(m);
 }
@@ -217,7 +179,7 @@ static void call(struct th_daemon *d, const char *name, const char *prefix, int 
 	         "{\"inputs\": {\"array\": \"%sinputs\", \"rows\": %s}, "
 	         "\"targets\": {\"array\": \"%stargets\", \"rows\": %s}, \"steps\": %d}",
 	         prefix, rows, prefix, rows, PER_CALL);
-	res = post_json(d, path, body, 200);
+	res = th_post_json(d, path, body, 200);
 	losses = th_arr(res, "losses");
 	ck_assert_uint_eq(json_array_size(losses), PER_CALL);
 	for (int i = 0; i < PER_CALL; i++)
@@ -275,7 +237,7 @@ START_TEST(test_tokens_train_checkpoint_resume)
 		call(&A, "c", "gpt.", c, part + c * PER_CALL);
 	file = export_model(&A, "c", &len);
 	import_model(&Bd, file, len);
-	m = get_json(&Bd, "/v1/models/c");
+	m = th_get_object(&Bd, "/v1/models/c");
 	ck_assert_int_eq(th_int(m, "steps"), SPLIT * PER_CALL);
 	ck_assert_int_eq(th_int(th_obj(m, "mlp"), "vocab"), V);
 	json_decref(m);
@@ -296,9 +258,9 @@ START_TEST(test_tokens_train_checkpoint_resume)
 		char *w0, *w1;
 
 		snprintf(a, sizeof a, "u.%s", roles[r]);
-		w0 = download(&A, a, &n0);
+		w0 = th_download(&A, a, &n0);
 		snprintf(a, sizeof a, "c.%s", roles[r]);
-		w1 = download(&Bd, a, &n1);
+		w1 = th_download(&Bd, a, &n1);
 		th_assert_bytes(a, w1, n1, w0, n0);
 		free(w0);
 		free(w1);
@@ -315,13 +277,13 @@ START_TEST(test_tokens_analyze_matches_step)
 
 	dataset_up(&A, "", -1);
 	create(&A, "a");
-	an = post_json(&A, "/v1/models/a:analyze",
+	an = th_post_json(&A, "/v1/models/a:analyze",
 	               "{\"batch\": [4, 16], \"dtype\": \"uint16\"}", 200);
 	rows_of(0, rows, sizeof rows);
 	snprintf(body, sizeof body,
 	         "{\"inputs\": {\"array\": \"inputs\", \"rows\": %s}, "
 	         "\"targets\": {\"array\": \"targets\", \"rows\": %s}, \"steps\": 2}", rows, rows);
-	res = post_json(&A, "/v1/models/a:step?wait=true", body, 200);
+	res = th_post_json(&A, "/v1/models/a:step?wait=true", body, 200);
 	ck_assert_int_eq(th_int(an, "peak_device_bytes"),
 	                 th_int(res, "measured_peak_device_bytes"));
 	ck_assert_int_eq(th_int(an, "host_argument_size_in_bytes"),
@@ -331,7 +293,7 @@ START_TEST(test_tokens_analyze_matches_step)
 	json_decref(an);
 	json_decref(res);
 	/* float inputs, or a batch that is not [B, T], are refused */
-	json_decref(post_json(&A, "/v1/models/a:analyze", "{\"batch\": [4, 16], \"dtype\": \"float32\"}",
+	json_decref(th_post_json(&A, "/v1/models/a:analyze", "{\"batch\": [4, 16], \"dtype\": \"float32\"}",
 	                      400));
 }
 END_TEST
@@ -358,7 +320,7 @@ START_TEST(test_tokens_bad_id_refused)
 	ck_assert_msg(strstr(msg, "200") && strstr(msg, "row 1") && strstr(msg, "position 3"),
 	              "%s", msg);
 	th_response_free(&r);
-	m = get_json(&A, "/v1/models/b");
+	m = th_get_object(&A, "/v1/models/b");
 	ck_assert_int_eq(th_int(m, "steps"), 0);
 	json_decref(m);
 	th_get(&A, "/v1/arrays/b.embed", &r);
@@ -368,15 +330,15 @@ START_TEST(test_tokens_bad_id_refused)
 	snprintf(body, sizeof body,
 	         "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1]}, "
 	         "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1]}, \"steps\": 1}");
-	json_decref(post_json(&A, "/v1/models/b:step?wait=true", body, 200));
+	json_decref(th_post_json(&A, "/v1/models/b:step?wait=true", body, 200));
 	/* a model spec that does not fit tokens is refused */
-	json_decref(post_json(&A, "/v1/models",
+	json_decref(th_post_json(&A, "/v1/models",
 	                      "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 8, \"vocab\": 9}}",
 	                      400));
-	json_decref(post_json(&A, "/v1/models",
+	json_decref(th_post_json(&A, "/v1/models",
 	                      "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 8, \"vocab\": 0}}",
 	                      400));
-	json_decref(post_json(&A, "/v1/models",
+	json_decref(th_post_json(&A, "/v1/models",
 	                      "{\"name\": \"x\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	                      "\"loss\": \"softmax_cross_entropy\"}", 400));
 }
@@ -401,7 +363,7 @@ START_TEST(test_tokens_batches)
 	dataset_up(&Bd, "", 200);           /* row 5 holds id 200 at position 3 */
 	create(&A, "da");
 	create(&A, "db");
-	res = post_json(&A, "/v1/models/da:step?wait=true",
+	res = th_post_json(&A, "/v1/models/da:step?wait=true",
 	                "{\"inputs\": \"inputs\", \"targets\": \"targets\", \"steps\": 6, "
 	                "\"batches\": {\"batch_size\": 4}}", 200);
 	losses = th_arr(res, "losses");
@@ -416,7 +378,7 @@ START_TEST(test_tokens_batches)
 		snprintf(body, sizeof body,
 		         "{\"inputs\": {\"array\": \"inputs\", \"rows\": %s}, "
 		         "\"targets\": {\"array\": \"targets\", \"rows\": %s}}", rows, rows);
-		res = post_json(&A, "/v1/models/db:step?wait=true", body, 200);
+		res = th_post_json(&A, "/v1/models/db:step?wait=true", body, 200);
 		b[c] = json_number_value(json_array_get(th_arr(res, "losses"), 0));
 		json_decref(res);
 	}
@@ -434,12 +396,12 @@ START_TEST(test_tokens_batches)
 	              "%s", msg);
 	th_response_free(&r);
 	/* the first batch's step ran and is kept, as any failed run's */
-	res = get_json(&Bd, "/v1/models/dc");
+	res = th_get_object(&Bd, "/v1/models/dc");
 	ck_assert_int_eq(th_int(res, "steps"), 1);
 	json_decref(res);
 	/* and the failed operation says so: its loss, the step count and where
 	 * to continue (the batch after the one that failed is not drawn) */
-	res = get_json(&Bd, "/v1/operations?state=FAILED");
+	res = th_get_object(&Bd, "/v1/operations?state=FAILED");
 	{
 		json_t *op = json_array_get(th_arr(res, "operations"), 0), *part;
 
@@ -472,20 +434,20 @@ START_TEST(test_tokens_rank1_no_projection_gradients)
 	th_request(&A, "PUT", "/v1/arrays/tg?dtype=int32&shape=6", NULL, (const char *)tg,
 	           sizeof tg, &r);
 	th_response_free(&r);
-	json_decref(post_json(&A, "/v1/models?wait=true",
+	json_decref(th_post_json(&A, "/v1/models?wait=true",
 	                      "{\"name\": \"g\", \"mlp\": {\"layers\": 1, \"d_model\": 8, "
 	                      "\"d_hidden\": 4, \"vocab\": 8}, \"init\": {\"seed\": 2}}", 200));
-	res = post_json(&A, "/v1/models/g:step?wait=true",
+	res = th_post_json(&A, "/v1/models/g:step?wait=true",
 	                "{\"inputs\": \"ids\", \"targets\": \"tg\"}", 200);
 	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
 	                 th_int(res, "predicted_peak_device_bytes"));
 	json_decref(res);
-	g = get_json(&A, "/v1/arrays/g.grad.embed");
+	g = th_get_object(&A, "/v1/arrays/g.grad.embed");
 	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(g, "shape"), 0)), 8);
 	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(g, "shape"), 1)), 8);
 	json_decref(g);
 	/* rows of ids never seen (2, 4, 5, 6) have no gradient; id 3's is the sum of three */
-	x = download(&A, "g.grad.embed", &n);
+	x = th_download(&A, "g.grad.embed", &n);
 	ck_assert_uint_eq(n, 8 * 8 * sizeof(float));
 	for (int v = 0; v < 8; v++) {
 		bool seen = v == 0 || v == 1 || v == 3 || v == 7, any = false;
@@ -525,7 +487,7 @@ static const char *save_array(struct th_daemon *d, const char *name, const char 
                               const char *file, char *buf, size_t cap, size_t keep)
 {
 	size_t n;
-	char *x = download(d, name, &n);
+	char *x = th_download(d, name, &n);
 
 	snprintf(buf, cap, "%s/%s", dir, file);
 	th_write_file(buf, x, keep && keep < n ? keep : n);
@@ -589,7 +551,7 @@ static json_t *evaluate4(struct th_daemon *d, const char *m, const char *outputs
 	         "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1, 2, 3]}, "
 	         "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1, 2, 3]}%s%s}",
 	         outputs ? ", \"outputs\": " : "", outputs ? outputs : "");
-	return post_json(d, path, body, 200);
+	return th_post_json(d, path, body, 200);
 }
 
 /*
@@ -622,7 +584,7 @@ START_TEST(test_tokens_evaluate)
 		ck_assert_ptr_nonnull(at);
 		snprintf(at, sizeof spec - (size_t)(at - spec), "%s", dev);
 	}
-	json_decref(post_json(&A, "/v1/models?wait=true", spec, 200));
+	json_decref(th_post_json(&A, "/v1/models?wait=true", spec, 200));
 	for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++) {
 		snprintf(a, sizeof a, "e.%s", roles[i]);
 		tags[i] = etag_of(&A, a);
@@ -630,7 +592,7 @@ START_TEST(test_tokens_evaluate)
 	/* offloaded params, logits to pinned_host */
 	snprintf(outs, sizeof outs, "{\"name\": \"lg\", \"device\": \"%s\", \"memory_kind\": "
 	         "\"pinned_host\"}", th_dev(0));
-	an = post_json(&A, "/v1/models/e:analyze", "{\"batch\": [4, 16], \"dtype\": \"uint16\", "
+	an = th_post_json(&A, "/v1/models/e:analyze", "{\"batch\": [4, 16], \"dtype\": \"uint16\", "
 	               "\"mode\": \"evaluate\", \"outputs\": {\"memory_kind\": \"pinned_host\"}}", 200);
 	res = evaluate4(&A, "e", outs);
 	loss = json_number_value(json_object_get(res, "loss"));
@@ -662,12 +624,12 @@ START_TEST(test_tokens_evaluate)
 		ck_assert_msg(strcmp(now, tags[i]) == 0, "%s: ETag %s, was %s", a, now, tags[i]);
 		free(now);
 	}
-	m = get_json(&A, "/v1/models/e");
+	m = th_get_object(&A, "/v1/models/e");
 	ck_assert_int_eq(th_int(m, "steps"), 0);
 	json_decref(m);
 	/* the logits and the loss against the float64 reference */
 	ref_loss = token_reference(&A, "e", 4, &ref);
-	lg = download(&A, "lg", &n);
+	lg = th_download(&A, "lg", &n);
 	ck_assert_uint_eq(n, (size_t)4 * T * V * sizeof(float));
 	for (size_t i = 0; i < n / sizeof(float); i++)
 		scale = fmax(scale, fabs((double)ref[i]));
@@ -689,10 +651,10 @@ START_TEST(test_tokens_evaluate)
 	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
 	                 th_int(res, "predicted_peak_device_bytes"));
 	json_decref(res);
-	lgd = download(&A, "lgd", &nd);
+	lgd = th_download(&A, "lgd", &nd);
 	th_assert_bytes("logits on the device", lgd, nd, lg, n);
 	/* the step's loss for the same batch (before its update) is the same */
-	res = post_json(&A, "/v1/models/e:step?wait=true",
+	res = th_post_json(&A, "/v1/models/e:step?wait=true",
 	                "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1, 2, 3]}, "
 	                "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1, 2, 3]}}", 200);
 	step_loss = json_number_value(json_array_get(th_arr(res, "losses"), 0));
