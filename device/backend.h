@@ -300,4 +300,9 @@ ts_status ts__hostq_device_sync(struct ts_device *dev, struct ts_error *err);
  */
 void ts__sim_inject_copy_failure(struct ts_device *dev, int n);
 
+/* The same after the next skip copies have run: copy skip + 1 (counted from
+ * now, on any queue of dev) fails, and n - 1 after it. For tests that make
+ * a failure land in the middle of work whose copies they have counted. */
+void ts__sim_inject_copy_failure_after(struct ts_device *dev, int skip, int n);
+
 #endif

@@ -31,6 +31,7 @@ struct sim_dev {
 	uint64_t capacity;       /* immutable */
 	uint64_t used;           /* guarded by: mu */
 	atomic_int fail_copies;  /* copies left to fail (fault injection) */
+	atomic_int skip_copies;  /* copies to let through before those */
 };
 
 static const struct ts__backend_ops sim_ops;
@@ -79,7 +80,11 @@ static void sim_mem_free(struct ts_device *dev, void *p, size_t size)
 /* Takes one injected failure, if any is left. */
 static bool take_injected_failure(struct sim_dev *s)
 {
-	int left = atomic_load(&s->fail_copies);
+	int left = atomic_load(&s->fail_copies), skip = atomic_load(&s->skip_copies);
+
+	while (left > 0 && skip > 0)
+		if (atomic_compare_exchange_weak(&s->skip_copies, &skip, skip - 1))
+			return false;
 
 	while (left > 0)
 		if (atomic_compare_exchange_weak(&s->fail_copies, &left, left - 1))
@@ -131,6 +136,17 @@ void ts__sim_inject_copy_failure(struct ts_device *dev, int n)
 {
 	if (!dev || dev->ops != &sim_ops)
 		return;
+	atomic_store(&sim_of(dev)->skip_copies, 0);
+	atomic_store(&sim_of(dev)->fail_copies, n > 0 ? n : 0);
+}
+
+void ts__sim_inject_copy_failure_after(struct ts_device *dev, int skip, int n)
+{
+	if (!dev || dev->ops != &sim_ops)
+		return;
+	/* the skip first: a copy running meanwhile must not fail early */
+	atomic_store(&sim_of(dev)->fail_copies, 0);
+	atomic_store(&sim_of(dev)->skip_copies, skip > 0 ? skip : 0);
 	atomic_store(&sim_of(dev)->fail_copies, n > 0 ? n : 0);
 }
 
@@ -171,6 +187,7 @@ static ts_status sim_add(struct ts__discover_ctx *ctx, int ordinal,
 		goto out_impl;
 	s->capacity = capacity;
 	atomic_init(&s->fail_copies, 0);
+	atomic_init(&s->skip_copies, 0);
 	dev->impl = s;
 
 	snprintf(dev->props.name, sizeof dev->props.name,
