@@ -171,10 +171,16 @@ TS_HD static inline float ts_m_xent_loss(double sum, float max, float xt)
 	return (float)(log(sum) + (double)max - (double)xt);
 }
 
+/* The gradient from the element's term e = ts_m_xent_exp(x, max). */
+TS_HD static inline float ts_m_xent_grad_e(double e, double sum, bool target, uint64_t rows)
+{
+	return (float)((e / sum - (target ? 1.0 : 0.0)) / (double)rows);
+}
+
 TS_HD static inline float ts_m_xent_grad(float x, float max, double sum, bool target,
                                          uint64_t rows)
 {
-	return (float)((ts_m_xent_exp(x, max) / sum - (target ? 1.0 : 0.0)) / (double)rows);
+	return ts_m_xent_grad_e(ts_m_xent_exp(x, max), sum, target, rows);
 }
 
 /* ---- optimizer updates ----------------------------------------------------- */
