@@ -363,6 +363,7 @@ static float row_max(const float *restrict x, uint64_t n)
  * and vectorise), then the gradients from the same terms. Returns the
  * row's loss.
  */
+__attribute__((target_clones("avx512f", "avx2", "default")))
 static float xent_row(const float *restrict xr, float *restrict gr, double *restrict e,
                       uint64_t V, int64_t t, uint64_t rows)
 {
