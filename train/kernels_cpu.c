@@ -259,6 +259,7 @@ static void run_sumsq(const struct job *j)
  * sqrtf become one instruction); the arithmetic per element is exactly
  * ts_m_adam's.
  */
+__attribute__((target_clones("avx512f", "avx2", "default")))
 static void adam_loop(float *restrict p, const float *restrict g, float *restrict mu,
                       float *restrict nu, uint64_t n, float lr, float b1, float b2, float eps,
                       float bc1, float bc2, float wd, float norm, float c, bool clip)

@@ -1653,6 +1653,72 @@ START_TEST(softmax_cross_entropy_wide_rows_same_bits)
 }
 END_TEST
 
+/*
+ * The CPU's Adam, AdamW and SGD loops (vectorised, cloned for avx512f and
+ * avx2) give the bits of the per-element formulas of kernels_math.h
+ * evaluated one element at a time, clipping or not, over a length that
+ * is no multiple of a vector.
+ */
+START_TEST(updates_match_the_formulas_bit_for_bit)
+{
+	enum { N = 100003 };
+	float *h[7], gsq = 3.7f;
+	unsigned s = 81;
+
+	for (int k = 0; k < 7; k++)
+		h[k] = malloc(N * sizeof(float));
+	for (int v = 0; v < 4; v++) {
+		struct ts_optimizer o = {.type = v == 3 ? TS_OPT_SGD : TS_OPT_ADAM,
+		                         .learning_rate = 1e-3f, .b1 = 0.9f, .b2 = 0.999f,
+		                         .eps = 1e-8f, .adamw = v == 1, .weight_decay = 0.01f,
+		                         .clip_global_norm = v >= 2 ? 0.5f : 0.0f};
+		float *p = h[0], *g = h[1], *mu = h[2], *nu = h[3], *pw = h[4], *muw = h[5];
+		float *nuw = h[6], *dp, *dg, *dmu, *dnu, *dgsq;
+		float lr = ts_m_learning_rate(&o, 6), norm = 1.0f, c = 1.0f;
+		bool clip = false;
+
+		for (int i = 0; i < N; i++) {
+			p[i] = rnd(&s, -0.5f, 0.5f);
+			g[i] = rnd(&s, -5e-3f, 5e-3f);
+			mu[i] = 0.3f * g[i];
+			nu[i] = 0.5f * g[i] * g[i];
+		}
+		dp = dput(p, N);
+		dg = dput(g, N);
+		dmu = dput(mu, N);
+		dnu = dput(nu, N);
+		dgsq = dput(&gsq, 1);
+		OK(ts_k_update(kern, q, &o, 7, dp, dg, dmu, dnu, N, dgsq, &err));
+		dget(pw, dp, N);
+		dget(muw, dmu, N);
+		dget(nuw, dnu, N);
+		if (o.clip_global_norm > 0 && ts_m_clips(gsq, o.clip_global_norm, &norm)) {
+			clip = true;
+			c = o.clip_global_norm;
+		}
+		for (int i = 0; i < N; i++) {
+			float gi = ts_m_clip_grad(g[i], clip, norm, c);
+
+			if (o.type == TS_OPT_SGD)
+				p[i] = ts_m_sgd(p[i], gi, lr);
+			else
+				p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], lr, o.b1, o.b2, o.eps,
+				                 ts_m_bias_correction(o.b1, 7),
+				                 ts_m_bias_correction(o.b2, 7),
+				                 o.adamw ? o.weight_decay : 0.0f);
+		}
+		ck_assert_mem_eq(pw, p, N * sizeof(float));
+		if (o.type == TS_OPT_ADAM) {
+			ck_assert_mem_eq(muw, mu, N * sizeof(float));
+			ck_assert_mem_eq(nuw, nu, N * sizeof(float));
+		}
+		dfree_all();
+	}
+	for (int k = 0; k < 7; k++)
+		free(h[k]);
+}
+END_TEST
+
 /* Token ids on both backends, int32. */
 static struct xbuf xput_ids(const int *ids, size_t n)
 {
@@ -2185,6 +2251,7 @@ static Suite *kernels_suite(bool cuda)
 	tcase_add_test(tc, same_sequence_same_bits);
 	tcase_add_test(tc, exp_neg_within_an_ulp);
 	tcase_add_test(tc, softmax_cross_entropy_wide_rows_same_bits);
+	tcase_add_test(tc, updates_match_the_formulas_bit_for_bit);
 	tcase_add_test(tc, queues_share_kernels);
 	tcase_add_test(tc, kernels_run_later_in_queue_order);
 	tcase_add_test(tc, sim_kernels_run_on_cpu_queues);
