@@ -246,10 +246,19 @@ TS_HD static inline float ts_m_xent_loss(double sum, float max, float xt)
 	return (float)(log(sum) + (double)max - (double)xt);
 }
 
+/* q / rows, as the product with 1 / rows when rows is a power of two:
+ * then both are the same real number rounded once, the same bits, and
+ * the product is the cheaper (the loop over a row vectorises either way,
+ * unswitched on rows). */
+TS_HD static inline double ts_m_div_rows(double q, uint64_t rows)
+{
+	return (rows & (rows - 1)) == 0 ? q * (1.0 / (double)rows) : q / (double)rows;
+}
+
 /* The gradient from the element's term e = ts_m_xent_exp(x, max). */
 TS_HD static inline float ts_m_xent_grad_e(double e, double sum, bool target, uint64_t rows)
 {
-	return (float)((e / sum - (target ? 1.0 : 0.0)) / (double)rows);
+	return (float)ts_m_div_rows(e / sum - (target ? 1.0 : 0.0), rows);
 }
 
 TS_HD static inline float ts_m_xent_grad(float x, float max, double sum, bool target,

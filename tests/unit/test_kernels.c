@@ -1589,64 +1589,67 @@ static double lanes_tree(double *part)
  */
 START_TEST(softmax_cross_entropy_wide_rows_same_bits)
 {
-	enum { V = 8195, R = 6 };
-	static const int tg[R] = {8194, 0, 4097, 8194, 17, V};
-	float *x = malloc(V * R * sizeof *x), *g = malloc(V * R * sizeof *g);
-	float *gw = malloc(V * R * sizeof *gw), loss[R + 1], lw[R + 1];
+	enum { V = 8195, RMAX = 8 };
+	static const int tg[RMAX] = {8194, 0, 4097, 8194, 17, V, 5, 123};
+	float *x = malloc(V * RMAX * sizeof *x), *g = malloc(V * RMAX * sizeof *g);
+	float *gw = malloc(V * RMAX * sizeof *gw), loss[RMAX + 1], lw[RMAX + 1];
 	double part[TS_RED_LANES];
-	float *dx, *dg, *dl;
-	void *dt;
 
-	fill_rnd(x, V * R, 71, -12, 12);
+	fill_rnd(x, V * RMAX, 71, -12, 12);
 	x[V - 1] = 30.0f;                       /* row 0: max last */
 	x[V] = 25.0f;                           /* row 1: max first */
 	for (int c = 0; c < V; c += 3)          /* row 2: a third far below */
 		x[2 * V + c] = -720.0f + (float)(c % 40);
 	x[3 * V + 100] = 720.0f;                /* row 3: all the others below */
-	dx = dput(x, V * R);
-	dg = dalloc(V * R);
-	dl = dalloc(R + 1);
-	dt = dput_ids(tg, R, 4);
-	OK(ts_k_xent(kern, q, dx, dt, 4, R, V, dl, dg, &err));
-	dget(loss, dl, R + 1);
-	dget(g, dg, V * R);
+	/* 6 rows, and 8: the gradient's division by a power of two */
+	for (int R = 6; R <= RMAX; R += 2) {
+		float *dx = dput(x, V * R), *dg = dalloc(V * R), *dl = dalloc(R + 1);
+		void *dt = dput_ids(tg, R, 4);
 
-	for (int r = 0; r < R; r++) {
-		const float *xr = x + (size_t)r * V;
-		float m = -INFINITY;
-		double sum, lse;
+		OK(ts_k_xent(kern, q, dx, dt, 4, R, V, dl, dg, &err));
+		dget(loss, dl, R + 1);
+		dget(g, dg, V * R);
+		for (int r = 0; r < R; r++) {
+			const float *xr = x + (size_t)r * V;
+			float m = -INFINITY;
+			double sum, lse;
 
-		for (int c = 0; c < V; c++)
-			m = fmaxf(m, xr[c]);
+			for (int c = 0; c < V; c++)
+				m = fmaxf(m, xr[c]);
+			for (int l = 0; l < TS_RED_LANES; l++)
+				part[l] = 0;
+			for (int c = 0; c < V; c++)
+				part[c % TS_RED_LANES] += exp((double)xr[c] - (double)m);
+			sum = lanes_tree(part);
+			lse = log(sum) + m;
+			for (int c = 0; c < V; c++) {
+				double e = exp((double)xr[c] - (double)m);
+				size_t i = (size_t)r * V + (size_t)c;
+
+				gw[i] = tg[r] >= V ? 0.0f :
+				        (float)((e / sum - (c == tg[r] ? 1.0 : 0.0)) / R);
+				if (tg[r] < V)
+					check_close(g[i], (exp((double)xr[c] - lse) - (c == tg[r])) / R,
+					            1e-5, 1e-7, "cross-entropy gradient", i);
+			}
+			lw[1 + r] = tg[r] >= V ? 0.0f :
+			            (float)(log(sum) + (double)m - (double)xr[tg[r]]);
+			if (tg[r] < V)
+				check_close(loss[1 + r], lse - xr[tg[r]], 1e-6, 1e-6, "row loss",
+				            (size_t)r);
+		}
 		for (int l = 0; l < TS_RED_LANES; l++)
 			part[l] = 0;
+		for (int r = 0; r < R; r++)
+			part[r % TS_RED_LANES] += lw[1 + r];
+		lw[0] = (float)(lanes_tree(part) / R);
+		ck_assert_mem_eq(g, gw, (size_t)V * R * sizeof *g);
+		ck_assert_mem_eq(loss, lw, (size_t)(R + 1) * sizeof *loss);
 		for (int c = 0; c < V; c++)
-			part[c % TS_RED_LANES] += exp((double)xr[c] - (double)m);
-		sum = lanes_tree(part);
-		lse = log(sum) + m;
-		for (int c = 0; c < V; c++) {
-			double e = exp((double)xr[c] - (double)m);
-			size_t i = (size_t)r * V + (size_t)c;
-
-			gw[i] = tg[r] >= V ? 0.0f : (float)((e / sum - (c == tg[r] ? 1.0 : 0.0)) / R);
-			if (tg[r] < V)
-				check_close(g[i], (exp((double)xr[c] - lse) - (c == tg[r])) / R, 1e-5,
-				            1e-7, "cross-entropy gradient", i);
-		}
-		lw[1 + r] = tg[r] >= V ? 0.0f : (float)(log(sum) + (double)m - (double)xr[tg[r]]);
-		if (tg[r] < V)
-			check_close(loss[1 + r], lse - xr[tg[r]], 1e-6, 1e-6, "row loss", (size_t)r);
+			ck_assert_float_eq(g[(size_t)5 * V + c], 0.0f);
+		ck_assert_float_eq(loss[1 + 5], 0.0f);
+		dfree_all();
 	}
-	for (int l = 0; l < TS_RED_LANES; l++)
-		part[l] = 0;
-	for (int r = 0; r < R; r++)
-		part[r % TS_RED_LANES] += lw[1 + r];
-	lw[0] = (float)(lanes_tree(part) / R);
-	ck_assert_mem_eq(g, gw, V * R * sizeof *g);
-	ck_assert_mem_eq(loss, lw, sizeof loss);
-	for (int c = 0; c < V; c++)
-		ck_assert_float_eq(g[(size_t)(R - 1) * V + c], 0.0f);
-	ck_assert_float_eq(loss[R], 0.0f);
 	free(x);
 	free(g);
 	free(gw);
