@@ -13,7 +13,10 @@
  * single threaded loop over the formulas of kernels_math.h, which the CUDA
  * kernels use too. Sums run in double in the reductions' fixed lane order,
  * so a sequence of kernels gives bit-identical results run after run, and
- * the same sums as CUDA.
+ * the same sums as CUDA. The hot loops (a cross-entropy row, Adam) are
+ * cloned for avx512f and avx2 (target_clones): the same IEEE operations in
+ * wider vectors, never fused (the build does not contract), so the same
+ * bits on every machine.
  *
  * Thread-safety: stateless; each job touches only its own operands.
  */
@@ -337,8 +340,9 @@ static void run_embed_bwd(const struct job *j)
 }
 
 /* The largest of x[0, n), as the fold max = fmaxf(max, x[c]) from -inf
- * gives it (NaNs skipped), in lanes so that the loop vectorises: which
- * lane saw an element does not change the maximum. */
+ * gives it (NaNs skipped), inline compares in W independent lanes rather
+ * than a call per element: which lane saw an element does not change the
+ * maximum. */
 static float row_max(const float *restrict x, uint64_t n)
 {
 	enum { W = 16 };
