@@ -153,7 +153,9 @@ $(BUILD)/obj/server/assets.o: openapi.yaml server/dashboard.html
 $(BUILD)/obj/train/cuda_kernels.cu.o: train/kernels_math.h train/kernels_int.h train/kernels.h
 
 # the CPU training kernels are loops the vectoriser should take whole
-$(BUILD)/obj/train/kernels_cpu.o: TS_CFLAGS += -O3
+# (-fno-trapping-math lets it turn their selects into blends; no rounding
+# changes)
+$(BUILD)/obj/train/kernels_cpu.o: TS_CFLAGS += -O3 -fno-trapping-math
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)

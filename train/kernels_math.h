@@ -28,6 +28,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "train/mlp.h"
 
@@ -158,12 +159,86 @@ TS_HD static inline int64_t ts_m_token(const void *ids, int id_bytes, uint64_t r
 	return v >= 0 && v < vocab ? v : -1;
 }
 
+/* Double products and sums rounded one by one, never fused (nvcc would
+ * contract a * b + c; the host build does not): both backends compute the
+ * same bits. */
+#if defined(__CUDA_ARCH__)
+#define TS_M_DMUL(a, b) __dmul_rn((a), (b))
+#define TS_M_DADD(a, b) __dadd_rn((a), (b))
+#else
+#define TS_M_DMUL(a, b) ((a) * (b))
+#define TS_M_DADD(a, b) ((a) + (b))
+#endif
+
+/* A double's bits and back. */
+TS_HD static inline int64_t ts_m_dbits(double x)
+{
+#if defined(__CUDA_ARCH__)
+	return __double_as_longlong(x);
+#else
+	int64_t b;
+
+	memcpy(&b, &x, sizeof b);
+	return b;
+#endif
+}
+
+TS_HD static inline double ts_m_dfrom(int64_t b)
+{
+#if defined(__CUDA_ARCH__)
+	return __longlong_as_double(b);
+#else
+	double x;
+
+	memcpy(&x, &b, sizeof x);
+	return x;
+#endif
+}
+
+/*
+ * exp(a) in double for a <= 0 (a > 0 reads as 0; NaN stays NaN), without
+ * branches, so that the CPU loop over a row vectorises, and the same
+ * operations on both backends: a = k ln 2 + r with k = round(a / ln 2) and
+ * ln 2 in two parts (the high one's product with k is exact), exp(r) for
+ * |r| <= ln 2 / 2 as 1 + r + r^2 (1/2! + r (1/3! + ... + r / 13!)) (the
+ * series' remainder is below 1e-17 relative), times 2^k put into the
+ * exponent's bits. Within an ulp or so of the correctly rounded value;
+ * below -708 (exp(a) < 2^-1021) it is 0: a term a row's sum (at least 1,
+ * the max's own term) cannot hold anyway.
+ */
+TS_HD static inline double ts_m_exp_neg(double a)
+{
+	const double l2e = 1.4426950408889634, shift = 6755399441055744.0; /* 1.5 * 2^52 */
+	const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+	double lo = a < -708.0 ? -708.0 : a, ac = lo > 0.0 ? 0.0 : lo;
+	double t = TS_M_DADD(TS_M_DMUL(ac, l2e), shift), kd = t - shift;
+	double r = TS_M_DADD(TS_M_DADD(ac, -TS_M_DMUL(kd, ln2_hi)), -TS_M_DMUL(kd, ln2_lo));
+	double q = 1.0 / 6227020800.0;                          /* 1/13! */
+
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 479001600.0);      /* 1/12! */
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 39916800.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 3628800.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 362880.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 40320.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 5040.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 720.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 120.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 24.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 1.0 / 6.0);
+	q = TS_M_DADD(TS_M_DMUL(q, r), 0.5);                    /* 1/2! */
+	q = TS_M_DADD(1.0, TS_M_DADD(r, TS_M_DMUL(TS_M_DMUL(r, r), q)));
+	q = ts_m_dfrom(ts_m_dbits(q) + (int64_t)((uint64_t)(ts_m_dbits(t) - ts_m_dbits(shift)) << 52));
+	q = a != a ? a : q;
+	return a < -708.0 ? 0.0 : q;
+}
+
 /* Softmax cross-entropy of one row of logits: exp(x - max) summed (in
  * double, the lanes' order) gives the row's loss log(sum) + max - x[target]
- * and each gradient (exp(x - max) / sum - [j == target]) / rows. */
+ * and each gradient (exp(x - max) / sum - [j == target]) / rows. x - max
+ * is exact in double, and <= 0: max is the row's largest. */
 TS_HD static inline double ts_m_xent_exp(float x, float max)
 {
-	return exp((double)x - (double)max);
+	return ts_m_exp_neg((double)x - (double)max);
 }
 
 TS_HD static inline float ts_m_xent_loss(double sum, float max, float xt)
@@ -171,10 +246,25 @@ TS_HD static inline float ts_m_xent_loss(double sum, float max, float xt)
 	return (float)(log(sum) + (double)max - (double)xt);
 }
 
+/* q / rows, as the product with 1 / rows when rows is a power of two:
+ * then both are the same real number rounded once, the same bits, and
+ * the product is the cheaper (the loop over a row vectorises either way,
+ * unswitched on rows). */
+TS_HD static inline double ts_m_div_rows(double q, uint64_t rows)
+{
+	return (rows & (rows - 1)) == 0 ? q * (1.0 / (double)rows) : q / (double)rows;
+}
+
+/* The gradient from the element's term e = ts_m_xent_exp(x, max). */
+TS_HD static inline float ts_m_xent_grad_e(double e, double sum, bool target, uint64_t rows)
+{
+	return (float)ts_m_div_rows(e / sum - (target ? 1.0 : 0.0), rows);
+}
+
 TS_HD static inline float ts_m_xent_grad(float x, float max, double sum, bool target,
                                          uint64_t rows)
 {
-	return (float)((ts_m_xent_exp(x, max) / sum - (target ? 1.0 : 0.0)) / (double)rows);
+	return ts_m_xent_grad_e(ts_m_xent_exp(x, max), sum, target, rows);
 }
 
 /* ---- optimizer updates ----------------------------------------------------- */

@@ -1527,6 +1527,201 @@ START_TEST(softmax_cross_entropy)
 }
 END_TEST
 
+/* The bits of a double, as a signed distance on the line of doubles. */
+static int64_t dorder(double x)
+{
+	int64_t b;
+
+	memcpy(&b, &x, sizeof b);
+	return b < 0 ? INT64_MIN - b : b;
+}
+
+static int64_t ulps_from_libm(double a)
+{
+	return llabs(dorder(ts_m_exp_neg(a)) - dorder(exp(a)));
+}
+
+/* ts_m_exp_neg, the exp of the cross-entropy's terms on both backends:
+ * within an ulp of libm's exp over (-708, 0], 0 below, NaN kept. */
+START_TEST(exp_neg_within_an_ulp)
+{
+	unsigned s = 61;
+
+	for (int i = 0; i < 400000; i++) {
+		/* uniform over the range, and dense near 0 where the terms matter */
+		double a = i % 2 ? -708.0 * rnd(&s, 0, 1) : -(double)rnd(&s, 0, 1) * rnd(&s, 0, 1);
+
+		ck_assert_msg(ulps_from_libm(a) <= 1, "exp(%a): got %a, libm %a", a,
+		              ts_m_exp_neg(a), exp(a));
+	}
+	/* the reduction's boundaries k ln 2 and k ln 2 - ln 2 / 2 */
+	for (int k = -1021; k <= 0; k++)
+		for (int h = 0; h <= 1; h++) {
+			double a = k * M_LN2 - h * M_LN2 / 2;
+
+			if (a > -708.0)
+				ck_assert_msg(ulps_from_libm(a) <= 1, "exp(%a)", a);
+		}
+	ck_assert(ts_m_exp_neg(0.0) == 1.0 && ts_m_exp_neg(-0.0) == 1.0);
+	ck_assert(ts_m_exp_neg(-708.5) == 0.0 && ts_m_exp_neg(-1e300) == 0.0);
+	ck_assert(ts_m_exp_neg(-INFINITY) == 0.0);
+	ck_assert(isnan(ts_m_exp_neg(NAN)));
+	ck_assert(ts_m_exp_neg(5.0) == 1.0);                /* outside the domain: as 0 */
+}
+END_TEST
+
+/* The lanes' tree over part, as kernels_math.h orders it. */
+static double lanes_tree(double *part)
+{
+	for (int w = TS_RED_LANES / 2; w > 0; w >>= 1)
+		for (int l = 0; l < w; l++)
+			part[l] += part[l + w];
+	return part[0];
+}
+
+/*
+ * Rows as wide as a token model's vocabulary, on the CPU, against the
+ * formulas with libm's exp (the kernel's before it had its own exp) bit
+ * for bit, and against float64 within softmax_cross_entropy's
+ * tolerances: the max in a row's last element (the vectorised max's
+ * tail), in its first, terms below exp(-708) (0: a row's sum is >= 1),
+ * and a row whose id is outside the vocabulary (zeros, loss 0).
+ */
+START_TEST(softmax_cross_entropy_wide_rows_same_bits)
+{
+	enum { V = 8195, RMAX = 8 };
+	static const int tg[RMAX] = {8194, 0, 4097, 8194, 17, V, 5, 123};
+	float *x = malloc(V * RMAX * sizeof *x), *g = malloc(V * RMAX * sizeof *g);
+	float *gw = malloc(V * RMAX * sizeof *gw), loss[RMAX + 1], lw[RMAX + 1];
+	double part[TS_RED_LANES];
+
+	fill_rnd(x, V * RMAX, 71, -12, 12);
+	x[V - 1] = 30.0f;                       /* row 0: max last */
+	x[V] = 25.0f;                           /* row 1: max first */
+	for (int c = 0; c < V; c += 3)          /* row 2: a third far below */
+		x[2 * V + c] = -720.0f + (float)(c % 40);
+	x[3 * V + 100] = 720.0f;                /* row 3: all the others below */
+	/* 6 rows, and 8: the gradient's division by a power of two */
+	for (int R = 6; R <= RMAX; R += 2) {
+		float *dx = dput(x, V * R), *dg = dalloc(V * R), *dl = dalloc(R + 1);
+		void *dt = dput_ids(tg, R, 4);
+
+		OK(ts_k_xent(kern, q, dx, dt, 4, R, V, dl, dg, &err));
+		dget(loss, dl, R + 1);
+		dget(g, dg, V * R);
+		for (int r = 0; r < R; r++) {
+			const float *xr = x + (size_t)r * V;
+			float m = -INFINITY;
+			double sum, lse;
+
+			for (int c = 0; c < V; c++)
+				m = fmaxf(m, xr[c]);
+			for (int l = 0; l < TS_RED_LANES; l++)
+				part[l] = 0;
+			for (int c = 0; c < V; c++)
+				part[c % TS_RED_LANES] += exp((double)xr[c] - (double)m);
+			sum = lanes_tree(part);
+			lse = log(sum) + m;
+			for (int c = 0; c < V; c++) {
+				double e = exp((double)xr[c] - (double)m);
+				size_t i = (size_t)r * V + (size_t)c;
+
+				gw[i] = tg[r] >= V ? 0.0f :
+				        (float)((e / sum - (c == tg[r] ? 1.0 : 0.0)) / R);
+				if (tg[r] < V)
+					check_close(g[i], (exp((double)xr[c] - lse) - (c == tg[r])) / R,
+					            1e-5, 1e-7, "cross-entropy gradient", i);
+			}
+			lw[1 + r] = tg[r] >= V ? 0.0f :
+			            (float)(log(sum) + (double)m - (double)xr[tg[r]]);
+			if (tg[r] < V)
+				check_close(loss[1 + r], lse - xr[tg[r]], 1e-6, 1e-6, "row loss",
+				            (size_t)r);
+		}
+		for (int l = 0; l < TS_RED_LANES; l++)
+			part[l] = 0;
+		for (int r = 0; r < R; r++)
+			part[r % TS_RED_LANES] += lw[1 + r];
+		lw[0] = (float)(lanes_tree(part) / R);
+		ck_assert_mem_eq(g, gw, (size_t)V * R * sizeof *g);
+		ck_assert_mem_eq(loss, lw, (size_t)(R + 1) * sizeof *loss);
+		for (int c = 0; c < V; c++)
+			ck_assert_float_eq(g[(size_t)5 * V + c], 0.0f);
+		ck_assert_float_eq(loss[1 + 5], 0.0f);
+		dfree_all();
+	}
+	free(x);
+	free(g);
+	free(gw);
+}
+END_TEST
+
+/*
+ * The CPU's Adam, AdamW and SGD loops (vectorised, cloned for avx512f and
+ * avx2) give the bits of the per-element formulas of kernels_math.h
+ * evaluated one element at a time, clipping or not, over a length that
+ * is no multiple of a vector.
+ */
+START_TEST(updates_match_the_formulas_bit_for_bit)
+{
+	enum { N = 100003 };
+	float *h[7], gsq = 3.7f;
+	unsigned s = 81;
+
+	for (int k = 0; k < 7; k++)
+		h[k] = malloc(N * sizeof(float));
+	for (int v = 0; v < 4; v++) {
+		struct ts_optimizer o = {.type = v == 3 ? TS_OPT_SGD : TS_OPT_ADAM,
+		                         .learning_rate = 1e-3f, .b1 = 0.9f, .b2 = 0.999f,
+		                         .eps = 1e-8f, .adamw = v == 1, .weight_decay = 0.01f,
+		                         .clip_global_norm = v >= 2 ? 0.5f : 0.0f};
+		float *p = h[0], *g = h[1], *mu = h[2], *nu = h[3], *pw = h[4], *muw = h[5];
+		float *nuw = h[6], *dp, *dg, *dmu, *dnu, *dgsq;
+		float lr = ts_m_learning_rate(&o, 6), norm = 1.0f, c = 1.0f;
+		bool clip = false;
+
+		for (int i = 0; i < N; i++) {
+			p[i] = rnd(&s, -0.5f, 0.5f);
+			g[i] = rnd(&s, -5e-3f, 5e-3f);
+			mu[i] = 0.3f * g[i];
+			nu[i] = 0.5f * g[i] * g[i];
+		}
+		dp = dput(p, N);
+		dg = dput(g, N);
+		dmu = dput(mu, N);
+		dnu = dput(nu, N);
+		dgsq = dput(&gsq, 1);
+		OK(ts_k_update(kern, q, &o, 7, dp, dg, dmu, dnu, N, dgsq, &err));
+		dget(pw, dp, N);
+		dget(muw, dmu, N);
+		dget(nuw, dnu, N);
+		if (o.clip_global_norm > 0 && ts_m_clips(gsq, o.clip_global_norm, &norm)) {
+			clip = true;
+			c = o.clip_global_norm;
+		}
+		for (int i = 0; i < N; i++) {
+			float gi = ts_m_clip_grad(g[i], clip, norm, c);
+
+			if (o.type == TS_OPT_SGD)
+				p[i] = ts_m_sgd(p[i], gi, lr);
+			else
+				p[i] = ts_m_adam(p[i], gi, &mu[i], &nu[i], lr, o.b1, o.b2, o.eps,
+				                 ts_m_bias_correction(o.b1, 7),
+				                 ts_m_bias_correction(o.b2, 7),
+				                 o.adamw ? o.weight_decay : 0.0f);
+		}
+		ck_assert_mem_eq(pw, p, N * sizeof(float));
+		if (o.type == TS_OPT_ADAM) {
+			ck_assert_mem_eq(muw, mu, N * sizeof(float));
+			ck_assert_mem_eq(nuw, nu, N * sizeof(float));
+		}
+		dfree_all();
+	}
+	for (int k = 0; k < 7; k++)
+		free(h[k]);
+}
+END_TEST
+
 /* Token ids on both backends, int32. */
 static struct xbuf xput_ids(const int *ids, size_t n)
 {
@@ -2057,6 +2252,9 @@ static Suite *kernels_suite(bool cuda)
 	add_lowp(tc);
 	tcase_add_test(tc, lowp_supported_on_cpu);
 	tcase_add_test(tc, same_sequence_same_bits);
+	tcase_add_test(tc, exp_neg_within_an_ulp);
+	tcase_add_test(tc, softmax_cross_entropy_wide_rows_same_bits);
+	tcase_add_test(tc, updates_match_the_formulas_bit_for_bit);
 	tcase_add_test(tc, queues_share_kernels);
 	tcase_add_test(tc, kernels_run_later_in_queue_order);
 	tcase_add_test(tc, sim_kernels_run_on_cpu_queues);
