@@ -28,6 +28,15 @@
 #include "train/kernels_int.h"
 #include "train/kernels_math.h"
 
+/* The hot loops' clones for wider vector units, on x86-64 where GCC makes
+ * them (elsewhere one version); ISO C's -ffp-contract=off keeps every
+ * clone's arithmetic the same IEEE operations. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define HOT_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define HOT_LOOP_CLONES
+#endif
+
 
 struct job;
 typedef void (*job_fn)(const struct job *j);
@@ -262,7 +271,7 @@ static void run_sumsq(const struct job *j)
  * sqrtf become one instruction); the arithmetic per element is exactly
  * ts_m_adam's.
  */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+HOT_LOOP_CLONES
 static void adam_loop(float *restrict p, const float *restrict g, float *restrict mu,
                       float *restrict nu, uint64_t n, float lr, float b1, float b2, float eps,
                       float bc1, float bc2, float wd, float norm, float c, bool clip)
@@ -368,7 +377,7 @@ static float row_max(const float *restrict x, uint64_t n)
  * and vectorise), then the gradients from the same terms. Returns the
  * row's loss.
  */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+HOT_LOOP_CLONES
 static float xent_row(const float *restrict xr, float *restrict gr, double *restrict e,
                       uint64_t V, int64_t t, uint64_t rows)
 {
