@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/copy.h"
 #include "common/units.h"
 #include "device/backend.h"
 
@@ -35,6 +36,8 @@ struct sim_dev {
 };
 
 static const struct ts__backend_ops sim_ops;
+
+#define SIM_STREAM_MIN ((size_t)8 << 20)
 
 static struct sim_dev *sim_of(const struct ts_device *dev)
 {
@@ -101,7 +104,12 @@ static ts_status sim_copy(struct ts_device *dev, void *dst, const void *src,
 		return ts_error_set(err, TS_INTERNAL, "COPY_FAILED",
 		                    "%s: %s copy of %zu bytes failed (injected)",
 		                    dev->props.id, kinds[kind], n);
-	memcpy(dst, src, n);
+	/* past the size of a last-level cache a copy leaves nothing of use in
+	 * it: streaming stores skip reading every destination line first */
+	if (n >= SIM_STREAM_MIN)
+		ts_copy_streaming(dst, src, n);
+	else
+		memcpy(dst, src, n);
 	return TS_OK;
 }
 
