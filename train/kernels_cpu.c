@@ -30,8 +30,10 @@
 
 /* The hot loops' clones for wider vector units, on x86-64 where GCC makes
  * them (elsewhere one version); ISO C's -ffp-contract=off keeps every
- * clone's arithmetic the same IEEE operations. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+ * clone's arithmetic the same IEEE operations. Not under ThreadSanitizer:
+ * the clones' resolvers (ifuncs) run while the program is relocated, before
+ * its runtime is up, and crash there. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define HOT_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define HOT_LOOP_CLONES
