@@ -80,6 +80,30 @@ static float *download(const char *name, size_t *n)
 	return x;
 }
 
+/* The model's initial weights and the batch, as files in a temporary
+ * directory (dir) for the Python reference to read. */
+static void reference_inputs(const char *model, char *dir, size_t cap, const float *x,
+                             const float *t, size_t nx)
+{
+	char name[160], path[400];
+
+	th_temp_dir(model, dir, cap);
+	for (int k = 0; k < 2; k++) {
+		size_t nw;
+		float *w;
+
+		snprintf(name, sizeof name, "%s.w%d", model, k + 1);
+		w = download(name, &nw);
+		snprintf(path, sizeof path, "%s/w%d.f32", dir, k + 1);
+		th_write_file(path, w, nw * sizeof *w);
+		free(w);
+	}
+	snprintf(path, sizeof path, "%s/inputs.f32", dir);
+	th_write_file(path, x, nx * sizeof *x);
+	snprintf(path, sizeof path, "%s/targets.f32", dir);
+	th_write_file(path, t, nx * sizeof *t);
+}
+
 static void upload(const char *name, const float *x, size_t rows, size_t cols)
 {
 	struct th_response r;
@@ -165,8 +189,8 @@ static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
 static void optax_case(const struct net *n)
 {
 	char dir[512], path[700], cmd[2048], name[160];
-	size_t nx = (size_t)n->batch * (size_t)n->d, nw;
-	float *x = make(nx, 41), *t = make(nx, 42), *w;
+	size_t nx = (size_t)n->batch * (size_t)n->d;
+	float *x = make(nx, 41), *t = make(nx, 42);
 	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
 	                 "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
 	                 "\"optimizer\": %s, \"init\": {\"seed\": 11, \"scale\": 0.3}}", n->name,
@@ -187,18 +211,7 @@ static void optax_case(const struct net *n)
 		th_response_free(&r);
 	}
 	adam = strncmp(th_str(th_obj(m, "optimizer"), "type"), "adam", 4) == 0;
-	th_temp_dir(n->name, dir, sizeof dir);
-	for (int k = 0; k < 2; k++) {
-		snprintf(name, sizeof name, "%s.w%d", n->name, k + 1);
-		w = download(name, &nw);
-		snprintf(path, sizeof path, "%s/w%d.f32", dir, k + 1);
-		th_write_file(path, w, nw * sizeof *w);
-		free(w);
-	}
-	snprintf(path, sizeof path, "%s/inputs.f32", dir);
-	th_write_file(path, x, nx * sizeof *x);
-	snprintf(path, sizeof path, "%s/targets.f32", dir);
-	th_write_file(path, t, nx * sizeof *t);
+	reference_inputs(n->name, dir, sizeof dir, x, t, nx);
 	upload("x", x, (size_t)n->batch, (size_t)n->d);
 	upload("t", t, (size_t)n->batch, (size_t)n->d);
 	free(x);
@@ -410,9 +423,9 @@ static void lowp_case(const char *model, const char *dtype, double rel_curve, do
 	                       "\"dtype\": \"%s\", \"loss\": \"mse\", \"optimizer\": %s, "
 	                       "\"init\": {\"seed\": 11, \"scale\": 0.3}}";
 	const char *opt = "{\"type\": \"adam\", \"learning_rate\": 0.003, \"clip_global_norm\": 1.0}";
-	char dir[512], path[700], name[160], imported[160], grads[160];
-	size_t nx = (size_t)B * d, nw;
-	float *x = make(nx, 41), *t = make(nx, 42), *w;
+	char dir[512], path[700], imported[160], grads[160];
+	size_t nx = (size_t)B * d;
+	float *x = make(nx, 41), *t = make(nx, 42);
 	char *spec;
 	json_t *m, *res, *ref, *rspec;
 	double eval0, g_round, g_f32, l_round, s_round, l_jax = 0, s_jax = 0;
@@ -431,18 +444,7 @@ static void lowp_case(const char *model, const char *dtype, double rel_curve, do
 	m = json_incref(th_get_json(&D, path, &r));
 	th_response_free(&r);
 	ck_assert_str_eq(th_str(m, "dtype"), dtype);
-	th_temp_dir(model, dir, sizeof dir);
-	for (int k = 0; k < 2; k++) {
-		snprintf(name, sizeof name, "%s.w%d", model, k + 1);
-		w = download(name, &nw);
-		snprintf(path, sizeof path, "%s/w%d.f32", dir, k + 1);
-		th_write_file(path, w, nw * sizeof *w);
-		free(w);
-	}
-	snprintf(path, sizeof path, "%s/inputs.f32", dir);
-	th_write_file(path, x, nx * sizeof *x);
-	snprintf(path, sizeof path, "%s/targets.f32", dir);
-	th_write_file(path, t, nx * sizeof *t);
+	reference_inputs(model, dir, sizeof dir, x, t, nx);
 	upload("x", x, (size_t)B, (size_t)d);
 	upload("t", t, (size_t)B, (size_t)d);
 	free(x);
