@@ -118,6 +118,10 @@ IT_COMMON := tests/integration/harness.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 BENCH_COMMON := tests/bench/benchlib.c
+# an integration suite or bench is compiled with its common source in one
+# command, whose dependency file keeps only the last source's headers: each
+# depends on every header instead
+TEST_HEADERS := $(wildcard */*.h tests/*/*.h)
 
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CURL_LIBS  := $(shell pkg-config --libs libcurl 2>/dev/null)
@@ -168,15 +172,15 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(LIB) $(CHECK_LIBS) $(ALL_LDLIBS) -o $@
 
-$(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) tests/integration/harness.h
+$(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) $(TEST_HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm -o $@
 
-$(BUILD)/bench/soak: tests/bench/soak.c $(BENCH_COMMON) $(LIB)
+$(BUILD)/bench/soak: tests/bench/soak.c $(BENCH_COMMON) $(LIB) $(TEST_HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(ALL_LDLIBS) -o $@
 
-$(BUILD)/bench/bench_%: tests/bench/bench_%.c $(BENCH_COMMON) $(LIB)
+$(BUILD)/bench/bench_%: tests/bench/bench_%.c $(BENCH_COMMON) $(LIB) $(TEST_HEADERS)
 	@mkdir -p $(@D)
 	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(BENCH_COMMON) $(LIB) $(CURL_LIBS) $(ALL_LDLIBS) -o $@
 

@@ -17,6 +17,10 @@
  * touched, so a capacity past what the host would commit still maps; where
  * no memfd can be had, its pages are anonymous MAP_NORESERVE ones.
  *
+ * Shareable mappings of 2 MiB or more start on a 2 MiB boundary and are
+ * advised for transparent huge pages (map_huge_aligned), which the node
+ * grants shared memory where transparent_hugepage/shmem_enabled allows.
+ *
  * Mappings are made with exactly the size asked for and never touched here:
  * the first touch (and so the cost of faulting pages in) is the caller's; a
  * memfd's pages, like anonymous ones, exist only once touched. Without
@@ -74,6 +78,27 @@ ts_status ts__host_meminfo(uint64_t *avail, uint64_t *total,
 	if (total)
 		*total = t;
 	return TS_OK;
+}
+
+bool ts_host_shmem_huge(char *mode, size_t cap)
+{
+	char line[128], *open_br, *close_br;
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/shmem_enabled", "re");
+	bool got = false;
+
+	if (f) {
+		got = fgets(line, sizeof line, f) != NULL;
+		fclose(f);
+	}
+	open_br = got ? strchr(line, '[') : NULL;
+	close_br = open_br ? strchr(open_br, ']') : NULL;
+	if (!close_br) {
+		snprintf(mode, cap, "unknown");
+		return false;
+	}
+	*close_br = '\0';
+	snprintf(mode, cap, "%s", open_br + 1);
+	return strcmp(mode, "never") != 0 && strcmp(mode, "deny") != 0 && strcmp(mode, "unknown") != 0;
 }
 
 /* ---- the table of shareable mappings ---------------------------------------- */
@@ -197,6 +222,50 @@ static bool maps_budget_left(struct ts__host_maps *m)
 	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
 }
 
+/*
+ * fd's first size bytes mapped shared and read-write at an address on a
+ * 2 MiB boundary, advised for transparent huge pages. Where the node lets
+ * shared memory use them (transparent_hugepage/shmem_enabled "advise",
+ * "within_size" or "always"), the memfd's pages are then 2 MiB ones, in the
+ * daemon and in each process a lease maps them into at a like address: a
+ * first mapping of 1 GiB builds 512 page-table entries, not 262144 (measured
+ * on a 2-core VM: reading 1 GiB through a fresh mapping 100 ms with 4 KiB
+ * pages, 36-49 ms with 2 MiB ones). Where it does not ("never", the
+ * default), the advice is without effect and nothing else changes. A
+ * mapping below 2 MiB is not aligned: it would hold no huge page.
+ */
+static void *map_huge_aligned(int fd, size_t size)
+{
+	const size_t huge = TS_HOST_HUGE_PAGE;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t span = (size + page - 1) / page * page;
+	uintptr_t r, a;
+	void *p;
+
+	if (size < huge)
+		return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* reserve the span and a huge page more, then place the file inside */
+	p = mmap(NULL, span + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (p == MAP_FAILED)
+		return MAP_FAILED;
+	r = (uintptr_t)p;
+	a = (r + huge - 1) & ~(uintptr_t)(huge - 1);
+	p = mmap((void *)a, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+	if (p == MAP_FAILED) {
+		int e = errno;
+
+		munmap((void *)r, span + huge);
+		errno = e;
+		return MAP_FAILED;
+	}
+	if (a > r)
+		munmap((void *)r, a - r);
+	if (r + huge > a)
+		munmap((void *)(a + span), r + huge - a);
+	(void)madvise(p, size, MADV_HUGEPAGE);   /* EINVAL where THP is not built */
+	return p;
+}
+
 /* A memfd of size bytes mapped shared, sealed at its size and entered in
  * m; NULL (errno set) when no memfd can be made or the descriptor budget
  * is spent (EMFILE). */
@@ -215,7 +284,7 @@ static void *shared_pages(struct ts__host_maps *m, size_t size)
 	if (ftruncate(fd, (off_t)size) != 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
 		goto fail;
-	p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	p = map_huge_aligned(fd, size);
 	if (p == MAP_FAILED)
 		goto fail;
 	if (!maps_add(m, (uintptr_t)p, size, fd)) {

@@ -177,6 +177,23 @@ static void log_devices(const struct ts_server *srv)
 	}
 }
 
+/* Leases map host memory into clients: which pages they are handed. */
+static void log_lease_pages(void)
+{
+	char mode[32], fields[96];
+	bool huge = ts_host_shmem_huge(mode, sizeof mode);
+
+	snprintf(fields, sizeof fields, "\"event\":\"lease_pages\",\"shmem_enabled\":\"%s\"", mode);
+	if (huge)
+		ts_log(TS_LOG_INFO, fields, "leased host memory takes 2 MiB pages (shmem_enabled is %s)",
+		       mode);
+	else
+		ts_log(TS_LOG_INFO, fields,
+		       "leased host memory takes 4 KiB pages: transparent_hugepage/shmem_enabled is "
+		       "'%s', and 'advise' lets a lease's first mapping of 1 GiB build 512 page "
+		       "table entries instead of 262144", mode);
+}
+
 static ts_status write_port_file(const struct ts_server *srv, struct ts_error *err)
 {
 	char tmp[600];
@@ -361,8 +378,11 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	if (st != TS_OK)
 		goto out_free;
 	st = ts__http_start(srv, err);
-	if (st == TS_OK && cfg->unix_socket[0])
+	if (st == TS_OK && cfg->unix_socket[0]) {
 		st = ts__lease_start(srv, err);
+		if (st == TS_OK)
+			log_lease_pages();
+	}
 	if (st != TS_OK)
 		goto out_free;
 	st = write_port_file(srv, err);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1265,6 +1266,74 @@ START_TEST(test_pinned_outlives_a_broken_gpu)
 }
 END_TEST
 
+/* KiB of the mapping holding p mapped by 2 MiB page-table entries. */
+static unsigned long long pmd_kib(const void *p)
+{
+	char line[256];
+	unsigned long long kib = 0, v;
+	unsigned long lo, hi;
+	bool in = false;
+	FILE *f = fopen("/proc/self/smaps", "re");
+
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof line, f)) {
+		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
+			in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+		else if (in && sscanf(line, "ShmemPmdMapped: %llu kB", &v) == 1)
+			kib += v;
+	}
+	fclose(f);
+	return kib;
+}
+
+/* Shareable host pages of 2 MiB or more start on a 2 MiB boundary (so that
+ * where the node gives shared memory huge pages, they are 2 MiB ones here
+ * and in a lease's mapping); any size still maps exactly, and shares at
+ * the offset it has. */
+START_TEST(test_shared_pages_huge_aligned)
+{
+	struct ts_device_set *set = make_set(1, 64 * MIB);
+	struct ts_device *cpu = find(set, "cpu:0");
+	const size_t sizes[] = {64 * 1024, 2 * MIB, 6 * MIB + 12 * 1024};
+	char mode[32];
+	bool huge = ts_host_shmem_huge(mode, sizeof mode);
+
+	ck_assert(!strcmp(mode, "always") || !strcmp(mode, "within_size") ||
+	          !strcmp(mode, "advise") || !strcmp(mode, "never") || !strcmp(mode, "deny") ||
+	          !strcmp(mode, "force") || !strcmp(mode, "unknown"));
+	for (size_t k = 0; k < sizeof sizes / sizeof *sizes; k++) {
+		size_t n = sizes[k];
+		unsigned char *p = NULL, *m;
+		uint64_t off = 1;
+		struct ts_error err;
+		int fd;
+
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts__host_pages_alloc(cpu, TS_MEM_PINNED_HOST, n, false, (void **)&p,
+		                                      &err), TS_OK);
+		if (n >= TS_HOST_HUGE_PAGE)
+			ck_assert_uint_eq((uintptr_t)p % TS_HOST_HUGE_PAGE, 0);
+		for (size_t i = 0; i < n; i += 4096)
+			p[i] = (unsigned char)(i / 4096 + k);
+		p[n - 1] = 0xa5;
+		/* the last page and the one past a huge page are the mapping's */
+		fd = ts_host_mem_share(cpu, p + n - 1, 1, false, &off);
+		ck_assert_int_ge(fd, 0);
+		ck_assert_uint_eq(off, n - 1);
+		m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+		ck_assert_ptr_ne(m, MAP_FAILED);
+		ck_assert_int_eq(memcmp(m, p, n), 0);
+		munmap(m, n);
+		close(fd);
+		if (huge && n >= 4 * MIB)
+			ck_assert_msg(pmd_kib(p) > 0, "shmem_enabled is %s, yet no 2 MiB page is mapped",
+			              mode);
+		ts__host_pages_free(cpu, p, n);
+	}
+	ts_device_set_free(set);
+}
+END_TEST
+
 static Suite *device_suite(void)
 {
 	Suite *s = suite_create("device");
@@ -1272,6 +1341,7 @@ static Suite *device_suite(void)
 
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_discovery_order);
+	tcase_add_test(tc, test_shared_pages_huge_aligned);
 	tcase_add_test(tc, test_default_backend);
 	tcase_add_test(tc, test_cuda_backend_info);
 	tcase_add_test(tc, test_sim_default_count_and_host);

@@ -80,6 +80,53 @@ def test_zero_copy_read_is_a_read_only_mapping(lc):
     assert np.array_equal(lc.get("a"), x)
 
 
+def shmem_huge_mode() -> str:
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/shmem_enabled").read()
+    except OSError:
+        return "unknown"
+    return text[text.index("[") + 1:text.index("]")] if "[" in text else "unknown"
+
+
+def pmd_mapped_kib(addr: int) -> int:
+    """KiB of this process's mapping holding addr in 2 MiB page-table entries."""
+    kib, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(" ", 1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(v, 16) for v in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("ShmemPmdMapped:"):
+                kib += int(line.split()[1])
+    return kib
+
+
+@pytest.mark.parametrize("writable", [False, True])
+def test_big_mappings_take_huge_pages_where_the_node_allows(lc, writable):
+    """tstaged's segments of 2 MiB or more are advised for huge pages, and so
+    is the client's mapping: where shared memory may have them, a lease of
+    8 MiB is mapped in 2 MiB pages; elsewhere it still maps, in 4 KiB ones."""
+    n = 8 * MIB
+    if writable:
+        w = lc.lease_write("h", np.uint8, (n,), memory_kind="pinned_host", device="cpu:0")
+        w.array[:] = 7
+        x = w.array
+    else:
+        lc.put("h", np.full(n, 7, np.uint8), device="cpu:0", memory_kind="pinned_host")
+        x = lc.get("h", zero_copy=True)
+    assert int(x.sum(dtype=np.uint64)) == 7 * n
+    mode = shmem_huge_mode()
+    if mode in ("never", "deny", "unknown"):
+        assert pmd_mapped_kib(x.ctypes.data) == 0
+    else:
+        assert pmd_mapped_kib(x.ctypes.data) > 0, f"shmem_enabled is {mode}"
+    if writable:
+        w.publish()
+        assert np.all(lc.get("h") == 7)
+    del x
+
+
 @pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
 def test_replaced_while_mapped_keeps_the_old_bytes(lc, kind):
     n = 4 * MIB

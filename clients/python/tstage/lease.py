@@ -42,10 +42,20 @@ from .errors import TransportError, error_from_status
 
 _HDR = struct.Struct(">I")
 _MAX_FDS = 64
-# writable mappings are populated at once (a write fault maps one page); read
-# ones fault on first touch, where the kernel maps 16 pages of the file a fault
+# writable mappings are populated at once (a write fault maps one page), after
+# the huge-page advice below, by read faults (MADV_POPULATE_READ, Linux 5.14:
+# 16 pages a fault, mapped writable in a shared writable mapping); read ones
+# fault on first touch, where the kernel maps 16 pages of the file a fault
 # (fault-around), cheaper than populating them one by one
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_MADV_POPULATE_READ = 22
+# tstaged places its shareable host memory on 2 MiB boundaries and advises it
+# for transparent huge pages; where the node lets shared memory have them
+# (transparent_hugepage/shmem_enabled "advise"), a mapping advised too is
+# handed whole 2 MiB pages (the kernel picks an address with the file offset's
+# remainder): a first read of 1 GiB then builds 512 page-table entries, not
+# 262144. Elsewhere the advice does nothing.
+_HUGE = 2 << 20
+_MADV_HUGEPAGE = getattr(mmap, "MADV_HUGEPAGE", None)
 # Python >= 3.13 can map without keeping a duplicate of the descriptor: a
 # leased array then costs the client no descriptor while it lives
 _NO_TRACK: Dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
@@ -188,9 +198,15 @@ class LeaseConnection:
             base = int(sh["offset"]) // page * page
             delta = int(sh["offset"]) - base
             prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            flags = mmap.MAP_SHARED | (_POPULATE if writable else 0)
-            m = _Mapping(fds[0], delta + length, flags=flags, prot=prot, offset=base,
-                         **_NO_TRACK)
+            m = _Mapping(fds[0], delta + length, flags=mmap.MAP_SHARED, prot=prot,
+                         offset=base, **_NO_TRACK)
+            advice = [_MADV_HUGEPAGE] if _MADV_HUGEPAGE is not None and \
+                delta + length >= _HUGE else []
+            for adv in advice + ([_MADV_POPULATE_READ] if writable else []):
+                try:
+                    m.madvise(adv)
+                except OSError:
+                    pass   # no transparent huge pages, or a kernel before 5.14
         except BaseException:
             self.release_later(lease)
             raise
