@@ -79,9 +79,15 @@ ts_status ts_status_from_errno(int err)
 	}
 }
 
+/* What a cleared error reads as; the rest of the buffers is never read past
+ * their terminators and nmeta (and zeroing all of them cost a small
+ * request 600 instructions: it is cleared three times on the way). */
 void ts_error_clear(struct ts_error *err)
 {
-	memset(err, 0, sizeof *err);
+	err->status = TS_OK;
+	err->reason[0] = '\0';
+	err->message[0] = '\0';
+	err->nmeta = 0;
 }
 
 ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,

@@ -110,9 +110,14 @@ struct prepared {
 	const char *seg[MAX_SEGMENTS], *seg_end[MAX_SEGMENTS];
 };
 
+/* The patterns prepared in table order, and their indices grouped by
+ * segment count (only those can match a path of that many segments), each
+ * group in table order: by_count[first[k] .. first[k + 1]) have k. */
 struct ts_router {
 	const struct ts_route *routes;
 	size_t n;
+	size_t first[MAX_SEGMENTS + 2];
+	size_t *by_count;
 	struct prepared r[];
 };
 
@@ -143,18 +148,33 @@ static void prepare(const char *pattern, struct prepared *out)
 struct ts_router *ts_router_new(const struct ts_route *routes, size_t n)
 {
 	struct ts_router *rt = malloc(sizeof *rt + n * sizeof rt->r[0]);
+	size_t at = 0;
 
 	if (!rt)
 		return NULL;
 	rt->routes = routes;
 	rt->n = n;
+	rt->by_count = malloc((n ? n : 1) * sizeof *rt->by_count);
+	if (!rt->by_count) {
+		free(rt);
+		return NULL;
+	}
 	for (size_t i = 0; i < n; i++)
 		prepare(routes[i].pattern, &rt->r[i]);
+	for (int k = 0; k <= MAX_SEGMENTS; k++) {
+		rt->first[k] = at;
+		for (size_t i = 0; i < n; i++)
+			if (rt->r[i].nsegs == k)
+				rt->by_count[at++] = i;
+	}
+	rt->first[MAX_SEGMENTS + 1] = at;
 	return rt;
 }
 
 void ts_router_free(struct ts_router *rt)
 {
+	if (rt)
+		free(rt->by_count);
 	free(rt);
 }
 
@@ -212,7 +232,8 @@ enum ts_match ts_router_find(const struct ts_router *rt, const char *method, con
 	out->too_long = -1;
 	if (!split_path(path, &segs))
 		return TS_MATCH_NO_PATH;
-	for (size_t i = 0; i < rt->n; i++) {
+	for (size_t g = rt->first[segs.n]; g < rt->first[segs.n + 1]; g++) {
+		size_t i = rt->by_count[g];
 		const struct ts_route *route = &rt->routes[i];
 
 		if (!match_prepared(&rt->r[i], &segs, &tmp))
