@@ -16,7 +16,9 @@
  */
 #include "formats/convert.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
+/* GCC's: clang's __builtin_cpu_supports may not know "f16c" (its builds
+ * run the scalar loops) */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h>
 #define TS_CONVERT_X86 1
 #define AVX512 __attribute__((target("avx512f")))
