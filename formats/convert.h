@@ -105,7 +105,16 @@ static inline TS_CONVERT_HD uint16_t ts_f32_to_f16(float f)
 bool ts_convert_supported(enum ts_dtype from, enum ts_dtype to);
 
 /* Converts n elements of src (dtype from) into dst (dtype to); the pair must
- * be supported. src and dst do not overlap. */
+ * be supported. src and dst do not overlap. float32 <-> bfloat16 and
+ * float16 run in the widest vectors the CPU has, with the scalar
+ * conversions' bits. */
 void ts_convert(enum ts_dtype to, void *dst, enum ts_dtype from, const void *src, uint64_t n);
+
+/* Internal, for tests: the widest vector loops this CPU runs (0 scalar,
+ * 1 AVX2 with F16C, 2 AVX-512F), and ts_convert with them capped at level
+ * (a level above the CPU's runs the CPU's). */
+int ts__convert_level(void);
+void ts__convert_at(int level, enum ts_dtype to, void *dst, enum ts_dtype from, const void *src,
+                    uint64_t n);
 
 #endif

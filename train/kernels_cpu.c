@@ -23,6 +23,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "formats/convert.h"
 #include "train/kernels_int.h"
@@ -521,11 +522,14 @@ static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
 	struct job *j;
 	float *ws;
 
+	/* malloc, not calloc: the widening writes every element of the
+	 * workspace, so zeroing it first would be one more pass over it */
 	if (mk + kn > (SIZE_MAX - head) / sizeof(float) ||
-	    !(j = calloc(1, head + (size_t)(mk + kn) * sizeof(float))))
+	    !(j = malloc(head + (size_t)(mk + kn) * sizeof(float))))
 		return ts_error_oom(err, "%s: out of memory for the float32 workspace of a %s gemm "
 		                    "(%llu elements)", ts_device_props(ts_queue_device(q))->id,
 		                    ts_compute_name(dt), (unsigned long long)(mk + kn));
+	memset(j, 0, sizeof *j);
 	ws = (float *)(void *)((char *)j + head);
 	j->run = run_gemm_lp;
 	j->u.gemm.ta = ta;

@@ -4,13 +4,15 @@
  * even, the largest finite values, the subnormal boundary, overflow to
  * infinity, signed zeros, quiet NaNs), every 16-bit pattern widened and
  * narrowed back to itself, and the array conversion against the scalar
- * one. tests/integration/it_convert.c checks the same conversions against
+ * one, and the vector loops of every level the CPU runs against the
+ * scalars. tests/integration/it_convert.c checks the same conversions against
  * numpy and ml_dtypes on random data.
  */
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "formats/convert.h"
 
@@ -130,6 +132,137 @@ START_TEST(test_arrays_match_scalars)
 }
 END_TEST
 
+/* ---- the vector loops (every level this CPU runs) against the scalars ---- */
+
+enum { PAD = 32 };                        /* elements of slack for the offsets */
+
+/* dst[0, n) of a conversion to `to` at level, each element's bits against
+ * the scalar conversion of the same source element (a plain compare per
+ * element: ck_assert marks a point through a pipe each time). */
+static void check_against_scalar(int level, enum ts_dtype to, const void *dst, enum ts_dtype from,
+                                 const void *src, uint64_t n, const char *what)
+{
+	for (uint64_t i = 0; i < n; i++) {
+		if (from == TS_DT_FLOAT32) {
+			float x = ((const float *)src)[i];
+			uint16_t got = ((const uint16_t *)dst)[i];
+			uint16_t want = to == TS_DT_BFLOAT16 ? ts_f32_to_bf16(x) : ts_f32_to_f16(x);
+
+			if (got != want)
+				ck_abort_msg("level %d %s %s[%llu]: %08x -> %04x, want %04x", level, what,
+				             ts_dtype_name(to), (unsigned long long)i, ts_f32_bits(x), got,
+				             want);
+		} else {
+			uint16_t h = ((const uint16_t *)src)[i];
+			uint32_t got = ts_f32_bits(((const float *)dst)[i]);
+			uint32_t want = ts_f32_bits(from == TS_DT_BFLOAT16 ? ts_bf16_to_f32(h)
+			                                                   : ts_f16_to_f32(h));
+
+			if (got != want)
+				ck_abort_msg("level %d %s %s[%llu]: %04x -> %08x, want %08x", level, what,
+				             ts_dtype_name(from), (unsigned long long)i, h, got, want);
+		}
+	}
+}
+
+/* Converts src[0, n) at every level, whole and from element offsets that
+ * leave the vectors unaligned, with lengths that are no multiple of a
+ * vector, into a destination poisoned first; checks each element and that
+ * nothing past the end was written. */
+static void check_all_levels(enum ts_dtype to, enum ts_dtype from, const void *src, uint64_t n)
+{
+	static const uint64_t offs[] = {0, 1, 3, 7, 8, 15, 17};
+	size_t in = ts_dtype_size(from), out = ts_dtype_size(to);
+	size_t bytes = ((size_t)(n + PAD) * out + 64 + 63) & ~(size_t)63;
+	unsigned char *dst = aligned_alloc(64, bytes);  /* C11: a multiple of the alignment */
+
+	ck_assert_ptr_nonnull(dst);
+	for (int level = 0; level <= ts__convert_level(); level++)
+		for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
+			uint64_t off = offs[o], m = n - off - (o % 3) * 5;
+			const unsigned char *s = (const unsigned char *)src + off * in;
+			unsigned char *d = dst + ((off * 5) % 16) * out;
+
+			memset(dst, 0xa5, bytes);
+			ts__convert_at(level, to, d, from, s, m);
+			check_against_scalar(level, to, d, from, s, m, o ? "offset" : "whole");
+			for (size_t b = 0; b < 2 * out; b++)
+				ck_assert_msg(d[m * out + b] == 0xa5, "level %d: written past the end", level);
+			/* short lengths: the tails alone */
+			for (uint64_t k = 0; k <= 40; k++) {
+				ts__convert_at(level, to, d, from, s, k);
+				check_against_scalar(level, to, d, from, s, k, "short");
+			}
+		}
+	free(dst);
+}
+
+/* Every bfloat16 and float16 bit pattern widened at every level. */
+START_TEST(test_vector_widen_every_pattern)
+{
+	uint16_t *h = malloc((0x10000 + PAD) * sizeof *h);
+
+	ck_assert_ptr_nonnull(h);
+	for (uint32_t i = 0; i < 0x10000 + PAD; i++)
+		h[i] = (uint16_t)(i * 0x9e37u);    /* every pattern once in the first 2^16 (odd step) */
+	check_all_levels(TS_DT_FLOAT32, TS_DT_BFLOAT16, h, 0x10000 + PAD);
+	check_all_levels(TS_DT_FLOAT32, TS_DT_FLOAT16, h, 0x10000 + PAD);
+	free(h);
+}
+END_TEST
+
+/* float32 values around every rounding boundary of both types (each
+ * bfloat16 value's ties and neighbours, each float16 midpoint and its
+ * neighbours, which include the subnormal range, the overflow to
+ * infinity and the smallest subnormal's half), float32 subnormals, infs,
+ * NaNs (signalling and quiet, every payload bit) and random bit patterns,
+ * narrowed at every level. */
+START_TEST(test_vector_narrow_boundaries)
+{
+	enum { RANDOM = 1 << 18 };
+	uint64_t cap = 0x10000 * 6 + 0x10000 * 5 + 0x10000 + 64 + RANDOM, n = 0, seed = 99;
+	uint32_t *u = malloc(cap * sizeof *u);
+	static const uint32_t bf16_near[] = {0, 1, 0x7fff, 0x8000, 0x8001, 0xffff};
+
+	ck_assert_ptr_nonnull(u);
+	for (uint32_t h = 0; h < 0x10000; h++)
+		for (size_t k = 0; k < sizeof bf16_near / sizeof bf16_near[0]; k++)
+			u[n++] = (h << 16) + bf16_near[k];
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float a = ts_f16_to_f32((uint16_t)h), b = ts_f16_to_f32((uint16_t)(h + 1));
+		uint32_t mid;
+
+		if (isnan(a) || isnan(b) || isinf(a) || (h & 0x7fff) == 0x7fff)
+			continue;
+		/* the exact midpoint of neighbouring float16 values (12 bits fit a float32) */
+		mid = ts_f32_bits((float)(((double)a + (double)b) / 2));
+		u[n++] = mid - 1;
+		u[n++] = mid;
+		u[n++] = mid + 1;
+		u[n++] = ts_f32_bits(a) - 1;
+		u[n++] = ts_f32_bits(a) + 1;
+	}
+	for (uint32_t k = 0; k < 0x10000; k++)     /* float32 subnormals, both signs */
+		u[n++] = ((k & 1) << 31) | (k * 0x7fu & 0x7fffffu);
+	for (uint32_t k = 0; k < 23; k++) {         /* NaNs: each payload bit, both signs */
+		u[n++] = 0x7f800000u | (1u << k);
+		u[n++] = 0xff800000u | (1u << k);
+	}
+	u[n++] = 0x7f800000u;
+	u[n++] = 0xff800000u;
+	u[n++] = 0x7fffffffu;
+	u[n++] = 0xffffffffu;
+	for (int k = 0; k < RANDOM; k++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		u[n++] = (uint32_t)(seed >> 32);
+	}
+	ck_assert_uint_le(n, cap);
+	check_all_levels(TS_DT_BFLOAT16, TS_DT_FLOAT32, u, n);
+	check_all_levels(TS_DT_FLOAT16, TS_DT_FLOAT32, u, n);
+	free(u);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("convert");
@@ -141,6 +274,8 @@ int main(void)
 	tcase_add_test(tc, test_f16_rounding);
 	tcase_add_test(tc, test_every_pattern_round_trips);
 	tcase_add_test(tc, test_arrays_match_scalars);
+	tcase_add_test(tc, test_vector_widen_every_pattern);
+	tcase_add_test(tc, test_vector_narrow_boundaries);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
