@@ -10,9 +10,14 @@
  *                        what the library allows);
  *   one 12 KiB item      (GET /v1/arrays/items/data?index=k of a [N,6,1024]
  *                        uint16 array) vs Redis GET of the same bytes, and
- *                        the bare libmicrohttpd server answering 12 KiB
+ *                        the bare libmicrohttpd server answering the k-th
+ *                        12 KiB of as many (so its bytes are as cold)
  *                        against the same Redis: the ceiling the HTTP
- *                        library sets, measured in the same rounds;
+ *                        library sets, measured in the same rounds; and
+ *                        each server's CPU per item in those windows
+ *                        (/proc/PID/stat, every thread): what a request
+ *                        costs, which on a shared 2-core machine is
+ *                        steadier than the rate it allows;
  *   32 random items      (GET ...?rows=a,b,...) vs Redis MGET of 32 keys.
  *
  * Targets: /v1/memory >= 1.0x nginx from 4 to 256 connections, and its rate
@@ -66,6 +71,16 @@ static size_t item_http(void *arg, int conn, uint64_t seq, char *buf, size_t cap
 	return bench_http_get(buf, cap, g->port, path, NULL);
 }
 
+/* The bare server's item of the same sequence (benchlib: /item?index=k). */
+static size_t item_bare(void *arg, int conn, uint64_t seq, char *buf, size_t cap)
+{
+	const struct gen *g = arg;
+	char path[64];
+
+	snprintf(path, sizeof path, "/item?index=%u", pick(conn, seq, 0));
+	return bench_http_get(buf, cap, g->port, path, NULL);
+}
+
 static size_t item_resp(void *arg, int conn, uint64_t seq, char *buf, size_t cap)
 {
 	char key[32];
@@ -108,6 +123,17 @@ static struct bench_mload load_of(enum bench_proto proto, int conns)
 {
 	return (struct bench_mload){.proto = proto, .conns = conns, .warmup_s = 0.1,
 	                            .duration_s = secs};
+}
+
+/* A server's CPU per request against another's (lower is cheaper). */
+static void cpu_row(const char *name, int conns, double us, double ref_us, const char *ref_name)
+{
+	char row[96], vs[64], rs[64];
+
+	snprintf(row, sizeof row, "%s (%d conns)", name, conns);
+	snprintf(vs, sizeof vs, "%.1f us", us);
+	snprintf(rs, sizeof rs, "%.1f us %s", ref_us, ref_name);
+	bench_row(row, vs, rs, ref_us > 0 ? us / ref_us : 0, NULL, false, false);
 }
 
 static void rate_row(const char *name, int conns, double v, double ref, const char *ref_name,
@@ -200,8 +226,8 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 	static const char put[] = "/v1/arrays/items?dtype=uint16&shape=4096,6,1024"
 	                          "&memory_kind=unpinned_host";
 	struct bench_ref rds = {0}, mhd = {0};
-	struct gen g = {.port = d->port};
-	char reply[512], *cmds = NULL, mhd_req[512];
+	struct gen g = {.port = d->port}, gb = {0};
+	char reply[512], *cmds = NULL;
 	uint64_t got;
 	double t;
 	size_t o = 0;
@@ -216,7 +242,7 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 	if (bench_ref_dir(&rds, "redis") != 0 || bench_redis_start(&rds) != 0 ||
 	    bench_ref_dir(&mhd, "mhd-item") != 0 || bench_mhd_start(&mhd, ITEM_BYTES) != 0)
 		goto out;
-	bench_http_get(mhd_req, sizeof mhd_req, mhd.port, "/small", NULL);
+	gb.port = mhd.port;
 	/* the same bytes under item:<row> */
 	cmds = malloc((size_t)NITEMS * (ITEM_BYTES + 64));
 	if (!cmds)
@@ -250,8 +276,11 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 			loads[0].arg = &g;
 			loads[1].next = batch ? batch_resp : item_resp;
 			loads[1].expect_bulk = ITEM_BYTES;
-			loads[2].fixed = mhd_req;
-			loads[2].fixed_len = strlen(mhd_req);
+			loads[2].next = item_bare;
+			loads[2].arg = &gb;
+			loads[0].cpu_pid = d->pid;
+			loads[1].cpu_pid = rds.pid;
+			loads[2].cpu_pid = mhd.pid;
 			/* the bare server takes part in the item rounds only */
 			if (bench_mload_interleaved(ports, loads, batch ? 2 : 3, ROUNDS, res) != 0)
 				goto out;
@@ -272,6 +301,15 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 				         res[1].rate, "GET", 0, false);
 				rate_row("items: 12 KiB item / bare MHD 12 KiB", counts[i], res[0].rate,
 				         res[2].rate, "bare MHD", 0, false);
+				fprintf(stderr, "bench_serve: %3d conns: CPU per item: tstaged %.1f us, "
+				        "bare libmicrohttpd %.1f us, redis %.1f us\n", counts[i],
+				        res[0].cpu_us, res[2].cpu_us, res[1].cpu_us);
+				if (counts[i] <= 4) {
+					cpu_row("items: CPU/item tstaged / redis", counts[i], res[0].cpu_us,
+					        res[1].cpu_us, "redis");
+					cpu_row("items: CPU/item bare MHD / redis", counts[i], res[2].cpu_us,
+					        res[1].cpu_us, "redis");
+				}
 			}
 		}
 	}

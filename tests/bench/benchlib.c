@@ -402,7 +402,7 @@ static double percentile_us(const uint32_t *sorted, size_t n, double q)
 /* What the rounds of one load add up to. */
 struct tally {
 	uint64_t requests, errors;
-	double seconds;
+	double seconds, cpu_s;
 	uint32_t *lat_ns;
 	size_t nlat, cap;
 };
@@ -488,6 +488,7 @@ static void tally_result(struct tally *t, struct bench_result *out)
 	out->errors = t->errors;
 	out->seconds = t->seconds;
 	out->rate = t->seconds > 0 ? (double)t->requests / t->seconds : 0;
+	out->cpu_us = t->requests ? t->cpu_s * 1e6 / (double)t->requests : 0;
 	out->p50_us = percentile_us(t->lat_ns, t->nlat, 0.50);
 	out->p90_us = percentile_us(t->lat_ns, t->nlat, 0.90);
 	out->p99_us = percentile_us(t->lat_ns, t->nlat, 0.99);
@@ -836,6 +837,31 @@ static int client_threads(const struct bench_mload *l)
 	return n > l->conns ? l->conns : n;
 }
 
+/* CPU seconds process pid has used (every thread, user and system); -1
+ * when it cannot be read. */
+static double process_cpu_s(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long ut, st;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	n = fread(buf, 1, sizeof buf - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	/* fields after the command, which may hold spaces: state is field 3,
+	 * utime 14 and stime 15 */
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
+	                 &st) != 2)
+		return -1;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
 static int mload_round(int port, const struct bench_mload *l, double duration_s, struct tally *ta)
 {
 	struct window win = {0};
@@ -878,11 +904,15 @@ static int mload_round(int port, const struct bench_mload *l, double duration_s,
 	sleep_s(l->warmup_s);
 	{
 		uint64_t t_open = now_ns();
+		double cpu0 = l->cpu_pid > 0 ? process_cpu_s(l->cpu_pid) : -1, cpu1;
 
 		atomic_store(&win.open, 1);
 		sleep_s(duration_s);
 		atomic_store(&win.open, 0);
 		ta->seconds += (double)(now_ns() - t_open) / 1e9;
+		cpu1 = cpu0 >= 0 ? process_cpu_s(l->cpu_pid) : -1;
+		if (cpu1 >= cpu0)
+			ta->cpu_s += cpu1 - cpu0;
 	}
 	atomic_store(&win.stop, 1);
 	for (int i = 0; i < started; i++) {
@@ -1149,7 +1179,7 @@ int bench_resp_send(int port, const void *cmds, size_t len, int nreplies)
 
 /* The bare libmicrohttpd server: the child's request handler. */
 struct mhd_ref {
-	char *small;
+	char *small;                 /* BENCH_MHD_ITEMS bodies of small_len bytes */
 	size_t small_len;
 	char *block;
 };
@@ -1188,6 +1218,12 @@ static enum MHD_Result mhd_ref_request(void *cls, struct MHD_Connection *conn, c
 
 		resp = MHD_create_response_from_callback(b ? strtoull(b, NULL, 10) : 0,
 		                                         TS_HTTP_STREAM_BLOCK, mhd_ref_read, m, NULL);
+	} else if (strcmp(method, "GET") == 0 && strcmp(url, "/item") == 0) {
+		const char *k = MHD_lookup_connection_value(conn, MHD_GET_ARGUMENT_KIND, "index");
+		size_t i = k ? (size_t)strtoull(k, NULL, 10) % BENCH_MHD_ITEMS : 0;
+
+		resp = MHD_create_response_from_buffer(m->small_len, m->small + i * m->small_len,
+		                                       MHD_RESPMEM_PERSISTENT);
 	} else if (strcmp(method, "GET") == 0) {
 		resp = MHD_create_response_from_buffer(m->small_len, m->small,
 		                                       MHD_RESPMEM_PERSISTENT);
@@ -1221,8 +1257,8 @@ int bench_mhd_start(struct bench_ref *r, size_t small_len)
 	fflush(NULL);
 	r->pid = fork();
 	if (r->pid == 0) {
-		struct mhd_ref m = {.small = malloc(small_len + 1), .small_len = small_len,
-		                    .block = malloc(TS_HTTP_STREAM_BLOCK)};
+		struct mhd_ref m = {.small = malloc(small_len * BENCH_MHD_ITEMS + 1),
+		                    .small_len = small_len, .block = malloc(TS_HTTP_STREAM_BLOCK)};
 		struct MHD_Daemon *d;
 		sigset_t none;
 
@@ -1231,7 +1267,8 @@ int bench_mhd_start(struct bench_ref *r, size_t small_len)
 			_exit(127);
 		sigemptyset(&none);
 		sigprocmask(SIG_SETMASK, &none, NULL);
-		memset(m.small, 'x', small_len);
+		for (size_t i = 0; i < small_len * BENCH_MHD_ITEMS; i++)
+			m.small[i] = (char)('a' + (i / small_len) % 26);
 		memset(m.block, 'y', TS_HTTP_STREAM_BLOCK);
 		/* tstaged's flags and options (server/http_tuning.h) */
 		d = MHD_start_daemon(TS_HTTP_MHD_FLAGS, (uint16_t)r->port, NULL, NULL,

@@ -76,6 +76,7 @@ struct bench_result {
 	uint64_t errors;             /* non-2xx answers or broken connections */
 	double p50_us, p90_us, p99_us, max_us;
 	double seconds;              /* length of the window as measured */
+	double cpu_us;               /* the server's CPU per request (cpu_pid), 0: not asked */
 };
 
 /* Drives load against 127.0.0.1:port. Returns 0, or -1 after printing why
@@ -156,6 +157,10 @@ struct bench_mload {
 	void *arg;
 	/* RESP: bytes each bulk string must have (0: any) */
 	size_t expect_bulk;
+	/* when > 0: the server's process, whose CPU time (all threads, user and
+	 * system, /proc/PID/stat) in the measured windows is reported per
+	 * request (bench_result.cpu_us) */
+	pid_t cpu_pid;
 };
 
 /* Runs the load against 127.0.0.1:port; 0, or -1 after printing why. */
@@ -196,10 +201,13 @@ int bench_redis_start(struct bench_ref *r);
 /*
  * A bare libmicrohttpd server with tstaged's daemon flags and options
  * (ts_http_tuning): GET /small answers small_len bytes from a static
- * buffer; GET /big?bytes=N streams N bytes from a callback in 256 KiB
+ * buffer; GET /item?index=k the k-th (modulo BENCH_MHD_ITEMS) of
+ * BENCH_MHD_ITEMS such bodies in one buffer, as an array's items lie (so
+ * that a random item's bytes are as cold as tstaged's and Redis's); GET /big?bytes=N streams N bytes from a callback in 256 KiB
  * blocks, as tstaged's downloads do; PUT drops its body and answers 200.
  * It runs in a forked child.
  */
+#define BENCH_MHD_ITEMS 4096
 int bench_mhd_start(struct bench_ref *r, size_t small_len);
 
 /* Stops a reference (SIGTERM, then SIGKILL) and removes its directory. */
