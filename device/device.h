@@ -293,15 +293,6 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
                       bool writable, uint64_t *offset);
 
 /*
- * Shareable host mappings of at least this size start on a boundary of it
- * and are advised for transparent huge pages (hostmem.c): the PMD size with
- * 4 KiB base pages (x86-64, most arm64 kernels). A process that maps a
- * leased memfd at an address with the same remainder modulo this size as
- * the file offset can be handed whole 2 MiB pages.
- */
-#define TS_HOST_HUGE_PAGE ((size_t)2 << 20)
-
-/*
  * Whether the node lets shared memory (memfd, tmpfs) use transparent huge
  * pages on advice: the mode bracketed in
  * /sys/kernel/mm/transparent_hugepage/shmem_enabled is copied into mode

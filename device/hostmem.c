@@ -42,6 +42,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "common/hugepage.h"
 #include "device/backend.h"
 
 ts_status ts__host_meminfo(uint64_t *avail, uint64_t *total,
@@ -232,38 +233,12 @@ static bool maps_budget_left(struct ts__host_maps *m)
  * on a 2-core VM: reading 1 GiB through a fresh mapping 100 ms with 4 KiB
  * pages, 36-49 ms with 2 MiB ones). Where it does not ("never", the
  * default), the advice is without effect and nothing else changes. A
- * mapping below 2 MiB is not aligned: it would hold no huge page.
+ * mapping below 2 MiB is not aligned: it would hold no huge page
+ * (common/hugepage.h, which the lease clients place their mappings with).
  */
 static void *map_huge_aligned(int fd, size_t size)
 {
-	const size_t huge = TS_HOST_HUGE_PAGE;
-	size_t page = (size_t)sysconf(_SC_PAGESIZE);
-	size_t span = (size + page - 1) / page * page;
-	uintptr_t r, a;
-	void *p;
-
-	if (size < huge)
-		return mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	/* reserve the span and a huge page more, then place the file inside */
-	p = mmap(NULL, span + huge, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if (p == MAP_FAILED)
-		return MAP_FAILED;
-	r = (uintptr_t)p;
-	a = (r + huge - 1) & ~(uintptr_t)(huge - 1);
-	p = mmap((void *)a, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
-	if (p == MAP_FAILED) {
-		int e = errno;
-
-		munmap((void *)r, span + huge);
-		errno = e;
-		return MAP_FAILED;
-	}
-	if (a > r)
-		munmap((void *)r, a - r);
-	if (r + huge > a)
-		munmap((void *)(a + span), r + huge - a);
-	(void)madvise(p, size, MADV_HUGEPAGE);   /* EINVAL where THP is not built */
-	return p;
+	return ts_mmap_huge(size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 }
 
 /* A memfd of size bytes mapped shared, sealed at its size and entered in

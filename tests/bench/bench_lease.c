@@ -83,29 +83,6 @@ static uint64_t touch(const void *p, size_t n)
 	return s0 + s1 + s2 + s3;
 }
 
-/* The KiB of the mapping at base mapped by 2 MiB page-table entries. */
-static uint64_t pmd_mapped_kib(const void *base)
-{
-	char line[256];
-	uint64_t kib = 0;
-	bool in = false;
-	FILE *f = fopen("/proc/self/smaps", "re");
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof line, f)) {
-		unsigned long lo, hi;
-		unsigned long long v;
-
-		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-			in = (uintptr_t)base >= lo && (uintptr_t)base < hi;
-		else if (in && sscanf(line, "ShmemPmdMapped: %llu kB", &v) == 1)
-			kib += v;
-	}
-	fclose(f);
-	return kib;
-}
-
 static int fail(const char *what, json_t *j)
 {
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
@@ -313,7 +290,7 @@ int main(void)
 		goto out;
 	}
 	huge_allowed = ts_host_shmem_huge(mode, sizeof mode);
-	huge_kib = pmd_mapped_kib(maps.m[0].base);
+	huge_kib = ts_pmd_mapped_kib(maps.m[0].base);
 	fprintf(stderr, "bench_lease: shmem_enabled is %s; %llu of %llu MiB mapped in 2 MiB pages\n",
 	        mode, (unsigned long long)(huge_kib >> 10), (unsigned long long)(n >> 20));
 	if (download(d.port, n, &secs) != 0)

@@ -34,6 +34,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/hugepage.h"
+
 #define LW_MAX_FDS 64
 
 /* A connection to "<sock>.lease"; -1 on failure. */
@@ -180,50 +182,6 @@ static inline json_t *lw_call(int fd, const char *req, int *fds, int *nfds)
 	return lw_recv(fd, fds, nfds);
 }
 
-/* tstaged's shareable host mappings of 2 MiB or more start on a 2 MiB
- * boundary and are advised for huge pages (device.h, TS_HOST_HUGE_PAGE). */
-#define LW_HUGE ((uint64_t)2 << 20)
-
-/*
- * len bytes of fd from file offset start (page-aligned) mapped shared at an
- * address with start's remainder modulo 2 MiB, and advised for huge pages:
- * where the node lets shared memory have them (shmem_enabled "advise"), the
- * file's 2 MiB pages are then mapped whole, 512 page-table entries a GiB
- * instead of 262144. MAP_FAILED (errno set) on failure; munmap(m, len).
- */
-static inline void *lw_mmap_huge(size_t len, int prot, int flags, int fd, uint64_t start)
-{
-	uintptr_t r, a, phase = (uintptr_t)(start % LW_HUGE);
-	long page = sysconf(_SC_PAGESIZE);
-	size_t span = (len + (size_t)page - 1) / (size_t)page * (size_t)page;
-	void *m;
-
-	if (len < LW_HUGE)
-		return mmap(NULL, len, prot, flags, fd, (off_t)start);
-	m = mmap(NULL, span + LW_HUGE, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-	         0);
-	if (m == MAP_FAILED)
-		return MAP_FAILED;
-	r = (uintptr_t)m;
-	a = ((r + LW_HUGE - 1) & ~(uintptr_t)(LW_HUGE - 1)) + phase;
-	if (a >= r + LW_HUGE)
-		a -= LW_HUGE;
-	m = mmap((void *)a, len, prot, flags | MAP_FIXED, fd, (off_t)start);
-	if (m == MAP_FAILED) {
-		int e = errno;
-
-		munmap((void *)r, span + LW_HUGE);
-		errno = e;
-		return MAP_FAILED;
-	}
-	if (a > r)
-		munmap((void *)r, a - r);
-	if (r + LW_HUGE > a)
-		munmap((void *)(a + span), r + LW_HUGE - a);
-	(void)madvise(m, len, MADV_HUGEPAGE);
-	return m;
-}
-
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22   /* Linux 5.14 */
 #endif
@@ -248,7 +206,7 @@ static inline void *lw_map(int fd, uint64_t off, uint64_t len, bool writable, in
 	void *m;
 
 	*maplen = (size_t)(len + (off - start));
-	m = lw_mmap_huge(*maplen, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | extra_flags,
+	m = ts_mmap_huge(*maplen, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED | extra_flags,
 	                 fd, start);
 	if (m == MAP_FAILED)
 		return NULL;
@@ -264,7 +222,7 @@ static inline void *lw_map(int fd, uint64_t off, uint64_t len, bool writable, in
  * 1 GiB of 4 KiB pages costs the page tables of 262144 pages (tens of
  * milliseconds, more than reading it); a kept mapping costs them once, as a
  * process's own buffers do (512 where the node gives shared memory 2 MiB
- * pages: lw_mmap_huge). A kept mapping outlives the leases: the bytes
+ * pages: ts_mmap_huge). A kept mapping outlives the leases: the bytes
  * of a released lease may hold another array later.
  */
 #define LW_MAX_KEPT 16
@@ -311,7 +269,7 @@ static inline void *lw_map_kept(struct lw_maps *maps, int fd, uint64_t off, uint
 	}
 	/* a write fault maps one 4 KiB page: writable mappings are populated at
 	 * once; a read fault maps 16 (fault-around), cheaper than populating */
-	m = lw_mmap_huge((size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED,
+	m = ts_mmap_huge((size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED,
 	                 fd, 0);
 	if (m == MAP_FAILED)
 		return NULL;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/hugepage.h"
 #include "device/backend.h"
 #include "device/device.h"
 
@@ -1266,26 +1267,6 @@ START_TEST(test_pinned_outlives_a_broken_gpu)
 }
 END_TEST
 
-/* KiB of the mapping holding p mapped by 2 MiB page-table entries. */
-static unsigned long long pmd_kib(const void *p)
-{
-	char line[256];
-	unsigned long long kib = 0, v;
-	unsigned long lo, hi;
-	bool in = false;
-	FILE *f = fopen("/proc/self/smaps", "re");
-
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof line, f)) {
-		if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' '))
-			in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
-		else if (in && sscanf(line, "ShmemPmdMapped: %llu kB", &v) == 1)
-			kib += v;
-	}
-	fclose(f);
-	return kib;
-}
-
 /* Shareable host pages of 2 MiB or more start on a 2 MiB boundary (so that
  * where the node gives shared memory huge pages, they are 2 MiB ones here
  * and in a lease's mapping); any size still maps exactly, and shares at
@@ -1311,8 +1292,8 @@ START_TEST(test_shared_pages_huge_aligned)
 		ts_error_clear(&err);
 		ck_assert_int_eq(ts__host_pages_alloc(cpu, TS_MEM_PINNED_HOST, n, false, (void **)&p,
 		                                      &err), TS_OK);
-		if (n >= TS_HOST_HUGE_PAGE)
-			ck_assert_uint_eq((uintptr_t)p % TS_HOST_HUGE_PAGE, 0);
+		if (n >= TS_HUGE_PAGE)
+			ck_assert_uint_eq((uintptr_t)p % TS_HUGE_PAGE, 0);
 		for (size_t i = 0; i < n; i += 4096)
 			p[i] = (unsigned char)(i / 4096 + k);
 		p[n - 1] = 0xa5;
@@ -1326,7 +1307,7 @@ START_TEST(test_shared_pages_huge_aligned)
 		munmap(m, n);
 		close(fd);
 		if (huge && n >= 4 * MIB)
-			ck_assert_msg(pmd_kib(p) > 0, "shmem_enabled is %s, yet no 2 MiB page is mapped",
+			ck_assert_msg(ts_pmd_mapped_kib(p) > 0, "shmem_enabled is %s, yet no 2 MiB page is mapped",
 			              mode);
 		ts__host_pages_free(cpu, p, n);
 	}
