@@ -436,19 +436,6 @@ static void job_main(void *arg)
 	free(j);
 }
 
-/* A new closure for run in *out (owned by the caller until submitted). */
-static ts_status job_new(job_fn run, struct ts_queue *q, struct job **out, struct ts_error *err)
-{
-	struct job *j = calloc(1, sizeof *j);
-
-	*out = j;
-	if (!j)
-		return ts_error_oom(err, "%s: out of memory queueing a kernel",
-		                    ts_device_props(ts_queue_device(q))->id);
-	j->run = run;
-	return TS_OK;
-}
-
 /* Enqueues j on q (steals j, also on failure). */
 static ts_status job_submit(struct ts_queue *q, struct job *j, struct ts_error *err)
 {
@@ -457,6 +444,32 @@ static ts_status job_submit(struct ts_queue *q, struct job *j, struct ts_error *
 	if (st != TS_OK)
 		free(j);
 	return st;
+}
+
+/* Enqueues a copy of *a (a kernel and its arguments) on q. */
+static ts_status job_post(struct ts_queue *q, const struct job *a, struct ts_error *err)
+{
+	struct job *j = malloc(sizeof *j);
+
+	if (!j)
+		return ts_error_oom(err, "%s: out of memory queueing a kernel",
+		                    ts_device_props(ts_queue_device(q))->id);
+	*j = *a;
+	return job_submit(q, j, err);
+}
+
+/* A copy of *a followed by a workspace of ws_bytes (not zeroed), on 64
+ * bytes; NULL when there is no memory for it. */
+static struct job *job_with_workspace(const struct job *a, size_t ws_bytes, void **ws)
+{
+	size_t head = (sizeof(struct job) + 63) & ~(size_t)63;
+	struct job *j = ws_bytes <= SIZE_MAX - head ? malloc(head + ws_bytes) : NULL;
+
+	if (j) {
+		*j = *a;
+		*ws = (char *)j + head;
+	}
+	return j;
 }
 
 static ts_status cpu_init(struct ts_device *dev, void **impl, struct ts_error *err)
@@ -473,22 +486,11 @@ static ts_status cpu_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int 
                           float alpha, const float *A, const float *B, float beta, float *C,
                           struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_gemm, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.gemm.ta = ta;
-	j->u.gemm.tb = tb;
-	j->u.gemm.M = M;
-	j->u.gemm.N = N;
-	j->u.gemm.K = K;
-	j->u.gemm.alpha = alpha;
-	j->u.gemm.beta = beta;
-	j->u.gemm.A = A;
-	j->u.gemm.B = B;
-	j->u.gemm.C = C;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_gemm,
+	                                 .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K,
+	                                            .alpha = alpha, .beta = beta, .A = A, .B = B,
+	                                            .C = C}},
+	                err);
 }
 
 static enum ts_dtype lowp_dtype(enum ts_compute c)
@@ -499,16 +501,9 @@ static enum ts_dtype lowp_dtype(enum ts_compute c)
 static ts_status cpu_round(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
                            uint16_t *y, uint64_t n, struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_round, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.round.to = lowp_dtype(to);
-	j->u.round.x = x;
-	j->u.round.y = y;
-	j->u.round.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_round,
+	                                 .u.round = {.to = lowp_dtype(to), .x = x, .y = y, .n = n}},
+	                err);
 }
 
 /* The closure carries the float32 workspace of the widened operands (sgemm
@@ -518,166 +513,93 @@ static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
                              const uint16_t *B, float beta, float *C, struct ts_error *err)
 {
 	uint64_t mk = (uint64_t)M * (uint64_t)K, kn = (uint64_t)K * (uint64_t)N;
-	size_t head = (sizeof(struct job) + 63) & ~(size_t)63;
-	struct job *j;
-	float *ws;
+	const struct job a = {.run = run_gemm_lp,
+	                      .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha,
+	                                 .beta = beta, .C = C, .dt = lowp_dtype(dt), .A16 = A,
+	                                 .B16 = B}};
+	struct job *j = NULL;
+	void *ws = NULL;
 
-	/* malloc, not calloc: the widening writes every element of the
-	 * workspace, so zeroing it first would be one more pass over it */
-	if (mk + kn > (SIZE_MAX - head) / sizeof(float) ||
-	    !(j = malloc(head + (size_t)(mk + kn) * sizeof(float))))
+	/* not zeroed: the widening writes every element of the workspace, so
+	 * zeroing it first would be one more pass over it */
+	if (mk + kn <= SIZE_MAX / sizeof(float))
+		j = job_with_workspace(&a, (size_t)(mk + kn) * sizeof(float), &ws);
+	if (!j)
 		return ts_error_oom(err, "%s: out of memory for the float32 workspace of a %s gemm "
 		                    "(%llu elements)", ts_device_props(ts_queue_device(q))->id,
 		                    ts_compute_name(dt), (unsigned long long)(mk + kn));
-	memset(j, 0, sizeof *j);
-	ws = (float *)(void *)((char *)j + head);
-	j->run = run_gemm_lp;
-	j->u.gemm.ta = ta;
-	j->u.gemm.tb = tb;
-	j->u.gemm.M = M;
-	j->u.gemm.N = N;
-	j->u.gemm.K = K;
-	j->u.gemm.alpha = alpha;
-	j->u.gemm.beta = beta;
-	j->u.gemm.dt = lowp_dtype(dt);
-	j->u.gemm.A16 = A;
-	j->u.gemm.B16 = B;
 	j->u.gemm.A = ws;
-	j->u.gemm.B = ws + mk;
-	j->u.gemm.C = C;
+	j->u.gemm.B = (float *)ws + mk;
 	return job_submit(q, j, err);
 }
 
 static ts_status cpu_act_fwd(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
                              float *out, uint64_t n, struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_act_fwd, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.act.act = act;
-	j->u.act.in = in;
-	j->u.act.out = out;
-	j->u.act.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_act_fwd,
+	                                 .u.act = {.act = act, .in = in, .out = out, .n = n}},
+	                err);
 }
 
 static ts_status cpu_act_bwd(void *impl, struct ts_queue *q, enum ts_act act, const float *pre,
                              const float *grad_out, float *grad_in, uint64_t n,
                              struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_act_bwd, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.act.act = act;
-	j->u.act.in = pre;
-	j->u.act.grad = grad_out;
-	j->u.act.out = grad_in;
-	j->u.act.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_act_bwd,
+	                                 .u.act = {.act = act, .in = pre, .grad = grad_out,
+	                                           .out = grad_in, .n = n}},
+	                err);
 }
 
 static ts_status cpu_add(void *impl, struct ts_queue *q, const float *x, float *y, uint64_t n,
                          struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_add, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.add.x = x;
-	j->u.add.y = y;
-	j->u.add.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_add, .u.add = {.x = x, .y = y, .n = n}}, err);
 }
 
 static ts_status cpu_loss(void *impl, struct ts_queue *q, enum ts_loss loss, const float *out,
                           const float *target, float *loss_dev, float *grad, uint64_t n,
                           struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_loss, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.loss.loss = loss;
-	j->u.loss.out = out;
-	j->u.loss.target = target;
-	j->u.loss.value = loss_dev;
-	j->u.loss.grad = grad;
-	j->u.loss.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_loss,
+	                                 .u.loss = {.loss = loss, .out = out, .target = target,
+	                                            .value = loss_dev, .grad = grad, .n = n}},
+	                err);
 }
 
 static ts_status cpu_sumsq(void *impl, struct ts_queue *q, const float *x, uint64_t n,
                            float *acc, struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_sumsq, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.sumsq.x = x;
-	j->u.sumsq.acc = acc;
-	j->u.sumsq.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_sumsq, .u.sumsq = {.x = x, .acc = acc, .n = n}},
+	                err);
 }
 
 static ts_status cpu_update(void *impl, struct ts_queue *q, const struct ts_optimizer *opt,
                             int step, float *p, const float *g, float *mu, float *nu,
                             uint64_t n, const float *gnorm_sq_dev, struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_update, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.update.opt = *opt;
-	j->u.update.step = step;
-	j->u.update.p = p;
-	j->u.update.g = g;
-	j->u.update.mu = mu;
-	j->u.update.nu = nu;
-	j->u.update.n = n;
-	j->u.update.gnorm_sq = gnorm_sq_dev;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_update,
+	                                 .u.update = {.opt = *opt, .step = step, .p = p, .g = g,
+	                                              .mu = mu, .nu = nu, .n = n,
+	                                              .gnorm_sq = gnorm_sq_dev}},
+	                err);
 }
 
 static ts_status cpu_fill(void *impl, struct ts_queue *q, float *x, float v, uint64_t n,
-                          struct ts_error *err)
+                         struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run_fill, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.fill.x = x;
-	j->u.fill.v = v;
-	j->u.fill.n = n;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run_fill, .u.fill = {.x = x, .v = v, .n = n}}, err);
 }
 
 static ts_status cpu_tok(job_fn run, struct ts_queue *q, const float *in, const void *ids,
                          int id_bytes, uint64_t rows, int vocab, int d, float *out, float *loss,
                          struct ts_error *err)
 {
-	struct job *j;
-	ts_status st = job_new(run, q, &j, err);
-
-	if (st != TS_OK)
-		return st;
-	j->u.tok.in = in;
-	j->u.tok.ids = ids;
-	j->u.tok.id_bytes = id_bytes;
-	j->u.tok.rows = rows;
-	j->u.tok.vocab = vocab;
-	j->u.tok.d = d;
-	j->u.tok.out = out;
-	j->u.tok.loss = loss;
-	return job_submit(q, j, err);
+	return job_post(q, &(struct job){.run = run,
+	                                 .u.tok = {.in = in, .ids = ids, .id_bytes = id_bytes,
+	                                           .rows = rows, .vocab = vocab, .d = d, .out = out,
+	                                           .loss = loss}},
+	                err);
 }
 
 static ts_status cpu_embed_fwd(void *impl, struct ts_queue *q, const float *table, int vocab,
@@ -701,22 +623,17 @@ static ts_status cpu_xent(void *impl, struct ts_queue *q, const float *logits,
                           const void *targets, int id_bytes, uint64_t rows, int vocab,
                           float *loss_dev, float *grad, struct ts_error *err)
 {
-	size_t head = (sizeof(struct job) + 63) & ~(size_t)63;
-	struct job *j = calloc(1, head + (size_t)vocab * sizeof(double));
+	const struct job a = {.run = run_xent,
+	                      .u.tok = {.in = logits, .ids = targets, .id_bytes = id_bytes,
+	                                .rows = rows, .vocab = vocab, .d = 1, .out = grad,
+	                                .loss = loss_dev}};
+	void *ws = NULL;
+	struct job *j = job_with_workspace(&a, (size_t)vocab * sizeof(double), &ws);
 
 	if (!j)
 		return ts_error_oom(err, "%s: out of memory for the workspace of a cross-entropy "
 		                    "(vocab %d)", ts_device_props(ts_queue_device(q))->id, vocab);
-	j->run = run_xent;
-	j->u.tok.in = logits;
-	j->u.tok.ids = targets;
-	j->u.tok.id_bytes = id_bytes;
-	j->u.tok.rows = rows;
-	j->u.tok.vocab = vocab;
-	j->u.tok.d = 1;
-	j->u.tok.out = grad;
-	j->u.tok.loss = loss_dev;
-	j->u.tok.ws = (double *)(void *)((char *)j + head);
+	j->u.tok.ws = ws;
 	return job_submit(q, j, err);
 }
 
