@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -804,6 +805,19 @@ bool th_client_request(struct th_client *c, const char *method, const char *path
 	return rc == CURLE_OK && r->body != NULL;
 }
 
+char *th_fmt(const char *f, ...)
+{
+	va_list ap;
+	char *s = NULL;
+	int n;
+
+	va_start(ap, f);
+	n = vasprintf(&s, f, ap);
+	va_end(ap);
+	ck_assert_msg(n >= 0 && s, "vasprintf failed for '%s'", f);
+	return s;
+}
+
 void th_get(struct th_daemon *d, const char *path, struct th_response *r)
 {
 	th_request(d, "GET", path, NULL, NULL, 0, r);
@@ -908,18 +922,23 @@ void th_expect_data(struct th_daemon *d, const char *name, const char *index, co
 	th_response_free(&r);
 }
 
+/* Fails the test unless r's error message contains word. */
+static void expect_message_names(struct th_response *r, const char *what, const char *word)
+{
+	const char *msg = th_str(th_obj(th_json(r), "error"), "message");
+
+	ck_assert_msg(strstr(msg, word), "%s: the message does not name '%s': %s", what, word, msg);
+}
+
 void th_expect_error(struct th_response *r, const char *what, long http, const char *status,
                      const char *reason, const char *word, const char *word2)
 {
-	const char *msg;
-
 	ck_assert_msg(r->status == http, "%s: %ld, want %ld: %s", what, r->status, http, r->body);
 	th_assert_error(r, http, status, reason);
-	msg = th_str(th_obj(th_json(r), "error"), "message");
-	ck_assert_msg(!word || strstr(msg, word), "%s: the message does not name '%s': %s", what,
-	              word, msg);
-	ck_assert_msg(!word2 || strstr(msg, word2), "%s: the message does not name '%s': %s", what,
-	              word2, msg);
+	if (word)
+		expect_message_names(r, what, word);
+	if (word2)
+		expect_message_names(r, what, word2);
 	th_response_free(r);
 }
 
@@ -932,6 +951,25 @@ void th_post_error(struct th_daemon *d, const char *path, const char *body, long
 	snprintf(what, sizeof what, "POST %s %.400s", path, body ? body : "");
 	th_post(d, path, body, &r);
 	th_expect_error(&r, what, http, status, reason, word, word2);
+}
+
+void th_post_error_words(struct th_daemon *d, const char *path, const char *body, long http,
+                         const char *status, const char *reason, ...)
+{
+	struct th_response r;
+	const char *word;
+	char what[600];
+	va_list ap;
+
+	snprintf(what, sizeof what, "POST %s %.400s", path, body ? body : "");
+	th_post(d, path, body, &r);
+	ck_assert_msg(r.status == http, "%s: %ld, want %ld: %s", what, r.status, http, r.body);
+	th_assert_error(&r, http, status, reason);
+	va_start(ap, reason);
+	while ((word = va_arg(ap, const char *)) != NULL)
+		expect_message_names(&r, what, word);
+	va_end(ap);
+	th_response_free(&r);
 }
 
 bool th_spaces_match_shards(struct th_daemon *d, char *why, size_t cap)

@@ -171,6 +171,10 @@ void th_request(struct th_daemon *d, const char *method, const char *path,
                 const char *const *headers, const char *body, size_t body_len,
                 struct th_response *r);
 
+/* printf into a new string (caller frees); fails the test when out of
+ * memory. For request paths and bodies built from values. */
+char *th_fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+
 /* GET path, no headers. */
 void th_get(struct th_daemon *d, const char *path, struct th_response *r);
 
@@ -230,6 +234,12 @@ void th_expect_error(struct th_response *r, const char *what, long http, const c
 /* th_post, then th_expect_error on the answer. */
 void th_post_error(struct th_daemon *d, const char *path, const char *body, long http,
                    const char *status, const char *reason, const char *word, const char *word2);
+
+/* th_post, then th_expect_error's checks with any number of words: the
+ * message must contain each of the NULL-terminated list after reason. */
+void th_post_error_words(struct th_daemon *d, const char *path, const char *body, long http,
+                         const char *status, const char *reason, ...)
+	__attribute__((sentinel));
 
 /* Value of a response header (case-insensitive name), or NULL (borrowed). */
 const char *th_header(const struct th_response *r, const char *name);

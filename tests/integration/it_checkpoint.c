@@ -13,7 +13,6 @@
 #include "tests/integration/harness.h"
 
 #include <check.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,19 +37,6 @@ static void down(void)
 {
 	th_daemon_stop_ok(&A);
 	th_daemon_stop_ok(&Bd);
-}
-
-static char *fmt(const char *f, ...)
-{
-	va_list ap;
-	char *s = NULL;
-	int n;
-
-	va_start(ap, f);
-	n = vasprintf(&s, f, ap);
-	va_end(ap);
-	ck_assert_msg(n >= 0 && s, "vasprintf failed");
-	return s;
 }
 
 static void upload(struct th_daemon *d, const char *name, const float *x, size_t rows, size_t cols)
@@ -87,9 +73,11 @@ static void data_up(struct th_daemon *d)
 /* A 3-layer residual gelu MLP with optimizer opt, mse loss. */
 static void create(struct th_daemon *d, const char *name, const char *opt)
 {
-	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 3, \"d_model\": %d, \"d_hidden\": 24, "
-	                 "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
-	                 "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}}", name, D, opt);
+	char *spec = th_fmt(
+	        "{\"name\": \"%s\", \"mlp\": {\"layers\": 3, \"d_model\": %d, \"d_hidden\": 24, "
+	        "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
+	        "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}}",
+	        name, D, opt);
 
 	json_decref(th_post_json(d, "/v1/models?wait=true", spec, 200));
 	free(spec);

@@ -22,7 +22,6 @@
 
 #include <check.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +35,6 @@ static struct th_daemon D;
 static char py_dir[1024];
 
 static const char *const base_args[] = {"--sim-device-memory", "256MiB", NULL};
-static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 
 static void daemon_up(void)
 {
@@ -49,79 +47,6 @@ static void daemon_down(void)
 }
 
 /* ---- requests ------------------------------------------------------------------------ */
-
-static char *fmt(const char *f, ...)
-{
-	va_list ap;
-	char *s = NULL;
-	int n;
-
-	va_start(ap, f);
-	n = vasprintf(&s, f, ap);
-	va_end(ap);
-	ck_assert_msg(n >= 0 && s, "vasprintf failed");
-	return s;
-}
-
-static void post(const char *path, const char *body, struct th_response *r)
-{
-	th_request(&D, "POST", path, json_headers, body, strlen(body), r);
-}
-
-static json_t *post_json(const char *path, const char *body, long want)
-{
-	struct th_response r;
-	json_t *j;
-
-	post(path, body, &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
-}
-
-/* POST path body must fail with http/status/reason and a message naming
- * each of the NULL-terminated words. */
-static void post_error(const char *path, const char *body, long http, const char *status,
-                       const char *reason, ...)
-{
-	struct th_response r;
-	const char *msg, *word;
-	va_list ap;
-
-	post(path, body, &r);
-	ck_assert_msg(r.status == http, "POST %s %s: %ld, want %ld: %s", path, body, r.status, http,
-	              r.body);
-	th_assert_error(&r, http, status, reason);
-	msg = th_str(th_obj(th_json(&r), "error"), "message");
-	va_start(ap, reason);
-	while ((word = va_arg(ap, const char *)) != NULL)
-		ck_assert_msg(strstr(msg, word), "POST %s %s: the message does not name '%s': %s", path,
-		              body, word, msg);
-	va_end(ap);
-	th_response_free(&r);
-}
-
-static json_t *get_json(const char *path)
-{
-	struct th_response r;
-	json_t *j = json_incref(th_get_json(&D, path, &r));
-
-	th_response_free(&r);
-	return j;
-}
-
-static long get_status(const char *path)
-{
-	struct th_response r;
-	long st;
-
-	th_get(&D, path, &r);
-	st = r.status;
-	th_response_free(&r);
-	return st;
-}
 
 static void upload(const char *name, const float *x, size_t rows, size_t cols)
 {
@@ -148,7 +73,7 @@ static json_t *array_meta(const char *name)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return get_json(path);
+	return th_get_object(&D, path);
 }
 
 static void move_to(const char *name, const char *kind)
@@ -157,12 +82,12 @@ static void move_to(const char *name, const char *kind)
 
 	snprintf(path, sizeof path, "/v1/arrays/%s:put?wait=true", name);
 	snprintf(body, sizeof body, "{\"memory_kind\": \"%s\"}", kind);
-	json_decref(post_json(path, body, 200));
+	json_decref(th_post_json(&D, path, body, 200));
 }
 
 static json_int_t space_int(const char *dev, const char *kind, const char *key)
 {
-	json_t *feed = get_json("/v1/memory"), *sp;
+	json_t *feed = th_get_object(&D, "/v1/memory"), *sp;
 	json_int_t v = -1;
 	size_t i;
 
@@ -180,7 +105,7 @@ static json_t *evaluate(const char *model, const char *body)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/models/%s:evaluate?wait=true", model);
-	return post_json(path, body, 200);
+	return th_post_json(&D, path, body, 200);
 }
 
 static json_t *step(const char *model, const char *body)
@@ -188,7 +113,7 @@ static json_t *step(const char *model, const char *body)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
-	return post_json(path, body, 200);
+	return th_post_json(&D, path, body, 200);
 }
 
 static json_t *analyze(const char *model, const char *body)
@@ -196,7 +121,7 @@ static json_t *analyze(const char *model, const char *body)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/models/%s:analyze", model);
-	return post_json(path, body, 200);
+	return th_post_json(&D, path, body, 200);
 }
 
 #define J(o, k) th_int((o), (k))
@@ -257,17 +182,18 @@ struct files {
 
 static void small_setup(const char *name, const char *placement, struct files *f)
 {
-	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, "
-	                 "\"d_hidden\": %d, \"activation\": \"gelu\", \"residual\": true}, "
-	                 "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
-	                 "\"learning_rate\": 0.01}, \"init\": {\"seed\": 7, \"scale\": 0.2}%s%s}",
-	                 name, L_, D_, H_, placement ? ", \"placement\": " : "",
-	                 placement ? placement : "");
+	char *spec =
+	        th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, "
+	               "\"d_hidden\": %d, \"activation\": \"gelu\", \"residual\": true}, "
+	               "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
+	               "\"learning_rate\": 0.01}, \"init\": {\"seed\": 7, \"scale\": 0.2}%s%s}",
+	               name, L_, D_, H_, placement ? ", \"placement\": " : "",
+	               placement ? placement : "");
 	float *x = make(B_ * D_, 3, -2.0f, 2.0f), *t = make(B_ * D_, 4, -2.0f, 2.0f), *w;
 	char an[200];
 	size_t n;
 
-	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
 	free(spec);
 	upload("x", x, B_, D_);
 	upload("t", t, B_, D_);
@@ -375,7 +301,7 @@ static json_int_t model_steps(const char *model)
 	json_int_t v;
 
 	snprintf(path, sizeof path, "/v1/models/%s", model);
-	m = get_json(path);
+	m = th_get_object(&D, path);
 	v = J(m, "steps");
 	json_decref(m);
 	return v;
@@ -486,9 +412,11 @@ START_TEST(test_evaluate_offloaded_params)
 	ck_assert_int_eq(J(an, "h2d_bytes"), 2 * L_ * D_ * H_ * 4);
 	ck_assert_int_eq(J(an, "host_argument_size_in_bytes"), 2 * L_ * D_ * H_ * 4);
 	ck_assert_int_eq(J(an, "host_output_size_in_bytes"), B_ * D_ * 4);
-	body = fmt("{\"inputs\": \"x\", \"targets\": \"t\", \"placement\": {\"prefetch_depth\": 1}, "
-	           "\"outputs\": {\"name\": \"out_host\", \"sharding\": {\"device\": \"%s\", "
-	           "\"memory_kind\": \"pinned_host\"}}}", th_dev(0));
+	body = th_fmt(
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"placement\": {\"prefetch_depth\": 1}, "
+	        "\"outputs\": {\"name\": \"out_host\", \"sharding\": {\"device\": \"%s\", "
+	        "\"memory_kind\": \"pinned_host\"}}}",
+	        th_dev(0));
 	host = evaluate("m", body);
 	free(body);
 	ck_assert_msg(json_equal(json_object_get(dev, "loss"), json_object_get(host, "loss")),
@@ -556,10 +484,11 @@ START_TEST(test_evaluate_analyze_mode)
 	ck_assert_int_eq(J(ev, "output_size_in_bytes"), 0);
 	json_decref(ev);
 	json_decref(st);
-	post_error("/v1/models/m:analyze", "{\"batch\": [16, 32], \"mode\": \"infer\"}", 400,
-	           "INVALID_ARGUMENT", "BAD_MODE", "infer", NULL);
-	post_error("/v1/models/m:analyze", "{\"batch\": [16, 32], \"outputs\": {}}", 400,
-	           "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "evaluate", NULL);
+	th_post_error_words(&D, "/v1/models/m:analyze",
+	                    "{\"batch\": [16, 32], \"mode\": \"infer\"}", 400, "INVALID_ARGUMENT",
+	                    "BAD_MODE", "infer", NULL);
+	th_post_error_words(&D, "/v1/models/m:analyze", "{\"batch\": [16, 32], \"outputs\": {}}",
+	                    400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "evaluate", NULL);
 }
 END_TEST
 
@@ -569,38 +498,57 @@ START_TEST(test_evaluate_errors)
 	char *body;
 
 	small_setup("m", NULL, NULL);
-	json_decref(post_json("/v1/models?wait=true",
-	                      "{\"name\": \"s\", \"mlp\": {\"layers\": 1, \"d_model\": 32}, "
-	                      "\"loss\": \"sum\"}", 200));
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}", 400, "INVALID_ARGUMENT",
-	           "BAD_REQUEST_BODY", "steps", NULL);
-	post_error(p, "{\"inputs\": \"x\"}", 400, "INVALID_ARGUMENT", "NO_TARGETS", "targets", NULL);
-	post_error("/v1/models/s:evaluate", "{\"inputs\": \"x\", \"targets\": \"t\"}", 400,
-	           "INVALID_ARGUMENT", "UNEXPECTED_TARGETS", "sum", NULL);
-	post_error(p, "{\"inputs\": {\"array\": \"x\", \"row\": [1]}, \"targets\": \"t\"}", 400,
-	           "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs.row", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"memory_kind\": "
-	              "\"device\"}}", 400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	              "\"memory_kind\": \"unpinned_host\"}}", 400, "INVALID_ARGUMENT",
-	           "BAD_MEMORY_KIND", "unpinned_host", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	              "\"memory_kind\": \"vram\"}}", 400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND",
-	           "vram", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	              "\"colour\": 1}}", 400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.colour", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"bad name\"}}",
-	           400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"m.w1\"}}",
-	           400, "FAILED_PRECONDITION", "ARRAY_OWNED", "m.w1", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"s.w1\"}}",
-	           400, "FAILED_PRECONDITION", "ARRAY_OWNED", "s.w1", NULL);
-	post_error(p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	              "\"device\": \"nodev:9\"}}", 400, "INVALID_ARGUMENT", NULL, "nodev:9", NULL);
-	post_error(p, "{\"inputs\": \"nothere\", \"targets\": \"t\"}", 404, "NOT_FOUND",
-	           "ARRAY_NOT_FOUND", "nothere", NULL);
-	post_error("/v1/models/ghost:evaluate", "{\"inputs\": \"x\"}", 404, "NOT_FOUND", NULL,
-	           "ghost", NULL);
+	json_decref(th_post_json(&D, "/v1/models?wait=true",
+	                         "{\"name\": \"s\", \"mlp\": {\"layers\": 1, \"d_model\": 32}, "
+	                         "\"loss\": \"sum\"}", 200));
+	th_post_error_words(&D, p, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}", 400,
+	                    "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "steps", NULL);
+	th_post_error_words(&D, p, "{\"inputs\": \"x\"}", 400, "INVALID_ARGUMENT", "NO_TARGETS",
+	                    "targets", NULL);
+	th_post_error_words(&D, "/v1/models/s:evaluate", "{\"inputs\": \"x\", \"targets\": \"t\"}",
+	                    400, "INVALID_ARGUMENT", "UNEXPECTED_TARGETS", "sum", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": {\"array\": \"x\", \"row\": [1]}, \"targets\": \"t\"}",
+	                    400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs.row", NULL);
+	th_post_error_words(
+	        &D, p,
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"memory_kind\": "
+	        "\"device\"}}",
+	        400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
+	th_post_error_words(
+	        &D, p,
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	        "\"memory_kind\": \"unpinned_host\"}}",
+	        400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "unpinned_host", NULL);
+	th_post_error_words(
+	        &D, p,
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	        "\"memory_kind\": \"vram\"}}",
+	        400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "vram", NULL);
+	th_post_error_words(
+	        &D, p,
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	        "\"colour\": 1}}",
+	        400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.colour", NULL);
+	th_post_error_words(
+	        &D, p,
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"bad name\"}}",
+	        400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
+	th_post_error_words(
+	        &D, p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"m.w1\"}}",
+	        400, "FAILED_PRECONDITION", "ARRAY_OWNED", "m.w1", NULL);
+	th_post_error_words(
+	        &D, p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"s.w1\"}}",
+	        400, "FAILED_PRECONDITION", "ARRAY_OWNED", "s.w1", NULL);
+	th_post_error_words(
+	        &D, p,
+	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	        "\"device\": \"nodev:9\"}}",
+	        400, "INVALID_ARGUMENT", NULL, "nodev:9", NULL);
+	th_post_error_words(&D, p, "{\"inputs\": \"nothere\", \"targets\": \"t\"}", 404,
+	                    "NOT_FOUND", "ARRAY_NOT_FOUND", "nothere", NULL);
+	th_post_error_words(&D, "/v1/models/ghost:evaluate", "{\"inputs\": \"x\"}", 404,
+	                    "NOT_FOUND", NULL, "ghost", NULL);
 	/* inputs of the wrong width */
 	{
 		float *w = make(4 * 8, 9, -1.0f, 1.0f);
@@ -608,16 +556,19 @@ START_TEST(test_evaluate_errors)
 		upload("narrow", w, 4, 8);
 		free(w);
 	}
-	post_error(p, "{\"inputs\": \"narrow\", \"targets\": \"narrow\"}", 400, "INVALID_ARGUMENT",
-	           "BAD_INPUTS", "32", NULL);
+	th_post_error_words(&D, p, "{\"inputs\": \"narrow\", \"targets\": \"narrow\"}", 400,
+	                    "INVALID_ARGUMENT", "BAD_INPUTS", "32", NULL);
 	/* outputs asked for on another device than the model's */
 	if (th_daemon_has_device(&D, th_dev(1))) {
-		body = fmt("{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-		           "\"device\": \"%s\"}}", th_dev(1));
-		post_error(p, body, 400, "FAILED_PRECONDITION", "OUTPUTS_ELSEWHERE", th_dev(1), NULL);
+		body = th_fmt(
+		        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+		        "\"device\": \"%s\"}}",
+		        th_dev(1));
+		th_post_error_words(&D, p, body, 400, "FAILED_PRECONDITION", "OUTPUTS_ELSEWHERE",
+		                    th_dev(1), NULL);
 		free(body);
 	}
-	ck_assert_int_eq(get_status("/v1/arrays/o"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/o"), 404);
 }
 END_TEST
 
@@ -632,21 +583,21 @@ START_TEST(test_evaluate_refused_while_a_step_runs)
 	const char *msg;
 
 	small_setup("m", NULL, NULL);
-	op = post_json("/v1/models/m:step", "{\"inputs\": \"x\", \"targets\": \"t\", "
+	op = th_post_json(&D, "/v1/models/m:step", "{\"inputs\": \"x\", \"targets\": \"t\", "
 	                                    "\"steps\": 100000}", 202);
 	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
-	post("/v1/models/m:evaluate", "{\"inputs\": \"x\", \"targets\": \"t\"}", &r);
+	th_post(&D, "/v1/models/m:evaluate", "{\"inputs\": \"x\", \"targets\": \"t\"}", &r);
 	ck_assert_msg(r.status == 409, "evaluate during a step: %ld %s", r.status, r.body);
 	th_assert_error(&r, 409, "ABORTED", "TARGET_BUSY");
 	msg = th_str(th_obj(th_json(&r), "error"), "message");
 	ck_assert_msg(strstr(msg, id) != NULL, "the refusal does not name the step %s: %s", id, msg);
 	th_response_free(&r);
 	snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
-	post(path, "{}", &r);
+	th_post(&D, path, "{}", &r);
 	th_response_free(&r);
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	json_decref(post_json(path, "{\"timeout\": \"60s\"}", 200));
+	json_decref(th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200));
 	done = evaluate("m", "{\"inputs\": \"x\", \"targets\": \"t\"}");
 	ck_assert(json_is_number(json_object_get(done, "loss")));
 	json_decref(done);
@@ -664,30 +615,32 @@ START_TEST(test_evaluate_cancel)
 	long cancel;
 	float *x = make(2048 * 256, 5, -1.0f, 1.0f);
 
-	json_decref(post_json("/v1/models?wait=true",
-	                      "{\"name\": \"g\", \"mlp\": {\"layers\": 8, \"d_model\": 256, "
-	                      "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\", "
-	                      "\"init\": {\"seed\": 3, \"scale\": 0.05}}", 200));
+	json_decref(
+	        th_post_json(&D, "/v1/models?wait=true",
+	                     "{\"name\": \"g\", \"mlp\": {\"layers\": 8, \"d_model\": 256, "
+	                     "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\", "
+	                     "\"init\": {\"seed\": 3, \"scale\": 0.05}}",
+	                     200));
 	upload("gx", x, 2048, 256);
 	free(x);
 	dev0 = space_int(th_dev(0), "device", "bytes_in_use");
-	op = post_json("/v1/models/g:evaluate", "{\"inputs\": \"gx\", \"outputs\": {\"name\": \"go\"}}",
-	               202);
+	op = th_post_json(&D, "/v1/models/g:evaluate",
+	                  "{\"inputs\": \"gx\", \"outputs\": {\"name\": \"go\"}}", 202);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), "evaluate");
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "target")), "g");
 	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
 	snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
-	post(path, "{}", &r);
+	th_post(&D, path, "{}", &r);
 	cancel = r.status;
 	ck_assert_msg(cancel == 200 || cancel == 400, "cancel: %ld %s", r.status, r.body);
 	th_response_free(&r);
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	op = th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200);
 	if (cancel == 200) {
 		ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
 		ck_assert_int_eq(th_int(th_obj(op, "error"), "code"), 499);
-		ck_assert_int_eq(get_status("/v1/arrays/go"), 404);
+		ck_assert_int_eq(th_get_status(&D, "/v1/arrays/go"), 404);
 	} else {
 		fprintf(stderr, "evaluate: the evaluation ended before its cancel arrived\n");
 		ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
@@ -712,17 +665,18 @@ START_TEST(test_evaluate_holds_the_weights)
 	char path[200], id[64];
 	float *x = make(2048 * 256, 5, -1.0f, 1.0f);
 
-	json_decref(post_json("/v1/models?wait=true",
-	                      "{\"name\": \"g\", \"mlp\": {\"layers\": 8, \"d_model\": 256, "
-	                      "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\"}",
-	                      200));
+	json_decref(
+	        th_post_json(&D, "/v1/models?wait=true",
+	                     "{\"name\": \"g\", \"mlp\": {\"layers\": 8, \"d_model\": 256, "
+	                     "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\"}",
+	                     200));
 	upload("gx", x, 2048, 256);
 	free(x);
 	before = array_meta("g.w1");
-	op = post_json("/v1/models/g:evaluate", "{\"inputs\": \"gx\"}", 202);
+	op = th_post_json(&D, "/v1/models/g:evaluate", "{\"inputs\": \"gx\"}", 202);
 	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
-	post("/v1/arrays/g.w1:put", "{\"memory_kind\": \"pinned_host\"}", &r);
+	th_post(&D, "/v1/arrays/g.w1:put", "{\"memory_kind\": \"pinned_host\"}", &r);
 	if (r.status == 409) {
 		const char *msg;
 
@@ -731,7 +685,7 @@ START_TEST(test_evaluate_holds_the_weights)
 		ck_assert_msg(strstr(msg, id) != NULL, "the refusal does not name %s: %s", id, msg);
 	} else {
 		snprintf(path, sizeof path, "/v1/operations/%s", id);
-		op = get_json(path);
+		op = th_get_object(&D, path);
 		ck_assert_msg(th_bool(op, "done"), "a move of g.w1 (%ld) got through while evaluation "
 		              "%s ran", r.status, id);
 		json_decref(op);
@@ -739,7 +693,7 @@ START_TEST(test_evaluate_holds_the_weights)
 	}
 	th_response_free(&r);
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	op = th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
 	after = array_meta("g.w1");

@@ -21,7 +21,6 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,8 +48,6 @@ static void daemon_down(void)
 	th_daemon_stop_ok(&D);
 }
 
-static const char *const json_headers[] = {"Content-Type: application/json", NULL};
-
 /* The guide's 10-layer MLP (relu, loss sum, gradients only). */
 #define GUIDE_MLP "{\"layers\": 10, \"d_model\": 256, \"d_hidden\": 1024, \"activation\": \"relu\"}"
 #define GUIDE_B 256
@@ -76,86 +73,11 @@ static const char *second_device(void)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
-/* printf into a new string (caller frees). */
-static char *fmt(const char *f, ...)
-{
-	va_list ap;
-	char *s = NULL;
-	int n;
-
-	va_start(ap, f);
-	n = vasprintf(&s, f, ap);
-	va_end(ap);
-	ck_assert_msg(n >= 0 && s, "vasprintf failed");
-	return s;
-}
-
-static void post(const char *path, const char *body, struct th_response *r)
-{
-	th_request(&D, "POST", path, json_headers, body, strlen(body), r);
-}
-
-/* POST path body; the status must be want; returns the JSON body (new reference). */
-static json_t *post_json(const char *path, const char *body, long want)
-{
-	struct th_response r;
-	json_t *j;
-
-	post(path, body, &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
-}
-
-/* POST path body must fail with http/status/reason and a message that
- * contains each of the NULL-terminated words. */
-static void post_error(const char *path, const char *body, long http, const char *status,
-                       const char *reason, ...)
-{
-	struct th_response r;
-	const char *msg, *word;
-	va_list ap;
-
-	post(path, body, &r);
-	ck_assert_msg(r.status == http, "POST %s %s: %ld, want %ld: %s", path, body, r.status, http,
-	              r.body);
-	th_assert_error(&r, http, status, reason);
-	msg = th_str(th_obj(th_json(&r), "error"), "message");
-	va_start(ap, reason);
-	while ((word = va_arg(ap, const char *)) != NULL)
-		ck_assert_msg(strstr(msg, word), "POST %s %s: the message does not name '%s': %s", path,
-		              body, word, msg);
-	va_end(ap);
-	th_response_free(&r);
-}
-
-static json_t *get_json(const char *path)
-{
-	struct th_response r;
-	json_t *j = json_incref(th_get_json(&D, path, &r));
-
-	th_response_free(&r);
-	return j;
-}
-
-static long get_status(const char *path)
-{
-	struct th_response r;
-	long st;
-
-	th_get(&D, path, &r);
-	st = r.status;
-	th_response_free(&r);
-	return st;
-}
-
 /* Creates a model from its JSON, waiting for its creation (an operation);
  * 200 with the model (new reference). */
 static json_t *create(const char *spec)
 {
-	return post_json("/v1/models?wait=true", spec, 200);
+	return th_post_json(&D, "/v1/models?wait=true", spec, 200);
 }
 
 /* PUT /v1/arrays/name?dtype=float32&shape=rows,cols[&extra] with x. */
@@ -195,7 +117,7 @@ static json_t *array_meta(const char *name)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return get_json(path);
+	return th_get_object(&D, path);
 }
 
 /* :put an array to another memory kind of its device, waiting. */
@@ -206,7 +128,7 @@ static void move_to(const char *name, const char *kind)
 
 	snprintf(path, sizeof path, "/v1/arrays/%s:put?wait=true", name);
 	snprintf(body, sizeof body, "{\"memory_kind\": \"%s\"}", kind);
-	a = post_json(path, body, 200);
+	a = th_post_json(&D, path, body, 200);
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), kind);
 	json_decref(a);
 }
@@ -229,7 +151,7 @@ static json_t *step_wait(const char *model, const char *body)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
-	return post_json(path, body, 200);
+	return th_post_json(&D, path, body, 200);
 }
 
 /* POST /v1/models/{m}:analyze (new reference). */
@@ -238,13 +160,13 @@ static json_t *analyze(const char *model, const char *body)
 	char path[300];
 
 	snprintf(path, sizeof path, "/v1/models/%s:analyze?timeline=true", model);
-	return post_json(path, body, 200);
+	return th_post_json(&D, path, body, 200);
 }
 
 /* A space's stats from /v1/memory (new reference). */
 static json_t *space(const char *dev, const char *kind)
 {
-	json_t *feed = get_json("/v1/memory"), *sp, *found = NULL;
+	json_t *feed = th_get_object(&D, "/v1/memory"), *sp, *found = NULL;
 	size_t i;
 
 	json_array_foreach(th_arr(feed, "spaces"), i, sp)
@@ -266,7 +188,7 @@ static json_int_t space_int(const char *dev, const char *kind, const char *key)
 
 static json_int_t implicit_total(void)
 {
-	json_t *feed = get_json("/v1/memory");
+	json_t *feed = th_get_object(&D, "/v1/memory");
 	json_int_t v = th_int(th_obj(feed, "transfers"), "implicit_transfer_bytes");
 
 	json_decref(feed);
@@ -295,7 +217,7 @@ static json_t *op_get(const char *id)
 	char path[96];
 
 	snprintf(path, sizeof path, "/v1/operations/%s", id);
-	return get_json(path);
+	return th_get_object(&D, path);
 }
 
 /* Starts a step as an operation: 202 with kind "step", target model and
@@ -307,7 +229,7 @@ static char *step_start(const char *model, const char *body, json_int_t steps)
 	char *id;
 
 	snprintf(path, sizeof path, "/v1/models/%s:step", model);
-	op = post_json(path, body, 202);
+	op = th_post_json(&D, path, body, 202);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), "step");
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "target")), model);
 	progress = th_op_meta(op, "progress");
@@ -425,11 +347,12 @@ struct small {
 
 static char *small_spec(const struct small *s)
 {
-	return fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
-	           "\"activation\": \"%s\", \"residual\": %s}, \"loss\": \"%s\", "
-	           "\"optimizer\": %s, \"init\": {\"seed\": %d, \"scale\": %g}}",
-	           s->name, s->layers, s->d, s->h, s->act, s->residual ? "true" : "false", s->loss,
-	           s->optimizer ? s->optimizer : "{\"type\": \"none\"}", s->seed, s->scale);
+	return th_fmt(
+	        "{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
+	        "\"activation\": \"%s\", \"residual\": %s}, \"loss\": \"%s\", "
+	        "\"optimizer\": %s, \"init\": {\"seed\": %d, \"scale\": %g}}",
+	        s->name, s->layers, s->d, s->h, s->act, s->residual ? "true" : "false", s->loss,
+	        s->optimizer ? s->optimizer : "{\"type\": \"none\"}", s->seed, s->scale);
 }
 
 /* A model's files for the reference: its initial weights, inputs and targets. */
@@ -660,14 +583,14 @@ START_TEST(test_create_variants)
 	ck_assert_str_eq(th_str(th_obj(m, "optimizer"), "type"), "none");
 	ck_assert_str_eq(th_str(th_obj(m, "placement"), "params"), "device");
 	check_param_array("sq", "w1", sq, th_dev(0), "device");
-	ck_assert_int_eq(get_status("/v1/arrays/sq.w2"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/sq.w2"), 404);
 	json_decref(m);
 
 	/* sgd keeps no state; params on pinned_host of the second device (the
 	 * first on a one-GPU machine) */
 	{
 		const char *d1 = second_device();
-		char *body = fmt("{\"name\": \"sgd1\", \"mlp\": {\"layers\": 4, \"d_model\": 6, "
+		char *body = th_fmt("{\"name\": \"sgd1\", \"mlp\": {\"layers\": 4, \"d_model\": 6, "
 		                  "\"d_hidden\": 10, \"activation\": \"tanh\"}, \"optimizer\": "
 		                  "{\"type\": \"sgd\"}, \"placement\": {\"device\": \"%s\", "
 		                  "\"params\": \"pinned_host\"}}", d1);
@@ -676,7 +599,7 @@ START_TEST(test_create_variants)
 		free(body);
 		ck_assert_uint_eq(json_object_size(th_obj(m, "arrays")), 2);
 		check_param_array("sgd1", "w1", w1, d1, "pinned_host");
-		ck_assert_int_eq(get_status("/v1/arrays/sgd1.adam.mu.w1"), 404);
+		ck_assert_int_eq(th_get_status(&D, "/v1/arrays/sgd1.adam.mu.w1"), 404);
 		json_decref(m);
 	}
 
@@ -768,18 +691,24 @@ START_TEST(test_create_bad_specs)
 	json_t *list;
 
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-		post_error("/v1/models", cases[i].body, 400, "INVALID_ARGUMENT", cases[i].reason,
-		           cases[i].field, NULL);
+		th_post_error_words(&D, "/v1/models", cases[i].body, 400, "INVALID_ARGUMENT",
+		                    cases[i].reason, cases[i].field, NULL);
 	/* float32, bfloat16 or float16: a dtype that is no compute dtype is refused */
-	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	           "\"dtype\": \"int8\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "'int8'", NULL);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	                    "\"dtype\": \"int8\"}",
+	                    400, "INVALID_ARGUMENT", "BAD_DTYPE", "'int8'", NULL);
 	/* what is no dtype at all is a bad argument (schemathesis: "" was 501) */
-	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	           "\"dtype\": \"\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "''", NULL);
-	post_error("/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	           "\"dtype\": \"f32\"}", 400, "INVALID_ARGUMENT", "BAD_DTYPE", "'f32'", NULL);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	                    "\"dtype\": \"\"}",
+	                    400, "INVALID_ARGUMENT", "BAD_DTYPE", "''", NULL);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	                    "\"dtype\": \"f32\"}",
+	                    400, "INVALID_ARGUMENT", "BAD_DTYPE", "'f32'", NULL);
 	/* nothing was created */
-	list = get_json("/v1/models");
+	list = th_get_object(&D, "/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
 	json_decref(list);
 	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use"), 0);
@@ -802,7 +731,8 @@ START_TEST(test_create_type_errors_name_the_field)
 	};
 
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-		post_error("/v1/models", cases[i].body, 400, "INVALID_ARGUMENT", NULL, cases[i].field, NULL);
+		th_post_error_words(&D, "/v1/models", cases[i].body, 400, "INVALID_ARGUMENT", NULL,
+		                    cases[i].field, NULL);
 }
 END_TEST
 
@@ -810,10 +740,12 @@ END_TEST
  * not one layer, nor is a d_model of 4294967300 four. */
 START_TEST(test_create_sizes_not_truncated)
 {
-	post_error("/v1/models", "{\"name\": \"m1\", \"mlp\": {\"layers\": 4294967297, \"d_model\": 4}}",
-	           400, "INVALID_ARGUMENT", NULL, "layers", NULL);
-	post_error("/v1/models", "{\"name\": \"m2\", \"mlp\": {\"layers\": 1, \"d_model\": 4294967300}}",
-	           400, "INVALID_ARGUMENT", NULL, "d_model", NULL);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"m1\", \"mlp\": {\"layers\": 4294967297, \"d_model\": 4}}",
+	                    400, "INVALID_ARGUMENT", NULL, "layers", NULL);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"m2\", \"mlp\": {\"layers\": 1, \"d_model\": 4294967300}}",
+	                    400, "INVALID_ARGUMENT", NULL, "d_model", NULL);
 }
 END_TEST
 
@@ -822,10 +754,11 @@ END_TEST
  * not ignored. */
 START_TEST(test_create_placement_unknown_field)
 {
-	post_error("/v1/models", "{\"name\": \"m3\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	           "\"placement\": {\"param\": \"pinned_host\"}}", 400, "INVALID_ARGUMENT", NULL,
-	           "param", NULL);
-	ck_assert_int_eq(get_status("/v1/models/m3"), 404);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"m3\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
+	                    "\"placement\": {\"param\": \"pinned_host\"}}",
+	                    400, "INVALID_ARGUMENT", NULL, "param", NULL);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/m3"), 404);
 }
 END_TEST
 
@@ -838,27 +771,35 @@ START_TEST(test_create_exclusive_names)
 	json_t *m;
 
 	for (size_t i = 0; i < 2; i++) {
-		char *body = fmt("{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
-		                 "\"placement\": %s}", policies[i]);
-		char *step = fmt("{\"inputs\": \"x\", \"placement\": %s}", policies[i]);
-		char *an = fmt("{\"batch\": [2, 4], \"placement\": %s}", policies[i]);
-		char *spec = fmt("{\"model\": {\"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
-		                 "\"placement\": %s}, \"batch\": [2, 4]}", policies[i]);
+		char *body = th_fmt(
+		        "{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
+		        "\"placement\": %s}",
+		        policies[i]);
+		char *step = th_fmt("{\"inputs\": \"x\", \"placement\": %s}", policies[i]);
+		char *an = th_fmt("{\"batch\": [2, 4], \"placement\": %s}", policies[i]);
+		char *spec = th_fmt(
+		        "{\"model\": {\"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
+		        "\"placement\": %s}, \"batch\": [2, 4]}",
+		        policies[i]);
 
-		post_error("/v1/models", body, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
-		post_error("/v1/models:analyze", spec, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
+		th_post_error_words(&D, "/v1/models", body, 400, "INVALID_ARGUMENT", NULL,
+		                    "exclusive", NULL);
+		th_post_error_words(&D, "/v1/models:analyze", spec, 400, "INVALID_ARGUMENT", NULL,
+		                    "exclusive", NULL);
 		if (i == 0) {
 			m = create("{\"name\": \"ok\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}}");
 			json_decref(m);
 		}
-		post_error("/v1/models/ok:analyze", an, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
-		post_error("/v1/models/ok:step", step, 400, "INVALID_ARGUMENT", NULL, "exclusive", NULL);
+		th_post_error_words(&D, "/v1/models/ok:analyze", an, 400, "INVALID_ARGUMENT", NULL,
+		                    "exclusive", NULL);
+		th_post_error_words(&D, "/v1/models/ok:step", step, 400, "INVALID_ARGUMENT", NULL,
+		                    "exclusive", NULL);
 		free(body);
 		free(step);
 		free(an);
 		free(spec);
 	}
-	ck_assert_int_eq(get_status("/v1/models/m"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/m"), 404);
 }
 END_TEST
 
@@ -870,7 +811,7 @@ START_TEST(test_create_duplicate)
 
 	json_decref(m);
 	a = array_meta("dup.w1");
-	post_error("/v1/models", spec, 409, "ALREADY_EXISTS", NULL, "dup", NULL);
+	th_post_error_words(&D, "/v1/models", spec, 409, "ALREADY_EXISTS", NULL, "dup", NULL);
 	/* the first one's array is untouched */
 	{
 		json_t *again = array_meta("dup.w1");
@@ -881,9 +822,10 @@ START_TEST(test_create_duplicate)
 	json_decref(a);
 	/* an array already holding one of the names: refused, nothing registered */
 	upload("taken.w1", &one, 1, 1, NULL);
-	post_error("/v1/models", "{\"name\": \"taken\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}", 409,
-	           "ALREADY_EXISTS", NULL, "taken.w1", NULL);
-	ck_assert_int_eq(get_status("/v1/models/taken"), 404);
+	th_post_error_words(&D, "/v1/models",
+	                    "{\"name\": \"taken\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}", 409,
+	                    "ALREADY_EXISTS", NULL, "taken.w1", NULL);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/taken"), 404);
 	a = array_meta("taken.w1");
 	ck_assert_int_eq(th_int(a, "nbytes"), 4);
 	json_decref(a);
@@ -897,13 +839,15 @@ START_TEST(test_get_list_delete)
 	json_int_t base = space_int(th_dev(0), "device", "bytes_in_use");
 
 	for (size_t i = 0; i < 3; i++) {
-		char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 16}, "
-		                 "\"optimizer\": {\"type\": \"adam\"}}", names[i]);
+		char *spec = th_fmt(
+		        "{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 16}, "
+		        "\"optimizer\": {\"type\": \"adam\"}}",
+		        names[i]);
 
 		m = create(spec);
 		free(spec);
 		if (i == 0) {
-			got = get_json("/v1/models/b-model");
+			got = th_get_object(&D, "/v1/models/b-model");
 			ck_assert_msg(json_equal(got, m), "GET differs from the 201 body:\n%s\n%s",
 			              json_dumps(got, 0), json_dumps(m, 0));
 			json_decref(got);
@@ -912,7 +856,7 @@ START_TEST(test_get_list_delete)
 	}
 	/* 3 models x (w1, w2, mu, nu) x 2 x 8 x 16 floats */
 	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use") - base, 3 * 6 * 2 * 8 * 16 * 4);
-	list = get_json("/v1/models");
+	list = th_get_object(&D, "/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 3);
 	ck_assert_str_eq(th_str(json_array_get(th_arr(list, "models"), 0), "name"), "a.model");
 	ck_assert_str_eq(th_str(json_array_get(th_arr(list, "models"), 1), "name"), "b-model");
@@ -934,15 +878,15 @@ START_TEST(test_get_list_delete)
 		th_assert_error(&r, 404, "NOT_FOUND", "MODEL_NOT_FOUND");
 		th_response_free(&r);
 	}
-	ck_assert_int_eq(get_status("/v1/models/b-model"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/b-model.w1"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/b-model.w2"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/b-model.adam.mu.w1"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/b-model.adam.nu.w2"), 404);
-	ck_assert_int_eq(get_status("/v1/arrays/a.model.w1"), 200);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/b-model"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/b-model.w1"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/b-model.w2"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/b-model.adam.mu.w1"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/b-model.adam.nu.w2"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/a.model.w1"), 200);
 	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use") - base,
 	                 2 * 6 * 2 * 8 * 16 * 4 + 2 * 2 * 4);
-	list = get_json("/v1/models");
+	list = th_get_object(&D, "/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 3);
 	json_decref(list);
 	/* the name can be taken again */
@@ -996,12 +940,15 @@ START_TEST(test_analyze_guide)
 	for (int prefetch = 0; prefetch <= 1; prefetch++) {
 		for (size_t i = 0; i < 4; i++) {
 			const struct guide_case *g = &guide_cases[i];
-			char *spec = fmt("{\"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", \"placement\": "
-			                 "{\"params\": \"%s\", \"activations\": %s, \"prefetch_depth\": %d}}",
-			                 g->params, g->acts, prefetch);
-			char *body = fmt("{\"model\": %s, \"batch\": [256, 256]}", spec);
-			char *named = fmt("{\"name\": \"g%zu%d\", %s", i, prefetch, spec + 1);
-			json_t *an = post_json("/v1/models:analyze?timeline=true", body, 200), *m, *an2;
+			char *spec = th_fmt(
+			        "{\"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", \"placement\": "
+			        "{\"params\": \"%s\", \"activations\": %s, \"prefetch_depth\": %d}}",
+			        g->params, g->acts, prefetch);
+			char *body = th_fmt("{\"model\": %s, \"batch\": [256, 256]}", spec);
+			char *named = th_fmt("{\"name\": \"g%zu%d\", %s", i, prefetch, spec + 1);
+			json_t *an = th_post_json(&D, "/v1/models:analyze?timeline=true", body,
+			                          200),
+			       *m, *an2;
 			char what[96];
 			bool host = strcmp(g->params, "pinned_host") == 0;
 
@@ -1054,9 +1001,9 @@ START_TEST(test_analyze_adam_7168)
 	char body[512];
 
 	snprintf(body, sizeof body, fmt_spec, "device");
-	on = post_json("/v1/models:analyze?timeline=true", body, 200);
+	on = th_post_json(&D, "/v1/models:analyze?timeline=true", body, 200);
 	snprintf(body, sizeof body, fmt_spec, "pinned_host");
-	off = post_json("/v1/models:analyze?timeline=true", body, 200);
+	off = th_post_json(&D, "/v1/models:analyze?timeline=true", body, 200);
 	check_analysis(on, "7168 adam on device");
 	check_analysis(off, "7168 adam, state on host");
 	ck_assert_msg(J(on, "peak_device_bytes") <= 4590000000ll, "peak %lld > 4.59e9",
@@ -1080,7 +1027,7 @@ START_TEST(test_analyze_adam_7168)
 	after = space(th_dev(0), "device");
 	ck_assert_int_eq(th_int(after, "bytes_in_use"), th_int(before, "bytes_in_use"));
 	ck_assert_int_eq(th_int(after, "num_allocs"), th_int(before, "num_allocs"));
-	list = get_json("/v1/models");
+	list = th_get_object(&D, "/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
 	json_decref(list);
 	json_decref(before);
@@ -1095,22 +1042,25 @@ START_TEST(test_analyze_errors)
 	json_t *m = create("{\"name\": \"a\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}}");
 
 	json_decref(m);
-	post_error("/v1/models/a:analyze", "{\"batch\": [2, 5]}", 400, "INVALID_ARGUMENT", "BAD_BATCH",
-	           "d_model", NULL);
-	post_error("/v1/models/a:analyze", "{\"batch\": [0, 4]}", 400, "INVALID_ARGUMENT", "BAD_BATCH",
-	           NULL);
-	post_error("/v1/models/a:analyze", "{\"batch\": 4}", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY",
-	           NULL);
-	post_error("/v1/models/a:analyze", "{\"batch\": [2, 4], \"steps\": 3}", 400, "INVALID_ARGUMENT",
-	           "BAD_REQUEST_BODY", "steps", NULL);
-	post_error("/v1/models/nope:analyze", "{\"batch\": [2, 4]}", 404, "NOT_FOUND", "MODEL_NOT_FOUND",
-	           "nope", NULL);
-	post_error("/v1/models:analyze", "{\"batch\": [2, 4]}", 400, "INVALID_ARGUMENT",
-	           "BAD_REQUEST_BODY", NULL);
-	post_error("/v1/models:analyze", "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, "
-	           "\"batch\": [2, 3]}", 400, "INVALID_ARGUMENT", "BAD_BATCH", NULL);
-	post_error("/v1/models:analyze", "{\"model\": {\"mlp\": {\"layers\": 1}}, \"batch\": [2, 3]}", 400,
-	           "INVALID_ARGUMENT", "BAD_MODEL", "d_model", NULL);
+	th_post_error_words(&D, "/v1/models/a:analyze", "{\"batch\": [2, 5]}", 400,
+	                    "INVALID_ARGUMENT", "BAD_BATCH", "d_model", NULL);
+	th_post_error_words(&D, "/v1/models/a:analyze", "{\"batch\": [0, 4]}", 400,
+	                    "INVALID_ARGUMENT", "BAD_BATCH", NULL);
+	th_post_error_words(&D, "/v1/models/a:analyze", "{\"batch\": 4}", 400, "INVALID_ARGUMENT",
+	                    "BAD_REQUEST_BODY", NULL);
+	th_post_error_words(&D, "/v1/models/a:analyze", "{\"batch\": [2, 4], \"steps\": 3}", 400,
+	                    "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "steps", NULL);
+	th_post_error_words(&D, "/v1/models/nope:analyze", "{\"batch\": [2, 4]}", 404, "NOT_FOUND",
+	                    "MODEL_NOT_FOUND", "nope", NULL);
+	th_post_error_words(&D, "/v1/models:analyze", "{\"batch\": [2, 4]}", 400,
+	                    "INVALID_ARGUMENT", "BAD_REQUEST_BODY", NULL);
+	th_post_error_words(&D, "/v1/models:analyze",
+	                    "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, "
+	                    "\"batch\": [2, 3]}",
+	                    400, "INVALID_ARGUMENT", "BAD_BATCH", NULL);
+	th_post_error_words(&D, "/v1/models:analyze",
+	                    "{\"model\": {\"mlp\": {\"layers\": 1}}, \"batch\": [2, 3]}", 400,
+	                    "INVALID_ARGUMENT", "BAD_MODEL", "d_model", NULL);
 }
 END_TEST
 
@@ -1120,13 +1070,13 @@ END_TEST
  * that the loss is far from zero, and its batch "x" (uncommitted). */
 static void guide_setup(const char *name, const char *placement)
 {
-	char *spec = fmt("{\"name\": \"%s\", \"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", "
-	                 "\"init\": {\"seed\": 11, \"scale\": 0.05}%s%s}", name,
-	                 placement ? ", \"placement\": " : "", placement ? placement : "");
+	char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", "
+	                    "\"init\": {\"seed\": 11, \"scale\": 0.05}%s%s}", name,
+	                    placement ? ", \"placement\": " : "", placement ? placement : "");
 	float *x = make(GUIDE_B * GUIDE_D, 5, -1.0f, 1.0f);
 
 	json_decref(create(spec));
-	if (get_status("/v1/arrays/x") == 404)
+	if (th_get_status(&D, "/v1/arrays/x") == 404)
 		upload("x", x, GUIDE_B, GUIDE_D, NULL);
 	free(x);
 	free(spec);
@@ -1176,11 +1126,12 @@ START_TEST(test_step_adam_large_timed)
 	x = make((size_t)128 * d, 90, -1.0f, 1.0f);
 	upload("bx", x, 128, (size_t)d, NULL);
 	for (int w = 0; w < 2; w++) {
-		char *spec = fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
-		                 "\"activation\": \"relu\"}, \"loss\": \"sum\", \"optimizer\": "
-		                 "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
-		                 w, d, where[w]);
-		char name[16], *an_body = fmt("{\"batch\": [128, %ld]}", d);
+		char *spec =
+		        th_fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
+		               "\"activation\": \"relu\"}, \"loss\": \"sum\", \"optimizer\": "
+		               "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
+		               w, d, where[w]);
+		char name[16], *an_body = th_fmt("{\"batch\": [128, %ld]}", d);
 		json_t *an, *res;
 
 		snprintf(name, sizeof name, "big%d", w);
@@ -1250,9 +1201,12 @@ START_TEST(test_step_guide_policies)
 		}
 		for (int prefetch = 0; prefetch <= 1; prefetch++) {
 			for (size_t k = 0; k < sizeof act_policies / sizeof act_policies[0]; k++) {
-				char *pl = fmt("{\"activations\": %s, \"prefetch_depth\": %d}", act_policies[k], prefetch);
-				char *sbody = fmt("{\"inputs\": \"x\", \"steps\": 1, \"placement\": %s}", pl);
-				char *abody = fmt("{\"batch\": [256, 256], \"placement\": %s}", pl);
+				char *pl = th_fmt("{\"activations\": %s, \"prefetch_depth\": %d}",
+				                  act_policies[k], prefetch);
+				char *sbody = th_fmt(
+				        "{\"inputs\": \"x\", \"steps\": 1, \"placement\": %s}", pl);
+				char *abody =
+				        th_fmt("{\"batch\": [256, 256], \"placement\": %s}", pl);
 				char what[256];
 				json_t *an = analyze("g", abody), *res = step_wait("g", sbody);
 				float *g1, *g2;
@@ -1304,7 +1258,8 @@ START_TEST(test_step_guide_models)
 
 	for (size_t i = 0; i < 4; i++) {
 		const struct guide_case *g = &guide_cases[i];
-		char name[16], *pl = fmt("{\"params\": \"%s\", \"activations\": %s}", g->params, g->acts);
+		char name[16], *pl = th_fmt("{\"params\": \"%s\", \"activations\": %s}", g->params,
+		                            g->acts);
 		json_t *an, *res;
 
 		snprintf(name, sizeof name, "guide%zu", i);
@@ -1342,7 +1297,7 @@ START_TEST(test_step_peak_seen_by_the_space)
 
 		delete_array("g.grad.w1");
 		delete_array("g.grad.w2");
-		json_decref(post_json("/v1/memory:resetPeak", "{}", 200));
+		json_decref(th_post_json(&D, "/v1/memory:resetPeak", "{}", 200));
 		res = step_wait("g", "{\"inputs\": \"x\"}");
 		sp = space(th_dev(0), "device");
 		ck_assert_msg(th_int(sp, "peak_bytes_in_use") == J(res, "predicted_peak_device_bytes"),
@@ -1370,7 +1325,7 @@ START_TEST(test_step_params_override_not_ignored)
 	snprintf(body, sizeof body, "{\"batch\": [256, 256], \"placement\": %s}", pl);
 	an = analyze("g", body);
 	snprintf(body, sizeof body, "{\"inputs\": \"x\", \"placement\": %s}", pl);
-	post("/v1/models/g:step?wait=true", body, &r);
+	th_post(&D, "/v1/models/g:step?wait=true", body, &r);
 	if (r.status == 200) {
 		json_t *a = th_obj(th_json(&r), "analysis");
 
@@ -1402,7 +1357,7 @@ START_TEST(test_step_params_split)
 	json_decref(create("{\"name\": \"sp\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}}"));
 	upload("spx", x, 8, 16, NULL);
 	move_to("sp.w1", "pinned_host");
-	post("/v1/models/sp:step?wait=true", "{\"inputs\": \"spx\"}", &r);
+	th_post(&D, "/v1/models/sp:step?wait=true", "{\"inputs\": \"spx\"}", &r);
 	if (r.status == 200) {
 		json_t *a = th_obj(th_json(&r), "analysis");
 
@@ -1419,7 +1374,7 @@ START_TEST(test_step_params_split)
 	}
 	th_response_free(&r);
 	/* :analyze answers the same way as the step: no plan for a split model */
-	post("/v1/models/sp:analyze", "{\"batch\": [8, 16]}", &r);
+	th_post(&D, "/v1/models/sp:analyze", "{\"batch\": [8, 16]}", &r);
 	ck_assert_msg(r.status == 400, ":analyze of a split model: %ld %s", r.status, r.body);
 	ck_assert_msg(strstr(r.body, "sp.w1") && strstr(r.body, "sp.w2"),
 	              ":analyze does not name the split arrays: %s", r.body);
@@ -1454,9 +1409,9 @@ START_TEST(test_step_adam_clipped)
 	compare_array("adam", "adam.nu.w1", &f, "nu_w1.f32");
 	compare_array("adam", "adam.nu.w2", &f, "nu_w2.f32");
 	/* Adam's t is the model's: 4 steps taken */
-	got = get_json("/v1/models/adam");
+	got = th_get_object(&D, "/v1/models/adam");
 	ck_assert_int_eq(th_int(got, "steps"), 4);
-	ck_assert_int_eq(get_status("/v1/arrays/adam.grad.w1"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/adam.grad.w1"), 404);
 	json_decref(got);
 	json_decref(ref);
 	json_decref(res);
@@ -1477,11 +1432,14 @@ START_TEST(test_step_adam_split_and_offloaded)
 	double all[3][4];
 
 	for (int i = 0; i < 3; i++) {
-		char *spec = fmt("{\"name\": \"m%d\", \"mlp\": {\"layers\": 3, \"d_model\": 16, \"d_hidden\": 24, "
-		                 "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
-		                 "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}%s}", i, opt,
-		                 i == 2 ? ", \"placement\": {\"params\": \"pinned_host\", \"opt_state\": "
-		                          "\"pinned_host\", \"prefetch_depth\": 1}" : "");
+		char *spec = th_fmt(
+		        "{\"name\": \"m%d\", \"mlp\": {\"layers\": 3, \"d_model\": 16, \"d_hidden\": 24, "
+		        "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
+		        "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}%s}",
+		        i, opt,
+		        i == 2 ? ", \"placement\": {\"params\": \"pinned_host\", \"opt_state\": "
+		                 "\"pinned_host\", \"prefetch_depth\": 1}"
+		               : "");
 
 		json_decref(create(spec));
 		free(spec);
@@ -1564,15 +1522,15 @@ START_TEST(test_step_gradients)
 		const struct small *s = &cases[i];
 		struct ref_files f;
 		json_t *m = small_setup(s, &f), *res, *ref, *g;
-		char *body = fmt("{\"inputs\": \"%s.x\"%s%s%s}", s->name,
-		                 strcmp(s->loss, "mse") == 0 ? ", \"targets\": \"" : "",
-		                 strcmp(s->loss, "mse") == 0 ? s->name : "",
-		                 strcmp(s->loss, "mse") == 0 ? ".t\"" : "");
+		char *body = th_fmt("{\"inputs\": \"%s.x\"%s%s%s}", s->name,
+		                    strcmp(s->loss, "mse") == 0 ? ", \"targets\": \"" : "",
+		                    strcmp(s->loss, "mse") == 0 ? s->name : "",
+		                    strcmp(s->loss, "mse") == 0 ? ".t\"" : "");
 		char name[64];
 		json_int_t shape[3] = {s->layers, s->d, s->h ? s->h : s->d};
 
 		snprintf(name, sizeof name, "/v1/arrays/%s.grad.w1", s->name);
-		ck_assert_int_eq(get_status(name), 404);
+		ck_assert_int_eq(th_get_status(&D, name), 404);
 		res = step_wait(s->name, body);
 		ref = reference(s, m, 1, &f);
 		compare_losses(res, ref, 0, s->name);
@@ -1585,12 +1543,12 @@ START_TEST(test_step_gradients)
 			compare_array(s->name, "grad.w2", &f, "grad_w2.f32");
 		} else {
 			snprintf(name, sizeof name, "/v1/arrays/%s.grad.w2", s->name);
-			ck_assert_int_eq(get_status(name), 404);
+			ck_assert_int_eq(th_get_status(&D, name), 404);
 		}
 		/* gradients only: the weights are untouched, no steps counted */
 		compare_array(s->name, "w1", &f, "w1.f32");
 		snprintf(name, sizeof name, "/v1/models/%s", s->name);
-		g = get_json(name);
+		g = th_get_object(&D, name);
 		ck_assert_int_eq(th_int(g, "steps"), 0);
 		json_decref(g);
 		json_decref(ref);
@@ -1649,12 +1607,18 @@ START_TEST(test_step_rows)
 	json_decref(a);
 	json_decref(b);
 	/* bad rows */
-	post_error("/v1/models/r:step?wait=true", "{\"inputs\": {\"array\": \"data\", \"rows\": [0, 32]}, "
-	           "\"targets\": \"tbatch\"}", 400, "OUT_OF_RANGE", NULL, NULL);
-	post_error("/v1/models/r:step?wait=true", "{\"inputs\": {\"array\": \"data\", \"rows\": \"all\"}, "
-	           "\"targets\": \"tbatch\"}", 400, "INVALID_ARGUMENT", NULL, "rows", NULL);
-	post_error("/v1/models/r:step?wait=true", "{\"inputs\": {\"array\": \"data\", \"rows\": [0, 1]}, "
-	           "\"targets\": \"tbatch\"}", 400, "INVALID_ARGUMENT", "BAD_TARGETS", NULL);
+	th_post_error_words(&D, "/v1/models/r:step?wait=true",
+	                    "{\"inputs\": {\"array\": \"data\", \"rows\": [0, 32]}, "
+	                    "\"targets\": \"tbatch\"}",
+	                    400, "OUT_OF_RANGE", NULL, NULL);
+	th_post_error_words(&D, "/v1/models/r:step?wait=true",
+	                    "{\"inputs\": {\"array\": \"data\", \"rows\": \"all\"}, "
+	                    "\"targets\": \"tbatch\"}",
+	                    400, "INVALID_ARGUMENT", NULL, "rows", NULL);
+	th_post_error_words(&D, "/v1/models/r:step?wait=true",
+	                    "{\"inputs\": {\"array\": \"data\", \"rows\": [0, 1]}, "
+	                    "\"targets\": \"tbatch\"}",
+	                    400, "INVALID_ARGUMENT", "BAD_TARGETS", NULL);
 	free(g_rows);
 	free(g_own);
 	free(data);
@@ -1725,8 +1689,9 @@ START_TEST(test_step_committed_apart)
 	                   "\"loss\": \"mse\"}"));
 	upload("cx", x, 8, 16, th_on_backend("device=sim:1"));
 	upload("ct", x, 8, 16, NULL);
-	post_error("/v1/models/c:step?wait=true", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 400,
-	           "FAILED_PRECONDITION", "COMMITTED_APART", "c.w1", th_dev(0), "cx", th_dev(1), NULL);
+	th_post_error_words(&D, "/v1/models/c:step?wait=true",
+	                    "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 400, "FAILED_PRECONDITION",
+	                    "COMMITTED_APART", "c.w1", th_dev(0), "cx", th_dev(1), NULL);
 	/* as an operation: it fails with the same error */
 	id = step_start("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 1);
 	op = op_poll(id, &middle);
@@ -1746,8 +1711,7 @@ START_TEST(test_step_committed_apart)
 	{
 		const char *put = th_on_backend("{\"device\": \"sim:0\", \"memory_kind\": \"device\"}");
 
-		th_request(&D, "POST", "/v1/arrays/cx:put?wait=true", json_headers, put, strlen(put),
-		           &r);
+		th_post(&D, "/v1/arrays/cx:put?wait=true", put, &r);
 	}
 	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
 	th_response_free(&r);
@@ -1783,11 +1747,13 @@ START_TEST(test_step_named_targets_colocated_with_row_inputs)
 	/* rows of ds1 (committed to sim:1), as inputs and as targets: gathered */
 	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
 	                      "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
-	post_error("/v1/models/c:step?wait=true", "{\"inputs\": \"in0\", \"targets\": \"t1\"}", 400,
-	           "FAILED_PRECONDITION", "COMMITTED_APART", "t1", th_dev(1), NULL);
-	post_error("/v1/models/c:step?wait=true", "{\"inputs\": {\"array\": \"ds\", \"rows\": "
-	           "[0, 1, 2, 3, 4, 5, 6, 7]}, \"targets\": \"t1\"}", 400, "FAILED_PRECONDITION",
-	           "COMMITTED_APART", "t1", th_dev(1), NULL);
+	th_post_error_words(&D, "/v1/models/c:step?wait=true",
+	                    "{\"inputs\": \"in0\", \"targets\": \"t1\"}", 400,
+	                    "FAILED_PRECONDITION", "COMMITTED_APART", "t1", th_dev(1), NULL);
+	th_post_error_words(&D, "/v1/models/c:step?wait=true",
+	                    "{\"inputs\": {\"array\": \"ds\", \"rows\": "
+	                    "[0, 1, 2, 3, 4, 5, 6, 7]}, \"targets\": \"t1\"}",
+	                    400, "FAILED_PRECONDITION", "COMMITTED_APART", "t1", th_dev(1), NULL);
 }
 END_TEST
 
@@ -1814,20 +1780,20 @@ START_TEST(test_analyze_timeline_only_when_asked)
 
 	json_decref(create("{\"name\": \"tl\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"loss\": \"sum\"}"));
-	plain = post_json("/v1/models/tl:analyze", "{\"batch\": [4, 16]}", 200);
+	plain = th_post_json(&D, "/v1/models/tl:analyze", "{\"batch\": [4, 16]}", 200);
 	ck_assert_ptr_null(json_object_get(plain, "timeline"));
-	with = post_json("/v1/models/tl:analyze?timeline=true", "{\"batch\": [4, 16]}", 200);
+	with = th_post_json(&D, "/v1/models/tl:analyze?timeline=true", "{\"batch\": [4, 16]}", 200);
 	ck_assert_int_gt((json_int_t)json_array_size(th_arr(with, "timeline")), 0);
 	json_object_del(with, "timeline");
 	ck_assert(json_equal(plain, with));
 	json_decref(plain);
 	json_decref(with);
-	plain = post_json("/v1/models:analyze",
-	                  "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, \"batch\": [2, 4]}",
-	                  200);
+	plain = th_post_json(
+	        &D, "/v1/models:analyze",
+	        "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, \"batch\": [2, 4]}", 200);
 	ck_assert_ptr_null(json_object_get(plain, "timeline"));
 	json_decref(plain);
-	post("/v1/models/tl:analyze?timeline=yes", "{\"batch\": [4, 16]}", &r);
+	th_post(&D, "/v1/models/tl:analyze?timeline=yes", "{\"batch\": [4, 16]}", &r);
 	ck_assert_msg(r.status == 400 && strstr(r.body, "timeline"), ":analyze?timeline=yes: %ld %s",
 	              r.status, r.body);
 	th_response_free(&r);
@@ -1842,9 +1808,12 @@ START_TEST(test_step_counts_staging_from_the_host)
 	json_t *res;
 	const json_int_t batch = 8 * 16 * 4;
 
-	char *spec = fmt("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	                 "\"loss\": \"mse\", \"placement\": {\"device\": \"%s\"}}", th_dev(0));
-	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0)), *dev0 = fmt("device=%s", th_dev(0));
+	char *spec = th_fmt(
+	        "{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	        "\"loss\": \"mse\", \"placement\": {\"device\": \"%s\"}}",
+	        th_dev(0));
+	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0)),
+	     *dev0 = th_fmt("device=%s", th_dev(0));
 
 	json_decref(create(spec));
 	upload("hx", x, 8, 16, host);
@@ -1885,9 +1854,11 @@ static void take_losses(json_t *res, double *out, size_t *n)
 /* Creates the Adam model name of the batches test on the first device. */
 static void batch_model(const char *name)
 {
-	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	                 "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, "
-	                 "\"placement\": {\"device\": \"%s\"}}", name, th_dev(0));
+	char *spec = th_fmt(
+	        "{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	        "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, "
+	        "\"placement\": {\"device\": \"%s\"}}",
+	        name, th_dev(0));
 
 	json_decref(create(spec));
 	free(spec);
@@ -1905,7 +1876,7 @@ START_TEST(test_step_batches)
 	float *x = make(12 * 16, 72, -1.0f, 1.0f), *y = make(12 * 16, 73, -1.0f, 1.0f);
 	double a[8], b[8], c[8], d[8], e[8];
 	size_t na = 0, nb = 0, nc = 0, nd = 0, ne = 0;
-	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0));
+	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0));
 	json_t *res, *bt;
 	char body[512];
 
@@ -1976,17 +1947,22 @@ START_TEST(test_step_batches)
 	ck_assert_msg(memcmp(a, d, sizeof a[0] * 3) != 0, "shuffle drew the sequential batches");
 	/* refused: rows and batches together, a batch larger than the data, an
 	 * unknown order */
-	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": {\"array\": \"bx\", \"rows\": [0]}, "
-	           "\"targets\": \"by\", \"batches\": {\"batch_size\": 1}}", 400, "INVALID_ARGUMENT",
-	           "BAD_BATCHES", "exclusive", NULL);
-	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
-	           "\"batches\": {\"batch_size\": 13}}", 400, "INVALID_ARGUMENT", "BAD_BATCHES", "12",
-	           NULL);
-	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
-	           "\"batches\": {\"batch_size\": 4, \"order\": \"random\"}}", 400,
-	           "INVALID_ARGUMENT", "BAD_BATCHES", "order", NULL);
-	post_error("/v1/models/ba:step?wait=true", "{\"inputs\": \"bx\", \"targets\": \"by\", "
-	           "\"batches\": {\"size\": 4}}", 400, "INVALID_ARGUMENT", "BAD_BATCHES", "size", NULL);
+	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
+	                    "{\"inputs\": {\"array\": \"bx\", \"rows\": [0]}, "
+	                    "\"targets\": \"by\", \"batches\": {\"batch_size\": 1}}",
+	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "exclusive", NULL);
+	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
+	                    "{\"inputs\": \"bx\", \"targets\": \"by\", "
+	                    "\"batches\": {\"batch_size\": 13}}",
+	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "12", NULL);
+	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
+	                    "{\"inputs\": \"bx\", \"targets\": \"by\", "
+	                    "\"batches\": {\"batch_size\": 4, \"order\": \"random\"}}",
+	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "order", NULL);
+	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
+	                    "{\"inputs\": \"bx\", \"targets\": \"by\", "
+	                    "\"batches\": {\"size\": 4}}",
+	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "size", NULL);
 	free(host);
 	free(x);
 	free(y);
@@ -2015,7 +1991,7 @@ static void take_all(json_t *r, double **out, size_t *n)
 START_TEST(test_step_cancel_keeps_losses)
 {
 	float *x = make(12 * 16, 82, -1.0f, 1.0f), *y = make(12 * 16, 83, -1.0f, 1.0f);
-	char *host = fmt("device=%s&memory_kind=pinned_host", th_dev(0));
+	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0));
 	const char *run = "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 1000000, "
 	                  "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5}}";
 	double *kept = NULL, *more = NULL, *whole = NULL;
@@ -2042,9 +2018,9 @@ START_TEST(test_step_cancel_keeps_losses)
 	}
 	json_decref(op);
 	snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
-	json_decref(post_json(path, "{}", 200));
+	json_decref(th_post_json(&D, path, "{}", 200));
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	op = th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
 	ck_assert_int_eq(th_int(th_obj(op, "error"), "code"), 499);
 	ck_assert_msg(!json_object_get(op, "response"), "a cancelled run has a response");
@@ -2062,7 +2038,7 @@ START_TEST(test_step_cancel_keeps_losses)
 	ck_assert_int_eq(J(bt, "epoch"), 4 * k / 12);
 	ck_assert_int_eq(J(part, "measured_peak_device_bytes"), J(part, "predicted_peak_device_bytes"));
 	json_decref(op);
-	m = get_json("/v1/models/bk");
+	m = th_get_object(&D, "/v1/models/bk");
 	ck_assert_int_eq(th_int(m, "steps"), k);
 	json_decref(m);
 	/* continuing where it stopped */
@@ -2114,27 +2090,34 @@ START_TEST(test_step_errors)
 	upload("ex", x, 8, 16, NULL);
 	upload("ey", x, 4, 32, NULL);
 	upload("ez", x, 4, 16, NULL);
-	post_error("/v1/models/nope:step?wait=true", "{\"inputs\": \"ex\"}", 404, "NOT_FOUND",
-	           "MODEL_NOT_FOUND", "nope", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"steps\": 1}", 400, "INVALID_ARGUMENT",
-	           "BAD_REQUEST_BODY", "inputs", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ex\", \"lr\": 1}",
-	           400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "lr", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ex\", \"steps\": 0}",
-	           400, "INVALID_ARGUMENT", "BAD_STEPS", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"missing\", \"targets\": \"ex\"}", 404,
-	           "NOT_FOUND", "ARRAY_NOT_FOUND", "missing", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\"}", 400, "INVALID_ARGUMENT",
-	           "NO_TARGETS", "targets", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ey\", \"targets\": \"ey\"}", 400,
-	           "INVALID_ARGUMENT", "BAD_INPUTS", "16", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ez\"}", 400,
-	           "INVALID_ARGUMENT", "BAD_TARGETS", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": 5, \"targets\": \"ex\"}", 400,
-	           "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs", NULL);
-	post_error("/v1/models/e:step?wait=true", "{\"inputs\": \"ex\", \"targets\": \"ex\", "
-	           "\"placement\": {\"prefetch_depth\": 3}}", 400, "INVALID_ARGUMENT", "BAD_POLICY",
-	           "prefetch_depth", NULL);
+	th_post_error_words(&D, "/v1/models/nope:step?wait=true", "{\"inputs\": \"ex\"}", 404,
+	                    "NOT_FOUND", "MODEL_NOT_FOUND", "nope", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true", "{\"steps\": 1}", 400,
+	                    "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": \"ex\", \"targets\": \"ex\", \"lr\": 1}", 400,
+	                    "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "lr", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": \"ex\", \"targets\": \"ex\", \"steps\": 0}", 400,
+	                    "INVALID_ARGUMENT", "BAD_STEPS", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": \"missing\", \"targets\": \"ex\"}", 404, "NOT_FOUND",
+	                    "ARRAY_NOT_FOUND", "missing", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true", "{\"inputs\": \"ex\"}", 400,
+	                    "INVALID_ARGUMENT", "NO_TARGETS", "targets", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": \"ey\", \"targets\": \"ey\"}", 400, "INVALID_ARGUMENT",
+	                    "BAD_INPUTS", "16", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": \"ex\", \"targets\": \"ez\"}", 400, "INVALID_ARGUMENT",
+	                    "BAD_TARGETS", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": 5, \"targets\": \"ex\"}", 400, "INVALID_ARGUMENT",
+	                    "BAD_REQUEST_BODY", "inputs", NULL);
+	th_post_error_words(&D, "/v1/models/e:step?wait=true",
+	                    "{\"inputs\": \"ex\", \"targets\": \"ex\", "
+	                    "\"placement\": {\"prefetch_depth\": 3}}",
+	                    400, "INVALID_ARGUMENT", "BAD_POLICY", "prefetch_depth", NULL);
 	/* after all that, it runs, and no failed step counted */
 	json_decref(step_wait("e", "{\"inputs\": \"ex\", \"targets\": \"ex\"}"));
 	free(x);
@@ -2165,7 +2148,7 @@ START_TEST(test_step_progress)
 		char path[96];
 
 		snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-		op = post_json(path, "{\"timeout\": \"5s\"}", 200);
+		op = th_post_json(&D, path, "{\"timeout\": \"5s\"}", 200);
 		ck_assert(th_bool(op, "done"));
 		json_decref(op);
 	}
@@ -2202,12 +2185,12 @@ START_TEST(test_step_cancel)
 	{
 		struct th_response r;
 
-		post(path, "{}", &r);
+		th_post(&D, path, "{}", &r);
 		ck_assert_msg(r.status == 200 || r.status == 400, "cancel: %ld %s", r.status, r.body);
 		th_response_free(&r);
 	}
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	op = post_json(path, "{\"timeout\": \"60s\"}", 200);
+	op = th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200);
 	state = json_string_value(th_op_meta(op, "state"));
 	ck_assert_msg(strcmp(state, "CANCELLED") == 0 || strcmp(state, "SUCCEEDED") == 0, "state %s",
 	              state);
@@ -2226,7 +2209,7 @@ START_TEST(test_step_cancel)
 	ck_assert_int_eq(J(res, "measured_peak_device_bytes"), J(res, "predicted_peak_device_bytes"));
 	ck_assert_msg(loss_at(res, 0) == loss_at(res, 1), "losses differ");
 	json_decref(res);
-	m = get_json("/v1/models/g");
+	m = th_get_object(&D, "/v1/models/g");
 	ck_assert_int_eq(th_int(m, "steps"), 0);
 	json_decref(m);
 	free(id);

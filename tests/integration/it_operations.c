@@ -159,33 +159,14 @@ END_TEST
 static void upload4(const char *name)
 {
 	static const float x[4] = {1, 2, 3, 4};
-	struct th_response r;
-	char path[160];
 
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=4", name);
-	th_request(&D, "PUT", path, NULL, (const char *)x, sizeof x, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-/* POST path with body; fails unless the status is want; the body as JSON
- * (new reference). */
-static json_t *post_json(const char *path, const char *body, long want)
-{
-	struct th_response r;
-	json_t *j;
-
-	th_request(&D, "POST", path, NULL, body, body ? strlen(body) : 0, &r);
-	ck_assert_msg(r.status == want, "POST %s: %ld %s", path, r.status, r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
+	th_put_array(&D, name, "dtype=float32&shape=4", x, sizeof x);
 }
 
 /* The id of a new operation (the 202 answer of path), copied into id. */
 static void op_start(const char *path, const char *body, char *id, size_t cap)
 {
-	json_t *op = post_json(path, body, 202);
+	json_t *op = th_post_json(&D, path, body, 202);
 
 	snprintf(id, cap, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
@@ -197,7 +178,7 @@ static json_t *op_wait(const char *id)
 	char path[96];
 
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	return post_json(path, "{\"timeout\": \"60s\"}", 200);
+	return th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200);
 }
 
 /* n finished moves of array "a", alternating pinned_host and device; their

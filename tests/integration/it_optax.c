@@ -19,7 +19,6 @@
 
 #include <check.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,7 +32,6 @@
 static struct th_daemon D;
 static char py_dir[1024];
 static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
-static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 
 static void up(void)
 {
@@ -43,32 +41,6 @@ static void up(void)
 static void down(void)
 {
 	th_daemon_stop_ok(&D);
-}
-
-static char *fmt(const char *f, ...)
-{
-	va_list ap;
-	char *s = NULL;
-	int n;
-
-	va_start(ap, f);
-	n = vasprintf(&s, f, ap);
-	va_end(ap);
-	ck_assert_msg(n >= 0 && s, "vasprintf failed");
-	return s;
-}
-
-static json_t *post_json(const char *path, const char *body, long want)
-{
-	struct th_response r;
-	json_t *j;
-
-	th_request(&D, "POST", path, json_headers, body, strlen(body), &r);
-	ck_assert_msg(r.status == want, "POST %s %s: %ld, want %ld: %s", path, body, r.status, want,
-	              r.body);
-	j = json_incref(th_json(&r));
-	th_response_free(&r);
-	return j;
 }
 
 static float *download(const char *name, size_t *n)
@@ -191,16 +163,17 @@ static void optax_case(const struct net *n)
 	char dir[512], path[700], cmd[2048], name[160];
 	size_t nx = (size_t)n->batch * (size_t)n->d;
 	float *x = make(nx, 41), *t = make(nx, 42);
-	char *spec = fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
-	                 "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
-	                 "\"optimizer\": %s, \"init\": {\"seed\": 11, \"scale\": 0.3}}", n->name,
-	                 n->layers, n->d, n->h, n->act, n->optimizer);
+	char *spec = th_fmt(
+	        "{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
+	        "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
+	        "\"optimizer\": %s, \"init\": {\"seed\": 11, \"scale\": 0.3}}",
+	        n->name, n->layers, n->d, n->h, n->act, n->optimizer);
 	json_t *m, *res, *ref, *rspec, *want, *got;
 	json_error_t e;
 	bool adam;
 	int st, nclipped = 0;
 
-	m = post_json("/v1/models?wait=true", spec, 200);
+	m = th_post_json(&D, "/v1/models?wait=true", spec, 200);
 	free(spec);
 	snprintf(path, sizeof path, "/v1/models/%s", n->name);
 	{
@@ -218,7 +191,7 @@ static void optax_case(const struct net *n)
 	free(t);
 
 	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", n->name);
-	res = post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 24}", 200);
+	res = th_post_json(&D, path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 24}", 200);
 
 	rspec = json_pack("{s:i, s:i, s:i, s:s, s:b, s:s, s:O, s:i, s:i, s:s+, s:s+, s:s+, s:s+,"
 	                  " s:s+}",
@@ -336,7 +309,7 @@ static double evaluate_loss(const char *model)
 	double loss;
 
 	snprintf(path, sizeof path, "/v1/models/%s:evaluate?wait=true", model);
-	r = post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\"}", 200);
+	r = th_post_json(&D, path, "{\"inputs\": \"x\", \"targets\": \"t\"}", 200);
 	loss = json_number_value(json_object_get(r, "loss"));
 	json_decref(r);
 	return loss;
@@ -433,11 +406,11 @@ static void lowp_case(const char *model, const char *dtype, double rel_curve, do
 	char *file;
 	size_t len;
 
-	spec = fmt(spec_fmt, model, "", L, d, h, dtype, opt);
-	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	spec = th_fmt(spec_fmt, model, "", L, d, h, dtype, opt);
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
 	free(spec);
-	spec = fmt(spec_fmt, model, "g", L, d, h, dtype, "{\"type\": \"none\"}");
-	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	spec = th_fmt(spec_fmt, model, "g", L, d, h, dtype, "{\"type\": \"none\"}");
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
 	free(spec);
 	snprintf(grads, sizeof grads, "%sg", model);
 	snprintf(path, sizeof path, "/v1/models/%s", model);
@@ -451,10 +424,11 @@ static void lowp_case(const char *model, const char *dtype, double rel_curve, do
 	free(t);
 
 	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", grads);
-	json_decref(post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 1}", 200));
+	json_decref(th_post_json(&D, path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 1}",
+	                         200));
 	eval0 = evaluate_loss(model);
 	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
-	res = post_json(path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 24}", 200);
+	res = th_post_json(&D, path, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 24}", 200);
 	ck_assert_int_eq(th_int(res, "measured_temp_size_in_bytes"),
 	                 th_int(res, "predicted_temp_size_in_bytes"));
 	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
@@ -553,9 +527,9 @@ START_TEST(test_bfloat16_analysis_counts_the_copies)
 	const char *body = "{\"model\": {\"mlp\": {\"layers\": 10, \"d_model\": 256, "
 	                   "\"d_hidden\": 1024, \"activation\": \"relu\"}, \"loss\": \"sum\", "
 	                   "\"dtype\": \"%s\"}, \"batch\": [256, 256]}";
-	char *b32 = fmt(body, "float32"), *b16 = fmt(body, "bfloat16");
-	json_t *a32 = post_json("/v1/models:analyze", b32, 200);
-	json_t *a16 = post_json("/v1/models:analyze", b16, 200);
+	char *b32 = th_fmt(body, "float32"), *b16 = th_fmt(body, "bfloat16");
+	json_t *a32 = th_post_json(&D, "/v1/models:analyze", b32, 200);
+	json_t *a16 = th_post_json(&D, "/v1/models:analyze", b16, 200);
 
 	ck_assert_int_eq(th_int(a16, "temp_size_in_bytes"),
 	                 th_int(a32, "temp_size_in_bytes") + 1024 * 1024);
@@ -637,11 +611,11 @@ START_TEST(test_tokens_adam_clipped)
 		ids[i] = (int32_t)(th_rand(&seed) % 12);     /* 12 of 37 ids, each many times */
 		tg[i] = (int32_t)(th_rand(&seed) % TV);
 	}
-	spec = fmt(spec_fmt, "tok", TV, opt);
-	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	spec = th_fmt(spec_fmt, "tok", TV, opt);
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
 	free(spec);
-	spec = fmt(spec_fmt, "tokg", TV, "{\"type\": \"none\"}");
-	json_decref(post_json("/v1/models?wait=true", spec, 200));
+	spec = th_fmt(spec_fmt, "tokg", TV, "{\"type\": \"none\"}");
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
 	free(spec);
 	{
 		struct th_response r;
@@ -667,11 +641,11 @@ START_TEST(test_tokens_adam_clipped)
 	upload_ids("ids", ids);
 	upload_ids("labels", tg);
 
-	res = post_json("/v1/models/tokg:step?wait=true",
-	                "{\"inputs\": \"ids\", \"targets\": \"labels\", \"steps\": 1}", 200);
+	res = th_post_json(&D, "/v1/models/tokg:step?wait=true",
+	                   "{\"inputs\": \"ids\", \"targets\": \"labels\", \"steps\": 1}", 200);
 	json_decref(res);
-	res = post_json("/v1/models/tok:step?wait=true",
-	                "{\"inputs\": \"ids\", \"targets\": \"labels\", \"steps\": 24}", 200);
+	res = th_post_json(&D, "/v1/models/tok:step?wait=true",
+	                   "{\"inputs\": \"ids\", \"targets\": \"labels\", \"steps\": 24}", 200);
 	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
 	                 th_int(res, "predicted_peak_device_bytes"));
 
