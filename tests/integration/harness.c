@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -887,12 +888,11 @@ void th_put_array(struct th_daemon *d, const char *name, const char *query, cons
 	th_response_free(&r);
 }
 
-char *th_download(struct th_daemon *d, const char *name, size_t *n)
+char *th_get_bytes(struct th_daemon *d, const char *path, size_t *n)
 {
 	struct th_response r;
-	char path[300], *x;
+	char *x;
 
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
 	th_get(d, path, &r);
 	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
 	*n = r.body_len;
@@ -901,6 +901,71 @@ char *th_download(struct th_daemon *d, const char *name, size_t *n)
 	memcpy(x, r.body, r.body_len);
 	th_response_free(&r);
 	return x;
+}
+
+char *th_download(struct th_daemon *d, const char *name, size_t *n)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	return th_get_bytes(d, path, n);
+}
+
+char *th_export_model(struct th_daemon *d, const char *name, size_t *len)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/models/%s:export", name);
+	return th_get_bytes(d, path, len);
+}
+
+void th_import_model(struct th_daemon *d, const char *query, const void *file, size_t len,
+                     struct th_response *r)
+{
+	static const char *const octet_headers[] = {"Content-Type: application/octet-stream", NULL};
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/models:import%s%s", query ? "?" : "", query ? query : "");
+	th_request(d, "POST", path, octet_headers, file, len, r);
+}
+
+void th_import_ok(struct th_daemon *d, const char *query, const void *file, size_t len)
+{
+	struct th_response r;
+
+	th_import_model(d, query, file, len, &r);
+	ck_assert_msg(r.status == 201, "import: %ld %s", r.status, r.body);
+	ck_assert_str_eq(th_str(th_json(&r), "state"), "READY");
+	th_response_free(&r);
+}
+
+void th_put_floats(struct th_daemon *d, const char *name, const float *x, size_t rows,
+                   size_t cols, const char *extra)
+{
+	char query[1024];
+
+	snprintf(query, sizeof query, "dtype=float32&shape=%zu,%zu%s%s", rows, cols,
+	         extra ? "&" : "", extra ? extra : "");
+	th_put_array(d, name, query, x, rows * cols * sizeof *x);
+}
+
+float *th_download_floats(struct th_daemon *d, const char *name, size_t *n)
+{
+	size_t bytes;
+	char *x = th_download(d, name, &bytes);
+
+	ck_assert_msg(bytes % sizeof(float) == 0, "GET /v1/arrays/%s/data: %zu bytes, not whole floats",
+	              name, bytes);
+	*n = bytes / sizeof(float);
+	return (float *)(void *)x;
+}
+
+json_t *th_array_meta(struct th_daemon *d, const char *name)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/arrays/%s", name);
+	return th_get_object(d, path);
 }
 
 void th_expect_data(struct th_daemon *d, const char *name, const char *index, const void *want,
@@ -1538,6 +1603,61 @@ void th_assert_bytes(const char *what, const void *got, size_t got_len, const vo
 	while (g[i] == w[i])
 		i++;
 	ck_abort_msg("%s: byte %zu of %zu is 0x%02x, want 0x%02x", what, i, want_len, g[i], w[i]);
+}
+
+/* ---- float32 data ------------------------------------------------------------ */
+
+void th_fill_floats(float *x, size_t n, unsigned seed, float lo, float hi)
+{
+	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+
+	for (size_t i = 0; i < n; i++)
+		x[i] = lo + (hi - lo) * (float)(th_rand(&s) >> 40) / 16777216.0f;
+}
+
+float *th_floats(size_t n, unsigned seed, float lo, float hi)
+{
+	float *x = malloc(n ? n * sizeof *x : 1);
+
+	ck_assert_ptr_nonnull(x);
+	th_fill_floats(x, n, seed, lo, hi);
+	return x;
+}
+
+float *th_signed_floats(size_t n, uint64_t seed)
+{
+	float *x = malloc(n ? n * sizeof *x : 1);
+	uint64_t s = seed;
+
+	ck_assert_ptr_nonnull(x);
+	for (size_t i = 0; i < n; i++)
+		x[i] = (float)((double)(th_rand(&s) >> 11) / 9007199254740992.0 * 4.0 - 2.0);
+	return x;
+}
+
+void th_assert_same_floats(const char *what, const float *got, size_t ngot, const float *want,
+                           size_t nwant)
+{
+	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
+	for (size_t i = 0; i < nwant; i++)
+		if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
+			ck_abort_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i,
+			             (double)got[i], (double)want[i]);
+}
+
+void th_assert_close_floats(const char *what, const float *got, size_t ngot, const float *want,
+                            size_t nwant, double rel)
+{
+	double scale = 0;
+
+	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
+	for (size_t i = 0; i < nwant; i++)
+		scale = fmax(scale, fabs((double)want[i]));
+	ck_assert_msg(scale > 0, "%s: the reference is all zeros", what);
+	for (size_t i = 0; i < nwant; i++)
+		if (!(fabs((double)got[i] - (double)want[i]) <= rel * scale))
+			ck_abort_msg("%s: element %zu is %.9g, reference %.9g (tolerance %.3g)", what, i,
+			             (double)got[i], (double)want[i], rel * scale);
 }
 
 const char *th_py_dir(void)

@@ -211,9 +211,36 @@ long th_get_status(struct th_daemon *d, const char *path);
 void th_put_array(struct th_daemon *d, const char *name, const char *query, const void *data,
                   size_t n);
 
-/* GET /v1/arrays/name/data: it must answer 200; returns the body (a new
- * buffer the caller frees) and its length in *n. */
+/* GET path: it must answer 200; returns the body (a new buffer the caller
+ * frees) and its length in *n. */
+char *th_get_bytes(struct th_daemon *d, const char *path, size_t *n);
+
+/* th_get_bytes of /v1/arrays/name/data. */
 char *th_download(struct th_daemon *d, const char *name, size_t *n);
+
+/* PUT /v1/arrays/name?dtype=float32&shape=rows,cols, then &extra when extra
+ * is not NULL, with the rows * cols floats of x; th_put_array's checks. */
+void th_put_floats(struct th_daemon *d, const char *name, const float *x, size_t rows,
+                   size_t cols, const char *extra);
+
+/* th_download of a float32 array: its length must be whole floats; returns
+ * them (a new buffer the caller frees) and their number in *n. */
+float *th_download_floats(struct th_daemon *d, const char *name, size_t *n);
+
+/* GET /v1/arrays/name: th_get_object's checks; the array's description
+ * (new reference). */
+json_t *th_array_meta(struct th_daemon *d, const char *name);
+
+/* th_get_bytes of /v1/models/name:export: the model's file. */
+char *th_export_model(struct th_daemon *d, const char *name, size_t *len);
+
+/* POST /v1/models:import, then ?query when query is not NULL, with the len
+ * bytes of file (Content-Type application/octet-stream); the answer in r. */
+void th_import_model(struct th_daemon *d, const char *query, const void *file, size_t len,
+                     struct th_response *r);
+
+/* th_import_model; it must answer 201 with a model in state READY. */
+void th_import_ok(struct th_daemon *d, const char *query, const void *file, size_t len);
 
 /* GET /v1/arrays/name/data, with ?index=index (escaped here) when index is
  * not NULL: it must answer 200 with exactly the len bytes of want. */
@@ -385,6 +412,32 @@ void *th_pattern(size_t n, uint64_t seed);
 /* Fails the test unless got equals want, naming the first differing byte. */
 void th_assert_bytes(const char *what, const void *got, size_t got_len, const void *want,
                      size_t want_len);
+
+/* ---- float32 data ------------------------------------------------------------ */
+
+/* n deterministic floats of [lo, hi) from seed into x: th_rand's sequence
+ * from the state seed * 0x9e3779b97f4a7c15 + 1, the top 24 bits of each. */
+void th_fill_floats(float *x, size_t n, unsigned seed, float lo, float hi);
+
+/* th_fill_floats into a new buffer (caller frees). */
+float *th_floats(size_t n, unsigned seed, float lo, float hi);
+
+/* n deterministic floats of [-2, 2) (new buffer, caller frees): th_rand's
+ * sequence from the state seed, the top 53 bits of each. */
+float *th_signed_floats(size_t n, uint64_t seed);
+
+/* Fails the test unless got (ngot floats) equals want (nwant) bit for bit,
+ * naming the first element that differs. */
+void th_assert_same_floats(const char *what, const float *got, size_t ngot, const float *want,
+                           size_t nwant);
+
+/* Fails the test unless got (ngot floats) is within rel of want's largest
+ * magnitude element by element, want being a float64 reference rounded to
+ * float32: an element near zero is the sum of terms much larger than
+ * itself, and float32 rounds it relative to those terms, not to the sum.
+ * A reference of all zeros fails too (it would compare nothing). */
+void th_assert_close_floats(const char *what, const float *got, size_t ngot, const float *want,
+                            size_t nwant, double rel);
 
 /* Percent-encodes in for a query value (libcurl's escaping) into out. */
 void th_url_escape(char *out, size_t cap, const char *in);

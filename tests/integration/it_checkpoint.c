@@ -25,7 +25,6 @@
 static struct th_daemon A, Bd;
 static struct th_response r_resp;
 static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
-static const char *const octet_headers[] = {"Content-Type: application/octet-stream", NULL};
 
 static void up(void)
 {
@@ -39,33 +38,13 @@ static void down(void)
 	th_daemon_stop_ok(&Bd);
 }
 
-static void upload(struct th_daemon *d, const char *name, const float *x, size_t rows, size_t cols)
-{
-	char query[64];
-
-	snprintf(query, sizeof query, "dtype=float32&shape=%zu,%zu", rows, cols);
-	th_put_array(d, name, query, x, rows * cols * sizeof *x);
-}
-
-/* The values of [-2, 2) the inputs and targets hold. */
-static float *make(size_t n, uint64_t seed)
-{
-	float *x = malloc(n * sizeof *x);
-	uint64_t s = seed;
-
-	ck_assert_ptr_nonnull(x);
-	for (size_t i = 0; i < n; i++)
-		x[i] = (float)((double)(th_rand(&s) >> 11) / 9007199254740992.0 * 4.0 - 2.0);
-	return x;
-}
-
 /* Inputs "x" and targets "t" on d. */
 static void data_up(struct th_daemon *d)
 {
-	float *x = make(B * D, 31), *t = make(B * D, 32);
+	float *x = th_signed_floats(B * D, 31), *t = th_signed_floats(B * D, 32);
 
-	upload(d, "x", x, B, D);
-	upload(d, "t", t, B, D);
+	th_put_floats(d, "x", x, B, D, NULL);
+	th_put_floats(d, "t", t, B, D, NULL);
 	free(x);
 	free(t);
 }
@@ -99,43 +78,6 @@ static void steps(struct th_daemon *d, const char *name, int n, double *out)
 	json_decref(res);
 }
 
-/* GET /v1/models/{name}:export: 200, the file (new buffer) and its length. */
-static char *export_model(struct th_daemon *d, const char *name, size_t *len)
-{
-	struct th_response r;
-	char path[256], *f;
-
-	snprintf(path, sizeof path, "/v1/models/%s:export", name);
-	th_get(d, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*len = r.body_len;
-	f = malloc(r.body_len);
-	ck_assert_ptr_nonnull(f);
-	memcpy(f, r.body, r.body_len);
-	th_response_free(&r);
-	return f;
-}
-
-/* POST /v1/models:import[?query] with file; the response (caller frees). */
-static void import_model(struct th_daemon *d, const char *query, const char *file, size_t len,
-                         struct th_response *r)
-{
-	char path[256];
-
-	snprintf(path, sizeof path, "/v1/models:import%s%s", query ? "?" : "", query ? query : "");
-	th_request(d, "POST", path, octet_headers, file, len, r);
-}
-
-static void import_ok(struct th_daemon *d, const char *query, const char *file, size_t len)
-{
-	struct th_response r;
-
-	import_model(d, query, file, len, &r);
-	ck_assert_msg(r.status == 201, "import: %ld %s", r.status, r.body);
-	ck_assert_str_eq(th_str(th_json(&r), "state"), "READY");
-	th_response_free(&r);
-}
-
 /* The import must fail with http/reason and a message naming word. */
 static void import_error(struct th_daemon *d, const char *file, size_t len, long http,
                          const char *status, const char *reason, const char *word)
@@ -143,7 +85,7 @@ static void import_error(struct th_daemon *d, const char *file, size_t len, long
 	struct th_response r;
 	const char *msg;
 
-	import_model(d, NULL, file, len, &r);
+	th_import_model(d, NULL, file, len, &r);
 	th_assert_error(&r, http, status, reason);
 	msg = th_str(th_obj(th_json(&r), "error"), "message");
 	ck_assert_msg(strstr(msg, word), "import: the message does not name '%s': %s", word, msg);
@@ -228,8 +170,8 @@ static void resume_case(const char *opt)
 	steps(&A, "c", N, first);
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(first[i] == whole[i], "step %d: %.17g vs %.17g", i + 1, first[i], whole[i]);
-	file = export_model(&A, "c", &len);
-	import_ok(&Bd, NULL, file, len);
+	file = th_export_model(&A, "c", &len);
+	th_import_ok(&Bd, NULL, file, len);
 	m = th_get_object(&Bd, "/v1/models/c");
 	ck_assert_int_eq(th_int(m, "steps"), N);
 	json_decref(m);
@@ -258,7 +200,7 @@ static void resume_case(const char *opt)
 	 * weights and moments continue differently (from the second loss on:
 	 * the first is the imported weights') */
 	file0 = st_with_meta(file, len, "steps", "0", &len0);
-	import_ok(&Bd, "name=c0", file0, len0);
+	th_import_ok(&Bd, "name=c0", file0, len0);
 	steps(&Bd, "c0", M, reset);
 	ck_assert_msg(reset[0] == whole[N], "t = 0: first loss %.17g vs %.17g", reset[0], whole[N]);
 	ck_assert_msg(reset[1] != whole[N + 1], "t = 0 resumed the same: %.17g", reset[1]);
@@ -295,7 +237,7 @@ START_TEST(test_export_contents)
 	data_up(&A);
 	create(&A, "e", "{\"type\": \"adam\", \"learning_rate\": 0.01}");
 	steps(&A, "e", 2, l);
-	file = export_model(&A, "e", &len);
+	file = th_export_model(&A, "e", &len);
 	h = st_header(file, len, &at);
 	meta = th_obj(h, "__metadata__");
 	ck_assert_str_eq(th_str(meta, "format"), "tstage.model.v1");
@@ -370,10 +312,10 @@ START_TEST(test_import_errors)
 	data_up(&A);
 	create(&A, "m", "{\"type\": \"adam\", \"learning_rate\": 0.01}");
 	steps(&A, "m", 1, l);
-	file = export_model(&A, "m", &len);
+	file = th_export_model(&A, "m", &len);
 
 	/* the name is taken: 409 on A */
-	import_model(&A, NULL, file, len, &r);
+	th_import_model(&A, NULL, file, len, &r);
 	th_assert_error(&r, 409, "ALREADY_EXISTS", "MODEL_EXISTS");
 	th_response_free(&r);
 
@@ -456,8 +398,8 @@ START_TEST(test_import_errors)
 	ck_assert_uint_eq(json_array_size(th_arr(list, "arrays")), 0);
 	json_decref(list);
 	/* and the file itself imports, under another name too */
-	import_ok(&Bd, NULL, file, len);
-	import_ok(&Bd, "name=m2", file, len);
+	th_import_ok(&Bd, NULL, file, len);
+	th_import_ok(&Bd, "name=m2", file, len);
 	list = th_get_object(&Bd, "/v1/models/m2");
 	ck_assert_int_eq(th_int(list, "steps"), 1);
 	json_decref(list);
@@ -503,7 +445,7 @@ START_TEST(test_export_during_a_step)
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "CANCELLED");
 	json_decref(op);
 	free(name);
-	file = export_model(&A, "r", &len);
+	file = th_export_model(&A, "r", &len);
 	m = th_get_object(&A, "/v1/models/r");
 	h = st_header(file, len, &at);
 	{

@@ -51,15 +51,6 @@ static void post_error(const char *path, const char *body, long http, const char
 	              http == 429 ? "RESOURCE_EXHAUSTED" : "INVALID_ARGUMENT", reason, word, NULL);
 }
 
-/* An array's description (new reference). */
-static json_t *meta(const char *name)
-{
-	char path[300];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return th_get_object(&D, path);
-}
-
 /* The bytes of an array (new buffer), its dtype header checked. */
 static char *download(const char *name, const char *dtype, size_t *n)
 {
@@ -171,7 +162,7 @@ START_TEST(test_every_pattern_widened_in_place)
 
 		snprintf(query, sizeof query, "dtype=%s&shape=256,256&device=sim:1", kinds[k]);
 		put_raw("p", query, h, 65536 * 2);
-		before = meta("p");
+		before = th_array_meta(&D, "p");
 		after = post("/v1/arrays/p:put?wait=true", "{\"dtype\": \"float32\"}", 200);
 		ck_assert_str_eq(th_str(after, "dtype"), "float32");
 		ck_assert_str_eq(th_str(th_obj(after, "sharding"), "device"), th_dev(1));
@@ -277,14 +268,14 @@ START_TEST(test_refusals_leave_everything)
 		free(z);
 	}
 	if (th_backend_is_sim()) {
-		after = meta("z");
+		after = th_array_meta(&D, "z");
 		ck_assert_str_eq(th_str(after, "dtype"), "float16");
 		json_decref(after);
 	}
-	after = meta("m.w1");
+	after = th_array_meta(&D, "m.w1");
 	ck_assert_str_eq(th_str(after, "dtype"), "float32");
 	json_decref(after);
-	after = meta("f");
+	after = th_array_meta(&D, "f");
 	ck_assert_int_eq(th_int(after, "version"), 1);
 	json_decref(after);
 }

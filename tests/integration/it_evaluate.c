@@ -48,34 +48,6 @@ static void daemon_down(void)
 
 /* ---- requests ------------------------------------------------------------------------ */
 
-static void upload(const char *name, const float *x, size_t rows, size_t cols)
-{
-	struct th_response r;
-	char path[512];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%zu,%zu", name, rows, cols);
-	th_request(&D, "PUT", path, NULL, (const char *)x, rows * cols * sizeof *x, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-static float *download(const char *name, size_t *n)
-{
-	size_t bytes;
-	float *x = (float *)(void *)th_download(&D, name, &bytes);
-
-	*n = bytes / sizeof *x;
-	return x;
-}
-
-static json_t *array_meta(const char *name)
-{
-	char path[300];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return th_get_object(&D, path);
-}
-
 static void move_to(const char *name, const char *kind)
 {
 	char path[300], body[128];
@@ -128,47 +100,6 @@ static json_t *analyze(const char *model, const char *body)
 
 /* ---- data and the reference ------------------------------------------------------------ */
 
-static float *make(size_t n, unsigned seed, float lo, float hi)
-{
-	float *x = malloc(n * sizeof *x);
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	ck_assert_ptr_nonnull(x);
-	for (size_t i = 0; i < n; i++) {
-		s ^= s >> 12;
-		s ^= s << 25;
-		s ^= s >> 27;
-		x[i] = lo + (hi - lo) * (float)((s * 2685821657736338717ull) >> 40) / 16777216.0f;
-	}
-	return x;
-}
-
-static void assert_same_bits(const char *what, const float *got, size_t ngot, const float *want,
-                             size_t nwant)
-{
-	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
-	for (size_t i = 0; i < nwant; i++)
-		if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
-			ck_abort_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i,
-			             (double)got[i], (double)want[i]);
-}
-
-/* got against the float64 reference, within rel of the reference's largest magnitude. */
-static void assert_close(const char *what, const float *got, size_t ngot, const float *want,
-                         size_t nwant, double rel)
-{
-	double scale = 0;
-
-	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
-	for (size_t i = 0; i < nwant; i++)
-		scale = fmax(scale, fabs((double)want[i]));
-	ck_assert_msg(scale > 0, "%s: the reference is all zeros", what);
-	for (size_t i = 0; i < nwant; i++)
-		if (!(fabs((double)got[i] - (double)want[i]) <= rel * scale))
-			ck_abort_msg("%s: element %zu is %.9g, reference %.9g (tolerance %.3g)", what, i,
-			             (double)got[i], (double)want[i], rel * scale);
-}
-
 /* The small model of these cases: 3 layers, d 32, h 64, gelu, residual,
  * mse, Adam; inputs "x" and targets "t" of 16 rows. */
 #define L_ 3
@@ -189,14 +120,14 @@ static void small_setup(const char *name, const char *placement, struct files *f
 	               "\"learning_rate\": 0.01}, \"init\": {\"seed\": 7, \"scale\": 0.2}%s%s}",
 	               name, L_, D_, H_, placement ? ", \"placement\": " : "",
 	               placement ? placement : "");
-	float *x = make(B_ * D_, 3, -2.0f, 2.0f), *t = make(B_ * D_, 4, -2.0f, 2.0f), *w;
+	float *x = th_floats(B_ * D_, 3, -2.0f, 2.0f), *t = th_floats(B_ * D_, 4, -2.0f, 2.0f), *w;
 	char an[200];
 	size_t n;
 
 	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
 	free(spec);
-	upload("x", x, B_, D_);
-	upload("t", t, B_, D_);
+	th_put_floats(&D, "x", x, B_, D_, NULL);
+	th_put_floats(&D, "t", t, B_, D_, NULL);
 	if (f) {
 		th_temp_dir(name, f->dir, sizeof f->dir);
 		snprintf(f->w1, sizeof f->w1, "%s/w1.f32", f->dir);
@@ -205,11 +136,11 @@ static void small_setup(const char *name, const char *placement, struct files *f
 		snprintf(f->targets, sizeof f->targets, "%s/targets.f32", f->dir);
 		snprintf(f->out, sizeof f->out, "%s/out", f->dir);
 		snprintf(an, sizeof an, "%s.w1", name);
-		w = download(an, &n);
+		w = th_download_floats(&D, an, &n);
 		th_write_file(f->w1, w, n * sizeof *w);
 		free(w);
 		snprintf(an, sizeof an, "%s.w2", name);
-		w = download(an, &n);
+		w = th_download_floats(&D, an, &n);
 		th_write_file(f->w2, w, n * sizeof *w);
 		free(w);
 		th_write_file(f->inputs, x, sizeof(float) * B_ * D_);
@@ -264,8 +195,8 @@ static void snap(const char *model, struct snapshot *s)
 		json_t *m;
 
 		snprintf(name, sizeof name, "%s.%s", model, roles[i]);
-		s->data[i] = download(name, &s->n[i]);
-		m = array_meta(name);
+		s->data[i] = th_download_floats(&D, name, &s->n[i]);
+		m = th_array_meta(&D, name);
 		snprintf(s->etag[i], sizeof s->etag[i], "%s", th_str(m, "etag"));
 		s->version[i] = J(m, "version");
 		json_decref(m);
@@ -280,7 +211,7 @@ static void assert_untouched(const char *model, struct snapshot *before, const c
 	snap(model, &now);
 	for (int i = 0; i < 4; i++) {
 		snprintf(label, sizeof label, "%s: %s.%s", what, model, roles[i]);
-		assert_same_bits(label, now.data[i], now.n[i], before->data[i], before->n[i]);
+		th_assert_same_floats(label, now.data[i], now.n[i], before->data[i], before->n[i]);
 		ck_assert_msg(strcmp(now.etag[i], before->etag[i]) == 0, "%s: ETag %s, was %s", label,
 		              now.etag[i], before->etag[i]);
 		ck_assert_int_eq(now.version[i], before->version[i]);
@@ -354,18 +285,18 @@ START_TEST(test_evaluate_loss_outputs_and_step)
 	om = th_obj(res, "outputs");
 	ck_assert_str_eq(th_str(om, "name"), "m.out");
 	ck_assert_str_eq(th_str(th_obj(om, "sharding"), "memory_kind"), "device");
-	json_decref(om = array_meta("m.out"));
+	json_decref(om = th_array_meta(&D, "m.out"));
 	ref = reference(&f);
 	loss = (float)json_number_value(json_object_get(res, "loss"));
 	ck_assert_msg(fabs(loss - json_number_value(json_object_get(ref, "initial_loss"))) <=
 	              1e-5 * fabs(json_number_value(json_object_get(ref, "initial_loss"))),
 	              "loss %.9g, reference %.9g", (double)loss,
 	              json_number_value(json_object_get(ref, "initial_loss")));
-	got = download("m.out", &ng);
+	got = th_download_floats(&D, "m.out", &ng);
 	snprintf(path, sizeof path, "%s/outputs.f32", f.out);
 	want = (float *)th_read_file(path, &nw);
 	ck_assert_ptr_nonnull(want);
-	assert_close("outputs vs reference", got, ng, want, nw / sizeof(float), 1e-5);
+	th_assert_close_floats("outputs vs reference", got, ng, want, nw / sizeof(float), 1e-5);
 	free(got);
 	free(want);
 	/* the step that follows reports, before its update, the same loss */
@@ -428,12 +359,12 @@ START_TEST(test_evaluate_offloaded_params)
 	ck_assert_int_eq(J(th_obj(host, "bytes_moved"), "d2h"), B_ * D_ * 4);
 	ck_assert_int_ge(J(th_obj(host, "bytes_moved"), "h2d"), 2 * L_ * D_ * H_ * 4);
 	ck_assert_int_lt(J(host, "predicted_peak_device_bytes"), J(dev, "predicted_peak_device_bytes"));
-	om = array_meta("out_host");
+	om = th_array_meta(&D, "out_host");
 	ck_assert_str_eq(th_str(th_obj(om, "sharding"), "memory_kind"), "pinned_host");
 	json_decref(om);
-	a = download("out_dev", &na);
-	b = download("out_host", &nb);
-	assert_same_bits("outputs with params offloaded", b, nb, a, na);
+	a = th_download_floats(&D, "out_dev", &na);
+	b = th_download_floats(&D, "out_host", &nb);
+	th_assert_same_floats("outputs with params offloaded", b, nb, a, na);
 	assert_untouched("m", &before, "after an offloaded :evaluate");
 	free(a);
 	free(b);
@@ -447,13 +378,13 @@ END_TEST
 /* Rows of a dataset: the loss of rows r is the loss of an array of those rows. */
 START_TEST(test_evaluate_rows)
 {
-	float *x = make(B_ * D_, 3, -2.0f, 2.0f), *t = make(B_ * D_, 4, -2.0f, 2.0f);
+	float *x = th_floats(B_ * D_, 3, -2.0f, 2.0f), *t = th_floats(B_ * D_, 4, -2.0f, 2.0f);
 	json_t *rows, *whole;
 
 	small_setup("m", NULL, NULL);
 	/* rows 4..11 of x and t as arrays of their own */
-	upload("x8", x + 4 * D_, 8, D_);
-	upload("t8", t + 4 * D_, 8, D_);
+	th_put_floats(&D, "x8", x + 4 * D_, 8, D_, NULL);
+	th_put_floats(&D, "t8", t + 4 * D_, 8, D_, NULL);
 	rows = evaluate("m", "{\"inputs\": {\"array\": \"x\", \"rows\": {\"start\": 4, \"stop\": 12}},"
 	                     " \"targets\": {\"array\": \"t\", \"rows\": {\"start\": 4, \"stop\": 12}}}");
 	whole = evaluate("m", "{\"inputs\": \"x8\", \"targets\": \"t8\"}");
@@ -551,9 +482,9 @@ START_TEST(test_evaluate_errors)
 	                    "NOT_FOUND", NULL, "ghost", NULL);
 	/* inputs of the wrong width */
 	{
-		float *w = make(4 * 8, 9, -1.0f, 1.0f);
+		float *w = th_floats(4 * 8, 9, -1.0f, 1.0f);
 
-		upload("narrow", w, 4, 8);
+		th_put_floats(&D, "narrow", w, 4, 8, NULL);
 		free(w);
 	}
 	th_post_error_words(&D, p, "{\"inputs\": \"narrow\", \"targets\": \"narrow\"}", 400,
@@ -613,7 +544,7 @@ START_TEST(test_evaluate_cancel)
 	json_int_t dev0;
 	char path[200], id[64];
 	long cancel;
-	float *x = make(2048 * 256, 5, -1.0f, 1.0f);
+	float *x = th_floats(2048 * 256, 5, -1.0f, 1.0f);
 
 	json_decref(
 	        th_post_json(&D, "/v1/models?wait=true",
@@ -621,7 +552,7 @@ START_TEST(test_evaluate_cancel)
 	                     "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\", "
 	                     "\"init\": {\"seed\": 3, \"scale\": 0.05}}",
 	                     200));
-	upload("gx", x, 2048, 256);
+	th_put_floats(&D, "gx", x, 2048, 256, NULL);
 	free(x);
 	dev0 = space_int(th_dev(0), "device", "bytes_in_use");
 	op = th_post_json(&D, "/v1/models/g:evaluate",
@@ -663,16 +594,16 @@ START_TEST(test_evaluate_holds_the_weights)
 	struct th_response r;
 	json_t *op, *before, *after;
 	char path[200], id[64];
-	float *x = make(2048 * 256, 5, -1.0f, 1.0f);
+	float *x = th_floats(2048 * 256, 5, -1.0f, 1.0f);
 
 	json_decref(
 	        th_post_json(&D, "/v1/models?wait=true",
 	                     "{\"name\": \"g\", \"mlp\": {\"layers\": 8, \"d_model\": 256, "
 	                     "\"d_hidden\": 2048, \"activation\": \"relu\"}, \"loss\": \"sum\"}",
 	                     200));
-	upload("gx", x, 2048, 256);
+	th_put_floats(&D, "gx", x, 2048, 256, NULL);
 	free(x);
-	before = array_meta("g.w1");
+	before = th_array_meta(&D, "g.w1");
 	op = th_post_json(&D, "/v1/models/g:evaluate", "{\"inputs\": \"gx\"}", 202);
 	snprintf(id, sizeof id, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
@@ -696,7 +627,7 @@ START_TEST(test_evaluate_holds_the_weights)
 	op = th_post_json(&D, path, "{\"timeout\": \"60s\"}", 200);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
-	after = array_meta("g.w1");
+	after = th_array_meta(&D, "g.w1");
 	ck_assert_str_eq(th_str(after, "etag"), th_str(before, "etag"));
 	json_decref(before);
 	json_decref(after);

@@ -86,14 +86,6 @@ static void put_floats(const char *name, size_t rows, size_t cols, float seed, c
 	free(x);
 }
 
-static json_t *meta(const char *name)
-{
-	char path[300];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return th_get_object(&D, path);
-}
-
 /* The operation id of a 202 answer (copied into id). */
 static void start_op(const char *path, const char *body, char *id, size_t cap)
 {
@@ -176,7 +168,7 @@ START_TEST(test_step_holds_arrays)
 
 	create_model(ADAM_SPEC("m"));
 	put_floats("x", 4, 8, 1.0f, "device=sim:0");
-	before = meta("m.w1");
+	before = th_array_meta(&D, "m.w1");
 	start_op("/v1/models/m:step", "{\"inputs\": \"x\", \"steps\": 1000000}", id, sizeof id);
 	wait_progress(id, "steps_done");
 
@@ -199,7 +191,7 @@ START_TEST(test_step_holds_arrays)
 
 	cancel_and_wait(id, "CANCELLED");
 	/* the cancelled run changed the weights: they are a new version */
-	after = meta("m.w1");
+	after = th_array_meta(&D, "m.w1");
 	ck_assert_str_ne(th_str(after, "etag"), th_str(before, "etag"));
 	ck_assert_int_gt(th_int(after, "version"), th_int(before, "version"));
 	json_decref(before);
@@ -224,11 +216,11 @@ START_TEST(test_step_publishes_versions)
 
 	create_model(ADAM_SPEC("v"));
 	put_floats("x", 4, 8, 1.0f, "device=sim:0");
-	before = meta("v.w1");
+	before = th_array_meta(&D, "v.w1");
 	snprintf(etag0, sizeof etag0, "%s", th_str(before, "etag"));
 	res = post_json("/v1/models/v:step?wait=true", "{\"inputs\": \"x\", \"steps\": 2}", 200);
 	json_decref(res);
-	after = meta("v.w1");
+	after = th_array_meta(&D, "v.w1");
 	ck_assert_str_ne(th_str(after, "etag"), etag0);
 	ck_assert_int_eq(th_int(after, "version"), th_int(before, "version") + 1);
 	trained = th_download(&D, "v.w1", &n_trained);
@@ -343,7 +335,7 @@ START_TEST(test_put_keeps_placement)
 
 	put_floats("h.w1", 4, 8, 1.0f, "device=sim:1&memory_kind=pinned_host");
 	put_floats("h.w1", 4, 8, 2.0f, NULL);
-	a = meta("h.w1");
+	a = th_array_meta(&D, "h.w1");
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(1));
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), "pinned_host");
 	ck_assert(th_bool(a, "committed"));
@@ -352,12 +344,12 @@ START_TEST(test_put_keeps_placement)
 	/* an uncommitted one still goes to the default placement */
 	put_floats("u", 4, 8, 1.0f, NULL);
 	put_floats("u", 4, 8, 1.0f, NULL);
-	a = meta("u");
+	a = th_array_meta(&D, "u");
 	ck_assert(!th_bool(a, "committed"));
 	json_decref(a);
 	/* a placement given still wins */
 	put_floats("h.w1", 4, 8, 2.0f, "device=sim:0");
-	a = meta("h.w1");
+	a = th_array_meta(&D, "h.w1");
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(0));
 	json_decref(a);
 }
@@ -472,7 +464,7 @@ START_TEST(test_move_keeps_metadata_and_counts)
 	th_response_free(&r);
 	res = post_json("/v1/arrays/t:put?wait=true", "{\"memory_kind\": \"device\"}", 200);
 	json_decref(res);
-	a = meta("t");
+	a = th_array_meta(&D, "t");
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), "device");
 	ck_assert_str_eq(th_str(th_obj(a, "metadata"), "origin"), "test");
 	json_decref(a);
@@ -482,7 +474,7 @@ START_TEST(test_move_keeps_metadata_and_counts)
 	create_model("{\"name\": \"g\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	             "\"placement\": {\"device\": \"sim:1\"}}");
 	json_decref(post_json("/v1/models/g:step?wait=true", "{\"inputs\": \"u\"}", 200));
-	a = meta("u");
+	a = th_array_meta(&D, "u");
 	implicit = th_int(a, "implicit_transfer_bytes");
 	ck_assert_int_eq(implicit, 4 * 8 * 4);
 	json_decref(a);

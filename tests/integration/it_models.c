@@ -80,46 +80,6 @@ static json_t *create(const char *spec)
 	return th_post_json(&D, "/v1/models?wait=true", spec, 200);
 }
 
-/* PUT /v1/arrays/name?dtype=float32&shape=rows,cols[&extra] with x. */
-static void upload(const char *name, const float *x, size_t rows, size_t cols, const char *extra)
-{
-	struct th_response r;
-	char path[512];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%zu,%zu%s%s", name, rows, cols,
-	         extra ? "&" : "", extra ? extra : "");
-	th_request(&D, "PUT", path, NULL, (const char *)x, rows * cols * sizeof *x, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-/* An array's raw float32 data (new buffer, caller frees), *n floats. */
-static float *download(const char *name, size_t *n)
-{
-	struct th_response r;
-	char path[300];
-	float *x;
-
-	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
-	th_get(&D, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	ck_assert_msg(r.body_len % sizeof *x == 0, "GET %s: %zu bytes", path, r.body_len);
-	*n = r.body_len / sizeof *x;
-	x = malloc(r.body_len ? r.body_len : 1);
-	ck_assert_ptr_nonnull(x);
-	memcpy(x, r.body, r.body_len);
-	th_response_free(&r);
-	return x;
-}
-
-static json_t *array_meta(const char *name)
-{
-	char path[300];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s", name);
-	return th_get_object(&D, path);
-}
-
 /* :put an array to another memory kind of its device, waiting. */
 static void move_to(const char *name, const char *kind)
 {
@@ -272,59 +232,6 @@ static json_t *op_poll(const char *id, int *middle)
 
 /* ---- data ----------------------------------------------------------------------------- */
 
-/* Deterministic values in [lo, hi). */
-static void fill(float *x, size_t n, unsigned seed, float lo, float hi)
-{
-	uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
-
-	for (size_t i = 0; i < n; i++) {
-		s ^= s >> 12;
-		s ^= s << 25;
-		s ^= s >> 27;
-		x[i] = lo + (hi - lo) * (float)((s * 2685821657736338717ull) >> 40) / 16777216.0f;
-	}
-}
-
-static float *make(size_t n, unsigned seed, float lo, float hi)
-{
-	float *x = malloc(n * sizeof *x);
-
-	ck_assert_ptr_nonnull(x);
-	fill(x, n, seed, lo, hi);
-	return x;
-}
-
-/* Bit-for-bit equality of two float arrays. */
-static void assert_same_bits(const char *what, const float *got, size_t ngot, const float *want,
-                             size_t nwant)
-{
-	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
-	for (size_t i = 0; i < nwant; i++)
-		if (memcmp(&got[i], &want[i], sizeof got[i]) != 0)
-			ck_abort_msg("%s: element %zu is %.9g, want %.9g (bit for bit)", what, i,
-			             (double)got[i], (double)want[i]);
-}
-
-/*
- * got against the float64 reference want, within rel of want's largest
- * magnitude: an element near zero is the sum of terms much larger than
- * itself, and float32 rounds it relative to those terms, not to the sum.
- */
-static void assert_close(const char *what, const float *got, size_t ngot, const float *want,
-                         size_t nwant, double rel)
-{
-	double scale = 0;
-
-	ck_assert_msg(ngot == nwant, "%s: %zu floats, want %zu", what, ngot, nwant);
-	for (size_t i = 0; i < nwant; i++)
-		scale = fmax(scale, fabs((double)want[i]));
-	ck_assert_msg(scale > 0, "%s: the reference is all zeros", what);
-	for (size_t i = 0; i < nwant; i++)
-		if (!(fabs((double)got[i] - (double)want[i]) <= rel * scale))
-			ck_abort_msg("%s: element %zu is %.9g, reference %.9g (tolerance %.3g)", what, i,
-			             (double)got[i], (double)want[i], rel * scale);
-}
-
 static void assert_rel(const char *what, double got, double want, double rel)
 {
 	ck_assert_msg(fabs(got - want) <= rel * fabs(want), "%s: %.9g, reference %.9g", what, got,
@@ -369,8 +276,8 @@ static json_t *small_setup(const struct small *s, struct ref_files *f)
 {
 	char *spec = small_spec(s), name[160];
 	size_t n = (size_t)s->batch * (size_t)s->d, nw;
-	float *x = make(n, (unsigned)s->seed * 3 + 1, -2.0f, 2.0f);
-	float *t = make(n, (unsigned)s->seed * 3 + 2, -2.0f, 2.0f);
+	float *x = th_floats(n, (unsigned)s->seed * 3 + 1, -2.0f, 2.0f);
+	float *t = th_floats(n, (unsigned)s->seed * 3 + 2, -2.0f, 2.0f);
 	json_t *m = create(spec);
 	float *w;
 
@@ -382,13 +289,13 @@ static json_t *small_setup(const struct small *s, struct ref_files *f)
 	snprintf(f->targets, sizeof f->targets, "%s/targets.f32", f->dir);
 	snprintf(f->out, sizeof f->out, "%s/out", f->dir);
 	snprintf(name, sizeof name, "%s.w1", s->name);
-	w = download(name, &nw);
+	w = th_download_floats(&D, name, &nw);
 	ck_assert_uint_eq(nw, (size_t)s->layers * s->d * (s->h ? s->h : s->d));
 	th_write_file(f->w1, w, nw * sizeof *w);
 	free(w);
 	if (s->h) {
 		snprintf(name, sizeof name, "%s.w2", s->name);
-		w = download(name, &nw);
+		w = th_download_floats(&D, name, &nw);
 		ck_assert_uint_eq(nw, (size_t)s->layers * s->h * s->d);
 		th_write_file(f->w2, w, nw * sizeof *w);
 		free(w);
@@ -396,9 +303,9 @@ static json_t *small_setup(const struct small *s, struct ref_files *f)
 	th_write_file(f->inputs, x, n * sizeof *x);
 	th_write_file(f->targets, t, n * sizeof *t);
 	snprintf(name, sizeof name, "%s.x", s->name);
-	upload(name, x, (size_t)s->batch, (size_t)s->d, NULL);
+	th_put_floats(&D, name, x, (size_t)s->batch, (size_t)s->d, NULL);
 	snprintf(name, sizeof name, "%s.t", s->name);
-	upload(name, t, (size_t)s->batch, (size_t)s->d, NULL);
+	th_put_floats(&D, name, t, (size_t)s->batch, (size_t)s->d, NULL);
 	free(x);
 	free(t);
 	return m;
@@ -456,10 +363,10 @@ static void compare_array(const char *model, const char *suffix, const struct re
 	float *got, *want;
 
 	snprintf(name, sizeof name, "%s.%s", model, suffix);
-	got = download(name, &ng);
+	got = th_download_floats(&D, name, &ng);
 	want = ref_read(f, file, &nw);
 	snprintf(what, sizeof what, "'%s' vs reference %s", name, file);
-	assert_close(what, got, ng, want, nw, 1e-5);
+	th_assert_close_floats(what, got, ng, want, nw, 1e-5);
 	free(got);
 	free(want);
 }
@@ -486,7 +393,7 @@ static void check_param_array(const char *model, const char *suffix, const json_
 	json_t *a, *sh, *want;
 
 	snprintf(name, sizeof name, "%s.%s", model, suffix);
-	a = array_meta(name);
+	a = th_array_meta(&D, name);
 	want = json_pack("[III]", shape[0], shape[1], shape[2]);
 	ck_assert_msg(json_equal(th_arr(a, "shape"), want), "%s: shape %s", name,
 	              json_dumps(th_arr(a, "shape"), 0));
@@ -553,7 +460,8 @@ START_TEST(test_create_adam)
 	/* the weights are initialised (normal, scale 0.02), the state is zero */
 	{
 		size_t n;
-		float *w = download("net.w1", &n), *mu = download("net.adam.mu.w2", &n);
+		float *w = th_download_floats(&D, "net.w1", &n);
+		float *mu = th_download_floats(&D, "net.adam.mu.w2", &n);
 		double ss = 0;
 		bool zero = true;
 
@@ -608,7 +516,7 @@ START_TEST(test_create_variants)
 	           "\"init\": {\"constant\": 0.5}}");
 	{
 		size_t n;
-		float *w = download("c.w2", &n);
+		float *w = th_download_floats(&D, "c.w2", &n);
 
 		ck_assert_uint_eq(n, 6);
 		for (size_t i = 0; i < n; i++)
@@ -810,23 +718,23 @@ START_TEST(test_create_duplicate)
 	json_t *m = create(spec), *a;
 
 	json_decref(m);
-	a = array_meta("dup.w1");
+	a = th_array_meta(&D, "dup.w1");
 	th_post_error_words(&D, "/v1/models", spec, 409, "ALREADY_EXISTS", NULL, "dup", NULL);
 	/* the first one's array is untouched */
 	{
-		json_t *again = array_meta("dup.w1");
+		json_t *again = th_array_meta(&D, "dup.w1");
 
 		ck_assert_str_eq(th_str(a, "etag"), th_str(again, "etag"));
 		json_decref(again);
 	}
 	json_decref(a);
 	/* an array already holding one of the names: refused, nothing registered */
-	upload("taken.w1", &one, 1, 1, NULL);
+	th_put_floats(&D, "taken.w1", &one, 1, 1, NULL);
 	th_post_error_words(&D, "/v1/models",
 	                    "{\"name\": \"taken\", \"mlp\": {\"layers\": 1, \"d_model\": 4}}", 409,
 	                    "ALREADY_EXISTS", NULL, "taken.w1", NULL);
 	ck_assert_int_eq(th_get_status(&D, "/v1/models/taken"), 404);
-	a = array_meta("taken.w1");
+	a = th_array_meta(&D, "taken.w1");
 	ck_assert_int_eq(th_int(a, "nbytes"), 4);
 	json_decref(a);
 }
@@ -1073,11 +981,11 @@ static void guide_setup(const char *name, const char *placement)
 	char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", "
 	                    "\"init\": {\"seed\": 11, \"scale\": 0.05}%s%s}", name,
 	                    placement ? ", \"placement\": " : "", placement ? placement : "");
-	float *x = make(GUIDE_B * GUIDE_D, 5, -1.0f, 1.0f);
+	float *x = th_floats(GUIDE_B * GUIDE_D, 5, -1.0f, 1.0f);
 
 	json_decref(create(spec));
 	if (th_get_status(&D, "/v1/arrays/x") == 404)
-		upload("x", x, GUIDE_B, GUIDE_D, NULL);
+		th_put_floats(&D, "x", x, GUIDE_B, GUIDE_D, NULL);
 	free(x);
 	free(spec);
 }
@@ -1123,8 +1031,8 @@ START_TEST(test_step_adam_large_timed)
 
 	if (d <= 0)
 		return;
-	x = make((size_t)128 * d, 90, -1.0f, 1.0f);
-	upload("bx", x, 128, (size_t)d, NULL);
+	x = th_floats((size_t)128 * d, 90, -1.0f, 1.0f);
+	th_put_floats(&D, "bx", x, 128, (size_t)d, NULL);
 	for (int w = 0; w < 2; w++) {
 		char *spec =
 		        th_fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
@@ -1216,8 +1124,8 @@ START_TEST(test_step_guide_policies)
 				         host ? "pinned_host" : "device", prefetch, act_policies[k]);
 				ck_assert_int_eq(J(an, "host_argument_size_in_bytes"), host ? 20 * MiB : 0);
 				check_step_result(res, an, what);
-				g1 = download("g.grad.w1", &m1);
-				g2 = download("g.grad.w2", &m2);
+				g1 = th_download_floats(&D, "g.grad.w1", &m1);
+				g2 = th_download_floats(&D, "g.grad.w2", &m2);
 				if (!runs++) {
 					ref_loss = loss_at(res, 0);
 					ck_assert_msg(isfinite(ref_loss) && fabs(ref_loss) > 1e-3, "loss %g", ref_loss);
@@ -1228,8 +1136,8 @@ START_TEST(test_step_guide_policies)
 				} else {
 					ck_assert_msg(memcmp(&(double){loss_at(res, 0)}, &ref_loss, sizeof ref_loss) == 0,
 					              "%s: loss %.17g, first run %.17g", what, loss_at(res, 0), ref_loss);
-					assert_same_bits(what, g1, m1, ref_g1, n1);
-					assert_same_bits(what, g2, m2, ref_g2, n2);
+					th_assert_same_floats(what, g1, m1, ref_g1, n1);
+					th_assert_same_floats(what, g2, m2, ref_g2, n2);
 					free(g1);
 					free(g2);
 				}
@@ -1350,12 +1258,12 @@ END_TEST
  * report a plan the step would not run. */
 START_TEST(test_step_params_split)
 {
-	float *x = make(8 * 16, 80, -1.0f, 1.0f);
+	float *x = th_floats(8 * 16, 80, -1.0f, 1.0f);
 	struct th_response r;
 	json_t *an;
 
 	json_decref(create("{\"name\": \"sp\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}}"));
-	upload("spx", x, 8, 16, NULL);
+	th_put_floats(&D, "spx", x, 8, 16, NULL);
 	move_to("sp.w1", "pinned_host");
 	th_post(&D, "/v1/models/sp:step?wait=true", "{\"inputs\": \"spx\"}", &r);
 	if (r.status == 200) {
@@ -1427,7 +1335,7 @@ START_TEST(test_step_adam_split_and_offloaded)
 	static const char *opt = "{\"type\": \"adam\", \"learning_rate\": 0.01, \"clip_global_norm\": 1.0}";
 	static const char *const roles[] = {"w1", "w2", "adam.mu.w1", "adam.mu.w2", "adam.nu.w1",
 	                                    "adam.nu.w2"};
-	float *x = make(8 * 16, 22, -2.0f, 2.0f), *t = make(8 * 16, 23, -2.0f, 2.0f);
+	float *x = th_floats(8 * 16, 22, -2.0f, 2.0f), *t = th_floats(8 * 16, 23, -2.0f, 2.0f);
 	json_t *res[3];
 	double all[3][4];
 
@@ -1444,8 +1352,8 @@ START_TEST(test_step_adam_split_and_offloaded)
 		json_decref(create(spec));
 		free(spec);
 	}
-	upload("x", x, 8, 16, NULL);
-	upload("t", t, 8, 16, NULL);
+	th_put_floats(&D, "x", x, 8, 16, NULL);
+	th_put_floats(&D, "t", t, 8, 16, NULL);
 	res[0] = step_wait("m0", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
 	res[1] = step_wait("m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
 	res[2] = step_wait("m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
@@ -1470,12 +1378,12 @@ START_TEST(test_step_adam_split_and_offloaded)
 		float *w0, *w;
 
 		snprintf(a, sizeof a, "m0.%s", roles[r]);
-		w0 = download(a, &n0);
+		w0 = th_download_floats(&D, a, &n0);
 		for (int i = 1; i < 3; i++) {
 			snprintf(a, sizeof a, "m%d.%s", i, roles[r]);
 			snprintf(what, sizeof what, "%s vs m0", a);
-			w = download(a, &n);
-			assert_same_bits(what, w, n, w0, n0);
+			w = th_download_floats(&D, a, &n);
+			th_assert_same_floats(what, w, n, w0, n0);
 			free(w);
 		}
 		free(w0);
@@ -1564,7 +1472,8 @@ END_TEST
 START_TEST(test_step_rows)
 {
 	static const int rows[8] = {5, 0, 31, 7, 12, 3, 20, 8};
-	float *data = make(32 * 16, 40, -2.0f, 2.0f), *tdata = make(32 * 16, 41, -2.0f, 2.0f);
+	float *data = th_floats(32 * 16, 40, -2.0f, 2.0f);
+	float *tdata = th_floats(32 * 16, 41, -2.0f, 2.0f);
 	float batch[8 * 16], tbatch[8 * 16];
 	float *g_rows, *g_own;
 	size_t n_rows, n_own;
@@ -1578,19 +1487,19 @@ START_TEST(test_step_rows)
 		memcpy(batch + i * 16, data + rows[i] * 16, 16 * sizeof *data);
 		memcpy(tbatch + i * 16, tdata + rows[i] * 16, 16 * sizeof *tdata);
 	}
-	upload("data", data, 32, 16, NULL);
-	upload("tdata", tdata, 32, 16, NULL);
-	upload("batch", batch, 8, 16, NULL);
-	upload("tbatch", tbatch, 8, 16, NULL);
+	th_put_floats(&D, "data", data, 32, 16, NULL);
+	th_put_floats(&D, "tdata", tdata, 32, 16, NULL);
+	th_put_floats(&D, "batch", batch, 8, 16, NULL);
+	th_put_floats(&D, "tbatch", tbatch, 8, 16, NULL);
 	implicit0 = implicit_total();
 	a = step_wait("r", "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
 	              "\"targets\": {\"array\": \"tdata\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}}");
-	g_rows = download("r.grad.w1", &n_rows);
+	g_rows = th_download_floats(&D, "r.grad.w1", &n_rows);
 	b = step_wait("r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
-	g_own = download("r.grad.w1", &n_own);
+	g_own = th_download_floats(&D, "r.grad.w1", &n_own);
 	ck_assert_msg(loss_at(a, 0) == loss_at(b, 0), "rows: loss %.17g, own array %.17g",
 	              loss_at(a, 0), loss_at(b, 0));
-	assert_same_bits("r.grad.w1 (rows vs own array)", g_rows, n_rows, g_own, n_own);
+	th_assert_same_floats("r.grad.w1 (rows vs own array)", g_rows, n_rows, g_own, n_own);
 	/* the plan's batch is the rows' count */
 	ck_assert_int_eq(J(th_obj(a, "analysis"), "argument_size_in_bytes"),
 	                 J(th_obj(b, "analysis"), "argument_size_in_bytes"));
@@ -1643,7 +1552,7 @@ static void daemon_up_default_sim1(void)
 
 START_TEST(test_step_uncommitted_inputs_follow)
 {
-	float *x = make(8 * 16, 50, -1.0f, 1.0f);
+	float *x = th_floats(8 * 16, 50, -1.0f, 1.0f);
 	json_t *a, *res;
 	json_int_t before;
 
@@ -1651,8 +1560,8 @@ START_TEST(test_step_uncommitted_inputs_follow)
 		return;
 	json_decref(create(th_on_backend("{\"name\": \"u\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"placement\": {\"device\": \"sim:0\"}}")));
-	upload("ux", x, 8, 16, NULL);
-	a = array_meta("ux");
+	th_put_floats(&D, "ux", x, 8, 16, NULL);
+	a = th_array_meta(&D, "ux");
 	ck_assert(!th_bool(a, "committed"));
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(1));
 	ck_assert_int_eq(th_int(a, "implicit_transfer_bytes"), 0);
@@ -1660,7 +1569,7 @@ START_TEST(test_step_uncommitted_inputs_follow)
 	before = implicit_total();
 	res = step_wait("u", "{\"inputs\": \"ux\"}");
 	ck_assert_str_eq(th_str(res, "device"), th_dev(0));
-	a = array_meta("ux");
+	a = th_array_meta(&D, "ux");
 	ck_assert_msg(th_int(a, "implicit_transfer_bytes") == 8 * 16 * 4,
 	              "implicit_transfer_bytes %lld", (long long)th_int(a, "implicit_transfer_bytes"));
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "device"), th_dev(0));
@@ -1677,7 +1586,7 @@ END_TEST
 
 START_TEST(test_step_committed_apart)
 {
-	float *x = make(8 * 16, 60, -1.0f, 1.0f);
+	float *x = th_floats(8 * 16, 60, -1.0f, 1.0f);
 	struct th_response r;
 	char *id;
 	json_t *op, *err;
@@ -1687,8 +1596,8 @@ START_TEST(test_step_committed_apart)
 		return;
 	json_decref(create("{\"name\": \"c\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"loss\": \"mse\"}"));
-	upload("cx", x, 8, 16, th_on_backend("device=sim:1"));
-	upload("ct", x, 8, 16, NULL);
+	th_put_floats(&D, "cx", x, 8, 16, th_on_backend("device=sim:1"));
+	th_put_floats(&D, "ct", x, 8, 16, NULL);
 	th_post_error_words(&D, "/v1/models/c:step?wait=true",
 	                    "{\"inputs\": \"cx\", \"targets\": \"ct\"}", 400, "FAILED_PRECONDITION",
 	                    "COMMITTED_APART", "c.w1", th_dev(0), "cx", th_dev(1), NULL);
@@ -1702,7 +1611,7 @@ START_TEST(test_step_committed_apart)
 	json_decref(op);
 	free(id);
 	/* nothing moved, nothing counted */
-	op = array_meta("cx");
+	op = th_array_meta(&D, "cx");
 	ck_assert_str_eq(th_str(th_obj(op, "sharding"), "device"), th_dev(1));
 	ck_assert_int_eq(th_int(op, "implicit_transfer_bytes"), 0);
 	json_decref(op);
@@ -1725,14 +1634,14 @@ END_TEST
  * committed to sim:1, inputs on sim:0. */
 static void apart_setup(void)
 {
-	float *x = make(32 * 16, 61, -1.0f, 1.0f);
+	float *x = th_floats(32 * 16, 61, -1.0f, 1.0f);
 
 	json_decref(create("{\"name\": \"c\", \"mlp\": {\"layers\": 1, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"loss\": \"mse\"}"));
-	upload("ds", x, 32, 16, NULL);
-	upload("ds1", x, 32, 16, th_on_backend("device=sim:1"));
-	upload("t1", x, 8, 16, th_on_backend("device=sim:1"));
-	upload("in0", x, 8, 16, NULL);
+	th_put_floats(&D, "ds", x, 32, 16, NULL);
+	th_put_floats(&D, "ds1", x, 32, 16, th_on_backend("device=sim:1"));
+	th_put_floats(&D, "t1", x, 8, 16, th_on_backend("device=sim:1"));
+	th_put_floats(&D, "in0", x, 8, 16, NULL);
 	free(x);
 }
 
@@ -1804,7 +1713,7 @@ END_TEST
  * call: bytes_moved.h2d counts them (staged_h2d), named or as rows. */
 START_TEST(test_step_counts_staging_from_the_host)
 {
-	float *x = make(12 * 16, 71, -1.0f, 1.0f);
+	float *x = th_floats(12 * 16, 71, -1.0f, 1.0f);
 	json_t *res;
 	const json_int_t batch = 8 * 16 * 4;
 
@@ -1816,9 +1725,9 @@ START_TEST(test_step_counts_staging_from_the_host)
 	     *dev0 = th_fmt("device=%s", th_dev(0));
 
 	json_decref(create(spec));
-	upload("hx", x, 8, 16, host);
-	upload("hy", x + 16, 8, 16, host);
-	upload("hds", x, 12, 16, host);
+	th_put_floats(&D, "hx", x, 8, 16, host);
+	th_put_floats(&D, "hy", x + 16, 8, 16, host);
+	th_put_floats(&D, "hds", x, 12, 16, host);
 	res = step_wait("hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
@@ -1829,8 +1738,8 @@ START_TEST(test_step_counts_staging_from_the_host)
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	json_decref(res);
 	/* already on the device: nothing is staged */
-	upload("dx", x, 8, 16, dev0);
-	upload("dy", x + 16, 8, 16, dev0);
+	th_put_floats(&D, "dx", x, 8, 16, dev0);
+	th_put_floats(&D, "dy", x + 16, 8, 16, dev0);
 	res = step_wait("hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 0);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(th_obj(res, "analysis"), "h2d_bytes"));
@@ -1873,15 +1782,15 @@ static void batch_model(const char *name)
  */
 START_TEST(test_step_batches)
 {
-	float *x = make(12 * 16, 72, -1.0f, 1.0f), *y = make(12 * 16, 73, -1.0f, 1.0f);
+	float *x = th_floats(12 * 16, 72, -1.0f, 1.0f), *y = th_floats(12 * 16, 73, -1.0f, 1.0f);
 	double a[8], b[8], c[8], d[8], e[8];
 	size_t na = 0, nb = 0, nc = 0, nd = 0, ne = 0;
 	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0));
 	json_t *res, *bt;
 	char body[512];
 
-	upload("bx", x, 12, 16, host);
-	upload("by", y, 12, 16, host);
+	th_put_floats(&D, "bx", x, 12, 16, host);
+	th_put_floats(&D, "by", y, 12, 16, host);
 	batch_model("ba");
 	batch_model("bb");
 	batch_model("bc");
@@ -1990,7 +1899,7 @@ static void take_all(json_t *r, double **out, size_t *n)
  */
 START_TEST(test_step_cancel_keeps_losses)
 {
-	float *x = make(12 * 16, 82, -1.0f, 1.0f), *y = make(12 * 16, 83, -1.0f, 1.0f);
+	float *x = th_floats(12 * 16, 82, -1.0f, 1.0f), *y = th_floats(12 * 16, 83, -1.0f, 1.0f);
 	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0));
 	const char *run = "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 1000000, "
 	                  "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5}}";
@@ -2002,8 +1911,8 @@ START_TEST(test_step_cancel_keeps_losses)
 	long long deadline;
 	char *id, path[96], body[512];
 
-	upload("bx", x, 12, 16, host);
-	upload("by", y, 12, 16, host);
+	th_put_floats(&D, "bx", x, 12, 16, host);
+	th_put_floats(&D, "by", y, 12, 16, host);
 	batch_model("bk");
 	id = step_start("bk", run, 1000000);
 	deadline = th_now_ms() + 60000;
@@ -2052,8 +1961,8 @@ START_TEST(test_step_cancel_keeps_losses)
 	/* the same run uninterrupted, in a second daemon (the helpers speak to D) */
 	first = D;
 	th_daemon_start(&D, base_args);
-	upload("bx", x, 12, 16, host);
-	upload("by", y, 12, 16, host);
+	th_put_floats(&D, "bx", x, 12, 16, host);
+	th_put_floats(&D, "by", y, 12, 16, host);
 	batch_model("bk");
 	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": %lld, "
 	         "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5}}",
@@ -2083,13 +1992,13 @@ END_TEST
 
 START_TEST(test_step_errors)
 {
-	float *x = make(8 * 16, 70, -1.0f, 1.0f);
+	float *x = th_floats(8 * 16, 70, -1.0f, 1.0f);
 
 	json_decref(create("{\"name\": \"e\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
 	                   "\"loss\": \"mse\"}"));
-	upload("ex", x, 8, 16, NULL);
-	upload("ey", x, 4, 32, NULL);
-	upload("ez", x, 4, 16, NULL);
+	th_put_floats(&D, "ex", x, 8, 16, NULL);
+	th_put_floats(&D, "ey", x, 4, 32, NULL);
+	th_put_floats(&D, "ez", x, 4, 16, NULL);
 	th_post_error_words(&D, "/v1/models/nope:step?wait=true", "{\"inputs\": \"ex\"}", 404,
 	                    "NOT_FOUND", "MODEL_NOT_FOUND", "nope", NULL);
 	th_post_error_words(&D, "/v1/models/e:step?wait=true", "{\"steps\": 1}", 400,

@@ -43,15 +43,6 @@ static void down(void)
 	th_daemon_stop_ok(&D);
 }
 
-static float *download(const char *name, size_t *n)
-{
-	size_t bytes;
-	float *x = (float *)(void *)th_download(&D, name, &bytes);
-
-	*n = bytes / sizeof *x;
-	return x;
-}
-
 /* The model's initial weights and the batch, as files in a temporary
  * directory (dir) for the Python reference to read. */
 static void reference_inputs(const char *model, char *dir, size_t cap, const float *x,
@@ -65,7 +56,7 @@ static void reference_inputs(const char *model, char *dir, size_t cap, const flo
 		float *w;
 
 		snprintf(name, sizeof name, "%s.w%d", model, k + 1);
-		w = download(name, &nw);
+		w = th_download_floats(&D, name, &nw);
 		snprintf(path, sizeof path, "%s/w%d.f32", dir, k + 1);
 		th_write_file(path, w, nw * sizeof *w);
 		free(w);
@@ -74,28 +65,6 @@ static void reference_inputs(const char *model, char *dir, size_t cap, const flo
 	th_write_file(path, x, nx * sizeof *x);
 	snprintf(path, sizeof path, "%s/targets.f32", dir);
 	th_write_file(path, t, nx * sizeof *t);
-}
-
-static void upload(const char *name, const float *x, size_t rows, size_t cols)
-{
-	struct th_response r;
-	char path[256];
-
-	snprintf(path, sizeof path, "/v1/arrays/%s?dtype=float32&shape=%zu,%zu", name, rows, cols);
-	th_request(&D, "PUT", path, NULL, (const char *)x, rows * cols * sizeof *x, &r);
-	ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status, r.body);
-	th_response_free(&r);
-}
-
-static float *make(size_t n, uint64_t seed)
-{
-	float *x = malloc(n * sizeof *x);
-	uint64_t s = seed;
-
-	ck_assert_ptr_nonnull(x);
-	for (size_t i = 0; i < n; i++)
-		x[i] = (float)((double)(th_rand(&s) >> 11) / 9007199254740992.0 * 4.0 - 2.0);
-	return x;
 }
 
 struct net {
@@ -162,7 +131,7 @@ static void optax_case(const struct net *n)
 {
 	char dir[512], path[700], cmd[2048], name[160];
 	size_t nx = (size_t)n->batch * (size_t)n->d;
-	float *x = make(nx, 41), *t = make(nx, 42);
+	float *x = th_signed_floats(nx, 41), *t = th_signed_floats(nx, 42);
 	char *spec = th_fmt(
 	        "{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
 	        "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
@@ -185,8 +154,8 @@ static void optax_case(const struct net *n)
 	}
 	adam = strncmp(th_str(th_obj(m, "optimizer"), "type"), "adam", 4) == 0;
 	reference_inputs(n->name, dir, sizeof dir, x, t, nx);
-	upload("x", x, (size_t)n->batch, (size_t)n->d);
-	upload("t", t, (size_t)n->batch, (size_t)n->d);
+	th_put_floats(&D, "x", x, (size_t)n->batch, (size_t)n->d, NULL);
+	th_put_floats(&D, "t", t, (size_t)n->batch, (size_t)n->d, NULL);
 	free(x);
 	free(t);
 
@@ -238,7 +207,7 @@ static void optax_case(const struct net *n)
 		char what[200];
 
 		snprintf(name, sizeof name, "%s.%s", n->name, adam_files[k][0]);
-		a = download(name, &ng);
+		a = th_download_floats(&D, name, &ng);
 		snprintf(path, sizeof path, "%s/out/%s", dir, adam_files[k][1]);
 		b = (float *)th_read_file(path, &nr);
 		ck_assert_msg(b != NULL, "cannot read %s", path);
@@ -343,7 +312,7 @@ static double compare_files(const char *model, const char *const (*files)[2], si
 		float *a, *b;
 
 		snprintf(name, sizeof name, "%s.%s", model, files[k][0]);
-		a = download(name, &ng);
+		a = th_download_floats(&D, name, &ng);
 		snprintf(path, sizeof path, "%s/out%s/%s", dir, tag, files[k][1]);
 		b = (float *)th_read_file(path, &nr);
 		ck_assert_msg(b != NULL, "cannot read %s", path);
@@ -398,7 +367,7 @@ static void lowp_case(const char *model, const char *dtype, double rel_curve, do
 	const char *opt = "{\"type\": \"adam\", \"learning_rate\": 0.003, \"clip_global_norm\": 1.0}";
 	char dir[512], path[700], imported[160], grads[160];
 	size_t nx = (size_t)B * d;
-	float *x = make(nx, 41), *t = make(nx, 42);
+	float *x = th_signed_floats(nx, 41), *t = th_signed_floats(nx, 42);
 	char *spec;
 	json_t *m, *res, *ref, *rspec;
 	double eval0, g_round, g_f32, l_round, s_round, l_jax = 0, s_jax = 0;
@@ -418,8 +387,8 @@ static void lowp_case(const char *model, const char *dtype, double rel_curve, do
 	th_response_free(&r);
 	ck_assert_str_eq(th_str(m, "dtype"), dtype);
 	reference_inputs(model, dir, sizeof dir, x, t, nx);
-	upload("x", x, (size_t)B, (size_t)d);
-	upload("t", t, (size_t)B, (size_t)d);
+	th_put_floats(&D, "x", x, (size_t)B, (size_t)d, NULL);
+	th_put_floats(&D, "t", t, (size_t)B, (size_t)d, NULL);
 	free(x);
 	free(t);
 
@@ -564,7 +533,7 @@ static void compare_file(const char *name, const char *dir, const char *file, co
 {
 	char path[700], what[300];
 	size_t ng, nr;
-	float *a = download(name, &ng), *b;
+	float *a = th_download_floats(&D, name, &ng), *b;
 
 	snprintf(path, sizeof path, "%s/out/%s", dir, file);
 	b = (float *)th_read_file(path, &nr);
@@ -629,7 +598,7 @@ START_TEST(test_tokens_adam_clipped)
 		float *w;
 
 		snprintf(name, sizeof name, "tok.%s", files[k][0]);
-		w = download(name, &nw);
+		w = th_download_floats(&D, name, &nw);
 		snprintf(path, sizeof path, "%s/%s", dir, files[k][1]);
 		th_write_file(path, w, nw * sizeof *w);
 		free(w);

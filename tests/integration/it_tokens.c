@@ -192,32 +192,6 @@ static void call(struct th_daemon *d, const char *name, const char *prefix, int 
 	json_decref(res);
 }
 
-static char *export_model(struct th_daemon *d, const char *name, size_t *len)
-{
-	struct th_response r;
-	char path[256], *f;
-
-	snprintf(path, sizeof path, "/v1/models/%s:export", name);
-	th_get(d, path, &r);
-	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
-	*len = r.body_len;
-	f = malloc(r.body_len);
-	ck_assert_ptr_nonnull(f);
-	memcpy(f, r.body, r.body_len);
-	th_response_free(&r);
-	return f;
-}
-
-static void import_model(struct th_daemon *d, const char *file, size_t len)
-{
-	struct th_response r;
-
-	th_request(d, "POST", "/v1/models:import", octet_headers, file, len, &r);
-	ck_assert_msg(r.status == 201, "import: %ld %s", r.status, r.body);
-	ck_assert_str_eq(th_str(th_json(&r), "state"), "READY");
-	th_response_free(&r);
-}
-
 /* ---- the cases ------------------------------------------------------------------------- */
 
 START_TEST(test_tokens_train_checkpoint_resume)
@@ -235,8 +209,8 @@ START_TEST(test_tokens_train_checkpoint_resume)
 		call(&A, "u", "gpt.", c, whole + c * PER_CALL);
 	for (int c = 0; c < SPLIT; c++)
 		call(&A, "c", "gpt.", c, part + c * PER_CALL);
-	file = export_model(&A, "c", &len);
-	import_model(&Bd, file, len);
+	file = th_export_model(&A, "c", &len);
+	th_import_ok(&Bd, NULL, file, len);
 	m = th_get_object(&Bd, "/v1/models/c");
 	ck_assert_int_eq(th_int(m, "steps"), SPLIT * PER_CALL);
 	ck_assert_int_eq(th_int(th_obj(m, "mlp"), "vocab"), V);
