@@ -423,7 +423,7 @@ void th_fill_floats(float *x, size_t n, unsigned seed, float lo, float hi);
 float *th_floats(size_t n, unsigned seed, float lo, float hi);
 
 /* n deterministic floats of [-2, 2) (new buffer, caller frees): th_rand's
- * sequence from the state seed, the top 53 bits of each. */
+ * sequence from the state seed (non-zero), the top 53 bits of each. */
 float *th_signed_floats(size_t n, uint64_t seed);
 
 /* Fails the test unless got (ngot floats) equals want (nwant) bit for bit,
