@@ -911,6 +911,14 @@ char *th_download(struct th_daemon *d, const char *name, size_t *n)
 	return th_get_bytes(d, path, n);
 }
 
+json_t *th_model_step(struct th_daemon *d, const char *model, const char *body)
+{
+	char path[300];
+
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
+	return th_post_json(d, path, body, 200);
+}
+
 char *th_export_model(struct th_daemon *d, const char *name, size_t *len)
 {
 	char path[300];

@@ -231,6 +231,10 @@ float *th_download_floats(struct th_daemon *d, const char *name, size_t *n);
  * (new reference). */
 json_t *th_array_meta(struct th_daemon *d, const char *name);
 
+/* POST /v1/models/model:step?wait=true with body: it must answer 200;
+ * returns the step's result (new reference). */
+json_t *th_model_step(struct th_daemon *d, const char *model, const char *body);
+
 /* th_get_bytes of /v1/models/name:export: the model's file. */
 char *th_export_model(struct th_daemon *d, const char *name, size_t *len);
 

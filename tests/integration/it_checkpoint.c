@@ -65,12 +65,11 @@ static void create(struct th_daemon *d, const char *name, const char *opt)
 /* n steps of model name on d; their losses into out (n of them). */
 static void steps(struct th_daemon *d, const char *name, int n, double *out)
 {
-	char path[256], body[128];
+	char body[128];
 	json_t *res, *losses;
 
-	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", name);
 	snprintf(body, sizeof body, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": %d}", n);
-	res = th_post_json(d, path, body, 200);
+	res = th_model_step(d, name, body);
 	losses = th_arr(res, "losses");
 	ck_assert_uint_eq(json_array_size(losses), (size_t)n);
 	for (int i = 0; i < n; i++)

@@ -80,14 +80,6 @@ static json_t *evaluate(const char *model, const char *body)
 	return th_post_json(&D, path, body, 200);
 }
 
-static json_t *step(const char *model, const char *body)
-{
-	char path[300];
-
-	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
-	return th_post_json(&D, path, body, 200);
-}
-
 static json_t *analyze(const char *model, const char *body)
 {
 	char path[300];
@@ -300,7 +292,7 @@ START_TEST(test_evaluate_loss_outputs_and_step)
 	free(got);
 	free(want);
 	/* the step that follows reports, before its update, the same loss */
-	st = step("m", "{\"inputs\": \"x\", \"targets\": \"t\"}");
+	st = th_model_step(&D, "m", "{\"inputs\": \"x\", \"targets\": \"t\"}");
 	{
 		float sl = (float)json_number_value(json_array_get(th_arr(st, "losses"), 0));
 

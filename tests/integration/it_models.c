@@ -105,15 +105,6 @@ static void delete_array(const char *name)
 	th_response_free(&r);
 }
 
-/* POST /v1/models/{m}:step?wait=true; 200 with the result (new reference). */
-static json_t *step_wait(const char *model, const char *body)
-{
-	char path[300];
-
-	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
-	return th_post_json(&D, path, body, 200);
-}
-
 /* POST /v1/models/{m}:analyze (new reference). */
 static json_t *analyze(const char *model, const char *body)
 {
@@ -1045,8 +1036,9 @@ START_TEST(test_step_adam_large_timed)
 		snprintf(name, sizeof name, "big%d", w);
 		json_decref(create(spec));
 		an = analyze(name, an_body);
-		json_decref(step_wait(name, "{\"inputs\": \"bx\", \"steps\": 1}")); /* warm-up */
-		res = step_wait(name, "{\"inputs\": \"bx\", \"steps\": 3}");
+		json_decref(th_model_step(&D, name,
+		                          "{\"inputs\": \"bx\", \"steps\": 1}")); /* warm-up */
+		res = th_model_step(&D, name, "{\"inputs\": \"bx\", \"steps\": 3}");
 		ck_assert_msg(J(res, "measured_peak_device_bytes") == J(res, "predicted_peak_device_bytes"),
 		              "%s: measured %lld, predicted %lld", name,
 		              (long long)J(res, "measured_peak_device_bytes"),
@@ -1116,7 +1108,8 @@ START_TEST(test_step_guide_policies)
 				char *abody =
 				        th_fmt("{\"batch\": [256, 256], \"placement\": %s}", pl);
 				char what[256];
-				json_t *an = analyze("g", abody), *res = step_wait("g", sbody);
+				json_t *an = analyze("g", abody),
+				       *res = th_model_step(&D, "g", sbody);
 				float *g1, *g2;
 				size_t m1, m2;
 
@@ -1173,7 +1166,7 @@ START_TEST(test_step_guide_models)
 		snprintf(name, sizeof name, "guide%zu", i);
 		guide_setup(name, pl);
 		an = analyze(name, "{\"batch\": [256, 256]}");
-		res = step_wait(name, "{\"inputs\": \"x\", \"steps\": 2}");
+		res = th_model_step(&D, name, "{\"inputs\": \"x\", \"steps\": 2}");
 		check_step_result(res, an, g->label);
 		ck_assert_uint_eq(json_array_size(th_arr(res, "losses")), 2);
 		/* gradients only: the weights do not change, nor the loss */
@@ -1206,7 +1199,7 @@ START_TEST(test_step_peak_seen_by_the_space)
 		delete_array("g.grad.w1");
 		delete_array("g.grad.w2");
 		json_decref(th_post_json(&D, "/v1/memory:resetPeak", "{}", 200));
-		res = step_wait("g", "{\"inputs\": \"x\"}");
+		res = th_model_step(&D, "g", "{\"inputs\": \"x\"}");
 		sp = space(th_dev(0), "device");
 		ck_assert_msg(th_int(sp, "peak_bytes_in_use") == J(res, "predicted_peak_device_bytes"),
 		              "run %d: the device space peaked at %lld bytes; predicted %lld, reported "
@@ -1302,7 +1295,8 @@ START_TEST(test_step_adam_clipped)
 	struct ref_files f;
 	json_t *m = small_setup(&s, &f), *res, *ref, *got;
 
-	res = step_wait("adam", "{\"inputs\": \"adam.x\", \"targets\": \"adam.t\", \"steps\": 4}");
+	res = th_model_step(&D, "adam",
+	                    "{\"inputs\": \"adam.x\", \"targets\": \"adam.t\", \"steps\": 4}");
 	ref = reference(&s, m, 4, &f);
 	/* the norm is above the clip in every step here: clipping is exercised */
 	ck_assert_msg(json_is_true(json_array_get(th_arr(ref, "clipped"), 0)),
@@ -1354,16 +1348,16 @@ START_TEST(test_step_adam_split_and_offloaded)
 	}
 	th_put_floats(&D, "x", x, 8, 16, NULL);
 	th_put_floats(&D, "t", t, 8, 16, NULL);
-	res[0] = step_wait("m0", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
-	res[1] = step_wait("m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
-	res[2] = step_wait("m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
+	res[0] = th_model_step(&D, "m0", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
+	res[1] = th_model_step(&D, "m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
+	res[2] = th_model_step(&D, "m1", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}");
 	for (int i = 0; i < 4; i++) {
 		all[0][i] = loss_at(res[0], (size_t)i);
 		all[1][i] = loss_at(res[i < 2 ? 1 : 2], (size_t)(i % 2));
 	}
 	json_decref(res[1]);
 	json_decref(res[2]);
-	res[2] = step_wait("m2", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
+	res[2] = th_model_step(&D, "m2", "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 4}");
 	ck_assert_int_eq(J(th_obj(res[2], "analysis"), "host_argument_size_in_bytes"), 6 * 3 * 16 * 24 * 4);
 	ck_assert_int_eq(J(th_obj(res[2], "analysis"), "argument_size_in_bytes"), 2 * 8 * 16 * 4);
 	for (int i = 0; i < 4; i++)
@@ -1403,7 +1397,8 @@ START_TEST(test_step_sgd_clipped)
 	struct ref_files f;
 	json_t *m = small_setup(&s, &f), *res, *ref;
 
-	res = step_wait("sgd", "{\"inputs\": \"sgd.x\", \"targets\": \"sgd.t\", \"steps\": 3}");
+	res = th_model_step(&D, "sgd",
+	                    "{\"inputs\": \"sgd.x\", \"targets\": \"sgd.t\", \"steps\": 3}");
 	ref = reference(&s, m, 3, &f);
 	ck_assert_msg(json_is_true(json_array_get(th_arr(ref, "clipped"), 0)), "no clipping: %s",
 	              json_dumps(th_arr(ref, "grad_norms"), 0));
@@ -1439,7 +1434,7 @@ START_TEST(test_step_gradients)
 
 		snprintf(name, sizeof name, "/v1/arrays/%s.grad.w1", s->name);
 		ck_assert_int_eq(th_get_status(&D, name), 404);
-		res = step_wait(s->name, body);
+		res = th_model_step(&D, s->name, body);
 		ref = reference(s, m, 1, &f);
 		compare_losses(res, ref, 0, s->name);
 		check_param_array(s->name, "grad.w1", shape, th_dev(0), "device");
@@ -1492,10 +1487,12 @@ START_TEST(test_step_rows)
 	th_put_floats(&D, "batch", batch, 8, 16, NULL);
 	th_put_floats(&D, "tbatch", tbatch, 8, 16, NULL);
 	implicit0 = implicit_total();
-	a = step_wait("r", "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
-	              "\"targets\": {\"array\": \"tdata\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}}");
+	a = th_model_step(
+	        &D, "r",
+	        "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
+	        "\"targets\": {\"array\": \"tdata\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}}");
 	g_rows = th_download_floats(&D, "r.grad.w1", &n_rows);
-	b = step_wait("r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
+	b = th_model_step(&D, "r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
 	g_own = th_download_floats(&D, "r.grad.w1", &n_own);
 	ck_assert_msg(loss_at(a, 0) == loss_at(b, 0), "rows: loss %.17g, own array %.17g",
 	              loss_at(a, 0), loss_at(b, 0));
@@ -1508,9 +1505,11 @@ START_TEST(test_step_rows)
 	json_decref(a);
 	json_decref(b);
 	/* rows mixed with a plain name */
-	a = step_wait("r", "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
-	              "\"targets\": \"tbatch\"}");
-	b = step_wait("r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
+	a = th_model_step(
+	        &D, "r",
+	        "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
+	        "\"targets\": \"tbatch\"}");
+	b = th_model_step(&D, "r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
 	ck_assert_msg(loss_at(a, 0) == loss_at(b, 0), "rows + name: %.17g vs %.17g", loss_at(a, 0),
 	              loss_at(b, 0));
 	json_decref(a);
@@ -1567,7 +1566,7 @@ START_TEST(test_step_uncommitted_inputs_follow)
 	ck_assert_int_eq(th_int(a, "implicit_transfer_bytes"), 0);
 	json_decref(a);
 	before = implicit_total();
-	res = step_wait("u", "{\"inputs\": \"ux\"}");
+	res = th_model_step(&D, "u", "{\"inputs\": \"ux\"}");
 	ck_assert_str_eq(th_str(res, "device"), th_dev(0));
 	a = th_array_meta(&D, "ux");
 	ck_assert_msg(th_int(a, "implicit_transfer_bytes") == 8 * 16 * 4,
@@ -1578,7 +1577,7 @@ START_TEST(test_step_uncommitted_inputs_follow)
 	json_decref(a);
 	json_decref(res);
 	/* it is there now: a second step moves nothing */
-	json_decref(step_wait("u", "{\"inputs\": \"ux\"}"));
+	json_decref(th_model_step(&D, "u", "{\"inputs\": \"ux\"}"));
 	ck_assert_int_eq(implicit_total() - before, 8 * 16 * 4);
 	free(x);
 }
@@ -1624,7 +1623,7 @@ START_TEST(test_step_committed_apart)
 	}
 	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
 	th_response_free(&r);
-	json_decref(step_wait("c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}"));
+	json_decref(th_model_step(&D, "c", "{\"inputs\": \"cx\", \"targets\": \"ct\"}"));
 	free(x);
 }
 END_TEST
@@ -1654,8 +1653,10 @@ START_TEST(test_step_named_targets_colocated_with_row_inputs)
 		return;
 	apart_setup();
 	/* rows of ds1 (committed to sim:1), as inputs and as targets: gathered */
-	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
-	                      "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	json_decref(th_model_step(
+	        &D, "c",
+	        "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	        "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
 	th_post_error_words(&D, "/v1/models/c:step?wait=true",
 	                    "{\"inputs\": \"in0\", \"targets\": \"t1\"}", 400,
 	                    "FAILED_PRECONDITION", "COMMITTED_APART", "t1", th_dev(1), NULL);
@@ -1673,9 +1674,13 @@ START_TEST(test_step_target_rows_gathered_with_named_inputs)
 	if (!two_devices())
 		return;
 	apart_setup();
-	json_decref(step_wait("c", "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
-	                      "\"targets\": {\"array\": \"ds\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
-	json_decref(step_wait("c", "{\"inputs\": \"in0\", \"targets\": {\"array\": \"ds1\", \"rows\": "
+	json_decref(th_model_step(
+	        &D, "c",
+	        "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	        "\"targets\": {\"array\": \"ds\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	json_decref(
+	        th_model_step(&D, "c",
+	                      "{\"inputs\": \"in0\", \"targets\": {\"array\": \"ds1\", \"rows\": "
 	                      "[1, 2, 3, 4, 5, 6, 7, 8]}}"));
 }
 END_TEST
@@ -1728,19 +1733,21 @@ START_TEST(test_step_counts_staging_from_the_host)
 	th_put_floats(&D, "hx", x, 8, 16, host);
 	th_put_floats(&D, "hy", x + 16, 8, 16, host);
 	th_put_floats(&D, "hds", x, 12, 16, host);
-	res = step_wait("hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
+	res = th_model_step(&D, "hs", "{\"inputs\": \"hx\", \"targets\": \"hy\", \"steps\": 2}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
 	                 2 * J(th_obj(res, "analysis"), "h2d_bytes") + 2 * batch);
 	json_decref(res);
-	res = step_wait("hs", "{\"inputs\": {\"array\": \"hds\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
-	                "\"targets\": {\"array\": \"hds\", \"rows\": {\"start\": 4}}}");
+	res = th_model_step(
+	        &D, "hs",
+	        "{\"inputs\": {\"array\": \"hds\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	        "\"targets\": {\"array\": \"hds\", \"rows\": {\"start\": 4}}}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	json_decref(res);
 	/* already on the device: nothing is staged */
 	th_put_floats(&D, "dx", x, 8, 16, dev0);
 	th_put_floats(&D, "dy", x + 16, 8, 16, dev0);
-	res = step_wait("hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
+	res = th_model_step(&D, "hs", "{\"inputs\": \"dx\", \"targets\": \"dy\"}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 0);
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"), J(th_obj(res, "analysis"), "h2d_bytes"));
 	json_decref(res);
@@ -1795,8 +1802,8 @@ START_TEST(test_step_batches)
 	batch_model("bb");
 	batch_model("bc");
 	/* 5 steps of 4 rows over 12: rows 0..11, then 0..7 of the next epoch */
-	res = step_wait("ba", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 5, "
-	                "\"batches\": {\"batch_size\": 4}}");
+	res = th_model_step(&D, "ba", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 5, "
+	                    "\"batches\": {\"batch_size\": 4}}");
 	take_losses(res, a, &na);
 	bt = th_obj(res, "batches");
 	ck_assert_int_eq(J(bt, "next"), 20);
@@ -1815,7 +1822,7 @@ START_TEST(test_step_batches)
 		snprintf(body, sizeof body, "{\"inputs\": {\"array\": \"bx\", \"rows\": [%d, %d, %d, %d]}, "
 		         "\"targets\": {\"array\": \"by\", \"rows\": [%d, %d, %d, %d]}}",
 		         r0, r0 + 1, r0 + 2, r0 + 3, r0, r0 + 1, r0 + 2, r0 + 3);
-		res = step_wait("bb", body);
+		res = th_model_step(&D, "bb", body);
 		take_losses(res, b, &nb);
 		json_decref(res);
 	}
@@ -1823,31 +1830,35 @@ START_TEST(test_step_batches)
 	ck_assert_uint_eq(nb, 5);
 	ck_assert_msg(memcmp(a, b, sizeof a[0] * 5) == 0, "batches differ from the same rows");
 	/* resumed where it stopped */
-	res = step_wait("bc", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "
-	                "\"batches\": {\"batch_size\": 4}}");
+	res = th_model_step(&D, "bc", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "
+	                    "\"batches\": {\"batch_size\": 4}}");
 	take_losses(res, c, &nc);
 	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 3, "
 	         "\"batches\": {\"batch_size\": 4, \"start\": %lld}}",
 	         (long long)J(th_obj(res, "batches"), "next"));
 	json_decref(res);
-	res = step_wait("bc", body);
+	res = th_model_step(&D, "bc", body);
 	take_losses(res, c, &nc);
 	json_decref(res);
 	ck_assert_msg(nc == 5 && memcmp(a, c, sizeof a[0] * 5) == 0, "a resumed run differs");
 	/* shuffled: the same seed, in one call or resumed, the same run */
 	batch_model("bd");
 	batch_model("be");
-	res = step_wait("bd", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 6, "
-	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
+	res = th_model_step(
+	        &D, "bd",
+	        "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 6, "
+	        "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
 	take_losses(res, d, &nd);
 	json_decref(res);
-	res = step_wait("be", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 4, "
-	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
+	res = th_model_step(
+	        &D, "be",
+	        "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 4, "
+	        "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
 	take_losses(res, e, &ne);
 	json_decref(res);
-	res = step_wait("be", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "
-	                "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7, "
-	                "\"start\": 16}}");
+	res = th_model_step(&D, "be", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "
+	                    "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7, "
+	                    "\"start\": 16}}");
 	take_losses(res, e, &ne);
 	json_decref(res);
 	ck_assert_msg(nd == 6 && ne == 6 && memcmp(d, e, sizeof d[0] * 6) == 0,
@@ -1954,7 +1965,7 @@ START_TEST(test_step_cancel_keeps_losses)
 	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 30, "
 	         "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5, "
 	         "\"start\": %lld}}", (long long)next);
-	res = step_wait("bk", body);
+	res = th_model_step(&D, "bk", body);
 	take_all(res, &more, &nm);
 	ck_assert_int_eq(J(res, "model_steps"), k + 30);
 	json_decref(res);
@@ -1967,7 +1978,7 @@ START_TEST(test_step_cancel_keeps_losses)
 	snprintf(body, sizeof body, "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": %lld, "
 	         "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 5}}",
 	         (long long)k + 30);
-	res = step_wait("bk", body);
+	res = th_model_step(&D, "bk", body);
 	take_all(res, &whole, &nw);
 	json_decref(res);
 	th_daemon_stop_ok(&D);
@@ -2028,7 +2039,7 @@ START_TEST(test_step_errors)
 	                    "\"placement\": {\"prefetch_depth\": 3}}",
 	                    400, "INVALID_ARGUMENT", "BAD_POLICY", "prefetch_depth", NULL);
 	/* after all that, it runs, and no failed step counted */
-	json_decref(step_wait("e", "{\"inputs\": \"ex\", \"targets\": \"ex\"}"));
+	json_decref(th_model_step(&D, "e", "{\"inputs\": \"ex\", \"targets\": \"ex\"}"));
 	free(x);
 }
 END_TEST
@@ -2075,7 +2086,7 @@ START_TEST(test_step_cancel)
 
 	guide_setup("g", "{\"params\": \"pinned_host\", \"activations\": {\"offload\": [\"x\"]}, "
 	                 "\"prefetch_depth\": 1}");
-	json_decref(step_wait("g", "{\"inputs\": \"x\"}"));
+	json_decref(th_model_step(&D, "g", "{\"inputs\": \"x\"}"));
 	dev0 = space_int(th_dev(0), "device", "bytes_in_use");
 	host0 = space_int(th_dev(0), "pinned_host", "bytes_in_use");
 	id = step_start("g", "{\"inputs\": \"x\", \"steps\": 200}", 200);
@@ -2114,7 +2125,7 @@ START_TEST(test_step_cancel)
 	/* every temp is back, and the model still runs, as predicted */
 	ck_assert_int_eq(space_int(th_dev(0), "device", "bytes_in_use"), dev0);
 	ck_assert_int_eq(space_int(th_dev(0), "pinned_host", "bytes_in_use"), host0);
-	res = step_wait("g", "{\"inputs\": \"x\", \"steps\": 2}");
+	res = th_model_step(&D, "g", "{\"inputs\": \"x\", \"steps\": 2}");
 	ck_assert_int_eq(J(res, "measured_peak_device_bytes"), J(res, "predicted_peak_device_bytes"));
 	ck_assert_msg(loss_at(res, 0) == loss_at(res, 1), "losses differ");
 	json_decref(res);
