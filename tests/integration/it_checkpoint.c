@@ -52,11 +52,10 @@ static void data_up(struct th_daemon *d)
 /* A 3-layer residual gelu MLP with optimizer opt, mse loss. */
 static void create(struct th_daemon *d, const char *name, const char *opt)
 {
-	char *spec = th_fmt(
-	        "{\"name\": \"%s\", \"mlp\": {\"layers\": 3, \"d_model\": %d, \"d_hidden\": 24, "
-	        "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
-	        "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}}",
-	        name, D, opt);
+	char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 3, \"d_model\": %d, \"d_hidden\": 24, "
+	                    "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
+	                    "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}}",
+	                    name, D, opt);
 
 	json_decref(th_post_json(d, "/v1/models?wait=true", spec, 200));
 	free(spec);

@@ -105,13 +105,12 @@ struct files {
 
 static void small_setup(const char *name, const char *placement, struct files *f)
 {
-	char *spec =
-	        th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, "
-	               "\"d_hidden\": %d, \"activation\": \"gelu\", \"residual\": true}, "
-	               "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
-	               "\"learning_rate\": 0.01}, \"init\": {\"seed\": 7, \"scale\": 0.2}%s%s}",
-	               name, L_, D_, H_, placement ? ", \"placement\": " : "",
-	               placement ? placement : "");
+	char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, "
+	                    "\"d_hidden\": %d, \"activation\": \"gelu\", \"residual\": true}, "
+	                    "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
+	                    "\"learning_rate\": 0.01}, \"init\": {\"seed\": 7, \"scale\": 0.2}%s%s}",
+	                    name, L_, D_, H_, placement ? ", \"placement\": " : "",
+	                    placement ? placement : "");
 	float *x = th_floats(B_ * D_, 3, -2.0f, 2.0f), *t = th_floats(B_ * D_, 4, -2.0f, 2.0f), *w;
 	char an[200];
 	size_t n;
@@ -335,11 +334,10 @@ START_TEST(test_evaluate_offloaded_params)
 	ck_assert_int_eq(J(an, "h2d_bytes"), 2 * L_ * D_ * H_ * 4);
 	ck_assert_int_eq(J(an, "host_argument_size_in_bytes"), 2 * L_ * D_ * H_ * 4);
 	ck_assert_int_eq(J(an, "host_output_size_in_bytes"), B_ * D_ * 4);
-	body = th_fmt(
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"placement\": {\"prefetch_depth\": 1}, "
-	        "\"outputs\": {\"name\": \"out_host\", \"sharding\": {\"device\": \"%s\", "
-	        "\"memory_kind\": \"pinned_host\"}}}",
-	        th_dev(0));
+	body = th_fmt("{\"inputs\": \"x\", \"targets\": \"t\", \"placement\": {\"prefetch_depth\": 1}, "
+	              "\"outputs\": {\"name\": \"out_host\", \"sharding\": {\"device\": \"%s\", "
+	              "\"memory_kind\": \"pinned_host\"}}}",
+	              th_dev(0));
 	host = evaluate("m", body);
 	free(body);
 	ck_assert_msg(json_equal(json_object_get(dev, "loss"), json_object_get(host, "loss")),
@@ -433,41 +431,35 @@ START_TEST(test_evaluate_errors)
 	th_post_error_words(&D, p,
 	                    "{\"inputs\": {\"array\": \"x\", \"row\": [1]}, \"targets\": \"t\"}",
 	                    400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs.row", NULL);
-	th_post_error_words(
-	        &D, p,
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"memory_kind\": "
-	        "\"device\"}}",
-	        400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
-	th_post_error_words(
-	        &D, p,
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	        "\"memory_kind\": \"unpinned_host\"}}",
-	        400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "unpinned_host", NULL);
-	th_post_error_words(
-	        &D, p,
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	        "\"memory_kind\": \"vram\"}}",
-	        400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "vram", NULL);
-	th_post_error_words(
-	        &D, p,
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	        "\"colour\": 1}}",
-	        400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.colour", NULL);
-	th_post_error_words(
-	        &D, p,
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"bad name\"}}",
-	        400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
-	th_post_error_words(
-	        &D, p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"m.w1\"}}",
-	        400, "FAILED_PRECONDITION", "ARRAY_OWNED", "m.w1", NULL);
-	th_post_error_words(
-	        &D, p, "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"s.w1\"}}",
-	        400, "FAILED_PRECONDITION", "ARRAY_OWNED", "s.w1", NULL);
-	th_post_error_words(
-	        &D, p,
-	        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	        "\"device\": \"nodev:9\"}}",
-	        400, "INVALID_ARGUMENT", NULL, "nodev:9", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"memory_kind\": "
+	                    "\"device\"}}",
+	                    400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	                    "\"memory_kind\": \"unpinned_host\"}}",
+	                    400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "unpinned_host", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	                    "\"memory_kind\": \"vram\"}}",
+	                    400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "vram", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	                    "\"colour\": 1}}",
+	                    400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.colour", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"bad name\"}}",
+	                    400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"m.w1\"}}",
+	                    400, "FAILED_PRECONDITION", "ARRAY_OWNED", "m.w1", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"s.w1\"}}",
+	                    400, "FAILED_PRECONDITION", "ARRAY_OWNED", "s.w1", NULL);
+	th_post_error_words(&D, p,
+	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+	                    "\"device\": \"nodev:9\"}}",
+	                    400, "INVALID_ARGUMENT", NULL, "nodev:9", NULL);
 	th_post_error_words(&D, p, "{\"inputs\": \"nothere\", \"targets\": \"t\"}", 404,
 	                    "NOT_FOUND", "ARRAY_NOT_FOUND", "nothere", NULL);
 	th_post_error_words(&D, "/v1/models/ghost:evaluate", "{\"inputs\": \"x\"}", 404,
@@ -483,10 +475,9 @@ START_TEST(test_evaluate_errors)
 	                    "INVALID_ARGUMENT", "BAD_INPUTS", "32", NULL);
 	/* outputs asked for on another device than the model's */
 	if (th_daemon_has_device(&D, th_dev(1))) {
-		body = th_fmt(
-		        "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-		        "\"device\": \"%s\"}}",
-		        th_dev(1));
+		body = th_fmt("{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+		              "\"device\": \"%s\"}}",
+		              th_dev(1));
 		th_post_error_words(&D, p, body, 400, "FAILED_PRECONDITION", "OUTPUTS_ELSEWHERE",
 		                    th_dev(1), NULL);
 		free(body);

@@ -245,12 +245,12 @@ struct small {
 
 static char *small_spec(const struct small *s)
 {
-	return th_fmt(
-	        "{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
-	        "\"activation\": \"%s\", \"residual\": %s}, \"loss\": \"%s\", "
-	        "\"optimizer\": %s, \"init\": {\"seed\": %d, \"scale\": %g}}",
-	        s->name, s->layers, s->d, s->h, s->act, s->residual ? "true" : "false", s->loss,
-	        s->optimizer ? s->optimizer : "{\"type\": \"none\"}", s->seed, s->scale);
+	return th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
+	              "\"activation\": \"%s\", \"residual\": %s}, \"loss\": \"%s\", "
+	              "\"optimizer\": %s, \"init\": {\"seed\": %d, \"scale\": %g}}",
+	              s->name, s->layers, s->d, s->h, s->act, s->residual ? "true" : "false",
+	              s->loss, s->optimizer ? s->optimizer : "{\"type\": \"none\"}", s->seed,
+	              s->scale);
 }
 
 /* A model's files for the reference: its initial weights, inputs and targets. */
@@ -670,16 +670,14 @@ START_TEST(test_create_exclusive_names)
 	json_t *m;
 
 	for (size_t i = 0; i < 2; i++) {
-		char *body = th_fmt(
-		        "{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
-		        "\"placement\": %s}",
-		        policies[i]);
+		char *body = th_fmt("{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
+		                    "\"placement\": %s}",
+		                    policies[i]);
 		char *step = th_fmt("{\"inputs\": \"x\", \"placement\": %s}", policies[i]);
 		char *an = th_fmt("{\"batch\": [2, 4], \"placement\": %s}", policies[i]);
-		char *spec = th_fmt(
-		        "{\"model\": {\"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
-		        "\"placement\": %s}, \"batch\": [2, 4]}",
-		        policies[i]);
+		char *spec = th_fmt("{\"model\": {\"mlp\": {\"layers\": 2, \"d_model\": 4, \"d_hidden\": 8}, "
+		                    "\"placement\": %s}, \"batch\": [2, 4]}",
+		                    policies[i]);
 
 		th_post_error_words(&D, "/v1/models", body, 400, "INVALID_ARGUMENT", NULL,
 		                    "exclusive", NULL);
@@ -738,10 +736,9 @@ START_TEST(test_get_list_delete)
 	json_int_t base = space_int(th_dev(0), "device", "bytes_in_use");
 
 	for (size_t i = 0; i < 3; i++) {
-		char *spec = th_fmt(
-		        "{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 16}, "
-		        "\"optimizer\": {\"type\": \"adam\"}}",
-		        names[i]);
+		char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 8, \"d_hidden\": 16}, "
+		                    "\"optimizer\": {\"type\": \"adam\"}}",
+		                    names[i]);
 
 		m = create(spec);
 		free(spec);
@@ -839,10 +836,9 @@ START_TEST(test_analyze_guide)
 	for (int prefetch = 0; prefetch <= 1; prefetch++) {
 		for (size_t i = 0; i < 4; i++) {
 			const struct guide_case *g = &guide_cases[i];
-			char *spec = th_fmt(
-			        "{\"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", \"placement\": "
-			        "{\"params\": \"%s\", \"activations\": %s, \"prefetch_depth\": %d}}",
-			        g->params, g->acts, prefetch);
+			char *spec = th_fmt("{\"mlp\": " GUIDE_MLP ", \"loss\": \"sum\", \"placement\": "
+			                    "{\"params\": \"%s\", \"activations\": %s, \"prefetch_depth\": %d}}",
+			                    g->params, g->acts, prefetch);
 			char *body = th_fmt("{\"model\": %s, \"batch\": [256, 256]}", spec);
 			char *named = th_fmt("{\"name\": \"g%zu%d\", %s", i, prefetch, spec + 1);
 			json_t *an = th_post_json(&D, "/v1/models:analyze?timeline=true", body,
@@ -1025,11 +1021,10 @@ START_TEST(test_step_adam_large_timed)
 	x = th_floats((size_t)128 * d, 90, -1.0f, 1.0f);
 	th_put_floats(&D, "bx", x, 128, (size_t)d, NULL);
 	for (int w = 0; w < 2; w++) {
-		char *spec =
-		        th_fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
-		               "\"activation\": \"relu\"}, \"loss\": \"sum\", \"optimizer\": "
-		               "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
-		               w, d, where[w]);
+		char *spec = th_fmt("{\"name\": \"big%d\", \"mlp\": {\"layers\": 4, \"d_model\": %ld, "
+		                    "\"activation\": \"relu\"}, \"loss\": \"sum\", \"optimizer\": "
+		                    "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
+		                    w, d, where[w]);
 		char name[16], *an_body = th_fmt("{\"batch\": [128, %ld]}", d);
 		json_t *an, *res;
 
@@ -1103,10 +1098,9 @@ START_TEST(test_step_guide_policies)
 			for (size_t k = 0; k < sizeof act_policies / sizeof act_policies[0]; k++) {
 				char *pl = th_fmt("{\"activations\": %s, \"prefetch_depth\": %d}",
 				                  act_policies[k], prefetch);
-				char *sbody = th_fmt(
-				        "{\"inputs\": \"x\", \"steps\": 1, \"placement\": %s}", pl);
-				char *abody =
-				        th_fmt("{\"batch\": [256, 256], \"placement\": %s}", pl);
+				char *sbody = th_fmt("{\"inputs\": \"x\", \"steps\": 1, \"placement\": %s}",
+				                     pl);
+				char *abody = th_fmt("{\"batch\": [256, 256], \"placement\": %s}", pl);
 				char what[256];
 				json_t *an = analyze("g", abody),
 				       *res = th_model_step(&D, "g", sbody);
@@ -1334,14 +1328,13 @@ START_TEST(test_step_adam_split_and_offloaded)
 	double all[3][4];
 
 	for (int i = 0; i < 3; i++) {
-		char *spec = th_fmt(
-		        "{\"name\": \"m%d\", \"mlp\": {\"layers\": 3, \"d_model\": 16, \"d_hidden\": 24, "
-		        "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
-		        "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}%s}",
-		        i, opt,
-		        i == 2 ? ", \"placement\": {\"params\": \"pinned_host\", \"opt_state\": "
-		                 "\"pinned_host\", \"prefetch_depth\": 1}"
-		               : "");
+		char *spec = th_fmt("{\"name\": \"m%d\", \"mlp\": {\"layers\": 3, \"d_model\": 16, \"d_hidden\": 24, "
+		                    "\"activation\": \"gelu\", \"residual\": true}, \"loss\": \"mse\", "
+		                    "\"optimizer\": %s, \"init\": {\"seed\": 7, \"scale\": 0.3}%s}",
+		                    i, opt,
+		                    i == 2 ? ", \"placement\": {\"params\": \"pinned_host\", \"opt_state\": "
+		                             "\"pinned_host\", \"prefetch_depth\": 1}"
+		                           : "");
 
 		json_decref(create(spec));
 		free(spec);
@@ -1487,10 +1480,9 @@ START_TEST(test_step_rows)
 	th_put_floats(&D, "batch", batch, 8, 16, NULL);
 	th_put_floats(&D, "tbatch", tbatch, 8, 16, NULL);
 	implicit0 = implicit_total();
-	a = th_model_step(
-	        &D, "r",
-	        "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
-	        "\"targets\": {\"array\": \"tdata\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}}");
+	a = th_model_step(&D, "r",
+	                  "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
+	                  "\"targets\": {\"array\": \"tdata\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}}");
 	g_rows = th_download_floats(&D, "r.grad.w1", &n_rows);
 	b = th_model_step(&D, "r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
 	g_own = th_download_floats(&D, "r.grad.w1", &n_own);
@@ -1505,10 +1497,9 @@ START_TEST(test_step_rows)
 	json_decref(a);
 	json_decref(b);
 	/* rows mixed with a plain name */
-	a = th_model_step(
-	        &D, "r",
-	        "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
-	        "\"targets\": \"tbatch\"}");
+	a = th_model_step(&D, "r",
+	                  "{\"inputs\": {\"array\": \"data\", \"rows\": [5, 0, 31, 7, 12, 3, 20, 8]}, "
+	                  "\"targets\": \"tbatch\"}");
 	b = th_model_step(&D, "r", "{\"inputs\": \"batch\", \"targets\": \"tbatch\"}");
 	ck_assert_msg(loss_at(a, 0) == loss_at(b, 0), "rows + name: %.17g vs %.17g", loss_at(a, 0),
 	              loss_at(b, 0));
@@ -1653,10 +1644,9 @@ START_TEST(test_step_named_targets_colocated_with_row_inputs)
 		return;
 	apart_setup();
 	/* rows of ds1 (committed to sim:1), as inputs and as targets: gathered */
-	json_decref(th_model_step(
-	        &D, "c",
-	        "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
-	        "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	json_decref(th_model_step(&D, "c",
+	                          "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                          "\"targets\": {\"array\": \"ds1\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
 	th_post_error_words(&D, "/v1/models/c:step?wait=true",
 	                    "{\"inputs\": \"in0\", \"targets\": \"t1\"}", 400,
 	                    "FAILED_PRECONDITION", "COMMITTED_APART", "t1", th_dev(1), NULL);
@@ -1674,14 +1664,12 @@ START_TEST(test_step_target_rows_gathered_with_named_inputs)
 	if (!two_devices())
 		return;
 	apart_setup();
-	json_decref(th_model_step(
-	        &D, "c",
-	        "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
-	        "\"targets\": {\"array\": \"ds\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
-	json_decref(
-	        th_model_step(&D, "c",
-	                      "{\"inputs\": \"in0\", \"targets\": {\"array\": \"ds1\", \"rows\": "
-	                      "[1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	json_decref(th_model_step(&D, "c",
+	                          "{\"inputs\": {\"array\": \"ds1\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                          "\"targets\": {\"array\": \"ds\", \"rows\": [1, 2, 3, 4, 5, 6, 7, 8]}}"));
+	json_decref(th_model_step(&D, "c",
+	                          "{\"inputs\": \"in0\", \"targets\": {\"array\": \"ds1\", \"rows\": "
+	                          "[1, 2, 3, 4, 5, 6, 7, 8]}}"));
 }
 END_TEST
 
@@ -1702,9 +1690,9 @@ START_TEST(test_analyze_timeline_only_when_asked)
 	ck_assert(json_equal(plain, with));
 	json_decref(plain);
 	json_decref(with);
-	plain = th_post_json(
-	        &D, "/v1/models:analyze",
-	        "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, \"batch\": [2, 4]}", 200);
+	plain = th_post_json(&D, "/v1/models:analyze",
+	                     "{\"model\": {\"mlp\": {\"layers\": 1, \"d_model\": 4}}, \"batch\": [2, 4]}",
+	                     200);
 	ck_assert_ptr_null(json_object_get(plain, "timeline"));
 	json_decref(plain);
 	th_post(&D, "/v1/models/tl:analyze?timeline=yes", "{\"batch\": [4, 16]}", &r);
@@ -1722,10 +1710,9 @@ START_TEST(test_step_counts_staging_from_the_host)
 	json_t *res;
 	const json_int_t batch = 8 * 16 * 4;
 
-	char *spec = th_fmt(
-	        "{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	        "\"loss\": \"mse\", \"placement\": {\"device\": \"%s\"}}",
-	        th_dev(0));
+	char *spec = th_fmt("{\"name\": \"hs\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                    "\"loss\": \"mse\", \"placement\": {\"device\": \"%s\"}}",
+	                    th_dev(0));
 	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0)),
 	     *dev0 = th_fmt("device=%s", th_dev(0));
 
@@ -1738,10 +1725,9 @@ START_TEST(test_step_counts_staging_from_the_host)
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "h2d"),
 	                 2 * J(th_obj(res, "analysis"), "h2d_bytes") + 2 * batch);
 	json_decref(res);
-	res = th_model_step(
-	        &D, "hs",
-	        "{\"inputs\": {\"array\": \"hds\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
-	        "\"targets\": {\"array\": \"hds\", \"rows\": {\"start\": 4}}}");
+	res = th_model_step(&D, "hs",
+	                    "{\"inputs\": {\"array\": \"hds\", \"rows\": [0, 1, 2, 3, 4, 5, 6, 7]}, "
+	                    "\"targets\": {\"array\": \"hds\", \"rows\": {\"start\": 4}}}");
 	ck_assert_int_eq(J(th_obj(res, "bytes_moved"), "staged_h2d"), 2 * batch);
 	json_decref(res);
 	/* already on the device: nothing is staged */
@@ -1770,11 +1756,10 @@ static void take_losses(json_t *res, double *out, size_t *n)
 /* Creates the Adam model name of the batches test on the first device. */
 static void batch_model(const char *name)
 {
-	char *spec = th_fmt(
-	        "{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
-	        "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, "
-	        "\"placement\": {\"device\": \"%s\"}}",
-	        name, th_dev(0));
+	char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                    "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", \"learning_rate\": 0.01}, "
+	                    "\"placement\": {\"device\": \"%s\"}}",
+	                    name, th_dev(0));
 
 	json_decref(create(spec));
 	free(spec);
@@ -1844,16 +1829,14 @@ START_TEST(test_step_batches)
 	/* shuffled: the same seed, in one call or resumed, the same run */
 	batch_model("bd");
 	batch_model("be");
-	res = th_model_step(
-	        &D, "bd",
-	        "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 6, "
-	        "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
+	res = th_model_step(&D, "bd",
+	                    "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 6, "
+	                    "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
 	take_losses(res, d, &nd);
 	json_decref(res);
-	res = th_model_step(
-	        &D, "be",
-	        "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 4, "
-	        "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
+	res = th_model_step(&D, "be",
+	                    "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 4, "
+	                    "\"batches\": {\"batch_size\": 4, \"order\": \"shuffle\", \"seed\": 7}}");
 	take_losses(res, e, &ne);
 	json_decref(res);
 	res = th_model_step(&D, "be", "{\"inputs\": \"bx\", \"targets\": \"by\", \"steps\": 2, "

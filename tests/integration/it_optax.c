@@ -132,11 +132,10 @@ static void optax_case(const struct net *n)
 	char dir[512], path[700], cmd[2048], name[160];
 	size_t nx = (size_t)n->batch * (size_t)n->d;
 	float *x = th_signed_floats(nx, 41), *t = th_signed_floats(nx, 42);
-	char *spec = th_fmt(
-	        "{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
-	        "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
-	        "\"optimizer\": %s, \"init\": {\"seed\": 11, \"scale\": 0.3}}",
-	        n->name, n->layers, n->d, n->h, n->act, n->optimizer);
+	char *spec = th_fmt("{\"name\": \"%s\", \"mlp\": {\"layers\": %d, \"d_model\": %d, \"d_hidden\": %d, "
+	                    "\"activation\": \"%s\", \"residual\": true}, \"loss\": \"mse\", "
+	                    "\"optimizer\": %s, \"init\": {\"seed\": 11, \"scale\": 0.3}}",
+	                    n->name, n->layers, n->d, n->h, n->act, n->optimizer);
 	json_t *m, *res, *ref, *rspec, *want, *got;
 	json_error_t e;
 	bool adam;
