@@ -588,7 +588,9 @@ static void *held_run_main(void *arg)
  * still enqueues every copy of a step that streams its params and
  * offloads its residuals (the places freed temps leave are reused by later
  * ones, which wait on the device), and the results are those of a step
- * run unheld. */
+ * run unheld. On CUDA the loss comes back into pageable memory, which
+ * cudaMemcpyAsync waits for: there the host gets as far as every copy
+ * before the loss. */
 START_TEST(host_enqueues_the_whole_step_while_compute_is_held)
 {
 	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
@@ -598,7 +600,8 @@ START_TEST(host_enqueues_the_whole_step_while_compute_is_held)
 	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
 	struct held_run h = {0};
 	struct ts_exec_result r0;
-	uint64_t copies = 1, c0, seen = 0;   /* the plan's copies and the loss read back */
+	bool cuda = ts_device_props(dev)->backend == TS_BACKEND_CUDA;
+	uint64_t copies = cuda ? 0 : 1, c0, seen = 0;   /* the plan's copies, the loss's */
 	bool all = false;
 	struct job ref, j;
 	pthread_t t;
@@ -606,8 +609,11 @@ START_TEST(host_enqueues_the_whole_step_while_compute_is_held)
 	job_new(&m, &grads_only, 32, &pol, 5, &ref);
 	job_run(&ref, 1, &r0);
 	job_new(&m, &grads_only, 32, &pol, 5, &j);
-	for (int i = 0; i < j.plan.nactions; i++)
+	for (int i = 0; i < j.plan.nactions; i++) {
+		if (j.plan.actions[i].op == TS_P_LOSS && cuda)
+			break;
 		copies += j.plan.actions[i].op == TS_P_COPY;
+	}
 	ck_assert_uint_gt(copies, 3 * (uint64_t)m.layers);
 	h.j = &j;
 	c0 = ts_device_copies(dev);
