@@ -82,7 +82,7 @@ struct run {
 	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
 	struct slot *s;              /* owned; one per plan buffer */
 	int *freed;                  /* owned: temps freed whose queues may still use their
-	                                place (reuse_hazards), nfreed of them */
+	                                place (reuse_hazards), nfreed <= FREED_MAX of them */
 	int nfreed;
 	char *arena[2];              /* owned; the temps of device, of pinned_host */
 	uint64_t arena_bytes[2];
@@ -282,6 +282,11 @@ static float *at(const struct run *r, int i, uint64_t off)
 
 /* ---- memory ---------------------------------------------------------------- */
 
+/* Freed temps whose queues may still use their place, at most: past it the
+ * host waits for the queues to get past them all (so that placing a temp
+ * scans a short list, whatever the plan's length). */
+#define FREED_MAX 256
+
 /* Whether the host knows every queue is past the last use of buffer i. */
 static bool settled(const struct run *r, int i)
 {
@@ -407,8 +412,22 @@ static ts_status do_free(struct run *r, int action, int i, struct ts_error *err)
 	if (r->p->bufs[i].cls != TS_PB_TEMP)
 		return bad_plan(err, action, "frees an argument", i);
 	/* no wait here: the next temp placed there waits for its queues */
-	if (!settled(r, i))
+	if (!settled(r, i)) {
+		if (r->nfreed == FREED_MAX) {
+			for (int y = 0; y < NQ; y++) {
+				uint64_t u = 0;
+
+				for (int n = 0; n < r->nfreed; n++)
+					if (r->s[r->freed[n]].use[y] > u)
+						u = r->s[r->freed[n]].use[y];
+				st = settle(r, y, u, err);
+				if (st != TS_OK)
+					return st;
+			}
+			r->nfreed = 0;
+		}
 		r->freed[r->nfreed++] = i;
+	}
 	slot_release(r, i);
 	return TS_OK;
 }
@@ -779,7 +798,7 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 	if (ts_device_props(ts_queue_device(r->q[QC]))->backend == TS_BACKEND_CUDA)
 		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
-	r->freed = malloc((size_t)(p->nbufs > 0 ? p->nbufs : 1) * sizeof *r->freed);
+	r->freed = malloc(FREED_MAX * sizeof *r->freed);
 	if (!r->s || !r->freed)
 		return ts_error_oom(err, "step: out of memory for %d buffers", p->nbufs);
 	for (int i = 0; i < p->nbufs; i++) {

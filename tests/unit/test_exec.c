@@ -645,6 +645,32 @@ START_TEST(host_enqueues_the_whole_step_while_compute_is_held)
 }
 END_TEST
 
+/* A long plan (hundreds of temps freed while the queues may still use
+ * them, more than the executor tracks at once): every placement the same
+ * loss and gradients as on the device, each peak the plan's. */
+START_TEST(long_plan_same_results)
+{
+	const struct ts_mlp m = {.layers = 160, .d_model = 8, .d_hidden = 24, .act = TS_ACT_TANH,
+	                         .residual = true, .loss = TS_LOSS_SUM};
+	struct ts_policy on = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                       .save_x = true, .save_h = true};
+	struct ts_policy off = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
+	                        .offload_x = true, .offload_h = true, .prefetch_depth = 1};
+	struct ts_exec_result r0, r1;
+	struct job ref, j;
+
+	job_new(&m, &grads_only, 4, &on, 6, &ref);
+	job_run(&ref, 1, &r0);
+	job_new(&m, &grads_only, 4, &off, 6, &j);
+	job_run(&j, 1, &r1);
+	same_loss(r1.loss, r0.loss, "long plan, offloaded");
+	same_values(&ref, &j, TS_ROLE_GRAD_W1, "long plan, offloaded");
+	same_values(&ref, &j, TS_ROLE_GRAD_W2, "long plan, offloaded");
+	job_free(&j);
+	job_free(&ref);
+}
+END_TEST
+
 /* ---- 2. every placement, the same numbers ----------------------------------------- */
 
 static void every_policy_same_results(const struct ts_mlp *m, int batch)
@@ -1852,6 +1878,7 @@ static void add_common(TCase *tc)
 	tcase_add_test(tc, guide_peaks_equal_the_plan);
 	tcase_add_test(tc, peak_is_the_steps_own_while_others_allocate);
 	tcase_add_test(tc, host_enqueues_the_whole_step_while_compute_is_held);
+	tcase_add_test(tc, long_plan_same_results);
 	tcase_add_test(tc, every_policy_same_loss_and_gradients);
 	tcase_add_test(tc, gradients_match_finite_differences);
 	tcase_add_test(tc, adam_with_clipping_same_on_device_and_host);
