@@ -7,9 +7,13 @@
  * and an event recorded after the last copy into it. Before an action runs
  * on a queue, each operand is ordered after the other queues' work on it (a
  * read after their last write, a write after their last use) with a
- * cross-queue event wait; before a FREE, the host waits until every queue
- * that touched the buffer is past its last use. So the host blocks only
- * where a temp's place in its arena may be reused. The arenas (one per
+ * cross-queue event wait. A FREE does not wait: the next temp placed where
+ * a freed one was takes over its last uses on each queue, so that its first
+ * write there is ordered after them at an event too (reuse_hazards). So the
+ * host does not block on the queues while it enqueues a step (only before
+ * the first UPDATE, below, and at the end): the copies of later layers are
+ * on their queues while earlier kernels still run, and each queue runs as
+ * far ahead as the places it writes allow. The arenas (one per
  * memory kind, of the plan's size, each temp at its planned offset), the
  * events and the queue jobs are taken before the first action: nothing after
  * it allocates, and the measured peak (the extent the temps reach) is the
@@ -77,6 +81,9 @@ struct run {
 	uint64_t done[NQ];           /* jobs the host knows complete */
 	uint64_t seen[NQ][NQ];       /* seen[x][y]: x has waited for y's jobs up to */
 	struct slot *s;              /* owned; one per plan buffer */
+	int *freed;                  /* owned: temps freed whose queues may still use their
+	                                place (reuse_hazards), nfreed <= FREED_MAX of them */
+	int nfreed;
 	char *arena[2];              /* owned; the temps of device, of pinned_host */
 	uint64_t arena_bytes[2];
 	char *journal;               /* owned, pinned_host: journaled arguments before the step */
@@ -275,12 +282,60 @@ static float *at(const struct run *r, int i, uint64_t off)
 
 /* ---- memory ---------------------------------------------------------------- */
 
+/* Freed temps whose queues may still use their place, at most: past it the
+ * host waits for the queues to get past them all (so that placing a temp
+ * scans a short list, whatever the plan's length). */
+#define FREED_MAX 256
+
+/* Whether the host knows every queue is past the last use of buffer i. */
+static bool settled(const struct run *r, int i)
+{
+	for (int y = 0; y < NQ; y++)
+		if (r->s[i].use[y] > r->done[y])
+			return false;
+	return true;
+}
+
+/*
+ * A temp placed where freed temps were takes over their queues' last uses
+ * (into use[]), so that its first write on a queue waits, on the device at
+ * an event, for the other queues' work on that place, and the host never
+ * blocks on a FREE. A freed temp the new one covers whole hands its uses
+ * over for good (the new one carries them on); one settled is forgotten.
+ */
+static void reuse_hazards(struct run *r, int i, uint64_t use[NQ])
+{
+	const struct ts_pbuf *bf = &r->p->bufs[i];
+	uint64_t lo = bf->offset, hi = bf->offset + bf->bytes;
+	int k = 0;
+
+	for (int y = 0; y < NQ; y++)
+		use[y] = 0;
+	for (int n = 0; n < r->nfreed; n++) {
+		int j = r->freed[n];
+		const struct ts_pbuf *fj = &r->p->bufs[j];
+		bool keep = true;
+
+		if (settled(r, j)) {
+			keep = false;
+		} else if (fj->kind == bf->kind && fj->offset < hi && lo < fj->offset + fj->bytes) {
+			for (int y = 0; y < NQ; y++)
+				if (r->s[j].use[y] > use[y])
+					use[y] = r->s[j].use[y];
+			keep = j != i && !(lo <= fj->offset && fj->offset + fj->bytes <= hi);
+		}
+		if (keep)
+			r->freed[k++] = j;
+	}
+	r->nfreed = k;
+}
+
 static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err)
 {
 	const struct ts_pbuf *bf;
 	struct slot *sl;
 	struct ts_event *copied;
-	uint64_t end;
+	uint64_t end, use[NQ];
 	int k;
 
 	if (i < 0 || i >= r->p->nbufs)
@@ -295,11 +350,13 @@ static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err
 	end = bf->offset + bf->bytes;
 	if (bf->offset % TS_PLAN_ALIGN || end < bf->offset || end > r->arena_bytes[k])
 		return bad_plan(err, action, "temp outside the step's arena", i);
+	reuse_hazards(r, i, use);
 	copied = sl->copied;                 /* made before the run, kept */
 	memset(sl, 0, sizeof *sl);
 	sl->copied = copied;
 	sl->ptr = sl->wptr = r->arena[k] + bf->offset;
 	sl->copied_q = sl->writer = -1;
+	memcpy(sl->use, use, sizeof sl->use);
 	/* the step's own bytes: its arena's, as far as its temps reach */
 	end = (end + TS_PLAN_ALIGN - 1) / TS_PLAN_ALIGN * TS_PLAN_ALIGN;
 	if (bf->kind == TS_MEM_DEVICE) {
@@ -314,8 +371,8 @@ static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err
 	return TS_OK;
 }
 
-/* Ends a temp's life (its queues must be past it); the arena keeps the
- * memory, and the copy event stays for the next buffer there. */
+/* Ends a temp's life; the arena keeps the memory, and the copy event stays
+ * for the next buffer there. */
 static void slot_release(struct run *r, int i)
 {
 	struct slot *sl = &r->s[i];
@@ -334,9 +391,9 @@ static ts_status read_loss(struct run *r, int i, struct ts_error *err)
 {
 	ts_status st;
 
-	/* on the compute queue, right behind the kernel that wrote it: its
-	 * FREE then waits for the forward pass only, not for the offloads
-	 * queued on the d2h queue meanwhile */
+	/* on the compute queue, right behind the kernel that wrote it: the
+	 * temp placed where it was then waits for the forward pass only, not
+	 * for the offloads queued on the d2h queue meanwhile */
 	st = ts_queue_copy(r->q[QC], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
 	if (st != TS_OK)
 		return st;
@@ -354,10 +411,22 @@ static ts_status do_free(struct run *r, int action, int i, struct ts_error *err)
 		return st;
 	if (r->p->bufs[i].cls != TS_PB_TEMP)
 		return bad_plan(err, action, "frees an argument", i);
-	for (int y = 0; y < NQ; y++) {
-		st = settle(r, y, r->s[i].use[y], err);
-		if (st != TS_OK)
-			return st;
+	/* no wait here: the next temp placed there waits for its queues */
+	if (!settled(r, i)) {
+		if (r->nfreed == FREED_MAX) {
+			for (int y = 0; y < NQ; y++) {
+				uint64_t u = 0;
+
+				for (int n = 0; n < r->nfreed; n++)
+					if (r->s[r->freed[n]].use[y] > u)
+						u = r->s[r->freed[n]].use[y];
+				st = settle(r, y, u, err);
+				if (st != TS_OK)
+					return st;
+			}
+			r->nfreed = 0;
+		}
+		r->freed[r->nfreed++] = i;
 	}
 	slot_release(r, i);
 	return TS_OK;
@@ -729,7 +798,8 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 	if (ts_device_props(ts_queue_device(r->q[QC]))->backend == TS_BACKEND_CUDA)
 		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
-	if (!r->s)
+	r->freed = malloc(FREED_MAX * sizeof *r->freed);
+	if (!r->s || !r->freed)
 		return ts_error_oom(err, "step: out of memory for %d buffers", p->nbufs);
 	for (int i = 0; i < p->nbufs; i++) {
 		r->s[i].copied_q = r->s[i].writer = -1;
@@ -868,6 +938,7 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 		r->tl = NULL;
 	}
 	free(r->s);
+	free(r->freed);
 	return st;
 }
 

@@ -3,8 +3,9 @@
  *
  * The executor takes one arena per memory kind from the device's spaces,
  * of the plan's temp size, before anything runs, and places each temp at its
- * planned offset when the plan says ALLOC; FREE ends its life (after the
- * work using it has completed). It runs kernels on a compute
+ * planned offset when the plan says ALLOC; FREE ends its life (the next temp
+ * placed there waits on the device for the work that used it; the host does
+ * not wait). It runs kernels on a compute
  * queue, and copies on a host->device and a device->host queue, which meet
  * the compute queue only at events: a WAIT makes the compute queue wait for
  * the last copy into a buffer, and a copy out of a buffer computed on the

@@ -346,7 +346,11 @@ static void forward(struct builder *b, int *xL)
 				b->x[l] = -1;
 			}
 		}
-		params_drop(b, l, "forward");
+		/* prefetching, the last layer's streamed weights stay for the
+		 * backward pass, which starts with them (a token model's loss,
+		 * whose projection and logits may outweigh them, runs without) */
+		if (l < L - 1 || !pol->prefetch_depth || ts_mlp_tokens(&p->mlp))
+			params_drop(b, l, "forward");
 		if (!pol->prefetch_depth)
 			params_fetch(b, l + 1, "forward");
 		x = y;

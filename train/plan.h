@@ -11,7 +11,10 @@
  * Policy, per model and per call:
  *   params      device | pinned_host: on the host, each layer's w1/w2 are
  *               copied in before use (forward and backward), and with
- *               prefetch_depth 1 the next layer's are already on the way;
+ *               prefetch_depth 1 the next layer's are already on the way
+ *               (and the last layer's stay from the forward into the
+ *               backward pass: copied in once, not twice, in a step of a
+ *               model without tokens);
  *   opt_state   device | pinned_host: Adam's mu/nu streamed in per layer,
  *               updated, streamed out;
  *   activations the layer input x and hidden pre-activation h of every

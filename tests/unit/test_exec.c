@@ -550,8 +550,8 @@ START_TEST(peak_is_the_steps_own_while_others_allocate)
 	/* more than the step's whole temp peak: any count of it shows */
 	in.bytes = 2 * j.plan.temp_size_in_bytes;
 	in.base = in_use(dsp);
-	/* the compute queue waits for the intruder; the host runs ahead to the
-	 * first FREE, so later ALLOCs come after the intruder's */
+	/* the compute queue waits for the intruder while the host enqueues
+	 * the step, whose arenas were taken before */
 	OK(ts_queue_host_fn(qc, gate_wait, &g, &err));
 	ck_assert_int_eq(pthread_create(&t, NULL, intruder_main, &in), 0);
 	ts_error_clear(&err);
@@ -565,6 +565,109 @@ START_TEST(peak_is_the_steps_own_while_others_allocate)
 	ts_space_release(dsp, in.p, in.bytes);
 	ck_assert_uint_eq(in_use(dsp), in.base);
 	job_free(&j);
+}
+END_TEST
+
+struct held_run {
+	struct job *j;
+	struct ts_exec_result r;
+	struct ts_error e;
+	ts_status st;
+};
+
+static void *held_run_main(void *arg)
+{
+	struct held_run *h = arg;
+
+	ts_error_clear(&h->e);
+	h->st = ts_exec_run(&h->j->plan, &env, h->j->args, h->j->outs, 1, &h->r, &h->e);
+	return NULL;
+}
+
+/* A FREE does not block the host: with the compute queue held, the host
+ * still enqueues every copy of a step that streams its params and
+ * offloads its residuals (the places freed temps leave are reused by later
+ * ones, which wait on the device), and the results are those of a step
+ * run unheld. On CUDA the loss comes back into pageable memory, which
+ * cudaMemcpyAsync waits for: there the host gets as far as every copy
+ * before the loss. */
+START_TEST(host_enqueues_the_whole_step_while_compute_is_held)
+{
+	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
+	                         .residual = true, .loss = TS_LOSS_SUM};
+	struct ts_policy pol = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
+	                        .offload_x = true, .offload_h = true, .prefetch_depth = 1};
+	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+	struct held_run h = {0};
+	struct ts_exec_result r0;
+	bool cuda = ts_device_props(dev)->backend == TS_BACKEND_CUDA;
+	uint64_t copies = cuda ? 0 : 1, c0, seen = 0;   /* the plan's copies, the loss's */
+	bool all = false;
+	struct job ref, j;
+	pthread_t t;
+
+	job_new(&m, &grads_only, 32, &pol, 5, &ref);
+	job_run(&ref, 1, &r0);
+	job_new(&m, &grads_only, 32, &pol, 5, &j);
+	for (int i = 0; i < j.plan.nactions; i++) {
+		if (j.plan.actions[i].op == TS_P_LOSS && cuda)
+			break;
+		copies += j.plan.actions[i].op == TS_P_COPY;
+	}
+	ck_assert_uint_gt(copies, 3 * (uint64_t)m.layers);
+	h.j = &j;
+	c0 = ts_device_copies(dev);
+	OK(ts_queue_host_fn(qc, gate_wait, &g, &err));
+	ck_assert_int_eq(pthread_create(&t, NULL, held_run_main, &h), 0);
+	/* a liveness wait, not a timing: the old behaviour never gets there */
+	for (int k = 0; k < 30000 && !all; k++) {
+		seen = ts_device_copies(dev) - c0;
+		all = seen >= copies;
+		if (!all)
+			usleep(1000);
+	}
+	pthread_mutex_lock(&g.mu);
+	g.open = true;
+	pthread_cond_signal(&g.cv);
+	pthread_mutex_unlock(&g.mu);
+	pthread_join(t, NULL);
+	ck_assert_msg(h.st == TS_OK, "%s", h.e.message);
+	ck_assert_msg(all, "with the compute queue held the host enqueued %llu of the step's %llu "
+	              "copies", (unsigned long long)seen, (unsigned long long)copies);
+	publish(&j);
+	ck_assert_uint_eq(h.r.measured_temp_peak, j.plan.temp_size_in_bytes);
+	ck_assert_uint_eq(h.r.measured_host_temp_peak, j.plan.host_temp_size_in_bytes);
+	same_loss(h.r.loss, r0.loss, "held compute queue");
+	same_values(&ref, &j, TS_ROLE_GRAD_W1, "held compute queue");
+	same_values(&ref, &j, TS_ROLE_GRAD_W2, "held compute queue");
+	job_free(&j);
+	job_free(&ref);
+}
+END_TEST
+
+/* A long plan (hundreds of temps freed while the queues may still use
+ * them, more than the executor tracks at once): every placement the same
+ * loss and gradients as on the device, each peak the plan's. */
+START_TEST(long_plan_same_results)
+{
+	const struct ts_mlp m = {.layers = 160, .d_model = 8, .d_hidden = 24, .act = TS_ACT_TANH,
+	                         .residual = true, .loss = TS_LOSS_SUM};
+	struct ts_policy on = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                       .save_x = true, .save_h = true};
+	struct ts_policy off = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
+	                        .offload_x = true, .offload_h = true, .prefetch_depth = 1};
+	struct ts_exec_result r0, r1;
+	struct job ref, j;
+
+	job_new(&m, &grads_only, 4, &on, 6, &ref);
+	job_run(&ref, 1, &r0);
+	job_new(&m, &grads_only, 4, &off, 6, &j);
+	job_run(&j, 1, &r1);
+	same_loss(r1.loss, r0.loss, "long plan, offloaded");
+	same_values(&ref, &j, TS_ROLE_GRAD_W1, "long plan, offloaded");
+	same_values(&ref, &j, TS_ROLE_GRAD_W2, "long plan, offloaded");
+	job_free(&j);
+	job_free(&ref);
 }
 END_TEST
 
@@ -1774,6 +1877,8 @@ static void add_common(TCase *tc)
 {
 	tcase_add_test(tc, guide_peaks_equal_the_plan);
 	tcase_add_test(tc, peak_is_the_steps_own_while_others_allocate);
+	tcase_add_test(tc, host_enqueues_the_whole_step_while_compute_is_held);
+	tcase_add_test(tc, long_plan_same_results);
 	tcase_add_test(tc, every_policy_same_loss_and_gradients);
 	tcase_add_test(tc, gradients_match_finite_differences);
 	tcase_add_test(tc, adam_with_clipping_same_on_device_and_host);

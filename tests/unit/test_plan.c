@@ -200,6 +200,9 @@ START_TEST(guide_params_offloaded)
 	ts_plan_release(&p);
 	plan_guide(true, false, 1, &p);
 	ck_assert_uint_eq(p.argument_size_in_bytes, (uint64_t)(0.25 * MiB));
+	/* prefetching, the last layer's stay from its forward into the
+	 * backward pass: in once */
+	ck_assert_uint_eq(p.h2d_bytes, (uint64_t)(38 * MiB));
 	ts_plan_release(&p);
 }
 END_TEST
