@@ -18,7 +18,7 @@
  * no memfd can be had, its pages are anonymous MAP_NORESERVE ones.
  *
  * Shareable mappings of 2 MiB or more start on a 2 MiB boundary and are
- * advised for transparent huge pages (map_huge_aligned), which the node
+ * advised for transparent huge pages (shared_pages), which the node
  * grants shared memory where transparent_hugepage/shmem_enabled allows.
  *
  * Mappings are made with exactly the size asked for and never touched here:
@@ -223,24 +223,6 @@ static bool maps_budget_left(struct ts__host_maps *m)
 	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
 }
 
-/*
- * fd's first size bytes mapped shared and read-write at an address on a
- * 2 MiB boundary, advised for transparent huge pages. Where the node lets
- * shared memory use them (transparent_hugepage/shmem_enabled "advise",
- * "within_size" or "always"), the memfd's pages are then 2 MiB ones, in the
- * daemon and in each process a lease maps them into at a like address: a
- * first mapping of 1 GiB builds 512 page-table entries, not 262144 (measured
- * on a 2-core VM: reading 1 GiB through a fresh mapping 100 ms with 4 KiB
- * pages, 36-49 ms with 2 MiB ones). Where it does not ("never", the
- * default), the advice is without effect and nothing else changes. A
- * mapping below 2 MiB is not aligned: it would hold no huge page
- * (common/hugepage.h, which the lease clients place their mappings with).
- */
-static void *map_huge_aligned(int fd, size_t size)
-{
-	return ts_mmap_huge(size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-}
-
 /* A memfd of size bytes mapped shared, sealed at its size and entered in
  * m; NULL (errno set) when no memfd can be made or the descriptor budget
  * is spent (EMFILE). */
@@ -259,7 +241,14 @@ static void *shared_pages(struct ts__host_maps *m, size_t size)
 	if (ftruncate(fd, (off_t)size) != 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
 		goto fail;
-	p = map_huge_aligned(fd, size);
+	/* on a 2 MiB boundary and advised for transparent huge pages
+	 * (common/hugepage.h): where the node lets shared memory have them
+	 * (shmem_enabled "advise", "within_size", "always"), the pages are 2 MiB
+	 * ones here and in each lease's mapping placed alike, and a first
+	 * mapping of 1 GiB builds 512 page-table entries, not 262144 (on a
+	 * 2-core VM: 1 GiB read through a fresh mapping in 100 ms with 4 KiB
+	 * pages, 36-49 ms with 2 MiB ones); elsewhere the advice does nothing */
+	p = ts_mmap_huge(size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
 		goto fail;
 	if (!maps_add(m, (uintptr_t)p, size, fd)) {

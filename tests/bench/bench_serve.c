@@ -58,8 +58,12 @@ static unsigned pick(int conn, uint64_t seq, int j)
 	return (unsigned)(mix(((seq * 1024 + (uint64_t)conn) << 6) + (uint64_t)j + 1) % NITEMS);
 }
 
+/* Where a generator's requests go: the port, and for items the path's
+ * format ("...?index=%u": tstaged's data path, or the bare server's
+ * /item). */
 struct gen {
 	int port;
+	const char *item_fmt;
 };
 
 static size_t item_http(void *arg, int conn, uint64_t seq, char *buf, size_t cap)
@@ -67,17 +71,7 @@ static size_t item_http(void *arg, int conn, uint64_t seq, char *buf, size_t cap
 	const struct gen *g = arg;
 	char path[96];
 
-	snprintf(path, sizeof path, "/v1/arrays/items/data?index=%u", pick(conn, seq, 0));
-	return bench_http_get(buf, cap, g->port, path, NULL);
-}
-
-/* The bare server's item of the same sequence (benchlib: /item?index=k). */
-static size_t item_bare(void *arg, int conn, uint64_t seq, char *buf, size_t cap)
-{
-	const struct gen *g = arg;
-	char path[64];
-
-	snprintf(path, sizeof path, "/item?index=%u", pick(conn, seq, 0));
+	snprintf(path, sizeof path, g->item_fmt, pick(conn, seq, 0));
 	return bench_http_get(buf, cap, g->port, path, NULL);
 }
 
@@ -226,7 +220,8 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 	static const char put[] = "/v1/arrays/items?dtype=uint16&shape=4096,6,1024"
 	                          "&memory_kind=unpinned_host";
 	struct bench_ref rds = {0}, mhd = {0};
-	struct gen g = {.port = d->port}, gb = {0};
+	struct gen g = {.port = d->port, .item_fmt = "/v1/arrays/items/data?index=%u"},
+	           gb = {.item_fmt = "/item?index=%u"};
 	char reply[512], *cmds = NULL;
 	uint64_t got;
 	double t;
@@ -276,7 +271,7 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 			loads[0].arg = &g;
 			loads[1].next = batch ? batch_resp : item_resp;
 			loads[1].expect_bulk = ITEM_BYTES;
-			loads[2].next = item_bare;
+			loads[2].next = item_http;
 			loads[2].arg = &gb;
 			loads[0].cpu_pid = d->pid;
 			loads[1].cpu_pid = rds.pid;
