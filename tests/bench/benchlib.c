@@ -1249,6 +1249,11 @@ static void mhd_ref_completed(void *cls, struct MHD_Connection *conn, void **req
 
 int bench_mhd_start(struct bench_ref *r, size_t small_len)
 {
+	return bench_mhd_start_pool(r, small_len, TS_HTTP_CONN_MEMORY);
+}
+
+int bench_mhd_start_pool(struct bench_ref *r, size_t small_len, size_t conn_memory)
+{
 	pid_t parent = getpid();
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 
@@ -1270,12 +1275,13 @@ int bench_mhd_start(struct bench_ref *r, size_t small_len)
 		for (size_t i = 0; i < small_len * BENCH_MHD_ITEMS; i++)
 			m.small[i] = (char)('a' + (i / small_len) % 26);
 		memset(m.block, 'y', TS_HTTP_STREAM_BLOCK);
-		/* tstaged's flags and options (server/http_tuning.h) */
+		/* tstaged's flags and options (server/http_tuning.h), but for
+		 * the connection memory when conn_memory says otherwise */
 		d = MHD_start_daemon(TS_HTTP_MHD_FLAGS, (uint16_t)r->port, NULL, NULL,
 		                     mhd_ref_request, &m,
 		                     MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)(cores > 0 ? cores : 1),
 		                     MHD_OPTION_NOTIFY_COMPLETED, mhd_ref_completed, &m,
-		                     MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
+		                     MHD_OPTION_CONNECTION_MEMORY_LIMIT, conn_memory,
 		                     MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)300,
 		                     MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned int)1,
 		                     MHD_OPTION_END);

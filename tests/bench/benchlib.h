@@ -210,6 +210,11 @@ int bench_redis_start(struct bench_ref *r);
 #define BENCH_MHD_ITEMS 4096
 int bench_mhd_start(struct bench_ref *r, size_t small_len);
 
+/* The same server with conn_memory bytes per connection instead of
+ * TS_HTTP_CONN_MEMORY: what the library's per-request cost would be with
+ * another connection memory (libmicrohttpd zeroes it per request). */
+int bench_mhd_start_pool(struct bench_ref *r, size_t small_len, size_t conn_memory);
+
 /* Stops a reference (SIGTERM, then SIGKILL) and removes its directory. */
 void bench_ref_stop(struct bench_ref *r);
 
