@@ -417,51 +417,48 @@ START_TEST(test_evaluate_errors)
 {
 	const char *p = "/v1/models/m:evaluate?wait=true";
 	char *body;
+	static const struct {
+		const char *body;
+		int status;
+		const char *code, *reason, *word;
+	} cases[] = {
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}", 400, "INVALID_ARGUMENT",
+		 "BAD_REQUEST_BODY", "steps"},
+		{"{\"inputs\": \"x\"}", 400, "INVALID_ARGUMENT", "NO_TARGETS", "targets"},
+		{"{\"inputs\": {\"array\": \"x\", \"row\": [1]}, \"targets\": \"t\"}", 400,
+		 "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs.row"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"memory_kind\": \"device\"}}",
+		 400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+		 "\"memory_kind\": \"unpinned_host\"}}",
+		 400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "unpinned_host"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+		 "\"memory_kind\": \"vram\"}}",
+		 400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "vram"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", \"colour\": 1}}",
+		 400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.colour"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"bad name\"}}",
+		 400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"m.w1\"}}",
+		 400, "FAILED_PRECONDITION", "ARRAY_OWNED", "m.w1"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"s.w1\"}}",
+		 400, "FAILED_PRECONDITION", "ARRAY_OWNED", "s.w1"},
+		{"{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
+		 "\"device\": \"nodev:9\"}}",
+		 400, "INVALID_ARGUMENT", NULL, "nodev:9"},
+		{"{\"inputs\": \"nothere\", \"targets\": \"t\"}", 404, "NOT_FOUND", "ARRAY_NOT_FOUND",
+		 "nothere"},
+	};
 
 	small_setup("m", NULL, NULL);
 	json_decref(th_post_json(&D, "/v1/models?wait=true",
 	                         "{\"name\": \"s\", \"mlp\": {\"layers\": 1, \"d_model\": 32}, "
 	                         "\"loss\": \"sum\"}", 200));
-	th_post_error_words(&D, p, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": 2}", 400,
-	                    "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "steps", NULL);
-	th_post_error_words(&D, p, "{\"inputs\": \"x\"}", 400, "INVALID_ARGUMENT", "NO_TARGETS",
-	                    "targets", NULL);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+		th_post_error_words(&D, p, cases[i].body, cases[i].status, cases[i].code,
+		                    cases[i].reason, cases[i].word, NULL);
 	th_post_error_words(&D, "/v1/models/s:evaluate", "{\"inputs\": \"x\", \"targets\": \"t\"}",
 	                    400, "INVALID_ARGUMENT", "UNEXPECTED_TARGETS", "sum", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": {\"array\": \"x\", \"row\": [1]}, \"targets\": \"t\"}",
-	                    400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "inputs.row", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"memory_kind\": "
-	                    "\"device\"}}",
-	                    400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	                    "\"memory_kind\": \"unpinned_host\"}}",
-	                    400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "unpinned_host", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	                    "\"memory_kind\": \"vram\"}}",
-	                    400, "INVALID_ARGUMENT", "BAD_MEMORY_KIND", "vram", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	                    "\"colour\": 1}}",
-	                    400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.colour", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"bad name\"}}",
-	                    400, "INVALID_ARGUMENT", "BAD_OUTPUTS", "outputs.name", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"m.w1\"}}",
-	                    400, "FAILED_PRECONDITION", "ARRAY_OWNED", "m.w1", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"s.w1\"}}",
-	                    400, "FAILED_PRECONDITION", "ARRAY_OWNED", "s.w1", NULL);
-	th_post_error_words(&D, p,
-	                    "{\"inputs\": \"x\", \"targets\": \"t\", \"outputs\": {\"name\": \"o\", "
-	                    "\"device\": \"nodev:9\"}}",
-	                    400, "INVALID_ARGUMENT", NULL, "nodev:9", NULL);
-	th_post_error_words(&D, p, "{\"inputs\": \"nothere\", \"targets\": \"t\"}", 404,
-	                    "NOT_FOUND", "ARRAY_NOT_FOUND", "nothere", NULL);
 	th_post_error_words(&D, "/v1/models/ghost:evaluate", "{\"inputs\": \"x\"}", 404,
 	                    "NOT_FOUND", NULL, "ghost", NULL);
 	/* inputs of the wrong width */

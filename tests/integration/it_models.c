@@ -586,26 +586,21 @@ START_TEST(test_create_bad_specs)
 		{"{\"mlp\": {\"layers\": 1, \"d_model\": 4}}", "BAD_MODEL", "name"},
 		{"[1, 2]", "BAD_REQUEST_BODY", "JSON object"},
 		{"{\"name\": ", "BAD_REQUEST_BODY", "body"},
+		/* float32, bfloat16 or float16: a dtype that is no compute dtype is
+		 * refused, and what is no dtype at all is a bad argument
+		 * (schemathesis: "" was 501) */
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"dtype\": \"int8\"}",
+		 "BAD_DTYPE", "'int8'"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"dtype\": \"\"}",
+		 "BAD_DTYPE", "''"},
+		{"{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, \"dtype\": \"f32\"}",
+		 "BAD_DTYPE", "'f32'"},
 	};
 	json_t *list;
 
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
 		th_post_error_words(&D, "/v1/models", cases[i].body, 400, "INVALID_ARGUMENT",
 		                    cases[i].reason, cases[i].field, NULL);
-	/* float32, bfloat16 or float16: a dtype that is no compute dtype is refused */
-	th_post_error_words(&D, "/v1/models",
-	                    "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	                    "\"dtype\": \"int8\"}",
-	                    400, "INVALID_ARGUMENT", "BAD_DTYPE", "'int8'", NULL);
-	/* what is no dtype at all is a bad argument (schemathesis: "" was 501) */
-	th_post_error_words(&D, "/v1/models",
-	                    "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	                    "\"dtype\": \"\"}",
-	                    400, "INVALID_ARGUMENT", "BAD_DTYPE", "''", NULL);
-	th_post_error_words(&D, "/v1/models",
-	                    "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 4}, "
-	                    "\"dtype\": \"f32\"}",
-	                    400, "INVALID_ARGUMENT", "BAD_DTYPE", "'f32'", NULL);
 	/* nothing was created */
 	list = th_get_object(&D, "/v1/models");
 	ck_assert_uint_eq(json_array_size(th_arr(list, "models")), 0);
@@ -1777,6 +1772,16 @@ static void batch_model(const char *name)
  */
 START_TEST(test_step_batches)
 {
+	static const struct {
+		const char *body, *word;
+	} bad_batches[] = {
+		{"{\"inputs\": {\"array\": \"bx\", \"rows\": [0]}, \"targets\": \"by\", "
+		 "\"batches\": {\"batch_size\": 1}}", "exclusive"},
+		{"{\"inputs\": \"bx\", \"targets\": \"by\", \"batches\": {\"batch_size\": 13}}", "12"},
+		{"{\"inputs\": \"bx\", \"targets\": \"by\", "
+		 "\"batches\": {\"batch_size\": 4, \"order\": \"random\"}}", "order"},
+		{"{\"inputs\": \"bx\", \"targets\": \"by\", \"batches\": {\"size\": 4}}", "size"},
+	};
 	float *x = th_floats(12 * 16, 72, -1.0f, 1.0f), *y = th_floats(12 * 16, 73, -1.0f, 1.0f);
 	double a[8], b[8], c[8], d[8], e[8];
 	size_t na = 0, nb = 0, nc = 0, nd = 0, ne = 0;
@@ -1852,23 +1857,10 @@ START_TEST(test_step_batches)
 	/* shuffled is not sequential */
 	ck_assert_msg(memcmp(a, d, sizeof a[0] * 3) != 0, "shuffle drew the sequential batches");
 	/* refused: rows and batches together, a batch larger than the data, an
-	 * unknown order */
-	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
-	                    "{\"inputs\": {\"array\": \"bx\", \"rows\": [0]}, "
-	                    "\"targets\": \"by\", \"batches\": {\"batch_size\": 1}}",
-	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "exclusive", NULL);
-	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
-	                    "{\"inputs\": \"bx\", \"targets\": \"by\", "
-	                    "\"batches\": {\"batch_size\": 13}}",
-	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "12", NULL);
-	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
-	                    "{\"inputs\": \"bx\", \"targets\": \"by\", "
-	                    "\"batches\": {\"batch_size\": 4, \"order\": \"random\"}}",
-	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "order", NULL);
-	th_post_error_words(&D, "/v1/models/ba:step?wait=true",
-	                    "{\"inputs\": \"bx\", \"targets\": \"by\", "
-	                    "\"batches\": {\"size\": 4}}",
-	                    400, "INVALID_ARGUMENT", "BAD_BATCHES", "size", NULL);
+	 * unknown order, an unknown field */
+	for (size_t i = 0; i < sizeof bad_batches / sizeof bad_batches[0]; i++)
+		th_post_error_words(&D, "/v1/models/ba:step?wait=true", bad_batches[i].body, 400,
+		                    "INVALID_ARGUMENT", "BAD_BATCHES", bad_batches[i].word, NULL);
 	free(host);
 	free(x);
 	free(y);
