@@ -18,13 +18,28 @@
  * wider vectors, never fused (the build does not contract), so the same
  * bits on every machine.
  *
- * Thread-safety: stateless; each job touches only its own operands.
+ * gemm_lp's float32 workspace is taken when enqueueing (so running out of
+ * memory is an error of the call, before anything runs) from the queue's
+ * warm workspace (struct cpu_ws): jobs of one queue run one at a time, so
+ * every gemm_lp of a queue can widen into the same buffer, which stays
+ * mapped from one step to the next. A fresh buffer per product was freshly
+ * mapped memory each time: every page faulted in and zeroed by the kernel
+ * before the widening wrote it, which made the bfloat16 guide step take
+ * 94-120 ms where its float32 step takes 52-65 (bench_train). A product
+ * that needs more than the buffer holds gets a larger one; the old stays
+ * alive until its last job has run (reference counted).
+ *
+ * Thread-safety: the per-queue buffers are under the instance's mutex and
+ * their counts atomic; each job touches only its own operands and its
+ * queue's buffer, which no other job of that queue runs beside.
  */
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/lock.h"
 #include "formats/convert.h"
 #include "train/kernels_int.h"
 #include "train/kernels_math.h"
@@ -44,6 +59,31 @@
 struct job;
 typedef void (*job_fn)(const struct job *j);
 
+/* A float32 workspace: one reference per job that will widen into it, and
+ * one for the queue slot that keeps it for the next product. */
+struct cpu_ws {
+	atomic_int refs;
+	size_t cap;
+	unsigned char mem[];            /* malloc's alignment: enough for floats */
+};
+
+/* Queues whose warm workspace is kept (past that, the least recent goes),
+ * and the largest kept: a bigger one serves its product and is freed, its
+ * page faults small against that product's FLOPs. */
+#define CPU_WS_QUEUES 8
+#define CPU_WS_KEEP_MAX ((size_t)64 << 20)
+
+/* The instance's state: per queue, its warm workspace. */
+struct cpu_kernels {
+	struct ts_mutex mu;
+	struct {
+		const struct ts_queue *q;
+		struct cpu_ws *ws;
+		uint64_t used;              /* tick of the last take, for eviction */
+	} slot[CPU_WS_QUEUES];
+	uint64_t tick;
+};
+
 /* One enqueued kernel: what to run, and its arguments (operands borrowed). */
 struct job {
 	job_fn run;
@@ -58,6 +98,7 @@ struct job {
 			 * workspace after the closure) before the sgemm */
 			enum ts_dtype dt;
 			const uint16_t *A16, *B16;
+			struct cpu_ws *ws;      /* released once the job ran */
 		} gemm;
 		struct {
 			enum ts_act act;
@@ -428,12 +469,25 @@ static void run_xent(const struct job *j)
 /* ---- enqueueing ------------------------------------------------------------ */
 
 /* The host callback: runs the kernel, then frees its closure (steals arg). */
+static void ws_release(struct cpu_ws *ws)
+{
+	if (ws && atomic_fetch_sub(&ws->refs, 1) == 1)
+		free(ws);
+}
+
+static void job_free(struct job *j)
+{
+	if (j->run == run_gemm_lp)
+		ws_release(j->u.gemm.ws);
+	free(j);
+}
+
 static void job_main(void *arg)
 {
 	struct job *j = arg;
 
 	j->run(j);
-	free(j);
+	job_free(j);
 }
 
 /* Enqueues j on q (steals j, also on failure). */
@@ -442,7 +496,7 @@ static ts_status job_submit(struct ts_queue *q, struct job *j, struct ts_error *
 	ts_status st = ts_queue_host_fn(q, job_main, j, err);
 
 	if (st != TS_OK)
-		free(j);
+		job_free(j);
 	return st;
 }
 
@@ -474,12 +528,75 @@ static struct job *job_with_workspace(const struct job *a, size_t ws_bytes, void
 
 static ts_status cpu_init(struct ts_device *dev, void **impl, struct ts_error *err)
 {
-	*impl = NULL;
+	struct cpu_kernels *k = calloc(1, sizeof *k);
+
+	if (!k || ts_mutex_init(&k->mu) != 0) {
+		free(k);
+		return ts_error_oom(err, "%s: out of memory for the cpu kernels",
+		                    ts_device_props(dev)->id);
+	}
+	*impl = k;
 	return TS_OK;
 }
 
+/* Jobs still pending keep their workspaces: the last to run frees each. */
 static void cpu_fini(void *impl)
 {
+	struct cpu_kernels *k = impl;
+
+	if (!k)
+		return;
+	for (int i = 0; i < CPU_WS_QUEUES; i++)
+		ws_release(k->slot[i].ws);
+	ts_mutex_destroy(&k->mu);
+	free(k);
+}
+
+/* A workspace of at least bytes for a job on q, with a reference for it:
+ * q's warm one when it is large enough, else a new one, which q keeps
+ * (its old one freed when its last job has run) unless it is larger than
+ * CPU_WS_KEEP_MAX. NULL when there is no memory. */
+static struct cpu_ws *ws_take(struct cpu_kernels *k, const struct ts_queue *q, size_t bytes)
+{
+	struct cpu_ws *ws;
+	int at = -1, oldest = 0;
+
+	if (bytes > SIZE_MAX - sizeof *ws)
+		return NULL;
+	ts_mutex_lock(&k->mu);
+	k->tick++;
+	for (int i = 0; i < CPU_WS_QUEUES; i++) {
+		if (k->slot[i].ws && k->slot[i].q == q)
+			at = i;
+		if (k->slot[i].used < k->slot[oldest].used)
+			oldest = i;
+	}
+	if (at >= 0 && k->slot[at].ws->cap >= bytes) {
+		ws = k->slot[at].ws;
+		atomic_fetch_add(&ws->refs, 1);
+		k->slot[at].used = k->tick;
+		ts_mutex_unlock(&k->mu);
+		return ws;
+	}
+	ts_mutex_unlock(&k->mu);
+	/* not zeroed: the widening writes every element it reads */
+	ws = malloc(sizeof *ws + bytes);
+	if (!ws)
+		return NULL;
+	ws->cap = bytes;
+	atomic_init(&ws->refs, 1);
+	if (bytes > CPU_WS_KEEP_MAX)
+		return ws;
+	ts_mutex_lock(&k->mu);
+	if (at < 0 || k->slot[at].q != q || !k->slot[at].ws)
+		at = oldest;
+	ws_release(k->slot[at].ws);             /* its pending jobs keep theirs */
+	atomic_fetch_add(&ws->refs, 1);
+	k->slot[at].q = q;
+	k->slot[at].ws = ws;
+	k->slot[at].used = k->tick;
+	ts_mutex_unlock(&k->mu);
+	return ws;
 }
 
 static ts_status cpu_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N, int K,
@@ -506,30 +623,35 @@ static ts_status cpu_round(void *impl, struct ts_queue *q, enum ts_compute to, c
 	                err);
 }
 
-/* The closure carries the float32 workspace of the widened operands (sgemm
- * needs float32), taken when enqueueing like the closure itself. */
+/* The float32 workspace of the widened operands (sgemm needs float32) is
+ * the queue's warm one (ws_take), taken when enqueueing like the closure. */
 static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta,
                              bool tb, int M, int N, int K, float alpha, const uint16_t *A,
                              const uint16_t *B, float beta, float *C, struct ts_error *err)
 {
 	uint64_t mk = (uint64_t)M * (uint64_t)K, kn = (uint64_t)K * (uint64_t)N;
-	const struct job a = {.run = run_gemm_lp,
-	                      .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha,
-	                                 .beta = beta, .C = C, .dt = lowp_dtype(dt), .A16 = A,
-	                                 .B16 = B}};
-	struct job *j = NULL;
-	void *ws = NULL;
+	struct job a = {.run = run_gemm_lp,
+	                .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha,
+	                           .beta = beta, .C = C, .dt = lowp_dtype(dt), .A16 = A, .B16 = B}};
+	struct cpu_ws *ws = NULL;
+	struct job *j;
 
-	/* not zeroed: the widening writes every element of the workspace, so
-	 * zeroing it first would be one more pass over it */
 	if (mk + kn <= SIZE_MAX / sizeof(float))
-		j = job_with_workspace(&a, (size_t)(mk + kn) * sizeof(float), &ws);
-	if (!j)
+		ws = ws_take(impl, q, (size_t)(mk + kn) * sizeof(float));
+	if (!ws)
 		return ts_error_oom(err, "%s: out of memory for the float32 workspace of a %s gemm "
 		                    "(%llu elements)", ts_device_props(ts_queue_device(q))->id,
 		                    ts_compute_name(dt), (unsigned long long)(mk + kn));
-	j->u.gemm.A = ws;
-	j->u.gemm.B = (float *)ws + mk;
+	a.u.gemm.ws = ws;
+	a.u.gemm.A = (const float *)(const void *)ws->mem;
+	a.u.gemm.B = (const float *)(const void *)ws->mem + mk;
+	j = malloc(sizeof *j);
+	if (!j) {
+		ws_release(ws);
+		return ts_error_oom(err, "%s: out of memory queueing a kernel",
+		                    ts_device_props(ts_queue_device(q))->id);
+	}
+	*j = a;
 	return job_submit(q, j, err);
 }
 

@@ -2127,6 +2127,83 @@ START_TEST(lowp_gemm_all_transposes)
 }
 END_TEST
 
+/* Products enqueued back to back on two queues, none waited for before the
+ * next: a queue's products share its warm float32 workspace, larger ones
+ * take a new one while earlier products still wait to run in the old, and
+ * the other queue's run beside them. Each must equal its own product
+ * (checked as gemm_lp_case does, within float32 accumulation). */
+START_TEST(lowp_gemm_back_to_back_on_two_queues)
+{
+	static const int shapes[][3] = {{64, 48, 128}, {5, 7, 3},   {130, 90, 200},
+	                                {33, 17, 65},  {200, 150, 220}, {1, 1, 1},
+	                                {96, 64, 100}};
+	enum { NS = sizeof shapes / sizeof shapes[0], NC = 2 * NS };
+	struct ts_queue *q2;
+	struct {
+		int M, N, K;
+		uint16_t *dA16, *dB16;
+		float *dC;
+	} c[NC];
+
+	OK(ts_queue_new(dev, &q2, &err));
+	for (int i = 0; i < NC; i++) {
+		int M = shapes[i % NS][0], N = shapes[i % NS][1], K = shapes[i % NS][2];
+		size_t na = (size_t)M * K, nb = (size_t)K * N;
+		float *A = malloc(na * sizeof *A), *B = malloc(nb * sizeof *B);
+
+		ck_assert(A && B);
+		fill_rnd(A, na, 900 + (unsigned)i, -1, 1);
+		fill_rnd(B, nb, 950 + (unsigned)i, -1, 1);
+		c[i].M = M;
+		c[i].N = N;
+		c[i].K = K;
+		c[i].dA16 = dalloc16(na);
+		c[i].dB16 = dalloc16(nb);
+		c[i].dC = dalloc((size_t)M * N);
+		OK(ts_k_round(kern, q, TS_COMPUTE_BF16, dput(A, na), c[i].dA16, na, &err));
+		OK(ts_k_round(kern, q, TS_COMPUTE_BF16, dput(B, nb), c[i].dB16, nb, &err));
+		free(A);
+		free(B);
+	}
+	OK(ts_queue_sync(q, &err));
+	for (int i = 0; i < NC; i++)
+		OK(ts_k_gemm_lp(kern, i < NS ? q : q2, TS_COMPUTE_BF16, false, false, c[i].M, c[i].N,
+		                c[i].K, 1.0f, c[i].dA16, c[i].dB16, 0.0f, c[i].dC, &err));
+	OK(ts_queue_sync(q2, &err));
+	OK(ts_queue_sync(q, &err));
+	for (int i = 0; i < NC; i++) {
+		int M = c[i].M, N = c[i].N, K = c[i].K;
+		uint16_t *A16 = malloc((size_t)M * K * sizeof *A16);
+		uint16_t *B16 = malloc((size_t)K * N * sizeof *B16);
+		float *C = malloc((size_t)M * N * sizeof *C);
+
+		ck_assert(A16 && B16 && C);
+		dget16(A16, c[i].dA16, (size_t)M * K);
+		dget16(B16, c[i].dB16, (size_t)K * N);
+		dget(C, c[i].dC, (size_t)M * N);
+		for (int r = 0; r < M; r++)
+			for (int col = 0; col < N; col++) {
+				double sum = 0, mag = 0;
+
+				for (int k = 0; k < K; k++) {
+					double t = widen(TS_COMPUTE_BF16, A16[(size_t)r * K + k]) *
+					           widen(TS_COMPUTE_BF16, B16[(size_t)k * N + col]);
+
+					sum += t;
+					mag += fabs(t);
+				}
+				ck_assert_msg(fabs(C[(size_t)r * N + col] - sum) <= 1e-5 * (mag + 1e-30),
+				              "product %d (%dx%dx%d): C[%d,%d] = %.9g, want %.9g", i, M, N,
+				              K, r, col, C[(size_t)r * N + col], sum);
+			}
+		free(A16);
+		free(B16);
+		free(C);
+	}
+	ts_queue_free(q2);
+}
+END_TEST
+
 START_TEST(lowp_bad_arguments_refused)
 {
 	float *x = dalloc(4);
@@ -2182,6 +2259,7 @@ static void add_lowp(TCase *tc)
 {
 	tcase_add_test(tc, lowp_round_is_converts);
 	tcase_add_test(tc, lowp_gemm_all_transposes);
+	tcase_add_test(tc, lowp_gemm_back_to_back_on_two_queues);
 	tcase_add_test(tc, lowp_bad_arguments_refused);
 }
 
