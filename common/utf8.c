@@ -4,6 +4,7 @@
  */
 #include "common/utf8.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,6 +51,26 @@ static size_t seq_len(const unsigned char *p, size_t n, int *cut)
 	return need;
 }
 
+/* Bytes from p on, up to n, that are ASCII and not NUL (1 to 0x7F): eight
+ * at a time while a word of them holds no byte with its top bit set and no
+ * zero byte (the usual bit trick), then one at a time. */
+static size_t ascii_run(const unsigned char *p, size_t n)
+{
+	const uint64_t ones = 0x0101010101010101ull, tops = 0x8080808080808080ull;
+	size_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+
+		memcpy(&w, p + i, 8);
+		if ((w & tops) || ((w - ones) & ~w & tops))
+			break;
+	}
+	while (i < n && p[i] != 0 && p[i] < 0x80)
+		i++;
+	return i;
+}
+
 enum ts_utf8_fault ts_utf8_check(const char *s, size_t len, size_t *at)
 {
 	const unsigned char *p = (const unsigned char *)s;
@@ -58,6 +79,10 @@ enum ts_utf8_fault ts_utf8_check(const char *s, size_t len, size_t *at)
 	while (i < len) {
 		size_t k;
 		int cut;
+
+		i += ascii_run(p + i, len - i);
+		if (i == len)
+			break;
 
 		if (p[i] == 0 || (p[i] == 0xC0 && i + 1 < len && p[i + 1] == 0x80)) {
 			if (at)
@@ -114,8 +139,19 @@ char *ts_utf8_sanitize(char *dst, size_t cap, const char *s)
 
 	while (i < n) {
 		int cut;
-		size_t k = seq_len(p + i, n - i, &cut);
+		size_t run = ascii_run(p + i, n - i), k;
 
+		if (run) {               /* plain text: copied as it is, cut to fit */
+			size_t fit = run < cap - 1 - o ? run : cap - 1 - o;
+
+			memcpy(dst + o, p + i, fit);
+			o += fit;
+			i += fit;
+			if (fit < run)
+				break;
+			continue;
+		}
+		k = seq_len(p + i, n - i, &cut);
 		if (!k && cut)
 			break;                       /* a cut trailing sequence: drop it */
 		if (k) {

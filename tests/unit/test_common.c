@@ -347,6 +347,48 @@ START_TEST(utf8_check)
 }
 END_TEST
 
+/* Long text is scanned a word at a time: a fault is found, and at its
+ * offset, wherever it falls against the words, and text around it is
+ * copied by sanitize as it is. */
+START_TEST(utf8_faults_at_every_offset)
+{
+	static const struct {
+		const char *bytes;
+		size_t len;
+		enum ts_utf8_fault want;
+	} faults[] = {
+		{"\0", 1, TS_UTF8_NUL}, {"\xc0\x80", 2, TS_UTF8_NUL}, {"\xff", 1, TS_UTF8_INVALID},
+		{"\x80", 1, TS_UTF8_INVALID}, {"\xed\xa0\x80", 3, TS_UTF8_INVALID},
+	};
+	char s[64], out[80];
+
+	for (size_t f = 0; f < sizeof faults / sizeof faults[0]; f++)
+		for (size_t pos = 0; pos + faults[f].len <= 40; pos++) {
+			size_t at = 99;
+
+			memset(s, 'a' + (int)(pos % 26), sizeof s);
+			memcpy(s + pos, faults[f].bytes, faults[f].len);
+			ck_assert_int_eq(ts_utf8_check(s, 40, &at), faults[f].want);
+			ck_assert_uint_eq(at, pos);
+			/* a valid character there instead: no fault */
+			memset(s + pos, 'a', faults[f].len);
+			if (pos + 2 <= 40)
+				memcpy(s + pos, "\xc3\xa9", 2);
+			ck_assert_int_eq(ts_utf8_check(s, 40, NULL), TS_UTF8_OK);
+		}
+	/* sanitize: ASCII runs copied whole, cut to the room there is */
+	memset(s, 'x', 40);
+	s[40] = '\0';
+	s[20] = '\xff';
+	ts_utf8_sanitize(out, sizeof out, s);
+	ck_assert_uint_eq(strlen(out), 42);
+	ck_assert(memcmp(out, s, 20) == 0 && memcmp(out + 20, "\xef\xbf\xbd", 3) == 0 &&
+	          memcmp(out + 23, s + 21, 19) == 0);
+	ts_utf8_sanitize(out, 12, s);
+	ck_assert_str_eq(out, "xxxxxxxxxxx");
+}
+END_TEST
+
 /* A cut message ends on a character boundary; jansson takes the result. */
 /* An echo of client text cut to a length never ends inside a character
  * (a fuzz_query finding: a 4-byte character cut after its first byte). */
@@ -595,6 +637,7 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, json_escape);
 	tcase_add_test(tc, log_levels);
 	tcase_add_test(tc, utf8_check);
+	tcase_add_test(tc, utf8_faults_at_every_offset);
 	tcase_add_test(tc, utf8_trim_and_sanitize);
 	tcase_add_test(tc, utf8_prefix_on_boundaries);
 	tcase_add_test(tc, error_message_boundary);
