@@ -73,7 +73,9 @@ struct cpu_ws {
 #define CPU_WS_QUEUES 8
 #define CPU_WS_KEEP_MAX ((size_t)64 << 20)
 
-/* The instance's state: per queue, its warm workspace. */
+/* The instance's state: per queue, its warm workspace. A freed queue's
+ * slot may serve a new queue at the same address: ts_queue_free has run all
+ * of the old one's work by then. */
 struct cpu_kernels {
 	struct ts_mutex mu;
 	struct {
