@@ -83,17 +83,12 @@ enum ts_utf8_fault ts_utf8_check(const char *s, size_t len, size_t *at)
 		i += ascii_run(p + i, len - i);
 		if (i == len)
 			break;
-
 		if (p[i] == 0 || (p[i] == 0xC0 && i + 1 < len && p[i + 1] == 0x80)) {
 			if (at)
 				*at = i;
 			return TS_UTF8_NUL;
 		}
-		if (p[i] < 0x80) {     /* the common case */
-			i++;
-			continue;
-		}
-		k = seq_len(p + i, len - i, &cut);
+		k = seq_len(p + i, len - i, &cut);      /* past the run: not ASCII */
 		if (!k) {
 			if (at)
 				*at = i;

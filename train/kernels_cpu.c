@@ -96,8 +96,8 @@ struct job {
 			float alpha, beta;
 			const float *A, *B;
 			float *C;
-			/* gemm_lp: the 16-bit operands, widened into A and B (the
-			 * workspace after the closure) before the sgemm */
+			/* gemm_lp: the 16-bit operands, widened into A and B (in
+			 * ws, the queue's workspace) before the sgemm */
 			enum ts_dtype dt;
 			const uint16_t *A16, *B16;
 			struct cpu_ws *ws;      /* released once the job ran */
@@ -470,20 +470,26 @@ static void run_xent(const struct job *j)
 
 /* ---- enqueueing ------------------------------------------------------------ */
 
-/* The host callback: runs the kernel, then frees its closure (steals arg). */
 static void ws_release(struct cpu_ws *ws)
 {
 	if (ws && atomic_fetch_sub(&ws->refs, 1) == 1)
 		free(ws);
 }
 
-static void job_free(struct job *j)
+/* What a closure holds beside its own memory: a gemm_lp's workspace. */
+static void job_release(const struct job *j)
 {
 	if (j->run == run_gemm_lp)
 		ws_release(j->u.gemm.ws);
+}
+
+static void job_free(struct job *j)
+{
+	job_release(j);
 	free(j);
 }
 
+/* The host callback: runs the kernel, then frees its closure (steals arg). */
 static void job_main(void *arg)
 {
 	struct job *j = arg;
@@ -502,14 +508,17 @@ static ts_status job_submit(struct ts_queue *q, struct job *j, struct ts_error *
 	return st;
 }
 
-/* Enqueues a copy of *a (a kernel and its arguments) on q. */
+/* Enqueues a copy of *a (a kernel and its arguments) on q; what *a holds
+ * passes to the copy, and is released on failure. */
 static ts_status job_post(struct ts_queue *q, const struct job *a, struct ts_error *err)
 {
 	struct job *j = malloc(sizeof *j);
 
-	if (!j)
+	if (!j) {
+		job_release(a);
 		return ts_error_oom(err, "%s: out of memory queueing a kernel",
 		                    ts_device_props(ts_queue_device(q))->id);
+	}
 	*j = *a;
 	return job_submit(q, j, err);
 }
@@ -575,28 +584,27 @@ static struct cpu_ws *ws_take(struct cpu_kernels *k, const struct ts_queue *q, s
 	}
 	if (at >= 0 && k->slot[at].ws->cap >= bytes) {
 		ws = k->slot[at].ws;
-		atomic_fetch_add(&ws->refs, 1);
-		k->slot[at].used = k->tick;
-		ts_mutex_unlock(&k->mu);
-		return ws;
+	} else {
+		/* not zeroed: the widening writes every element it reads */
+		ws = malloc(sizeof *ws + bytes);
+		if (!ws) {
+			ts_mutex_unlock(&k->mu);
+			return NULL;
+		}
+		ws->cap = bytes;
+		atomic_init(&ws->refs, 0);
+		if (bytes <= CPU_WS_KEEP_MAX) {
+			if (at < 0)
+				at = oldest;
+			ws_release(k->slot[at].ws);     /* its pending jobs keep theirs */
+			atomic_fetch_add(&ws->refs, 1);
+			k->slot[at].q = q;
+			k->slot[at].ws = ws;
+		}
 	}
-	ts_mutex_unlock(&k->mu);
-	/* not zeroed: the widening writes every element it reads */
-	ws = malloc(sizeof *ws + bytes);
-	if (!ws)
-		return NULL;
-	ws->cap = bytes;
-	atomic_init(&ws->refs, 1);
-	if (bytes > CPU_WS_KEEP_MAX)
-		return ws;
-	ts_mutex_lock(&k->mu);
-	if (at < 0 || k->slot[at].q != q || !k->slot[at].ws)
-		at = oldest;
-	ws_release(k->slot[at].ws);             /* its pending jobs keep theirs */
+	if (at >= 0)
+		k->slot[at].used = k->tick;
 	atomic_fetch_add(&ws->refs, 1);
-	k->slot[at].q = q;
-	k->slot[at].ws = ws;
-	k->slot[at].used = k->tick;
 	ts_mutex_unlock(&k->mu);
 	return ws;
 }
@@ -636,7 +644,6 @@ static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
 	                .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha,
 	                           .beta = beta, .C = C, .dt = lowp_dtype(dt), .A16 = A, .B16 = B}};
 	struct cpu_ws *ws = NULL;
-	struct job *j;
 
 	if (mk + kn <= SIZE_MAX / sizeof(float))
 		ws = ws_take(impl, q, (size_t)(mk + kn) * sizeof(float));
@@ -647,14 +654,7 @@ static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
 	a.u.gemm.ws = ws;
 	a.u.gemm.A = (const float *)(const void *)ws->mem;
 	a.u.gemm.B = (const float *)(const void *)ws->mem + mk;
-	j = malloc(sizeof *j);
-	if (!j) {
-		ws_release(ws);
-		return ts_error_oom(err, "%s: out of memory queueing a kernel",
-		                    ts_device_props(ts_queue_device(q))->id);
-	}
-	*j = a;
-	return job_submit(q, j, err);
+	return job_post(q, &a, err);
 }
 
 static ts_status cpu_act_fwd(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
