@@ -249,7 +249,8 @@ void ts_reply_suspend(struct ts_reply *r, const struct ts_suspend *s);
 /* Adds a response header (copied; dropped past TS_REPLY_MAX_HEADERS). */
 void ts_reply_header(struct ts_reply *r, const char *name, const char *value);
 
-/* Frees what the reply owns and resets it. */
+/* Frees what the reply owns and resets it: as a zeroed reply, for every
+ * function here (header and error text past their ends may remain). */
 void ts_reply_release(struct ts_reply *r);
 
 /*

@@ -26,6 +26,7 @@
 #include <assert.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,7 +54,6 @@ struct request {
 	struct ts_route_match match;
 	bool failed;                     /* reply already decided (error) */
 	bool queued;                     /* a response is queued */
-	struct ts_reply reply;
 	void *upload;                    /* TS_BODY_STREAM state, released at completion */
 	/* a suspended reply: see struct ts_suspend */
 	struct MHD_Connection *conn;
@@ -77,6 +77,9 @@ struct request {
 	uint64_t bytes_out;              /* response body bytes queued */
 	char user_agent[128];            /* truncated */
 	char traceparent[56];            /* a valid W3C traceparent, or "" */
+	/* last: a connection's next request clears only what is above it, the
+	 * reply having been reset when the last one completed */
+	struct ts_reply reply;
 };
 
 /* Per-connection state (MHD's socket context), from open to close. */
@@ -254,7 +257,7 @@ static struct request *request_new(struct ts_server *srv,
 
 	if (rq) {
 		cc->spare = NULL;
-		memset(rq, 0, sizeof *rq);
+		memset(rq, 0, offsetof(struct request, reply));
 	} else if (!(rq = calloc(1, sizeof *rq))) {
 		return NULL;
 	}
@@ -1081,95 +1084,6 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* ---- connections ---------------------------------------------------------- */
 
-struct ts__addr_count {
-	struct ts__addr_count *next;
-	unsigned char addr[16];
-	int n;
-};
-
-static unsigned addr_bucket(const unsigned char *a)
-{
-	return (unsigned)(ts_fnv1a(TS_FNV1A_INIT, a, 16) % TS__ADDR_BUCKETS);
-}
-
-static void addr_of(const struct sockaddr *sa, unsigned char *out)
-{
-	memset(out, 0, 16);
-	if (sa && sa->sa_family == AF_INET) {
-		out[10] = out[11] = 0xff;
-		memcpy(out + 12, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-	} else if (sa && sa->sa_family == AF_INET6) {
-		memcpy(out, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
-	}
-}
-
-/* The count of addr, created at 0 when absent (NULL when out of memory). */
-static struct ts__addr_count *addr_count_locked(struct ts_server *srv, const unsigned char *addr,
-                                                bool create)
-{
-	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(addr)];
-
-	assert(ts_mutex_held(&srv->conns_mu));
-	for (; *pp; pp = &(*pp)->next)
-		if (memcmp((*pp)->addr, addr, 16) == 0)
-			return *pp;
-	if (!create)
-		return NULL;
-	*pp = calloc(1, sizeof **pp);
-	if (*pp)
-		memcpy((*pp)->addr, addr, 16);
-	return *pp;
-}
-
-/* Drops the count ac (at 0) from its bucket. */
-static void addr_drop_locked(struct ts_server *srv, struct ts__addr_count *ac)
-{
-	struct ts__addr_count **pp = &srv->by_addr[addr_bucket(ac->addr)];
-
-	assert(ts_mutex_held(&srv->conns_mu));
-	while (*pp != ac)
-		pp = &(*pp)->next;
-	*pp = ac->next;
-	free(ac);
-}
-
-/* Admits a new connection: 0 when served, else which limit it passes
- * (1: all, 2: its address). */
-static int conn_admit(struct ts_server *srv, struct conn_ctx *cc)
-{
-	struct ts__addr_count *ac;
-	int over = 0;
-
-	ts_mutex_lock(&srv->conns_mu);
-	ac = addr_count_locked(srv, cc->addr, true);
-	if (srv->conns >= srv->cfg.max_connections)
-		over = 1;
-	else if (srv->cfg.max_connections_per_ip && !cc->local && ac &&
-	         ac->n >= srv->cfg.max_connections_per_ip)
-		over = 2;
-	if (!over) {
-		srv->conns++;
-		if (ac)
-			ac->n++;
-	} else if (ac && ac->n == 0) {
-		addr_drop_locked(srv, ac);    /* nothing counted for it */
-	}
-	ts_mutex_unlock(&srv->conns_mu);
-	return over;
-}
-
-static void conn_leave(struct ts_server *srv, const struct conn_ctx *cc)
-{
-	struct ts__addr_count *ac;
-
-	ts_mutex_lock(&srv->conns_mu);
-	srv->conns--;
-	ac = addr_count_locked(srv, cc->addr, false);
-	if (ac && --ac->n == 0)
-		addr_drop_locked(srv, ac);
-	ts_mutex_unlock(&srv->conns_mu);
-}
-
 /* Answers a connection past a limit on its raw socket (nothing has been
  * read or written on it yet) and half-closes it; the library closes it once
  * the client does, or after a second. */
@@ -1177,21 +1091,14 @@ static void conn_refuse(struct ts_server *srv, struct MHD_Connection *conn, int 
 {
 	const union MHD_ConnectionInfo *ci =
 		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
-	uint64_t n = atomic_fetch_add(&srv->refused, 1) + 1;
 
+	ts__conn_refused(srv, which);
 	if (ci && srv->busy[which - 1]) {
 		(void)send(ci->connect_fd, srv->busy[which - 1], srv->busy_len[which - 1],
 		           MSG_NOSIGNAL | MSG_DONTWAIT);
 		shutdown(ci->connect_fd, SHUT_WR);
 	}
 	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
-	if ((n & (n - 1)) == 0) {       /* 1, 2, 4, 8, ...: not a line per connection */
-		char fields[96];
-
-		snprintf(fields, sizeof fields, "\"refused_total\":%llu,\"limit\":\"%s\"",
-		         (unsigned long long)n, which == 1 ? "max-connections" : "max-connections-per-ip");
-		ts_log(TS_LOG_WARN, fields, "connection refused with 503: too many connections");
-	}
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -1208,9 +1115,9 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		cc = calloc(1, sizeof *cc);
 		if (!cc)
 			return;                 /* served uncounted: refusing needs no memory, counting does */
-		addr_of(ci ? ci->client_addr : NULL, cc->addr);
+		ts__conn_key(ci ? ci->client_addr : NULL, cc->addr);
 		cc->local = on_unix_socket(conn);
-		over = conn_admit(srv, cc);
+		over = ts__conn_admit(srv, cc->addr, cc->local);
 		cc->refused = over != 0;
 		*socket_context = cc;
 		if (over)
@@ -1220,179 +1127,59 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 	if (!cc)
 		return;
 	if (!cc->refused)
-		conn_leave(srv, cc);
+		ts__conn_leave(srv, cc->addr);
 	free(cc->spare);
 	free(cc);
 	*socket_context = NULL;
 }
 
-/* The raw 503 for a connection past a limit (all, or per address). */
-static char *busy_reply(const char *message, size_t *len)
-{
-	struct ts_error err;
-	json_t *j;
-	char *body, *text = NULL;
-
-	ts_error_clear(&err);
-	ts_error_set(&err, TS_UNAVAILABLE, "TOO_MANY_CONNECTIONS", "%s", message);
-	j = ts_error_to_json(&err, 0);
-	body = j ? json_dumps(j, JSON_COMPACT) : NULL;
-	json_decref(j);
-	if (body && asprintf(&text, "HTTP/1.1 503 Service Unavailable\r\n"
-	                            "Content-Type: application/json\r\n"
-	                            "Retry-After: 1\r\nConnection: close\r\n"
-	                            "Content-Length: %zu\r\n\r\n%s\n",
-	                     strlen(body) + 1, body) < 0)
-		text = NULL;
-	free(body);
-	*len = text ? strlen(text) : 0;
-	return text;
-}
-
-/* Lets the process hold need descriptors (the soft limit raised up to the
- * hard one); returns how many it may hold. */
-static unsigned long fd_limit(unsigned long need)
-{
-	struct rlimit rl;
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
-		return need;
-	if (rl.rlim_cur >= need)
-		return rl.rlim_cur;
-	rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
-	if (setrlimit(RLIMIT_NOFILE, &rl) != 0 && getrlimit(RLIMIT_NOFILE, &rl) != 0)
-		return need;
-	return rl.rlim_cur;
-}
-
-/* The library's own connection limit: room to answer those past ours,
- * within the descriptors the process may hold (256 kept for files, pipes
- * and the rest); --max-connections shrinks to fit, with a warning. */
-static unsigned int library_limit(struct ts_server *srv)
-{
-	unsigned long want = (unsigned long)srv->cfg.max_connections * 2u + 64u;
-	unsigned long have = fd_limit(want + 256u);
-	char fields[96];
-
-	if (have >= want + 256u)
-		return (unsigned int)want;
-	want = have > 512u ? have - 256u : have / 2u;
-	snprintf(fields, sizeof fields, "\"nofile\":%lu,\"max_connections\":%lu", have,
-	         want / 2u > 0 ? want / 2u : 1u);
-	ts_log(TS_LOG_WARN, fields, "the descriptor limit is too low for --max-connections; "
-	       "serving fewer");
-	srv->cfg.max_connections = want / 2u > 0 ? (int)(want / 2u) : 1;
-	return (unsigned int)(want > 0 ? want : 1u);
-}
-
-static ts_status conns_start(struct ts_server *srv, struct ts_error *err)
-{
-	char msg[200];
-
-	ts_mutex_init(&srv->conns_mu);
-	srv->conns_started = true;
-	snprintf(msg, sizeof msg, "tstaged serves at most %d connections at once; retry later",
-	         srv->cfg.max_connections);
-	srv->busy[0] = busy_reply(msg, &srv->busy_len[0]);
-	snprintf(msg, sizeof msg, "tstaged serves at most %d connections at once from one "
-	         "address; retry later", srv->cfg.max_connections_per_ip);
-	srv->busy[1] = busy_reply(msg, &srv->busy_len[1]);
-	if (!srv->busy[0] || !srv->busy[1])
-		return ts_error_oom(err, "no memory for the connection limits");
-	return TS_OK;
-}
-
 void ts__http_stop(struct ts_server *srv)
 {
+	/* no connection is handed to a daemon once the acceptor has stopped */
+	ts__accept_stop(srv);
 	if (srv->daemon)
 		MHD_stop_daemon(srv->daemon);
 	srv->daemon = NULL;
-	if (srv->unix_daemon) {
-		MHD_stop_daemon(srv->unix_daemon);
+	if (srv->bulk_daemon)
+		MHD_stop_daemon(srv->bulk_daemon);
+	srv->bulk_daemon = NULL;
+	if (srv->unix_listening)
 		unlink(srv->cfg.unix_socket);
-	}
-	srv->unix_daemon = NULL;
-	if (!srv->conns_started)
-		return;
-	for (int i = 0; i < TS__ADDR_BUCKETS; i++) {
-		while (srv->by_addr[i]) {
-			struct ts__addr_count *ac = srv->by_addr[i];
-
-			srv->by_addr[i] = ac->next;
-			free(ac);
-		}
-	}
-	free(srv->busy[0]);
-	free(srv->busy[1]);
-	ts_mutex_destroy(&srv->conns_mu);
-	srv->conns_started = false;
+	srv->unix_listening = false;
+	ts__conns_stop(srv);
 }
 
-/* The same API on --unix-socket: a second daemon with the same callbacks
- * and limits (the connection count is shared) on the socket unix_socket.c
- * made; MHD closes it when the daemon stops. */
-static ts_status unix_start(struct ts_server *srv, unsigned int flags, int threads,
-                            unsigned int hard, struct ts_error *err)
+/* One of the two daemons (accept.c hands them their connections): the same
+ * callbacks and limits, conn_memory of connection memory. */
+static struct MHD_Daemon *daemon_start(struct ts_server *srv, int threads, unsigned int hard,
+                                       size_t conn_memory)
 {
-	ts_status st;
-	int fd;
-
-	st = ts__unix_listen(&srv->cfg, &fd, err);
-	if (st != TS_OK)
-		return st;
-	srv->unix_daemon = MHD_start_daemon(
-		flags, 0, NULL, NULL, on_request, srv,
+	return MHD_start_daemon(
+		TS_HTTP_MHD_FLAGS | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL, on_request, srv,
 		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-		MHD_OPTION_LISTEN_SOCKET, (MHD_socket)fd,
 		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
 		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
 		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
 		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
+		MHD_OPTION_CONNECTION_MEMORY_LIMIT, conn_memory,
 		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
 		MHD_OPTION_CONNECTION_LIMIT, hard,
 		MHD_OPTION_END);
-	if (!srv->unix_daemon) {
-		close(fd);
-		unlink(srv->cfg.unix_socket);
-		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
-		                    "cannot serve on --unix-socket '%s'", srv->cfg.unix_socket);
-	}
-	return TS_OK;
 }
 
 ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 {
-	struct sockaddr_storage ss;
-	struct sockaddr_in *v4 = (struct sockaddr_in *)&ss;
-	struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&ss;
-	/* flags and option values: server/http_tuning.h */
-	unsigned int flags = TS_HTTP_MHD_FLAGS;
-	const union MHD_DaemonInfo *info;
-	int threads = srv->cfg.threads;
+	int threads = srv->cfg.threads, fds[2], nfds = 0;
 	/* the library's own limit leaves room to answer those past ours */
 	unsigned int hard;
 	ts_status st;
 
-	memset(&ss, 0, sizeof ss);
-	if (inet_pton(AF_INET, srv->cfg.bind, &v4->sin_addr) == 1) {
-		v4->sin_family = AF_INET;
-		v4->sin_port = htons((uint16_t)srv->cfg.port);
-	} else if (inet_pton(AF_INET6, srv->cfg.bind, &v6->sin6_addr) == 1) {
-		v6->sin6_family = AF_INET6;
-		v6->sin6_port = htons((uint16_t)srv->cfg.port);
-		flags |= MHD_USE_IPv6;
-	} else {
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BIND",
-		                    "--bind '%s' is not an IPv4 or IPv6 address", srv->cfg.bind);
-	}
 	if (threads <= 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 
 		threads = n > 0 ? (int)n : 1;
 	}
-	hard = library_limit(srv);          /* before the 503s quote the limit */
-	st = conns_start(srv, err);
+	st = ts__conns_start(srv, &hard, err);
 	if (st != TS_OK)
 		return st;
 	/* the deadline thread and its lock exist before any worker can suspend */
@@ -1401,26 +1188,23 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
 	srv->waits_started = true;
-	srv->daemon = MHD_start_daemon(
-		flags, 0, NULL, NULL, on_request, srv,
-		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-		MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
-		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
-		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, TS_HTTP_CONN_MEMORY,
-		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
-		MHD_OPTION_CONNECTION_LIMIT, hard,
-		/* no SO_REUSEPORT: a second daemon on the port fails to start
-		 * instead of taking half of the requests */
-		MHD_OPTION_END);
-	if (!srv->daemon)
-		return ts_error_set(err, TS_UNAVAILABLE, "LISTEN_FAILED",
-		                    "cannot listen on %s port %d (address in use, or not allowed)",
-		                    srv->cfg.bind, srv->cfg.port);
-	info = MHD_get_daemon_info(srv->daemon, MHD_DAEMON_INFO_BIND_PORT);
-	srv->port = info ? (int)info->port : srv->cfg.port;
-	return srv->cfg.unix_socket[0] ? unix_start(srv, TS_HTTP_MHD_FLAGS, threads, hard, err)
-	                               : TS_OK;
+	srv->daemon = daemon_start(srv, threads, hard, TS_HTTP_CONN_MEMORY);
+	srv->bulk_daemon = daemon_start(srv, threads, hard, TS_HTTP_CONN_MEMORY_BULK);
+	if (!srv->daemon || !srv->bulk_daemon)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "HTTP_START",
+		                    "cannot start the HTTP server's threads");
+	st = ts__tcp_listen(&srv->cfg, &fds[nfds], &srv->port, err);
+	if (st != TS_OK)
+		return st;
+	nfds++;
+	if (srv->cfg.unix_socket[0]) {
+		st = ts__unix_listen(&srv->cfg, &fds[nfds], err);
+		if (st != TS_OK) {
+			close(fds[0]);
+			return st;
+		}
+		nfds++;
+		srv->unix_listening = true;
+	}
+	return ts__accept_start(srv, fds, nfds, err);   /* owns the sockets now */
 }

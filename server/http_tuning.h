@@ -33,22 +33,27 @@
  * recv each), and the request head (URL and headers) to about half of it.
  * Measured on a busy 2-core machine, daemon CPU per request at 4
  * connections (GET /v1/memory; one 12 KiB item) and per 1 GiB upload:
+ *   16 KiB  -;        13.8 us (bare server); uploads 3.05 -> 1.30 GB/s
  *   32 KiB  14-17 us; 16-20 us; 560 ms
  *   64 KiB  13-15 us; 17 us;    470 ms
  *  128 KiB  14-19 us; 18-59 us (memset up to half the profile); 1.3 s
  *    1 MiB  42-44 us; 40-45 us; 330 ms
- * 64 KiB keeps small requests at the 32 KiB cost and takes uploads in
- * 32 KiB pieces. Counted with callgrind (2000 keep-alive items of 12 KiB),
- * the library zeroes 96 KiB a request at 64 KiB (the pool on reset, then
- * the read buffer's half when it shrinks for the reply): 98k of the 122k
- * instructions an item takes. A bare server with 16 KiB answers an item
- * for 10.6-13.6 us of CPU where 64 KiB takes 12.6-19.8 (bench_serve's
- * "bare MHD 16 KiB pool" rows), but reads uploads in 8 KiB pieces: a 1 GiB
- * upload fell from 3.05 to 1.30 GB/s (the bare sink from 3.50 to 2.76), so
- * the pool stays at 64 KiB. One daemon cannot have both: the size is the
- * library's per daemon, not per connection.
+ * Counted with callgrind (2000 keep-alive items of 12 KiB), the library
+ * zeroes 96 KiB a request at 64 KiB (the pool on reset, then the read
+ * buffer's half when it shrinks for the reply): 98k of the 122k
+ * instructions an item took; at 16 KiB, 24 KiB (25k of 46k).
+ *
+ * The size is the library's per daemon, not per connection, so tstaged runs
+ * two daemons and its acceptor (server/accept.c) gives each connection the
+ * one its first request needs: TS_HTTP_CONN_MEMORY for a connection that
+ * opens with a request without a body (GET, HEAD, DELETE, OPTIONS), and
+ * TS_HTTP_CONN_MEMORY_BULK, whose 32 KiB pieces keep uploads at the bare
+ * sink's rate, for one that opens with PUT, POST or PATCH. A small-daemon
+ * connection still takes an upload, in 8 KiB pieces, and a request head
+ * of up to about 14 KiB (past it, 431).
  */
-#define TS_HTTP_CONN_MEMORY ((size_t)64 * 1024)
+#define TS_HTTP_CONN_MEMORY ((size_t)16 * 1024)
+#define TS_HTTP_CONN_MEMORY_BULK ((size_t)64 * 1024)
 
 /* Block size of a streamed response (MHD_create_response_from_callback). */
 #define TS_HTTP_STREAM_BLOCK ((size_t)256 * 1024)

@@ -57,6 +57,7 @@ struct ts_metrics {
 	struct route_metrics *routes;           /* nroutes + 1 entries */
 	struct kind_metrics kinds[NKINDS];
 	_Atomic int64_t in_flight;
+	_Atomic uint64_t conns[TS_CONN_EVENTS];
 };
 
 struct ts_metrics *ts_metrics_new(size_t nroutes, const char *const *patterns)
@@ -221,10 +222,29 @@ static void route_labels(const struct ts_metrics *m, size_t i, char *buf, size_t
 		snprintf(buf, cap, "method=\"%.*s\",route=\"%s\"", (int)(sp - p), p, sp + 1);
 }
 
+void ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e)
+{
+	atomic_fetch_add_explicit(&m->conns[e], 1, memory_order_relaxed);
+}
+
 static void render_http(struct out *o, struct ts_metrics *m)
 {
+	static const char *const daemons[2] = {"small", "bulk"};
 	char labels[320];
 	int64_t in_flight = atomic_load_explicit(&m->in_flight, memory_order_relaxed);
+
+	family(o, "tstage_http_connections_total", "counter",
+	       "Connections accepted and served, by the daemon their first request chose "
+	       "(bulk: PUT, POST or PATCH; small: the rest).");
+	for (int d = 0; d < 2; d++)
+		out_printf(o, "tstage_http_connections_total{daemon=\"%s\"} %llu\n", daemons[d],
+		           (unsigned long long)atomic_load_explicit(&m->conns[d],
+		                                                    memory_order_relaxed));
+	family(o, "tstage_http_connections_refused_total", "counter",
+	       "Connections answered 503 past --max-connections or --max-connections-per-ip.");
+	out_printf(o, "tstage_http_connections_refused_total %llu\n",
+	           (unsigned long long)atomic_load_explicit(&m->conns[TS_CONN_REFUSED],
+	                                                    memory_order_relaxed));
 
 	family(o, "tstage_http_requests_in_flight", "gauge",
 	       "HTTP requests received and not yet answered in full.");

@@ -31,6 +31,14 @@ struct ts_core;
 struct ts_metrics *ts_metrics_new(size_t nroutes, const char *const *patterns);
 void ts_metrics_free(struct ts_metrics *m);
 
+/* What became of an accepted connection: handed to the small daemon (its
+ * first request has no body), to the bulk daemon (PUT, POST or PATCH), or
+ * answered 503 past a connection limit. */
+enum ts_conn_event { TS_CONN_SMALL, TS_CONN_BULK, TS_CONN_REFUSED, TS_CONN_EVENTS };
+
+/* Counts one accepted connection's event. */
+void ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e);
+
 /* A request began (in flight until its ts_metrics_record). */
 void ts_metrics_request_started(struct ts_metrics *m);
 

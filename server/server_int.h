@@ -19,6 +19,7 @@
 #define TS__ADDR_BUCKETS 256
 
 struct ts__addr_count;
+struct ts__acceptor;
 struct ts__lease_service;
 
 struct ts_server {
@@ -31,8 +32,12 @@ struct ts_server {
 	struct ts_catalog *catalog;      /* owned */
 	struct ts_stager *stager;        /* owned */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
+	/* connections that open with a request without a body, and those that
+	 * open with PUT, POST or PATCH (accept.c) */
 	struct MHD_Daemon *daemon;       /* owned */
-	struct MHD_Daemon *unix_daemon;  /* owned; NULL without --unix-socket */
+	struct MHD_Daemon *bulk_daemon;  /* owned */
+	struct ts__acceptor *acceptor;   /* owned (accept.c) */
+	bool unix_listening;             /* the --unix-socket file is ours to unlink */
 	struct ts__lease_service *lease; /* owned; NULL without --unix-socket (lease.c) */
 	char token[256];                 /* immutable; "" when no token is required */
 	size_t token_len;
@@ -48,7 +53,7 @@ struct ts_server {
 	_Atomic uint64_t next_id;
 	_Atomic int inflight;
 	_Atomic bool draining;
-	/* connections served, in all and by client address (http.c) */
+	/* connections served, in all and by client address (accept.c) */
 	struct ts_mutex conns_mu;
 	bool conns_started;
 	int conns;                       /* guarded by: conns_mu */
@@ -81,7 +86,33 @@ ts_status ts__unix_listen_at(const struct ts_config *cfg, const char *path, int 
 ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err);
 void ts__lease_stop(struct ts_server *srv);
 
-/* Stops the daemon and frees the connection accounting (http.c). */
+/* Stops the acceptor and the daemons, and frees the connection accounting
+ * (http.c). */
 void ts__http_stop(struct ts_server *srv);
+
+/* Connection accounting (accept.c). ts__conns_start makes the raw 503s and
+ * answers the library's own per-daemon limit in *hard; ts__conns_stop frees
+ * what is left. A connection's key is its client address, IPv4 mapped into
+ * IPv6 (zeros on the Unix socket). ts__conn_admit counts one and answers 0,
+ * or which limit it would pass (1: --max-connections, 2: per address; local
+ * ones have none) without counting it; ts__conn_leave uncounts one;
+ * ts__conn_refused counts a refusal and logs some. Thread-safe. */
+ts_status ts__conns_start(struct ts_server *srv, unsigned int *hard, struct ts_error *err);
+void ts__conns_stop(struct ts_server *srv);
+void ts__conn_key(const struct sockaddr *sa, unsigned char key[16]);
+int ts__conn_admit(struct ts_server *srv, const unsigned char key[16], bool local);
+void ts__conn_leave(struct ts_server *srv, const unsigned char key[16]);
+void ts__conn_refused(struct ts_server *srv, int which);
+
+/* The listening socket of cfg's --bind and --port (nonblocking): *fd, and
+ * the port bound in *port (accept.c). */
+ts_status ts__tcp_listen(const struct ts_config *cfg, int *fd, int *port, struct ts_error *err);
+
+/* Starts the acceptor thread on the listening sockets fds (1 or 2; owned
+ * from the call on, closed by ts__accept_stop, also when it fails); it
+ * hands each connection to srv->daemon or srv->bulk_daemon. Stopping closes
+ * the connections still waiting (accept.c). */
+ts_status ts__accept_start(struct ts_server *srv, const int *fds, int nfds, struct ts_error *err);
+void ts__accept_stop(struct ts_server *srv);
 
 #endif

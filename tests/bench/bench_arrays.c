@@ -20,6 +20,7 @@
  * streamed from a 64 MiB buffer, so the bench itself stays small.
  */
 #include "tests/bench/benchlib.h"
+#include "server/http_tuning.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -121,7 +122,7 @@ static int bench_bulk(int port, const char *chunk)
 	struct bench_ref mhd = {0};
 
 	/* the bare libmicrohttpd sink and source, with tstaged's flags */
-	if (bench_ref_dir(&mhd, "mhd") != 0 || bench_mhd_start(&mhd, 16) != 0) {
+	if (bench_ref_dir(&mhd, "mhd") != 0 || bench_mhd_start_pool(&mhd, 16, TS_HTTP_CONN_MEMORY_BULK) != 0) {
 		bench_ref_stop(&mhd);
 		return -1;
 	}

@@ -211,8 +211,10 @@ int bench_redis_start(struct bench_ref *r);
 int bench_mhd_start(struct bench_ref *r, size_t small_len);
 
 /* The same server with conn_memory bytes per connection instead of
- * TS_HTTP_CONN_MEMORY: what the library's per-request cost would be with
- * another connection memory (libmicrohttpd zeroes it per request). */
+ * TS_HTTP_CONN_MEMORY (tstaged's small daemon's): the bulk daemon's
+ * TS_HTTP_CONN_MEMORY_BULK for the upload sink, or what the library's
+ * per-request cost would be with another connection memory (libmicrohttpd
+ * zeroes it per request). */
 int bench_mhd_start_pool(struct bench_ref *r, size_t small_len, size_t conn_memory);
 
 /* Stops a reference (SIGTERM, then SIGKILL) and removes its directory. */

@@ -446,6 +446,134 @@ START_TEST(test_framing)
 }
 END_TEST
 
+/* ---- connection classes ---------------------------------------------------- */
+
+/* tstage_http_connections_total{daemon=which} read over the raw connection
+ * fd (so reading it opens none). */
+static double conns_of(int fd, const char *which)
+{
+	static char buf[1 << 17];
+	char labels[32];
+	double v = -1;
+	int code;
+
+	th_raw_send(fd, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+	code = th_raw_response(fd, buf, sizeof buf, 5000);
+	ck_assert_msg(code == 200, "/metrics: %d", code);
+	snprintf(labels, sizeof labels, "daemon=\"%s\"", which);
+	ck_assert_msg(th_prom_find(strstr(buf, "\r\n\r\n") + 4, "tstage_http_connections_total",
+	                           labels, &v), "no tstage_http_connections_total{%s}", labels);
+	return v;
+}
+
+/* Each connection goes to the daemon its first request's method chose, the
+ * method read however it is split; one that leaves before its method goes
+ * to neither; a connection that opens with a GET still takes an upload
+ * (in smaller pieces) byte for byte, and one that opens with a PUT serves
+ * GETs after it. */
+START_TEST(test_connections_by_first_method)
+{
+	struct th_daemon d;
+	char buf[8192], req[256];
+	double small0, bulk0;
+	size_t n = (size_t)3 << 20;
+	unsigned char *data = malloc(n);
+	struct th_response r;
+	int mfd, fd, code;
+
+	ck_assert_ptr_nonnull(data);
+	for (size_t i = 0; i < n; i++)
+		data[i] = (unsigned char)(i * 131 + (i >> 12));
+	th_daemon_start(&d, NULL);
+	mfd = th_raw_connect(&d);
+	small0 = conns_of(mfd, "small");
+	bulk0 = conns_of(mfd, "bulk");
+	ck_assert(small0 >= 1);
+
+	fd = th_raw_connect(&d);                 /* split within the method: small */
+	th_raw_send(fd, "GE");
+	usleep(200000);
+	th_raw_send(fd, "T /livez HTTP/1.1\r\nHost: t\r\n\r\n");
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	close(fd);
+
+	fd = th_raw_connect(&d);                 /* split, a PUT: bulk; then a GET on it */
+	th_raw_send(fd, "PU");
+	usleep(200000);
+	th_raw_send(fd, "T /v1/arrays/cls1?dtype=uint8&shape=4 HTTP/1.1\r\nHost: t\r\n"
+	                "Content-Length: 4\r\n\r\nabcd");
+	code = th_raw_response(fd, buf, sizeof buf, 5000);
+	ck_assert_msg(code == 201, "a split PUT: %d\n%s", code, buf);
+	th_raw_send(fd, "GET /v1/arrays/cls1/data HTTP/1.1\r\nHost: t\r\n\r\n");
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	ck_assert_msg(strstr(buf, "\r\n\r\nabcd"), "GET after a PUT:\n%s", buf);
+	close(fd);
+
+	fd = th_raw_connect(&d);                 /* gone before a byte: neither */
+	close(fd);
+	fd = th_raw_connect(&d);                 /* gone within its method: neither */
+	th_raw_send(fd, "POS");
+	usleep(100000);
+	close(fd);
+
+	fd = th_raw_connect(&d);                 /* a GET, then a 3 MiB upload on it */
+	th_raw_send(fd, "GET /livez HTTP/1.1\r\nHost: t\r\n\r\n");
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	snprintf(req, sizeof req, "PUT /v1/arrays/cls2?dtype=uint8&shape=%zu HTTP/1.1\r\n"
+	         "Host: t\r\nContent-Length: %zu\r\n\r\n", n, n);
+	th_raw_send(fd, req);
+	th_raw_send_bytes(fd, data, n);
+	code = th_raw_response(fd, buf, sizeof buf, 10000);
+	ck_assert_msg(code == 201, "an upload on a GET's connection: %d\n%s", code, buf);
+	close(fd);
+	th_get(&d, "/v1/arrays/cls2/data", &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_uint_eq(r.body_len, n);
+	ck_assert(memcmp(r.body, data, n) == 0);
+	th_response_free(&r);
+
+	/* the two GET-first connections (and th_get's) on the small daemon, the PUT on bulk */
+	usleep(100000);
+	ck_assert_msg(conns_of(mfd, "bulk") == bulk0 + 1, "bulk %g, was %g",
+	              conns_of(mfd, "bulk"), bulk0);
+	ck_assert_msg(conns_of(mfd, "small") == small0 + 3, "small %g, was %g",
+	              conns_of(mfd, "small"), small0);
+	close(mfd);
+	free(data);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* A connection that never sends is closed after --connection-timeout (while
+ * it waits for its first bytes, before a daemon has it), and uncounted: with
+ * --max-connections 2, two silent ones leave no room until they are closed. */
+START_TEST(test_silent_connection_timeout)
+{
+	static const char *const args[] = {"--connection-timeout", "1", "--max-connections", "2",
+	                                   NULL};
+	struct th_daemon d;
+	char buf[8192];
+	int a, b, code;
+	long long t0;
+
+	th_daemon_start(&d, args);
+	a = th_raw_connect(&d);
+	b = th_raw_connect(&d);
+	usleep(200000);
+	code = get_from(&d, "127.0.0.2", "/livez", buf, sizeof buf, 3000);
+	ck_assert_msg(code == 503, "past two silent connections: %d\n%s", code, buf);
+	t0 = th_now_ms();
+	ck_assert_msg(closed_within(a, 4000), "a silent connection stays open");
+	ck_assert_msg(closed_within(b, 4000), "a silent connection stays open");
+	ck_assert_msg(th_now_ms() - t0 < 4000, "closed after %lld ms", th_now_ms() - t0);
+	close(a);
+	close(b);
+	code = get_from(&d, "127.0.0.2", "/livez", buf, sizeof buf, 3000);
+	ck_assert_msg(code == 200, "after the silent ones closed: %d\n%s", code, buf);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* ---- the port --------------------------------------------------------------- */
 
 START_TEST(test_second_daemon_same_port)
@@ -821,6 +949,8 @@ static Suite *hostile_suite(void)
 	tcase_add_test(tc, test_wait_outlives_connection_timeout);
 	tcase_add_test(tc, test_framing);
 	tcase_add_test(tc, test_second_daemon_same_port);
+	tcase_add_test(tc, test_connections_by_first_method);
+	tcase_add_test(tc, test_silent_connection_timeout);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("stopping");

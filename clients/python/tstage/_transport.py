@@ -73,7 +73,7 @@ def quote_name(name: str) -> str:
 
 
 class Transport:
-    """Connection pool, authentication and retries; one per Client."""
+    """Connection pools, authentication and retries; one per Client."""
 
     def __init__(self, url: str, *, unix_socket: Optional[str], token: Optional[str],
                  timeout: float, retries: int, backoff: float, max_backoff: float,
@@ -83,22 +83,29 @@ class Transport:
         self.backoff = backoff
         self.max_backoff = max_backoff
         self.timeout = urllib3.Timeout(connect=min(timeout, 10.0), read=timeout)
+        # two pools: tstaged gives a connection the memory its first request
+        # needs (large pieces for an upload's body, little for the rest), so
+        # requests with a body keep to connections of their own
+        self.pool = self._make_pool(url, unix_socket, maxsize)
+        self.bulk_pool = self._make_pool(url, unix_socket, maxsize)
+
+    def _make_pool(self, url: str, unix_socket: Optional[str],
+                   maxsize: int) -> urllib3.HTTPConnectionPool:
         if unix_socket:
             self.base = f"unix:{unix_socket}"
-            self.pool: urllib3.HTTPConnectionPool = _UnixPool(
-                "localhost", maxsize=maxsize, block=False, retries=False,
-                timeout=self.timeout, socket_path=unix_socket)
-        else:
-            u = urlsplit(url)
-            if u.scheme not in ("http", ""):
-                raise ValueError(f"url '{url}': only http:// is served (or unix_socket=)")
-            self.base = url.rstrip("/")
-            self.pool = urllib3.HTTPConnectionPool(
-                u.hostname or "127.0.0.1", u.port or 8470, maxsize=maxsize, block=False,
-                retries=False, timeout=self.timeout)
+            return _UnixPool("localhost", maxsize=maxsize, block=False, retries=False,
+                             timeout=self.timeout, socket_path=unix_socket)
+        u = urlsplit(url)
+        if u.scheme not in ("http", ""):
+            raise ValueError(f"url '{url}': only http:// is served (or unix_socket=)")
+        self.base = url.rstrip("/")
+        return urllib3.HTTPConnectionPool(
+            u.hostname or "127.0.0.1", u.port or 8470, maxsize=maxsize, block=False,
+            retries=False, timeout=self.timeout)
 
     def close(self) -> None:
         self.pool.close()
+        self.bulk_pool.close()
 
     def _delay(self, attempt: int, retry_after: Optional[str]) -> float:
         if retry_after:
@@ -138,10 +145,10 @@ class Transport:
         while True:
             payload: Any = body() if callable(body) else body
             try:
-                resp = self.pool.urlopen(method, url, body=payload, headers=hdrs,
-                                         preload_content=False, retries=False,
-                                         timeout=tmo, redirect=False,
-                                         chunked=False)
+                pool = self.bulk_pool if method in ("PUT", "POST", "PATCH") else self.pool
+                resp = pool.urlopen(method, url, body=payload, headers=hdrs,
+                                    preload_content=False, retries=False,
+                                    timeout=tmo, redirect=False, chunked=False)
             except (NewConnectionError, ConnectTimeoutError) as e:
                 if attempt < self.retries:
                     time.sleep(self._delay(attempt, None))
