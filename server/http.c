@@ -9,11 +9,12 @@
  * client sending Expect: 100-continue never sends a body that would be
  * refused.
  *
- * Connections are limited above the library: each one is counted when it
- * opens, in all and by client address; one past --max-connections or
- * --max-connections-per-ip is answered 503 with Retry-After on the raw
- * socket at once (whether or not it has sent a request) and closed, so a
- * flood of idle connections never leaves a new client unanswered. An upload
+ * Connections are limited above the library (server/accept.c counts each
+ * one from its accept, in all and by client address, and answers one past
+ * --max-connections or --max-connections-per-ip 503 with Retry-After at
+ * once, whether or not it has sent a request); a daemon's start notice
+ * counts a connection again, and answers it 503 here should the count have
+ * moved past a limit since the acceptor handed it over. An upload
  * holding a memory reservation must keep sending (--body-idle-timeout) and
  * average --body-min-rate, or its connection is cut and the reservation
  * freed. Framing that could smuggle a request is refused (two different
@@ -31,12 +32,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "common/hash.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "common/utf8.h"
@@ -956,7 +955,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 			return MHD_NO;
 		}
 		*req_cls = rq;
-		atomic_fetch_add(&srv->inflight, 1);
 		ts_metrics_request_started(srv->metrics);
 		request_admit(rq, conn, url, method);
 		if (rq->failed)
@@ -1064,7 +1062,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 	else
 		free(rq);
 	*req_cls = NULL;
-	atomic_fetch_sub(&srv->inflight, 1);
 }
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)

@@ -51,31 +51,62 @@ struct kind_metrics {
 	struct ts_histogram duration;
 };
 
+/*
+ * Request counters, one set per shard: every request's start and end write
+ * them, from every worker thread, so a thread keeps to a shard of its own
+ * (threads are dealt shards in turn) and a line two workers both write is
+ * never on the request path; the exposition sums the shards.
+ */
+#define SHARDS 8
+
+struct shard {
+	_Alignas(64) _Atomic int64_t in_flight;
+	struct route_metrics *routes;           /* nroutes + 1 entries */
+};
+
 struct ts_metrics {
 	size_t nroutes;                         /* immutable */
 	const char *const *patterns;            /* immutable, borrowed */
-	struct route_metrics *routes;           /* nroutes + 1 entries */
+	struct shard shards[SHARDS];
+	_Atomic unsigned next_shard;
 	struct kind_metrics kinds[NKINDS];
-	_Atomic int64_t in_flight;
 	_Atomic uint64_t conns[TS_CONN_EVENTS];
 };
 
+/* The calling thread's shard. Its slot is a per-thread cache, dealt on the
+ * thread's first request (any slot is valid for any ts_metrics). */
+static struct shard *shard_of(struct ts_metrics *m)
+{
+	static _Thread_local int slot = -1;
+
+	if (slot < 0)
+		slot = (int)(atomic_fetch_add_explicit(&m->next_shard, 1, memory_order_relaxed) %
+		             SHARDS);
+	return &m->shards[slot];
+}
+
 struct ts_metrics *ts_metrics_new(size_t nroutes, const char *const *patterns)
 {
-	struct ts_metrics *m = calloc(1, sizeof *m);
+	/* the shards' alignment; sizeof is a multiple of it */
+	struct ts_metrics *m = aligned_alloc(_Alignof(struct ts_metrics), sizeof *m);
 
 	if (!m)
 		return NULL;
-	m->routes = calloc(nroutes + 1, sizeof *m->routes);
-	if (!m->routes) {
-		free(m);
-		return NULL;
-	}
+	memset(m, 0, sizeof *m);
 	m->nroutes = nroutes;
 	m->patterns = patterns;
-	for (size_t i = 0; i <= nroutes; i++)
-		ts_histogram_init(&m->routes[i].latency, ts_histogram_request_bounds,
-		                  ts_histogram_request_nbounds);
+	for (int k = 0; k < SHARDS; k++) {
+		struct shard *sh = &m->shards[k];
+
+		sh->routes = calloc(nroutes + 1, sizeof *sh->routes);
+		if (!sh->routes) {
+			ts_metrics_free(m);
+			return NULL;
+		}
+		for (size_t i = 0; i <= nroutes; i++)
+			ts_histogram_init(&sh->routes[i].latency, ts_histogram_request_bounds,
+			                  ts_histogram_request_nbounds);
+	}
 	for (size_t k = 0; k < NKINDS; k++)
 		ts_histogram_init(&m->kinds[k].duration, ts_histogram_long_bounds,
 		                  ts_histogram_long_nbounds);
@@ -86,19 +117,31 @@ void ts_metrics_free(struct ts_metrics *m)
 {
 	if (!m)
 		return;
-	free(m->routes);
+	for (int k = 0; k < SHARDS; k++)
+		free(m->shards[k].routes);
 	free(m);
 }
 
 void ts_metrics_request_started(struct ts_metrics *m)
 {
-	atomic_fetch_add_explicit(&m->in_flight, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&shard_of(m)->in_flight, 1, memory_order_relaxed);
+}
+
+int64_t ts_metrics_in_flight(struct ts_metrics *m)
+{
+	int64_t n = 0;
+
+	/* a request may end on another shard than it began: only the sum holds */
+	for (int k = 0; k < SHARDS; k++)
+		n += atomic_load_explicit(&m->shards[k].in_flight, memory_order_relaxed);
+	return n > 0 ? n : 0;
 }
 
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
                        uint64_t duration_ns)
 {
-	struct route_metrics *r = &m->routes[route < m->nroutes ? route : m->nroutes];
+	struct shard *sh = shard_of(m);
+	struct route_metrics *r = &sh->routes[route < m->nroutes ? route : m->nroutes];
 	size_t c = CODE_OTHER;
 
 	for (size_t i = 0; i < NCODES; i++)
@@ -106,7 +149,7 @@ void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
 			c = i;
 	atomic_fetch_add_explicit(&r->codes[c], 1, memory_order_relaxed);
 	ts_histogram_observe(&r->latency, duration_ns);
-	atomic_fetch_sub_explicit(&m->in_flight, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&sh->in_flight, 1, memory_order_relaxed);
 }
 
 const char *ts_metrics_outcome_name(enum ts_op_state state)
@@ -189,13 +232,12 @@ static void family(struct out *o, const char *name, const char *type, const char
  * Writes a histogram's samples: name_bucket{labels,le=...}, name_sum and
  * name_count. labels is "" or a run of label pairs without braces.
  */
-static void histogram(struct out *o, const char *name, const char *labels,
-                      const struct ts_histogram *h)
+static void histogram_of(struct out *o, const char *name, const char *labels,
+                         const struct ts_histogram *h, const struct ts_histogram_snapshot *sp)
 {
-	struct ts_histogram_snapshot s;
+	const struct ts_histogram_snapshot s = *sp;
 	const char *sep = labels[0] ? "," : "";
 
-	ts_histogram_read(h, &s);
 	for (size_t b = 0; b < h->nbounds; b++)
 		out_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->bounds[b],
 		           (unsigned long long)s.cumulative[b]);
@@ -207,6 +249,30 @@ static void histogram(struct out *o, const char *name, const char *labels,
 	else
 		out_printf(o, "%s_sum %.9f\n%s_count %llu\n", name, s.sum_seconds, name,
 		           (unsigned long long)s.count);
+}
+
+static void histogram(struct out *o, const char *name, const char *labels,
+                      const struct ts_histogram *h)
+{
+	struct ts_histogram_snapshot s;
+
+	ts_histogram_read(h, &s);
+	histogram_of(o, name, labels, h, &s);
+}
+
+/* Route i's latency summed over the shards. */
+static void route_latency(const struct ts_metrics *m, size_t i, struct ts_histogram_snapshot *out)
+{
+	memset(out, 0, sizeof *out);
+	for (int k = 0; k < SHARDS; k++) {
+		struct ts_histogram_snapshot s;
+
+		ts_histogram_read(&m->shards[k].routes[i].latency, &s);
+		for (size_t b = 0; b <= TS_HISTOGRAM_MAX; b++)
+			out->cumulative[b] += s.cumulative[b];
+		out->count += s.count;
+		out->sum_seconds += s.sum_seconds;
+	}
 }
 
 /* The method and path of route i ("GET", "/v1/memory"); "other" and
@@ -231,7 +297,7 @@ static void render_http(struct out *o, struct ts_metrics *m)
 {
 	static const char *const daemons[2] = {"small", "bulk"};
 	char labels[320];
-	int64_t in_flight = atomic_load_explicit(&m->in_flight, memory_order_relaxed);
+	int64_t in_flight = ts_metrics_in_flight(m);
 
 	family(o, "tstage_http_connections_total", "counter",
 	       "Connections accepted and served, by the daemon their first request chose "
@@ -248,14 +314,17 @@ static void render_http(struct out *o, struct ts_metrics *m)
 
 	family(o, "tstage_http_requests_in_flight", "gauge",
 	       "HTTP requests received and not yet answered in full.");
-	out_printf(o, "tstage_http_requests_in_flight %lld\n",
-	           (long long)(in_flight > 0 ? in_flight : 0));
+	out_printf(o, "tstage_http_requests_in_flight %lld\n", (long long)in_flight);
 	family(o, "tstage_http_requests_total", "counter",
 	       "HTTP requests answered, by method, route and status code.");
 	for (size_t i = 0; i <= m->nroutes; i++) {
 		route_labels(m, i, labels, sizeof labels);
 		for (size_t c = 0; c <= NCODES; c++) {
-			uint64_t v = atomic_load_explicit(&m->routes[i].codes[c], memory_order_relaxed);
+			uint64_t v = 0;
+
+			for (int k = 0; k < SHARDS; k++)
+				v += atomic_load_explicit(&m->shards[k].routes[i].codes[c],
+				                          memory_order_relaxed);
 
 			if (!v)
 				continue;
@@ -272,11 +341,12 @@ static void render_http(struct out *o, struct ts_metrics *m)
 	for (size_t i = 0; i <= m->nroutes; i++) {
 		struct ts_histogram_snapshot s;
 
-		ts_histogram_read(&m->routes[i].latency, &s);
+		route_latency(m, i, &s);
 		if (!s.count)
 			continue;
 		route_labels(m, i, labels, sizeof labels);
-		histogram(o, "tstage_http_request_duration_seconds", labels, &m->routes[i].latency);
+		histogram_of(o, "tstage_http_request_duration_seconds", labels,
+		             &m->shards[0].routes[i].latency, &s);
 	}
 }
 

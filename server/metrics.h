@@ -9,7 +9,9 @@
  * counted per kind and outcome, with a duration histogram per kind. The
  * exposition adds what the core's objects count (memory per space and per
  * pool, transfers per device and direction, training steps) and process_*
- * series. All updates are relaxed atomics: recording never takes a lock.
+ * series. All updates are relaxed atomics: recording never takes a lock, and
+ * request counters are kept per thread shard, so two workers never write
+ * one cache line on the request path.
  *
  * Thread-safety: every function but new and free may run on any threads at
  * once.
@@ -41,6 +43,9 @@ void ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e);
 
 /* A request began (in flight until its ts_metrics_record). */
 void ts_metrics_request_started(struct ts_metrics *m);
+
+/* Requests begun and not yet recorded, over every thread. */
+int64_t ts_metrics_in_flight(struct ts_metrics *m);
 
 /* Counts one finished request, begun with ts_metrics_request_started. */
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,

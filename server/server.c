@@ -451,7 +451,7 @@ void ts_server_drain(struct ts_server *srv, int seconds, struct ts_drain_result 
 	/* still listening: new connections learn that this instance is leaving
 	 * (/readyz and /v1 answer 503) instead of being refused */
 	for (;;) {
-		int left = atomic_load(&srv->inflight);
+		int left = (int)ts_metrics_in_flight(srv->metrics);
 		uint64_t ops = ops_unfinished(srv);
 
 		out->requests = left;

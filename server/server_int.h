@@ -51,7 +51,6 @@ struct ts_server {
 	pthread_t waits_thread;
 	bool waits_started;
 	_Atomic uint64_t next_id;
-	_Atomic int inflight;
 	_Atomic bool draining;
 	/* connections served, in all and by client address (accept.c) */
 	struct ts_mutex conns_mu;
