@@ -2,17 +2,19 @@
  * accept.c - connections before libmicrohttpd has them: one thread accepts
  * on the listening sockets (TCP, and --unix-socket), counts each connection
  * (in all and by client address) or answers it 503 past a limit, waits for
- * its first bytes, and hands it by its first request's method to one of two
- * daemons (server/http_tuning.h says why two):
+ * its first bytes, and hands it by its first request to one of two daemons
+ * (server/http_tuning.h says why two):
  *
- *   PUT, POST, PATCH   the bulk daemon, whose connection memory reads an
- *                      upload's body in large pieces;
+ *   PUT, POST, PATCH,  the bulk daemon, whose connection memory reads an
+ *   or a request line  upload's body in large pieces and holds a long
+ *   of 4 KiB or more   request head;
  *   anything else      the small daemon, whose connection memory is
  *                      cleared for every request at a quarter of the cost.
  *
  * A connection keeps its daemon for its life: a keep-alive client that
- * starts with a GET uploads in smaller pieces (the Python client keeps its
- * uploads on connections of their own).
+ * starts with a GET uploads in smaller pieces, and a long request head
+ * later on is refused (the Python client keeps requests with a body or a
+ * long URL on connections of their own).
  *
  * A connection is counted from accept to close: while it waits here (an idle
  * one too: a flood of them is answered 503 at once, as before a byte is
@@ -399,29 +401,44 @@ static bool refused_drain(int fd)
 	}
 }
 
-/*
- * The first request's method, peeked at (left for the daemon to read):
- * 1 with *bulk set once it shows, 0 while it is still coming, -1 when the
- * connection closed or failed first.
- */
-static int first_method(int fd, bool *bulk)
+/* A first request line this long or longer goes to the bulk daemon, whose
+ * connection memory holds a request head of about 60 KiB (the small one's,
+ * about 14 KiB): a long ?rows= list on a new connection is served. */
+#define LONG_LINE 4096
+
+static bool body_method(const char *m, size_t len)
 {
-	char b[8];
+	return (len == 3 && memcmp(m, "PUT", 3) == 0) || (len == 4 && memcmp(m, "POST", 4) == 0) ||
+	       (len == 5 && memcmp(m, "PATCH", 5) == 0);
+}
+
+/*
+ * The daemon for a connection's first request, peeked at (left for the
+ * daemon to read): 1 with *bulk set once its method shows a body (PUT,
+ * POST, PATCH) or its request line is whole or LONG_LINE long; 0 while it is
+ * still coming (*bulk: the guess so far); -1 when the connection closed or
+ * failed before a byte.
+ */
+static int first_request(int fd, bool *bulk)
+{
+	char b[LONG_LINE];
 	ssize_t n = recv(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
 	const char *sp;
-	size_t len;
 
+	*bulk = false;
 	if (n == 0)
 		return -1;
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
 	sp = memchr(b, ' ', (size_t)n);
-	if (!sp && (size_t)n < sizeof b)
-		return 0;
-	len = sp ? (size_t)(sp - b) : (size_t)n;
-	*bulk = (len == 3 && memcmp(b, "PUT", 3) == 0) || (len == 4 && memcmp(b, "POST", 4) == 0) ||
-	        (len == 5 && memcmp(b, "PATCH", 5) == 0);
-	return 1;
+	if (sp && body_method(b, (size_t)(sp - b))) {
+		*bulk = true;
+		return 1;
+	}
+	if (memchr(b, '\n', (size_t)n))
+		return 1;
+	*bulk = (size_t)n == sizeof b;
+	return *bulk ? 1 : 0;
 }
 
 /* Gives p to its daemon; the daemon's start notice counts it again. */
@@ -441,16 +458,17 @@ static void pend_hand_over(struct ts__acceptor *acc, struct pend *p, bool bulk, 
 	free(p);
 }
 
-/* Hands p over once its method shows; false while it is still to come. */
+/* Hands p over once its daemon shows, or once it hung up after some bytes
+ * (the daemon answers what they are); false while they are still to come. */
 static bool pend_try(struct ts__acceptor *acc, struct pend *p, bool listed, bool hung_up)
 {
-	bool bulk = false;
-	int r = first_method(p->fd, &bulk);
+	bool bulk;
+	int r = first_request(p->fd, &bulk);
 
-	if (r > 0)
+	if (r > 0 || (r == 0 && hung_up))
 		pend_hand_over(acc, p, bulk, listed);
-	else if (r < 0 || hung_up)
-		pend_close(acc, p, listed);     /* gone before its method (or a part of it) */
+	else if (r < 0)
+		pend_close(acc, p, listed);     /* gone before a byte */
 	return r != 0 || hung_up;
 }
 

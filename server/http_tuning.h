@@ -48,9 +48,11 @@
  * one its first request needs: TS_HTTP_CONN_MEMORY for a connection that
  * opens with a request without a body (GET, HEAD, DELETE, OPTIONS), and
  * TS_HTTP_CONN_MEMORY_BULK, whose 32 KiB pieces keep uploads at the bare
- * sink's rate, for one that opens with PUT, POST or PATCH. A small-daemon
- * connection still takes an upload, in 8 KiB pieces, and a request head
- * of up to about 14 KiB (past it, 431).
+ * sink's rate, for one that opens with PUT, POST or PATCH, or with a request
+ * line of 4 KiB or more (a bulk connection holds a head of about 60 KiB). A
+ * small-daemon connection still takes an upload, in 8 KiB pieces, and a
+ * request head of up to about 14 KiB (past it, the library answers 414 or
+ * 431).
  */
 #define TS_HTTP_CONN_MEMORY ((size_t)16 * 1024)
 #define TS_HTTP_CONN_MEMORY_BULK ((size_t)64 * 1024)

@@ -466,13 +466,14 @@ static double conns_of(int fd, const char *which)
 	return v;
 }
 
-/* Each connection goes to the daemon its first request's method chose, the
- * method read however it is split; one that leaves before its method goes
- * to neither; a connection that opens with a GET still takes an upload
- * (in smaller pieces) byte for byte, and one that opens with a PUT serves
- * GETs after it. */
+/* Each connection goes to the daemon its first request chose (its method,
+ * read however it is split, or a long request line); one that leaves before
+ * a byte goes to neither; a connection that opens with a GET still takes an
+ * upload (in smaller pieces) byte for byte, and one that opens with a PUT
+ * serves GETs after it. */
 START_TEST(test_connections_by_first_method)
 {
+	static char big[32768], reply[16384];
 	struct th_daemon d;
 	char buf[8192], req[256];
 	double small0, bulk0;
@@ -511,9 +512,39 @@ START_TEST(test_connections_by_first_method)
 
 	fd = th_raw_connect(&d);                 /* gone before a byte: neither */
 	close(fd);
-	fd = th_raw_connect(&d);                 /* gone within its method: neither */
-	th_raw_send(fd, "POS");
+	fd = th_raw_connect(&d);                 /* gone within its method: the small */
+	th_raw_send(fd, "POS");                  /* daemon reads what came, and closes */
 	usleep(100000);
+	close(fd);
+
+	/* a first request line of 4 KiB or more goes to the bulk daemon, whose
+	 * connection memory holds it; a small-daemon connection answers 414 */
+	fd = th_raw_connect(&d);
+	th_raw_send(fd, "PUT /v1/arrays/cls3?dtype=uint8&shape=4096 HTTP/1.1\r\nHost: t\r\n"
+	                "Content-Length: 4096\r\n\r\n");
+	th_raw_send_bytes(fd, data, 4096);
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 201);
+	close(fd);
+	{
+		size_t o = (size_t)snprintf(big, sizeof big, "GET /v1/arrays/cls3/data?rows=");
+
+		for (int i = 0; i < 4000; i++)
+			o += (size_t)snprintf(big + o, sizeof big - o, "%s%d", i ? "," : "", i % 4096);
+		snprintf(big + o, sizeof big - o, " HTTP/1.1\r\nHost: t\r\n\r\n");
+	}
+	ck_assert(strlen(big) > 16384);
+	fd = th_raw_connect(&d);
+	th_raw_send(fd, big);
+	code = th_raw_response(fd, reply, sizeof reply, 5000);
+	ck_assert_msg(code == 200, "a 19 KB request line on a new connection: %d", code);
+	ck_assert_ptr_nonnull(strstr(reply, "X-Tstage-Shape: [4000]"));
+	close(fd);
+	fd = th_raw_connect(&d);
+	th_raw_send(fd, "GET /livez HTTP/1.1\r\nHost: t\r\n\r\n");
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	th_raw_send(fd, big);
+	code = th_raw_response(fd, reply, sizeof reply, 5000);
+	ck_assert_msg(code == 414, "a 19 KB request line on a small-daemon connection: %d", code);
 	close(fd);
 
 	fd = th_raw_connect(&d);                 /* a GET, then a 3 MiB upload on it */
@@ -532,11 +563,13 @@ START_TEST(test_connections_by_first_method)
 	ck_assert(memcmp(r.body, data, n) == 0);
 	th_response_free(&r);
 
-	/* the two GET-first connections (and th_get's) on the small daemon, the PUT on bulk */
+	/* small: the split GET, the one within its method, the GET before the
+	 * 414, the GET before the upload and th_get's; bulk: the split PUT,
+	 * the PUT of cls3 and the long line */
 	usleep(100000);
-	ck_assert_msg(conns_of(mfd, "bulk") == bulk0 + 1, "bulk %g, was %g",
+	ck_assert_msg(conns_of(mfd, "bulk") == bulk0 + 3, "bulk %g, was %g",
 	              conns_of(mfd, "bulk"), bulk0);
-	ck_assert_msg(conns_of(mfd, "small") == small0 + 3, "small %g, was %g",
+	ck_assert_msg(conns_of(mfd, "small") == small0 + 5, "small %g, was %g",
 	              conns_of(mfd, "small"), small0);
 	close(mfd);
 	free(data);

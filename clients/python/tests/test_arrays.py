@@ -138,6 +138,18 @@ def test_get_rows_order_repeats_negatives(client):
     assert e.value.code == 400 and "row index 8" in e.value.message
 
 
+def test_get_rows_long_list_after_small_requests(client):
+    # 5000 rows make a ~24 KB URL: more than a small-request connection's
+    # head holds, so the client sends it where a long head fits
+    a = np.arange(4096, dtype=np.uint16)
+    client.put("long", a, memory_kind="pinned_host")
+    for _ in range(3):
+        client.get("long", index=(7,))
+    rows = [(i * 7919) % 4096 for i in range(5000)]
+    assert np.array_equal(client.get_rows("long", rows), a[rows])
+    assert np.array_equal(client.get("long", index=(9,)), a[9])
+
+
 def test_get_rows_from_device_memory(client):
     a = RNG.random((16, 3)).astype(np.float32)
     client.put("d", a, device="sim:1", memory_kind="device")

@@ -72,6 +72,11 @@ def quote_name(name: str) -> str:
     return quote(name, safe="")
 
 
+# a request line this long goes to tstaged's daemon with room for a long
+# request head (server/accept.c's LONG_LINE, less "GET " and " HTTP/1.1")
+_LONG_URL = 4000
+
+
 class Transport:
     """Connection pools, authentication and retries; one per Client."""
 
@@ -84,8 +89,9 @@ class Transport:
         self.max_backoff = max_backoff
         self.timeout = urllib3.Timeout(connect=min(timeout, 10.0), read=timeout)
         # two pools: tstaged gives a connection the memory its first request
-        # needs (large pieces for an upload's body, little for the rest), so
-        # requests with a body keep to connections of their own
+        # needs (large pieces for an upload's body and room for a long
+        # request head, little for the rest), so requests with a body or a
+        # long URL keep to connections of their own
         self.pool = self._make_pool(url, unix_socket, maxsize)
         self.bulk_pool = self._make_pool(url, unix_socket, maxsize)
 
@@ -145,7 +151,8 @@ class Transport:
         while True:
             payload: Any = body() if callable(body) else body
             try:
-                pool = self.bulk_pool if method in ("PUT", "POST", "PATCH") else self.pool
+                pool = self.bulk_pool if method in ("PUT", "POST", "PATCH") or \
+                    len(url) >= _LONG_URL else self.pool
                 resp = pool.urlopen(method, url, body=payload, headers=hdrs,
                                     preload_content=False, retries=False,
                                     timeout=tmo, redirect=False, chunked=False)
