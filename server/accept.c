@@ -401,44 +401,41 @@ static bool refused_drain(int fd)
 	}
 }
 
-/* A first request line this long or longer goes to the bulk daemon, whose
- * connection memory holds a request head of about 60 KiB (the small one's,
- * about 14 KiB): a long ?rows= list on a new connection is served. */
-#define LONG_LINE 4096
-
 static bool body_method(const char *m, size_t len)
 {
 	return (len == 3 && memcmp(m, "PUT", 3) == 0) || (len == 4 && memcmp(m, "POST", 4) == 0) ||
 	       (len == 5 && memcmp(m, "PATCH", 5) == 0);
 }
 
-/*
- * The daemon for a connection's first request, peeked at (left for the
- * daemon to read): 1 with *bulk set once its method shows a body (PUT,
- * POST, PATCH) or its request line is whole or LONG_LINE long; 0 while it is
- * still coming (*bulk: the guess so far); -1 when the connection closed or
- * failed before a byte.
- */
+int ts__first_request_class(const char *b, size_t n, bool *bulk)
+{
+	const char *sp = memchr(b, ' ', n < TS__LONG_LINE ? n : TS__LONG_LINE);
+
+	*bulk = false;
+	if (sp && body_method(b, (size_t)(sp - b))) {
+		*bulk = true;
+		return 1;
+	}
+	if (memchr(b, '\n', n < TS__LONG_LINE ? n : TS__LONG_LINE))
+		return 1;
+	*bulk = n >= TS__LONG_LINE;
+	return *bulk ? 1 : 0;
+}
+
+/* The daemon for fd's first request, peeked at (left for the daemon to
+ * read): as ts__first_request_class, or -1 when the connection closed or
+ * failed before a byte. */
 static int first_request(int fd, bool *bulk)
 {
-	char b[LONG_LINE];
+	char b[TS__LONG_LINE];
 	ssize_t n = recv(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
-	const char *sp;
 
 	*bulk = false;
 	if (n == 0)
 		return -1;
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-	sp = memchr(b, ' ', (size_t)n);
-	if (sp && body_method(b, (size_t)(sp - b))) {
-		*bulk = true;
-		return 1;
-	}
-	if (memchr(b, '\n', (size_t)n))
-		return 1;
-	*bulk = (size_t)n == sizeof b;
-	return *bulk ? 1 : 0;
+	return ts__first_request_class(b, (size_t)n, bulk);
 }
 
 /* Gives p to its daemon; the daemon's start notice counts it again. */

@@ -103,6 +103,18 @@ int ts__conn_admit(struct ts_server *srv, const unsigned char key[16], bool loca
 void ts__conn_leave(struct ts_server *srv, const unsigned char key[16]);
 void ts__conn_refused(struct ts_server *srv, int which);
 
+/* A first request line this long or longer goes to the bulk daemon, whose
+ * connection memory holds a request head of about 60 KiB (the small one's,
+ * about 14 KiB): a long ?rows= list on a new connection is served. */
+#define TS__LONG_LINE 4096
+
+/* Which daemon a connection's first bytes b[0..n) (all that has come; only
+ * the first TS__LONG_LINE are looked at) choose: 1 with *bulk set when the
+ * method is PUT, POST or PATCH, or the request line is TS__LONG_LINE long
+ * or longer, and *bulk clear when the line is whole and shorter; 0 while
+ * the method or the line is still coming (*bulk clear: the guess so far). */
+int ts__first_request_class(const char *b, size_t n, bool *bulk);
+
 /* The listening socket of cfg's --bind and --port (nonblocking): *fd, and
  * the port bound in *port (accept.c). */
 ts_status ts__tcp_listen(const struct ts_config *cfg, int *fd, int *port, struct ts_error *err);
