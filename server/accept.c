@@ -134,11 +134,15 @@ void ts__conn_leave(struct ts_server *srv, const unsigned char key[16])
 	ts_mutex_unlock(&srv->conns_mu);
 }
 
-void ts__conn_refused(struct ts_server *srv, int which)
+void ts__conn_refuse(struct ts_server *srv, int fd, int which)
 {
-	uint64_t n = atomic_fetch_add(&srv->refused, 1) + 1;
+	uint64_t n = ts_metrics_connection(srv->metrics, TS_CONN_REFUSED);
 
-	ts_metrics_connection(srv->metrics, TS_CONN_REFUSED);
+	if (fd >= 0 && srv->busy[which - 1]) {
+		(void)send(fd, srv->busy[which - 1], srv->busy_len[which - 1],
+		           MSG_NOSIGNAL | MSG_DONTWAIT);
+		shutdown(fd, SHUT_WR);
+	}
 	if ((n & (n - 1)) == 0) {       /* 1, 2, 4, 8, ...: not a line per connection */
 		char fields[96];
 
@@ -473,12 +477,7 @@ static bool pend_try(struct ts__acceptor *acc, struct pend *p, bool listed, bool
  * reading it for a second. */
 static void pend_refuse(struct ts__acceptor *acc, struct pend *p, int which)
 {
-	struct ts_server *srv = acc->srv;
-
-	ts__conn_refused(srv, which);
-	(void)send(p->fd, srv->busy[which - 1], srv->busy_len[which - 1],
-	           MSG_NOSIGNAL | MSG_DONTWAIT);
-	shutdown(p->fd, SHUT_WR);
+	ts__conn_refuse(acc->srv, p->fd, which);
 	p->state = PEND_REFUSED;
 	p->deadline_ns = ts_now_ns() + REFUSED_LINGER_NS;
 	if (refused_drain(p->fd)) {

@@ -1072,7 +1072,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 	vsnprintf(msg, sizeof msg, fmt, ap);
 	msg[strcspn(msg, "\n")] = '\0';
 	/* said for every MHD_NO on_request returns: a connection refused at
-	 * accept (logged, rate-limited, by conn_refuse) or cut for being slow
+	 * accept (logged, rate-limited, by ts__conn_refuse) or cut for being slow
 	 * (logged by request_too_slow); a flood must not become a log flood */
 	if (strncmp(msg, "Application reported internal error", 35) == 0)
 		return;
@@ -1089,12 +1089,7 @@ static void conn_refuse(struct ts_server *srv, struct MHD_Connection *conn, int 
 	const union MHD_ConnectionInfo *ci =
 		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
 
-	ts__conn_refused(srv, which);
-	if (ci && srv->busy[which - 1]) {
-		(void)send(ci->connect_fd, srv->busy[which - 1], srv->busy_len[which - 1],
-		           MSG_NOSIGNAL | MSG_DONTWAIT);
-		shutdown(ci->connect_fd, SHUT_WR);
-	}
+	ts__conn_refuse(srv, ci ? ci->connect_fd : -1, which);
 	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 

@@ -235,20 +235,20 @@ static void family(struct out *o, const char *name, const char *type, const char
 static void histogram_of(struct out *o, const char *name, const char *labels,
                          const struct ts_histogram *h, const struct ts_histogram_snapshot *sp)
 {
-	const struct ts_histogram_snapshot s = *sp;
+	const struct ts_histogram_snapshot *s = sp;
 	const char *sep = labels[0] ? "," : "";
 
 	for (size_t b = 0; b < h->nbounds; b++)
 		out_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->bounds[b],
-		           (unsigned long long)s.cumulative[b]);
+		           (unsigned long long)s->cumulative[b]);
 	out_printf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
-	           (unsigned long long)s.count);
+	           (unsigned long long)s->count);
 	if (labels[0])
-		out_printf(o, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name, labels, s.sum_seconds,
-		           name, labels, (unsigned long long)s.count);
+		out_printf(o, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name, labels, s->sum_seconds,
+		           name, labels, (unsigned long long)s->count);
 	else
-		out_printf(o, "%s_sum %.9f\n%s_count %llu\n", name, s.sum_seconds, name,
-		           (unsigned long long)s.count);
+		out_printf(o, "%s_sum %.9f\n%s_count %llu\n", name, s->sum_seconds, name,
+		           (unsigned long long)s->count);
 }
 
 static void histogram(struct out *o, const char *name, const char *labels,
@@ -288,9 +288,9 @@ static void route_labels(const struct ts_metrics *m, size_t i, char *buf, size_t
 		snprintf(buf, cap, "method=\"%.*s\",route=\"%s\"", (int)(sp - p), p, sp + 1);
 }
 
-void ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e)
+uint64_t ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e)
 {
-	atomic_fetch_add_explicit(&m->conns[e], 1, memory_order_relaxed);
+	return atomic_fetch_add_explicit(&m->conns[e], 1, memory_order_relaxed) + 1;
 }
 
 static void render_http(struct out *o, struct ts_metrics *m)

@@ -38,8 +38,8 @@ void ts_metrics_free(struct ts_metrics *m);
  * answered 503 past a connection limit. */
 enum ts_conn_event { TS_CONN_SMALL, TS_CONN_BULK, TS_CONN_REFUSED, TS_CONN_EVENTS };
 
-/* Counts one accepted connection's event. */
-void ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e);
+/* Counts one accepted connection's event; answers how many there have been. */
+uint64_t ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e);
 
 /* A request began (in flight until its ts_metrics_record). */
 void ts_metrics_request_started(struct ts_metrics *m);

@@ -59,7 +59,6 @@ struct ts_server {
 	struct ts__addr_count *by_addr[TS__ADDR_BUCKETS];   /* guarded by: conns_mu */
 	char *busy[2];                   /* immutable after start: raw 503s (all, per address) */
 	size_t busy_len[2];
-	_Atomic uint64_t refused;        /* connections answered 503 at accept */
 	_Atomic uint64_t import_header_used;   /* safetensors headers being read (handlers) */
 };
 
@@ -95,13 +94,15 @@ void ts__http_stop(struct ts_server *srv);
  * IPv6 (zeros on the Unix socket). ts__conn_admit counts one and answers 0,
  * or which limit it would pass (1: --max-connections, 2: per address; local
  * ones have none) without counting it; ts__conn_leave uncounts one;
- * ts__conn_refused counts a refusal and logs some. Thread-safe. */
+ * ts__conn_refuse counts a refusal (tstage_http_connections_refused_total),
+ * logs some, and sends the raw 503 on fd (-1: none) and half-closes it.
+ * Thread-safe. */
 ts_status ts__conns_start(struct ts_server *srv, unsigned int *hard, struct ts_error *err);
 void ts__conns_stop(struct ts_server *srv);
 void ts__conn_key(const struct sockaddr *sa, unsigned char key[16]);
 int ts__conn_admit(struct ts_server *srv, const unsigned char key[16], bool local);
 void ts__conn_leave(struct ts_server *srv, const unsigned char key[16]);
-void ts__conn_refused(struct ts_server *srv, int which);
+void ts__conn_refuse(struct ts_server *srv, int fd, int which);
 
 /* A first request line this long or longer goes to the bulk daemon, whose
  * connection memory holds a request head of about 60 KiB (the small one's,

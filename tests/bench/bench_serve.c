@@ -45,10 +45,6 @@
 #define BATCH 32
 #define ROUNDS 3
 #define NCOUNTS 5
-/* the second bare item server's connection memory, the bulk daemon's:
- * shows what libmicrohttpd's zeroing of the whole pool per request would
- * cost an item there (server/http_tuning.h) */
-#define BULK_POOL TS_HTTP_CONN_MEMORY_BULK
 
 static const int counts[NCOUNTS] = {1, 4, 16, 64, 256};
 
@@ -247,7 +243,9 @@ static int bench_items(const struct bench_daemon *d, const char *data)
 	if (bench_ref_dir(&rds, "redis") != 0 || bench_redis_start(&rds) != 0 ||
 	    bench_ref_dir(&mhd, "mhd-item") != 0 || bench_mhd_start(&mhd, ITEM_BYTES) != 0 ||
 	    bench_ref_dir(&mhd_bulk, "mhd-item-bulk") != 0 ||
-	    bench_mhd_start_pool(&mhd_bulk, ITEM_BYTES, BULK_POOL) != 0)
+	    /* the bulk daemon's connection memory: what libmicrohttpd's zeroing
+	     * of the whole pool per request would cost an item there */
+	    bench_mhd_start_pool(&mhd_bulk, ITEM_BYTES, TS_HTTP_CONN_MEMORY_BULK) != 0)
 		goto out;
 	gb.port = mhd.port;
 	gs.port = mhd_bulk.port;

@@ -92,19 +92,22 @@ class Transport:
         # needs (large pieces for an upload's body and room for a long
         # request head, little for the rest), so requests with a body or a
         # long URL keep to connections of their own
+        if unix_socket:
+            self.base = f"unix:{unix_socket}"
+        else:
+            u = urlsplit(url)
+            if u.scheme not in ("http", ""):
+                raise ValueError(f"url '{url}': only http:// is served (or unix_socket=)")
+            self.base = url.rstrip("/")
         self.pool = self._make_pool(url, unix_socket, maxsize)
         self.bulk_pool = self._make_pool(url, unix_socket, maxsize)
 
     def _make_pool(self, url: str, unix_socket: Optional[str],
                    maxsize: int) -> urllib3.HTTPConnectionPool:
         if unix_socket:
-            self.base = f"unix:{unix_socket}"
             return _UnixPool("localhost", maxsize=maxsize, block=False, retries=False,
                              timeout=self.timeout, socket_path=unix_socket)
         u = urlsplit(url)
-        if u.scheme not in ("http", ""):
-            raise ValueError(f"url '{url}': only http:// is served (or unix_socket=)")
-        self.base = url.rstrip("/")
         return urllib3.HTTPConnectionPool(
             u.hostname or "127.0.0.1", u.port or 8470, maxsize=maxsize, block=False,
             retries=False, timeout=self.timeout)
