@@ -8,8 +8,13 @@
  *   PUT, POST, PATCH,  the bulk daemon, whose connection memory reads an
  *   or a request line  upload's body in large pieces and holds a long
  *   of 4 KiB or more   request head;
- *   anything else      the small daemon, whose connection memory is
- *                      cleared for every request at a quarter of the cost.
+ *   anything else      a small-request worker (one poll loop of its own,
+ *                      whose connection memory is cleared for every
+ *                      request at an eighth of the cost): the first that
+ *                      holds fewer than --worker-fill connections, else
+ *                      the least loaded (ts__worker_pick), so that a
+ *                      client's few connections share a loop that seldom
+ *                      sleeps between their requests.
  *
  * A connection keeps its daemon for its life: a keep-alive client that
  * starts with a GET uploads in smaller pieces, and a long request head
@@ -442,10 +447,38 @@ static int first_request(int fd, bool *bulk)
 	return ts__first_request_class(b, (size_t)n, bulk);
 }
 
+int ts__worker_pick(const int64_t *conns, int n, int fill)
+{
+	int least = 0;
+
+	for (int w = 0; w < n; w++) {
+		if (conns[w] < fill)
+			return w;
+		if (conns[w] < conns[least])
+			least = w;
+	}
+	return least;
+}
+
+/* The small-request worker for a new connection, counted on it from now
+ * (its close notice uncounts it, http.c). */
+static int worker_take(struct ts_server *srv)
+{
+	int64_t conns[TS__MAX_WORKERS];
+	int w;
+
+	for (w = 0; w < srv->nworkers; w++)
+		conns[w] = ts_metrics_worker_conns(srv->metrics, w);
+	w = ts__worker_pick(conns, srv->nworkers, srv->cfg.worker_fill);
+	ts_metrics_worker_conns_add(srv->metrics, w, 1);
+	return w;
+}
+
 /* Gives p to its daemon; the daemon's start notice counts it again. */
 static void pend_hand_over(struct ts__acceptor *acc, struct pend *p, bool bulk, bool listed)
 {
 	struct ts_server *srv = acc->srv;
+	int w = bulk ? -1 : worker_take(srv);
 
 	if (listed) {
 		list_remove(&acc->waiting, p);
@@ -454,8 +487,10 @@ static void pend_hand_over(struct ts__acceptor *acc, struct pend *p, bool bulk, 
 	ts__conn_leave(srv, p->key);
 	ts_metrics_connection(srv->metrics, bulk ? TS_CONN_BULK : TS_CONN_SMALL);
 	/* the library closes the socket when it cannot take it */
-	(void)MHD_add_connection(bulk ? srv->bulk_daemon : srv->daemon, p->fd,
-	                         (const struct sockaddr *)&p->addr, p->addrlen);
+	if (MHD_add_connection(bulk ? srv->bulk_daemon : srv->workers[w], p->fd,
+	                       (const struct sockaddr *)&p->addr, p->addrlen) != MHD_YES &&
+	    w >= 0)
+		ts_metrics_worker_conns_add(srv->metrics, w, -1);
 	free(p);
 }
 

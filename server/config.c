@@ -29,6 +29,9 @@ static const struct opt options[] = {
 	{"port", OPT_INT, F(port), 0, 65535, "8470", "TCP port (0: an ephemeral port)"},
 	{"bind", OPT_STRING, F(bind), 0, 0, "127.0.0.1", "address to listen on (IPv4 or IPv6)"},
 	{"threads", OPT_INT, F(threads), 0, 1024, "cores", "HTTP worker threads"},
+	{"worker-fill", OPT_INT, F(worker_fill), 1, 100000, "4",
+	 "connections a small-request worker takes before the next worker takes any "
+	 "(1: spread them evenly)"},
 	{"sim-devices", OPT_INT, F(sim_devices), -1, 64, "2 without GPU",
 	 "simulated accelerators (0: none; -1: 2 when no CUDA device)"},
 	{"sim-device-memory", OPT_SIZE, F(sim_device_memory), 0, 0, "2GiB",
@@ -114,6 +117,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->body_idle_timeout = 15;
 	cfg->body_min_rate = 64ull << 10;
 	cfg->wait_limit = 60;
+	cfg->worker_fill = 4;
 }
 
 static bool parse_bool(const char *s, bool *out)

@@ -23,6 +23,7 @@ struct ts_config {
 	int port;                        /* 0: ephemeral */
 	char bind[64];
 	int threads;                     /* 0: number of online cores */
+	int worker_fill;                 /* connections a small worker takes before the next */
 	int sim_devices;                 /* -1: 2 when no GPU, else 0 */
 	uint64_t sim_device_memory;
 	double device_memory_fraction;

@@ -86,6 +86,7 @@ struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
 	bool local;                      /* on the Unix socket: no limit per address */
+	int worker;                      /* its index in srv->workers; -1 on the bulk daemon */
 	/* the last request's memory, kept for the connection's next one: a
 	 * request is some kilobytes, and allocating and freeing it per request
 	 * costs more than clearing it (libmicrohttpd runs one request of a
@@ -1093,6 +1094,18 @@ static void conn_refuse(struct ts_server *srv, struct MHD_Connection *conn, int 
 	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
+/* The index in srv->workers of conn's daemon; -1 for the bulk daemon. */
+static int worker_of(const struct ts_server *srv, struct MHD_Connection *conn)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
+
+	for (int w = 0; ci && w < srv->nworkers; w++)
+		if (ci->daemon == srv->workers[w])
+			return w;
+	return -1;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
@@ -1102,11 +1115,16 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *ci =
 			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-		int over;
+		int over, worker = worker_of(srv, conn);
 
 		cc = calloc(1, sizeof *cc);
-		if (!cc)
-			return;                 /* served uncounted: refusing needs no memory, counting does */
+		if (!cc) {
+			/* served uncounted: refusing needs no memory, counting does */
+			if (worker >= 0)
+				ts_metrics_worker_conns_add(srv->metrics, worker, -1);
+			return;
+		}
+		cc->worker = worker;
 		ts__conn_key(ci ? ci->client_addr : NULL, cc->addr);
 		cc->local = on_unix_socket(conn);
 		over = ts__conn_admit(srv, cc->addr, cc->local);
@@ -1120,6 +1138,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		return;
 	if (!cc->refused)
 		ts__conn_leave(srv, cc->addr);
+	if (cc->worker >= 0)
+		ts_metrics_worker_conns_add(srv->metrics, cc->worker, -1);
 	free(cc->spare);
 	free(cc);
 	*socket_context = NULL;
@@ -1129,9 +1149,12 @@ void ts__http_stop(struct ts_server *srv)
 {
 	/* no connection is handed to a daemon once the acceptor has stopped */
 	ts__accept_stop(srv);
-	if (srv->daemon)
-		MHD_stop_daemon(srv->daemon);
-	srv->daemon = NULL;
+	for (int w = 0; w < srv->nworkers; w++)
+		if (srv->workers[w])
+			MHD_stop_daemon(srv->workers[w]);
+	free(srv->workers);
+	srv->workers = NULL;
+	srv->nworkers = 0;
 	if (srv->bulk_daemon)
 		MHD_stop_daemon(srv->bulk_daemon);
 	srv->bulk_daemon = NULL;
@@ -1141,22 +1164,40 @@ void ts__http_stop(struct ts_server *srv)
 	ts__conns_stop(srv);
 }
 
-/* One of the two daemons (accept.c hands them their connections): the same
- * callbacks and limits, conn_memory of connection memory. */
+/* A daemon that accept.c hands connections to: the same callbacks and
+ * limits everywhere, conn_memory of connection memory, and threads > 1 a
+ * pool of that many threads (the library places each connection by its
+ * socket's number), else one thread of its own. */
 static struct MHD_Daemon *daemon_start(struct ts_server *srv, int threads, unsigned int hard,
                                        size_t conn_memory)
 {
-	return MHD_start_daemon(
-		TS_HTTP_MHD_FLAGS | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL, on_request, srv,
-		MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, NULL,
-		MHD_OPTION_THREAD_POOL_SIZE, (unsigned int)threads,
-		MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
-		MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
-		MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
-		MHD_OPTION_CONNECTION_MEMORY_LIMIT, conn_memory,
-		MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)srv->cfg.connection_timeout,
-		MHD_OPTION_CONNECTION_LIMIT, hard,
-		MHD_OPTION_END);
+	struct MHD_OptionItem opts[] = {
+		{MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)on_mhd_log, NULL},
+		{MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, srv},
+		{MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape, NULL},
+		{MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, srv},
+		{MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)conn_memory, NULL},
+		{MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)srv->cfg.connection_timeout, NULL},
+		{MHD_OPTION_CONNECTION_LIMIT, (intptr_t)hard, NULL},
+		{threads > 1 ? MHD_OPTION_THREAD_POOL_SIZE : MHD_OPTION_END, (intptr_t)threads, NULL},
+		{MHD_OPTION_END, 0, NULL},
+	};
+
+	return MHD_start_daemon(TS_HTTP_MHD_FLAGS | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL,
+	                        on_request, srv, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+}
+
+/* The small-request workers: threads daemons of one thread each. */
+static bool workers_start(struct ts_server *srv, int threads, unsigned int hard)
+{
+	srv->workers = calloc((size_t)threads, sizeof *srv->workers);
+	if (!srv->workers || ts_metrics_set_workers(srv->metrics, threads) != TS_OK)
+		return false;
+	srv->nworkers = threads;
+	for (int w = 0; w < threads; w++)
+		if (!(srv->workers[w] = daemon_start(srv, 1, hard, TS_HTTP_CONN_MEMORY)))
+			return false;
+	return true;
 }
 
 ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
@@ -1171,6 +1212,8 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 
 		threads = n > 0 ? (int)n : 1;
 	}
+	if (threads > TS__MAX_WORKERS)
+		threads = TS__MAX_WORKERS;
 	st = ts__conns_start(srv, &hard, err);
 	if (st != TS_OK)
 		return st;
@@ -1180,9 +1223,8 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
 	srv->waits_started = true;
-	srv->daemon = daemon_start(srv, threads, hard, TS_HTTP_CONN_MEMORY);
 	srv->bulk_daemon = daemon_start(srv, threads, hard, TS_HTTP_CONN_MEMORY_BULK);
-	if (!srv->daemon || !srv->bulk_daemon)
+	if (!srv->bulk_daemon || !workers_start(srv, threads, hard))
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "HTTP_START",
 		                    "cannot start the HTTP server's threads");
 	st = ts__tcp_listen(&srv->cfg, &fds[nfds], &srv->port, err);

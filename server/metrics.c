@@ -11,6 +11,7 @@
  */
 #include "server/metrics.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -71,6 +72,10 @@ struct ts_metrics {
 	_Atomic unsigned next_shard;
 	struct kind_metrics kinds[NKINDS];
 	_Atomic uint64_t conns[TS_CONN_EVENTS];
+	/* connections open on each small-request worker: placement reads them
+	 * (accept.c), /metrics shows them */
+	_Atomic int64_t *worker_conns;          /* nworkers; set once at start */
+	int nworkers;
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -119,6 +124,7 @@ void ts_metrics_free(struct ts_metrics *m)
 		return;
 	for (int k = 0; k < SHARDS; k++)
 		free(m->shards[k].routes);
+	free(m->worker_conns);
 	free(m);
 }
 
@@ -293,6 +299,29 @@ uint64_t ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e)
 	return atomic_fetch_add_explicit(&m->conns[e], 1, memory_order_relaxed) + 1;
 }
 
+ts_status ts_metrics_set_workers(struct ts_metrics *m, int n)
+{
+	if (n < 1 || m->worker_conns)
+		return TS_INVALID_ARGUMENT;
+	m->worker_conns = calloc((size_t)n, sizeof *m->worker_conns);
+	if (!m->worker_conns)
+		return TS_RESOURCE_EXHAUSTED;
+	m->nworkers = n;
+	return TS_OK;
+}
+
+void ts_metrics_worker_conns_add(struct ts_metrics *m, int w, int delta)
+{
+	assert(w >= 0 && w < m->nworkers);
+	atomic_fetch_add_explicit(&m->worker_conns[w], delta, memory_order_relaxed);
+}
+
+int64_t ts_metrics_worker_conns(const struct ts_metrics *m, int w)
+{
+	assert(w >= 0 && w < m->nworkers);
+	return atomic_load_explicit(&m->worker_conns[w], memory_order_relaxed);
+}
+
 static void render_http(struct out *o, struct ts_metrics *m)
 {
 	static const char *const daemons[2] = {"small", "bulk"};
@@ -306,6 +335,12 @@ static void render_http(struct out *o, struct ts_metrics *m)
 		out_printf(o, "tstage_http_connections_total{daemon=\"%s\"} %llu\n", daemons[d],
 		           (unsigned long long)atomic_load_explicit(&m->conns[d],
 		                                                    memory_order_relaxed));
+	family(o, "tstage_http_worker_connections", "gauge",
+	       "Connections open on each small-request worker (--threads of them; one fills "
+	       "to --worker-fill before the next takes any).");
+	for (int w = 0; w < m->nworkers; w++)
+		out_printf(o, "tstage_http_worker_connections{worker=\"%d\"} %lld\n", w,
+		           (long long)ts_metrics_worker_conns(m, w));
 	family(o, "tstage_http_connections_refused_total", "counter",
 	       "Connections answered 503 past --max-connections or --max-connections-per-ip.");
 	out_printf(o, "tstage_http_connections_refused_total %llu\n",

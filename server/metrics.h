@@ -42,6 +42,16 @@ enum ts_conn_event { TS_CONN_SMALL, TS_CONN_BULK, TS_CONN_REFUSED, TS_CONN_EVENT
 uint64_t ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e);
 
 /* A request began (in flight until its ts_metrics_record). */
+/* Sets the number of small-request workers (once, before any connection):
+ * TS_OK, TS_RESOURCE_EXHAUSTED without memory, TS_INVALID_ARGUMENT when n < 1
+ * or already set. */
+ts_status ts_metrics_set_workers(struct ts_metrics *m, int n);
+
+/* Worker w (0 <= w < the number set) has delta more connections open; the
+ * count, relaxed (placement and the gauge need no order with anything). */
+void ts_metrics_worker_conns_add(struct ts_metrics *m, int w, int delta);
+int64_t ts_metrics_worker_conns(const struct ts_metrics *m, int w);
+
 void ts_metrics_request_started(struct ts_metrics *m);
 
 /* Requests begun and not yet recorded, over every thread. */

@@ -32,9 +32,12 @@ struct ts_server {
 	struct ts_catalog *catalog;      /* owned */
 	struct ts_stager *stager;        /* owned */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
-	/* connections that open with a request without a body, and those that
-	 * open with PUT, POST or PATCH (accept.c) */
-	struct MHD_Daemon *daemon;       /* owned */
+	/* connections that open with a request without a body, each on one of
+	 * nworkers daemons of one thread each that the acceptor chooses
+	 * (ts__worker_pick), and those that open with PUT, POST or PATCH, on
+	 * one daemon with a pool of threads (accept.c) */
+	struct MHD_Daemon **workers;     /* owned; nworkers, immutable after start */
+	int nworkers;
 	struct MHD_Daemon *bulk_daemon;  /* owned */
 	struct ts__acceptor *acceptor;   /* owned (accept.c) */
 	bool unix_listening;             /* the --unix-socket file is ours to unlink */
@@ -106,7 +109,7 @@ void ts__conn_refuse(struct ts_server *srv, int fd, int which);
 
 /* A first request line this long or longer goes to the bulk daemon, whose
  * connection memory holds a request head of about 60 KiB (the small one's,
- * about 14 KiB): a long ?rows= list on a new connection is served. */
+ * about 7.5 KiB): a long ?rows= list on a new connection is served. */
 #define TS__LONG_LINE 4096
 
 /* Which daemon a connection's first bytes b[0..n) (all that has come; only
@@ -116,13 +119,23 @@ void ts__conn_refuse(struct ts_server *srv, int fd, int which);
  * the method or the line is still coming (*bulk clear: the guess so far). */
 int ts__first_request_class(const char *b, size_t n, bool *bulk);
 
+/* The small-request worker a new connection goes to, given the connections
+ * open on each of n workers (n >= 1): the first with fewer than fill, so
+ * that a few connections share one poll loop, which then seldom sleeps
+ * between their requests; when every worker has fill or more, the one with
+ * the fewest (the first of those). fill 1 spreads connections evenly. */
+int ts__worker_pick(const int64_t *conns, int n, int fill);
+
+/* Most small-request workers (--threads is at most this). */
+#define TS__MAX_WORKERS 1024
+
 /* The listening socket of cfg's --bind and --port (nonblocking): *fd, and
  * the port bound in *port (accept.c). */
 ts_status ts__tcp_listen(const struct ts_config *cfg, int *fd, int *port, struct ts_error *err);
 
 /* Starts the acceptor thread on the listening sockets fds (1 or 2; owned
  * from the call on, closed by ts__accept_stop, also when it fails); it
- * hands each connection to srv->daemon or srv->bulk_daemon. Stopping closes
+ * hands each connection to a worker of srv->workers or to srv->bulk_daemon. Stopping closes
  * the connections still waiting (accept.c). */
 ts_status ts__accept_start(struct ts_server *srv, const int *fds, int nfds, struct ts_error *err);
 void ts__accept_stop(struct ts_server *srv);

@@ -607,6 +607,98 @@ START_TEST(test_silent_connection_timeout)
 }
 END_TEST
 
+/* tstage_http_worker_connections{worker=w}, read over the raw connection fd
+ * (itself a small-request connection, counted on its worker). */
+static double worker_conns(int fd, int w)
+{
+	static char buf[1 << 17];
+	char labels[32];
+	double v = -1;
+	int code;
+
+	th_raw_send(fd, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
+	code = th_raw_response(fd, buf, sizeof buf, 5000);
+	ck_assert_msg(code == 200, "/metrics: %d", code);
+	snprintf(labels, sizeof labels, "worker=\"%d\"", w);
+	ck_assert_msg(th_prom_find(strstr(buf, "\r\n\r\n") + 4, "tstage_http_worker_connections",
+	                           labels, &v), "no tstage_http_worker_connections{%s}", labels);
+	return v;
+}
+
+/* Whether the workers' gauges reach want[] within ms (a close is counted
+ * when its worker notices it). */
+static bool workers_reach(int fd, const double *want, int n, int ms)
+{
+	long long end = th_now_ms() + ms;
+
+	do {
+		bool all = true;
+
+		for (int w = 0; w < n && all; w++)
+			all = worker_conns(fd, w) == want[w];
+		if (all)
+			return true;
+		usleep(20000);
+	} while (th_now_ms() < end);
+	return false;
+}
+
+/* A kept-alive connection that has been answered once (so that the
+ * acceptor has handed it to a worker). */
+static int answered_connection(struct th_daemon *d)
+{
+	char buf[4096];
+	int fd = th_raw_connect(d);
+
+	th_raw_send(fd, "GET /livez HTTP/1.1\r\nHost: t\r\n\r\n");
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	return fd;
+}
+
+/* Small-request connections fill one worker to --worker-fill before the next
+ * worker takes any, then go to the least loaded; a closed one frees its
+ * place, and every connection is served wherever it went. */
+START_TEST(test_workers_fill_then_balance)
+{
+	static const char *const args[] = {"--threads", "3", "--worker-fill", "2", NULL};
+	static const double after_six[3] = {3, 2, 2}, after_closes[3] = {2, 1, 2},
+	                    after_seventh[3] = {2, 2, 2}, bulk_not_counted[3] = {2, 2, 2};
+	struct th_daemon d;
+	char buf[4096];
+	int mfd, fd[7];
+
+	th_daemon_start(&d, args);
+	mfd = answered_connection(&d);           /* worker 0: 1 */
+	for (int i = 0; i < 6; i++)              /* 0: 2, 1: 2, 2: 2, then 0: 3 */
+		fd[i] = answered_connection(&d);
+	ck_assert_msg(workers_reach(mfd, after_six, 3, 3000), "workers: %g %g %g",
+	              worker_conns(mfd, 0), worker_conns(mfd, 1), worker_conns(mfd, 2));
+	close(fd[0]);                            /* worker 0 (its second) */
+	close(fd[2]);                            /* worker 1 (its first) */
+	ck_assert_msg(workers_reach(mfd, after_closes, 3, 3000), "after two closes: %g %g %g",
+	              worker_conns(mfd, 0), worker_conns(mfd, 1), worker_conns(mfd, 2));
+	fd[0] = answered_connection(&d);         /* worker 1 is below the fill */
+	ck_assert_msg(workers_reach(mfd, after_seventh, 3, 3000), "after a new one: %g %g %g",
+	              worker_conns(mfd, 0), worker_conns(mfd, 1), worker_conns(mfd, 2));
+	/* a connection that opens with a PUT is the bulk daemon's */
+	fd[2] = th_raw_connect(&d);
+	th_raw_send(fd[2], "PUT /v1/arrays/wf?dtype=uint8&shape=4 HTTP/1.1\r\nHost: t\r\n"
+	                   "Content-Length: 4\r\n\r\nabcd");
+	ck_assert_int_eq(th_raw_response(fd[2], buf, sizeof buf, 5000), 201);
+	ck_assert(workers_reach(mfd, bulk_not_counted, 3, 1000));
+	/* every connection is served, on whichever worker */
+	for (int i = 0; i < 6; i++) {
+		th_raw_send(fd[i], "GET /v1/arrays/wf/data HTTP/1.1\r\nHost: t\r\n\r\n");
+		ck_assert_int_eq(th_raw_response(fd[i], buf, sizeof buf, 5000), 200);
+		ck_assert_msg(strstr(buf, "\r\n\r\nabcd"), "connection %d:\n%s", i, buf);
+	}
+	for (int i = 0; i < 6; i++)
+		close(fd[i]);
+	close(mfd);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* ---- the port --------------------------------------------------------------- */
 
 START_TEST(test_second_daemon_same_port)
@@ -984,6 +1076,7 @@ static Suite *hostile_suite(void)
 	tcase_add_test(tc, test_second_daemon_same_port);
 	tcase_add_test(tc, test_connections_by_first_method);
 	tcase_add_test(tc, test_silent_connection_timeout);
+	tcase_add_test(tc, test_workers_fill_then_balance);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("stopping");

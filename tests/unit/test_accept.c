@@ -1,7 +1,9 @@
 /*
  * test_accept.c - which daemon a connection's first bytes choose
  * (ts__first_request_class): methods with a body, methods split across
- * packets, long request lines, and bytes that are no HTTP at all.
+ * packets, long request lines, and bytes that are no HTTP at all; and which
+ * small-request worker a connection goes to (ts__worker_pick): each fills
+ * to --worker-fill in turn, then the least loaded.
  */
 #include <check.h>
 #include <stdlib.h>
@@ -90,6 +92,74 @@ START_TEST(not_http)
 }
 END_TEST
 
+/* Places conns connections one at a time on n workers that start with
+ * start[] open, closing none, as the acceptor would: the counts after. */
+static void place(int64_t *counts, const int64_t *start, int n, int fill, int conns)
+{
+	memcpy(counts, start, (size_t)n * sizeof *counts);
+	for (int i = 0; i < conns; i++) {
+		int w = ts__worker_pick(counts, n, fill);
+
+		ck_assert_int_ge(w, 0);
+		ck_assert_int_lt(w, n);
+		counts[w]++;
+	}
+}
+
+START_TEST(fill_then_balance)
+{
+	static const int64_t idle[4] = {0};
+	int64_t c[4];
+
+	/* a few connections share the first worker's poll loop */
+	place(c, idle, 4, 4, 4);
+	ck_assert(c[0] == 4 && c[1] == 0 && c[2] == 0 && c[3] == 0);
+	/* the fifth opens the second worker */
+	place(c, idle, 4, 4, 5);
+	ck_assert(c[0] == 4 && c[1] == 1 && c[2] == 0 && c[3] == 0);
+	/* every worker full: the least loaded takes the next, evenly */
+	place(c, idle, 4, 4, 16);
+	ck_assert(c[0] == 4 && c[1] == 4 && c[2] == 4 && c[3] == 4);
+	place(c, idle, 4, 4, 256);
+	for (int w = 0; w < 4; w++)
+		ck_assert_int_eq(c[w], 64);
+	place(c, idle, 4, 4, 18);
+	ck_assert(c[0] == 5 && c[1] == 5 && c[2] == 4 && c[3] == 4);
+}
+END_TEST
+
+START_TEST(fill_one_spreads)
+{
+	static const int64_t idle[3] = {0};
+	int64_t c[3];
+
+	place(c, idle, 3, 1, 4);
+	ck_assert(c[0] == 2 && c[1] == 1 && c[2] == 1);
+	place(c, idle, 3, 1, 300);
+	ck_assert(c[0] == 100 && c[1] == 100 && c[2] == 100);
+}
+END_TEST
+
+START_TEST(after_closes)
+{
+	/* worker 0 lost its connections: new ones fill it again first */
+	static const int64_t left[3] = {0, 4, 2};
+	/* every worker past fill, unevenly: the least loaded catch up */
+	static const int64_t uneven[3] = {9, 5, 7};
+	int64_t c[3];
+
+	place(c, left, 3, 4, 4);
+	ck_assert(c[0] == 4 && c[1] == 4 && c[2] == 2);
+	place(c, left, 3, 4, 6);
+	ck_assert(c[0] == 4 && c[1] == 4 && c[2] == 4);
+	place(c, uneven, 3, 4, 4);
+	ck_assert(c[0] == 9 && c[1] == 8 && c[2] == 8);
+	/* one worker: everything goes there */
+	place(c, uneven, 1, 4, 3);
+	ck_assert_int_eq(c[0], 12);
+}
+END_TEST
+
 static Suite *accept_suite(void)
 {
 	Suite *s = suite_create("accept");
@@ -99,6 +169,11 @@ static Suite *accept_suite(void)
 	tcase_add_test(tc, still_coming);
 	tcase_add_test(tc, long_lines);
 	tcase_add_test(tc, not_http);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("worker_pick");
+	tcase_add_test(tc, fill_then_balance);
+	tcase_add_test(tc, fill_one_spreads);
+	tcase_add_test(tc, after_closes);
 	suite_add_tcase(s, tc);
 	return s;
 }
