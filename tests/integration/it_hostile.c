@@ -448,22 +448,29 @@ END_TEST
 
 /* ---- connection classes ---------------------------------------------------- */
 
-/* tstage_http_connections_total{daemon=which} read over the raw connection
- * fd (so reading it opens none). */
-static double conns_of(int fd, const char *which)
+/* The sample family{labels} of /metrics, read over the raw connection fd
+ * (so reading it opens none). */
+static double metric_over(int fd, const char *family, const char *labels)
 {
 	static char buf[1 << 17];
-	char labels[32];
 	double v = -1;
 	int code;
 
 	th_raw_send(fd, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
 	code = th_raw_response(fd, buf, sizeof buf, 5000);
 	ck_assert_msg(code == 200, "/metrics: %d", code);
-	snprintf(labels, sizeof labels, "daemon=\"%s\"", which);
-	ck_assert_msg(th_prom_find(strstr(buf, "\r\n\r\n") + 4, "tstage_http_connections_total",
-	                           labels, &v), "no tstage_http_connections_total{%s}", labels);
+	ck_assert_msg(th_prom_find(strstr(buf, "\r\n\r\n") + 4, family, labels, &v),
+	              "no %s{%s}", family, labels);
 	return v;
+}
+
+/* tstage_http_connections_total{daemon=which}, read over fd. */
+static double conns_of(int fd, const char *which)
+{
+	char labels[32];
+
+	snprintf(labels, sizeof labels, "daemon=\"%s\"", which);
+	return metric_over(fd, "tstage_http_connections_total", labels);
 }
 
 /* Each connection goes to the daemon its first request chose (its method,
@@ -607,22 +614,14 @@ START_TEST(test_silent_connection_timeout)
 }
 END_TEST
 
-/* tstage_http_worker_connections{worker=w}, read over the raw connection fd
- * (itself a small-request connection, counted on its worker). */
+/* tstage_http_worker_connections{worker=w}, read over fd (itself a
+ * small-request connection, counted on its worker). */
 static double worker_conns(int fd, int w)
 {
-	static char buf[1 << 17];
 	char labels[32];
-	double v = -1;
-	int code;
 
-	th_raw_send(fd, "GET /metrics HTTP/1.1\r\nHost: t\r\n\r\n");
-	code = th_raw_response(fd, buf, sizeof buf, 5000);
-	ck_assert_msg(code == 200, "/metrics: %d", code);
 	snprintf(labels, sizeof labels, "worker=\"%d\"", w);
-	ck_assert_msg(th_prom_find(strstr(buf, "\r\n\r\n") + 4, "tstage_http_worker_connections",
-	                           labels, &v), "no tstage_http_worker_connections{%s}", labels);
-	return v;
+	return metric_over(fd, "tstage_http_worker_connections", labels);
 }
 
 /* Whether the workers' gauges reach want[] within ms (a close is counted
@@ -674,7 +673,7 @@ START_TEST(test_workers_fill_then_balance)
 	ck_assert_msg(workers_reach(mfd, after_six, 3, 3000), "workers: %g %g %g",
 	              worker_conns(mfd, 0), worker_conns(mfd, 1), worker_conns(mfd, 2));
 	close(fd[0]);                            /* worker 0 (its second) */
-	close(fd[2]);                            /* worker 1 (its first) */
+	close(fd[2]);                            /* worker 1 (its second) */
 	ck_assert_msg(workers_reach(mfd, after_closes, 3, 3000), "after two closes: %g %g %g",
 	              worker_conns(mfd, 0), worker_conns(mfd, 1), worker_conns(mfd, 2));
 	fd[0] = answered_connection(&d);         /* worker 1 is below the fill */
