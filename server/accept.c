@@ -487,7 +487,7 @@ static void pend_hand_over(struct ts__acceptor *acc, struct pend *p, bool bulk, 
 	ts__conn_leave(srv, p->key);
 	ts_metrics_connection(srv->metrics, bulk ? TS_CONN_BULK : TS_CONN_SMALL);
 	/* the library closes the socket when it cannot take it */
-	if (MHD_add_connection(bulk ? srv->bulk_daemon : srv->workers[w], p->fd,
+	if (MHD_add_connection(bulk ? srv->bulk.mhd : srv->workers[w].mhd, p->fd,
 	                       (const struct sockaddr *)&p->addr, p->addrlen) != MHD_YES &&
 	    w >= 0)
 		ts_metrics_worker_conns_add(srv->metrics, w, -1);

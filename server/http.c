@@ -86,7 +86,6 @@ struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
 	bool local;                      /* on the Unix socket: no limit per address */
-	int worker;                      /* its index in srv->workers; -1 on the bulk daemon */
 	/* the last request's memory, kept for the connection's next one: a
 	 * request is some kilobytes, and allocating and freeing it per request
 	 * costs more than clearing it (libmicrohttpd runs one request of a
@@ -1094,37 +1093,26 @@ static void conn_refuse(struct ts_server *srv, struct MHD_Connection *conn, int 
 	MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT, 1u);
 }
 
-/* The index in srv->workers of conn's daemon; -1 for the bulk daemon. */
-static int worker_of(const struct ts_server *srv, struct MHD_Connection *conn)
-{
-	const union MHD_ConnectionInfo *ci =
-		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_DAEMON);
-
-	for (int w = 0; ci && w < srv->nworkers; w++)
-		if (ci->daemon == srv->workers[w])
-			return w;
-	return -1;
-}
-
+/* cls: the connection's struct ts__daemon */
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-	struct ts_server *srv = cls;
+	const struct ts__daemon *dm = cls;
+	struct ts_server *srv = dm->srv;
 	struct conn_ctx *cc = *socket_context;
 
 	if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
 		const union MHD_ConnectionInfo *ci =
 			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-		int over, worker = worker_of(srv, conn);
+		int over;
 
 		cc = calloc(1, sizeof *cc);
 		if (!cc) {
 			/* served uncounted: refusing needs no memory, counting does */
-			if (worker >= 0)
-				ts_metrics_worker_conns_add(srv->metrics, worker, -1);
+			if (dm->worker >= 0)
+				ts_metrics_worker_conns_add(srv->metrics, dm->worker, -1);
 			return;
 		}
-		cc->worker = worker;
 		ts__conn_key(ci ? ci->client_addr : NULL, cc->addr);
 		cc->local = on_unix_socket(conn);
 		over = ts__conn_admit(srv, cc->addr, cc->local);
@@ -1138,8 +1126,8 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		return;
 	if (!cc->refused)
 		ts__conn_leave(srv, cc->addr);
-	if (cc->worker >= 0)
-		ts_metrics_worker_conns_add(srv->metrics, cc->worker, -1);
+	if (dm->worker >= 0)
+		ts_metrics_worker_conns_add(srv->metrics, dm->worker, -1);
 	free(cc->spare);
 	free(cc);
 	*socket_context = NULL;
@@ -1150,32 +1138,34 @@ void ts__http_stop(struct ts_server *srv)
 	/* no connection is handed to a daemon once the acceptor has stopped */
 	ts__accept_stop(srv);
 	for (int w = 0; w < srv->nworkers; w++)
-		if (srv->workers[w])
-			MHD_stop_daemon(srv->workers[w]);
+		if (srv->workers[w].mhd)
+			MHD_stop_daemon(srv->workers[w].mhd);
 	free(srv->workers);
 	srv->workers = NULL;
 	srv->nworkers = 0;
-	if (srv->bulk_daemon)
-		MHD_stop_daemon(srv->bulk_daemon);
-	srv->bulk_daemon = NULL;
+	if (srv->bulk.mhd)
+		MHD_stop_daemon(srv->bulk.mhd);
+	srv->bulk.mhd = NULL;
 	if (srv->unix_listening)
 		unlink(srv->cfg.unix_socket);
 	srv->unix_listening = false;
 	ts__conns_stop(srv);
 }
 
-/* A daemon that accept.c hands connections to: the same callbacks and
- * limits everywhere, conn_memory of connection memory, and threads > 1 a
- * pool of that many threads (the library places each connection by its
- * socket's number), else one thread of its own. */
-static struct MHD_Daemon *daemon_start(struct ts_server *srv, int threads, unsigned int hard,
-                                       size_t conn_memory)
+/* Starts dm (its srv and worker set), a daemon that accept.c hands
+ * connections to: the same callbacks and limits everywhere, conn_memory of
+ * connection memory, and threads > 1 a pool of that many threads (the
+ * library places each connection by its socket's number), else one thread
+ * of its own. False when it could not start. */
+static bool daemon_start(struct ts__daemon *dm, int threads, unsigned int hard,
+                         size_t conn_memory)
 {
+	struct ts_server *srv = dm->srv;
 	struct MHD_OptionItem opts[] = {
 		{MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)on_mhd_log, NULL},
 		{MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)on_completed, srv},
 		{MHD_OPTION_UNESCAPE_CALLBACK, (intptr_t)unescape, NULL},
-		{MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, srv},
+		{MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)on_connection, dm},
 		{MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)conn_memory, NULL},
 		{MHD_OPTION_CONNECTION_TIMEOUT, (intptr_t)srv->cfg.connection_timeout, NULL},
 		{MHD_OPTION_CONNECTION_LIMIT, (intptr_t)hard, NULL},
@@ -1183,20 +1173,27 @@ static struct MHD_Daemon *daemon_start(struct ts_server *srv, int threads, unsig
 		{MHD_OPTION_END, 0, NULL},
 	};
 
-	return MHD_start_daemon(TS_HTTP_MHD_FLAGS | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL,
-	                        on_request, srv, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+	dm->mhd = MHD_start_daemon(TS_HTTP_MHD_FLAGS | MHD_USE_NO_LISTEN_SOCKET, 0, NULL, NULL,
+	                           on_request, srv, MHD_OPTION_ARRAY, opts, MHD_OPTION_END);
+	return dm->mhd != NULL;
 }
 
-/* The small-request workers: threads daemons of one thread each. */
-static bool workers_start(struct ts_server *srv, int threads, unsigned int hard)
+/* The bulk daemon, a pool of threads, and the small-request workers:
+ * threads daemons of one thread each. */
+static bool daemons_start(struct ts_server *srv, int threads, unsigned int hard)
 {
+	srv->bulk = (struct ts__daemon){.srv = srv, .worker = -1};
+	if (!daemon_start(&srv->bulk, threads, hard, TS_HTTP_CONN_MEMORY_BULK))
+		return false;
 	srv->workers = calloc((size_t)threads, sizeof *srv->workers);
 	if (!srv->workers || ts_metrics_set_workers(srv->metrics, threads) != TS_OK)
 		return false;
 	srv->nworkers = threads;
-	for (int w = 0; w < threads; w++)
-		if (!(srv->workers[w] = daemon_start(srv, 1, hard, TS_HTTP_CONN_MEMORY)))
+	for (int w = 0; w < threads; w++) {
+		srv->workers[w] = (struct ts__daemon){.srv = srv, .worker = w};
+		if (!daemon_start(&srv->workers[w], 1, hard, TS_HTTP_CONN_MEMORY))
 			return false;
+	}
 	return true;
 }
 
@@ -1223,8 +1220,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
 	srv->waits_started = true;
-	srv->bulk_daemon = daemon_start(srv, threads, hard, TS_HTTP_CONN_MEMORY_BULK);
-	if (!srv->bulk_daemon || !workers_start(srv, threads, hard))
+	if (!daemons_start(srv, threads, hard))
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "HTTP_START",
 		                    "cannot start the HTTP server's threads");
 	st = ts__tcp_listen(&srv->cfg, &fds[nfds], &srv->port, err);

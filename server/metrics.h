@@ -41,7 +41,6 @@ enum ts_conn_event { TS_CONN_SMALL, TS_CONN_BULK, TS_CONN_REFUSED, TS_CONN_EVENT
 /* Counts one accepted connection's event; answers how many there have been. */
 uint64_t ts_metrics_connection(struct ts_metrics *m, enum ts_conn_event e);
 
-/* A request began (in flight until its ts_metrics_record). */
 /* Sets the number of small-request workers (once, before any connection):
  * TS_OK, TS_RESOURCE_EXHAUSTED without memory, TS_INVALID_ARGUMENT when n < 1
  * or already set. */
@@ -52,6 +51,7 @@ ts_status ts_metrics_set_workers(struct ts_metrics *m, int n);
 void ts_metrics_worker_conns_add(struct ts_metrics *m, int w, int delta);
 int64_t ts_metrics_worker_conns(const struct ts_metrics *m, int w);
 
+/* A request began (in flight until its ts_metrics_record). */
 void ts_metrics_request_started(struct ts_metrics *m);
 
 /* Requests begun and not yet recorded, over every thread. */

@@ -22,6 +22,15 @@ struct ts__addr_count;
 struct ts__acceptor;
 struct ts__lease_service;
 
+/* A daemon the acceptor hands connections to, and what its connection
+ * callbacks learn of it (their closure): which small-request worker it is,
+ * or -1 for the bulk daemon. */
+struct ts__daemon {
+	struct MHD_Daemon *mhd;          /* owned */
+	struct ts_server *srv;           /* borrowed; immutable after start */
+	int worker;                      /* immutable after start */
+};
+
 struct ts_server {
 	struct ts_config cfg;            /* immutable after init */
 	struct ts_core core;             /* immutable after init */
@@ -36,9 +45,9 @@ struct ts_server {
 	 * nworkers daemons of one thread each that the acceptor chooses
 	 * (ts__worker_pick), and those that open with PUT, POST or PATCH, on
 	 * one daemon with a pool of threads (accept.c) */
-	struct MHD_Daemon **workers;     /* owned; nworkers, immutable after start */
+	struct ts__daemon *workers;      /* owned; nworkers, immutable after start */
 	int nworkers;
-	struct MHD_Daemon *bulk_daemon;  /* owned */
+	struct ts__daemon bulk;
 	struct ts__acceptor *acceptor;   /* owned (accept.c) */
 	bool unix_listening;             /* the --unix-socket file is ours to unlink */
 	struct ts__lease_service *lease; /* owned; NULL without --unix-socket (lease.c) */
@@ -135,8 +144,8 @@ ts_status ts__tcp_listen(const struct ts_config *cfg, int *fd, int *port, struct
 
 /* Starts the acceptor thread on the listening sockets fds (1 or 2; owned
  * from the call on, closed by ts__accept_stop, also when it fails); it
- * hands each connection to a worker of srv->workers or to srv->bulk_daemon. Stopping closes
- * the connections still waiting (accept.c). */
+ * hands each connection to one of srv->workers or to srv->bulk. Stopping
+ * closes the connections still waiting (accept.c). */
 ts_status ts__accept_start(struct ts_server *srv, const int *fds, int nfds, struct ts_error *err);
 void ts__accept_stop(struct ts_server *srv);
 
