@@ -28,6 +28,22 @@
  * stride is one read. */
 #define READER_MAX_RUNS 65536
 
+/*
+ * A reader's runs array, made at its first read with no more entries than
+ * its selection has runs (nruns; at most READER_MAX_RUNS): a small body
+ * allocates, and clears, nothing of a block's worst case. False without
+ * memory.
+ */
+static bool reader_runs(struct ts_run **runs, size_t *cap, uint64_t nruns)
+{
+	if (*runs)
+		return true;
+	*cap = nruns < READER_MAX_RUNS ? (size_t)nruns : READER_MAX_RUNS;
+	*cap = *cap ? *cap : 1;
+	*runs = malloc(*cap * sizeof **runs);
+	return *runs != NULL;
+}
+
 struct reader {
 	struct ts_stager *stager;          /* borrowed from the core */
 	char *prefix;                      /* owned */
@@ -79,14 +95,8 @@ static long reader_read(void *state, uint64_t pos, char *buf, size_t max)
 		memcpy(buf, r->prefix + pos, got);
 		return (long)got;
 	}
-	if (!r->runs) {
-		/* no more entries than the selection has runs: small reads stay small */
-		r->cap = r->nruns < READER_MAX_RUNS ? (size_t)r->nruns : READER_MAX_RUNS;
-		r->cap = r->cap ? r->cap : 1;
-		r->runs = malloc(r->cap * sizeof *r->runs);
-		if (!r->runs)
-			return -1;
-	}
+	if (!reader_runs(&r->runs, &r->cap, r->nruns))
+		return -1;
 	/* batch the runs of one part that fit in this block into one read */
 	while (got < max) {
 		uint64_t take;
@@ -195,9 +205,11 @@ struct rows_reader {
 	char *prefix;                      /* owned */
 	size_t prefix_len;
 	uint64_t *rows;                    /* owned: normalized */
+	size_t nrows;                      /* a block gathers at most one run a row */
 	struct ts_rows_iter it;
 	uint64_t run_off, run_left;        /* the unsent rest of the current run */
-	struct ts_run runs[READER_MAX_RUNS];
+	struct ts_run *runs;               /* owned; cap entries, made at the first read */
+	size_t cap;
 };
 
 static void rows_reader_release(void *state)
@@ -206,6 +218,7 @@ static void rows_reader_release(void *state)
 
 	ts_array_unref(r->array);
 	free(r->rows);
+	free(r->runs);
 	free(r->prefix);
 	free(r);
 }
@@ -220,7 +233,9 @@ static long rows_reader_read(void *state, uint64_t pos, char *buf, size_t max)
 		memcpy(buf, r->prefix + pos, got);
 		return (long)got;
 	}
-	while (got < max && nruns < READER_MAX_RUNS) {
+	if (!reader_runs(&r->runs, &r->cap, r->nrows))
+		return -1;
+	while (got < max && nruns < r->cap) {
 		uint64_t take;
 
 		if (!r->run_left && !ts_rows_iter_next(&r->it, &r->run_off, &r->run_left))
@@ -359,6 +374,7 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 		goto fail;
 	r->stager = call->core->stager;
 	r->rows = (uint64_t *)raw;
+	r->nrows = n;
 	raw = NULL;
 	row_bytes = ts_dtype_size(d->dtype);
 	shape[0] = n;
