@@ -25,6 +25,7 @@
 
 #include <arpa/inet.h>
 #include <assert.h>
+#include <pthread.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <stddef.h>
@@ -86,14 +87,49 @@ struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
 	bool local;                      /* on the Unix socket: no limit per address */
-	/* the last request's memory, kept for the connection's next one: a
-	 * request is some kilobytes, and allocating and freeing it per request
-	 * costs more than clearing it (libmicrohttpd runs one request of a
-	 * connection at a time, on one thread). Debug builds (TS_DEBUG, every
-	 * sanitizer build) keep none, so that a stale request pointer still
-	 * faults there. */
-	struct request *spare;
 };
+
+/*
+ * The last completed request's memory, kept by the thread that ran it for
+ * its next request on any of its connections: a request is some kilobytes,
+ * and allocating and freeing it per request costs more than clearing it.
+ * One per thread rather than per connection, so that at many connections
+ * the request a loop clears is still in its cache. A thread's spare is freed
+ * when the thread exits (the key's destructor). Debug builds (TS_DEBUG,
+ * every sanitizer build) keep none, so that a stale request pointer still
+ * faults there.
+ */
+#ifndef TS_DEBUG
+#define TS_DEBUG 0
+#endif
+
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static bool spare_ok;
+
+static void spare_key_make(void)
+{
+	spare_ok = pthread_key_create(&spare_key, free) == 0;
+}
+
+static struct request *spare_take(void)
+{
+	struct request *rq;
+
+	if (TS_DEBUG || !spare_ok)
+		return NULL;
+	rq = pthread_getspecific(spare_key);
+	if (rq)
+		pthread_setspecific(spare_key, NULL);
+	return rq;
+}
+
+static void spare_put(struct request *rq)
+{
+	if (TS_DEBUG || !spare_ok || pthread_getspecific(spare_key) ||
+	    pthread_setspecific(spare_key, rq) != 0)
+		free(rq);
+}
 
 static struct conn_ctx *conn_ctx_of(struct MHD_Connection *conn)
 {
@@ -250,12 +286,10 @@ static struct request *request_new(struct ts_server *srv,
                                    struct MHD_Connection *conn, const char *url,
                                    const char *method)
 {
-	struct conn_ctx *cc = conn_ctx_of(conn);
-	struct request *rq = cc ? cc->spare : NULL;
+	struct request *rq = spare_take();
 	const char *given;
 
 	if (rq) {
-		cc->spare = NULL;
 		memset(rq, 0, offsetof(struct request, reply));
 	} else if (!(rq = calloc(1, sizeof *rq))) {
 		return NULL;
@@ -943,9 +977,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn,
 
 	(void)version;
 	if (!rq) {
-		const union MHD_ConnectionInfo *ci =
-			MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-		const struct conn_ctx *cc = ci ? ci->socket_context : NULL;
+		const struct conn_ctx *cc = conn_ctx_of(conn);
 
 		if (cc && cc->refused)
 			return MHD_NO;          /* answered 503 at accept */
@@ -1025,7 +1057,6 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 {
 	struct ts_server *srv = cls;
 	struct request *rq = *req_cls;
-	struct conn_ctx *cc;
 	uint64_t dur;
 
 	if (!rq)
@@ -1052,15 +1083,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		ts_routes[rq->route].upload->release(rq->upload);
 	ts_reply_release(&rq->reply);
 	free(rq->body);
-#if TS_DEBUG
-	cc = NULL;
-#else
-	cc = conn_ctx_of(conn);
-#endif
-	if (cc && !cc->spare)
-		cc->spare = rq;
-	else
-		free(rq);
+	spare_put(rq);
 	*req_cls = NULL;
 }
 
@@ -1128,7 +1151,6 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		ts__conn_leave(srv, cc->addr);
 	if (dm->worker >= 0)
 		ts_metrics_worker_conns_add(srv->metrics, dm->worker, -1);
-	free(cc->spare);
 	free(cc);
 	*socket_context = NULL;
 }
@@ -1204,6 +1226,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	unsigned int hard;
 	ts_status st;
 
+	pthread_once(&spare_once, spare_key_make);
 	if (threads <= 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
 
