@@ -89,9 +89,11 @@ ALL_LDLIBS   = $(TS_LDLIBS) $(LDLIBS)
 # from above (tests/make/floors.sh checks). Folders joined by '|' share a
 # floor and do not see each other: the array catalog (storage), the
 # operations runner (ops) and training (train) each build on device, memory
-# and formats alone, and handlers join them. The library is every .c of
-# these folders (less main() and the backend not built).
-FLOORS    := common device memory formats storage|ops|train handlers server
+# and formats alone; jobs joins them (the work operations run: steps,
+# evaluations, model creation, moves, imports), and handlers parse, submit
+# a job and render. The library is every .c of these folders (less main()
+# and the backend not built).
+FLOORS    := common device memory formats storage|ops|train jobs handlers server
 LIB_DIRS  := $(subst |, ,$(FLOORS))
 LIB_SRC   := $(filter-out server/main.c device/cuda_%.c device/nocuda.c train/cuda_%.c \
                  train/nocuda_%.c, \

@@ -25,27 +25,17 @@
 
 #include "common/status.h"
 #include "device/device.h"
+#include "jobs/env.h"
 
-struct ts_memory;
 struct ts_reply;
 struct ts_view_cache;
-struct ts_catalog;
-struct ts_stager;
-struct ts_model_registry;
-struct ts_op_registry;
-struct ts_sharding_registry;
 
 /* The core objects every handler may use; immutable after start (the
- * objects they point to are thread-safe). */
+ * objects they point to are thread-safe). env is what the jobs below the
+ * handlers take (jobs/env.h); the rest is the HTTP half. */
 struct ts_core {
-	struct ts_device_set *devices;
-	struct ts_memory *memory;
+	struct ts_jobs_env env;              /* devices, memory, catalog, stager, operations, ... */
 	struct ts_view_cache *memory_view;   /* handlers/memory.c */
-	struct ts_catalog *catalog;
-	struct ts_stager *stager;
-	struct ts_op_registry *operations;   /* long-running operations (ops/operation.h) */
-	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
-	struct ts_model_registry *models;    /* training models (train/model.h) */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */
 	const char *data_dir_given;          /* --data-dir as configured (another spelling) */
 	uint64_t import_header_max;          /* largest safetensors header an import holds */

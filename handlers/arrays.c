@@ -26,7 +26,7 @@ ts_status ts_h_placement(const struct ts_core *core, const char *device,
 	enum ts_memory_kind kind = core->default_memory_kind;
 
 	if (device && *device) {
-		dev = ts_device_set_find(core->devices, device);
+		dev = ts_device_set_find(core->env.devices, device);
 		if (!dev)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "device '%s' is not a device of this node", device);
@@ -140,79 +140,9 @@ void ts_h_format_shape(char *buf, size_t cap, int rank, const uint64_t *shape)
 	}
 }
 
-static json_t *time_json(uint64_t ns)
-{
-	time_t secs = (time_t)(ns / 1000000000ull);
-	struct tm tm;
-	char buf[48];
 
-	gmtime_r(&secs, &tm);
-	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
-	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-	         (unsigned)(ns % 1000000000ull / 1000));
-	return json_string(buf);
-}
 
-static json_t *shape_json(int rank, const uint64_t *shape)
-{
-	json_t *a = json_array();
 
-	for (int i = 0; a && i < rank; i++)
-		json_array_append_new(a, json_integer((json_int_t)shape[i]));
-	return a;
-}
-
-static json_t *shards_json(const struct ts_array *a)
-{
-	const struct ts_array_desc *d = ts_array_desc(a);
-	const char *kind = ts_memory_kind_name(ts_array_placement(a)->sharding.memory_kind);
-	json_t *list = json_array();
-
-	for (int i = 0; list && i < ts_array_nshards(a); i++) {
-		const struct ts_shard_box *b = ts_array_box(a, i);
-		json_t *index = json_array();
-
-		for (int k = 0; index && k < d->rank; k++)
-			json_array_append_new(index, json_pack("[I, I]", (json_int_t)b->start[k],
-			                                       (json_int_t)(b->start[k] + b->count[k])));
-		json_array_append_new(list, json_pack("{s:s, s:s, s:o*, s:i, s:I}",
-		                                      "device", ts_device_props(b->device)->id,
-		                                      "memory_kind", kind, "index", index,
-		                                      "replica", b->replica,
-		                                      "nbytes", (json_int_t)ts_buffer_size(
-		                                              ts_array_shard_buffer(a, i))));
-	}
-	return list;
-}
-
-json_t *ts_h_array_json(const struct ts_array *a)
-{
-	const struct ts_array_desc *d = ts_array_desc(a);
-	const struct ts_placement *p = ts_array_placement(a);
-	json_t *o;
-
-	o = json_pack("{s:s, s:s, s:o*, s:I, s:o*, s:b, s:o*, s:I, s:s, s:o*, s:o*}",
-	              "name", ts_array_name(a), "dtype", ts_dtype_name(d->dtype),
-	              "shape", shape_json(d->rank, d->shape), "nbytes", (json_int_t)d->nbytes,
-	              "sharding", ts_h_sharding_json(&p->sharding),
-	              "committed", p->committed,
-	              "shards", shards_json(a),
-	              "version", (json_int_t)ts_array_version(a), "etag", ts_array_etag(a),
-	              "create_time", time_json(ts_array_created_ns(a)),
-	              "update_time", time_json(ts_array_updated_ns(a)));
-	if (o)
-		json_object_set_new(o, "implicit_transfer_bytes",
-		                    json_integer((json_int_t)ts_array_implicit_bytes(a)));
-	/* a copy: the version's metadata is its own (storage/array.h), and a
-	 * reference here would be counted on this thread while others count
-	 * theirs */
-	if (o && ts_array_metadata(a) &&
-	    json_object_set_new(o, "metadata", json_deep_copy(ts_array_metadata(a))) != 0) {
-		json_decref(o);
-		o = NULL;
-	}
-	return o;
-}
 
 const char *ts_h_array_name(const struct ts_call *call, struct ts_reply *reply)
 {
@@ -234,7 +164,7 @@ struct ts_array *ts_h_array_from_path(const struct ts_call *call, struct ts_repl
 
 	if (!name)
 		return NULL;
-	a = ts_catalog_get(call->core->catalog, name);
+	a = ts_catalog_get(call->core->env.catalog, name);
 	if (!a)
 		ts_reply_fail(reply, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
 	return a;
@@ -244,7 +174,7 @@ void ts_h_reply_array(struct ts_reply *reply, const struct ts_array *a, bool cre
 {
 	char loc[200];
 
-	ts_reply_json(reply, created ? TS_HTTP_CREATED : TS_HTTP_OK, ts_h_array_json(a));
+	ts_reply_json(reply, created ? TS_HTTP_CREATED : TS_HTTP_OK, ts_render_array(a));
 	if (reply->kind != TS_REPLY_JSON)
 		return;
 	snprintf(loc, sizeof loc, "/v1/arrays/%s", ts_array_name(a));
@@ -278,9 +208,9 @@ void ts_h_arrays_sharding(const struct ts_call *call, struct ts_reply *reply)
 	} else {
 		ts_reply_json(reply, TS_HTTP_OK,
 		              json_pack("{s:o*, s:b, s:o*}", "sharding",
-		                        ts_h_sharding_json(&ts_array_placement(a)->sharding),
+		                        ts_render_sharding(&ts_array_placement(a)->sharding),
 		                        "committed", ts_array_placement(a)->committed,
-		                        "shards", shards_json(a)));
+		                        "shards", ts_render_shards(a)));
 	}
 	ts_array_unref(a);
 }
@@ -322,7 +252,7 @@ void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 		              "page_size '%.64s' is not an integer in 1..1000", size_s);
 		return;
 	}
-	if (dev && *dev && !(f.device = ts_device_set_find(call->core->devices, dev))) {
+	if (dev && *dev && !(f.device = ts_device_set_find(call->core->env.devices, dev))) {
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 		              "device '%s' is not a device of this node", dev);
 		return;
@@ -342,14 +272,14 @@ void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 		              "an earlier page)", token);
 		return;
 	}
-	if (ts_catalog_list(call->core->catalog, token && *token ? token : NULL, (size_t)page,
+	if (ts_catalog_list(call->core->env.catalog, token && *token ? token : NULL, (size_t)page,
 	                    list_keep, &f, &arrs, &n, &more, &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return;
 	}
 	list = json_array();
 	for (size_t i = 0; list && i < n; i++)
-		json_array_append_new(list, ts_h_array_json(arrs[i]));
+		json_array_append_new(list, ts_render_array(arrs[i]));
 	root = json_pack("{s:o*}", "arrays", list);
 	if (root && more && n)
 		json_object_set_new(root, "next_page_token", json_string(ts_array_name(arrs[n - 1])));
@@ -378,7 +308,7 @@ void ts_h_arrays_delete(const struct ts_call *call, struct ts_reply *reply)
 	if (!name)
 		return;
 	ts_error_clear(&err);
-	if (ts_catalog_delete(call->core->catalog, name, &pre, &err) != TS_OK)
+	if (ts_catalog_delete(call->core->env.catalog, name, &pre, &err) != TS_OK)
 		ts_reply_error(reply, &err);
 	else
 		ts_reply_json(reply, TS_HTTP_OK, json_object());
@@ -404,7 +334,7 @@ static ts_status gather_copy(const struct ts_core *core, struct ts_array *dst,
 		runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};
 		at += len;
 	}
-	st = ts_array_copy(core->stager, dst, NULL, src, runs, k, NULL, NULL, NULL, err);
+	st = ts_array_copy(core->env.stager, dst, NULL, src, runs, k, NULL, NULL, NULL, err);
 	free(runs);
 	return st;
 }
@@ -452,9 +382,9 @@ void ts_h_arrays_gather(const struct ts_call *call, struct ts_reply *reply)
 		goto out_fail;
 	d.shape[0] = n;
 	if (ts_array_desc_init(&d, &err) != TS_OK ||
-	    ts_array_new(out_name, &d, &pl, call->core->memory, &dst, &err) != TS_OK ||
+	    ts_array_new(out_name, &d, &pl, call->core->env.memory, &dst, &err) != TS_OK ||
 	    gather_copy(call->core, dst, src, norm, n, row_bytes, &err) != TS_OK ||
-	    ts_catalog_put(call->core->catalog, dst, NULL, &replaced, &err) != TS_OK)
+	    ts_catalog_put(call->core->env.catalog, dst, NULL, &replaced, &err) != TS_OK)
 		goto out_fail;
 	ts_h_reply_array(reply, dst, !replaced);
 	goto out_free;

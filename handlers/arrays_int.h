@@ -12,6 +12,7 @@
 #include "formats/index.h"
 #include "formats/safetensors.h"
 #include "handlers/handlers.h"
+#include "jobs/render.h"
 #include "storage/array.h"
 
 /*
@@ -36,9 +37,6 @@ ts_status ts_h_parse_shape(const char *s, int *rank, uint64_t *shape, struct ts_
 /* Formats a shape as "8,6,16" ("" for a scalar). */
 void ts_h_format_shape(char *buf, size_t cap, int rank, const uint64_t *shape);
 
-/* The metadata JSON of an array (new reference, all of it new: the array's
- * metadata is copied; NULL when out of memory). */
-json_t *ts_h_array_json(const struct ts_array *a);
 
 /* The array named by the path parameter "array" (new reference), or NULL
  * after filling reply (bad name 400, absent 404). */

@@ -8,13 +8,13 @@
 void ts_h_backends_list(const struct ts_call *call, struct ts_reply *reply)
 {
 	const struct ts_core *core = call->core;
-	enum ts_backend_kind def = ts_device_set_default_backend(core->devices);
+	enum ts_backend_kind def = ts_device_set_default_backend(core->env.devices);
 	json_t *list = json_array(), *root;
 
 	for (int k = 0; list && k < TS_BACKEND_COUNT; k++) {
 		struct ts_backend_info bi;
 
-		ts_device_set_backend(core->devices, (enum ts_backend_kind)k, &bi);
+		ts_device_set_backend(core->env.devices, (enum ts_backend_kind)k, &bi);
 		json_array_append_new(list, json_pack("{s:s, s:b, s:b, s:i, s:s, s:b}",
 		                                      "name", ts_backend_name(bi.kind),
 		                                      "compiled", bi.compiled,

@@ -69,7 +69,7 @@ static void role_tensor_name(const struct ts_model *m, enum ts_pbuf_role r, char
 /* The checkpoint's metadata (new reference; NULL when out of memory). */
 static json_t *checkpoint_metadata(const struct ts_model *m)
 {
-	json_t *spec = ts_h_model_spec_json(m), *meta = NULL;
+	json_t *spec = ts_render_model_spec(m), *meta = NULL;
 	char *text = NULL, steps[32];
 
 	if (spec) {
@@ -102,7 +102,7 @@ void ts_h_models_export(const struct ts_call *call, struct ts_reply *reply)
 	json_t *meta = NULL;
 
 	ts_error_clear(&err);
-	if (!name || !ts_model_registry_get(call->core->models, name, &m)) {
+	if (!name || !ts_model_registry_get(call->core->env.models, name, &m)) {
 		ts_reply_fail(reply, TS_NOT_FOUND, "MODEL_NOT_FOUND", "model '%s' not found",
 		              name ? name : "");
 		return;
@@ -118,7 +118,7 @@ void ts_h_models_export(const struct ts_call *call, struct ts_reply *reply)
 		char an[TS_MODEL_NAME_MAX + 32];
 
 		ts_model_array_name(&m, roles[i], an, sizeof an);
-		if (!(arrs[i] = ts_catalog_get(call->core->catalog, an))) {
+		if (!(arrs[i] = ts_catalog_get(call->core->env.catalog, an))) {
 			ts_error_set(&err, TS_NOT_FOUND, "ARRAY_NOT_FOUND",
 			             "array '%s' of model '%s' not found", an, m.name);
 			goto out_fail;
@@ -128,14 +128,14 @@ void ts_h_models_export(const struct ts_call *call, struct ts_reply *reply)
 	 * so the step count read now is theirs */
 	snprintf(holder, sizeof holder, "export %" PRIu64 ".%" PRIu64, m.uid,
 	         atomic_fetch_add(&exports, 1));
-	if (ts_catalog_hold(call->core->catalog, arrs, n, holder, &err) != TS_OK)
+	if (ts_catalog_hold(call->core->env.catalog, arrs, n, holder, &err) != TS_OK)
 		goto out_fail;
-	if (!ts_model_registry_get(call->core->models, name, &m) || m.uid == 0) {
-		ts_catalog_release(call->core->catalog, holder);
+	if (!ts_model_registry_get(call->core->env.models, name, &m) || m.uid == 0) {
+		ts_catalog_release(call->core->env.catalog, holder);
 		ts_error_set(&err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", name);
 		goto out_fail;
 	}
-	ts_catalog_release(call->core->catalog, holder);
+	ts_catalog_release(call->core->env.catalog, holder);
 	meta = checkpoint_metadata(&m);
 	parts = calloc(NROLES, sizeof *parts);
 	if (!meta || !parts) {
@@ -337,7 +337,7 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 	}
 	/* the names: the model's, then its arrays' (a name taken refuses it all) */
 	m->create_ns = ts_wall_ns();
-	if (ts_model_registry_put(im->core->models, m, &m->uid, err) != TS_OK) {
+	if (ts_model_registry_put(im->core->env.models, m, &m->uid, err) != TS_OK) {
 		m->uid = 0;
 		return err->status;
 	}
@@ -346,7 +346,7 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 		struct ts_array *there;
 
 		ts_model_array_name(m, roles[r], an, sizeof an);
-		there = ts_catalog_get(im->core->catalog, an);
+		there = ts_catalog_get(im->core->env.catalog, an);
 		ts_array_unref(there);
 		if (there)
 			return ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
@@ -364,7 +364,7 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 		ts_placement_single(&pl, m->device,
 		                    ts_role_param(of[i]) ? m->policy.params : m->policy.opt_state, true);
 		if (ts_array_desc_init(&d, err) != TS_OK ||
-		    ts_array_new(an, &d, &pl, im->core->memory, &arrays[i], err) != TS_OK)
+		    ts_array_new(an, &d, &pl, im->core->env.memory, &arrays[i], err) != TS_OK)
 			return err->status;
 		ts_array_set_owner(arrays[i], owner);
 	}
@@ -422,15 +422,15 @@ static void mimport_finish(void *state, const struct ts_call *call, struct ts_re
 	(void)call;
 	ts_error_clear(&err);
 	if (ts_h_st_recv_finish(&im->rx, &err) != TS_OK ||
-	    ts_catalog_put_all(im->core->catalog, im->rx.arrays, im->rx.st.ntensors, false,
+	    ts_catalog_put_all(im->core->env.catalog, im->rx.arrays, im->rx.st.ntensors, false,
 	                       &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return;
 	}
 	im->published = true;
-	ts_model_registry_set_ready(im->core->models, im->model.uid, true, NULL);
+	ts_model_registry_set_ready(im->core->env.models, im->model.uid, true, NULL);
 	im->model.ready = true;
-	o = ts_h_model_spec_json(&im->model);
+	o = ts_render_model_spec(&im->model);
 	if (o)
 		json_object_set_new(o, "state", json_string("READY"));
 	ts_reply_json(reply, TS_HTTP_CREATED, o);
@@ -443,7 +443,7 @@ static void mimport_release(void *state)
 	if (!im)
 		return;
 	if (!im->published && im->model.uid)
-		ts_model_registry_remove(im->core->models, im->model.uid);
+		ts_model_registry_remove(im->core->env.models, im->model.uid);
 	ts_h_st_recv_release(&im->rx);
 	free(im);
 }

@@ -16,7 +16,7 @@ static json_t *device_json(const struct ts_core *core, struct ts_device *dev)
 	json_t *mems = json_array(), *o;
 
 	for (int k = 0; mems && k < TS_MEM_KIND_COUNT; k++) {
-		struct ts_space *sp = ts_memory_find(core->memory, pr->id, (enum ts_memory_kind)k);
+		struct ts_space *sp = ts_memory_find(core->env.memory, pr->id, (enum ts_memory_kind)k);
 
 		if (!sp)
 			continue;
@@ -49,7 +49,7 @@ static struct ts_device *device_from_path(const struct ts_call *call,
                                           struct ts_reply *reply)
 {
 	const char *id = ts_call_param(call, "device");
-	struct ts_device *dev = id ? ts_device_set_find(call->core->devices, id) : NULL;
+	struct ts_device *dev = id ? ts_device_set_find(call->core->env.devices, id) : NULL;
 
 	if (!dev)
 		ts_reply_fail(reply, TS_NOT_FOUND, "DEVICE_NOT_FOUND",
@@ -61,16 +61,16 @@ static struct ts_device *device_from_path(const struct ts_call *call,
 void ts_h_devices_list(const struct ts_call *call, struct ts_reply *reply)
 {
 	const struct ts_core *core = call->core;
-	size_t n = ts_device_set_count(core->devices);
+	size_t n = ts_device_set_count(core->env.devices);
 	json_t *list = json_array();
 
 	for (size_t i = 0; list && i < n; i++)
-		json_array_append_new(list, device_json(core, ts_device_set_at(core->devices, i)));
+		json_array_append_new(list, device_json(core, ts_device_set_at(core->env.devices, i)));
 	ts_reply_json(reply, TS_HTTP_OK,
 	              json_pack("{s:o*, s:s, s:s}", "devices", list, "default_device",
 	                        ts_device_props(core->default_device)->id,
 	                        "default_backend",
-	                        ts_backend_name(ts_device_set_default_backend(core->devices))));
+	                        ts_backend_name(ts_device_set_default_backend(core->env.devices))));
 }
 
 void ts_h_devices_get(const struct ts_call *call, struct ts_reply *reply)
@@ -96,7 +96,7 @@ void ts_h_devices_memory_stats(const struct ts_call *call, struct ts_reply *repl
 		              kind_s);
 		return;
 	}
-	sp = ts_memory_find(call->core->memory, ts_device_props(dev)->id, kind);
+	sp = ts_memory_find(call->core->env.memory, ts_device_props(dev)->id, kind);
 	if (!sp) {
 		ts_reply_fail(reply, TS_NOT_FOUND, "MEMORY_NOT_FOUND",
 		              "device '%s' has no %s memory", ts_device_props(dev)->id,

@@ -174,7 +174,7 @@ ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t pr
 		free(parts);
 		return st;
 	}
-	r->stager = core->stager;
+	r->stager = core->env.stager;
 	r->prefix = prefix;
 	r->prefix_len = prefix_len;
 	r->parts = parts;
@@ -372,7 +372,7 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 	/* normalized in place: the list is no longer needed as given */
 	if (ts_rows_check(raw, n, d->shape[0], (uint64_t *)raw, &err) != TS_OK)
 		goto fail;
-	r->stager = call->core->stager;
+	r->stager = call->core->env.stager;
 	r->rows = (uint64_t *)raw;
 	r->nrows = n;
 	raw = NULL;

@@ -65,11 +65,11 @@ json_t *ts_h_space_stats_json(const struct ts_space *sp)
 
 static json_t *spaces_json(const struct ts_core *core)
 {
-	size_t n = ts_memory_space_count(core->memory);
+	size_t n = ts_memory_space_count(core->env.memory);
 	json_t *spaces = json_array();
 
 	for (size_t i = 0; spaces && i < n; i++) {
-		const struct ts_space *sp = ts_memory_space_at(core->memory, i);
+		const struct ts_space *sp = ts_memory_space_at(core->env.memory, i);
 		const struct ts_device_props *pr = ts_device_props(ts_space_device(sp));
 		json_t *o = ts_h_space_stats_json(sp);
 
@@ -168,16 +168,16 @@ static char *render_totals(const struct ts_core *core, char *p)
 {
 	uint64_t count = 0, bytes = 0, moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT] = {{0}};
 
-	if (core->catalog)
-		ts_catalog_totals(core->catalog, &count, &bytes);
-	if (core->stager)
-		ts_stager_totals(core->stager, moved);
+	if (core->env.catalog)
+		ts_catalog_totals(core->env.catalog, &count, &bytes);
+	if (core->env.stager)
+		ts_stager_totals(core->env.stager, moved);
 	p = PUT_LIT(p, "\"arrays\":{\"count\":");
 	p = put_u64(p, count);
 	p = PUT_LIT(p, ",\"bytes\":");
 	p = put_u64(p, bytes);
 	p = PUT_LIT(p, "},\"transfers\":{\"implicit_transfer_bytes\":");
-	p = put_u64(p, core->stager ? ts_stager_implicit(core->stager) : 0);
+	p = put_u64(p, core->env.stager ? ts_stager_implicit(core->env.stager) : 0);
 	p = PUT_LIT(p, ",\"bytes\":{");
 	for (int a = 0; a < TS_MEM_KIND_COUNT; a++) {
 		for (int b = 0; b < TS_MEM_KIND_COUNT; b++) {
@@ -221,7 +221,7 @@ static size_t render_tail(const struct ts_core *core, char *p, char *host, size_
 static void memory_view(const struct ts_core *core, struct ts_reply *reply)
 {
 	static const char head[] = "{\"spaces\":";
-	uint64_t gen = ts_memory_generation(core->memory);
+	uint64_t gen = ts_memory_generation(core->env.memory);
 	char *body = NULL, *list, host[160];
 	size_t len = 0, tail_room = VIEW_TAIL_MAX + sizeof host;
 
@@ -279,6 +279,6 @@ void ts_h_memory_reset_peak(const struct ts_call *call, struct ts_reply *reply)
 		}
 		json_decref(j);
 	}
-	ts_memory_reset_peaks(call->core->memory);
+	ts_memory_reset_peaks(call->core->env.memory);
 	memory_view(call->core, reply);
 }

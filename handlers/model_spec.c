@@ -383,7 +383,7 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	m->device = core->default_device;
 	if (pl) {
 		dev = json_string_value(json_object_get(pl, "device"));
-		if (dev && !(m->device = ts_device_set_find(core->devices, dev)))
+		if (dev && !(m->device = ts_device_set_find(core->env.devices, dev)))
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "placement.device '%s' is not a device of this node", dev);
 		if (json_object_get(pl, "activations")) {
@@ -396,58 +396,4 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 }
 
 
-json_t *ts_h_optimizer_json(const struct ts_optimizer *o)
-{
-	json_t *j = json_pack("{s:s, s:f, s:f, s:f, s:f}", "type", ts_optimizer_name(o),
-	                      "b1", (double)o->b1, "b2", (double)o->b2, "eps", (double)o->eps,
-	                      "clip_global_norm", (double)o->clip_global_norm);
 
-	if (!j)
-		return NULL;
-	if (o->adamw)
-		json_object_set_new(j, "weight_decay", json_real((double)o->weight_decay));
-	if (o->schedule.type == TS_SCHED_WARMUP_COSINE)
-		json_object_set_new(j, "schedule",
-		                    json_pack("{s:s, s:f, s:f, s:I, s:I, s:f}", "type", "warmup_cosine_decay",
-		                              "init_value", (double)o->schedule.init_value,
-		                              "peak_value", (double)o->schedule.peak_value,
-		                              "warmup_steps", (json_int_t)o->schedule.warmup_steps,
-		                              "decay_steps", (json_int_t)o->schedule.decay_steps,
-		                              "end_value", (double)o->schedule.end_value));
-	else
-		json_object_set_new(j, "learning_rate", json_real((double)o->learning_rate));
-	return j;
-}
-
-json_t *ts_h_model_spec_json(const struct ts_model *m)
-{
-	json_t *save = json_array(), *offload = json_array();
-
-	if (m->policy.save_x)
-		json_array_append_new(save, json_string("x"));
-	if (m->policy.save_h)
-		json_array_append_new(save, json_string("h"));
-	if (m->policy.offload_x)
-		json_array_append_new(offload, json_string("x"));
-	if (m->policy.offload_h)
-		json_array_append_new(offload, json_string("h"));
-	json_t *o = json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:o*,"
-	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:I}",
-	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,
-	                 "d_hidden", m->mlp.d_hidden, "activation", ts_act_name(m->mlp.act),
-	                 "residual", m->mlp.residual, "dtype", ts_compute_name(m->mlp.compute),
-	                 "loss", ts_loss_name(m->mlp.loss), "optimizer", ts_h_optimizer_json(&m->opt),
-	                 "placement", "device", ts_device_props(m->device)->id,
-	                 "params", ts_memory_kind_name(m->policy.params),
-	                 "opt_state", ts_memory_kind_name(m->policy.opt_state),
-	                 "activations", "save", save, "offload", offload,
-	                 "prefetch_depth", m->policy.prefetch_depth, "steps", (json_int_t)m->steps);
-
-	if (o && ts_mlp_tokens(&m->mlp)) {
-		json_t *mlp = json_object_get(o, "mlp");
-
-		json_object_set_new(mlp, "vocab", json_integer(m->mlp.vocab));
-		json_object_set_new(mlp, "projection", json_boolean(m->mlp.proj));
-	}
-	return o;
-}

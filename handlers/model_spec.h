@@ -13,15 +13,9 @@
 #include <jansson.h>
 
 #include "handlers/api.h"
+#include "jobs/render.h"
 #include "train/model.h"
 
-/* How a new model's weights start: normal(0, scale) draws from seed, or a
- * constant. */
-struct ts_model_init {
-	bool constant;
-	double value, scale;
-	uint64_t seed;
-};
 
 /* A model (name, mlp, dtype, loss, optimizer, init, placement) from body
  * (borrowed, any JSON value): *m and *init on success; m->device is the
@@ -36,16 +30,6 @@ struct ts_model_init {
 ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
                            struct ts_model_init *init, struct ts_error *err);
 
-/* The model as a spec ts_h_model_parse reads back to the same model (name,
- * mlp, dtype, loss, optimizer, placement, steps; no init): what GET
- * /v1/models/{m} shows and a checkpoint carries. New reference; NULL when
- * out of memory. */
-json_t *ts_h_model_spec_json(const struct ts_model *m);
-
-/* The optimizer object of a spec: type (adamw for decoupled decay), b1, b2,
- * eps, clip_global_norm, weight_decay (adamw), and learning_rate or, for a
- * warmup cosine, the schedule. New reference; NULL when out of memory. */
-json_t *ts_h_optimizer_json(const struct ts_optimizer *o);
 
 /* Activations and prefetch (and params / opt_state memory kinds) from a
  * "placement" object into *p; absent fields keep *p. Checks the result

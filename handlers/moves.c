@@ -44,10 +44,10 @@ static ts_status move_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct move *m = arg;
 	ts_status s;
 
-	s = ts_move_run(m->mv, m->core->catalog, m->core->stager, move_progress, move_cancelled, op,
+	s = ts_move_run(m->mv, m->core->env.catalog, m->core->env.stager, move_progress, move_cancelled, op,
 	                err);
 	if (s == TS_OK)
-		ts_operation_set_result(op, ts_h_array_json(ts_move_result(m->mv)));
+		ts_operation_set_result(op, ts_render_array(ts_move_result(m->mv)));
 	return s;
 }
 
@@ -191,12 +191,12 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 
 		d.dtype = spec.dtype;
 		if (ts_array_desc_init(&d, &err) != TS_OK ||
-		    ts_catalog_check_write(call->core->catalog, name,
+		    ts_catalog_check_write(call->core->env.catalog, name,
 		                           is_copy || spec.convert ? &d : NULL, &pre, &err) != TS_OK)
 			goto out_fail;
 	}
 	if (is_copy && !spec.overwrite) {
-		struct ts_array *there = ts_catalog_get(call->core->catalog, name);
+		struct ts_array *there = ts_catalog_get(call->core->env.catalog, name);
 
 		ts_array_unref(there);
 		if (there) {
@@ -213,9 +213,9 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	}
 	m->core = call->core;
 	/* admission: the destination is allocated now, or the move is refused */
-	if (ts_move_new(call->core->memory, src, &spec, &m->mv, &total, &err) != TS_OK)
+	if (ts_move_new(call->core->env.memory, src, &spec, &m->mv, &total, &err) != TS_OK)
 		goto out_fail;
-	if (ts_op_submit(call->core->operations, is_copy ? "copy" : "put", ts_array_name(src), total,
+	if (ts_op_submit(call->core->env.operations, is_copy ? "copy" : "put", ts_array_name(src), total,
 	                 "bytes", move_run, m, move_release, &op, &err) != TS_OK)
 		goto out_fail;
 	m = NULL;

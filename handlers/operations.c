@@ -99,7 +99,7 @@ static struct ts_operation *operation_from_path(const struct ts_call *call,
                                                 struct ts_reply *reply)
 {
 	const char *id = ts_call_param(call, "operation");
-	struct ts_operation *op = id ? ts_op_get(call->core->operations, id) : NULL;
+	struct ts_operation *op = id ? ts_op_get(call->core->env.operations, id) : NULL;
 
 	if (!op)
 		ts_reply_fail(reply, TS_NOT_FOUND, "OPERATION_NOT_FOUND",
@@ -180,7 +180,7 @@ void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
 		              "(the next_page_token of an earlier page, with the same state)", token);
 		return;
 	}
-	if (ts_op_list_before(call->core->operations, only, before, (size_t)page, &ops, &n, &more,
+	if (ts_op_list_before(call->core->env.operations, only, before, (size_t)page, &ops, &n, &more,
 	                      &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return;
@@ -244,7 +244,7 @@ void ts_h_operations_delete(const struct ts_call *call, struct ts_reply *reply)
 	if (!op)
 		return;
 	ts_error_clear(&err);
-	if (ts_op_remove(call->core->operations, op, &err) != TS_OK)
+	if (ts_op_remove(call->core->env.operations, op, &err) != TS_OK)
 		ts_reply_error(reply, &err);
 	else
 		ts_reply_json(reply, TS_HTTP_OK, json_object());

@@ -133,7 +133,7 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 		memcpy(d.shape, t->shape, sizeof d.shape);
 		s = ts_array_desc_init(&d, err);
 		if (s == TS_OK)
-			s = ts_array_new(name, &d, &im->placement, im->core->memory, &arrays[i], err);
+			s = ts_array_new(name, &d, &im->placement, im->core->env.memory, &arrays[i], err);
 		if (s != TS_OK)
 			return s;
 		if (st->metadata) {
@@ -203,7 +203,7 @@ static ts_status recv_data(struct ts_h_st_recv *im, const char *data, size_t n, 
 			                    "safetensors body has bytes past its last tensor");
 		t = &im->st.tensors[im->cur];
 		if (!im->writer) {
-			s = ts_array_writer_new(im->core->stager, im->arrays[im->cur], &im->writer, err);
+			s = ts_array_writer_new(im->core->env.stager, im->arrays[im->cur], &im->writer, err);
 			if (s != TS_OK)
 				return s;
 		}
@@ -462,12 +462,12 @@ static ts_status import_complete(struct import *im, json_t **result, struct ts_e
 
 	if (ts_h_st_recv_finish(&im->rx, err) != TS_OK)
 		return err->status;
-	if (ts_catalog_put_all(im->core->catalog, im->rx.arrays, im->rx.st.ntensors, im->overwrite,
+	if (ts_catalog_put_all(im->core->env.catalog, im->rx.arrays, im->rx.st.ntensors, im->overwrite,
 	                       err) != TS_OK)
 		return err->status;
 	list = json_array();
 	for (size_t i = 0; list && i < im->rx.st.ntensors; i++)
-		json_array_append_new(list, ts_h_array_json(im->rx.arrays[i]));
+		json_array_append_new(list, ts_render_array(im->rx.arrays[i]));
 	*result = json_pack("{s:o*}", "arrays", list);
 	/* the result is the operation's alone: a copy, not the header's value */
 	if (*result && im->rx.st.metadata &&
@@ -605,7 +605,7 @@ static void import_finish(void *state, const struct ts_call *call, struct ts_rep
 		if (import_parse_path(im, &err) != TS_OK)
 			goto out_fail;
 		atomic_fetch_add(&im->refs, 1);       /* the operation's */
-		if (ts_op_submit(im->core->operations, "import", NULL, 0, "bytes", import_file_run, im,
+		if (ts_op_submit(im->core->env.operations, "import", NULL, 0, "bytes", import_file_run, im,
 		                 import_file_release, &op, &err) != TS_OK) {
 			atomic_fetch_sub(&im->refs, 1);   /* not taken */
 			goto out_fail;
@@ -743,7 +743,7 @@ void ts_h_arrays_export(const struct ts_call *call, struct ts_reply *reply)
 			             "array name '%.140s' in names is invalid", tok);
 			goto out_fail;
 		}
-		arrs[n] = ts_catalog_get(call->core->catalog, tok);
+		arrs[n] = ts_catalog_get(call->core->env.catalog, tok);
 		if (!arrs[n]) {
 			ts_error_set(&err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", tok);
 			goto out_fail;

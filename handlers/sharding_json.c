@@ -52,7 +52,7 @@ static ts_status parse_mesh_devices(const struct ts_core *core, json_t *list,
 
 		if (!id)
 			return BAD(err, "sharding.mesh.devices[%zu]: expected a device id string", i);
-		m->devices[i] = ts_device_set_find(core->devices, id);
+		m->devices[i] = ts_device_set_find(core->env.devices, id);
 		if (!m->devices[i])
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "sharding.mesh.devices[%zu]: device '%.64s' is not a device "
@@ -251,7 +251,7 @@ static ts_status parse_single(const struct ts_core *core, json_t *device, json_t
 	if (!id)
 		return BAD(err, "sharding.device: expected a device id string");
 	s->type = TS_SHARDING_SINGLE;
-	s->device = ts_device_set_find(core->devices, id);
+	s->device = ts_device_set_find(core->env.devices, id);
 	if (!s->device)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 		                    "sharding.device: device '%.64s' is not a device of this node", id);
@@ -311,76 +311,8 @@ ts_status ts_h_sharding_resolve(const struct ts_core *core, json_t *j, struct ts
 		           ? ts_h_sharding_parse(core, j, out, err)
 		           : BAD(err, "sharding: expected an object or the name of a saved sharding");
 	name = plain_string(j);
-	if (!name || !core->shardings || !ts_sharding_registry_get(core->shardings, name, out))
+	if (!name || !core->env.shardings || !ts_sharding_registry_get(core->env.shardings, name, out))
 		return ts_error_set(err, TS_NOT_FOUND, "SHARDING_NOT_FOUND",
 		                    "sharding '%.128s' not found", json_string_value(j));
 	return TS_OK;
-}
-
-/* ---- rendering ------------------------------------------------------------------------- */
-
-static json_t *spec_entry_json(const struct ts_mesh *m, const struct ts_spec_entry *e)
-{
-	json_t *list;
-
-	if (e->naxes == 0)
-		return json_null();
-	if (e->naxes == 1)
-		return json_string(m->axis_names[e->axes[0]]);
-	list = json_array();
-	for (int i = 0; list && i < e->naxes; i++)
-		if (json_array_append_new(list, json_string(m->axis_names[e->axes[i]])) != 0) {
-			json_decref(list);
-			return NULL;
-		}
-	return list;
-}
-
-static json_t *mesh_json(const struct ts_mesh *m)
-{
-	json_t *devs = json_array(), *names = json_array(), *shape = json_array(), *o;
-	bool ok = devs && names && shape;
-
-	for (int k = 0; ok && k < m->ndevices; k++)
-		ok = json_array_append_new(devs, json_string(ts_device_props(m->devices[k])->id)) == 0;
-	for (int a = 0; ok && a < m->naxes; a++)
-		ok = json_array_append_new(names, json_string(m->axis_names[a])) == 0 &&
-		     json_array_append_new(shape, json_integer(m->shape[a])) == 0;
-	o = ok ? json_object() : NULL;
-	if (o && (json_object_set(o, "devices", devs) != 0 ||
-	          json_object_set(o, "axis_names", names) != 0 ||
-	          json_object_set(o, "shape", shape) != 0)) {
-		json_decref(o);
-		o = NULL;
-	}
-	json_decref(devs);
-	json_decref(names);
-	json_decref(shape);
-	return o;
-}
-
-json_t *ts_h_sharding_json(const struct ts_sharding *s)
-{
-	json_t *o = json_object(), *spec = NULL, *mesh = NULL;
-	bool ok = o != NULL;
-
-	if (ok && s->type == TS_SHARDING_SINGLE) {
-		ok = json_object_set_new(o, "device", json_string(ts_device_props(s->device)->id)) == 0;
-	} else if (ok) {
-		mesh = mesh_json(&s->mesh);
-		spec = json_array();
-		ok = mesh && spec;
-		for (int d = 0; ok && d < s->spec_rank; d++)
-			ok = json_array_append_new(spec, spec_entry_json(&s->mesh, &s->spec[d])) == 0;
-		ok = ok && json_object_set(o, "mesh", mesh) == 0 && json_object_set(o, "spec", spec) == 0;
-	}
-	ok = ok && json_object_set_new(o, "memory_kind",
-	                               json_string(ts_memory_kind_name(s->memory_kind))) == 0;
-	json_decref(mesh);
-	json_decref(spec);
-	if (!ok) {
-		json_decref(o);
-		return NULL;
-	}
-	return o;
 }

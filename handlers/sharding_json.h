@@ -11,7 +11,7 @@
  * axis names (outermost first). "shape" may be left out when the mesh has
  * one axis; "memory_kind" may be left out (or null) for the server default.
  * Whatever parses is a valid sharding (ts_sharding_validate holds), and
- * ts_h_sharding_json of it parses back to an equal one.
+ * ts_render_sharding (jobs/render.h) of it parses back to an equal one.
  *
  * Thread-safety: pure functions of their arguments; the saved shardings are
  * read through the registry's own lock.
@@ -22,6 +22,7 @@
 #include <jansson.h>
 
 #include "handlers/api.h"
+#include "jobs/render.h"
 #include "storage/sharding.h"
 
 /*
@@ -36,15 +37,11 @@ ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_s
 
 /*
  * Like ts_h_sharding_parse, but j may also be a string naming a saved
- * sharding (core->shardings): NOT_FOUND (SHARDING_NOT_FOUND) when no such
+ * sharding (core->env.shardings): NOT_FOUND (SHARDING_NOT_FOUND) when no such
  * sharding is saved. Anything else is INVALID_ARGUMENT.
  */
 ts_status ts_h_sharding_resolve(const struct ts_core *core, json_t *j, struct ts_sharding *out,
                                 struct ts_error *err);
 
-/* The JSON of s, always with memory_kind, and for a named sharding the
- * mesh's devices, axis_names and shape and the spec as given. New
- * reference; NULL when out of memory. */
-json_t *ts_h_sharding_json(const struct ts_sharding *s);
 
 #endif

@@ -18,7 +18,7 @@
 /* {"name", "sharding"}: new reference, NULL when out of memory. */
 static json_t *saved_json(const char *name, const struct ts_sharding *s)
 {
-	json_t *sj = ts_h_sharding_json(s);
+	json_t *sj = ts_render_sharding(s);
 
 	return sj ? json_pack("{s:s, s:o}", "name", name, "sharding", sj) : NULL;
 }
@@ -66,7 +66,7 @@ static bool from_path(const struct ts_call *call, const char **name, struct ts_s
 	*name = ts_call_param(call, "sharding");
 	if (!name_ok("sharding name", *name, err))
 		return false;
-	if (!ts_sharding_registry_get(call->core->shardings, *name, out)) {
+	if (!ts_sharding_registry_get(call->core->env.shardings, *name, out)) {
 		ts_error_set(err, TS_NOT_FOUND, "SHARDING_NOT_FOUND", "sharding '%s' not found", *name);
 		return false;
 	}
@@ -92,7 +92,7 @@ void ts_h_shardings_create(const struct ts_call *call, struct ts_reply *reply)
 		             jerr.text);
 	if (err.status == TS_OK && name_ok("name", name, &err) &&
 	    ts_h_sharding_resolve(call->core, sj, &s, &err) == TS_OK &&
-	    ts_sharding_registry_put(call->core->shardings, name, &s, &err) == TS_OK)
+	    ts_sharding_registry_put(call->core->env.shardings, name, &s, &err) == TS_OK)
 		reply_saved(reply, name, &s, true);
 	else
 		ts_reply_error(reply, &err);
@@ -139,7 +139,7 @@ void ts_h_shardings_list(const struct ts_call *call, struct ts_reply *reply)
 	struct saved_list l = {0};
 	json_t *list = NULL;
 
-	ts_sharding_registry_each(call->core->shardings, collect, &l);
+	ts_sharding_registry_each(call->core->env.shardings, collect, &l);
 	if (!l.oom)
 		list = json_array();
 	for (size_t i = 0; list && i < l.n; i++)
@@ -199,7 +199,7 @@ void ts_h_shardings_with_memory_kind(const struct ts_call *call, struct ts_reply
 	if (!name_ok("name", name, &err))
 		goto out_fail;
 	ts_sharding_with_memory_kind(&src, kind, &s);
-	if (ts_sharding_registry_put(call->core->shardings, name, &s, &err) != TS_OK)
+	if (ts_sharding_registry_put(call->core->env.shardings, name, &s, &err) != TS_OK)
 		goto out_fail;
 	reply_saved(reply, name, &s, true);
 	json_decref(body);

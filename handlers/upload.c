@@ -68,24 +68,24 @@ static ts_status upload_admit(struct upload *u, const struct ts_array_desc *d,
 	ts_status st;
 
 	/* a model's array keeps its dtype and shape; a held one is not written */
-	st = ts_catalog_check_write(u->core->catalog, u->name, d, NULL, err);
+	st = ts_catalog_check_write(u->core->env.catalog, u->name, d, NULL, err);
 	if (st != TS_OK)
 		return st;
-	st = ts_array_new(u->name, d, &u->placement, u->core->memory, &u->array, err);
+	st = ts_array_new(u->name, d, &u->placement, u->core->env.memory, &u->array, err);
 	if (st != TS_OK)
 		return st;
 	u->expected = d->nbytes;
 	if (needs_conversion) {
-		struct ts_space *host = ts_memory_find(u->core->memory,
+		struct ts_space *host = ts_memory_find(u->core->env.memory,
 		                                       ts_device_props(ts_array_box(u->array, 0)->device)->id,
 		                                       TS_MEM_UNPINNED_HOST);
 
 		st = ts_buffer_new(host, d->nbytes, &u->convert, err);
 		if (st != TS_OK)
 			return st;
-		return ts_writer_new(u->core->stager, u->convert, 0, &u->host_writer, err);
+		return ts_writer_new(u->core->env.stager, u->convert, 0, &u->host_writer, err);
 	}
-	return ts_array_writer_new(u->core->stager, u->array, &u->writer, err);
+	return ts_array_writer_new(u->core->env.stager, u->array, &u->writer, err);
 }
 
 static ts_status parse_raw_desc(const struct ts_call *call, struct ts_array_desc *d,
@@ -144,7 +144,7 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 		u->pre.if_match = u->if_match;
 	}
 	/* check the preconditions now too, so a refused upload is not sent */
-	cur = ts_catalog_get(call->core->catalog, u->name);
+	cur = ts_catalog_get(call->core->env.catalog, u->name);
 	if (u->pre.create_only && cur)
 		ts_error_set(&err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
 		             "array '%s' already exists (If-None-Match: *)", u->name);
@@ -154,7 +154,7 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 		             "array '%s' is %s, not %s (If-Match)", u->name,
 		             cur ? ts_array_etag(cur) : "absent", u->if_match);
 	if (err.status == TS_OK)
-		ts_catalog_check_write(call->core->catalog, u->name, NULL, NULL, &err);
+		ts_catalog_check_write(call->core->env.catalog, u->name, NULL, NULL, &err);
 	if (err.status == TS_OK && ts_h_placement_query(call, &u->placement, &err) != TS_OK &&
 	    err.status == TS_OK)
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT", "the placement is invalid");
@@ -193,7 +193,7 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 		uint64_t least = content_length > TS_NPY_PREAMBLE_MAX ? content_length - TS_NPY_PREAMBLE_MAX : 0;
 
 		if (u->placement.sharding.type == TS_SHARDING_SINGLE &&
-		    ts_space_check_fit(ts_memory_find(call->core->memory,
+		    ts_space_check_fit(ts_memory_find(call->core->env.memory,
 		                                      ts_device_props(u->placement.sharding.device)->id,
 		                                      u->placement.sharding.memory_kind),
 		                       least, &err) != TS_OK)
@@ -302,7 +302,7 @@ static ts_status upload_convert(struct upload *u, struct ts_error *err)
 		ts_npy_fortran_to_c(ts_buffer_data(tmp), src, es, d->rank, d->shape);
 		src = ts_buffer_data(tmp);
 	}
-	st = ts_array_writer_new(u->core->stager, u->array, &w, err);
+	st = ts_array_writer_new(u->core->env.stager, u->array, &w, err);
 	if (st == TS_OK)
 		st = ts_array_writer_write(w, src, d->nbytes, err);
 	if (st == TS_OK)
@@ -337,7 +337,7 @@ static void upload_finish(void *state, const struct ts_call *call, struct ts_rep
 		goto out_fail;
 	if (u->convert && upload_convert(u, &err) != TS_OK)
 		goto out_fail;
-	if (ts_catalog_put(u->core->catalog, u->array, &u->pre, &replaced, &err) != TS_OK)
+	if (ts_catalog_put(u->core->env.catalog, u->array, &u->pre, &replaced, &err) != TS_OK)
 		goto out_fail;
 	ts_h_reply_array(reply, u->array, !replaced);
 	return;

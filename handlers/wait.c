@@ -189,7 +189,7 @@ void ts_h_operations_wait(const struct ts_call *call, struct ts_reply *reply)
 		ts_reply_error(reply, &err);
 		return;
 	}
-	op = id ? ts_op_get(call->core->operations, id) : NULL;
+	op = id ? ts_op_get(call->core->env.operations, id) : NULL;
 	if (!op) {
 		ts_reply_fail(reply, TS_NOT_FOUND, "OPERATION_NOT_FOUND", "operation '%.128s' not found",
 		              id ? id : "");

@@ -415,15 +415,15 @@ static bool do_create(struct ts__lease_service *svc, struct lconn *c,
 
 	ts_error_clear(&err);
 	memcpy(d.shape, rq->shape, sizeof d.shape);
-	if (rq->device[0] && !(dev = ts_device_set_find(core->devices, rq->device))) {
+	if (rq->device[0] && !(dev = ts_device_set_find(core->env.devices, rq->device))) {
 		ts_error_set(&err, TS_NOT_FOUND, "DEVICE_NOT_FOUND", "no device '%s'", rq->device);
 		goto refuse;
 	}
 	if (ts_array_desc_init(&d, &err) != TS_OK ||
-	    ts_catalog_check_write(core->catalog, rq->name, &d, &pre, &err) != TS_OK)
+	    ts_catalog_check_write(core->env.catalog, rq->name, &d, &pre, &err) != TS_OK)
 		goto refuse;
 	ts_placement_single(&pl, dev, kind, true);
-	if (ts_array_new(rq->name, &d, &pl, core->memory, &a, &err) != TS_OK)
+	if (ts_array_new(rq->name, &d, &pl, core->env.memory, &a, &err) != TS_OK)
 		goto refuse;
 	return grant(svc, c, a, true);
 
@@ -448,7 +448,7 @@ static bool do_publish(struct ts__lease_service *svc, struct lconn *c,
 		             (unsigned long long)rq->lease);
 		return send_error(c->fd, &err);
 	}
-	if (ts_catalog_put(svc->core->catalog, l->array, &pre, &replaced, &err) != TS_OK)
+	if (ts_catalog_put(svc->core->env.catalog, l->array, &pre, &replaced, &err) != TS_OK)
 		return send_error(c->fd, &err);   /* the lease stays: fix and publish again */
 	*link = l->next;
 	c->nleases--;
@@ -473,7 +473,7 @@ static bool serve(struct ts__lease_service *svc, struct lconn *c, const char *pa
 		return send_error(c->fd, &err);
 	switch (rq.op) {
 	case TS_LEASE_OP_LEASE:
-		a = ts_catalog_get(svc->core->catalog, rq.name);
+		a = ts_catalog_get(svc->core->env.catalog, rq.name);
 		if (!a) {
 			ts_error_set(&err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found",
 			             rq.name);

@@ -391,8 +391,8 @@ static void render_operations(struct out *o, struct ts_metrics *m, const struct 
 	uint64_t counts[TS_OP_CANCELLED + 1];
 	char labels[64];
 
-	if (core->operations) {
-		ts_op_counts(core->operations, counts);
+	if (core->env.operations) {
+		ts_op_counts(core->env.operations, counts);
 		family(o, "tstage_operations_listed", "gauge",
 		       "Operations listed now, by state (finished ones until retention drops them).");
 		for (int s = TS_OP_PENDING; s <= TS_OP_CANCELLED; s++)
@@ -462,7 +462,7 @@ static const struct {
 
 static void render_spaces(struct out *o, const struct ts_core *core)
 {
-	size_t n = ts_memory_space_count(core->memory);
+	size_t n = ts_memory_space_count(core->env.memory);
 	struct ts_space_stats *st = calloc(n ? n : 1, sizeof *st);
 
 	if (!st) {
@@ -470,11 +470,11 @@ static void render_spaces(struct out *o, const struct ts_core *core)
 		return;
 	}
 	for (size_t i = 0; i < n; i++)
-		ts_space_stats(ts_memory_space_at(core->memory, i), &st[i]);
+		ts_space_stats(ts_memory_space_at(core->env.memory, i), &st[i]);
 	for (size_t g = 0; g < sizeof space_series / sizeof space_series[0]; g++) {
 		family(o, space_series[g].name, space_series[g].type, space_series[g].help);
 		for (size_t i = 0; i < n; i++) {
-			const struct ts_space *sp = ts_memory_space_at(core->memory, i);
+			const struct ts_space *sp = ts_memory_space_at(core->env.memory, i);
 			uint64_t v = *(const uint64_t *)((const char *)&st[i] + space_series[g].offset);
 
 			out_printf(o, "%s{device=\"%s\",memory_kind=\"%s\",pool=\"%s\"} %llu\n",
@@ -488,7 +488,7 @@ static void render_spaces(struct out *o, const struct ts_core *core)
 
 static void render_pools(struct out *o, const struct ts_core *core)
 {
-	size_t n = ts_memory_pool_count(core->memory);
+	size_t n = ts_memory_pool_count(core->env.memory);
 
 	for (size_t g = 0; g < sizeof pool_series / sizeof pool_series[0]; g++) {
 		family(o, pool_series[g].name, "gauge", pool_series[g].help);
@@ -496,7 +496,7 @@ static void render_pools(struct out *o, const struct ts_core *core)
 			struct ts_pool_stats ps;
 			uint64_t v;
 
-			ts_memory_pool_stats(core->memory, i, &ps);
+			ts_memory_pool_stats(core->env.memory, i, &ps);
 			v = *(const uint64_t *)((const char *)&ps + pool_series[g].offset);
 			if (ps.device)
 				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\",device=\"%s\"} %llu\n",
@@ -531,13 +531,13 @@ static void dcgm_bus_id(const char *in, char *out, size_t cap)
 static void render_devices(struct out *o, const struct ts_core *core)
 {
 	static const char *const directions[] = {"h2d", "d2h", "d2d", "h2h"};
-	size_t n = ts_device_set_count(core->devices);
+	size_t n = ts_device_set_count(core->env.devices);
 
 	family(o, "tstage_device_info", "gauge",
 	       "A device tstaged serves (value 1); CUDA devices carry gpu_uuid and pci_bus_id "
 	       "to join with DCGM exporter series.");
 	for (size_t i = 0; i < n; i++) {
-		const struct ts_device_props *p = ts_device_props(ts_device_set_at(core->devices, i));
+		const struct ts_device_props *p = ts_device_props(ts_device_set_at(core->env.devices, i));
 		char bus[48];
 
 		dcgm_bus_id(p->pci_bus_id, bus, sizeof bus);
@@ -548,7 +548,7 @@ static void render_devices(struct out *o, const struct ts_core *core)
 	}
 	family(o, "tstage_device_healthy", "gauge", "1 unless the device hit a sticky error.");
 	for (size_t i = 0; i < n; i++) {
-		struct ts_device *d = ts_device_set_at(core->devices, i);
+		struct ts_device *d = ts_device_set_at(core->env.devices, i);
 
 		out_printf(o, "tstage_device_healthy{device=\"%s\"} %d\n", ts_device_props(d)->id,
 		           ts_device_broken(d) ? 0 : 1);
@@ -556,7 +556,7 @@ static void render_devices(struct out *o, const struct ts_core *core)
 	family(o, "tstage_device_transfer_bytes_total", "counter",
 	       "Bytes of the copies a device's queues accepted, by direction.");
 	for (size_t i = 0; i < n; i++) {
-		struct ts_device *d = ts_device_set_at(core->devices, i);
+		struct ts_device *d = ts_device_set_at(core->env.devices, i);
 
 		for (int k = TS_COPY_H2D; k <= TS_COPY_H2H; k++)
 			out_printf(o, "tstage_device_transfer_bytes_total{device=\"%s\",direction=\"%s\"} "
@@ -567,7 +567,7 @@ static void render_devices(struct out *o, const struct ts_core *core)
 	       "Copies accepted by a device's queues and not yet run (sim and cpu devices; "
 	       "a CUDA stream does not say).");
 	for (size_t i = 0; i < n; i++) {
-		struct ts_device *d = ts_device_set_at(core->devices, i);
+		struct ts_device *d = ts_device_set_at(core->env.devices, i);
 		uint64_t depth;
 
 		if (ts_device_copies_queued(d, &depth))
@@ -580,8 +580,8 @@ static void render_transfers(struct out *o, const struct ts_core *core)
 {
 	uint64_t moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT], count = 0, bytes = 0;
 
-	if (core->stager) {
-		ts_stager_totals(core->stager, moved);
+	if (core->env.stager) {
+		ts_stager_totals(core->env.stager, moved);
 		family(o, "tstage_transfer_bytes_total", "counter",
 		       "Bytes moved, by source and destination memory kind (HTTP bodies count as "
 		       "unpinned_host).");
@@ -594,10 +594,10 @@ static void render_transfers(struct out *o, const struct ts_core *core)
 		family(o, "tstage_implicit_transfer_bytes_total", "counter",
 		       "Bytes of uncommitted arrays moved because an operation needed them elsewhere.");
 		out_printf(o, "tstage_implicit_transfer_bytes_total %llu\n",
-		           (unsigned long long)ts_stager_implicit(core->stager));
+		           (unsigned long long)ts_stager_implicit(core->env.stager));
 	}
-	if (core->catalog) {
-		ts_catalog_totals(core->catalog, &count, &bytes);
+	if (core->env.catalog) {
+		ts_catalog_totals(core->env.catalog, &count, &bytes);
 		family(o, "tstage_arrays", "gauge", "Arrays in the catalog.");
 		out_printf(o, "tstage_arrays %llu\n", (unsigned long long)count);
 		family(o, "tstage_array_bytes", "gauge", "Bytes of the arrays in the catalog.");
@@ -610,9 +610,9 @@ static void render_training(struct out *o, const struct ts_core *core)
 	const struct ts_histogram *h;
 	struct ts_histogram_snapshot s;
 
-	if (!core->models)
+	if (!core->env.models)
 		return;
-	h = ts_model_registry_steps(core->models);
+	h = ts_model_registry_steps(core->env.models);
 	ts_histogram_read(h, &s);
 	family(o, "tstage_training_steps_total", "counter", "Training steps run since start.");
 	out_printf(o, "tstage_training_steps_total %llu\n", (unsigned long long)s.count);

@@ -332,11 +332,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		goto out_free;
 	}
 	srv->core = (struct ts_core){
-		.devices = srv->devices,
-		.memory = srv->memory,
+		.env = {.devices = srv->devices, .memory = srv->memory, .catalog = srv->catalog,
+		        .stager = srv->stager},
 		.memory_view = ts_view_cache_new(),
-		.catalog = srv->catalog,
-		.stager = srv->stager,
 		.data_dir = srv->data_dir[0] ? srv->data_dir : NULL,
 		.data_dir_given = srv->data_dir[0] ? srv->cfg.data_dir : NULL,
 		.import_header_max = cfg->import_header_limit,
@@ -350,13 +348,13 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.started_ns = ts_now_ns(),
 		.started_wall_ns = ts_wall_ns(),
 	};
-	srv->core.shardings = ts_sharding_registry_new();
-	srv->core.models = ts_model_registry_new();
-	if (!srv->core.shardings) {
+	srv->core.env.shardings = ts_sharding_registry_new();
+	srv->core.env.models = ts_model_registry_new();
+	if (!srv->core.env.shardings) {
 		st = ts_error_oom(err, "no memory for the saved shardings");
 		goto out_free;
 	}
-	if (!srv->core.models) {
+	if (!srv->core.env.models) {
 		st = ts_error_oom(err, "no memory for the model registry");
 		goto out_free;
 	}
@@ -374,7 +372,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	                                                          .keep_ns = 3600ull * 1000000000ull,
 	                                                          .ended = operation_ended,
 	                                                          .ended_cls = srv->metrics},
-	                        &srv->core.operations, err);
+	                        &srv->core.env.operations, err);
 	if (st != TS_OK)
 		goto out_free;
 	st = ts__http_start(srv, err);
@@ -407,7 +405,7 @@ static uint64_t ops_unfinished(struct ts_server *srv)
 {
 	uint64_t counts[TS_OP_CANCELLED + 1] = {0};
 
-	ts_op_counts(srv->core.operations, counts);
+	ts_op_counts(srv->core.env.operations, counts);
 	return counts[TS_OP_PENDING] + counts[TS_OP_RUNNING];
 }
 
@@ -419,7 +417,7 @@ static int cancel_state(struct ts_server *srv, enum ts_op_state state)
 	size_t n = 0;
 
 	ts_error_clear(&err);
-	if (ts_op_list(srv->core.operations, (int)state, SIZE_MAX, &ops, &n, &err) != TS_OK) {
+	if (ts_op_list(srv->core.env.operations, (int)state, SIZE_MAX, &ops, &n, &err) != TS_OK) {
 		ts_log(TS_LOG_ERROR, NULL, "cannot list operations to cancel: %s", err.message);
 		return 0;
 	}
@@ -470,13 +468,13 @@ void ts_server_free(struct ts_server *srv)
 	ts__http_stop(srv);
 	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
 	/* operations hold arrays and buffers: they end before the catalog and stager */
-	ts_op_registry_free(srv->core.operations);
+	ts_op_registry_free(srv->core.env.operations);
 	ts_metrics_free(srv->metrics);
 	ts_router_free(srv->router);
 	ts_view_cache_free(srv->core.memory_view);
 	ts_catalog_free(srv->catalog);
-	ts_sharding_registry_free(srv->core.shardings);
-	ts_model_registry_free(srv->core.models);
+	ts_sharding_registry_free(srv->core.env.shardings);
+	ts_model_registry_free(srv->core.env.models);
 	ts_stager_free(srv->stager);
 	ts_memory_free(srv->memory);
 	ts_device_set_free(srv->devices);

@@ -48,6 +48,14 @@ struct ts_model {
 	char creating[40];                /* the creating operation's id while !ready */
 };
 
+/* How a new model's weights start: normal(0, scale) draws from seed, or a
+ * constant. */
+struct ts_model_init {
+	bool constant;
+	double value, scale;
+	uint64_t seed;
+};
+
 /* The owner label of the model's arrays: "model 'name'". */
 void ts_model_owner(const struct ts_model *m, char *buf, size_t cap);
 

@@ -6,7 +6,7 @@
  * code, a reason and a message; a model that parses must satisfy the limits
  * the parser promises (a valid name, sizes in range, a device, a policy
  * that checks, a schedule whose steps are ordered), and its rendering
- * (ts_h_model_spec_json, what a checkpoint carries) must parse back to the
+ * (ts_render_model_spec, what a checkpoint carries) must parse back to the
  * same model.
  */
 #include <stdint.h>
@@ -31,9 +31,9 @@ static const struct ts_core *fake_core(void)
 	if (ready)
 		return &core;
 	ts_error_clear(&err);
-	if (ts_device_set_new(&dc, &core.devices, &err) != TS_OK)
+	if (ts_device_set_new(&dc, &core.env.devices, &err) != TS_OK)
 		abort();
-	core.default_device = ts_device_set_find(core.devices, "sim:0");
+	core.default_device = ts_device_set_find(core.env.devices, "sim:0");
 	core.default_memory_kind = TS_MEM_DEVICE;
 	ready = true;
 	return &core;
@@ -77,7 +77,7 @@ static void check_model(const struct ts_model *m, const struct ts_model_init *in
 /* The rendered spec parses back to the same model. */
 static void check_round_trip(const struct ts_core *core, const struct ts_model *m)
 {
-	json_t *spec = ts_h_model_spec_json(m);
+	json_t *spec = ts_render_model_spec(m);
 	struct ts_model back;
 	struct ts_model_init init;
 	struct ts_error err;

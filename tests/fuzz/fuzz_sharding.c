@@ -30,15 +30,15 @@ static const struct ts_core *fake_core(void)
 	if (ready)
 		return &core;
 	ts_error_clear(&err);
-	if (ts_device_set_new(&dc, &core.devices, &err) != TS_OK)
+	if (ts_device_set_new(&dc, &core.env.devices, &err) != TS_OK)
 		abort();
-	core.shardings = ts_sharding_registry_new();
-	if (!core.shardings)
+	core.env.shardings = ts_sharding_registry_new();
+	if (!core.env.shardings)
 		abort();
-	core.default_device = ts_device_set_find(core.devices, "sim:0");
+	core.default_device = ts_device_set_find(core.env.devices, "sim:0");
 	core.default_memory_kind = TS_MEM_DEVICE;
-	ts_sharding_single(&saved, ts_device_set_find(core.devices, "sim:1"), TS_MEM_PINNED_HOST);
-	if (ts_sharding_registry_put(core.shardings, "saved", &saved, &err) != TS_OK)
+	ts_sharding_single(&saved, ts_device_set_find(core.env.devices, "sim:1"), TS_MEM_PINNED_HOST);
+	if (ts_sharding_registry_put(core.env.shardings, "saved", &saved, &err) != TS_OK)
 		abort();
 	ready = true;
 	return &core;
@@ -135,7 +135,7 @@ static void check_parsed(const struct ts_core *core, const struct ts_sharding *s
 
 	if (ts_sharding_validate(s, NULL) != TS_OK)
 		abort();
-	j = ts_h_sharding_json(s);
+	j = ts_render_sharding(s);
 	if (!j)
 		return;                         /* out of memory: nothing to compare */
 	ts_error_clear(&err);

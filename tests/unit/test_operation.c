@@ -1290,7 +1290,7 @@ static const char *fake_lookup(void *conn, int where, const char *key)
 static void call_handler(ts_handler_fn *fn, struct ts_op_registry *r, const char *id,
                          const char *const *query, struct ts_reply *reply)
 {
-	struct ts_core core = {.operations = r};
+	struct ts_core core = {.env.operations = r};
 	struct ts_call call = {.core = &core, .method = "GET", .path = "/v1/operations",
 	                       .conn = (void *)query, .lookup = fake_lookup};
 

@@ -27,8 +27,8 @@ static void setup(void)
 	reg = ts_sharding_registry_new();
 	ck_assert_ptr_nonnull(reg);
 	memset(&core, 0, sizeof core);
-	core.devices = set;
-	core.shardings = reg;
+	core.env.devices = set;
+	core.env.shardings = reg;
 	core.default_device = ts_device_set_find(set, "sim:0");
 	core.default_memory_kind = TS_MEM_PINNED_HOST;
 }
@@ -61,7 +61,7 @@ static void parse_ok(const char *text, struct ts_sharding *s)
 /* Renders s and checks that it is exactly the JSON of expected. */
 static void renders_as(const struct ts_sharding *s, const char *expected)
 {
-	json_t *got = ts_h_sharding_json(s), *want = load(expected);
+	json_t *got = ts_render_sharding(s), *want = load(expected);
 	char *g = json_dumps(got, JSON_SORT_KEYS | JSON_COMPACT);
 
 	ck_assert_msg(json_equal(got, want), "rendered %s, expected %s", g, expected);
@@ -78,13 +78,13 @@ static void round_trip(const char *text)
 	struct ts_error err;
 
 	parse_ok(text, &a);
-	ja = ts_h_sharding_json(&a);
+	ja = ts_render_sharding(&a);
 	ck_assert_ptr_nonnull(ja);
 	ts_error_clear(&err);
 	ck_assert_msg(ts_h_sharding_parse(&core, ja, &b, &err) == TS_OK, "%s", err.message);
 	ck_assert(ts_sharding_equal(&a, &b));
 	ck_assert_int_eq(memcmp(&a, &b, sizeof a), 0);
-	jb = ts_h_sharding_json(&b);
+	jb = ts_render_sharding(&b);
 	ck_assert(json_equal(ja, jb));
 	json_decref(ja);
 	json_decref(jb);
@@ -439,7 +439,7 @@ START_TEST(resolve_names)
 	json_decref(j);
 
 	/* no registry at all: nothing is saved */
-	core.shardings = NULL;
+	core.env.shardings = NULL;
 	ts_error_clear(&err);
 	j = json_string("rows");
 	ck_assert_int_eq(ts_h_sharding_resolve(&core, j, &got, &err), TS_NOT_FOUND);

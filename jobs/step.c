@@ -1,0 +1,1062 @@
+/*
+ * step.c - a model's runs: training steps and evaluations as operations
+ * (jobs/step.h), from the model's held arrays, the operands and, for a
+ * data-driven step, its batches, to a training session and back.
+ *
+ * A step and an evaluation share one struct run and one prologue
+ * (run_begin: operands, placement, batch shapes, the session and its
+ * bindings) and one epilogue (run_end); between them a step binds its
+ * gradients and runs its steps with the versioning hooks, an evaluation
+ * binds its outputs and runs one pass.
+ */
+#include "jobs/step.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "formats/index.h"
+#include "jobs/render.h"
+#include "storage/array.h"
+#include "storage/array_io.h"
+#include "storage/colocate.h"
+#include "train/session.h"
+
+/* One operand of a run: the array, its rows (normalised; NULL: all) and a
+ * device copy when the array is sharded. */
+struct operand {
+	struct ts_array *arr;              /* own reference */
+	json_t *rows_json;                 /* borrowed from the run's request */
+	uint64_t *rows;                    /* owned */
+	size_t nrows;
+	struct ts_array *gathered;         /* own reference, or NULL */
+};
+
+/* A data-driven run's batches, and while it runs the datasets' rows and
+ * the current epoch's order. */
+struct batches {
+	bool on;
+	bool shuffle;
+	uint64_t size, start, seed;
+	uint64_t rows;                     /* of the datasets, while it runs */
+	uint64_t perm_epoch;               /* the epoch of perm (UINT64_MAX: none) */
+	uint64_t *perm;                    /* owned; a permutation of the rows */
+};
+
+/* A step's or an evaluation's state, the operation's argument from
+ * submission to release. */
+struct run {
+	const struct ts_jobs_env *env;
+	bool evaluate;
+	struct ts_model model;
+	struct ts_policy policy;
+	uint64_t steps;
+	char *inputs, *targets;            /* owned copies of the operands' names; NULL: none */
+	json_t *inputs_rows, *targets_rows;   /* own copies of the request's, or NULL */
+	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
+	char op_id[40];                    /* the holder, once submitted */
+	struct batches batches;
+	struct ts_job_outputs out;         /* an evaluation's outputs array, when asked for */
+	/* while it runs (the worker's) */
+	struct ts_operation *op;           /* borrowed */
+	struct operand in, tgt;
+	struct ts_device *dev;             /* where it runs */
+	struct ts_session *sess;
+	uint64_t bin, btgt;                /* the operands' rows */
+	struct ts_array *priv[TS_ROLE_COUNT][2];  /* offloaded: the private versions */
+	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
+	uint64_t done;                     /* steps that succeeded */
+	double timed_s;                    /* the report's wall time at the last step's end */
+};
+
+/* ---- holds ---------------------------------------------------------------------- */
+
+static ts_status run_hold(const char *id, void *arg, struct ts_error *err)
+{
+	struct run *s = arg;
+	struct ts_array *list[TS_ROLE_COUNT];
+	size_t n = 0;
+	ts_status st;
+
+	for (int r = 0; r < TS_ROLE_COUNT; r++)
+		if (s->held[r])
+			list[n++] = s->held[r];
+	st = ts_catalog_hold(s->env->catalog, list, n, id, err);
+	if (st == TS_OK)
+		snprintf(s->op_id, sizeof s->op_id, "%s", id);
+	return st;
+}
+
+static void run_release(void *arg)
+{
+	struct run *s = arg;
+
+	if (s->op_id[0])
+		ts_catalog_release(s->env->catalog, s->op_id);
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		ts_array_unref(s->held[r]);
+		ts_array_unref(s->next[r]);
+		ts_array_unref(s->priv[r][0]);
+		ts_array_unref(s->priv[r][1]);
+	}
+	free(s->inputs);
+	free(s->targets);
+	json_decref(s->inputs_rows);
+	json_decref(s->targets_rows);
+	free(s->batches.perm);
+	free(s);
+}
+
+/* A device copy of rows (or all) of a sharded array, on dev: what a session
+ * cannot stage from one piece of memory. New reference, never published. */
+static ts_status gather_sharded(const struct ts_jobs_env *env, struct ts_array *src,
+                                const uint64_t *rows, size_t n, struct ts_device *dev,
+                                struct ts_array **out, struct ts_error *err)
+{
+	const struct ts_array_desc *sd = ts_array_desc(src);
+	struct ts_array_desc d = *sd;
+	struct ts_placement pl;
+	struct ts_run *runs = malloc((rows && n ? n : 1) * sizeof *runs);
+	struct ts_rows_iter it;
+	uint64_t off, len, at = 0;
+	size_t k = 0;
+	ts_status st;
+
+	*out = NULL;
+	if (!runs)
+		return ts_error_oom(err, "no memory for rows");
+	if (rows) {
+		ts_rows_iter_init(&it, rows, n, sd->shape[0] ? sd->nbytes / sd->shape[0] : 0);
+		while (ts_rows_iter_next(&it, &off, &len)) {
+			runs[k++] = (struct ts_run){.src_offset = off, .dst_offset = at, .len = len};
+			at += len;
+		}
+		d.shape[0] = n;
+	} else {
+		runs[k++] = (struct ts_run){0, 0, sd->nbytes};
+	}
+	ts_placement_single(&pl, dev, TS_MEM_DEVICE, false);
+	st = ts_array_desc_init(&d, err);
+	if (st == TS_OK)
+		st = ts_array_new(ts_array_name(src), &d, &pl, env->memory, out, err);
+	if (st == TS_OK)
+		st = ts_array_copy(env->stager, *out, NULL, src, runs, k, NULL, NULL, NULL, err);
+	free(runs);
+	return st;
+}
+
+/* Resolves an operand to the current version of its array (and its rows,
+ * borrowed; NULL for all). */
+static ts_status operand_resolve(const struct ts_jobs_env *env, const char *name, json_t *rows,
+                                 const char *what, struct operand *o, struct ts_error *err)
+{
+	o->rows_json = rows;
+	o->arr = ts_catalog_get(env->catalog, name);
+	if (!o->arr)
+		return ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "%s array '%s' not found", what,
+		                    name);
+	return TS_OK;
+}
+
+/* The memory kind shared by the held parameters (state false) or optimizer
+ * state (state true); unchanged when there are none. */
+static ts_status held_kind(const struct run *s, bool state, enum ts_memory_kind *kind,
+                           struct ts_error *err)
+{
+	const struct ts_array *first = NULL;
+
+	for (size_t i = 0; i < TS_MODEL_NROLES; i++) {
+		const struct ts_array *a = s->held[ts_model_roles[i]];
+		enum ts_memory_kind k;
+
+		if (!a || ts_role_opt_state(ts_model_roles[i]) != state)
+			continue;
+		k = ts_array_placement(a)->sharding.memory_kind;
+		if (first && k != *kind)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "MIXED_MEMORY_KINDS",
+			                    "'%s' is in %s but '%s' is in %s; put them in one memory kind",
+			                    ts_array_name(first), ts_memory_kind_name(*kind),
+			                    ts_array_name(a), ts_memory_kind_name(k));
+		first = a;
+		*kind = k;
+	}
+	return TS_OK;
+}
+
+/* ---- data-driven runs: the rows of each step's batch ------------------------------ */
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* The permutation of epoch e: Fisher-Yates from (seed, e). */
+static ts_status epoch_perm(struct batches *b, uint64_t e, struct ts_error *err)
+{
+	uint64_t state = mix64(b->seed * 0x9e3779b97f4a7c15ull + e + 1);
+
+	if (b->perm && b->perm_epoch == e)
+		return TS_OK;
+	if (!b->perm) {
+		b->perm = malloc(b->rows * sizeof *b->perm);
+		if (!b->perm)
+			return ts_error_oom(err, "no memory to shuffle %llu rows", (unsigned long long)b->rows);
+	}
+	for (uint64_t i = 0; i < b->rows; i++)
+		b->perm[i] = i;
+	for (uint64_t i = b->rows - 1; i > 0; i--) {
+		uint64_t j, t;
+
+		state += 0x9e3779b97f4a7c15ull;
+		j = mix64(state) % (i + 1);
+		t = b->perm[i];
+		b->perm[i] = b->perm[j];
+		b->perm[j] = t;
+	}
+	b->perm_epoch = e;
+	return TS_OK;
+}
+
+/* The rows of the batch of step i (0-based in this call) into rows[size]:
+ * positions start + i * size onwards, wrapping into the next epoch (each
+ * epoch its own order when shuffled). */
+static ts_status batch_rows(struct batches *b, uint64_t i, uint64_t *rows, struct ts_error *err)
+{
+	for (uint64_t j = 0; j < b->size; j++) {
+		uint64_t q = b->start + i * b->size + j, e = q / b->rows, k = q % b->rows;
+		ts_status st;
+
+		if (!b->shuffle) {
+			rows[j] = k;
+			continue;
+		}
+		st = epoch_perm(b, e, err);
+		if (st != TS_OK)
+			return st;
+		rows[j] = b->perm[k];
+	}
+	return TS_OK;
+}
+
+/* ---- the session's hooks: versions of the held arrays ---------------------------- */
+
+static bool run_cancelled(void *arg)
+{
+	return ts_operation_cancelled(((struct run *)arg)->op);
+}
+
+/* A private version of cur, in new memory where it is (unpublished). */
+static ts_status private_version(const struct ts_jobs_env *env, const struct ts_array *cur,
+                                 struct ts_array **out, struct ts_error *err)
+{
+	const json_t *meta = ts_array_metadata(cur);
+	ts_status st;
+
+	st = ts_array_new(ts_array_name(cur), ts_array_desc(cur), ts_array_placement(cur),
+	                  env->memory, out, err);
+	if (st != TS_OK)
+		return st;
+	if (meta)
+		ts_array_set_metadata(*out, json_deep_copy(meta));
+	ts_array_set_implicit_bytes(*out, ts_array_implicit_bytes(cur));
+	ts_array_set_owner(*out, ts_array_owner(cur));
+	return TS_OK;
+}
+
+/*
+ * Before each step, what it writes and what publishing will need: for an
+ * offloaded array, the private version the step writes its update into
+ * (the two take turns: a step reads the one the last wrote); for a device
+ * array, once, the new version sharing its updated-in-place buffer. Made
+ * before anything is written, so publishing allocates nothing.
+ */
+static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_error *err)
+{
+	struct run *s = arg;
+	ts_status st = TS_OK;
+
+	if (s->model.opt.type == TS_OPT_NONE)
+		return st;
+	for (size_t i = 0; i < TS_MODEL_NROLES && st == TS_OK; i++) {
+		enum ts_pbuf_role role = ts_model_roles[i];
+		struct ts_array *cur = s->held[role], **slot;
+
+		if (!cur)
+			continue;
+		if (!ts_session_versioned(sess, role)) {
+			if (!s->next[role])
+				st = ts_array_new_version(cur, &s->next[role], err);
+			continue;
+		}
+		slot = &s->priv[role][s->done % 2];
+		if (!*slot)
+			st = private_version(s->env, cur, slot, err);
+		if (st == TS_OK)
+			st = ts_session_set_next(sess, role, ts_buffer_data(ts_array_single_buffer(*slot)),
+			                         err);
+	}
+	return st;
+}
+
+/* After a step that succeeded: counted, on the model (Adam's t) too. */
+static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
+                              struct ts_error *err)
+{
+	struct run *s = arg;
+	double wall = ts_session_report(sess)->wall_s;
+
+	(void)loss;
+	(void)err;
+	s->done++;
+	if (s->model.opt.type != TS_OPT_NONE)
+		ts_model_registry_advance(s->env->models, s->model.uid, 1, NULL);
+	ts_model_registry_step_ran(s->env->models, (uint64_t)((wall - s->timed_s) * 1e9));
+	s->timed_s = wall;
+	ts_operation_progress_add(s->op, 1);
+	return TS_OK;
+}
+
+/* As the call ends, when some step updated them: the new versions replace
+ * the held ones (allocation-free replaces, as the holder). */
+static ts_status step_install(struct run *s, struct ts_error *err)
+{
+	struct ts_precondition pre = {.holder = s->op_id};
+	ts_status st = TS_OK;
+
+	if (!s->done || s->model.opt.type == TS_OPT_NONE)
+		return TS_OK;
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		struct ts_array *v = s->priv[r][(s->done - 1) % 2] ? s->priv[r][(s->done - 1) % 2]
+		                                                   : s->next[r];
+
+		if (!v || st != TS_OK)
+			continue;
+		st = ts_catalog_replace(s->env->catalog, v, &pre, err);
+		if (st == TS_OK) {
+			ts_array_unref(s->held[r]);
+			s->held[r] = ts_array_ref(v);
+		}
+	}
+	return st;
+}
+
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err);
+
+static const struct ts_session_hooks step_hooks = {
+	.cancelled = run_cancelled, .prepare = step_prepare, .publish = step_publish,
+};
+
+static const struct ts_session_hooks batch_hooks = {
+	.cancelled = run_cancelled, .prepare = step_prepare, .publish = step_publish,
+	.batch = step_batch,
+};
+
+static const struct ts_session_hooks eval_hooks = {.cancelled = run_cancelled};
+
+/* ---- operands ------------------------------------------------------------------- */
+
+static void operand_release(struct operand *o)
+{
+	ts_array_unref(o->arr);
+	ts_array_unref(o->gathered);
+	free(o->rows);
+	*o = (struct operand){0};
+}
+
+/* The rows the operand stages: parsed, and its batch rows. */
+static ts_status operand_rows(struct operand *o, const char *field, uint64_t *batch,
+                              struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(o->arr);
+	ts_status st;
+
+	*batch = d->rank ? d->shape[0] : 0;
+	if (!o->rows_json)
+		return TS_OK;
+	if (d->rank == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		                    "%s: array '%s' is 0-dimensional: it has no rows", field,
+		                    ts_array_name(o->arr));
+	st = ts_rows_parse(o->rows_json, field, d->shape[0], &o->rows, &o->nrows, err);
+	if (st == TS_OK)
+		*batch = o->nrows;
+	return st;
+}
+
+/* Stages an operand for the session: its memory as a source (gathered to
+ * dev first when sharded). */
+/* The memory of a one-shard array as a session's source, with rows. */
+static struct ts_session_source operand_source(const struct ts_array *a, const uint64_t *rows,
+                                               size_t nrows)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+
+	return (struct ts_session_source){
+		.mem = ts_buffer_data(ts_array_single_buffer(a)), .bytes = d->nbytes,
+		.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0,
+		.src_dev = ts_array_box(a, 0)->device,
+		.src_kind = ts_array_placement(a)->sharding.memory_kind,
+		.rows = rows, .nrows = nrows};
+}
+
+static ts_status operand_stage(const struct ts_jobs_env *env, struct ts_session *sess,
+                               enum ts_pbuf_role role, struct operand *o, struct ts_device *dev,
+                               struct ts_error *err)
+{
+	struct ts_session_source src;
+	ts_status st;
+
+	if (!ts_array_single_buffer(o->arr)) {
+		st = gather_sharded(env, o->arr, o->rows, o->nrows, dev, &o->gathered, err);
+		if (st != TS_OK)
+			return st;
+		src = operand_source(o->gathered, NULL, 0);
+	} else {
+		src = operand_source(o->arr, o->rows, o->nrows);
+	}
+	return ts_session_stage(sess, role, &src, err);
+}
+
+/* A token model's operands: ids uint16 or int32, [B] or [B, T] (B*T rows
+ * of the step, one per token), targets of the inputs' dtype and shape.
+ * The rows of the step into *rows, the ids' width into *id_bytes. */
+static ts_status check_token_batch(const struct run *s, const struct operand *in, uint64_t bin,
+                                   const struct operand *tgt, uint64_t btgt, uint64_t *rows,
+                                   int *id_bytes, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+	uint64_t T = d->rank == 2 ? d->shape[1] : 1;
+
+	if ((d->dtype != TS_DT_UINT16 && d->dtype != TS_DT_INT32) || d->rank < 1 || d->rank > 2 ||
+	    bin == 0 || T == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs of token model '%s' must be token ids, uint16 or int32, "
+		                    "[B] or [B, T] with B, T >= 1", s->model.name);
+	if (bin * T > (1u << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs have %llu tokens; a step takes at most %u",
+		                    (unsigned long long)(bin * T), 1u << 24);
+	if (!tgt->arr)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS",
+		                    "loss softmax_cross_entropy needs \"targets\" (token ids)");
+	{
+		const struct ts_array_desc *t = ts_array_desc(tgt->arr);
+
+		if (t->dtype != d->dtype || t->rank != d->rank || (d->rank == 2 && t->shape[1] != T) ||
+		    btgt != bin)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+			                    "targets must be token ids of the inputs' dtype and shape");
+	}
+	*rows = bin * T;
+	*id_bytes = d->dtype == TS_DT_UINT16 ? 2 : 4;
+	return TS_OK;
+}
+
+/* The batch of the run's step n of a data-driven run: the inputs' rows
+ * drawn, the targets' the same. */
+static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                            struct ts_session_source *src, struct ts_error *err)
+{
+	struct run *s = arg;
+	ts_status st = TS_OK;
+
+	if (role == TS_ROLE_INPUT) {
+		st = batch_rows(&s->batches, n, s->in.rows, err);
+		*src = operand_source(s->in.arr, s->in.rows, s->in.nrows);
+	} else {
+		memcpy(s->tgt.rows, s->in.rows, s->in.nrows * sizeof *s->in.rows);
+		*src = operand_source(s->tgt.arr, s->tgt.rows, s->tgt.nrows);
+	}
+	return st;
+}
+
+/* A data-driven run's operands: whole datasets of the same rows, one shard
+ * each; the first batch's rows. */
+static ts_status batches_begin(struct run *s, struct operand *in, struct operand *tgt,
+                               uint64_t *bin, uint64_t *btgt, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+	struct batches *b = &s->batches;
+	ts_status st;
+
+	if (in->rows_json || (tgt->arr && tgt->rows_json))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "%s.rows and batches are exclusive: batches draw the rows",
+		                    in->rows_json ? "inputs" : "targets");
+	if (!ts_array_single_buffer(in->arr) || (tgt->arr && !ts_array_single_buffer(tgt->arr)))
+		return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_DATASET",
+		                    "batches are drawn from one-shard datasets; '%s' is sharded",
+		                    ts_array_name(ts_array_single_buffer(in->arr) ? tgt->arr : in->arr));
+	b->rows = d->rank ? d->shape[0] : 0;
+	if (tgt->arr && (ts_array_desc(tgt->arr)->rank == 0 ||
+	                 ts_array_desc(tgt->arr)->shape[0] != b->rows))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+		                    "targets '%s' must have the %llu rows of the inputs '%s'",
+		                    ts_array_name(tgt->arr), (unsigned long long)b->rows,
+		                    ts_array_name(in->arr));
+	if (b->size > b->rows)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
+		                    "batches.batch_size %llu exceeds the %llu rows of '%s'",
+		                    (unsigned long long)b->size, (unsigned long long)b->rows,
+		                    ts_array_name(in->arr));
+	in->rows = malloc(b->size * sizeof *in->rows);
+	tgt->rows = tgt->arr ? malloc(b->size * sizeof *tgt->rows) : NULL;
+	if (!in->rows || (tgt->arr && !tgt->rows))
+		return ts_error_oom(err, "no memory for a batch");
+	in->nrows = b->size;
+	st = batch_rows(b, 0, in->rows, err);
+	if (st == TS_OK && tgt->arr) {
+		memcpy(tgt->rows, in->rows, b->size * sizeof *in->rows);
+		tgt->nrows = b->size;
+	}
+	*bin = *btgt = b->size;
+	return st;
+}
+
+/* The operands' shapes: inputs float32 [B, d_model], targets like them. */
+static ts_status check_batch(const struct run *s, const struct operand *in, uint64_t bin,
+                             const struct operand *tgt, uint64_t btgt, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+
+	if (d->dtype != TS_DT_FLOAT32 || d->rank != 2 || d->shape[1] != (uint64_t)s->model.mlp.d_model ||
+	    bin == 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs must be float32 [B, %d] with B >= 1", s->model.mlp.d_model);
+	if (bin > (1u << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs have %llu rows; a step takes at most %u",
+		                    (unsigned long long)bin, 1u << 24);
+	if (tgt && tgt->arr) {
+		const struct ts_array_desc *t = ts_array_desc(tgt->arr);
+
+		if (t->dtype != d->dtype || t->rank != 2 || t->shape[1] != d->shape[1] || btgt != bin)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
+			                    "targets must have the shape of the inputs");
+	}
+	return TS_OK;
+}
+
+/* Where it runs: committed arrays decide; uncommitted operands given by
+ * name follow (counted as implicit transfers); operands given as rows are
+ * staged instead (only their rows move). */
+static ts_status step_place(struct run *s, struct operand *in, struct operand *tgt,
+                            struct ts_device **dev, struct ts_error *err)
+{
+	const struct ts_jobs_env *env = s->env;
+	struct ts_array *use[TS_ROLE_COUNT + 2];
+	enum ts_pbuf_role from[TS_ROLE_COUNT];
+	size_t nuse = 0, where_in = SIZE_MAX, where_tgt = SIZE_MAX, nheld;
+	ts_status st;
+
+	for (size_t i = 0; i < TS_MODEL_NROLES; i++)
+		if (s->held[ts_model_roles[i]]) {
+			from[nuse] = ts_model_roles[i];
+			use[nuse++] = ts_array_ref(s->held[ts_model_roles[i]]);
+		}
+	nheld = nuse;
+	if (!in->rows_json && !s->batches.on) {
+		where_in = nuse;
+		use[nuse++] = ts_array_ref(in->arr);
+	}
+	if (tgt->arr && !tgt->rows_json && !s->batches.on) {
+		where_tgt = nuse;
+		use[nuse++] = ts_array_ref(tgt->arr);
+	}
+	st = ts_colocate(env->catalog, env->stager, env->memory, use, nuse, s->model.device,
+	                 s->op_id, dev, err);
+	/* colocation may have replaced a moved array by its new version */
+	for (size_t i = 0; i < nheld; i++) {
+		ts_array_unref(s->held[from[i]]);
+		s->held[from[i]] = use[i];
+	}
+	if (where_in != SIZE_MAX) {
+		ts_array_unref(in->arr);
+		in->arr = use[where_in];
+	}
+	if (where_tgt != SIZE_MAX) {
+		ts_array_unref(tgt->arr);
+		tgt->arr = use[where_tgt];
+	}
+	return st;
+}
+
+/* ---- results ------------------------------------------------------------------- */
+
+/* The result of a run (the session's report; the plan's analysis). */
+static json_t *step_result(const struct run *s, const struct ts_session *sess,
+                           struct ts_device *dev)
+{
+	const struct ts_plan *plan = ts_session_plan(sess);
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *losses = json_array();
+	double per = rep->steps ? 1.0 / (double)rep->steps : 0;
+	uint64_t spare = 0, bytes = 0;
+
+	/* a data-driven run of more than one step stages the next batch in a
+	 * second buffer per operand: device memory beside the plan's */
+	for (int k = 0; s->batches.on && s->steps > 1 && k < 2; k++)
+		if (ts_session_slot(sess, k ? TS_ROLE_TARGET : TS_ROLE_INPUT, &bytes, NULL))
+			spare += bytes;
+	double busy = rep->compute_s, waits = rep->copy_wait_s;
+
+	for (uint64_t i = 0; losses && i < rep->steps; i++)
+		json_array_append_new(losses, json_real(rep->losses[i]));
+	return json_pack("{s:s, s:I, s:o*, s:s, s:I, s:I, s:I, s:I, s:o*,"
+	                 " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:I}, s:f}",
+	                 "model", s->model.name, "steps", (json_int_t)rep->steps, "losses", losses,
+	                 "device", ts_device_props(dev)->id,
+	                 "predicted_peak_device_bytes", (json_int_t)(plan->peak_device_bytes + spare),
+	                 "measured_peak_device_bytes",
+	                 (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
+	                              rep->measured_temp_peak + rep->spare_bytes),
+	                 "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
+	                 "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
+	                 "analysis", ts_render_plan(plan, false),
+	                 "time", "wall_s", rep->wall_s, "compute_s", busy,
+	                 "transfer_not_hidden_s", waits, "per_step_s", rep->wall_s * per,
+	                 "bytes_moved", "h2d", (json_int_t)rep->h2d_bytes,
+	                 "d2h", (json_int_t)rep->d2h_bytes,
+	                 "staged_h2d", (json_int_t)rep->staged_h2d_bytes,
+	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
+}
+
+/* A run's result: step_result, the model's step count after it and, for a
+ * data-driven run, where it stopped (the next call continues with start =
+ * next). The same for a run that completed and one that stopped early. */
+static json_t *run_json(const struct run *s, const struct ts_session *sess,
+                        struct ts_device *dev)
+{
+	json_t *res = step_result(s, sess, dev);
+	uint64_t t = 0;
+
+	if (!res)
+		return NULL;
+	if (ts_model_registry_advance(s->env->models, s->model.uid, 0, &t))
+		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
+	if (s->batches.on) {
+		const struct batches *b = &s->batches;
+		uint64_t next = b->start + s->done * b->size;
+
+		json_object_set_new(res, "batches",
+		                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
+		                              "batch_size", (json_int_t)b->size,
+		                              "order", b->shuffle ? "shuffle" : "sequential",
+		                              "seed", (json_int_t)b->seed,
+		                              "start", (json_int_t)b->start,
+		                              "next", (json_int_t)next,
+		                              "epoch", (json_int_t)(next / b->rows),
+		                              "rows", (json_int_t)b->rows));
+	}
+	return res;
+}
+
+static json_t *eval_result(const struct run *s, const struct ts_session *sess,
+                           struct ts_device *dev, const struct ts_array *outs)
+{
+	const struct ts_plan *plan = ts_session_plan(sess);
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *o = json_pack("{s:s, s:f, s:I, s:s, s:I, s:I, s:I, s:I, s:o*,"
+	                      " s:{s:f, s:f, s:f}, s:{s:I, s:I, s:I}}",
+	                      "model", s->model.name, "loss", (double)rep->losses[0],
+	                      "batch", (json_int_t)plan->batch, "device", ts_device_props(dev)->id,
+	                      "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
+	                      "measured_peak_device_bytes",
+	                      (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
+	                                   rep->measured_temp_peak),
+	                      "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
+	                      "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
+	                      "analysis", ts_render_plan(plan, false),
+	                      "time", "wall_s", rep->wall_s, "compute_s", rep->compute_s,
+	                      "transfer_not_hidden_s", rep->copy_wait_s,
+	                      "bytes_moved", "h2d", (json_int_t)rep->h2d_bytes,
+	                      "d2h", (json_int_t)rep->d2h_bytes,
+	                      "staged_h2d", (json_int_t)rep->staged_h2d_bytes);
+
+	if (o && outs)
+		json_object_set_new(o, "outputs", ts_render_array(outs));
+	return o;
+}
+
+/* Takes into s->held the current version of each of the model's arrays of
+ * roles (those it has), checking each is the model's and on one device;
+ * what says what runs there ("steps", "evaluations"). */
+static ts_status hold_roles(const struct ts_jobs_env *env, struct run *s,
+                            const enum ts_pbuf_role *roles, size_t n, const char *what,
+                            struct ts_error *err)
+{
+	char owner[160];
+
+	ts_model_owner(&s->model, owner, sizeof owner);
+	for (size_t i = 0; i < n; i++) {
+		struct ts_array *a;
+		char name[256];
+
+		if (!ts_model_has_role(&s->model, roles[i]))
+			continue;
+		ts_model_array_name(&s->model, roles[i], name, sizeof name);
+		a = ts_catalog_get(env->catalog, name);
+		if (!a)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_FOUND",
+			                    "model array '%s' is missing", name);
+		s->held[roles[i]] = a;
+		if (strcmp(ts_array_owner(a), owner) != 0)
+			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
+			                    "array '%s' is not %s's", name, owner);
+		if (ts_array_nshards(a) != 1)
+			return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
+			                    "model array '%s' is sharded; %s run on one device", name,
+			                    what);
+	}
+	return TS_OK;
+}
+
+/* Not over a held array, nor over any model's array (an evaluation writes
+ * no weights). */
+ts_status ts_job_outputs_writable(const struct ts_jobs_env *env,
+                                  const struct ts_job_outputs *o, struct ts_error *err)
+{
+	struct ts_array *a = ts_catalog_get(env->catalog, o->name);
+	ts_status st = TS_OK;
+
+	if (a && ts_array_owner(a)[0])
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_OWNED",
+		                  "outputs.name '%s' is an array of %s; an evaluation writes its "
+		                  "outputs to an array of its own", o->name, ts_array_owner(a));
+	ts_array_unref(a);
+	if (st == TS_OK)
+		st = ts_catalog_check_write(env->catalog, o->name, NULL,
+		                            &(struct ts_precondition){0}, err);
+	return st;
+}
+
+/* ---- the run -------------------------------------------------------------------- */
+
+/*
+ * What a step and an evaluation share before they differ: the operands
+ * resolved and placed (the run goes where the parameters are), their rows
+ * (a data-driven step's first batch), the batch checked against the model,
+ * the policy with params and optimizer state where the held arrays are now
+ * (a :put before the run may have moved them), the session planned on cfg
+ * and every held array bound by its role.
+ */
+static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct ts_error *err)
+{
+	const struct ts_jobs_env *env = s->env;
+	struct ts_model *m = &s->model;
+	struct ts_device *pdev;
+	uint64_t rows = 0;
+	int id_bytes = 4;
+	ts_status st;
+
+	st = operand_resolve(env, s->inputs, s->inputs_rows, "inputs", &s->in, err);
+	if (st == TS_OK && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
+		if (!s->targets)
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
+		else
+			st = operand_resolve(env, s->targets, s->targets_rows, "targets", &s->tgt, err);
+	}
+	if (st == TS_OK)
+		st = step_place(s, &s->in, &s->tgt, &s->dev, err);
+	if (st == TS_OK && s->batches.on) {
+		st = batches_begin(s, &s->in, &s->tgt, &s->bin, &s->btgt, err);
+	} else {
+		if (st == TS_OK)
+			st = operand_rows(&s->in, "inputs.rows", &s->bin, err);
+		if (st == TS_OK && s->tgt.arr)
+			st = operand_rows(&s->tgt, "targets.rows", &s->btgt, err);
+	}
+	if (st == TS_OK && ts_mlp_tokens(&m->mlp))
+		st = check_token_batch(s, &s->in, s->bin, &s->tgt, s->btgt, &rows, &id_bytes, err);
+	else if (st == TS_OK)
+		st = check_batch(s, &s->in, s->bin, &s->tgt, s->btgt, err);
+	if (st == TS_OK)
+		st = held_kind(s, false, &s->policy.params, err);
+	if (st == TS_OK)
+		st = held_kind(s, true, &s->policy.opt_state, err);
+	if (st != TS_OK)
+		return st;
+	pdev = ts_array_box(s->held[TS_ROLE_W1], 0)->device;
+	if (pdev != s->dev)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "PARAMS_ELSEWHERE",
+		                    "model '%s' parameters are on %s, not %s", m->name,
+		                    ts_device_props(pdev)->id, ts_device_props(s->dev)->id);
+	if (s->out.outputs && s->out.dev && s->out.dev != s->dev)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "OUTPUTS_ELSEWHERE",
+		                    "outputs '%s' are asked for on %s, but the evaluation runs on %s, "
+		                    "where model '%s' is", s->out.name, ts_device_props(s->out.dev)->id,
+		                    ts_device_props(s->dev)->id, m->name);
+	cfg->dev = s->dev;
+	cfg->policy = s->policy;
+	cfg->batch = (int)(ts_mlp_tokens(&m->mlp) ? rows : s->bin);
+	cfg->mlp.id_bytes = id_bytes;
+	st = ts_session_new(cfg, &s->sess, err);
+	/* every slot by its role: the held arrays */
+	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
+		const struct ts_array *a = s->held[r];
+
+		if (!a)
+			continue;
+		st = ts_session_bind(s->sess, (enum ts_pbuf_role)r,
+		                     ts_buffer_data(ts_array_single_buffer(a)),
+		                     ts_buffer_size(ts_array_single_buffer(a)),
+		                     ts_array_placement(a)->sharding.memory_kind, err);
+	}
+	return st;
+}
+
+/* The batch staged for the session, after the run's own bindings. */
+static ts_status run_stage(struct run *s, struct ts_error *err)
+{
+	ts_status st = operand_stage(s->env, s->sess, TS_ROLE_INPUT, &s->in, s->dev, err);
+
+	if (st == TS_OK && s->tgt.arr)
+		st = operand_stage(s->env, s->sess, TS_ROLE_TARGET, &s->tgt, s->dev, err);
+	return st;
+}
+
+/* What the worker made for the run goes; what it holds stays until
+ * release. */
+static void run_end(struct run *s)
+{
+	ts_session_free(s->sess);
+	s->sess = NULL;
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		ts_array_unref(s->next[r]);
+		ts_array_unref(s->priv[r][0]);
+		ts_array_unref(s->priv[r][1]);
+		s->next[r] = s->priv[r][0] = s->priv[r][1] = NULL;
+	}
+	operand_release(&s->in);
+	operand_release(&s->tgt);
+}
+
+/* A step without an optimizer leaves its gradients in new arrays
+ * "{model}.grad.{w1,w2,embed,proj}" on the device: made and bound here,
+ * published as the run ends. */
+static ts_status step_grads(struct run *s, struct ts_array *grads[4], int *ng,
+                            struct ts_error *err)
+{
+	static const enum ts_pbuf_role grad_of[4] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
+	                                             TS_ROLE_PROJ};
+	static const enum ts_pbuf_role grad_role[4] = {TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2,
+	                                               TS_ROLE_GRAD_EMBED, TS_ROLE_GRAD_PROJ};
+	static const char *const grad_name[4] = {"w1", "w2", "embed", "proj"};
+	ts_status st = TS_OK;
+
+	for (int g = 0; st == TS_OK && s->model.opt.type == TS_OPT_NONE && g < 4; g++) {
+		struct ts_placement pl;
+		char name[256];
+
+		if (!s->held[grad_of[g]])
+			continue;
+		snprintf(name, sizeof name, "%s.grad.%s", s->model.name, grad_name[g]);
+		ts_placement_single(&pl, s->dev, TS_MEM_DEVICE, true);
+		st = ts_array_new(name, ts_array_desc(s->held[grad_of[g]]), &pl, s->env->memory,
+		                  &grads[*ng], err);
+		if (st == TS_OK)
+			st = ts_session_bind(s->sess, grad_role[g],
+			                     ts_buffer_data(ts_array_single_buffer(grads[*ng])),
+			                     ts_array_desc(grads[*ng])->nbytes, TS_MEM_DEVICE, err);
+		(*ng)++;
+	}
+	return st;
+}
+
+static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct run *s = arg;
+	const struct ts_jobs_env *env = s->env;
+	struct ts_model *m = &s->model;
+	struct ts_array *grads[4] = {NULL};
+	struct ts_session_config cfg = {.mlp = m->mlp, .opt = m->opt, .memory = env->memory};
+	uint64_t base_steps = 0;
+	int ng = 0;
+	bool ran = false;
+	ts_status st;
+
+	s->op = op;
+	st = run_begin(s, &cfg, err);
+	if (st == TS_OK)
+		st = step_grads(s, grads, &ng, err);
+	if (st == TS_OK)
+		st = run_stage(s, err);
+	if (st == TS_OK && !ts_model_registry_advance(env->models, m->uid, 0, &base_steps))
+		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
+	if (st == TS_OK) {
+		ran = true;
+		st = ts_session_run(s->sess, s->steps, base_steps + 1,
+		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
+	}
+	/* what the steps that succeeded did is published, also after a failure */
+	{
+		struct ts_error ierr;
+		ts_status ist;
+
+		ts_error_clear(&ierr);
+		ist = step_install(s, &ierr);
+		if (ist != TS_OK && st == TS_OK) {
+			*err = ierr;
+			st = ist;
+		}
+	}
+	if (st == TS_OK && grads[0])
+		st = ts_catalog_put_all(env->catalog, grads, (size_t)ng, true, err);
+	/* what the run did: its result, or, when it stopped early, the
+	 * operation's partial result (the losses of the steps that ran and
+	 * where to continue) */
+	if (ran) {
+		json_t *res = run_json(s, s->sess, s->dev);
+
+		if (st == TS_OK)
+			ts_operation_set_result(op, res);
+		else
+			ts_operation_set_partial(op, res);
+	}
+	run_end(s);
+	for (int g = 0; g < 4; g++)
+		ts_array_unref(grads[g]);
+	return st;
+}
+
+/* An evaluation's outputs: float32 [B, d_model], or a token model's logits
+ * (the inputs' shape, then vocab), made where it runs and bound. */
+static ts_status eval_outputs_bind(struct run *s, struct ts_array **outs, struct ts_error *err)
+{
+	const struct ts_mlp *mlp = &s->model.mlp;
+	struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2,
+	                          .shape = {s->bin, (uint64_t)mlp->d_model}};
+	struct ts_placement pl;
+	ts_status st;
+
+	if (ts_mlp_tokens(mlp)) {
+		const struct ts_array_desc *id = ts_array_desc(s->in.arr);
+
+		d.rank = id->rank + 1;
+		d.shape[0] = s->bin;
+		if (id->rank == 2)
+			d.shape[1] = id->shape[1];
+		d.shape[d.rank - 1] = (uint64_t)mlp->vocab;
+	}
+	ts_placement_single(&pl, s->dev, s->out.kind, true);
+	st = ts_array_desc_init(&d, err);
+	if (st == TS_OK)
+		st = ts_array_new(s->out.name, &d, &pl, s->env->memory, outs, err);
+	if (st == TS_OK)
+		st = ts_session_bind(s->sess, TS_ROLE_OUTPUT,
+		                     ts_buffer_data(ts_array_single_buffer(*outs)), d.nbytes,
+		                     s->out.kind, err);
+	return st;
+}
+
+static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct run *s = arg;
+	const struct ts_jobs_env *env = s->env;
+	struct ts_array *outs = NULL;
+	struct ts_session_config cfg = {.mlp = s->model.mlp, .memory = env->memory,
+	                                .evaluate = true, .outputs = s->out.outputs,
+	                                .outputs_kind = s->out.kind};
+	ts_status st;
+
+	s->op = op;
+	st = run_begin(s, &cfg, err);
+	if (st == TS_OK && s->out.outputs)
+		st = eval_outputs_bind(s, &outs, err);
+	if (st == TS_OK)
+		st = run_stage(s, err);
+	if (st == TS_OK)
+		st = ts_session_run(s->sess, 1, 1, &eval_hooks, s, err);
+	/* the pass itself runs to its end; a cancel that came meanwhile drops it */
+	if (st == TS_OK && ts_operation_cancelled(op))
+		st = ts_error_set(err, TS_CANCELLED, "CANCELLED",
+		                  "the evaluation of model '%s' was cancelled; no outputs were "
+		                  "published", s->model.name);
+	if (st == TS_OK && outs)
+		st = ts_job_outputs_writable(env, &s->out, err);
+	if (st == TS_OK && outs) {
+		struct ts_precondition pre = {0};
+
+		st = ts_catalog_put(env->catalog, outs, &pre, NULL, err);
+	}
+	if (st == TS_OK) {
+		ts_operation_progress_add(op, 1);
+		ts_operation_set_result(op, eval_result(s, s->sess, s->dev, outs));
+	}
+	run_end(s);
+	ts_array_unref(outs);
+	return st;
+}
+
+/* ---- submission ----------------------------------------------------------------- */
+
+
+/* What a step holds (and writes): every array of the model. What an
+ * evaluation reads, and so holds: the weights (those the model has). */
+static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
+                                               TS_ROLE_PROJ};
+
+/* A run of req, its operands copied, its arrays taken as current now and
+ * held, submitted as an operation of kind; s is the operation's once this
+ * succeeds, freed here otherwise. */
+static ts_status run_submit(const struct ts_jobs_env *env, const struct ts_job_run *req,
+                            bool evaluate, struct ts_operation **op, struct ts_error *err)
+{
+	struct run *s = calloc(1, sizeof *s);
+	ts_status st;
+
+	*op = NULL;
+	if (!s)
+		return ts_error_oom(err, evaluate ? "no memory for an evaluation" : "no memory for a step");
+	s->env = env;
+	s->evaluate = evaluate;
+	s->model = req->model;
+	s->policy = req->policy;
+	s->steps = evaluate ? 1 : req->steps;
+	s->inputs = strdup(req->inputs.array ? req->inputs.array : "");
+	s->targets = req->targets.array ? strdup(req->targets.array) : NULL;
+	s->batches = (struct batches){.on = req->batches.on, .shuffle = req->batches.shuffle,
+	                              .size = req->batches.size, .start = req->batches.start,
+	                              .seed = req->batches.seed, .perm_epoch = UINT64_MAX};
+	if (evaluate) {
+		s->batches.on = false;
+		s->out = req->outputs;
+	}
+	/* copies: the worker drops them while the caller drops the request */
+	s->inputs_rows = req->inputs.rows ? json_deep_copy(req->inputs.rows) : NULL;
+	s->targets_rows = req->targets.rows ? json_deep_copy(req->targets.rows) : NULL;
+	if (!s->inputs || (req->targets.array && !s->targets) ||
+	    (req->inputs.rows && !s->inputs_rows) || (req->targets.rows && !s->targets_rows)) {
+		st = ts_error_oom(err, "no memory for the request's operands");
+		goto out_free;
+	}
+	/* the model's arrays by role, by the versions current now, to be held */
+	st = evaluate ? hold_roles(env, s, eval_roles, sizeof eval_roles / sizeof eval_roles[0],
+	                           "evaluations", err)
+	              : hold_roles(env, s, ts_model_roles, TS_MODEL_NROLES, "steps", err);
+	if (st == TS_OK)
+		st = ts_op_submit_holding(env->operations, evaluate ? "evaluate" : "step",
+		                          s->model.name, s->steps, evaluate ? "passes" : "steps",
+		                          evaluate ? eval_run : step_run, s, run_release, run_hold, op,
+		                          err);
+	if (st == TS_OK)
+		return TS_OK;
+out_free:
+	run_release(s);
+	return st;
+}
+
+ts_status ts_job_step_submit(const struct ts_jobs_env *env, const struct ts_job_run *run,
+                             struct ts_operation **op, struct ts_error *err)
+{
+	return run_submit(env, run, false, op, err);
+}
+
+ts_status ts_job_eval_submit(const struct ts_jobs_env *env, const struct ts_job_run *run,
+                             struct ts_operation **op, struct ts_error *err)
+{
+	return run_submit(env, run, true, op, err);
+}
