@@ -5,7 +5,8 @@
  *
  * The move itself is storage/move.h's (admission before the operation
  * starts, shared shards, publish only over the version read, metadata
- * kept); this file parses the request and runs it as an operation. A :copy
+ * kept), run as an operation by jobs/move.h; this file parses the request
+ * and answers. A :copy
  * onto an existing array needs "overwrite": true (else 409 ALREADY_EXISTS);
  * "donate" belongs to :copy (the source is deleted when the copy is
  * published) and is refused on :put. A target held by a running operation
@@ -21,43 +22,7 @@
 #include "handlers/operations.h"
 #include "formats/convert.h"
 #include "handlers/sharding_json.h"
-#include "ops/operation.h"
-#include "storage/move.h"
-
-static void move_progress(void *arg, uint64_t bytes)
-{
-	ts_operation_progress_add(arg, bytes);
-}
-
-static bool move_cancelled(void *arg)
-{
-	return ts_operation_cancelled(arg);
-}
-
-struct move {
-	const struct ts_core *core;
-	struct ts_move *mv;
-};
-
-static ts_status move_run(struct ts_operation *op, void *arg, struct ts_error *err)
-{
-	struct move *m = arg;
-	ts_status s;
-
-	s = ts_move_run(m->mv, m->core->env.catalog, m->core->env.stager, move_progress, move_cancelled, op,
-	                err);
-	if (s == TS_OK)
-		ts_operation_set_result(op, ts_render_array(ts_move_result(m->mv)));
-	return s;
-}
-
-static void move_release(void *arg)
-{
-	struct move *m = arg;
-
-	ts_move_free(m->mv);
-	free(m);
-}
+#include "jobs/move.h"
 
 /* The destination placement: {"sharding": obj | name} or {"device", "memory_kind"}. */
 static ts_status move_placement(const struct ts_core *core, const struct ts_array *src,
@@ -118,15 +83,13 @@ static ts_status move_dtype(const struct ts_array *src, json_t *v, struct ts_mov
 static void move_start(const struct ts_call *call, struct ts_reply *reply, bool is_copy)
 {
 	struct ts_array *src = ts_h_array_from_path(call, reply);
-	struct move *m = NULL;
 	struct ts_operation *op = NULL;
 	struct ts_move_spec spec = {0};
-	struct ts_precondition pre = {0};
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = NULL, *donate, *out, *overwrite;
 	const char *name;
-	uint64_t total = 0, wait_ns = 0;
+	uint64_t wait_ns = 0;
 
 	ts_error_clear(&err);
 	if (!src)
@@ -184,41 +147,9 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	spec.name = name;
 	spec.overwrite = json_is_true(overwrite);
 	spec.donate = json_is_true(donate);
-	/* refusals the publish would meet, answered now: a hold on the target, a
-	 * copy onto an existing array without "overwrite" */
-	{
-		struct ts_array_desc d = *ts_array_desc(src);
-
-		d.dtype = spec.dtype;
-		if (ts_array_desc_init(&d, &err) != TS_OK ||
-		    ts_catalog_check_write(call->core->env.catalog, name,
-		                           is_copy || spec.convert ? &d : NULL, &pre, &err) != TS_OK)
-			goto out_fail;
-	}
-	if (is_copy && !spec.overwrite) {
-		struct ts_array *there = ts_catalog_get(call->core->env.catalog, name);
-
-		ts_array_unref(there);
-		if (there) {
-			ts_error_set(&err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
-			             "array '%s' already exists; give \"overwrite\": true to replace it",
-			             name);
-			goto out_fail;
-		}
-	}
-	m = calloc(1, sizeof *m);
-	if (!m) {
-		ts_error_oom(&err, "no memory for a move");
+	/* refusals the publish would meet are answered now, then admission */
+	if (ts_job_move_submit(&call->core->env, src, &spec, is_copy, &op, &err) != TS_OK)
 		goto out_fail;
-	}
-	m->core = call->core;
-	/* admission: the destination is allocated now, or the move is refused */
-	if (ts_move_new(call->core->env.memory, src, &spec, &m->mv, &total, &err) != TS_OK)
-		goto out_fail;
-	if (ts_op_submit(call->core->env.operations, is_copy ? "copy" : "put", ts_array_name(src), total,
-	                 "bytes", move_run, m, move_release, &op, &err) != TS_OK)
-		goto out_fail;
-	m = NULL;
 	if (ts_h_wait_requested(call, &wait_ns))
 		ts_h_reply_wait(reply, op, wait_ns, true);
 	else
@@ -228,8 +159,6 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 out_fail:
 	ts_reply_error(reply, &err);
 out_free:
-	if (m)
-		move_release(m);
 	ts_operation_unref(op);
 	ts_array_unref(src);
 	json_decref(body);

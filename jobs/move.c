@@ -1,0 +1,97 @@
+/*
+ * move.c - device_put and copy as operations (jobs/move.h): admission and
+ * the refusals the publish would meet on the caller's thread, the copy and
+ * the publish on a worker.
+ */
+#include "jobs/move.h"
+
+#include <stdlib.h>
+
+#include "jobs/render.h"
+
+static void move_progress(void *arg, uint64_t bytes)
+{
+	ts_operation_progress_add(arg, bytes);
+}
+
+static bool move_cancelled(void *arg)
+{
+	return ts_operation_cancelled(arg);
+}
+
+/* The operation's argument. */
+struct move {
+	const struct ts_jobs_env *env;
+	struct ts_move *mv;                /* owned */
+};
+
+static ts_status move_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct move *m = arg;
+	ts_status s;
+
+	s = ts_move_run(m->mv, m->env->catalog, m->env->stager, move_progress, move_cancelled, op,
+	                err);
+	if (s == TS_OK)
+		ts_operation_set_result(op, ts_render_array(ts_move_result(m->mv)));
+	return s;
+}
+
+static void move_release(void *arg)
+{
+	struct move *m = arg;
+
+	ts_move_free(m->mv);
+	free(m);
+}
+
+/* What the publish would refuse, answered before anything is allocated. */
+static ts_status move_check(const struct ts_jobs_env *env, struct ts_array *src,
+                            const struct ts_move_spec *spec, bool is_copy, struct ts_error *err)
+{
+	struct ts_array_desc d = *ts_array_desc(src);
+	struct ts_precondition pre = {0};
+	const char *name = spec->name ? spec->name : ts_array_name(src);
+	struct ts_array *there;
+
+	d.dtype = spec->dtype;
+	if (ts_array_desc_init(&d, err) != TS_OK ||
+	    ts_catalog_check_write(env->catalog, name, is_copy || spec->convert ? &d : NULL, &pre,
+	                           err) != TS_OK)
+		return err->status;
+	if (!is_copy || spec->overwrite)
+		return TS_OK;
+	there = ts_catalog_get(env->catalog, name);
+	ts_array_unref(there);
+	if (there)
+		return ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
+		                    "array '%s' already exists; give \"overwrite\": true to replace it",
+		                    name);
+	return TS_OK;
+}
+
+ts_status ts_job_move_submit(const struct ts_jobs_env *env, struct ts_array *src,
+                             const struct ts_move_spec *spec, bool is_copy,
+                             struct ts_operation **op, struct ts_error *err)
+{
+	struct move *m = NULL;
+	uint64_t total = 0;
+	ts_status st;
+
+	*op = NULL;
+	st = move_check(env, src, spec, is_copy, err);
+	if (st != TS_OK)
+		return st;
+	m = calloc(1, sizeof *m);
+	if (!m)
+		return ts_error_oom(err, "no memory for a move");
+	m->env = env;
+	/* admission: the destination is allocated now, or the move is refused */
+	st = ts_move_new(env->memory, src, spec, &m->mv, &total, err);
+	if (st == TS_OK)
+		st = ts_op_submit(env->operations, is_copy ? "copy" : "put", ts_array_name(src), total,
+		                  "bytes", move_run, m, move_release, op, err);
+	if (st != TS_OK)
+		move_release(m);
+	return st;
+}
