@@ -93,14 +93,13 @@ bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool
                                  const char *creating);
 /* Adds n to the step counter of the model with this uid; the counter
  * before in *before (may be NULL). False, changing nothing, when gone. */
+bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
+                               uint64_t *before);
 /* Counts one training step that ran for ns nanoseconds, whatever the model
  * (lock-free), and the histogram of them all (borrowed; lives as long as r):
  * its count is the steps run since start. */
 void ts_model_registry_step_ran(struct ts_model_registry *r, uint64_t ns);
 const struct ts_histogram *ts_model_registry_steps(const struct ts_model_registry *r);
-
-bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
-                               uint64_t *before);
 /* Copies up to cap models in name order into out; returns the count. */
 size_t ts_model_registry_list(struct ts_model_registry *r, struct ts_model *out, size_t cap);
 
