@@ -67,8 +67,9 @@ endif
 ifeq ($(CUDA),1)
 CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
              -gencode arch=compute_90,code=compute_90
-TS_CPPFLAGS += -DTS_HAVE_CUDA=1 -I$(CUDA_HOME)/include
-TS_LDLIBS += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
+TS_CPPFLAGS += -DTS_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
+CUDART_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
+TS_LDLIBS += $(CUDART_LIBS) -lcublas -lstdc++
 NVCCFLAGS ?= -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall -I.
 endif
 
@@ -176,7 +177,10 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
 
 $(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) $(TEST_HEADERS)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(IT_COMMON) $(CHECK_LIBS) $(CURL_LIBS) $(PKG_LIBS) -lm $(IT_LIBS) -o $@
+
+# it_lease opens a GPU array's lease as a client does (cudaIpcOpenMemHandle)
+$(BUILD)/tests/it_lease: IT_LIBS = $(CUDART_LIBS)
 
 $(BUILD)/bench/soak: tests/bench/soak.c $(BENCH_COMMON) $(LIB) $(TEST_HEADERS)
 	@mkdir -p $(@D)

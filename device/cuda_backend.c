@@ -10,12 +10,9 @@
  * cudaHostAlloc(cudaHostAllocPortable), in the context of any healthy GPU;
  * with cfg->shareable_pinned (the lease service is on) it is memfd host
  * pages (hostmem.c) pinned with cudaHostRegister(Portable) instead, so that
- * it can be shared. That path is exercised by the GPU suite (tests/gpu):
- * the CPU stand-in of libcudart has no cudaHostRegister, so the two calls
- * are looked up at run time (dlsym) and only when the path is chosen, and
- * nothing the stand-in runs chooses it. cudaIpcGetMemHandle, with which a
- * lease hands a device array to another process on the node, is looked up
- * the same way (the stand-in has none: such a lease is then refused).
+ * a lease can hand them out by descriptor as on sim. A lease hands a device
+ * array to another process on the node by cudaIpcGetMemHandle of its pool
+ * chunk.
  *
  * Every cudaError_t is translated in cuda_fail() and nowhere else: an error
  * that corrupts the context (illegal address, launch failure, ECC, ...) is
@@ -29,7 +26,6 @@
  * the calling thread's current device first (cudaSetDevice), since callers
  * come from any thread. The CUDA runtime serialises the rest.
  */
-#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,12 +35,8 @@
 #include "common/log.h"
 #include "device/backend.h"
 
-/* cudaIpcGetMemHandle, looked up at run time (see the file's comment). */
-typedef cudaError_t (*ipc_get_fn)(cudaIpcMemHandle_t *handle, void *dev_ptr);
-
 struct cuda_dev {
 	int ordinal;                    /* immutable: the CUDA device ordinal */
-	ipc_get_fn ipc_get;             /* immutable: NULL where libcudart has none */
 	struct cuda_pinned *pinned;     /* the set's pinned provider, owned by the
 	                                 * first GPU (freed last of the set) */
 };
@@ -243,16 +235,6 @@ static void cuda_mem_free(struct ts_device *dev, void *p, size_t size)
 
 static const struct ts__backend_ops cuda_ops;
 
-/* cudaIpcGetMemHandle of the libcudart loaded, or NULL. */
-static ipc_get_fn lookup_ipc_get(void)
-{
-	void *sym = dlsym(RTLD_DEFAULT, "cudaIpcGetMemHandle");
-	ipc_get_fn f;
-
-	memcpy(&f, &sym, sizeof f);
-	return f;
-}
-
 _Static_assert(sizeof(cudaIpcMemHandle_t) == TS_IPC_HANDLE_BYTES,
                "a CUDA IPC handle is TS_IPC_HANDLE_BYTES bytes");
 
@@ -260,7 +242,6 @@ ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_
                                struct ts_error *err)
 {
 	cudaIpcMemHandle_t h;
-	ipc_get_fn get;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
@@ -272,15 +253,10 @@ ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_
 		return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN",
 		                    "%s is unusable after an unrecoverable (sticky) error",
 		                    dev->props.id);
-	get = ((const struct cuda_dev *)dev->impl)->ipc_get;
-	if (!get)
-		return ts_error_set(err, TS_FAILED_PRECONDITION, "CUDA_IPC_UNAVAILABLE",
-		                    "'%s': this libcudart has no 'cudaIpcGetMemHandle': its device "
-		                    "memory cannot be leased; use HTTP", dev->props.id);
 	st = cuda_enter(dev, err);
 	if (st != TS_OK)
 		return st;
-	st = cuda_fail(dev, get(&h, base), "cudaIpcGetMemHandle", NULL, err);
+	st = cuda_fail(dev, cudaIpcGetMemHandle(&h, base), "cudaIpcGetMemHandle", NULL, err);
 	if (st == TS_OK)
 		memcpy(out->bytes, &h, sizeof out->bytes);
 	return st;
@@ -296,17 +272,14 @@ ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_
  * memory refused (UNAVAILABLE naming them).
  */
 struct cuda_pinned {
-	/* immutable; both set for memfd pages registered with cudaHostRegister,
-	 * both NULL for cudaHostAlloc */
-	cudaError_t (*host_register)(void *p, size_t size, unsigned int flags);
-	cudaError_t (*host_unregister)(void *p);
+	bool registered;                /* immutable: memfd pages pinned with
+	                                 * cudaHostRegister, else cudaHostAlloc */
 	size_t n;
 	struct ts_device *gpus[];       /* immutable: the set's GPUs, in order */
 };
 
 /* Host pages of size bytes registered (pinned, portable) in gpu's context. */
-static ts_status register_pages(const struct cuda_pinned *cp, struct ts_device *gpu,
-                                struct ts_device *dev, size_t size,
+static ts_status register_pages(struct ts_device *gpu, struct ts_device *dev, size_t size,
                                 const struct alloc_ask *ask, void **out,
                                 struct ts_error *err)
 {
@@ -315,7 +288,7 @@ static ts_status register_pages(const struct cuda_pinned *cp, struct ts_device *
 
 	if (st != TS_OK)
 		return st;
-	st = cuda_fail(gpu, cp->host_register(p, size, cudaHostRegisterPortable),
+	st = cuda_fail(gpu, cudaHostRegister(p, size, cudaHostRegisterPortable),
 	               "cudaHostRegister", ask, err);
 	if (st != TS_OK) {
 		ts__host_pages_free(dev, p, size);
@@ -351,8 +324,8 @@ static ts_status cuda_pinned_alloc(void *ctx, struct ts_device *dev, size_t size
 	/* a GPU that breaks meanwhile hands the request on to the next one */
 	while ((gpu = pinning_gpu(cp, dev)) != NULL) {
 		st = cuda_enter(gpu, err);
-		if (st == TS_OK && cp->host_register)
-			st = register_pages(cp, gpu, dev, size, &ask, &p, err);
+		if (st == TS_OK && cp->registered)
+			st = register_pages(gpu, dev, size, &ask, &p, err);
 		else if (st == TS_OK)
 			st = cuda_fail(gpu, cudaHostAlloc(&p, size, cudaHostAllocPortable),
 			               "cudaHostAlloc", &ask, err);
@@ -382,8 +355,8 @@ static void cuda_pinned_free(void *ctx, void *p, size_t size)
 	/* with every GPU broken the memory stays mapped until the process ends */
 	if (!gpu || cuda_enter(gpu, NULL) != TS_OK)
 		return;
-	if (cp->host_register) {
-		cuda_fail(gpu, cp->host_unregister(p), "cudaHostUnregister", NULL, NULL);
+	if (cp->registered) {
+		cuda_fail(gpu, cudaHostUnregister(p), "cudaHostUnregister", NULL, NULL);
 		ts__host_pages_free(gpu, p, size);      /* the set's table, as every device's */
 		return;
 	}
@@ -727,7 +700,6 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 	if (!c)
 		goto out_dev;
 	c->ordinal = i;
-	c->ipc_get = lookup_ipc_get();
 	dev->impl = c;
 
 	copy_truncated(dev->props.name, sizeof dev->props.name, p.name, sizeof p.name);
@@ -831,25 +803,11 @@ ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
 		return ts_error_oom(err, "cuda: out of memory during discovery");
 	cp->n = ctx->count - first;
 	memcpy(cp->gpus, ctx->devices + first, cp->n * sizeof cp->gpus[0]);
-	cp->host_register = NULL;
-	cp->host_unregister = NULL;
-	if (ctx->cfg->shareable_pinned) {
-		/* looked up here, not linked: see the file's comment */
-		void *reg = dlsym(RTLD_DEFAULT, "cudaHostRegister");
-		void *unreg = dlsym(RTLD_DEFAULT, "cudaHostUnregister");
-
-		if (reg && unreg) {
-			memcpy(&cp->host_register, &reg, sizeof reg);
-			memcpy(&cp->host_unregister, &unreg, sizeof unreg);
-		} else {
-			ts_log(TS_LOG_WARN, NULL, "cuda: this libcudart has no cudaHostRegister: "
-			       "pinned_host memory stays cudaHostAlloc, not shareable by leases");
-		}
-	}
+	cp->registered = ctx->cfg->shareable_pinned;
 	((struct cuda_dev *)ctx->devices[first]->impl)->pinned = cp;
 	ctx->pinned->alloc = cuda_pinned_alloc;
 	ctx->pinned->free = cuda_pinned_free;
 	ctx->pinned->ctx = cp;
-	ctx->pinned->source = cp->host_register ? "memfd+cudaHostRegister" : "cudaHostAlloc";
+	ctx->pinned->source = cp->registered ? "memfd+cudaHostRegister" : "cudaHostAlloc";
 	return TS_OK;
 }

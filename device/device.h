@@ -311,10 +311,9 @@ struct ts_ipc_handle {
  * A CUDA IPC memory handle of the device memory allocation based at base (a
  * base ts_device_mem_alloc returned for dev's device memory: a handle names
  * a whole cudaMalloc allocation), which a process on the same node opens
- * with cudaIpcOpenMemHandle. cudaIpcGetMemHandle is looked up at run time:
- * FAILED_PRECONDITION, reason CUDA_IPC_UNAVAILABLE, naming it when the
- * libcudart has none, and for a build without CUDA; FAILED_PRECONDITION,
- * reason NOT_CUDA_DEVICE, for a device that is no GPU; CUDA errors
+ * with cudaIpcOpenMemHandle. FAILED_PRECONDITION, reason NOT_CUDA_DEVICE,
+ * for a device that is no GPU (every device of a build without CUDA); CUDA
+ * errors
  * translated as everywhere (UNAVAILABLE for a sticky one). The caller keeps
  * the allocation alive while the handle is in use. Thread-safe.
  */

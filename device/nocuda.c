@@ -35,7 +35,7 @@ ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_
 {
 	(void)base;
 	memset(out, 0, sizeof *out);
-	return ts_error_set(err, TS_FAILED_PRECONDITION, "CUDA_IPC_UNAVAILABLE",
-	                    "'%s': no 'cudaIpcGetMemHandle' in a build without CUDA",
+	return ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_CUDA_DEVICE",
+	                    "'%s' is no CUDA device: it has no CUDA IPC handles",
 	                    ts_device_props(dev)->id);
 }

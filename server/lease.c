@@ -298,8 +298,7 @@ static ts_status share_fd(const struct ts_array *a, const struct ts_buffer *b, b
  * The answer describing a's shards, and the descriptors of its "fd" shards;
  * closes what it opened on failure. FAILED_PRECONDITION, reason
  * NOT_SHAREABLE, for host memory that is no memfd (cudaHostAlloc), and as
- * ts_device_ipc_handle fails for a GPU's memory (CUDA_IPC_UNAVAILABLE where
- * libcudart lacks cudaIpcGetMemHandle).
+ * ts_device_ipc_handle fails for a GPU's memory.
  */
 static ts_status describe(const struct ts_array *a, bool writable, uint64_t id, json_t **out,
                           int *fds, int *nfds, struct ts_error *err)

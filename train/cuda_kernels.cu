@@ -35,7 +35,6 @@
  * kernels' device current; a device's cuBLAS handle is guarded by its
  * slot's mu, the cache by blas_cache.mu.
  */
-#include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -496,30 +495,6 @@ static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int
 	return st;
 }
 
-/* cublasGemmEx, looked up where the loaded cuBLAS has it (a stand-in may
- * not), or NULL: a missing symbol is a refused mixed-precision model, not
- * a failed load. */
-typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
-                                     int, int, const void *, const void *, cudaDataType, int,
-                                     const void *, cudaDataType, int, const void *, void *,
-                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
-
-static gemm_ex_fn gemm_ex(void)
-{
-	return (gemm_ex_fn)dlsym(RTLD_DEFAULT, "cublasGemmEx");
-}
-
-static ts_status cuda_lowp_check(void *impl, struct ts_error *err)
-{
-	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
-
-	if (gemm_ex())
-		return TS_OK;
-	return ts_error_set(err, TS_FAILED_PRECONDITION, "NO_GEMM_EX",
-	                    "%s: the loaded cuBLAS has no 'cublasGemmEx', which bfloat16 and "
-	                    "float16 models need for their products", ck->id);
-}
-
 static ts_status cuda_round(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
                             uint16_t *y, uint64_t n, struct ts_error *err)
 {
@@ -540,20 +515,17 @@ static ts_status cuda_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
 	cudaDataType in = dt == TS_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-	gemm_ex_fn ex = gemm_ex();
 	struct ts_m_colmajor_gemm g;
 	ts_status st = enter(ck, err), unbound;
 
 	if (st != TS_OK)
 		return st;
-	if (!ex)
-		return cuda_lowp_check(impl, err);
 	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
 	pthread_mutex_lock(&ck->blas->mu);
 	st = blas_status(ck, cublasSetStream(ck->blas->h, stream_of(q)), "cublasSetStream", err);
 	if (st == TS_OK)
 		st = blas_status(ck,
-		                 ex(ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+		                 cublasGemmEx(ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
 		                    g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, B, in,
 		                    g.lda, A, in, g.ldb, &beta, C, CUDA_R_32F, g.ldc,
 		                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
@@ -677,8 +649,6 @@ struct cuda_timeline {
 	int n, cap;
 };
 
-typedef cudaError_t (*elapsed_fn)(float *ms, cudaEvent_t start, cudaEvent_t end);
-
 static ts_status cuda_timeline_new(void *impl, void **out, struct ts_error *err)
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
@@ -730,26 +700,15 @@ static ts_status cuda_timeline_mark(void *p, struct ts_queue *q, enum ts_k_mark 
 	return TS_OK;
 }
 
-/* cudaEventElapsedTime, looked up where the runtime has it (a stand-in of
- * the runtime may not), or NULL. */
-static elapsed_fn elapsed_time(void)
-{
-	return (elapsed_fn)dlsym(RTLD_DEFAULT, "cudaEventElapsedTime");
-}
-
 static ts_status cuda_timeline_read(void *p, double *busy_s, double *wait_s,
                                     struct ts_error *err)
 {
 	struct cuda_timeline *tl = (struct cuda_timeline *)p;
-	elapsed_fn elapsed = elapsed_time();
 	double busy = 0, wait = 0;
 	ts_status st = enter(tl->ck, err);
 
 	if (st != TS_OK)
 		return st;
-	if (!elapsed)
-		return ts_error_set(err, TS_UNIMPLEMENTED, "NO_DEVICE_TIMING",
-		                    "%s: the CUDA runtime offers no cudaEventElapsedTime", tl->ck->id);
 	for (int i = 1; i < tl->n && st == TS_OK; i++) {
 		int a = tl->mark[i - 1], b = tl->mark[i];
 		bool busy_span = (a == TS_K_OPEN || a == TS_K_WAIT_END) &&
@@ -759,7 +718,7 @@ static ts_status cuda_timeline_read(void *p, double *busy_s, double *wait_s,
 
 		if (!busy_span && !wait_span)
 			continue;
-		st = cuda_status(tl->ck, elapsed(&ms, tl->ev[i - 1], tl->ev[i]),
+		st = cuda_status(tl->ck, cudaEventElapsedTime(&ms, tl->ev[i - 1], tl->ev[i]),
 		                 "cudaEventElapsedTime", err);
 		if (busy_span)
 			busy += ms / 1e3;
@@ -860,7 +819,6 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_xent,
 	cuda_round,
 	cuda_gemm_lp,
-	cuda_lowp_check,
 	cuda_timeline_new,
 	cuda_timeline_mark,
 	cuda_timeline_read,

@@ -155,7 +155,7 @@ ts_status ts_k_lowp_check(struct ts_kernels *k, enum ts_compute dt, struct ts_er
 	if (!lowp_known(dt))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "mixed precision: unknown compute dtype %d", (int)dt);
-	return k->ops->lowp_check ? k->ops->lowp_check(k->impl, err) : TS_OK;
+	return TS_OK;
 }
 
 ts_status ts_k_round(struct ts_kernels *k, struct ts_queue *q, enum ts_compute to,

@@ -59,17 +59,15 @@ ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, 
  * in float32, C float32 (CPU: A and B widened exactly to float32 in a
  * workspace the call takes with its closure, then sgemm; CUDA:
  * cublasGemmEx with CUBLAS_COMPUTE_32F). INVALID_ARGUMENT for a compute
- * dtype that is not bfloat16 or float16, and as ts_k_gemm;
- * FAILED_PRECONDITION on CUDA when the loaded cuBLAS has no cublasGemmEx
- * (ts_k_lowp_check says so up front).
+ * dtype that is not bfloat16 or float16, and as ts_k_gemm.
  */
 ts_status ts_k_round(struct ts_kernels *k, struct ts_queue *q, enum ts_compute to,
                      const float *x, uint16_t *y, uint64_t n, struct ts_error *err);
 ts_status ts_k_gemm_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt, bool ta,
                        bool tb, int M, int N, int K, float alpha, const uint16_t *A,
                        const uint16_t *B, float beta, float *C, struct ts_error *err);
-/* TS_OK when the kernels can run a model of compute dtype dt (always for
- * float32 and on cpu and sim); FAILED_PRECONDITION naming what is missing. */
+/* TS_OK when dt is a compute dtype the kernels run (float32, bfloat16,
+ * float16: every backend runs all three); INVALID_ARGUMENT otherwise. */
 ts_status ts_k_lowp_check(struct ts_kernels *k, enum ts_compute dt, struct ts_error *err);
 
 /* out[i] = act(in[i]), n elements (in == out allowed). */

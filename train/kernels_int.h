@@ -73,14 +73,12 @@ struct ts__kernel_ops {
 	                  int id_bytes, uint64_t rows, int vocab, float *loss_dev, float *grad,
 	                  struct ts_error *err);
 
-	/* mixed precision (kernels.h); dt bfloat16 or float16, sizes as gemm's;
-	 * lowp_check NULL: always supported */
+	/* mixed precision (kernels.h); dt bfloat16 or float16, sizes as gemm's */
 	ts_status (*round)(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
 	                   uint16_t *y, uint64_t n, struct ts_error *err);
 	ts_status (*gemm_lp)(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta, bool tb,
 	                     int M, int N, int K, float alpha, const uint16_t *A,
 	                     const uint16_t *B, float beta, float *C, struct ts_error *err);
-	ts_status (*lowp_check)(void *impl, struct ts_error *err);
 
 	/* A device-timed timeline (kernels.h); NULL ops: none. q is a queue of
 	 * the kernels' device, checked. */

@@ -12,11 +12,10 @@
  * follow the same rules: on sim a descriptor of the sim device's memfd
  * (mapped and checked byte for byte, also while the array is moved to host
  * memory), on a GPU a CUDA IPC handle of the pool chunk with the array's
- * offset in it (its shape and the accounting checked, and where a libcudart
- * can be loaded, the handle opened here and the bytes read and written
- * through it). Pinned host memory is
- * shareable on every backend once --unix-socket is on (on CUDA, memfd pages
- * pinned with cudaHostRegister: exercised where the suite runs on a GPU).
+ * offset in it (its shape and the accounting checked, the handle opened
+ * here with cudaIpcOpenMemHandle and the bytes read and written through
+ * it). Pinned host memory is shareable on every backend once --unix-socket
+ * is on (on CUDA, memfd pages pinned with cudaHostRegister).
  *
  * Each test case runs in its own forked process with its own daemon.
  */
@@ -24,7 +23,6 @@
 #include "tests/integration/lease_wire.h"
 
 #include <check.h>
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -124,82 +122,65 @@ struct mapped {
 /* ---- the CUDA runtime, where the suite runs on a GPU ---------------------- */
 
 /* cudaIpcMemHandle_t as the runtime takes it: 64 bytes, by value. */
-struct ipc_handle {
-	char reserved[64];
-};
+/* A GPU array's lease opened in this process as a client opens it, so that
+ * on CUDA the lease rules are checked byte for byte, as a mapping's are on
+ * sim. Each case runs in a process of its own (fork mode): the runtime is
+ * initialised in it, never in the parent. A build without CUDA has no GPU
+ * arrays, so these run only where the suite was built with CUDA. */
+#if TS_HAVE_CUDA
+#include <cuda_runtime.h>
 
-/* Enough of libcudart, loaded at run time (the suite links no CUDA), to open
- * a GPU array's lease in this process as a client does and read and write
- * its bytes: on a GPU the lease rules are checked byte for byte, as a
- * mapping's are on sim. Each case runs in a process of its own (fork mode):
- * the runtime is loaded in it, never in the parent. */
-static struct {
-	bool tried, ok;
-	int (*by_bus)(int *dev, const char *pci_bus_id);
-	int (*set_device)(int dev);
-	int (*open)(void **p, struct ipc_handle h, unsigned flags);
-	int (*close)(void *p);
-	int (*copy)(void *dst, const void *src, size_t n, int kind);
-	int (*sync)(void);
-} rt;
-
-#define CUDA_MEMCPY_DEFAULT 4
-#define CUDA_IPC_LAZY_PEER 1
-
-static void *rt_sym(void *lib, const char *name, bool *ok)
+static int gpu_open(const char *pci_bus_id, const unsigned char handle[64], void **base)
 {
-	void *f = dlsym(lib, name);
+	cudaIpcMemHandle_t h;
+	int dev = -1;
 
-	*ok = *ok && f;
-	return f;
+	memcpy(&h, handle, sizeof h);
+	ck_assert_int_eq(cudaDeviceGetByPCIBusId(&dev, pci_bus_id), cudaSuccess);
+	ck_assert_int_eq(cudaSetDevice(dev), cudaSuccess);
+	return (int)cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess);
 }
 
-static bool cuda_rt(void)
+static int gpu_close(void *base)
 {
-	static const char *const names[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
-	void *lib = NULL, *f;
-	bool ok = true;
-
-	if (rt.tried)
-		return rt.ok;
-	rt.tried = true;
-	for (size_t i = 0; !lib && i < sizeof names / sizeof names[0]; i++)
-		lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-	if (!lib) {
-		fprintf(stderr, "it_lease: no libcudart here: a GPU array's lease is checked by "
-		        "its answer, not opened\n");
-		return false;
-	}
-	f = rt_sym(lib, "cudaDeviceGetByPCIBusId", &ok);
-	memcpy(&rt.by_bus, &f, sizeof f);
-	f = rt_sym(lib, "cudaSetDevice", &ok);
-	memcpy(&rt.set_device, &f, sizeof f);
-	f = rt_sym(lib, "cudaIpcOpenMemHandle", &ok);
-	memcpy(&rt.open, &f, sizeof f);
-	f = rt_sym(lib, "cudaIpcCloseMemHandle", &ok);
-	memcpy(&rt.close, &f, sizeof f);
-	f = rt_sym(lib, "cudaMemcpy", &ok);
-	memcpy(&rt.copy, &f, sizeof f);
-	f = rt_sym(lib, "cudaDeviceSynchronize", &ok);
-	memcpy(&rt.sync, &f, sizeof f);
-	rt.ok = ok;
-	return ok;
+	return (int)cudaIpcCloseMemHandle(base);
 }
+
+/* n bytes between host and device memory, done when it returns */
+static int gpu_copy(void *dst, const void *src, size_t n)
+{
+	cudaError_t e = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+
+	return (int)(e == cudaSuccess ? cudaDeviceSynchronize() : e);
+}
+#else
+static int gpu_open(const char *pci_bus_id, const unsigned char handle[64], void **base)
+{
+	ck_abort_msg("a CUDA IPC shard (%s) from a daemon built without CUDA", pci_bus_id);
+	return -1;
+}
+
+static int gpu_close(void *base)
+{
+	return -1;
+}
+
+static int gpu_copy(void *dst, const void *src, size_t n)
+{
+	return -1;
+}
+#endif
 
 /* Opens the handle of a "cuda_ipc" shard on the GPU of its bus id. */
 static void ipc_open(json_t *sh, struct mapped *m)
 {
 	json_t *ipc = th_obj(sh, "cuda_ipc");
-	struct ipc_handle h;
+	unsigned char h[64];
 	void *base = NULL;
-	int dev = -1, e;
+	int e;
 
-	ck_assert_int_eq(lw_ipc_handle(sh, (unsigned char *)h.reserved), 0);
-	e = rt.by_bus(&dev, th_str(ipc, "pci_bus_id"));
-	ck_assert_msg(e == 0, "cudaDeviceGetByPCIBusId('%s'): error %d",
-	              th_str(ipc, "pci_bus_id"), e);
-	ck_assert_int_eq(rt.set_device(dev), 0);
-	e = rt.open(&base, h, CUDA_IPC_LAZY_PEER);
+	ck_assert_int_eq(lw_ipc_handle(sh, h), 0);
+	e = gpu_open(th_str(ipc, "pci_bus_id"), h, &base);
 	ck_assert_msg(e == 0 && base, "cudaIpcOpenMemHandle: error %d", e);
 	m->ipc_base = base;
 	m->dev_data = (unsigned char *)base + th_int(sh, "offset");
@@ -247,8 +228,7 @@ static void lease_map(int fd, const char *req, bool writable, struct mapped *m)
 	if (strcmp(th_str(sh, "transport"), "cuda_ipc") == 0) {
 		ck_assert_int_eq(nfds, 0);
 		check_ipc_shard(sh);
-		if (cuda_rt())
-			ipc_open(sh, m);
+		ipc_open(sh, m);
 		return;
 	}
 	ck_assert_str_eq(th_str(sh, "transport"), "fd");
@@ -264,39 +244,37 @@ static void unmap(struct mapped *m)
 	if (m->base)
 		munmap(m->base, m->maplen);
 	if (m->ipc_base)
-		ck_assert_int_eq(rt.close(m->ipc_base), 0);
+		ck_assert_int_eq(gpu_close(m->ipc_base), 0);
 	json_decref(m->answer);
 }
 
-/* th_assert_bytes where the lease could be mapped or opened. */
+/* th_assert_bytes over a lease's bytes, mapped (host, sim) or opened
+ * (CUDA IPC). */
 static void assert_mapped(const char *what, const struct mapped *m, const void *want, size_t n)
 {
 	unsigned char *got;
 
 	if (m->data) {
 		th_assert_bytes(what, m->data, n, want, n);
-	} else if (m->dev_data) {
-		got = malloc(n);
-		ck_assert_ptr_nonnull(got);
-		ck_assert_int_eq(rt.copy(got, m->dev_data, n, CUDA_MEMCPY_DEFAULT), 0);
-		th_assert_bytes(what, got, n, want, n);
-		free(got);
+		return;
 	}
+	ck_assert_ptr_nonnull(m->dev_data);
+	got = malloc(n);
+	ck_assert_ptr_nonnull(got);
+	ck_assert_int_eq(gpu_copy(got, m->dev_data, n), 0);
+	th_assert_bytes(what, got, n, want, n);
+	free(got);
 }
 
-/* Writes n bytes of src into a writable lease, done when it returns; false
- * where it could be neither mapped nor opened. */
-static bool fill_leased(struct mapped *m, const void *src, size_t n)
+/* Writes n bytes of src into a writable lease, done when it returns. */
+static void fill_leased(struct mapped *m, const void *src, size_t n)
 {
 	if (m->data) {
 		memcpy((void *)m->data, src, n);
-		return true;
+		return;
 	}
-	if (!m->dev_data)
-		return false;
-	ck_assert_int_eq(rt.copy(m->dev_data, src, n, CUDA_MEMCPY_DEFAULT), 0);
-	ck_assert_int_eq(rt.sync(), 0);       /* another process reads it next */
-	return true;
+	ck_assert_ptr_nonnull(m->dev_data);
+	ck_assert_int_eq(gpu_copy(m->dev_data, src, n), 0);  /* another process reads it next */
 }
 
 static void release(int fd, uint64_t lease)
@@ -462,51 +440,9 @@ END_TEST
 
 /* ---- device arrays ------------------------------------------------------- */
 
-/* Under the CPU stand-in of libcudart (TS_FAKECUDA) there is no
- * cudaIpcGetMemHandle: a GPU's arrays cannot be leased. */
-static bool ipc_missing(void)
-{
-	return !th_backend_is_sim() && getenv("TS_FAKECUDA") != NULL;
-}
-
-/* The refusal where cudaIpcGetMemHandle is missing: FAILED_PRECONDITION
- * naming it, for a lease and a create, and nothing held after either. */
-static void check_ipc_refused(void)
-{
-	unsigned char *v = th_pattern(MiB, 8);
-	char req[256];
-	int fd = lw_connect(sock), fds[LW_MAX_FDS], nfds = 0;
-	json_t *j, *e;
-
-	ck_assert_int_ge(fd, 0);
-	upload_on("g", th_dev(0), "device", v, MiB);
-	j = lw_call(fd, "{\"op\":\"lease\",\"name\":\"g\"}", fds, &nfds);
-	e = th_obj(j, "error");
-	ck_assert_str_eq(th_str(e, "status"), "FAILED_PRECONDITION");
-	ck_assert_msg(strstr(th_str(e, "message"), "'cudaIpcGetMemHandle'"), "%s",
-	              th_str(e, "message"));
-	ck_assert_int_eq(nfds, 0);
-	json_decref(j);
-	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"gw\",\"dtype\":\"uint8\","
-	         "\"shape\":[4096],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
-	j = lw_call(fd, req, fds, &nfds);
-	ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "FAILED_PRECONDITION");
-	json_decref(j);
-	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/g"), 200);
-	ck_assert_int_eq(in_use(th_dev(0), "device"), 0);     /* the refused create's too */
-	ck_assert_int_eq(http_status("GET", "/v1/arrays/gw"), 404);
-	close(fd);
-	free(v);
-}
-
 START_TEST(test_device_kept_while_replaced_and_deleted)
 {
 	start("0600");
-	if (ipc_missing()) {
-		check_ipc_refused();
-		th_daemon_stop_ok(&d);
-		return;
-	}
 	check_kept_on(th_dev(0), "device");
 	th_daemon_stop_ok(&d);
 }
@@ -522,11 +458,6 @@ START_TEST(test_device_kept_while_moved)
 	int fd;
 
 	start("0600");
-	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
-		free(v);
-		th_daemon_stop_ok(&d);
-		return;
-	}
 	upload_on("mv", th_dev(0), "device", v, 4 * MiB);
 	fd = lw_connect(sock);
 	ck_assert_int_ge(fd, 0);
@@ -561,23 +492,17 @@ START_TEST(test_device_write_lease)
 	char req[256];
 	struct th_response r;
 	struct mapped m;
-	bool filled;
 	int fd, nfds;
 	json_t *j;
 
 	start("0600");
-	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
-		free(want);
-		th_daemon_stop_ok(&d);
-		return;
-	}
 	fd = lw_connect(sock);
 	ck_assert_int_ge(fd, 0);
 	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dw\",\"dtype\":\"uint8\","
 	         "\"shape\":[2097152],\"device\":\"%s\",\"memory_kind\":\"device\"}", th_dev(0));
 	lease_map(fd, req, true, &m);
 	ck_assert(th_bool(m.answer, "writable"));
-	filled = fill_leased(&m, want, 2 * MiB);
+	fill_leased(&m, want, 2 * MiB);
 	ck_assert_int_eq(http_status("GET", "/v1/arrays/dw"), 404);    /* not yet */
 	ck_assert_int_eq(in_use(th_dev(0), "device"), 2 * MiB);
 	snprintf(req, sizeof req, "{\"op\":\"publish\",\"lease\":%llu}", (unsigned long long)m.lease);
@@ -587,8 +512,7 @@ START_TEST(test_device_write_lease)
 	th_get(&d, "/v1/arrays/dw/data", &r);
 	ck_assert_int_eq(r.status, 200);
 	ck_assert_int_eq(r.body_len, 2 * MiB);
-	if (filled)
-		th_assert_bytes("published", r.body, r.body_len, want, 2 * MiB);
+	th_assert_bytes("published", r.body, r.body_len, want, 2 * MiB);
 	th_response_free(&r);
 	unmap(&m);
 
@@ -616,11 +540,6 @@ START_TEST(test_device_killed_client_and_many_leases)
 	pid_t pid;
 
 	start("0600");
-	if (ipc_missing()) {           /* test_device_kept_... checks the refusal */
-		free(v);
-		th_daemon_stop_ok(&d);
-		return;
-	}
 	upload_on("dk", th_dev(0), "device", v, MiB);
 	ck_assert_int_eq(pipe(ready), 0);
 	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"dnever\",\"dtype\":\"uint8\","

@@ -1195,32 +1195,6 @@ START_TEST(lowp_token_model_every_policy)
 }
 END_TEST
 
-/* Kernels without cublasGemmEx (the CPU stand-in's cuBLAS): a bfloat16
- * step is refused before it runs, FAILED_PRECONDITION naming the symbol,
- * every space as it was. */
-START_TEST(lowp_refused_without_gemm_ex)
-{
-	struct ts_mlp m = {.layers = 2, .d_model = 8, .d_hidden = 12, .act = TS_ACT_RELU,
-	                   .loss = TS_LOSS_SUM, .compute = TS_COMPUTE_BF16};
-	struct ts_policy pol = any_policy(1 + 3);
-	struct ts_exec_result r;
-	struct job j;
-	uint64_t dev0, host0;
-
-	job_new(&m, &grads_only, 4, &pol, 13, &j);
-	dev0 = in_use(dsp);
-	host0 = in_use(psp);
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_exec_run(&j.plan, &env, j.args, j.outs, 1, &r, &err),
-	                 TS_FAILED_PRECONDITION);
-	ck_assert_ptr_nonnull(strstr(err.message, "'cublasGemmEx'"));
-	ck_assert_uint_eq(in_use(dsp), dev0);
-	ck_assert_uint_eq(in_use(psp), host0);
-	ts_error_clear(&err);
-	job_free(&j);
-}
-END_TEST
-
 /* ---- 4. optimizers ------------------------------------------------------------------ */
 
 static const struct ts_mlp small = {.layers = 3, .d_model = 8, .d_hidden = 12,
@@ -1898,19 +1872,6 @@ static void add_tokens(TCase *tc)
 	tcase_add_test(tc, token_models_adam_same_on_device_and_host);
 }
 
-/* Under tests/gpu/fakecuda.sh (TS_FAKECUDA=1): its CPU stand-in of
- * libcudart launches only the kernels it knows, and not the token ones. */
-static bool fakecuda_lacks_token_kernels(void)
-{
-	const char *f = getenv("TS_FAKECUDA");
-
-	if (!f || strcmp(f, "1") != 0)
-		return false;
-	fprintf(stderr, "fakecuda: skipped token kernels (the stand-in lacks k_embed_fwd, "
-	        "k_embed_bwd, k_xent_rows, k_xent_mean): test_exec's cuda token-model cases\n");
-	return true;
-}
-
 /* Mixed-precision models' cases (k_round, cublasGemmEx). */
 static void add_lowp(TCase *tc)
 {
@@ -1918,19 +1879,6 @@ static void add_lowp(TCase *tc)
 	tcase_add_test(tc, lowp_step_matches_float64_of_rounded_operands);
 	tcase_add_test(tc, lowp_adam_keeps_float32_master_weights);
 	tcase_add_test(tc, lowp_token_model_every_policy);
-}
-
-/* The same for them: the stand-in launches no k_round and its cuBLAS has
- * no cublasGemmEx, so there a mixed-precision step is refused instead. */
-static bool fakecuda_lacks_lowp(void)
-{
-	const char *f = getenv("TS_FAKECUDA");
-
-	if (!f || strcmp(f, "1") != 0)
-		return false;
-	fprintf(stderr, "fakecuda: skipped mixed-precision steps (the stand-in lacks k_round and "
-	        "cublasGemmEx): test_exec's cuda bfloat16 and float16 cases\n");
-	return true;
 }
 
 static Suite *exec_suite(bool cuda)
@@ -1955,12 +1903,8 @@ static Suite *exec_suite(bool cuda)
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
 		add_common(tc);
-		if (!fakecuda_lacks_token_kernels())
-			add_tokens(tc);
-		if (!fakecuda_lacks_lowp())
-			add_lowp(tc);
-		else
-			tcase_add_test(tc, lowp_refused_without_gemm_ex);
+		add_tokens(tc);
+		add_lowp(tc);
 		suite_add_tcase(s, tc);
 	}
 	return s;

@@ -2224,33 +2224,11 @@ START_TEST(lowp_bad_arguments_refused)
 }
 END_TEST
 
-/* The CPU kernels multiply in every compute dtype. */
-START_TEST(lowp_supported_on_cpu)
+/* Every backend's kernels multiply in every compute dtype. */
+START_TEST(lowp_supported)
 {
 	OK(ts_k_lowp_check(kern, TS_COMPUTE_BF16, &err));
 	OK(ts_k_lowp_check(kern, TS_COMPUTE_F16, &err));
-}
-END_TEST
-
-/* A cuBLAS without cublasGemmEx (the CPU stand-in's): a bfloat16 or
- * float16 product is refused up front, naming the missing symbol. */
-START_TEST(lowp_refused_without_gemm_ex)
-{
-	float *x = dalloc(4);
-	uint16_t *y = dalloc16(4);
-
-	for (int c = 0; c < 2; c++) {
-		enum ts_compute dt = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
-
-		ts_error_clear(&err);
-		ck_assert_int_eq(ts_k_lowp_check(kern, dt, &err), TS_FAILED_PRECONDITION);
-		ck_assert_ptr_nonnull(strstr(err.message, "'cublasGemmEx'"));
-		ts_error_clear(&err);
-		ck_assert_int_eq(ts_k_gemm_lp(kern, q, dt, false, false, 2, 2, 2, 1, y, y, 0, x, &err),
-		                 TS_FAILED_PRECONDITION);
-		ck_assert_ptr_nonnull(strstr(err.message, "'cublasGemmEx'"));
-	}
-	ts_error_clear(&err);
 }
 END_TEST
 
@@ -2261,6 +2239,7 @@ static void add_lowp(TCase *tc)
 	tcase_add_test(tc, lowp_gemm_all_transposes);
 	tcase_add_test(tc, lowp_gemm_back_to_back_on_two_queues);
 	tcase_add_test(tc, lowp_bad_arguments_refused);
+	tcase_add_test(tc, lowp_supported);
 }
 
 static void add_common(TCase *tc)
@@ -2290,32 +2269,6 @@ static void add_tokens(TCase *tc)
 	tcase_add_test(tc, softmax_cross_entropy);
 }
 
-/* Under tests/gpu/fakecuda.sh (TS_FAKECUDA=1): its CPU stand-in of
- * libcudart launches only the kernels it knows, and not the token ones. */
-static bool fakecuda_lacks_token_kernels(void)
-{
-	const char *f = getenv("TS_FAKECUDA");
-
-	if (!f || strcmp(f, "1") != 0)
-		return false;
-	fprintf(stderr, "fakecuda: skipped token kernels (the stand-in lacks k_embed_fwd, "
-	        "k_embed_bwd, k_xent_rows, k_xent_mean): test_kernels' cuda token cases\n");
-	return true;
-}
-
-/* The same for the mixed-precision kernels: the stand-in launches no
- * k_round and its cuBLAS has no cublasGemmEx. */
-static bool fakecuda_lacks_lowp(void)
-{
-	const char *f = getenv("TS_FAKECUDA");
-
-	if (!f || strcmp(f, "1") != 0)
-		return false;
-	fprintf(stderr, "fakecuda: skipped mixed-precision kernels (the stand-in lacks k_round "
-	        "and cublasGemmEx): test_kernels' cuda bfloat16 and float16 cases\n");
-	return true;
-}
-
 static Suite *kernels_suite(bool cuda)
 {
 	Suite *s = suite_create("kernels");
@@ -2328,7 +2281,6 @@ static Suite *kernels_suite(bool cuda)
 	add_common(tc);
 	add_tokens(tc);
 	add_lowp(tc);
-	tcase_add_test(tc, lowp_supported_on_cpu);
 	tcase_add_test(tc, same_sequence_same_bits);
 	tcase_add_test(tc, exp_neg_within_an_ulp);
 	tcase_add_test(tc, softmax_cross_entropy_wide_rows_same_bits);
@@ -2344,16 +2296,9 @@ static Suite *kernels_suite(bool cuda)
 		tc = tcase_create("cuda");
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
-		bool tokens = !fakecuda_lacks_token_kernels();
-		bool lowp = !fakecuda_lacks_lowp();
-
 		add_common(tc);
-		if (tokens)
-			add_tokens(tc);
-		if (lowp)
-			add_lowp(tc);
-		else
-			tcase_add_test(tc, lowp_refused_without_gemm_ex);
+		add_tokens(tc);
+		add_lowp(tc);
 		tcase_add_test(tc, same_sequence_same_bits);
 		tcase_add_test(tc, cuda_kernels_made_per_step);
 		tcase_add_test(tc, cuda_kernels_free_does_not_wait_for_the_device);
@@ -2366,8 +2311,7 @@ static Suite *kernels_suite(bool cuda)
 		tcase_add_test(tc, cuda_matches_cpu_reductions_bit_for_bit);
 		tcase_add_test(tc, cuda_matches_cpu_updates);
 		tcase_add_test(tc, cuda_matches_cpu_gemm);
-		if (tokens)
-			tcase_add_test(tc, cuda_matches_cpu_tokens_bit_for_bit);
+		tcase_add_test(tc, cuda_matches_cpu_tokens_bit_for_bit);
 		suite_add_tcase(s, tc);
 	}
 	return s;
