@@ -666,6 +666,22 @@ static void token_forward(struct builder *b)
 	token_drop(b, tab, b->EMB, "forward");
 }
 
+/* The cross-entropy kernel on the logits (x_L itself without a projection)
+ * against the target ids; returns its gradient (a temp of the logits' size).
+ * The loss value goes back to the host at once, as emit_loss's. */
+static int token_xent(struct builder *b, int logits)
+{
+	const struct ts_plan *p = b->p;
+	uint64_t lb = (uint64_t)p->batch * p->mlp.vocab * F32;
+	int loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)p->batch + 1) * F32, "loss");
+	int glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, p->mlp.layers,
+	                lb, "loss");
+
+	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
+	release(b, loss, -1, "loss");
+	return glog;
+}
+
 /* The loss of x_L: projected to logits (or x_L itself), cross-entropy
  * against the target ids; the projection's gradient and update; returns
  * the gradient of x_L. Frees x_L. */
@@ -675,17 +691,14 @@ static int token_loss(struct builder *b, int xL, enum ts_pbuf_class gcls)
 	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
 	uint64_t lb = (uint64_t)B * V * F32, xb = (uint64_t)B * d * F32;
 	struct param_ref pr = token_param(b, 1);
-	int prj = -1, logits = xL, loss, glog, g;
+	int prj = -1, logits = xL, glog, g;
 
 	if (p->mlp.proj) {
 		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, pr.bytes, "loss");
 		logits = temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
 		gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
 	}
-	loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)B + 1) * F32, "loss");
-	glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, L, lb, "loss");
-	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
-	release(b, loss, -1, "loss");
+	glog = token_xent(b, logits);
 	if (!p->mlp.proj) {
 		release(b, xL, L, "loss");
 		return glog;
@@ -751,92 +764,144 @@ static int *ints(int n)
 	return v;
 }
 
-ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                        const struct ts_policy *policy, struct ts_plan *out,
-                        struct ts_error *err)
+/* Checks a model, a batch and a policy for either builder. */
+static ts_status check_model(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
+                             struct ts_error *err)
 {
-	struct builder b = {.p = out, .EMB = -1, .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1,
-	                    .NUP = -1, .GE = -1, .GP = -1, .x0 = -1};
+	int L = mlp->layers, d = mlp->d_model;
 	bool tok = ts_mlp_tokens(mlp);
-	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
-	uint64_t wb, xb;
-	bool has2 = ts_mlp_has_w2(mlp), adam = opt->type == TS_OPT_ADAM;
-	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
-	int g, xL;
-	ts_status st;
 
-	memset(out, 0, sizeof *out);
 	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "layers, d_model and batch must be positive");
-	if (!has2 && mlp->d_hidden)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "inconsistent hidden width");
 	if (tok != (mlp->loss == TS_LOSS_XENT) || mlp->vocab < 0 || mlp->vocab > (1 << 24) ||
 	    (tok && !mlp->proj && mlp->vocab != d))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
 		                    "without a projection d_model == vocab", mlp->vocab);
-	st = ts_policy_check(policy, err);
-	if (st != TS_OK)
-		return st;
+	return ts_policy_check(policy, err);
+}
+
+/* Starts building *out (zeroed, the model checked): its model, policy and
+ * batch; no buffer yet, every index unset, the per-layer state allocated
+ * (b->failed when it could not be). */
+static void builder_start(struct builder *b, struct ts_plan *out, const struct ts_mlp *mlp,
+                          const struct ts_policy *policy, int batch)
+{
+	int L = mlp->layers;
+
+	*b = (struct builder){.p = out, .W1 = -1, .W2 = -1, .MU1 = -1, .MU2 = -1, .NU1 = -1,
+	                      .NU2 = -1, .IN = -1, .TGT = -1, .G1 = -1, .G2 = -1, .EMB = -1,
+	                      .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1, .NUP = -1, .GE = -1,
+	                      .GP = -1, .x0 = -1};
 	out->mlp = *mlp;
 	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
-	out->opt = *opt;
 	out->policy = *policy;
 	out->batch = batch;
-	wb = (uint64_t)d * H * F32;
-	xb = (uint64_t)batch * d * F32;
-	b.x = ints(L + 1);
-	b.xh = ints(L + 1);
-	b.h = ints(L);
-	b.hh = ints(L);
-	b.w1 = ints(L + 1);
-	b.w2 = ints(L + 1);
-	if (!b.x || !b.xh || !b.h || !b.hh || !b.w1 || !b.w2)
-		b.failed = TS_RESOURCE_EXHAUSTED;
-	b.G1 = b.G2 = -1;
-	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
-	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
-	b.MU1 = adam ? add_buf(&b, TS_ROLE_MU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.NU1 = adam ? add_buf(&b, TS_ROLE_NU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.MU2 = adam && has2 ? add_buf(&b, TS_ROLE_MU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.NU2 = adam && has2 ? add_buf(&b, TS_ROLE_NU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	if (tok) {
-		uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
-		bool p2 = mlp->proj;
+	b->x = ints(L + 1);
+	b->xh = ints(L + 1);
+	b->h = ints(L);
+	b->hh = ints(L);
+	b->w1 = ints(L + 1);
+	b->w2 = ints(L + 1);
+	if (!b->x || !b->xh || !b->h || !b->hh || !b->w1 || !b->w2)
+		b->failed = TS_RESOURCE_EXHAUSTED;
+}
 
-		b.EMB = add_buf(&b, TS_ROLE_EMBED, TS_PB_ARGUMENT, policy->params, -1, eb);
-		b.PRJ = p2 ? add_buf(&b, TS_ROLE_PROJ, TS_PB_ARGUMENT, policy->params, -1, eb) : -1;
-		b.MUE = adam ? add_buf(&b, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		b.NUE = adam ? add_buf(&b, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		b.MUP = adam && p2 ? add_buf(&b, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		b.NUP = adam && p2 ? add_buf(&b, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		if (gcls == TS_PB_OUTPUT) {
-			b.GE = add_buf(&b, TS_ROLE_GRAD_EMBED, gcls, TS_MEM_DEVICE, -1, eb);
-			b.GP = p2 ? add_buf(&b, TS_ROLE_GRAD_PROJ, gcls, TS_MEM_DEVICE, -1, eb) : -1;
-		}
-	}
-	{
-		uint64_t ib = tok ? (uint64_t)batch * (uint64_t)out->mlp.id_bytes : xb;
+/* A whole-model buffer when `want`, else -1. */
+static int add_whole(struct builder *b, bool want, enum ts_pbuf_role role,
+                     enum ts_pbuf_class cls, enum ts_memory_kind kind, uint64_t bytes)
+{
+	return want ? add_buf(b, role, cls, kind, -1, bytes) : -1;
+}
 
-		b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib);
-		b.TGT = mlp->loss == TS_LOSS_MSE || tok ?
-		        add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib) : -1;
+/*
+ * The buffers a plan starts with, in this order: the layers' parameters and
+ * (Adam) their state; a token model's table and projection, their state,
+ * and their gradients when `grads_out`; the batch's input and target (a
+ * token model's are ids); the layers' gradients when `grads_out`.
+ */
+static void add_arguments(struct builder *b, bool grads_out)
+{
+	const struct ts_plan *p = b->p;
+	const struct ts_mlp *m = &p->mlp;
+	enum ts_memory_kind pk = p->policy.params, sk = p->policy.opt_state;
+	bool has2 = ts_mlp_has_w2(m), adam = p->opt.type == TS_OPT_ADAM, tok = ts_mlp_tokens(m);
+	bool p2 = tok && m->proj;
+	uint64_t wb = (uint64_t)m->d_model * ts_mlp_hidden(m) * F32 * (uint64_t)m->layers;
+	uint64_t eb = (uint64_t)m->vocab * (uint64_t)m->d_model * F32;
+	uint64_t ib = tok ? (uint64_t)p->batch * (uint64_t)m->id_bytes
+	                  : (uint64_t)p->batch * m->d_model * F32;
+
+	b->W1 = add_whole(b, true, TS_ROLE_W1, TS_PB_ARGUMENT, pk, wb);
+	b->W2 = add_whole(b, has2, TS_ROLE_W2, TS_PB_ARGUMENT, pk, wb);
+	b->MU1 = add_whole(b, adam, TS_ROLE_MU_W1, TS_PB_ARGUMENT, sk, wb);
+	b->NU1 = add_whole(b, adam, TS_ROLE_NU_W1, TS_PB_ARGUMENT, sk, wb);
+	b->MU2 = add_whole(b, adam && has2, TS_ROLE_MU_W2, TS_PB_ARGUMENT, sk, wb);
+	b->NU2 = add_whole(b, adam && has2, TS_ROLE_NU_W2, TS_PB_ARGUMENT, sk, wb);
+	b->EMB = add_whole(b, tok, TS_ROLE_EMBED, TS_PB_ARGUMENT, pk, eb);
+	b->PRJ = add_whole(b, p2, TS_ROLE_PROJ, TS_PB_ARGUMENT, pk, eb);
+	b->MUE = add_whole(b, tok && adam, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, sk, eb);
+	b->NUE = add_whole(b, tok && adam, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, sk, eb);
+	b->MUP = add_whole(b, p2 && adam, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, sk, eb);
+	b->NUP = add_whole(b, p2 && adam, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, sk, eb);
+	b->GE = add_whole(b, tok && grads_out, TS_ROLE_GRAD_EMBED, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
+	b->GP = add_whole(b, p2 && grads_out, TS_ROLE_GRAD_PROJ, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
+	b->IN = add_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
+	b->TGT = add_whole(b, m->loss == TS_LOSS_MSE || tok, TS_ROLE_TARGET, TS_PB_ARGUMENT,
+	                   TS_MEM_DEVICE, ib);
+	b->G1 = add_whole(b, grads_out, TS_ROLE_GRAD_W1, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
+	b->G2 = add_whole(b, grads_out && has2, TS_ROLE_GRAD_W2, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
+}
+
+/* Ends building: frees the per-layer state and reads the analysis of the
+ * schedule built (place.h). On failure releases the plan and answers
+ * RESOURCE_EXHAUSTED, "no memory to plan the <what>". */
+static ts_status builder_finish(struct builder *b, const char *what, struct ts_error *err)
+{
+	free(b->x);
+	free(b->xh);
+	free(b->h);
+	free(b->hh);
+	free(b->w1);
+	free(b->w2);
+	if (!b->failed)
+		b->failed = ts__plan_analyse(b->p);
+	if (b->failed) {
+		ts_plan_release(b->p);
+		return ts_error_oom(err, "no memory to plan the %s", what);
 	}
-	if (gcls == TS_PB_OUTPUT) {
-		b.G1 = add_buf(&b, TS_ROLE_GRAD_W1, gcls, TS_MEM_DEVICE, -1, wb * L);
-		b.G2 = has2 ? add_buf(&b, TS_ROLE_GRAD_W2, gcls, TS_MEM_DEVICE, -1, wb * L) : -1;
-	}
+	return TS_OK;
+}
+
+ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                        const struct ts_policy *policy, struct ts_plan *out,
+                        struct ts_error *err)
+{
+	struct builder b;
+	bool tok = ts_mlp_tokens(mlp), has2 = ts_mlp_has_w2(mlp);
+	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
+	uint64_t wb = (uint64_t)d * H * F32, xb = (uint64_t)batch * d * F32;
+	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
+	int g, xL;
+	ts_status st;
+
+	memset(out, 0, sizeof *out);
+	st = check_model(mlp, batch, policy, err);
+	if (st != TS_OK)
+		return st;
+	builder_start(&b, out, mlp, policy, batch);
+	out->opt = *opt;
+	add_arguments(&b, gcls == TS_PB_OUTPUT);
 	if (tok)
 		token_forward(&b);
 	forward(&b, &xL);
 	if (tok) {
 		g = token_loss(&b, xL, gcls);
-		goto backward_pass;
+	} else {
+		g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
+		release(&b, xL, L, "loss");
 	}
-	g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
-	release(&b, xL, L, "loss");
-backward_pass:
 	if (gcls == TS_PB_TEMP && !update_fused(out)) {
 		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
 		b.G2 = has2 ? temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
@@ -854,19 +919,7 @@ backward_pass:
 		release(&b, b.GE, -1, "update");
 		release(&b, b.GP, -1, "update");
 	}
-	free(b.x);
-	free(b.xh);
-	free(b.h);
-	free(b.hh);
-	free(b.w1);
-	free(b.w2);
-	if (!b.failed)
-		b.failed = ts__plan_analyse(out);
-	if (b.failed) {
-		ts_plan_release(out);
-		return ts_error_oom(err, "no memory to plan the step");
-	}
-	return TS_OK;
+	return builder_finish(&b, "step", err);
 }
 
 /* ---- evaluation --------------------------------------------------------------- */
@@ -905,7 +958,7 @@ static int token_loss_eval(struct builder *b, int xL, int dst)
 	const struct ts_plan *p = b->p;
 	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
 	uint64_t lb = (uint64_t)B * V * F32;
-	int logits = xL, loss, glog, prj;
+	int logits = xL, glog, prj;
 
 	if (p->mlp.proj) {
 		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, token_param(b, 1).bytes, "loss");
@@ -914,10 +967,7 @@ static int token_loss_eval(struct builder *b, int xL, int dst)
 		token_drop(b, prj, b->PRJ, "loss");
 		release(b, xL, L, "loss");
 	}
-	loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)B + 1) * F32, "loss");
-	glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, L, lb, "loss");
-	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
-	release(b, loss, -1, "loss");
+	glog = token_xent(b, logits);
 	release(b, glog, L, "loss");
 	return logits;
 }
@@ -926,61 +976,28 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
                              bool outputs, enum ts_memory_kind outputs_kind,
                              struct ts_plan *out, struct ts_error *err)
 {
-	struct builder b = {.p = out, .EMB = -1, .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1,
-	                    .NUP = -1, .GE = -1, .GP = -1, .x0 = -1};
+	struct builder b;
 	bool tok = ts_mlp_tokens(mlp);
-	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
-	uint64_t wb, xb, ib, ob;
-	bool has2 = ts_mlp_has_w2(mlp);
+	int L = mlp->layers, d = mlp->d_model;
+	uint64_t xb = (uint64_t)batch * d * F32;
+	uint64_t ob = tok ? (uint64_t)batch * (uint64_t)mlp->vocab * F32 : xb;
 	int g, xL, OUT = -1, dev_out;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
-	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "layers, d_model and batch must be positive");
-	if (tok != (mlp->loss == TS_LOSS_XENT) || mlp->vocab < 0 || mlp->vocab > (1 << 24) ||
-	    (tok && !mlp->proj && mlp->vocab != d))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
-		                    "without a projection d_model == vocab", mlp->vocab);
-	st = ts_policy_check(policy, err);
+	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
 	if (outputs && outputs_kind != TS_MEM_DEVICE && outputs_kind != TS_MEM_PINNED_HOST)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "outputs live on device or pinned_host, not '%s'",
 		                    ts_memory_kind_name(outputs_kind));
-	out->mlp = *mlp;
-	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
+	builder_start(&b, out, mlp, policy, batch);
 	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
-	out->policy = *policy;
 	out->policy.save_x = out->policy.save_h = false;
 	out->policy.offload_x = out->policy.offload_h = false;
-	out->batch = batch;
 	out->evaluate = true;
-	wb = (uint64_t)d * H * F32;
-	xb = (uint64_t)batch * d * F32;
-	b.w1 = ints(L + 1);
-	b.w2 = ints(L + 1);
-	if (!b.w1 || !b.w2)
-		b.failed = TS_RESOURCE_EXHAUSTED;
-	b.G1 = b.G2 = b.MU1 = b.MU2 = b.NU1 = b.NU2 = -1;
-	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
-	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
-	if (tok) {
-		uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
-
-		b.EMB = add_buf(&b, TS_ROLE_EMBED, TS_PB_ARGUMENT, policy->params, -1, eb);
-		b.PRJ = mlp->proj ? add_buf(&b, TS_ROLE_PROJ, TS_PB_ARGUMENT, policy->params, -1, eb)
-		                  : -1;
-	}
-	/* a token model's input and target are ids, its outputs the logits */
-	ib = tok ? (uint64_t)batch * (uint64_t)out->mlp.id_bytes : xb;
-	ob = tok ? (uint64_t)batch * (uint64_t)mlp->vocab * F32 : xb;
-	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib);
-	b.TGT = mlp->loss == TS_LOSS_MSE || tok ?
-	        add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib) : -1;
+	add_arguments(&b, false);
 	if (outputs)
 		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
 	dev_out = OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1;
@@ -999,15 +1016,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 		copy(&b, OUT, 0, xL, 0, ob, L, "outputs");
 	if (xL != OUT && xL != b.IN)
 		release(&b, xL, L, "outputs");
-	free(b.w1);
-	free(b.w2);
-	if (!b.failed)
-		b.failed = ts__plan_analyse(out);
-	if (b.failed) {
-		ts_plan_release(out);
-		return ts_error_oom(err, "no memory to plan the evaluation");
-	}
-	return TS_OK;
+	return builder_finish(&b, "evaluation", err);
 }
 
 void ts_plan_release(struct ts_plan *p)
