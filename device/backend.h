@@ -26,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/lock.h"
 #include "common/status.h"
 #include "device/device.h"
 
@@ -130,7 +131,7 @@ struct ts__host_map {
 };
 
 struct ts__host_maps {
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	struct ts__host_map *maps;      /* guarded by: mu; sorted by base */
 	size_t n, cap;                  /* guarded by: mu */
 };
