@@ -92,14 +92,15 @@ static ts_status parse_raw_desc(const struct ts_call *call, struct ts_array_desc
                                 struct ts_error *err)
 {
 	const char *dt = ts_call_query(call, "dtype"), *shape = ts_call_query(call, "shape");
+	char names[TS_DTYPE_NAMES_MAX];
 
-	if (!dt || !ts_dtype_parse(dt, &d->dtype))
+	if (!dt)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
-		                    dt ? "dtype '%s' is not one of bool, int8, uint8, int16, uint16, "
-		                         "int32, uint32, int64, uint64, float16, bfloat16, float32, float64"
-		                       : "a raw upload needs ?dtype= and ?shape= (or Content-Type: "
-		                         "application/x-npy)%s",
-		                    dt ? dt : "");
+		                    "a raw upload needs ?dtype= and ?shape= (or Content-Type: "
+		                    "application/x-npy)");
+	if (!ts_dtype_parse(dt, &d->dtype))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE", "dtype '%s' is not one of %s",
+		                    dt, ts_dtype_names(names, sizeof names));
 	if (!shape)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
 		                    "a raw upload needs ?shape= (empty for a scalar)");
