@@ -5,7 +5,10 @@
  * sim, cpu) fills a struct ts__backend_ops; the public functions of device.h
  * check their arguments in device.c and dispatch through dev->ops. Backend
  * queues and events embed struct ts_queue / struct ts_event as their first
- * member, so a backend casts the public pointer to its own type.
+ * member, so a backend casts the public pointer to its own type. What the
+ * backends call of the core (making a device, adding it to the set being
+ * discovered, the broken flag, ts__oom) is backend.c's, below device.c:
+ * device.c calls the backends, never the other way.
  *
  * Invariants: a device's props, ops and pinned provider are immutable after
  * discovery; its broken flag only ever goes from false to true; every live
@@ -23,6 +26,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/lock.h"
 #include "common/status.h"
 #include "device/device.h"
 
@@ -127,7 +131,7 @@ struct ts__host_map {
 };
 
 struct ts__host_maps {
-	pthread_mutex_t mu;
+	struct ts_mutex mu;
 	struct ts__host_map *maps;      /* guarded by: mu; sorted by base */
 	size_t n, cap;                  /* guarded by: mu */
 };

@@ -31,10 +31,10 @@
  * shareable mappings (one per device set, backend.h) is guarded by its
  * mutex.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "common/hugepage.h"
+#include "common/lock.h"
 #include "device/backend.h"
 
 ts_status ts__host_meminfo(uint64_t *avail, uint64_t *total,
@@ -106,7 +107,7 @@ bool ts_host_shmem_huge(char *mode, size_t cap)
 
 void ts__host_maps_init(struct ts__host_maps *m)
 {
-	pthread_mutex_init(&m->mu, NULL);
+	ts_mutex_init(&m->mu);
 	m->maps = NULL;
 	m->n = m->cap = 0;
 }
@@ -115,14 +116,15 @@ void ts__host_maps_release(struct ts__host_maps *m)
 {
 	free(m->maps);
 	m->maps = NULL;
-	pthread_mutex_destroy(&m->mu);
+	ts_mutex_destroy(&m->mu);
 }
 
-/* Index of the first mapping whose base is > addr. */
+/* Index of the first mapping whose base is > addr (m->mu held). */
 static size_t maps_upper_locked(const struct ts__host_maps *m, uintptr_t addr)
 {
 	size_t lo = 0, hi = m->n;
 
+	assert(ts_mutex_held(&m->mu));
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
 
@@ -139,7 +141,7 @@ static bool maps_add(struct ts__host_maps *m, uintptr_t base, size_t size, int f
 	bool ok = true;
 	size_t i;
 
-	pthread_mutex_lock(&m->mu);
+	ts_mutex_lock(&m->mu);
 	if (m->n == m->cap) {
 		size_t cap = m->cap ? m->cap * 2 : 64;
 		struct ts__host_map *grown = realloc(m->maps, cap * sizeof *grown);
@@ -156,7 +158,7 @@ static bool maps_add(struct ts__host_maps *m, uintptr_t base, size_t size, int f
 	m->maps[i] = (struct ts__host_map){base, size, fd};
 	m->n++;
 out:
-	pthread_mutex_unlock(&m->mu);
+	ts_mutex_unlock(&m->mu);
 	return ok;
 }
 
@@ -166,14 +168,14 @@ static int maps_remove(struct ts__host_maps *m, uintptr_t base)
 	int fd = -1;
 	size_t i;
 
-	pthread_mutex_lock(&m->mu);
+	ts_mutex_lock(&m->mu);
 	i = maps_upper_locked(m, base);
 	if (i > 0 && m->maps[i - 1].base == base) {
 		fd = m->maps[i - 1].fd;
 		memmove(&m->maps[i - 1], &m->maps[i], (m->n - i) * sizeof *m->maps);
 		m->n--;
 	}
-	pthread_mutex_unlock(&m->mu);
+	ts_mutex_unlock(&m->mu);
 	return fd;
 }
 
@@ -186,7 +188,7 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
 	int fd, src;
 	size_t i;
 
-	pthread_mutex_lock(&m->mu);
+	ts_mutex_lock(&m->mu);
 	i = maps_upper_locked(m, a);
 	if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
 	    len <= m->maps[i - 1].size - (a - m->maps[i - 1].base)) {
@@ -205,7 +207,7 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
 	} else {
 		fd = -ENOENT;
 	}
-	pthread_mutex_unlock(&m->mu);
+	ts_mutex_unlock(&m->mu);
 	return fd;
 }
 
@@ -217,9 +219,9 @@ static bool maps_budget_left(struct ts__host_maps *m)
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
 		return false;
-	pthread_mutex_lock(&m->mu);
+	ts_mutex_lock(&m->mu);
 	n = m->n;
-	pthread_mutex_unlock(&m->mu);
+	ts_mutex_unlock(&m->mu);
 	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
 }
 

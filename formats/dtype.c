@@ -6,6 +6,7 @@
  */
 #include "formats/dtype.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const struct {
@@ -37,6 +38,23 @@ static bool valid(enum ts_dtype dt)
 const char *ts_dtype_name(enum ts_dtype dt)
 {
 	return valid(dt) ? dtype_table[dt].name : NULL;
+}
+
+const char *ts_dtype_names(char *buf, size_t cap)
+{
+	size_t n = 0;
+
+	if (!cap)
+		return buf;
+	buf[0] = '\0';
+	for (int i = 0; i < TS_DT_COUNT && n < cap; i++) {
+		int w = snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", dtype_table[i].name);
+
+		if (w < 0)
+			break;
+		n += (size_t)w;
+	}
+	return buf;
 }
 
 bool ts_dtype_parse(const char *s, enum ts_dtype *out)

@@ -39,6 +39,12 @@ enum ts_dtype {
  * string, NULL for values outside the enum. */
 const char *ts_dtype_name(enum ts_dtype dt);
 
+/* Every name of ours in table order, joined by ", " ("bool, int8, ...,
+ * float64"), for messages; into buf (cap bytes, TS_DTYPE_NAMES_MAX holds
+ * them all; cut short to fit a smaller one). Returns buf. */
+#define TS_DTYPE_NAMES_MAX 128
+const char *ts_dtype_names(char *buf, size_t cap);
+
 /* Parses one of our names exactly; false (and *out untouched) otherwise. */
 bool ts_dtype_parse(const char *s, enum ts_dtype *out);
 

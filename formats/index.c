@@ -18,85 +18,85 @@
 
 /* ---- parsing ------------------------------------------------------------ */
 
-enum ts__item_kind { TS__ITEM_INT, TS__ITEM_SLICE, TS__ITEM_ELLIPSIS };
+enum item_kind { ITEM_INT, ITEM_SLICE, ITEM_ELLIPSIS };
 
-struct ts__item {
-	enum ts__item_kind kind;
+struct item {
+	enum item_kind kind;
 	int64_t v[3];   /* integer in v[0]; slice start, stop, step */
 	bool has[3];    /* which slice parts were written */
 };
 
-struct ts__parser {
+struct parser {
 	const char *s;
 	size_t pos;
 	struct ts_error *err;
 };
 
 /* Items kept: enough for a full-rank index plus one ellipsis. */
-#define TS__MAX_ITEMS (TS_INDEX_MAX_RANK + 1)
+#define MAX_ITEMS (TS_INDEX_MAX_RANK + 1)
 
 /* How much of the expression an error message quotes. */
-#define TS__QUOTE 80
+#define QUOTE 80
 
-static bool ts__is_digit(char c)
+static bool is_digit(char c)
 {
 	return c >= '0' && c <= '9';
 }
 
-static bool ts__is_alpha(char c)
+static bool is_alpha(char c)
 {
 	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
 
-static bool ts__is_space(char c)
+static bool is_space(char c)
 {
 	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
-static void ts__skip_ws(struct ts__parser *p)
+static void skip_ws(struct parser *p)
 {
-	while (ts__is_space(p->s[p->pos]))
+	while (is_space(p->s[p->pos]))
 		p->pos++;
 }
 
-static ts_status ts__bad(struct ts__parser *p, const char *what, size_t at)
+static ts_status bad_syntax(struct parser *p, const char *what, size_t at)
 {
 	unsigned char c = (unsigned char)p->s[at];
 
 	if (c >= 0x20 && c < 0x7f)
 		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "%s '%c' at offset %zu in index '%.*s'", what,
-		                    (char)c, at, TS__QUOTE, p->s);
+		                    (char)c, at, QUOTE, p->s);
 	return ts_error_bad(p->err, "BAD_INDEX", NULL,
 	                    "%s byte 0x%02x at offset %zu in index", what, c, at);
 }
 
-static bool ts__word_is(const char *w, size_t n, const char *lit)
+static bool word_is(const char *w, size_t n, const char *lit)
 {
 	return strlen(lit) == n && memcmp(w, lit, n) == 0;
 }
 
 /* Explains a word where a number was expected (None, True, names). */
-static ts_status ts__bad_word(struct ts__parser *p)
+static ts_status bad_word(struct parser *p)
 {
 	const char *w = p->s + p->pos;
 	size_t n = 0;
 
-	while (ts__is_alpha(w[n]) || ts__is_digit(w[n]) || w[n] == '.')
+	while (is_alpha(w[n]) || is_digit(w[n]) || w[n] == '.')
 		n++;
-	if (ts__word_is(w, n, "None") || ts__word_is(w, n, "newaxis") ||
-	    ts__word_is(w, n, "np.newaxis") || ts__word_is(w, n, "numpy.newaxis"))
+	if (word_is(w, n, "None") || word_is(w, n, "newaxis") ||
+	    word_is(w, n, "np.newaxis") || word_is(w, n, "numpy.newaxis"))
 		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "new axes ('%.*s') are not supported in index '%.*s'",
-		                    (int)n, w, TS__QUOTE, p->s);
-	if (ts__word_is(w, n, "True") || ts__word_is(w, n, "False") ||
-	    ts__word_is(w, n, "true") || ts__word_is(w, n, "false"))
+		                    (int)n, w, QUOTE, p->s);
+	if (word_is(w, n, "True") || word_is(w, n, "False") ||
+	    word_is(w, n, "true") || word_is(w, n, "false"))
 		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "boolean indices ('%.*s') are not supported in index '%.*s'",
-		                    (int)n, w, TS__QUOTE, p->s);
+		                    (int)n, w, QUOTE, p->s);
 	return ts_error_bad(p->err, "BAD_INDEX", NULL,
 	                    "unexpected '%.*s' at offset %zu in index '%.*s'",
-	                    (int)(n > 32 ? 32 : n), w, p->pos, TS__QUOTE, p->s);
+	                    (int)(n > 32 ? 32 : n), w, p->pos, QUOTE, p->s);
 }
 
 /*
@@ -104,7 +104,7 @@ static ts_status ts__bad_word(struct ts__parser *p)
  * position unchanged when none starts here and the next character may end a
  * slice part; words, brackets and malformed numbers are errors.
  */
-static ts_status ts__parse_int(struct ts__parser *p, int64_t *v, bool *has)
+static ts_status parse_int(struct parser *p, int64_t *v, bool *has)
 {
 	const char *s = p->s;
 	size_t at = p->pos, i = at;
@@ -115,18 +115,18 @@ static ts_status ts__parse_int(struct ts__parser *p, int64_t *v, bool *has)
 	if (s[i] == '+' || s[i] == '-') {
 		neg = s[i] == '-';
 		i++;
-		if (!ts__is_digit(s[i]))
-			return ts__bad(p, "expected a digit after the sign, found", i);
-	} else if (!ts__is_digit(s[i])) {
-		if (ts__is_alpha(s[i]))
-			return ts__bad_word(p);
+		if (!is_digit(s[i]))
+			return bad_syntax(p, "expected a digit after the sign, found", i);
+	} else if (!is_digit(s[i])) {
+		if (is_alpha(s[i]))
+			return bad_word(p);
 		if (s[i] == '[' || s[i] == '(' || s[i] == '{')
 			return ts_error_bad(p->err, "BAD_INDEX", NULL,
 			                    "index arrays and lists are not supported in index '%.*s' "
-			                    "(only integers, slices and '...')", TS__QUOTE, s);
+			                    "(only integers, slices and '...')", QUOTE, s);
 		return TS_OK;
 	}
-	for (; ts__is_digit(s[i]); i++) {
+	for (; is_digit(s[i]); i++) {
 		unsigned d = (unsigned)(s[i] - '0');
 
 		if (mag > (UINT64_MAX - d) / 10)
@@ -134,10 +134,10 @@ static ts_status ts__parse_int(struct ts__parser *p, int64_t *v, bool *has)
 		else
 			mag = mag * 10 + d;
 	}
-	if (s[i] == '.' || ts__is_alpha(s[i]) || ts__is_digit(s[i])) {
+	if (s[i] == '.' || is_alpha(s[i]) || is_digit(s[i])) {
 		size_t end = i;
 
-		while (ts__is_alpha(s[end]) || ts__is_digit(s[end]) || s[end] == '.')
+		while (is_alpha(s[end]) || is_digit(s[end]) || s[end] == '.')
 			end++;
 		return ts_error_bad(p->err, "BAD_INDEX", NULL,
 		                    "non-integer index '%.*s' at offset %zu",
@@ -159,52 +159,52 @@ static ts_status ts__parse_int(struct ts__parser *p, int64_t *v, bool *has)
 }
 
 /* Reads the parts of a slice after its start; the position is on a ':'. */
-static ts_status ts__parse_slice_rest(struct ts__parser *p, struct ts__item *it)
+static ts_status parse_slice_rest(struct parser *p, struct item *it)
 {
 	ts_status st;
 
-	it->kind = TS__ITEM_SLICE;
+	it->kind = ITEM_SLICE;
 	for (int part = 1; part < 3; part++) {
 		p->pos++; /* the ':' */
-		ts__skip_ws(p);
-		if ((st = ts__parse_int(p, &it->v[part], &it->has[part])) != TS_OK)
+		skip_ws(p);
+		if ((st = parse_int(p, &it->v[part], &it->has[part])) != TS_OK)
 			return st;
-		ts__skip_ws(p);
+		skip_ws(p);
 		if (p->s[p->pos] != ':')
 			return TS_OK;
 	}
-	return ts__bad(p, "too many parts in slice: unexpected", p->pos);
+	return bad_syntax(p, "too many parts in slice: unexpected", p->pos);
 }
 
 /* Reads one item up to the ',' or NUL that ends it, and leaves the position
  * there. number is the item's 1-based position, for messages. */
-static ts_status ts__parse_item(struct ts__parser *p, int number, struct ts__item *it)
+static ts_status parse_item(struct parser *p, int number, struct item *it)
 {
 	ts_status st = TS_OK;
 
 	memset(it, 0, sizeof *it);
-	ts__skip_ws(p);
+	skip_ws(p);
 	if (strncmp(p->s + p->pos, "...", 3) == 0) {
-		it->kind = TS__ITEM_ELLIPSIS;
+		it->kind = ITEM_ELLIPSIS;
 		p->pos += 3;
 	} else {
-		if ((st = ts__parse_int(p, &it->v[0], &it->has[0])) != TS_OK)
+		if ((st = parse_int(p, &it->v[0], &it->has[0])) != TS_OK)
 			return st;
-		ts__skip_ws(p);
+		skip_ws(p);
 		if (p->s[p->pos] == ':')
-			st = ts__parse_slice_rest(p, it);
+			st = parse_slice_rest(p, it);
 		else if (it->has[0])
-			it->kind = TS__ITEM_INT;
+			it->kind = ITEM_INT;
 		else if (p->s[p->pos] == ',' || p->s[p->pos] == '\0')
 			return ts_error_bad(p->err, "BAD_INDEX", NULL,
 			                    "empty item at position %d in index '%.*s'",
-			                    number, TS__QUOTE, p->s);
+			                    number, QUOTE, p->s);
 		if (st != TS_OK)
 			return st;
 	}
-	ts__skip_ws(p);
+	skip_ws(p);
 	if (p->s[p->pos] != ',' && p->s[p->pos] != '\0')
-		return ts__bad(p, "unexpected character", p->pos);
+		return bad_syntax(p, "unexpected character", p->pos);
 	return TS_OK;
 }
 
@@ -215,9 +215,9 @@ static ts_status ts__parse_item(struct ts__parser *p, int number, struct ts__ite
  * given parts: the first index and the count (Python's PySlice_AdjustIndices).
  * step must not be zero.
  */
-static void ts__slice_resolve(int64_t start, int64_t stop, int64_t step,
-                              bool has_start, bool has_stop, uint64_t size,
-                              struct ts_index_dim *out)
+static void slice_resolve(int64_t start, int64_t stop, int64_t step,
+                          bool has_start, bool has_stop, uint64_t size,
+                          struct ts_index_dim *out)
 {
 	int64_t len = (int64_t)size;
 	uint64_t ustep = step < 0 ? 0 - (uint64_t)step : (uint64_t)step;
@@ -253,15 +253,15 @@ static void ts__slice_resolve(int64_t start, int64_t stop, int64_t step,
 	out->collapsed = false;
 }
 
-static ts_status ts__step_zero(struct ts_error *err, int axis)
+static ts_status step_zero(struct ts_error *err, int axis)
 {
 	return ts_error_bad(err, "BAD_INDEX", NULL,
 	                    "slice step cannot be zero for axis %d", axis);
 }
 
 /* An integer index on one axis: bounds-checked, negatives from the end. */
-static ts_status ts__resolve_int(int64_t v, int axis, uint64_t size,
-                                 struct ts_index_dim *out, struct ts_error *err)
+static ts_status resolve_int(int64_t v, int axis, uint64_t size,
+                             struct ts_index_dim *out, struct ts_error *err)
 {
 	uint64_t idx;
 
@@ -288,20 +288,20 @@ static ts_status ts__resolve_int(int64_t v, int axis, uint64_t size,
 	return TS_OK;
 }
 
-static ts_status ts__resolve_item(const struct ts__item *it, int axis, uint64_t size,
-                                  struct ts_index_dim *out, struct ts_error *err)
+static ts_status resolve_item(const struct item *it, int axis, uint64_t size,
+                              struct ts_index_dim *out, struct ts_error *err)
 {
 	int64_t step = it->has[2] ? it->v[2] : 1;
 
-	if (it->kind == TS__ITEM_INT)
-		return ts__resolve_int(it->v[0], axis, size, out, err);
+	if (it->kind == ITEM_INT)
+		return resolve_int(it->v[0], axis, size, out, err);
 	if (step == 0)
-		return ts__step_zero(err, axis);
-	ts__slice_resolve(it->v[0], it->v[1], step, it->has[0], it->has[1], size, out);
+		return step_zero(err, axis);
+	slice_resolve(it->v[0], it->v[1], step, it->has[0], it->has[1], size, out);
 	return TS_OK;
 }
 
-static void ts__fill_out_shape(struct ts_selection *s)
+static void fill_out_shape(struct ts_selection *s)
 {
 	s->out_rank = 0;
 	for (int i = 0; i < s->rank; i++)
@@ -309,7 +309,7 @@ static void ts__fill_out_shape(struct ts_selection *s)
 			s->out_shape[s->out_rank++] = s->dims[i].count;
 }
 
-static ts_status ts__check_shape(int rank, const uint64_t *shape, struct ts_error *err)
+static ts_status check_shape(int rank, const uint64_t *shape, struct ts_error *err)
 {
 	uint64_t elems = 1;
 	bool empty = false, overflow = false;
@@ -337,51 +337,51 @@ static ts_status ts__check_shape(int rank, const uint64_t *shape, struct ts_erro
 }
 
 /* Lays the parsed items onto the axes of out (shape already set). */
-static ts_status ts__apply_items(const struct ts__item *items, int nitems, int nindexed,
-                                 struct ts_selection *out, struct ts_error *err)
+static ts_status apply_items(const struct item *items, int nitems, int nindexed,
+                             struct ts_selection *out, struct ts_error *err)
 {
 	int axis = 0;
 	ts_status st;
 
 	for (int k = 0; k < nitems; k++) {
-		if (items[k].kind == TS__ITEM_ELLIPSIS) {
+		if (items[k].kind == ITEM_ELLIPSIS) {
 			for (int e = 0; e < out->rank - nindexed; e++, axis++)
-				ts__slice_resolve(0, 0, 1, false, false, out->shape[axis],
-				                  &out->dims[axis]);
+				slice_resolve(0, 0, 1, false, false, out->shape[axis],
+				              &out->dims[axis]);
 			continue;
 		}
-		st = ts__resolve_item(&items[k], axis, out->shape[axis], &out->dims[axis], err);
+		st = resolve_item(&items[k], axis, out->shape[axis], &out->dims[axis], err);
 		if (st != TS_OK)
 			return st;
 		axis++;
 	}
 	for (; axis < out->rank; axis++)
-		ts__slice_resolve(0, 0, 1, false, false, out->shape[axis], &out->dims[axis]);
-	ts__fill_out_shape(out);
+		slice_resolve(0, 0, 1, false, false, out->shape[axis], &out->dims[axis]);
+	fill_out_shape(out);
 	return TS_OK;
 }
 
 ts_status ts_index_parse(const char *expr, int rank, const uint64_t *shape,
                          struct ts_selection *out, struct ts_error *err)
 {
-	struct ts__parser p = {.s = expr, .pos = 0, .err = err};
-	struct ts__item items[TS__MAX_ITEMS];
+	struct parser p = {.s = expr, .pos = 0, .err = err};
+	struct item items[MAX_ITEMS];
 	int nitems = 0, nindexed = 0, number = 0;
 	bool ellipsis = false;
 	ts_status st;
 
-	if ((st = ts__check_shape(rank, shape, err)) != TS_OK)
+	if ((st = check_shape(rank, shape, err)) != TS_OK)
 		return st;
 	ts_selection_all(rank, shape, out);
 	if (!expr)
 		return TS_OK;
-	ts__skip_ws(&p);
+	skip_ws(&p);
 	while (p.s[p.pos] != '\0') {
-		struct ts__item item;
+		struct item item;
 
-		if ((st = ts__parse_item(&p, ++number, &item)) != TS_OK)
+		if ((st = parse_item(&p, ++number, &item)) != TS_OK)
 			return st;
-		if (item.kind == TS__ITEM_ELLIPSIS) {
+		if (item.kind == ITEM_ELLIPSIS) {
 			if (ellipsis)
 				return ts_error_bad(err, "BAD_INDEX", NULL,
 				                    "an index can only have a single ellipsis ('...')");
@@ -389,18 +389,18 @@ ts_status ts_index_parse(const char *expr, int rank, const uint64_t *shape,
 		} else {
 			nindexed++;
 		}
-		if (nitems < TS__MAX_ITEMS)
+		if (nitems < MAX_ITEMS)
 			items[nitems++] = item;
 		if (p.s[p.pos] == ',') {
 			p.pos++;
-			ts__skip_ws(&p);
+			skip_ws(&p);
 		}
 	}
 	if (nindexed > rank)
 		return ts_error_bad(err, "BAD_INDEX", NULL,
 		                    "too many indices: array is %d-dimensional, but %d were indexed",
 		                    rank, nindexed);
-	return ts__apply_items(items, nitems, nindexed, out, err);
+	return apply_items(items, nitems, nindexed, out, err);
 }
 
 void ts_selection_all(int rank, const uint64_t *shape, struct ts_selection *out)
@@ -410,9 +410,9 @@ void ts_selection_all(int rank, const uint64_t *shape, struct ts_selection *out)
 	out->rank = rank;
 	for (int i = 0; i < rank; i++) {
 		out->shape[i] = shape[i];
-		ts__slice_resolve(0, 0, 1, false, false, shape[i], &out->dims[i]);
+		slice_resolve(0, 0, 1, false, false, shape[i], &out->dims[i]);
 	}
-	ts__fill_out_shape(out);
+	fill_out_shape(out);
 }
 
 uint64_t ts_selection_elems(const struct ts_selection *s)
@@ -427,7 +427,7 @@ uint64_t ts_selection_elems(const struct ts_selection *s)
 /* ---- runs --------------------------------------------------------------- */
 
 /* An axis whose selection covers it whole, in order. */
-static bool ts__axis_full(const struct ts_selection *s, int i)
+static bool axis_full(const struct ts_selection *s, int i)
 {
 	const struct ts_index_dim *d = &s->dims[i];
 
@@ -436,8 +436,8 @@ static bool ts__axis_full(const struct ts_selection *s, int i)
 
 /* Adds an odometer level, fusing it into the one outside when that one's
  * byte step is exactly this level's whole sweep. */
-static void ts__add_level(struct ts_run_iter *it, uint64_t count, int64_t step,
-                          uint64_t stride)
+static void add_level(struct ts_run_iter *it, uint64_t count, int64_t step,
+                      uint64_t stride)
 {
 	uint64_t delta = (uint64_t)step * stride;
 	int64_t sweep;
@@ -477,7 +477,7 @@ void ts_run_iter_init(struct ts_run_iter *it, const struct ts_selection *s,
 
 	/* the contiguous block: full inner axes, then one partial axis by 1 */
 	block = elem_size;
-	while (inner >= 0 && ts__axis_full(s, inner))
+	while (inner >= 0 && axis_full(s, inner))
 		block *= s->shape[inner--];
 	if (inner >= 0 && (s->dims[inner].step == 1 || s->dims[inner].count == 1))
 		block *= s->dims[inner--].count;
@@ -485,7 +485,7 @@ void ts_run_iter_init(struct ts_run_iter *it, const struct ts_selection *s,
 	for (int i = 0; i <= inner; i++) {
 		if (s->dims[i].count == 1)
 			continue;
-		ts__add_level(it, s->dims[i].count, s->dims[i].step, stride[i]);
+		add_level(it, s->dims[i].count, s->dims[i].step, stride[i]);
 		nruns *= s->dims[i].count;
 	}
 	it->offset = base;
@@ -596,8 +596,8 @@ ts_status ts_rows_from_slice(int64_t start, int64_t stop, int64_t step,
 		                    "size %llu of axis 0 is too large to index",
 		                    (unsigned long long)dim0);
 	if (step == 0)
-		return ts__step_zero(err, 0);
-	ts__slice_resolve(start, stop, step, has_start, has_stop, dim0, out);
+		return step_zero(err, 0);
+	slice_resolve(start, stop, step, has_start, has_stop, dim0, out);
 	return TS_OK;
 }
 

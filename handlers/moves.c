@@ -64,13 +64,15 @@ static ts_status move_dtype(const struct ts_array *src, json_t *v, struct ts_mov
                             struct ts_error *err)
 {
 	enum ts_dtype from = ts_array_desc(src)->dtype;
+	char names[TS_DTYPE_NAMES_MAX];
 
 	spec->dtype = from;
 	if (!v)
 		return TS_OK;
 	if (!json_is_string(v) || !ts_dtype_parse(json_string_value(v), &spec->dtype))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
-		                    "\"dtype\" must be a dtype name (float32, bfloat16, float16, ...)");
+		                    "\"dtype\" must be a dtype name, one of %s",
+		                    ts_dtype_names(names, sizeof names));
 	if (!ts_convert_supported(from, spec->dtype))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "UNSUPPORTED_CONVERSION",
 		                    "array '%s' is %s and cannot be converted to %s: moves convert "

@@ -92,14 +92,15 @@ static ts_status parse_raw_desc(const struct ts_call *call, struct ts_array_desc
                                 struct ts_error *err)
 {
 	const char *dt = ts_call_query(call, "dtype"), *shape = ts_call_query(call, "shape");
+	char names[TS_DTYPE_NAMES_MAX];
 
-	if (!dt || !ts_dtype_parse(dt, &d->dtype))
+	if (!dt)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
-		                    dt ? "dtype '%s' is not one of bool, int8, uint8, int16, uint16, "
-		                         "int32, uint32, int64, uint64, float16, bfloat16, float32, float64"
-		                       : "a raw upload needs ?dtype= and ?shape= (or Content-Type: "
-		                         "application/x-npy)%s",
-		                    dt ? dt : "");
+		                    "a raw upload needs ?dtype= and ?shape= (or Content-Type: "
+		                    "application/x-npy)");
+	if (!ts_dtype_parse(dt, &d->dtype))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE", "dtype '%s' is not one of %s",
+		                    dt, ts_dtype_names(names, sizeof names));
 	if (!shape)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHAPE",
 		                    "a raw upload needs ?shape= (empty for a scalar)");
@@ -143,18 +144,9 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 		snprintf(u->if_match, sizeof u->if_match, "%s", im);
 		u->pre.if_match = u->if_match;
 	}
-	/* check the preconditions now too, so a refused upload is not sent */
+	/* the refusals the publish would meet, now, so a refused upload is not sent */
 	cur = ts_catalog_get(call->core->env.catalog, u->name);
-	if (u->pre.create_only && cur)
-		ts_error_set(&err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
-		             "array '%s' already exists (If-None-Match: *)", u->name);
-	else if (u->pre.if_match && (!cur || (strcmp(u->if_match, "*") != 0 &&
-	                                      strcmp(u->if_match, ts_array_etag(cur)) != 0)))
-		ts_error_set(&err, TS_FAILED_PRECONDITION, "ETAG_MISMATCH",
-		             "array '%s' is %s, not %s (If-Match)", u->name,
-		             cur ? ts_array_etag(cur) : "absent", u->if_match);
-	if (err.status == TS_OK)
-		ts_catalog_check_write(call->core->env.catalog, u->name, NULL, NULL, &err);
+	ts_catalog_check_write(call->core->env.catalog, u->name, NULL, &u->pre, &err);
 	if (err.status == TS_OK && ts_h_placement_query(call, &u->placement, &err) != TS_OK &&
 	    err.status == TS_OK)
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT", "the placement is invalid");

@@ -430,14 +430,11 @@ static ts_status check_pre_locked(const struct ts_catalog *c, const struct ts_ar
 	if (pre->create_only && cur)
 		return ts_error_set(err, TS_ALREADY_EXISTS, "ARRAY_EXISTS",
 		                    "array '%s' already exists (If-None-Match: *)", name);
-	if (pre->if_match && !cur)
+	if (pre->if_match && (!cur || (strcmp(pre->if_match, "*") != 0 &&
+	                               strcmp(pre->if_match, cur->etag) != 0)))
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "ETAG_MISMATCH",
-		                    "array '%s' does not exist (If-Match: %s)", name, pre->if_match);
-	if (pre->if_match && strcmp(pre->if_match, "*") != 0 &&
-	    strcmp(pre->if_match, cur->etag) != 0)
-		return ts_error_set(err, TS_FAILED_PRECONDITION, "ETAG_MISMATCH",
-		                    "array '%s' is at %s, not %s (If-Match)", name, cur->etag,
-		                    pre->if_match);
+		                    "array '%s' is %s, not %s (If-Match)", name,
+		                    cur ? cur->etag : "absent", pre->if_match);
 	return TS_OK;
 }
 
@@ -755,8 +752,10 @@ ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,
 
 	ts_rwlock_rdlock(&c->lock);
 	cur = find_locked(c, name);
+	st = check_pre_locked(c, cur, name, pre, err);
 	/* without d, a write that keeps the shape (a move) */
-	st = check_write_locked(c, cur, name, d ? d : cur ? &cur->desc : NULL, pre, err);
+	if (st == TS_OK)
+		st = check_write_locked(c, cur, name, d ? d : cur ? &cur->desc : NULL, pre, err);
 	ts_rwlock_unlock(&c->lock);
 	return st;
 }

@@ -232,9 +232,9 @@ void ts_catalog_release(struct ts_catalog *c, const char *holder);
  * holder (cap bytes) when it is. */
 bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_t cap);
 
-/* The refusal a write of name would meet now (a hold by another than
- * pre->holder, or an owner's shape, d; NULL for a write that keeps the
- * shape, as a move does), without writing:
+/* The refusal a write of name would meet now (pre's If-None-Match or
+ * If-Match, a hold by another than pre->holder, or an owner's shape, d;
+ * NULL for a write that keeps the shape, as a move does), without writing:
  * for handlers that check before a body is read. TS_OK when none. */
 ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,
                                  const struct ts_array_desc *d,

@@ -488,10 +488,99 @@ struct operand {
 	bool write, optional;
 };
 
-static struct operand opnd(int buf, uint64_t off, uint64_t bytes, bool write, bool optional)
+/*
+ * The operands of each kernel, in the order they are checked: which buffer
+ * of the action (a..e), which of its offsets (or none), how many bytes it
+ * spans, whether the kernel writes it, and whether it may be unset (-1).
+ */
+enum { FA = 0, FB, FC, FD, FE };                 /* ts_paction's a, b, c, d, e */
+enum { OA = 0, OB, OC, O0 };                     /* aoff, boff, coff, none */
+enum span {
+	S_N = 0,      /* n floats */
+	S_N_LOWP,     /* n 16-bit elements */
+	S_SCALAR,     /* one float */
+	S_N_1,        /* n + 1 floats: a cross-entropy's per-row losses and their mean */
+	S_IDS,        /* n token ids */
+	S_TABLE,      /* vocab x d floats */
+	S_ROWS_D,     /* n x d floats */
+	S_ROWS_V,     /* n x vocab floats */
+	S_MK, S_KN, S_MN,             /* a GEMM's op(A), op(B) and C, floats */
+	S_MK_LOWP, S_KN_LOWP,         /* the same operands rounded to 16 bits */
+	S_COUNT
+};
+
+struct operand_rule {
+	unsigned char field, off, span;
+	bool write, optional;
+};
+
+#define RD(f, o, s) {f, o, s, false, false}
+#define WR(f, o, s) {f, o, s, true, false}
+
+static const struct kernel_rule {
+	unsigned char n;             /* operands; 0: no kernel */
+	bool gemm;                   /* M, N, K must not be negative */
+	struct operand_rule o[5];
+} kernel_rules[] = {
+	[TS_P_GEMM] = {3, true, {RD(FA, OA, S_MK), RD(FB, OB, S_KN), WR(FC, OC, S_MN)}},
+	[TS_P_GEMM_LP] = {3, true, {RD(FA, OA, S_MK_LOWP), RD(FB, OB, S_KN_LOWP),
+	                            WR(FC, OC, S_MN)}},
+	[TS_P_ROUND] = {2, false, {RD(FA, OA, S_N), WR(FB, OB, S_N_LOWP)}},
+	[TS_P_ACT_FWD] = {2, false, {RD(FA, OA, S_N), WR(FB, OB, S_N)}},
+	[TS_P_ACT_BWD] = {3, false, {RD(FA, OA, S_N), RD(FB, OB, S_N), WR(FC, OC, S_N)}},
+	[TS_P_ADD] = {2, false, {RD(FA, OA, S_N), WR(FB, OB, S_N)}},
+	[TS_P_LOSS] = {4, false, {RD(FA, OA, S_N), {FB, OB, S_N, false, true},
+	                          WR(FC, OC, S_SCALAR), WR(FD, O0, S_N)}},
+	[TS_P_SUMSQ] = {2, false, {RD(FA, OA, S_N), WR(FB, OB, S_SCALAR)}},
+	[TS_P_UPDATE] = {5, false, {WR(FA, OA, S_N), RD(FB, OB, S_N), {FC, OC, S_N, true, true},
+	                            {FD, OC, S_N, true, true}, {FE, O0, S_SCALAR, false, true}}},
+	[TS_P_FILL] = {1, false, {WR(FA, OA, S_N)}},
+	[TS_P_EMBED_FWD] = {3, false, {RD(FA, OA, S_TABLE), RD(FB, OB, S_IDS),
+	                               WR(FC, OC, S_ROWS_D)}},
+	[TS_P_EMBED_BWD] = {3, false, {RD(FA, OA, S_ROWS_D), RD(FB, OB, S_IDS),
+	                               WR(FC, OC, S_TABLE)}},
+	[TS_P_XENT] = {4, false, {RD(FA, OA, S_ROWS_V), RD(FB, OB, S_IDS), WR(FC, OC, S_N_1),
+	                          WR(FD, O0, S_ROWS_V)}},
+};
+
+#undef RD
+#undef WR
+
+/* Action a's operands by its kernel's rule into o (room for five), *n of
+ * them. INVALID_ARGUMENT (bad_plan) when a is no kernel or a GEMM with a
+ * negative size. */
+static ts_status kernel_operands(const struct ts_plan *p, int action, const struct ts_paction *a,
+                                 struct operand *o, int *n, struct ts_error *err)
 {
-	return (struct operand){.buf = buf, .off = off, .bytes = bytes, .write = write,
-	                        .optional = optional};
+	const struct kernel_rule *kr;
+	uint64_t f = sizeof(float), nb = a->n * f;
+	uint64_t M = (uint64_t)a->M, N = (uint64_t)a->N, K = (uint64_t)a->K;
+	const int bufs[] = {a->a, a->b, a->c, a->d, a->e};
+	const uint64_t offs[] = {a->aoff, a->boff, a->coff, 0};
+	const uint64_t span[S_COUNT] = {
+		[S_N] = nb, [S_N_LOWP] = a->n * LOWP, [S_SCALAR] = f, [S_N_1] = nb + f,
+		[S_IDS] = a->n * (uint64_t)p->mlp.id_bytes,
+		[S_TABLE] = (uint64_t)p->mlp.vocab * (uint64_t)p->mlp.d_model * f,
+		[S_ROWS_D] = nb * (uint64_t)p->mlp.d_model, [S_ROWS_V] = nb * (uint64_t)p->mlp.vocab,
+		[S_MK] = M * K * f, [S_KN] = K * N * f, [S_MN] = M * N * f,
+		[S_MK_LOWP] = M * K * LOWP, [S_KN_LOWP] = K * N * LOWP,
+	};
+
+	if ((size_t)a->op >= sizeof kernel_rules / sizeof kernel_rules[0] ||
+	    !kernel_rules[a->op].n)
+		return bad_plan(err, action, "unknown action", a->a);
+	kr = &kernel_rules[a->op];
+	if (kr->gemm && (a->M < 0 || a->N < 0 || a->K < 0))
+		return bad_plan(err, action, "negative gemm size", a->c);
+	for (int k = 0; k < kr->n; k++) {
+		const struct operand_rule *r = &kr->o[k];
+
+		o[k] = (struct operand){.buf = bufs[r->field], .off = offs[r->off],
+		                        .bytes = span[r->span], .write = r->write,
+		                        .optional = r->optional};
+	}
+	*n = kr->n;
+	return TS_OK;
 }
 
 /* Checks the operands of a kernel and orders the compute queue after the
@@ -534,89 +623,13 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	const struct ts_plan *p = r->p;
 	struct ts_kernels *k = r->env->kernels;
 	struct ts_queue *q = r->q[QC];
-	uint64_t nb = a->n * sizeof(float), mk, kn, mn;
-	uint64_t ib = a->n * (uint64_t)p->mlp.id_bytes;                        /* token ids */
-	uint64_t tb = (uint64_t)p->mlp.vocab * (uint64_t)p->mlp.d_model * sizeof(float);
-	uint64_t rd = nb * (uint64_t)p->mlp.d_model, rv = nb * (uint64_t)p->mlp.vocab;
 	struct operand o[5];
 	int n = 0;
 	ts_status st;
 
-	switch (a->op) {
-	case TS_P_GEMM:
-		mk = (uint64_t)a->M * (uint64_t)a->K * sizeof(float);
-		kn = (uint64_t)a->K * (uint64_t)a->N * sizeof(float);
-		mn = (uint64_t)a->M * (uint64_t)a->N * sizeof(float);
-		if (a->M < 0 || a->N < 0 || a->K < 0)
-			return bad_plan(err, action, "negative gemm size", a->c);
-		o[n++] = opnd(a->a, a->aoff, mk, false, false);
-		o[n++] = opnd(a->b, a->boff, kn, false, false);
-		o[n++] = opnd(a->c, a->coff, mn, true, false);
-		break;
-	case TS_P_GEMM_LP:
-		if (a->M < 0 || a->N < 0 || a->K < 0)
-			return bad_plan(err, action, "negative gemm size", a->c);
-		o[n++] = opnd(a->a, a->aoff, (uint64_t)a->M * (uint64_t)a->K * LOWP, false, false);
-		o[n++] = opnd(a->b, a->boff, (uint64_t)a->K * (uint64_t)a->N * LOWP, false, false);
-		o[n++] = opnd(a->c, a->coff, (uint64_t)a->M * (uint64_t)a->N * sizeof(float), true,
-		              false);
-		break;
-	case TS_P_ROUND:
-		o[n++] = opnd(a->a, a->aoff, nb, false, false);
-		o[n++] = opnd(a->b, a->boff, a->n * LOWP, true, false);
-		break;
-	case TS_P_ACT_FWD:
-		o[n++] = opnd(a->a, a->aoff, nb, false, false);
-		o[n++] = opnd(a->b, a->boff, nb, true, false);
-		break;
-	case TS_P_ACT_BWD:
-		o[n++] = opnd(a->a, a->aoff, nb, false, false);
-		o[n++] = opnd(a->b, a->boff, nb, false, false);
-		o[n++] = opnd(a->c, a->coff, nb, true, false);
-		break;
-	case TS_P_ADD:
-		o[n++] = opnd(a->a, a->aoff, nb, false, false);
-		o[n++] = opnd(a->b, a->boff, nb, true, false);
-		break;
-	case TS_P_LOSS:
-		o[n++] = opnd(a->a, a->aoff, nb, false, false);
-		o[n++] = opnd(a->b, a->boff, nb, false, true);
-		o[n++] = opnd(a->c, a->coff, sizeof(float), true, false);
-		o[n++] = opnd(a->d, 0, nb, true, false);
-		break;
-	case TS_P_SUMSQ:
-		o[n++] = opnd(a->a, a->aoff, nb, false, false);
-		o[n++] = opnd(a->b, a->boff, sizeof(float), true, false);
-		break;
-	case TS_P_UPDATE:
-		o[n++] = opnd(a->a, a->aoff, nb, true, false);
-		o[n++] = opnd(a->b, a->boff, nb, false, false);
-		o[n++] = opnd(a->c, a->coff, nb, true, true);
-		o[n++] = opnd(a->d, a->coff, nb, true, true);
-		o[n++] = opnd(a->e, 0, sizeof(float), false, true);
-		break;
-	case TS_P_FILL:
-		o[n++] = opnd(a->a, a->aoff, nb, true, false);
-		break;
-	case TS_P_EMBED_FWD:
-		o[n++] = opnd(a->a, a->aoff, tb, false, false);
-		o[n++] = opnd(a->b, a->boff, ib, false, false);
-		o[n++] = opnd(a->c, a->coff, rd, true, false);
-		break;
-	case TS_P_EMBED_BWD:
-		o[n++] = opnd(a->a, a->aoff, rd, false, false);
-		o[n++] = opnd(a->b, a->boff, ib, false, false);
-		o[n++] = opnd(a->c, a->coff, tb, true, false);
-		break;
-	case TS_P_XENT:
-		o[n++] = opnd(a->a, a->aoff, rv, false, false);
-		o[n++] = opnd(a->b, a->boff, ib, false, false);
-		o[n++] = opnd(a->c, a->coff, nb + sizeof(float), true, false);
-		o[n++] = opnd(a->d, 0, rv, true, false);
-		break;
-	default:
-		return bad_plan(err, action, "unknown action", a->a);
-	}
+	st = kernel_operands(p, action, a, o, &n, err);
+	if (st != TS_OK)
+		return st;
 	if (a->op == TS_P_UPDATE && !r->updating) {
 		/* nothing reaches the parameters before every earlier copy is
 		 * known good: a failure before the update leaves them whole */

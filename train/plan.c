@@ -1,12 +1,14 @@
 /*
- * plan.c - building a step's schedule and reading its memory analysis.
+ * plan.c - building a step's or an evaluation's schedule (plan.h).
  *
  * The builder emits actions in execution order through a small state
  * machine per layer (forward, loss, backward, update); every device buffer
  * it allocates it also frees, so the live-bytes curve it records is the one
- * the executor's allocator will see.
+ * the executor's allocator will see. Where the temps go and the analysis
+ * read from them are place.c's.
  */
 #include "train/plan.h"
+#include "train/place.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -615,466 +617,6 @@ static void update(struct builder *b)
 	release(b, norm, -1, "update");
 }
 
-/* ---- analysis ------------------------------------------------------------------- */
-
-/*
- * An arena of one memory kind: holes between live temps, best fit, merged
- * when freed; `end` is the high-water mark (the arena's size).
- */
-struct arena {
-	struct hole {
-		uint64_t off, len;
-	} *h;
-	int n, cap;
-	uint64_t end;
-};
-
-static uint64_t align_up(uint64_t n)
-{
-	return (n + TS_PLAN_ALIGN - 1) / TS_PLAN_ALIGN * TS_PLAN_ALIGN;
-}
-
-static bool arena_place(struct arena *ar, uint64_t bytes, uint64_t *off)
-{
-	uint64_t len = align_up(bytes ? bytes : 1);
-	int best = -1;
-
-	for (int i = 0; i < ar->n; i++)
-		if (ar->h[i].len >= len && (best < 0 || ar->h[i].len < ar->h[best].len))
-			best = i;
-	if (best >= 0) {
-		*off = ar->h[best].off;
-		ar->h[best].off += len;
-		ar->h[best].len -= len;
-		if (!ar->h[best].len) {
-			memmove(&ar->h[best], &ar->h[best + 1], (size_t)(ar->n - best - 1) * sizeof *ar->h);
-			ar->n--;
-		}
-		return true;
-	}
-	/* a hole at the top grows into the space above it */
-	if (ar->n && ar->h[ar->n - 1].off + ar->h[ar->n - 1].len == ar->end) {
-		*off = ar->h[ar->n - 1].off;
-		ar->n--;
-	} else {
-		*off = ar->end;
-	}
-	ar->end = *off + len;
-	return true;
-}
-
-static bool arena_free(struct arena *ar, uint64_t off, uint64_t bytes)
-{
-	uint64_t len = align_up(bytes ? bytes : 1);
-	int i = 0;
-
-	while (i < ar->n && ar->h[i].off < off)
-		i++;
-	if (ar->n == ar->cap) {
-		int cap = ar->cap ? ar->cap * 2 : 32;
-		struct hole *g = realloc(ar->h, (size_t)cap * sizeof *g);
-
-		if (!g)
-			return false;
-		ar->h = g;
-		ar->cap = cap;
-	}
-	memmove(&ar->h[i + 1], &ar->h[i], (size_t)(ar->n - i) * sizeof *ar->h);
-	ar->h[i] = (struct hole){off, len};
-	ar->n++;
-	if (i + 1 < ar->n && ar->h[i].off + ar->h[i].len == ar->h[i + 1].off) {
-		ar->h[i].len += ar->h[i + 1].len;
-		memmove(&ar->h[i + 1], &ar->h[i + 2], (size_t)(ar->n - i - 2) * sizeof *ar->h);
-		ar->n--;
-	}
-	if (i > 0 && ar->h[i - 1].off + ar->h[i - 1].len == ar->h[i].off) {
-		ar->h[i - 1].len += ar->h[i].len;
-		memmove(&ar->h[i], &ar->h[i + 1], (size_t)(ar->n - i - 1) * sizeof *ar->h);
-		ar->n--;
-	}
-	return true;
-}
-
-/* The top of the live temps of an arena: its end less a hole at the top. */
-static uint64_t arena_top(const struct arena *ar)
-{
-	if (ar->n && ar->h[ar->n - 1].off + ar->h[ar->n - 1].len == ar->end)
-		return ar->h[ar->n - 1].off;
-	return ar->end;
-}
-
-/* Whether an UPDATE writes a device argument (in place) through operand i. */
-static bool writes_device_arg(const struct ts_plan *p, int i)
-{
-	return i >= 0 && p->bufs[i].cls == TS_PB_ARGUMENT && p->bufs[i].kind == TS_MEM_DEVICE;
-}
-
-/* Marks the arguments a step updates into new memory or journals (plan.h),
- * and places the journaled ones in the journal. */
-static void mark_versioned(struct ts_plan *p)
-{
-	int first = -1;
-	bool copy_after = false;
-	uint64_t at = 0;
-
-	if (p->opt.type == TS_OPT_NONE)
-		return;
-	for (int i = 0; i < p->nactions; i++) {
-		const struct ts_paction *a = &p->actions[i];
-
-		if (first < 0 && a->op == TS_P_UPDATE &&
-		    (writes_device_arg(p, a->a) || writes_device_arg(p, a->c) ||
-		     writes_device_arg(p, a->d)))
-			first = i;
-		if (first >= 0 && a->op == TS_P_COPY)
-			copy_after = true;
-	}
-	for (int i = 0; i < p->nbufs; i++) {
-		struct ts_pbuf *bf = &p->bufs[i];
-
-		if (bf->cls != TS_PB_ARGUMENT || !ts_role_state(bf->role))
-			continue;
-		bf->versioned = bf->kind != TS_MEM_DEVICE;
-		bf->journaled = bf->kind == TS_MEM_DEVICE && copy_after;
-		if (bf->journaled) {
-			bf->offset = at;
-			at += align_up(bf->bytes);
-		}
-	}
-	p->host_journal_size_in_bytes = at;
-}
-
-/* A temp's life in the schedule, for the offline placement. */
-struct life {
-	int buf;
-	int from, to;                /* ALLOC and FREE action indices */
-	uint64_t len;                /* aligned */
-};
-
-static int by_size_desc(const void *x, const void *y)
-{
-	const struct life *a = x, *b = y;
-
-	if (a->len != b->len)
-		return a->len < b->len ? 1 : -1;
-	return a->from - b->from;
-}
-
-static int by_life_desc(const void *x, const void *y)
-{
-	const struct life *a = x, *b = y;
-
-	if (a->to - a->from != b->to - b->from)
-		return (b->to - b->from) - (a->to - a->from);
-	return by_size_desc(x, y);
-}
-
-static int by_area_desc(const void *x, const void *y)
-{
-	const struct life *a = x, *b = y;
-	double ka = (double)a->len * (a->to - a->from), kb = (double)b->len * (b->to - b->from);
-
-	if (ka != kb)
-		return ka < kb ? 1 : -1;
-	return by_size_desc(x, y);
-}
-
-static int by_start(const void *x, const void *y)
-{
-	const struct life *a = x, *b = y;
-
-	return a->from != b->from ? a->from - b->from : by_size_desc(x, y);
-}
-
-static int by_end_desc(const void *x, const void *y)
-{
-	const struct life *a = x, *b = y;
-
-	return a->to != b->to ? b->to - a->to : by_size_desc(x, y);
-}
-
-static int by_offset(const void *x, const void *y)
-{
-	uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
-
-	return a < b ? -1 : a > b;
-}
-
-/* Most temps of a kind placed offline (greedy by size, O(n^2)); beyond,
- * the online best fit of the schedule's order. */
-#define OFFLINE_MAX 4096
-
-/*
- * Places the temps of one memory kind knowing every lifetime (greedy, as
- * XLA's heap simulator, in the given order: by size, by lifetime or by
- * both - the caller keeps the best), each in the gap between already
- * placed temps alive at the same time that fits it tightest, or in the
- * lowest that fits (first_fit). Returns the arena's size, or UINT64_MAX when it could not
- * allocate (the caller uses the online placement then).
- */
-static uint64_t place_offline(struct ts_plan *p, enum ts_memory_kind kind,
-                              int (*order)(const void *, const void *), bool first_fit,
-                              uint64_t shuffle)
-{
-	struct life *v = NULL;
-	uint64_t *busy = NULL, end = 0;
-	int n = 0, *live_at = calloc((size_t)p->nbufs + 1, sizeof *live_at);
-
-	if (!live_at)
-		return UINT64_MAX;
-	for (int i = 0; i < p->nbufs; i++)
-		live_at[i] = -1;
-	v = malloc(((size_t)p->nbufs + 1) * sizeof *v);
-	if (!v)
-		goto out_fail;
-	for (int i = 0; i < p->nactions; i++) {
-		const struct ts_paction *a = &p->actions[i];
-		const struct ts_pbuf *bf;
-
-		if ((a->op != TS_P_ALLOC && a->op != TS_P_FREE) || a->a < 0)
-			continue;
-		bf = &p->bufs[a->a];
-		if (bf->kind != kind)
-			continue;
-		if (a->op == TS_P_ALLOC) {
-			live_at[a->a] = n;
-			v[n++] = (struct life){a->a, i, p->nactions, align_up(bf->bytes ? bf->bytes : 1)};
-		} else if (live_at[a->a] >= 0) {
-			v[live_at[a->a]].to = i;
-		}
-	}
-	if (n > OFFLINE_MAX)
-		goto out_fail;
-	qsort(v, (size_t)n, sizeof *v, order);
-	/* a seeded perturbation of the order: swaps of neighbours */
-	for (int k = 0; shuffle && k + 1 < n; k++) {
-		shuffle = shuffle * 6364136223846793005ull + 1442695040888963407ull;
-		if ((shuffle >> 61) == 0) {
-			struct life t = v[k];
-
-			v[k] = v[k + 1];
-			v[k + 1] = t;
-		}
-	}
-	busy = malloc(((size_t)n + 1) * 2 * sizeof *busy);
-	if (!busy)
-		goto out_fail;
-	for (int k = 0; k < n; k++) {
-		uint64_t best = UINT64_MAX, best_gap = UINT64_MAX, at = 0;
-		int m = 0;
-
-		/* the placed temps alive with this one, by offset: [off, end) pairs */
-		for (int j = 0; j < k; j++)
-			if (v[j].from < v[k].to && v[k].from < v[j].to) {
-				busy[2 * m] = p->bufs[v[j].buf].offset;
-				busy[2 * m + 1] = v[j].len;
-				m++;
-			}
-		qsort(busy, (size_t)m, 2 * sizeof *busy, by_offset);
-		for (int j = 0; j <= m; j++) {
-			uint64_t stop = j < m ? busy[2 * j] : UINT64_MAX;
-
-			if (stop > at && stop - at >= v[k].len && stop - at - v[k].len < best_gap &&
-			    !(first_fit && best != UINT64_MAX)) {
-				best = at;
-				best_gap = stop - at - v[k].len;
-			}
-			if (j < m && busy[2 * j] + busy[2 * j + 1] > at)
-				at = busy[2 * j] + busy[2 * j + 1];
-		}
-		p->bufs[v[k].buf].offset = best;
-		if (best + v[k].len > end)
-			end = best + v[k].len;
-	}
-	free(busy);
-	free(v);
-	free(live_at);
-	return end;
-
-out_fail:
-	free(v);
-	free(live_at);
-	return UINT64_MAX;
-}
-
-/*
- * Keeps, per memory kind, the smaller of the online placement (made while
- * walking the schedule) and the offline one; when the device's changes,
- * the timeline's points are read again from its offsets (the top of the
- * live temps after each change).
- */
-#define PERTURBATIONS 48
-
-static ts_status place_better(struct ts_plan *p, const uint64_t *base_dev, const uint64_t *peak)
-{
-	static const enum ts_memory_kind kinds[2] = {TS_MEM_DEVICE, TS_MEM_PINNED_HOST};
-	uint64_t *saved = malloc(((size_t)p->nbufs + 1) * sizeof *saved);
-	bool moved_dev = false;
-
-	if (!saved)
-		return TS_RESOURCE_EXHAUSTED;
-	for (int k = 0; k < 2; k++) {
-		uint64_t *extent = k ? &p->host_temp_size_in_bytes : &p->temp_size_in_bytes, e;
-
-		static int (*const orders[])(const void *, const void *) = {
-			by_size_desc, by_life_desc, by_area_desc, by_start, by_end_desc};
-
-		size_t norders = 2 * sizeof orders / sizeof orders[0];
-
-		/* the plain orders, then seeded perturbations while the arena is
-		 * above the live peak and the plan small enough to afford them */
-		for (size_t o = 0; o < norders + (p->nbufs <= 1024 ? PERTURBATIONS : 0); o++) {
-			if (o >= norders && *extent <= peak[k])
-				break;
-			for (int i = 0; i < p->nbufs; i++)
-				saved[i] = p->bufs[i].offset;
-			e = place_offline(p, kinds[k], orders[(o / 2) % (norders / 2)], o % 2,
-			                  o < norders ? 0 : (uint64_t)o);
-			if (e < *extent) {
-				*extent = e;
-				moved_dev = moved_dev || k == 0;
-				continue;
-			}
-			for (int i = 0; i < p->nbufs; i++)
-				if (p->bufs[i].cls == TS_PB_TEMP && p->bufs[i].kind == kinds[k])
-					p->bufs[i].offset = saved[i];
-		}
-	}
-	free(saved);
-	if (moved_dev) {
-		int *live = malloc(((size_t)p->nbufs + 1) * sizeof *live), nlive = 0, pt = 0;
-		uint64_t top = 0;
-
-		if (!live)
-			return TS_RESOURCE_EXHAUSTED;
-		for (int i = 0; i < p->nactions && pt < p->npoints; i++) {
-			const struct ts_paction *a = &p->actions[i];
-			const struct ts_pbuf *bf;
-			uint64_t endb;
-
-			if ((a->op != TS_P_ALLOC && a->op != TS_P_FREE) || a->a < 0)
-				continue;
-			bf = &p->bufs[a->a];
-			if (bf->kind != TS_MEM_DEVICE)
-				continue;
-			endb = bf->offset + align_up(bf->bytes ? bf->bytes : 1);
-			if (a->op == TS_P_ALLOC) {
-				live[nlive++] = a->a;
-				if (endb > top)
-					top = endb;
-			} else {
-				for (int j = 0; j < nlive; j++)
-					if (live[j] == a->a) {
-						live[j] = live[--nlive];
-						break;
-					}
-				if (endb == top) {
-					top = 0;
-					for (int j = 0; j < nlive; j++) {
-						const struct ts_pbuf *o = &p->bufs[live[j]];
-						uint64_t e2 = o->offset + align_up(o->bytes ? o->bytes : 1);
-
-						if (e2 > top)
-							top = e2;
-					}
-				}
-			}
-			p->points[pt++].live = *base_dev + top;
-		}
-		free(live);
-	}
-	return TS_OK;
-}
-
-static ts_status analyse(struct ts_plan *p)
-{
-	struct arena dev = {0}, host = {0};
-	uint64_t base_dev = 0, live[2] = {0, 0}, live_peak[2] = {0, 0};
-	ts_status st = TS_OK;
-	int cap = 0;
-
-	p->host_journal_size_in_bytes = 0;
-	mark_versioned(p);
-	p->argument_size_in_bytes = p->output_size_in_bytes = p->alias_size_in_bytes = 0;
-	p->host_argument_size_in_bytes = p->host_output_size_in_bytes = 0;
-	p->host_alias_size_in_bytes = 0;
-	p->host_version_size_in_bytes = 0;
-	for (int i = 0; i < p->nbufs; i++) {
-		const struct ts_pbuf *bf = &p->bufs[i];
-		bool isdev = bf->kind == TS_MEM_DEVICE;
-		bool updated = p->opt.type != TS_OPT_NONE && ts_role_state(bf->role);
-
-		if (bf->cls == TS_PB_ARGUMENT) {
-			*(isdev ? &p->argument_size_in_bytes : &p->host_argument_size_in_bytes) += bf->bytes;
-			if (bf->versioned)
-				p->host_version_size_in_bytes += bf->bytes;
-			else if (updated)
-				*(isdev ? &p->alias_size_in_bytes : &p->host_alias_size_in_bytes) += bf->bytes;
-		} else if (bf->cls == TS_PB_OUTPUT) {
-			*(isdev ? &p->output_size_in_bytes : &p->host_output_size_in_bytes) += bf->bytes;
-		}
-	}
-	base_dev = p->argument_size_in_bytes + p->output_size_in_bytes;
-	p->h2d_bytes = p->d2h_bytes = 0;
-	for (int i = 0; i < p->nactions && st == TS_OK; i++) {
-		const struct ts_paction *a = &p->actions[i];
-		struct ts_pbuf *bf = a->a >= 0 ? &p->bufs[a->a] : NULL;
-
-		if (a->op == TS_P_ALLOC || a->op == TS_P_FREE) {
-			struct arena *ar = bf->kind == TS_MEM_DEVICE ? &dev : &host;
-			int k = bf->kind == TS_MEM_DEVICE ? 0 : 1;
-
-			/* the aligned live bytes: no placement does better */
-			if (a->op == TS_P_ALLOC)
-				live[k] += align_up(bf->bytes ? bf->bytes : 1);
-			else
-				live[k] -= align_up(bf->bytes ? bf->bytes : 1);
-			if (live[k] > live_peak[k])
-				live_peak[k] = live[k];
-			if (a->op == TS_P_ALLOC)
-				arena_place(ar, bf->bytes, &bf->offset);
-			else if (!arena_free(ar, bf->offset, bf->bytes))
-				st = TS_RESOURCE_EXHAUSTED;
-			if (bf->kind != TS_MEM_DEVICE)
-				continue;
-		} else {
-			if (a->op == TS_P_COPY) {
-				bool to_dev = p->bufs[a->a].kind == TS_MEM_DEVICE;
-				bool from_dev = p->bufs[a->b].kind == TS_MEM_DEVICE;
-
-				if (to_dev && !from_dev)
-					p->h2d_bytes += a->bytes;
-				else if (!to_dev && from_dev)
-					p->d2h_bytes += a->bytes;
-			}
-			continue;
-		}
-		if (p->npoints == cap) {
-			int ncap = cap ? cap * 2 : 128;
-			void *g = realloc(p->points, (size_t)ncap * sizeof *p->points);
-
-			if (!g) {
-				st = TS_RESOURCE_EXHAUSTED;
-				break;
-			}
-			p->points = g;
-			cap = ncap;
-		}
-		p->points[p->npoints].phase = a->phase;
-		p->points[p->npoints].layer = a->layer;
-		p->points[p->npoints].live = base_dev + arena_top(&dev);
-		p->npoints++;
-	}
-	free(dev.h);
-	free(host.h);
-	p->temp_size_in_bytes = dev.end;
-	p->host_temp_size_in_bytes = host.end;
-	if (st == TS_OK)
-		st = place_better(p, &base_dev, live_peak);
-	p->peak_device_bytes = base_dev + p->temp_size_in_bytes;
-	return st;
-}
-
 /* ---- token models ------------------------------------------------------------------ */
 
 /* A whole parameter on the device: the argument itself, or a copy of it
@@ -1124,6 +666,22 @@ static void token_forward(struct builder *b)
 	token_drop(b, tab, b->EMB, "forward");
 }
 
+/* The cross-entropy kernel on the logits (x_L itself without a projection)
+ * against the target ids; returns its gradient (a temp of the logits' size).
+ * The loss value goes back to the host at once, as emit_loss's. */
+static int token_xent(struct builder *b, int logits)
+{
+	const struct ts_plan *p = b->p;
+	uint64_t lb = (uint64_t)p->batch * p->mlp.vocab * F32;
+	int loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)p->batch + 1) * F32, "loss");
+	int glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, p->mlp.layers,
+	                lb, "loss");
+
+	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
+	release(b, loss, -1, "loss");
+	return glog;
+}
+
 /* The loss of x_L: projected to logits (or x_L itself), cross-entropy
  * against the target ids; the projection's gradient and update; returns
  * the gradient of x_L. Frees x_L. */
@@ -1133,17 +691,14 @@ static int token_loss(struct builder *b, int xL, enum ts_pbuf_class gcls)
 	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
 	uint64_t lb = (uint64_t)B * V * F32, xb = (uint64_t)B * d * F32;
 	struct param_ref pr = token_param(b, 1);
-	int prj = -1, logits = xL, loss, glog, g;
+	int prj = -1, logits = xL, glog, g;
 
 	if (p->mlp.proj) {
 		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, pr.bytes, "loss");
 		logits = temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
 		gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
 	}
-	loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)B + 1) * F32, "loss");
-	glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, L, lb, "loss");
-	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
-	release(b, loss, -1, "loss");
+	glog = token_xent(b, logits);
 	if (!p->mlp.proj) {
 		release(b, xL, L, "loss");
 		return glog;
@@ -1209,92 +764,144 @@ static int *ints(int n)
 	return v;
 }
 
-ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                        const struct ts_policy *policy, struct ts_plan *out,
-                        struct ts_error *err)
+/* Checks a model, a batch and a policy for either builder. */
+static ts_status check_model(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
+                             struct ts_error *err)
 {
-	struct builder b = {.p = out, .EMB = -1, .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1,
-	                    .NUP = -1, .GE = -1, .GP = -1, .x0 = -1};
+	int L = mlp->layers, d = mlp->d_model;
 	bool tok = ts_mlp_tokens(mlp);
-	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
-	uint64_t wb, xb;
-	bool has2 = ts_mlp_has_w2(mlp), adam = opt->type == TS_OPT_ADAM;
-	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
-	int g, xL;
-	ts_status st;
 
-	memset(out, 0, sizeof *out);
 	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "layers, d_model and batch must be positive");
-	if (!has2 && mlp->d_hidden)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "inconsistent hidden width");
 	if (tok != (mlp->loss == TS_LOSS_XENT) || mlp->vocab < 0 || mlp->vocab > (1 << 24) ||
 	    (tok && !mlp->proj && mlp->vocab != d))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
 		                    "without a projection d_model == vocab", mlp->vocab);
-	st = ts_policy_check(policy, err);
-	if (st != TS_OK)
-		return st;
+	return ts_policy_check(policy, err);
+}
+
+/* Starts building *out (zeroed, the model checked): its model, policy and
+ * batch; no buffer yet, every index unset, the per-layer state allocated
+ * (b->failed when it could not be). */
+static void builder_start(struct builder *b, struct ts_plan *out, const struct ts_mlp *mlp,
+                          const struct ts_policy *policy, int batch)
+{
+	int L = mlp->layers;
+
+	*b = (struct builder){.p = out, .W1 = -1, .W2 = -1, .MU1 = -1, .MU2 = -1, .NU1 = -1,
+	                      .NU2 = -1, .IN = -1, .TGT = -1, .G1 = -1, .G2 = -1, .EMB = -1,
+	                      .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1, .NUP = -1, .GE = -1,
+	                      .GP = -1, .x0 = -1};
 	out->mlp = *mlp;
 	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
-	out->opt = *opt;
 	out->policy = *policy;
 	out->batch = batch;
-	wb = (uint64_t)d * H * F32;
-	xb = (uint64_t)batch * d * F32;
-	b.x = ints(L + 1);
-	b.xh = ints(L + 1);
-	b.h = ints(L);
-	b.hh = ints(L);
-	b.w1 = ints(L + 1);
-	b.w2 = ints(L + 1);
-	if (!b.x || !b.xh || !b.h || !b.hh || !b.w1 || !b.w2)
-		b.failed = TS_RESOURCE_EXHAUSTED;
-	b.G1 = b.G2 = -1;
-	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
-	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
-	b.MU1 = adam ? add_buf(&b, TS_ROLE_MU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.NU1 = adam ? add_buf(&b, TS_ROLE_NU_W1, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.MU2 = adam && has2 ? add_buf(&b, TS_ROLE_MU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	b.NU2 = adam && has2 ? add_buf(&b, TS_ROLE_NU_W2, TS_PB_ARGUMENT, policy->opt_state, -1, wb * L) : -1;
-	if (tok) {
-		uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
-		bool p2 = mlp->proj;
+	b->x = ints(L + 1);
+	b->xh = ints(L + 1);
+	b->h = ints(L);
+	b->hh = ints(L);
+	b->w1 = ints(L + 1);
+	b->w2 = ints(L + 1);
+	if (!b->x || !b->xh || !b->h || !b->hh || !b->w1 || !b->w2)
+		b->failed = TS_RESOURCE_EXHAUSTED;
+}
 
-		b.EMB = add_buf(&b, TS_ROLE_EMBED, TS_PB_ARGUMENT, policy->params, -1, eb);
-		b.PRJ = p2 ? add_buf(&b, TS_ROLE_PROJ, TS_PB_ARGUMENT, policy->params, -1, eb) : -1;
-		b.MUE = adam ? add_buf(&b, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		b.NUE = adam ? add_buf(&b, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		b.MUP = adam && p2 ? add_buf(&b, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		b.NUP = adam && p2 ? add_buf(&b, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, policy->opt_state, -1, eb) : -1;
-		if (gcls == TS_PB_OUTPUT) {
-			b.GE = add_buf(&b, TS_ROLE_GRAD_EMBED, gcls, TS_MEM_DEVICE, -1, eb);
-			b.GP = p2 ? add_buf(&b, TS_ROLE_GRAD_PROJ, gcls, TS_MEM_DEVICE, -1, eb) : -1;
-		}
-	}
-	{
-		uint64_t ib = tok ? (uint64_t)batch * (uint64_t)out->mlp.id_bytes : xb;
+/* A whole-model buffer when `want`, else -1. */
+static int add_whole(struct builder *b, bool want, enum ts_pbuf_role role,
+                     enum ts_pbuf_class cls, enum ts_memory_kind kind, uint64_t bytes)
+{
+	return want ? add_buf(b, role, cls, kind, -1, bytes) : -1;
+}
 
-		b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib);
-		b.TGT = mlp->loss == TS_LOSS_MSE || tok ?
-		        add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib) : -1;
+/*
+ * The buffers a plan starts with, in this order: the layers' parameters and
+ * (Adam) their state; a token model's table and projection, their state,
+ * and their gradients when `grads_out`; the batch's input and target (a
+ * token model's are ids); the layers' gradients when `grads_out`.
+ */
+static void add_arguments(struct builder *b, bool grads_out)
+{
+	const struct ts_plan *p = b->p;
+	const struct ts_mlp *m = &p->mlp;
+	enum ts_memory_kind pk = p->policy.params, sk = p->policy.opt_state;
+	bool has2 = ts_mlp_has_w2(m), adam = p->opt.type == TS_OPT_ADAM, tok = ts_mlp_tokens(m);
+	bool p2 = tok && m->proj;
+	uint64_t wb = (uint64_t)m->d_model * ts_mlp_hidden(m) * F32 * (uint64_t)m->layers;
+	uint64_t eb = (uint64_t)m->vocab * (uint64_t)m->d_model * F32;
+	uint64_t ib = tok ? (uint64_t)p->batch * (uint64_t)m->id_bytes
+	                  : (uint64_t)p->batch * m->d_model * F32;
+
+	b->W1 = add_whole(b, true, TS_ROLE_W1, TS_PB_ARGUMENT, pk, wb);
+	b->W2 = add_whole(b, has2, TS_ROLE_W2, TS_PB_ARGUMENT, pk, wb);
+	b->MU1 = add_whole(b, adam, TS_ROLE_MU_W1, TS_PB_ARGUMENT, sk, wb);
+	b->NU1 = add_whole(b, adam, TS_ROLE_NU_W1, TS_PB_ARGUMENT, sk, wb);
+	b->MU2 = add_whole(b, adam && has2, TS_ROLE_MU_W2, TS_PB_ARGUMENT, sk, wb);
+	b->NU2 = add_whole(b, adam && has2, TS_ROLE_NU_W2, TS_PB_ARGUMENT, sk, wb);
+	b->EMB = add_whole(b, tok, TS_ROLE_EMBED, TS_PB_ARGUMENT, pk, eb);
+	b->PRJ = add_whole(b, p2, TS_ROLE_PROJ, TS_PB_ARGUMENT, pk, eb);
+	b->MUE = add_whole(b, tok && adam, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, sk, eb);
+	b->NUE = add_whole(b, tok && adam, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, sk, eb);
+	b->MUP = add_whole(b, p2 && adam, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, sk, eb);
+	b->NUP = add_whole(b, p2 && adam, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, sk, eb);
+	b->GE = add_whole(b, tok && grads_out, TS_ROLE_GRAD_EMBED, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
+	b->GP = add_whole(b, p2 && grads_out, TS_ROLE_GRAD_PROJ, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
+	b->IN = add_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
+	b->TGT = add_whole(b, m->loss == TS_LOSS_MSE || tok, TS_ROLE_TARGET, TS_PB_ARGUMENT,
+	                   TS_MEM_DEVICE, ib);
+	b->G1 = add_whole(b, grads_out, TS_ROLE_GRAD_W1, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
+	b->G2 = add_whole(b, grads_out && has2, TS_ROLE_GRAD_W2, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
+}
+
+/* Ends building: frees the per-layer state and reads the analysis of the
+ * schedule built (place.h). On failure releases the plan and answers
+ * RESOURCE_EXHAUSTED, "no memory to plan the <what>". */
+static ts_status builder_finish(struct builder *b, const char *what, struct ts_error *err)
+{
+	free(b->x);
+	free(b->xh);
+	free(b->h);
+	free(b->hh);
+	free(b->w1);
+	free(b->w2);
+	if (!b->failed)
+		b->failed = ts__plan_analyse(b->p);
+	if (b->failed) {
+		ts_plan_release(b->p);
+		return ts_error_oom(err, "no memory to plan the %s", what);
 	}
-	if (gcls == TS_PB_OUTPUT) {
-		b.G1 = add_buf(&b, TS_ROLE_GRAD_W1, gcls, TS_MEM_DEVICE, -1, wb * L);
-		b.G2 = has2 ? add_buf(&b, TS_ROLE_GRAD_W2, gcls, TS_MEM_DEVICE, -1, wb * L) : -1;
-	}
+	return TS_OK;
+}
+
+ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                        const struct ts_policy *policy, struct ts_plan *out,
+                        struct ts_error *err)
+{
+	struct builder b;
+	bool tok = ts_mlp_tokens(mlp), has2 = ts_mlp_has_w2(mlp);
+	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
+	uint64_t wb = (uint64_t)d * H * F32, xb = (uint64_t)batch * d * F32;
+	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
+	int g, xL;
+	ts_status st;
+
+	memset(out, 0, sizeof *out);
+	st = check_model(mlp, batch, policy, err);
+	if (st != TS_OK)
+		return st;
+	builder_start(&b, out, mlp, policy, batch);
+	out->opt = *opt;
+	add_arguments(&b, gcls == TS_PB_OUTPUT);
 	if (tok)
 		token_forward(&b);
 	forward(&b, &xL);
 	if (tok) {
 		g = token_loss(&b, xL, gcls);
-		goto backward_pass;
+	} else {
+		g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
+		release(&b, xL, L, "loss");
 	}
-	g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
-	release(&b, xL, L, "loss");
-backward_pass:
 	if (gcls == TS_PB_TEMP && !update_fused(out)) {
 		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
 		b.G2 = has2 ? temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
@@ -1312,19 +919,7 @@ backward_pass:
 		release(&b, b.GE, -1, "update");
 		release(&b, b.GP, -1, "update");
 	}
-	free(b.x);
-	free(b.xh);
-	free(b.h);
-	free(b.hh);
-	free(b.w1);
-	free(b.w2);
-	if (!b.failed)
-		b.failed = analyse(out);
-	if (b.failed) {
-		ts_plan_release(out);
-		return ts_error_oom(err, "no memory to plan the step");
-	}
-	return TS_OK;
+	return builder_finish(&b, "step", err);
 }
 
 /* ---- evaluation --------------------------------------------------------------- */
@@ -1363,7 +958,7 @@ static int token_loss_eval(struct builder *b, int xL, int dst)
 	const struct ts_plan *p = b->p;
 	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
 	uint64_t lb = (uint64_t)B * V * F32;
-	int logits = xL, loss, glog, prj;
+	int logits = xL, glog, prj;
 
 	if (p->mlp.proj) {
 		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, token_param(b, 1).bytes, "loss");
@@ -1372,10 +967,7 @@ static int token_loss_eval(struct builder *b, int xL, int dst)
 		token_drop(b, prj, b->PRJ, "loss");
 		release(b, xL, L, "loss");
 	}
-	loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)B + 1) * F32, "loss");
-	glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, L, lb, "loss");
-	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
-	release(b, loss, -1, "loss");
+	glog = token_xent(b, logits);
 	release(b, glog, L, "loss");
 	return logits;
 }
@@ -1384,61 +976,28 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
                              bool outputs, enum ts_memory_kind outputs_kind,
                              struct ts_plan *out, struct ts_error *err)
 {
-	struct builder b = {.p = out, .EMB = -1, .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1,
-	                    .NUP = -1, .GE = -1, .GP = -1, .x0 = -1};
+	struct builder b;
 	bool tok = ts_mlp_tokens(mlp);
-	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
-	uint64_t wb, xb, ib, ob;
-	bool has2 = ts_mlp_has_w2(mlp);
+	int L = mlp->layers, d = mlp->d_model;
+	uint64_t xb = (uint64_t)batch * d * F32;
+	uint64_t ob = tok ? (uint64_t)batch * (uint64_t)mlp->vocab * F32 : xb;
 	int g, xL, OUT = -1, dev_out;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
-	if (L < 1 || d < 1 || mlp->d_hidden < 0 || batch < 1 || L > 100000)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "layers, d_model and batch must be positive");
-	if (tok != (mlp->loss == TS_LOSS_XENT) || mlp->vocab < 0 || mlp->vocab > (1 << 24) ||
-	    (tok && !mlp->proj && mlp->vocab != d))
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
-		                    "without a projection d_model == vocab", mlp->vocab);
-	st = ts_policy_check(policy, err);
+	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
 	if (outputs && outputs_kind != TS_MEM_DEVICE && outputs_kind != TS_MEM_PINNED_HOST)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "outputs live on device or pinned_host, not '%s'",
 		                    ts_memory_kind_name(outputs_kind));
-	out->mlp = *mlp;
-	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
+	builder_start(&b, out, mlp, policy, batch);
 	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
-	out->policy = *policy;
 	out->policy.save_x = out->policy.save_h = false;
 	out->policy.offload_x = out->policy.offload_h = false;
-	out->batch = batch;
 	out->evaluate = true;
-	wb = (uint64_t)d * H * F32;
-	xb = (uint64_t)batch * d * F32;
-	b.w1 = ints(L + 1);
-	b.w2 = ints(L + 1);
-	if (!b.w1 || !b.w2)
-		b.failed = TS_RESOURCE_EXHAUSTED;
-	b.G1 = b.G2 = b.MU1 = b.MU2 = b.NU1 = b.NU2 = -1;
-	b.W1 = add_buf(&b, TS_ROLE_W1, TS_PB_ARGUMENT, policy->params, -1, wb * L);
-	b.W2 = has2 ? add_buf(&b, TS_ROLE_W2, TS_PB_ARGUMENT, policy->params, -1, wb * L) : -1;
-	if (tok) {
-		uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
-
-		b.EMB = add_buf(&b, TS_ROLE_EMBED, TS_PB_ARGUMENT, policy->params, -1, eb);
-		b.PRJ = mlp->proj ? add_buf(&b, TS_ROLE_PROJ, TS_PB_ARGUMENT, policy->params, -1, eb)
-		                  : -1;
-	}
-	/* a token model's input and target are ids, its outputs the logits */
-	ib = tok ? (uint64_t)batch * (uint64_t)out->mlp.id_bytes : xb;
-	ob = tok ? (uint64_t)batch * (uint64_t)mlp->vocab * F32 : xb;
-	b.IN = add_buf(&b, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib);
-	b.TGT = mlp->loss == TS_LOSS_MSE || tok ?
-	        add_buf(&b, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, -1, ib) : -1;
+	add_arguments(&b, false);
 	if (outputs)
 		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
 	dev_out = OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1;
@@ -1457,15 +1016,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 		copy(&b, OUT, 0, xL, 0, ob, L, "outputs");
 	if (xL != OUT && xL != b.IN)
 		release(&b, xL, L, "outputs");
-	free(b.w1);
-	free(b.w2);
-	if (!b.failed)
-		b.failed = analyse(out);
-	if (b.failed) {
-		ts_plan_release(out);
-		return ts_error_oom(err, "no memory to plan the evaluation");
-	}
-	return TS_OK;
+	return builder_finish(&b, "evaluation", err);
 }
 
 void ts_plan_release(struct ts_plan *p)

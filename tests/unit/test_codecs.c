@@ -210,6 +210,15 @@ START_TEST(dtype_tables_roundtrip)
 		ck_assert(ts_dtype_from_safetensors(want[i].st, &dt));
 		ck_assert_int_eq(dt, want[i].dt);
 	}
+	/* the list messages give: every name in table order; a short buffer cuts it */
+	{
+		char names[TS_DTYPE_NAMES_MAX], small[9];
+
+		ck_assert_str_eq(ts_dtype_names(names, sizeof names),
+		                 "bool, int8, uint8, int16, uint16, int32, uint32, int64, uint64, "
+		                 "float16, bfloat16, float32, float64");
+		ck_assert_str_eq(ts_dtype_names(small, sizeof small), "bool, in");
+	}
 }
 END_TEST
 
