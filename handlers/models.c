@@ -232,7 +232,10 @@ void ts_h_models_create(const struct ts_call *call, struct ts_reply *reply)
 			goto out_fail;
 		}
 	}
-	/* admission: every array allocated now, or nothing is created */
+	/* admission: the whole model against each space's free bytes, then every
+	 * array allocated now, or nothing is created */
+	if (ts_model_check_fit(&c->model, core->memory, &err) != TS_OK)
+		goto out_fail;
 	for (size_t i = 0; i < sizeof param_roles / sizeof param_roles[0]; i++) {
 		enum ts_pbuf_role role = param_roles[i];
 		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32};
