@@ -63,6 +63,27 @@ json_t *ts_h_space_stats_json(const struct ts_space *sp)
 	                 "live_allocations", (json_int_t)s.live_allocs);
 }
 
+/* What a pool of pinned segments keeps, gives back and pins again (NULL for
+ * other pools); the same numbers for every space drawing from it. */
+static json_t *segments_json(const struct ts_space *sp)
+{
+	struct ts_pool_stats ps;
+
+	ts_space_pool_stats(sp, &ps);
+	if (!ps.segmented)
+		return NULL;
+	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+	                 "segments", (json_int_t)ps.segments,
+	                 "keep_bytes", (json_int_t)ps.keep_bytes,
+	                 "segments_pinned", (json_int_t)ps.segments_pinned,
+	                 "segments_released", (json_int_t)ps.segments_released,
+	                 "pinned_bytes", (json_int_t)ps.pinned_bytes,
+	                 "released_bytes", (json_int_t)ps.released_bytes,
+	                 "repinned_bytes", (json_int_t)ps.repinned_bytes,
+	                 "pin_seconds", (double)ps.pin_ns / 1e9,
+	                 "repin_seconds", (double)ps.repin_ns / 1e9);
+}
+
 static json_t *spaces_json(const struct ts_core *core)
 {
 	size_t n = ts_memory_space_count(core->env.memory);
@@ -71,7 +92,7 @@ static json_t *spaces_json(const struct ts_core *core)
 	for (size_t i = 0; spaces && i < n; i++) {
 		const struct ts_space *sp = ts_memory_space_at(core->env.memory, i);
 		const struct ts_device_props *pr = ts_device_props(ts_space_device(sp));
-		json_t *o = ts_h_space_stats_json(sp);
+		json_t *o = ts_h_space_stats_json(sp), *seg;
 
 		if (!o)
 			continue;
@@ -79,6 +100,9 @@ static json_t *spaces_json(const struct ts_core *core)
 		json_object_set_new(o, "backend", json_string(ts_backend_name(pr->backend)));
 		json_object_set_new(o, "memory_kind",
 		                    json_string(ts_memory_kind_name(ts_space_kind(sp))));
+		seg = segments_json(sp);
+		if (seg)
+			json_object_set_new(o, "pinned_pool", seg);
 		json_array_append_new(spaces, o);
 	}
 	return spaces;

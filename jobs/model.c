@@ -150,7 +150,10 @@ static ts_status create_admit(struct create *c, uint64_t *total, struct ts_error
 			                    "array '%s' already exists; model '%s' needs the name", name,
 			                    c->model.name);
 	}
-	/* admission: every array allocated now, or nothing is created */
+	/* admission: the whole model against each space's free bytes, then every
+	 * array allocated now, or nothing is created */
+	if (ts_model_check_fit(&c->model, env->memory, err) != TS_OK)
+		return err->status;
 	for (size_t i = 0; i < TS_MODEL_NROLES; i++) {
 		enum ts_pbuf_role role = ts_model_roles[i];
 		struct ts_array_desc d = {.dtype = TS_DT_FLOAT32};

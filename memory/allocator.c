@@ -493,6 +493,19 @@ bool ts_alloc_release(struct ts_alloc *a, uintptr_t addr)
 	return true;
 }
 
+bool ts_alloc_region_of(const struct ts_alloc *a, uintptr_t addr, uintptr_t *base,
+                        uint64_t *size, bool *idle)
+{
+	const struct region *r = region_floor(a, addr);
+
+	if (!r || addr - r->base >= r->size)
+		return false;
+	*base = r->base;
+	*size = r->size;
+	*idle = r->first->is_free && !r->first->next;
+	return true;
+}
+
 uint64_t ts_alloc_block_size(const struct ts_alloc *a, uintptr_t addr)
 {
 	const struct block *b = live_find(a, addr);

@@ -66,6 +66,14 @@ bool ts_alloc_alloc(struct ts_alloc *a, uint64_t size, uintptr_t *addr);
  * start of an allocated block. */
 bool ts_alloc_release(struct ts_alloc *a, uintptr_t addr);
 
+/*
+ * The region holding addr: stores its base and size and whether nothing in
+ * it is allocated (idle: one free block spans it); false when addr lies in
+ * no region. O(log regions).
+ */
+bool ts_alloc_region_of(const struct ts_alloc *a, uintptr_t addr, uintptr_t *base,
+                        uint64_t *size, bool *idle);
+
 /* Size of the allocated block at addr (aligned), 0 if none. */
 uint64_t ts_alloc_block_size(const struct ts_alloc *a, uintptr_t addr);
 

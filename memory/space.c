@@ -6,7 +6,11 @@
  *   REGION    one range reserved at start (device memory), carved best-fit;
  *   SEGMENTS  pinned host memory: segments of `segment` bytes pinned on demand
  *             (or all at start with preallocate), carved best-fit, kept for
- *             reuse; requests are never rounded beyond the alignment;
+ *             reuse; requests are never rounded beyond the alignment. A
+ *             segment that a release leaves idle goes back to the system
+ *             when the pool's idle segments would exceed `keep` with it
+ *             (and idle ones go back to make room for a segment that would
+ *             not fit the limit otherwise); preallocated segments stay;
  *   PAGEABLE  each allocation is its own pageable mapping, counted against the
  *             limit.
  * Pool state is guarded by the pool's mutex; the numbers readers want are
@@ -35,6 +39,7 @@ enum pool_type { POOL_REGION, POOL_SEGMENTS, POOL_PAGEABLE };
 struct segment {
 	void *base;
 	uint64_t size;
+	bool fixed;                   /* pinned at start (preallocate): never given back */
 };
 
 struct pool {
@@ -45,6 +50,8 @@ struct pool {
 	char name[48];                /* immutable: "sim:0/device", "host/pinned_host" */
 	uint64_t limit;               /* immutable */
 	uint64_t segment;             /* immutable: growth step (SEGMENTS) */
+	uint64_t keep;                /* immutable: idle segment bytes kept (SEGMENTS) */
+	uint64_t high_water;          /* guarded by: mu: the most ever reserved */
 	struct ts_alloc *alloc;       /* guarded by: mu (REGION, SEGMENTS) */
 	struct segment *segs;         /* guarded by: mu */
 	size_t nsegs, capsegs;        /* guarded by: mu */
@@ -53,6 +60,14 @@ struct pool {
 	_Atomic uint64_t a_reserved;
 	_Atomic uint64_t a_peak_reserved;
 	_Atomic uint64_t a_largest_free;
+	_Atomic uint64_t a_segs_pinned;  /* counters written under mu, read without */
+	_Atomic uint64_t a_segs_released;
+	_Atomic uint64_t a_pinned;
+	_Atomic uint64_t a_released;
+	_Atomic uint64_t a_repinned;
+	_Atomic uint64_t a_pin_ns;
+	_Atomic uint64_t a_repin_ns;
+	_Atomic uint64_t a_nsegs;
 };
 
 struct ts_space {
@@ -114,10 +129,32 @@ static void pool_publish_locked(struct pool *p)
 	atomic_store(&p->a_largest_free, largest);
 }
 
-static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
+/* Counts a segment of size bytes pinned in ns, the pool having reserved
+ * before bytes: the part below the highest reservation is pinned again. */
+static void pool_count_pin_locked(struct pool *p, uint64_t before, uint64_t size, uint64_t ns)
+{
+	uint64_t after = before + size;
+	uint64_t again = p->high_water > before
+	                 ? (p->high_water < after ? p->high_water : after) - before : 0;
+
+	assert(ts_mutex_held(&p->mu));
+	if (after > p->high_water)
+		p->high_water = after;
+	atomic_fetch_add(&p->a_segs_pinned, 1);
+	atomic_fetch_add(&p->a_pinned, size);
+	atomic_fetch_add(&p->a_pin_ns, ns);
+	if (again) {
+		atomic_fetch_add(&p->a_repinned, again);
+		atomic_fetch_add(&p->a_repin_ns, (uint64_t)((double)ns * (double)again / (double)size));
+	}
+}
+
+static ts_status pool_add_segment_locked(struct pool *p, uint64_t size, bool fixed,
                                          struct ts_error *err)
 {
+	struct ts_alloc_stats as;
 	struct segment *grown;
+	uint64_t t0;
 	void *base;
 	ts_status st;
 
@@ -131,6 +168,8 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
 		p->segs = grown;
 		p->capsegs = cap;
 	}
+	ts_alloc_get_stats(p->alloc, &as);
+	t0 = ts_now_ns();
 	st = ts_device_mem_alloc(p->src, p->kind, size, &base, err);
 	if (st != TS_OK)
 		return st;
@@ -140,8 +179,98 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size,
 		                    "%s: cannot add a region of %llu bytes", p->name,
 		                    (unsigned long long)size);
 	}
-	p->segs[p->nsegs++] = (struct segment){base, size};
+	p->segs[p->nsegs++] = (struct segment){base, size, fixed};
+	atomic_store(&p->a_nsegs, p->nsegs);
+	if (p->type == POOL_SEGMENTS)
+		pool_count_pin_locked(p, as.bytes_reserved, size, ts_now_ns() - t0);
 	return TS_OK;
+}
+
+/* Whether segment i has nothing allocated in it. */
+static bool segment_idle_locked(const struct pool *p, size_t i)
+{
+	uintptr_t base;
+	uint64_t size;
+	bool idle = false;
+
+	assert(ts_mutex_held(&p->mu));
+	return ts_alloc_region_of(p->alloc, (uintptr_t)p->segs[i].base, &base, &size, &idle) &&
+	       idle;
+}
+
+/* Bytes of the idle segments that may go back (not fixed), but segment skip. */
+static uint64_t idle_bytes_locked(const struct pool *p, size_t skip)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < p->nsegs; i++)
+		if (i != skip && !p->segs[i].fixed && segment_idle_locked(p, i))
+			n += p->segs[i].size;
+	return n;
+}
+
+/* Gives idle segment i back to the system (the provider's free: munmap,
+ * with cudaHostUnregister or cudaFreeHost on CUDA). */
+static void pool_drop_segment_locked(struct pool *p, size_t i)
+{
+	struct segment seg = p->segs[i];
+
+	assert(ts_mutex_held(&p->mu));
+	if (!ts_alloc_remove_region(p->alloc, (uintptr_t)seg.base))
+		return;                  /* not idle after all: kept */
+	p->segs[i] = p->segs[--p->nsegs];
+	atomic_store(&p->a_nsegs, p->nsegs);
+	ts_device_mem_free(p->src, p->kind, seg.base, seg.size);
+	atomic_fetch_add(&p->a_segs_released, 1);
+	atomic_fetch_add(&p->a_released, seg.size);
+}
+
+/* The segment holding addr, or nsegs. */
+static size_t segment_of_locked(const struct pool *p, uintptr_t addr)
+{
+	for (size_t i = 0; i < p->nsegs; i++)
+		if (addr - (uintptr_t)p->segs[i].base < p->segs[i].size)
+			return i;
+	return p->nsegs;
+}
+
+/* After a release at addr: gives its segment back when it is idle and the
+ * pool's idle segments would exceed the keep with it. */
+static void pool_trim_locked(struct pool *p, uintptr_t addr)
+{
+	size_t i = segment_of_locked(p, addr);
+
+	assert(ts_mutex_held(&p->mu));
+	if (i == p->nsegs || p->segs[i].fixed || !segment_idle_locked(p, i))
+		return;
+	if (idle_bytes_locked(p, i) + p->segs[i].size > p->keep)
+		pool_drop_segment_locked(p, i);
+}
+
+/* Gives idle segments back, largest first, until need bytes fit under the
+ * limit beside what stays reserved; nothing when they cannot make room. */
+static void pool_make_room_locked(struct pool *p, uint64_t need)
+{
+	struct ts_alloc_stats as;
+	uint64_t room;
+
+	assert(ts_mutex_held(&p->mu));
+	ts_alloc_get_stats(p->alloc, &as);
+	room = p->limit > as.bytes_reserved ? p->limit - as.bytes_reserved : 0;
+	if (room >= need || room + idle_bytes_locked(p, SIZE_MAX) < need)
+		return;
+	while (room < need) {
+		size_t best = p->nsegs;
+
+		for (size_t i = 0; i < p->nsegs; i++)
+			if (!p->segs[i].fixed && segment_idle_locked(p, i) &&
+			    (best == p->nsegs || p->segs[i].size > p->segs[best].size))
+				best = i;
+		if (best == p->nsegs)
+			return;
+		room += p->segs[best].size;
+		pool_drop_segment_locked(p, best);
+	}
 }
 
 static void pool_destroy(struct pool *p)
@@ -158,8 +287,8 @@ static void pool_destroy(struct pool *p)
 
 static ts_status pool_create(enum pool_type type, struct ts_device *src,
                              enum ts_memory_kind kind, const char *name,
-                             uint64_t limit, uint64_t segment, bool preallocate,
-                             struct pool **out, struct ts_error *err)
+                             uint64_t limit, uint64_t segment, uint64_t keep,
+                             bool preallocate, struct pool **out, struct ts_error *err)
 {
 	struct pool *p = calloc(1, sizeof *p);
 	ts_status st = TS_OK;
@@ -172,6 +301,7 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	p->kind = kind;
 	p->limit = limit / POOL_ALIGN * POOL_ALIGN;
 	p->segment = segment ? round_up(segment, POOL_ALIGN) : DEFAULT_SEGMENT;
+	p->keep = keep;
 	snprintf(p->name, sizeof p->name, "%s", name);
 	if (type != POOL_PAGEABLE) {
 		p->alloc = ts_alloc_new(POOL_ALIGN);
@@ -182,9 +312,9 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	}
 	ts_mutex_lock(&p->mu);      /* not shared yet; held as the _locked helpers assert */
 	if (type == POOL_REGION && p->limit > 0)
-		st = pool_add_segment_locked(p, p->limit, err);
+		st = pool_add_segment_locked(p, p->limit, true, err);
 	else if (type == POOL_SEGMENTS && preallocate && p->limit > 0)
-		st = pool_add_segment_locked(p, p->limit, err);
+		st = pool_add_segment_locked(p, p->limit, true, err);
 	if (st == TS_OK)
 		pool_publish_locked(p);
 	ts_mutex_unlock(&p->mu);
@@ -224,6 +354,7 @@ static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
 	if (!ts_alloc_alloc(p->alloc, need, &addr)) {
 		if (p->type != POOL_SEGMENTS)
 			return TS_RESOURCE_EXHAUSTED;
+		pool_make_room_locked(p, need);
 		ts_alloc_get_stats(p->alloc, &st);
 		if (st.bytes_reserved >= p->limit || p->limit - st.bytes_reserved < need)
 			return TS_RESOURCE_EXHAUSTED;
@@ -231,7 +362,7 @@ static ts_status pool_carve_locked(struct pool *p, uint64_t size, void **out,
 
 		if (grow > p->limit - st.bytes_reserved)
 			grow = p->limit - st.bytes_reserved;
-		s = pool_add_segment_locked(p, grow, err);
+		s = pool_add_segment_locked(p, grow, false, err);
 		if (s != TS_OK)
 			return s;
 		if (!ts_alloc_alloc(p->alloc, need, &addr))
@@ -293,9 +424,11 @@ static void pool_release(struct pool *p, void *ptr, uint64_t size)
 	} else {
 		uint64_t blk = ts_alloc_block_size(p->alloc, (uintptr_t)ptr);
 
-		if (ts_alloc_release(p->alloc, (uintptr_t)ptr))
+		if (ts_alloc_release(p->alloc, (uintptr_t)ptr)) {
 			p->used -= blk;
-		else
+			if (p->type == POOL_SEGMENTS)
+				pool_trim_locked(p, (uintptr_t)ptr);
+		} else
 			ts_log(TS_LOG_ERROR, NULL, "%s: release of unknown block %p", p->name, ptr);
 	}
 	pool_publish_locked(p);
@@ -467,6 +600,19 @@ static ts_status device_pool_limit(struct ts_device *dev,
 	return TS_OK;
 }
 
+/* Idle pinned bytes the pool keeps reserved (TS_PINNED_KEEP_DEFAULT). */
+static uint64_t pinned_keep(const struct ts_memory_config *cfg, uint64_t limit)
+{
+	uint64_t seg = cfg->pinned_segment ? round_up(cfg->pinned_segment, POOL_ALIGN)
+	                                   : DEFAULT_SEGMENT;
+
+	if (cfg->pinned_host_keep_share > 0)
+		return (uint64_t)((double)limit * cfg->pinned_host_keep_share);
+	if (cfg->pinned_host_keep != TS_PINNED_KEEP_DEFAULT)
+		return cfg->pinned_host_keep;
+	return seg > limit / 8 ? seg : limit / 8;
+}
+
 static ts_status memory_add_pool(struct ts_memory *m, struct pool *p,
                                  struct ts_error *err)
 {
@@ -513,16 +659,17 @@ ts_status ts_memory_new(struct ts_device_set *set,
 		                  "SETUP", "cannot build the memory table");
 		goto out_free;
 	}
-	st = pool_create(POOL_SEGMENTS, host, TS_MEM_PINNED_HOST, "host/pinned_host",
-	                 cfg->pinned_host_limit ? cfg->pinned_host_limit : phys / 4,
-	                 cfg->pinned_segment, cfg->preallocate, &pinned, err);
+	limit = cfg->pinned_host_limit ? cfg->pinned_host_limit : phys / 4;
+	st = pool_create(POOL_SEGMENTS, host, TS_MEM_PINNED_HOST, "host/pinned_host", limit,
+	                 cfg->pinned_segment, pinned_keep(cfg, limit), cfg->preallocate,
+	                 &pinned, err);
 	if (st == TS_OK)
 		st = memory_add_pool(m, pinned, err);
 	if (st == TS_OK)
 		st = pool_create(POOL_PAGEABLE, host, TS_MEM_UNPINNED_HOST,
 		                 "host/unpinned_host",
 		                 cfg->unpinned_host_limit ? cfg->unpinned_host_limit : phys / 2,
-		                 0, false, &pageable, err);
+		                 0, 0, false, &pageable, err);
 	if (st == TS_OK)
 		st = memory_add_pool(m, pageable, err);
 	for (size_t i = 0; st == TS_OK && i < ndev; i++) {
@@ -537,7 +684,7 @@ ts_status ts_memory_new(struct ts_device_set *set,
 			if (st != TS_OK)
 				break;
 			snprintf(name, sizeof name, "%s/device", pr->id);
-			st = pool_create(POOL_REGION, dev, TS_MEM_DEVICE, name, limit, 0,
+			st = pool_create(POOL_REGION, dev, TS_MEM_DEVICE, name, limit, 0, 0,
 			                 cfg->preallocate, &p, err);
 			if (st == TS_OK)
 				st = memory_add_pool(m, p, err);
@@ -604,10 +751,11 @@ size_t ts_memory_pool_count(const struct ts_memory *mem)
 	return mem->npools;
 }
 
-void ts_memory_pool_stats(const struct ts_memory *mem, size_t i, struct ts_pool_stats *out)
+static void pool_stats(const struct pool *p, struct ts_pool_stats *out)
 {
-	struct pool *p = mem->pools[i];
 	uint64_t used = atomic_load(&p->a_used);
+
+	memset(out, 0, sizeof *out);
 
 	out->name = p->name;
 	out->kind = p->kind;
@@ -622,6 +770,28 @@ void ts_memory_pool_stats(const struct ts_memory *mem, size_t i, struct ts_pool_
 		out->bytes_reserved = atomic_load(&p->a_reserved);
 		out->peak_bytes_reserved = atomic_load(&p->a_peak_reserved);
 	}
+	if (p->type != POOL_SEGMENTS)
+		return;
+	out->segmented = true;
+	out->keep_bytes = p->keep;
+	out->segments = atomic_load(&p->a_nsegs);
+	out->segments_pinned = atomic_load(&p->a_segs_pinned);
+	out->segments_released = atomic_load(&p->a_segs_released);
+	out->pinned_bytes = atomic_load(&p->a_pinned);
+	out->released_bytes = atomic_load(&p->a_released);
+	out->repinned_bytes = atomic_load(&p->a_repinned);
+	out->pin_ns = atomic_load(&p->a_pin_ns);
+	out->repin_ns = atomic_load(&p->a_repin_ns);
+}
+
+void ts_memory_pool_stats(const struct ts_memory *mem, size_t i, struct ts_pool_stats *out)
+{
+	pool_stats(mem->pools[i], out);
+}
+
+void ts_space_pool_stats(const struct ts_space *sp, struct ts_pool_stats *out)
+{
+	pool_stats(sp->pool, out);
 }
 
 uint64_t ts_memory_generation(const struct ts_memory *mem)

@@ -4,8 +4,11 @@
  *
  * A pool owns memory and a limit: device memory is one region reserved per
  * device and carved by a best-fit allocator; pinned host memory is a node-wide
- * pool of pinned segments (created once, reused, never pinned per request);
- * unpinned host memory is pageable memory under a node-wide limit. A space is
+ * pool of pinned segments (pinned on demand, reused, never pinned per
+ * request; a segment left with nothing in it goes back to the system unless
+ * the pool's idle segments stay within its keep, and segments pinned at
+ * start by preallocate stay); unpinned host memory is pageable memory under
+ * a node-wide limit. A space is
  * the (device, memory kind) view a caller allocates from: it keeps its own
  * counters in the shape of JAX's Device.memory_stats(), while free bytes,
  * largest free block and limit are its pool's.
@@ -59,6 +62,20 @@ struct ts_pool_stats {
 	                                 * reserved at start; pinned segments) */
 	uint64_t peak_bytes_reserved;
 	uint64_t largest_free_block_bytes;
+	/* A pool of pinned segments (segmented) only; zero elsewhere. Pinning
+	 * again is what giving memory back costs: a pin is counted as a re-pin
+	 * for the part of it that stays under the highest reservation the pool
+	 * has had, memory it held before, gave back and had to pin anew. */
+	bool segmented;
+	uint64_t keep_bytes;            /* idle segment bytes kept reserved */
+	uint64_t segments;              /* segments held now */
+	uint64_t segments_pinned;       /* since start, preallocated ones included */
+	uint64_t segments_released;     /* given back to the system since start */
+	uint64_t pinned_bytes;          /* since start */
+	uint64_t released_bytes;
+	uint64_t repinned_bytes;
+	uint64_t pin_ns;                /* time spent pinning segments */
+	uint64_t repin_ns;              /* its share spent on re-pinned bytes */
 };
 
 /* Configuration of the node's spaces. */
@@ -67,8 +84,21 @@ struct ts_memory_config {
 	uint64_t pinned_host_limit;    /* 0: a quarter of physical memory */
 	uint64_t unpinned_host_limit;  /* 0: half of physical memory */
 	uint64_t pinned_segment;       /* pinned pool growth step; 0: 256 MiB */
+	uint64_t pinned_host_keep;     /* idle pinned bytes kept reserved (0: none);
+	                                * TS_PINNED_KEEP_DEFAULT: see below */
+	double pinned_host_keep_share; /* > 0: that share of the pinned limit instead */
 	bool preallocate;              /* reserve and touch pools at start */
 };
+
+/*
+ * The default keep: the larger of one segment and an eighth of the pinned
+ * limit. One segment, so that small arrays coming and going never pin and
+ * unpin a segment each time; an eighth of the budget, so that a burst of
+ * larger arrays is served again without pinning at about 1 GB/s, while at
+ * most an eighth of the budget (a thirty-second of RAM by default) stays
+ * locked and idle.
+ */
+#define TS_PINNED_KEEP_DEFAULT UINT64_MAX
 
 /*
  * Device memory a GPU's pool never takes, whatever the fraction: cuBLAS
@@ -119,6 +149,9 @@ void ts_memory_reset_peaks(struct ts_memory *mem);
 size_t ts_memory_pool_count(const struct ts_memory *mem);
 void ts_memory_pool_stats(const struct ts_memory *mem, size_t i, struct ts_pool_stats *out);
 
+/* The stats of the pool a space draws from. */
+void ts_space_pool_stats(const struct ts_space *sp, struct ts_pool_stats *out);
+
 /* The name of the pool a space draws from ("host/pinned_host"; borrowed). */
 const char *ts_space_pool_name(const struct ts_space *sp);
 
@@ -145,8 +178,9 @@ void ts_space_release(struct ts_space *sp, void *p, uint64_t size);
  * The chunk of sp's pool that holds the allocation at p: the raw memory the
  * pool took from its device in one piece (a device pool's region, one
  * cudaMalloc on a GPU; a pinned segment), as base and size. false when p is
- * in none (pageable pools take a mapping per allocation). Chunks live as
- * long as the pool. Takes the pool's lock.
+ * in none (pageable pools take a mapping per allocation). A chunk lives at
+ * least as long as an allocation in it: a pinned segment may go back to the
+ * system once nothing is allocated in it. Takes the pool's lock.
  */
 bool ts_space_chunk(const struct ts_space *sp, const void *p, void **base, uint64_t *size);
 

@@ -11,7 +11,9 @@
 #include "common/units.h"
 #include "common/version.h"
 
-enum opt_type { OPT_INT, OPT_SIZE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL };
+enum opt_type {
+	OPT_INT, OPT_SIZE, OPT_SIZE_SHARE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL
+};
 
 struct opt {
 	const char *flag;       /* without the leading "--" */
@@ -42,6 +44,10 @@ static const struct opt options[] = {
 	 "pin the whole pinned_host pool at start"},
 	{"pinned-host-limit", OPT_SIZE, F(pinned_host_limit), 0, 0, "RAM/4",
 	 "node-wide pinned_host budget (RAM: the cgroup memory limit when smaller)"},
+	{"pinned-host-keep", OPT_SIZE_SHARE, F(pinned_host_keep), 0, 0,
+	 "the larger of 256MiB and limit/8",
+	 "idle pinned_host segments kept reserved for reuse; segments idle beyond it go back "
+	 "to the system (a size, or a share of --pinned-host-limit such as 0.125)"},
 	{"unpinned-host-limit", OPT_SIZE, F(unpinned_host_limit), 0, 0, "RAM/2",
 	 "node-wide unpinned_host budget"},
 	{"cgroup-root", OPT_STRING, F(cgroup_root), 0, 0, "/sys/fs/cgroup",
@@ -103,6 +109,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->sim_devices = -1;
 	cfg->sim_device_memory = 2ull << 30;
 	cfg->device_memory_fraction = 0.75;
+	cfg->pinned_host_keep = (struct ts_size_share){.bytes = TS_CONFIG_SIZE_DEFAULT};
 	cfg->default_memory_kind = TS_MEM_DEVICE;
 	cfg->log_level = TS_LOG_INFO;
 	cfg->cuda = true;
@@ -134,6 +141,21 @@ static bool parse_bool(const char *s, bool *out)
 	return false;
 }
 
+/* A size ("1GiB", "268435456") or, as a bare number strictly between 0 and
+ * 1, a share of a budget ("0.125"). */
+static bool parse_size_share(const char *value, struct ts_size_share *out)
+{
+	char *end;
+	double d = strtod(value, &end);
+
+	if (*value != '\0' && !*end && isdigit((unsigned char)*value) && d > 0.0 && d < 1.0) {
+		*out = (struct ts_size_share){.share = d};
+		return true;
+	}
+	*out = (struct ts_size_share){0};
+	return ts_parse_size(value, &out->bytes);
+}
+
 /* Stores value into the field of o; false when it does not parse. */
 static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
 {
@@ -154,6 +176,8 @@ static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
 		/* the format's own limit on a header */
 		return field != (char *)&cfg->import_header_limit ||
 		       (cfg->import_header_limit > 0 && cfg->import_header_limit <= 100000000ull);
+	case OPT_SIZE_SHARE:
+		return parse_size_share(value, (struct ts_size_share *)field);
 	case OPT_FRACTION:
 		d = strtod(value, &end);
 		if (*value == '\0' || *end || !(d > 0.0 && d <= 1.0))

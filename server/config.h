@@ -19,6 +19,13 @@
 #include "common/log.h"
 #include "device/device.h"
 
+/* A size that may be given as a share of a budget instead. */
+#define TS_CONFIG_SIZE_DEFAULT UINT64_MAX
+struct ts_size_share {
+	uint64_t bytes;                  /* TS_CONFIG_SIZE_DEFAULT: the option's default */
+	double share;                    /* > 0: this share of the budget, bytes unused */
+};
+
 struct ts_config {
 	int port;                        /* 0: ephemeral */
 	char bind[64];
@@ -29,6 +36,8 @@ struct ts_config {
 	double device_memory_fraction;
 	bool preallocate;
 	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory (or cgroup limit) */
+	struct ts_size_share pinned_host_keep; /* idle pinned bytes kept; default: the larger
+	                                  * of a segment and an eighth of the limit */
 	uint64_t unpinned_host_limit;    /* 0: half of physical memory */
 	char cgroup_root[256];           /* cgroup mounts: "RAM" is their limit when smaller */
 	enum ts_memory_kind default_memory_kind;

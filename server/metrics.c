@@ -460,6 +460,39 @@ static const struct {
 	 offsetof(struct ts_pool_stats, largest_free_block_bytes)},
 };
 
+/* A pool of pinned segments only: what it keeps, gives back and pins again. */
+static const struct {
+	const char *name, *type, *help;
+	size_t offset;
+	bool ns;                      /* a count of nanoseconds, rendered in seconds */
+} segment_series[] = {
+	{"tstage_pool_segments", "gauge", "Pinned segments the pool holds now.",
+	 offsetof(struct ts_pool_stats, segments), false},
+	{"tstage_pool_keep_bytes", "gauge",
+	 "Idle segment bytes the pool keeps reserved for reuse (--pinned-host-keep); "
+	 "segments idle beyond it go back to the system.",
+	 offsetof(struct ts_pool_stats, keep_bytes), false},
+	{"tstage_pool_segments_pinned_total", "counter", "Segments pinned since start.",
+	 offsetof(struct ts_pool_stats, segments_pinned), false},
+	{"tstage_pool_segments_released_total", "counter",
+	 "Idle segments given back to the system since start.",
+	 offsetof(struct ts_pool_stats, segments_released), false},
+	{"tstage_pool_pinned_bytes_total", "counter", "Bytes pinned since start.",
+	 offsetof(struct ts_pool_stats, pinned_bytes), false},
+	{"tstage_pool_released_bytes_total", "counter",
+	 "Bytes of segments given back to the system since start.",
+	 offsetof(struct ts_pool_stats, released_bytes), false},
+	{"tstage_pool_repinned_bytes_total", "counter",
+	 "Bytes pinned again: pinned below the highest reservation the pool has had, "
+	 "after it gave them back.",
+	 offsetof(struct ts_pool_stats, repinned_bytes), false},
+	{"tstage_pool_pin_seconds_total", "counter", "Time spent pinning segments.",
+	 offsetof(struct ts_pool_stats, pin_ns), true},
+	{"tstage_pool_repin_seconds_total", "counter",
+	 "The part of tstage_pool_pin_seconds_total spent pinning bytes again.",
+	 offsetof(struct ts_pool_stats, repin_ns), true},
+};
+
 static void render_spaces(struct out *o, const struct ts_core *core)
 {
 	size_t n = ts_memory_space_count(core->env.memory);
@@ -505,6 +538,26 @@ static void render_pools(struct out *o, const struct ts_core *core)
 			else
 				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
 				           pool_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
+				           (unsigned long long)v);
+		}
+	}
+	for (size_t g = 0; g < sizeof segment_series / sizeof segment_series[0]; g++) {
+		family(o, segment_series[g].name, segment_series[g].type, segment_series[g].help);
+		for (size_t i = 0; i < n; i++) {
+			struct ts_pool_stats ps;
+			uint64_t v;
+
+			ts_memory_pool_stats(core->memory, i, &ps);
+			if (!ps.segmented)
+				continue;
+			v = *(const uint64_t *)((const char *)&ps + segment_series[g].offset);
+			if (segment_series[g].ns)
+				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %.6f\n",
+				           segment_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
+				           (double)v / 1e9);
+			else
+				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
+				           segment_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
 				           (unsigned long long)v);
 		}
 	}

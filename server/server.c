@@ -117,7 +117,7 @@ static void log_device_list(const struct ts_server *srv)
 static void log_start(const struct ts_server *srv)
 {
 	const struct ts_config *c = &srv->cfg;
-	uint64_t limit[TS_MEM_KIND_COUNT] = {0};
+	uint64_t limit[TS_MEM_KIND_COUNT] = {0}, keep = 0;
 
 	for (size_t i = 0; i < ts_memory_pool_count(srv->memory); i++) {
 		struct ts_pool_stats ps;
@@ -125,18 +125,21 @@ static void log_start(const struct ts_server *srv)
 		ts_memory_pool_stats(srv->memory, i, &ps);
 		if (!ps.device)
 			limit[ps.kind] = ps.limit;
+		if (ps.segmented)
+			keep = ps.keep_bytes;
 	}
 	static const char *const levels[] = {"debug", "info", "warn", "error"};
 	json_t *f;
 
 	f = json_pack(
-		"{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:f, s:b, s:I, s:I, s:s, s:s, s:s, s:b, s:b,"
+		"{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:f, s:b, s:I, s:I, s:I, s:s, s:s, s:s, s:b, s:b,"
 		" s:i, s:s, s:I, s:I, s:i, s:i, s:i, s:i, s:I}",
 		"event", "start", "version", ts_version, "bind", c->bind, "port", srv->port,
 		"threads", c->threads, "sim_devices", c->sim_devices,
 		"sim_device_memory", (json_int_t)c->sim_device_memory,
 		"device_memory_fraction", c->device_memory_fraction, "preallocate", c->preallocate,
 		"pinned_host_limit", (json_int_t)limit[TS_MEM_PINNED_HOST],
+		"pinned_host_keep", (json_int_t)keep,
 		"unpinned_host_limit", (json_int_t)limit[TS_MEM_UNPINNED_HOST],
 		"default_memory_kind", ts_memory_kind_name(c->default_memory_kind),
 		"default_device", ts_device_props(srv->core.default_device)->id,
@@ -309,6 +312,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.device_memory_fraction = cfg->device_memory_fraction,
 		.pinned_host_limit = cfg->pinned_host_limit,
 		.unpinned_host_limit = cfg->unpinned_host_limit,
+		.pinned_host_keep = cfg->pinned_host_keep.bytes == TS_CONFIG_SIZE_DEFAULT
+		                    ? TS_PINNED_KEEP_DEFAULT : cfg->pinned_host_keep.bytes,
+		.pinned_host_keep_share = cfg->pinned_host_keep.share,
 		.preallocate = cfg->preallocate,
 	};
 	container_budgets(cfg, &mcfg);

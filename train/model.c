@@ -11,6 +11,8 @@
 
 #include "common/lock.h"
 #include "common/registry.h"
+#include "common/units.h"
+#include "memory/space.h"
 
 #define MODELS_MAX 1024
 
@@ -53,6 +55,83 @@ bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role r)
 	return (!second || ts_mlp_has_w2(&m->mlp)) &&
 	       (!ts_role_opt_state(r) || m->opt.type == TS_OPT_ADAM) &&
 	       (!tok || ts_mlp_tokens(&m->mlp)) && (!prj || m->mlp.proj);
+}
+
+/* Bytes of the model's arrays in kind: its params and its optimizer state. */
+static void model_need(const struct ts_model *m, enum ts_memory_kind kind, uint64_t *params,
+                       uint64_t *state)
+{
+	*params = *state = 0;
+	for (size_t i = 0; i < TS_MODEL_NROLES; i++) {
+		enum ts_pbuf_role r = ts_model_roles[i];
+		bool param = ts_role_param(r);
+		uint64_t shape[3], n = sizeof(float);
+		int rank;
+
+		if (!ts_model_has_role(m, r) || (param ? m->policy.params : m->policy.opt_state) != kind)
+			continue;
+		rank = ts_model_param_shape(m, r, shape);
+		for (int k = 0; k < rank; k++)
+			n *= shape[k];
+		*(param ? params : state) += n;
+	}
+}
+
+/* The refusal of a model whose params and state (bytes) do not fit sp. */
+static ts_status model_refuse(const struct ts_model *m, const struct ts_space *sp,
+                              uint64_t params, uint64_t state, struct ts_error *err)
+{
+	struct ts_space_stats s;
+	char need_h[32], par_h[32], st_h[32], lim_h[32], free_h[32], parts[96];
+	uint64_t need = params + state;
+
+	ts_space_stats(sp, &s);
+	/* counts the refusal in the space's stats; the answer is this one */
+	(void)ts_space_check_fit(sp, need, NULL);
+	ts_format_bytes(par_h, sizeof par_h, params);
+	ts_format_bytes(st_h, sizeof st_h, state);
+	if (params && state)
+		snprintf(parts, sizeof parts, "params %s, optimizer state %s", par_h, st_h);
+	else
+		snprintf(parts, sizeof parts, "%s %s", params ? "params" : "optimizer state",
+		         params ? par_h : st_h);
+	ts_error_oom(err, "model '%s' needs %s of %s on %s (%s); the budget is %s, %s free",
+	             m->name, ts_format_bytes(need_h, sizeof need_h, need),
+	             ts_memory_kind_name(ts_space_kind(sp)), ts_device_props(m->device)->id, parts,
+	             ts_format_bytes(lim_h, sizeof lim_h, s.bytes_limit),
+	             ts_format_bytes(free_h, sizeof free_h, s.bytes_free));
+	ts_error_meta(err, "space", "%s", ts_space_name(sp));
+	ts_error_meta_u64(err, "requested_bytes", need);
+	ts_error_meta_u64(err, "free_bytes", s.bytes_free);
+	ts_error_meta_u64(err, "largest_free_block_bytes", s.largest_free_block_bytes);
+	ts_error_meta_u64(err, "limit_bytes", s.bytes_limit);
+	ts_error_meta(err, "model", "%s", m->name);
+	ts_error_meta_u64(err, "params_bytes", params);
+	ts_error_meta_u64(err, "opt_state_bytes", state);
+	return TS_RESOURCE_EXHAUSTED;
+}
+
+ts_status ts_model_check_fit(const struct ts_model *m, const struct ts_memory *mem,
+                             struct ts_error *err)
+{
+	enum ts_memory_kind kinds[2] = {m->policy.params, m->policy.opt_state};
+
+	for (int i = 0; i < 2; i++) {
+		const struct ts_space *sp;
+		struct ts_space_stats s;
+		uint64_t params, state;
+
+		if (i == 1 && kinds[1] == kinds[0])
+			break;
+		sp = ts_memory_find(mem, ts_device_props(m->device)->id, kinds[i]);
+		model_need(m, kinds[i], &params, &state);
+		if (!sp || params + state == 0)
+			continue;
+		ts_space_stats(sp, &s);
+		if (params + state > s.bytes_free)
+			return model_refuse(m, sp, params, state, err);
+	}
+	return TS_OK;
 }
 
 void ts_model_owner(const struct ts_model *m, char *buf, size_t cap)

@@ -75,6 +75,26 @@ bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role role);
 #define TS_MODEL_NROLES 12
 extern const enum ts_pbuf_role ts_model_roles[TS_MODEL_NROLES];
 
+struct ts_memory;
+
+/*
+ * Admission of a model's arrays as a whole, before any of them is
+ * allocated: for each space its params and its optimizer state go to
+ * (m->device, the policy's memory kinds), the bytes of every such array
+ * (float32, as created) against the space's free bytes. TS_OK when each
+ * space has room for its share (advisory: the arrays' own allocations still
+ * decide, and fragmentation is theirs to report). Else RESOURCE_EXHAUSTED,
+ * reason OUT_OF_MEMORY, a message with what the whole model needs there
+ * against the budget ("model 'm' needs 12.00 GiB of pinned_host on sim:0
+ * (params 4.00 GiB, optimizer state 8.00 GiB); the budget is 5.90 GiB,
+ * 5.10 GiB free"), metadata space, requested_bytes (the whole need),
+ * free_bytes, largest_free_block_bytes, limit_bytes as every refusal of
+ * memory has, and model, params_bytes, opt_state_bytes; the refusal counts
+ * in the space's stats. mem is borrowed. Thread-safe.
+ */
+ts_status ts_model_check_fit(const struct ts_model *m, const struct ts_memory *mem,
+                             struct ts_error *err);
+
 struct ts_model_registry;
 struct ts_model_registry *ts_model_registry_new(void);
 void ts_model_registry_free(struct ts_model_registry *r);

@@ -5,7 +5,8 @@
  * Metrics: family names do not collide and put units last; node-wide host
  * pools are listed once and space series add up to their pools; an upload,
  * a move, a refused allocation, a failed operation and training steps move
- * exactly the series they should; requests in flight and the process_*
+ * exactly the series they should; pinned segments left idle go back to the
+ * system above --pinned-host-keep, and what pinning again costs is counted; requests in flight and the process_*
  * series are there. Logs: every line is JSON; the lifecycle events (start
  * with the configuration, backends, devices, drain, exit), one line per
  * operation end, and per request the client, user agent, bytes in and out,
@@ -427,6 +428,101 @@ START_TEST(test_refusals_counted)
 }
 END_TEST
 
+/* A daemon with 1 GiB of pinned memory that keeps 16 MiB of idle segments. */
+static void daemon_up_small_keep(void)
+{
+	static const char *const args[] = {"--log-level", "info", "--pinned-host-limit", "1GiB",
+	                                   "--pinned-host-keep", "16MiB", NULL};
+
+	th_daemon_start(&D, args);
+}
+
+/* The pinned_host space of the first device in GET /v1/memory (new ref). */
+static json_t *pinned_space(void)
+{
+	json_t *mem = th_get_object(&D, "/v1/memory"), *sp = NULL;
+
+	for (size_t i = 0; i < json_array_size(th_arr(mem, "spaces")); i++) {
+		json_t *o = json_array_get(th_arr(mem, "spaces"), i);
+
+		if (strcmp(th_str(o, "device"), th_dev(0)) == 0 &&
+		    strcmp(th_str(o, "memory_kind"), "pinned_host") == 0)
+			sp = json_incref(o);
+	}
+	json_decref(mem);
+	ck_assert_ptr_nonnull(sp);
+	return sp;
+}
+
+#define SEG (256ull << 20)    /* the pinned pool's growth step */
+#define BIG (260ull << 20)    /* past it: a segment of its own, exactly */
+
+/* After churn, bytes_reserved falls back towards bytes_in_use: the idle
+ * segments of arrays deleted go back to the system, the keep stays below
+ * 16 MiB, and what the pool pins again is counted in the metrics and in
+ * the space's pinned_pool. */
+START_TEST(test_pinned_segments_go_back)
+{
+	const char *q_small = "dtype=uint8&shape=1048576&device=sim:0&memory_kind=pinned_host";
+	char q_big[128];
+	struct th_response r;
+	struct scrape sc;
+	json_t *sp, *pool;
+	int n = -1;
+
+	snprintf(q_big, sizeof q_big, "dtype=uint8&shape=%llu&device=sim:0&memory_kind=pinned_host",
+	         BIG);
+	ck_assert_int_eq(put_array("small", q_small, 1u << 20), 201);   /* a 256 MiB segment */
+	ck_assert_int_eq(put_array("b1", q_big, BIG), 201);
+	ck_assert_int_eq(put_array("b2", q_big, BIG), 201);
+	sp = pinned_space();
+	ck_assert_int_eq(th_int(sp, "bytes_reserved"), SEG + 2 * BIG);
+	json_decref(sp);
+	for (int i = 1; i <= 2; i++) {
+		th_request(&D, "DELETE", i == 1 ? "/v1/arrays/b1" : "/v1/arrays/b2", NULL, NULL, 0, &r);
+		ck_assert_int_eq(r.status, 200);
+		th_response_free(&r);
+	}
+	sp = pinned_space();
+	ck_assert_int_eq(th_int(sp, "bytes_in_use"), 1 << 20);
+	ck_assert_int_eq(th_int(sp, "bytes_reserved"), SEG);             /* down from 776 MiB */
+	ck_assert_int_eq(th_int(sp, "peak_bytes_reserved"), SEG + 2 * BIG);
+	pool = th_obj(sp, "pinned_pool");
+	ck_assert_int_eq(th_int(pool, "keep_bytes"), 16 << 20);
+	ck_assert_int_eq(th_int(pool, "segments"), 1);
+	ck_assert_int_eq(th_int(pool, "segments_released"), 2);
+	ck_assert_int_eq(th_int(pool, "released_bytes"), 2 * BIG);
+	ck_assert_int_eq(th_int(pool, "repinned_bytes"), 0);
+	json_decref(sp);
+
+	/* pinned again: below the 776 MiB held before, so a re-pin */
+	ck_assert_int_eq(put_array("b3", q_big, BIG), 201);
+	scrape(&sc);
+	ck_assert(one(&sc, "tstage_pool_segments", "pool", "host/pinned_host", NULL, NULL) == 2);
+	ck_assert(one(&sc, "tstage_pool_keep_bytes", "pool", "host/pinned_host", NULL, NULL) ==
+	          16 << 20);
+	ck_assert(one(&sc, "tstage_pool_segments_pinned_total", "pool", "host/pinned_host", NULL,
+	              NULL) == 4);
+	ck_assert(one(&sc, "tstage_pool_segments_released_total", "pool", "host/pinned_host", NULL,
+	              NULL) == 2);
+	ck_assert(one(&sc, "tstage_pool_released_bytes_total", "pool", "host/pinned_host", NULL,
+	              NULL) == (double)(2 * BIG));
+	ck_assert(one(&sc, "tstage_pool_pinned_bytes_total", "pool", "host/pinned_host", NULL,
+	              NULL) == (double)(SEG + 3 * BIG));
+	ck_assert(one(&sc, "tstage_pool_repinned_bytes_total", "pool", "host/pinned_host", NULL,
+	              NULL) == (double)BIG);
+	ck_assert(one(&sc, "tstage_pool_pin_seconds_total", "pool", "host/pinned_host", NULL,
+	              NULL) >= one(&sc, "tstage_pool_repin_seconds_total", "pool",
+	                           "host/pinned_host", NULL, NULL));
+	ck_assert(one(&sc, "tstage_pool_reserved_bytes", "pool", "host/pinned_host", NULL, NULL) ==
+	          (double)(SEG + BIG));
+	/* device pools are no segment pools */
+	sum_of(&sc, "tstage_pool_segments", &n, "memory_kind", "device", NULL);
+	ck_assert_int_eq(n, 0);
+	scrape_free(&sc);
+}
+END_TEST
+
 /* An operation that fails counts as failed, with its duration. */
 START_TEST(test_failed_operation_counted)
 {
@@ -726,6 +822,11 @@ static Suite *metrics_suite(void)
 	tcase_add_test(tc, test_failed_operation_counted);
 	tcase_add_test(tc, test_training_steps_counted);
 	tcase_add_test(tc, test_in_flight_and_process);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("pinned_pool");
+	tcase_add_checked_fixture(tc, daemon_up_small_keep, daemon_down);
+	tcase_add_test(tc, test_pinned_segments_go_back);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("logs");

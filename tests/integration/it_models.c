@@ -2116,6 +2116,72 @@ END_TEST
 
 /* ---- the suite ------------------------------------------------------------------------- */
 
+/* ---- admission of a whole model ------------------------------------------------------- */
+
+/* A daemon with 64 MiB of pinned_host memory in all. */
+static void daemon_up_small_pinned(void)
+{
+	static const char *const args[] = {"--sim-device-memory", "256MiB", "--pinned-host-limit",
+	                                   "64MiB", NULL};
+
+	th_daemon_start(&D, args);
+}
+
+/* A metadata value of an error's ErrorInfo, as a number. */
+static unsigned long long error_meta_u64(json_t *body, const char *key)
+{
+	json_t *info = json_array_get(th_arr(th_obj(body, "error"), "details"), 0);
+	json_t *v = json_object_get(th_obj(info, "metadata"), key);
+
+	ck_assert_msg(json_is_string(v), "ErrorInfo metadata has no '%s'", key);
+	return strtoull(json_string_value(v), NULL, 10);
+}
+
+/* A model whose every array fits but whose whole does not is refused with
+ * what the whole model needs against the budget, not with the one array
+ * that happened to come last; nothing of it is left. */
+START_TEST(test_create_refusal_names_the_whole_model)
+{
+	/* w1, w2: 4 x 512 x 2048 float32 = 16 MiB each; Adam's mu and nu twice that */
+	const char *body = "{\"name\": \"big\", \"mlp\": {\"layers\": 4, \"d_model\": 512, "
+	                   "\"d_hidden\": 2048}, \"optimizer\": {\"type\": \"adam\"}, "
+	                   "\"placement\": {\"params\": \"pinned_host\", "
+	                   "\"opt_state\": \"pinned_host\"}}";
+	struct th_response r;
+	json_t *j, *mem;
+	char want[96];
+
+	th_post(&D, "/v1/models?wait=true", body, &r);
+	ck_assert_msg(r.status == 429, "%ld: %s", r.status, r.body);
+	ck_assert_msg(strstr(r.body, "(params 32.00 MiB, optimizer state 64.00 MiB)") &&
+	              strstr(r.body, "the budget is 64.00 MiB, 64.00 MiB free"), "%s", r.body);
+	ck_assert_msg(!strstr(r.body, "big.w1") && !strstr(r.body, "big.adam"),
+	              "the refusal names one array: %s", r.body);
+	j = th_json(&r);
+	ck_assert_uint_eq(error_meta_u64(j, "requested_bytes"), 96 * MiB);
+	ck_assert_uint_eq(error_meta_u64(j, "params_bytes"), 32 * MiB);
+	ck_assert_uint_eq(error_meta_u64(j, "opt_state_bytes"), 64 * MiB);
+	ck_assert_uint_eq(error_meta_u64(j, "limit_bytes"), 64 * MiB);
+	ck_assert_uint_eq(error_meta_u64(j, "free_bytes"), 64 * MiB);
+	snprintf(want, sizeof want, "pinned_host on %s", th_dev(0));
+	th_expect_error(&r, "a model larger than the pinned budget", 429, "RESOURCE_EXHAUSTED",
+	                "OUT_OF_MEMORY", "model 'big' needs 96.00 MiB of", want);
+	ck_assert_int_eq(th_get_status(&D, "/v1/models/big"), 404);
+	ck_assert_int_eq(th_get_status(&D, "/v1/arrays/big.w1"), 404);
+	mem = th_get_object(&D, "/v1/memory");
+	for (size_t i = 0; i < json_array_size(th_arr(mem, "spaces")); i++)
+		ck_assert_int_eq(th_int(json_array_get(th_arr(mem, "spaces"), i), "bytes_in_use"), 0);
+	json_decref(mem);
+
+	/* the same model with its optimizer state on the device fits */
+	json_decref(th_post_json(&D, "/v1/models?wait=true",
+	                         "{\"name\": \"big\", \"mlp\": {\"layers\": 4, \"d_model\": 512, "
+	                         "\"d_hidden\": 2048}, \"optimizer\": {\"type\": \"adam\"}, "
+	                         "\"placement\": {\"params\": \"pinned_host\", "
+	                         "\"opt_state\": \"device\"}}", 200));
+}
+END_TEST
+
 static Suite *models_suite(void)
 {
 	Suite *s = suite_create("models");
@@ -2133,6 +2199,12 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_create_exclusive_names);
 	tcase_add_test(tc, test_create_duplicate);
 	tcase_add_test(tc, test_get_list_delete);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("admission");
+	tcase_add_checked_fixture(tc, daemon_up_small_pinned, daemon_down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_create_refusal_names_the_whole_model);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("analyze");

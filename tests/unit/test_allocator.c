@@ -275,6 +275,45 @@ START_TEST(test_remove_region_only_when_empty)
 }
 END_TEST
 
+/* The region of an address, and whether it is idle: what a pool asks of a
+ * release before it gives a segment back. */
+START_TEST(test_region_of_and_idle)
+{
+	struct ts_alloc *a = new_alloc(U);
+	uintptr_t base = 0, p, q;
+	uint64_t size = 0;
+	bool idle = false;
+
+	ck_assert(ts_alloc_add_region(a, BASE, 8 * U));
+	ck_assert(ts_alloc_add_region(a, BASE + 16 * U, 4 * U));
+	ck_assert(!ts_alloc_region_of(a, BASE - 1, &base, &size, &idle));      /* below all */
+	ck_assert(!ts_alloc_region_of(a, BASE + 8 * U, &base, &size, &idle));  /* in the gap */
+	ck_assert(!ts_alloc_region_of(a, BASE + 20 * U, &base, &size, &idle)); /* past the end */
+	ck_assert(ts_alloc_region_of(a, BASE + 17 * U + 3, &base, &size, &idle));
+	ck_assert_uint_eq(base, BASE + 16 * U);
+	ck_assert_uint_eq(size, 4 * U);
+	ck_assert(idle);
+
+	p = must_alloc(a, 3 * U);   /* best fit: the 4-unit region */
+	q = must_alloc(a, U);
+	ck_assert_uint_eq(p, BASE + 16 * U);
+	ck_assert(ts_alloc_region_of(a, p, &base, &size, &idle));
+	ck_assert(!idle);
+	ck_assert(ts_alloc_release(a, p));
+	ck_assert(ts_alloc_region_of(a, p, &base, &size, &idle));
+	ck_assert(!idle);           /* q is still there */
+	ck_assert(ts_alloc_release(a, q));
+	ck_assert(ts_alloc_region_of(a, q, &base, &size, &idle));
+	ck_assert(idle);            /* coalesced whole again */
+	ck_assert(ts_alloc_remove_region(a, base));
+	ck_assert(!ts_alloc_region_of(a, q, &base, &size, &idle));
+	ck_assert(ts_alloc_region_of(a, BASE, &base, &size, &idle));
+	ck_assert(idle && base == BASE && size == 8 * U);
+	ck_assert(ts_alloc_check(a));
+	ts_alloc_free(a);
+}
+END_TEST
+
 /* ---- best fit ------------------------------------------------------------ */
 
 START_TEST(test_best_fit_smallest_then_lowest)
@@ -1026,6 +1065,7 @@ static Suite *allocator_suite(void)
 	tcase_add_test(basic, test_alignment_one);
 	tcase_add_test(basic, test_add_region_args);
 	tcase_add_test(basic, test_remove_region_only_when_empty);
+	tcase_add_test(basic, test_region_of_and_idle);
 	tcase_add_test(basic, test_best_fit_smallest_then_lowest);
 	tcase_add_test(basic, test_best_fit_ties_across_regions);
 	tcase_add_test(basic, test_coalesce_left);

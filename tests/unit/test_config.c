@@ -105,6 +105,43 @@ START_TEST(refusals_name_the_option)
 }
 END_TEST
 
+/* --pinned-host-keep: left alone the default, a size, or a share of the
+ * pinned budget (a bare number between 0 and 1); from the environment too. */
+START_TEST(pinned_host_keep_forms)
+{
+	static const struct {
+		const char *value;
+		uint64_t bytes;
+		double share;
+	} ok[] = {
+		{"1GiB", 1ull << 30, 0}, {"0", 0, 0}, {"268435456", 256ull << 20, 0},
+		{"0.125", 0, 0.125}, {"1", 1, 0},
+	};
+	struct ts_config c;
+	char out[512] = "";
+	char *plain[] = {"tstaged"};
+	char *bad[] = {"tstaged", "--pinned-host-keep", "-0.5"};
+
+	unsetenv("TSTAGE_PINNED_HOST_KEEP");
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, plain), TS_CONFIG_RUN);
+	ck_assert_uint_eq(c.pinned_host_keep.bytes, TS_CONFIG_SIZE_DEFAULT);
+	ck_assert(c.pinned_host_keep.share == 0);
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		char *argv[] = {"tstaged", "--pinned-host-keep", (char *)ok[i].value};
+
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_RUN);
+		ck_assert_uint_eq(c.pinned_host_keep.bytes, ok[i].bytes);
+		ck_assert(c.pinned_host_keep.share == ok[i].share);
+	}
+	setenv("TSTAGE_PINNED_HOST_KEEP", "0.25", 1);
+	ck_assert_int_eq(parse(&c, out, sizeof out, 1, plain), TS_CONFIG_RUN);
+	ck_assert(c.pinned_host_keep.share == 0.25);
+	unsetenv("TSTAGE_PINNED_HOST_KEEP");
+	ck_assert_int_eq(parse(&c, out, sizeof out, 3, bad), TS_CONFIG_EXIT_USAGE);
+	ck_assert_ptr_nonnull(strstr(out, "--pinned-host-keep"));
+}
+END_TEST
+
 START_TEST(help_and_version)
 {
 	struct ts_config c;
@@ -188,6 +225,7 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, flags_forms);
 	tcase_add_test(tc, environment_and_precedence);
 	tcase_add_test(tc, refusals_name_the_option);
+	tcase_add_test(tc, pinned_host_keep_forms);
 	tcase_add_test(tc, help_and_version);
 	tcase_add_test(tc, connection_limits);
 	suite_add_tcase(s, tc);

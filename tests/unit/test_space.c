@@ -1,7 +1,9 @@
 /*
  * test_space.c - memory spaces over real (sim and cpu) devices: exact
  * accounting, peaks, refusal as a value with its numbers, pinned pool growth
- * in segments without rounding, shared host pools, and a randomized sequence
+ * in segments without rounding, idle segments given back above the pool's
+ * keep (and to make room) with what pinning again costs counted, preallocated
+ * segments kept, shared host pools, and a randomized sequence
  * whose every space's bytes_in_use equals the sum of its live blocks; host
  * memory shareable as (descriptor, offset, length), device memory not.
  */
@@ -19,14 +21,17 @@
 static struct ts_device_set *set;
 static struct ts_memory *mem;
 
-static void setup_with(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uint64_t seg)
+static void setup_keep(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uint64_t seg,
+                       uint64_t keep, bool preallocate)
 {
 	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = sim_mem,
 	                              .cuda = false, .host = "testhost"};
 	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
 	                              .pinned_host_limit = pinned,
 	                              .unpinned_host_limit = unpinned,
-	                              .pinned_segment = seg};
+	                              .pinned_segment = seg,
+	                              .pinned_host_keep = keep,
+	                              .preallocate = preallocate};
 	struct ts_error err;
 
 	ts_error_clear(&err);
@@ -34,9 +39,26 @@ static void setup_with(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uin
 	ck_assert_msg(ts_memory_new(set, &mc, &mem, &err) == TS_OK, "%s", err.message);
 }
 
+/* Keeps every idle pinned segment (the keep is the whole limit). */
+static void setup_with(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uint64_t seg)
+{
+	setup_keep(sim_mem, pinned, unpinned, seg, pinned, false);
+}
+
 static void setup(void)
 {
 	setup_with(64ull << 20, 32ull << 20, 48ull << 20, 4ull << 20);
+}
+
+/* 4 MiB segments, 32 MiB of pinned memory, 4 MiB of idle segments kept. */
+static void setup_small_keep(void)
+{
+	setup_keep(64ull << 20, 32ull << 20, 48ull << 20, 4ull << 20, 4ull << 20, false);
+}
+
+static void setup_preallocated(void)
+{
+	setup_keep(64ull << 20, 32ull << 20, 48ull << 20, 4ull << 20, 0, true);
 }
 
 static void teardown(void)
@@ -185,6 +207,133 @@ START_TEST(pinned_pool_grows_in_segments)
 	/* limit: 32 MiB in all */
 	ck_assert_int_eq(ts_space_alloc(p0, 33ull << 20, &a, &err), TS_RESOURCE_EXHAUSTED);
 	ck_assert_ptr_nonnull(strstr(err.message, "sim:0/pinned_host"));
+}
+END_TEST
+
+static void pinned_pool(const struct ts_space *sp, struct ts_pool_stats *ps)
+{
+	ts_space_pool_stats(sp, ps);
+	ck_assert(ps->segmented);
+}
+
+/* A segment a release leaves idle goes back when the idle ones would pass
+ * the keep with it, and stays below it; pinning again is counted. */
+START_TEST(idle_segments_above_keep_go_back)
+{
+	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
+	struct ts_pool_stats ps;
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *x1, *x2, *y, *z;
+
+	ts_error_clear(&err);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.keep_bytes, 4ull << 20);
+	ck_assert_uint_eq(ps.segments, 0);
+	ck_assert_int_eq(ts_space_alloc(p0, 10ull << 20, &x1, &err), TS_OK);  /* a 10 MiB segment */
+	ck_assert_int_eq(ts_space_alloc(p1, 12ull << 20, &x2, &err), TS_OK);  /* a 12 MiB one */
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 22ull << 20);
+
+	/* idle: 10 MiB > the keep of 4 MiB, so it goes back */
+	ts_space_release(p0, x1, 10ull << 20);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 12ull << 20);
+	ck_assert_uint_eq(s.peak_bytes_reserved, 22ull << 20);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.segments, 1);
+	ck_assert_uint_eq(ps.segments_released, 1);
+	ck_assert_uint_eq(ps.released_bytes, 10ull << 20);
+	ck_assert_uint_eq(ps.repinned_bytes, 0);
+
+	/* a segment pinned again below the 22 MiB once held is a re-pin */
+	ck_assert_int_eq(ts_space_alloc(p0, 1ull << 20, &y, &err), TS_OK);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 16ull << 20);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.segments_pinned, 3);
+	ck_assert_uint_eq(ps.pinned_bytes, 26ull << 20);
+	ck_assert_uint_eq(ps.repinned_bytes, 4ull << 20);
+	ck_assert_uint_le(ps.repin_ns, ps.pin_ns);
+
+	/* idle, 4 MiB: within the keep, so it stays and serves the next one */
+	ts_space_release(p0, y, 1ull << 20);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 16ull << 20);
+	ck_assert_int_eq(ts_space_alloc(p1, 3ull << 20, &z, &err), TS_OK);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.segments_pinned, 3);                 /* nothing pinned */
+	ts_space_release(p1, z, 3ull << 20);
+
+	/* the 12 MiB one idle too: 4 + 12 > 4, it goes, the 4 MiB one stays */
+	ts_space_release(p1, x2, 12ull << 20);
+	ts_space_stats(p1, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 4ull << 20);
+	ck_assert_uint_eq(s.bytes_in_use, 0);
+	pinned_pool(p1, &ps);
+	ck_assert_uint_eq(ps.segments, 1);
+	ck_assert_uint_eq(ps.segments_released, 2);
+	ck_assert_uint_eq(ps.released_bytes, 22ull << 20);
+	ck_assert_uint_eq(ps.bytes_reserved, ps.pinned_bytes - ps.released_bytes);
+}
+END_TEST
+
+/* Idle segments too small for a request go back to make room for one that
+ * fits, instead of a refusal that reads like fragmentation. */
+START_TEST(idle_segments_make_room)
+{
+	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	struct ts_pool_stats ps;
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *blk[7], *big, *keep;
+
+	ts_error_clear(&err);
+	for (int i = 0; i < 7; i++)                   /* seven 4 MiB segments: 28 of 32 MiB */
+		ck_assert_int_eq(ts_space_alloc(p0, 4ull << 20, &blk[i], &err), TS_OK);
+	for (int i = 1; i < 7; i++)                   /* all kept: the keep is the limit */
+		ts_space_release(p0, blk[i], 4ull << 20);
+	keep = blk[0];
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 28ull << 20);
+	/* 20 MiB: no segment holds it, 4 MiB left to pin; four idle ones go */
+	ck_assert_int_eq(ts_space_alloc(p0, 20ull << 20, &big, &err), TS_OK);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 32ull << 20);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.segments_released, 4);
+	ck_assert_uint_eq(ps.segments, 4);            /* blk[0]'s, two idle, the new one */
+	ts_space_release(p0, big, 20ull << 20);
+	/* past what idle segments can free: refused, and nothing given back */
+	ck_assert_int_eq(ts_space_alloc(p0, 30ull << 20, &big, &err), TS_RESOURCE_EXHAUSTED);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.segments_released, 4);
+	ts_space_release(p0, keep, 4ull << 20);
+}
+END_TEST
+
+/* Preallocated pinned memory stays, whatever the keep. */
+START_TEST(preallocated_segments_stay)
+{
+	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	struct ts_pool_stats ps;
+	struct ts_space_stats s;
+	struct ts_error err;
+	void *a;
+
+	ts_error_clear(&err);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 32ull << 20);
+	ck_assert_int_eq(ts_space_alloc(p0, 5ull << 20, &a, &err), TS_OK);
+	ts_space_release(p0, a, 5ull << 20);
+	ts_space_stats(p0, &s);
+	ck_assert_uint_eq(s.bytes_reserved, 32ull << 20);
+	pinned_pool(p0, &ps);
+	ck_assert_uint_eq(ps.keep_bytes, 0);
+	ck_assert_uint_eq(ps.segments, 1);
+	ck_assert_uint_eq(ps.segments_pinned, 1);
+	ck_assert_uint_eq(ps.segments_released, 0);
 }
 END_TEST
 
@@ -550,6 +699,17 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, sim_device_memory_is_shareable);
 	tcase_add_test(tc, buffers_name_their_pool_chunk);
 	tcase_add_test(tc, descriptors_are_budgeted);
+	tcase_add_test(tc, idle_segments_make_room);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("give_back");
+	tcase_add_checked_fixture(tc, setup_small_keep, teardown);
+	tcase_add_test(tc, idle_segments_above_keep_go_back);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("preallocated");
+	tcase_add_checked_fixture(tc, setup_preallocated, teardown);
+	tcase_add_test(tc, preallocated_segments_stay);
 	suite_add_tcase(s, tc);
 	return s;
 }
