@@ -25,7 +25,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 build=${BUILD:-build}
 fakedir=${FAKECUDA_DIR:-$root/../shared/fakecuda}
-passes=${*:-plain shuffle delay bundle}
+passes=${*:-plain shuffle delay bundle python}
 logs=$build/fakecuda/logs
 t_start=$(date +%s)
 
@@ -136,6 +136,19 @@ for pass in $passes; do
 		sed 's/^/    /' "$tmp/summary.txt"
 		cp "$tmp/summary.txt" "$logs/gpu-summary.txt"
 		rm -rf "$tmp"
+		;;
+	python)
+		# the Python client's device leases (test_cuda_lease.py): the test
+		# process opens the daemon's CUDA IPC handles through the stand-in's
+		# libcudart (ctypes), as a client on a GPU node does
+		if ! nice make build/pyvenv/installed >"$logs/pyvenv.log" 2>&1; then
+			echo "fakecuda: FAIL python (the venv: $logs/pyvenv.log)"
+			failed=1
+			continue
+		fi
+		# -rs: a skip is named in the log (the module skips only without cuda)
+		run python-lease build/pyvenv/bin/pytest -q -rs -p no:cacheprovider \
+			clients/python/tests/test_cuda_lease.py
 		;;
 	*)
 		echo "fakecuda: unknown pass '$pass' (plain, shuffle, delay, bundle)" >&2

@@ -1,14 +1,18 @@
 """A live tstaged for the client's tests: build/tstaged (or $TSTAGED) on a free
 loopback port, two sim devices of 256 MiB, small host budgets, a temporary
-data directory."""
+data directory. ``Daemon(backend="cuda")`` runs one on the node's GPUs instead
+(the suites that need it run when TS_TEST_BACKEND=cuda, as the integration
+suites do; under ../shared/fakecuda, the stand-in's GPUs)."""
 from __future__ import annotations
 
+import ctypes
 import os
 import pathlib
+import struct
 import subprocess
 import tempfile
 import time
-from typing import Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -23,15 +27,16 @@ UNPINNED_LIMIT = 512 << 20
 class Daemon:
     """One tstaged process and what it was started with."""
 
-    def __init__(self, extra: Optional[List[str]] = None) -> None:
+    def __init__(self, extra: Optional[List[str]] = None, backend: str = "sim") -> None:
         self.dir = tempfile.mkdtemp(prefix="tstage-py-")
         self.data_dir = os.path.join(self.dir, "data")
         os.mkdir(self.data_dir)
         port_file = os.path.join(self.dir, "port")
         binary = os.environ.get("TSTAGED") or str(ROOT / "build" / "tstaged")
         env = {k: v for k, v in os.environ.items() if not k.startswith("TSTAGE_")}
-        args = [binary, "--port", "0", "--port-file", port_file, "--log-level", "warn",
-                "--no-cuda", "--sim-devices", "2", "--sim-device-memory", str(SIM_MEMORY),
+        on = (["--no-cuda", "--sim-devices", "2", "--sim-device-memory", str(SIM_MEMORY)]
+              if backend == "sim" else ["--cuda=true"])
+        args = [binary, "--port", "0", "--port-file", port_file, "--log-level", "warn"] + on + [
                 "--pinned-host-limit", str(PINNED_LIMIT),
                 "--unpinned-host-limit", str(UNPINNED_LIMIT), "--data-dir", self.data_dir]
         args += extra or []
@@ -102,3 +107,38 @@ def client(daemon: Daemon) -> Iterator[tstage.Client]:
             pass
     _clean(c)
     c.close()
+
+
+# ---- DLPack, as a consumer sees it -----------------------------------------
+
+def dlpack_tensor(cap: Any) -> Dict[str, Any]:
+    """The DLManagedTensor in a "dltensor" capsule, read at DLPack's ABI
+    offsets (not through tstage's own structures): data, device, ndim,
+    dtype (code, bits, lanes), shape, strides, byte_offset, manager_ctx and
+    deleter; "ptr" is the tensor's address."""
+    get = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", ctypes.pythonapi))
+    p = get(cap, b"dltensor")
+    raw = ctypes.string_at(p, 64)
+    data, dev_type, dev_id, ndim = struct.unpack_from("<Qiii", raw, 0)
+    code, bits, lanes = struct.unpack_from("<BBH", raw, 20)
+    shape_p, strides_p, byte_offset, ctx, deleter = struct.unpack_from("<QQQQQ", raw, 24)
+    shape = struct.unpack(f"<{ndim}q", ctypes.string_at(shape_p, 8 * ndim)) if ndim else ()
+    return {"ptr": p, "data": data, "device": (dev_type, dev_id), "ndim": ndim,
+            "dtype": (code, bits, lanes), "shape": shape, "strides": strides_p,
+            "byte_offset": byte_offset, "manager_ctx": ctx, "deleter": deleter}
+
+
+_USED = ctypes.create_string_buffer(b"used_dltensor")    # outlives every capsule
+
+
+def dlpack_consume(cap: Any) -> Callable[[], None]:
+    """What a DLPack consumer does: renames the capsule "used_dltensor" (so
+    that its destructor leaves the tensor alone) and answers a function that
+    calls the tensor's deleter, as the consumer does when it is done."""
+    set_name = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(
+        ("PyCapsule_SetName", ctypes.pythonapi))
+    t = dlpack_tensor(cap)
+    assert set_name(cap, ctypes.addressof(_USED)) == 0
+    deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(t["deleter"])
+    return lambda: deleter(t["ptr"])

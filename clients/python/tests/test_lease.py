@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 import tstage
-from conftest import Daemon, ROOT
+from conftest import ROOT, Daemon, dlpack_consume, dlpack_tensor
 
 MIB = 1 << 20
 
@@ -403,7 +403,8 @@ def test_sharded_host_array_is_read_over_http(lc):
 
 
 # ---- device arrays on a GPU: CUDA IPC (no GPU here: the handle's reply is
-# built as tstaged answers it, the opener stands in for cuda-python/CuPy) ----
+# built as tstaged answers it, the runtime stands in for libcudart; the real
+# thing runs in test_cuda_lease.py under a cuda daemon) ----
 
 class _Conn:
     def __init__(self) -> None:
@@ -413,74 +414,110 @@ class _Conn:
         self.released.append(lease)
 
 
-class _Opener(tstage.lease._IpcOpener):
-    name = "stand-in"
+class _Runtime:
+    """tstage._cudart.Runtime's calls, recorded."""
 
     def __init__(self) -> None:
-        self.opened, self.closed = [], []
+        self.calls, self.opened, self.closed = [], [], []
 
-    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
-        self.opened.append((handle, pci_bus_id, ordinal))
+    def device_by_pci_bus_id(self, bus: str) -> int:
+        self.calls.append(("bus", bus))
+        return 3
+
+    def ipc_open(self, handle: bytes, dev: int) -> int:
+        self.opened.append((handle, dev))
         return 0x7f0000000000
 
-    def close(self, ptr: int) -> None:
+    def ipc_close(self, ptr: int, dev: int) -> None:
         self.closed.append(ptr)
 
+    def memcpy(self, dst: int, src: int, n: int, kind: int, dev: int) -> None:
+        self.calls.append(("memcpy", n, kind, dev))
 
-def _ipc_reply(lease=41, offset=4096, shape=(8, 4), dtype="float32"):
+
+def _ipc_reply(lease=41, offset=4096, shape=(8, 4), dtype="float32", bus="0000:3B:00.0"):
     handle = bytes(range(64))
-    length = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    length = int(np.prod(shape)) * np.dtype(tstage.DTYPES[dtype]).itemsize
     return {"lease": lease, "name": "g", "dtype": dtype, "shape": list(shape),
             "nbytes": length, "version": 1, "etag": "\"1\"", "writable": False,
             "shards": [{"device": "cuda:0", "memory_kind": "device", "transport": "cuda_ipc",
                         "offset": offset, "length": length, "start": [0, 0],
                         "count": list(shape), "replica": 0,
                         "cuda_ipc": {"handle": handle.hex(), "chunk_bytes": 1 << 30,
-                                     "ordinal": 0, "pci_bus_id": "0000:3B:00.0",
+                                     "ordinal": 0, "pci_bus_id": bus,
                                      "uuid": "GPU-00000000-0000-0000-0000-000000000000"}}]}
 
 
 def test_cuda_array_interface_and_close(monkeypatch):
-    conn, opener = _Conn(), _Opener()
-    monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
+    conn, rt = _Conn(), _Runtime()
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
     x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(), [], False)
     assert isinstance(x, tstage.CudaArray)
-    assert opener.opened == [(bytes(range(64)), "0000:3B:00.0", 0)]
+    # opened on the GPU of the bus id, whatever the server's ordinal
+    assert rt.calls == [("bus", "0000:3B:00.0")]
+    assert rt.opened == [(bytes(range(64)), 3)]
+    assert x.device_id == 3 and x.__dlpack_device__() == (2, 3)
     cai = x.__cuda_array_interface__
     assert cai["shape"] == (8, 4) and cai["typestr"] == "<f4" and cai["version"] == 3
     assert cai["data"] == (0x7f0000000000 + 4096, True)      # read lease: read-only
-    assert cai["strides"] is None
+    assert cai["strides"] is None and cai["stream"] is None
     assert conn.released == []
     x.close()
-    assert opener.closed == [0x7f0000000000]                 # the base, not base + offset
+    assert rt.closed == [0x7f0000000000]                     # the base, not base + offset
     assert conn.released == [41]
     x.close()                                                # once
     assert conn.released == [41]
     with pytest.raises(ValueError, match="closed"):
         x.__cuda_array_interface__
+    with pytest.raises(ValueError, match="closed"):
+        x.__dlpack__()
+
+
+def test_cuda_array_without_a_bus_id_uses_the_ordinal(monkeypatch):
+    conn, rt = _Conn(), _Runtime()
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
+    x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(bus=""), [], False)
+    assert rt.calls == [] and rt.opened == [(bytes(range(64)), 0)] and x.device_id == 0
+    x.close()
 
 
 def test_cuda_array_released_by_gc(monkeypatch):
-    conn, opener = _Conn(), _Opener()
-    monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
+    conn, rt = _Conn(), _Runtime()
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
     x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=7), [], True)
     assert x.__cuda_array_interface__["data"][1] is False     # writable
     del x
     gc.collect()
-    assert opener.closed == [0x7f0000000000] and conn.released == [7]
+    assert rt.closed == [0x7f0000000000] and conn.released == [7]
 
 
-def test_cuda_array_without_cuda_python_or_cupy(monkeypatch):
-    for mod in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart", "cupy"):
-        monkeypatch.setitem(sys.modules, mod, None)          # import fails
+def test_cuda_array_without_libcudart(monkeypatch):
+    monkeypatch.setattr(tstage._cudart, "_runtime", None)
+    monkeypatch.setattr(tstage._cudart, "LIBRARY_NAMES", ("libcudart-not-here.so.99",))
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime",
+                        lambda: tstage._cudart.load(tstage._cudart.LIBRARY_NAMES))
     conn = _Conn()
-    with pytest.raises(ImportError, match="array 'g' is on cuda:0: .*cuda-python.*CuPy"):
+    with pytest.raises(OSError, match="array 'g' is on cuda:0: .*libcudart.*not-here"):
         tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=9), [], False)
     assert conn.released == [9]                              # the lease does not linger
 
 
+def test_cuda_open_failure_ends_the_lease(monkeypatch):
+    rt = _Runtime()
+
+    def fail(handle, dev):
+        raise tstage.TransportError("cudaIpcOpenMemHandle on cuda:3: invalid resource handle")
+
+    rt.ipc_open = fail
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
+    conn = _Conn()
+    with pytest.raises(tstage.TransportError, match="cudaIpcOpenMemHandle"):
+        tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=4), [], False)
+    assert conn.released == [4]
+
+
 def test_cuda_write_lease_publish_closes(monkeypatch):
-    opener = _Opener()
+    rt = _Runtime()
     sent = []
 
     class Conn(_Conn):
@@ -489,51 +526,65 @@ def test_cuda_write_lease_publish_closes(monkeypatch):
             return {"name": "g", "version": 2, "etag": "\"2\"", "replaced": False}, []
 
     c = Conn()
-    monkeypatch.setattr(tstage.lease, "_ipc_opener", lambda: opener)
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
     arr = tstage.lease.LeaseConnection._open(c, _ipc_reply(lease=5), [], True)
+    arr.copy_from(np.zeros((8, 4), np.float32))
+    assert rt.calls[-1] == ("memcpy", 128, 1, 3)              # host to device, on cuda:3
+    with pytest.raises(ValueError, match="float32\\[8, 4\\]; got float64"):
+        arr.copy_from(np.zeros((8, 4)))
     w = tstage.WriteLease(c, 5, "g", arr)
     assert w.publish()["version"] == 2
     assert sent == [{"op": "publish", "lease": 5}]
-    assert arr.closed and opener.closed == [0x7f0000000000]
+    assert arr.closed and rt.closed == [0x7f0000000000]
     assert c.released == []          # publish ended the lease: nothing to release
 
 
-def test_cuda_python_opener_picks_the_gpu_by_bus_id(monkeypatch):
-    """The cuda-python path, against a stand-in of its runtime module: the
-    handle opened on the GPU of the bus id, the current device restored."""
-    import types
-
-    calls = []
-    rt = types.ModuleType("cuda.bindings.runtime")
-
-    class Err:
-        cudaSuccess = 0
-
-    class Handle:
-        reserved = b""
-
-    rt.cudaError_t = Err
-    rt.cudaIpcMemLazyEnablePeerAccess = 1
-    rt.cudaIpcMemHandle_t = Handle
-    rt.cudaGetErrorString = lambda e: (0, b"an error")
-    rt.cudaDeviceGetByPCIBusId = lambda bus: (calls.append(("bus", bus)) or 0, 3)
-    rt.cudaGetDevice = lambda: (0, 1)
-    rt.cudaSetDevice = lambda d: (calls.append(("set", d)) or 0,)
-    rt.cudaIpcOpenMemHandle = lambda h, f: (calls.append(("open", h.reserved, f)) or 0, 0x5000)
-    rt.cudaIpcCloseMemHandle = lambda p: (calls.append(("close", p)) or 0,)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.runtime", rt)
-    opener = tstage.lease._ipc_opener()
-    assert opener.name == "cuda-python"
-    conn = _Conn()
-    x = tstage.CudaArray(conn, _ipc_reply(lease=3, offset=256), False, opener)
-    assert calls == [("bus", b"0000:3B:00.0"), ("set", 3), ("open", bytes(range(64)), 1),
-                     ("set", 1)]
-    assert x.ptr == 0x5000 + 256
+@pytest.mark.parametrize("dtype,code", [("float32", (2, 32, 1)), ("bfloat16", (4, 16, 1)),
+                                        ("int64", (0, 64, 1)), ("uint8", (1, 8, 1)),
+                                        ("bool", (6, 8, 1)), ("float16", (2, 16, 1))])
+def test_cuda_array_dlpack_capsule(monkeypatch, dtype, code):
+    conn, rt = _Conn(), _Runtime()
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
+    x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=11, dtype=dtype), [], False)
+    cap = x.__dlpack__(stream=None, max_version=(1, 0))
+    assert type(cap).__name__ == "PyCapsule" and "dltensor" in repr(cap)
+    t = dlpack_tensor(cap)
+    assert t["data"] == x.ptr == x.__cuda_array_interface__["data"][0]
+    assert t["device"] == (2, 3) and t["ndim"] == 2 and t["shape"] == (8, 4)
+    assert t["dtype"] == code and t["strides"] == 0 and t["byte_offset"] == 0
+    assert t["manager_ctx"] != 0
+    # the tensor holds the handle and the lease past the array's close
     x.close()
-    assert calls[-1] == ("close", 0x5000) and conn.released == [3]
-    # a failing open raises, ends the lease, and leaves the device as it was
-    rt.cudaIpcOpenMemHandle = lambda h, f: (201, 0)
-    calls.clear()
-    with pytest.raises(tstage.TransportError, match="cudaIpcOpenMemHandle: an error"):
-        tstage.CudaArray(conn, _ipc_reply(lease=4), False, opener)
-    assert calls[-1] == ("set", 1) and conn.released == [3, 4]
+    assert rt.closed == [] and conn.released == []
+    del cap                                   # nobody took it: its destructor deletes it
+    gc.collect()
+    assert rt.closed == [0x7f0000000000] and conn.released == [11]
+    assert tstage._dlpack.live() == 0
+
+
+def test_cuda_array_dlpack_consumer_deletes(monkeypatch):
+    conn, rt = _Conn(), _Runtime()
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
+    x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=12), [], False)
+    done = dlpack_consume(x.__dlpack__())           # the capsule goes; the consumer holds it
+    gc.collect()
+    del x
+    gc.collect()
+    assert rt.closed == [] and conn.released == [] and tstage._dlpack.live() == 1
+    done()
+    assert rt.closed == [0x7f0000000000] and conn.released == [12]
+    assert tstage._dlpack.live() == 0
+
+
+def test_cuda_array_dlpack_refusals(monkeypatch):
+    conn, rt = _Conn(), _Runtime()
+    monkeypatch.setattr(tstage.lease, "_cuda_runtime", lambda: rt)
+    x = tstage.lease.LeaseConnection._open(conn, _ipc_reply(lease=13), [], False)
+    with pytest.raises(BufferError, match="copy=True"):
+        x.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="not \\(1, 0\\)"):
+        x.__dlpack__(dl_device=(1, 0))
+    cap = x.__dlpack__(dl_device=(2, 3), copy=False)
+    del cap
+    x.close()
+    assert conn.released == [13] and tstage._dlpack.live() == 0

@@ -313,9 +313,9 @@ class Client:
         memory instead, the version current now, kept alive on the server until
         the array is garbage-collected or the client closes: a read-only numpy
         array over it for host memory and sim devices; for a GPU's device
-        memory a :class:`tstage.lease.CudaArray` (``__cuda_array_interface__``,
-        opened from a CUDA IPC handle with cuda-python or CuPy; ``close()``
-        ends it).
+        memory a :class:`tstage.lease.CudaArray` (``__cuda_array_interface__``
+        and DLPack, opened from a CUDA IPC handle with libcudart through
+        ctypes; ``close()`` ends it).
         """
         if zero_copy:
             if index is not None or like is not None:

@@ -14,10 +14,16 @@ connection closes.
 
 Device arrays follow the same rules. A sim device's memory is a memfd too: its
 arrays map as host arrays do (numpy). A GPU's array comes as a CUDA IPC handle
-of the device pool's allocation and the array's offset in it: :class:`CudaArray`
-opens it (cuda-python, else CuPy, imported only then) and offers
-``__cuda_array_interface__`` (CuPy, Numba, PyTorch take it; ``torch.as_tensor``
-or ``cupy.asarray`` of it copies nothing).
+of the device pool's allocation, the GPU's PCI bus id and the array's offset
+in the allocation: :class:`CudaArray` opens it with libcudart through ctypes
+(``libcudart.so.13``, else ``.12``, else ``libcudart.so``, found as the dynamic
+loader finds libraries, ``LD_LIBRARY_PATH`` first, and loaded only then; no
+framework needed: see ``_cudart``) on the GPU of that bus id, and offers it
+as ``__cuda_array_interface__`` (version 3) and DLPack (``__dlpack__``,
+``__dlpack_device__``): ``cupy.asarray(x)``, ``torch.as_tensor(x,
+device="cuda")``, ``torch.from_dlpack(x)``, ``cupy.from_dlpack(x)`` and
+``jax.dlpack.from_dlpack(x)`` copy nothing. ``CudaArray.to_numpy()`` copies it
+to the host without a framework.
 
 Frames are a 4-byte big-endian length and a JSON object; see tstaged's
 ``server/lease.c``.
@@ -37,6 +43,7 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import _cudart, _dlpack
 from . import dtypes as _dt
 from .errors import TransportError, error_from_status
 
@@ -241,126 +248,87 @@ class LeaseConnection:
 
 # ---- device arrays on a GPU: CUDA IPC ----------------------------------------
 
-class _IpcOpener:
-    """Opens and closes CUDA IPC handles with one library."""
-
-    name = ""
-
-    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
-        """The base of the allocation handle names, opened on the GPU of that
-        PCI bus id (the server's ordinal only where no bus id is known)."""
-        raise NotImplementedError
-
-    def close(self, ptr: int) -> None:
-        raise NotImplementedError
+def _cuda_runtime() -> Any:
+    """The CUDA runtime (libcudart through ctypes, loaded now, not with tstage):
+    ``device_by_pci_bus_id``, ``ipc_open``, ``ipc_close`` and ``memcpy`` of
+    :class:`tstage._cudart.Runtime`. OSError when no libcudart loads."""
+    return _cudart.load()
 
 
-class _CudaPythonOpener(_IpcOpener):
-    """cuda-python's runtime bindings (``cuda.bindings.runtime``, or the older
-    ``cuda.cudart``)."""
+class _IpcMapping:
+    """An opened CUDA IPC handle and the lease behind it, held by its
+    :class:`CudaArray` and by each DLPack tensor exported from it: the last
+    holder to let go closes the handle, then ends the lease unless a publish
+    ended it (the server may reuse the bytes only once no mapping is left).
 
-    name = "cuda-python"
+    Thread-safety: holds and drops take a lock (a DLPack consumer may delete
+    its tensor on any thread).
+    """
 
-    def __init__(self, rt: Any) -> None:
+    def __init__(self, rt: Any, base: int, dev: int, conn: "LeaseConnection",
+                 lease: int) -> None:
         self.rt = rt
+        self.base = base
+        self.dev = dev
+        self.conn = conn
+        self.lease = lease
+        self.end_lease = True           # guarded by: lock; False once published
+        self.refs = 1                   # guarded by: lock
+        self.lock = threading.Lock()
 
-    def _check(self, err: Any, call: str) -> None:
-        if err != self.rt.cudaError_t.cudaSuccess:
-            _, text = self.rt.cudaGetErrorString(err)
-            raise TransportError(f"{call}: {text.decode() if isinstance(text, bytes) else text}")
+    def hold(self) -> None:
+        with self.lock:
+            if self.refs == 0:
+                raise ValueError("the mapping is closed")
+            self.refs += 1
 
-    def _on(self, pci_bus_id: str, ordinal: int) -> Tuple[int, int]:
-        dev = ordinal
-        if pci_bus_id:
-            err, dev = self.rt.cudaDeviceGetByPCIBusId(pci_bus_id.encode())
-            self._check(err, f"cudaDeviceGetByPCIBusId('{pci_bus_id}')")
-        err, prev = self.rt.cudaGetDevice()
-        self._check(err, "cudaGetDevice")
-        return int(dev), int(prev)
-
-    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
-        dev, prev = self._on(pci_bus_id, ordinal)
-        h = self.rt.cudaIpcMemHandle_t()
-        h.reserved = handle
-        (err,) = self.rt.cudaSetDevice(dev)
-        self._check(err, "cudaSetDevice")
+    def drop(self) -> None:
+        with self.lock:
+            self.refs -= 1
+            last = self.refs == 0
+            end = self.end_lease
+        if not last:
+            return
         try:
-            err, ptr = self.rt.cudaIpcOpenMemHandle(h, self.rt.cudaIpcMemLazyEnablePeerAccess)
-            self._check(err, "cudaIpcOpenMemHandle")
+            if self.base:
+                self.rt.ipc_close(self.base, self.dev)
         finally:
-            self.rt.cudaSetDevice(prev)
-        return int(ptr)
+            if end:
+                self.conn.release_later(self.lease)
 
-    def close(self, ptr: int) -> None:
-        (err,) = self.rt.cudaIpcCloseMemHandle(ptr)
-        self._check(err, "cudaIpcCloseMemHandle")
-
-
-class _CupyOpener(_IpcOpener):
-    """CuPy's runtime (``cupy.cuda.runtime``)."""
-
-    name = "CuPy"
-
-    def __init__(self, cupy: Any) -> None:
-        self.cupy = cupy
-
-    def open(self, handle: bytes, pci_bus_id: str, ordinal: int) -> int:
-        rt = self.cupy.cuda.runtime
-        by_bus = getattr(rt, "deviceGetByPCIBusId", None)
-        dev = by_bus(pci_bus_id) if pci_bus_id and by_bus else ordinal
-        with self.cupy.cuda.Device(dev):
-            return int(rt.ipcOpenMemHandle(handle, rt.cudaIpcMemLazyEnablePeerAccess))
-
-    def close(self, ptr: int) -> None:
-        self.cupy.cuda.runtime.ipcCloseMemHandle(ptr)
-
-
-def _ipc_opener() -> _IpcOpener:
-    """cuda-python's runtime, else CuPy's, imported now (not with tstage);
-    ImportError naming both when neither is installed."""
-    import importlib
-
-    for mod in ("cuda.bindings.runtime", "cuda.cudart"):
-        try:
-            return _CudaPythonOpener(importlib.import_module(mod))
-        except ImportError:
-            pass
-    try:
-        return _CupyOpener(importlib.import_module("cupy"))
-    except ImportError:
-        pass
-    raise ImportError("opening a CUDA IPC handle needs cuda-python (pip install cuda-python) "
-                      "or CuPy (pip install cupy-cuda12x); neither is installed")
-
-
-def _close_ipc(opener: Optional[_IpcOpener], ptr: int, conn: "LeaseConnection",
-               lease: int, state: Dict[str, bool]) -> None:
-    """Closes the handle, then ends the lease unless a publish ended it (the
-    server may reuse the bytes only once no mapping is left)."""
-    try:
-        if opener is not None and ptr:
-            opener.close(ptr)
-    finally:
-        if state["release"]:
-            conn.release_later(lease)
+    def published(self) -> None:
+        """publish ended the lease: the last drop closes the handle only."""
+        with self.lock:
+            self.end_lease = False
 
 
 class CudaArray:
     """A device array on a GPU of this node, opened from the CUDA IPC handle of
     a lease: the server's memory itself, no copy.
 
-    ``__cuda_array_interface__`` (version 3) describes it: CuPy, Numba and
-    PyTorch take it without a copy (``cupy.asarray(x)``, ``torch.as_tensor(x,
-    device="cuda")``), and JAX through them by DLPack. A read lease is marked
-    read-only there (CUDA IPC itself maps read-write: do not write it). The
-    version stays alive on the server until ``close()`` (or ``with``, or
-    garbage collection) closes the handle and ends the lease; the array must
-    not be used after. The handle is opened on the GPU the server names by
-    PCI bus id (ordinals differ under ``CUDA_VISIBLE_DEVICES``).
+    The handle is opened with libcudart through ctypes (``libcudart.so.13``,
+    else ``.12``, else ``libcudart.so``, as the dynamic loader finds them): no
+    framework is needed. It is opened on the GPU the server names by PCI bus
+    id (ordinals differ under ``CUDA_VISIBLE_DEVICES``); ``device_id`` is that
+    GPU's ordinal in this process.
+
+    Consumers take it without a copy through ``__cuda_array_interface__``
+    (version 3: CuPy, Numba, PyTorch) or DLPack (``__dlpack__`` and
+    ``__dlpack_device__``: ``torch.from_dlpack(x)``, ``cupy.from_dlpack(x)``,
+    ``jax.dlpack.from_dlpack(x)``). A read lease is marked read-only in the
+    interface (CUDA IPC itself maps read-write, and DLPack's tensor has no
+    such mark: do not write it). ``to_numpy()`` copies it to the host and
+    ``copy_from()`` fills a writable one from the host (cudaMemcpy).
+
+    The version stays alive on the server until ``close()`` (or ``with``, or
+    garbage collection) closes the handle and ends the lease, and every
+    DLPack tensor taken from it has been deleted by its consumer: a tensor
+    keeps the memory valid after the array is closed. The array's own
+    interface must not be used after ``close()``.
     """
 
     def __init__(self, conn: LeaseConnection, reply: Dict[str, Any], writable: bool,
-                 opener: Optional[_IpcOpener] = None) -> None:
+                 runtime: Any = None) -> None:
         sh = reply["shards"][0]
         ipc = sh["cuda_ipc"]
         self.name: str = reply["name"]
@@ -371,41 +339,99 @@ class CudaArray:
         self.pci_bus_id: str = ipc["pci_bus_id"]
         self.writable = writable
         self.nbytes = int(sh["length"])
-        ptr = 0
+        self.device_id = int(ipc["ordinal"])
+        base = 0
         try:
             if self.nbytes:
-                opener = opener or _ipc_opener()
-                ptr = opener.open(bytes.fromhex(ipc["handle"]), self.pci_bus_id,
-                                  int(ipc["ordinal"]))
+                runtime = runtime or _cuda_runtime()
+                if self.pci_bus_id:
+                    self.device_id = runtime.device_by_pci_bus_id(self.pci_bus_id)
+                base = runtime.ipc_open(bytes.fromhex(ipc["handle"]), self.device_id)
         except BaseException as e:
             conn.release_later(self.lease)
-            if isinstance(e, ImportError):
-                raise ImportError(f"array '{self.name}' is on {self.device}: {e}") from e
+            if isinstance(e, OSError) and not isinstance(e, TransportError):
+                raise OSError(f"array '{self.name}' is on {self.device}: {e}") from e
             raise
-        self._base = ptr
-        self.ptr = ptr + int(sh["offset"]) if ptr else 0
-        self._state = {"release": True}
-        self._finalizer = weakref.finalize(self, _close_ipc, opener, ptr, conn, self.lease,
-                                           self._state)
+        self._rt = runtime
+        self.ptr = base + int(sh["offset"]) if base else 0
+        self._mapping = _IpcMapping(runtime, base, self.device_id, conn, self.lease)
+        self._finalizer = weakref.finalize(self, self._mapping.drop)
 
     @property
     def closed(self) -> bool:
         return not self._finalizer.alive
 
-    @property
-    def __cuda_array_interface__(self) -> Dict[str, Any]:
+    def _check_open(self) -> None:
         if self.closed:
             raise ValueError(f"the lease of '{self.name}' has ended: the array is closed")
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
+        """Version 3. No stream: the bytes are complete when the lease is
+        handed out (a read lease's version is published; a writable one is
+        the client's to fill)."""
+        self._check_open()
         return {"shape": self.shape, "typestr": self.dtype.str, "descr": self.dtype.descr,
-                "data": (self.ptr, not self.writable), "strides": None, "version": 3}
+                "data": (self.ptr, not self.writable), "strides": None, "version": 3,
+                "stream": None}
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        return (_dlpack.KDL_CUDA, self.device_id)
+
+    def __dlpack__(self, stream: Any = None, max_version: Any = None,
+                   dl_device: Any = None, copy: Optional[bool] = None) -> Any:
+        """A "dltensor" capsule over the array's memory (no copy). The tensor
+        holds the handle and the lease until its consumer deletes it. stream is
+        accepted and needs no wait (the bytes are complete, as for the
+        interface); the unversioned tensor is answered whatever max_version
+        is. BufferError for copy=True or another dl_device."""
+        self._check_open()
+        if copy:
+            raise BufferError(f"array '{self.name}' is shared without a copy: copy=True "
+                              "is not offered (copy the consumer's tensor)")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"array '{self.name}' is on {self.__dlpack_device__()} "
+                              f"(DLPack device), not {tuple(dl_device)}")
+        self._mapping.hold()
+        try:
+            return _dlpack.export(self.ptr, _dlpack.KDL_CUDA, self.device_id, self.shape,
+                                  self.dtype, self._mapping.drop)
+        except BaseException:
+            self._mapping.drop()
+            raise
+
+    def to_numpy(self) -> np.ndarray:
+        """A copy of the array in host memory (cudaMemcpy, synchronous)."""
+        self._check_open()
+        out = np.empty(self.shape, self.dtype)
+        if self.nbytes:
+            self._rt.memcpy(out.ctypes.data, self.ptr, self.nbytes,
+                            _cudart.MEMCPY_DEVICE_TO_HOST, self.device_id)
+        return out
+
+    def copy_from(self, src: Any) -> None:
+        """Fills a writable array from host memory (cudaMemcpy, synchronous:
+        done on return, ready to publish). src must have the array's shape and
+        dtype (any numpy array-like, made C-contiguous here)."""
+        self._check_open()
+        if not self.writable:
+            raise ValueError(f"the lease of '{self.name}' is read-only")
+        a = np.ascontiguousarray(src)
+        if a.dtype != self.dtype or a.shape != self.shape:
+            raise ValueError(f"array '{self.name}' is {self.dtype}{list(self.shape)}; "
+                             f"got {a.dtype}{list(a.shape)}")
+        if self.nbytes:
+            self._rt.memcpy(self.ptr, a.ctypes.data, self.nbytes,
+                            _cudart.MEMCPY_HOST_TO_DEVICE, self.device_id)
 
     def close(self) -> None:
-        """Closes the IPC handle and ends the lease (once; later calls do nothing)."""
+        """Closes the IPC handle and ends the lease (once; later calls do
+        nothing), or leaves both to the last DLPack tensor taken from it."""
         self._finalizer()
 
     def _close_published(self) -> None:
         """Closes the handle of a writable lease that publish ended."""
-        self._state["release"] = False
+        self._mapping.published()
         self._finalizer()
 
     def __enter__(self) -> "CudaArray":
