@@ -338,6 +338,198 @@ __global__ static void k_xent_mean(float *loss, uint64_t rows)
 		loss[0] = (float)(s / (double)rows);
 }
 
+/* ---- transformer blocks ---- */
+
+/* The sum of every thread's v in the lanes' tree order (kernels_math.h),
+ * in part (THREADS doubles of shared memory), valid in every thread on
+ * return; part may be used again at once. */
+__device__ static double block_sum(double v, double *part)
+{
+	double s;
+
+	part[threadIdx.x] = v;
+	__syncthreads();
+	for (unsigned k = THREADS / 2; k > 0; k >>= 1) {
+		if (threadIdx.x < k)
+			part[threadIdx.x] += part[threadIdx.x + k];
+		__syncthreads();
+	}
+	s = part[0];
+	__syncthreads();
+	return s;
+}
+
+/* The largest of every thread's v (NaNs skipped), in every thread. */
+__device__ static float block_max(float v, float *part)
+{
+	float m;
+
+	part[threadIdx.x] = v;
+	__syncthreads();
+	for (unsigned k = THREADS / 2; k > 0; k >>= 1) {
+		if (threadIdx.x < k)
+			part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + k]);
+		__syncthreads();
+	}
+	m = part[0];
+	__syncthreads();
+	return m;
+}
+
+/* One block per row (grid-stride over rows): LayerNorm's two sums in the
+ * lanes' order, then the row's outputs and its mean and rstd. */
+__global__ static void k_ln_fwd(const float *x, const float *g, const float *b, uint64_t rows,
+                                int d, float eps, float *y, float *stats)
+{
+	__shared__ double part[THREADS];
+
+	for (uint64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *xr = x + r * (uint64_t)d;
+		float *yr = y + r * (uint64_t)d, mean, rstd;
+		double s = 0.0, v = 0.0, m;
+
+		LANE_STRIDE(c, (uint64_t)d)
+			s += (double)xr[c];
+		m = block_sum(s, part) / (double)d;
+		LANE_STRIDE(c, (uint64_t)d)
+			v += ts_m_ln_dev_sq(xr[c], m);
+		v = block_sum(v, part);
+		mean = (float)m;
+		rstd = ts_m_ln_rstd(v, d, eps);
+		LANE_STRIDE(c, (uint64_t)d)
+			yr[c] = ts_m_ln_out(ts_m_ln_xhat(xr[c], mean, rstd), g[c], b[c]);
+		if (threadIdx.x == 0) {
+			stats[2 * r] = mean;
+			stats[2 * r + 1] = rstd;
+		}
+	}
+}
+
+/* LayerNorm's input gradient: one block per row. */
+__global__ static void k_ln_bwd_rows(const float *x, const float *g, const float *stats,
+                                     const float *dy, uint64_t rows, int d, float *dx)
+{
+	__shared__ double part[THREADS];
+
+	for (uint64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *xr = x + r * (uint64_t)d, *dyr = dy + r * (uint64_t)d;
+		float *dxr = dx + r * (uint64_t)d, mean = stats[2 * r], rstd = stats[2 * r + 1];
+		double s1 = 0.0, s2 = 0.0;
+
+		LANE_STRIDE(c, (uint64_t)d)
+			s1 += (double)ts_m_ln_dyg(dyr[c], g[c]);
+		s1 = block_sum(s1, part);
+		LANE_STRIDE(c, (uint64_t)d)
+			s2 += (double)ts_m_ln_dyg(dyr[c], g[c]) * (double)ts_m_ln_xhat(xr[c], mean, rstd);
+		s2 = block_sum(s2, part);
+		LANE_STRIDE(c, (uint64_t)d)
+			dxr[c] = ts_m_ln_dx(ts_m_ln_dyg(dyr[c], g[c]), ts_m_ln_xhat(xr[c], mean, rstd), rstd, s1, s2,
+			                    d);
+	}
+}
+
+/* LayerNorm's parameter gradients: one thread per column, over the rows in
+ * order (the CPU's order). */
+__global__ static void k_ln_bwd_cols(const float *x, const float *stats, const float *dy,
+                                     uint64_t rows, int d, float *dg, float *db)
+{
+	GRID_STRIDE(c, (uint64_t)d) {
+		double sg = 0.0, sb = 0.0;
+
+		for (uint64_t r = 0; r < rows; r++) {
+			float dyv = dy[r * (uint64_t)d + c];
+			float xh = ts_m_ln_xhat(x[r * (uint64_t)d + c], stats[2 * r], stats[2 * r + 1]);
+
+			sg += (double)dyv * (double)xh;
+			sb += (double)dyv;
+		}
+		dg[c] = (float)sg;
+		db[c] = (float)sb;
+	}
+}
+
+__global__ static void k_add_rows(const float *x, uint64_t period, float *y, uint64_t rows,
+                                  int n)
+{
+	GRID_STRIDE(i, rows * (uint64_t)n) {
+		uint64_t r = i / (uint64_t)n, c = i % (uint64_t)n;
+
+		y[i] += x[(r % period) * (uint64_t)n + c];
+	}
+}
+
+/* One thread per element of out, over its rows in increasing order. */
+__global__ static void k_sum_rows(const float *dy, uint64_t rows, int n, uint64_t period,
+                                  float *out)
+{
+	GRID_STRIDE(i, period * (uint64_t)n) {
+		uint64_t p = i / (uint64_t)n, c = i % (uint64_t)n;
+		double s = 0.0;
+
+		for (uint64_t r = p; r < rows; r += period)
+			s += (double)dy[r * (uint64_t)n + c];
+		out[i] = (float)s;
+	}
+}
+
+__global__ static void k_heads(int to_heads, const float *in, float *out, uint64_t B,
+                               uint64_t T, uint64_t P, uint64_t H, uint64_t hd)
+{
+	GRID_STRIDE(i, B * T * P * H * hd) {
+		uint64_t h = ts_m_heads_index(i, B, T, P, H, hd);
+
+		if (to_heads)
+			out[h] = in[i];
+		else
+			out[i] = in[h];
+	}
+}
+
+/* One block per row of the [rows, T] scores (grid-stride over rows); row
+ * r attends to columns 0 .. r % T. */
+__global__ static void k_softmax_fwd(const float *S, uint64_t rows, int T, float scale,
+                                     float *P)
+{
+	__shared__ double part[THREADS];
+	__shared__ float fpart[THREADS];
+
+	for (uint64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *sr = S + r * (uint64_t)T;
+		float *pr = P + r * (uint64_t)T, m = -INFINITY;
+		uint64_t len = r % (uint64_t)T + 1;
+		double s = 0.0;
+
+		LANE_STRIDE(c, len)
+			m = fmaxf(m, ts_m_att_scaled(sr[c], scale));
+		m = block_max(m, fpart);
+		LANE_STRIDE(c, len)
+			s += ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), m);
+		s = block_sum(s, part);
+		LANE_STRIDE(c, (uint64_t)T)
+			pr[c] = c < len ? (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), m) / s)
+			                : 0.0f;
+	}
+}
+
+__global__ static void k_softmax_bwd(const float *P, const float *dP, uint64_t rows, int T,
+                                     float scale, float *dS)
+{
+	__shared__ double part[THREADS];
+
+	for (uint64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+		const float *pr = P + r * (uint64_t)T, *dpr = dP + r * (uint64_t)T;
+		float *dsr = dS + r * (uint64_t)T;
+		uint64_t len = r % (uint64_t)T + 1;
+		double s = 0.0;
+
+		LANE_STRIDE(c, len)
+			s += (double)pr[c] * (double)dpr[c];
+		s = block_sum(s, part);
+		LANE_STRIDE(c, (uint64_t)T)
+			dsr[c] = c < len ? ts_m_att_grad(pr[c], dpr[c], s, scale) : 0.0f;
+	}
+}
+
 struct update_args {
 	int adam;
 	float lr, b1, b2, eps;
@@ -800,6 +992,149 @@ static ts_status cuda_xent(void *impl, struct ts_queue *q, const float *logits,
 	return launched(ck, "cross-entropy", err);
 }
 
+/* ---- transformer blocks ---- */
+
+/* Blocks for a kernel with one block per row. */
+static unsigned row_blocks(const struct cuda_kernels *ck, uint64_t rows)
+{
+	return (unsigned)(rows < ck->max_blocks ? rows : ck->max_blocks);
+}
+
+static ts_status cuda_ln_fwd(void *impl, struct ts_queue *q, const float *x, const float *g,
+                             const float *b, uint64_t rows, int d, float eps, float *y,
+                             float *stats, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_ln_fwd<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(x, g, b, rows, d, eps, y,
+	                                                              stats);
+	return launched(ck, "layernorm", err);
+}
+
+static ts_status cuda_ln_bwd(void *impl, struct ts_queue *q, const float *x, const float *g,
+                             const float *stats, const float *dy, uint64_t rows, int d,
+                             float *dx, float *dg, float *db, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	if (rows > 0) {
+		k_ln_bwd_rows<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(x, g, stats, dy,
+		                                                                   rows, d, dx);
+		st = launched(ck, "layernorm gradient", err);
+		if (st != TS_OK)
+			return st;
+	}
+	k_ln_bwd_cols<<<blocks_for(ck, (uint64_t)d), THREADS, 0, stream_of(q)>>>(x, stats, dy, rows,
+	                                                                          d, dg, db);
+	return launched(ck, "layernorm gradient", err);
+}
+
+static ts_status cuda_add_rows(void *impl, struct ts_queue *q, const float *x, uint64_t period,
+                               float *y, uint64_t rows, int n, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_add_rows<<<blocks_for(ck, rows * (uint64_t)n), THREADS, 0, stream_of(q)>>>(x, period, y,
+	                                                                              rows, n);
+	return launched(ck, "add rows", err);
+}
+
+static ts_status cuda_sum_rows(void *impl, struct ts_queue *q, const float *dy, uint64_t rows,
+                               int n, uint64_t period, float *out, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_sum_rows<<<blocks_for(ck, period * (uint64_t)n), THREADS, 0, stream_of(q)>>>(dy, rows, n,
+	                                                                                period, out);
+	return launched(ck, "sum rows", err);
+}
+
+static ts_status cuda_heads(void *impl, struct ts_queue *q, bool to_heads, const float *in,
+                            float *out, int B, int T, int P, int H, int hd, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	uint64_t n = (uint64_t)B * (uint64_t)T * (uint64_t)P * (uint64_t)H * (uint64_t)hd;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_heads<<<blocks_for(ck, n), THREADS, 0, stream_of(q)>>>(to_heads ? 1 : 0, in, out,
+	                                                         (uint64_t)B, (uint64_t)T,
+	                                                         (uint64_t)P, (uint64_t)H,
+	                                                         (uint64_t)hd);
+	return launched(ck, "heads", err);
+}
+
+/* cublasSgemmStridedBatched with cuda_gemm's mapping onto column-major
+ * BLAS and its binding of the handle to q's stream. */
+static ts_status cuda_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool tb, int M,
+                                   int N, int K, float alpha, const float *A, uint64_t sA,
+                                   const float *B, uint64_t sB, float beta, float *C,
+                                   uint64_t sC, int batch, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	struct ts_m_colmajor_gemm g;
+	ts_status st = enter(ck, err), unbound;
+
+	if (st != TS_OK)
+		return st;
+	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	pthread_mutex_lock(&ck->blas->mu);
+	st = blas_status(ck, cublasSetStream(ck->blas->h, stream_of(q)), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = blas_status(ck,
+		                 cublasSgemmStridedBatched(
+		                     ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
+		                     g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, B,
+		                     g.lda, (long long)sB, A, g.ldb, (long long)sA, &beta, C, g.ldc,
+		                     (long long)sC, batch),
+		                 "cublasSgemmStridedBatched", err);
+	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = unbound;
+	pthread_mutex_unlock(&ck->blas->mu);
+	return st;
+}
+
+static ts_status cuda_softmax_fwd(void *impl, struct ts_queue *q, const float *S, int batch,
+                                  int T, float scale, float *P, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	uint64_t rows = (uint64_t)batch * (uint64_t)T;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_softmax_fwd<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(S, rows, T, scale, P);
+	return launched(ck, "causal softmax", err);
+}
+
+static ts_status cuda_softmax_bwd(void *impl, struct ts_queue *q, const float *P, const float *dP,
+                                  int batch, int T, float scale, float *dS, struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	uint64_t rows = (uint64_t)batch * (uint64_t)T;
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	k_softmax_bwd<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(P, dP, rows, T, scale,
+	                                                                   dS);
+	return launched(ck, "causal softmax gradient", err);
+}
+
 /* In the order of struct ts__kernel_ops (C++17 has no designated
  * initializers). */
 static const struct ts__kernel_ops cuda_ops = {
@@ -817,6 +1152,14 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_embed_fwd,
 	cuda_embed_bwd,
 	cuda_xent,
+	cuda_ln_fwd,
+	cuda_ln_bwd,
+	cuda_add_rows,
+	cuda_sum_rows,
+	cuda_heads,
+	cuda_gemm_batched,
+	cuda_softmax_fwd,
+	cuda_softmax_bwd,
 	cuda_round,
 	cuda_gemm_lp,
 	cuda_timeline_new,

@@ -412,6 +412,160 @@ ts_status ts_k_xent(struct ts_kernels *k, struct ts_queue *q, const float *logit
 	return k->ops->xent(k->impl, q, logits, targets, id_bytes, rows, vocab, loss_dev, grad, err);
 }
 
+/* ---- transformer blocks --------------------------------------------------------- */
+
+ts_status ts_k_ln_fwd(struct ts_kernels *k, struct ts_queue *q, const float *x, const float *g,
+                      const float *b, uint64_t rows, int d, float eps, float *y, float *stats,
+                      struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "layernorm", err);
+
+	if (st != TS_OK)
+		return st;
+	if (d < 1 || !(eps > 0.0f) || isinf(eps))
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "layernorm: width %d must be positive and eps %g finite and "
+		                    "positive", d, (double)eps);
+	if (rows == 0)
+		return TS_OK;
+	if (!x || !g || !b || !y || !stats)
+		return BAD(err, "layernorm: NULL operand");
+	return k->ops->ln_fwd(k->impl, q, x, g, b, rows, d, eps, y, stats, err);
+}
+
+ts_status ts_k_ln_bwd(struct ts_kernels *k, struct ts_queue *q, const float *x, const float *g,
+                      const float *stats, const float *dy, uint64_t rows, int d, float *dx,
+                      float *dg, float *db, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "layernorm gradient", err);
+
+	if (st != TS_OK)
+		return st;
+	if (d < 1)
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "layernorm gradient: width %d must be positive", d);
+	if (!dg || !db || (rows && (!x || !g || !stats || !dy || !dx)))
+		return BAD(err, "layernorm gradient: NULL operand");
+	return k->ops->ln_bwd(k->impl, q, x, g, stats, dy, rows, d, dx, dg, db, err);
+}
+
+ts_status ts_k_add_rows(struct ts_kernels *k, struct ts_queue *q, const float *x,
+                        uint64_t period, float *y, uint64_t rows, int n, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "add rows", err);
+
+	if (st != TS_OK)
+		return st;
+	if (n < 1 || period < 1)
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "add rows: width %d and period %llu must be positive", n,
+		                    (unsigned long long)period);
+	if (rows == 0)
+		return TS_OK;
+	if (!x || !y)
+		return BAD(err, "add rows: NULL operand");
+	return k->ops->add_rows(k->impl, q, x, period, y, rows, n, err);
+}
+
+ts_status ts_k_sum_rows(struct ts_kernels *k, struct ts_queue *q, const float *dy,
+                        uint64_t rows, int n, uint64_t period, float *out,
+                        struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "sum rows", err);
+
+	if (st != TS_OK)
+		return st;
+	if (n < 1 || period < 1)
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "sum rows: width %d and period %llu must be positive", n,
+		                    (unsigned long long)period);
+	if (!out || (rows && !dy))
+		return BAD(err, "sum rows: NULL operand");
+	return k->ops->sum_rows(k->impl, q, dy, rows, n, period, out, err);
+}
+
+ts_status ts_k_heads(struct ts_kernels *k, struct ts_queue *q, bool to_heads, const float *in,
+                     float *out, int B, int T, int P, int H, int hd, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "heads", err);
+	uint64_t n;
+
+	if (st != TS_OK)
+		return st;
+	if (B < 1 || T < 1 || P < 1 || H < 1 || hd < 1)
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "heads: sizes B=%d T=%d P=%d H=%d hd=%d must be positive", B, T,
+		                    P, H, hd);
+	if (!in || !out)
+		return BAD(err, "heads: NULL operand");
+	n = (uint64_t)B * (uint64_t)T * (uint64_t)P * (uint64_t)H * (uint64_t)hd;
+	if ((in < out && in + n > out) || (out < in && out + n > in) || in == out)
+		return BAD(err, "heads: in and out overlap");
+	return k->ops->heads(k->impl, q, to_heads, in, out, B, T, P, H, hd, err);
+}
+
+ts_status ts_k_gemm_batched(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, int M,
+                            int N, int K, float alpha, const float *A, uint64_t sA,
+                            const float *B, uint64_t sB, float beta, float *C, uint64_t sC,
+                            int batch, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "batched gemm", err);
+
+	if (st != TS_OK)
+		return st;
+	if (M < 0 || N < 0 || K < 0 || batch < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "batched gemm: negative size (M=%d, N=%d, K=%d, batch=%d)", M, N,
+		                    K, batch);
+	if (M == 0 || N == 0 || batch == 0)
+		return TS_OK;
+	if (!C || (K > 0 && (!A || !B)))
+		return BAD(err, "batched gemm: NULL operand");
+	if (batch > 1 && sC < (uint64_t)M * (uint64_t)N)
+		return BAD(err, "batched gemm: C's batches overlap (stride below M*N)");
+	return k->ops->gemm_batched(k->impl, q, ta, tb, M, N, K, alpha, A, sA, B, sB, beta, C, sC,
+	                            batch, err);
+}
+
+static ts_status check_softmax(int batch, int T, float scale, const char *what,
+                               struct ts_error *err)
+{
+	if (batch < 0 || T < 1 || !isfinite(scale))
+		return ts_error_bad(err, "INVALID_ARGUMENT", NULL,
+		                    "%s: batch %d must be >= 0, T %d positive and the scale %g "
+		                    "finite", what, batch, T, (double)scale);
+	return TS_OK;
+}
+
+ts_status ts_k_softmax_causal_fwd(struct ts_kernels *k, struct ts_queue *q, const float *S,
+                                  int batch, int T, float scale, float *P, struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "causal softmax", err);
+
+	if (st == TS_OK)
+		st = check_softmax(batch, T, scale, "causal softmax", err);
+	if (st != TS_OK || batch == 0)
+		return st;
+	if (!S || !P)
+		return BAD(err, "causal softmax: NULL operand");
+	return k->ops->softmax_fwd(k->impl, q, S, batch, T, scale, P, err);
+}
+
+ts_status ts_k_softmax_causal_bwd(struct ts_kernels *k, struct ts_queue *q, const float *P,
+                                  const float *dP, int batch, int T, float scale, float *dS,
+                                  struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "causal softmax gradient", err);
+
+	if (st == TS_OK)
+		st = check_softmax(batch, T, scale, "causal softmax gradient", err);
+	if (st != TS_OK || batch == 0)
+		return st;
+	if (!P || !dP || !dS)
+		return BAD(err, "causal softmax gradient: NULL operand");
+	return k->ops->softmax_bwd(k->impl, q, P, dP, batch, T, scale, dS, err);
+}
+
 /* ---- device-timed timelines ------------------------------------------------ */
 
 struct ts_k_timeline {

@@ -144,6 +144,76 @@ ts_status ts_k_xent(struct ts_kernels *k, struct ts_queue *q, const float *logit
                     const void *targets, int id_bytes, uint64_t rows, int vocab, float *loss_dev,
                     float *grad, struct ts_error *err);
 
+/*
+ * Transformer blocks (the GPT model kind). Rows are tokens; every matrix is
+ * row-major float32.
+ *
+ * ln_fwd: LayerNorm of x [rows, d] over each row (jax.nn / nanoGPT's:
+ * the mean and the population variance, rstd = 1 / sqrt(var + eps)):
+ * y = (x - mean) rstd g + b (g, b [d]); stats [rows, 2] gets each row's
+ * mean and rstd for ln_bwd. ln_bwd: from x, g, stats and dy [rows, d]:
+ * dx = rstd (dy g - mean(dy g) - xhat mean(dy g xhat)), and the
+ * parameters' gradients dg = sum over rows of dy xhat, db = sum of dy
+ * (overwritten). Row sums run in double in the reductions' lane order,
+ * column sums in double in row order: the same bits on both backends.
+ * INVALID_ARGUMENT for d < 1 or eps not finite and > 0.
+ */
+ts_status ts_k_ln_fwd(struct ts_kernels *k, struct ts_queue *q, const float *x, const float *g,
+                      const float *b, uint64_t rows, int d, float eps, float *y, float *stats,
+                      struct ts_error *err);
+ts_status ts_k_ln_bwd(struct ts_kernels *k, struct ts_queue *q, const float *x, const float *g,
+                      const float *stats, const float *dy, uint64_t rows, int d, float *dx,
+                      float *dg, float *db, struct ts_error *err);
+
+/*
+ * add_rows: y[r, :] += x[r % period, :] for r < rows (x [period, n], y
+ * [rows, n]): a bias (period 1) or the position embeddings of a batch of
+ * windows (period = context). sum_rows, its gradient: out[p, :] = the sum
+ * over r < rows with r % period == p of dy[r, :], in increasing r, in
+ * double, rounded once (out [period, n], overwritten). INVALID_ARGUMENT for
+ * n < 1 or period < 1.
+ */
+ts_status ts_k_add_rows(struct ts_kernels *k, struct ts_queue *q, const float *x,
+                        uint64_t period, float *y, uint64_t rows, int n, struct ts_error *err);
+ts_status ts_k_sum_rows(struct ts_kernels *k, struct ts_queue *q, const float *dy,
+                        uint64_t rows, int n, uint64_t period, float *out,
+                        struct ts_error *err);
+
+/*
+ * Attention heads: in and out hold B*T*P*H*hd floats; to_heads copies a
+ * [B, T, P, H, hd] tensor (a projection's rows: P = 3 for q, k, v; 1 for
+ * the heads' output) into the [P, B, H, T, hd] layout the batched products
+ * take; !to_heads copies back. in and out must not overlap.
+ * INVALID_ARGUMENT for a size < 1.
+ */
+ts_status ts_k_heads(struct ts_kernels *k, struct ts_queue *q, bool to_heads, const float *in,
+                     float *out, int B, int T, int P, int H, int hd, struct ts_error *err);
+
+/*
+ * batch products of ts_k_gemm's shapes, product i on A + i sA, B + i sB,
+ * C + i sC (strides in elements; C's batches must not overlap). CPU: one
+ * sgemm per product; CUDA: cublasSgemmStridedBatched.
+ */
+ts_status ts_k_gemm_batched(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, int M,
+                            int N, int K, float alpha, const float *A, uint64_t sA,
+                            const float *B, uint64_t sB, float beta, float *C, uint64_t sC,
+                            int batch, struct ts_error *err);
+
+/*
+ * Causal softmax of scores S [batch, T, T]: row i attends to columns
+ * j <= i. fwd: P[i, j] = exp(x_j - max) / sum over k <= i of exp(x_k -
+ * max), x = scale S[i, j] (a float product), for j <= i; 0 above the
+ * diagonal. bwd: dS[i, j] = scale P[i, j] (dP[i, j] - sum over k of
+ * P[i, k] dP[i, k]) for j <= i, 0 above (dS may be dP). Terms and sums in
+ * double (kernels_math.h): the same bits on both backends. INVALID_ARGUMENT
+ * for T < 1 or a scale that is not finite.
+ */
+ts_status ts_k_softmax_causal_fwd(struct ts_kernels *k, struct ts_queue *q, const float *S,
+                                  int batch, int T, float scale, float *P, struct ts_error *err);
+ts_status ts_k_softmax_causal_bwd(struct ts_kernels *k, struct ts_queue *q, const float *P,
+                                  const float *dP, int batch, int T, float scale, float *dS,
+                                  struct ts_error *err);
+
 /* x[i] = v. */
 ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v, uint64_t n,
                     struct ts_error *err);

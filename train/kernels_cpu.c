@@ -101,6 +101,9 @@ struct job {
 			enum ts_dtype dt;
 			const uint16_t *A16, *B16;
 			struct cpu_ws *ws;      /* released once the job ran */
+			/* gemm_batched: batch products, strides in elements */
+			uint64_t sA, sB, sC;
+			int batch;
 		} gemm;
 		struct {
 			enum ts_act act;
@@ -152,6 +155,16 @@ struct job {
 			int id_bytes, vocab, d;
 			uint64_t rows;
 		} tok;
+		struct {
+			/* ln: x, g, b | stats; softmax: S or P, dP; rows: x or dy */
+			const float *a, *b, *c, *d;
+			float *y, *y2, *y3;     /* ln_bwd: dx, dg, db */
+			uint64_t rows, period;
+			int n;                  /* a row's width (ln's d, softmax's T) */
+			int B, T, P, H, hd;     /* heads */
+			float eps, scale;
+			bool to_heads;
+		} tf;
 	} u;
 };
 
@@ -468,6 +481,180 @@ static void run_xent(const struct job *j)
 	loss[0] = (float)(lanes_reduce(part) / (double)rows);
 }
 
+/* ---- transformer blocks ------------------------------------------------------ */
+
+/* The sum of f over a row's d elements in the lanes' order. */
+#define LANES_SUM(out, d, expr)                                                       \
+	do {                                                                          \
+		double part_[TS_RED_LANES] = {0};                                     \
+		for (uint64_t b_ = 0; b_ < (uint64_t)(d); b_ += TS_RED_LANES) {       \
+			unsigned lim_ = (uint64_t)(d) - b_ < TS_RED_LANES                \
+			                ? (unsigned)((uint64_t)(d) - b_) : TS_RED_LANES; \
+			for (unsigned l_ = 0; l_ < lim_; l_++) {                      \
+				uint64_t c = b_ + l_;                                 \
+				part_[l_] += (expr);                                  \
+			}                                                             \
+		}                                                                     \
+		(out) = lanes_reduce(part_);                                          \
+	} while (0)
+
+static void run_ln_fwd(const struct job *j)
+{
+	const float *x = j->u.tf.a, *g = j->u.tf.b, *bias = j->u.tf.c;
+	float *y = j->u.tf.y, *stats = j->u.tf.y2;
+	int d = j->u.tf.n;
+
+	for (uint64_t r = 0; r < j->u.tf.rows; r++) {
+		const float *xr = x + r * (uint64_t)d;
+		float *yr = y + r * (uint64_t)d, mean, rstd;
+		double sum, var, m;
+
+		LANES_SUM(sum, d, (double)xr[c]);
+		m = sum / (double)d;
+		LANES_SUM(var, d, ts_m_ln_dev_sq(xr[c], m));
+		mean = (float)m;
+		rstd = ts_m_ln_rstd(var, d, j->u.tf.eps);
+		for (int c = 0; c < d; c++)
+			yr[c] = ts_m_ln_out(ts_m_ln_xhat(xr[c], mean, rstd), g[c], bias[c]);
+		stats[2 * r] = mean;
+		stats[2 * r + 1] = rstd;
+	}
+}
+
+static void run_ln_bwd(const struct job *j)
+{
+	const float *x = j->u.tf.a, *g = j->u.tf.b, *stats = j->u.tf.c, *dy = j->u.tf.d;
+	float *dx = j->u.tf.y, *dg = j->u.tf.y2, *db = j->u.tf.y3;
+	int d = j->u.tf.n;
+	uint64_t rows = j->u.tf.rows;
+
+	for (uint64_t r = 0; r < rows; r++) {
+		const float *xr = x + r * (uint64_t)d, *dyr = dy + r * (uint64_t)d;
+		float *dxr = dx + r * (uint64_t)d, mean = stats[2 * r], rstd = stats[2 * r + 1];
+		double s1, s2;
+
+		LANES_SUM(s1, d, (double)ts_m_ln_dyg(dyr[c], g[c]));
+		LANES_SUM(s2, d, (double)ts_m_ln_dyg(dyr[c], g[c]) * (double)ts_m_ln_xhat(xr[c], mean, rstd));
+		for (int c = 0; c < d; c++)
+			dxr[c] = ts_m_ln_dx(ts_m_ln_dyg(dyr[c], g[c]), ts_m_ln_xhat(xr[c], mean, rstd), rstd, s1, s2,
+			                    d);
+	}
+	/* the parameters' gradients: per column, in row order (as CUDA's threads) */
+	for (int c = 0; c < d; c++) {
+		double sg = 0.0, sb = 0.0;
+
+		for (uint64_t r = 0; r < rows; r++) {
+			float dyv = dy[r * (uint64_t)d + c];
+			float xh = ts_m_ln_xhat(x[r * (uint64_t)d + c], stats[2 * r], stats[2 * r + 1]);
+
+			sg += (double)dyv * (double)xh;
+			sb += (double)dyv;
+		}
+		dg[c] = (float)sg;
+		db[c] = (float)sb;
+	}
+}
+
+static void run_add_rows(const struct job *j)
+{
+	const float *x = j->u.tf.a;
+	float *y = j->u.tf.y;
+	uint64_t n = (uint64_t)j->u.tf.n, period = j->u.tf.period;
+
+	for (uint64_t r = 0; r < j->u.tf.rows; r++) {
+		const float *xr = x + (r % period) * n;
+		float *yr = y + r * n;
+
+		for (uint64_t c = 0; c < n; c++)
+			yr[c] += xr[c];
+	}
+}
+
+/* Each column of each period's row, summed in double in increasing r. */
+static void run_sum_rows(const struct job *j)
+{
+	const float *dy = j->u.tf.a;
+	float *out = j->u.tf.y;
+	uint64_t n = (uint64_t)j->u.tf.n, period = j->u.tf.period, rows = j->u.tf.rows;
+
+	for (uint64_t p = 0; p < period; p++)
+		for (uint64_t c = 0; c < n; c++) {
+			double s = 0.0;
+
+			for (uint64_t r = p; r < rows; r += period)
+				s += (double)dy[r * n + c];
+			out[p * n + c] = (float)s;
+		}
+}
+
+static void run_heads(const struct job *j)
+{
+	uint64_t B = (uint64_t)j->u.tf.B, T = (uint64_t)j->u.tf.T, P = (uint64_t)j->u.tf.P;
+	uint64_t H = (uint64_t)j->u.tf.H, hd = (uint64_t)j->u.tf.hd, n = B * T * P * H * hd;
+	const float *in = j->u.tf.a;
+	float *out = j->u.tf.y;
+
+	if (j->u.tf.to_heads) {
+		for (uint64_t i = 0; i < n; i++)
+			out[ts_m_heads_index(i, B, T, P, H, hd)] = in[i];
+	} else {
+		for (uint64_t i = 0; i < n; i++)
+			out[i] = in[ts_m_heads_index(i, B, T, P, H, hd)];
+	}
+}
+
+static void run_gemm_batched(const struct job *j)
+{
+	struct job one = *j;
+
+	for (int i = 0; i < j->u.gemm.batch; i++) {
+		one.u.gemm.A = j->u.gemm.A ? j->u.gemm.A + (uint64_t)i * j->u.gemm.sA : NULL;
+		one.u.gemm.B = j->u.gemm.B ? j->u.gemm.B + (uint64_t)i * j->u.gemm.sB : NULL;
+		one.u.gemm.C = j->u.gemm.C + (uint64_t)i * j->u.gemm.sC;
+		run_gemm(&one);
+	}
+}
+
+/* Row i of a T x T block of scores attends to columns 0..i. */
+static void run_softmax_fwd(const struct job *j)
+{
+	uint64_t T = (uint64_t)j->u.tf.n, rows = j->u.tf.rows;
+	float scale = j->u.tf.scale;
+
+	for (uint64_t r = 0; r < rows; r++) {
+		const float *sr = j->u.tf.a + r * T;
+		float *pr = j->u.tf.y + r * T, max = -INFINITY;
+		uint64_t len = r % T + 1;
+		double sum;
+
+		for (uint64_t c = 0; c < len; c++) {
+			float v = ts_m_att_scaled(sr[c], scale);
+
+			max = v > max ? v : max;
+		}
+		LANES_SUM(sum, len, ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max));
+		for (uint64_t c = 0; c < T; c++)
+			pr[c] = c < len ? (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max) / sum)
+			                : 0.0f;
+	}
+}
+
+static void run_softmax_bwd(const struct job *j)
+{
+	uint64_t T = (uint64_t)j->u.tf.n, rows = j->u.tf.rows;
+
+	for (uint64_t r = 0; r < rows; r++) {
+		const float *pr = j->u.tf.a + r * T, *dpr = j->u.tf.b + r * T;
+		float *dsr = j->u.tf.y + r * T;
+		uint64_t len = r % T + 1;
+		double pdp;
+
+		LANES_SUM(pdp, len, (double)pr[c] * (double)dpr[c]);
+		for (uint64_t c = 0; c < T; c++)
+			dsr[c] = c < len ? ts_m_att_grad(pr[c], dpr[c], pdp, j->u.tf.scale) : 0.0f;
+	}
+}
+
 /* ---- enqueueing ------------------------------------------------------------ */
 
 static void ws_release(struct cpu_ws *ws)
@@ -761,6 +948,90 @@ static ts_status cpu_xent(void *impl, struct ts_queue *q, const float *logits,
 	return job_submit(q, j, err);
 }
 
+static ts_status cpu_ln_fwd(void *impl, struct ts_queue *q, const float *x, const float *g,
+                            const float *b, uint64_t rows, int d, float eps, float *y,
+                            float *stats, struct ts_error *err)
+{
+	const struct job a = {.run = run_ln_fwd,
+	                      .u.tf = {.a = x, .b = g, .c = b, .y = y, .y2 = stats, .rows = rows,
+	                               .n = d, .eps = eps}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_ln_bwd(void *impl, struct ts_queue *q, const float *x, const float *g,
+                            const float *stats, const float *dy, uint64_t rows, int d,
+                            float *dx, float *dg, float *db, struct ts_error *err)
+{
+	const struct job a = {.run = run_ln_bwd,
+	                      .u.tf = {.a = x, .b = g, .c = stats, .d = dy, .y = dx, .y2 = dg,
+	                               .y3 = db, .rows = rows, .n = d}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_add_rows(void *impl, struct ts_queue *q, const float *x, uint64_t period,
+                              float *y, uint64_t rows, int n, struct ts_error *err)
+{
+	const struct job a = {.run = run_add_rows,
+	                      .u.tf = {.a = x, .y = y, .rows = rows, .period = period, .n = n}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_sum_rows(void *impl, struct ts_queue *q, const float *dy, uint64_t rows,
+                              int n, uint64_t period, float *out, struct ts_error *err)
+{
+	const struct job a = {.run = run_sum_rows,
+	                      .u.tf = {.a = dy, .y = out, .rows = rows, .period = period, .n = n}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_heads(void *impl, struct ts_queue *q, bool to_heads, const float *in,
+                           float *out, int B, int T, int P, int H, int hd, struct ts_error *err)
+{
+	const struct job a = {.run = run_heads,
+	                      .u.tf = {.a = in, .y = out, .B = B, .T = T, .P = P, .H = H,
+	                               .hd = hd, .to_heads = to_heads}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N,
+                                  int K, float alpha, const float *A, uint64_t sA,
+                                  const float *B, uint64_t sB, float beta, float *C, uint64_t sC,
+                                  int batch, struct ts_error *err)
+{
+	const struct job a = {.run = run_gemm_batched,
+	                      .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K,
+	                                 .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
+	                                 .sA = sA, .sB = sB, .sC = sC, .batch = batch}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_softmax_fwd(void *impl, struct ts_queue *q, const float *S, int batch,
+                                 int T, float scale, float *P, struct ts_error *err)
+{
+	const struct job a = {.run = run_softmax_fwd,
+	                      .u.tf = {.a = S, .y = P, .rows = (uint64_t)batch * (uint64_t)T,
+	                               .n = T, .scale = scale}};
+
+	return job_post(q, &a, err);
+}
+
+static ts_status cpu_softmax_bwd(void *impl, struct ts_queue *q, const float *P, const float *dP,
+                                 int batch, int T, float scale, float *dS, struct ts_error *err)
+{
+	const struct job a = {.run = run_softmax_bwd,
+	                      .u.tf = {.a = P, .b = dP, .y = dS,
+	                               .rows = (uint64_t)batch * (uint64_t)T, .n = T,
+	                               .scale = scale}};
+
+	return job_post(q, &a, err);
+}
+
 static const struct ts__kernel_ops cpu_ops = {
 	.name = "cpu",
 	.init = cpu_init,
@@ -776,6 +1047,14 @@ static const struct ts__kernel_ops cpu_ops = {
 	.embed_fwd = cpu_embed_fwd,
 	.embed_bwd = cpu_embed_bwd,
 	.xent = cpu_xent,
+	.ln_fwd = cpu_ln_fwd,
+	.ln_bwd = cpu_ln_bwd,
+	.add_rows = cpu_add_rows,
+	.sum_rows = cpu_sum_rows,
+	.heads = cpu_heads,
+	.gemm_batched = cpu_gemm_batched,
+	.softmax_fwd = cpu_softmax_fwd,
+	.softmax_bwd = cpu_softmax_bwd,
 	.round = cpu_round,
 	.gemm_lp = cpu_gemm_lp,
 };

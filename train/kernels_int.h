@@ -73,6 +73,28 @@ struct ts__kernel_ops {
 	                  int id_bytes, uint64_t rows, int vocab, float *loss_dev, float *grad,
 	                  struct ts_error *err);
 
+	/* transformer blocks (kernels.h); checked, sizes > 0 */
+	ts_status (*ln_fwd)(void *impl, struct ts_queue *q, const float *x, const float *g,
+	                    const float *b, uint64_t rows, int d, float eps, float *y, float *stats,
+	                    struct ts_error *err);
+	ts_status (*ln_bwd)(void *impl, struct ts_queue *q, const float *x, const float *g,
+	                    const float *stats, const float *dy, uint64_t rows, int d, float *dx,
+	                    float *dg, float *db, struct ts_error *err);
+	ts_status (*add_rows)(void *impl, struct ts_queue *q, const float *x, uint64_t period,
+	                      float *y, uint64_t rows, int n, struct ts_error *err);
+	ts_status (*sum_rows)(void *impl, struct ts_queue *q, const float *dy, uint64_t rows, int n,
+	                      uint64_t period, float *out, struct ts_error *err);
+	ts_status (*heads)(void *impl, struct ts_queue *q, bool to_heads, const float *in,
+	                   float *out, int B, int T, int P, int H, int hd, struct ts_error *err);
+	ts_status (*gemm_batched)(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N,
+	                          int K, float alpha, const float *A, uint64_t sA, const float *B,
+	                          uint64_t sB, float beta, float *C, uint64_t sC, int batch,
+	                          struct ts_error *err);
+	ts_status (*softmax_fwd)(void *impl, struct ts_queue *q, const float *S, int batch, int T,
+	                         float scale, float *P, struct ts_error *err);
+	ts_status (*softmax_bwd)(void *impl, struct ts_queue *q, const float *P, const float *dP,
+	                         int batch, int T, float scale, float *dS, struct ts_error *err);
+
 	/* mixed precision (kernels.h); dt bfloat16 or float16, sizes as gemm's */
 	ts_status (*round)(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
 	                   uint16_t *y, uint64_t n, struct ts_error *err);

@@ -267,6 +267,80 @@ TS_HD static inline float ts_m_xent_grad(float x, float max, double sum, bool ta
 	return ts_m_xent_grad_e(ts_m_xent_exp(x, max), sum, target, rows);
 }
 
+/* ---- transformer blocks (the GPT model) ----------------------------------- */
+
+/* LayerNorm of a row of d: the mean and the variance (population, as
+ * jnp.var) are sums in double in the lanes' order, the variance's terms the
+ * squares of each deviation from the mean rounded to float (exact in
+ * double); rstd = 1 / sqrt(var + eps) in double, kept as a float beside the
+ * mean. Every product that feeds a sum here and in the gradient is exact
+ * in double, so a fused multiply-add (which nvcc and the stand-in's host
+ * build contract to) computes the same bits as separate operations. */
+TS_HD static inline double ts_m_ln_dev_sq(float x, double mean)
+{
+	float dv = (float)((double)x - mean);
+
+	return (double)dv * (double)dv;
+}
+
+TS_HD static inline float ts_m_ln_rstd(double var_sum, int d, float eps)
+{
+	return (float)(1.0 / sqrt(var_sum / (double)d + (double)eps));
+}
+
+TS_HD static inline float ts_m_ln_xhat(float x, float mean, float rstd)
+{
+	return (float)(((double)x - (double)mean) * (double)rstd);
+}
+
+TS_HD static inline float ts_m_ln_out(float xhat, float g, float b)
+{
+	return (float)((double)xhat * (double)g + (double)b);
+}
+
+/* The gradient: dyg = dy g (a float), the row's sums s1 = sum(dyg) and
+ * s2 = sum(dyg xhat), and each element's rstd (dyg - s1 / d - xhat c) with
+ * c = s2 / d rounded to float. */
+TS_HD static inline float ts_m_ln_dyg(float dy, float g)
+{
+	return dy * g;
+}
+
+TS_HD static inline float ts_m_ln_dx(float dyg, float xhat, float rstd, double s1, double s2,
+                                      int d)
+{
+	float c = (float)(s2 / (double)d);
+	double t = (double)dyg - s1 / (double)d;
+
+	t = t - (double)xhat * (double)c;
+	return (float)(t * (double)rstd);
+}
+
+/* Causal softmax of a row of scores: x = scale * s (a float product),
+ * the terms exp(x - max) in double (ts_m_exp_neg), their sum in the
+ * lanes' order, p = term / sum. Its gradient: scale p (dp - sum(p dp)),
+ * the sum of exact products in the lanes' order (no product feeds an add). */
+TS_HD static inline float ts_m_att_scaled(float s, float scale)
+{
+	return s * scale;
+}
+
+TS_HD static inline float ts_m_att_grad(float p, float dp, double pdp, float scale)
+{
+	return (float)((double)p * ((double)dp - pdp) * (double)scale);
+}
+
+/* Heads: element i of a [B, T, P, H, hd] tensor and its place in the
+ * [P, B, H, T, hd] layout the batched products take. */
+TS_HD static inline uint64_t ts_m_heads_index(uint64_t i, uint64_t B, uint64_t T, uint64_t P,
+                                              uint64_t H, uint64_t hd)
+{
+	uint64_t e = i % hd, h = (i / hd) % H, p = (i / (hd * H)) % P;
+	uint64_t t = (i / (hd * H * P)) % T, b = i / (hd * H * P * T);
+
+	return (((p * B + b) * H + h) * T + t) * hd + e;
+}
+
 /* ---- optimizer updates ----------------------------------------------------- */
 
 /* What one update needs, computed once on the host per kernel. */

@@ -2232,6 +2232,386 @@ START_TEST(lowp_supported)
 }
 END_TEST
 
+/* ---- transformer blocks ------------------------------------------------------ */
+
+/* LayerNorm of one row in double: y, mean and rstd. */
+static void ln_ref(const float *x, const float *g, const float *b, int d, double eps,
+                   double *y, double *mean, double *rstd)
+{
+	double m = 0, v = 0;
+
+	for (int c = 0; c < d; c++)
+		m += x[c];
+	m /= d;
+	for (int c = 0; c < d; c++)
+		v += (x[c] - m) * (x[c] - m);
+	v /= d;
+	*mean = m;
+	*rstd = 1 / sqrt(v + eps);
+	for (int c = 0; c < d; c++)
+		y[c] = (x[c] - m) * *rstd * g[c] + b[c];
+}
+
+/* sum over the row of w[c] y[c](x), in double: a scalar whose gradient in
+ * x is the row's dx for dy = w. */
+static double ln_dot(const double *x, const float *g, const float *b, const float *w, int d,
+                     double eps)
+{
+	double m = 0, v = 0, s = 0, r;
+
+	for (int c = 0; c < d; c++)
+		m += x[c];
+	m /= d;
+	for (int c = 0; c < d; c++)
+		v += (x[c] - m) * (x[c] - m);
+	r = 1 / sqrt(v / d + eps);
+	for (int c = 0; c < d; c++)
+		s += w[c] * ((x[c] - m) * r * g[c] + b[c]);
+	return s;
+}
+
+/* LayerNorm forward against float64, and its gradients against central
+ * finite differences of the float64 forward (dx) and the definitions (dg,
+ * db). Rows of 300 (more than a block's lanes), centred off zero. */
+START_TEST(layernorm_against_float64)
+{
+	enum { R = 9, D = 300 };
+	const float eps = 1e-5f;
+	float *x = malloc(R * D * sizeof *x), *dy = malloc(R * D * sizeof *dy);
+	float g[D], b[D], y[R * D], st[2 * R], dx[R * D], dg[D], db[D];
+	double yr[D], m, rs, xd[D];
+	float *dX, *dG, *dB, *dY, *dS, *ddy, *ddx, *ddg, *ddb;
+
+	fill_rnd(x, R * D, 61, 2.0f, 4.0f);
+	fill_rnd(dy, R * D, 62, -1.0f, 1.0f);
+	fill_rnd(g, D, 63, 0.5f, 1.5f);
+	fill_rnd(b, D, 64, -0.5f, 0.5f);
+	dX = dput(x, R * D);
+	dG = dput(g, D);
+	dB = dput(b, D);
+	dY = dalloc(R * D);
+	dS = dalloc(2 * R);
+	ddy = dput(dy, R * D);
+	ddx = dalloc(R * D);
+	ddg = dalloc(D);
+	ddb = dalloc(D);
+	OK(ts_k_ln_fwd(kern, q, dX, dG, dB, R, D, eps, dY, dS, &err));
+	OK(ts_k_ln_bwd(kern, q, dX, dG, dS, ddy, R, D, ddx, ddg, ddb, &err));
+	dget(y, dY, R * D);
+	dget(st, dS, 2 * R);
+	dget(dx, ddx, R * D);
+	dget(dg, ddg, D);
+	dget(db, ddb, D);
+	for (int r = 0; r < R; r++) {
+		ln_ref(x + r * D, g, b, D, eps, yr, &m, &rs);
+		ck_assert_msg(fabs(st[2 * r] - m) <= 1e-6 * fabs(m), "mean %d: %.9g, want %.9g", r,
+		              st[2 * r], m);
+		ck_assert_msg(fabs(st[2 * r + 1] - rs) <= 1e-6 * rs, "rstd %d: %.9g, want %.9g", r,
+		              st[2 * r + 1], rs);
+		for (int c = 0; c < D; c++)
+			ck_assert_msg(fabs(y[r * D + c] - yr[c]) <= 2e-6 * (fabs(yr[c]) + 1),
+			              "y[%d,%d] = %.9g, want %.9g", r, c, y[r * D + c], yr[c]);
+		for (int c = 0; c < D; c++)
+			xd[c] = x[r * D + c];
+		for (int c = 0; c < D; c += 7) {
+			double h = 1e-4, keep = xd[c], fd;
+
+			xd[c] = keep + h;
+			fd = ln_dot(xd, g, b, dy + r * D, D, eps);
+			xd[c] = keep - h;
+			fd = (fd - ln_dot(xd, g, b, dy + r * D, D, eps)) / (2 * h);
+			xd[c] = keep;
+			ck_assert_msg(fabs(dx[r * D + c] - fd) <= 1e-4 * (fabs(fd) + 1),
+			              "dx[%d,%d] = %.9g, finite differences %.9g", r, c, dx[r * D + c], fd);
+		}
+	}
+	for (int c = 0; c < D; c++) {
+		double sg = 0, sb = 0;
+
+		for (int r = 0; r < R; r++) {
+			ln_ref(x + r * D, g, b, D, eps, yr, &m, &rs);
+			sg += dy[r * D + c] * (x[r * D + c] - m) * rs;
+			sb += dy[r * D + c];
+		}
+		ck_assert_msg(fabs(dg[c] - sg) <= 1e-5 * (fabs(sg) + 1), "dg[%d] = %.9g, want %.9g",
+		              c, dg[c], sg);
+		ck_assert_msg(fabs(db[c] - sb) <= 1e-6 * (fabs(sb) + 1), "db[%d] = %.9g, want %.9g",
+		              c, db[c], sb);
+	}
+	free(x);
+	free(dy);
+}
+END_TEST
+
+/* add_rows adds a period's rows exactly; sum_rows sums each residue class
+ * in increasing row order, as a double rounded once. */
+START_TEST(add_and_sum_rows)
+{
+	enum { R = 50, N = 33, P = 7 };
+	float y0[R * N], x[P * N], y[R * N], s[P * N];
+	float *dY, *dX, *dO;
+
+	fill_rnd(y0, R * N, 71, -2.0f, 2.0f);
+	fill_rnd(x, P * N, 72, -2.0f, 2.0f);
+	dY = dput(y0, R * N);
+	dX = dput(x, P * N);
+	dO = dalloc(P * N);
+	OK(ts_k_add_rows(kern, q, dX, P, dY, R, N, &err));
+	OK(ts_k_sum_rows(kern, q, dY, R, N, P, dO, &err));
+	dget(y, dY, R * N);
+	dget(s, dO, P * N);
+	for (int r = 0; r < R; r++)
+		for (int c = 0; c < N; c++)
+			ck_assert(y[r * N + c] == y0[r * N + c] + x[(r % P) * N + c]);
+	for (int p = 0; p < P; p++)
+		for (int c = 0; c < N; c++) {
+			double want = 0;
+
+			for (int r = p; r < R; r += P)
+				want += y[r * N + c];
+			ck_assert_msg(s[p * N + c] == (float)want, "sum[%d,%d] = %.9g, want %.9g", p, c,
+			              s[p * N + c], (float)want);
+		}
+	/* a bias: period 1 */
+	OK(ts_k_sum_rows(kern, q, dY, R, N, 1, dO, &err));
+	dget(s, dO, N);
+	for (int c = 0; c < N; c++) {
+		double want = 0;
+
+		for (int r = 0; r < R; r++)
+			want += y[r * N + c];
+		ck_assert(s[c] == (float)want);
+	}
+}
+END_TEST
+
+/* [B, T, P, H, hd] to [P, B, H, T, hd] and back, element by element. */
+START_TEST(heads_round_trip)
+{
+	enum { B = 2, T = 5, P = 3, H = 4, HD = 6, N = B * T * P * H * HD };
+	float in[N], out[N], back[N];
+	float *dI, *dO, *dB;
+
+	for (int i = 0; i < N; i++)
+		in[i] = (float)i;
+	dI = dput(in, N);
+	dO = dalloc(N);
+	dB = dalloc(N);
+	OK(ts_k_heads(kern, q, true, dI, dO, B, T, P, H, HD, &err));
+	OK(ts_k_heads(kern, q, false, dO, dB, B, T, P, H, HD, &err));
+	dget(out, dO, N);
+	dget(back, dB, N);
+	for (int b = 0; b < B; b++)
+		for (int t = 0; t < T; t++)
+			for (int p = 0; p < P; p++)
+				for (int h = 0; h < H; h++)
+					for (int e = 0; e < HD; e++) {
+						int src = (((b * T + t) * P + p) * H + h) * HD + e;
+						int dst = (((p * B + b) * H + h) * T + t) * HD + e;
+
+						ck_assert_msg(out[dst] == in[src], "heads[%d] = %g, want %g",
+						              dst, out[dst], in[src]);
+					}
+	ck_assert_mem_eq(back, in, sizeof in);
+	REFUSED(ts_k_heads(kern, q, true, dI, dI + 1, B, T, P, H, HD, &err));
+	REFUSED(ts_k_heads(kern, q, true, dI, dO, B, 0, P, H, HD, &err));
+}
+END_TEST
+
+/* Batched products against float64, every transpose, strides with gaps:
+ * the gaps between C's batches stay as they were. */
+START_TEST(gemm_batched_against_float64)
+{
+	enum { M = 7, N = 9, K = 11, BATCH = 5, GAP = 3 };
+	enum { SA = M * K + GAP, SB = K * N + GAP, SC = M * N + GAP };
+	float A[SA * BATCH], Bm[SB * BATCH], C0[SC * BATCH], C[SC * BATCH];
+	float *dA, *dB, *dC;
+
+	fill_rnd(A, SA * BATCH, 81, -1.0f, 1.0f);
+	fill_rnd(Bm, SB * BATCH, 82, -1.0f, 1.0f);
+	fill_rnd(C0, SC * BATCH, 83, -1.0f, 1.0f);
+	dA = dput(A, SA * BATCH);
+	dB = dput(Bm, SB * BATCH);
+	for (int t = 0; t < 4; t++) {
+		bool ta = t & 1, tb = t & 2;
+		float beta = t == 3 ? 0.5f : 0.0f;
+
+		dC = dput(C0, SC * BATCH);
+		OK(ts_k_gemm_batched(kern, q, ta, tb, M, N, K, 1.5f, dA, SA, dB, SB, beta, dC, SC,
+		                     BATCH, &err));
+		dget(C, dC, SC * BATCH);
+		for (int i = 0; i < BATCH; i++) {
+			const float *a = A + i * SA, *bb = Bm + i * SB;
+
+			for (int r = 0; r < M; r++)
+				for (int c = 0; c < N; c++) {
+					double s = 0;
+
+					for (int k = 0; k < K; k++)
+						s += (double)(ta ? a[k * M + r] : a[r * K + k]) *
+						     (tb ? bb[c * K + k] : bb[k * N + c]);
+					s = 1.5 * s + beta * (double)C0[i * SC + r * N + c];
+					ck_assert_msg(fabs(C[i * SC + r * N + c] - s) <= 1e-5 * (fabs(s) + 1),
+					              "t %d batch %d C[%d,%d] = %.9g, want %.9g", t, i, r, c,
+					              C[i * SC + r * N + c], s);
+				}
+			for (int gI = M * N; gI < SC; gI++)
+				ck_assert(C[i * SC + gI] == C0[i * SC + gI]);
+		}
+	}
+	REFUSED(ts_k_gemm_batched(kern, q, false, false, M, N, K, 1, dA, SA, dB, SB, 0, dC, 10,
+	                          BATCH, &err));
+	REFUSED(ts_k_gemm_batched(kern, q, false, false, M, N, K, 1, dA, SA, dB, SB, 0, dC, SC,
+	                          -1, &err));
+	OK(ts_k_gemm_batched(kern, q, false, false, M, N, K, 1, dA, SA, dB, SB, 0, dC, SC, 0, &err));
+}
+END_TEST
+
+/* Causal softmax and its gradient against float64: row i of each block
+ * weighs columns 0..i, rows sum to 1, nothing above the diagonal; T = 300
+ * rows are longer than a block's lanes. In place (dS == dP) too. */
+START_TEST(softmax_causal_against_float64)
+{
+	static const int Ts[] = {1, 70, 300};
+
+	for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+		const int T = Ts[ti], BATCH = 2;
+		const float scale = 0.125f;
+		size_t n = (size_t)BATCH * T * T;
+		float *S = malloc(n * sizeof *S), *dP = malloc(n * sizeof *dP);
+		float *P = malloc(n * sizeof *P), *dS = malloc(n * sizeof *dS);
+		double *e = malloc(T * sizeof *e);
+		float *d_S, *d_P, *d_dP;
+
+		fill_rnd(S, n, 91, -40.0f, 40.0f);
+		fill_rnd(dP, n, 92, -1.0f, 1.0f);
+		d_S = dput(S, n);
+		d_P = dalloc(n);
+		d_dP = dput(dP, n);
+		OK(ts_k_softmax_causal_fwd(kern, q, d_S, BATCH, T, scale, d_P, &err));
+		OK(ts_k_softmax_causal_bwd(kern, q, d_P, d_dP, BATCH, T, scale, d_dP, &err));
+		dget(P, d_P, n);
+		dget(dS, d_dP, n);
+		for (int r = 0; r < BATCH * T; r++) {
+			int i = r % T;
+			const float *sr = S + (size_t)r * T, *pr = P + (size_t)r * T;
+			const float *dpr = dP + (size_t)r * T, *dsr = dS + (size_t)r * T;
+			double max = -INFINITY, sum = 0, pdp = 0, psum = 0;
+
+			for (int j = 0; j <= i; j++)
+				max = fmax(max, (double)(sr[j] * scale));
+			for (int j = 0; j <= i; j++)
+				sum += e[j] = exp((double)(sr[j] * scale) - max);
+			for (int j = 0; j <= i; j++)
+				pdp += e[j] / sum * dpr[j];
+			for (int j = 0; j < T; j++) {
+				double p = j <= i ? e[j] / sum : 0;
+				double ds = j <= i ? scale * p * (dpr[j] - pdp) : 0;
+
+				ck_assert_msg(fabs(pr[j] - p) <= 1e-7 + 1e-6 * p,
+				              "T %d P[%d,%d] = %.9g, want %.9g", T, r, j, pr[j], p);
+				ck_assert_msg(fabs(dsr[j] - ds) <= 1e-7 + 1e-5 * fabs(ds),
+				              "T %d dS[%d,%d] = %.9g, want %.9g", T, r, j, dsr[j], ds);
+				if (j > i)
+					ck_assert(pr[j] == 0.0f && dsr[j] == 0.0f);
+				psum += pr[j];
+			}
+			ck_assert_msg(fabs(psum - 1) <= 1e-5, "row %d sums to %.9g", r, psum);
+		}
+		free(S);
+		free(dP);
+		free(P);
+		free(dS);
+		free(e);
+	}
+	REFUSED(ts_k_softmax_causal_fwd(kern, q, dalloc(4), 1, 0, 1.0f, dalloc(4), &err));
+	REFUSED(ts_k_softmax_causal_fwd(kern, q, dalloc(4), 1, 2, INFINITY, dalloc(4), &err));
+	REFUSED(ts_k_ln_fwd(kern, q, dalloc(4), dalloc(4), dalloc(4), 1, 4, 0.0f, dalloc(4),
+	                    dalloc(2), &err));
+	REFUSED(ts_k_ln_fwd(kern, q, dalloc(4), dalloc(4), dalloc(4), 1, 0, 1e-5f, dalloc(4),
+	                    dalloc(2), &err));
+	REFUSED(ts_k_add_rows(kern, q, dalloc(4), 0, dalloc(4), 1, 4, &err));
+}
+END_TEST
+
+/* The transformer kernels on CUDA against the CPU's on the same inputs:
+ * every one bit for bit (their sums run in the lanes' and the rows' fixed
+ * orders, their exp is kernels_math.h's own), the batched products within
+ * cuBLAS's order of sums. */
+START_TEST(cuda_matches_cpu_transformer_bit_for_bit)
+{
+	enum { R = 600, D = 272, T = 300, BT = 4, P = 7 };
+	float *x = x_inputs(R * D, 101, -3, 5), *dy = x_inputs(R * D, 102, -1, 1);
+	float *g = x_inputs(D, 103, 0.5f, 1.5f), *bb = x_inputs(D, 104, -0.5f, 0.5f);
+	float *s = x_inputs((size_t)BT * T * T, 105, -30, 30);
+	float *dp = x_inputs((size_t)BT * T * T, 106, -1, 1);
+	struct xbuf X = xput(x, R * D), DY = xput(dy, R * D), G = xput(g, D), B = xput(bb, D);
+	struct xbuf Y = xput(x, R * D), ST = xput(x, 2 * R), DX = xput(x, R * D);
+	struct xbuf DG = xput(g, D), DB = xput(g, D), O = xput(x, P * D), HD = xput(x, R * D);
+	struct xbuf S = xput(s, (size_t)BT * T * T), PP = xput(s, (size_t)BT * T * T);
+	struct xbuf DP = xput(dp, (size_t)BT * T * T), C = xput(x, 8 * 24 * 24);
+
+	for (int b = 0; b < 2; b++) {
+		OK(ts_k_ln_fwd(xk[b], xq[b], X.d[b], G.d[b], B.d[b], R, D, 1e-5f, Y.d[b], ST.d[b],
+		               &err));
+		OK(ts_k_ln_bwd(xk[b], xq[b], X.d[b], G.d[b], ST.d[b], DY.d[b], R, D, DX.d[b], DG.d[b],
+		               DB.d[b], &err));
+		OK(ts_k_add_rows(xk[b], xq[b], G.d[b], 1, DY.d[b], R, D, &err));
+		OK(ts_k_sum_rows(xk[b], xq[b], DY.d[b], R, D, P, O.d[b], &err));
+		/* 600 x 272 rows as [B 2, T 3, P 2, H 4, hd 17] ... wider: [4, 25, 3, 8, 17] */
+		OK(ts_k_heads(xk[b], xq[b], true, X.d[b], HD.d[b], 4, 25, 3, 8, 17, &err));
+		OK(ts_k_softmax_causal_fwd(xk[b], xq[b], S.d[b], BT, T, 0.0883883f, PP.d[b], &err));
+		OK(ts_k_softmax_causal_bwd(xk[b], xq[b], PP.d[b], DP.d[b], BT, T, 0.0883883f, DP.d[b],
+		                           &err));
+		OK(ts_k_gemm_batched(xk[b], xq[b], false, true, 24, 24, 17, 0.25f, X.d[b], 24 * 17,
+		                     X.d[b] + 5, 24 * 17, 0.0f, C.d[b], 24 * 24, 8, &err));
+	}
+	xcheck(&Y, 0, 0, "layernorm");
+	xcheck(&ST, 0, 0, "layernorm statistics");
+	xcheck(&DX, 0, 0, "layernorm input gradient");
+	xcheck(&DG, 0, 0, "layernorm scale gradient");
+	xcheck(&DB, 0, 0, "layernorm shift gradient");
+	xcheck(&DY, 0, 0, "add rows");
+	xcheck(&O, 0, 0, "sum rows");
+	xcheck(&HD, 0, 0, "heads");
+	xcheck(&PP, 1, 0, "causal softmax");
+	xcheck(&DP, 2, 1e-12, "causal softmax gradient");
+	xcheck(&C, 64, 1e-5, "batched gemm");
+	xfree(&X);
+	xfree(&DY);
+	xfree(&G);
+	xfree(&B);
+	xfree(&Y);
+	xfree(&ST);
+	xfree(&DX);
+	xfree(&DG);
+	xfree(&DB);
+	xfree(&O);
+	xfree(&HD);
+	xfree(&S);
+	xfree(&PP);
+	xfree(&DP);
+	xfree(&C);
+	free(x);
+	free(dy);
+	free(g);
+	free(bb);
+	free(s);
+	free(dp);
+}
+END_TEST
+
+/* The transformer blocks' cases (k_ln_*, k_add_rows, k_sum_rows, k_heads,
+ * k_softmax_*, the batched products). */
+static void add_transformer(TCase *tc)
+{
+	tcase_add_test(tc, layernorm_against_float64);
+	tcase_add_test(tc, add_and_sum_rows);
+	tcase_add_test(tc, heads_round_trip);
+	tcase_add_test(tc, gemm_batched_against_float64);
+	tcase_add_test(tc, softmax_causal_against_float64);
+}
+
 /* The mixed-precision cases (k_round, cublasGemmEx). */
 static void add_lowp(TCase *tc)
 {
@@ -2280,6 +2660,7 @@ static Suite *kernels_suite(bool cuda)
 	tcase_add_test(tc, gemm_colmajor_mapping);
 	add_common(tc);
 	add_tokens(tc);
+	add_transformer(tc);
 	add_lowp(tc);
 	tcase_add_test(tc, same_sequence_same_bits);
 	tcase_add_test(tc, exp_neg_within_an_ulp);
@@ -2298,6 +2679,7 @@ static Suite *kernels_suite(bool cuda)
 		tcase_set_timeout(tc, 300);
 		add_common(tc);
 		add_tokens(tc);
+		add_transformer(tc);
 		add_lowp(tc);
 		tcase_add_test(tc, same_sequence_same_bits);
 		tcase_add_test(tc, cuda_kernels_made_per_step);
@@ -2312,6 +2694,7 @@ static Suite *kernels_suite(bool cuda)
 		tcase_add_test(tc, cuda_matches_cpu_updates);
 		tcase_add_test(tc, cuda_matches_cpu_gemm);
 		tcase_add_test(tc, cuda_matches_cpu_tokens_bit_for_bit);
+		tcase_add_test(tc, cuda_matches_cpu_transformer_bit_for_bit);
 		suite_add_tcase(s, tc);
 	}
 	return s;
