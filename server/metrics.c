@@ -547,7 +547,7 @@ static void render_pools(struct out *o, const struct ts_core *core)
 			struct ts_pool_stats ps;
 			uint64_t v;
 
-			ts_memory_pool_stats(core->memory, i, &ps);
+			ts_memory_pool_stats(core->env.memory, i, &ps);
 			if (!ps.segmented)
 				continue;
 			v = *(const uint64_t *)((const char *)&ps + segment_series[g].offset);
