@@ -289,7 +289,7 @@ START_TEST(step_publishes_once)
 	ck_assert_uint_eq(version_of("m.adam.nu.w2"), 2);
 	/* the inputs are read, never written */
 	ck_assert_uint_eq(version_of("x"), 1);
-	ck_assert(ts_model_registry_advance(env.models, m.uid, 0, &t));
+	ck_assert(ts_model_registry_step_count(env.models, m.uid, &t));
 	ck_assert_uint_eq(t, 5);
 	/* losses fall on a fixed batch */
 	{
@@ -439,7 +439,7 @@ START_TEST(holds_refuse_writers_until_cancelled_between_steps)
 	ck_assert_int_lt(k, 1000000);
 	ck_assert_uint_eq(json_array_size(json_object_get(s.partial, "losses")), (size_t)k);
 	ck_assert_int_eq(result_int(s.partial, "model_steps"), k);
-	ck_assert(ts_model_registry_advance(env.models, m.uid, 0, &t));
+	ck_assert(ts_model_registry_step_count(env.models, m.uid, &t));
 	ck_assert_uint_eq(t, (uint64_t)k);
 	ck_assert_uint_eq(version_of("m.w1"), 2);
 	ck_assert_uint_eq(version_of("m.adam.mu.w1"), 2);
@@ -611,7 +611,7 @@ START_TEST(evaluation_writes_nothing_of_its_model)
 	ts_array_unref(out);
 	ck_assert_uint_eq(version_of("m.w1"), 1);
 	ck_assert_uint_eq(version_of("m.adam.mu.w1"), 1);
-	ck_assert(ts_model_registry_advance(env.models, m.uid, 0, &t));
+	ck_assert(ts_model_registry_step_count(env.models, m.uid, &t));
 	ck_assert_uint_eq(t, 0);
 	/* outputs over a model's array are refused before anything runs */
 	snprintf(ev.outputs.name, sizeof ev.outputs.name, "m.w2");

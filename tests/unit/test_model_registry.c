@@ -59,7 +59,7 @@ START_TEST(put_gives_new_uids_and_refuses_taken_names)
 	ck_assert(ts_model_registry_get(reg, "a", &got));
 	ck_assert_uint_eq(got.uid, ua2);
 	/* what refers to the old uid reaches nothing */
-	ck_assert(!ts_model_registry_advance(reg, ua, 1, NULL));
+	ck_assert(!ts_model_registry_add_steps(reg, ua, 1, NULL));
 	ck_assert(!ts_model_registry_set_ready(reg, ua, true, NULL));
 }
 END_TEST
@@ -96,7 +96,7 @@ START_TEST(readiness_names_the_creating_operation)
 }
 END_TEST
 
-START_TEST(advance_counts_steps_by_uid)
+START_TEST(add_steps_counts_by_uid)
 {
 	struct ts_model a = model("a"), b = model("b"), got;
 	uint64_t ua = 0, ub = 0, before = 99;
@@ -104,18 +104,18 @@ START_TEST(advance_counts_steps_by_uid)
 	a.steps = 10;                              /* a resumed model's count */
 	ck_assert_int_eq(ts_model_registry_put(reg, &a, &ua, &err), TS_OK);
 	ck_assert_int_eq(ts_model_registry_put(reg, &b, &ub, &err), TS_OK);
-	ck_assert(ts_model_registry_advance(reg, ua, 3, &before));
+	ck_assert(ts_model_registry_add_steps(reg, ua, 3, &before));
 	ck_assert_uint_eq(before, 10);
-	ck_assert(ts_model_registry_advance(reg, ua, 0, &before));
+	ck_assert(ts_model_registry_step_count(reg, ua, &before));
 	ck_assert_uint_eq(before, 13);
 	ck_assert(ts_model_registry_get(reg, "b", &got));
 	ck_assert_uint_eq(got.steps, 0);
-	ts_model_registry_step_ran(reg, 1000);
-	ts_model_registry_step_ran(reg, 2000);
+	ts_model_registry_record_step(reg, 1000);
+	ts_model_registry_record_step(reg, 2000);
 	{
 		struct ts_histogram_snapshot h;
 
-		ts_histogram_read(ts_model_registry_steps(reg), &h);
+		ts_histogram_read(ts_model_registry_step_times(reg), &h);
 		ck_assert_uint_eq(h.count, 2);
 	}
 }
@@ -191,7 +191,7 @@ static Suite *suite(void)
 	tcase_add_test(c, put_gives_new_uids_and_refuses_taken_names);
 	tcase_add_test(c, records_are_copies);
 	tcase_add_test(c, readiness_names_the_creating_operation);
-	tcase_add_test(c, advance_counts_steps_by_uid);
+	tcase_add_test(c, add_steps_counts_by_uid);
 	tcase_add_test(c, list_in_name_order);
 	tcase_add_test(c, array_names_roles_and_shapes);
 	suite_add_tcase(s, c);
