@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "server/server_int.h"
+#include "tests/unit/unit.h"
 
 /* The class of the text s: 1 or 0 as answered, *bulk as set. */
 static int class_of(const char *s, size_t n, bool *bulk)
@@ -160,7 +161,7 @@ START_TEST(after_closes)
 }
 END_TEST
 
-static Suite *accept_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("accept");
 	TCase *tc = tcase_create("first_request");
@@ -176,15 +177,4 @@ static Suite *accept_suite(void)
 	tcase_add_test(tc, after_closes);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(accept_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

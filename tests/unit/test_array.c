@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "storage/array.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -21,17 +22,12 @@ static struct ts_placement dev0;
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 16ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = 16ull << 20,
-	                              .unpinned_host_limit = 16ull << 20,
-	                              .pinned_segment = 1ull << 20};
-	struct ts_error err;
+	static const struct ts_unit_sim_config sim = {.devices = 2, .device_memory = 16ull << 20,
+	                                              .device_fraction = 0.75,
+	                                              .pinned = 16ull << 20, .unpinned = 16ull << 20,
+	                                              .segment = 1ull << 20};
 
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
-	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
+	ts_unit_sim_new(&sim, &set, &mem, NULL);
 	cat = ts_catalog_new();
 	ck_assert_ptr_nonnull(cat);
 	ts_placement_single(&dev0, ts_device_set_find(set, "sim:0"), TS_MEM_DEVICE, true);
@@ -40,8 +36,7 @@ static void setup(void)
 static void teardown(void)
 {
 	ts_catalog_free(cat);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, NULL);
 }
 
 static struct ts_array *make(const char *name, uint64_t n, const struct ts_placement *pl)
@@ -603,7 +598,7 @@ START_TEST(seal_catches_a_changed_version)
 END_TEST
 #endif
 
-static Suite *array_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("array");
 	TCase *tc = tcase_create("catalog");
@@ -631,15 +626,4 @@ static Suite *array_suite(void)
 #endif
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(array_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -20,6 +20,7 @@
 
 #include "device/backend.h"
 #include "storage/array_io.h"
+#include "tests/unit/unit.h"
 
 #define MiB (1ull << 20)
 
@@ -29,25 +30,16 @@ static struct ts_stager *stg;
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 4, .sim_device_memory = 256 * MiB,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = 256 * MiB,
-	                              .unpinned_host_limit = 512 * MiB,
-	                              .pinned_segment = 8 * MiB};
-	struct ts_error err;
+	static const struct ts_unit_sim_config sim = {.devices = 4, .device_memory = 256 * MiB,
+	                                              .device_fraction = 0.75, .pinned = 256 * MiB,
+	                                              .unpinned = 512 * MiB, .segment = 8 * MiB};
 
-	ts_error_clear(&err);
-	ck_assert_msg(ts_device_set_new(&dc, &set, &err) == TS_OK, "%s", err.message);
-	ck_assert_msg(ts_memory_new(set, &mc, &mem, &err) == TS_OK, "%s", err.message);
-	ck_assert_msg(ts_stager_new(set, mem, &stg, &err) == TS_OK, "%s", err.message);
+	ts_unit_sim_new(&sim, &set, &mem, &stg);
 }
 
 static void teardown(void)
 {
-	ts_stager_free(stg);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, stg);
 }
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -1490,7 +1482,7 @@ START_TEST(random_sequence_exact_stats)
 }
 END_TEST
 
-static Suite *array_io_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("array_io");
 	TCase *tl = tcase_create("layout");
@@ -1525,15 +1517,4 @@ static Suite *array_io_suite(void)
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, ta);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(array_io_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

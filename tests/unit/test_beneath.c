@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/beneath.h"
+#include "tests/unit/unit.h"
 
 static ts_status rel_of(const char *path, char *rel, struct ts_error *err)
 {
@@ -170,7 +171,7 @@ START_TEST(opens_by_walk)
 }
 END_TEST
 
-static Suite *beneath_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("beneath");
 	TCase *tc = tcase_create("text");
@@ -183,15 +184,4 @@ static Suite *beneath_suite(void)
 	tcase_add_test(fs, opens_by_walk);
 	suite_add_tcase(s, fs);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(beneath_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

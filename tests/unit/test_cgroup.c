@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "server/cgroup.h"
+#include "tests/unit/unit.h"
 
 static char root[256], self[300];
 
@@ -113,7 +114,7 @@ START_TEST(nothing_to_read)
 }
 END_TEST
 
-static Suite *cgroup_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("cgroup");
 	TCase *tc = tcase_create("memory_limit");
@@ -125,15 +126,4 @@ static Suite *cgroup_suite(void)
 	tcase_add_test(tc, nothing_to_read);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(cgroup_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -19,6 +19,7 @@
 #include "formats/dtype.h"
 #include "formats/npy.h"
 #include "formats/safetensors.h"
+#include "tests/unit/unit.h"
 
 #define PREAMBLE(s) s, sizeof(s) - 1
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -1201,7 +1202,7 @@ START_TEST(st_out_of_memory_is_a_value)
 }
 END_TEST
 
-static Suite *codecs_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("codecs");
 	TCase *dtype = tcase_create("dtype");
@@ -1233,15 +1234,4 @@ static Suite *codecs_suite(void)
 	tcase_add_test(st, st_out_of_memory_is_a_value);
 	suite_add_tcase(s, st);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(codecs_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

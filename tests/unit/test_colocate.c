@@ -8,6 +8,7 @@
 
 #include "storage/array_io.h"
 #include "storage/colocate.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -16,27 +17,19 @@ static struct ts_catalog *cat;
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 3, .sim_device_memory = 16ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = 32ull << 20,
-	                              .unpinned_host_limit = 32ull << 20,
-	                              .pinned_segment = 4ull << 20};
-	struct ts_error err;
+	static const struct ts_unit_sim_config sim = {.devices = 3, .device_memory = 16ull << 20,
+	                                              .device_fraction = 0.75,
+	                                              .pinned = 32ull << 20, .unpinned = 32ull << 20,
+	                                              .segment = 4ull << 20};
 
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
-	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
-	ck_assert_int_eq(ts_stager_new(set, mem, &stg, &err), TS_OK);
+	ts_unit_sim_new(&sim, &set, &mem, &stg);
 	cat = ts_catalog_new();
 }
 
 static void teardown(void)
 {
 	ts_catalog_free(cat);
-	ts_stager_free(stg);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, stg);
 }
 
 static struct ts_device *dev(const char *id)
@@ -223,7 +216,7 @@ START_TEST(held_arrays_move_for_their_holder)
 }
 END_TEST
 
-static Suite *colocate_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("colocate");
 	TCase *tc = tcase_create("committed");
@@ -236,15 +229,4 @@ static Suite *colocate_suite(void)
 	tcase_add_test(tc, held_arrays_move_for_their_holder);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(colocate_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

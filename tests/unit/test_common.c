@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "common/units.h"
 #include "common/utf8.h"
+#include "tests/unit/unit.h"
 
 START_TEST(status_canonical_mapping)
 {
@@ -620,7 +621,7 @@ START_TEST(streaming_copy_exact)
 }
 END_TEST
 
-static Suite *common_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("common");
 	TCase *tc = tcase_create("core");
@@ -646,15 +647,4 @@ static Suite *common_suite(void)
 	tcase_add_test(tc, streaming_copy_exact);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(common_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

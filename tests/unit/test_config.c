@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server/config.h"
+#include "tests/unit/unit.h"
 
 static enum ts_config_result parse(struct ts_config *cfg, char *out, size_t outcap,
                                    int argc, char **argv)
@@ -179,7 +180,7 @@ START_TEST(connection_limits)
 }
 END_TEST
 
-static Suite *config_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("config");
 	TCase *tc = tcase_create("parse");
@@ -192,15 +193,4 @@ static Suite *config_suite(void)
 	tcase_add_test(tc, connection_limits);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(config_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -25,6 +25,7 @@
 
 #include "device/backend.h"
 #include "formats/convert.h"
+#include "tests/unit/unit.h"
 #include "train/exec.h"
 #include "train/session.h"
 
@@ -42,12 +43,7 @@ static bool exact;              /* results repeat bit for bit (both backends) */
 static bool timed;              /* compute_s > 0 for sure (host clocks on sim) */
 static bool fused;              /* kernels contract multiply-adds (cuda) */
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 static void setup_on(const struct ts_device_config *dc, const char *id, double fraction)
 {
@@ -1881,8 +1877,9 @@ static void add_lowp(TCase *tc)
 	tcase_add_test(tc, lowp_token_model_every_policy);
 }
 
-static Suite *exec_suite(bool cuda)
+Suite *ts_unit_suite(void)
 {
+	bool cuda = ts_unit_cuda();
 	Suite *s = suite_create("exec");
 	TCase *tc = tcase_create("sim");
 
@@ -1908,17 +1905,4 @@ static Suite *exec_suite(bool cuda)
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-int main(void)
-{
-	const char *backend = getenv("TS_TEST_BACKEND");
-	bool cuda = backend && strcmp(backend, "cuda") == 0;
-	SRunner *sr = srunner_create(exec_suite(cuda));
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -5,6 +5,7 @@
  * exactly the armed one, once, and no other kind's.
  */
 #include "common/fault.h"
+#include "tests/unit/unit.h"
 
 #include <check.h>
 #include <stdlib.h>
@@ -75,7 +76,7 @@ END_TEST
 
 #endif
 
-static Suite *fault_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("fault");
 	TCase *tc = tcase_create("points");
@@ -87,15 +88,4 @@ static Suite *fault_suite(void)
 #endif
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(fault_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

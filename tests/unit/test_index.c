@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "formats/index.h"
+#include "tests/unit/unit.h"
 
 /* ---- the reference ------------------------------------------------------ */
 
@@ -1004,7 +1005,7 @@ START_TEST(rows_parse_json_forms)
 }
 END_TEST
 
-static Suite *index_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("index");
 	TCase *tc = tcase_create("core");
@@ -1024,15 +1025,4 @@ static Suite *index_suite(void)
 	tcase_add_test(tc, huge_parent_one_run);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(index_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -23,38 +23,30 @@
 #include "storage/array.h"
 #include "storage/array_io.h"
 #include "storage/stage.h"
+#include "tests/unit/unit.h"
 
 static struct ts_jobs_env env;
 static struct ts_device *dev;
 static struct ts_error err;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 #define D 8          /* d_model */
 #define ROWS 6       /* rows of the datasets */
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 64ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 1.0,
-	                              .pinned_host_limit = 64ull << 20,
-	                              .unpinned_host_limit = 16ull << 20,
-	                              .pinned_segment = 8ull << 20};
+	static const struct ts_unit_sim_config sim = {.devices = 1, .device_memory = 64ull << 20,
+	                                              .device_fraction = 1.0,
+	                                              .pinned = 64ull << 20, .unpinned = 16ull << 20,
+	                                              .segment = 8ull << 20};
 	struct ts_op_registry_config oc = {.workers = 2, .keep_finished = 64};
 
 	ts_error_clear(&err);
 	memset(&env, 0, sizeof env);
-	OK(ts_device_set_new(&dc, &env.devices, &err));
+	ts_unit_sim_new(&sim, &env.devices, &env.memory, &env.stager);
 	dev = ts_device_set_find(env.devices, "sim:0");
 	ck_assert_ptr_nonnull(dev);
-	OK(ts_memory_new(env.devices, &mc, &env.memory, &err));
-	OK(ts_stager_new(env.devices, env.memory, &env.stager, &err));
 	env.catalog = ts_catalog_new();
 	env.models = ts_model_registry_new();
 	ck_assert_ptr_nonnull(env.catalog);
@@ -67,9 +59,7 @@ static void teardown(void)
 	ts_op_registry_free(env.operations);
 	ts_model_registry_free(env.models);
 	ts_catalog_free(env.catalog);
-	ts_stager_free(env.stager);
-	ts_memory_free(env.memory);
-	ts_device_set_free(env.devices);
+	ts_unit_sim_free(env.devices, env.memory, env.stager);
 }
 
 /* ---- helpers -------------------------------------------------------------------- */
@@ -621,7 +611,7 @@ START_TEST(evaluation_writes_nothing_of_its_model)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("jobs");
 	TCase *c = tcase_create("jobs");
@@ -642,15 +632,4 @@ static Suite *suite(void)
 	tcase_add_test(c, evaluation_writes_nothing_of_its_model);
 	suite_add_tcase(s, c);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -28,6 +28,7 @@
 #include <cblas.h>
 
 #include "formats/convert.h"
+#include "tests/unit/unit.h"
 #include "train/kernels.h"
 #include "train/kernels_math.h"
 
@@ -45,12 +46,7 @@ static struct {
 } bufs[MAX_BUFS];
 static int nbufs;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 #define REFUSED(call)                                                                  \
 	do {                                                                           \
@@ -2269,8 +2265,9 @@ static void add_tokens(TCase *tc)
 	tcase_add_test(tc, softmax_cross_entropy);
 }
 
-static Suite *kernels_suite(bool cuda)
+Suite *ts_unit_suite(void)
 {
+	bool cuda = ts_unit_cuda();
 	Suite *s = suite_create("kernels");
 	TCase *tc = tcase_create("sim");
 
@@ -2315,17 +2312,4 @@ static Suite *kernels_suite(bool cuda)
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-int main(void)
-{
-	const char *backend = getenv("TS_TEST_BACKEND");
-	bool cuda = backend && strcmp(backend, "cuda") == 0;
-	SRunner *sr = srunner_create(kernels_suite(cuda));
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -18,6 +18,7 @@
 #include "memory/space.h"
 #include "server/lease.h"
 #include "tests/integration/lease_wire.h"
+#include "tests/unit/unit.h"
 
 static void some_handle(struct ts_ipc_handle *h, unsigned seed)
 {
@@ -220,7 +221,7 @@ START_TEST(kept_mappings)
 }
 END_TEST
 
-static Suite *lease_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("lease");
 	TCase *tc = tcase_create("ipc");
@@ -232,15 +233,4 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, kept_mappings);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(lease_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

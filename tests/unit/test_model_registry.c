@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/unit.h"
 #include "train/model.h"
 
 static struct ts_model_registry *reg;
@@ -182,7 +183,7 @@ START_TEST(array_names_roles_and_shapes)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("model_registry");
 	TCase *c = tcase_create("registry");
@@ -196,15 +197,4 @@ static Suite *suite(void)
 	tcase_add_test(c, array_names_roles_and_shapes);
 	suite_add_tcase(s, c);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -18,6 +18,7 @@
 #include "memory/space.h"
 #include "storage/array_io.h"
 #include "storage/move.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -26,29 +27,20 @@ static struct ts_catalog *cat;
 static struct ts_device *dev;
 static struct ts_error err;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 #define N 4096       /* floats in the test array */
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 4ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 1.0,
-	                              .pinned_host_limit = 16ull << 20,
-	                              .unpinned_host_limit = 16ull << 20,
-	                              .pinned_segment = 4ull << 20};
+	static const struct ts_unit_sim_config sim = {.devices = 1, .device_memory = 4ull << 20,
+	                                              .device_fraction = 1.0,
+	                                              .pinned = 16ull << 20, .unpinned = 16ull << 20,
+	                                              .segment = 4ull << 20};
 
 	ts_error_clear(&err);
-	OK(ts_device_set_new(&dc, &set, &err));
+	ts_unit_sim_new(&sim, &set, &mem, &stager);
 	dev = ts_device_set_find(set, "sim:0");
-	OK(ts_memory_new(set, &mc, &mem, &err));
-	OK(ts_stager_new(set, mem, &stager, &err));
 	cat = ts_catalog_new();
 	ck_assert_ptr_nonnull(cat);
 }
@@ -56,9 +48,7 @@ static void setup(void)
 static void teardown(void)
 {
 	ts_catalog_free(cat);
-	ts_stager_free(stager);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, stager);
 }
 
 static uint64_t in_use(enum ts_memory_kind k)
@@ -326,7 +316,7 @@ START_TEST(conversion_on_the_way)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("move");
 	TCase *c = tcase_create("move");
@@ -343,15 +333,4 @@ static Suite *suite(void)
 	tcase_add_test(c, conversion_on_the_way);
 	suite_add_tcase(s, c);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -26,6 +26,7 @@
 #include "handlers/handlers.h"
 #include "handlers/operations.h"
 #include "ops/operation.h"
+#include "tests/unit/unit.h"
 
 #define SEC 1000000000ull
 #define MS 1000000ull
@@ -1519,7 +1520,7 @@ START_TEST(ended_hook_once_per_operation)
 }
 END_TEST
 
-static Suite *operation_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("operation");
 	TCase *tc;
@@ -1567,15 +1568,4 @@ static Suite *operation_suite(void)
 	tcase_add_test(tc, handlers_get_list_cancel);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(operation_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/unit.h"
 #include "train/plan.h"
 
 #define MiB (1024.0 * 1024.0)
@@ -700,7 +701,7 @@ START_TEST(lowp_every_plan_rounds_every_product)
 }
 END_TEST
 
-static Suite *plan_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("plan");
 	TCase *tc = tcase_create("planner");
@@ -721,15 +722,4 @@ static Suite *plan_suite(void)
 	tcase_add_test(tc, lowp_every_plan_rounds_every_product);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(plan_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

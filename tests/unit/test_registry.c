@@ -11,6 +11,7 @@
 #include "common/name.h"
 #include "common/registry.h"
 #include "common/status.h"
+#include "tests/unit/unit.h"
 
 struct item {
 	char name[TS_NAME_MAX + 1];
@@ -225,7 +226,7 @@ START_TEST(registry_reserved_room_is_kept)
 }
 END_TEST
 
-static Suite *registry_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("registry");
 	TCase *tc = tcase_create("core");
@@ -238,15 +239,4 @@ static Suite *registry_suite(void)
 	tcase_add_test(tc, registry_reserved_room_is_kept);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(registry_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

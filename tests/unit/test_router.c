@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server/router.h"
+#include "tests/unit/unit.h"
 
 static void noop(const struct ts_call *c, struct ts_reply *r)
 {
@@ -311,7 +312,7 @@ START_TEST(fault_control_only_in_fault_builds)
 }
 END_TEST
 
-static Suite *router_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("router");
 	TCase *tc = tcase_create("match");
@@ -328,15 +329,4 @@ static Suite *router_suite(void)
 	tcase_add_test(tc, fault_control_only_in_fault_builds);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(router_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

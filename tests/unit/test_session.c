@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "device/backend.h"
+#include "tests/unit/unit.h"
 #include "train/session.h"
 
 static struct ts_device_set *set;
@@ -20,35 +21,26 @@ static struct ts_memory *mem;
 static struct ts_space *dsp, *psp;
 static struct ts_error err;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 128ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 1.0,
-	                              .pinned_host_limit = 128ull << 20,
-	                              .unpinned_host_limit = 32ull << 20,
-	                              .pinned_segment = 16ull << 20};
+	static const struct ts_unit_sim_config sim = {.devices = 1, .device_memory = 128ull << 20,
+	                                              .device_fraction = 1.0,
+	                                              .pinned = 128ull << 20, .unpinned = 32ull << 20,
+	                                              .segment = 16ull << 20};
 
 	ts_error_clear(&err);
-	OK(ts_device_set_new(&dc, &set, &err));
+	ts_unit_sim_new(&sim, &set, &mem, NULL);
 	dev = ts_device_set_find(set, "sim:0");
 	ck_assert_ptr_nonnull(dev);
-	OK(ts_memory_new(set, &mc, &mem, &err));
 	dsp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	psp = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 }
 
 static void teardown(void)
 {
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, NULL);
 }
 
 static uint64_t in_use(struct ts_space *sp)
@@ -513,7 +505,7 @@ START_TEST(a_batch_per_step_equals_those_rows_step_by_step)
 }
 END_TEST
 
-static Suite *session_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("session");
 	TCase *tc = tcase_create("sim");
@@ -528,15 +520,4 @@ static Suite *session_suite(void)
 	tcase_add_test(tc, bindings_that_do_not_match_the_plan_are_refused);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(session_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "storage/sharding.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 
@@ -800,7 +801,7 @@ START_TEST(registry_threads)
 }
 END_TEST
 
-static Suite *sharding_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("sharding");
 	TCase *boxes_tc = tcase_create("boxes"), *refuse = tcase_create("refusals"),
@@ -840,15 +841,4 @@ static Suite *sharding_suite(void)
 	tcase_add_test(reg, registry_threads);
 	suite_add_tcase(s, reg);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(sharding_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

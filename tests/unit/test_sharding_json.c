@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "handlers/sharding_json.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_sharding_registry *reg;
@@ -447,7 +448,7 @@ START_TEST(resolve_names)
 }
 END_TEST
 
-static Suite *sharding_json_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("sharding_json");
 	TCase *tc = tcase_create("json");
@@ -462,15 +463,4 @@ static Suite *sharding_json_suite(void)
 	tcase_add_test(tc, resolve_names);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(sharding_json_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

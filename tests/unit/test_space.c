@@ -15,23 +15,18 @@
 
 #include "memory/buffer.h"
 #include "memory/space.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
 
 static void setup_with(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uint64_t seg)
 {
-	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = sim_mem,
-	                              .cuda = false, .host = "testhost"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = pinned,
-	                              .unpinned_host_limit = unpinned,
-	                              .pinned_segment = seg};
-	struct ts_error err;
+	struct ts_unit_sim_config sim = {.devices = 2, .device_memory = sim_mem,
+	                                 .device_fraction = 0.75, .pinned = pinned,
+	                                 .unpinned = unpinned, .segment = seg, .host = "testhost"};
 
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
-	ck_assert_msg(ts_memory_new(set, &mc, &mem, &err) == TS_OK, "%s", err.message);
+	ts_unit_sim_new(&sim, &set, &mem, NULL);
 }
 
 static void setup(void)
@@ -41,8 +36,7 @@ static void setup(void)
 
 static void teardown(void)
 {
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, NULL);
 	mem = NULL;
 	set = NULL;
 }
@@ -530,7 +524,7 @@ START_TEST(descriptors_are_budgeted)
 }
 END_TEST
 
-static Suite *space_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("space");
 	TCase *tc = tcase_create("accounting");
@@ -552,15 +546,4 @@ static Suite *space_suite(void)
 	tcase_add_test(tc, descriptors_are_budgeted);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(space_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -19,6 +19,7 @@
 
 #include "device/backend.h"
 #include "storage/stage.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -513,8 +514,9 @@ START_TEST(every_backend_and_kind_pair)
 }
 END_TEST
 
-static Suite *stage_suite(bool cuda)
+Suite *ts_unit_suite(void)
 {
+	bool cuda = ts_unit_cuda();
 	Suite *s = suite_create("stage");
 	TCase *tc = tcase_create("stager");
 
@@ -543,16 +545,4 @@ static Suite *stage_suite(bool cuda)
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-int main(void)
-{
-	const char *backend = getenv("TS_TEST_BACKEND");
-	SRunner *sr = srunner_create(stage_suite(backend && strcmp(backend, "cuda") == 0));
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
