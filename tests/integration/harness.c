@@ -837,9 +837,29 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 
 void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r)
 {
+	th_post_headers(d, path, body, NULL, r);
+}
+
+void th_post_headers(struct th_daemon *d, const char *path, const char *body,
+                     const char *const *headers, struct th_response *r)
+{
 	static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 
-	th_request(d, "POST", path, body ? json_headers : NULL, body, body ? strlen(body) : 0, r);
+	if (!headers && body)
+		headers = json_headers;
+	th_request(d, "POST", path, headers, body, body ? strlen(body) : 0, r);
+}
+
+void th_post_on_backend(struct th_daemon *d, const char *path, const char *body,
+                        struct th_response *r)
+{
+	th_post(d, th_on_backend(path), th_on_backend(body), r);
+}
+
+json_t *th_post_json_on_backend(struct th_daemon *d, const char *path, const char *body,
+                                long want)
+{
+	return th_post_json(d, th_on_backend(path), th_on_backend(body), want);
 }
 
 json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want)
@@ -1223,6 +1243,20 @@ json_t *th_op_meta(json_t *op, const char *key)
 	json_t *meta = json_object_get(op, "metadata");
 
 	return member(json_is_object(meta) ? meta : op, key);
+}
+
+json_t *th_op_get(struct th_daemon *d, const char *id)
+{
+	char path[160];
+
+	snprintf(path, sizeof path, "/v1/operations/%.120s", id);
+	return th_get_object(d, path);
+}
+
+bool th_op_terminal(const char *state)
+{
+	return strcmp(state, "SUCCEEDED") == 0 || strcmp(state, "FAILED") == 0 ||
+	       strcmp(state, "CANCELLED") == 0;
 }
 
 json_t *th_op_result(json_t *op)
@@ -1690,4 +1724,23 @@ void th_url_escape(char *out, size_t cap, const char *in)
 	ck_assert_msg(strlen(e) < cap, "escaped value too long: %s", e);
 	snprintf(out, cap, "%s", e);
 	curl_free(e);
+}
+
+/* ---- the one main ------------------------------------------------------------------ */
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	th_init();
+	/* room for a sanitizer's report with its stacks */
+	check_set_max_msg_size(32768);
+	sr = srunner_create(th_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	curl_global_cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -443,8 +443,11 @@ START_TEST(download_cut_short_by_a_device_error)
 }
 END_TEST
 
-static Suite *seams_suite(bool cuda)
+Suite *th_suite(void)
 {
+	/* from the environment: th_backend() asserts, which only a running test may */
+	const char *backend = getenv("TS_TEST_BACKEND");
+	bool cuda = backend && strcmp(backend, "cuda") == 0;
 	Suite *s = suite_create("cuda_seams");
 	TCase *tc = tcase_create("seams");
 
@@ -458,19 +461,4 @@ static Suite *seams_suite(bool cuda)
 		tcase_add_test(tc, download_cut_short_by_a_device_error);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-	const char *backend = getenv("TS_TEST_BACKEND");
-
-	th_init();
-	/* th_backend() asserts, which only a running test may */
-	sr = srunner_create(seams_suite(backend && strcmp(backend, "cuda") == 0));
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -1041,7 +1041,7 @@ START_TEST(walk_step_device_offloaded_x)
 }
 END_TEST
 
-static Suite *faults_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("faults");
 	TCase *tc = tcase_create("walk");
@@ -1065,17 +1065,4 @@ static Suite *faults_suite(void)
 	tcase_add_test(tc, walk_step_device_offloaded_x);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	th_init();
-	sr = srunner_create(faults_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
