@@ -45,7 +45,8 @@
  * with its stacks (check_set_max_msg_size(32768)), runs th_suite() with
  * CK_NORMAL output and exits EXIT_FAILURE when any case failed. Each
  * it_<topic>.c defines th_suite and no main; work every case needs done
- * once (fixtures) goes in th_suite, which runs after th_init.
+ * once (fixtures) goes in th_suite, which runs after th_init. Cases are
+ * named test_<what>.
  */
 Suite *th_suite(void);
 

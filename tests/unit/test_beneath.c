@@ -21,7 +21,7 @@ static ts_status rel_of(const char *path, char *rel, struct ts_error *err)
 	return ts_path_beneath("/srv/data", "/link/data", path, rel, 256, err);
 }
 
-START_TEST(normalises_by_text)
+START_TEST(test_normalises_by_text)
 {
 	static const char *const ok[][2] = {
 		{"a.safetensors", "a.safetensors"},
@@ -159,13 +159,13 @@ static void check_opens(opener *fn)
 	}
 }
 
-START_TEST(opens_with_openat2)
+START_TEST(test_opens_with_openat2)
 {
 	check_opens(ts_open_beneath);
 }
 END_TEST
 
-START_TEST(opens_by_walk)
+START_TEST(test_opens_by_walk)
 {
 	check_opens(ts__open_beneath_walk);
 }
@@ -177,11 +177,11 @@ Suite *ts_unit_suite(void)
 	TCase *tc = tcase_create("text");
 	TCase *fs = tcase_create("open");
 
-	tcase_add_test(tc, normalises_by_text);
+	tcase_add_test(tc, test_normalises_by_text);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(fs, setup, teardown);
-	tcase_add_test(fs, opens_with_openat2);
-	tcase_add_test(fs, opens_by_walk);
+	tcase_add_test(fs, test_opens_with_openat2);
+	tcase_add_test(fs, test_opens_by_walk);
 	suite_add_tcase(s, fs);
 	return s;
 }

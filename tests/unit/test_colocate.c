@@ -87,7 +87,7 @@ static void expect_bytes(struct ts_array *a, char seed)
 	free(got);
 }
 
-START_TEST(uncommitted_follow_committed)
+START_TEST(test_uncommitted_follow_committed)
 {
 	struct ts_array *arrs[3] = {publish("p", "sim:1", TS_MEM_DEVICE, true, 1000),
 	                            publish("x", "sim:0", TS_MEM_DEVICE, false, 3000),
@@ -124,7 +124,7 @@ START_TEST(uncommitted_follow_committed)
 }
 END_TEST
 
-START_TEST(committed_apart_refused)
+START_TEST(test_committed_apart_refused)
 {
 	struct ts_array *arrs[3] = {publish("a", "sim:0", TS_MEM_DEVICE, true, 8),
 	                            publish("u", "sim:2", TS_MEM_DEVICE, false, 8),
@@ -146,7 +146,7 @@ START_TEST(committed_apart_refused)
 }
 END_TEST
 
-START_TEST(no_committed_uses_fallback)
+START_TEST(test_no_committed_uses_fallback)
 {
 	struct ts_array *arrs[2] = {publish("m", "sim:0", TS_MEM_DEVICE, false, 64),
 	                            publish("n", "sim:2", TS_MEM_DEVICE, false, 32)};
@@ -166,7 +166,7 @@ START_TEST(no_committed_uses_fallback)
 }
 END_TEST
 
-START_TEST(replaced_meanwhile_aborts)
+START_TEST(test_replaced_meanwhile_aborts)
 {
 	struct ts_array *old = publish("r", "sim:0", TS_MEM_DEVICE, false, 16);
 	struct ts_array *newer = publish("r", "sim:0", TS_MEM_DEVICE, false, 16);
@@ -187,7 +187,7 @@ END_TEST
 
 /* An implicit move is the one move primitive's: metadata kept; a held array
  * moves only for its holder, and stays held by it. */
-START_TEST(held_arrays_move_for_their_holder)
+START_TEST(test_held_arrays_move_for_their_holder)
 {
 	struct ts_array *c = publish("c", "sim:1", TS_MEM_DEVICE, true, 16);
 	struct ts_array *h = publish_meta("h", "sim:0", TS_MEM_DEVICE, false, 16,
@@ -222,11 +222,11 @@ Suite *ts_unit_suite(void)
 	TCase *tc = tcase_create("committed");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, uncommitted_follow_committed);
-	tcase_add_test(tc, committed_apart_refused);
-	tcase_add_test(tc, no_committed_uses_fallback);
-	tcase_add_test(tc, replaced_meanwhile_aborts);
-	tcase_add_test(tc, held_arrays_move_for_their_holder);
+	tcase_add_test(tc, test_uncommitted_follow_committed);
+	tcase_add_test(tc, test_committed_apart_refused);
+	tcase_add_test(tc, test_no_committed_uses_fallback);
+	tcase_add_test(tc, test_replaced_meanwhile_aborts);
+	tcase_add_test(tc, test_held_arrays_move_for_their_holder);
 	suite_add_tcase(s, tc);
 	return s;
 }

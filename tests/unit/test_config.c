@@ -19,7 +19,7 @@ static enum ts_config_result parse(struct ts_config *cfg, char *out, size_t outc
 	return r;
 }
 
-START_TEST(defaults)
+START_TEST(test_defaults)
 {
 	struct ts_config c;
 	char out[256] = "";
@@ -38,7 +38,7 @@ START_TEST(defaults)
 }
 END_TEST
 
-START_TEST(flags_forms)
+START_TEST(test_flags_forms)
 {
 	struct ts_config c;
 	char out[256] = "";
@@ -61,7 +61,7 @@ START_TEST(flags_forms)
 }
 END_TEST
 
-START_TEST(environment_and_precedence)
+START_TEST(test_environment_and_precedence)
 {
 	struct ts_config c;
 	char out[256] = "";
@@ -84,7 +84,7 @@ START_TEST(environment_and_precedence)
 }
 END_TEST
 
-START_TEST(refusals_name_the_option)
+START_TEST(test_refusals_name_the_option)
 {
 	static const char *const bad[][3] = {
 		{"--sim-devices", "abc", "--sim-devices"},
@@ -106,7 +106,7 @@ START_TEST(refusals_name_the_option)
 }
 END_TEST
 
-START_TEST(help_and_version)
+START_TEST(test_help_and_version)
 {
 	struct ts_config c;
 	char out[8192] = "";
@@ -128,7 +128,7 @@ END_TEST
 
 /* The limits against hostile and slow clients: defaults, flags, variables
  * and bounds. */
-START_TEST(connection_limits)
+START_TEST(test_connection_limits)
 {
 	struct ts_config c;
 	char out[512] = "";
@@ -185,12 +185,12 @@ Suite *ts_unit_suite(void)
 	Suite *s = suite_create("config");
 	TCase *tc = tcase_create("parse");
 
-	tcase_add_test(tc, defaults);
-	tcase_add_test(tc, flags_forms);
-	tcase_add_test(tc, environment_and_precedence);
-	tcase_add_test(tc, refusals_name_the_option);
-	tcase_add_test(tc, help_and_version);
-	tcase_add_test(tc, connection_limits);
+	tcase_add_test(tc, test_defaults);
+	tcase_add_test(tc, test_flags_forms);
+	tcase_add_test(tc, test_environment_and_precedence);
+	tcase_add_test(tc, test_refusals_name_the_option);
+	tcase_add_test(tc, test_help_and_version);
+	tcase_add_test(tc, test_connection_limits);
 	suite_add_tcase(s, tc);
 	return s;
 }

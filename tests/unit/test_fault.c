@@ -12,7 +12,7 @@
 
 #ifndef TS_FAULT_BUILD
 
-START_TEST(inert_in_production)
+START_TEST(test_inert_in_production)
 {
 	for (int i = 0; i < 1000; i++)
 		for (int k = 0; k < TS_FAULT_KIND_COUNT; k++)
@@ -29,7 +29,7 @@ END_TEST
 
 #else
 
-START_TEST(counts_and_fails_the_armed_point)
+START_TEST(test_counts_and_fails_the_armed_point)
 {
 	enum ts_fault_kind kind, k;
 	uint64_t at;
@@ -82,9 +82,9 @@ Suite *ts_unit_suite(void)
 	TCase *tc = tcase_create("points");
 
 #ifndef TS_FAULT_BUILD
-	tcase_add_test(tc, inert_in_production);
+	tcase_add_test(tc, test_inert_in_production);
 #else
-	tcase_add_test(tc, counts_and_fails_the_armed_point);
+	tcase_add_test(tc, test_counts_and_fails_the_armed_point);
 #endif
 	suite_add_tcase(s, tc);
 	return s;

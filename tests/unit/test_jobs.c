@@ -196,7 +196,7 @@ static json_int_t result_int(const json_t *o, const char *key)
 
 /* ---- creation ------------------------------------------------------------------- */
 
-START_TEST(create_publishes_every_array_at_once)
+START_TEST(test_create_publishes_every_array_at_once)
 {
 	static const char *const names[] = {"m.w1", "m.w2", "m.adam.mu.w1", "m.adam.mu.w2",
 	                                    "m.adam.nu.w1", "m.adam.nu.w2"};
@@ -231,7 +231,7 @@ START_TEST(create_publishes_every_array_at_once)
 }
 END_TEST
 
-START_TEST(create_refused_leaves_nothing)
+START_TEST(test_create_refused_leaves_nothing)
 {
 	struct ts_model m, again;
 	struct ts_model_init init = {.scale = 0.1};
@@ -257,7 +257,7 @@ END_TEST
 
 /* ---- steps ---------------------------------------------------------------------- */
 
-START_TEST(step_publishes_once)
+START_TEST(test_step_publishes_once)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -293,7 +293,7 @@ START_TEST(step_publishes_once)
 }
 END_TEST
 
-START_TEST(offloaded_arrays_get_private_versions)
+START_TEST(test_offloaded_arrays_get_private_versions)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -330,7 +330,7 @@ START_TEST(offloaded_arrays_get_private_versions)
 }
 END_TEST
 
-START_TEST(device_arrays_update_in_place)
+START_TEST(test_device_arrays_update_in_place)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -372,7 +372,7 @@ static void until_started(struct ts_operation *op)
 	ck_abort_msg("the step never started");
 }
 
-START_TEST(holds_refuse_writers_until_cancelled_between_steps)
+START_TEST(test_holds_refuse_writers_until_cancelled_between_steps)
 {
 	struct ts_model m;
 	struct ts_job_run run, ev;
@@ -442,7 +442,7 @@ START_TEST(holds_refuse_writers_until_cancelled_between_steps)
 }
 END_TEST
 
-START_TEST(a_failed_step_publishes_nothing)
+START_TEST(test_a_failed_step_publishes_nothing)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -464,7 +464,7 @@ END_TEST
 
 /* ---- batches and epochs ------------------------------------------------------- */
 
-START_TEST(batches_wrap_into_the_next_epoch)
+START_TEST(test_batches_wrap_into_the_next_epoch)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -490,7 +490,7 @@ END_TEST
 
 /* The loss of a data-driven step at position p is the loss of the rows
  * p, p+1, ... (mod the rows), as an evaluation of the same weights says. */
-START_TEST(a_batch_is_the_rows_at_its_position)
+START_TEST(test_a_batch_is_the_rows_at_its_position)
 {
 	struct ts_model m;
 	struct ts_job_run run, ev;
@@ -521,7 +521,7 @@ END_TEST
 
 /* A shuffled run's order comes from its seed: the same seed, the same
  * losses; another seed, other batches. */
-START_TEST(shuffled_batches_follow_their_seed)
+START_TEST(test_shuffled_batches_follow_their_seed)
 {
 	struct ts_model a, b, c;
 	double la[4], lb[4], lc[4];
@@ -554,7 +554,7 @@ START_TEST(shuffled_batches_follow_their_seed)
 }
 END_TEST
 
-START_TEST(batches_larger_than_the_dataset_are_refused)
+START_TEST(test_batches_larger_than_the_dataset_are_refused)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -574,7 +574,7 @@ END_TEST
 
 /* ---- evaluation ----------------------------------------------------------------- */
 
-START_TEST(evaluation_writes_nothing_of_its_model)
+START_TEST(test_evaluation_writes_nothing_of_its_model)
 {
 	struct ts_model m;
 	struct ts_job_run ev;
@@ -618,18 +618,18 @@ Suite *ts_unit_suite(void)
 
 	tcase_add_checked_fixture(c, setup, teardown);
 	tcase_set_timeout(c, 120);
-	tcase_add_test(c, create_publishes_every_array_at_once);
-	tcase_add_test(c, create_refused_leaves_nothing);
-	tcase_add_test(c, step_publishes_once);
-	tcase_add_test(c, offloaded_arrays_get_private_versions);
-	tcase_add_test(c, device_arrays_update_in_place);
-	tcase_add_test(c, holds_refuse_writers_until_cancelled_between_steps);
-	tcase_add_test(c, a_failed_step_publishes_nothing);
-	tcase_add_test(c, batches_wrap_into_the_next_epoch);
-	tcase_add_test(c, a_batch_is_the_rows_at_its_position);
-	tcase_add_test(c, shuffled_batches_follow_their_seed);
-	tcase_add_test(c, batches_larger_than_the_dataset_are_refused);
-	tcase_add_test(c, evaluation_writes_nothing_of_its_model);
+	tcase_add_test(c, test_create_publishes_every_array_at_once);
+	tcase_add_test(c, test_create_refused_leaves_nothing);
+	tcase_add_test(c, test_step_publishes_once);
+	tcase_add_test(c, test_offloaded_arrays_get_private_versions);
+	tcase_add_test(c, test_device_arrays_update_in_place);
+	tcase_add_test(c, test_holds_refuse_writers_until_cancelled_between_steps);
+	tcase_add_test(c, test_a_failed_step_publishes_nothing);
+	tcase_add_test(c, test_batches_wrap_into_the_next_epoch);
+	tcase_add_test(c, test_a_batch_is_the_rows_at_its_position);
+	tcase_add_test(c, test_shuffled_batches_follow_their_seed);
+	tcase_add_test(c, test_batches_larger_than_the_dataset_are_refused);
+	tcase_add_test(c, test_evaluation_writes_nothing_of_its_model);
 	suite_add_tcase(s, c);
 	return s;
 }

@@ -39,7 +39,7 @@ static struct ts_model model(const char *name)
 	return m;
 }
 
-START_TEST(put_gives_new_uids_and_refuses_taken_names)
+START_TEST(test_put_gives_new_uids_and_refuses_taken_names)
 {
 	struct ts_model a = model("a"), b = model("b"), got;
 	uint64_t ua = 0, ub = 0, ua2 = 0;
@@ -65,7 +65,7 @@ START_TEST(put_gives_new_uids_and_refuses_taken_names)
 }
 END_TEST
 
-START_TEST(records_are_copies)
+START_TEST(test_records_are_copies)
 {
 	struct ts_model a = model("a"), got;
 	uint64_t uid = 0;
@@ -80,7 +80,7 @@ START_TEST(records_are_copies)
 }
 END_TEST
 
-START_TEST(readiness_names_the_creating_operation)
+START_TEST(test_readiness_names_the_creating_operation)
 {
 	struct ts_model a = model("a"), got;
 	uint64_t uid = 0;
@@ -97,7 +97,7 @@ START_TEST(readiness_names_the_creating_operation)
 }
 END_TEST
 
-START_TEST(add_steps_counts_by_uid)
+START_TEST(test_add_steps_counts_by_uid)
 {
 	struct ts_model a = model("a"), b = model("b"), got;
 	uint64_t ua = 0, ub = 0, before = 99;
@@ -122,7 +122,7 @@ START_TEST(add_steps_counts_by_uid)
 }
 END_TEST
 
-START_TEST(list_in_name_order)
+START_TEST(test_list_in_name_order)
 {
 	static const char *const names[] = {"delta", "alpha", "charlie", "bravo"};
 	struct ts_model out[8];
@@ -144,7 +144,7 @@ START_TEST(list_in_name_order)
 }
 END_TEST
 
-START_TEST(array_names_roles_and_shapes)
+START_TEST(test_array_names_roles_and_shapes)
 {
 	struct ts_model m = model("net"), tok = model("gpt"), none = model("plain");
 	uint64_t shape[3];
@@ -189,12 +189,12 @@ Suite *ts_unit_suite(void)
 	TCase *c = tcase_create("registry");
 
 	tcase_add_checked_fixture(c, setup, teardown);
-	tcase_add_test(c, put_gives_new_uids_and_refuses_taken_names);
-	tcase_add_test(c, records_are_copies);
-	tcase_add_test(c, readiness_names_the_creating_operation);
-	tcase_add_test(c, add_steps_counts_by_uid);
-	tcase_add_test(c, list_in_name_order);
-	tcase_add_test(c, array_names_roles_and_shapes);
+	tcase_add_test(c, test_put_gives_new_uids_and_refuses_taken_names);
+	tcase_add_test(c, test_records_are_copies);
+	tcase_add_test(c, test_readiness_names_the_creating_operation);
+	tcase_add_test(c, test_add_steps_counts_by_uid);
+	tcase_add_test(c, test_list_in_name_order);
+	tcase_add_test(c, test_array_names_roles_and_shapes);
 	suite_add_tcase(s, c);
 	return s;
 }

@@ -123,7 +123,7 @@ static ts_status move(const char *name, const struct ts_move_spec *spec)
 	return st;
 }
 
-START_TEST(put_publishes_a_new_version_readers_keep_the_old)
+START_TEST(test_put_publishes_a_new_version_readers_keep_the_old)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *old, *now;
@@ -145,7 +145,7 @@ START_TEST(put_publishes_a_new_version_readers_keep_the_old)
 }
 END_TEST
 
-START_TEST(put_in_place_shares_its_shards)
+START_TEST(test_put_in_place_shares_its_shards)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_DEVICE, NULL);
 	struct ts_array *src, *now;
@@ -167,7 +167,7 @@ START_TEST(put_in_place_shares_its_shards)
 }
 END_TEST
 
-START_TEST(admission_refuses_what_cannot_fit)
+START_TEST(test_admission_refuses_what_cannot_fit)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_DEVICE, NULL);
 	struct ts_array *src;
@@ -183,7 +183,7 @@ START_TEST(admission_refuses_what_cannot_fit)
 }
 END_TEST
 
-START_TEST(publish_only_over_the_version_read)
+START_TEST(test_publish_only_over_the_version_read)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *src = NULL, *now;
@@ -211,7 +211,7 @@ static bool always(void *arg)
 	return true;
 }
 
-START_TEST(a_cancelled_move_leaves_the_array_whole)
+START_TEST(test_a_cancelled_move_leaves_the_array_whole)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *src = NULL, *now;
@@ -233,7 +233,7 @@ START_TEST(a_cancelled_move_leaves_the_array_whole)
 }
 END_TEST
 
-START_TEST(copies_refuse_an_existing_name_unless_told)
+START_TEST(test_copies_refuse_an_existing_name_unless_told)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, "b");
 	struct ts_array *a, *b;
@@ -259,7 +259,7 @@ START_TEST(copies_refuse_an_existing_name_unless_told)
 }
 END_TEST
 
-START_TEST(donate_deletes_the_source)
+START_TEST(test_donate_deletes_the_source)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, "b");
 	struct ts_array *b;
@@ -275,7 +275,7 @@ START_TEST(donate_deletes_the_source)
 }
 END_TEST
 
-START_TEST(implicit_moves_are_counted)
+START_TEST(test_implicit_moves_are_counted)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *a;
@@ -289,7 +289,7 @@ START_TEST(implicit_moves_are_counted)
 }
 END_TEST
 
-START_TEST(conversion_on_the_way)
+START_TEST(test_conversion_on_the_way)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_DEVICE, NULL);
 	struct ts_array *a;
@@ -322,15 +322,15 @@ Suite *ts_unit_suite(void)
 	TCase *c = tcase_create("move");
 
 	tcase_add_checked_fixture(c, setup, teardown);
-	tcase_add_test(c, put_publishes_a_new_version_readers_keep_the_old);
-	tcase_add_test(c, put_in_place_shares_its_shards);
-	tcase_add_test(c, admission_refuses_what_cannot_fit);
-	tcase_add_test(c, publish_only_over_the_version_read);
-	tcase_add_test(c, a_cancelled_move_leaves_the_array_whole);
-	tcase_add_test(c, copies_refuse_an_existing_name_unless_told);
-	tcase_add_test(c, donate_deletes_the_source);
-	tcase_add_test(c, implicit_moves_are_counted);
-	tcase_add_test(c, conversion_on_the_way);
+	tcase_add_test(c, test_put_publishes_a_new_version_readers_keep_the_old);
+	tcase_add_test(c, test_put_in_place_shares_its_shards);
+	tcase_add_test(c, test_admission_refuses_what_cannot_fit);
+	tcase_add_test(c, test_publish_only_over_the_version_read);
+	tcase_add_test(c, test_a_cancelled_move_leaves_the_array_whole);
+	tcase_add_test(c, test_copies_refuse_an_existing_name_unless_told);
+	tcase_add_test(c, test_donate_deletes_the_source);
+	tcase_add_test(c, test_implicit_moves_are_counted);
+	tcase_add_test(c, test_conversion_on_the_way);
 	suite_add_tcase(s, c);
 	return s;
 }

@@ -268,7 +268,7 @@ static struct ts_session *session(struct model *m, const uint64_t *rows, void **
 	return session_rows(m, rows, rows ? trows : NULL, dev_copy);
 }
 
-START_TEST(rows_from_the_host_train_like_the_batch_on_the_device)
+START_TEST(test_rows_from_the_host_train_like_the_batch_on_the_device)
 {
 	static const uint64_t rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
 	enum ts_memory_kind kinds[2] = {TS_MEM_DEVICE, TS_MEM_PINNED_HOST};
@@ -314,7 +314,7 @@ END_TEST
 
 /* Rows in any order, repeated, stage exactly those rows: the same as a
  * dataset laid out in that order beforehand. */
-START_TEST(repeated_and_reordered_rows_stage_exactly_those_rows)
+START_TEST(test_repeated_and_reordered_rows_stage_exactly_those_rows)
 {
 	static const uint64_t rows[BATCH] = {5, 5, 0, 9, 8, 7, 30, 2};
 	static const uint64_t in_rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -344,7 +344,7 @@ START_TEST(repeated_and_reordered_rows_stage_exactly_those_rows)
 }
 END_TEST
 
-START_TEST(a_failed_step_leaves_every_array_and_publishes_nothing)
+START_TEST(test_a_failed_step_leaves_every_array_and_publishes_nothing)
 {
 	static const uint64_t rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
 	enum ts_memory_kind kinds[2] = {TS_MEM_DEVICE, TS_MEM_PINNED_HOST};
@@ -397,7 +397,7 @@ START_TEST(a_failed_step_leaves_every_array_and_publishes_nothing)
 }
 END_TEST
 
-START_TEST(cancelled_between_steps)
+START_TEST(test_cancelled_between_steps)
 {
 	static const uint64_t rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
 	struct model m;
@@ -418,7 +418,7 @@ START_TEST(cancelled_between_steps)
 }
 END_TEST
 
-START_TEST(bindings_that_do_not_match_the_plan_are_refused)
+START_TEST(test_bindings_that_do_not_match_the_plan_are_refused)
 {
 	struct model m;
 	struct ts_session_config cfg;
@@ -464,7 +464,7 @@ END_TEST
 
 /* A data-driven run stages each step's batch while the step before
  * computes: the same as one step per call on those rows. */
-START_TEST(a_batch_per_step_equals_those_rows_step_by_step)
+START_TEST(test_a_batch_per_step_equals_those_rows_step_by_step)
 {
 	struct model a, b;
 	struct ts_session *s;
@@ -512,12 +512,12 @@ Suite *ts_unit_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, rows_from_the_host_train_like_the_batch_on_the_device);
-	tcase_add_test(tc, repeated_and_reordered_rows_stage_exactly_those_rows);
-	tcase_add_test(tc, a_failed_step_leaves_every_array_and_publishes_nothing);
-	tcase_add_test(tc, cancelled_between_steps);
-	tcase_add_test(tc, a_batch_per_step_equals_those_rows_step_by_step);
-	tcase_add_test(tc, bindings_that_do_not_match_the_plan_are_refused);
+	tcase_add_test(tc, test_rows_from_the_host_train_like_the_batch_on_the_device);
+	tcase_add_test(tc, test_repeated_and_reordered_rows_stage_exactly_those_rows);
+	tcase_add_test(tc, test_a_failed_step_leaves_every_array_and_publishes_nothing);
+	tcase_add_test(tc, test_cancelled_between_steps);
+	tcase_add_test(tc, test_a_batch_per_step_equals_those_rows_step_by_step);
+	tcase_add_test(tc, test_bindings_that_do_not_match_the_plan_are_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

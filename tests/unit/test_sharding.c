@@ -175,7 +175,7 @@ static void expect_invalid(const struct ts_sharding *s, int rank, const uint64_t
 
 static const uint64_t S84[] = {8, 4};
 
-START_TEST(mesh22_x_y)
+START_TEST(test_mesh22_x_y)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -189,7 +189,7 @@ START_TEST(mesh22_x_y)
 }
 END_TEST
 
-START_TEST(mesh22_y_x)
+START_TEST(test_mesh22_y_x)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -203,7 +203,7 @@ START_TEST(mesh22_y_x)
 }
 END_TEST
 
-START_TEST(mesh22_xy_on_one_dim)
+START_TEST(test_mesh22_xy_on_one_dim)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -217,7 +217,7 @@ START_TEST(mesh22_xy_on_one_dim)
 }
 END_TEST
 
-START_TEST(mesh22_yx_on_one_dim)
+START_TEST(test_mesh22_yx_on_one_dim)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -231,7 +231,7 @@ START_TEST(mesh22_yx_on_one_dim)
 }
 END_TEST
 
-START_TEST(mesh22_x_replicates_over_y)
+START_TEST(test_mesh22_x_replicates_over_y)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -245,7 +245,7 @@ START_TEST(mesh22_x_replicates_over_y)
 }
 END_TEST
 
-START_TEST(mesh22_none_y_replicates_over_x)
+START_TEST(test_mesh22_none_y_replicates_over_x)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -259,7 +259,7 @@ START_TEST(mesh22_none_y_replicates_over_x)
 }
 END_TEST
 
-START_TEST(mesh22_fully_replicated)
+START_TEST(test_mesh22_fully_replicated)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -278,7 +278,7 @@ END_TEST
 
 /* ---- 1- and 3-axis meshes ------------------------------------------------------------ */
 
-START_TEST(mesh1_axis)
+START_TEST(test_mesh1_axis)
 {
 	static const char *const names[] = {"batch"};
 	static const int shape4[] = {4};
@@ -301,7 +301,7 @@ START_TEST(mesh1_axis)
 }
 END_TEST
 
-START_TEST(mesh3_axes)
+START_TEST(test_mesh3_axes)
 {
 	static const char *const names[] = {"a", "b", "c"};
 	static const int shape[] = {2, 2, 2};
@@ -346,7 +346,7 @@ START_TEST(mesh3_axes)
 }
 END_TEST
 
-START_TEST(mesh_2x4_replica_numbering)
+START_TEST(test_mesh_2x4_replica_numbering)
 {
 	static const int shape[] = {2, 4};
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
@@ -371,7 +371,7 @@ END_TEST
 
 /* ---- refusals ------------------------------------------------------------------------- */
 
-START_TEST(uneven_split_refused)
+START_TEST(test_uneven_split_refused)
 {
 	struct ts_sharding s;
 	uint64_t ten[] = {10}, odd[] = {8, 3};
@@ -386,7 +386,7 @@ START_TEST(uneven_split_refused)
 }
 END_TEST
 
-START_TEST(spec_longer_than_rank)
+START_TEST(test_spec_longer_than_rank)
 {
 	struct ts_sharding s;
 	uint64_t sh[] = {8, 4};
@@ -398,7 +398,7 @@ START_TEST(spec_longer_than_rank)
 }
 END_TEST
 
-START_TEST(axis_used_twice)
+START_TEST(test_axis_used_twice)
 {
 	struct ts_sharding s;
 	struct ts_error err;
@@ -413,7 +413,7 @@ START_TEST(axis_used_twice)
 }
 END_TEST
 
-START_TEST(bad_meshes)
+START_TEST(test_bad_meshes)
 {
 	struct ts_sharding s, t;
 	struct ts_error err;
@@ -468,7 +468,7 @@ END_TEST
 
 /* ---- edge shapes ----------------------------------------------------------------------- */
 
-START_TEST(zero_size_dims)
+START_TEST(test_zero_size_dims)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -487,7 +487,7 @@ START_TEST(zero_size_dims)
 }
 END_TEST
 
-START_TEST(rank0_arrays)
+START_TEST(test_rank0_arrays)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -504,7 +504,7 @@ START_TEST(rank0_arrays)
 }
 END_TEST
 
-START_TEST(single_device)
+START_TEST(test_single_device)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -523,7 +523,7 @@ START_TEST(single_device)
 }
 END_TEST
 
-START_TEST(with_memory_kind)
+START_TEST(test_with_memory_kind)
 {
 	struct ts_sharding s, t, u;
 
@@ -550,7 +550,7 @@ END_TEST
 
 /* ---- equality ---------------------------------------------------------------------------- */
 
-START_TEST(equality_as_placements)
+START_TEST(test_equality_as_placements)
 {
 	static const char *const z[] = {"z"};
 	static const int one[] = {1}, four[] = {4};
@@ -626,7 +626,7 @@ static void contains_devices(const char *text, int n)
 	}
 }
 
-START_TEST(render_text_grids)
+START_TEST(test_render_text_grids)
 {
 	static const int m41[] = {4, 1};
 	struct ts_sharding s;
@@ -692,7 +692,7 @@ END_TEST
 
 /* ---- registry ------------------------------------------------------------------------------- */
 
-START_TEST(registry_basics)
+START_TEST(test_registry_basics)
 {
 	struct ts_sharding_registry *r = ts_sharding_registry_new();
 	struct ts_sharding s, got;
@@ -777,7 +777,7 @@ static void *put_many(void *arg)
 	return NULL;
 }
 
-START_TEST(registry_threads)
+START_TEST(test_registry_threads)
 {
 	struct ts_sharding_registry *r = ts_sharding_registry_new();
 	struct worker w[4];
@@ -808,37 +808,37 @@ Suite *ts_unit_suite(void)
 	      *misc = tcase_create("values"), *reg = tcase_create("registry");
 
 	tcase_add_checked_fixture(boxes_tc, setup, teardown);
-	tcase_add_test(boxes_tc, mesh22_x_y);
-	tcase_add_test(boxes_tc, mesh22_y_x);
-	tcase_add_test(boxes_tc, mesh22_xy_on_one_dim);
-	tcase_add_test(boxes_tc, mesh22_yx_on_one_dim);
-	tcase_add_test(boxes_tc, mesh22_x_replicates_over_y);
-	tcase_add_test(boxes_tc, mesh22_none_y_replicates_over_x);
-	tcase_add_test(boxes_tc, mesh22_fully_replicated);
-	tcase_add_test(boxes_tc, mesh1_axis);
-	tcase_add_test(boxes_tc, mesh3_axes);
-	tcase_add_test(boxes_tc, mesh_2x4_replica_numbering);
-	tcase_add_test(boxes_tc, zero_size_dims);
-	tcase_add_test(boxes_tc, rank0_arrays);
-	tcase_add_test(boxes_tc, single_device);
+	tcase_add_test(boxes_tc, test_mesh22_x_y);
+	tcase_add_test(boxes_tc, test_mesh22_y_x);
+	tcase_add_test(boxes_tc, test_mesh22_xy_on_one_dim);
+	tcase_add_test(boxes_tc, test_mesh22_yx_on_one_dim);
+	tcase_add_test(boxes_tc, test_mesh22_x_replicates_over_y);
+	tcase_add_test(boxes_tc, test_mesh22_none_y_replicates_over_x);
+	tcase_add_test(boxes_tc, test_mesh22_fully_replicated);
+	tcase_add_test(boxes_tc, test_mesh1_axis);
+	tcase_add_test(boxes_tc, test_mesh3_axes);
+	tcase_add_test(boxes_tc, test_mesh_2x4_replica_numbering);
+	tcase_add_test(boxes_tc, test_zero_size_dims);
+	tcase_add_test(boxes_tc, test_rank0_arrays);
+	tcase_add_test(boxes_tc, test_single_device);
 	suite_add_tcase(s, boxes_tc);
 
 	tcase_add_checked_fixture(refuse, setup, teardown);
-	tcase_add_test(refuse, uneven_split_refused);
-	tcase_add_test(refuse, spec_longer_than_rank);
-	tcase_add_test(refuse, axis_used_twice);
-	tcase_add_test(refuse, bad_meshes);
+	tcase_add_test(refuse, test_uneven_split_refused);
+	tcase_add_test(refuse, test_spec_longer_than_rank);
+	tcase_add_test(refuse, test_axis_used_twice);
+	tcase_add_test(refuse, test_bad_meshes);
 	suite_add_tcase(s, refuse);
 
 	tcase_add_checked_fixture(misc, setup, teardown);
-	tcase_add_test(misc, with_memory_kind);
-	tcase_add_test(misc, equality_as_placements);
-	tcase_add_test(misc, render_text_grids);
+	tcase_add_test(misc, test_with_memory_kind);
+	tcase_add_test(misc, test_equality_as_placements);
+	tcase_add_test(misc, test_render_text_grids);
 	suite_add_tcase(s, misc);
 
 	tcase_add_checked_fixture(reg, setup, teardown);
-	tcase_add_test(reg, registry_basics);
-	tcase_add_test(reg, registry_threads);
+	tcase_add_test(reg, test_registry_basics);
+	tcase_add_test(reg, test_registry_threads);
 	suite_add_tcase(s, reg);
 	return s;
 }

@@ -41,7 +41,7 @@ static void teardown(void)
 	set = NULL;
 }
 
-START_TEST(spaces_per_device_and_kind)
+START_TEST(test_spaces_per_device_and_kind)
 {
 	ck_assert_uint_eq(ts_memory_space_count(mem), 9);    /* sim:0, sim:1, cpu:0 x 3 */
 	for (size_t i = 0; i < ts_memory_space_count(mem); i++) {
@@ -54,7 +54,7 @@ START_TEST(spaces_per_device_and_kind)
 }
 END_TEST
 
-START_TEST(exact_accounting_and_peak)
+START_TEST(test_exact_accounting_and_peak)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_space_stats s;
@@ -88,7 +88,7 @@ START_TEST(exact_accounting_and_peak)
 }
 END_TEST
 
-START_TEST(refusal_is_a_value)
+START_TEST(test_refusal_is_a_value)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_space_stats before, after;
@@ -126,7 +126,7 @@ START_TEST(refusal_is_a_value)
 }
 END_TEST
 
-START_TEST(fragmentation_reported)
+START_TEST(test_fragmentation_reported)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:1", TS_MEM_DEVICE);
 	struct ts_space_stats s;
@@ -149,7 +149,7 @@ START_TEST(fragmentation_reported)
 }
 END_TEST
 
-START_TEST(pinned_pool_grows_in_segments)
+START_TEST(test_pinned_pool_grows_in_segments)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
@@ -182,7 +182,7 @@ START_TEST(pinned_pool_grows_in_segments)
 }
 END_TEST
 
-START_TEST(pageable_limit_shared_with_cpu_device)
+START_TEST(test_pageable_limit_shared_with_cpu_device)
 {
 	struct ts_space *u = ts_memory_find(mem, "sim:0", TS_MEM_UNPINNED_HOST);
 	struct ts_space *cpu = ts_memory_find(mem, "cpu:0", TS_MEM_DEVICE);
@@ -207,7 +207,7 @@ END_TEST
 
 /* Node-wide host pools are listed once, device pools once per device; a
  * pool's in-use bytes are the sum over every space drawing from it. */
-START_TEST(pools_listed_once)
+START_TEST(test_pools_listed_once)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
@@ -250,7 +250,7 @@ START_TEST(pools_listed_once)
 END_TEST
 
 /* A GPU pool leaves headroom for cuBLAS and the runtime, whatever the fraction. */
-START_TEST(device_pool_leaves_headroom)
+START_TEST(test_device_pool_leaves_headroom)
 {
 	const uint64_t gib = 1ull << 30, h200 = 140ull * gib;
 
@@ -263,7 +263,7 @@ START_TEST(device_pool_leaves_headroom)
 }
 END_TEST
 
-START_TEST(zero_size)
+START_TEST(test_zero_size)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_space_stats s;
@@ -286,7 +286,7 @@ START_TEST(zero_size)
 }
 END_TEST
 
-START_TEST(randomized_exact_stats)
+START_TEST(test_randomized_exact_stats)
 {
 	enum { LIVE = 256 };
 	struct {
@@ -362,7 +362,7 @@ static void check_mapped(int fd, uint64_t off, const unsigned char *want, size_t
 	munmap(m, len + (off - base));
 }
 
-START_TEST(host_memory_is_shareable)
+START_TEST(test_host_memory_is_shareable)
 {
 	const enum ts_memory_kind kinds[] = {TS_MEM_PINNED_HOST, TS_MEM_UNPINNED_HOST};
 
@@ -414,7 +414,7 @@ START_TEST(host_memory_is_shareable)
 }
 END_TEST
 
-START_TEST(sim_device_memory_is_shareable)
+START_TEST(test_sim_device_memory_is_shareable)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_buffer *a, *b;
@@ -454,7 +454,7 @@ END_TEST
 
 /* The pool chunk of a buffer: a device pool's one region, a pinned segment;
  * none for pageable memory. */
-START_TEST(buffers_name_their_pool_chunk)
+START_TEST(test_buffers_name_their_pool_chunk)
 {
 	struct ts_space *dev = ts_memory_find(mem, "sim:1", TS_MEM_DEVICE);
 	struct ts_space *pin = ts_memory_find(mem, "cpu:0", TS_MEM_PINNED_HOST);
@@ -490,7 +490,7 @@ START_TEST(buffers_name_their_pool_chunk)
 }
 END_TEST
 
-START_TEST(descriptors_are_budgeted)
+START_TEST(test_descriptors_are_budgeted)
 {
 	struct ts_space *sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
 	struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
@@ -530,20 +530,20 @@ Suite *ts_unit_suite(void)
 	TCase *tc = tcase_create("accounting");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, spaces_per_device_and_kind);
-	tcase_add_test(tc, exact_accounting_and_peak);
-	tcase_add_test(tc, refusal_is_a_value);
-	tcase_add_test(tc, fragmentation_reported);
-	tcase_add_test(tc, pinned_pool_grows_in_segments);
-	tcase_add_test(tc, pageable_limit_shared_with_cpu_device);
-	tcase_add_test(tc, pools_listed_once);
-	tcase_add_test(tc, zero_size);
-	tcase_add_test(tc, device_pool_leaves_headroom);
-	tcase_add_test(tc, randomized_exact_stats);
-	tcase_add_test(tc, host_memory_is_shareable);
-	tcase_add_test(tc, sim_device_memory_is_shareable);
-	tcase_add_test(tc, buffers_name_their_pool_chunk);
-	tcase_add_test(tc, descriptors_are_budgeted);
+	tcase_add_test(tc, test_spaces_per_device_and_kind);
+	tcase_add_test(tc, test_exact_accounting_and_peak);
+	tcase_add_test(tc, test_refusal_is_a_value);
+	tcase_add_test(tc, test_fragmentation_reported);
+	tcase_add_test(tc, test_pinned_pool_grows_in_segments);
+	tcase_add_test(tc, test_pageable_limit_shared_with_cpu_device);
+	tcase_add_test(tc, test_pools_listed_once);
+	tcase_add_test(tc, test_zero_size);
+	tcase_add_test(tc, test_device_pool_leaves_headroom);
+	tcase_add_test(tc, test_randomized_exact_stats);
+	tcase_add_test(tc, test_host_memory_is_shareable);
+	tcase_add_test(tc, test_sim_device_memory_is_shareable);
+	tcase_add_test(tc, test_buffers_name_their_pool_chunk);
+	tcase_add_test(tc, test_descriptors_are_budgeted);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -4,7 +4,10 @@
  *
  * A suite file defines ts_unit_suite() and no main: unit.c's main builds
  * that suite, runs it (CK_NORMAL output, each case forked unless
- * CK_FORK=no) and exits EXIT_FAILURE when any case failed.
+ * CK_FORK=no) and exits EXIT_FAILURE when any case failed. Cases are named
+ * test_<what> (START_TEST(test_publish_keeps_the_reader)), so that a
+ * case never shares a name with a helper and a failure line names it as
+ * a test.
  *
  * The sim fixture is the device set and memory most suites build in their
  * setup: simulated devices with CUDA discovery off, and the host budgets
