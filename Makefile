@@ -119,11 +119,12 @@ IT_BIN    := $(IT_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 # it_faults needs a fault-injection daemon: `make faults` runs it
 IT_FAULTS := $(BUILD)/tests/it_faults
 IT_BIN    := $(filter-out $(IT_FAULTS),$(IT_BIN))
-IT_COMMON := tests/integration/harness.c
+IT_COMMON := tests/integration/harness.c tests/common/spawn.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
-BENCH_COMMON := tests/bench/benchlib.c
-# an integration suite or bench is compiled with its common source in one
+BENCH_COMMON := tests/bench/benchlib.c tests/common/spawn.c
+# an integration suite or bench is compiled with its common sources (its
+# harness, and tests/common/spawn.c, the child processes both start) in one
 # command, whose dependency file keeps only the last source's headers: each
 # depends on every header instead
 TEST_HEADERS := $(wildcard */*.h tests/*/*.h)

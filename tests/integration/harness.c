@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/spawn.h"
+
 extern char **environ;
 
 /* ---- process-wide bookkeeping (this test process only) ---------------------- */
@@ -329,7 +331,6 @@ static char **child_env(const char *const *extra)
 static pid_t spawn(char *const *argv, char *const *envp, const char *out_path,
                    const char *err_path)
 {
-	pid_t parent = getpid();
 	int in, out, err;
 	pid_t pid;
 
@@ -338,24 +339,8 @@ static pid_t spawn(char *const *argv, char *const *envp, const char *out_path,
 	err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	ck_assert_msg(in >= 0 && out >= 0 && err >= 0, "cannot open output files: %s",
 	              strerror(errno));
-	fflush(NULL);
-	pid = fork();
+	pid = ts_test_spawn((const char *const *)argv, envp, in, out, err, "harness: ");
 	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		sigset_t none;
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		signal(SIGPIPE, SIG_DFL);
-		if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
-			_exit(127);
-		execve(argv[0], argv, envp);
-		dprintf(2, "harness: cannot exec '%s': %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
 	close(in);
 	close(out);
 	close(err);
