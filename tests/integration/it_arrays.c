@@ -4,7 +4,7 @@
  * :import, :export and the list) against data that tstaged did not make:
  * bytes generated here, .npy files written by numpy and safetensors files
  * written by the reference safetensors package (py/make_fixtures.py, run
- * once by main), and what tstaged serves read back by those same readers
+ * once by th_suite), and what tstaged serves read back by those same readers
  * (py/check_export.py).
  *
  * Each case runs forked with its own daemon (two sim devices of 64 MiB), so
