@@ -112,16 +112,19 @@ DAEMON    := $(BUILD)/tstaged
 
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+# every unit suite links the one main, the backend switch and the sim fixture
+UNIT_COMMON := $(BUILD)/obj/tests/unit/unit.o
 IT_SRC    := $(wildcard tests/integration/it_*.c)
 IT_BIN    := $(IT_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 # it_faults needs a fault-injection daemon: `make faults` runs it
 IT_FAULTS := $(BUILD)/tests/it_faults
 IT_BIN    := $(filter-out $(IT_FAULTS),$(IT_BIN))
-IT_COMMON := tests/integration/harness.c
+IT_COMMON := tests/integration/harness.c tests/common/spawn.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
-BENCH_COMMON := tests/bench/benchlib.c
-# an integration suite or bench is compiled with its common source in one
+BENCH_COMMON := tests/bench/benchlib.c tests/common/spawn.c
+# an integration suite or bench is compiled with its common sources (its
+# harness, and tests/common/spawn.c, the child processes both start) in one
 # command, whose dependency file keeps only the last source's headers: each
 # depends on every header instead
 TEST_HEADERS := $(wildcard */*.h tests/*/*.h)
@@ -171,9 +174,9 @@ $(LIB): $(LIB_OBJ)
 $(DAEMON): $(BUILD)/obj/server/main.o $(LIB)
 	$(CC) $(ALL_LDFLAGS) $^ $(ALL_LDLIBS) -o $@
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(LIB)
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(UNIT_COMMON) $(LIB)
 	@mkdir -p $(@D)
-	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(LIB) $(CHECK_LIBS) $(ALL_LDLIBS) -o $@
+	$(CC) $(ALL_CPPFLAGS) $(ALL_CFLAGS) $(ALL_LDFLAGS) $< $(UNIT_COMMON) $(LIB) $(CHECK_LIBS) $(ALL_LDLIBS) -o $@
 
 $(BUILD)/tests/it_%: tests/integration/it_%.c $(IT_COMMON) $(TEST_HEADERS)
 	@mkdir -p $(@D)

@@ -20,7 +20,6 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -38,9 +37,6 @@ struct ts_core {
 	struct ts_view_cache *memory_view;   /* handlers/memory.c */
 	const char *data_dir;                /* realpath of --data-dir, or NULL */
 	const char *data_dir_given;          /* --data-dir as configured (another spelling) */
-	uint64_t import_header_max;          /* largest safetensors header an import holds */
-	uint64_t import_header_budget;       /* all headers being read together; 0: none */
-	_Atomic uint64_t *import_header_used;   /* bytes of that budget held now */
 	uint64_t wait_limit_ns;              /* longest a waiting call holds its connection */
 	struct ts_device *default_device;
 	enum ts_memory_kind default_memory_kind;

@@ -66,48 +66,4 @@ ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t pr
                              struct ts_h_part *parts, size_t nparts,
                              struct ts_stream *stream, struct ts_error *err);
 
-/*
- * The receiving side of a safetensors body, streamed or read from a file:
- * the 8-byte length (checked against the server's header limit and the
- * budget all imports share), the header (validated as the reference
- * implementation does, and against the body's length when known), then the
- * data, each byte routed straight into its tensor's array. Once the header
- * is parsed, admit creates one (unpublished) array per tensor, in st
- * order, into arrays[]; it decides names, placements and what a tensor
- * must be, and may refuse the file (its error answers the request). Used
- * by POST /v1/arrays:import and POST /v1/models:import.
- *
- * init zeroes r; bytes takes the body's bytes in order; finish checks that
- * the data ended where the header says (TRUNCATED otherwise) and completes
- * the last tensor; release frees what r holds (the arrays' references, the
- * header, its budget). Fields are read only by r's user after bytes.
- */
-struct ts_array_writer;
-typedef ts_status ts_h_st_admit_fn(void *ctx, const struct ts_st_header *st,
-                                   struct ts_array **arrays, struct ts_error *err);
-struct ts_h_st_recv {
-	const struct ts_core *core;
-	ts_h_st_admit_fn *admit;
-	void *ctx;
-	uint64_t content_length;           /* UINT64_MAX: unknown */
-	uint64_t received;
-	char first8[8];
-	char *header;                      /* the JSON header, buffered */
-	uint64_t header_held;              /* of the headers' budget, given back at release */
-	uint64_t header_len, header_got;
-	bool parsed;
-	struct ts_st_header st;
-	struct ts_array **arrays;          /* one per tensor, in st order (own references) */
-	size_t cur;                        /* tensor receiving data */
-	struct ts_array_writer *writer;    /* into arrays[cur] */
-	uint64_t data_got;                 /* bytes of the data section received */
-};
-
-void ts_h_st_recv_init(struct ts_h_st_recv *r, const struct ts_core *core,
-                       uint64_t content_length, ts_h_st_admit_fn *admit, void *ctx);
-ts_status ts_h_st_recv_bytes(struct ts_h_st_recv *r, const char *data, size_t n,
-                             struct ts_error *err);
-ts_status ts_h_st_recv_finish(struct ts_h_st_recv *r, struct ts_error *err);
-void ts_h_st_recv_release(struct ts_h_st_recv *r);
-
 #endif

@@ -34,6 +34,7 @@
 #include "common/units.h"
 #include "device/device.h"
 #include "handlers/model_spec.h"
+#include "jobs/import.h"
 #include "storage/array_io.h"
 #include "train/model.h"
 
@@ -184,7 +185,7 @@ out_free:
 
 struct mimport {
 	const struct ts_core *core;
-	struct ts_h_st_recv rx;
+	struct ts_import_rx rx;
 	char name[TS_MODEL_NAME_MAX + 1];      /* ?name=, "" for the checkpoint's */
 	char device[64];                       /* ?device=, "" for the checkpoint's */
 	struct ts_model model;                 /* once admitted: with its uid */
@@ -396,7 +397,7 @@ static void *mimport_begin(const struct ts_call *call, uint64_t content_length,
 	im->core = call->core;
 	snprintf(im->name, sizeof im->name, "%s", name ? name : "");
 	snprintf(im->device, sizeof im->device, "%s", dev ? dev : "");
-	ts_h_st_recv_init(&im->rx, call->core, content_length, import_admit, im);
+	ts_import_rx_init(&im->rx, &call->core->env, content_length, import_admit, im);
 	return im;
 }
 
@@ -406,7 +407,7 @@ static bool mimport_chunk(void *state, const char *data, size_t n, struct ts_rep
 	struct ts_error err;
 
 	ts_error_clear(&err);
-	if (ts_h_st_recv_bytes(&im->rx, data, n, &err) != TS_OK) {
+	if (ts_import_rx_bytes(&im->rx, data, n, &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return false;
 	}
@@ -421,7 +422,7 @@ static void mimport_finish(void *state, const struct ts_call *call, struct ts_re
 
 	(void)call;
 	ts_error_clear(&err);
-	if (ts_h_st_recv_finish(&im->rx, &err) != TS_OK ||
+	if (ts_import_rx_finish(&im->rx, &err) != TS_OK ||
 	    ts_catalog_put_all(im->core->env.catalog, im->rx.arrays, im->rx.st.ntensors, false,
 	                       &err) != TS_OK) {
 		ts_reply_error(reply, &err);
@@ -444,7 +445,7 @@ static void mimport_release(void *state)
 		return;
 	if (!im->published && im->model.uid)
 		ts_model_registry_remove(im->core->env.models, im->model.uid);
-	ts_h_st_recv_release(&im->rx);
+	ts_import_rx_release(&im->rx);
 	free(im);
 }
 

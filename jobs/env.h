@@ -1,7 +1,9 @@
 /*
  * env.h - the non-HTTP half of the core: the objects the work that
  * operations run needs (devices, memory, the catalog and its stager, the
- * operations registry, saved shardings, the model registry).
+ * operations registry, saved shardings, the model registry) and the
+ * limits imports read (the largest safetensors header one may hold, and
+ * the budget all the headers being read share).
  *
  * The server makes one at start (inside struct ts_core, handlers/api.h);
  * tests make their own on the sim backend. Every job (jobs/) takes one and
@@ -13,6 +15,9 @@
  */
 #ifndef TS_JOBS_ENV_H
 #define TS_JOBS_ENV_H
+
+#include <stdatomic.h>
+#include <stdint.h>
 
 struct ts_device_set;
 struct ts_memory;
@@ -30,6 +35,10 @@ struct ts_jobs_env {
 	struct ts_op_registry *operations;        /* long-running operations (ops/operation.h) */
 	struct ts_sharding_registry *shardings;   /* saved shardings (storage/sharding.h) */
 	struct ts_model_registry *models;         /* training models (train/model.h) */
+	uint64_t import_header_max;               /* largest safetensors header an import
+	                                           * holds; 0: no limit */
+	uint64_t import_header_budget;            /* all headers being read together; 0: none */
+	_Atomic uint64_t *import_header_used;     /* bytes of that budget held now */
 };
 
 #endif

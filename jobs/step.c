@@ -311,8 +311,8 @@ static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
 	(void)err;
 	s->done++;
 	if (s->model.opt.type != TS_OPT_NONE)
-		ts_model_registry_advance(s->env->models, s->model.uid, 1, NULL);
-	ts_model_registry_step_ran(s->env->models, (uint64_t)((wall - s->timed_s) * 1e9));
+		ts_model_registry_add_steps(s->env->models, s->model.uid, 1, NULL);
+	ts_model_registry_record_step(s->env->models, (uint64_t)((wall - s->timed_s) * 1e9));
 	s->timed_s = wall;
 	ts_operation_progress_add(s->op, 1);
 	return TS_OK;
@@ -635,7 +635,7 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 
 	if (!res)
 		return NULL;
-	if (ts_model_registry_advance(s->env->models, s->model.uid, 0, &t))
+	if (ts_model_registry_step_count(s->env->models, s->model.uid, &t))
 		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
 	if (s->batches.on) {
 		const struct batches *b = &s->batches;
@@ -884,7 +884,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = step_grads(s, grads, &ng, err);
 	if (st == TS_OK)
 		st = run_stage(s, err);
-	if (st == TS_OK && !ts_model_registry_advance(env->models, m->uid, 0, &base_steps))
+	if (st == TS_OK && !ts_model_registry_step_count(env->models, m->uid, &base_steps))
 		st = ts_error_set(err, TS_ABORTED, "MODEL_GONE", "model '%s' was deleted", m->name);
 	if (st == TS_OK) {
 		ran = true;

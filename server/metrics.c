@@ -665,7 +665,7 @@ static void render_training(struct out *o, const struct ts_core *core)
 
 	if (!core->env.models)
 		return;
-	h = ts_model_registry_steps(core->env.models);
+	h = ts_model_registry_step_times(core->env.models);
 	ts_histogram_read(h, &s);
 	family(o, "tstage_training_steps_total", "counter", "Training steps run since start.");
 	out_printf(o, "tstage_training_steps_total %llu\n", (unsigned long long)s.count);

@@ -71,7 +71,7 @@ struct ts_server {
 	struct ts__addr_count *by_addr[TS__ADDR_BUCKETS];   /* guarded by: conns_mu */
 	char *busy[2];                   /* immutable after start: raw 503s (all, per address) */
 	size_t busy_len[2];
-	_Atomic uint64_t import_header_used;   /* safetensors headers being read (handlers) */
+	_Atomic uint64_t import_header_used;   /* safetensors headers being read (jobs/import.c) */
 };
 
 struct ts__waiting;

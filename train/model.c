@@ -20,7 +20,7 @@ struct ts_model_registry {
 	struct ts_mutex mu;
 	struct ts_registry names;          /* of struct ts_model (own); guarded by: mu */
 	uint64_t next_uid;                 /* guarded by: mu */
-	struct ts_histogram steps;         /* atomics: every step run */
+	struct ts_histogram step_times;       /* atomics: every step run */
 };
 
 void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char *buf, size_t cap)
@@ -165,18 +165,18 @@ struct ts_model_registry *ts_model_registry_new(void)
 		return NULL;
 	ts_registry_init(&r->names);
 	ts_mutex_init(&r->mu);
-	ts_histogram_init(&r->steps, ts_histogram_long_bounds, ts_histogram_long_nbounds);
+	ts_histogram_init(&r->step_times, ts_histogram_long_bounds, ts_histogram_long_nbounds);
 	return r;
 }
 
-void ts_model_registry_step_ran(struct ts_model_registry *r, uint64_t ns)
+void ts_model_registry_record_step(struct ts_model_registry *r, uint64_t ns)
 {
-	ts_histogram_observe(&r->steps, ns);
+	ts_histogram_observe(&r->step_times, ns);
 }
 
-const struct ts_histogram *ts_model_registry_steps(const struct ts_model_registry *r)
+const struct ts_histogram *ts_model_registry_step_times(const struct ts_model_registry *r)
 {
-	return &r->steps;
+	return &r->step_times;
 }
 
 void ts_model_registry_free(struct ts_model_registry *r)
@@ -273,8 +273,8 @@ bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool
 	return m != NULL;
 }
 
-bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
-                               uint64_t *before)
+bool ts_model_registry_add_steps(struct ts_model_registry *r, uint64_t uid, uint64_t n,
+                                 uint64_t *before)
 {
 	struct ts_model *m;
 
@@ -285,6 +285,18 @@ bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64
 			*before = m->steps;
 		m->steps += n;
 	}
+	ts_mutex_unlock(&r->mu);
+	return m != NULL;
+}
+
+bool ts_model_registry_step_count(struct ts_model_registry *r, uint64_t uid, uint64_t *steps)
+{
+	struct ts_model *m;
+
+	ts_mutex_lock(&r->mu);
+	m = find_uid_locked(r, uid);
+	if (m)
+		*steps = m->steps;
 	ts_mutex_unlock(&r->mu);
 	return m != NULL;
 }

@@ -17,6 +17,10 @@
  * ready once its arrays are initialised and published (creating names the
  * operation doing that until then).
  *
+ * The registry's verbs are the house's (common/registry.h, the catalog,
+ * the saved shardings): put, get, remove, list; set_ready, add_steps and
+ * step_count change or read one model by uid.
+ *
  * Thread-safety: the registry is guarded by its lock; a model record is an
  * immutable value copied out.
  */
@@ -113,13 +117,17 @@ bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool
                                  const char *creating);
 /* Adds n to the step counter of the model with this uid; the counter
  * before in *before (may be NULL). False, changing nothing, when gone. */
-bool ts_model_registry_advance(struct ts_model_registry *r, uint64_t uid, uint64_t n,
-                               uint64_t *before);
-/* Counts one training step that ran for ns nanoseconds, whatever the model
- * (lock-free), and the histogram of them all (borrowed; lives as long as r):
- * its count is the steps run since start. */
-void ts_model_registry_step_ran(struct ts_model_registry *r, uint64_t ns);
-const struct ts_histogram *ts_model_registry_steps(const struct ts_model_registry *r);
+bool ts_model_registry_add_steps(struct ts_model_registry *r, uint64_t uid, uint64_t n,
+                                 uint64_t *before);
+/* The step counter of the model with this uid into *steps; false, leaving
+ * *steps alone, when gone. */
+bool ts_model_registry_step_count(struct ts_model_registry *r, uint64_t uid, uint64_t *steps);
+/* Records one training step that ran for ns nanoseconds, whatever the
+ * model (lock-free), in the histogram of them all. */
+void ts_model_registry_record_step(struct ts_model_registry *r, uint64_t ns);
+/* That histogram (borrowed; lives as long as r): its count is the steps
+ * run since start. */
+const struct ts_histogram *ts_model_registry_step_times(const struct ts_model_registry *r);
 /* Copies up to cap models in name order into out; returns the count. */
 size_t ts_model_registry_list(struct ts_model_registry *r, struct ts_model *out, size_t cap);
 

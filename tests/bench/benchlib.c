@@ -31,6 +31,7 @@
 #include <microhttpd.h>
 
 #include "server/http_tuning.h"
+#include "tests/common/spawn.h"
 
 #define MAX_ARGS 64
 #define MAX_CLIENTS 64
@@ -95,7 +96,6 @@ int bench_daemon_start(struct bench_daemon *d, const char *const *args)
 {
 	const char *tstaged = getenv("TSTAGED"), *tmp = getenv("TMPDIR");
 	const char *argv[MAX_ARGS];
-	pid_t parent = getpid();
 	uint64_t deadline;
 	int n = 0, err;
 
@@ -126,22 +126,7 @@ int bench_daemon_start(struct bench_daemon *d, const char *const *args)
 		remove_dir(d->dir);
 		return -1;
 	}
-	fflush(NULL);
-	d->pid = fork();
-	if (d->pid == 0) {
-		sigset_t none;
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		dup2(err, 1);
-		dup2(err, 2);
-		execv(tstaged, (char *const *)argv);
-		dprintf(2, "cannot exec '%s': %s\n", tstaged, strerror(errno));
-		_exit(127);
-	}
+	d->pid = ts_test_spawn(argv, NULL, -1, err, err, NULL);
 	close(err);
 	if (d->pid < 0) {
 		fprintf(stderr, "bench: fork: %s\n", strerror(errno));
@@ -1010,30 +995,15 @@ static int free_port(void)
  * with the bench. */
 static pid_t spawn(const char *dir, const char *const *argv)
 {
-	pid_t parent = getpid(), pid;
 	char log[300];
+	pid_t pid;
 	int fd;
 
 	snprintf(log, sizeof log, "%s/log", dir);
 	fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -1;
-	fflush(NULL);
-	pid = fork();
-	if (pid == 0) {
-		sigset_t none;
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		dup2(fd, 1);
-		dup2(fd, 2);
-		execvp(argv[0], (char *const *)argv);
-		dprintf(2, "cannot exec '%s': %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
+	pid = ts_test_spawn(argv, NULL, -1, fd, fd, NULL);
 	close(fd);
 	return pid;
 }

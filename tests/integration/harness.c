@@ -34,6 +34,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tests/common/spawn.h"
+
 extern char **environ;
 
 /* ---- process-wide bookkeeping (this test process only) ---------------------- */
@@ -329,7 +331,6 @@ static char **child_env(const char *const *extra)
 static pid_t spawn(char *const *argv, char *const *envp, const char *out_path,
                    const char *err_path)
 {
-	pid_t parent = getpid();
 	int in, out, err;
 	pid_t pid;
 
@@ -338,24 +339,8 @@ static pid_t spawn(char *const *argv, char *const *envp, const char *out_path,
 	err = open(err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	ck_assert_msg(in >= 0 && out >= 0 && err >= 0, "cannot open output files: %s",
 	              strerror(errno));
-	fflush(NULL);
-	pid = fork();
+	pid = ts_test_spawn((const char *const *)argv, envp, in, out, err, "harness: ");
 	ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
-	if (pid == 0) {
-		sigset_t none;
-
-		prctl(PR_SET_PDEATHSIG, SIGKILL);
-		if (getppid() != parent)
-			_exit(127);
-		sigemptyset(&none);
-		sigprocmask(SIG_SETMASK, &none, NULL);
-		signal(SIGPIPE, SIG_DFL);
-		if (dup2(in, 0) < 0 || dup2(out, 1) < 0 || dup2(err, 2) < 0)
-			_exit(127);
-		execve(argv[0], argv, envp);
-		dprintf(2, "harness: cannot exec '%s': %s\n", argv[0], strerror(errno));
-		_exit(127);
-	}
 	close(in);
 	close(out);
 	close(err);
@@ -837,9 +822,29 @@ json_t *th_get_json(struct th_daemon *d, const char *path, struct th_response *r
 
 void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r)
 {
+	th_post_headers(d, path, body, NULL, r);
+}
+
+void th_post_headers(struct th_daemon *d, const char *path, const char *body,
+                     const char *const *headers, struct th_response *r)
+{
 	static const char *const json_headers[] = {"Content-Type: application/json", NULL};
 
-	th_request(d, "POST", path, body ? json_headers : NULL, body, body ? strlen(body) : 0, r);
+	if (!headers && body)
+		headers = json_headers;
+	th_request(d, "POST", path, headers, body, body ? strlen(body) : 0, r);
+}
+
+void th_post_on_backend(struct th_daemon *d, const char *path, const char *body,
+                        struct th_response *r)
+{
+	th_post(d, th_on_backend(path), th_on_backend(body), r);
+}
+
+json_t *th_post_json_on_backend(struct th_daemon *d, const char *path, const char *body,
+                                long want)
+{
+	return th_post_json(d, th_on_backend(path), th_on_backend(body), want);
 }
 
 json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want)
@@ -1223,6 +1228,20 @@ json_t *th_op_meta(json_t *op, const char *key)
 	json_t *meta = json_object_get(op, "metadata");
 
 	return member(json_is_object(meta) ? meta : op, key);
+}
+
+json_t *th_op_get(struct th_daemon *d, const char *id)
+{
+	char path[160];
+
+	snprintf(path, sizeof path, "/v1/operations/%.120s", id);
+	return th_get_object(d, path);
+}
+
+bool th_op_terminal(const char *state)
+{
+	return strcmp(state, "SUCCEEDED") == 0 || strcmp(state, "FAILED") == 0 ||
+	       strcmp(state, "CANCELLED") == 0;
 }
 
 json_t *th_op_result(json_t *op)
@@ -1690,4 +1709,23 @@ void th_url_escape(char *out, size_t cap, const char *in)
 	ck_assert_msg(strlen(e) < cap, "escaped value too long: %s", e);
 	snprintf(out, cap, "%s", e);
 	curl_free(e);
+}
+
+/* ---- the one main ------------------------------------------------------------------ */
+
+int main(void)
+{
+	SRunner *sr;
+	int failed;
+
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	th_init();
+	/* room for a sanitizer's report with its stacks */
+	check_set_max_msg_size(32768);
+	sr = srunner_create(th_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	curl_global_cleanup();
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

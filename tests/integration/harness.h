@@ -31,6 +31,7 @@
 #ifndef TS_TESTS_HARNESS_H
 #define TS_TESTS_HARNESS_H
 
+#include <check.h>
 #include <curl/curl.h>
 #include <jansson.h>
 #include <stdbool.h>
@@ -38,7 +39,18 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-/* Call once in main, before running the suites: makes the directory every
+/*
+ * The one main of the integration suites is harness.c's: it calls
+ * curl_global_init and th_init, gives Check room for a sanitizer's report
+ * with its stacks (check_set_max_msg_size(32768)), runs th_suite() with
+ * CK_NORMAL output and exits EXIT_FAILURE when any case failed. Each
+ * it_<topic>.c defines th_suite and no main; work every case needs done
+ * once (fixtures) goes in th_suite, which runs after th_init. Cases are
+ * named test_<what>.
+ */
+Suite *th_suite(void);
+
+/* Called once by that main, before th_suite: makes the directory every
  * test's files go under and removes it when the runner exits. */
 void th_init(void);
 
@@ -124,7 +136,7 @@ char *th_daemon_stderr(const struct th_daemon *d);
 
 /* Fails the test when the daemon's stderr so far holds a sanitizer's
  * report (ThreadSanitizer, AddressSanitizer, LeakSanitizer, UBSan), showing
- * its start. Room for the stacks: check_set_max_msg_size(32768) in main. */
+ * its start (the harness's main leaves room for the stacks). */
 void th_expect_no_sanitizer_report(const struct th_daemon *d);
 
 /* Removes a stopped daemon's files (after th_daemon_stop(d, true)). */
@@ -195,9 +207,23 @@ void th_response_free(struct th_response *r);
  * application/json; NULL sends none); the answer in r. */
 void th_post(struct th_daemon *d, const char *path, const char *body, struct th_response *r);
 
+/* th_post with headers (NULL-terminated "Name: value" lines) instead of
+ * the Content-Type line; NULL headers is th_post. */
+void th_post_headers(struct th_daemon *d, const char *path, const char *body,
+                     const char *const *headers, struct th_response *r);
+
+/* th_post with path and body written for sim, run on the backend under
+ * test (th_on_backend). */
+void th_post_on_backend(struct th_daemon *d, const char *path, const char *body,
+                        struct th_response *r);
+
 /* th_post; the status must be want and the body JSON: returns it (new
  * reference). */
 json_t *th_post_json(struct th_daemon *d, const char *path, const char *body, long want);
+
+/* th_post_json with path and body through th_on_backend. */
+json_t *th_post_json_on_backend(struct th_daemon *d, const char *path, const char *body,
+                                long want);
 
 /* th_get_json's checks (200, a JSON object); returns the object (new
  * reference), the response freed. */
@@ -306,6 +332,13 @@ bool th_bool(json_t *o, const char *key);
  */
 json_t *th_op_meta(json_t *op, const char *key);
 json_t *th_op_result(json_t *op);
+
+/* GET /v1/operations/id: th_get_object's checks; the operation (new
+ * reference). */
+json_t *th_op_get(struct th_daemon *d, const char *id);
+
+/* Whether an operation's state is final: SUCCEEDED, FAILED or CANCELLED. */
+bool th_op_terminal(const char *state);
 
 /* ---- clients of their own, for threads ------------------------------------ */
 

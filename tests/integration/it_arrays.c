@@ -4,7 +4,7 @@
  * :import, :export and the list) against data that tstaged did not make:
  * bytes generated here, .npy files written by numpy and safetensors files
  * written by the reference safetensors package (py/make_fixtures.py, run
- * once by main), and what tstaged serves read back by those same readers
+ * once by th_suite), and what tstaged serves read back by those same readers
  * (py/check_export.py).
  *
  * Each case runs forked with its own daemon (two sim devices of 64 MiB), so
@@ -38,9 +38,8 @@
 #define MiB (1u << 20)
 #define KiB (1u << 10)
 
-/* Set once by main before any case runs; read-only in the forked cases. */
+/* Set once by th_suite before any case runs; read-only in the forked cases. */
 static char fixture_dir[512];
-static char py_dir[512];
 static bool fixtures_ok;
 
 /* The daemon of the checked fixture (per forked case). */
@@ -110,7 +109,7 @@ static void daemon_down(void)
 static void need_fixtures(void)
 {
 	ck_assert_msg(fixtures_ok, "no fixtures: %s/make_fixtures.py failed (it needs python3 "
-	              "with numpy and safetensors: run scripts/deps.sh)", py_dir);
+	              "with numpy and safetensors: run scripts/deps.sh)", th_py_dir());
 }
 
 /* ---- bytes ------------------------------------------------------------------------ */
@@ -466,7 +465,7 @@ static void pyc_run(struct pycheck *pc)
 	ck_assert_int_eq(json_dump_file(root, spec, JSON_INDENT(1)), 0);
 	json_decref(root);
 	pc->checks = NULL;
-	snprintf(cmd, sizeof cmd, "python3 '%s/check_export.py' '%s' 2>&1", py_dir, spec);
+	snprintf(cmd, sizeof cmd, "python3 '%s/check_export.py' '%s' 2>&1", th_py_dir(), spec);
 	p = popen(cmd, "r");
 	ck_assert_msg(p != NULL, "popen: %s", strerror(errno));
 	while (fgets(line, sizeof line, p)) {
@@ -2555,11 +2554,33 @@ END_TEST
  * sanitizer build on a busy 2-core machine does in well under a minute. */
 #define CASE_TIMEOUT_S 120
 
-static Suite *arrays_suite(void)
+/* Runs make_fixtures.py once, into the runner's temporary root. */
+static void make_fixtures(void)
+{
+	char cmd[1400];
+	int st;
+
+	if (!th_root()[0])
+		return;
+	snprintf(fixture_dir, sizeof fixture_dir, "%s/fixtures", th_root());
+	if (mkdir(fixture_dir, 0700) != 0) {
+		fprintf(stderr, "it_arrays: mkdir %s: %s\n", fixture_dir, strerror(errno));
+		return;
+	}
+	snprintf(cmd, sizeof cmd, "python3 '%s/make_fixtures.py' '%s'", th_py_dir(), fixture_dir);
+	st = system(cmd);
+	fixtures_ok = st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+	if (!fixtures_ok)
+		fprintf(stderr, "it_arrays: '%s' failed (status %d): the cases that need fixtures "
+		        "will fail\n", cmd, st);
+}
+
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("arrays");
 	TCase *tc;
 
+	make_fixtures();
 	tc = tcase_create("data");
 	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
 	tcase_set_timeout(tc, CASE_TIMEOUT_S);
@@ -2629,47 +2650,4 @@ static Suite *arrays_suite(void)
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-static void find_py_dir(void)
-{
-	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
-}
-
-/* Runs make_fixtures.py once, into the runner's temporary root. */
-static void make_fixtures(void)
-{
-	char cmd[1400];
-	int st;
-
-	if (!th_root()[0])
-		return;
-	snprintf(fixture_dir, sizeof fixture_dir, "%s/fixtures", th_root());
-	if (mkdir(fixture_dir, 0700) != 0) {
-		fprintf(stderr, "it_arrays: mkdir %s: %s\n", fixture_dir, strerror(errno));
-		return;
-	}
-	snprintf(cmd, sizeof cmd, "python3 '%s/make_fixtures.py' '%s'", py_dir, fixture_dir);
-	st = system(cmd);
-	fixtures_ok = st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0;
-	if (!fixtures_ok)
-		fprintf(stderr, "it_arrays: '%s' failed (status %d): the cases that need fixtures "
-		        "will fail\n", cmd, st);
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	find_py_dir();
-	make_fixtures();
-	sr = srunner_create(arrays_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -831,7 +831,7 @@ START_TEST(test_long_text_is_cut_on_characters)
 }
 END_TEST
 
-static Suite *badinput_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("badinput");
 	TCase *tc = tcase_create("table");
@@ -842,19 +842,4 @@ static Suite *badinput_suite(void)
 	tcase_add_test(tc, test_long_text_is_cut_on_characters);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(badinput_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

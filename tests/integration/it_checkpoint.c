@@ -458,7 +458,7 @@ START_TEST(test_export_during_a_step)
 }
 END_TEST
 
-static Suite *checkpoint_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("checkpoint");
 	TCase *tc = tcase_create("checkpoint");
@@ -474,20 +474,4 @@ static Suite *checkpoint_suite(void)
 	tcase_add_test(tc, test_export_during_a_step);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	check_set_max_msg_size(32768);
-	sr = srunner_create(checkpoint_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

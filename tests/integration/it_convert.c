@@ -39,11 +39,6 @@ static void put_raw(const char *name, const char *query, const void *data, size_
 	th_put_array(&D, name, th_on_backend(query), data, n);
 }
 
-static json_t *post(const char *path, const char *body, long want)
-{
-	return th_post_json(&D, path, th_on_backend(body), want);
-}
-
 static void post_error(const char *path, const char *body, long http, const char *reason,
                        const char *word)
 {
@@ -122,7 +117,7 @@ START_TEST(test_f32_narrowed_to_each_space)
 
 	put_raw("x", "dtype=float32&shape=4096,33&device=sim:0&memory_kind=unpinned_host", x,
 	        n * 4);
-	a = post("/v1/arrays/x:copy?wait=true",
+	a = th_post_json_on_backend(&D, "/v1/arrays/x:copy?wait=true",
 	         "{\"out\": \"b\", \"dtype\": \"bfloat16\", \"device\": \"sim:0\", "
 	         "\"memory_kind\": \"device\"}", 200);
 	ck_assert_str_eq(th_str(a, "dtype"), "bfloat16");
@@ -130,7 +125,7 @@ START_TEST(test_f32_narrowed_to_each_space)
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), "device");
 	json_decref(a);
 	check_against_astype(x, n * 4, "float32", "b", "bfloat16");
-	json_decref(post("/v1/arrays/x:copy?wait=true",
+	json_decref(th_post_json_on_backend(&D, "/v1/arrays/x:copy?wait=true",
 	                 "{\"out\": \"h\", \"dtype\": \"float16\", \"device\": \"sim:1\", "
 	                 "\"memory_kind\": \"pinned_host\"}", 200));
 	check_against_astype(x, n * 4, "float32", "h", "float16");
@@ -163,7 +158,7 @@ START_TEST(test_every_pattern_widened_in_place)
 		snprintf(query, sizeof query, "dtype=%s&shape=256,256&device=sim:1", kinds[k]);
 		put_raw("p", query, h, 65536 * 2);
 		before = th_array_meta(&D, "p");
-		after = post("/v1/arrays/p:put?wait=true", "{\"dtype\": \"float32\"}", 200);
+		after = th_post_json_on_backend(&D, "/v1/arrays/p:put?wait=true", "{\"dtype\": \"float32\"}", 200);
 		ck_assert_str_eq(th_str(after, "dtype"), "float32");
 		ck_assert_str_eq(th_str(th_obj(after, "sharding"), "device"), th_dev(1));
 		ck_assert_int_ne(th_int(after, "version"), th_int(before, "version"));
@@ -172,7 +167,7 @@ START_TEST(test_every_pattern_widened_in_place)
 		check_against_astype(h, 65536 * 2, kinds[k], "p", "float32");
 		snprintf(body, sizeof body, "{\"out\": \"q\", \"dtype\": \"%s\", \"overwrite\": true, "
 		         "\"memory_kind\": \"device\"}", kinds[k]);
-		json_decref(post("/v1/arrays/p:copy?wait=true", body, 200));
+		json_decref(th_post_json_on_backend(&D, "/v1/arrays/p:copy?wait=true", body, 200));
 		{
 			size_t len;
 			char *back = download("q", kinds[k], &len);
@@ -204,11 +199,11 @@ START_TEST(test_sharded_and_chunked)
 
 	put_raw("big", "dtype=float32&shape=8,393233&device=sim:0&memory_kind=pinned_host", x,
 	        n * 4);
-	json_decref(post("/v1/shardings",
+	json_decref(th_post_json_on_backend(&D, "/v1/shardings",
 	                 "{\"name\": \"rows2\", \"sharding\": {\"mesh\": {\"devices\": "
 	                 "[\"sim:0\", \"sim:1\"], \"axis_names\": [\"x\"]}, \"spec\": [\"x\"], "
 	                 "\"memory_kind\": \"device\"}}", 201));
-	op = post("/v1/arrays/big:copy", "{\"out\": \"big16\", \"dtype\": \"bfloat16\", "
+	op = th_post_json_on_backend(&D, "/v1/arrays/big:copy", "{\"out\": \"big16\", \"dtype\": \"bfloat16\", "
 	          "\"sharding\": \"rows2\"}", 202);
 	snprintf(id, sizeof id, "%s", th_str(op, "name"));
 	ck_assert_int_eq(th_int(th_op_meta(op, "progress"), "bytes_total"), (json_int_t)(n * 2));
@@ -217,7 +212,7 @@ START_TEST(test_sharded_and_chunked)
 		char path[160];
 
 		snprintf(path, sizeof path, "/v1/%s:wait?timeout=120s", id);
-		op = post(path, "{}", 200);
+		op = th_post_json_on_backend(&D, path, "{}", 200);
 	}
 	ck_assert(th_bool(op, "done"));
 	ck_assert_int_eq(th_int(th_op_meta(op, "progress"), "bytes_done"), (json_int_t)(n * 2));
@@ -249,7 +244,7 @@ START_TEST(test_refusals_leave_everything)
 	post_error("/v1/arrays/f:put?wait=true", "{\"dtype\": \"float64\"}", 400,
 	           "UNSUPPORTED_CONVERSION", "float64");
 	/* a model's arrays keep their dtype */
-	json_decref(post("/v1/models?wait=true",
+	json_decref(th_post_json_on_backend(&D, "/v1/models?wait=true",
 	                 "{\"name\": \"m\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	                 "\"placement\": {\"device\": \"sim:0\"}}", 200));
 	post_error("/v1/arrays/m.w1:put?wait=true", "{\"dtype\": \"bfloat16\"}", 400, "OWNED_SHAPE",
@@ -281,14 +276,11 @@ START_TEST(test_refusals_leave_everything)
 }
 END_TEST
 
-int main(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("convert");
 	TCase *tc = tcase_create("convert");
-	SRunner *sr;
-	int failed;
 
-	th_init();
 	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_f32_narrowed_to_each_space);
@@ -296,9 +288,5 @@ int main(void)
 	tcase_add_test(tc, test_sharded_and_chunked);
 	tcase_add_test(tc, test_refusals_leave_everything);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return s;
 }

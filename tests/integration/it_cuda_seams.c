@@ -131,7 +131,7 @@ static size_t devices(const char **out)
 /* :copy from every (device, memory kind) to every other, and :put through
  * all of them in turn: the bytes arrive whole, strided slices of each copy
  * read back exactly, and the daemon survives every combination. */
-START_TEST(copy_between_every_pair)
+START_TEST(test_copy_between_every_pair)
 {
 	enum { N = 65541 };
 	unsigned char *x = th_pattern(N, 7), *strided;
@@ -184,7 +184,7 @@ END_TEST
  * uncommitted input from the accelerator to it (the JAX-style implicit
  * transfer), counted, and computes the same loss as with the input placed
  * there from the start. */
-START_TEST(colocation_across_backends)
+START_TEST(test_colocation_across_backends)
 {
 	float x[4 * 8];
 	char body[512], query[128];
@@ -230,7 +230,7 @@ END_TEST
 
 /* Meshes whose devices belong to two backends: upload, whole and strided
  * reads, :put to each backend alone and :copy into the reversed mesh. */
-START_TEST(mesh_of_two_backends)
+START_TEST(test_mesh_of_two_backends)
 {
 	enum { ROWS = 8, COLS = 1024 };
 	float *x = malloc(ROWS * COLS * sizeof *x), *sl;
@@ -286,7 +286,7 @@ START_TEST(mesh_of_two_backends)
 END_TEST
 
 /* x[::4] of 64K float32 elements of a device array, raw and .npy: exact. */
-START_TEST(strided_slice_of_a_device_array)
+START_TEST(test_strided_slice_of_a_device_array)
 {
 	enum { N = 1 << 18 };
 	float *x = malloc(N * sizeof *x), *want = malloc(N / 4 * sizeof *want);
@@ -373,7 +373,7 @@ static size_t read_to_close(int fd, int timeout_ms)
  * are refused (503) before a response begins. The daemon lives on, not
  * ready. On a real GPU nothing faults: the body then arrives whole.
  */
-START_TEST(download_cut_short_by_a_device_error)
+START_TEST(test_download_cut_short_by_a_device_error)
 {
 	static const char *const env[] = {"FAKECUDA_STICKY_AT=1", NULL};
 	enum { N = 64 << 20 };
@@ -443,34 +443,22 @@ START_TEST(download_cut_short_by_a_device_error)
 }
 END_TEST
 
-static Suite *seams_suite(bool cuda)
+Suite *th_suite(void)
 {
+	/* from the environment: th_backend() asserts, which only a running test may */
+	const char *backend = getenv("TS_TEST_BACKEND");
+	bool cuda = backend && strcmp(backend, "cuda") == 0;
 	Suite *s = suite_create("cuda_seams");
 	TCase *tc = tcase_create("seams");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 300);
-	tcase_add_test(tc, copy_between_every_pair);
-	tcase_add_test(tc, colocation_across_backends);
-	tcase_add_test(tc, mesh_of_two_backends);
-	tcase_add_test(tc, strided_slice_of_a_device_array);
+	tcase_add_test(tc, test_copy_between_every_pair);
+	tcase_add_test(tc, test_colocation_across_backends);
+	tcase_add_test(tc, test_mesh_of_two_backends);
+	tcase_add_test(tc, test_strided_slice_of_a_device_array);
 	if (cuda)
-		tcase_add_test(tc, download_cut_short_by_a_device_error);
+		tcase_add_test(tc, test_download_cut_short_by_a_device_error);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-	const char *backend = getenv("TS_TEST_BACKEND");
-
-	th_init();
-	/* th_backend() asserts, which only a running test may */
-	sr = srunner_create(seams_suite(backend && strcmp(backend, "cuda") == 0));
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -32,7 +32,6 @@
 #define CASE_TIMEOUT_S 120
 
 static struct th_daemon D;
-static char py_dir[1024];
 
 static const char *const base_args[] = {"--sim-device-memory", "256MiB", NULL};
 
@@ -158,7 +157,7 @@ static json_t *reference(const struct files *f)
 	snprintf(spec_path, sizeof spec_path, "%s/spec.json", f->dir);
 	ck_assert_int_eq(json_dump_file(spec, spec_path, 0), 0);
 	json_decref(spec);
-	snprintf(cmd, sizeof cmd, "python3 '%s/train_reference.py' '%s'", py_dir, spec_path);
+	snprintf(cmd, sizeof cmd, "python3 '%s/train_reference.py' '%s'", th_py_dir(), spec_path);
 	st = system(cmd);
 	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	              "'%s' failed (status %d): it needs python3 and numpy", cmd, st);
@@ -614,7 +613,7 @@ START_TEST(test_evaluate_holds_the_weights)
 }
 END_TEST
 
-static Suite *evaluate_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("evaluate");
 	TCase *tc = tcase_create("evaluate");
@@ -631,21 +630,4 @@ static Suite *evaluate_suite(void)
 	tcase_add_test(tc, test_evaluate_holds_the_weights);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
-	check_set_max_msg_size(32768);
-	sr = srunner_create(evaluate_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

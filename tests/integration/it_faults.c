@@ -463,7 +463,7 @@ static void t_undo(const char *when)
 	seed("t", "device=sim:0&memory_kind=device", old_t);
 }
 
-START_TEST(walk_upload_raw)
+START_TEST(test_walk_upload_raw)
 {
 	static const struct workflow w = {"upload raw", raw_run, t_intact, t_undo, true};
 
@@ -503,7 +503,7 @@ static void t_mesh_undo(const char *when)
 	seed("t", "device=sim:0&memory_kind=device", old_t);
 }
 
-START_TEST(walk_upload_raw_mesh)
+START_TEST(test_walk_upload_raw_mesh)
 {
 	static const struct workflow w = {"upload raw to mesh", raw_mesh_run, t_intact, t_mesh_undo,
 	                                  true};
@@ -554,7 +554,7 @@ static void n_undo(const char *when)
 	seed("n", "device=sim:1&memory_kind=pinned_host", old_t);
 }
 
-START_TEST(walk_upload_npy)
+START_TEST(test_walk_upload_npy)
 {
 	static const struct workflow w = {"upload npy", npy_run, n_intact, n_undo, true};
 
@@ -616,7 +616,7 @@ static void import_undo(const char *when)
 	import_seed();
 }
 
-START_TEST(walk_import_body)
+START_TEST(test_walk_import_body)
 {
 	static const struct workflow w = {"import body", import_body_run, import_intact,
 	                                  import_undo, true};
@@ -635,7 +635,7 @@ static void import_path_run(struct th_response *r)
 	    json_h, body, strlen(body), r);
 }
 
-START_TEST(walk_import_path)
+START_TEST(test_walk_import_path)
 {
 	static const struct workflow w = {"import path", import_path_run, import_intact,
 	                                  import_undo, true};
@@ -689,7 +689,7 @@ static void put_d2h_undo(const char *when)
 	          "{\"sharding\": {\"device\": \"sim:0\", \"memory_kind\": \"device\"}}");
 }
 
-START_TEST(walk_put_device_to_host)
+START_TEST(test_walk_put_device_to_host)
 {
 	static const struct workflow w = {":put device to pinned", put_d2h_run, put_intact,
 	                                  put_d2h_undo, true};
@@ -719,7 +719,7 @@ static void put_mesh_undo(const char *when)
 	          "{\"sharding\": {\"device\": \"sim:0\", \"memory_kind\": \"device\"}}");
 }
 
-START_TEST(walk_put_to_mesh)
+START_TEST(test_walk_put_to_mesh)
 {
 	static const struct workflow w = {":put device to mesh", put_mesh_run, put_intact,
 	                                  put_mesh_undo, true};
@@ -762,7 +762,7 @@ static void put_h2d_undo(const char *when)
 	          "{\"sharding\": {\"device\": \"sim:0\", \"memory_kind\": \"unpinned_host\"}}");
 }
 
-START_TEST(walk_put_host_to_device)
+START_TEST(test_walk_put_host_to_device)
 {
 	static const struct workflow w = {":put pageable to device", put_h2d_run, put_h2d_intact,
 	                                  put_h2d_undo, true};
@@ -793,7 +793,7 @@ static void copy_undo(const char *when)
 	delete_name("arrays", "c");
 }
 
-START_TEST(walk_copy)
+START_TEST(test_walk_copy)
 {
 	static const struct workflow w = {":copy", copy_run, copy_intact, copy_undo, true};
 
@@ -828,7 +828,7 @@ static void gather_undo(const char *when)
 	delete_name("arrays", "g");
 }
 
-START_TEST(walk_gather)
+START_TEST(test_walk_gather)
 {
 	static const struct workflow w = {":gather", gather_run, gather_intact, gather_undo, true};
 
@@ -875,7 +875,7 @@ static void create_undo(const char *when)
 	create_intact(when);
 }
 
-START_TEST(walk_model_create)
+START_TEST(test_walk_model_create)
 {
 	static const struct workflow w = {"model create", create_run, create_intact, create_undo,
 	                                  true};
@@ -1001,13 +1001,13 @@ static void step_walk(const char *name, const char *spec, const char *label)
 	(void)r;
 }
 
-START_TEST(walk_step_device)
+START_TEST(test_walk_step_device)
 {
 	step_walk("md", MODEL_SPEC("md", "device", "device"), ":step on device");
 }
 END_TEST
 
-START_TEST(walk_step_offloaded)
+START_TEST(test_walk_step_offloaded)
 {
 	step_walk("mo",
 	          "{\"name\": \"mo\", \"mlp\": {\"layers\": 2, \"d_model\": 32, \"d_hidden\": 48}, "
@@ -1021,7 +1021,7 @@ END_TEST
 
 /* Params on the device, Adam's state streamed from pinned_host: copies
  * follow the first in-place update, so the weights are journaled. */
-START_TEST(walk_step_mixed)
+START_TEST(test_walk_step_mixed)
 {
 	step_walk("mx", MODEL_SPEC("mx", "device", "pinned_host"), ":step mixed");
 }
@@ -1029,7 +1029,7 @@ END_TEST
 
 /* Everything on the device, the layer inputs offloaded: their fetches
  * follow the first (fused) update. */
-START_TEST(walk_step_device_offloaded_x)
+START_TEST(test_walk_step_device_offloaded_x)
 {
 	step_walk("mdx",
 	          "{\"name\": \"mdx\", \"mlp\": {\"layers\": 3, \"d_model\": 32, \"d_hidden\": 48}, "
@@ -1041,41 +1041,28 @@ START_TEST(walk_step_device_offloaded_x)
 }
 END_TEST
 
-static Suite *faults_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("faults");
 	TCase *tc = tcase_create("walk");
 
 	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
 	tcase_set_timeout(tc, 600);
-	tcase_add_test(tc, walk_upload_raw);
-	tcase_add_test(tc, walk_upload_raw_mesh);
-	tcase_add_test(tc, walk_upload_npy);
-	tcase_add_test(tc, walk_import_body);
-	tcase_add_test(tc, walk_import_path);
-	tcase_add_test(tc, walk_put_device_to_host);
-	tcase_add_test(tc, walk_put_to_mesh);
-	tcase_add_test(tc, walk_put_host_to_device);
-	tcase_add_test(tc, walk_copy);
-	tcase_add_test(tc, walk_gather);
-	tcase_add_test(tc, walk_model_create);
-	tcase_add_test(tc, walk_step_device);
-	tcase_add_test(tc, walk_step_offloaded);
-	tcase_add_test(tc, walk_step_mixed);
-	tcase_add_test(tc, walk_step_device_offloaded_x);
+	tcase_add_test(tc, test_walk_upload_raw);
+	tcase_add_test(tc, test_walk_upload_raw_mesh);
+	tcase_add_test(tc, test_walk_upload_npy);
+	tcase_add_test(tc, test_walk_import_body);
+	tcase_add_test(tc, test_walk_import_path);
+	tcase_add_test(tc, test_walk_put_device_to_host);
+	tcase_add_test(tc, test_walk_put_to_mesh);
+	tcase_add_test(tc, test_walk_put_host_to_device);
+	tcase_add_test(tc, test_walk_copy);
+	tcase_add_test(tc, test_walk_gather);
+	tcase_add_test(tc, test_walk_model_create);
+	tcase_add_test(tc, test_walk_step_device);
+	tcase_add_test(tc, test_walk_step_offloaded);
+	tcase_add_test(tc, test_walk_step_mixed);
+	tcase_add_test(tc, test_walk_step_device_offloaded_x);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	th_init();
-	sr = srunner_create(faults_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -1165,7 +1165,7 @@ END_TEST
 
 /* ---- the suite ---------------------------------------------------------------------------------- */
 
-static Suite *foundation_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("foundation");
 	TCase *tc;
@@ -1213,19 +1213,4 @@ static Suite *foundation_suite(void)
 	tcase_add_test(tc, test_sigterm_idle_connections);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(foundation_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

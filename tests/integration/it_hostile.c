@@ -1060,7 +1060,7 @@ END_TEST
 
 /* ---- the suite -------------------------------------------------------------- */
 
-static Suite *hostile_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("hostile");
 	TCase *tc;
@@ -1094,19 +1094,4 @@ static Suite *hostile_suite(void)
 	tcase_add_test(tc, test_cgroup_budgets);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(hostile_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -54,15 +54,6 @@ static void daemon_down(void)
 
 /* Paths, bodies and queries are written for sim and run on the backend
  * under test: these map them (th_on_backend) onto the harness's requests. */
-static void post(const char *path, const char *body, struct th_response *r)
-{
-	th_post(&D, th_on_backend(path), th_on_backend(body), r);
-}
-
-static json_t *post_json(const char *path, const char *body, long want)
-{
-	return th_post_json(&D, th_on_backend(path), th_on_backend(body), want);
-}
 
 static void post_error(const char *path, const char *body, long http, const char *status,
                        const char *reason, const char *word, const char *word2)
@@ -89,25 +80,17 @@ static void put_floats(const char *name, size_t rows, size_t cols, float seed, c
 /* The operation id of a 202 answer (copied into id). */
 static void start_op(const char *path, const char *body, char *id, size_t cap)
 {
-	json_t *op = post_json(path, body, 202);
+	json_t *op = th_post_json_on_backend(&D, path, body, 202);
 
 	snprintf(id, cap, "%s", json_string_value(th_op_meta(op, "id")));
 	json_decref(op);
-}
-
-static json_t *op_get(const char *id)
-{
-	char path[128];
-
-	snprintf(path, sizeof path, "/v1/operations/%.60s", id);
-	return th_get_object(&D, path);
 }
 
 /* Waits (bounded) until the operation has done at least one unit. */
 static void wait_progress(const char *id, const char *unit)
 {
 	for (int i = 0; i < 20000; i++) {
-		json_t *op = op_get(id);
+		json_t *op = th_op_get(&D, id);
 		json_int_t done = th_int(th_op_meta(op, "progress"), unit);
 		bool finished = th_bool(op, "done");
 
@@ -126,7 +109,7 @@ static json_t *op_wait(const char *id)
 	char path[160];
 
 	snprintf(path, sizeof path, "/v1/operations/%.60s:wait?timeout=120s", id);
-	return post_json(path, "{}", 200);
+	return th_post_json_on_backend(&D, path, "{}", 200);
 }
 
 static void cancel_and_wait(const char *id, const char *state)
@@ -151,7 +134,7 @@ static void create_model(const char *spec)
 {
 	struct th_response r;
 
-	post("/v1/models?wait=true", spec, &r);
+	th_post_on_backend(&D, "/v1/models?wait=true", spec, &r);
 	ck_assert_msg(r.status == 200 || r.status == 201, "POST /v1/models %s: %ld %s", spec,
 	              r.status, r.body);
 	th_response_free(&r);
@@ -198,7 +181,7 @@ START_TEST(test_step_holds_arrays)
 	json_decref(after);
 	/* and nothing holds them any more */
 	snprintf(path, sizeof path, "/v1/arrays/m.w2:put?wait=true");
-	op = post_json(path, "{\"memory_kind\": \"pinned_host\"}", 200);
+	op = th_post_json_on_backend(&D, path, "{\"memory_kind\": \"pinned_host\"}", 200);
 	json_decref(op);
 }
 END_TEST
@@ -218,7 +201,7 @@ START_TEST(test_step_publishes_versions)
 	put_floats("x", 4, 8, 1.0f, "device=sim:0");
 	before = th_array_meta(&D, "v.w1");
 	snprintf(etag0, sizeof etag0, "%s", th_str(before, "etag"));
-	res = post_json("/v1/models/v:step?wait=true", "{\"inputs\": \"x\", \"steps\": 2}", 200);
+	res = th_post_json_on_backend(&D, "/v1/models/v:step?wait=true", "{\"inputs\": \"x\", \"steps\": 2}", 200);
 	json_decref(res);
 	after = th_array_meta(&D, "v.w1");
 	ck_assert_str_ne(th_str(after, "etag"), etag0);
@@ -274,8 +257,8 @@ START_TEST(test_recreated_model_is_new)
 	json_decref(m);
 	/* one step of the new model is Adam's first step: as a fresh model's */
 	create_model(ADAM_SPEC("ref"));
-	json_decref(post_json("/v1/models/m:step?wait=true", "{\"inputs\": \"x\"}", 200));
-	json_decref(post_json("/v1/models/ref:step?wait=true", "{\"inputs\": \"x\"}", 200));
+	json_decref(th_post_json_on_backend(&D, "/v1/models/m:step?wait=true", "{\"inputs\": \"x\"}", 200));
+	json_decref(th_post_json_on_backend(&D, "/v1/models/ref:step?wait=true", "{\"inputs\": \"x\"}", 200));
 	m = th_get_object(&D, "/v1/models/m");
 	ck_assert_int_eq(th_int(m, "steps"), 1);
 	json_decref(m);
@@ -322,7 +305,7 @@ START_TEST(test_model_array_shape)
 			same[i] = 0.01f * (float)(i % 7);
 		th_put_array(&D, "s.w1", "dtype=float32&shape=2,8,16", same, sizeof same);
 	}
-	res = post_json("/v1/models/s:step?wait=true", "{\"inputs\": \"x\"}", 200);
+	res = th_post_json_on_backend(&D, "/v1/models/s:step?wait=true", "{\"inputs\": \"x\"}", 200);
 	json_decref(res);
 }
 END_TEST
@@ -396,15 +379,15 @@ START_TEST(test_rows_one_parser)
 	post_error("/v1/models/g:step?wait=true", "{\"inputs\": {\"array\": \"ds\", \"rows\": [8]}}",
 	           400, "OUT_OF_RANGE", "INDEX_OUT_OF_RANGE", "8", NULL);
 	/* every form :gather takes, :step takes: a slice trains on the same rows as the list */
-	s1 = post_json("/v1/models/g:step?wait=true",
+	s1 = th_post_json_on_backend(&D, "/v1/models/g:step?wait=true",
 	               "{\"inputs\": {\"array\": \"ds\", \"rows\": {\"start\": 1, \"stop\": 7, "
 	               "\"step\": 2}}}", 200);
-	s2 = post_json("/v1/models/g:step?wait=true",
+	s2 = th_post_json_on_backend(&D, "/v1/models/g:step?wait=true",
 	               "{\"inputs\": {\"array\": \"ds\", \"rows\": [1, 3, -3]}}", 200);
 	ck_assert(json_equal(th_arr(s1, "losses"), th_arr(s2, "losses")));
 	json_decref(s1);
 	json_decref(s2);
-	g = post_json("/v1/arrays/ds:gather",
+	g = th_post_json_on_backend(&D, "/v1/arrays/ds:gather",
 	              "{\"rows\": {\"start\": null, \"stop\": 3}, \"out\": {\"name\": \"o\"}}", 201);
 	ck_assert_int_eq(json_integer_value(json_array_get(th_arr(g, "shape"), 0)), 3);
 	json_decref(g);
@@ -426,7 +409,7 @@ START_TEST(test_copy_overwrite_and_donate)
 	post_error("/v1/arrays/a:copy?wait=true",
 	           "{\"out\": \"b\", \"device\": \"sim:1\", \"overwrite\": 1}", 400,
 	           "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "overwrite", NULL);
-	res = post_json("/v1/arrays/a:copy?wait=true",
+	res = th_post_json_on_backend(&D, "/v1/arrays/a:copy?wait=true",
 	                "{\"out\": \"b\", \"device\": \"sim:1\", \"overwrite\": true}", 200);
 	ck_assert_str_eq(th_str(th_obj(res, "sharding"), "device"), th_dev(1));
 	json_decref(res);
@@ -462,7 +445,7 @@ START_TEST(test_move_keeps_metadata_and_counts)
 	           NULL, body, 8 + hlen + 8, &r);
 	ck_assert_msg(r.status == 200 || r.status == 201, "import: %ld %s", r.status, r.body);
 	th_response_free(&r);
-	res = post_json("/v1/arrays/t:put?wait=true", "{\"memory_kind\": \"device\"}", 200);
+	res = th_post_json_on_backend(&D, "/v1/arrays/t:put?wait=true", "{\"memory_kind\": \"device\"}", 200);
 	json_decref(res);
 	a = th_array_meta(&D, "t");
 	ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), "device");
@@ -473,12 +456,12 @@ START_TEST(test_move_keeps_metadata_and_counts)
 	put_floats("u", 4, 8, 1.0f, NULL);
 	create_model("{\"name\": \"g\", \"mlp\": {\"layers\": 1, \"d_model\": 8}, "
 	             "\"placement\": {\"device\": \"sim:1\"}}");
-	json_decref(post_json("/v1/models/g:step?wait=true", "{\"inputs\": \"u\"}", 200));
+	json_decref(th_post_json_on_backend(&D, "/v1/models/g:step?wait=true", "{\"inputs\": \"u\"}", 200));
 	a = th_array_meta(&D, "u");
 	implicit = th_int(a, "implicit_transfer_bytes");
 	ck_assert_int_eq(implicit, 4 * 8 * 4);
 	json_decref(a);
-	res = post_json("/v1/arrays/u:put?wait=true", "{\"memory_kind\": \"pinned_host\"}", 200);
+	res = th_post_json_on_backend(&D, "/v1/arrays/u:put?wait=true", "{\"memory_kind\": \"pinned_host\"}", 200);
 	ck_assert_int_eq(th_int(res, "implicit_transfer_bytes"), implicit);
 	json_decref(res);
 }
@@ -504,7 +487,7 @@ START_TEST(test_create_off_http_threads)
 	th_response_free(&r);
 	/* /livez answered while creations were still running */
 	for (int i = 0; i < 6; i++) {
-		json_t *op = op_get(ids[i]);
+		json_t *op = th_op_get(&D, ids[i]);
 
 		ck_assert_str_eq(json_string_value(th_op_meta(op, "kind")), "create");
 		running += !th_bool(op, "done");
@@ -558,7 +541,7 @@ START_TEST(test_create_conflicts_and_cancel)
 }
 END_TEST
 
-static Suite *integrity_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("integrity");
 	TCase *tc = tcase_create("integrity");
@@ -577,20 +560,4 @@ static Suite *integrity_suite(void)
 	tcase_add_test(tc, test_create_conflicts_and_cancel);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	check_set_max_msg_size(32768);
-	sr = srunner_create(integrity_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

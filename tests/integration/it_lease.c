@@ -671,7 +671,7 @@ START_TEST(test_socket_mode)
 }
 END_TEST
 
-static Suite *lease_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("lease");
 	TCase *tc = tcase_create("lease");
@@ -689,19 +689,4 @@ static Suite *lease_suite(void)
 	tcase_add_test(tc, test_socket_mode);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(lease_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -809,7 +809,7 @@ START_TEST(test_request_fields_logged)
 }
 END_TEST
 
-static Suite *metrics_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("metrics");
 	TCase *tc = tcase_create("exposition");
@@ -836,19 +836,4 @@ static Suite *metrics_suite(void)
 	tcase_add_test(tc, test_request_fields_logged);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(metrics_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

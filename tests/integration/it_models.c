@@ -33,8 +33,6 @@
 
 /* The daemon of the checked fixture (per forked case). */
 static struct th_daemon D;
-/* Where train_reference.py is (set once in main). */
-static char py_dir[1024];
 
 static const char *const base_args[] = {"--sim-device-memory", "256MiB", NULL};
 
@@ -157,20 +155,6 @@ static double loss_at(json_t *result, size_t i)
 
 /* ---- operations ---------------------------------------------------------------------- */
 
-static bool terminal(const char *state)
-{
-	return strcmp(state, "SUCCEEDED") == 0 || strcmp(state, "FAILED") == 0 ||
-	       strcmp(state, "CANCELLED") == 0;
-}
-
-static json_t *op_get(const char *id)
-{
-	char path[96];
-
-	snprintf(path, sizeof path, "/v1/operations/%s", id);
-	return th_get_object(&D, path);
-}
-
 /* Starts a step as an operation: 202 with kind "step", target model and
  * progress in steps; returns its id (new string). */
 static char *step_start(const char *model, const char *body, json_int_t steps)
@@ -203,7 +187,7 @@ static json_t *op_poll(const char *id, int *middle)
 
 	*middle = 0;
 	for (;;) {
-		json_t *op = op_get(id), *progress = th_op_meta(op, "progress");
+		json_t *op = th_op_get(&D, id), *progress = th_op_meta(op, "progress");
 		json_int_t done = th_int(progress, "steps_done"), total = th_int(progress, "steps_total");
 
 		ck_assert_msg(done >= last && done <= total, "steps_done went %lld -> %lld of %lld",
@@ -212,7 +196,7 @@ static json_t *op_poll(const char *id, int *middle)
 		if (done > 0 && done < total)
 			(*middle)++;
 		if (th_bool(op, "done")) {
-			ck_assert_msg(terminal(json_string_value(th_op_meta(op, "state"))), "done in state %s", json_string_value(th_op_meta(op, "state")));
+			ck_assert_msg(th_op_terminal(json_string_value(th_op_meta(op, "state"))), "done in state %s", json_string_value(th_op_meta(op, "state")));
 			return op;
 		}
 		json_decref(op);
@@ -321,7 +305,7 @@ static json_t *reference(const struct small *s, json_t *m, int steps, const stru
 	snprintf(spec_path, sizeof spec_path, "%s/spec.json", f->dir);
 	ck_assert_int_eq(json_dump_file(spec, spec_path, 0), 0);
 	json_decref(spec);
-	snprintf(cmd, sizeof cmd, "python3 '%s/train_reference.py' '%s'", py_dir, spec_path);
+	snprintf(cmd, sizeof cmd, "python3 '%s/train_reference.py' '%s'", th_py_dir(), spec_path);
 	st = system(cmd);
 	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	              "'%s' failed (status %d): it needs python3 and numpy", cmd, st);
@@ -1906,7 +1890,7 @@ START_TEST(test_step_cancel_keeps_losses)
 	id = step_start("bk", run, 1000000);
 	deadline = th_now_ms() + 60000;
 	for (;;) {
-		op = op_get(id);
+		op = th_op_get(&D, id);
 		if (th_int(th_op_meta(op, "progress"), "steps_done") >= 20)
 			break;
 		ck_assert_msg(!th_bool(op, "done"), "the run ended: %s", json_dumps(op, 0));
@@ -2071,7 +2055,7 @@ START_TEST(test_step_cancel)
 	/* let it start */
 	deadline = th_now_ms() + 30000;
 	for (;;) {
-		op = op_get(id);
+		op = th_op_get(&D, id);
 		if (th_int(th_op_meta(op, "progress"), "steps_done") >= 1 || th_bool(op, "done"))
 			break;
 		json_decref(op);
@@ -2182,7 +2166,7 @@ START_TEST(test_create_refusal_names_the_whole_model)
 }
 END_TEST
 
-static Suite *models_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("models");
 	TCase *tc;
@@ -2267,26 +2251,4 @@ static Suite *models_suite(void)
 	tcase_add_test(tc, test_step_cancel);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-static void find_py_dir(void)
-{
-	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	find_py_dir();
-	check_set_max_msg_size(32768);
-	sr = srunner_create(models_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

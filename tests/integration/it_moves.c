@@ -131,11 +131,6 @@ static json_t *load(const char *text)
 	return j;
 }
 
-static void post(const char *path, const char *body, const char *const *headers,
-                 struct th_response *r)
-{
-	th_request(&D, "POST", path, headers ? headers : json_headers, body, strlen(body), r);
-}
 
 static json_t *meta(const char *name, struct th_response *r)
 {
@@ -152,12 +147,6 @@ static const char *error_message(struct th_response *r)
 }
 
 /* ---- operations --------------------------------------------------------------------- */
-
-static bool terminal(const char *state)
-{
-	return strcmp(state, "SUCCEEDED") == 0 || strcmp(state, "FAILED") == 0 ||
-	       strcmp(state, "CANCELLED") == 0;
-}
 
 /* Checks the shape of an operation (kind may be NULL: any). */
 static void check_operation(json_t *op, const char *kind)
@@ -176,7 +165,7 @@ static void check_operation(json_t *op, const char *kind)
 	              (long long)done_b, (long long)total);
 	json_string_value(th_op_meta(op, "create_time"));
 	if (th_bool(op, "done")) {
-		ck_assert_msg(terminal(state), "done in state %s", state);
+		ck_assert_msg(th_op_terminal(state), "done in state %s", state);
 		if (strcmp(state, "SUCCEEDED") == 0) {
 			th_op_result(op);
 			ck_assert_msg(done_b == total, "succeeded with %lld of %lld bytes",
@@ -203,7 +192,7 @@ static char *move_start(const char *name, const char *verb, const char *body, js
 	char *id;
 
 	snprintf(path, sizeof path, "/v1/arrays/%s%s", name, verb);
-	post(path, body, NULL, &r);
+	th_post_headers(&D, path, body, NULL, &r);
 	ck_assert_msg(r.status == 202, "POST %s %s: %ld %s", path, body, r.status, r.body);
 	op = th_json(&r);
 	check_operation(op, verb + 1);
@@ -220,14 +209,11 @@ static char *move_start(const char *name, const char *verb, const char *body, js
 	return id;
 }
 
-/* GET /v1/operations/{id} (new reference). */
-static json_t *op_get(const char *id)
+/* th_op_get, the operation's shape checked (new reference). */
+static json_t *op_get_checked(const char *id)
 {
-	char path[96];
-	json_t *op;
+	json_t *op = th_op_get(&D, id);
 
-	snprintf(path, sizeof path, "/v1/operations/%s", id);
-	op = th_get_object(&D, path);
 	check_operation(op, NULL);
 	return op;
 }
@@ -241,7 +227,7 @@ static json_t *op_wait(const char *id)
 	json_t *op;
 
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-	post(path, "{\"timeout\": \"60s\"}", NULL, &r);
+	th_post_headers(&D, path, "{\"timeout\": \"60s\"}", NULL, &r);
 	ck_assert_msg(r.status == 200, "POST %s: %ld %s", path, r.status, r.body);
 	op = json_incref(th_json(&r));
 	th_response_free(&r);
@@ -276,7 +262,7 @@ static json_t *move_waiting(const char *name, const char *verb, const char *body
 	json_t *a;
 
 	snprintf(path, sizeof path, "/v1/arrays/%s%s%s", name, verb, prefer ? "" : "?wait=true");
-	post(path, body, prefer ? prefer_headers : NULL, &r);
+	th_post_headers(&D, path, body, prefer ? prefer_headers : NULL, &r);
 	ck_assert_msg(r.status == 200, "POST %s %s: %ld %s", path, body, r.status, r.body);
 	a = json_incref(th_json(&r));
 	th_response_free(&r);
@@ -317,7 +303,7 @@ static json_t *watch(const char *id, json_int_t total, struct watch *w)
 		json_int_t done_b;
 		const char *state;
 
-		op = op_get(id);
+		op = op_get_checked(id);
 		progress = th_op_meta(op, "progress");
 		done_b = th_int(progress, "bytes_done");
 		state = json_string_value(th_op_meta(op, "state"));
@@ -807,7 +793,7 @@ static void save_sharding(const char *name, const char *sharding)
 	char body[1024];
 
 	snprintf(body, sizeof body, "{\"name\": \"%s\", \"sharding\": %s}", name, sharding);
-	post("/v1/shardings", body, NULL, &r);
+	th_post_headers(&D, "/v1/shardings", body, NULL, &r);
 	ck_assert_msg(r.status == 201, "POST /v1/shardings %s: %ld %s", name, r.status, r.body);
 	th_response_free(&r);
 }
@@ -868,7 +854,7 @@ START_TEST(test_put_saved_sharding)
 	expect_spaces("sim:0/device=64 sim:1/device=64 sim:2/device=64 sim:3/device=64", 2000);
 
 	/* a saved sharding derived with another memory kind */
-	post("/v1/shardings/cols4:withMemoryKind",
+	th_post_headers(&D, "/v1/shardings/cols4:withMemoryKind",
 	     "{\"memory_kind\": \"unpinned_host\", \"name\": \"cols4-host\"}", NULL, &r);
 	ck_assert_msg(r.status == 201, "%ld %s", r.status, r.body);
 	th_response_free(&r);
@@ -995,7 +981,7 @@ START_TEST(test_put_refused)
 			bool prefer = strcmp(waits[k], "prefer") == 0;
 
 			snprintf(path, sizeof path, "/v1/arrays/e%s%s", cases[i].verb, prefer ? "" : waits[k]);
-			post(path, cases[i].body, prefer ? prefer_headers : NULL, &r);
+			th_post_headers(&D, path, cases[i].body, prefer ? prefer_headers : NULL, &r);
 			th_assert_error(&r, cases[i].http, cases[i].status, cases[i].reason);
 			ck_assert_msg(strstr(error_message(&r), cases[i].message), "POST %s %s: message '%s' "
 			              "does not say '%s'", path, cases[i].body, error_message(&r),
@@ -1004,13 +990,13 @@ START_TEST(test_put_refused)
 		}
 	}
 	/* an array that is not there, a bad name, a wrong method */
-	post("/v1/arrays/absent:put", "{\"device\": \"sim:1\"}", NULL, &r);
+	th_post_headers(&D, "/v1/arrays/absent:put", "{\"device\": \"sim:1\"}", NULL, &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "ARRAY_NOT_FOUND");
 	th_response_free(&r);
-	post("/v1/arrays/absent:copy?wait=true", "{\"out\": \"x\", \"device\": \"sim:1\"}", NULL, &r);
+	th_post_headers(&D, "/v1/arrays/absent:copy?wait=true", "{\"out\": \"x\", \"device\": \"sim:1\"}", NULL, &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "ARRAY_NOT_FOUND");
 	th_response_free(&r);
-	post("/v1/arrays/.bad:put", "{\"device\": \"sim:1\"}", NULL, &r);
+	th_post_headers(&D, "/v1/arrays/.bad:put", "{\"device\": \"sim:1\"}", NULL, &r);
 	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_ARRAY_NAME");
 	th_response_free(&r);
 	th_get(&D, "/v1/arrays/e:put", &r);
@@ -1153,7 +1139,7 @@ START_TEST(test_wait)
 	id = move_start("big", ":put", "{\"sharding\": " LINE4 "}", NULL);
 	snprintf(path, sizeof path, "/v1/operations/%s:wait?timeout=0s", id);
 	t0 = th_now_ms();
-	post(path, "", NULL, &r);
+	th_post_headers(&D, path, "", NULL, &r);
 	took = th_now_ms() - t0;
 	ck_assert_msg(r.status == 200 || r.status == 202, "POST %s: %ld %s", path, r.status, r.body);
 	op = th_json(&r);
@@ -1174,14 +1160,14 @@ START_TEST(test_wait)
 	ck_assert_int_eq(th_int(a, "version"), v + 1);
 	ck_assert_int_eq(json_array_size(th_arr(a, "shards")), 4);
 	th_response_free(&r);
-	op = op_get(id);
+	op = op_get_checked(id);
 	ck_assert(th_bool(op, "done"));
 	json_decref(op);
 
 	/* waiting for what is done answers at once */
 	snprintf(path, sizeof path, "/v1/operations/%s:wait?timeout=30s", id);
 	t0 = th_now_ms();
-	post(path, "", NULL, &r);
+	th_post_headers(&D, path, "", NULL, &r);
 	ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
 	ck_assert(th_bool(th_json(&r), "done"));
 	ck_assert_msg(th_now_ms() - t0 < 2000, "waiting for a finished operation took %lld ms",
@@ -1194,7 +1180,7 @@ START_TEST(test_wait)
 	                NULL);
 	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
 	t0 = th_now_ms();
-	post(path, "{\"timeout\": \"0.05s\"}", NULL, &r);
+	th_post_headers(&D, path, "{\"timeout\": \"0.05s\"}", NULL, &r);
 	took = th_now_ms() - t0;
 	ck_assert_msg(r.status == 200 || r.status == 202, "POST %s: %ld %s", path, r.status, r.body);
 	ck_assert_msg(took < 3000, "a 0.05 s timeout took %lld ms", took);
@@ -1212,16 +1198,16 @@ START_TEST(test_wait)
 
 		for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
 			snprintf(path, sizeof path, "/v1/operations/%s:wait%s", id, bad[i]);
-			post(path, "", NULL, &r);
+			th_post_headers(&D, path, "", NULL, &r);
 			th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_TIMEOUT");
 			th_response_free(&r);
 		}
 		snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
-		post(path, "{\"timeout\": \"soon\"}", NULL, &r);
+		th_post_headers(&D, path, "{\"timeout\": \"soon\"}", NULL, &r);
 		th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_TIMEOUT");
 		th_response_free(&r);
 	}
-	post("/v1/operations/op-0123456789abcdef:wait", "", NULL, &r);
+	th_post_headers(&D, "/v1/operations/op-0123456789abcdef:wait", "", NULL, &r);
 	th_assert_error(&r, 404, "NOT_FOUND", "OPERATION_NOT_FOUND");
 	th_response_free(&r);
 	free(id);
@@ -1245,7 +1231,7 @@ START_TEST(test_cancel_finished)
 	th_assert_error(&r, 400, "FAILED_PRECONDITION", "OPERATION_FINISHED");
 	ck_assert_msg(strstr(error_message(&r), id), "message does not name %s: %s", id, r.body);
 	th_response_free(&r);
-	op = op_get(id);
+	op = op_get_checked(id);
 	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
 	json_decref(op);
 	free(id);
@@ -1348,7 +1334,7 @@ START_TEST(test_busy)
 
 	id = move_start("b", ":put", "{\"sharding\": " GRID "}", NULL);
 	for (size_t i = 0; i < sizeof second / sizeof second[0]; i++) {
-		post(second[i].path, second[i].body, second[i].prefer ? prefer_headers : NULL, &r);
+		th_post_headers(&D, second[i].path, second[i].body, second[i].prefer ? prefer_headers : NULL, &r);
 		th_assert_error(&r, 409, "ABORTED", "TARGET_BUSY");
 		ck_assert_msg(strstr(error_message(&r), id), "%s: message does not name %s: %s",
 		              second[i].path, id, r.body);
@@ -1356,7 +1342,7 @@ START_TEST(test_busy)
 		ck_assert_str_eq(th_str(th_obj(info, "metadata"), "operation"), id);
 		th_response_free(&r);
 	}
-	op = op_get(id);
+	op = op_get_checked(id);
 	ck_assert_msg(!th_bool(op, "done"), "the first move ended before the refusals were all "
 	              "made: the test proves nothing (make the array bigger)");
 	json_decref(op);
@@ -1554,7 +1540,7 @@ START_TEST(test_cancel_pending)
 		ids[i] = move_start(name, ":put", "{\"sharding\": " LINE4 "}", NULL);
 	}
 	/* the last one queued behind the others, if they are still at work */
-	op = op_get(ids[PEND_ARRAYS - 1]);
+	op = op_get_checked(ids[PEND_ARRAYS - 1]);
 	if (strcmp(json_string_value(th_op_meta(op, "state")), "PENDING") == 0)
 		pending = PEND_ARRAYS - 1;
 	json_decref(op);
@@ -1652,7 +1638,7 @@ START_TEST(test_admission)
 			json_t *info, *md, *req;
 
 			snprintf(path, sizeof path, "/v1/arrays/h%s%s", cases[i].verb, prefer ? "" : waits[k]);
-			post(path, cases[i].body, prefer ? prefer_headers : NULL, &r);
+			th_post_headers(&D, path, cases[i].body, prefer ? prefer_headers : NULL, &r);
 			th_assert_error(&r, 429, "RESOURCE_EXHAUSTED", "OUT_OF_MEMORY");
 			ck_assert_msg(th_now_ms() - t0 < 3000, "POST %s: refused after %lld ms", path,
 			              th_now_ms() - t0);
@@ -2002,7 +1988,7 @@ static void seq_move(struct seq *q, const char *name, const char *verb, const ch
 	snprintf(body, sizeof body, "{%s}", fields);
 	snprintf(q->what, sizeof q->what, "POST %s%s %s", path, mode == 2 ? " (Prefer: wait=5)" : "",
 	         body);
-	post(path, body, mode == 2 ? prefer_headers : NULL, &resp);
+	th_post_headers(&D, path, body, mode == 2 ? prefer_headers : NULL, &resp);
 	seq_expect(q, &resp, mode == 0 ? now_allowed : wait_allowed);
 	if (resp.status == 200 || resp.status == 202)
 		q->moved++;
@@ -2054,7 +2040,7 @@ static void seq_step(struct seq *q)
 		gather_body(&q->seed, out, &p, body, sizeof body);
 		snprintf(path, sizeof path, "/v1/arrays/%s:gather", name);
 		snprintf(q->what, sizeof q->what, "POST %.200s %.1000s", path, body);
-		post(path, body, NULL, &resp);
+		th_post_headers(&D, path, body, NULL, &resp);
 		seq_expect(q, &resp, "200 201 404:ARRAY_NOT_FOUND");
 		if (resp.status != 404)
 			q->gathered++;
@@ -2352,7 +2338,7 @@ static TCase *daemon_case(const char *name)
 	return tc;
 }
 
-static Suite *moves_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("moves");
 	TCase *tc;
@@ -2391,21 +2377,4 @@ static Suite *moves_suite(void)
 	tcase_add_test(tc, test_concurrent_clients);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	/* room for a sanitizer's report with its stacks */
-	check_set_max_msg_size(32768);
-	sr = srunner_create(moves_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -469,7 +469,7 @@ START_TEST(test_wait_limit)
 }
 END_TEST
 
-static Suite *operations_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("operations");
 	TCase *tc = tcase_create("empty");
@@ -494,19 +494,4 @@ static Suite *operations_suite(void)
 	tcase_add_test(tc, test_wait_limit);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(operations_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -30,7 +30,6 @@
 #define REL 3e-5
 
 static struct th_daemon D;
-static char py_dir[1024];
 static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
 
 static void up(void)
@@ -114,7 +113,7 @@ static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
 
 	snprintf(path, sizeof path, "%s/spec%s.json", dir, tag);
 	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
-	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", py_dir, path);
+	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", th_py_dir(), path);
 	st = system(cmd);
 	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
@@ -172,7 +171,7 @@ static void optax_case(const struct net *n)
 	snprintf(path, sizeof path, "%s/spec.json", dir);
 	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
 	json_decref(rspec);
-	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", py_dir, path);
+	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", th_py_dir(), path);
 	st = system(cmd);
 	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
@@ -630,7 +629,7 @@ START_TEST(test_tokens_adam_clipped)
 	snprintf(path, sizeof path, "%s/spec.json", dir);
 	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
 	json_decref(rspec);
-	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", py_dir, path);
+	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", th_py_dir(), path);
 	st = system(cmd);
 	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
@@ -666,7 +665,7 @@ START_TEST(test_tokens_adam_clipped)
 }
 END_TEST
 
-static Suite *optax_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("optax");
 	TCase *tc = tcase_create("optax");
@@ -683,21 +682,4 @@ static Suite *optax_suite(void)
 	tcase_add_test(tc, test_bfloat16_analysis_counts_the_copies);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	snprintf(py_dir, sizeof py_dir, "%s", th_py_dir());
-	check_set_max_msg_size(32768);
-	sr = srunner_create(optax_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

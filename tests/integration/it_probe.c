@@ -311,7 +311,7 @@ START_TEST(test_host_name_default)
 }
 END_TEST
 
-static Suite *probe_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("deploy");
 	TCase *probe = tcase_create("probe"), *notify = tcase_create("notify");
@@ -333,19 +333,4 @@ static Suite *probe_suite(void)
 	suite_add_tcase(s, notify);
 	suite_add_tcase(s, host);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(probe_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -196,7 +196,7 @@ START_TEST(test_rows_errors)
 }
 END_TEST
 
-static Suite *rows_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("rows");
 	TCase *tc = tcase_create("rows");
@@ -211,19 +211,4 @@ static Suite *rows_suite(void)
 	tcase_add_test(tc, test_rows_errors);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(rows_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? 1 : 0;
 }

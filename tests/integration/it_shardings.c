@@ -241,7 +241,7 @@ START_TEST(test_with_memory_kind)
 }
 END_TEST
 
-static Suite *shardings_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("shardings");
 	TCase *tc = tcase_create("saved");
@@ -254,19 +254,4 @@ static Suite *shardings_suite(void)
 	tcase_add_test(tc, test_with_memory_kind);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(shardings_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

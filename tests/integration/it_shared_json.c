@@ -411,7 +411,7 @@ START_TEST(test_operands_across_threads)
 }
 END_TEST
 
-static Suite *shared_json_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("shared_json");
 	TCase *tc = tcase_create("metadata");
@@ -427,20 +427,4 @@ static Suite *shared_json_suite(void)
 	tcase_add_test(tc, test_operands_across_threads);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	check_set_max_msg_size(32768);      /* room for a sanitizer's report */
-	sr = srunner_create(shared_json_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -660,7 +660,7 @@ START_TEST(test_tokens_evaluate)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("tokens");
 	TCase *tc = tcase_create("tokens");
@@ -675,20 +675,4 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_tokens_evaluate);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	check_set_max_msg_size(32768);
-	sr = srunner_create(suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -342,7 +342,7 @@ START_TEST(test_socket_connections_not_limited_per_address)
 }
 END_TEST
 
-static Suite *unix_suite(void)
+Suite *th_suite(void)
 {
 	Suite *s = suite_create("unix");
 	TCase *tc = tcase_create("socket");
@@ -355,19 +355,4 @@ static Suite *unix_suite(void)
 	tcase_add_test(tc, test_socket_connections_not_limited_per_address);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr;
-	int failed;
-
-	curl_global_init(CURL_GLOBAL_DEFAULT);
-	th_init();
-	sr = srunner_create(unix_suite());
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	curl_global_cleanup();
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "server/server_int.h"
+#include "tests/unit/unit.h"
 
 /* The class of the text s: 1 or 0 as answered, *bulk as set. */
 static int class_of(const char *s, size_t n, bool *bulk)
@@ -18,7 +19,7 @@ static int class_of(const char *s, size_t n, bool *bulk)
 	return ts__first_request_class(s, n, bulk);
 }
 
-START_TEST(methods)
+START_TEST(test_methods)
 {
 	static const char *const bulk_lines[] = {"PUT /v1/arrays/a HTTP/1.1\r\n", "POST /v1/models HTTP/1.1\r\n",
 	                                         "PATCH /x HTTP/1.1\r\n", "PUT ", "POST /"};
@@ -39,7 +40,7 @@ START_TEST(methods)
 }
 END_TEST
 
-START_TEST(still_coming)
+START_TEST(test_still_coming)
 {
 	static const char *const parts[] = {"G", "GE", "PU", "POS", "PATC", "GET /v1/arrays/a/data?rows=1,2"};
 	bool bulk = true;
@@ -52,7 +53,7 @@ START_TEST(still_coming)
 }
 END_TEST
 
-START_TEST(long_lines)
+START_TEST(test_long_lines)
 {
 	char *b = malloc(2 * TS__LONG_LINE);
 	bool bulk = false;
@@ -76,7 +77,7 @@ START_TEST(long_lines)
 }
 END_TEST
 
-START_TEST(not_http)
+START_TEST(test_not_http)
 {
 	static const char nul[] = "GET\0/ HTTP/1.1\r\n";
 	static const char crlf_first[] = "\r\nPUT /v1/arrays/a HTTP/1.1\r\n";
@@ -106,7 +107,7 @@ static void place(int64_t *counts, const int64_t *start, int n, int fill, int co
 	}
 }
 
-START_TEST(fill_then_balance)
+START_TEST(test_fill_then_balance)
 {
 	static const int64_t idle[4] = {0};
 	int64_t c[4];
@@ -128,7 +129,7 @@ START_TEST(fill_then_balance)
 }
 END_TEST
 
-START_TEST(fill_one_spreads)
+START_TEST(test_fill_one_spreads)
 {
 	static const int64_t idle[3] = {0};
 	int64_t c[3];
@@ -140,7 +141,7 @@ START_TEST(fill_one_spreads)
 }
 END_TEST
 
-START_TEST(after_closes)
+START_TEST(test_after_closes)
 {
 	/* worker 0 lost its connections: new ones fill it again first */
 	static const int64_t left[3] = {0, 4, 2};
@@ -160,31 +161,20 @@ START_TEST(after_closes)
 }
 END_TEST
 
-static Suite *accept_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("accept");
 	TCase *tc = tcase_create("first_request");
 
-	tcase_add_test(tc, methods);
-	tcase_add_test(tc, still_coming);
-	tcase_add_test(tc, long_lines);
-	tcase_add_test(tc, not_http);
+	tcase_add_test(tc, test_methods);
+	tcase_add_test(tc, test_still_coming);
+	tcase_add_test(tc, test_long_lines);
+	tcase_add_test(tc, test_not_http);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("worker_pick");
-	tcase_add_test(tc, fill_then_balance);
-	tcase_add_test(tc, fill_one_spreads);
-	tcase_add_test(tc, after_closes);
+	tcase_add_test(tc, test_fill_then_balance);
+	tcase_add_test(tc, test_fill_one_spreads);
+	tcase_add_test(tc, test_after_closes);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(accept_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -10,6 +10,7 @@
  * Bookkeeping failures are injected through the allocator's ts__ test hook.
  */
 #include "memory/allocator.h"
+#include "tests/unit/unit.h"
 
 #include <check.h>
 #include <stdio.h>
@@ -1052,7 +1053,7 @@ START_TEST(test_many_blocks)
 }
 END_TEST
 
-static Suite *allocator_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("allocator");
 	TCase *basic = tcase_create("basic");
@@ -1087,15 +1088,4 @@ static Suite *allocator_suite(void)
 	tcase_set_timeout(scale, 60);
 	suite_add_tcase(s, scale);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(allocator_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }

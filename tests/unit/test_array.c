@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "storage/array.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -21,17 +22,12 @@ static struct ts_placement dev0;
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 16ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = 16ull << 20,
-	                              .unpinned_host_limit = 16ull << 20,
-	                              .pinned_segment = 1ull << 20};
-	struct ts_error err;
+	static const struct ts_unit_sim_config sim = {.devices = 2, .device_memory = 16ull << 20,
+	                                              .device_fraction = 0.75,
+	                                              .pinned = 16ull << 20, .unpinned = 16ull << 20,
+	                                              .segment = 1ull << 20};
 
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
-	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
+	ts_unit_sim_new(&sim, &set, &mem, NULL);
 	cat = ts_catalog_new();
 	ck_assert_ptr_nonnull(cat);
 	ts_placement_single(&dev0, ts_device_set_find(set, "sim:0"), TS_MEM_DEVICE, true);
@@ -40,8 +36,7 @@ static void setup(void)
 static void teardown(void)
 {
 	ts_catalog_free(cat);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, NULL);
 }
 
 static struct ts_array *make(const char *name, uint64_t n, const struct ts_placement *pl)
@@ -64,7 +59,7 @@ static uint64_t in_use(const char *dev, enum ts_memory_kind k)
 	return s.bytes_in_use;
 }
 
-START_TEST(name_rules)
+START_TEST(test_name_rules)
 {
 	char longest[129];
 
@@ -93,7 +88,7 @@ START_TEST(name_rules)
 }
 END_TEST
 
-START_TEST(desc_overflow)
+START_TEST(test_desc_overflow)
 {
 	struct ts_array_desc d = {.dtype = TS_DT_FLOAT64, .rank = 3,
 	                          .shape = {1ull << 30, 1ull << 30, 1ull << 10}};
@@ -109,7 +104,7 @@ START_TEST(desc_overflow)
 }
 END_TEST
 
-START_TEST(admission_refusal_changes_nothing)
+START_TEST(test_admission_refusal_changes_nothing)
 {
 	struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1, .shape = {17ull << 20}};
 	struct ts_array *a = NULL;
@@ -124,7 +119,7 @@ START_TEST(admission_refusal_changes_nothing)
 }
 END_TEST
 
-START_TEST(publish_versions_etags)
+START_TEST(test_publish_versions_etags)
 {
 	struct ts_array *a = make("w", 100, &dev0), *b = make("w", 200, &dev0), *got;
 	struct ts_precondition create = {.create_only = true};
@@ -171,7 +166,7 @@ START_TEST(publish_versions_etags)
 }
 END_TEST
 
-START_TEST(etag_differs_after_recreate)
+START_TEST(test_etag_differs_after_recreate)
 {
 	struct ts_array *a = make("x", 10, &dev0), *b = make("x", 10, &dev0);
 	struct ts_error err;
@@ -189,7 +184,7 @@ START_TEST(etag_differs_after_recreate)
 }
 END_TEST
 
-START_TEST(put_all_is_all_or_nothing)
+START_TEST(test_put_all_is_all_or_nothing)
 {
 	struct ts_array *x = make("x", 10, &dev0), *y = make("y", 10, &dev0), *y2 = make("y", 5, &dev0);
 	struct ts_array *z = make("z", 10, &dev0);
@@ -223,7 +218,7 @@ static bool only_pinned(const struct ts_array *a, void *arg)
 	return ts_array_placement(a)->sharding.memory_kind == TS_MEM_PINNED_HOST;
 }
 
-START_TEST(list_pages_in_name_order)
+START_TEST(test_list_pages_in_name_order)
 {
 	static const char *const names[] = {"e", "a", "d", "c", "b", "f", "g"};
 	struct ts_placement pinned = dev0;
@@ -257,7 +252,7 @@ START_TEST(list_pages_in_name_order)
 }
 END_TEST
 
-START_TEST(many_names_grow_the_table)
+START_TEST(test_many_names_grow_the_table)
 {
 	struct ts_error err;
 	char name[16];
@@ -330,7 +325,7 @@ static void *churn(void *arg)
 	return NULL;
 }
 
-START_TEST(concurrent_churn_keeps_stats_exact)
+START_TEST(test_concurrent_churn_keeps_stats_exact)
 {
 	pthread_t th[4];
 	struct worker w[4];
@@ -365,7 +360,7 @@ END_TEST
 
 /* A hold refuses every writer but its holder, whose new version stays held,
  * until it is released. */
-START_TEST(holds_refuse_other_writers)
+START_TEST(test_holds_refuse_other_writers)
 {
 	struct ts_array *a = make("w", 8, &dev0), *b = make("w", 8, &dev0), *c = make("w", 8, &dev0);
 	struct ts_array *other = make("o", 8, &dev0), *got;
@@ -428,7 +423,7 @@ END_TEST
 
 /* A replacement prepared before bytes change publishes without allocating:
  * only over an existing name, with the holder's rights, as a new version. */
-START_TEST(replace_publishes_a_prepared_version)
+START_TEST(test_replace_publishes_a_prepared_version)
 {
 	struct ts_array *a = make("r", 8, &dev0), *v = NULL, *w = NULL, *got;
 	struct ts_precondition mine = {.holder = "op-9"}, theirs = {.holder = "op-8"};
@@ -471,7 +466,7 @@ END_TEST
 
 /* An owned name keeps its dtype and shape, passes its owner to the versions
  * that replace it, and is deleted only by its owner. */
-START_TEST(owners_keep_shape)
+START_TEST(test_owners_keep_shape)
 {
 	struct ts_array *a = make("m.w1", 8, &dev0), *same = make("m.w1", 8, &dev0);
 	struct ts_array *wider = make("m.w1", 9, &dev0), *v = NULL;
@@ -513,7 +508,7 @@ END_TEST
 
 /* A published version is never written: its setters stop the process (an
  * assertion, in every build with assertions). */
-START_TEST(setters_refuse_published)
+START_TEST(test_setters_refuse_published)
 {
 	struct ts_array *a = make("sealed", 64, &dev0);
 	struct ts_error err;
@@ -525,7 +520,7 @@ START_TEST(setters_refuse_published)
 }
 END_TEST
 
-START_TEST(unpublished_setters_work)
+START_TEST(test_unpublished_setters_work)
 {
 	struct ts_array *a = make("open", 64, &dev0), *b;
 	struct ts_precondition owner = {.owner = "model 'm'"};
@@ -549,7 +544,7 @@ END_TEST
 /* A version's metadata is its own: a new version of it carries an equal
  * copy, never the same value, so no two versions (which other threads drop
  * whenever they like) count references to one jansson value. */
-START_TEST(new_version_copies_metadata)
+START_TEST(test_new_version_copies_metadata)
 {
 	struct ts_array *a = make("mv", 64, &dev0), *v;
 	struct ts_error err;
@@ -573,7 +568,7 @@ END_TEST
 
 /* Metadata someone else still holds a reference to is refused (an
  * assertion): the version would share it with that holder's thread. */
-START_TEST(shared_metadata_refused)
+START_TEST(test_shared_metadata_refused)
 {
 	struct ts_array *a = make("shared", 64, &dev0);
 	json_t *meta = json_pack("{s:s}", "k", "v");
@@ -587,7 +582,7 @@ END_TEST
 #if TS_DEBUG
 /* Debug builds seal a version at publish: metadata changed in place through
  * the borrowed pointer is caught when the version is deleted. */
-START_TEST(seal_catches_a_changed_version)
+START_TEST(test_seal_catches_a_changed_version)
 {
 	struct ts_array *a = make("meta", 64, &dev0);
 	struct ts_error err;
@@ -603,43 +598,32 @@ START_TEST(seal_catches_a_changed_version)
 END_TEST
 #endif
 
-static Suite *array_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("array");
 	TCase *tc = tcase_create("catalog");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, name_rules);
-	tcase_add_test(tc, desc_overflow);
-	tcase_add_test(tc, admission_refusal_changes_nothing);
-	tcase_add_test(tc, publish_versions_etags);
-	tcase_add_test(tc, etag_differs_after_recreate);
-	tcase_add_test(tc, put_all_is_all_or_nothing);
-	tcase_add_test(tc, list_pages_in_name_order);
-	tcase_add_test(tc, many_names_grow_the_table);
-	tcase_add_test(tc, concurrent_churn_keeps_stats_exact);
-	tcase_add_test(tc, holds_refuse_other_writers);
-	tcase_add_test(tc, owners_keep_shape);
-	tcase_add_test(tc, replace_publishes_a_prepared_version);
-	tcase_add_test(tc, unpublished_setters_work);
-	tcase_add_test_raise_signal(tc, setters_refuse_published, SIGABRT);
-	tcase_add_test(tc, new_version_copies_metadata);
-	tcase_add_test_raise_signal(tc, shared_metadata_refused, SIGABRT);
+	tcase_add_test(tc, test_name_rules);
+	tcase_add_test(tc, test_desc_overflow);
+	tcase_add_test(tc, test_admission_refusal_changes_nothing);
+	tcase_add_test(tc, test_publish_versions_etags);
+	tcase_add_test(tc, test_etag_differs_after_recreate);
+	tcase_add_test(tc, test_put_all_is_all_or_nothing);
+	tcase_add_test(tc, test_list_pages_in_name_order);
+	tcase_add_test(tc, test_many_names_grow_the_table);
+	tcase_add_test(tc, test_concurrent_churn_keeps_stats_exact);
+	tcase_add_test(tc, test_holds_refuse_other_writers);
+	tcase_add_test(tc, test_owners_keep_shape);
+	tcase_add_test(tc, test_replace_publishes_a_prepared_version);
+	tcase_add_test(tc, test_unpublished_setters_work);
+	tcase_add_test_raise_signal(tc, test_setters_refuse_published, SIGABRT);
+	tcase_add_test(tc, test_new_version_copies_metadata);
+	tcase_add_test_raise_signal(tc, test_shared_metadata_refused, SIGABRT);
 #if TS_DEBUG
-	tcase_add_test_raise_signal(tc, seal_catches_a_changed_version, SIGABRT);
+	tcase_add_test_raise_signal(tc, test_seal_catches_a_changed_version, SIGABRT);
 #endif
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(array_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

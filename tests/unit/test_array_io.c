@@ -20,6 +20,7 @@
 
 #include "device/backend.h"
 #include "storage/array_io.h"
+#include "tests/unit/unit.h"
 
 #define MiB (1ull << 20)
 
@@ -29,25 +30,16 @@ static struct ts_stager *stg;
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 4, .sim_device_memory = 256 * MiB,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = 256 * MiB,
-	                              .unpinned_host_limit = 512 * MiB,
-	                              .pinned_segment = 8 * MiB};
-	struct ts_error err;
+	static const struct ts_unit_sim_config sim = {.devices = 4, .device_memory = 256 * MiB,
+	                                              .device_fraction = 0.75, .pinned = 256 * MiB,
+	                                              .unpinned = 512 * MiB, .segment = 8 * MiB};
 
-	ts_error_clear(&err);
-	ck_assert_msg(ts_device_set_new(&dc, &set, &err) == TS_OK, "%s", err.message);
-	ck_assert_msg(ts_memory_new(set, &mc, &mem, &err) == TS_OK, "%s", err.message);
-	ck_assert_msg(ts_stager_new(set, mem, &stg, &err) == TS_OK, "%s", err.message);
+	ts_unit_sim_new(&sim, &set, &mem, &stg);
 }
 
 static void teardown(void)
 {
-	ts_stager_free(stg);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, stg);
 }
 
 /* ---- helpers ---------------------------------------------------------------- */
@@ -524,7 +516,7 @@ static void random_case(uint64_t *r, struct lcase *c)
 	ts_layout_init(&c->l, c->rank, c->shape, c->esz, c->boxes, c->n);
 }
 
-START_TEST(layout_matches_brute_force)
+START_TEST(test_layout_matches_brute_force)
 {
 	uint64_t r = 0x5eed0001;
 	int cases = 0, sharded = 0, replicated = 0, empty = 0;
@@ -571,7 +563,7 @@ END_TEST
 
 /* A range inside one shard whose box spans the inner dimensions is one
  * piece, wherever it starts (layout.h's cost promise). */
-START_TEST(layout_one_piece_inside_a_shard)
+START_TEST(test_layout_one_piece_inside_a_shard)
 {
 	struct ts_sharding s;
 	struct ts_shard_box boxes[TS_MESH_MAX_DEVICES];
@@ -602,7 +594,7 @@ START_TEST(layout_one_piece_inside_a_shard)
 }
 END_TEST
 
-START_TEST(layout_callback_failure_stops_the_walk)
+START_TEST(test_layout_callback_failure_stops_the_walk)
 {
 	struct ts_sharding s;
 	struct ts_shard_box boxes[TS_MESH_MAX_DEVICES];
@@ -673,7 +665,7 @@ static void check_reads(const struct ts_array *a, const unsigned char *parent, u
 	free(out);
 }
 
-START_TEST(writer_fills_every_shard)
+START_TEST(test_writer_fills_every_shard)
 {
 	static const struct {
 		const char *spec;
@@ -711,7 +703,7 @@ END_TEST
 
 /* A strided read of an array sharded over two devices costs one copy per
  * shard (a covering window each), and is exact. */
-START_TEST(strided_read_of_shards_one_copy_each)
+START_TEST(test_strided_read_of_shards_one_copy_each)
 {
 	enum { ROWS = 64, COLS = 4096, N = ROWS * COLS * 4, STEP = 16 };
 	uint64_t shape[2] = {ROWS, COLS};
@@ -747,7 +739,7 @@ START_TEST(strided_read_of_shards_one_copy_each)
 END_TEST
 
 /* Shards past the staging slot size, and the single-device path. */
-START_TEST(writer_large_shards)
+START_TEST(test_writer_large_shards)
 {
 	static const struct pdef pls[] = {
 		{NULL, TS_MEM_DEVICE, 2, 2, 2, "0123", "x,y"},
@@ -776,7 +768,7 @@ START_TEST(writer_large_shards)
 }
 END_TEST
 
-START_TEST(writer_scalar_and_empty)
+START_TEST(test_writer_scalar_and_empty)
 {
 	struct ts_placement pl = {.committed = true};
 	struct ts_array *a;
@@ -995,7 +987,7 @@ static void copy_pair_case(size_t si, size_t di, uint64_t *r)
 	free(dp);
 }
 
-START_TEST(copy_between_shardings)
+START_TEST(test_copy_between_shardings)
 {
 	uint64_t r = 0x5eed0004;
 
@@ -1006,7 +998,7 @@ START_TEST(copy_between_shardings)
 END_TEST
 
 /* 80 MiB, several 32 MiB chunks per pair of shards. */
-START_TEST(copy_large_cancel_and_fail)
+START_TEST(test_copy_large_cancel_and_fail)
 {
 	uint64_t shape[2] = {80, MiB}, n = 80 * MiB;
 	unsigned char *parent = malloc(n), *back = malloc(n);
@@ -1071,7 +1063,7 @@ START_TEST(copy_large_cancel_and_fail)
 END_TEST
 
 /* An injected failure on one device of a sharded destination. */
-START_TEST(copy_injected_failure_sharded)
+START_TEST(test_copy_injected_failure_sharded)
 {
 	struct ts_placement ps, pd;
 	struct ts_array *src, *dst;
@@ -1101,7 +1093,7 @@ END_TEST
 
 /* An injected failure while writing a sharded array fails that writer; the
  * next writer of the same shards succeeds. */
-START_TEST(writer_after_injected_failure)
+START_TEST(test_writer_after_injected_failure)
 {
 	struct ts_placement pl;
 	struct ts_array *a;
@@ -1164,7 +1156,7 @@ static void *copy_worker(void *arg)
 	return NULL;
 }
 
-START_TEST(copy_from_many_threads)
+START_TEST(test_copy_from_many_threads)
 {
 	struct ts_placement ps;
 	struct ts_array *src;
@@ -1280,7 +1272,7 @@ static const struct pdef like_pls[] = {
 };
 #define NLIKE (sizeof like_pls / sizeof like_pls[0])
 
-START_TEST(new_like_shares_matching_shards)
+START_TEST(test_new_like_shares_matching_shards)
 {
 	uint64_t n = 8 * 12 * 10 * 4;
 	unsigned char *sp = malloc(n);
@@ -1385,7 +1377,7 @@ static void shared_with(const struct ts_array *a, const struct ts_array *b, bool
 	}
 }
 
-START_TEST(random_sequence_exact_stats)
+START_TEST(test_random_sequence_exact_stats)
 {
 	enum { POOL = 12, STEPS = 400 };
 	struct ts_array *pool[POOL] = {NULL};
@@ -1490,7 +1482,7 @@ START_TEST(random_sequence_exact_stats)
 }
 END_TEST
 
-static Suite *array_io_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("array_io");
 	TCase *tl = tcase_create("layout");
@@ -1498,42 +1490,31 @@ static Suite *array_io_suite(void)
 	TCase *tc = tcase_create("copy");
 	TCase *ta = tcase_create("accounting");
 
-	tcase_add_test(tl, layout_matches_brute_force);
+	tcase_add_test(tl, test_layout_matches_brute_force);
 	tcase_add_checked_fixture(tl, setup, teardown);
-	tcase_add_test(tl, layout_one_piece_inside_a_shard);
-	tcase_add_test(tl, layout_callback_failure_stops_the_walk);
+	tcase_add_test(tl, test_layout_one_piece_inside_a_shard);
+	tcase_add_test(tl, test_layout_callback_failure_stops_the_walk);
 	tcase_set_timeout(tl, 120);
 	tcase_add_checked_fixture(tw, setup, teardown);
-	tcase_add_test(tw, writer_fills_every_shard);
-	tcase_add_test(tw, writer_large_shards);
-	tcase_add_test(tw, writer_scalar_and_empty);
-	tcase_add_test(tw, strided_read_of_shards_one_copy_each);
+	tcase_add_test(tw, test_writer_fills_every_shard);
+	tcase_add_test(tw, test_writer_large_shards);
+	tcase_add_test(tw, test_writer_scalar_and_empty);
+	tcase_add_test(tw, test_strided_read_of_shards_one_copy_each);
 	tcase_set_timeout(tw, 120);
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, copy_between_shardings);
-	tcase_add_test(tc, copy_large_cancel_and_fail);
-	tcase_add_test(tc, copy_injected_failure_sharded);
-	tcase_add_test(tc, writer_after_injected_failure);
-	tcase_add_test(tc, copy_from_many_threads);
+	tcase_add_test(tc, test_copy_between_shardings);
+	tcase_add_test(tc, test_copy_large_cancel_and_fail);
+	tcase_add_test(tc, test_copy_injected_failure_sharded);
+	tcase_add_test(tc, test_writer_after_injected_failure);
+	tcase_add_test(tc, test_copy_from_many_threads);
 	tcase_set_timeout(tc, 120);
 	tcase_add_checked_fixture(ta, setup, teardown);
-	tcase_add_test(ta, new_like_shares_matching_shards);
-	tcase_add_test(ta, random_sequence_exact_stats);
+	tcase_add_test(ta, test_new_like_shares_matching_shards);
+	tcase_add_test(ta, test_random_sequence_exact_stats);
 	tcase_set_timeout(ta, 120);
 	suite_add_tcase(s, tl);
 	suite_add_tcase(s, tw);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, ta);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(array_io_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

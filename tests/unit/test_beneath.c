@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/beneath.h"
+#include "tests/unit/unit.h"
 
 static ts_status rel_of(const char *path, char *rel, struct ts_error *err)
 {
@@ -20,7 +21,7 @@ static ts_status rel_of(const char *path, char *rel, struct ts_error *err)
 	return ts_path_beneath("/srv/data", "/link/data", path, rel, 256, err);
 }
 
-START_TEST(normalises_by_text)
+START_TEST(test_normalises_by_text)
 {
 	static const char *const ok[][2] = {
 		{"a.safetensors", "a.safetensors"},
@@ -158,40 +159,29 @@ static void check_opens(opener *fn)
 	}
 }
 
-START_TEST(opens_with_openat2)
+START_TEST(test_opens_with_openat2)
 {
 	check_opens(ts_open_beneath);
 }
 END_TEST
 
-START_TEST(opens_by_walk)
+START_TEST(test_opens_by_walk)
 {
 	check_opens(ts__open_beneath_walk);
 }
 END_TEST
 
-static Suite *beneath_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("beneath");
 	TCase *tc = tcase_create("text");
 	TCase *fs = tcase_create("open");
 
-	tcase_add_test(tc, normalises_by_text);
+	tcase_add_test(tc, test_normalises_by_text);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(fs, setup, teardown);
-	tcase_add_test(fs, opens_with_openat2);
-	tcase_add_test(fs, opens_by_walk);
+	tcase_add_test(fs, test_opens_with_openat2);
+	tcase_add_test(fs, test_opens_by_walk);
 	suite_add_tcase(s, fs);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(beneath_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

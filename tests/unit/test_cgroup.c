@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "server/cgroup.h"
+#include "tests/unit/unit.h"
 
 static char root[256], self[300];
 
@@ -46,7 +47,7 @@ static void teardown(void)
 	ck_assert_int_eq(system(cmd), 0);
 }
 
-START_TEST(v2_own_and_parent)
+START_TEST(test_v2_own_and_parent)
 {
 	uint64_t limit = 0;
 
@@ -62,7 +63,7 @@ START_TEST(v2_own_and_parent)
 }
 END_TEST
 
-START_TEST(v2_namespace_root)
+START_TEST(test_v2_namespace_root)
 {
 	uint64_t limit = 0;
 
@@ -76,7 +77,7 @@ START_TEST(v2_namespace_root)
 }
 END_TEST
 
-START_TEST(v1_memory_controller)
+START_TEST(test_v1_memory_controller)
 {
 	uint64_t limit = 0;
 
@@ -97,7 +98,7 @@ START_TEST(v1_memory_controller)
 }
 END_TEST
 
-START_TEST(nothing_to_read)
+START_TEST(test_nothing_to_read)
 {
 	uint64_t limit = 7;
 
@@ -113,27 +114,16 @@ START_TEST(nothing_to_read)
 }
 END_TEST
 
-static Suite *cgroup_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("cgroup");
 	TCase *tc = tcase_create("memory_limit");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, v2_own_and_parent);
-	tcase_add_test(tc, v2_namespace_root);
-	tcase_add_test(tc, v1_memory_controller);
-	tcase_add_test(tc, nothing_to_read);
+	tcase_add_test(tc, test_v2_own_and_parent);
+	tcase_add_test(tc, test_v2_namespace_root);
+	tcase_add_test(tc, test_v1_memory_controller);
+	tcase_add_test(tc, test_nothing_to_read);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(cgroup_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

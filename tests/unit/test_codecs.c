@@ -19,6 +19,7 @@
 #include "formats/dtype.h"
 #include "formats/npy.h"
 #include "formats/safetensors.h"
+#include "tests/unit/unit.h"
 
 #define PREAMBLE(s) s, sizeof(s) - 1
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
@@ -174,7 +175,7 @@ static void check_error(const struct ts_error *e, ts_status got, ts_status want,
 
 /* ---- dtype ----------------------------------------------------------------- */
 
-START_TEST(dtype_tables_roundtrip)
+START_TEST(test_dtype_tables_roundtrip)
 {
 	static const struct {
 		enum ts_dtype dt;
@@ -222,7 +223,7 @@ START_TEST(dtype_tables_roundtrip)
 }
 END_TEST
 
-START_TEST(dtype_rejects_other_names)
+START_TEST(test_dtype_rejects_other_names)
 {
 	static const char *const ours[] = {"f4", "Float32", "float", "FLOAT32", "F32", "", "int",
 	                                   "bfloat16 ", "<f4"};
@@ -245,7 +246,7 @@ START_TEST(dtype_rejects_other_names)
 }
 END_TEST
 
-START_TEST(shape_nbytes_overflow)
+START_TEST(test_shape_nbytes_overflow)
 {
 	uint64_t n = 12345, big[3] = {1ull << 32, 1ull << 32, 0};
 	uint64_t s[TS_MAX_RANK + 1];
@@ -279,7 +280,7 @@ START_TEST(shape_nbytes_overflow)
 }
 END_TEST
 
-START_TEST(byteswap_in_place)
+START_TEST(test_byteswap_in_place)
 {
 	uint16_t a[2] = {0x0102, 0xa0b0};
 	uint32_t b[2] = {0x01020304u, 0xdeadbeefu};
@@ -336,7 +337,7 @@ static ts_status npy_dict(const char *dict, const enum ts_dtype *hint, struct ts
 	return ts_npy_parse_header(buf, len, hint, h, err);
 }
 
-START_TEST(npy_parses_numpy_headers)
+START_TEST(test_npy_parses_numpy_headers)
 {
 	for (size_t i = 0; i < ARRAY_LEN(numpy_cases); i++) {
 		const struct numpy_case *c = &numpy_cases[i];
@@ -369,7 +370,7 @@ START_TEST(npy_parses_numpy_headers)
 }
 END_TEST
 
-START_TEST(npy_accepts_python_literal_variants)
+START_TEST(test_npy_accepts_python_literal_variants)
 {
 	static const struct {
 		const char *dict;
@@ -416,7 +417,7 @@ START_TEST(npy_accepts_python_literal_variants)
 }
 END_TEST
 
-START_TEST(npy_refuses_malformed_dicts)
+START_TEST(test_npy_refuses_malformed_dicts)
 {
 	static const struct {
 		const char *dict;
@@ -510,7 +511,7 @@ START_TEST(npy_refuses_malformed_dicts)
 }
 END_TEST
 
-START_TEST(npy_rank_limit)
+START_TEST(test_npy_rank_limit)
 {
 	char dict[1024];
 	size_t o;
@@ -534,7 +535,7 @@ START_TEST(npy_rank_limit)
 }
 END_TEST
 
-START_TEST(npy_refuses_bad_preambles)
+START_TEST(test_npy_refuses_bad_preambles)
 {
 	static const char good[] = "\x93NUMPY\x01\x00\x76\x00{'descr': '<f4'";
 	char buf[256];
@@ -609,7 +610,7 @@ START_TEST(npy_refuses_bad_preambles)
 }
 END_TEST
 
-START_TEST(npy_write_matches_numpy)
+START_TEST(test_npy_write_matches_numpy)
 {
 	for (size_t i = 0; i < ARRAY_LEN(numpy_write_cases); i++) {
 		const struct numpy_write_case *c = &numpy_write_cases[i];
@@ -624,7 +625,7 @@ START_TEST(npy_write_matches_numpy)
 }
 END_TEST
 
-START_TEST(npy_write_parse_roundtrip)
+START_TEST(test_npy_write_parse_roundtrip)
 {
 	static const uint64_t shapes[][4] = {{0}, {5}, {2, 3}, {0, 5}, {1ull << 20, 1, 3},
 	                                     {7, 0, 9, 1}};
@@ -684,7 +685,7 @@ static void put_elem(unsigned char *p, size_t size, unsigned v)
 		p[b] = (unsigned char)(v + 31 * b);
 }
 
-START_TEST(npy_fortran_to_c)
+START_TEST(test_npy_fortran_to_c)
 {
 	static const size_t sizes[] = {1, 2, 3, 4, 8};
 	const uint64_t shape[3] = {2, 3, 4};
@@ -761,7 +762,7 @@ static const struct ts_st_tensor *st_find(const struct ts_st_header *h, const ch
 	return NULL;
 }
 
-START_TEST(st_parses_reference_header)
+START_TEST(test_st_parses_reference_header)
 {
 	static const char *const order[] = {"s", "w", "h", "e", "m"};
 	size_t len = sizeof ref_header - 1 + REF_HEADER_DATA_LEN;
@@ -808,7 +809,7 @@ START_TEST(st_parses_reference_header)
 }
 END_TEST
 
-START_TEST(st_accepts_valid_headers)
+START_TEST(test_st_accepts_valid_headers)
 {
 	static const struct {
 		const char *json;
@@ -857,7 +858,7 @@ END_TEST
 
 #define T(name, body) "\"" name "\":{" body "}"
 
-START_TEST(st_refuses_malformed_headers)
+START_TEST(test_st_refuses_malformed_headers)
 {
 	static const struct {
 		const char *json;
@@ -949,7 +950,7 @@ START_TEST(st_refuses_malformed_headers)
 }
 END_TEST
 
-START_TEST(st_refuses_bad_lengths)
+START_TEST(test_st_refuses_bad_lengths)
 {
 	static const char json[] = "{" T("w", "\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]")
 	                           "}";
@@ -1028,7 +1029,7 @@ static void st_tensor(struct ts_st_tensor *t, const char *name, enum ts_dtype dt
 	t->end = 3;
 }
 
-START_TEST(st_build_parse_roundtrip)
+START_TEST(test_st_build_parse_roundtrip)
 {
 	struct ts_st_tensor in[6];
 	json_t *meta = json_pack("{s:s, s:s}", "format", "pt", "\xc3\xa9t\xc3\xa9", "\"q\\\"");
@@ -1095,7 +1096,7 @@ START_TEST(st_build_parse_roundtrip)
 }
 END_TEST
 
-START_TEST(st_build_refuses)
+START_TEST(test_st_build_refuses)
 {
 	struct ts_st_tensor in[2];
 	json_t *meta = json_pack("{s:i}", "k", 1), *arr = json_array();
@@ -1160,7 +1161,7 @@ static void *budget_malloc(size_t n)
 	return malloc(n);
 }
 
-START_TEST(st_out_of_memory_is_a_value)
+START_TEST(test_st_out_of_memory_is_a_value)
 {
 	struct ts_st_tensor in[3];
 	json_t *meta = json_pack("{s:s}", "format", "pt");
@@ -1210,47 +1211,36 @@ START_TEST(st_out_of_memory_is_a_value)
 }
 END_TEST
 
-static Suite *codecs_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("codecs");
 	TCase *dtype = tcase_create("dtype");
 	TCase *npy = tcase_create("npy");
 	TCase *st = tcase_create("safetensors");
 
-	tcase_add_test(dtype, dtype_tables_roundtrip);
-	tcase_add_test(dtype, dtype_rejects_other_names);
-	tcase_add_test(dtype, shape_nbytes_overflow);
-	tcase_add_test(dtype, byteswap_in_place);
+	tcase_add_test(dtype, test_dtype_tables_roundtrip);
+	tcase_add_test(dtype, test_dtype_rejects_other_names);
+	tcase_add_test(dtype, test_shape_nbytes_overflow);
+	tcase_add_test(dtype, test_byteswap_in_place);
 	suite_add_tcase(s, dtype);
 
-	tcase_add_test(npy, npy_parses_numpy_headers);
-	tcase_add_test(npy, npy_accepts_python_literal_variants);
-	tcase_add_test(npy, npy_refuses_malformed_dicts);
-	tcase_add_test(npy, npy_rank_limit);
-	tcase_add_test(npy, npy_refuses_bad_preambles);
-	tcase_add_test(npy, npy_write_matches_numpy);
-	tcase_add_test(npy, npy_write_parse_roundtrip);
-	tcase_add_test(npy, npy_fortran_to_c);
+	tcase_add_test(npy, test_npy_parses_numpy_headers);
+	tcase_add_test(npy, test_npy_accepts_python_literal_variants);
+	tcase_add_test(npy, test_npy_refuses_malformed_dicts);
+	tcase_add_test(npy, test_npy_rank_limit);
+	tcase_add_test(npy, test_npy_refuses_bad_preambles);
+	tcase_add_test(npy, test_npy_write_matches_numpy);
+	tcase_add_test(npy, test_npy_write_parse_roundtrip);
+	tcase_add_test(npy, test_npy_fortran_to_c);
 	suite_add_tcase(s, npy);
 
-	tcase_add_test(st, st_parses_reference_header);
-	tcase_add_test(st, st_accepts_valid_headers);
-	tcase_add_test(st, st_refuses_malformed_headers);
-	tcase_add_test(st, st_refuses_bad_lengths);
-	tcase_add_test(st, st_build_parse_roundtrip);
-	tcase_add_test(st, st_build_refuses);
-	tcase_add_test(st, st_out_of_memory_is_a_value);
+	tcase_add_test(st, test_st_parses_reference_header);
+	tcase_add_test(st, test_st_accepts_valid_headers);
+	tcase_add_test(st, test_st_refuses_malformed_headers);
+	tcase_add_test(st, test_st_refuses_bad_lengths);
+	tcase_add_test(st, test_st_build_parse_roundtrip);
+	tcase_add_test(st, test_st_build_refuses);
+	tcase_add_test(st, test_st_out_of_memory_is_a_value);
 	suite_add_tcase(s, st);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(codecs_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

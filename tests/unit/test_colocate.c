@@ -8,6 +8,7 @@
 
 #include "storage/array_io.h"
 #include "storage/colocate.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -16,27 +17,19 @@ static struct ts_catalog *cat;
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 3, .sim_device_memory = 16ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = 32ull << 20,
-	                              .unpinned_host_limit = 32ull << 20,
-	                              .pinned_segment = 4ull << 20};
-	struct ts_error err;
+	static const struct ts_unit_sim_config sim = {.devices = 3, .device_memory = 16ull << 20,
+	                                              .device_fraction = 0.75,
+	                                              .pinned = 32ull << 20, .unpinned = 32ull << 20,
+	                                              .segment = 4ull << 20};
 
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
-	ck_assert_int_eq(ts_memory_new(set, &mc, &mem, &err), TS_OK);
-	ck_assert_int_eq(ts_stager_new(set, mem, &stg, &err), TS_OK);
+	ts_unit_sim_new(&sim, &set, &mem, &stg);
 	cat = ts_catalog_new();
 }
 
 static void teardown(void)
 {
 	ts_catalog_free(cat);
-	ts_stager_free(stg);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, stg);
 }
 
 static struct ts_device *dev(const char *id)
@@ -94,7 +87,7 @@ static void expect_bytes(struct ts_array *a, char seed)
 	free(got);
 }
 
-START_TEST(uncommitted_follow_committed)
+START_TEST(test_uncommitted_follow_committed)
 {
 	struct ts_array *arrs[3] = {publish("p", "sim:1", TS_MEM_DEVICE, true, 1000),
 	                            publish("x", "sim:0", TS_MEM_DEVICE, false, 3000),
@@ -131,7 +124,7 @@ START_TEST(uncommitted_follow_committed)
 }
 END_TEST
 
-START_TEST(committed_apart_refused)
+START_TEST(test_committed_apart_refused)
 {
 	struct ts_array *arrs[3] = {publish("a", "sim:0", TS_MEM_DEVICE, true, 8),
 	                            publish("u", "sim:2", TS_MEM_DEVICE, false, 8),
@@ -153,7 +146,7 @@ START_TEST(committed_apart_refused)
 }
 END_TEST
 
-START_TEST(no_committed_uses_fallback)
+START_TEST(test_no_committed_uses_fallback)
 {
 	struct ts_array *arrs[2] = {publish("m", "sim:0", TS_MEM_DEVICE, false, 64),
 	                            publish("n", "sim:2", TS_MEM_DEVICE, false, 32)};
@@ -173,7 +166,7 @@ START_TEST(no_committed_uses_fallback)
 }
 END_TEST
 
-START_TEST(replaced_meanwhile_aborts)
+START_TEST(test_replaced_meanwhile_aborts)
 {
 	struct ts_array *old = publish("r", "sim:0", TS_MEM_DEVICE, false, 16);
 	struct ts_array *newer = publish("r", "sim:0", TS_MEM_DEVICE, false, 16);
@@ -194,7 +187,7 @@ END_TEST
 
 /* An implicit move is the one move primitive's: metadata kept; a held array
  * moves only for its holder, and stays held by it. */
-START_TEST(held_arrays_move_for_their_holder)
+START_TEST(test_held_arrays_move_for_their_holder)
 {
 	struct ts_array *c = publish("c", "sim:1", TS_MEM_DEVICE, true, 16);
 	struct ts_array *h = publish_meta("h", "sim:0", TS_MEM_DEVICE, false, 16,
@@ -223,28 +216,17 @@ START_TEST(held_arrays_move_for_their_holder)
 }
 END_TEST
 
-static Suite *colocate_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("colocate");
 	TCase *tc = tcase_create("committed");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, uncommitted_follow_committed);
-	tcase_add_test(tc, committed_apart_refused);
-	tcase_add_test(tc, no_committed_uses_fallback);
-	tcase_add_test(tc, replaced_meanwhile_aborts);
-	tcase_add_test(tc, held_arrays_move_for_their_holder);
+	tcase_add_test(tc, test_uncommitted_follow_committed);
+	tcase_add_test(tc, test_committed_apart_refused);
+	tcase_add_test(tc, test_no_committed_uses_fallback);
+	tcase_add_test(tc, test_replaced_meanwhile_aborts);
+	tcase_add_test(tc, test_held_arrays_move_for_their_holder);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(colocate_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

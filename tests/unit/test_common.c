@@ -18,8 +18,9 @@
 #include "common/status.h"
 #include "common/units.h"
 #include "common/utf8.h"
+#include "tests/unit/unit.h"
 
-START_TEST(status_canonical_mapping)
+START_TEST(test_status_canonical_mapping)
 {
 	static const struct {
 		ts_status st;
@@ -51,7 +52,7 @@ START_TEST(status_canonical_mapping)
 }
 END_TEST
 
-START_TEST(status_from_errno)
+START_TEST(test_status_from_errno)
 {
 	ck_assert_int_eq(ts_status_from_errno(0), TS_OK);
 	ck_assert_int_eq(ts_status_from_errno(ENOMEM), TS_RESOURCE_EXHAUSTED);
@@ -62,7 +63,7 @@ START_TEST(status_from_errno)
 }
 END_TEST
 
-START_TEST(error_first_wins)
+START_TEST(test_error_first_wins)
 {
 	struct ts_error e;
 
@@ -98,7 +99,7 @@ static void fill_e_acute(char *big, size_t cap)
 /* The one bad-input and out-of-memory helpers: prefix, reason, status, the
  * first error kept, and a long message cut on a character boundary after
  * the prefix. */
-START_TEST(error_bad_and_oom_helpers)
+START_TEST(test_error_bad_and_oom_helpers)
 {
 	struct ts_error e;
 	char big[TS_ERROR_MESSAGE_MAX * 2];
@@ -130,7 +131,7 @@ START_TEST(error_bad_and_oom_helpers)
 END_TEST
 
 /* Every out-of-memory answer with figures is worded by one builder. */
-START_TEST(error_oom_figures)
+START_TEST(test_error_oom_figures)
 {
 	struct ts_error e;
 	struct ts_oom_figures f = {
@@ -199,7 +200,7 @@ static void probe(struct held_probe *p)
 	pthread_join(t, NULL);
 }
 
-START_TEST(locks_know_their_holder)
+START_TEST(test_locks_know_their_holder)
 {
 	struct ts_mutex m;
 	struct ts_rwlock l;
@@ -232,7 +233,7 @@ START_TEST(locks_know_their_holder)
 }
 END_TEST
 
-START_TEST(size_parse)
+START_TEST(test_size_parse)
 {
 	static const struct {
 		const char *s;
@@ -256,7 +257,7 @@ START_TEST(size_parse)
 }
 END_TEST
 
-START_TEST(size_format)
+START_TEST(test_size_format)
 {
 	char buf[32];
 
@@ -271,7 +272,7 @@ START_TEST(size_format)
 }
 END_TEST
 
-START_TEST(long_parse)
+START_TEST(test_long_parse)
 {
 	long v;
 
@@ -284,7 +285,7 @@ START_TEST(long_parse)
 }
 END_TEST
 
-START_TEST(json_escape)
+START_TEST(test_json_escape)
 {
 	char buf[64];
 
@@ -296,7 +297,7 @@ START_TEST(json_escape)
 }
 END_TEST
 
-START_TEST(log_levels)
+START_TEST(test_log_levels)
 {
 	enum ts_log_level l;
 
@@ -312,7 +313,7 @@ START_TEST(log_levels)
 END_TEST
 
 
-START_TEST(utf8_check)
+START_TEST(test_utf8_check)
 {
 	static const struct {
 		const char *s;
@@ -350,7 +351,7 @@ END_TEST
 /* Long text is scanned a word at a time: a fault is found, and at its
  * offset, wherever it falls against the words, and text around it is
  * copied by sanitize as it is. */
-START_TEST(utf8_faults_at_every_offset)
+START_TEST(test_utf8_faults_at_every_offset)
 {
 	static const struct {
 		const char *bytes;
@@ -392,7 +393,7 @@ END_TEST
 /* A cut message ends on a character boundary; jansson takes the result. */
 /* An echo of client text cut to a length never ends inside a character
  * (a fuzz_query finding: a 4-byte character cut after its first byte). */
-START_TEST(utf8_prefix_on_boundaries)
+START_TEST(test_utf8_prefix_on_boundaries)
 {
 	static const char key[] = "devit\xf4\x86\x9b\x8e" "e";   /* U+1066CE after 5 bytes */
 	static const char two[] = "\xc3\xa9\xc3\xa9";                /* "éé" */
@@ -412,7 +413,7 @@ START_TEST(utf8_prefix_on_boundaries)
 }
 END_TEST
 
-START_TEST(utf8_trim_and_sanitize)
+START_TEST(test_utf8_trim_and_sanitize)
 {
 	char s[16], out[16];
 	json_t *j;
@@ -441,7 +442,7 @@ START_TEST(utf8_trim_and_sanitize)
 END_TEST
 
 /* ts_error_set cuts a long message on a character boundary. */
-START_TEST(error_message_boundary)
+START_TEST(test_error_message_boundary)
 {
 	struct ts_error e;
 	char big[TS_ERROR_MESSAGE_MAX * 2];
@@ -512,7 +513,7 @@ static void hostile_lines(void)
 /* Each observation lands in the first bucket whose bound holds it (a bound
  * is inclusive), past every bound in +Inf; buckets read cumulative and the
  * count is the last. */
-START_TEST(histogram_buckets)
+START_TEST(test_histogram_buckets)
 {
 	static const double bounds[] = {0.001, 0.01, 1};
 	struct ts_histogram h;
@@ -550,7 +551,7 @@ START_TEST(histogram_buckets)
 }
 END_TEST
 
-START_TEST(log_lines_are_json)
+START_TEST(test_log_lines_are_json)
 {
 	char *text = capture_stderr(hostile_lines), *p = text;
 	int lines = 0;
@@ -593,7 +594,7 @@ END_TEST
 
 /* A streaming copy is a copy: every size around the thresholds, at every
  * destination alignment, leaving the bytes around the target untouched. */
-START_TEST(streaming_copy_exact)
+START_TEST(test_streaming_copy_exact)
 {
 	static const size_t sizes[] = {0, 1, 15, 63, 64, 4095, 4096, 4097, 4096 + 63, 32768, 100003};
 	unsigned char *src = malloc(100003 + 64), *dst = malloc(100003 + 96);
@@ -620,41 +621,30 @@ START_TEST(streaming_copy_exact)
 }
 END_TEST
 
-static Suite *common_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("common");
 	TCase *tc = tcase_create("core");
 
-	tcase_add_test(tc, status_canonical_mapping);
-	tcase_add_test(tc, status_from_errno);
-	tcase_add_test(tc, error_first_wins);
-	tcase_add_test(tc, error_bad_and_oom_helpers);
-	tcase_add_test(tc, error_oom_figures);
-	tcase_add_test(tc, locks_know_their_holder);
-	tcase_add_test(tc, size_parse);
-	tcase_add_test(tc, size_format);
-	tcase_add_test(tc, long_parse);
-	tcase_add_test(tc, json_escape);
-	tcase_add_test(tc, log_levels);
-	tcase_add_test(tc, utf8_check);
-	tcase_add_test(tc, utf8_faults_at_every_offset);
-	tcase_add_test(tc, utf8_trim_and_sanitize);
-	tcase_add_test(tc, utf8_prefix_on_boundaries);
-	tcase_add_test(tc, error_message_boundary);
-	tcase_add_test(tc, log_lines_are_json);
-	tcase_add_test(tc, histogram_buckets);
-	tcase_add_test(tc, streaming_copy_exact);
+	tcase_add_test(tc, test_status_canonical_mapping);
+	tcase_add_test(tc, test_status_from_errno);
+	tcase_add_test(tc, test_error_first_wins);
+	tcase_add_test(tc, test_error_bad_and_oom_helpers);
+	tcase_add_test(tc, test_error_oom_figures);
+	tcase_add_test(tc, test_locks_know_their_holder);
+	tcase_add_test(tc, test_size_parse);
+	tcase_add_test(tc, test_size_format);
+	tcase_add_test(tc, test_long_parse);
+	tcase_add_test(tc, test_json_escape);
+	tcase_add_test(tc, test_log_levels);
+	tcase_add_test(tc, test_utf8_check);
+	tcase_add_test(tc, test_utf8_faults_at_every_offset);
+	tcase_add_test(tc, test_utf8_trim_and_sanitize);
+	tcase_add_test(tc, test_utf8_prefix_on_boundaries);
+	tcase_add_test(tc, test_error_message_boundary);
+	tcase_add_test(tc, test_log_lines_are_json);
+	tcase_add_test(tc, test_histogram_buckets);
+	tcase_add_test(tc, test_streaming_copy_exact);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(common_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

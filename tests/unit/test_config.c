@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server/config.h"
+#include "tests/unit/unit.h"
 
 static enum ts_config_result parse(struct ts_config *cfg, char *out, size_t outcap,
                                    int argc, char **argv)
@@ -18,7 +19,7 @@ static enum ts_config_result parse(struct ts_config *cfg, char *out, size_t outc
 	return r;
 }
 
-START_TEST(defaults)
+START_TEST(test_defaults)
 {
 	struct ts_config c;
 	char out[256] = "";
@@ -37,7 +38,7 @@ START_TEST(defaults)
 }
 END_TEST
 
-START_TEST(flags_forms)
+START_TEST(test_flags_forms)
 {
 	struct ts_config c;
 	char out[256] = "";
@@ -60,7 +61,7 @@ START_TEST(flags_forms)
 }
 END_TEST
 
-START_TEST(environment_and_precedence)
+START_TEST(test_environment_and_precedence)
 {
 	struct ts_config c;
 	char out[256] = "";
@@ -83,7 +84,7 @@ START_TEST(environment_and_precedence)
 }
 END_TEST
 
-START_TEST(refusals_name_the_option)
+START_TEST(test_refusals_name_the_option)
 {
 	static const char *const bad[][3] = {
 		{"--sim-devices", "abc", "--sim-devices"},
@@ -107,7 +108,7 @@ END_TEST
 
 /* --pinned-host-keep: left alone the default, a size, or a share of the
  * pinned budget (a bare number between 0 and 1); from the environment too. */
-START_TEST(pinned_host_keep_forms)
+START_TEST(test_pinned_host_keep_forms)
 {
 	static const struct {
 		const char *value;
@@ -142,7 +143,7 @@ START_TEST(pinned_host_keep_forms)
 }
 END_TEST
 
-START_TEST(help_and_version)
+START_TEST(test_help_and_version)
 {
 	struct ts_config c;
 	char out[8192] = "";
@@ -164,7 +165,7 @@ END_TEST
 
 /* The limits against hostile and slow clients: defaults, flags, variables
  * and bounds. */
-START_TEST(connection_limits)
+START_TEST(test_connection_limits)
 {
 	struct ts_config c;
 	char out[512] = "";
@@ -216,29 +217,18 @@ START_TEST(connection_limits)
 }
 END_TEST
 
-static Suite *config_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("config");
 	TCase *tc = tcase_create("parse");
 
-	tcase_add_test(tc, defaults);
-	tcase_add_test(tc, flags_forms);
-	tcase_add_test(tc, environment_and_precedence);
-	tcase_add_test(tc, refusals_name_the_option);
-	tcase_add_test(tc, pinned_host_keep_forms);
-	tcase_add_test(tc, help_and_version);
-	tcase_add_test(tc, connection_limits);
+	tcase_add_test(tc, test_defaults);
+	tcase_add_test(tc, test_flags_forms);
+	tcase_add_test(tc, test_environment_and_precedence);
+	tcase_add_test(tc, test_refusals_name_the_option);
+	tcase_add_test(tc, test_pinned_host_keep_forms);
+	tcase_add_test(tc, test_help_and_version);
+	tcase_add_test(tc, test_connection_limits);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(config_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

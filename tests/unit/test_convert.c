@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "formats/convert.h"
+#include "tests/unit/unit.h"
 
 static float f(uint32_t bits) { return ts_f32_from_bits(bits); }
 
@@ -263,12 +264,10 @@ START_TEST(test_vector_narrow_boundaries)
 }
 END_TEST
 
-int main(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("convert");
 	TCase *tc = tcase_create("convert");
-	SRunner *sr;
-	int failed;
 
 	tcase_add_test(tc, test_bf16_rounding);
 	tcase_add_test(tc, test_f16_rounding);
@@ -277,9 +276,5 @@ int main(void)
 	tcase_add_test(tc, test_vector_widen_every_pattern);
 	tcase_add_test(tc, test_vector_narrow_boundaries);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return s;
 }

@@ -23,6 +23,7 @@
 #include "common/hugepage.h"
 #include "device/backend.h"
 #include "device/device.h"
+#include "tests/unit/unit.h"
 
 #define MIB (1024ULL * 1024)
 
@@ -1315,7 +1316,7 @@ START_TEST(test_shared_pages_huge_aligned)
 }
 END_TEST
 
-static Suite *device_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("device");
 	TCase *tc = tcase_create("core");
@@ -1345,15 +1346,4 @@ static Suite *device_suite(void)
 	tcase_add_test(tc, test_pinned_outlives_a_broken_gpu);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(device_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -25,6 +25,7 @@
 
 #include "device/backend.h"
 #include "formats/convert.h"
+#include "tests/unit/unit.h"
 #include "train/exec.h"
 #include "train/session.h"
 
@@ -42,12 +43,7 @@ static bool exact;              /* results repeat bit for bit (both backends) */
 static bool timed;              /* compute_s > 0 for sure (host clocks on sim) */
 static bool fused;              /* kernels contract multiply-adds (cuda) */
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 static void setup_on(const struct ts_device_config *dc, const char *id, double fraction)
 {
@@ -478,14 +474,14 @@ static void guide_peaks(enum ts_compute compute)
 	job_free(&ref);
 }
 
-START_TEST(guide_peaks_equal_the_plan)
+START_TEST(test_guide_peaks_equal_the_plan)
 {
 	guide_peaks(TS_COMPUTE_F32);
 }
 END_TEST
 
 /* The same with the rounded copies of every product among the temps. */
-START_TEST(lowp_guide_peaks_equal_the_plan)
+START_TEST(test_lowp_guide_peaks_equal_the_plan)
 {
 	guide_peaks(TS_COMPUTE_BF16);
 }
@@ -535,7 +531,7 @@ static void *intruder_main(void *arg)
 	return NULL;
 }
 
-START_TEST(peak_is_the_steps_own_while_others_allocate)
+START_TEST(test_peak_is_the_steps_own_while_others_allocate)
 {
 	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
 	                         .residual = false, .loss = TS_LOSS_SUM};
@@ -591,7 +587,7 @@ static void *held_run_main(void *arg)
  * run unheld. On CUDA the loss comes back into pageable memory, which
  * cudaMemcpyAsync waits for: there the host gets as far as every copy
  * before the loss. */
-START_TEST(host_enqueues_the_whole_step_while_compute_is_held)
+START_TEST(test_host_enqueues_the_whole_step_while_compute_is_held)
 {
 	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
 	                         .residual = true, .loss = TS_LOSS_SUM};
@@ -648,7 +644,7 @@ END_TEST
 /* A long plan (hundreds of temps freed while the queues may still use
  * them, more than the executor tracks at once): every placement the same
  * loss and gradients as on the device, each peak the plan's. */
-START_TEST(long_plan_same_results)
+START_TEST(test_long_plan_same_results)
 {
 	const struct ts_mlp m = {.layers = 160, .d_model = 8, .d_hidden = 24, .act = TS_ACT_TANH,
 	                         .residual = true, .loss = TS_LOSS_SUM};
@@ -739,7 +735,7 @@ static void every_policy_same_token_results(const struct ts_mlp *m, int rows)
 	job_free(&ref);
 }
 
-START_TEST(token_models_every_policy_same_results)
+START_TEST(test_token_models_every_policy_same_results)
 {
 	const struct ts_mlp a = {.layers = 3, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
 	                         .residual = true, .loss = TS_LOSS_XENT, .vocab = 29,
@@ -755,7 +751,7 @@ END_TEST
 
 /* Adam on a token model, fused into the backward pass (no clipping) and
  * after it (clipping): the same on the device and streamed from the host. */
-START_TEST(token_models_adam_same_on_device_and_host)
+START_TEST(test_token_models_adam_same_on_device_and_host)
 {
 	const struct ts_mlp m = {.layers = 2, .d_model = 12, .d_hidden = 16, .act = TS_ACT_GELU,
 	                         .residual = true, .loss = TS_LOSS_XENT, .vocab = 23,
@@ -799,7 +795,7 @@ START_TEST(token_models_adam_same_on_device_and_host)
 }
 END_TEST
 
-START_TEST(every_policy_same_loss_and_gradients)
+START_TEST(test_every_policy_same_loss_and_gradients)
 {
 	const struct ts_mlp a = {.layers = 5, .d_model = 16, .d_hidden = 24, .act = TS_ACT_GELU,
 	                         .residual = true, .loss = TS_LOSS_MSE};
@@ -951,7 +947,7 @@ static void fd_check(const struct ts_mlp *m, const struct ts_policy *pol)
 	job_free(&j);
 }
 
-START_TEST(gradients_match_finite_differences)
+START_TEST(test_gradients_match_finite_differences)
 {
 	/* the plainest placement (device, x and h saved) and a busy one (params
 	 * on the host with prefetch, x offloaded, h recomputed) */
@@ -1065,7 +1061,7 @@ static double lowp_ref(const struct ts_mlp *m, int B, const float *x0, const flo
  * the plan's (job_run) with the rounded copies among the temps, under two
  * placements that give the same bits.
  */
-START_TEST(lowp_step_matches_float64_of_rounded_operands)
+START_TEST(test_lowp_step_matches_float64_of_rounded_operands)
 {
 	const int B = 4;
 	struct ts_policy pols[2] = {any_policy(1 + 3), any_policy(18 + 9 + 2)};
@@ -1144,7 +1140,7 @@ END_TEST
 
 /* An Adam step of a bfloat16 model updates float32 master weights: the
  * weights after it are not all bfloat16 values, and the state is float32. */
-START_TEST(lowp_adam_keeps_float32_master_weights)
+START_TEST(test_lowp_adam_keeps_float32_master_weights)
 {
 	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-3f,
 	                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f};
@@ -1173,7 +1169,7 @@ END_TEST
 /* A bfloat16 token model with its projection: every placement gives the
  * same bits and measures the plan's peaks (job_run), and its loss is not
  * the float32 model's (the projection and layers multiply rounded). */
-START_TEST(lowp_token_model_every_policy)
+START_TEST(test_lowp_token_model_every_policy)
 {
 	struct ts_mlp m = {.layers = 2, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
 	                   .residual = true, .loss = TS_LOSS_XENT, .vocab = 29, .proj = true,
@@ -1201,7 +1197,7 @@ static const struct ts_mlp small = {.layers = 3, .d_model = 8, .d_hidden = 12,
                                     .act = TS_ACT_GELU, .residual = true,
                                     .loss = TS_LOSS_MSE};
 
-START_TEST(adam_with_clipping_same_on_device_and_host)
+START_TEST(test_adam_with_clipping_same_on_device_and_host)
 {
 	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
 	                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
@@ -1246,7 +1242,7 @@ END_TEST
 
 /* Adam's first step from zero state, with the global norm clipped, against
  * optax's formulas in float64 from the gradients of an optimizer-less run. */
-START_TEST(adam_first_step_matches_optax)
+START_TEST(test_adam_first_step_matches_optax)
 {
 	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
 	                                  .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-3f,
@@ -1304,7 +1300,7 @@ START_TEST(adam_first_step_matches_optax)
 }
 END_TEST
 
-START_TEST(sgd_step_is_minus_lr_grad)
+START_TEST(test_sgd_step_is_minus_lr_grad)
 {
 	const struct ts_optimizer sgd = {.type = TS_OPT_SGD, .learning_rate = 0.1f};
 	const int pols[3] = {1 + 3, 9 + 2 + 18, 9 + 6};
@@ -1414,7 +1410,7 @@ static void snapshot_free(const struct job *j, void **snap)
 	free(snap);
 }
 
-START_TEST(copy_failure_releases_every_temp)
+START_TEST(test_copy_failure_releases_every_temp)
 {
 	static const enum ts_pbuf_role state[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1,
 	                                          TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2};
@@ -1518,7 +1514,7 @@ static void fail_mid_step(const struct ts_mlp *m, const struct ts_optimizer *o,
 	job_free(&fresh);
 }
 
-START_TEST(copy_failure_mid_step_leaves_every_array_whole)
+START_TEST(test_copy_failure_mid_step_leaves_every_array_whole)
 {
 	static const struct ts_optimizer adam_fused = {.type = TS_OPT_ADAM,
 	                                               .learning_rate = 1e-3f, .b1 = 0.9f,
@@ -1611,7 +1607,7 @@ static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
 	job_free(&fresh);
 }
 
-START_TEST(every_failure_point_of_a_step_leaves_every_array_whole)
+START_TEST(test_every_failure_point_of_a_step_leaves_every_array_whole)
 {
 	static const struct ts_optimizer adam_fused = {.type = TS_OPT_ADAM,
 	                                               .learning_rate = 1e-3f, .b1 = 0.9f,
@@ -1637,7 +1633,7 @@ START_TEST(every_failure_point_of_a_step_leaves_every_array_whole)
 END_TEST
 #endif
 
-START_TEST(out_of_memory_mid_step_releases_every_temp)
+START_TEST(test_out_of_memory_mid_step_releases_every_temp)
 {
 	struct job j;
 	struct ts_exec_result r;
@@ -1665,7 +1661,7 @@ START_TEST(out_of_memory_mid_step_releases_every_temp)
 }
 END_TEST
 
-START_TEST(bad_arguments_refused)
+START_TEST(test_bad_arguments_refused)
 {
 	struct job j;
 	struct ts_exec_result r;
@@ -1706,7 +1702,7 @@ END_TEST
  * step's before the update (bit for bit where exact), its outputs agree
  * with its loss and are the same under every policy, and it writes no
  * argument. */
-START_TEST(evaluation_is_the_steps_forward)
+START_TEST(test_evaluation_is_the_steps_forward)
 {
 	const struct ts_mlp m = {.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_GELU,
 	                         .residual = true, .loss = TS_LOSS_MSE};
@@ -1773,7 +1769,7 @@ END_TEST
 
 /* The same through a session, by role: only params, inputs, targets and
  * outputs have slots; the loss and outputs are the executor's. */
-START_TEST(evaluation_session_binds_by_role)
+START_TEST(test_evaluation_session_binds_by_role)
 {
 	const struct ts_mlp m = {.layers = 3, .d_model = 64, .d_hidden = 128, .act = TS_ACT_TANH,
 	                         .residual = true, .loss = TS_LOSS_MSE};
@@ -1849,40 +1845,41 @@ END_TEST
 
 static void add_common(TCase *tc)
 {
-	tcase_add_test(tc, guide_peaks_equal_the_plan);
-	tcase_add_test(tc, peak_is_the_steps_own_while_others_allocate);
-	tcase_add_test(tc, host_enqueues_the_whole_step_while_compute_is_held);
-	tcase_add_test(tc, long_plan_same_results);
-	tcase_add_test(tc, every_policy_same_loss_and_gradients);
-	tcase_add_test(tc, gradients_match_finite_differences);
-	tcase_add_test(tc, adam_with_clipping_same_on_device_and_host);
-	tcase_add_test(tc, adam_first_step_matches_optax);
-	tcase_add_test(tc, sgd_step_is_minus_lr_grad);
-	tcase_add_test(tc, out_of_memory_mid_step_releases_every_temp);
-	tcase_add_test(tc, bad_arguments_refused);
-	tcase_add_test(tc, evaluation_is_the_steps_forward);
-	tcase_add_test(tc, evaluation_session_binds_by_role);
+	tcase_add_test(tc, test_guide_peaks_equal_the_plan);
+	tcase_add_test(tc, test_peak_is_the_steps_own_while_others_allocate);
+	tcase_add_test(tc, test_host_enqueues_the_whole_step_while_compute_is_held);
+	tcase_add_test(tc, test_long_plan_same_results);
+	tcase_add_test(tc, test_every_policy_same_loss_and_gradients);
+	tcase_add_test(tc, test_gradients_match_finite_differences);
+	tcase_add_test(tc, test_adam_with_clipping_same_on_device_and_host);
+	tcase_add_test(tc, test_adam_first_step_matches_optax);
+	tcase_add_test(tc, test_sgd_step_is_minus_lr_grad);
+	tcase_add_test(tc, test_out_of_memory_mid_step_releases_every_temp);
+	tcase_add_test(tc, test_bad_arguments_refused);
+	tcase_add_test(tc, test_evaluation_is_the_steps_forward);
+	tcase_add_test(tc, test_evaluation_session_binds_by_role);
 }
 
 /* Token models' cases: they run the token kernels (k_embed_fwd,
  * k_embed_bwd, k_xent_rows, k_xent_mean). */
 static void add_tokens(TCase *tc)
 {
-	tcase_add_test(tc, token_models_every_policy_same_results);
-	tcase_add_test(tc, token_models_adam_same_on_device_and_host);
+	tcase_add_test(tc, test_token_models_every_policy_same_results);
+	tcase_add_test(tc, test_token_models_adam_same_on_device_and_host);
 }
 
 /* Mixed-precision models' cases (k_round, cublasGemmEx). */
 static void add_lowp(TCase *tc)
 {
-	tcase_add_test(tc, lowp_guide_peaks_equal_the_plan);
-	tcase_add_test(tc, lowp_step_matches_float64_of_rounded_operands);
-	tcase_add_test(tc, lowp_adam_keeps_float32_master_weights);
-	tcase_add_test(tc, lowp_token_model_every_policy);
+	tcase_add_test(tc, test_lowp_guide_peaks_equal_the_plan);
+	tcase_add_test(tc, test_lowp_step_matches_float64_of_rounded_operands);
+	tcase_add_test(tc, test_lowp_adam_keeps_float32_master_weights);
+	tcase_add_test(tc, test_lowp_token_model_every_policy);
 }
 
-static Suite *exec_suite(bool cuda)
+Suite *ts_unit_suite(void)
 {
+	bool cuda = ts_unit_cuda();
 	Suite *s = suite_create("exec");
 	TCase *tc = tcase_create("sim");
 
@@ -1892,10 +1889,10 @@ static Suite *exec_suite(bool cuda)
 	add_tokens(tc);
 	add_lowp(tc);
 	/* fault injection exists on sim only */
-	tcase_add_test(tc, copy_failure_releases_every_temp);
-	tcase_add_test(tc, copy_failure_mid_step_leaves_every_array_whole);
+	tcase_add_test(tc, test_copy_failure_releases_every_temp);
+	tcase_add_test(tc, test_copy_failure_mid_step_leaves_every_array_whole);
 #ifdef TS_FAULT_BUILD
-	tcase_add_test(tc, every_failure_point_of_a_step_leaves_every_array_whole);
+	tcase_add_test(tc, test_every_failure_point_of_a_step_leaves_every_array_whole);
 #endif
 	suite_add_tcase(s, tc);
 	if (cuda) {
@@ -1908,17 +1905,4 @@ static Suite *exec_suite(bool cuda)
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-int main(void)
-{
-	const char *backend = getenv("TS_TEST_BACKEND");
-	bool cuda = backend && strcmp(backend, "cuda") == 0;
-	SRunner *sr = srunner_create(exec_suite(cuda));
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

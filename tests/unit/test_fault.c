@@ -5,13 +5,14 @@
  * exactly the armed one, once, and no other kind's.
  */
 #include "common/fault.h"
+#include "tests/unit/unit.h"
 
 #include <check.h>
 #include <stdlib.h>
 
 #ifndef TS_FAULT_BUILD
 
-START_TEST(inert_in_production)
+START_TEST(test_inert_in_production)
 {
 	for (int i = 0; i < 1000; i++)
 		for (int k = 0; k < TS_FAULT_KIND_COUNT; k++)
@@ -28,7 +29,7 @@ END_TEST
 
 #else
 
-START_TEST(counts_and_fails_the_armed_point)
+START_TEST(test_counts_and_fails_the_armed_point)
 {
 	enum ts_fault_kind kind, k;
 	uint64_t at;
@@ -75,27 +76,16 @@ END_TEST
 
 #endif
 
-static Suite *fault_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("fault");
 	TCase *tc = tcase_create("points");
 
 #ifndef TS_FAULT_BUILD
-	tcase_add_test(tc, inert_in_production);
+	tcase_add_test(tc, test_inert_in_production);
 #else
-	tcase_add_test(tc, counts_and_fails_the_armed_point);
+	tcase_add_test(tc, test_counts_and_fails_the_armed_point);
 #endif
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(fault_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

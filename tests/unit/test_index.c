@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "formats/index.h"
+#include "tests/unit/unit.h"
 
 /* ---- the reference ------------------------------------------------------ */
 
@@ -343,14 +344,14 @@ static const struct expr_case expr_cases[] = {
 	{4, {2, 0, 3, 1}, "1,:,2"}, {4, {1, 1, 1, 1}, "0,0,0,0"}, {4, {1, 1, 1, 1}, "..."},
 };
 
-START_TEST(table_matches_reference)
+START_TEST(test_table_matches_reference)
 {
 	for (size_t i = 0; i < sizeof expr_cases / sizeof expr_cases[0]; i++)
 		check_expr(expr_cases[i].expr, expr_cases[i].rank, expr_cases[i].shape);
 }
 END_TEST
 
-START_TEST(identity_forms_agree)
+START_TEST(test_identity_forms_agree)
 {
 	static const uint64_t shape[3] = {5, 0, 2};
 	static const char *const forms[] = {NULL, "", "...", ":", ":,:,:", "..., :", "::1,:,"};
@@ -409,7 +410,7 @@ static const struct runs_case runs_cases[] = {
 	{4, {3, 4, 5, 6}, "1, :, 2", 4, 4, (120 + 12) * 4, 24},
 };
 
-START_TEST(runs_merge)
+START_TEST(test_runs_merge)
 {
 	for (size_t i = 0; i < sizeof runs_cases / sizeof runs_cases[0]; i++) {
 		const struct runs_case *c = &runs_cases[i];
@@ -497,7 +498,7 @@ static const struct error_case error_cases[] = {
 	{1, {4}, "1;2", TS_INVALID_ARGUMENT, "unexpected character ';'"},
 };
 
-START_TEST(errors_name_the_problem)
+START_TEST(test_errors_name_the_problem)
 {
 	for (size_t i = 0; i < sizeof error_cases / sizeof error_cases[0]; i++) {
 		const struct error_case *c = &error_cases[i];
@@ -517,7 +518,7 @@ START_TEST(errors_name_the_problem)
 }
 END_TEST
 
-START_TEST(errors_metadata_and_limits)
+START_TEST(test_errors_metadata_and_limits)
 {
 	uint64_t shape[TS_INDEX_MAX_RANK + 1];
 	struct ts_selection s;
@@ -647,7 +648,7 @@ static void random_item(struct rng *r, int64_t size, struct ref_item *it, char *
 	put_ws(r, buf, cap, n);
 }
 
-START_TEST(random_matches_reference)
+START_TEST(test_random_matches_reference)
 {
 	struct rng r = {0x9e3779b97f4a7c15ull};
 	int ok = 0, failed = 0;
@@ -720,7 +721,7 @@ END_TEST
 
 /* ---- rows --------------------------------------------------------------- */
 
-START_TEST(rows_normalize_and_merge)
+START_TEST(test_rows_normalize_and_merge)
 {
 	static const int64_t rows[] = {0, -1, 3, 3, 4, 5, -8};
 	static const struct {
@@ -762,7 +763,7 @@ START_TEST(rows_normalize_and_merge)
 }
 END_TEST
 
-START_TEST(rows_in_place_and_errors)
+START_TEST(test_rows_in_place_and_errors)
 {
 	int64_t rows[4] = {-2, 1, -4, 3};
 	uint64_t norm[4] = {11, 11, 11, 11};
@@ -793,7 +794,7 @@ START_TEST(rows_in_place_and_errors)
 }
 END_TEST
 
-START_TEST(rows_random_cover_the_list)
+START_TEST(test_rows_random_cover_the_list)
 {
 	struct rng r = {12345};
 
@@ -833,7 +834,7 @@ START_TEST(rows_random_cover_the_list)
 }
 END_TEST
 
-START_TEST(rows_slice_python_semantics)
+START_TEST(test_rows_slice_python_semantics)
 {
 	struct rng r = {777};
 	struct ts_index_dim d;
@@ -879,7 +880,7 @@ END_TEST
 
 /* ---- a huge virtual parent ---------------------------------------------- */
 
-START_TEST(huge_parent_one_run)
+START_TEST(test_huge_parent_one_run)
 {
 	static const uint64_t shape[3] = {530640, 6, 1024};
 	static const struct {
@@ -924,7 +925,7 @@ END_TEST
 
 
 /* The one JSON rows parser of :gather and :step: every form, every field. */
-START_TEST(rows_parse_json_forms)
+START_TEST(test_rows_parse_json_forms)
 {
 	static const struct {
 		const char *json, *reason, *names;
@@ -1004,35 +1005,24 @@ START_TEST(rows_parse_json_forms)
 }
 END_TEST
 
-static Suite *index_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("index");
 	TCase *tc = tcase_create("core");
 
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, table_matches_reference);
-	tcase_add_test(tc, identity_forms_agree);
-	tcase_add_test(tc, runs_merge);
-	tcase_add_test(tc, errors_name_the_problem);
-	tcase_add_test(tc, errors_metadata_and_limits);
-	tcase_add_test(tc, random_matches_reference);
-	tcase_add_test(tc, rows_normalize_and_merge);
-	tcase_add_test(tc, rows_in_place_and_errors);
-	tcase_add_test(tc, rows_random_cover_the_list);
-	tcase_add_test(tc, rows_slice_python_semantics);
-	tcase_add_test(tc, rows_parse_json_forms);
-	tcase_add_test(tc, huge_parent_one_run);
+	tcase_add_test(tc, test_table_matches_reference);
+	tcase_add_test(tc, test_identity_forms_agree);
+	tcase_add_test(tc, test_runs_merge);
+	tcase_add_test(tc, test_errors_name_the_problem);
+	tcase_add_test(tc, test_errors_metadata_and_limits);
+	tcase_add_test(tc, test_random_matches_reference);
+	tcase_add_test(tc, test_rows_normalize_and_merge);
+	tcase_add_test(tc, test_rows_in_place_and_errors);
+	tcase_add_test(tc, test_rows_random_cover_the_list);
+	tcase_add_test(tc, test_rows_slice_python_semantics);
+	tcase_add_test(tc, test_rows_parse_json_forms);
+	tcase_add_test(tc, test_huge_parent_one_run);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(index_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -23,38 +23,30 @@
 #include "storage/array.h"
 #include "storage/array_io.h"
 #include "storage/stage.h"
+#include "tests/unit/unit.h"
 
 static struct ts_jobs_env env;
 static struct ts_device *dev;
 static struct ts_error err;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 #define D 8          /* d_model */
 #define ROWS 6       /* rows of the datasets */
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 64ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 1.0,
-	                              .pinned_host_limit = 64ull << 20,
-	                              .unpinned_host_limit = 16ull << 20,
-	                              .pinned_segment = 8ull << 20};
+	static const struct ts_unit_sim_config sim = {.devices = 1, .device_memory = 64ull << 20,
+	                                              .device_fraction = 1.0,
+	                                              .pinned = 64ull << 20, .unpinned = 16ull << 20,
+	                                              .segment = 8ull << 20};
 	struct ts_op_registry_config oc = {.workers = 2, .keep_finished = 64};
 
 	ts_error_clear(&err);
 	memset(&env, 0, sizeof env);
-	OK(ts_device_set_new(&dc, &env.devices, &err));
+	ts_unit_sim_new(&sim, &env.devices, &env.memory, &env.stager);
 	dev = ts_device_set_find(env.devices, "sim:0");
 	ck_assert_ptr_nonnull(dev);
-	OK(ts_memory_new(env.devices, &mc, &env.memory, &err));
-	OK(ts_stager_new(env.devices, env.memory, &env.stager, &err));
 	env.catalog = ts_catalog_new();
 	env.models = ts_model_registry_new();
 	ck_assert_ptr_nonnull(env.catalog);
@@ -67,9 +59,7 @@ static void teardown(void)
 	ts_op_registry_free(env.operations);
 	ts_model_registry_free(env.models);
 	ts_catalog_free(env.catalog);
-	ts_stager_free(env.stager);
-	ts_memory_free(env.memory);
-	ts_device_set_free(env.devices);
+	ts_unit_sim_free(env.devices, env.memory, env.stager);
 }
 
 /* ---- helpers -------------------------------------------------------------------- */
@@ -206,7 +196,7 @@ static json_int_t result_int(const json_t *o, const char *key)
 
 /* ---- creation ------------------------------------------------------------------- */
 
-START_TEST(create_publishes_every_array_at_once)
+START_TEST(test_create_publishes_every_array_at_once)
 {
 	static const char *const names[] = {"m.w1", "m.w2", "m.adam.mu.w1", "m.adam.mu.w2",
 	                                    "m.adam.nu.w1", "m.adam.nu.w2"};
@@ -241,7 +231,7 @@ START_TEST(create_publishes_every_array_at_once)
 }
 END_TEST
 
-START_TEST(create_refused_leaves_nothing)
+START_TEST(test_create_refused_leaves_nothing)
 {
 	struct ts_model m, again;
 	struct ts_model_init init = {.scale = 0.1};
@@ -267,7 +257,7 @@ END_TEST
 
 /* ---- steps ---------------------------------------------------------------------- */
 
-START_TEST(step_publishes_once)
+START_TEST(test_step_publishes_once)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -289,7 +279,7 @@ START_TEST(step_publishes_once)
 	ck_assert_uint_eq(version_of("m.adam.nu.w2"), 2);
 	/* the inputs are read, never written */
 	ck_assert_uint_eq(version_of("x"), 1);
-	ck_assert(ts_model_registry_advance(env.models, m.uid, 0, &t));
+	ck_assert(ts_model_registry_step_count(env.models, m.uid, &t));
 	ck_assert_uint_eq(t, 5);
 	/* losses fall on a fixed batch */
 	{
@@ -303,7 +293,7 @@ START_TEST(step_publishes_once)
 }
 END_TEST
 
-START_TEST(offloaded_arrays_get_private_versions)
+START_TEST(test_offloaded_arrays_get_private_versions)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -340,7 +330,7 @@ START_TEST(offloaded_arrays_get_private_versions)
 }
 END_TEST
 
-START_TEST(device_arrays_update_in_place)
+START_TEST(test_device_arrays_update_in_place)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -382,7 +372,7 @@ static void until_started(struct ts_operation *op)
 	ck_abort_msg("the step never started");
 }
 
-START_TEST(holds_refuse_writers_until_cancelled_between_steps)
+START_TEST(test_holds_refuse_writers_until_cancelled_between_steps)
 {
 	struct ts_model m;
 	struct ts_job_run run, ev;
@@ -439,7 +429,7 @@ START_TEST(holds_refuse_writers_until_cancelled_between_steps)
 	ck_assert_int_lt(k, 1000000);
 	ck_assert_uint_eq(json_array_size(json_object_get(s.partial, "losses")), (size_t)k);
 	ck_assert_int_eq(result_int(s.partial, "model_steps"), k);
-	ck_assert(ts_model_registry_advance(env.models, m.uid, 0, &t));
+	ck_assert(ts_model_registry_step_count(env.models, m.uid, &t));
 	ck_assert_uint_eq(t, (uint64_t)k);
 	ck_assert_uint_eq(version_of("m.w1"), 2);
 	ck_assert_uint_eq(version_of("m.adam.mu.w1"), 2);
@@ -452,7 +442,7 @@ START_TEST(holds_refuse_writers_until_cancelled_between_steps)
 }
 END_TEST
 
-START_TEST(a_failed_step_publishes_nothing)
+START_TEST(test_a_failed_step_publishes_nothing)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -474,7 +464,7 @@ END_TEST
 
 /* ---- batches and epochs ------------------------------------------------------- */
 
-START_TEST(batches_wrap_into_the_next_epoch)
+START_TEST(test_batches_wrap_into_the_next_epoch)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -500,7 +490,7 @@ END_TEST
 
 /* The loss of a data-driven step at position p is the loss of the rows
  * p, p+1, ... (mod the rows), as an evaluation of the same weights says. */
-START_TEST(a_batch_is_the_rows_at_its_position)
+START_TEST(test_a_batch_is_the_rows_at_its_position)
 {
 	struct ts_model m;
 	struct ts_job_run run, ev;
@@ -531,7 +521,7 @@ END_TEST
 
 /* A shuffled run's order comes from its seed: the same seed, the same
  * losses; another seed, other batches. */
-START_TEST(shuffled_batches_follow_their_seed)
+START_TEST(test_shuffled_batches_follow_their_seed)
 {
 	struct ts_model a, b, c;
 	double la[4], lb[4], lc[4];
@@ -564,7 +554,7 @@ START_TEST(shuffled_batches_follow_their_seed)
 }
 END_TEST
 
-START_TEST(batches_larger_than_the_dataset_are_refused)
+START_TEST(test_batches_larger_than_the_dataset_are_refused)
 {
 	struct ts_model m;
 	struct ts_job_run run;
@@ -584,7 +574,7 @@ END_TEST
 
 /* ---- evaluation ----------------------------------------------------------------- */
 
-START_TEST(evaluation_writes_nothing_of_its_model)
+START_TEST(test_evaluation_writes_nothing_of_its_model)
 {
 	struct ts_model m;
 	struct ts_job_run ev;
@@ -611,7 +601,7 @@ START_TEST(evaluation_writes_nothing_of_its_model)
 	ts_array_unref(out);
 	ck_assert_uint_eq(version_of("m.w1"), 1);
 	ck_assert_uint_eq(version_of("m.adam.mu.w1"), 1);
-	ck_assert(ts_model_registry_advance(env.models, m.uid, 0, &t));
+	ck_assert(ts_model_registry_step_count(env.models, m.uid, &t));
 	ck_assert_uint_eq(t, 0);
 	/* outputs over a model's array are refused before anything runs */
 	snprintf(ev.outputs.name, sizeof ev.outputs.name, "m.w2");
@@ -621,36 +611,25 @@ START_TEST(evaluation_writes_nothing_of_its_model)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("jobs");
 	TCase *c = tcase_create("jobs");
 
 	tcase_add_checked_fixture(c, setup, teardown);
 	tcase_set_timeout(c, 120);
-	tcase_add_test(c, create_publishes_every_array_at_once);
-	tcase_add_test(c, create_refused_leaves_nothing);
-	tcase_add_test(c, step_publishes_once);
-	tcase_add_test(c, offloaded_arrays_get_private_versions);
-	tcase_add_test(c, device_arrays_update_in_place);
-	tcase_add_test(c, holds_refuse_writers_until_cancelled_between_steps);
-	tcase_add_test(c, a_failed_step_publishes_nothing);
-	tcase_add_test(c, batches_wrap_into_the_next_epoch);
-	tcase_add_test(c, a_batch_is_the_rows_at_its_position);
-	tcase_add_test(c, shuffled_batches_follow_their_seed);
-	tcase_add_test(c, batches_larger_than_the_dataset_are_refused);
-	tcase_add_test(c, evaluation_writes_nothing_of_its_model);
+	tcase_add_test(c, test_create_publishes_every_array_at_once);
+	tcase_add_test(c, test_create_refused_leaves_nothing);
+	tcase_add_test(c, test_step_publishes_once);
+	tcase_add_test(c, test_offloaded_arrays_get_private_versions);
+	tcase_add_test(c, test_device_arrays_update_in_place);
+	tcase_add_test(c, test_holds_refuse_writers_until_cancelled_between_steps);
+	tcase_add_test(c, test_a_failed_step_publishes_nothing);
+	tcase_add_test(c, test_batches_wrap_into_the_next_epoch);
+	tcase_add_test(c, test_a_batch_is_the_rows_at_its_position);
+	tcase_add_test(c, test_shuffled_batches_follow_their_seed);
+	tcase_add_test(c, test_batches_larger_than_the_dataset_are_refused);
+	tcase_add_test(c, test_evaluation_writes_nothing_of_its_model);
 	suite_add_tcase(s, c);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -28,6 +28,7 @@
 #include <cblas.h>
 
 #include "formats/convert.h"
+#include "tests/unit/unit.h"
 #include "train/kernels.h"
 #include "train/kernels_math.h"
 
@@ -45,12 +46,7 @@ static struct {
 } bufs[MAX_BUFS];
 static int nbufs;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 #define REFUSED(call)                                                                  \
 	do {                                                                           \
@@ -208,7 +204,7 @@ static const enum ts_act all_acts[] = {TS_ACT_NONE, TS_ACT_RELU, TS_ACT_GELU, TS
 
 /* ---- names --------------------------------------------------------------------- */
 
-START_TEST(names_round_trip)
+START_TEST(test_names_round_trip)
 {
 	enum ts_act a;
 	enum ts_loss l;
@@ -334,7 +330,7 @@ static void colmajor_case(bool ta, bool tb, int M, int N, int K, float alpha, fl
 	free(C0);
 }
 
-START_TEST(gemm_colmajor_mapping)
+START_TEST(test_gemm_colmajor_mapping)
 {
 	enum { B_ = 6, H = 10, D = 7 };
 	/* the plan's six: h = x w1, y = a w2, G2 = A^T g, A = g w2^T,
@@ -356,7 +352,7 @@ START_TEST(gemm_colmajor_mapping)
 }
 END_TEST
 
-START_TEST(gemm_all_transposes)
+START_TEST(test_gemm_all_transposes)
 {
 	static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {3, 4, 2}, {33, 17, 65},
 	                                {64, 48, 128}, {2, 130, 9}};
@@ -374,7 +370,7 @@ START_TEST(gemm_all_transposes)
 }
 END_TEST
 
-START_TEST(gemm_empty_sizes)
+START_TEST(test_gemm_empty_sizes)
 {
 	float C0[6] = {1, 2, 3, 4, 5, 6}, C[6];
 	float *dC = dput(C0, 6);
@@ -414,7 +410,7 @@ static void act_points(float *x)
 	}
 }
 
-START_TEST(activations_forward)
+START_TEST(test_activations_forward)
 {
 	float x[NX], y[NX];
 	float *dx, *dy;
@@ -447,7 +443,7 @@ START_TEST(activations_forward)
 }
 END_TEST
 
-START_TEST(activations_backward)
+START_TEST(test_activations_backward)
 {
 	float x[NX], go[NX], gi[NX];
 	float *dx, *dgo, *dgi;
@@ -485,7 +481,7 @@ END_TEST
 
 /* ---- loss, sumsq, add, fill -------------------------------------------------------- */
 
-START_TEST(loss_sum_and_mse)
+START_TEST(test_loss_sum_and_mse)
 {
 	enum { N = 37 };
 	float out[N], target[N], grad[N];
@@ -521,7 +517,7 @@ START_TEST(loss_sum_and_mse)
 }
 END_TEST
 
-START_TEST(sumsq_accumulates)
+START_TEST(test_sumsq_accumulates)
 {
 	enum { N = 1000 };
 	float x[N], y[N], acc0 = 1.5f;
@@ -542,7 +538,7 @@ START_TEST(sumsq_accumulates)
 }
 END_TEST
 
-START_TEST(add_and_fill)
+START_TEST(test_add_and_fill)
 {
 	enum { N = 3001 };
 	float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *got = malloc(N * sizeof *got);
@@ -682,7 +678,7 @@ static void optimizer_case(const struct ts_optimizer *o, unsigned seed)
 	dfree_all();
 }
 
-START_TEST(sgd_updates)
+START_TEST(test_sgd_updates)
 {
 	struct ts_optimizer o = {.type = TS_OPT_SGD, .learning_rate = 0.05f};
 
@@ -692,7 +688,7 @@ START_TEST(sgd_updates)
 }
 END_TEST
 
-START_TEST(adam_without_clipping)
+START_TEST(test_adam_without_clipping)
 {
 	struct ts_optimizer o = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
 	                         .b2 = 0.999f, .eps = 1e-8f};
@@ -709,7 +705,7 @@ START_TEST(adam_without_clipping)
 }
 END_TEST
 
-START_TEST(adam_with_clipping)
+START_TEST(test_adam_with_clipping)
 {
 	struct ts_optimizer o = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
 	                         .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f};
@@ -722,7 +718,7 @@ START_TEST(adam_with_clipping)
 END_TEST
 
 /* AdamW: the decay of every parameter, decoupled from the moments. */
-START_TEST(adamw_updates)
+START_TEST(test_adamw_updates)
 {
 	struct ts_optimizer o = {.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f,
 	                         .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f};
@@ -739,7 +735,7 @@ END_TEST
 /* optax's warmup_cosine_decay_schedule: init at count 0, the peak at the
  * end of the warmup, end_value from decay_steps on, float64's curve in
  * between; and the updates of SGD and AdamW follow it. */
-START_TEST(warmup_cosine_schedule)
+START_TEST(test_warmup_cosine_schedule)
 {
 	struct ts_optimizer o = {.type = TS_OPT_SGD, .learning_rate = 0.05f,
 	                         .schedule = {TS_SCHED_WARMUP_COSINE, 0.001f, 0.05f, 0.005f, 4, 20}};
@@ -970,7 +966,7 @@ static void mlp_check(enum ts_act act, bool residual, enum ts_loss loss, int d_h
 	dfree_all();
 }
 
-START_TEST(mlp_gradients_match_finite_differences)
+START_TEST(test_mlp_gradients_match_finite_differences)
 {
 	unsigned seed = 100;
 
@@ -1034,7 +1030,7 @@ static size_t training_run(float *out)
 	return n;
 }
 
-START_TEST(same_sequence_same_bits)
+START_TEST(test_same_sequence_same_bits)
 {
 	size_t cap = 4 * ML * MD * MH + 96 * 80 + 16, n1, n2;
 	float *a = malloc(cap * sizeof *a), *b = malloc(cap * sizeof *b);
@@ -1051,7 +1047,7 @@ END_TEST
 
 /* Two queues share one ts_kernels and run gemms at once (OpenBLAS called
  * from two queue workers); each matches the same gemms run alone. */
-START_TEST(queues_share_kernels)
+START_TEST(test_queues_share_kernels)
 {
 	enum { G = 96, ROUNDS = 12 };
 	size_t n = (size_t)G * G;
@@ -1109,7 +1105,7 @@ static void latch_wait(void *arg)
 	pthread_mutex_unlock(&l->mu);
 }
 
-START_TEST(kernels_run_later_in_queue_order)
+START_TEST(test_kernels_run_later_in_queue_order)
 {
 	struct latch l = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
 	float zero[4] = {0}, x[4], y[4];
@@ -1137,7 +1133,7 @@ START_TEST(kernels_run_later_in_queue_order)
 }
 END_TEST
 
-START_TEST(sim_kernels_run_on_cpu_queues)
+START_TEST(test_sim_kernels_run_on_cpu_queues)
 {
 	struct ts_device *cpu = ts_device_set_find(set, "cpu:0");
 	struct ts_queue *cq;
@@ -1154,7 +1150,7 @@ START_TEST(sim_kernels_run_on_cpu_queues)
 }
 END_TEST
 
-START_TEST(native_queue_handle)
+START_TEST(test_native_queue_handle)
 {
 	bool cuda = ts_device_props(dev)->backend == TS_BACKEND_CUDA;
 
@@ -1164,7 +1160,7 @@ START_TEST(native_queue_handle)
 }
 END_TEST
 
-START_TEST(bad_arguments_refused)
+START_TEST(test_bad_arguments_refused)
 {
 	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-3f, .b1 = 0.9f,
 	                            .b2 = 0.999f, .eps = 1e-8f};
@@ -1356,7 +1352,7 @@ static float *x_inputs(size_t n, unsigned seed, float lo, float hi)
 /* not a multiple of 256, above one block's lanes and the sim grid */
 #define XN ((size_t)300007)
 
-START_TEST(cuda_matches_cpu_elementwise)
+START_TEST(test_cuda_matches_cpu_elementwise)
 {
 	float *in = x_inputs(XN, 11, -6, 6), *go = x_inputs(XN, 12, -2, 2);
 	struct xbuf x = xput(in, XN), g = xput(go, XN), y = xput(go, XN);
@@ -1385,7 +1381,7 @@ START_TEST(cuda_matches_cpu_elementwise)
 }
 END_TEST
 
-START_TEST(cuda_matches_cpu_reductions_bit_for_bit)
+START_TEST(test_cuda_matches_cpu_reductions_bit_for_bit)
 {
 	static const size_t sizes[] = {1, 255, 256, 257, 4096, XN};
 	float *out = x_inputs(XN, 21, -3, 3), *tgt = x_inputs(XN, 22, -3, 3);
@@ -1444,7 +1440,7 @@ static void *dput_ids(const int *ids, size_t n, int id_bytes)
 	return d;
 }
 
-START_TEST(embedding_gather_and_scatter_add)
+START_TEST(test_embedding_gather_and_scatter_add)
 {
 	enum { V = 7, D = 5, R = 11 };
 	/* repeated ids (3 four times, 0 twice), and ids never used (4, 6) */
@@ -1480,7 +1476,7 @@ START_TEST(embedding_gather_and_scatter_add)
 }
 END_TEST
 
-START_TEST(softmax_cross_entropy)
+START_TEST(test_softmax_cross_entropy)
 {
 	enum { V = 300, R = 9 };     /* more classes than a block's lanes */
 	static const int tg[R] = {0, 299, 17, 17, 256, 255, 1, 42, 299};
@@ -1543,7 +1539,7 @@ static int64_t ulps_from_libm(double a)
 
 /* ts_m_exp_neg, the exp of the cross-entropy's terms on both backends:
  * within an ulp of libm's exp over (-708, 0], 0 below, NaN kept. */
-START_TEST(exp_neg_within_an_ulp)
+START_TEST(test_exp_neg_within_an_ulp)
 {
 	unsigned s = 61;
 
@@ -1587,7 +1583,7 @@ static double lanes_tree(double *part)
  * tail), in its first, terms below exp(-708) (0: a row's sum is >= 1),
  * and a row whose id is outside the vocabulary (zeros, loss 0).
  */
-START_TEST(softmax_cross_entropy_wide_rows_same_bits)
+START_TEST(test_softmax_cross_entropy_wide_rows_same_bits)
 {
 	enum { V = 8195, RMAX = 8 };
 	static const int tg[RMAX] = {8194, 0, 4097, 8194, 17, V, 5, 123};
@@ -1662,7 +1658,7 @@ END_TEST
  * evaluated one element at a time, clipping or not, over a length that
  * is no multiple of a vector.
  */
-START_TEST(updates_match_the_formulas_bit_for_bit)
+START_TEST(test_updates_match_the_formulas_bit_for_bit)
 {
 	enum { N = 100003 };
 	float *h[7], gsq = 3.7f;
@@ -1728,7 +1724,7 @@ static struct xbuf xput_ids(const int *ids, size_t n)
 	return xput((const float *)(const void *)ids, n);
 }
 
-START_TEST(cuda_matches_cpu_tokens_bit_for_bit)
+START_TEST(test_cuda_matches_cpu_tokens_bit_for_bit)
 {
 	enum { V = 1031, D = 67, R = 700 };
 	int *ids = malloc(R * sizeof *ids);
@@ -1772,7 +1768,7 @@ START_TEST(cuda_matches_cpu_tokens_bit_for_bit)
 }
 END_TEST
 
-START_TEST(cuda_matches_cpu_updates)
+START_TEST(test_cuda_matches_cpu_updates)
 {
 	struct ts_optimizer opts[] = {
 		{.type = TS_OPT_SGD, .learning_rate = 0.1f},
@@ -1814,7 +1810,7 @@ START_TEST(cuda_matches_cpu_updates)
 }
 END_TEST
 
-START_TEST(cuda_matches_cpu_gemm)
+START_TEST(test_cuda_matches_cpu_gemm)
 {
 	enum { B_ = 64, H = 96, D = 80 };
 	static const int plan6[6][5] = {{0, 0, B_, H, D}, {0, 0, B_, D, H}, {1, 0, H, D, B_},
@@ -1844,7 +1840,7 @@ END_TEST
 
 /* Kernels of one device share its cuBLAS handle: making and freeing them
  * per step creates and destroys none (and stays correct). */
-START_TEST(cuda_kernels_made_per_step)
+START_TEST(test_cuda_kernels_made_per_step)
 {
 	float a[4] = {1, 2, 3, 4}, c[4];
 	float *dA = dput(a, 4), *dC = dalloc(4);
@@ -1916,7 +1912,7 @@ static void gate_wait(void *arg)
 
 /* Freeing kernels does not synchronise the device (cublasDestroy would):
  * it returns while another queue of the device is held. */
-START_TEST(cuda_kernels_free_does_not_wait_for_the_device)
+START_TEST(test_cuda_kernels_free_does_not_wait_for_the_device)
 {
 	struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
 	struct ts_kernels *k2;
@@ -1939,7 +1935,7 @@ END_TEST
 /* A device-timed timeline on the CUDA stream: marks recorded in stream
  * order, read after the sync (busy time > 0 where the runtime times
  * events; a stand-in without cudaEventElapsedTime says so). */
-START_TEST(cuda_timeline_times_the_stream)
+START_TEST(test_cuda_timeline_times_the_stream)
 {
 	enum { N = 1 << 18 };
 	struct ts_k_timeline *tl;
@@ -1972,7 +1968,7 @@ START_TEST(cuda_timeline_times_the_stream)
 END_TEST
 
 /* cpu and sim kernels time themselves on their workers: no timeline. */
-START_TEST(sim_keeps_no_device_timeline)
+START_TEST(test_sim_keeps_no_device_timeline)
 {
 	struct ts_k_timeline *tl = (struct ts_k_timeline *)&err;
 
@@ -2013,7 +2009,7 @@ static void dget16(uint16_t *h, const uint16_t *d, size_t n)
 
 /* round gives formats/convert.h's bits (round to nearest even, ties, signed
  * zeros, overflow to inf, subnormals, NaN quiet) for every element. */
-START_TEST(lowp_round_is_converts)
+START_TEST(test_lowp_round_is_converts)
 {
 	static const float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 1.00390625f, 1.01171875f,
 	                             1.0009765625f, 1.0029296875f, 3.4e38f, -3.4e38f, 65504.0f,
@@ -2109,7 +2105,7 @@ static void gemm_lp_case(enum ts_compute dt, bool ta, bool tb, int M, int N, int
 	free(B16);
 }
 
-START_TEST(lowp_gemm_all_transposes)
+START_TEST(test_lowp_gemm_all_transposes)
 {
 	static const int shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {33, 17, 65}, {64, 48, 128},
 	                                {2, 130, 9}};
@@ -2132,7 +2128,7 @@ END_TEST
  * take a new one while earlier products still wait to run in the old, and
  * the other queue's run beside them. Each must equal its own product
  * (checked as gemm_lp_case does, within float32 accumulation). */
-START_TEST(lowp_gemm_back_to_back_on_two_queues)
+START_TEST(test_lowp_gemm_back_to_back_on_two_queues)
 {
 	static const int shapes[][3] = {{64, 48, 128}, {5, 7, 3},   {130, 90, 200},
 	                                {33, 17, 65},  {200, 150, 220}, {1, 1, 1},
@@ -2204,7 +2200,7 @@ START_TEST(lowp_gemm_back_to_back_on_two_queues)
 }
 END_TEST
 
-START_TEST(lowp_bad_arguments_refused)
+START_TEST(test_lowp_bad_arguments_refused)
 {
 	float *x = dalloc(4);
 	uint16_t *y = dalloc16(4);
@@ -2225,7 +2221,7 @@ START_TEST(lowp_bad_arguments_refused)
 END_TEST
 
 /* Every backend's kernels multiply in every compute dtype. */
-START_TEST(lowp_supported)
+START_TEST(test_lowp_supported)
 {
 	OK(ts_k_lowp_check(kern, TS_COMPUTE_BF16, &err));
 	OK(ts_k_lowp_check(kern, TS_COMPUTE_F16, &err));
@@ -2273,7 +2269,7 @@ static double ln_dot(const double *x, const float *g, const float *b, const floa
 /* LayerNorm forward against float64, and its gradients against central
  * finite differences of the float64 forward (dx) and the definitions (dg,
  * db). Rows of 300 (more than a block's lanes), centred off zero. */
-START_TEST(layernorm_against_float64)
+START_TEST(test_layernorm_against_float64)
 {
 	enum { R = 9, D = 300 };
 	const float eps = 1e-5f;
@@ -2345,7 +2341,7 @@ END_TEST
 
 /* add_rows adds a period's rows exactly; sum_rows sums each residue class
  * in increasing row order, as a double rounded once. */
-START_TEST(add_and_sum_rows)
+START_TEST(test_add_and_sum_rows)
 {
 	enum { R = 50, N = 33, P = 7 };
 	float y0[R * N], x[P * N], y[R * N], s[P * N];
@@ -2386,7 +2382,7 @@ START_TEST(add_and_sum_rows)
 END_TEST
 
 /* [B, T, P, H, hd] to [P, B, H, T, hd] and back, element by element. */
-START_TEST(heads_round_trip)
+START_TEST(test_heads_round_trip)
 {
 	enum { B = 2, T = 5, P = 3, H = 4, HD = 6, N = B * T * P * H * HD };
 	float in[N], out[N], back[N];
@@ -2420,7 +2416,7 @@ END_TEST
 
 /* Batched products against float64, every transpose, strides with gaps:
  * the gaps between C's batches stay as they were. */
-START_TEST(gemm_batched_against_float64)
+START_TEST(test_gemm_batched_against_float64)
 {
 	enum { M = 7, N = 9, K = 11, BATCH = 5, GAP = 3 };
 	enum { SA = M * K + GAP, SB = K * N + GAP, SC = M * N + GAP };
@@ -2470,7 +2466,7 @@ END_TEST
 /* Causal softmax and its gradient against float64: row i of each block
  * weighs columns 0..i, rows sum to 1, nothing above the diagonal; T = 300
  * rows are longer than a block's lanes. In place (dS == dP) too. */
-START_TEST(softmax_causal_against_float64)
+START_TEST(test_softmax_causal_against_float64)
 {
 	static const int Ts[] = {1, 70, 300};
 
@@ -2538,7 +2534,7 @@ END_TEST
  * every one bit for bit (their sums run in the lanes' and the rows' fixed
  * orders, their exp is kernels_math.h's own), the batched products within
  * cuBLAS's order of sums. */
-START_TEST(cuda_matches_cpu_transformer_bit_for_bit)
+START_TEST(test_cuda_matches_cpu_transformer_bit_for_bit)
 {
 	enum { R = 600, D = 272, T = 300, BT = 4, P = 7 };
 	float *x = x_inputs(R * D, 101, -3, 5), *dy = x_inputs(R * D, 102, -1, 1);
@@ -2605,71 +2601,72 @@ END_TEST
  * k_softmax_*, the batched products). */
 static void add_transformer(TCase *tc)
 {
-	tcase_add_test(tc, layernorm_against_float64);
-	tcase_add_test(tc, add_and_sum_rows);
-	tcase_add_test(tc, heads_round_trip);
-	tcase_add_test(tc, gemm_batched_against_float64);
-	tcase_add_test(tc, softmax_causal_against_float64);
+	tcase_add_test(tc, test_layernorm_against_float64);
+	tcase_add_test(tc, test_add_and_sum_rows);
+	tcase_add_test(tc, test_heads_round_trip);
+	tcase_add_test(tc, test_gemm_batched_against_float64);
+	tcase_add_test(tc, test_softmax_causal_against_float64);
 }
 
 /* The mixed-precision cases (k_round, cublasGemmEx). */
 static void add_lowp(TCase *tc)
 {
-	tcase_add_test(tc, lowp_round_is_converts);
-	tcase_add_test(tc, lowp_gemm_all_transposes);
-	tcase_add_test(tc, lowp_gemm_back_to_back_on_two_queues);
-	tcase_add_test(tc, lowp_bad_arguments_refused);
-	tcase_add_test(tc, lowp_supported);
+	tcase_add_test(tc, test_lowp_round_is_converts);
+	tcase_add_test(tc, test_lowp_gemm_all_transposes);
+	tcase_add_test(tc, test_lowp_gemm_back_to_back_on_two_queues);
+	tcase_add_test(tc, test_lowp_bad_arguments_refused);
+	tcase_add_test(tc, test_lowp_supported);
 }
 
 static void add_common(TCase *tc)
 {
-	tcase_add_test(tc, gemm_all_transposes);
-	tcase_add_test(tc, gemm_empty_sizes);
-	tcase_add_test(tc, activations_forward);
-	tcase_add_test(tc, activations_backward);
-	tcase_add_test(tc, loss_sum_and_mse);
-	tcase_add_test(tc, sumsq_accumulates);
-	tcase_add_test(tc, add_and_fill);
-	tcase_add_test(tc, sgd_updates);
-	tcase_add_test(tc, adam_without_clipping);
-	tcase_add_test(tc, adam_with_clipping);
-	tcase_add_test(tc, adamw_updates);
-	tcase_add_test(tc, warmup_cosine_schedule);
-	tcase_add_test(tc, mlp_gradients_match_finite_differences);
-	tcase_add_test(tc, bad_arguments_refused);
-	tcase_add_test(tc, native_queue_handle);
+	tcase_add_test(tc, test_gemm_all_transposes);
+	tcase_add_test(tc, test_gemm_empty_sizes);
+	tcase_add_test(tc, test_activations_forward);
+	tcase_add_test(tc, test_activations_backward);
+	tcase_add_test(tc, test_loss_sum_and_mse);
+	tcase_add_test(tc, test_sumsq_accumulates);
+	tcase_add_test(tc, test_add_and_fill);
+	tcase_add_test(tc, test_sgd_updates);
+	tcase_add_test(tc, test_adam_without_clipping);
+	tcase_add_test(tc, test_adam_with_clipping);
+	tcase_add_test(tc, test_adamw_updates);
+	tcase_add_test(tc, test_warmup_cosine_schedule);
+	tcase_add_test(tc, test_mlp_gradients_match_finite_differences);
+	tcase_add_test(tc, test_bad_arguments_refused);
+	tcase_add_test(tc, test_native_queue_handle);
 }
 
 /* The token kernels' cases (k_embed_fwd, k_embed_bwd, k_xent_rows,
  * k_xent_mean). */
 static void add_tokens(TCase *tc)
 {
-	tcase_add_test(tc, embedding_gather_and_scatter_add);
-	tcase_add_test(tc, softmax_cross_entropy);
+	tcase_add_test(tc, test_embedding_gather_and_scatter_add);
+	tcase_add_test(tc, test_softmax_cross_entropy);
 }
 
-static Suite *kernels_suite(bool cuda)
+Suite *ts_unit_suite(void)
 {
+	bool cuda = ts_unit_cuda();
 	Suite *s = suite_create("kernels");
 	TCase *tc = tcase_create("sim");
 
 	tcase_add_checked_fixture(tc, setup_sim, teardown);
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, names_round_trip);
-	tcase_add_test(tc, gemm_colmajor_mapping);
+	tcase_add_test(tc, test_names_round_trip);
+	tcase_add_test(tc, test_gemm_colmajor_mapping);
 	add_common(tc);
 	add_tokens(tc);
 	add_transformer(tc);
 	add_lowp(tc);
-	tcase_add_test(tc, same_sequence_same_bits);
-	tcase_add_test(tc, exp_neg_within_an_ulp);
-	tcase_add_test(tc, softmax_cross_entropy_wide_rows_same_bits);
-	tcase_add_test(tc, updates_match_the_formulas_bit_for_bit);
-	tcase_add_test(tc, queues_share_kernels);
-	tcase_add_test(tc, kernels_run_later_in_queue_order);
-	tcase_add_test(tc, sim_kernels_run_on_cpu_queues);
-	tcase_add_test(tc, sim_keeps_no_device_timeline);
+	tcase_add_test(tc, test_same_sequence_same_bits);
+	tcase_add_test(tc, test_exp_neg_within_an_ulp);
+	tcase_add_test(tc, test_softmax_cross_entropy_wide_rows_same_bits);
+	tcase_add_test(tc, test_updates_match_the_formulas_bit_for_bit);
+	tcase_add_test(tc, test_queues_share_kernels);
+	tcase_add_test(tc, test_kernels_run_later_in_queue_order);
+	tcase_add_test(tc, test_sim_kernels_run_on_cpu_queues);
+	tcase_add_test(tc, test_sim_keeps_no_device_timeline);
 	suite_add_tcase(s, tc);
 	if (cuda) {
 		/* cuBLAS and the CUDA kernels; reductions are deterministic
@@ -2681,34 +2678,21 @@ static Suite *kernels_suite(bool cuda)
 		add_tokens(tc);
 		add_transformer(tc);
 		add_lowp(tc);
-		tcase_add_test(tc, same_sequence_same_bits);
-		tcase_add_test(tc, cuda_kernels_made_per_step);
-		tcase_add_test(tc, cuda_kernels_free_does_not_wait_for_the_device);
-		tcase_add_test(tc, cuda_timeline_times_the_stream);
+		tcase_add_test(tc, test_same_sequence_same_bits);
+		tcase_add_test(tc, test_cuda_kernels_made_per_step);
+		tcase_add_test(tc, test_cuda_kernels_free_does_not_wait_for_the_device);
+		tcase_add_test(tc, test_cuda_timeline_times_the_stream);
 		suite_add_tcase(s, tc);
 		tc = tcase_create("cuda_vs_cpu");
 		tcase_add_checked_fixture(tc, setup_both, teardown_both);
 		tcase_set_timeout(tc, 300);
-		tcase_add_test(tc, cuda_matches_cpu_elementwise);
-		tcase_add_test(tc, cuda_matches_cpu_reductions_bit_for_bit);
-		tcase_add_test(tc, cuda_matches_cpu_updates);
-		tcase_add_test(tc, cuda_matches_cpu_gemm);
-		tcase_add_test(tc, cuda_matches_cpu_tokens_bit_for_bit);
-		tcase_add_test(tc, cuda_matches_cpu_transformer_bit_for_bit);
+		tcase_add_test(tc, test_cuda_matches_cpu_elementwise);
+		tcase_add_test(tc, test_cuda_matches_cpu_reductions_bit_for_bit);
+		tcase_add_test(tc, test_cuda_matches_cpu_updates);
+		tcase_add_test(tc, test_cuda_matches_cpu_gemm);
+		tcase_add_test(tc, test_cuda_matches_cpu_tokens_bit_for_bit);
+		tcase_add_test(tc, test_cuda_matches_cpu_transformer_bit_for_bit);
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-int main(void)
-{
-	const char *backend = getenv("TS_TEST_BACKEND");
-	bool cuda = backend && strcmp(backend, "cuda") == 0;
-	SRunner *sr = srunner_create(kernels_suite(cuda));
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -18,6 +18,7 @@
 #include "memory/space.h"
 #include "server/lease.h"
 #include "tests/integration/lease_wire.h"
+#include "tests/unit/unit.h"
 
 static void some_handle(struct ts_ipc_handle *h, unsigned seed)
 {
@@ -25,7 +26,7 @@ static void some_handle(struct ts_ipc_handle *h, unsigned seed)
 		h->bytes[i] = (unsigned char)(i * 37u + seed * 101u);
 }
 
-START_TEST(handle_text_round_trip)
+START_TEST(test_handle_text_round_trip)
 {
 	char hex[TS_LEASE_IPC_HEX + 1];
 	struct ts_ipc_handle h, back;
@@ -58,7 +59,7 @@ START_TEST(handle_text_round_trip)
 }
 END_TEST
 
-START_TEST(handle_text_refused)
+START_TEST(test_handle_text_refused)
 {
 	char hex[TS_LEASE_IPC_HEX + 2];
 	struct ts_ipc_handle h;
@@ -91,7 +92,7 @@ static const struct ts_device_props gpu = {
 	.pci_bus_id = "0000:3B:00.0", .uuid = "GPU-8f6e0a1b-2c3d-4e5f-6071-8293a4b5c6d7",
 };
 
-START_TEST(shard_from_pool_chunk)
+START_TEST(test_shard_from_pool_chunk)
 {
 	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 16ull << 20};
 	struct ts_memory_config mc = {.device_memory_fraction = 1.0, .pinned_host_limit = 4ull << 20,
@@ -166,7 +167,7 @@ START_TEST(shard_from_pool_chunk)
 END_TEST
 
 /* A device that is no GPU has no CUDA IPC handles, whatever the build. */
-START_TEST(no_handle_off_a_gpu)
+START_TEST(test_no_handle_off_a_gpu)
 {
 	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 1ull << 20};
 	struct ts_device_set *set;
@@ -185,7 +186,7 @@ END_TEST
 
 /* The wire client's kept mappings (the bench's): one per file and
  * protection, found again through any descriptor of the same memfd. */
-START_TEST(kept_mappings)
+START_TEST(test_kept_mappings)
 {
 	struct lw_maps maps = {.n = 0};
 	int fd = memfd_create("kept", 0), ro;
@@ -220,27 +221,16 @@ START_TEST(kept_mappings)
 }
 END_TEST
 
-static Suite *lease_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("lease");
 	TCase *tc = tcase_create("ipc");
 
-	tcase_add_test(tc, handle_text_round_trip);
-	tcase_add_test(tc, handle_text_refused);
-	tcase_add_test(tc, shard_from_pool_chunk);
-	tcase_add_test(tc, no_handle_off_a_gpu);
-	tcase_add_test(tc, kept_mappings);
+	tcase_add_test(tc, test_handle_text_round_trip);
+	tcase_add_test(tc, test_handle_text_refused);
+	tcase_add_test(tc, test_shard_from_pool_chunk);
+	tcase_add_test(tc, test_no_handle_off_a_gpu);
+	tcase_add_test(tc, test_kept_mappings);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(lease_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/unit.h"
 #include "train/model.h"
 
 static struct ts_model_registry *reg;
@@ -38,7 +39,7 @@ static struct ts_model model(const char *name)
 	return m;
 }
 
-START_TEST(put_gives_new_uids_and_refuses_taken_names)
+START_TEST(test_put_gives_new_uids_and_refuses_taken_names)
 {
 	struct ts_model a = model("a"), b = model("b"), got;
 	uint64_t ua = 0, ub = 0, ua2 = 0;
@@ -59,12 +60,12 @@ START_TEST(put_gives_new_uids_and_refuses_taken_names)
 	ck_assert(ts_model_registry_get(reg, "a", &got));
 	ck_assert_uint_eq(got.uid, ua2);
 	/* what refers to the old uid reaches nothing */
-	ck_assert(!ts_model_registry_advance(reg, ua, 1, NULL));
+	ck_assert(!ts_model_registry_add_steps(reg, ua, 1, NULL));
 	ck_assert(!ts_model_registry_set_ready(reg, ua, true, NULL));
 }
 END_TEST
 
-START_TEST(records_are_copies)
+START_TEST(test_records_are_copies)
 {
 	struct ts_model a = model("a"), got;
 	uint64_t uid = 0;
@@ -79,7 +80,7 @@ START_TEST(records_are_copies)
 }
 END_TEST
 
-START_TEST(readiness_names_the_creating_operation)
+START_TEST(test_readiness_names_the_creating_operation)
 {
 	struct ts_model a = model("a"), got;
 	uint64_t uid = 0;
@@ -96,7 +97,7 @@ START_TEST(readiness_names_the_creating_operation)
 }
 END_TEST
 
-START_TEST(advance_counts_steps_by_uid)
+START_TEST(test_add_steps_counts_by_uid)
 {
 	struct ts_model a = model("a"), b = model("b"), got;
 	uint64_t ua = 0, ub = 0, before = 99;
@@ -104,24 +105,24 @@ START_TEST(advance_counts_steps_by_uid)
 	a.steps = 10;                              /* a resumed model's count */
 	ck_assert_int_eq(ts_model_registry_put(reg, &a, &ua, &err), TS_OK);
 	ck_assert_int_eq(ts_model_registry_put(reg, &b, &ub, &err), TS_OK);
-	ck_assert(ts_model_registry_advance(reg, ua, 3, &before));
+	ck_assert(ts_model_registry_add_steps(reg, ua, 3, &before));
 	ck_assert_uint_eq(before, 10);
-	ck_assert(ts_model_registry_advance(reg, ua, 0, &before));
+	ck_assert(ts_model_registry_step_count(reg, ua, &before));
 	ck_assert_uint_eq(before, 13);
 	ck_assert(ts_model_registry_get(reg, "b", &got));
 	ck_assert_uint_eq(got.steps, 0);
-	ts_model_registry_step_ran(reg, 1000);
-	ts_model_registry_step_ran(reg, 2000);
+	ts_model_registry_record_step(reg, 1000);
+	ts_model_registry_record_step(reg, 2000);
 	{
 		struct ts_histogram_snapshot h;
 
-		ts_histogram_read(ts_model_registry_steps(reg), &h);
+		ts_histogram_read(ts_model_registry_step_times(reg), &h);
 		ck_assert_uint_eq(h.count, 2);
 	}
 }
 END_TEST
 
-START_TEST(list_in_name_order)
+START_TEST(test_list_in_name_order)
 {
 	static const char *const names[] = {"delta", "alpha", "charlie", "bravo"};
 	struct ts_model out[8];
@@ -143,7 +144,7 @@ START_TEST(list_in_name_order)
 }
 END_TEST
 
-START_TEST(array_names_roles_and_shapes)
+START_TEST(test_array_names_roles_and_shapes)
 {
 	struct ts_model m = model("net"), tok = model("gpt"), none = model("plain");
 	uint64_t shape[3];
@@ -182,29 +183,18 @@ START_TEST(array_names_roles_and_shapes)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("model_registry");
 	TCase *c = tcase_create("registry");
 
 	tcase_add_checked_fixture(c, setup, teardown);
-	tcase_add_test(c, put_gives_new_uids_and_refuses_taken_names);
-	tcase_add_test(c, records_are_copies);
-	tcase_add_test(c, readiness_names_the_creating_operation);
-	tcase_add_test(c, advance_counts_steps_by_uid);
-	tcase_add_test(c, list_in_name_order);
-	tcase_add_test(c, array_names_roles_and_shapes);
+	tcase_add_test(c, test_put_gives_new_uids_and_refuses_taken_names);
+	tcase_add_test(c, test_records_are_copies);
+	tcase_add_test(c, test_readiness_names_the_creating_operation);
+	tcase_add_test(c, test_add_steps_counts_by_uid);
+	tcase_add_test(c, test_list_in_name_order);
+	tcase_add_test(c, test_array_names_roles_and_shapes);
 	suite_add_tcase(s, c);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

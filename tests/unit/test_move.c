@@ -18,6 +18,7 @@
 #include "memory/space.h"
 #include "storage/array_io.h"
 #include "storage/move.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -26,29 +27,20 @@ static struct ts_catalog *cat;
 static struct ts_device *dev;
 static struct ts_error err;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 #define N 4096       /* floats in the test array */
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 4ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 1.0,
-	                              .pinned_host_limit = 16ull << 20,
-	                              .unpinned_host_limit = 16ull << 20,
-	                              .pinned_segment = 4ull << 20};
+	static const struct ts_unit_sim_config sim = {.devices = 1, .device_memory = 4ull << 20,
+	                                              .device_fraction = 1.0,
+	                                              .pinned = 16ull << 20, .unpinned = 16ull << 20,
+	                                              .segment = 4ull << 20};
 
 	ts_error_clear(&err);
-	OK(ts_device_set_new(&dc, &set, &err));
+	ts_unit_sim_new(&sim, &set, &mem, &stager);
 	dev = ts_device_set_find(set, "sim:0");
-	OK(ts_memory_new(set, &mc, &mem, &err));
-	OK(ts_stager_new(set, mem, &stager, &err));
 	cat = ts_catalog_new();
 	ck_assert_ptr_nonnull(cat);
 }
@@ -56,9 +48,7 @@ static void setup(void)
 static void teardown(void)
 {
 	ts_catalog_free(cat);
-	ts_stager_free(stager);
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, stager);
 }
 
 static uint64_t in_use(enum ts_memory_kind k)
@@ -133,7 +123,7 @@ static ts_status move(const char *name, const struct ts_move_spec *spec)
 	return st;
 }
 
-START_TEST(put_publishes_a_new_version_readers_keep_the_old)
+START_TEST(test_put_publishes_a_new_version_readers_keep_the_old)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *old, *now;
@@ -155,7 +145,7 @@ START_TEST(put_publishes_a_new_version_readers_keep_the_old)
 }
 END_TEST
 
-START_TEST(put_in_place_shares_its_shards)
+START_TEST(test_put_in_place_shares_its_shards)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_DEVICE, NULL);
 	struct ts_array *src, *now;
@@ -177,7 +167,7 @@ START_TEST(put_in_place_shares_its_shards)
 }
 END_TEST
 
-START_TEST(admission_refuses_what_cannot_fit)
+START_TEST(test_admission_refuses_what_cannot_fit)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_DEVICE, NULL);
 	struct ts_array *src;
@@ -193,7 +183,7 @@ START_TEST(admission_refuses_what_cannot_fit)
 }
 END_TEST
 
-START_TEST(publish_only_over_the_version_read)
+START_TEST(test_publish_only_over_the_version_read)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *src = NULL, *now;
@@ -221,7 +211,7 @@ static bool always(void *arg)
 	return true;
 }
 
-START_TEST(a_cancelled_move_leaves_the_array_whole)
+START_TEST(test_a_cancelled_move_leaves_the_array_whole)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *src = NULL, *now;
@@ -243,7 +233,7 @@ START_TEST(a_cancelled_move_leaves_the_array_whole)
 }
 END_TEST
 
-START_TEST(copies_refuse_an_existing_name_unless_told)
+START_TEST(test_copies_refuse_an_existing_name_unless_told)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, "b");
 	struct ts_array *a, *b;
@@ -269,7 +259,7 @@ START_TEST(copies_refuse_an_existing_name_unless_told)
 }
 END_TEST
 
-START_TEST(donate_deletes_the_source)
+START_TEST(test_donate_deletes_the_source)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, "b");
 	struct ts_array *b;
@@ -285,7 +275,7 @@ START_TEST(donate_deletes_the_source)
 }
 END_TEST
 
-START_TEST(implicit_moves_are_counted)
+START_TEST(test_implicit_moves_are_counted)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_PINNED_HOST, NULL);
 	struct ts_array *a;
@@ -299,7 +289,7 @@ START_TEST(implicit_moves_are_counted)
 }
 END_TEST
 
-START_TEST(conversion_on_the_way)
+START_TEST(test_conversion_on_the_way)
 {
 	struct ts_move_spec s = spec_to(TS_MEM_DEVICE, NULL);
 	struct ts_array *a;
@@ -326,32 +316,21 @@ START_TEST(conversion_on_the_way)
 }
 END_TEST
 
-static Suite *suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("move");
 	TCase *c = tcase_create("move");
 
 	tcase_add_checked_fixture(c, setup, teardown);
-	tcase_add_test(c, put_publishes_a_new_version_readers_keep_the_old);
-	tcase_add_test(c, put_in_place_shares_its_shards);
-	tcase_add_test(c, admission_refuses_what_cannot_fit);
-	tcase_add_test(c, publish_only_over_the_version_read);
-	tcase_add_test(c, a_cancelled_move_leaves_the_array_whole);
-	tcase_add_test(c, copies_refuse_an_existing_name_unless_told);
-	tcase_add_test(c, donate_deletes_the_source);
-	tcase_add_test(c, implicit_moves_are_counted);
-	tcase_add_test(c, conversion_on_the_way);
+	tcase_add_test(c, test_put_publishes_a_new_version_readers_keep_the_old);
+	tcase_add_test(c, test_put_in_place_shares_its_shards);
+	tcase_add_test(c, test_admission_refuses_what_cannot_fit);
+	tcase_add_test(c, test_publish_only_over_the_version_read);
+	tcase_add_test(c, test_a_cancelled_move_leaves_the_array_whole);
+	tcase_add_test(c, test_copies_refuse_an_existing_name_unless_told);
+	tcase_add_test(c, test_donate_deletes_the_source);
+	tcase_add_test(c, test_implicit_moves_are_counted);
+	tcase_add_test(c, test_conversion_on_the_way);
 	suite_add_tcase(s, c);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *r = srunner_create(suite());
-	int failed;
-
-	srunner_run_all(r, CK_NORMAL);
-	failed = srunner_ntests_failed(r);
-	srunner_free(r);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -26,6 +26,7 @@
 #include "handlers/handlers.h"
 #include "handlers/operations.h"
 #include "ops/operation.h"
+#include "tests/unit/unit.h"
 
 #define SEC 1000000000ull
 #define MS 1000000ull
@@ -240,7 +241,7 @@ static bool id_well_formed(const char *id)
 
 /* ---- outcomes ---------------------------------------------------------------------------- */
 
-START_TEST(succeeds_with_result)
+START_TEST(test_succeeds_with_result)
 {
 	struct ts_op_registry *r = registry(2, 100, 0);
 	struct job j = {.progress = 100};
@@ -276,7 +277,7 @@ END_TEST
 
 /* A run that fails keeps the last partial result it stored (not its
  * result), and a snapshot owns its copy. */
-START_TEST(failure_keeps_the_partial_result)
+START_TEST(test_failure_keeps_the_partial_result)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct job j = {0}, k = {0};
@@ -308,7 +309,7 @@ START_TEST(failure_keeps_the_partial_result)
 }
 END_TEST
 
-START_TEST(failure_keeps_the_error)
+START_TEST(test_failure_keeps_the_error)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct job j = {0}, k = {0};
@@ -340,7 +341,7 @@ START_TEST(failure_keeps_the_error)
 }
 END_TEST
 
-START_TEST(cancel_while_pending)
+START_TEST(test_cancel_while_pending)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -392,7 +393,7 @@ START_TEST(cancel_while_pending)
 }
 END_TEST
 
-START_TEST(cancel_while_running)
+START_TEST(test_cancel_while_running)
 {
 	struct ts_op_registry *r = registry(2, 100, 0);
 	struct gate g;
@@ -426,7 +427,7 @@ START_TEST(cancel_while_running)
 }
 END_TEST
 
-START_TEST(cancel_after_finish_refused)
+START_TEST(test_cancel_after_finish_refused)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct job j = {0};
@@ -448,7 +449,7 @@ END_TEST
 
 /* ---- targets and arguments --------------------------------------------------------------- */
 
-START_TEST(target_claims)
+START_TEST(test_target_claims)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -499,7 +500,7 @@ START_TEST(target_claims)
 }
 END_TEST
 
-START_TEST(bad_arguments_refused)
+START_TEST(test_bad_arguments_refused)
 {
 	struct ts_op_registry_config cfg = {.workers = 0};
 	struct ts_op_registry *r = (void *)1;
@@ -530,7 +531,7 @@ START_TEST(bad_arguments_refused)
 }
 END_TEST
 
-START_TEST(state_names)
+START_TEST(test_state_names)
 {
 	enum ts_op_state s;
 
@@ -568,7 +569,7 @@ static void *add_progress(void *arg)
 	return NULL;
 }
 
-START_TEST(progress_is_atomic)
+START_TEST(test_progress_is_atomic)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -607,7 +608,7 @@ END_TEST
 
 /* ---- waiting ----------------------------------------------------------------------------- */
 
-START_TEST(waiters_woken_once)
+START_TEST(test_waiters_woken_once)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -685,7 +686,7 @@ static ts_status work_racing(struct ts_operation *op, void *arg, struct ts_error
 	return TS_OK;
 }
 
-START_TEST(unwait_races_finish)
+START_TEST(test_unwait_races_finish)
 {
 	struct ts_op_registry *r = registry(2, 16, 0);
 	int n = 3000, woken = 0;
@@ -716,7 +717,7 @@ START_TEST(unwait_races_finish)
 }
 END_TEST
 
-START_TEST(block_times_out)
+START_TEST(test_block_times_out)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -752,7 +753,7 @@ static void run_to_end(struct ts_op_registry *r, struct job *j, struct ts_operat
 		ts_operation_unref(op);
 }
 
-START_TEST(retention_by_count)
+START_TEST(test_retention_by_count)
 {
 	struct ts_op_registry *r = registry(1, 3, 0);
 	struct job j[6] = {0};
@@ -787,7 +788,7 @@ END_TEST
 
 /* Resuming a listing after an operation: the older ones, page by page,
  * whatever was removed meanwhile; more says whether any remain. */
-START_TEST(list_before_pages)
+START_TEST(test_list_before_pages)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct job j[5] = {0};
@@ -833,7 +834,7 @@ END_TEST
 
 /* Removing: a finished operation is no longer found nor counted, its
  * holders keep it; a running one is refused; twice is NOT_FOUND. */
-START_TEST(remove_finished_only)
+START_TEST(test_remove_finished_only)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -867,7 +868,7 @@ START_TEST(remove_finished_only)
 }
 END_TEST
 
-START_TEST(retention_keeps_none)
+START_TEST(test_retention_keeps_none)
 {
 	struct ts_op_registry *r = registry(1, 0, 0);
 	struct job j = {0};
@@ -888,7 +889,7 @@ START_TEST(retention_keeps_none)
 }
 END_TEST
 
-START_TEST(retention_by_age)
+START_TEST(test_retention_by_age)
 {
 	struct ts_op_registry *r = registry(1, 100, 60 * MS);
 	struct job j[2] = {0};
@@ -929,7 +930,7 @@ static void expect_list(struct ts_op_registry *r, int only, size_t limit,
 	ts_op_list_free(ops, n);
 }
 
-START_TEST(list_newest_first_by_state)
+START_TEST(test_list_newest_first_by_state)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -978,7 +979,7 @@ END_TEST
 
 /* ---- freeing a busy registry ------------------------------------------------------------- */
 
-START_TEST(free_with_pending_and_running)
+START_TEST(test_free_with_pending_and_running)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -1023,7 +1024,7 @@ static void *open_later(void *arg)
 	return NULL;
 }
 
-START_TEST(free_waits_for_running_work)
+START_TEST(test_free_waits_for_running_work)
 {
 	struct ts_op_registry *r = registry(2, 100, 0);
 	struct gate g;
@@ -1105,7 +1106,7 @@ static int cmp_ids(const void *a, const void *b)
 	return strcmp(a, b);
 }
 
-START_TEST(many_concurrent_submitters)
+START_TEST(test_many_concurrent_submitters)
 {
 	struct ts_op_registry *r = registry(4, 100000, 0);
 	struct submitter *s = calloc(SUBMITTERS, sizeof *s);
@@ -1160,7 +1161,7 @@ static bool rfc3339_utc_micros(const char *t)
  * there). */
 #define META(o) json_object_get((o), "metadata")
 
-START_TEST(operation_json_shapes)
+START_TEST(test_operation_json_shapes)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -1244,7 +1245,7 @@ START_TEST(operation_json_shapes)
 }
 END_TEST
 
-START_TEST(reply_operation_codes)
+START_TEST(test_reply_operation_codes)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -1303,7 +1304,7 @@ static void call_handler(ts_handler_fn *fn, struct ts_op_registry *r, const char
 	fn(&call, reply);
 }
 
-START_TEST(handlers_get_list_cancel)
+START_TEST(test_handlers_get_list_cancel)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
@@ -1396,7 +1397,7 @@ static ts_status hold_cb(const char *id, void *arg, struct ts_error *err)
 
 /* The hold runs once, with the id the operation gets, before it can run; a
  * failed hold submits nothing and leaves arg the caller's. */
-START_TEST(submit_holding_runs_the_hold_first)
+START_TEST(test_submit_holding_runs_the_hold_first)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct holding ok = {.fail = false}, no = {.fail = true};
@@ -1462,7 +1463,7 @@ static void record_end(void *cls, const struct ts_op_end *end)
 /* The hook runs once per operation, before its waiters wake, with its kind,
  * outcome, units and error: succeeded, failed, and cancelled while pending
  * (never run: no running time). */
-START_TEST(ended_hook_once_per_operation)
+START_TEST(test_ended_hook_once_per_operation)
 {
 	static struct ends x = {.mu = PTHREAD_MUTEX_INITIALIZER};
 	struct ts_op_registry_config cfg = {.workers = 1, .keep_finished = 10,
@@ -1519,63 +1520,52 @@ START_TEST(ended_hook_once_per_operation)
 }
 END_TEST
 
-static Suite *operation_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("operation");
 	TCase *tc;
 
 	tc = tcase_create("outcomes");
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, succeeds_with_result);
-	tcase_add_test(tc, failure_keeps_the_error);
-	tcase_add_test(tc, failure_keeps_the_partial_result);
-	tcase_add_test(tc, cancel_while_pending);
-	tcase_add_test(tc, cancel_while_running);
-	tcase_add_test(tc, cancel_after_finish_refused);
-	tcase_add_test(tc, target_claims);
-	tcase_add_test(tc, submit_holding_runs_the_hold_first);
-	tcase_add_test(tc, bad_arguments_refused);
-	tcase_add_test(tc, state_names);
-	tcase_add_test(tc, progress_is_atomic);
+	tcase_add_test(tc, test_succeeds_with_result);
+	tcase_add_test(tc, test_failure_keeps_the_error);
+	tcase_add_test(tc, test_failure_keeps_the_partial_result);
+	tcase_add_test(tc, test_cancel_while_pending);
+	tcase_add_test(tc, test_cancel_while_running);
+	tcase_add_test(tc, test_cancel_after_finish_refused);
+	tcase_add_test(tc, test_target_claims);
+	tcase_add_test(tc, test_submit_holding_runs_the_hold_first);
+	tcase_add_test(tc, test_bad_arguments_refused);
+	tcase_add_test(tc, test_state_names);
+	tcase_add_test(tc, test_progress_is_atomic);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("waiting");
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, waiters_woken_once);
-	tcase_add_test(tc, unwait_races_finish);
-	tcase_add_test(tc, block_times_out);
+	tcase_add_test(tc, test_waiters_woken_once);
+	tcase_add_test(tc, test_unwait_races_finish);
+	tcase_add_test(tc, test_block_times_out);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("registry");
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, retention_by_count);
-	tcase_add_test(tc, retention_keeps_none);
-	tcase_add_test(tc, list_before_pages);
-	tcase_add_test(tc, remove_finished_only);
-	tcase_add_test(tc, retention_by_age);
-	tcase_add_test(tc, list_newest_first_by_state);
-	tcase_add_test(tc, free_with_pending_and_running);
-	tcase_add_test(tc, free_waits_for_running_work);
-	tcase_add_test(tc, many_concurrent_submitters);
-	tcase_add_test(tc, ended_hook_once_per_operation);
+	tcase_add_test(tc, test_retention_by_count);
+	tcase_add_test(tc, test_retention_keeps_none);
+	tcase_add_test(tc, test_list_before_pages);
+	tcase_add_test(tc, test_remove_finished_only);
+	tcase_add_test(tc, test_retention_by_age);
+	tcase_add_test(tc, test_list_newest_first_by_state);
+	tcase_add_test(tc, test_free_with_pending_and_running);
+	tcase_add_test(tc, test_free_waits_for_running_work);
+	tcase_add_test(tc, test_many_concurrent_submitters);
+	tcase_add_test(tc, test_ended_hook_once_per_operation);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("rendering");
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, operation_json_shapes);
-	tcase_add_test(tc, reply_operation_codes);
-	tcase_add_test(tc, handlers_get_list_cancel);
+	tcase_add_test(tc, test_operation_json_shapes);
+	tcase_add_test(tc, test_reply_operation_codes);
+	tcase_add_test(tc, test_handlers_get_list_cancel);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(operation_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

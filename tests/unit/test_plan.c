@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tests/unit/unit.h"
 #include "train/plan.h"
 
 #define MiB (1024.0 * 1024.0)
@@ -169,7 +170,7 @@ static void plan_guide(bool params_host, bool offload_x, int prefetch, struct ts
 	        p->peak_device_bytes / MiB, p->h2d_bytes / MiB, p->d2h_bytes / MiB);
 }
 
-START_TEST(guide_no_offload)
+START_TEST(test_guide_no_offload)
 {
 	struct ts_plan p;
 
@@ -186,7 +187,7 @@ START_TEST(guide_no_offload)
 }
 END_TEST
 
-START_TEST(guide_params_offloaded)
+START_TEST(test_guide_params_offloaded)
 {
 	struct ts_plan p;
 
@@ -207,7 +208,7 @@ START_TEST(guide_params_offloaded)
 }
 END_TEST
 
-START_TEST(guide_activations_offloaded)
+START_TEST(test_guide_activations_offloaded)
 {
 	struct ts_plan p;
 
@@ -223,7 +224,7 @@ START_TEST(guide_activations_offloaded)
 }
 END_TEST
 
-START_TEST(guide_both_offloaded)
+START_TEST(test_guide_both_offloaded)
 {
 	struct ts_plan p;
 
@@ -236,7 +237,7 @@ START_TEST(guide_both_offloaded)
 }
 END_TEST
 
-START_TEST(big_adam_model)
+START_TEST(test_big_adam_model)
 {
 	/* 4 layers of 7168 x 7168 (no hidden width: one matrix per layer) with Adam */
 	struct ts_mlp m = {.layers = 4, .d_model = 7168, .d_hidden = 0, .act = TS_ACT_RELU,
@@ -266,7 +267,7 @@ START_TEST(big_adam_model)
 }
 END_TEST
 
-START_TEST(every_policy_is_consistent)
+START_TEST(test_every_policy_is_consistent)
 {
 	static const enum ts_act acts[] = {TS_ACT_NONE, TS_ACT_GELU};
 
@@ -299,7 +300,7 @@ START_TEST(every_policy_is_consistent)
 }
 END_TEST
 
-START_TEST(policy_refusals)
+START_TEST(test_policy_refusals)
 {
 	struct ts_policy both = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
 	                         .save_x = true, .offload_x = true};
@@ -373,7 +374,7 @@ static void plan_eval(const struct ts_mlp *m, bool params_host, int prefetch, bo
 
 /* Params on the device: arguments are w1, w2, inputs, targets; the temps
  * peak in a middle layer at its input, h and output (x + h + x). */
-START_TEST(eval_params_on_device)
+START_TEST(test_eval_params_on_device)
 {
 	struct ts_plan p;
 
@@ -392,7 +393,7 @@ END_TEST
 
 /* Params on pinned_host: each layer's w1 and w2 come in once (h2d = all of
  * them), and with prefetch_depth 1 the next layer's are there too. */
-START_TEST(eval_params_streamed)
+START_TEST(test_eval_params_streamed)
 {
 	struct ts_plan p;
 
@@ -413,7 +414,7 @@ END_TEST
 
 /* Outputs on the device are written by the last layer (an output, no
  * temp); on pinned_host they are copied out of the last layer's temp. */
-START_TEST(eval_outputs)
+START_TEST(test_eval_outputs)
 {
 	struct ts_mlp two = small_mse;
 	struct ts_plan p;
@@ -439,7 +440,7 @@ END_TEST
 /* An evaluation never needs more device memory than a step of the same
  * model (it keeps no residual and no gradient), under any policy; the
  * refusals are the step's. */
-START_TEST(eval_below_step)
+START_TEST(test_eval_below_step)
 {
 	static const struct ts_mlp models[] = {
 		{.layers = 4, .d_model = 64, .d_hidden = 128, .act = TS_ACT_RELU, .loss = TS_LOSS_SUM},
@@ -483,7 +484,7 @@ END_TEST
  * is gathered, the logits [8, 100] are the outputs (written by the
  * projection when on the device), the step's cross-entropy gives the loss;
  * no gradient of the table or the projection, no scatter. */
-START_TEST(eval_tokens)
+START_TEST(test_eval_tokens)
 {
 	struct ts_mlp tok = small_mse;
 	const uint64_t EE = 100u * 64u * 4u, LG = 8u * 100u * 4u, ID = 8u * 2u;
@@ -618,7 +619,7 @@ static uint64_t check_lowp(const struct ts_plan *lp, const struct ts_plan *f32)
 	return pair;
 }
 
-START_TEST(lowp_guide_counts_the_copies)
+START_TEST(test_lowp_guide_counts_the_copies)
 {
 	struct ts_mlp m = guide;
 	struct ts_plan f, lp;
@@ -651,7 +652,7 @@ END_TEST
 
 /* Every policy, with Adam and clipping, a token model with its projection,
  * and evaluations: each product rounds its operands. */
-START_TEST(lowp_every_plan_rounds_every_product)
+START_TEST(test_lowp_every_plan_rounds_every_product)
 {
 	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 0.1f, .b1 = 0.9f,
 	                            .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f};
@@ -700,36 +701,25 @@ START_TEST(lowp_every_plan_rounds_every_product)
 }
 END_TEST
 
-static Suite *plan_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("plan");
 	TCase *tc = tcase_create("planner");
 
-	tcase_add_test(tc, guide_no_offload);
-	tcase_add_test(tc, guide_params_offloaded);
-	tcase_add_test(tc, guide_activations_offloaded);
-	tcase_add_test(tc, guide_both_offloaded);
-	tcase_add_test(tc, big_adam_model);
-	tcase_add_test(tc, every_policy_is_consistent);
-	tcase_add_test(tc, policy_refusals);
-	tcase_add_test(tc, eval_params_on_device);
-	tcase_add_test(tc, eval_params_streamed);
-	tcase_add_test(tc, eval_outputs);
-	tcase_add_test(tc, eval_below_step);
-	tcase_add_test(tc, eval_tokens);
-	tcase_add_test(tc, lowp_guide_counts_the_copies);
-	tcase_add_test(tc, lowp_every_plan_rounds_every_product);
+	tcase_add_test(tc, test_guide_no_offload);
+	tcase_add_test(tc, test_guide_params_offloaded);
+	tcase_add_test(tc, test_guide_activations_offloaded);
+	tcase_add_test(tc, test_guide_both_offloaded);
+	tcase_add_test(tc, test_big_adam_model);
+	tcase_add_test(tc, test_every_policy_is_consistent);
+	tcase_add_test(tc, test_policy_refusals);
+	tcase_add_test(tc, test_eval_params_on_device);
+	tcase_add_test(tc, test_eval_params_streamed);
+	tcase_add_test(tc, test_eval_outputs);
+	tcase_add_test(tc, test_eval_below_step);
+	tcase_add_test(tc, test_eval_tokens);
+	tcase_add_test(tc, test_lowp_guide_counts_the_copies);
+	tcase_add_test(tc, test_lowp_every_plan_rounds_every_product);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(plan_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -11,6 +11,7 @@
 #include "common/name.h"
 #include "common/registry.h"
 #include "common/status.h"
+#include "tests/unit/unit.h"
 
 struct item {
 	char name[TS_NAME_MAX + 1];
@@ -60,7 +61,7 @@ static void drop_all(struct ts_registry *r, struct item **items, int n)
 		free(items[i]);
 }
 
-START_TEST(registry_put_get_in_name_order)
+START_TEST(test_registry_put_get_in_name_order)
 {
 	struct ts_registry r;
 	struct item *items[200];
@@ -86,7 +87,7 @@ START_TEST(registry_put_get_in_name_order)
 }
 END_TEST
 
-START_TEST(registry_replace_and_refuse)
+START_TEST(test_registry_replace_and_refuse)
 {
 	struct ts_registry r;
 	struct ts_error err = {0};
@@ -115,7 +116,7 @@ START_TEST(registry_replace_and_refuse)
 }
 END_TEST
 
-START_TEST(registry_refuses_bad_names)
+START_TEST(test_registry_refuses_bad_names)
 {
 	static const char *const bad[] = {"", ".a", "-a", "a/b", "a b", "a:b", NULL};
 	char long_name[TS_NAME_MAX + 2];
@@ -139,7 +140,7 @@ START_TEST(registry_refuses_bad_names)
 }
 END_TEST
 
-START_TEST(registry_remove_keeps_order)
+START_TEST(test_registry_remove_keeps_order)
 {
 	struct ts_registry r;
 	struct item *items[50];
@@ -162,7 +163,7 @@ static bool even(const void *value, void *arg)
 	return ((const struct item *)value)->v % 2 == 0;
 }
 
-START_TEST(registry_pages_after_a_cursor)
+START_TEST(test_registry_pages_after_a_cursor)
 {
 	struct ts_registry r;
 	struct item *items[30];
@@ -202,7 +203,7 @@ START_TEST(registry_pages_after_a_cursor)
 }
 END_TEST
 
-START_TEST(registry_reserved_room_is_kept)
+START_TEST(test_registry_reserved_room_is_kept)
 {
 	struct ts_registry r;
 	struct item *items[40];
@@ -225,28 +226,17 @@ START_TEST(registry_reserved_room_is_kept)
 }
 END_TEST
 
-static Suite *registry_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("registry");
 	TCase *tc = tcase_create("core");
 
-	tcase_add_test(tc, registry_put_get_in_name_order);
-	tcase_add_test(tc, registry_replace_and_refuse);
-	tcase_add_test(tc, registry_refuses_bad_names);
-	tcase_add_test(tc, registry_remove_keeps_order);
-	tcase_add_test(tc, registry_pages_after_a_cursor);
-	tcase_add_test(tc, registry_reserved_room_is_kept);
+	tcase_add_test(tc, test_registry_put_get_in_name_order);
+	tcase_add_test(tc, test_registry_replace_and_refuse);
+	tcase_add_test(tc, test_registry_refuses_bad_names);
+	tcase_add_test(tc, test_registry_remove_keeps_order);
+	tcase_add_test(tc, test_registry_pages_after_a_cursor);
+	tcase_add_test(tc, test_registry_reserved_room_is_kept);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(registry_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "server/router.h"
+#include "tests/unit/unit.h"
 
 static void noop(const struct ts_call *c, struct ts_reply *r)
 {
@@ -29,7 +30,7 @@ static const struct ts_route table[] = {
 };
 #define N (sizeof table / sizeof table[0])
 
-START_TEST(literal_and_params)
+START_TEST(test_literal_and_params)
 {
 	struct ts_route_match m;
 
@@ -50,7 +51,7 @@ START_TEST(literal_and_params)
 }
 END_TEST
 
-START_TEST(custom_methods)
+START_TEST(test_custom_methods)
 {
 	struct ts_route_match m;
 
@@ -82,7 +83,7 @@ START_TEST(custom_methods)
 }
 END_TEST
 
-START_TEST(method_not_allowed)
+START_TEST(test_method_not_allowed)
 {
 	struct ts_route_match m;
 
@@ -94,7 +95,7 @@ START_TEST(method_not_allowed)
 }
 END_TEST
 
-START_TEST(unmatched_shapes)
+START_TEST(test_unmatched_shapes)
 {
 	static const char *const paths[] = {"", "/", "v1/devices", "/v1/devices/", "/v1//devices",
 	                                    "/v1/devices/a/b", "/v1/devices/a/memory_stats/x",
@@ -115,7 +116,7 @@ END_TEST
 
 /* A parameter too long to hold still matches (so the server answers 400
  * naming it, not 404), keeping a prefix; one that fits is whole. */
-START_TEST(long_parameters)
+START_TEST(test_long_parameters)
 {
 	struct ts_route_match m;
 	char path[400], put[420];
@@ -147,7 +148,7 @@ START_TEST(long_parameters)
 END_TEST
 
 /* %HH decodes in place; %00 becomes C0 80 so that it stays visible. */
-START_TEST(unescape)
+START_TEST(test_unescape)
 {
 	static const struct {
 		const char *in, *out;
@@ -190,7 +191,7 @@ static ts_status check_arg(const struct ts_route *r, const char *key, const char
 }
 
 /* Only declared keys, each once, with clean text; bool values true/false. */
-START_TEST(query_args)
+START_TEST(test_query_args)
 {
 	const struct ts_route *put = &table[4], *move = &table[7], *none = &table[0];
 	struct ts_error err;
@@ -251,7 +252,7 @@ END_TEST
 
 /* Every route of the real table declares its parameters well-formed: names
  * of [a-z_], an optional ":bool", at most 32, none twice. */
-START_TEST(real_table_queries)
+START_TEST(test_real_table_queries)
 {
 	for (size_t i = 0; i < ts_nroutes; i++) {
 		const char *q = ts_routes[i].query;
@@ -279,7 +280,7 @@ START_TEST(real_table_queries)
 }
 END_TEST
 
-START_TEST(real_table)
+START_TEST(test_real_table)
 {
 	struct ts_route_match m;
 
@@ -297,7 +298,7 @@ START_TEST(real_table)
 END_TEST
 
 /* The control of injected failures is a route of fault builds only. */
-START_TEST(fault_control_only_in_fault_builds)
+START_TEST(test_fault_control_only_in_fault_builds)
 {
 	struct ts_route_match m;
 #ifdef TS_FAULT_BUILD
@@ -311,32 +312,21 @@ START_TEST(fault_control_only_in_fault_builds)
 }
 END_TEST
 
-static Suite *router_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("router");
 	TCase *tc = tcase_create("match");
 
-	tcase_add_test(tc, literal_and_params);
-	tcase_add_test(tc, custom_methods);
-	tcase_add_test(tc, method_not_allowed);
-	tcase_add_test(tc, unmatched_shapes);
-	tcase_add_test(tc, real_table);
-	tcase_add_test(tc, long_parameters);
-	tcase_add_test(tc, unescape);
-	tcase_add_test(tc, query_args);
-	tcase_add_test(tc, real_table_queries);
-	tcase_add_test(tc, fault_control_only_in_fault_builds);
+	tcase_add_test(tc, test_literal_and_params);
+	tcase_add_test(tc, test_custom_methods);
+	tcase_add_test(tc, test_method_not_allowed);
+	tcase_add_test(tc, test_unmatched_shapes);
+	tcase_add_test(tc, test_real_table);
+	tcase_add_test(tc, test_long_parameters);
+	tcase_add_test(tc, test_unescape);
+	tcase_add_test(tc, test_query_args);
+	tcase_add_test(tc, test_real_table_queries);
+	tcase_add_test(tc, test_fault_control_only_in_fault_builds);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(router_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "device/backend.h"
+#include "tests/unit/unit.h"
 #include "train/session.h"
 
 static struct ts_device_set *set;
@@ -20,35 +21,26 @@ static struct ts_memory *mem;
 static struct ts_space *dsp, *psp;
 static struct ts_error err;
 
-#define OK(call)                                                                       \
-	do {                                                                           \
-		ts_status st_ = (call);                                                \
-		ck_assert_msg(st_ == TS_OK, "line %d: %s: %s: %s", __LINE__, #call,    \
-		              ts_status_name(st_), err.message);                       \
-	} while (0)
+#define OK(call) TS_UNIT_OK(err, call)
 
 static void setup(void)
 {
-	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 128ull << 20,
-	                              .cuda = false, .host = "t"};
-	struct ts_memory_config mc = {.device_memory_fraction = 1.0,
-	                              .pinned_host_limit = 128ull << 20,
-	                              .unpinned_host_limit = 32ull << 20,
-	                              .pinned_segment = 16ull << 20};
+	static const struct ts_unit_sim_config sim = {.devices = 1, .device_memory = 128ull << 20,
+	                                              .device_fraction = 1.0,
+	                                              .pinned = 128ull << 20, .unpinned = 32ull << 20,
+	                                              .segment = 16ull << 20};
 
 	ts_error_clear(&err);
-	OK(ts_device_set_new(&dc, &set, &err));
+	ts_unit_sim_new(&sim, &set, &mem, NULL);
 	dev = ts_device_set_find(set, "sim:0");
 	ck_assert_ptr_nonnull(dev);
-	OK(ts_memory_new(set, &mc, &mem, &err));
 	dsp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	psp = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 }
 
 static void teardown(void)
 {
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, NULL);
 }
 
 static uint64_t in_use(struct ts_space *sp)
@@ -276,7 +268,7 @@ static struct ts_session *session(struct model *m, const uint64_t *rows, void **
 	return session_rows(m, rows, rows ? trows : NULL, dev_copy);
 }
 
-START_TEST(rows_from_the_host_train_like_the_batch_on_the_device)
+START_TEST(test_rows_from_the_host_train_like_the_batch_on_the_device)
 {
 	static const uint64_t rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
 	enum ts_memory_kind kinds[2] = {TS_MEM_DEVICE, TS_MEM_PINNED_HOST};
@@ -322,7 +314,7 @@ END_TEST
 
 /* Rows in any order, repeated, stage exactly those rows: the same as a
  * dataset laid out in that order beforehand. */
-START_TEST(repeated_and_reordered_rows_stage_exactly_those_rows)
+START_TEST(test_repeated_and_reordered_rows_stage_exactly_those_rows)
 {
 	static const uint64_t rows[BATCH] = {5, 5, 0, 9, 8, 7, 30, 2};
 	static const uint64_t in_rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
@@ -352,7 +344,7 @@ START_TEST(repeated_and_reordered_rows_stage_exactly_those_rows)
 }
 END_TEST
 
-START_TEST(a_failed_step_leaves_every_array_and_publishes_nothing)
+START_TEST(test_a_failed_step_leaves_every_array_and_publishes_nothing)
 {
 	static const uint64_t rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
 	enum ts_memory_kind kinds[2] = {TS_MEM_DEVICE, TS_MEM_PINNED_HOST};
@@ -405,7 +397,7 @@ START_TEST(a_failed_step_leaves_every_array_and_publishes_nothing)
 }
 END_TEST
 
-START_TEST(cancelled_between_steps)
+START_TEST(test_cancelled_between_steps)
 {
 	static const uint64_t rows[BATCH] = {0, 1, 2, 3, 4, 5, 6, 7};
 	struct model m;
@@ -426,7 +418,7 @@ START_TEST(cancelled_between_steps)
 }
 END_TEST
 
-START_TEST(bindings_that_do_not_match_the_plan_are_refused)
+START_TEST(test_bindings_that_do_not_match_the_plan_are_refused)
 {
 	struct model m;
 	struct ts_session_config cfg;
@@ -472,7 +464,7 @@ END_TEST
 
 /* A data-driven run stages each step's batch while the step before
  * computes: the same as one step per call on those rows. */
-START_TEST(a_batch_per_step_equals_those_rows_step_by_step)
+START_TEST(test_a_batch_per_step_equals_those_rows_step_by_step)
 {
 	struct model a, b;
 	struct ts_session *s;
@@ -513,30 +505,19 @@ START_TEST(a_batch_per_step_equals_those_rows_step_by_step)
 }
 END_TEST
 
-static Suite *session_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("session");
 	TCase *tc = tcase_create("sim");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, rows_from_the_host_train_like_the_batch_on_the_device);
-	tcase_add_test(tc, repeated_and_reordered_rows_stage_exactly_those_rows);
-	tcase_add_test(tc, a_failed_step_leaves_every_array_and_publishes_nothing);
-	tcase_add_test(tc, cancelled_between_steps);
-	tcase_add_test(tc, a_batch_per_step_equals_those_rows_step_by_step);
-	tcase_add_test(tc, bindings_that_do_not_match_the_plan_are_refused);
+	tcase_add_test(tc, test_rows_from_the_host_train_like_the_batch_on_the_device);
+	tcase_add_test(tc, test_repeated_and_reordered_rows_stage_exactly_those_rows);
+	tcase_add_test(tc, test_a_failed_step_leaves_every_array_and_publishes_nothing);
+	tcase_add_test(tc, test_cancelled_between_steps);
+	tcase_add_test(tc, test_a_batch_per_step_equals_those_rows_step_by_step);
+	tcase_add_test(tc, test_bindings_that_do_not_match_the_plan_are_refused);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(session_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

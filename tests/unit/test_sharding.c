@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "storage/sharding.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 
@@ -174,7 +175,7 @@ static void expect_invalid(const struct ts_sharding *s, int rank, const uint64_t
 
 static const uint64_t S84[] = {8, 4};
 
-START_TEST(mesh22_x_y)
+START_TEST(test_mesh22_x_y)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -188,7 +189,7 @@ START_TEST(mesh22_x_y)
 }
 END_TEST
 
-START_TEST(mesh22_y_x)
+START_TEST(test_mesh22_y_x)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -202,7 +203,7 @@ START_TEST(mesh22_y_x)
 }
 END_TEST
 
-START_TEST(mesh22_xy_on_one_dim)
+START_TEST(test_mesh22_xy_on_one_dim)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -216,7 +217,7 @@ START_TEST(mesh22_xy_on_one_dim)
 }
 END_TEST
 
-START_TEST(mesh22_yx_on_one_dim)
+START_TEST(test_mesh22_yx_on_one_dim)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -230,7 +231,7 @@ START_TEST(mesh22_yx_on_one_dim)
 }
 END_TEST
 
-START_TEST(mesh22_x_replicates_over_y)
+START_TEST(test_mesh22_x_replicates_over_y)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -244,7 +245,7 @@ START_TEST(mesh22_x_replicates_over_y)
 }
 END_TEST
 
-START_TEST(mesh22_none_y_replicates_over_x)
+START_TEST(test_mesh22_none_y_replicates_over_x)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -258,7 +259,7 @@ START_TEST(mesh22_none_y_replicates_over_x)
 }
 END_TEST
 
-START_TEST(mesh22_fully_replicated)
+START_TEST(test_mesh22_fully_replicated)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -277,7 +278,7 @@ END_TEST
 
 /* ---- 1- and 3-axis meshes ------------------------------------------------------------ */
 
-START_TEST(mesh1_axis)
+START_TEST(test_mesh1_axis)
 {
 	static const char *const names[] = {"batch"};
 	static const int shape4[] = {4};
@@ -300,7 +301,7 @@ START_TEST(mesh1_axis)
 }
 END_TEST
 
-START_TEST(mesh3_axes)
+START_TEST(test_mesh3_axes)
 {
 	static const char *const names[] = {"a", "b", "c"};
 	static const int shape[] = {2, 2, 2};
@@ -345,7 +346,7 @@ START_TEST(mesh3_axes)
 }
 END_TEST
 
-START_TEST(mesh_2x4_replica_numbering)
+START_TEST(test_mesh_2x4_replica_numbering)
 {
 	static const int shape[] = {2, 4};
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
@@ -370,7 +371,7 @@ END_TEST
 
 /* ---- refusals ------------------------------------------------------------------------- */
 
-START_TEST(uneven_split_refused)
+START_TEST(test_uneven_split_refused)
 {
 	struct ts_sharding s;
 	uint64_t ten[] = {10}, odd[] = {8, 3};
@@ -385,7 +386,7 @@ START_TEST(uneven_split_refused)
 }
 END_TEST
 
-START_TEST(spec_longer_than_rank)
+START_TEST(test_spec_longer_than_rank)
 {
 	struct ts_sharding s;
 	uint64_t sh[] = {8, 4};
@@ -397,7 +398,7 @@ START_TEST(spec_longer_than_rank)
 }
 END_TEST
 
-START_TEST(axis_used_twice)
+START_TEST(test_axis_used_twice)
 {
 	struct ts_sharding s;
 	struct ts_error err;
@@ -412,7 +413,7 @@ START_TEST(axis_used_twice)
 }
 END_TEST
 
-START_TEST(bad_meshes)
+START_TEST(test_bad_meshes)
 {
 	struct ts_sharding s, t;
 	struct ts_error err;
@@ -467,7 +468,7 @@ END_TEST
 
 /* ---- edge shapes ----------------------------------------------------------------------- */
 
-START_TEST(zero_size_dims)
+START_TEST(test_zero_size_dims)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -486,7 +487,7 @@ START_TEST(zero_size_dims)
 }
 END_TEST
 
-START_TEST(rank0_arrays)
+START_TEST(test_rank0_arrays)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -503,7 +504,7 @@ START_TEST(rank0_arrays)
 }
 END_TEST
 
-START_TEST(single_device)
+START_TEST(test_single_device)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s;
@@ -522,7 +523,7 @@ START_TEST(single_device)
 }
 END_TEST
 
-START_TEST(with_memory_kind)
+START_TEST(test_with_memory_kind)
 {
 	struct ts_sharding s, t, u;
 
@@ -549,7 +550,7 @@ END_TEST
 
 /* ---- equality ---------------------------------------------------------------------------- */
 
-START_TEST(equality_as_placements)
+START_TEST(test_equality_as_placements)
 {
 	static const char *const z[] = {"z"};
 	static const int one[] = {1}, four[] = {4};
@@ -625,7 +626,7 @@ static void contains_devices(const char *text, int n)
 	}
 }
 
-START_TEST(render_text_grids)
+START_TEST(test_render_text_grids)
 {
 	static const int m41[] = {4, 1};
 	struct ts_sharding s;
@@ -691,7 +692,7 @@ END_TEST
 
 /* ---- registry ------------------------------------------------------------------------------- */
 
-START_TEST(registry_basics)
+START_TEST(test_registry_basics)
 {
 	struct ts_sharding_registry *r = ts_sharding_registry_new();
 	struct ts_sharding s, got;
@@ -776,7 +777,7 @@ static void *put_many(void *arg)
 	return NULL;
 }
 
-START_TEST(registry_threads)
+START_TEST(test_registry_threads)
 {
 	struct ts_sharding_registry *r = ts_sharding_registry_new();
 	struct worker w[4];
@@ -800,55 +801,44 @@ START_TEST(registry_threads)
 }
 END_TEST
 
-static Suite *sharding_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("sharding");
 	TCase *boxes_tc = tcase_create("boxes"), *refuse = tcase_create("refusals"),
 	      *misc = tcase_create("values"), *reg = tcase_create("registry");
 
 	tcase_add_checked_fixture(boxes_tc, setup, teardown);
-	tcase_add_test(boxes_tc, mesh22_x_y);
-	tcase_add_test(boxes_tc, mesh22_y_x);
-	tcase_add_test(boxes_tc, mesh22_xy_on_one_dim);
-	tcase_add_test(boxes_tc, mesh22_yx_on_one_dim);
-	tcase_add_test(boxes_tc, mesh22_x_replicates_over_y);
-	tcase_add_test(boxes_tc, mesh22_none_y_replicates_over_x);
-	tcase_add_test(boxes_tc, mesh22_fully_replicated);
-	tcase_add_test(boxes_tc, mesh1_axis);
-	tcase_add_test(boxes_tc, mesh3_axes);
-	tcase_add_test(boxes_tc, mesh_2x4_replica_numbering);
-	tcase_add_test(boxes_tc, zero_size_dims);
-	tcase_add_test(boxes_tc, rank0_arrays);
-	tcase_add_test(boxes_tc, single_device);
+	tcase_add_test(boxes_tc, test_mesh22_x_y);
+	tcase_add_test(boxes_tc, test_mesh22_y_x);
+	tcase_add_test(boxes_tc, test_mesh22_xy_on_one_dim);
+	tcase_add_test(boxes_tc, test_mesh22_yx_on_one_dim);
+	tcase_add_test(boxes_tc, test_mesh22_x_replicates_over_y);
+	tcase_add_test(boxes_tc, test_mesh22_none_y_replicates_over_x);
+	tcase_add_test(boxes_tc, test_mesh22_fully_replicated);
+	tcase_add_test(boxes_tc, test_mesh1_axis);
+	tcase_add_test(boxes_tc, test_mesh3_axes);
+	tcase_add_test(boxes_tc, test_mesh_2x4_replica_numbering);
+	tcase_add_test(boxes_tc, test_zero_size_dims);
+	tcase_add_test(boxes_tc, test_rank0_arrays);
+	tcase_add_test(boxes_tc, test_single_device);
 	suite_add_tcase(s, boxes_tc);
 
 	tcase_add_checked_fixture(refuse, setup, teardown);
-	tcase_add_test(refuse, uneven_split_refused);
-	tcase_add_test(refuse, spec_longer_than_rank);
-	tcase_add_test(refuse, axis_used_twice);
-	tcase_add_test(refuse, bad_meshes);
+	tcase_add_test(refuse, test_uneven_split_refused);
+	tcase_add_test(refuse, test_spec_longer_than_rank);
+	tcase_add_test(refuse, test_axis_used_twice);
+	tcase_add_test(refuse, test_bad_meshes);
 	suite_add_tcase(s, refuse);
 
 	tcase_add_checked_fixture(misc, setup, teardown);
-	tcase_add_test(misc, with_memory_kind);
-	tcase_add_test(misc, equality_as_placements);
-	tcase_add_test(misc, render_text_grids);
+	tcase_add_test(misc, test_with_memory_kind);
+	tcase_add_test(misc, test_equality_as_placements);
+	tcase_add_test(misc, test_render_text_grids);
 	suite_add_tcase(s, misc);
 
 	tcase_add_checked_fixture(reg, setup, teardown);
-	tcase_add_test(reg, registry_basics);
-	tcase_add_test(reg, registry_threads);
+	tcase_add_test(reg, test_registry_basics);
+	tcase_add_test(reg, test_registry_threads);
 	suite_add_tcase(s, reg);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(sharding_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

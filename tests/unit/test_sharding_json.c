@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "handlers/sharding_json.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_sharding_registry *reg;
@@ -90,7 +91,7 @@ static void round_trip(const char *text)
 	json_decref(jb);
 }
 
-START_TEST(single_device_forms)
+START_TEST(test_single_device_forms)
 {
 	struct ts_sharding s;
 
@@ -111,7 +112,7 @@ START_TEST(single_device_forms)
 }
 END_TEST
 
-START_TEST(named_forms)
+START_TEST(test_named_forms)
 {
 	struct ts_sharding s;
 
@@ -157,7 +158,7 @@ START_TEST(named_forms)
 }
 END_TEST
 
-START_TEST(round_trips)
+START_TEST(test_round_trips)
 {
 	static const char *const cases[] = {
 		"{\"device\": \"sim:2\", \"memory_kind\": \"pinned_host\"}",
@@ -179,7 +180,7 @@ START_TEST(round_trips)
 }
 END_TEST
 
-START_TEST(parse_then_boxes)
+START_TEST(test_parse_then_boxes)
 {
 	struct ts_shard_box b[TS_MESH_MAX_DEVICES];
 	struct ts_sharding s, single;
@@ -358,7 +359,7 @@ static void check_refusal(const struct refusal *r, ts_status st, const struct ts
 		              "%s: message '%s', expected '%s'", r->json, err->message, r->message);
 }
 
-START_TEST(every_refusal)
+START_TEST(test_every_refusal)
 {
 	for (size_t i = 0; i < sizeof refusals / sizeof refusals[0]; i++) {
 		const struct refusal *r = &refusals[i];
@@ -379,7 +380,7 @@ START_TEST(every_refusal)
 }
 END_TEST
 
-START_TEST(too_many_devices)
+START_TEST(test_too_many_devices)
 {
 	json_t *j = load("{\"mesh\": {\"axis_names\": [\"x\"]}, \"spec\": []}"), *devs = json_array();
 	struct ts_sharding s;
@@ -397,7 +398,7 @@ END_TEST
 
 /* ---- saved shardings by name -------------------------------------------------------------- */
 
-START_TEST(resolve_names)
+START_TEST(test_resolve_names)
 {
 	struct ts_sharding s, got;
 	struct ts_error err;
@@ -447,30 +448,19 @@ START_TEST(resolve_names)
 }
 END_TEST
 
-static Suite *sharding_json_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("sharding_json");
 	TCase *tc = tcase_create("json");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, single_device_forms);
-	tcase_add_test(tc, named_forms);
-	tcase_add_test(tc, round_trips);
-	tcase_add_test(tc, parse_then_boxes);
-	tcase_add_test(tc, every_refusal);
-	tcase_add_test(tc, too_many_devices);
-	tcase_add_test(tc, resolve_names);
+	tcase_add_test(tc, test_single_device_forms);
+	tcase_add_test(tc, test_named_forms);
+	tcase_add_test(tc, test_round_trips);
+	tcase_add_test(tc, test_parse_then_boxes);
+	tcase_add_test(tc, test_every_refusal);
+	tcase_add_test(tc, test_too_many_devices);
+	tcase_add_test(tc, test_resolve_names);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(sharding_json_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

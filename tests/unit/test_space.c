@@ -17,6 +17,7 @@
 
 #include "memory/buffer.h"
 #include "memory/space.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -24,19 +25,12 @@ static struct ts_memory *mem;
 static void setup_keep(uint64_t sim_mem, uint64_t pinned, uint64_t unpinned, uint64_t seg,
                        uint64_t keep, bool preallocate)
 {
-	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = sim_mem,
-	                              .cuda = false, .host = "testhost"};
-	struct ts_memory_config mc = {.device_memory_fraction = 0.75,
-	                              .pinned_host_limit = pinned,
-	                              .unpinned_host_limit = unpinned,
-	                              .pinned_segment = seg,
-	                              .pinned_host_keep = keep,
-	                              .preallocate = preallocate};
-	struct ts_error err;
+	struct ts_unit_sim_config sim = {.devices = 2, .device_memory = sim_mem,
+	                                 .device_fraction = 0.75, .pinned = pinned,
+	                                 .unpinned = unpinned, .segment = seg, .pinned_keep = keep,
+	                                 .preallocate = preallocate, .host = "testhost"};
 
-	ts_error_clear(&err);
-	ck_assert_int_eq(ts_device_set_new(&dc, &set, &err), TS_OK);
-	ck_assert_msg(ts_memory_new(set, &mc, &mem, &err) == TS_OK, "%s", err.message);
+	ts_unit_sim_new(&sim, &set, &mem, NULL);
 }
 
 /* Keeps every idle pinned segment (the keep is the whole limit). */
@@ -63,13 +57,12 @@ static void setup_preallocated(void)
 
 static void teardown(void)
 {
-	ts_memory_free(mem);
-	ts_device_set_free(set);
+	ts_unit_sim_free(set, mem, NULL);
 	mem = NULL;
 	set = NULL;
 }
 
-START_TEST(spaces_per_device_and_kind)
+START_TEST(test_spaces_per_device_and_kind)
 {
 	ck_assert_uint_eq(ts_memory_space_count(mem), 9);    /* sim:0, sim:1, cpu:0 x 3 */
 	for (size_t i = 0; i < ts_memory_space_count(mem); i++) {
@@ -82,7 +75,7 @@ START_TEST(spaces_per_device_and_kind)
 }
 END_TEST
 
-START_TEST(exact_accounting_and_peak)
+START_TEST(test_exact_accounting_and_peak)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_space_stats s;
@@ -116,7 +109,7 @@ START_TEST(exact_accounting_and_peak)
 }
 END_TEST
 
-START_TEST(refusal_is_a_value)
+START_TEST(test_refusal_is_a_value)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_space_stats before, after;
@@ -154,7 +147,7 @@ START_TEST(refusal_is_a_value)
 }
 END_TEST
 
-START_TEST(fragmentation_reported)
+START_TEST(test_fragmentation_reported)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:1", TS_MEM_DEVICE);
 	struct ts_space_stats s;
@@ -177,7 +170,7 @@ START_TEST(fragmentation_reported)
 }
 END_TEST
 
-START_TEST(pinned_pool_grows_in_segments)
+START_TEST(test_pinned_pool_grows_in_segments)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
@@ -218,7 +211,7 @@ static void pinned_pool(const struct ts_space *sp, struct ts_pool_stats *ps)
 
 /* A segment a release leaves idle goes back when the idle ones would pass
  * the keep with it, and stays below it; pinning again is counted. */
-START_TEST(idle_segments_above_keep_go_back)
+START_TEST(test_idle_segments_above_keep_go_back)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
@@ -281,7 +274,7 @@ END_TEST
 
 /* Idle segments too small for a request go back to make room for one that
  * fits, instead of a refusal that reads like fragmentation. */
-START_TEST(idle_segments_make_room)
+START_TEST(test_idle_segments_make_room)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_pool_stats ps;
@@ -314,7 +307,7 @@ START_TEST(idle_segments_make_room)
 END_TEST
 
 /* Preallocated pinned memory stays, whatever the keep. */
-START_TEST(preallocated_segments_stay)
+START_TEST(test_preallocated_segments_stay)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_pool_stats ps;
@@ -337,7 +330,7 @@ START_TEST(preallocated_segments_stay)
 }
 END_TEST
 
-START_TEST(pageable_limit_shared_with_cpu_device)
+START_TEST(test_pageable_limit_shared_with_cpu_device)
 {
 	struct ts_space *u = ts_memory_find(mem, "sim:0", TS_MEM_UNPINNED_HOST);
 	struct ts_space *cpu = ts_memory_find(mem, "cpu:0", TS_MEM_DEVICE);
@@ -362,7 +355,7 @@ END_TEST
 
 /* Node-wide host pools are listed once, device pools once per device; a
  * pool's in-use bytes are the sum over every space drawing from it. */
-START_TEST(pools_listed_once)
+START_TEST(test_pools_listed_once)
 {
 	struct ts_space *p0 = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
 	struct ts_space *p1 = ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST);
@@ -405,7 +398,7 @@ START_TEST(pools_listed_once)
 END_TEST
 
 /* A GPU pool leaves headroom for cuBLAS and the runtime, whatever the fraction. */
-START_TEST(device_pool_leaves_headroom)
+START_TEST(test_device_pool_leaves_headroom)
 {
 	const uint64_t gib = 1ull << 30, h200 = 140ull * gib;
 
@@ -418,7 +411,7 @@ START_TEST(device_pool_leaves_headroom)
 }
 END_TEST
 
-START_TEST(zero_size)
+START_TEST(test_zero_size)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_space_stats s;
@@ -441,7 +434,7 @@ START_TEST(zero_size)
 }
 END_TEST
 
-START_TEST(randomized_exact_stats)
+START_TEST(test_randomized_exact_stats)
 {
 	enum { LIVE = 256 };
 	struct {
@@ -517,7 +510,7 @@ static void check_mapped(int fd, uint64_t off, const unsigned char *want, size_t
 	munmap(m, len + (off - base));
 }
 
-START_TEST(host_memory_is_shareable)
+START_TEST(test_host_memory_is_shareable)
 {
 	const enum ts_memory_kind kinds[] = {TS_MEM_PINNED_HOST, TS_MEM_UNPINNED_HOST};
 
@@ -569,7 +562,7 @@ START_TEST(host_memory_is_shareable)
 }
 END_TEST
 
-START_TEST(sim_device_memory_is_shareable)
+START_TEST(test_sim_device_memory_is_shareable)
 {
 	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_DEVICE);
 	struct ts_buffer *a, *b;
@@ -609,7 +602,7 @@ END_TEST
 
 /* The pool chunk of a buffer: a device pool's one region, a pinned segment;
  * none for pageable memory. */
-START_TEST(buffers_name_their_pool_chunk)
+START_TEST(test_buffers_name_their_pool_chunk)
 {
 	struct ts_space *dev = ts_memory_find(mem, "sim:1", TS_MEM_DEVICE);
 	struct ts_space *pin = ts_memory_find(mem, "cpu:0", TS_MEM_PINNED_HOST);
@@ -645,7 +638,7 @@ START_TEST(buffers_name_their_pool_chunk)
 }
 END_TEST
 
-START_TEST(descriptors_are_budgeted)
+START_TEST(test_descriptors_are_budgeted)
 {
 	struct ts_space *sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
 	struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
@@ -679,48 +672,37 @@ START_TEST(descriptors_are_budgeted)
 }
 END_TEST
 
-static Suite *space_suite(void)
+Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("space");
 	TCase *tc = tcase_create("accounting");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
-	tcase_add_test(tc, spaces_per_device_and_kind);
-	tcase_add_test(tc, exact_accounting_and_peak);
-	tcase_add_test(tc, refusal_is_a_value);
-	tcase_add_test(tc, fragmentation_reported);
-	tcase_add_test(tc, pinned_pool_grows_in_segments);
-	tcase_add_test(tc, pageable_limit_shared_with_cpu_device);
-	tcase_add_test(tc, pools_listed_once);
-	tcase_add_test(tc, zero_size);
-	tcase_add_test(tc, device_pool_leaves_headroom);
-	tcase_add_test(tc, randomized_exact_stats);
-	tcase_add_test(tc, host_memory_is_shareable);
-	tcase_add_test(tc, sim_device_memory_is_shareable);
-	tcase_add_test(tc, buffers_name_their_pool_chunk);
-	tcase_add_test(tc, descriptors_are_budgeted);
-	tcase_add_test(tc, idle_segments_make_room);
+	tcase_add_test(tc, test_spaces_per_device_and_kind);
+	tcase_add_test(tc, test_exact_accounting_and_peak);
+	tcase_add_test(tc, test_refusal_is_a_value);
+	tcase_add_test(tc, test_fragmentation_reported);
+	tcase_add_test(tc, test_pinned_pool_grows_in_segments);
+	tcase_add_test(tc, test_pageable_limit_shared_with_cpu_device);
+	tcase_add_test(tc, test_pools_listed_once);
+	tcase_add_test(tc, test_zero_size);
+	tcase_add_test(tc, test_device_pool_leaves_headroom);
+	tcase_add_test(tc, test_randomized_exact_stats);
+	tcase_add_test(tc, test_host_memory_is_shareable);
+	tcase_add_test(tc, test_sim_device_memory_is_shareable);
+	tcase_add_test(tc, test_buffers_name_their_pool_chunk);
+	tcase_add_test(tc, test_descriptors_are_budgeted);
+	tcase_add_test(tc, test_idle_segments_make_room);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("give_back");
 	tcase_add_checked_fixture(tc, setup_small_keep, teardown);
-	tcase_add_test(tc, idle_segments_above_keep_go_back);
+	tcase_add_test(tc, test_idle_segments_above_keep_go_back);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("preallocated");
 	tcase_add_checked_fixture(tc, setup_preallocated, teardown);
-	tcase_add_test(tc, preallocated_segments_stay);
+	tcase_add_test(tc, test_preallocated_segments_stay);
 	suite_add_tcase(s, tc);
 	return s;
-}
-
-int main(void)
-{
-	SRunner *sr = srunner_create(space_suite());
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

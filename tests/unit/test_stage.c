@@ -19,6 +19,7 @@
 
 #include "device/backend.h"
 #include "storage/stage.h"
+#include "tests/unit/unit.h"
 
 static struct ts_device_set *set;
 static struct ts_memory *mem;
@@ -128,7 +129,7 @@ static void roundtrip(const char *dev, enum ts_memory_kind k, size_t n)
 	ts_buffer_unref(b);
 }
 
-START_TEST(writer_host_and_device)
+START_TEST(test_writer_host_and_device)
 {
 	static const size_t sizes[] = {1, 4u << 20, (4u << 20) + 1, 13u << 20, 777777};
 
@@ -143,7 +144,7 @@ END_TEST
 /* A device the stager was not made with (one of another set) has no
  * queues here: writers, reads and copies touching its memory are refused
  * (INTERNAL, NO_QUEUES) instead of following a NULL queue. */
-START_TEST(foreign_device_refused)
+START_TEST(test_foreign_device_refused)
 {
 	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 16ull << 20,
 	                              .cuda = false, .host = "o"};
@@ -181,7 +182,7 @@ START_TEST(foreign_device_refused)
 }
 END_TEST
 
-START_TEST(staging_slots_return_to_the_pool)
+START_TEST(test_staging_slots_return_to_the_pool)
 {
 	struct ts_space_stats s;
 
@@ -193,7 +194,7 @@ START_TEST(staging_slots_return_to_the_pool)
 }
 END_TEST
 
-START_TEST(copy_runs_every_pair)
+START_TEST(test_copy_runs_every_pair)
 {
 	static const struct {
 		const char *dev;
@@ -228,7 +229,7 @@ START_TEST(copy_runs_every_pair)
 END_TEST
 
 /* Pageable host <-> device goes through the pinned ring: many chunks, odd edges. */
-START_TEST(staged_copies_through_the_ring)
+START_TEST(test_staged_copies_through_the_ring)
 {
 	const size_t n = (13u << 20) + 12345;
 	struct ts_buffer *h = buf("sim:0", TS_MEM_UNPINNED_HOST, n);
@@ -253,7 +254,7 @@ START_TEST(staged_copies_through_the_ring)
 }
 END_TEST
 
-START_TEST(read_runs_into_host_memory)
+START_TEST(test_read_runs_into_host_memory)
 {
 	struct ts_buffer *b = buf("sim:1", TS_MEM_DEVICE, 4096);
 	struct ts_run runs[] = {{4000, 0, 96}, {0, 96, 4}, {100, 100, 1}};
@@ -275,7 +276,7 @@ START_TEST(read_runs_into_host_memory)
 }
 END_TEST
 
-START_TEST(out_of_range_refused)
+START_TEST(test_out_of_range_refused)
 {
 	struct ts_buffer *a = buf("sim:0", TS_MEM_DEVICE, 100), *b = buf("sim:0", TS_MEM_PINNED_HOST, 50);
 	struct ts_run bad_src = {90, 0, 20}, bad_dst = {0, 40, 20};
@@ -293,7 +294,7 @@ START_TEST(out_of_range_refused)
 }
 END_TEST
 
-START_TEST(injected_copy_failure_surfaces)
+START_TEST(test_injected_copy_failure_surfaces)
 {
 	struct ts_buffer *b = buf("sim:0", TS_MEM_DEVICE, 9u << 20);
 	unsigned char *src = calloc(1, 9u << 20);
@@ -361,7 +362,7 @@ static uint64_t strided_read(struct ts_buffer *b, const unsigned char *host, siz
 	return before;
 }
 
-START_TEST(strided_read_is_one_copy)
+START_TEST(test_strided_read_is_one_copy)
 {
 	const size_t n = 1u << 20;         /* 256K float32 elements */
 	unsigned char *host;
@@ -384,7 +385,7 @@ START_TEST(strided_read_is_one_copy)
 }
 END_TEST
 
-START_TEST(strided_read_spanning_slots)
+START_TEST(test_strided_read_spanning_slots)
 {
 	const size_t n = 12u << 20;
 	unsigned char *host;
@@ -402,7 +403,7 @@ END_TEST
 
 /* With the pinned budget spent, a strided read still comes whole, one copy
  * per run straight into the destination. */
-START_TEST(strided_read_without_pinned_slots)
+START_TEST(test_strided_read_without_pinned_slots)
 {
 	const size_t n = 1u << 16;
 	unsigned char *host;
@@ -454,7 +455,7 @@ static size_t all_ends(struct end *out, size_t cap)
 	return n;
 }
 
-START_TEST(every_backend_and_kind_pair)
+START_TEST(test_every_backend_and_kind_pair)
 {
 	enum { N = 200000, NRUNS = 6 };
 	struct ts_run runs[NRUNS] = {{0, 10, 100}, {5000, 0, 7}, {N - 50, 200, 50}, {123, 400, 0},
@@ -513,46 +514,35 @@ START_TEST(every_backend_and_kind_pair)
 }
 END_TEST
 
-static Suite *stage_suite(bool cuda)
+Suite *ts_unit_suite(void)
 {
+	bool cuda = ts_unit_cuda();
 	Suite *s = suite_create("stage");
 	TCase *tc = tcase_create("stager");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, writer_host_and_device);
-	tcase_add_test(tc, foreign_device_refused);
-	tcase_add_test(tc, staging_slots_return_to_the_pool);
-	tcase_add_test(tc, copy_runs_every_pair);
-	tcase_add_test(tc, staged_copies_through_the_ring);
-	tcase_add_test(tc, read_runs_into_host_memory);
-	tcase_add_test(tc, out_of_range_refused);
-	tcase_add_test(tc, injected_copy_failure_surfaces);
-	tcase_add_test(tc, strided_read_is_one_copy);
-	tcase_add_test(tc, strided_read_spanning_slots);
-	tcase_add_test(tc, strided_read_without_pinned_slots);
-	tcase_add_test(tc, every_backend_and_kind_pair);
+	tcase_add_test(tc, test_writer_host_and_device);
+	tcase_add_test(tc, test_foreign_device_refused);
+	tcase_add_test(tc, test_staging_slots_return_to_the_pool);
+	tcase_add_test(tc, test_copy_runs_every_pair);
+	tcase_add_test(tc, test_staged_copies_through_the_ring);
+	tcase_add_test(tc, test_read_runs_into_host_memory);
+	tcase_add_test(tc, test_out_of_range_refused);
+	tcase_add_test(tc, test_injected_copy_failure_surfaces);
+	tcase_add_test(tc, test_strided_read_is_one_copy);
+	tcase_add_test(tc, test_strided_read_spanning_slots);
+	tcase_add_test(tc, test_strided_read_without_pinned_slots);
+	tcase_add_test(tc, test_every_backend_and_kind_pair);
 	suite_add_tcase(s, tc);
 	if (cuda) {
 		tc = tcase_create("cuda");
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
-		tcase_add_test(tc, strided_read_is_one_copy);
-		tcase_add_test(tc, strided_read_spanning_slots);
-		tcase_add_test(tc, every_backend_and_kind_pair);
+		tcase_add_test(tc, test_strided_read_is_one_copy);
+		tcase_add_test(tc, test_strided_read_spanning_slots);
+		tcase_add_test(tc, test_every_backend_and_kind_pair);
 		suite_add_tcase(s, tc);
 	}
 	return s;
-}
-
-int main(void)
-{
-	const char *backend = getenv("TS_TEST_BACKEND");
-	SRunner *sr = srunner_create(stage_suite(backend && strcmp(backend, "cuda") == 0));
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
