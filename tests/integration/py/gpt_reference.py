@@ -64,7 +64,15 @@ default, the daemon's definition) each product's two backward products
 g @ b^T and a^T @ g are that same expression (g, a, b rounded, float32
 results); with "vjp": "jax" jax.grad differentiates the expression itself.
 The attention scale multiplies the float32 product; the probabilities p
-are rounded as p @ v's operand.
+are rounded as p @ v's operand. (Checked: XLA's bf16 product here equals
+float32 sgemm of the operands rounded to bf16, bit for bit. Rounding is
+discontinuous, though: XLA's float32 exp/tanh/LayerNorm differ from another
+implementation's in the last bits, which now and then puts an operand on
+the other side of a bf16 rounding boundary, and the difference spreads
+downstream - against a float64 model with the same roundings ~97% of the
+tiny model's logits agree to 1e-6 of max|logit| and the rest within
+~4e-4, the loss within ~2e-5 relative. Compare a bf16 daemon with
+tolerances of that size, not float32's.)
 
 SPEC.json:
   {"gpt": {"vocab": V, "context": C, "layers": L, "d_model": d,
