@@ -47,9 +47,11 @@ static ts_status init_array(const struct ts_jobs_env *env, struct ts_operation *
 	int kind, t;
 	bool gpt = ts_gpt_role_of(role, &kind, &t);
 	/* a GPT's LayerNorm scales start at 1, its shifts and biases at 0 */
-	bool one = gpt && !in->constant && ts_gpt_param_is_scale((enum ts_gpt_param)t);
+	bool one = gpt && kind == 0 && !in->constant &&
+	           ts_gpt_param_is_scale((enum ts_gpt_param)t);
 	bool zero = ts_role_opt_state(role) ||
-	            (gpt && !in->constant && !one && !ts_gpt_param_is_matrix((enum ts_gpt_param)t));
+	            (gpt && kind == 0 && !in->constant && !one &&
+	             !ts_gpt_param_is_matrix((enum ts_gpt_param)t));
 	ts_status st;
 
 	if (!chunk)
