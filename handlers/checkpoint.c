@@ -56,6 +56,15 @@ static size_t model_roles(const struct ts_model *m, enum ts_pbuf_role *roles)
 	return n;
 }
 
+/* Whether the first rank dimensions of a and b agree. */
+static bool same_dims(const uint64_t *a, const uint64_t *b, int rank)
+{
+	for (int k = 0; k < rank; k++)
+		if (a[k] != b[k])
+			return false;
+	return true;
+}
+
 /* The tensor name of a role: the array's name after "{model}." */
 static void role_tensor_name(const struct ts_model *m, enum ts_pbuf_role r, char *buf, size_t cap)
 {
@@ -309,17 +318,16 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 			                    "'%s')", t->name, m->name, ts_mlp_has_w2(&m->mlp) ? "with w2," :
 			                    "without w2,", ts_optimizer_name(&m->opt));
 		rank = ts_model_param_shape(m, roles[r], shape);
-		if (t->dtype != TS_DT_FLOAT32 || t->rank != rank ||
-		    t->shape[0] != shape[0] || t->shape[1] != shape[1] ||
-		    (rank == 3 && t->shape[2] != shape[2])) {
-			if (rank == 2)
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_CHECKPOINT",
-				                    "tensor '%s' must be float32 [%" PRIu64 ", %" PRIu64
-				                    "] for model '%s'", t->name, shape[0], shape[1], m->name);
+		if (t->dtype != TS_DT_FLOAT32 || t->rank != rank || !same_dims(t->shape, shape, rank)) {
+			char want[96];
+			int at = 0;
+
+			for (int k = 0; k < rank && at < (int)sizeof want; k++)
+				at += snprintf(want + at, sizeof want - (size_t)at, "%s%" PRIu64,
+				               k ? ", " : "", shape[k]);
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_CHECKPOINT",
-			                    "tensor '%s' must be float32 [%" PRIu64 ", %" PRIu64 ", %" PRIu64
-			                    "] for model '%s'", t->name, shape[0], shape[1], shape[2],
-			                    m->name);
+			                    "tensor '%s' must be float32 [%s] for model '%s'", t->name,
+			                    want, m->name);
 		}
 		of[i] = roles[r];
 	}

@@ -232,11 +232,205 @@ ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *er
 	return ts_policy_check(p, err);
 }
 
+/* The optimizer of a model spec (opt may be NULL: none) into m->opt. */
+static ts_status parse_optimizer(json_t *opt, struct ts_model *m, struct ts_error *err)
+{
+	json_error_t jerr;
+
+	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
+	                               .b2 = 0.999f, .eps = 1e-8f};
+	if (opt) {
+		const char *type = "none";
+		double lr = m->opt.learning_rate, b1 = m->opt.b1, b2 = m->opt.b2, eps = m->opt.eps, clip = 0;
+		double wd = 1e-4;        /* optax.adamw's default */
+		json_t *sched = NULL;
+
+		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F, s?F, s?o}",
+		                   "type", &type, "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
+		                   "clip_global_norm", &clip, "weight_decay", &wd, "schedule",
+		                   &sched) != 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER", "optimizer: %s", jerr.text);
+		if (strcmp(type, "adamw") == 0) {
+			m->opt.type = TS_OPT_ADAM;
+			m->opt.adamw = true;
+		} else if (!ts_opt_parse(type, &m->opt.type)) {
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.type '%s' is not none, sgd, adam or adamw", type);
+		}
+		if (json_object_get(opt, "weight_decay") && !m->opt.adamw)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.weight_decay is adamw's; optimizer '%s' has none", type);
+		if (sched && json_object_get(opt, "learning_rate"))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.learning_rate and optimizer.schedule are exclusive: "
+			                    "give one");
+		/* the ranges hold for the float32 values the optimizer uses: a
+		 * learning rate that underflows to 0 or a b1 that rounds up to 1
+		 * is refused, not trained with */
+		m->opt.learning_rate = (float)lr;
+		m->opt.b1 = (float)b1;
+		m->opt.b2 = (float)b2;
+		m->opt.eps = (float)eps;
+		m->opt.clip_global_norm = (float)clip;
+		if (!(m->opt.learning_rate > 0) || !isfinite(m->opt.learning_rate) ||
+		    !(m->opt.b1 >= 0 && m->opt.b1 < 1) || !(m->opt.b2 >= 0 && m->opt.b2 < 1) ||
+		    !(m->opt.eps >= 0) || !isfinite(m->opt.eps) || !(m->opt.clip_global_norm >= 0) ||
+		    !isfinite(m->opt.clip_global_norm))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
+			                    "clip_global_norm >= 0, each a finite float32");
+		if (m->opt.adamw) {
+			m->opt.weight_decay = (float)wd;
+			if (!(m->opt.weight_decay >= 0) || !isfinite(m->opt.weight_decay))
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+				                    "optimizer.weight_decay must be a finite float32 >= 0");
+		}
+		if (sched && parse_schedule(sched, &m->opt, err) != TS_OK)
+			return err->status;
+	}
+	return TS_OK;
+}
+
+/* How the weights start (in may be NULL: normal(0, 0.02) from seed 0). */
+static ts_status parse_init(json_t *in, struct ts_model_init *init, struct ts_error *err)
+{
+	json_error_t jerr;
+
+	*init = (struct ts_model_init){.scale = 0.02};
+	if (in) {
+		json_int_t seed = 0;
+		double c = 0, scale = 0.02;
+
+		if (json_object_get(in, "constant")) {
+			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s:F}", "constant", &c) != 0)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
+			init->constant = true;
+			init->value = c;
+		} else {
+			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s?I, s?F}", "seed", &seed, "scale", &scale) != 0)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
+			init->seed = (uint64_t)seed;
+			init->scale = scale;
+		}
+	}
+	return TS_OK;
+}
+
+/* Where the model lives and its default policy (pl may be NULL). */
+static ts_status parse_placement(const struct ts_core *core, json_t *body, json_t *pl,
+                                 struct ts_model *m, struct ts_error *err)
+{
+	const char *dev;
+
+	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                               .save_x = true, .save_h = true};
+	m->device = core->default_device;
+	if (pl) {
+		dev = json_string_value(json_object_get(pl, "device"));
+		if (dev && !(m->device = ts_device_set_find(core->env.devices, dev)))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+			                    "placement.device '%s' is not a device of this node", dev);
+		if (json_object_get(pl, "activations")) {
+			m->policy.save_x = m->policy.save_h = false;
+		}
+		if (ts_h_policy_parse(pl, &m->policy, err) != TS_OK)
+			return err->status;
+	}
+	return TS_OK;
+}
+
+static const struct field gpt_model_fields[] = {
+	{"name", JSON_STRING}, {"gpt", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
+	{"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT}, {"steps", JSON_INTEGER},
+};
+static const struct field gpt_fields[] = {
+	{"vocab", JSON_INTEGER}, {"context", JSON_INTEGER}, {"layers", JSON_INTEGER},
+	{"d_model", JSON_INTEGER}, {"heads", JSON_INTEGER}, {"d_ff", JSON_INTEGER},
+};
+
+/* The name and step count every spec has. */
+static ts_status parse_name_steps(const char *name, json_int_t steps, struct ts_model *m,
+                                  struct ts_error *err)
+{
+	if (steps < 0 || steps > MODEL_STEPS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
+		                    MODEL_STEPS_MAX);
+	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
+		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
+		                    name, TS_MODEL_NAME_MAX);
+	snprintf(m->name, sizeof m->name, "%s", name);
+	m->steps = (uint64_t)steps;
+	return TS_OK;
+}
+
+/*
+ * A GPT spec: {"name", "gpt": {"vocab", "context", "layers", "d_model",
+ * "heads", "d_ff" (default 4 d_model)}, "dtype" (float32), "optimizer",
+ * "init", "placement", "steps"}.
+ */
+static ts_status parse_gpt(const struct ts_core *core, json_t *body, struct ts_model *m,
+                           struct ts_model_init *init, struct ts_error *err)
+{
+	json_t *opt = NULL, *pl = NULL, *in = NULL;
+	const char *name = NULL, *dtype = "float32";
+	json_int_t vocab = 0, context = 0, layers = 0, d = 0, heads = 0, dff = 0, steps = 0;
+	enum ts_compute compute = TS_COMPUTE_F32;
+	json_error_t jerr;
+
+	if (check_fields(body, "model", "BAD_MODEL", gpt_model_fields, NFIELDS(gpt_model_fields),
+	                 err) != TS_OK ||
+	    check_fields(json_object_get(body, "gpt"), "gpt", "BAD_MODEL", gpt_fields,
+	                 NFIELDS(gpt_fields), err) != TS_OK ||
+	    (json_object_get(body, "optimizer") &&
+	     check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
+	                  optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK) ||
+	    (json_object_get(body, "init") &&
+	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
+	                  NFIELDS(init_fields), err) != TS_OK))
+		return err->status;
+	if (json_unpack_ex(body, &jerr, JSON_STRICT,
+	                   "{s:s, s:{s:I, s:I, s:I, s:I, s:I, s?I}, s?s, s?o, s?o, s?o, s?I}",
+	                   "name", &name, "gpt", "vocab", &vocab, "context", &context, "layers",
+	                   &layers, "d_model", &d, "heads", &heads, "d_ff", &dff, "dtype", &dtype,
+	                   "init", &in, "optimizer", &opt, "placement", &pl, "steps", &steps) != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
+	if (parse_name_steps(name, steps, m, err) != TS_OK)
+		return err->status;
+	if (!json_object_get(json_object_get(body, "gpt"), "d_ff"))
+		dff = 4 * d;
+	if (layers < 1 || layers > 4096 || d < 1 || d > 65536 || dff < 1 || dff > 262144 ||
+	    heads < 1 || heads > d || vocab < 1 || vocab > TS_MODEL_VOCAB_MAX || context < 1 ||
+	    context > 65536)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "gpt: layers in 1..4096, d_model in 1..65536, heads in 1..d_model, "
+		                    "d_ff in 1..262144, vocab in 1..%d and context in 1..65536",
+		                    TS_MODEL_VOCAB_MAX);
+	if (!ts_compute_parse(dtype, &compute))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
+		                    "dtype '%.32s' is not a model's compute dtype", dtype);
+	m->mlp = (struct ts_mlp){.gpt = true, .layers = (int)layers, .d_model = (int)d,
+	                         .d_hidden = (int)dff, .act = TS_ACT_GELU, .loss = TS_LOSS_XENT,
+	                         .vocab = (int)vocab, .heads = (int)heads, .context = (int)context,
+	                         .compute = compute};
+	if (ts_gpt_check(&m->mlp, err) != TS_OK)
+		return err->status;
+	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK ||
+	    parse_placement(core, body, pl, m, err) != TS_OK)
+		return err->status;
+	if (m->policy.offload_h)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "a GPT saves or recomputes a block's intermediates (\"h\"); it "
+		                    "does not offload them");
+	return TS_OK;
+}
+
 ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
                            struct ts_model_init *init, struct ts_error *err)
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
-	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
+	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32";
 	enum ts_dtype dt;
 	enum ts_compute compute = TS_COMPUTE_F32;
 	json_int_t layers = 0, d = 0, h = 0, steps = 0, vocab = 0;
@@ -244,6 +438,8 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	json_error_t jerr;
 
 	memset(m, 0, sizeof *m);
+	if (json_is_object(body) && json_object_get(body, "gpt"))
+		return parse_gpt(core, body, m, init, err);
 	if (check_fields(body, "model", "BAD_MODEL", model_fields, NFIELDS(model_fields), err) != TS_OK ||
 	    (json_object_get(body, "mlp") &&
 	     check_fields(json_object_get(body, "mlp"), "mlp", "BAD_MODEL", mlp_fields,
@@ -310,89 +506,9 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                            "not '%s'"
 		                          : "loss '%s' needs token ids: give mlp.vocab", loss);
 	m->steps = (uint64_t)steps;
-	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
-	                               .b2 = 0.999f, .eps = 1e-8f};
-	if (opt) {
-		const char *type = "none";
-		double lr = m->opt.learning_rate, b1 = m->opt.b1, b2 = m->opt.b2, eps = m->opt.eps, clip = 0;
-		double wd = 1e-4;        /* optax.adamw's default */
-		json_t *sched = NULL;
-
-		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F, s?F, s?o}",
-		                   "type", &type, "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
-		                   "clip_global_norm", &clip, "weight_decay", &wd, "schedule",
-		                   &sched) != 0)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER", "optimizer: %s", jerr.text);
-		if (strcmp(type, "adamw") == 0) {
-			m->opt.type = TS_OPT_ADAM;
-			m->opt.adamw = true;
-		} else if (!ts_opt_parse(type, &m->opt.type)) {
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer.type '%s' is not none, sgd, adam or adamw", type);
-		}
-		if (json_object_get(opt, "weight_decay") && !m->opt.adamw)
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer.weight_decay is adamw's; optimizer '%s' has none", type);
-		if (sched && json_object_get(opt, "learning_rate"))
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer.learning_rate and optimizer.schedule are exclusive: "
-			                    "give one");
-		/* the ranges hold for the float32 values the optimizer uses: a
-		 * learning rate that underflows to 0 or a b1 that rounds up to 1
-		 * is refused, not trained with */
-		m->opt.learning_rate = (float)lr;
-		m->opt.b1 = (float)b1;
-		m->opt.b2 = (float)b2;
-		m->opt.eps = (float)eps;
-		m->opt.clip_global_norm = (float)clip;
-		if (!(m->opt.learning_rate > 0) || !isfinite(m->opt.learning_rate) ||
-		    !(m->opt.b1 >= 0 && m->opt.b1 < 1) || !(m->opt.b2 >= 0 && m->opt.b2 < 1) ||
-		    !(m->opt.eps >= 0) || !isfinite(m->opt.eps) || !(m->opt.clip_global_norm >= 0) ||
-		    !isfinite(m->opt.clip_global_norm))
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-			                    "optimizer: learning_rate > 0, b1 and b2 in [0, 1), eps and "
-			                    "clip_global_norm >= 0, each a finite float32");
-		if (m->opt.adamw) {
-			m->opt.weight_decay = (float)wd;
-			if (!(m->opt.weight_decay >= 0) || !isfinite(m->opt.weight_decay))
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
-				                    "optimizer.weight_decay must be a finite float32 >= 0");
-		}
-		if (sched && parse_schedule(sched, &m->opt, err) != TS_OK)
-			return err->status;
-	}
-	*init = (struct ts_model_init){.scale = 0.02};
-	if (in) {
-		json_int_t seed = 0;
-		double c = 0, scale = 0.02;
-
-		if (json_object_get(in, "constant")) {
-			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s:F}", "constant", &c) != 0)
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
-			init->constant = true;
-			init->value = c;
-		} else {
-			if (json_unpack_ex(in, &jerr, JSON_STRICT, "{s?I, s?F}", "seed", &seed, "scale", &scale) != 0)
-				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INIT", "init: %s", jerr.text);
-			init->seed = (uint64_t)seed;
-			init->scale = scale;
-		}
-	}
-	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
-	                               .save_x = true, .save_h = true};
-	m->device = core->default_device;
-	if (pl) {
-		dev = json_string_value(json_object_get(pl, "device"));
-		if (dev && !(m->device = ts_device_set_find(core->env.devices, dev)))
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
-			                    "placement.device '%s' is not a device of this node", dev);
-		if (json_object_get(pl, "activations")) {
-			m->policy.save_x = m->policy.save_h = false;
-		}
-		if (ts_h_policy_parse(pl, &m->policy, err) != TS_OK)
-			return err->status;
-	}
-	return TS_OK;
+	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK)
+		return err->status;
+	return parse_placement(core, body, pl, m, err);
 }
 
 

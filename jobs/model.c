@@ -35,7 +35,8 @@ static uint64_t splitmix(uint64_t *s)
 }
 
 /* Fills a with its initial values: normal(0, scale) from (seed, role), a
- * constant, or zeros for optimizer state. */
+ * constant, or zeros for optimizer state; a GPT's LayerNorm scales ones and
+ * its LayerNorm shifts and biases zeros (unless a constant is asked). */
 static ts_status init_array(const struct ts_jobs_env *env, struct ts_operation *op, struct ts_array *a,
                             enum ts_pbuf_role role, const struct ts_model_init *in,
                             struct ts_error *err)
@@ -43,7 +44,14 @@ static ts_status init_array(const struct ts_jobs_env *env, struct ts_operation *
 	uint64_t n = ts_array_desc(a)->nbytes / 4, done = 0, state = in->seed * 1000003ull + (uint64_t)role;
 	struct ts_array_writer *w = NULL;
 	float *chunk = malloc(INIT_CHUNK * sizeof *chunk);
-	bool zero = ts_role_opt_state(role);
+	int kind, t;
+	bool gpt = ts_gpt_role_of(role, &kind, &t);
+	/* a GPT's LayerNorm scales start at 1, its shifts and biases at 0 */
+	bool one = gpt && kind == 0 && !in->constant &&
+	           ts_gpt_param_is_scale((enum ts_gpt_param)t);
+	bool zero = ts_role_opt_state(role) ||
+	            (gpt && kind == 0 && !in->constant && !one &&
+	             !ts_gpt_param_is_matrix((enum ts_gpt_param)t));
 	ts_status st;
 
 	if (!chunk)
@@ -53,8 +61,8 @@ static ts_status init_array(const struct ts_jobs_env *env, struct ts_operation *
 		uint64_t k = n - done < INIT_CHUNK ? n - done : INIT_CHUNK;
 
 		for (uint64_t i = 0; i < k; i++) {
-			if (zero) {
-				chunk[i] = 0.0f;
+			if (zero || one) {
+				chunk[i] = one ? 1.0f : 0.0f;
 			} else if (in->constant) {
 				chunk[i] = (float)in->value;
 			} else {

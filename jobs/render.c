@@ -201,6 +201,18 @@ json_t *ts_render_model_spec(const struct ts_model *m)
 	                 "activations", "save", save, "offload", offload,
 	                 "prefetch_depth", m->policy.prefetch_depth, "steps", (json_int_t)m->steps);
 
+	if (o && m->mlp.gpt) {
+		/* the GPT kind: its own section instead of the MLP's, no loss (always
+		 * next-token cross-entropy) */
+		json_object_del(o, "mlp");
+		json_object_del(o, "loss");
+		json_object_set_new(o, "gpt", json_pack("{s:i, s:i, s:i, s:i, s:i, s:i}",
+		                                        "vocab", m->mlp.vocab, "context",
+		                                        m->mlp.context, "layers", m->mlp.layers,
+		                                        "d_model", m->mlp.d_model, "heads",
+		                                        m->mlp.heads, "d_ff", m->mlp.d_hidden));
+		return o;
+	}
 	if (o && ts_mlp_tokens(&m->mlp)) {
 		json_t *mlp = json_object_get(o, "mlp");
 

@@ -22,6 +22,9 @@
 #include "storage/colocate.h"
 #include "train/session.h"
 
+/* The most gradient arrays a step without an optimizer publishes (a GPT's). */
+#define TS_GRADS_MAX TS_GPT_NPARAMS
+
 /* One operand of a run: the array, its rows (normalised; NULL: all) and a
  * device copy when the array is sharded. */
 struct operand {
@@ -435,6 +438,10 @@ static ts_status check_token_batch(const struct run *s, const struct operand *in
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
 		                    "inputs of token model '%s' must be token ids, uint16 or int32, "
 		                    "[B] or [B, T] with B, T >= 1", s->model.name);
+	if (s->model.mlp.gpt && (d->rank != 2 || T != (uint64_t)s->model.mlp.context))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs of GPT '%s' must be windows of token ids [B, %d] (its "
+		                    "context)", s->model.name, s->model.mlp.context);
 	if (bin * T > (1u << 24))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
 		                    "inputs have %llu tokens; a step takes at most %u",
@@ -779,7 +786,7 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 		st = held_kind(s, true, &s->policy.opt_state, err);
 	if (st != TS_OK)
 		return st;
-	pdev = ts_array_box(s->held[TS_ROLE_W1], 0)->device;
+	pdev = ts_array_box(s->held[m->mlp.gpt ? ts_gpt_role(0, TS_GPT_WTE) : TS_ROLE_W1], 0)->device;
 	if (pdev != s->dev)
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "PARAMS_ELSEWHERE",
 		                    "model '%s' parameters are on %s, not %s", m->name,
@@ -834,31 +841,54 @@ static void run_end(struct run *s)
 	operand_release(&s->tgt);
 }
 
+/* The gradient role of a parameter role, and the gradient's name after
+ * "{model}.grad."; false for a role that is no parameter. */
+static bool grad_of(enum ts_pbuf_role r, enum ts_pbuf_role *g, const char **name)
+{
+	static const enum ts_pbuf_role mlp_param[4] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
+	                                               TS_ROLE_PROJ};
+	static const enum ts_pbuf_role mlp_grad[4] = {TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2,
+	                                              TS_ROLE_GRAD_EMBED, TS_ROLE_GRAD_PROJ};
+	static const char *const mlp_name[4] = {"w1", "w2", "embed", "proj"};
+	int kind, t;
+
+	if (ts_gpt_role_of(r, &kind, &t)) {
+		*g = ts_gpt_role(3, t);
+		*name = ts_gpt_param_name((enum ts_gpt_param)t);
+		return kind == 0;
+	}
+	for (int i = 0; i < 4; i++)
+		if (mlp_param[i] == r) {
+			*g = mlp_grad[i];
+			*name = mlp_name[i];
+			return true;
+		}
+	return false;
+}
+
 /* A step without an optimizer leaves its gradients in new arrays
- * "{model}.grad.{w1,w2,embed,proj}" on the device: made and bound here,
- * published as the run ends. */
-static ts_status step_grads(struct run *s, struct ts_array *grads[4], int *ng,
+ * "{model}.grad.{w1,w2,embed,proj}" (a GPT's "{model}.grad.{wte,...}") on
+ * the device: made and bound here, published as the run ends. */
+static ts_status step_grads(struct run *s, struct ts_array *grads[TS_GRADS_MAX], int *ng,
                             struct ts_error *err)
 {
-	static const enum ts_pbuf_role grad_of[4] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
-	                                             TS_ROLE_PROJ};
-	static const enum ts_pbuf_role grad_role[4] = {TS_ROLE_GRAD_W1, TS_ROLE_GRAD_W2,
-	                                               TS_ROLE_GRAD_EMBED, TS_ROLE_GRAD_PROJ};
-	static const char *const grad_name[4] = {"w1", "w2", "embed", "proj"};
 	ts_status st = TS_OK;
 
-	for (int g = 0; st == TS_OK && s->model.opt.type == TS_OPT_NONE && g < 4; g++) {
+	for (size_t i = 0; st == TS_OK && s->model.opt.type == TS_OPT_NONE &&
+	                   i < TS_MODEL_NROLES; i++) {
+		enum ts_pbuf_role r = ts_model_roles[i], gr;
 		struct ts_placement pl;
+		const char *gname;
 		char name[256];
 
-		if (!s->held[grad_of[g]])
+		if (!grad_of(r, &gr, &gname) || !s->held[r] || *ng == TS_GRADS_MAX)
 			continue;
-		snprintf(name, sizeof name, "%s.grad.%s", s->model.name, grad_name[g]);
+		snprintf(name, sizeof name, "%s.grad.%s", s->model.name, gname);
 		ts_placement_single(&pl, s->dev, TS_MEM_DEVICE, true);
-		st = ts_array_new(name, ts_array_desc(s->held[grad_of[g]]), &pl, s->env->memory,
-		                  &grads[*ng], err);
+		st = ts_array_new(name, ts_array_desc(s->held[r]), &pl, s->env->memory, &grads[*ng],
+		                  err);
 		if (st == TS_OK)
-			st = ts_session_bind(s->sess, grad_role[g],
+			st = ts_session_bind(s->sess, gr,
 			                     ts_buffer_data(ts_array_single_buffer(grads[*ng])),
 			                     ts_array_desc(grads[*ng])->nbytes, TS_MEM_DEVICE, err);
 		(*ng)++;
@@ -871,7 +901,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	struct run *s = arg;
 	const struct ts_jobs_env *env = s->env;
 	struct ts_model *m = &s->model;
-	struct ts_array *grads[4] = {NULL};
+	struct ts_array *grads[TS_GRADS_MAX] = {NULL};
 	struct ts_session_config cfg = {.mlp = m->mlp, .opt = m->opt, .memory = env->memory};
 	uint64_t base_steps = 0;
 	int ng = 0;
@@ -917,7 +947,7 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 			ts_operation_set_partial(op, res);
 	}
 	run_end(s);
-	for (int g = 0; g < 4; g++)
+	for (int g = 0; g < TS_GRADS_MAX; g++)
 		ts_array_unref(grads[g]);
 	return st;
 }
@@ -996,8 +1026,12 @@ static ts_status eval_run(struct ts_operation *op, void *arg, struct ts_error *e
 
 /* What a step holds (and writes): every array of the model. What an
  * evaluation reads, and so holds: the weights (those the model has). */
-static const enum ts_pbuf_role eval_roles[] = {TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED,
-                                               TS_ROLE_PROJ};
+static const enum ts_pbuf_role eval_roles[] = {
+	TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_EMBED, TS_ROLE_PROJ,
+#define TS_GPT_EVAL_ROLE_(id, name) TS_ROLE_GPT_##id,
+	TS_GPT_PARAMS(TS_GPT_EVAL_ROLE_)
+#undef TS_GPT_EVAL_ROLE_
+};
 
 /* A run of req, its operands copied, its arrays taken as current now and
  * held, submitted as an operation of kind; s is the operation's once this

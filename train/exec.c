@@ -43,6 +43,7 @@
  */
 #include "train/exec.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -493,8 +494,8 @@ struct operand {
  * of the action (a..e), which of its offsets (or none), how many bytes it
  * spans, whether the kernel writes it, and whether it may be unset (-1).
  */
-enum { FA = 0, FB, FC, FD, FE };                 /* ts_paction's a, b, c, d, e */
-enum { OA = 0, OB, OC, O0 };                     /* aoff, boff, coff, none */
+enum { FA = 0, FB, FC, FD, FE, FF, FG };         /* ts_paction's a .. g */
+enum { OA = 0, OB, OC, OF, OG, O0 };             /* aoff, boff, coff, foff, goff, none */
 enum span {
 	S_N = 0,      /* n floats */
 	S_N_LOWP,     /* n 16-bit elements */
@@ -506,6 +507,13 @@ enum span {
 	S_ROWS_V,     /* n x vocab floats */
 	S_MK, S_KN, S_MN,             /* a GEMM's op(A), op(B) and C, floats */
 	S_MK_LOWP, S_KN_LOWP,         /* the same operands rounded to 16 bits */
+	/* the GPT's blocks */
+	S_ROWS_W,     /* n x N floats (rows of a width) */
+	S_W,          /* N floats */
+	S_STATS,      /* 2 n floats: a LayerNorm's mean and rstd per row */
+	S_PERIOD,     /* K x N floats */
+	S_BMK, S_BKN, S_BMN,          /* n batches of a GEMM's operands */
+	S_SQ,         /* n blocks of N x N floats */
 	S_COUNT
 };
 
@@ -520,7 +528,7 @@ struct operand_rule {
 static const struct kernel_rule {
 	unsigned char n;             /* operands; 0: no kernel */
 	bool gemm;                   /* M, N, K must not be negative */
-	struct operand_rule o[5];
+	struct operand_rule o[7];
 } kernel_rules[] = {
 	[TS_P_GEMM] = {3, true, {RD(FA, OA, S_MK), RD(FB, OB, S_KN), WR(FC, OC, S_MN)}},
 	[TS_P_GEMM_LP] = {3, true, {RD(FA, OA, S_MK_LOWP), RD(FB, OB, S_KN_LOWP),
@@ -541,6 +549,17 @@ static const struct kernel_rule {
 	                               WR(FC, OC, S_TABLE)}},
 	[TS_P_XENT] = {4, false, {RD(FA, OA, S_ROWS_V), RD(FB, OB, S_IDS), WR(FC, OC, S_N_1),
 	                          WR(FD, O0, S_ROWS_V)}},
+	[TS_P_LN_FWD] = {5, false, {RD(FA, OA, S_ROWS_W), RD(FB, OB, S_W), RD(FC, OC, S_W),
+	                            WR(FD, O0, S_ROWS_W), WR(FE, O0, S_STATS)}},
+	[TS_P_LN_BWD] = {7, false, {RD(FA, OA, S_ROWS_W), RD(FB, OB, S_W), RD(FC, OC, S_STATS),
+	                            RD(FD, O0, S_ROWS_W), WR(FE, O0, S_ROWS_W), WR(FF, OF, S_W),
+	                            WR(FG, OG, S_W)}},
+	[TS_P_ADD_ROWS] = {2, false, {RD(FA, OA, S_PERIOD), WR(FB, OB, S_ROWS_W)}},
+	[TS_P_SUM_ROWS] = {2, false, {RD(FA, OA, S_ROWS_W), WR(FB, OB, S_PERIOD)}},
+	[TS_P_HEADS] = {2, false, {RD(FA, OA, S_N), WR(FB, OB, S_N)}},
+	[TS_P_GEMM_BATCHED] = {3, true, {RD(FA, OA, S_BMK), RD(FB, OB, S_BKN), WR(FC, OC, S_BMN)}},
+	[TS_P_SOFTMAX_FWD] = {2, false, {RD(FA, OA, S_SQ), WR(FB, OB, S_SQ)}},
+	[TS_P_SOFTMAX_BWD] = {3, false, {RD(FA, OA, S_SQ), RD(FB, OB, S_SQ), WR(FC, OC, S_SQ)}},
 };
 
 #undef RD
@@ -555,8 +574,9 @@ static ts_status kernel_operands(const struct ts_plan *p, int action, const stru
 	const struct kernel_rule *kr;
 	uint64_t f = sizeof(float), nb = a->n * f;
 	uint64_t M = (uint64_t)a->M, N = (uint64_t)a->N, K = (uint64_t)a->K;
-	const int bufs[] = {a->a, a->b, a->c, a->d, a->e};
-	const uint64_t offs[] = {a->aoff, a->boff, a->coff, 0};
+	const int bufs[] = {a->a, a->b, a->c, a->d, a->e, a->f, a->g};
+	const uint64_t offs[] = {a->aoff, a->boff, a->coff, a->foff, a->goff, 0};
+	uint64_t rows_w = a->n * N * f, bn = a->n;
 	const uint64_t span[S_COUNT] = {
 		[S_N] = nb, [S_N_LOWP] = a->n * LOWP, [S_SCALAR] = f, [S_N_1] = nb + f,
 		[S_IDS] = a->n * (uint64_t)p->mlp.id_bytes,
@@ -564,6 +584,9 @@ static ts_status kernel_operands(const struct ts_plan *p, int action, const stru
 		[S_ROWS_D] = nb * (uint64_t)p->mlp.d_model, [S_ROWS_V] = nb * (uint64_t)p->mlp.vocab,
 		[S_MK] = M * K * f, [S_KN] = K * N * f, [S_MN] = M * N * f,
 		[S_MK_LOWP] = M * K * LOWP, [S_KN_LOWP] = K * N * LOWP,
+		[S_ROWS_W] = rows_w, [S_W] = N * f, [S_STATS] = 2 * nb, [S_PERIOD] = K * N * f,
+		[S_BMK] = bn * M * K * f, [S_BKN] = bn * K * N * f, [S_BMN] = bn * M * N * f,
+		[S_SQ] = bn * N * N * f,
 	};
 
 	if ((size_t)a->op >= sizeof kernel_rules / sizeof kernel_rules[0] ||
@@ -617,13 +640,19 @@ static float *opt_at(const struct run *r, int i, uint64_t off)
 	return i >= 0 ? at(r, i, off) : NULL;
 }
 
+/* The GPT's attention scale 1 / sqrt(hd), as a float (jnp's 1/jnp.sqrt). */
+static float attention_scale(const struct ts_plan *p)
+{
+	return (float)(1.0 / sqrt((double)ts_gpt_head_dim(&p->mlp)));
+}
+
 static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a, int step,
                            struct ts_error *err)
 {
 	const struct ts_plan *p = r->p;
 	struct ts_kernels *k = r->env->kernels;
 	struct ts_queue *q = r->q[QC];
-	struct operand o[5];
+	struct operand o[7];
 	int n = 0;
 	ts_status st;
 
@@ -693,6 +722,42 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	case TS_P_XENT:
 		st = ts_k_xent(k, q, at(r, a->a, a->aoff), at(r, a->b, a->boff), p->mlp.id_bytes, a->n,
 		               p->mlp.vocab, at(r, a->c, a->coff), at(r, a->d, 0), err);
+		break;
+	case TS_P_LN_FWD:
+		st = ts_k_ln_fwd(k, q, at(r, a->a, a->aoff), at(r, a->b, a->boff), at(r, a->c, a->coff),
+		                 a->n, a->N, TS_GPT_LN_EPS, at(r, a->d, 0), at(r, a->e, 0), err);
+		break;
+	case TS_P_LN_BWD:
+		st = ts_k_ln_bwd(k, q, at(r, a->a, a->aoff), at(r, a->b, a->boff), at(r, a->c, a->coff),
+		                 at(r, a->d, 0), a->n, a->N, at(r, a->e, 0), at(r, a->f, a->foff),
+		                 at(r, a->g, a->goff), err);
+		break;
+	case TS_P_ADD_ROWS:
+		st = ts_k_add_rows(k, q, at(r, a->a, a->aoff), (uint64_t)a->K, at(r, a->b, a->boff),
+		                   a->n, a->N, err);
+		break;
+	case TS_P_SUM_ROWS:
+		st = ts_k_sum_rows(k, q, at(r, a->a, a->aoff), a->n, a->N, (uint64_t)a->K,
+		                   at(r, a->b, a->boff), err);
+		break;
+	case TS_P_HEADS:
+		st = ts_k_heads(k, q, !a->ta, at(r, a->a, a->aoff), at(r, a->b, a->boff), a->M, a->N,
+		                a->K, p->mlp.heads, ts_gpt_head_dim(&p->mlp), err);
+		break;
+	case TS_P_GEMM_BATCHED:
+		st = ts_k_gemm_batched(k, q, a->ta, a->tb, a->M, a->N, a->K, 1.0f, at(r, a->a, a->aoff),
+		                       (uint64_t)a->M * (uint64_t)a->K, at(r, a->b, a->boff),
+		                       (uint64_t)a->K * (uint64_t)a->N, a->beta, at(r, a->c, a->coff),
+		                       (uint64_t)a->M * (uint64_t)a->N, (int)a->n, err);
+		break;
+	case TS_P_SOFTMAX_FWD:
+		st = ts_k_softmax_causal_fwd(k, q, at(r, a->a, a->aoff), (int)a->n, a->N,
+		                             attention_scale(p), at(r, a->b, a->boff), err);
+		break;
+	case TS_P_SOFTMAX_BWD:
+		st = ts_k_softmax_causal_bwd(k, q, at(r, a->a, a->aoff), at(r, a->b, a->boff),
+		                             (int)a->n, a->N, attention_scale(p), at(r, a->c, a->coff),
+		                             err);
 		break;
 	default:    /* TS_P_FILL */
 		st = ts_k_fill(k, q, at(r, a->a, a->aoff), 0.0f, a->n, err);

@@ -51,6 +51,12 @@ struct ts_mlp {
 	bool proj;
 	int id_bytes;
 	enum ts_compute compute;     /* the GEMMs' operand dtype (above) */
+	/* the GPT kind (gpt.h; gpt true): a GPT-2 decoder over windows of
+	 * `context` tokens, `heads` attention heads (d_model % heads == 0),
+	 * d_hidden its MLP's width d_ff, act gelu, vocab its vocabulary, loss
+	 * softmax_cross_entropy, the head tied to the token table (no proj) */
+	bool gpt;
+	int heads, context;
 };
 
 static inline bool ts_mlp_tokens(const struct ts_mlp *m)

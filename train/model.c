@@ -34,14 +34,32 @@ void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char 
 		[TS_ROLE_NU_EMBED] = "adam.nu.embed", [TS_ROLE_NU_PROJ] = "adam.nu.proj",
 	};
 
+	static const char *const gpt_prefix[3] = {"", "adam.mu.", "adam.nu."};
+	int kind, t;
+
+	if (ts_gpt_role_of(role, &kind, &t) && kind < 3) {
+		snprintf(buf, cap, "%s.%s%s", m->name, gpt_prefix[kind],
+		         ts_gpt_param_name((enum ts_gpt_param)t));
+		return;
+	}
 	snprintf(buf, cap, "%s.%s", m->name,
-	         ts_role_state(role) && suffix[role] ? suffix[role] : "?");
+	         ts_role_state(role) && role < (int)(sizeof suffix / sizeof suffix[0]) && suffix[role]
+	         ? suffix[role] : "?");
 }
 
 const enum ts_pbuf_role ts_model_roles[TS_MODEL_NROLES] = {
 	TS_ROLE_W1, TS_ROLE_W2, TS_ROLE_MU_W1, TS_ROLE_MU_W2, TS_ROLE_NU_W1, TS_ROLE_NU_W2,
 	TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_EMBED,
 	TS_ROLE_NU_PROJ,
+#define TS_GPT_MODEL_ROLE_(id, name) TS_ROLE_GPT_##id,
+#define TS_GPT_MODEL_MU_(id, name) TS_ROLE_MU_GPT_##id,
+#define TS_GPT_MODEL_NU_(id, name) TS_ROLE_NU_GPT_##id,
+	TS_GPT_PARAMS(TS_GPT_MODEL_ROLE_)
+	TS_GPT_PARAMS(TS_GPT_MODEL_MU_)
+	TS_GPT_PARAMS(TS_GPT_MODEL_NU_)
+#undef TS_GPT_MODEL_ROLE_
+#undef TS_GPT_MODEL_MU_
+#undef TS_GPT_MODEL_NU_
 };
 
 bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role r)
@@ -50,7 +68,13 @@ bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role r)
 	bool tok = r >= TS_ROLE_EMBED && r <= TS_ROLE_NU_PROJ;
 	bool prj = r == TS_ROLE_PROJ || r == TS_ROLE_MU_PROJ || r == TS_ROLE_NU_PROJ;
 
+	int kind, t;
+
 	if (!ts_role_state(r))
+		return false;
+	if (ts_gpt_role_of(r, &kind, &t))
+		return m->mlp.gpt && (kind == 0 || m->opt.type == TS_OPT_ADAM);
+	if (m->mlp.gpt)
 		return false;
 	return (!second || ts_mlp_has_w2(&m->mlp)) &&
 	       (!ts_role_opt_state(r) || m->opt.type == TS_OPT_ADAM) &&
@@ -144,7 +168,10 @@ int ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint6
 	bool second = role == TS_ROLE_W2 || role == TS_ROLE_MU_W2 || role == TS_ROLE_NU_W2;
 	bool prj = role == TS_ROLE_PROJ || role == TS_ROLE_MU_PROJ || role == TS_ROLE_NU_PROJ;
 	uint64_t d = (uint64_t)m->mlp.d_model, h = (uint64_t)ts_mlp_hidden(&m->mlp);
+	int kind, t;
 
+	if (ts_gpt_role_of(role, &kind, &t))
+		return ts_gpt_param_shape(&m->mlp, (enum ts_gpt_param)t, shape);
 	if (role >= TS_ROLE_EMBED && role <= TS_ROLE_NU_PROJ) {
 		shape[0] = prj ? d : (uint64_t)m->mlp.vocab;
 		shape[1] = prj ? (uint64_t)m->mlp.vocab : d;

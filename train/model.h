@@ -69,14 +69,15 @@ void ts_model_owner(const struct ts_model *m, char *buf, size_t cap);
 void ts_model_array_name(const struct ts_model *m, enum ts_pbuf_role role, char *buf, size_t cap);
 
 /* The shape of a parameter role: [L, d, h] or [L, h, d]; embed [vocab, d]
- * and proj [d, vocab]. Returns the rank (3 or 2). */
+ * and proj [d, vocab]; a GPT's as gpt.h lists them. Returns the rank (1 to
+ * 3). */
 int ts_model_param_shape(const struct ts_model *m, enum ts_pbuf_role role, uint64_t shape[3]);
 
 /* Whether the model has the array of a parameter or optimizer-state role. */
 bool ts_model_has_role(const struct ts_model *m, enum ts_pbuf_role role);
 
 /* Every parameter and optimizer-state role a model may have, in order. */
-#define TS_MODEL_NROLES 12
+#define TS_MODEL_NROLES (12 + 3 * TS_GPT_NPARAMS)
 extern const enum ts_pbuf_role ts_model_roles[TS_MODEL_NROLES];
 
 struct ts_memory;

@@ -9,30 +9,12 @@
  */
 #include "train/plan.h"
 #include "train/place.h"
+#include "train/plan_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#define F32 4u
-#define LOWP 2u       /* bytes of a bfloat16 or float16 element */
-
-struct builder {
-	struct ts_plan *p;
-	int cap_bufs, cap_actions;
-	ts_status failed;
-	/* per-layer state */
-	int *x;          /* device buffer holding layer l's input, or -1 */
-	int *xh;         /* pinned_host copy of x_l, or -1 */
-	int *h;          /* device buffer holding h_l, or -1 */
-	int *hh;         /* pinned_host copy of h_l, or -1 */
-	int *w1, *w2;    /* device buffers of streamed params, or -1 */
-	int W1, W2, MU1, MU2, NU1, NU2, IN, TGT, G1, G2;
-	/* token models: the table, the projection, their state and gradients */
-	int EMB, PRJ, MUE, MUP, NUE, NUP, GE, GP;
-	int x0;          /* the gathered first input (a temp), or -1 */
-};
-
-static int add_buf(struct builder *b, enum ts_pbuf_role role, enum ts_pbuf_class cls,
+int ts__pb_buf(struct ts__pb *b, enum ts_pbuf_role role, enum ts_pbuf_class cls,
                    enum ts_memory_kind kind, int layer, uint64_t bytes)
 {
 	struct ts_plan *p = b->p;
@@ -55,7 +37,7 @@ static int add_buf(struct builder *b, enum ts_pbuf_role role, enum ts_pbuf_class
 	return p->nbufs++;
 }
 
-static struct ts_paction *emit(struct builder *b, enum ts_pop op, int layer, const char *phase)
+struct ts_paction *ts__pb_emit(struct ts__pb *b, enum ts_pop op, int layer, const char *phase)
 {
 	struct ts_plan *p = b->p;
 
@@ -73,30 +55,31 @@ static struct ts_paction *emit(struct builder *b, enum ts_pop op, int layer, con
 		b->cap_actions = cap;
 	}
 	p->actions[p->nactions] = (struct ts_paction){.op = op, .a = -1, .b = -1, .c = -1,
-	                                              .d = -1, .e = -1, .layer = layer,
+	                                              .d = -1, .e = -1, .f = -1, .g = -1,
+	                                              .layer = layer,
 	                                              .phase = phase};
 	return &p->actions[p->nactions++];
 }
 
 /* A temp buffer allocated now. */
-static int temp(struct builder *b, enum ts_pbuf_role role, enum ts_memory_kind kind, int layer,
+int ts__pb_temp(struct ts__pb *b, enum ts_pbuf_role role, enum ts_memory_kind kind, int layer,
                 uint64_t bytes, const char *phase)
 {
-	int i = add_buf(b, role, TS_PB_TEMP, kind, layer, bytes);
-	struct ts_paction *a = emit(b, TS_P_ALLOC, layer, phase);
+	int i = ts__pb_buf(b, role, TS_PB_TEMP, kind, layer, bytes);
+	struct ts_paction *a = ts__pb_emit(b, TS_P_ALLOC, layer, phase);
 
 	if (a)
 		a->a = i;
 	return i;
 }
 
-static void release(struct builder *b, int buf, int layer, const char *phase)
+void ts__pb_release(struct ts__pb *b, int buf, int layer, const char *phase)
 {
 	struct ts_paction *a;
 
 	if (buf < 0)
 		return;
-	a = emit(b, TS_P_FREE, layer, phase);
+	a = ts__pb_emit(b, TS_P_FREE, layer, phase);
 	if (a)
 		a->a = buf;
 }
@@ -105,11 +88,11 @@ static void release(struct builder *b, int buf, int layer, const char *phase)
  * gradient (a temp of xb bytes of layer L). The loss value goes back to the
  * host at once (the executor reads it after the kernel): its buffer lives
  * through the loss phase only. */
-static int emit_loss(struct builder *b, int x, uint64_t n, uint64_t xb, int L)
+static int emit_loss(struct ts__pb *b, int x, uint64_t n, uint64_t xb, int L)
 {
-	int loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
-	int g = temp(b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
-	struct ts_paction *a = emit(b, TS_P_LOSS, -1, "loss");
+	int loss = ts__pb_temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, F32, "loss");
+	int g = ts__pb_temp(b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+	struct ts_paction *a = ts__pb_emit(b, TS_P_LOSS, -1, "loss");
 
 	if (a) {
 		a->a = x;
@@ -118,14 +101,14 @@ static int emit_loss(struct builder *b, int x, uint64_t n, uint64_t xb, int L)
 		a->d = g;
 		a->n = n;
 	}
-	release(b, loss, -1, "loss");
+	ts__pb_release(b, loss, -1, "loss");
 	return g;
 }
 
-static void copy(struct builder *b, int dst, uint64_t doff, int src, uint64_t soff,
+void ts__pb_copy(struct ts__pb *b, int dst, uint64_t doff, int src, uint64_t soff,
                  uint64_t bytes, int layer, const char *phase)
 {
-	struct ts_paction *a = emit(b, TS_P_COPY, layer, phase);
+	struct ts_paction *a = ts__pb_emit(b, TS_P_COPY, layer, phase);
 
 	if (!a)
 		return;
@@ -134,18 +117,18 @@ static void copy(struct builder *b, int dst, uint64_t doff, int src, uint64_t so
 	a->aoff = doff;
 	a->boff = soff;
 	a->bytes = bytes;
-	a = emit(b, TS_P_WAIT, layer, phase);
+	a = ts__pb_emit(b, TS_P_WAIT, layer, phase);
 	if (a)
 		a->a = dst;
 }
 
 /* A device temp of role TS_ROLE_LOWP holding n elements of buffer src
  * (+soff) rounded to the compute dtype (plan.h). */
-static int round_copy(struct builder *b, int src, uint64_t soff, uint64_t n, int layer,
+static int round_copy(struct ts__pb *b, int src, uint64_t soff, uint64_t n, int layer,
                       const char *phase)
 {
-	int t = temp(b, TS_ROLE_LOWP, TS_MEM_DEVICE, layer, n * LOWP, phase);
-	struct ts_paction *x = emit(b, TS_P_ROUND, layer, phase);
+	int t = ts__pb_temp(b, TS_ROLE_LOWP, TS_MEM_DEVICE, layer, n * LOWP, phase);
+	struct ts_paction *x = ts__pb_emit(b, TS_P_ROUND, layer, phase);
 
 	if (x) {
 		x->a = src;
@@ -158,7 +141,7 @@ static int round_copy(struct builder *b, int src, uint64_t soff, uint64_t n, int
 
 /* c (+coff) = op(a) @ op(b) (+ beta c): one GEMM, or with a 16-bit compute
  * dtype the two rounded copies, the GEMM on them, and their release. */
-static void gemm(struct builder *b, int c, uint64_t coff, int a_, uint64_t aoff, bool ta, int b_,
+void ts__pb_gemm(struct ts__pb *b, int c, uint64_t coff, int a_, uint64_t aoff, bool ta, int b_,
                  uint64_t boff, bool tb, int M, int N, int K, float beta, int layer,
                  const char *phase)
 {
@@ -173,7 +156,7 @@ static void gemm(struct builder *b, int c, uint64_t coff, int a_, uint64_t aoff,
 		b_ = rb;
 		aoff = boff = 0;
 	}
-	x = emit(b, lowp ? TS_P_GEMM_LP : TS_P_GEMM, layer, phase);
+	x = ts__pb_emit(b, lowp ? TS_P_GEMM_LP : TS_P_GEMM, layer, phase);
 	if (x) {
 		x->a = a_;
 		x->aoff = aoff;
@@ -188,14 +171,14 @@ static void gemm(struct builder *b, int c, uint64_t coff, int a_, uint64_t aoff,
 		x->K = K;
 		x->beta = beta;
 	}
-	release(b, ra, layer, phase);
-	release(b, rb, layer, phase);
+	ts__pb_release(b, ra, layer, phase);
+	ts__pb_release(b, rb, layer, phase);
 }
 
-static void elementwise(struct builder *b, enum ts_pop op, int a_, int b_, int c, uint64_t n,
+void ts__pb_elementwise(struct ts__pb *b, enum ts_pop op, int a_, int b_, int c, uint64_t n,
                         int layer, const char *phase)
 {
-	struct ts_paction *x = emit(b, op, layer, phase);
+	struct ts_paction *x = ts__pb_emit(b, op, layer, phase);
 
 	if (!x)
 		return;
@@ -213,32 +196,32 @@ static uint64_t w1_bytes(const struct ts_plan *p)
 }
 
 /* Issues the device copies of layer l's streamed params (no-op on device). */
-static void params_fetch(struct builder *b, int l, const char *phase)
+static void params_fetch(struct ts__pb *b, int l, const char *phase)
 {
 	const struct ts_plan *p = b->p;
 	uint64_t n = w1_bytes(p);
 
 	if (p->policy.params == TS_MEM_DEVICE || l < 0 || l >= p->mlp.layers || b->w1[l] >= 0)
 		return;
-	b->w1[l] = temp(b, TS_ROLE_W1, TS_MEM_DEVICE, l, n, phase);
-	copy(b, b->w1[l], 0, b->W1, (uint64_t)l * n, n, l, phase);
+	b->w1[l] = ts__pb_temp(b, TS_ROLE_W1, TS_MEM_DEVICE, l, n, phase);
+	ts__pb_copy(b, b->w1[l], 0, b->W1, (uint64_t)l * n, n, l, phase);
 	if (ts_mlp_has_w2(&p->mlp)) {
-		b->w2[l] = temp(b, TS_ROLE_W2, TS_MEM_DEVICE, l, n, phase);
-		copy(b, b->w2[l], 0, b->W2, (uint64_t)l * n, n, l, phase);
+		b->w2[l] = ts__pb_temp(b, TS_ROLE_W2, TS_MEM_DEVICE, l, n, phase);
+		ts__pb_copy(b, b->w2[l], 0, b->W2, (uint64_t)l * n, n, l, phase);
 	}
 }
 
-static void params_drop(struct builder *b, int l, const char *phase)
+static void params_drop(struct ts__pb *b, int l, const char *phase)
 {
 	if (b->p->policy.params == TS_MEM_DEVICE)
 		return;
-	release(b, b->w1[l], l, phase);
-	release(b, b->w2[l], l, phase);
+	ts__pb_release(b, b->w1[l], l, phase);
+	ts__pb_release(b, b->w2[l], l, phase);
 	b->w1[l] = b->w2[l] = -1;
 }
 
 /* Where layer l's w1 / w2 are: a buffer and an offset into it. */
-static int w1_at(struct builder *b, int l, uint64_t *off)
+static int w1_at(struct ts__pb *b, int l, uint64_t *off)
 {
 	if (b->p->policy.params == TS_MEM_DEVICE) {
 		*off = (uint64_t)l * w1_bytes(b->p);
@@ -248,7 +231,7 @@ static int w1_at(struct builder *b, int l, uint64_t *off)
 	return b->w1[l];
 }
 
-static int w2_at(struct builder *b, int l, uint64_t *off)
+static int w2_at(struct ts__pb *b, int l, uint64_t *off)
 {
 	if (b->p->policy.params == TS_MEM_DEVICE) {
 		*off = (uint64_t)l * w1_bytes(b->p);
@@ -264,10 +247,10 @@ static int w2_at(struct builder *b, int l, uint64_t *off)
  * Runs layer l forward from buffer x (offset 0): returns the new device
  * buffer holding x_{l+1}; keeps h in *h_out when keep_h (else frees it).
  */
-static int layer_forward_into(struct builder *b, int l, int x, int y_dst, bool keep_h,
+static int layer_forward_into(struct ts__pb *b, int l, int x, int y_dst, bool keep_h,
                               int *h_out, const char *phase);
 
-static int layer_forward(struct builder *b, int l, int x, bool keep_h, int *h_out,
+static int layer_forward(struct ts__pb *b, int l, int x, bool keep_h, int *h_out,
                          const char *phase)
 {
 	return layer_forward_into(b, l, x, -1, keep_h, h_out, phase);
@@ -275,7 +258,7 @@ static int layer_forward(struct builder *b, int l, int x, bool keep_h, int *h_ou
 
 /* The same, writing x_{l+1} into the device buffer y_dst (an argument or
  * output, offset 0) instead of a new temp when y_dst >= 0. */
-static int layer_forward_into(struct builder *b, int l, int x, int y_dst, bool keep_h,
+static int layer_forward_into(struct ts__pb *b, int l, int x, int y_dst, bool keep_h,
                               int *h_out, const char *phase)
 {
 	const struct ts_plan *p = b->p;
@@ -284,25 +267,25 @@ static int layer_forward_into(struct builder *b, int l, int x, int y_dst, bool k
 	int h, a, y, w1, w2;
 
 	w1 = w1_at(b, l, &o1);
-	h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, phase);
-	gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, phase);
-	y = y_dst >= 0 ? y_dst : temp(b, TS_ROLE_X, TS_MEM_DEVICE, l + 1, xb, phase);
+	h = ts__pb_temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, phase);
+	ts__pb_gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, phase);
+	y = y_dst >= 0 ? y_dst : ts__pb_temp(b, TS_ROLE_X, TS_MEM_DEVICE, l + 1, xb, phase);
 	if (ts_mlp_has_w2(&p->mlp)) {
-		a = keep_h ? temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, phase) : h;
-		elementwise(b, TS_P_ACT_FWD, h, a, -1, (uint64_t)B * H, l, phase);
+		a = keep_h ? ts__pb_temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, phase) : h;
+		ts__pb_elementwise(b, TS_P_ACT_FWD, h, a, -1, (uint64_t)B * H, l, phase);
 		w2 = w2_at(b, l, &o2);
-		gemm(b, y, 0, a, 0, false, w2, o2, false, B, d, H, 0.0f, l, phase);
+		ts__pb_gemm(b, y, 0, a, 0, false, w2, o2, false, B, d, H, 0.0f, l, phase);
 		if (a != h)
-			release(b, a, l, phase);
+			ts__pb_release(b, a, l, phase);
 	} else {
-		elementwise(b, TS_P_ACT_FWD, h, y, -1, (uint64_t)B * H, l, phase);
+		ts__pb_elementwise(b, TS_P_ACT_FWD, h, y, -1, (uint64_t)B * H, l, phase);
 	}
 	if (p->mlp.residual)
-		elementwise(b, TS_P_ADD, x, y, -1, (uint64_t)B * d, l, phase);
+		ts__pb_elementwise(b, TS_P_ADD, x, y, -1, (uint64_t)B * d, l, phase);
 	if (keep_h) {
 		*h_out = h;
 	} else {
-		release(b, h, l, phase);
+		ts__pb_release(b, h, l, phase);
 		*h_out = -1;
 	}
 	return y;
@@ -310,7 +293,7 @@ static int layer_forward_into(struct builder *b, int l, int x, int y_dst, bool k
 
 /* ---- the step ------------------------------------------------------------------ */
 
-static void forward(struct builder *b, int *xL)
+static void forward(struct ts__pb *b, int *xL)
 {
 	const struct ts_plan *p = b->p;
 	const struct ts_policy *pol = &p->policy;
@@ -328,23 +311,23 @@ static void forward(struct builder *b, int *xL)
 			params_fetch(b, l + 1, "forward");
 		y = layer_forward(b, l, x, pol->save_h || pol->offload_h, &h, "forward");
 		if (pol->offload_h) {
-			b->hh[l] = temp(b, TS_ROLE_H, TS_MEM_PINNED_HOST, l, hb, "forward");
-			copy(b, b->hh[l], 0, h, 0, hb, l, "forward");
-			release(b, h, l, "forward");
+			b->hh[l] = ts__pb_temp(b, TS_ROLE_H, TS_MEM_PINNED_HOST, l, hb, "forward");
+			ts__pb_copy(b, b->hh[l], 0, h, 0, hb, l, "forward");
+			ts__pb_release(b, h, l, "forward");
 		} else if (pol->save_h) {
 			b->h[l] = h;
 		}
 		/* the layer's input: the argument stays; others are kept, offloaded or dropped */
 		if (l > 0) {
 			if (pol->offload_x) {
-				b->xh[l] = temp(b, TS_ROLE_X, TS_MEM_PINNED_HOST, l, xb, "forward");
-				copy(b, b->xh[l], 0, x, 0, xb, l, "forward");
-				release(b, x, l, "forward");
+				b->xh[l] = ts__pb_temp(b, TS_ROLE_X, TS_MEM_PINNED_HOST, l, xb, "forward");
+				ts__pb_copy(b, b->xh[l], 0, x, 0, xb, l, "forward");
+				ts__pb_release(b, x, l, "forward");
 				b->x[l] = -1;
 			} else if (pol->save_x) {
 				b->x[l] = x;
 			} else {
-				release(b, x, l, "forward");
+				ts__pb_release(b, x, l, "forward");
 				b->x[l] = -1;
 			}
 		}
@@ -364,7 +347,7 @@ static void forward(struct builder *b, int *xL)
  * from pinned_host, or recomputed forward from the nearest earlier input
  * that exists (x_0, the argument, always does). *temp_out says whether the
  * caller frees it. */
-static int backward_input(struct builder *b, int l, bool *temp_out)
+static int backward_input(struct ts__pb *b, int l, bool *temp_out)
 {
 	const struct ts_plan *p = b->p;
 	uint64_t xb = (uint64_t)p->batch * p->mlp.d_model * F32;
@@ -376,16 +359,16 @@ static int backward_input(struct builder *b, int l, bool *temp_out)
 		return b->x[l];
 	*temp_out = true;
 	if (b->xh[l] >= 0) {
-		x = temp(b, TS_ROLE_X, TS_MEM_DEVICE, l, xb, "backward");
-		copy(b, x, 0, b->xh[l], 0, xb, l, "backward");
+		x = ts__pb_temp(b, TS_ROLE_X, TS_MEM_DEVICE, l, xb, "backward");
+		ts__pb_copy(b, x, 0, b->xh[l], 0, xb, l, "backward");
 		return x;
 	}
 	for (j = l - 1; j > 0 && b->x[j] < 0 && b->xh[j] < 0; j--)
 		;
 	owned = b->x[j] < 0;
 	if (owned) {
-		x = temp(b, TS_ROLE_X, TS_MEM_DEVICE, j, xb, "recompute");
-		copy(b, x, 0, b->xh[j], 0, xb, j, "recompute");
+		x = ts__pb_temp(b, TS_ROLE_X, TS_MEM_DEVICE, j, xb, "recompute");
+		ts__pb_copy(b, x, 0, b->xh[j], 0, xb, j, "recompute");
 	} else {
 		x = b->x[j];
 	}
@@ -395,7 +378,7 @@ static int backward_input(struct builder *b, int l, bool *temp_out)
 		params_fetch(b, k, "recompute");
 		y = layer_forward(b, k, x, false, &h, "recompute");
 		if (owned)
-			release(b, x, k, "recompute");
+			ts__pb_release(b, x, k, "recompute");
 		params_drop(b, k, "recompute");
 		x = y;
 		owned = true;
@@ -403,23 +386,23 @@ static int backward_input(struct builder *b, int l, bool *temp_out)
 	return x;
 }
 
-static void update_one(struct builder *b, int l, int k, int G, uint64_t goff, int norm,
+static void update_one(struct ts__pb *b, int l, int k, int G, uint64_t goff, int norm,
                        int fused, const char *phase);
 
 /* Whether each layer's update runs right after its backward (no clipping:
  * no global norm to wait for), so gradients exist one layer at a time. */
-static bool update_fused(const struct ts_plan *p)
+bool ts__pb_update_fused(const struct ts_plan *p)
 {
 	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0);
 }
 
-static int backward(struct builder *b, int g)
+static int backward(struct ts__pb *b, int g)
 {
 	const struct ts_plan *p = b->p;
 	const struct ts_policy *pol = &p->policy;
 	int L = p->mlp.layers, B = p->batch, d = p->mlp.d_model, H = ts_mlp_hidden(&p->mlp);
 	uint64_t xb = (uint64_t)B * d * F32, hb = (uint64_t)B * H * F32, wb = w1_bytes(p);
-	bool fused = update_fused(p);
+	bool fused = ts__pb_update_fused(p);
 
 	params_fetch(b, L - 1, "backward");
 	for (int l = L - 1; l >= 0; l--) {
@@ -435,52 +418,52 @@ static int backward(struct builder *b, int g)
 		if (b->h[l] >= 0) {
 			h = b->h[l];
 		} else if (b->hh[l] >= 0) {
-			h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
-			copy(b, h, 0, b->hh[l], 0, hb, l, "backward");
+			h = ts__pb_temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
+			ts__pb_copy(b, h, 0, b->hh[l], 0, hb, l, "backward");
 		} else {
-			h = temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
-			gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, "backward");
+			h = ts__pb_temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
+			ts__pb_gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, "backward");
 		}
 		if (fused) {          /* this layer's gradients only */
-			G1 = temp(b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, l, wb, "backward");
-			G2 = ts_mlp_has_w2(&p->mlp) ? temp(b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, l, wb,
+			G1 = ts__pb_temp(b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, l, wb, "backward");
+			G2 = ts_mlp_has_w2(&p->mlp) ? ts__pb_temp(b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, l, wb,
 			                                   "backward") : -1;
 			goff = 0;
 		}
-		A = temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, "backward");
+		A = ts__pb_temp(b, TS_ROLE_A, TS_MEM_DEVICE, l, hb, "backward");
 		if (ts_mlp_has_w2(&p->mlp)) {
 			w2 = w2_at(b, l, &o2);
-			elementwise(b, TS_P_ACT_FWD, h, A, -1, (uint64_t)B * H, l, "backward");
-			gemm(b, G2, goff, A, 0, true, g, 0, false, H, d, B, 0.0f, l, "backward");
-			gemm(b, A, 0, g, 0, false, w2, o2, true, B, H, d, 0.0f, l, "backward");
-			elementwise(b, TS_P_ACT_BWD, h, A, A, (uint64_t)B * H, l, "backward");
+			ts__pb_elementwise(b, TS_P_ACT_FWD, h, A, -1, (uint64_t)B * H, l, "backward");
+			ts__pb_gemm(b, G2, goff, A, 0, true, g, 0, false, H, d, B, 0.0f, l, "backward");
+			ts__pb_gemm(b, A, 0, g, 0, false, w2, o2, true, B, H, d, 0.0f, l, "backward");
+			ts__pb_elementwise(b, TS_P_ACT_BWD, h, A, A, (uint64_t)B * H, l, "backward");
 		} else {
-			elementwise(b, TS_P_ACT_BWD, h, g, A, (uint64_t)B * H, l, "backward");
+			ts__pb_elementwise(b, TS_P_ACT_BWD, h, g, A, (uint64_t)B * H, l, "backward");
 		}
-		release(b, h, l, "backward");
+		ts__pb_release(b, h, l, "backward");
 		b->h[l] = -1;
-		gemm(b, G1, goff, x, 0, true, A, 0, false, d, H, B, 0.0f, l, "backward");
+		ts__pb_gemm(b, G1, goff, x, 0, true, A, 0, false, d, H, B, 0.0f, l, "backward");
 		if (l > 0 || b->x0 >= 0) {     /* token models: x_0's gradient too */
-			gx = temp(b, TS_ROLE_GX, TS_MEM_DEVICE, l, xb, "backward");
-			gemm(b, gx, 0, A, 0, false, w1, o1, true, B, d, H, 0.0f, l, "backward");
+			gx = ts__pb_temp(b, TS_ROLE_GX, TS_MEM_DEVICE, l, xb, "backward");
+			ts__pb_gemm(b, gx, 0, A, 0, false, w1, o1, true, B, d, H, 0.0f, l, "backward");
 			if (p->mlp.residual)
-				elementwise(b, TS_P_ADD, g, gx, -1, (uint64_t)B * d, l, "backward");
+				ts__pb_elementwise(b, TS_P_ADD, g, gx, -1, (uint64_t)B * d, l, "backward");
 		}
-		release(b, A, l, "backward");
-		release(b, g, l, "backward");
+		ts__pb_release(b, A, l, "backward");
+		ts__pb_release(b, g, l, "backward");
 		g = gx;
 		if (fused) {          /* the layer's weights are used no more: update them now */
 			update_one(b, l, 0, G1, 0, -1, b->w1[l], "backward");
 			if (G2 >= 0)
 				update_one(b, l, 1, G2, 0, -1, b->w2[l], "backward");
-			release(b, G1, l, "backward");
-			release(b, G2, l, "backward");
+			ts__pb_release(b, G1, l, "backward");
+			ts__pb_release(b, G2, l, "backward");
 		}
 		if (x_temp || ((l > 0 || b->x0 >= 0) && b->x[l] >= 0))
-			release(b, x, l, "backward");
+			ts__pb_release(b, x, l, "backward");
 		b->x[l] = l == 0 && b->x0 < 0 ? b->IN : -1;
-		release(b, b->xh[l], l, "backward");
-		release(b, b->hh[l], l, "backward");
+		ts__pb_release(b, b->xh[l], l, "backward");
+		ts__pb_release(b, b->hh[l], l, "backward");
 		b->xh[l] = b->hh[l] = -1;
 		params_drop(b, l, "backward");
 		if (!pol->prefetch_depth)
@@ -496,37 +479,27 @@ static int backward(struct builder *b, int g)
  * is the device slice or a copy fetched here. Streamed optimizer state comes
  * in, is updated, and goes back; a host parameter is written back.
  */
-/* A parameter for update_param: its argument and Adam state, the slice
- * updated (offset and bytes), and the roles of its device copies. */
-struct param_ref {
-	int W, MU, NU;
-	uint64_t off, bytes;
-	enum ts_pbuf_role rw, rmu, rnu;
-};
 
-static void update_param(struct builder *b, const struct param_ref *pr, int l, int G,
-                         uint64_t goff, int norm, int fused, const char *phase);
-
-static void update_one(struct builder *b, int l, int k, int G, uint64_t goff, int norm,
+static void update_one(struct ts__pb *b, int l, int k, int G, uint64_t goff, int norm,
                        int fused, const char *phase)
 {
 	uint64_t wb = w1_bytes(b->p);
-	struct param_ref pr = {
+	struct ts__pb_param pr = {
 		.W = k ? b->W2 : b->W1, .MU = k ? b->MU2 : b->MU1, .NU = k ? b->NU2 : b->NU1,
 		.off = (uint64_t)l * wb, .bytes = wb,
 		.rw = k ? TS_ROLE_W2 : TS_ROLE_W1, .rmu = k ? TS_ROLE_MU_W2 : TS_ROLE_MU_W1,
 		.rnu = k ? TS_ROLE_NU_W2 : TS_ROLE_NU_W1,
 	};
 
-	update_param(b, &pr, l, G, goff, norm, fused, phase);
+	ts__pb_update_param(b, &pr, l, G, goff, norm, fused, phase);
 }
 
 /* The table (k 0) or projection (k 1) of a token model as a param_ref. */
-static struct param_ref token_param(const struct builder *b, int k)
+static struct ts__pb_param token_param(const struct ts__pb *b, int k)
 {
 	uint64_t bytes = (uint64_t)b->p->mlp.vocab * (uint64_t)b->p->mlp.d_model * F32;
 
-	return (struct param_ref){
+	return (struct ts__pb_param){
 		.W = k ? b->PRJ : b->EMB, .MU = k ? b->MUP : b->MUE, .NU = k ? b->NUP : b->NUE,
 		.off = 0, .bytes = bytes,
 		.rw = k ? TS_ROLE_PROJ : TS_ROLE_EMBED, .rmu = k ? TS_ROLE_MU_PROJ : TS_ROLE_MU_EMBED,
@@ -534,7 +507,7 @@ static struct param_ref token_param(const struct builder *b, int k)
 	};
 }
 
-static void update_param(struct builder *b, const struct param_ref *pr, int l, int G,
+void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l, int G,
                          uint64_t goff, int norm, int fused, const char *phase)
 {
 	const struct ts_plan *p = b->p;
@@ -550,17 +523,17 @@ static void update_param(struct builder *b, const struct param_ref *pr, int l, i
 		pbuf = fused;
 		poff = 0;
 	} else if (host_p) {
-		pbuf = temp(b, pr->rw, TS_MEM_DEVICE, l, wb, phase);
-		copy(b, pbuf, 0, W, poff, wb, l, phase);
+		pbuf = ts__pb_temp(b, pr->rw, TS_MEM_DEVICE, l, wb, phase);
+		ts__pb_copy(b, pbuf, 0, W, poff, wb, l, phase);
 		poff = 0;
 	}
 	if (adam && host_s) {
-		mu = temp(b, pr->rmu, TS_MEM_DEVICE, l, wb, phase);
-		copy(b, mu, 0, MU, soff, wb, l, phase);
-		nu = temp(b, pr->rnu, TS_MEM_DEVICE, l, wb, phase);
-		copy(b, nu, 0, NU, soff, wb, l, phase);
+		mu = ts__pb_temp(b, pr->rmu, TS_MEM_DEVICE, l, wb, phase);
+		ts__pb_copy(b, mu, 0, MU, soff, wb, l, phase);
+		nu = ts__pb_temp(b, pr->rnu, TS_MEM_DEVICE, l, wb, phase);
+		ts__pb_copy(b, nu, 0, NU, soff, wb, l, phase);
 	}
-	u = emit(b, TS_P_UPDATE, l, phase);
+	u = ts__pb_emit(b, TS_P_UPDATE, l, phase);
 	if (u) {
 		u->a = pbuf;
 		u->aoff = poff;
@@ -573,21 +546,21 @@ static void update_param(struct builder *b, const struct param_ref *pr, int l, i
 		u->e = norm;
 	}
 	if (host_p) {
-		copy(b, W, pr->off, pbuf, 0, wb, l, phase);
+		ts__pb_copy(b, W, pr->off, pbuf, 0, wb, l, phase);
 		if (fused < 0)
-			release(b, pbuf, l, phase);
+			ts__pb_release(b, pbuf, l, phase);
 	}
 	if (adam && host_s) {
-		copy(b, MU, soff, mu, 0, wb, l, phase);
-		copy(b, NU, soff, nu, 0, wb, l, phase);
-		release(b, mu, l, phase);
-		release(b, nu, l, phase);
+		ts__pb_copy(b, MU, soff, mu, 0, wb, l, phase);
+		ts__pb_copy(b, NU, soff, nu, 0, wb, l, phase);
+		ts__pb_release(b, mu, l, phase);
+		ts__pb_release(b, nu, l, phase);
 	}
 }
 
 /* The update after the backward pass (needed when the global norm of all
  * gradients must be known first: clipping). */
-static void update(struct builder *b)
+static void update(struct ts__pb *b)
 {
 	const struct ts_plan *p = b->p;
 	int L = p->mlp.layers;
@@ -595,54 +568,54 @@ static void update(struct builder *b)
 	int norm = -1, nparams = ts_mlp_has_w2(&p->mlp) ? 2 : 1;
 
 	if (p->opt.clip_global_norm > 0) {
-		norm = temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
-		elementwise(b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
-		elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
+		norm = ts__pb_temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
+		ts__pb_elementwise(b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
+		ts__pb_elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
 		if (nparams == 2)
-			elementwise(b, TS_P_SUMSQ, b->G2, norm, -1, n * (uint64_t)L, -1, "update");
+			ts__pb_elementwise(b, TS_P_SUMSQ, b->G2, norm, -1, n * (uint64_t)L, -1, "update");
 		for (int k = 0; k < 2; k++)
 			if ((k ? b->GP : b->GE) >= 0)
-				elementwise(b, TS_P_SUMSQ, k ? b->GP : b->GE, norm, -1,
+				ts__pb_elementwise(b, TS_P_SUMSQ, k ? b->GP : b->GE, norm, -1,
 				            token_param(b, k).bytes / F32, -1, "update");
 	}
 	for (int l = 0; l < L; l++)
 		for (int k = 0; k < nparams; k++)
 			update_one(b, l, k, k ? b->G2 : b->G1, (uint64_t)l * wb, norm, -1, "update");
 	for (int k = 0; k < 2; k++) {
-		struct param_ref pr = token_param(b, k);
+		struct ts__pb_param pr = token_param(b, k);
 
 		if ((k ? b->GP : b->GE) >= 0)
-			update_param(b, &pr, -1, k ? b->GP : b->GE, 0, norm, -1, "update");
+			ts__pb_update_param(b, &pr, -1, k ? b->GP : b->GE, 0, norm, -1, "update");
 	}
-	release(b, norm, -1, "update");
+	ts__pb_release(b, norm, -1, "update");
 }
 
 /* ---- token models ------------------------------------------------------------------ */
 
 /* A whole parameter on the device: the argument itself, or a copy of it
  * fetched from pinned_host (token_drop frees it). */
-static int token_fetch(struct builder *b, int W, enum ts_pbuf_role role, uint64_t bytes,
+static int token_fetch(struct ts__pb *b, int W, enum ts_pbuf_role role, uint64_t bytes,
                        const char *phase)
 {
 	int t;
 
 	if (b->p->policy.params == TS_MEM_DEVICE)
 		return W;
-	t = temp(b, role, TS_MEM_DEVICE, -1, bytes, phase);
-	copy(b, t, 0, W, 0, bytes, -1, phase);
+	t = ts__pb_temp(b, role, TS_MEM_DEVICE, -1, bytes, phase);
+	ts__pb_copy(b, t, 0, W, 0, bytes, -1, phase);
 	return t;
 }
 
-static void token_drop(struct builder *b, int t, int W, const char *phase)
+static void token_drop(struct ts__pb *b, int t, int W, const char *phase)
 {
 	if (t != W)
-		release(b, t, -1, phase);
+		ts__pb_release(b, t, -1, phase);
 }
 
-static void token_op(struct builder *b, enum ts_pop op, int a_, int b_, int c, int d,
+static void token_op(struct ts__pb *b, enum ts_pop op, int a_, int b_, int c, int d,
                      const char *phase)
 {
-	struct ts_paction *x = emit(b, op, -1, phase);
+	struct ts_paction *x = ts__pb_emit(b, op, -1, phase);
 
 	if (!x)
 		return;
@@ -654,13 +627,13 @@ static void token_op(struct builder *b, enum ts_pop op, int a_, int b_, int c, i
 }
 
 /* x_0 = the table's rows at the input ids. */
-static void token_forward(struct builder *b)
+static void token_forward(struct ts__pb *b)
 {
 	const struct ts_plan *p = b->p;
 	uint64_t eb = token_param(b, 0).bytes;
 	int tab = token_fetch(b, b->EMB, TS_ROLE_EMBED, eb, "forward");
 
-	b->x0 = temp(b, TS_ROLE_X, TS_MEM_DEVICE, 0, (uint64_t)p->batch * p->mlp.d_model * F32,
+	b->x0 = ts__pb_temp(b, TS_ROLE_X, TS_MEM_DEVICE, 0, (uint64_t)p->batch * p->mlp.d_model * F32,
 	             "forward");
 	token_op(b, TS_P_EMBED_FWD, tab, b->IN, b->x0, -1, "forward");
 	token_drop(b, tab, b->EMB, "forward");
@@ -669,51 +642,51 @@ static void token_forward(struct builder *b)
 /* The cross-entropy kernel on the logits (x_L itself without a projection)
  * against the target ids; returns its gradient (a temp of the logits' size).
  * The loss value goes back to the host at once, as emit_loss's. */
-static int token_xent(struct builder *b, int logits)
+static int token_xent(struct ts__pb *b, int logits)
 {
 	const struct ts_plan *p = b->p;
 	uint64_t lb = (uint64_t)p->batch * p->mlp.vocab * F32;
-	int loss = temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)p->batch + 1) * F32, "loss");
-	int glog = temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, p->mlp.layers,
+	int loss = ts__pb_temp(b, TS_ROLE_LOSS, TS_MEM_DEVICE, -1, ((uint64_t)p->batch + 1) * F32, "loss");
+	int glog = ts__pb_temp(b, p->mlp.proj ? TS_ROLE_LOGITS : TS_ROLE_G, TS_MEM_DEVICE, p->mlp.layers,
 	                lb, "loss");
 
 	token_op(b, TS_P_XENT, logits, b->TGT, loss, glog, "loss");
-	release(b, loss, -1, "loss");
+	ts__pb_release(b, loss, -1, "loss");
 	return glog;
 }
 
 /* The loss of x_L: projected to logits (or x_L itself), cross-entropy
  * against the target ids; the projection's gradient and update; returns
  * the gradient of x_L. Frees x_L. */
-static int token_loss(struct builder *b, int xL, enum ts_pbuf_class gcls)
+static int token_loss(struct ts__pb *b, int xL, enum ts_pbuf_class gcls)
 {
 	const struct ts_plan *p = b->p;
 	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
 	uint64_t lb = (uint64_t)B * V * F32, xb = (uint64_t)B * d * F32;
-	struct param_ref pr = token_param(b, 1);
+	struct ts__pb_param pr = token_param(b, 1);
 	int prj = -1, logits = xL, glog, g;
 
 	if (p->mlp.proj) {
 		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, pr.bytes, "loss");
-		logits = temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
-		gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
+		logits = ts__pb_temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
+		ts__pb_gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
 	}
 	glog = token_xent(b, logits);
 	if (!p->mlp.proj) {
-		release(b, xL, L, "loss");
+		ts__pb_release(b, xL, L, "loss");
 		return glog;
 	}
-	release(b, logits, L, "loss");
+	ts__pb_release(b, logits, L, "loss");
 	if (gcls == TS_PB_TEMP)
-		b->GP = temp(b, TS_ROLE_GRAD_PROJ, TS_MEM_DEVICE, -1, pr.bytes, "loss");
-	gemm(b, b->GP, 0, xL, 0, true, glog, 0, false, d, V, B, 0.0f, L, "loss");
-	g = temp(b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
-	gemm(b, g, 0, glog, 0, false, prj, 0, true, B, d, V, 0.0f, L, "loss");
-	release(b, glog, L, "loss");
-	release(b, xL, L, "loss");
-	if (update_fused(p)) {
-		update_param(b, &pr, -1, b->GP, 0, -1, prj != b->PRJ ? prj : -1, "loss");
-		release(b, b->GP, -1, "loss");
+		b->GP = ts__pb_temp(b, TS_ROLE_GRAD_PROJ, TS_MEM_DEVICE, -1, pr.bytes, "loss");
+	ts__pb_gemm(b, b->GP, 0, xL, 0, true, glog, 0, false, d, V, B, 0.0f, L, "loss");
+	g = ts__pb_temp(b, TS_ROLE_G, TS_MEM_DEVICE, L, xb, "loss");
+	ts__pb_gemm(b, g, 0, glog, 0, false, prj, 0, true, B, d, V, 0.0f, L, "loss");
+	ts__pb_release(b, glog, L, "loss");
+	ts__pb_release(b, xL, L, "loss");
+	if (ts__pb_update_fused(p)) {
+		ts__pb_update_param(b, &pr, -1, b->GP, 0, -1, prj != b->PRJ ? prj : -1, "loss");
+		ts__pb_release(b, b->GP, -1, "loss");
 		b->GP = -1;
 	}
 	token_drop(b, prj, b->PRJ, "loss");
@@ -721,18 +694,18 @@ static int token_loss(struct builder *b, int xL, enum ts_pbuf_class gcls)
 }
 
 /* The table's gradient: x_0's scattered by id; its update when fused. */
-static void token_backward(struct builder *b, int gx0)
+static void token_backward(struct ts__pb *b, int gx0)
 {
-	struct param_ref pr = token_param(b, 0);
-	bool fused = update_fused(b->p);
+	struct ts__pb_param pr = token_param(b, 0);
+	bool fused = ts__pb_update_fused(b->p);
 
 	if (fused)
-		b->GE = temp(b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1, pr.bytes, "backward");
+		b->GE = ts__pb_temp(b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1, pr.bytes, "backward");
 	token_op(b, TS_P_EMBED_BWD, gx0, b->IN, b->GE, -1, "backward");
-	release(b, gx0, 0, "backward");
+	ts__pb_release(b, gx0, 0, "backward");
 	if (fused) {
-		update_param(b, &pr, -1, b->GE, 0, -1, -1, "backward");
-		release(b, b->GE, -1, "backward");
+		ts__pb_update_param(b, &pr, -1, b->GE, 0, -1, -1, "backward");
+		ts__pb_release(b, b->GE, -1, "backward");
 		b->GE = -1;
 	}
 }
@@ -785,12 +758,12 @@ static ts_status check_model(const struct ts_mlp *mlp, int batch, const struct t
 /* Starts building *out (zeroed, the model checked): its model, policy and
  * batch; no buffer yet, every index unset, the per-layer state allocated
  * (b->failed when it could not be). */
-static void builder_start(struct builder *b, struct ts_plan *out, const struct ts_mlp *mlp,
+void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *mlp,
                           const struct ts_policy *policy, int batch)
 {
 	int L = mlp->layers;
 
-	*b = (struct builder){.p = out, .W1 = -1, .W2 = -1, .MU1 = -1, .MU2 = -1, .NU1 = -1,
+	*b = (struct ts__pb){.p = out, .W1 = -1, .W2 = -1, .MU1 = -1, .MU2 = -1, .NU1 = -1,
 	                      .NU2 = -1, .IN = -1, .TGT = -1, .G1 = -1, .G2 = -1, .EMB = -1,
 	                      .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1, .NUP = -1, .GE = -1,
 	                      .GP = -1, .x0 = -1};
@@ -809,10 +782,10 @@ static void builder_start(struct builder *b, struct ts_plan *out, const struct t
 }
 
 /* A whole-model buffer when `want`, else -1. */
-static int add_whole(struct builder *b, bool want, enum ts_pbuf_role role,
+int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role,
                      enum ts_pbuf_class cls, enum ts_memory_kind kind, uint64_t bytes)
 {
-	return want ? add_buf(b, role, cls, kind, -1, bytes) : -1;
+	return want ? ts__pb_buf(b, role, cls, kind, -1, bytes) : -1;
 }
 
 /*
@@ -821,7 +794,7 @@ static int add_whole(struct builder *b, bool want, enum ts_pbuf_role role,
  * and their gradients when `grads_out`; the batch's input and target (a
  * token model's are ids); the layers' gradients when `grads_out`.
  */
-static void add_arguments(struct builder *b, bool grads_out)
+static void add_arguments(struct ts__pb *b, bool grads_out)
 {
 	const struct ts_plan *p = b->p;
 	const struct ts_mlp *m = &p->mlp;
@@ -833,31 +806,31 @@ static void add_arguments(struct builder *b, bool grads_out)
 	uint64_t ib = tok ? (uint64_t)p->batch * (uint64_t)m->id_bytes
 	                  : (uint64_t)p->batch * m->d_model * F32;
 
-	b->W1 = add_whole(b, true, TS_ROLE_W1, TS_PB_ARGUMENT, pk, wb);
-	b->W2 = add_whole(b, has2, TS_ROLE_W2, TS_PB_ARGUMENT, pk, wb);
-	b->MU1 = add_whole(b, adam, TS_ROLE_MU_W1, TS_PB_ARGUMENT, sk, wb);
-	b->NU1 = add_whole(b, adam, TS_ROLE_NU_W1, TS_PB_ARGUMENT, sk, wb);
-	b->MU2 = add_whole(b, adam && has2, TS_ROLE_MU_W2, TS_PB_ARGUMENT, sk, wb);
-	b->NU2 = add_whole(b, adam && has2, TS_ROLE_NU_W2, TS_PB_ARGUMENT, sk, wb);
-	b->EMB = add_whole(b, tok, TS_ROLE_EMBED, TS_PB_ARGUMENT, pk, eb);
-	b->PRJ = add_whole(b, p2, TS_ROLE_PROJ, TS_PB_ARGUMENT, pk, eb);
-	b->MUE = add_whole(b, tok && adam, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, sk, eb);
-	b->NUE = add_whole(b, tok && adam, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, sk, eb);
-	b->MUP = add_whole(b, p2 && adam, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, sk, eb);
-	b->NUP = add_whole(b, p2 && adam, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, sk, eb);
-	b->GE = add_whole(b, tok && grads_out, TS_ROLE_GRAD_EMBED, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
-	b->GP = add_whole(b, p2 && grads_out, TS_ROLE_GRAD_PROJ, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
-	b->IN = add_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
-	b->TGT = add_whole(b, m->loss == TS_LOSS_MSE || tok, TS_ROLE_TARGET, TS_PB_ARGUMENT,
+	b->W1 = ts__pb_whole(b, true, TS_ROLE_W1, TS_PB_ARGUMENT, pk, wb);
+	b->W2 = ts__pb_whole(b, has2, TS_ROLE_W2, TS_PB_ARGUMENT, pk, wb);
+	b->MU1 = ts__pb_whole(b, adam, TS_ROLE_MU_W1, TS_PB_ARGUMENT, sk, wb);
+	b->NU1 = ts__pb_whole(b, adam, TS_ROLE_NU_W1, TS_PB_ARGUMENT, sk, wb);
+	b->MU2 = ts__pb_whole(b, adam && has2, TS_ROLE_MU_W2, TS_PB_ARGUMENT, sk, wb);
+	b->NU2 = ts__pb_whole(b, adam && has2, TS_ROLE_NU_W2, TS_PB_ARGUMENT, sk, wb);
+	b->EMB = ts__pb_whole(b, tok, TS_ROLE_EMBED, TS_PB_ARGUMENT, pk, eb);
+	b->PRJ = ts__pb_whole(b, p2, TS_ROLE_PROJ, TS_PB_ARGUMENT, pk, eb);
+	b->MUE = ts__pb_whole(b, tok && adam, TS_ROLE_MU_EMBED, TS_PB_ARGUMENT, sk, eb);
+	b->NUE = ts__pb_whole(b, tok && adam, TS_ROLE_NU_EMBED, TS_PB_ARGUMENT, sk, eb);
+	b->MUP = ts__pb_whole(b, p2 && adam, TS_ROLE_MU_PROJ, TS_PB_ARGUMENT, sk, eb);
+	b->NUP = ts__pb_whole(b, p2 && adam, TS_ROLE_NU_PROJ, TS_PB_ARGUMENT, sk, eb);
+	b->GE = ts__pb_whole(b, tok && grads_out, TS_ROLE_GRAD_EMBED, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
+	b->GP = ts__pb_whole(b, p2 && grads_out, TS_ROLE_GRAD_PROJ, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
+	b->IN = ts__pb_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
+	b->TGT = ts__pb_whole(b, m->loss == TS_LOSS_MSE || tok, TS_ROLE_TARGET, TS_PB_ARGUMENT,
 	                   TS_MEM_DEVICE, ib);
-	b->G1 = add_whole(b, grads_out, TS_ROLE_GRAD_W1, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
-	b->G2 = add_whole(b, grads_out && has2, TS_ROLE_GRAD_W2, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
+	b->G1 = ts__pb_whole(b, grads_out, TS_ROLE_GRAD_W1, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
+	b->G2 = ts__pb_whole(b, grads_out && has2, TS_ROLE_GRAD_W2, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
 }
 
 /* Ends building: frees the per-layer state and reads the analysis of the
  * schedule built (place.h). On failure releases the plan and answers
  * RESOURCE_EXHAUSTED, "no memory to plan the <what>". */
-static ts_status builder_finish(struct builder *b, const char *what, struct ts_error *err)
+ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err)
 {
 	free(b->x);
 	free(b->xh);
@@ -878,7 +851,7 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
                         const struct ts_policy *policy, struct ts_plan *out,
                         struct ts_error *err)
 {
-	struct builder b;
+	struct ts__pb b;
 	bool tok = ts_mlp_tokens(mlp), has2 = ts_mlp_has_w2(mlp);
 	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
 	uint64_t wb = (uint64_t)d * H * F32, xb = (uint64_t)batch * d * F32;
@@ -886,11 +859,13 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 	int g, xL;
 	ts_status st;
 
+	if (mlp->gpt)
+		return ts__plan_build_gpt(mlp, opt, batch, policy, out, err);
 	memset(out, 0, sizeof *out);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
-	builder_start(&b, out, mlp, policy, batch);
+	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
 	add_arguments(&b, gcls == TS_PB_OUTPUT);
 	if (tok)
@@ -900,33 +875,33 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 		g = token_loss(&b, xL, gcls);
 	} else {
 		g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
-		release(&b, xL, L, "loss");
+		ts__pb_release(&b, xL, L, "loss");
 	}
-	if (gcls == TS_PB_TEMP && !update_fused(out)) {
-		b.G1 = temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
-		b.G2 = has2 ? temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
+	if (gcls == TS_PB_TEMP && !ts__pb_update_fused(out)) {
+		b.G1 = ts__pb_temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
+		b.G2 = has2 ? ts__pb_temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
 		if (tok)
-			b.GE = temp(&b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1,
+			b.GE = ts__pb_temp(&b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1,
 			            (uint64_t)mlp->vocab * (uint64_t)d * F32, "backward");
 	}
 	g = backward(&b, g);
 	if (tok)
 		token_backward(&b, g);
-	if (opt->type != TS_OPT_NONE && !update_fused(out)) {
+	if (opt->type != TS_OPT_NONE && !ts__pb_update_fused(out)) {
 		update(&b);
-		release(&b, b.G1, -1, "update");
-		release(&b, b.G2, -1, "update");
-		release(&b, b.GE, -1, "update");
-		release(&b, b.GP, -1, "update");
+		ts__pb_release(&b, b.G1, -1, "update");
+		ts__pb_release(&b, b.G2, -1, "update");
+		ts__pb_release(&b, b.GE, -1, "update");
+		ts__pb_release(&b, b.GP, -1, "update");
 	}
-	return builder_finish(&b, "step", err);
+	return ts__pb_finish(&b, "step", err);
 }
 
 /* ---- evaluation --------------------------------------------------------------- */
 
 /* The forward pass of an evaluation: every layer's input is freed once the
  * layer read it; the last layer writes into `last` when it is set. */
-static int forward_eval(struct builder *b, int last)
+static int forward_eval(struct ts__pb *b, int last)
 {
 	const struct ts_plan *p = b->p;
 	int L = p->mlp.layers, x = b->x0 >= 0 ? b->x0 : b->IN;
@@ -939,7 +914,7 @@ static int forward_eval(struct builder *b, int last)
 			params_fetch(b, l + 1, "forward");
 		y = layer_forward_into(b, l, x, l == L - 1 ? last : -1, false, &h, "forward");
 		if (x != b->IN)
-			release(b, x, l, "forward");
+			ts__pb_release(b, x, l, "forward");
 		params_drop(b, l, "forward");
 		if (!p->policy.prefetch_depth)
 			params_fetch(b, l + 1, "forward");
@@ -953,7 +928,7 @@ static int forward_eval(struct builder *b, int last)
  * step's cross-entropy kernel against the target ids, its gradient into a
  * scratch temp freed at once. Returns the logits' buffer; frees x_L when
  * it is not that. */
-static int token_loss_eval(struct builder *b, int xL, int dst)
+static int token_loss_eval(struct ts__pb *b, int xL, int dst)
 {
 	const struct ts_plan *p = b->p;
 	int B = p->batch, d = p->mlp.d_model, V = p->mlp.vocab, L = p->mlp.layers;
@@ -962,13 +937,13 @@ static int token_loss_eval(struct builder *b, int xL, int dst)
 
 	if (p->mlp.proj) {
 		prj = token_fetch(b, b->PRJ, TS_ROLE_PROJ, token_param(b, 1).bytes, "loss");
-		logits = dst >= 0 ? dst : temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
-		gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
+		logits = dst >= 0 ? dst : ts__pb_temp(b, TS_ROLE_LOGITS, TS_MEM_DEVICE, L, lb, "loss");
+		ts__pb_gemm(b, logits, 0, xL, 0, false, prj, 0, false, B, V, d, 0.0f, L, "loss");
 		token_drop(b, prj, b->PRJ, "loss");
-		release(b, xL, L, "loss");
+		ts__pb_release(b, xL, L, "loss");
 	}
 	glog = token_xent(b, logits);
-	release(b, glog, L, "loss");
+	ts__pb_release(b, glog, L, "loss");
 	return logits;
 }
 
@@ -976,7 +951,7 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
                              bool outputs, enum ts_memory_kind outputs_kind,
                              struct ts_plan *out, struct ts_error *err)
 {
-	struct builder b;
+	struct ts__pb b;
 	bool tok = ts_mlp_tokens(mlp);
 	int L = mlp->layers, d = mlp->d_model;
 	uint64_t xb = (uint64_t)batch * d * F32;
@@ -984,6 +959,8 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	int g, xL, OUT = -1, dev_out;
 	ts_status st;
 
+	if (mlp->gpt)
+		return ts__plan_build_gpt_eval(mlp, batch, policy, outputs, outputs_kind, out, err);
 	memset(out, 0, sizeof *out);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
@@ -992,14 +969,14 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "outputs live on device or pinned_host, not '%s'",
 		                    ts_memory_kind_name(outputs_kind));
-	builder_start(&b, out, mlp, policy, batch);
+	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
 	out->policy.save_x = out->policy.save_h = false;
 	out->policy.offload_x = out->policy.offload_h = false;
 	out->evaluate = true;
 	add_arguments(&b, false);
 	if (outputs)
-		OUT = add_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
+		OUT = ts__pb_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
 	dev_out = OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1;
 	if (tok)
 		token_forward(&b);
@@ -1010,13 +987,13 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 		/* the step's loss kernel, for the same value bit for bit: its
 		 * gradient lands in a scratch temp that is freed at once */
 		g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
-		release(&b, g, L, "loss");
+		ts__pb_release(&b, g, L, "loss");
 	}
 	if (OUT >= 0 && outputs_kind != TS_MEM_DEVICE)
-		copy(&b, OUT, 0, xL, 0, ob, L, "outputs");
+		ts__pb_copy(&b, OUT, 0, xL, 0, ob, L, "outputs");
 	if (xL != OUT && xL != b.IN)
-		release(&b, xL, L, "outputs");
-	return builder_finish(&b, "evaluation", err);
+		ts__pb_release(&b, xL, L, "outputs");
+	return ts__pb_finish(&b, "evaluation", err);
 }
 
 void ts_plan_release(struct ts_plan *p)

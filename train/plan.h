@@ -79,6 +79,7 @@
 
 #include "common/status.h"
 #include "device/device.h"
+#include "train/gpt.h"
 #include "train/mlp.h"
 
 struct ts_policy {
@@ -108,20 +109,60 @@ enum ts_pbuf_role {
 	TS_ROLE_EMBED, TS_ROLE_PROJ, TS_ROLE_MU_EMBED, TS_ROLE_MU_PROJ, TS_ROLE_NU_EMBED,
 	TS_ROLE_NU_PROJ, TS_ROLE_GRAD_EMBED, TS_ROLE_GRAD_PROJ, TS_ROLE_LOGITS,
 	TS_ROLE_LOWP,                    /* a GEMM operand rounded to the compute dtype */
+	/* the GPT kind (gpt.h): each parameter tensor, then its Adam mu and nu,
+	 * then its gradient, in the order of TS_GPT_PARAMS */
+#define TS_GPT_ROLE_P(id, name) TS_ROLE_GPT_##id,
+#define TS_GPT_ROLE_MU(id, name) TS_ROLE_MU_GPT_##id,
+#define TS_GPT_ROLE_NU(id, name) TS_ROLE_NU_GPT_##id,
+#define TS_GPT_ROLE_G(id, name) TS_ROLE_GRAD_GPT_##id,
+	TS_GPT_PARAMS(TS_GPT_ROLE_P)
+	TS_GPT_PARAMS(TS_GPT_ROLE_MU)
+	TS_GPT_PARAMS(TS_GPT_ROLE_NU)
+	TS_GPT_PARAMS(TS_GPT_ROLE_G)
+#undef TS_GPT_ROLE_P
+#undef TS_GPT_ROLE_MU
+#undef TS_GPT_ROLE_NU
+#undef TS_GPT_ROLE_G
+	TS_ROLE_GPT_ACT,                 /* a GPT block's activations (gpt.h) */
 	TS_ROLE_COUNT
 };
+
+/* The GPT's parameter tensors: of kind (0 the parameter, 1 Adam's mu, 2
+ * nu, 3 the gradient) the role of tensor t (0 .. TS_GPT_NPARAMS-1), and
+ * back: whether r is one and which. */
+static inline enum ts_pbuf_role ts_gpt_role(int kind, int t)
+{
+	return (enum ts_pbuf_role)(TS_ROLE_GPT_WTE + kind * TS_GPT_NPARAMS + t);
+}
+
+static inline bool ts_gpt_role_of(enum ts_pbuf_role r, int *kind, int *t)
+{
+	int i = (int)r - (int)TS_ROLE_GPT_WTE;
+
+	if (i < 0 || i >= 4 * TS_GPT_NPARAMS)
+		return false;
+	*kind = i / TS_GPT_NPARAMS;
+	*t = i % TS_GPT_NPARAMS;
+	return true;
+}
 
 /* A parameter (w1, w2, embed, proj); optimizer state (mu, nu of one); either:
  * the arguments a step with an optimizer updates. */
 static inline bool ts_role_param(enum ts_pbuf_role r)
 {
-	return r == TS_ROLE_W1 || r == TS_ROLE_W2 || r == TS_ROLE_EMBED || r == TS_ROLE_PROJ;
+	int kind, t;
+
+	return r == TS_ROLE_W1 || r == TS_ROLE_W2 || r == TS_ROLE_EMBED || r == TS_ROLE_PROJ ||
+	       (ts_gpt_role_of(r, &kind, &t) && kind == 0);
 }
 
 static inline bool ts_role_opt_state(enum ts_pbuf_role r)
 {
+	int kind, t;
+
 	return (r >= TS_ROLE_MU_W1 && r <= TS_ROLE_NU_W2) ||
-	       (r >= TS_ROLE_MU_EMBED && r <= TS_ROLE_NU_PROJ);
+	       (r >= TS_ROLE_MU_EMBED && r <= TS_ROLE_NU_PROJ) ||
+	       (ts_gpt_role_of(r, &kind, &t) && (kind == 1 || kind == 2));
 }
 
 static inline bool ts_role_state(enum ts_pbuf_role r)
@@ -162,12 +203,27 @@ enum ts_pop {
 	/* mixed precision: the mlp's compute dtype */
 	TS_P_ROUND,       /* b (16-bit) = a (+aoff) rounded, n elements */
 	TS_P_GEMM_LP,     /* as GEMM, with a and b 16-bit copies (offset 0), c float32 */
+	/* the GPT kind (kernels.h's transformer blocks); heads and context are
+	 * the plan's mlp's */
+	TS_P_LN_FWD,      /* d [n, N] = LayerNorm of a [n, N] with g b (+boff), bias c
+	                     (+coff); e [n, 2] its statistics */
+	TS_P_LN_BWD,      /* its gradient: e [n, N] = dx of dy d at x a, g b (+boff),
+	                     stats c; dg f (+foff), db g (+goff), overwritten */
+	TS_P_ADD_ROWS,    /* b [n, N] += a (+aoff) [K, N] by row period K */
+	TS_P_SUM_ROWS,    /* b (+boff) [K, N] = a [n, N] summed by row period K */
+	TS_P_HEADS,       /* b = a from [M, N, K, heads, hd] to [K, M, heads, N, hd]
+	                     (ta: back) */
+	TS_P_GEMM_BATCHED,/* n products of GEMM's shapes, dense batches back to back */
+	TS_P_SOFTMAX_FWD, /* b = causal softmax of a, n blocks of N x N */
+	TS_P_SOFTMAX_BWD, /* c = its gradient at probabilities a, upstream b */
 };
 
 struct ts_paction {
 	enum ts_pop op;
 	int a, b, c, d, e;               /* buffer indices, -1 unused (e: UPDATE's norm) */
+	int f, g;                        /* LN_BWD's parameter gradients, -1 unused */
 	uint64_t aoff, boff, coff;       /* byte offsets into a, b, c */
+	uint64_t foff, goff;             /* and into f, g */
 	uint64_t bytes;                  /* COPY */
 	int M, N, K;
 	bool ta, tb;

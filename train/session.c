@@ -9,6 +9,7 @@
  */
 #include "train/session.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,22 @@ static const char *const role_names[TS_ROLE_COUNT] = {
 
 static const char *role_name(enum ts_pbuf_role role)
 {
+#define TS_GPT_NAME_P(id, name) name,
+#define TS_GPT_NAME_MU(id, name) "mu." name,
+#define TS_GPT_NAME_NU(id, name) "nu." name,
+#define TS_GPT_NAME_G(id, name) "grad." name,
+	static const char *const gpt_names[4][TS_GPT_NPARAMS] = {
+		{TS_GPT_PARAMS(TS_GPT_NAME_P)}, {TS_GPT_PARAMS(TS_GPT_NAME_MU)},
+		{TS_GPT_PARAMS(TS_GPT_NAME_NU)}, {TS_GPT_PARAMS(TS_GPT_NAME_G)},
+	};
+#undef TS_GPT_NAME_P
+#undef TS_GPT_NAME_MU
+#undef TS_GPT_NAME_NU
+#undef TS_GPT_NAME_G
+	int kind, t;
+
+	if (ts_gpt_role_of(role, &kind, &t))
+		return gpt_names[kind][t];
 	return (unsigned)role < TS_ROLE_COUNT && role_names[role] ? role_names[role] : "temp";
 }
 

@@ -104,7 +104,7 @@ static void compare(const char *what, const float *got, size_t ng, const float *
 
 /* Runs optax_reference.py on the spec in rspec (dumped into dir); the
  * result.json (new reference). */
-static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
+static json_t *run_script(const char *script, const char *dir, json_t *rspec, const char *tag)
 {
 	char path[700], cmd[2048];
 	json_t *ref;
@@ -113,7 +113,7 @@ static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
 
 	snprintf(path, sizeof path, "%s/spec%s.json", dir, tag);
 	ck_assert_int_eq(json_dump_file(rspec, path, 0), 0);
-	snprintf(cmd, sizeof cmd, "python3 '%s/optax_reference.py' '%s'", th_py_dir(), path);
+	snprintf(cmd, sizeof cmd, "python3 '%s/%s' '%s'", th_py_dir(), script, path);
 	st = system(cmd);
 	ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
 	              "'%s' failed (status %d): it needs python3 with jax, jaxlib and optax "
@@ -122,6 +122,11 @@ static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
 	ref = json_load_file(path, 0, &e);
 	ck_assert_msg(ref != NULL, "%s: %s", path, e.text);
 	return ref;
+}
+
+static json_t *run_reference(const char *dir, json_t *rspec, const char *tag)
+{
+	return run_script("optax_reference.py", dir, rspec, tag);
 }
 
 /* Creates the model, runs STEPS steps on the daemon and in optax from the
@@ -665,6 +670,253 @@ START_TEST(test_tokens_adam_clipped)
 }
 END_TEST
 
+/* ---- the GPT kind against a jax.numpy GPT-2 ---------------------------------------- */
+
+/* py/gpt_reference.py's files of the weights, by the daemon's role. */
+static const char *const gpt_files[][2] = {
+	{"wte", "wte.f32"}, {"wpe", "wpe.f32"}, {"ln1.g", "ln1_g.f32"}, {"ln1.b", "ln1_b.f32"},
+	{"attn.qkv.w", "attn_qkv_w.f32"}, {"attn.qkv.b", "attn_qkv_b.f32"},
+	{"attn.o.w", "attn_o_w.f32"}, {"attn.o.b", "attn_o_b.f32"}, {"ln2.g", "ln2_g.f32"},
+	{"ln2.b", "ln2_b.f32"}, {"mlp.fc.w", "mlp_fc_w.f32"}, {"mlp.fc.b", "mlp_fc_b.f32"},
+	{"mlp.proj.w", "mlp_proj_w.f32"}, {"mlp.proj.b", "mlp_proj_b.f32"},
+	{"lnf.g", "lnf_g.f32"}, {"lnf.b", "lnf_b.f32"},
+};
+#define GPT_NW (sizeof gpt_files / sizeof gpt_files[0])
+
+enum { GV = 61, GC = 16, GL = 2, GD = 32, GH = 4, GF = 64, GB = 4, GSTEPS = 10 };
+
+/* The key third of attn.qkv.b: a bias added to every key of a head moves a
+ * query's scores by one constant, which the softmax ignores, so its
+ * gradient is 0 in exact arithmetic and rounding noise on both sides; Adam
+ * scales noise to steps of the learning rate's size, differently on each.
+ * It changes no output (the losses and logits agree); its elements are
+ * left out of the weight and moment comparisons (zeroed in both). */
+static void mask_key_bias(float *x, size_t n)
+{
+	for (size_t l = 0; l < GL; l++)
+		for (size_t i = 0; i < GD && (l * 3 + 1) * GD + i < n; i++)
+			x[(l * 3 + 1) * GD + i] = 0.0f;
+}
+
+/* The daemon's "{model}.{name}" against the reference's out/{file}, within
+ * rel of the largest magnitude, the key bias masked; the largest difference. */
+static double compare_masked(const char *model, const char *name, const char *dir,
+                             const char *file)
+{
+	char an[160], path[700], what[300];
+	size_t ng, nr;
+	float *a, *b;
+	double w;
+
+	snprintf(an, sizeof an, "%s.%s", model, name);
+	a = th_download_floats(&D, an, &ng);
+	snprintf(path, sizeof path, "%s/out/%s", dir, file);
+	b = (float *)th_read_file(path, &nr);
+	ck_assert_msg(b != NULL, "cannot read %s", path);
+	mask_key_bias(a, ng);
+	mask_key_bias(b, nr / sizeof *b);
+	snprintf(what, sizeof what, "'%s' after %d steps vs JAX (key bias masked)", an, GSTEPS);
+	w = compare_rel(what, a, ng, b, nr / sizeof *b, 1e-4);
+	free(a);
+	free(b);
+	return w;
+}
+
+/* Writes the model's weights into dir (file per weight) and the windows'
+ * inputs and targets (int32 [GB, GC]) as arrays "gx", "gt" and files. */
+static void gpt_inputs(const char *model, const char *dir, int32_t *in, int32_t *tg)
+{
+	unsigned s = 97;
+	char name[160], path[700];
+	struct th_response r;
+
+	for (size_t k = 0; k < GPT_NW; k++) {
+		size_t n;
+		float *w;
+
+		snprintf(name, sizeof name, "%s.%s", model, gpt_files[k][0]);
+		w = th_download_floats(&D, name, &n);
+		snprintf(path, sizeof path, "%s/%s", dir, gpt_files[k][1]);
+		th_write_file(path, w, n * sizeof *w);
+		free(w);
+	}
+	for (int i = 0; i < GB * (GC + 1); i++) {
+		s = s * 1664525u + 1013904223u;
+		in[i] = (int32_t)((s >> 8) % GV);
+	}
+	/* windows of GC + 1 tokens: inputs the first GC, targets the last GC */
+	for (int b = 0; b < GB; b++)
+		for (int t = 0; t < GC; t++) {
+			tg[b * GC + t] = in[b * (GC + 1) + t + 1];
+			in[b * GC + t] = in[b * (GC + 1) + t];
+		}
+	snprintf(path, sizeof path, "%s/inputs.i32", dir);
+	th_write_file(path, in, GB * GC * sizeof *in);
+	snprintf(path, sizeof path, "%s/targets.i32", dir);
+	th_write_file(path, tg, GB * GC * sizeof *tg);
+	for (int k = 0; k < 2; k++) {
+		snprintf(path, sizeof path, "/v1/arrays/%s?dtype=int32&shape=%d,%d", k ? "gt" : "gx",
+		         GB, GC);
+		th_request(&D, "PUT", path, NULL, (const char *)(k ? tg : in), GB * GC * sizeof *in,
+		           &r);
+		ck_assert_msg(r.status == 201 || r.status == 200, "PUT %s: %ld %s", path, r.status,
+		              r.body);
+		th_response_free(&r);
+	}
+}
+
+/* A GPT, trained GSTEPS AdamW steps with clipping and a warmup-cosine
+ * schedule on the daemon and in gpt_reference.py from the same initial
+ * weights and windows: every loss within 1e-5 relative, the weights and
+ * Adam's moments within 1e-4 of their largest magnitude; the gradients at
+ * the initial weights (a twin without an optimizer) within 1e-5 of theirs;
+ * an evaluation's logits within 1e-5; then export, import as another model,
+ * and one more step of each: the same loss, bit for bit. */
+START_TEST(test_gpt_adamw_vs_jax)
+{
+	static const char *const spec_fmt =
+		"{\"name\": \"%s\", \"gpt\": {\"vocab\": %d, \"context\": %d, \"layers\": %d, "
+		"\"d_model\": %d, \"heads\": %d, \"d_ff\": %d}, \"init\": {\"seed\": 5, "
+		"\"scale\": 0.1}, \"optimizer\": %s}";
+	static const char *const opt =
+		"{\"type\": \"adamw\", \"weight_decay\": 0.1, \"clip_global_norm\": 1.0, "
+		"\"b1\": 0.9, \"b2\": 0.95, \"eps\": 1e-8, \"schedule\": {\"type\": "
+		"\"warmup_cosine_decay\", \"init_value\": 0.0, \"peak_value\": 0.01, "
+		"\"warmup_steps\": 3, \"decay_steps\": 10, \"end_value\": 0.001}}";
+	int32_t in[GB * (GC + 1)], tg[GB * GC];
+	char dir[512], path[700], *spec;
+	json_t *res, *ref, *rspec, *ev;
+	double l_worst, w_worst, g_worst, lg_worst;
+	size_t ng, nr;
+	float *a, *b;
+	char *file;
+	size_t len;
+	struct th_response r;
+
+	spec = th_fmt(spec_fmt, "gp", GV, GC, GL, GD, GH, GF, opt);
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	free(spec);
+	spec = th_fmt(spec_fmt, "gpg", GV, GC, GL, GD, GH, GF, "{\"type\": \"none\"}");
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	free(spec);
+	th_temp_dir("gpt", dir, sizeof dir);
+	gpt_inputs("gpg", dir, in, tg);
+	/* the twin shares the first model's initial weights (the same seed) */
+	json_decref(th_post_json(&D, "/v1/models/gpg:step?wait=true",
+	                         "{\"inputs\": \"gx\", \"targets\": \"gt\", \"steps\": 1}", 200));
+	res = th_post_json(&D, "/v1/models/gp:step?wait=true",
+	                   "{\"inputs\": \"gx\", \"targets\": \"gt\", \"steps\": 10}", 200);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	ev = th_post_json(&D, "/v1/models/gp:evaluate?wait=true",
+	                  "{\"inputs\": \"gx\", \"targets\": \"gt\", \"outputs\": {\"name\": "
+	                  "\"glog\", \"device\": \"sim:0\", \"memory_kind\": \"pinned_host\"}}",
+	                  200);
+
+	rspec = json_pack("{s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:s+, s:s+, s:i, s:o, s:s+, s:s+,"
+	                  " s:i, s:i, s:b, s:b, s:{s:s}}",
+	                  "gpt", "vocab", GV, "context", GC, "layers", GL, "d_model", GD, "heads", GH,
+	                  "d_ff", GF, "weights", dir, "", "out", dir, "/out", "steps", GSTEPS,
+	                  "optimizer", json_loads(opt, 0, NULL),
+	                  "inputs", dir, "/inputs.i32", "targets", dir, "/targets.i32",
+	                  "batch", GB, "tokens", GC, "grads", 1, "adam_state", 1,
+	                  "evaluate", "positions", "all");
+	ck_assert_ptr_nonnull(rspec);
+	ck_assert_ptr_nonnull(json_object_get(rspec, "optimizer"));
+	ref = run_script("gpt_reference.py", dir, rspec, "");
+	l_worst = worst_loss(th_arr(res, "losses"), th_arr(ref, "losses"));
+	ck_assert_msg(l_worst <= 1e-5, "gpt losses off by %.3g relative from JAX's", l_worst);
+	{
+		double el = json_number_value(json_object_get(ev, "loss"));
+		double rl = json_number_value(json_object_get(ref, "eval_loss"));
+
+		ck_assert_msg(fabs(el - rl) <= 1e-5 * fabs(rl), "evaluate after the steps: %.9g, JAX "
+		              "%.9g", el, rl);
+	}
+	json_decref(ev);
+	/* every weight but attn.qkv.b (index 5), then it with its key third masked */
+	w_worst = compare_files("gp", gpt_files, 5, dir, "", 1e-4, "after 10 steps");
+	w_worst = fmax(w_worst, compare_files("gp", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
+	                                      "after 10 steps"));
+	w_worst = fmax(w_worst, compare_masked("gp", "attn.qkv.b", dir, "attn_qkv_b.f32"));
+	{
+		const char *const (*mu)[2] = NULL;
+		char names[GPT_NW][2][64];
+		const char *files[GPT_NW][2];
+
+		for (int k = 0; k < 2; k++) {
+			for (size_t i = 0; i < GPT_NW; i++) {
+				snprintf(names[i][0], sizeof names[i][0], "adam.%s.%s", k ? "nu" : "mu",
+				         gpt_files[i][0]);
+				snprintf(names[i][1], sizeof names[i][1], "%s_%s", k ? "nu" : "mu",
+				         gpt_files[i][1]);
+				files[i][0] = names[i][0];
+				files[i][1] = names[i][1];
+			}
+			mu = (const char *const (*)[2])files;
+			w_worst = fmax(w_worst, compare_files("gp", mu, 5, dir, "", 1e-4,
+			                                      "after 10 steps"));
+			w_worst = fmax(w_worst, compare_files("gp", mu + 6, GPT_NW - 6, dir, "", 1e-4,
+			                                      "after 10 steps"));
+			w_worst = fmax(w_worst, compare_masked("gp", files[5][0], dir, files[5][1]));
+		}
+	}
+	{
+		char names[GPT_NW][2][64];
+		const char *files[GPT_NW][2];
+
+		for (size_t i = 0; i < GPT_NW; i++) {
+			snprintf(names[i][0], sizeof names[i][0], "grad.%s", gpt_files[i][0]);
+			snprintf(names[i][1], sizeof names[i][1], "grad_%s", gpt_files[i][1]);
+			files[i][0] = names[i][0];
+			files[i][1] = names[i][1];
+		}
+		g_worst = compare_files("gpg", (const char *const (*)[2])files, GPT_NW, dir, "", 1e-5,
+		                        "at the initial weights");
+	}
+	/* the logits [GB, GC, GV] after the steps */
+	a = th_download_floats(&D, "glog", &ng);
+	snprintf(path, sizeof path, "%s/out/logits.f32", dir);
+	b = (float *)th_read_file(path, &nr);
+	ck_assert_msg(b != NULL, "cannot read %s", path);
+	lg_worst = compare_rel("logits after 10 steps", a, ng, b, nr / sizeof *b, 1e-4);
+	free(a);
+	free(b);
+
+	/* export, import as another model, one more step of each: the same bits */
+	th_get(&D, "/v1/models/gp:export", &r);
+	ck_assert_msg(r.status == 200, "export: %ld", r.status);
+	len = r.body_len;
+	file = malloc(len);
+	ck_assert_ptr_nonnull(file);
+	memcpy(file, r.body, len);
+	th_response_free(&r);
+	th_request(&D, "POST", "/v1/models:import?name=gp2", octet_headers, file, len, &r);
+	ck_assert_msg(r.status == 201, "import: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	free(file);
+	{
+		json_t *x = th_post_json(&D, "/v1/models/gp:step?wait=true",
+		                         "{\"inputs\": \"gx\", \"targets\": \"gt\", \"steps\": 1}",
+		                         200);
+		json_t *y = th_post_json(&D, "/v1/models/gp2:step?wait=true",
+		                         "{\"inputs\": \"gx\", \"targets\": \"gt\", \"steps\": 1}",
+		                         200);
+
+		ck_assert(json_number_value(json_array_get(th_arr(x, "losses"), 0)) ==
+		          json_number_value(json_array_get(th_arr(y, "losses"), 0)));
+		json_decref(x);
+		json_decref(y);
+	}
+	fprintf(stderr, "gpt vs JAX: losses over %d AdamW steps off by %.3g relative, weights and "
+	        "moments by %.3g of their largest, gradients by %.3g, logits by %.3g\n", GSTEPS,
+	        l_worst, w_worst, g_worst, lg_worst);
+	json_decref(res);
+	json_decref(ref);
+	json_decref(rspec);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("optax");
@@ -680,6 +932,12 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_bfloat16_adam_vs_jax);
 	tcase_add_test(tc, test_float16_adam_vs_jax);
 	tcase_add_test(tc, test_bfloat16_analysis_counts_the_copies);
+	suite_add_tcase(s, tc);
+	/* the GPT kind against a jax.numpy GPT-2 (py/gpt_reference.py) */
+	tc = tcase_create("gpt");
+	tcase_add_checked_fixture(tc, up, down);
+	tcase_set_timeout(tc, CASE_TIMEOUT_S);
+	tcase_add_test(tc, test_gpt_adamw_vs_jax);
 	suite_add_tcase(s, tc);
 	return s;
 }

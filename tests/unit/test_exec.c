@@ -196,6 +196,22 @@ static void initial(const struct ts_plan *p, enum ts_pbuf_role role, unsigned se
 		}
 		return;
 	}
+	{
+		int kind, t;
+
+		if (ts_gpt_role_of(role, &kind, &t)) {
+			if (kind == 3)
+				for (size_t i = 0; i < n; i++)
+					x[i] = NAN;
+			else if (kind != 0)
+				memset(x, 0, n * sizeof *x);
+			else if (ts_gpt_param_is_scale((enum ts_gpt_param)t))
+				fill_rnd(x, n, seed * 64 + 9 + (unsigned)t, 0.8f, 1.2f);
+			else
+				fill_rnd(x, n, seed * 64 + 9 + (unsigned)t, -0.3f, 0.3f);
+			return;
+		}
+	}
 	switch (role) {
 	case TS_ROLE_EMBED:
 		fill_rnd(x, n, seed * 16 + 7, -1.0f, 1.0f);
@@ -1877,6 +1893,170 @@ static void add_lowp(TCase *tc)
 	tcase_add_test(tc, test_lowp_token_model_every_policy);
 }
 
+/* ---- the GPT kind ---------------------------------------------------------------- */
+
+/* A small GPT: vocab 37, windows of 8 tokens, 2 blocks of width 16 with 4
+ * heads and an MLP of 32, batches of 2 windows (16 rows). */
+static const struct ts_mlp tiny_gpt = {.layers = 2, .d_model = 16, .d_hidden = 32,
+                                       .act = TS_ACT_GELU, .loss = TS_LOSS_XENT,
+                                       .vocab = 37, .id_bytes = 4, .gpt = true, .heads = 4,
+                                       .context = 8};
+
+/* Every GPT policy the planner takes (offloading "h" excepted): params and
+ * optimizer state on the device or pinned_host, x saved, offloaded or
+ * recomputed, h saved or recomputed, prefetch 0 or 1. */
+static struct ts_policy gpt_policy(int k)
+{
+	struct ts_policy p = {.params = k % 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+	                      .opt_state = (k / 2) % 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
+	                      .save_x = (k / 4) % 3 == 1, .offload_x = (k / 4) % 3 == 2,
+	                      .save_h = (k / 12) % 2 == 1, .prefetch_depth = (k / 24) % 2};
+
+	return p;
+}
+
+#define GPT_POLICIES 48
+
+/* Three Adam steps (with clipping, and without: fused updates) under every
+ * policy: each step's measured peaks equal the plan's (job_run), the loss
+ * falls, and the losses, weights and moments are the same bits as under
+ * the first policy. */
+START_TEST(test_gpt_every_policy_same_results)
+{
+	const struct ts_optimizer opts[2] = {
+		{.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+		 .clip_global_norm = 0.5f},
+		{.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f, .learning_rate = 1e-2f,
+		 .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f},
+	};
+
+	for (int o = 0; o < 2; o++) {
+		struct job ref;
+		float ref_loss[3];
+
+		for (int k = 0; k < GPT_POLICIES; k++) {
+			struct ts_policy pol = gpt_policy(k);
+			struct ts_exec_result r;
+			struct job j;
+
+			job_new(&tiny_gpt, &opts[o], 16, &pol, 21, &j);
+			for (int step = 1; step <= 3; step++) {
+				job_run(&j, step, &r);
+				if (k == 0)
+					ref_loss[step - 1] = r.loss;
+				else
+					same_loss(r.loss, ref_loss[step - 1], "gpt policy");
+			}
+			if (k == 0) {
+				ck_assert_msg(ref_loss[2] < ref_loss[0], "loss %.6g -> %.6g", ref_loss[0],
+				              ref_loss[2]);
+				ref = j;
+				continue;
+			}
+			for (int t = 0; t < TS_GPT_NPARAMS; t++)
+				for (int kind = 0; kind < 3; kind++)
+					same_values(&j, &ref, ts_gpt_role(kind, t), "gpt policy");
+			job_free(&j);
+		}
+		job_free(&ref);
+	}
+}
+END_TEST
+
+/* The gradients of every parameter against central differences of the
+ * step's own loss (optimizer none: the step writes the gradients and
+ * leaves the weights), a few elements of each. */
+START_TEST(test_gpt_gradients_match_finite_differences)
+{
+	struct ts_policy pol = gpt_policy(0);
+	struct ts_exec_result r;
+	struct job j;
+	double worst = 0;
+
+	job_new(&tiny_gpt, &grads_only, 16, &pol, 22, &j);
+	job_run(&j, 1, &r);
+	for (int t = 0; t < TS_GPT_NPARAMS; t++) {
+		size_t n, ng;
+		float *w = job_read(&j, ts_gpt_role(0, t), &n);
+		float *gr = job_read(&j, ts_gpt_role(3, t), &ng);
+
+		ck_assert_uint_eq(n, ng);
+		for (size_t e = 0; e < n; e += n / 5 + 1) {
+			const float h = 1e-2f;
+			float keep = w[e], lp, lm;
+			double fd;
+
+			w[e] = keep + h;
+			job_write(&j, ts_gpt_role(0, t), w);
+			job_run(&j, 1, &r);
+			lp = r.loss;
+			w[e] = keep - h;
+			job_write(&j, ts_gpt_role(0, t), w);
+			job_run(&j, 1, &r);
+			lm = r.loss;
+			w[e] = keep;
+			job_write(&j, ts_gpt_role(0, t), w);
+			fd = ((double)lp - lm) / (2.0 * h);
+			worst = fmax(worst, fabs(gr[e] - fd) / (1e-1 + fabs(fd)));
+			ck_assert_msg(fabs(gr[e] - fd) <= 2e-3 + 2e-2 * fabs(fd),
+			              "%s[%zu]: gradient %.6g, finite differences %.6g",
+			              ts_gpt_param_name((enum ts_gpt_param)t), e, gr[e], fd);
+		}
+		free(w);
+		free(gr);
+	}
+	fprintf(stderr, "gpt gradients against central differences: worst |g - fd| / (0.1 + "
+	        "|fd|) = %.3g\n", worst);
+	job_free(&j);
+}
+END_TEST
+
+/* An evaluation's loss is the step's before its update, bit for bit, and
+ * its logits are what the loss was computed from. */
+START_TEST(test_gpt_evaluation_is_the_steps_forward)
+{
+	struct ts_policy pol = gpt_policy(1);
+	struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                            .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_exec_result r, e;
+	struct job step, ev;
+
+	job_new(&tiny_gpt, &adam, 16, &pol, 23, &step);
+	job_new_eval(&tiny_gpt, 16, &pol, true, TS_MEM_PINNED_HOST, 23, &ev);
+	job_run(&ev, 1, &e);
+	job_run(&step, 1, &r);
+	same_loss(e.loss, r.loss, "gpt evaluation");
+	job_free(&step);
+	job_free(&ev);
+}
+END_TEST
+
+/* A batch of part of a window, heads that do not divide the width, and
+ * offloading "h" are refused before anything is planned. */
+START_TEST(test_gpt_refusals)
+{
+	struct ts_policy pol = gpt_policy(0);
+	struct ts_mlp m = tiny_gpt;
+	struct ts_plan p;
+
+	ck_assert_int_eq(ts_plan_build(&m, &grads_only, 12, &pol, &p, &err), TS_INVALID_ARGUMENT);
+	m.heads = 3;
+	ck_assert_int_eq(ts_plan_build(&m, &grads_only, 16, &pol, &p, &err), TS_INVALID_ARGUMENT);
+	m = tiny_gpt;
+	pol.offload_h = true;
+	ck_assert_int_eq(ts_plan_build(&m, &grads_only, 16, &pol, &p, &err), TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+}
+END_TEST
+
+static void add_gpt(TCase *tc)
+{
+	tcase_add_test(tc, test_gpt_every_policy_same_results);
+	tcase_add_test(tc, test_gpt_gradients_match_finite_differences);
+	tcase_add_test(tc, test_gpt_evaluation_is_the_steps_forward);
+	tcase_add_test(tc, test_gpt_refusals);
+}
+
 Suite *ts_unit_suite(void)
 {
 	bool cuda = ts_unit_cuda();
@@ -1888,6 +2068,7 @@ Suite *ts_unit_suite(void)
 	add_common(tc);
 	add_tokens(tc);
 	add_lowp(tc);
+	add_gpt(tc);
 	/* fault injection exists on sim only */
 	tcase_add_test(tc, test_copy_failure_releases_every_temp);
 	tcase_add_test(tc, test_copy_failure_mid_step_leaves_every_array_whole);
@@ -1902,6 +2083,7 @@ Suite *ts_unit_suite(void)
 		add_common(tc);
 		add_tokens(tc);
 		add_lowp(tc);
+		add_gpt(tc);
 		suite_add_tcase(s, tc);
 	}
 	return s;
