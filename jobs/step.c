@@ -11,10 +11,12 @@
  */
 #include "jobs/step.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/units.h"
 #include "formats/index.h"
 #include "jobs/render.h"
 #include "storage/array.h"
@@ -340,7 +342,31 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 	return st;
 }
 
-/* After a step that succeeded: counted, on the model (Adam's t) too. */
+static json_t *running_json(const struct run *s, const struct ts_session *sess);
+
+/*
+ * While the run goes on, its partial result: what the steps so far did
+ * (running_json), renewed after a step - after every step, unless building
+ * it took more than a sixteenth of the time since the last one (a long run
+ * of tiny steps renews it every few steps). Best effort: out of memory, the
+ * last one stays.
+ */
+static void step_partial(struct run *s, const struct ts_session *sess)
+{
+	double now = (double)ts_now_ns() / 1e9;
+	json_t *part;
+
+	if (s->partial_s > 0 && now - s->partial_s < 16 * s->partial_cost_s)
+		return;
+	part = running_json(s, sess);
+	if (part)
+		ts_operation_set_partial(s->op, part);
+	s->partial_s = (double)ts_now_ns() / 1e9;
+	s->partial_cost_s = s->partial_s - now;
+}
+
+/* After a step that succeeded: counted, on the model (Adam's t) too, and
+ * shown in the operation's partial result. */
 static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
                               struct ts_error *err)
 {
@@ -354,6 +380,7 @@ static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
 		ts_model_registry_add_steps(s->env->models, s->model.uid, 1, NULL);
 	ts_model_registry_record_step(s->env->models, (uint64_t)((wall - s->timed_s) * 1e9));
 	s->timed_s = wall;
+	step_partial(s, sess);
 	ts_operation_progress_add(s->op, 1);
 	return TS_OK;
 }
@@ -705,6 +732,28 @@ static ts_status step_place(struct run *s, struct operand *in, struct operand *t
 
 /* ---- results ------------------------------------------------------------------- */
 
+/* n floats as a JSON array, null for a value that is not finite. */
+static json_t *floats_json(const float *v, uint64_t n)
+{
+	json_t *a = json_array();
+
+	for (uint64_t i = 0; a && i < n; i++)
+		json_array_append_new(a, isfinite(v[i]) ? json_real(v[i]) : json_null());
+	return a;
+}
+
+/* What the steps report one value per step of, beside the losses: the
+ * learning rate each update used (with an optimizer) and the gradients'
+ * global norm before clipping (where clipping computes it), into o. */
+static void per_step_json(const struct run *s, const struct ts_session_report *rep, json_t *o)
+{
+	if (!o || s->model.opt.type == TS_OPT_NONE)
+		return;
+	json_object_set_new(o, "learning_rates", floats_json(rep->learning_rates, rep->steps));
+	if (s->model.opt.clip_global_norm > 0)
+		json_object_set_new(o, "grad_norms", floats_json(rep->grad_norms, rep->steps));
+}
+
 /* The result of a run (the session's report; the plan's analysis). */
 static json_t *step_result(const struct run *s, const struct ts_session *sess,
                            struct ts_device *dev)
@@ -770,6 +819,7 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 
 	if (!res)
 		return NULL;
+	per_step_json(s, ts_session_report(sess), res);
 	if (ts_model_registry_step_count(s->env->models, s->model.uid, &t))
 		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
 	if (s->batches.on) {
@@ -789,6 +839,35 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 	if (s->windows.on)
 		json_object_set_new(res, "windows", windows_json(s, s->evaluate ? 1 : s->done));
 	return res;
+}
+
+/* A running step's partial result: run_json's object without the plan's
+ * figures and times - the model, the steps so far, their losses (learning
+ * rates, norms), the model's step count and where a data-driven run is. */
+static json_t *running_json(const struct run *s, const struct ts_session *sess)
+{
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *o = json_pack("{s:s, s:I, s:o*}", "model", s->model.name,
+	                      "steps", (json_int_t)rep->steps,
+	                      "losses", floats_json(rep->losses, rep->steps));
+	uint64_t t = 0;
+
+	if (!o)
+		return NULL;
+	per_step_json(s, rep, o);
+	if (ts_model_registry_step_count(s->env->models, s->model.uid, &t))
+		json_object_set_new(o, "model_steps", json_integer((json_int_t)t));
+	if (s->batches.on)
+		json_object_set_new(o, "batches",
+		                    json_pack("{s:I, s:I}", "next",
+		                              (json_int_t)(s->batches.start + s->done * s->batches.size),
+		                              "epoch",
+		                              (json_int_t)((s->batches.start +
+		                                            s->done * s->batches.size) /
+		                                           s->batches.rows)));
+	if (s->windows.on)
+		json_object_set_new(o, "windows", windows_json(s, s->done));
+	return o;
 }
 
 static json_t *eval_result(const struct run *s, const struct ts_session *sess,
@@ -1059,10 +1138,12 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (ran) {
 		json_t *res = run_json(s, s->sess, s->dev);
 
-		if (st == TS_OK)
+		if (st == TS_OK) {
+			ts_operation_set_partial(op, NULL);    /* the result says it all */
 			ts_operation_set_result(op, res);
-		else
+		} else {
 			ts_operation_set_partial(op, res);
+		}
 	}
 	run_end(s);
 	for (int g = 0; g < 4; g++)
