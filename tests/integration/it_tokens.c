@@ -157,6 +157,26 @@ static void create(struct th_daemon *d, const char *name)
 	json_decref(m);
 }
 
+/* Every array of model ma on da (weights, Adam state) has the bytes of
+ * model mb's on db. */
+static void same_arrays(struct th_daemon *da, const char *ma, struct th_daemon *db,
+                        const char *mb)
+{
+	for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) {
+		char a[64];
+		size_t n0, n1;
+		char *w0, *w1;
+
+		snprintf(a, sizeof a, "%s.%s", ma, roles[r]);
+		w0 = th_download(da, a, &n0);
+		snprintf(a, sizeof a, "%s.%s", mb, roles[r]);
+		w1 = th_download(db, a, &n1);
+		th_assert_bytes(a, w1, n1, w0, n0);
+		free(w0);
+		free(w1);
+	}
+}
+
 /* The rows of call c: BATCH rows starting at (c * BATCH) % NROWS. */
 static void rows_of(int c, char *buf, size_t cap)
 {
@@ -227,19 +247,7 @@ START_TEST(test_tokens_train_checkpoint_resume)
 	ck_assert_msg(whole[0] > 4.0 && whole[0] < 5.2, "first loss %g", whole[0]);
 	ck_assert_msg(whole[CALLS * PER_CALL - 1] < whole[0] - 1.0, "last loss %g, first %g",
 	              whole[CALLS * PER_CALL - 1], whole[0]);
-	for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) {
-		char a[64];
-		size_t n0, n1;
-		char *w0, *w1;
-
-		snprintf(a, sizeof a, "u.%s", roles[r]);
-		w0 = th_download(&A, a, &n0);
-		snprintf(a, sizeof a, "c.%s", roles[r]);
-		w1 = th_download(&Bd, a, &n1);
-		th_assert_bytes(a, w1, n1, w0, n0);
-		free(w0);
-		free(w1);
-	}
+	same_arrays(&A, "u", &Bd, "c");
 	free(file);
 }
 END_TEST
@@ -770,19 +778,7 @@ static void windows_vs_copies(const char *order, uint64_t seed, uint64_t start, 
 	ck_assert_msg(json_number_value(json_array_get(th_arr(res, "learning_rates"), 0)) ==
 	              (double)0.01f, "learning rate");
 	ck_assert_msg(json_number_value(json_array_get(th_arr(res, "grad_norms"), 0)) > 0, "norm");
-	for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) {
-		char a[64];
-		size_t n0, n1;
-		char *w0, *w1;
-
-		snprintf(a, sizeof a, "win.%s", roles[r]);
-		w0 = th_download(&A, a, &n0);
-		snprintf(a, sizeof a, "cp.%s", roles[r]);
-		w1 = th_download(&A, a, &n1);
-		th_assert_bytes(a, w1, n1, w0, n0);
-		free(w0);
-		free(w1);
-	}
+	same_arrays(&A, "win", &A, "cp");
 	json_decref(res);
 }
 

@@ -75,18 +75,10 @@ static struct ts_op_snapshot finish(struct ts_operation *op)
 	return s;
 }
 
-/* A model with Adam, its params and optimizer state in kind, created and
- * ready; the registry's copy in *out. */
-static void create_model(const char *name, enum ts_memory_kind kind, uint64_t seed,
-                         struct ts_model *out)
+/* Model m, named name, created (weights from seed) and ready; the
+ * registry's copy in *out. */
+static void create_spec(struct ts_model m, const char *name, uint64_t seed, struct ts_model *out)
 {
-	struct ts_model m = {.mlp = {.layers = 2, .d_model = D, .d_hidden = 16,
-	                             .act = TS_ACT_GELU, .loss = TS_LOSS_MSE},
-	                     .opt = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
-	                             .b2 = 0.999f, .eps = 1e-8f},
-	                     .policy = {.params = kind, .opt_state = kind, .save_x = true,
-	                                .save_h = true},
-	                     .device = dev};
 	struct ts_model_init init = {.scale = 0.5, .seed = seed};
 	struct ts_operation *op = NULL;
 	struct ts_op_snapshot s;
@@ -101,20 +93,31 @@ static void create_model(const char *name, enum ts_memory_kind kind, uint64_t se
 	ck_assert(out->ready);
 }
 
-/* Publishes float32 [rows, D] name on sim:0's kind memory, element i
- * being f(i). */
-static void put_floats(const char *name, uint64_t rows, enum ts_memory_kind kind,
-                       float (*f)(uint64_t))
+/* A model with Adam, its params and optimizer state in kind, created and
+ * ready; the registry's copy in *out. */
+static void create_model(const char *name, enum ts_memory_kind kind, uint64_t seed,
+                         struct ts_model *out)
 {
-	struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2, .shape = {rows, D}};
+	struct ts_model m = {.mlp = {.layers = 2, .d_model = D, .d_hidden = 16,
+	                             .act = TS_ACT_GELU, .loss = TS_LOSS_MSE},
+	                     .opt = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                             .b2 = 0.999f, .eps = 1e-8f},
+	                     .policy = {.params = kind, .opt_state = kind, .save_x = true,
+	                                .save_h = true},
+	                     .device = dev};
+	create_spec(m, name, seed, out);
+}
+
+/* Publishes name, of dtype [rows, cols], on sim:0's kind memory with the
+ * bytes of v. */
+static void put_array(const char *name, enum ts_dtype dtype, uint64_t rows, uint64_t cols,
+                      enum ts_memory_kind kind, const void *v)
+{
+	struct ts_array_desc d = {.dtype = dtype, .rank = 2, .shape = {rows, cols}};
 	struct ts_placement pl;
 	struct ts_array *a = NULL;
 	struct ts_array_writer *w = NULL;
-	float *v = malloc(rows * D * sizeof *v);
 
-	ck_assert_ptr_nonnull(v);
-	for (uint64_t i = 0; i < rows * D; i++)
-		v[i] = f(i);
 	ts_placement_single(&pl, dev, kind, true);
 	OK(ts_array_desc_init(&d, &err));
 	OK(ts_array_new(name, &d, &pl, env.memory, &a, &err));
@@ -124,6 +127,19 @@ static void put_floats(const char *name, uint64_t rows, enum ts_memory_kind kind
 	ts_array_writer_free(w);
 	OK(ts_catalog_put(env.catalog, a, &(struct ts_precondition){0}, NULL, &err));
 	ts_array_unref(a);
+}
+
+/* Publishes float32 [rows, D] name on sim:0's kind memory, element i
+ * being f(i). */
+static void put_floats(const char *name, uint64_t rows, enum ts_memory_kind kind,
+                       float (*f)(uint64_t))
+{
+	float *v = malloc(rows * D * sizeof *v);
+
+	ck_assert_ptr_nonnull(v);
+	for (uint64_t i = 0; i < rows * D; i++)
+		v[i] = f(i);
+	put_array(name, TS_DT_FLOAT32, rows, D, kind, v);
 	free(v);
 }
 
@@ -588,35 +604,13 @@ static void create_token_model(const char *name, struct ts_model *out)
 	                     .policy = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
 	                                .save_x = true, .save_h = true},
 	                     .device = dev};
-	struct ts_model_init init = {.scale = 0.5, .seed = 3};
-	struct ts_operation *op = NULL;
-	struct ts_op_snapshot s;
-
-	snprintf(m.name, sizeof m.name, "%s", name);
-	OK(ts_job_model_create_submit(&env, &m, &init, &op, &err));
-	s = finish(op);
-	ck_assert_msg(s.state == TS_OP_SUCCEEDED, "create: %s", s.error.message);
-	ts_op_snapshot_release(&s);
-	ck_assert(ts_model_registry_get(env.models, name, out));
+	create_spec(m, name, 3, out);
 }
 
 /* Publishes uint16 ids [rows, cols] name on sim:0's pinned_host. */
 static void put_ids(const char *name, const uint16_t *v, uint64_t rows, uint64_t cols)
 {
-	struct ts_array_desc d = {.dtype = TS_DT_UINT16, .rank = 2, .shape = {rows, cols}};
-	struct ts_placement pl;
-	struct ts_array *a = NULL;
-	struct ts_array_writer *w = NULL;
-
-	ts_placement_single(&pl, dev, TS_MEM_PINNED_HOST, true);
-	OK(ts_array_desc_init(&d, &err));
-	OK(ts_array_new(name, &d, &pl, env.memory, &a, &err));
-	OK(ts_array_writer_new(env.stager, a, &w, &err));
-	OK(ts_array_writer_write(w, v, d.nbytes, &err));
-	OK(ts_array_writer_finish(w, &err));
-	ts_array_writer_free(w);
-	OK(ts_catalog_put(env.catalog, a, &(struct ts_precondition){0}, NULL, &err));
-	ts_array_unref(a);
+	put_array(name, TS_DT_UINT16, rows, cols, TS_MEM_PINNED_HOST, v);
 }
 
 /*

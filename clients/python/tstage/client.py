@@ -42,6 +42,11 @@ def windows(array: str, context: int, batch_size: int, *, order: str = "sequenti
             "order": order, "seed": int(seed), "start": int(start)}
 
 
+def _run_body(**fields: Any) -> Dict[str, Any]:
+    """A :step or :evaluate body: the fields given, those that are None left out."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _index_expr(index: Index) -> str:
     """numpy basic indexing as tstaged's ``?index=`` expression."""
     if isinstance(index, str):
@@ -671,15 +676,8 @@ class Client:
             Cancelled: (with ``wait=True``) the run was cancelled; the exception's
                 ``losses`` and ``partial_result`` say what its steps did.
         """
-        body: Dict[str, Any] = {"steps": int(steps)}
-        if inputs is not None:
-            body["inputs"] = inputs
-        if targets is not None:
-            body["targets"] = targets
-        if windows is not None:
-            body["windows"] = windows
-        if placement is not None:
-            body["placement"] = placement
+        body = _run_body(inputs=inputs, targets=targets, windows=windows,
+                         placement=placement, steps=int(steps))
         body.update(fields)
         return self._submit(f"/v1/models/{quote_name(model)}:step", body, wait,
                             idempotent=False, timeout=timeout)
@@ -698,17 +696,8 @@ class Client:
         Answers the :class:`Operation`, or with ``wait=True`` its result
         (``loss``, the analysis, peaks, times, ``outputs``).
         """
-        body: Dict[str, Any] = {}
-        if inputs is not None:
-            body["inputs"] = inputs
-        if targets is not None:
-            body["targets"] = targets
-        if windows is not None:
-            body["windows"] = windows
-        if outputs is not None:
-            body["outputs"] = outputs
-        if placement is not None:
-            body["placement"] = placement
+        body = _run_body(inputs=inputs, targets=targets, windows=windows,
+                         outputs=outputs, placement=placement)
         return self._submit(f"/v1/models/{quote_name(model)}:evaluate", body, wait,
                             idempotent=False, timeout=timeout)
 
