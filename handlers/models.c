@@ -358,6 +358,70 @@ static ts_status batches_parse(json_t *v, struct ts_job_batches *b, struct ts_er
 	return TS_OK;
 }
 
+/* Parses "windows": {"array": name, "context": T, "batch_size": B,
+ * "order": "sequential" | "random", "seed": S, "start": P}, strictly
+ * (jobs/step.h and docs/API.md define the windows). */
+static ts_status windows_parse(json_t *v, struct ts_job_windows *w, struct ts_error *err)
+{
+	json_error_t jerr;
+	json_int_t context = 0, size = 0, seed = 0, start = 0;
+	const char *array = NULL, *order = "sequential";
+
+	if (json_unpack_ex(v, &jerr, JSON_STRICT, "{s:s, s:I, s:I, s?s, s?I, s?I}", "array", &array,
+	                   "context", &context, "batch_size", &size, "order", &order, "seed", &seed,
+	                   "start", &start) != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows: %s (expected {\"array\": name, \"context\": T, "
+		                    "\"batch_size\": B, \"order\": \"sequential\" or \"random\", "
+		                    "\"seed\": S, \"start\": P})", jerr.text);
+	if (!ts_array_name_valid(array))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.array must be the name of an array");
+	if (context < 1 || context > (1 << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.context is in 1..%d (tokens a window feeds the model)",
+		                    1 << 24);
+	if (size < 1 || size > (1 << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.batch_size is in 1..%d", 1 << 24);
+	if (strcmp(order, "sequential") != 0 && strcmp(order, "random") != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.order is \"sequential\" or \"random\", not '%s'", order);
+	if (seed < 0 || start < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.%s must not be negative", seed < 0 ? "seed" : "start");
+	w->on = true;
+	w->random = order[0] == 'r';
+	snprintf(w->array, sizeof w->array, "%s", array);
+	w->context = (uint64_t)context;
+	w->size = (uint64_t)size;
+	w->seed = (uint64_t)seed;
+	w->start = (uint64_t)start;
+	return TS_OK;
+}
+
+static ts_status operand_parse(json_t *spec, const char *what, struct ts_job_operand *o,
+                               struct ts_error *err);
+
+/* The request's data: "windows", or "inputs" (and "targets"), not both. */
+static ts_status run_data_parse(json_t *inputs, json_t *targets, json_t *windows,
+                                struct ts_job_run *run, struct ts_error *err)
+{
+	if (windows && (inputs || targets))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows and %s are exclusive: windows read the inputs and the "
+		                    "targets from windows.array", inputs ? "inputs" : "targets");
+	if (windows)
+		return windows_parse(windows, &run->windows, err);
+	if (!inputs)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "\"inputs\" is missing (or \"windows\" of a token stream)");
+	if (operand_parse(inputs, "inputs", &run->inputs, err) != TS_OK ||
+	    (targets && operand_parse(targets, "targets", &run->targets, err) != TS_OK))
+		return err->status;
+	return TS_OK;
+}
+
 /* Checks "inputs"/"targets": an array name, or {"array": name, "rows":
  * rows} (rows as :gather takes them), strictly; into o (rows borrowed from
  * spec). */
@@ -393,7 +457,7 @@ static ts_status operand_parse(json_t *spec, const char *what, struct ts_job_ope
 
 /*
  * POST /v1/models/{model}:step {"inputs", "targets", "steps", "placement",
- * "batches"}: ts_job_step_submit (jobs/step.h says what a step holds,
+ * "batches"} or {"windows", "steps", "placement"}: ts_job_step_submit (jobs/step.h says what a step holds,
  * writes and publishes).
  */
 void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
@@ -403,24 +467,30 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *batches = NULL;
+	json_t *windows = NULL;
 	json_int_t steps = 1;
 
 	if (!ready_model_from_path(call, reply, &run.model))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?I, s?o, s?o}", "inputs",
-	                            &inputs, "targets", &targets, "steps", &steps, "placement", &pl,
-	                            "batches", &batches) != 0) {
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s?o, s?o, s?I, s?o, s?o, s?o}",
+	                            "inputs", &inputs, "targets", &targets, "steps", &steps,
+	                            "placement", &pl, "batches", &batches, "windows",
+	                            &windows) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "step body: %s (expected {\"inputs\": ..., \"targets\": ..., \"steps\": N, "
-		             "\"batches\": {...}})", jerr.text);
+		             "\"batches\": {...}} or {\"windows\": {...}, \"steps\": N})", jerr.text);
+		goto out_fail;
+	}
+	if (windows && batches) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		             "windows and batches are exclusive: windows draw their own batches");
 		goto out_fail;
 	}
 	if (batches && batches_parse(batches, &run.batches, &err) != TS_OK)
 		goto out_fail;
-	if (operand_parse(inputs, "inputs", &run.inputs, &err) != TS_OK ||
-	    (targets && operand_parse(targets, "targets", &run.targets, &err) != TS_OK))
+	if (run_data_parse(inputs, targets, windows, &run, &err) != TS_OK)
 		goto out_fail;
 	if (steps < 1 || steps > 1000000) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_STEPS", "steps is in 1..1000000");
@@ -543,21 +613,21 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *outs = NULL;
+	json_t *windows = NULL;
 
 	if (!ready_model_from_path(call, reply, m))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o}", "inputs",
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s?o, s?o, s?o, s?o, s?o}", "inputs",
 	                            &inputs, "targets", &targets, "outputs", &outs, "placement",
-	                            &pl) != 0) {
+	                            &pl, "windows", &windows) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "evaluate body: %s (expected {\"inputs\": ..., \"targets\": ..., "
-		             "\"outputs\": {\"name\": ...}})", jerr.text);
+		             "\"outputs\": {\"name\": ...}} or {\"windows\": {...}, ...})", jerr.text);
 		goto out_fail;
 	}
-	if (operand_parse(inputs, "inputs", &run.inputs, &err) != TS_OK ||
-	    (targets && operand_parse(targets, "targets", &run.targets, &err) != TS_OK))
+	if (run_data_parse(inputs, targets, windows, &run, &err) != TS_OK)
 		goto out_fail;
 	if (targets && m->mlp.loss != TS_LOSS_MSE && m->mlp.loss != TS_LOSS_XENT) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "UNEXPECTED_TARGETS",
@@ -565,7 +635,7 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 		             ts_loss_name(m->mlp.loss));
 		goto out_fail;
 	}
-	if (!targets && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
+	if (!targets && !windows && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss %s needs \"targets\"",
 		             ts_loss_name(m->mlp.loss));
 		goto out_fail;

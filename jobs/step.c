@@ -11,10 +11,12 @@
  */
 #include "jobs/step.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/units.h"
 #include "formats/index.h"
 #include "jobs/render.h"
 #include "storage/array.h"
@@ -32,6 +34,7 @@ struct operand {
 	json_t *rows_json;                 /* borrowed from the run's request */
 	uint64_t *rows;                    /* owned */
 	size_t nrows;
+	uint64_t row_bytes;                /* of a row staged (0: the array's axis 0) */
 	struct ts_array *gathered;         /* own reference, or NULL */
 };
 
@@ -44,6 +47,15 @@ struct batches {
 	uint64_t rows;                     /* of the datasets, while it runs */
 	uint64_t perm_epoch;               /* the epoch of perm (UINT64_MAX: none) */
 	uint64_t *perm;                    /* owned; a permutation of the rows */
+};
+
+/* A token stream's windows (jobs/step.h's struct ts_job_windows), and
+ * while it runs the stream's length in tokens and its windows an epoch. */
+struct windows {
+	bool on;
+	bool random;
+	uint64_t context, size, seed, start;
+	uint64_t tokens, per_epoch;        /* of the stream, while it runs */
 };
 
 /* A step's or an evaluation's state, the operation's argument from
@@ -59,6 +71,7 @@ struct run {
 	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
 	char op_id[40];                    /* the holder, once submitted */
 	struct batches batches;
+	struct windows windows;
 	struct ts_job_outputs out;         /* an evaluation's outputs array, when asked for */
 	/* while it runs (the worker's) */
 	struct ts_operation *op;           /* borrowed */
@@ -70,6 +83,8 @@ struct run {
 	struct ts_array *next[TS_ROLE_COUNT];  /* in place: the version the end publishes */
 	uint64_t done;                     /* steps that succeeded */
 	double timed_s;                    /* the report's wall time at the last step's end */
+	double partial_s;                  /* the report's wall time at the last partial result */
+	double partial_cost_s;             /* what building it took */
 };
 
 /* ---- holds ---------------------------------------------------------------------- */
@@ -243,6 +258,33 @@ static ts_status batch_rows(struct batches *b, uint64_t i, uint64_t *rows, struc
 	return TS_OK;
 }
 
+/* ---- windows of a token stream ---------------------------------------------------- */
+
+/* The token offset of window q (jobs/step.h; docs/API.md's definition):
+ * sequential, (q mod W) * context; random, output q of a SplitMix64
+ * generator seeded with seed, mod (n - context). */
+static uint64_t window_offset(const struct windows *w, uint64_t q)
+{
+	if (!w->random)
+		return (q % w->per_epoch) * w->context;
+	return mix64(w->seed + (q + 1) * 0x9e3779b97f4a7c15ull) % (w->tokens - w->context);
+}
+
+/* The tokens of step i's windows (0-based in this call), as one-token rows
+ * of the stream: inputs window by window, each its context tokens from
+ * o_q; the targets the same one token on. */
+static void window_rows(const struct windows *w, uint64_t i, uint64_t *in, uint64_t *tgt)
+{
+	for (uint64_t b = 0; b < w->size; b++) {
+		uint64_t o = window_offset(w, w->start + i * w->size + b);
+
+		for (uint64_t t = 0; t < w->context; t++) {
+			in[b * w->context + t] = o + t;
+			tgt[b * w->context + t] = o + 1 + t;
+		}
+	}
+}
+
 /* ---- the session's hooks: versions of the held arrays ---------------------------- */
 
 static bool run_cancelled(void *arg)
@@ -303,7 +345,31 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 	return st;
 }
 
-/* After a step that succeeded: counted, on the model (Adam's t) too. */
+static json_t *running_json(const struct run *s, const struct ts_session *sess);
+
+/*
+ * While the run goes on, its partial result: what the steps so far did
+ * (running_json), renewed after a step - after every step, unless building
+ * it took more than a sixteenth of the time since the last one (a long run
+ * of tiny steps renews it every few steps). Best effort: out of memory, the
+ * last one stays.
+ */
+static void step_partial(struct run *s, const struct ts_session *sess)
+{
+	double now = (double)ts_now_ns() / 1e9;
+	json_t *part;
+
+	if (s->partial_s > 0 && now - s->partial_s < 16 * s->partial_cost_s)
+		return;
+	part = running_json(s, sess);
+	if (part)
+		ts_operation_set_partial(s->op, part);
+	s->partial_s = (double)ts_now_ns() / 1e9;
+	s->partial_cost_s = s->partial_s - now;
+}
+
+/* After a step that succeeded: counted, on the model (Adam's t) too, and
+ * shown in the operation's partial result. */
 static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
                               struct ts_error *err)
 {
@@ -317,6 +383,7 @@ static ts_status step_publish(void *arg, struct ts_session *sess, float loss,
 		ts_model_registry_add_steps(s->env->models, s->model.uid, 1, NULL);
 	ts_model_registry_record_step(s->env->models, (uint64_t)((wall - s->timed_s) * 1e9));
 	s->timed_s = wall;
+	step_partial(s, sess);
 	ts_operation_progress_add(s->op, 1);
 	return TS_OK;
 }
@@ -347,6 +414,8 @@ static ts_status step_install(struct run *s, struct ts_error *err)
 
 static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
                             struct ts_session_source *src, struct ts_error *err);
+static ts_status window_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                              struct ts_session_source *src, struct ts_error *err);
 
 static const struct ts_session_hooks step_hooks = {
 	.cancelled = run_cancelled, .prepare = step_prepare, .publish = step_publish,
@@ -355,6 +424,11 @@ static const struct ts_session_hooks step_hooks = {
 static const struct ts_session_hooks batch_hooks = {
 	.cancelled = run_cancelled, .prepare = step_prepare, .publish = step_publish,
 	.batch = step_batch,
+};
+
+static const struct ts_session_hooks window_hooks = {
+	.cancelled = run_cancelled, .prepare = step_prepare, .publish = step_publish,
+	.batch = window_batch,
 };
 
 static const struct ts_session_hooks eval_hooks = {.cancelled = run_cancelled};
@@ -389,22 +463,25 @@ static ts_status operand_rows(struct operand *o, const char *field, uint64_t *ba
 	return st;
 }
 
-/* Stages an operand for the session: its memory as a source (gathered to
- * dev first when sharded). */
-/* The memory of a one-shard array as a session's source, with rows. */
+/* The memory of a one-shard array as a session's source, with rows of
+ * row_bytes (0: its axis 0's). */
 static struct ts_session_source operand_source(const struct ts_array *a, const uint64_t *rows,
-                                               size_t nrows)
+                                               size_t nrows, uint64_t row_bytes)
 {
 	const struct ts_array_desc *d = ts_array_desc(a);
 
+	if (!row_bytes)
+		row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0;
 	return (struct ts_session_source){
 		.mem = ts_buffer_data(ts_array_single_buffer(a)), .bytes = d->nbytes,
-		.row_bytes = d->rank && d->shape[0] ? d->nbytes / d->shape[0] : 0,
+		.row_bytes = row_bytes,
 		.src_dev = ts_array_box(a, 0)->device,
 		.src_kind = ts_array_placement(a)->sharding.memory_kind,
 		.rows = rows, .nrows = nrows};
 }
 
+/* Stages an operand for the session: its memory as a source (gathered to
+ * dev first when sharded). */
 static ts_status operand_stage(const struct ts_jobs_env *env, struct ts_session *sess,
                                enum ts_pbuf_role role, struct operand *o, struct ts_device *dev,
                                struct ts_error *err)
@@ -416,9 +493,9 @@ static ts_status operand_stage(const struct ts_jobs_env *env, struct ts_session 
 		st = gather_sharded(env, o->arr, o->rows, o->nrows, dev, &o->gathered, err);
 		if (st != TS_OK)
 			return st;
-		src = operand_source(o->gathered, NULL, 0);
+		src = operand_source(o->gathered, NULL, 0, 0);
 	} else {
-		src = operand_source(o->arr, o->rows, o->nrows);
+		src = operand_source(o->arr, o->rows, o->nrows, o->row_bytes);
 	}
 	return ts_session_stage(sess, role, &src, err);
 }
@@ -472,12 +549,81 @@ static ts_status step_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
 
 	if (role == TS_ROLE_INPUT) {
 		st = batch_rows(&s->batches, n, s->in.rows, err);
-		*src = operand_source(s->in.arr, s->in.rows, s->in.nrows);
+		*src = operand_source(s->in.arr, s->in.rows, s->in.nrows, 0);
 	} else {
 		memcpy(s->tgt.rows, s->in.rows, s->in.nrows * sizeof *s->in.rows);
-		*src = operand_source(s->tgt.arr, s->tgt.rows, s->tgt.nrows);
+		*src = operand_source(s->tgt.arr, s->tgt.rows, s->tgt.nrows, 0);
 	}
 	return st;
+}
+
+/* The windows of the run's step n: the inputs' tokens and the targets',
+ * both from the stream (rows borrowed until the next call). */
+static ts_status window_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                              struct ts_session_source *src, struct ts_error *err)
+{
+	struct run *s = arg;
+	struct operand *o = role == TS_ROLE_INPUT ? &s->in : &s->tgt;
+
+	(void)err;
+	if (role == TS_ROLE_INPUT)
+		window_rows(&s->windows, n, s->in.rows, s->tgt.rows);
+	*src = operand_source(o->arr, o->rows, o->nrows, o->row_bytes);
+	return TS_OK;
+}
+
+/* A windows run's operands: the one stream, as inputs and as targets, read
+ * as one-token rows (token ids of a token model; any shape, one shard);
+ * the first step's windows. */
+static ts_status windows_begin(struct run *s, struct operand *in, struct operand *tgt,
+                               uint64_t *rows, int *id_bytes, struct ts_error *err)
+{
+	const struct ts_array_desc *d = ts_array_desc(in->arr);
+	struct windows *w = &s->windows;
+	const char *name = ts_array_name(in->arr);
+	uint64_t n;
+
+	if (!ts_mlp_tokens(&s->model.mlp))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows read token ids; model '%s' takes float32 inputs, not "
+		                    "tokens", s->model.name);
+	if (d->dtype != TS_DT_UINT16 && d->dtype != TS_DT_INT32)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.array '%s' is %s; windows read token ids, uint16 or int32",
+		                    name, ts_dtype_name(d->dtype));
+	if (!ts_array_single_buffer(in->arr))
+		return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_DATASET",
+		                    "windows are read from a one-shard stream; '%s' is sharded", name);
+	n = d->nbytes / ts_dtype_size(d->dtype);
+	if (n < w->context + 1)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.array '%s' holds %llu tokens; a window of context %llu "
+		                    "reads %llu", name, (unsigned long long)n,
+		                    (unsigned long long)w->context, (unsigned long long)w->context + 1);
+	w->tokens = n;
+	w->per_epoch = (n - 1) / w->context;
+	if (w->size > w->per_epoch)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.batch_size %llu exceeds the %llu windows of context %llu "
+		                    "that '%s' (%llu tokens) holds", (unsigned long long)w->size,
+		                    (unsigned long long)w->per_epoch, (unsigned long long)w->context,
+		                    name, (unsigned long long)n);
+	if (w->size * w->context > (1u << 24))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows of %llu x %llu tokens; a step takes at most %u",
+		                    (unsigned long long)w->size, (unsigned long long)w->context,
+		                    1u << 24);
+	*rows = w->size * w->context;
+	*id_bytes = (int)ts_dtype_size(d->dtype);
+	tgt->arr = ts_array_ref(in->arr);
+	in->row_bytes = tgt->row_bytes = (uint64_t)*id_bytes;
+	in->rows = malloc(*rows * sizeof *in->rows);
+	tgt->rows = malloc(*rows * sizeof *tgt->rows);
+	if (!in->rows || !tgt->rows)
+		return ts_error_oom(err, "no memory for %llu windows", (unsigned long long)w->size);
+	in->nrows = tgt->nrows = (size_t)*rows;
+	window_rows(w, 0, in->rows, tgt->rows);
+	return TS_OK;
 }
 
 /* A data-driven run's operands: whole datasets of the same rows, one shard
@@ -565,11 +711,11 @@ static ts_status step_place(struct run *s, struct operand *in, struct operand *t
 			use[nuse++] = ts_array_ref(s->held[ts_model_roles[i]]);
 		}
 	nheld = nuse;
-	if (!in->rows_json && !s->batches.on) {
+	if (!in->rows_json && !s->batches.on && !s->windows.on) {
 		where_in = nuse;
 		use[nuse++] = ts_array_ref(in->arr);
 	}
-	if (tgt->arr && !tgt->rows_json && !s->batches.on) {
+	if (tgt->arr && !tgt->rows_json && !s->batches.on && !s->windows.on) {
 		where_tgt = nuse;
 		use[nuse++] = ts_array_ref(tgt->arr);
 	}
@@ -593,6 +739,28 @@ static ts_status step_place(struct run *s, struct operand *in, struct operand *t
 
 /* ---- results ------------------------------------------------------------------- */
 
+/* n floats as a JSON array, null for a value that is not finite. */
+static json_t *floats_json(const float *v, uint64_t n)
+{
+	json_t *a = json_array();
+
+	for (uint64_t i = 0; a && i < n; i++)
+		json_array_append_new(a, isfinite(v[i]) ? json_real(v[i]) : json_null());
+	return a;
+}
+
+/* What the steps report one value per step of, beside the losses: the
+ * learning rate each update used (with an optimizer) and the gradients'
+ * global norm before clipping (where clipping computes it), into o. */
+static void per_step_json(const struct run *s, const struct ts_session_report *rep, json_t *o)
+{
+	if (!o || s->model.opt.type == TS_OPT_NONE)
+		return;
+	json_object_set_new(o, "learning_rates", floats_json(rep->learning_rates, rep->steps));
+	if (s->model.opt.clip_global_norm > 0)
+		json_object_set_new(o, "grad_norms", floats_json(rep->grad_norms, rep->steps));
+}
+
 /* The result of a run (the session's report; the plan's analysis). */
 static json_t *step_result(const struct run *s, const struct ts_session *sess,
                            struct ts_device *dev)
@@ -605,7 +773,7 @@ static json_t *step_result(const struct run *s, const struct ts_session *sess,
 
 	/* a data-driven run of more than one step stages the next batch in a
 	 * second buffer per operand: device memory beside the plan's */
-	for (int k = 0; s->batches.on && s->steps > 1 && k < 2; k++)
+	for (int k = 0; (s->batches.on || s->windows.on) && s->steps > 1 && k < 2; k++)
 		if (ts_session_slot(sess, k ? TS_ROLE_TARGET : TS_ROLE_INPUT, &bytes, NULL))
 			spare += bytes;
 	double busy = rep->compute_s, waits = rep->copy_wait_s;
@@ -631,6 +799,22 @@ static json_t *step_result(const struct run *s, const struct ts_session *sess,
 	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
 }
 
+/* Where a windows run stopped after done steps: the next window (a call
+ * with "start": next continues exactly) and its epoch. */
+static json_t *windows_json(const struct run *s, uint64_t done)
+{
+	const struct windows *w = &s->windows;
+	uint64_t next = w->start + done * w->size;
+
+	return json_pack("{s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I}",
+	                 "context", (json_int_t)w->context, "batch_size", (json_int_t)w->size,
+	                 "order", w->random ? "random" : "sequential", "seed", (json_int_t)w->seed,
+	                 "start", (json_int_t)w->start, "next", (json_int_t)next,
+	                 "epoch", (json_int_t)(next / w->per_epoch),
+	                 "windows_per_epoch", (json_int_t)w->per_epoch,
+	                 "tokens", (json_int_t)w->tokens);
+}
+
 /* A run's result: step_result, the model's step count after it and, for a
  * data-driven run, where it stopped (the next call continues with start =
  * next). The same for a run that completed and one that stopped early. */
@@ -642,6 +826,7 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 
 	if (!res)
 		return NULL;
+	per_step_json(s, ts_session_report(sess), res);
 	if (ts_model_registry_step_count(s->env->models, s->model.uid, &t))
 		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
 	if (s->batches.on) {
@@ -658,7 +843,38 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 		                              "epoch", (json_int_t)(next / b->rows),
 		                              "rows", (json_int_t)b->rows));
 	}
+	if (s->windows.on)
+		json_object_set_new(res, "windows", windows_json(s, s->evaluate ? 1 : s->done));
 	return res;
+}
+
+/* A running step's partial result: run_json's object without the plan's
+ * figures and times - the model, the steps so far, their losses (learning
+ * rates, norms), the model's step count and where a data-driven run is. */
+static json_t *running_json(const struct run *s, const struct ts_session *sess)
+{
+	const struct ts_session_report *rep = ts_session_report(sess);
+	json_t *o = json_pack("{s:s, s:I, s:o*}", "model", s->model.name,
+	                      "steps", (json_int_t)rep->steps,
+	                      "losses", floats_json(rep->losses, rep->steps));
+	uint64_t t = 0;
+
+	if (!o)
+		return NULL;
+	per_step_json(s, rep, o);
+	if (ts_model_registry_step_count(s->env->models, s->model.uid, &t))
+		json_object_set_new(o, "model_steps", json_integer((json_int_t)t));
+	if (s->batches.on)
+		json_object_set_new(o, "batches",
+		                    json_pack("{s:I, s:I}", "next",
+		                              (json_int_t)(s->batches.start + s->done * s->batches.size),
+		                              "epoch",
+		                              (json_int_t)((s->batches.start +
+		                                            s->done * s->batches.size) /
+		                                           s->batches.rows)));
+	if (s->windows.on)
+		json_object_set_new(o, "windows", windows_json(s, s->done));
+	return o;
 }
 
 static json_t *eval_result(const struct run *s, const struct ts_session *sess,
@@ -685,6 +901,8 @@ static json_t *eval_result(const struct run *s, const struct ts_session *sess,
 
 	if (o && outs)
 		json_object_set_new(o, "outputs", ts_render_array(outs));
+	if (o && s->windows.on)
+		json_object_set_new(o, "windows", windows_json(s, 1));
 	return o;
 }
 
@@ -759,8 +977,10 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 	int id_bytes = 4;
 	ts_status st;
 
-	st = operand_resolve(env, s->inputs, s->inputs_rows, "inputs", &s->in, err);
-	if (st == TS_OK && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
+	st = operand_resolve(env, s->inputs, s->inputs_rows, s->windows.on ? "windows" : "inputs",
+	                     &s->in, err);
+	if (st == TS_OK && !s->windows.on &&
+	    (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		if (!s->targets)
 			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
 		else
@@ -768,7 +988,10 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 	}
 	if (st == TS_OK)
 		st = step_place(s, &s->in, &s->tgt, &s->dev, err);
-	if (st == TS_OK && s->batches.on) {
+	if (st == TS_OK && s->windows.on) {
+		st = windows_begin(s, &s->in, &s->tgt, &rows, &id_bytes, err);
+		s->bin = s->btgt = s->windows.size;
+	} else if (st == TS_OK && s->batches.on) {
 		st = batches_begin(s, &s->in, &s->tgt, &s->bin, &s->btgt, err);
 	} else {
 		if (st == TS_OK)
@@ -776,7 +999,9 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 		if (st == TS_OK && s->tgt.arr)
 			st = operand_rows(&s->tgt, "targets.rows", &s->btgt, err);
 	}
-	if (st == TS_OK && ts_mlp_tokens(&m->mlp))
+	if (st == TS_OK && s->windows.on)
+		;    /* windows_begin checked the stream */
+	else if (st == TS_OK && ts_mlp_tokens(&m->mlp))
 		st = check_token_batch(s, &s->in, s->bin, &s->tgt, s->btgt, &rows, &id_bytes, err);
 	else if (st == TS_OK)
 		st = check_batch(s, &s->in, s->bin, &s->tgt, s->btgt, err);
@@ -919,7 +1144,9 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (st == TS_OK) {
 		ran = true;
 		st = ts_session_run(s->sess, s->steps, base_steps + 1,
-		                    s->batches.on ? &batch_hooks : &step_hooks, s, err);
+		                    s->windows.on ? &window_hooks
+		                                  : s->batches.on ? &batch_hooks : &step_hooks,
+		                    s, err);
 	}
 	/* what the steps that succeeded did is published, also after a failure */
 	{
@@ -941,10 +1168,12 @@ static ts_status step_run(struct ts_operation *op, void *arg, struct ts_error *e
 	if (ran) {
 		json_t *res = run_json(s, s->sess, s->dev);
 
-		if (st == TS_OK)
+		if (st == TS_OK) {
+			ts_operation_set_partial(op, NULL);    /* the result says it all */
 			ts_operation_set_result(op, res);
-		else
+		} else {
 			ts_operation_set_partial(op, res);
+		}
 	}
 	run_end(s);
 	for (int g = 0; g < TS_GRADS_MAX; g++)
@@ -962,7 +1191,13 @@ static ts_status eval_outputs_bind(struct run *s, struct ts_array **outs, struct
 	struct ts_placement pl;
 	ts_status st;
 
-	if (ts_mlp_tokens(mlp)) {
+	if (s->windows.on) {
+		/* [windows, context, vocab] */
+		d.rank = 3;
+		d.shape[0] = s->windows.size;
+		d.shape[1] = s->windows.context;
+		d.shape[2] = (uint64_t)mlp->vocab;
+	} else if (ts_mlp_tokens(mlp)) {
 		const struct ts_array_desc *id = ts_array_desc(s->in.arr);
 
 		d.rank = id->rank + 1;
@@ -1050,11 +1285,15 @@ static ts_status run_submit(const struct ts_jobs_env *env, const struct ts_job_r
 	s->model = req->model;
 	s->policy = req->policy;
 	s->steps = evaluate ? 1 : req->steps;
-	s->inputs = strdup(req->inputs.array ? req->inputs.array : "");
+	s->inputs = strdup(req->windows.on ? req->windows.array
+	                                   : req->inputs.array ? req->inputs.array : "");
 	s->targets = req->targets.array ? strdup(req->targets.array) : NULL;
 	s->batches = (struct batches){.on = req->batches.on, .shuffle = req->batches.shuffle,
 	                              .size = req->batches.size, .start = req->batches.start,
 	                              .seed = req->batches.seed, .perm_epoch = UINT64_MAX};
+	s->windows = (struct windows){.on = req->windows.on, .random = req->windows.random,
+	                              .context = req->windows.context, .size = req->windows.size,
+	                              .seed = req->windows.seed, .start = req->windows.start};
 	if (evaluate) {
 		s->batches.on = false;
 		s->out = req->outputs;

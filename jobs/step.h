@@ -16,7 +16,10 @@
  * rows move only those rows. A data-driven step instead draws each step's
  * batch from whole datasets (batch size, sequential or shuffled order per
  * epoch from a seed, a start position), staging the next batch while the
- * current one computes.
+ * current one computes. A token model's run may instead read windows of
+ * one token stream (struct ts_job_windows): inputs and targets both from
+ * the one array, only each window's tokens staged, the next step's while
+ * the current one computes.
  *
  * Versions. Each step is atomic: one that fails leaves every array as the
  * step before left it, and the model's step count (Adam's t) advances per
@@ -31,7 +34,8 @@
  * early (cancelled between steps, or failed after starting) leaves the same
  * object as the partial result: the losses of the steps that ran, their
  * count, the model's step count and, for a data-driven run, the position
- * to continue from.
+ * to continue from. While a step runs, the same object, without the
+ * analysis, is its partial result, renewed after every step.
  *
  * Thread-safety: submission is safe on any thread; the run happens on an
  * operation worker and never calls into handlers/.
@@ -65,6 +69,20 @@ struct ts_job_batches {
 	uint64_t size, start, seed;
 };
 
+/* Windows of a token stream: one uint16 or int32 array of any shape, read
+ * as a flat stream of n tokens. Step s of the call (0-based) takes windows
+ * q = start + s * size + b, b = 0..size-1; window q is the context + 1
+ * tokens at offset o_q, inputs its first context, targets its last context:
+ * sequential, o_q = (q mod W) * context with W = (n - 1) / context windows
+ * an epoch; random, o_q = splitmix64(seed, q) mod (n - context). No window
+ * crosses the end of the stream. */
+struct ts_job_windows {
+	bool on;
+	bool random;
+	char array[TS_NAME_MAX + 1];
+	uint64_t context, size, seed, start;
+};
+
 /* Where an evaluation's outputs go: a new array name, on dev (NULL: where
  * the evaluation runs) in kind (device or pinned_host). */
 struct ts_job_outputs {
@@ -82,6 +100,7 @@ struct ts_job_run {
 	struct ts_job_operand inputs;
 	struct ts_job_operand targets;     /* array NULL: none */
 	struct ts_job_batches batches;     /* steps only */
+	struct ts_job_windows windows;     /* instead of inputs and targets */
 	struct ts_job_outputs outputs;     /* evaluations only */
 };
 

@@ -95,8 +95,10 @@ struct run {
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
 	bool loss_read;              /* the loss is on its way back */
+	bool norm_read;              /* the gradients' squared norm is on its way back */
 	struct clock clk;
 	float loss;                  /* read back into here by the d2h queue */
+	float gnorm_sq;              /* read back into here (clipping plans) */
 	struct ts_exec_result res;
 };
 
@@ -387,15 +389,16 @@ static void slot_release(struct run *r, int i)
 	sl->ptr = sl->wptr = NULL;
 }
 
-/* Reads the loss scalar of buffer i back into r->loss. */
-static ts_status read_loss(struct run *r, int i, struct ts_error *err)
+/* Reads the scalar of buffer i (the loss, the squared norm) back into
+ * *dst. */
+static ts_status read_scalar(struct run *r, int i, float *dst, struct ts_error *err)
 {
 	ts_status st;
 
 	/* on the compute queue, right behind the kernel that wrote it: the
 	 * temp placed where it was then waits for the forward pass only, not
 	 * for the offloads queued on the d2h queue meanwhile */
-	st = ts_queue_copy(r->q[QC], &r->loss, r->s[i].ptr, sizeof r->loss, TS_COPY_D2H, err);
+	st = ts_queue_copy(r->q[QC], dst, r->s[i].ptr, sizeof *dst, TS_COPY_D2H, err);
 	if (st != TS_OK)
 		return st;
 	r->seq[QC]++;
@@ -669,6 +672,11 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		}
 	}
 	st = kernel_begin(r, action, o, n, err);
+	if (st == TS_OK && a->op == TS_P_UPDATE && a->e >= 0 && !r->norm_read) {
+		/* the global norm is whole before the first update reads it */
+		st = read_scalar(r, a->e, &r->gnorm_sq, err);
+		r->norm_read = st == TS_OK;
+	}
 	if (st != TS_OK)
 		return st;
 	switch (a->op) {
@@ -768,7 +776,7 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	kernel_end(r, o, n);
 	/* the loss goes back at once: known good before the first update */
 	if ((a->op == TS_P_LOSS || a->op == TS_P_XENT) && !r->loss_read) {
-		st = read_loss(r, a->c, err);
+		st = read_scalar(r, a->c, &r->loss, err);
 		r->loss_read = st == TS_OK;
 	}
 	return st;
@@ -1078,6 +1086,7 @@ ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
 		return st;
 	}
 	r.res.loss = r.loss;
+	r.res.grad_norm = r.norm_read ? sqrtf(r.gnorm_sq) : NAN;
 	r.res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
 	r.res.compute_s = (double)r.clk.busy / 1e9;
 	r.res.copy_wait_s = (double)r.clk.wait / 1e9;

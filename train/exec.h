@@ -37,6 +37,9 @@ struct ts_exec_env {
 
 struct ts_exec_result {
 	float loss;                        /* this step's loss, read back */
+	float grad_norm;                   /* the gradients' global norm before clipping,
+	                                      read back; NaN when the plan has none (no
+	                                      clip_global_norm: the update is fused) */
 	uint64_t measured_temp_peak;       /* max bytes of this step's live device temps */
 	uint64_t measured_host_temp_peak;  /* the same on pinned_host */
 	uint64_t h2d_bytes, d2h_bytes;     /* copied this step */

@@ -1,6 +1,6 @@
 /*
  * mlp.c - the names of the MLP's activations, losses, optimizers and
- * compute dtypes.
+ * compute dtypes, and the learning rate an optimizer uses at a step.
  *
  * Each enum has one name table; a name and its parser come from the same
  * row, so they cannot disagree.
@@ -10,7 +10,10 @@
 #include "train/mlp.h"
 
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
+
+#include "train/kernels_math.h"
 
 static const char *const act_names[] = {
 	[TS_ACT_NONE] = "none",
@@ -87,6 +90,11 @@ bool ts_loss_parse(const char *s, enum ts_loss *out)
 	if (out)
 		*out = (enum ts_loss)i;
 	return true;
+}
+
+float ts_optimizer_learning_rate(const struct ts_optimizer *o, uint64_t t)
+{
+	return ts_m_learning_rate(o, t > (uint64_t)INT32_MAX ? INT32_MAX - 1 : (int)t - 1);
 }
 
 const char *ts_optimizer_name(const struct ts_optimizer *o)

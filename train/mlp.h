@@ -100,6 +100,11 @@ struct ts_optimizer {
 /* "none", "sgd", "adam" or "adamw". */
 const char *ts_optimizer_name(const struct ts_optimizer *o);
 
+/* The learning rate of the update at Adam's t (1 for the first), as the
+ * update kernels take it on both backends (kernels_math.h's
+ * ts_m_learning_rate at t - 1). */
+float ts_optimizer_learning_rate(const struct ts_optimizer *o, uint64_t t);
+
 /* "none", "relu", ... and their parsers (false on unknown names). */
 const char *ts_act_name(enum ts_act a);
 bool ts_act_parse(const char *s, enum ts_act *out);

@@ -9,6 +9,7 @@
  */
 #include "train/session.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -161,6 +162,8 @@ void ts_session_free(struct ts_session *s)
 	free(s->args);
 	free(s->outs);
 	free(s->report.losses);
+	free(s->report.grad_norms);
+	free(s->report.learning_rates);
 	ts_plan_release(&s->plan);
 	free(s);
 }
@@ -546,11 +549,17 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 		                    "step count %llu is out of range", (unsigned long long)first_t);
 	if (s->report.steps + steps > s->cap) {
 		size_t cap = (size_t)(s->report.steps + steps);
-		float *g = realloc(s->report.losses, (cap ? cap : 1) * sizeof *g);
+		float **per[3] = {&s->report.losses, &s->report.grad_norms,
+		                  &s->report.learning_rates};
 
-		if (!g)
-			return ts_error_oom(err, "no memory for %llu losses", (unsigned long long)steps);
-		s->report.losses = g;
+		for (int k = 0; k < 3; k++) {
+			float *g = realloc(*per[k], (cap ? cap : 1) * sizeof *g);
+
+			if (!g)
+				return ts_error_oom(err, "no memory for %llu losses",
+				                    (unsigned long long)steps);
+			*per[k] = g;
+		}
 		s->cap = cap;
 	}
 	for (uint64_t n = 0; n < steps && st == TS_OK; n++) {
@@ -578,6 +587,10 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 			break;
 		}
 		add(&s->report, &r);
+		s->report.grad_norms[s->report.steps] = r.grad_norm;
+		s->report.learning_rates[s->report.steps] =
+			s->cfg.evaluate || s->cfg.opt.type == TS_OPT_NONE
+				? NAN : ts_optimizer_learning_rate(&s->cfg.opt, first_t + n);
 		s->report.losses[s->report.steps++] = r.loss;
 		if (hooks && hooks->publish)
 			st = hooks->publish(arg, s, r.loss, err);

@@ -73,6 +73,10 @@ struct ts_session_source {
 struct ts_session_report {
 	uint64_t steps;                  /* steps that succeeded */
 	float *losses;                   /* one per step that succeeded (owned by the session) */
+	float *grad_norms;               /* likewise: the gradients' global norm before
+	                                    clipping, NaN where the plan computes none */
+	float *learning_rates;           /* likewise: the rate its update used (NaN for
+	                                    an evaluation or optimizer none) */
 	uint64_t measured_temp_peak, measured_host_temp_peak;
 	uint64_t h2d_bytes, d2h_bytes;   /* the steps' and the staging's */
 	uint64_t staged_h2d_bytes;       /* of them, staging the batch from host memory */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define CASE_TIMEOUT_S 300
 #define NROWS 48          /* dataset rows */
@@ -156,6 +157,26 @@ static void create(struct th_daemon *d, const char *name)
 	json_decref(m);
 }
 
+/* Every array of model ma on da (weights, Adam state) has the bytes of
+ * model mb's on db. */
+static void same_arrays(struct th_daemon *da, const char *ma, struct th_daemon *db,
+                        const char *mb)
+{
+	for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) {
+		char a[64];
+		size_t n0, n1;
+		char *w0, *w1;
+
+		snprintf(a, sizeof a, "%s.%s", ma, roles[r]);
+		w0 = th_download(da, a, &n0);
+		snprintf(a, sizeof a, "%s.%s", mb, roles[r]);
+		w1 = th_download(db, a, &n1);
+		th_assert_bytes(a, w1, n1, w0, n0);
+		free(w0);
+		free(w1);
+	}
+}
+
 /* The rows of call c: BATCH rows starting at (c * BATCH) % NROWS. */
 static void rows_of(int c, char *buf, size_t cap)
 {
@@ -226,19 +247,7 @@ START_TEST(test_tokens_train_checkpoint_resume)
 	ck_assert_msg(whole[0] > 4.0 && whole[0] < 5.2, "first loss %g", whole[0]);
 	ck_assert_msg(whole[CALLS * PER_CALL - 1] < whole[0] - 1.0, "last loss %g, first %g",
 	              whole[CALLS * PER_CALL - 1], whole[0]);
-	for (size_t r = 0; r < sizeof roles / sizeof roles[0]; r++) {
-		char a[64];
-		size_t n0, n1;
-		char *w0, *w1;
-
-		snprintf(a, sizeof a, "u.%s", roles[r]);
-		w0 = th_download(&A, a, &n0);
-		snprintf(a, sizeof a, "c.%s", roles[r]);
-		w1 = th_download(&Bd, a, &n1);
-		th_assert_bytes(a, w1, n1, w0, n0);
-		free(w0);
-		free(w1);
-	}
+	same_arrays(&A, "u", &Bd, "c");
 	free(file);
 }
 END_TEST
@@ -660,6 +669,347 @@ START_TEST(test_tokens_evaluate)
 }
 END_TEST
 
+/* ---- windows of a token stream --------------------------------------------------------- */
+
+#define SN 327            /* stream tokens: 20 windows of T, and 6 tokens no window reads */
+#define SW ((SN - 1) / T) /* windows an epoch */
+
+/* The stream: structured tokens as the dataset's; with bad_tail, the
+ * tokens after the last whole window (SW * T + 1 onwards) are outside the
+ * vocabulary, so that any read of them fails. */
+static void stream_make(uint16_t *x, bool bad_tail)
+{
+	uint64_t s = 777;
+	uint16_t tok = 5;
+
+	for (int i = 0; i < SN; i++) {
+		x[i] = tok;
+		tok = (uint16_t)((th_rand(&s) % 4 == 0) ? th_rand(&s) % V : (tok * 7u + 3u) % V);
+	}
+	for (int i = SW * T + 1; bad_tail && i < SN; i++)
+		x[i] = 200;
+}
+
+static uint64_t mix64(uint64_t z)
+{
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* docs/API.md's offset of window q: sequential (q mod W) * T; random
+ * splitmix64(seed, q) mod (n - T). Never past the end. */
+static uint64_t win_offset(bool random, uint64_t seed, uint64_t q)
+{
+	uint64_t o = random ? mix64(seed + (q + 1) * 0x9e3779b97f4a7c15ull) % (SN - T)
+	                    : (q % SW) * T;
+
+	ck_assert_uint_le(o + T + 1, SN);
+	return o;
+}
+
+/* One step of model m on explicit copies of step i's windows: inputs and
+ * targets arrays [BATCH, T] built here from the stream; its result. */
+static json_t *explicit_step(struct th_daemon *d, const char *m, const uint16_t *x, bool random,
+                             uint64_t seed, uint64_t start, uint64_t i)
+{
+	uint16_t in[BATCH][T], tg[BATCH][T];
+	char path[128];
+
+	for (int b = 0; b < BATCH; b++) {
+		uint64_t o = win_offset(random, seed, start + i * BATCH + (uint64_t)b);
+
+		memcpy(in[b], x + o, sizeof in[b]);
+		memcpy(tg[b], x + o + 1, sizeof tg[b]);
+	}
+	th_put_array(d, "xin", "dtype=uint16&shape=4,16", in, sizeof in);
+	th_put_array(d, "xtg", "dtype=uint16&shape=4,16", tg, sizeof tg);
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", m);
+	return th_post_json(d, path, "{\"inputs\": \"xin\", \"targets\": \"xtg\"}", 200);
+}
+
+/* The losses (and learning rates, norms) of a windows result equal, bit
+ * for bit, those of the same steps run on explicit copies; the weights
+ * after them too. */
+static void windows_vs_copies(const char *order, uint64_t seed, uint64_t start, int steps,
+                              bool bad_tail)
+{
+	static uint16_t x[SN];
+	bool random = order[0] == 'r';
+	char body[512];
+	json_t *res, *w;
+
+	stream_make(x, bad_tail);
+	/* any shape: the stream is read flat */
+	th_put_array(&A, "stream", "dtype=uint16&shape=3,109&memory_kind=pinned_host", x, sizeof x);
+	create(&A, "win");
+	create(&A, "cp");
+	snprintf(body, sizeof body,
+	         "{\"windows\": {\"array\": \"stream\", \"context\": %d, \"batch_size\": %d, "
+	         "\"order\": \"%s\", \"seed\": %llu, \"start\": %llu}, \"steps\": %d}", T, BATCH,
+	         order, (unsigned long long)seed, (unsigned long long)start, steps);
+	res = th_post_json(&A, "/v1/models/win:step?wait=true", body, 200);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	/* each step stages its windows' tokens, twice (inputs and targets) */
+	ck_assert_int_eq(th_int(th_obj(res, "bytes_moved"), "staged_h2d"),
+	                 (json_int_t)steps * 2 * BATCH * T * 2);
+	w = th_obj(res, "windows");
+	ck_assert_int_eq(th_int(w, "next"), (json_int_t)(start + (uint64_t)steps * BATCH));
+	ck_assert_int_eq(th_int(w, "epoch"), (json_int_t)((start + (uint64_t)steps * BATCH) / SW));
+	ck_assert_int_eq(th_int(w, "windows_per_epoch"), SW);
+	ck_assert_int_eq(th_int(w, "tokens"), SN);
+	ck_assert_uint_eq(json_array_size(th_arr(res, "learning_rates")), (size_t)steps);
+	ck_assert_uint_eq(json_array_size(th_arr(res, "grad_norms")), (size_t)steps);
+	for (int i = 0; i < steps; i++) {
+		json_t *one = explicit_step(&A, "cp", x, random, seed, start, (uint64_t)i);
+		static const char *const per[] = {"losses", "learning_rates", "grad_norms"};
+
+		for (int k = 0; k < 3; k++) {
+			double a = json_number_value(json_array_get(th_arr(res, per[k]), (size_t)i));
+			double b = json_number_value(json_array_get(th_arr(one, per[k]), 0));
+
+			ck_assert_msg(a == b && isfinite(a), "%s step %d: windows %.17g, copies %.17g",
+			              per[k], i + 1, a, b);
+		}
+		json_decref(one);
+	}
+	/* a constant rate, a positive norm */
+	ck_assert_msg(json_number_value(json_array_get(th_arr(res, "learning_rates"), 0)) ==
+	              (double)0.01f, "learning rate");
+	ck_assert_msg(json_number_value(json_array_get(th_arr(res, "grad_norms"), 0)) > 0, "norm");
+	same_arrays(&A, "win", &A, "cp");
+	json_decref(res);
+}
+
+/*
+ * Sequential windows equal explicit inputs/targets copies, bit for bit,
+ * across an epoch's end (6 steps of 4 windows: 24 > 20 windows an epoch,
+ * wrapping to 0), on a stream whose length is not a multiple of T whose
+ * tail (after the last whole window) no window reads: ids there are
+ * outside the vocabulary and nothing fails.
+ */
+START_TEST(test_tokens_windows_sequential)
+{
+	windows_vs_copies("sequential", 0, 0, 6, true);
+}
+END_TEST
+
+/* Random windows (SplitMix64 from the seed, as docs/API.md defines them),
+ * from a start in the middle, equal explicit copies bit for bit. */
+START_TEST(test_tokens_windows_random)
+{
+	windows_vs_copies("random", 11, 7, 5, false);
+}
+END_TEST
+
+/*
+ * Calls that continue where the last stopped ("start": next) draw the
+ * windows of one longer run: the same losses; :evaluate over windows gives
+ * the next step's loss for those windows and logits [B, T, V]; a stream of
+ * exactly T + 1 tokens holds one window, read whole, never past the end.
+ */
+START_TEST(test_tokens_windows_continue)
+{
+	static uint16_t x[SN];
+	double whole[7], part[7];
+	char body[512];
+	json_t *res;
+	int at = 0;
+
+	stream_make(x, true);
+	th_put_array(&A, "stream", "dtype=uint16&shape=327&memory_kind=pinned_host", x, sizeof x);
+	create(&A, "w1");
+	create(&A, "w2");
+	res = th_post_json(&A, "/v1/models/w1:step?wait=true",
+	                   "{\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 4}, "
+	                   "\"steps\": 7}", 200);
+	for (int i = 0; i < 7; i++)
+		whole[i] = json_number_value(json_array_get(th_arr(res, "losses"), (size_t)i));
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "next"), 28);
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "epoch"), 1);
+	json_decref(res);
+	for (int c = 0, start = 0; c < 3; c++) {
+		int steps = c == 2 ? 1 : 3;
+
+		snprintf(body, sizeof body,
+		         "{\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 4, "
+		         "\"start\": %d}, \"steps\": %d}", start, steps);
+		res = th_post_json(&A, "/v1/models/w2:step?wait=true", body, 200);
+		for (int i = 0; i < steps; i++)
+			part[at++] = json_number_value(json_array_get(th_arr(res, "losses"), (size_t)i));
+		start = (int)th_int(th_obj(res, "windows"), "next");
+		json_decref(res);
+	}
+	for (int i = 0; i < 7; i++)
+		ck_assert_msg(part[i] == whole[i], "step %d: in parts %.17g, whole %.17g", i + 1,
+		              part[i], whole[i]);
+	/* :evaluate of windows 28..31 is the loss the next step reports first */
+	res = th_post_json(&A, "/v1/models/w1:evaluate?wait=true",
+	                   "{\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 4, "
+	                   "\"start\": 28}, \"outputs\": {\"name\": \"wl\"}}", 200);
+	{
+		double ev = json_number_value(json_object_get(res, "loss"));
+		json_t *shape = th_arr(th_obj(res, "outputs"), "shape");
+		json_t *st;
+
+		ck_assert_int_eq(json_integer_value(json_array_get(shape, 0)), 4);
+		ck_assert_int_eq(json_integer_value(json_array_get(shape, 1)), 16);
+		ck_assert_int_eq(json_integer_value(json_array_get(shape, 2)), V);
+		ck_assert_int_eq(th_int(th_obj(res, "windows"), "next"), 32);
+		st = th_post_json(&A, "/v1/models/w1:step?wait=true",
+		                  "{\"windows\": {\"array\": \"stream\", \"context\": 16, "
+		                  "\"batch_size\": 4, \"start\": 28}}", 200);
+		ck_assert_msg(json_number_value(json_array_get(th_arr(st, "losses"), 0)) == ev,
+		              "step loss %.17g, evaluation %.17g",
+		              json_number_value(json_array_get(th_arr(st, "losses"), 0)), ev);
+		json_decref(st);
+	}
+	json_decref(res);
+	/* T + 1 tokens: one window (offset 0 in both orders), every step */
+	th_put_array(&A, "short", "dtype=uint16&shape=17", x, 17 * sizeof *x);
+	res = th_post_json(&A, "/v1/models/w2:step?wait=true",
+	                   "{\"windows\": {\"array\": \"short\", \"context\": 16, \"batch_size\": 1, "
+	                   "\"order\": \"random\", \"seed\": 3}, \"steps\": 3}", 200);
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "windows_per_epoch"), 1);
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "epoch"), 3);
+	json_decref(res);
+}
+END_TEST
+
+/* Windows refused with 400 BAD_WINDOWS naming the problem, before
+ * anything runs: the model's step count stays. */
+START_TEST(test_tokens_windows_refused)
+{
+	static uint16_t x[SN];
+	static float f[64];
+	const char *p = "/v1/models/wr:step?wait=true";
+	json_t *m;
+
+	stream_make(x, false);
+	th_put_array(&A, "stream", "dtype=uint16&shape=327", x, sizeof x);
+	th_put_array(&A, "floats", "dtype=float32&shape=64", f, sizeof f);
+	create(&A, "wr");
+	th_post_error(&A, p, "{\"windows\": {\"array\": \"stream\", \"context\": 0, "
+	              "\"batch_size\": 4}}", 400, "INVALID_ARGUMENT", "BAD_WINDOWS",
+	              "windows.context", NULL);
+	th_post_error_words(&A, p, "{\"windows\": {\"array\": \"stream\", \"context\": 16, "
+	                    "\"batch_size\": 21}}", 400, "INVALID_ARGUMENT", "BAD_WINDOWS",
+	                    "batch_size 21", "20 windows", "327 tokens", NULL);
+	th_post_error_words(&A, p, "{\"windows\": {\"array\": \"stream\", \"context\": 400, "
+	                    "\"batch_size\": 1}}", 400, "INVALID_ARGUMENT", "BAD_WINDOWS",
+	                    "327 tokens", "401", NULL);
+	th_post_error_words(&A, p, "{\"windows\": {\"array\": \"floats\", \"context\": 4, "
+	                    "\"batch_size\": 1}}", 400, "INVALID_ARGUMENT", "BAD_WINDOWS",
+	                    "float32", "uint16 or int32", NULL);
+	th_post_error(&A, p, "{\"inputs\": \"stream\", \"windows\": {\"array\": \"stream\", "
+	              "\"context\": 16, \"batch_size\": 4}}", 400, "INVALID_ARGUMENT", "BAD_WINDOWS",
+	              "exclusive", "inputs");
+	th_post_error(&A, p, "{\"targets\": \"stream\", \"windows\": {\"array\": \"stream\", "
+	              "\"context\": 16, \"batch_size\": 4}}", 400, "INVALID_ARGUMENT", "BAD_WINDOWS",
+	              "exclusive", "targets");
+	th_post_error(&A, "/v1/models/wr:evaluate?wait=true", "{\"inputs\": \"stream\", "
+	              "\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 4}}",
+	              400, "INVALID_ARGUMENT", "BAD_WINDOWS", "exclusive", NULL);
+	th_post_error(&A, p, "{\"windows\": {\"array\": \"stream\", \"context\": 16, "
+	              "\"batch_size\": 4, \"order\": \"shuffle\"}}", 400, "INVALID_ARGUMENT",
+	              "BAD_WINDOWS", "random", NULL);
+	th_post_error(&A, p, "{\"windows\": {\"array\": \"nosuch\", \"context\": 16, "
+	              "\"batch_size\": 4}}", 404, "NOT_FOUND", "ARRAY_NOT_FOUND", "nosuch", NULL);
+	m = th_get_object(&A, "/v1/models/wr");
+	ck_assert_int_eq(th_int(m, "steps"), 0);
+	json_decref(m);
+}
+END_TEST
+
+/*
+ * While a step runs, GET /v1/operations/{id} shows the losses so far in
+ * metadata.partial_result, as many as the steps done or more, with their
+ * learning rates and norms and where the windows are; cancelled, the
+ * partial result keeps them; a run that succeeds answers only its result.
+ */
+START_TEST(test_tokens_partial_result_running)
+{
+	static uint16_t x[SN];
+	char id[64];
+	json_t *op, *part = NULL;
+	bool seen = false;
+
+	stream_make(x, false);
+	th_put_array(&A, "stream", "dtype=uint16&shape=327&memory_kind=pinned_host", x, sizeof x);
+	create(&A, "pr");
+	op = th_post_json(&A, "/v1/models/pr:step",
+	                  "{\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 4, "
+	                  "\"order\": \"random\"}, \"steps\": 1000000}", 202);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(op, "metadata"), "id"));
+	json_decref(op);
+	for (int tries = 0; tries < 3000 && !seen; tries++) {
+		json_t *prog;
+
+		op = th_op_get(&A, id);
+		prog = th_op_meta(op, "progress");
+		if (th_int(prog, "steps_done") >= 3 && json_object_get(th_obj(op, "metadata"),
+		                                                       "partial_result")) {
+			json_int_t done = th_int(prog, "steps_done");
+
+			ck_assert_str_eq(th_str(th_obj(op, "metadata"), "state"), "RUNNING");
+			part = th_op_meta(op, "partial_result");
+			ck_assert_int_ge((json_int_t)json_array_size(th_arr(part, "losses")), done);
+			ck_assert_int_eq(th_int(part, "steps"),
+			                 (json_int_t)json_array_size(th_arr(part, "losses")));
+			ck_assert_uint_eq(json_array_size(th_arr(part, "learning_rates")),
+			                  json_array_size(th_arr(part, "losses")));
+			ck_assert_uint_eq(json_array_size(th_arr(part, "grad_norms")),
+			                  json_array_size(th_arr(part, "losses")));
+			ck_assert_int_eq(th_int(th_obj(part, "windows"), "next"), 4 * th_int(part, "steps"));
+			seen = true;
+		}
+		json_decref(op);
+		if (!seen)
+			usleep(10000);
+	}
+	ck_assert_msg(seen, "no partial result while the step ran");
+	/* cancelled: the partial result is the run's whole object */
+	{
+		char path[128];
+		struct th_response r;
+
+		snprintf(path, sizeof path, "/v1/operations/%s:cancel", id);
+		th_post(&A, path, "", &r);
+		th_response_free(&r);
+		snprintf(path, sizeof path, "/v1/operations/%s:wait?timeout=60s", id);
+		th_post(&A, path, "", &r);
+		th_response_free(&r);
+	}
+	op = th_op_get(&A, id);
+	ck_assert_str_eq(th_str(th_obj(op, "metadata"), "state"), "CANCELLED");
+	part = th_op_meta(op, "partial_result");
+	ck_assert_uint_eq(json_array_size(th_arr(part, "losses")), (size_t)th_int(part, "steps"));
+	ck_assert_int_eq(th_int(part, "model_steps"), th_int(part, "steps"));
+	ck_assert_ptr_nonnull(json_object_get(part, "analysis"));
+	json_decref(op);
+	/* succeeded: the response, no partial result */
+	op = th_post_json(&A, "/v1/models/pr:step",
+	                  "{\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 4}, "
+	                  "\"steps\": 2}", 202);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(op, "metadata"), "id"));
+	json_decref(op);
+	{
+		char path[128];
+		struct th_response r;
+
+		snprintf(path, sizeof path, "/v1/operations/%s:wait?timeout=60s", id);
+		th_post(&A, path, "", &r);
+		th_response_free(&r);
+	}
+	op = th_op_get(&A, id);
+	ck_assert_str_eq(th_str(th_obj(op, "metadata"), "state"), "SUCCEEDED");
+	ck_assert_ptr_null(json_object_get(th_obj(op, "metadata"), "partial_result"));
+	ck_assert_uint_eq(json_array_size(th_arr(th_op_result(op), "losses")), 2);
+	json_decref(op);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("tokens");
@@ -673,6 +1023,11 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_tokens_rank1_no_projection_gradients);
 	tcase_add_test(tc, test_tokens_batches);
 	tcase_add_test(tc, test_tokens_evaluate);
+	tcase_add_test(tc, test_tokens_windows_sequential);
+	tcase_add_test(tc, test_tokens_windows_random);
+	tcase_add_test(tc, test_tokens_windows_continue);
+	tcase_add_test(tc, test_tokens_windows_refused);
+	tcase_add_test(tc, test_tokens_partial_result_running);
 	suite_add_tcase(s, tc);
 	return s;
 }

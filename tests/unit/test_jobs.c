@@ -75,18 +75,10 @@ static struct ts_op_snapshot finish(struct ts_operation *op)
 	return s;
 }
 
-/* A model with Adam, its params and optimizer state in kind, created and
- * ready; the registry's copy in *out. */
-static void create_model(const char *name, enum ts_memory_kind kind, uint64_t seed,
-                         struct ts_model *out)
+/* Model m, named name, created (weights from seed) and ready; the
+ * registry's copy in *out. */
+static void create_spec(struct ts_model m, const char *name, uint64_t seed, struct ts_model *out)
 {
-	struct ts_model m = {.mlp = {.layers = 2, .d_model = D, .d_hidden = 16,
-	                             .act = TS_ACT_GELU, .loss = TS_LOSS_MSE},
-	                     .opt = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
-	                             .b2 = 0.999f, .eps = 1e-8f},
-	                     .policy = {.params = kind, .opt_state = kind, .save_x = true,
-	                                .save_h = true},
-	                     .device = dev};
 	struct ts_model_init init = {.scale = 0.5, .seed = seed};
 	struct ts_operation *op = NULL;
 	struct ts_op_snapshot s;
@@ -101,20 +93,31 @@ static void create_model(const char *name, enum ts_memory_kind kind, uint64_t se
 	ck_assert(out->ready);
 }
 
-/* Publishes float32 [rows, D] name on sim:0's kind memory, element i
- * being f(i). */
-static void put_floats(const char *name, uint64_t rows, enum ts_memory_kind kind,
-                       float (*f)(uint64_t))
+/* A model with Adam, its params and optimizer state in kind, created and
+ * ready; the registry's copy in *out. */
+static void create_model(const char *name, enum ts_memory_kind kind, uint64_t seed,
+                         struct ts_model *out)
 {
-	struct ts_array_desc d = {.dtype = TS_DT_FLOAT32, .rank = 2, .shape = {rows, D}};
+	struct ts_model m = {.mlp = {.layers = 2, .d_model = D, .d_hidden = 16,
+	                             .act = TS_ACT_GELU, .loss = TS_LOSS_MSE},
+	                     .opt = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                             .b2 = 0.999f, .eps = 1e-8f},
+	                     .policy = {.params = kind, .opt_state = kind, .save_x = true,
+	                                .save_h = true},
+	                     .device = dev};
+	create_spec(m, name, seed, out);
+}
+
+/* Publishes name, of dtype [rows, cols], on sim:0's kind memory with the
+ * bytes of v. */
+static void put_array(const char *name, enum ts_dtype dtype, uint64_t rows, uint64_t cols,
+                      enum ts_memory_kind kind, const void *v)
+{
+	struct ts_array_desc d = {.dtype = dtype, .rank = 2, .shape = {rows, cols}};
 	struct ts_placement pl;
 	struct ts_array *a = NULL;
 	struct ts_array_writer *w = NULL;
-	float *v = malloc(rows * D * sizeof *v);
 
-	ck_assert_ptr_nonnull(v);
-	for (uint64_t i = 0; i < rows * D; i++)
-		v[i] = f(i);
 	ts_placement_single(&pl, dev, kind, true);
 	OK(ts_array_desc_init(&d, &err));
 	OK(ts_array_new(name, &d, &pl, env.memory, &a, &err));
@@ -124,6 +127,19 @@ static void put_floats(const char *name, uint64_t rows, enum ts_memory_kind kind
 	ts_array_writer_free(w);
 	OK(ts_catalog_put(env.catalog, a, &(struct ts_precondition){0}, NULL, &err));
 	ts_array_unref(a);
+}
+
+/* Publishes float32 [rows, D] name on sim:0's kind memory, element i
+ * being f(i). */
+static void put_floats(const char *name, uint64_t rows, enum ts_memory_kind kind,
+                       float (*f)(uint64_t))
+{
+	float *v = malloc(rows * D * sizeof *v);
+
+	ck_assert_ptr_nonnull(v);
+	for (uint64_t i = 0; i < rows * D; i++)
+		v[i] = f(i);
+	put_array(name, TS_DT_FLOAT32, rows, D, kind, v);
 	free(v);
 }
 
@@ -572,6 +588,91 @@ START_TEST(test_batches_larger_than_the_dataset_are_refused)
 }
 END_TEST
 
+/* ---- windows of a token stream ---------------------------------------------------- */
+
+#define TV 11        /* a token model's vocabulary */
+#define TN 23        /* stream tokens: (23 - 1) / 4 = 5 windows of context 4 */
+
+/* A token model with Adam (on the device), created and ready. */
+static void create_token_model(const char *name, struct ts_model *out)
+{
+	struct ts_model m = {.mlp = {.layers = 1, .d_model = D, .d_hidden = 16,
+	                             .act = TS_ACT_GELU, .loss = TS_LOSS_XENT, .vocab = TV,
+	                             .proj = true},
+	                     .opt = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                             .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 1.0f},
+	                     .policy = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                                .save_x = true, .save_h = true},
+	                     .device = dev};
+	create_spec(m, name, 3, out);
+}
+
+/* Publishes uint16 ids [rows, cols] name on sim:0's pinned_host. */
+static void put_ids(const char *name, const uint16_t *v, uint64_t rows, uint64_t cols)
+{
+	put_array(name, TS_DT_UINT16, rows, cols, TS_MEM_PINNED_HOST, v);
+}
+
+/*
+ * A windows step reads window q = start + b of the stream as docs/API.md
+ * defines it (sequential: offset (q mod W) * context, wrapping at W = (n -
+ * 1) / context windows): its loss is the evaluation's of the same windows
+ * copied out by hand, and its result says where it stopped.
+ */
+START_TEST(test_windows_read_the_stream_at_their_offsets)
+{
+	uint16_t stream[TN], in[2][4], tg[2][4];
+	struct ts_model m;
+	struct ts_job_run ev, run;
+	struct ts_op_snapshot s;
+	json_t *w;
+	double want, got;
+
+	for (int i = 0; i < TN; i++)
+		stream[i] = (uint16_t)((i * 7 + 2) % TV);
+	put_ids("stream", stream, 1, TN);
+	/* windows 4 and 5 of a call starting at 4: offsets 16 and 0 (5 mod 5) */
+	memcpy(in[0], stream + 16, sizeof in[0]);
+	memcpy(tg[0], stream + 17, sizeof tg[0]);
+	memcpy(in[1], stream + 0, sizeof in[1]);
+	memcpy(tg[1], stream + 1, sizeof tg[1]);
+	put_ids("win", &in[0][0], 2, 4);
+	put_ids("wtg", &tg[0][0], 2, 4);
+	create_token_model("t", &m);
+	ev = (struct ts_job_run){.model = m, .steps = 1, .inputs = {.array = "win"},
+	                         .targets = {.array = "wtg"}};
+	OK(ts_job_model_policy(&env, &m, &ev.policy, &err));
+	s = run_eval(&ev);
+	ck_assert_msg(s.state == TS_OP_SUCCEEDED, "%s", s.error.message);
+	want = json_real_value(json_object_get(s.result, "loss"));
+	ts_op_snapshot_release(&s);
+
+	run = (struct ts_job_run){.model = m, .steps = 2};
+	OK(ts_job_model_policy(&env, &m, &run.policy, &err));
+	run.windows = (struct ts_job_windows){.on = true, .context = 4, .size = 2, .start = 4};
+	snprintf(run.windows.array, sizeof run.windows.array, "stream");
+	s = run_step(&run);
+	ck_assert_msg(s.state == TS_OP_SUCCEEDED, "%s", s.error.message);
+	got = json_real_value(json_array_get(json_object_get(s.result, "losses"), 0));
+	ck_assert_msg(got == want, "windows' loss %.9g, the copies' %.9g", got, want);
+	w = json_object_get(s.result, "windows");
+	ck_assert_int_eq(result_int(w, "next"), 8);
+	ck_assert_int_eq(result_int(w, "epoch"), 1);
+	ck_assert_int_eq(result_int(w, "windows_per_epoch"), 5);
+	ck_assert_uint_eq(json_array_size(json_object_get(s.result, "grad_norms")), 2);
+	ck_assert_uint_eq(json_array_size(json_object_get(s.result, "learning_rates")), 2);
+	ck_assert_ptr_null(s.partial);
+	ts_op_snapshot_release(&s);
+
+	/* a batch of more windows than the stream holds is refused */
+	run.windows.size = 6;
+	s = run_step(&run);
+	ck_assert_int_eq(s.state, TS_OP_FAILED);
+	ck_assert_str_eq(s.error.reason, "BAD_WINDOWS");
+	ts_op_snapshot_release(&s);
+}
+END_TEST
+
 /* ---- evaluation ----------------------------------------------------------------- */
 
 START_TEST(test_evaluation_writes_nothing_of_its_model)
@@ -630,6 +731,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(c, test_shuffled_batches_follow_their_seed);
 	tcase_add_test(c, test_batches_larger_than_the_dataset_are_refused);
 	tcase_add_test(c, test_evaluation_writes_nothing_of_its_model);
+	tcase_add_test(c, test_windows_read_the_stream_at_their_offsets);
 	suite_add_tcase(s, c);
 	return s;
 }

@@ -151,6 +151,76 @@ def test_model_create_analyze_step(client):
     assert not client.exists("mlp.w1")
 
 
+LM = {"mlp": {"layers": 1, "d_model": 16, "d_hidden": 32, "activation": "gelu",
+              "residual": True, "vocab": 50, "projection": True},
+      "optimizer": {"type": "adam", "learning_rate": 1e-2, "clip_global_norm": 1.0},
+      "placement": {"device": "sim:0"}}
+
+
+def test_windows_evaluate_analyze(client):
+    stream = RNG.integers(0, 50, 7 * 41).astype(np.uint16).reshape(7, 41)   # any shape
+    client.put("stream", stream, memory_kind="pinned_host")
+    client.create_model("lm", LM)
+    client.create_model("cp", LM)
+    w = tstage.windows("stream", 8, 4, start=3)
+    rep = client.step("lm", windows=w, steps=3, wait=True)
+    assert len(rep["losses"]) == 3 and len(rep["learning_rates"]) == 3
+    assert len(rep["grad_norms"]) == 3 and rep["learning_rates"][0] == np.float32(1e-2)
+    assert rep["windows"]["next"] == 3 + 3 * 4
+    assert rep["windows"]["windows_per_epoch"] == (stream.size - 1) // 8
+    # the same steps on explicit copies of the windows (docs/API.md's offsets)
+    flat, per = stream.reshape(-1), (stream.size - 1) // 8
+    for i in range(3):
+        offs = [((3 + i * 4 + b) % per) * 8 for b in range(4)]
+        client.put("x", np.stack([flat[o:o + 8] for o in offs]), device="sim:0")
+        client.put("t", np.stack([flat[o + 1:o + 9] for o in offs]), device="sim:0")
+        one = client.step("cp", "x", "t", wait=True)
+        assert one["losses"][0] == rep["losses"][i]
+    assert np.array_equal(client.get("lm.w1"), client.get("cp.w1"))
+    # evaluate: windows or explicit inputs, the same loss, logits [B, T, V]
+    ev = client.evaluate("lm", windows=tstage.windows("stream", 8, 4, start=15),
+                         outputs={"name": "logits", "memory_kind": "pinned_host"}, wait=True)
+    assert ev["outputs"]["shape"] == [4, 8, 50] and ev["windows"]["next"] == 19
+    offs = [((15 + b) % per) * 8 for b in range(4)]
+    client.put("x", np.stack([flat[o:o + 8] for o in offs]), device="sim:0")
+    client.put("t", np.stack([flat[o + 1:o + 9] for o in offs]), device="sim:0")
+    op = client.evaluate("lm", "x", "t")
+    assert isinstance(op, tstage.Operation) and op.result(timeout=60)["loss"] == ev["loss"]
+    # analyze with the ids' dtype and the evaluation's mode
+    step_an = client.analyze("lm", [4, 8], dtype="uint16")
+    ev_an = client.analyze("lm", [4, 8], dtype="uint16", mode="evaluate")
+    assert step_an["peak_device_bytes"] == rep["predicted_peak_device_bytes"] - 2 * 4 * 8 * 2
+    assert 0 < ev_an["peak_device_bytes"] < step_an["peak_device_bytes"]
+    with pytest.raises(tstage.InvalidArgument) as e:
+        client.step("lm", "x", windows=w)
+    assert e.value.reason == "BAD_WINDOWS"
+    with pytest.raises(tstage.InvalidArgument) as e:
+        client.step("lm", windows=tstage.windows("stream", 8, 1000), wait=True)
+    assert "batch_size 1000" in e.value.message
+
+
+def test_partial_result_and_cancelled_losses(client):
+    client.put("stream", RNG.integers(0, 50, 500).astype(np.uint16), memory_kind="pinned_host")
+    client.create_model("lm", LM)
+    op = client.step("lm", windows=tstage.windows("stream", 8, 4, order="random", seed=1),
+                     steps=1000000)
+    for _ in range(3000):
+        if op.refresh().progress["steps_done"] >= 2 and op.partial_result:
+            break
+    part = op.partial_result
+    assert op.state == "RUNNING" and len(part["losses"]) >= 2
+    assert len(part["losses"]) == part["steps"] == len(part["learning_rates"])
+    op.cancel().wait(timeout=60)
+    with pytest.raises(tstage.Cancelled) as e:
+        op.result()
+    assert len(e.value.losses) == op.partial_result["steps"] >= 2
+    assert e.value.losses[:2] == part["losses"][:2]
+    assert client.model("lm")["steps"] == len(e.value.losses)
+    done = client.step("lm", windows=tstage.windows("stream", 8, 4), steps=1)
+    done.wait(timeout=60)
+    assert done.partial_result is None and len(done.result()["losses"]) == 1
+
+
 def test_create_model_as_operation_and_errors(client):
     op = client.create_model("m2", MLP, wait=False)
     assert isinstance(op, tstage.Operation) and op.kind == "create"

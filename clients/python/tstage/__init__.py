@@ -6,7 +6,7 @@
     c.device_put("x", device="sim:0", memory_kind="device").wait(progress=True)
     print(c.get("x", index=(slice(0, 2),)))
 """
-from .client import Client, rows
+from .client import Client, rows, windows
 from .dtypes import DTYPES
 from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
                      DeviceBroken, EtagMismatch, FailedPrecondition, Internal,
@@ -19,7 +19,7 @@ from .operation import Operation, op_field, op_result
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "CudaArray", "WriteLease", "Operation", "rows", "DTYPES", "op_field", "op_result", "error_from_status",
+    "Client", "CudaArray", "WriteLease", "Operation", "rows", "windows", "DTYPES", "op_field", "op_result", "error_from_status",
     "TstageError", "TransportError", "InvalidArgument", "FailedPrecondition", "OutOfRange",
     "EtagMismatch", "Unauthenticated", "PermissionDenied", "NotFound", "AlreadyExists",
     "Aborted", "ResourceExhausted", "OutOfMemory", "Cancelled", "Unknown", "Internal",

@@ -30,6 +30,23 @@ def rows(array: str, rows: Sequence[int]) -> Dict[str, Any]:
     return {"array": array, "rows": [int(r) for r in rows]}
 
 
+def windows(array: str, context: int, batch_size: int, *, order: str = "sequential",
+            seed: int = 0, start: int = 0) -> Dict[str, Any]:
+    """A token model's ``windows`` of one token stream (a uint16 or int32 array
+    of any shape, read flat): each step's ``batch_size`` windows of
+    ``context`` + 1 tokens, inputs their first ``context``, targets their last.
+    ``order`` ``"sequential"`` or ``"random"``; ``start`` counts windows (a
+    result's ``windows["next"]`` continues a run exactly). docs/API.md defines
+    the offsets."""
+    return {"array": array, "context": int(context), "batch_size": int(batch_size),
+            "order": order, "seed": int(seed), "start": int(start)}
+
+
+def _run_body(**fields: Any) -> Dict[str, Any]:
+    """A :step or :evaluate body: the fields given, those that are None left out."""
+    return {k: v for k, v in fields.items() if v is not None}
+
+
 def _index_expr(index: Index) -> str:
     """numpy basic indexing as tstaged's ``?index=`` expression."""
     if isinstance(index, str):
@@ -588,14 +605,31 @@ class Client:
 
     def analyze(self, model: Union[str, Dict[str, Any]], batch: Sequence[int], *,
                 placement: Optional[Dict[str, Any]] = None,
-                timeline: bool = False) -> Dict[str, Any]:
+                timeline: bool = False, dtype: Optional[str] = None,
+                mode: Optional[str] = None,
+                outputs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """The memory analysis of one step for a batch shape (XLA's
         ``memory_analysis`` names, ``peak_device_bytes``, the ``timeline``),
         before anything runs: of an existing model (its name), or of a spec
-        that does not exist yet (a dict), which allocates nothing."""
+        that does not exist yet (a dict), which allocates nothing.
+
+        Args:
+            batch: ``[B, d_model]``, or a token model's ``[B, T]`` ids.
+            dtype: a token model's ids, ``"uint16"`` or ``"int32"`` (the default).
+            mode: ``"step"`` (the default) or ``"evaluate"`` (the forward pass of
+                :meth:`evaluate`); an existing model's only.
+            outputs: with mode ``"evaluate"``, where the outputs would go
+                (``{"memory_kind": "pinned_host"}``).
+        """
         body: Dict[str, Any] = {"batch": [int(b) for b in batch]}
         if placement is not None:
             body["placement"] = placement
+        if dtype is not None:
+            body["dtype"] = dtype
+        if mode is not None:
+            body["mode"] = mode
+        if outputs is not None:
+            body["outputs"] = outputs
         q = {"timeline": True} if timeline else None
         if isinstance(model, str):
             return self._t.json("POST", f"/v1/models/{quote_name(model)}:analyze", json=body,
@@ -622,22 +656,48 @@ class Client:
                                idempotent=False)
         return _json.loads(resp.data)
 
-    def step(self, model: str, inputs: Union[str, Dict[str, Any]],
+    def step(self, model: str, inputs: Union[None, str, Dict[str, Any]] = None,
              targets: Union[None, str, Dict[str, Any]] = None, *, steps: int = 1,
+             windows: Optional[Dict[str, Any]] = None,
              placement: Optional[Dict[str, Any]] = None, wait: bool = False,
              timeout: Optional[float] = None, **fields: Any) -> Any:
         """Runs ``steps`` training steps on ``inputs`` (and ``targets`` for
-        ``mse``), each an array name or :func:`rows` of a dataset array.
+        ``mse`` and token models), each an array name or :func:`rows` of a
+        dataset array; or, for a token model, on ``windows`` of one token
+        stream (:func:`windows`), which reads both from the one array.
 
-        Answers the :class:`Operation` (progress in steps), or with ``wait=True``
-        the step report (``losses``, predicted and measured peaks, times).
+        Answers the :class:`Operation` (progress in steps; its
+        :attr:`Operation.partial_result` carries the losses so far while it
+        runs), or with ``wait=True`` the step report (``losses``,
+        ``learning_rates``, ``grad_norms`` when clipping, predicted and measured
+        peaks, times, and with windows where they stopped: ``windows.next``).
+
+        Raises:
+            Cancelled: (with ``wait=True``) the run was cancelled; the exception's
+                ``losses`` and ``partial_result`` say what its steps did.
         """
-        body: Dict[str, Any] = {"inputs": inputs, "steps": int(steps)}
-        if targets is not None:
-            body["targets"] = targets
-        if placement is not None:
-            body["placement"] = placement
+        body = _run_body(inputs=inputs, targets=targets, windows=windows,
+                         placement=placement, steps=int(steps))
         body.update(fields)
         return self._submit(f"/v1/models/{quote_name(model)}:step", body, wait,
+                            idempotent=False, timeout=timeout)
+
+    def evaluate(self, model: str, inputs: Union[None, str, Dict[str, Any]] = None,
+                 targets: Union[None, str, Dict[str, Any]] = None, *,
+                 windows: Optional[Dict[str, Any]] = None,
+                 outputs: Optional[Dict[str, Any]] = None,
+                 placement: Optional[Dict[str, Any]] = None, wait: bool = False,
+                 timeout: Optional[float] = None) -> Any:
+        """The loss of the model over a batch, without touching the model: the
+        inputs and targets as :meth:`step` takes them (or ``windows``), and on
+        request the outputs (a token model's logits) written to a new array,
+        ``outputs={"name": "y", "memory_kind": "pinned_host"}``.
+
+        Answers the :class:`Operation`, or with ``wait=True`` its result
+        (``loss``, the analysis, peaks, times, ``outputs``).
+        """
+        body = _run_body(inputs=inputs, targets=targets, windows=windows,
+                         outputs=outputs, placement=placement)
+        return self._submit(f"/v1/models/{quote_name(model)}:evaluate", body, wait,
                             idempotent=False, timeout=timeout)
 

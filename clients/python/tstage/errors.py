@@ -32,6 +32,8 @@ class TstageError(Exception):
         details: every detail of the Status, as sent.
         request_id: the answer's ``X-Request-Id``, to find its log line.
         retryable: whether the same request may succeed when sent again later.
+        partial_result: for an operation's error, what it did before it stopped
+            (a step's ``losses``, ``steps``, ``model_steps``...), or None.
     """
 
     retryable: bool = False
@@ -48,6 +50,7 @@ class TstageError(Exception):
         self.metadata: Dict[str, str] = dict(metadata or {})
         self.details: List[Dict[str, Any]] = list(details or [])
         self.request_id = request_id
+        self.partial_result: Optional[Dict[str, Any]] = None
 
     def __str__(self) -> str:
         head = f"{self.status}" + (f" ({self.reason})" if self.reason else "")
@@ -129,7 +132,15 @@ class OutOfMemory(ResourceExhausted):
 
 
 class Cancelled(TstageError):
-    """499 CANCELLED: the operation was cancelled."""
+    """499 CANCELLED: the operation was cancelled.
+
+    A cancelled step keeps the steps it took; ``losses`` are theirs (from
+    ``partial_result``, empty when none ran)."""
+
+    @property
+    def losses(self) -> List[float]:
+        """The losses of the steps that ran before the cancel."""
+        return list((self.partial_result or {}).get("losses") or [])
 
 
 class Unknown(TstageError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from .errors import DeadlineExceeded, error_from_status
+from .errors import DeadlineExceeded, TstageError, error_from_status
 
 if TYPE_CHECKING:  # pragma: no cover
     from .client import Client
@@ -93,6 +93,16 @@ class Operation:
         """``{bytes_done, bytes_total}`` or ``{steps_done, steps_total}``."""
         return dict(op_field(self._body, "progress", {}) or {})
 
+    @property
+    def partial_result(self) -> Optional[Dict[str, Any]]:
+        """What the work did so far, as last fetched (:meth:`refresh`): while a
+        step runs, its ``losses`` (and ``learning_rates``, ``grad_norms``,
+        ``model_steps``, where its windows or batches are), renewed after every
+        step; after a cancel or failure, the run's whole report. None when
+        there is none (a succeeded operation answers :meth:`result` instead)."""
+        part = op_field(self._body, "partial_result")
+        return dict(part) if isinstance(part, dict) else None
+
     def _units(self) -> tuple:
         p = self.progress
         if "steps_total" in p:
@@ -156,13 +166,16 @@ class Operation:
                                           idempotent=True)
         return self
 
-    def exception(self) -> Optional[Exception]:
-        """The error of a failed or cancelled operation, as an exception; None
+    def exception(self) -> Optional[TstageError]:
+        """The error of a failed or cancelled operation, as an exception (its
+        ``partial_result``: what the run did before it stopped); None
         otherwise."""
         err = self._body.get("error")
         if err is None:
             return None
-        return error_from_status(err)
+        exc = error_from_status(err)
+        exc.partial_result = self.partial_result
+        return exc
 
     def result(self, timeout: Optional[float] = None, progress: bool = False) -> Any:
         """Waits (see :meth:`wait`) and answers what the operation produced: the
