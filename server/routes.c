@@ -69,7 +69,7 @@
 	  "wait:bool")                                                                         \
 	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false, "")          \
 	X("POST", "/v1/models:import", NULL, NULL, &ts_h_models_import, TS_BODY_STREAM, false, \
-	  "name,device")                                                                       \
+	  "name,device,persist:bool")                                                          \
 	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,    \
 	  false, "timeline:bool")                                                              \
 	X("GET", "/v1/models/{model}", ts_h_models_get, NULL, NULL, TS_BODY_NONE, false, "")   \

@@ -1,7 +1,7 @@
 /*
  * model_spec.c - strict parsing of model specs and step policies.
  */
-#include "handlers/model_spec.h"
+#include "jobs/model_spec.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -77,7 +77,7 @@ static ts_status check_fields(json_t *obj, const char *where, const char *reason
 static const struct field model_fields[] = {
 	{"name", JSON_STRING}, {"mlp", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
 	{"loss", JSON_STRING}, {"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT},
-	{"steps", JSON_INTEGER},
+	{"steps", JSON_INTEGER}, {"persist", JSON_TRUE},
 };
 static const struct field mlp_fields[] = {
 	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
@@ -197,7 +197,7 @@ static ts_status parse_schedule(json_t *sc, struct ts_optimizer *o, struct ts_er
 }
 
 /* Activations and prefetch from a "placement" object (absent fields keep *p). */
-ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err)
+ts_status ts_job_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err)
 {
 	json_t *acts = json_object_get(pl, "activations"), *pf = json_object_get(pl, "prefetch_depth");
 	const char *params = json_string_value(json_object_get(pl, "params"));
@@ -232,15 +232,16 @@ ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *er
 	return ts_policy_check(p, err);
 }
 
-ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
-                           struct ts_model_init *init, struct ts_error *err)
+ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *default_device,
+                             json_t *body, struct ts_model *m, struct ts_model_init *init,
+                             struct ts_error *err)
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32", *dev = NULL;
 	enum ts_dtype dt;
 	enum ts_compute compute = TS_COMPUTE_F32;
 	json_int_t layers = 0, d = 0, h = 0, steps = 0, vocab = 0;
-	int residual = 0, proj = 0;
+	int residual = 0, proj = 0, persist = 0;
 	json_error_t jerr;
 
 	memset(m, 0, sizeof *m);
@@ -256,11 +257,13 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	                  NFIELDS(init_fields), err) != TS_OK))
 		return err->status;
 	if (json_unpack_ex(body, &jerr, JSON_STRICT,
-	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b, s?I, s?b}, s?s, s?o, s?s, s?o, s?o, s?I}",
+	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b, s?I, s?b}, s?s, s?o, s?s, s?o, s?o, s?I,"
+	                   " s?b}",
 	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
 	                   "activation", &act, "residual", &residual, "vocab", &vocab,
 	                   "projection", &proj, "dtype", &dtype, "init", &in,
-	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps) != 0)
+	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps,
+	                   "persist", &persist) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
 	if (steps < 0 || steps > MODEL_STEPS_MAX)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
@@ -310,6 +313,7 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                            "not '%s'"
 		                          : "loss '%s' needs token ids: give mlp.vocab", loss);
 	m->steps = (uint64_t)steps;
+	m->persist = persist;
 	m->opt = (struct ts_optimizer){.type = TS_OPT_NONE, .learning_rate = 1e-3f, .b1 = 0.9f,
 	                               .b2 = 0.999f, .eps = 1e-8f};
 	if (opt) {
@@ -380,16 +384,16 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	}
 	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
 	                               .save_x = true, .save_h = true};
-	m->device = core->default_device;
+	m->device = default_device;
 	if (pl) {
 		dev = json_string_value(json_object_get(pl, "device"));
-		if (dev && !(m->device = ts_device_set_find(core->env.devices, dev)))
+		if (dev && !(m->device = ts_device_set_find(env->devices, dev)))
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "placement.device '%s' is not a device of this node", dev);
 		if (json_object_get(pl, "activations")) {
 			m->policy.save_x = m->policy.save_h = false;
 		}
-		if (ts_h_policy_parse(pl, &m->policy, err) != TS_OK)
+		if (ts_job_policy_parse(pl, &m->policy, err) != TS_OK)
 			return err->status;
 	}
 	return TS_OK;
