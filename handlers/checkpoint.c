@@ -144,9 +144,9 @@ static void *mimport_begin(const struct ts_call *call, uint64_t content_length,
                            struct ts_reply *reply)
 {
 	const char *name = ts_call_query(call, "name"), *dev = ts_call_query(call, "device");
-	const char *persist = ts_call_query(call, "persist");
 	struct mimport *im;
 	struct ts_error err;
+	int persist;
 
 	if (name && (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)) {
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
@@ -159,16 +159,18 @@ static void *mimport_begin(const struct ts_call *call, uint64_t content_length,
 		              "device '%.60s...' is not a device of this node", dev);
 		return NULL;
 	}
+	ts_error_clear(&err);
+	if (ts_h_persist_query(call, &persist, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return NULL;
+	}
 	im = calloc(1, sizeof *im);
 	if (!im) {
 		ts_reply_oom(reply, "no memory for an import");
 		return NULL;
 	}
-	ts_error_clear(&err);
-	/* the route declares persist:bool, so it is "true" or "false" */
 	if (ts_checkpoint_rx_init(&im->cp, &call->core->env, call->core->default_device, name, dev,
-	                          persist && strcmp(persist, "true") == 0, content_length,
-	                          &err) != TS_OK) {
+	                          persist > 0, content_length, &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		free(im);
 		return NULL;

@@ -65,8 +65,14 @@ void ts_h_models_create(const struct ts_call *call, struct ts_reply *reply)
 		             body ? "must be a JSON object" : jerr.text);
 		goto out_fail;
 	}
-	if (ts_job_model_parse(&core->env, core->default_device, body, &m, &init, &err) != TS_OK ||
-	    ts_job_model_create_submit(&core->env, &m, &init, &op, &err) != TS_OK)
+	if (ts_job_model_parse(&core->env, core->default_device, body, &m, &init, &err) != TS_OK)
+		goto out_fail;
+	if (m.persist && !core->state) {
+		ts_error_set(&err, TS_FAILED_PRECONDITION, "NO_STATE_DIR",
+		             "tstaged runs without --state-dir: nothing is kept across restarts");
+		goto out_fail;
+	}
+	if (ts_job_model_create_submit(&core->env, &m, &init, &op, &err) != TS_OK)
 		goto out_fail;
 	reply_job(call, reply, op);
 	json_decref(body);
