@@ -296,9 +296,15 @@ ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *de
 		                    "mlp.vocab %lld without mlp.projection must equal mlp.d_model %lld "
 		                    "(the last layer's outputs are the logits)", (long long)vocab,
 		                    (long long)d);
-	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
-	                         .residual = residual, .vocab = (int)vocab, .proj = proj,
-	                         .compute = compute};
+	/* field by field into the zeroed record: a compound literal may leave
+	 * its padding undefined, and records are compared bytewise */
+	m->mlp.layers = (int)layers;
+	m->mlp.d_model = (int)d;
+	m->mlp.d_hidden = (int)h;
+	m->mlp.residual = residual;
+	m->mlp.vocab = (int)vocab;
+	m->mlp.proj = proj;
+	m->mlp.compute = compute;
 	if (!ts_act_parse(act, &m->mlp.act))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "device/device.h"
+#include "handlers/api.h"
 #include "jobs/model_spec.h"
 #include "storage/array.h"
 
