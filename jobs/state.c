@@ -38,6 +38,7 @@
 #define MANIFEST "manifest.json"
 #define CHUNK (8u << 20)
 #define HOLD_RETRY_NS 20000000L        /* a save waiting for a step to end polls this often */
+#define HOLD_WAIT_NS (30ull * 1000000000ull)  /* how long a save without an operation waits */
 #define MODELS_MAX 4096
 
 struct ts_state {
@@ -419,6 +420,7 @@ static ts_status hold_model(struct save *sv, const char *name, const char *holde
 {
 	const struct ts_jobs_env *env = sv->s->env;
 	struct timespec pause = {0, HOLD_RETRY_NS};
+	uint64_t until = ts_wall_ns() + HOLD_WAIT_NS;
 
 	for (;;) {
 		struct ts_policy pol;
@@ -454,6 +456,10 @@ out_retry:
 		}
 		if (save_cancelled(sv))
 			return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the save was cancelled");
+		/* the drain's save (no operation) cannot be cancelled: it gives up */
+		if (!sv->op && ts_wall_ns() > until)
+			return ts_error_set(err, TS_ABORTED, "MODEL_BUSY",
+			                    "model '%s' stayed held by a step for 30 s", name);
 		nanosleep(&pause, NULL);
 	}
 out_drop:

@@ -103,7 +103,8 @@ void ts_state_restore(struct ts_state *s);
  * Writes every marked array and model as a new generation (the lock held
  * throughout: one writer at a time). op, when not NULL, is the operation
  * running it: its progress (bytes) and cancellation. A model whose arrays a
- * step holds is waited for (until op is cancelled). *result (may be NULL):
+ * step holds is waited for (until op is cancelled; without op, 30 s, then
+ * ABORTED MODEL_BUSY). *result (may be NULL):
  * {"generation", "arrays", "models", "bytes", "dir"} (new reference). Fails
  * with the errno's status naming the file (the previous save stays whole),
  * or CANCELLED.
