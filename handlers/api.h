@@ -28,6 +28,7 @@
 
 struct ts_reply;
 struct ts_view_cache;
+struct ts_state;
 
 /* The core objects every handler may use; immutable after start (the
  * objects they point to are thread-safe). env is what the jobs below the
@@ -44,6 +45,7 @@ struct ts_core {
 	const char *host;
 	uint64_t started_ns;         /* monotonic clock at start */
 	uint64_t started_wall_ns;
+	struct ts_state *state;              /* the --state-dir (jobs/state.h), or NULL */
 };
 
 #define TS_CALL_MAX_PARAMS 4

@@ -30,6 +30,14 @@ ts_status ts_h_placement(const struct ts_core *core, const char *device,
 ts_status ts_h_placement_query(const struct ts_call *call, struct ts_placement *out,
                                struct ts_error *err);
 
+/*
+ * The ?persist= of an upload or import into *persist: -1 when absent (the
+ * name keeps its mark), else 0 or 1 (the route declares it persist:bool).
+ * persist=true without a --state-dir is FAILED_PRECONDITION
+ * (NO_STATE_DIR): nothing could keep it.
+ */
+ts_status ts_h_persist_query(const struct ts_call *call, int *persist, struct ts_error *err);
+
 /* Parses "8,6,16" (or "" for a scalar) into shape; INVALID_ARGUMENT naming
  * the bad entry. */
 ts_status ts_h_parse_shape(const char *s, int *rank, uint64_t *shape, struct ts_error *err);

@@ -45,6 +45,14 @@ ts_handler_fn ts_h_arrays_export;
 ts_handler_fn ts_h_models_export;
 extern const struct ts_upload_ops ts_h_models_import;
 
+/* state.c */
+ts_handler_fn ts_h_arrays_persist;
+ts_handler_fn ts_h_arrays_unpersist;
+ts_handler_fn ts_h_models_persist;
+ts_handler_fn ts_h_models_unpersist;
+ts_handler_fn ts_h_state_get;
+ts_handler_fn ts_h_state_save;
+
 /* shardings.c */
 ts_handler_fn ts_h_shardings_create;
 ts_handler_fn ts_h_shardings_list;

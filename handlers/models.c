@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "handlers/model_spec.h"
+#include "jobs/model_spec.h"
 #include "handlers/operations.h"
 #include "handlers/sharding_json.h"
 #include "jobs/model.h"
@@ -65,8 +65,14 @@ void ts_h_models_create(const struct ts_call *call, struct ts_reply *reply)
 		             body ? "must be a JSON object" : jerr.text);
 		goto out_fail;
 	}
-	if (ts_h_model_parse(core, body, &m, &init, &err) != TS_OK ||
-	    ts_job_model_create_submit(&core->env, &m, &init, &op, &err) != TS_OK)
+	if (ts_job_model_parse(&core->env, core->default_device, body, &m, &init, &err) != TS_OK)
+		goto out_fail;
+	if (m.persist && !core->state) {
+		ts_error_set(&err, TS_FAILED_PRECONDITION, "NO_STATE_DIR",
+		             "tstaged runs without --state-dir: nothing is kept across restarts");
+		goto out_fail;
+	}
+	if (ts_job_model_create_submit(&core->env, &m, &init, &op, &err) != TS_OK)
 		goto out_fail;
 	reply_job(call, reply, op);
 	json_decref(body);
@@ -206,7 +212,7 @@ static ts_status run_policy(const struct ts_core *core, const struct ts_model *m
 		                    json_object_get(pl, "params") ? "params" : "opt_state");
 	if (pl && json_object_get(pl, "activations"))
 		out->save_x = out->save_h = out->offload_x = out->offload_h = false;
-	return pl ? ts_h_policy_parse(pl, out, err) : ts_policy_check(out, err);
+	return pl ? ts_job_policy_parse(pl, out, err) : ts_policy_check(out, err);
 }
 
 /* Whether the call asks for the analysis' timeline (?timeline=true; the
@@ -310,7 +316,8 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	}
 	if (!json_object_get(spec, "name"))
 		json_object_set_new(spec, "name", json_string("analysis"));
-	if (ts_h_model_parse(call->core, spec, &m, &init, &err) != TS_OK)
+	if (ts_job_model_parse(&call->core->env, call->core->default_device, spec, &m, &init,
+	                       &err) != TS_OK)
 		goto out_fail;
 	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK)
 		goto out_fail;

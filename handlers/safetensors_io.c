@@ -51,6 +51,7 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 	struct import_req *rq = calloc(1, sizeof *rq);
 	struct ts_placement placement;
 	struct ts_error err;
+	int persist;
 
 	ts_error_clear(&err);
 	if (!rq) {
@@ -71,9 +72,13 @@ static void *import_begin(const struct ts_call *call, uint64_t content_length,
 		             TS_IMPORT_JSON_MAX);
 		goto out_fail;
 	}
+	if (ts_h_persist_query(call, &persist, &err) != TS_OK)
+		goto out_fail;
 	if (ts_import_new(&call->core->env, &placement, prefix, !ow || strcmp(ow, "false") != 0,
 	                  content_length, &rq->im, &err) != TS_OK)
 		goto out_fail;
+	if (persist >= 0)
+		ts_import_set_persist(rq->im, persist > 0);
 	return rq;
 
 out_fail:

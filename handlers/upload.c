@@ -39,6 +39,7 @@ struct upload {
 	uint64_t received;                 /* body bytes seen */
 	struct ts_placement placement;
 	struct ts_precondition pre;
+	int persist;                       /* ?persist=: -1 absent, else 0 or 1 */
 	char if_match[80];
 	bool have_hint;
 	enum ts_dtype hint;
@@ -147,6 +148,8 @@ static void *upload_begin(const struct ts_call *call, uint64_t content_length,
 	/* the refusals the publish would meet, now, so a refused upload is not sent */
 	cur = ts_catalog_get(call->core->env.catalog, u->name);
 	ts_catalog_check_write(call->core->env.catalog, u->name, NULL, &u->pre, &err);
+	if (err.status == TS_OK)
+		ts_h_persist_query(call, &u->persist, &err);
 	if (err.status == TS_OK && ts_h_placement_query(call, &u->placement, &err) != TS_OK &&
 	    err.status == TS_OK)
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_PLACEMENT", "the placement is invalid");
@@ -329,6 +332,8 @@ static void upload_finish(void *state, const struct ts_call *call, struct ts_rep
 		goto out_fail;
 	if (u->convert && upload_convert(u, &err) != TS_OK)
 		goto out_fail;
+	if (u->persist >= 0)
+		ts_array_set_persist(u->array, u->persist > 0);
 	if (ts_catalog_put(u->core->env.catalog, u->array, &u->pre, &replaced, &err) != TS_OK)
 		goto out_fail;
 	ts_h_reply_array(reply, u->array, !replaced);

@@ -213,6 +213,7 @@ struct ts_import {
 	struct ts_placement placement;
 	char prefix[TS_ARRAY_NAME_MAX + 1];
 	bool overwrite;
+	int persist;                       /* the arrays' persist mark; -1 keep the names' */
 	struct ts_import_rx rx;            /* the body's bytes into arrays */
 	/* a file's import: what the operation reads */
 	struct ts_operation *op;           /* borrowed while it runs */
@@ -253,6 +254,8 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 			s = ts_array_new(name, &d, &im->placement, im->env->memory, &arrays[i], err);
 		if (s != TS_OK)
 			return s;
+		if (im->persist >= 0)
+			ts_array_set_persist(arrays[i], im->persist > 0);
 		if (st->metadata) {
 			/* one copy per array: a version's metadata is its own */
 			json_t *meta = json_deep_copy(st->metadata);
@@ -279,6 +282,7 @@ ts_status ts_import_new(const struct ts_jobs_env *env, const struct ts_placement
 	im->placement = *pl;
 	snprintf(im->prefix, sizeof im->prefix, "%s", prefix ? prefix : "");
 	im->overwrite = overwrite;
+	im->persist = -1;
 	im->fd = -1;
 	atomic_init(&im->refs, 1);
 	pthread_mutex_init(&im->open_mu, NULL);
@@ -309,6 +313,11 @@ void ts_import_unref(struct ts_import *im)
 		close(im->fd);
 	pthread_mutex_destroy(&im->open_mu);
 	free(im);
+}
+
+void ts_import_set_persist(struct ts_import *im, bool on)
+{
+	im->persist = on;
 }
 
 ts_status ts_import_bytes(struct ts_import *im, const char *data, size_t n,

@@ -105,6 +105,10 @@ ts_status ts_import_new(const struct ts_jobs_env *env, const struct ts_placement
 struct ts_import *ts_import_ref(struct ts_import *im);
 void ts_import_unref(struct ts_import *im);
 
+/* Gives every array the import publishes the persist mark on (without
+ * it, each keeps its name's mark, storage/array.h). Before the first byte. */
+void ts_import_set_persist(struct ts_import *im, bool on);
+
 /* A streamed body's next n bytes (ts_import_rx_bytes' errors). */
 ts_status ts_import_bytes(struct ts_import *im, const char *data, size_t n,
                           struct ts_error *err);

@@ -143,6 +143,8 @@ json_t *ts_render_array(const struct ts_array *a)
 	if (o)
 		json_object_set_new(o, "implicit_transfer_bytes",
 		                    json_integer((json_int_t)ts_array_implicit_bytes(a)));
+	if (o)
+		json_object_set_new(o, "persist", json_boolean(ts_array_persisted(a)));
 	/* a copy: the version's metadata is its own (storage/array.h), and a
 	 * reference here would be counted on this thread while others count
 	 * theirs */
@@ -248,6 +250,7 @@ json_t *ts_render_model(const struct ts_model *m)
 
 	if (o) {
 		json_object_set_new(o, "state", json_string(m->ready ? "READY" : "CREATING"));
+		json_object_set_new(o, "persist", json_boolean(m->persist));
 		if (!m->ready && m->creating[0])
 			json_object_set_new(o, "creating_operation", json_string(m->creating));
 	}

@@ -2,7 +2,7 @@
  * render.h - the core's objects as JSON, in the one shape every answer and
  * every operation result uses: a sharding, an array's metadata, a plan's
  * memory analysis, a model's spec and its state. What renders here parses
- * back (handlers/sharding_json.h, handlers/model_spec.h) to an equal value.
+ * back (handlers/sharding_json.h, jobs/model_spec.h) to an equal value.
  *
  * Every function returns a new reference built of nothing another thread
  * holds (values are copied, never shared), or NULL when out of memory.
@@ -43,7 +43,7 @@ json_t *ts_render_plan(const struct ts_plan *p, bool timeline);
  * warmup cosine, the schedule. */
 json_t *ts_render_optimizer(const struct ts_optimizer *o);
 
-/* The model as a spec ts_h_model_parse reads back to the same model (name,
+/* The model as a spec ts_job_model_parse reads back to the same model (name,
  * mlp, dtype, loss, optimizer, placement, steps; no init): what a
  * checkpoint carries. */
 json_t *ts_render_model_spec(const struct ts_model *m);

@@ -69,6 +69,11 @@ static const struct opt options[] = {
 	 "how long SIGTERM waits for in-flight requests and operations (then cancelled)"},
 	{"data-dir", OPT_STRING, F(data_dir), 0, 0, "none",
 	 "folder server-side imports ({\"path\": ...}) may read from"},
+	{"state-dir", OPT_STRING, F(state_dir), 0, 0, "none",
+	 "keep arrays and models marked persist here across restarts: written at drain and "
+	 "by POST /v1/state:save, restored before /readyz answers ready"},
+	{"log-file", OPT_STRING, F(log_file), 0, 0, "stderr",
+	 "append log lines to this file instead of stderr (SIGHUP reopens it)"},
 	{"import-header-limit", OPT_SIZE, F(import_header_limit), 0, 0, "16MiB",
 	 "largest safetensors header an import holds in memory (at most 100MB)"},
 	{"import-header-budget", OPT_SIZE, F(import_header_budget), 0, 0, "256MiB",

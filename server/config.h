@@ -49,6 +49,8 @@ struct ts_config {
 	char port_file[512];             /* write the bound port here once listening */
 	int drain_seconds;               /* how long SIGTERM waits for requests */
 	char data_dir[512];              /* server-side imports only from below here; "" none */
+	char state_dir[512];             /* persisted arrays and models (jobs/state.h); "" none */
+	char log_file[512];              /* log lines go here (SIGHUP reopens it); "" stderr */
 	uint64_t import_header_limit;    /* largest safetensors header an import buffers */
 	uint64_t import_header_budget;   /* all headers being read at once; 0: none */
 	int max_connections;             /* served at once; more are answered 503 */

@@ -1,6 +1,16 @@
 /*
- * main.c - tstaged: parse the configuration, start the server, wait for
- * SIGTERM or SIGINT, drain and exit 0.
+ * main.c - tstaged: parse the configuration, start the server, restore the
+ * state dir, serve until SIGTERM or SIGINT, drain (saving the state dir)
+ * and exit 0.
+ *
+ * Signals, as daemons take them:
+ *   SIGTERM, SIGINT  drain and stop (a second one exits at once, code 3);
+ *   SIGHUP           reopen --log-file (logrotate's move-then-HUP); nothing
+ *                    else is reloaded: the configuration is flags and
+ *                    environment, fixed for the process's life; the log
+ *                    line says what was reopened;
+ *   SIGUSR1          dump the state to the log (spaces, catalog, models,
+ *                    operations in flight, the state dir) and keep serving.
  *
  * The stop signals are blocked before the server starts a thread, so every
  * thread it starts inherits the mask, and a handler is installed as well:
@@ -137,7 +147,66 @@ static int install_stop_handler(void)
 	return 0;
 }
 
-/* Blocks until a stop signal has been written to the pipe; its number. */
+/* SIGHUP and SIGUSR1: main does the work when it reads the pipe. */
+static void on_other_signal(int sig)
+{
+	unsigned char b = (unsigned char)sig;
+	int saved = errno;
+
+	(void)!write(stop_pipe[1], &b, 1);
+	errno = saved;
+}
+
+static int install_other_handler(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = on_other_signal;
+	sa.sa_flags = SA_RESTART;
+	sigfillset(&sa.sa_mask);
+	if (sigaction(SIGHUP, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
+		return -1;
+	return 0;
+}
+
+/* Points stderr (where log lines go) at path, appending; -1 with errno. */
+static int open_log_file(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);
+
+	if (fd < 0)
+		return -1;
+	if (fd != STDERR_FILENO && dup2(fd, STDERR_FILENO) < 0) {
+		close(fd);
+		return -1;
+	}
+	if (fd != STDERR_FILENO)
+		close(fd);
+	return 0;
+}
+
+/* SIGHUP: reopens the log file when there is one, and says so. */
+static void on_hangup(const struct ts_config *cfg)
+{
+	if (!cfg->log_file[0]) {
+		ts_log(TS_LOG_INFO, "\"event\":\"sighup\",\"reopened\":[],\"reloaded\":[]",
+		       "SIGHUP received: logging to stderr, nothing to reopen; nothing else is "
+		       "reloadable (flags and environment are fixed for the process's life)");
+		return;
+	}
+	if (open_log_file(cfg->log_file) != 0) {
+		ts_log(TS_LOG_ERROR, "\"event\":\"sighup\"",
+		       "SIGHUP received: cannot reopen log file '%s': %s; still logging to the old "
+		       "one", cfg->log_file, strerror(errno));
+		return;
+	}
+	ts_log(TS_LOG_INFO, "\"event\":\"sighup\",\"reopened\":[\"log_file\"],\"reloaded\":[]",
+	       "SIGHUP received: reopened log file '%s'; nothing else is reloadable",
+	       cfg->log_file);
+}
+
+/* Blocks until a signal has been written to the pipe; its number. */
 static int wait_stop(void)
 {
 	struct pollfd pfd = {.fd = stop_pipe[0], .events = POLLIN};
@@ -382,9 +451,16 @@ int main(int argc, char **argv)
 	sigemptyset(&sigs);
 	sigaddset(&sigs, SIGTERM);
 	sigaddset(&sigs, SIGINT);
+	sigaddset(&sigs, SIGHUP);
+	sigaddset(&sigs, SIGUSR1);
 	pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	if (install_stop_handler() != 0) {
+	if (cfg.log_file[0] && open_log_file(cfg.log_file) != 0) {
+		fprintf(stderr, "tstaged: cannot open log file '%s': %s\n", cfg.log_file,
+		        strerror(errno));
+		return 1;
+	}
+	if (install_stop_handler() != 0 || install_other_handler() != 0) {
 		ts_log(TS_LOG_ERROR, NULL, "cannot install the stop signal handler: %s",
 		       strerror(errno));
 		return 1;
@@ -404,8 +480,17 @@ int main(int argc, char **argv)
 		ts_log(TS_LOG_INFO, NULL, "and on unix socket %s (mode %s, group %s; no token asked)",
 		       cfg.unix_socket, cfg.unix_socket_mode,
 		       cfg.unix_socket_group[0] ? cfg.unix_socket_group : "the daemon's");
+	ts_server_restore(srv);
 	notify_service_manager("READY=1");
-	sig = wait_stop();
+	for (;;) {
+		sig = wait_stop();
+		if (sig == SIGHUP)
+			on_hangup(&cfg);
+		else if (sig == SIGUSR1)
+			ts_server_dump(srv);
+		else
+			break;
+	}
 	snprintf(fields, sizeof fields, "\"event\":\"drain\",\"signal\":\"%s\",\"drain_seconds\":%d",
 	         sig_name(sig), cfg.drain_seconds);
 	ts_log(TS_LOG_INFO, fields, "%s received; draining (a second one exits at once)",
@@ -416,6 +501,9 @@ int main(int argc, char **argv)
 		ts_log(TS_LOG_WARN, NULL, "%d requests still in flight at shutdown", dr.requests);
 	if (dr.operations)
 		ts_log(TS_LOG_WARN, NULL, "%d operations cancelled at shutdown", dr.operations);
+	if (dr.state_dir && !dr.state_saved)
+		ts_log(TS_LOG_ERROR, "\"event\":\"state_not_saved\"",
+		       "the state dir was not saved at shutdown; the next start reads the save before");
 	ts_server_free(srv);
 	snprintf(fields, sizeof fields,
 	         "\"event\":\"exit\",\"code\":0,\"requests_left\":%d,\"operations_cancelled\":%d",

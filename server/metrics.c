@@ -25,6 +25,7 @@
 #include "common/units.h"
 #include "common/version.h"
 #include "handlers/api.h"
+#include "jobs/state.h"
 #include "memory/space.h"
 #include "storage/array.h"
 #include "storage/stage.h"
@@ -629,6 +630,36 @@ static void render_devices(struct out *o, const struct ts_core *core)
 	}
 }
 
+
+/* The state dir's counters (jobs/state.h). */
+static void render_state(struct out *o, struct ts_state *state)
+{
+	struct ts_state_stats st;
+
+	ts_state_stats(state, &st);
+	family(o, "tstage_state_restore_skipped_total", "counter",
+	       "Entries of the state dir that the last start could not restore, by reason.");
+	for (int r = 0; r < TS_STATE_SKIP_COUNT; r++)
+		out_printf(o, "tstage_state_restore_skipped_total{reason=\"%s\"} %llu\n",
+		           ts_state_skip_name((enum ts_state_skip)r),
+		           (unsigned long long)st.skipped[r]);
+	family(o, "tstage_state_restored", "gauge",
+	       "Arrays and models restored from the state dir at start.");
+	out_printf(o, "tstage_state_restored{kind=\"array\"} %llu\n",
+	           (unsigned long long)st.restored_arrays);
+	out_printf(o, "tstage_state_restored{kind=\"model\"} %llu\n",
+	           (unsigned long long)st.restored_models);
+	family(o, "tstage_state_saves_total", "counter", "Saves of the state dir, by outcome.");
+	out_printf(o, "tstage_state_saves_total{outcome=\"ok\"} %llu\n",
+	           (unsigned long long)st.saves);
+	out_printf(o, "tstage_state_saves_total{outcome=\"failed\"} %llu\n",
+	           (unsigned long long)st.save_failures);
+	family(o, "tstage_state_last_save_timestamp_seconds", "gauge",
+	       "When the last save of the state dir finished (0: none since start).");
+	out_printf(o, "tstage_state_last_save_timestamp_seconds %.3f\n",
+	           (double)st.last_save_wall_ns / 1e9);
+}
+
 static void render_transfers(struct out *o, const struct ts_core *core)
 {
 	uint64_t moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT], count = 0, bytes = 0;
@@ -649,6 +680,8 @@ static void render_transfers(struct out *o, const struct ts_core *core)
 		out_printf(o, "tstage_implicit_transfer_bytes_total %llu\n",
 		           (unsigned long long)ts_stager_implicit(core->env.stager));
 	}
+	if (core->state)
+		render_state(o, core->state);
 	if (core->env.catalog) {
 		ts_catalog_totals(core->env.catalog, &count, &bytes);
 		family(o, "tstage_arrays", "gauge", "Arrays in the catalog.");

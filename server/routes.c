@@ -31,11 +31,11 @@
 	X("GET", "/v1/arrays", ts_h_arrays_list, NULL, NULL, TS_BODY_NONE, false,              \
 	  "device,memory_kind,page_size,page_token")                                           \
 	X("POST", "/v1/arrays:import", NULL, NULL, &ts_h_arrays_import, TS_BODY_STREAM, false, \
-	  PLACE ",prefix,overwrite:bool,wait:bool")                                            \
+	  PLACE ",prefix,overwrite:bool,persist:bool,wait:bool")                               \
 	X("GET", "/v1/arrays:export", ts_h_arrays_export, NULL, NULL, TS_BODY_NONE, false,     \
 	  "names")                                                                             \
 	X("PUT", "/v1/arrays/{array}", NULL, NULL, &ts_h_arrays_put, TS_BODY_STREAM, false,    \
-	  "dtype,shape," PLACE)                                                                \
+	  "dtype,shape,persist:bool," PLACE)                                                   \
 	X("GET", "/v1/arrays/{array}", ts_h_arrays_get, NULL, NULL, TS_BODY_NONE, false, "")   \
 	X("DELETE", "/v1/arrays/{array}", ts_h_arrays_delete, NULL, NULL, TS_BODY_NONE, false, \
 	  "")                                                                                  \
@@ -47,6 +47,10 @@
 	  TS_BODY_JSON, false, "wait:bool")                                                    \
 	X("POST", "/v1/arrays/{array}:copy", ts_h_arrays_copy, NULL, NULL, TS_BODY_JSON, false,\
 	  "wait:bool")                                                                         \
+	X("POST", "/v1/arrays/{array}:persist", ts_h_arrays_persist, NULL, NULL, TS_BODY_NONE, \
+	  false, "")                                                                           \
+	X("POST", "/v1/arrays/{array}:unpersist", ts_h_arrays_unpersist, NULL, NULL,           \
+	  TS_BODY_NONE, false, "")                                                             \
 	X("GET", "/v1/arrays/{array}/sharding", ts_h_arrays_sharding, NULL, NULL, TS_BODY_NONE,\
 	  false, "format")                                                                     \
 	X("POST", "/v1/operations/{operation}:wait", ts_h_operations_wait, NULL, NULL,         \
@@ -69,7 +73,7 @@
 	  "wait:bool")                                                                         \
 	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false, "")          \
 	X("POST", "/v1/models:import", NULL, NULL, &ts_h_models_import, TS_BODY_STREAM, false, \
-	  "name,device")                                                                       \
+	  "name,device,persist:bool")                                                          \
 	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,    \
 	  false, "timeline:bool")                                                              \
 	X("GET", "/v1/models/{model}", ts_h_models_get, NULL, NULL, TS_BODY_NONE, false, "")   \
@@ -82,7 +86,14 @@
 	X("POST", "/v1/models/{model}:step", ts_h_models_step, NULL, NULL, TS_BODY_JSON, false,\
 	  "wait:bool")                                                                         \
 	X("POST", "/v1/models/{model}:evaluate", ts_h_models_evaluate, NULL, NULL,             \
-	  TS_BODY_JSON, false, "wait:bool")
+	  TS_BODY_JSON, false, "wait:bool")                                                    \
+	X("POST", "/v1/models/{model}:persist", ts_h_models_persist, NULL, NULL, TS_BODY_NONE, \
+	  false, "")                                                                           \
+	X("POST", "/v1/models/{model}:unpersist", ts_h_models_unpersist, NULL, NULL,           \
+	  TS_BODY_NONE, false, "")                                                             \
+	X("GET", "/v1/state", ts_h_state_get, NULL, NULL, TS_BODY_NONE, false, "")             \
+	X("POST", "/v1/state:save", ts_h_state_save, NULL, NULL, TS_BODY_NONE, false,         \
+	  "wait:bool")
 
 /* The test-only control of injected failures exists in fault builds only. */
 #ifdef TS_FAULT_BUILD

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,6 +29,10 @@
 #include "memory/space.h"
 #include "storage/stage.h"
 #include "train/model.h"
+#include "jobs/state.h"
+
+/* How long the drain's save waits for cancelled operations to end. */
+#define DRAIN_SAVE_WAIT_NS (30ull * 1000000000ull)
 
 static bool loopback(const char *addr)
 {
@@ -380,6 +385,14 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	                        &srv->core.env.operations, err);
 	if (st != TS_OK)
 		goto out_free;
+	if (cfg->state_dir[0]) {
+		st = ts_state_new(&srv->core.env, srv->core.default_device, cfg->default_memory_kind,
+		                  cfg->state_dir, &srv->core.state, err);
+		if (st != TS_OK)
+			goto out_free;
+	} else {
+		atomic_store(&srv->restored, true);
+	}
 	st = ts__http_start(srv, err);
 	if (st == TS_OK && cfg->unix_socket[0]) {
 		st = ts__lease_start(srv, err);
@@ -444,6 +457,20 @@ static int cancel_state(struct ts_server *srv, enum ts_op_state state)
 	return (int)n;
 }
 
+/* The drain's save of the state dir, once the operations it cancelled have
+ * ended (a step ends at its next step; a save in flight first). */
+static void drain_save(struct ts_server *srv, struct ts_drain_result *out)
+{
+	uint64_t until = ts_now_ns() + DRAIN_SAVE_WAIT_NS;
+	struct ts_error err;
+
+	while (ops_unfinished(srv) > 0 && ts_now_ns() < until)
+		usleep(10000);
+	ts_error_clear(&err);
+	out->state_saved = ts_state_save(srv->core.state, NULL, NULL, &err) == TS_OK;
+	out->state_dir = true;
+}
+
 void ts_server_drain(struct ts_server *srv, int seconds, struct ts_drain_result *out)
 {
 	uint64_t deadline = ts_now_ns() + (uint64_t)seconds * 1000000000ull;
@@ -463,6 +490,15 @@ void ts_server_drain(struct ts_server *srv, int seconds, struct ts_drain_result 
 		usleep(10000);
 	}
 	out->operations = cancel_state(srv, TS_OP_RUNNING) + cancel_state(srv, TS_OP_PENDING);
+	if (srv->core.state)
+		drain_save(srv, out);
+}
+
+void ts_server_restore(struct ts_server *srv)
+{
+	if (srv->core.state && !atomic_load(&srv->restored))
+		ts_state_restore(srv->core.state);
+	atomic_store(&srv->restored, true);
 }
 
 void ts_server_free(struct ts_server *srv)
@@ -474,6 +510,7 @@ void ts_server_free(struct ts_server *srv)
 	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.env.operations);
+	ts_state_free(srv->core.state);
 	ts_metrics_free(srv->metrics);
 	ts_router_free(srv->router);
 	ts_view_cache_free(srv->core.memory_view);
@@ -491,6 +528,11 @@ void ts_s_readyz(struct ts_server *srv, const struct ts_call *call, struct ts_re
 	(void)call;
 	if (atomic_load(&srv->draining)) {
 		ts_reply_fail(reply, TS_UNAVAILABLE, "DRAINING", "tstaged is shutting down");
+		return;
+	}
+	if (!atomic_load(&srv->restored)) {
+		ts_reply_fail(reply, TS_UNAVAILABLE, "RESTORING",
+		              "tstaged is restoring the state dir '%s'", srv->cfg.state_dir);
 		return;
 	}
 	for (size_t i = 0; i < ts_device_set_count(srv->devices); i++) {
@@ -513,4 +555,95 @@ void ts_s_metrics(struct ts_server *srv, const struct ts_call *call, struct ts_r
 
 	ts_reply_text_owned(reply, TS_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
 	                    text, len);
+}
+
+/* ---- SIGUSR1's dump ------------------------------------------------------------------ */
+
+static void dump_spaces(struct ts_server *srv)
+{
+	size_t n = ts_memory_space_count(srv->memory);
+
+	for (size_t i = 0; i < n; i++) {
+		const struct ts_space *sp = ts_memory_space_at(srv->memory, i);
+		struct ts_space_stats st;
+		json_t *f;
+
+		ts_space_stats(sp, &st);
+		f = json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I}", "event", "dump_space",
+		              "device", ts_device_props(ts_space_device(sp))->id,
+		              "memory_kind", ts_memory_kind_name(ts_space_kind(sp)),
+		              "bytes_in_use", (json_int_t)st.bytes_in_use,
+		              "peak_bytes_in_use", (json_int_t)st.peak_bytes_in_use,
+		              "bytes_limit", (json_int_t)st.bytes_limit,
+		              "live_allocs", (json_int_t)st.live_allocs);
+		ts_log_json(TS_LOG_INFO, f, "space %s: %" PRIu64 " bytes in use of %" PRIu64,
+		            ts_space_name(sp), st.bytes_in_use, st.bytes_limit);
+	}
+}
+
+static void dump_operations(struct ts_server *srv)
+{
+	uint64_t counts[TS_OP_CANCELLED + 1] = {0};
+	struct ts_operation **ops = NULL;
+	struct ts_error err;
+	size_t n = 0;
+
+	ts_op_counts(srv->core.env.operations, counts);
+	ts_log_json(TS_LOG_INFO, json_pack("{s:s, s:I, s:I, s:I, s:I, s:I}", "event",
+	                                   "dump_operations", "pending", (json_int_t)counts[TS_OP_PENDING],
+	                                   "running", (json_int_t)counts[TS_OP_RUNNING],
+	                                   "succeeded", (json_int_t)counts[TS_OP_SUCCEEDED],
+	                                   "failed", (json_int_t)counts[TS_OP_FAILED],
+	                                   "cancelled", (json_int_t)counts[TS_OP_CANCELLED]),
+	            "operations: %" PRIu64 " in flight (%" PRIu64 " running, %" PRIu64 " queued)",
+	            counts[TS_OP_PENDING] + counts[TS_OP_RUNNING], counts[TS_OP_RUNNING],
+	            counts[TS_OP_PENDING]);
+	ts_error_clear(&err);
+	if (ts_op_list(srv->core.env.operations, TS_OP_RUNNING, 64, &ops, &n, &err) != TS_OK)
+		return;
+	for (size_t i = 0; i < n; i++) {
+		struct ts_op_snapshot snap;
+
+		ts_operation_snapshot(ops[i], &snap);
+		ts_log_json(TS_LOG_INFO, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:s}", "event",
+		                                   "dump_operation", "operation", snap.id, "kind",
+		                                   snap.kind, "target", snap.target, "done",
+		                                   (json_int_t)snap.done_units, "total",
+		                                   (json_int_t)snap.total_units, "unit", snap.unit),
+		            "operation %s (%s) running: %" PRIu64 " of %" PRIu64 " %s", snap.id,
+		            snap.kind, snap.done_units, snap.total_units, snap.unit);
+		ts_op_snapshot_release(&snap);
+	}
+	ts_op_list_free(ops, n);
+}
+
+void ts_server_dump(struct ts_server *srv)
+{
+	uint64_t count = 0, bytes = 0;
+	struct ts_model *ms = calloc(1024, sizeof *ms);
+	size_t nmodels = ms ? ts_model_registry_list(srv->core.env.models, ms, 1024) : 0;
+
+	free(ms);
+	ts_log(TS_LOG_INFO, "\"event\":\"dump\",\"signal\":\"SIGUSR1\"",
+	       "SIGUSR1: the state of tstaged follows");
+	dump_spaces(srv);
+	ts_catalog_totals(srv->catalog, &count, &bytes);
+	ts_log_json(TS_LOG_INFO, json_pack("{s:s, s:I, s:I, s:I}", "event", "dump_catalog",
+	                                   "arrays", (json_int_t)count, "array_bytes",
+	                                   (json_int_t)bytes, "models", (json_int_t)nmodels),
+	            "catalog: %" PRIu64 " arrays (%" PRIu64 " bytes), %zu models", count, bytes,
+	            nmodels);
+	dump_operations(srv);
+	if (srv->core.state) {
+		struct ts_state_stats st;
+
+		ts_state_stats(srv->core.state, &st);
+		ts_log_json(TS_LOG_INFO, json_pack("{s:s, s:s, s:I, s:I, s:I}", "event", "dump_state",
+		                                   "dir", ts_state_dir(srv->core.state),
+		                                   "generation", (json_int_t)st.generation,
+		                                   "saves", (json_int_t)st.saves,
+		                                   "save_failures", (json_int_t)st.save_failures),
+		            "state dir '%s': generation %" PRIu64 ", %" PRIu64 " saves since start",
+		            ts_state_dir(srv->core.state), st.generation, st.saves);
+	}
 }

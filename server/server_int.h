@@ -64,6 +64,7 @@ struct ts_server {
 	bool waits_started;
 	_Atomic uint64_t next_id;
 	_Atomic bool draining;
+	_Atomic bool restored;           /* the state dir has been read (or there is none) */
 	/* connections served, in all and by client address (accept.c) */
 	struct ts_mutex conns_mu;
 	bool conns_started;

@@ -37,6 +37,10 @@ struct ts_array {
 	uint64_t implicit_bytes;                /* immutable after publish */
 	char owner[112];                        /* immutable after publish */
 	char held_by[40];                       /* guarded by: the catalog's lock */
+	/* the name's persist mark: before publish what this version asks (-1:
+	 * keep the previous version's), then the mark itself; written under the
+	 * catalog's write lock, read atomically by anyone */
+	_Atomic int persist;
 	/* assigned once, under the catalog's write lock, before publication */
 	uint64_t version;
 	char etag[24];
@@ -214,6 +218,7 @@ static ts_status array_create(const char *name, const struct ts_array_desc *d,
 	if (!a)
 		return ts_error_oom(err, "no memory for array '%s'", name);
 	atomic_init(&a->refs, 1);
+	atomic_init(&a->persist, -1);
 	snprintf(a->name, sizeof a->name, "%s", name);
 	a->desc = *d;
 	a->placement = *pl;
@@ -343,6 +348,17 @@ void ts_array_set_metadata(struct ts_array *a, json_t *meta)
 
 const char *ts_array_owner(const struct ts_array *a) { return a->owner; }
 
+void ts_array_set_persist(struct ts_array *a, bool on)
+{
+	assert(!a->published);
+	atomic_store(&a->persist, on);
+}
+
+bool ts_array_persisted(const struct ts_array *a)
+{
+	return atomic_load(&a->persist) > 0;
+}
+
 void ts_array_set_owner(struct ts_array *a, const char *owner)
 {
 	assert(!a->published);
@@ -362,6 +378,7 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 	}
 	/* field by field: the counts and the hold are the new version's own */
 	atomic_init(&v->refs, 1);
+	atomic_init(&v->persist, -1);
 	memcpy(v->name, a->name, sizeof v->name);
 	v->desc = a->desc;
 	v->placement = a->placement;
@@ -533,6 +550,9 @@ static void install_locked(struct ts_catalog *c, struct ts_array *prev, struct t
 	/* only the holder gets here over a held version: it keeps holding */
 	if (prev)
 		snprintf(a->held_by, sizeof a->held_by, "%s", prev->held_by);
+	/* the persist mark is the name's: kept unless this version set it */
+	if (atomic_load(&a->persist) < 0)
+		atomic_store(&a->persist, prev && atomic_load(&prev->persist) > 0);
 	seal(a);
 	ts_array_ref(a);
 	c->bytes += a->desc.nbytes;
@@ -741,6 +761,26 @@ bool ts_catalog_held(struct ts_catalog *c, const char *name, char *holder, size_
 	}
 	ts_rwlock_unlock(&c->lock);
 	return held;
+}
+
+ts_status ts_catalog_set_persist(struct ts_catalog *c, const char *name, bool on,
+                                 struct ts_error *err)
+{
+	struct ts_array *cur;
+	ts_status st = TS_OK;
+
+	ts_rwlock_wrlock(&c->lock);
+	cur = find_locked(c, name);
+	if (!cur)
+		st = ts_error_set(err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", name);
+	else if (cur->owner[0])
+		st = ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_OWNED",
+		                  "array '%s' belongs to %s: persist the model instead", name,
+		                  cur->owner);
+	else
+		atomic_store(&cur->persist, on);
+	ts_rwlock_unlock(&c->lock);
+	return st;
 }
 
 ts_status ts_catalog_check_write(struct ts_catalog *c, const char *name,

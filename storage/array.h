@@ -153,6 +153,20 @@ const char *ts_array_owner(const struct ts_array *a);
 void ts_array_set_owner(struct ts_array *a, const char *owner);
 
 /*
+ * The persist mark: the name's, not the bytes' (a server with a state dir
+ * writes marked arrays there, jobs/state.h). A version published over a
+ * marked one keeps the mark unless ts_array_set_persist, before publish,
+ * said otherwise; deleting the name drops it. ts_array_persisted reads it
+ * (any thread: an atomic). ts_catalog_set_persist sets or clears it on the
+ * current version of name: NOT_FOUND, or FAILED_PRECONDITION (ARRAY_OWNED)
+ * for a model's array (a model is persisted whole).
+ */
+void ts_array_set_persist(struct ts_array *a, bool on);
+bool ts_array_persisted(const struct ts_array *a);
+ts_status ts_catalog_set_persist(struct ts_catalog *c, const char *name, bool on,
+                                 struct ts_error *err);
+
+/*
  * A new unpublished version of a sharing its buffers, desc, placement,
  * implicit-transfer count and owner, with a copy of its metadata: what a
  * training step publishes after updating a's buffers in place, so that the

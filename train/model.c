@@ -300,6 +300,18 @@ bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool
 	return m != NULL;
 }
 
+bool ts_model_registry_set_persist(struct ts_model_registry *r, uint64_t uid, bool on)
+{
+	struct ts_model *m;
+
+	ts_mutex_lock(&r->mu);
+	m = find_uid_locked(r, uid);
+	if (m)
+		m->persist = on;
+	ts_mutex_unlock(&r->mu);
+	return m != NULL;
+}
+
 bool ts_model_registry_add_steps(struct ts_model_registry *r, uint64_t uid, uint64_t n,
                                  uint64_t *before)
 {

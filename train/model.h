@@ -49,6 +49,7 @@ struct ts_model {
 	uint64_t create_ns;
 	uint64_t uid;                     /* assigned by the registry */
 	bool ready;                       /* arrays initialised and published */
+	bool persist;                     /* kept across restarts (jobs/state.h) */
 	char creating[40];                /* the creating operation's id while !ready */
 };
 
@@ -116,6 +117,9 @@ bool ts_model_registry_remove(struct ts_model_registry *r, uint64_t uid);
  * (ready false); false when it is gone. */
 bool ts_model_registry_set_ready(struct ts_model_registry *r, uint64_t uid, bool ready,
                                  const char *creating);
+/* Sets or clears the persist mark of the model with this uid; false when
+ * it is gone. */
+bool ts_model_registry_set_persist(struct ts_model_registry *r, uint64_t uid, bool on);
 /* Adds n to the step counter of the model with this uid; the counter
  * before in *before (may be NULL). False, changing nothing, when gone. */
 bool ts_model_registry_add_steps(struct ts_model_registry *r, uint64_t uid, uint64_t n,

@@ -1,8 +1,8 @@
 /*
  * fuzz_model_spec.c - libFuzzer target for the model spec of POST /v1/models
  * and the placement policy of :analyze / :step: the input is parsed as any
- * JSON value and handed to ts_h_model_parse against a fake core of two
- * simulated devices, and to ts_h_policy_parse. A refusal must carry a known
+ * JSON value and handed to ts_job_model_parse against a fake core of two
+ * simulated devices, and to ts_job_policy_parse. A refusal must carry a known
  * code, a reason and a message; a model that parses must satisfy the limits
  * the parser promises (a valid name, sizes in range, a device, a policy
  * that checks, a schedule whose steps are ordered), and its rendering
@@ -14,7 +14,8 @@
 #include <string.h>
 
 #include "device/device.h"
-#include "handlers/model_spec.h"
+#include "handlers/api.h"
+#include "jobs/model_spec.h"
 #include "storage/array.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -86,7 +87,7 @@ static void check_round_trip(const struct ts_core *core, const struct ts_model *
 	if (!spec)
 		abort();
 	ts_error_clear(&err);
-	if (ts_h_model_parse(core, spec, &back, &init, &err) != TS_OK)
+	if (ts_job_model_parse(&core->env, core->default_device, spec, &back, &init, &err) != TS_OK)
 		abort();
 	if (strcmp(back.name, m->name) != 0 || back.steps != m->steps || back.device != m->device ||
 	    memcmp(&back.mlp, &m->mlp, sizeof m->mlp) != 0 || a->type != b->type ||
@@ -123,7 +124,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!j)
 		return 0;
 	ts_error_clear(&err);
-	st = ts_h_model_parse(core, j, &m, &init, &err);
+	st = ts_job_model_parse(&core->env, core->default_device, j, &m, &init, &err);
 	if (st != TS_OK)
 		check_failure(st, &err);
 	else {
@@ -131,7 +132,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		check_round_trip(core, &m);
 	}
 	ts_error_clear(&err);
-	st = ts_h_policy_parse(j, &p, &err);
+	st = ts_job_policy_parse(j, &p, &err);
 	if (st != TS_OK)
 		check_failure(st, &err);
 	else if (ts_policy_check(&p, &err) != TS_OK)

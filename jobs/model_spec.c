@@ -1,7 +1,7 @@
 /*
  * model_spec.c - strict parsing of model specs and step policies.
  */
-#include "handlers/model_spec.h"
+#include "jobs/model_spec.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -77,7 +77,7 @@ static ts_status check_fields(json_t *obj, const char *where, const char *reason
 static const struct field model_fields[] = {
 	{"name", JSON_STRING}, {"mlp", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
 	{"loss", JSON_STRING}, {"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT},
-	{"steps", JSON_INTEGER},
+	{"steps", JSON_INTEGER}, {"persist", JSON_TRUE},
 };
 static const struct field mlp_fields[] = {
 	{"layers", JSON_INTEGER}, {"d_model", JSON_INTEGER}, {"d_hidden", JSON_INTEGER},
@@ -197,7 +197,7 @@ static ts_status parse_schedule(json_t *sc, struct ts_optimizer *o, struct ts_er
 }
 
 /* Activations and prefetch from a "placement" object (absent fields keep *p). */
-ts_status ts_h_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err)
+ts_status ts_job_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *err)
 {
 	json_t *acts = json_object_get(pl, "activations"), *pf = json_object_get(pl, "prefetch_depth");
 	const char *params = json_string_value(json_object_get(pl, "params"));
@@ -317,23 +317,23 @@ static ts_status parse_init(json_t *in, struct ts_model_init *init, struct ts_er
 }
 
 /* Where the model lives and its default policy (pl may be NULL). */
-static ts_status parse_placement(const struct ts_core *core, json_t *body, json_t *pl,
-                                 struct ts_model *m, struct ts_error *err)
+static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device *default_device,
+                                 json_t *pl, struct ts_model *m, struct ts_error *err)
 {
 	const char *dev;
 
 	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
 	                               .save_x = true, .save_h = true};
-	m->device = core->default_device;
+	m->device = default_device;
 	if (pl) {
 		dev = json_string_value(json_object_get(pl, "device"));
-		if (dev && !(m->device = ts_device_set_find(core->env.devices, dev)))
+		if (dev && !(m->device = ts_device_set_find(env->devices, dev)))
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "placement.device '%s' is not a device of this node", dev);
 		if (json_object_get(pl, "activations")) {
 			m->policy.save_x = m->policy.save_h = false;
 		}
-		if (ts_h_policy_parse(pl, &m->policy, err) != TS_OK)
+		if (ts_job_policy_parse(pl, &m->policy, err) != TS_OK)
 			return err->status;
 	}
 	return TS_OK;
@@ -342,41 +342,27 @@ static ts_status parse_placement(const struct ts_core *core, json_t *body, json_
 static const struct field gpt_model_fields[] = {
 	{"name", JSON_STRING}, {"gpt", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
 	{"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT}, {"steps", JSON_INTEGER},
+	{"persist", JSON_TRUE},
 };
 static const struct field gpt_fields[] = {
 	{"vocab", JSON_INTEGER}, {"context", JSON_INTEGER}, {"layers", JSON_INTEGER},
 	{"d_model", JSON_INTEGER}, {"heads", JSON_INTEGER}, {"d_ff", JSON_INTEGER},
 };
 
-/* The name and step count every spec has. */
-static ts_status parse_name_steps(const char *name, json_int_t steps, struct ts_model *m,
-                                  struct ts_error *err)
-{
-	if (steps < 0 || steps > MODEL_STEPS_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
-		                    MODEL_STEPS_MAX);
-	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
-		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
-		                    name, TS_MODEL_NAME_MAX);
-	snprintf(m->name, sizeof m->name, "%s", name);
-	m->steps = (uint64_t)steps;
-	return TS_OK;
-}
-
 /*
  * A GPT spec: {"name", "gpt": {"vocab", "context", "layers", "d_model",
  * "heads", "d_ff" (default 4 d_model)}, "dtype" (float32), "optimizer",
- * "init", "placement", "steps"}.
+ * "init", "placement", "steps", "persist"}.
  */
-static ts_status parse_gpt(const struct ts_core *core, json_t *body, struct ts_model *m,
-                           struct ts_model_init *init, struct ts_error *err)
+static ts_status parse_gpt(const struct ts_jobs_env *env, struct ts_device *default_device,
+                           json_t *body, struct ts_model *m, struct ts_model_init *init,
+                           struct ts_error *err)
 {
 	json_t *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *dtype = "float32";
 	json_int_t vocab = 0, context = 0, layers = 0, d = 0, heads = 0, dff = 0, steps = 0;
 	enum ts_compute compute = TS_COMPUTE_F32;
+	int persist = 0;
 	json_error_t jerr;
 
 	if (check_fields(body, "model", "BAD_MODEL", gpt_model_fields, NFIELDS(gpt_model_fields),
@@ -391,13 +377,23 @@ static ts_status parse_gpt(const struct ts_core *core, json_t *body, struct ts_m
 	                  NFIELDS(init_fields), err) != TS_OK))
 		return err->status;
 	if (json_unpack_ex(body, &jerr, JSON_STRICT,
-	                   "{s:s, s:{s:I, s:I, s:I, s:I, s:I, s?I}, s?s, s?o, s?o, s?o, s?I}",
+	                   "{s:s, s:{s:I, s:I, s:I, s:I, s:I, s?I}, s?s, s?o, s?o, s?o, s?I, s?b}",
 	                   "name", &name, "gpt", "vocab", &vocab, "context", &context, "layers",
 	                   &layers, "d_model", &d, "heads", &heads, "d_ff", &dff, "dtype", &dtype,
-	                   "init", &in, "optimizer", &opt, "placement", &pl, "steps", &steps) != 0)
+	                   "init", &in, "optimizer", &opt, "placement", &pl, "steps", &steps,
+	                   "persist", &persist) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
-	if (parse_name_steps(name, steps, m, err) != TS_OK)
-		return err->status;
+	if (steps < 0 || steps > MODEL_STEPS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
+		                    MODEL_STEPS_MAX);
+	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
+		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
+		                    name, TS_MODEL_NAME_MAX);
+	snprintf(m->name, sizeof m->name, "%s", name);
+	m->steps = (uint64_t)steps;
+	m->persist = persist;
 	if (!json_object_get(json_object_get(body, "gpt"), "d_ff"))
 		dff = 4 * d;
 	if (layers < 1 || layers > 4096 || d < 1 || d > 65536 || dff < 1 || dff > 262144 ||
@@ -410,14 +406,21 @@ static ts_status parse_gpt(const struct ts_core *core, json_t *body, struct ts_m
 	if (!ts_compute_parse(dtype, &compute))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
 		                    "dtype '%.32s' is not a model's compute dtype", dtype);
-	m->mlp = (struct ts_mlp){.gpt = true, .layers = (int)layers, .d_model = (int)d,
-	                         .d_hidden = (int)dff, .act = TS_ACT_GELU, .loss = TS_LOSS_XENT,
-	                         .vocab = (int)vocab, .heads = (int)heads, .context = (int)context,
-	                         .compute = compute};
+	/* field by field into the zeroed record (records are compared bytewise) */
+	m->mlp.gpt = true;
+	m->mlp.layers = (int)layers;
+	m->mlp.d_model = (int)d;
+	m->mlp.d_hidden = (int)dff;
+	m->mlp.act = TS_ACT_GELU;
+	m->mlp.loss = TS_LOSS_XENT;
+	m->mlp.vocab = (int)vocab;
+	m->mlp.heads = (int)heads;
+	m->mlp.context = (int)context;
+	m->mlp.compute = compute;
 	if (ts_gpt_check(&m->mlp, err) != TS_OK)
 		return err->status;
 	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK ||
-	    parse_placement(core, body, pl, m, err) != TS_OK)
+	    parse_placement(env, default_device, pl, m, err) != TS_OK)
 		return err->status;
 	if (m->policy.offload_h)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
@@ -426,20 +429,21 @@ static ts_status parse_gpt(const struct ts_core *core, json_t *body, struct ts_m
 	return TS_OK;
 }
 
-ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_model *m,
-                           struct ts_model_init *init, struct ts_error *err)
+ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *default_device,
+                             json_t *body, struct ts_model *m, struct ts_model_init *init,
+                             struct ts_error *err)
 {
 	json_t *mlp = NULL, *opt = NULL, *pl = NULL, *in = NULL;
 	const char *name = NULL, *act = "relu", *loss = "sum", *dtype = "float32";
 	enum ts_dtype dt;
 	enum ts_compute compute = TS_COMPUTE_F32;
 	json_int_t layers = 0, d = 0, h = 0, steps = 0, vocab = 0;
-	int residual = 0, proj = 0;
+	int residual = 0, proj = 0, persist = 0;
 	json_error_t jerr;
 
 	memset(m, 0, sizeof *m);
 	if (json_is_object(body) && json_object_get(body, "gpt"))
-		return parse_gpt(core, body, m, init, err);
+		return parse_gpt(env, default_device, body, m, init, err);
 	if (check_fields(body, "model", "BAD_MODEL", model_fields, NFIELDS(model_fields), err) != TS_OK ||
 	    (json_object_get(body, "mlp") &&
 	     check_fields(json_object_get(body, "mlp"), "mlp", "BAD_MODEL", mlp_fields,
@@ -452,11 +456,13 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 	                  NFIELDS(init_fields), err) != TS_OK))
 		return err->status;
 	if (json_unpack_ex(body, &jerr, JSON_STRICT,
-	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b, s?I, s?b}, s?s, s?o, s?s, s?o, s?o, s?I}",
+	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b, s?I, s?b}, s?s, s?o, s?s, s?o, s?o, s?I,"
+	                   " s?b}",
 	                   "name", &name, "mlp", "layers", &layers, "d_model", &d, "d_hidden", &h,
 	                   "activation", &act, "residual", &residual, "vocab", &vocab,
 	                   "projection", &proj, "dtype", &dtype, "init", &in,
-	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps) != 0)
+	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps,
+	                   "persist", &persist) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
 	if (steps < 0 || steps > MODEL_STEPS_MAX)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
@@ -489,9 +495,15 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                    "mlp.vocab %lld without mlp.projection must equal mlp.d_model %lld "
 		                    "(the last layer's outputs are the logits)", (long long)vocab,
 		                    (long long)d);
-	m->mlp = (struct ts_mlp){.layers = (int)layers, .d_model = (int)d, .d_hidden = (int)h,
-	                         .residual = residual, .vocab = (int)vocab, .proj = proj,
-	                         .compute = compute};
+	/* field by field into the zeroed record: a compound literal may leave
+	 * its padding undefined, and records are compared bytewise */
+	m->mlp.layers = (int)layers;
+	m->mlp.d_model = (int)d;
+	m->mlp.d_hidden = (int)h;
+	m->mlp.residual = residual;
+	m->mlp.vocab = (int)vocab;
+	m->mlp.proj = proj;
+	m->mlp.compute = compute;
 	if (!ts_act_parse(act, &m->mlp.act))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.activation '%s' is not none, relu, gelu or tanh", act);
@@ -506,9 +518,10 @@ ts_status ts_h_model_parse(const struct ts_core *core, json_t *body, struct ts_m
 		                            "not '%s'"
 		                          : "loss '%s' needs token ids: give mlp.vocab", loss);
 	m->steps = (uint64_t)steps;
+	m->persist = persist;
 	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK)
 		return err->status;
-	return parse_placement(core, body, pl, m, err);
+	return parse_placement(env, default_device, pl, m, err);
 }
 
 
