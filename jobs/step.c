@@ -587,6 +587,11 @@ static ts_status windows_begin(struct run *s, struct operand *in, struct operand
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
 		                    "windows read token ids; model '%s' takes float32 inputs, not "
 		                    "tokens", s->model.name);
+	if (s->model.mlp.gpt && w->context != (uint64_t)s->model.mlp.context)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
+		                    "windows.context %llu is not GPT '%s''s context %d: its windows "
+		                    "are whole", (unsigned long long)w->context, s->model.name,
+		                    s->model.mlp.context);
 	if (d->dtype != TS_DT_UINT16 && d->dtype != TS_DT_INT32)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
 		                    "windows.array '%s' is %s; windows read token ids, uint16 or int32",
