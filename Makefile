@@ -209,6 +209,7 @@ FUZZ_sharding := handlers/sharding_json.c storage/sharding.c
 FUZZ_model_spec := jobs/model_spec.c
 FUZZ_rows    := formats/index.c
 FUZZ_lease   := server/lease_proto.c
+FUZZ_lease_stream := server/lease_proto.c
 FUZZ_first_request := server/accept.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 

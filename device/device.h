@@ -279,18 +279,43 @@ ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const cha
 bool ts_device_broken(const struct ts_device *dev);
 
 /*
- * A descriptor of the shareable host mapping holding [p, p + len) (host
- * pages of pinned or pageable host memory of dev's set, hostmem.c: any
- * device of the set answers the same), and p's offset in it
- * into *offset: read-only (a new read-only open of the memfd, which a
- * receiver can map only PROT_READ) or, with writable, read-write. The
- * caller owns the descriptor (close-on-exec). A negative errno when p is in
- * no shareable mapping (-ENOENT: device memory, cudaHostAlloc memory,
- * anonymous fallback pages) or a descriptor cannot be made. Thread-safe;
- * the caller keeps the memory alive meanwhile.
+ * A read-only descriptor of the shareable host mapping holding [p, p + len)
+ * (host pages of pinned or pageable host memory of dev's set, hostmem.c:
+ * any device of the set answers the same), and p's offset in it into
+ * *offset. It is a new O_RDONLY open of the memfd, and the memfd is sealed
+ * against every write but the daemon's own mapping's (F_SEAL_FUTURE_WRITE):
+ * whoever holds the descriptor, reopened read-write or not, can neither map
+ * it writable nor write it. The caller owns the descriptor (close-on-exec).
+ * A negative errno when p is in no shareable mapping (-ENOENT: device
+ * memory, cudaHostAlloc memory, anonymous fallback pages) or a descriptor
+ * cannot be made. Thread-safe; the caller keeps the memory alive meanwhile.
  */
 int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
-                      bool writable, uint64_t *offset);
+                      uint64_t *offset);
+
+/*
+ * Scratch memory of a writable lease: a memfd of size bytes outside every
+ * pool, sealed at its size, that a lessee maps read-write and fills; the
+ * daemon maps it read-only (data; NULL when size is 0) and copies it out.
+ * Released, the daemon's mapping and descriptor go; a lessee's mapping
+ * keeps its pages, which no array ever uses again.
+ */
+struct ts_host_scratch {
+	int fd;                /* owned */
+	const void *data;      /* the daemon's read-only mapping */
+	size_t size;
+};
+
+/* A new scratch of size bytes into *out; RESOURCE_EXHAUSTED, reason
+ * LEASE_SCRATCH, when no memfd can be made (memory, descriptors). */
+ts_status ts_host_scratch_new(size_t size, struct ts_host_scratch *out, struct ts_error *err);
+
+/* A read-write descriptor of s's memfd (the caller owns it), or a negative
+ * errno. */
+int ts_host_scratch_share(const struct ts_host_scratch *s);
+
+/* Unmaps and closes s; one released already (fd -1) is left as it is. */
+void ts_host_scratch_release(struct ts_host_scratch *s);
 
 /*
  * Whether the node lets shared memory (memfd, tmpfs) use transparent huge

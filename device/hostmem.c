@@ -7,7 +7,13 @@
  * named as (descriptor, offset, length) and handed to a process on the same
  * node (the lease service, server/lease.c). The file is sized once and
  * sealed against shrinking and growing, so no holder of the descriptor can
- * truncate pages under the daemon. Each holds a descriptor until it is
+ * truncate pages under the daemon, and, once the daemon has mapped it, with
+ * F_SEAL_FUTURE_WRITE: the daemon's own mapping stays writable, but no
+ * descriptor of the file - a lessee's, or one reopened from it through
+ * /proc/self/fd with O_RDWR, whoever opens it - can write it or map it
+ * writable, now or later (write(2), mmap PROT_WRITE MAP_SHARED and mprotect
+ * to PROT_WRITE fail with EPERM). Where that seal cannot be set the mapping
+ * is not made shareable. Each holds a descriptor until it is
  * freed: mappings take at most half of RLIMIT_NOFILE, so that connections
  * and files keep theirs; past that, or when no memfd can be made, the
  * mapping is anonymous and simply not shareable. Sim device memory
@@ -26,6 +32,10 @@
  * memfd's pages, like anonymous ones, exist only once touched. Without
  * CUDA, "pinned" host memory is such a mapping too; it is not locked
  * (locking needs privileges the daemon should not require).
+ *
+ * Scratch memory (ts_host_scratch_new) is the one memfd a lessee may write:
+ * the memory of a writable lease, outside every pool, mapped read-only by
+ * the daemon, which copies it into the array's own memory at publish.
  *
  * Thread-safety: every function is safe from any thread; the table of
  * shareable mappings (one per device set, backend.h) is guarded by its
@@ -180,12 +190,12 @@ static int maps_remove(struct ts__host_maps *m, uintptr_t base)
 }
 
 int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
-                      bool writable, uint64_t *offset)
+                      uint64_t *offset)
 {
 	struct ts__host_maps *m = dev->host_maps;
 	uintptr_t a = (uintptr_t)p;
 	char path[64];
-	int fd, src;
+	int fd;
 	size_t i;
 
 	ts_mutex_lock(&m->mu);
@@ -193,15 +203,10 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
 	if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
 	    len <= m->maps[i - 1].size - (a - m->maps[i - 1].base)) {
 		*offset = a - m->maps[i - 1].base;
-		src = m->maps[i - 1].fd;
-		/* a descriptor of its own, opened while the table still holds src:
-		 * read-only opens a new read-only file description of the memfd */
-		if (writable) {
-			fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
-		} else {
-			snprintf(path, sizeof path, "/proc/self/fd/%d", src);
-			fd = open(path, O_RDONLY | O_CLOEXEC);
-		}
+		/* a read-only file description of its own, opened while the
+		 * table still holds the memfd */
+		snprintf(path, sizeof path, "/proc/self/fd/%d", m->maps[i - 1].fd);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
 		if (fd < 0)
 			fd = -errno;
 	} else {
@@ -225,8 +230,8 @@ static bool maps_budget_left(struct ts__host_maps *m)
 	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
 }
 
-/* A memfd of size bytes mapped shared, sealed at its size and entered in
- * m; NULL (errno set) when no memfd can be made or the descriptor budget
+/* A memfd of size bytes mapped shared, sealed at its size and against
+ * writes through any other descriptor or mapping, and entered in m; NULL (errno set) when no memfd can be made or the descriptor budget
  * is spent (EMFILE). */
 static void *shared_pages(struct ts__host_maps *m, size_t size)
 {
@@ -241,7 +246,7 @@ static void *shared_pages(struct ts__host_maps *m, size_t size)
 	if (fd < 0)
 		return NULL;
 	if (ftruncate(fd, (off_t)size) != 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0)
 		goto fail;
 	/* on a 2 MiB boundary and advised for transparent huge pages
 	 * (common/hugepage.h): where the node lets shared memory have them
@@ -252,6 +257,9 @@ static void *shared_pages(struct ts__host_maps *m, size_t size)
 	 * pages, 36-49 ms with 2 MiB ones); elsewhere the advice does nothing */
 	p = ts_mmap_huge(size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
+		goto fail;
+	/* from now on only this mapping writes the file (see the top) */
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0)
 		goto fail;
 	if (!maps_add(m, (uintptr_t)p, size, fd)) {
 		errno = ENOMEM;
@@ -338,4 +346,64 @@ void ts__pinned_ops_default(struct ts__pinned_ops *ops, struct ts__host_maps *ma
 	ops->free = pinned_pages_free;
 	ops->ctx = maps;
 	ops->source = "memfd";
+}
+
+/* ---- scratch memory of writable leases --------------------------------------- */
+
+ts_status ts_host_scratch_new(size_t size, struct ts_host_scratch *out, struct ts_error *err)
+{
+	int fd, e;
+	void *p = NULL;
+
+	out->fd = -1;
+	out->data = NULL;
+	out->size = 0;
+	fd = memfd_create("tstage-lease-write", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		goto fail;
+	/* sealed at its size: a writer cannot truncate pages the daemon reads */
+	if (ftruncate(fd, (off_t)size) != 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+		goto fail;
+	if (size > 0) {
+		p = ts_mmap_huge(size, PROT_READ, MAP_SHARED, fd, 0);
+		if (p == MAP_FAILED) {
+			p = NULL;
+			goto fail;
+		}
+	}
+	out->fd = fd;
+	out->data = p;
+	out->size = size;
+	return TS_OK;
+
+fail:
+	e = errno;
+	if (fd >= 0)
+		close(fd);
+	if (e == ENOMEM || e == ENOSPC || e == EMFILE || e == ENFILE)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "LEASE_SCRATCH",
+		                    "no memory file of %zu bytes for a writable lease: %s", size,
+		                    strerror(e));
+	return ts_error_set(err, ts_status_from_errno(e), "LEASE_SCRATCH",
+	                    "no memory file of %zu bytes for a writable lease: %s", size,
+	                    strerror(e));
+}
+
+int ts_host_scratch_share(const struct ts_host_scratch *s)
+{
+	int fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0);
+
+	return fd < 0 ? -errno : fd;
+}
+
+void ts_host_scratch_release(struct ts_host_scratch *s)
+{
+	if (s->data)
+		munmap((void *)(uintptr_t)s->data, s->size);
+	if (s->fd >= 0)
+		close(s->fd);
+	s->fd = -1;
+	s->data = NULL;
+	s->size = 0;
 }

@@ -14,6 +14,9 @@
  * node may be handed it by a lease (a descriptor of a sim device's memfd, a
  * CUDA IPC handle of a GPU pool's chunk).
  *
+ * A buffer handed to a lessee by descriptor is memory that no other array
+ * ever gets: its own mapping, or a copy kept with it (ts_buffer_leasable).
+ *
  * Thread-safety: ref/unref are atomic; the bytes are guarded by whoever
  * writes them (a buffer is written only before it is published).
  */
@@ -50,12 +53,29 @@ enum ts_memory_kind ts_buffer_kind(const struct ts_buffer *b);
 bool ts_buffer_host_visible(const struct ts_buffer *b);
 
 /*
- * A descriptor of the shareable host memory holding b's bytes and their
- * offset in it (see ts_host_mem_share); read-only unless writable. Host
- * memory and sim device memory (a memfd standing for a GPU's) can be; a
- * negative errno when b is a GPU's memory or not shareable (-ENOENT).
+ * A read-only descriptor of the shareable host memory holding b's bytes and
+ * their offset in it (see ts_host_mem_share: no holder of it can write the
+ * memory). Host memory and sim device memory (a memfd standing for a GPU's)
+ * can be; a negative errno when b is a GPU's memory or not shareable
+ * (-ENOENT). The descriptor names the whole memfd: see ts_buffer_leasable
+ * for the memory a lease may hand out.
  */
-int ts_buffer_share(const struct ts_buffer *b, bool writable, uint64_t *offset);
+int ts_buffer_share(const struct ts_buffer *b, uint64_t *offset);
+
+/*
+ * The buffer whose memory a lease hands out for b's bytes, into *out
+ * (borrowed: it lives as long as b): memory that holds b's bytes and will
+ * never hold another array's, however long a lessee keeps it mapped. That
+ * is b itself when its bytes are a mapping of their own (pageable host
+ * memory: unmapped and closed when b is freed, never reused); otherwise (a
+ * pinned segment or a device region, carved and reused) a copy of b in
+ * copy_space (a pageable host space), made at the first call and freed
+ * with b. Call it only once b's bytes are final (a published version).
+ * Fails as ts_buffer_new in copy_space does (RESOURCE_EXHAUSTED with its
+ * numbers). Thread-safe: concurrent first calls make one copy between them.
+ */
+ts_status ts_buffer_leasable(struct ts_buffer *b, struct ts_space *copy_space,
+                             struct ts_buffer **out, struct ts_error *err);
 
 /*
  * The pool chunk holding b's bytes (see ts_space_chunk): its base, its size

@@ -25,44 +25,74 @@
  *            or its connection closes, whatever the name meets meanwhile
  *            (replaced, deleted, moved): the memory goes back to its space
  *            only then.
- *   create   the same with "writable":true and read-write descriptors of a
- *            new, unpublished array (bytes not initialised) that the client
- *            fills in place - in host memory, or in a device's ("fd" on
- *            sim, "cuda_ipc" on a GPU); nothing is visible until publish.
- *   publish  {"name","version","etag","replaced"}: the array becomes the
- *            name's current version (the checks of an upload: holds,
- *            owners, if_none_match) and the lease ends.
+ *   create   the same with "writable":true for a new, unpublished array
+ *            (memory reserved in its space now) that the client fills: an
+ *            "fd" shard is a read-write descriptor of scratch memory of the
+ *            lease's own (offset 0; bytes zero), on a GPU "cuda_ipc" of the
+ *            array's memory itself; nothing is visible until publish.
+ *   publish  {"name","version","etag","replaced"}: the scratch's bytes are
+ *            copied into the array, which becomes the name's current
+ *            version (the checks of an upload: holds, owners,
+ *            if_none_match), and the lease ends.
  *   release  no answer (garbage collectors send it without waiting): the
  *            lease ends; one not held is ignored.
  *   ping     {}: a round trip, after which every earlier release is done.
  * Descriptors travel one per "fd" shard, in the order of the shards.
  * Failures answer {"error":{...}} (google.rpc.Status, as over HTTP), after
  * which the connection goes on, except for a frame that cannot be read
- * (length 0 or over TS_LEASE_FRAME_MAX): answered, then closed.
+ * (length 0 or over TS_LEASE_FRAME_MAX): answered, then closed. A client
+ * that shuts its side down for writing is still answered what it sent.
  *
- * A descriptor names a whole memfd: one pageable allocation, or one pinned
- * segment that other arrays share. Anyone who may connect may read every
- * array (as over HTTP), and a writable lease's descriptor reaches its whole
- * segment: socket access is the permission. The memfds are sealed at their
- * size (hostmem.c), so no client can truncate memory under the daemon.
+ * What a lessee can and cannot do (docs/API.md says it for users):
+ *  - a read lease's descriptor names memory that holds that version's bytes
+ *    and will never hold another array's: a pageable allocation's own memfd
+ *    (closed, never reused, when the version is freed), or a copy of a
+ *    version that lies in a pinned segment or a device region, made at its
+ *    first lease in the device's unpinned_host space and freed with the
+ *    version (memory/buffer.h, ts_buffer_leasable). Whatever a lessee keeps
+ *    mapped after its lease ends shows the bytes of that version only;
+ *  - no descriptor handed out can write any array: every pool memfd is
+ *    sealed with F_SEAL_FUTURE_WRITE once the daemon has mapped it
+ *    (hostmem.c), so a descriptor reopened read-write through /proc/self/fd
+ *    can neither be written nor mapped writable, whoever reopens it;
+ *  - a writable lease maps scratch memory of its own (a memfd outside the
+ *    pools, ts_host_scratch_new); publish copies it into the array's memory
+ *    reserved at create, so the writer's mapping never reaches a published
+ *    version; the scratch is freed, never reused, when the lease ends;
+ *  - a GPU's array is a CUDA IPC handle of the pool's allocation, which CUDA
+ *    maps read-write: none of the above holds for "cuda_ipc" shards;
+ *  - a client of the daemon's own uid, or root, can ptrace the daemon or open
+ *    /proc/<pid>/mem, and so write anything: nothing here holds against it.
+ * The memfds are sealed at their size, so no client can truncate memory
+ * under the daemon.
  *
  * One thread serves every connection with poll(); requests are short (a
- * catalog lookup, an allocation, a publish). Client sockets are
- * non-blocking: a client that does not read its answers until its socket
- * buffer fills is disconnected (its leases end).
+ * catalog lookup, an allocation, a publish's copy). Frames a client
+ * pipelines are answered in order, one at a time: while an answer is not
+ * sent whole (the client is not reading), the connection's next frames wait
+ * and nothing more is read from it, so a client that writes many frames
+ * before reading any is answered every one once it reads. Connections are
+ * capped at a quarter of RLIMIT_NOFILE (at most LEASE_MAX_CONNS), and each
+ * uid (SO_PEERCRED) at a quarter of that; one past either cap is answered
+ * RESOURCE_EXHAUSTED and closed. When accept fails for want of descriptors
+ * or memory, the listening socket is left alone for LEASE_BACKOFF_MS
+ * instead of being polled again at once.
  *
  * Thread-safety: the service's state is its thread's; start and stop are
  * called from the server's lifecycle only.
  */
 #include "server/server_int.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/hex.h"
@@ -70,21 +100,32 @@
 #include "server/lease.h"
 #include "server/lease_proto.h"
 #include "storage/array.h"
+#include "storage/stage.h"
 
 #define LEASE_MAX_CONNS 1024
 #define LEASE_MAX_PER_CONN 65536
+#define LEASE_BACKOFF_MS 200
+#define LEASE_IN_CAP (4 + TS_LEASE_FRAME_MAX)
 
 struct lease {
 	uint64_t id;
 	struct ts_array *array;          /* owned reference */
 	bool writable;                   /* an unpublished array of create */
+	struct ts_host_scratch scratch;  /* a writable "fd" lease's memory; fd -1 otherwise */
 	struct lease *next;
 };
 
 struct lconn {
 	int fd;
-	unsigned char *buf;              /* 4 + TS_LEASE_FRAME_MAX bytes */
-	size_t have;
+	uid_t uid;                       /* the peer's (SO_PEERCRED) */
+	unsigned char *buf;              /* LEASE_IN_CAP bytes read, from start to have */
+	size_t start, have;
+	bool eof;                        /* the client sends no more */
+	bool closing;                    /* close once the pending answer is sent */
+	unsigned char *out;              /* the answer being sent: out_len bytes */
+	size_t out_len, out_off;
+	int out_fds[TS_MESH_MAX_DEVICES]; /* owned: sent with its first byte */
+	int out_nfds;
 	struct lease *leases;
 	size_t nleases;
 };
@@ -98,36 +139,54 @@ struct ts__lease_service {
 	char path[sizeof ((struct sockaddr_un *)0)->sun_path];
 	struct lconn *conns[LEASE_MAX_CONNS];
 	size_t nconns;
+	size_t max_conns;                /* immutable after start */
+	size_t max_per_uid;              /* immutable after start */
+	uint64_t accept_after_ns;        /* accept again from then on (0: now) */
 	uint64_t next_id;
 };
 
 /* ---- answers ----------------------------------------------------------------- */
 
-/* Sends one frame of j (stolen) with fds attached; false when the client
- * cannot take it whole now (the connection is then dropped). */
-static bool send_frame(int fd, json_t *j, const int *fds, int nfds)
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A frame of j (stolen): a new buffer of *len bytes, or NULL (no memory). */
+static unsigned char *frame_of(json_t *j, size_t *len)
 {
 	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
-	size_t len = text ? strlen(text) : 0;
-	unsigned char *frame = text ? malloc(4 + len) : NULL;
+	size_t n = text ? strlen(text) : 0;
+	unsigned char *frame = text ? malloc(4 + n) : NULL;
+
+	json_decref(j);
+	if (frame) {
+		frame[0] = (unsigned char)(n >> 24);
+		frame[1] = (unsigned char)(n >> 16);
+		frame[2] = (unsigned char)(n >> 8);
+		frame[3] = (unsigned char)n;
+		memcpy(frame + 4, text, n);
+		*len = 4 + n;
+	}
+	free(text);
+	return frame;
+}
+
+/* One sendmsg of len bytes, with fds attached when nfds > 0: the bytes
+ * sent, or -1 with errno. */
+static ssize_t send_some(int fd, const unsigned char *p, size_t len, const int *fds, int nfds)
+{
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * TS_MESH_MAX_DEVICES)];
 		struct cmsghdr align;
 	} ctl;
-	struct iovec iov;
+	struct iovec iov = {(void *)p, len};
 	struct msghdr msg;
-	bool ok = false;
 	ssize_t n;
 
-	json_decref(j);
-	if (!frame)
-		goto out;
-	frame[0] = (unsigned char)(len >> 24);
-	frame[1] = (unsigned char)(len >> 16);
-	frame[2] = (unsigned char)(len >> 8);
-	frame[3] = (unsigned char)len;
-	memcpy(frame + 4, text, len);
-	iov = (struct iovec){frame, 4 + len};
 	memset(&msg, 0, sizeof msg);
 	msg.msg_iov = &iov;
 	msg.msg_iovlen = 1;
@@ -144,24 +203,72 @@ static bool send_frame(int fd, json_t *j, const int *fds, int nfds)
 		memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)nfds);
 	}
 	do
-		n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+		n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 	while (n < 0 && errno == EINTR);
-	ok = n == (ssize_t)(4 + len);
-out:
-	free(frame);
-	free(text);
-	return ok;
+	return n;
 }
 
-static bool send_error(int fd, const struct ts_error *err)
+static bool pending(const struct lconn *c)
 {
-	return send_frame(fd, ts_error_to_json(err, 0), NULL, 0);
+	return c->out != NULL;
+}
+
+static void drop_pending(struct lconn *c)
+{
+	for (int i = 0; i < c->out_nfds; i++)
+		close(c->out_fds[i]);
+	c->out_nfds = 0;
+	free(c->out);
+	c->out = NULL;
+	c->out_len = c->out_off = 0;
+}
+
+/* Sends what the socket takes of c's pending answer; false when the
+ * connection must close (the client is gone). */
+static bool flush(struct lconn *c)
+{
+	while (pending(c) && c->out_off < c->out_len) {
+		ssize_t n = send_some(c->fd, c->out + c->out_off, c->out_len - c->out_off,
+		                      c->out_fds, c->out_nfds);
+
+		if (n < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK;
+		for (int i = 0; i < c->out_nfds; i++)   /* they went with the first byte */
+			close(c->out_fds[i]);
+		c->out_nfds = 0;
+		c->out_off += (size_t)n;
+	}
+	drop_pending(c);
+	return true;
+}
+
+/* Makes one frame of j (stolen) with fds (stolen: closed once sent) c's
+ * pending answer and sends what the socket takes now; false when the
+ * connection must close. The next frame is served only once it is sent. */
+static bool answer(struct lconn *c, json_t *j, const int *fds, int nfds)
+{
+	assert(!pending(c));
+	c->out = frame_of(j, &c->out_len);
+	c->out_off = 0;
+	memcpy(c->out_fds, fds, sizeof(int) * (size_t)nfds);
+	c->out_nfds = nfds;
+	if (!c->out) {
+		drop_pending(c);
+		return false;
+	}
+	return flush(c);
+}
+
+static bool answer_error(struct lconn *c, const struct ts_error *err)
+{
+	return answer(c, ts_error_to_json(err, 0), NULL, 0);
 }
 
 /* ---- the lease table ------------------------------------------------------------ */
 
 static void lease_free(struct lease *l)
 {
+	ts_host_scratch_release(&l->scratch);
 	ts_array_unref(l->array);
 	free(l);
 }
@@ -268,41 +375,83 @@ static ts_status share_ipc(const struct ts_array *a, const struct ts_buffer *b, 
 	                          ts_device_props(dev), err);
 }
 
-/* Fills shard with the offset of b in its memfd, whose descriptor is *fd. */
-static ts_status share_fd(const struct ts_array *a, const struct ts_buffer *b, bool writable,
-                          json_t *shard, int *fd, struct ts_error *err)
+/* Sets the members of an "fd" shard: its bytes are [off, off + length) of
+ * the file attached. */
+static ts_status fd_members(json_t *shard, uint64_t off, uint64_t length, struct ts_error *err)
+{
+	if (json_object_set_new(shard, "transport", json_string("fd")) != 0 ||
+	    json_object_set_new(shard, "offset", json_integer((json_int_t)off)) != 0 ||
+	    json_object_set_new(shard, "length", json_integer((json_int_t)length)) != 0)
+		return ts_error_oom(err, "no memory for a lease answer");
+	return TS_OK;
+}
+
+/* Fills shard with the offset of b's bytes in memory that holds them alone
+ * (ts_buffer_leasable), whose read-only descriptor is *fd. */
+static ts_status share_fd(const struct ts__lease_service *svc, const struct ts_array *a,
+                          struct ts_buffer *b, json_t *shard, int *fd, struct ts_error *err)
 {
 	const char *dev = ts_device_props(ts_buffer_device(b))->id;
 	const char *kind = ts_memory_kind_name(ts_buffer_kind(b));
+	struct ts_space *copies = ts_memory_find(svc->core->env.memory, dev, TS_MEM_UNPINNED_HOST);
+	struct ts_buffer *lb;
 	uint64_t off = 0;
+	ts_status st;
 
-	*fd = ts_buffer_share(b, writable, &off);
-	if (*fd < 0)
-		return *fd == -ENOENT
+	*fd = -1;
+	if (!copies)
+		return ts_error_set(err, TS_INTERNAL, "LEASE_COPY",
+		                    "array '%s': no unpinned_host space on '%s' for a lease copy",
+		                    ts_array_name(a), dev);
+	st = ts_buffer_leasable(b, copies, &lb, err);
+	if (st != TS_OK)
+		return st;
+	*fd = ts_buffer_share(lb, &off);
+	if (*fd < 0) {
+		int e = -*fd;
+
+		*fd = -1;
+		return e == ENOENT
 		       ? ts_error_set(err, TS_FAILED_PRECONDITION, "NOT_SHAREABLE",
 		                      "array '%s': its %s memory on '%s' cannot be shared "
 		                      "(not a memfd); use HTTP", ts_array_name(a), kind, dev)
 		       : ts_error_set(err, TS_RESOURCE_EXHAUSTED, "LEASE_DESCRIPTOR",
 		                      "array '%s': cannot open a descriptor of its memory: %s",
-		                      ts_array_name(a), strerror(-*fd));
-	if (json_object_set_new(shard, "transport", json_string("fd")) != 0 ||
-	    json_object_set_new(shard, "offset", json_integer((json_int_t)off)) != 0 ||
-	    json_object_set_new(shard, "length", json_integer((json_int_t)ts_buffer_size(b))) != 0)
-		return ts_error_oom(err, "no memory for a lease answer");
-	return TS_OK;
+		                      ts_array_name(a), strerror(e));
+	}
+	return fd_members(shard, off, ts_buffer_size(b), err);
+}
+
+/* Fills shard for a writable lease's scratch, whose read-write descriptor is
+ * *fd. */
+static ts_status share_scratch(const struct ts_array *a, const struct lease *l, json_t *shard,
+                               int *fd, struct ts_error *err)
+{
+	*fd = ts_host_scratch_share(&l->scratch);
+	if (*fd < 0) {
+		int e = -*fd;
+
+		*fd = -1;
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "LEASE_DESCRIPTOR",
+		                    "array '%s': cannot open a descriptor of its memory: %s",
+		                    ts_array_name(a), strerror(e));
+	}
+	return fd_members(shard, 0, l->scratch.size, err);
 }
 
 /* ---- leases ------------------------------------------------------------------ */
 
 /*
- * The answer describing a's shards, and the descriptors of its "fd" shards;
- * closes what it opened on failure. FAILED_PRECONDITION, reason
+ * The answer describing l's array's shards, and the descriptors of its "fd"
+ * shards; closes what it opened on failure. FAILED_PRECONDITION, reason
  * NOT_SHAREABLE, for host memory that is no memfd (cudaHostAlloc), and as
- * ts_device_ipc_handle fails for a GPU's memory.
+ * ts_device_ipc_handle fails for a GPU's memory; RESOURCE_EXHAUSTED when a
+ * lease copy does not fit its space.
  */
-static ts_status describe(const struct ts_array *a, bool writable, uint64_t id, json_t **out,
-                          int *fds, int *nfds, struct ts_error *err)
+static ts_status describe(const struct ts__lease_service *svc, const struct lease *l,
+                          json_t **out, int *fds, int *nfds, struct ts_error *err)
 {
+	const struct ts_array *a = l->array;
 	const struct ts_array_desc *d = ts_array_desc(a);
 	int n = ts_array_nshards(a);
 	json_t *shards = json_array(), *root;
@@ -325,18 +474,23 @@ static ts_status describe(const struct ts_array *a, bool writable, uint64_t id, 
 			st = ts_error_oom(err, "no memory for a lease answer");
 			goto fail;
 		}
-		st = on_gpu(b) ? share_ipc(a, b, sh, err) : share_fd(a, b, writable, sh, &fd, err);
+		if (on_gpu(b))
+			st = share_ipc(a, b, sh, err);
+		else if (l->writable)
+			st = share_scratch(a, l, sh, &fd, err);
+		else
+			st = share_fd(svc, a, b, sh, &fd, err);
 		if (fd >= 0)
 			fds[(*nfds)++] = fd;
 		if (st != TS_OK)
 			goto fail;
 	}
 	root = json_pack("{s:I, s:s, s:s, s:o, s:I, s:I, s:s, s:b, s:o}",
-	                 "lease", (json_int_t)id, "name", ts_array_name(a),
+	                 "lease", (json_int_t)l->id, "name", ts_array_name(a),
 	                 "dtype", ts_dtype_name(d->dtype), "shape", u64_list(d->shape, d->rank),
 	                 "nbytes", (json_int_t)d->nbytes,
 	                 "version", (json_int_t)ts_array_version(a), "etag", ts_array_etag(a),
-	                 "writable", writable, "shards", shards);
+	                 "writable", l->writable, "shards", shards);
 	if (!root) {
 		st = ts_error_oom(err, "no memory for a lease answer");
 		goto fail_root;
@@ -361,8 +515,7 @@ static bool grant(struct ts__lease_service *svc, struct lconn *c, struct ts_arra
 	int fds[TS_MESH_MAX_DEVICES], nfds = 0;
 	struct lease *l = NULL;
 	struct ts_error err;
-	json_t *answer = NULL;
-	bool ok;
+	json_t *reply = NULL;
 
 	ts_error_clear(&err);
 	if (c->nleases >= LEASE_MAX_PER_CONN) {
@@ -377,27 +530,30 @@ static bool grant(struct ts__lease_service *svc, struct lconn *c, struct ts_arra
 		goto refuse;
 	}
 	l->id = ++svc->next_id;
-	if (describe(a, writable, l->id, &answer, fds, &nfds, &err) != TS_OK)
-		goto refuse;
-	ok = send_frame(c->fd, answer, fds, nfds);
-	for (int i = 0; i < nfds; i++)
-		close(fds[i]);
-	if (!ok) {
-		free(l);
-		ts_array_unref(a);
-		return false;
-	}
 	l->array = a;
 	l->writable = writable;
+	l->scratch.fd = -1;
+	/* create makes one shard (ts_placement_single); one not on a GPU is
+	 * filled in scratch memory of its own */
+	if (writable && !on_gpu(ts_array_shard_buffer(a, 0)) &&
+	    ts_host_scratch_new(ts_buffer_size(ts_array_shard_buffer(a, 0)), &l->scratch,
+	                        &err) != TS_OK)
+		goto refuse;
+	if (describe(svc, l, &reply, fds, &nfds, &err) != TS_OK)
+		goto refuse;
 	l->next = c->leases;
 	c->leases = l;
 	c->nleases++;
-	return true;
+	return answer(c, reply, fds, nfds);
 
 refuse:
-	free(l);
+	if (l) {
+		l->array = NULL;
+		ts_host_scratch_release(&l->scratch);
+		free(l);
+	}
 	ts_array_unref(a);
-	return send_error(c->fd, &err);
+	return answer_error(c, &err);
 }
 
 static bool do_create(struct ts__lease_service *svc, struct lconn *c,
@@ -427,7 +583,30 @@ static bool do_create(struct ts__lease_service *svc, struct lconn *c,
 	return grant(svc, c, a, true);
 
 refuse:
-	return send_error(c->fd, &err);
+	return answer_error(c, &err);
+}
+
+/* Copies a writable lease's scratch into its array's memory, and waits. */
+static ts_status copy_in(struct ts__lease_service *svc, const struct lease *l,
+                         struct ts_error *err)
+{
+	struct ts_buffer *b = ts_array_shard_buffer(l->array, 0);
+	struct ts_writer *w = NULL;
+	ts_status st;
+
+	if (l->scratch.fd < 0 || l->scratch.size == 0)
+		return TS_OK;            /* a GPU's array, written in place; or no bytes */
+	if (ts_buffer_host_visible(b)) {
+		memcpy(ts_buffer_data(b), l->scratch.data, l->scratch.size);
+		return TS_OK;
+	}
+	st = ts_writer_new(svc->core->env.stager, b, 0, &w, err);
+	if (st == TS_OK)
+		st = ts_writer_write(w, l->scratch.data, l->scratch.size, err);
+	if (st == TS_OK)
+		st = ts_writer_finish(w, err);
+	ts_writer_free(w);
+	return st;
 }
 
 static bool do_publish(struct ts__lease_service *svc, struct lconn *c,
@@ -437,6 +616,7 @@ static bool do_publish(struct ts__lease_service *svc, struct lconn *c,
 	struct lease **link, *l = lease_find(c, rq->lease, &link);
 	struct ts_error err;
 	bool replaced = false;
+	json_t *reply;
 
 	ts_error_clear(&err);
 	if (!l || !l->writable) {
@@ -445,17 +625,19 @@ static bool do_publish(struct ts__lease_service *svc, struct lconn *c,
 		             l ? "lease %llu is a read lease: only a lease of create publishes"
 		               : "no lease %llu on this connection",
 		             (unsigned long long)rq->lease);
-		return send_error(c->fd, &err);
+		return answer_error(c, &err);
 	}
-	if (ts_catalog_put(svc->core->env.catalog, l->array, &pre, &replaced, &err) != TS_OK)
-		return send_error(c->fd, &err);   /* the lease stays: fix and publish again */
+	/* the lease stays on failure: fix and publish again */
+	if (copy_in(svc, l, &err) != TS_OK ||
+	    ts_catalog_put(svc->core->env.catalog, l->array, &pre, &replaced, &err) != TS_OK)
+		return answer_error(c, &err);
 	*link = l->next;
 	c->nleases--;
-	json_t *answer = json_pack("{s:s, s:I, s:s, s:b}", "name", ts_array_name(l->array),
-	                           "version", (json_int_t)ts_array_version(l->array),
-	                           "etag", ts_array_etag(l->array), "replaced", replaced);
+	reply = json_pack("{s:s, s:I, s:s, s:b}", "name", ts_array_name(l->array),
+	                  "version", (json_int_t)ts_array_version(l->array),
+	                  "etag", ts_array_etag(l->array), "replaced", replaced);
 	lease_free(l);
-	return send_frame(c->fd, answer, NULL, 0);
+	return answer(c, reply, NULL, 0);
 }
 
 /* Serves one request; false when the connection must close. */
@@ -469,7 +651,7 @@ static bool serve(struct ts__lease_service *svc, struct lconn *c, const char *pa
 
 	ts_error_clear(&err);
 	if (ts_lease_parse(payload, len, &rq, &err) != TS_OK)
-		return send_error(c->fd, &err);
+		return answer_error(c, &err);
 	switch (rq.op) {
 	case TS_LEASE_OP_LEASE:
 		a = ts_catalog_get(svc->core->env.catalog, rq.name);
@@ -477,7 +659,7 @@ static bool serve(struct ts__lease_service *svc, struct lconn *c, const char *pa
 			ts_error_set(&err, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found",
 			             rq.name);
 			ts_error_meta(&err, "array", "%s", rq.name);
-			return send_error(c->fd, &err);
+			return answer_error(c, &err);
 		}
 		return grant(svc, c, a, false);
 	case TS_LEASE_OP_CREATE:
@@ -496,7 +678,7 @@ static bool serve(struct ts__lease_service *svc, struct lconn *c, const char *pa
 		return true;
 	case TS_LEASE_OP_PING:
 	default:
-		return send_frame(c->fd, json_object(), NULL, 0);
+		return answer(c, json_object(), NULL, 0);
 	}
 }
 
@@ -510,76 +692,154 @@ static void conn_close(struct lconn *c)
 		c->leases = l->next;
 		lease_free(l);
 	}
+	drop_pending(c);
 	close(c->fd);
 	free(c->buf);
 	free(c);
 }
 
-/* Reads what the client sent and serves every whole frame; false when the
- * connection is done. */
-static bool conn_read(struct ts__lease_service *svc, struct lconn *c)
+/* Serves the whole frames read, in order, while no answer is pending; false
+ * when the connection must close. */
+static bool conn_serve(struct ts__lease_service *svc, struct lconn *c)
 {
-	ssize_t n;
+	while (!pending(c) && !c->closing) {
+		size_t at = c->start, left = c->have - c->start;
+		const unsigned char *p = c->buf + at;
+		struct ts_lease_frame f;
+		struct ts_error err;
 
-	do
-		n = recv(c->fd, c->buf + c->have, 4 + TS_LEASE_FRAME_MAX - c->have, 0);
-	while (n < 0 && errno == EINTR);
-	if (n < 0)
-		return errno == EAGAIN || errno == EWOULDBLOCK;
-	if (n == 0)
-		return false;
-	c->have += (size_t)n;
-	while (c->have >= 4) {
-		uint32_t len = (uint32_t)c->buf[0] << 24 | (uint32_t)c->buf[1] << 16 |
-		               (uint32_t)c->buf[2] << 8 | c->buf[3];
-
-		if (len == 0 || len > TS_LEASE_FRAME_MAX) {
-			struct ts_error err;
-
-			ts_error_clear(&err);
-			ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_LEASE_FRAME",
-			             "a lease frame of %u bytes: frames hold 1 to %u bytes", len,
-			             TS_LEASE_FRAME_MAX);
-			send_error(c->fd, &err);
-			return false;
-		}
-		if (c->have < 4 + (size_t)len)
+		ts_error_clear(&err);
+		switch (ts_lease_frame_next(p, left, &f, &err)) {
+		case TS_LEASE_FRAME_MORE:
+			return true;
+		case TS_LEASE_FRAME_BAD:
+			c->closing = true;          /* answered, then closed */
+			return answer_error(c, &err);
+		case TS_LEASE_FRAME_WHOLE:
 			break;
-		if (!serve(svc, c, (const char *)c->buf + 4, len))
+		}
+		c->start += f.size;
+		if (!serve(svc, c, f.payload, f.len))
 			return false;
-		memmove(c->buf, c->buf + 4 + len, c->have - 4 - len);
-		c->have -= 4 + len;
 	}
 	return true;
 }
 
+/* Reads what the client sent; false when the connection must close. */
+static bool conn_read(struct lconn *c)
+{
+	ssize_t n;
+
+	if (c->start > 0) {
+		memmove(c->buf, c->buf + c->start, c->have - c->start);
+		c->have -= c->start;
+		c->start = 0;
+	}
+	do
+		n = recv(c->fd, c->buf + c->have, LEASE_IN_CAP - c->have, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK;
+	if (n == 0)
+		c->eof = true;
+	c->have += (size_t)n;
+	return true;
+}
+
+/* Whether c waits for more of the client's bytes (and may take them). */
+static bool conn_wants_input(const struct lconn *c)
+{
+	return !pending(c) && !c->eof && !c->closing &&
+	       (c->start > 0 || c->have < LEASE_IN_CAP);
+}
+
+/* Whether c is done: nothing left to send and nothing more to serve. */
+static bool conn_done(const struct lconn *c)
+{
+	return !pending(c) && (c->closing || c->eof);
+}
+
+/* Answers err on a connection not taken, if the socket takes it now. */
+static void refuse_conn(int fd, const struct ts_error *err)
+{
+	size_t len = 0;
+	unsigned char *frame = frame_of(ts_error_to_json(err, 0), &len);
+
+	if (frame)
+		(void)send_some(fd, frame, len, NULL, 0);
+	free(frame);
+	close(fd);
+}
+
+static size_t conns_of_uid(const struct ts__lease_service *svc, uid_t uid)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < svc->nconns; i++)
+		n += svc->conns[i]->uid == uid;
+	return n;
+}
+
 static void conn_accept(struct ts__lease_service *svc)
 {
+	struct ucred cred = {.uid = (uid_t)-1};
+	socklen_t clen = sizeof cred;
+	struct ts_error err;
 	struct lconn *c;
 	int fd = accept4(svc->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
 
-	if (fd < 0)
+	ts_error_clear(&err);
+	if (fd < 0) {
+		if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+			/* the connection stays queued; polling for it again at once
+			 * would spin: leave the socket alone a while */
+			ts_log(TS_LOG_WARN, NULL, "lease service: cannot accept: %s; pausing %d ms",
+			       strerror(errno), LEASE_BACKOFF_MS);
+			svc->accept_after_ns = now_ns() + (uint64_t)LEASE_BACKOFF_MS * 1000000u;
+		}
 		return;
-	if (svc->nconns == LEASE_MAX_CONNS) {
-		struct ts_error err;
-
-		ts_error_clear(&err);
-		ts_error_set(&err, TS_UNAVAILABLE, "TOO_MANY_CONNECTIONS",
-		             "the lease service serves %d connections at most", LEASE_MAX_CONNS);
-		send_error(fd, &err);
-		close(fd);
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0)
+		cred.uid = (uid_t)-1;
+	if (svc->nconns >= svc->max_conns) {
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_CONNECTIONS",
+		             "the lease service serves %zu connections at most (a quarter of "
+		             "the daemon's descriptors); close some", svc->max_conns);
+		refuse_conn(fd, &err);
+		return;
+	}
+	if (conns_of_uid(svc, cred.uid) >= svc->max_per_uid) {
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_CONNECTIONS",
+		             "uid %ld holds %zu lease connections, the most one uid may; "
+		             "close some", (long)cred.uid, svc->max_per_uid);
+		ts_error_meta(&err, "uid", "%ld", (long)cred.uid);
+		refuse_conn(fd, &err);
 		return;
 	}
 	c = calloc(1, sizeof *c);
 	if (c)
-		c->buf = malloc(4 + TS_LEASE_FRAME_MAX);
+		c->buf = malloc(LEASE_IN_CAP);
 	if (!c || !c->buf) {
 		free(c);
 		close(fd);
 		return;
 	}
 	c->fd = fd;
+	c->uid = cred.uid;
 	svc->conns[svc->nconns++] = c;
+}
+
+/* Reads, serves and answers c as its poll events say; false when it is
+ * done or must close. */
+static bool conn_step(struct ts__lease_service *svc, struct lconn *c, short revents)
+{
+	if (pending(c) && !flush(c))
+		return false;
+	if ((revents & (POLLIN | POLLHUP | POLLERR)) && conn_wants_input(c) && !conn_read(c))
+		return false;
+	if (!conn_serve(svc, c))
+		return false;
+	return !conn_done(c);
 }
 
 static void *lease_thread(void *arg)
@@ -593,12 +853,25 @@ static void *lease_thread(void *arg)
 	}
 	for (;;) {
 		size_t n = svc->nconns;
+		uint64_t now = now_ns();
+		int timeout = -1;
 
 		pfd[0] = (struct pollfd){.fd = svc->wake[0], .events = POLLIN};
 		pfd[1] = (struct pollfd){.fd = svc->listen_fd, .events = POLLIN};
-		for (size_t i = 0; i < n; i++)
-			pfd[2 + i] = (struct pollfd){.fd = svc->conns[i]->fd, .events = POLLIN};
-		if (poll(pfd, n + 2, -1) < 0) {
+		if (svc->accept_after_ns > now) {
+			pfd[1].fd = -1;             /* backing off: not polled */
+			timeout = (int)((svc->accept_after_ns - now) / 1000000u) + 1;
+		}
+		for (size_t i = 0; i < n; i++) {
+			struct lconn *c = svc->conns[i];
+
+			pfd[2 + i] = (struct pollfd){
+				.fd = c->fd,
+				.events = (short)((pending(c) ? POLLOUT : 0) |
+				                  (conn_wants_input(c) ? POLLIN : 0)),
+			};
+		}
+		if (poll(pfd, n + 2, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
@@ -610,16 +883,32 @@ static void *lease_thread(void *arg)
 		for (size_t i = n; i-- > 0;) {
 			if (!pfd[2 + i].revents)
 				continue;
-			if (!conn_read(svc, svc->conns[i])) {
+			if (!conn_step(svc, svc->conns[i], pfd[2 + i].revents)) {
 				conn_close(svc->conns[i]);
 				svc->conns[i] = svc->conns[--svc->nconns];
 			}
 		}
-		if (pfd[1].revents & POLLIN)
+		if (pfd[1].fd >= 0 && (pfd[1].revents & POLLIN))
 			conn_accept(svc);
 	}
 	free(pfd);
 	return NULL;
+}
+
+/* The caps on connections: a quarter of the descriptor limit (at most
+ * LEASE_MAX_CONNS), the rest being HTTP's and the memory files' (which take
+ * at most half), and a quarter of that per uid. */
+static void caps_from_rlimit(struct ts__lease_service *svc)
+{
+	struct rlimit rl;
+	uint64_t nofile = 4096;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		nofile = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : (uint64_t)rl.rlim_cur;
+	svc->max_conns = nofile / 4 < LEASE_MAX_CONNS ? (size_t)(nofile / 4) : LEASE_MAX_CONNS;
+	if (svc->max_conns < 1)
+		svc->max_conns = 1;
+	svc->max_per_uid = svc->max_conns / 4 ? svc->max_conns / 4 : 1;
 }
 
 /* ---- lifecycle --------------------------------------------------------------- */
@@ -635,6 +924,7 @@ ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err)
 		return ts_error_oom(err, "no memory for the lease service");
 	svc->core = &srv->core;
 	svc->listen_fd = svc->wake[0] = svc->wake[1] = -1;
+	caps_from_rlimit(svc);
 	n = snprintf(svc->path, sizeof svc->path, "%s.lease", srv->cfg.unix_socket);
 	if (n < 0 || (size_t)n >= sizeof svc->path) {
 		st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_FLAG",

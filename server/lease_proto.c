@@ -157,3 +157,26 @@ out:
 	json_decref(root);
 	return st;
 }
+
+enum ts_lease_frame_state ts_lease_frame_next(const unsigned char *buf, size_t have,
+                                              struct ts_lease_frame *out,
+                                              struct ts_error *err)
+{
+	uint32_t len;
+
+	if (have < 4)
+		return TS_LEASE_FRAME_MORE;
+	len = (uint32_t)buf[0] << 24 | (uint32_t)buf[1] << 16 | (uint32_t)buf[2] << 8 | buf[3];
+	if (len == 0 || len > TS_LEASE_FRAME_MAX) {
+		ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_LEASE_FRAME",
+		             "a lease frame of %u bytes: frames hold 1 to %u bytes", len,
+		             TS_LEASE_FRAME_MAX);
+		return TS_LEASE_FRAME_BAD;
+	}
+	if (have - 4 < len)
+		return TS_LEASE_FRAME_MORE;
+	out->payload = (const char *)buf + 4;
+	out->len = len;
+	out->size = 4 + (size_t)len;
+	return TS_LEASE_FRAME_WHOLE;
+}

@@ -11,7 +11,9 @@
  *   {"op":"release","lease":7}                        ends a lease (no answer)
  *   {"op":"ping"}                                     a round trip
  * device, memory_kind and if_none_match are optional; unknown members are
- * refused (a misspelt option must not be ignored).
+ * refused (a misspelt option must not be ignored). A client may send many
+ * frames before reading an answer (pipelining): ts_lease_frame_next cuts
+ * them off its byte stream one by one, in order.
  *
  * Thread-safety: pure functions.
  */
@@ -49,6 +51,29 @@ struct ts_lease_req {
 	char device[64];                   /* create: "" the default device */
 	bool create_only;                  /* publish: if_none_match "*" */
 };
+
+/* Where a byte stream stands, cut at its first frame. */
+enum ts_lease_frame_state {
+	TS_LEASE_FRAME_MORE = 0,  /* not a whole frame yet: read more */
+	TS_LEASE_FRAME_WHOLE,     /* a frame: serve it, then cut again after it */
+	TS_LEASE_FRAME_BAD,       /* a length that no frame has: answer, then close */
+};
+
+struct ts_lease_frame {
+	const char *payload;      /* inside the stream; not NUL-terminated */
+	size_t len;               /* its bytes, 1..TS_LEASE_FRAME_MAX */
+	size_t size;              /* the frame's: 4 + len */
+};
+
+/*
+ * Cuts the first frame off the have bytes at buf: WHOLE with *out set,
+ * MORE when they hold no whole frame yet (*out untouched), BAD when its
+ * length is 0 or over TS_LEASE_FRAME_MAX (INVALID_ARGUMENT, reason
+ * BAD_LEASE_FRAME, in err). Reads only [buf, buf + have).
+ */
+enum ts_lease_frame_state ts_lease_frame_next(const unsigned char *buf, size_t have,
+                                              struct ts_lease_frame *out,
+                                              struct ts_error *err);
 
 /*
  * Parses one frame's payload (len bytes, not NUL-terminated) into *out.

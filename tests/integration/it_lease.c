@@ -17,6 +17,15 @@
  * it). Pinned host memory is shareable on every backend once --unix-socket
  * is on (on CUDA, memfd pages pinned with cudaHostRegister).
  *
+ * What no lessee can do, whatever it does with a descriptor: write a
+ * version through a read lease's descriptor reopened read-write
+ * (/proc/self/fd, O_RDWR), change a published version through the writer's
+ * mapping, or see other arrays' bytes in a view it keeps after its lease
+ * ended and the memory was used again; frames pipelined in one write are
+ * answered in order, every one; a flood of connections under a
+ * 1,024-descriptor limit is capped, refused with a readable error, costs
+ * no spinning, and HTTP keeps answering.
+ *
  * Each test case runs in its own forked process with its own daemon.
  */
 #include "tests/integration/harness.h"
@@ -29,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -671,6 +681,383 @@ START_TEST(test_socket_mode)
 }
 END_TEST
 
+/* ---- what no lessee can do (issue 29) ------------------------------------------ */
+
+static char *etag_of(const char *name)
+{
+	char path[128];
+	struct th_response r;
+	char *e;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s", name);
+	e = strdup(th_str(th_get_json(&d, path, &r), "etag"));
+	th_response_free(&r);
+	return e;
+}
+
+static void assert_downloaded(const char *name, const void *want, size_t n, const char *etag)
+{
+	char path[128];
+	struct th_response r;
+	char *now;
+
+	snprintf(path, sizeof path, "/v1/arrays/%s/data", name);
+	th_get(&d, path, &r);
+	ck_assert_int_eq(r.status, 200);
+	th_assert_bytes(name, r.body, r.body_len, want, n);
+	th_response_free(&r);
+	now = etag_of(name);
+	ck_assert_str_eq(now, etag);
+	free(now);
+}
+
+/* Every way to write through fd, reopened read-write, fails; 0 when none
+ * wrote. */
+static void assert_no_write_through(int fd, size_t len)
+{
+	char path[64];
+	int rw;
+	void *m;
+
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	rw = open(path, O_RDWR);         /* same uid (root here): the open itself works */
+	if (rw < 0) {
+		ck_assert_int_eq(errno, EACCES);
+		return;
+	}
+	m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+	ck_assert_msg(m == MAP_FAILED, "a reopened read lease mapped writable");
+	ck_assert_int_eq(errno, EPERM);
+	ck_assert_int_lt(pwrite(rw, "x", 1, 0), 0);
+	ck_assert_int_eq(errno, EPERM);
+	ck_assert_int_ne(fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0);
+	m = mmap(NULL, len, PROT_READ, MAP_SHARED, rw, 0);
+	ck_assert_ptr_ne(m, MAP_FAILED);
+	ck_assert_int_ne(mprotect(m, len, PROT_READ | PROT_WRITE), 0);
+	munmap(m, len);
+	close(rw);
+}
+
+static void check_reopen_on(const char *dev, const char *kind)
+{
+	unsigned char *v = th_pattern(MiB, 11);
+	int fd = lw_connect(sock), fds[LW_MAX_FDS], nfds = 0;
+	char *etag;
+	json_t *a, *sh;
+
+	upload_on("r1", dev, kind, v, MiB);
+	etag = etag_of("r1");
+	ck_assert_int_ge(fd, 0);
+	a = lw_call(fd, "{\"op\":\"lease\",\"name\":\"r1\"}", fds, &nfds);
+	ck_assert_msg(a && nfds == 1, "lease on %s/%s", dev, kind);
+	sh = json_array_get(th_arr(a, "shards"), 0);
+	assert_no_write_through(fds[0], (size_t)(th_int(sh, "offset") + th_int(sh, "length")));
+	assert_downloaded("r1", v, MiB, etag);
+	close(fds[0]);
+	json_decref(a);
+	close(fd);
+	free(etag);
+	free(v);
+}
+
+START_TEST(test_reopened_read_lease_cannot_write)
+{
+	start("0666");
+	check_reopen_on("cpu:0", "unpinned_host");
+	check_reopen_on("cpu:0", "pinned_host");
+	check_reopen_on(th_dev(0), "device");
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+static void check_publish_freezes_on(const char *dev, const char *kind)
+{
+	unsigned char *want = th_pattern(MiB, 12);
+	char req[256];
+	struct mapped m;
+	struct stat st;
+	int fd = lw_connect(sock), nfds;
+	char *etag;
+	json_t *j, *sh;
+
+	ck_assert_int_ge(fd, 0);
+	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"pf\",\"dtype\":\"uint8\","
+	         "\"shape\":[1048576],\"device\":\"%s\",\"memory_kind\":\"%s\"}", dev, kind);
+	lease_map(fd, req, true, &m);
+	if (!m.data) {               /* a GPU's array: CUDA IPC maps read-write */
+		unmap(&m);
+		close(fd);
+		free(want);
+		return;
+	}
+	/* the writer's memory holds this array only */
+	sh = json_array_get(th_arr(m.answer, "shards"), 0);
+	ck_assert_int_eq(th_int(sh, "offset"), 0);
+	fill_leased(&m, want, MiB);
+	snprintf(req, sizeof req, "{\"op\":\"publish\",\"lease\":%llu}", (unsigned long long)m.lease);
+	j = lw_call(fd, req, NULL, &nfds);
+	ck_assert_msg(j && !json_object_get(j, "error"), "publish");
+	etag = strdup(th_str(j, "etag"));
+	json_decref(j);
+	assert_downloaded("pf", want, MiB, etag);
+	/* the writer writes on after publish: the version does not change */
+	memset((void *)m.data, 0xee, MiB);
+	assert_downloaded("pf", want, MiB, etag);
+	(void)st;
+	unmap(&m);
+	/* nor does it once the connection is gone */
+	close(fd);
+	assert_downloaded("pf", want, MiB, etag);
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/pf"), 200);
+	free(etag);
+	free(want);
+}
+
+START_TEST(test_published_version_does_not_change)
+{
+	start("0600");
+	check_publish_freezes_on("cpu:0", "pinned_host");
+	check_publish_freezes_on("cpu:0", "unpinned_host");
+	check_publish_freezes_on(th_dev(0), "device");
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* n lease frames of name in one write, then a ping: every one answered, in
+ * order (lease ids rising), each with its descriptor. */
+static void check_pipelined(int fd, const char *name, int n)
+{
+	char one[128];
+	size_t len = (size_t)snprintf(one, sizeof one, "{\"op\":\"lease\",\"name\":\"%s\"}", name);
+	size_t per = 4 + len, total = per * (size_t)n + 4 + 13, off = 0;
+	unsigned char *buf = malloc(total);
+	long long last = 0;
+	int fds[LW_MAX_FDS], nfds;
+	json_t *j;
+
+	ck_assert_ptr_nonnull(buf);
+	for (int i = 0; i < n; i++, off += per) {
+		buf[off] = 0;
+		buf[off + 1] = 0;
+		buf[off + 2] = (unsigned char)(len >> 8);
+		buf[off + 3] = (unsigned char)len;
+		memcpy(buf + off + 4, one, len);
+	}
+	memcpy(buf + off, "\0\0\0\x0d{\"op\":\"ping\"}", 17);
+	/* one write of every frame, before reading any answer */
+	for (size_t sent = 0; sent < total;) {
+		ssize_t k = write(fd, buf + sent, total - sent);
+
+		ck_assert_msg(k > 0, "write: %s", strerror(errno));
+		sent += (size_t)k;
+	}
+	for (int i = 0; i < n; i++) {
+		nfds = 0;
+		j = lw_recv(fd, fds, &nfds);
+		ck_assert_msg(j != NULL, "answer %d of %d: the connection closed", i + 1, n);
+		ck_assert_msg(!json_object_get(j, "error"), "answer %d: %s", i + 1,
+		              json_dumps(j, 0));
+		ck_assert_int_gt(th_int(j, "lease"), last);
+		last = th_int(j, "lease");
+		ck_assert_int_eq(nfds, 1);
+		close(fds[0]);
+		json_decref(j);
+	}
+	j = lw_recv(fd, NULL, &nfds);
+	ck_assert_msg(j && json_object_size(j) == 0, "the ping after %d leases", n);
+	json_decref(j);
+	free(buf);
+}
+
+START_TEST(test_pipelined_frames_answered_in_order)
+{
+	unsigned char *v = th_pattern(4096, 13);
+	int fd;
+
+	start("0600");
+	upload("p", "pinned_host", v, 4096);
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	check_pipelined(fd, "p", 1000);
+	/* the connection goes on: once more */
+	check_pipelined(fd, "p", 300);
+	close(fd);
+	free(v);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* A view kept mapped after its lease ended (the connection closed) shows
+ * that version's bytes however the memory is used again. */
+static void check_kept_view_on(const char *dev, const char *kind)
+{
+	unsigned char *v = th_pattern(MiB, 14), *other = th_pattern(MiB, 15);
+	struct mapped m;
+	char name[16];
+	int fd = lw_connect(sock);
+
+	ck_assert_int_ge(fd, 0);
+	upload_on("kv", dev, kind, v, MiB);
+	lease_map(fd, "{\"op\":\"lease\",\"name\":\"kv\"}", false, &m);
+	if (!m.data) {
+		unmap(&m);
+		close(fd);
+		free(v);
+		free(other);
+		return;
+	}
+	close(fd);                                 /* the lease ends */
+	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/kv"), 200);
+	ck_assert_int_eq(settle_on(dev, kind, 0, 10000), 0);
+	for (int i = 0; i < 8; i++) {            /* the freed memory is used again */
+		snprintf(name, sizeof name, "o%d", i);
+		upload_on(name, dev, kind, other, MiB);
+	}
+	assert_mapped("a view kept after its lease ended", &m, v, MiB);
+	for (int i = 0; i < 8; i++) {
+		snprintf(name, sizeof name, "/v1/arrays/o%d", i);
+		ck_assert_int_eq(http_status("DELETE", name), 200);
+	}
+	unmap(&m);
+	free(v);
+	free(other);
+}
+
+START_TEST(test_ended_lease_never_shows_other_arrays)
+{
+	start("0600");
+	check_kept_view_on("cpu:0", "pinned_host");
+	check_kept_view_on("cpu:0", "unpinned_host");
+	check_kept_view_on(th_dev(0), "device");
+	/* the lease copies went with their versions */
+	ck_assert_int_eq(settle("unpinned_host", 0, 10000), 0);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* CPU seconds the process has used (user + system). */
+static double cpu_seconds(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+
+	snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(fgets(buf, sizeof buf, f));
+	fclose(f);
+	p = strrchr(buf, ')');
+	ck_assert_ptr_nonnull(p);
+	/* after the name: state, then 10 fields, then utime and stime */
+	ck_assert_int_eq(sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu",
+	                        &ut, &st), 2);
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+/* Opens n connections and sorts them: served (a ping answers), refused (a
+ * readable RESOURCE_EXHAUSTED error naming connections, then closed), or
+ * closed without a word; the connections stay open in conns. */
+static void open_and_sort(int *conns, int n, int counts[3])
+{
+	int nfds;
+	json_t *j;
+
+	for (int i = 0; i < n; i++) {
+		conns[i] = lw_connect(sock);
+		ck_assert_msg(conns[i] >= 0, "connect %d: %s", i, strerror(errno));
+	}
+	for (int i = 0; i < n; i++) {
+		struct pollfd pf = {.fd = conns[i], .events = POLLIN};
+
+		if (poll(&pf, 1, 0) == 1)            /* refused: the error is waiting */
+			j = lw_recv(conns[i], NULL, &nfds);
+		else
+			j = lw_call(conns[i], "{\"op\":\"ping\"}", NULL, &nfds);
+		if (!j) {
+			counts[2]++;
+			continue;
+		}
+		if (json_object_get(j, "error")) {
+			ck_assert_str_eq(th_str(th_obj(j, "error"), "status"), "RESOURCE_EXHAUSTED");
+			ck_assert_msg(strstr(th_str(th_obj(j, "error"), "message"), "connections"),
+			              "%s", th_str(th_obj(j, "error"), "message"));
+			counts[1]++;
+		} else {
+			counts[0]++;
+		}
+		json_decref(j);
+	}
+}
+
+START_TEST(test_connections_capped_below_the_descriptor_limit)
+{
+	enum { HALF = 550 };
+	static int conns[HALF];
+	struct rlimit low = {1024, 1024};
+	int counts[3] = {0, 0, 0}, theirs[3], up[2], down[2];
+	double before, spent;
+	char c = 0;
+	pid_t helper;
+
+	/* the daemon, this process and a helper each hold 1,024 descriptors at
+	 * most (hard limit: the daemon cannot raise it); the two clients hold
+	 * 1,100 connections between them */
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+	start("0600");
+	ck_assert_int_eq(pipe(up), 0);
+	ck_assert_int_eq(pipe(down), 0);
+	helper = fork();
+	ck_assert_int_ge(helper, 0);
+	if (helper == 0) {
+		open_and_sort(conns, HALF, counts);
+		if (write(up[1], counts, sizeof counts) != (ssize_t)sizeof counts ||
+		    read(down[0], &c, 1) != 1)
+			_exit(1);
+		_exit(0);
+	}
+	ck_assert_int_eq(read(up[0], theirs, sizeof theirs), (ssize_t)sizeof theirs);
+	open_and_sort(conns, HALF, counts);
+	/* a quarter of 1,024 in all, a quarter of that for this one uid; every
+	 * other connection refused with an error it can read */
+	ck_assert_msg(counts[0] + theirs[0] > 0 && counts[0] + theirs[0] <= 64,
+	              "served %d", counts[0] + theirs[0]);
+	ck_assert_int_eq(counts[2] + theirs[2], 0);
+	ck_assert_int_eq(counts[0] + counts[1] + theirs[0] + theirs[1], 2 * HALF);
+	/* the lease thread is not spinning, and HTTP answers */
+	before = cpu_seconds(d.pid);
+	usleep(1000000);
+	spent = cpu_seconds(d.pid) - before;
+	ck_assert_msg(spent < 0.3, "the daemon used %.2f s of CPU in 1 s while idle", spent);
+	ck_assert_int_eq(http_status("GET", "/livez"), 200);
+	for (int i = 0; i < HALF; i++)
+		close(conns[i]);
+	ck_assert_int_eq(write(down[1], "x", 1), 1);
+	ck_assert_int_eq(waitpid(helper, NULL, 0), helper);
+	/* once they are gone, new connections are served */
+	{
+		long long deadline = th_now_ms() + 10000;
+		int fd = -1, nfds;
+		json_t *j = NULL;
+
+		do {
+			usleep(20000);
+			fd = lw_connect(sock);
+			j = fd >= 0 ? lw_call(fd, "{\"op\":\"ping\"}", NULL, &nfds) : NULL;
+			if (fd >= 0)
+				close(fd);
+			if (j && !json_object_get(j, "error"))
+				break;
+			json_decref(j);
+			j = NULL;
+		} while (th_now_ms() < deadline);
+		ck_assert_msg(j != NULL, "no connection served after the flood");
+		json_decref(j);
+	}
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("lease");
@@ -687,6 +1074,11 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_read_only_descriptors);
 	tcase_add_test(tc, test_refusals);
 	tcase_add_test(tc, test_socket_mode);
+	tcase_add_test(tc, test_reopened_read_lease_cannot_write);
+	tcase_add_test(tc, test_published_version_does_not_change);
+	tcase_add_test(tc, test_pipelined_frames_answered_in_order);
+	tcase_add_test(tc, test_ended_lease_never_shows_other_arrays);
+	tcase_add_test(tc, test_connections_capped_below_the_descriptor_limit);
 	suite_add_tcase(s, tc);
 	return s;
 }

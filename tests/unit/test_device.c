@@ -1299,7 +1299,7 @@ START_TEST(test_shared_pages_huge_aligned)
 			p[i] = (unsigned char)(i / 4096 + k);
 		p[n - 1] = 0xa5;
 		/* the last page and the one past a huge page are the mapping's */
-		fd = ts_host_mem_share(cpu, p + n - 1, 1, false, &off);
+		fd = ts_host_mem_share(cpu, p + n - 1, 1, &off);
 		ck_assert_int_ge(fd, 0);
 		ck_assert_uint_eq(off, n - 1);
 		m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);

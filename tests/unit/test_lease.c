@@ -5,10 +5,13 @@
  * and the shard built from a pool chunk and a buffer in it - the chunk
  * lookup of a real device pool (a sim device's region stands for a GPU's
  * cudaMalloc), the offset of the buffer in it, the GPU's identity, and the
- * refusal of bytes outside the chunk; and the wire client's kept mappings.
+ * refusal of bytes outside the chunk; the wire client's kept mappings; and
+ * the cutting of a pipelined byte stream into frames (lease_proto.h), in
+ * order, whatever pieces it arrives in.
  */
 #include <check.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -17,6 +20,7 @@
 #include "memory/buffer.h"
 #include "memory/space.h"
 #include "server/lease.h"
+#include "server/lease_proto.h"
 #include "tests/integration/lease_wire.h"
 #include "tests/unit/unit.h"
 
@@ -221,6 +225,73 @@ START_TEST(test_kept_mappings)
 }
 END_TEST
 
+/* Appends a frame of payload to buf at *n. */
+static void put_frame(unsigned char *buf, size_t *n, const char *payload)
+{
+	size_t len = strlen(payload);
+
+	buf[*n] = (unsigned char)(len >> 24);
+	buf[*n + 1] = (unsigned char)(len >> 16);
+	buf[*n + 2] = (unsigned char)(len >> 8);
+	buf[*n + 3] = (unsigned char)len;
+	memcpy(buf + *n + 4, payload, len);
+	*n += 4 + len;
+}
+
+/* 1,000 frames written at once are cut one by one, in order, from every
+ * prefix of the stream: a frame is WHOLE only once its last byte is in. */
+START_TEST(test_pipelined_frames_cut_in_order)
+{
+	enum { N = 1000 };
+	static unsigned char buf[N * 64];
+	size_t n = 0, at = 0, ends[N];
+	struct ts_lease_frame f;
+	struct ts_error err;
+	char one[64];
+	int got = 0;
+
+	for (int i = 0; i < N; i++) {
+		snprintf(one, sizeof one, "{\"op\":\"release\",\"lease\":%d}", i + 1);
+		put_frame(buf, &n, one);
+		ends[i] = n;
+	}
+	ts_error_clear(&err);
+	while (ts_lease_frame_next(buf + at, n - at, &f, &err) == TS_LEASE_FRAME_WHOLE) {
+		struct ts_lease_req rq;
+
+		ck_assert_int_eq(ts_lease_parse(f.payload, f.len, &rq, &err), TS_OK);
+		ck_assert_uint_eq(rq.lease, (uint64_t)got + 1);
+		at += f.size;
+		ck_assert_uint_eq(at, ends[got]);
+		got++;
+	}
+	ck_assert_int_eq(got, N);
+	ck_assert_uint_eq(at, n);
+	/* a prefix that ends inside a frame asks for more */
+	for (size_t cut = 0; cut < ends[0]; cut++)
+		ck_assert_int_eq(ts_lease_frame_next(buf, cut, &f, &err), TS_LEASE_FRAME_MORE);
+	ck_assert_int_eq(ts_lease_frame_next(buf, ends[0], &f, &err), TS_LEASE_FRAME_WHOLE);
+}
+END_TEST
+
+START_TEST(test_unreadable_frames_refused)
+{
+	const unsigned char zero[4] = {0, 0, 0, 0}, big[4] = {0, 1, 0, 1}, max[4] = {0, 1, 0, 0};
+	struct ts_lease_frame f;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_lease_frame_next(zero, 4, &f, &err), TS_LEASE_FRAME_BAD);
+	ck_assert_int_eq(err.status, TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(err.reason, "BAD_LEASE_FRAME");
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_lease_frame_next(big, 4, &f, &err), TS_LEASE_FRAME_BAD);
+	ck_assert_msg(strstr(err.message, "65537"), "%s", err.message);
+	/* the largest frame is only waited for */
+	ck_assert_int_eq(ts_lease_frame_next(max, 4, &f, &err), TS_LEASE_FRAME_MORE);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("lease");
@@ -231,6 +302,8 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_shard_from_pool_chunk);
 	tcase_add_test(tc, test_no_handle_off_a_gpu);
 	tcase_add_test(tc, test_kept_mappings);
+	tcase_add_test(tc, test_pipelined_frames_cut_in_order);
+	tcase_add_test(tc, test_unreadable_frames_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

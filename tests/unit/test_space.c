@@ -9,6 +9,8 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -510,6 +512,15 @@ static void check_mapped(int fd, uint64_t off, const unsigned char *want, size_t
 	munmap(m, len + (off - base));
 }
 
+/* fd reopened read-write through /proc/self/fd, as a lessee may. */
+static int reopen_rw(int fd)
+{
+	char path[64];
+
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
 START_TEST(test_host_memory_is_shareable)
 {
 	const enum ts_memory_kind kinds[] = {TS_MEM_PINNED_HOST, TS_MEM_UNPINNED_HOST};
@@ -530,8 +541,8 @@ START_TEST(test_host_memory_is_shareable)
 		ck_assert_uint_eq(st.bytes_in_use, 8000);        /* exact, as before */
 		memset(ts_buffer_data(a), 0xa5, 5000);
 		memset(ts_buffer_data(b), 0x5a, 3000);
-		fa = ts_buffer_share(a, false, &off_a);
-		fb = ts_buffer_share(b, false, &off_b);
+		fa = ts_buffer_share(a, &off_a);
+		fb = ts_buffer_share(b, &off_b);
 		ck_assert_int_ge(fa, 0);
 		ck_assert_int_ge(fb, 0);
 		if (kinds[k] == TS_MEM_PINNED_HOST)
@@ -544,13 +555,23 @@ START_TEST(test_host_memory_is_shareable)
 		w = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fa, 0);
 		ck_assert_ptr_eq(w, MAP_FAILED);
 		ck_assert_int_ne(ftruncate(fa, 0), 0);
-		/* a writable one writes the daemon's bytes, but is sealed at its size */
-		fw = ts_buffer_share(b, true, &off_b);
+		/* reopened read-write (as any client may: /proc/self/fd), it still
+		 * cannot write: the memfd is sealed against every writer but the
+		 * daemon's own mapping, which still writes */
+		fw = reopen_rw(fa);
 		ck_assert_int_ge(fw, 0);
-		ck_assert_int_ne(ftruncate(fw, 0), 0);
+		ck_assert_ptr_eq(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fw, 0),
+		                 MAP_FAILED);
 		ck_assert_int_eq(errno, EPERM);
-		ck_assert_int_eq((int)pwrite(fw, "xyz", 3, (off_t)off_b), 3);
-		ck_assert_int_eq(memcmp(ts_buffer_data(b), "xyz", 3), 0);
+		ck_assert_int_lt(pwrite(fw, "xyz", 3, (off_t)off_a), 0);
+		ck_assert_int_eq(errno, EPERM);
+		w = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fw, 0);
+		ck_assert_ptr_ne(w, MAP_FAILED);
+		ck_assert_int_ne(mprotect(w, 4096, PROT_READ | PROT_WRITE), 0);
+		munmap(w, 4096);
+		ck_assert_int_ne(ftruncate(fw, 0), 0);
+		memcpy(ts_buffer_data(a), "xyz", 3);
+		check_mapped(fa, off_a, ts_buffer_data(a), 5000);
 		close(fa);
 		close(fb);
 		close(fw);
@@ -577,7 +598,7 @@ START_TEST(test_sim_device_memory_is_shareable)
 	ck_assert_int_eq(ts_buffer_new(sp, 4096, &a, &err), TS_OK);
 	ck_assert_int_eq(ts_buffer_new(sp, 3000, &b, &err), TS_OK);
 	memset(ts_buffer_data(b), 0x3c, 3000);
-	fd = ts_buffer_share(b, false, &off_b);
+	fd = ts_buffer_share(b, &off_b);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_uint_eq(off_b, (uintptr_t)ts_buffer_data(b) - (uintptr_t)ts_buffer_data(a));
 	check_mapped(fd, off_b, ts_buffer_data(b), 3000);
@@ -586,17 +607,17 @@ START_TEST(test_sim_device_memory_is_shareable)
 	ts_buffer_unref(a);
 	ts_buffer_unref(b);
 	/* nor is an address outside every mapping, or past one's end */
-	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), &off, 1, false, &off), -ENOENT);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), &off, 1, &off), -ENOENT);
 	sp = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
 	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p, &err), TS_OK);
-	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 8192, false, &off), -ENOENT);
-	fd = ts_host_mem_share(ts_space_device(sp), (char *)p + 4095, 1, false, &off);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 8192, &off), -ENOENT);
+	fd = ts_host_mem_share(ts_space_device(sp), (char *)p + 4095, 1, &off);
 	ck_assert_int_ge(fd, 0);
 	ck_assert_uint_eq(off, 4095);
 	close(fd);
 	ts_space_release(sp, p, 4096);
 	/* freed: no longer shareable */
-	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 1, false, &off), -ENOENT);
+	ck_assert_int_eq(ts_host_mem_share(ts_space_device(sp), p, 1, &off), -ENOENT);
 }
 END_TEST
 
@@ -652,7 +673,7 @@ START_TEST(test_descriptors_are_budgeted)
 	ts_error_clear(&err);
 	for (int i = 0; i < 100; i++) {
 		ck_assert_msg(ts_space_alloc(sp, 4096, &p[i], &err) == TS_OK, "%s", err.message);
-		fd = ts_host_mem_share(ts_space_device(sp), p[i], 4096, false, &off);
+		fd = ts_host_mem_share(ts_space_device(sp), p[i], 4096, &off);
 		if (fd >= 0) {
 			shared++;
 			close(fd);
@@ -665,10 +686,68 @@ START_TEST(test_descriptors_are_budgeted)
 	for (int i = 0; i < 100; i++)
 		ts_space_release(sp, p[i], 4096);
 	ck_assert_int_eq(ts_space_alloc(sp, 4096, &p[0], &err), TS_OK);
-	fd = ts_host_mem_share(ts_space_device(sp), p[0], 4096, false, &off);
+	fd = ts_host_mem_share(ts_space_device(sp), p[0], 4096, &off);
 	ck_assert_int_ge(fd, 0);                   /* freed ones gave theirs back */
 	close(fd);
 	ts_space_release(sp, p[0], 4096);
+}
+END_TEST
+
+/* What a lease hands out: memory that holds one version only, never reused
+ * while a client may keep it mapped: a pageable allocation itself, else a
+ * copy in unpinned_host made once and freed with the version. */
+START_TEST(test_leasable_memory_is_never_reused)
+{
+	struct ts_space *copies = ts_memory_find(mem, "cpu:0", TS_MEM_UNPINNED_HOST);
+	const char *devs[] = {"cpu:0", "sim:0"};
+	const enum ts_memory_kind kinds[] = {TS_MEM_PINNED_HOST, TS_MEM_DEVICE};
+	struct ts_space_stats st;
+	struct ts_buffer *a, *la, *again, *u, *lu, *c;
+	struct ts_error err;
+	uint64_t off = 1;
+	unsigned char *m;
+	int fd;
+
+	ts_error_clear(&err);
+	for (int k = 0; k < 2; k++) {
+		struct ts_space *sp = ts_memory_find(mem, devs[k], kinds[k]);
+		struct ts_space *cp = ts_memory_find(mem, devs[k], TS_MEM_UNPINNED_HOST);
+
+		ck_assert_int_eq(ts_buffer_new(sp, 5000, &a, &err), TS_OK);
+		memset(ts_buffer_data(a), 0xa5, 5000);
+		ck_assert_int_eq(ts_buffer_leasable(a, cp, &la, &err), TS_OK);
+		ck_assert_ptr_ne(la, a);                     /* carved: a copy */
+		ck_assert_int_eq(ts_buffer_leasable(a, cp, &again, &err), TS_OK);
+		ck_assert_ptr_eq(again, la);                 /* made once */
+		ts_space_stats(cp, &st);
+		ck_assert_uint_eq(st.bytes_in_use, 5000);
+		fd = ts_buffer_share(la, &off);
+		ck_assert_int_ge(fd, 0);
+		ck_assert_uint_eq(off, 0);                   /* a file of its own */
+		m = mmap(NULL, 5000, PROT_READ, MAP_SHARED, fd, 0);
+		ck_assert_ptr_ne(m, MAP_FAILED);
+		close(fd);
+		ts_buffer_unref(a);                          /* the copy goes with it */
+		ts_space_stats(cp, &st);
+		ck_assert_uint_eq(st.bytes_in_use, 0);
+		/* the memory is used again; the kept view does not change */
+		ck_assert_int_eq(ts_buffer_new(sp, 5000, &c, &err), TS_OK);
+		memset(ts_buffer_data(c), 0x11, 5000);
+		ck_assert_int_eq(ts_buffer_new(copies, 5000, &u, &err), TS_OK);
+		memset(ts_buffer_data(u), 0x22, 5000);
+		for (int i = 0; i < 5000; i++)
+			ck_assert_int_eq(m[i], 0xa5);
+		munmap(m, 5000);
+		ts_buffer_unref(c);
+		ts_buffer_unref(u);
+	}
+	/* a pageable allocation is its own mapping: leased as it is */
+	ck_assert_int_eq(ts_buffer_new(copies, 3000, &u, &err), TS_OK);
+	ck_assert_int_eq(ts_buffer_leasable(u, copies, &lu, &err), TS_OK);
+	ck_assert_ptr_eq(lu, u);
+	ts_buffer_unref(u);
+	ts_space_stats(copies, &st);
+	ck_assert_uint_eq(st.bytes_in_use, 0);
 }
 END_TEST
 
@@ -692,6 +771,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_sim_device_memory_is_shareable);
 	tcase_add_test(tc, test_buffers_name_their_pool_chunk);
 	tcase_add_test(tc, test_descriptors_are_budgeted);
+	tcase_add_test(tc, test_leasable_memory_is_never_reused);
 	tcase_add_test(tc, test_idle_segments_make_room);
 	suite_add_tcase(s, tc);
 

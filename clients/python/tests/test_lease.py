@@ -1,11 +1,14 @@
 """The same-node path without a copy: leases of host arrays over the Unix
 socket's lease service (mapped while the name is replaced, deleted or moved,
 memory returned when the lease ends, killed clients, many leases, writers that
-never publish, the socket files' mode, and the service's framing)."""
+never publish, the socket files' mode, and the service's framing), and what no
+lessee can do: write through a read lease's descriptor reopened read-write,
+change a version it published, or be cut off for pipelining requests."""
 from __future__ import annotations
 
 import gc
 import json
+import mmap
 import os
 import socket
 import stat
@@ -237,7 +240,9 @@ def test_killed_client_returns_the_memory(lease_daemon, lc):
         assert p.stdout is not None and p.stdout.readline().strip() == b"ready"
         lc.delete("k")
         assert in_use(lc) == n
-        assert in_use(lc, "unpinned_host") == MIB
+        # the writer's array, and the lease copy of k: a version in a pinned
+        # segment is leased through a copy of its own, kept with it
+        assert in_use(lc, "unpinned_host") == MIB + n
         assert not lc.exists("never")
         p.kill()
         p.wait()
@@ -588,3 +593,67 @@ def test_cuda_array_dlpack_refusals(monkeypatch):
     del cap
     x.close()
     assert conn.released == [13] and tstage._dlpack.live() == 0
+
+
+# ---- what no lessee can do ------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
+def test_read_descriptor_reopened_read_write_cannot_write(lc, kind):
+    a = np.arange(MIB // 4, dtype=np.float32)
+    lc.put("ro", a, device="cpu:0", memory_kind=kind)
+    etag = lc.info("ro")["etag"]
+    conn = lc.leases()
+    reply, fds = conn.request({"op": "lease", "name": "ro"})
+    try:
+        sh = reply["shards"][0]
+        size = int(sh["offset"]) + int(sh["length"])
+        # the same uid may reopen the memory file read-write; it still cannot write
+        rw = os.open(f"/proc/self/fd/{fds[0]}", os.O_RDWR)
+        try:
+            with pytest.raises(PermissionError):
+                mmap.mmap(rw, size, flags=mmap.MAP_SHARED,
+                          prot=mmap.PROT_READ | mmap.PROT_WRITE)
+            with pytest.raises(PermissionError):
+                os.pwrite(rw, b"x", 0)
+        finally:
+            os.close(rw)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        conn.release_later(int(reply["lease"]))
+    assert np.array_equal(lc.get("ro"), a)
+    assert lc.info("ro")["etag"] == etag
+
+
+@pytest.mark.parametrize("kind", ["pinned_host", "unpinned_host"])
+def test_writer_cannot_change_what_it_published(lc, kind):
+    want = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    w = lc.lease_write("pub", np.float32, (64, 32), memory_kind=kind, device="cpu:0")
+    w.array[:] = want
+    got = w.publish()
+    # the client marks its view read-only; a writer that clears the mark and
+    # writes on changes its own scratch memory, never the version
+    w.array.flags.writeable = True
+    w.array[:] = -1
+    assert np.array_equal(lc.get("pub"), want)
+    assert lc.info("pub")["etag"] == got["etag"]
+    x = lc.get("pub", zero_copy=True)
+    assert np.array_equal(x, want)
+
+
+def test_pipelined_requests_are_answered_in_order(lease_daemon, lc):
+    lc.put("p", np.arange(1024, dtype=np.uint8), device="cpu:0", memory_kind="pinned_host")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(lease_daemon.sock + ".lease")
+    # 1,000 requests in one write before reading any answer
+    s.sendall(_frame({"op": "lease", "name": "p"}) * 1000 + _frame({"op": "ping"}))
+    last = 0
+    for i in range(1000):
+        r = _read(s)           # descriptors that come with it are dropped by recv
+        assert r is not None, f"answer {i + 1} of 1000: the connection closed"
+        assert "error" not in r, r
+        assert r["lease"] > last
+        last = r["lease"]
+    assert _read(s) == {}
+    s.close()

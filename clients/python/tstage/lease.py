@@ -8,9 +8,18 @@ alive on the server until the lease is released (the numpy array over the
 mapping is garbage-collected, or the client closes), whatever happens to the
 name meanwhile: replaced, deleted or moved, the bytes mapped stay as they were.
 
-A writable lease is a new array that the client fills in place and then
-publishes: nothing is visible before, and an unpublished one is freed when its
-connection closes.
+Whatever a client does with a descriptor, no version changes: the memory files
+are sealed against every writer but the server (a descriptor reopened
+read-write through ``/proc/self/fd`` can neither be written nor mapped
+writable), and a mapping kept after its lease ended shows that version's bytes
+only, never another array's (the server hands out memory that holds one
+version and never reuses it: see docs/API.md).
+
+A writable lease is a new array that the client fills in scratch memory of its
+own and then publishes: the server copies it into the array, so nothing the
+writer does after ``publish()`` reaches the published version; nothing is
+visible before, and an unpublished one is freed when its connection closes.
+Requests may be pipelined: the server answers each, in order.
 
 Device arrays follow the same rules. A sim device's memory is a memfd too: its
 arrays map as host arrays do (numpy). A GPU's array comes as a CUDA IPC handle
@@ -447,14 +456,17 @@ class CudaArray:
 
 
 class WriteLease:
-    """A new array in the server's memory, unpublished.
+    """A new array, unpublished.
 
-    Fill ``array`` in place (numpy over host or sim device memory; a
-    :class:`CudaArray` on a GPU: write it with your own kernels or copies and
-    synchronise before publishing), then ``publish()``; until then the name
-    shows nothing new. ``release()`` (or leaving a ``with`` block unpublished, or the
-    connection closing) frees it. After ``publish()`` the array is made
-    read-only: the published version is immutable and must not be written.
+    Fill ``array`` in place (numpy over scratch memory of the lease for host
+    and sim device arrays; a :class:`CudaArray` on a GPU, the array's memory
+    itself: write it with your own kernels or copies and synchronise before
+    publishing), then ``publish()``, which copies the scratch into the array
+    on the server; until then the name shows nothing new. ``release()`` (or
+    leaving a ``with`` block unpublished, or the connection closing) frees it.
+    After ``publish()`` the numpy array is made read-only; writing it anyway
+    changes only the scratch, never the published version (on a GPU, CUDA IPC
+    maps read-write: do not write it).
     """
 
     def __init__(self, conn: LeaseConnection, lease: int, name: str,
