@@ -130,6 +130,60 @@ START_TEST(test_error_bad_and_oom_helpers)
 }
 END_TEST
 
+/* A message too long for its buffer cuts the quoted client text (with an
+ * ellipsis, on a character boundary), never the words around it; several
+ * quotes are cut longest first; a message with nothing quoted is cut at
+ * its end as before. */
+START_TEST(test_error_message_keeps_reason)
+{
+	struct ts_error e;
+	char big[2000], big2[300], acute[1200];
+	size_t len;
+
+	memset(big, 'n', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "BAD_DEVICE",
+	             "device '%s' is not a device of this node; devices: sim:0, sim:1", big);
+	len = strlen(e.message);
+	ck_assert_uint_lt(len, TS_ERROR_MESSAGE_MAX);
+	ck_assert_uint_gt(len, TS_ERROR_MESSAGE_MAX - 8);
+	ck_assert_int_eq(strncmp(e.message, "device 'nnnn", 12), 0);
+	ck_assert_msg(strstr(e.message, "nnn...' is not a device of this node; devices: sim:0, sim:1"),
+	              "the reason is cut: %s", e.message);
+
+	/* two quotes: the longer one is cut, a short one stays whole */
+	memset(big2, 'b', sizeof big2 - 1);
+	big2[sizeof big2 - 1] = '\0';
+	ts_error_clear(&e);
+	ts_error_bad(&e, "R", "rows", "array 'w1' has no row '%s' nor '%s': out of range", big,
+	             big2);
+	ck_assert_int_eq(strncmp(e.message, "rows: array 'w1' has no row 'nnn", 32), 0);
+	ck_assert_ptr_nonnull(strstr(e.message, "n...' nor 'bbb"));
+	ck_assert_ptr_nonnull(strstr(e.message, "': out of range"));
+	ck_assert_uint_lt(strlen(e.message), TS_ERROR_MESSAGE_MAX);
+
+	/* a multi-byte name is cut between characters */
+	fill_e_acute(acute, sizeof acute);
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", acute);
+	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);
+	ck_assert_msg(strstr(e.message, "\xc3\xa9...' not found"), "%s", e.message);
+
+	/* an apostrophe opens no quote; nothing to cut: the end goes */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "the array's text %s and more", big);
+	ck_assert_int_eq(strncmp(e.message, "the array's text nnn", 20), 0);
+	ck_assert_uint_eq(strlen(e.message), TS_ERROR_MESSAGE_MAX - 1);
+	ck_assert_ptr_null(strstr(e.message, "and more"));
+
+	/* short messages are untouched */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "name '%s' is bad", "a'b");
+	ck_assert_str_eq(e.message, "name 'a'b' is bad");
+}
+END_TEST
+
 /* Every out-of-memory answer with figures is worded by one builder. */
 START_TEST(test_error_oom_figures)
 {
@@ -630,6 +684,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_status_from_errno);
 	tcase_add_test(tc, test_error_first_wins);
 	tcase_add_test(tc, test_error_bad_and_oom_helpers);
+	tcase_add_test(tc, test_error_message_keeps_reason);
 	tcase_add_test(tc, test_error_oom_figures);
 	tcase_add_test(tc, test_locks_know_their_holder);
 	tcase_add_test(tc, test_size_parse);
