@@ -3,6 +3,7 @@
  * formatting, and log escaping.
  */
 #include <check.h>
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "common/lock.h"
 #include "common/histogram.h"
 #include "common/log.h"
+#include "common/page_token.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "common/utf8.h"
@@ -181,6 +183,51 @@ START_TEST(test_error_message_keeps_reason)
 	ts_error_clear(&e);
 	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "name '%s' is bad", "a'b");
 	ck_assert_str_eq(e.message, "name 'a'b' is bad");
+}
+END_TEST
+
+/* Page tokens: a written token reads back for its own scope only; a
+ * changed digit, a cut, upper case, junk or an oversized position is
+ * refused. */
+START_TEST(test_page_token_codec)
+{
+	char tok[TS_PAGE_TOKEN_MAX], pos[TS_PAGE_TOKEN_POS_MAX + 1], name[TS_PAGE_TOKEN_POS_MAX + 1];
+	long n;
+
+	ck_assert_ptr_nonnull(ts_page_token_write(tok, sizeof tok, "arrays", "w1", 2));
+	ck_assert_uint_eq(strlen(tok), 4 + 16);
+	ck_assert_int_eq(strncmp(tok, "7731", 4), 0);
+	n = ts_page_token_read(tok, "arrays", pos, sizeof pos);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_eq(memcmp(pos, "w1", 2), 0);
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays device=sim:0", pos, sizeof pos), -1);
+	ck_assert_int_eq(ts_page_token_read(tok, "operations", pos, sizeof pos), -1);
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, 1), -1);    /* no room */
+	tok[1] = tok[1] == '7' ? '6' : '7';                                    /* the position */
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	ts_page_token_write(tok, sizeof tok, "arrays", "w1", 2);
+	tok[19] = tok[19] == '0' ? '1' : '0';                                  /* the check */
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	ts_page_token_write(tok, sizeof tok, "arrays", "w1", 2);
+	tok[18] = '\0';                                                        /* cut */
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	for (const char *const *bad = (const char *const[]){"", "zzzz", "l0", "0000000000000000x",
+	                                                    "00000000000000000", NULL};
+	     *bad; bad++)
+		ck_assert_int_eq(ts_page_token_read(*bad, "arrays", pos, sizeof pos), -1);
+	ts_page_token_write(tok, sizeof tok, "arrays", "W", 1);
+	for (char *c = tok; *c; c++)
+		*c = (char)toupper((unsigned char)*c);
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	/* an empty position, the longest one, one too long, a buffer too small */
+	ts_page_token_write(tok, sizeof tok, "s", "", 0);
+	ck_assert_int_eq(ts_page_token_read(tok, "s", pos, sizeof pos), 0);
+	memset(name, 'n', sizeof name);
+	ck_assert_ptr_nonnull(ts_page_token_write(tok, sizeof tok, "s", name, TS_PAGE_TOKEN_POS_MAX));
+	ck_assert_int_eq(ts_page_token_read(tok, "s", pos, sizeof pos), TS_PAGE_TOKEN_POS_MAX);
+	ck_assert_ptr_null(ts_page_token_write(tok, sizeof tok, "s", name, sizeof name));
+	ck_assert_str_eq(tok, "");
+	ck_assert_ptr_null(ts_page_token_write(tok, 20, "s", "w1", 2));
 }
 END_TEST
 
@@ -685,6 +732,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_error_first_wins);
 	tcase_add_test(tc, test_error_bad_and_oom_helpers);
 	tcase_add_test(tc, test_error_message_keeps_reason);
+	tcase_add_test(tc, test_page_token_codec);
 	tcase_add_test(tc, test_error_oom_figures);
 	tcase_add_test(tc, test_locks_know_their_holder);
 	tcase_add_test(tc, test_size_parse);
