@@ -1,11 +1,19 @@
 /*
  * status.c - names, HTTP numbers and errno translation for ts_status, and the
  * first-error-wins ts_error recorder.
+ *
+ * A message always keeps its own words: when it is too long for
+ * TS_ERROR_MESSAGE_MAX, the quoted subjects in it ('...', the client's text
+ * by the house style) are cut first, each to no fewer than
+ * TS__QUOTE_KEEP bytes and an ellipsis, longest first; only a message still
+ * too long after that is cut at its end.
  */
 #include "status.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/units.h"
@@ -90,6 +98,128 @@ void ts_error_clear(struct ts_error *err)
 	err->nmeta = 0;
 }
 
+/* ---- fitting a message ----------------------------------------------------- */
+
+#define TS__QUOTE_KEEP 24               /* bytes of a cut quoted text kept */
+#define TS__QUOTES_MAX 16               /* quoted texts looked at in one message */
+
+/* A quoted text s[at, at + len) and how many of its bytes are kept. */
+struct quote {
+	size_t at, len, keep;
+	bool cut;
+};
+
+static bool word_char(char c)
+{
+	return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+}
+
+/* The quoted texts of s: a ' that follows no letter or digit opens one (an
+ * apostrophe, as in "array's", does not); the next ' that no letter or
+ * digit follows closes it. */
+static int find_quotes(const char *s, size_t n, struct quote *q)
+{
+	int nq = 0;
+
+	for (size_t i = 0; i < n && nq < TS__QUOTES_MAX; i++) {
+		size_t j;
+
+		if (s[i] != '\'' || (i > 0 && word_char(s[i - 1])))
+			continue;
+		for (j = i + 1; j < n; j++)
+			if (s[j] == '\'' && (j + 1 == n || !word_char(s[j + 1])))
+				break;
+		if (j >= n)
+			break;
+		q[nq++] = (struct quote){.at = i + 1, .len = j - i - 1, .keep = j - i - 1};
+		i = j;
+	}
+	return nq;
+}
+
+static size_t shown(const struct quote *q)
+{
+	return q->cut ? q->keep + 3 : q->len;
+}
+
+/* Cuts the quoted texts of s (n bytes), longest first, until s fits in
+ * cap - 1 bytes or none can be cut further; writes the result to dst (cap
+ * bytes, terminated; cut at its end, on a character boundary, when still
+ * too long). */
+static void fit_message(char *dst, size_t cap, const char *s, size_t n)
+{
+	struct quote q[TS__QUOTES_MAX];
+	int nq = find_quotes(s, n, q);
+	size_t len = n, o = 0, from = 0;
+
+	while (len > cap - 1) {
+		struct quote *big = NULL;
+		size_t want, keep;
+
+		for (int i = 0; i < nq; i++)
+			if (shown(&q[i]) > TS__QUOTE_KEEP + 3 && (!big || shown(&q[i]) > shown(big)))
+				big = &q[i];
+		if (!big)
+			break;
+		want = shown(big) - (len - (cap - 1));
+		keep = want > TS__QUOTE_KEEP + 3 ? want - 3 : TS__QUOTE_KEEP;
+		keep = (size_t)ts_utf8_prefix(s + big->at, big->len, keep);
+		len -= shown(big) - (keep + 3);
+		big->keep = keep;
+		big->cut = true;
+	}
+	for (int i = 0; i < nq && o < cap - 1; i++) {
+		size_t k;
+
+		if (!q[i].cut)
+			continue;
+		k = q[i].at + q[i].keep - from;
+		k = k < cap - 1 - o ? k : cap - 1 - o;
+		memcpy(dst + o, s + from, k);
+		o += k;
+		k = cap - 1 - o < 3 ? cap - 1 - o : 3;
+		memcpy(dst + o, "...", k);
+		o += k;
+		from = q[i].at + q[i].len;
+	}
+	if (o < cap - 1) {
+		size_t k = n - from < cap - 1 - o ? n - from : cap - 1 - o;
+
+		memcpy(dst + o, s + from, k);
+		o += k;
+	}
+	dst[o] = '\0';
+	if (len > cap - 1)
+		ts_utf8_trim(dst);              /* cut on a character boundary */
+}
+
+/* Formats fmt into dst (cap bytes) as fit_message fits it. */
+static void format_message(char *dst, size_t cap, const char *fmt, va_list ap)
+{
+	char buf[TS_ERROR_MESSAGE_MAX * 2];
+	char *text = buf;
+	va_list again;
+	int n;
+
+	va_copy(again, ap);
+	n = vsnprintf(buf, sizeof buf, fmt, ap);
+	if (n < 0) {
+		n = 0;
+		buf[0] = '\0';
+	} else if ((size_t)n >= sizeof buf) {
+		/* the whole text, so that the words after a long quote survive */
+		text = malloc((size_t)n + 1);
+		if (text)
+			vsnprintf(text, (size_t)n + 1, fmt, again);
+		else
+			text = buf, n = (int)sizeof buf - 1;
+	}
+	va_end(again);
+	fit_message(dst, cap, text, (size_t)n);
+	if (text != buf)
+		free(text);
+}
+
 ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,
                         const char *prefix, const char *fmt, va_list ap)
 {
@@ -106,9 +236,7 @@ ts_status ts_error_vset(struct ts_error *err, ts_status st, const char *reason,
 
 		o = n < 0 ? 0 : (size_t)n < sizeof err->message ? (size_t)n : sizeof err->message - 1;
 	}
-	if ((size_t)vsnprintf(err->message + o, sizeof err->message - o, fmt, ap) >=
-	    sizeof err->message - o)
-		ts_utf8_trim(err->message);     /* cut on a character boundary */
+	format_message(err->message + o, sizeof err->message - o, fmt, ap);
 	err->nmeta = 0;
 	return st;
 }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/hash.h"
 #include "common/utf8.h"
 
 const char *ts_call_param(const struct ts_call *c, const char *name)
@@ -102,7 +103,7 @@ void ts_reply_json(struct ts_reply *r, enum ts_http_ok ok, json_t *body)
 void ts_reply_json_tagged(struct ts_reply *r, json_t *body)
 {
 	char *text = body ? json_dumps(body, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
-	uint64_t h = 1469598103934665603ull;
+	uint64_t h;
 	char etag[24];
 
 	ts_reply_json(r, TS_HTTP_OK, body);
@@ -110,8 +111,7 @@ void ts_reply_json_tagged(struct ts_reply *r, json_t *body)
 		free(text);
 		return;
 	}
-	for (const char *p = text; *p; p++)
-		h = (h ^ (unsigned char)*p) * 1099511628211ull;
+	h = ts_fnv1a(TS_FNV1A_INIT, text, strlen(text));
 	free(text);
 	snprintf(etag, sizeof etag, "\"%016llx\"", (unsigned long long)h);
 	ts_reply_header(r, "ETag", etag);

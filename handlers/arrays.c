@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/page_token.h"
 #include "common/units.h"
 #include "handlers/sharding_json.h"
 #include "storage/array_io.h"
@@ -234,11 +235,32 @@ static bool list_keep(const struct ts_array *a, void *arg)
 	return !f->any_kind && ts_array_on(a, f->device, f->kind);
 }
 
+/* The listing a page token is for: the filter as the client wrote it. */
+static void list_scope(char *buf, size_t cap, const char *dev, const char *kind)
+{
+	snprintf(buf, cap, "arrays device=%.*s memory_kind=%.16s", TS_ARRAY_NAME_MAX,
+	         dev ? dev : "", kind ? kind : "");
+}
+
+/* The name a page token (common/page_token.h) resumes after, into after
+ * (TS_ARRAY_NAME_MAX + 1 bytes): false unless this server wrote it for
+ * scope. */
+static bool list_token_read(const char *token, const char *scope, char *after)
+{
+	long n = ts_page_token_read(token, scope, after, TS_ARRAY_NAME_MAX);
+
+	if (n <= 0)
+		return false;
+	after[n] = '\0';
+	return ts_array_name_valid(after);
+}
+
 void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 {
 	const char *dev = ts_call_query(call, "device"), *kind = ts_call_query(call, "memory_kind");
 	const char *size_s = ts_call_query(call, "page_size"), *token = ts_call_query(call, "page_token");
 	struct list_filter f = {.any_kind = true};
+	char scope[TS_ARRAY_NAME_MAX + 64], after[TS_ARRAY_NAME_MAX + 1];
 	struct ts_array **arrs;
 	struct ts_error err;
 	size_t n;
@@ -266,13 +288,15 @@ void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 		}
 		f.any_kind = false;
 	}
-	if (token && *token && !ts_array_name_valid(token)) {
+	list_scope(scope, sizeof scope, dev, kind);
+	if (token && *token && !list_token_read(token, scope, after)) {
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_PAGE_TOKEN",
-		              "page_token '%.140s' is not one this server gave (next_page_token of "
-		              "an earlier page)", token);
+		              "page_token '%s' is not one this server gave for this listing "
+		              "(the next_page_token of an earlier page, with the same device and "
+		              "memory_kind)", token);
 		return;
 	}
-	if (ts_catalog_list(call->core->env.catalog, token && *token ? token : NULL, (size_t)page,
+	if (ts_catalog_list(call->core->env.catalog, token && *token ? after : NULL, (size_t)page,
 	                    list_keep, &f, &arrs, &n, &more, &err) != TS_OK) {
 		ts_reply_error(reply, &err);
 		return;
@@ -281,8 +305,13 @@ void ts_h_arrays_list(const struct ts_call *call, struct ts_reply *reply)
 	for (size_t i = 0; list && i < n; i++)
 		json_array_append_new(list, ts_render_array(arrs[i]));
 	root = json_pack("{s:o*}", "arrays", list);
-	if (root && more && n)
-		json_object_set_new(root, "next_page_token", json_string(ts_array_name(arrs[n - 1])));
+	if (root && more && n) {
+		const char *last = ts_array_name(arrs[n - 1]);
+		char next[TS_PAGE_TOKEN_MAX];
+
+		if (ts_page_token_write(next, sizeof next, scope, last, strlen(last)))
+			json_object_set_new(root, "next_page_token", json_string(next));
+	}
 	ts_catalog_list_free(arrs, n);
 	ts_reply_json(reply, TS_HTTP_OK, root);
 }

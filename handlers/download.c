@@ -1,6 +1,8 @@
 /*
  * download.c - GET /v1/arrays/{array}/data: the array's bytes, raw or as
- * .npy, whole or an index expression's selection (numpy basic indexing).
+ * .npy, whole or an index expression's selection (numpy basic indexing), or
+ * rows of axis 0 in a given order (?rows=, or a JSON body through POST
+ * /v1/arrays/{array}:rows for a list too long for a URL).
  *
  * Only the selected bytes are read: the selection becomes contiguous runs of
  * the parent, and each response block is filled from the runs it covers with
@@ -195,7 +197,8 @@ ts_status ts_h_reader_stream(const struct ts_core *core, char *prefix, size_t pr
 
 /* ---- ?rows=: rows of axis 0 in the given order ------------------------------------ */
 
-/* Most rows one ?rows= list may name (the URL limit keeps lists far below). */
+/* Most rows one ?rows= list may name (the URL limit keeps lists far below;
+ * POST :rows takes up to TS_ROWS_MAX, its JSON body's limit far below). */
 #define ROWS_MAX 65536
 
 /* The rows of one array version, each block filled from the runs it covers. */
@@ -335,47 +338,28 @@ static ts_status rows_parse(const char *s, int64_t **out, size_t *n, struct ts_e
 }
 
 /*
- * GET .../data?rows=7,1,2: the named rows of axis 0, in that order
- * (repeats allowed, negatives from the end), as one [n, ...] body, raw or
- * .npy. Only those rows are read. Takes over a (a reference) and prefix
- * decisions; answers reply.
+ * The rows norm (n normalized rows, from ts_rows_check or ts_rows_parse) of
+ * axis 0 of a, in that order, as one [n, ...] body, raw or .npy. Only those
+ * rows are read. Takes over a (a reference) and norm; answers reply.
  */
-static void rows_reply(const struct ts_call *call, struct ts_array *a, const char *list, bool npy,
-                       struct ts_reply *reply)
+static void rows_serve(const struct ts_call *call, struct ts_array *a, uint64_t *norm, size_t n,
+                       bool npy, struct ts_reply *reply)
 {
 	const struct ts_array_desc *d = ts_array_desc(a);
-	struct rows_reader *r = NULL;
+	struct rows_reader *r = calloc(1, sizeof *r);
 	struct ts_error err;
 	uint64_t shape[TS_MAX_RANK], row_bytes;
-	int64_t *raw = NULL;
-	size_t n = 0;
 	char shape_s[TS_MAX_RANK * 21 + 3], etag[32];
 
 	ts_error_clear(&err);
-	if (ts_call_query(call, "index")) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
-		             "rows and index cannot be given together; give one");
-		goto fail;
-	}
-	if (d->rank < 1) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
-		             "rows needs an axis 0; this array is a scalar");
-		goto fail;
-	}
-	if (rows_parse(list, &raw, &n, &err) != TS_OK)
-		goto fail;
-	r = calloc(1, sizeof *r);
 	if (!r) {
 		ts_error_oom(&err, "no memory for a response");
 		goto fail;
 	}
-	/* normalized in place: the list is no longer needed as given */
-	if (ts_rows_check(raw, n, d->shape[0], (uint64_t *)raw, &err) != TS_OK)
-		goto fail;
 	r->stager = call->core->env.stager;
-	r->rows = (uint64_t *)raw;
+	r->rows = norm;
 	r->nrows = n;
-	raw = NULL;
+	norm = NULL;
 	row_bytes = ts_dtype_size(d->dtype);
 	shape[0] = n;
 	for (int i = 1; i < d->rank; i++) {
@@ -411,12 +395,50 @@ static void rows_reply(const struct ts_call *call, struct ts_array *a, const cha
 
 fail:
 	ts_reply_error(reply, &err);
-	free(raw);
+	free(norm);
 	if (r) {
 		free(r->rows);
 		free(r->prefix);
 		free(r);
 	}
+	ts_array_unref(a);
+}
+
+/*
+ * GET .../data?rows=7,1,2: the named rows of axis 0, in that order
+ * (repeats allowed, negatives from the end), as rows_serve answers them.
+ * Takes over a (a reference); answers reply.
+ */
+static void rows_reply(const struct ts_call *call, struct ts_array *a, const char *list, bool npy,
+                       struct ts_reply *reply)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+	struct ts_error err;
+	int64_t *raw = NULL;
+	size_t n = 0;
+
+	ts_error_clear(&err);
+	if (ts_call_query(call, "index")) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		             "rows and index cannot be given together; give one");
+		goto fail;
+	}
+	if (d->rank < 1) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		             "rows needs an axis 0; this array is a scalar");
+		goto fail;
+	}
+	if (rows_parse(list, &raw, &n, &err) != TS_OK)
+		goto fail;
+	/* normalized in place: the list is no longer needed as given */
+	if (ts_rows_check(raw, n, d->shape[0], (uint64_t *)raw, &err) != TS_OK)
+		goto fail;
+	rows_serve(call, a, (uint64_t *)raw, n, npy, reply);
+	return;
+
+fail:
+	ts_reply_error(reply, &err);
+	free(raw);
 	ts_array_unref(a);
 }
 
@@ -541,5 +563,52 @@ out_fail:
 	ts_reply_error(reply, &err);
 out_unref:
 	free(prefix);
+	ts_array_unref(a);
+}
+
+/* ---- POST /v1/arrays/{array}:rows --------------------------------------------- */
+
+/*
+ * The rows a JSON body names ({"rows": [7, 1, -2]} or {"rows": {"start",
+ * "stop", "step"}}, as :gather takes them), answered as GET
+ * .../data?rows= answers: for lists too long for a URL.
+ */
+void ts_h_arrays_rows(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_array *a = ts_h_array_from_path(call, reply);
+	json_t *body = NULL, *rows = NULL;
+	struct ts_error err;
+	json_error_t jerr;
+	uint64_t *norm = NULL;
+	size_t n = 0;
+	bool npy;
+
+	ts_error_clear(&err);
+	if (!a)
+		return;
+	if (!wants_npy(call, reply, &npy))
+		goto out;
+	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o}", "rows", &rows) != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "rows body: %s (expected {\"rows\": [...]} or {\"rows\": {\"start\", "
+		             "\"stop\", \"step\"}})", jerr.text);
+		goto out_fail;
+	}
+	if (ts_array_desc(a)->rank < 1) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ROWS",
+		             "rows needs an axis 0; array '%s' is a scalar", ts_array_name(a));
+		goto out_fail;
+	}
+	if (ts_rows_parse(rows, "rows", ts_array_desc(a)->shape[0], &norm, &n, &err) != TS_OK)
+		goto out_fail;
+	json_decref(body);
+	rows_serve(call, a, norm, n, npy, reply);
+	return;
+
+out_fail:
+	ts_reply_error(reply, &err);
+out:
+	json_decref(body);
 	ts_array_unref(a);
 }

@@ -33,6 +33,7 @@ ts_handler_fn ts_h_arrays_sharding;
 
 /* download.c */
 ts_handler_fn ts_h_arrays_data;
+ts_handler_fn ts_h_arrays_rows;
 
 /* upload.c */
 extern const struct ts_upload_ops ts_h_arrays_put;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/page_token.h"
 #include "common/units.h"
 #include "handlers/handlers.h"
 
@@ -109,41 +110,39 @@ static struct ts_operation *operation_from_path(const struct ts_call *call,
 
 /* ---- GET /v1/operations ----------------------------------------------------------- */
 
-/* A page token: where the next page starts (the sequence number of the last
- * operation listed) and the state filter it was made for, with a check
- * value, in 24 hex digits. Opaque to clients: only tokens this code wrote
- * decode. */
-static uint16_t token_check(uint64_t seq, unsigned filter)
+/* A page token (common/page_token.h): the sequence number of the last
+ * operation listed, for the state filter it was made for. */
+static void token_scope(char *buf, size_t cap, int only)
 {
-	uint64_t h = 1469598103934665603ull ^ 0x746f6b656eull;
-
-	h = (h ^ seq) * 1099511628211ull;
-	h = (h ^ filter) * 1099511628211ull;
-	return (uint16_t)(h ^ h >> 16 ^ h >> 32 ^ h >> 48);
+	snprintf(buf, cap, "operations state=%s",
+	         only < 0 ? "" : ts_op_state_name((enum ts_op_state)only));
 }
 
 static void token_write(char *buf, size_t cap, uint64_t seq, int only)
 {
-	unsigned filter = (unsigned)(only + 1);
+	unsigned char pos[8];
+	char scope[48];
 
-	snprintf(buf, cap, "%016" PRIx64 "%04x%04x", seq, filter, token_check(seq, filter));
+	for (int i = 0; i < 8; i++)
+		pos[i] = (unsigned char)(seq >> (56 - 8 * i));
+	token_scope(scope, sizeof scope, only);
+	ts_page_token_write(buf, cap, scope, pos, sizeof pos);
 }
 
-/* The sequence number a token resumes after, when it is one this code wrote
- * for the same state filter. */
+/* The sequence number a token resumes after, when it is one this server
+ * wrote for the same state filter. */
 static bool token_read(const char *t, int only, uint64_t *seq)
 {
-	unsigned filter, check;
-	char hex[17];
+	unsigned char pos[8];
+	char scope[48];
 
-	if (strlen(t) != 24 || strspn(t, "0123456789abcdef") != 24)
+	token_scope(scope, sizeof scope, only);
+	if (ts_page_token_read(t, scope, pos, sizeof pos) != (long)sizeof pos)
 		return false;
-	memcpy(hex, t, 16);
-	hex[16] = '\0';
-	*seq = strtoull(hex, NULL, 16);
-	if (sscanf(t + 16, "%4x%4x", &filter, &check) != 2)
-		return false;
-	return *seq && filter == (unsigned)(only + 1) && check == token_check(*seq, filter);
+	*seq = 0;
+	for (int i = 0; i < 8; i++)
+		*seq = *seq << 8 | pos[i];
+	return *seq != 0;
 }
 
 void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
@@ -190,7 +189,7 @@ void ts_h_operations_list(const struct ts_call *call, struct ts_reply *reply)
 		json_array_append_new(list, ts_h_operation_json(ops[i]));
 	root = json_pack("{s:o*}", "operations", list);
 	if (root && more && n) {
-		char next[32];
+		char next[TS_PAGE_TOKEN_MAX];
 
 		token_write(next, sizeof next, ts_operation_seq(ops[n - 1]), only);
 		json_object_set_new(root, "next_page_token", json_string(next));

@@ -49,6 +49,8 @@
 #include "common/hash.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "server/http_tuning.h"
+#include "server/router.h"
 
 /* ---- counting ------------------------------------------------------------- */
 
@@ -336,6 +338,7 @@ struct ts__acceptor {
 	struct pend_list waiting;           /* admitted, before their first bytes */
 	struct pend_list refused;           /* answered 503, read until they close */
 	uint64_t paused_until_ns;           /* 0, or when to accept again */
+	char peek[TS_HTTP_HEAD_MAX + 1];    /* a first request's head, peeked at */
 	pthread_t thread;
 	bool started;
 };
@@ -431,20 +434,29 @@ int ts__first_request_class(const char *b, size_t n, bool *bulk)
 	return *bulk ? 1 : 0;
 }
 
-/* The daemon for fd's first request, peeked at (left for the daemon to
- * read): as ts__first_request_class, or -1 when the connection closed or
+/* What fd's first bytes say, peeked at (left for the daemon to read) into
+ * acc->peek: 1, the head is whole and fits (*bulk: the daemon it needs, as
+ * ts__first_request_class and the head's size choose); 0 while it is still
+ * coming; 2, it is refused (*h says why); -1 when the connection closed or
  * failed before a byte. */
-static int first_request(int fd, bool *bulk)
+static int first_request(struct ts__acceptor *acc, int fd, bool *bulk, struct ts__head *h)
 {
-	char b[TS__LONG_LINE];
-	ssize_t n = recv(fd, b, sizeof b, MSG_PEEK | MSG_DONTWAIT);
+	ssize_t n = recv(fd, acc->peek, TS_HTTP_HEAD_MAX + 1, MSG_PEEK | MSG_DONTWAIT);
+	int r;
 
 	*bulk = false;
 	if (n == 0)
 		return -1;
 	if (n < 0)
 		return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-	return ts__first_request_class(b, (size_t)n, bulk);
+	r = ts__head_check(acc->peek, (size_t)n, h);
+	if (r == TS__HEAD_REFUSED)
+		return 2;
+	(void)ts__first_request_class(acc->peek, (size_t)n, bulk);
+	if (r == TS__HEAD_MORE)
+		return 0;
+	*bulk = *bulk || !h->small;
+	return 1;
 }
 
 int ts__worker_pick(const int64_t *conns, int n, int fill)
@@ -494,14 +506,90 @@ static void pend_hand_over(struct ts__acceptor *acc, struct pend *p, bool bulk, 
 	free(p);
 }
 
-/* Hands p over once its daemon shows, or once it hung up after some bytes
- * (the daemon answers what they are); false while they are still to come. */
+/* The raw answer to a refused head h: a google.rpc.Status body with the
+ * head's HTTP status, a request id, and Connection: close (new string, its
+ * length in *len; NULL without memory). */
+static char *head_reply(struct ts_server *srv, const struct ts__head *h, size_t *len)
+{
+	struct ts_error err;
+	char id[40], *body = NULL, *text = NULL;
+	const char *phrase = h->http == 414 ? "URI Too Long"
+	                   : h->http == 431 ? "Request Header Fields Too Large"
+	                   : h->http == 501 ? "Not Implemented"
+	                   : h->http == 505 ? "HTTP Version Not Supported"
+	                                    : "Bad Request";
+	json_t *j;
+
+	ts_error_clear(&err);
+	ts_error_set(&err, h->http == 501 ? TS_UNIMPLEMENTED : TS_INVALID_ARGUMENT, h->reason, "%s",
+	             h->message);
+	if (h->http == 414 || h->http == 431) {
+		ts_error_meta_u64(&err, "limit_bytes", TS_HTTP_HEAD_MAX);
+		ts_error_meta_u64(&err, "limit_fields", TS_HTTP_HEAD_FIELDS_MAX);
+	}
+	j = ts_error_to_json(&err, h->http);
+	body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	json_decref(j);
+	snprintf(id, sizeof id, "%s-%llx", srv->id_prefix,
+	         (unsigned long long)atomic_fetch_add(&srv->next_id, 1));
+	if (body && asprintf(&text, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+	                            "X-Request-Id: %s\r\nConnection: close\r\n"
+	                            "Content-Length: %zu\r\n\r\n%s\n",
+	                     h->http, phrase, id, strlen(body) + 1, body) < 0)
+		text = NULL;
+	free(body);
+	*len = text ? strlen(text) : 0;
+	return text;
+}
+
+/* Answers p's refused first head h in JSON (what the library would have
+ * answered in HTML), half-closes it and reads what it still sends for a
+ * second, as for a connection past a limit; it is no longer counted. */
+static void pend_answer(struct ts__acceptor *acc, struct pend *p, const struct ts__head *h,
+                        bool listed)
+{
+	struct ts_server *srv = acc->srv;
+	size_t len;
+	char *text = head_reply(srv, h, &len), fields[160];
+
+	if (listed)
+		list_remove(&acc->waiting, p);
+	ts__conn_leave(srv, p->key);
+	ts_metrics_request_started(srv->metrics);
+	ts_metrics_record(srv->metrics, ts_nroutes, h->http, 0);
+	if (text)
+		(void)send(p->fd, text, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+	free(text);
+	shutdown(p->fd, SHUT_WR);
+	snprintf(fields, sizeof fields, "\"status\":%d,\"reason\":\"%s\"", h->http, h->reason);
+	ts_log(TS_LOG_INFO, fields, "request head refused before the HTTP server read it");
+	p->state = PEND_REFUSED;
+	p->deadline_ns = ts_now_ns() + REFUSED_LINGER_NS;
+	if (refused_drain(p->fd)) {
+		if (listed)
+			(void)epoll_ctl(acc->ep, EPOLL_CTL_DEL, p->fd, NULL);
+		close(p->fd);
+		free(p);
+		return;
+	}
+	if (listed)
+		list_push(&acc->refused, p);
+	else
+		(void)pend_watch(acc, p);
+}
+
+/* Hands p over once its head is whole (its daemon chosen by it), or once it
+ * hung up after some bytes (the daemon answers what they are); answers a
+ * refused head itself; false while the head is still to come. */
 static bool pend_try(struct ts__acceptor *acc, struct pend *p, bool listed, bool hung_up)
 {
+	struct ts__head h;
 	bool bulk;
-	int r = first_request(p->fd, &bulk);
+	int r = first_request(acc, p->fd, &bulk, &h);
 
-	if (r > 0 || (r == 0 && hung_up))
+	if (r == 2)
+		pend_answer(acc, p, &h, listed);
+	else if (r > 0 || (r == 0 && hung_up))
 		pend_hand_over(acc, p, bulk, listed);
 	else if (r < 0)
 		pend_close(acc, p, listed);     /* gone before a byte */

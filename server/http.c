@@ -235,14 +235,15 @@ static bool token_equal(const struct ts_server *srv, const char *given, size_t n
 	return diff == 0;
 }
 
-/* Whether the request presents the token: "Authorization: Bearer <token>",
+/* Whether the request presents the token: "Authorization: Bearer <token>"
+ * (the scheme in any case),
  * or HTTP Basic with the token as the password (any user name; decoded by
  * libmicrohttpd), which is what a browser sends after the prompt a 401 on
  * /dashboard raises, and then for the page's own calls. Compared in
  * constant time. */
 static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
 {
-	static const char bearer[] = "Bearer ";
+	static const char bearer[] = "Bearer";
 	const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION);
 	char *user, *pass = NULL;
@@ -250,8 +251,10 @@ static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
 
 	if (!auth)
 		return false;
-	if (strncmp(auth, bearer, sizeof bearer - 1) == 0) {
+	/* the scheme is case-insensitive, then one or more spaces (RFC 9110 11.4) */
+	if (strncasecmp(auth, bearer, sizeof bearer - 1) == 0 && auth[sizeof bearer - 1] == ' ') {
 		auth += sizeof bearer - 1;
+		auth += strspn(auth, " ");
 		return token_equal(srv, auth, strlen(auth));
 	}
 	user = MHD_basic_auth_get_username_password(conn, &pass);
@@ -500,19 +503,45 @@ static bool request_draining(struct request *rq, const struct ts_route *route)
 	return true;
 }
 
-/* Decides routing, auth and body admission on the first callback. */
+/* Whether url is the path of a public route (one that asks no token,
+ * whatever the method). */
+static bool public_path(const char *url)
+{
+	for (size_t i = 0; i < ts_nroutes; i++)
+		if (ts_routes[i].public_route && strcmp(ts_routes[i].pattern, url) == 0)
+			return true;
+	return false;
+}
+
+/* Decides auth, routing and body admission on the first callback. */
 static void request_admit(struct request *rq, struct MHD_Connection *conn,
                           const char *url, const char *method)
 {
 	struct ts_server *srv = rq->srv;
 	const struct ts_route *route;
+	enum ts_match found;
 	const char *len_s;
 	char allow[96];
 
 	rq->failed = true;             /* until admitted */
 	if (!request_framing(rq, conn) || !request_path_ok(rq, url))
 		return;
-	switch (ts_router_find(rq->srv->router, method, url, &rq->match)) {
+	found = ts_router_find(rq->srv->router, method, url, &rq->match);
+	/* authenticated before routing: without the token, a path says nothing
+	 * of what exists there or which methods it takes */
+	if (srv->token_len && !on_unix_socket(conn) &&
+	    !(found == TS_MATCH_FOUND ? ts_routes[rq->match.index].public_route : public_path(url)) &&
+	    !token_ok(srv, conn)) {
+		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
+		              "a valid 'Authorization: Bearer <token>' header is required");
+		/* a browser asks for the token (as the password) on the page */
+		ts_reply_header(&rq->reply, "WWW-Authenticate",
+		                found == TS_MATCH_FOUND && ts_routes[rq->match.index].sfn == ts_s_dashboard
+		                        ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                        : "Bearer realm=\"tstage\"");
+		return;
+	}
+	switch (found) {
 	case TS_MATCH_NO_PATH:
 		ts_reply_fail(&rq->reply, TS_NOT_FOUND, "ROUTE_NOT_FOUND",
 		              "no resource at '%s'", rq->path);
@@ -545,16 +574,6 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	route = &ts_routes[rq->route];
 	if (request_draining(rq, route))
 		return;
-	if (srv->token_len && !route->public_route && !on_unix_socket(conn) &&
-	    !token_ok(srv, conn)) {
-		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
-		              "a valid 'Authorization: Bearer <token>' header is required");
-		/* a browser asks for the token (as the password) on the page */
-		ts_reply_header(&rq->reply, "WWW-Authenticate",
-		                route->sfn == ts_s_dashboard ? "Basic realm=\"tstage\", charset=\"UTF-8\""
-		                                             : "Bearer realm=\"tstage\"");
-		return;
-	}
 	if (!request_args_ok(rq, conn))
 		return;
 	rq->failed = false;

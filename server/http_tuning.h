@@ -78,6 +78,24 @@
 #define TS_HTTP_CONN_MEMORY ((size_t)8 * 1024)
 #define TS_HTTP_CONN_MEMORY_BULK ((size_t)64 * 1024)
 
+/*
+ * The request head every connection holds, checked by the acceptor on a
+ * connection's first request before the library reads it (server/head.c),
+ * and answered in JSON when passed. Measured on libmicrohttpd 0.9.75, a
+ * head costs a connection its bytes plus about 64 bytes for each field
+ * (header, query parameter, cookie): the bulk daemon's 64 KiB held one
+ * header to a head of 65,093 bytes, 894 tiny headers, or 400 headers and
+ * a head of 36 KB; the small one's 8 KiB a head of 7,881 bytes or 110
+ * tiny headers. So a head may hold TS_HTTP_HEAD_MAX bytes and
+ * TS_HTTP_HEAD_FIELDS_MAX fields (at most 60.5 KiB as the library counts,
+ * below its 64), and one whose bytes plus TS_HTTP_FIELD_COST a field pass
+ * TS_HTTP_SMALL_HEAD goes to the bulk daemon whatever its method.
+ */
+#define TS_HTTP_HEAD_MAX ((size_t)48 * 1024)
+#define TS_HTTP_HEAD_FIELDS_MAX 200
+#define TS_HTTP_FIELD_COST 64
+#define TS_HTTP_SMALL_HEAD ((size_t)6 * 1024)
+
 /* Block size of a streamed response (MHD_create_response_from_callback). */
 #define TS_HTTP_STREAM_BLOCK ((size_t)256 * 1024)
 

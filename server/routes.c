@@ -41,6 +41,8 @@
 	  "")                                                                                  \
 	X("GET", "/v1/arrays/{array}/data", ts_h_arrays_data, NULL, NULL, TS_BODY_NONE, false, \
 	  "format,index,rows")                                                                    \
+	X("POST", "/v1/arrays/{array}:rows", ts_h_arrays_rows, NULL, NULL, TS_BODY_JSON,       \
+	  false, "format")                                                                     \
 	X("POST", "/v1/arrays/{array}:gather", ts_h_arrays_gather, NULL, NULL, TS_BODY_JSON,   \
 	  false, "wait:bool")                                                                  \
 	X("POST", "/v1/arrays/{array}:put", ts_h_arrays_put_sharding, NULL, NULL,              \

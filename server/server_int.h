@@ -129,6 +129,26 @@ void ts__conn_refuse(struct ts_server *srv, int fd, int which);
  * the method or the line is still coming (*bulk clear: the guess so far). */
 int ts__first_request_class(const char *b, size_t n, bool *bulk);
 
+/* A connection's first request head as the acceptor reads it (server/head.c). */
+struct ts__head {
+	size_t len;              /* its bytes, through the blank line (when whole) */
+	int fields;              /* headers, query parameters and cookies so far */
+	bool small;              /* a small-request connection holds it */
+	int http;                /* refused: the HTTP status (400, 414, 431, 501, 505) */
+	const char *reason;      /* refused: the ErrorInfo reason (static) */
+	char message[200];       /* refused: why */
+};
+
+enum { TS__HEAD_MORE = 0, TS__HEAD_OK = 1, TS__HEAD_REFUSED = 2 };
+
+/* Checks the first bytes b[0..n) (all that has come) of a connection:
+ * TS__HEAD_MORE while its head is still coming and within the limits
+ * (http_tuning.h); TS__HEAD_OK when it is whole and fits (h->small says
+ * whether a small-request connection holds it); TS__HEAD_REFUSED, with
+ * h->http, reason and message, for a head past the limits or one the
+ * library would refuse itself (in HTML). Reads nothing past b + n. */
+int ts__head_check(const char *b, size_t n, struct ts__head *h);
+
 /* The small-request worker a new connection goes to, given the connections
  * open on each of n workers (n >= 1): the first with fewer than fill, so
  * that a few connections share one poll loop, which then seldom sleeps

@@ -1697,8 +1697,28 @@ START_TEST(test_list)
 		th_str(a, "etag");
 		th_int(a, "version");
 		th_obj(a, "sharding");
-		ck_assert_str_eq(th_str(root, "next_page_token"), "l0");
+		snprintf(token, sizeof token, "%s", th_str(root, "next_page_token"));
 		th_response_free(&r);
+	}
+	{
+		/* the token resumes after l0, and only for the listing it was made for */
+		char *url = th_fmt("/v1/arrays?page_size=1&page_token=%s", token);
+		json_t *root = th_get_json(&D, url, &r);
+
+		ck_assert_str_eq(th_str(json_array_get(th_arr(root, "arrays"), 0), "name"), "l1");
+		th_response_free(&r);
+		free(url);
+		url = th_fmt("/v1/arrays?memory_kind=device&page_token=%s", token);
+		th_get(&D, url, &r);
+		th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_PAGE_TOKEN");
+		th_response_free(&r);
+		free(url);
+		token[strlen(token) - 1] ^= 1;          /* one digit of the check changed */
+		url = th_fmt("/v1/arrays?page_size=1&page_token=%s", token);
+		th_get(&D, url, &r);
+		th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_PAGE_TOKEN");
+		th_response_free(&r);
+		free(url);
 	}
 	{
 		static const char *const bad[][2] = {

@@ -240,6 +240,10 @@ static const struct bad rows[] = {
 	{"GET", "/v1/arrays?page_size=abc", NULL, NULL, 0, 400, NULL, "BAD_PAGE_SIZE", "abc"},
 	{"GET", "/v1/arrays?page_size=1.5", NULL, NULL, 0, 400, NULL, "BAD_PAGE_SIZE", "1.5"},
 	{"GET", "/v1/arrays?page_size=", NULL, NULL, 0, 400, NULL, "BAD_PAGE_SIZE", "page_size"},
+	{"GET", "/v1/arrays?page_token=zzzz", NULL, NULL, 0, 400, NULL, "BAD_PAGE_TOKEN",
+	 "'zzzz' is not one this server gave"},
+	{"GET", "/v1/arrays?page_token=6130000000000000000000", NULL, NULL, 0, 400, NULL,
+	 "BAD_PAGE_TOKEN", "page_token"},
 	{"GET", "/v1/arrays?page_token=bad!token", NULL, NULL, 0, 400, NULL, "BAD_PAGE_TOKEN",
 	 "bad!token"},
 	{"GET", "/v1/arrays?page_token=" L300, NULL, NULL, 0, 400, NULL, "BAD_PAGE_TOKEN",
@@ -831,6 +835,29 @@ START_TEST(test_long_text_is_cut_on_characters)
 }
 END_TEST
 
+/* A long client text never pushes the explanation out of a message: the
+ * quoted text is cut (with an ellipsis), the words after it stay. */
+START_TEST(test_message_keeps_reason)
+{
+	char path[2048];
+	struct th_response r;
+	json_t *err;
+	const char *msg;
+	size_t o = (size_t)snprintf(path, sizeof path, "/v1/arrays?device=");
+
+	while (o < 1200)
+		path[o++] = 'd';
+	path[o] = '\0';
+	th_get(&D, path, &r);
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "DEVICE_NOT_FOUND");
+	err = th_obj(th_json(&r), "error");
+	msg = th_str(err, "message");
+	ck_assert_msg(strstr(msg, "ddd...' is not a device of this node"), "message: %s", msg);
+	ck_assert_uint_lt(strlen(msg), 512);
+	th_response_free(&r);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("badinput");
@@ -840,6 +867,7 @@ Suite *th_suite(void)
 	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
 	tcase_add_test(tc, test_bad_requests);
 	tcase_add_test(tc, test_long_text_is_cut_on_characters);
+	tcase_add_test(tc, test_message_keeps_reason);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -780,6 +780,53 @@ START_TEST(test_token_auth)
 }
 END_TEST
 
+/* Authentication comes before routing: without the token, a wrong method
+ * or an unknown path under a protected prefix is 401 (not 405 with an
+ * Allow list, nor 404); a public path's wrong method is still 405. The
+ * Bearer scheme is case-insensitive (RFC 9110 11.1), with one or more
+ * spaces before the token. */
+START_TEST(test_token_before_routing)
+{
+	static const char *const lower[] = {"Authorization: bearer " TOKEN, NULL};
+	static const char *const upper[] = {"Authorization: BEARER  " TOKEN, NULL};
+	static const char *const glued[] = {"Authorization: Bearer" TOKEN, NULL};
+	static const char *const probes[][2] = {
+		{"OPTIONS", "/v1/arrays"}, {"PATCH", "/v1/arrays/x"}, {"GET", "/v1/nothing"},
+		{"GET", "/nothing"},       {"DELETE", "/dashboard"},
+	};
+	char file[512];
+	const char *args[] = {"--token-file", NULL, NULL};
+	struct th_daemon d;
+	struct th_response r;
+
+	args[1] = th_write_temp("token", TOKEN "\n", file, sizeof file);
+	th_daemon_start(&d, args);
+	for (size_t i = 0; i < sizeof probes / sizeof probes[0]; i++) {
+		th_request(&d, probes[i][0], probes[i][1], NULL, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		ck_assert_msg(!th_header(&r, "Allow"), "%s %s: an Allow list without a token",
+		              probes[i][0], probes[i][1]);
+		th_response_free(&r);
+	}
+	th_request(&d, "POST", "/livez", NULL, NULL, 0, &r);
+	th_assert_error(&r, 405, "INVALID_ARGUMENT", "METHOD_NOT_ALLOWED");
+	th_response_free(&r);
+	th_request(&d, "OPTIONS", "/v1/arrays", lower, NULL, 0, &r);
+	th_assert_error(&r, 405, "INVALID_ARGUMENT", "METHOD_NOT_ALLOWED");
+	th_response_free(&r);
+	th_request(&d, "GET", "/v1/devices", lower, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 200);
+	th_response_free(&r);
+	th_request(&d, "GET", "/v1/devices", upper, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 200);
+	th_response_free(&r);
+	th_request(&d, "GET", "/v1/devices", glued, NULL, 0, &r);
+	th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+	th_response_free(&r);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* HTTP Basic with the token as the password (what a browser sends after
  * the prompt /dashboard's 401 raises) is the token too; the page and the
  * API description are behind it, the challenge on the page is Basic. */
@@ -1197,6 +1244,7 @@ Suite *th_suite(void)
 	tc = tcase_create("daemons");
 	tcase_add_test(tc, test_backends_cuda_discovery);
 	tcase_add_test(tc, test_token_auth);
+	tcase_add_test(tc, test_token_before_routing);
 	tcase_add_test(tc, test_token_basic);
 	tcase_add_test(tc, test_token_file_bad);
 	tcase_add_test(tc, test_insecure_bind_refused);

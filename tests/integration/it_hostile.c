@@ -446,6 +446,137 @@ START_TEST(test_framing)
 }
 END_TEST
 
+/* ---- request heads the HTTP library would refuse -------------------------- */
+
+/* Sends len bytes of text on a new connection (as much as the daemon takes
+ * before it answers) and checks the answer is a google.rpc.Status of http
+ * and reason in JSON, with a request id, and that the connection closes. */
+static void head_refused(struct th_daemon *d, const char *what, const char *text, size_t len,
+                         int http, const char *reason)
+{
+	static char buf[16384];
+	int fd = th_raw_connect(d), code;
+	size_t sent = 0;
+
+	while (sent < len) {
+		ssize_t n = send(fd, text + sent, len - sent, MSG_NOSIGNAL);
+
+		if (n <= 0)
+			break;                   /* answered and half-closed: the rest is not read */
+		sent += (size_t)n;
+	}
+	code = th_raw_response(fd, buf, sizeof buf, 5000);
+	ck_assert_msg(code == http, "%s: %d\n%.600s", what, code, buf);
+	ck_assert_msg(strcasestr(buf, "\r\nContent-Type: application/json"), "%s: not JSON\n%.600s",
+	              what, buf);
+	ck_assert_msg(strcasestr(buf, "\r\nX-Request-Id: "), "%s: no request id", what);
+	ck_assert_msg(strstr(buf, reason) && strstr(buf, "\"domain\":\"tstage\"") &&
+	              strstr(buf, "type.googleapis.com/google.rpc.ErrorInfo"),
+	              "%s: not the documented shape\n%.600s", what, buf);
+	ck_assert_msg(!strstr(buf, "<html>"), "%s: HTML\n%.600s", what, buf);
+	ck_assert_msg(closed_within(fd, 3000), "%s: the connection stays open", what);
+	close(fd);
+}
+
+/* A text of "GET path HTTP/1.1", then headers: n copies of one. */
+static char *head_of(const char *line, const char *header, size_t n, size_t *len)
+{
+	size_t ll = strlen(line), hl = strlen(header), o = 0;
+	char *t = malloc(ll + n * hl + 64);
+
+	ck_assert_ptr_nonnull(t);
+	memcpy(t + o, line, ll);
+	o += ll;
+	o += (size_t)sprintf(t + o, "Host: t\r\n");
+	for (size_t i = 0; i < n; i++, o += hl)
+		memcpy(t + o, header, hl);
+	memcpy(t + o, "\r\n", 3);
+	*len = o + 2;
+	return t;
+}
+
+/* Every answer is JSON in the documented shape, those to request heads the
+ * HTTP library refuses itself included: a 1 MiB header and 20,000 headers
+ * (431), 10^5 rows in a URL (414), a header line without a colon, a
+ * request line without a version, a Content-Length that is no number
+ * (400), HTTP/2.0 (505), a Transfer-Encoding other than chunked (501); a
+ * head within the limits (48 KiB, 200 fields) is served on a new
+ * connection whatever its method, and the daemon is unharmed. */
+START_TEST(test_heads_answered_in_json)
+{
+	struct th_daemon d;
+	struct th_response r;
+	char *t, *big = malloc((1u << 20) + 32);
+	size_t len, o;
+	static char buf[8192];
+	int fd, code;
+
+	ck_assert_ptr_nonnull(big);
+	th_daemon_start(&d, NULL);
+	o = (size_t)sprintf(big, "X-Big: ");
+	memset(big + o, 'a', 1u << 20);
+	memcpy(big + o + (1u << 20), "\r\n", 3);
+	t = head_of("GET /v1/arrays HTTP/1.1\r\n", big, 1, &len);
+	head_refused(&d, "a 1 MiB header", t, len, 431, "REQUEST_HEAD_TOO_LARGE");
+	free(t);
+	t = head_of("GET /v1/arrays HTTP/1.1\r\n", "X-A: 1\r\n", 20000, &len);
+	head_refused(&d, "20,000 headers", t, len, 431, "REQUEST_HEAD_TOO_LARGE");
+	free(t);
+	o = (size_t)sprintf(big, "GET /v1/arrays/a/data?rows=");
+	for (int i = 0; i < 100000; i++)
+		o += (size_t)sprintf(big + o, "%s%d", i ? "," : "", i);
+	o += (size_t)sprintf(big + o, " HTTP/1.1\r\n");
+	big[o] = '\0';
+	t = head_of(big, "", 0, &len);
+	head_refused(&d, "10^5 rows in a URL", t, len, 414, "URI_TOO_LONG");
+	free(t);
+	{
+		static const struct {
+			const char *what, *text, *reason;
+			int http;
+		} cases[] = {
+			{"a header line without a colon", "GET /livez HTTP/1.1\r\nHost: t\r\ngarbage\r\n\r\n",
+			 "MALFORMED_HEADER", 400},
+			{"no version", "GET /livez\r\nHost: t\r\n\r\n", "MALFORMED_REQUEST", 400},
+			{"no request line", "GARBAGE\r\n\r\n", "MALFORMED_REQUEST", 400},
+			{"HTTP/2.0", "GET /livez HTTP/2.0\r\nHost: t\r\n\r\n", "HTTP_VERSION_NOT_SUPPORTED",
+			 505},
+			{"Content-Length: abc", "POST /v1/models HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n",
+			 "BAD_CONTENT_LENGTH", 400},
+			{"Transfer-Encoding: gzip",
+			 "POST /v1/models HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n",
+			 "UNSUPPORTED_TRANSFER_ENCODING", 501},
+		};
+
+		for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+			head_refused(&d, cases[i].what, cases[i].text, strlen(cases[i].text), cases[i].http,
+			             cases[i].reason);
+	}
+	/* within the limits: a 40 KB header on a GET, 190 headers */
+	memset(big, 'b', 40000);
+	big[40000] = '\0';
+	fd = th_raw_connect(&d);
+	t = th_fmt("GET /livez HTTP/1.1\r\nHost: t\r\nX-Big: %s\r\n\r\n", big);
+	th_raw_send(fd, t);
+	free(t);
+	code = th_raw_response(fd, buf, sizeof buf, 5000);
+	ck_assert_msg(code == 200, "a 40 KB header: %d\n%.300s", code, buf);
+	close(fd);
+	fd = th_raw_connect(&d);
+	t = head_of("GET /livez HTTP/1.1\r\n", "X-A: 1\r\n", 190, &len);
+	th_raw_send_bytes(fd, t, len);
+	free(t);
+	code = th_raw_response(fd, buf, sizeof buf, 5000);
+	ck_assert_msg(code == 200, "190 headers: %d\n%.300s", code, buf);
+	close(fd);
+	th_get(&d, "/livez", &r);
+	ck_assert_int_eq(r.status, 200);
+	th_response_free(&r);
+	free(big);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* ---- connection classes ---------------------------------------------------- */
 
 /* The sample family{labels} of /metrics, read over the raw connection fd
@@ -1072,6 +1203,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_trickling_body_cut);
 	tcase_add_test(tc, test_wait_outlives_connection_timeout);
 	tcase_add_test(tc, test_framing);
+	tcase_add_test(tc, test_heads_answered_in_json);
 	tcase_add_test(tc, test_second_daemon_same_port);
 	tcase_add_test(tc, test_connections_by_first_method);
 	tcase_add_test(tc, test_silent_connection_timeout);

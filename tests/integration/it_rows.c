@@ -4,7 +4,8 @@
  * one [n, ...] body (raw, or .npy with Accept), from host and device
  * memory, answered in place or streamed across response blocks; and its errors: out-of-range and
  * negative out-of-range rows (400 naming the row), entries that are not
- * integers, rows= with index=, rows of a scalar.
+ * integers, rows= with index=, rows of a scalar; and POST
+ * /v1/arrays/{a}:rows, the same rows named in a JSON body.
  *
  * Every case has its own daemon (checked fixture, forked per case).
  */
@@ -196,6 +197,72 @@ START_TEST(test_rows_errors)
 }
 END_TEST
 
+/* POSTs the JSON text body to path with headers (NULL or NULL-terminated). */
+static void post_json(const char *path, const char *const *headers, const char *body,
+                      struct th_response *r)
+{
+	th_request(&D, "POST", path, headers, body, strlen(body), r);
+}
+
+/* POST /v1/arrays/{a}:rows: a list too long for a URL (100,000 rows, about
+ * 490 KB of JSON) in a body, answered as ?rows= answers; a slice; the
+ * body's errors name the field. */
+START_TEST(test_rows_in_body)
+{
+	static const char *const npy[] = {"Accept: application/x-npy", NULL};
+	const size_t n = 100000, nrows = 4096, row = 3;
+	char *data = put_rows("b", nrows, row, "unpinned_host", 9);
+	size_t cap = n * 8 + 32, o = 0;
+	char *body = malloc(cap), *expect = malloc(n * row), shape[64];
+	struct th_response r;
+
+	ck_assert_ptr_nonnull(body);
+	ck_assert_ptr_nonnull(expect);
+	o += (size_t)snprintf(body + o, cap - o, "{\"rows\": [");
+	for (size_t i = 0; i < n; i++) {
+		long v = (long)((i * 7919) % nrows) - (long)(i % 2) * (long)nrows;
+
+		o += (size_t)snprintf(body + o, cap - o, "%s%ld", i ? "," : "", v);
+		memcpy(expect + i * row, data + (size_t)(v < 0 ? v + (long)nrows : v) * row, row);
+	}
+	snprintf(body + o, cap - o, "]}");
+	th_request(&D, "POST", "/v1/arrays/b:rows", NULL, body, strlen(body), &r);
+	ck_assert_msg(r.status == 200, "POST :rows: %ld %.300s", r.status, r.body);
+	snprintf(shape, sizeof shape, "[%zu,%zu]", n, row);
+	ck_assert_str_eq(th_header(&r, "X-Tstage-Shape"), shape);
+	ck_assert_str_eq(th_header(&r, "X-Tstage-Dtype"), "uint8");
+	ck_assert_ptr_nonnull(th_header(&r, "ETag"));
+	th_assert_bytes("POST :rows", r.body, r.body_len, expect, n * row);
+	th_response_free(&r);
+
+	post_json("/v1/arrays/b:rows?format=npy", NULL,
+	          "{\"rows\": {\"start\": 10, \"stop\": 4, \"step\": -3}}", &r);
+	ck_assert_msg(r.status == 200, "POST :rows slice: %ld %.300s", r.status, r.body);
+	ck_assert_str_eq(th_header(&r, "Content-Type"), "application/x-npy");
+	ck_assert_int_eq(memcmp(r.body + r.body_len - 6, data + 10 * row, row), 0);
+	ck_assert_int_eq(memcmp(r.body + r.body_len - 3, data + 7 * row, row), 0);
+	th_response_free(&r);
+	post_json("/v1/arrays/b:rows", npy, "{\"rows\": [1]}", &r);
+	ck_assert_str_eq(th_header(&r, "Content-Type"), "application/x-npy");
+	th_response_free(&r);
+
+	post_json("/v1/arrays/b:rows", NULL, "{\"rows\": [0, 4096]}", &r);
+	th_expect_error(&r, "row past the end", 400, "OUT_OF_RANGE", "INDEX_OUT_OF_RANGE",
+	                "row index 4096", NULL);
+	post_json("/v1/arrays/b:rows", NULL, "{\"rows\": [0, \"x\"]}", &r);
+	th_expect_error(&r, "a string row", 400, "INVALID_ARGUMENT", "BAD_ROWS", "rows[1]", NULL);
+	post_json("/v1/arrays/b:rows", NULL, "{\"rows\": [0], \"x\": 1}", &r);
+	th_expect_error(&r, "an unknown key", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "x", NULL);
+	post_json("/v1/arrays/b:rows", NULL, "rows=1,2", &r);
+	th_expect_error(&r, "not JSON", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", NULL, NULL);
+	post_json("/v1/arrays/nope:rows", NULL, "{\"rows\": [0]}", &r);
+	th_expect_error(&r, "missing array", 404, "NOT_FOUND", NULL, "nope", NULL);
+	free(body);
+	free(expect);
+	free(data);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("rows");
@@ -209,6 +276,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_rows_many_runs);
 	tcase_add_test(tc, test_rows_npy);
 	tcase_add_test(tc, test_rows_errors);
+	tcase_add_test(tc, test_rows_in_body);
 	suite_add_tcase(s, tc);
 	return s;
 }

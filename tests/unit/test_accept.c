@@ -6,9 +6,11 @@
  * to --worker-fill in turn, then the least loaded.
  */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "server/http_tuning.h"
 #include "server/server_int.h"
 #include "tests/unit/unit.h"
 
@@ -161,6 +163,84 @@ START_TEST(test_after_closes)
 }
 END_TEST
 
+/* ts__head_check on s: its answer, *h filled. */
+static int head(const char *s, struct ts__head *h)
+{
+	return ts__head_check(s, strlen(s), h);
+}
+
+/* A connection's first head: whole or still coming, its length and fields,
+ * which daemon holds it, and each refusal with its status and reason. */
+START_TEST(test_head_check)
+{
+	static const struct {
+		const char *text, *reason;
+		int http;
+	} refused[] = {
+		{"GET /x HTTP/1.1\r\nHost: t\r\nnocolon\r\n\r\n", "MALFORMED_HEADER", 400},
+		{"GET /x\r\n\r\n", "MALFORMED_REQUEST", 400},
+		{"GARBAGE\r\n", "MALFORMED_REQUEST", 400},
+		{" /x HTTP/1.1\r\n", "MALFORMED_REQUEST", 400},
+		{"GET /x HTTP/2.0\r\n", "HTTP_VERSION_NOT_SUPPORTED", 505},
+		{"GET /x HTTP/1.x\r\n", "HTTP_VERSION_NOT_SUPPORTED", 505},
+		{"PUT /x HTTP/1.1\r\nContent-Length: 1e3\r\n\r\n", "BAD_CONTENT_LENGTH", 400},
+		{"PUT /x HTTP/1.1\r\ncontent-length: \r\n\r\n", "BAD_CONTENT_LENGTH", 400},
+		{"PUT /x HTTP/1.1\r\nContent-Length: 99999999999999999999999\r\n\r\n",
+		 "BAD_CONTENT_LENGTH", 400},
+		{"PUT /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+		 "UNSUPPORTED_TRANSFER_ENCODING", 501},
+	};
+	struct ts__head h;
+	char *big = malloc(TS_HTTP_HEAD_MAX + 64);
+	size_t o;
+
+	ck_assert_ptr_nonnull(big);
+	ck_assert_int_eq(head("GET /livez?a=1&b=2 HTTP/1.1\r\nHost: t\r\nCookie: x=1; y=2\r\n\r\nbody",
+	                      &h), TS__HEAD_OK);
+	ck_assert_uint_eq(h.len, 58);
+	ck_assert_int_eq(h.fields, 2 + 1 + 2);   /* query, Host, two cookies */
+	ck_assert(h.small);
+	ck_assert_int_eq(head("\r\nGET / HTTP/1.0\nX: 1\n folded\n\n", &h), TS__HEAD_OK);
+	ck_assert_int_eq(head("PUT /x HTTP/1.1\r\nTransfer-Encoding: Chunked\r\n\r\n", &h),
+	                 TS__HEAD_OK);
+	ck_assert_int_eq(head("GET /livez HTTP/1.1\r\nHost: t\r\n", &h), TS__HEAD_MORE);
+	ck_assert_int_eq(head("GET /livez HT", &h), TS__HEAD_MORE);
+	ck_assert_int_eq(head("", &h), TS__HEAD_MORE);
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+		ck_assert_msg(head(refused[i].text, &h) == TS__HEAD_REFUSED, "%s", refused[i].text);
+		ck_assert_str_eq(h.reason, refused[i].reason);
+		ck_assert_int_eq(h.http, refused[i].http);
+		ck_assert(h.message[0]);
+	}
+	/* a 7 KiB header goes to the bulk daemon; 48 KiB is the most; a URL past it is 414 */
+	o = (size_t)sprintf(big, "GET / HTTP/1.1\r\nX: ");
+	memset(big + o, 'a', 7 * 1024);
+	strcpy(big + o + 7 * 1024, "\r\n\r\n");
+	ck_assert_int_eq(head(big, &h), TS__HEAD_OK);
+	ck_assert(!h.small);
+	memset(big + o, 'a', TS_HTTP_HEAD_MAX);
+	big[TS_HTTP_HEAD_MAX + 1] = '\0';
+	ck_assert_int_eq(head(big, &h), TS__HEAD_REFUSED);
+	ck_assert_int_eq(h.http, 431);
+	memcpy(big, "GET /?", 6);
+	memset(big + 6, 'a', TS_HTTP_HEAD_MAX);
+	big[TS_HTTP_HEAD_MAX + 1] = '\0';
+	ck_assert_int_eq(head(big, &h), TS__HEAD_REFUSED);
+	ck_assert_int_eq(h.http, 414);
+	ck_assert_str_eq(h.reason, "URI_TOO_LONG");
+	/* 200 fields are served, 201 are not */
+	o = (size_t)sprintf(big, "GET / HTTP/1.1\r\n");
+	for (int i = 0; i < 200; i++)
+		o += (size_t)sprintf(big + o, "X: 1\r\n");
+	strcpy(big + o, "\r\n");
+	ck_assert_int_eq(head(big, &h), TS__HEAD_OK);
+	strcpy(big + o, "Y: 2\r\n\r\n");
+	ck_assert_int_eq(head(big, &h), TS__HEAD_REFUSED);
+	ck_assert_int_eq(h.http, 431);
+	free(big);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("accept");
@@ -170,6 +250,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_still_coming);
 	tcase_add_test(tc, test_long_lines);
 	tcase_add_test(tc, test_not_http);
+	tcase_add_test(tc, test_head_check);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("worker_pick");
 	tcase_add_test(tc, test_fill_then_balance);

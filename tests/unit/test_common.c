@@ -3,6 +3,7 @@
  * formatting, and log escaping.
  */
 #include <check.h>
+#include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -15,6 +16,7 @@
 #include "common/lock.h"
 #include "common/histogram.h"
 #include "common/log.h"
+#include "common/page_token.h"
 #include "common/status.h"
 #include "common/units.h"
 #include "common/utf8.h"
@@ -127,6 +129,105 @@ START_TEST(test_error_bad_and_oom_helpers)
 	ck_assert_int_eq(strncmp(e.message, "safetensors header: x\xc3\xa9", 23), 0);
 	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);
 	ck_assert_uint_gt(strlen(e.message), TS_ERROR_MESSAGE_MAX - 4);
+}
+END_TEST
+
+/* A message too long for its buffer cuts the quoted client text (with an
+ * ellipsis, on a character boundary), never the words around it; several
+ * quotes are cut longest first; a message with nothing quoted is cut at
+ * its end as before. */
+START_TEST(test_error_message_keeps_reason)
+{
+	struct ts_error e;
+	char big[2000], big2[300], acute[1200];
+	size_t len;
+
+	memset(big, 'n', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "BAD_DEVICE",
+	             "device '%s' is not a device of this node; devices: sim:0, sim:1", big);
+	len = strlen(e.message);
+	ck_assert_uint_lt(len, TS_ERROR_MESSAGE_MAX);
+	ck_assert_uint_gt(len, TS_ERROR_MESSAGE_MAX - 8);
+	ck_assert_int_eq(strncmp(e.message, "device 'nnnn", 12), 0);
+	ck_assert_msg(strstr(e.message, "nnn...' is not a device of this node; devices: sim:0, sim:1"),
+	              "the reason is cut: %s", e.message);
+
+	/* two quotes: the longer one is cut, a short one stays whole */
+	memset(big2, 'b', sizeof big2 - 1);
+	big2[sizeof big2 - 1] = '\0';
+	ts_error_clear(&e);
+	ts_error_bad(&e, "R", "rows", "array 'w1' has no row '%s' nor '%s': out of range", big,
+	             big2);
+	ck_assert_int_eq(strncmp(e.message, "rows: array 'w1' has no row 'nnn", 32), 0);
+	ck_assert_ptr_nonnull(strstr(e.message, "n...' nor 'bbb"));
+	ck_assert_ptr_nonnull(strstr(e.message, "': out of range"));
+	ck_assert_uint_lt(strlen(e.message), TS_ERROR_MESSAGE_MAX);
+
+	/* a multi-byte name is cut between characters */
+	fill_e_acute(acute, sizeof acute);
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_NOT_FOUND, "ARRAY_NOT_FOUND", "array '%s' not found", acute);
+	ck_assert_int_eq(ts_utf8_check(e.message, strlen(e.message), NULL), TS_UTF8_OK);
+	ck_assert_msg(strstr(e.message, "\xc3\xa9...' not found"), "%s", e.message);
+
+	/* an apostrophe opens no quote; nothing to cut: the end goes */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "the array's text %s and more", big);
+	ck_assert_int_eq(strncmp(e.message, "the array's text nnn", 20), 0);
+	ck_assert_uint_eq(strlen(e.message), TS_ERROR_MESSAGE_MAX - 1);
+	ck_assert_ptr_null(strstr(e.message, "and more"));
+
+	/* short messages are untouched */
+	ts_error_clear(&e);
+	ts_error_set(&e, TS_INVALID_ARGUMENT, "R", "name '%s' is bad", "a'b");
+	ck_assert_str_eq(e.message, "name 'a'b' is bad");
+}
+END_TEST
+
+/* Page tokens: a written token reads back for its own scope only; a
+ * changed digit, a cut, upper case, junk or an oversized position is
+ * refused. */
+START_TEST(test_page_token_codec)
+{
+	char tok[TS_PAGE_TOKEN_MAX], pos[TS_PAGE_TOKEN_POS_MAX + 1], name[TS_PAGE_TOKEN_POS_MAX + 1];
+	long n;
+
+	ck_assert_ptr_nonnull(ts_page_token_write(tok, sizeof tok, "arrays", "w1", 2));
+	ck_assert_uint_eq(strlen(tok), 4 + 16);
+	ck_assert_int_eq(strncmp(tok, "7731", 4), 0);
+	n = ts_page_token_read(tok, "arrays", pos, sizeof pos);
+	ck_assert_int_eq(n, 2);
+	ck_assert_int_eq(memcmp(pos, "w1", 2), 0);
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays device=sim:0", pos, sizeof pos), -1);
+	ck_assert_int_eq(ts_page_token_read(tok, "operations", pos, sizeof pos), -1);
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, 1), -1);    /* no room */
+	tok[1] = tok[1] == '7' ? '6' : '7';                                    /* the position */
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	ts_page_token_write(tok, sizeof tok, "arrays", "w1", 2);
+	tok[19] = tok[19] == '0' ? '1' : '0';                                  /* the check */
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	ts_page_token_write(tok, sizeof tok, "arrays", "w1", 2);
+	tok[18] = '\0';                                                        /* cut */
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	for (const char *const *bad = (const char *const[]){"", "zzzz", "l0", "0000000000000000x",
+	                                                    "00000000000000000", NULL};
+	     *bad; bad++)
+		ck_assert_int_eq(ts_page_token_read(*bad, "arrays", pos, sizeof pos), -1);
+	ts_page_token_write(tok, sizeof tok, "arrays", "W", 1);
+	for (char *c = tok; *c; c++)
+		*c = (char)toupper((unsigned char)*c);
+	ck_assert_int_eq(ts_page_token_read(tok, "arrays", pos, sizeof pos), -1);
+	/* an empty position, the longest one, one too long, a buffer too small */
+	ts_page_token_write(tok, sizeof tok, "s", "", 0);
+	ck_assert_int_eq(ts_page_token_read(tok, "s", pos, sizeof pos), 0);
+	memset(name, 'n', sizeof name);
+	ck_assert_ptr_nonnull(ts_page_token_write(tok, sizeof tok, "s", name, TS_PAGE_TOKEN_POS_MAX));
+	ck_assert_int_eq(ts_page_token_read(tok, "s", pos, sizeof pos), TS_PAGE_TOKEN_POS_MAX);
+	ck_assert_ptr_null(ts_page_token_write(tok, sizeof tok, "s", name, sizeof name));
+	ck_assert_str_eq(tok, "");
+	ck_assert_ptr_null(ts_page_token_write(tok, 20, "s", "w1", 2));
 }
 END_TEST
 
@@ -630,6 +731,8 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_status_from_errno);
 	tcase_add_test(tc, test_error_first_wins);
 	tcase_add_test(tc, test_error_bad_and_oom_helpers);
+	tcase_add_test(tc, test_error_message_keeps_reason);
+	tcase_add_test(tc, test_page_token_codec);
 	tcase_add_test(tc, test_error_oom_figures);
 	tcase_add_test(tc, test_locks_know_their_holder);
 	tcase_add_test(tc, test_size_parse);

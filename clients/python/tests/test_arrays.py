@@ -150,6 +150,17 @@ def test_get_rows_long_list_after_small_requests(client):
     assert np.array_equal(client.get("long", index=(9,)), a[9])
 
 
+def test_get_rows_past_the_url_limit(client):
+    # 100,000 rows are ~490 KB of text: far past a request head's limit, so
+    # the client sends them in a body (POST :rows); the answer is the same
+    a = np.arange(4096 * 3, dtype=np.int16).reshape(4096, 3)
+    client.put("many", a, memory_kind="pinned_host")
+    rows = [(i * 7919) % 4096 - (i % 2) * 4096 for i in range(100_000)]
+    assert np.array_equal(client.get_rows("many", rows), a[rows])
+    with pytest.raises(tstage.OutOfRange):
+        client.get_rows("many", rows + [4096])
+
+
 def test_get_rows_from_device_memory(client):
     a = RNG.random((16, 3)).astype(np.float32)
     client.put("d", a, device="sim:1", memory_kind="device")

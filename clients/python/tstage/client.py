@@ -116,6 +116,12 @@ def _read_into(resp: Any, view: memoryview) -> int:
 
 _LIKES = (None, "numpy", "jax", "torch")
 
+# get_rows names rows in the URL (GET .../data?rows=) up to this many
+# characters, and in a body (POST .../{name}:rows) past it: a long URL needs
+# a connection with room for a long request head, and past tstaged's head
+# limit (docs/API.md, Limits) none has room
+_ROWS_IN_URL = 4000
+
 
 def _check_like(like: Optional[str]) -> None:
     if like not in _LIKES:
@@ -300,9 +306,14 @@ class Client:
         return self._t.json("PUT", f"/v1/arrays/{quote_name(name)}", query=q, body=pieces,
                             headers=headers)
 
-    def _download(self, path: str, query: Dict[str, Any], like: Optional[str]) -> Any:
+    def _download(self, path: str, query: Dict[str, Any], like: Optional[str], *,
+                  rows: Optional[List[int]] = None) -> Any:
         _check_like(like)
-        resp = self._t.request("GET", path, query=query, stream=True)
+        if rows is None:
+            resp = self._t.request("GET", path, query=query, stream=True)
+        else:   # POST .../{name}:rows, a read: safe to send again
+            resp = self._t.request("POST", path, query=query, json={"rows": rows},
+                                   stream=True, idempotent=True)
         try:
             dtype = _dt.to_numpy(resp.headers["X-Tstage-Dtype"])
             shape = tuple(int(d) for d in _json.loads(resp.headers["X-Tstage-Shape"]))
@@ -348,8 +359,11 @@ class Client:
         rs = [int(r) for r in rows]
         if not rs:
             raise ValueError("get_rows needs at least one row")
-        return self._download(f"/v1/arrays/{quote_name(name)}/data",
-                              {"rows": ",".join(map(str, rs))}, like)
+        listed = ",".join(map(str, rs))
+        if len(listed) < _ROWS_IN_URL:
+            return self._download(f"/v1/arrays/{quote_name(name)}/data", {"rows": listed}, like)
+        # a list too long for a URL (the server's request head limit) goes in a body
+        return self._download(f"/v1/arrays/{quote_name(name)}:rows", {}, like, rows=rs)
 
     def info(self, name: str) -> Dict[str, Any]:
         """An array's description: dtype, shape, sharding, shards, version, etag."""
