@@ -95,6 +95,7 @@ static const struct field init_fields[] = {
 static const struct field optimizer_fields[] = {
 	{"type", JSON_STRING}, {"learning_rate", JSON_REAL}, {"b1", JSON_REAL}, {"b2", JSON_REAL},
 	{"eps", JSON_REAL}, {"clip_global_norm", JSON_REAL}, {"weight_decay", JSON_REAL},
+	{"decay", JSON_STRING},
 	{"schedule", JSON_OBJECT},
 };
 static const struct field schedule_fields[] = {
@@ -243,12 +244,14 @@ static ts_status parse_optimizer(json_t *opt, struct ts_model *m, struct ts_erro
 		const char *type = "none";
 		double lr = m->opt.learning_rate, b1 = m->opt.b1, b2 = m->opt.b2, eps = m->opt.eps, clip = 0;
 		double wd = 1e-4;        /* optax.adamw's default */
+		const char *decay = "all";
 		json_t *sched = NULL;
 
-		if (json_unpack_ex(opt, &jerr, JSON_STRICT, "{s?s, s?F, s?F, s?F, s?F, s?F, s?F, s?o}",
+		if (json_unpack_ex(opt, &jerr, JSON_STRICT,
+		                   "{s?s, s?F, s?F, s?F, s?F, s?F, s?F, s?o, s?s}",
 		                   "type", &type, "learning_rate", &lr, "b1", &b1, "b2", &b2, "eps", &eps,
 		                   "clip_global_norm", &clip, "weight_decay", &wd, "schedule",
-		                   &sched) != 0)
+		                   &sched, "decay", &decay) != 0)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER", "optimizer: %s", jerr.text);
 		if (strcmp(type, "adamw") == 0) {
 			m->opt.type = TS_OPT_ADAM;
@@ -260,6 +263,13 @@ static ts_status parse_optimizer(json_t *opt, struct ts_model *m, struct ts_erro
 		if (json_object_get(opt, "weight_decay") && !m->opt.adamw)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
 			                    "optimizer.weight_decay is adamw's; optimizer '%s' has none", type);
+		if (json_object_get(opt, "decay") && !m->opt.adamw)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.decay is adamw's; optimizer '%s' has none", type);
+		if (strcmp(decay, "all") != 0 && strcmp(decay, "matrices") != 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
+			                    "optimizer.decay '%.32s' is not all or matrices", decay);
+		m->opt.decay_matrices = strcmp(decay, "matrices") == 0;
 		if (sched && json_object_get(opt, "learning_rate"))
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_OPTIMIZER",
 			                    "optimizer.learning_rate and optimizer.schedule are exclusive: "

@@ -164,8 +164,10 @@ json_t *ts_render_optimizer(const struct ts_optimizer *o)
 
 	if (!j)
 		return NULL;
-	if (o->adamw)
+	if (o->adamw) {
 		json_object_set_new(j, "weight_decay", json_real((double)o->weight_decay));
+		json_object_set_new(j, "decay", json_string(o->decay_matrices ? "matrices" : "all"));
+	}
 	if (o->schedule.type == TS_SCHED_WARMUP_COSINE)
 		json_object_set_new(j, "schedule",
 		                    json_pack("{s:s, s:f, s:f, s:I, s:I, s:f}", "type", "warmup_cosine_decay",

@@ -655,10 +655,12 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	const struct ts_plan *p = r->p;
 	struct ts_kernels *k = r->env->kernels;
 	struct ts_queue *q = r->q[QC];
+	struct ts_optimizer no_decay = p->opt;     /* a masked parameter's adamw */
 	struct operand o[7];
 	int n = 0;
 	ts_status st;
 
+	no_decay.weight_decay = 0.0f;
 	st = kernel_operands(p, action, a, o, &n, err);
 	if (st != TS_OK)
 		return st;
@@ -713,7 +715,8 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		st = ts_k_sumsq(k, q, at(r, a->a, a->aoff), a->n, at(r, a->b, a->boff), err);
 		break;
 	case TS_P_UPDATE:
-		st = ts_k_update(k, q, &p->opt, step, at(r, a->a, a->aoff), at(r, a->b, a->boff),
+		st = ts_k_update(k, q, a->no_decay ? &no_decay : &p->opt, step, at(r, a->a, a->aoff),
+		                 at(r, a->b, a->boff),
 		                 opt_at(r, a->c, a->coff), opt_at(r, a->d, a->coff), a->n,
 		                 opt_at(r, a->e, 0), err);
 		r->updating = r->updating || st == TS_OK;

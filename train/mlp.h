@@ -94,6 +94,11 @@ struct ts_optimizer {
 	 * learning rate scales it); weight_decay 0 otherwise */
 	bool adamw;
 	float weight_decay;
+	/* adamw: decay only the matrices (a GPT's embeddings and weight
+	 * matrices; every parameter of the MLP kinds is one), as nanoGPT
+	 * decays the parameters of dim >= 2 and optax.adamw's mask does;
+	 * false: every parameter */
+	bool decay_matrices;
 	struct ts_schedule schedule;
 };
 

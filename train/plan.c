@@ -544,6 +544,7 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
 		u->d = adam ? nu : -1;
 		u->n = n;
 		u->e = norm;
+		u->no_decay = pr->no_decay;
 	}
 	if (host_p) {
 		ts__pb_copy(b, W, pr->off, pbuf, 0, wb, l, phase);

@@ -228,6 +228,7 @@ struct ts_paction {
 	int M, N, K;
 	bool ta, tb;
 	float beta;
+	bool no_decay;                   /* UPDATE: without adamw's weight decay */
 	uint64_t n;                      /* elements */
 	int layer;
 	const char *phase;               /* static: "forward", "backward", "update", ... */

@@ -341,6 +341,8 @@ static void update_slice(struct gpt *g, int t, int l, int G, uint64_t goff, int 
 		.W = g->W[t], .MU = g->MU[t], .NU = g->NU[t],
 		.off = per ? (uint64_t)l * n : 0, .bytes = n,
 		.rw = ts_gpt_role(0, t), .rmu = ts_gpt_role(1, t), .rnu = ts_gpt_role(2, t),
+		.no_decay = g->b->p->opt.decay_matrices &&
+		            !ts_gpt_param_is_matrix((enum ts_gpt_param)t),
 	};
 	int dev = -1;
 

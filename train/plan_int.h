@@ -43,6 +43,7 @@ struct ts__pb_param {
 	int W, MU, NU;
 	uint64_t off, bytes;
 	enum ts_pbuf_role rw, rmu, rnu;
+	bool no_decay;                  /* adamw's decay masked off (not a matrix) */
 };
 
 /* A buffer of the plan (no action); -1 once the builder failed. */
