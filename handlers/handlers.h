@@ -101,6 +101,7 @@ ts_handler_fn ts_h_models_analyze;
 ts_handler_fn ts_h_models_analyze_spec;
 ts_handler_fn ts_h_models_step;
 ts_handler_fn ts_h_models_evaluate;
+ts_handler_fn ts_h_models_generate;
 
 /* faults.c: only in a fault-injection build (common/fault.h) */
 #ifdef TS_FAULT_BUILD

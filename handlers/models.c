@@ -1,8 +1,8 @@
 /*
  * models.c - training models over HTTP: POST/GET/DELETE /v1/models,
  * POST /v1/models/{model}:analyze (the memory analysis of a step, before
- * any run), POST /v1/models/{model}:step (run N steps as an operation) and
- * POST /v1/models/{model}:evaluate.
+ * any run), POST /v1/models/{model}:step (run N steps as an operation),
+ * POST /v1/models/{model}:evaluate and POST /v1/models/{model}:generate.
  *
  * Each handler parses, calls one job (jobs/model.h, jobs/step.h) and
  * answers; the work - creation's initialisation, steps, evaluations - runs
@@ -621,14 +621,16 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 	json_error_t jerr;
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *outs = NULL;
 	json_t *windows = NULL;
+	const char *positions = "all";
 
 	if (!ready_model_from_path(call, reply, m))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s?o, s?o, s?o, s?o, s?o}", "inputs",
-	                            &inputs, "targets", &targets, "outputs", &outs, "placement",
-	                            &pl, "windows", &windows) != 0) {
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s?o, s?o, s?o, s?o, s?o, s?s}",
+	                            "inputs", &inputs, "targets", &targets, "outputs", &outs,
+	                            "placement", &pl, "windows", &windows, "positions",
+	                            &positions) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "evaluate body: %s (expected {\"inputs\": ..., \"targets\": ..., "
 		             "\"outputs\": {\"name\": ...}} or {\"windows\": {...}, ...})", jerr.text);
@@ -642,9 +644,28 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 		             ts_loss_name(m->mlp.loss));
 		goto out_fail;
 	}
-	if (!targets && !windows && (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
+	if (!targets && !windows && m->mlp.loss == TS_LOSS_MSE) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss %s needs \"targets\"",
 		             ts_loss_name(m->mlp.loss));
+		goto out_fail;
+	}
+	/* a token model without targets: its logits, all or the last positions */
+	if (!targets && !windows && ts_mlp_tokens(&m->mlp) && !outs) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "NO_OUTPUTS",
+		             "an evaluation without \"targets\" answers the logits only: name the "
+		             "array they go to in \"outputs\"");
+		goto out_fail;
+	}
+	if (strcmp(positions, "all") != 0 && strcmp(positions, "last") != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_POSITIONS",
+		             "positions '%s' is not one of all, last", positions);
+		goto out_fail;
+	}
+	run.last = strcmp(positions, "last") == 0;
+	if (run.last && !m->mlp.gpt) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_POSITIONS",
+		             "positions last is a GPT's (windows of tokens); model '%s' is no GPT",
+		             m->name);
 		goto out_fail;
 	}
 	if (outs && eval_outputs_parse(call->core, outs, true, &run.outputs, &err) != TS_OK)
@@ -660,5 +681,132 @@ void ts_h_models_evaluate(const struct ts_call *call, struct ts_reply *reply)
 
 out_fail:
 	ts_reply_error(reply, &err);
+	json_decref(body);
+}
+
+/* ---- generation ----------------------------------------------------------------- */
+
+/* "prompt": a non-empty array of token ids in [0, vocab), into a new
+ * array *ids of *n (the caller frees it); BAD_TOKEN naming the first bad
+ * one and its index. */
+static ts_status prompt_parse(json_t *v, int vocab, int32_t **ids, size_t *n,
+                              struct ts_error *err)
+{
+	size_t i, len = json_array_size(v);
+	json_t *t;
+
+	*ids = NULL;
+	*n = 0;
+	if (!json_is_array(v) || len < 1 || len > TS_GENERATE_PROMPT_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_PROMPT",
+		                    "prompt must be an array of 1..%d token ids",
+		                    TS_GENERATE_PROMPT_MAX);
+	*ids = malloc(len * sizeof **ids);
+	if (!*ids)
+		return ts_error_oom(err, "no memory for a prompt of %zu tokens", len);
+	json_array_foreach(v, i, t) {
+		json_int_t id = json_is_integer(t) ? json_integer_value(t) : -1;
+
+		if (!json_is_integer(t) || id < 0 || id >= vocab) {
+			if (json_is_integer(t))
+				ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TOKEN",
+				             "prompt[%zu]: token id %lld is outside the vocabulary [0, %d)", i,
+				             (long long)id, vocab);
+			else
+				ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TOKEN",
+				             "prompt[%zu] is not a token id (an integer in [0, %d))", i, vocab);
+			ts_error_meta(err, "index", "%zu", i);
+			free(*ids);
+			*ids = NULL;
+			return TS_INVALID_ARGUMENT;
+		}
+		(*ids)[i] = (int32_t)id;
+	}
+	*n = len;
+	return TS_OK;
+}
+
+/*
+ * POST /v1/models/{model}:generate {"prompt": [ids], "max_tokens": n,
+ * "temperature": t, "top_k": K, "seed": S, "placement": {"prefetch_depth"}}:
+ * ts_job_generate_submit (jobs/step.h: a token a pass, greedy at
+ * temperature 0, else sampled as train/sample.h draws). Answers
+ * {"tokens": [...]} with the rest of the result.
+ */
+void ts_h_models_generate(const struct ts_call *call, struct ts_reply *reply)
+{
+	struct ts_job_generate req = {.max_tokens = 0};
+	struct ts_model *m = &req.model;
+	struct ts_operation *op = NULL;
+	struct ts_error err;
+	json_error_t jerr;
+	json_t *body = NULL, *prompt = NULL, *pl = NULL;
+	json_int_t max_tokens = -1, top_k = 0, seed = 0;
+	double temperature = 0;
+	int32_t *ids = NULL;
+
+	if (!ready_model_from_path(call, reply, m))
+		return;
+	ts_error_clear(&err);
+	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s:I, s?F, s?I, s?I, s?o}",
+	                            "prompt", &prompt, "max_tokens", &max_tokens, "temperature",
+	                            &temperature, "top_k", &top_k, "seed", &seed, "placement",
+	                            &pl) != 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "generate body: %s (expected {\"prompt\": [ids], \"max_tokens\": n, "
+		             "\"temperature\": t, \"top_k\": k, \"seed\": s})", jerr.text);
+		goto out_fail;
+	}
+	if (!m->mlp.gpt) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		             "model '%s' is no GPT: generation is a GPT's", m->name);
+		goto out_fail;
+	}
+	if (max_tokens < 1 || max_tokens > TS_GENERATE_MAX_TOKENS) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_MAX_TOKENS",
+		             "max_tokens %lld is outside 1..%d", (long long)max_tokens,
+		             TS_GENERATE_MAX_TOKENS);
+		goto out_fail;
+	}
+	if (!(temperature >= 0 && temperature <= 1e6)) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_TEMPERATURE",
+		             "temperature must be a number in [0, 1e6]; 0 is greedy");
+		goto out_fail;
+	}
+	if (top_k < 0 || top_k > m->mlp.vocab) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_TOP_K",
+		             "top_k %lld is outside 0..%d (0: every id)", (long long)top_k,
+		             m->mlp.vocab);
+		goto out_fail;
+	}
+	if (seed < 0) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_SEED", "seed must be >= 0");
+		goto out_fail;
+	}
+	if (prompt_parse(prompt, m->mlp.vocab, &ids, &req.nprompt, &err) != TS_OK)
+		goto out_fail;
+	if (pl && (json_object_get(pl, "activations"))) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		             "placement.activations: a generation keeps no activations");
+		goto out_fail;
+	}
+	if (run_policy(call->core, m, pl, true, &req.policy, &err) != TS_OK)
+		goto out_fail;
+	req.prompt = ids;
+	req.max_tokens = (uint64_t)max_tokens;
+	req.temperature = (float)temperature;
+	req.top_k = (int)top_k;
+	req.seed = (uint64_t)seed;
+	if (ts_job_generate_submit(&call->core->env, &req, &op, &err) != TS_OK)
+		goto out_fail;
+	reply_job(call, reply, op);
+	free(ids);
+	json_decref(body);
+	return;
+
+out_fail:
+	ts_reply_error(reply, &err);
+	free(ids);
 	json_decref(body);
 }

@@ -7,7 +7,8 @@
  * (run_begin: operands, placement, batch shapes, the session and its
  * bindings) and one epilogue (run_end); between them a step binds its
  * gradients and runs its steps with the versioning hooks, an evaluation
- * binds its outputs and runs one pass.
+ * binds its outputs and runs one pass. A generation is a run too: the
+ * same holds, one evaluation session per context length, a token a pass.
  */
 #include "jobs/step.h"
 
@@ -22,6 +23,7 @@
 #include "storage/array.h"
 #include "storage/array_io.h"
 #include "storage/colocate.h"
+#include "train/sample.h"
 #include "train/session.h"
 
 /* The most gradient arrays a step without an optimizer publishes (a GPT's). */
@@ -73,6 +75,16 @@ struct run {
 	struct batches batches;
 	struct windows windows;
 	struct ts_job_outputs out;         /* an evaluation's outputs array, when asked for */
+	bool last;                         /* an evaluation's: the windows' last positions */
+	bool no_targets;                   /* an evaluation of a token model's logits only */
+	int window;                        /* a GPT evaluation's tokens per window */
+	struct gen {                       /* a generation's request and sequence */
+		int32_t *seq;              /* owned: the prompt, then the tokens made */
+		size_t nprompt, len;
+		float temperature;
+		int top_k;
+		uint64_t seed;
+	} gen;
 	/* while it runs (the worker's) */
 	struct ts_operation *op;           /* borrowed */
 	struct operand in, tgt;
@@ -122,6 +134,7 @@ static void run_release(void *arg)
 	json_decref(s->inputs_rows);
 	json_decref(s->targets_rows);
 	free(s->batches.perm);
+	free(s->gen.seq);
 	free(s);
 }
 
@@ -515,14 +528,24 @@ static ts_status check_token_batch(const struct run *s, const struct operand *in
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
 		                    "inputs of token model '%s' must be token ids, uint16 or int32, "
 		                    "[B] or [B, T] with B, T >= 1", s->model.name);
-	if (s->model.mlp.gpt && (d->rank != 2 || T != (uint64_t)s->model.mlp.context))
+	if (s->model.mlp.gpt && !s->evaluate &&
+	    (d->rank != 2 || T != (uint64_t)s->model.mlp.context))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
 		                    "inputs of GPT '%s' must be windows of token ids [B, %d] (its "
 		                    "context)", s->model.name, s->model.mlp.context);
+	if (s->model.mlp.gpt && s->evaluate &&
+	    (d->rank != 2 || T > (uint64_t)s->model.mlp.context))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
+		                    "inputs of GPT '%s' must be windows of token ids [B, T], T in "
+		                    "1..%d (its context)", s->model.name, s->model.mlp.context);
 	if (bin * T > (1u << 24))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_INPUTS",
 		                    "inputs have %llu tokens; a step takes at most %u",
 		                    (unsigned long long)(bin * T), 1u << 24);
+	*rows = bin * T;
+	*id_bytes = d->dtype == TS_DT_UINT16 ? 2 : 4;
+	if (!tgt->arr && s->evaluate)
+		return TS_OK;                 /* the logits only */
 	if (!tgt->arr)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS",
 		                    "loss softmax_cross_entropy needs \"targets\" (token ids)");
@@ -534,8 +557,6 @@ static ts_status check_token_batch(const struct run *s, const struct operand *in
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_TARGETS",
 			                    "targets must be token ids of the inputs' dtype and shape");
 	}
-	*rows = bin * T;
-	*id_bytes = d->dtype == TS_DT_UINT16 ? 2 : 4;
 	return TS_OK;
 }
 
@@ -889,7 +910,8 @@ static json_t *eval_result(const struct run *s, const struct ts_session *sess,
 	const struct ts_session_report *rep = ts_session_report(sess);
 	json_t *o = json_pack("{s:s, s:f, s:I, s:s, s:I, s:I, s:I, s:I, s:o*,"
 	                      " s:{s:f, s:f, s:f}, s:{s:I, s:I, s:I}}",
-	                      "model", s->model.name, "loss", (double)rep->losses[0],
+	                      "model", s->model.name,
+	                      "loss", s->no_targets ? 0.0 : (double)rep->losses[0],
 	                      "batch", (json_int_t)plan->batch, "device", ts_device_props(dev)->id,
 	                      "predicted_peak_device_bytes", (json_int_t)plan->peak_device_bytes,
 	                      "measured_peak_device_bytes",
@@ -904,6 +926,8 @@ static json_t *eval_result(const struct run *s, const struct ts_session *sess,
 	                      "d2h", (json_int_t)rep->d2h_bytes,
 	                      "staged_h2d", (json_int_t)rep->staged_h2d_bytes);
 
+	if (o && s->no_targets)
+		json_object_del(o, "loss");          /* the logits only */
 	if (o && outs)
 		json_object_set_new(o, "outputs", ts_render_array(outs));
 	if (o && s->windows.on)
@@ -984,7 +1008,9 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 
 	st = operand_resolve(env, s->inputs, s->inputs_rows, s->windows.on ? "windows" : "inputs",
 	                     &s->in, err);
-	if (st == TS_OK && !s->windows.on &&
+	/* an evaluation of a token model without targets: its logits only */
+	s->no_targets = s->evaluate && !s->windows.on && !s->targets && ts_mlp_tokens(&m->mlp);
+	if (st == TS_OK && !s->windows.on && !s->no_targets &&
 	    (m->mlp.loss == TS_LOSS_MSE || m->mlp.loss == TS_LOSS_XENT)) {
 		if (!s->targets)
 			st = ts_error_set(err, TS_INVALID_ARGUMENT, "NO_TARGETS", "loss mse needs \"targets\"");
@@ -1030,6 +1056,13 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 	cfg->policy = s->policy;
 	cfg->batch = (int)(ts_mlp_tokens(&m->mlp) ? rows : s->bin);
 	cfg->mlp.id_bytes = id_bytes;
+	if (s->evaluate) {
+		cfg->no_targets = s->no_targets;
+		cfg->last = s->last;
+		if (m->mlp.gpt)
+			cfg->window = s->window = s->windows.on ? (int)s->windows.context
+			                          : (int)(rows / s->bin);
+	}
 	st = ts_session_new(cfg, &s->sess, err);
 	/* every slot by its role: the held arrays */
 	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
@@ -1196,7 +1229,11 @@ static ts_status eval_outputs_bind(struct run *s, struct ts_array **outs, struct
 	struct ts_placement pl;
 	ts_status st;
 
-	if (s->windows.on) {
+	if (s->last) {
+		/* [windows, vocab] */
+		d.shape[0] = s->windows.on ? s->windows.size : s->bin;
+		d.shape[1] = (uint64_t)mlp->vocab;
+	} else if (s->windows.on) {
 		/* [windows, context, vocab] */
 		d.rank = 3;
 		d.shape[0] = s->windows.size;
@@ -1302,6 +1339,7 @@ static ts_status run_submit(const struct ts_jobs_env *env, const struct ts_job_r
 	if (evaluate) {
 		s->batches.on = false;
 		s->out = req->outputs;
+		s->last = req->last;
 	}
 	/* copies: the worker drops them while the caller drops the request */
 	s->inputs_rows = req->inputs.rows ? json_deep_copy(req->inputs.rows) : NULL;
@@ -1337,4 +1375,234 @@ ts_status ts_job_eval_submit(const struct ts_jobs_env *env, const struct ts_job_
                              struct ts_operation **op, struct ts_error *err)
 {
 	return run_submit(env, run, true, op, err);
+}
+
+/* ---- generation ------------------------------------------------------------------ */
+
+/* The generated tokens so far as a JSON array. */
+static json_t *gen_tokens_json(const struct run *s)
+{
+	json_t *a = json_array();
+
+	for (size_t i = s->gen.nprompt; a && i < s->gen.len; i++)
+		json_array_append_new(a, json_integer(s->gen.seq[i]));
+	return a;
+}
+
+/* What a generation's passes planned and measured, as it ends. */
+struct gen_figures {
+	uint64_t predicted, measured;
+	double wall_s, compute_s;
+};
+
+static json_t *gen_result(const struct run *s, const struct gen_figures *f)
+{
+	uint64_t made = s->gen.len - s->gen.nprompt;
+
+	return json_pack("{s:s, s:o*, s:I, s:s, s:I, s:I, s:{s:f, s:f, s:f}}", "model",
+	                 s->model.name, "tokens", gen_tokens_json(s), "prompt_tokens",
+	                 (json_int_t)s->gen.nprompt, "device", ts_device_props(s->dev)->id,
+	                 "predicted_peak_device_bytes", (json_int_t)f->predicted,
+	                 "measured_peak_device_bytes", (json_int_t)f->measured, "time", "wall_s",
+	                 f->wall_s, "compute_s", f->compute_s, "per_token_s",
+	                 made ? f->wall_s / (double)made : 0.0);
+}
+
+/* A session of one window of T tokens, the last position's logits into
+ * logits (pinned_host, [1, vocab]); every held parameter bound. */
+static ts_status gen_session(struct run *s, int T, struct ts_array *logits,
+                             struct ts_error *err)
+{
+	struct ts_session_config cfg = {
+		.dev = s->dev, .memory = s->env->memory, .mlp = s->model.mlp,
+		.policy = s->policy, .batch = T, .evaluate = true, .outputs = true,
+		.outputs_kind = TS_MEM_PINNED_HOST, .no_targets = true, .last = true, .window = T,
+	};
+	const struct ts_buffer *lb = ts_array_single_buffer(logits);
+	ts_status st;
+
+	cfg.mlp.id_bytes = 4;
+	ts_session_free(s->sess);
+	s->sess = NULL;
+	st = ts_session_new(&cfg, &s->sess, err);
+	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
+		const struct ts_array *a = s->held[r];
+
+		if (a)
+			st = ts_session_bind(s->sess, (enum ts_pbuf_role)r,
+			                     ts_buffer_data(ts_array_single_buffer(a)),
+			                     ts_buffer_size(ts_array_single_buffer(a)),
+			                     ts_array_placement(a)->sharding.memory_kind, err);
+	}
+	if (st == TS_OK)
+		st = ts_session_bind(s->sess, TS_ROLE_OUTPUT, ts_buffer_data(lb), ts_buffer_size(lb),
+		                     TS_MEM_PINNED_HOST, err);
+	return st;
+}
+
+/* A pinned_host scratch array of shape [1, n] of dtype where the run is
+ * (never published). */
+static ts_status gen_scratch(struct run *s, const char *name, enum ts_dtype dt, uint64_t n,
+                             struct ts_array **out, struct ts_error *err)
+{
+	struct ts_array_desc d = {.dtype = dt, .rank = 2, .shape = {1, n}};
+	struct ts_placement pl;
+	ts_status st = ts_array_desc_init(&d, err);
+
+	ts_placement_single(&pl, s->dev, TS_MEM_PINNED_HOST, false);
+	if (st == TS_OK)
+		st = ts_array_new(name, &d, &pl, s->env->memory, out, err);
+	return st;
+}
+
+/* The passes: one per token, each the last min(len, context) tokens'
+ * evaluation; a new session only when that length changes. */
+static ts_status gen_loop(struct run *s, struct ts_array *ids, struct ts_array *logits,
+                          float *scratch, struct gen_figures *f, struct ts_error *err)
+{
+	int C = s->model.mlp.context, V = s->model.mlp.vocab, T = 0;
+	int32_t *idp = ts_buffer_data(ts_array_single_buffer(ids));
+	const float *lp = ts_buffer_data(ts_array_single_buffer(logits));
+	ts_status st = TS_OK;
+
+	for (uint64_t i = 0; st == TS_OK && i < s->steps; i++) {
+		int t = s->gen.len < (size_t)C ? (int)s->gen.len : C;
+		struct ts_session_source src = {
+			.mem = idp, .bytes = (uint64_t)t * 4, .row_bytes = 4, .src_dev = s->dev,
+			.src_kind = TS_MEM_PINNED_HOST,
+		};
+		const struct ts_session_report *rep;
+		const struct ts_plan *plan;
+
+		if (ts_operation_cancelled(s->op))
+			return ts_error_set(err, TS_CANCELLED, "CANCELLED",
+			                    "the generation was cancelled after %llu tokens",
+			                    (unsigned long long)i);
+		if (t != T) {
+			if (s->sess) {
+				rep = ts_session_report(s->sess);
+				f->wall_s += rep->wall_s;
+				f->compute_s += rep->compute_s;
+			}
+			st = gen_session(s, t, logits, err);
+			T = t;
+		} else {
+			ts_session_unstage(s->sess, TS_ROLE_INPUT);
+		}
+		memcpy(idp, s->gen.seq + s->gen.len - (size_t)t, (size_t)t * sizeof *idp);
+		if (st == TS_OK)
+			st = ts_session_stage(s->sess, TS_ROLE_INPUT, &src, err);
+		if (st == TS_OK)
+			st = ts_session_run(s->sess, 1, 1, &eval_hooks, s, err);
+		if (st != TS_OK)
+			break;
+		plan = ts_session_plan(s->sess);
+		rep = ts_session_report(s->sess);
+		if (plan->peak_device_bytes > f->predicted)
+			f->predicted = plan->peak_device_bytes;
+		if (plan->argument_size_in_bytes + plan->output_size_in_bytes +
+		    rep->measured_temp_peak > f->measured)
+			f->measured = plan->argument_size_in_bytes + plan->output_size_in_bytes +
+			              rep->measured_temp_peak;
+		s->gen.seq[s->gen.len++] = ts_sample_next(lp, V, s->gen.temperature, s->gen.top_k,
+		                                          s->gen.seed, i, scratch);
+		ts_operation_progress_add(s->op, 1);
+		ts_operation_set_partial(s->op, json_pack("{s:s, s:o*}", "model", s->model.name,
+		                                          "tokens", gen_tokens_json(s)));
+	}
+	if (s->sess) {
+		const struct ts_session_report *rep = ts_session_report(s->sess);
+
+		f->wall_s += rep->wall_s;
+		f->compute_s += rep->compute_s;
+	}
+	return st;
+}
+
+static ts_status gen_run(struct ts_operation *op, void *arg, struct ts_error *err)
+{
+	struct run *s = arg;
+	struct ts_model *m = &s->model;
+	struct ts_array *ids = NULL, *logits = NULL;
+	struct gen_figures f = {0};
+	float *scratch = malloc((size_t)m->mlp.vocab * sizeof *scratch);
+	ts_status st = TS_OK;
+
+	s->op = op;
+	if (!scratch)
+		st = ts_error_oom(err, "no memory for %d logits", m->mlp.vocab);
+	if (st == TS_OK)
+		st = held_kind(s, false, &s->policy.params, err);
+	if (st == TS_OK) {
+		s->dev = ts_array_box(s->held[ts_gpt_role(0, TS_GPT_WTE)], 0)->device;
+		for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++)
+			if (s->held[r] && ts_array_box(s->held[r], 0)->device != s->dev)
+				st = ts_error_set(err, TS_FAILED_PRECONDITION, "PARAMS_ELSEWHERE",
+				                  "model '%s' array '%s' is on %s, not %s with its wte",
+				                  m->name, ts_array_name(s->held[r]),
+				                  ts_device_props(ts_array_box(s->held[r], 0)->device)->id,
+				                  ts_device_props(s->dev)->id);
+	}
+	if (st == TS_OK)
+		st = gen_scratch(s, "generate.ids", TS_DT_INT32, (uint64_t)m->mlp.context, &ids, err);
+	if (st == TS_OK)
+		st = gen_scratch(s, "generate.logits", TS_DT_FLOAT32, (uint64_t)m->mlp.vocab, &logits,
+		                 err);
+	if (st == TS_OK)
+		st = gen_loop(s, ids, logits, scratch, &f, err);
+	if (st == TS_OK) {
+		ts_operation_set_partial(op, NULL);
+		ts_operation_set_result(op, gen_result(s, &f));
+	}
+	run_end(s);
+	ts_array_unref(ids);
+	ts_array_unref(logits);
+	free(scratch);
+	return st;
+}
+
+ts_status ts_job_generate_submit(const struct ts_jobs_env *env,
+                                 const struct ts_job_generate *req, struct ts_operation **op,
+                                 struct ts_error *err)
+{
+	struct run *s;
+	ts_status st;
+
+	*op = NULL;
+	if (!req->model.mlp.gpt)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "model '%s' is no GPT: generation is a GPT's", req->model.name);
+	if (req->nprompt < 1 || req->nprompt > TS_GENERATE_PROMPT_MAX || req->max_tokens < 1 ||
+	    req->max_tokens > TS_GENERATE_MAX_TOKENS)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_GENERATE",
+		                    "a generation takes 1..%d prompt tokens and makes 1..%d",
+		                    TS_GENERATE_PROMPT_MAX, TS_GENERATE_MAX_TOKENS);
+	s = calloc(1, sizeof *s);
+	if (!s)
+		return ts_error_oom(err, "no memory for a generation");
+	s->env = env;
+	s->evaluate = true;
+	s->model = req->model;
+	s->policy = req->policy;
+	s->steps = req->max_tokens;
+	s->gen = (struct gen){.nprompt = req->nprompt, .len = req->nprompt,
+	                      .temperature = req->temperature, .top_k = req->top_k,
+	                      .seed = req->seed};
+	s->gen.seq = malloc((req->nprompt + req->max_tokens) * sizeof *s->gen.seq);
+	if (!s->gen.seq) {
+		st = ts_error_oom(err, "no memory for a generation of %llu tokens",
+		                  (unsigned long long)req->max_tokens);
+		goto out_free;
+	}
+	memcpy(s->gen.seq, req->prompt, req->nprompt * sizeof *s->gen.seq);
+	st = hold_roles(env, s, eval_roles, sizeof eval_roles / sizeof eval_roles[0],
+	                "generations", err);
+	if (st == TS_OK)
+		st = ts_op_submit_holding(env->operations, "generate", s->model.name, s->steps,
+		                          "tokens", gen_run, s, run_release, run_hold, op, err);
+	if (st == TS_OK)
+		return TS_OK;
+out_free:
+	run_release(s);
+	return st;
 }

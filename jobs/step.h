@@ -102,6 +102,8 @@ struct ts_job_run {
 	struct ts_job_batches batches;     /* steps only */
 	struct ts_job_windows windows;     /* instead of inputs and targets */
 	struct ts_job_outputs outputs;     /* evaluations only */
+	bool last;                         /* evaluations of a GPT: outputs are each window's
+	                                      last position's logits [B, V] */
 };
 
 /*
@@ -120,11 +122,49 @@ ts_status ts_job_step_submit(const struct ts_jobs_env *env, const struct ts_job_
 /*
  * Submits an evaluation of run->model (kind "evaluate", unit "passes"):
  * the loss over the batch and, with run->outputs, the outputs (a token
- * model's logits) published under their name when it succeeded. Fails as
- * ts_job_step_submit does, holding the parameters only.
+ * model's logits) published under their name when it succeeded. A token
+ * model's (or GPT's) evaluation without targets computes the logits only
+ * (no loss; outputs required); a GPT's takes windows [B, T] of 1..context
+ * tokens, and with run->last answers each window's last position's
+ * logits. Fails as ts_job_step_submit does, holding the parameters only.
  */
 ts_status ts_job_eval_submit(const struct ts_jobs_env *env, const struct ts_job_run *run,
                              struct ts_operation **op, struct ts_error *err);
+
+/* The bounds of a generation's request. */
+#define TS_GENERATE_MAX_TOKENS 4096
+#define TS_GENERATE_PROMPT_MAX 65536
+
+/* A generation's request, as the caller parsed and checked it (copied by
+ * the submit). */
+struct ts_job_generate {
+	struct ts_model model;             /* a ready GPT, copied out of the registry */
+	struct ts_policy policy;           /* prefetch (ts_job_model_policy) */
+	const int32_t *prompt;             /* borrowed; ids in [0, vocab) */
+	size_t nprompt;                    /* 1..TS_GENERATE_PROMPT_MAX */
+	uint64_t max_tokens;               /* 1..TS_GENERATE_MAX_TOKENS */
+	float temperature;                 /* >= 0; 0: greedy */
+	int top_k;                         /* 0..vocab; 0: every id */
+	uint64_t seed;
+};
+
+/*
+ * Submits a generation of req->max_tokens tokens after req->prompt by a
+ * GPT (kind "generate", unit "tokens", progress a token at a time): each
+ * token is the evaluation of the last min(len, context) tokens of the
+ * sequence so far, positions 0.., the logits of its last position only
+ * (train/plan.h's ts_eval_spec, where the params are, as :evaluate runs),
+ * and the next token from them (train/sample.h: greedy at temperature 0,
+ * else sampled from seed). The result: {"model", "tokens" (the generated
+ * ids, without the prompt), "prompt_tokens", "device",
+ * "predicted_peak_device_bytes", "measured_peak_device_bytes", "time"};
+ * while it runs, the tokens so far are its partial result. Holds the
+ * parameters as an evaluation does and fails as ts_job_eval_submit does;
+ * INVALID_ARGUMENT (BAD_MODEL) for a model that is no GPT.
+ */
+ts_status ts_job_generate_submit(const struct ts_jobs_env *env,
+                                 const struct ts_job_generate *req, struct ts_operation **op,
+                                 struct ts_error *err);
 
 /*
  * Whether an evaluation's outputs may be published under their name: not

@@ -89,6 +89,8 @@
 	  "wait:bool")                                                                         \
 	X("POST", "/v1/models/{model}:evaluate", ts_h_models_evaluate, NULL, NULL,             \
 	  TS_BODY_JSON, false, "wait:bool")                                                    \
+	X("POST", "/v1/models/{model}:generate", ts_h_models_generate, NULL, NULL,             \
+	  TS_BODY_JSON, false, "wait:bool")                                                    \
 	X("POST", "/v1/models/{model}:persist", ts_h_models_persist, NULL, NULL, TS_BODY_NONE, \
 	  false, "")                                                                           \
 	X("POST", "/v1/models/{model}:unpersist", ts_h_models_unpersist, NULL, NULL,           \

@@ -793,9 +793,10 @@ int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role,
  * The buffers a plan starts with, in this order: the layers' parameters and
  * (Adam) their state; a token model's table and projection, their state,
  * and their gradients when `grads_out`; the batch's input and target (a
- * token model's are ids); the layers' gradients when `grads_out`.
+ * token model's are ids; no target when `targets` is false); the layers'
+ * gradients when `grads_out`.
  */
-static void add_arguments(struct ts__pb *b, bool grads_out)
+static void add_arguments(struct ts__pb *b, bool grads_out, bool targets)
 {
 	const struct ts_plan *p = b->p;
 	const struct ts_mlp *m = &p->mlp;
@@ -822,7 +823,8 @@ static void add_arguments(struct ts__pb *b, bool grads_out)
 	b->GE = ts__pb_whole(b, tok && grads_out, TS_ROLE_GRAD_EMBED, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
 	b->GP = ts__pb_whole(b, p2 && grads_out, TS_ROLE_GRAD_PROJ, TS_PB_OUTPUT, TS_MEM_DEVICE, eb);
 	b->IN = ts__pb_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
-	b->TGT = ts__pb_whole(b, m->loss == TS_LOSS_MSE || tok, TS_ROLE_TARGET, TS_PB_ARGUMENT,
+	b->TGT = ts__pb_whole(b, (m->loss == TS_LOSS_MSE || tok) && targets, TS_ROLE_TARGET,
+	                      TS_PB_ARGUMENT,
 	                   TS_MEM_DEVICE, ib);
 	b->G1 = ts__pb_whole(b, grads_out, TS_ROLE_GRAD_W1, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
 	b->G2 = ts__pb_whole(b, grads_out && has2, TS_ROLE_GRAD_W2, TS_PB_OUTPUT, TS_MEM_DEVICE, wb);
@@ -868,7 +870,7 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
 		return st;
 	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
-	add_arguments(&b, gcls == TS_PB_OUTPUT);
+	add_arguments(&b, gcls == TS_PB_OUTPUT, true);
 	if (tok)
 		token_forward(&b);
 	forward(&b, &xL);
@@ -927,8 +929,8 @@ static int forward_eval(struct ts__pb *b, int last)
 /* A token model's loss in an evaluation: the logits of x_L (projected into
  * `dst` when set, else a temp; x_L itself without a projection), the
  * step's cross-entropy kernel against the target ids, its gradient into a
- * scratch temp freed at once. Returns the logits' buffer; frees x_L when
- * it is not that. */
+ * scratch temp freed at once (an evaluation without targets: no loss).
+ * Returns the logits' buffer; frees x_L when it is not that. */
 static int token_loss_eval(struct ts__pb *b, int xL, int dst)
 {
 	const struct ts_plan *p = b->p;
@@ -943,6 +945,8 @@ static int token_loss_eval(struct ts__pb *b, int xL, int dst)
 		token_drop(b, prj, b->PRJ, "loss");
 		ts__pb_release(b, xL, L, "loss");
 	}
+	if (p->no_targets)
+		return logits;
 	glog = token_xent(b, logits);
 	ts__pb_release(b, glog, L, "loss");
 	return logits;
@@ -952,17 +956,51 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
                              bool outputs, enum ts_memory_kind outputs_kind,
                              struct ts_plan *out, struct ts_error *err)
 {
+	struct ts_eval_spec spec = {.outputs = outputs, .outputs_kind = outputs_kind};
+
+	return ts_plan_build_eval_spec(mlp, batch, policy, &spec, out, err);
+}
+
+/* The spec's choices the model has (plan.h's ts_eval_spec). */
+static ts_status eval_spec_check(const struct ts_mlp *mlp, const struct ts_eval_spec *spec,
+                                 struct ts_error *err)
+{
+	if ((spec->last || spec->window) && !mlp->gpt)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_EVALUATION",
+		                    "the last positions and shorter windows are a GPT's");
+	if (spec->no_targets && !ts_mlp_tokens(mlp))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_EVALUATION",
+		                    "an evaluation without targets is a token model's");
+	if (spec->no_targets && !spec->outputs)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_EVALUATION",
+		                    "an evaluation without targets computes its outputs only: name them");
+	if (mlp->gpt && (spec->window < 0 || spec->window > mlp->context))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_EVALUATION",
+		                    "gpt: a window of %d tokens is outside 1..%d (the context)",
+		                    spec->window, mlp->context);
+	return TS_OK;
+}
+
+ts_status ts_plan_build_eval_spec(const struct ts_mlp *mlp, int batch,
+                                  const struct ts_policy *policy,
+                                  const struct ts_eval_spec *spec, struct ts_plan *out,
+                                  struct ts_error *err)
+{
 	struct ts__pb b;
-	bool tok = ts_mlp_tokens(mlp);
+	bool tok = ts_mlp_tokens(mlp), outputs = spec->outputs;
+	enum ts_memory_kind outputs_kind = spec->outputs_kind;
 	int L = mlp->layers, d = mlp->d_model;
 	uint64_t xb = (uint64_t)batch * d * F32;
 	uint64_t ob = tok ? (uint64_t)batch * (uint64_t)mlp->vocab * F32 : xb;
 	int g, xL, OUT = -1, dev_out;
 	ts_status st;
 
-	if (mlp->gpt)
-		return ts__plan_build_gpt_eval(mlp, batch, policy, outputs, outputs_kind, out, err);
 	memset(out, 0, sizeof *out);
+	st = eval_spec_check(mlp, spec, err);
+	if (st != TS_OK)
+		return st;
+	if (mlp->gpt)
+		return ts__plan_build_gpt_eval(mlp, batch, policy, spec, out, err);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
@@ -975,7 +1013,8 @@ ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct t
 	out->policy.save_x = out->policy.save_h = false;
 	out->policy.offload_x = out->policy.offload_h = false;
 	out->evaluate = true;
-	add_arguments(&b, false);
+	out->no_targets = spec->no_targets;
+	add_arguments(&b, false, !out->no_targets);
 	if (outputs)
 		OUT = ts__pb_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
 	dev_out = OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1;

@@ -240,6 +240,9 @@ struct ts_plan {
 	struct ts_policy policy;
 	int batch;
 	bool evaluate;                   /* forward and loss only (ts_plan_build_eval) */
+	bool no_targets;                 /* an evaluation of the logits only (ts_eval_spec) */
+	bool last;                       /* a GPT's outputs: each window's last position */
+	int window;                      /* a GPT's tokens per window (its context, or less) */
 	int nbufs, nactions;
 	struct ts_pbuf *bufs;            /* owned */
 	struct ts_paction *actions;      /* owned */
@@ -295,6 +298,40 @@ void ts_plan_release(struct ts_plan *p);
 ts_status ts_plan_build_eval(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
                              bool outputs, enum ts_memory_kind outputs_kind,
                              struct ts_plan *out, struct ts_error *err);
+
+/*
+ * What an inference evaluation computes, beyond ts_plan_build_eval's
+ * arguments (a zeroed spec is ts_plan_build_eval's evaluation):
+ *   no_targets  a token model's or GPT's logits only: no TS_ROLE_TARGET
+ *               argument, no cross-entropy, no loss read back (the
+ *               outputs are the one result, so outputs must be set);
+ *   last        a GPT's outputs are each window's last position's logits,
+ *               [batch / window, vocab]: the final LayerNorm runs on every
+ *               row, the tied head only on the last row of each window (one
+ *               product [1, d] x [d, V] a window, into the outputs or a
+ *               device temp copied out), so neither the head's compute nor
+ *               the [batch, vocab] logits temp grows with the window;
+ *   window      a GPT's tokens per window, 1..context (0: context): the
+ *               forward pass of windows shorter than the context, positions
+ *               0..window-1 (the first `window` rows of wpe; wpe stays the
+ *               whole [context, d] argument), batch a multiple of it.
+ */
+struct ts_eval_spec {
+	bool outputs;
+	enum ts_memory_kind outputs_kind;
+	bool no_targets;
+	bool last;
+	int window;
+};
+
+/* Plans an evaluation as ts_plan_build_eval, with spec's choices above.
+ * INVALID_ARGUMENT (BAD_EVALUATION) for a choice the model does not
+ * have: last or window on a model that is no GPT, no_targets on one
+ * without tokens or without outputs, a window outside 1..context. */
+ts_status ts_plan_build_eval_spec(const struct ts_mlp *mlp, int batch,
+                                  const struct ts_policy *policy,
+                                  const struct ts_eval_spec *spec, struct ts_plan *out,
+                                  struct ts_error *err);
 
 /* Bytes between temps in an arena: every temp starts at a multiple. */
 #define TS_PLAN_ALIGN 256u

@@ -4,7 +4,10 @@
  * The same builder primitives as the MLP kinds' (plan_int.h), so the
  * placement, the analysis and the executor are theirs: measured peak =
  * predicted holds for a GPT as for an MLP. Rows are tokens: a batch of B
- * windows of T = context tokens is N = B*T rows (the plan's batch).
+ * windows of T = context tokens is N = B*T rows (the plan's batch). An
+ * evaluation may take shorter windows (T < context: positions 0..T-1, the
+ * first T rows of wpe) and skip the loss, or run the head on each window's
+ * last row only (plan.h's ts_eval_spec).
  *
  * Policy: params and opt_state on the device or pinned_host (streamed per
  * block, with prefetch_depth 1 the next block's already on the way; the
@@ -458,16 +461,22 @@ static int embed_forward(struct gpt *g, const char *ph)
 	return x0;
 }
 
-/* The final LayerNorm and the tied head's logits [N, V]; the normalised
- * rows and their statistics into *yf, *stf. */
+/* The final LayerNorm: the normalised rows and their statistics into
+ * *yf, *stf. */
+static void head_norm(struct gpt *g, int xL, int *yf, int *stf, const char *ph)
+{
+	*yf = dtemp(g, g->L, (uint64_t)g->N * g->d, ph);
+	*stf = dtemp(g, g->L, 2 * (uint64_t)g->N, ph);
+	ln_fwd(g, xL, TS_GPT_LNF_G, TS_GPT_LNF_B, -1, *yf, *stf, ph);
+}
+
+/* head_norm and the tied head's logits [N, V] (into dst, else a temp). */
 static int head_forward(struct gpt *g, int xL, int *yf, int *stf, int dst, const char *ph)
 {
 	uint64_t eo;
 	int logits, wte;
 
-	*yf = dtemp(g, g->L, (uint64_t)g->N * g->d, ph);
-	*stf = dtemp(g, g->L, 2 * (uint64_t)g->N, ph);
-	ln_fwd(g, xL, TS_GPT_LNF_G, TS_GPT_LNF_B, -1, *yf, *stf, ph);
+	head_norm(g, xL, yf, stf, ph);
 	logits = dst >= 0 ? dst : ts__pb_temp(g->b, TS_ROLE_LOGITS, TS_MEM_DEVICE, g->L,
 	                                       (uint64_t)g->N * g->V * F32, ph);
 	wte = param_at(g, TS_GPT_WTE, -1, &eo);
@@ -506,17 +515,17 @@ static int *ints(int n)
 	return v;
 }
 
-static ts_status gpt_check(const struct ts_mlp *mlp, int batch, const struct ts_policy *policy,
-                           struct ts_error *err)
+static ts_status gpt_check(const struct ts_mlp *mlp, int batch, int T,
+                           const struct ts_policy *policy, struct ts_error *err)
 {
 	ts_status st = ts_gpt_check(mlp, err);
 
 	if (st != TS_OK)
 		return st;
-	if (batch < 1 || batch % mlp->context != 0)
+	if (batch < 1 || batch % T != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
 		                    "gpt: a batch is whole windows of %d tokens, not %d tokens",
-		                    mlp->context, batch);
+		                    T, batch);
 	if (policy->offload_h)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "gpt: a block's intermediates (\"h\") are saved or recomputed, "
@@ -524,9 +533,11 @@ static ts_status gpt_check(const struct ts_mlp *mlp, int batch, const struct ts_
 	return ts_policy_check(policy, err);
 }
 
+/* Starts a plan of windows of T tokens; the target ids an argument when
+ * targets. */
 static ts_status gpt_start(struct gpt *g, struct ts__pb *b, struct ts_plan *out,
                            const struct ts_mlp *mlp, const struct ts_policy *policy, int batch,
-                           bool grads_out, bool adam)
+                           int T, bool grads_out, bool adam, bool targets)
 {
 	const struct ts_mlp *m = &out->mlp;
 	enum ts_memory_kind pk = policy->params, sk = policy->opt_state;
@@ -536,8 +547,9 @@ static ts_status gpt_start(struct gpt *g, struct ts__pb *b, struct ts_plan *out,
 	memset(g, 0, sizeof *g);
 	g->b = b;
 	g->N = batch;
-	g->T = mlp->context;
-	g->B = batch / mlp->context;
+	g->T = T;
+	g->B = batch / T;
+	out->window = T;
 	g->d = mlp->d_model;
 	g->H = mlp->heads;
 	g->hd = ts_gpt_head_dim(mlp);
@@ -565,7 +577,7 @@ static ts_status gpt_start(struct gpt *g, struct ts__pb *b, struct ts_plan *out,
 	}
 	ib = (uint64_t)batch * (uint64_t)m->id_bytes;
 	g->IN = ts__pb_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
-	g->TGT = ts__pb_whole(b, true, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
+	g->TGT = ts__pb_whole(b, targets, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
 	return b->failed;
 }
 
@@ -710,11 +722,12 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
-	st = gpt_check(mlp, batch, policy, err);
+	st = gpt_check(mlp, batch, mlp->context, policy, err);
 	if (st != TS_OK)
 		return st;
 	out->opt = *opt;
-	gpt_start(&g, &b, out, mlp, policy, batch, grads_out, opt->type == TS_OPT_ADAM);
+	gpt_start(&g, &b, out, mlp, policy, batch, mlp->context, grads_out,
+	          opt->type == TS_OPT_ADAM, true);
 	fused = ts__pb_update_fused(out);
 	xL = forward(&g);
 	logits = head_forward(&g, xL, &yf, &stf, -1, "loss");
@@ -803,33 +816,91 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 	return ts__pb_finish(&b, "step", err);
 }
 
+/* The tied head on the last row of each window of the final LayerNorm's
+ * rows yf: B products [1, d] x [d, V] into dst (a device buffer of [B, V]
+ * floats). */
+static void head_last(struct gpt *g, int yf, int dst, const char *ph)
+{
+	uint64_t eo, row = (uint64_t)g->d * F32, lrow = (uint64_t)g->V * F32;
+	int wte = param_at(g, TS_GPT_WTE, -1, &eo);
+
+	for (int w = 0; w < g->B; w++)
+		ts__pb_gemm(g->b, dst, (uint64_t)w * lrow, yf,
+		            ((uint64_t)w * g->T + (uint64_t)g->T - 1) * row, false, wte, eo, true, 1,
+		            g->V, g->d, 0.0f, g->L, ph);
+}
+
+/* An evaluation's head: the logits of every row (the loss's, and the
+ * outputs unless last) and, with last, each window's last row's into the
+ * outputs; the cross-entropy against the targets when there are targets.
+ * OUT (-1: none) is the outputs' buffer in kind. */
+static void eval_head(struct gpt *g, int x, int OUT, enum ts_memory_kind kind)
+{
+	const struct ts_plan *p = g->b->p;
+	int all = -1, yf, stf, gl, dst;
+	uint64_t ob;
+
+	if (!p->no_targets || !p->last)
+		all = head_forward(g, x, &yf, &stf,
+		                   OUT >= 0 && kind == TS_MEM_DEVICE && !p->last ? OUT : -1, "loss");
+	else
+		head_norm(g, x, &yf, &stf, "loss");
+	if (p->last && OUT >= 0) {
+		ob = (uint64_t)g->B * g->V * F32;
+		dst = kind == TS_MEM_DEVICE ? OUT
+		      : ts__pb_temp(g->b, TS_ROLE_LOGITS, TS_MEM_DEVICE, g->L, ob, "outputs");
+		head_last(g, yf, dst, "outputs");
+		if (dst != OUT) {
+			ts__pb_copy(g->b, OUT, 0, dst, 0, ob, g->L, "outputs");
+			ts__pb_release(g->b, dst, g->L, "outputs");
+		}
+	}
+	ts__pb_release(g->b, yf, g->L, "loss");
+	ts__pb_release(g->b, stf, g->L, "loss");
+	ts__pb_release(g->b, x, g->L, "loss");
+	if (all < 0)
+		return;
+	if (!p->no_targets) {
+		gl = xent(g, all);
+		ts__pb_release(g->b, gl, g->L, "loss");
+	}
+	ob = (uint64_t)g->N * g->V * F32;
+	if (OUT >= 0 && !p->last && kind != TS_MEM_DEVICE)
+		ts__pb_copy(g->b, OUT, 0, all, 0, ob, g->L, "outputs");
+	if (all != OUT)
+		ts__pb_release(g->b, all, g->L, "outputs");
+}
+
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
-                                  const struct ts_policy *policy, bool outputs,
-                                  enum ts_memory_kind outputs_kind, struct ts_plan *out,
+                                  const struct ts_policy *policy,
+                                  const struct ts_eval_spec *spec, struct ts_plan *out,
                                   struct ts_error *err)
 {
 	struct ts__pb b;
 	struct gpt g;
 	struct ts_policy pol = *policy;
-	int x, OUT = -1, yf, stf, logits, gl;
+	int x, OUT = -1, T = spec->window ? spec->window : mlp->context;
 	uint64_t ob;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
 	pol.save_x = pol.save_h = pol.offload_x = pol.offload_h = false;
-	st = gpt_check(mlp, batch, &pol, err);
+	st = gpt_check(mlp, batch, T, &pol, err);
 	if (st != TS_OK)
 		return st;
-	if (outputs && outputs_kind != TS_MEM_DEVICE && outputs_kind != TS_MEM_PINNED_HOST)
+	if (spec->outputs && spec->outputs_kind != TS_MEM_DEVICE &&
+	    spec->outputs_kind != TS_MEM_PINNED_HOST)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "outputs live on device or pinned_host, not '%s'",
-		                    ts_memory_kind_name(outputs_kind));
+		                    ts_memory_kind_name(spec->outputs_kind));
 	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
-	gpt_start(&g, &b, out, mlp, &pol, batch, false, false);
+	gpt_start(&g, &b, out, mlp, &pol, batch, T, false, false, !spec->no_targets);
 	out->evaluate = true;
-	ob = (uint64_t)batch * (uint64_t)mlp->vocab * F32;
-	if (outputs)
-		OUT = ts__pb_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, outputs_kind, -1, ob);
+	out->no_targets = spec->no_targets;
+	out->last = spec->last;
+	ob = (uint64_t)(spec->last ? batch / T : batch) * (uint64_t)mlp->vocab * F32;
+	if (spec->outputs)
+		OUT = ts__pb_buf(&b, TS_ROLE_OUTPUT, TS_PB_OUTPUT, spec->outputs_kind, -1, ob);
 	x = embed_forward(&g, "forward");
 	block_fetch(&g, 0, "forward");
 	for (int l = 0; l < g.L; l++) {
@@ -844,17 +915,7 @@ ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
 			block_fetch(&g, l + 1, "forward");
 		x = y;
 	}
-	logits = head_forward(&g, x, &yf, &stf,
-	                      OUT >= 0 && outputs_kind == TS_MEM_DEVICE ? OUT : -1, "loss");
-	ts__pb_release(&b, yf, g.L, "loss");
-	ts__pb_release(&b, stf, g.L, "loss");
-	ts__pb_release(&b, x, g.L, "loss");
-	gl = xent(&g, logits);
-	ts__pb_release(&b, gl, g.L, "loss");
-	if (OUT >= 0 && outputs_kind != TS_MEM_DEVICE)
-		ts__pb_copy(&b, OUT, 0, logits, 0, ob, g.L, "outputs");
-	if (logits != OUT)
-		ts__pb_release(&b, logits, g.L, "outputs");
+	eval_head(&g, x, OUT, spec->outputs_kind);
 	for (int t = 0; t < NP; t++)
 		whole_drop(&g, t, "outputs");
 	gpt_end(&g);

@@ -88,8 +88,8 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
                              const struct ts_policy *policy, struct ts_plan *out,
                              struct ts_error *err);
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
-                                  const struct ts_policy *policy, bool outputs,
-                                  enum ts_memory_kind outputs_kind, struct ts_plan *out,
+                                  const struct ts_policy *policy,
+                                  const struct ts_eval_spec *spec, struct ts_plan *out,
                                   struct ts_error *err);
 
 #endif

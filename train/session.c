@@ -97,10 +97,13 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 	s->cfg = *cfg;
 	for (int r = 0; r < TS_ROLE_COUNT; r++)
 		s->slot_of[r] = -1;
-	if (cfg->evaluate)
-		st = ts_plan_build_eval(&cfg->mlp, cfg->batch, &cfg->policy, cfg->outputs,
-		                        cfg->outputs_kind, &s->plan, err);
-	else
+	if (cfg->evaluate) {
+		struct ts_eval_spec spec = {.outputs = cfg->outputs, .outputs_kind = cfg->outputs_kind,
+		                            .no_targets = cfg->no_targets, .last = cfg->last,
+		                            .window = cfg->window};
+
+		st = ts_plan_build_eval_spec(&cfg->mlp, cfg->batch, &cfg->policy, &spec, &s->plan, err);
+	} else
 		st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
 	if (st != TS_OK)
 		goto out_fail;
@@ -498,6 +501,19 @@ static ts_status prestage_finish(struct ts_session *s, bool swap, struct ts_erro
 		s->args[i] = s->staged[k];
 	}
 	return TS_OK;
+}
+
+void ts_session_unstage(struct ts_session *s, enum ts_pbuf_role role)
+{
+	int i = slot(s, role), k = role == TS_ROLE_TARGET ? 1 : 0;
+
+	if (i < 0 || (role != TS_ROLE_INPUT && role != TS_ROLE_TARGET))
+		return;
+	if (s->staged[k])
+		ts_space_release(s->env.device_space, s->staged[k], s->staged_bytes[k]);
+	s->staged[k] = NULL;
+	s->staged_bytes[k] = 0;
+	s->args[i] = NULL;
 }
 
 ts_status ts_session_set_next(struct ts_session *s, enum ts_pbuf_role role, void *mem,

@@ -55,6 +55,12 @@ struct ts_session_config {
 	bool evaluate;
 	bool outputs;
 	enum ts_memory_kind outputs_kind;
+	/* an evaluation's inference choices (plan.h's ts_eval_spec): the
+	 * logits only, no targets staged (no loss in the report); a GPT's
+	 * windows' last positions only; its tokens per window (0: context) */
+	bool no_targets;
+	bool last;
+	int window;
 };
 
 /* Where a role's batch comes from: memory of `bytes` holding rows of
@@ -142,6 +148,11 @@ ts_status ts_session_bind(struct ts_session *s, enum ts_pbuf_role role, void *me
  */
 ts_status ts_session_stage(struct ts_session *s, enum ts_pbuf_role role,
                            const struct ts_session_source *src, struct ts_error *err);
+
+/* Drops what ts_session_stage staged for role (a copy it made is freed),
+ * so the next run can stage another batch of the same size: an inference
+ * loop's next tokens. */
+void ts_session_unstage(struct ts_session *s, enum ts_pbuf_role role);
 
 /* Gives a versioned role the memory its next update lands in (borrowed, of
  * the role's size and kind). */

@@ -1000,6 +1000,194 @@ START_TEST(test_gpt_windows_vs_jax)
 }
 END_TEST
 
+/* The generated tokens of a :generate?wait=true answer, as a JSON array
+ * (new reference). */
+static json_t *generate_tokens(const char *model, const char *body)
+{
+	char path[200];
+	json_t *r, *t;
+
+	snprintf(path, sizeof path, "/v1/models/%s:generate?wait=true", model);
+	r = th_post_json(&D, path, body, 200);
+	ck_assert_int_eq(th_int(r, "measured_peak_device_bytes"),
+	                 th_int(r, "predicted_peak_device_bytes"));
+	t = json_incref(th_arr(r, "tokens"));
+	json_decref(r);
+	return t;
+}
+
+/* Inference of the GPT against gpt_reference.py from the same weights:
+ * logits without targets are the with-targets logits bit for bit, with
+ * "positions": "last" each window's last row; windows shorter than the
+ * context are the reference's wpe[0:T] forward pass; greedy generation
+ * from a prompt shorter than the context, running past it (so the context
+ * is cropped), and from a prompt longer than it, gives the reference's
+ * tokens exactly; sampling is reproducible from its seed; the refusals. */
+START_TEST(test_gpt_inference_vs_jax)
+{
+	static const char *const spec =
+		"{\"name\": \"gi\", \"gpt\": {\"vocab\": 61, \"context\": 16, \"layers\": 2, "
+		"\"d_model\": 32, \"heads\": 4, \"d_ff\": 64}, \"init\": {\"seed\": 9, "
+		"\"scale\": 0.3}}";
+	static const int32_t longp[20] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7,
+	                                  9, 32, 38, 4, 6, 26, 43, 38, 32, 7};
+	int32_t in[GB * (GC + 1)], tg[GB * GC], shortw[2 * 5];
+	char dir[512], path[700], tag[8];
+	size_t na, nb, nc;
+	float *all, *none, *last, *want;
+	json_t *r, *ref, *rspec, *got[3];
+	struct th_response resp;
+	double worst = 0, big = 0;
+
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	th_temp_dir("gpti", dir, sizeof dir);
+	gpt_inputs("gi", dir, in, tg);
+	/* the logits with targets, without, and the last positions' */
+	r = th_post_json(&D, "/v1/models/gi:evaluate?wait=true",
+	                 "{\"inputs\": \"gx\", \"targets\": \"gt\", \"outputs\": {\"name\": "
+	                 "\"gi_all\", \"memory_kind\": \"pinned_host\"}}", 200);
+	ck_assert_ptr_nonnull(json_object_get(r, "loss"));
+	json_decref(r);
+	r = th_post_json(&D, "/v1/models/gi:evaluate?wait=true",
+	                 "{\"inputs\": \"gx\", \"outputs\": {\"name\": \"gi_none\"}}", 200);
+	ck_assert_ptr_null(json_object_get(r, "loss"));
+	ck_assert_int_eq(th_int(r, "measured_peak_device_bytes"),
+	                 th_int(r, "predicted_peak_device_bytes"));
+	json_decref(r);
+	r = th_post_json(&D, "/v1/models/gi:evaluate?wait=true",
+	                 "{\"inputs\": \"gx\", \"positions\": \"last\", \"outputs\": {\"name\": "
+	                 "\"gi_last\", \"memory_kind\": \"pinned_host\"}}", 200);
+	ck_assert_int_eq(th_int(r, "measured_peak_device_bytes"),
+	                 th_int(r, "predicted_peak_device_bytes"));
+	json_decref(r);
+	all = th_download_floats(&D, "gi_all", &na);
+	none = th_download_floats(&D, "gi_none", &nb);
+	last = th_download_floats(&D, "gi_last", &nc);
+	ck_assert_uint_eq(na, (size_t)GB * GC * GV);
+	ck_assert_uint_eq(nb, na);
+	ck_assert_uint_eq(nc, (size_t)GB * GV);
+	ck_assert_msg(memcmp(all, none, na * sizeof *all) == 0,
+	              "logits without targets differ from those with targets");
+	for (size_t i = 0; i < na; i++)
+		big = fmax(big, fabs(all[i]));
+	for (int b = 0; b < GB; b++)
+		for (int v = 0; v < GV; v++)
+			worst = fmax(worst, fabs(last[b * GV + v] - all[((size_t)b * GC + GC - 1) * GV + v]));
+	ck_assert_msg(worst <= 1e-6 * big, "positions last off the last rows by %.3g (max %.3g)",
+	              worst, big);
+	free(all);
+	free(none);
+	free(last);
+	/* windows of 5 tokens (shorter than the context 16), against wpe[0:5] */
+	for (int b = 0; b < 2; b++)
+		for (int t = 0; t < 5; t++)
+			shortw[b * 5 + t] = in[b * GC + t];
+	snprintf(path, sizeof path, "%s/short.i32", dir);
+	th_write_file(path, shortw, sizeof shortw);
+	th_request(&D, "PUT", "/v1/arrays/gs?dtype=int32&shape=2,5", NULL, (const char *)shortw,
+	           sizeof shortw, &resp);
+	ck_assert_msg(resp.status == 201 || resp.status == 200, "PUT gs: %ld", resp.status);
+	th_response_free(&resp);
+	json_decref(th_post_json(&D, "/v1/models/gi:evaluate?wait=true",
+	                         "{\"inputs\": \"gs\", \"outputs\": {\"name\": \"gi_short\"}}", 200));
+	/* greedy: a prompt of 5 tokens and 20 more (past the context: cropped),
+	 * and a prompt of 20 (longer than the context) and 6 more */
+	got[0] = generate_tokens("gi", "{\"prompt\": [3, 14, 15, 9, 26], \"max_tokens\": 20}");
+	got[1] = generate_tokens("gi", "{\"prompt\": [3, 14, 15, 9, 26, 5, 35, 8, 9, 7, 9, 32, 38, "
+	                               "4, 6, 26, 43, 38, 32, 7], \"max_tokens\": 6, "
+	                               "\"temperature\": 0}");
+	for (int k = 0; k < 2; k++) {
+		json_t *prompt = json_array();
+
+		for (int i = 0; i < (k ? 20 : 5); i++)
+			json_array_append_new(prompt, json_integer(longp[i]));
+		snprintf(tag, sizeof tag, "_i%d", k);
+		snprintf(path, sizeof path, "%s/out%s", dir, tag);
+		rspec = json_pack("{s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:s, s:s,"
+		                  " s:{s:o, s:i, s:f}}",
+		                  "gpt", "vocab", 61, "context", 16, "layers", 2, "d_model", 32,
+		                  "heads", 4, "d_ff", 64, "weights", dir, "out", path,
+		                  "generate", "prompt", prompt, "max_tokens", k ? 6 : 20,
+		                  "temperature", 0.0);
+		ck_assert_ptr_nonnull(rspec);
+		if (!k)
+			json_object_set_new(rspec, "evaluate",
+			                    json_pack("{s:s, s:s+, s:i, s:i}", "positions", "all", "inputs",
+			                              dir, "/short.i32", "batch", 2, "tokens", 5));
+		ref = run_script("gpt_reference.py", dir, rspec, tag);
+		if (!json_equal(got[k], th_arr(ref, "tokens"))) {
+			char *g = json_dumps(got[k], JSON_COMPACT);
+			char *w = json_dumps(th_arr(ref, "tokens"), JSON_COMPACT);
+
+			ck_abort_msg("greedy tokens %s differ from the reference's %s", g, w);
+		}
+		if (!k) {
+			all = th_download_floats(&D, "gi_short", &na);
+			snprintf(path, sizeof path, "%s/out%s/logits.f32", dir, tag);
+			want = (float *)th_read_file(path, &nb);
+			ck_assert_ptr_nonnull(want);
+			worst = compare_rel("logits of windows of 5 tokens", all, na, want,
+			                    nb / sizeof *want, 1e-5);
+			fprintf(stderr, "gpt short windows vs JAX: logits off by %.3g\n", worst);
+			free(all);
+			free(want);
+		}
+		json_decref(ref);
+		json_decref(rspec);
+	}
+	{
+		char *g0 = json_dumps(got[0], JSON_COMPACT), *g1 = json_dumps(got[1], JSON_COMPACT);
+
+		fprintf(stderr, "gpt greedy generation: %s and %s, the reference's\n", g0, g1);
+		free(g0);
+		free(g1);
+	}
+	/* sampling: the same seed, the same tokens; every id in the vocabulary */
+	got[2] = generate_tokens("gi", "{\"prompt\": [1, 2], \"max_tokens\": 30, \"temperature\": "
+	                               "1.5, \"top_k\": 8, \"seed\": 11}");
+	json_decref(got[0]);
+	got[0] = generate_tokens("gi", "{\"prompt\": [1, 2], \"max_tokens\": 30, \"temperature\": "
+	                               "1.5, \"top_k\": 8, \"seed\": 11}");
+	ck_assert(json_equal(got[0], got[2]));
+	for (size_t i = 0; i < json_array_size(got[2]); i++) {
+		json_int_t v = json_integer_value(json_array_get(got[2], i));
+
+		ck_assert(v >= 0 && v < 61);
+	}
+	for (int k = 0; k < 3; k++)
+		json_decref(got[k]);
+	/* refusals, before anything runs */
+	th_post_error(&D, "/v1/models/gi:generate", "{\"prompt\": [1, 61], \"max_tokens\": 2}", 400,
+	              "INVALID_ARGUMENT", "BAD_TOKEN", "prompt[1]", "61");
+	th_post_error(&D, "/v1/models/gi:generate", "{\"prompt\": [1, -1], \"max_tokens\": 2}", 400,
+	              "INVALID_ARGUMENT", "BAD_TOKEN", "prompt[1]", NULL);
+	th_post_error(&D, "/v1/models/gi:generate", "{\"prompt\": [], \"max_tokens\": 2}", 400,
+	              "INVALID_ARGUMENT", "BAD_PROMPT", NULL, NULL);
+	th_post_error(&D, "/v1/models/gi:generate", "{\"prompt\": [1], \"max_tokens\": 0}", 400,
+	              "INVALID_ARGUMENT", "BAD_MAX_TOKENS", "1..4096", NULL);
+	th_post_error(&D, "/v1/models/gi:generate", "{\"prompt\": [1], \"max_tokens\": 4097}", 400,
+	              "INVALID_ARGUMENT", "BAD_MAX_TOKENS", NULL, NULL);
+	th_post_error(&D, "/v1/models/gi:generate",
+	              "{\"prompt\": [1], \"max_tokens\": 2, \"temperature\": -1}", 400,
+	              "INVALID_ARGUMENT", "BAD_TEMPERATURE", NULL, NULL);
+	th_post_error(&D, "/v1/models/gi:generate",
+	              "{\"prompt\": [1], \"max_tokens\": 2, \"top_k\": 62}", 400,
+	              "INVALID_ARGUMENT", "BAD_TOP_K", NULL, NULL);
+	th_post_error(&D, "/v1/models/gi:generate", "{\"prompt\": [1], \"max_tokens\": 2, "
+	              "\"color\": 1}", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "color", NULL);
+	th_post_error(&D, "/v1/models/gi:evaluate", "{\"inputs\": \"gx\"}", 400,
+	              "INVALID_ARGUMENT", "NO_OUTPUTS", "outputs", NULL);
+	th_post_error(&D, "/v1/models/gi:evaluate", "{\"inputs\": \"gx\", \"positions\": "
+	              "\"first\", \"outputs\": {\"name\": \"z\"}}", 400, "INVALID_ARGUMENT",
+	              "BAD_POSITIONS", "first", NULL);
+	th_post_error(&D, "/v1/models/gi:step?wait=true",
+	              "{\"inputs\": \"gs\", \"targets\": \"gs\"}", 400, "INVALID_ARGUMENT",
+	              "BAD_INPUTS", "16", NULL);
+	th_post_error(&D, "/v1/models/nosuch:generate", "{\"prompt\": [1], \"max_tokens\": 2}",
+	              404, "NOT_FOUND", "MODEL_NOT_FOUND", NULL, NULL);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("optax");
@@ -1022,6 +1210,7 @@ Suite *th_suite(void)
 	tcase_set_timeout(tc, 2 * CASE_TIMEOUT_S);     /* JAX compiles a GPT per case */
 	tcase_add_test(tc, test_gpt_adamw_vs_jax);
 	tcase_add_test(tc, test_gpt_windows_vs_jax);
+	tcase_add_test(tc, test_gpt_inference_vs_jax);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -648,11 +648,33 @@ START_TEST(test_tokens_evaluate)
 	ck_assert_msg(json_number_value(json_object_get(res, "loss")) != loss,
 	              "the evaluation after a step gives the loss before it");
 	json_decref(res);
-	/* a token model needs its targets, and ids */
+	/* a token model without targets answers its logits only: it needs
+	 * outputs to write them to; and ids */
 	th_request(&A, "POST", "/v1/models/e:evaluate?wait=true", json_headers,
 	           "{\"inputs\": \"inputs\"}", strlen("{\"inputs\": \"inputs\"}"), &r);
-	th_assert_error(&r, 400, "INVALID_ARGUMENT", "NO_TARGETS");
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "NO_OUTPUTS");
 	th_response_free(&r);
+	{
+		json_t *w = th_post_json(&A, "/v1/models/e:evaluate?wait=true",
+		                         "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1]}, "
+		                         "\"targets\": {\"array\": \"targets\", \"rows\": [0, 1]}, "
+		                         "\"outputs\": {\"name\": \"lt\"}}", 200);
+		json_t *nt = th_post_json(&A, "/v1/models/e:evaluate?wait=true",
+		                         "{\"inputs\": {\"array\": \"inputs\", \"rows\": [0, 1]}, "
+		                         "\"outputs\": {\"name\": \"ln\"}}", 200);
+		size_t n1, n2;
+		float *l1 = th_download_floats(&A, "lt", &n1), *l2 = th_download_floats(&A, "ln", &n2);
+
+		ck_assert_ptr_nonnull(json_object_get(w, "loss"));
+		ck_assert_ptr_null(json_object_get(nt, "loss"));
+		ck_assert_int_eq(th_int(nt, "measured_peak_device_bytes"),
+		                 th_int(nt, "predicted_peak_device_bytes"));
+		ck_assert(n1 == n2 && n1 > 0 && memcmp(l1, l2, n1 * sizeof *l1) == 0);
+		free(l1);
+		free(l2);
+		json_decref(w);
+		json_decref(nt);
+	}
 	th_request(&A, "PUT", "/v1/arrays/fx?dtype=float32&shape=2,24", NULL, (const char *)ref,
 	           2 * 24 * sizeof(float), &r);
 	th_response_free(&r);

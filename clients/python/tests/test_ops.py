@@ -199,6 +199,52 @@ def test_windows_evaluate_analyze(client):
     assert "batch_size 1000" in e.value.message
 
 
+GPT = {"gpt": {"vocab": 37, "context": 8, "layers": 1, "d_model": 16, "heads": 2},
+       "init": {"seed": 4, "scale": 0.3}, "placement": {"device": "sim:0"}}
+
+
+def test_gpt_evaluate_without_targets_and_generate(client):
+    client.create_model("g", gpt=GPT["gpt"], init=GPT["init"], placement=GPT["placement"])
+    ids = RNG.integers(0, 37, (3, 9)).astype(np.int32)
+    client.put("x", ids[:, :-1], device="sim:0")
+    client.put("t", ids[:, 1:], device="sim:0")
+    with_t = client.evaluate("g", "x", "t", outputs={"name": "la"}, wait=True)
+    only = client.evaluate("g", "x", outputs={"name": "lb", "memory_kind": "pinned_host"},
+                           wait=True)
+    last = client.evaluate("g", "x", outputs={"name": "lc"}, positions="last", wait=True)
+    assert "loss" in with_t and "loss" not in only
+    assert only["outputs"]["shape"] == [3, 8, 37] and last["outputs"]["shape"] == [3, 37]
+    assert np.array_equal(client.get("la"), client.get("lb"))
+    np.testing.assert_allclose(client.get("lc"), client.get("la")[:, -1, :], rtol=0,
+                               atol=1e-6 * float(np.abs(client.get("la")).max()))
+    # greedy generation is the argmax of the last position's logits, a
+    # token at a time, over the last `context` tokens (positions 0..)
+    prompt = [5, 1, 30]
+    got = client.generate("g", prompt, 10)
+    seq = list(prompt)
+    for _ in range(10):
+        ctx = np.asarray([seq[-8:]], dtype=np.int32)
+        client.put("p", ctx, device="sim:0")
+        client.evaluate("g", "p", outputs={"name": "lp"}, positions="last", wait=True)
+        seq.append(int(np.argmax(client.get("lp")[0])))
+    assert got == seq[len(prompt):]
+    # sampling: reproducible from its seed, ids in the vocabulary
+    a = client.generate("g", prompt, 12, temperature=1.0, top_k=5, seed=3)
+    assert a == client.generate("g", prompt, 12, temperature=1.0, top_k=5, seed=3)
+    assert all(0 <= t < 37 for t in a)
+    op = client.generate("g", prompt, 4, wait=False)
+    assert isinstance(op, tstage.Operation) and len(op.result(timeout=60)["tokens"]) == 4
+    with pytest.raises(tstage.InvalidArgument) as e:
+        client.generate("g", [1, 37], 2)
+    assert e.value.reason == "BAD_TOKEN" and "prompt[1]" in e.value.message
+    with pytest.raises(tstage.InvalidArgument) as e:
+        client.generate("g", [1], 5000)
+    assert e.value.reason == "BAD_MAX_TOKENS"
+    with pytest.raises(tstage.InvalidArgument) as e:
+        client.evaluate("g", "x", wait=True)
+    assert e.value.reason == "NO_OUTPUTS"
+
+
 def test_partial_result_and_cancelled_losses(client):
     client.put("stream", RNG.integers(0, 50, 500).astype(np.uint16), memory_kind="pinned_host")
     client.create_model("lm", LM)

@@ -592,7 +592,9 @@ class Client:
     def create_model(self, name: str, spec: Optional[Dict[str, Any]] = None, *,
                      wait: bool = True, **fields: Any) -> Any:
         """Creates a model (the guide's MLP: ``mlp``, ``loss``, ``optimizer``,
-        ``init``, ``placement``), given as ``spec`` or as keywords. Answers the
+        ``init``, ``placement``; a GPT: ``gpt={"vocab", "context", "layers",
+        "d_model", "heads", "d_ff"}`` instead of ``mlp``), given as ``spec`` or
+        as keywords. Answers the
         model's description, or with ``wait=False`` the creating
         :class:`Operation`.
 
@@ -700,6 +702,7 @@ class Client:
                  targets: Union[None, str, Dict[str, Any]] = None, *,
                  windows: Optional[Dict[str, Any]] = None,
                  outputs: Optional[Dict[str, Any]] = None,
+                 positions: Optional[str] = None,
                  placement: Optional[Dict[str, Any]] = None, wait: bool = False,
                  timeout: Optional[float] = None) -> Any:
         """The loss of the model over a batch, without touching the model: the
@@ -707,11 +710,43 @@ class Client:
         request the outputs (a token model's logits) written to a new array,
         ``outputs={"name": "y", "memory_kind": "pinned_host"}``.
 
+        A token model or GPT evaluated without ``targets`` computes the logits
+        only (no ``loss``; ``outputs`` required). A GPT takes windows [B, T] of
+        1..context tokens; ``positions="last"`` writes each window's last
+        position's logits [B, vocab] (``"all"``, the default: [B, T, vocab]).
+
         Answers the :class:`Operation`, or with ``wait=True`` its result
-        (``loss``, the analysis, peaks, times, ``outputs``).
+        (``loss`` when there are targets, the analysis, peaks, times,
+        ``outputs``).
         """
         body = _run_body(inputs=inputs, targets=targets, windows=windows,
-                         outputs=outputs, placement=placement)
+                         outputs=outputs, positions=positions, placement=placement)
         return self._submit(f"/v1/models/{quote_name(model)}:evaluate", body, wait,
                             idempotent=False, timeout=timeout)
+
+    def generate(self, model: str, prompt: Sequence[int], max_tokens: int, *,
+                 temperature: float = 0.0, top_k: int = 0, seed: int = 0,
+                 placement: Optional[Dict[str, Any]] = None, wait: bool = True,
+                 timeout: Optional[float] = None) -> Any:
+        """A GPT's ``max_tokens`` next tokens after ``prompt`` (token ids):
+        greedy at ``temperature`` 0 (the largest logit, the lowest id among
+        equal ones), else sampled from softmax(logits / temperature) over the
+        ``top_k`` largest (0: all) with a generator seeded by ``seed``
+        (docs/API.md defines it: the same seed, the same tokens).
+
+        Answers the generated ids (without the prompt) as a list, or with
+        ``wait=False`` the :class:`Operation` (progress in tokens; its result's
+        ``tokens``).
+
+        Raises:
+            InvalidArgument: a prompt id outside the vocabulary (the message
+                names it), ``max_tokens`` outside 1..4096, a bad
+                ``temperature`` or ``top_k``, a model that is no GPT.
+        """
+        body = _run_body(prompt=[int(t) for t in prompt], max_tokens=int(max_tokens),
+                         temperature=float(temperature), top_k=int(top_k), seed=int(seed),
+                         placement=placement)
+        out = self._submit(f"/v1/models/{quote_name(model)}:generate", body, wait,
+                           idempotent=False, timeout=timeout)
+        return out["tokens"] if wait else out
 
