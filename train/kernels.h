@@ -225,8 +225,8 @@ ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v,
  * and WAIT_END start a busy stretch, CLOSE and WAIT_BEGIN end one;
  * WAIT_BEGIN to WAIT_END is waiting. Read once every mark has run (the
  * queue synced). UNIMPLEMENTED for cpu and sim kernels (their queue
- * workers time themselves) and, from read, where the CUDA runtime cannot
- * time events. New object from new, freed by free (NULL allowed).
+ * workers time themselves). New object from new, freed by free (NULL
+ * allowed).
  */
 enum ts_k_mark { TS_K_OPEN, TS_K_CLOSE, TS_K_WAIT_BEGIN, TS_K_WAIT_END };
 struct ts_k_timeline;

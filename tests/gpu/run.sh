@@ -12,7 +12,12 @@
 #   4. the transfer bench against a raw cudaMemcpyAsync loop in the same
 #      process;
 #   5. compute-sanitizer's memcheck on one short run, where it is installed;
-#   6. the integration suites against the CUDA backend.
+#   6. what the GPU path added since the first bundle: device leases over
+#      CUDA IPC between two processes (it_lease: the daemon exports, the
+#      suite opens the handle and reads and writes the bytes), token models
+#      on the CUDA kernels (it_tokens), and bfloat16/float16 steps through
+#      cublasGemmEx against JAX (it_optax, where python3 has jax and optax);
+#   7. the other integration suites against the CUDA backend.
 #
 # Bounded: TS_GPU_BUDGET_S (default 480) for everything, TS_GPU_STEP_S
 # (default 150) per step; a step runs under timeout with what is left of
@@ -141,13 +146,22 @@ if [ -n "$sanitizer" ] && [ -x "$sanitizer" ]; then
 else
 	note "SKIP    memcheck (compute-sanitizer is not installed)"
 fi
-# 6. the integration suites on the CUDA device
+# 6. device leases over CUDA IPC, token models, mixed precision against JAX
+step lease-ipc 120 "$here/tests/it_lease"
+step token-models 120 "$here/tests/it_tokens"
+if python3 -c 'import jax, jaxlib, optax' >/dev/null 2>&1; then
+	step lowp-vs-jax 150 "$here/tests/it_optax"
+else
+	note "SKIP    lowp-vs-jax (python3 here has no jax, jaxlib and optax)"
+fi
+# 7. the other integration suites on the CUDA device
 if [ "$fake" = 1 ]; then
 	# the stand-in is slow to map its memory: the cases on GPU memory only
 	step it-arrays 150 env CK_RUN_CASE=on_backend "$here/tests/it_arrays"
 	step it-models-create 120 env CK_RUN_CASE=create "$here/tests/it_models"
 else
 	for t in "$here"/tests/it_*; do
+		case $(basename "$t") in it_lease | it_tokens | it_optax) continue ;; esac
 		[ -x "$t" ] && step "$(basename "$t")" 150 "$t"
 	done
 fi
