@@ -233,6 +233,20 @@ ts_status ts_job_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *
 	return ts_policy_check(p, err);
 }
 
+/* The optimizer's and init's fields, which every kind of spec shares. */
+static ts_status check_common_fields(json_t *body, struct ts_error *err)
+{
+	if (json_object_get(body, "optimizer") &&
+	    check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
+	                 optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK)
+		return err->status;
+	if (json_object_get(body, "init") &&
+	    check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
+	                 NFIELDS(init_fields), err) != TS_OK)
+		return err->status;
+	return TS_OK;
+}
+
 /* The optimizer of a model spec (opt may be NULL: none) into m->opt. */
 static ts_status parse_optimizer(json_t *opt, struct ts_model *m, struct ts_error *err)
 {
@@ -349,6 +363,23 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
 	return TS_OK;
 }
 
+/* The name and step count every spec has. */
+static ts_status parse_name_steps(const char *name, json_int_t steps, struct ts_model *m,
+                                  struct ts_error *err)
+{
+	if (steps < 0 || steps > MODEL_STEPS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
+		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
+		                    MODEL_STEPS_MAX);
+	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
+		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
+		                    name, TS_MODEL_NAME_MAX);
+	snprintf(m->name, sizeof m->name, "%s", name);
+	m->steps = (uint64_t)steps;
+	return TS_OK;
+}
+
 static const struct field gpt_model_fields[] = {
 	{"name", JSON_STRING}, {"gpt", JSON_OBJECT}, {"dtype", JSON_STRING}, {"init", JSON_OBJECT},
 	{"optimizer", JSON_OBJECT}, {"placement", JSON_OBJECT}, {"steps", JSON_INTEGER},
@@ -379,12 +410,7 @@ static ts_status parse_gpt(const struct ts_jobs_env *env, struct ts_device *defa
 	                 err) != TS_OK ||
 	    check_fields(json_object_get(body, "gpt"), "gpt", "BAD_MODEL", gpt_fields,
 	                 NFIELDS(gpt_fields), err) != TS_OK ||
-	    (json_object_get(body, "optimizer") &&
-	     check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
-	                  optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK) ||
-	    (json_object_get(body, "init") &&
-	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
-	                  NFIELDS(init_fields), err) != TS_OK))
+	    check_common_fields(body, err) != TS_OK)
 		return err->status;
 	if (json_unpack_ex(body, &jerr, JSON_STRICT,
 	                   "{s:s, s:{s:I, s:I, s:I, s:I, s:I, s?I}, s?s, s?o, s?o, s?o, s?I, s?b}",
@@ -393,16 +419,8 @@ static ts_status parse_gpt(const struct ts_jobs_env *env, struct ts_device *defa
 	                   "init", &in, "optimizer", &opt, "placement", &pl, "steps", &steps,
 	                   "persist", &persist) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
-	if (steps < 0 || steps > MODEL_STEPS_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
-		                    MODEL_STEPS_MAX);
-	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
-		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
-		                    name, TS_MODEL_NAME_MAX);
-	snprintf(m->name, sizeof m->name, "%s", name);
-	m->steps = (uint64_t)steps;
+	if (parse_name_steps(name, steps, m, err) != TS_OK)
+		return err->status;
 	m->persist = persist;
 	if (!json_object_get(json_object_get(body, "gpt"), "d_ff"))
 		dff = 4 * d;
@@ -458,12 +476,7 @@ ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *de
 	    (json_object_get(body, "mlp") &&
 	     check_fields(json_object_get(body, "mlp"), "mlp", "BAD_MODEL", mlp_fields,
 	                  NFIELDS(mlp_fields), err) != TS_OK) ||
-	    (json_object_get(body, "optimizer") &&
-	     check_fields(json_object_get(body, "optimizer"), "optimizer", "BAD_OPTIMIZER",
-	                  optimizer_fields, NFIELDS(optimizer_fields), err) != TS_OK) ||
-	    (json_object_get(body, "init") &&
-	     check_fields(json_object_get(body, "init"), "init", "BAD_INIT", init_fields,
-	                  NFIELDS(init_fields), err) != TS_OK))
+	    check_common_fields(body, err) != TS_OK)
 		return err->status;
 	if (json_unpack_ex(body, &jerr, JSON_STRICT,
 	                   "{s:s, s:{s:I, s:I, s?I, s?s, s?b, s?I, s?b}, s?s, s?o, s?s, s?o, s?o, s?I,"
@@ -474,16 +487,9 @@ ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *de
 	                   "loss", &loss, "optimizer", &opt, "placement", &pl, "steps", &steps,
 	                   "persist", &persist) != 0)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "model: %s", jerr.text);
-	if (steps < 0 || steps > MODEL_STEPS_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
-		                    "model.steps (the optimizer's step count, Adam's t) must be in 0..%d",
-		                    MODEL_STEPS_MAX);
 	(void)mlp;
-	if (!ts_array_name_valid(name) || strlen(name) > TS_MODEL_NAME_MAX)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL_NAME",
-		                    "model name '%s' is invalid (array-name rules, at most %d characters)",
-		                    name, TS_MODEL_NAME_MAX);
-	snprintf(m->name, sizeof m->name, "%s", name);
+	if (parse_name_steps(name, steps, m, err) != TS_OK)
+		return err->status;
 	if (layers < 1 || d < 1 || h < 0 || layers > 4096 || d > 65536 || h > 65536)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "mlp.layers, mlp.d_model (and mlp.d_hidden) must be positive");
@@ -527,7 +533,6 @@ ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *de
 		                    vocab ? "a token model (mlp.vocab) takes loss softmax_cross_entropy, "
 		                            "not '%s'"
 		                          : "loss '%s' needs token ids: give mlp.vocab", loss);
-	m->steps = (uint64_t)steps;
 	m->persist = persist;
 	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK)
 		return err->status;

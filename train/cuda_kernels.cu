@@ -652,14 +652,73 @@ static void cuda_fini(void *impl)
 	free(impl);
 }
 
+/*
+ * One cuBLAS product as the ops ask it: column-major arguments of a
+ * row-major product (ts_m_gemm_colmajor), float32 (cublasSgemm), 16-bit
+ * operands (cublasGemmEx, CUBLAS_COMPUTE_32F) or batches at strides
+ * (cublasSgemmStridedBatched).
+ */
+enum blas_kind { BLAS_SGEMM, BLAS_GEMM_EX, BLAS_STRIDED };
+
+struct blas_job {
+	enum blas_kind kind;
+	struct ts_m_colmajor_gemm g;
+	float alpha, beta;
+	const void *A, *B;
+	float *C;
+	cudaDataType in;                /* BLAS_GEMM_EX: A's and B's type */
+	long long sA, sB, sC;           /* BLAS_STRIDED: strides in elements */
+	int batch;
+};
+
+static cublasStatus_t blas_issue(cublasHandle_t h, const struct blas_job *j)
+{
+	cublasOperation_t ta = j->g.transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+	cublasOperation_t tb = j->g.transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+	switch (j->kind) {
+	case BLAS_GEMM_EX:
+		return cublasGemmEx(h, ta, tb, j->g.m, j->g.n, j->g.k, &j->alpha, j->B, j->in, j->g.lda,
+		                    j->A, j->in, j->g.ldb, &j->beta, j->C, CUDA_R_32F, j->g.ldc,
+		                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+	case BLAS_STRIDED:
+		return cublasSgemmStridedBatched(h, ta, tb, j->g.m, j->g.n, j->g.k, &j->alpha,
+		                                 (const float *)j->B, j->g.lda, j->sB,
+		                                 (const float *)j->A, j->g.ldb, j->sA, &j->beta, j->C,
+		                                 j->g.ldc, j->sC, j->batch);
+	default:
+		return cublasSgemm(h, ta, tb, j->g.m, j->g.n, j->g.k, &j->alpha, (const float *)j->B,
+		                   j->g.lda, (const float *)j->A, j->g.ldb, &j->beta, j->C, j->g.ldc);
+	}
+}
+
+/* Runs j on q's stream: the shared handle is bound to that stream for this
+ * call only, so it never refers to a stream its queue may destroy after
+ * the step. */
+static ts_status blas_run(struct cuda_kernels *ck, struct ts_queue *q, const struct blas_job *j,
+                          const char *what, struct ts_error *err)
+{
+	ts_status st, unbound;
+
+	pthread_mutex_lock(&ck->blas->mu);
+	st = blas_status(ck, cublasSetStream(ck->blas->h, stream_of(q)), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = blas_status(ck, blas_issue(ck->blas->h, j), what, err);
+	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
+	if (st == TS_OK)
+		st = unbound;
+	pthread_mutex_unlock(&ck->blas->mu);
+	return st;
+}
+
 static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N,
                            int K, float alpha, const float *A, const float *B, float beta,
                            float *C, struct ts_error *err)
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
 	cudaStream_t s = stream_of(q);
-	struct ts_m_colmajor_gemm g;
-	ts_status st = enter(ck, err), unbound;
+	struct blas_job j = {};
+	ts_status st = enter(ck, err);
 
 	if (st != TS_OK)
 		return st;
@@ -669,22 +728,14 @@ static ts_status cuda_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int
 		k_scale<<<blocks_for(ck, n), THREADS, 0, s>>>(C, beta, n);
 		return launched(ck, "gemm (K = 0)", err);
 	}
-	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
-	/* the handle is bound to q's stream for this call only: it never
-	 * refers to a stream that its queue may destroy after the step */
-	pthread_mutex_lock(&ck->blas->mu);
-	st = blas_status(ck, cublasSetStream(ck->blas->h, s), "cublasSetStream", err);
-	if (st == TS_OK)
-		st = blas_status(ck,
-		                 cublasSgemm(ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-		                             g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k,
-		                             &alpha, B, g.lda, A, g.ldb, &beta, C, g.ldc),
-		                 "cublasSgemm", err);
-	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
-	if (st == TS_OK)
-		st = unbound;
-	pthread_mutex_unlock(&ck->blas->mu);
-	return st;
+	j.kind = BLAS_SGEMM;
+	j.g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	j.alpha = alpha;
+	j.beta = beta;
+	j.A = A;
+	j.B = B;
+	j.C = C;
+	return blas_run(ck, q, &j, "cublasSgemm", err);
 }
 
 static ts_status cuda_round(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
@@ -700,33 +751,26 @@ static ts_status cuda_round(void *impl, struct ts_queue *q, enum ts_compute to, 
 }
 
 /* cublasGemmEx: 16-bit operands, float32 result, CUBLAS_COMPUTE_32F (float32
- * products and sums), with the handle bound as cuda_gemm binds it. */
+ * products and sums). */
 static ts_status cuda_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta,
                               bool tb, int M, int N, int K, float alpha, const uint16_t *A,
                               const uint16_t *B, float beta, float *C, struct ts_error *err)
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
-	cudaDataType in = dt == TS_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
-	struct ts_m_colmajor_gemm g;
-	ts_status st = enter(ck, err), unbound;
+	struct blas_job j = {};
+	ts_status st = enter(ck, err);
 
 	if (st != TS_OK)
 		return st;
-	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
-	pthread_mutex_lock(&ck->blas->mu);
-	st = blas_status(ck, cublasSetStream(ck->blas->h, stream_of(q)), "cublasSetStream", err);
-	if (st == TS_OK)
-		st = blas_status(ck,
-		                 cublasGemmEx(ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-		                    g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, B, in,
-		                    g.lda, A, in, g.ldb, &beta, C, CUDA_R_32F, g.ldc,
-		                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-		                 "cublasGemmEx", err);
-	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
-	if (st == TS_OK)
-		st = unbound;
-	pthread_mutex_unlock(&ck->blas->mu);
-	return st;
+	j.kind = BLAS_GEMM_EX;
+	j.in = dt == TS_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+	j.g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	j.alpha = alpha;
+	j.beta = beta;
+	j.A = A;
+	j.B = B;
+	j.C = C;
+	return blas_run(ck, q, &j, "cublasGemmEx", err);
 }
 
 static ts_status cuda_act_fwd(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
@@ -1077,35 +1121,29 @@ static ts_status cuda_heads(void *impl, struct ts_queue *q, bool to_heads, const
 	return launched(ck, "heads", err);
 }
 
-/* cublasSgemmStridedBatched with cuda_gemm's mapping onto column-major
- * BLAS and its binding of the handle to q's stream. */
 static ts_status cuda_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool tb, int M,
                                    int N, int K, float alpha, const float *A, uint64_t sA,
                                    const float *B, uint64_t sB, float beta, float *C,
                                    uint64_t sC, int batch, struct ts_error *err)
 {
 	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
-	struct ts_m_colmajor_gemm g;
-	ts_status st = enter(ck, err), unbound;
+	struct blas_job j = {};
+	ts_status st = enter(ck, err);
 
 	if (st != TS_OK)
 		return st;
-	g = ts_m_gemm_colmajor(ta, tb, M, N, K);
-	pthread_mutex_lock(&ck->blas->mu);
-	st = blas_status(ck, cublasSetStream(ck->blas->h, stream_of(q)), "cublasSetStream", err);
-	if (st == TS_OK)
-		st = blas_status(ck,
-		                 cublasSgemmStridedBatched(
-		                     ck->blas->h, g.transa ? CUBLAS_OP_T : CUBLAS_OP_N,
-		                     g.transb ? CUBLAS_OP_T : CUBLAS_OP_N, g.m, g.n, g.k, &alpha, B,
-		                     g.lda, (long long)sB, A, g.ldb, (long long)sA, &beta, C, g.ldc,
-		                     (long long)sC, batch),
-		                 "cublasSgemmStridedBatched", err);
-	unbound = blas_status(ck, cublasSetStream(ck->blas->h, NULL), "cublasSetStream", err);
-	if (st == TS_OK)
-		st = unbound;
-	pthread_mutex_unlock(&ck->blas->mu);
-	return st;
+	j.kind = BLAS_STRIDED;
+	j.g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	j.alpha = alpha;
+	j.beta = beta;
+	j.A = A;
+	j.B = B;
+	j.C = C;
+	j.sA = (long long)sA;
+	j.sB = (long long)sB;
+	j.sC = (long long)sC;
+	j.batch = batch;
+	return blas_run(ck, q, &j, "cublasSgemmStridedBatched", err);
 }
 
 static ts_status cuda_softmax_fwd(void *impl, struct ts_queue *q, const float *S, int batch,

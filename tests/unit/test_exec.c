@@ -100,7 +100,7 @@ static void setup_cuda(void)
 	exact = true;
 	timed = false;
 	fused = true;
-	sparse = 7;
+	sparse = 24;
 	setup_on(&dc, "cuda:0", -256.0 * MiB);
 }
 
