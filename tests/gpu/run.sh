@@ -120,7 +120,7 @@ step() {
 
 # 1. unit suites with CUDA cases
 for t in test_kernels test_exec test_device test_stage test_array_io test_colocate; do
-	[ -x "$here/tests/$t" ] && step "unit-$t" 120 "$here/tests/$t"
+	[ -x "$here/tests/$t" ] && step "unit-$t" 240 "$here/tests/$t"
 done
 if [ -f "$logs/unit-test_kernels.log" ]; then
 	if grep -q ':cuda_vs_cpu:' "$logs/unit-test_kernels.log"; then

@@ -765,7 +765,11 @@ START_TEST(test_reopened_read_lease_cannot_write)
 	start("0666");
 	check_reopen_on("cpu:0", "unpinned_host");
 	check_reopen_on("cpu:0", "pinned_host");
-	check_reopen_on(th_dev(0), "device");
+	/* a sim device's memory is a memfd like host memory; a GPU's array is
+	 * leased by CUDA IPC, which maps read-write whatever the lease says
+	 * (docs/API.md): no descriptor to reopen there */
+	if (th_backend_is_sim())
+		check_reopen_on(th_dev(0), "device");
 	th_daemon_stop_ok(&d);
 }
 END_TEST
