@@ -103,16 +103,19 @@ for pass in $passes; do
 		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
 		;;
 	shuffle)
-		for t in test_kernels test_exec; do
-			run "$t-shuffle" FAKECUDA_SHUFFLE=1 "$build/tests/$t"
-		done
+		# test_exec's cuda case: its sim case and its GPT steps (cuda_gpt)
+		# ran in the plain pass, and the stand-in's knobs touch neither
+		run test_kernels-shuffle FAKECUDA_SHUFFLE=1 "$build/tests/test_kernels"
+		run test_exec-shuffle FAKECUDA_SHUFFLE=1 CK_RUN_CASE=cuda "$build/tests/test_exec"
 		run it_models-guide_steps-shuffle FAKECUDA_SHUFFLE=1 CK_RUN_CASE=guide_steps \
 			"$build/tests/it_models"
 		;;
 	delay)
 		for t in test_exec test_stage test_device test_kernels; do
+			case=
+			[ "$t" = test_exec ] && case=cuda
 			run "$t-delay" FAKECUDA_COPY_DELAY_US="${FAKECUDA_COPY_DELAY_US:-300}" \
-				FAKECUDA_SHUFFLE=1 "$build/tests/$t"
+				FAKECUDA_SHUFFLE=1 ${case:+CK_RUN_CASE=$case} "$build/tests/$t"
 		done
 		run it_cuda_seams-delay FAKECUDA_MEM_MB=4096 FAKECUDA_SHUFFLE=1 \
 			FAKECUDA_COPY_DELAY_US="${FAKECUDA_COPY_DELAY_US:-300}" "$build/tests/it_cuda_seams"

@@ -897,7 +897,7 @@ static void check_kept_view_on(const char *dev, const char *kind)
 {
 	unsigned char *v = th_pattern(MiB, 14), *other = th_pattern(MiB, 15);
 	struct mapped m;
-	char name[16];
+	char name[32];
 	int fd = lw_connect(sock);
 
 	ck_assert_int_ge(fd, 0);

@@ -2088,6 +2088,12 @@ Suite *ts_unit_suite(void)
 		add_common(tc);
 		add_tokens(tc);
 		add_lowp(tc);
+		suite_add_tcase(s, tc);
+		/* the GPT's steps on CUDA, a case of their own (they take the stand-in
+		 * minutes: tests/gpu/fakecuda.sh runs them once, not in every pass) */
+		tc = tcase_create("cuda_gpt");
+		tcase_add_checked_fixture(tc, setup_cuda, teardown);
+		tcase_set_timeout(tc, 300);
 		add_gpt(tc);
 		suite_add_tcase(s, tc);
 	}
