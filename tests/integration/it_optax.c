@@ -932,7 +932,7 @@ START_TEST(test_gpt_windows_vs_jax)
 	enum { N = 333 };
 	uint16_t stream[N];
 	unsigned seed = 7;
-	char dir[512], path[700], body[256], tag[8];
+	char dir[512], path[700], body[256], tag[16];
 	struct th_response r;
 
 	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
@@ -1032,7 +1032,7 @@ START_TEST(test_gpt_inference_vs_jax)
 	static const int32_t longp[20] = {3, 14, 15, 9, 26, 5, 35, 8, 9, 7,
 	                                  9, 32, 38, 4, 6, 26, 43, 38, 32, 7};
 	int32_t in[GB * (GC + 1)], tg[GB * GC], shortw[2 * 5];
-	char dir[512], path[700], tag[8];
+	char dir[512], path[700], tag[16];
 	size_t na, nb, nc;
 	float *all, *none, *last, *want;
 	json_t *r, *ref, *rspec, *got[3];
