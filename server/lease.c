@@ -250,7 +250,8 @@ static bool answer(struct lconn *c, json_t *j, const int *fds, int nfds)
 	assert(!pending(c));
 	c->out = frame_of(j, &c->out_len);
 	c->out_off = 0;
-	memcpy(c->out_fds, fds, sizeof(int) * (size_t)nfds);
+	if (nfds > 0)
+		memcpy(c->out_fds, fds, sizeof(int) * (size_t)nfds);
 	c->out_nfds = nfds;
 	if (!c->out) {
 		drop_pending(c);
