@@ -664,6 +664,14 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	st = kernel_operands(p, action, a, o, &n, err);
 	if (st != TS_OK)
 		return st;
+	if (st == TS_OK && a->op == TS_P_UPDATE && a->e >= 0 && !r->norm_read) {
+		/* the global norm is whole before the first update reads it; read
+		 * back before the settling below, which then covers that copy too */
+		st = read_scalar(r, a->e, &r->gnorm_sq, err);
+		r->norm_read = st == TS_OK;
+		if (st != TS_OK)
+			return st;
+	}
 	if (a->op == TS_P_UPDATE && !r->updating) {
 		/* nothing reaches the parameters before every earlier copy is
 		 * known good: a failure before the update leaves them whole */
@@ -674,11 +682,6 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		}
 	}
 	st = kernel_begin(r, action, o, n, err);
-	if (st == TS_OK && a->op == TS_P_UPDATE && a->e >= 0 && !r->norm_read) {
-		/* the global norm is whole before the first update reads it */
-		st = read_scalar(r, a->e, &r->gnorm_sq, err);
-		r->norm_read = st == TS_OK;
-	}
 	if (st != TS_OK)
 		return st;
 	switch (a->op) {
