@@ -356,6 +356,7 @@ START_TEST(test_sigkill_mid_save)
 	usleep(20000);
 	th_daemon_signal(&A, SIGKILL);
 	ck_assert_int_eq(th_daemon_wait(&A, 5000), 128 + SIGKILL);
+	th_daemon_stop(&A, false);      /* the killed daemon's client and files */
 	start(&A2);
 	wait_ready(&A2);
 	th_expect_data(&A2, "small", NULL, p, 64 * sizeof(float));
