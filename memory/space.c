@@ -600,7 +600,9 @@ static ts_status device_pool_limit(struct ts_device *dev,
 	return TS_OK;
 }
 
-/* Idle pinned bytes the pool keeps reserved (TS_PINNED_KEEP_DEFAULT). */
+/* Idle pinned bytes the pool keeps reserved: 0 is the default, as every
+ * other field of the configuration (a configuration that does not name the
+ * keep must not unpin and pin again around every call). */
 static uint64_t pinned_keep(const struct ts_memory_config *cfg, uint64_t limit)
 {
 	uint64_t seg = cfg->pinned_segment ? round_up(cfg->pinned_segment, POOL_ALIGN)
@@ -608,7 +610,9 @@ static uint64_t pinned_keep(const struct ts_memory_config *cfg, uint64_t limit)
 
 	if (cfg->pinned_host_keep_share > 0)
 		return (uint64_t)((double)limit * cfg->pinned_host_keep_share);
-	if (cfg->pinned_host_keep != TS_PINNED_KEEP_DEFAULT)
+	if (cfg->pinned_host_keep == TS_PINNED_KEEP_NONE)
+		return 0;
+	if (cfg->pinned_host_keep)
 		return cfg->pinned_host_keep;
 	return seg > limit / 8 ? seg : limit / 8;
 }

@@ -84,8 +84,8 @@ struct ts_memory_config {
 	uint64_t pinned_host_limit;    /* 0: a quarter of physical memory */
 	uint64_t unpinned_host_limit;  /* 0: half of physical memory */
 	uint64_t pinned_segment;       /* pinned pool growth step; 0: 256 MiB */
-	uint64_t pinned_host_keep;     /* idle pinned bytes kept reserved (0: none);
-	                                * TS_PINNED_KEEP_DEFAULT: see below */
+	uint64_t pinned_host_keep;     /* idle pinned bytes kept reserved; 0: the
+	                                * default below; TS_PINNED_KEEP_NONE: none */
 	double pinned_host_keep_share; /* > 0: that share of the pinned limit instead */
 	bool preallocate;              /* reserve and touch pools at start */
 };
@@ -98,7 +98,7 @@ struct ts_memory_config {
  * most an eighth of the budget (a thirty-second of RAM by default) stays
  * locked and idle.
  */
-#define TS_PINNED_KEEP_DEFAULT UINT64_MAX
+#define TS_PINNED_KEEP_NONE UINT64_MAX
 
 /*
  * Device memory a GPU's pool never takes, whatever the fraction: cuBLAS

@@ -317,8 +317,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.device_memory_fraction = cfg->device_memory_fraction,
 		.pinned_host_limit = cfg->pinned_host_limit,
 		.unpinned_host_limit = cfg->unpinned_host_limit,
-		.pinned_host_keep = cfg->pinned_host_keep.bytes == TS_CONFIG_SIZE_DEFAULT
-		                    ? TS_PINNED_KEEP_DEFAULT : cfg->pinned_host_keep.bytes,
+		.pinned_host_keep = cfg->pinned_host_keep.bytes == TS_CONFIG_SIZE_DEFAULT ? 0
+		                    : cfg->pinned_host_keep.bytes == 0 ? TS_PINNED_KEEP_NONE
+		                    : cfg->pinned_host_keep.bytes,
 		.pinned_host_keep_share = cfg->pinned_host_keep.share,
 		.preallocate = cfg->preallocate,
 	};

@@ -332,6 +332,45 @@ START_TEST(test_preallocated_segments_stay)
 }
 END_TEST
 
+/* A configuration that names no keep gets the default one (the larger of a
+ * segment and an eighth of the limit), as every other field left at 0 gets
+ * its default; TS_PINNED_KEEP_NONE keeps none. */
+START_TEST(test_keep_left_unnamed_is_the_default)
+{
+	static const struct {
+		uint64_t keep, seg, want;
+	} cases[] = {
+		{0, 4ull << 20, 8ull << 20},           /* limit/8 = 8 MiB > 4 MiB */
+		{0, 16ull << 20, 16ull << 20},         /* one segment > limit/8 */
+		{TS_PINNED_KEEP_NONE, 4ull << 20, 0},
+		{12ull << 20, 4ull << 20, 12ull << 20},
+	};
+	struct ts_device_config dc = {.sim_devices = 1, .sim_device_memory = 64ull << 20,
+	                              .host = "testhost"};
+
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		struct ts_memory_config mc = {.device_memory_fraction = 0.5,
+		                              .pinned_host_limit = 64ull << 20,
+		                              .unpinned_host_limit = 16ull << 20,
+		                              .pinned_segment = cases[i].seg,
+		                              .pinned_host_keep = cases[i].keep};
+		struct ts_device_set *ds;
+		struct ts_memory *m;
+		struct ts_pool_stats ps;
+		struct ts_error err;
+
+		ts_error_clear(&err);
+		TS_UNIT_OK(err, ts_device_set_new(&dc, &ds, &err));
+		TS_UNIT_OK(err, ts_memory_new(ds, &mc, &m, &err));
+		pinned_pool(ts_memory_find(m, "sim:0", TS_MEM_PINNED_HOST), &ps);
+		ck_assert_msg(ps.keep_bytes == cases[i].want, "case %zu: keep %llu, want %llu", i,
+		              (unsigned long long)ps.keep_bytes, (unsigned long long)cases[i].want);
+		ts_memory_free(m);
+		ts_device_set_free(ds);
+	}
+}
+END_TEST
+
 START_TEST(test_pageable_limit_shared_with_cpu_device)
 {
 	struct ts_space *u = ts_memory_find(mem, "sim:0", TS_MEM_UNPINNED_HOST);
@@ -783,6 +822,10 @@ Suite *ts_unit_suite(void)
 	tc = tcase_create("preallocated");
 	tcase_add_checked_fixture(tc, setup_preallocated, teardown);
 	tcase_add_test(tc, test_preallocated_segments_stay);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("keep_default");
+	tcase_add_test(tc, test_keep_left_unnamed_is_the_default);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -40,7 +40,8 @@ void ts_unit_sim_new(const struct ts_unit_sim_config *c, struct ts_device_set **
 	                              .pinned_host_limit = c->pinned,
 	                              .unpinned_host_limit = c->unpinned,
 	                              .pinned_segment = c->segment,
-	                              .pinned_host_keep = c->pinned_keep,
+	                              .pinned_host_keep = c->pinned_keep ? c->pinned_keep
+	                                                                 : TS_PINNED_KEEP_NONE,
 	                              .preallocate = c->preallocate};
 	struct ts_error err;
 
