@@ -924,6 +924,20 @@ json_t *th_model_step(struct th_daemon *d, const char *model, const char *body)
 	return th_post_json(d, path, body, 200);
 }
 
+void th_model_losses(struct th_daemon *d, const char *model, const char *inputs,
+                     const char *targets, int n, double *out)
+{
+	char *body = th_fmt("{\"inputs\": \"%s\", \"targets\": \"%s\", \"steps\": %d}", inputs,
+	                    targets, n);
+	json_t *res = th_model_step(d, model, body), *losses = th_arr(res, "losses");
+
+	ck_assert_uint_eq(json_array_size(losses), (size_t)n);
+	for (int i = 0; i < n; i++)
+		out[i] = json_number_value(json_array_get(losses, (size_t)i));
+	json_decref(res);
+	free(body);
+}
+
 char *th_export_model(struct th_daemon *d, const char *name, size_t *len)
 {
 	char path[300];

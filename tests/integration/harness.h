@@ -261,6 +261,11 @@ json_t *th_array_meta(struct th_daemon *d, const char *name);
  * returns the step's result (new reference). */
 json_t *th_model_step(struct th_daemon *d, const char *model, const char *body);
 
+/* n steps of model on the arrays inputs and targets (th_model_step): it must
+ * answer n losses, written to out. */
+void th_model_losses(struct th_daemon *d, const char *model, const char *inputs,
+                     const char *targets, int n, double *out);
+
 /* th_get_bytes of /v1/models/name:export: the model's file. */
 char *th_export_model(struct th_daemon *d, const char *name, size_t *len);
 

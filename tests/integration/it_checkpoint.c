@@ -61,21 +61,6 @@ static void create(struct th_daemon *d, const char *name, const char *opt)
 	free(spec);
 }
 
-/* n steps of model name on d; their losses into out (n of them). */
-static void steps(struct th_daemon *d, const char *name, int n, double *out)
-{
-	char body[128];
-	json_t *res, *losses;
-
-	snprintf(body, sizeof body, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": %d}", n);
-	res = th_model_step(d, name, body);
-	losses = th_arr(res, "losses");
-	ck_assert_uint_eq(json_array_size(losses), (size_t)n);
-	for (int i = 0; i < n; i++)
-		out[i] = json_number_value(json_array_get(losses, (size_t)i));
-	json_decref(res);
-}
-
 /* The import must fail with http/reason and a message naming word. */
 static void import_error(struct th_daemon *d, const char *file, size_t len, long http,
                          const char *status, const char *reason, const char *word)
@@ -164,8 +149,8 @@ static void resume_case(const char *opt)
 	data_up(&Bd);
 	create(&A, "u", opt);
 	create(&A, "c", opt);
-	steps(&A, "u", N + M, whole);
-	steps(&A, "c", N, first);
+	th_model_losses(&A, "u", "x", "t", N + M, whole);
+	th_model_losses(&A, "c", "x", "t", N, first);
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(first[i] == whole[i], "step %d: %.17g vs %.17g", i + 1, first[i], whole[i]);
 	file = th_export_model(&A, "c", &len);
@@ -173,7 +158,7 @@ static void resume_case(const char *opt)
 	m = th_get_object(&Bd, "/v1/models/c");
 	ck_assert_int_eq(th_int(m, "steps"), N);
 	json_decref(m);
-	steps(&Bd, "c", M, rest);
+	th_model_losses(&Bd, "c", "x", "t", M, rest);
 	for (int i = 0; i < M; i++)
 		ck_assert_msg(rest[i] == whole[N + i],
 		              "resumed step %d: loss %.17g, uninterrupted %.17g", N + i + 1, rest[i],
@@ -199,7 +184,7 @@ static void resume_case(const char *opt)
 	 * the first is the imported weights') */
 	file0 = st_with_meta(file, len, "steps", "0", &len0);
 	th_import_ok(&Bd, "name=c0", file0, len0);
-	steps(&Bd, "c0", M, reset);
+	th_model_losses(&Bd, "c0", "x", "t", M, reset);
 	ck_assert_msg(reset[0] == whole[N], "t = 0: first loss %.17g vs %.17g", reset[0], whole[N]);
 	ck_assert_msg(reset[1] != whole[N + 1], "t = 0 resumed the same: %.17g", reset[1]);
 	free(file0);
@@ -234,7 +219,7 @@ START_TEST(test_export_contents)
 
 	data_up(&A);
 	create(&A, "e", "{\"type\": \"adam\", \"learning_rate\": 0.01}");
-	steps(&A, "e", 2, l);
+	th_model_losses(&A, "e", "x", "t", 2, l);
 	file = th_export_model(&A, "e", &len);
 	h = st_header(file, len, &at);
 	meta = th_obj(h, "__metadata__");
@@ -275,12 +260,12 @@ START_TEST(test_create_with_steps)
 	ck_assert_int_eq(th_int(m, "steps"), 5);
 	json_decref(m);
 	/* the same weights; t = 6 on the first step corrects the bias less */
-	steps(&A, "s0", 1, l0);
-	steps(&A, "s5", 1, l1);
+	th_model_losses(&A, "s0", "x", "t", 1, l0);
+	th_model_losses(&A, "s5", "x", "t", 1, l1);
 	ck_assert_msg(l0[0] == l1[0], "the first loss is the weights' own: %.17g vs %.17g", l0[0],
 	              l1[0]);
-	steps(&A, "s0", 1, l0);
-	steps(&A, "s5", 1, l1);
+	th_model_losses(&A, "s0", "x", "t", 1, l0);
+	th_model_losses(&A, "s5", "x", "t", 1, l1);
 	ck_assert_msg(l0[0] != l1[0], "t = 6 stepped as t = 1: %.17g", l1[0]);
 	m = th_get_object(&A, "/v1/models/s5");
 	ck_assert_int_eq(th_int(m, "steps"), 7);
@@ -309,7 +294,7 @@ START_TEST(test_import_errors)
 
 	data_up(&A);
 	create(&A, "m", "{\"type\": \"adam\", \"learning_rate\": 0.01}");
-	steps(&A, "m", 1, l);
+	th_model_losses(&A, "m", "x", "t", 1, l);
 	file = th_export_model(&A, "m", &len);
 
 	/* the name is taken: 409 on A */

@@ -89,20 +89,6 @@ static void data_up(struct th_daemon *d, const char *extra)
 	free(t);
 }
 
-static void steps(struct th_daemon *d, const char *name, int n, double *out)
-{
-	char body[128];
-	json_t *res, *losses;
-
-	snprintf(body, sizeof body, "{\"inputs\": \"x\", \"targets\": \"t\", \"steps\": %d}", n);
-	res = th_model_step(d, name, body);
-	losses = th_arr(res, "losses");
-	ck_assert_uint_eq(json_array_size(losses), (size_t)n);
-	for (int i = 0; i < n; i++)
-		out[i] = json_number_value(json_array_get(losses, (size_t)i));
-	json_decref(res);
-}
-
 /* The value of metric line (its whole name with labels) in /metrics, or -1. */
 static double metric(struct th_daemon *d, const char *line)
 {
@@ -160,8 +146,8 @@ START_TEST(test_restart_keeps_what_was_marked)
 	th_put_floats(&A, "scratch", p, 8, 8, NULL);          /* not marked: not kept */
 	create(&A, "c", true);
 	create(&U, "c", false);
-	steps(&U, "c", N + M, whole);
-	steps(&A, "c", N, first);
+	th_model_losses(&U, "c", "x", "t", N + M, whole);
+	th_model_losses(&A, "c", "x", "t", N, first);
 	for (int i = 0; i < N; i++)
 		ck_assert_msg(first[i] == whole[i], "step %d differs before the restart", i + 1);
 	for (int r = 0; r < 6; r++) {
@@ -205,7 +191,7 @@ START_TEST(test_restart_keeps_what_was_marked)
 		free(w1);
 		free(w0[r]);
 	}
-	steps(&A2, "c", M, rest);
+	th_model_losses(&A2, "c", "x", "t", M, rest);
 	for (int i = 0; i < M; i++)
 		ck_assert_msg(rest[i] == whole[N + i],
 		              "after the restart, step %d: loss %.17g, never restarted %.17g",
