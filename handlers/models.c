@@ -210,8 +210,10 @@ static ts_status run_policy(const struct ts_core *core, const struct ts_model *m
 		                    "placement.%s cannot change in a step: a step runs with the "
 		                    "model's arrays where they are; move them with :put",
 		                    json_object_get(pl, "params") ? "params" : "opt_state");
-	if (pl && json_object_get(pl, "activations"))
+	if (pl && json_object_get(pl, "activations")) {
 		out->save_x = out->save_h = out->offload_x = out->offload_h = false;
+		out->save_acts = out->offload_acts = 0;
+	}
 	return pl ? ts_job_policy_parse(pl, out, err) : ts_policy_check(out, err);
 }
 

@@ -11,28 +11,47 @@
 #include "formats/dtype.h"
 #include "storage/array.h"
 
+static ts_status bad_name(const char *field, size_t i, struct ts_error *err)
+{
+	char gpt[128] = "";
+	size_t n = 0;
+
+	for (int a = 0; a < TS_GPT_NACTS && n < sizeof gpt; a++)
+		n += (size_t)snprintf(gpt + n, sizeof gpt - n, "%s%s", a ? ", " : "",
+		                      ts_gpt_act_name((enum ts_gpt_act)a));
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+	                    "placement.activations.%s[%zu] is not an activation name: \"x\" or "
+	                    "\"h\", or a GPT block's %s", field, i, gpt);
+}
+
+/* One list of placement.activations ("save" or "offload"): "x", "h" and,
+ * for a GPT, its blocks' intermediates by name (gpt.h) into *names; the
+ * model's kind is checked when a plan is built (ts_policy_check_names). */
 static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
-                             struct ts_error *err)
+                             unsigned *names, struct ts_error *err)
 {
 	size_t i;
 	json_t *v;
 
 	*x = *h = false;
+	*names = 0;
 	if (!list)
 		return TS_OK;
 	if (!json_is_array(list))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-		                    "placement.activations.%s is a list of \"x\" and \"h\"", field);
+		                    "placement.activations.%s is a list of activation names", field);
 	json_array_foreach(list, i, v) {
 		const char *s = json_string_value(v);
+		enum ts_gpt_act a;
 
 		if (s && strcmp(s, "x") == 0)
 			*x = true;
 		else if (s && strcmp(s, "h") == 0)
 			*h = true;
+		else if (ts_gpt_act_parse(s, &a))
+			*names |= 1u << a;
 		else
-			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-			                    "placement.activations.%s[%zu] is not \"x\" or \"h\"", field, i);
+			return bad_name(field, i, err);
 	}
 	return TS_OK;
 }
@@ -217,9 +236,10 @@ ts_status ts_job_policy_parse(json_t *pl, struct ts_policy *p, struct ts_error *
 		                    "placement.opt_state '%s' is not device or pinned_host", state);
 	if (acts) {
 		if (!json_is_object(acts) ||
-		    parse_names(json_object_get(acts, "save"), "save", &p->save_x, &p->save_h, err) != TS_OK ||
+		    parse_names(json_object_get(acts, "save"), "save", &p->save_x, &p->save_h,
+		                &p->save_acts, err) != TS_OK ||
 		    parse_names(json_object_get(acts, "offload"), "offload", &p->offload_x, &p->offload_h,
-		                err) != TS_OK)
+		                &p->offload_acts, err) != TS_OK)
 			return err->status ? err->status
 			                   : ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 			                                  "placement.activations is {\"save\": [...], \"offload\": [...]}");
@@ -356,6 +376,7 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
 			                    "placement.device '%s' is not a device of this node", dev);
 		if (json_object_get(pl, "activations")) {
 			m->policy.save_x = m->policy.save_h = false;
+			m->policy.save_acts = 0;
 		}
 		if (ts_job_policy_parse(pl, &m->policy, err) != TS_OK)
 			return err->status;
@@ -450,10 +471,6 @@ static ts_status parse_gpt(const struct ts_jobs_env *env, struct ts_device *defa
 	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK ||
 	    parse_placement(env, default_device, pl, m, err) != TS_OK)
 		return err->status;
-	if (m->policy.offload_h)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-		                    "a GPT saves or recomputes a block's intermediates (\"h\"); it "
-		                    "does not offload them");
 	return TS_OK;
 }
 
@@ -534,9 +551,10 @@ ts_status ts_job_model_parse(const struct ts_jobs_env *env, struct ts_device *de
 		                            "not '%s'"
 		                          : "loss '%s' needs token ids: give mlp.vocab", loss);
 	m->persist = persist;
-	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK)
+	if (parse_optimizer(opt, m, err) != TS_OK || parse_init(in, init, err) != TS_OK ||
+	    parse_placement(env, default_device, pl, m, err) != TS_OK)
 		return err->status;
-	return parse_placement(env, default_device, pl, m, err);
+	return ts_policy_check_names(&m->policy, &m->mlp, err);
 }
 
 

@@ -193,6 +193,12 @@ json_t *ts_render_model_spec(const struct ts_model *m)
 		json_array_append_new(offload, json_string("x"));
 	if (m->policy.offload_h)
 		json_array_append_new(offload, json_string("h"));
+	for (int a = 0; a < TS_GPT_NACTS; a++) {
+		if (m->policy.save_acts & (1u << a))
+			json_array_append_new(save, json_string(ts_gpt_act_name((enum ts_gpt_act)a)));
+		if (m->policy.offload_acts & (1u << a))
+			json_array_append_new(offload, json_string(ts_gpt_act_name((enum ts_gpt_act)a)));
+	}
 	json_t *o = json_pack("{s:s, s:{s:i, s:i, s:i, s:s, s:b}, s:s, s:s, s:o*,"
 	                 " s:{s:s, s:s, s:s, s:{s:o, s:o}, s:i}, s:I}",
 	                 "name", m->name, "mlp", "layers", m->mlp.layers, "d_model", m->mlp.d_model,

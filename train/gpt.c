@@ -1,9 +1,11 @@
 /*
- * gpt.c - the GPT model kind's parameters: names, shapes, slices (gpt.h).
+ * gpt.c - the GPT model kind's parameters (names, shapes, slices) and the names of
+ * a block's intermediates (gpt.h).
  */
 #include "train/gpt.h"
 
 #include <stddef.h>
+#include <string.h>
 
 static const char *const names[TS_GPT_NPARAMS] = {
 #define TS_GPT_NAME_(id, name) [TS_GPT_##id] = name,
@@ -14,6 +16,27 @@ static const char *const names[TS_GPT_NPARAMS] = {
 const char *ts_gpt_param_name(enum ts_gpt_param t)
 {
 	return (unsigned)t < TS_GPT_NPARAMS ? names[t] : "?";
+}
+
+static const char *const act_names[TS_GPT_NACTS] = {
+#define TS_GPT_ACT_NAME_(id, name) [TS_GPT_A_##id] = name,
+	TS_GPT_ACTS(TS_GPT_ACT_NAME_)
+#undef TS_GPT_ACT_NAME_
+};
+
+const char *ts_gpt_act_name(enum ts_gpt_act a)
+{
+	return (unsigned)a < TS_GPT_NACTS ? act_names[a] : "?";
+}
+
+bool ts_gpt_act_parse(const char *s, enum ts_gpt_act *out)
+{
+	for (int a = 0; s && a < TS_GPT_NACTS; a++)
+		if (strcmp(s, act_names[a]) == 0) {
+			*out = (enum ts_gpt_act)a;
+			return true;
+		}
+	return false;
 }
 
 bool ts_gpt_param_per_layer(enum ts_gpt_param t)

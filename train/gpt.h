@@ -75,6 +75,36 @@ static inline int ts_gpt_head_dim(const struct ts_mlp *m)
 }
 
 /*
+ * A block's intermediates by name, as a policy's activation lists name
+ * them (plan.h's ts_policy): ln1 (the first LayerNorm's output and
+ * statistics), qkv (q k v by head), attn (the attention probabilities
+ * [B, heads, T, T]), attn_out (the heads' merged output before the
+ * projection), resid (the residual stream between the halves), ln2, mlp_h
+ * (the MLP's first product, before the GELU), mlp_act (after it). "h" names
+ * every one but mlp_act, which the backward pass recomputes from mlp_h
+ * unless it is named itself.
+ */
+#define TS_GPT_ACTS(X)                                                                \
+	X(LN1, "ln1") X(QKV, "qkv") X(ATTN, "attn") X(ATTN_OUT, "attn_out")           \
+	X(RESID, "resid") X(LN2, "ln2") X(MLP_H, "mlp_h") X(MLP_ACT, "mlp_act")
+
+enum ts_gpt_act {
+#define TS_GPT_ACT_ENUM_(id, name) TS_GPT_A_##id,
+	TS_GPT_ACTS(TS_GPT_ACT_ENUM_)
+#undef TS_GPT_ACT_ENUM_
+	TS_GPT_NACTS
+};
+
+/* The names "h" stands for, as bits (1u << enum ts_gpt_act). */
+#define TS_GPT_ACTS_H (((1u << TS_GPT_NACTS) - 1u) & ~(1u << TS_GPT_A_MLP_ACT))
+
+/* An intermediate's name ("ln1", ...), or "?". */
+const char *ts_gpt_act_name(enum ts_gpt_act a);
+
+/* The intermediate named s, into *out; false when s names none. */
+bool ts_gpt_act_parse(const char *s, enum ts_gpt_act *out);
+
+/*
  * Checks a GPT model: vocab, context, layers, d_model, heads and d_ff
  * positive, d_model a multiple of heads, loss softmax_cross_entropy, act
  * gelu, no projection, float32 compute. INVALID_ARGUMENT (BAD_MODEL)

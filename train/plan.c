@@ -713,20 +713,55 @@ static void token_backward(struct ts__pb *b, int gx0)
 
 /* ---- entry points ------------------------------------------------------------------ */
 
+static int first_bit(unsigned v)
+{
+	int i = 0;
+
+	while (v && !(v & 1u)) {
+		v >>= 1;
+		i++;
+	}
+	return i;
+}
+
 ts_status ts_policy_check(const struct ts_policy *p, struct ts_error *err)
 {
 	if ((p->params != TS_MEM_DEVICE && p->params != TS_MEM_PINNED_HOST) ||
 	    (p->opt_state != TS_MEM_DEVICE && p->opt_state != TS_MEM_PINNED_HOST))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "params and opt_state live on device or pinned_host");
-	if ((p->save_x && p->offload_x) || (p->save_h && p->offload_h))
+	const char *both = p->save_x && p->offload_x ? "x" : p->save_h && p->offload_h ? "h" : NULL;
+	unsigned via_h = ((p->save_h ? p->offload_acts : 0u) | (p->offload_h ? p->save_acts : 0u)) &
+	                 TS_GPT_ACTS_H;
+
+	if (!both && (p->save_acts & p->offload_acts))
+		both = ts_gpt_act_name((enum ts_gpt_act)first_bit(p->save_acts & p->offload_acts));
+	if (both)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "activation names in \"save\" and \"offload\" must be exclusive; "
-		                    "'%s' is in both", p->save_x && p->offload_x ? "x" : "h");
+		                    "'%s' is in both", both);
+	if (via_h)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+		                    "activation names in \"save\" and \"offload\" must be exclusive; "
+		                    "'%s' is in \"%s\" and, through \"h\", in \"%s\"",
+		                    ts_gpt_act_name((enum ts_gpt_act)first_bit(via_h)),
+		                    p->save_h ? "offload" : "save", p->save_h ? "save" : "offload");
 	if (p->prefetch_depth != 0 && p->prefetch_depth != 1)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
 		                    "prefetch_depth is 0 or 1, not %d", p->prefetch_depth);
 	return TS_OK;
+}
+
+ts_status ts_policy_check_names(const struct ts_policy *p, const struct ts_mlp *m,
+                                struct ts_error *err)
+{
+	unsigned named = p->save_acts | p->offload_acts;
+
+	if (m->gpt || !named)
+		return TS_OK;
+	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
+	                    "activation '%s' is a GPT block's; this model's activations are \"x\" "
+	                    "and \"h\"", ts_gpt_act_name((enum ts_gpt_act)first_bit(named)));
 }
 
 static int *ints(int n)
@@ -753,6 +788,8 @@ static ts_status check_model(const struct ts_mlp *mlp, int batch, const struct t
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL",
 		                    "a token model (vocab %d) takes loss softmax_cross_entropy, and "
 		                    "without a projection d_model == vocab", mlp->vocab);
+	if (ts_policy_check_names(policy, mlp, err) != TS_OK)
+		return err->status;
 	return ts_policy_check(policy, err);
 }
 
@@ -1012,6 +1049,7 @@ ts_status ts_plan_build_eval_spec(const struct ts_mlp *mlp, int batch,
 	out->opt = (struct ts_optimizer){.type = TS_OPT_NONE};
 	out->policy.save_x = out->policy.save_h = false;
 	out->policy.offload_x = out->policy.offload_h = false;
+	out->policy.save_acts = out->policy.offload_acts = 0;
 	out->evaluate = true;
 	out->no_targets = spec->no_targets;
 	add_arguments(&b, false, !out->no_targets);

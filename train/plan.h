@@ -20,7 +20,9 @@
  *   activations the layer input x and hidden pre-activation h of every
  *               layer are saved on the device, offloaded to pinned_host and
  *               fetched back for the backward pass, or recomputed (x from the
- *               nearest earlier saved or offloaded input, h from x).
+ *               nearest earlier saved or offloaded input, h from x); a
+ *               GPT's block intermediates also one by one, by the names of
+ *               gpt.h's ts_gpt_act (plan_gpt.c).
  *
  * Analysis (XLA's memory_analysis names): argument = device-resident inputs
  * of the step (params and optimizer state on the device, the batch input
@@ -87,13 +89,22 @@ struct ts_policy {
 	enum ts_memory_kind opt_state;
 	bool save_x, save_h;
 	bool offload_x, offload_h;
+	/* a GPT block's intermediates named one by one: bits 1u << enum
+	 * ts_gpt_act (gpt.h); save_h / offload_h stand for TS_GPT_ACTS_H */
+	unsigned save_acts, offload_acts;
 	int prefetch_depth;               /* 0 or 1 */
 };
 
 /* Checks a policy: memory kinds device or pinned_host, a residual not both
- * saved and offloaded ("names must be exclusive", as JAX's ValueError),
- * prefetch_depth 0 or 1. */
+ * saved and offloaded, by its name or through "h" ("names must be
+ * exclusive", as JAX's ValueError), prefetch_depth 0 or 1. */
 ts_status ts_policy_check(const struct ts_policy *p, struct ts_error *err);
+
+/* Checks that a policy names only activations model m has: a GPT block's
+ * intermediates one by one only for a GPT. INVALID_ARGUMENT (BAD_POLICY)
+ * naming the first other. */
+ts_status ts_policy_check_names(const struct ts_policy *p, const struct ts_mlp *m,
+                                struct ts_error *err);
 
 enum ts_pbuf_class { TS_PB_ARGUMENT = 0, TS_PB_OUTPUT, TS_PB_TEMP };
 

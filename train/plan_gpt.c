@@ -14,14 +14,16 @@
  * token table, the position table and the final LayerNorm whole, when
  * used); activations: "x" (a block's input) saved, offloaded to
  * pinned_host or recomputed from the nearest earlier input, as the MLP's;
- * "h" (a block's intermediates: both LayerNorms' outputs and statistics,
- * q k v, the attention probabilities, the heads' output, the residual
- * between the two halves, the MLP's pre-activation) saved from the forward
- * pass, or recomputed from the block's input in the backward pass. A GPT
- * does not offload "h" (refused).
+ * a block's intermediates by name (gpt.h's ts_gpt_act, "h" for all but
+ * mlp_act) each saved from the forward pass, offloaded to pinned_host and
+ * copied back when the block's backward pass starts, or recomputed then
+ * from the block's input and what it has (mlp_act where the backward pass
+ * reads it). A block's input is kept on the device (unless offloaded) when
+ * the policy keeps anything of the block: its backward pass reads it.
  *
- * Every kernel runs in the same order whatever the policy, so the results
- * are the same bits under every policy.
+ * Every kernel computes from the same inputs whatever the policy (a
+ * recomputation repeats the forward pass's kernels on the same bits), so
+ * the results are the same bits under every policy.
  */
 #include "train/plan_int.h"
 
@@ -30,10 +32,31 @@
 
 #define NP TS_GPT_NPARAMS
 
-/* A block's intermediates (device buffers, -1 when not held). */
+/* A block's intermediates (buffers, -1 when not held): ln1's output and
+ * statistics, q k v by head, the probabilities, the heads' merged output,
+ * the residual between the halves, ln2's, the MLP's product before and
+ * after the GELU. */
 struct act {
-	int y1, st1, qkvh, p, att, xm, y2, st2, h;
+	int y1, st1, qkvh, p, att, xm, y2, st2, h, h2;
 };
+
+#define NACT 10
+
+/* The fields of *a, and the name each goes by (gpt.h). */
+static void act_fields(struct act *a, int *f[NACT])
+{
+	int *v[NACT] = {&a->y1, &a->st1, &a->qkvh, &a->p, &a->att, &a->xm, &a->y2, &a->st2,
+	                &a->h, &a->h2};
+
+	memcpy(f, v, sizeof v);
+}
+
+static const enum ts_gpt_act act_name[NACT] = {
+	TS_GPT_A_LN1, TS_GPT_A_LN1, TS_GPT_A_QKV, TS_GPT_A_ATTN, TS_GPT_A_ATTN_OUT,
+	TS_GPT_A_RESID, TS_GPT_A_LN2, TS_GPT_A_LN2, TS_GPT_A_MLP_H, TS_GPT_A_MLP_ACT,
+};
+
+#define ACT_NONE ((struct act){-1, -1, -1, -1, -1, -1, -1, -1, -1, -1})
 
 struct gpt {
 	struct ts__pb *b;
@@ -44,6 +67,7 @@ struct gpt {
 	int whole[NP];    /* whole params (wte, wpe, lnf) fetched to the device, or -1 */
 	int *x, *xh;      /* [L + 1]: block inputs on the device / pinned_host, or -1 */
 	struct act *act;  /* [L]: saved intermediates */
+	struct act *acth; /* [L]: intermediates offloaded to pinned_host */
 };
 
 static uint64_t slice_bytes(const struct gpt *g, int t)
@@ -264,58 +288,149 @@ static int dtemp(struct gpt *g, int l, uint64_t floats, const char *ph)
 
 static void act_release(struct gpt *g, struct act *a, int l, const char *ph)
 {
-	int *f[] = {&a->y1, &a->st1, &a->qkvh, &a->p, &a->att, &a->xm, &a->y2, &a->st2, &a->h};
+	int *f[NACT];
 
-	for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+	act_fields(a, f);
+	for (int i = 0; i < NACT; i++) {
 		ts__pb_release(g->b, *f[i], l, ph);
 		*f[i] = -1;
 	}
 }
 
-/* Block l forward from x: returns x_{l+1}; its intermediates into *keep
- * when set, else freed. */
-static int block_forward(struct gpt *g, int l, int x, struct act *keep, const char *ph)
+/* Block l forward from x: computes the intermediates *a lacks (those it
+ * holds are the same bits) up to the MLP's product before the GELU; with
+ * out, the GELU's output too and x_{l+1}, returned (else -1). */
+static int block_forward(struct gpt *g, int l, int x, struct act *a, bool out, const char *ph)
 {
 	uint64_t N = (uint64_t)g->N, d = (uint64_t)g->d, F = (uint64_t)g->F;
 	uint64_t part = N * d * F32, ss = (uint64_t)g->B * g->H * g->T * g->T;
-	struct act a;
-	int qkv, yh, xo, h2;
+	int qkv, yh, xo;
 
-	a.y1 = dtemp(g, l, N * d, ph);
-	a.st1 = dtemp(g, l, 2 * N, ph);
-	ln_fwd(g, x, TS_GPT_LN1_G, TS_GPT_LN1_B, l, a.y1, a.st1, ph);
-	qkv = dtemp(g, l, 3 * N * d, ph);
-	linear(g, qkv, a.y1, TS_GPT_QKV_W, TS_GPT_QKV_B, 3 * g->d, g->d, l, ph);
-	a.qkvh = dtemp(g, l, 3 * N * d, ph);
-	heads(g, true, qkv, a.qkvh, 3, l, ph);
-	ts__pb_release(g->b, qkv, l, ph);
-	a.p = dtemp(g, l, ss, ph);
-	bmm(g, a.p, 0, a.qkvh, 0, false, a.qkvh, part, true, g->T, g->T, g->hd, l, ph);
-	softmax(g, TS_P_SOFTMAX_FWD, a.p, a.p, -1, l, ph);
-	yh = dtemp(g, l, N * d, ph);
-	bmm(g, yh, 0, a.p, 0, false, a.qkvh, 2 * part, false, g->T, g->hd, g->T, l, ph);
-	a.att = dtemp(g, l, N * d, ph);
-	heads(g, false, yh, a.att, 1, l, ph);
-	ts__pb_release(g->b, yh, l, ph);
-	a.xm = dtemp(g, l, N * d, ph);
-	linear(g, a.xm, a.att, TS_GPT_O_W, TS_GPT_O_B, g->d, g->d, l, ph);
-	ts__pb_elementwise(g->b, TS_P_ADD, x, a.xm, -1, N * d, l, ph);
-	a.y2 = dtemp(g, l, N * d, ph);
-	a.st2 = dtemp(g, l, 2 * N, ph);
-	ln_fwd(g, a.xm, TS_GPT_LN2_G, TS_GPT_LN2_B, l, a.y2, a.st2, ph);
-	a.h = dtemp(g, l, N * F, ph);
-	linear(g, a.h, a.y2, TS_GPT_FC_W, TS_GPT_FC_B, g->F, g->d, l, ph);
-	h2 = dtemp(g, l, N * F, ph);
-	ts__pb_elementwise(g->b, TS_P_ACT_FWD, a.h, h2, -1, N * F, l, ph);
+	if (a->y1 < 0) {
+		a->y1 = dtemp(g, l, N * d, ph);
+		a->st1 = dtemp(g, l, 2 * N, ph);
+		ln_fwd(g, x, TS_GPT_LN1_G, TS_GPT_LN1_B, l, a->y1, a->st1, ph);
+	}
+	if (a->qkvh < 0) {
+		qkv = dtemp(g, l, 3 * N * d, ph);
+		linear(g, qkv, a->y1, TS_GPT_QKV_W, TS_GPT_QKV_B, 3 * g->d, g->d, l, ph);
+		a->qkvh = dtemp(g, l, 3 * N * d, ph);
+		heads(g, true, qkv, a->qkvh, 3, l, ph);
+		ts__pb_release(g->b, qkv, l, ph);
+	}
+	if (a->p < 0) {
+		a->p = dtemp(g, l, ss, ph);
+		bmm(g, a->p, 0, a->qkvh, 0, false, a->qkvh, part, true, g->T, g->T, g->hd, l, ph);
+		softmax(g, TS_P_SOFTMAX_FWD, a->p, a->p, -1, l, ph);
+	}
+	if (a->att < 0) {
+		yh = dtemp(g, l, N * d, ph);
+		bmm(g, yh, 0, a->p, 0, false, a->qkvh, 2 * part, false, g->T, g->hd, g->T, l, ph);
+		a->att = dtemp(g, l, N * d, ph);
+		heads(g, false, yh, a->att, 1, l, ph);
+		ts__pb_release(g->b, yh, l, ph);
+	}
+	if (a->xm < 0) {
+		a->xm = dtemp(g, l, N * d, ph);
+		linear(g, a->xm, a->att, TS_GPT_O_W, TS_GPT_O_B, g->d, g->d, l, ph);
+		ts__pb_elementwise(g->b, TS_P_ADD, x, a->xm, -1, N * d, l, ph);
+	}
+	if (a->y2 < 0) {
+		a->y2 = dtemp(g, l, N * d, ph);
+		a->st2 = dtemp(g, l, 2 * N, ph);
+		ln_fwd(g, a->xm, TS_GPT_LN2_G, TS_GPT_LN2_B, l, a->y2, a->st2, ph);
+	}
+	if (a->h < 0) {
+		a->h = dtemp(g, l, N * F, ph);
+		linear(g, a->h, a->y2, TS_GPT_FC_W, TS_GPT_FC_B, g->F, g->d, l, ph);
+	}
+	if (!out)
+		return -1;
+	if (a->h2 < 0) {
+		a->h2 = dtemp(g, l, N * F, ph);
+		ts__pb_elementwise(g->b, TS_P_ACT_FWD, a->h, a->h2, -1, N * F, l, ph);
+	}
 	xo = ts__pb_temp(g->b, TS_ROLE_X, TS_MEM_DEVICE, l + 1, N * d * F32, ph);
-	linear(g, xo, h2, TS_GPT_PROJ_W, TS_GPT_PROJ_B, g->d, g->F, l, ph);
-	ts__pb_release(g->b, h2, l, ph);
-	ts__pb_elementwise(g->b, TS_P_ADD, a.xm, xo, -1, N * d, l, ph);
-	if (keep)
-		*keep = a;
-	else
-		act_release(g, &a, l, ph);
+	linear(g, xo, a->h2, TS_GPT_PROJ_W, TS_GPT_PROJ_B, g->d, g->F, l, ph);
+	ts__pb_elementwise(g->b, TS_P_ADD, a->xm, xo, -1, N * d, l, ph);
 	return xo;
+}
+
+/* Block l forward from x, nothing kept: returns x_{l+1}. */
+static int block_through(struct gpt *g, int l, int x, const char *ph)
+{
+	struct act a = ACT_NONE;
+	int y = block_forward(g, l, x, &a, true, ph);
+
+	act_release(g, &a, l, ph);
+	return y;
+}
+
+/* Where the policy keeps intermediate n for the backward pass. */
+enum fate { RECOMPUTE = 0, SAVE, OFFLOAD };
+
+static enum fate fate(const struct ts_policy *p, enum ts_gpt_act n)
+{
+	unsigned bit = 1u << n;
+
+	if ((p->save_acts & bit) || (p->save_h && (TS_GPT_ACTS_H & bit)))
+		return SAVE;
+	if ((p->offload_acts & bit) || (p->offload_h && (TS_GPT_ACTS_H & bit)))
+		return OFFLOAD;
+	return RECOMPUTE;
+}
+
+/* Whether the policy keeps any of a block's intermediates. */
+static bool keeps_any(const struct ts_policy *p)
+{
+	return p->save_h || p->offload_h || p->save_acts || p->offload_acts;
+}
+
+/* After block l's forward pass: each intermediate of *a (its whole
+ * output, emptied) saved, offloaded or freed as the policy says. */
+static void act_keep(struct gpt *g, int l, struct act *a, const char *ph)
+{
+	int *f[NACT], *fs[NACT], *fh[NACT];
+
+	act_fields(a, f);
+	act_fields(&g->act[l], fs);
+	act_fields(&g->acth[l], fh);
+	for (int i = 0; i < NACT; i++) {
+		enum fate k = fate(&g->b->p->policy, act_name[i]);
+		uint64_t n = *f[i] >= 0 && !g->b->failed ? g->b->p->bufs[*f[i]].bytes : 0;
+
+		if (k == SAVE) {
+			*fs[i] = *f[i];
+		} else if (k == OFFLOAD && *f[i] >= 0) {
+			*fh[i] = ts__pb_temp(g->b, TS_ROLE_GPT_ACT, TS_MEM_PINNED_HOST, l, n, ph);
+			ts__pb_copy(g->b, *fh[i], 0, *f[i], 0, n, l, ph);
+			ts__pb_release(g->b, *f[i], l, ph);
+		} else {
+			ts__pb_release(g->b, *f[i], l, ph);
+		}
+		*f[i] = -1;
+	}
+}
+
+/* Before block l's backward pass: its offloaded intermediates copied back
+ * to the device (their host copies freed). */
+static void act_fetch(struct gpt *g, int l, const char *ph)
+{
+	int *fs[NACT], *fh[NACT];
+
+	act_fields(&g->act[l], fs);
+	act_fields(&g->acth[l], fh);
+	for (int i = 0; i < NACT; i++) {
+		uint64_t n;
+
+		if (*fh[i] < 0)
+			continue;
+		n = !g->b->failed ? g->b->p->bufs[*fh[i]].bytes : 0;
+		*fs[i] = ts__pb_temp(g->b, TS_ROLE_GPT_ACT, TS_MEM_DEVICE, l, n, ph);
+		ts__pb_copy(g->b, *fs[i], 0, *fh[i], 0, n, l, ph);
+		ts__pb_release(g->b, *fh[i], l, ph);
+		*fh[i] = -1;
+	}
 }
 
 /* A gradient slice of parameter t at layer l: the whole gradient's slice,
@@ -367,9 +482,13 @@ static int block_backward(struct gpt *g, int l, int x, struct act *a, int gy, bo
 		G[t] = ts_gpt_param_per_layer((enum ts_gpt_param)t)
 		       ? grad_at(g, t, l, fused, tmp, &go[t], ph) : -1;
 	}
-	/* the MLP half */
-	h2 = dtemp(g, l, N * F, ph);
-	ts__pb_elementwise(g->b, TS_P_ACT_FWD, a->h, h2, -1, N * F, l, ph);
+	/* the MLP half (the GELU's output recomputed unless kept) */
+	h2 = a->h2;
+	a->h2 = -1;
+	if (h2 < 0) {
+		h2 = dtemp(g, l, N * F, ph);
+		ts__pb_elementwise(g->b, TS_P_ACT_FWD, a->h, h2, -1, N * F, l, ph);
+	}
 	ts__pb_gemm(g->b, G[TS_GPT_PROJ_W], go[TS_GPT_PROJ_W], h2, 0, true, gy, 0, false, g->F,
 	            g->d, g->N, 0.0f, l, ph);
 	sum_rows(g, gy, g->N, g->d, 1, G[TS_GPT_PROJ_B], go[TS_GPT_PROJ_B], l, ph);
@@ -526,10 +645,6 @@ static ts_status gpt_check(const struct ts_mlp *mlp, int batch, int T,
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
 		                    "gpt: a batch is whole windows of %d tokens, not %d tokens",
 		                    T, batch);
-	if (policy->offload_h)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_POLICY",
-		                    "gpt: a block's intermediates (\"h\") are saved or recomputed, "
-		                    "not offloaded");
 	return ts_policy_check(policy, err);
 }
 
@@ -560,10 +675,11 @@ static ts_status gpt_start(struct gpt *g, struct ts__pb *b, struct ts_plan *out,
 	g->x = ints(g->L + 1);
 	g->xh = ints(g->L + 1);
 	g->act = malloc((size_t)g->L * sizeof *g->act);
-	if (!g->lw || !g->x || !g->xh || !g->act)
+	g->acth = malloc((size_t)g->L * sizeof *g->acth);
+	if (!g->lw || !g->x || !g->xh || !g->act || !g->acth)
 		b->failed = TS_RESOURCE_EXHAUSTED;
-	for (int l = 0; g->act && l < g->L; l++)
-		g->act[l] = (struct act){-1, -1, -1, -1, -1, -1, -1, -1, -1};
+	for (int l = 0; g->act && g->acth && l < g->L; l++)
+		g->act[l] = g->acth[l] = ACT_NONE;
 	for (int t = 0; t < NP; t++) {
 		uint64_t whole = ts_gpt_param_slice(m, (enum ts_gpt_param)t) * F32 *
 		                 (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? (uint64_t)g->L : 1);
@@ -587,10 +703,11 @@ static void gpt_end(struct gpt *g)
 	free(g->x);
 	free(g->xh);
 	free(g->act);
+	free(g->acth);
 }
 
-/* The forward pass of a step: every block's input and (with "h") its
- * intermediates kept, offloaded or dropped as the policy says. */
+/* The forward pass of a step: every block's input and intermediates kept,
+ * offloaded or dropped as the policy says. */
 static int forward(struct gpt *g)
 {
 	const struct ts_policy *pol = &g->b->p->policy;
@@ -600,16 +717,18 @@ static int forward(struct gpt *g)
 	block_fetch(g, 0, "forward");
 	for (int l = 0; l < g->L; l++) {
 		int y;
+		struct act a = ACT_NONE;
 
 		if (pol->prefetch_depth)
 			block_fetch(g, l + 1, "forward");
-		y = block_forward(g, l, x, pol->save_h ? &g->act[l] : NULL, "forward");
+		y = block_forward(g, l, x, &a, true, "forward");
+		act_keep(g, l, &a, "forward");
 		if (pol->offload_x) {
 			g->xh[l] = ts__pb_temp(g->b, TS_ROLE_X, TS_MEM_PINNED_HOST, l, xb, "forward");
 			ts__pb_copy(g->b, g->xh[l], 0, x, 0, xb, l, "forward");
 			ts__pb_release(g->b, x, l, "forward");
-		} else if (pol->save_x || pol->save_h) {
-			g->x[l] = x;       /* a saved block's backward reads its input too */
+		} else if (pol->save_x || keeps_any(pol)) {
+			g->x[l] = x;       /* a kept block's backward reads its input too */
 		} else {
 			ts__pb_release(g->b, x, l, "forward");    /* recomputed (x_0 from the ids) */
 		}
@@ -656,7 +775,7 @@ static int backward_input(struct gpt *g, int l, bool *owned)
 		int y;
 
 		block_fetch(g, k, "recompute");
-		y = block_forward(g, k, x, NULL, "recompute");
+		y = block_through(g, k, x, "recompute");
 		if (own)
 			ts__pb_release(g->b, x, k, "recompute");
 		block_drop(g, k, "recompute");
@@ -782,11 +901,8 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 			block_fetch(&g, l - 1, "backward");
 		x = backward_input(&g, l, &owned);
 		block_fetch(&g, l, "backward");      /* recompute may have dropped it */
-		if (g.act[l].y1 < 0) {
-			int y = block_forward(&g, l, x, &g.act[l], "recompute");
-
-			ts__pb_release(&b, y, l, "recompute");
-		}
+		act_fetch(&g, l, "backward");
+		block_forward(&g, l, x, &g.act[l], false, "recompute");
 		gy = block_backward(&g, l, x, &g.act[l], gy, fused);
 		if (owned || g.x[l] >= 0)
 			ts__pb_release(&b, x, l, "backward");
@@ -885,6 +1001,7 @@ ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
 
 	memset(out, 0, sizeof *out);
 	pol.save_x = pol.save_h = pol.offload_x = pol.offload_h = false;
+	pol.save_acts = pol.offload_acts = 0;
 	st = gpt_check(mlp, batch, T, &pol, err);
 	if (st != TS_OK)
 		return st;
@@ -908,7 +1025,7 @@ ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
 
 		if (pol.prefetch_depth)
 			block_fetch(&g, l + 1, "forward");
-		y = block_forward(&g, l, x, NULL, "forward");
+		y = block_through(&g, l, x, "forward");
 		ts__pb_release(&b, x, l, "forward");
 		block_drop(&g, l, "forward");
 		if (!pol.prefetch_depth)

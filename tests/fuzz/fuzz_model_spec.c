@@ -103,6 +103,8 @@ static void check_round_trip(const struct ts_core *core, const struct ts_model *
 	    back.policy.save_x != m->policy.save_x || back.policy.save_h != m->policy.save_h ||
 	    back.policy.offload_x != m->policy.offload_x ||
 	    back.policy.offload_h != m->policy.offload_h ||
+	    back.policy.save_acts != m->policy.save_acts ||
+	    back.policy.offload_acts != m->policy.offload_acts ||
 	    back.policy.prefetch_depth != m->policy.prefetch_depth)
 		abort();
 	json_decref(spec);

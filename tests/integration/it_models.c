@@ -640,6 +640,54 @@ START_TEST(test_create_placement_unknown_field)
 }
 END_TEST
 
+/* A GPT's block intermediates by name: rendered back as given, each
+ * analysis of its own (offloaded names on pinned_host), and refused with
+ * the name when in both lists (itself or through "h") or given to an MLP. */
+START_TEST(test_create_gpt_activation_names)
+{
+	static const char *const gpt = "\"gpt\": {\"vocab\": 37, \"context\": 8, \"layers\": 2, "
+	                               "\"d_model\": 16, \"heads\": 4}";
+	char *body = th_fmt("{\"name\": \"g\", %s, \"placement\": {\"activations\": "
+	                    "{\"save\": [\"x\", \"ln1\", \"attn\"], "
+	                    "\"offload\": [\"qkv\", \"mlp_act\"]}}}", gpt);
+	json_t *m = create(body), *want, *all, *none, *host;
+
+	want = json_pack("{s:[s, s, s], s:[s, s]}", "save", "x", "ln1", "attn", "offload", "qkv",
+	                 "mlp_act");
+	ck_assert_msg(json_equal(th_obj(th_obj(m, "placement"), "activations"), want),
+	              "activations as created");
+	json_decref(want);
+	json_decref(m);
+	free(body);
+	all = th_post_json(&D, "/v1/models/g:analyze", "{\"batch\": [2, 8], \"placement\": "
+	                   "{\"activations\": {\"save\": [\"x\", \"h\", \"mlp_act\"]}}}", 200);
+	none = th_post_json(&D, "/v1/models/g:analyze", "{\"batch\": [2, 8], \"placement\": "
+	                    "{\"activations\": {\"save\": [\"x\"]}}}", 200);
+	host = th_post_json(&D, "/v1/models/g:analyze", "{\"batch\": [2, 8], \"placement\": "
+	                    "{\"activations\": {\"offload\": [\"h\", \"mlp_act\"]}}}", 200);
+	ck_assert_int_gt(th_int(all, "temp_size_in_bytes"), th_int(none, "temp_size_in_bytes"));
+	ck_assert_int_eq(th_int(all, "host_temp_size_in_bytes"), 0);
+	ck_assert_int_gt(th_int(host, "host_temp_size_in_bytes"), 0);
+	ck_assert_int_gt(th_int(host, "h2d_bytes"), 0);
+	json_decref(all);
+	json_decref(none);
+	json_decref(host);
+	th_post_error_words(&D, "/v1/models/g:analyze", "{\"batch\": [2, 8], \"placement\": "
+	                    "{\"activations\": {\"save\": [\"qkv\"], \"offload\": [\"qkv\"]}}}",
+	                    400, "INVALID_ARGUMENT", "BAD_POLICY", "exclusive", "'qkv'", NULL);
+	th_post_error_words(&D, "/v1/models/g:analyze", "{\"batch\": [2, 8], \"placement\": "
+	                    "{\"activations\": {\"save\": [\"h\"], \"offload\": [\"attn\"]}}}",
+	                    400, "INVALID_ARGUMENT", "BAD_POLICY", "'attn'", "through", NULL);
+	th_post_error_words(&D, "/v1/models/g:analyze", "{\"batch\": [2, 8], \"placement\": "
+	                    "{\"activations\": {\"save\": [\"ln3\"]}}}",
+	                    400, "INVALID_ARGUMENT", "BAD_POLICY", "save[0]", "mlp_act", NULL);
+	th_post_error_words(&D, "/v1/models", "{\"name\": \"m\", \"mlp\": {\"layers\": 1, "
+	                    "\"d_model\": 4}, \"placement\": {\"activations\": "
+	                    "{\"save\": [\"x\", \"attn_out\"]}}}",
+	                    400, "INVALID_ARGUMENT", "BAD_POLICY", "'attn_out'", "GPT", NULL);
+}
+END_TEST
+
 START_TEST(test_create_exclusive_names)
 {
 	static const char *const policies[] = {
@@ -2181,6 +2229,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_create_sizes_not_truncated);
 	tcase_add_test(tc, test_create_placement_unknown_field);
 	tcase_add_test(tc, test_create_exclusive_names);
+	tcase_add_test(tc, test_create_gpt_activation_names);
 	tcase_add_test(tc, test_create_duplicate);
 	tcase_add_test(tc, test_get_list_delete);
 	suite_add_tcase(s, tc);

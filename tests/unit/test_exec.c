@@ -1907,20 +1907,65 @@ static const struct ts_mlp tiny_gpt = {.layers = 2, .d_model = 16, .d_hidden = 3
                                        .vocab = 37, .id_bytes = 4, .gpt = true, .heads = 4,
                                        .context = 8};
 
-/* Every GPT policy the planner takes (offloading "h" excepted): params and
- * optimizer state on the device or pinned_host, x saved, offloaded or
- * recomputed, h saved or recomputed, prefetch 0 or 1. */
+#define A(n) (1u << TS_GPT_A_##n)
+
+/* A block's intermediates by name (gpt.h): each saved, offloaded or
+ * recomputed, mixed, and with "h" beside mlp_act. */
+static const struct {
+	unsigned save, offload;
+	bool save_h, offload_h;
+} gpt_named[] = {
+	{A(ATTN) | A(LN2), A(QKV) | A(MLP_ACT) | A(RESID), false, false},
+	{0, A(MLP_ACT), false, true},                                   /* all on the host */
+	{A(LN1) | A(LN2) | A(MLP_H), A(ATTN_OUT) | A(RESID), false, false},
+	{0, A(MLP_ACT), true, false},
+	{A(MLP_ACT), 0, false, false},
+	{A(ATTN), 0, false, false},
+	{A(MLP_ACT), 0, false, true},
+	{A(QKV) | A(ATTN_OUT), A(LN1) | A(LN2), false, false},
+	{A(RESID) | A(MLP_H) | A(MLP_ACT), A(ATTN), false, false},
+	{A(LN1), A(QKV) | A(ATTN) | A(ATTN_OUT) | A(RESID) | A(LN2) | A(MLP_H), false, false},
+	{TS_GPT_ACTS_H | A(MLP_ACT), 0, false, false},
+	{A(QKV) | A(ATTN), A(MLP_H) | A(MLP_ACT), false, false},
+};
+
+#define GPT_BASE 72
+#define GPT_POLICIES (GPT_BASE + (int)(sizeof gpt_named / sizeof gpt_named[0]))
+
+/* Every GPT policy the planner takes: params and optimizer state on the
+ * device or pinned_host, x saved, offloaded or recomputed, h saved,
+ * offloaded or recomputed, prefetch 0 or 1 (the first GPT_BASE); then the
+ * intermediates by name (gpt_named) under placements of the same kinds. */
 static struct ts_policy gpt_policy(int k)
 {
+	int j = k - GPT_BASE;
 	struct ts_policy p = {.params = k % 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
 	                      .opt_state = (k / 2) % 2 ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE,
 	                      .save_x = (k / 4) % 3 == 1, .offload_x = (k / 4) % 3 == 2,
-	                      .save_h = (k / 12) % 2 == 1, .prefetch_depth = (k / 24) % 2};
+	                      .save_h = (k / 12) % 3 == 1, .offload_h = (k / 12) % 3 == 2,
+	                      .prefetch_depth = (k / 36) % 2};
 
+	if (j < 0)
+		return p;
+	p.save_x = j % 3 == 1;
+	p.offload_x = j % 3 == 2;
+	p.prefetch_depth = (j / 4) % 2;
+	p.save_acts = gpt_named[j].save;
+	p.offload_acts = gpt_named[j].offload;
+	p.save_h = gpt_named[j].save_h;
+	p.offload_h = gpt_named[j].offload_h;
 	return p;
 }
 
-#define GPT_POLICIES 48
+/* The next policy a case visits: all of them where steps are cheap; on
+ * the stand-in (sparse > 1) a few of each part. */
+static int gpt_next_policy(int k)
+{
+	if (k >= GPT_BASE)
+		return k + (sparse > 1 ? 6 : 1);
+	k = k ? k + (sparse > 1 ? GPT_BASE / 2 : 1) : 1;
+	return k < GPT_BASE ? k : GPT_BASE;
+}
 
 /* Three Adam steps (with clipping, and without: fused updates) under every
  * policy: each step's measured peaks equal the plan's (job_run), the loss
@@ -1939,7 +1984,7 @@ START_TEST(test_gpt_every_policy_same_results)
 		struct job ref;
 		float ref_loss[3];
 
-		for (int k = 0; k < GPT_POLICIES; k += k ? sparse : 1) {
+		for (int k = 0; k < GPT_POLICIES; k = gpt_next_policy(k)) {
 			struct ts_policy pol = gpt_policy(k);
 			struct ts_exec_result r;
 			struct job j;
@@ -2036,21 +2081,41 @@ START_TEST(test_gpt_evaluation_is_the_steps_forward)
 }
 END_TEST
 
-/* A batch of part of a window, heads that do not divide the width, and
- * offloading "h" are refused before anything is planned. */
-START_TEST(test_gpt_refusals)
+/* Refused with a message naming the culprit, before anything is planned. */
+static void refused(const struct ts_mlp *m, int batch, const struct ts_policy *pol,
+                    const char *culprit)
 {
-	struct ts_policy pol = gpt_policy(0);
-	struct ts_mlp m = tiny_gpt;
 	struct ts_plan p;
 
-	ck_assert_int_eq(ts_plan_build(&m, &grads_only, 12, &pol, &p, &err), TS_INVALID_ARGUMENT);
-	m.heads = 3;
-	ck_assert_int_eq(ts_plan_build(&m, &grads_only, 16, &pol, &p, &err), TS_INVALID_ARGUMENT);
-	m = tiny_gpt;
-	pol.offload_h = true;
-	ck_assert_int_eq(ts_plan_build(&m, &grads_only, 16, &pol, &p, &err), TS_INVALID_ARGUMENT);
 	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build(m, &grads_only, batch, pol, &p, &err), TS_INVALID_ARGUMENT);
+	ck_assert_msg(strstr(err.message, culprit), "'%s' not in: %s", culprit, err.message);
+	ts_error_clear(&err);
+}
+
+/* A batch of part of a window, heads that do not divide the width, a name
+ * both saved and offloaded (itself or through "h") and a GPT's names for
+ * an MLP are refused before anything is planned. */
+START_TEST(test_gpt_refusals)
+{
+	struct ts_policy pol = gpt_policy(0), named = gpt_policy(0);
+	struct ts_mlp m = tiny_gpt;
+
+	refused(&m, 12, &pol, "12 tokens");
+	m.heads = 3;
+	refused(&m, 16, &pol, "heads");
+	m = tiny_gpt;
+	named.save_acts = A(ATTN) | A(QKV);
+	named.offload_acts = A(MLP_ACT) | A(QKV);
+	refused(&m, 16, &named, "'qkv' is in both");
+	named.offload_acts = A(MLP_ACT);
+	named.offload_h = true;
+	refused(&m, 16, &named, "'qkv' is in \"save\" and, through \"h\", in \"offload\"");
+	named.offload_h = false;
+	named.offload_acts = 0;
+	m = small;
+	m.gpt = false;
+	refused(&m, 4, &named, "'qkv' is a GPT block's");
 }
 END_TEST
 

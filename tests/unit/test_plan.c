@@ -323,6 +323,101 @@ START_TEST(test_policy_refusals)
 }
 END_TEST
 
+/* ---- a GPT's activations by name --------------------------------------------------- */
+
+/* A GPT of 3 blocks: vocab 37, windows of 8 tokens, width 16, 4 heads, d_ff
+ * 48; batches of 2 windows. */
+static const struct ts_mlp gpt = {.layers = 3, .d_model = 16, .d_hidden = 48,
+                                  .act = TS_ACT_GELU, .loss = TS_LOSS_XENT, .vocab = 37,
+                                  .id_bytes = 4, .gpt = true, .heads = 4, .context = 8};
+#define GPT_B 2u
+
+static uint64_t aligned(uint64_t n)
+{
+	return (n + TS_PLAN_ALIGN - 1) / TS_PLAN_ALIGN * TS_PLAN_ALIGN;
+}
+
+/* One block's intermediate n in bytes, as docs/API.md's table counts it;
+ * with arena, as its buffers take the arena (each aligned: a LayerNorm's
+ * output and its statistics are two). */
+static uint64_t act_bytes(enum ts_gpt_act n, bool arena)
+{
+	uint64_t T = (uint64_t)gpt.context, N = GPT_B * T, d = (uint64_t)gpt.d_model;
+	uint64_t F = (uint64_t)gpt.d_hidden, H = (uint64_t)gpt.heads, one;
+
+	switch (n) {
+	case TS_GPT_A_LN1:
+	case TS_GPT_A_LN2:
+		return arena ? aligned(N * d * 4) + aligned(2 * N * 4) : (N * d + 2 * N) * 4;
+	case TS_GPT_A_QKV:
+		one = 3 * N * d * 4;
+		break;
+	case TS_GPT_A_ATTN:
+		one = GPT_B * H * T * T * 4;
+		break;
+	case TS_GPT_A_ATTN_OUT:
+	case TS_GPT_A_RESID:
+		one = N * d * 4;
+		break;
+	default:
+		one = N * F * 4;
+		break;
+	}
+	return arena ? aligned(one) : one;
+}
+
+static void plan_gpt(const struct ts_policy *pol, struct ts_plan *p)
+{
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	ck_assert_msg(ts_plan_build(&gpt, &grads_only, (int)GPT_B * gpt.context, pol, p, &err) ==
+	              TS_OK, "%s", err.message);
+	check_arena(p);
+}
+
+/* Each name offloaded alone holds its bytes of every block on pinned_host
+ * (all blocks' at the end of the forward pass; each buffer aligned in the
+ * arena) and moves them once each way; "h" all of them but mlp_act's. */
+START_TEST(test_gpt_offloaded_names_cost_their_bytes)
+{
+	struct ts_policy base = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                         .save_x = true};
+	struct ts_plan b, p;
+	uint64_t L = (uint64_t)gpt.layers, h = 0, hm = 0;
+
+	plan_gpt(&base, &b);
+	ck_assert_uint_eq(b.host_temp_size_in_bytes, 0);
+	for (int n = 0; n < TS_GPT_NACTS; n++) {
+		struct ts_policy pol = base;
+		uint64_t want = L * act_bytes((enum ts_gpt_act)n, false);
+		uint64_t held = L * act_bytes((enum ts_gpt_act)n, true);
+
+		pol.offload_acts = 1u << n;
+		plan_gpt(&pol, &p);
+		ck_assert_msg(p.host_temp_size_in_bytes == held && p.h2d_bytes - b.h2d_bytes == want &&
+		              p.d2h_bytes - b.d2h_bytes == want,
+		              "%s: host temp %llu, h2d +%llu, d2h +%llu; want %llu, %llu moved",
+		              ts_gpt_act_name((enum ts_gpt_act)n),
+		              (unsigned long long)p.host_temp_size_in_bytes,
+		              (unsigned long long)(p.h2d_bytes - b.h2d_bytes),
+		              (unsigned long long)(p.d2h_bytes - b.d2h_bytes),
+		              (unsigned long long)held, (unsigned long long)want);
+		if (TS_GPT_ACTS_H & (1u << n)) {
+			h += held;
+			hm += want;
+		}
+		ts_plan_release(&p);
+	}
+	base.offload_h = true;
+	plan_gpt(&base, &p);
+	ck_assert_uint_eq(p.host_temp_size_in_bytes, h);
+	ck_assert_uint_eq(p.h2d_bytes - b.h2d_bytes, hm);
+	ts_plan_release(&p);
+	ts_plan_release(&b);
+}
+END_TEST
+
 /* ---- evaluation: the forward pass and the loss only ---------------------------- */
 
 /* L layers of d 64, h 128 on 8 rows: x 2 KiB, h 4 KiB, w1/w2 32 KiB each. */
@@ -713,6 +808,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_big_adam_model);
 	tcase_add_test(tc, test_every_policy_is_consistent);
 	tcase_add_test(tc, test_policy_refusals);
+	tcase_add_test(tc, test_gpt_offloaded_names_cost_their_bytes);
 	tcase_add_test(tc, test_eval_params_on_device);
 	tcase_add_test(tc, test_eval_params_streamed);
 	tcase_add_test(tc, test_eval_outputs);
