@@ -2037,6 +2037,55 @@ START_TEST(test_gpt_bf16_policies_same_results)
 }
 END_TEST
 
+/* A float16 GPT: the same rounded products in the other 16-bit dtype; the
+ * first and last policies give the same bits over two steps, and its loss
+ * is neither the float32 model's nor the bfloat16 one's (11 bits of
+ * mantissa: nearer the float32 loss than bfloat16's 8). */
+START_TEST(test_gpt_f16_same_results)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                                  .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 0.5f};
+	float loss[3][2];
+	struct job ref;
+
+	for (int c = 0; c < 3; c++) {
+		struct ts_mlp m = tiny_gpt;
+
+		m.compute = c == 0 ? TS_COMPUTE_F32 : c == 1 ? TS_COMPUTE_BF16 : TS_COMPUTE_F16;
+		for (int k = 0; k < 2; k++) {
+			struct ts_policy pol = gpt_policy(k ? GPT_POLICIES - 1 : 0);
+			struct ts_exec_result r;
+			struct job j;
+
+			if (c < 2 && k)
+				continue;
+			job_new(&m, &adam, 16, &pol, 24, &j);
+			for (int step = 1; step <= 2; step++) {
+				job_run(&j, step, &r);
+				if (k == 0)
+					loss[c][step - 1] = r.loss;
+				else
+					same_loss(r.loss, loss[c][step - 1], "float16 gpt policy");
+			}
+			if (c == 2 && k == 0) {
+				ref = j;
+				continue;
+			}
+			if (c == 2)
+				for (int t = 0; t < TS_GPT_NPARAMS; t++)
+					for (int kind = 0; kind < 3; kind++)
+						same_values(&j, &ref, ts_gpt_role(kind, t), "float16 gpt policy");
+			job_free(&j);
+		}
+	}
+	job_free(&ref);
+	ck_assert_msg(loss[2][0] != loss[0][0] && loss[2][0] != loss[1][0] &&
+	              fabs(loss[2][0] - loss[0][0]) < fabs(loss[1][0] - loss[0][0]),
+	              "float16 loss %.9g, bfloat16 %.9g, float32 %.9g", loss[2][0], loss[1][0],
+	              loss[0][0]);
+}
+END_TEST
+
 /* The gradients of every parameter against central differences of the
  * step's own loss (optimizer none: the step writes the gradients and
  * leaves the weights), a few elements of each. */
@@ -2127,6 +2176,7 @@ static void add_gpt(TCase *tc)
 {
 	tcase_add_test(tc, test_gpt_every_policy_same_results);
 	tcase_add_test(tc, test_gpt_bf16_policies_same_results);
+	tcase_add_test(tc, test_gpt_f16_same_results);
 	tcase_add_test(tc, test_gpt_gradients_match_finite_differences);
 	tcase_add_test(tc, test_gpt_evaluation_is_the_steps_forward);
 	tcase_add_test(tc, test_gpt_refusals);
