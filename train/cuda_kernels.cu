@@ -12,7 +12,8 @@
  * mapping is ts_m_gemm_colmajor (kernels_math.h, tested against OpenBLAS).
  * The math mode is CUBLAS_DEFAULT_MATH: full float32, no TF32. Mixed
  * precision (kernels.h) rounds with k_round and multiplies with
- * cublasGemmEx (CUDA_R_16BF / CUDA_R_16F operands, CUDA_R_32F result,
+ * cublasGemmEx, or cublasGemmStridedBatchedEx for a GPT's attention
+ * products (CUDA_R_16BF / CUDA_R_16F operands, CUDA_R_32F result,
  * CUBLAS_COMPUTE_32F), looked up at run time as cudaEventElapsedTime is.
  *
  * The element-wise kernels use grid-stride loops over 64-bit indices and
@@ -655,10 +656,11 @@ static void cuda_fini(void *impl)
 /*
  * One cuBLAS product as the ops ask it: column-major arguments of a
  * row-major product (ts_m_gemm_colmajor), float32 (cublasSgemm), 16-bit
- * operands (cublasGemmEx, CUBLAS_COMPUTE_32F) or batches at strides
- * (cublasSgemmStridedBatched).
+ * operands (cublasGemmEx, CUBLAS_COMPUTE_32F), batches at strides
+ * (cublasSgemmStridedBatched) or 16-bit batches at strides
+ * (cublasGemmStridedBatchedEx, CUBLAS_COMPUTE_32F).
  */
-enum blas_kind { BLAS_SGEMM, BLAS_GEMM_EX, BLAS_STRIDED };
+enum blas_kind { BLAS_SGEMM, BLAS_GEMM_EX, BLAS_STRIDED, BLAS_STRIDED_EX };
 
 struct blas_job {
 	enum blas_kind kind;
@@ -666,8 +668,8 @@ struct blas_job {
 	float alpha, beta;
 	const void *A, *B;
 	float *C;
-	cudaDataType in;                /* BLAS_GEMM_EX: A's and B's type */
-	long long sA, sB, sC;           /* BLAS_STRIDED: strides in elements */
+	cudaDataType in;                /* BLAS_GEMM_EX, BLAS_STRIDED_EX: A's and B's type */
+	long long sA, sB, sC;           /* BLAS_STRIDED(_EX): strides in elements */
 	int batch;
 };
 
@@ -686,6 +688,11 @@ static cublasStatus_t blas_issue(cublasHandle_t h, const struct blas_job *j)
 		                                 (const float *)j->B, j->g.lda, j->sB,
 		                                 (const float *)j->A, j->g.ldb, j->sA, &j->beta, j->C,
 		                                 j->g.ldc, j->sC, j->batch);
+	case BLAS_STRIDED_EX:
+		return cublasGemmStridedBatchedEx(h, ta, tb, j->g.m, j->g.n, j->g.k, &j->alpha, j->B,
+		                                  j->in, j->g.lda, j->sB, j->A, j->in, j->g.ldb, j->sA,
+		                                  &j->beta, j->C, CUDA_R_32F, j->g.ldc, j->sC,
+		                                  j->batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
 	default:
 		return cublasSgemm(h, ta, tb, j->g.m, j->g.n, j->g.k, &j->alpha, (const float *)j->B,
 		                   j->g.lda, (const float *)j->A, j->g.ldb, &j->beta, j->C, j->g.ldc);
@@ -1146,6 +1153,35 @@ static ts_status cuda_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool
 	return blas_run(ck, q, &j, "cublasSgemmStridedBatched", err);
 }
 
+/* cublasGemmStridedBatchedEx: 16-bit batches, float32 results,
+ * CUBLAS_COMPUTE_32F, as gemm_lp's products. */
+static ts_status cuda_gemm_batched_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
+                                      bool ta, bool tb, int M, int N, int K, float alpha,
+                                      const uint16_t *A, uint64_t sA, const uint16_t *B,
+                                      uint64_t sB, float beta, float *C, uint64_t sC, int batch,
+                                      struct ts_error *err)
+{
+	struct cuda_kernels *ck = (struct cuda_kernels *)impl;
+	struct blas_job j = {};
+	ts_status st = enter(ck, err);
+
+	if (st != TS_OK)
+		return st;
+	j.kind = BLAS_STRIDED_EX;
+	j.in = dt == TS_COMPUTE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+	j.g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	j.alpha = alpha;
+	j.beta = beta;
+	j.A = A;
+	j.B = B;
+	j.C = C;
+	j.sA = (long long)sA;
+	j.sB = (long long)sB;
+	j.sC = (long long)sC;
+	j.batch = batch;
+	return blas_run(ck, q, &j, "cublasGemmStridedBatchedEx", err);
+}
+
 static ts_status cuda_softmax_fwd(void *impl, struct ts_queue *q, const float *S, int batch,
                                   int T, float scale, float *P, struct ts_error *err)
 {
@@ -1200,6 +1236,7 @@ static const struct ts__kernel_ops cuda_ops = {
 	cuda_softmax_bwd,
 	cuda_round,
 	cuda_gemm_lp,
+	cuda_gemm_batched_lp,
 	cuda_timeline_new,
 	cuda_timeline_mark,
 	cuda_timeline_read,

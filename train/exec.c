@@ -516,6 +516,7 @@ enum span {
 	S_STATS,      /* 2 n floats: a LayerNorm's mean and rstd per row */
 	S_PERIOD,     /* K x N floats */
 	S_BMK, S_BKN, S_BMN,          /* n batches of a GEMM's operands */
+	S_BMK_LOWP, S_BKN_LOWP,       /* the same operands rounded to 16 bits */
 	S_SQ,         /* n blocks of N x N floats */
 	S_COUNT
 };
@@ -563,6 +564,8 @@ static const struct kernel_rule {
 	[TS_P_GEMM_BATCHED] = {3, true, {RD(FA, OA, S_BMK), RD(FB, OB, S_BKN), WR(FC, OC, S_BMN)}},
 	[TS_P_SOFTMAX_FWD] = {2, false, {RD(FA, OA, S_SQ), WR(FB, OB, S_SQ)}},
 	[TS_P_SOFTMAX_BWD] = {3, false, {RD(FA, OA, S_SQ), RD(FB, OB, S_SQ), WR(FC, OC, S_SQ)}},
+	[TS_P_GEMM_BATCHED_LP] = {3, true, {RD(FA, OA, S_BMK_LOWP), RD(FB, OB, S_BKN_LOWP),
+	                                    WR(FC, OC, S_BMN)}},
 };
 
 #undef RD
@@ -589,6 +592,7 @@ static ts_status kernel_operands(const struct ts_plan *p, int action, const stru
 		[S_MK_LOWP] = M * K * LOWP, [S_KN_LOWP] = K * N * LOWP,
 		[S_ROWS_W] = rows_w, [S_W] = N * f, [S_STATS] = 2 * nb, [S_PERIOD] = K * N * f,
 		[S_BMK] = bn * M * K * f, [S_BKN] = bn * K * N * f, [S_BMN] = bn * M * N * f,
+		[S_BMK_LOWP] = bn * M * K * LOWP, [S_BKN_LOWP] = bn * K * N * LOWP,
 		[S_SQ] = bn * N * N * f,
 	};
 
@@ -763,6 +767,15 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 		                       (uint64_t)a->M * (uint64_t)a->K, at(r, a->b, a->boff),
 		                       (uint64_t)a->K * (uint64_t)a->N, a->beta, at(r, a->c, a->coff),
 		                       (uint64_t)a->M * (uint64_t)a->N, (int)a->n, err);
+		break;
+	case TS_P_GEMM_BATCHED_LP:
+		st = ts_k_gemm_batched_lp(k, q, p->mlp.compute, a->ta, a->tb, a->M, a->N, a->K, 1.0f,
+		                          (const uint16_t *)(const void *)at(r, a->a, a->aoff),
+		                          (uint64_t)a->M * (uint64_t)a->K,
+		                          (const uint16_t *)(const void *)at(r, a->b, a->boff),
+		                          (uint64_t)a->K * (uint64_t)a->N, a->beta,
+		                          at(r, a->c, a->coff), (uint64_t)a->M * (uint64_t)a->N,
+		                          (int)a->n, err);
 		break;
 	case TS_P_SOFTMAX_FWD:
 		st = ts_k_softmax_causal_fwd(k, q, at(r, a->a, a->aoff), (int)a->n, a->N,

@@ -137,8 +137,6 @@ ts_status ts_gpt_check(const struct ts_mlp *m, struct ts_error *err)
 	else if (m->loss != TS_LOSS_XENT || m->act != TS_ACT_GELU || m->proj || m->residual)
 		why = "a GPT takes loss softmax_cross_entropy, gelu, a tied head and its own "
 		      "residuals";
-	else if (m->compute != TS_COMPUTE_F32)
-		why = "a GPT computes in float32 (bfloat16 and float16 are for the MLP kinds)";
 	if (!why)
 		return TS_OK;
 	return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_MODEL", "gpt: %s", why);

@@ -25,6 +25,13 @@
  * lnf.b [d] (F = d_ff, the mlp's d_hidden). The catalog names them
  * "{model}.{name}".
  *
+ * With "dtype" bfloat16 (or float16) every product above - the four
+ * projections, q k^T and p v per head, the tied head - and each of its two
+ * backward products takes its operands rounded to that dtype and sums in
+ * float32 (plan.h's mixed precision: the cotangent is rounded like any
+ * operand); the scale 1/sqrt(hd) multiplies the float32 scores inside the
+ * softmax; everything else, the weights included, stays float32.
+ *
  * Thread-safety: pure functions.
  */
 #ifndef TS_GPT_H
@@ -107,7 +114,9 @@ bool ts_gpt_act_parse(const char *s, enum ts_gpt_act *out);
 /*
  * Checks a GPT model: vocab, context, layers, d_model, heads and d_ff
  * positive, d_model a multiple of heads, loss softmax_cross_entropy, act
- * gelu, no projection, float32 compute. INVALID_ARGUMENT (BAD_MODEL)
+ * gelu, no projection (any compute dtype: plan.h's mixed precision rounds
+ * the operands of every product, the attention's batched ones too).
+ * INVALID_ARGUMENT (BAD_MODEL)
  * naming what is wrong.
  */
 ts_status ts_gpt_check(const struct ts_mlp *m, struct ts_error *err);

@@ -504,6 +504,20 @@ ts_status ts_k_heads(struct ts_kernels *k, struct ts_queue *q, bool to_heads, co
 	return k->ops->heads(k->impl, q, to_heads, in, out, B, T, P, H, hd, err);
 }
 
+/* C = beta * C batch by batch (K = 0: no operand to read; cuBLAS refuses a
+ * leading dimension of 0, so no batched call). */
+static ts_status batched_scale(struct ts_kernels *k, struct ts_queue *q, int M, int N,
+                               float beta, float *C, uint64_t sC, int batch,
+                               struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	for (int i = 0; i < batch && st == TS_OK; i++)
+		st = k->ops->gemm(k->impl, q, false, false, M, N, 0, 1.0f, NULL, NULL, beta,
+		                  C + (uint64_t)i * sC, err);
+	return st;
+}
+
 ts_status ts_k_gemm_batched(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, int M,
                             int N, int K, float alpha, const float *A, uint64_t sA,
                             const float *B, uint64_t sB, float beta, float *C, uint64_t sC,
@@ -523,8 +537,40 @@ ts_status ts_k_gemm_batched(struct ts_kernels *k, struct ts_queue *q, bool ta, b
 		return BAD(err, "batched gemm: NULL operand");
 	if (batch > 1 && sC < (uint64_t)M * (uint64_t)N)
 		return BAD(err, "batched gemm: C's batches overlap (stride below M*N)");
+	if (K == 0)
+		return batched_scale(k, q, M, N, beta, C, sC, batch, err);
 	return k->ops->gemm_batched(k->impl, q, ta, tb, M, N, K, alpha, A, sA, B, sB, beta, C, sC,
 	                            batch, err);
+}
+
+ts_status ts_k_gemm_batched_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt,
+                               bool ta, bool tb, int M, int N, int K, float alpha,
+                               const uint16_t *A, uint64_t sA, const uint16_t *B, uint64_t sB,
+                               float beta, float *C, uint64_t sC, int batch,
+                               struct ts_error *err)
+{
+	ts_status st = check_queue(k, q, "batched gemm_lp", err);
+
+	if (st != TS_OK)
+		return st;
+	if (!lowp_known(dt))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "batched gemm_lp: compute dtype %d is not bfloat16 or float16",
+		                    (int)dt);
+	if (M < 0 || N < 0 || K < 0 || batch < 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "batched gemm_lp: negative size (M=%d, N=%d, K=%d, batch=%d)", M,
+		                    N, K, batch);
+	if (M == 0 || N == 0 || batch == 0)
+		return TS_OK;
+	if (!C || (K > 0 && (!A || !B)))
+		return BAD(err, "batched gemm_lp: NULL operand");
+	if (batch > 1 && sC < (uint64_t)M * (uint64_t)N)
+		return BAD(err, "batched gemm_lp: C's batches overlap (stride below M*N)");
+	if (K == 0)
+		return batched_scale(k, q, M, N, beta, C, sC, batch, err);
+	return k->ops->gemm_batched_lp(k->impl, q, dt, ta, tb, M, N, K, alpha, A, sA, B, sB, beta,
+	                               C, sC, batch, err);
 }
 
 static ts_status check_softmax(int batch, int T, float scale, const char *what,

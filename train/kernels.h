@@ -198,6 +198,20 @@ ts_status ts_k_gemm_batched(struct ts_kernels *k, struct ts_queue *q, bool ta, b
                             int N, int K, float alpha, const float *A, uint64_t sA,
                             const float *B, uint64_t sB, float beta, float *C, uint64_t sC,
                             int batch, struct ts_error *err);
+/*
+ * gemm_batched_lp: the same batch products with A and B 16-bit values of
+ * the compute dtype dt (as gemm_lp's), products and sums in float32, C
+ * float32. CPU: each product's two operands widened exactly to float32 in
+ * the queue's workspace (one product's worth, reused batch by batch), then
+ * sgemm; CUDA: cublasGemmStridedBatchedEx (CUDA_R_16BF or CUDA_R_16F
+ * operands, CUDA_R_32F result, CUBLAS_COMPUTE_32F). INVALID_ARGUMENT as
+ * gemm_lp's and gemm_batched's.
+ */
+ts_status ts_k_gemm_batched_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt,
+                               bool ta, bool tb, int M, int N, int K, float alpha,
+                               const uint16_t *A, uint64_t sA, const uint16_t *B, uint64_t sB,
+                               float beta, float *C, uint64_t sC, int batch,
+                               struct ts_error *err);
 
 /*
  * Causal softmax of scores S [batch, T, T]: row i attends to columns

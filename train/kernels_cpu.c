@@ -9,7 +9,8 @@
  *
  * gemm is OpenBLAS's cblas_sgemm, called column-major with the very
  * arguments cuBLAS gets (ts_m_gemm_colmajor); gemm_lp widens its 16-bit
- * operands to float32 first and runs the same sgemm; everything else is a plain,
+ * operands to float32 first and runs the same sgemm (gemm_batched_lp batch
+ * by batch); everything else is a plain,
  * single threaded loop over the formulas of kernels_math.h, which the CUDA
  * kernels use too. Sums run in double in the reductions' fixed lane order,
  * so a sequence of kernels gives bit-identical results run after run, and
@@ -615,6 +616,20 @@ static void run_gemm_batched(const struct job *j)
 	}
 }
 
+/* Batch by batch: product i's 16-bit operands at A16 + i sA and B16 + i sB
+ * widened into the workspace (one product's worth), then its sgemm. */
+static void run_gemm_batched_lp(const struct job *j)
+{
+	struct job one = *j;
+
+	for (int i = 0; i < j->u.gemm.batch; i++) {
+		one.u.gemm.A16 = j->u.gemm.A16 + (uint64_t)i * j->u.gemm.sA;
+		one.u.gemm.B16 = j->u.gemm.B16 + (uint64_t)i * j->u.gemm.sB;
+		one.u.gemm.C = j->u.gemm.C + (uint64_t)i * j->u.gemm.sC;
+		run_gemm_lp(&one);
+	}
+}
+
 /* Row i of a T x T block of scores attends to columns 0..i. */
 static void run_softmax_fwd(const struct job *j)
 {
@@ -663,10 +678,11 @@ static void ws_release(struct cpu_ws *ws)
 		free(ws);
 }
 
-/* What a closure holds beside its own memory: a gemm_lp's workspace. */
+/* What a closure holds beside its own memory: a gemm_lp's workspace (a
+ * batched one's too). */
 static void job_release(const struct job *j)
 {
-	if (j->run == run_gemm_lp)
+	if (j->run == run_gemm_lp || j->run == run_gemm_batched_lp)
 		ws_release(j->u.gemm.ws);
 }
 
@@ -1011,6 +1027,33 @@ static ts_status cpu_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool 
 	return job_post(q, &a, err);
 }
 
+/* One product's float32 workspace, the queue's warm one (ws_take) as
+ * gemm_lp's: the batches widen into it in turn. */
+static ts_status cpu_gemm_batched_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
+                                     bool ta, bool tb, int M, int N, int K, float alpha,
+                                     const uint16_t *A, uint64_t sA, const uint16_t *B,
+                                     uint64_t sB, float beta, float *C, uint64_t sC, int batch,
+                                     struct ts_error *err)
+{
+	uint64_t mk = (uint64_t)M * (uint64_t)K, kn = (uint64_t)K * (uint64_t)N;
+	struct job a = {.run = run_gemm_batched_lp,
+	                .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K, .alpha = alpha,
+	                           .beta = beta, .C = C, .dt = lowp_dtype(dt), .A16 = A, .B16 = B,
+	                           .sA = sA, .sB = sB, .sC = sC, .batch = batch}};
+	struct cpu_ws *ws = NULL;
+
+	if (mk + kn <= SIZE_MAX / sizeof(float))
+		ws = ws_take(impl, q, (size_t)(mk + kn) * sizeof(float));
+	if (!ws)
+		return ts_error_oom(err, "%s: out of memory for the float32 workspace of a batched "
+		                    "%s gemm (%llu elements)", ts_device_props(ts_queue_device(q))->id,
+		                    ts_compute_name(dt), (unsigned long long)(mk + kn));
+	a.u.gemm.ws = ws;
+	a.u.gemm.A = (const float *)(const void *)ws->mem;
+	a.u.gemm.B = (const float *)(const void *)ws->mem + mk;
+	return job_post(q, &a, err);
+}
+
 static ts_status cpu_softmax_fwd(void *impl, struct ts_queue *q, const float *S, int batch,
                                  int T, float scale, float *P, struct ts_error *err)
 {
@@ -1057,6 +1100,7 @@ static const struct ts__kernel_ops cpu_ops = {
 	.softmax_bwd = cpu_softmax_bwd,
 	.round = cpu_round,
 	.gemm_lp = cpu_gemm_lp,
+	.gemm_batched_lp = cpu_gemm_batched_lp,
 };
 
 const struct ts__kernel_ops *ts__kernels_cpu_ops(void)

@@ -101,6 +101,10 @@ struct ts__kernel_ops {
 	ts_status (*gemm_lp)(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta, bool tb,
 	                     int M, int N, int K, float alpha, const uint16_t *A,
 	                     const uint16_t *B, float beta, float *C, struct ts_error *err);
+	ts_status (*gemm_batched_lp)(void *impl, struct ts_queue *q, enum ts_compute dt, bool ta,
+	                             bool tb, int M, int N, int K, float alpha, const uint16_t *A,
+	                             uint64_t sA, const uint16_t *B, uint64_t sB, float beta,
+	                             float *C, uint64_t sC, int batch, struct ts_error *err);
 
 	/* A device-timed timeline (kernels.h); NULL ops: none. q is a queue of
 	 * the kernels' device, checked. */

@@ -122,10 +122,8 @@ void ts__pb_copy(struct ts__pb *b, int dst, uint64_t doff, int src, uint64_t sof
 		a->a = dst;
 }
 
-/* A device temp of role TS_ROLE_LOWP holding n elements of buffer src
- * (+soff) rounded to the compute dtype (plan.h). */
-static int round_copy(struct ts__pb *b, int src, uint64_t soff, uint64_t n, int layer,
-                      const char *phase)
+int ts__pb_round(struct ts__pb *b, int src, uint64_t soff, uint64_t n, int layer,
+                 const char *phase)
 {
 	int t = ts__pb_temp(b, TS_ROLE_LOWP, TS_MEM_DEVICE, layer, n * LOWP, phase);
 	struct ts_paction *x = ts__pb_emit(b, TS_P_ROUND, layer, phase);
@@ -150,8 +148,8 @@ void ts__pb_gemm(struct ts__pb *b, int c, uint64_t coff, int a_, uint64_t aoff, 
 	struct ts_paction *x;
 
 	if (lowp) {
-		ra = round_copy(b, a_, aoff, (uint64_t)M * (uint64_t)K, layer, phase);
-		rb = round_copy(b, b_, boff, (uint64_t)K * (uint64_t)N, layer, phase);
+		ra = ts__pb_round(b, a_, aoff, (uint64_t)M * (uint64_t)K, layer, phase);
+		rb = ts__pb_round(b, b_, boff, (uint64_t)K * (uint64_t)N, layer, phase);
 		a_ = ra;
 		b_ = rb;
 		aoff = boff = 0;

@@ -57,7 +57,12 @@
  * of two bfloat16 (or float16) values is exact in float32, so only the
  * accumulation order differs from a bf16 GEMM; CUDA runs cublasGemmEx on
  * them (CUDA_R_16BF or CUDA_R_16F operands, CUDA_R_32F result,
- * CUBLAS_COMPUTE_32F).
+ * CUBLAS_COMPUTE_32F). A GPT's batched attention products (q k^T, p v and
+ * their four backward products) are the same: their two operands, every
+ * batch of each, rounded into two LOWP temps (ROUND, ROUND,
+ * GEMM_BATCHED_LP), on CPU widened and multiplied batch by batch with
+ * sgemm, on CUDA cublasGemmStridedBatchedEx; the softmax, LayerNorm, GELU,
+ * the attention scale and the cross-entropy stay float32.
  *
  * Atomicity: a step either updates every weight or leaves every array as it
  * was. Temps live at planner-assigned offsets in one arena per memory kind
@@ -227,6 +232,8 @@ enum ts_pop {
 	TS_P_GEMM_BATCHED,/* n products of GEMM's shapes, dense batches back to back */
 	TS_P_SOFTMAX_FWD, /* b = causal softmax of a, n blocks of N x N */
 	TS_P_SOFTMAX_BWD, /* c = its gradient at probabilities a, upstream b */
+	TS_P_GEMM_BATCHED_LP, /* as GEMM_BATCHED, with a and b 16-bit copies of its
+	                         n dense batches (offset 0), c float32 */
 };
 
 struct ts_paction {

@@ -233,26 +233,37 @@ static void heads(struct gpt *g, bool to, int in, int out, int parts, int l, con
 	a->n = (uint64_t)g->N * (uint64_t)parts * (uint64_t)g->d;
 }
 
-/* B*H products of [M, K] x [K, N], dense batches. */
+/* B*H products of [M, K] x [K, N], dense batches; with a 16-bit compute
+ * dtype on rounded copies of both operands (plan.h), as ts__pb_gemm. */
 static void bmm(struct gpt *g, int c, uint64_t co, int a_, uint64_t ao, bool ta, int b_,
                 uint64_t bo, bool tb, int M, int N, int K, int l, const char *ph)
 {
-	struct ts_paction *a = op(g, TS_P_GEMM_BATCHED, l, ph);
+	uint64_t nb = (uint64_t)g->B * (uint64_t)g->H;
+	bool lowp = ts_mlp_lowp(&g->b->p->mlp) && M > 0 && N > 0 && K > 0;
+	int ra = -1, rb = -1;
+	struct ts_paction *a;
 
-	if (!a)
-		return;
-	a->a = a_;
-	a->aoff = ao;
-	a->b = b_;
-	a->boff = bo;
-	a->c = c;
-	a->coff = co;
-	a->ta = ta;
-	a->tb = tb;
-	a->M = M;
-	a->N = N;
-	a->K = K;
-	a->n = (uint64_t)g->B * (uint64_t)g->H;
+	if (lowp) {
+		ra = ts__pb_round(g->b, a_, ao, nb * (uint64_t)M * (uint64_t)K, l, ph);
+		rb = ts__pb_round(g->b, b_, bo, nb * (uint64_t)K * (uint64_t)N, l, ph);
+	}
+	a = op(g, lowp ? TS_P_GEMM_BATCHED_LP : TS_P_GEMM_BATCHED, l, ph);
+	if (a) {
+		a->a = lowp ? ra : a_;
+		a->aoff = lowp ? 0 : ao;
+		a->b = lowp ? rb : b_;
+		a->boff = lowp ? 0 : bo;
+		a->c = c;
+		a->coff = co;
+		a->ta = ta;
+		a->tb = tb;
+		a->M = M;
+		a->N = N;
+		a->K = K;
+		a->n = nb;
+	}
+	ts__pb_release(g->b, ra, l, ph);
+	ts__pb_release(g->b, rb, l, ph);
 }
 
 static void softmax(struct gpt *g, enum ts_pop o, int a_, int b_, int c, int l, const char *ph)

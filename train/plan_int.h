@@ -58,6 +58,10 @@ void ts__pb_release(struct ts__pb *b, int buf, int layer, const char *phase);
 /* dst (+doff) <- src (+soff), bytes, on a copy queue, and the wait for it. */
 void ts__pb_copy(struct ts__pb *b, int dst, uint64_t doff, int src, uint64_t soff,
                  uint64_t bytes, int layer, const char *phase);
+/* A device temp of role TS_ROLE_LOWP holding n elements of buffer src
+ * (+soff) rounded to the compute dtype (plan.h); freed by ts__pb_release. */
+int ts__pb_round(struct ts__pb *b, int src, uint64_t soff, uint64_t n, int layer,
+                 const char *phase);
 /* c (+coff) = op(a) @ op(b) (+ beta c), rounded operands in a 16-bit compute dtype. */
 void ts__pb_gemm(struct ts__pb *b, int c, uint64_t coff, int a_, uint64_t aoff, bool ta, int b_,
                  uint64_t boff, bool tb, int M, int N, int K, float beta, int layer,

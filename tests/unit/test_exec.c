@@ -2013,6 +2013,124 @@ START_TEST(test_gpt_every_policy_same_results)
 }
 END_TEST
 
+/* A bfloat16 GPT: every product of its plan - the projections, the tied
+ * head and the attention's batched ones - runs on rounded operands (no
+ * float32 GEMM is left), a few policies spanning every choice give the
+ * same bits over three Adam steps (with clipping) and measure the plan's
+ * peaks (job_run), and its loss is near the float32 model's but not it. */
+START_TEST(test_gpt_bf16_policies_same_results)
+{
+	static const int pols[] = {0, 5, 11, 19, 30, 47};
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                                  .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 0.5f};
+	struct ts_mlp m = tiny_gpt;
+	struct ts_exec_result r;
+	struct job ref;
+	float ref_loss[3], f32_loss;
+	int batched = 0, lp = 0;
+
+	m.compute = TS_COMPUTE_BF16;
+	for (size_t i = 0; i < sizeof pols / sizeof pols[0]; i++) {
+		struct ts_policy pol = gpt_policy(pols[i]);
+		struct job j;
+
+		if (sparse > 1 && i > 0 && i + 1 < sizeof pols / sizeof pols[0])
+			continue;           /* the stand-in's CUDA: the first and the last */
+		job_new(&m, &adam, 16, &pol, 21, &j);
+		for (int a = 0; i == 0 && a < j.plan.nactions; a++) {
+			enum ts_pop op = j.plan.actions[a].op;
+
+			ck_assert_msg(op != TS_P_GEMM && op != TS_P_GEMM_BATCHED,
+			              "action %d: a float32 product in a bfloat16 GPT", a);
+			batched += op == TS_P_GEMM_BATCHED_LP;
+			lp += op == TS_P_GEMM_LP;
+		}
+		for (int step = 1; step <= 3; step++) {
+			job_run(&j, step, &r);
+			if (i == 0)
+				ref_loss[step - 1] = r.loss;
+			else
+				same_loss(r.loss, ref_loss[step - 1], "bfloat16 gpt policy");
+		}
+		if (i == 0) {
+			/* per block: 2 forward, 4 backward; a recompute adds forwards */
+			ck_assert_int_ge(batched, 6 * m.layers);
+			ck_assert_int_gt(lp, 0);
+			ck_assert_msg(ref_loss[2] < ref_loss[0], "loss %.6g -> %.6g", ref_loss[0],
+			              ref_loss[2]);
+			ref = j;
+			continue;
+		}
+		for (int t = 0; t < TS_GPT_NPARAMS; t++)
+			for (int kind = 0; kind < 3; kind++)
+				same_values(&j, &ref, ts_gpt_role(kind, t), "bfloat16 gpt policy");
+		job_free(&j);
+	}
+	job_free(&ref);
+	{
+		struct ts_policy pol = gpt_policy(0);
+		struct job j;
+
+		job_new(&tiny_gpt, &adam, 16, &pol, 21, &j);
+		job_run(&j, 1, &r);
+		f32_loss = r.loss;
+		job_free(&j);
+	}
+	ck_assert_msg(ref_loss[0] != f32_loss &&
+	              fabs(ref_loss[0] - f32_loss) < 1e-2 * fabs(f32_loss),
+	              "bfloat16 loss %.9g, float32 %.9g", ref_loss[0], f32_loss);
+}
+END_TEST
+
+/* A float16 GPT: the same rounded products in the other 16-bit dtype; the
+ * first and last policies give the same bits over two steps, and its loss
+ * is neither the float32 model's nor the bfloat16 one's (11 bits of
+ * mantissa: nearer the float32 loss than bfloat16's 8). */
+START_TEST(test_gpt_f16_same_results)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                                  .b2 = 0.999f, .eps = 1e-8f, .clip_global_norm = 0.5f};
+	float loss[3][2];
+	struct job ref;
+
+	for (int c = 0; c < 3; c++) {
+		struct ts_mlp m = tiny_gpt;
+
+		m.compute = c == 0 ? TS_COMPUTE_F32 : c == 1 ? TS_COMPUTE_BF16 : TS_COMPUTE_F16;
+		for (int k = 0; k < 2; k++) {
+			struct ts_policy pol = gpt_policy(k ? GPT_POLICIES - 1 : 0);
+			struct ts_exec_result r;
+			struct job j;
+
+			if (c < 2 && k)
+				continue;
+			job_new(&m, &adam, 16, &pol, 24, &j);
+			for (int step = 1; step <= 2; step++) {
+				job_run(&j, step, &r);
+				if (k == 0)
+					loss[c][step - 1] = r.loss;
+				else
+					same_loss(r.loss, loss[c][step - 1], "float16 gpt policy");
+			}
+			if (c == 2 && k == 0) {
+				ref = j;
+				continue;
+			}
+			if (c == 2)
+				for (int t = 0; t < TS_GPT_NPARAMS; t++)
+					for (int kind = 0; kind < 3; kind++)
+						same_values(&j, &ref, ts_gpt_role(kind, t), "float16 gpt policy");
+			job_free(&j);
+		}
+	}
+	job_free(&ref);
+	ck_assert_msg(loss[2][0] != loss[0][0] && loss[2][0] != loss[1][0] &&
+	              fabs(loss[2][0] - loss[0][0]) < fabs(loss[1][0] - loss[0][0]),
+	              "float16 loss %.9g, bfloat16 %.9g, float32 %.9g", loss[2][0], loss[1][0],
+	              loss[0][0]);
+}
+END_TEST
+
 /* The gradients of every parameter against central differences of the
  * step's own loss (optimizer none: the step writes the gradients and
  * leaves the weights), a few elements of each. */
@@ -2122,6 +2240,8 @@ END_TEST
 static void add_gpt(TCase *tc)
 {
 	tcase_add_test(tc, test_gpt_every_policy_same_results);
+	tcase_add_test(tc, test_gpt_bf16_policies_same_results);
+	tcase_add_test(tc, test_gpt_f16_same_results);
 	tcase_add_test(tc, test_gpt_gradients_match_finite_differences);
 	tcase_add_test(tc, test_gpt_evaluation_is_the_steps_forward);
 	tcase_add_test(tc, test_gpt_refusals);

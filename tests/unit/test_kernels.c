@@ -2460,6 +2460,92 @@ START_TEST(test_gemm_batched_against_float64)
 	REFUSED(ts_k_gemm_batched(kern, q, false, false, M, N, K, 1, dA, SA, dB, SB, 0, dC, SC,
 	                          -1, &err));
 	OK(ts_k_gemm_batched(kern, q, false, false, M, N, K, 1, dA, SA, dB, SB, 0, dC, SC, 0, &err));
+	/* K = 0: C = beta C in each batch, the gaps kept */
+	dC = dput(C0, SC * BATCH);
+	OK(ts_k_gemm_batched(kern, q, false, false, M, N, 0, 1, NULL, 0, NULL, 0, 0.5f, dC, SC,
+	                     BATCH, &err));
+	dget(C, dC, SC * BATCH);
+	for (int e = 0; e < SC * BATCH; e++)
+		ck_assert(C[e] == (e % SC < M * N ? 0.5f * C0[e] : C0[e]));
+}
+END_TEST
+
+/* Batched products of 16-bit operands (bfloat16, float16) against float64
+ * of the rounded values, every transpose, strides with gaps (rounded whole,
+ * gaps and all, as a plan rounds a dense operand): each batch within float32
+ * accumulation (as gemm_lp_case), the gaps between C's batches kept; K = 0
+ * scales C; bad arguments refused. */
+START_TEST(test_lowp_gemm_batched_against_float64)
+{
+	enum { M = 6, N = 10, K = 13, BATCH = 4, GAP = 5 };
+	enum { SA = M * K + GAP, SB = K * N + GAP, SC = M * N + GAP };
+	float A[SA * BATCH], Bm[SB * BATCH], C0[SC * BATCH], C[SC * BATCH];
+	uint16_t A16[SA * BATCH], B16[SB * BATCH];
+
+	fill_rnd(A, SA * BATCH, 181, -1.0f, 1.0f);
+	fill_rnd(Bm, SB * BATCH, 182, -1.0f, 1.0f);
+	fill_rnd(C0, SC * BATCH, 183, -1.0f, 1.0f);
+	for (int c = 0; c < 2; c++) {
+		enum ts_compute dt = c ? TS_COMPUTE_F16 : TS_COMPUTE_BF16;
+		float *dA = dput(A, SA * BATCH), *dB = dput(Bm, SB * BATCH), *dC;
+		uint16_t *dA16 = dalloc16(SA * BATCH), *dB16 = dalloc16(SB * BATCH);
+
+		OK(ts_k_round(kern, q, dt, dA, dA16, SA * BATCH, &err));
+		OK(ts_k_round(kern, q, dt, dB, dB16, SB * BATCH, &err));
+		dget16(A16, dA16, SA * BATCH);
+		dget16(B16, dB16, SB * BATCH);
+		for (int t = 0; t < 4; t++) {
+			bool ta = t & 1, tb = t & 2;
+			float beta = t == 3 ? 0.5f : 0.0f;
+
+			dC = dput(C0, SC * BATCH);
+			OK(ts_k_gemm_batched_lp(kern, q, dt, ta, tb, M, N, K, 1.5f, dA16, SA, dB16, SB,
+			                        beta, dC, SC, BATCH, &err));
+			dget(C, dC, SC * BATCH);
+			for (int i = 0; i < BATCH; i++) {
+				const uint16_t *a = A16 + i * SA, *bb = B16 + i * SB;
+
+				for (int r = 0; r < M; r++)
+					for (int col = 0; col < N; col++) {
+						double sum = 0, mag = 0, want, c0 = C0[i * SC + r * N + col];
+
+						for (int k = 0; k < K; k++) {
+							double x = widen(dt, ta ? a[k * M + r] : a[r * K + k]);
+							double y = widen(dt, tb ? bb[col * K + k] : bb[k * N + col]);
+
+							sum += x * y;
+							mag += fabs(x * y);
+						}
+						want = 1.5 * sum + beta * c0;
+						mag = 1.5 * mag + fabs(beta * c0);
+						ck_assert_msg(fabs(C[i * SC + r * N + col] - want) <= 1e-5 * mag + 1e-30,
+						              "%s t %d batch %d C[%d,%d] = %.9g, want %.9g",
+						              ts_compute_name(dt), t, i, r, col,
+						              C[i * SC + r * N + col], want);
+					}
+				for (int gI = M * N; gI < SC; gI++)
+					ck_assert(C[i * SC + gI] == C0[i * SC + gI]);
+			}
+		}
+		/* K = 0: C = beta C, no operand read */
+		dC = dput(C0, SC * BATCH);
+		OK(ts_k_gemm_batched_lp(kern, q, dt, false, false, M, N, 0, 1, NULL, 0, NULL, 0, 0.5f,
+		                        dC, SC, BATCH, &err));
+		dget(C, dC, SC * BATCH);
+		for (int i = 0; i < BATCH; i++)
+			for (int e = 0; e < M * N; e++)
+				ck_assert(C[i * SC + e] == 0.5f * C0[i * SC + e]);
+		REFUSED(ts_k_gemm_batched_lp(kern, q, TS_COMPUTE_F32, false, false, M, N, K, 1, dA16,
+		                             SA, dB16, SB, 0, dC, SC, BATCH, &err));
+		REFUSED(ts_k_gemm_batched_lp(kern, q, dt, false, false, M, N, K, 1, dA16, SA, dB16,
+		                             SB, 0, dC, 10, BATCH, &err));
+		REFUSED(ts_k_gemm_batched_lp(kern, q, dt, false, false, M, N, K, 1, NULL, SA, dB16,
+		                             SB, 0, dC, SC, BATCH, &err));
+		REFUSED(ts_k_gemm_batched_lp(kern, q, dt, false, false, M, N, K, 1, dA16, SA, dB16,
+		                             SB, 0, dC, SC, -1, &err));
+		OK(ts_k_gemm_batched_lp(kern, q, dt, false, false, M, N, K, 1, dA16, SA, dB16, SB, 0,
+		                        dC, SC, 0, &err));
+	}
 }
 END_TEST
 
@@ -2546,6 +2632,8 @@ START_TEST(test_cuda_matches_cpu_transformer_bit_for_bit)
 	struct xbuf DG = xput(g, D), DB = xput(g, D), O = xput(x, P * D), HD = xput(x, R * D);
 	struct xbuf S = xput(s, (size_t)BT * T * T), PP = xput(s, (size_t)BT * T * T);
 	struct xbuf DP = xput(dp, (size_t)BT * T * T), C = xput(x, 8 * 24 * 24);
+	/* the bfloat16 copies of X's first 2 * 8 * 24 * 17 floats (16 bits each) */
+	struct xbuf X16 = xput(x, 8 * 24 * 17), CL = xput(x, 8 * 24 * 24);
 
 	for (int b = 0; b < 2; b++) {
 		OK(ts_k_ln_fwd(xk[b], xq[b], X.d[b], G.d[b], B.d[b], R, D, 1e-5f, Y.d[b], ST.d[b],
@@ -2561,6 +2649,12 @@ START_TEST(test_cuda_matches_cpu_transformer_bit_for_bit)
 		                           &err));
 		OK(ts_k_gemm_batched(xk[b], xq[b], false, true, 24, 24, 17, 0.25f, X.d[b], 24 * 17,
 		                     X.d[b] + 5, 24 * 17, 0.0f, C.d[b], 24 * 24, 8, &err));
+		OK(ts_k_round(xk[b], xq[b], TS_COMPUTE_BF16, X.d[b], (uint16_t *)(void *)X16.d[b],
+		              2 * 8 * 24 * 17, &err));
+		OK(ts_k_gemm_batched_lp(xk[b], xq[b], TS_COMPUTE_BF16, true, false, 24, 24, 17, 1.0f,
+		                        (const uint16_t *)(void *)X16.d[b], 24 * 17,
+		                        (const uint16_t *)(void *)X16.d[b] + 8 * 24 * 17, 24 * 17,
+		                        0.0f, CL.d[b], 24 * 24, 8, &err));
 	}
 	xcheck(&Y, 0, 0, "layernorm");
 	xcheck(&ST, 0, 0, "layernorm statistics");
@@ -2573,6 +2667,10 @@ START_TEST(test_cuda_matches_cpu_transformer_bit_for_bit)
 	xcheck(&PP, 1, 0, "causal softmax");
 	xcheck(&DP, 2, 1e-12, "causal softmax gradient");
 	xcheck(&C, 64, 1e-5, "batched gemm");
+	xcheck(&X16, 0, 0, "bfloat16 rounding");
+	xcheck(&CL, 64, 1e-5, "batched bfloat16 gemm");
+	xfree(&X16);
+	xfree(&CL);
 	xfree(&X);
 	xfree(&DY);
 	xfree(&G);
@@ -2616,6 +2714,7 @@ static void add_lowp(TCase *tc)
 	tcase_add_test(tc, test_lowp_gemm_back_to_back_on_two_queues);
 	tcase_add_test(tc, test_lowp_bad_arguments_refused);
 	tcase_add_test(tc, test_lowp_supported);
+	tcase_add_test(tc, test_lowp_gemm_batched_against_float64);
 }
 
 static void add_common(TCase *tc)
