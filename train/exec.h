@@ -36,7 +36,8 @@ struct ts_exec_env {
 };
 
 struct ts_exec_result {
-	float loss;                        /* this step's loss, read back */
+	float loss;                        /* this step's loss, read back (accumulating:
+	                                      the mean of its micro-batches') */
 	float grad_norm;                   /* the gradients' global norm before clipping,
 	                                      read back; NaN when the plan has none (no
 	                                      clip_global_norm: the update is fused) */

@@ -75,6 +75,14 @@ bool ts__pb_update_fused(const struct ts_plan *p);
 /* A whole-model buffer when want, else -1. */
 int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role, enum ts_pbuf_class cls,
                  enum ts_memory_kind kind, uint64_t bytes);
+/* Gradient accumulation (plan.h's ts_plan_build_accumulate). micro: the
+ * actions from index `first` on read micro-batch j of the input and target
+ * arguments IN and TGT (their offsets there moved by j micro-batches).
+ * accumulate: acc += g (n floats, whole buffers), then g freed. mean: acc
+ * (n floats) scaled by 1 / the plan's accumulate. */
+void ts__pb_micro(struct ts__pb *b, int first, int j, int IN, int TGT);
+void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char *phase);
+void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase);
 /* Starts building *out (zeroed): model, policy, batch, the per-layer state. */
 void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *mlp,
                   const struct ts_policy *policy, int batch);
@@ -82,11 +90,12 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
  * RESOURCE_EXHAUSTED, "no memory to plan the <what>". */
 ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err);
 
-/* The GPT kind's step and evaluation (plan_gpt.c), as ts_plan_build and
- * ts_plan_build_eval, which call them for a GPT. */
+/* The GPT kind's step and evaluation (plan_gpt.c), as
+ * ts_plan_build_accumulate and ts_plan_build_eval, which call them for a
+ * GPT. */
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             const struct ts_policy *policy, struct ts_plan *out,
-                             struct ts_error *err);
+                             int accumulate, const struct ts_policy *policy,
+                             struct ts_plan *out, struct ts_error *err);
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
                                   const struct ts_policy *policy,
                                   const struct ts_eval_spec *spec, struct ts_plan *out,
