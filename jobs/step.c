@@ -793,16 +793,15 @@ static json_t *floats_json(const float *v, uint64_t n)
 	return a;
 }
 
-/* What the steps report one value per step of, beside the losses: the
- * learning rate each update used (with an optimizer) and the gradients'
- * global norm before clipping (where clipping computes it), into o. */
+/* What the steps report one value per step of, beside the losses, with an
+ * optimizer: the learning rate each update used and the gradients' global
+ * norm before clipping, into o. */
 static void per_step_json(const struct run *s, const struct ts_session_report *rep, json_t *o)
 {
 	if (!o || s->model.opt.type == TS_OPT_NONE)
 		return;
 	json_object_set_new(o, "learning_rates", floats_json(rep->learning_rates, rep->steps));
-	if (s->model.opt.clip_global_norm > 0 || s->accumulate > 1)
-		json_object_set_new(o, "grad_norms", floats_json(rep->grad_norms, rep->steps));
+	json_object_set_new(o, "grad_norms", floats_json(rep->grad_norms, rep->steps));
 }
 
 /* The result of a run (the session's report; the plan's analysis). */

@@ -1005,6 +1005,31 @@ static ts_status journal_restore(struct run *r, struct ts_error *err)
 	return TS_OK;
 }
 
+/*
+ * A plan with fused updates (norm_after): its global norm's temp, the first
+ * allocated and the last freed, still holds the sum of squares in the
+ * device arena once every queue is synced; read back now, after the step
+ * succeeded, so that a failed read costs the norm (NaN), never the step.
+ */
+static void read_norm_after(struct run *r)
+{
+	const struct ts_plan *p = r->p;
+	struct ts_error nerr;
+
+	for (int i = 0; i < p->nbufs; i++) {
+		const struct ts_pbuf *bf = &p->bufs[i];
+
+		if (bf->role != TS_ROLE_NORM || bf->cls != TS_PB_TEMP || bf->kind != TS_MEM_DEVICE ||
+		    !r->arena[0] || bf->offset + sizeof r->gnorm_sq > r->arena_bytes[0])
+			continue;
+		ts_error_clear(&nerr);
+		r->norm_read = ts_queue_copy(r->q[QC], &r->gnorm_sq, r->arena[0] + bf->offset,
+		                             sizeof r->gnorm_sq, TS_COPY_D2H, &nerr) == TS_OK &&
+		               ts_queue_sync(r->q[QC], &nerr) == TS_OK;
+		return;
+	}
+}
+
 /* Waits for every queue, gives back the arenas, frees the events. Keeps
  * the first failure in err and returns the outcome. */
 static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
@@ -1027,6 +1052,8 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 	/* a failure past the first update: the journal puts the weights back */
 	if (st != TS_OK && r->updating && r->journal && journal_restore(r, err) != TS_OK)
 		st = TS_DATA_LOSS;
+	if (st == TS_OK && r->p->norm_after && !r->norm_read)
+		read_norm_after(r);
 	for (int i = 0; r->s && i < r->p->nbufs; i++) {
 		slot_release(r, i);
 		if (r->s[i].copied)

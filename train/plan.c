@@ -397,6 +397,15 @@ bool ts__pb_update_fused(const struct ts_plan *p)
 	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0) && p->accumulate <= 1;
 }
 
+void ts__pb_norm_begin(struct ts__pb *b)
+{
+	if (!ts__pb_update_fused(b->p) || b->norm >= 0)
+		return;
+	b->norm = ts__pb_temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "forward");
+	ts__pb_elementwise(b, TS_P_FILL, b->norm, -1, -1, 1, -1, "forward");
+	b->p->norm_after = b->norm >= 0;
+}
+
 static int backward(struct ts__pb *b, int g)
 {
 	const struct ts_plan *p = b->p;
@@ -533,6 +542,17 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
 		ts__pb_copy(b, mu, 0, MU, soff, wb, l, phase);
 		nu = ts__pb_temp(b, pr->rnu, TS_MEM_DEVICE, l, wb, phase);
 		ts__pb_copy(b, nu, 0, NU, soff, wb, l, phase);
+	}
+	if (norm < 0 && b->norm >= 0) {
+		/* fused: the gradient's squares into the step's global norm */
+		struct ts_paction *q = ts__pb_emit(b, TS_P_SUMSQ, l, phase);
+
+		if (q) {
+			q->a = G;
+			q->aoff = goff;
+			q->b = b->norm;
+			q->n = n;
+		}
 	}
 	u = ts__pb_emit(b, TS_P_UPDATE, l, phase);
 	if (u) {
@@ -769,7 +789,7 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
 	*b = (struct ts__pb){.p = out, .W1 = -1, .W2 = -1, .MU1 = -1, .MU2 = -1, .NU1 = -1,
 	                      .NU2 = -1, .IN = -1, .TGT = -1, .G1 = -1, .G2 = -1, .EMB = -1,
 	                      .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1, .NUP = -1, .GE = -1,
-	                      .GP = -1, .x0 = -1};
+	                      .GP = -1, .x0 = -1, .norm = -1};
 	out->mlp = *mlp;
 	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
 	out->policy = *policy;
@@ -846,6 +866,8 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
 	free(b->hh);
 	free(b->w1);
 	free(b->w2);
+	ts__pb_release(b, b->norm, -1, "update");     /* the last of the step's temps */
+	b->norm = -1;
 	if (!b->failed)
 		b->failed = ts__plan_analyse(b->p);
 	if (b->failed) {
@@ -987,6 +1009,7 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
 	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
 	add_arguments(&b, gcls == TS_PB_OUTPUT, true);
+	ts__pb_norm_begin(&b);
 	for (int j = 0; j < accumulate && !b.failed; j++)
 		mlp_micro(&b, j, gcls);
 	if (opt->type != TS_OPT_NONE && !ts__pb_update_fused(out)) {

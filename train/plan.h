@@ -241,6 +241,9 @@ struct ts_plan {
 	int batch;                       /* rows of one micro-batch (of the step, without
 	                                    accumulation) */
 	int accumulate;                  /* micro-batches per step, >= 1 (ts_plan_build_accumulate) */
+	bool norm_after;                 /* fused updates: the global norm's temp (role
+	                                    NORM, the first temp allocated and the last
+	                                    freed) is read back after the step */
 	bool evaluate;                   /* forward and loss only (ts_plan_build_eval) */
 	bool no_targets;                 /* an evaluation of the logits only (ts_eval_spec) */
 	bool last;                       /* a GPT's outputs: each window's last position */

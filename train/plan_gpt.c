@@ -825,6 +825,7 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 	gpt_start(&g, &b, out, mlp, policy, batch, mlp->context, grads_out,
 	          opt->type == TS_OPT_ADAM, true);
 	fused = ts__pb_update_fused(out);
+	ts__pb_norm_begin(&b);
 	for (int j = 0; j < accumulate && !b.failed; j++)
 		step_micro(&g, j, grads_out, fused);
 	for (int t = 0; accumulate > 1 && !b.failed && t < NP; t++)

@@ -34,6 +34,7 @@ struct ts__pb {
 	/* token models: the table, the projection, their state and gradients */
 	int EMB, PRJ, MUE, MUP, NUE, NUP, GE, GP;
 	int x0;          /* the gathered first input (a temp), or -1 */
+	int norm;        /* fused updates: the global norm's temp, or -1 */
 };
 
 
@@ -72,6 +73,12 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
                          uint64_t goff, int norm, int fused, const char *phase);
 /* Whether each update runs right after its gradient (no clipping). */
 bool ts__pb_update_fused(const struct ts_plan *p);
+/* A step with fused updates: the global norm's temp, allocated (and
+ * zeroed) before everything else of the step and freed by ts__pb_finish
+ * after everything else; each update adds its gradient's squares into it
+ * (ts__pb_update_param), and the executor reads it back after the step
+ * (plan.h's norm_after). No-op for a plan without fused updates. */
+void ts__pb_norm_begin(struct ts__pb *b);
 /* A whole-model buffer when want, else -1. */
 int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role, enum ts_pbuf_class cls,
                  enum ts_memory_kind kind, uint64_t bytes);

@@ -1564,8 +1564,12 @@ END_TEST
  * that absorbed the failure trained, and either way the job keeps training
  * exactly as an untouched one.
  */
-static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
-                      struct ts_policy pol, const char *what)
+static void job_new_acc(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                        int accumulate, const struct ts_policy *pol, unsigned seed,
+                        struct job *j);
+
+static void walk_step_k(const struct ts_mlp *m, const struct ts_optimizer *o,
+                        struct ts_policy pol, int micro, const char *what)
 {
 	static const enum ts_fault_kind kinds[] = {TS_FAULT_COPY, TS_FAULT_ALLOC_HEAP,
 	                                           TS_FAULT_ALLOC_DEVICE, TS_FAULT_ALLOC_PINNED,
@@ -1574,8 +1578,8 @@ static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
 	struct ts_exec_result r, rf;
 	int done = 1, failed = 0, points = 0;
 
-	job_new(m, o, 16, &pol, 8, &j);
-	job_new(m, o, 16, &pol, 8, &fresh);
+	job_new_acc(m, o, 16, micro, &pol, 8, &j);
+	job_new_acc(m, o, 16, micro, &pol, 8, &fresh);
 	job_run(&j, 1, &r);
 	job_run(&fresh, 1, &rf);
 	for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
@@ -1628,6 +1632,12 @@ static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
 	job_free(&fresh);
 }
 
+static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
+                      struct ts_policy pol, const char *what)
+{
+	walk_step_k(m, o, pol, 1, what);
+}
+
 START_TEST(test_every_failure_point_of_a_step_leaves_every_array_whole)
 {
 	static const struct ts_optimizer adam_fused = {.type = TS_OPT_ADAM,
@@ -1650,6 +1660,10 @@ START_TEST(test_every_failure_point_of_a_step_leaves_every_array_whole)
 	walk_step(&walk_mlp, &adam_fused, pol, "params on pinned_host, state on the device");
 	pol = guide_policy(false, false, 0);
 	walk_step(&walk_mlp, &adam_fused, pol, "everything on the device");
+	walk_step_k(&walk_mlp, &adam_fused, pol, 2, "everything on the device, 2 micro-batches");
+	pol = guide_policy(true, true, 1);
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	walk_step_k(&walk_mlp, &adam_opt, pol, 3, "all offloaded, clipped, 3 micro-batches");
 }
 END_TEST
 #endif
@@ -2322,8 +2336,77 @@ START_TEST(test_gpt_accumulate_every_policy_same_results)
 }
 END_TEST
 
+/*
+ * Fused updates (no clipping, no accumulation) report the global norm too:
+ * that of the gradients the same step writes without an optimizer, within
+ * float32 rounding, the same bits under each placement, and the plan's
+ * peaks measured (job_run) with the norm's temp among them.
+ */
+static void fused_norm(const struct ts_mlp *m, int batch, int npol,
+                       struct ts_policy (*policy)(int), int stride, const char *what)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                                  .b2 = 0.999f, .eps = 1e-8f};
+	enum ts_pbuf_role roles[TS_GPT_NPARAMS];
+	int nr = grad_roles(m, roles);
+	struct ts_policy p0 = policy(0);
+	struct ts_exec_result r;
+	struct job g;
+	double sq = 0;
+	float first = NAN;
+
+	job_new(m, &grads_only, batch, &p0, 33, &g);
+	ck_assert(!g.plan.norm_after);
+	job_run(&g, 1, &r);
+	ck_assert(isnan(r.grad_norm));
+	for (int t = 0; t < nr; t++) {
+		size_t n;
+		float *x = job_read(&g, roles[t], &n);
+
+		for (size_t e = 0; e < n; e++)
+			sq += (double)x[e] * x[e];
+		free(x);
+	}
+	job_free(&g);
+	for (int p = 0; p < npol; p += p ? stride : 1) {
+		struct ts_policy pol = policy(p);
+		struct job j;
+
+		job_new(m, &adam, batch, &pol, 33, &j);
+		ck_assert(j.plan.norm_after);
+		job_run(&j, 1, &r);
+		ck_assert_msg(fabs(r.grad_norm - sqrt(sq)) <= 1e-5 * sqrt(sq),
+		              "%s, policy %d: global norm %.9g, of the gradients %.9g", what, p,
+		              (double)r.grad_norm, sqrt(sq));
+		if (p == 0)
+			first = r.grad_norm;
+		else
+			ck_assert_msg(agree(r.grad_norm, first, 0), "%s, policy %d: norm %.9g, policy 0's "
+			              "%.9g", what, p, (double)r.grad_norm, (double)first);
+		job_free(&j);
+	}
+}
+
+START_TEST(test_fused_steps_report_the_global_norm)
+{
+	const struct ts_mlp tok = {.layers = 2, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
+	                           .residual = true, .loss = TS_LOSS_XENT, .vocab = 29,
+	                           .proj = true, .id_bytes = 2};
+
+	fused_norm(&small, 5, 2 * ANY_POLICIES, any_policy_state, 7, "guide mlp");
+	fused_norm(&tok, 9, 2 * ANY_POLICIES, any_policy_state, 7, "token mlp");
+}
+END_TEST
+
+START_TEST(test_gpt_fused_steps_report_the_global_norm)
+{
+	fused_norm(&tiny_gpt, 16, GPT_POLICIES, gpt_policy, 5 * sparse, "gpt");
+}
+END_TEST
+
 static void add_accumulate(TCase *tc)
 {
+	tcase_add_test(tc, test_fused_steps_report_the_global_norm);
 	tcase_add_test(tc, test_accumulate_is_the_mean_of_the_micro_batches);
 	tcase_add_test(tc, test_accumulate_every_policy_same_results);
 	tcase_add_test(tc, test_accumulate_plans_and_refusals);
@@ -2331,6 +2414,7 @@ static void add_accumulate(TCase *tc)
 
 static void add_gpt_accumulate(TCase *tc)
 {
+	tcase_add_test(tc, test_gpt_fused_steps_report_the_global_norm);
 	tcase_add_test(tc, test_gpt_accumulate_is_the_mean_of_the_micro_batches);
 	tcase_add_test(tc, test_gpt_accumulate_every_policy_same_results);
 }
