@@ -697,7 +697,7 @@ class Client:
         Answers the :class:`Operation` (progress in steps; its
         :attr:`Operation.partial_result` carries the losses so far while it
         runs), or with ``wait=True`` the step report (``losses``,
-        ``learning_rates``, ``grad_norms`` when clipping or accumulating, predicted and measured
+        ``learning_rates`` and ``grad_norms`` with an optimizer, predicted and measured
         peaks, times, and with windows where they stopped: ``windows.next``).
 
         Raises:
