@@ -21,10 +21,12 @@
  *
  * Atomicity: every copy and kernel before the first UPDATE is known good
  * before it is enqueued; the loss (each micro-batch's, accumulating) is
- * read back before it too. Versioned
- * arguments (plan.h) are written to new memory, so after the first UPDATE
- * nothing can change an argument but kernels, which allocate nothing. A
- * failure anywhere leaves the arguments as they were.
+ * read back before it too, and so is the global norm when the updates wait
+ * for it (clipping, accumulation); fused updates' norm is read after the
+ * step succeeded, best effort. Versioned arguments (plan.h) are written to
+ * new memory, so after the first UPDATE nothing can change an argument but
+ * kernels, which allocate nothing. A failure anywhere leaves the arguments
+ * as they were.
  *
  * A WAIT is honoured where it matters, at the first kernel that touches the
  * copied buffer: the compute queue waits on the copy's event there and not

@@ -1010,8 +1010,10 @@ END_TEST
  * Gradient accumulation against gpt_reference.py's (the gradients of the k
  * micro-batches' mean losses summed in order and divided by k, then one
  * clip + AdamW update, as optax.MultiSteps and nanoGPT do): 5 steps of 2
- * micro-batches of 2 windows each, clipping on: every loss (the mean of the
- * micro-batches') within 1e-5 relative, every global norm within 1e-5, the
+ * micro-batches of 2 windows each, clipping on, a warmup-cosine schedule:
+ * every loss (the mean of the micro-batches') within 1e-5 relative, the
+ * learning rates optax's (one per optimizer step), every global norm
+ * within 1e-5, the
  * weights and Adam's moments within 1e-4 of their largest; a twin without
  * an optimizer writes the mean gradient within 1e-5 of JAX's; then 2 steps
  * of 4 micro-batches of random windows of a stream, losses within 1e-5 and
@@ -1026,7 +1028,9 @@ START_TEST(test_gpt_accumulate_vs_jax)
 	static const char *const opt =
 		"{\"type\": \"adamw\", \"weight_decay\": 0.1, \"decay\": \"matrices\", "
 		"\"clip_global_norm\": 0.5, \"b1\": 0.9, \"b2\": 0.95, \"eps\": 1e-8, "
-		"\"learning_rate\": 0.01}";
+		"\"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0.0, "
+		"\"peak_value\": 0.01, \"warmup_steps\": 2, \"decay_steps\": 5, "
+		"\"end_value\": 0.001}}";
 	enum { K = 2, STEPS_A = 5, N = 401 };
 	int32_t in[GB * (GC + 1)], tg[GB * GC];
 	uint16_t stream[N];
@@ -1068,6 +1072,13 @@ START_TEST(test_gpt_accumulate_vs_jax)
 	n_worst = worst_loss(th_arr(res, "grad_norms"), th_arr(ref, "grad_norms"));
 	ck_assert_msg(n_worst <= 1e-5, "accumulating gpt: global norms off by %.3g from JAX's",
 	              n_worst);
+	/* one learning rate per optimizer step, optax's schedule at its count */
+	for (size_t i = 0; i < STEPS_A; i++)
+		ck_assert_msg((float)json_number_value(json_array_get(th_arr(res, "learning_rates"),
+		                                                      i)) ==
+		              (float)json_number_value(json_array_get(th_arr(ref, "learning_rates"),
+		                                                      i)),
+		              "accumulating gpt: step %zu's learning rate is not optax's", i);
 	w_worst = compare_files("ga", gpt_files, 5, dir, "", 1e-4, "after 5 accumulating steps");
 	w_worst = fmax(w_worst, compare_files("ga", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
 	                                      "after 5 accumulating steps"));
