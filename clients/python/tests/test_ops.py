@@ -261,8 +261,9 @@ def test_gpt_step_accumulates_micro_batches(client):
     assert np.float32(rep["losses"][0]) == (micro[0] + micro[1]) / np.float32(2)
     assert len(rep["grad_norms"]) == 1 and rep["grad_norms"][0] > 0
     assert rep["measured_peak_device_bytes"] == rep["predicted_peak_device_bytes"]
-    assert client.analyze("ga", [4, 8], accumulate=2)["peak_device_bytes"] == \
-        rep["predicted_peak_device_bytes"]
+    an = client.analyze("ga", [4, 8], accumulate=2)
+    assert an["peak_device_bytes"] == rep["predicted_peak_device_bytes"]
+    assert an["accumulate"] == 2 and "accumulate" not in client.analyze("ga", [4, 8])
     assert client.model("ga")["steps"] == 1
     for bad in (0, -2, 3, 2000):
         with pytest.raises(tstage.InvalidArgument) as e:
