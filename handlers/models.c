@@ -193,6 +193,36 @@ static ts_status analyze_rows(struct ts_model *m, json_int_t B, json_int_t D, co
 static ts_status eval_outputs_parse(const struct ts_core *core, json_t *o, bool need_name,
                                     struct ts_job_outputs *s, struct ts_error *err);
 
+/* Parses "accumulate": micro-batches an optimizer step, an integer in
+ * 1..TS_PLAN_ACCUMULATE_MAX (absent: 1). BAD_ACCUMULATE otherwise. */
+static ts_status accumulate_parse(json_t *v, int *k, struct ts_error *err)
+{
+	json_int_t n;
+
+	*k = 1;
+	if (!v)
+		return TS_OK;
+	n = json_is_integer(v) ? json_integer_value(v) : 0;
+	if (n < 1 || n > TS_PLAN_ACCUMULATE_MAX)
+		return ts_error_bad(err, "BAD_ACCUMULATE", NULL,
+		                    "accumulate is an integer in 1..%d (micro-batches an optimizer "
+		                    "step)", TS_PLAN_ACCUMULATE_MAX);
+	*k = (int)n;
+	return TS_OK;
+}
+
+/* The micro-batches of an analysed step: its rows split in k, whole
+ * samples (B of them) each. */
+static ts_status analyze_split(json_int_t B, int k, int *rows, struct ts_error *err)
+{
+	if (B % k != 0)
+		return ts_error_bad(err, "BAD_ACCUMULATE", NULL,
+		                    "accumulate %d splits the batch's %lld rows into micro-batches: "
+		                    "their count must be a multiple of it", k, (long long)B);
+	*rows /= k;
+	return TS_OK;
+}
+
 /*
  * The policy a run runs with: the model's activations and prefetch, with
  * params and optimizer state where their arrays are now
@@ -233,10 +263,10 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_plan plan;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *batch, *pl, *outs = NULL, *modej = NULL;
+	json_t *body, *batch, *pl, *outs = NULL, *modej = NULL, *acc = NULL;
 	json_int_t B = 0, D = 0;
 	const char *ids = NULL;
-	int rows = 0;
+	int rows = 0, k = 1;
 	const char *mode = "step";
 	struct ts_job_outputs ev = {.kind = TS_MEM_DEVICE};
 	bool evaluate;
@@ -246,9 +276,9 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
 	pl = NULL;
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o, s?s}", "batch",
-	                            &batch, "placement", &pl, "mode", &modej, "outputs", &outs,
-	                            "dtype", &ids) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s?o, s?o, s?o, s?s, s?o}",
+	                            "batch", &batch, "placement", &pl, "mode", &modej, "outputs",
+	                            &outs, "dtype", &ids, "accumulate", &acc) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"batch\": [B, d]})", jerr.text);
@@ -272,15 +302,23 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 		             "\"outputs\" is for mode evaluate: a step writes no outputs");
 		goto out_fail;
 	}
+	if (acc && evaluate) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_ACCUMULATE",
+		             "\"accumulate\" is for mode step: an evaluation has no optimizer step");
+		goto out_fail;
+	}
 	if (outs && eval_outputs_parse(call->core, outs, false, &ev, &err) != TS_OK)
 		goto out_fail;
-	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK)
+	if (accumulate_parse(acc, &k, &err) != TS_OK)
+		goto out_fail;
+	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK ||
+	    analyze_split(B, k, &rows, &err) != TS_OK)
 		goto out_fail;
 	if (run_policy(call->core, &m, pl, false, &pol, &err) != TS_OK)
 		goto out_fail;
 	if (evaluate ? ts_plan_build_eval(&m.mlp, rows, &pol, ev.outputs, ev.kind, &plan,
 	                                  &err) != TS_OK
-	             : ts_plan_build(&m.mlp, &m.opt, rows, &pol, &plan, &err) != TS_OK)
+	             : ts_plan_build_accumulate(&m.mlp, &m.opt, rows, k, &pol, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, ts_render_plan(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -302,15 +340,15 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	struct ts_plan plan;
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *spec = NULL, *batch = NULL;
+	json_t *body, *spec = NULL, *batch = NULL, *acc = NULL;
 	json_int_t B = 0, D = 0;
 	const char *ids = NULL;
-	int rows = 0;
+	int rows = 0, k = 1;
 
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s:o, s?s}", "model", &spec,
-	                            "batch", &batch, "dtype", &ids) != 0 ||
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s:o, s:o, s?s, s?o}", "model", &spec,
+	                            "batch", &batch, "dtype", &ids, "accumulate", &acc) != 0 ||
 	    json_unpack_ex(batch, &jerr, JSON_STRICT, "[II]", &B, &D) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "analyze body: %s (expected {\"model\": {...}, \"batch\": [B, d]})", jerr.text);
@@ -321,9 +359,12 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	if (ts_job_model_parse(&call->core->env, call->core->default_device, spec, &m, &init,
 	                       &err) != TS_OK)
 		goto out_fail;
-	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK)
+	if (accumulate_parse(acc, &k, &err) != TS_OK)
 		goto out_fail;
-	if (ts_plan_build(&m.mlp, &m.opt, rows, &m.policy, &plan, &err) != TS_OK)
+	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK ||
+	    analyze_split(B, k, &rows, &err) != TS_OK)
+		goto out_fail;
+	if (ts_plan_build_accumulate(&m.mlp, &m.opt, rows, k, &m.policy, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, ts_render_plan(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -466,7 +507,8 @@ static ts_status operand_parse(json_t *spec, const char *what, struct ts_job_ope
 
 /*
  * POST /v1/models/{model}:step {"inputs", "targets", "steps", "placement",
- * "batches"} or {"windows", "steps", "placement"}: ts_job_step_submit (jobs/step.h says what a step holds,
+ * "batches", "accumulate"} or {"windows", "steps", "placement",
+ * "accumulate"}: ts_job_step_submit (jobs/step.h says what a step holds,
  * writes and publishes).
  */
 void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
@@ -476,17 +518,17 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_error err;
 	json_error_t jerr;
 	json_t *body = NULL, *inputs = NULL, *targets = NULL, *pl = NULL, *batches = NULL;
-	json_t *windows = NULL;
+	json_t *windows = NULL, *acc = NULL;
 	json_int_t steps = 1;
 
 	if (!ready_model_from_path(call, reply, &run.model))
 		return;
 	ts_error_clear(&err);
 	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s?o, s?o, s?I, s?o, s?o, s?o}",
+	if (!body || json_unpack_ex(body, &jerr, JSON_STRICT, "{s?o, s?o, s?I, s?o, s?o, s?o, s?o}",
 	                            "inputs", &inputs, "targets", &targets, "steps", &steps,
 	                            "placement", &pl, "batches", &batches, "windows",
-	                            &windows) != 0) {
+	                            &windows, "accumulate", &acc) != 0) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		             "step body: %s (expected {\"inputs\": ..., \"targets\": ..., \"steps\": N, "
 		             "\"batches\": {...}} or {\"windows\": {...}, \"steps\": N})", jerr.text);
@@ -505,6 +547,8 @@ void ts_h_models_step(const struct ts_call *call, struct ts_reply *reply)
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_STEPS", "steps is in 1..1000000");
 		goto out_fail;
 	}
+	if (accumulate_parse(acc, &run.accumulate, &err) != TS_OK)
+		goto out_fail;
 	if (run_policy(call->core, &run.model, pl, true, &run.policy, &err) != TS_OK)
 		goto out_fail;
 	run.steps = (uint64_t)steps;

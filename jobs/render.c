@@ -282,6 +282,8 @@ json_t *ts_render_plan(const struct ts_plan *p, bool timeline)
 	                      "h2d_bytes", (json_int_t)p->h2d_bytes,
 	                      "d2h_bytes", (json_int_t)p->d2h_bytes);
 
+	if (o && p->accumulate > 1)          /* a step of that many micro-batches */
+		json_object_set_new(o, "accumulate", json_integer(p->accumulate));
 	if (o && timeline) {
 		json_t *t = json_array();
 

@@ -35,7 +35,8 @@ json_t *ts_render_shards(const struct ts_array *a);
 json_t *ts_render_array(const struct ts_array *a);
 
 /* The memory analysis of a plan (the *_size_in_bytes, peak_device_bytes,
- * h2d/d2h bytes), with timeline the live device bytes at each point. */
+ * h2d/d2h bytes, and a step's accumulate when above 1), with timeline the
+ * live device bytes at each point. */
 json_t *ts_render_plan(const struct ts_plan *p, bool timeline);
 
 /* The optimizer object of a spec: type (adamw for decoupled decay), b1, b2,

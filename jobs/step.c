@@ -68,6 +68,8 @@ struct run {
 	struct ts_model model;
 	struct ts_policy policy;
 	uint64_t steps;
+	int accumulate;                    /* micro-batches a step (1: none); a data-driven
+	                                      run's batches.size and windows.size count them all */
 	char *inputs, *targets;            /* owned copies of the operands' names; NULL: none */
 	json_t *inputs_rows, *targets_rows;   /* own copies of the request's, or NULL */
 	struct ts_array *held[TS_ROLE_COUNT];  /* the model's arrays by role (own references) */
@@ -593,6 +595,16 @@ static ts_status window_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
 	return TS_OK;
 }
 
+/* " x accumulate k" for a run of k > 1 micro-batches a step, else "" (in
+ * buf), for the messages about its batches. */
+static const char *times_accumulate(const struct run *s, char *buf, size_t cap)
+{
+	if (s->accumulate <= 1)
+		return "";
+	snprintf(buf, cap, " x accumulate %d", s->accumulate);
+	return buf;
+}
+
 /* A windows run's operands: the one stream, as inputs and as targets, read
  * as one-token rows (token ids of a token model; any shape, one shard);
  * the first step's windows. */
@@ -602,6 +614,7 @@ static ts_status windows_begin(struct run *s, struct operand *in, struct operand
 	const struct ts_array_desc *d = ts_array_desc(in->arr);
 	struct windows *w = &s->windows;
 	const char *name = ts_array_name(in->arr);
+	char acc[32];
 	uint64_t n;
 
 	if (!ts_mlp_tokens(&s->model.mlp))
@@ -630,14 +643,17 @@ static ts_status windows_begin(struct run *s, struct operand *in, struct operand
 	w->per_epoch = (n - 1) / w->context;
 	if (w->size > w->per_epoch)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
-		                    "windows.batch_size %llu exceeds the %llu windows of context %llu "
-		                    "that '%s' (%llu tokens) holds", (unsigned long long)w->size,
+		                    "windows.batch_size %llu%s exceeds the %llu windows of context "
+		                    "%llu that '%s' (%llu tokens) holds",
+		                    (unsigned long long)(w->size / (uint64_t)s->accumulate),
+		                    times_accumulate(s, acc, sizeof acc),
 		                    (unsigned long long)w->per_epoch, (unsigned long long)w->context,
 		                    name, (unsigned long long)n);
 	if (w->size * w->context > (1u << 24))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_WINDOWS",
-		                    "windows of %llu x %llu tokens; a step takes at most %u",
-		                    (unsigned long long)w->size, (unsigned long long)w->context,
+		                    "windows of %llu x %llu tokens (batch_size%s, context); a step "
+		                    "takes at most %u", (unsigned long long)w->size,
+		                    (unsigned long long)w->context, times_accumulate(s, acc, sizeof acc),
 		                    1u << 24);
 	*rows = w->size * w->context;
 	*id_bytes = (int)ts_dtype_size(d->dtype);
@@ -659,6 +675,7 @@ static ts_status batches_begin(struct run *s, struct operand *in, struct operand
 {
 	const struct ts_array_desc *d = ts_array_desc(in->arr);
 	struct batches *b = &s->batches;
+	char acc[32];
 	ts_status st;
 
 	if (in->rows_json || (tgt->arr && tgt->rows_json))
@@ -678,8 +695,9 @@ static ts_status batches_begin(struct run *s, struct operand *in, struct operand
 		                    ts_array_name(in->arr));
 	if (b->size > b->rows)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCHES",
-		                    "batches.batch_size %llu exceeds the %llu rows of '%s'",
-		                    (unsigned long long)b->size, (unsigned long long)b->rows,
+		                    "batches.batch_size %llu%s exceeds the %llu rows of '%s'",
+		                    (unsigned long long)(b->size / (uint64_t)s->accumulate),
+		                    times_accumulate(s, acc, sizeof acc), (unsigned long long)b->rows,
 		                    ts_array_name(in->arr));
 	in->rows = malloc(b->size * sizeof *in->rows);
 	tgt->rows = tgt->arr ? malloc(b->size * sizeof *tgt->rows) : NULL;
@@ -775,16 +793,15 @@ static json_t *floats_json(const float *v, uint64_t n)
 	return a;
 }
 
-/* What the steps report one value per step of, beside the losses: the
- * learning rate each update used (with an optimizer) and the gradients'
- * global norm before clipping (where clipping computes it), into o. */
+/* What the steps report one value per step of, beside the losses, with an
+ * optimizer: the learning rate each update used and the gradients' global
+ * norm before clipping, into o. */
 static void per_step_json(const struct run *s, const struct ts_session_report *rep, json_t *o)
 {
 	if (!o || s->model.opt.type == TS_OPT_NONE)
 		return;
 	json_object_set_new(o, "learning_rates", floats_json(rep->learning_rates, rep->steps));
-	if (s->model.opt.clip_global_norm > 0)
-		json_object_set_new(o, "grad_norms", floats_json(rep->grad_norms, rep->steps));
+	json_object_set_new(o, "grad_norms", floats_json(rep->grad_norms, rep->steps));
 }
 
 /* The result of a run (the session's report; the plan's analysis). */
@@ -833,7 +850,8 @@ static json_t *windows_json(const struct run *s, uint64_t done)
 	uint64_t next = w->start + done * w->size;
 
 	return json_pack("{s:I, s:I, s:s, s:I, s:I, s:I, s:I, s:I, s:I}",
-	                 "context", (json_int_t)w->context, "batch_size", (json_int_t)w->size,
+	                 "context", (json_int_t)w->context,
+	                 "batch_size", (json_int_t)(w->size / (uint64_t)s->accumulate),
 	                 "order", w->random ? "random" : "sequential", "seed", (json_int_t)w->seed,
 	                 "start", (json_int_t)w->start, "next", (json_int_t)next,
 	                 "epoch", (json_int_t)(next / w->per_epoch),
@@ -853,6 +871,8 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 	if (!res)
 		return NULL;
 	per_step_json(s, ts_session_report(sess), res);
+	if (s->accumulate > 1)
+		json_object_set_new(res, "accumulate", json_integer(s->accumulate));
 	if (ts_model_registry_step_count(s->env->models, s->model.uid, &t))
 		json_object_set_new(res, "model_steps", json_integer((json_int_t)t));
 	if (s->batches.on) {
@@ -861,7 +881,8 @@ static json_t *run_json(const struct run *s, const struct ts_session *sess,
 
 		json_object_set_new(res, "batches",
 		                    json_pack("{s:I, s:s, s:I, s:I, s:I, s:I, s:I}",
-		                              "batch_size", (json_int_t)b->size,
+		                              "batch_size",
+		                              (json_int_t)(b->size / (uint64_t)s->accumulate),
 		                              "order", b->shuffle ? "shuffle" : "sequential",
 		                              "seed", (json_int_t)b->seed,
 		                              "start", (json_int_t)b->start,
@@ -1030,7 +1051,14 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 		if (st == TS_OK && s->tgt.arr)
 			st = operand_rows(&s->tgt, "targets.rows", &s->btgt, err);
 	}
-	if (st == TS_OK && s->windows.on)
+	if (st == TS_OK && s->bin % (uint64_t)s->accumulate != 0)
+		st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ACCUMULATE",
+		                  "accumulate %d splits the inputs' %llu rows into micro-batches: "
+		                  "their count must be a multiple of it", s->accumulate,
+		                  (unsigned long long)s->bin);
+	if (st != TS_OK)
+		;
+	else if (s->windows.on)
 		;    /* windows_begin checked the stream */
 	else if (st == TS_OK && ts_mlp_tokens(&m->mlp))
 		st = check_token_batch(s, &s->in, s->bin, &s->tgt, s->btgt, &rows, &id_bytes, err);
@@ -1054,7 +1082,8 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 		                    ts_device_props(s->dev)->id, m->name);
 	cfg->dev = s->dev;
 	cfg->policy = s->policy;
-	cfg->batch = (int)(ts_mlp_tokens(&m->mlp) ? rows : s->bin);
+	cfg->batch = (int)((ts_mlp_tokens(&m->mlp) ? rows : s->bin) / (uint64_t)s->accumulate);
+	cfg->accumulate = s->accumulate;
 	cfg->mlp.id_bytes = id_bytes;
 	if (s->evaluate) {
 		cfg->no_targets = s->no_targets;
@@ -1336,6 +1365,9 @@ static ts_status run_submit(const struct ts_jobs_env *env, const struct ts_job_r
 	s->windows = (struct windows){.on = req->windows.on, .random = req->windows.random,
 	                              .context = req->windows.context, .size = req->windows.size,
 	                              .seed = req->windows.seed, .start = req->windows.start};
+	s->accumulate = !evaluate && req->accumulate > 1 ? req->accumulate : 1;
+	s->batches.size *= (uint64_t)s->accumulate;
+	s->windows.size *= (uint64_t)s->accumulate;
 	if (evaluate) {
 		s->batches.on = false;
 		s->out = req->outputs;

@@ -101,6 +101,10 @@ struct ts_job_run {
 	struct ts_job_operand targets;     /* array NULL: none */
 	struct ts_job_batches batches;     /* steps only */
 	struct ts_job_windows windows;     /* instead of inputs and targets */
+	int accumulate;                    /* steps only: micro-batches a step (0, 1: none;
+	                                      train/plan.h's ts_plan_build_accumulate): the
+	                                      inputs' rows split in that many, or that many
+	                                      batches (windows) drawn a step */
 	struct ts_job_outputs outputs;     /* evaluations only */
 	bool last;                         /* evaluations of a GPT: outputs are each window's
 	                                      last position's logits [B, V] */

@@ -20,10 +20,13 @@
  * predicted one, also while other work allocates from the same spaces.
  *
  * Atomicity: every copy and kernel before the first UPDATE is known good
- * before it is enqueued; the loss is read back before it too. Versioned
- * arguments (plan.h) are written to new memory, so after the first UPDATE
- * nothing can change an argument but kernels, which allocate nothing. A
- * failure anywhere leaves the arguments as they were.
+ * before it is enqueued; the loss (each micro-batch's, accumulating) is
+ * read back before it too, and so is the global norm when the updates wait
+ * for it (clipping, accumulation); fused updates' norm is read after the
+ * step succeeded, best effort. Versioned arguments (plan.h) are written to
+ * new memory, so after the first UPDATE nothing can change an argument but
+ * kernels, which allocate nothing. A failure anywhere leaves the arguments
+ * as they were.
  *
  * A WAIT is honoured where it matters, at the first kernel that touches the
  * copied buffer: the compute queue waits on the copy's event there and not
@@ -94,10 +97,11 @@ struct run {
 	bool tl_lost;                /* a mark could not be made: no times */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
-	bool loss_read;              /* the loss is on its way back */
+	int nloss;                   /* micro-batch losses on their way back */
 	bool norm_read;              /* the gradients' squared norm is on its way back */
 	struct clock clk;
-	float loss;                  /* read back into here by the d2h queue */
+	float *losses;               /* owned: each micro-batch's loss, read back into
+	                                here by the compute queue (plan's accumulate) */
 	float gnorm_sq;              /* read back into here (clipping plans) */
 	struct ts_exec_result res;
 };
@@ -653,6 +657,25 @@ static float attention_scale(const struct ts_plan *p)
 	return (float)(1.0 / sqrt((double)ts_gpt_head_dim(&p->mlp)));
 }
 
+/* Micro-batches of the plan's step (1 for a plan that does not accumulate). */
+static int accumulate(const struct ts_plan *p)
+{
+	return p->accumulate > 1 ? p->accumulate : 1;
+}
+
+/* The step's loss: the mean of its micro-batches' (in order, in float32,
+ * as jnp.mean of a few values), or the one loss. */
+static float mean_loss(const struct run *r)
+{
+	float sum = 0.0f;
+
+	if (r->nloss <= 1)
+		return r->nloss ? r->losses[0] : 0.0f;
+	for (int i = 0; i < r->nloss; i++)
+		sum += r->losses[i];
+	return sum / (float)r->nloss;
+}
+
 static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a, int step,
                            struct ts_error *err)
 {
@@ -793,10 +816,11 @@ static ts_status do_kernel(struct run *r, int action, const struct ts_paction *a
 	if (st != TS_OK)
 		return st;
 	kernel_end(r, o, n);
-	/* the loss goes back at once: known good before the first update */
-	if ((a->op == TS_P_LOSS || a->op == TS_P_XENT) && !r->loss_read) {
-		st = read_scalar(r, a->c, &r->loss, err);
-		r->loss_read = st == TS_OK;
+	/* each micro-batch's loss goes back at once: known good before the
+	 * first update */
+	if ((a->op == TS_P_LOSS || a->op == TS_P_XENT) && r->nloss < accumulate(p)) {
+		st = read_scalar(r, a->c, &r->losses[r->nloss], err);
+		r->nloss += st == TS_OK;
 	}
 	return st;
 }
@@ -867,6 +891,7 @@ static void count_jobs(const struct ts_plan *p, size_t jobs[NQ])
 			jobs[x] += 1;              /* its event */
 			break;
 		case TS_P_LOSS:
+		case TS_P_XENT:
 			jobs[QC] += 1;                 /* the read-back */
 			/* fall through */
 		default:
@@ -904,7 +929,8 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
 	r->freed = malloc(FREED_MAX * sizeof *r->freed);
-	if (!r->s || !r->freed)
+	r->losses = calloc((size_t)accumulate(p), sizeof *r->losses);
+	if (!r->s || !r->freed || !r->losses)
 		return ts_error_oom(err, "step: out of memory for %d buffers", p->nbufs);
 	for (int i = 0; i < p->nbufs; i++) {
 		r->s[i].copied_q = r->s[i].writer = -1;
@@ -994,6 +1020,31 @@ static ts_status journal_restore(struct run *r, struct ts_error *err)
 	return TS_OK;
 }
 
+/*
+ * A plan with fused updates (norm_after): its global norm's temp, the first
+ * allocated and the last freed, still holds the sum of squares in the
+ * device arena once every queue is synced; read back now, after the step
+ * succeeded, so that a failed read costs the norm (NaN), never the step.
+ */
+static void read_norm_after(struct run *r)
+{
+	const struct ts_plan *p = r->p;
+	struct ts_error nerr;
+
+	for (int i = 0; i < p->nbufs; i++) {
+		const struct ts_pbuf *bf = &p->bufs[i];
+
+		if (bf->role != TS_ROLE_NORM || bf->cls != TS_PB_TEMP || bf->kind != TS_MEM_DEVICE ||
+		    !r->arena[0] || bf->offset + sizeof r->gnorm_sq > r->arena_bytes[0])
+			continue;
+		ts_error_clear(&nerr);
+		r->norm_read = ts_queue_copy(r->q[QC], &r->gnorm_sq, r->arena[0] + bf->offset,
+		                             sizeof r->gnorm_sq, TS_COPY_D2H, &nerr) == TS_OK &&
+		               ts_queue_sync(r->q[QC], &nerr) == TS_OK;
+		return;
+	}
+}
+
 /* Waits for every queue, gives back the arenas, frees the events. Keeps
  * the first failure in err and returns the outcome. */
 static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
@@ -1016,6 +1067,8 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 	/* a failure past the first update: the journal puts the weights back */
 	if (st != TS_OK && r->updating && r->journal && journal_restore(r, err) != TS_OK)
 		st = TS_DATA_LOSS;
+	if (st == TS_OK && r->p->norm_after && !r->norm_read)
+		read_norm_after(r);
 	for (int i = 0; r->s && i < r->p->nbufs; i++) {
 		slot_release(r, i);
 		if (r->s[i].copied)
@@ -1042,8 +1095,11 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 		ts_k_timeline_free(r->tl);
 		r->tl = NULL;
 	}
+	if (st == TS_OK)                 /* every read-back has landed */
+		r->res.loss = mean_loss(r);
 	free(r->s);
 	free(r->freed);
+	free(r->losses);
 	return st;
 }
 
@@ -1104,7 +1160,6 @@ ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
 			              p->actions[i - 1].phase ? p->actions[i - 1].phase : "");
 		return st;
 	}
-	r.res.loss = r.loss;
 	r.res.grad_norm = r.norm_read ? sqrtf(r.gnorm_sq) : NAN;
 	r.res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
 	r.res.compute_s = (double)r.clk.busy / 1e9;

@@ -36,10 +36,13 @@ struct ts_exec_env {
 };
 
 struct ts_exec_result {
-	float loss;                        /* this step's loss, read back */
+	float loss;                        /* this step's loss, read back (accumulating:
+	                                      the mean of its micro-batches') */
 	float grad_norm;                   /* the gradients' global norm before clipping,
-	                                      read back; NaN when the plan has none (no
-	                                      clip_global_norm: the update is fused) */
+	                                      read back (before the first update, or with
+	                                      fused updates after the step); NaN with
+	                                      optimizer none, or when that late read
+	                                      failed */
 	uint64_t measured_temp_peak;       /* max bytes of this step's live device temps */
 	uint64_t measured_host_temp_peak;  /* the same on pinned_host */
 	uint64_t h2d_bytes, d2h_bytes;     /* copied this step */

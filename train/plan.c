@@ -388,10 +388,20 @@ static void update_one(struct ts__pb *b, int l, int k, int G, uint64_t goff, int
                        int fused, const char *phase);
 
 /* Whether each layer's update runs right after its backward (no clipping:
- * no global norm to wait for), so gradients exist one layer at a time. */
+ * no global norm to wait for; no accumulation: no later micro-batch), so
+ * gradients exist one layer at a time. */
 bool ts__pb_update_fused(const struct ts_plan *p)
 {
-	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0);
+	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0) && p->accumulate <= 1;
+}
+
+void ts__pb_norm_begin(struct ts__pb *b)
+{
+	if (!ts__pb_update_fused(b->p) || b->norm >= 0)
+		return;
+	b->norm = ts__pb_temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "forward");
+	ts__pb_elementwise(b, TS_P_FILL, b->norm, -1, -1, 1, -1, "forward");
+	b->p->norm_after = b->norm >= 0;
 }
 
 static int backward(struct ts__pb *b, int g)
@@ -531,6 +541,17 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
 		nu = ts__pb_temp(b, pr->rnu, TS_MEM_DEVICE, l, wb, phase);
 		ts__pb_copy(b, nu, 0, NU, soff, wb, l, phase);
 	}
+	if (norm < 0 && b->norm >= 0) {
+		/* fused: the gradient's squares into the step's global norm */
+		struct ts_paction *q = ts__pb_emit(b, TS_P_SUMSQ, l, phase);
+
+		if (q) {
+			q->a = G;
+			q->aoff = goff;
+			q->b = b->norm;
+			q->n = n;
+		}
+	}
 	u = ts__pb_emit(b, TS_P_UPDATE, l, phase);
 	if (u) {
 		u->a = pbuf;
@@ -558,7 +579,8 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
 }
 
 /* The update after the backward pass (needed when the global norm of all
- * gradients must be known first: clipping). */
+ * gradients must be known first: clipping; or every micro-batch's
+ * gradient: accumulation, which reports the norm). */
 static void update(struct ts__pb *b)
 {
 	const struct ts_plan *p = b->p;
@@ -566,7 +588,7 @@ static void update(struct ts__pb *b)
 	uint64_t wb = w1_bytes(p), n = wb / F32;
 	int norm = -1, nparams = ts_mlp_has_w2(&p->mlp) ? 2 : 1;
 
-	if (p->opt.clip_global_norm > 0) {
+	if (p->opt.clip_global_norm > 0 || p->accumulate > 1) {
 		norm = ts__pb_temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
 		ts__pb_elementwise(b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
 		ts__pb_elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
@@ -802,11 +824,13 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
 	*b = (struct ts__pb){.p = out, .W1 = -1, .W2 = -1, .MU1 = -1, .MU2 = -1, .NU1 = -1,
 	                      .NU2 = -1, .IN = -1, .TGT = -1, .G1 = -1, .G2 = -1, .EMB = -1,
 	                      .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1, .NUP = -1, .GE = -1,
-	                      .GP = -1, .x0 = -1};
+	                      .GP = -1, .x0 = -1, .norm = -1};
 	out->mlp = *mlp;
 	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
 	out->policy = *policy;
 	out->batch = batch;
+	if (out->accumulate < 1)         /* set by a step with accumulation */
+		out->accumulate = 1;
 	b->x = ints(L + 1);
 	b->xh = ints(L + 1);
 	b->h = ints(L);
@@ -828,7 +852,8 @@ int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role,
  * The buffers a plan starts with, in this order: the layers' parameters and
  * (Adam) their state; a token model's table and projection, their state,
  * and their gradients when `grads_out`; the batch's input and target (a
- * token model's are ids; no target when `targets` is false); the layers'
+ * token model's are ids, of every micro-batch; no target when `targets` is
+ * false); the layers'
  * gradients when `grads_out`.
  */
 static void add_arguments(struct ts__pb *b, bool grads_out, bool targets)
@@ -840,8 +865,8 @@ static void add_arguments(struct ts__pb *b, bool grads_out, bool targets)
 	bool p2 = tok && m->proj;
 	uint64_t wb = (uint64_t)m->d_model * ts_mlp_hidden(m) * F32 * (uint64_t)m->layers;
 	uint64_t eb = (uint64_t)m->vocab * (uint64_t)m->d_model * F32;
-	uint64_t ib = tok ? (uint64_t)p->batch * (uint64_t)m->id_bytes
-	                  : (uint64_t)p->batch * m->d_model * F32;
+	uint64_t ib = (tok ? (uint64_t)p->batch * (uint64_t)m->id_bytes
+	                   : (uint64_t)p->batch * m->d_model * F32) * (uint64_t)p->accumulate;
 
 	b->W1 = ts__pb_whole(b, true, TS_ROLE_W1, TS_PB_ARGUMENT, pk, wb);
 	b->W2 = ts__pb_whole(b, has2, TS_ROLE_W2, TS_PB_ARGUMENT, pk, wb);
@@ -876,6 +901,8 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
 	free(b->hh);
 	free(b->w1);
 	free(b->w2);
+	ts__pb_release(b, b->norm, -1, "update");     /* the last of the step's temps */
+	b->norm = -1;
 	if (!b->failed)
 		b->failed = ts__plan_analyse(b->p);
 	if (b->failed) {
@@ -885,46 +912,141 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
 	return TS_OK;
 }
 
+/* ---- gradient accumulation ---------------------------------------------------- */
+
+void ts__pb_micro(struct ts__pb *b, int first, int j, int IN, int TGT)
+{
+	const struct ts_plan *p = b->p;
+
+	for (int i = first; j > 0 && !b->failed && i < p->nactions; i++) {
+		struct ts_paction *a = &p->actions[i];
+		int *buf[] = {&a->a, &a->b, &a->c, &a->f, &a->g};
+		uint64_t *off[] = {&a->aoff, &a->boff, &a->coff, &a->foff, &a->goff};
+
+		if (a->op == TS_P_ALLOC || a->op == TS_P_FREE || a->op == TS_P_WAIT)
+			continue;
+		for (int k = 0; k < 5; k++)
+			if (*buf[k] >= 0 && (*buf[k] == IN || *buf[k] == TGT))
+				*off[k] += (uint64_t)j * (p->bufs[*buf[k]].bytes /
+				                          (uint64_t)p->accumulate);
+	}
+}
+
+void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char *phase)
+{
+	if (acc < 0 || g < 0)
+		return;
+	ts__pb_elementwise(b, TS_P_ADD, g, acc, -1, n, -1, phase);
+	ts__pb_release(b, g, -1, phase);
+}
+
+/* A chunk of a product's N: the mean scales a buffer as rows of this. */
+#define MEAN_CHUNK (1u << 30)
+
+void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase)
+{
+	float beta = 1.0f / (float)b->p->accumulate;
+
+	for (uint64_t at = 0; acc >= 0 && at < n; at += MEAN_CHUNK) {
+		uint64_t len = n - at < MEAN_CHUNK ? n - at : MEAN_CHUNK;
+		struct ts_paction *a = ts__pb_emit(b, TS_P_GEMM, -1, phase);
+
+		/* C [1, len] = beta C: a product with K = 0 (kernels.h) */
+		if (!a)
+			return;
+		a->a = a->b = a->c = acc;
+		a->aoff = a->boff = a->coff = at * F32;
+		a->M = 1;
+		a->N = (int)len;
+		a->K = 0;
+		a->beta = beta;
+	}
+}
+
+/* One micro-batch of an MLP kind's step: forward, loss and backward, its
+ * gradients into the whole gradients (micro-batch 0: the accumulators, of
+ * class gcls) or into whole temps added into them (later ones). */
+static void mlp_micro(struct ts__pb *b, int j, enum ts_pbuf_class gcls)
+{
+	const struct ts_plan *p = b->p;
+	const struct ts_mlp *mlp = &p->mlp;
+	bool tok = ts_mlp_tokens(mlp), has2 = ts_mlp_has_w2(mlp);
+	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
+	uint64_t wb = (uint64_t)d * H * F32, xb = (uint64_t)p->batch * d * F32;
+	uint64_t eb = (uint64_t)mlp->vocab * (uint64_t)d * F32;
+	int *grad[4] = {&b->G1, &b->G2, &b->GE, &b->GP}, acc[4];
+	uint64_t gn[4] = {wb * L / F32, wb * L / F32, eb / F32, eb / F32};
+	int first = p->nactions, g, xL;
+
+	if (j > 0) {
+		gcls = TS_PB_TEMP;
+		for (int k = 0; k < 4; k++) {
+			acc[k] = *grad[k];
+			*grad[k] = -1;
+		}
+	}
+	if (tok)
+		token_forward(b);
+	forward(b, &xL);
+	if (tok) {
+		g = token_loss(b, xL, gcls);
+	} else {
+		g = emit_loss(b, xL, (uint64_t)p->batch * d, xb, L);
+		ts__pb_release(b, xL, L, "loss");
+	}
+	if (gcls == TS_PB_TEMP && !ts__pb_update_fused(p)) {
+		b->G1 = ts__pb_temp(b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
+		b->G2 = has2 ? ts__pb_temp(b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
+		if (tok)
+			b->GE = ts__pb_temp(b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1, eb, "backward");
+	}
+	g = backward(b, g);
+	if (tok)
+		token_backward(b, g);
+	ts__pb_micro(b, first, j, b->IN, b->TGT);
+	if (j > 0) {
+		for (int k = 0; k < 4; k++) {
+			ts__pb_accumulate(b, acc[k], *grad[k], gn[k], "accumulate");
+			*grad[k] = acc[k];
+		}
+	}
+	if (j > 0 && j == p->accumulate - 1)
+		for (int k = 0; k < 4; k++)
+			ts__pb_mean(b, *grad[k], gn[k], "accumulate");
+}
+
 ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
                         const struct ts_policy *policy, struct ts_plan *out,
                         struct ts_error *err)
 {
+	return ts_plan_build_accumulate(mlp, opt, batch, 1, policy, out, err);
+}
+
+ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
+                                   int batch, int accumulate, const struct ts_policy *policy,
+                                   struct ts_plan *out, struct ts_error *err)
+{
 	struct ts__pb b;
-	bool tok = ts_mlp_tokens(mlp), has2 = ts_mlp_has_w2(mlp);
-	int L = mlp->layers, d = mlp->d_model, H = ts_mlp_hidden(mlp);
-	uint64_t wb = (uint64_t)d * H * F32, xb = (uint64_t)batch * d * F32;
 	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
-	int g, xL;
 	ts_status st;
 
-	if (mlp->gpt)
-		return ts__plan_build_gpt(mlp, opt, batch, policy, out, err);
 	memset(out, 0, sizeof *out);
+	if (accumulate < 1 || accumulate > TS_PLAN_ACCUMULATE_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ACCUMULATE",
+		                    "accumulate is in 1..%d micro-batches a step, not %d",
+		                    TS_PLAN_ACCUMULATE_MAX, accumulate);
+	if (mlp->gpt)
+		return ts__plan_build_gpt(mlp, opt, batch, accumulate, policy, out, err);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
+	out->accumulate = accumulate;
 	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
 	add_arguments(&b, gcls == TS_PB_OUTPUT, true);
-	if (tok)
-		token_forward(&b);
-	forward(&b, &xL);
-	if (tok) {
-		g = token_loss(&b, xL, gcls);
-	} else {
-		g = emit_loss(&b, xL, (uint64_t)batch * d, xb, L);
-		ts__pb_release(&b, xL, L, "loss");
-	}
-	if (gcls == TS_PB_TEMP && !ts__pb_update_fused(out)) {
-		b.G1 = ts__pb_temp(&b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
-		b.G2 = has2 ? ts__pb_temp(&b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
-		if (tok)
-			b.GE = ts__pb_temp(&b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1,
-			            (uint64_t)mlp->vocab * (uint64_t)d * F32, "backward");
-	}
-	g = backward(&b, g);
-	if (tok)
-		token_backward(&b, g);
+	ts__pb_norm_begin(&b);
+	for (int j = 0; j < accumulate && !b.failed; j++)
+		mlp_micro(&b, j, gcls);
 	if (opt->type != TS_OPT_NONE && !ts__pb_update_fused(out)) {
 		update(&b);
 		ts__pb_release(&b, b.G1, -1, "update");

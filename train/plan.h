@@ -256,7 +256,12 @@ struct ts_plan {
 	struct ts_mlp mlp;
 	struct ts_optimizer opt;
 	struct ts_policy policy;
-	int batch;
+	int batch;                       /* rows of one micro-batch (of the step, without
+	                                    accumulation) */
+	int accumulate;                  /* micro-batches per step, >= 1 (ts_plan_build_accumulate) */
+	bool norm_after;                 /* fused updates: the global norm's temp (role
+	                                    NORM, the first temp allocated and the last
+	                                    freed) is read back after the step */
 	bool evaluate;                   /* forward and loss only (ts_plan_build_eval) */
 	bool no_targets;                 /* an evaluation of the logits only (ts_eval_spec) */
 	bool last;                       /* a GPT's outputs: each window's last position */
@@ -289,6 +294,29 @@ ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt
                         const struct ts_policy *policy, struct ts_plan *out,
                         struct ts_error *err);
 void ts_plan_release(struct ts_plan *p);
+
+/*
+ * Gradient accumulation: plans one step that runs the forward and backward
+ * pass of `accumulate` micro-batches of `batch` rows each, then one update
+ * (optax.MultiSteps, nanoGPT's gradient_accumulation_steps). The input and
+ * target arguments hold accumulate * batch rows; micro-batch j reads rows
+ * j * batch onwards. Micro-batch 0's gradients land in the whole gradients
+ * (the accumulators: temps, or the outputs with optimizer none); each later
+ * one's in whole temps of their own, added into the accumulators (TS_P_ADD,
+ * in the parameters' order) and freed; then the accumulators are scaled by
+ * 1 / accumulate (a TS_P_GEMM with K = 0: c = beta c), so the gradient is
+ * the mean of the micro-batches' mean-loss gradients. The update is never
+ * fused (it needs every micro-batch's gradient), and the global norm is
+ * always computed (clipping or not) and read back before the first update.
+ * The executor reads every micro-batch's loss back and reports their mean.
+ * accumulate 1 is ts_plan_build. INVALID_ARGUMENT (BAD_ACCUMULATE) for
+ * accumulate < 1 or above TS_PLAN_ACCUMULATE_MAX; otherwise as
+ * ts_plan_build.
+ */
+#define TS_PLAN_ACCUMULATE_MAX 1024
+ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
+                                   int batch, int accumulate, const struct ts_policy *policy,
+                                   struct ts_plan *out, struct ts_error *err);
 
 /*
  * Plans an evaluation of mlp on a batch of `batch` rows: the forward pass

@@ -702,7 +702,7 @@ static ts_status gpt_start(struct gpt *g, struct ts__pb *b, struct ts_plan *out,
 		g->G[t] = ts__pb_whole(b, grads_out, ts_gpt_role(3, t), TS_PB_OUTPUT, TS_MEM_DEVICE,
 		                       whole);
 	}
-	ib = (uint64_t)batch * (uint64_t)m->id_bytes;
+	ib = (uint64_t)batch * (uint64_t)m->id_bytes * (uint64_t)out->accumulate;
 	g->IN = ts__pb_whole(b, true, TS_ROLE_INPUT, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
 	g->TGT = ts__pb_whole(b, targets, TS_ROLE_TARGET, TS_PB_ARGUMENT, TS_MEM_DEVICE, ib);
 	return b->failed;
@@ -816,13 +816,14 @@ static void embed_backward(struct gpt *g, int g0)
 	ts__pb_release(g->b, g0, 0, "backward");
 }
 
-/* The update after the backward pass, once the global norm is known. */
+/* The update after the backward pass, once the global norm is known (and
+ * every micro-batch's gradient, accumulating). */
 static void update_all(struct gpt *g)
 {
 	const struct ts_plan *p = g->b->p;
 	int norm = -1;
 
-	if (p->opt.clip_global_norm > 0) {
+	if (p->opt.clip_global_norm > 0 || p->accumulate > 1) {
 		norm = ts__pb_temp(g->b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
 		ts__pb_elementwise(g->b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
 		for (int t = 0; t < NP; t++)
@@ -841,14 +842,105 @@ static void update_all(struct gpt *g)
 	ts__pb_release(g->b, norm, -1, "update");
 }
 
+/* One micro-batch j of a step (plan.h's ts_plan_build_accumulate):
+ * forward, loss and backward; its gradients into the whole gradients
+ * (micro-batch 0: outputs, whole temps or, fused, per slice as each is
+ * made), a later one's into whole temps added into them. */
+static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
+{
+	struct ts__pb *b = g->b;
+	const struct ts_policy *policy = &b->p->policy;
+	int xL, yf, stf, logits, gl, gy, dyf, acc[NP], first = b->p->nactions;
+
+	xL = forward(g);
+	logits = head_forward(g, xL, &yf, &stf, -1, "loss");
+	gl = xent(g, logits);
+	ts__pb_release(b, logits, g->L, "loss");
+	/* gradients: outputs (no optimizer), whole temps (clipping,
+	 * accumulation), or per slice as each is made (fused updates); the
+	 * table's and the final LayerNorm's are whole in every case */
+	for (int t = 0; t < NP; t++)
+		acc[t] = g->G[t];
+	if (j > 0 || (!grads_out && !fused))
+		for (int t = 0; t < NP; t++)
+			g->G[t] = ts__pb_temp(b, ts_gpt_role(3, t), TS_MEM_DEVICE, -1,
+			                      slice_bytes(g, t) *
+			                      (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? g->L : 1),
+			                      "backward");
+	if (fused)
+		for (int t = 0; t < NP; t++)
+			if (!ts_gpt_param_per_layer((enum ts_gpt_param)t))
+				g->G[t] = ts__pb_temp(b, ts_gpt_role(3, t), TS_MEM_DEVICE, -1,
+				                      slice_bytes(g, t), "loss");
+	{
+		uint64_t eo;
+		int wte = param_at(g, TS_GPT_WTE, -1, &eo);
+
+		ts__pb_gemm(b, g->G[TS_GPT_WTE], 0, gl, 0, true, yf, 0, false, g->V, g->d, g->N, 0.0f,
+		            g->L, "loss");
+		dyf = dtemp(g, g->L, (uint64_t)g->N * g->d, "loss");
+		ts__pb_gemm(b, dyf, 0, gl, 0, false, wte, eo, false, g->N, g->d, g->V, 0.0f, g->L,
+		            "loss");
+	}
+	ts__pb_release(b, gl, g->L, "loss");
+	gy = ts__pb_temp(b, TS_ROLE_G, TS_MEM_DEVICE, g->L, (uint64_t)g->N * g->d * F32, "loss");
+	ln_bwd(g, xL, TS_GPT_LNF_G, -1, stf, dyf, gy, g->G[TS_GPT_LNF_G], 0, g->G[TS_GPT_LNF_B], 0,
+	       "loss");
+	ts__pb_release(b, dyf, g->L, "loss");
+	ts__pb_release(b, yf, g->L, "loss");
+	ts__pb_release(b, stf, g->L, "loss");
+	ts__pb_release(b, xL, g->L, "loss");
+	if (fused) {
+		update_slice(g, TS_GPT_LNF_G, -1, g->G[TS_GPT_LNF_G], 0, -1, true, "loss");
+		update_slice(g, TS_GPT_LNF_B, -1, g->G[TS_GPT_LNF_B], 0, -1, true, "loss");
+		ts__pb_release(b, g->G[TS_GPT_LNF_G], -1, "loss");
+		ts__pb_release(b, g->G[TS_GPT_LNF_B], -1, "loss");
+		whole_drop(g, TS_GPT_LNF_G, "loss");
+		whole_drop(g, TS_GPT_LNF_B, "loss");
+	}
+	/* the blocks, last first */
+	block_fetch(g, g->L - 1, "backward");
+	for (int l = g->L - 1; l >= 0; l--) {
+		bool owned;
+		int x;
+
+		if (policy->prefetch_depth)
+			block_fetch(g, l - 1, "backward");
+		x = backward_input(g, l, &owned);
+		block_fetch(g, l, "backward");      /* recompute may have dropped it */
+		act_fetch(g, l, "backward");
+		block_forward(g, l, x, &g->act[l], false, "recompute");
+		gy = block_backward(g, l, x, &g->act[l], gy, fused);
+		if (owned || g->x[l] >= 0)
+			ts__pb_release(b, x, l, "backward");
+		g->x[l] = -1;
+		ts__pb_release(b, g->xh[l], l, "backward");
+		g->xh[l] = -1;
+		block_drop(g, l, "backward");
+		if (!policy->prefetch_depth)
+			block_fetch(g, l - 1, "backward");
+	}
+	embed_backward(g, gy);
+	if (fused) {
+		update_slice(g, TS_GPT_WTE, -1, g->G[TS_GPT_WTE], 0, -1, true, "backward");
+		update_slice(g, TS_GPT_WPE, -1, g->G[TS_GPT_WPE], 0, -1, false, "backward");
+		ts__pb_release(b, g->G[TS_GPT_WTE], -1, "backward");
+		ts__pb_release(b, g->G[TS_GPT_WPE], -1, "backward");
+	}
+	ts__pb_micro(b, first, j, g->IN, g->TGT);
+	for (int t = 0; j > 0 && !b->failed && t < NP; t++) {
+		ts__pb_accumulate(b, acc[t], g->G[t], b->p->bufs[acc[t]].bytes / F32, "accumulate");
+		g->G[t] = acc[t];
+	}
+}
+
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             const struct ts_policy *policy, struct ts_plan *out,
-                             struct ts_error *err)
+                             int accumulate, const struct ts_policy *policy,
+                             struct ts_plan *out, struct ts_error *err)
 {
 	struct ts__pb b;
 	struct gpt g;
 	bool grads_out = opt->type == TS_OPT_NONE, fused;
-	int xL, yf, stf, logits, gl, gy, dyf;
 	ts_status st;
 
 	memset(out, 0, sizeof *out);
@@ -856,81 +948,16 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 	if (st != TS_OK)
 		return st;
 	out->opt = *opt;
+	out->accumulate = accumulate;
 	gpt_start(&g, &b, out, mlp, policy, batch, mlp->context, grads_out,
 	          opt->type == TS_OPT_ADAM, true);
 	fused = ts__pb_update_fused(out);
-	xL = forward(&g);
-	logits = head_forward(&g, xL, &yf, &stf, -1, "loss");
-	gl = xent(&g, logits);
-	ts__pb_release(&b, logits, g.L, "loss");
-	/* gradients: outputs (no optimizer), whole temps (clipping), or per
-	 * slice as each is made (fused updates); the table's and the final
-	 * LayerNorm's are whole in every case */
-	if (!grads_out && !fused)
-		for (int t = 0; t < NP; t++)
-			g.G[t] = ts__pb_temp(&b, ts_gpt_role(3, t), TS_MEM_DEVICE, -1,
-			                     slice_bytes(&g, t) *
-			                     (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? g.L : 1),
-			                     "backward");
-	if (fused)
-		for (int t = 0; t < NP; t++)
-			if (!ts_gpt_param_per_layer((enum ts_gpt_param)t))
-				g.G[t] = ts__pb_temp(&b, ts_gpt_role(3, t), TS_MEM_DEVICE, -1,
-				                     slice_bytes(&g, t), "loss");
-	{
-		uint64_t eo;
-		int wte = param_at(&g, TS_GPT_WTE, -1, &eo);
-
-		ts__pb_gemm(&b, g.G[TS_GPT_WTE], 0, gl, 0, true, yf, 0, false, g.V, g.d, g.N, 0.0f, g.L,
-		            "loss");
-		dyf = dtemp(&g, g.L, (uint64_t)g.N * g.d, "loss");
-		ts__pb_gemm(&b, dyf, 0, gl, 0, false, wte, eo, false, g.N, g.d, g.V, 0.0f, g.L, "loss");
-	}
-	ts__pb_release(&b, gl, g.L, "loss");
-	gy = ts__pb_temp(&b, TS_ROLE_G, TS_MEM_DEVICE, g.L, (uint64_t)g.N * g.d * F32, "loss");
-	ln_bwd(&g, xL, TS_GPT_LNF_G, -1, stf, dyf, gy, g.G[TS_GPT_LNF_G], 0, g.G[TS_GPT_LNF_B], 0,
-	       "loss");
-	ts__pb_release(&b, dyf, g.L, "loss");
-	ts__pb_release(&b, yf, g.L, "loss");
-	ts__pb_release(&b, stf, g.L, "loss");
-	ts__pb_release(&b, xL, g.L, "loss");
-	if (fused) {
-		update_slice(&g, TS_GPT_LNF_G, -1, g.G[TS_GPT_LNF_G], 0, -1, true, "loss");
-		update_slice(&g, TS_GPT_LNF_B, -1, g.G[TS_GPT_LNF_B], 0, -1, true, "loss");
-		ts__pb_release(&b, g.G[TS_GPT_LNF_G], -1, "loss");
-		ts__pb_release(&b, g.G[TS_GPT_LNF_B], -1, "loss");
-		whole_drop(&g, TS_GPT_LNF_G, "loss");
-		whole_drop(&g, TS_GPT_LNF_B, "loss");
-	}
-	/* the blocks, last first */
-	block_fetch(&g, g.L - 1, "backward");
-	for (int l = g.L - 1; l >= 0; l--) {
-		bool owned;
-		int x;
-
-		if (policy->prefetch_depth)
-			block_fetch(&g, l - 1, "backward");
-		x = backward_input(&g, l, &owned);
-		block_fetch(&g, l, "backward");      /* recompute may have dropped it */
-		act_fetch(&g, l, "backward");
-		block_forward(&g, l, x, &g.act[l], false, "recompute");
-		gy = block_backward(&g, l, x, &g.act[l], gy, fused);
-		if (owned || g.x[l] >= 0)
-			ts__pb_release(&b, x, l, "backward");
-		g.x[l] = -1;
-		ts__pb_release(&b, g.xh[l], l, "backward");
-		g.xh[l] = -1;
-		block_drop(&g, l, "backward");
-		if (!policy->prefetch_depth)
-			block_fetch(&g, l - 1, "backward");
-	}
-	embed_backward(&g, gy);
-	if (fused) {
-		update_slice(&g, TS_GPT_WTE, -1, g.G[TS_GPT_WTE], 0, -1, true, "backward");
-		update_slice(&g, TS_GPT_WPE, -1, g.G[TS_GPT_WPE], 0, -1, false, "backward");
-		ts__pb_release(&b, g.G[TS_GPT_WTE], -1, "backward");
-		ts__pb_release(&b, g.G[TS_GPT_WPE], -1, "backward");
-	} else if (!grads_out) {
+	ts__pb_norm_begin(&b);
+	for (int j = 0; j < accumulate && !b.failed; j++)
+		step_micro(&g, j, grads_out, fused);
+	for (int t = 0; accumulate > 1 && !b.failed && t < NP; t++)
+		ts__pb_mean(&b, g.G[t], out->bufs[g.G[t]].bytes / F32, "accumulate");
+	if (!fused && !grads_out) {
 		for (int t = 0; t < NP; t++)        /* the update fetches what it updates */
 			whole_drop(&g, t, "update");
 		update_all(&g);

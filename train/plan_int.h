@@ -34,6 +34,7 @@ struct ts__pb {
 	/* token models: the table, the projection, their state and gradients */
 	int EMB, PRJ, MUE, MUP, NUE, NUP, GE, GP;
 	int x0;          /* the gathered first input (a temp), or -1 */
+	int norm;        /* fused updates: the global norm's temp, or -1 */
 };
 
 
@@ -76,9 +77,23 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
                          uint64_t goff, int norm, int fused, const char *phase);
 /* Whether each update runs right after its gradient (no clipping). */
 bool ts__pb_update_fused(const struct ts_plan *p);
+/* A step with fused updates: the global norm's temp, allocated (and
+ * zeroed) before everything else of the step and freed by ts__pb_finish
+ * after everything else; each update adds its gradient's squares into it
+ * (ts__pb_update_param), and the executor reads it back after the step
+ * (plan.h's norm_after). No-op for a plan without fused updates. */
+void ts__pb_norm_begin(struct ts__pb *b);
 /* A whole-model buffer when want, else -1. */
 int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role, enum ts_pbuf_class cls,
                  enum ts_memory_kind kind, uint64_t bytes);
+/* Gradient accumulation (plan.h's ts_plan_build_accumulate). micro: the
+ * actions from index `first` on read micro-batch j of the input and target
+ * arguments IN and TGT (their offsets there moved by j micro-batches).
+ * accumulate: acc += g (n floats, whole buffers), then g freed. mean: acc
+ * (n floats) scaled by 1 / the plan's accumulate. */
+void ts__pb_micro(struct ts__pb *b, int first, int j, int IN, int TGT);
+void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char *phase);
+void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase);
 /* Starts building *out (zeroed): model, policy, batch, the per-layer state. */
 void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *mlp,
                   const struct ts_policy *policy, int batch);
@@ -86,11 +101,12 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
  * RESOURCE_EXHAUSTED, "no memory to plan the <what>". */
 ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err);
 
-/* The GPT kind's step and evaluation (plan_gpt.c), as ts_plan_build and
- * ts_plan_build_eval, which call them for a GPT. */
+/* The GPT kind's step and evaluation (plan_gpt.c), as
+ * ts_plan_build_accumulate and ts_plan_build_eval, which call them for a
+ * GPT. */
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             const struct ts_policy *policy, struct ts_plan *out,
-                             struct ts_error *err);
+                             int accumulate, const struct ts_policy *policy,
+                             struct ts_plan *out, struct ts_error *err);
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
                                   const struct ts_policy *policy,
                                   const struct ts_eval_spec *spec, struct ts_plan *out,

@@ -104,7 +104,9 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 
 		st = ts_plan_build_eval_spec(&cfg->mlp, cfg->batch, &cfg->policy, &spec, &s->plan, err);
 	} else
-		st = ts_plan_build(&cfg->mlp, &cfg->opt, cfg->batch, &cfg->policy, &s->plan, err);
+		st = ts_plan_build_accumulate(&cfg->mlp, &cfg->opt, cfg->batch,
+		                              cfg->accumulate > 1 ? cfg->accumulate : 1, &cfg->policy,
+		                              &s->plan, err);
 	if (st != TS_OK)
 		goto out_fail;
 	s->args = calloc((size_t)s->plan.nbufs + 1, sizeof *s->args);

@@ -48,7 +48,10 @@ struct ts_session_config {
 	struct ts_mlp mlp;
 	struct ts_optimizer opt;
 	struct ts_policy policy;         /* params and opt_state where their memory is */
-	int batch;                       /* rows per step */
+	int batch;                       /* rows per step (per micro-batch, accumulating) */
+	int accumulate;                  /* micro-batches a step (plan.h's
+	                                    ts_plan_build_accumulate; 0: 1); the staged
+	                                    inputs and targets hold all of them */
 	/* an evaluation (ts_plan_build_eval): forward and loss only, opt is not
 	 * used, nothing is updated; with outputs, role TS_ROLE_OUTPUT is bound
 	 * to memory of [batch, d_model] float32 in outputs_kind */

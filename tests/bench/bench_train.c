@@ -12,7 +12,7 @@
  * per layer forward, twice that backward; the configurations here
  * recompute nothing) and the optimizer's bytes are, per parameter, Adam's
  * p, g, mu and nu read and p, mu and nu written (plus g read once more for
- * the global norm when clipping).
+ * the global norm every step reports: the plan's SUMSQ passes).
  * Rows: the guide's 10-layer model and a 4-layer d = h = 2048 model with
  * Adam, each as the fraction of its roofline reached (target >= 0.85); the
  * guide in bfloat16 (target >= 0.85) against the sgemm roofline plus, at

@@ -471,6 +471,28 @@ static const struct bad rows[] = {
 	 0, 400, NULL, NULL, "steps"},
 	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", \"bogus\": 1}",
 	 0, 400, NULL, NULL, "bogus"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": 0}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": -1}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": 1025}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": 1e30}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": 2.5}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": \"2\"}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": true}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:step", NULL, "{\"inputs\": \"x\", \"targets\": \"t\", "
+	 "\"accumulate\": null}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:analyze", NULL, "{\"batch\": [4, 8], \"accumulate\": 0}", 0, 400,
+	 NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:analyze", NULL, "{\"batch\": [6, 4], \"accumulate\": 4}", 0, 400,
+	 NULL, "BAD_ACCUMULATE", "accumulate"},
+	{"POST", "/v1/models/m:analyze", NULL, "{\"batch\": [4, 8], \"mode\": \"evaluate\", "
+	 "\"accumulate\": 2}", 0, 400, NULL, "BAD_ACCUMULATE", "accumulate"},
 	{"POST", "/v1/models/nosuch:evaluate", NULL, "{\"inputs\": \"x\"}", 0, 404, NULL,
 	 "MODEL_NOT_FOUND", "nosuch"},
 	{"POST", "/v1/models/m:evaluate", NULL, "{\"inputs\": \"x\", \"bogus\": 1}", 0, 400, NULL,

@@ -288,7 +288,8 @@ static double evaluate_loss(const char *model)
 	return loss;
 }
 
-/* The largest |got - want| / |want| over the two loss curves. */
+/* The largest |got - want| / |want| over the two loss curves (or any two
+ * arrays of per-step numbers: the global norms). */
 static double worst_loss(json_t *got, json_t *want)
 {
 	double worst = 0;
@@ -1169,7 +1170,7 @@ START_TEST(test_gpt_windows_vs_jax)
 	for (int o = 0; o < 2; o++) {
 		const char *order = o ? "random" : "sequential";
 		json_t *res, *ref, *rspec;
-		double worst;
+		double worst, nworst;
 
 		snprintf(body, sizeof body, "{\"windows\": {\"array\": \"stream\", \"context\": 16, "
 		         "\"batch_size\": 4, \"order\": \"%s\", \"seed\": 3, \"start\": 2}, "
@@ -1193,11 +1194,171 @@ START_TEST(test_gpt_windows_vs_jax)
 		ck_assert_msg(worst <= 1e-5, "gpt %s windows: losses off by %.3g", order, worst);
 		ck_assert_int_eq(th_int(th_obj(res, "windows"), "next"),
 		                 th_int(th_obj(ref, "windows"), "next"));
-		fprintf(stderr, "gpt %s windows vs JAX: losses off by %.3g\n", order, worst);
+		/* no clipping: the updates are fused, and the norm is reported all the same */
+		nworst = worst_loss(th_arr(res, "grad_norms"), th_arr(ref, "grad_norms"));
+		ck_assert_msg(nworst <= 1e-5, "gpt %s windows: global norms off by %.3g", order,
+		              nworst);
+		fprintf(stderr, "gpt %s windows vs JAX: losses off by %.3g, global norms by %.3g\n",
+		        order, worst, nworst);
 		json_decref(res);
 		json_decref(ref);
 		json_decref(rspec);
 	}
+}
+END_TEST
+
+/*
+ * Gradient accumulation against gpt_reference.py's (the gradients of the k
+ * micro-batches' mean losses summed in order and divided by k, then one
+ * clip + AdamW update, as optax.MultiSteps and nanoGPT do): 5 steps of 2
+ * micro-batches of 2 windows each, clipping on, a warmup-cosine schedule:
+ * every loss (the mean of the micro-batches') within 1e-5 relative, the
+ * learning rates optax's (one per optimizer step), every global norm
+ * within 1e-5, the
+ * weights and Adam's moments within 1e-4 of their largest; a twin without
+ * an optimizer writes the mean gradient within 1e-5 of JAX's; then 2 steps
+ * of 4 micro-batches of random windows of a stream, losses within 1e-5 and
+ * the stream's next window JAX's.
+ */
+START_TEST(test_gpt_accumulate_vs_jax)
+{
+	static const char *const spec_fmt =
+		"{\"name\": \"%s\", \"gpt\": {\"vocab\": %d, \"context\": %d, \"layers\": %d, "
+		"\"d_model\": %d, \"heads\": %d, \"d_ff\": %d}, \"init\": {\"seed\": 8, "
+		"\"scale\": 0.1}, \"optimizer\": %s}";
+	static const char *const opt =
+		"{\"type\": \"adamw\", \"weight_decay\": 0.1, \"decay\": \"matrices\", "
+		"\"clip_global_norm\": 0.5, \"b1\": 0.9, \"b2\": 0.95, \"eps\": 1e-8, "
+		"\"schedule\": {\"type\": \"warmup_cosine_decay\", \"init_value\": 0.0, "
+		"\"peak_value\": 0.01, \"warmup_steps\": 2, \"decay_steps\": 5, "
+		"\"end_value\": 0.001}}";
+	enum { K = 2, STEPS_A = 5, N = 401 };
+	int32_t in[GB * (GC + 1)], tg[GB * GC];
+	uint16_t stream[N];
+	unsigned seed = 11;
+	char dir[512], path[700], *spec;
+	json_t *res, *ref, *rspec, *g;
+	double l_worst, n_worst, w_worst, g_worst = 0;
+	struct th_response r;
+
+	spec = th_fmt(spec_fmt, "ga", GV, GC, GL, GD, GH, GF, opt);
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	free(spec);
+	spec = th_fmt(spec_fmt, "gag", GV, GC, GL, GD, GH, GF, "{\"type\": \"none\"}");
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	free(spec);
+	th_temp_dir("gpta", dir, sizeof dir);
+	gpt_inputs("gag", dir, in, tg);
+	g = th_post_json(&D, "/v1/models/gag:step?wait=true",
+	                 "{\"inputs\": \"gx\", \"targets\": \"gt\", \"accumulate\": 2}", 200);
+	ck_assert_int_eq(th_int(g, "accumulate"), K);
+	json_decref(g);
+	res = th_post_json(&D, "/v1/models/ga:step?wait=true",
+	                   "{\"inputs\": \"gx\", \"targets\": \"gt\", \"steps\": 5, "
+	                   "\"accumulate\": 2}", 200);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	ck_assert_int_eq(th_int(res, "accumulate"), K);
+	rspec = json_pack("{s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:s+, s:s+, s:i, s:i, s:o, s:s+,"
+	                  " s:s+, s:i, s:i, s:b, s:b}",
+	                  "gpt", "vocab", GV, "context", GC, "layers", GL, "d_model", GD, "heads", GH,
+	                  "d_ff", GF, "weights", dir, "", "out", dir, "/out", "steps", STEPS_A,
+	                  "accumulate", K, "optimizer", json_loads(opt, 0, NULL),
+	                  "inputs", dir, "/inputs.i32", "targets", dir, "/targets.i32",
+	                  "batch", GB / K, "tokens", GC, "grads", 1, "adam_state", 1);
+	ck_assert_ptr_nonnull(rspec);
+	ref = run_script("gpt_reference.py", dir, rspec, "");
+	l_worst = worst_loss(th_arr(res, "losses"), th_arr(ref, "losses"));
+	ck_assert_msg(l_worst <= 1e-5, "accumulating gpt: losses off by %.3g from JAX's", l_worst);
+	n_worst = worst_loss(th_arr(res, "grad_norms"), th_arr(ref, "grad_norms"));
+	ck_assert_msg(n_worst <= 1e-5, "accumulating gpt: global norms off by %.3g from JAX's",
+	              n_worst);
+	/* one learning rate per optimizer step, optax's schedule at its count */
+	for (size_t i = 0; i < STEPS_A; i++)
+		ck_assert_msg((float)json_number_value(json_array_get(th_arr(res, "learning_rates"),
+		                                                      i)) ==
+		              (float)json_number_value(json_array_get(th_arr(ref, "learning_rates"),
+		                                                      i)),
+		              "accumulating gpt: step %zu's learning rate is not optax's", i);
+	w_worst = compare_files("ga", gpt_files, 5, dir, "", 1e-4, "after 5 accumulating steps");
+	w_worst = fmax(w_worst, compare_files("ga", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
+	                                      "after 5 accumulating steps"));
+	w_worst = fmax(w_worst, compare_masked("ga", "attn.qkv.b", dir, "attn_qkv_b.f32"));
+	{
+		char names[GPT_NW][2][64];
+		const char *files[GPT_NW][2];
+
+		for (int k = 0; k < 3; k++) {
+			static const char *const kinds[3][2] = {{"adam.mu.", "mu_"}, {"adam.nu.", "nu_"},
+			                                       {"grad.", "grad_"}};
+
+			for (size_t i = 0; i < GPT_NW; i++) {
+				snprintf(names[i][0], sizeof names[i][0], "%s%s", kinds[k][0],
+				         gpt_files[i][0]);
+				snprintf(names[i][1], sizeof names[i][1], "%s%s", kinds[k][1],
+				         gpt_files[i][1]);
+				files[i][0] = names[i][0];
+				files[i][1] = names[i][1];
+			}
+			if (k == 2) {
+				g_worst = compare_files("gag", (const char *const (*)[2])files, GPT_NW, dir,
+				                        "", 1e-5, "the mean gradient at the initial weights");
+				continue;
+			}
+			w_worst = fmax(w_worst, compare_files("ga", (const char *const (*)[2])files, 5,
+			                                      dir, "", 1e-4, "after 5 steps"));
+			w_worst = fmax(w_worst, compare_files("ga", (const char *const (*)[2])files + 6,
+			                                      GPT_NW - 6, dir, "", 1e-4,
+			                                      "after 5 steps"));
+			w_worst = fmax(w_worst, compare_masked("ga", files[5][0], dir, files[5][1]));
+		}
+	}
+	fprintf(stderr, "gpt accumulating %d micro-batches vs JAX: losses off by %.3g relative, "
+	        "global norms by %.3g, weights and moments by %.3g of their largest, the mean "
+	        "gradient by %.3g\n", K, l_worst, n_worst, w_worst, g_worst);
+	json_decref(res);
+	json_decref(ref);
+	json_decref(rspec);
+
+	/* windows of a stream, 4 micro-batches of 2 random windows a step */
+	for (int i = 0; i < N; i++) {
+		seed = seed * 1664525u + 1013904223u;
+		stream[i] = (uint16_t)((seed >> 8) % GV);
+	}
+	snprintf(path, sizeof path, "%s/stream.u16", dir);
+	th_write_file(path, stream, sizeof stream);
+	th_request(&D, "PUT", "/v1/arrays/stream?dtype=uint16&shape=401", NULL,
+	           (const char *)stream, sizeof stream, &r);
+	ck_assert_msg(r.status == 201 || r.status == 200, "PUT stream: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	/* a third twin, from the same initial weights */
+	spec = th_fmt(spec_fmt, "gaw", GV, GC, GL, GD, GH, GF, opt);
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	free(spec);
+	res = th_post_json(&D, "/v1/models/gaw:step?wait=true",
+	                   "{\"windows\": {\"array\": \"stream\", \"context\": 16, \"batch_size\": 2, "
+	                   "\"order\": \"random\", \"seed\": 4, \"start\": 1}, \"steps\": 2, "
+	                   "\"accumulate\": 4}", 200);
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "batch_size"), 2);
+	rspec = json_pack("{s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:s+, s:s+, s:i, s:i, s:o,"
+	                  " s:{s:s+, s:i, s:i, s:s, s:i, s:i}}",
+	                  "gpt", "vocab", GV, "context", GC, "layers", GL, "d_model", GD, "heads", GH,
+	                  "d_ff", GF, "weights", dir, "", "out", dir, "/out_w", "steps", 2,
+	                  "accumulate", 4, "optimizer", json_loads(opt, 0, NULL),
+	                  "windows", "stream", dir, "/stream.u16", "context", 16, "batch_size", 2,
+	                  "order", "random", "seed", 4, "start", 1);
+	ck_assert_ptr_nonnull(rspec);
+	ref = run_script("gpt_reference.py", dir, rspec, "_w");
+	l_worst = worst_loss(th_arr(res, "losses"), th_arr(ref, "losses"));
+	ck_assert_msg(l_worst <= 1e-5, "accumulating gpt on windows: losses off by %.3g", l_worst);
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "next"),
+	                 th_int(th_obj(ref, "windows"), "next"));
+	ck_assert_int_eq(th_int(th_obj(res, "windows"), "next"), 1 + 2 * 4 * 2);
+	fprintf(stderr, "gpt accumulating 4 micro-batches of windows vs JAX: losses off by %.3g\n",
+	        l_worst);
+	json_decref(res);
+	json_decref(ref);
+	json_decref(rspec);
 }
 END_TEST
 
@@ -1412,6 +1573,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_gpt_adamw_vs_jax);
 	tcase_add_test(tc, test_gpt_bf16_vs_jax);
 	tcase_add_test(tc, test_gpt_windows_vs_jax);
+	tcase_add_test(tc, test_gpt_accumulate_vs_jax);
 	tcase_add_test(tc, test_gpt_inference_vs_jax);
 	suite_add_tcase(s, tc);
 	return s;

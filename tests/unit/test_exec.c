@@ -1564,8 +1564,12 @@ END_TEST
  * that absorbed the failure trained, and either way the job keeps training
  * exactly as an untouched one.
  */
-static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
-                      struct ts_policy pol, const char *what)
+static void job_new_acc(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                        int accumulate, const struct ts_policy *pol, unsigned seed,
+                        struct job *j);
+
+static void walk_step_k(const struct ts_mlp *m, const struct ts_optimizer *o,
+                        struct ts_policy pol, int micro, const char *what)
 {
 	static const enum ts_fault_kind kinds[] = {TS_FAULT_COPY, TS_FAULT_ALLOC_HEAP,
 	                                           TS_FAULT_ALLOC_DEVICE, TS_FAULT_ALLOC_PINNED,
@@ -1574,8 +1578,8 @@ static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
 	struct ts_exec_result r, rf;
 	int done = 1, failed = 0, points = 0;
 
-	job_new(m, o, 16, &pol, 8, &j);
-	job_new(m, o, 16, &pol, 8, &fresh);
+	job_new_acc(m, o, 16, micro, &pol, 8, &j);
+	job_new_acc(m, o, 16, micro, &pol, 8, &fresh);
 	job_run(&j, 1, &r);
 	job_run(&fresh, 1, &rf);
 	for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
@@ -1628,6 +1632,12 @@ static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
 	job_free(&fresh);
 }
 
+static void walk_step(const struct ts_mlp *m, const struct ts_optimizer *o,
+                      struct ts_policy pol, const char *what)
+{
+	walk_step_k(m, o, pol, 1, what);
+}
+
 START_TEST(test_every_failure_point_of_a_step_leaves_every_array_whole)
 {
 	static const struct ts_optimizer adam_fused = {.type = TS_OPT_ADAM,
@@ -1650,6 +1660,10 @@ START_TEST(test_every_failure_point_of_a_step_leaves_every_array_whole)
 	walk_step(&walk_mlp, &adam_fused, pol, "params on pinned_host, state on the device");
 	pol = guide_policy(false, false, 0);
 	walk_step(&walk_mlp, &adam_fused, pol, "everything on the device");
+	walk_step_k(&walk_mlp, &adam_fused, pol, 2, "everything on the device, 2 micro-batches");
+	pol = guide_policy(true, true, 1);
+	pol.opt_state = TS_MEM_PINNED_HOST;
+	walk_step_k(&walk_mlp, &adam_opt, pol, 3, "all offloaded, clipped, 3 micro-batches");
 }
 END_TEST
 #endif
@@ -2247,6 +2261,349 @@ static void add_gpt(TCase *tc)
 	tcase_add_test(tc, test_gpt_refusals);
 }
 
+/* ---- gradient accumulation --------------------------------------------------------- */
+
+/* A job of `accumulate` micro-batches of `batch` rows (its inputs and
+ * targets every micro-batch's). */
+static void job_new_acc(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                        int accumulate, const struct ts_policy *pol, unsigned seed,
+                        struct job *j)
+{
+	OK(ts_plan_build_accumulate(m, o, batch, accumulate, pol, &j->plan, &err));
+	ck_assert_int_eq(j->plan.accumulate, accumulate);
+	job_bind(seed, j);
+}
+
+/* The gradient roles a model's step writes (optimizer none). */
+static int grad_roles(const struct ts_mlp *m, enum ts_pbuf_role *r)
+{
+	int n = 0;
+
+	if (m->gpt) {
+		for (int t = 0; t < TS_GPT_NPARAMS; t++)
+			r[n++] = ts_gpt_role(3, t);
+		return n;
+	}
+	r[n++] = TS_ROLE_GRAD_W1;
+	if (ts_mlp_has_w2(m))
+		r[n++] = TS_ROLE_GRAD_W2;
+	if (ts_mlp_tokens(m))
+		r[n++] = TS_ROLE_GRAD_EMBED;
+	if (ts_mlp_tokens(m) && m->proj)
+		r[n++] = TS_ROLE_GRAD_PROJ;
+	return n;
+}
+
+/* Micro-batch j's rows of a role's argument of an accumulating job, written
+ * into the one-micro-batch job one. */
+static void copy_micro(const struct job *acc, struct job *one, enum ts_pbuf_role role, int j)
+{
+	int ia = role_index(&acc->plan, role), io = role_index(&one->plan, role);
+	uint64_t per;
+	char *x;
+
+	if (ia < 0)
+		return;
+	ck_assert_int_ge(io, 0);
+	per = one->plan.bufs[io].bytes;
+	ck_assert_uint_eq(acc->plan.bufs[ia].bytes, per * (uint64_t)acc->plan.accumulate);
+	x = malloc(acc->plan.bufs[ia].bytes);
+	ck_assert_ptr_nonnull(x);
+	get(acc, ia, x, acc->plan.bufs[ia].bytes);
+	put(one, io, x + (uint64_t)j * per, per);
+	free(x);
+}
+
+/*
+ * Optimizer none, `accumulate` micro-batches: the step's gradients are
+ * (g_0 + g_1 + ...) * (1 / k) of the gradients each micro-batch's own step
+ * writes (summed in that order, as the plan does), its loss the mean of
+ * theirs; each measured peak the plan's (job_run).
+ */
+static void accumulate_is_the_mean(const struct ts_mlp *m, int batch, int k,
+                                   const struct ts_policy *pol, const char *what)
+{
+	enum ts_pbuf_role roles[TS_GPT_NPARAMS];
+	int nr = grad_roles(m, roles);
+	struct job acc, one;
+	struct ts_exec_result ra, r;
+	float *sum[TS_GPT_NPARAMS] = {0}, lsum = 0.0f;
+	size_t n[TS_GPT_NPARAMS];
+
+	job_new_acc(m, &grads_only, batch, k, pol, 31, &acc);
+	job_run(&acc, 1, &ra);
+	job_new(m, &grads_only, batch, pol, 31, &one);
+	for (int j = 0; j < k; j++) {
+		copy_micro(&acc, &one, TS_ROLE_INPUT, j);
+		copy_micro(&acc, &one, TS_ROLE_TARGET, j);
+		job_run(&one, 1, &r);
+		lsum += r.loss;
+		for (int t = 0; t < nr; t++) {
+			float *g = job_read(&one, roles[t], &n[t]);
+
+			if (j == 0) {
+				sum[t] = g;
+				continue;
+			}
+			for (size_t e = 0; e < n[t]; e++)
+				sum[t][e] += g[e];
+			free(g);
+		}
+	}
+	same_loss(ra.loss, lsum / (float)k, what);
+	for (int t = 0; t < nr; t++) {
+		size_t na;
+		float *g = job_read(&acc, roles[t], &na);
+		double scale = 0;
+
+		ck_assert_uint_eq(na, n[t]);
+		for (size_t e = 0; e < na; e++) {
+			sum[t][e] *= 1.0f / (float)k;
+			scale = fmax(scale, fabs(sum[t][e]));
+		}
+		for (size_t e = 0; e < na; e++)
+			ck_assert_msg(agree(g[e], sum[t][e], scale),
+			              "%s: role %d element %zu: %.9g, mean of the micro-batches %.9g",
+			              what, (int)roles[t], e, g[e], sum[t][e]);
+		free(g);
+		free(sum[t]);
+	}
+	job_free(&acc);
+	job_free(&one);
+}
+
+START_TEST(test_accumulate_is_the_mean_of_the_micro_batches)
+{
+	const struct ts_mlp tok = {.layers = 2, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
+	                           .residual = true, .loss = TS_LOSS_XENT, .vocab = 29,
+	                           .proj = true, .id_bytes = 2};
+	struct ts_policy pol = any_policy(9 + 2 + 3 + 18);
+
+	accumulate_is_the_mean(&small, 4, 3, &pol, "guide mlp, 3 micro-batches");
+	accumulate_is_the_mean(&small, 5, 2, &pol, "guide mlp, 2 micro-batches");
+	accumulate_is_the_mean(&tok, 7, 4, &pol, "token mlp, 4 micro-batches");
+}
+END_TEST
+
+/*
+ * Adam over accumulating steps under every placement: each step's measured
+ * peaks equal the plan's, the same loss, weights and moments bit for bit as
+ * under the first policy, and a global norm on every step (no clipping)
+ * that is the norm of the mean gradient the same step computes without an
+ * optimizer.
+ */
+static void accumulate_every_policy(const struct ts_mlp *m, int batch, int k, int npol,
+                                    struct ts_policy (*policy)(int), int stride,
+                                    const char *what)
+{
+	const struct ts_optimizer adamw = {.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f,
+	                                   .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f,
+	                                   .eps = 1e-8f};
+	enum ts_pbuf_role roles[TS_GPT_NPARAMS];
+	int nr = grad_roles(m, roles);
+	struct job ref, g;
+	struct ts_exec_result r;
+	float ref_loss[2];
+	double sq = 0;
+
+	/* the mean gradient at the start, and its norm */
+	{
+		struct ts_policy pol = policy(0);
+
+		job_new_acc(m, &grads_only, batch, k, &pol, 32, &g);
+		job_run(&g, 1, &r);
+		for (int t = 0; t < nr; t++) {
+			size_t n;
+			float *x = job_read(&g, roles[t], &n);
+
+			for (size_t e = 0; e < n; e++)
+				sq += (double)x[e] * x[e];
+			free(x);
+		}
+		job_free(&g);
+	}
+	for (int p = 0; p < npol; p += p ? stride : 1) {
+		struct ts_policy pol = policy(p);
+		struct job j;
+
+		job_new_acc(m, &adamw, batch, k, &pol, 32, &j);
+		for (int step = 1; step <= 2; step++) {
+			job_run(&j, step, &r);
+			ck_assert_msg(isfinite(r.grad_norm), "%s: no global norm", what);
+			if (step == 1)
+				ck_assert_msg(fabs(r.grad_norm - sqrt(sq)) <= 1e-5 * sqrt(sq),
+				              "%s: global norm %.9g, of the mean gradient %.9g", what,
+				              (double)r.grad_norm, sqrt(sq));
+			if (p == 0)
+				ref_loss[step - 1] = r.loss;
+			else
+				same_loss(r.loss, ref_loss[step - 1], what);
+		}
+		if (p == 0) {
+			ref = j;
+			continue;
+		}
+		for (int i = 0; i < j.plan.nbufs; i++)
+			if (j.plan.bufs[i].cls == TS_PB_ARGUMENT && ts_role_state(j.plan.bufs[i].role))
+				same_values(&j, &ref, j.plan.bufs[i].role, what);
+		job_free(&j);
+	}
+	job_free(&ref);
+}
+
+static struct ts_policy any_policy_state(int k)
+{
+	struct ts_policy p = any_policy(k % ANY_POLICIES);
+
+	p.opt_state = k / ANY_POLICIES ? TS_MEM_PINNED_HOST : TS_MEM_DEVICE;
+	return p;
+}
+
+START_TEST(test_accumulate_every_policy_same_results)
+{
+	const struct ts_mlp tok = {.layers = 2, .d_model = 11, .d_hidden = 0, .act = TS_ACT_TANH,
+	                           .residual = false, .loss = TS_LOSS_XENT, .vocab = 11,
+	                           .id_bytes = 4};
+
+	accumulate_every_policy(&small, 3, 2, 2 * ANY_POLICIES, any_policy_state, 1,
+	                        "guide mlp accumulating");
+	accumulate_every_policy(&tok, 5, 3, 2 * ANY_POLICIES, any_policy_state, 5,
+	                        "token mlp accumulating");
+}
+END_TEST
+
+/* Plans: accumulate 1 is the plain step; the accumulators and a later
+ * micro-batch's gradients are temps of the plan (a larger temp); a count
+ * outside 1..TS_PLAN_ACCUMULATE_MAX is refused, naming accumulate. */
+START_TEST(test_accumulate_plans_and_refusals)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                                  .b2 = 0.999f, .eps = 1e-8f};
+	struct ts_policy pol = any_policy(0);
+	struct ts_plan a, b, c;
+	const int bad[] = {0, -1, TS_PLAN_ACCUMULATE_MAX + 1, INT32_MAX};
+
+	OK(ts_plan_build(&small, &adam, 4, &pol, &a, &err));
+	OK(ts_plan_build_accumulate(&small, &adam, 4, 1, &pol, &b, &err));
+	ck_assert_int_eq(a.nactions, b.nactions);
+	ck_assert_uint_eq(a.peak_device_bytes, b.peak_device_bytes);
+	ck_assert_int_eq(b.accumulate, 1);
+	OK(ts_plan_build_accumulate(&small, &adam, 4, 2, &pol, &c, &err));
+	ck_assert_uint_gt(c.temp_size_in_bytes, a.temp_size_in_bytes);
+	ck_assert_uint_eq(c.argument_size_in_bytes - a.argument_size_in_bytes,
+	                  2u * 4u * (uint64_t)small.d_model * sizeof(float));
+	ts_plan_release(&a);
+	ts_plan_release(&b);
+	ts_plan_release(&c);
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_plan_build_accumulate(&small, &adam, 4, bad[i], &pol, &a, &err),
+		                 TS_INVALID_ARGUMENT);
+		ck_assert_str_eq(err.reason, "BAD_ACCUMULATE");
+		ck_assert_ptr_nonnull(strstr(err.message, "accumulate"));
+	}
+	ts_error_clear(&err);
+}
+END_TEST
+
+START_TEST(test_gpt_accumulate_is_the_mean_of_the_micro_batches)
+{
+	struct ts_policy pol = gpt_policy(1 + 4 * 2);
+
+	accumulate_is_the_mean(&tiny_gpt, 16, 2, &pol, "gpt, 2 micro-batches");
+}
+END_TEST
+
+START_TEST(test_gpt_accumulate_every_policy_same_results)
+{
+	accumulate_every_policy(&tiny_gpt, 16, 2, GPT_POLICIES, gpt_policy, sparse * 3,
+	                        "gpt accumulating");
+}
+END_TEST
+
+/*
+ * Fused updates (no clipping, no accumulation) report the global norm too:
+ * that of the gradients the same step writes without an optimizer, within
+ * float32 rounding, the same bits under each placement, and the plan's
+ * peaks measured (job_run) with the norm's temp among them.
+ */
+static void fused_norm(const struct ts_mlp *m, int batch, int npol,
+                       struct ts_policy (*policy)(int), int stride, const char *what)
+{
+	const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f, .b1 = 0.9f,
+	                                  .b2 = 0.999f, .eps = 1e-8f};
+	enum ts_pbuf_role roles[TS_GPT_NPARAMS];
+	int nr = grad_roles(m, roles);
+	struct ts_policy p0 = policy(0);
+	struct ts_exec_result r;
+	struct job g;
+	double sq = 0;
+	float first = NAN;
+
+	job_new(m, &grads_only, batch, &p0, 33, &g);
+	ck_assert(!g.plan.norm_after);
+	job_run(&g, 1, &r);
+	ck_assert(isnan(r.grad_norm));
+	for (int t = 0; t < nr; t++) {
+		size_t n;
+		float *x = job_read(&g, roles[t], &n);
+
+		for (size_t e = 0; e < n; e++)
+			sq += (double)x[e] * x[e];
+		free(x);
+	}
+	job_free(&g);
+	for (int p = 0; p < npol; p += p ? stride : 1) {
+		struct ts_policy pol = policy(p);
+		struct job j;
+
+		job_new(m, &adam, batch, &pol, 33, &j);
+		ck_assert(j.plan.norm_after);
+		job_run(&j, 1, &r);
+		ck_assert_msg(fabs(r.grad_norm - sqrt(sq)) <= 1e-5 * sqrt(sq),
+		              "%s, policy %d: global norm %.9g, of the gradients %.9g", what, p,
+		              (double)r.grad_norm, sqrt(sq));
+		if (p == 0)
+			first = r.grad_norm;
+		else
+			ck_assert_msg(agree(r.grad_norm, first, 0), "%s, policy %d: norm %.9g, policy 0's "
+			              "%.9g", what, p, (double)r.grad_norm, (double)first);
+		job_free(&j);
+	}
+}
+
+START_TEST(test_fused_steps_report_the_global_norm)
+{
+	const struct ts_mlp tok = {.layers = 2, .d_model = 12, .d_hidden = 20, .act = TS_ACT_GELU,
+	                           .residual = true, .loss = TS_LOSS_XENT, .vocab = 29,
+	                           .proj = true, .id_bytes = 2};
+
+	fused_norm(&small, 5, 2 * ANY_POLICIES, any_policy_state, 7, "guide mlp");
+	fused_norm(&tok, 9, 2 * ANY_POLICIES, any_policy_state, 7, "token mlp");
+}
+END_TEST
+
+START_TEST(test_gpt_fused_steps_report_the_global_norm)
+{
+	fused_norm(&tiny_gpt, 16, GPT_POLICIES, gpt_policy, 5 * sparse, "gpt");
+}
+END_TEST
+
+static void add_accumulate(TCase *tc)
+{
+	tcase_add_test(tc, test_fused_steps_report_the_global_norm);
+	tcase_add_test(tc, test_accumulate_is_the_mean_of_the_micro_batches);
+	tcase_add_test(tc, test_accumulate_every_policy_same_results);
+	tcase_add_test(tc, test_accumulate_plans_and_refusals);
+}
+
+static void add_gpt_accumulate(TCase *tc)
+{
+	tcase_add_test(tc, test_gpt_fused_steps_report_the_global_norm);
+	tcase_add_test(tc, test_gpt_accumulate_is_the_mean_of_the_micro_batches);
+	tcase_add_test(tc, test_gpt_accumulate_every_policy_same_results);
+}
+
 Suite *ts_unit_suite(void)
 {
 	bool cuda = ts_unit_cuda();
@@ -2259,6 +2616,8 @@ Suite *ts_unit_suite(void)
 	add_tokens(tc);
 	add_lowp(tc);
 	add_gpt(tc);
+	add_accumulate(tc);
+	add_gpt_accumulate(tc);
 	/* fault injection exists on sim only */
 	tcase_add_test(tc, test_copy_failure_releases_every_temp);
 	tcase_add_test(tc, test_copy_failure_mid_step_leaves_every_array_whole);
@@ -2273,6 +2632,7 @@ Suite *ts_unit_suite(void)
 		add_common(tc);
 		add_tokens(tc);
 		add_lowp(tc);
+		add_accumulate(tc);
 		suite_add_tcase(s, tc);
 		/* the GPT's steps on CUDA, a case of their own (they take the stand-in
 		 * minutes: tests/gpu/fakecuda.sh runs them once, not in every pass) */
@@ -2280,6 +2640,7 @@ Suite *ts_unit_suite(void)
 		tcase_add_checked_fixture(tc, setup_cuda, teardown);
 		tcase_set_timeout(tc, 300);
 		add_gpt(tc);
+		add_gpt_accumulate(tc);
 		suite_add_tcase(s, tc);
 	}
 	return s;

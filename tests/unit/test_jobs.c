@@ -588,6 +588,86 @@ START_TEST(test_batches_larger_than_the_dataset_are_refused)
 }
 END_TEST
 
+/* ---- gradient accumulation ------------------------------------------------------- */
+
+/*
+ * A data-driven step of accumulate 2 draws two batches a step: its loss is
+ * the mean of the evaluations' of those rows, its result says where it
+ * stopped (start + steps * 2 * batch_size), the batch size asked for, the
+ * accumulation, and a global norm per step.
+ */
+START_TEST(test_accumulate_draws_its_micro_batches)
+{
+	struct ts_model m;
+	struct ts_job_run run, ev;
+	struct ts_op_snapshot s;
+	float micro[2];
+	json_t *b, *norms;
+
+	create_model("m", TS_MEM_DEVICE, 12, &m);
+	datasets();
+	for (int j = 0; j < 2; j++) {
+		json_t *rows = json_pack("[i, i]", 1 + 2 * j, 2 + 2 * j);
+
+		ev = step_of(&m, 1);
+		ev.inputs.rows = rows;
+		ev.targets.rows = rows;
+		s = run_eval(&ev);
+		ck_assert_msg(s.state == TS_OP_SUCCEEDED, "%s", s.error.message);
+		micro[j] = (float)json_real_value(json_object_get(s.result, "loss"));
+		ts_op_snapshot_release(&s);
+		json_decref(rows);
+	}
+	run = step_of(&m, 2);
+	run.batches = (struct ts_job_batches){.on = true, .size = 2, .start = 1};
+	run.accumulate = 2;
+	s = run_step(&run);
+	ck_assert_msg(s.state == TS_OP_SUCCEEDED, "%s", s.error.message);
+	ck_assert_int_eq(result_int(s.result, "accumulate"), 2);
+	ck_assert_int_eq(json_array_size(json_object_get(s.result, "losses")), 2);
+	ck_assert_msg(json_real_value(json_array_get(json_object_get(s.result, "losses"), 0)) ==
+	              (double)((micro[0] + micro[1]) / 2.0f),
+	              "the step's loss is not the mean of its micro-batches' (%.9g, %.9g)",
+	              (double)micro[0], (double)micro[1]);
+	norms = json_object_get(s.result, "grad_norms");
+	ck_assert_int_eq(json_array_size(norms), 2);
+	for (size_t i = 0; i < 2; i++)
+		ck_assert(json_real_value(json_array_get(norms, i)) > 0);
+	b = json_object_get(s.result, "batches");
+	ck_assert_int_eq(result_int(b, "batch_size"), 2);
+	ck_assert_int_eq(result_int(b, "next"), 9);      /* 1 + 2 steps * 2 micro-batches * 2 */
+	ck_assert_int_eq(result_int(b, "epoch"), 1);
+	ts_op_snapshot_release(&s);
+	ck_assert_uint_eq(version_of("m.w1"), 2);
+}
+END_TEST
+
+/* Inputs whose rows accumulate does not divide into micro-batches: the
+ * operation fails naming accumulate, and nothing changes. */
+START_TEST(test_accumulate_must_split_the_inputs)
+{
+	struct ts_model m;
+	struct ts_job_run run;
+	struct ts_op_snapshot s;
+
+	create_model("m", TS_MEM_DEVICE, 13, &m);
+	datasets();
+	run = step_of(&m, 1);
+	run.accumulate = 4;                /* 6 rows */
+	s = run_step(&run);
+	ck_assert_int_eq(s.state, TS_OP_FAILED);
+	ck_assert_str_eq(s.error.reason, "BAD_ACCUMULATE");
+	ck_assert_ptr_nonnull(strstr(s.error.message, "accumulate"));
+	ts_op_snapshot_release(&s);
+	ck_assert_uint_eq(version_of("m.w1"), 1);
+	run.accumulate = 3;                /* 3 micro-batches of 2 rows */
+	s = run_step(&run);
+	ck_assert_msg(s.state == TS_OP_SUCCEEDED, "%s", s.error.message);
+	ck_assert_int_eq(result_int(s.result, "accumulate"), 3);
+	ts_op_snapshot_release(&s);
+}
+END_TEST
+
 /* ---- windows of a token stream ---------------------------------------------------- */
 
 #define TV 11        /* a token model's vocabulary */
@@ -730,6 +810,8 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(c, test_a_batch_is_the_rows_at_its_position);
 	tcase_add_test(c, test_shuffled_batches_follow_their_seed);
 	tcase_add_test(c, test_batches_larger_than_the_dataset_are_refused);
+	tcase_add_test(c, test_accumulate_draws_its_micro_batches);
+	tcase_add_test(c, test_accumulate_must_split_the_inputs);
 	tcase_add_test(c, test_evaluation_writes_nothing_of_its_model);
 	tcase_add_test(c, test_windows_read_the_stream_at_their_offsets);
 	suite_add_tcase(s, c);

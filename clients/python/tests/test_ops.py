@@ -245,6 +245,33 @@ def test_gpt_evaluate_without_targets_and_generate(client):
     assert e.value.reason == "NO_OUTPUTS"
 
 
+def test_gpt_step_accumulates_micro_batches(client):
+    client.create_model("ga", gpt=GPT["gpt"], init=GPT["init"], placement=GPT["placement"],
+                        optimizer={"type": "adamw", "learning_rate": 1e-2})
+    ids = RNG.integers(0, 37, (4, 9)).astype(np.int32)
+    client.put("x", ids[:, :-1], device="sim:0")
+    client.put("t", ids[:, 1:], device="sim:0")
+    micro = []
+    for half in (slice(0, 2), slice(2, 4)):
+        client.put("xh", ids[half, :-1], device="sim:0")
+        client.put("th", ids[half, 1:], device="sim:0")
+        micro.append(np.float32(client.evaluate("ga", "xh", "th", wait=True)["loss"]))
+    rep = client.step("ga", "x", "t", accumulate=2, wait=True)
+    assert rep["accumulate"] == 2 and len(rep["losses"]) == 1
+    assert np.float32(rep["losses"][0]) == (micro[0] + micro[1]) / np.float32(2)
+    assert len(rep["grad_norms"]) == 1 and rep["grad_norms"][0] > 0
+    assert rep["measured_peak_device_bytes"] == rep["predicted_peak_device_bytes"]
+    an = client.analyze("ga", [4, 8], accumulate=2)
+    assert an["peak_device_bytes"] == rep["predicted_peak_device_bytes"]
+    assert an["accumulate"] == 2 and "accumulate" not in client.analyze("ga", [4, 8])
+    assert client.model("ga")["steps"] == 1
+    for bad in (0, -2, 3, 2000):
+        with pytest.raises(tstage.InvalidArgument) as e:
+            client.step("ga", "x", "t", accumulate=bad, wait=True)
+        assert e.value.reason == "BAD_ACCUMULATE" and "accumulate" in e.value.message
+    assert client.model("ga")["steps"] == 1
+
+
 def test_partial_result_and_cancelled_losses(client):
     client.put("stream", RNG.integers(0, 50, 500).astype(np.uint16), memory_kind="pinned_host")
     client.create_model("lm", LM)

@@ -623,7 +623,8 @@ class Client:
                 placement: Optional[Dict[str, Any]] = None,
                 timeline: bool = False, dtype: Optional[str] = None,
                 mode: Optional[str] = None,
-                outputs: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+                outputs: Optional[Dict[str, Any]] = None,
+                accumulate: Optional[int] = None) -> Dict[str, Any]:
         """The memory analysis of one step for a batch shape (XLA's
         ``memory_analysis`` names, ``peak_device_bytes``, the ``timeline``),
         before anything runs: of an existing model (its name), or of a spec
@@ -636,6 +637,8 @@ class Client:
                 :meth:`evaluate`); an existing model's only.
             outputs: with mode ``"evaluate"``, where the outputs would go
                 (``{"memory_kind": "pinned_host"}``).
+            accumulate: a step of that many micro-batches (``batch`` split in
+                them), as :meth:`step` takes it.
         """
         body: Dict[str, Any] = {"batch": [int(b) for b in batch]}
         if placement is not None:
@@ -646,6 +649,8 @@ class Client:
             body["mode"] = mode
         if outputs is not None:
             body["outputs"] = outputs
+        if accumulate is not None:
+            body["accumulate"] = int(accumulate)
         q = {"timeline": True} if timeline else None
         if isinstance(model, str):
             return self._t.json("POST", f"/v1/models/{quote_name(model)}:analyze", json=body,
@@ -675,6 +680,7 @@ class Client:
     def step(self, model: str, inputs: Union[None, str, Dict[str, Any]] = None,
              targets: Union[None, str, Dict[str, Any]] = None, *, steps: int = 1,
              windows: Optional[Dict[str, Any]] = None,
+             accumulate: Optional[int] = None,
              placement: Optional[Dict[str, Any]] = None, wait: bool = False,
              timeout: Optional[float] = None, **fields: Any) -> Any:
         """Runs ``steps`` training steps on ``inputs`` (and ``targets`` for
@@ -682,10 +688,16 @@ class Client:
         dataset array; or, for a token model, on ``windows`` of one token
         stream (:func:`windows`), which reads both from the one array.
 
+        ``accumulate=k`` makes each optimizer step take the mean gradient of
+        k micro-batches (optax.MultiSteps, nanoGPT's gradient accumulation):
+        the inputs' rows split in k, or k batches (windows) drawn a step; the
+        report's ``losses`` are each step's mean micro-batch loss, and
+        ``grad_norms`` the mean gradient's global norm.
+
         Answers the :class:`Operation` (progress in steps; its
         :attr:`Operation.partial_result` carries the losses so far while it
         runs), or with ``wait=True`` the step report (``losses``,
-        ``learning_rates``, ``grad_norms`` when clipping, predicted and measured
+        ``learning_rates`` and ``grad_norms`` with an optimizer, predicted and measured
         peaks, times, and with windows where they stopped: ``windows.next``).
 
         Raises:
@@ -693,7 +705,8 @@ class Client:
                 ``losses`` and ``partial_result`` say what its steps did.
         """
         body = _run_body(inputs=inputs, targets=targets, windows=windows,
-                         placement=placement, steps=int(steps))
+                         placement=placement, steps=int(steps),
+                         accumulate=None if accumulate is None else int(accumulate))
         body.update(fields)
         return self._submit(f"/v1/models/{quote_name(model)}:step", body, wait,
                             idempotent=False, timeout=timeout)
