@@ -23,8 +23,9 @@ Requests may be pipelined: the server answers each, in order.
 
 Device arrays follow the same rules. A sim device's memory is a memfd too: its
 arrays map as host arrays do (numpy). A GPU's array comes as a CUDA IPC handle
-of the device pool's allocation, the GPU's PCI bus id and the array's offset
-in the allocation: :class:`CudaArray` opens it with libcudart through ctypes
+of device memory of the lease's own (a copy of the version, made on the
+server), the GPU's PCI bus id and the array's offset in the allocation (0):
+:class:`CudaArray` opens it with libcudart through ctypes
 (``libcudart.so.13``, else ``.12``, else ``libcudart.so``, found as the dynamic
 loader finds libraries, ``LD_LIBRARY_PATH`` first, and loaded only then; no
 framework needed: see ``_cudart``) on the GPU of that bus id, and offers it
