@@ -40,6 +40,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "common/utf8.h"
+#include "server/auth.h"
 #include "server/http_tuning.h"
 #include "server/router.h"
 #include "server/server_routes.h"
@@ -225,47 +226,15 @@ static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
 		snprintf(buf, cap, "unix");
 }
 
-/* Constant-time comparison of a presented token (n bytes) with the one. */
-static bool token_equal(const struct ts_server *srv, const char *given, size_t n)
+/* Whether the request presents the token (auth.h); err and *fault say
+ * what was wrong when not. */
+static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn,
+                     enum ts_auth_fault *fault, struct ts_error *err)
 {
-	unsigned char diff = (unsigned char)(n != srv->token_len);
-
-	for (size_t i = 0; i < srv->token_len; i++)
-		diff |= (unsigned char)(srv->token[i] ^ (i < n ? given[i] : 0));
-	return diff == 0;
-}
-
-/* Whether the request presents the token: "Authorization: Bearer <token>"
- * (the scheme in any case),
- * or HTTP Basic with the token as the password (any user name; decoded by
- * libmicrohttpd), which is what a browser sends after the prompt a 401 on
- * /dashboard raises, and then for the page's own calls. Compared in
- * constant time. */
-static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
-{
-	static const char bearer[] = "Bearer";
 	const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION);
-	char *user, *pass = NULL;
-	bool ok;
 
-	if (!auth)
-		return false;
-	/* the scheme is case-insensitive, then one or more spaces (RFC 9110 11.4) */
-	if (strncasecmp(auth, bearer, sizeof bearer - 1) == 0 && auth[sizeof bearer - 1] == ' ') {
-		auth += sizeof bearer - 1;
-		auth += strspn(auth, " ");
-		return token_equal(srv, auth, strlen(auth));
-	}
-	user = MHD_basic_auth_get_username_password(conn, &pass);
-	ok = user && pass && token_equal(srv, pass, strlen(pass));
-	if (pass) {
-		explicit_bzero(pass, strlen(pass));
-		MHD_free(pass);
-	}
-	if (user)
-		MHD_free(user);
-	return ok;
+	return ts_auth_check(auth, srv->token, srv->token_len, fault, err) == TS_OK;
 }
 
 /* "<prefix>-<hex n>" into dst (cap >= sizeof prefix + 18). */
@@ -520,6 +489,8 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	struct ts_server *srv = rq->srv;
 	const struct ts_route *route;
 	enum ts_match found;
+	enum ts_auth_fault fault = TS_AUTH_MISSING;
+	struct ts_error err;
 	const char *len_s;
 	char allow[96];
 
@@ -529,15 +500,18 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	found = ts_router_find(rq->srv->router, method, url, &rq->match);
 	/* authenticated before routing: without the token, a path says nothing
 	 * of what exists there or which methods it takes */
+	ts_error_clear(&err);
 	if (srv->token_len && !on_unix_socket(conn) &&
 	    !(found == TS_MATCH_FOUND ? ts_routes[rq->match.index].public_route : public_path(url)) &&
-	    !token_ok(srv, conn)) {
-		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
-		              "a valid 'Authorization: Bearer <token>' header is required");
-		/* a browser asks for the token (as the password) on the page */
+	    !token_ok(srv, conn, &fault, &err)) {
+		ts_reply_error(&rq->reply, &err);
+		/* a browser asks for the token (as the password) on the page;
+		 * a wrong Bearer token is "invalid_token" (RFC 6750) */
 		ts_reply_header(&rq->reply, "WWW-Authenticate",
 		                found == TS_MATCH_FOUND && ts_routes[rq->match.index].sfn == ts_s_dashboard
 		                        ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                : fault == TS_AUTH_WRONG
+		                        ? "Bearer realm=\"tstage\", error=\"invalid_token\""
 		                        : "Bearer realm=\"tstage\"");
 		return;
 	}
