@@ -88,6 +88,7 @@ struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
 	bool local;                      /* on the Unix socket: no limit per address */
+	bool bulk;                       /* the bulk daemon's (TS_HTTP_CONN_MEMORY_BULK) */
 };
 
 /*
@@ -459,6 +460,68 @@ static bool request_framing(struct request *rq, struct MHD_Connection *conn)
 	return true;
 }
 
+struct head_walk {
+	size_t bytes;                    /* of the head, as the client sent it, or close */
+	size_t fields;                   /* headers, query parameters and cookies */
+};
+
+static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  size_t key_size, const char *value, size_t value_size)
+{
+	struct head_walk *w = cls;
+
+	(void)key;
+	w->fields++;
+	if (kind == MHD_HEADER_KIND)          /* "Name: value\r\n" */
+		w->bytes += key_size + value_size + 4;
+	else if (kind == MHD_GET_ARGUMENT_KIND)   /* "key=value&" (unescaped: no longer) */
+		w->bytes += key_size + (value ? value_size + 1 : 0) + 1;
+	return MHD_YES;                       /* a cookie's bytes are its header's */
+}
+
+/*
+ * Refuses a head past the limits the acceptor holds a connection's first
+ * head to (head.c: TS_HTTP_HEAD_MAX bytes, TS_HTTP_HEAD_FIELDS_MAX fields)
+ * when a later request on a bulk connection brings one: that connection's
+ * memory holds heads of about 60 KiB and 890 fields, which the library
+ * serves. (A small-request connection holds about 7.5 KiB and 110 fields,
+ * within the limits; what no connection holds the library refuses itself,
+ * in HTML: docs/API.md, Limits of a request head.) 431 in JSON, then the
+ * connection closes, as the acceptor's answer does. false when rq is
+ * answered.
+ */
+static bool request_head_ok(struct request *rq, struct MHD_Connection *conn, const char *url,
+                            const char *method)
+{
+	const union MHD_ConnectionInfo *ci =
+		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+	const struct conn_ctx *cc = ci ? ci->socket_context : NULL;
+	struct head_walk w = {.bytes = strlen(method) + strlen(url) + sizeof " ? HTTP/1.1\r\n\r\n"};
+	struct ts_error err;
+
+	if (!cc || !cc->bulk)
+		return true;
+	MHD_get_connection_values_n(conn, MHD_HEADER_KIND | MHD_GET_ARGUMENT_KIND | MHD_COOKIE_KIND,
+	                            head_field, &w);
+	if (w.bytes <= TS_HTTP_HEAD_MAX && w.fields <= TS_HTTP_HEAD_FIELDS_MAX)
+		return true;
+	ts_error_clear(&err);
+	if (w.bytes > TS_HTTP_HEAD_MAX)
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "REQUEST_HEAD_TOO_LARGE",
+		             "the request head (request line and headers) is longer than %zu bytes "
+		             "(about %zu)", (size_t)TS_HTTP_HEAD_MAX, w.bytes);
+	else
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "REQUEST_HEAD_TOO_LARGE",
+		             "the request head holds more than %zu fields (headers, query parameters "
+		             "and cookies; %zu)", (size_t)TS_HTTP_HEAD_FIELDS_MAX, w.fields);
+	ts_error_meta_u64(&err, "limit_bytes", TS_HTTP_HEAD_MAX);
+	ts_error_meta_u64(&err, "limit_fields", TS_HTTP_HEAD_FIELDS_MAX);
+	ts_reply_error(&rq->reply, &err);
+	rq->http_code = 431;
+	rq->close = true;
+	return false;
+}
+
 /* New /v1 work is refused while draining. */
 static bool request_draining(struct request *rq, const struct ts_route *route)
 {
@@ -495,7 +558,8 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	char allow[96];
 
 	rq->failed = true;             /* until admitted */
-	if (!request_framing(rq, conn) || !request_path_ok(rq, url))
+	if (!request_head_ok(rq, conn, url, method) || !request_framing(rq, conn) ||
+	    !request_path_ok(rq, url))
 		return;
 	found = ts_router_find(rq->srv->router, method, url, &rq->match);
 	/* authenticated before routing: without the token, a path says nothing
@@ -1131,6 +1195,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		}
 		ts__conn_key(ci ? ci->client_addr : NULL, cc->addr);
 		cc->local = on_unix_socket(conn);
+		cc->bulk = dm->worker < 0;
 		over = ts__conn_admit(srv, cc->addr, cc->local);
 		cc->refused = over != 0;
 		*socket_context = cc;
