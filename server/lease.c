@@ -55,7 +55,7 @@
  *    version (memory/buffer.h, ts_buffer_leasable). Whatever a lessee keeps
  *    mapped after its lease ends shows the bytes of that version only;
  *  - no descriptor handed out can write any array: every pool memfd is
- *    sealed with F_SEAL_FUTURE_WRITE once the daemon has mapped it
+ *    sealed with F_SEAL_FUTURE_WRITE before its first descriptor leaves
  *    (hostmem.c), so a descriptor reopened read-write through /proc/self/fd
  *    can neither be written nor mapped writable, whoever reopens it;
  *  - a writable lease maps scratch memory of its own (a memfd outside the
@@ -763,7 +763,9 @@ static ts_status copy_in(struct ts__lease_service *svc, const struct lease *l,
 	if (l->scratch.fd < 0 || l->scratch.size == 0)
 		return TS_OK;            /* no bytes */
 	if (ts_buffer_host_visible(b)) {
-		memcpy(ts_buffer_data(b), l->scratch.data, l->scratch.size);
+		/* into the pool's pages through their file where they are fresh */
+		ts_host_mem_fill(ts_buffer_device(b), ts_buffer_data(b), l->scratch.data,
+		                 l->scratch.size);
 		return TS_OK;
 	}
 	st = ts_writer_new(svc->core->env.stager, b, 0, &w, err);
