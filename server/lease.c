@@ -139,7 +139,7 @@ struct lease {
 struct lconn {
 	int fd;
 	uid_t uid;                       /* the peer's (SO_PEERCRED) */
-	int pidfd;                       /* owned: the peer process's (pidfd_open); -1: none */
+	pid_t pid;                       /* the peer's (SO_PEERCRED); 0: unknown */
 	unsigned char *buf;              /* LEASE_IN_CAP bytes read, from start to have */
 	size_t start, have;
 	bool eof;                        /* the client sends no more */
@@ -172,8 +172,10 @@ struct ts__lease_service {
 /* The GPU lease memory of a connection that closed while its process lives
  * on: that process may still have the CUDA IPC handles open (freeing the
  * memory under an open handle is undefined in CUDA), so the memory is freed
- * when the process exits (its pidfd turns readable), or when the service
- * stops. */
+ * when the process exits (its pidfd, opened when the connection closed,
+ * turns readable), or when the service stops. At most max_per_uid of them
+ * hold a pidfd (descriptors are HTTP's and the memory files' too); past
+ * that, and where no pidfd can be opened, the memory is freed at once. */
 struct orphan {
 	int pidfd;                       /* owned */
 	struct lease *leases;            /* owned: spent, no array left */
@@ -893,6 +895,7 @@ static void conn_close(struct ts__lease_service *svc, struct lconn *c)
 {
 	struct lease *gpu = NULL;
 	struct orphan *o;
+	int pidfd;
 
 	while (c->leases) {
 		struct lease *l = c->leases;
@@ -908,21 +911,23 @@ static void conn_close(struct ts__lease_service *svc, struct lconn *c)
 		l->next = gpu;
 		gpu = l;
 	}
-	o = gpu && svc->norphans < LEASE_MAX_CONNS && pid_alive(c->pidfd) ? calloc(1, sizeof *o)
-	                                                                   : NULL;
+	/* the pid may have been reused since accept if the peer is gone: then
+	 * the memory waits for that process instead, which only delays it */
+	pidfd = gpu && c->pid > 0 && svc->norphans < svc->max_per_uid
+	        ? (int)syscall(SYS_pidfd_open, c->pid, 0) : -1;
+	o = pidfd >= 0 && pid_alive(pidfd) ? calloc(1, sizeof *o) : NULL;
 	if (o) {
-		o->pidfd = c->pidfd;
+		o->pidfd = pidfd;            /* close-on-exec, as every pidfd */
 		o->leases = gpu;
 		o->next = svc->orphans;
 		svc->orphans = o;
 		svc->norphans++;
-		c->pidfd = -1;
 	} else {
+		if (pidfd >= 0)
+			close(pidfd);
 		leases_free(gpu);
 	}
 	drop_pending(c);
-	if (c->pidfd >= 0)
-		close(c->pidfd);
 	close(c->fd);
 	free(c->buf);
 	free(c);
@@ -1074,10 +1079,7 @@ static void conn_accept(struct ts__lease_service *svc)
 	}
 	c->fd = fd;
 	c->uid = cred.uid;
-	/* on a GPU, lease memory outlives the connection while the process runs */
-	c->pidfd = cred.pid > 0 ? (int)syscall(SYS_pidfd_open, cred.pid, 0) : -1;
-	if (c->pidfd >= 0)
-		(void)fcntl(c->pidfd, F_SETFD, FD_CLOEXEC);
+	c->pid = cred.pid;           /* GPU lease memory outlives the connection while it runs */
 	svc->conns[svc->nconns++] = c;
 }
 
