@@ -118,6 +118,7 @@
 /* A GPU lease's device memory of its own: one cudaMalloc allocation, so that
  * the CUDA IPC handle handed out names these bytes and nothing else. */
 struct lease_gpu {
+	struct ts_metrics *metrics;      /* borrowed: counts the memory */
 	struct ts_device *dev;           /* borrowed; NULL: none */
 	void *data;                      /* owned: ts_device_mem_free */
 	uint64_t size;                   /* allocated (at least 1) */
@@ -154,6 +155,7 @@ struct lconn {
 
 struct ts__lease_service {
 	const struct ts_core *core;      /* borrowed: the server's */
+	struct ts_metrics *metrics;      /* borrowed: the server's */
 	int listen_fd;
 	int wake[2];                     /* a pipe: written to stop the thread */
 	pthread_t thread;
@@ -326,8 +328,10 @@ static bool on_gpu(const struct ts_buffer *b)
 
 static void gpu_mem_free(struct lease_gpu *g)
 {
-	if (g->dev && g->data)
+	if (g->dev && g->data) {
 		ts_device_mem_free(g->dev, TS_MEM_DEVICE, g->data, g->size);
+		ts_metrics_lease_device_add(g->metrics, -(int64_t)g->size, -1);
+	}
 	*g = (struct lease_gpu){0};
 }
 
@@ -407,15 +411,18 @@ static ts_status gpu_mem_new(const struct ts_buffer *b, bool src, struct lease_g
 		return st;
 	g->dev = dev;
 	g->size = want;
+	ts_metrics_lease_device_add(g->metrics, (int64_t)want, 1);
 	st = gpu_fill(dev, g->data, src ? ts_buffer_data(b) : NULL, src ? n : want, err);
 	if (st != TS_OK)
 		gpu_mem_free(g);
 	return st;
 }
 
-/* Device memory of its own for each of l's shards on a GPU; l->gpu stays
- * NULL when none is. What was made stays with l on failure. */
-static ts_status lease_gpu_new(struct lease *l, struct ts_error *err)
+/* Device memory of its own for each of l's shards on a GPU, counted in
+ * metrics; l->gpu stays NULL when none is. What was made stays with l on
+ * failure. */
+static ts_status lease_gpu_new(struct lease *l, struct ts_metrics *metrics,
+                               struct ts_error *err)
 {
 	int n = ts_array_nshards(l->array);
 	ts_status st = TS_OK;
@@ -432,6 +439,7 @@ static ts_status lease_gpu_new(struct lease *l, struct ts_error *err)
 	for (int i = 0; st == TS_OK && i < n; i++) {
 		struct ts_buffer *b = ts_array_shard_buffer(l->array, i);
 
+		l->gpu[i].metrics = metrics;
 		if (on_gpu(b))
 			st = gpu_mem_new(b, !l->writable, &l->gpu[i], err);
 	}
@@ -700,7 +708,7 @@ static bool grant(struct ts__lease_service *svc, struct lconn *c, struct ts_arra
 	                        &err) != TS_OK)
 		goto refuse;
 	/* a GPU's shards: device memory of the lease's own */
-	if (lease_gpu_new(l, &err) != TS_OK)
+	if (lease_gpu_new(l, svc->metrics, &err) != TS_OK)
 		goto refuse;
 	if (describe(svc, l, &reply, fds, &nfds, &err) != TS_OK)
 		goto refuse;
@@ -1183,6 +1191,7 @@ ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err)
 	if (!svc)
 		return ts_error_oom(err, "no memory for the lease service");
 	svc->core = &srv->core;
+	svc->metrics = srv->metrics;
 	svc->listen_fd = svc->wake[0] = svc->wake[1] = -1;
 	caps_from_rlimit(svc);
 	n = snprintf(svc->path, sizeof svc->path, "%s.lease", srv->cfg.unix_socket);

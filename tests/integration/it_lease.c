@@ -790,11 +790,26 @@ START_TEST(test_reopened_read_lease_cannot_write)
 }
 END_TEST
 
+/* A gauge of /metrics, without labels. */
+static double gauge(const char *name)
+{
+	struct th_response r;
+	double v = -1;
+
+	th_get(&d, "/metrics", &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_msg(th_prom_find(r.body, name, NULL, &v), "no %s", name);
+	th_response_free(&r);
+	return v;
+}
+
 /* A read lease of a GPU's array is a CUDA IPC handle, which maps read-write
  * whatever the lease says: the handle names a copy of the version made for
  * that lease, so writing through it changes neither what GET answers nor
- * the ETag, nor another lease of the same version. (On sim, the reopened
- * descriptor case above covers the same rule.) */
+ * the ETag, nor another lease of the same version; that memory is the
+ * lease's own, outside the device pool, counted by /metrics until the lease
+ * is released. (On sim, the reopened descriptor case above covers the same
+ * rule.) */
 START_TEST(test_device_read_lease_writes_reach_nothing)
 {
 	unsigned char *v = th_pattern(MiB, 21), *scribble = th_pattern(MiB, 22);
@@ -810,12 +825,15 @@ START_TEST(test_device_read_lease_writes_reach_nothing)
 	lease_map(fd, "{\"op\":\"lease\",\"name\":\"gw\"}", false, &m1);
 	lease_map(fd, "{\"op\":\"lease\",\"name\":\"gw\"}", false, &m2);
 	if (m1.data) {               /* sim: a read-only mapping, nothing to write */
+		ck_assert(gauge("tstage_lease_device_bytes") == 0);
 		unmap(&m1);
 		unmap(&m2);
 		goto out;
 	}
 	/* the GPU's lease memory lies outside the device pool */
 	ck_assert_int_eq(in_use(th_dev(0), "device"), MiB);
+	ck_assert(gauge("tstage_lease_device_bytes") == 2.0 * MiB);
+	ck_assert(gauge("tstage_lease_device_allocations") == 2);
 	fill_leased(&m1, scribble, MiB);
 	assert_mapped("written through its own lease", &m1, scribble, MiB);
 	assert_downloaded("gw", v, MiB, etag);
@@ -825,9 +843,12 @@ START_TEST(test_device_read_lease_writes_reach_nothing)
 	unmap(&m1);
 	unmap(&m2);
 	unmap(&m3);
+	ck_assert(gauge("tstage_lease_device_bytes") == 3.0 * MiB);
 	release(fd, m1.lease);
 	release(fd, m2.lease);
 	release(fd, m3.lease);
+	ck_assert(gauge("tstage_lease_device_bytes") == 0);
+	ck_assert(gauge("tstage_lease_device_allocations") == 0);
 	assert_downloaded("gw", v, MiB, etag);
 out:
 	close(fd);
