@@ -352,11 +352,11 @@ static ts_status gpu_fill(struct ts_device *dev, void *to, const void *src, uint
 {
 	unsigned char *dst = to, *zeros = NULL;
 	struct ts_queue *q = NULL;
-	ts_status st = n ? ts_queue_new(dev, &q, err) : TS_OK;
+	ts_status st;
 
 	if (n == 0)
 		return TS_OK;
-
+	st = ts_queue_new(dev, &q, err);
 	if (st == TS_OK && src) {
 		st = ts_queue_copy(q, dst, src, n, TS_COPY_D2D, err);
 	} else if (st == TS_OK) {
