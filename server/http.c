@@ -461,7 +461,7 @@ static bool request_framing(struct request *rq, struct MHD_Connection *conn)
 }
 
 struct head_walk {
-	size_t bytes;                    /* of the head, as the client sent it, or close */
+	size_t bytes;                    /* of the head, about as sent (unescaped: no more) */
 	size_t fields;                   /* headers, query parameters and cookies */
 };
 
@@ -493,9 +493,7 @@ static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char
 static bool request_head_ok(struct request *rq, struct MHD_Connection *conn, const char *url,
                             const char *method)
 {
-	const union MHD_ConnectionInfo *ci =
-		MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
-	const struct conn_ctx *cc = ci ? ci->socket_context : NULL;
+	const struct conn_ctx *cc = conn_ctx_of(conn);
 	struct head_walk w = {.bytes = strlen(method) + strlen(url) + sizeof " ? HTTP/1.1\r\n\r\n"};
 	struct ts_error err;
 
