@@ -128,6 +128,7 @@ struct ts__host_map {
 	uintptr_t base;
 	size_t size;
 	int fd;
+	bool sealed;                    /* against writes but the mapping's (F_SEAL_FUTURE_WRITE) */
 };
 
 struct ts__host_maps {

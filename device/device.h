@@ -283,7 +283,8 @@ bool ts_device_broken(const struct ts_device *dev);
  * (host pages of pinned or pageable host memory of dev's set, hostmem.c:
  * any device of the set answers the same), and p's offset in it into
  * *offset. It is a new O_RDONLY open of the memfd, and the memfd is sealed
- * against every write but the daemon's own mapping's (F_SEAL_FUTURE_WRITE):
+ * (here, at its first share) against every write but the daemon's own
+ * mapping's (F_SEAL_FUTURE_WRITE):
  * whoever holds the descriptor, reopened read-write or not, can neither map
  * it writable nor write it. The caller owns the descriptor (close-on-exec).
  * A negative errno when p is in no shareable mapping (-ENOENT: device
@@ -292,6 +293,19 @@ bool ts_device_broken(const struct ts_device *dev);
  */
 int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
                       uint64_t *offset);
+
+/*
+ * Copies n bytes from src to p (host memory of dev's set that the caller
+ * alone writes now, not yet published): where p lies in a shareable
+ * mapping not yet shared and none of its pages there exists yet (a fresh
+ * allocation, a pool segment's first use), through its file (pwrite: the
+ * pages are allocated as they are written, without a fault and a zeroing
+ * each; on the development VM 256 MiB in 0.10 s instead of 0.21 s);
+ * otherwise, and where shared memory gets huge pages (the mapping's faults
+ * are 2 MiB ones then), by memcpy. Cannot fail: what the file does not
+ * take is copied by memcpy. Thread-safe.
+ */
+void ts_host_mem_fill(const struct ts_device *dev, void *p, const void *src, size_t n);
 
 /*
  * Scratch memory of a writable lease: a memfd of size bytes outside every

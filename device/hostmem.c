@@ -7,13 +7,16 @@
  * named as (descriptor, offset, length) and handed to a process on the same
  * node (the lease service, server/lease.c). The file is sized once and
  * sealed against shrinking and growing, so no holder of the descriptor can
- * truncate pages under the daemon, and, once the daemon has mapped it, with
+ * truncate pages under the daemon, and, before any descriptor of it leaves
+ * the daemon (ts_host_mem_share), with
  * F_SEAL_FUTURE_WRITE: the daemon's own mapping stays writable, but no
  * descriptor of the file - a lessee's, or one reopened from it through
  * /proc/self/fd with O_RDWR, whoever opens it - can write it or map it
  * writable, now or later (write(2), mmap PROT_WRITE MAP_SHARED and mprotect
- * to PROT_WRITE fail with EPERM). Where that seal cannot be set the mapping
- * is not made shareable. Each holds a descriptor until it is
+ * to PROT_WRITE fail with EPERM). Where that seal cannot be set no
+ * descriptor is handed out. Until then the daemon may fill a fresh mapping
+ * through its file (ts_host_mem_fill: pwrite allocates the pages without a
+ * fault each, and without zeroing them first). Each holds a descriptor until it is
  * freed: mappings take at most half of RLIMIT_NOFILE, so that connections
  * and files keep theirs; past that, or when no memfd can be made, the
  * mapping is anonymous and simply not shareable. Sim device memory
@@ -165,7 +168,7 @@ static bool maps_add(struct ts__host_maps *m, uintptr_t base, size_t size, int f
 	}
 	i = maps_upper_locked(m, base);
 	memmove(&m->maps[i + 1], &m->maps[i], (m->n - i) * sizeof *m->maps);
-	m->maps[i] = (struct ts__host_map){base, size, fd};
+	m->maps[i] = (struct ts__host_map){base, size, fd, false};
 	m->n++;
 out:
 	ts_mutex_unlock(&m->mu);
@@ -202,18 +205,78 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
 	i = maps_upper_locked(m, a);
 	if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
 	    len <= m->maps[i - 1].size - (a - m->maps[i - 1].base)) {
-		*offset = a - m->maps[i - 1].base;
+		struct ts__host_map *hm = &m->maps[i - 1];
+
+		*offset = a - hm->base;
+		/* sealed before its first descriptor leaves: from then on only
+		 * the daemon's mapping writes the file (see the top) */
+		if (!hm->sealed &&
+		    fcntl(hm->fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) == 0)
+			hm->sealed = true;
 		/* a read-only file description of its own, opened while the
 		 * table still holds the memfd */
-		snprintf(path, sizeof path, "/proc/self/fd/%d", m->maps[i - 1].fd);
-		fd = open(path, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
+		snprintf(path, sizeof path, "/proc/self/fd/%d", hm->fd);
+		fd = !hm->sealed ? -ENOENT : open(path, O_RDONLY | O_CLOEXEC);
+		if (fd == -1)
 			fd = -errno;
 	} else {
 		fd = -ENOENT;
 	}
 	ts_mutex_unlock(&m->mu);
 	return fd;
+}
+
+/* Whether no page of [p, p + n) is in memory yet (mincore; false when it
+ * cannot tell): fresh pages, which a write through the file allocates
+ * cheaper than faults do; pages that exist take a memcpy faster. */
+static bool pages_fresh(void *p, size_t n)
+{
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+	uintptr_t lo = (uintptr_t)p / pg * pg, hi = ((uintptr_t)p + n + pg - 1) / pg * pg;
+	size_t np = (hi - lo) / pg;
+	unsigned char *vec = malloc(np ? np : 1);
+	bool fresh = vec && mincore((void *)lo, hi - lo, vec) == 0;
+
+	for (size_t i = 0; fresh && i < np; i++)
+		fresh = !(vec[i] & 1);
+	free(vec);
+	return fresh;
+}
+
+void ts_host_mem_fill(const struct ts_device *dev, void *p, const void *src, size_t n)
+{
+	struct ts__host_maps *m = dev->host_maps;
+	uintptr_t a = (uintptr_t)p;
+	char mode[32];
+	size_t i, done = 0;
+	off_t at = 0;
+	int fd = -1;
+
+	/* where shared memory gets huge pages, the mapping's faults are 2 MiB
+	 * ones, and pwrite would leave the file in 4 KiB pages */
+	if (n > 0 && !ts_host_shmem_huge(mode, sizeof mode) && pages_fresh(p, n)) {
+		ts_mutex_lock(&m->mu);
+		i = maps_upper_locked(m, a);
+		if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
+		    n <= m->maps[i - 1].size - (a - m->maps[i - 1].base) && !m->maps[i - 1].sealed) {
+			at = (off_t)(a - m->maps[i - 1].base);
+			fd = fcntl(m->maps[i - 1].fd, F_DUPFD_CLOEXEC, 0);
+		}
+		ts_mutex_unlock(&m->mu);
+	}
+	while (fd >= 0 && done < n) {
+		ssize_t k = pwrite(fd, (const char *)src + done, n - done, at + (off_t)done);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			break;               /* sealed meanwhile, or no space: the rest by memcpy */
+		done += (size_t)k;
+	}
+	if (fd >= 0)
+		close(fd);
+	if (done < n)
+		memcpy((char *)p + done, (const char *)src + done, n - done);
 }
 
 /* Whether another mapping may hold a descriptor (half of RLIMIT_NOFILE). */
@@ -230,9 +293,10 @@ static bool maps_budget_left(struct ts__host_maps *m)
 	return rl.rlim_cur == RLIM_INFINITY || n < rl.rlim_cur / 2;
 }
 
-/* A memfd of size bytes mapped shared, sealed at its size and against
- * writes through any other descriptor or mapping, and entered in m; NULL (errno set) when no memfd can be made or the descriptor budget
- * is spent (EMFILE). */
+/* A memfd of size bytes mapped shared, sealed at its size (and against
+ * writes through any other descriptor or mapping when it is first shared),
+ * and entered in m; NULL (errno set) when no memfd can be made or the
+ * descriptor budget is spent (EMFILE). */
 static void *shared_pages(struct ts__host_maps *m, size_t size)
 {
 	void *p = MAP_FAILED;
@@ -257,9 +321,6 @@ static void *shared_pages(struct ts__host_maps *m, size_t size)
 	 * pages, 36-49 ms with 2 MiB ones); elsewhere the advice does nothing */
 	p = ts_mmap_huge(size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
-		goto fail;
-	/* from now on only this mapping writes the file (see the top) */
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0)
 		goto fail;
 	if (!maps_add(m, (uintptr_t)p, size, fd)) {
 		errno = ENOMEM;

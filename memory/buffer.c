@@ -124,8 +124,8 @@ ts_status ts_buffer_leasable(struct ts_buffer *b, struct ts_space *copy_space,
 	st = ts_buffer_new(copy_space, b->size, &copy, err);
 	if (st != TS_OK)
 		return st;
-	if (b->size)
-		memcpy(copy->data, b->data, b->size);
+	/* fresh pages: written through the file where it can be */
+	ts_host_mem_fill(ts_buffer_device(copy), copy->data, b->data, b->size);
 	if (!atomic_compare_exchange_strong(&b->lease_copy, &none, copy)) {
 		ts_buffer_unref(copy);
 		copy = none;

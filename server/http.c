@@ -40,6 +40,7 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "common/utf8.h"
+#include "server/auth.h"
 #include "server/http_tuning.h"
 #include "server/router.h"
 #include "server/server_routes.h"
@@ -87,6 +88,7 @@ struct conn_ctx {
 	unsigned char addr[16];          /* the client's, IPv4 mapped into IPv6 */
 	bool refused;                    /* answered 503 at accept; not counted */
 	bool local;                      /* on the Unix socket: no limit per address */
+	bool bulk;                       /* the bulk daemon's (TS_HTTP_CONN_MEMORY_BULK) */
 };
 
 /*
@@ -225,47 +227,15 @@ static void client_text(struct MHD_Connection *conn, char *buf, size_t cap)
 		snprintf(buf, cap, "unix");
 }
 
-/* Constant-time comparison of a presented token (n bytes) with the one. */
-static bool token_equal(const struct ts_server *srv, const char *given, size_t n)
+/* Whether the request presents the token (auth.h); err and *fault say
+ * what was wrong when not. */
+static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn,
+                     enum ts_auth_fault *fault, struct ts_error *err)
 {
-	unsigned char diff = (unsigned char)(n != srv->token_len);
-
-	for (size_t i = 0; i < srv->token_len; i++)
-		diff |= (unsigned char)(srv->token[i] ^ (i < n ? given[i] : 0));
-	return diff == 0;
-}
-
-/* Whether the request presents the token: "Authorization: Bearer <token>"
- * (the scheme in any case),
- * or HTTP Basic with the token as the password (any user name; decoded by
- * libmicrohttpd), which is what a browser sends after the prompt a 401 on
- * /dashboard raises, and then for the page's own calls. Compared in
- * constant time. */
-static bool token_ok(const struct ts_server *srv, struct MHD_Connection *conn)
-{
-	static const char bearer[] = "Bearer";
 	const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
 	                                               MHD_HTTP_HEADER_AUTHORIZATION);
-	char *user, *pass = NULL;
-	bool ok;
 
-	if (!auth)
-		return false;
-	/* the scheme is case-insensitive, then one or more spaces (RFC 9110 11.4) */
-	if (strncasecmp(auth, bearer, sizeof bearer - 1) == 0 && auth[sizeof bearer - 1] == ' ') {
-		auth += sizeof bearer - 1;
-		auth += strspn(auth, " ");
-		return token_equal(srv, auth, strlen(auth));
-	}
-	user = MHD_basic_auth_get_username_password(conn, &pass);
-	ok = user && pass && token_equal(srv, pass, strlen(pass));
-	if (pass) {
-		explicit_bzero(pass, strlen(pass));
-		MHD_free(pass);
-	}
-	if (user)
-		MHD_free(user);
-	return ok;
+	return ts_auth_check(auth, srv->token, srv->token_len, fault, err) == TS_OK;
 }
 
 /* "<prefix>-<hex n>" into dst (cap >= sizeof prefix + 18). */
@@ -490,6 +460,66 @@ static bool request_framing(struct request *rq, struct MHD_Connection *conn)
 	return true;
 }
 
+struct head_walk {
+	size_t bytes;                    /* of the head, about as sent (unescaped: no more) */
+	size_t fields;                   /* headers, query parameters and cookies */
+};
+
+static enum MHD_Result head_field(void *cls, enum MHD_ValueKind kind, const char *key,
+                                  size_t key_size, const char *value, size_t value_size)
+{
+	struct head_walk *w = cls;
+
+	(void)key;
+	w->fields++;
+	if (kind == MHD_HEADER_KIND)          /* "Name: value\r\n" */
+		w->bytes += key_size + value_size + 4;
+	else if (kind == MHD_GET_ARGUMENT_KIND)   /* "key=value&" (unescaped: no longer) */
+		w->bytes += key_size + (value ? value_size + 1 : 0) + 1;
+	return MHD_YES;                       /* a cookie's bytes are its header's */
+}
+
+/*
+ * Refuses a head past the limits the acceptor holds a connection's first
+ * head to (head.c: TS_HTTP_HEAD_MAX bytes, TS_HTTP_HEAD_FIELDS_MAX fields)
+ * when a later request on a bulk connection brings one: that connection's
+ * memory holds heads of about 60 KiB and 890 fields, which the library
+ * serves. (A small-request connection holds about 7.5 KiB and 110 fields,
+ * within the limits; what no connection holds the library refuses itself,
+ * in HTML: docs/API.md, Limits of a request head.) 431 in JSON, then the
+ * connection closes, as the acceptor's answer does. false when rq is
+ * answered.
+ */
+static bool request_head_ok(struct request *rq, struct MHD_Connection *conn, const char *url,
+                            const char *method)
+{
+	const struct conn_ctx *cc = conn_ctx_of(conn);
+	struct head_walk w = {.bytes = strlen(method) + strlen(url) + sizeof " ? HTTP/1.1\r\n\r\n"};
+	struct ts_error err;
+
+	if (!cc || !cc->bulk)
+		return true;
+	MHD_get_connection_values_n(conn, MHD_HEADER_KIND | MHD_GET_ARGUMENT_KIND | MHD_COOKIE_KIND,
+	                            head_field, &w);
+	if (w.bytes <= TS_HTTP_HEAD_MAX && w.fields <= TS_HTTP_HEAD_FIELDS_MAX)
+		return true;
+	ts_error_clear(&err);
+	if (w.bytes > TS_HTTP_HEAD_MAX)
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "REQUEST_HEAD_TOO_LARGE",
+		             "the request head (request line and headers) is longer than %zu bytes "
+		             "(about %zu)", (size_t)TS_HTTP_HEAD_MAX, w.bytes);
+	else
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "REQUEST_HEAD_TOO_LARGE",
+		             "the request head holds more than %zu fields (headers, query parameters "
+		             "and cookies; %zu)", (size_t)TS_HTTP_HEAD_FIELDS_MAX, w.fields);
+	ts_error_meta_u64(&err, "limit_bytes", TS_HTTP_HEAD_MAX);
+	ts_error_meta_u64(&err, "limit_fields", TS_HTTP_HEAD_FIELDS_MAX);
+	ts_reply_error(&rq->reply, &err);
+	rq->http_code = 431;
+	rq->close = true;
+	return false;
+}
+
 /* New /v1 work is refused while draining. */
 static bool request_draining(struct request *rq, const struct ts_route *route)
 {
@@ -520,24 +550,30 @@ static void request_admit(struct request *rq, struct MHD_Connection *conn,
 	struct ts_server *srv = rq->srv;
 	const struct ts_route *route;
 	enum ts_match found;
+	enum ts_auth_fault fault = TS_AUTH_MISSING;
+	struct ts_error err;
 	const char *len_s;
 	char allow[96];
 
 	rq->failed = true;             /* until admitted */
-	if (!request_framing(rq, conn) || !request_path_ok(rq, url))
+	if (!request_head_ok(rq, conn, url, method) || !request_framing(rq, conn) ||
+	    !request_path_ok(rq, url))
 		return;
 	found = ts_router_find(rq->srv->router, method, url, &rq->match);
 	/* authenticated before routing: without the token, a path says nothing
 	 * of what exists there or which methods it takes */
+	ts_error_clear(&err);
 	if (srv->token_len && !on_unix_socket(conn) &&
 	    !(found == TS_MATCH_FOUND ? ts_routes[rq->match.index].public_route : public_path(url)) &&
-	    !token_ok(srv, conn)) {
-		ts_reply_fail(&rq->reply, TS_UNAUTHENTICATED, "TOKEN_REQUIRED",
-		              "a valid 'Authorization: Bearer <token>' header is required");
-		/* a browser asks for the token (as the password) on the page */
+	    !token_ok(srv, conn, &fault, &err)) {
+		ts_reply_error(&rq->reply, &err);
+		/* a browser asks for the token (as the password) on the page;
+		 * a wrong Bearer token is "invalid_token" (RFC 6750) */
 		ts_reply_header(&rq->reply, "WWW-Authenticate",
 		                found == TS_MATCH_FOUND && ts_routes[rq->match.index].sfn == ts_s_dashboard
 		                        ? "Basic realm=\"tstage\", charset=\"UTF-8\""
+		                : fault == TS_AUTH_WRONG
+		                        ? "Bearer realm=\"tstage\", error=\"invalid_token\""
 		                        : "Bearer realm=\"tstage\"");
 		return;
 	}
@@ -1157,6 +1193,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
 		}
 		ts__conn_key(ci ? ci->client_addr : NULL, cc->addr);
 		cc->local = on_unix_socket(conn);
+		cc->bulk = dm->worker < 0;
 		over = ts__conn_admit(srv, cc->addr, cc->local);
 		cc->refused = over != 0;
 		*socket_context = cc;

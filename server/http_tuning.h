@@ -73,7 +73,10 @@
  * line of 4 KiB or more (a bulk connection holds a head of about 60 KiB). A
  * small-request connection still takes an upload, in 4 KiB pieces, and a
  * request head of up to about 7.5 KiB (past it, the library answers 414 or
- * 431; nginx's default limit of a request line is 8 KiB too).
+ * 431 with its own HTML page, which no callback can replace; nginx's default
+ * limit of a request line is 8 KiB too). A later head on a bulk connection
+ * is held to the first head's limits by the request pipeline (http.c,
+ * request_head_ok).
  */
 #define TS_HTTP_CONN_MEMORY ((size_t)8 * 1024)
 #define TS_HTTP_CONN_MEMORY_BULK ((size_t)64 * 1024)

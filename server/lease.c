@@ -18,9 +18,9 @@
  *            memfd: the receiver can map it only PROT_READ), and offset is
  *            its bytes' in the file. A shard in a GPU's memory is
  *            "transport":"cuda_ipc" with no descriptor: "cuda_ipc" holds a
- *            CUDA IPC handle of the pool chunk holding it (lease.h), offset
- *            is its bytes' in the chunk; CUDA IPC maps read-write whatever
- *            the lease says. The lease holds the
+ *            CUDA IPC handle (lease.h) of device memory of the lease's own,
+ *            a copy of the version's bytes (offset 0): CUDA IPC maps
+ *            read-write whatever the lease says. The lease holds the
  *            version - its buffers and their bytes - until it is released
  *            or its connection closes, whatever the name meets meanwhile
  *            (replaced, deleted, moved): the memory goes back to its space
@@ -28,12 +28,15 @@
  *   create   the same with "writable":true for a new, unpublished array
  *            (memory reserved in its space now) that the client fills: an
  *            "fd" shard is a read-write descriptor of scratch memory of the
- *            lease's own (offset 0; bytes zero), on a GPU "cuda_ipc" of the
- *            array's memory itself; nothing is visible until publish.
+ *            lease's own (offset 0; bytes zero), on a GPU "cuda_ipc" of
+ *            zeroed device memory of its own; nothing is visible until
+ *            publish.
  *   publish  {"name","version","etag","replaced"}: the scratch's bytes are
  *            copied into the array, which becomes the name's current
  *            version (the checks of an upload: holds, owners,
- *            if_none_match), and the lease ends.
+ *            if_none_match), and the lease ends (on a GPU, its device
+ *            memory stays until it is released: the client's handle may
+ *            still be open).
  *   release  no answer (garbage collectors send it without waiting): the
  *            lease ends; one not held is ignored.
  *   ping     {}: a round trip, after which every earlier release is done.
@@ -52,15 +55,19 @@
  *    version (memory/buffer.h, ts_buffer_leasable). Whatever a lessee keeps
  *    mapped after its lease ends shows the bytes of that version only;
  *  - no descriptor handed out can write any array: every pool memfd is
- *    sealed with F_SEAL_FUTURE_WRITE once the daemon has mapped it
+ *    sealed with F_SEAL_FUTURE_WRITE before its first descriptor leaves
  *    (hostmem.c), so a descriptor reopened read-write through /proc/self/fd
  *    can neither be written nor mapped writable, whoever reopens it;
  *  - a writable lease maps scratch memory of its own (a memfd outside the
  *    pools, ts_host_scratch_new); publish copies it into the array's memory
  *    reserved at create, so the writer's mapping never reaches a published
  *    version; the scratch is freed, never reused, when the lease ends;
- *  - a GPU's array is a CUDA IPC handle of the pool's allocation, which CUDA
- *    maps read-write: none of the above holds for "cuda_ipc" shards;
+ *  - a GPU's array is a CUDA IPC handle, which CUDA maps read-write, of
+ *    device memory of the lease's own (its own cudaMalloc, outside the pool):
+ *    a copy of the version for a read lease, zeroed memory that publish
+ *    copies from for a writable one; what a lessee writes there reaches no
+ *    version and no other lease. It is freed on release, or, once the
+ *    connection has closed, when the peer process exits (struct orphan);
  *  - a client of the daemon's own uid, or root, can ptrace the daemon or open
  *    /proc/<pid>/mem, and so write anything: nothing here holds against it.
  * The memfds are sealed at their size, so no client can truncate memory
@@ -91,6 +98,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,17 +115,32 @@
 #define LEASE_BACKOFF_MS 200
 #define LEASE_IN_CAP (4 + TS_LEASE_FRAME_MAX)
 
+/* A GPU lease's device memory of its own: one cudaMalloc allocation, so that
+ * the CUDA IPC handle handed out names these bytes and nothing else. */
+struct lease_gpu {
+	struct ts_metrics *metrics;      /* borrowed: counts the memory */
+	struct ts_device *dev;           /* borrowed; NULL: none */
+	void *data;                      /* owned: ts_device_mem_free */
+	uint64_t size;                   /* allocated (at least 1) */
+};
+
 struct lease {
 	uint64_t id;
 	struct ts_array *array;          /* owned reference */
 	bool writable;                   /* an unpublished array of create */
 	struct ts_host_scratch scratch;  /* a writable "fd" lease's memory; fd -1 otherwise */
+	struct lease_gpu *gpu;           /* owned: one per shard; NULL when no shard is a GPU's */
+	int ngpu;
+	bool spent;                      /* published, array dropped: only its GPU memory is
+	                                  * left, until release (the client's handle may
+	                                  * still be open) */
 	struct lease *next;
 };
 
 struct lconn {
 	int fd;
 	uid_t uid;                       /* the peer's (SO_PEERCRED) */
+	pid_t pid;                       /* the peer's (SO_PEERCRED); 0: unknown */
 	unsigned char *buf;              /* LEASE_IN_CAP bytes read, from start to have */
 	size_t start, have;
 	bool eof;                        /* the client sends no more */
@@ -132,6 +155,7 @@ struct lconn {
 
 struct ts__lease_service {
 	const struct ts_core *core;      /* borrowed: the server's */
+	struct ts_metrics *metrics;      /* borrowed: the server's */
 	int listen_fd;
 	int wake[2];                     /* a pipe: written to stop the thread */
 	pthread_t thread;
@@ -143,6 +167,21 @@ struct ts__lease_service {
 	size_t max_per_uid;              /* immutable after start */
 	uint64_t accept_after_ns;        /* accept again from then on (0: now) */
 	uint64_t next_id;
+	struct orphan *orphans;          /* GPU lease memory of closed connections */
+	size_t norphans;
+};
+
+/* The GPU lease memory of a connection that closed while its process lives
+ * on: that process may still have the CUDA IPC handles open (freeing the
+ * memory under an open handle is undefined in CUDA), so the memory is freed
+ * when the process exits (its pidfd, opened when the connection closed,
+ * turns readable), or when the service stops. At most max_per_uid of them
+ * hold a pidfd (descriptors are HTTP's and the memory files' too); past
+ * that, and where no pidfd can be opened, the memory is freed at once. */
+struct orphan {
+	int pidfd;                       /* owned */
+	struct lease *leases;            /* owned: spent, no array left */
+	struct orphan *next;
 };
 
 /* ---- answers ----------------------------------------------------------------- */
@@ -265,10 +304,153 @@ static bool answer_error(struct lconn *c, const struct ts_error *err)
 	return answer(c, ts_error_to_json(err, 0), NULL, 0);
 }
 
+/* Whether b is a GPU's memory: handed by CUDA IPC, not by a descriptor. */
+static bool on_gpu(const struct ts_buffer *b)
+{
+	return ts_buffer_kind(b) == TS_MEM_DEVICE &&
+	       ts_device_props(ts_buffer_device(b))->backend == TS_BACKEND_CUDA;
+}
+
+/* ---- a GPU lease's memory ------------------------------------------------------ */
+
+/*
+ * A CUDA IPC handle names a whole cudaMalloc allocation and maps read-write
+ * in whichever process opens it, so a GPU lease never hands out the pool's:
+ * it gets device memory of its own, one allocation per shard, filled from
+ * the version (a read lease: a device-to-device copy) or zeroed (a writable
+ * one, copied into the array at publish), and freed when the lease ends.
+ * That memory lies outside the device pool, in what the pool leaves of the
+ * GPU (--device-memory-fraction), and is refused when it would leave less
+ * than LEASE_GPU_KEEP of it free for the runtime's own allocations.
+ */
+#define LEASE_GPU_KEEP (128ull << 20)
+#define LEASE_GPU_ZEROS (1u << 20)
+
+static void gpu_mem_free(struct lease_gpu *g)
+{
+	if (g->dev && g->data) {
+		ts_device_mem_free(g->dev, TS_MEM_DEVICE, g->data, g->size);
+		ts_metrics_lease_device_add(g->metrics, -(int64_t)g->size, -1);
+	}
+	*g = (struct lease_gpu){0};
+}
+
+static void lease_gpu_free(struct lease *l)
+{
+	for (int i = 0; i < l->ngpu; i++)
+		gpu_mem_free(&l->gpu[i]);
+	free(l->gpu);
+	l->gpu = NULL;
+	l->ngpu = 0;
+}
+
+/* Fills n bytes of dev's memory at dst on a queue of its own and waits:
+ * from src (device memory of the same GPU), or with zeros when src is NULL
+ * (zeros copied in once, then doubled within dst). */
+static ts_status gpu_fill(struct ts_device *dev, void *to, const void *src, uint64_t n,
+                          struct ts_error *err)
+{
+	unsigned char *dst = to, *zeros = NULL;
+	struct ts_queue *q = NULL;
+	ts_status st;
+
+	if (n == 0)
+		return TS_OK;
+	st = ts_queue_new(dev, &q, err);
+	if (st == TS_OK && src) {
+		st = ts_queue_copy(q, dst, src, n, TS_COPY_D2D, err);
+	} else if (st == TS_OK) {
+		uint64_t done = n < LEASE_GPU_ZEROS ? n : LEASE_GPU_ZEROS;
+
+		zeros = calloc(1, done ? done : 1);
+		if (!zeros)
+			st = ts_error_oom(err, "no memory to zero a lease's device memory");
+		if (st == TS_OK)
+			st = ts_queue_copy(q, dst, zeros, done, TS_COPY_H2D, err);
+		for (; st == TS_OK && done < n; done *= 2)
+			st = ts_queue_copy(q, dst + done, dst, n - done < done ? n - done : done,
+			                   TS_COPY_D2D, err);
+	}
+	if (q && st == TS_OK)
+		st = ts_queue_sync(q, err);
+	ts_queue_free(q);            /* waits for what was queued, also on failure */
+	free(zeros);
+	return st;
+}
+
+/* Device memory of its own for a GPU lease of b's n bytes into *g, filled
+ * from b's bytes (src true) or zeroed. RESOURCE_EXHAUSTED, reason
+ * OUT_OF_MEMORY, when the GPU has not that much free beside
+ * LEASE_GPU_KEEP; the device layer's errors otherwise. */
+static ts_status gpu_mem_new(const struct ts_buffer *b, bool src, struct lease_gpu *g,
+                             struct ts_error *err)
+{
+	struct ts_device *dev = ts_buffer_device(b);
+	uint64_t n = ts_buffer_size(b), want = n ? n : 1, free_b = 0, total = 0;
+	char where[96];
+	ts_status st;
+
+	st = ts_device_mem_info(dev, &free_b, &total, err);
+	if (st != TS_OK)
+		return st;
+	if (free_b < LEASE_GPU_KEEP || free_b - LEASE_GPU_KEEP < want) {
+		struct ts_oom_figures f = {
+			.where = where, .ids = {{"device", ts_device_props(dev)->id}},
+			.requested = want,
+			.free_bytes = free_b > LEASE_GPU_KEEP ? free_b - LEASE_GPU_KEEP : 0,
+			.limit = total, .largest = TS_ERROR_UNKNOWN_BYTES,
+			.cause = "a GPU lease takes memory of its own outside the device pool, "
+			         "and 128 MiB stay free for the runtime",
+		};
+
+		snprintf(where, sizeof where, "%s lease memory", ts_device_props(dev)->id);
+		return ts_error_oom_bytes(err, &f);
+	}
+	st = ts_device_mem_alloc(dev, TS_MEM_DEVICE, want, &g->data, err);
+	if (st != TS_OK)
+		return st;
+	g->dev = dev;
+	g->size = want;
+	ts_metrics_lease_device_add(g->metrics, (int64_t)want, 1);
+	st = gpu_fill(dev, g->data, src ? ts_buffer_data(b) : NULL, src ? n : want, err);
+	if (st != TS_OK)
+		gpu_mem_free(g);
+	return st;
+}
+
+/* Device memory of its own for each of l's shards on a GPU, counted in
+ * metrics; l->gpu stays NULL when none is. What was made stays with l on
+ * failure. */
+static ts_status lease_gpu_new(struct lease *l, struct ts_metrics *metrics,
+                               struct ts_error *err)
+{
+	int n = ts_array_nshards(l->array);
+	ts_status st = TS_OK;
+	bool any = false;
+
+	for (int i = 0; i < n; i++)
+		any = any || on_gpu(ts_array_shard_buffer(l->array, i));
+	if (!any)
+		return TS_OK;
+	l->gpu = calloc((size_t)n, sizeof *l->gpu);
+	if (!l->gpu)
+		return ts_error_oom(err, "no memory for a lease");
+	l->ngpu = n;
+	for (int i = 0; st == TS_OK && i < n; i++) {
+		struct ts_buffer *b = ts_array_shard_buffer(l->array, i);
+
+		l->gpu[i].metrics = metrics;
+		if (on_gpu(b))
+			st = gpu_mem_new(b, !l->writable, &l->gpu[i], err);
+	}
+	return st;
+}
+
 /* ---- the lease table ------------------------------------------------------------ */
 
 static void lease_free(struct lease *l)
 {
+	lease_gpu_free(l);
 	ts_host_scratch_release(&l->scratch);
 	ts_array_unref(l->array);
 	free(l);
@@ -347,33 +529,18 @@ ts_status ts_lease_ipc_shard(json_t *shard, const struct ts_lease_ipc_chunk *chu
 	return TS_OK;
 }
 
-/* Whether b is a GPU's memory: handed by CUDA IPC, not by a descriptor. */
-static bool on_gpu(const struct ts_buffer *b)
-{
-	return ts_buffer_kind(b) == TS_MEM_DEVICE &&
-	       ts_device_props(ts_buffer_device(b))->backend == TS_BACKEND_CUDA;
-}
-
-/* Fills shard with the handle of the GPU pool chunk holding b. */
-static ts_status share_ipc(const struct ts_array *a, const struct ts_buffer *b, json_t *shard,
+/* Fills shard with the handle of g, the lease's own memory for b's bytes. */
+static ts_status share_ipc(const struct ts_buffer *b, const struct lease_gpu *g, json_t *shard,
                            struct ts_error *err)
 {
-	struct ts_device *dev = ts_buffer_device(b);
-	struct ts_lease_ipc_chunk chunk;
-	void *base;
-	uint64_t off;
+	struct ts_lease_ipc_chunk chunk = {.base = g->data, .size = g->size};
 	ts_status st;
 
-	if (!ts_buffer_chunk(b, &base, &chunk.size, &off))
-		return ts_error_set(err, TS_INTERNAL, "LEASE_CHUNK",
-		                    "array '%s': its device memory on '%s' lies in no pool chunk",
-		                    ts_array_name(a), ts_device_props(dev)->id);
-	chunk.base = base;
-	st = ts_device_ipc_handle(dev, base, &chunk.handle, err);
+	st = ts_device_ipc_handle(g->dev, g->data, &chunk.handle, err);
 	if (st != TS_OK)
 		return st;
-	return ts_lease_ipc_shard(shard, &chunk, ts_buffer_data(b), ts_buffer_size(b),
-	                          ts_device_props(dev), err);
+	return ts_lease_ipc_shard(shard, &chunk, g->data, ts_buffer_size(b),
+	                          ts_device_props(g->dev), err);
 }
 
 /* Sets the members of an "fd" shard: its bytes are [off, off + length) of
@@ -476,7 +643,7 @@ static ts_status describe(const struct ts__lease_service *svc, const struct leas
 			goto fail;
 		}
 		if (on_gpu(b))
-			st = share_ipc(a, b, sh, err);
+			st = share_ipc(b, &l->gpu[i], sh, err);
 		else if (l->writable)
 			st = share_scratch(a, l, sh, &fd, err);
 		else
@@ -540,6 +707,9 @@ static bool grant(struct ts__lease_service *svc, struct lconn *c, struct ts_arra
 	    ts_host_scratch_new(ts_buffer_size(ts_array_shard_buffer(a, 0)), &l->scratch,
 	                        &err) != TS_OK)
 		goto refuse;
+	/* a GPU's shards: device memory of the lease's own */
+	if (lease_gpu_new(l, svc->metrics, &err) != TS_OK)
+		goto refuse;
 	if (describe(svc, l, &reply, fds, &nfds, &err) != TS_OK)
 		goto refuse;
 	l->next = c->leases;
@@ -550,6 +720,7 @@ static bool grant(struct ts__lease_service *svc, struct lconn *c, struct ts_arra
 refuse:
 	if (l) {
 		l->array = NULL;
+		lease_gpu_free(l);
 		ts_host_scratch_release(&l->scratch);
 		free(l);
 	}
@@ -587,7 +758,8 @@ refuse:
 	return answer_error(c, &err);
 }
 
-/* Copies a writable lease's scratch into its array's memory, and waits. */
+/* Copies a writable lease's scratch (or its device memory, on a GPU) into
+ * its array's memory, and waits. */
 static ts_status copy_in(struct ts__lease_service *svc, const struct lease *l,
                          struct ts_error *err)
 {
@@ -595,10 +767,15 @@ static ts_status copy_in(struct ts__lease_service *svc, const struct lease *l,
 	struct ts_writer *w = NULL;
 	ts_status st;
 
+	if (l->gpu)
+		return gpu_fill(l->gpu[0].dev, ts_buffer_data(b), l->gpu[0].data, ts_buffer_size(b),
+		                err);
 	if (l->scratch.fd < 0 || l->scratch.size == 0)
-		return TS_OK;            /* a GPU's array, written in place; or no bytes */
+		return TS_OK;            /* no bytes */
 	if (ts_buffer_host_visible(b)) {
-		memcpy(ts_buffer_data(b), l->scratch.data, l->scratch.size);
+		/* into the pool's pages through their file where they are fresh */
+		ts_host_mem_fill(ts_buffer_device(b), ts_buffer_data(b), l->scratch.data,
+		                 l->scratch.size);
 		return TS_OK;
 	}
 	st = ts_writer_new(svc->core->env.stager, b, 0, &w, err);
@@ -620,11 +797,12 @@ static bool do_publish(struct ts__lease_service *svc, struct lconn *c,
 	json_t *reply;
 
 	ts_error_clear(&err);
-	if (!l || !l->writable) {
+	if (!l || !l->writable || l->spent) {
 		ts_error_set(&err, l ? TS_FAILED_PRECONDITION : TS_NOT_FOUND,
-		             l ? "LEASE_READ_ONLY" : "LEASE_NOT_FOUND",
-		             l ? "lease %llu is a read lease: only a lease of create publishes"
-		               : "no lease %llu on this connection",
+		             !l ? "LEASE_NOT_FOUND" : l->spent ? "LEASE_PUBLISHED" : "LEASE_READ_ONLY",
+		             !l ? "no lease %llu on this connection"
+		             : l->spent ? "lease %llu is published already"
+		             : "lease %llu is a read lease: only a lease of create publishes",
 		             (unsigned long long)rq->lease);
 		return answer_error(c, &err);
 	}
@@ -632,12 +810,21 @@ static bool do_publish(struct ts__lease_service *svc, struct lconn *c,
 	if (copy_in(svc, l, &err) != TS_OK ||
 	    ts_catalog_put(svc->core->env.catalog, l->array, &pre, &replaced, &err) != TS_OK)
 		return answer_error(c, &err);
-	*link = l->next;
-	c->nleases--;
 	reply = json_pack("{s:s, s:I, s:s, s:b}", "name", ts_array_name(l->array),
 	                  "version", (json_int_t)ts_array_version(l->array),
 	                  "etag", ts_array_etag(l->array), "replaced", replaced);
-	lease_free(l);
+	if (l->gpu) {
+		/* the lease's device memory may still be open in the client (CUDA
+		 * IPC: freeing it under an open handle is undefined): it stays,
+		 * without the array, until the client releases the lease */
+		ts_array_unref(l->array);
+		l->array = NULL;
+		l->spent = true;
+	} else {
+		*link = l->next;
+		c->nleases--;
+		lease_free(l);
+	}
 	return answer(c, reply, NULL, 0);
 }
 
@@ -685,18 +872,89 @@ static bool serve(struct ts__lease_service *svc, struct lconn *c, const char *pa
 
 /* ---- connections ------------------------------------------------------------- */
 
-static void conn_close(struct lconn *c)
+static void leases_free(struct lease *l)
 {
+	while (l) {
+		struct lease *next = l->next;
+
+		lease_free(l);
+		l = next;
+	}
+}
+
+static void orphan_free(struct orphan *o)
+{
+	leases_free(o->leases);
+	close(o->pidfd);
+	free(o);
+}
+
+/* Whether the process behind pidfd still runs. */
+static bool pid_alive(int pidfd)
+{
+	struct pollfd p = {.fd = pidfd, .events = POLLIN};
+
+	return pidfd >= 0 && poll(&p, 1, 0) == 0;
+}
+
+/* Ends c's leases and closes it. Their arrays go back now; GPU lease memory
+ * waits for the peer's exit when it still runs (struct orphan). */
+static void conn_close(struct ts__lease_service *svc, struct lconn *c)
+{
+	struct lease *gpu = NULL;
+	struct orphan *o;
+	int pidfd;
+
 	while (c->leases) {
 		struct lease *l = c->leases;
 
 		c->leases = l->next;
-		lease_free(l);
+		if (!l->gpu) {
+			lease_free(l);
+			continue;
+		}
+		ts_array_unref(l->array);
+		l->array = NULL;
+		l->spent = true;
+		l->next = gpu;
+		gpu = l;
+	}
+	/* the pid may have been reused since accept if the peer is gone: then
+	 * the memory waits for that process instead, which only delays it */
+	pidfd = gpu && c->pid > 0 && svc->norphans < svc->max_per_uid
+	        ? (int)syscall(SYS_pidfd_open, c->pid, 0) : -1;
+	o = pidfd >= 0 && pid_alive(pidfd) ? calloc(1, sizeof *o) : NULL;
+	if (o) {
+		o->pidfd = pidfd;            /* close-on-exec, as every pidfd */
+		o->leases = gpu;
+		o->next = svc->orphans;
+		svc->orphans = o;
+		svc->norphans++;
+	} else {
+		if (pidfd >= 0)
+			close(pidfd);
+		leases_free(gpu);
 	}
 	drop_pending(c);
 	close(c->fd);
 	free(c->buf);
 	free(c);
+}
+
+/* Frees the GPU lease memory of processes that exited. */
+static void orphans_reap(struct ts__lease_service *svc)
+{
+	for (struct orphan **p = &svc->orphans; *p;) {
+		struct orphan *o = *p;
+
+		if (pid_alive(o->pidfd)) {
+			p = &o->next;
+			continue;
+		}
+		*p = o->next;
+		svc->norphans--;
+		orphan_free(o);
+	}
 }
 
 /* Serves the whole frames read, in order, while no answer is pending; false
@@ -783,7 +1041,7 @@ static size_t conns_of_uid(const struct ts__lease_service *svc, uid_t uid)
 
 static void conn_accept(struct ts__lease_service *svc)
 {
-	struct ucred cred = {.uid = (uid_t)-1};
+	struct ucred cred = {.pid = 0, .uid = (uid_t)-1};
 	socklen_t clen = sizeof cred;
 	struct ts_error err;
 	struct lconn *c;
@@ -800,8 +1058,10 @@ static void conn_accept(struct ts__lease_service *svc)
 		}
 		return;
 	}
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0)
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
 		cred.uid = (uid_t)-1;
+		cred.pid = 0;
+	}
 	if (svc->nconns >= svc->max_conns) {
 		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "TOO_MANY_CONNECTIONS",
 		             "the lease service serves %zu connections at most (a quarter of "
@@ -827,6 +1087,7 @@ static void conn_accept(struct ts__lease_service *svc)
 	}
 	c->fd = fd;
 	c->uid = cred.uid;
+	c->pid = cred.pid;           /* GPU lease memory outlives the connection while it runs */
 	svc->conns[svc->nconns++] = c;
 }
 
@@ -846,7 +1107,7 @@ static bool conn_step(struct ts__lease_service *svc, struct lconn *c, short reve
 static void *lease_thread(void *arg)
 {
 	struct ts__lease_service *svc = arg;
-	struct pollfd *pfd = calloc(LEASE_MAX_CONNS + 2, sizeof *pfd);
+	struct pollfd *pfd = calloc(2 * LEASE_MAX_CONNS + 2, sizeof *pfd);
 
 	if (!pfd) {
 		ts_log(TS_LOG_ERROR, NULL, "lease service: no memory to poll; not serving");
@@ -872,7 +1133,11 @@ static void *lease_thread(void *arg)
 				                  (conn_wants_input(c) ? POLLIN : 0)),
 			};
 		}
-		if (poll(pfd, n + 2, timeout) < 0) {
+		size_t k = n + 2;
+
+		for (const struct orphan *o = svc->orphans; o; o = o->next)
+			pfd[k++] = (struct pollfd){.fd = o->pidfd, .events = POLLIN};
+		if (poll(pfd, k, timeout) < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
@@ -885,10 +1150,12 @@ static void *lease_thread(void *arg)
 			if (!pfd[2 + i].revents)
 				continue;
 			if (!conn_step(svc, svc->conns[i], pfd[2 + i].revents)) {
-				conn_close(svc->conns[i]);
+				conn_close(svc, svc->conns[i]);
 				svc->conns[i] = svc->conns[--svc->nconns];
 			}
 		}
+		if (k > n + 2)
+			orphans_reap(svc);
 		if (pfd[1].fd >= 0 && (pfd[1].revents & POLLIN))
 			conn_accept(svc);
 	}
@@ -924,6 +1191,7 @@ ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err)
 	if (!svc)
 		return ts_error_oom(err, "no memory for the lease service");
 	svc->core = &srv->core;
+	svc->metrics = srv->metrics;
 	svc->listen_fd = svc->wake[0] = svc->wake[1] = -1;
 	caps_from_rlimit(svc);
 	n = snprintf(svc->path, sizeof svc->path, "%s.lease", srv->cfg.unix_socket);
@@ -973,7 +1241,13 @@ void ts__lease_stop(struct ts_server *srv)
 		ts_log(TS_LOG_ERROR, NULL, "lease service: cannot wake its thread to stop");
 	pthread_join(svc->thread, NULL);
 	for (size_t i = 0; i < svc->nconns; i++)
-		conn_close(svc->conns[i]);
+		conn_close(svc, svc->conns[i]);
+	while (svc->orphans) {         /* stopping: their processes' handles notwithstanding */
+		struct orphan *o = svc->orphans;
+
+		svc->orphans = o->next;
+		orphan_free(o);
+	}
 	close(svc->listen_fd);
 	unlink(svc->path);
 	close(svc->wake[0]);

@@ -3,11 +3,12 @@
  * a GPU, in pure functions: a CUDA IPC handle's text, and the shard that
  * names a pool chunk's handle with the array's offset in it.
  *
- * A GPU's device pool is one cudaMalloc allocation (memory/space.h's chunk);
- * a CUDA IPC handle names a whole allocation, so a shard says which one
- * (the handle, "chunk_bytes"), where the array's bytes start in it
- * ("offset") and how many there are ("length"), and on which GPU (ordinal,
- * PCI bus id and UUID: a client's ordinals may differ under
+ * A CUDA IPC handle names a whole cudaMalloc allocation (and maps it
+ * read-write), so the lease service hands out device memory of the lease's
+ * own, never the pool's; a shard says which allocation (the handle,
+ * "chunk_bytes"), where the array's bytes start in it ("offset", 0 for a
+ * lease's own memory) and how many there are ("length"), and on which GPU
+ * (ordinal, PCI bus id and UUID: a client's ordinals may differ under
  * CUDA_VISIBLE_DEVICES, the bus id does not).
  *
  * Thread-safety: pure functions.
@@ -32,7 +33,7 @@ void ts_lease_ipc_hex(const struct ts_ipc_handle *h, char out[TS_LEASE_IPC_HEX +
  * anything else (another length, a character that is no hex digit). */
 bool ts_lease_ipc_unhex(const char *hex, struct ts_ipc_handle *out);
 
-/* A pool chunk and its handle. */
+/* An allocation and its handle. */
 struct ts_lease_ipc_chunk {
 	struct ts_ipc_handle handle;     /* of the allocation based at base */
 	const void *base;                /* the chunk's base (a device pointer) */

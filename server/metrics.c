@@ -77,6 +77,7 @@ struct ts_metrics {
 	 * (accept.c), /metrics shows them */
 	_Atomic int64_t *worker_conns;          /* nworkers; set once at start */
 	int nworkers;
+	_Atomic int64_t lease_device[2];        /* GPU lease memory: bytes, allocations */
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -317,6 +318,12 @@ void ts_metrics_worker_conns_add(struct ts_metrics *m, int w, int delta)
 	atomic_fetch_add_explicit(&m->worker_conns[w], delta, memory_order_relaxed);
 }
 
+void ts_metrics_lease_device_add(struct ts_metrics *m, int64_t bytes, int allocs)
+{
+	atomic_fetch_add_explicit(&m->lease_device[0], bytes, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->lease_device[1], allocs, memory_order_relaxed);
+}
+
 int64_t ts_metrics_worker_conns(const struct ts_metrics *m, int w)
 {
 	assert(w >= 0 && w < m->nworkers);
@@ -347,6 +354,15 @@ static void render_http(struct out *o, struct ts_metrics *m)
 	out_printf(o, "tstage_http_connections_refused_total %llu\n",
 	           (unsigned long long)atomic_load_explicit(&m->conns[TS_CONN_REFUSED],
 	                                                    memory_order_relaxed));
+	family(o, "tstage_lease_device_bytes", "gauge",
+	       "Device memory GPU leases hold, outside the device pools (a read lease's copy "
+	       "of its version, a writer's memory), until released or their client exits.");
+	out_printf(o, "tstage_lease_device_bytes %lld\n",
+	           (long long)atomic_load_explicit(&m->lease_device[0], memory_order_relaxed));
+	family(o, "tstage_lease_device_allocations", "gauge",
+	       "Allocations of device memory GPU leases hold (one per leased shard).");
+	out_printf(o, "tstage_lease_device_allocations %lld\n",
+	           (long long)atomic_load_explicit(&m->lease_device[1], memory_order_relaxed));
 
 	family(o, "tstage_http_requests_in_flight", "gauge",
 	       "HTTP requests received and not yet answered in full.");

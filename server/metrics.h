@@ -51,6 +51,10 @@ ts_status ts_metrics_set_workers(struct ts_metrics *m, int n);
 void ts_metrics_worker_conns_add(struct ts_metrics *m, int w, int delta);
 int64_t ts_metrics_worker_conns(const struct ts_metrics *m, int w);
 
+/* GPU lease memory (server/lease.c) grew by bytes in allocs allocations
+ * (negative: freed). Relaxed. */
+void ts_metrics_lease_device_add(struct ts_metrics *m, int64_t bytes, int allocs);
+
 /* A request began (in flight until its ts_metrics_record). */
 void ts_metrics_request_started(struct ts_metrics *m);
 

@@ -879,6 +879,87 @@ START_TEST(test_token_basic)
 }
 END_TEST
 
+/* The message of r's error, and its "scheme" metadata (NULL when none). */
+static const char *auth_refusal(struct th_response *r, const char **scheme)
+{
+	json_t *info = json_array_get(th_arr(th_obj(th_json(r), "error"), "details"), 0);
+	json_t *sch = json_object_get(th_obj(info, "metadata"), "scheme");
+
+	*scheme = sch ? json_string_value(sch) : NULL;
+	return th_str(th_obj(th_json(r), "error"), "message");
+}
+
+/* Both schemes the daemon takes are matched in any case (RFC 9110 11.1:
+ * "basic" and "BASIC" as "Basic", which libmicrohttpd's own parser would
+ * refuse); every refusal is a JSON 401 with a challenge whose message says
+ * what was wrong - an unknown scheme, a scheme without credentials, Basic
+ * credentials that are not base64 or not "user:password", a wrong token -
+ * and names the scheme given, never echoing the credentials. */
+START_TEST(test_token_scheme_any_case)
+{
+	/* base64 of "u:" TOKEN, of "u:" + a wrong one, of the token (no colon) */
+	static const char *const ok[] = {
+		"Authorization: basic dTowMTIzNDU2Nzg5YWJjZGVmZ2hpakFCQ0RFRkdISUp4eQ==",
+		"Authorization: BASIC dTowMTIzNDU2Nzg5YWJjZGVmZ2hpakFCQ0RFRkdISUp4eQ",
+		"Authorization: bAsIc   dTowMTIzNDU2Nzg5YWJjZGVmZ2hpakFCQ0RFRkdISUp4eQ==",
+		"Authorization: bEaReR " TOKEN,
+	};
+	static const struct {
+		const char *header, *says, *scheme, *challenge;
+	} refused[] = {
+		{"Authorization: Digest username=\"u\"", "scheme is not one the daemon takes",
+		 "Digest", "Bearer realm=\"tstage\""},
+		{"Authorization: Token " TOKEN, "scheme is not one the daemon takes", "Token",
+		 "Bearer realm=\"tstage\""},
+		{"Authorization: Bearer", "carries no token", "Bearer", "Bearer realm=\"tstage\""},
+		{"Authorization: basic", "carries no credentials", "basic", "Bearer realm=\"tstage\""},
+		{"Authorization: basic ***", "not base64", "basic", "Bearer realm=\"tstage\""},
+		{"Authorization: Basic MDEyMzQ1Njc4OWFiY2RlZmdoaWpBQkNERUZHSElKeHk=",
+		 "not 'user:password'", "Basic", "Bearer realm=\"tstage\""},
+		{"Authorization: BASIC dTowMTIzNDU2Nzg5YWJjZGVmZ2hpakFCQ0RFRkdISUp4eg==",
+		 "Basic password is not the daemon's token", "BASIC", "Bearer realm=\"tstage\""},
+		{"Authorization: bearer 0123456789abcdefghijABCDEFGHIJxz",
+		 "Bearer token is not the daemon's token", "bearer",
+		 "Bearer realm=\"tstage\", error=\"invalid_token\""},
+		{"Authorization: BEARER" TOKEN, "no space after 'Bearer'", "BEARER",
+		 "Bearer realm=\"tstage\""},
+		{"Authorization: " TOKEN, "no scheme (Bearer or Basic) before its credentials", NULL,
+		 "Bearer realm=\"tstage\""},
+		{NULL, "no Authorization header", NULL, "Bearer realm=\"tstage\""},
+	};
+	char file[512];
+	const char *args[] = {"--token-file", NULL, NULL};
+	struct th_daemon d;
+	struct th_response r;
+
+	args[1] = th_write_temp("token", TOKEN "\n", file, sizeof file);
+	th_daemon_start(&d, args);
+	for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+		const char *hdr[] = {ok[i], NULL};
+
+		th_request(&d, "GET", "/v1/devices", hdr, NULL, 0, &r);
+		ck_assert_msg(r.status == 200, "'%s': %ld", ok[i], r.status);
+		th_response_free(&r);
+	}
+	for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+		const char *hdr[] = {refused[i].header, NULL}, *scheme, *msg;
+
+		th_request(&d, "GET", "/v1/devices", refused[i].header ? hdr : NULL, NULL, 0, &r);
+		th_assert_error(&r, 401, "UNAUTHENTICATED", "TOKEN_REQUIRED");
+		msg = auth_refusal(&r, &scheme);
+		ck_assert_msg(strstr(msg, refused[i].says), "'%s': '%s'", refused[i].header, msg);
+		ck_assert_msg(!strstr(msg, TOKEN) && !strstr(msg, "dTow"), "echoed: '%s'", msg);
+		if (refused[i].scheme)
+			ck_assert_str_eq(scheme, refused[i].scheme);
+		else
+			ck_assert_ptr_null(scheme);
+		ck_assert_str_eq(th_header(&r, "WWW-Authenticate"), refused[i].challenge);
+		th_response_free(&r);
+	}
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 START_TEST(test_token_file_bad)
 {
 	char file[512];
@@ -1244,6 +1325,7 @@ Suite *th_suite(void)
 	tc = tcase_create("daemons");
 	tcase_add_test(tc, test_backends_cuda_discovery);
 	tcase_add_test(tc, test_token_auth);
+	tcase_add_test(tc, test_token_scheme_any_case);
 	tcase_add_test(tc, test_token_before_routing);
 	tcase_add_test(tc, test_token_basic);
 	tcase_add_test(tc, test_token_file_bad);

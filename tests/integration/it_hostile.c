@@ -577,6 +577,66 @@ START_TEST(test_heads_answered_in_json)
 }
 END_TEST
 
+/* A later request on a kept-alive bulk connection (one that opened with a
+ * PUT: memory for heads of about 60 KiB and 890 fields, which the library
+ * reads itself) is held to the same limits as a first head: a 52 KB header
+ * or 300 headers are 431 in JSON, the connection then closed; a 40 KB
+ * header is served, and the connection goes on. */
+START_TEST(test_later_heads_answered_in_json)
+{
+	static char buf[16384];
+	static const char put[] = "PUT /v1/arrays/lh?dtype=uint8&shape=4 HTTP/1.1\r\nHost: t\r\n"
+	                          "Content-Length: 4\r\n\r\nabcd";
+	struct th_daemon d;
+	char *big = malloc(52001), *t;
+	size_t len;
+	int fd, code;
+
+	ck_assert_ptr_nonnull(big);
+	th_daemon_start(&d, NULL);
+	for (int k = 0; k < 2; k++) {
+		fd = th_raw_connect(&d);
+		th_raw_send(fd, put);
+		code = th_raw_response(fd, buf, sizeof buf, 5000);
+		ck_assert_msg(code == 201 || code == 200, "PUT: %d", code);
+		memset(big, 'c', 52000);
+		big[52000] = '\0';
+		if (k == 0) {
+			t = th_fmt("GET /livez HTTP/1.1\r\nHost: t\r\nX-Big: %s\r\n\r\n", big);
+			len = strlen(t);
+		} else {
+			t = head_of("GET /livez HTTP/1.1\r\n", "X-A: 1\r\n", 300, &len);
+		}
+		th_raw_send_bytes(fd, t, len);
+		free(t);
+		code = th_raw_response(fd, buf, sizeof buf, 5000);
+		ck_assert_msg(code == 431, "later head %d: %d\n%.600s", k, code, buf);
+		ck_assert_msg(strcasestr(buf, "\r\nContent-Type: application/json") &&
+		              strstr(buf, "\"reason\":\"REQUEST_HEAD_TOO_LARGE\"") &&
+		              strstr(buf, "\"limit_bytes\":\"49152\"") &&
+		              strstr(buf, "\"limit_fields\":\"200\"") && !strstr(buf, "<html>"),
+		              "later head %d: not the documented JSON\n%.600s", k, buf);
+		ck_assert_ptr_nonnull(strcasestr(buf, "\r\nConnection: close"));
+		ck_assert_msg(closed_within(fd, 3000), "later head %d: the connection stays open", k);
+		close(fd);
+	}
+	/* within the limits: served, and the connection goes on */
+	fd = th_raw_connect(&d);
+	th_raw_send(fd, put);
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	big[40000] = '\0';
+	t = th_fmt("GET /livez HTTP/1.1\r\nHost: t\r\nX-Big: %s\r\n\r\n", big);
+	th_raw_send(fd, t);
+	free(t);
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	th_raw_send(fd, "GET /v1/arrays/lh/data HTTP/1.1\r\nHost: t\r\n\r\n");
+	ck_assert_int_eq(th_raw_response(fd, buf, sizeof buf, 5000), 200);
+	close(fd);
+	free(big);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* ---- connection classes ---------------------------------------------------- */
 
 /* The sample family{labels} of /metrics, read over the raw connection fd
@@ -1204,6 +1264,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_wait_outlives_connection_timeout);
 	tcase_add_test(tc, test_framing);
 	tcase_add_test(tc, test_heads_answered_in_json);
+	tcase_add_test(tc, test_later_heads_answered_in_json);
 	tcase_add_test(tc, test_second_daemon_same_port);
 	tcase_add_test(tc, test_connections_by_first_method);
 	tcase_add_test(tc, test_silent_connection_timeout);

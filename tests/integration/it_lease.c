@@ -11,10 +11,11 @@
  * lease socket's file has the mode of --unix-socket-mode. Device arrays
  * follow the same rules: on sim a descriptor of the sim device's memfd
  * (mapped and checked byte for byte, also while the array is moved to host
- * memory), on a GPU a CUDA IPC handle of the pool chunk with the array's
- * offset in it (its shape and the accounting checked, the handle opened
- * here with cudaIpcOpenMemHandle and the bytes read and written through
- * it). Pinned host memory is shareable on every backend once --unix-socket
+ * memory), on a GPU a CUDA IPC handle of device memory of the lease's own
+ * (a copy of the version for a read lease; its shape and the accounting
+ * checked, the handle opened here with cudaIpcOpenMemHandle and the bytes
+ * read and written through it: writes through a read lease, or through a
+ * writer's handle after publish, never reach the version). Pinned host memory is shareable on every backend once --unix-socket
  * is on (on CUDA, memfd pages pinned with cudaHostRegister).
  *
  * What no lessee can do, whatever it does with a descriptor: write a
@@ -209,7 +210,10 @@ static void check_ipc_shard(json_t *sh)
 
 	ck_assert_uint_eq(strlen(hex), 128);
 	ck_assert_uint_eq(strspn(hex, "0123456789abcdef"), 128);
-	ck_assert_int_le(th_int(sh, "offset") + th_int(sh, "length"), th_int(ipc, "chunk_bytes"));
+	/* the handle names memory of the lease's own: these bytes, nothing else */
+	ck_assert_int_eq(th_int(sh, "offset"), 0);
+	ck_assert_int_eq(th_int(ipc, "chunk_bytes"),
+	                 th_int(sh, "length") > 0 ? th_int(sh, "length") : 1);
 	snprintf(path, sizeof path, "/v1/devices/%s", dev);
 	props = th_get_json(&d, path, &r);
 	ck_assert_int_eq(th_int(ipc, "ordinal"), atoi(strchr(dev, ':') + 1));
@@ -300,6 +304,18 @@ static void release(int fd, uint64_t lease)
 	json_decref(j);
 }
 
+/* Releases m's lease; a CUDA IPC handle is closed first, as the protocol
+ * asks (the lease's device memory is freed on release), while a mapping
+ * stays mapped (unmap does it later). */
+static void release_mapped(int fd, struct mapped *m)
+{
+	if (m->ipc_base) {
+		ck_assert_int_eq(gpu_close(m->ipc_base), 0);
+		m->ipc_base = NULL;
+	}
+	release(fd, m->lease);
+}
+
 /* A lease of a's version on (dev, kind) keeps its bytes and its memory while
  * the name is replaced and deleted; the memory goes back on release. */
 static void check_kept_on(const char *dev, const char *kind)
@@ -331,7 +347,7 @@ static void check_kept_on(const char *dev, const char *kind)
 	assert_mapped("mapped after delete", &m, v1, 4 * MiB);
 	ck_assert_int_eq(in_use(dev, kind), 4 * MiB);
 
-	release(fd, m.lease);
+	release_mapped(fd, &m);
 	ck_assert_int_eq(in_use(dev, kind), 0);
 	unmap(&m);
 	close(fd);
@@ -484,7 +500,7 @@ START_TEST(test_device_kept_while_moved)
 	ck_assert_int_eq(in_use("cpu:0", "pinned_host"), 4 * MiB);
 	ck_assert_int_eq(in_use(th_dev(0), "device"), 4 * MiB);
 	assert_mapped("mapped after the move", &m, v, 4 * MiB);
-	release(fd, m.lease);
+	release_mapped(fd, &m);
 	ck_assert_int_eq(in_use(th_dev(0), "device"), 0);
 	th_get(&d, "/v1/arrays/mv/data", &r);
 	th_assert_bytes("moved", r.body, r.body_len, v, 4 * MiB);
@@ -774,9 +790,78 @@ START_TEST(test_reopened_read_lease_cannot_write)
 }
 END_TEST
 
+/* A gauge of /metrics, without labels. */
+static double gauge(const char *name)
+{
+	struct th_response r;
+	double v = -1;
+
+	th_get(&d, "/metrics", &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_msg(th_prom_find(r.body, name, NULL, &v), "no %s", name);
+	th_response_free(&r);
+	return v;
+}
+
+/* A read lease of a GPU's array is a CUDA IPC handle, which maps read-write
+ * whatever the lease says: the handle names a copy of the version made for
+ * that lease, so writing through it changes neither what GET answers nor
+ * the ETag, nor another lease of the same version; that memory is the
+ * lease's own, outside the device pool, counted by /metrics until the lease
+ * is released. (On sim, the reopened descriptor case above covers the same
+ * rule.) */
+START_TEST(test_device_read_lease_writes_reach_nothing)
+{
+	unsigned char *v = th_pattern(MiB, 21), *scribble = th_pattern(MiB, 22);
+	struct mapped m1, m2, m3;
+	char *etag;
+	int fd;
+
+	start("0600");
+	upload_on("gw", th_dev(0), "device", v, MiB);
+	etag = etag_of("gw");
+	fd = lw_connect(sock);
+	ck_assert_int_ge(fd, 0);
+	lease_map(fd, "{\"op\":\"lease\",\"name\":\"gw\"}", false, &m1);
+	lease_map(fd, "{\"op\":\"lease\",\"name\":\"gw\"}", false, &m2);
+	if (m1.data) {               /* sim: a read-only mapping, nothing to write */
+		ck_assert(gauge("tstage_lease_device_bytes") == 0);
+		unmap(&m1);
+		unmap(&m2);
+		goto out;
+	}
+	/* the GPU's lease memory lies outside the device pool */
+	ck_assert_int_eq(in_use(th_dev(0), "device"), MiB);
+	ck_assert(gauge("tstage_lease_device_bytes") == 2.0 * MiB);
+	ck_assert(gauge("tstage_lease_device_allocations") == 2);
+	fill_leased(&m1, scribble, MiB);
+	assert_mapped("written through its own lease", &m1, scribble, MiB);
+	assert_downloaded("gw", v, MiB, etag);
+	assert_mapped("another lease of the version", &m2, v, MiB);
+	lease_map(fd, "{\"op\":\"lease\",\"name\":\"gw\"}", false, &m3);
+	assert_mapped("a later lease", &m3, v, MiB);
+	unmap(&m1);
+	unmap(&m2);
+	unmap(&m3);
+	ck_assert(gauge("tstage_lease_device_bytes") == 3.0 * MiB);
+	release(fd, m1.lease);
+	release(fd, m2.lease);
+	release(fd, m3.lease);
+	ck_assert(gauge("tstage_lease_device_bytes") == 0);
+	ck_assert(gauge("tstage_lease_device_allocations") == 0);
+	assert_downloaded("gw", v, MiB, etag);
+out:
+	close(fd);
+	free(etag);
+	free(scribble);
+	free(v);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 static void check_publish_freezes_on(const char *dev, const char *kind)
 {
-	unsigned char *want = th_pattern(MiB, 12);
+	unsigned char *want = th_pattern(MiB, 12), *scribble = th_pattern(MiB, 99);
 	char req[256];
 	struct mapped m;
 	struct stat st;
@@ -788,12 +873,6 @@ static void check_publish_freezes_on(const char *dev, const char *kind)
 	snprintf(req, sizeof req, "{\"op\":\"create\",\"name\":\"pf\",\"dtype\":\"uint8\","
 	         "\"shape\":[1048576],\"device\":\"%s\",\"memory_kind\":\"%s\"}", dev, kind);
 	lease_map(fd, req, true, &m);
-	if (!m.data) {               /* a GPU's array: CUDA IPC maps read-write */
-		unmap(&m);
-		close(fd);
-		free(want);
-		return;
-	}
 	/* the writer's memory holds this array only */
 	sh = json_array_get(th_arr(m.answer, "shards"), 0);
 	ck_assert_int_eq(th_int(sh, "offset"), 0);
@@ -804,8 +883,9 @@ static void check_publish_freezes_on(const char *dev, const char *kind)
 	etag = strdup(th_str(j, "etag"));
 	json_decref(j);
 	assert_downloaded("pf", want, MiB, etag);
-	/* the writer writes on after publish: the version does not change */
-	memset((void *)m.data, 0xee, MiB);
+	/* the writer writes on after publish (through its mapping, or its CUDA
+	 * IPC handle on a GPU): the version does not change */
+	fill_leased(&m, scribble, MiB);
 	assert_downloaded("pf", want, MiB, etag);
 	(void)st;
 	unmap(&m);
@@ -814,6 +894,7 @@ static void check_publish_freezes_on(const char *dev, const char *kind)
 	assert_downloaded("pf", want, MiB, etag);
 	ck_assert_int_eq(http_status("DELETE", "/v1/arrays/pf"), 200);
 	free(etag);
+	free(scribble);
 	free(want);
 }
 
@@ -1080,6 +1161,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_socket_mode);
 	tcase_add_test(tc, test_reopened_read_lease_cannot_write);
 	tcase_add_test(tc, test_published_version_does_not_change);
+	tcase_add_test(tc, test_device_read_lease_writes_reach_nothing);
 	tcase_add_test(tc, test_pipelined_frames_answered_in_order);
 	tcase_add_test(tc, test_ended_lease_never_shows_other_arrays);
 	tcase_add_test(tc, test_connections_capped_below_the_descriptor_limit);

@@ -11,6 +11,8 @@
  */
 #include <check.h>
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -1316,6 +1318,56 @@ START_TEST(test_shared_pages_huge_aligned)
 }
 END_TEST
 
+/* A fresh shareable mapping filled through its file (ts_host_mem_fill) holds
+ * the bytes, at any offset; once shared, the file is sealed: a fill then
+ * writes through the daemon's mapping alone, and a reopened descriptor
+ * writes nothing. Memory that is no memfd is filled by memcpy. */
+START_TEST(test_host_mem_fill)
+{
+	struct ts_device_set *set = make_set(1, 64 * MIB);
+	struct ts_device *cpu = find(set, "cpu:0");
+	size_t n = 3 * MIB + 4096;
+	unsigned char *p = NULL, *src = malloc(n), *m, anon[64];
+	struct ts_error err;
+	uint64_t off = 1;
+	char path[64];
+	int fd, rw;
+
+	ck_assert_ptr_nonnull(src);
+	for (size_t i = 0; i < n; i++)
+		src[i] = (unsigned char)(i * 7 + i / 4096);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts__host_pages_alloc(cpu, TS_MEM_UNPINNED_HOST, n, false, (void **)&p, &err),
+	                 TS_OK);
+	ts_host_mem_fill(cpu, p, src, 4096);
+	ts_host_mem_fill(cpu, p + 4096, src + 4096, n - 4096);
+	ck_assert_int_eq(memcmp(p, src, n), 0);
+	fd = ts_host_mem_share(cpu, p, n, &off);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_uint_eq(off, 0);
+	m = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+	ck_assert_ptr_ne(m, MAP_FAILED);
+	ck_assert_int_eq(memcmp(m, src, n), 0);
+	/* shared: sealed against every writer but the daemon's mapping */
+	snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+	rw = open(path, O_RDWR);
+	if (rw >= 0) {
+		ck_assert_int_lt(pwrite(rw, "x", 1, 0), 0);
+		ck_assert_int_eq(errno, EPERM);
+		close(rw);
+	}
+	ts_host_mem_fill(cpu, p + 100, "abc", 3);
+	ck_assert_int_eq(memcmp(m + 100, "abc", 3), 0);
+	munmap(m, n);
+	close(fd);
+	ts__host_pages_free(cpu, p, n);
+	ts_host_mem_fill(cpu, anon, src, sizeof anon);    /* no memfd: memcpy */
+	ck_assert_int_eq(memcmp(anon, src, sizeof anon), 0);
+	free(src);
+	ts_device_set_free(set);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("device");
@@ -1324,6 +1376,7 @@ Suite *ts_unit_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_discovery_order);
 	tcase_add_test(tc, test_shared_pages_huge_aligned);
+	tcase_add_test(tc, test_host_mem_fill);
 	tcase_add_test(tc, test_default_backend);
 	tcase_add_test(tc, test_cuda_backend_info);
 	tcase_add_test(tc, test_sim_default_count_and_host);

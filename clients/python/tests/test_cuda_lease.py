@@ -221,3 +221,44 @@ def test_dlpack_capsule_nobody_took(gpu):
     del cap                                         # its destructor calls the deleter
     gc.collect()
     assert settle(gpu, dev, base) == base
+
+
+def test_writes_through_a_read_lease_reach_nothing(gpu):
+    """CUDA IPC maps read-write whatever the lease says: a read lease's handle
+    names a copy of the version made for that lease, so writing through it
+    changes neither GET's bytes nor the ETag, nor another lease's bytes; a
+    writer's handle written after publish changes nothing either."""
+    dev = gpus(gpu)[0]["id"]
+    a = np.arange(4096, dtype=np.float32)
+    junk = np.full(4096, -1.0, np.float32)
+    gpu.put("im", a, device=dev, memory_kind="device")
+    etag = gpu.info("im")["etag"]
+    base = in_use(gpu, dev)
+    x = gpu.get("im", zero_copy=True)
+    y = gpu.get("im", zero_copy=True)
+    assert in_use(gpu, dev) == base                    # lease memory is outside the pool
+    # the interface says read-only; write through the handle anyway
+    x._rt.memcpy(x.ptr, junk.ctypes.data, junk.nbytes, tstage._cudart.MEMCPY_HOST_TO_DEVICE,
+                 x.device_id)
+    assert np.array_equal(x.to_numpy(), junk)          # the lease's own copy changed
+    assert np.array_equal(y.to_numpy(), a)             # another lease's did not
+    assert np.array_equal(gpu.get("im"), a)
+    assert gpu.info("im")["etag"] == etag
+    x.close()
+    y.close()
+    with gpu.get("im", zero_copy=True) as z:
+        assert np.array_equal(z.to_numpy(), a)
+
+    w = gpu.lease_write("im2", np.float32, (4096,), device=dev, memory_kind="device")
+    assert np.array_equal(w.array.to_numpy(), np.zeros(4096, np.float32))  # zeroed
+    w.array.copy_from(a)
+    cap = w.array.__dlpack__()                         # keeps the handle open past publish
+    ptr, did = w.array.ptr, w.array.device_id
+    r = w.publish()
+    w.array._rt.memcpy(ptr, junk.ctypes.data, junk.nbytes,
+                       tstage._cudart.MEMCPY_HOST_TO_DEVICE, did)
+    assert np.array_equal(gpu.get("im2"), a)
+    assert gpu.info("im2")["etag"] == r["etag"]
+    del cap
+    gc.collect()
+    gpu.leases().sync()

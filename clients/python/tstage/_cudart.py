@@ -1,6 +1,6 @@
 """libcudart through ctypes: the few CUDA runtime calls a device lease needs.
 
-A GPU array's lease is a CUDA IPC handle of the device pool's allocation. This
+A GPU array's lease is a CUDA IPC handle of the lease's own device memory. This
 module opens and closes such handles and copies between device and host
 memory with the CUDA runtime library itself, loaded as the dynamic loader finds
 it (``LD_LIBRARY_PATH`` first, then the loader's cache): ``libcudart.so.13``,

@@ -23,8 +23,9 @@ Requests may be pipelined: the server answers each, in order.
 
 Device arrays follow the same rules. A sim device's memory is a memfd too: its
 arrays map as host arrays do (numpy). A GPU's array comes as a CUDA IPC handle
-of the device pool's allocation, the GPU's PCI bus id and the array's offset
-in the allocation: :class:`CudaArray` opens it with libcudart through ctypes
+of device memory of the lease's own (a copy of the version, made on the
+server), the GPU's PCI bus id and the array's offset in the allocation (0):
+:class:`CudaArray` opens it with libcudart through ctypes
 (``libcudart.so.13``, else ``.12``, else ``libcudart.so``, found as the dynamic
 loader finds libraries, ``LD_LIBRARY_PATH`` first, and loaded only then; no
 framework needed: see ``_cudart``) on the GPU of that bus id, and offers it
@@ -267,8 +268,9 @@ def _cuda_runtime() -> Any:
 class _IpcMapping:
     """An opened CUDA IPC handle and the lease behind it, held by its
     :class:`CudaArray` and by each DLPack tensor exported from it: the last
-    holder to let go closes the handle, then ends the lease unless a publish
-    ended it (the server may reuse the bytes only once no mapping is left).
+    holder to let go closes the handle, then releases the lease (a published
+    one too: the server frees the lease's device memory only then, once no
+    mapping of it is left).
 
     Thread-safety: holds and drops take a lock (a DLPack consumer may delete
     its tensor on any thread).
@@ -281,7 +283,6 @@ class _IpcMapping:
         self.dev = dev
         self.conn = conn
         self.lease = lease
-        self.end_lease = True           # guarded by: lock; False once published
         self.refs = 1                   # guarded by: lock
         self.lock = threading.Lock()
 
@@ -295,25 +296,20 @@ class _IpcMapping:
         with self.lock:
             self.refs -= 1
             last = self.refs == 0
-            end = self.end_lease
         if not last:
             return
         try:
             if self.base:
                 self.rt.ipc_close(self.base, self.dev)
         finally:
-            if end:
-                self.conn.release_later(self.lease)
-
-    def published(self) -> None:
-        """publish ended the lease: the last drop closes the handle only."""
-        with self.lock:
-            self.end_lease = False
+            self.conn.release_later(self.lease)
 
 
 class CudaArray:
     """A device array on a GPU of this node, opened from the CUDA IPC handle of
-    a lease: the server's memory itself, no copy.
+    a lease: device memory of the lease's own on the server (a read lease's
+    is a device-to-device copy of the version, made when it is leased), no
+    copy to the host.
 
     The handle is opened with libcudart through ctypes (``libcudart.so.13``,
     else ``.12``, else ``libcudart.so``, as the dynamic loader finds them): no
@@ -326,7 +322,7 @@ class CudaArray:
     ``__dlpack_device__``: ``torch.from_dlpack(x)``, ``cupy.from_dlpack(x)``,
     ``jax.dlpack.from_dlpack(x)``). A read lease is marked read-only in the
     interface (CUDA IPC itself maps read-write, and DLPack's tensor has no
-    such mark: do not write it). ``to_numpy()`` copies it to the host and
+    such mark: writing it changes this lease's copy only, never the version). ``to_numpy()`` copies it to the host and
     ``copy_from()`` fills a writable one from the host (cudaMemcpy).
 
     The version stays alive on the server until ``close()`` (or ``with``, or
@@ -439,8 +435,9 @@ class CudaArray:
         self._finalizer()
 
     def _close_published(self) -> None:
-        """Closes the handle of a writable lease that publish ended."""
-        self._mapping.published()
+        """Closes the handle of a writable lease that publish ended; the
+        release that follows frees the lease's device memory on the server
+        (kept until then: the handle may be open in DLPack tensors)."""
         self._finalizer()
 
     def __enter__(self) -> "CudaArray":
@@ -459,14 +456,15 @@ class WriteLease:
     """A new array, unpublished.
 
     Fill ``array`` in place (numpy over scratch memory of the lease for host
-    and sim device arrays; a :class:`CudaArray` on a GPU, the array's memory
-    itself: write it with your own kernels or copies and synchronise before
-    publishing), then ``publish()``, which copies the scratch into the array
-    on the server; until then the name shows nothing new. ``release()`` (or
+    and sim device arrays; a :class:`CudaArray` on a GPU, zeroed device memory
+    of the lease's own: write it with your own kernels or copies and
+    synchronise before publishing), then ``publish()``, which copies the
+    scratch into the array on the server; until then the name shows nothing
+    new. ``release()`` (or
     leaving a ``with`` block unpublished, or the connection closing) frees it.
     After ``publish()`` the numpy array is made read-only; writing it anyway
-    changes only the scratch, never the published version (on a GPU, CUDA IPC
-    maps read-write: do not write it).
+    changes only the scratch, never the published version (on a GPU too: the
+    lease's device memory is freed once its handle is closed).
     """
 
     def __init__(self, conn: LeaseConnection, lease: int, name: str,
