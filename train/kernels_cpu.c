@@ -10,14 +10,26 @@
  * gemm is OpenBLAS's cblas_sgemm, called column-major with the very
  * arguments cuBLAS gets (ts_m_gemm_colmajor); gemm_lp widens its 16-bit
  * operands to float32 first and runs the same sgemm (gemm_batched_lp batch
- * by batch); everything else is a plain,
- * single threaded loop over the formulas of kernels_math.h, which the CUDA
- * kernels use too. Sums run in double in the reductions' fixed lane order,
- * so a sequence of kernels gives bit-identical results run after run, and
- * the same sums as CUDA. The hot loops (a cross-entropy row, Adam) are
+ * by batch); everything else is a plain loop over the formulas of
+ * kernels_math.h, which the CUDA kernels use too. Sums run in double in the reductions' fixed lane order, so a
+ * sequence of kernels gives bit-identical results run after run, and the
+ * same sums as CUDA. The hot loops (a cross-entropy row, Adam) are
  * cloned for avx512f and avx2 (target_clones): the same IEEE operations in
  * wider vectors, never fused (the build does not contract), so the same
  * bits on every machine.
+ *
+ * Threads: a product (its output's tiles), a batch of products, an
+ * optimizer update (slices of 64Ki elements) and a cross-entropy (eighths
+ * of its rows) are cut into pieces that the instance's team (cpu_team.h:
+ * one thread per CPU, the queue's worker one of them) shares; every other
+ * kernel runs on the worker alone. Pieces are cut by the kernel's shape
+ * alone and each writes its own elements with single-threaded code, so
+ * the bits do not depend on the threads. OpenBLAS itself runs one thread
+ * per call: its own pool cuts a product into one fixed part per thread
+ * whose threads wait for each other spinning (sched_yield), so under a
+ * competing process the part whose thread lost its core held the product
+ * up while the others spun; on the team a thread that loses its core
+ * delays one piece, and the others take the rest (docs/BENCHMARKS.md).
  *
  * gemm_lp's float32 workspace is taken when enqueueing (so running out of
  * memory is an error of the call, before anything runs) from the queue's
@@ -42,6 +54,7 @@
 
 #include "common/lock.h"
 #include "formats/convert.h"
+#include "train/cpu_team.h"
 #include "train/kernels_int.h"
 #include "train/kernels_math.h"
 
@@ -85,11 +98,13 @@ struct cpu_kernels {
 		uint64_t used;              /* tick of the last take, for eviction */
 	} slot[CPU_WS_QUEUES];
 	uint64_t tick;
+	struct ts__cpu_team *team;      /* immutable after init; NULL: none (cpu_team.h) */
 };
 
 /* One enqueued kernel: what to run, and its arguments (operands borrowed). */
 struct job {
 	job_fn run;
+	struct ts__cpu_team *team;      /* the instance's, or NULL */
 	union {
 		struct {
 			bool ta, tb;
@@ -171,7 +186,8 @@ struct job {
 
 /* ---- the kernels (run on the queue's worker) ------------------------------ */
 
-static void run_gemm(const struct job *j)
+/* One product on the calling thread. */
+static void gemm_one(const struct job *j)
 {
 	int M = j->u.gemm.M, N = j->u.gemm.N, K = j->u.gemm.K;
 	float beta = j->u.gemm.beta;
@@ -189,6 +205,111 @@ static void run_gemm(const struct job *j)
 	cblas_sgemm(CblasColMajor, g.transa ? CblasTrans : CblasNoTrans,
 	            g.transb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, j->u.gemm.alpha,
 	            j->u.gemm.B, g.lda, j->u.gemm.A, g.ldb, beta, C, g.ldc);
+}
+
+/*
+ * A product's pieces for the team: tiles of its column-major output, cut
+ * by the product's shape alone (never by the team's size, the timing or
+ * where the operands lie), so a product gives the same bits however many
+ * threads there are and whichever ran which tile. Tiles split the output's
+ * rows and columns, never K: a tile is the sgemm of its rows of op(A) and
+ * columns of op(B) over the whole K, so each element is summed as the
+ * single-threaded call sums it. Tile edges fall on multiples of
+ * GEMM_TILE_EDGE from the output's origin (the last tile of a row or
+ * column takes what is left, never less than an edge), so an element meets
+ * the same register block of OpenBLAS's kernel in its tile as in the whole
+ * product; and every tile has at least GEMM_TILE_MNK multiply-adds, past
+ * the sizes for which OpenBLAS (0.3.21, SkylakeX-class cores) takes its
+ * small-matrix kernel, which sums K in one run instead of in its blocks:
+ * a sliver of a few rows would take that kernel and round otherwise.
+ */
+struct gemm_split {
+	int mt, nt;                     /* tiles down the rows, across the columns */
+	int tm, tn;                     /* a tile's rows, columns (the last: what is left) */
+};
+
+#define GEMM_TILES_MAX 32
+#define GEMM_TILE_EDGE 64
+#define GEMM_TILE_MNK ((double)(1 << 21))
+
+static int tile_side(int whole, int tiles)
+{
+	return tiles == 1 ? whole : whole / tiles / GEMM_TILE_EDGE * GEMM_TILE_EDGE;
+}
+
+/* The tiles of an m x n output over k (column-major sgemm dimensions). */
+static struct gemm_split gemm_split(int m, int n, int k)
+{
+	struct gemm_split s = {.mt = 1, .nt = 1, .tm = m, .tn = n};
+	int pieces = (int)fmin(GEMM_TILES_MAX, (double)m * n * k / GEMM_TILE_MNK);
+
+	if (pieces < 2)
+		return s;
+	/* columns first (a tile's output is then contiguous), then rows */
+	s.nt = n / GEMM_TILE_EDGE < pieces ? n / GEMM_TILE_EDGE : pieces;
+	s.nt = s.nt > 1 ? s.nt : 1;
+	s.mt = m / GEMM_TILE_EDGE < pieces / s.nt ? m / GEMM_TILE_EDGE : pieces / s.nt;
+	s.mt = s.mt > 1 ? s.mt : 1;
+	for (;;) {
+		s.tm = tile_side(m, s.mt);
+		s.tn = tile_side(n, s.nt);
+		if ((double)s.tm * s.tn * k >= GEMM_TILE_MNK || s.mt * s.nt == 1)
+			return s;
+		if (s.mt > 1)
+			s.mt--;
+		else
+			s.nt--;
+	}
+}
+
+/* A (batched) product's tiles: piece i is tile i % tiles of product i / tiles. */
+struct gemm_task {
+	const struct job *j;
+	struct ts_m_colmajor_gemm g;
+	struct gemm_split s;
+	int64_t tiles;
+};
+
+static void gemm_piece(const void *arg, int64_t i)
+{
+	const struct gemm_task *t = arg;
+	const struct job *j = t->j;
+	const struct ts_m_colmajor_gemm *g = &t->g;
+	uint64_t p = (uint64_t)(i / t->tiles);
+	int tile = (int)(i % t->tiles), ri = tile % t->s.mt, ci = tile / t->s.mt;
+	int r0 = ri * t->s.tm, c0 = ci * t->s.tn;
+	int m = ri == t->s.mt - 1 ? g->m - r0 : t->s.tm, n = ci == t->s.nt - 1 ? g->n - c0 : t->s.tn;
+	/* the call's A is the job's B, its B the job's A (gemm_one) */
+	const float *a = j->u.gemm.B + p * j->u.gemm.sB;
+	const float *b = j->u.gemm.A + p * j->u.gemm.sA;
+
+	a += g->transa ? (size_t)r0 * g->lda : (size_t)r0;
+	b += g->transb ? (size_t)c0 : (size_t)c0 * g->ldb;
+	cblas_sgemm(CblasColMajor, g->transa ? CblasTrans : CblasNoTrans,
+	            g->transb ? CblasTrans : CblasNoTrans, m, n, g->k, j->u.gemm.alpha, a, g->lda,
+	            b, g->ldb, j->u.gemm.beta,
+	            j->u.gemm.C + p * j->u.gemm.sC + r0 + (size_t)c0 * g->ldc, g->ldc);
+}
+
+/* batch products (strides sA, sB, sC; 0 for one), their tiles shared by
+ * the team. */
+static void gemm_tiles(const struct job *j, int batch)
+{
+	struct gemm_task t = {.j = j};
+
+	t.g = ts_m_gemm_colmajor(j->u.gemm.ta, j->u.gemm.tb, j->u.gemm.M, j->u.gemm.N, j->u.gemm.K);
+	t.s = gemm_split(t.g.m, t.g.n, t.g.k);
+	t.tiles = (int64_t)t.s.mt * t.s.nt;
+	ts__cpu_team_for(j->team, t.tiles * batch, gemm_piece, &t);
+}
+
+static void run_gemm(const struct job *j)
+{
+	if (j->u.gemm.K == 0 || j->u.gemm.M == 0 || j->u.gemm.N == 0) {
+		gemm_one(j);
+		return;
+	}
+	gemm_tiles(j, 1);
 }
 
 /* The 16-bit operands widened exactly to float32 (formats/convert.h), then
@@ -344,26 +465,38 @@ static void adam_loop(float *restrict p, const float *restrict g, float *restric
 	}
 }
 
-static void run_update(const struct job *j)
+/* An update in slices of UPDATE_PIECE elements (each element's update is
+ * its own: the same bits however it is cut). */
+#define UPDATE_PIECE ((uint64_t)1 << 16)
+
+static void update_piece(const void *arg, int64_t i)
 {
+	const struct job *j = arg;
 	const struct ts_optimizer *o = &j->u.update.opt;
-	const float *g = j->u.update.g;
-	float *p = j->u.update.p, *mu = j->u.update.mu, *nu = j->u.update.nu;
-	uint64_t n = j->u.update.n;
+	uint64_t i0 = (uint64_t)i * UPDATE_PIECE, n = j->u.update.n - i0;
+	float *p = j->u.update.p + i0, *mu = j->u.update.mu, *nu = j->u.update.nu;
+	const float *g = j->u.update.g + i0;
 	float lr = ts_m_learning_rate(o, j->u.update.step - 1), c = o->clip_global_norm, norm = 0.0f;
 	bool clip = false;
 
+	n = n < UPDATE_PIECE ? n : UPDATE_PIECE;
 	if (c > 0.0f)
 		clip = ts_m_clips(*j->u.update.gnorm_sq, c, &norm);
 	if (o->type == TS_OPT_SGD) {
-		for (uint64_t i = 0; i < n; i++)
-			p[i] = ts_m_sgd(p[i], ts_m_clip_grad(g[i], clip, norm, c), lr);
+		for (uint64_t e = 0; e < n; e++)
+			p[e] = ts_m_sgd(p[e], ts_m_clip_grad(g[e], clip, norm, c), lr);
 		return;
 	}
-	adam_loop(p, g, mu, nu, n, lr, o->b1, o->b2, o->eps,
+	adam_loop(p, g, mu + i0, nu + i0, n, lr, o->b1, o->b2, o->eps,
 	          ts_m_bias_correction(o->b1, j->u.update.step),
 	          ts_m_bias_correction(o->b2, j->u.update.step), o->adamw ? o->weight_decay : 0.0f,
 	          clip ? norm : 1.0f, clip ? c : 1.0f, clip);
+}
+
+static void run_update(const struct job *j)
+{
+	ts__cpu_team_for(j->team, (int64_t)((j->u.update.n + UPDATE_PIECE - 1) / UPDATE_PIECE),
+	         update_piece, j);
 }
 
 static void run_fill(const struct job *j)
@@ -465,18 +598,31 @@ static float xent_row(const float *restrict xr, float *restrict gr, double *rest
 	return ts_m_xent_loss(sum, max, xr[t]);
 }
 
-/* The rows, then their mean in the lanes' order; j->u.tok.ws holds V
- * doubles for the terms of a row. */
+/* A cross-entropy's rows in XENT_PIECES slices (the team's pieces; each
+ * row is its own), each slice with its own V doubles of j->u.tok.ws for
+ * the terms of a row; then the mean, in the lanes' order as ever. */
+#define XENT_PIECES 8
+
+static void xent_piece(const void *arg, int64_t i)
+{
+	const struct job *j = arg;
+	uint64_t rows = j->u.tok.rows, V = (uint64_t)j->u.tok.vocab;
+	uint64_t r0 = rows * (uint64_t)i / XENT_PIECES, r1 = rows * (uint64_t)(i + 1) / XENT_PIECES;
+
+	for (uint64_t r = r0; r < r1; r++)
+		j->u.tok.loss[1 + r] = xent_row(j->u.tok.in + r * V, j->u.tok.out + r * V,
+		                                j->u.tok.ws + (uint64_t)i * V, V,
+		                                ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, (int)V),
+		                                rows);
+}
+
 static void run_xent(const struct job *j)
 {
-	const float *x = j->u.tok.in;
-	float *grad = j->u.tok.out, *loss = j->u.tok.loss;
-	uint64_t rows = j->u.tok.rows, V = (uint64_t)j->u.tok.vocab;
+	float *loss = j->u.tok.loss;
+	uint64_t rows = j->u.tok.rows;
 	double part[TS_RED_LANES] = {0};
 
-	for (uint64_t r = 0; r < rows; r++)
-		loss[1 + r] = xent_row(x + r * V, grad + r * V, j->u.tok.ws, V,
-		                       ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, (int)V), rows);
+	ts__cpu_team_for(j->team, XENT_PIECES, xent_piece, j);
 	for (uint64_t r = 0; r < rows; r++)
 		part[r % TS_RED_LANES] += loss[1 + r];
 	loss[0] = (float)(lanes_reduce(part) / (double)rows);
@@ -604,15 +750,18 @@ static void run_heads(const struct job *j)
 	}
 }
 
+/* The products of a batch and their tiles shared by the team. */
 static void run_gemm_batched(const struct job *j)
 {
 	struct job one = *j;
 
+	if (j->u.gemm.K != 0 && j->u.gemm.M != 0 && j->u.gemm.N != 0) {
+		gemm_tiles(j, j->u.gemm.batch);
+		return;
+	}
 	for (int i = 0; i < j->u.gemm.batch; i++) {
-		one.u.gemm.A = j->u.gemm.A ? j->u.gemm.A + (uint64_t)i * j->u.gemm.sA : NULL;
-		one.u.gemm.B = j->u.gemm.B ? j->u.gemm.B + (uint64_t)i * j->u.gemm.sB : NULL;
 		one.u.gemm.C = j->u.gemm.C + (uint64_t)i * j->u.gemm.sC;
-		run_gemm(&one);
+		gemm_one(&one);
 	}
 }
 
@@ -713,7 +862,8 @@ static ts_status job_submit(struct ts_queue *q, struct job *j, struct ts_error *
 
 /* Enqueues a copy of *a (a kernel and its arguments) on q; what *a holds
  * passes to the copy, and is released on failure. */
-static ts_status job_post(struct ts_queue *q, const struct job *a, struct ts_error *err)
+static ts_status job_post(void *impl, struct ts_queue *q, const struct job *a,
+                          struct ts_error *err)
 {
 	struct job *j = malloc(sizeof *j);
 
@@ -723,6 +873,7 @@ static ts_status job_post(struct ts_queue *q, const struct job *a, struct ts_err
 		                    ts_device_props(ts_queue_device(q))->id);
 	}
 	*j = *a;
+	j->team = impl ? ((struct cpu_kernels *)impl)->team : NULL;
 	return job_submit(q, j, err);
 }
 
@@ -749,6 +900,11 @@ static ts_status cpu_init(struct ts_device *dev, void **impl, struct ts_error *e
 		return ts_error_oom(err, "%s: out of memory for the cpu kernels",
 		                    ts_device_props(dev)->id);
 	}
+	/* the products' threads are the team's, one OpenBLAS thread each: the
+	 * setting is the process's (OpenBLAS has no other), and nothing else in
+	 * it calls OpenBLAS */
+	openblas_set_num_threads(1);
+	k->team = ts__cpu_team_new(0);
 	*impl = k;
 	return TS_OK;
 }
@@ -760,6 +916,7 @@ static void cpu_fini(void *impl)
 
 	if (!k)
 		return;
+	ts__cpu_team_free(k->team);
 	for (int i = 0; i < CPU_WS_QUEUES; i++)
 		ws_release(k->slot[i].ws);
 	ts_mutex_destroy(&k->mu);
@@ -816,10 +973,10 @@ static ts_status cpu_gemm(void *impl, struct ts_queue *q, bool ta, bool tb, int 
                           float alpha, const float *A, const float *B, float beta, float *C,
                           struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_gemm,
-	                                 .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K,
-	                                            .alpha = alpha, .beta = beta, .A = A, .B = B,
-	                                            .C = C}},
+	return job_post(impl, q, &(struct job){.run = run_gemm,
+	                                       .u.gemm = {.ta = ta, .tb = tb, .M = M, .N = N, .K = K,
+	                                                  .alpha = alpha, .beta = beta, .A = A, .B = B,
+	                                                  .C = C}},
 	                err);
 }
 
@@ -831,8 +988,8 @@ static enum ts_dtype lowp_dtype(enum ts_compute c)
 static ts_status cpu_round(void *impl, struct ts_queue *q, enum ts_compute to, const float *x,
                            uint16_t *y, uint64_t n, struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_round,
-	                                 .u.round = {.to = lowp_dtype(to), .x = x, .y = y, .n = n}},
+	return job_post(impl, q, &(struct job){.run = run_round,
+	                                       .u.round = {.to = lowp_dtype(to), .x = x, .y = y, .n = n}},
 	                err);
 }
 
@@ -857,14 +1014,14 @@ static ts_status cpu_gemm_lp(void *impl, struct ts_queue *q, enum ts_compute dt,
 	a.u.gemm.ws = ws;
 	a.u.gemm.A = (const float *)(const void *)ws->mem;
 	a.u.gemm.B = (const float *)(const void *)ws->mem + mk;
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_act_fwd(void *impl, struct ts_queue *q, enum ts_act act, const float *in,
                              float *out, uint64_t n, struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_act_fwd,
-	                                 .u.act = {.act = act, .in = in, .out = out, .n = n}},
+	return job_post(impl, q, &(struct job){.run = run_act_fwd,
+	                                       .u.act = {.act = act, .in = in, .out = out, .n = n}},
 	                err);
 }
 
@@ -872,32 +1029,34 @@ static ts_status cpu_act_bwd(void *impl, struct ts_queue *q, enum ts_act act, co
                              const float *grad_out, float *grad_in, uint64_t n,
                              struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_act_bwd,
-	                                 .u.act = {.act = act, .in = pre, .grad = grad_out,
-	                                           .out = grad_in, .n = n}},
+	return job_post(impl, q, &(struct job){.run = run_act_bwd,
+	                                       .u.act = {.act = act, .in = pre, .grad = grad_out,
+	                                                 .out = grad_in, .n = n}},
 	                err);
 }
 
 static ts_status cpu_add(void *impl, struct ts_queue *q, const float *x, float *y, uint64_t n,
                          struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_add, .u.add = {.x = x, .y = y, .n = n}}, err);
+	return job_post(impl, q, &(struct job){.run = run_add, .u.add = {.x = x, .y = y, .n = n}},
+	                err);
 }
 
 static ts_status cpu_loss(void *impl, struct ts_queue *q, enum ts_loss loss, const float *out,
                           const float *target, float *loss_dev, float *grad, uint64_t n,
                           struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_loss,
-	                                 .u.loss = {.loss = loss, .out = out, .target = target,
-	                                            .value = loss_dev, .grad = grad, .n = n}},
+	return job_post(impl, q, &(struct job){.run = run_loss,
+	                                       .u.loss = {.loss = loss, .out = out, .target = target,
+	                                                  .value = loss_dev, .grad = grad, .n = n}},
 	                err);
 }
 
 static ts_status cpu_sumsq(void *impl, struct ts_queue *q, const float *x, uint64_t n,
                            float *acc, struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_sumsq, .u.sumsq = {.x = x, .acc = acc, .n = n}},
+	return job_post(impl, q, &(struct job){.run = run_sumsq,
+	                                       .u.sumsq = {.x = x, .acc = acc, .n = n}},
 	                err);
 }
 
@@ -905,24 +1064,25 @@ static ts_status cpu_update(void *impl, struct ts_queue *q, const struct ts_opti
                             int step, float *p, const float *g, float *mu, float *nu,
                             uint64_t n, const float *gnorm_sq_dev, struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_update,
-	                                 .u.update = {.opt = *opt, .step = step, .p = p, .g = g,
-	                                              .mu = mu, .nu = nu, .n = n,
-	                                              .gnorm_sq = gnorm_sq_dev}},
+	return job_post(impl, q, &(struct job){.run = run_update,
+	                                       .u.update = {.opt = *opt, .step = step, .p = p, .g = g,
+	                                                    .mu = mu, .nu = nu, .n = n,
+	                                                    .gnorm_sq = gnorm_sq_dev}},
 	                err);
 }
 
 static ts_status cpu_fill(void *impl, struct ts_queue *q, float *x, float v, uint64_t n,
                          struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run_fill, .u.fill = {.x = x, .v = v, .n = n}}, err);
+	return job_post(impl, q, &(struct job){.run = run_fill, .u.fill = {.x = x, .v = v, .n = n}},
+	                err);
 }
 
 static ts_status cpu_tok(job_fn run, struct ts_queue *q, const float *in, const void *ids,
                          int id_bytes, uint64_t rows, int vocab, int d, float *out, float *loss,
                          struct ts_error *err)
 {
-	return job_post(q, &(struct job){.run = run,
+	return job_post(NULL, q, &(struct job){.run = run,
 	                                 .u.tok = {.in = in, .ids = ids, .id_bytes = id_bytes,
 	                                           .rows = rows, .vocab = vocab, .d = d, .out = out,
 	                                           .loss = loss}},
@@ -955,12 +1115,13 @@ static ts_status cpu_xent(void *impl, struct ts_queue *q, const float *logits,
 	                                .rows = rows, .vocab = vocab, .d = 1, .out = grad,
 	                                .loss = loss_dev}};
 	void *ws = NULL;
-	struct job *j = job_with_workspace(&a, (size_t)vocab * sizeof(double), &ws);
+	struct job *j = job_with_workspace(&a, (size_t)vocab * XENT_PIECES * sizeof(double), &ws);
 
 	if (!j)
 		return ts_error_oom(err, "%s: out of memory for the workspace of a cross-entropy "
 		                    "(vocab %d)", ts_device_props(ts_queue_device(q))->id, vocab);
 	j->u.tok.ws = ws;
+	j->team = impl ? ((struct cpu_kernels *)impl)->team : NULL;
 	return job_submit(q, j, err);
 }
 
@@ -972,7 +1133,7 @@ static ts_status cpu_ln_fwd(void *impl, struct ts_queue *q, const float *x, cons
 	                      .u.tf = {.a = x, .b = g, .c = b, .y = y, .y2 = stats, .rows = rows,
 	                               .n = d, .eps = eps}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_ln_bwd(void *impl, struct ts_queue *q, const float *x, const float *g,
@@ -983,7 +1144,7 @@ static ts_status cpu_ln_bwd(void *impl, struct ts_queue *q, const float *x, cons
 	                      .u.tf = {.a = x, .b = g, .c = stats, .d = dy, .y = dx, .y2 = dg,
 	                               .y3 = db, .rows = rows, .n = d}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_add_rows(void *impl, struct ts_queue *q, const float *x, uint64_t period,
@@ -992,7 +1153,7 @@ static ts_status cpu_add_rows(void *impl, struct ts_queue *q, const float *x, ui
 	const struct job a = {.run = run_add_rows,
 	                      .u.tf = {.a = x, .y = y, .rows = rows, .period = period, .n = n}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_sum_rows(void *impl, struct ts_queue *q, const float *dy, uint64_t rows,
@@ -1001,7 +1162,7 @@ static ts_status cpu_sum_rows(void *impl, struct ts_queue *q, const float *dy, u
 	const struct job a = {.run = run_sum_rows,
 	                      .u.tf = {.a = dy, .y = out, .rows = rows, .period = period, .n = n}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_heads(void *impl, struct ts_queue *q, bool to_heads, const float *in,
@@ -1011,7 +1172,7 @@ static ts_status cpu_heads(void *impl, struct ts_queue *q, bool to_heads, const 
 	                      .u.tf = {.a = in, .y = out, .B = B, .T = T, .P = P, .H = H,
 	                               .hd = hd, .to_heads = to_heads}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool tb, int M, int N,
@@ -1024,7 +1185,7 @@ static ts_status cpu_gemm_batched(void *impl, struct ts_queue *q, bool ta, bool 
 	                                 .alpha = alpha, .beta = beta, .A = A, .B = B, .C = C,
 	                                 .sA = sA, .sB = sB, .sC = sC, .batch = batch}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 /* One product's float32 workspace, the queue's warm one (ws_take) as
@@ -1051,7 +1212,7 @@ static ts_status cpu_gemm_batched_lp(void *impl, struct ts_queue *q, enum ts_com
 	a.u.gemm.ws = ws;
 	a.u.gemm.A = (const float *)(const void *)ws->mem;
 	a.u.gemm.B = (const float *)(const void *)ws->mem + mk;
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_softmax_fwd(void *impl, struct ts_queue *q, const float *S, int batch,
@@ -1061,7 +1222,7 @@ static ts_status cpu_softmax_fwd(void *impl, struct ts_queue *q, const float *S,
 	                      .u.tf = {.a = S, .y = P, .rows = (uint64_t)batch * (uint64_t)T,
 	                               .n = T, .scale = scale}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static ts_status cpu_softmax_bwd(void *impl, struct ts_queue *q, const float *P, const float *dP,
@@ -1072,7 +1233,7 @@ static ts_status cpu_softmax_bwd(void *impl, struct ts_queue *q, const float *P,
 	                               .rows = (uint64_t)batch * (uint64_t)T, .n = T,
 	                               .scale = scale}};
 
-	return job_post(q, &a, err);
+	return job_post(impl, q, &a, err);
 }
 
 static const struct ts__kernel_ops cpu_ops = {

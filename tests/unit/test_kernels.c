@@ -2549,6 +2549,70 @@ START_TEST(test_lowp_gemm_batched_against_float64)
 }
 END_TEST
 
+/* Products large enough for the CPU kernels to cut into tiles for their
+ * team (kernels_cpu.c), through ts_k_gemm and ts_k_gemm_batched, against
+ * one single-threaded cblas_sgemm of the whole product (the kernels set
+ * OpenBLAS to one thread): the same bits, with operands at any offset, as
+ * tiles cut along the output's rows and columns only sum each element as
+ * the whole call does. Shapes: edges that are multiples of the tiles' 64
+ * and not, K inside and past OpenBLAS's K blocks, and one batch whose
+ * products are cut too. */
+static void tiles_case(bool ta, bool tb, int M, int N, int K, int batch, float beta, int shift,
+                       unsigned seed)
+{
+	size_t na = (size_t)M * K, nb = (size_t)K * N, nc = (size_t)M * N;
+	float *A = malloc((na * batch + 1) * sizeof *A), *B = malloc((nb * batch + 1) * sizeof *B);
+	float *C0 = malloc((nc * batch + 1) * sizeof *C0), *C = malloc(nc * batch * sizeof *C);
+	float *W = malloc(nc * batch * sizeof *W);
+	struct ts_m_colmajor_gemm g = ts_m_gemm_colmajor(ta, tb, M, N, K);
+	float *dA, *dB, *dC;
+
+	fill_rnd(A, na * batch + 1, seed, -1, 1);
+	fill_rnd(B, nb * batch + 1, seed + 1, -1, 1);
+	fill_rnd(C0, nc * batch + 1, seed + 2, -1, 1);
+	/* operands `shift` floats past where dput puts them */
+	dA = dput(A, na * batch + 1) + shift;
+	dB = dput(B, nb * batch + 1) + shift;
+	dC = dput(C0, nc * batch + 1) + shift;
+	if (batch == 1)
+		OK(ts_k_gemm(kern, q, ta, tb, M, N, K, 1.0f, dA, dB, beta, dC, &err));
+	else
+		OK(ts_k_gemm_batched(kern, q, ta, tb, M, N, K, 1.0f, dA, na, dB, nb, beta, dC, nc,
+		                     batch, &err));
+	dget(C, dC, nc * batch);
+	memcpy(W, C0 + shift, nc * batch * sizeof *W);
+	for (int i = 0; i < batch; i++)
+		cblas_sgemm(CblasColMajor, g.transa ? CblasTrans : CblasNoTrans,
+		            g.transb ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, 1.0f,
+		            B + shift + i * nb, g.lda, A + shift + i * na, g.ldb, beta, W + i * nc,
+		            g.ldc);
+	for (size_t e = 0; e < nc * batch; e++)
+		ck_assert_msg(memcmp(&C[e], &W[e], sizeof *C) == 0,
+		              "ta=%d tb=%d %dx%dx%d batch %d: C[%zu] = %.9g, the whole product's "
+		              "%.9g", ta, tb, M, N, K, batch, e, C[e], W[e]);
+	free(A);
+	free(B);
+	free(C0);
+	free(C);
+	free(W);
+	dfree_all();
+}
+
+START_TEST(test_gemm_tiles_same_bits_as_one_call)
+{
+	static const int shapes[][4] = {{256, 1024, 256, 1}, {300, 1000, 777, 1},
+	                                {130, 700, 513, 1}, {333, 257, 1500, 1},
+	                                {2048, 256, 64, 1}, {256, 256, 64, 3}};
+
+	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+		for (int t = 0; t < 4; t++)
+			tiles_case(t & 1, t & 2, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3],
+			           t == 3 ? 0.5f : 0.0f, (int)(s + t) % 2, (unsigned)(40 * s + t));
+	/* and against float64, cut as it is */
+	gemm_case(false, true, 300, 200, 513, 1.0f, 0.5f, 977);
+}
+END_TEST
+
 /* Causal softmax and its gradient against float64: row i of each block
  * weighs columns 0..i, rows sum to 1, nothing above the diagonal; T = 300
  * rows are longer than a block's lanes. In place (dS == dP) too. */
@@ -2763,6 +2827,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_softmax_cross_entropy_wide_rows_same_bits);
 	tcase_add_test(tc, test_updates_match_the_formulas_bit_for_bit);
 	tcase_add_test(tc, test_queues_share_kernels);
+	tcase_add_test(tc, test_gemm_tiles_same_bits_as_one_call);
 	tcase_add_test(tc, test_kernels_run_later_in_queue_order);
 	tcase_add_test(tc, test_sim_kernels_run_on_cpu_queues);
 	tcase_add_test(tc, test_sim_keeps_no_device_timeline);
