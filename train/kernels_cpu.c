@@ -11,9 +11,9 @@
  * arguments cuBLAS gets (ts_m_gemm_colmajor); gemm_lp widens its 16-bit
  * operands to float32 first and runs the same sgemm (gemm_batched_lp batch
  * by batch); everything else is a plain loop over the formulas of
- * kernels_math.h, which the CUDA kernels use too. Sums run in double in the reductions' fixed lane order, so a
- * sequence of kernels gives bit-identical results run after run, and the
- * same sums as CUDA. The hot loops (a cross-entropy row, Adam) are
+ * kernels_math.h, which the CUDA kernels use too. Sums run in double in
+ * the reductions' fixed lane order, so a sequence of kernels gives
+ * bit-identical results run after run, and the same sums as CUDA. The hot loops (a cross-entropy row, Adam) are
  * cloned for avx512f and avx2 (target_clones): the same IEEE operations in
  * wider vectors, never fused (the build does not contract), so the same
  * bits on every machine.
