@@ -13,10 +13,10 @@
  * by batch); everything else is a plain loop over the formulas of
  * kernels_math.h, which the CUDA kernels use too. Sums run in double in
  * the reductions' fixed lane order, so a sequence of kernels gives
- * bit-identical results run after run, and the same sums as CUDA. The hot loops (a cross-entropy row, Adam) are
- * cloned for avx512f and avx2 (target_clones): the same IEEE operations in
- * wider vectors, never fused (the build does not contract), so the same
- * bits on every machine.
+ * bit-identical results run after run, and the same sums as CUDA. The hot
+ * loops (a cross-entropy row, Adam) are cloned for avx512f and avx2
+ * (target_clones): the same IEEE operations in wider vectors, never fused
+ * (the build does not contract), so the same bits on every machine.
  *
  * Threads: a product (its output's tiles), a batch of products, an
  * optimizer update (slices of 64Ki elements) and a cross-entropy (eighths
