@@ -1,0 +1,424 @@
+/*
+ * fleet.c - the fleet view: a poller thread that asks each peer of --peers
+ * for its node (GET /v1/fleet?scope=local) with libcurl, and GET /v1/fleet,
+ * which lists this node and every peer's latest node object.
+ *
+ * Invariant: a published node object (peer.node) is never modified; the
+ * poller replaces it whole under mu, and readers take references to it.
+ */
+#include "server/fleet.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/lock.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "common/version.h"
+#include "handlers/handlers.h"
+#include "server/metrics.h"
+#include "server/server_int.h"
+
+/* Largest answer a peer may give (its node with its devices). */
+#define ANSWER_MAX (4u << 20)
+
+struct peer {
+	char url[256];                   /* immutable: "http://host:port", no trailing '/' */
+	char poll_url[300];              /* immutable: url + "/v1/fleet?scope=local" */
+	/* the poller's own, between rounds */
+	CURL *easy;
+	char *buf;
+	size_t len;
+	bool too_big;
+	char errbuf[CURL_ERROR_SIZE];
+	uint64_t last_contact_ns;        /* wall clock of the last good answer; 0: none */
+	char host[128];                  /* host of the last good answer; "" none */
+	char version[64];
+	json_t *node;                    /* guarded by: mu; published, immutable */
+};
+
+struct ts_fleet {
+	struct ts_mutex mu;
+	struct peer *peers;              /* immutable count and urls */
+	int npeers;
+	struct curl_slist *headers;      /* the Authorization header; immutable */
+	struct ts_metrics *metrics;
+	int interval_ms, timeout_ms;
+	CURLM *multi;
+	_Atomic bool stop;
+	pthread_t thread;
+	bool started;
+};
+
+/* RFC 3339 UTC with microseconds; JSON null for 0 (never). */
+static json_t *time_json(uint64_t ns)
+{
+	time_t secs = (time_t)(ns / 1000000000ull);
+	struct tm tm;
+	char buf[48];
+
+	if (!ns || !gmtime_r(&secs, &tm))
+		return json_null();
+	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
+	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	         (unsigned)(ns % 1000000000ull / 1000));
+	return json_string(buf);
+}
+
+static json_t *str_or_null(const char *s)
+{
+	return s[0] ? json_string(s) : json_null();
+}
+
+static size_t on_body(char *data, size_t size, size_t nmemb, void *cls)
+{
+	struct peer *p = cls;
+	size_t n = size * nmemb;
+	char *grown;
+
+	if (p->len + n > ANSWER_MAX) {
+		p->too_big = true;
+		return 0;
+	}
+	grown = realloc(p->buf, p->len + n + 1);
+	if (!grown)
+		return 0;
+	memcpy(grown + p->len, data, n);
+	p->len += n;
+	grown[p->len] = '\0';
+	p->buf = grown;
+	return n;
+}
+
+/* The node object of an unreachable peer: what was last known of it, with
+ * why it is unreachable now. */
+static json_t *unreachable_node(const struct peer *p, const char *reason, const char *message)
+{
+	return json_pack("{s:s, s:o, s:o, s:b, s:b, s:{s:s, s:s}, s:o, s:[]}", "url", p->url,
+	                 "host", str_or_null(p->host), "version", str_or_null(p->version),
+	                 "self", false, "reachable", false, "error", "reason", reason,
+	                 "message", message, "last_contact", time_json(p->last_contact_ns),
+	                 "devices");
+}
+
+/* The node object from a peer's answer (a 200 of GET /v1/fleet?scope=local),
+ * or an unreachable one naming what was wrong with it. */
+static json_t *node_from_answer(struct peer *p, CURLcode rc)
+{
+	long code = 0;
+	json_t *body, *node;
+	json_error_t jerr;
+	const char *host = NULL, *version = NULL;
+	char msg[CURL_ERROR_SIZE + 340];
+
+	if (rc != CURLE_OK) {
+		const char *reason = rc == CURLE_OPERATION_TIMEDOUT ? "TIMEOUT"
+		                     : rc == CURLE_COULDNT_CONNECT ? "CONNECT_FAILED"
+		                     : rc == CURLE_COULDNT_RESOLVE_HOST ? "RESOLVE_FAILED"
+		                     : p->too_big ? "ANSWER_TOO_LARGE" : "HTTP_FAILED";
+
+		snprintf(msg, sizeof msg, "GET %s: %s", p->poll_url,
+		         p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
+		return unreachable_node(p, reason, msg);
+	}
+	curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &code);
+	if (code != 200) {
+		snprintf(msg, sizeof msg, "GET %s answered HTTP %ld", p->poll_url, code);
+		return unreachable_node(p, code == 401 || code == 403 ? "UNAUTHENTICATED"
+		                                                      : "HTTP_STATUS", msg);
+	}
+	body = json_loadb(p->buf ? p->buf : "", p->len, 0, &jerr);
+	node = json_array_get(json_object_get(body, "nodes"), 0);
+	if (json_unpack(node, "{s:s, s:s}", "host", &host, "version", &version) != 0 ||
+	    !json_is_array(json_object_get(node, "devices"))) {
+		json_decref(body);
+		snprintf(msg, sizeof msg, "GET %s did not answer a tstaged node", p->poll_url);
+		return unreachable_node(p, "BAD_ANSWER", msg);
+	}
+	p->last_contact_ns = ts_wall_ns();
+	snprintf(p->host, sizeof p->host, "%s", host);
+	snprintf(p->version, sizeof p->version, "%s", version);
+	json_incref(node);
+	json_decref(body);
+	/* the peer's own object, now ours alone: made into our view of it */
+	json_object_set_new(node, "url", json_string(p->url));
+	json_object_set_new(node, "self", json_false());
+	json_object_set_new(node, "reachable", json_true());
+	json_object_set_new(node, "last_contact", time_json(p->last_contact_ns));
+	return node;
+}
+
+/* One log line when a peer turns reachable or unreachable (the reason with
+ * it), none while it stays so. */
+static void log_change(const struct peer *p, json_t *old, json_t *node)
+{
+	bool was = json_is_true(json_object_get(old, "reachable"));
+	bool is = json_is_true(json_object_get(node, "reachable"));
+	json_t *error = json_object_get(node, "error");
+	const char *reason = json_string_value(json_object_get(error, "reason"));
+
+	if (was == is || (reason && strcmp(reason, "NOT_YET_POLLED") == 0))
+		return;
+	if (is) {
+		ts_log_json(TS_LOG_INFO,
+		            json_pack("{s:s, s:s, s:s, s:O*}", "event", "fleet_peer", "peer", p->url,
+		                      "state", "reachable", "host", json_object_get(node, "host")),
+		            "peer %s is reachable", p->url);
+		return;
+	}
+	ts_log_json(TS_LOG_WARN,
+	            json_pack("{s:s, s:s, s:s, s:s*, s:O*}", "event", "fleet_peer", "peer", p->url,
+	                      "state", "unreachable", "reason", reason, "message",
+	                      json_object_get(error, "message")),
+	            "peer %s is unreachable: %s", p->url,
+	            json_string_value(json_object_get(error, "message")));
+}
+
+static void publish(struct ts_fleet *f, struct peer *p, json_t *node)
+{
+	json_t *old;
+
+	if (!node)    /* out of memory: the previous object stays */
+		return;
+	ts_mutex_lock(&f->mu);
+	old = p->node;
+	p->node = node;
+	ts_mutex_unlock(&f->mu);
+	log_change(p, old, node);
+	json_decref(old);
+}
+
+/* One round: every peer asked at once, each answer (or failure) published. */
+static void poll_round(struct ts_fleet *f)
+{
+	int running = 0, left, reachable = 0;
+	CURLMsg *msg;
+
+	for (int i = 0; i < f->npeers; i++) {
+		struct peer *p = &f->peers[i];
+
+		p->len = 0;
+		p->too_big = false;
+		p->errbuf[0] = '\0';
+		curl_multi_add_handle(f->multi, p->easy);
+	}
+	do {
+		if (curl_multi_perform(f->multi, &running) != CURLM_OK)
+			break;
+		if (running && curl_multi_poll(f->multi, NULL, 0, 200, NULL) != CURLM_OK)
+			break;
+	} while (running && !atomic_load(&f->stop));
+	while ((msg = curl_multi_info_read(f->multi, &left))) {
+		for (int i = 0; msg->msg == CURLMSG_DONE && i < f->npeers; i++) {
+			struct peer *p = &f->peers[i];
+			json_t *node;
+
+			if (p->easy != msg->easy_handle)
+				continue;
+			node = node_from_answer(p, msg->data.result);
+			reachable += json_is_true(json_object_get(node, "reachable"));
+			publish(f, p, node);
+		}
+	}
+	for (int i = 0; i < f->npeers; i++)
+		curl_multi_remove_handle(f->multi, f->peers[i].easy);
+	if (!atomic_load(&f->stop))
+		ts_metrics_fleet_peers(f->metrics, reachable, f->npeers - reachable);
+}
+
+static void *poller(void *arg)
+{
+	struct ts_fleet *f = arg;
+
+	while (!atomic_load(&f->stop)) {
+		uint64_t start = ts_now_ns(), spent_ms;
+
+		poll_round(f);
+		spent_ms = (ts_now_ns() - start) / 1000000u;
+		if ((int64_t)spent_ms < f->interval_ms && !atomic_load(&f->stop))
+			curl_multi_poll(f->multi, NULL, 0, f->interval_ms - (int)spent_ms, NULL);
+	}
+	return NULL;
+}
+
+static ts_status peer_init(struct ts_fleet *f, struct peer *p, const char *url, size_t len,
+                           struct ts_error *err)
+{
+	if (len && url[len - 1] == '/')
+		len--;
+	snprintf(p->url, sizeof p->url, "%.*s", (int)len, url);
+	snprintf(p->poll_url, sizeof p->poll_url, "%s/v1/fleet?scope=local", p->url);
+	p->easy = curl_easy_init();
+	p->node = unreachable_node(p, "NOT_YET_POLLED", "the first poll has not ended yet");
+	if (!p->easy || !p->node)
+		return ts_error_oom(err, "no memory for peer '%s'", p->url);
+	curl_easy_setopt(p->easy, CURLOPT_URL, p->poll_url);
+	curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)f->timeout_ms);
+	curl_easy_setopt(p->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)f->timeout_ms);
+	curl_easy_setopt(p->easy, CURLOPT_HTTPHEADER, f->headers);
+	curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, on_body);
+	curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, p);
+	curl_easy_setopt(p->easy, CURLOPT_ERRORBUFFER, p->errbuf);
+	curl_easy_setopt(p->easy, CURLOPT_FOLLOWLOCATION, 0L);
+	/* straight to the peer: never through an http_proxy of the environment,
+	 * which would see the token */
+	curl_easy_setopt(p->easy, CURLOPT_PROXY, "");
+	return TS_OK;
+}
+
+ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
+                       struct ts_error *err)
+{
+	struct ts_fleet *f = calloc(1, sizeof *f);
+	const char *s = cfg->peers;
+	ts_status st = TS_OK;
+	char auth[300];
+	int n = 0;
+
+	*out = NULL;
+	if (!f)
+		return ts_error_oom(err, "no memory for the fleet");
+	ts_mutex_init(&f->mu);
+	f->metrics = cfg->metrics;
+	f->interval_ms = cfg->interval_ms;
+	f->timeout_ms = cfg->timeout_ms;
+	for (const char *c = s; *s && c; c = strchr(c + 1, ','))
+		n++;
+	if (n == 0) {
+		*out = f;
+		return TS_OK;
+	}
+	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+		free(f);
+		return ts_error_set(err, TS_INTERNAL, "CURL_INIT", "libcurl failed to initialise");
+	}
+	f->peers = calloc((size_t)n, sizeof *f->peers);
+	f->multi = curl_multi_init();
+	if (cfg->token[0]) {
+		snprintf(auth, sizeof auth, "Authorization: Bearer %s", cfg->token);
+		f->headers = curl_slist_append(NULL, auth);
+		explicit_bzero(auth, sizeof auth);
+	}
+	if (!f->peers || !f->multi || (cfg->token[0] && !f->headers)) {
+		st = ts_error_oom(err, "no memory for the fleet's %d peers", n);
+		goto out_free;
+	}
+	for (f->npeers = 0; f->npeers < n && st == TS_OK; f->npeers++) {
+		const char *comma = strchr(s, ',');
+		size_t len = comma ? (size_t)(comma - s) : strlen(s);
+
+		st = peer_init(f, &f->peers[f->npeers], s, len, err);
+		s = comma ? comma + 1 : s + len;
+	}
+	if (st != TS_OK)
+		goto out_free;
+	ts_metrics_fleet_peers(f->metrics, 0, n);
+	if (pthread_create(&f->thread, NULL, poller, f) != 0) {
+		st = ts_error_set(err, TS_INTERNAL, "FLEET_THREAD", "cannot start the fleet poller");
+		goto out_free;
+	}
+	f->started = true;
+	*out = f;
+	return TS_OK;
+
+out_free:
+	ts_fleet_free(f);
+	return st;
+}
+
+void ts_fleet_free(struct ts_fleet *f)
+{
+	if (!f)
+		return;
+	if (f->started) {
+		atomic_store(&f->stop, true);
+		curl_multi_wakeup(f->multi);
+		pthread_join(f->thread, NULL);
+	}
+	for (int i = 0; i < f->npeers; i++) {
+		curl_easy_cleanup(f->peers[i].easy);
+		free(f->peers[i].buf);
+		json_decref(f->peers[i].node);
+	}
+	if (f->multi)
+		curl_multi_cleanup(f->multi);
+	curl_slist_free_all(f->headers);
+	free(f->peers);
+	if (f->peers || f->npeers)
+		curl_global_cleanup();
+	ts_mutex_destroy(&f->mu);
+	free(f);
+}
+
+json_t *ts_fleet_nodes(struct ts_fleet *f)
+{
+	json_t *list = json_array();
+
+	if (!list)
+		return NULL;
+	ts_mutex_lock(&f->mu);
+	for (int i = 0; i < f->npeers; i++)
+		if (json_array_append(list, f->peers[i].node) != 0) {
+			json_decref(list);
+			list = NULL;
+			break;
+		}
+	ts_mutex_unlock(&f->mu);
+	return list;
+}
+
+/* This node: what /v1/devices writes, with the host, version and ports. */
+static json_t *self_node(struct ts_server *srv, const struct ts_call *call)
+{
+	const struct ts_core *core = call->core;
+	json_t *devs = ts_h_devices_json(core), *node;
+	char url[160];
+	bool v6 = strchr(srv->cfg.bind, ':') != NULL;
+
+	snprintf(url, sizeof url, "http://%s%s%s:%d", v6 ? "[" : "", srv->cfg.bind, v6 ? "]" : "",
+	         srv->port);
+	node = json_pack("{s:s, s:s, s:s, s:b, s:b, s:o, s:i, s:i, s:O*, s:O*, s:O*}", "host",
+	                 core->host, "url", url, "version", ts_version, "self", true, "reachable",
+	                 true, "last_contact", time_json(ts_wall_ns()), "port", srv->port,
+	                 "fleet_port", srv->cfg.fleet_port ? srv->cfg.fleet_port : srv->port + 1,
+	                 "devices", json_object_get(devs, "devices"), "default_device",
+	                 json_object_get(devs, "default_device"), "default_backend",
+	                 json_object_get(devs, "default_backend"));
+	json_decref(devs);
+	return node;
+}
+
+void ts_s_fleet(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *scope = ts_call_query(call, "scope");
+	bool local = scope && strcmp(scope, "local") == 0;
+	json_t *nodes, *peers = NULL, *self;
+
+	if (scope && !local && strcmp(scope, "fleet") != 0) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_SCOPE",
+		              "scope '%s' is not one of fleet, local", scope);
+		return;
+	}
+	self = self_node(srv, call);
+	nodes = json_array();
+	if (!local)
+		peers = ts_fleet_nodes(srv->fleet);
+	if (!self || !nodes || (!local && !peers)) {
+		json_decref(self);
+		json_decref(nodes);
+		json_decref(peers);
+		ts_reply_oom(reply, "no memory for the fleet view");
+		return;
+	}
+	json_array_append_new(nodes, self);
+	if (peers)
+		json_array_extend(nodes, peers);
+	json_decref(peers);
+	ts_reply_json(reply, TS_HTTP_OK,
+	              json_pack("{s:o, s:s}", "nodes", nodes, "host", call->core->host));
+}
