@@ -4,7 +4,9 @@
  * which lists this node and every peer's latest node object.
  *
  * Invariant: a published node object (peer.node) is never modified; the
- * poller replaces it whole under mu, and readers take references to it.
+ * poller replaces it whole under mu, and readers copy it under mu (jansson's
+ * reference counts order no reads with a free in another thread, so no
+ * object is shared between threads).
  */
 #include "server/fleet.h"
 
@@ -363,7 +365,7 @@ json_t *ts_fleet_nodes(struct ts_fleet *f)
 		return NULL;
 	ts_mutex_lock(&f->mu);
 	for (int i = 0; i < f->npeers; i++)
-		if (json_array_append(list, f->peers[i].node) != 0) {
+		if (json_array_append_new(list, json_deep_copy(f->peers[i].node)) != 0) {
 			json_decref(list);
 			list = NULL;
 			break;

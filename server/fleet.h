@@ -7,9 +7,8 @@
  * peers at once with a short timeout each; a peer that does not answer in
  * time, or answers anything but 200 with that body, is unreachable, with
  * the reason. Each peer's latest node object is replaced whole after each
- * poll and never changed once published, so a reader takes references
- * under a short lock and formats outside it: GET /v1/fleet never waits on
- * a peer.
+ * poll and never changed once published; a reader copies them under a
+ * short lock and formats outside it: GET /v1/fleet never waits on a peer.
  *
  * Thread-safety: ts_fleet_nodes may run on any threads at once; new and
  * free on one.
@@ -40,8 +39,8 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
  * fine. */
 void ts_fleet_free(struct ts_fleet *f);
 
-/* A new array of every peer's node object, in --peers order (each a shared
- * reference to an immutable object); NULL when out of memory. */
+/* A new array of copies of every peer's node object, in --peers order;
+ * NULL when out of memory. */
 json_t *ts_fleet_nodes(struct ts_fleet *f);
 
 #endif
