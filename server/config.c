@@ -176,7 +176,7 @@ static bool peer_url_ok(const char *s, size_t n)
 	char num[8];
 	size_t len;
 
-	if (n < 7 || strncmp(s, "http://", 7) != 0)
+	if (n < 7 || n > TS_CONFIG_PEER_URL_MAX || strncmp(s, "http://", 7) != 0)
 		return false;
 	if (end > p && end[-1] == '/')
 		end--;
@@ -243,7 +243,7 @@ static void peers_problem(const char *value, char *buf, size_t cap)
 		if (!peer_url_ok(p, len)) {
 			snprintf(buf, cap, "peer '%.*s' is not an http://HOST:PORT URL (HOST a name, an "
 			         "IPv4 address or a [bracketed] IPv6 address, PORT 1 to 65535)",
-			         (int)(len > 200 ? 200 : len), p);
+			         (int)(len > 300 ? 300 : len), p);
 			return;
 		}
 		if (++n > TS_CONFIG_MAX_PEERS) {
@@ -261,7 +261,7 @@ static void peers_problem(const char *value, char *buf, size_t cap)
 /* The refusal of value for o, to err ("for --flag" or "in TSTAGE_FLAG"). */
 static void refuse(FILE *err, const struct opt *o, const char *value, const char *where)
 {
-	char why[400];
+	char why[640];
 
 	if (o->type != OPT_PEERS) {
 		fprintf(err, "tstaged: invalid value '%s' %s (%s)\n", value, where, o->help);

@@ -26,8 +26,10 @@ struct ts_size_share {
 	double share;                    /* > 0: this share of the budget, bytes unused */
 };
 
-/* Most peers --peers may name. */
+/* Most peers --peers may name, and the longest URL of one (a DNS name of
+ * 253 characters with the scheme, a port and a '/'). */
 #define TS_CONFIG_MAX_PEERS 64
+#define TS_CONFIG_PEER_URL_MAX 272
 
 struct ts_config {
 	int port;                        /* 0: ephemeral */

@@ -22,6 +22,7 @@
 #include "common/units.h"
 #include "common/version.h"
 #include "handlers/handlers.h"
+#include "server/config.h"
 #include "server/metrics.h"
 #include "server/server_int.h"
 
@@ -29,8 +30,8 @@
 #define ANSWER_MAX (4u << 20)
 
 struct peer {
-	char url[256];                   /* immutable: "http://host:port", no trailing '/' */
-	char poll_url[300];              /* immutable: url + "/v1/fleet?scope=local" */
+	char url[TS_CONFIG_PEER_URL_MAX + 1];  /* immutable: "http://host:port", no '/' */
+	char poll_url[TS_CONFIG_PEER_URL_MAX + 32];  /* immutable: url + "/v1/fleet?scope=local" */
 	/* the poller's own, between rounds */
 	CURL *easy;
 	char *buf;
@@ -217,17 +218,17 @@ static void poll_round(struct ts_fleet *f)
 	while ((msg = curl_multi_info_read(f->multi, &left))) {
 		for (int i = 0; msg->msg == CURLMSG_DONE && i < f->npeers; i++) {
 			struct peer *p = &f->peers[i];
-			json_t *node;
 
 			if (p->easy != msg->easy_handle)
 				continue;
-			node = node_from_answer(p, msg->data.result);
-			reachable += json_is_true(json_object_get(node, "reachable"));
-			publish(f, p, node);
+			publish(f, p, node_from_answer(p, msg->data.result));
 		}
 	}
-	for (int i = 0; i < f->npeers; i++)
+	/* the poller is the only writer of the published objects */
+	for (int i = 0; i < f->npeers; i++) {
 		curl_multi_remove_handle(f->multi, f->peers[i].easy);
+		reachable += json_is_true(json_object_get(f->peers[i].node, "reachable"));
+	}
 	if (!atomic_load(&f->stop))
 		ts_metrics_fleet_peers(f->metrics, reachable, f->npeers - reachable);
 }

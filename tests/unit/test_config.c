@@ -277,6 +277,21 @@ START_TEST(test_peers_and_fleet_port)
 		ck_assert_str_eq(c.peers, many);
 	}
 	{
+		/* a URL longer than any DNS name allows */
+		struct ts_config c;
+		char out[1024] = "", url[TS_CONFIG_PEER_URL_MAX + 2];
+		char *argv[] = {"tstaged", "--peers", url};
+
+		memset(url, 'a', sizeof url - 1);
+		url[sizeof url - 1] = '\0';
+		memcpy(url, "http://", 7);
+		memcpy(url + sizeof url - 4, ":80", 3);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "--peers") && strstr(out, "aaaa:80'"), "%s", out);
+		memmove(url + 7, url + 8, strlen(url + 8) + 1);   /* TS_CONFIG_PEER_URL_MAX: fine */
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_RUN);
+	}
+	{
 		struct ts_config c;
 		char out[512] = "";
 		char *argv[] = {"tstaged"};
