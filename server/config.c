@@ -13,7 +13,7 @@
 
 enum opt_type {
 	OPT_INT, OPT_SIZE, OPT_SIZE_SHARE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL,
-	OPT_PEERS
+	OPT_PEERS, OPT_DNS_NAME
 };
 
 struct opt {
@@ -100,6 +100,10 @@ static const struct opt options[] = {
 	 "the other tstaged daemons of the fleet: comma-separated http://HOST:PORT URLs "
 	 "(HOST a name, an IPv4 address or a [bracketed] IPv6 address; at most 64); "
 	 "GET /v1/fleet lists them"},
+	{"peers-dns", OPT_DNS_NAME, F(peers_dns), 0, 0, "none",
+	 "a DNS name whose A/AAAA records are the fleet's daemons (a Kubernetes headless "
+	 "Service), each at this daemon's --port: peers beside --peers, resolved again "
+	 "every 10 s, this daemon's own addresses left out"},
 	{"fleet-port", OPT_INT, F(fleet_port), 0, 65535, "--port + 1",
 	 "port of the fleet's data path (0: the one after --port); reported by GET /v1/fleet"},
 	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
@@ -312,6 +316,14 @@ static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
 		return ts_log_level_parse(value, (enum ts_log_level *)field);
 	case OPT_PEERS:
 		return parse_peers(value, field, o->size);
+	case OPT_DNS_NAME:
+		if (!*value || strlen(value) > 253 || strlen(value) >= o->size)
+			return false;
+		for (const char *c = value; *c; c++)
+			if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
+				return false;
+		strcpy(field, value);
+		return true;
 	}
 	return false;
 }

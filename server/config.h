@@ -67,6 +67,7 @@ struct ts_config {
 	char host_name[64];              /* the "host" devices report; "": gethostname() */
 	char probe[512];                 /* --probe URL: check that URL and exit; "" run */
 	char peers[4096];                /* --peers: comma-separated http://HOST:PORT; "" none */
+	char peers_dns[256];             /* --peers-dns: a name whose addresses are peers */
 	int fleet_port;                  /* the fleet's data port; 0: port + 1 */
 	char unix_socket[108];           /* also serve on this Unix socket; "" none */
 	char unix_socket_mode[8];        /* its file mode, octal ("0600") */

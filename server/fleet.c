@@ -11,6 +11,8 @@
 #include "server/fleet.h"
 
 #include <curl/curl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,9 @@
 #include "server/config.h"
 #include "server/metrics.h"
 #include "server/server_int.h"
+
+/* How often --peers-dns is resolved again. */
+#define DNS_EVERY_NS (10ull * 1000000000ull)
 
 /* Largest answer a peer may give (its node with its devices). */
 #define ANSWER_MAX (4u << 20)
@@ -46,8 +51,15 @@ struct peer {
 
 struct ts_fleet {
 	struct ts_mutex mu;
-	struct peer *peers;              /* immutable count and urls */
-	int npeers;
+	/* --peers first (nstatic, in order), then --peers-dns's addresses (sorted);
+	 * replaced by the poller only, under mu */
+	struct peer **peers;             /* guarded by: mu (the poller reads it freely) */
+	int npeers;                      /* guarded by: mu (likewise) */
+	int nstatic;                     /* immutable */
+	char dns[256];                   /* immutable: --peers-dns; "" none */
+	char bind[64];                   /* immutable: --bind (addresses of this daemon) */
+	int port;                        /* immutable: --port, the DNS peers' port too */
+	bool dns_failed;                 /* the last resolution failed (logged once) */
 	struct curl_slist *headers;      /* the Authorization header; immutable */
 	struct ts_metrics *metrics;
 	int interval_ms, timeout_ms;
@@ -55,6 +67,7 @@ struct ts_fleet {
 	_Atomic bool stop;
 	pthread_t thread;
 	bool started;
+	bool curl_inited;
 };
 
 /* RFC 3339 UTC with microseconds; JSON null for 0 (never). */
@@ -202,7 +215,7 @@ static void poll_round(struct ts_fleet *f)
 	CURLMsg *msg;
 
 	for (int i = 0; i < f->npeers; i++) {
-		struct peer *p = &f->peers[i];
+		struct peer *p = f->peers[i];
 
 		p->len = 0;
 		p->too_big = false;
@@ -217,7 +230,7 @@ static void poll_round(struct ts_fleet *f)
 	} while (running && !atomic_load(&f->stop));
 	while ((msg = curl_multi_info_read(f->multi, &left))) {
 		for (int i = 0; msg->msg == CURLMSG_DONE && i < f->npeers; i++) {
-			struct peer *p = &f->peers[i];
+			struct peer *p = f->peers[i];
 
 			if (p->easy != msg->easy_handle)
 				continue;
@@ -226,39 +239,39 @@ static void poll_round(struct ts_fleet *f)
 	}
 	/* the poller is the only writer of the published objects */
 	for (int i = 0; i < f->npeers; i++) {
-		curl_multi_remove_handle(f->multi, f->peers[i].easy);
-		reachable += json_is_true(json_object_get(f->peers[i].node, "reachable"));
+		curl_multi_remove_handle(f->multi, f->peers[i]->easy);
+		reachable += json_is_true(json_object_get(f->peers[i]->node, "reachable"));
 	}
 	if (!atomic_load(&f->stop))
 		ts_metrics_fleet_peers(f->metrics, reachable, f->npeers - reachable);
 }
 
-static void *poller(void *arg)
+static void peer_free(struct peer *p)
 {
-	struct ts_fleet *f = arg;
-
-	while (!atomic_load(&f->stop)) {
-		uint64_t start = ts_now_ns(), spent_ms;
-
-		poll_round(f);
-		spent_ms = (ts_now_ns() - start) / 1000000u;
-		if ((int64_t)spent_ms < f->interval_ms && !atomic_load(&f->stop))
-			curl_multi_poll(f->multi, NULL, 0, f->interval_ms - (int)spent_ms, NULL);
-	}
-	return NULL;
+	if (!p)
+		return;
+	curl_easy_cleanup(p->easy);
+	free(p->buf);
+	json_decref(p->node);
+	free(p);
 }
 
-static ts_status peer_init(struct ts_fleet *f, struct peer *p, const char *url, size_t len,
-                           struct ts_error *err)
+static struct peer *peer_new(struct ts_fleet *f, const char *url, size_t len)
 {
+	struct peer *p = calloc(1, sizeof *p);
+
+	if (!p)
+		return NULL;
 	if (len && url[len - 1] == '/')
 		len--;
 	snprintf(p->url, sizeof p->url, "%.*s", (int)len, url);
 	snprintf(p->poll_url, sizeof p->poll_url, "%s/v1/fleet?scope=local", p->url);
 	p->easy = curl_easy_init();
 	p->node = unreachable_node(p, "NOT_YET_POLLED", "the first poll has not ended yet");
-	if (!p->easy || !p->node)
-		return ts_error_oom(err, "no memory for peer '%s'", p->url);
+	if (!p->easy || !p->node) {
+		peer_free(p);
+		return NULL;
+	}
 	curl_easy_setopt(p->easy, CURLOPT_URL, p->poll_url);
 	curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)f->timeout_ms);
@@ -271,8 +284,150 @@ static ts_status peer_init(struct ts_fleet *f, struct peer *p, const char *url, 
 	/* straight to the peer: never through an http_proxy of the environment,
 	 * which would see the token */
 	curl_easy_setopt(p->easy, CURLOPT_PROXY, "");
-	return TS_OK;
+	return p;
 }
+
+/* Whether the numeric address a is this daemon's own: its --bind address,
+ * or, bound to every address, one of the host's interfaces'. */
+static bool own_address(const struct ts_fleet *f, const char *a, const struct ifaddrs *ifs)
+{
+	char buf[NI_MAXHOST];
+
+	if (strcmp(f->bind, "0.0.0.0") != 0 && strcmp(f->bind, "::") != 0)
+		return strcmp(a, f->bind) == 0;
+	for (const struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+		socklen_t len = !i->ifa_addr ? 0
+		                : i->ifa_addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+		                : i->ifa_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) : 0;
+
+		if (len && getnameinfo(i->ifa_addr, len, buf, sizeof buf, NULL, 0,
+		                       NI_NUMERICHOST) == 0 && strcmp(buf, a) == 0)
+			return true;
+	}
+	return false;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The peer among list[from..to) whose url is url, or NULL. */
+static struct peer *find_peer(struct peer *const *list, int from, int to, const char *url)
+{
+	for (int i = from; i < to; i++)
+		if (strcmp(list[i]->url, url) == 0)
+			return list[i];
+	return NULL;
+}
+
+/* Whether p is among list[from..to). */
+static bool has_peer(struct peer *const *list, int from, int to, const struct peer *p)
+{
+	for (int i = from; i < to; i++)
+		if (list[i] == p)
+			return true;
+	return false;
+}
+
+/* --peers-dns: the name's addresses become the peers after --peers (each at
+ * this daemon's --port, sorted, its own addresses and --peers' URLs left
+ * out); a peer already known keeps its state. A failed resolution keeps
+ * the previous list. */
+static void resolve_peers(struct ts_fleet *f)
+{
+	struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res, *a;
+	struct ifaddrs *ifs = NULL;
+	char *urls[TS_CONFIG_MAX_PEERS];
+	struct peer **list, **old;
+	int n = 0, rc, nold;
+
+	rc = getaddrinfo(f->dns, NULL, &hints, &res);
+	if (rc != 0) {
+		if (!f->dns_failed)
+			ts_log_json(TS_LOG_WARN,
+			            json_pack("{s:s, s:s, s:s}", "event", "fleet_dns", "name", f->dns,
+			                      "error", gai_strerror(rc)),
+			            "--peers-dns '%s' does not resolve: %s", f->dns, gai_strerror(rc));
+		f->dns_failed = true;
+		return;
+	}
+	f->dns_failed = false;
+	if (getifaddrs(&ifs) != 0)
+		ifs = NULL;
+	for (a = res; a && n < TS_CONFIG_MAX_PEERS; a = a->ai_next) {
+		char host[NI_MAXHOST], url[TS_CONFIG_PEER_URL_MAX + 1];
+		bool seen = false;
+
+		if (getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof host, NULL, 0,
+		                NI_NUMERICHOST) != 0 || own_address(f, host, ifs))
+			continue;
+		snprintf(url, sizeof url, a->ai_family == AF_INET6 ? "http://[%s]:%d" : "http://%s:%d",
+		         host, f->port);
+		for (int i = 0; i < n && !seen; i++)
+			seen = strcmp(urls[i], url) == 0;
+		for (int i = 0; i < f->nstatic && !seen; i++)
+			seen = strcmp(f->peers[i]->url, url) == 0;
+		if (!seen && (urls[n] = strdup(url)))
+			n++;
+	}
+	freeaddrinfo(res);
+	if (ifs)
+		freeifaddrs(ifs);
+	qsort(urls, (size_t)n, sizeof *urls, cmp_str);
+	list = calloc((size_t)(f->nstatic + n) + 1, sizeof *list);
+	for (int i = 0; list && i < f->nstatic; i++)
+		list[i] = f->peers[i];
+	/* the poller alone changes the list: reading it here needs no lock */
+	for (int i = 0; list && i < n; i++) {
+		struct peer *p = find_peer(f->peers, f->nstatic, f->npeers, urls[i]);
+
+		list[f->nstatic + i] = p ? p : peer_new(f, urls[i], strlen(urls[i]));
+		if (!list[f->nstatic + i]) {   /* out of memory: the old list stays */
+			for (int j = f->nstatic; j < f->nstatic + i; j++)
+				if (!has_peer(f->peers, f->nstatic, f->npeers, list[j]))
+					peer_free(list[j]);
+			free(list);
+			list = NULL;
+		}
+	}
+	for (int i = 0; i < n; i++)
+		free(urls[i]);
+	if (!list)
+		return;
+	ts_mutex_lock(&f->mu);
+	old = f->peers;
+	nold = f->npeers;
+	f->peers = list;
+	f->npeers = f->nstatic + n;
+	ts_mutex_unlock(&f->mu);
+	for (int i = f->nstatic; i < nold; i++)   /* those no longer named */
+		if (!has_peer(list, f->nstatic, f->nstatic + n, old[i]))
+			peer_free(old[i]);
+	free(old);
+}
+
+static void *poller(void *arg)
+{
+	struct ts_fleet *f = arg;
+
+	uint64_t resolved = 0;
+
+	while (!atomic_load(&f->stop)) {
+		uint64_t start = ts_now_ns(), spent_ms;
+
+		if (f->dns[0] && (!resolved || start - resolved >= DNS_EVERY_NS)) {
+			resolve_peers(f);
+			resolved = start;
+		}
+		poll_round(f);
+		spent_ms = (ts_now_ns() - start) / 1000000u;
+		if ((int64_t)spent_ms < f->interval_ms && !atomic_load(&f->stop))
+			curl_multi_poll(f->multi, NULL, 0, f->interval_ms - (int)spent_ms, NULL);
+	}
+	return NULL;
+}
+
 
 ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
                        struct ts_error *err)
@@ -290,9 +445,12 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
 	f->metrics = cfg->metrics;
 	f->interval_ms = cfg->interval_ms;
 	f->timeout_ms = cfg->timeout_ms;
+	f->port = cfg->port;
+	snprintf(f->dns, sizeof f->dns, "%s", cfg->peers_dns ? cfg->peers_dns : "");
+	snprintf(f->bind, sizeof f->bind, "%s", cfg->bind ? cfg->bind : "");
 	for (const char *c = s; *s && c; c = strchr(c + 1, ','))
 		n++;
-	if (n == 0) {
+	if (n == 0 && !f->dns[0]) {
 		*out = f;
 		return TS_OK;
 	}
@@ -300,26 +458,30 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
 		free(f);
 		return ts_error_set(err, TS_INTERNAL, "CURL_INIT", "libcurl failed to initialise");
 	}
-	f->peers = calloc((size_t)n, sizeof *f->peers);
+	f->curl_inited = true;
+	f->peers = n ? calloc((size_t)n, sizeof *f->peers) : NULL;
 	f->multi = curl_multi_init();
 	if (cfg->token[0]) {
 		snprintf(auth, sizeof auth, "Authorization: Bearer %s", cfg->token);
 		f->headers = curl_slist_append(NULL, auth);
 		explicit_bzero(auth, sizeof auth);
 	}
-	if (!f->peers || !f->multi || (cfg->token[0] && !f->headers)) {
+	if ((n && !f->peers) || !f->multi || (cfg->token[0] && !f->headers)) {
 		st = ts_error_oom(err, "no memory for the fleet's %d peers", n);
 		goto out_free;
 	}
-	for (f->npeers = 0; f->npeers < n && st == TS_OK; f->npeers++) {
+	for (f->npeers = 0; f->npeers < n; f->npeers++) {
 		const char *comma = strchr(s, ',');
 		size_t len = comma ? (size_t)(comma - s) : strlen(s);
 
-		st = peer_init(f, &f->peers[f->npeers], s, len, err);
+		f->peers[f->npeers] = peer_new(f, s, len);
+		if (!f->peers[f->npeers]) {
+			st = ts_error_oom(err, "no memory for peer '%.*s'", (int)len, s);
+			goto out_free;
+		}
 		s = comma ? comma + 1 : s + len;
 	}
-	if (st != TS_OK)
-		goto out_free;
+	f->nstatic = n;
 	ts_metrics_fleet_peers(f->metrics, 0, n);
 	if (pthread_create(&f->thread, NULL, poller, f) != 0) {
 		st = ts_error_set(err, TS_INTERNAL, "FLEET_THREAD", "cannot start the fleet poller");
@@ -343,16 +505,13 @@ void ts_fleet_free(struct ts_fleet *f)
 		curl_multi_wakeup(f->multi);
 		pthread_join(f->thread, NULL);
 	}
-	for (int i = 0; i < f->npeers; i++) {
-		curl_easy_cleanup(f->peers[i].easy);
-		free(f->peers[i].buf);
-		json_decref(f->peers[i].node);
-	}
+	for (int i = 0; i < f->npeers; i++)
+		peer_free(f->peers[i]);
 	if (f->multi)
 		curl_multi_cleanup(f->multi);
 	curl_slist_free_all(f->headers);
 	free(f->peers);
-	if (f->peers || f->npeers)
+	if (f->curl_inited)
 		curl_global_cleanup();
 	ts_mutex_destroy(&f->mu);
 	free(f);
@@ -366,7 +525,7 @@ json_t *ts_fleet_nodes(struct ts_fleet *f)
 		return NULL;
 	ts_mutex_lock(&f->mu);
 	for (int i = 0; i < f->npeers; i++)
-		if (json_array_append_new(list, json_deep_copy(f->peers[i].node)) != 0) {
+		if (json_array_append_new(list, json_deep_copy(f->peers[i]->node)) != 0) {
 			json_decref(list);
 			list = NULL;
 			break;

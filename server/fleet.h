@@ -1,6 +1,7 @@
 /*
- * fleet.h - the fleet view: the other tstaged daemons that --peers names,
- * polled over the same HTTP API with the same token.
+ * fleet.h - the fleet view: the other tstaged daemons that --peers names
+ * (and the addresses of --peers-dns, resolved again every 10 s), polled over
+ * the same HTTP API with the same token.
  *
  * A poller thread asks every peer GET /v1/fleet?scope=local (its host,
  * version and devices as /v1/devices writes them) about once a second, all
@@ -25,6 +26,9 @@ struct ts_metrics;
 
 struct ts_fleet_config {
 	const char *peers;               /* --peers as validated by config.c; "" none */
+	const char *peers_dns;           /* --peers-dns: a name whose addresses are peers */
+	const char *bind;                /* --bind: the address that is this daemon's own */
+	int port;                        /* the DNS peers' port (this daemon's) */
 	const char *token;               /* bearer token sent to peers; "" none */
 	struct ts_metrics *metrics;      /* tstage_fleet_peers; borrowed */
 	int interval_ms;                 /* between the starts of two polls */

@@ -384,7 +384,14 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for the route table");
 		goto out_free;
 	}
+	if (cfg->peers_dns[0] && cfg->port == 0) {
+		st = ts_error_set(err, TS_INVALID_ARGUMENT, "PEERS_DNS_PORT",
+		                  "--peers-dns needs a fixed --port: its peers listen on the same one");
+		goto out_free;
+	}
 	st = ts_fleet_new(&(struct ts_fleet_config){.peers = cfg->peers, .token = srv->token,
+	                                            .peers_dns = cfg->peers_dns,
+	                                            .bind = cfg->bind, .port = cfg->port,
 	                                            .metrics = srv->metrics,
 	                                            .interval_ms = FLEET_POLL_MS,
 	                                            .timeout_ms = FLEET_TIMEOUT_MS},

@@ -6,8 +6,9 @@
  * one (nothing listens) are marked unreachable with the reason within a
  * bound while /v1/fleet and /livez keep answering without waiting on them,
  * and a resumed one is reachable again (each change logged once); a peer with another token is
- * unreachable as UNAUTHENTICATED; bad --peers values are refused at start
- * with the item at fault named.
+ * unreachable as UNAUTHENTICATED; --peers-dns's addresses are peers, the
+ * daemon's own left out; bad --peers values are refused at start with the
+ * item at fault named.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -326,6 +327,44 @@ START_TEST(test_view_alone_and_scopes)
 }
 END_TEST
 
+/* --peers-dns: every address of the name is a peer at this daemon's
+ * --port, less the daemon's own: of two daemons on one port, on 127.0.0.1
+ * and 127.0.0.2, both with --peers-dns localhost (which the test host
+ * resolves to 127.0.0.1, and perhaps ::1), the second lists the first and
+ * the first never lists itself as a peer. */
+START_TEST(test_peers_from_dns)
+{
+	struct th_daemon a, b;
+	char port[16], url_b[64];
+	const char *args_b[] = {"--bind", "127.0.0.1", "--port", port, "--host-name", "dns-b",
+	                        "--peers-dns", "localhost", NULL};
+	const char *args_a[] = {"--bind", "127.0.0.2", "--port", port, "--host-name", "dns-a",
+	                        "--peers-dns", "localhost", NULL};
+	json_t *node, *view;
+	struct th_response r;
+	size_t i;
+	int p = free_port();
+
+	snprintf(port, sizeof port, "%d", p);
+	snprintf(url_b, sizeof url_b, "http://127.0.0.1:%d", p);
+	th_daemon_start(&b, args_b);
+	th_daemon_start(&a, args_a);
+	snprintf(a.base_url, sizeof a.base_url, "http://127.0.0.2:%d", p);
+	node = await_node(&a, p, true);
+	ck_assert_str_eq(th_str(node, "host"), "dns-b");
+	ck_assert(!th_bool(node, "self"));
+	json_decref(node);
+	view = th_get_json(&b, "/v1/fleet", &r);
+	json_array_foreach(th_arr(view, "nodes"), i, node)
+		ck_assert_msg(th_bool(node, "self") || strcmp(th_str(node, "url"), url_b) != 0,
+		              "dns-b lists itself as a peer");
+	ck_assert_str_eq(th_str(json_array_get(th_arr(view, "nodes"), 0), "host"), "dns-b");
+	th_response_free(&r);
+	th_daemon_stop_ok(&a);
+	th_daemon_stop_ok(&b);
+}
+END_TEST
+
 START_TEST(test_bad_peers_refused_at_start)
 {
 	static const char *const bad[][2] = {
@@ -346,6 +385,20 @@ START_TEST(test_bad_peers_refused_at_start)
 		              "stderr '%s' should name --peers and %s", res.err, bad[i][1]);
 		th_run_free(&res);
 	}
+	{
+		const char *args[] = {"--port", "0", "--peers-dns", "tstage.test", NULL};
+		const char *args2[] = {"--port", "0", "--peers-dns", "bad name", NULL};
+		struct th_run_result res;
+
+		th_run(args, NULL, 10000, &res);
+		ck_assert_int_ne(res.status, 0);
+		ck_assert_msg(strstr(res.err, "--peers-dns needs a fixed --port"), "%s", res.err);
+		th_run_free(&res);
+		th_run(args2, NULL, 10000, &res);
+		ck_assert_int_eq(res.status, 2);
+		ck_assert_msg(strstr(res.err, "'bad name' for --peers-dns"), "%s", res.err);
+		th_run_free(&res);
+	}
 }
 END_TEST
 
@@ -359,6 +412,7 @@ Suite *th_suite(void)
 	tcase_set_timeout(faults, 120);
 	tcase_add_test(view, test_fleet_lists_every_node);
 	tcase_add_test(view, test_view_alone_and_scopes);
+	tcase_add_test(view, test_peers_from_dns);
 	tcase_add_test(faults, test_stopped_and_killed_peers);
 	tcase_add_test(faults, test_peer_with_another_token);
 	tcase_add_test(flags, test_bad_peers_refused_at_start);

@@ -219,6 +219,7 @@ END_TEST
 
 /* --peers: http://HOST:PORT URLs (names, IPv4, bracketed IPv6, an optional
  * trailing '/'), comma-separated; a refusal names the item at fault;
+ * --peers-dns: a DNS name;
  * --fleet-port: 0 (the one after --port) or a port. */
 START_TEST(test_peers_and_fleet_port)
 {
@@ -305,6 +306,13 @@ START_TEST(test_peers_and_fleet_port)
 		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_EXIT_USAGE);
 		ck_assert_msg(strstr(out, "TSTAGE_PEERS") && strstr(out, "'http://x'"), "%s", out);
 		unsetenv("TSTAGE_PEERS");
+		setenv("TSTAGE_PEERS_DNS", "tstaged.tstage.svc.cluster.local", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_RUN);
+		ck_assert_str_eq(c.peers_dns, "tstaged.tstage.svc.cluster.local");
+		setenv("TSTAGE_PEERS_DNS", "a/b", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "TSTAGE_PEERS_DNS"), "%s", out);
+		unsetenv("TSTAGE_PEERS_DNS");
 		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv2), TS_CONFIG_EXIT_USAGE);
 		ck_assert_ptr_nonnull(strstr(out, "--fleet-port"));
 	}
