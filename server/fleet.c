@@ -410,7 +410,6 @@ static void resolve_peers(struct ts_fleet *f)
 static void *poller(void *arg)
 {
 	struct ts_fleet *f = arg;
-
 	uint64_t resolved = 0;
 
 	while (!atomic_load(&f->stop)) {
