@@ -31,6 +31,7 @@ ARG GIT_REV=unknown
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
+        libcurl4-openssl-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -49,7 +50,7 @@ LABEL org.opencontainers.image.title="tstaged" \
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libmicrohttpd12 libjansson4 libopenblas0-pthread \
+        libmicrohttpd12 libjansson4 libopenblas0-pthread libcurl4 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 tstage \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

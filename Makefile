@@ -36,7 +36,8 @@ BUILD     ?= build/$(if $(FAULT_DIR),$(FAULT_DIR)-)san-$(subst $(comma),-,$(SANI
 endif
 comma := ,
 
-PKGS      := libmicrohttpd jansson
+# libcurl: the fleet's poller asks the peers of --peers (server/fleet.c)
+PKGS      := libmicrohttpd jansson libcurl
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 

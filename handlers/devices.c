@@ -58,19 +58,22 @@ static struct ts_device *device_from_path(const struct ts_call *call,
 	return dev;
 }
 
-void ts_h_devices_list(const struct ts_call *call, struct ts_reply *reply)
+json_t *ts_h_devices_json(const struct ts_core *core)
 {
-	const struct ts_core *core = call->core;
 	size_t n = ts_device_set_count(core->env.devices);
 	json_t *list = json_array();
 
 	for (size_t i = 0; list && i < n; i++)
 		json_array_append_new(list, device_json(core, ts_device_set_at(core->env.devices, i)));
-	ts_reply_json(reply, TS_HTTP_OK,
-	              json_pack("{s:o*, s:s, s:s}", "devices", list, "default_device",
-	                        ts_device_props(core->default_device)->id,
-	                        "default_backend",
-	                        ts_backend_name(ts_device_set_default_backend(core->env.devices))));
+	return json_pack("{s:o*, s:s, s:s}", "devices", list, "default_device",
+	                 ts_device_props(core->default_device)->id,
+	                 "default_backend",
+	                 ts_backend_name(ts_device_set_default_backend(core->env.devices)));
+}
+
+void ts_h_devices_list(const struct ts_call *call, struct ts_reply *reply)
+{
+	ts_reply_json(reply, TS_HTTP_OK, ts_h_devices_json(call->core));
 }
 
 void ts_h_devices_get(const struct ts_call *call, struct ts_reply *reply)

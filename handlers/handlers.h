@@ -21,6 +21,9 @@ ts_handler_fn ts_h_backends_list;
 
 /* devices.c */
 ts_handler_fn ts_h_devices_list;
+/* GET /v1/devices' body: {"devices": [...], "default_device", "default_backend"}
+ * (new reference; NULL when out of memory). */
+json_t *ts_h_devices_json(const struct ts_core *core);
 ts_handler_fn ts_h_devices_get;
 ts_handler_fn ts_h_devices_memory_stats;
 

@@ -12,7 +12,8 @@
 #include "common/version.h"
 
 enum opt_type {
-	OPT_INT, OPT_SIZE, OPT_SIZE_SHARE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL
+	OPT_INT, OPT_SIZE, OPT_SIZE_SHARE, OPT_FRACTION, OPT_BOOL, OPT_STRING, OPT_KIND, OPT_LEVEL,
+	OPT_PEERS, OPT_DNS_NAME
 };
 
 struct opt {
@@ -95,6 +96,16 @@ static const struct opt options[] = {
 	 "holds its connection; then it answers 202 with the operation still running"},
 	{"host-name", OPT_STRING, F(host_name), 0, 0, "gethostname()",
 	 "the host every device reports (in Kubernetes the node's name, not the pod's)"},
+	{"peers", OPT_PEERS, F(peers), 0, 0, "none",
+	 "the other tstaged daemons of the fleet: comma-separated http://HOST:PORT URLs "
+	 "(HOST a name, an IPv4 address or a [bracketed] IPv6 address; at most 64); "
+	 "GET /v1/fleet lists them"},
+	{"peers-dns", OPT_DNS_NAME, F(peers_dns), 0, 0, "none",
+	 "a DNS name whose A/AAAA records are the fleet's daemons (a Kubernetes headless "
+	 "Service), each at this daemon's --port: peers beside --peers, resolved again "
+	 "every 10 s, this daemon's own addresses left out"},
+	{"fleet-port", OPT_INT, F(fleet_port), 0, 65535, "--port + 1",
+	 "port of the fleet's data path (0: the one after --port); reported by GET /v1/fleet"},
 	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
 	 "also serve the HTTP API on this Unix socket (its file's mode and group are the "
 	 "permission: no token is asked there)"},
@@ -161,6 +172,109 @@ static bool parse_size_share(const char *value, struct ts_size_share *out)
 	return ts_parse_size(value, &out->bytes);
 }
 
+/* One peer URL, s[0..n): http://HOST:PORT with an optional trailing '/'. */
+static bool peer_url_ok(const char *s, size_t n)
+{
+	const char *p = s + 7, *end = s + n, *host_end;
+	long port;
+	char num[8];
+	size_t len;
+
+	if (n < 7 || n > TS_CONFIG_PEER_URL_MAX || strncmp(s, "http://", 7) != 0)
+		return false;
+	if (end > p && end[-1] == '/')
+		end--;
+	if (p < end && *p == '[') {
+		host_end = memchr(p, ']', (size_t)(end - p));
+		if (!host_end || host_end == p + 1)
+			return false;
+		for (const char *c = p + 1; c < host_end; c++)
+			if (!isxdigit((unsigned char)*c) && *c != ':' && *c != '.')
+				return false;
+		host_end++;
+	} else {
+		host_end = p;
+		while (host_end < end && (isalnum((unsigned char)*host_end) || *host_end == '.' ||
+		                          *host_end == '-'))
+			host_end++;
+		if (host_end == p)
+			return false;
+	}
+	if (host_end >= end || *host_end != ':')
+		return false;
+	len = (size_t)(end - host_end - 1);
+	if (len == 0 || len >= sizeof num)
+		return false;
+	memcpy(num, host_end + 1, len);
+	num[len] = '\0';
+	return ts_parse_long(num, 1, 65535, &port);
+}
+
+/* --peers: a comma-separated list of peer URLs, none empty, at most
+ * TS_CONFIG_MAX_PEERS; "" is no peers. */
+static bool parse_peers(const char *value, char *field, size_t cap)
+{
+	const char *p = value;
+	int n = 0;
+
+	if (strlen(value) >= cap)
+		return false;
+	while (*value) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+
+		if (!peer_url_ok(p, len) || ++n > TS_CONFIG_MAX_PEERS)
+			return false;
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	strcpy(field, value);
+	return true;
+}
+
+/* Why --peers value was refused, into buf: the first item that is not a
+ * peer URL, or the count past the most. */
+static void peers_problem(const char *value, char *buf, size_t cap)
+{
+	const char *p = value;
+	int n = 0;
+
+	for (;;) {
+		const char *comma = strchr(p, ',');
+		size_t len = comma ? (size_t)(comma - p) : strlen(p);
+
+		if (!peer_url_ok(p, len)) {
+			snprintf(buf, cap, "peer '%.*s' is not an http://HOST:PORT URL (HOST a name, an "
+			         "IPv4 address or a [bracketed] IPv6 address, PORT 1 to 65535)",
+			         (int)(len > 300 ? 300 : len), p);
+			return;
+		}
+		if (++n > TS_CONFIG_MAX_PEERS) {
+			snprintf(buf, cap, "more than %d peers", TS_CONFIG_MAX_PEERS);
+			return;
+		}
+		if (!comma)
+			break;
+		p = comma + 1;
+	}
+	snprintf(buf, cap, "the list is longer than %zu characters",
+	         sizeof ((struct ts_config *)0)->peers - 1);
+}
+
+/* The refusal of value for o, to err ("for --flag" or "in TSTAGE_FLAG"). */
+static void refuse(FILE *err, const struct opt *o, const char *value, const char *where)
+{
+	char why[640];
+
+	if (o->type != OPT_PEERS) {
+		fprintf(err, "tstaged: invalid value '%s' %s (%s)\n", value, where, o->help);
+		return;
+	}
+	peers_problem(value, why, sizeof why);
+	fprintf(err, "tstaged: invalid value for %s: %s\n", strchr(where, ' ') + 1, why);
+}
+
 /* Stores value into the field of o; false when it does not parse. */
 static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
 {
@@ -200,6 +314,16 @@ static bool apply(struct ts_config *cfg, const struct opt *o, const char *value)
 		return ts_memory_kind_parse(value, (enum ts_memory_kind *)field);
 	case OPT_LEVEL:
 		return ts_log_level_parse(value, (enum ts_log_level *)field);
+	case OPT_PEERS:
+		return parse_peers(value, field, o->size);
+	case OPT_DNS_NAME:
+		if (!*value || strlen(value) > 253 || strlen(value) >= o->size)
+			return false;
+		for (const char *c = value; *c; c++)
+			if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-' && *c != '_')
+				return false;
+		strcpy(field, value);
+		return true;
 	}
 	return false;
 }
@@ -253,7 +377,13 @@ enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
 		env_name(&options[i], env, sizeof env);
 		v = getenv(env);
 		if (v && *v && !apply(cfg, &options[i], v)) {
-			fprintf(err, "tstaged: invalid value '%s' in %s\n", v, env);
+			char where[80];
+
+			snprintf(where, sizeof where, "in %s", env);
+			if (options[i].type == OPT_PEERS)
+				refuse(err, &options[i], v, where);
+			else
+				fprintf(err, "tstaged: invalid value '%s' in %s\n", v, env);
 			return TS_CONFIG_EXIT_USAGE;
 		}
 	}
@@ -309,8 +439,10 @@ enum ts_config_result ts_config_parse(struct ts_config *cfg, int argc,
 			return TS_CONFIG_EXIT_USAGE;
 		}
 		if (!apply(cfg, o, value)) {
-			fprintf(err, "tstaged: invalid value '%s' for --%s (%s)\n", value, o->flag,
-			        o->help);
+			char where[64];
+
+			snprintf(where, sizeof where, "for --%s", o->flag);
+			refuse(err, o, value, where);
 			return TS_CONFIG_EXIT_USAGE;
 		}
 	}

@@ -26,6 +26,11 @@ struct ts_size_share {
 	double share;                    /* > 0: this share of the budget, bytes unused */
 };
 
+/* Most peers --peers may name, and the longest URL of one (a DNS name of
+ * 253 characters with the scheme, a port and a '/'). */
+#define TS_CONFIG_MAX_PEERS 64
+#define TS_CONFIG_PEER_URL_MAX 272
+
 struct ts_config {
 	int port;                        /* 0: ephemeral */
 	char bind[64];
@@ -61,6 +66,9 @@ struct ts_config {
 	int wait_limit;                  /* seconds a waiting call holds its connection */
 	char host_name[64];              /* the "host" devices report; "": gethostname() */
 	char probe[512];                 /* --probe URL: check that URL and exit; "" run */
+	char peers[4096];                /* --peers: comma-separated http://HOST:PORT; "" none */
+	char peers_dns[256];             /* --peers-dns: a name whose addresses are peers */
+	int fleet_port;                  /* the fleet's data port; 0: port + 1 */
 	char unix_socket[108];           /* also serve on this Unix socket; "" none */
 	char unix_socket_mode[8];        /* its file mode, octal ("0600") */
 	char unix_socket_group[64];      /* its group (name or gid); "" the daemon's */

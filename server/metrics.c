@@ -78,6 +78,7 @@ struct ts_metrics {
 	_Atomic int64_t *worker_conns;          /* nworkers; set once at start */
 	int nworkers;
 	_Atomic int64_t lease_device[2];        /* GPU lease memory: bytes, allocations */
+	_Atomic int64_t fleet_peers[2];         /* reachable, unreachable (server/fleet.c) */
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -158,6 +159,12 @@ void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
 	atomic_fetch_add_explicit(&r->codes[c], 1, memory_order_relaxed);
 	ts_histogram_observe(&r->latency, duration_ns);
 	atomic_fetch_sub_explicit(&sh->in_flight, 1, memory_order_relaxed);
+}
+
+void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable)
+{
+	atomic_store_explicit(&m->fleet_peers[0], reachable, memory_order_relaxed);
+	atomic_store_explicit(&m->fleet_peers[1], unreachable, memory_order_relaxed);
 }
 
 const char *ts_metrics_outcome_name(enum ts_op_state state)
@@ -807,6 +814,12 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	           "false"
 #endif
 	);
+	family(&o, "tstage_fleet_peers", "gauge",
+	       "Peers named by --peers, by whether they answered their last poll.");
+	out_printf(&o, "tstage_fleet_peers{state=\"reachable\"} %lld\n",
+	           (long long)atomic_load_explicit(&m->fleet_peers[0], memory_order_relaxed));
+	out_printf(&o, "tstage_fleet_peers{state=\"unreachable\"} %lld\n",
+	           (long long)atomic_load_explicit(&m->fleet_peers[1], memory_order_relaxed));
 	family(&o, "tstage_uptime_seconds", "gauge", "Seconds since tstaged started.");
 	out_printf(&o, "tstage_uptime_seconds %.3f\n",
 	           (double)(ts_now_ns() - core->started_ns) / 1e9);

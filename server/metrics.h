@@ -73,6 +73,10 @@ void ts_metrics_operation_ended(struct ts_metrics *m, const struct ts_op_end *en
  * operation's state. */
 const char *ts_metrics_outcome_name(enum ts_op_state state);
 
+/* The fleet's peers now: how many answered their last poll and how many did
+ * not (server/fleet.c sets them after each round; both 0 without peers). */
+void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable);
+
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core,

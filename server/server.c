@@ -31,6 +31,12 @@
 #include "train/model.h"
 #include "jobs/state.h"
 
+/* The fleet's peers are asked for their node this often, each given this
+ * long to answer: one that stops answering is unreachable within about two
+ * seconds, and GET /v1/fleet never waits on a peer (server/fleet.h). */
+#define FLEET_POLL_MS 1000
+#define FLEET_TIMEOUT_MS 1000
+
 /* How long the drain's save waits for cancelled operations to end. */
 #define DRAIN_SAVE_WAIT_NS (30ull * 1000000000ull)
 
@@ -379,6 +385,20 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		st = ts_error_oom(err, "no memory for the route table");
 		goto out_free;
 	}
+	if (cfg->peers_dns[0] && cfg->port == 0) {
+		st = ts_error_set(err, TS_INVALID_ARGUMENT, "PEERS_DNS_PORT",
+		                  "--peers-dns needs a fixed --port: its peers listen on the same one");
+		goto out_free;
+	}
+	st = ts_fleet_new(&(struct ts_fleet_config){.peers = cfg->peers, .token = srv->token,
+	                                            .peers_dns = cfg->peers_dns,
+	                                            .bind = cfg->bind, .port = cfg->port,
+	                                            .metrics = srv->metrics,
+	                                            .interval_ms = FLEET_POLL_MS,
+	                                            .timeout_ms = FLEET_TIMEOUT_MS},
+	                  &srv->fleet, err);
+	if (st != TS_OK)
+		goto out_free;
 	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
 	                                                          .keep_ns = 3600ull * 1000000000ull,
 	                                                          .ended = operation_ended,
@@ -512,6 +532,7 @@ void ts_server_free(struct ts_server *srv)
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.env.operations);
 	ts_state_free(srv->core.state);
+	ts_fleet_free(srv->fleet);   /* its poller sets metrics */
 	ts_metrics_free(srv->metrics);
 	ts_router_free(srv->router);
 	ts_view_cache_free(srv->core.memory_view);

@@ -13,6 +13,7 @@
 #include "common/lock.h"
 #include "handlers/api.h"
 #include "server/config.h"
+#include "server/fleet.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
@@ -40,6 +41,7 @@ struct ts_server {
 	struct ts_router *router;        /* owned; ts_routes prepared for matching */
 	struct ts_catalog *catalog;      /* owned */
 	struct ts_stager *stager;        /* owned */
+	struct ts_fleet *fleet;          /* owned; the --peers poller (fleet.c) */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	/* connections that open with a request without a body, each on one of
 	 * nworkers daemons of one thread each that the acceptor chooses

@@ -2,7 +2,8 @@
  * server_routes.h - the routes the server answers itself, because they read
  * server state: readiness (draining, device health) and the metrics
  * exposition (request counters); and the documents built into the binary
- * (assets.c): the OpenAPI description and the dashboard page.
+ * (assets.c): the OpenAPI description and the dashboard page; and the fleet
+ * view (fleet.c), which reads the peers' poller.
  */
 #ifndef TS_SERVER_ROUTES_H
 #define TS_SERVER_ROUTES_H
@@ -13,5 +14,6 @@ ts_server_handler_fn ts_s_readyz;
 ts_server_handler_fn ts_s_metrics;
 ts_server_handler_fn ts_s_openapi;
 ts_server_handler_fn ts_s_dashboard;
+ts_server_handler_fn ts_s_fleet;         /* fleet.c */
 
 #endif

@@ -217,6 +217,108 @@ START_TEST(test_connection_limits)
 }
 END_TEST
 
+/* --peers: http://HOST:PORT URLs (names, IPv4, bracketed IPv6, an optional
+ * trailing '/'), comma-separated; a refusal names the item at fault;
+ * --peers-dns: a DNS name;
+ * --fleet-port: 0 (the one after --port) or a port. */
+START_TEST(test_peers_and_fleet_port)
+{
+	static const char *const good[] = {
+		"http://127.0.0.1:8470",
+		"http://node-a.example:1,http://10.0.0.2:65535/,http://[::1]:8470",
+		"http://[fe80::1:2]:9",
+	};
+	static const char *const bad[][2] = {
+		{"127.0.0.1:8470", "127.0.0.1:8470"},
+		{"https://a:1", "https://a:1"},
+		{"http://a", "http://a"},
+		{"http://a:0", "http://a:0"},
+		{"http://a:65536", "http://a:65536"},
+		{"http://a:1/v1", "http://a:1/v1"},
+		{"http://a:1,,http://b:2", "peer ''"},
+		{"http://a:1,", "peer ''"},
+		{"http://:1", "http://:1"},
+		{"http://[]:1", "http://[]:1"},
+		{"http://[x]:1", "http://[x]:1"},
+		{"http://a b:1", "http://a b:1"},
+		{"http://a:1x", "http://a:1x"},
+	};
+	char many[4000] = "";
+
+	for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+		struct ts_config c;
+		char out[512] = "";
+		char *argv[] = {"tstaged", "--peers", (char *)good[i], "--fleet-port", "9000"};
+
+		ck_assert_int_eq(parse(&c, out, sizeof out, 5, argv), TS_CONFIG_RUN);
+		ck_assert_str_eq(c.peers, good[i]);
+		ck_assert_int_eq(c.fleet_port, 9000);
+	}
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct ts_config c;
+		char out[512] = "";
+		char *argv[] = {"tstaged", "--peers", (char *)bad[i][0]};
+
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "--peers") && strstr(out, bad[i][1]),
+		              "message '%s' should name --peers and %s", out, bad[i][1]);
+	}
+	for (int i = 0; i <= TS_CONFIG_MAX_PEERS; i++)
+		snprintf(many + strlen(many), sizeof many - strlen(many), "%shttp://h%d:1",
+		         i ? "," : "", i);
+	{
+		struct ts_config c;
+		char out[512] = "";
+		char *argv[] = {"tstaged", "--peers", many};
+
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "more than 64 peers"), "message '%s'", out);
+		*strrchr(many, ',') = '\0';
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_RUN);
+		ck_assert_str_eq(c.peers, many);
+	}
+	{
+		/* a URL longer than any DNS name allows */
+		struct ts_config c;
+		char out[1024] = "", url[TS_CONFIG_PEER_URL_MAX + 2];
+		char *argv[] = {"tstaged", "--peers", url};
+
+		memset(url, 'a', sizeof url - 1);
+		url[sizeof url - 1] = '\0';
+		memcpy(url, "http://", 7);
+		memcpy(url + sizeof url - 4, ":80", 3);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "--peers") && strstr(out, "aaaa:80'"), "%s", out);
+		memmove(url + 7, url + 8, strlen(url + 8) + 1);   /* TS_CONFIG_PEER_URL_MAX: fine */
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv), TS_CONFIG_RUN);
+	}
+	{
+		struct ts_config c;
+		char out[512] = "";
+		char *argv[] = {"tstaged"};
+		char *argv2[] = {"tstaged", "--fleet-port", "70000"};
+
+		setenv("TSTAGE_PEERS", "http://x:1", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_RUN);
+		ck_assert_str_eq(c.peers, "http://x:1");
+		ck_assert_int_eq(c.fleet_port, 0);
+		setenv("TSTAGE_PEERS", "http://x", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "TSTAGE_PEERS") && strstr(out, "'http://x'"), "%s", out);
+		unsetenv("TSTAGE_PEERS");
+		setenv("TSTAGE_PEERS_DNS", "tstaged.tstage.svc.cluster.local", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_RUN);
+		ck_assert_str_eq(c.peers_dns, "tstaged.tstage.svc.cluster.local");
+		setenv("TSTAGE_PEERS_DNS", "a/b", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_EXIT_USAGE);
+		ck_assert_msg(strstr(out, "TSTAGE_PEERS_DNS"), "%s", out);
+		unsetenv("TSTAGE_PEERS_DNS");
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv2), TS_CONFIG_EXIT_USAGE);
+		ck_assert_ptr_nonnull(strstr(out, "--fleet-port"));
+	}
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("config");
@@ -229,6 +331,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_pinned_host_keep_forms);
 	tcase_add_test(tc, test_help_and_version);
 	tcase_add_test(tc, test_connection_limits);
+	tcase_add_test(tc, test_peers_and_fleet_port);
 	suite_add_tcase(s, tc);
 	return s;
 }

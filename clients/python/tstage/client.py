@@ -262,6 +262,14 @@ class Client:
         """The dashboard view: every space's stats, array and transfer totals."""
         return self._t.json("GET", "/v1/memory")
 
+    def fleet(self, scope: str = "fleet") -> List[Dict[str, Any]]:
+        """Every node of the fleet (``GET /v1/fleet``): this one first, then each
+        peer of ``--peers``, with its ``host``, ``url``, ``version``,
+        ``reachable`` (an ``error`` with the reason when not), ``last_contact``
+        and ``devices`` as its ``/v1/devices`` lists them. ``scope="local"``:
+        this node alone."""
+        return self._t.json("GET", "/v1/fleet", query={"scope": scope})["nodes"]
+
     def reset_peak(self) -> Dict[str, Any]:
         """Sets every space's peak to its current use."""
         return self._t.json("POST", "/v1/memory:resetPeak", idempotent=True)

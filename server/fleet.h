@@ -1,0 +1,50 @@
+/*
+ * fleet.h - the fleet view: the other tstaged daemons that --peers names
+ * (and the addresses of --peers-dns, resolved again every 10 s), polled over
+ * the same HTTP API with the same token.
+ *
+ * A poller thread asks every peer GET /v1/fleet?scope=local (its host,
+ * version and devices as /v1/devices writes them) about once a second, all
+ * peers at once with a short timeout each; a peer that does not answer in
+ * time, or answers anything but 200 with that body, is unreachable, with
+ * the reason. Each peer's latest node object is replaced whole after each
+ * poll and never changed once published; a reader copies them under a
+ * short lock and formats outside it: GET /v1/fleet never waits on a peer.
+ *
+ * Thread-safety: ts_fleet_nodes may run on any threads at once; new and
+ * free on one.
+ */
+#ifndef TS_FLEET_H
+#define TS_FLEET_H
+
+#include <jansson.h>
+
+#include "common/status.h"
+
+struct ts_fleet;
+struct ts_metrics;
+
+struct ts_fleet_config {
+	const char *peers;               /* --peers as validated by config.c; "" none */
+	const char *peers_dns;           /* --peers-dns: a name whose addresses are peers */
+	const char *bind;                /* --bind: the address that is this daemon's own */
+	int port;                        /* the DNS peers' port (this daemon's) */
+	const char *token;               /* bearer token sent to peers; "" none */
+	struct ts_metrics *metrics;      /* tstage_fleet_peers; borrowed */
+	int interval_ms;                 /* between the starts of two polls */
+	int timeout_ms;                  /* one poll of one peer, connecting included */
+};
+
+/* Starts polling (no thread without peers): *out, or an error. */
+ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
+                       struct ts_error *err);
+
+/* Stops the poller (an answer in flight is abandoned) and frees f; NULL is
+ * fine. */
+void ts_fleet_free(struct ts_fleet *f);
+
+/* A new array of copies of every peer's node object, in --peers order;
+ * NULL when out of memory. */
+json_t *ts_fleet_nodes(struct ts_fleet *f);
+
+#endif

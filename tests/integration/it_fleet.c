@@ -1,0 +1,423 @@
+/*
+ * it_fleet.c - the fleet view against live daemons on loopback: three
+ * tstaged naming each other in --peers (one token for all) each list all
+ * three nodes, with every peer's devices as that peer's own /v1/devices
+ * writes them; a SIGSTOPped peer (it accepts, never answers) and a killed
+ * one (nothing listens) are marked unreachable with the reason within a
+ * bound while /v1/fleet and /livez keep answering without waiting on them,
+ * and a resumed one is reachable again (each change logged once); a peer with another token is
+ * unreachable as UNAUTHENTICATED; --peers-dns's addresses are peers, the
+ * daemon's own left out; bad --peers values are refused at start with the
+ * item at fault named.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+#define TOKEN "fleet-token-0123456789abcdefghij"
+#define NODES 3
+/* How long a peer may take to be seen reachable or unreachable: the daemon
+ * polls every second with a one-second timeout; a sanitizer build is slower. */
+#define SEEN_WITHIN_MS 15000
+
+static const char *const auth[] = {"Authorization: Bearer " TOKEN, NULL};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* A loopback port nothing listens on now (the kernel's choice, released). */
+static int free_port(void)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
+/* Starts n daemons on ports[i], host "node<i>", each naming the others as
+ * peers, all with token_files[i]. */
+static void start_fleet(struct th_daemon *d, int n, const int *ports, char token_files[][512])
+{
+	for (int i = 0; i < n; i++) {
+		char peers[512] = "", port[16], host[16];
+		const char *args[] = {"--port", port, "--host-name", host, "--peers", peers,
+		                      "--token-file", token_files[i], NULL};
+
+		for (int j = 0; j < n; j++)
+			if (j != i)
+				snprintf(peers + strlen(peers), sizeof peers - strlen(peers),
+				         "%shttp://127.0.0.1:%d", peers[0] ? "," : "", ports[j]);
+		snprintf(port, sizeof port, "%d", ports[i]);
+		snprintf(host, sizeof host, "node%d", i);
+		th_daemon_start(&d[i], args);
+		ck_assert_int_eq(d[i].port, ports[i]);
+	}
+}
+
+/* GET path with the token: 200 and a JSON object (new reference). */
+static json_t *get_auth(struct th_daemon *d, const char *path)
+{
+	struct th_response r;
+	json_t *o;
+
+	th_request(d, "GET", path, auth, NULL, 0, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld %s", path, r.status, r.body);
+	o = json_incref(th_json(&r));
+	ck_assert_msg(json_is_object(o), "GET %s: not a JSON object", path);
+	th_response_free(&r);
+	return o;
+}
+
+/* The node of d's fleet view whose url names port, borrowed from view. */
+static json_t *node_at(json_t *view, int port)
+{
+	char url[64];
+	size_t i;
+	json_t *node;
+
+	snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+	json_array_foreach(th_arr(view, "nodes"), i, node)
+		if (strcmp(th_str(node, "url"), url) == 0)
+			return node;
+	ck_abort_msg("no node at %s in the fleet view", url);
+	return NULL;
+}
+
+/* Polls d's fleet view until the node at port is (un)reachable, at most
+ * SEEN_WITHIN_MS; every /v1/fleet and /livez meanwhile must answer well
+ * within one peer timeout (it never waits on a peer). Returns that node's
+ * object (new reference). */
+static json_t *await_node(struct th_daemon *d, int port, bool reachable)
+{
+	double start = now_ms();
+
+	for (;;) {
+		double t0 = now_ms();
+		json_t *view = get_auth(d, "/v1/fleet"), *node;
+		double took = now_ms() - t0;
+
+		ck_assert_msg(took < 900, "GET /v1/fleet took %.0f ms", took);
+		t0 = now_ms();
+		ck_assert_int_eq(th_get_status(d, "/livez"), 200);
+		ck_assert_msg(now_ms() - t0 < 900, "GET /livez took %.0f ms", now_ms() - t0);
+		node = node_at(view, port);
+		if (th_bool(node, "reachable") == reachable) {
+			json_incref(node);
+			json_decref(view);
+			return node;
+		}
+		json_decref(view);
+		ck_assert_msg(now_ms() - start < SEEN_WITHIN_MS, "node at port %d still %s after %d ms",
+		              port, reachable ? "unreachable" : "reachable", SEEN_WITHIN_MS);
+		usleep(100000);
+	}
+}
+
+static void same_tokens(char files[][512], int n)
+{
+	for (int i = 0; i < n; i++)
+		th_write_temp("token", TOKEN "\n", files[i], sizeof files[i]);
+}
+
+/* Every node lists all three: itself first (self), then its peers in
+ * --peers order, each with its host, URL, version and the devices its own
+ * /v1/devices lists (their "host" its --host-name). */
+START_TEST(test_fleet_lists_every_node)
+{
+	struct th_daemon d[NODES];
+	int ports[NODES];
+	char tokens[NODES][512];
+
+	for (int i = 0; i < NODES; i++)
+		ports[i] = free_port();
+	same_tokens(tokens, NODES);
+	start_fleet(d, NODES, ports, tokens);
+	for (int i = 0; i < NODES; i++)
+		for (int j = 0; j < NODES; j++)
+			if (j != i)
+				json_decref(await_node(&d[i], ports[j], true));
+	for (int i = 0; i < NODES; i++) {
+		json_t *view = get_auth(&d[i], "/v1/fleet"), *nodes = th_arr(view, "nodes");
+		char host[16];
+		struct th_response r;
+		double v;
+
+		snprintf(host, sizeof host, "node%d", i);
+		ck_assert_str_eq(th_str(view, "host"), host);
+		ck_assert_int_eq(json_array_size(nodes), NODES);
+		ck_assert(th_bool(json_array_get(nodes, 0), "self"));
+		ck_assert_int_eq(th_int(json_array_get(nodes, 0), "fleet_port"), ports[i] + 1);
+		for (int j = 0; j < NODES; j++) {
+			json_t *node = node_at(view, ports[j]);
+			json_t *own = get_auth(&d[j], "/v1/devices"), *self = get_auth(&d[j], "/v1/fleet?scope=local");
+			json_t *devs = th_arr(node, "devices"), *dev;
+			size_t k;
+
+			snprintf(host, sizeof host, "node%d", j);
+			ck_assert_str_eq(th_str(node, "host"), host);
+			ck_assert(th_bool(node, "reachable"));
+			ck_assert(th_bool(node, "self") == (i == j));
+			ck_assert(json_is_string(json_object_get(node, "last_contact")));
+			ck_assert(!json_object_get(node, "error"));
+			ck_assert_str_eq(th_str(node, "version"),
+			                 th_str(json_array_get(th_arr(self, "nodes"), 0), "version"));
+			ck_assert_int_eq(json_array_size(devs), json_array_size(th_arr(own, "devices")));
+			json_array_foreach(devs, k, dev) {
+				json_t *want = json_array_get(th_arr(own, "devices"), k);
+
+				ck_assert_str_eq(th_str(dev, "host"), host);
+				ck_assert_str_eq(th_str(dev, "id"), th_str(want, "id"));
+				ck_assert_str_eq(th_str(dev, "backend"), th_str(want, "backend"));
+				ck_assert_int_eq(th_int(dev, "total_memory_bytes"),
+				                 th_int(want, "total_memory_bytes"));
+				ck_assert_int_eq(json_array_size(th_arr(dev, "memories")),
+				                 json_array_size(th_arr(want, "memories")));
+			}
+			json_decref(own);
+			json_decref(self);
+		}
+		json_decref(view);
+		th_get(&d[i], "/metrics", &r);
+		ck_assert(th_prom_find(r.body, "tstage_fleet_peers", "state=\"reachable\"", &v));
+		ck_assert(v == NODES - 1);
+		ck_assert(th_prom_find(r.body, "tstage_fleet_peers", "state=\"unreachable\"", &v));
+		ck_assert(v == 0);
+		th_response_free(&r);
+	}
+	for (int i = 0; i < NODES; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
+/* A stopped peer times out, a killed one refuses the connection: both are
+ * marked unreachable with the reason (and what was last known of them)
+ * while the view and /livez keep answering; a resumed peer is reachable
+ * again, and the gauge follows. */
+START_TEST(test_stopped_and_killed_peers)
+{
+	struct th_daemon d[NODES];
+	int ports[NODES];
+	char tokens[NODES][512];
+	json_t *node;
+	struct th_response r;
+	double v;
+
+	for (int i = 0; i < NODES; i++)
+		ports[i] = free_port();
+	same_tokens(tokens, NODES);
+	start_fleet(d, NODES, ports, tokens);
+	json_decref(await_node(&d[0], ports[1], true));
+	json_decref(await_node(&d[0], ports[2], true));
+
+	th_daemon_signal(&d[1], SIGSTOP);
+	node = await_node(&d[0], ports[1], false);
+	ck_assert_str_eq(th_str(th_obj(node, "error"), "reason"), "TIMEOUT");
+	ck_assert_ptr_nonnull(strstr(th_str(th_obj(node, "error"), "message"), "/v1/fleet"));
+	ck_assert_str_eq(th_str(node, "host"), "node1");    /* last known */
+	ck_assert(json_is_string(json_object_get(node, "last_contact")));
+	ck_assert_int_eq(json_array_size(th_arr(node, "devices")), 0);
+	json_decref(node);
+	{
+		char *log = th_daemon_stderr(&d[0]), want[120];
+
+		snprintf(want, sizeof want, "\"peer\":\"http://127.0.0.1:%d\",\"state\":\"unreachable\","
+		         "\"reason\":\"TIMEOUT\"", ports[1]);
+		ck_assert_msg(strstr(log, "\"event\":\"fleet_peer\"") && strstr(log, want),
+		              "no unreachable line for the stopped peer in: %s", log);
+		free(log);
+	}
+
+	th_daemon_signal(&d[2], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[2], 10000), -1);
+	node = await_node(&d[0], ports[2], false);
+	ck_assert_str_eq(th_str(th_obj(node, "error"), "reason"), "CONNECT_FAILED");
+	json_decref(node);
+	th_get(&d[0], "/metrics", &r);
+	ck_assert(th_prom_find(r.body, "tstage_fleet_peers", "state=\"reachable\"", &v) && v == 0);
+	ck_assert(th_prom_find(r.body, "tstage_fleet_peers", "state=\"unreachable\"", &v) && v == 2);
+	th_response_free(&r);
+
+	th_daemon_signal(&d[1], SIGCONT);
+	node = await_node(&d[0], ports[1], true);
+	ck_assert_str_eq(th_str(node, "host"), "node1");
+	ck_assert_int_gt(json_array_size(th_arr(node, "devices")), 0);
+	json_decref(node);
+	th_get(&d[0], "/metrics", &r);
+	ck_assert(th_prom_find(r.body, "tstage_fleet_peers", "state=\"reachable\"", &v) && v == 1);
+	th_response_free(&r);
+	th_daemon_stop_ok(&d[0]);
+	th_daemon_stop_ok(&d[1]);
+	th_daemon_stop(&d[2], false);   /* the killed daemon's client and files */
+}
+END_TEST
+
+/* Peers present the daemon's own token: one that holds another is
+ * unreachable as UNAUTHENTICATED, never listed with devices. */
+START_TEST(test_peer_with_another_token)
+{
+	struct th_daemon d[2];
+	int ports[2] = {free_port(), free_port()};
+	char tokens[2][512];
+	json_t *node;
+
+	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
+	th_write_temp("token2", "another-token-0123456789abcdef\n", tokens[1], sizeof tokens[1]);
+	start_fleet(d, 2, ports, tokens);
+	/* node0's first polls may end before node1 listens (CONNECT_FAILED) */
+	for (double start = now_ms();; usleep(100000)) {
+		node = await_node(&d[0], ports[1], false);
+		if (strcmp(th_str(th_obj(node, "error"), "reason"), "UNAUTHENTICATED") == 0 ||
+		    now_ms() - start > SEEN_WITHIN_MS)
+			break;
+		json_decref(node);
+	}
+	ck_assert_str_eq(th_str(th_obj(node, "error"), "reason"), "UNAUTHENTICATED");
+	ck_assert_ptr_nonnull(strstr(th_str(th_obj(node, "error"), "message"), "401"));
+	ck_assert(json_is_null(json_object_get(node, "host")));
+	ck_assert(json_is_null(json_object_get(node, "last_contact")));
+	json_decref(node);
+	th_daemon_stop_ok(&d[0]);
+	th_daemon_stop_ok(&d[1]);
+}
+END_TEST
+
+/* Without peers the view is this node alone; scope=local is this node in
+ * any case; another scope is a 400 naming it. */
+START_TEST(test_view_alone_and_scopes)
+{
+	struct th_daemon d;
+	struct th_response r;
+	json_t *view, *devs;
+
+	th_daemon_start(&d, NULL);
+	view = th_get_json(&d, "/v1/fleet", &r);
+	ck_assert_int_eq(json_array_size(th_arr(view, "nodes")), 1);
+	ck_assert(th_bool(json_array_get(th_arr(view, "nodes"), 0), "self"));
+	devs = th_arr(json_array_get(th_arr(view, "nodes"), 0), "devices");
+	ck_assert_str_eq(th_str(json_array_get(devs, 0), "id"), th_dev(0));
+	th_response_free(&r);
+	view = th_get_json(&d, "/v1/fleet?scope=local", &r);
+	ck_assert_int_eq(json_array_size(th_arr(view, "nodes")), 1);
+	th_response_free(&r);
+	th_get(&d, "/v1/fleet?scope=everywhere", &r);
+	th_assert_error(&r, 400, "INVALID_ARGUMENT", "BAD_SCOPE");
+	ck_assert_ptr_nonnull(strstr(r.body, "everywhere"));
+	th_response_free(&r);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* --peers-dns: every address of the name is a peer at this daemon's
+ * --port, less the daemon's own: of two daemons on one port, on 127.0.0.1
+ * and 127.0.0.2, both with --peers-dns localhost (which the test host
+ * resolves to 127.0.0.1, and perhaps ::1), the second lists the first and
+ * the first never lists itself as a peer. */
+START_TEST(test_peers_from_dns)
+{
+	struct th_daemon a, b;
+	char port[16], url_b[64];
+	const char *args_b[] = {"--bind", "127.0.0.1", "--port", port, "--host-name", "dns-b",
+	                        "--peers-dns", "localhost", NULL};
+	const char *args_a[] = {"--bind", "127.0.0.2", "--port", port, "--host-name", "dns-a",
+	                        "--peers-dns", "localhost", NULL};
+	json_t *node, *view;
+	struct th_response r;
+	size_t i;
+	int p = free_port();
+
+	snprintf(port, sizeof port, "%d", p);
+	snprintf(url_b, sizeof url_b, "http://127.0.0.1:%d", p);
+	th_daemon_start(&b, args_b);
+	th_daemon_start(&a, args_a);
+	snprintf(a.base_url, sizeof a.base_url, "http://127.0.0.2:%d", p);
+	node = await_node(&a, p, true);
+	ck_assert_str_eq(th_str(node, "host"), "dns-b");
+	ck_assert(!th_bool(node, "self"));
+	json_decref(node);
+	view = th_get_json(&b, "/v1/fleet", &r);
+	json_array_foreach(th_arr(view, "nodes"), i, node)
+		ck_assert_msg(th_bool(node, "self") || strcmp(th_str(node, "url"), url_b) != 0,
+		              "dns-b lists itself as a peer");
+	ck_assert_str_eq(th_str(json_array_get(th_arr(view, "nodes"), 0), "host"), "dns-b");
+	th_response_free(&r);
+	th_daemon_stop_ok(&a);
+	th_daemon_stop_ok(&b);
+}
+END_TEST
+
+START_TEST(test_bad_peers_refused_at_start)
+{
+	static const char *const bad[][2] = {
+		{"127.0.0.1:8470", "'127.0.0.1:8470'"},
+		{"http://127.0.0.1:8470,https://b:1", "'https://b:1'"},
+		{"http://127.0.0.1", "'http://127.0.0.1'"},
+		{"http://127.0.0.1:0", "'http://127.0.0.1:0'"},
+		{"http://a:1,,http://b:2", "peer ''"},
+	};
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		const char *args[] = {"--port", "0", "--peers", bad[i][0], NULL};
+		struct th_run_result res;
+
+		th_run(args, NULL, 10000, &res);
+		ck_assert_int_eq(res.status, 2);
+		ck_assert_msg(strstr(res.err, "--peers") && strstr(res.err, bad[i][1]),
+		              "stderr '%s' should name --peers and %s", res.err, bad[i][1]);
+		th_run_free(&res);
+	}
+	{
+		const char *args[] = {"--port", "0", "--peers-dns", "tstage.test", NULL};
+		const char *args2[] = {"--port", "0", "--peers-dns", "bad name", NULL};
+		struct th_run_result res;
+
+		th_run(args, NULL, 10000, &res);
+		ck_assert_int_ne(res.status, 0);
+		ck_assert_msg(strstr(res.err, "--peers-dns needs a fixed --port"), "%s", res.err);
+		th_run_free(&res);
+		th_run(args2, NULL, 10000, &res);
+		ck_assert_int_eq(res.status, 2);
+		ck_assert_msg(strstr(res.err, "'bad name' for --peers-dns"), "%s", res.err);
+		th_run_free(&res);
+	}
+}
+END_TEST
+
+Suite *th_suite(void)
+{
+	Suite *s = suite_create("fleet");
+	TCase *view = tcase_create("view"), *faults = tcase_create("faults");
+	TCase *flags = tcase_create("flags");
+
+	tcase_set_timeout(view, 120);
+	tcase_set_timeout(faults, 120);
+	tcase_add_test(view, test_fleet_lists_every_node);
+	tcase_add_test(view, test_view_alone_and_scopes);
+	tcase_add_test(view, test_peers_from_dns);
+	tcase_add_test(faults, test_stopped_and_killed_peers);
+	tcase_add_test(faults, test_peer_with_another_token);
+	tcase_add_test(flags, test_bad_peers_refused_at_start);
+	suite_add_tcase(s, view);
+	suite_add_tcase(s, faults);
+	suite_add_tcase(s, flags);
+	return s;
+}
