@@ -36,8 +36,9 @@ BUILD     ?= build/$(if $(FAULT_DIR),$(FAULT_DIR)-)san-$(subst $(comma),-,$(SANI
 endif
 comma := ,
 
-# libcurl: the fleet's poller asks the peers of --peers (server/fleet.c)
-PKGS      := libmicrohttpd jansson libcurl
+# libcurl: the fleet's poller asks the peers of --peers (server/fleet.c);
+# hwloc: the node's NUMA topology and device locality (device/topology.c)
+PKGS      := libmicrohttpd jansson libcurl hwloc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
