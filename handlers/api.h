@@ -24,6 +24,7 @@
 
 #include "common/status.h"
 #include "device/device.h"
+#include "device/topology.h"
 #include "jobs/env.h"
 
 struct ts_reply;
@@ -40,6 +41,7 @@ struct ts_core {
 	const char *data_dir_given;          /* --data-dir as configured (another spelling) */
 	uint64_t wait_limit_ns;              /* longest a waiting call holds its connection */
 	struct ts_device *default_device;
+	const struct ts_topology *topology;  /* NUMA nodes and device locality (device/topology.h) */
 	enum ts_memory_kind default_memory_kind;
 	const char *version;
 	const char *host;

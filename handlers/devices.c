@@ -41,6 +41,9 @@ static json_t *device_json(const struct ts_core *core, struct ts_device *dev)
 		json_object_set_new(o, "compute_capability", json_string(cc));
 		json_object_set_new(o, "pci_bus_id", json_string(pr->pci_bus_id));
 	}
+	if (o)
+		json_object_update_new(o, ts_h_device_place_json(
+		                              ts_topology_device_find(core->topology, pr->id)));
 	return o;
 }
 

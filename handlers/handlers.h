@@ -26,6 +26,12 @@ ts_handler_fn ts_h_devices_list;
 json_t *ts_h_devices_json(const struct ts_core *core);
 ts_handler_fn ts_h_devices_get;
 ts_handler_fn ts_h_devices_memory_stats;
+/* topology.c: GET /v1/topology and its body {"source", "discovery_ms",
+ * "numa_nodes": [...], "devices": [...]} (also the start log's topology line) */
+ts_handler_fn ts_h_topology_get;
+json_t *ts_h_topology_json(const struct ts_core *core);
+/* {"numa_node", "local_cpus"} of a device's placement: null where unknown */
+json_t *ts_h_device_place_json(const struct ts_topology_device *d);
 
 /* arrays.c */
 ts_handler_fn ts_h_arrays_list;

@@ -39,6 +39,12 @@ static const struct opt options[] = {
 	 "simulated accelerators (0: none; -1: 2 when no CUDA device)"},
 	{"sim-device-memory", OPT_SIZE, F(sim_device_memory), 0, 0, "2GiB",
 	 "device memory of each simulated accelerator"},
+	{"sim-numa-nodes", OPT_STRING, F(sim_numa_nodes), 0, 0, "none",
+	 "NUMA node of each simulated accelerator, one index per sim device (\"0,0,1,1\"); "
+	 "GET /v1/topology reports them"},
+	{"topology-file", OPT_STRING, F(topology_file), 0, 0, "this machine",
+	 "hwloc XML file of the node's topology (lstopo --of xml), read instead of "
+	 "discovering this machine's"},
 	{"device-memory-fraction", OPT_FRACTION, F(device_memory_fraction), 0, 0, "0.75",
 	 "share of each GPU's free memory the device pool reserves"},
 	{"preallocate", OPT_BOOL, F(preallocate), 0, 0, "false",

@@ -38,6 +38,8 @@ struct ts_config {
 	int worker_fill;                 /* connections a small worker takes before the next */
 	int sim_devices;                 /* -1: 2 when no GPU, else 0 */
 	uint64_t sim_device_memory;
+	char sim_numa_nodes[256];        /* NUMA node of each sim device ("0,0,1,1"); "" none */
+	char topology_file[512];         /* hwloc XML of the node; "": discover this machine */
 	double device_memory_fraction;
 	bool preallocate;
 	uint64_t pinned_host_limit;      /* 0: a quarter of physical memory (or cgroup limit) */

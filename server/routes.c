@@ -25,6 +25,7 @@
 	X("GET", "/v1/devices/{device}", ts_h_devices_get, NULL, NULL, TS_BODY_NONE, false, "") \
 	X("GET", "/v1/devices/{device}/memory_stats", ts_h_devices_memory_stats, NULL, NULL,   \
 	  TS_BODY_NONE, false, "memory_kind")                                                  \
+	X("GET", "/v1/topology", ts_h_topology_get, NULL, NULL, TS_BODY_NONE, false, "")      \
 	X("GET", "/v1/fleet", NULL, ts_s_fleet, NULL, TS_BODY_NONE, false, "scope")           \
 	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "")           \
 	X("POST", "/v1/memory:resetPeak", ts_h_memory_reset_peak, NULL, NULL, TS_BODY_JSON,    \

@@ -162,6 +162,10 @@ static void log_start(const struct ts_server *srv)
 		c->max_connections_per_ip, "connection_timeout", c->connection_timeout,
 		"body_idle_timeout", c->body_idle_timeout, "body_min_rate",
 		(json_int_t)c->body_min_rate);
+	if (f) {
+		json_object_set_new(f, "topology_file", ts_json_text(c->topology_file));
+		json_object_set_new(f, "sim_numa_nodes", json_string(c->sim_numa_nodes));
+	}
 
 	ts_log_json(TS_LOG_INFO, f, "tstaged %s starting with this configuration", ts_version);
 }
@@ -189,6 +193,40 @@ static void log_devices(const struct ts_server *srv)
 			       ts_backend_name(bi.kind), bi.device_count, bi.device_count == 1 ? "" : "s",
 			       bi.detail);
 	}
+}
+
+/* The node's NUMA topology and where each device sits in it: loaded, placed
+ * and logged (one line, GET /v1/topology's body) before the pools exist. */
+static ts_status discover_topology(struct ts_server *srv, struct ts_error *err)
+{
+	int sim_numa[64];
+	size_t nsim = 0;
+	struct ts_core view = {.env = {.devices = srv->devices}};
+	ts_status st;
+	json_t *f;
+
+	if (srv->cfg.sim_numa_nodes[0]) {
+		st = ts_topology_parse_list(srv->cfg.sim_numa_nodes, sim_numa,
+		                            sizeof sim_numa / sizeof sim_numa[0], &nsim, err);
+		if (st != TS_OK)
+			return st;
+	}
+	st = ts_topology_new(&(struct ts_topology_config){
+	                             .xml_file = srv->cfg.topology_file,
+	                             .sim_numa_nodes = srv->cfg.sim_numa_nodes[0] ? sim_numa : NULL,
+	                             .sim_numa_count = nsim},
+	                     srv->devices, &srv->topology, err);
+	if (st != TS_OK)
+		return st;
+	view.topology = srv->topology;
+	f = ts_h_topology_json(&view);
+	if (f)
+		json_object_set_new(f, "event", json_string("topology"));
+	ts_log_json(TS_LOG_INFO, f, "topology from %s: %zu NUMA node%s, discovered in %.1f ms",
+	            ts_topology_source(srv->topology), ts_topology_numa_count(srv->topology),
+	            ts_topology_numa_count(srv->topology) == 1 ? "" : "s",
+	            (double)ts_topology_discovery_ns(srv->topology) / 1e6);
+	return TS_OK;
 }
 
 /* Leases map host memory into clients: which pages they are handed. */
@@ -319,6 +357,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		goto out_free;
 	log_devices(srv);
 	log_device_list(srv);
+	st = discover_topology(srv, err);
+	if (st != TS_OK)
+		goto out_free;
 	mcfg = (struct ts_memory_config){
 		.device_memory_fraction = cfg->device_memory_fraction,
 		.pinned_host_limit = cfg->pinned_host_limit,
@@ -359,6 +400,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.data_dir_given = srv->data_dir[0] ? srv->cfg.data_dir : NULL,
 		.wait_limit_ns = (uint64_t)cfg->wait_limit * 1000000000ull,
 		.default_device = srv->core.default_device,
+		.topology = srv->topology,
 		.default_memory_kind = cfg->default_memory_kind,
 		.version = ts_version,
 		.host = ts_device_props(srv->core.default_device)->host,
@@ -541,6 +583,7 @@ void ts_server_free(struct ts_server *srv)
 	ts_model_registry_free(srv->core.env.models);
 	ts_stager_free(srv->stager);
 	ts_memory_free(srv->memory);
+	ts_topology_free(srv->topology);
 	ts_device_set_free(srv->devices);
 	free(srv);
 }

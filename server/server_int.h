@@ -36,6 +36,7 @@ struct ts_server {
 	struct ts_config cfg;            /* immutable after init */
 	struct ts_core core;             /* immutable after init */
 	struct ts_device_set *devices;   /* owned */
+	struct ts_topology *topology;    /* owned */
 	struct ts_memory *memory;        /* owned */
 	struct ts_metrics *metrics;      /* owned */
 	struct ts_router *router;        /* owned; ts_routes prepared for matching */

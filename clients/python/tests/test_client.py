@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tstage
-from conftest import Daemon
+from conftest import ROOT, Daemon
 
 
 def status(code, name, reason, message="m", metadata=None):
@@ -220,3 +220,19 @@ def test_unix_socket(tmp_path, monkeypatch):
     assert not os.path.exists(sock)
     with pytest.raises(tstage.TransportError):
         tstage.Client(unix_socket=sock, retries=1, backoff=0.01).devices()
+
+
+def test_topology_of_a_two_socket_file():
+    xml = str(ROOT / "tests" / "data" / "two_socket.xml")
+    d = Daemon(["--topology-file", xml, "--sim-numa-nodes", "0,1"])
+    try:
+        c = tstage.Client(d.url)
+        t = c.topology()
+        assert t["source"] == xml
+        assert [(n["index"], n["cpuset"]) for n in t["numa_nodes"]] == [(0, "0-7"), (1, "8-15")]
+        assert [(x["id"], x["numa_node"]) for x in t["devices"]] == [
+            ("sim:0", 0), ("sim:1", 1), ("cpu:0", None)]
+        assert c.device("sim:1")["local_cpus"] == "8-15"
+    finally:
+        d.stop()
+    assert d.proc.returncode == 0

@@ -249,6 +249,12 @@ class Client:
         """Every device with its memories and their live stats."""
         return self._t.json("GET", "/v1/devices")["devices"]
 
+    def topology(self) -> Dict[str, Any]:
+        """The node's NUMA nodes (``index``, ``memory_bytes``, ``cpuset``) and each
+        device's ``numa_node`` and ``local_cpus``, as discovered at start, with
+        the ``source`` ("machine" or the ``--topology-file``)."""
+        return self._t.json("GET", "/v1/topology")
+
     def device(self, device: str) -> Dict[str, Any]:
         """One device (``sim:0``, ``cuda:1``, ``cpu:0``)."""
         return self._t.json("GET", f"/v1/devices/{quote_name(device)}")
