@@ -3,12 +3,16 @@
  * from hwloc, against the XML files of a one-socket and a two-socket node
  * (tests/data, read relative to the checkout: run from its root, or set
  * TS_TEST_DATA) and against this machine; bad --sim-numa-nodes lists and
- * unreadable files refused.
+ * unreadable files refused. Case "cuda" places the CUDA GPUs of this
+ * machine by PCI bus id in the two-socket file: a GPU whose bus id the file
+ * holds must sit on that GPU's socket, any other is unknown (tests/gpu/
+ * fakecuda.sh runs it with the file's eight bus ids).
  */
 #include <check.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "device/device.h"
 #include "device/topology.h"
@@ -216,10 +220,57 @@ START_TEST(test_parse_list)
 }
 END_TEST
 
+START_TEST(test_cuda_gpus_placed_by_bus_id)
+{
+	/* the GPUs of tests/data/two_socket.xml: four under each package */
+	static const struct {
+		const char *bus;
+		int numa;
+		const char *cpus;
+	} gpus[] = {
+		{"0000:11:00.0", 0, "0-7"}, {"0000:12:00.0", 0, "0-7"}, {"0000:13:00.0", 0, "0-7"},
+		{"0000:14:00.0", 0, "0-7"}, {"0000:81:00.0", 1, "8-15"}, {"0000:82:00.0", 1, "8-15"},
+		{"0000:83:00.0", 1, "8-15"}, {"0000:84:00.0", 1, "8-15"},
+	};
+	struct ts_device_config cfg = {.sim_devices = 0, .cuda = true, .host = "testhost"};
+	struct ts_device_set *set = NULL;
+	struct ts_topology *t;
+	struct ts_error err;
+	size_t placed = 0;
+
+	ts_error_clear(&err);
+	ck_assert_msg(ts_device_set_new(&cfg, &set, &err) == TS_OK, "%s", err.message);
+	t = load(data("two_socket.xml"), set, NULL, 0);
+	for (size_t i = 0; i < ts_device_set_count(set); i++) {
+		const struct ts_device_props *pr = ts_device_props(ts_device_set_at(set, i));
+		const struct ts_topology_device *d = ts_topology_device_find(t, pr->id);
+		size_t g = 0;
+
+		if (pr->backend != TS_BACKEND_CUDA)
+			continue;
+		while (g < sizeof gpus / sizeof gpus[0] && strcasecmp(gpus[g].bus, pr->pci_bus_id))
+			g++;
+		ck_assert_ptr_nonnull(d);
+		if (g == sizeof gpus / sizeof gpus[0]) {
+			ck_assert_msg(d->numa_node == -1 && !d->local_cpus[0],
+			              "%s (%s) is not in the file but placed on %d", pr->id,
+			              pr->pci_bus_id, d->numa_node);
+			continue;
+		}
+		ck_assert_int_eq(d->numa_node, gpus[g].numa);
+		ck_assert_str_eq(d->local_cpus, gpus[g].cpus);
+		placed++;
+	}
+	fprintf(stderr, "topology: %zu GPUs placed by bus id\n", placed);
+	ts_topology_free(t);
+	ts_device_set_free(set);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("topology");
-	TCase *tc = tcase_create("core");
+	TCase *tc = tcase_create("core"), *cuda = tcase_create("cuda");
 
 	tcase_add_test(tc, test_two_socket_places_sim_devices_by_list);
 	tcase_add_test(tc, test_two_socket_without_list_leaves_sim_devices_unknown);
@@ -227,6 +278,8 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_this_machine);
 	tcase_add_test(tc, test_bad_lists_and_files_are_refused);
 	tcase_add_test(tc, test_parse_list);
+	tcase_add_test(cuda, test_cuda_gpus_placed_by_bus_id);
 	suite_add_tcase(s, tc);
+	suite_add_tcase(s, cuda);
 	return s;
 }
