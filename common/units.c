@@ -113,3 +113,18 @@ uint64_t ts_wall_ns(void)
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+bool ts_format_rfc3339(char *buf, size_t cap, uint64_t ns)
+{
+	time_t secs = (time_t)(ns / 1000000000ull);
+	struct tm tm;
+
+	if (cap)
+		buf[0] = 0;
+	if (!ns || !gmtime_r(&secs, &tm))
+		return false;
+	snprintf(buf, cap, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
+	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+	         (unsigned)(ns % 1000000000ull / 1000));
+	return true;
+}

@@ -32,4 +32,10 @@ uint64_t ts_now_ns(void);
 /* Wall clock, nanoseconds since the epoch. */
 uint64_t ts_wall_ns(void);
 
+/* Formats ns since the epoch as RFC 3339 UTC with microseconds
+ * ("2026-12-03T13:28:18.123456Z") into buf (32 bytes suffice); false, buf
+ * empty, for 0 (never) or a time gmtime cannot break down. The one time
+ * formatter of every answer. */
+bool ts_format_rfc3339(char *buf, size_t cap, uint64_t ns);
+
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/units.h"
 #include "formats/dtype.h"
 
 /* ---- shardings ------------------------------------------------------------------------ */
@@ -82,14 +83,9 @@ json_t *ts_render_sharding(const struct ts_sharding *s)
 
 static json_t *time_json(uint64_t ns)
 {
-	time_t secs = (time_t)(ns / 1000000000ull);
-	struct tm tm;
 	char buf[48];
 
-	gmtime_r(&secs, &tm);
-	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
-	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-	         (unsigned)(ns % 1000000000ull / 1000));
+	ts_format_rfc3339(buf, sizeof buf, ns);
 	return json_string(buf);
 }
 

@@ -73,16 +73,9 @@ struct ts_fleet {
 /* RFC 3339 UTC with microseconds; JSON null for 0 (never). */
 static json_t *time_json(uint64_t ns)
 {
-	time_t secs = (time_t)(ns / 1000000000ull);
-	struct tm tm;
 	char buf[48];
 
-	if (!ns || !gmtime_r(&secs, &tm))
-		return json_null();
-	snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%06uZ", tm.tm_year + 1900,
-	         tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-	         (unsigned)(ns % 1000000000ull / 1000));
-	return json_string(buf);
+	return ts_format_rfc3339(buf, sizeof buf, ns) ? json_string(buf) : json_null();
 }
 
 static json_t *str_or_null(const char *s)

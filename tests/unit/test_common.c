@@ -358,6 +358,20 @@ START_TEST(test_size_parse)
 }
 END_TEST
 
+/* RFC 3339 UTC with microseconds; 0 is never (false, empty). */
+START_TEST(test_rfc3339_format)
+{
+	char buf[32];
+
+	ck_assert(ts_format_rfc3339(buf, sizeof buf, 1764768498123456789ull));
+	ck_assert_str_eq(buf, "2025-12-03T13:28:18.123456Z");
+	ck_assert(ts_format_rfc3339(buf, sizeof buf, 1));
+	ck_assert_str_eq(buf, "1970-01-01T00:00:00.000000Z");
+	ck_assert(!ts_format_rfc3339(buf, sizeof buf, 0));
+	ck_assert_str_eq(buf, "");
+}
+END_TEST
+
 START_TEST(test_size_format)
 {
 	char buf[32];
@@ -737,6 +751,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_locks_know_their_holder);
 	tcase_add_test(tc, test_size_parse);
 	tcase_add_test(tc, test_size_format);
+	tcase_add_test(tc, test_rfc3339_format);
 	tcase_add_test(tc, test_long_parse);
 	tcase_add_test(tc, test_json_escape);
 	tcase_add_test(tc, test_log_levels);
