@@ -163,6 +163,14 @@ static unsigned blocks_for(const struct cuda_kernels *ck, uint64_t n)
 
 static_assert(THREADS == TS_RED_LANES, "a reduction block is one lane per thread");
 
+/* A row kernel's lanes: one block per row of n <= THREADS values is only as
+ * wide as the row needs (row_threads()), its lanes taking elements t,
+ * t + blockDim.x, ...; the tree below then starts at blockDim.x / 2. That
+ * is still TS_RED_LANES' order: a lane past the row holds +0.0 (a lane's
+ * double sum starts at +0.0 and is never -0.0), so the levels a narrower
+ * block skips would only have added +0.0 to each sum, which changes none. */
+#define ROW_STRIDE(i, n) for (uint64_t i = threadIdx.x; i < (n); i += blockDim.x)
+
 __global__ static void k_act_fwd(int act, const float *in, float *out, uint64_t n)
 {
 	GRID_STRIDE(i, n)
@@ -342,15 +350,16 @@ __global__ static void k_xent_mean(float *loss, uint64_t rows)
 /* ---- transformer blocks ---- */
 
 /* The sum of every thread's v in the lanes' tree order (kernels_math.h),
- * in part (THREADS doubles of shared memory), valid in every thread on
- * return; part may be used again at once. */
+ * in part (THREADS doubles of shared memory; a row kernel's block may be
+ * narrower, ROW_STRIDE), valid in every thread on return; part may be used
+ * again at once. */
 __device__ static double block_sum(double v, double *part)
 {
 	double s;
 
 	part[threadIdx.x] = v;
 	__syncthreads();
-	for (unsigned k = THREADS / 2; k > 0; k >>= 1) {
+	for (unsigned k = blockDim.x / 2; k > 0; k >>= 1) {
 		if (threadIdx.x < k)
 			part[threadIdx.x] += part[threadIdx.x + k];
 		__syncthreads();
@@ -367,7 +376,7 @@ __device__ static float block_max(float v, float *part)
 
 	part[threadIdx.x] = v;
 	__syncthreads();
-	for (unsigned k = THREADS / 2; k > 0; k >>= 1) {
+	for (unsigned k = blockDim.x / 2; k > 0; k >>= 1) {
 		if (threadIdx.x < k)
 			part[threadIdx.x] = fmaxf(part[threadIdx.x], part[threadIdx.x + k]);
 		__syncthreads();
@@ -389,15 +398,15 @@ __global__ static void k_ln_fwd(const float *x, const float *g, const float *b, 
 		float *yr = y + r * (uint64_t)d, mean, rstd;
 		double s = 0.0, v = 0.0, m;
 
-		LANE_STRIDE(c, (uint64_t)d)
+		ROW_STRIDE(c, (uint64_t)d)
 			s += (double)xr[c];
 		m = block_sum(s, part) / (double)d;
-		LANE_STRIDE(c, (uint64_t)d)
+		ROW_STRIDE(c, (uint64_t)d)
 			v += ts_m_ln_dev_sq(xr[c], m);
 		v = block_sum(v, part);
 		mean = (float)m;
 		rstd = ts_m_ln_rstd(v, d, eps);
-		LANE_STRIDE(c, (uint64_t)d)
+		ROW_STRIDE(c, (uint64_t)d)
 			yr[c] = ts_m_ln_out(ts_m_ln_xhat(xr[c], mean, rstd), g[c], b[c]);
 		if (threadIdx.x == 0) {
 			stats[2 * r] = mean;
@@ -417,13 +426,13 @@ __global__ static void k_ln_bwd_rows(const float *x, const float *g, const float
 		float *dxr = dx + r * (uint64_t)d, mean = stats[2 * r], rstd = stats[2 * r + 1];
 		double s1 = 0.0, s2 = 0.0;
 
-		LANE_STRIDE(c, (uint64_t)d)
+		ROW_STRIDE(c, (uint64_t)d)
 			s1 += (double)ts_m_ln_dyg(dyr[c], g[c]);
 		s1 = block_sum(s1, part);
-		LANE_STRIDE(c, (uint64_t)d)
+		ROW_STRIDE(c, (uint64_t)d)
 			s2 += (double)ts_m_ln_dyg(dyr[c], g[c]) * (double)ts_m_ln_xhat(xr[c], mean, rstd);
 		s2 = block_sum(s2, part);
-		LANE_STRIDE(c, (uint64_t)d)
+		ROW_STRIDE(c, (uint64_t)d)
 			dxr[c] = ts_m_ln_dx(ts_m_ln_dyg(dyr[c], g[c]), ts_m_ln_xhat(xr[c], mean, rstd), rstd, s1, s2,
 			                    d);
 	}
@@ -500,13 +509,13 @@ __global__ static void k_softmax_fwd(const float *S, uint64_t rows, int T, float
 		uint64_t len = r % (uint64_t)T + 1;
 		double s = 0.0;
 
-		LANE_STRIDE(c, len)
+		ROW_STRIDE(c, len)
 			m = fmaxf(m, ts_m_att_scaled(sr[c], scale));
 		m = block_max(m, fpart);
-		LANE_STRIDE(c, len)
+		ROW_STRIDE(c, len)
 			s += ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), m);
 		s = block_sum(s, part);
-		LANE_STRIDE(c, (uint64_t)T)
+		ROW_STRIDE(c, (uint64_t)T)
 			pr[c] = c < len ? (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), m) / s)
 			                : 0.0f;
 	}
@@ -523,10 +532,10 @@ __global__ static void k_softmax_bwd(const float *P, const float *dP, uint64_t r
 		uint64_t len = r % (uint64_t)T + 1;
 		double s = 0.0;
 
-		LANE_STRIDE(c, len)
+		ROW_STRIDE(c, len)
 			s += (double)pr[c] * (double)dpr[c];
 		s = block_sum(s, part);
-		LANE_STRIDE(c, (uint64_t)T)
+		ROW_STRIDE(c, (uint64_t)T)
 			dsr[c] = c < len ? ts_m_att_grad(pr[c], dpr[c], s, scale) : 0.0f;
 	}
 }
@@ -1051,6 +1060,19 @@ static unsigned row_blocks(const struct cuda_kernels *ck, uint64_t rows)
 	return (unsigned)(rows < ck->max_blocks ? rows : ck->max_blocks);
 }
 
+/* Threads of a row kernel's block for rows of n values: the power of two
+ * that covers the row, a warp at least, THREADS at most (ROW_STRIDE); a
+ * short row (a context's scores, a narrow LayerNorm) parks no idle warps
+ * and runs fewer rounds of its reduction tree. */
+static unsigned row_threads(uint64_t n)
+{
+	unsigned t = 32;
+
+	while (t < THREADS && t < n)
+		t <<= 1;
+	return t;
+}
+
 static ts_status cuda_ln_fwd(void *impl, struct ts_queue *q, const float *x, const float *g,
                              const float *b, uint64_t rows, int d, float eps, float *y,
                              float *stats, struct ts_error *err)
@@ -1060,8 +1082,8 @@ static ts_status cuda_ln_fwd(void *impl, struct ts_queue *q, const float *x, con
 
 	if (st != TS_OK)
 		return st;
-	k_ln_fwd<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(x, g, b, rows, d, eps, y,
-	                                                              stats);
+	k_ln_fwd<<<row_blocks(ck, rows), row_threads((uint64_t)d), 0, stream_of(q)>>>(
+		x, g, b, rows, d, eps, y, stats);
 	return launched(ck, "layernorm", err);
 }
 
@@ -1075,8 +1097,8 @@ static ts_status cuda_ln_bwd(void *impl, struct ts_queue *q, const float *x, con
 	if (st != TS_OK)
 		return st;
 	if (rows > 0) {
-		k_ln_bwd_rows<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(x, g, stats, dy,
-		                                                                   rows, d, dx);
+		k_ln_bwd_rows<<<row_blocks(ck, rows), row_threads((uint64_t)d), 0, stream_of(q)>>>(
+			x, g, stats, dy, rows, d, dx);
 		st = launched(ck, "layernorm gradient", err);
 		if (st != TS_OK)
 			return st;
@@ -1191,7 +1213,8 @@ static ts_status cuda_softmax_fwd(void *impl, struct ts_queue *q, const float *S
 
 	if (st != TS_OK)
 		return st;
-	k_softmax_fwd<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(S, rows, T, scale, P);
+	k_softmax_fwd<<<row_blocks(ck, rows), row_threads((uint64_t)T), 0, stream_of(q)>>>(
+		S, rows, T, scale, P);
 	return launched(ck, "causal softmax", err);
 }
 
@@ -1204,8 +1227,8 @@ static ts_status cuda_softmax_bwd(void *impl, struct ts_queue *q, const float *P
 
 	if (st != TS_OK)
 		return st;
-	k_softmax_bwd<<<row_blocks(ck, rows), THREADS, 0, stream_of(q)>>>(P, dP, rows, T, scale,
-	                                                                   dS);
+	k_softmax_bwd<<<row_blocks(ck, rows), row_threads((uint64_t)T), 0, stream_of(q)>>>(
+		P, dP, rows, T, scale, dS);
 	return launched(ck, "causal softmax gradient", err);
 }
 

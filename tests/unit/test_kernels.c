@@ -2759,6 +2759,70 @@ START_TEST(test_cuda_matches_cpu_transformer_bit_for_bit)
 }
 END_TEST
 
+/* Rows shorter than a block's lanes (a context's scores, a narrow model's
+ * LayerNorm) run in blocks only as wide as the row needs: the same sums as
+ * the CPU's TS_RED_LANES lanes, so the same bits. Widths below a warp, at
+ * and between powers of two, and just under the block's lanes. */
+START_TEST(test_cuda_matches_cpu_short_rows_bit_for_bit)
+{
+	static const int widths[] = {1, 7, 16, 24, 32, 33, 64, 100, 128, 129, 255};
+
+	for (size_t w = 0; w < sizeof widths / sizeof widths[0]; w++) {
+		const int D = widths[w], T = widths[w], R = 3 * T, BT = 3;
+		float *x = x_inputs((size_t)R * D, 201 + (unsigned)w, -3, 5);
+		float *dy = x_inputs((size_t)R * D, 301 + (unsigned)w, -1, 1);
+		float *g = x_inputs((size_t)D, 401 + (unsigned)w, 0.5f, 1.5f);
+		float *bb = x_inputs((size_t)D, 501 + (unsigned)w, -0.5f, 0.5f);
+		float *sc = x_inputs((size_t)BT * T * T, 601 + (unsigned)w, -30, 30);
+		float *dp = x_inputs((size_t)BT * T * T, 701 + (unsigned)w, -1, 1);
+		struct xbuf X = xput(x, (size_t)R * D), DY = xput(dy, (size_t)R * D);
+		struct xbuf G = xput(g, (size_t)D), B = xput(bb, (size_t)D);
+		struct xbuf Y = xput(x, (size_t)R * D), ST = xput(x, 2 * (size_t)R);
+		struct xbuf DX = xput(x, (size_t)R * D), DG = xput(g, (size_t)D), DB = xput(g, (size_t)D);
+		struct xbuf S = xput(sc, (size_t)BT * T * T), PP = xput(sc, (size_t)BT * T * T);
+		struct xbuf DP = xput(dp, (size_t)BT * T * T);
+		char what[64];
+
+		for (int b = 0; b < 2; b++) {
+			OK(ts_k_ln_fwd(xk[b], xq[b], X.d[b], G.d[b], B.d[b], R, D, 1e-5f, Y.d[b],
+			               ST.d[b], &err));
+			OK(ts_k_ln_bwd(xk[b], xq[b], X.d[b], G.d[b], ST.d[b], DY.d[b], R, D, DX.d[b],
+			               DG.d[b], DB.d[b], &err));
+			OK(ts_k_softmax_causal_fwd(xk[b], xq[b], S.d[b], BT, T, 0.25f, PP.d[b], &err));
+			OK(ts_k_softmax_causal_bwd(xk[b], xq[b], PP.d[b], DP.d[b], BT, T, 0.25f,
+			                           DP.d[b], &err));
+		}
+		snprintf(what, sizeof what, "layernorm (rows of %d)", D);
+		xcheck(&Y, 0, 0, what);
+		xcheck(&ST, 0, 0, what);
+		snprintf(what, sizeof what, "layernorm input gradient (rows of %d)", D);
+		xcheck(&DX, 0, 0, what);
+		snprintf(what, sizeof what, "causal softmax (rows of %d)", T);
+		xcheck(&PP, 1, 0, what);
+		snprintf(what, sizeof what, "causal softmax gradient (rows of %d)", T);
+		xcheck(&DP, 2, 1e-12, what);
+		xfree(&X);
+		xfree(&DY);
+		xfree(&G);
+		xfree(&B);
+		xfree(&Y);
+		xfree(&ST);
+		xfree(&DX);
+		xfree(&DG);
+		xfree(&DB);
+		xfree(&S);
+		xfree(&PP);
+		xfree(&DP);
+		free(x);
+		free(dy);
+		free(g);
+		free(bb);
+		free(sc);
+		free(dp);
+	}
+}
+END_TEST
+
 /* The transformer blocks' cases (k_ln_*, k_add_rows, k_sum_rows, k_heads,
  * k_softmax_*, the batched products). */
 static void add_transformer(TCase *tc)
@@ -2856,6 +2920,7 @@ Suite *ts_unit_suite(void)
 		tcase_add_test(tc, test_cuda_matches_cpu_gemm);
 		tcase_add_test(tc, test_cuda_matches_cpu_tokens_bit_for_bit);
 		tcase_add_test(tc, test_cuda_matches_cpu_transformer_bit_for_bit);
+		tcase_add_test(tc, test_cuda_matches_cpu_short_rows_bit_for_bit);
 		suite_add_tcase(s, tc);
 	}
 	return s;
