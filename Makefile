@@ -121,6 +121,12 @@ IT_BIN    := $(IT_SRC:tests/integration/%.c=$(BUILD)/tests/%)
 # it_faults needs a fault-injection daemon: `make faults` runs it
 IT_FAULTS := $(BUILD)/tests/it_faults
 IT_BIN    := $(filter-out $(IT_FAULTS),$(IT_BIN))
+# the longest suites first, so that the rest fill the other core beside them
+# (tests/run_suites.sh runs TEST_JOBS at a time)
+IT_FIRST  := $(addprefix $(BUILD)/tests/,it_optax it_models it_moves it_arrays)
+IT_BIN    := $(foreach t,$(IT_FIRST),$(filter $(t),$(IT_BIN))) $(filter-out $(IT_FIRST),$(IT_BIN))
+UNIT_FIRST := $(addprefix $(BUILD)/tests/,test_kernels test_exec test_cpu_team)
+UNIT_BIN  := $(foreach t,$(UNIT_FIRST),$(filter $(t),$(UNIT_BIN))) $(filter-out $(UNIT_FIRST),$(UNIT_BIN))
 IT_COMMON := tests/integration/harness.c tests/common/spawn.c
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
@@ -227,11 +233,18 @@ run: deps
 	@$(MAKE) --no-print-directory all
 	$(DAEMON) $(ARGS)
 
+# The suites run TEST_JOBS at a time (default: one per CPU), each one's
+# output in $(BUILD)/test-logs (tests/run_suites.sh); TEST_JOBS=1 runs them
+# one after another.
+TEST_JOBS ?= $(shell nproc)
+
 unit: $(UNIT_BIN)
-	@set -e; for t in $(UNIT_BIN); do CK_DEFAULT_TIMEOUT=120 $$t; done
+	@JOBS=$(TEST_JOBS) LOGS=$(BUILD)/test-logs CK_DEFAULT_TIMEOUT=120 \
+		tests/run_suites.sh $(UNIT_BIN)
 
 integration: $(DAEMON) $(IT_BIN)
-	@set -e; for t in $(IT_BIN); do TSTAGED=$(DAEMON) CK_DEFAULT_TIMEOUT=300 $$t; done
+	@JOBS=$(TEST_JOBS) LOGS=$(BUILD)/test-logs TSTAGED=$(DAEMON) CK_DEFAULT_TIMEOUT=300 \
+		tests/run_suites.sh $(IT_BIN)
 
 # The fault-injection walk: a daemon built with FAULT=1 (build/fault), every
 # failure point of each workflow failed in turn.

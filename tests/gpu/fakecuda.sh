@@ -18,7 +18,8 @@
 #
 # Any "FAKECUDA VIOLATION" (stderr or $FAKECUDA_LOG) fails the run. Usage:
 #   tests/gpu/fakecuda.sh [plain|shuffle|delay|bundle ...]   (default: all)
-# BUILD (default build), FAKECUDA_DIR (default ../shared/fakecuda) and
+# Suites of a pass run JOBS at a time (default: one per CPU). BUILD (default
+# build), FAKECUDA_DIR (default ../shared/fakecuda) and
 # FAKECUDA_COPY_DELAY_US (default 300) may be set.
 set -u
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -38,7 +39,7 @@ if [ ! -f "$fakedir/build.sh" ]; then
 	exit 1
 fi
 mkdir -p "$logs"
-rm -f "$logs"/*.log
+rm -f "$logs"/*.log "$logs"/*.verdict
 echo "fakecuda: building the CUDA build and the stand-in"
 bins=$(ls tests/unit/test_*.c tests/integration/it_*.c |
 	sed -E "s#tests/(unit|integration)/(.*)\.c#$build/tests/\2#")
@@ -60,19 +61,40 @@ export CK_DEFAULT_TIMEOUT=300
 : >"$FAKECUDA_LOG"
 
 failed=0
-# run NAME [VAR=value ...] BINARY: one suite, its output in logs/NAME.log
+# suites of a pass run JOBS at a time (default: one per CPU): the stand-in
+# runs a suite's kernels on one thread at a time, so two suites keep two
+# cores busy; each suite's verdict is a file, read by settle
+jobs=${JOBS:-$(nproc)}
+# run NAME [VAR=value ...] BINARY: one suite in the background, its output
+# in logs/NAME.log, its verdict in logs/NAME.verdict
 run() {
-	local name=$1 t0 rc
+	local name=$1
 	shift
-	t0=$(date +%s)
-	env "$@" >"$logs/$name.log" 2>&1
-	rc=$?
-	if [ $rc -ne 0 ] || grep -q 'FAKECUDA VIOLATION' "$logs/$name.log"; then
-		echo "fakecuda: FAIL $name ($(( $(date +%s) - t0 )) s, exit $rc)"
-		grep -E ':F:|:E:|FAKECUDA VIOLATION|Checks:' "$logs/$name.log" | head -10 | sed 's/^/    /'
+	while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
+		wait -n
+	done
+	(
+		t0=$(date +%s)
+		env "$@" >"$logs/$name.log" 2>&1
+		rc=$?
+		if [ $rc -ne 0 ] || grep -q 'FAKECUDA VIOLATION' "$logs/$name.log"; then
+			{
+				echo "fakecuda: FAIL $name ($(( $(date +%s) - t0 )) s, exit $rc)"
+				grep -E ':F:|:E:|FAKECUDA VIOLATION|Checks:' "$logs/$name.log" | head -10 |
+					sed 's/^/    /'
+			} >"$logs/$name.verdict"
+		else
+			echo "fakecuda: ok   $name ($(( $(date +%s) - t0 )) s) $(grep -h 'Checks:' "$logs/$name.log" | tail -1)" \
+				>"$logs/$name.verdict"
+		fi
+		cat "$logs/$name.verdict"
+	) &
+}
+# settle: waits for every suite started by run and counts the failures
+settle() {
+	wait
+	if grep -qs '^fakecuda: FAIL' "$logs"/*.verdict; then
 		failed=1
-	else
-		echo "fakecuda: ok   $name ($(( $(date +%s) - t0 )) s) $(grep -h 'Checks:' "$logs/$name.log" | tail -1)"
 	fi
 }
 
@@ -105,6 +127,7 @@ for pass in $passes; do
 			"$build/tests/test_topology"
 		# its daemons take a small device fraction of a larger stand-in GPU
 		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
+		settle
 		;;
 	shuffle)
 		# test_exec's cuda case: its sim case and its GPT steps (cuda_gpt)
@@ -113,6 +136,7 @@ for pass in $passes; do
 		run test_exec-shuffle FAKECUDA_SHUFFLE=1 CK_RUN_CASE=cuda "$build/tests/test_exec"
 		run it_models-guide_steps-shuffle FAKECUDA_SHUFFLE=1 CK_RUN_CASE=guide_steps \
 			"$build/tests/it_models"
+		settle
 		;;
 	delay)
 		for t in test_exec test_stage test_device test_kernels; do
@@ -123,6 +147,7 @@ for pass in $passes; do
 		done
 		run it_cuda_seams-delay FAKECUDA_MEM_MB=4096 FAKECUDA_SHUFFLE=1 \
 			FAKECUDA_COPY_DELAY_US="${FAKECUDA_COPY_DELAY_US:-300}" "$build/tests/it_cuda_seams"
+		settle
 		;;
 	bundle)
 		t0=$(date +%s)
@@ -173,6 +198,7 @@ for pass in $passes; do
 		# -rs: a skip is named in the log (the module skips only without cuda)
 		run python-lease build/pyvenv/bin/pytest -q -rs -p no:cacheprovider \
 			clients/python/tests/test_cuda_lease.py
+		settle
 		;;
 	*)
 		echo "fakecuda: unknown pass '$pass' (plain, shuffle, delay, bundle)" >&2
