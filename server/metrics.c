@@ -146,6 +146,28 @@ int64_t ts_metrics_in_flight(struct ts_metrics *m)
 	return n > 0 ? n : 0;
 }
 
+uint64_t ts_metrics_requests_total(struct ts_metrics *m)
+{
+	uint64_t n = 0;
+
+	for (int k = 0; k < SHARDS; k++)
+		for (size_t i = 0; i <= m->nroutes; i++)
+			for (size_t c = 0; c <= NCODES; c++)
+				n += atomic_load_explicit(&m->shards[k].routes[i].codes[c],
+				                          memory_order_relaxed);
+	return n;
+}
+
+uint64_t ts_metrics_operations_ended(struct ts_metrics *m)
+{
+	uint64_t n = 0;
+
+	for (size_t k = 0; k < NKINDS; k++)
+		for (int s = 0; s < NOUTCOMES; s++)
+			n += atomic_load_explicit(&m->kinds[k].outcomes[s], memory_order_relaxed);
+	return n;
+}
+
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
                        uint64_t duration_ns)
 {

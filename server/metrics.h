@@ -65,6 +65,12 @@ int64_t ts_metrics_in_flight(struct ts_metrics *m);
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
                        uint64_t duration_ns);
 
+/* Requests answered since start (every route and code: the sum of
+ * tstage_http_requests_total), and operations ended (the sum of
+ * tstage_operations_total). Relaxed. */
+uint64_t ts_metrics_requests_total(struct ts_metrics *m);
+uint64_t ts_metrics_operations_ended(struct ts_metrics *m);
+
 /* Counts one operation's end (its kind, outcome and time running; the
  * bytes it moved when its unit is bytes). */
 void ts_metrics_operation_ended(struct ts_metrics *m, const struct ts_op_end *end);

@@ -448,6 +448,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	                        &srv->core.env.operations, err);
 	if (st != TS_OK)
 		goto out_free;
+	st = ts__history_start(srv, err);
+	if (st != TS_OK)
+		goto out_free;
 	if (cfg->state_dir[0]) {
 		st = ts_state_new(&srv->core.env, srv->core.default_device, cfg->default_memory_kind,
 		                  cfg->state_dir, &srv->core.state, err);
@@ -571,6 +574,7 @@ void ts_server_free(struct ts_server *srv)
 	ts__http_wake_all(srv);
 	ts__http_stop(srv);
 	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
+	ts__history_stop(srv);   /* its sampler reads what follows */
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.env.operations);
 	ts_state_free(srv->core.state);

@@ -1,0 +1,224 @@
+/*
+ * memory_history.c - what the daemon's history (history.h) records and GET
+ * /v1/memory/history, which answers it.
+ *
+ * The series, fixed at start from the memory table and the device set: the
+ * bytes in use of every (device, memory kind) space; the bytes in use and
+ * the limit of every pool (node-wide host pools once); the bytes each
+ * device's queues copied, per direction; HTTP requests answered; operations
+ * pending, running and ended. They are read once a second from the same
+ * counters /v1/memory and /metrics read (atomics, and the operation
+ * registry's counts under its short lock); no request waits on the sampler.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/units.h"
+#include "memory/space.h"
+#include "server/history.h"
+#include "server/server_int.h"
+#include "server/server_routes.h"
+
+#define DIRECTIONS 4    /* TS_COPY_H2D .. TS_COPY_H2H */
+
+static const char *const direction_names[DIRECTIONS] = {"h2d", "d2h", "d2d", "h2h"};
+
+/* Where each group of series begins. */
+struct layout {
+	size_t nspaces, npools, ndevices;
+	size_t spaces, pool_use, pool_limit, transfers, requests, ops, total;
+};
+
+static struct layout layout_of(const struct ts_server *srv)
+{
+	struct layout l;
+
+	l.nspaces = ts_memory_space_count(srv->memory);
+	l.npools = ts_memory_pool_count(srv->memory);
+	l.ndevices = ts_device_set_count(srv->devices);
+	l.spaces = 0;
+	l.pool_use = l.spaces + l.nspaces;
+	l.pool_limit = l.pool_use + l.npools;
+	l.transfers = l.pool_limit + l.npools;
+	l.requests = l.transfers + l.ndevices * DIRECTIONS;
+	l.ops = l.requests + 1;             /* pending, running, ended */
+	l.total = l.ops + 3;
+	return l;
+}
+
+static void sample(void *cls, uint64_t *v)
+{
+	struct ts_server *srv = cls;
+	struct layout l = layout_of(srv);
+	uint64_t counts[TS_OP_CANCELLED + 1] = {0};
+
+	for (size_t i = 0; i < l.nspaces; i++) {
+		struct ts_space_stats st;
+
+		ts_space_stats(ts_memory_space_at(srv->memory, i), &st);
+		v[l.spaces + i] = st.bytes_in_use;
+	}
+	for (size_t i = 0; i < l.npools; i++) {
+		struct ts_pool_stats ps;
+
+		ts_memory_pool_stats(srv->memory, i, &ps);
+		v[l.pool_use + i] = ps.bytes_in_use;
+		v[l.pool_limit + i] = ps.limit;
+	}
+	for (size_t d = 0; d < l.ndevices; d++)
+		for (int k = 0; k < DIRECTIONS; k++)
+			v[l.transfers + d * DIRECTIONS + (size_t)k] =
+				ts_device_copied_bytes(ts_device_set_at(srv->devices, d),
+				                       (enum ts_copy_kind)(TS_COPY_H2D + k));
+	v[l.requests] = ts_metrics_requests_total(srv->metrics);
+	ts_op_counts(srv->core.env.operations, counts);
+	v[l.ops] = counts[TS_OP_PENDING];
+	v[l.ops + 1] = counts[TS_OP_RUNNING];
+	v[l.ops + 2] = ts_metrics_operations_ended(srv->metrics);
+}
+
+ts_status ts__history_start(struct ts_server *srv, struct ts_error *err)
+{
+	struct layout l = layout_of(srv);
+	enum ts_history_fold *fold = calloc(l.total, sizeof *fold);
+	ts_status st;
+
+	if (!fold)
+		return ts_error_oom(err, "no memory for the history");
+	/* gauges (calloc's 0) but for the counters */
+	for (size_t i = l.transfers; i < l.requests + 1; i++)
+		fold[i] = TS_HISTORY_COUNTER;
+	fold[l.ops + 2] = TS_HISTORY_COUNTER;
+	st = ts_history_new(&(struct ts_history_config){.nseries = l.total, .fold = fold,
+	                                                .sample = sample, .cls = srv},
+	                    &srv->history, err);
+	free(fold);
+	return st;
+}
+
+void ts__history_stop(struct ts_server *srv)
+{
+	ts_history_free(srv->history);
+	srv->history = NULL;
+}
+
+/* ---- GET /v1/memory/history ------------------------------------------------------ */
+
+/* One series of the slice as a JSON array. */
+static json_t *column(const struct ts_history_slice *s, size_t series)
+{
+	json_t *a = json_array();
+
+	for (size_t r = 0; a && r < s->rows; r++)
+		if (json_array_append_new(a, json_integer((json_int_t)s->values[r * s->nseries +
+		                                                                  series])))
+			break;
+	return a;
+}
+
+static json_t *times_json(const struct ts_history_slice *s)
+{
+	json_t *a = json_array();
+
+	for (size_t r = 0; a && r < s->rows; r++)
+		json_array_append_new(a, json_integer((json_int_t)(s->times_ns[r] / 1000000u)));
+	return a;
+}
+
+static json_t *spaces_json(const struct ts_server *srv, const struct layout *l,
+                           const struct ts_history_slice *s)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < l->nspaces; i++) {
+		const struct ts_space *sp = ts_memory_space_at(srv->memory, i);
+
+		json_array_append_new(
+			a, json_pack("{s:s, s:s, s:s, s:o}", "device",
+			             ts_device_props(ts_space_device(sp))->id, "memory_kind",
+			             ts_memory_kind_name(ts_space_kind(sp)), "pool",
+			             ts_space_pool_name(sp), "bytes_in_use",
+			             column(s, l->spaces + i)));
+	}
+	return a;
+}
+
+static json_t *pools_json(const struct ts_server *srv, const struct layout *l,
+                          const struct ts_history_slice *s)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < l->npools; i++) {
+		struct ts_pool_stats ps;
+		json_t *o;
+
+		ts_memory_pool_stats(srv->memory, i, &ps);
+		o = json_pack("{s:s, s:s, s:o, s:o}", "pool", ps.name, "memory_kind",
+		              ts_memory_kind_name(ps.kind), "bytes_in_use",
+		              column(s, l->pool_use + i), "bytes_limit", column(s, l->pool_limit + i));
+		if (o && ps.device)
+			json_object_set_new(o, "device", json_string(ts_device_props(ps.device)->id));
+		json_array_append_new(a, o);
+	}
+	return a;
+}
+
+static json_t *transfers_json(const struct ts_server *srv, const struct layout *l,
+                              const struct ts_history_slice *s)
+{
+	json_t *a = json_array();
+
+	for (size_t d = 0; a && d < l->ndevices; d++)
+		for (int k = 0; k < DIRECTIONS; k++)
+			json_array_append_new(
+				a, json_pack("{s:s, s:s, s:o}", "device",
+				             ts_device_props(ts_device_set_at(srv->devices, d))->id,
+				             "direction", direction_names[k], "bytes_total",
+				             column(s, l->transfers + d * DIRECTIONS + (size_t)k)));
+	return a;
+}
+
+static json_t *retention_json(void)
+{
+	json_t *a = json_array();
+
+	for (int i = 0; a && i < TS_HISTORY_LEVELS; i++)
+		json_array_append_new(a, json_pack("{s:i, s:i}", "step_seconds",
+		                                   (int)ts_history_levels[i].step_s, "rows",
+		                                   (int)ts_history_levels[i].rows));
+	return a;
+}
+
+void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
+{
+	struct layout l = layout_of(srv);
+	struct ts_history_query q;
+	struct ts_history_slice s;
+	struct ts_error err;
+	char since[40];
+	json_t *out;
+
+	ts_error_clear(&err);
+	if (ts_history_query_parse(ts_call_query(call, "since"), ts_call_query(call, "step"),
+	                           ts_wall_ns(), &q, &err) != TS_OK ||
+	    ts_history_read(srv->history, q.level, q.since_ns, &s, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
+	}
+	if (!ts_format_rfc3339(since, sizeof since, q.since_ns))
+		strcpy(since, "1970-01-01T00:00:00Z");
+	out = json_pack("{s:i, s:s, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o}, s:o, s:I}",
+	                "step_seconds", (int)s.step_s, "since", since, "times_unix_ms",
+	                times_json(&s), "spaces", spaces_json(srv, &l, &s), "pools",
+	                pools_json(srv, &l, &s), "transfers", transfers_json(srv, &l, &s),
+	                "http_requests_total", column(&s, l.requests), "operations", "pending",
+	                column(&s, l.ops), "running", column(&s, l.ops + 1), "ended_total",
+	                column(&s, l.ops + 2), "retention", retention_json(), "memory_bytes",
+	                (json_int_t)ts_history_bytes(srv->history));
+	ts_history_slice_release(&s);
+	if (!out) {
+		ts_reply_oom(reply, "no memory for the history");
+		return;
+	}
+	ts_reply_json(reply, TS_HTTP_OK, out);
+}
