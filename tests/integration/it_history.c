@@ -26,8 +26,10 @@ static void daemon_up(void)
 
 static void daemon_down(void)
 {
-	if (D.pid)
+	if (D.pid) {
+		th_expect_no_sanitizer_report(&D);
 		th_daemon_stop_ok(&D);
+	}
 }
 
 static uint64_t wall_ms(void)
