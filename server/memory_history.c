@@ -23,7 +23,8 @@
 
 static const char *const direction_names[DIRECTIONS] = {"h2d", "d2h", "d2d", "h2h"};
 
-/* Where each group of series begins. */
+/* Where each group of series begins. The memory table's spaces and pools
+ * and the device set are fixed at start, so the layout is too. */
 struct layout {
 	size_t nspaces, npools, ndevices;
 	size_t spaces, pool_use, pool_limit, transfers, requests, ops, total;
