@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -57,6 +58,8 @@ struct ts_history {
 	bool stop;                           /* guarded by: stop_mu */
 	bool started;
 	pthread_t thread;
+	_Atomic uint64_t samples;            /* taken by the sampler */
+	_Atomic uint64_t cpu_ns;             /* the sampler's CPU time taking them */
 };
 
 static uint64_t mono_ns(void)
@@ -64,6 +67,14 @@ static uint64_t mono_ns(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * NS + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (uint64_t)ts.tv_sec * NS + (uint64_t)ts.tv_nsec;
 }
 
@@ -75,10 +86,13 @@ static void *sampler_main(void *arg)
 	ts_mutex_lock(&h->stop_mu);
 	while (!h->stop) {
 		struct timespec until;
+		uint64_t cpu = thread_cpu_ns();
 
 		ts_mutex_unlock(&h->stop_mu);
 		h->sample(h->cls, h->scratch);
 		ts_history_add(h, ts_wall_ns(), h->scratch);
+		atomic_fetch_add_explicit(&h->cpu_ns, thread_cpu_ns() - cpu, memory_order_relaxed);
+		atomic_fetch_add_explicit(&h->samples, 1, memory_order_relaxed);
 		next += h->interval_ns;
 		if (next < mono_ns())   /* fell behind (a suspended process): no burst */
 			next = mono_ns() + h->interval_ns;
@@ -221,6 +235,12 @@ void ts_history_add(struct ts_history *h, uint64_t t_ns, const uint64_t *values)
 size_t ts_history_bytes(const struct ts_history *h)
 {
 	return h->bytes;
+}
+
+void ts_history_sampler_stats(struct ts_history *h, uint64_t *samples, uint64_t *cpu_ns)
+{
+	*samples = atomic_load_explicit(&h->samples, memory_order_relaxed);
+	*cpu_ns = atomic_load_explicit(&h->cpu_ns, memory_order_relaxed);
 }
 
 size_t ts_history_series(const struct ts_history *h)

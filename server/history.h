@@ -73,6 +73,10 @@ void ts_history_add(struct ts_history *h, uint64_t t_ns, const uint64_t *values)
 /* The fixed memory the rings take, in bytes. */
 size_t ts_history_bytes(const struct ts_history *h);
 
+/* Samples the sampler thread has taken, and the CPU time it spent taking
+ * and recording them (its own thread's clock). Relaxed. */
+void ts_history_sampler_stats(struct ts_history *h, uint64_t *samples, uint64_t *cpu_ns);
+
 /* How many series h has. */
 size_t ts_history_series(const struct ts_history *h);
 

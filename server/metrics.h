@@ -83,6 +83,10 @@ const char *ts_metrics_outcome_name(enum ts_op_state state);
  * not (server/fleet.c sets them after each round; both 0 without peers). */
 void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable);
 
+/* The history's sampler so far (server/history.h): samples taken and the
+ * CPU time they took; set before each render. Relaxed. */
+void ts_metrics_history(struct ts_metrics *m, uint64_t samples, uint64_t cpu_ns);
+
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core,

@@ -2,6 +2,7 @@
  * server.c - tstaged's lifecycle: start (devices, memory, token, listen),
  * the server-answered routes (readiness, metrics), drain and stop.
  */
+#include "server/history.h"
 #include "server/server_int.h"
 
 #include <errno.h>
@@ -620,7 +621,12 @@ void ts_s_readyz(struct ts_server *srv, const struct ts_call *call, struct ts_re
 void ts_s_metrics(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
 {
 	size_t len = 0;
-	char *text = ts_metrics_render(srv->metrics, call->core, &len);
+	uint64_t samples, cpu_ns;
+	char *text;
+
+	ts_history_sampler_stats(srv->history, &samples, &cpu_ns);
+	ts_metrics_history(srv->metrics, samples, cpu_ns);
+	text = ts_metrics_render(srv->metrics, call->core, &len);
 
 	ts_reply_text_owned(reply, TS_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
 	                    text, len);

@@ -110,7 +110,7 @@ START_TEST(test_upload_spike_is_in_the_history)
 	char *query = th_fmt("dtype=uint8&shape=%zu&device=%s&memory_kind=device", n, dev);
 	struct th_response r = {0};
 	json_t *h, *space, *p, *times, *use;
-	uint64_t before, base, up_start, up_end, held_end, requests0;
+	uint64_t before, base, up_start, up_end, held_end, requests0, scraped;
 	size_t rows, spike_rows = 0, after_rows = 0, before_rows = 0;
 	char *text;
 
@@ -135,6 +135,7 @@ START_TEST(test_upload_spike_is_in_the_history)
 	h = history_after(wall_ms() + 1000);   /* settled: a row a second after */
 
 	/* the history read after /metrics equals it where nothing moves */
+	scraped = wall_ms();
 	th_get(&D, "/metrics", &r);
 	text = r.body;
 	json_decref(h);
@@ -155,6 +156,16 @@ START_TEST(test_upload_spike_is_in_the_history)
 	                                          "bytes_total")),
 	                  (uint64_t)metric(text, "tstage_device_transfer_bytes_total", h2d_labels));
 	ck_assert_uint_ge(last_of(json_object_get(h, "http_requests_total")), requests0 + 5);
+	/* the sampler counts itself: every row taken before the scrape */
+	{
+		size_t taken = 0;
+
+		for (size_t i = 0; i < rows; i++)
+			taken += (uint64_t)json_integer_value(json_array_get(times, i)) < scraped;
+		ck_assert_uint_ge(taken, 1);
+		ck_assert_uint_ge(metric(text, "tstage_history_samples_total", ""), taken);
+	}
+	ck_assert(metric(text, "tstage_history_sampler_cpu_seconds_total", "") >= 0);
 
 	/* before: base; while held: base + n, in the space and its pool; after: base */
 	use = json_object_get(space, "bytes_in_use");

@@ -4,7 +4,8 @@
  * the largest gauge and the last counter of each whole step; reads start
  * at since; ?since= and ?step= choose the ring and the start or are refused
  * with the parameter named; RFC 3339 parsing; and the sampler thread
- * filling the rings while readers copy them.
+ * filling the rings while readers copy them, counting its samples and
+ * their CPU time.
  */
 #include <check.h>
 #include <stdatomic.h>
@@ -297,6 +298,14 @@ START_TEST(test_sampler_fills_while_read)
 			seen = s.values[(s.rows - 1) * 2];
 		ts_history_slice_release(&s);
 		usleep(1000);
+	}
+	{
+		uint64_t samples, cpu_ns;
+
+		ts_history_sampler_stats(h, &samples, &cpu_ns);
+		ck_assert_uint_ge(samples, 39);   /* each call recorded, the last maybe not yet */
+		ck_assert_uint_le(samples, atomic_load(&src.calls));
+		ck_assert_uint_gt(cpu_ns, 0);
 	}
 	ts_history_free(h);   /* stops the thread: no sample after */
 	ck_assert_uint_gt(seen, 0);
