@@ -105,89 +105,183 @@ void ts__history_stop(struct ts_server *srv)
 
 /* ---- GET /v1/memory/history ------------------------------------------------------ */
 
-/* One series of the slice as a JSON array. */
-static json_t *column(const struct ts_history_slice *s, size_t series)
-{
-	json_t *a = json_array();
+/*
+ * The answer is written as text: a full 1 s ring is tens of thousands of
+ * numbers, and a jansson value for each would cost the worker that serves it
+ * about ten times as long as printing them. Names (device ids, pools) go
+ * through jansson's string encoder.
+ */
+struct out {
+	char *buf;
+	size_t len, cap;
+	bool failed;
+};
 
-	for (size_t r = 0; a && r < s->rows; r++)
-		if (json_array_append_new(a, json_integer((json_int_t)s->values[r * s->nseries +
-		                                                                  series])))
-			break;
-	return a;
+static bool out_room(struct out *o, size_t n)
+{
+	char *grown;
+	size_t cap;
+
+	if (o->failed)
+		return false;
+	if (o->len + n + 1 <= o->cap)
+		return true;
+	cap = (o->cap ? o->cap : 4096);
+	while (cap < o->len + n + 1)
+		cap *= 2;
+	grown = realloc(o->buf, cap);
+	if (!grown) {
+		o->failed = true;
+		return false;
+	}
+	o->buf = grown;
+	o->cap = cap;
+	return true;
 }
 
-static json_t *times_json(const struct ts_history_slice *s)
+static void put(struct out *o, const char *text)
 {
-	json_t *a = json_array();
+	size_t n = strlen(text);
 
-	for (size_t r = 0; a && r < s->rows; r++)
-		json_array_append_new(a, json_integer((json_int_t)(s->times_ns[r] / 1000000u)));
-	return a;
+	if (!out_room(o, n))
+		return;
+	memcpy(o->buf + o->len, text, n + 1);
+	o->len += n;
 }
 
-static json_t *spaces_json(const struct ts_server *srv, const struct layout *l,
-                           const struct ts_history_slice *s)
+static void put_u64(struct out *o, uint64_t v)
 {
-	json_t *a = json_array();
+	char tmp[20];
+	int n = 0;
 
-	for (size_t i = 0; a && i < l->nspaces; i++) {
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	if (!out_room(o, (size_t)n))
+		return;
+	while (n)
+		o->buf[o->len++] = tmp[--n];
+	o->buf[o->len] = '\0';
+}
+
+/* "key":"value", value JSON-encoded. */
+static void put_string(struct out *o, const char *key, const char *value)
+{
+	json_t *j = json_string(value);
+	char *enc = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
+
+	json_decref(j);
+	if (!enc) {
+		o->failed = true;
+		return;
+	}
+	put(o, "\"");
+	put(o, key);
+	put(o, "\":");
+	put(o, enc);
+	free(enc);
+}
+
+/* "key":[v0,v1,...], one series of the slice. */
+static void put_column(struct out *o, const char *key, const struct ts_history_slice *s,
+                       size_t series)
+{
+	put(o, "\"");
+	put(o, key);
+	put(o, "\":[");
+	for (size_t r = 0; r < s->rows; r++) {
+		if (r)
+			put(o, ",");
+		put_u64(o, s->values[r * s->nseries + series]);
+	}
+	put(o, "]");
+}
+
+static void put_times(struct out *o, const struct ts_history_slice *s)
+{
+	put(o, "\"times_unix_ms\":[");
+	for (size_t r = 0; r < s->rows; r++) {
+		if (r)
+			put(o, ",");
+		put_u64(o, s->times_ns[r] / 1000000u);
+	}
+	put(o, "]");
+}
+
+static void put_spaces(struct out *o, const struct ts_server *srv, const struct layout *l,
+                       const struct ts_history_slice *s)
+{
+	put(o, "\"spaces\":[");
+	for (size_t i = 0; i < l->nspaces; i++) {
 		const struct ts_space *sp = ts_memory_space_at(srv->memory, i);
 
-		json_array_append_new(
-			a, json_pack("{s:s, s:s, s:s, s:o}", "device",
-			             ts_device_props(ts_space_device(sp))->id, "memory_kind",
-			             ts_memory_kind_name(ts_space_kind(sp)), "pool",
-			             ts_space_pool_name(sp), "bytes_in_use",
-			             column(s, l->spaces + i)));
+		put(o, i ? ",{" : "{");
+		put_string(o, "device", ts_device_props(ts_space_device(sp))->id);
+		put(o, ",");
+		put_string(o, "memory_kind", ts_memory_kind_name(ts_space_kind(sp)));
+		put(o, ",");
+		put_string(o, "pool", ts_space_pool_name(sp));
+		put(o, ",");
+		put_column(o, "bytes_in_use", s, l->spaces + i);
+		put(o, "}");
 	}
-	return a;
+	put(o, "]");
 }
 
-static json_t *pools_json(const struct ts_server *srv, const struct layout *l,
-                          const struct ts_history_slice *s)
+static void put_pools(struct out *o, const struct ts_server *srv, const struct layout *l,
+                      const struct ts_history_slice *s)
 {
-	json_t *a = json_array();
-
-	for (size_t i = 0; a && i < l->npools; i++) {
+	put(o, "\"pools\":[");
+	for (size_t i = 0; i < l->npools; i++) {
 		struct ts_pool_stats ps;
-		json_t *o;
 
 		ts_memory_pool_stats(srv->memory, i, &ps);
-		o = json_pack("{s:s, s:s, s:o, s:o}", "pool", ps.name, "memory_kind",
-		              ts_memory_kind_name(ps.kind), "bytes_in_use",
-		              column(s, l->pool_use + i), "bytes_limit", column(s, l->pool_limit + i));
-		if (o && ps.device)
-			json_object_set_new(o, "device", json_string(ts_device_props(ps.device)->id));
-		json_array_append_new(a, o);
+		put(o, i ? ",{" : "{");
+		put_string(o, "pool", ps.name);
+		put(o, ",");
+		put_string(o, "memory_kind", ts_memory_kind_name(ps.kind));
+		if (ps.device) {
+			put(o, ",");
+			put_string(o, "device", ts_device_props(ps.device)->id);
+		}
+		put(o, ",");
+		put_column(o, "bytes_in_use", s, l->pool_use + i);
+		put(o, ",");
+		put_column(o, "bytes_limit", s, l->pool_limit + i);
+		put(o, "}");
 	}
-	return a;
+	put(o, "]");
 }
 
-static json_t *transfers_json(const struct ts_server *srv, const struct layout *l,
-                              const struct ts_history_slice *s)
+static void put_transfers(struct out *o, const struct ts_server *srv, const struct layout *l,
+                          const struct ts_history_slice *s)
 {
-	json_t *a = json_array();
-
-	for (size_t d = 0; a && d < l->ndevices; d++)
-		for (int k = 0; k < DIRECTIONS; k++)
-			json_array_append_new(
-				a, json_pack("{s:s, s:s, s:o}", "device",
-				             ts_device_props(ts_device_set_at(srv->devices, d))->id,
-				             "direction", direction_names[k], "bytes_total",
-				             column(s, l->transfers + d * DIRECTIONS + (size_t)k)));
-	return a;
+	put(o, "\"transfers\":[");
+	for (size_t d = 0; d < l->ndevices; d++)
+		for (int k = 0; k < DIRECTIONS; k++) {
+			put(o, d || k ? ",{" : "{");
+			put_string(o, "device", ts_device_props(ts_device_set_at(srv->devices, d))->id);
+			put(o, ",");
+			put_string(o, "direction", direction_names[k]);
+			put(o, ",");
+			put_column(o, "bytes_total", s, l->transfers + d * DIRECTIONS + (size_t)k);
+			put(o, "}");
+		}
+	put(o, "]");
 }
 
-static json_t *retention_json(void)
+static void put_retention(struct out *o)
 {
-	json_t *a = json_array();
-
-	for (int i = 0; a && i < TS_HISTORY_LEVELS; i++)
-		json_array_append_new(a, json_pack("{s:i, s:i}", "step_seconds",
-		                                   (int)ts_history_levels[i].step_s, "rows",
-		                                   (int)ts_history_levels[i].rows));
-	return a;
+	put(o, "\"retention\":[");
+	for (int i = 0; i < TS_HISTORY_LEVELS; i++) {
+		put(o, i ? ",{\"step_seconds\":" : "{\"step_seconds\":");
+		put_u64(o, ts_history_levels[i].step_s);
+		put(o, ",\"rows\":");
+		put_u64(o, ts_history_levels[i].rows);
+		put(o, "}");
+	}
+	put(o, "]");
 }
 
 void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
@@ -197,7 +291,7 @@ void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_r
 	struct ts_history_slice s;
 	struct ts_error err;
 	char since[40];
-	json_t *out;
+	struct out o = {0};
 
 	ts_error_clear(&err);
 	if (ts_history_query_parse(ts_call_query(call, "since"), ts_call_query(call, "step"),
@@ -208,18 +302,37 @@ void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_r
 	}
 	if (!ts_format_rfc3339(since, sizeof since, q.since_ns))
 		strcpy(since, "1970-01-01T00:00:00Z");
-	out = json_pack("{s:i, s:s, s:o, s:o, s:o, s:o, s:o, s:{s:o, s:o, s:o}, s:o, s:I}",
-	                "step_seconds", (int)s.step_s, "since", since, "times_unix_ms",
-	                times_json(&s), "spaces", spaces_json(srv, &l, &s), "pools",
-	                pools_json(srv, &l, &s), "transfers", transfers_json(srv, &l, &s),
-	                "http_requests_total", column(&s, l.requests), "operations", "pending",
-	                column(&s, l.ops), "running", column(&s, l.ops + 1), "ended_total",
-	                column(&s, l.ops + 2), "retention", retention_json(), "memory_bytes",
-	                (json_int_t)ts_history_bytes(srv->history));
+	out_room(&o, (s.rows + 1) * (l.total + 1) * 12 + 4096);   /* digits of most values */
+	put(&o, "{\"step_seconds\":");
+	put_u64(&o, s.step_s);
+	put(&o, ",");
+	put_string(&o, "since", since);
+	put(&o, ",");
+	put_times(&o, &s);
+	put(&o, ",");
+	put_spaces(&o, srv, &l, &s);
+	put(&o, ",");
+	put_pools(&o, srv, &l, &s);
+	put(&o, ",");
+	put_transfers(&o, srv, &l, &s);
+	put(&o, ",");
+	put_column(&o, "http_requests_total", &s, l.requests);
+	put(&o, ",\"operations\":{");
+	put_column(&o, "pending", &s, l.ops);
+	put(&o, ",");
+	put_column(&o, "running", &s, l.ops + 1);
+	put(&o, ",");
+	put_column(&o, "ended_total", &s, l.ops + 2);
+	put(&o, "},");
+	put_retention(&o);
+	put(&o, ",\"memory_bytes\":");
+	put_u64(&o, ts_history_bytes(srv->history));
+	put(&o, "}");
 	ts_history_slice_release(&s);
-	if (!out) {
+	if (o.failed) {
+		free(o.buf);
 		ts_reply_oom(reply, "no memory for the history");
 		return;
 	}
-	ts_reply_json(reply, TS_HTTP_OK, out);
+	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", o.buf, o.len);
 }
