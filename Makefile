@@ -220,6 +220,7 @@ FUZZ_lease   := server/lease_proto.c
 FUZZ_lease_stream := server/lease_proto.c
 FUZZ_first_request := server/accept.c
 FUZZ_first_head := server/head.c
+FUZZ_history_query := server/history.c
 FUZZ_BIN     := $(patsubst tests/fuzz/fuzz_%.c,$(BUILD)/fuzz/fuzz_%,$(wildcard tests/fuzz/fuzz_*.c))
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(LIB)

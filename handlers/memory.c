@@ -100,6 +100,7 @@ static json_t *spaces_json(const struct ts_core *core)
 		json_object_set_new(o, "backend", json_string(ts_backend_name(pr->backend)));
 		json_object_set_new(o, "memory_kind",
 		                    json_string(ts_memory_kind_name(ts_space_kind(sp))));
+		json_object_set_new(o, "pool", json_string(ts_space_pool_name(sp)));
 		seg = segments_json(sp);
 		if (seg)
 			json_object_set_new(o, "pinned_pool", seg);

@@ -79,6 +79,7 @@ struct ts_metrics {
 	int nworkers;
 	_Atomic int64_t lease_device[2];        /* GPU lease memory: bytes, allocations */
 	_Atomic int64_t fleet_peers[2];         /* reachable, unreachable (server/fleet.c) */
+	_Atomic uint64_t history[2];            /* samples, sampler CPU ns (server/history.c) */
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -144,6 +145,34 @@ int64_t ts_metrics_in_flight(struct ts_metrics *m)
 	for (int k = 0; k < SHARDS; k++)
 		n += atomic_load_explicit(&m->shards[k].in_flight, memory_order_relaxed);
 	return n > 0 ? n : 0;
+}
+
+void ts_metrics_history(struct ts_metrics *m, uint64_t samples, uint64_t cpu_ns)
+{
+	atomic_store_explicit(&m->history[0], samples, memory_order_relaxed);
+	atomic_store_explicit(&m->history[1], cpu_ns, memory_order_relaxed);
+}
+
+uint64_t ts_metrics_requests_total(struct ts_metrics *m)
+{
+	uint64_t n = 0;
+
+	for (int k = 0; k < SHARDS; k++)
+		for (size_t i = 0; i <= m->nroutes; i++)
+			for (size_t c = 0; c <= NCODES; c++)
+				n += atomic_load_explicit(&m->shards[k].routes[i].codes[c],
+				                          memory_order_relaxed);
+	return n;
+}
+
+uint64_t ts_metrics_operations_ended(struct ts_metrics *m)
+{
+	uint64_t n = 0;
+
+	for (size_t k = 0; k < NKINDS; k++)
+		for (int s = 0; s < NOUTCOMES; s++)
+			n += atomic_load_explicit(&m->kinds[k].outcomes[s], memory_order_relaxed);
+	return n;
 }
 
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
@@ -820,6 +849,14 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	           (long long)atomic_load_explicit(&m->fleet_peers[0], memory_order_relaxed));
 	out_printf(&o, "tstage_fleet_peers{state=\"unreachable\"} %lld\n",
 	           (long long)atomic_load_explicit(&m->fleet_peers[1], memory_order_relaxed));
+	family(&o, "tstage_history_samples_total", "counter",
+	       "Samples the memory history's sampler has taken (one a second).");
+	out_printf(&o, "tstage_history_samples_total %llu\n",
+	           (unsigned long long)atomic_load_explicit(&m->history[0], memory_order_relaxed));
+	family(&o, "tstage_history_sampler_cpu_seconds_total", "counter",
+	       "CPU time the memory history's sampler spent reading the counters and recording them.");
+	out_printf(&o, "tstage_history_sampler_cpu_seconds_total %.6f\n",
+	           (double)atomic_load_explicit(&m->history[1], memory_order_relaxed) / 1e9);
 	family(&o, "tstage_uptime_seconds", "gauge", "Seconds since tstaged started.");
 	out_printf(&o, "tstage_uptime_seconds %.3f\n",
 	           (double)(ts_now_ns() - core->started_ns) / 1e9);

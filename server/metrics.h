@@ -65,6 +65,12 @@ int64_t ts_metrics_in_flight(struct ts_metrics *m);
 void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
                        uint64_t duration_ns);
 
+/* Requests answered since start (every route and code: the sum of
+ * tstage_http_requests_total), and operations ended (the sum of
+ * tstage_operations_total). Relaxed. */
+uint64_t ts_metrics_requests_total(struct ts_metrics *m);
+uint64_t ts_metrics_operations_ended(struct ts_metrics *m);
+
 /* Counts one operation's end (its kind, outcome and time running; the
  * bytes it moved when its unit is bytes). */
 void ts_metrics_operation_ended(struct ts_metrics *m, const struct ts_op_end *end);
@@ -76,6 +82,10 @@ const char *ts_metrics_outcome_name(enum ts_op_state state);
 /* The fleet's peers now: how many answered their last poll and how many did
  * not (server/fleet.c sets them after each round; both 0 without peers). */
 void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable);
+
+/* The history's sampler so far (server/history.h): samples taken and the
+ * CPU time they took; set before each render. Relaxed. */
+void ts_metrics_history(struct ts_metrics *m, uint64_t samples, uint64_t cpu_ns);
 
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */

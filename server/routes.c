@@ -28,6 +28,8 @@
 	X("GET", "/v1/topology", ts_h_topology_get, NULL, NULL, TS_BODY_NONE, false, "")      \
 	X("GET", "/v1/fleet", NULL, ts_s_fleet, NULL, TS_BODY_NONE, false, "scope")           \
 	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "")           \
+	X("GET", "/v1/memory/history", NULL, ts_s_history, NULL, TS_BODY_NONE, false,          \
+	  "since,step")                                                                        \
 	X("POST", "/v1/memory:resetPeak", ts_h_memory_reset_peak, NULL, NULL, TS_BODY_JSON,    \
 	  false, "")                                                                           \
 	X("GET", "/v1/arrays", ts_h_arrays_list, NULL, NULL, TS_BODY_NONE, false,              \

@@ -2,6 +2,7 @@
  * server.c - tstaged's lifecycle: start (devices, memory, token, listen),
  * the server-answered routes (readiness, metrics), drain and stop.
  */
+#include "server/history.h"
 #include "server/server_int.h"
 
 #include <errno.h>
@@ -448,6 +449,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	                        &srv->core.env.operations, err);
 	if (st != TS_OK)
 		goto out_free;
+	st = ts__history_start(srv, err);
+	if (st != TS_OK)
+		goto out_free;
 	if (cfg->state_dir[0]) {
 		st = ts_state_new(&srv->core.env, srv->core.default_device, cfg->default_memory_kind,
 		                  cfg->state_dir, &srv->core.state, err);
@@ -571,6 +575,7 @@ void ts_server_free(struct ts_server *srv)
 	ts__http_wake_all(srv);
 	ts__http_stop(srv);
 	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
+	ts__history_stop(srv);   /* its sampler reads what follows */
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.env.operations);
 	ts_state_free(srv->core.state);
@@ -616,7 +621,12 @@ void ts_s_readyz(struct ts_server *srv, const struct ts_call *call, struct ts_re
 void ts_s_metrics(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
 {
 	size_t len = 0;
-	char *text = ts_metrics_render(srv->metrics, call->core, &len);
+	uint64_t samples, cpu_ns;
+	char *text;
+
+	ts_history_sampler_stats(srv->history, &samples, &cpu_ns);
+	ts_metrics_history(srv->metrics, samples, cpu_ns);
+	text = ts_metrics_render(srv->metrics, call->core, &len);
 
 	ts_reply_text_owned(reply, TS_HTTP_OK, "text/plain; version=0.0.4; charset=utf-8",
 	                    text, len);

@@ -22,6 +22,7 @@
 struct ts__addr_count;
 struct ts__acceptor;
 struct ts__lease_service;
+struct ts_history;
 
 /* A daemon the acceptor hands connections to, and what its connection
  * callbacks learn of it (their closure): which small-request worker it is,
@@ -43,6 +44,7 @@ struct ts_server {
 	struct ts_catalog *catalog;      /* owned */
 	struct ts_stager *stager;        /* owned */
 	struct ts_fleet *fleet;          /* owned; the --peers poller (fleet.c) */
+	struct ts_history *history;      /* owned; the sampler (memory_history.c) */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	/* connections that open with a request without a body, each on one of
 	 * nworkers daemons of one thread each that the acceptor chooses
@@ -99,6 +101,12 @@ ts_status ts__unix_listen_at(const struct ts_config *cfg, const char *path, int 
  * ending every lease (their arrays' references dropped). */
 ts_status ts__lease_start(struct ts_server *srv, struct ts_error *err);
 void ts__lease_stop(struct ts_server *srv);
+
+/* Starts sampling the daemon's counters into srv->history, once the
+ * memory table, devices, metrics and operations exist; stops it (before
+ * any of them is freed) (memory_history.c). */
+ts_status ts__history_start(struct ts_server *srv, struct ts_error *err);
+void ts__history_stop(struct ts_server *srv);
 
 /* Stops the acceptor and the daemons, and frees the connection accounting
  * (http.c). */

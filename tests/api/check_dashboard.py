@@ -5,7 +5,12 @@ moment: one bar per space with its used, peak and limit; after the upload of
 ARRAY (NBYTES on SPACE, "device/memory_kind"), the array's row with that
 placement and the space's bytes in use grown by NBYTES, and operation OP in
 flight with TOTAL units to do.
-check_dashboard.py --spaces MEM DOM checks the spaces of one page only."""
+check_dashboard.py --spaces MEM DOM checks the spaces of one page only.
+check_dashboard.py --history HIST DOM POOL SPACE NBYTES MODEL OP checks the history drawn
+after ARRAY was deleted against /v1/memory/history read then (HIST): POOL's chart has a
+line for SPACE whose largest value is NBYTES above its last (the spike, drawn higher than
+the rest), its last as HIST says, and the pool's limit (drawn or named); MODEL's loss
+curve is operation OP's, and OP is on the timeline, cancelled."""
 import html.parser
 import json
 import sys
@@ -17,6 +22,8 @@ class Dom(html.parser.HTMLParser):
         self.spaces, self.arrays, self.errors, self.updated = {}, {}, [], False
         self.operations = {}
         self._in_error = False
+        self.charts, self.losses, self.timeline = {}, {}, {}
+        self._chart = None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -26,6 +33,18 @@ class Dom(html.parser.HTMLParser):
             self.operations[a["data-operation"]] = (int(a["data-done"]), int(a["data-total"]))
         if "data-array" in a:
             self.arrays[a["data-array"]] = a.get("data-placement", "")
+        if "data-pool-chart" in a:
+            self._chart = self.charts[a["data-pool-chart"]] = {"attrs": a, "lines": {}}
+        if "data-loss-model" in a:
+            self._chart = self.losses[a["data-loss-model"]] = {"attrs": a, "lines": {}}
+        if "data-transfer-chart" in a or "data-requests-chart" in a:
+            self._chart = None
+        if tag == "polyline" and self._chart is not None:
+            self._chart["lines"][a["data-series"]] = a
+        if "data-above" in a and self._chart is not None:
+            self._chart["lines"][a["data-above"]] = a
+        if "data-timeline-op" in a:
+            self.timeline[a["data-timeline-op"]] = a.get("data-state", "")
         if tag == "body" and "data-updated" in a:
             self.updated = True
         self._in_error = a.get("id") == "error"
@@ -61,7 +80,44 @@ def check(label, dom, mem):
     return want
 
 
+def check_history(hist_path, dom_path, pool, space, nbytes, model, op):
+    dom, hist = parse(dom_path), json.load(open(hist_path))
+    if not dom.updated or dom.errors:
+        sys.exit(f"history: the page did not draw (errors: {dom.errors})")
+    if pool not in dom.charts:
+        sys.exit(f"history: no chart of pool {pool} (charts: {sorted(dom.charts)})")
+    chart = dom.charts[pool]
+    line = chart["lines"].get(space)
+    if line is None:
+        sys.exit(f"history: pool {pool}'s chart has no line for {space}: {sorted(chart['lines'])}")
+    want = next(s["bytes_in_use"] for s in hist["spaces"]
+                if f'{s["device"]}/{s["memory_kind"]}' == space)
+    top, last = int(line["data-max"]), int(line["data-last"])
+    if last != want[-1]:
+        sys.exit(f"history: {space} ends at {last} on the page, the history says {want[-1]}")
+    if top - last < nbytes:
+        sys.exit(f"history: {space} peaks at {top}, ends at {last}: no spike of {nbytes} bytes")
+    ys = [float(p.split(",")[1]) for p in line["points"].split()]
+    if max(ys) - min(ys) < 20:
+        sys.exit(f"history: {space}'s line is flat on the page (y from {min(ys)} to {max(ys)})")
+    limit = chart["lines"].get("limit")
+    plimit = next(p["bytes_limit"][-1] for p in hist["pools"] if p["pool"] == pool)
+    if limit is None or int(limit["data-last"]) != plimit:
+        sys.exit(f"history: pool {pool}'s limit {plimit} is not shown ({limit})")
+    loss = dom.losses.get(model)
+    if loss is None or loss["attrs"]["data-op"] != op or int(loss["attrs"]["data-steps"]) < 1:
+        sys.exit(f"history: no loss curve of {op} for model {model}: {loss and loss['attrs']}")
+    if dom.timeline.get(op) != "CANCELLED":
+        sys.exit(f"history: {op} not on the timeline as cancelled: {dom.timeline.get(op)}")
+    print(f"dashboard: {space} spike of {top - last} bytes drawn in {pool} over "
+          f"{chart['attrs']['data-rows']} samples, limit {plimit}; {model}'s loss curve over "
+          f"{loss['attrs']['data-steps']} steps; {len(dom.timeline)} operations on the timeline")
+
+
 def main():
+    if sys.argv[1] == "--history":
+        check_history(*sys.argv[2:6], int(sys.argv[6]), *sys.argv[7:9])
+        return
     if sys.argv[1] == "--spaces":
         n = len(check("page", parse(sys.argv[3]), sys.argv[2]))
         print(f"dashboard: {n} spaces drawn")

@@ -4,7 +4,10 @@
 # lists, and after an upload it shows the array with its placement and the
 # space's bytes in use grown by the array's size, and a training run in
 # flight with its progress in steps; a screenshot goes to
-# build/dashboard.png. Then, with --token-file, the page (and the spec) are
+# build/dashboard.png. Once the array is deleted and the run cancelled, the
+# history draws the upload as a spike in its pool's chart (checked against
+# /v1/memory/history), the run's loss curve and the run on the timeline; a
+# screenshot goes to build/dashboard-history.png. Then, with --token-file, the page (and the spec) are
 # behind the token as the API is.
 #
 # Chromium runs offline (--headless, no sandbox as root, no first-run
@@ -51,6 +54,17 @@ python3 tests/api/check_dashboard.py "$API_TMP/memory0.json" "$API_TMP/before.ht
 	"$API_TMP/memory1.json" "$API_TMP/after.html" dash.tokens sim:0/pinned_host 1048576 \
 	"$op" 1000000
 
+# the spike: the array gone, a sample or two later the history still shows it
+curl -sf -o /dev/null -X DELETE "$base/v1/arrays/dash.tokens"
+sleep 2.5
+chrome --dump-dom "$base/dashboard" >"$API_TMP/history.html"
+curl -sf "$base/v1/memory/history?since=15m" >"$API_TMP/history.json"
+chrome --window-size=1280,2600 --hide-scrollbars --screenshot="$PWD/build/dashboard-history.png" \
+	"$base/dashboard" >/dev/null
+[ -s build/dashboard-history.png ] || { echo "dashboard: no history screenshot" >&2; exit 1; }
+python3 tests/api/check_dashboard.py --history "$API_TMP/history.json" "$API_TMP/history.html" \
+	host/pinned_host sim:0/pinned_host 1048576 dash "$op"
+
 # behind the token, as /v1 is; the health routes stay open. A browser is
 # asked for the token (Basic, the token as the password): Chromium given it
 # in the URL draws the page from calls that carry it.
@@ -77,4 +91,5 @@ curl -s -D - -o /dev/null "$tbase/dashboard" | grep -qi '^WWW-Authenticate: Basi
 curl -sf -u "ops:$token" "$tbase/v1/memory" >"$API_TMP/memory2.json"
 chrome --dump-dom "http://ops:$token@127.0.0.1:$PORT/dashboard" >"$API_TMP/token.html"
 python3 tests/api/check_dashboard.py --spaces "$API_TMP/memory2.json" "$API_TMP/token.html"
-echo "dashboard: spaces drawn, upload shown, screenshot in build/dashboard.png, token enforced"
+echo "dashboard: spaces drawn, upload shown, spike in the history, screenshots in" \
+	"build/dashboard.png and build/dashboard-history.png, token enforced"

@@ -224,6 +224,43 @@ def test_out_of_memory_attributes(client, daemon):
     assert client.memory_stats("sim:0", "device")["bytes_in_use"] == stats["bytes_in_use"]
 
 
+def test_history(client):
+    import datetime
+    import time
+
+    client.put("hist", np.zeros(1 << 20, np.uint8), device="sim:0", memory_kind="pinned_host")
+    put_at = time.time()
+    for _ in range(50):
+        h = client.history(since=60)
+        if h["times_unix_ms"] and h["times_unix_ms"][-1] / 1000 > put_at + 0.05:
+            break
+        time.sleep(0.1)
+    client.delete("hist")
+    del_at = time.time()
+    for _ in range(50):
+        h = client.history(since=datetime.timedelta(seconds=60))
+        if h["times_unix_ms"][-1] / 1000 > del_at + 0.05:
+            break
+        time.sleep(0.1)
+    space = next(s for s in h["spaces"] if (s["device"], s["memory_kind"]) == ("sim:0", "pinned_host"))
+    assert space["pool"] == "host/pinned_host"
+    assert len(space["bytes_in_use"]) == len(h["times_unix_ms"])
+    assert max(space["bytes_in_use"]) - space["bytes_in_use"][-1] >= 1 << 20
+    pools = [p["pool"] for p in h["pools"]]
+    assert pools.count("host/pinned_host") == 1
+    assert h["step_seconds"] == 1
+    assert client.history(step=10)["step_seconds"] == 10
+    assert client.history(since="4h")["step_seconds"] == 10
+    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=30)
+    assert all(t >= start.timestamp() * 1000 - 1 for t in client.history(since=start)["times_unix_ms"])
+    with pytest.raises(tstage.InvalidArgument, match="since 'yesterday'"):
+        client.history(since="yesterday")
+    with pytest.raises(tstage.InvalidArgument, match="step '0'"):
+        client.history(step=0)
+    with pytest.raises(ValueError):
+        client.history(since=datetime.datetime.now())
+
+
 def test_devices_backends_memory(client):
     devs = {d["id"]: d for d in client.devices()}
     assert {"sim:0", "sim:1", "cpu:0"} <= set(devs)

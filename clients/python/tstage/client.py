@@ -1,6 +1,7 @@
 """The tstage client: arrays, moves, operations and models of one tstaged."""
 from __future__ import annotations
 
+import datetime as _datetime
 import io
 import json as _json
 import os
@@ -267,6 +268,22 @@ class Client:
     def memory(self) -> Dict[str, Any]:
         """The dashboard view: every space's stats, array and transfer totals."""
         return self._t.json("GET", "/v1/memory")
+
+    def history(self, since: Union[None, str, float, _datetime.datetime,
+                                   _datetime.timedelta] = None,
+                step: Union[None, str, float, _datetime.timedelta] = None) -> Dict[str, Any]:
+        """The memory history (``GET /v1/memory/history``): ``times_unix_ms`` and,
+        row by row, every space's and pool's use (``spaces``, ``pools`` with
+        ``bytes_limit``), copy bytes per device and direction (``transfers``),
+        ``http_requests_total`` and ``operations``, with ``step_seconds``.
+
+        ``since``: a time (an aware ``datetime``, or RFC 3339 text), or a time
+        ago (seconds, a ``timedelta``, or text such as ``"10m"``); default, the
+        answering ring's whole span. ``step``: the wanted resolution (seconds,
+        a ``timedelta`` or ``"10s"``): 1 s rows for the last 15 minutes, 10 s
+        rows for 3 hours. Bad values raise ``InvalidArgument``."""
+        return self._t.json("GET", "/v1/memory/history",
+                            query={"since": _since_param(since), "step": _seconds_param(step)})
 
     def fleet(self, scope: str = "fleet") -> List[Dict[str, Any]]:
         """Every node of the fleet (``GET /v1/fleet``): this one first, then each
@@ -777,3 +794,22 @@ class Client:
                            idempotent=False, timeout=timeout)
         return out["tokens"] if wait else out
 
+
+def _seconds_param(v: Any) -> Optional[str]:
+    """A duration for a query: seconds as text, a timedelta's seconds, or text as is."""
+    if v is None or isinstance(v, str):
+        return v
+    if isinstance(v, _datetime.timedelta):
+        v = v.total_seconds()
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"a duration is seconds, a timedelta or text, not {type(v).__name__}")
+    return f"{v:.6f}".rstrip("0").rstrip(".") if isinstance(v, float) else str(v)
+
+
+def _since_param(v: Any) -> Optional[str]:
+    """?since=: an aware datetime as RFC 3339 (UTC), else a duration."""
+    if isinstance(v, _datetime.datetime):
+        if v.tzinfo is None:
+            raise ValueError("since needs an aware datetime (one with a tzinfo)")
+        return v.astimezone(_datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+    return _seconds_param(v)
