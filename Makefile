@@ -37,8 +37,9 @@ endif
 comma := ,
 
 # libcurl: the fleet's poller asks the peers of --peers (server/fleet.c);
-# hwloc: the node's NUMA topology and device locality (device/topology.c)
-PKGS      := libmicrohttpd jansson libcurl hwloc
+# hwloc: the node's NUMA topology and device locality (device/topology.c);
+# ucx: the fleet's data path, UCP over --fleet-port (server/fleet_ucx.c)
+PKGS      := libmicrohttpd jansson libcurl hwloc ucx
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
