@@ -77,6 +77,11 @@ const char *ts_metrics_outcome_name(enum ts_op_state state);
  * not (server/fleet.c sets them after each round; both 0 without peers). */
 void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable);
 
+/* The fleet's data port (server/fleet_ucx.c): one endpoint accepted (its
+ * ticket was good) or rejected; endpoints open now changed by delta. */
+void ts_metrics_fleet_ucx_conn(struct ts_metrics *m, bool accepted);
+void ts_metrics_fleet_ucx_open(struct ts_metrics *m, int64_t delta);
+
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core,

@@ -3,7 +3,8 @@
  * server state: readiness (draining, device health) and the metrics
  * exposition (request counters); and the documents built into the binary
  * (assets.c): the OpenAPI description and the dashboard page; and the fleet
- * view (fleet.c), which reads the peers' poller.
+ * view (fleet.c), which reads the peers' poller, and the tickets of the
+ * fleet's data port (fleet_ucx.c).
  */
 #ifndef TS_SERVER_ROUTES_H
 #define TS_SERVER_ROUTES_H
@@ -15,5 +16,6 @@ ts_server_handler_fn ts_s_metrics;
 ts_server_handler_fn ts_s_openapi;
 ts_server_handler_fn ts_s_dashboard;
 ts_server_handler_fn ts_s_fleet;         /* fleet.c */
+ts_server_handler_fn ts_s_fleet_ticket;  /* fleet.c */
 
 #endif
