@@ -31,7 +31,7 @@ ARG GIT_REV=unknown
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev \
-        libcurl4-openssl-dev libhwloc-dev \
+        libcurl4-openssl-dev libhwloc-dev libucx-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -50,7 +50,7 @@ LABEL org.opencontainers.image.title="tstaged" \
 # hadolint ignore=DL3008
 RUN apt-get update \
  && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        libmicrohttpd12 libjansson4 libopenblas0-pthread libcurl4 libhwloc15 \
+        libmicrohttpd12 libjansson4 libopenblas0-pthread libcurl4 libhwloc15 libucx0 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 tstage \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \

@@ -37,8 +37,9 @@ endif
 comma := ,
 
 # libcurl: the fleet's poller asks the peers of --peers (server/fleet.c);
-# hwloc: the node's NUMA topology and device locality (device/topology.c)
-PKGS      := libmicrohttpd jansson libcurl hwloc
+# hwloc: the node's NUMA topology and device locality (device/topology.c);
+# ucx: the fleet's data path, UCP over --fleet-port (server/fleet_ucx.c)
+PKGS      := libmicrohttpd jansson libcurl hwloc ucx
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 
@@ -64,6 +65,16 @@ endif
 ifneq ($(SANITIZE),)
 TS_CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 TS_LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+# UCX's memory hooks (libucm, installed when the library loads: every
+# process that links it) patch madvise, which glibc calls as a thread exits,
+# after ThreadSanitizer has let go of that thread: a crash at the first
+# thread's exit. Sanitized with thread, the tests run without them (what
+# they give UCX, a registration cache that sees memory unmapped, the fleet's
+# tests do not need).
+ifneq ($(filter thread,$(subst $(comma), ,$(SANITIZE))),)
+export UCX_MEM_EVENTS := no
 endif
 
 ifeq ($(CUDA),1)

@@ -4,11 +4,11 @@
 set -euo pipefail
 
 # what building tstaged needs (libcurl: the fleet's poller; libhwloc: the
-# NUMA topology; the Dockerfile's build stage installs the same,
-# tests/deploy/check_dockerfile.py checks it), then what the tests add
+# NUMA topology; libucx: the fleet's data path; the Dockerfile's build stage
+# installs the same, tests/deploy/check_dockerfile.py checks it), then what the tests add
 # (prometheus: promtool and the live Prometheus of tests/deploy/prometheus.sh)
 build_pkgs=(build-essential pkg-config libmicrohttpd-dev libjansson-dev libopenblas-dev
-	libcurl4-openssl-dev libhwloc-dev)
+	libcurl4-openssl-dev libhwloc-dev libucx-dev)
 test_pkgs=(check libsubunit-dev python3-numpy python3-pip jq python3-yaml
 	prometheus)
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")

@@ -111,7 +111,8 @@ static const struct opt options[] = {
 	 "Service), each at this daemon's --port: peers beside --peers, resolved again "
 	 "every 10 s, this daemon's own addresses left out"},
 	{"fleet-port", OPT_INT, F(fleet_port), 0, 65535, "--port + 1",
-	 "port of the fleet's data path (0: the one after --port); reported by GET /v1/fleet"},
+	 "port of the fleet's data path, UCX (0: the one after --port); it listens with --peers, "
+	 "--peers-dns or this flag; reported by GET /v1/fleet"},
 	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
 	 "also serve the HTTP API on this Unix socket (its file's mode and group are the "
 	 "permission: no token is asked there)"},

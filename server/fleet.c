@@ -527,6 +527,14 @@ json_t *ts_fleet_nodes(struct ts_fleet *f)
 }
 
 /* This node: what /v1/devices writes, with the host, version and ports. */
+/* The data port: the listener's when it is on, else the one it would take. */
+static int fleet_port(const struct ts_server *srv)
+{
+	if (srv->fleet_ucx)
+		return ts_fleet_ucx_port(srv->fleet_ucx);
+	return srv->cfg.fleet_port ? srv->cfg.fleet_port : srv->port + 1;
+}
+
 static json_t *self_node(struct ts_server *srv, const struct ts_call *call)
 {
 	const struct ts_core *core = call->core;
@@ -539,7 +547,7 @@ static json_t *self_node(struct ts_server *srv, const struct ts_call *call)
 	node = json_pack("{s:s, s:s, s:s, s:b, s:b, s:o, s:i, s:i, s:O*, s:O*, s:O*}", "host",
 	                 core->host, "url", url, "version", ts_version, "self", true, "reachable",
 	                 true, "last_contact", time_json(ts_wall_ns()), "port", srv->port,
-	                 "fleet_port", srv->cfg.fleet_port ? srv->cfg.fleet_port : srv->port + 1,
+	                 "fleet_port", fleet_port(srv),
 	                 "devices", json_object_get(devs, "devices"), "default_device",
 	                 json_object_get(devs, "default_device"), "default_backend",
 	                 json_object_get(devs, "default_backend"));
@@ -575,4 +583,27 @@ void ts_s_fleet(struct ts_server *srv, const struct ts_call *call, struct ts_rep
 	json_decref(peers);
 	ts_reply_json(reply, TS_HTTP_OK,
 	              json_pack("{s:o, s:s}", "nodes", nodes, "host", call->core->host));
+}
+
+void ts_s_fleet_ticket(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
+{
+	char ticket[TS_FLEET_TICKET_LEN + 1];
+	struct ts_error err;
+
+	(void)call;
+	if (!srv->fleet_ucx) {
+		ts_reply_fail(reply, TS_FAILED_PRECONDITION, "NO_FLEET_PORT",
+		              "this daemon has no fleet port: it listens with --peers, --peers-dns "
+		              "or --fleet-port");
+		return;
+	}
+	ts_error_clear(&err);
+	if (ts_fleet_ucx_ticket(srv->fleet_ucx, ticket, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
+	}
+	ts_reply_json(reply, TS_HTTP_OK,
+	              json_pack("{s:s, s:i, s:i, s:s}", "ticket", ticket, "fleet_port",
+	                        ts_fleet_ucx_port(srv->fleet_ucx), "expires_in_seconds",
+	                        TS_FLEET_TICKET_TTL_S, "host", call->core->host));
 }

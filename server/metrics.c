@@ -80,6 +80,8 @@ struct ts_metrics {
 	_Atomic int64_t lease_device[2];        /* GPU lease memory: bytes, allocations */
 	_Atomic int64_t fleet_peers[2];         /* reachable, unreachable (server/fleet.c) */
 	_Atomic uint64_t history[2];            /* samples, sampler CPU ns (server/history.c) */
+	_Atomic uint64_t fleet_ucx_conns[2];    /* accepted, rejected (server/fleet_ucx.c) */
+	_Atomic int64_t fleet_ucx_open;
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -188,6 +190,16 @@ void ts_metrics_record(struct ts_metrics *m, size_t route, int http_code,
 	atomic_fetch_add_explicit(&r->codes[c], 1, memory_order_relaxed);
 	ts_histogram_observe(&r->latency, duration_ns);
 	atomic_fetch_sub_explicit(&sh->in_flight, 1, memory_order_relaxed);
+}
+
+void ts_metrics_fleet_ucx_conn(struct ts_metrics *m, bool accepted)
+{
+	atomic_fetch_add_explicit(&m->fleet_ucx_conns[accepted ? 0 : 1], 1, memory_order_relaxed);
+}
+
+void ts_metrics_fleet_ucx_open(struct ts_metrics *m, int64_t delta)
+{
+	atomic_fetch_add_explicit(&m->fleet_ucx_open, delta, memory_order_relaxed);
 }
 
 void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable)
@@ -857,6 +869,18 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	       "CPU time the memory history's sampler spent reading the counters and recording them.");
 	out_printf(&o, "tstage_history_sampler_cpu_seconds_total %.6f\n",
 	           (double)atomic_load_explicit(&m->history[1], memory_order_relaxed) / 1e9);
+	family(&o, "tstage_fleet_ucx_connections_total", "counter",
+	       "Endpoints that connected to the fleet port, by whether their ticket admitted them.");
+	out_printf(&o, "tstage_fleet_ucx_connections_total{result=\"accepted\"} %llu\n",
+	           (unsigned long long)atomic_load_explicit(&m->fleet_ucx_conns[0],
+	                                                    memory_order_relaxed));
+	out_printf(&o, "tstage_fleet_ucx_connections_total{result=\"rejected\"} %llu\n",
+	           (unsigned long long)atomic_load_explicit(&m->fleet_ucx_conns[1],
+	                                                    memory_order_relaxed));
+	family(&o, "tstage_fleet_ucx_endpoints", "gauge",
+	       "Admitted endpoints open on the fleet port now.");
+	out_printf(&o, "tstage_fleet_ucx_endpoints %lld\n",
+	           (long long)atomic_load_explicit(&m->fleet_ucx_open, memory_order_relaxed));
 	family(&o, "tstage_uptime_seconds", "gauge", "Seconds since tstaged started.");
 	out_printf(&o, "tstage_uptime_seconds %.3f\n",
 	           (double)(ts_now_ns() - core->started_ns) / 1e9);

@@ -86,6 +86,10 @@ void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unr
 /* The history's sampler so far (server/history.h): samples taken and the
  * CPU time they took; set before each render. Relaxed. */
 void ts_metrics_history(struct ts_metrics *m, uint64_t samples, uint64_t cpu_ns);
+/* The fleet's data port (server/fleet_ucx.c): one endpoint accepted (its
+ * ticket was good) or rejected; endpoints open now changed by delta. */
+void ts_metrics_fleet_ucx_conn(struct ts_metrics *m, bool accepted);
+void ts_metrics_fleet_ucx_open(struct ts_metrics *m, int64_t delta);
 
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */

@@ -27,6 +27,7 @@
 	  TS_BODY_NONE, false, "memory_kind")                                                  \
 	X("GET", "/v1/topology", ts_h_topology_get, NULL, NULL, TS_BODY_NONE, false, "")      \
 	X("GET", "/v1/fleet", NULL, ts_s_fleet, NULL, TS_BODY_NONE, false, "scope")           \
+	X("POST", "/v1/fleet:ticket", NULL, ts_s_fleet_ticket, NULL, TS_BODY_NONE, false, "")  \
 	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "")           \
 	X("GET", "/v1/memory/history", NULL, ts_s_history, NULL, TS_BODY_NONE, false,          \
 	  "since,step")                                                                        \

@@ -32,6 +32,9 @@
 #include "train/model.h"
 #include "jobs/state.h"
 
+/* How long an endpoint on the fleet port may take to present its ticket. */
+#define FLEET_HELLO_MS 5000
+
 /* The fleet's peers are asked for their node this often, each given this
  * long to answer: one that stops answering is unreachable within about two
  * seconds, and GET /v1/fleet never waits on a peer (server/fleet.h). */
@@ -324,6 +327,25 @@ static void operation_ended(void *cls, const struct ts_op_end *end)
 	            ts_metrics_outcome_name(end->state));
 }
 
+/* The fleet's data port, on when the daemon has peers or --fleet-port is
+ * given: --fleet-port, else the port after --port (the kernel's choice
+ * when --port is 0). */
+static ts_status fleet_ucx_start(struct ts_server *srv, struct ts_error *err)
+{
+	const struct ts_config *cfg = &srv->cfg;
+	int port = cfg->fleet_port ? cfg->fleet_port : cfg->port ? cfg->port + 1 : 0;
+
+	if (!cfg->peers[0] && !cfg->peers_dns[0] && !cfg->fleet_port)
+		return TS_OK;
+	if (port > 65535)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "FLEET_PORT",
+		                    "--port %d leaves no port after it for the fleet: give --fleet-port",
+		                    cfg->port);
+	return ts_fleet_ucx_new(&(struct ts_fleet_ucx_config){.bind = cfg->bind, .port = port,
+	                                                      .hello_timeout_ms = FLEET_HELLO_MS},
+	                        srv->metrics, &srv->fleet_ucx, err);
+}
+
 ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
                         struct ts_error *err)
 {
@@ -460,7 +482,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	} else {
 		atomic_store(&srv->restored, true);
 	}
-	st = ts__http_start(srv, err);
+	st = fleet_ucx_start(srv, err);   /* before the HTTP threads read srv->fleet_ucx */
+	if (st == TS_OK)
+		st = ts__http_start(srv, err);
 	if (st == TS_OK && cfg->unix_socket[0]) {
 		st = ts__lease_start(srv, err);
 		if (st == TS_OK)
@@ -580,6 +604,7 @@ void ts_server_free(struct ts_server *srv)
 	ts_op_registry_free(srv->core.env.operations);
 	ts_state_free(srv->core.state);
 	ts_fleet_free(srv->fleet);   /* its poller sets metrics */
+	ts_fleet_ucx_free(srv->fleet_ucx);   /* so does its progress thread */
 	ts_metrics_free(srv->metrics);
 	ts_router_free(srv->router);
 	ts_view_cache_free(srv->core.memory_view);

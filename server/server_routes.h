@@ -3,7 +3,8 @@
  * server state: readiness (draining, device health) and the metrics
  * exposition (request counters); and the documents built into the binary
  * (assets.c): the OpenAPI description and the dashboard page; and the fleet
- * view (fleet.c), which reads the peers' poller; and the memory history
+ * view (fleet.c), which reads the peers' poller, and the tickets of the
+ * fleet's data port (fleet_ucx.c); and the memory history
  * (memory_history.c), which reads the sampler's rings.
  */
 #ifndef TS_SERVER_ROUTES_H
@@ -17,5 +18,6 @@ ts_server_handler_fn ts_s_openapi;
 ts_server_handler_fn ts_s_dashboard;
 ts_server_handler_fn ts_s_fleet;         /* fleet.c */
 ts_server_handler_fn ts_s_history;       /* memory_history.c */
+ts_server_handler_fn ts_s_fleet_ticket;  /* fleet.c */
 
 #endif

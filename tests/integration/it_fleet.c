@@ -8,7 +8,9 @@
  * and a resumed one is reachable again (each change logged once); a peer with another token is
  * unreachable as UNAUTHENTICATED; --peers-dns's addresses are peers, the
  * daemon's own left out; bad --peers values are refused at start with the
- * item at fault named.
+ * item at fault named. The fleet port (UCX) admits an endpoint only with a
+ * ticket from an authenticated POST /v1/fleet:ticket, once: a forged, a
+ * replayed, a short or a missing ticket is closed and counted.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include "harness.h"
@@ -39,19 +42,34 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-/* A loopback port nothing listens on now (the kernel's choice, released). */
-static int free_port(void)
+/* n loopback ports p, each with p + 1 free too (the fleet port's default),
+ * no two pairs overlapping: all held bound until every one is chosen. */
+static void free_port_pairs(int *ports, int n)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t len = sizeof a;
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+	int fds[2 * NODES + 2], nfd = 0;
 
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	port = ntohs(a.sin_port);
-	close(fd);
-	return port;
+	ck_assert_int_le(n, NODES);
+	for (int i = 0; i < n;) {
+		struct sockaddr_in a = {.sin_family = AF_INET,
+		                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+		socklen_t len = sizeof a;
+		int fd = socket(AF_INET, SOCK_STREAM, 0), fd2 = socket(AF_INET, SOCK_STREAM, 0);
+
+		ck_assert(fd >= 0 && fd2 >= 0);
+		ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+		ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+		a.sin_port = htons((uint16_t)(ntohs(a.sin_port) + 1));
+		if (ntohs(a.sin_port) != 0 && bind(fd2, (struct sockaddr *)&a, sizeof a) == 0) {
+			ports[i++] = ntohs(a.sin_port) - 1;
+			fds[nfd++] = fd;
+			fds[nfd++] = fd2;
+		} else {
+			close(fd);
+			close(fd2);
+		}
+	}
+	for (int i = 0; i < nfd; i++)
+		close(fds[i]);
 }
 
 /* Starts n daemons on ports[i], host "node<i>", each naming the others as
@@ -148,8 +166,7 @@ START_TEST(test_fleet_lists_every_node)
 	int ports[NODES];
 	char tokens[NODES][512];
 
-	for (int i = 0; i < NODES; i++)
-		ports[i] = free_port();
+	free_port_pairs(ports, NODES);
 	same_tokens(tokens, NODES);
 	start_fleet(d, NODES, ports, tokens);
 	for (int i = 0; i < NODES; i++)
@@ -222,8 +239,7 @@ START_TEST(test_stopped_and_killed_peers)
 	struct th_response r;
 	double v;
 
-	for (int i = 0; i < NODES; i++)
-		ports[i] = free_port();
+	free_port_pairs(ports, NODES);
 	same_tokens(tokens, NODES);
 	start_fleet(d, NODES, ports, tokens);
 	json_decref(await_node(&d[0], ports[1], true));
@@ -276,10 +292,11 @@ END_TEST
 START_TEST(test_peer_with_another_token)
 {
 	struct th_daemon d[2];
-	int ports[2] = {free_port(), free_port()};
+	int ports[2];
 	char tokens[2][512];
 	json_t *node;
 
+	free_port_pairs(ports, 2);
 	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
 	th_write_temp("token2", "another-token-0123456789abcdef\n", tokens[1], sizeof tokens[1]);
 	start_fleet(d, 2, ports, tokens);
@@ -343,8 +360,9 @@ START_TEST(test_peers_from_dns)
 	json_t *node, *view;
 	struct th_response r;
 	size_t i;
-	int p = free_port();
+	int p;
 
+	free_port_pairs(&p, 1);
 	snprintf(port, sizeof port, "%d", p);
 	snprintf(url_b, sizeof url_b, "http://127.0.0.1:%d", p);
 	th_daemon_start(&b, args_b);
@@ -402,11 +420,286 @@ START_TEST(test_bad_peers_refused_at_start)
 }
 END_TEST
 
+/* ---- the fleet port ------------------------------------------------------ */
+
+/* How long the daemon gives an endpoint to present its ticket (server.c),
+ * and how long a test waits beyond it. */
+#define HELLO_MS 5000
+#define SEEN_REJECTED_MS (HELLO_MS + 10000)
+
+/* A UCP client of a daemon's fleet port, as a peer's would be. */
+struct ucx_client {
+	ucp_context_h ctx;
+	ucp_worker_h worker;
+	ucp_ep_h ep;
+	bool failed;     /* the endpoint's error handler ran: the daemon closed it */
+};
+
+static void client_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+	(void)ep;
+	(void)status;
+	((struct ucx_client *)arg)->failed = true;
+}
+
+static void ucx_connect(struct ucx_client *c, int port)
+{
+	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+	                       .features = UCP_FEATURE_STREAM};
+	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+	                        .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS |
+	                                    UCP_EP_PARAM_FIELD_SOCK_ADDR |
+	                                    UCP_EP_PARAM_FIELD_ERR_HANDLER |
+	                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+	                      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
+	                      .sockaddr = {.addr = (struct sockaddr *)&a, .addrlen = sizeof a},
+	                      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
+	                      .err_handler = {.cb = client_error, .arg = c}};
+	ucp_config_t *config;
+
+	memset(c, 0, sizeof *c);
+	ep.err_handler.arg = c;
+	ck_assert_int_eq(ucp_config_read(NULL, NULL, &config), UCS_OK);
+	ck_assert_int_eq(ucp_init(&params, config, &c->ctx), UCS_OK);
+	ucp_config_release(config);
+	ck_assert_int_eq(ucp_worker_create(c->ctx, &wp, &c->worker), UCS_OK);
+	ck_assert_int_eq(ucp_ep_create(c->worker, &ep, &c->ep), UCS_OK);
+}
+
+/* Progresses c for ms, or until its endpoint fails. */
+static void ucx_progress(struct ucx_client *c, int ms)
+{
+	for (double end = now_ms() + ms; now_ms() < end && !c->failed;)
+		if (!ucp_worker_progress(c->worker))
+			usleep(1000);
+}
+
+/* Sends n bytes of msg on c's stream and waits until they have left. */
+static void ucx_send(struct ucx_client *c, const char *msg, size_t n)
+{
+	ucp_request_param_t p = {.op_attr_mask = 0};
+	void *req = ucp_stream_send_nbx(c->ep, msg, n, &p);
+	double end = now_ms() + 10000;
+
+	ck_assert(!UCS_PTR_IS_ERR(req));
+	while (req && ucp_request_check_status(req) == UCS_INPROGRESS && now_ms() < end)
+		if (!ucp_worker_progress(c->worker))
+			usleep(1000);
+	if (req) {
+		ck_assert_int_eq(ucp_request_check_status(req), UCS_OK);
+		ucp_request_free(req);
+	}
+}
+
+static void ucx_close(struct ucx_client *c)
+{
+	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+	void *req = ucp_ep_close_nbx(c->ep, &p);
+
+	while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
+		ucp_worker_progress(c->worker);
+	if (UCS_PTR_IS_PTR(req))
+		ucp_request_free(req);
+	ucp_worker_destroy(c->worker);
+	ucp_cleanup(c->ctx);
+}
+
+/* d's tstage_fleet_ucx_connections_total{result} and the endpoints gauge. */
+static double ucx_metric(struct th_daemon *d, const char *result)
+{
+	struct th_response r;
+	double v = -1;
+
+	th_request(d, "GET", "/metrics", auth, NULL, 0, &r);
+	if (result) {
+		char label[40];
+
+		snprintf(label, sizeof label, "result=\"%s\"", result);
+		ck_assert(th_prom_find(r.body, "tstage_fleet_ucx_connections_total", label, &v));
+	} else {
+		ck_assert(th_prom_find(r.body, "tstage_fleet_ucx_endpoints", NULL, &v));
+	}
+	th_response_free(&r);
+	return v;
+}
+
+/* Waits (progressing c, when given) until d's counter of result reaches want. */
+static void await_ucx_metric(struct th_daemon *d, struct ucx_client *c, const char *result,
+                             double want, int within_ms)
+{
+	double start = now_ms(), v;
+
+	while ((v = ucx_metric(d, result)) != want) {
+		ck_assert_msg(now_ms() - start < within_ms, "%s is %g, not %g after %d ms",
+		              result ? result : "endpoints", v, want, within_ms);
+		if (c)
+			ucx_progress(c, 50);
+		else
+			usleep(50000);
+	}
+}
+
+/* A ticket from d (authenticated), into out[65]. */
+static void get_ticket(struct th_daemon *d, char *out, int want_port)
+{
+	struct th_response r;
+	json_t *o;
+
+	th_request(d, "POST", "/v1/fleet:ticket", auth, NULL, 0, &r);
+	ck_assert_msg(r.status == 200, "POST /v1/fleet:ticket: %ld %s", r.status, r.body);
+	o = th_json(&r);
+	ck_assert_int_eq(strlen(th_str(o, "ticket")), 64);
+	ck_assert_int_eq(strspn(th_str(o, "ticket"), "0123456789abcdef"), 64);
+	ck_assert_int_eq(th_int(o, "fleet_port"), want_port);
+	ck_assert_int_eq(th_int(o, "expires_in_seconds"), 30);
+	snprintf(out, 65, "%s", th_str(o, "ticket"));
+	th_response_free(&r);
+}
+
+/* A daemon with peers listens on the fleet port (--port + 1): tickets need
+ * the token; an endpoint with a good ticket is admitted and stays; one with
+ * a forged ticket, the same ticket again, a short one, or none before the
+ * deadline is closed and counted; tickets differ each time. */
+START_TEST(test_fleet_port_tickets)
+{
+	struct th_daemon d;
+	struct ucx_client good, c;
+	char tokens[1][512], port[16], ticket[65], ticket2[65], forged[65];
+	const char *args[] = {"--port", port, "--host-name", "node0", "--peers",
+	                      "http://127.0.0.1:1", "--token-file", tokens[0], NULL};
+	struct th_response r;
+	int p, fport;
+
+	free_port_pairs(&p, 1);
+	fport = p + 1;
+	snprintf(port, sizeof port, "%d", p);
+	same_tokens(tokens, 1);
+	th_daemon_start(&d, args);
+
+	th_request(&d, "POST", "/v1/fleet:ticket", NULL, NULL, 0, &r);
+	th_assert_error(&r, 401, "UNAUTHENTICATED", NULL);
+	th_response_free(&r);
+	get_ticket(&d, ticket, fport);
+	get_ticket(&d, ticket2, fport);
+	ck_assert_str_ne(ticket, ticket2);
+	ck_assert(ucx_metric(&d, "accepted") == 0 && ucx_metric(&d, "rejected") == 0);
+
+	/* a forged ticket: one digit off a live one */
+	snprintf(forged, sizeof forged, "%s", ticket2);
+	forged[10] = forged[10] == '0' ? '1' : '0';
+	ucx_connect(&c, fport);
+	ucx_send(&c, forged, 64);
+	await_ucx_metric(&d, &c, "rejected", 1, SEEN_WITHIN_MS);
+	ucx_progress(&c, 3000);
+	ck_assert_msg(c.failed, "the daemon kept an endpoint with a forged ticket");
+	ucx_close(&c);
+
+	/* a good one: admitted, and it stays */
+	ucx_connect(&good, fport);
+	ucx_send(&good, ticket, 64);
+	await_ucx_metric(&d, &good, "accepted", 1, SEEN_WITHIN_MS);
+	ck_assert(ucx_metric(&d, NULL) == 1);
+	ucx_progress(&good, 500);
+	ck_assert(!good.failed);
+
+	/* the same ticket again: spent */
+	ucx_connect(&c, fport);
+	ucx_send(&c, ticket, 64);
+	await_ucx_metric(&d, &c, "rejected", 2, SEEN_WITHIN_MS);
+	ucx_close(&c);
+
+	/* a short one, and nothing at all: rejected at the deadline */
+	ucx_connect(&c, fport);
+	ucx_send(&c, ticket2, 20);
+	await_ucx_metric(&d, &c, "rejected", 3, SEEN_REJECTED_MS);
+	ucx_close(&c);
+	ucx_connect(&c, fport);
+	await_ucx_metric(&d, &c, "rejected", 4, SEEN_REJECTED_MS);
+	ucx_progress(&c, 3000);
+	ck_assert(c.failed);
+	ucx_close(&c);
+	ck_assert(ucx_metric(&d, "accepted") == 1);
+
+	/* the good endpoint goes: nothing open */
+	ucx_close(&good);
+	await_ucx_metric(&d, NULL, NULL, 0, SEEN_WITHIN_MS);
+	{
+		char *log = th_daemon_stderr(&d);
+
+		ck_assert_msg(strstr(log, "\"event\":\"fleet_ucx\"") &&
+		              strstr(log, "\"result\":\"rejected\"") &&
+		              strstr(log, "is not a live ticket"),
+		              "no rejection line in: %s", log);
+		free(log);
+	}
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* Without peers or --fleet-port nothing listens: tickets are refused with
+ * the reason; with peers and --port 0 the fleet port is the kernel's choice,
+ * the one /v1/fleet and the tickets report, and it admits a ticket; a fleet
+ * port that is taken stops the start, named. */
+START_TEST(test_fleet_port_off_and_taken)
+{
+	struct th_daemon d;
+	struct th_response r;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t len = sizeof a;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char fport[16];
+	const char *args[] = {"--port", "0", "--fleet-port", fport, NULL};
+	struct th_run_result res;
+
+	th_daemon_start(&d, NULL);
+	th_post(&d, "/v1/fleet:ticket", NULL, &r);
+	th_assert_error(&r, 400, "FAILED_PRECONDITION", "NO_FLEET_PORT");
+	th_response_free(&r);
+	th_daemon_stop_ok(&d);
+
+	{
+		const char *eph[] = {"--port", "0", "--peers", "http://127.0.0.1:1", NULL};
+		struct ucx_client c;
+		char ticket[65];
+		json_t *view, *self;
+		int chosen;
+
+		th_daemon_start(&d, eph);
+		view = get_auth(&d, "/v1/fleet?scope=local");
+		self = json_array_get(th_arr(view, "nodes"), 0);
+		chosen = (int)th_int(self, "fleet_port");
+		ck_assert_int_gt(chosen, 0);
+		ck_assert_int_ne(chosen, (int)th_int(self, "port"));
+		json_decref(view);
+		get_ticket(&d, ticket, chosen);
+		ucx_connect(&c, chosen);
+		ucx_send(&c, ticket, 64);
+		await_ucx_metric(&d, &c, "accepted", 1, SEEN_WITHIN_MS);
+		ucx_close(&c);
+		th_daemon_stop_ok(&d);
+	}
+
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+	ck_assert_int_eq(listen(fd, 1), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	snprintf(fport, sizeof fport, "%d", ntohs(a.sin_port));
+	th_run(args, NULL, 10000, &res);
+	ck_assert_int_ne(res.status, 0);
+	ck_assert_msg(strstr(res.err, "--fleet-port") && strstr(res.err, fport), "%s", res.err);
+	th_run_free(&res);
+	close(fd);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
 	TCase *view = tcase_create("view"), *faults = tcase_create("faults");
-	TCase *flags = tcase_create("flags");
+	TCase *flags = tcase_create("flags"), *port = tcase_create("port");
 
 	tcase_set_timeout(view, 120);
 	tcase_set_timeout(faults, 120);
@@ -418,6 +711,10 @@ Suite *th_suite(void)
 	tcase_add_test(flags, test_bad_peers_refused_at_start);
 	suite_add_tcase(s, view);
 	suite_add_tcase(s, faults);
+	tcase_set_timeout(port, 120);
+	tcase_add_test(port, test_fleet_port_tickets);
+	tcase_add_test(port, test_fleet_port_off_and_taken);
 	suite_add_tcase(s, flags);
+	suite_add_tcase(s, port);
 	return s;
 }

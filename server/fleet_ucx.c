@@ -1,0 +1,486 @@
+/*
+ * fleet_ucx.c - the fleet's data port: a UCP listener on --fleet-port, one
+ * progress thread that owns the worker and every endpoint, and the one-time
+ * tickets that admit an endpoint (fleet_ucx.h).
+ *
+ * Invariants: only the progress thread calls into the worker (the others
+ * only ucp_worker_signal it); an endpoint is in the HELLO state until its
+ * ticket is checked, and a connection object lives until its endpoint's
+ * close and its ticket receive have both completed (UCX calls back into it
+ * until then).
+ */
+#include "server/fleet_ucx.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <ucp/api/ucp.h>
+
+#include "common/lock.h"
+#include "common/log.h"
+#include "common/units.h"
+#include "server/metrics.h"
+
+/* Most tickets issued and not yet spent or expired. */
+#define TICKETS_MAX 256
+
+/* Most endpoints waiting for their ticket; more are rejected at once. */
+#define HELLO_MAX 256
+
+/* The progress thread's longest sleep (it checks deadlines and stop). */
+#define SLEEP_MS 100
+
+/* How long the thread waits, at stop, for endpoints to close. */
+#define CLOSE_WAIT_NS (2ull * 1000000000ull)
+
+struct ticket {
+	char hex[TS_FLEET_TICKET_LEN];
+	uint64_t expires_ns;             /* 0: free */
+};
+
+enum conn_state { C_HELLO, C_OPEN, C_CLOSING };
+
+struct conn {
+	struct conn *next;
+	struct ts_fleet_ucx *u;
+	ucp_ep_h ep;
+	enum conn_state state;
+	char peer[64];                   /* the client's address, for logs */
+	char hello[TS_FLEET_TICKET_LEN];
+	uint64_t deadline_ns;            /* for the ticket */
+	bool recv_pending;               /* the ticket's receive has not completed */
+	bool hello_done;                 /* it completed with every byte */
+	bool failed;                     /* the endpoint or the receive failed */
+	void *close_req;                 /* the close in flight; NULL when done */
+	bool counted_open;
+};
+
+struct ts_fleet_ucx {
+	ucp_context_h ctx;
+	ucp_worker_h worker;
+	ucp_listener_h listener;
+	int efd;                         /* the worker's event fd; immutable */
+	int port;                        /* immutable after new */
+	uint64_t hello_timeout_ns;       /* immutable */
+	struct ts_metrics *metrics;      /* borrowed */
+	struct conn *conns;              /* the progress thread's */
+	int nhello;                      /* the progress thread's */
+	struct ts_mutex mu;
+	struct ticket tickets[TICKETS_MAX];   /* guarded by: mu */
+	_Atomic bool stop;
+	pthread_t thread;
+	bool started;
+};
+
+static void log_conn(const struct conn *c, const char *result, const char *why)
+{
+	char fields[200];
+
+	snprintf(fields, sizeof fields, "\"event\":\"fleet_ucx\",\"peer\":\"%s\",\"result\":\"%s\"",
+	         c->peer, result);
+	ts_log(strcmp(result, "accepted") == 0 ? TS_LOG_INFO : TS_LOG_WARN, fields,
+	       "fleet endpoint from %s %s%s%s", c->peer, result, why ? ": " : "", why ? why : "");
+}
+
+/* Nonzero unless a and b (TS_FLEET_TICKET_LEN bytes each) are equal; the
+ * time taken does not depend on where they differ. */
+static unsigned ct_differ(const char *a, const char *b)
+{
+	unsigned d = 0;
+
+	for (size_t i = 0; i < TS_FLEET_TICKET_LEN; i++)
+		d |= (unsigned char)a[i] ^ (unsigned char)b[i];
+	return d;
+}
+
+/* Spends the live ticket equal to got, if any: true when there was one.
+ * Every slot is compared whole, live or not. */
+static bool ticket_spend(struct ts_fleet_ucx *u, const char *got)
+{
+	uint64_t now = ts_now_ns();
+	int found = -1;
+
+	ts_mutex_lock(&u->mu);
+	for (int i = 0; i < TICKETS_MAX; i++) {
+		struct ticket *t = &u->tickets[i];
+		unsigned bad = ct_differ(t->hex, got) | (t->expires_ns <= now);
+
+		found = bad ? found : i;
+	}
+	if (found >= 0)
+		u->tickets[found].expires_ns = 0;
+	ts_mutex_unlock(&u->mu);
+	return found >= 0;
+}
+
+ts_status ts_fleet_ucx_ticket(struct ts_fleet_ucx *u, char *out, struct ts_error *err)
+{
+	static const char digits[] = "0123456789abcdef";
+	unsigned char rnd[TS_FLEET_TICKET_LEN / 2];
+	uint64_t now = ts_now_ns();
+	struct ticket *slot = NULL;
+
+	if (getrandom(rnd, sizeof rnd, 0) != (ssize_t)sizeof rnd)
+		return ts_error_set(err, TS_INTERNAL, "RANDOM", "no random bytes for a ticket");
+	for (size_t i = 0; i < sizeof rnd; i++) {
+		out[2 * i] = digits[rnd[i] >> 4];
+		out[2 * i + 1] = digits[rnd[i] & 15];
+	}
+	out[TS_FLEET_TICKET_LEN] = '\0';
+	ts_mutex_lock(&u->mu);
+	for (int i = 0; i < TICKETS_MAX && !slot; i++)
+		if (u->tickets[i].expires_ns <= now)
+			slot = &u->tickets[i];
+	if (slot) {
+		memcpy(slot->hex, out, TS_FLEET_TICKET_LEN);
+		slot->expires_ns = now + (uint64_t)TS_FLEET_TICKET_TTL_S * 1000000000ull;
+	}
+	ts_mutex_unlock(&u->mu);
+	if (!slot)
+		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "TICKETS",
+		                    "%d fleet tickets are waiting for their endpoints already",
+		                    TICKETS_MAX);
+	return TS_OK;
+}
+
+int ts_fleet_ucx_port(const struct ts_fleet_ucx *u)
+{
+	return u->port;
+}
+
+static void hello_done_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+	struct conn *c = user_data;
+
+	c->recv_pending = false;
+	if (status == UCS_OK && length == TS_FLEET_TICKET_LEN)
+		c->hello_done = true;
+	else
+		c->failed = true;
+	ucp_request_free(request);
+}
+
+static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+	struct conn *c = arg;
+
+	(void)ep;
+	(void)status;
+	c->failed = true;
+}
+
+/* Starts closing c's endpoint (forced: whatever is in flight is cancelled). */
+static void conn_close(struct conn *c)
+{
+	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+	void *req;
+
+	if (c->state == C_CLOSING)
+		return;
+	if (c->state == C_HELLO)
+		c->u->nhello--;
+	if (c->counted_open)
+		ts_metrics_fleet_ucx_open(c->u->metrics, -1);
+	c->counted_open = false;
+	c->state = C_CLOSING;
+	req = ucp_ep_close_nbx(c->ep, &p);
+	c->close_req = UCS_PTR_IS_PTR(req) ? req : NULL;
+}
+
+static void reject(struct conn *c, const char *why)
+{
+	ts_metrics_fleet_ucx_conn(c->u->metrics, false);
+	log_conn(c, "rejected", why);
+	conn_close(c);
+}
+
+/* Moves c on after progress: a ticket that came is checked, a failure or a
+ * passed deadline rejects, an open endpoint that failed is closed. Returns
+ * whether c may be freed. */
+static bool conn_step(struct conn *c, uint64_t now)
+{
+	switch (c->state) {
+	case C_HELLO:
+		if (c->hello_done) {
+			if (ticket_spend(c->u, c->hello)) {
+				c->state = C_OPEN;
+				c->u->nhello--;
+				ts_metrics_fleet_ucx_conn(c->u->metrics, true);
+				ts_metrics_fleet_ucx_open(c->u->metrics, 1);
+				c->counted_open = true;
+				log_conn(c, "accepted", NULL);
+			} else {
+				reject(c, "its first message is not a live ticket");
+			}
+		} else if (c->failed) {
+			reject(c, "it failed before sending a ticket");
+		} else if (now >= c->deadline_ns) {
+			reject(c, "no ticket in time");
+		}
+		break;
+	case C_OPEN:
+		if (c->failed) {
+			log_conn(c, "closed", NULL);
+			conn_close(c);
+		}
+		break;
+	case C_CLOSING:
+		break;
+	}
+	if (c->state == C_CLOSING && c->close_req &&
+	    ucp_request_check_status(c->close_req) != UCS_INPROGRESS) {
+		ucp_request_free(c->close_req);
+		c->close_req = NULL;
+	}
+	return c->state == C_CLOSING && !c->close_req && !c->recv_pending;
+}
+
+static void conns_step(struct ts_fleet_ucx *u)
+{
+	uint64_t now = ts_now_ns();
+
+	for (struct conn **pp = &u->conns; *pp;) {
+		struct conn *c = *pp;
+
+		if (conn_step(c, now)) {
+			*pp = c->next;
+			free(c);
+		} else {
+			pp = &c->next;
+		}
+	}
+}
+
+static void peer_name(ucp_conn_request_h req, char *out, size_t n)
+{
+	ucp_conn_request_attr_t a = {.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR};
+	char host[INET6_ADDRSTRLEN] = "?", port[8] = "?";
+
+	if (ucp_conn_request_query(req, &a) == UCS_OK)
+		(void)getnameinfo((struct sockaddr *)&a.client_address, sizeof a.client_address, host,
+		                  sizeof host, port, sizeof port, NI_NUMERICHOST | NI_NUMERICSERV);
+	snprintf(out, n, "%s:%s", host, port);
+}
+
+/* A new connection: its endpoint, and the receive of its ticket. */
+static void conn_request_cb(ucp_conn_request_h req, void *arg)
+{
+	struct ts_fleet_ucx *u = arg;
+	struct conn *c;
+	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST |
+	                                    UCP_EP_PARAM_FIELD_ERR_HANDLER |
+	                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
+	                      .conn_request = req,
+	                      .err_mode = UCP_ERR_HANDLING_MODE_PEER};
+	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+	                                         UCP_OP_ATTR_FIELD_USER_DATA |
+	                                         UCP_OP_ATTR_FIELD_FLAGS,
+	                         .flags = UCP_STREAM_RECV_FLAG_WAITALL,
+	                         .cb.recv_stream = hello_done_cb};
+	size_t len = 0;
+	void *r;
+
+	c = calloc(1, sizeof *c);
+	if (!c || atomic_load(&u->stop) || u->nhello >= HELLO_MAX) {
+		char peer[64];
+
+		peer_name(req, peer, sizeof peer);
+		ts_metrics_fleet_ucx_conn(u->metrics, false);
+		ts_log(TS_LOG_WARN, "\"event\":\"fleet_ucx\",\"result\":\"rejected\"",
+		       "fleet endpoint from %s rejected: %s", peer,
+		       !c ? "no memory" : u->nhello >= HELLO_MAX ? "too many waiting for a ticket"
+		                                                 : "stopping");
+		free(c);
+		(void)ucp_listener_reject(u->listener, req);
+		return;
+	}
+	c->u = u;
+	peer_name(req, c->peer, sizeof c->peer);
+	c->state = C_HELLO;
+	c->deadline_ns = ts_now_ns() + u->hello_timeout_ns;
+	ep.err_handler = (ucp_err_handler_t){.cb = ep_error_cb, .arg = c};
+	if (ucp_ep_create(u->worker, &ep, &c->ep) != UCS_OK) {
+		ts_metrics_fleet_ucx_conn(u->metrics, false);
+		log_conn(c, "rejected", "no endpoint");
+		free(c);
+		return;
+	}
+	c->next = u->conns;
+	u->conns = c;
+	u->nhello++;
+	p.user_data = c;
+	r = ucp_stream_recv_nbx(c->ep, c->hello, sizeof c->hello, &len, &p);
+	if (r == NULL)
+		c->hello_done = len == TS_FLEET_TICKET_LEN;
+	else if (UCS_PTR_IS_ERR(r))
+		c->failed = true;
+	else
+		c->recv_pending = true;
+}
+
+static void *progress_main(void *arg)
+{
+	struct ts_fleet_ucx *u = arg;
+
+	while (!atomic_load(&u->stop)) {
+		struct pollfd pfd = {.fd = u->efd, .events = POLLIN};
+
+		while (ucp_worker_progress(u->worker))
+			;
+		conns_step(u);
+		if (ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
+			continue;
+		(void)poll(&pfd, 1, SLEEP_MS);
+	}
+	/* close every endpoint, and give the closes a moment to complete */
+	for (struct conn *c = u->conns; c; c = c->next)
+		conn_close(c);
+	for (uint64_t until = ts_now_ns() + CLOSE_WAIT_NS; u->conns && ts_now_ns() < until;) {
+		ucp_worker_progress(u->worker);
+		conns_step(u);
+	}
+	return NULL;
+}
+
+/* The socket address of bind:port. */
+static ts_status listen_addr(const char *bind, int port, struct sockaddr_storage *ss,
+                             socklen_t *len, struct ts_error *err)
+{
+	struct addrinfo hints = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE,
+	                         .ai_socktype = SOCK_STREAM},
+	                *ai;
+	char p[8];
+	int rc;
+
+	snprintf(p, sizeof p, "%d", port);
+	rc = getaddrinfo(bind && bind[0] ? bind : NULL, p, &hints, &ai);
+	if (rc != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "FLEET_PORT",
+		                    "fleet listener address '%s': %s", bind, gai_strerror(rc));
+	memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+	*len = ai->ai_addrlen;
+	freeaddrinfo(ai);
+	return TS_OK;
+}
+
+static ts_status ucx_error(struct ts_error *err, const char *what, ucs_status_t s)
+{
+	return ts_error_set(err, TS_UNAVAILABLE, "UCX", "UCX %s: %s", what, ucs_status_string(s));
+}
+
+static ts_status start_ucx(struct ts_fleet_ucx *u, struct ts_error *err)
+{
+	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
+	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP};
+	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
+	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
+	ucp_config_t *config;
+	ucs_status_t s;
+
+	s = ucp_config_read(NULL, NULL, &config);
+	if (s != UCS_OK)
+		return ucx_error(err, "configuration", s);
+	s = ucp_init(&params, config, &u->ctx);
+	ucp_config_release(config);
+	if (s != UCS_OK)
+		return ucx_error(err, "init", s);
+	s = ucp_worker_create(u->ctx, &wp, &u->worker);
+	if (s != UCS_OK)
+		return ucx_error(err, "worker", s);
+	s = ucp_worker_get_efd(u->worker, &u->efd);
+	if (s != UCS_OK)
+		return ucx_error(err, "worker event fd", s);
+	return TS_OK;
+}
+
+static ts_status start_listener(struct ts_fleet_ucx *u, const struct ts_fleet_ucx_config *cfg,
+                                struct ts_error *err)
+{
+	ucp_listener_params_t lp = {.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR |
+	                                          UCP_LISTENER_PARAM_FIELD_CONN_HANDLER,
+	                            .conn_handler = {.cb = conn_request_cb, .arg = u}};
+	ucp_listener_attr_t la = {.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR};
+	struct sockaddr_storage ss;
+	socklen_t len = 0;
+	ucs_status_t s;
+	char host[INET6_ADDRSTRLEN], port[8];
+	ts_status st;
+
+	st = listen_addr(cfg->bind, cfg->port, &ss, &len, err);
+	if (st != TS_OK)
+		return st;
+	lp.sockaddr = (ucs_sock_addr_t){.addr = (struct sockaddr *)&ss, .addrlen = len};
+	s = ucp_listener_create(u->worker, &lp, &u->listener);
+	if (s != UCS_OK)
+		return ts_error_set(err, TS_UNAVAILABLE, "FLEET_PORT",
+		                    "--fleet-port %d on '%s': cannot listen: %s", cfg->port,
+		                    cfg->bind, ucs_status_string(s));
+	s = ucp_listener_query(u->listener, &la);
+	if (s != UCS_OK ||
+	    getnameinfo((struct sockaddr *)&la.sockaddr, sizeof la.sockaddr, host, sizeof host, port,
+	                sizeof port, NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+		return ucx_error(err, "listener address", s != UCS_OK ? s : UCS_ERR_INVALID_ADDR);
+	u->port = atoi(port);
+	return TS_OK;
+}
+
+ts_status ts_fleet_ucx_new(const struct ts_fleet_ucx_config *cfg, struct ts_metrics *metrics,
+                           struct ts_fleet_ucx **out, struct ts_error *err)
+{
+	struct ts_fleet_ucx *u = calloc(1, sizeof *u);
+	ts_status st;
+
+	if (!u)
+		return ts_error_oom(err, "no memory for the fleet listener");
+	u->metrics = metrics;
+	u->hello_timeout_ns = (uint64_t)cfg->hello_timeout_ms * 1000000ull;
+	u->efd = -1;
+	if (ts_mutex_init(&u->mu) != 0) {
+		free(u);
+		return ts_error_oom(err, "no mutex for the fleet listener");
+	}
+	st = start_ucx(u, err);
+	if (st == TS_OK)
+		st = start_listener(u, cfg, err);
+	if (st == TS_OK && pthread_create(&u->thread, NULL, progress_main, u) != 0)
+		st = ts_error_set(err, TS_INTERNAL, "THREAD", "cannot start the fleet's progress thread");
+	u->started = st == TS_OK;
+	if (st != TS_OK) {
+		ts_fleet_ucx_free(u);
+		return st;
+	}
+	*out = u;
+	return TS_OK;
+}
+
+void ts_fleet_ucx_free(struct ts_fleet_ucx *u)
+{
+	if (!u)
+		return;
+	if (u->started) {
+		atomic_store(&u->stop, true);
+		(void)ucp_worker_signal(u->worker);
+		pthread_join(u->thread, NULL);
+	}
+	if (u->listener)
+		ucp_listener_destroy(u->listener);
+	if (u->worker)
+		ucp_worker_destroy(u->worker);   /* ends what the wait did not, callbacks included */
+	for (struct conn *c = u->conns, *next; c; c = next) {
+		next = c->next;
+		free(c);
+	}
+	if (u->ctx)
+		ucp_cleanup(u->ctx);
+	ts_mutex_destroy(&u->mu);
+	free(u);
+}

@@ -1,0 +1,60 @@
+/*
+ * fleet_ucx.h - the fleet's data port: a UCX (UCP) listener on --fleet-port
+ * over a TCP socket address, served by one progress thread, and the one-time
+ * tickets that admit a peer's endpoint to it.
+ *
+ * An endpoint is accepted only after its first message (UCP stream, the
+ * first TS_FLEET_TICKET_LEN bytes) is a ticket that this daemon issued by an
+ * authenticated HTTP call (POST /v1/fleet:ticket) and that has neither been
+ * used nor expired; the comparison runs in constant time over every live
+ * ticket. Anything else - another ticket, a replayed one, too few bytes
+ * before the deadline, an endpoint that fails first - is closed and counted
+ * (tstage_fleet_ucx_connections_total{result="rejected"}, and a log line). A ticket is spent
+ * by the first endpoint that presents it, whether or not that one stays.
+ *
+ * Thread-safety: ts_fleet_ucx_ticket and _port may run on any
+ * threads at once; new and free on one. The UCP worker is the progress
+ * thread's alone.
+ */
+#ifndef TS_FLEET_UCX_H
+#define TS_FLEET_UCX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* A ticket's length on the wire and as text: 64 lowercase hex digits. */
+#define TS_FLEET_TICKET_LEN 64
+
+/* How long an issued ticket may wait for its endpoint. */
+#define TS_FLEET_TICKET_TTL_S 30
+
+struct ts_fleet_ucx;
+struct ts_metrics;
+
+struct ts_fleet_ucx_config {
+	const char *bind;        /* the address to listen on (--bind) */
+	int port;                /* the fleet port; 0: the kernel's choice */
+	int hello_timeout_ms;    /* how long an endpoint may take to send its ticket */
+};
+
+/* Reads UCX's configuration, makes the context, the worker and the listener,
+ * and starts the progress thread: *out, or an error (FLEET_PORT when the
+ * port cannot be bound, UCX when UCX cannot start). metrics (borrowed)
+ * counts the endpoints. */
+ts_status ts_fleet_ucx_new(const struct ts_fleet_ucx_config *cfg, struct ts_metrics *metrics,
+                           struct ts_fleet_ucx **out, struct ts_error *err);
+
+/* Stops the thread, closes every endpoint and the listener, and frees u;
+ * NULL is fine. */
+void ts_fleet_ucx_free(struct ts_fleet_ucx *u);
+
+/* The port the listener is bound to. */
+int ts_fleet_ucx_port(const struct ts_fleet_ucx *u);
+
+/* Issues a one-time ticket into out[TS_FLEET_TICKET_LEN + 1] (NUL ended):
+ * TS_OK, or RESOURCE_EXHAUSTED (reason TICKETS) when too many are live. */
+ts_status ts_fleet_ucx_ticket(struct ts_fleet_ucx *u, char *out, struct ts_error *err);
+
+#endif
