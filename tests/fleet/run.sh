@@ -1,0 +1,305 @@
+#!/usr/bin/env bash
+# tests/fleet/run.sh - the fleet on three test hosts: network namespaces
+# tsf-h1..tsf-h3, each with one veth into a bridge that lives in a fourth
+# namespace (tsf-hub), addresses 10.231.0.1-3/24, one tstaged in each
+# (UCX_TLS=tcp, so the fleet's bytes cross the links). Nothing here touches
+# the machine's own network: every interface, address and route is inside
+# the namespaces, and every one of them is removed on exit.
+#
+# Checks, each bounded in time:
+#   view       every node lists all three, reachable, each peer's devices
+#              with its own host;
+#   link down  a host's link cut (ip link set down) is unreachable from the
+#              others within seconds while /v1/fleet and /livez answer at
+#              once; back when the link is up again;
+#   restart    a peer SIGKILLed is CONNECT_FAILED, then reachable again when
+#              started anew at the same address;
+#   dns        --peers-dns over the namespace's hosts file
+#              (/etc/netns/NAME/hosts): the peers follow the name's records,
+#              and a record removed leaves the list at the next resolution;
+#   tickets    a ticket of the fleet port is issued only with the token.
+#
+# Needs root (ip netns) and curl, jq. Without them the suite says so and
+# exits 0, except under CI=true, where it must run. Usage:
+#   tests/fleet/run.sh [TSTAGED]   (default $TSTAGED, then build/tstaged)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+bin=$(realpath "${1:-${TSTAGED:-build/tstaged}}")
+pfx=tsf
+hub=$pfx-hub
+hosts=(h1 h2 h3)
+token=fleet-netns-token-0123456789abcdef
+port=8470
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tstage-fleet.XXXXXX")
+failed=0
+declare -A pid=()
+
+skip() {
+	if [ "${CI:-}" = true ]; then
+		echo "fleet: cannot run here ($1), and CI must run it" >&2
+		exit 1
+	fi
+	echo "fleet: skipped: $1"
+	exit 0
+}
+[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces need it"
+for tool in ip curl jq; do
+	command -v "$tool" >/dev/null || skip "$tool not found"
+done
+[ -x "$bin" ] || { echo "fleet: no daemon at $bin (make first)" >&2; exit 1; }
+
+addr() { # addr h2 -> 10.231.0.2
+	echo "10.231.0.${1#h}"
+}
+ns() {
+	echo "$pfx-$1"
+}
+
+cleanup() {
+	local h
+	for h in "${!pid[@]}"; do
+		kill -KILL "${pid[$h]}" 2>/dev/null || true
+	done
+	wait 2>/dev/null || true
+	for h in "${hosts[@]}"; do
+		ip netns del "$(ns "$h")" 2>/dev/null || true
+		rm -rf "/etc/netns/$(ns "$h")"
+	done
+	ip netns del "$hub" 2>/dev/null || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+fail() {
+	echo "fleet: FAIL $*"
+	failed=1
+}
+ok() {
+	echo "fleet: ok   $*"
+}
+
+# the namespaces, the bridge and the links (a leftover of a killed run first)
+for h in "${hosts[@]}"; do
+	ip netns del "$(ns "$h")" 2>/dev/null || true
+done
+ip netns del "$hub" 2>/dev/null || true
+ip netns add "$hub" || skip "ip netns add failed (no namespace support)"
+ip -n "$hub" link set lo up
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+for h in "${hosts[@]}"; do
+	n=$(ns "$h")
+	ip netns add "$n"
+	ip -n "$n" link set lo up
+	ip -n "$n" link add eth0 type veth peer name "$h-br" netns "$hub"
+	ip -n "$n" addr add "$(addr "$h")/24" dev eth0
+	ip -n "$n" link set eth0 up
+	ip -n "$hub" link set "$h-br" master br0
+	ip -n "$hub" link set "$h-br" up
+	# each host's own hosts file (ip netns exec bind-mounts it over
+	# /etc/hosts): the peers' names, and fleet.test for --peers-dns
+	mkdir -p "/etc/netns/$n"
+	{
+		echo "127.0.0.1 localhost"
+		for o in "${hosts[@]}"; do
+			echo "$(addr "$o") $o"
+		done
+	} >"/etc/netns/$n/hosts"
+done
+printf '%s\n' "$token" >"$tmp/token"
+chmod 600 "$tmp/token"
+
+# inns HOST CMD...: runs CMD in HOST's namespace
+inns() {
+	local h=$1
+	shift
+	ip netns exec "$(ns "$h")" "$@"
+}
+# api HOST PATH [curl args]: the body of an authenticated call to HOST's daemon
+api() {
+	local h=$1 path=$2
+	shift 2
+	inns "$h" curl -s --max-time 5 -H "Authorization: Bearer $token" "$@" \
+		"http://$(addr "$h"):$port$path"
+}
+# start HOST [flags]: tstaged in HOST's namespace, its log in tmp/HOST.log
+start() {
+	local h=$1
+	shift
+	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" \
+		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 "$@" \
+		>>"$tmp/$h.log" 2>&1 &
+	pid[$h]=$!
+	local i
+	for ((i = 0; i < 100; i++)); do
+		if inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez"; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	fail "$h did not start: $(tail -3 "$tmp/$h.log")"
+	return 1
+}
+peers_of() { # the others' URLs, comma-separated
+	local h=$1 o list=
+	for o in "${hosts[@]}"; do
+		[ "$o" = "$h" ] || list=${list:+$list,}http://$o:$port
+	done
+	echo "$list"
+}
+# until SECONDS CMD...: true once CMD is, polling every 0.2 s
+until_s() {
+	local limit=$1 t0
+	shift
+	t0=$(date +%s%N)
+	while ! "$@"; do
+		if [ $(( ($(date +%s%N) - t0) / 1000000 )) -ge $((limit * 1000)) ]; then
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+# state FROM OF: OF as FROM's /v1/fleet lists it: "reachable", the error's
+# reason, or "absent"
+state() {
+	api "$1" /v1/fleet | jq -r --arg h "$2" \
+		'[.nodes[] | select(.host == $h and (.self | not))] |
+		 if length == 0 then "absent" elif .[0].reachable then "reachable"
+		 else .[0].error.reason end'
+}
+is_state() {
+	[ "$(state "$1" "$2")" = "$3" ]
+}
+# fast HOST PATH: HOST answers PATH within 1 s (curl's whole time)
+fast() {
+	local t
+	t=$(inns "$1" curl -s -o /dev/null -w '%{time_total}' --max-time 2 \
+		-H "Authorization: Bearer $token" "http://$(addr "$1"):$port$2") || return 1
+	awk -v t="$t" 'BEGIN { exit !(t < 1.0) }'
+}
+
+for h in "${hosts[@]}"; do
+	start "$h" --peers "$(peers_of "$h")" || exit 1
+done
+
+# ---- view: every node sees all three, with each peer's devices --------------
+view_ok() {
+	local h o
+	for h in "${hosts[@]}"; do
+		for o in "${hosts[@]}"; do
+			[ "$o" = "$h" ] && continue
+			is_state "$h" "$o" reachable || return 1
+		done
+	done
+}
+if until_s 15 view_ok; then
+	for h in "${hosts[@]}"; do
+		got=$(api "$h" /v1/fleet | jq -c '[.nodes[] | [.host, (.devices | map(.host) | unique)]]')
+		want=$(jq -nc --arg a "$h" '[$a] + ($ARGS.positional - [$a]) | map([., [.]])' \
+			--args "${hosts[@]}")
+		if [ "$got" = "$want" ]; then
+			ok "view from $h: $got"
+		else
+			fail "view from $h: $got, want $want"
+		fi
+	done
+else
+	fail "the three nodes did not all see each other within 15 s"
+	for h in "${hosts[@]}"; do
+		api "$h" /v1/fleet | jq -c '[.nodes[] | [.host, .reachable, .error.reason]]'
+	done
+fi
+
+# ---- link down: h3 cut off, seen unreachable, the others keep answering ----------
+ip -n "$hub" link set h3-br down
+# unreachable FROM OF: OF listed, with an error
+unreachable() {
+	local s
+	s=$(state "$1" "$2")
+	[ "$s" != reachable ] && [ "$s" != absent ]
+}
+if until_s 10 unreachable h1 h3; then
+	ok "h3's link down: h1 lists it as $(state h1 h3)"
+else
+	fail "h3's link down: h1 still lists it as $(state h1 h3) after 10 s"
+fi
+if fast h1 /v1/fleet && fast h1 /livez && fast h2 /v1/fleet; then
+	ok "with h3 cut off, /v1/fleet and /livez answer within 1 s"
+else
+	fail "with h3 cut off, an answer took 1 s or more"
+fi
+ip -n "$hub" link set h3-br up
+if until_s 10 is_state h1 h3 reachable && until_s 10 is_state h3 h2 reachable; then
+	ok "h3's link up again: reachable from h1, and h2 from h3"
+else
+	fail "h3's link up again: h1 lists it as $(state h1 h3), h3 lists h2 as $(state h3 h2)"
+fi
+
+# ---- restart: h2 killed, then started anew at the same address ------------------
+kill -KILL "${pid[h2]}"
+wait "${pid[h2]}" 2>/dev/null || true
+unset "pid[h2]"
+if until_s 10 is_state h1 h2 CONNECT_FAILED; then
+	ok "h2 killed: CONNECT_FAILED from h1"
+else
+	fail "h2 killed: h1 lists it as $(state h1 h2)"
+fi
+start h2 --peers "$(peers_of h2)"
+if until_s 10 is_state h1 h2 reachable && until_s 10 is_state h2 h3 reachable; then
+	ok "h2 restarted at its address: reachable from h1, and it sees h3"
+else
+	fail "h2 restarted: h1 lists it as $(state h1 h2), h2 lists h3 as $(state h2 h3)"
+fi
+
+# ---- dns: h1 again, its peers from fleet.test's records ---------------------
+kill -KILL "${pid[h1]}"
+wait "${pid[h1]}" 2>/dev/null || true
+unset "pid[h1]"
+hostsf=/etc/netns/$(ns h1)/hosts
+# rewritten in place (same file): the bind mount of a running daemon's
+# namespace sees the new records
+printf '127.0.0.1 localhost\n%s fleet.test\n%s fleet.test\n%s fleet.test\n' \
+	"$(addr h1)" "$(addr h2)" "$(addr h3)" >"$hostsf"
+start h1 --peers-dns fleet.test
+urls() {
+	api h1 /v1/fleet | jq -r '[.nodes[] | select(.self | not) | .url] | join(",")'
+}
+want_urls="http://$(addr h2):$port,http://$(addr h3):$port"
+if until_s 15 is_state h1 h2 reachable && until_s 5 is_state h1 h3 reachable &&
+	[ "$(urls)" = "$want_urls" ]; then
+	ok "--peers-dns: h2 and h3 from fleet.test's records, h1's own address left out"
+else
+	fail "--peers-dns: h1 lists $(urls), want $want_urls"
+fi
+printf '127.0.0.1 localhost\n%s fleet.test\n%s fleet.test\n' "$(addr h1)" "$(addr h2)" \
+	>"$hostsf"
+if until_s 25 is_state h1 h3 absent; then
+	ok "--peers-dns: h3's record removed, h3 left the list ($(urls))"
+else
+	fail "--peers-dns: h3's record removed 25 s ago, h1 still lists $(urls)"
+fi
+
+# ---- tickets: the fleet port's tickets need the token ------------------------
+code=$(inns h2 curl -s -o /dev/null -w '%{http_code}' --max-time 5 -X POST \
+	"http://$(addr h2):$port/v1/fleet:ticket")
+body=$(api h2 /v1/fleet:ticket -X POST)
+if [ "$code" = 401 ] && [ "$(jq -r '.ticket | length' <<<"$body")" = 64 ]; then
+	ok "a fleet ticket: 401 without the token, 64 hex digits with it"
+else
+	fail "fleet tickets: $code without the token; with it: $body"
+fi
+
+for h in "${!pid[@]}"; do
+	if ! kill -0 "${pid[$h]}" 2>/dev/null; then
+		fail "$h's daemon died: $(tail -3 "$tmp/$h.log")"
+	fi
+done
+if [ $failed -ne 0 ]; then
+	for h in "${hosts[@]}"; do
+		echo "---- $h's log (last lines)"
+		tail -5 "$tmp/$h.log" 2>/dev/null | cut -c1-300
+	done
+	echo "fleet: FAILED"
+	exit 1
+fi
+echo "fleet: passed"
