@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "device/mesh_layout.h"
+
 /* An INVALID_ARGUMENT with reason BAD_SHARDING; returns the status. */
 /* Bad input, through the one helper (common/status.h). */
 #define BAD(err, ...) ts_error_bad((err), "BAD_SHARDING", NULL, __VA_ARGS__)
@@ -45,8 +47,8 @@ static ts_status parse_mesh_devices(const struct ts_core *core, json_t *list,
 	size_t n = json_array_size(list);
 
 	if (!json_is_array(list) || n == 0 || n > TS_MESH_MAX_DEVICES)
-		return BAD(err, "sharding.mesh.devices: expected a list of 1 to %d device ids",
-		           TS_MESH_MAX_DEVICES);
+		return BAD(err, "sharding.mesh.devices: expected a list of 1 to %d device ids, or "
+		           "\"auto\"", TS_MESH_MAX_DEVICES);
 	for (size_t i = 0; i < n; i++) {
 		const char *id = plain_string(json_array_get(list, i));
 
@@ -89,7 +91,10 @@ static ts_status parse_mesh_axes(json_t *list, struct ts_mesh *m, struct ts_erro
 	return TS_OK;
 }
 
-static ts_status parse_mesh_shape(json_t *list, struct ts_mesh *m, struct ts_error *err)
+/* source: what names the mesh's ndevices devices, for the refusal of a
+ * shape that does not multiply to their count. */
+static ts_status parse_mesh_shape(json_t *list, struct ts_mesh *m, const char *source,
+                                  struct ts_error *err)
 {
 	long long prod = 1;
 
@@ -115,16 +120,49 @@ static ts_status parse_mesh_shape(json_t *list, struct ts_mesh *m, struct ts_err
 			break;
 	}
 	if (prod != m->ndevices)
-		return BAD(err, "sharding.mesh.shape: its sizes multiply to %s%lld but "
-		           "sharding.mesh.devices lists %d devices",
+		return BAD(err, "sharding.mesh.shape: its sizes multiply to %s%lld but %s %d devices",
 		           prod > TS_MESH_MAX_DEVICES ? "more than " : "",
 		           prod > TS_MESH_MAX_DEVICES ? (long long)TS_MESH_MAX_DEVICES : prod,
-		           m->ndevices);
+		           source, m->ndevices);
+	return TS_OK;
+}
+
+/* "devices": "auto": every device of the node's default backend, laid out
+ * by the topology (device/mesh_layout.h) once the shape is known; why
+ * (cap bytes, may be NULL) receives the reason for the order. */
+static ts_status parse_mesh_auto(const struct ts_core *core, json_t *shape, struct ts_mesh *m,
+                                 char *why, size_t cap, struct ts_error *err)
+{
+	struct ts_device *cand[TS_MESH_MAX_DEVICES];
+	enum ts_backend_kind kind = ts_device_set_default_backend(core->env.devices);
+	size_t total = ts_device_set_count(core->env.devices);
+	char source[96], scratch[2];
+	int n = 0;
+	ts_status st;
+
+	for (size_t i = 0; i < total; i++) {
+		struct ts_device *d = ts_device_set_at(core->env.devices, i);
+
+		if (ts_device_props(d)->backend != kind)
+			continue;
+		if (n == TS_MESH_MAX_DEVICES)
+			return BAD(err, "sharding.mesh.devices: \"auto\" would lay out more than %d "
+			           "%s devices; list them", TS_MESH_MAX_DEVICES, ts_backend_name(kind));
+		cand[n++] = d;
+	}
+	m->ndevices = n;
+	snprintf(source, sizeof source, "\"auto\" lays out every %s device of the node:",
+	         ts_backend_name(kind));
+	st = parse_mesh_shape(shape, m, source, err);
+	if (st != TS_OK)
+		return st;
+	ts_mesh_layout(core->topology, cand, n, m->shape[m->naxes - 1], m->devices,
+	               why ? why : scratch, why ? cap : sizeof scratch);
 	return TS_OK;
 }
 
 static ts_status parse_mesh(const struct ts_core *core, json_t *j, struct ts_mesh *m,
-                            struct ts_error *err)
+                            char *why, size_t cap, struct ts_error *err)
 {
 	static const char *const keys[] = {"devices", "axis_names", "shape", NULL};
 	json_t *devices = NULL, *axes = NULL, *shape = NULL;
@@ -142,11 +180,18 @@ static ts_status parse_mesh(const struct ts_core *core, json_t *j, struct ts_mes
 			           "axis_names, shape)", k);
 		return BAD(err, "sharding.mesh: needs %s", devices ? "axis_names" : "devices");
 	}
+	if (json_is_string(devices)) {
+		if (strcmp(json_string_value(devices), "auto") != 0)
+			return BAD(err, "sharding.mesh.devices: expected a list of device ids or "
+			           "\"auto\"");
+		st = parse_mesh_axes(axes, m, err);
+		return st == TS_OK ? parse_mesh_auto(core, shape, m, why, cap, err) : st;
+	}
 	st = parse_mesh_devices(core, devices, m, err);
 	if (st == TS_OK)
 		st = parse_mesh_axes(axes, m, err);
 	if (st == TS_OK)
-		st = parse_mesh_shape(shape, m, err);
+		st = parse_mesh_shape(shape, m, "sharding.mesh.devices lists", err);
 	return st;
 }
 
@@ -261,12 +306,21 @@ static ts_status parse_single(const struct ts_core *core, json_t *device, json_t
 ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_sharding *out,
                               struct ts_error *err)
 {
+	return ts_h_sharding_parse_layout(core, j, out, NULL, 0, err);
+}
+
+ts_status ts_h_sharding_parse_layout(const struct ts_core *core, json_t *j,
+                                     struct ts_sharding *out, char *why, size_t cap,
+                                     struct ts_error *err)
+{
 	static const char *const keys[] = {"device", "mesh", "spec", "memory_kind", NULL};
 	json_t *device = NULL, *mesh = NULL, *spec = NULL, *kind = NULL;
 	struct ts_sharding s;
 	json_error_t jerr;
 	ts_status st;
 
+	if (cap)
+		why[0] = 0;
 	if (!json_is_object(j))
 		return BAD(err, "sharding: expected an object, {\"device\", \"memory_kind\"} or "
 		           "{\"mesh\", \"spec\", \"memory_kind\"}");
@@ -287,7 +341,7 @@ ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_s
 		st = parse_single(core, device, spec, &s, err);
 	} else {
 		s.type = TS_SHARDING_NAMED;
-		st = parse_mesh(core, mesh, &s.mesh, err);
+		st = parse_mesh(core, mesh, &s.mesh, why, cap, err);
 		if (st == TS_OK && !spec)
 			st = BAD(err, "sharding.spec: a named sharding needs a spec, one entry per "
 			         "dimension ([] replicates the array on every device)");
@@ -304,11 +358,20 @@ ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_s
 ts_status ts_h_sharding_resolve(const struct ts_core *core, json_t *j, struct ts_sharding *out,
                                 struct ts_error *err)
 {
+	return ts_h_sharding_resolve_layout(core, j, out, NULL, 0, err);
+}
+
+ts_status ts_h_sharding_resolve_layout(const struct ts_core *core, json_t *j,
+                                       struct ts_sharding *out, char *why, size_t cap,
+                                       struct ts_error *err)
+{
 	const char *name;
 
+	if (cap)
+		why[0] = 0;
 	if (!json_is_string(j))
 		return json_is_object(j)
-		           ? ts_h_sharding_parse(core, j, out, err)
+		           ? ts_h_sharding_parse_layout(core, j, out, why, cap, err)
 		           : BAD(err, "sharding: expected an object or the name of a saved sharding");
 	name = plain_string(j);
 	if (!name || !core->env.shardings || !ts_sharding_registry_get(core->env.shardings, name, out))

@@ -27,7 +27,7 @@
 
 /*
  * Parses a sharding object (j borrowed) against core's devices; fills *out
- * only on success. Unknown keys, unknown devices or axis names, bad types
+ * only on success. A mesh's "devices" is a list of device ids or "auto". Unknown keys, unknown devices or axis names, bad types
  * and invalid meshes or specs are INVALID_ARGUMENT with a message naming
  * the field ("sharding.spec[1]: axis 'z' is not in the mesh"); reasons are
  * BAD_SHARDING, DEVICE_NOT_FOUND or BAD_MEMORY_KIND.
@@ -42,6 +42,19 @@ ts_status ts_h_sharding_parse(const struct ts_core *core, json_t *j, struct ts_s
  */
 ts_status ts_h_sharding_resolve(const struct ts_core *core, json_t *j, struct ts_sharding *out,
                                 struct ts_error *err);
+
+/*
+ * The two above, and for a mesh of "devices": "auto" (every device of the
+ * node's default backend, laid out by the topology: device/mesh_layout.h)
+ * the reason for the order chosen in why (cap bytes; "" for any other
+ * sharding). why may be NULL when cap is 0.
+ */
+ts_status ts_h_sharding_parse_layout(const struct ts_core *core, json_t *j,
+                                     struct ts_sharding *out, char *why, size_t cap,
+                                     struct ts_error *err);
+ts_status ts_h_sharding_resolve_layout(const struct ts_core *core, json_t *j,
+                                       struct ts_sharding *out, char *why, size_t cap,
+                                       struct ts_error *err);
 
 
 #endif

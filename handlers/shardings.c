@@ -23,12 +23,27 @@ static json_t *saved_json(const char *name, const struct ts_sharding *s)
 	return sj ? json_pack("{s:s, s:o}", "name", name, "sharding", sj) : NULL;
 }
 
-static void reply_saved(struct ts_reply *reply, const char *name, const struct ts_sharding *s,
-                        bool created)
+/* {"devices": [ids in the mesh's order], "why"}: how "devices": "auto" was
+ * laid out (new reference; NULL when out of memory). */
+static json_t *layout_json(const struct ts_sharding *s, const char *why)
 {
+	json_t *ids = json_array();
+
+	for (int i = 0; ids && i < s->mesh.ndevices; i++)
+		json_array_append_new(ids, json_string(ts_device_props(s->mesh.devices[i])->id));
+	return ids ? json_pack("{s:o, s:s}", "devices", ids, "why", why) : NULL;
+}
+
+/* why: the reason for an "auto" mesh's order, "" for any other sharding. */
+static void reply_saved(struct ts_reply *reply, const char *name, const struct ts_sharding *s,
+                        bool created, const char *why)
+{
+	json_t *body = saved_json(name, s);
 	char loc[200];
 
-	ts_reply_json(reply, created ? TS_HTTP_CREATED : TS_HTTP_OK, saved_json(name, s));
+	if (body && why && why[0])
+		json_object_set_new(body, "layout", layout_json(s, why));
+	ts_reply_json(reply, created ? TS_HTTP_CREATED : TS_HTTP_OK, body);
 	if (created && reply->kind == TS_REPLY_JSON) {
 		snprintf(loc, sizeof loc, "/v1/shardings/%s", name);
 		ts_reply_header(reply, "Location", loc);
@@ -82,8 +97,10 @@ void ts_h_shardings_create(const struct ts_call *call, struct ts_reply *reply)
 	struct ts_sharding s;
 	struct ts_error err;
 	json_error_t jerr;
+	char why[1024];
 
 	ts_error_clear(&err);
+	why[0] = 0;
 	body = load_body(call, "shardings", &err);
 	if (body && json_unpack_ex(body, &jerr, JSON_STRICT, "{s:s, s:o}", "name", &name,
 	                           "sharding", &sj) != 0)
@@ -91,9 +108,9 @@ void ts_h_shardings_create(const struct ts_call *call, struct ts_reply *reply)
 		             "shardings body: %s (expected {\"name\": \"...\", \"sharding\": {...}})",
 		             jerr.text);
 	if (err.status == TS_OK && name_ok("name", name, &err) &&
-	    ts_h_sharding_resolve(call->core, sj, &s, &err) == TS_OK &&
+	    ts_h_sharding_resolve_layout(call->core, sj, &s, why, sizeof why, &err) == TS_OK &&
 	    ts_sharding_registry_put(call->core->env.shardings, name, &s, &err) == TS_OK)
-		reply_saved(reply, name, &s, true);
+		reply_saved(reply, name, &s, true, why);
 	else
 		ts_reply_error(reply, &err);
 	json_decref(body);
@@ -161,7 +178,7 @@ void ts_h_shardings_get(const struct ts_call *call, struct ts_reply *reply)
 
 	ts_error_clear(&err);
 	if (from_path(call, &name, &s, &err))
-		reply_saved(reply, name, &s, false);
+		reply_saved(reply, name, &s, false, NULL);
 	else
 		ts_reply_error(reply, &err);
 }
@@ -201,7 +218,7 @@ void ts_h_shardings_with_memory_kind(const struct ts_call *call, struct ts_reply
 	ts_sharding_with_memory_kind(&src, kind, &s);
 	if (ts_sharding_registry_put(call->core->env.shardings, name, &s, &err) != TS_OK)
 		goto out_fail;
-	reply_saved(reply, name, &s, true);
+	reply_saved(reply, name, &s, true, NULL);
 	json_decref(body);
 	return;
 

@@ -125,6 +125,10 @@ for pass in $passes; do
 		run test_topology-gpus FAKECUDA_DEVICES=8 CK_RUN_CASE=cuda \
 			FAKECUDA_PCI_BUS_IDS=0000:11:00.0,0000:12:00.0,0000:13:00.0,0000:14:00.0,0000:81:00.0,0000:82:00.0,0000:83:00.0,0000:84:00.0 \
 			"$build/tests/test_topology"
+		# "auto" meshes of those eight GPUs, the sockets' bus ids interleaved
+		run test_mesh_layout-gpus FAKECUDA_DEVICES=8 CK_RUN_CASE=cuda \
+			FAKECUDA_PCI_BUS_IDS=0000:81:00.0,0000:11:00.0,0000:82:00.0,0000:12:00.0,0000:83:00.0,0000:13:00.0,0000:84:00.0,0000:14:00.0 \
+			"$build/tests/test_mesh_layout"
 		# its daemons take a small device fraction of a larger stand-in GPU
 		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
 		settle

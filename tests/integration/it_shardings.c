@@ -241,6 +241,106 @@ START_TEST(test_with_memory_kind)
 }
 END_TEST
 
+/* ---- "devices": "auto" ------------------------------------------------------------- */
+
+static char two_socket[4096];
+
+/* Eight sim devices on the two-socket file, the even ones on socket 1. */
+static void auto_up(void)
+{
+	static const char *args[] = {"--sim-devices", "8", "--topology-file", two_socket,
+	                             "--sim-numa-nodes", "1,0,1,0,1,0,1,0", NULL};
+
+	ck_assert_msg(realpath("tests/data/two_socket.xml", two_socket) != NULL,
+	              "run from the checkout's root: tests/data/two_socket.xml not found");
+	th_daemon_start(&D, args);
+}
+
+/* A 2x4 "auto" mesh: socket 0's devices form the first row, socket 1's the
+ * second, and the answer says so; the saved sharding lists that order; an
+ * upload split by it puts each row's blocks on that row's devices; a shape
+ * that does not multiply to the devices' count, or another word than
+ * "auto", is 400 naming the field. On the stand-in's GPUs (the default
+ * backend there) the order is checked only to hold every GPU once. */
+START_TEST(test_auto_mesh_laid_out_by_socket)
+{
+	struct th_response r;
+	json_t *j, *layout, *devs;
+	const char *want[] = {"sim:1", "sim:3", "sim:5", "sim:7",
+	                      "sim:0", "sim:2", "sim:4", "sim:6"};
+
+	/* the stand-in's GPUs (two) are the default backend there: one axis over
+	 * all of them */
+	j = th_post_json(&D, "/v1/shardings",
+	                 th_backend_is_sim()
+	                         ? "{\"name\": \"dp2tp4\", \"sharding\": {\"mesh\": {\"devices\": "
+	                           "\"auto\", \"axis_names\": [\"dp\", \"tp\"], \"shape\": [2, 4]}, "
+	                           "\"spec\": [\"dp\"], \"memory_kind\": \"device\"}}"
+	                         : "{\"name\": \"all\", \"sharding\": {\"mesh\": {\"devices\": "
+	                           "\"auto\", \"axis_names\": [\"x\"]}, \"spec\": []}}",
+	                 201);
+	layout = th_obj(j, "layout");
+	devs = json_object_get(layout, "devices");
+	ck_assert(json_is_array(devs));
+	ck_assert_ptr_nonnull(strstr(th_str(layout, "why"), "NUMA"));
+	ck_assert_msg(json_equal(devs, json_object_get(th_obj(th_obj(j, "sharding"), "mesh"), "devices")),
+	              "layout and sharding differ: %s", json_dumps(j, 0));
+	if (th_backend_is_sim()) {
+		ck_assert_uint_eq(json_array_size(devs), 8);
+		for (size_t i = 0; i < 8; i++)
+			ck_assert_str_eq(json_string_value(json_array_get(devs, i)), want[i]);
+		ck_assert_ptr_nonnull(strstr(th_str(layout, "why"),
+		                             "each row of the last axis (4 devices) stays within one "
+		                             "NUMA node"));
+		/* 8 rows of 4 floats split by dp over the mesh's rows: rows 0-3 on
+		 * socket 0's devices, 4-7 on socket 1's */
+		{
+			float v[32];
+
+			for (int i = 0; i < 32; i++)
+				v[i] = (float)i;
+			th_request(&D, "PUT", "/v1/arrays/a?dtype=float32&shape=8,4&sharding=dp2tp4",
+			           NULL, (const char *)v, sizeof v, &r);
+			ck_assert_msg(r.status == 201, "PUT: %ld %s", r.status, r.body);
+			th_response_free(&r);
+			th_get(&D, "/v1/arrays/a/sharding?format=text", &r);
+			/* the text table: each block's devices, then its index */
+			{
+				const char *p1 = strstr(r.body, "sim:1,sim:3,sim:5,sim:7");
+				const char *p2 = strstr(r.body, "[0:4, :]");
+				const char *p3 = strstr(r.body, "sim:0,sim:2,sim:4,sim:6");
+				const char *p4 = strstr(r.body, "[4:8, :]");
+
+				ck_assert_msg(p1 && p2 && p3 && p4 && p1 < p2 && p2 < p3 && p3 < p4,
+				              "%s", r.body);
+			}
+			th_response_free(&r);
+		}
+	} else {
+		ck_assert_uint_ge(json_array_size(devs), 1);
+		for (size_t i = 0; i < json_array_size(devs); i++)
+			for (size_t k = 0; k < i; k++)
+				ck_assert_str_ne(json_string_value(json_array_get(devs, i)),
+				                 json_string_value(json_array_get(devs, k)));
+	}
+	json_decref(j);
+	th_post(&D, "/v1/shardings",
+	        "{\"name\": \"bad\", \"sharding\": {\"mesh\": {\"devices\": \"auto\", "
+	        "\"axis_names\": [\"x\"], \"shape\": [3]}, \"spec\": []}}", &r);
+	ck_assert_int_eq(r.status, 400);
+	ck_assert_msg(strstr(r.body, "sharding.mesh.shape: its sizes multiply to 3 but \\\"auto\\\" "
+	                             "lays out every"), "%s", r.body);
+	th_response_free(&r);
+	th_post(&D, "/v1/shardings",
+	        "{\"name\": \"bad\", \"sharding\": {\"mesh\": {\"devices\": \"best\", "
+	        "\"axis_names\": [\"x\"]}, \"spec\": []}}", &r);
+	ck_assert_int_eq(r.status, 400);
+	ck_assert_msg(strstr(r.body, "sharding.mesh.devices: expected a list of device ids or"),
+	              "%s", r.body);
+	th_response_free(&r);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("shardings");
@@ -252,6 +352,10 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_create_refused);
 	tcase_add_test(tc, test_get_refused);
 	tcase_add_test(tc, test_with_memory_kind);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("auto");
+	tcase_add_checked_fixture(tc, auto_up, daemon_down);
+	tcase_add_test(tc, test_auto_mesh_laid_out_by_socket);
 	suite_add_tcase(s, tc);
 	return s;
 }

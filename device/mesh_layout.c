@@ -1,0 +1,109 @@
+/*
+ * mesh_layout.c - "devices": "auto": a mesh's devices grouped by NUMA node
+ * (mesh_layout.h).
+ */
+#include "device/mesh_layout.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+/* The NUMA node of d, or -1. */
+static int node_of(const struct ts_topology *t, const struct ts_device *d)
+{
+	const struct ts_topology_device *p = t ? ts_topology_device_find(t, ts_device_props(d)->id)
+	                                       : NULL;
+
+	return p ? p->numa_node : -1;
+}
+
+/* Appends to why (at *len of cap), cutting what does not fit. */
+static void say(char *why, size_t cap, size_t *len, const char *fmt, ...)
+{
+	va_list ap;
+	int k;
+
+	if (*len + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	k = vsnprintf(why + *len, cap - *len, fmt, ap);
+	va_end(ap);
+	if (k > 0)
+		*len = *len + (size_t)k < cap ? *len + (size_t)k : cap - 1;
+}
+
+void ts_mesh_layout(const struct ts_topology *t, struct ts_device *const *cand, int n,
+                    int last_axis, struct ts_device **out, char *why, size_t cap)
+{
+	int node[TS_MESH_LAYOUT_MAX], nodes[TS_MESH_LAYOUT_MAX], onode[TS_MESH_LAYOUT_MAX];
+	int nnodes = 0, k = 0, rows, split = 0;
+	size_t len = 0;
+
+	if (cap)
+		why[0] = 0;
+	if (n > TS_MESH_LAYOUT_MAX)
+		n = TS_MESH_LAYOUT_MAX;
+	if (n <= 0)
+		return;
+	if (last_axis < 1 || last_axis > n)
+		last_axis = n;
+	/* the distinct known nodes, in increasing order (insertion sort) */
+	for (int i = 0; i < n; i++) {
+		int j;
+
+		node[i] = node_of(t, cand[i]);
+		if (node[i] < 0)
+			continue;
+		for (j = 0; j < nnodes && nodes[j] != node[i]; j++)
+			;
+		if (j < nnodes)
+			continue;
+		for (j = nnodes++; j > 0 && nodes[j - 1] > node[i]; j--)
+			nodes[j] = nodes[j - 1];
+		nodes[j] = node[i];
+	}
+	/* each node's devices in the set's order, then those of unknown place */
+	for (int g = 0; g <= nnodes; g++)
+		for (int i = 0; i < n; i++)
+			if (g < nnodes ? node[i] == nodes[g] : node[i] < 0) {
+				onode[k] = node[i];
+				out[k++] = cand[i];
+			}
+	if (nnodes == 0) {
+		say(why, cap, &len, "no NUMA placement is known for these devices: the order in "
+		    "which the node lists them");
+		return;
+	}
+	if (nnodes == 1 && onode[n - 1] >= 0) {
+		say(why, cap, &len, "all %d devices sit on NUMA node %d: the order in which the "
+		    "node lists them (PCI bus order on CUDA)", n, nodes[0]);
+		return;
+	}
+	say(why, cap, &len, "grouped by NUMA node:");
+	for (int i = 0; i < n; i++) {
+		bool first = i == 0 || onode[i - 1] != onode[i];
+
+		if (first && onode[i] >= 0)
+			say(why, cap, &len, "%s node %d (", i ? ";" : "", onode[i]);
+		else if (first)
+			say(why, cap, &len, "%s unknown (", i ? ";" : "");
+		say(why, cap, &len, "%s%s", first ? "" : ", ", ts_device_props(out[i])->id);
+		if (i + 1 == n || onode[i + 1] != onode[i])
+			say(why, cap, &len, ")");
+	}
+	rows = n / last_axis;
+	for (int r = 0; r < rows; r++)
+		for (int i = r * last_axis; i < (r + 1) * last_axis; i++)
+			if (onode[i] < 0 || onode[i] != onode[r * last_axis]) {
+				split++;
+				break;
+			}
+	if (split == 0)
+		say(why, cap, &len, "; each row of the last axis (%d device%s) stays within one "
+		    "NUMA node", last_axis, last_axis == 1 ? "" : "s");
+	else
+		say(why, cap, &len, "; %d of %d rows of the last axis (%d devices) span NUMA nodes "
+		    "or hold devices of unknown place (a node holds fewer devices than a row)",
+		    split, rows, last_axis);
+}
