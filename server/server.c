@@ -165,6 +165,7 @@ static void log_start(const struct ts_server *srv)
 	if (f) {
 		json_object_set_new(f, "topology_file", ts_json_text(c->topology_file));
 		json_object_set_new(f, "sim_numa_nodes", json_string(c->sim_numa_nodes));
+		json_object_set_new(f, "sim_peer_links", json_string(c->sim_peer_links));
 	}
 
 	ts_log_json(TS_LOG_INFO, f, "tstaged %s starting with this configuration", ts_version);
@@ -213,6 +214,7 @@ static ts_status discover_topology(struct ts_server *srv, struct ts_error *err)
 	}
 	st = ts_topology_new(&(struct ts_topology_config){
 	                             .xml_file = srv->cfg.topology_file,
+	                             .sim_peer_links = srv->cfg.sim_peer_links,
 	                             .sim_numa_nodes = srv->cfg.sim_numa_nodes[0] ? sim_numa : NULL,
 	                             .sim_numa_count = nsim},
 	                     srv->devices, &srv->topology, err);
@@ -380,6 +382,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	st = ts_stager_new(srv->devices, srv->memory, &srv->stager, err);
 	if (st != TS_OK)
 		goto out_free;
+	ts_stager_set_topology(srv->stager, srv->topology);
 	srv->catalog = ts_catalog_new();
 	if (!srv->catalog) {
 		st = ts_error_oom(err, "no memory for the catalog");

@@ -3,6 +3,11 @@
  * two-socket hwloc XML of tests/data with four sim devices placed by
  * --sim-numa-nodes reports its NUMA nodes and placements in GET /v1/topology
  * and /v1/devices; bad lists and unreadable files are refused at start.
+ * With --sim-peer-links, the peer matrix (matrices and text) is in GET
+ * /v1/topology, and a copy between sim devices goes by peer access where
+ * the matrix allows it and through pinned host memory otherwise: the
+ * operation's metadata says which, and the devices' per-direction transfer
+ * counters show it.
  * Runs on sim devices whatever the backend under test (the placement of
  * CUDA GPUs needs their PCI bus ids in the file).
  */
@@ -23,13 +28,19 @@ static void find_file(void)
 	              "run from the checkout's root: tests/data/two_socket.xml not found");
 }
 
-static void start(struct th_daemon *d, const char *numa)
+static void start_links(struct th_daemon *d, const char *numa, const char *links)
 {
 	const char *const args[] = {"--no-cuda", "--sim-devices", "4", "--sim-device-memory",
 	                            TH_SIM_MEMORY_ARG, "--topology-file", two_socket,
-	                            "--sim-numa-nodes", numa, "--log-level", "info", NULL};
+	                            "--sim-numa-nodes", numa, "--log-level", "info",
+	                            "--sim-peer-links", links, NULL};
 
 	th_daemon_start_ex(d, &(struct th_start){.args = args, .no_backend_args = true});
+}
+
+static void start(struct th_daemon *d, const char *numa)
+{
+	start_links(d, numa, "all");
 }
 
 static void expect_place(json_t *o, int numa, const char *cpus)
@@ -98,6 +109,126 @@ START_TEST(test_two_socket_file_and_sim_placement)
 }
 END_TEST
 
+/* Row i, column j of one of the peer matrices. */
+static json_t *cell(json_t *peers, const char *matrix, int i, int j)
+{
+	return json_array_get(json_array_get(json_object_get(peers, matrix), (size_t)i), (size_t)j);
+}
+
+/* tstage_device_transfer_bytes_total of a device and direction. */
+static long long transfer_bytes(struct th_daemon *d, const char *dev, const char *dir)
+{
+	size_t n;
+	char *m = th_get_bytes(d, "/metrics", &n), key[128];
+	const char *at;
+	long long v = -1;
+
+	snprintf(key, sizeof key, "tstage_device_transfer_bytes_total{device=\"%s\",direction=\"%s\"} ",
+	         dev, dir);
+	at = strstr(m, key);
+	ck_assert_msg(at != NULL, "no %s in /metrics", key);
+	v = atoll(at + strlen(key));
+	free(m);
+	return v;
+}
+
+/* :copy of array a to a new array on dev; waits; returns the finished
+ * operation (new reference), which must have succeeded. */
+static json_t *copy_to(struct th_daemon *d, const char *out, const char *dev)
+{
+	char body[128], path[96];
+	json_t *op;
+	char *id;
+
+	snprintf(body, sizeof body, "{\"out\": \"%s\", \"device\": \"%s\"}", out, dev);
+	op = th_post_json(d, "/v1/arrays/a:copy", body, 202);
+	id = strdup(json_string_value(th_op_meta(op, "id")));
+	json_decref(op);
+	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
+	op = th_post_json(d, path, "{\"timeout\": \"60s\"}", 200);
+	free(id);
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "state")), "SUCCEEDED");
+	return op;
+}
+
+START_TEST(test_peer_matrix_and_copy_paths)
+{
+	enum { N = 3 << 20 };
+	struct th_daemon d;
+	json_t *t, *peers, *op;
+	const char *text;
+	char *data = malloc(N), *back;
+	long long d2h0, h2d2, d2d1, h2d1;
+	size_t n;
+
+	for (size_t i = 0; i < N; i++)
+		data[i] = (char)(i * 7 + i / 4096);
+	find_file();
+	start_links(&d, "0,0,1,1", "0-1:nvlink,2-3:pcie_switch");
+	t = th_get_object(&d, "/v1/topology");
+	peers = json_object_get(t, "peers");
+	ck_assert_uint_eq(json_array_size(json_object_get(peers, "devices")), 4);
+	ck_assert_str_eq(json_string_value(json_array_get(json_object_get(peers, "devices"), 2)),
+	                 "sim:2");
+	ck_assert(json_is_true(cell(peers, "access", 0, 1)));
+	ck_assert(json_is_false(cell(peers, "access", 0, 2)));
+	ck_assert(json_is_true(cell(peers, "access", 3, 2)));
+	ck_assert_str_eq(json_string_value(cell(peers, "link", 0, 0)), "self");
+	ck_assert_str_eq(json_string_value(cell(peers, "link", 1, 0)), "nvlink");
+	ck_assert_str_eq(json_string_value(cell(peers, "link", 2, 3)), "pcie_switch");
+	ck_assert_str_eq(json_string_value(cell(peers, "link", 1, 3)), "cross_socket");
+	ck_assert_int_eq(json_integer_value(cell(peers, "perf_rank", 2, 3)), 1);
+	ck_assert(json_is_true(cell(peers, "native_atomics", 0, 1)));
+	ck_assert(json_is_false(cell(peers, "native_atomics", 2, 3)));
+	text = json_string_value(json_object_get(peers, "text"));
+	ck_assert_ptr_nonnull(text);
+	ck_assert_msg(strstr(text, "sim:2   SYS*    SYS*    X       PIX     1       8-15\n"), "%s",
+	              text);
+	json_decref(t);
+
+	th_put_array(&d, "a", "dtype=uint8&shape=3145728&device=sim:0", data, N);
+	d2h0 = transfer_bytes(&d, "sim:0", "d2h");
+	h2d2 = transfer_bytes(&d, "sim:2", "h2d");
+	d2d1 = transfer_bytes(&d, "sim:1", "d2d");
+	h2d1 = transfer_bytes(&d, "sim:1", "h2d");
+
+	/* peers: one device-to-device copy on the destination's queue */
+	op = copy_to(&d, "b1", "sim:1");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "path")), "peer");
+	ck_assert_int_eq(th_int(th_op_meta(op, "path_pairs"), "peer"), 1);
+	ck_assert_int_eq(th_int(th_op_meta(op, "path_pairs"), "staged"), 0);
+	json_decref(op);
+	ck_assert_int_eq(transfer_bytes(&d, "sim:1", "d2d"), d2d1 + N);
+	ck_assert_int_eq(transfer_bytes(&d, "sim:1", "h2d"), h2d1);
+	ck_assert_int_eq(transfer_bytes(&d, "sim:0", "d2h"), d2h0);
+
+	/* no peer access: out of sim:0 into pinned slots, from them into sim:2 */
+	op = copy_to(&d, "b2", "sim:2");
+	ck_assert_str_eq(json_string_value(th_op_meta(op, "path")), "staged");
+	ck_assert_int_eq(th_int(th_op_meta(op, "path_pairs"), "staged"), 1);
+	json_decref(op);
+	ck_assert_int_eq(transfer_bytes(&d, "sim:0", "d2h"), d2h0 + N);
+	ck_assert_int_eq(transfer_bytes(&d, "sim:2", "h2d"), h2d2 + N);
+
+	/* on the same device no path is recorded */
+	op = copy_to(&d, "b0", "sim:0");
+	ck_assert_ptr_null(json_object_get(json_object_get(op, "metadata"), "path"));
+	json_decref(op);
+
+	for (int i = 0; i < 3; i++) {
+		char name[16];
+
+		snprintf(name, sizeof name, "b%d", i);
+		back = th_download(&d, name, &n);
+		ck_assert_uint_eq(n, N);
+		ck_assert_msg(memcmp(back, data, N) == 0, "%s differs from a", name);
+		free(back);
+	}
+	free(data);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* Runs tstaged with args; it must exit 1 before listening, naming what. */
 static void expect_refused(const char *const *args, const char *names)
 {
@@ -123,6 +254,16 @@ START_TEST(test_bad_placement_refused_at_start)
 	expect_refused(args, "NUMA node 2");
 	args[8] = "0,x";
 	expect_refused(args, "--sim-numa-nodes '0,x'");
+	{
+		const char *links[] = {"--no-cuda", "--port", "0", "--sim-devices", "4",
+		                       "--sim-peer-links", "0-1,1-0", NULL};
+
+		expect_refused(links, "--sim-peer-links '0-1,1-0' links sim:1 and sim:0 twice");
+		links[6] = "0-4:nvlink";
+		expect_refused(links, "names sim:4; there are 4 sim devices");
+		links[6] = "0-1:wire";
+		expect_refused(links, "link kind 'wire'");
+	}
 	args[6] = "/nonexistent/tstage/topology.xml";
 	args[8] = "0,0,1,1";
 	expect_refused(args, "--topology-file '/nonexistent/tstage/topology.xml'");
@@ -136,6 +277,7 @@ Suite *th_suite(void)
 
 	tcase_add_test(tc, test_two_socket_file_and_sim_placement);
 	tcase_add_test(tc, test_bad_placement_refused_at_start);
+	tcase_add_test(tc, test_peer_matrix_and_copy_paths);
 	suite_add_tcase(s, tc);
 	return s;
 }
