@@ -106,6 +106,11 @@ for pass in $passes; do
 			TS_TEST_PEER_GROUPS=0-1-2-3,4-5-6-7 \
 			FAKECUDA_PCI_BUS_IDS=0000:11:00.0,0000:12:00.0,0000:13:00.0,0000:14:00.0,0000:81:00.0,0000:82:00.0,0000:83:00.0,0000:84:00.0 \
 			"$build/tests/test_topology"
+		# and copies between them by peer access or staged, as the matrix says
+		run it_topology-gpus FAKECUDA_DEVICES=8 FAKECUDA_MEM_MB=256 CK_RUN_CASE=cuda \
+			FAKECUDA_PEERS=0-1-2-3,4-5-6-7 \
+			FAKECUDA_PCI_BUS_IDS=0000:11:00.0,0000:12:00.0,0000:13:00.0,0000:14:00.0,0000:81:00.0,0000:82:00.0,0000:83:00.0,0000:84:00.0 \
+			"$build/tests/it_topology"
 		# its daemons take a small device fraction of a larger stand-in GPU
 		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
 		;;

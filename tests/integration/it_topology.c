@@ -7,7 +7,10 @@
  * /v1/topology, and a copy between sim devices goes by peer access where
  * the matrix allows it and through pinned host memory otherwise: the
  * operation's metadata says which, and the devices' per-direction transfer
- * counters show it.
+ * counters show it. Case "cuda" (TS_TEST_BACKEND=cuda; skipped elsewhere)
+ * does the same on the GPUs, placed in the two-socket file, whose matrix is
+ * the runtime's: tests/gpu/fakecuda.sh runs it on the file's eight bus ids
+ * with two peer groups of four.
  * Runs on sim devices whatever the backend under test (the placement of
  * CUDA GPUs needs their PCI bus ids in the file).
  */
@@ -229,6 +232,62 @@ START_TEST(test_peer_matrix_and_copy_paths)
 }
 END_TEST
 
+/* A copy of array a from cuda:0 to each of a GPU it has peer access with
+ * and one it has not (where there are such), by the path the matrix says. */
+START_TEST(test_cuda_copy_paths_follow_the_matrix)
+{
+	enum { N = 1 << 20 };
+	/* small device pools: eight of them are reserved, and given back at the end */
+	const char *const args[] = {"--topology-file", two_socket, "--sim-devices", "0",
+	                            "--device-memory-fraction", "0.05", NULL};
+	struct th_daemon d;
+	json_t *t, *peers, *ids, *op;
+	char *data, *back;
+	int checked = 0;
+	size_t n;
+
+	if (th_backend_is_sim()) {
+		fprintf(stderr, "topology: case cuda needs TS_TEST_BACKEND=cuda; skipped\n");
+		return;
+	}
+	find_file();
+	th_daemon_start_ex(&d, &(struct th_start){.args = args});
+	t = th_get_object(&d, "/v1/topology");
+	peers = json_object_get(t, "peers");
+	ids = json_object_get(peers, "devices");
+	data = malloc(N);
+	for (size_t i = 0; i < N; i++)
+		data[i] = (char)(i * 13 + i / 512);
+	th_put_array(&d, "a", "dtype=uint8&shape=1048576&device=cuda:0", data, N);
+	for (int want = 1; want >= 0; want--) {
+		size_t j = 1;
+
+		/* both directions must allow it for a direct copy */
+		while (j < json_array_size(ids) &&
+		       (json_is_true(cell(peers, "access", 0, (int)j)) &&
+		        json_is_true(cell(peers, "access", (int)j, 0))) != want)
+			j++;
+		if (j == json_array_size(ids))
+			continue;
+		op = copy_to(&d, want ? "peer" : "staged", json_string_value(json_array_get(ids, j)));
+		ck_assert_str_eq(json_string_value(th_op_meta(op, "path")), want ? "peer" : "staged");
+		json_decref(op);
+		back = th_download(&d, want ? "peer" : "staged", &n);
+		ck_assert_uint_eq(n, N);
+		ck_assert_msg(memcmp(back, data, N) == 0, "the copy to %s differs",
+		              json_string_value(json_array_get(ids, j)));
+		free(back);
+		fprintf(stderr, "topology: cuda:0 -> %s %s\n",
+		        json_string_value(json_array_get(ids, j)), want ? "peer" : "staged");
+		checked++;
+	}
+	fprintf(stderr, "topology: %d GPU copy paths checked\n", checked);
+	free(data);
+	json_decref(t);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* Runs tstaged with args; it must exit 1 before listening, naming what. */
 static void expect_refused(const char *const *args, const char *names)
 {
@@ -254,30 +313,39 @@ START_TEST(test_bad_placement_refused_at_start)
 	expect_refused(args, "NUMA node 2");
 	args[8] = "0,x";
 	expect_refused(args, "--sim-numa-nodes '0,x'");
-	{
-		const char *links[] = {"--no-cuda", "--port", "0", "--sim-devices", "4",
-		                       "--sim-peer-links", "0-1,1-0", NULL};
-
-		expect_refused(links, "--sim-peer-links '0-1,1-0' links sim:1 and sim:0 twice");
-		links[6] = "0-4:nvlink";
-		expect_refused(links, "names sim:4; there are 4 sim devices");
-		links[6] = "0-1:wire";
-		expect_refused(links, "link kind 'wire'");
-	}
 	args[6] = "/nonexistent/tstage/topology.xml";
 	args[8] = "0,0,1,1";
 	expect_refused(args, "--topology-file '/nonexistent/tstage/topology.xml'");
 }
 END_TEST
 
+START_TEST(test_bad_peer_links_refused_at_start)
+{
+	const char *links[] = {"--no-cuda", "--port", "0", "--sim-devices", "4",
+	                       "--sim-peer-links", "0-1,1-0", NULL};
+
+	expect_refused(links, "--sim-peer-links '0-1,1-0' links sim:1 and sim:0 twice");
+	links[6] = "0-4:nvlink";
+	expect_refused(links, "names sim:4; there are 4 sim devices");
+	links[6] = "0-1:wire";
+	expect_refused(links, "link kind 'wire'");
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("topology");
-	TCase *tc = tcase_create("topology");
+	TCase *tc = tcase_create("topology"), *cuda = tcase_create("cuda");
 
 	tcase_add_test(tc, test_two_socket_file_and_sim_placement);
 	tcase_add_test(tc, test_bad_placement_refused_at_start);
+	tcase_add_test(tc, test_bad_peer_links_refused_at_start);
 	tcase_add_test(tc, test_peer_matrix_and_copy_paths);
+	/* daemons start slowly under sanitizers on a loaded machine */
+	tcase_set_timeout(tc, 60);
+	tcase_set_timeout(cuda, 120);
+	tcase_add_test(cuda, test_cuda_copy_paths_follow_the_matrix);
 	suite_add_tcase(s, tc);
+	suite_add_tcase(s, cuda);
 	return s;
 }
