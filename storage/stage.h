@@ -10,9 +10,10 @@
  * device->host queue per device, shared by every request and created once,
  * so both directions run at once. Each caller waits on its own event. A copy
  * runs on a queue that reaches both its ends (a copy with a CUDA end on a
- * stream of that GPU); pageable host memory, and the pair of a GPU and a sim
- * device, which no queue reaches together, go through pinned slots. Every
- * pair of backends and memory kinds is served.
+ * stream of that GPU); pageable host memory, the pair of a GPU and a sim
+ * device, which no queue reaches together, and two devices the topology's
+ * peer matrix gives no peer access (ts_stager_set_topology) go through
+ * pinned slots. Every pair of backends and memory kinds is served.
  *
  * Thread-safety: a stager is shared by all threads; a writer belongs to one
  * request at a time.
