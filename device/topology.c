@@ -27,6 +27,7 @@ struct ts_topology {
 	struct ts_topology_numa *numa;
 	size_t ndev;
 	struct ts_topology_device *dev;
+	hwloc_topology_t hw;              /* this machine's, kept for binding; NULL for a file */
 	size_t npeer;
 	size_t *peer_dev;                 /* [npeer]: index into dev */
 	struct ts_topology_peer *peer;    /* [npeer * npeer], row-major */
@@ -327,7 +328,10 @@ ts_status ts_topology_new(const struct ts_topology_config *cfg,
 		st = place(t, topo, cfg, set, err);
 	if (st == TS_OK)
 		st = build_peers(t, topo, cfg, set, err);
-	hwloc_topology_destroy(topo);
+	if (st == TS_OK && !xml)
+		t->hw = topo;     /* this machine: memory can be bound to its nodes */
+	else
+		hwloc_topology_destroy(topo);
 	if (st != TS_OK)
 		goto out_free;
 	t->discovery_ns = ts_now_ns() - t0;
@@ -347,6 +351,8 @@ void ts_topology_free(struct ts_topology *t)
 	free(t->dev);
 	free(t->peer_dev);
 	free(t->peer);
+	if (t->hw)
+		hwloc_topology_destroy(t->hw);
 	free(t);
 }
 
@@ -610,4 +616,92 @@ ts_status ts_topology_parse_links(const char *s, size_t nsim, enum ts_link_kind 
 		p = comma ? comma + 1 : p + glen;
 	}
 	return TS_OK;
+}
+
+/* ---- binding memory to NUMA nodes ----------------------------------------- */
+
+bool ts_topology_can_bind(const struct ts_topology *t)
+{
+	const struct hwloc_topology_support *s;
+
+	if (!t || !t->hw)
+		return false;
+	s = hwloc_topology_get_support(t->hw);
+	return s && s->membind && s->membind->set_area_membind && s->membind->set_thisthread_membind &&
+	       s->membind->bind_membind;
+}
+
+/* The nodeset of the NUMA node with OS index node (new), or NULL. */
+static hwloc_bitmap_t nodeset_of(const struct ts_topology *t, int node)
+{
+	hwloc_bitmap_t set;
+
+	if (!ts_topology_can_bind(t) || node < 0 || !numa_find(t, node))
+		return NULL;
+	set = hwloc_bitmap_alloc();
+	if (set)
+		hwloc_bitmap_only(set, (unsigned)node);
+	return set;
+}
+
+bool ts_topology_bind_area(const struct ts_topology *t, void *p, size_t len, int node)
+{
+	hwloc_bitmap_t set = nodeset_of(t, node);
+	bool ok = set && hwloc_set_area_membind(t->hw, p, len, set, HWLOC_MEMBIND_BIND,
+	                                        HWLOC_MEMBIND_BYNODESET) == 0;
+
+	hwloc_bitmap_free(set);
+	return ok;
+}
+
+bool ts_topology_bind_thread(const struct ts_topology *t, int node)
+{
+	hwloc_bitmap_t set = nodeset_of(t, node);
+	bool ok = set && hwloc_set_membind(t->hw, set, HWLOC_MEMBIND_BIND,
+	                                   HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) == 0;
+
+	hwloc_bitmap_free(set);
+	return ok;
+}
+
+void ts_topology_unbind_thread(const struct ts_topology *t)
+{
+	hwloc_bitmap_t all;
+
+	if (!ts_topology_can_bind(t))
+		return;
+	all = hwloc_bitmap_dup(hwloc_topology_get_topology_nodeset(t->hw));
+	if (all && hwloc_set_membind(t->hw, all, HWLOC_MEMBIND_DEFAULT,
+	                             HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) != 0)
+		errno = 0;
+	hwloc_bitmap_free(all);
+}
+
+int ts_topology_area_binding(const struct ts_topology *t, const void *p, size_t len)
+{
+	hwloc_bitmap_t set;
+	hwloc_membind_policy_t policy;
+	int node = -1;
+
+	if (!t || !t->hw || !(set = hwloc_bitmap_alloc()))
+		return -1;
+	if (hwloc_get_area_membind(t->hw, p, len, set, &policy, HWLOC_MEMBIND_BYNODESET) == 0 &&
+	    policy == HWLOC_MEMBIND_BIND && hwloc_bitmap_weight(set) == 1)
+		node = hwloc_bitmap_first(set);
+	hwloc_bitmap_free(set);
+	return node;
+}
+
+int ts_topology_node_of(const struct ts_topology *t, const void *p, size_t len)
+{
+	hwloc_bitmap_t set;
+	int node = -1;
+
+	if (!t || !t->hw || !(set = hwloc_bitmap_alloc()))
+		return -1;
+	if (hwloc_get_area_memlocation(t->hw, p, len, set, HWLOC_MEMBIND_BYNODESET) == 0 &&
+	    hwloc_bitmap_weight(set) == 1)
+		node = hwloc_bitmap_first(set);
+	hwloc_bitmap_free(set);
+	return node;
 }

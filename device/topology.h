@@ -139,6 +139,25 @@ const struct ts_topology_peer *ts_topology_peer_find(const struct ts_topology *t
 char *ts_topology_matrix_text(const struct ts_topology *t);
 
 /*
+ * Binding memory to a NUMA node (OS index), for pools local to their
+ * devices: only a topology of this machine whose hwloc can bind (never one
+ * from a file, which may describe another machine); false when it cannot or
+ * the call fails, and nothing is bound then. bind_area binds the pages of
+ * [p, p + len) not yet touched; bind_thread makes the calling thread's
+ * later allocations (those the CUDA driver pins at once) come from node,
+ * until unbind_thread. node_of is the node holding all of [p, p + len)'s
+ * touched pages, or -1 (several, none, or unknown). Thread-safe.
+ */
+bool ts_topology_can_bind(const struct ts_topology *t);
+bool ts_topology_bind_area(const struct ts_topology *t, void *p, size_t len, int node);
+bool ts_topology_bind_thread(const struct ts_topology *t, int node);
+void ts_topology_unbind_thread(const struct ts_topology *t);
+int ts_topology_node_of(const struct ts_topology *t, const void *p, size_t len);
+/* The node [p, p + len) is bound to (a BIND policy to one node, as
+ * get_mempolicy reads it), or -1. */
+int ts_topology_area_binding(const struct ts_topology *t, const void *p, size_t len);
+
+/*
  * Parses --sim-numa-nodes: comma-separated non-negative integers ("0,0,1,1").
  * Writes at most cap of them to out and their count to *n. INVALID_ARGUMENT
  * (reason SIM_NUMA_NODES) on anything else or more than cap.

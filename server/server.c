@@ -134,10 +134,11 @@ static void log_start(const struct ts_server *srv)
 		struct ts_pool_stats ps;
 
 		ts_memory_pool_stats(srv->memory, i, &ps);
+		/* node-wide: the sum of the pinned pools of the NUMA nodes */
 		if (!ps.device)
-			limit[ps.kind] = ps.limit;
+			limit[ps.kind] += ps.limit;
 		if (ps.segmented)
-			keep = ps.keep_bytes;
+			keep += ps.keep_bytes;
 	}
 	static const char *const levels[] = {"debug", "info", "warn", "error"};
 	json_t *f;
@@ -371,6 +372,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		                    : cfg->pinned_host_keep.bytes,
 		.pinned_host_keep_share = cfg->pinned_host_keep.share,
 		.preallocate = cfg->preallocate,
+		.topology = srv->topology,
 	};
 	container_budgets(cfg, &mcfg);
 	st = ts_memory_new(srv->devices, &mcfg, &srv->memory, err);

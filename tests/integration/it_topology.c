@@ -10,7 +10,10 @@
  * counters show it. Case "cuda" (TS_TEST_BACKEND=cuda; skipped elsewhere)
  * does the same on the GPUs, placed in the two-socket file, whose matrix is
  * the runtime's: tests/gpu/fakecuda.sh runs it on the file's eight bus ids
- * with two peer groups of four.
+ * with two peer groups of four. With sim devices on both sockets,
+ * /v1/memory shows a pinned_host pool per NUMA node, split by the devices'
+ * share of --pinned-host-limit, not bound (the file is not this machine),
+ * each device's pinned memory counted in its own node's pool.
  * Runs on sim devices whatever the backend under test (the placement of
  * CUDA GPUs needs their PCI bus ids in the file).
  */
@@ -288,6 +291,64 @@ START_TEST(test_cuda_copy_paths_follow_the_matrix)
 }
 END_TEST
 
+/* The pinned_pool object of dev's pinned_host space in /v1/memory m. */
+static json_t *pinned_pool(json_t *m, const char *dev)
+{
+	json_t *spaces = json_object_get(m, "spaces");
+
+	for (size_t i = 0; i < json_array_size(spaces); i++) {
+		json_t *s = json_array_get(spaces, i);
+
+		if (strcmp(th_str(s, "device"), dev) == 0 &&
+		    strcmp(th_str(s, "memory_kind"), "pinned_host") == 0)
+			return th_obj(s, "pinned_pool");
+	}
+	ck_abort_msg("no pinned_host space of %s", dev);
+	return NULL;
+}
+
+START_TEST(test_pinned_pools_per_numa_node)
+{
+	const char *const args[] = {"--no-cuda", "--sim-devices", "4", "--sim-device-memory",
+	                            TH_SIM_MEMORY_ARG, "--topology-file", two_socket,
+	                            "--sim-numa-nodes", "0,1,1,1", "--pinned-host-limit", "64MiB",
+	                            NULL};
+	static const char *const devs[] = {"sim:0", "sim:1", "sim:2", "sim:3", "cpu:0"};
+	static const char *const pool[] = {"numa0/pinned_host", "numa1/pinned_host",
+	                                   "numa1/pinned_host", "numa1/pinned_host",
+	                                   "numa0/pinned_host"};
+	char *data = calloc(1, 3 << 20);
+	struct th_daemon d;
+	json_t *m, *p0, *p1;
+
+	find_file();
+	th_daemon_start_ex(&d, &(struct th_start){.args = args, .no_backend_args = true});
+	th_put_array(&d, "h", "dtype=uint8&shape=3145728&device=sim:2&memory_kind=pinned_host",
+	             data, 3 << 20);
+	th_put_array(&d, "g", "dtype=uint8&shape=1048576&device=sim:0&memory_kind=pinned_host",
+	             data, 1 << 20);
+	m = th_get_object(&d, "/v1/memory");
+	for (int i = 0; i < 5; i++) {
+		json_t *pp = pinned_pool(m, devs[i]);
+
+		ck_assert_str_eq(th_str(pp, "name"), pool[i]);
+		ck_assert(json_is_false(json_object_get(pp, "bound")));
+	}
+	p0 = pinned_pool(m, "sim:0");
+	p1 = pinned_pool(m, "sim:3");
+	ck_assert_int_eq(th_int(p0, "numa_node"), 0);
+	ck_assert_int_eq(th_int(p1, "numa_node"), 1);
+	/* a quarter of the budget for node 0's one device, the rest for node 1's three */
+	ck_assert_int_eq(th_int(p0, "limit_bytes"), 16 << 20);
+	ck_assert_int_eq(th_int(p1, "limit_bytes"), 48 << 20);
+	ck_assert_int_eq(th_int(p0, "bytes_in_use"), 1 << 20);
+	ck_assert_int_eq(th_int(p1, "bytes_in_use"), 3 << 20);
+	json_decref(m);
+	free(data);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 /* Runs tstaged with args; it must exit 1 before listening, naming what. */
 static void expect_refused(const char *const *args, const char *names)
 {
@@ -341,6 +402,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_bad_placement_refused_at_start);
 	tcase_add_test(tc, test_bad_peer_links_refused_at_start);
 	tcase_add_test(tc, test_peer_matrix_and_copy_paths);
+	tcase_add_test(tc, test_pinned_pools_per_numa_node);
 	/* daemons start slowly under sanitizers on a loaded machine */
 	tcase_set_timeout(tc, 60);
 	tcase_set_timeout(cuda, 120);
