@@ -100,6 +100,11 @@ struct ts__backend_ops {
 	ts_status (*mem_info)(struct ts_device *dev, uint64_t *free_bytes,
 	                      uint64_t *total_bytes, struct ts_error *err);
 
+	/* Whether dev may access peer's memory (another device of the same
+	 * backend); optional: NULL when the backend cannot tell. */
+	ts_status (*peer_caps)(struct ts_device *dev, struct ts_device *peer,
+	                       struct ts_peer_caps *out, struct ts_error *err);
+
 	/* Frees dev->impl; called once every queue is gone. */
 	void (*device_free)(struct ts_device *dev);
 };

@@ -595,6 +595,31 @@ static void cuda_device_free(struct ts_device *dev)
 	dev->impl = NULL;
 }
 
+static ts_status cuda_peer_caps(struct ts_device *dev, struct ts_device *peer,
+                                struct ts_peer_caps *out, struct ts_error *err)
+{
+	int a = ordinal_of(dev), b = ordinal_of(peer), can = 0, rank = 0, atomics = 0;
+	ts_status st = cuda_fail(dev, cudaDeviceCanAccessPeer(&can, a, b),
+	                         "cudaDeviceCanAccessPeer", NULL, err);
+
+	if (st == TS_OK && can)
+		st = cuda_fail(dev, cudaDeviceGetP2PAttribute(&rank, cudaDevP2PAttrPerformanceRank,
+		                                              a, b),
+		               "cudaDeviceGetP2PAttribute", NULL, err);
+	if (st == TS_OK && can)
+		st = cuda_fail(dev, cudaDeviceGetP2PAttribute(&atomics,
+		                                              cudaDevP2PAttrNativeAtomicSupported,
+		                                              a, b),
+		               "cudaDeviceGetP2PAttribute", NULL, err);
+	if (st != TS_OK)
+		return st;
+	out->known = true;
+	out->access = can != 0;
+	out->perf_rank = rank;
+	out->native_atomics = atomics != 0;
+	return TS_OK;
+}
+
 static const struct ts__backend_ops cuda_ops = {
 	.events = TS__EVENTS_CUDA,
 	.mem_alloc = cuda_mem_alloc,
@@ -613,6 +638,7 @@ static const struct ts__backend_ops cuda_ops = {
 	.event_sync = cuda_event_sync,
 	.device_sync = cuda_device_sync,
 	.mem_info = cuda_mem_info,
+	.peer_caps = cuda_peer_caps,
 	.device_free = cuda_device_free,
 };
 

@@ -275,6 +275,19 @@ ts_status ts_device_mem_info(struct ts_device *dev, uint64_t *free_bytes,
 	return st;
 }
 
+ts_status ts_device_peer_caps(struct ts_device *dev, struct ts_device *peer,
+                              struct ts_peer_caps *out, struct ts_error *err)
+{
+	memset(out, 0, sizeof *out);
+	if (!dev || !peer)
+		return BAD_ARGUMENT(err, "peer capabilities: no device");
+	if (dev == peer || dev->ops != peer->ops || !dev->ops->peer_caps)
+		return TS_OK;
+	if (ts_device_broken(dev))
+		return refuse_broken(dev, err);
+	return dev->ops->peer_caps(dev, peer, out, err);
+}
+
 /* ---- queues -------------------------------------------------------------- */
 
 ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,

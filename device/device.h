@@ -275,6 +275,24 @@ ts_status ts_device_mem_info(struct ts_device *dev, uint64_t *free_bytes,
 ts_status ts_device_cuda_status(struct ts_device *dev, int cuda_error, const char *call,
                                 struct ts_error *err);
 
+/* What a backend says of one device reaching another's memory directly. */
+struct ts_peer_caps {
+	bool known;               /* the backend answered (a pair of CUDA GPUs) */
+	bool access;              /* cudaDeviceCanAccessPeer */
+	int perf_rank;            /* cudaDevP2PAttrPerformanceRank: lower is better */
+	bool native_atomics;      /* cudaDevP2PAttrNativeAtomicSupported */
+};
+
+/*
+ * Asks dev's backend whether dev may access peer's memory directly, and how
+ * well: on CUDA, cudaDeviceCanAccessPeer and cudaDeviceGetP2PAttribute for
+ * two different GPUs; every other pair (one device with itself, sim, cpu,
+ * two backends) answers known = false and nothing else. A CUDA error is
+ * translated as everywhere. Thread-safe.
+ */
+ts_status ts_device_peer_caps(struct ts_device *dev, struct ts_device *peer,
+                              struct ts_peer_caps *out, struct ts_error *err);
+
 /* true once the device hit an unrecoverable (sticky) error; readiness drops. */
 bool ts_device_broken(const struct ts_device *dev);
 

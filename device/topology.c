@@ -3,13 +3,17 @@
  *
  * The hwloc topology lives only while ts_topology_new runs: what callers
  * read afterwards is copied out into plain arrays, so a topology is
- * immutable and needs no lock.
+ * immutable and needs no lock. The peer matrix is built there too: CUDA
+ * pairs from the runtime and hwloc's PCI tree, sim pairs from
+ * --sim-peer-links, every link the PCI tree cannot tell from the NUMA
+ * placement.
  */
 #include "device/topology.h"
 
 #include <errno.h>
 #include <hwloc.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +27,33 @@ struct ts_topology {
 	struct ts_topology_numa *numa;
 	size_t ndev;
 	struct ts_topology_device *dev;
+	hwloc_topology_t hw;              /* this machine's, kept for binding; NULL for a file */
+	size_t npeer;
+	size_t *peer_dev;                 /* [npeer]: index into dev */
+	struct ts_topology_peer *peer;    /* [npeer * npeer], row-major */
 };
+
+static const struct {
+	const char *name, *abbrev, *legend;
+} link_names[TS_LINK_KIND_COUNT] = {
+	[TS_LINK_SELF] = {"self", "X", "the device itself"},
+	[TS_LINK_NVLINK] = {"nvlink", "NV", "NVLink"},
+	[TS_LINK_PCIE_SWITCH] = {"pcie_switch", "PIX", "a PCIe switch"},
+	[TS_LINK_HOST_BRIDGE] = {"host_bridge", "PHB", "one PCIe host bridge"},
+	[TS_LINK_NUMA_NODE] = {"numa_node", "NODE", "host bridges of one NUMA node"},
+	[TS_LINK_CROSS_SOCKET] = {"cross_socket", "SYS", "across NUMA nodes (sockets)"},
+	[TS_LINK_UNKNOWN] = {"unknown", "?", "unknown"},
+};
+
+const char *ts_link_name(enum ts_link_kind k)
+{
+	return k < TS_LINK_KIND_COUNT ? link_names[k].name : "unknown";
+}
+
+const char *ts_link_abbrev(enum ts_link_kind k)
+{
+	return k < TS_LINK_KIND_COUNT ? link_names[k].abbrev : "?";
+}
 
 static void cpuset_string(char *buf, size_t cap, hwloc_const_bitmap_t set)
 {
@@ -163,6 +193,116 @@ static ts_status place(struct ts_topology *t, hwloc_topology_t topo,
 	return TS_OK;
 }
 
+/* ---- the peer matrix ---------------------------------------------------- */
+
+/* The link the NUMA placement implies, where nothing nearer is known. */
+static enum ts_link_kind numa_link(const struct ts_topology_device *a,
+                                   const struct ts_topology_device *b)
+{
+	if (a->numa_node < 0 || b->numa_node < 0)
+		return TS_LINK_UNKNOWN;
+	return a->numa_node == b->numa_node ? TS_LINK_NUMA_NODE : TS_LINK_CROSS_SOCKET;
+}
+
+/* The link between two PCI devices from hwloc's tree: the nearest object
+ * above both, a PCI-PCI bridge (a switch) or a host bridge; TS_LINK_KIND_COUNT
+ * when they meet above the I/O tree or either is not in it. */
+static enum ts_link_kind pci_link(hwloc_topology_t topo, const char *a, const char *b)
+{
+	hwloc_obj_t pa = a[0] ? hwloc_get_pcidev_by_busidstring(topo, a) : NULL;
+	hwloc_obj_t pb = b[0] ? hwloc_get_pcidev_by_busidstring(topo, b) : NULL;
+
+	for (hwloc_obj_t x = pa ? pa->parent : NULL; pb && x && x->type == HWLOC_OBJ_BRIDGE;
+	     x = x->parent)
+		for (hwloc_obj_t y = pb->parent; y && y->type == HWLOC_OBJ_BRIDGE; y = y->parent)
+			if (x == y)
+				return x->attr->bridge.upstream_type == HWLOC_OBJ_BRIDGE_PCI
+				               ? TS_LINK_PCIE_SWITCH
+				               : TS_LINK_HOST_BRIDGE;
+	return TS_LINK_KIND_COUNT;
+}
+
+static enum ts_link_kind sim_rank_link(enum ts_link_kind k, int *rank)
+{
+	*rank = k == TS_LINK_NVLINK ? 0 : k == TS_LINK_PCIE_SWITCH ? 1 : 2;
+	return k;
+}
+
+/* One ordered pair of different devices. A pair the runtime cannot answer
+ * for has no peer access (its copies stage through host memory). */
+static void peer_pair(struct ts_topology *t, hwloc_topology_t topo,
+                      const struct ts_device_set *set, const enum ts_link_kind *sim_links,
+                      size_t nsim, size_t i, size_t j)
+{
+	const struct ts_topology_device *a = &t->dev[t->peer_dev[i]], *b = &t->dev[t->peer_dev[j]];
+	struct ts_device *da = ts_device_set_at(set, t->peer_dev[i]);
+	struct ts_device *db = ts_device_set_at(set, t->peer_dev[j]);
+	const struct ts_device_props *pa = ts_device_props(da), *pb = ts_device_props(db);
+	struct ts_topology_peer *p = &t->peer[i * t->npeer + j];
+	struct ts_peer_caps caps;
+	struct ts_error ignore;
+
+	p->link = numa_link(a, b);
+	if (pa->backend == TS_BACKEND_CUDA && pb->backend == TS_BACKEND_CUDA) {
+		enum ts_link_kind k = pci_link(topo, pa->pci_bus_id, pb->pci_bus_id);
+
+		ts_error_clear(&ignore);
+		if (ts_device_peer_caps(da, db, &caps, &ignore) != TS_OK)
+			memset(&caps, 0, sizeof caps);
+		p->access = caps.access;
+		p->perf_rank = caps.perf_rank;
+		p->native_atomics = caps.native_atomics;
+		if (k != TS_LINK_KIND_COUNT)
+			p->link = k;
+	} else if (pa->backend == TS_BACKEND_SIM && pb->backend == TS_BACKEND_SIM &&
+	           (size_t)pa->ordinal < nsim && (size_t)pb->ordinal < nsim) {
+		enum ts_link_kind k = sim_links[(size_t)pa->ordinal * nsim + (size_t)pb->ordinal];
+
+		p->access = k != TS_LINK_KIND_COUNT;
+		if (p->access && k != TS_LINK_UNKNOWN) {
+			p->link = sim_rank_link(k, &p->perf_rank);
+			p->native_atomics = k == TS_LINK_NVLINK;
+		}
+	}
+}
+
+static ts_status build_peers(struct ts_topology *t, hwloc_topology_t topo,
+                             const struct ts_topology_config *cfg,
+                             const struct ts_device_set *set, struct ts_error *err)
+{
+	size_t nsim = 0;
+	enum ts_link_kind *sim_links = NULL;
+	ts_status st = TS_OK;
+
+	t->peer_dev = calloc(t->ndev ? t->ndev : 1, sizeof *t->peer_dev);
+	if (!t->peer_dev)
+		return ts_error_oom(err, "no memory for the peer matrix");
+	for (size_t i = 0; i < t->ndev; i++) {
+		enum ts_backend_kind k = ts_device_props(ts_device_set_at(set, i))->backend;
+
+		if (k != TS_BACKEND_CPU)
+			t->peer_dev[t->npeer++] = i;
+		nsim += k == TS_BACKEND_SIM;
+	}
+	t->peer = calloc(t->npeer ? t->npeer * t->npeer : 1, sizeof *t->peer);
+	sim_links = calloc(nsim ? nsim * nsim : 1, sizeof *sim_links);
+	if (!t->peer || !sim_links) {
+		free(sim_links);
+		return ts_error_oom(err, "no memory for the peer matrix of %zu devices", t->npeer);
+	}
+	st = ts_topology_parse_links(cfg->sim_peer_links, nsim, sim_links, err);
+	for (size_t i = 0; st == TS_OK && i < t->npeer; i++)
+		for (size_t j = 0; j < t->npeer; j++) {
+			if (i == j)
+				t->peer[i * t->npeer + j] = (struct ts_topology_peer){
+				        .access = true, .native_atomics = true, .link = TS_LINK_SELF};
+			else
+				peer_pair(t, topo, set, sim_links, nsim, i, j);
+		}
+	free(sim_links);
+	return st;
+}
+
 ts_status ts_topology_new(const struct ts_topology_config *cfg,
                           const struct ts_device_set *set,
                           struct ts_topology **out, struct ts_error *err)
@@ -186,7 +326,12 @@ ts_status ts_topology_new(const struct ts_topology_config *cfg,
 	st = copy_numa(t, topo, err);
 	if (st == TS_OK)
 		st = place(t, topo, cfg, set, err);
-	hwloc_topology_destroy(topo);
+	if (st == TS_OK)
+		st = build_peers(t, topo, cfg, set, err);
+	if (st == TS_OK && !xml)
+		t->hw = topo;     /* this machine: memory can be bound to its nodes */
+	else
+		hwloc_topology_destroy(topo);
 	if (st != TS_OK)
 		goto out_free;
 	t->discovery_ns = ts_now_ns() - t0;
@@ -204,6 +349,10 @@ void ts_topology_free(struct ts_topology *t)
 		return;
 	free(t->numa);
 	free(t->dev);
+	free(t->peer_dev);
+	free(t->peer);
+	if (t->hw)
+		hwloc_topology_destroy(t->hw);
 	free(t);
 }
 
@@ -270,4 +419,289 @@ ts_status ts_topology_parse_list(const char *s, int *out, size_t cap, size_t *n,
 		p = *end ? end + 1 : end;
 	}
 	return TS_OK;
+}
+
+size_t ts_topology_peer_count(const struct ts_topology *t)
+{
+	return t->npeer;
+}
+
+const char *ts_topology_peer_id(const struct ts_topology *t, size_t i)
+{
+	return i < t->npeer ? t->dev[t->peer_dev[i]].id : NULL;
+}
+
+const struct ts_topology_peer *ts_topology_peer_at(const struct ts_topology *t, size_t i,
+                                                   size_t j)
+{
+	return i < t->npeer && j < t->npeer ? &t->peer[i * t->npeer + j] : NULL;
+}
+
+static size_t peer_index(const struct ts_topology *t, const char *id)
+{
+	size_t i = 0;
+
+	while (i < t->npeer && strcmp(t->dev[t->peer_dev[i]].id, id) != 0)
+		i++;
+	return i;
+}
+
+const struct ts_topology_peer *ts_topology_peer_find(const struct ts_topology *t,
+                                                     const char *src, const char *dst)
+{
+	if (!t || !src || !dst)
+		return NULL;
+	return ts_topology_peer_at(t, peer_index(t, src), peer_index(t, dst));
+}
+
+/* Appends to a growing string; false when out of memory. */
+static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+        __attribute__((format(printf, 4, 5)));
+
+static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return false;
+	if (!*buf || *len + (size_t)n + 1 > *cap) {
+		size_t want = (*cap ? *cap : 256) * 2 + (size_t)n + 1;
+		char *p = realloc(*buf, want);
+
+		if (!p)
+			return false;
+		*buf = p;
+		*cap = want;
+		va_start(ap, fmt);
+		vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+		va_end(ap);
+	}
+	*len += (size_t)n;
+	return true;
+}
+
+char *ts_topology_matrix_text(const struct ts_topology *t)
+{
+	char *buf = NULL, cell[16];
+	size_t len = 0, cap = 0;
+	int w = 8;
+	bool ok;
+
+	for (size_t i = 0; i < t->npeer; i++)
+		if ((int)strlen(ts_topology_peer_id(t, i)) + 2 > w)
+			w = (int)strlen(ts_topology_peer_id(t, i)) + 2;
+	ok = append(&buf, &len, &cap, "%-*s", w, "");
+	for (size_t j = 0; ok && j < t->npeer; j++)
+		ok = append(&buf, &len, &cap, "%-*s", w, ts_topology_peer_id(t, j));
+	ok = ok && append(&buf, &len, &cap, "%-*s%s\n", w, "NUMA", "CPU affinity");
+	for (size_t i = 0; ok && i < t->npeer; i++) {
+		const struct ts_topology_device *d = &t->dev[t->peer_dev[i]];
+
+		ok = append(&buf, &len, &cap, "%-*s", w, d->id);
+		for (size_t j = 0; ok && j < t->npeer; j++) {
+			const struct ts_topology_peer *p = &t->peer[i * t->npeer + j];
+
+			snprintf(cell, sizeof cell, "%s%s", ts_link_abbrev(p->link), p->access ? "" : "*");
+			ok = append(&buf, &len, &cap, "%-*s", w, cell);
+		}
+		if (d->numa_node >= 0)
+			snprintf(cell, sizeof cell, "%d", d->numa_node);
+		else
+			snprintf(cell, sizeof cell, "N/A");
+		ok = ok && append(&buf, &len, &cap, "%-*s%s\n", w, cell,
+		                  d->local_cpus[0] ? d->local_cpus : "N/A");
+	}
+	ok = ok && append(&buf, &len, &cap, "\nLegend:\n");
+	for (int k = 0; ok && k < TS_LINK_KIND_COUNT; k++)
+		ok = append(&buf, &len, &cap, "  %-5s = %s\n", link_names[k].abbrev,
+		            link_names[k].legend);
+	ok = ok && append(&buf, &len, &cap, "  *     = no peer access: copies stage through "
+	                  "pinned host memory\n");
+	if (!ok) {
+		free(buf);
+		return NULL;
+	}
+	return buf;
+}
+
+/* One group of --sim-peer-links ("0-1-2:nvlink") into links. */
+static ts_status parse_group(const char *all, const char *g, size_t glen, size_t nsim,
+                             enum ts_link_kind *links, struct ts_error *err)
+{
+	static const struct {
+		const char *name;
+		enum ts_link_kind k;
+	} kinds[] = {{"nvlink", TS_LINK_NVLINK},
+	             {"pcie_switch", TS_LINK_PCIE_SWITCH},
+	             {"host_bridge", TS_LINK_HOST_BRIDGE}};
+	size_t member[64], n = 0;
+	const char *p = g, *end = g + glen, *colon = memchr(g, ':', glen);
+	enum ts_link_kind kind = TS_LINK_NVLINK;
+
+	if (colon) {
+		size_t k = 0, klen = (size_t)(end - colon - 1);
+
+		while (k < sizeof kinds / sizeof kinds[0] &&
+		       (strlen(kinds[k].name) != klen || strncmp(kinds[k].name, colon + 1, klen)))
+			k++;
+		if (k == sizeof kinds / sizeof kinds[0])
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "SIM_PEER_LINKS",
+			                    "--sim-peer-links '%s': link kind '%.*s' is none of nvlink, "
+			                    "pcie_switch, host_bridge", all, (int)klen, colon + 1);
+		kind = kinds[k].k;
+		end = colon;
+	}
+	while (p < end) {
+		size_t v = 0;
+		const char *q = p;
+
+		while (q < end && *q >= '0' && *q <= '9' && v < 100000)
+			v = v * 10 + (size_t)(*q++ - '0');
+		if (q == p || (q < end && *q != '-') || (q < end && q + 1 == end) ||
+		    n == sizeof member / sizeof member[0])
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "SIM_PEER_LINKS",
+			                    "--sim-peer-links '%s' is not all, none or a list of groups "
+			                    "of sim device ordinals such as 0-1-2-3:nvlink,4-5", all);
+		if (v >= nsim)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "SIM_PEER_LINKS",
+			                    "--sim-peer-links '%s' names sim:%zu; there are %zu sim "
+			                    "devices", all, v, nsim);
+		member[n++] = v;
+		p = q < end ? q + 1 : q;
+	}
+	if (n < 2)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "SIM_PEER_LINKS",
+		                    "--sim-peer-links '%s': a group needs two devices or more", all);
+	for (size_t a = 0; a < n; a++)
+		for (size_t b = 0; b < n; b++) {
+			enum ts_link_kind *l = &links[member[a] * nsim + member[b]];
+
+			if (a == b)
+				continue;
+			if (member[a] == member[b] || *l != TS_LINK_KIND_COUNT)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "SIM_PEER_LINKS",
+				                    "--sim-peer-links '%s' links sim:%zu and sim:%zu "
+				                    "twice", all, member[a], member[b]);
+			*l = kind;
+		}
+	return TS_OK;
+}
+
+ts_status ts_topology_parse_links(const char *s, size_t nsim, enum ts_link_kind *links,
+                                  struct ts_error *err)
+{
+	bool all = !s || !s[0] || strcmp(s, "all") == 0;
+
+	for (size_t i = 0; i < nsim; i++)
+		for (size_t j = 0; j < nsim; j++)
+			links[i * nsim + j] = i == j ? TS_LINK_SELF
+			                      : all  ? TS_LINK_UNKNOWN
+			                             : TS_LINK_KIND_COUNT;
+	if (all || strcmp(s, "none") == 0)
+		return TS_OK;
+	for (const char *p = s; *p;) {
+		const char *comma = strchr(p, ',');
+		size_t glen = comma ? (size_t)(comma - p) : strlen(p);
+		ts_status st = parse_group(s, p, glen, nsim, links, err);
+
+		if (st != TS_OK)
+			return st;
+		if (comma && !comma[1])
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "SIM_PEER_LINKS",
+			                    "--sim-peer-links '%s' ends with a comma", s);
+		p = comma ? comma + 1 : p + glen;
+	}
+	return TS_OK;
+}
+
+/* ---- binding memory to NUMA nodes ----------------------------------------- */
+
+bool ts_topology_can_bind(const struct ts_topology *t)
+{
+	const struct hwloc_topology_support *s;
+
+	if (!t || !t->hw)
+		return false;
+	s = hwloc_topology_get_support(t->hw);
+	return s && s->membind && s->membind->set_area_membind && s->membind->set_thisthread_membind &&
+	       s->membind->bind_membind;
+}
+
+/* The nodeset of the NUMA node with OS index node (new), or NULL. */
+static hwloc_bitmap_t nodeset_of(const struct ts_topology *t, int node)
+{
+	hwloc_bitmap_t set;
+
+	if (!ts_topology_can_bind(t) || node < 0 || !numa_find(t, node))
+		return NULL;
+	set = hwloc_bitmap_alloc();
+	if (set)
+		hwloc_bitmap_only(set, (unsigned)node);
+	return set;
+}
+
+bool ts_topology_bind_area(const struct ts_topology *t, void *p, size_t len, int node)
+{
+	hwloc_bitmap_t set = nodeset_of(t, node);
+	bool ok = set && hwloc_set_area_membind(t->hw, p, len, set, HWLOC_MEMBIND_BIND,
+	                                        HWLOC_MEMBIND_BYNODESET) == 0;
+
+	hwloc_bitmap_free(set);
+	return ok;
+}
+
+bool ts_topology_bind_thread(const struct ts_topology *t, int node)
+{
+	hwloc_bitmap_t set = nodeset_of(t, node);
+	bool ok = set && hwloc_set_membind(t->hw, set, HWLOC_MEMBIND_BIND,
+	                                   HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) == 0;
+
+	hwloc_bitmap_free(set);
+	return ok;
+}
+
+void ts_topology_unbind_thread(const struct ts_topology *t)
+{
+	hwloc_bitmap_t all;
+
+	if (!ts_topology_can_bind(t))
+		return;
+	all = hwloc_bitmap_dup(hwloc_topology_get_topology_nodeset(t->hw));
+	if (all && hwloc_set_membind(t->hw, all, HWLOC_MEMBIND_DEFAULT,
+	                             HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET) != 0)
+		errno = 0;
+	hwloc_bitmap_free(all);
+}
+
+int ts_topology_area_binding(const struct ts_topology *t, const void *p, size_t len)
+{
+	hwloc_bitmap_t set;
+	hwloc_membind_policy_t policy;
+	int node = -1;
+
+	if (!t || !t->hw || !(set = hwloc_bitmap_alloc()))
+		return -1;
+	if (hwloc_get_area_membind(t->hw, p, len, set, &policy, HWLOC_MEMBIND_BYNODESET) == 0 &&
+	    policy == HWLOC_MEMBIND_BIND && hwloc_bitmap_weight(set) == 1)
+		node = hwloc_bitmap_first(set);
+	hwloc_bitmap_free(set);
+	return node;
+}
+
+int ts_topology_node_of(const struct ts_topology *t, const void *p, size_t len)
+{
+	hwloc_bitmap_t set;
+	int node = -1;
+
+	if (!t || !t->hw || !(set = hwloc_bitmap_alloc()))
+		return -1;
+	if (hwloc_get_area_memlocation(t->hw, p, len, set, HWLOC_MEMBIND_BYNODESET) == 0 &&
+	    hwloc_bitmap_weight(set) == 1)
+		node = hwloc_bitmap_first(set);
+	hwloc_bitmap_free(set);
+	return node;
 }

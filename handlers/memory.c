@@ -72,7 +72,12 @@ static json_t *segments_json(const struct ts_space *sp)
 	ts_space_pool_stats(sp, &ps);
 	if (!ps.segmented)
 		return NULL;
-	return json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+	return json_pack("{s:s, s:o, s:b, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f}",
+	                 "name", ps.name, "numa_node",
+	                 ps.numa_node >= 0 ? json_integer(ps.numa_node) : json_null(), "bound",
+	                 ps.bound, "limit_bytes", (json_int_t)ps.limit, "bytes_in_use",
+	                 (json_int_t)ps.bytes_in_use, "bytes_reserved",
+	                 (json_int_t)ps.bytes_reserved,
 	                 "segments", (json_int_t)ps.segments,
 	                 "keep_bytes", (json_int_t)ps.keep_bytes,
 	                 "segments_pinned", (json_int_t)ps.segments_pinned,

@@ -68,6 +68,9 @@ json_t *ts_h_operation_json(const struct ts_operation *op)
 	/* what a run that stopped early did, for the client to continue */
 	if (meta && s.partial)
 		json_object_set(meta, "partial_result", s.partial);
+	/* how the work was done (a move's path), never replacing a member above */
+	if (meta && s.details)
+		json_object_update_missing(meta, s.details);
 	o = json_pack("{s:s, s:o*, s:b}", "name", name, "metadata", meta, "done", s.done);
 	if (o && (s.state == TS_OP_FAILED || s.state == TS_OP_CANCELLED))
 		json_object_set_new(o, "error", status_json(&s.error));

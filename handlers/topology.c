@@ -1,8 +1,12 @@
 /*
- * topology.c - GET /v1/topology: the node's NUMA nodes (memory, CPUs) and
- * each device's NUMA node and local CPUs, as discovered at start.
+ * topology.c - GET /v1/topology: the node's NUMA nodes (memory, CPUs),
+ * each device's NUMA node and local CPUs, and the peer matrix of the
+ * accelerators (as matrices and as nvidia-smi topo -m text), as discovered
+ * at start.
  */
 #include "handlers/handlers.h"
+
+#include <stdlib.h>
 
 #include "common/utf8.h"
 
@@ -13,6 +17,39 @@ json_t *ts_h_device_place_json(const struct ts_topology_device *d)
 	return json_pack("{s:o, s:o}", "numa_node",
 	                 numa ? json_integer(d->numa_node) : json_null(), "local_cpus",
 	                 cpus ? json_string(d->local_cpus) : json_null());
+}
+
+/* The peer matrix: one n x n matrix per property, rows accessing columns. */
+static json_t *peers_json(const struct ts_topology *t)
+{
+	size_t n = ts_topology_peer_count(t);
+	json_t *ids = json_array(), *access = json_array(), *link = json_array(),
+	       *rank = json_array(), *atomics = json_array();
+	char *text = ts_topology_matrix_text(t);
+	json_t *o;
+
+	for (size_t i = 0; i < n && ids && access && link && rank && atomics; i++) {
+		json_t *ra = json_array(), *rl = json_array(), *rr = json_array(), *rt = json_array();
+
+		json_array_append_new(ids, json_string(ts_topology_peer_id(t, i)));
+		for (size_t j = 0; j < n; j++) {
+			const struct ts_topology_peer *p = ts_topology_peer_at(t, i, j);
+
+			json_array_append_new(ra, json_boolean(p->access));
+			json_array_append_new(rl, json_string(ts_link_name(p->link)));
+			json_array_append_new(rr, json_integer(p->perf_rank));
+			json_array_append_new(rt, json_boolean(p->native_atomics));
+		}
+		json_array_append_new(access, ra);
+		json_array_append_new(link, rl);
+		json_array_append_new(rank, rr);
+		json_array_append_new(atomics, rt);
+	}
+	o = json_pack("{s:o*, s:o*, s:o*, s:o*, s:o*, s:o*}", "devices", ids, "access", access,
+	              "link", link, "perf_rank", rank, "native_atomics", atomics, "text",
+	              text ? json_string(text) : NULL);
+	free(text);
+	return o;
 }
 
 json_t *ts_h_topology_json(const struct ts_core *core)
@@ -35,9 +72,10 @@ json_t *ts_h_topology_json(const struct ts_core *core)
 			json_object_set_new(o, "id", json_string(d->id));
 		json_array_append_new(devs, o);
 	}
-	return json_pack("{s:o*, s:f, s:o*, s:o*}", "source", ts_json_text(ts_topology_source(t)),
-	                 "discovery_ms", (double)ts_topology_discovery_ns(t) / 1e6,
-	                 "numa_nodes", nodes, "devices", devs);
+	return json_pack("{s:o*, s:f, s:o*, s:o*, s:o*}", "source",
+	                 ts_json_text(ts_topology_source(t)), "discovery_ms",
+	                 (double)ts_topology_discovery_ns(t) / 1e6, "numa_nodes", nodes, "devices",
+	                 devs, "peers", peers_json(t));
 }
 
 void ts_h_topology_get(const struct ts_call *call, struct ts_reply *reply)

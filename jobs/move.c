@@ -25,6 +25,20 @@ struct move {
 	struct ts_move *mv;                /* owned */
 };
 
+/* How the move copied between devices, in the operation's metadata: "path"
+ * "peer" (peer access), "staged" (through pinned host memory) or "mixed",
+ * with the pairs of shards each way; nothing for a move that copied no
+ * device memory to another device. */
+static void move_details(struct ts_operation *op, const struct ts_stage_paths *p)
+{
+	const char *path = p->staged == 0 ? "peer" : p->peer == 0 ? "staged" : "mixed";
+
+	if (p->peer + p->staged == 0)
+		return;
+	ts_operation_set_details(op, json_pack("{s:s, s:{s:i, s:i}}", "path", path, "path_pairs",
+	                                       "peer", (int)p->peer, "staged", (int)p->staged));
+}
+
 static ts_status move_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct move *m = arg;
@@ -32,6 +46,7 @@ static ts_status move_run(struct ts_operation *op, void *arg, struct ts_error *e
 
 	s = ts_move_run(m->mv, m->env->catalog, m->env->stager, move_progress, move_cancelled, op,
 	                err);
+	move_details(op, ts_move_paths(m->mv));
 	if (s == TS_OK)
 		ts_operation_set_result(op, ts_render_array(ts_move_result(m->mv)));
 	return s;

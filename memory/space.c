@@ -29,6 +29,7 @@
 #include "common/lock.h"
 #include "common/log.h"
 #include "common/units.h"
+#include "device/topology.h"
 #include "memory/allocator.h"
 
 #define POOL_ALIGN 256u
@@ -51,6 +52,9 @@ struct pool {
 	uint64_t limit;               /* immutable */
 	uint64_t segment;             /* immutable: growth step (SEGMENTS) */
 	uint64_t keep;                /* immutable: idle segment bytes kept (SEGMENTS) */
+	int numa;                     /* immutable: the NUMA node (OS index) its memory is
+	                               * for, -1: none */
+	const struct ts_topology *topo; /* immutable; borrowed: binds to numa when it can */
 	uint64_t high_water;          /* guarded by: mu: the most ever reserved */
 	struct ts_alloc *alloc;       /* guarded by: mu (REGION, SEGMENTS) */
 	struct segment *segs;         /* guarded by: mu */
@@ -156,6 +160,7 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size, bool fix
 	struct segment *grown;
 	uint64_t t0;
 	void *base;
+	bool bind;
 	ts_status st;
 
 	assert(ts_mutex_held(&p->mu));
@@ -170,9 +175,18 @@ static ts_status pool_add_segment_locked(struct pool *p, uint64_t size, bool fix
 	}
 	ts_alloc_get_stats(p->alloc, &as);
 	t0 = ts_now_ns();
+	bind = p->numa >= 0 && ts_topology_can_bind(p->topo);
+	/* pages the allocation pins at once (the CUDA driver's) come from the
+	 * thread's policy, pages touched later from the area's */
+	if (bind)
+		bind = ts_topology_bind_thread(p->topo, p->numa);
 	st = ts_device_mem_alloc(p->src, p->kind, size, &base, err);
+	if (bind)
+		ts_topology_unbind_thread(p->topo);
 	if (st != TS_OK)
 		return st;
+	if (bind)
+		(void)ts_topology_bind_area(p->topo, base, size, p->numa);
 	if (!ts_alloc_add_region(p->alloc, (uintptr_t)base, size)) {
 		ts_device_mem_free(p->src, p->kind, base, size);
 		return ts_error_set(err, TS_INTERNAL, "POOL_REGION",
@@ -285,10 +299,18 @@ static void pool_destroy(struct pool *p)
 	free(p);
 }
 
+/* Where a pool's memory is to lie: a NUMA node, and the topology that binds
+ * it there (NULL: anywhere). */
+struct pool_place {
+	int numa;
+	const struct ts_topology *topo;
+};
+
 static ts_status pool_create(enum pool_type type, struct ts_device *src,
                              enum ts_memory_kind kind, const char *name,
                              uint64_t limit, uint64_t segment, uint64_t keep,
-                             bool preallocate, struct pool **out, struct ts_error *err)
+                             bool preallocate, const struct pool_place *place,
+                             struct pool **out, struct ts_error *err)
 {
 	struct pool *p = calloc(1, sizeof *p);
 	ts_status st = TS_OK;
@@ -302,6 +324,8 @@ static ts_status pool_create(enum pool_type type, struct ts_device *src,
 	p->limit = limit / POOL_ALIGN * POOL_ALIGN;
 	p->segment = segment ? round_up(segment, POOL_ALIGN) : DEFAULT_SEGMENT;
 	p->keep = keep;
+	p->numa = place ? place->numa : -1;
+	p->topo = place ? place->topo : NULL;
 	snprintf(p->name, sizeof p->name, "%s", name);
 	if (type != POOL_PAGEABLE) {
 		p->alloc = ts_alloc_new(POOL_ALIGN);
@@ -643,6 +667,81 @@ static void space_init(struct ts_memory *m, struct ts_space *sp,
 	         ts_memory_kind_name(kind));
 }
 
+/* The NUMA node of an accelerator of the topology, or -1 (the host, an
+ * unplaced device, no topology). */
+static int device_numa(const struct ts_topology *t, const struct ts_device *dev)
+{
+	const struct ts_device_props *pr = ts_device_props(dev);
+	const struct ts_topology_device *d = ts_topology_device_find(t, pr->id);
+
+	return d && pr->backend != TS_BACKEND_CPU ? d->numa_node : -1;
+}
+
+/*
+ * The pinned_host pools: one per NUMA node that has accelerators (in the
+ * topology's order), bound to it where the topology can bind, each with the
+ * share of limit its accelerators are of all placed ones; a single pool,
+ * named "host/pinned_host" as without a topology, where there is one such
+ * node or none.
+ */
+static ts_status pinned_pools(struct ts_memory *m, struct ts_device *host,
+                              const struct ts_memory_config *cfg, uint64_t limit,
+                              struct pool **pools, size_t *n, struct ts_error *err)
+{
+	const struct ts_topology *t = cfg->topology;
+	size_t count[TS_MEMORY_NUMA_MAX] = {0}, placed = 0, given = 0;
+	int node[TS_MEMORY_NUMA_MAX];
+	ts_status st = TS_OK;
+
+	*n = 0;
+	for (size_t i = 0; t && i < ts_topology_numa_count(t) && *n < TS_MEMORY_NUMA_MAX; i++) {
+		int idx = ts_topology_numa_at(t, i)->index;
+
+		for (size_t j = 0; j < ts_device_set_count(m->set); j++)
+			count[*n] += device_numa(t, ts_device_set_at(m->set, j)) == idx;
+		if (count[*n]) {
+			placed += count[*n];
+			node[(*n)++] = idx;
+		}
+	}
+	if (*n <= 1) {
+		struct pool_place where = {.numa = *n ? node[0] : -1, .topo = t};
+
+		*n = 1;
+		st = pool_create(POOL_SEGMENTS, host, TS_MEM_PINNED_HOST, "host/pinned_host", limit,
+		                 cfg->pinned_segment, pinned_keep(cfg, limit), cfg->preallocate,
+		                 &where, &pools[0], err);
+		return st == TS_OK ? memory_add_pool(m, pools[0], err) : st;
+	}
+	for (size_t k = 0; st == TS_OK && k < *n; k++) {
+		struct pool_place where = {.numa = node[k], .topo = t};
+		uint64_t share = k + 1 == *n ? limit - given
+		                             : limit / placed * count[k] / POOL_ALIGN * POOL_ALIGN;
+		char name[48];
+
+		given += share;
+		snprintf(name, sizeof name, "numa%d/pinned_host", node[k]);
+		st = pool_create(POOL_SEGMENTS, host, TS_MEM_PINNED_HOST, name, share,
+		                 cfg->pinned_segment, pinned_keep(cfg, share), cfg->preallocate,
+		                 &where, &pools[k], err);
+		if (st == TS_OK)
+			st = memory_add_pool(m, pools[k], err);
+	}
+	return st;
+}
+
+/* The pinned_host pool of dev: its NUMA node's, else the first. */
+static struct pool *pinned_pool_of(const struct ts_topology *t, const struct ts_device *dev,
+                                   struct pool **pools, size_t n)
+{
+	int node = device_numa(t, dev);
+
+	for (size_t k = 0; node >= 0 && k < n; k++)
+		if (pools[k]->numa == node)
+			return pools[k];
+	return pools[0];
+}
+
 ts_status ts_memory_new(struct ts_device_set *set,
                         const struct ts_memory_config *cfg,
                         struct ts_memory **out, struct ts_error *err)
@@ -650,7 +749,8 @@ ts_status ts_memory_new(struct ts_device_set *set,
 	struct ts_memory *m = calloc(1, sizeof *m);
 	size_t ndev = ts_device_set_count(set);
 	struct ts_device *host = ts_device_set_find(set, "cpu:0");
-	struct pool *pinned = NULL, *pageable = NULL, *p;
+	struct pool *pinned[TS_MEMORY_NUMA_MAX] = {0}, *pageable = NULL, *p;
+	size_t npinned = 0;
 	uint64_t phys = physical_memory(), limit;
 	ts_status st;
 
@@ -664,16 +764,12 @@ ts_status ts_memory_new(struct ts_device_set *set,
 		goto out_free;
 	}
 	limit = cfg->pinned_host_limit ? cfg->pinned_host_limit : phys / 4;
-	st = pool_create(POOL_SEGMENTS, host, TS_MEM_PINNED_HOST, "host/pinned_host", limit,
-	                 cfg->pinned_segment, pinned_keep(cfg, limit), cfg->preallocate,
-	                 &pinned, err);
-	if (st == TS_OK)
-		st = memory_add_pool(m, pinned, err);
+	st = pinned_pools(m, host, cfg, limit, pinned, &npinned, err);
 	if (st == TS_OK)
 		st = pool_create(POOL_PAGEABLE, host, TS_MEM_UNPINNED_HOST,
 		                 "host/unpinned_host",
 		                 cfg->unpinned_host_limit ? cfg->unpinned_host_limit : phys / 2,
-		                 0, 0, false, &pageable, err);
+		                 0, 0, false, NULL, &pageable, err);
 	if (st == TS_OK)
 		st = memory_add_pool(m, pageable, err);
 	for (size_t i = 0; st == TS_OK && i < ndev; i++) {
@@ -689,14 +785,15 @@ ts_status ts_memory_new(struct ts_device_set *set,
 				break;
 			snprintf(name, sizeof name, "%s/device", pr->id);
 			st = pool_create(POOL_REGION, dev, TS_MEM_DEVICE, name, limit, 0, 0,
-			                 cfg->preallocate, &p, err);
+			                 cfg->preallocate, NULL, &p, err);
 			if (st == TS_OK)
 				st = memory_add_pool(m, p, err);
 			if (st != TS_OK)
 				break;
 		}
 		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_DEVICE, p);
-		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_PINNED_HOST, pinned);
+		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_PINNED_HOST,
+		           pinned_pool_of(cfg->topology, dev, pinned, npinned));
 		space_init(m, &m->spaces[m->nspaces++], dev, TS_MEM_UNPINNED_HOST, pageable);
 	}
 	if (st != TS_OK)
@@ -763,6 +860,8 @@ static void pool_stats(const struct pool *p, struct ts_pool_stats *out)
 
 	out->name = p->name;
 	out->kind = p->kind;
+	out->numa_node = p->numa;
+	out->bound = p->numa >= 0 && ts_topology_can_bind(p->topo);
 	out->device = p->type == POOL_REGION ? p->src : NULL;
 	out->limit = p->limit;
 	out->bytes_in_use = used;

@@ -7,7 +7,9 @@
  * pool of pinned segments (pinned on demand, reused, never pinned per
  * request; a segment left with nothing in it goes back to the system unless
  * the pool's idle segments stay within its keep, and segments pinned at
- * start by preallocate stay); unpinned host memory is pageable memory under
+ * start by preallocate stay), or, where the topology places accelerators on
+ * several NUMA nodes, one such pool per node, bound to it, whose limits sum
+ * to the node-wide budget; unpinned host memory is pageable memory under
  * a node-wide limit. A space is
  * the (device, memory kind) view a caller allocates from: it keeps its own
  * counters in the shape of JAX's Device.memory_stats(), while free bytes,
@@ -30,6 +32,8 @@
 
 #include "common/status.h"
 #include "device/device.h"
+
+struct ts_topology;
 
 struct ts_space;
 struct ts_memory;
@@ -56,6 +60,8 @@ struct ts_pool_stats {
 	const char *name;               /* "sim:0/device", "host/pinned_host"; borrowed */
 	enum ts_memory_kind kind;
 	const struct ts_device *device; /* a device pool's device; NULL when node-wide */
+	int numa_node;                  /* pinned_host: the NUMA node it serves, -1: any */
+	bool bound;                     /* its memory is bound to that node */
 	uint64_t limit;
 	uint64_t bytes_in_use;          /* every space drawing from it (plus alignment) */
 	uint64_t bytes_reserved;        /* held from the system (a device pool's region,
@@ -88,7 +94,13 @@ struct ts_memory_config {
 	                                * default below; TS_PINNED_KEEP_NONE: none */
 	double pinned_host_keep_share; /* > 0: that share of the pinned limit instead */
 	bool preallocate;              /* reserve and touch pools at start */
+	const struct ts_topology *topology; /* borrowed, may be NULL: one pinned_host pool
+	                                * per NUMA node with accelerators, bound to it
+	                                * where the topology is this machine's */
 };
+
+/* NUMA nodes that get a pinned_host pool of their own, at most. */
+#define TS_MEMORY_NUMA_MAX 16
 
 /*
  * The default keep: the larger of one segment and an eighth of the pinned
@@ -117,7 +129,8 @@ uint64_t ts_device_pool_size(uint64_t free_bytes, double fraction);
 
 /*
  * Builds every pool and space for the devices of set: per device, spaces for
- * device, pinned_host and unpinned_host memory. Device pools reserve their
+ * device, pinned_host and unpinned_host memory (a device's pinned_host
+ * from its NUMA node's pool where there are several). Device pools reserve their
  * region now (a range of address space on sim, cudaMalloc on CUDA); host
  * pools grow on demand unless cfg->preallocate. Returns a new object owned
  * by the caller; set is borrowed and must outlive it.

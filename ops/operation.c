@@ -83,6 +83,7 @@ struct ts_operation {
 	struct ts_error error;              /* guarded by: lk */
 	json_t *result;                     /* guarded by: lk; own reference */
 	json_t *partial;                    /* guarded by: lk; own reference */
+	json_t *details;                    /* guarded by: lk; own reference */
 	struct waiter *waiters;             /* guarded by: lk */
 
 	/* registry links, guarded by: reg->lk */
@@ -155,6 +156,7 @@ static void op_free(struct ts_operation *op)
 	}
 	json_decref(op->result);
 	json_decref(op->partial);
+	json_decref(op->details);
 	pthread_cond_destroy(&op->finished_cv);
 	pthread_mutex_destroy(&op->waking);
 	ts_mutex_destroy(&op->lk);
@@ -910,6 +912,18 @@ void ts_operation_set_partial(struct ts_operation *op, json_t *partial)
 	json_decref(old);
 }
 
+void ts_operation_set_details(struct ts_operation *op, json_t *details)
+{
+	json_t *old;
+
+	assert(!details || details->refcount == 1);
+	ts_mutex_lock(&op->lk);
+	old = op->details;
+	op->details = details;
+	ts_mutex_unlock(&op->lk);
+	json_decref(old);
+}
+
 /* ---- waiting ------------------------------------------------------------------------------ */
 
 bool ts_operation_wait(struct ts_operation *op, void (*wake)(void *token), void *token)
@@ -1001,6 +1015,7 @@ void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot 
 	 * result's own count is touched only by its owner, the operation */
 	out->result = op->state == TS_OP_SUCCEEDED ? json_deep_copy(op->result) : NULL;
 	out->partial = op->partial ? json_deep_copy(op->partial) : NULL;
+	out->details = op->details ? json_deep_copy(op->details) : NULL;
 	ts_mutex_unlock(&o->lk);
 	out->done = state_final(out->state);
 	out->done_units = atomic_load_explicit(&o->done_units, memory_order_relaxed);
@@ -1013,4 +1028,6 @@ void ts_op_snapshot_release(struct ts_op_snapshot *s)
 	s->result = NULL;
 	json_decref(s->partial);
 	s->partial = NULL;
+	json_decref(s->details);
+	s->details = NULL;
 }

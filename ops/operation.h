@@ -193,6 +193,12 @@ void ts_operation_set_result(struct ts_operation *op, json_t *result);
  * thread; shared and never changed once stored, like a result. */
 void ts_operation_set_partial(struct ts_operation *op, json_t *partial);
 
+/* Stores facts about how the work was done (steals the reference to an
+ * object; replaces an earlier one), rendered as members of the metadata
+ * (a move's "path"). For the work, on its thread; shared and never changed
+ * once stored, like a result. */
+void ts_operation_set_details(struct ts_operation *op, json_t *details);
+
 /*
  * Registers wake(token) to be called once when the operation finishes.
  * Returns false, registering nothing, when it has already finished, and
@@ -225,6 +231,7 @@ struct ts_op_snapshot {
 	struct ts_error error;         /* FAILED / CANCELLED */
 	json_t *result;                /* SUCCEEDED: a copy (own) or NULL */
 	json_t *partial;               /* what the work did so far (any state): own copy or NULL */
+	json_t *details;               /* ts_operation_set_details': own copy or NULL */
 };
 void ts_operation_snapshot(const struct ts_operation *op, struct ts_op_snapshot *out);
 void ts_op_snapshot_release(struct ts_op_snapshot *s);

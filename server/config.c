@@ -42,6 +42,10 @@ static const struct opt options[] = {
 	{"sim-numa-nodes", OPT_STRING, F(sim_numa_nodes), 0, 0, "none",
 	 "NUMA node of each simulated accelerator, one index per sim device (\"0,0,1,1\"); "
 	 "GET /v1/topology reports them"},
+	{"sim-peer-links", OPT_STRING, F(sim_peer_links), 0, 0, "all",
+	 "which simulated accelerators have peer access to each other: all, none, or groups "
+	 "of sim ordinals with an optional link kind (\"0-1-2-3:nvlink,4-5:pcie_switch\"); "
+	 "other pairs copy through pinned host memory"},
 	{"topology-file", OPT_STRING, F(topology_file), 0, 0, "this machine",
 	 "hwloc XML file of the node's topology (lstopo --of xml), read instead of "
 	 "discovering this machine's"},

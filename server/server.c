@@ -138,10 +138,11 @@ static void log_start(const struct ts_server *srv)
 		struct ts_pool_stats ps;
 
 		ts_memory_pool_stats(srv->memory, i, &ps);
+		/* node-wide: the sum of the pinned pools of the NUMA nodes */
 		if (!ps.device)
-			limit[ps.kind] = ps.limit;
+			limit[ps.kind] += ps.limit;
 		if (ps.segmented)
-			keep = ps.keep_bytes;
+			keep += ps.keep_bytes;
 	}
 	static const char *const levels[] = {"debug", "info", "warn", "error"};
 	json_t *f;
@@ -169,6 +170,7 @@ static void log_start(const struct ts_server *srv)
 	if (f) {
 		json_object_set_new(f, "topology_file", ts_json_text(c->topology_file));
 		json_object_set_new(f, "sim_numa_nodes", json_string(c->sim_numa_nodes));
+		json_object_set_new(f, "sim_peer_links", json_string(c->sim_peer_links));
 	}
 
 	ts_log_json(TS_LOG_INFO, f, "tstaged %s starting with this configuration", ts_version);
@@ -217,6 +219,7 @@ static ts_status discover_topology(struct ts_server *srv, struct ts_error *err)
 	}
 	st = ts_topology_new(&(struct ts_topology_config){
 	                             .xml_file = srv->cfg.topology_file,
+	                             .sim_peer_links = srv->cfg.sim_peer_links,
 	                             .sim_numa_nodes = srv->cfg.sim_numa_nodes[0] ? sim_numa : NULL,
 	                             .sim_numa_count = nsim},
 	                     srv->devices, &srv->topology, err);
@@ -392,6 +395,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		                    : cfg->pinned_host_keep.bytes,
 		.pinned_host_keep_share = cfg->pinned_host_keep.share,
 		.preallocate = cfg->preallocate,
+		.topology = srv->topology,
 	};
 	container_budgets(cfg, &mcfg);
 	st = ts_memory_new(srv->devices, &mcfg, &srv->memory, err);
@@ -403,6 +407,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	st = ts_stager_new(srv->devices, srv->memory, &srv->stager, err);
 	if (st != TS_OK)
 		goto out_free;
+	ts_stager_set_topology(srv->stager, srv->topology);
 	srv->catalog = ts_catalog_new();
 	if (!srv->catalog) {
 		st = ts_error_oom(err, "no memory for the catalog");

@@ -163,6 +163,32 @@ ts_status ts_array_copy(struct ts_stager *st, struct ts_array *dst, const bool *
                         void (*progress)(void *arg, uint64_t bytes),
                         bool (*cancelled)(void *arg), void *arg, struct ts_error *err)
 {
+	return ts_array_copy_counted(st, dst, skip, src, runs, n, progress, cancelled, arg, NULL,
+	                             err);
+}
+
+/* Counts the pair's path (device to device: peer or staged) into paths. */
+static void count_path(struct ts_stager *st, struct ts_buffer *d, struct ts_buffer *sb,
+                       struct ts_stage_paths *paths)
+{
+	switch (paths ? ts_stage_path_of(st, d, sb) : TS_STAGE_PATH_NONE) {
+	case TS_STAGE_PATH_PEER:
+		paths->peer++;
+		break;
+	case TS_STAGE_PATH_STAGED:
+		paths->staged++;
+		break;
+	case TS_STAGE_PATH_NONE:
+		break;
+	}
+}
+
+ts_status ts_array_copy_counted(struct ts_stager *st, struct ts_array *dst, const bool *skip,
+                                const struct ts_array *src, const struct ts_run *runs, size_t n,
+                                void (*progress)(void *arg, uint64_t bytes),
+                                bool (*cancelled)(void *arg), void *arg,
+                                struct ts_stage_paths *paths, struct ts_error *err)
+{
 	struct copy_ctx c = {.dst_layout = ts_array_layout(dst), .skip = skip,
 	                     .nsrc = ts_array_nshards(src), .ndst = ts_array_nshards(dst)};
 	ts_status s = TS_OK;
@@ -179,6 +205,9 @@ ts_status ts_array_copy(struct ts_stager *st, struct ts_array *dst, const bool *
 	for (int k = 0; k < c.nsrc * c.ndst; k++) {
 		struct run_list *l = &c.pairs[k];
 
+		if (s == TS_OK && l->n)
+			count_path(st, ts_array_shard_buffer(dst, k / c.nsrc),
+			           ts_array_shard_buffer(src, k % c.nsrc), paths);
 		if (s == TS_OK && l->n)
 			s = copy_pair(st, ts_array_shard_buffer(dst, k / c.nsrc),
 			              ts_array_shard_buffer(src, k % c.nsrc), l, progress, cancelled, arg,

@@ -35,6 +35,15 @@ ts_status ts_array_copy(struct ts_stager *st, struct ts_array *dst, const bool *
                         void (*progress)(void *arg, uint64_t bytes),
                         bool (*cancelled)(void *arg), void *arg, struct ts_error *err);
 
+/* ts_array_copy that also counts, into paths (may be NULL), the pairs of
+ * shards it copied between the device memory of two devices, by the path
+ * the stager took (ts_stage_path_of: peer access or staged). */
+ts_status ts_array_copy_counted(struct ts_stager *st, struct ts_array *dst, const bool *skip,
+                                const struct ts_array *src, const struct ts_run *runs, size_t n,
+                                void (*progress)(void *arg, uint64_t bytes),
+                                bool (*cancelled)(void *arg), void *arg,
+                                struct ts_stage_paths *paths, struct ts_error *err);
+
 struct ts_array_writer;
 
 /* A writer of a's bytes in parent order from offset 0. */

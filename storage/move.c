@@ -21,6 +21,7 @@ struct ts_move {
 	bool shared[TS_MESH_MAX_DEVICES];     /* dst shards that reuse src buffers */
 	bool rename;                          /* a copy: a new name */
 	uint64_t bytes;
+	struct ts_stage_paths paths;          /* what the run copied device to device */
 };
 
 ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
@@ -77,6 +78,7 @@ ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
 
 struct ts_array *ts_move_source(const struct ts_move *mv) { return mv->src; }
 struct ts_array *ts_move_result(const struct ts_move *mv) { return mv->dst; }
+const struct ts_stage_paths *ts_move_paths(const struct ts_move *mv) { return &mv->paths; }
 
 /* The converting copy: chunks of the source read into host memory,
  * converted, and written in parent order through the destination's writer. */
@@ -131,8 +133,8 @@ ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stag
 
 	s = mv->spec.convert
 	        ? convert_copy(mv, st, progress, cancelled, arg, err)
-	        : ts_array_copy(st, mv->dst, mv->shared, mv->src, &whole, 1, progress, cancelled, arg,
-	                        err);
+	        : ts_array_copy_counted(st, mv->dst, mv->shared, mv->src, &whole, 1, progress,
+	                                cancelled, arg, &mv->paths, err);
 	if (s != TS_OK)
 		return s;
 	if (cancelled && cancelled(arg))

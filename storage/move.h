@@ -62,6 +62,10 @@ ts_status ts_move_run(struct ts_move *mv, struct ts_catalog *cat, struct ts_stag
                       void (*progress)(void *arg, uint64_t bytes), bool (*cancelled)(void *arg),
                       void *arg, struct ts_error *err);
 
+/* The device-to-device pairs of shards ts_move_run copied, by path
+ * (borrowed; zero before the run and for a converting move). */
+const struct ts_stage_paths *ts_move_paths(const struct ts_move *mv);
+
 void ts_move_free(struct ts_move *mv);
 
 #endif

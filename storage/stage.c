@@ -23,6 +23,7 @@ struct ts_stager {
 	_Atomic uint64_t implicit;
 	size_t n;
 	struct dev_queues *q;     /* immutable after init */
+	const struct ts_topology *topo; /* borrowed; immutable once shared; NULL: all peers */
 };
 
 struct slot {
@@ -314,8 +315,9 @@ void ts_writer_free(struct ts_writer *w)
  *             h2d queue;
  *   RING_D2H  device -> pageable host: through pinned slots on the device's
  *             d2h queue;
- *   RING_D2D  device memory of two backends (a CUDA GPU and a sim device):
- *             no queue reaches both, so each slot is filled from the source
+ *   RING_D2D  device memory of two backends (a CUDA GPU and a sim device),
+ *             or of two devices without peer access in the topology's
+ *             matrix: no queue may reach both, so each slot is filled from the source
  *             on the source's d2h queue and emptied into the destination on
  *             the destination's h2d queue.
  *
@@ -351,6 +353,21 @@ static bool reaches(const struct ts_device *dev, const struct ts_buffer *b)
 	return ts_device_props(ts_buffer_device(b))->backend == ts_device_props(dev)->backend;
 }
 
+/* Whether the peer matrix lets sd's queues copy into dd's memory directly
+ * (and dd's queues read sd's): both directions must allow it, since either
+ * device's queue may carry the copy. */
+static bool peers(const struct ts_stager *st, const struct ts_device *sd,
+                  const struct ts_device *dd)
+{
+	const struct ts_topology_peer *a, *b;
+
+	if (!st->topo || sd == dd)
+		return true;
+	a = ts_topology_peer_find(st->topo, ts_device_props(sd)->id, ts_device_props(dd)->id);
+	b = ts_topology_peer_find(st->topo, ts_device_props(dd)->id, ts_device_props(sd)->id);
+	return (!a || a->access) && (!b || b->access);
+}
+
 /* How bytes go from src to dst (NULL: the caller's host memory). INTERNAL
  * when a device end has no queues here (a device of another set). */
 static ts_status route(struct ts_stager *st, const struct ts_buffer *dst,
@@ -358,6 +375,8 @@ static ts_status route(struct ts_stager *st, const struct ts_buffer *dst,
 {
 	bool dh = !dst || ts_buffer_host_visible(dst), sh = ts_buffer_host_visible(src);
 	struct ts_device *dd = dst ? ts_buffer_device(dst) : NULL, *sd = ts_buffer_device(src);
+	/* device memory of two devices: directly only between peers */
+	bool direct = dh || sh || peers(st, sd, dd);
 
 	memset(r, 0, sizeof *r);
 	if (!dh && !queues_for(st, dd))
@@ -366,11 +385,11 @@ static ts_status route(struct ts_stager *st, const struct ts_buffer *dst,
 		return no_queues(sd, err);
 	if (dh && sh) {
 		r->kind = ROUTE_HOST;
-	} else if (!dh && reaches(dd, dst) && reaches(dd, src)) {
+	} else if (!dh && direct && reaches(dd, dst) && reaches(dd, src)) {
 		r->kind = ROUTE_QUEUE;
 		r->q = queues_for(st, dd)->h2d;
 		r->ck = sh ? TS_COPY_H2D : TS_COPY_D2D;
-	} else if (!sh && reaches(sd, src) && reaches(sd, dst)) {
+	} else if (!sh && direct && reaches(sd, src) && reaches(sd, dst)) {
 		r->kind = ROUTE_QUEUE;
 		r->q = queues_for(st, sd)->d2h;
 		r->ck = dh ? TS_COPY_D2H : TS_COPY_D2D;
@@ -389,6 +408,22 @@ static ts_status route(struct ts_stager *st, const struct ts_buffer *dst,
 		r->slots_dev = sd;
 	}
 	return TS_OK;
+}
+
+void ts_stager_set_topology(struct ts_stager *st, const struct ts_topology *t)
+{
+	st->topo = t;
+}
+
+enum ts_stage_path ts_stage_path_of(struct ts_stager *st, const struct ts_buffer *dst,
+                                    const struct ts_buffer *src)
+{
+	struct route r;
+
+	if (ts_buffer_host_visible(dst) || ts_buffer_host_visible(src) ||
+	    ts_buffer_device(dst) == ts_buffer_device(src) || route(st, dst, src, &r, NULL) != TS_OK)
+		return TS_STAGE_PATH_NONE;
+	return r.kind == ROUTE_QUEUE ? TS_STAGE_PATH_PEER : TS_STAGE_PATH_STAGED;
 }
 
 /* ---- reads and run copies --------------------------------------------------- */

@@ -10,9 +10,10 @@
  * device->host queue per device, shared by every request and created once,
  * so both directions run at once. Each caller waits on its own event. A copy
  * runs on a queue that reaches both its ends (a copy with a CUDA end on a
- * stream of that GPU); pageable host memory, and the pair of a GPU and a sim
- * device, which no queue reaches together, go through pinned slots. Every
- * pair of backends and memory kinds is served.
+ * stream of that GPU); pageable host memory, the pair of a GPU and a sim
+ * device, which no queue reaches together, and two devices the topology's
+ * peer matrix gives no peer access (ts_stager_set_topology) go through
+ * pinned slots. Every pair of backends and memory kinds is served.
  *
  * Thread-safety: a stager is shared by all threads; a writer belongs to one
  * request at a time.
@@ -24,6 +25,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "device/topology.h"
 #include "memory/buffer.h"
 
 struct ts_stager;
@@ -42,6 +44,33 @@ struct ts_writer;
 ts_status ts_stager_new(struct ts_device_set *set, struct ts_memory *mem,
                         struct ts_stager **out, struct ts_error *err);
 void ts_stager_free(struct ts_stager *st);
+
+/*
+ * Lets the peer matrix of t (borrowed; it outlives the stager) decide
+ * copies between the device memory of two devices of one backend: a pair
+ * with peer access copies directly on one queue, any other pair stages
+ * through pinned slots (the source's d2h queue fills them, the
+ * destination's h2d queue empties them). Without a topology every such pair
+ * is a peer. Call once, before the stager is shared.
+ */
+void ts_stager_set_topology(struct ts_stager *st, const struct ts_topology *t);
+
+/* How a copy between dst and src goes, where both are device memory of two
+ * different devices: PEER (directly, one queue reaches both) or STAGED
+ * (through pinned host slots); NONE for every other copy. */
+enum ts_stage_path {
+	TS_STAGE_PATH_NONE = 0,
+	TS_STAGE_PATH_PEER,
+	TS_STAGE_PATH_STAGED,
+};
+enum ts_stage_path ts_stage_path_of(struct ts_stager *st, const struct ts_buffer *dst,
+                                    const struct ts_buffer *src);
+
+/* Buffer pairs a copy moved device to device, by path (ts_array_copy_counted). */
+struct ts_stage_paths {
+	unsigned peer;
+	unsigned staged;
+};
 
 /*
  * A writer of consecutive bytes into dst from offset on. Takes its own

@@ -3,11 +3,12 @@
 # the page draws a bar for every (device, memory kind) space /v1/memory
 # lists, and after an upload it shows the array with its placement and the
 # space's bytes in use grown by the array's size, and a training run in
-# flight with its progress in steps; a screenshot goes to
-# build/dashboard.png. Once the array is deleted and the run cancelled, the
-# history draws the upload as a spike in its pool's chart (checked against
-# /v1/memory/history), the run's loss curve and the run on the timeline; a
-# screenshot goes to build/dashboard-history.png. Then, with --token-file, the page (and the spec) are
+# flight with its progress in steps; the topology panel shows the peer
+# matrix's text; a screenshot goes to build/dashboard.png. Once the array is
+# deleted and the run cancelled, the history draws the upload as a spike in
+# its pool's chart (checked against /v1/memory/history), the run's loss
+# curve and the run on the timeline; a screenshot goes to
+# build/dashboard-history.png. Then, with --token-file, the page (and the spec) are
 # behind the token as the API is.
 #
 # Chromium runs offline (--headless, no sandbox as root, no first-run
@@ -30,6 +31,15 @@ start_daemon dash
 base=http://127.0.0.1:$PORT
 curl -sf "$base/v1/memory" >"$API_TMP/memory0.json"
 chrome --dump-dom "$base/dashboard" >"$API_TMP/before.html"
+# the topology panel shows the peer matrix as GET /v1/topology's text has it
+curl -sf "$base/v1/topology" >"$API_TMP/topology.json"
+python3 - "$API_TMP/topology.json" "$API_TMP/before.html" <<'PY'
+import html, json, re, sys
+want = json.load(open(sys.argv[1]))["peers"]["text"]
+m = re.search(r'<pre id="topology"[^>]*>(.*?)</pre>', open(sys.argv[2]).read(), re.S)
+assert m and html.unescape(m.group(1)) == want, "topology panel: %r" % (m and m.group(1))
+print("dashboard: topology panel shows the peer matrix")
+PY
 
 # 1 MiB on sim:0's pinned_host, committed
 head -c 1048576 /dev/urandom >"$API_TMP/mib"

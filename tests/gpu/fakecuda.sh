@@ -121,14 +121,22 @@ for pass in $passes; do
 			it_checkpoint it_shared_json it_restart; do
 			run "$t" "$build/tests/$t"
 		done
-		# the eight GPUs of tests/data/two_socket.xml, placed by bus id
+		# the eight GPUs of tests/data/two_socket.xml, placed by bus id, peers
+		# in two groups of four (one per socket), the second ranked lower
 		run test_topology-gpus FAKECUDA_DEVICES=8 CK_RUN_CASE=cuda \
+			FAKECUDA_PEERS=0-1-2-3,4-5-6-7 FAKECUDA_P2P_RANK=0,1 \
+			TS_TEST_PEER_GROUPS=0-1-2-3,4-5-6-7 \
 			FAKECUDA_PCI_BUS_IDS=0000:11:00.0,0000:12:00.0,0000:13:00.0,0000:14:00.0,0000:81:00.0,0000:82:00.0,0000:83:00.0,0000:84:00.0 \
 			"$build/tests/test_topology"
 		# "auto" meshes of those eight GPUs, the sockets' bus ids interleaved
 		run test_mesh_layout-gpus FAKECUDA_DEVICES=8 CK_RUN_CASE=cuda \
 			FAKECUDA_PCI_BUS_IDS=0000:81:00.0,0000:11:00.0,0000:82:00.0,0000:12:00.0,0000:83:00.0,0000:13:00.0,0000:84:00.0,0000:14:00.0 \
 			"$build/tests/test_mesh_layout"
+		# and copies between them by peer access or staged, as the matrix says
+		run it_topology-gpus FAKECUDA_DEVICES=8 FAKECUDA_MEM_MB=256 CK_RUN_CASE=cuda \
+			FAKECUDA_PEERS=0-1-2-3,4-5-6-7 \
+			FAKECUDA_PCI_BUS_IDS=0000:11:00.0,0000:12:00.0,0000:13:00.0,0000:14:00.0,0000:81:00.0,0000:82:00.0,0000:83:00.0,0000:84:00.0 \
+			"$build/tests/it_topology"
 		# its daemons take a small device fraction of a larger stand-in GPU
 		run it_cuda_seams FAKECUDA_MEM_MB=4096 "$build/tests/it_cuda_seams"
 		settle

@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "device/topology.h"
 #include "memory/buffer.h"
 #include "memory/space.h"
 #include "tests/unit/unit.h"
@@ -790,6 +791,166 @@ START_TEST(test_leasable_memory_is_never_reused)
 }
 END_TEST
 
+/* ---- NUMA-local pinned pools ---------------------------------------------- */
+
+/* Four sim devices placed on numa (NULL: unplaced) in the topology of xml
+ * (NULL: this machine), and memory with a pinned budget of limit over it. */
+static struct ts_topology *numa_setup(const char *xml, const int *numa, uint64_t limit)
+{
+	struct ts_device_config dcfg = {.sim_devices = 4, .sim_device_memory = 16ull << 20,
+	                                .cuda = false, .host = "testhost"};
+	struct ts_memory_config mcfg = {.device_memory_fraction = 0.75, .pinned_host_limit = limit,
+	                                .unpinned_host_limit = 64ull << 20,
+	                                .pinned_segment = 4ull << 20};
+	struct ts_topology *t = NULL;
+	struct ts_error err;
+	char path[512];
+	const char *dir = getenv("TS_TEST_DATA");
+
+	ts_error_clear(&err);
+	ck_assert_msg(ts_device_set_new(&dcfg, &set, &err) == TS_OK, "%s", err.message);
+	if (xml)
+		snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", xml);
+	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){.xml_file = xml ? path : NULL,
+	                                                           .sim_numa_nodes = numa,
+	                                                           .sim_numa_count = numa ? 4 : 0},
+	                              set, &t, &err) == TS_OK,
+	              "%s", err.message);
+	mcfg.topology = t;
+	ck_assert_msg(ts_memory_new(set, &mcfg, &mem, &err) == TS_OK, "%s", err.message);
+	return t;
+}
+
+static void numa_teardown(struct ts_topology *t)
+{
+	ts_memory_free(mem);
+	ts_topology_free(t);
+	ts_device_set_free(set);
+	mem = NULL;
+	set = NULL;
+}
+
+static void pinned_pool_of(const char *dev, struct ts_pool_stats *out)
+{
+	struct ts_space *sp = ts_memory_find(mem, dev, TS_MEM_PINNED_HOST);
+
+	ck_assert_ptr_nonnull(sp);
+	ts_space_pool_stats(sp, out);
+}
+
+START_TEST(test_two_socket_pinned_pools_per_node)
+{
+	static const int numa[] = {0, 0, 0, 1};
+	struct ts_topology *t = numa_setup("two_socket.xml", numa, 64ull << 20);
+	struct ts_pool_stats ps, ps2;
+	uint64_t sum_limit = 0, sum_used = 0, spaces_used = 0;
+	size_t pinned_pools = 0;
+	struct ts_error err;
+	void *a, *b, *c;
+
+	/* split by the devices' share: 3 of 4 on node 0 */
+	pinned_pool_of("sim:0", &ps);
+	ck_assert_str_eq(ps.name, "numa0/pinned_host");
+	ck_assert_int_eq(ps.numa_node, 0);
+	ck_assert_uint_eq(ps.limit, 48ull << 20);
+	ck_assert(!ps.bound);                 /* a file: nothing is bound */
+	pinned_pool_of("sim:3", &ps);
+	ck_assert_str_eq(ps.name, "numa1/pinned_host");
+	ck_assert_int_eq(ps.numa_node, 1);
+	ck_assert_uint_eq(ps.limit, 16ull << 20);
+	/* the host spans both nodes: the first node's pool */
+	pinned_pool_of("cpu:0", &ps);
+	ck_assert_str_eq(ps.name, "numa0/pinned_host");
+
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(ts_memory_find(mem, "sim:3", TS_MEM_PINNED_HOST), 5 << 20,
+	                                &a, &err),
+	                 TS_OK);
+	ck_assert_int_eq(ts_space_alloc(ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST), 1 << 20,
+	                                &b, &err),
+	                 TS_OK);
+	pinned_pool_of("sim:3", &ps);
+	pinned_pool_of("sim:0", &ps2);
+	ck_assert_uint_eq(ps.bytes_in_use, 5 << 20);
+	ck_assert_uint_eq(ps2.bytes_in_use, 1 << 20);
+	/* node 1's pool is full at 16 MiB, whatever node 0 has left */
+	ck_assert_int_eq(ts_space_alloc(ts_memory_find(mem, "sim:2", TS_MEM_PINNED_HOST), 12 << 20,
+	                                &c, &err),
+	                 TS_OK);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_check_fit(ts_memory_find(mem, "sim:3", TS_MEM_PINNED_HOST),
+	                                    12 << 20, &err),
+	                 TS_RESOURCE_EXHAUSTED);
+	/* the node-wide figures are the sums of the pools' */
+	for (size_t i = 0; i < ts_memory_pool_count(mem); i++) {
+		ts_memory_pool_stats(mem, i, &ps);
+		if (ps.kind != TS_MEM_PINNED_HOST)
+			continue;
+		pinned_pools++;
+		sum_limit += ps.limit;
+		sum_used += ps.bytes_in_use;
+	}
+	for (size_t i = 0; i < ts_memory_space_count(mem); i++) {
+		struct ts_space_stats ss;
+
+		if (ts_space_kind(ts_memory_space_at(mem, i)) != TS_MEM_PINNED_HOST)
+			continue;
+		ts_space_stats(ts_memory_space_at(mem, i), &ss);
+		spaces_used += ss.bytes_in_use;
+	}
+	ck_assert_uint_eq(pinned_pools, 2);
+	ck_assert_uint_eq(sum_limit, 64ull << 20);
+	ck_assert_uint_eq(sum_used, spaces_used);
+	ck_assert_uint_eq(sum_used, 18u << 20);
+	ts_space_release(ts_memory_find(mem, "sim:3", TS_MEM_PINNED_HOST), a, 5 << 20);
+	ts_space_release(ts_memory_find(mem, "sim:1", TS_MEM_PINNED_HOST), b, 1 << 20);
+	ts_space_release(ts_memory_find(mem, "sim:2", TS_MEM_PINNED_HOST), c, 12 << 20);
+	numa_teardown(t);
+}
+END_TEST
+
+START_TEST(test_this_machine_binds_its_pool)
+{
+	struct ts_topology *t = numa_setup(NULL, NULL, 16ull << 20);
+	struct ts_space *sp = ts_memory_find(mem, "sim:0", TS_MEM_PINNED_HOST);
+	struct ts_pool_stats ps;
+	struct ts_error err;
+	size_t pinned_pools = 0;
+	void *p;
+	int node;
+
+	for (size_t i = 0; i < ts_memory_pool_count(mem); i++) {
+		ts_memory_pool_stats(mem, i, &ps);
+		pinned_pools += ps.kind == TS_MEM_PINNED_HOST;
+	}
+	pinned_pool_of("sim:0", &ps);
+	if (ts_topology_numa_count(t) > 1) {
+		fprintf(stderr, "space: %zu NUMA nodes here, sim devices unplaced: one pool\n",
+		        ts_topology_numa_count(t));
+		ck_assert_int_eq(ps.numa_node, -1);
+		numa_teardown(t);
+		return;
+	}
+	/* one NUMA node: one pool, on it */
+	ck_assert_uint_eq(pinned_pools, 1);
+	ck_assert_str_eq(ps.name, "host/pinned_host");
+	ck_assert_int_eq(ps.numa_node, ts_topology_numa_at(t, 0)->index);
+	ck_assert_int_eq(ps.bound, ts_topology_can_bind(t));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_space_alloc(sp, 1 << 20, &p, &err), TS_OK);
+	memset(p, 1, 1 << 20);
+	node = ts_topology_node_of(t, p, 1 << 20);
+	fprintf(stderr, "space: pinned pages on NUMA node %d, bound to %d (pool bound: %d)\n",
+	        node, ts_topology_area_binding(t, p, 1 << 20), ps.bound);
+	if (ps.bound) {
+		ck_assert_int_eq(ts_topology_area_binding(t, p, 1 << 20), ps.numa_node);
+		ck_assert_int_eq(node, ps.numa_node);
+	}
+	ts_space_release(sp, p, 1 << 20);
+	numa_teardown(t);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("space");
@@ -822,6 +983,11 @@ Suite *ts_unit_suite(void)
 	tc = tcase_create("preallocated");
 	tcase_add_checked_fixture(tc, setup_preallocated, teardown);
 	tcase_add_test(tc, test_preallocated_segments_stay);
+	suite_add_tcase(s, tc);
+
+	tc = tcase_create("numa");
+	tcase_add_test(tc, test_two_socket_pinned_pools_per_node);
+	tcase_add_test(tc, test_this_machine_binds_its_pool);
 	suite_add_tcase(s, tc);
 
 	tc = tcase_create("keep_default");

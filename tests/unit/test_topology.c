@@ -3,10 +3,15 @@
  * from hwloc, against the XML files of a one-socket and a two-socket node
  * (tests/data, read relative to the checkout: run from its root, or set
  * TS_TEST_DATA) and against this machine; bad --sim-numa-nodes lists and
- * unreadable files refused. Case "cuda" places the CUDA GPUs of this
- * machine by PCI bus id in the two-socket file: a GPU whose bus id the file
- * holds must sit on that GPU's socket, any other is unknown (tests/gpu/
- * fakecuda.sh runs it with the file's eight bus ids).
+ * unreadable files refused; the peer matrix of sim devices from
+ * --sim-peer-links and their NUMA placement, and its text. Case "cuda"
+ * places the CUDA GPUs of this machine by PCI bus id in the two-socket
+ * file: a GPU whose bus id the file holds must sit on that GPU's socket,
+ * any other is unknown; their peer matrix is what the runtime answers, with
+ * links read from the file's PCI tree, and, where TS_TEST_PEER_GROUPS names
+ * the groups of GPUs that can reach each other (--sim-peer-links' syntax,
+ * by CUDA ordinal), exactly those pairs have access (tests/gpu/fakecuda.sh
+ * runs it with the file's eight bus ids and two groups of four).
  */
 #include <check.h>
 #include <stdio.h>
@@ -42,19 +47,26 @@ static struct ts_device_set *sims(int n)
 	return set;
 }
 
-static struct ts_topology *load(const char *xml, const struct ts_device_set *set,
-                                const int *numa, size_t n)
+static struct ts_topology *load_links(const char *xml, const struct ts_device_set *set,
+                                      const int *numa, size_t n, const char *links)
 {
 	struct ts_topology *t = NULL;
 	struct ts_error err;
 
 	ts_error_clear(&err);
 	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){.xml_file = xml,
+	                                                           .sim_peer_links = links,
 	                                                           .sim_numa_nodes = numa,
 	                                                           .sim_numa_count = n},
 	                              set, &t, &err) == TS_OK,
 	              "%s", err.message);
 	return t;
+}
+
+static struct ts_topology *load(const char *xml, const struct ts_device_set *set,
+                                const int *numa, size_t n)
+{
+	return load_links(xml, set, numa, n, NULL);
 }
 
 /* The refusal's reason, for a topology that must not load. */
@@ -220,6 +232,194 @@ START_TEST(test_parse_list)
 }
 END_TEST
 
+/* The pair (a accessing b) by id; it must exist. */
+static const struct ts_topology_peer *pair(const struct ts_topology *t, const char *a,
+                                           const char *b)
+{
+	const struct ts_topology_peer *p = ts_topology_peer_find(t, a, b);
+
+	ck_assert_msg(p != NULL, "no pair %s -> %s", a, b);
+	return p;
+}
+
+static void check_pair(const struct ts_topology *t, const char *a, const char *b, bool access,
+                       enum ts_link_kind link, int rank, bool atomics)
+{
+	const struct ts_topology_peer *p = pair(t, a, b);
+
+	ck_assert_msg(p->access == access, "%s -> %s: access %d", a, b, p->access);
+	ck_assert_msg(p->link == link, "%s -> %s: link %s, want %s", a, b, ts_link_name(p->link),
+	              ts_link_name(link));
+	ck_assert_int_eq(p->perf_rank, rank);
+	ck_assert_int_eq(p->native_atomics, atomics);
+}
+
+START_TEST(test_peer_matrix_of_sim_links)
+{
+	struct ts_device_set *set = sims(4);
+	static const int numa[] = {0, 0, 1, 1};
+	struct ts_topology *t = load_links(data("two_socket.xml"), set, numa, 4,
+	                                   "0-1:nvlink,2-3:pcie_switch,1-2:host_bridge");
+	char *text;
+
+	/* the accelerators only, in the set's order */
+	ck_assert_uint_eq(ts_topology_peer_count(t), 4);
+	ck_assert_str_eq(ts_topology_peer_id(t, 3), "sim:3");
+	ck_assert_ptr_null(ts_topology_peer_id(t, 4));
+	ck_assert_ptr_null(ts_topology_peer_at(t, 0, 4));
+	ck_assert_ptr_null(ts_topology_peer_find(t, "sim:0", "cpu:0"));
+	for (int i = 0; i < 4; i++) {
+		char id[16];
+
+		snprintf(id, sizeof id, "sim:%d", i);
+		check_pair(t, id, id, true, TS_LINK_SELF, 0, true);
+	}
+	check_pair(t, "sim:0", "sim:1", true, TS_LINK_NVLINK, 0, true);
+	check_pair(t, "sim:1", "sim:0", true, TS_LINK_NVLINK, 0, true);
+	check_pair(t, "sim:2", "sim:3", true, TS_LINK_PCIE_SWITCH, 1, false);
+	check_pair(t, "sim:3", "sim:2", true, TS_LINK_PCIE_SWITCH, 1, false);
+	check_pair(t, "sim:1", "sim:2", true, TS_LINK_HOST_BRIDGE, 2, false);
+	/* unlisted pairs: no access, the link the sockets imply */
+	check_pair(t, "sim:0", "sim:2", false, TS_LINK_CROSS_SOCKET, 0, false);
+	check_pair(t, "sim:3", "sim:0", false, TS_LINK_CROSS_SOCKET, 0, false);
+	check_pair(t, "sim:3", "sim:1", false, TS_LINK_CROSS_SOCKET, 0, false);
+
+	text = ts_topology_matrix_text(t);
+	ck_assert_ptr_nonnull(text);
+	ck_assert_ptr_nonnull(strstr(text, "sim:0   X       NV      SYS*    SYS*    0       0-7\n"));
+	ck_assert_ptr_nonnull(strstr(text, "sim:1   NV      X       PHB     SYS*    0       0-7\n"));
+	ck_assert_ptr_nonnull(strstr(text, "sim:3   SYS*    SYS*    PIX     X       1       8-15\n"));
+	ck_assert_ptr_null(strstr(text, "cpu:0"));
+	ck_assert_ptr_nonnull(strstr(text, "Legend:"));
+	free(text);
+	ts_topology_free(t);
+	ts_device_set_free(set);
+}
+END_TEST
+
+START_TEST(test_peer_matrix_defaults_follow_numa)
+{
+	struct ts_device_set *set = sims(3);
+	static const int numa[] = {0, 1, 1};
+	struct ts_topology *t = load(data("two_socket.xml"), set, numa, 3), *t2, *t3;
+	struct ts_peer_caps caps = {.known = true, .access = true};
+	struct ts_error err;
+
+	/* the sim backend has nothing to say: the flag decides */
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_device_peer_caps(ts_device_set_at(set, 0), ts_device_set_at(set, 1),
+	                                     &caps, &err),
+	                 TS_OK);
+	ck_assert(!caps.known && !caps.access);
+	/* every sim pair is a peer by default; the link is the placement's */
+	check_pair(t, "sim:0", "sim:1", true, TS_LINK_CROSS_SOCKET, 0, false);
+	check_pair(t, "sim:1", "sim:2", true, TS_LINK_NUMA_NODE, 0, false);
+	t2 = load_links(data("two_socket.xml"), set, numa, 3, "none");
+	check_pair(t2, "sim:1", "sim:2", false, TS_LINK_NUMA_NODE, 0, false);
+	check_pair(t2, "sim:1", "sim:1", true, TS_LINK_SELF, 0, true);
+	/* without placement, the link is unknown */
+	t3 = load_links(data("two_socket.xml"), set, NULL, 0, "all");
+	check_pair(t3, "sim:0", "sim:2", true, TS_LINK_UNKNOWN, 0, false);
+	ts_topology_free(t3);
+	ts_topology_free(t2);
+	ts_topology_free(t);
+	ts_device_set_free(set);
+}
+END_TEST
+
+START_TEST(test_bad_peer_links_are_refused)
+{
+	struct ts_device_set *set = sims(4);
+	struct ts_error err;
+	enum ts_link_kind links[16];
+	static const char *const bad[] = {"0", "0-", "-1", "0--1", "0-1,", ",0-1", "0-1,,2-3",
+	                                  "a-b", "0-1:fast", "0-1:", "0-0", "0-1,1-0", "0-4",
+	                                  "0-1-2,2-1", " 0-1", "0-99999999999"};
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		struct ts_topology *t = NULL;
+
+		ts_error_clear(&err);
+		ck_assert_msg(ts_topology_new(&(struct ts_topology_config){
+		                                      .xml_file = data("one_socket.xml"),
+		                                      .sim_peer_links = bad[i]},
+		                              set, &t, &err) == TS_INVALID_ARGUMENT,
+		              "'%s' accepted", bad[i]);
+		ck_assert_str_eq(err.reason, "SIM_PEER_LINKS");
+		ck_assert_msg(strstr(err.message, bad[i]) != NULL, "'%s' not named: %s", bad[i],
+		              err.message);
+		ck_assert_ptr_null(t);
+	}
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_topology_parse_links("0-4", 4, links, &err), TS_INVALID_ARGUMENT);
+	ck_assert_ptr_nonnull(strstr(err.message, "sim:4; there are 4 sim devices"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_topology_parse_links("0-1,1-0", 4, links, &err), TS_INVALID_ARGUMENT);
+	ck_assert_ptr_nonnull(strstr(err.message, "sim:1 and sim:0 twice"));
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_topology_parse_links("0-1-2:pcie_switch,3-0", 4, links, &err), TS_OK);
+	ck_assert_int_eq(links[0 * 4 + 2], TS_LINK_PCIE_SWITCH);
+	ck_assert_int_eq(links[2 * 4 + 1], TS_LINK_PCIE_SWITCH);
+	ck_assert_int_eq(links[3 * 4 + 0], TS_LINK_NVLINK);
+	ck_assert_int_eq(links[1 * 4 + 3], TS_LINK_KIND_COUNT);
+	ck_assert_int_eq(links[3 * 4 + 3], TS_LINK_SELF);
+	ts_device_set_free(set);
+}
+END_TEST
+
+/* The peer matrix of the CUDA GPUs: what the runtime answers for each
+ * pair, with the links of the two-socket file's PCI tree. */
+static void check_cuda_peers(struct ts_device_set *set, const struct ts_topology *t)
+{
+	const char *groups = getenv("TS_TEST_PEER_GROUPS");
+	size_t n = 0, pairs = 0, with_access = 0;
+	enum ts_link_kind want[64 * 64];
+	struct ts_device *gpu[64];
+	struct ts_error err;
+
+	for (size_t i = 0; i < ts_device_set_count(set) && n < 64; i++)
+		if (ts_device_props(ts_device_set_at(set, i))->backend == TS_BACKEND_CUDA)
+			gpu[n++] = ts_device_set_at(set, i);
+	ts_error_clear(&err);
+	if (groups)
+		ck_assert_msg(ts_topology_parse_links(groups, n, want, &err) == TS_OK, "%s",
+		              err.message);
+	for (size_t a = 0; a < n; a++)
+		for (size_t b = 0; b < n; b++) {
+			const struct ts_device_props *pa = ts_device_props(gpu[a]),
+			                             *pb = ts_device_props(gpu[b]);
+			const struct ts_topology_peer *p = pair(t, pa->id, pb->id);
+			const struct ts_topology_device *da = ts_topology_device_find(t, pa->id),
+			                                *db = ts_topology_device_find(t, pb->id);
+			struct ts_peer_caps caps;
+
+			if (a == b) {
+				ck_assert(p->access && p->link == TS_LINK_SELF);
+				continue;
+			}
+			ck_assert_int_eq(ts_device_peer_caps(gpu[a], gpu[b], &caps, &err), TS_OK);
+			ck_assert(caps.known);
+			ck_assert_int_eq(p->access, caps.access);
+			ck_assert_int_eq(p->perf_rank, caps.perf_rank);
+			ck_assert_int_eq(p->native_atomics, caps.native_atomics);
+			if (groups)
+				ck_assert_msg(p->access == (want[a * n + b] != TS_LINK_KIND_COUNT),
+				              "%s -> %s: access %d against groups %s", pa->id, pb->id,
+				              p->access, groups);
+			/* the file's GPUs hang four under each package's host bridge */
+			if (da->numa_node >= 0 && db->numa_node >= 0)
+				ck_assert_msg(p->link == (da->numa_node == db->numa_node
+				                                  ? TS_LINK_HOST_BRIDGE
+				                                  : TS_LINK_CROSS_SOCKET),
+				              "%s -> %s: link %s", pa->id, pb->id, ts_link_name(p->link));
+			else
+				ck_assert_int_eq(p->link, TS_LINK_UNKNOWN);
+			pairs++;
+			with_access += p->access;
+		}
+	fprintf(stderr, "topology: %zu GPU pairs, %zu with peer access\n", pairs, with_access);
+}
+
 START_TEST(test_cuda_gpus_placed_by_bus_id)
 {
 	/* the GPUs of tests/data/two_socket.xml: four under each package */
@@ -262,6 +462,7 @@ START_TEST(test_cuda_gpus_placed_by_bus_id)
 		placed++;
 	}
 	fprintf(stderr, "topology: %zu GPUs placed by bus id\n", placed);
+	check_cuda_peers(set, t);
 	ts_topology_free(t);
 	ts_device_set_free(set);
 }
@@ -278,6 +479,9 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_this_machine);
 	tcase_add_test(tc, test_bad_lists_and_files_are_refused);
 	tcase_add_test(tc, test_parse_list);
+	tcase_add_test(tc, test_peer_matrix_of_sim_links);
+	tcase_add_test(tc, test_peer_matrix_defaults_follow_numa);
+	tcase_add_test(tc, test_bad_peer_links_are_refused);
 	tcase_add_test(cuda, test_cuda_gpus_placed_by_bus_id);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, cuda);

@@ -224,7 +224,7 @@ def test_unix_socket(tmp_path, monkeypatch):
 
 def test_topology_of_a_two_socket_file():
     xml = str(ROOT / "tests" / "data" / "two_socket.xml")
-    d = Daemon(["--topology-file", xml, "--sim-numa-nodes", "0,1"])
+    d = Daemon(["--topology-file", xml, "--sim-numa-nodes", "0,1", "--sim-peer-links", "none"])
     try:
         c = tstage.Client(d.url)
         t = c.topology()
@@ -233,6 +233,11 @@ def test_topology_of_a_two_socket_file():
         assert [(x["id"], x["numa_node"]) for x in t["devices"]] == [
             ("sim:0", 0), ("sim:1", 1), ("cpu:0", None)]
         assert c.device("sim:1")["local_cpus"] == "8-15"
+        p = t["peers"]
+        assert p["devices"] == ["sim:0", "sim:1"]
+        assert p["access"] == [[True, False], [False, True]]
+        assert p["link"][0] == ["self", "cross_socket"]
+        assert "SYS*" in p["text"]
     finally:
         d.stop()
     assert d.proc.returncode == 0

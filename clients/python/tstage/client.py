@@ -251,9 +251,12 @@ class Client:
         return self._t.json("GET", "/v1/devices")["devices"]
 
     def topology(self) -> Dict[str, Any]:
-        """The node's NUMA nodes (``index``, ``memory_bytes``, ``cpuset``) and each
-        device's ``numa_node`` and ``local_cpus``, as discovered at start, with
-        the ``source`` ("machine" or the ``--topology-file``)."""
+        """The node's NUMA nodes (``index``, ``memory_bytes``, ``cpuset``), each
+        device's ``numa_node`` and ``local_cpus``, and the accelerators' peer
+        matrix (``peers``: ``devices``, then ``access``, ``link``, ``perf_rank``
+        and ``native_atomics`` as lists of rows, and ``text`` as ``nvidia-smi
+        topo -m`` prints it), as discovered at start, with the ``source``
+        ("machine" or the ``--topology-file``)."""
         return self._t.json("GET", "/v1/topology")
 
     def device(self, device: str) -> Dict[str, Any]:
