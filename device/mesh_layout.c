@@ -18,6 +18,45 @@ static int node_of(const struct ts_topology *t, const struct ts_device *d)
 	return p ? p->numa_node : -1;
 }
 
+/* How well a and b are linked, lower is better: the link's kind where
+ * peer access is possible, past every kind where it is not, last where the
+ * matrix does not know the pair. */
+static int link_rank(const struct ts_topology *t, const struct ts_device *a,
+                     const struct ts_device *b)
+{
+	const struct ts_topology_peer *p = ts_topology_peer_find(t, ts_device_props(a)->id,
+	                                                         ts_device_props(b)->id);
+
+	if (!p)
+		return 2 * TS_LINK_KIND_COUNT + 1;
+	return p->access ? (int)p->link : TS_LINK_KIND_COUNT + (int)p->link;
+}
+
+/* Orders g[0..n) in place as a chain: the first stays, each next is the
+ * one best linked to the one before it (ties: the earlier in g). Returns
+ * whether the order changed. */
+static bool chain_by_links(const struct ts_topology *t, struct ts_device **g, int n)
+{
+	bool changed = false;
+
+	for (int i = 1; i < n; i++) {
+		int best = i;
+
+		for (int j = i + 1; j < n; j++)
+			if (link_rank(t, g[i - 1], g[j]) < link_rank(t, g[i - 1], g[best]))
+				best = j;
+		if (best != i) {
+			struct ts_device *d = g[best];
+
+			/* keep the others in their order */
+			memmove(g + i + 1, g + i, (size_t)(best - i) * sizeof *g);
+			g[i] = d;
+			changed = true;
+		}
+	}
+	return changed;
+}
+
 /* Appends to why (at *len of cap), cutting what does not fit. */
 static void say(char *why, size_t cap, size_t *len, const char *fmt, ...)
 {
@@ -33,11 +72,15 @@ static void say(char *why, size_t cap, size_t *len, const char *fmt, ...)
 		*len = *len + (size_t)k < cap ? *len + (size_t)k : cap - 1;
 }
 
+#define RELINKED "each device follows the one best linked to the one before it (the peer " \
+	"matrix's link kinds, best first: nvlink, pcie_switch, host_bridge, numa_node)"
+
 void ts_mesh_layout(const struct ts_topology *t, struct ts_device *const *cand, int n,
                     int last_axis, struct ts_device **out, char *why, size_t cap)
 {
 	int node[TS_MESH_LAYOUT_MAX], nodes[TS_MESH_LAYOUT_MAX], onode[TS_MESH_LAYOUT_MAX];
 	int nnodes = 0, k = 0, rows, split = 0;
+	bool relinked = false;
 	size_t len = 0;
 
 	if (cap)
@@ -63,21 +106,31 @@ void ts_mesh_layout(const struct ts_topology *t, struct ts_device *const *cand, 
 			nodes[j] = nodes[j - 1];
 		nodes[j] = node[i];
 	}
-	/* each node's devices in the set's order, then those of unknown place */
-	for (int g = 0; g <= nnodes; g++)
+	/* each node's devices chained by their links, then those of unknown
+	 * place in the set's order */
+	for (int g = 0; g <= nnodes; g++) {
+		int first = k;
+
 		for (int i = 0; i < n; i++)
 			if (g < nnodes ? node[i] == nodes[g] : node[i] < 0) {
 				onode[k] = node[i];
 				out[k++] = cand[i];
 			}
+		if (g < nnodes && t && chain_by_links(t, out + first, k - first))
+			relinked = true;
+	}
 	if (nnodes == 0) {
 		say(why, cap, &len, "no NUMA placement is known for these devices: the order in "
 		    "which the node lists them");
 		return;
 	}
 	if (nnodes == 1 && onode[n - 1] >= 0) {
-		say(why, cap, &len, "all %d devices sit on NUMA node %d: the order in which the "
-		    "node lists them (PCI bus order on CUDA)", n, nodes[0]);
+		if (relinked)
+			say(why, cap, &len, "all %d devices sit on NUMA node %d: %s", n, nodes[0],
+			    RELINKED);
+		else
+			say(why, cap, &len, "all %d devices sit on NUMA node %d: the order in which "
+			    "the node lists them (PCI bus order on CUDA)", n, nodes[0]);
 		return;
 	}
 	say(why, cap, &len, "grouped by NUMA node:");
@@ -92,6 +145,8 @@ void ts_mesh_layout(const struct ts_topology *t, struct ts_device *const *cand, 
 		if (i + 1 == n || onode[i + 1] != onode[i])
 			say(why, cap, &len, ")");
 	}
+	if (relinked)
+		say(why, cap, &len, "; inside a node, %s", RELINKED);
 	rows = n / last_axis;
 	for (int r = 0; r < rows; r++)
 		for (int i = r * last_axis; i < (r + 1) * last_axis; i++)

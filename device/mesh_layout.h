@@ -8,8 +8,12 @@
  * of it. The order keeps each NUMA node's devices together (a row that fits
  * in a node's devices stays inside that node, so its traffic never crosses
  * the inter-socket link), NUMA nodes in their OS index order, devices of
- * unknown place last; within a node the devices keep the device set's order
- * (CUDA's PCI bus order, in which devices behind one switch are adjacent).
+ * unknown place last. Within a node the devices form a chain by the peer
+ * matrix: the node's first device in the set's order, then each time the
+ * device best linked to the one before (NVLink, then a shared PCIe switch,
+ * host bridge, NUMA node; pairs without peer access after those), ties in
+ * the set's order (CUDA's PCI bus order, in which devices behind one switch
+ * are adjacent).
  *
  * Thread-safety: pure; the topology is read only.
  */

@@ -5,8 +5,9 @@
  * TS_TEST_DATA): 1x8, 2x4, 4x2 and 8x1 meshes of eight sim devices placed
  * across the sockets out of order keep each socket's devices together, in
  * the set's order within it, and say whether each row of the last axis
- * stays on one NUMA node; devices of unknown place go last; without a
- * topology the set's order stands. Case "cuda" lays out the CUDA GPUs of
+ * stays on one NUMA node; devices of unknown place go last; inside a node
+ * the peer matrix's links chain them; without a topology the set's order
+ * stands. Case "cuda" lays out the CUDA GPUs of
  * this machine found in the two-socket file (tests/gpu/fakecuda.sh gives
  * the stand-in's eight GPUs the file's bus ids, sockets interleaved).
  */
@@ -40,8 +41,8 @@ static struct ts_device_set *sims(int n)
 	return set;
 }
 
-static struct ts_topology *load(const char *file, const struct ts_device_set *set,
-                                const int *numa, size_t n)
+static struct ts_topology *load_links(const char *file, const struct ts_device_set *set,
+                                      const int *numa, size_t n, const char *links)
 {
 	struct ts_topology *t = NULL;
 	struct ts_error err;
@@ -50,10 +51,17 @@ static struct ts_topology *load(const char *file, const struct ts_device_set *se
 	ts_error_clear(&err);
 	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){
 	                                      .xml_file = data(file, buf, sizeof buf),
-	                                      .sim_numa_nodes = numa, .sim_numa_count = n},
+	                                      .sim_numa_nodes = numa, .sim_numa_count = n,
+	                                      .sim_peer_links = links},
 	                              set, &t, &err) == TS_OK,
 	              "%s", err.message);
 	return t;
+}
+
+static struct ts_topology *load(const char *file, const struct ts_device_set *set,
+                                const int *numa, size_t n)
+{
+	return load_links(file, set, numa, n, NULL);
 }
 
 /* The devices of backend kind in the set's order; their count. */
@@ -188,6 +196,40 @@ START_TEST(test_devices_of_unknown_place_go_last)
 }
 END_TEST
 
+/* Inside a NUMA node the devices chain by their links: NVLink pairs that
+ * the set's order keeps apart become neighbours, so rows of two are each
+ * one NVLink pair; the reason says the links reordered them. */
+START_TEST(test_links_chain_devices_inside_a_node)
+{
+	static const int numa[] = {0, 1, 0, 1, 0, 1, 0, 1};
+	struct ts_device_set *set = sims(8), *four = sims(4);
+	struct ts_topology *t = load_links("two_socket.xml", set, numa, 8,
+	                                   "0-4:nvlink,2-6:nvlink,1-5:nvlink,3-7:nvlink");
+	struct ts_topology *one = load_links("one_socket.xml", four, NULL, 0,
+	                                     "0-2:nvlink,1-3:pcie_switch");
+	struct ts_device *cand[8], *out[8];
+	char why[1024], buf[256];
+	int n = devices_of(set, TS_BACKEND_SIM, cand);
+
+	ts_mesh_layout(t, cand, n, 2, out, why, sizeof why);
+	ck_assert_str_eq(ids(out, n, buf, sizeof buf),
+	                 "sim:0,sim:4,sim:2,sim:6,sim:1,sim:5,sim:3,sim:7");
+	ck_assert_msg(strstr(why, "inside a node, each device follows the one best linked"),
+	              "%s", why);
+	ck_assert_msg(strstr(why, "each row of the last axis (2 devices) stays within one NUMA"),
+	              "%s", why);
+	n = devices_of(four, TS_BACKEND_SIM, cand);
+	ts_mesh_layout(one, cand, n, 2, out, why, sizeof why);
+	ck_assert_str_eq(ids(out, n, buf, sizeof buf), "sim:0,sim:2,sim:1,sim:3");
+	ck_assert_msg(strstr(why, "all 4 devices sit on NUMA node 0: each device follows"),
+	              "%s", why);
+	ts_topology_free(t);
+	ts_topology_free(one);
+	ts_device_set_free(set);
+	ts_device_set_free(four);
+}
+END_TEST
+
 /* The CUDA GPUs of this machine in the two-socket file: those on socket 0
  * (bus 11-14) first, then socket 1's (81-84), each in the set's order. */
 START_TEST(test_cuda_gpus_grouped_by_socket)
@@ -233,6 +275,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_rows_that_straddle_sockets_are_counted);
 	tcase_add_test(tc, test_unknown_places_and_one_socket_keep_the_sets_order);
 	tcase_add_test(tc, test_devices_of_unknown_place_go_last);
+	tcase_add_test(tc, test_links_chain_devices_inside_a_node);
 	tcase_add_test(cuda, test_cuda_gpus_grouped_by_socket);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, cuda);
