@@ -19,6 +19,8 @@
 #include "memory/space.h"
 
 #include <assert.h>
+#include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -677,12 +679,97 @@ static int device_numa(const struct ts_topology *t, const struct ts_device *dev)
 	return d && pr->backend != TS_BACKEND_CPU ? d->numa_node : -1;
 }
 
+ts_status ts_memory_parse_numa_split(const char *s, struct ts_memory_config *cfg,
+                                     struct ts_error *err)
+{
+	const char *at = s;
+
+	cfg->numa_split_count = 0;
+	if (!s || !*s)
+		return TS_OK;
+	for (;;) {
+		char *end;
+		long node;
+		double w;
+
+		errno = 0;
+		node = strtol(at, &end, 10);
+		if (end == at || *end != ':' || errno || node < 0 || node > 4095 || *at == '+' ||
+		    *at == '-' || *at == ' ')
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "NUMA_SPLIT",
+			                    "--pinned-host-numa-split: '%.40s' is not NODE:WEIGHT (a NUMA "
+			                    "node index, a colon, a positive weight), e.g. 0:1,1:3", at);
+		at = end + 1;
+		errno = 0;
+		w = strtod(at, &end);
+		if (end == at || errno || !(w > 0) || !isfinite(w) || (*end && *end != ','))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "NUMA_SPLIT",
+			                    "--pinned-host-numa-split: node %ld's weight '%.40s' is not a "
+			                    "positive number", node, at);
+		for (size_t i = 0; i < cfg->numa_split_count; i++)
+			if (cfg->numa_split[i].node == (int)node)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "NUMA_SPLIT",
+				                    "--pinned-host-numa-split: node %ld is given twice", node);
+		if (cfg->numa_split_count == TS_MEMORY_NUMA_MAX)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "NUMA_SPLIT",
+			                    "--pinned-host-numa-split: more than %d nodes",
+			                    TS_MEMORY_NUMA_MAX);
+		cfg->numa_split[cfg->numa_split_count].node = (int)node;
+		cfg->numa_split[cfg->numa_split_count++].weight = w;
+		if (!*end)
+			return TS_OK;
+		at = end + 1;
+	}
+}
+
+/* The weight --pinned-host-numa-split gives node, or -1 when it names none. */
+static double split_weight(const struct ts_memory_config *cfg, int node)
+{
+	for (size_t i = 0; i < cfg->numa_split_count; i++)
+		if (cfg->numa_split[i].node == node)
+			return cfg->numa_split[i].weight;
+	return -1;
+}
+
+/* Refuses a --pinned-host-numa-split that leaves out a node with
+ * accelerators (node[0..n)) or names another. */
+static ts_status check_split(const struct ts_memory_config *cfg, const int *node, size_t n,
+                             struct ts_error *err)
+{
+	char have[128] = "";
+	size_t len = 0;
+
+	for (size_t k = 0; k < n; k++)
+		len += (size_t)snprintf(have + len, len < sizeof have ? sizeof have - len : 0, "%s%d",
+		                        k ? ", " : "", node[k]);
+	for (size_t k = 0; k < n; k++)
+		if (split_weight(cfg, node[k]) < 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "NUMA_SPLIT",
+			                    "--pinned-host-numa-split gives no weight to NUMA node %d, "
+			                    "which has accelerators (nodes with accelerators: %s)",
+			                    node[k], have);
+	for (size_t i = 0; i < cfg->numa_split_count; i++) {
+		size_t k = 0;
+
+		while (k < n && node[k] != cfg->numa_split[i].node)
+			k++;
+		if (k == n)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "NUMA_SPLIT",
+			                    "--pinned-host-numa-split names NUMA node %d, which has no "
+			                    "pinned_host pool (nodes with accelerators: %s%s)",
+			                    cfg->numa_split[i].node, n > 1 ? have : "",
+			                    n > 1 ? "" : "one or none: a single pool takes the budget");
+	}
+	return TS_OK;
+}
+
 /*
  * The pinned_host pools: one per NUMA node that has accelerators (in the
  * topology's order), bound to it where the topology can bind, each with the
- * share of limit its accelerators are of all placed ones; a single pool,
- * named "host/pinned_host" as without a topology, where there is one such
- * node or none.
+ * share of limit its accelerators are of all placed ones, or its weight's
+ * share of all weights where --pinned-host-numa-split gives them; a single
+ * pool, named "host/pinned_host" as without a topology, where there is one
+ * such node or none (a split naming nodes then is refused).
  */
 static ts_status pinned_pools(struct ts_memory *m, struct ts_device *host,
                               const struct ts_memory_config *cfg, uint64_t limit,
@@ -704,6 +791,13 @@ static ts_status pinned_pools(struct ts_memory *m, struct ts_device *host,
 			node[(*n)++] = idx;
 		}
 	}
+	if (cfg->numa_split_count) {
+		st = check_split(cfg, node, *n <= 1 ? 0 : *n, err);
+		if (st != TS_OK) {
+			*n = 0;
+			return st;
+		}
+	}
 	if (*n <= 1) {
 		struct pool_place where = {.numa = *n ? node[0] : -1, .topo = t};
 
@@ -715,9 +809,19 @@ static ts_status pinned_pools(struct ts_memory *m, struct ts_device *host,
 	}
 	for (size_t k = 0; st == TS_OK && k < *n; k++) {
 		struct pool_place where = {.numa = node[k], .topo = t};
-		uint64_t share = k + 1 == *n ? limit - given
-		                             : limit / placed * count[k] / POOL_ALIGN * POOL_ALIGN;
+		uint64_t share = limit / placed * count[k] / POOL_ALIGN * POOL_ALIGN;
 		char name[48];
+
+		if (cfg->numa_split_count) {
+			double total = 0;
+
+			for (size_t i = 0; i < cfg->numa_split_count; i++)
+				total += cfg->numa_split[i].weight;
+			share = (uint64_t)((double)limit * (split_weight(cfg, node[k]) / total)) /
+			        POOL_ALIGN * POOL_ALIGN;
+		}
+		if (k + 1 == *n)
+			share = limit - given;
 
 		given += share;
 		snprintf(name, sizeof name, "numa%d/pinned_host", node[k]);

@@ -84,6 +84,9 @@ struct ts_pool_stats {
 	uint64_t repin_ns;              /* its share spent on re-pinned bytes */
 };
 
+/* NUMA nodes that get a pinned_host pool of their own, at most. */
+#define TS_MEMORY_NUMA_MAX 16
+
 /* Configuration of the node's spaces. */
 struct ts_memory_config {
 	double device_memory_fraction; /* of each GPU's free memory (0, 1] */
@@ -97,10 +100,25 @@ struct ts_memory_config {
 	const struct ts_topology *topology; /* borrowed, may be NULL: one pinned_host pool
 	                                * per NUMA node with accelerators, bound to it
 	                                * where the topology is this machine's */
+	/* the pinned budget's split over those pools: a weight per NUMA node
+	 * (ts_memory_parse_numa_split); count 0: by their accelerators' share */
+	size_t numa_split_count;
+	struct ts_numa_weight {
+		int node;                  /* NUMA OS index */
+		double weight;             /* > 0 */
+	} numa_split[TS_MEMORY_NUMA_MAX];
 };
 
-/* NUMA nodes that get a pinned_host pool of their own, at most. */
-#define TS_MEMORY_NUMA_MAX 16
+/*
+ * Parses --pinned-host-numa-split: comma-separated NODE:WEIGHT pairs
+ * ("0:1,1:3": node 1's pool gets three quarters of the pinned budget), a
+ * NUMA OS index and a positive number each, every node once, at most
+ * TS_MEMORY_NUMA_MAX. Fills cfg's numa_split. INVALID_ARGUMENT (reason
+ * NUMA_SPLIT) naming the item at fault. Whether the nodes are those with
+ * accelerators is checked by ts_memory_new (the same reason).
+ */
+ts_status ts_memory_parse_numa_split(const char *s, struct ts_memory_config *cfg,
+                                     struct ts_error *err);
 
 /*
  * The default keep: the larger of one segment and an eighth of the pinned

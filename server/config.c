@@ -55,6 +55,10 @@ static const struct opt options[] = {
 	 "pin the whole pinned_host pool at start"},
 	{"pinned-host-limit", OPT_SIZE, F(pinned_host_limit), 0, 0, "RAM/4",
 	 "node-wide pinned_host budget (RAM: the cgroup memory limit when smaller)"},
+	{"pinned-host-numa-split", OPT_STRING, F(pinned_host_numa_split), 0, 0,
+	 "by each node's accelerators",
+	 "where the accelerators sit on several NUMA nodes (one pinned_host pool each), the "
+	 "budget's split as NODE:WEIGHT pairs (\"0:1,1:3\"), one for every such node"},
 	{"pinned-host-keep", OPT_SIZE_SHARE, F(pinned_host_keep), 0, 0,
 	 "the larger of 256MiB and limit/8",
 	 "idle pinned_host segments kept reserved for reuse; segments idle beyond it go back "

@@ -39,6 +39,8 @@ struct ts_config {
 	int sim_devices;                 /* -1: 2 when no GPU, else 0 */
 	uint64_t sim_device_memory;
 	char sim_numa_nodes[256];        /* NUMA node of each sim device ("0,0,1,1"); "" none */
+	char pinned_host_numa_split[256]; /* the pinned budget by NUMA node ("0:1,1:3"); "" by
+	                                  * the accelerators' share */
 	char sim_peer_links[256];        /* which sim pairs have peer access ("0-1,2-3"); "" all */
 	char topology_file[512];         /* hwloc XML of the node; "": discover this machine */
 	double device_memory_fraction;

@@ -397,6 +397,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.preallocate = cfg->preallocate,
 		.topology = srv->topology,
 	};
+	st = ts_memory_parse_numa_split(cfg->pinned_host_numa_split, &mcfg, err);
+	if (st != TS_OK)
+		goto out_free;
 	container_budgets(cfg, &mcfg);
 	st = ts_memory_new(srv->devices, &mcfg, &srv->memory, err);
 	if (st != TS_OK)

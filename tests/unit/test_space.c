@@ -793,8 +793,12 @@ END_TEST
 
 /* ---- NUMA-local pinned pools ---------------------------------------------- */
 
+/* --pinned-host-numa-split for the next numa_setup (NULL: none). */
+static const char *numa_split;
+
 /* Four sim devices placed on numa (NULL: unplaced) in the topology of xml
- * (NULL: this machine), and memory with a pinned budget of limit over it. */
+ * (NULL: this machine), and memory with a pinned budget of limit over it
+ * (split by numa_split when set). */
 static struct ts_topology *numa_setup(const char *xml, const int *numa, uint64_t limit)
 {
 	struct ts_device_config dcfg = {.sim_devices = 4, .sim_device_memory = 16ull << 20,
@@ -817,6 +821,8 @@ static struct ts_topology *numa_setup(const char *xml, const int *numa, uint64_t
 	                              set, &t, &err) == TS_OK,
 	              "%s", err.message);
 	mcfg.topology = t;
+	ck_assert_msg(ts_memory_parse_numa_split(numa_split, &mcfg, &err) == TS_OK, "%s",
+	              err.message);
 	ck_assert_msg(ts_memory_new(set, &mcfg, &mem, &err) == TS_OK, "%s", err.message);
 	return t;
 }
@@ -909,6 +915,84 @@ START_TEST(test_two_socket_pinned_pools_per_node)
 }
 END_TEST
 
+/* --pinned-host-numa-split: the budget by the weights given (1:3 where the
+ * devices' share would be 3:1), the pools still summing to it; bad lists
+ * refused naming the item; a list that leaves out a node with accelerators
+ * or names one without is refused by ts_memory_new. */
+START_TEST(test_numa_split_by_weights)
+{
+	static const int numa[] = {0, 0, 0, 1};
+	static const char *const bad[] = {"0", "0:", ":1", "0:0", "0:-1", "0:1,", "0:1,0:2",
+	                                  "x:1", "-1:1", "0:1;1:2", "0:inf", "0:nan", " 0:1"};
+	struct ts_memory_config cfg = {0};
+	struct ts_topology *t;
+	struct ts_pool_stats ps;
+	struct ts_error err;
+
+	numa_split = "0:1,1:3";
+	t = numa_setup("two_socket.xml", numa, 64ull << 20);
+	numa_split = NULL;
+	pinned_pool_of("sim:0", &ps);
+	ck_assert_str_eq(ps.name, "numa0/pinned_host");
+	ck_assert_uint_eq(ps.limit, 16ull << 20);
+	pinned_pool_of("sim:3", &ps);
+	ck_assert_str_eq(ps.name, "numa1/pinned_host");
+	ck_assert_uint_eq(ps.limit, 48ull << 20);
+	numa_teardown(t);
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ts_error_clear(&err);
+		ck_assert_msg(ts_memory_parse_numa_split(bad[i], &cfg, &err) == TS_INVALID_ARGUMENT,
+		              "'%s' accepted", bad[i]);
+		ck_assert_str_eq(err.reason, "NUMA_SPLIT");
+		ck_assert_msg(strstr(err.message, "--pinned-host-numa-split"), "%s", err.message);
+	}
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_memory_parse_numa_split("1:2.5,0:0.5", &cfg, &err), TS_OK);
+	ck_assert_uint_eq(cfg.numa_split_count, 2);
+	ck_assert_int_eq(cfg.numa_split[0].node, 1);
+	ck_assert(cfg.numa_split[0].weight == 2.5);
+
+	/* a node with accelerators left out, and a node without them named */
+	{
+		static const char *const refused[][2] = {
+			{"0:1", "gives no weight to NUMA node 1"},
+			{"0:1,1:1,2:1", "names NUMA node 2, which has no pinned_host pool"},
+		};
+		struct ts_device_config dcfg = {.sim_devices = 4, .sim_device_memory = 16ull << 20,
+		                                .cuda = false, .host = "testhost"};
+		struct ts_memory_config mcfg = {.device_memory_fraction = 0.75,
+		                                .pinned_host_limit = 64ull << 20,
+		                                .unpinned_host_limit = 64ull << 20,
+		                                .pinned_segment = 4ull << 20};
+		const char *dir = getenv("TS_TEST_DATA");
+		struct ts_memory *m = NULL;
+		char path[512];
+
+		snprintf(path, sizeof path, "%s/two_socket.xml", dir ? dir : "tests/data");
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_device_set_new(&dcfg, &set, &err), TS_OK);
+		ck_assert_int_eq(ts_topology_new(&(struct ts_topology_config){
+		                                         .xml_file = path, .sim_numa_nodes = numa,
+		                                         .sim_numa_count = 4},
+		                                 set, &t, &err),
+		                 TS_OK);
+		mcfg.topology = t;
+		for (size_t i = 0; i < 2; i++) {
+			ts_error_clear(&err);
+			ck_assert_int_eq(ts_memory_parse_numa_split(refused[i][0], &mcfg, &err), TS_OK);
+			ck_assert_int_eq(ts_memory_new(set, &mcfg, &m, &err), TS_INVALID_ARGUMENT);
+			ck_assert_ptr_null(m);
+			ck_assert_str_eq(err.reason, "NUMA_SPLIT");
+			ck_assert_msg(strstr(err.message, refused[i][1]), "%s", err.message);
+		}
+		ts_topology_free(t);
+		ts_device_set_free(set);
+		set = NULL;
+	}
+}
+END_TEST
+
 START_TEST(test_this_machine_binds_its_pool)
 {
 	struct ts_topology *t = numa_setup(NULL, NULL, 16ull << 20);
@@ -987,6 +1071,7 @@ Suite *ts_unit_suite(void)
 
 	tc = tcase_create("numa");
 	tcase_add_test(tc, test_two_socket_pinned_pools_per_node);
+	tcase_add_test(tc, test_numa_split_by_weights);
 	tcase_add_test(tc, test_this_machine_binds_its_pool);
 	suite_add_tcase(s, tc);
 
