@@ -151,7 +151,7 @@ TEST_HEADERS := $(wildcard */*.h tests/*/*.h)
 CHECK_LIBS := $(shell pkg-config --libs check 2>/dev/null)
 CURL_LIBS  := $(shell pkg-config --libs libcurl 2>/dev/null)
 
-.PHONY: all run test unit integration pytest bench clean deps fuzz gpu-bundle faults soak
+.PHONY: all run test unit integration test-bins pytest bench clean deps fuzz gpu-bundle faults soak
 all: $(DAEMON)
 
 deps:
@@ -249,6 +249,10 @@ run: deps
 # output in $(BUILD)/test-logs (tests/run_suites.sh); TEST_JOBS=1 runs them
 # one after another.
 TEST_JOBS ?= $(shell nproc)
+
+# every suite built, none run (a parallel build before a run of unit and
+# integration one after the other)
+test-bins: $(UNIT_BIN) $(IT_BIN)
 
 unit: $(UNIT_BIN)
 	@JOBS=$(TEST_JOBS) LOGS=$(BUILD)/test-logs CK_DEFAULT_TIMEOUT=120 \

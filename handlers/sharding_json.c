@@ -182,8 +182,8 @@ static ts_status parse_mesh(const struct ts_core *core, json_t *j, struct ts_mes
 	}
 	if (json_is_string(devices)) {
 		if (strcmp(json_string_value(devices), "auto") != 0)
-			return BAD(err, "sharding.mesh.devices: expected a list of device ids or "
-			           "\"auto\"");
+			return BAD(err, "sharding.mesh.devices: expected a list of 1 to %d device ids, "
+			           "or \"auto\"", TS_MESH_MAX_DEVICES);
 		st = parse_mesh_axes(axes, m, err);
 		return st == TS_OK ? parse_mesh_auto(core, shape, m, why, cap, err) : st;
 	}

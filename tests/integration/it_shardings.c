@@ -335,8 +335,8 @@ START_TEST(test_auto_mesh_laid_out_by_socket)
 	        "{\"name\": \"bad\", \"sharding\": {\"mesh\": {\"devices\": \"best\", "
 	        "\"axis_names\": [\"x\"]}, \"spec\": []}}", &r);
 	ck_assert_int_eq(r.status, 400);
-	ck_assert_msg(strstr(r.body, "sharding.mesh.devices: expected a list of device ids or"),
-	              "%s", r.body);
+	ck_assert_msg(strstr(r.body, "sharding.mesh.devices: expected a list of 1 to 64 device "
+	                             "ids, or"), "%s", r.body);
 	th_response_free(&r);
 }
 END_TEST

@@ -252,10 +252,10 @@ static const struct refusal refusals[] = {
 	 "BAD_SHARDING", "sharding.mesh: needs axis_names"},
 	{"{\"mesh\": {\"devices\": \"sim:0\", \"axis_names\": [\"x\"]}, \"spec\": []}",
 	 TS_INVALID_ARGUMENT, "BAD_SHARDING",
-	 "sharding.mesh.devices: expected a list of 1 to 64 device ids"},
+	 "sharding.mesh.devices: expected a list of 1 to 64 device ids, or \"auto\""},
 	{"{\"mesh\": {\"devices\": [], \"axis_names\": [\"x\"]}, \"spec\": []}",
 	 TS_INVALID_ARGUMENT, "BAD_SHARDING",
-	 "sharding.mesh.devices: expected a list of 1 to 64 device ids"},
+	 "sharding.mesh.devices: expected a list of 1 to 64 device ids, or \"auto\""},
 	{"{\"mesh\": {\"devices\": [\"sim:0\", 1], \"axis_names\": [\"x\"]}, \"spec\": []}",
 	 TS_INVALID_ARGUMENT, "BAD_SHARDING",
 	 "sharding.mesh.devices[1]: expected a device id string"},
@@ -391,7 +391,8 @@ START_TEST(test_too_many_devices)
 	json_object_set_new(json_object_get(j, "mesh"), "devices", devs);
 	ts_error_clear(&err);
 	ck_assert_int_eq(ts_h_sharding_parse(&core, j, &s, &err), TS_INVALID_ARGUMENT);
-	ck_assert_str_eq(err.message, "sharding.mesh.devices: expected a list of 1 to 64 device ids");
+	ck_assert_str_eq(err.message,
+	                 "sharding.mesh.devices: expected a list of 1 to 64 device ids, or \"auto\"");
 	json_decref(j);
 }
 END_TEST
