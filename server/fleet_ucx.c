@@ -71,6 +71,8 @@ struct ts_fleet_ucx {
 	int port;                        /* immutable after new */
 	uint64_t hello_timeout_ns;       /* immutable */
 	struct ts_metrics *metrics;      /* borrowed */
+	void (*tick)(void *cls);         /* immutable; may be NULL */
+	void *tick_cls;
 	struct conn *conns;              /* the progress thread's */
 	int nhello;                      /* the progress thread's */
 	struct ts_mutex mu;
@@ -337,6 +339,8 @@ static void *progress_main(void *arg)
 		while (ucp_worker_progress(u->worker))
 			;
 		conns_step(u);
+		if (u->tick)
+			u->tick(u->tick_cls);
 		if (ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
 			continue;
 		(void)poll(&pfd, 1, SLEEP_MS);
@@ -379,8 +383,13 @@ static ts_status ucx_error(struct ts_error *err, const char *what, ucs_status_t 
 
 static ts_status start_ucx(struct ts_fleet_ucx *u, struct ts_error *err)
 {
-	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP};
+	/* RMA: receives register their staging memory with this context from
+	 * HTTP threads while the progress thread runs the worker (shared) */
+	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES |
+	                                     UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP |
+	                                   UCP_FEATURE_RMA,
+	                       .mt_workers_shared = 1};
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
 	ucp_config_t *config;
@@ -442,6 +451,8 @@ ts_status ts_fleet_ucx_new(const struct ts_fleet_ucx_config *cfg, struct ts_metr
 	if (!u)
 		return ts_error_oom(err, "no memory for the fleet listener");
 	u->metrics = metrics;
+	u->tick = cfg->tick;
+	u->tick_cls = cfg->tick_cls;
 	u->hello_timeout_ns = (uint64_t)cfg->hello_timeout_ms * 1000000ull;
 	u->efd = -1;
 	if (ts_mutex_init(&u->mu) != 0) {
@@ -483,4 +494,51 @@ void ts_fleet_ucx_free(struct ts_fleet_ucx *u)
 		ucp_cleanup(u->ctx);
 	ts_mutex_destroy(&u->mu);
 	free(u);
+}
+
+ts_status ts_fleet_ucx_map(struct ts_fleet_ucx *u, void *addr, size_t len, void **memh,
+                           char **rkey_hex, struct ts_error *err)
+{
+	static const char digits[] = "0123456789abcdef";
+	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+	                                         UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+	                           .address = addr,
+	                           .length = len ? len : 1};
+	ucp_mem_h h;
+	void *packed = NULL;
+	size_t n = 0;
+	ucs_status_t s;
+	char *hex;
+
+	*memh = NULL;
+	*rkey_hex = NULL;
+	s = ucp_mem_map(u->ctx, &mp, &h);
+	if (s != UCS_OK)
+		return ucx_error(err, "memory registration", s);
+	s = ucp_rkey_pack(u->ctx, h, &packed, &n);
+	if (s != UCS_OK) {
+		(void)ucp_mem_unmap(u->ctx, h);
+		return ucx_error(err, "remote key", s);
+	}
+	hex = malloc(2 * n + 1);
+	if (!hex) {
+		ucp_rkey_buffer_release(packed);
+		(void)ucp_mem_unmap(u->ctx, h);
+		return ts_error_oom(err, "no memory for a remote key");
+	}
+	for (size_t i = 0; i < n; i++) {
+		hex[2 * i] = digits[((unsigned char *)packed)[i] >> 4];
+		hex[2 * i + 1] = digits[((unsigned char *)packed)[i] & 15];
+	}
+	hex[2 * n] = '\0';
+	ucp_rkey_buffer_release(packed);
+	*memh = h;
+	*rkey_hex = hex;
+	return TS_OK;
+}
+
+void ts_fleet_ucx_unmap(struct ts_fleet_ucx *u, void *memh)
+{
+	if (memh)
+		(void)ucp_mem_unmap(u->ctx, memh);
 }
