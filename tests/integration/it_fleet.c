@@ -988,7 +988,7 @@ START_TEST(test_destination_killed_mid_copy)
 	json_decref(before);
 	json_decref(after);
 	th_daemon_stop_ok(&d[0]);
-	th_daemon_cleanup(&d[1]);
+	th_daemon_stop(&d[1], false);   /* the killed daemon's client and files */
 }
 END_TEST
 
