@@ -219,6 +219,11 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 	st = ts_array_new(name, wire, &pl, core->env.memory, &v->staging, err);
 	if (st != TS_OK)
 		return st;
+	if (wire->nbytes == 0) {
+		/* nothing to write: no memory to register, no key */
+		*rkey = calloc(1, 1);
+		return *rkey ? TS_OK : ts_error_oom(err, "no memory for a receive");
+	}
 	b = ts_array_single_buffer(v->staging);
 	if (!b || !ts_buffer_host_visible(b))
 		return ts_error_set(err, TS_INTERNAL, "STAGING",
@@ -297,8 +302,10 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	ts_reply_json(reply, TS_HTTP_CREATED,
 	              json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:i, s:s}", "id", v->id,
 	                        "ticket", ticket, "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx),
-	                        "address", (json_int_t)(uintptr_t)ts_buffer_data(
-	                                       ts_array_single_buffer(v->staging)),
+	                        "address", (json_int_t)(uintptr_t)(
+	                                       wire.nbytes ? ts_buffer_data(ts_array_single_buffer(
+	                                                         v->staging))
+	                                                   : NULL),
 	                        "length", (json_int_t)wire.nbytes, "rkey", rkey, "expires", when,
 	                        "expires_in_seconds", (int)ttl_s, "host", call->core->host));
 	free(rkey);

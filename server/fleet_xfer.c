@@ -379,9 +379,11 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 	deadline = ts_now_ns() +
 	           (uint64_t)json_integer_value(json_object_get(rcv, "expires_in_seconds")) *
 	               1000000000ull;
-	st = ucx_open(x, op, &u, rcv, deadline, err);
-	if (st == TS_OK)
-		st = send_bytes(x, op, &u, rcv, deadline, err);
+	if (ts_array_desc(x->src)->nbytes) {   /* an empty array has no bytes to send */
+		st = ucx_open(x, op, &u, rcv, deadline, err);
+		if (st == TS_OK)
+			st = send_bytes(x, op, &u, rcv, deadline, err);
+	}
 	ucx_close(&u);
 	if (st == TS_OK) {
 		snprintf(path, sizeof path, "/v1/fleet/receives/%s:commit?wait=true", x->rid);

@@ -845,6 +845,20 @@ START_TEST(test_cross_node_copy)
 	          "\"memory_kind\": \"pinned_host\", \"device\": \"sim:7\"}", &r);
 	th_expect_error(&r, "bad device there", 400, "INVALID_ARGUMENT", NULL, "sim:7", NULL);
 
+	/* an empty array arrives as one */
+	th_request(&d[0], "PUT", "/v1/arrays/e?dtype=float32&shape=0,4",
+	           (const char *const[]){auth[0], "Content-Type: application/octet-stream", NULL},
+	           "", 0, &r);
+	ck_assert_msg(r.status == 200 || r.status == 201, "PUT e: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	post_auth(&d[0], "/v1/arrays/e:copy?wait=true", "{\"out\": \"e\", \"host\": \"node1\"}",
+	          &r);
+	ck_assert_msg(r.status == 200, "copy e: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/e");
+	ck_assert_int_eq(th_int(o, "nbytes"), 0);
+	json_decref(o);
+
 	/* a :put moves it: there, and gone here */
 	post_auth(&d[0], "/v1/arrays/x:put?wait=true", "{\"host\": \"node1\"}", &r);
 	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
@@ -978,6 +992,11 @@ START_TEST(test_destination_killed_mid_copy)
 	msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
 	ck_assert_msg(msg && strstr(msg, "node1"), "message: %s", msg ? msg : "(none)");
 	json_decref(o);
+	/* once the fleet view says so, a copy to it is refused at once, named */
+	json_decref(await_node(&d[0], ports[1], false));
+	post_auth(&d[0], "/v1/arrays/big:copy", "{\"out\": \"b2\", \"host\": \"node1\"}", &r);
+	th_expect_error(&r, "unreachable host", 503, "UNAVAILABLE", "PEER_UNREACHABLE", "node1",
+	                NULL);
 	after = get_auth(&d[0], "/v1/arrays/big");
 	ck_assert_str_eq(th_str(after, "etag"), th_str(before, "etag"));
 	got = get_bytes_auth(&d[0], "/v1/arrays/big/data", &n);
