@@ -238,11 +238,11 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	struct ts_array_desc wire = {0};
 	struct ts_move_spec spec = {0};
 	struct recv *v = NULL;
-	char ticket[TS_FLEET_TICKET_LEN + 1], *rkey = NULL, when[48];
+	char ticket[TS_FLEET_TICKET_LEN + 1], *rkey = NULL, when[48], id[40];
 	unsigned char rnd[16];
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body;
+	json_t *body, *answer;
 	uint64_t ttl_s = 0;
 	bool full;
 
@@ -291,23 +291,37 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		goto fail;
 	v->deadline_ns = ts_now_ns() + ttl_s * 1000000000ull;
 	ts_format_rfc3339(when, sizeof when, ts_wall_ns() + ttl_s * 1000000000ull);
+	/* the answer and the log line first: once linked, the deadline may free v */
+	answer = json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:i, s:s}", "id", v->id, "ticket",
+	                   ticket, "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx), "address",
+	                   (json_int_t)(uintptr_t)(
+	                       wire.nbytes ? ts_buffer_data(ts_array_single_buffer(v->staging))
+	                                   : NULL),
+	                   "length", (json_int_t)wire.nbytes, "rkey", rkey, "expires", when,
+	                   "expires_in_seconds", (int)ttl_s, "host", call->core->host);
+	if (!answer) {
+		ts_error_oom(&err, "no memory for a receive");
+		goto fail;
+	}
+	snprintf(id, sizeof id, "%s", v->id);
 	ts_mutex_lock(&r->mu);
-	v->next = r->open;
-	r->open = v;
-	r->nopen++;
+	full = r->nopen >= TS_FLEET_RECV_MAX;   /* again: others may have come meanwhile */
+	if (!full) {
+		v->next = r->open;
+		r->open = v;
+		r->nopen++;
+	}
 	ts_mutex_unlock(&r->mu);
+	if (full) {
+		json_decref(answer);
+		ts_error_set(&err, TS_RESOURCE_EXHAUSTED, "RECEIVES",
+		             "%d receives are open already", TS_FLEET_RECV_MAX);
+		goto fail;
+	}
 	ts_log(TS_LOG_INFO, "\"event\":\"fleet_receive\",\"result\":\"open\"",
-	       "fleet receive %s of array '%s' (%llu bytes) open", v->id, v->out,
-	       (unsigned long long)wire.nbytes);
-	ts_reply_json(reply, TS_HTTP_CREATED,
-	              json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:i, s:s}", "id", v->id,
-	                        "ticket", ticket, "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx),
-	                        "address", (json_int_t)(uintptr_t)(
-	                                       wire.nbytes ? ts_buffer_data(ts_array_single_buffer(
-	                                                         v->staging))
-	                                                   : NULL),
-	                        "length", (json_int_t)wire.nbytes, "rkey", rkey, "expires", when,
-	                        "expires_in_seconds", (int)ttl_s, "host", call->core->host));
+	       "fleet receive %s of array '%s' (%llu bytes) open", id, json_string_value(
+	           json_object_get(body, "out")), (unsigned long long)wire.nbytes);
+	ts_reply_json(reply, TS_HTTP_CREATED, answer);
 	free(rkey);
 	json_decref(body);
 	return;
