@@ -1025,6 +1025,7 @@ Suite *th_suite(void)
 	tcase_add_test(view, test_peers_from_dns);
 	tcase_add_test(faults, test_stopped_and_killed_peers);
 	tcase_add_test(faults, test_peer_with_another_token);
+	tcase_set_timeout(flags, 60);   /* seven daemon starts, slow under sanitizers */
 	tcase_add_test(flags, test_bad_peers_refused_at_start);
 	suite_add_tcase(s, view);
 	suite_add_tcase(s, faults);
