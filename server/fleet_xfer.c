@@ -317,8 +317,20 @@ static void ucx_close(struct ucx_side *u)
 		ucp_cleanup(u->ctx);
 }
 
+/* Cancels a request in flight and waits until UCX lets go of its buffer. */
+static void drop(ucp_worker_h w, void *req)
+{
+	if (!UCS_PTR_IS_PTR(req))
+		return;
+	ucp_request_cancel(w, req);
+	while (ucp_request_check_status(req) == UCS_INPROGRESS)
+		ucp_worker_progress(w);
+	ucp_request_free(req);
+}
+
 /* Reads the version chunk by chunk and writes each into the peer's staging
- * memory, then flushes. */
+ * memory, the next chunk read while the last one is written (two buffers),
+ * then flushes. */
 static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ucx_side *u,
                             json_t *rcv, uint64_t deadline, struct ts_error *err)
 {
@@ -326,34 +338,62 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ucx_
 	uint64_t addr = (uint64_t)json_integer_value(json_object_get(rcv, "address"));
 	uint64_t len = (uint64_t)json_integer_value(json_object_get(rcv, "length"));
 	uint64_t chunk = total < TS_FLEET_XFER_CHUNK ? total : TS_FLEET_XFER_CHUNK;
-	void *buf;
+	uint64_t pending_n = 0, n;
+	void *buf[2], *pending = NULL;
 	ts_status st = TS_OK;
+	int i = 0;
 
 	if (len != total)
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
 		                    "peer '%s' staged %llu bytes for an array of %llu", x->host,
 		                    (unsigned long long)len, (unsigned long long)total);
-	buf = malloc(chunk + 1);
-	if (!buf)
+	buf[0] = malloc(chunk + 1);
+	buf[1] = malloc(chunk + 1);
+	if (!buf[0] || !buf[1]) {
+		free(buf[0]);
+		free(buf[1]);
 		return ts_error_oom(err, "no host memory to send array '%s'", ts_array_name(x->src));
-	for (uint64_t done = 0; st == TS_OK && done < total; done += chunk) {
-		uint64_t n = total - done < chunk ? total - done : chunk;
-		struct ts_run run = {done, 0, n};
+	}
+	for (uint64_t done = 0; st == TS_OK && done < total; done += n, i ^= 1) {
+		struct ts_run run = {done, 0, 0};
 		ucp_request_param_t p = {.op_attr_mask = 0};
 
+		n = total - done < chunk ? total - done : chunk;
+		run.len = n;
 		if (ts_operation_cancelled(op))
 			st = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
 			                  x->host);
 		if (st == TS_OK)
-			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf, err);
-		if (st == TS_OK)
-			st = finish(x, op, u->worker,
-			            ucp_put_nbx(u->ep, buf, (size_t)n, addr + done, u->rkey, &p),
-			            "writing into its memory", deadline, err);
-		if (st == TS_OK)
-			ts_operation_progress_add(op, n);
+			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[i], err);
+		if (st == TS_OK && pending) {
+			void *req = pending;
+
+			pending = NULL;
+			st = finish(x, op, u->worker, req, "writing into its memory", deadline, err);
+			if (st == TS_OK)
+				ts_operation_progress_add(op, pending_n);
+		}
+		if (st != TS_OK)
+			break;
+		pending = ucp_put_nbx(u->ep, buf[i], (size_t)n, addr + done, u->rkey, &p);
+		pending_n = n;
+		if (!UCS_PTR_IS_PTR(pending)) {
+			/* done at once, or failed at once */
+			st = finish(x, op, u->worker, pending, "writing into its memory", deadline, err);
+			pending = NULL;
+			if (st == TS_OK)
+				ts_operation_progress_add(op, n);
+		}
 	}
-	free(buf);
+	if (pending && st == TS_OK) {
+		st = finish(x, op, u->worker, pending, "writing into its memory", deadline, err);
+		if (st == TS_OK)
+			ts_operation_progress_add(op, pending_n);
+	} else if (pending) {
+		drop(u->worker, pending);
+	}
+	free(buf[0]);
+	free(buf[1]);
 	if (st == TS_OK) {
 		ucp_request_param_t p = {.op_attr_mask = 0};
 
@@ -435,6 +475,16 @@ static void xfer_release(void *arg)
 	free(x);
 }
 
+/* How long the peer keeps the receive: a minute, and a second more for
+ * every 16 MiB (1 GiB in about two minutes at the slowest link assumed),
+ * at most an hour. */
+static uint64_t receive_ttl(uint64_t nbytes)
+{
+	uint64_t s = 60 + nbytes / (16u << 20);
+
+	return s < 3600 ? s : 3600;
+}
+
 ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
                                const struct ts_fleet_copy_req *req, struct ts_operation **op,
                                struct ts_error *err)
@@ -462,9 +512,9 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 	shape = json_array();
 	for (int i = 0; shape && i < d->rank; i++)
 		json_array_append_new(shape, json_integer((json_int_t)d->shape[i]));
-	body = json_pack("{s:s, s:s, s:s, s:o, s:b}", "out", req->out, "dtype", req->dtype,
+	body = json_pack("{s:s, s:s, s:s, s:o, s:b, s:I}", "out", req->out, "dtype", req->dtype,
 	                 "source_dtype", ts_dtype_name(d->dtype), "shape", shape, "overwrite",
-	                 req->overwrite);
+	                 req->overwrite, "timeout_seconds", (json_int_t)receive_ttl(d->nbytes));
 	if (body && req->placement)
 		json_object_update(body, req->placement);
 	x->body = body ? json_dumps(body, JSON_COMPACT) : NULL;

@@ -818,6 +818,22 @@ START_TEST(test_cross_node_copy)
 	ck_assert(memcmp(got, x, n) == 0);
 	free(got);
 
+	/* a sharding there: split over both of its devices, the same bytes */
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"ys\", \"host\": \"node1\", \"sharding\": {\"mesh\": "
+	          "{\"devices\": [\"sim:0\", \"sim:1\"], \"axis_names\": [\"x\"], \"shape\": [2]}, "
+	          "\"spec\": [\"x\", null], \"memory_kind\": \"device\"}}", &r);
+	ck_assert_msg(r.status == 200, "sharded copy: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/ys");
+	ck_assert_int_eq(json_array_size(th_arr(o, "shards")), 2);
+	ck_assert_str_eq(th_str(json_array_get(th_arr(o, "shards"), 1), "device"), "sim:1");
+	json_decref(o);
+	got = get_bytes_auth(&d[1], "/v1/arrays/ys/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+
 	/* a conversion on the way equals the local one */
 	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
 	          "{\"out\": \"yb\", \"host\": \"node1\", \"dtype\": \"bfloat16\"}", &r);
