@@ -1027,6 +1027,59 @@ START_TEST(test_destination_killed_mid_copy)
 }
 END_TEST
 
+/* A cross-node copy cancelled in the middle ends CANCELLED; the receive is
+ * aborted there (its staging and destination memory back, no array). */
+START_TEST(test_cross_node_copy_cancelled)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char tokens[2][512], id[64], *path;
+	struct th_response r;
+	json_t *o;
+	size_t rows = 16384, cols = 4096;    /* 256 MiB */
+	double base;
+
+	free_port_pairs(ports, 2);
+	same_tokens(tokens, 2);
+	start_fleet(d, 2, ports, tokens);
+	json_decref(await_node(&d[0], ports[1], true));
+	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
+	base = unpinned_in_use(&d[1]);
+	post_auth(&d[0], "/v1/arrays/big:copy",
+	          "{\"out\": \"c\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 202, "copy: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	for (double t0 = now_ms();; usleep(1000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+	path = th_fmt("/v1/operations/%s:cancel", id);
+	post_auth(&d[0], path, NULL, &r);
+	ck_assert_msg(r.status == 200, "cancel: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	free(path);
+	o = await_op(&d[0], id, 60000);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "CANCELLED");
+	json_decref(o);
+	th_request(&d[1], "GET", "/v1/arrays/c", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
+		ck_assert_msg(now_ms() - t0 < 5000, "the aborted receive's memory is still held");
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
@@ -1054,6 +1107,7 @@ Suite *th_suite(void)
 	tcase_add_test(copy, test_cross_node_copy);
 	tcase_add_test(copy, test_receive_expires_and_aborts);
 	tcase_add_test(copy, test_destination_killed_mid_copy);
+	tcase_add_test(copy, test_cross_node_copy_cancelled);
 	suite_add_tcase(s, copy);
 	return s;
 }
