@@ -8,7 +8,9 @@
  */
 #include "server/fleet_recv.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
@@ -28,6 +30,8 @@
 
 struct recv {
 	struct recv *next;
+	struct ts_fleet_recv *set;
+	uint64_t serial;                   /* its tag on the fleet port (never reused) */
 	char id[40];                       /* "rcv-" and 32 hex digits */
 	char out[TS_ARRAY_NAME_MAX + 1];
 	struct ts_array *staging;          /* own reference; unpublished */
@@ -40,7 +44,8 @@ struct ts_fleet_recv {
 	struct ts_mutex mu;
 	struct recv *open;                 /* guarded by: mu */
 	int nopen;                         /* guarded by: mu */
-	struct ts_fleet_ucx *u;            /* set by the first receive; the server's */
+	_Atomic uint64_t serials;
+	_Atomic int releasing;             /* receives waiting for their endpoint to close */
 };
 
 struct ts_fleet_recv *ts_fleet_recv_new(void)
@@ -61,6 +66,42 @@ static void recv_free(struct recv *v, struct ts_fleet_ucx *u)
 	ts_job_move_discard(v->jm);
 	ts_array_unref(v->staging);
 	free(v);
+}
+
+struct release_arg {
+	struct recv *v;
+	struct ts_fleet_ucx *u;
+};
+
+static void released(void *arg)
+{
+	struct release_arg *a = arg;
+	struct ts_fleet_recv *set = a->v->set;
+
+	recv_free(a->v, a->u);
+	free(a);
+	atomic_fetch_sub(&set->releasing, 1);
+}
+
+static const void *tag_of(const struct recv *v)
+{
+	return (const void *)(uintptr_t)v->serial;
+}
+
+/* Drops v: its endpoint closed first (no peer writes into its memory any
+ * more), then its memory freed, on the fleet port's progress thread. */
+static void recv_drop(struct recv *v, struct ts_fleet_ucx *u)
+{
+	struct release_arg *a = u ? malloc(sizeof *a) : NULL;
+
+	if (!a) {
+		recv_free(v, u);
+		return;
+	}
+	a->v = v;
+	a->u = u;
+	atomic_fetch_add(&v->set->releasing, 1);
+	ts_fleet_ucx_release(u, tag_of(v), released, a);
 }
 
 /* Unlinks the receive with this id (or, id NULL, the first past its
@@ -89,7 +130,10 @@ void ts_fleet_recv_drop_all(struct ts_fleet_recv *r, struct ts_fleet_ucx *u)
 	if (!r)
 		return;
 	while ((v = take(r, NULL, UINT64_MAX)))
-		recv_free(v, u);
+		recv_drop(v, u);
+	/* the progress thread frees them once their endpoints are closed */
+	for (int i = 0; i < 5000 && atomic_load(&r->releasing) > 0; i++)
+		usleep(1000);
 }
 
 void ts_fleet_recv_tick(void *cls)
@@ -100,7 +144,7 @@ void ts_fleet_recv_tick(void *cls)
 	while ((v = take(srv->fleet_recv, NULL, ts_now_ns()))) {
 		ts_log(TS_LOG_WARN, "\"event\":\"fleet_receive\",\"result\":\"expired\"",
 		       "fleet receive %s of array '%s' expired uncommitted; dropped", v->id, v->out);
-		recv_free(v, srv->fleet_ucx);
+		recv_drop(v, srv->fleet_ucx);
 	}
 }
 
@@ -278,6 +322,8 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		ts_error_set(&err, TS_INTERNAL, "RANDOM", "no random bytes for a receive id");
 		goto fail;
 	}
+	v->set = r;
+	v->serial = atomic_fetch_add(&r->serials, 1) + 1;
 	memcpy(v->id, "rcv-", 4);
 	for (size_t i = 0; i < sizeof rnd; i++)
 		snprintf(v->id + 4 + 2 * i, 3, "%02x", rnd[i]);
@@ -287,7 +333,7 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	spec.name = v->out;
 	if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL, &err) !=
 	        TS_OK ||
-	    ts_fleet_ucx_ticket(srv->fleet_ucx, ticket, &err) != TS_OK)
+	    ts_fleet_ucx_ticket_tagged(srv->fleet_ucx, tag_of(v), ticket, &err) != TS_OK)
 		goto fail;
 	v->deadline_ns = ts_now_ns() + ttl_s * 1000000000ull;
 	ts_format_rfc3339(when, sizeof when, ts_wall_ns() + ttl_s * 1000000000ull);
@@ -326,7 +372,9 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	json_decref(body);
 	return;
 fail:
-	if (v)
+	if (v && v->set)
+		recv_drop(v, srv->fleet_ucx);   /* a ticket may be out */
+	else if (v)
 		recv_free(v, srv->fleet_ucx);
 	free(rkey);
 	json_decref(body);
@@ -358,7 +406,9 @@ void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call
 	if (!v)
 		return;
 	ts_error_clear(&err);
-	/* the bytes are there (the peer flushed before it asked): UCX lets go */
+	/* the bytes are there (the peer flushed before it asked): its endpoint
+	 * goes, and UCX lets go of the memory */
+	ts_fleet_ucx_release(srv->fleet_ucx, tag_of(v), NULL, NULL);
 	ts_fleet_ucx_unmap(srv->fleet_ucx, v->memh);
 	v->memh = NULL;
 	st = ts_job_move_start(v->jm, &op, &err);
@@ -388,6 +438,6 @@ void ts_s_fleet_receive_abort(struct ts_server *srv, const struct ts_call *call,
 		return;
 	ts_log(TS_LOG_INFO, "\"event\":\"fleet_receive\",\"result\":\"abort\"",
 	       "fleet receive %s of array '%s' aborted", v->id, v->out);
-	recv_free(v, srv->fleet_ucx);
+	recv_drop(v, srv->fleet_ucx);
 	ts_reply_json(reply, TS_HTTP_OK, json_object());
 }

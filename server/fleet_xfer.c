@@ -163,15 +163,16 @@ static ts_status finish(struct xfer *x, struct ts_operation *op, ucp_worker_h w,
 		s = UCS_PTR_STATUS(req);
 		goto failed;
 	}
+	/* a cancel waits for the write in flight (one chunk): a peer whose
+	 * writes are cut off under it fails its reply (UCX's software RMA) */
 	while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
 		if (ucp_worker_progress(w))
 			continue;
-		if (ts_operation_cancelled(op) || ts_now_ns() >= deadline || x->failed) {
+		if (ts_now_ns() >= deadline || x->failed) {
 			ucp_request_cancel(w, req);
 			while (ucp_request_check_status(req) == UCS_INPROGRESS)
 				ucp_worker_progress(w);
-			s = x->failed ? x->ep_status
-			    : ts_operation_cancelled(op) ? UCS_ERR_CANCELED : UCS_ERR_TIMED_OUT;
+			s = x->failed ? x->ep_status : UCS_ERR_TIMED_OUT;
 			ucp_request_free(req);
 			goto failed;
 		}
@@ -297,13 +298,14 @@ static ts_status ucx_open(struct xfer *x, struct ts_operation *op, struct ucx_si
 	return TS_OK;
 }
 
-static void ucx_close(struct ucx_side *u)
+static void ucx_close(struct xfer *x, struct ucx_side *u)
 {
 	if (u->rkey)
 		ucp_rkey_destroy(u->rkey);
 	if (u->ep) {
+		/* a live endpoint is flushed and closed with the peer; a failed one forced */
 		ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-		                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+		                         .flags = x->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0};
 		void *req = ucp_ep_close_nbx(u->ep, &p);
 
 		while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
@@ -317,11 +319,15 @@ static void ucx_close(struct ucx_side *u)
 		ucp_cleanup(u->ctx);
 }
 
-/* Cancels a request in flight and waits until UCX lets go of its buffer. */
-static void drop(ucp_worker_h w, void *req)
+/* Waits for a write in flight (cancels it once the endpoint failed or the
+ * deadline passed) until UCX lets go of its buffer. */
+static void drop(struct xfer *x, ucp_worker_h w, void *req, uint64_t deadline)
 {
 	if (!UCS_PTR_IS_PTR(req))
 		return;
+	while (ucp_request_check_status(req) == UCS_INPROGRESS && !x->failed &&
+	       ts_now_ns() < deadline)
+		ucp_worker_progress(w);
 	ucp_request_cancel(w, req);
 	while (ucp_request_check_status(req) == UCS_INPROGRESS)
 		ucp_worker_progress(w);
@@ -390,7 +396,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ucx_
 		if (st == TS_OK)
 			ts_operation_progress_add(op, pending_n);
 	} else if (pending) {
-		drop(u->worker, pending);
+		drop(x, u->worker, pending, deadline);
 	}
 	free(buf[0]);
 	free(buf[1]);
@@ -424,7 +430,7 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 		if (st == TS_OK)
 			st = send_bytes(x, op, &u, rcv, deadline, err);
 	}
-	ucx_close(&u);
+	ucx_close(x, &u);
 	if (st == TS_OK) {
 		snprintf(path, sizeof path, "/v1/fleet/receives/%s:commit?wait=true", x->rid);
 		st = call_peer(x, path, NULL, COMMIT_TIMEOUT_MS, &done, err);
