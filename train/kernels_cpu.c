@@ -719,6 +719,7 @@ static void run_xent(const struct job *j)
 		(out) = lanes_reduce(part_);                                          \
 	} while (0)
 
+HOT_LOOP_CLONES
 static void ln_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	const float *x = j->u.tf.a, *g = j->u.tf.b, *bias = j->u.tf.c;
@@ -748,6 +749,7 @@ static void run_ln_fwd(const struct job *j)
 }
 
 /* dx, row by row. */
+HOT_LOOP_CLONES
 static void ln_bwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	const float *x = j->u.tf.a, *g = j->u.tf.b, *stats = j->u.tf.c, *dy = j->u.tf.d;
@@ -908,11 +910,18 @@ static void run_gemm_batched_lp(const struct job *j)
 	}
 }
 
+/* The longest row whose terms exp(x - max) a piece keeps (on its stack)
+ * from the sum to the probabilities; a longer row computes them twice (the
+ * same bits both times). */
+#define SOFTMAX_KEEP 1024
+
 /* Row i of a T x T block of scores attends to columns 0..i. */
+HOT_LOOP_CLONES
 static void softmax_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	uint64_t T = (uint64_t)j->u.tf.n;
 	float scale = j->u.tf.scale;
+	double e[SOFTMAX_KEEP];
 
 	for (uint64_t r = r0; r < r1; r++) {
 		const float *sr = j->u.tf.a + r * T;
@@ -925,10 +934,19 @@ static void softmax_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 
 			max = v > max ? v : max;
 		}
-		LANES_SUM(sum, len, ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max));
-		for (uint64_t c = 0; c < T; c++)
-			pr[c] = c < len ? (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max) / sum)
-			                : 0.0f;
+		if (len <= SOFTMAX_KEEP) {
+			for (uint64_t c = 0; c < len; c++)
+				e[c] = ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max);
+			LANES_SUM(sum, len, e[c]);
+			for (uint64_t c = 0; c < len; c++)
+				pr[c] = (float)(e[c] / sum);
+		} else {
+			LANES_SUM(sum, len, ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max));
+			for (uint64_t c = 0; c < len; c++)
+				pr[c] = (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max) / sum);
+		}
+		for (uint64_t c = len; c < T; c++)
+			pr[c] = 0.0f;
 	}
 }
 
@@ -937,6 +955,7 @@ static void run_softmax_fwd(const struct job *j)
 	team_rows(j, j->u.tf.rows, (uint64_t)j->u.tf.n, softmax_fwd_range);
 }
 
+HOT_LOOP_CLONES
 static void softmax_bwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	uint64_t T = (uint64_t)j->u.tf.n;
