@@ -19,12 +19,17 @@
  * (the build does not contract), so the same bits on every machine.
  *
  * Threads: a product (its output's tiles), a batch of products, an
- * optimizer update (slices of 64Ki elements) and a cross-entropy (eighths
- * of its rows) are cut into pieces that the instance's team (cpu_team.h:
- * one thread per CPU, the queue's worker one of them) shares; every other
- * kernel runs on the worker alone. Pieces are cut by the kernel's shape
- * alone and each writes its own elements with single-threaded code, so
- * the bits do not depend on the threads. OpenBLAS itself runs one thread
+ * optimizer update (slices of 64Ki elements), a cross-entropy (eighths
+ * of its rows), the row-wise kernels (LayerNorm, softmax, activations,
+ * heads, adds, embeddings: whole rows, about 8Ki elements a piece) and
+ * the sums over rows (LayerNorm's dg and db, sum_rows, the embedding's
+ * scatter-add: blocks of 64 columns, each column summed in row order
+ * within its one piece) are cut into pieces that the instance's team
+ * (cpu_team.h: one thread per CPU, the queue's worker one of them)
+ * shares; the rest (loss, sumsq, rounding) runs on the worker alone.
+ * Pieces are cut by the kernel's shape alone and each writes its own
+ * elements with single-threaded code, so the bits do not depend on the
+ * threads. OpenBLAS itself runs one thread
  * per call: its own pool cuts a product into one fixed part per thread
  * whose threads wait for each other spinning (sched_yield), so under a
  * competing process the part whose thread lost its core held the product
@@ -245,11 +250,22 @@ static struct gemm_split gemm_split(int m, int n, int k)
 
 	if (pieces < 2)
 		return s;
-	/* columns first (a tile's output is then contiguous), then rows */
-	s.nt = n / GEMM_TILE_EDGE < pieces ? n / GEMM_TILE_EDGE : pieces;
-	s.nt = s.nt > 1 ? s.nt : 1;
-	s.mt = m / GEMM_TILE_EDGE < pieces / s.nt ? m / GEMM_TILE_EDGE : pieces / s.nt;
-	s.mt = s.mt > 1 ? s.mt : 1;
+	/* the cut that packs the least: a tile's sgemm packs its rows of the
+	 * first operand and its columns of the second, (tm + tn) k floats, so
+	 * nt m + mt n in all (cutting columns alone packed the first operand
+	 * whole for every tile: 32 times an 8192 x 256 head's); ties go to
+	 * more column tiles (a tile's output is then the more contiguous) */
+	for (int mt = pieces, max_mt = m / GEMM_TILE_EDGE, max_nt = n / GEMM_TILE_EDGE; mt >= 1; mt--) {
+		int nt = pieces / mt;
+
+		if ((mt > 1 && mt > max_mt) || (nt > 1 && nt > max_nt))
+			continue;
+		if ((double)nt * m + (double)mt * n < (double)s.nt * m + (double)s.mt * n ||
+		    s.mt * s.nt == 1) {
+			s.mt = mt;
+			s.nt = nt;
+		}
+	}
 	for (;;) {
 		s.tm = tile_side(m, s.mt);
 		s.tn = tile_side(n, s.nt);
