@@ -255,10 +255,10 @@ static struct gemm_split gemm_split(int m, int n, int k)
 	 * nt m + mt n in all (cutting columns alone packed the first operand
 	 * whole for every tile: 32 times an 8192 x 256 head's); ties go to
 	 * more column tiles (a tile's output is then the more contiguous) */
-	for (int mt = pieces, max_mt = m / GEMM_TILE_EDGE, max_nt = n / GEMM_TILE_EDGE; mt >= 1; mt--) {
+	for (int mt = 1; mt <= pieces; mt++) {
 		int nt = pieces / mt;
 
-		if ((mt > 1 && mt > max_mt) || (nt > 1 && nt > max_nt))
+		if ((mt > 1 && mt > m / GEMM_TILE_EDGE) || (nt > 1 && nt > n / GEMM_TILE_EDGE))
 			continue;
 		if ((double)nt * m + (double)mt * n < (double)s.nt * m + (double)s.mt * n ||
 		    s.mt * s.nt == 1) {
