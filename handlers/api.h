@@ -29,6 +29,19 @@
 
 struct ts_reply;
 struct ts_view_cache;
+struct ts_array;
+struct ts_operation;
+
+/* A copy of an array to another node of the fleet (:copy or :put with
+ * "host"): what the server's hook (ts_core.fleet_copy) is given. */
+struct ts_fleet_copy_req {
+	const char *host;        /* the peer's --host-name, as GET /v1/fleet lists it */
+	const char *out;         /* the array's name there */
+	json_t *placement;       /* "sharding" or "device"/"memory_kind" as given; borrowed */
+	const char *dtype;       /* the destination's dtype */
+	bool overwrite;
+	bool put;                /* a move: the source version goes once the copy is there */
+};
 struct ts_state;
 
 /* The core objects every handler may use; immutable after start (the
@@ -48,6 +61,11 @@ struct ts_core {
 	uint64_t started_ns;         /* monotonic clock at start */
 	uint64_t started_wall_ns;
 	struct ts_state *state;              /* the --state-dir (jobs/state.h), or NULL */
+	/* submits a cross-node copy of src as an operation (server/fleet_xfer.c);
+	 * NULL when the daemon has no fleet */
+	ts_status (*fleet_copy)(void *cls, struct ts_array *src, const struct ts_fleet_copy_req *req,
+	                        struct ts_operation **op, struct ts_error *err);
+	void *fleet_cls;
 };
 
 #define TS_CALL_MAX_PARAMS 4

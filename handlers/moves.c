@@ -82,6 +82,46 @@ static ts_status move_dtype(const struct ts_array *src, json_t *v, struct ts_mov
 	return TS_OK;
 }
 
+/* A copy or put to another node ("host"): placement and dtype are the
+ * destination's to resolve, so they travel as given (server/fleet_xfer.h). */
+static ts_status fleet_start(const struct ts_call *call, struct ts_array *src, json_t *body,
+                             const char *name, const struct ts_move_spec *spec, bool is_copy,
+                             struct ts_operation **op, struct ts_error *err)
+{
+	json_t *host = json_object_get(body, "host"), *pl;
+	struct ts_fleet_copy_req req = {0};
+	ts_status st;
+
+	if (!json_is_string(host) || !json_string_length(host))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "\"host\" names a node of the fleet (its host as GET /v1/fleet "
+		                    "lists it)");
+	if (spec->donate)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "\"donate\" is for a copy on this node; a :put with \"host\" "
+		                    "moves the array to that node");
+	if (!call->core->fleet_copy)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "NO_FLEET",
+		                    "this daemon has no fleet (--peers or --peers-dns) to copy to "
+		                    "host '%s'", json_string_value(host));
+	pl = json_object();
+	if (!pl)
+		return ts_error_oom(err, "no memory for a copy");
+	for (const char *const *k = (const char *const[]){"sharding", "device", "memory_kind", NULL};
+	     *k; k++)
+		if (json_object_get(body, *k))
+			json_object_set(pl, *k, json_object_get(body, *k));
+	req.host = json_string_value(host);
+	req.out = name;
+	req.placement = pl;
+	req.dtype = ts_dtype_name(spec->dtype);
+	req.overwrite = spec->overwrite;
+	req.put = !is_copy;
+	st = call->core->fleet_copy(call->core->fleet_cls, src, &req, op, err);
+	json_decref(pl);
+	return st;
+}
+
 static void move_start(const struct ts_call *call, struct ts_reply *reply, bool is_copy)
 {
 	struct ts_array *src = ts_h_array_from_path(call, reply);
@@ -89,7 +129,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	struct ts_move_spec spec = {0};
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body = NULL, *donate, *out, *overwrite;
+	json_t *body = NULL, *donate, *out, *overwrite, *host;
 	const char *name;
 	uint64_t wait_ns = 0;
 
@@ -108,7 +148,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 
 		json_object_foreach(body, k, v) {
 			if (strcmp(k, "sharding") && strcmp(k, "device") && strcmp(k, "memory_kind") &&
-			    strcmp(k, "dtype") &&
+			    strcmp(k, "dtype") && strcmp(k, "host") &&
 			    !(is_copy && (strcmp(k, "out") == 0 || strcmp(k, "donate") == 0 ||
 			                  strcmp(k, "overwrite") == 0))) {
 				if (!is_copy && strcmp(k, "donate") == 0)
@@ -119,7 +159,7 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 				else
 					ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 					             "unknown field '%s'; a %s takes \"sharding\" or \"device\"/"
-					             "\"memory_kind\", \"dtype\"%s", k, is_copy ? ":copy" : ":put",
+					             "\"memory_kind\", \"dtype\", \"host\"%s", k, is_copy ? ":copy" : ":put",
 					             is_copy ? ", \"out\", \"overwrite\" and \"donate\"" : "");
 				goto out_fail;
 			}
@@ -141,17 +181,24 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	}
 	if (move_dtype(src, json_object_get(body, "dtype"), &spec, &err) != TS_OK)
 		goto out_fail;
+	host = json_object_get(body, "host");
+	spec.overwrite = json_is_true(overwrite);
+	spec.donate = json_is_true(donate);
+	if (host) {
+		if (fleet_start(call, src, body, name, &spec, is_copy, &op, &err) != TS_OK)
+			goto out_fail;
+		goto answer;
+	}
 	if (!json_object_get(body, "sharding") && !json_object_get(body, "device") &&
 	    !json_object_get(body, "memory_kind") && spec.convert)
 		spec.placement = *ts_array_placement(src);   /* a conversion where it is */
 	else if (move_placement(call->core, src, body, &spec.placement, &err) != TS_OK)
 		goto out_fail;
 	spec.name = name;
-	spec.overwrite = json_is_true(overwrite);
-	spec.donate = json_is_true(donate);
 	/* refusals the publish would meet are answered now, then admission */
 	if (ts_job_move_submit(&call->core->env, src, &spec, is_copy, &op, &err) != TS_OK)
 		goto out_fail;
+answer:
 	if (ts_h_wait_requested(call, &wait_ns))
 		ts_h_reply_wait(reply, op, wait_ns, true);
 	else

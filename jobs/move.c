@@ -23,6 +23,8 @@ static bool move_cancelled(void *arg)
 struct move {
 	const struct ts_jobs_env *env;
 	struct ts_move *mv;                /* owned */
+	bool is_copy;
+	uint64_t total;                    /* bytes the copy writes */
 };
 
 /* How the move copied between devices, in the operation's metadata: "path"
@@ -85,15 +87,15 @@ static ts_status move_check(const struct ts_jobs_env *env, struct ts_array *src,
 	return TS_OK;
 }
 
-ts_status ts_job_move_submit(const struct ts_jobs_env *env, struct ts_array *src,
-                             const struct ts_move_spec *spec, bool is_copy,
-                             struct ts_operation **op, struct ts_error *err)
+ts_status ts_job_move_prepare(const struct ts_jobs_env *env, struct ts_array *src,
+                              const struct ts_move_spec *spec, bool is_copy,
+                              struct ts_job_move **out, uint64_t *bytes, struct ts_error *err)
 {
 	struct move *m = NULL;
 	uint64_t total = 0;
 	ts_status st;
 
-	*op = NULL;
+	*out = NULL;
 	st = move_check(env, src, spec, is_copy, err);
 	if (st != TS_OK)
 		return st;
@@ -101,12 +103,48 @@ ts_status ts_job_move_submit(const struct ts_jobs_env *env, struct ts_array *src
 	if (!m)
 		return ts_error_oom(err, "no memory for a move");
 	m->env = env;
+	m->is_copy = is_copy;
 	/* admission: the destination is allocated now, or the move is refused */
 	st = ts_move_new(env->memory, src, spec, &m->mv, &total, err);
-	if (st == TS_OK)
-		st = ts_op_submit(env->operations, is_copy ? "copy" : "put", ts_array_name(src), total,
-		                  "bytes", move_run, m, move_release, op, err);
+	if (st != TS_OK) {
+		free(m);
+		return st;
+	}
+	m->total = total;
+	if (bytes)
+		*bytes = total;
+	*out = (struct ts_job_move *)m;
+	return TS_OK;
+}
+
+ts_status ts_job_move_start(struct ts_job_move *jm, struct ts_operation **op,
+                            struct ts_error *err)
+{
+	struct move *m = (struct move *)jm;
+	ts_status st;
+
+	st = ts_op_submit(m->env->operations, m->is_copy ? "copy" : "put",
+	                  ts_array_name(ts_move_source(m->mv)), m->total, "bytes", move_run, m,
+	                  move_release, op, err);
 	if (st != TS_OK)
 		move_release(m);
 	return st;
+}
+
+void ts_job_move_discard(struct ts_job_move *jm)
+{
+	if (jm)
+		move_release(jm);
+}
+
+ts_status ts_job_move_submit(const struct ts_jobs_env *env, struct ts_array *src,
+                             const struct ts_move_spec *spec, bool is_copy,
+                             struct ts_operation **op, struct ts_error *err)
+{
+	struct ts_job_move *jm;
+	ts_status st;
+
+	*op = NULL;
+	st = ts_job_move_prepare(env, src, spec, is_copy, &jm, NULL, err);
+	return st == TS_OK ? ts_job_move_start(jm, op, err) : st;
 }

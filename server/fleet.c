@@ -526,6 +526,35 @@ json_t *ts_fleet_nodes(struct ts_fleet *f)
 	return list;
 }
 
+ts_status ts_fleet_peer(struct ts_fleet *f, const char *host, char *url, size_t cap,
+                        struct ts_error *err)
+{
+	ts_status st = TS_OK;
+	int found = -1;
+
+	ts_mutex_lock(&f->mu);
+	for (int i = 0; i < f->npeers && found < 0; i++)
+		if (strcmp(f->peers[i]->host, host) == 0)
+			found = i;
+	if (found < 0) {
+		st = ts_error_set(err, TS_NOT_FOUND, "HOST_NOT_FOUND",
+		                  "no peer of this node's fleet is host '%s' (GET /v1/fleet lists "
+		                  "them)", host);
+	} else {
+		json_t *node = f->peers[found]->node;
+		const char *why = json_string_value(
+			json_object_get(json_object_get(node, "error"), "message"));
+
+		snprintf(url, cap, "%s", f->peers[found]->url);
+		if (!json_is_true(json_object_get(node, "reachable")))
+			st = ts_error_set(err, TS_UNAVAILABLE, "PEER_UNREACHABLE",
+			                  "peer '%s' (%s) is unreachable: %s", host, url,
+			                  why ? why : "not answering");
+	}
+	ts_mutex_unlock(&f->mu);
+	return st;
+}
+
 /* This node: what /v1/devices writes, with the host, version and ports. */
 /* The data port: the listener's when it is on, else the one it would take. */
 static int fleet_port(const struct ts_server *srv)

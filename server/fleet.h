@@ -47,4 +47,11 @@ void ts_fleet_free(struct ts_fleet *f);
  * NULL when out of memory. */
 json_t *ts_fleet_nodes(struct ts_fleet *f);
 
+/* The URL of the peer whose --host-name is host, into url (cap bytes):
+ * TS_OK; NOT_FOUND (HOST_NOT_FOUND) when no peer has answered with that
+ * name; UNAVAILABLE (PEER_UNREACHABLE, naming it and why) when it has but
+ * is unreachable now. */
+ts_status ts_fleet_peer(struct ts_fleet *f, const char *host, char *url, size_t cap,
+                        struct ts_error *err);
+
 #endif

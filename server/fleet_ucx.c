@@ -44,6 +44,16 @@
 struct ticket {
 	char hex[TS_FLEET_TICKET_LEN];
 	uint64_t expires_ns;             /* 0: free */
+	const void *tag;                 /* given to the endpoint that spends it; may be NULL */
+};
+
+/* A ts_fleet_ucx_release asked for: closing the endpoints of tag, then done. */
+struct release {
+	struct release *next;
+	const void *tag;
+	void (*done)(void *arg);
+	void *arg;
+	bool closing;                    /* the progress thread has closed them */
 };
 
 enum conn_state { C_HELLO, C_OPEN, C_CLOSING };
@@ -61,6 +71,7 @@ struct conn {
 	bool failed;                     /* the endpoint or the receive failed */
 	void *close_req;                 /* the close in flight; NULL when done */
 	bool counted_open;
+	const void *tag;                 /* its ticket's; NULL before it is admitted */
 };
 
 struct ts_fleet_ucx {
@@ -71,10 +82,13 @@ struct ts_fleet_ucx {
 	int port;                        /* immutable after new */
 	uint64_t hello_timeout_ns;       /* immutable */
 	struct ts_metrics *metrics;      /* borrowed */
+	void (*tick)(void *cls);         /* immutable; may be NULL */
+	void *tick_cls;
 	struct conn *conns;              /* the progress thread's */
 	int nhello;                      /* the progress thread's */
 	struct ts_mutex mu;
 	struct ticket tickets[TICKETS_MAX];   /* guarded by: mu */
+	struct release *releases;        /* guarded by: mu; the progress thread's to run */
 	_Atomic bool stop;
 	pthread_t thread;
 	bool started;
@@ -103,7 +117,7 @@ static unsigned ct_differ(const char *a, const char *b)
 
 /* Spends the live ticket equal to got, if any: true when there was one.
  * Every slot is compared whole, live or not. */
-static bool ticket_spend(struct ts_fleet_ucx *u, const char *got)
+static bool ticket_spend(struct ts_fleet_ucx *u, const char *got, const void **tag)
 {
 	uint64_t now = ts_now_ns();
 	int found = -1;
@@ -115,13 +129,21 @@ static bool ticket_spend(struct ts_fleet_ucx *u, const char *got)
 
 		found = bad ? found : i;
 	}
-	if (found >= 0)
+	if (found >= 0) {
 		u->tickets[found].expires_ns = 0;
+		*tag = u->tickets[found].tag;
+	}
 	ts_mutex_unlock(&u->mu);
 	return found >= 0;
 }
 
 ts_status ts_fleet_ucx_ticket(struct ts_fleet_ucx *u, char *out, struct ts_error *err)
+{
+	return ts_fleet_ucx_ticket_tagged(u, NULL, out, err);
+}
+
+ts_status ts_fleet_ucx_ticket_tagged(struct ts_fleet_ucx *u, const void *tag, char *out,
+                                     struct ts_error *err)
 {
 	static const char digits[] = "0123456789abcdef";
 	unsigned char rnd[TS_FLEET_TICKET_LEN / 2];
@@ -141,6 +163,7 @@ ts_status ts_fleet_ucx_ticket(struct ts_fleet_ucx *u, char *out, struct ts_error
 			slot = &u->tickets[i];
 	if (slot) {
 		memcpy(slot->hex, out, TS_FLEET_TICKET_LEN);
+		slot->tag = tag;
 		slot->expires_ns = now + (uint64_t)TS_FLEET_TICKET_TTL_S * 1000000000ull;
 	}
 	ts_mutex_unlock(&u->mu);
@@ -211,7 +234,7 @@ static bool conn_step(struct conn *c, uint64_t now)
 	switch (c->state) {
 	case C_HELLO:
 		if (c->hello_done) {
-			if (ticket_spend(c->u, c->hello)) {
+			if (ticket_spend(c->u, c->hello, &c->tag)) {
 				c->state = C_OPEN;
 				c->u->nhello--;
 				ts_metrics_fleet_ucx_conn(c->u->metrics, true);
@@ -327,6 +350,78 @@ static void conn_request_cb(ucp_conn_request_h req, void *arg)
 		c->recv_pending = true;
 }
 
+/* Runs the releases asked for: each ticket of its tag withdrawn and each
+ * endpoint of it closed (forced), then, once none is left, its done. With
+ * all, every one is done now (at stop, the endpoints being gone). */
+static void releases_step(struct ts_fleet_ucx *u, bool all)
+{
+	struct release *mine, *keep = NULL;
+
+	ts_mutex_lock(&u->mu);
+	mine = u->releases;
+	u->releases = NULL;
+	for (struct release *r = mine; r; r = r->next)
+		if (!r->closing)
+			for (int i = 0; i < TICKETS_MAX; i++)
+				if (u->tickets[i].tag == r->tag)
+					u->tickets[i].expires_ns = 0;
+	ts_mutex_unlock(&u->mu);
+	while (mine) {
+		struct release *r = mine;
+		bool left = false;
+
+		mine = r->next;
+		for (struct conn *c = u->conns; c; c = c->next) {
+			if (c->tag != r->tag)
+				continue;
+			if (!r->closing)
+				conn_close(c);
+			left = true;
+		}
+		r->closing = true;
+		if (left && !all) {
+			r->next = keep;
+			keep = r;
+			continue;
+		}
+		if (r->done)
+			r->done(r->arg);
+		free(r);
+	}
+	if (keep) {
+		ts_mutex_lock(&u->mu);
+		for (struct release *r = keep, *next; r; r = next) {
+			next = r->next;
+			r->next = u->releases;
+			u->releases = r;
+		}
+		ts_mutex_unlock(&u->mu);
+	}
+}
+
+void ts_fleet_ucx_release(struct ts_fleet_ucx *u, const void *tag, void (*done)(void *arg),
+                          void *arg)
+{
+	struct release *r = calloc(1, sizeof *r);
+
+	if (!r) {
+		/* no memory to wait with: the endpoint may outlive what it wrote into */
+		ts_log(TS_LOG_ERROR, "\"event\":\"fleet_ucx\"",
+		       "no memory to close a receive's endpoints before freeing it");
+		if (done)
+			done(arg);
+		return;
+	}
+	r->tag = tag;
+	r->done = done;
+	r->arg = arg;
+	ts_mutex_lock(&u->mu);
+	r->next = u->releases;
+	u->releases = r;
+	ts_mutex_unlock(&u->mu);
+	(void)ucp_worker_signal(u->worker);
+}
+
 static void *progress_main(void *arg)
 {
 	struct ts_fleet_ucx *u = arg;
@@ -337,6 +432,9 @@ static void *progress_main(void *arg)
 		while (ucp_worker_progress(u->worker))
 			;
 		conns_step(u);
+		if (u->tick)
+			u->tick(u->tick_cls);
+		releases_step(u, false);
 		if (ucp_worker_arm(u->worker) == UCS_ERR_BUSY)
 			continue;
 		(void)poll(&pfd, 1, SLEEP_MS);
@@ -348,6 +446,7 @@ static void *progress_main(void *arg)
 		ucp_worker_progress(u->worker);
 		conns_step(u);
 	}
+	releases_step(u, true);
 	return NULL;
 }
 
@@ -379,8 +478,13 @@ static ts_status ucx_error(struct ts_error *err, const char *what, ucs_status_t 
 
 static ts_status start_ucx(struct ts_fleet_ucx *u, struct ts_error *err)
 {
-	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP};
+	/* RMA: receives register their staging memory with this context from
+	 * HTTP threads while the progress thread runs the worker (shared) */
+	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES |
+	                                     UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP |
+	                                   UCP_FEATURE_RMA,
+	                       .mt_workers_shared = 1};
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
 	ucp_config_t *config;
@@ -442,6 +546,8 @@ ts_status ts_fleet_ucx_new(const struct ts_fleet_ucx_config *cfg, struct ts_metr
 	if (!u)
 		return ts_error_oom(err, "no memory for the fleet listener");
 	u->metrics = metrics;
+	u->tick = cfg->tick;
+	u->tick_cls = cfg->tick_cls;
 	u->hello_timeout_ns = (uint64_t)cfg->hello_timeout_ms * 1000000ull;
 	u->efd = -1;
 	if (ts_mutex_init(&u->mu) != 0) {
@@ -475,6 +581,12 @@ void ts_fleet_ucx_free(struct ts_fleet_ucx *u)
 		ucp_listener_destroy(u->listener);
 	if (u->worker)
 		ucp_worker_destroy(u->worker);   /* ends what the wait did not, callbacks included */
+	for (struct release *r = u->releases, *next; r; r = next) {
+		next = r->next;
+		if (r->done)
+			r->done(r->arg);   /* the endpoints are gone with the worker */
+		free(r);
+	}
 	for (struct conn *c = u->conns, *next; c; c = next) {
 		next = c->next;
 		free(c);
@@ -483,4 +595,51 @@ void ts_fleet_ucx_free(struct ts_fleet_ucx *u)
 		ucp_cleanup(u->ctx);
 	ts_mutex_destroy(&u->mu);
 	free(u);
+}
+
+ts_status ts_fleet_ucx_map(struct ts_fleet_ucx *u, void *addr, size_t len, void **memh,
+                           char **rkey_hex, struct ts_error *err)
+{
+	static const char digits[] = "0123456789abcdef";
+	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
+	                                         UCP_MEM_MAP_PARAM_FIELD_LENGTH,
+	                           .address = addr,
+	                           .length = len ? len : 1};
+	ucp_mem_h h;
+	void *packed = NULL;
+	size_t n = 0;
+	ucs_status_t s;
+	char *hex;
+
+	*memh = NULL;
+	*rkey_hex = NULL;
+	s = ucp_mem_map(u->ctx, &mp, &h);
+	if (s != UCS_OK)
+		return ucx_error(err, "memory registration", s);
+	s = ucp_rkey_pack(u->ctx, h, &packed, &n);
+	if (s != UCS_OK) {
+		(void)ucp_mem_unmap(u->ctx, h);
+		return ucx_error(err, "remote key", s);
+	}
+	hex = malloc(2 * n + 1);
+	if (!hex) {
+		ucp_rkey_buffer_release(packed);
+		(void)ucp_mem_unmap(u->ctx, h);
+		return ts_error_oom(err, "no memory for a remote key");
+	}
+	for (size_t i = 0; i < n; i++) {
+		hex[2 * i] = digits[((unsigned char *)packed)[i] >> 4];
+		hex[2 * i + 1] = digits[((unsigned char *)packed)[i] & 15];
+	}
+	hex[2 * n] = '\0';
+	ucp_rkey_buffer_release(packed);
+	*memh = h;
+	*rkey_hex = hex;
+	return TS_OK;
+}
+
+void ts_fleet_ucx_unmap(struct ts_fleet_ucx *u, void *memh)
+{
+	if (memh)
+		(void)ucp_mem_unmap(u->ctx, memh);
 }

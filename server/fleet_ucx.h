@@ -37,6 +37,9 @@ struct ts_fleet_ucx_config {
 	const char *bind;        /* the address to listen on (--bind) */
 	int port;                /* the fleet port; 0: the kernel's choice */
 	int hello_timeout_ms;    /* how long an endpoint may take to send its ticket */
+	void (*tick)(void *cls); /* called by the progress thread at least every 100 ms;
+	                          * may be NULL */
+	void *tick_cls;
 };
 
 /* Reads UCX's configuration, makes the context, the worker and the listener,
@@ -56,5 +59,26 @@ int ts_fleet_ucx_port(const struct ts_fleet_ucx *u);
 /* Issues a one-time ticket into out[TS_FLEET_TICKET_LEN + 1] (NUL ended):
  * TS_OK, or RESOURCE_EXHAUSTED (reason TICKETS) when too many are live. */
 ts_status ts_fleet_ucx_ticket(struct ts_fleet_ucx *u, char *out, struct ts_error *err);
+
+/* ts_fleet_ucx_ticket for one purpose: the endpoint that spends it is
+ * tagged with tag (ts_fleet_ucx_release closes it). */
+ts_status ts_fleet_ucx_ticket_tagged(struct ts_fleet_ucx *u, const void *tag, char *out,
+                                     struct ts_error *err);
+
+/* Withdraws tag's ticket if unspent and closes (forced) the endpoint that
+ * spent it, so that no peer writes into what tag stands for any more; once
+ * it is closed, done(arg) runs (done may be NULL) on the progress thread,
+ * or in ts_fleet_ucx_free. Any thread. */
+void ts_fleet_ucx_release(struct ts_fleet_ucx *u, const void *tag, void (*done)(void *arg),
+                          void *arg);
+
+/* Registers [addr, addr + len) (host memory) for remote writes: *memh for
+ * ts_fleet_ucx_unmap, and the packed remote key as hex in *rkey_hex
+ * (malloc'd). UNAVAILABLE (UCX) when UCX refuses. Any thread. */
+ts_status ts_fleet_ucx_map(struct ts_fleet_ucx *u, void *addr, size_t len, void **memh,
+                           char **rkey_hex, struct ts_error *err);
+
+/* Unregisters what ts_fleet_ucx_map registered; NULL is fine. Any thread. */
+void ts_fleet_ucx_unmap(struct ts_fleet_ucx *u, void *memh);
 
 #endif

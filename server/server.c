@@ -31,6 +31,7 @@
 #include "storage/stage.h"
 #include "train/model.h"
 #include "jobs/state.h"
+#include "server/fleet_xfer.h"
 
 /* How long an endpoint on the fleet port may take to present its ticket. */
 #define FLEET_HELLO_MS 5000
@@ -344,8 +345,13 @@ static ts_status fleet_ucx_start(struct ts_server *srv, struct ts_error *err)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "FLEET_PORT",
 		                    "--port %d leaves no port after it for the fleet: give --fleet-port",
 		                    cfg->port);
+	srv->fleet_recv = ts_fleet_recv_new();
+	if (!srv->fleet_recv)
+		return ts_error_oom(err, "no memory for the fleet's receives");
 	return ts_fleet_ucx_new(&(struct ts_fleet_ucx_config){.bind = cfg->bind, .port = port,
-	                                                      .hello_timeout_ms = FLEET_HELLO_MS},
+	                                                      .hello_timeout_ms = FLEET_HELLO_MS,
+	                                                      .tick = ts_fleet_recv_tick,
+	                                                      .tick_cls = srv},
 	                        srv->metrics, &srv->fleet_ucx, err);
 }
 
@@ -437,6 +443,8 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 		.host = ts_device_props(srv->core.default_device)->host,
 		.started_ns = ts_now_ns(),
 		.started_wall_ns = ts_wall_ns(),
+		.fleet_copy = cfg->peers[0] || cfg->peers_dns[0] ? ts_fleet_copy_submit : NULL,
+		.fleet_cls = srv,
 	};
 	srv->core.env.shardings = ts_sharding_registry_new();
 	srv->core.env.models = ts_model_registry_new();
@@ -608,11 +616,14 @@ void ts_server_free(struct ts_server *srv)
 	ts__http_stop(srv);
 	ts__lease_stop(srv);   /* leases hold arrays and buffers too */
 	ts__history_stop(srv);   /* its sampler reads what follows */
+	/* open receives hold staging and destination arrays, registered with UCX */
+	ts_fleet_recv_drop_all(srv->fleet_recv, srv->fleet_ucx);
 	/* operations hold arrays and buffers: they end before the catalog and stager */
 	ts_op_registry_free(srv->core.env.operations);
 	ts_state_free(srv->core.state);
 	ts_fleet_free(srv->fleet);   /* its poller sets metrics */
 	ts_fleet_ucx_free(srv->fleet_ucx);   /* so does its progress thread */
+	ts_fleet_recv_free(srv->fleet_recv);   /* after the thread that ticks it */
 	ts_metrics_free(srv->metrics);
 	ts_router_free(srv->router);
 	ts_view_cache_free(srv->core.memory_view);

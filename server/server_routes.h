@@ -10,6 +10,7 @@
 #ifndef TS_SERVER_ROUTES_H
 #define TS_SERVER_ROUTES_H
 
+#include "server/fleet_recv.h"
 #include "server/router.h"
 
 ts_server_handler_fn ts_s_readyz;

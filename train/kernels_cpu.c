@@ -19,12 +19,17 @@
  * (the build does not contract), so the same bits on every machine.
  *
  * Threads: a product (its output's tiles), a batch of products, an
- * optimizer update (slices of 64Ki elements) and a cross-entropy (eighths
- * of its rows) are cut into pieces that the instance's team (cpu_team.h:
- * one thread per CPU, the queue's worker one of them) shares; every other
- * kernel runs on the worker alone. Pieces are cut by the kernel's shape
- * alone and each writes its own elements with single-threaded code, so
- * the bits do not depend on the threads. OpenBLAS itself runs one thread
+ * optimizer update (slices of 64Ki elements), a cross-entropy (eighths
+ * of its rows), the row-wise kernels (LayerNorm, softmax, activations,
+ * heads, adds, embeddings: whole rows, about 8Ki elements a piece) and
+ * the sums over rows (LayerNorm's dg and db, sum_rows, the embedding's
+ * scatter-add: blocks of 64 columns, each column summed in row order
+ * within its one piece) are cut into pieces that the instance's team
+ * (cpu_team.h: one thread per CPU, the queue's worker one of them)
+ * shares; the rest (loss, sumsq, rounding) runs on the worker alone.
+ * Pieces are cut by the kernel's shape alone and each writes its own
+ * elements with single-threaded code, so the bits do not depend on the
+ * threads. OpenBLAS itself runs one thread
  * per call: its own pool cuts a product into one fixed part per thread
  * whose threads wait for each other spinning (sched_yield), so under a
  * competing process the part whose thread lost its core held the product
@@ -245,11 +250,22 @@ static struct gemm_split gemm_split(int m, int n, int k)
 
 	if (pieces < 2)
 		return s;
-	/* columns first (a tile's output is then contiguous), then rows */
-	s.nt = n / GEMM_TILE_EDGE < pieces ? n / GEMM_TILE_EDGE : pieces;
-	s.nt = s.nt > 1 ? s.nt : 1;
-	s.mt = m / GEMM_TILE_EDGE < pieces / s.nt ? m / GEMM_TILE_EDGE : pieces / s.nt;
-	s.mt = s.mt > 1 ? s.mt : 1;
+	/* the cut that packs the least: a tile's sgemm packs its rows of the
+	 * first operand and its columns of the second, (tm + tn) k floats, so
+	 * nt m + mt n in all (cutting columns alone packed the first operand
+	 * whole for every tile: 32 times an 8192 x 256 head's); ties go to
+	 * more column tiles (a tile's output is then the more contiguous) */
+	for (int mt = 1; mt <= pieces; mt++) {
+		int nt = pieces / mt;
+
+		if ((mt > 1 && mt > m / GEMM_TILE_EDGE) || (nt > 1 && nt > n / GEMM_TILE_EDGE))
+			continue;
+		if ((double)nt * m + (double)mt * n < (double)s.nt * m + (double)s.mt * n ||
+		    s.mt * s.nt == 1) {
+			s.mt = mt;
+			s.nt = nt;
+		}
+	}
 	for (;;) {
 		s.tm = tile_side(m, s.mt);
 		s.tn = tile_side(n, s.nt);
@@ -330,11 +346,47 @@ static void run_round(const struct job *j)
 	ts_convert(j->u.round.to, j->u.round.y, TS_DT_FLOAT32, j->u.round.x, j->u.round.n);
 }
 
-static void run_act_fwd(const struct job *j)
+/*
+ * The row-wise kernels' pieces for the team: whole rows (elements, for an
+ * element-wise kernel), about PIECE_ELEMS elements' worth and at least
+ * one row, cut by the kernel's shape alone. Each row's result is computed
+ * by the one piece holding it with the same single-threaded code, and a
+ * sum across rows runs in its one fixed order inside one piece, so the
+ * bits do not depend on the team's size or on which thread ran which
+ * piece.
+ */
+#define PIECE_ELEMS ((uint64_t)1 << 13)
+
+typedef void (*rows_fn)(const struct job *j, uint64_t r0, uint64_t r1);
+
+struct rows_task {
+	const struct job *j;
+	rows_fn fn;
+	uint64_t rows, per;
+};
+
+static void rows_piece(const void *arg, int64_t i)
 {
-	const float *in = j->u.act.in;
-	float *out = j->u.act.out;
-	uint64_t n = j->u.act.n;
+	const struct rows_task *t = arg;
+	uint64_t r0 = (uint64_t)i * t->per, r1 = r0 + t->per;
+
+	t->fn(t->j, r0, r1 < t->rows ? r1 : t->rows);
+}
+
+/* fn over rows [0, rows) of `width` elements each, in pieces on j's team. */
+static void team_rows(const struct job *j, uint64_t rows, uint64_t width, rows_fn fn)
+{
+	struct rows_task t = {.j = j, .fn = fn, .rows = rows};
+
+	t.per = width >= PIECE_ELEMS ? 1 : PIECE_ELEMS / (width ? width : 1);
+	ts__cpu_team_for(j->team, (int64_t)((rows + t.per - 1) / t.per), rows_piece, &t);
+}
+
+static void act_fwd_range(const struct job *j, uint64_t i0, uint64_t i1)
+{
+	const float *in = j->u.act.in + i0;
+	float *out = j->u.act.out + i0;
+	uint64_t n = i1 - i0;
 
 	/* one loop per activation: each vectorises on its own */
 	switch (j->u.act.act) {
@@ -358,11 +410,16 @@ static void run_act_fwd(const struct job *j)
 	}
 }
 
-static void run_act_bwd(const struct job *j)
+static void run_act_fwd(const struct job *j)
 {
-	const float *pre = j->u.act.in, *go = j->u.act.grad;
-	float *gi = j->u.act.out;
-	uint64_t n = j->u.act.n;
+	team_rows(j, j->u.act.n, 1, act_fwd_range);
+}
+
+static void act_bwd_range(const struct job *j, uint64_t i0, uint64_t i1)
+{
+	const float *pre = j->u.act.in + i0, *go = j->u.act.grad + i0;
+	float *gi = j->u.act.out + i0;
+	uint64_t n = i1 - i0;
 
 	switch (j->u.act.act) {
 	case TS_ACT_RELU:
@@ -385,13 +442,23 @@ static void run_act_bwd(const struct job *j)
 	}
 }
 
-static void run_add(const struct job *j)
+static void run_act_bwd(const struct job *j)
+{
+	team_rows(j, j->u.act.n, 1, act_bwd_range);
+}
+
+static void add_range(const struct job *j, uint64_t i0, uint64_t i1)
 {
 	const float *x = j->u.add.x;
 	float *y = j->u.add.y;
 
-	for (uint64_t i = 0; i < j->u.add.n; i++)
+	for (uint64_t i = i0; i < i1; i++)
 		y[i] += x[i];
+}
+
+static void run_add(const struct job *j)
+{
+	team_rows(j, j->u.add.n, 1, add_range);
 }
 
 /* The lanes' tree over part (kernels_math.h): CUDA's order exactly. */
@@ -499,46 +566,69 @@ static void run_update(const struct job *j)
 	         update_piece, j);
 }
 
-static void run_fill(const struct job *j)
+static void fill_range(const struct job *j, uint64_t i0, uint64_t i1)
 {
 	float *x = j->u.fill.x;
 	float v = j->u.fill.v;
 
-	for (uint64_t i = 0; i < j->u.fill.n; i++)
+	for (uint64_t i = i0; i < i1; i++)
 		x[i] = v;
 }
 
-static void run_embed_fwd(const struct job *j)
+static void run_fill(const struct job *j)
+{
+	team_rows(j, j->u.fill.n, 1, fill_range);
+}
+
+static void embed_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	const float *table = j->u.tok.in;
 	float *out = j->u.tok.out;
 	size_t d = (size_t)j->u.tok.d;
 
-	for (uint64_t r = 0; r < j->u.tok.rows; r++) {
+	for (uint64_t r = r0; r < r1; r++) {
 		int64_t t = ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, j->u.tok.vocab);
 
-		for (size_t c = 0; c < d; c++)
-			out[r * d + c] = t >= 0 ? table[(size_t)t * d + c] : 0.0f;
+		if (t >= 0)
+			memcpy(out + r * d, table + (size_t)t * d, d * sizeof *out);
+		else
+			memset(out + r * d, 0, d * sizeof *out);
 	}
 }
 
-/* In row order, one column at a time as the CUDA kernel: the same adds. */
-static void run_embed_bwd(const struct job *j)
+static void run_embed_fwd(const struct job *j)
 {
+	team_rows(j, j->u.tok.rows, (uint64_t)j->u.tok.d, embed_fwd_range);
+}
+
+/* The scatter-add's pieces: blocks of EMBED_COLS columns, each zeroed and
+ * then summed in row order over every row, as the CUDA kernel's threads
+ * (one column each) sum: the same adds, whoever runs a block. */
+#define EMBED_COLS 64
+
+static void embed_bwd_piece(const void *arg, int64_t i)
+{
+	const struct job *j = arg;
 	const float *go = j->u.tok.in;
 	float *gt = j->u.tok.out;
-	size_t d = (size_t)j->u.tok.d;
+	size_t d = (size_t)j->u.tok.d, c0 = (size_t)i * EMBED_COLS;
+	size_t c1 = c0 + EMBED_COLS < d ? c0 + EMBED_COLS : d;
 
-	for (size_t i = 0; i < (size_t)j->u.tok.vocab * d; i++)
-		gt[i] = 0.0f;
+	for (size_t v = 0; v < (size_t)j->u.tok.vocab; v++)
+		memset(gt + v * d + c0, 0, (c1 - c0) * sizeof *gt);
 	for (uint64_t r = 0; r < j->u.tok.rows; r++) {
 		int64_t t = ts_m_token(j->u.tok.ids, j->u.tok.id_bytes, r, j->u.tok.vocab);
 
 		if (t < 0)
 			continue;
-		for (size_t c = 0; c < d; c++)
+		for (size_t c = c0; c < c1; c++)
 			gt[(size_t)t * d + c] += go[r * d + c];
 	}
+}
+
+static void run_embed_bwd(const struct job *j)
+{
+	ts__cpu_team_for(j->team, (j->u.tok.d + EMBED_COLS - 1) / EMBED_COLS, embed_bwd_piece, j);
 }
 
 /* The largest of x[0, n), as the fold max = fmaxf(max, x[c]) from -inf
@@ -645,13 +735,14 @@ static void run_xent(const struct job *j)
 		(out) = lanes_reduce(part_);                                          \
 	} while (0)
 
-static void run_ln_fwd(const struct job *j)
+HOT_LOOP_CLONES
+static void ln_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	const float *x = j->u.tf.a, *g = j->u.tf.b, *bias = j->u.tf.c;
 	float *y = j->u.tf.y, *stats = j->u.tf.y2;
 	int d = j->u.tf.n;
 
-	for (uint64_t r = 0; r < j->u.tf.rows; r++) {
+	for (uint64_t r = r0; r < r1; r++) {
 		const float *xr = x + r * (uint64_t)d;
 		float *yr = y + r * (uint64_t)d, mean, rstd;
 		double sum, var, m;
@@ -668,14 +759,20 @@ static void run_ln_fwd(const struct job *j)
 	}
 }
 
-static void run_ln_bwd(const struct job *j)
+static void run_ln_fwd(const struct job *j)
+{
+	team_rows(j, j->u.tf.rows, (uint64_t)j->u.tf.n, ln_fwd_range);
+}
+
+/* dx, row by row. */
+HOT_LOOP_CLONES
+static void ln_bwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	const float *x = j->u.tf.a, *g = j->u.tf.b, *stats = j->u.tf.c, *dy = j->u.tf.d;
-	float *dx = j->u.tf.y, *dg = j->u.tf.y2, *db = j->u.tf.y3;
+	float *dx = j->u.tf.y;
 	int d = j->u.tf.n;
-	uint64_t rows = j->u.tf.rows;
 
-	for (uint64_t r = 0; r < rows; r++) {
+	for (uint64_t r = r0; r < r1; r++) {
 		const float *xr = x + r * (uint64_t)d, *dyr = dy + r * (uint64_t)d;
 		float *dxr = dx + r * (uint64_t)d, mean = stats[2 * r], rstd = stats[2 * r + 1];
 		double s1, s2;
@@ -686,29 +783,51 @@ static void run_ln_bwd(const struct job *j)
 			dxr[c] = ts_m_ln_dx(ts_m_ln_dyg(dyr[c], g[c]), ts_m_ln_xhat(xr[c], mean, rstd), rstd, s1, s2,
 			                    d);
 	}
-	/* the parameters' gradients: per column, in row order (as CUDA's threads) */
-	for (int c = 0; c < d; c++) {
-		double sg = 0.0, sb = 0.0;
+}
 
-		for (uint64_t r = 0; r < rows; r++) {
-			float dyv = dy[r * (uint64_t)d + c];
-			float xh = ts_m_ln_xhat(x[r * (uint64_t)d + c], stats[2 * r], stats[2 * r + 1]);
+/* The pieces of a sum over rows per column (the LayerNorm's dg and db,
+ * sum_rows'): blocks of COL_BLOCK columns, each column summed in double
+ * in increasing row order (as CUDA's threads, one per column, sum it),
+ * walking the rows in memory order with a block of partial sums. */
+#define COL_BLOCK 64
 
-			sg += (double)dyv * (double)xh;
-			sb += (double)dyv;
+/* The parameters' gradients of columns [c0, c0 + COL_BLOCK) of d. */
+static void ln_bwd_cols(const void *arg, int64_t i)
+{
+	const struct job *j = arg;
+	const float *x = j->u.tf.a, *stats = j->u.tf.c, *dy = j->u.tf.d;
+	uint64_t d = (uint64_t)j->u.tf.n, c0 = (uint64_t)i * COL_BLOCK;
+	unsigned w = d - c0 < COL_BLOCK ? (unsigned)(d - c0) : COL_BLOCK;
+	double sg[COL_BLOCK] = {0}, sb[COL_BLOCK] = {0};
+
+	for (uint64_t r = 0; r < j->u.tf.rows; r++) {
+		const float *dyr = dy + r * d + c0, *xr = x + r * d + c0;
+		float mean = stats[2 * r], rstd = stats[2 * r + 1];
+
+		for (unsigned c = 0; c < w; c++) {
+			sg[c] += (double)dyr[c] * (double)ts_m_ln_xhat(xr[c], mean, rstd);
+			sb[c] += (double)dyr[c];
 		}
-		dg[c] = (float)sg;
-		db[c] = (float)sb;
+	}
+	for (unsigned c = 0; c < w; c++) {
+		j->u.tf.y2[c0 + c] = (float)sg[c];
+		j->u.tf.y3[c0 + c] = (float)sb[c];
 	}
 }
 
-static void run_add_rows(const struct job *j)
+static void run_ln_bwd(const struct job *j)
+{
+	team_rows(j, j->u.tf.rows, (uint64_t)j->u.tf.n, ln_bwd_range);
+	ts__cpu_team_for(j->team, (j->u.tf.n + COL_BLOCK - 1) / COL_BLOCK, ln_bwd_cols, j);
+}
+
+static void add_rows_range(const struct job *j, uint64_t r0, uint64_t r1)
 {
 	const float *x = j->u.tf.a;
 	float *y = j->u.tf.y;
 	uint64_t n = (uint64_t)j->u.tf.n, period = j->u.tf.period;
 
-	for (uint64_t r = 0; r < j->u.tf.rows; r++) {
+	for (uint64_t r = r0; r < r1; r++) {
 		const float *xr = x + (r % period) * n;
 		float *yr = y + r * n;
 
@@ -717,37 +836,65 @@ static void run_add_rows(const struct job *j)
 	}
 }
 
-/* Each column of each period's row, summed in double in increasing r. */
+static void run_add_rows(const struct job *j)
+{
+	team_rows(j, j->u.tf.rows, (uint64_t)j->u.tf.n, add_rows_range);
+}
+
+/* Output row p's columns [c0, c0 + COL_BLOCK), piece p * blocks + block:
+ * each summed in double in increasing r. */
+static void sum_rows_piece(const void *arg, int64_t i)
+{
+	const struct job *j = arg;
+	const float *dy = j->u.tf.a;
+	uint64_t n = (uint64_t)j->u.tf.n, period = j->u.tf.period, rows = j->u.tf.rows;
+	uint64_t blocks = (n + COL_BLOCK - 1) / COL_BLOCK;
+	uint64_t p = (uint64_t)i / blocks, c0 = (uint64_t)i % blocks * COL_BLOCK;
+	unsigned w = n - c0 < COL_BLOCK ? (unsigned)(n - c0) : COL_BLOCK;
+	double s[COL_BLOCK] = {0};
+
+	for (uint64_t r = p; r < rows; r += period)
+		for (unsigned c = 0; c < w; c++)
+			s[c] += (double)dy[r * n + c0 + c];
+	for (unsigned c = 0; c < w; c++)
+		j->u.tf.y[p * n + c0 + c] = (float)s[c];
+}
+
 static void run_sum_rows(const struct job *j)
 {
-	const float *dy = j->u.tf.a;
+	uint64_t blocks = ((uint64_t)j->u.tf.n + COL_BLOCK - 1) / COL_BLOCK;
+
+	ts__cpu_team_for(j->team, (int64_t)(j->u.tf.period * blocks), sum_rows_piece, j);
+}
+
+/* Rows (b, t) of the [B, T, P, H, hd] side: each head's hd floats of a
+ * row are contiguous on both sides (ts_m_heads_index's places), copied
+ * whole. */
+static void heads_range(const struct job *j, uint64_t r0, uint64_t r1)
+{
+	uint64_t B = (uint64_t)j->u.tf.B, T = (uint64_t)j->u.tf.T, P = (uint64_t)j->u.tf.P;
+	uint64_t H = (uint64_t)j->u.tf.H, hd = (uint64_t)j->u.tf.hd;
+	const float *in = j->u.tf.a;
 	float *out = j->u.tf.y;
-	uint64_t n = (uint64_t)j->u.tf.n, period = j->u.tf.period, rows = j->u.tf.rows;
 
-	for (uint64_t p = 0; p < period; p++)
-		for (uint64_t c = 0; c < n; c++) {
-			double s = 0.0;
+	for (uint64_t r = r0; r < r1; r++)
+		for (uint64_t ph = 0; ph < P * H; ph++) {
+			uint64_t i = (r * P * H + ph) * hd;
+			uint64_t o = ts_m_heads_index(i, B, T, P, H, hd);
 
-			for (uint64_t r = p; r < rows; r += period)
-				s += (double)dy[r * n + c];
-			out[p * n + c] = (float)s;
+			if (j->u.tf.to_heads)
+				memcpy(out + o, in + i, hd * sizeof *out);
+			else
+				memcpy(out + i, in + o, hd * sizeof *out);
 		}
 }
 
 static void run_heads(const struct job *j)
 {
-	uint64_t B = (uint64_t)j->u.tf.B, T = (uint64_t)j->u.tf.T, P = (uint64_t)j->u.tf.P;
-	uint64_t H = (uint64_t)j->u.tf.H, hd = (uint64_t)j->u.tf.hd, n = B * T * P * H * hd;
-	const float *in = j->u.tf.a;
-	float *out = j->u.tf.y;
+	uint64_t rows = (uint64_t)j->u.tf.B * (uint64_t)j->u.tf.T;
 
-	if (j->u.tf.to_heads) {
-		for (uint64_t i = 0; i < n; i++)
-			out[ts_m_heads_index(i, B, T, P, H, hd)] = in[i];
-	} else {
-		for (uint64_t i = 0; i < n; i++)
-			out[i] = in[ts_m_heads_index(i, B, T, P, H, hd)];
-	}
+	team_rows(j, rows, (uint64_t)j->u.tf.P * (uint64_t)j->u.tf.H * (uint64_t)j->u.tf.hd,
+	          heads_range);
 }
 
 /* The products of a batch and their tiles shared by the team. */
@@ -779,13 +926,20 @@ static void run_gemm_batched_lp(const struct job *j)
 	}
 }
 
-/* Row i of a T x T block of scores attends to columns 0..i. */
-static void run_softmax_fwd(const struct job *j)
-{
-	uint64_t T = (uint64_t)j->u.tf.n, rows = j->u.tf.rows;
-	float scale = j->u.tf.scale;
+/* The longest row whose terms exp(x - max) a piece keeps (on its stack)
+ * from the sum to the probabilities; a longer row computes them twice (the
+ * same bits both times). */
+#define SOFTMAX_KEEP 1024
 
-	for (uint64_t r = 0; r < rows; r++) {
+/* Row i of a T x T block of scores attends to columns 0..i. */
+HOT_LOOP_CLONES
+static void softmax_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
+{
+	uint64_t T = (uint64_t)j->u.tf.n;
+	float scale = j->u.tf.scale;
+	double e[SOFTMAX_KEEP];
+
+	for (uint64_t r = r0; r < r1; r++) {
 		const float *sr = j->u.tf.a + r * T;
 		float *pr = j->u.tf.y + r * T, max = -INFINITY;
 		uint64_t len = r % T + 1;
@@ -796,18 +950,33 @@ static void run_softmax_fwd(const struct job *j)
 
 			max = v > max ? v : max;
 		}
-		LANES_SUM(sum, len, ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max));
-		for (uint64_t c = 0; c < T; c++)
-			pr[c] = c < len ? (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max) / sum)
-			                : 0.0f;
+		if (len <= SOFTMAX_KEEP) {
+			for (uint64_t c = 0; c < len; c++)
+				e[c] = ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max);
+			LANES_SUM(sum, len, e[c]);
+			for (uint64_t c = 0; c < len; c++)
+				pr[c] = (float)(e[c] / sum);
+		} else {
+			LANES_SUM(sum, len, ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max));
+			for (uint64_t c = 0; c < len; c++)
+				pr[c] = (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max) / sum);
+		}
+		for (uint64_t c = len; c < T; c++)
+			pr[c] = 0.0f;
 	}
 }
 
-static void run_softmax_bwd(const struct job *j)
+static void run_softmax_fwd(const struct job *j)
 {
-	uint64_t T = (uint64_t)j->u.tf.n, rows = j->u.tf.rows;
+	team_rows(j, j->u.tf.rows, (uint64_t)j->u.tf.n, softmax_fwd_range);
+}
 
-	for (uint64_t r = 0; r < rows; r++) {
+HOT_LOOP_CLONES
+static void softmax_bwd_range(const struct job *j, uint64_t r0, uint64_t r1)
+{
+	uint64_t T = (uint64_t)j->u.tf.n;
+
+	for (uint64_t r = r0; r < r1; r++) {
 		const float *pr = j->u.tf.a + r * T, *dpr = j->u.tf.b + r * T;
 		float *dsr = j->u.tf.y + r * T;
 		uint64_t len = r % T + 1;
@@ -817,6 +986,11 @@ static void run_softmax_bwd(const struct job *j)
 		for (uint64_t c = 0; c < T; c++)
 			dsr[c] = c < len ? ts_m_att_grad(pr[c], dpr[c], pdp, j->u.tf.scale) : 0.0f;
 	}
+}
+
+static void run_softmax_bwd(const struct job *j)
+{
+	team_rows(j, j->u.tf.rows, (uint64_t)j->u.tf.n, softmax_bwd_range);
 }
 
 /* ---- enqueueing ------------------------------------------------------------ */
@@ -1078,11 +1252,11 @@ static ts_status cpu_fill(void *impl, struct ts_queue *q, float *x, float v, uin
 	                err);
 }
 
-static ts_status cpu_tok(job_fn run, struct ts_queue *q, const float *in, const void *ids,
+static ts_status cpu_tok(void *impl, job_fn run, struct ts_queue *q, const float *in, const void *ids,
                          int id_bytes, uint64_t rows, int vocab, int d, float *out, float *loss,
                          struct ts_error *err)
 {
-	return job_post(NULL, q, &(struct job){.run = run,
+	return job_post(impl, q, &(struct job){.run = run,
 	                                 .u.tok = {.in = in, .ids = ids, .id_bytes = id_bytes,
 	                                           .rows = rows, .vocab = vocab, .d = d, .out = out,
 	                                           .loss = loss}},
@@ -1093,14 +1267,14 @@ static ts_status cpu_embed_fwd(void *impl, struct ts_queue *q, const float *tabl
                                int d, const void *ids, int id_bytes, uint64_t rows, float *out,
                                struct ts_error *err)
 {
-	return cpu_tok(run_embed_fwd, q, table, ids, id_bytes, rows, vocab, d, out, NULL, err);
+	return cpu_tok(impl, run_embed_fwd, q, table, ids, id_bytes, rows, vocab, d, out, NULL, err);
 }
 
 static ts_status cpu_embed_bwd(void *impl, struct ts_queue *q, const void *ids, int id_bytes,
                                uint64_t rows, int vocab, int d, const float *grad_out,
                                float *grad_table, struct ts_error *err)
 {
-	return cpu_tok(run_embed_bwd, q, grad_out, ids, id_bytes, rows, vocab, d, grad_table, NULL,
+	return cpu_tok(impl, run_embed_bwd, q, grad_out, ids, id_bytes, rows, vocab, d, grad_table, NULL,
 	               err);
 }
 

@@ -17,7 +17,11 @@
 #   dns        --peers-dns over the namespace's hosts file
 #              (/etc/netns/NAME/hosts): the peers follow the name's records,
 #              and a record removed leaves the list at the next resolution;
-#   tickets    a ticket of the fleet port is issued only with the token.
+#   tickets    a ticket of the fleet port is issued only with the token;
+#   copies     an array copied to another host over UCX into every memory
+#              kind arrives byte for byte; a :put moves it; the receives'
+#              staging is freed; the destination killed mid-copy fails the
+#              operation, naming it, and leaves the source's version.
 #
 # Needs root (ip netns) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
@@ -287,6 +291,69 @@ if [ "$code" = 401 ] && [ "$(jq -r '.ticket | length' <<<"$body")" = 64 ]; then
 	ok "a fleet ticket: 401 without the token, 64 hex digits with it"
 else
 	fail "fleet tickets: $code without the token; with it: $body"
+fi
+
+# ---- copies: an array of h1's to h2 and h3 over UCX, across the links -------------
+# h1 was restarted with --peers-dns, now naming h2 only; h2 and h3 name everyone
+head -c $((8 << 20)) /dev/urandom >"$tmp/x.raw"
+want_sum=$(sha256sum <"$tmp/x.raw" | cut -d' ' -f1)
+up=$(api h2 '/v1/arrays/x?dtype=uint8&shape=8388608&memory_kind=pinned_host' -X PUT \
+	--data-binary @"$tmp/x.raw" -o /dev/null -w '%{http_code}')
+[ "$up" = 201 ] || fail "upload of x to h2: $up"
+for kind in device pinned_host unpinned_host; do
+	res=$(api h2 '/v1/arrays/x:copy?wait=true' -X POST --max-time 60 \
+		-d "{\"out\": \"x-$kind\", \"host\": \"h3\", \"device\": \"sim:0\", \"memory_kind\": \"$kind\"}")
+	got=$(api h3 "/v1/arrays/x-$kind/data" | sha256sum | cut -d' ' -f1)
+	placed=$(api h3 "/v1/arrays/x-$kind" | jq -r '[.sharding.device // .device, .sharding.memory_kind // .memory_kind] | join("/")')
+	if [ "$got" = "$want_sum" ] && [ "$placed" = "sim:0/$kind" ]; then
+		ok "copy h2 -> h3 as sim:0/$kind: 8 MiB byte for byte across the link"
+	else
+		fail "copy h2 -> h3 as $kind: $(jq -c '.error // .done' <<<"$res" 2>/dev/null), placed $placed, sha $got"
+	fi
+done
+# a :put moves it: there once, gone here
+res=$(api h2 '/v1/arrays/x:put?wait=true' -X POST --max-time 60 \
+	-d '{"host": "h1", "device": "sim:0", "memory_kind": "pinned_host"}')
+got=$(api h1 /v1/arrays/x/data | sha256sum | cut -d' ' -f1)
+gone=$(inns h2 curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $token" \
+	"http://$(addr h2):$port/v1/arrays/x")
+if [ "$got" = "$want_sum" ] && [ "$gone" = 404 ]; then
+	ok ":put h2 -> h1: the array arrived whole and left h2"
+else
+	fail ":put h2 -> h1: sha $got there, $gone here ($(jq -c '.error // .done' <<<"$res" 2>/dev/null))"
+fi
+# nothing of the receives stays on h3: its unpinned_host pool holds the one
+# array copied there, no staging
+staged=$(inns h3 curl -s "http://$(addr h3):$port/metrics" |
+	awk '/^tstage_pool_in_use_bytes\{.*pool="host\/unpinned_host"/ { print $2 }')
+if [ "${staged%.*}" = $((8 << 20)) ]; then
+	ok "h3's unpinned_host pool holds exactly the array copied there (staging freed)"
+else
+	fail "h3's unpinned_host pool holds $staged bytes, want $((8 << 20))"
+fi
+# the destination killed mid-copy: the operation fails naming it, the
+# source keeps its version
+api h1 '/v1/arrays/big?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
+	--data-binary @<(head -c $((64 << 20)) /dev/urandom) -o /dev/null
+etag=$(api h1 /v1/arrays/big | jq -r .etag)
+op=$(api h1 '/v1/arrays/big:copy' -X POST \
+	-d '{"out": "big", "host": "h2", "memory_kind": "unpinned_host"}' | jq -r .name)
+sleep 0.3
+kill -KILL "${pid[h2]}"
+wait "${pid[h2]}" 2>/dev/null || true
+unset "pid[h2]"
+op_done() {
+	[ "$(api h1 "/v1/$op" | jq -r .done)" = true ]
+}
+if until_s 90 op_done; then
+	state=$(api h1 "/v1/$op" | jq -r '[.metadata.state, .error.message] | join(": ")')
+	if [[ $state == FAILED:*h2* ]] && [ "$(api h1 /v1/arrays/big | jq -r .etag)" = "$etag" ]; then
+		ok "destination killed mid-copy: $state; the source's version unchanged"
+	else
+		fail "destination killed mid-copy: $state (want FAILED naming h2, source ETag kept)"
+	fi
+else
+	fail "destination killed mid-copy: $op not done after 90 s"
 fi
 
 for h in "${!pid[@]}"; do

@@ -695,11 +695,400 @@ START_TEST(test_fleet_port_off_and_taken)
 }
 END_TEST
 
+
+/* ---- cross-node copies ---------------------------------------------------- */
+
+/* POST path (body JSON text or NULL) with the token: the answer in r. */
+static void post_auth(struct th_daemon *d, const char *path, const char *body,
+                      struct th_response *r)
+{
+	const char *h[] = {auth[0], "Content-Type: application/json", NULL};
+
+	th_request(d, "POST", path, h, body, body ? strlen(body) : 0, r);
+}
+
+/* GET path with the token: its body (caller frees), which must be a 200. */
+static char *get_bytes_auth(struct th_daemon *d, const char *path, size_t *n)
+{
+	struct th_response r;
+	char *out;
+
+	th_request(d, "GET", path, auth, NULL, 0, &r);
+	ck_assert_msg(r.status == 200, "GET %s: %ld", path, r.status);
+	out = malloc(r.body_len + 1);
+	ck_assert_ptr_nonnull(out);
+	memcpy(out, r.body, r.body_len);
+	*n = r.body_len;
+	th_response_free(&r);
+	return out;
+}
+
+/* Uploads n floats (a deterministic pattern) as name on d, shape rows x cols. */
+static float *put_pattern(struct th_daemon *d, const char *name, size_t rows, size_t cols,
+                          const char *where)
+{
+	float *x = malloc(rows * cols * sizeof *x);
+	char *path;
+	struct th_response r;
+	const char *h[] = {auth[0], "Content-Type: application/octet-stream", NULL};
+
+	ck_assert_ptr_nonnull(x);
+	for (size_t i = 0; i < rows * cols; i++)
+		x[i] = (float)((i * 2654435761u) % 100003u) / 977.0f - 50.0f;
+	path = th_fmt("/v1/arrays/%s?dtype=float32&shape=%zu,%zu%s", name, rows, cols,
+	              where ? where : "");
+	th_request(d, "PUT", path, h, (const char *)x, rows * cols * sizeof *x, &r);
+	ck_assert_msg(r.status == 200 || r.status == 201, "PUT %s: %ld %s", path, r.status, r.body);
+	th_response_free(&r);
+	free(path);
+	return x;
+}
+
+/* Bytes in use in d's unpinned_host spaces (the receives' staging). */
+static double unpinned_in_use(struct th_daemon *d)
+{
+	size_t n;
+	char *text = get_bytes_auth(d, "/metrics", &n), *save = NULL, *line;
+	double sum = 0;
+
+	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *sp = strrchr(line, ' ');
+
+		if (strncmp(line, "tstage_memory_in_use_bytes{", 27) == 0 && sp &&
+		    strstr(line, "memory_kind=\"unpinned_host\""))
+			sum += strtod(sp + 1, NULL);
+	}
+	free(text);
+	return sum;
+}
+
+/* Polls operation id on d until it is final: the operation (new reference). */
+static json_t *await_op(struct th_daemon *d, const char *id, int ms)
+{
+	double start = now_ms();
+
+	for (;;) {
+		char *path = th_fmt("/v1/operations/%s", id);
+		json_t *op = get_auth(d, path);
+
+		free(path);
+		if (th_op_terminal(json_string_value(th_op_meta(op, "state"))))
+			return op;
+		json_decref(op);
+		ck_assert_msg(now_ms() - start < ms, "operation %s not final after %d ms", id, ms);
+		usleep(20000);
+	}
+}
+
+/* A float32 array copied to another node arrives byte for byte where the
+ * request placed it; a conversion to bfloat16 there equals the local
+ * :copy's; a :put moves it (the source goes only once it is there); an
+ * unknown host is 404 naming it, an existing "out" 409 unless overwrite. */
+START_TEST(test_cross_node_copy)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char tokens[2][512], *got, *want;
+	struct th_response r;
+	json_t *o, *res;
+	size_t rows = 1536, cols = 1024, n, m;   /* 6 MiB: two chunks */
+	float *x;
+
+	free_port_pairs(ports, 2);
+	same_tokens(tokens, 2);
+	start_fleet(d, 2, ports, tokens);
+	json_decref(await_node(&d[0], ports[1], true));
+	x = put_pattern(&d[0], "x", rows, cols, NULL);
+
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"y\", \"host\": \"node1\", \"device\": \"sim:1\", "
+	          "\"memory_kind\": \"pinned_host\"}", &r);
+	ck_assert_msg(r.status == 200, "copy: %ld %s", r.status, r.body);
+	res = th_json(&r);
+	ck_assert_str_eq(th_str(res, "host"), "node1");
+	ck_assert_str_eq(th_str(th_obj(th_obj(res, "array"), "sharding"), "device"), "sim:1");
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/y");
+	ck_assert_str_eq(th_str(th_obj(o, "sharding"), "device"), "sim:1");
+	ck_assert_str_eq(th_str(th_obj(o, "sharding"), "memory_kind"), "pinned_host");
+	ck_assert_str_eq(th_str(o, "dtype"), "float32");
+	json_decref(o);
+	got = get_bytes_auth(&d[1], "/v1/arrays/y/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+
+	/* a sharding there: split over both of its devices, the same bytes */
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"ys\", \"host\": \"node1\", \"sharding\": {\"mesh\": "
+	          "{\"devices\": [\"sim:0\", \"sim:1\"], \"axis_names\": [\"x\"], \"shape\": [2]}, "
+	          "\"spec\": [\"x\", null], \"memory_kind\": \"device\"}}", &r);
+	ck_assert_msg(r.status == 200, "sharded copy: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/ys");
+	ck_assert_int_eq(json_array_size(th_arr(o, "shards")), 2);
+	ck_assert_str_eq(th_str(json_array_get(th_arr(o, "shards"), 1), "device"), "sim:1");
+	json_decref(o);
+	got = get_bytes_auth(&d[1], "/v1/arrays/ys/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+
+	/* a conversion on the way equals the local one */
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"yb\", \"host\": \"node1\", \"dtype\": \"bfloat16\"}", &r);
+	ck_assert_msg(r.status == 200, "copy: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true", "{\"out\": \"xb\", \"dtype\": \"bfloat16\"}",
+	          &r);
+	ck_assert_msg(r.status == 200, "local copy: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	got = get_bytes_auth(&d[1], "/v1/arrays/yb/data", &n);
+	want = get_bytes_auth(&d[0], "/v1/arrays/xb/data", &m);
+	ck_assert_int_eq(n, rows * cols * 2);
+	ck_assert_int_eq(n, m);
+	ck_assert(memcmp(got, want, n) == 0);
+	free(got);
+	free(want);
+
+	/* refusals: an unknown host, an existing name, a bad field there */
+	post_auth(&d[0], "/v1/arrays/x:copy", "{\"out\": \"y\", \"host\": \"node9\"}", &r);
+	th_expect_error(&r, "unknown host", 404, "NOT_FOUND", "HOST_NOT_FOUND", "node9", NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true", "{\"out\": \"y\", \"host\": \"node1\"}", &r);
+	th_expect_error(&r, "existing out", 409, "ALREADY_EXISTS", NULL, "node1", "overwrite");
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"y\", \"host\": \"node1\", \"overwrite\": true, "
+	          "\"memory_kind\": \"pinned_host\", \"device\": \"sim:7\"}", &r);
+	th_expect_error(&r, "bad device there", 400, "INVALID_ARGUMENT", NULL, "sim:7", NULL);
+
+	/* an empty array arrives as one */
+	th_request(&d[0], "PUT", "/v1/arrays/e?dtype=float32&shape=0,4",
+	           (const char *const[]){auth[0], "Content-Type: application/octet-stream", NULL},
+	           "", 0, &r);
+	ck_assert_msg(r.status == 200 || r.status == 201, "PUT e: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	post_auth(&d[0], "/v1/arrays/e:copy?wait=true", "{\"out\": \"e\", \"host\": \"node1\"}",
+	          &r);
+	ck_assert_msg(r.status == 200, "copy e: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/e");
+	ck_assert_int_eq(th_int(o, "nbytes"), 0);
+	json_decref(o);
+
+	/* a :put moves it: there, and gone here */
+	post_auth(&d[0], "/v1/arrays/x:put?wait=true", "{\"host\": \"node1\"}", &r);
+	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	got = get_bytes_auth(&d[1], "/v1/arrays/x/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+	th_request(&d[0], "GET", "/v1/arrays/x", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+	free(x);
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
+/* A receive checks its request before anything is allocated; its staging
+ * memory counts while it is open, and an abort or its deadline gives it
+ * back, leaving no array; a commit after that is 404. */
+START_TEST(test_receive_expires_and_aborts)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char tokens[2][512], *path;
+	struct th_response r;
+	json_t *o;
+	double base, open;
+
+	free_port_pairs(ports, 2);
+	same_tokens(tokens, 2);
+	start_fleet(d, 2, ports, tokens);
+	base = unpinned_in_use(&d[1]);
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], \"oops\": 1}", &r);
+	th_expect_error(&r, "unknown field", 400, "INVALID_ARGUMENT", NULL, "oops", NULL);
+	post_auth(&d[1], "/v1/fleet:receive", "{\"out\": \"r\", \"dtype\": \"float32\"}", &r);
+	th_expect_error(&r, "no shape", 400, "INVALID_ARGUMENT", NULL, "shape", NULL);
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 1024, 1024]}", &r);
+	th_expect_error(&r, "too big", 429, "RESOURCE_EXHAUSTED", NULL, NULL, NULL);
+	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(20000))
+		ck_assert_msg(now_ms() - t0 < 2000, "a refused receive's memory is still held");
+
+	/* one that expires */
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], "
+	          "\"timeout_seconds\": 1}", &r);
+	ck_assert_msg(r.status == 201, "receive: %ld %s", r.status, r.body);
+	o = json_incref(th_json(&r));
+	th_response_free(&r);
+	ck_assert_int_eq(th_int(o, "length"), 1024 * 256 * 4);
+	ck_assert_int_eq(strlen(th_str(o, "ticket")), 64);
+	ck_assert_int_eq(th_int(o, "fleet_port"), ports[1] + 1);
+	ck_assert(strlen(th_str(o, "rkey")) > 0);
+	open = unpinned_in_use(&d[1]);
+	ck_assert_msg(open >= base + 1024 * 256 * 4, "staging not counted: %.0f -> %.0f", base, open);
+	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
+		ck_assert_msg(now_ms() - t0 < 5000, "the receive's memory is still held");
+	path = th_fmt("/v1/fleet/receives/%s:commit", th_str(o, "id"));
+	post_auth(&d[1], path, NULL, &r);
+	th_expect_error(&r, "late commit", 404, "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
+	free(path);
+	json_decref(o);
+	th_request(&d[1], "GET", "/v1/arrays/r", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+
+	/* one aborted */
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"bfloat16\", \"source_dtype\": \"float32\", "
+	          "\"shape\": [1024, 256], \"memory_kind\": \"pinned_host\"}", &r);
+	ck_assert_msg(r.status == 201, "receive: %ld %s", r.status, r.body);
+	o = json_incref(th_json(&r));
+	th_response_free(&r);
+	ck_assert(unpinned_in_use(&d[1]) > base);
+	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(o, "id"));
+	post_auth(&d[1], path, NULL, &r);
+	ck_assert_int_eq(r.status, 200);
+	th_response_free(&r);
+	/* freed once the fleet port has closed its endpoint (none here) */
+	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(20000))
+		ck_assert_msg(now_ms() - t0 < 2000, "the aborted receive's memory is still held");
+	post_auth(&d[1], path, NULL, &r);
+	th_expect_error(&r, "second abort", 404, "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
+	free(path);
+	json_decref(o);
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
+/* The destination killed in the middle of a copy: the operation fails
+ * naming the peer, and the source array is as it was (same version, same
+ * bytes); a :put to it leaves the source in place. */
+START_TEST(test_destination_killed_mid_copy)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char tokens[2][512], id[64], *got, *path;
+	struct th_response r;
+	json_t *o, *before, *after;
+	size_t rows = 16384, cols = 4096, n;    /* 256 MiB */
+	float *x;
+	const char *msg;
+
+	free_port_pairs(ports, 2);
+	same_tokens(tokens, 2);
+	start_fleet(d, 2, ports, tokens);
+	json_decref(await_node(&d[0], ports[1], true));
+	x = put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host");
+	before = get_auth(&d[0], "/v1/arrays/big");
+	post_auth(&d[0], "/v1/arrays/big:put", "{\"host\": \"node1\"}", &r);
+	ck_assert_msg(r.status == 202, "put: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	/* wait for the first bytes to land, then kill the destination */
+	for (double t0 = now_ms();; usleep(1000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+	th_daemon_signal(&d[1], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
+	o = await_op(&d[0], id, 60000);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "FAILED");
+	msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+	ck_assert_msg(msg && strstr(msg, "node1"), "message: %s", msg ? msg : "(none)");
+	json_decref(o);
+	/* once the fleet view says so, a copy to it is refused at once, named */
+	json_decref(await_node(&d[0], ports[1], false));
+	post_auth(&d[0], "/v1/arrays/big:copy", "{\"out\": \"b2\", \"host\": \"node1\"}", &r);
+	th_expect_error(&r, "unreachable host", 503, "UNAVAILABLE", "PEER_UNREACHABLE", "node1",
+	                NULL);
+	after = get_auth(&d[0], "/v1/arrays/big");
+	ck_assert_str_eq(th_str(after, "etag"), th_str(before, "etag"));
+	got = get_bytes_auth(&d[0], "/v1/arrays/big/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+	free(x);
+	json_decref(before);
+	json_decref(after);
+	th_daemon_stop_ok(&d[0]);
+	th_daemon_stop(&d[1], false);   /* the killed daemon's client and files */
+}
+END_TEST
+
+/* A cross-node copy cancelled in the middle ends CANCELLED; the receive is
+ * aborted there (its staging and destination memory back, no array). */
+START_TEST(test_cross_node_copy_cancelled)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char tokens[2][512], id[64], *path;
+	struct th_response r;
+	json_t *o;
+	size_t rows = 16384, cols = 4096;    /* 256 MiB */
+	double base;
+
+	free_port_pairs(ports, 2);
+	same_tokens(tokens, 2);
+	start_fleet(d, 2, ports, tokens);
+	json_decref(await_node(&d[0], ports[1], true));
+	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
+	base = unpinned_in_use(&d[1]);
+	post_auth(&d[0], "/v1/arrays/big:copy",
+	          "{\"out\": \"c\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 202, "copy: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	for (double t0 = now_ms();; usleep(1000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+	path = th_fmt("/v1/operations/%s:cancel", id);
+	post_auth(&d[0], path, NULL, &r);
+	ck_assert_msg(r.status == 200, "cancel: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	free(path);
+	o = await_op(&d[0], id, 60000);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "CANCELLED");
+	json_decref(o);
+	th_request(&d[1], "GET", "/v1/arrays/c", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
+		ck_assert_msg(now_ms() - t0 < 5000, "the aborted receive's memory is still held");
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
 	TCase *view = tcase_create("view"), *faults = tcase_create("faults");
 	TCase *flags = tcase_create("flags"), *port = tcase_create("port");
+	TCase *copy = tcase_create("copy");
 
 	tcase_set_timeout(view, 120);
 	tcase_set_timeout(faults, 120);
@@ -708,6 +1097,7 @@ Suite *th_suite(void)
 	tcase_add_test(view, test_peers_from_dns);
 	tcase_add_test(faults, test_stopped_and_killed_peers);
 	tcase_add_test(faults, test_peer_with_another_token);
+	tcase_set_timeout(flags, 60);   /* seven daemon starts, slow under sanitizers */
 	tcase_add_test(flags, test_bad_peers_refused_at_start);
 	suite_add_tcase(s, view);
 	suite_add_tcase(s, faults);
@@ -716,5 +1106,11 @@ Suite *th_suite(void)
 	tcase_add_test(port, test_fleet_port_off_and_taken);
 	suite_add_tcase(s, flags);
 	suite_add_tcase(s, port);
+	tcase_set_timeout(copy, 240);
+	tcase_add_test(copy, test_cross_node_copy);
+	tcase_add_test(copy, test_receive_expires_and_aborts);
+	tcase_add_test(copy, test_destination_killed_mid_copy);
+	tcase_add_test(copy, test_cross_node_copy_cancelled);
+	suite_add_tcase(s, copy);
 	return s;
 }

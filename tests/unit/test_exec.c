@@ -17,6 +17,7 @@
 #include <check.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2027,6 +2028,89 @@ START_TEST(test_gpt_every_policy_same_results)
 }
 END_TEST
 
+/*
+ * A GPT wide enough that the CPU kernels cut every row-wise kernel into
+ * several pieces for their team (kernels_cpu.c: about 8Ki elements, 64
+ * columns or 1/8 of a cross-entropy's rows each): 2 blocks of width 128
+ * with 4 heads and an MLP of 512, windows of 32 tokens, vocab 300,
+ * batches of 8 windows (256 rows).
+ */
+static const struct ts_mlp team_gpt = {.layers = 2, .d_model = 128, .d_hidden = 512,
+                                       .act = TS_ACT_GELU, .loss = TS_LOSS_XENT,
+                                       .vocab = 300, .id_bytes = 4, .gpt = true, .heads = 4,
+                                       .context = 32};
+
+/* Kernels made while this thread may run only on the first `cpus` CPUs
+ * of its affinity (their team: one thread per CPU, cpu_team.h); NULL when
+ * it has fewer. */
+static struct ts_kernels *kernels_on_cpus(int cpus)
+{
+	cpu_set_t all, some;
+	struct ts_kernels *k = NULL;
+
+	ck_assert_int_eq(sched_getaffinity(0, sizeof all, &all), 0);
+	if (CPU_COUNT(&all) < cpus)
+		return NULL;
+	CPU_ZERO(&some);
+	for (int c = 0, n = 0; c < CPU_SETSIZE && n < cpus; c++)
+		if (CPU_ISSET(c, &all)) {
+			CPU_SET(c, &some);
+			n++;
+		}
+	ck_assert_int_eq(sched_setaffinity(0, sizeof some, &some), 0);
+	OK(ts_kernels_new(dev, &k, &err));
+	ck_assert_int_eq(sched_setaffinity(0, sizeof all, &all), 0);
+	return k;
+}
+
+/* Three AdamW steps (with clipping) of team_gpt on kernels whose team has
+ * one thread, two threads, and one per CPU (the fixture's): the losses,
+ * weights and moments are the same bits, whichever thread ran which piece
+ * of a kernel. On a single CPU only the one-thread run is possible. */
+START_TEST(test_gpt_same_bits_whatever_the_team)
+{
+	const struct ts_optimizer adamw = {.type = TS_OPT_ADAM, .adamw = true, .weight_decay = 0.1f,
+	                                   .learning_rate = 1e-2f, .b1 = 0.9f, .b2 = 0.999f,
+	                                   .eps = 1e-8f, .clip_global_norm = 0.5f};
+	struct ts_policy pol = gpt_policy(0);
+	struct ts_kernels *teams[3] = {kernels_on_cpus(1), kernels_on_cpus(2), kern};
+	struct job ref;
+	float ref_loss[3];
+
+	ck_assert_ptr_nonnull(teams[0]);
+	for (int t = 0; t < 3; t++) {
+		struct ts_exec_result r;
+		struct job j;
+
+		if (!teams[t])
+			continue;
+		env.kernels = teams[t];
+		job_new(&team_gpt, &adamw, 8 * team_gpt.context, &pol, 23, &j);
+		for (int step = 1; step <= 3; step++) {
+			job_run(&j, step, &r);
+			if (t == 0)
+				ref_loss[step - 1] = r.loss;
+			else
+				same_loss(r.loss, ref_loss[step - 1], "team");
+		}
+		env.kernels = kern;
+		if (t == 0) {
+			ck_assert_msg(ref_loss[2] < ref_loss[0], "loss %.6g -> %.6g", ref_loss[0],
+			              ref_loss[2]);
+			ref = j;
+			continue;
+		}
+		for (int p = 0; p < TS_GPT_NPARAMS; p++)
+			for (int kind = 0; kind < 3; kind++)
+				same_values(&j, &ref, ts_gpt_role(kind, p), "team");
+		job_free(&j);
+	}
+	job_free(&ref);
+	ts_kernels_free(teams[0]);
+	ts_kernels_free(teams[1]);
+}
+END_TEST
+
 /* A bfloat16 GPT: every product of its plan - the projections, the tied
  * head and the attention's batched ones - runs on rounded operands (no
  * float32 GEMM is left), a few policies spanning every choice give the
@@ -2616,6 +2700,8 @@ Suite *ts_unit_suite(void)
 	add_tokens(tc);
 	add_lowp(tc);
 	add_gpt(tc);
+	/* the CPU kernels' team */
+	tcase_add_test(tc, test_gpt_same_bits_whatever_the_team);
 	add_accumulate(tc);
 	add_gpt_accumulate(tc);
 	/* fault injection exists on sim only */

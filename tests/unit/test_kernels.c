@@ -2555,8 +2555,9 @@ END_TEST
  * OpenBLAS to one thread): the same bits, with operands at any offset, as
  * tiles cut along the output's rows and columns only sum each element as
  * the whole call does. Shapes: edges that are multiples of the tiles' 64
- * and not, K inside and past OpenBLAS's K blocks, and one batch whose
- * products are cut too. */
+ * and not, K inside and past OpenBLAS's K blocks, one batch whose
+ * products are cut too, and a wide output over a short K (a tied LM
+ * head's proportions), cut along both. */
 static void tiles_case(bool ta, bool tb, int M, int N, int K, int batch, float beta, int shift,
                        unsigned seed)
 {
@@ -2602,7 +2603,8 @@ START_TEST(test_gemm_tiles_same_bits_as_one_call)
 {
 	static const int shapes[][4] = {{256, 1024, 256, 1}, {300, 1000, 777, 1},
 	                                {130, 700, 513, 1}, {333, 257, 1500, 1},
-	                                {2048, 256, 64, 1}, {256, 256, 64, 3}};
+	                                {2048, 256, 64, 1}, {256, 256, 64, 3},
+	                                {512, 2048, 256, 1}};
 
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 		for (int t = 0; t < 4; t++)

@@ -3,8 +3,10 @@ with its host and devices; a peer that is gone is listed unreachable with the
 reason; scope="local" is the answering node alone, another scope is refused."""
 from __future__ import annotations
 
+import socket
 import time
 
+import numpy as np
 import pytest
 
 import tstage
@@ -43,6 +45,38 @@ def test_fleet_lists_peers_and_marks_the_gone():
         assert not node["reachable"]
         assert node["error"]["reason"] == "CONNECT_FAILED"
         assert node["host"] == "node-b" and node["devices"] == []
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_copy_and_move_to_another_host():
+    # the destination listens on a fleet port for the bytes
+    b = Daemon(["--host-name", "node-b", "--fleet-port", str(_free_port())])
+    a = Daemon(["--host-name", "node-a", "--peers", f"http://127.0.0.1:{b.port}"])
+    try:
+        ca, cb = tstage.Client(a.url), tstage.Client(b.url)
+        assert _wait_for(ca, b.url, True)["reachable"]
+        x = np.arange(300 * 200, dtype=np.float32).reshape(300, 200) / 7
+        ca.put("x", x)
+        done = ca.copy("x", "y", host="node-b", memory_kind="pinned_host", wait=True)
+        assert done["host"] == "node-b" and done["array"]["name"] == "y"
+        assert done["array"]["sharding"]["memory_kind"] == "pinned_host"
+        np.testing.assert_array_equal(cb.get("y"), x)
+        ca.copy("x", "yb", host="node-b", dtype="bfloat16", wait=True)
+        assert cb.info("yb")["dtype"] == "bfloat16"
+        with pytest.raises(tstage.NotFound) as e:
+            ca.copy("x", "z", host="node-q", wait=True)
+        assert "node-q" in str(e.value)
+        ca.device_put("x", host="node-b", wait=True)
+        np.testing.assert_array_equal(cb.get("x"), x)
+        assert "x" not in [i["name"] for i in ca.list()]
     finally:
         a.stop()
         b.stop()

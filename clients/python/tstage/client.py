@@ -452,27 +452,43 @@ class Client:
 
     def device_put(self, name: str, *, device: Optional[str] = None,
                    memory_kind: Optional[str] = None, sharding: Optional[Sharding] = None,
+                   dtype: Optional[str] = None, host: Optional[str] = None,
                    wait: bool = False) -> Any:
-        """Moves an array (same name) to another device, memory kind or sharding.
+        """Moves an array (same name) to another device, memory kind or sharding
+        (``dtype``: converting the elements on the way). ``host``: to that node
+        of the fleet (its host as :meth:`fleet` lists it), placed there; the
+        array goes from this node once it is there.
 
         Answers the :class:`Operation`, or with ``wait=True`` the moved array's
-        description.
+        description (to another host: ``{"host", "source_etag", "array"}``).
         """
         body = _placement(device, memory_kind, None)
         if sharding is not None:
             body["sharding"] = sharding
+        if dtype is not None:
+            body["dtype"] = dtype
+        if host is not None:
+            body["host"] = host
         return self._submit(f"/v1/arrays/{quote_name(name)}:put", body, wait, idempotent=True)
 
     def copy(self, name: str, out: str, *, device: Optional[str] = None,
              memory_kind: Optional[str] = None, sharding: Optional[Sharding] = None,
-             overwrite: bool = False, donate: bool = False, wait: bool = False) -> Any:
+             overwrite: bool = False, donate: bool = False, dtype: Optional[str] = None,
+             host: Optional[str] = None, wait: bool = False) -> Any:
         """Copies an array into a new one (``out``) at a placement; ``donate``
-        deletes the source when done. Answers the :class:`Operation`, or with
-        ``wait=True`` the new array's description."""
+        deletes the source when done; ``dtype`` converts the elements on the
+        way. ``host``: the copy arrives at that node of the fleet (its host as
+        :meth:`fleet` lists it), placed there, over UCX. Answers the
+        :class:`Operation`, or with ``wait=True`` the new array's description
+        (to another host: ``{"host", "source_etag", "array"}``)."""
         body: Dict[str, Any] = {"out": out}
         body.update(_placement(device, memory_kind, None))
         if sharding is not None:
             body["sharding"] = sharding
+        if dtype is not None:
+            body["dtype"] = dtype
+        if host is not None:
+            body["host"] = host
         if overwrite:
             body["overwrite"] = True
         if donate:

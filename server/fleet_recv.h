@@ -1,0 +1,46 @@
+/*
+ * fleet_recv.h - the destination of a cross-node copy: POST /v1/fleet:receive
+ * admits an array arriving from a peer (every refusal answered before any
+ * byte moves), allocates its staging array in host memory registered with
+ * UCX, and answers a ticket for the fleet port, the staging memory's address
+ * and remote key, a receive id and a deadline; the peer writes the bytes with
+ * UCX RMA and then POST /v1/fleet/receives/{id}:commit runs the prepared move
+ * (jobs/move.h: placement, dtype conversion, publish) as an operation, or
+ * :abort drops it. A receive neither committed nor aborted by its deadline
+ * is dropped by the fleet's progress thread: nothing is published, and the
+ * staging and destination memory go back.
+ *
+ * Thread-safety: every function may run on any thread at once.
+ */
+#ifndef TS_FLEET_RECV_H
+#define TS_FLEET_RECV_H
+
+#include "server/router.h"
+
+struct ts_fleet_recv;
+struct ts_fleet_ucx;
+
+/* Default and longest life of a receive, in seconds. */
+#define TS_FLEET_RECV_TTL_S 60
+#define TS_FLEET_RECV_TTL_MAX_S 3600
+
+/* Most receives open at once. */
+#define TS_FLEET_RECV_MAX 64
+
+struct ts_fleet_recv *ts_fleet_recv_new(void);
+
+/* Drops every open receive (the fleet port u, borrowed, unregisters their
+ * memory); the set stays usable. NULL u: nothing was registered. */
+void ts_fleet_recv_drop_all(struct ts_fleet_recv *r, struct ts_fleet_ucx *u);
+
+/* Drops the receives past their deadline; a tick of the fleet port's
+ * progress thread (cls: the server). */
+void ts_fleet_recv_tick(void *cls);
+
+void ts_fleet_recv_free(struct ts_fleet_recv *r);
+
+ts_server_handler_fn ts_s_fleet_receive;
+ts_server_handler_fn ts_s_fleet_receive_commit;
+ts_server_handler_fn ts_s_fleet_receive_abort;
+
+#endif

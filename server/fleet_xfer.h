@@ -1,0 +1,31 @@
+/*
+ * fleet_xfer.h - the sending end of a cross-node copy: the operation that
+ * :copy and :put with "host" submit (handlers/api.h, ts_core.fleet_copy).
+ *
+ * It holds the source version (a reference, as every operation holds what
+ * it reads), asks the peer's POST /v1/fleet:receive (same token; every
+ * refusal answered there before any byte moves), connects to the peer's
+ * fleet port with a UCP endpoint of its own (its own context and worker on
+ * the operation's thread) and presents the ticket, reads the version in
+ * chunks into host memory and writes each into the peer's staging memory
+ * (ucp_put_nbx; progress in bytes), flushes, and commits the receive, which
+ * publishes the array there. A :put then deletes the source version (only
+ * that version: a newer one stays). Any failure aborts the receive where the
+ * peer still answers, names the peer, and leaves the source untouched.
+ */
+#ifndef TS_FLEET_XFER_H
+#define TS_FLEET_XFER_H
+
+#include "handlers/api.h"
+
+/* Bytes read and written per chunk. */
+#define TS_FLEET_XFER_CHUNK ((uint64_t)4 << 20)
+
+/* The hook of ts_core.fleet_copy; cls is the server. NOT_FOUND for an
+ * unknown host, UNAVAILABLE for an unreachable one, INVALID_ARGUMENT for
+ * this node's own. */
+ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
+                               const struct ts_fleet_copy_req *req, struct ts_operation **op,
+                               struct ts_error *err);
+
+#endif
