@@ -23,7 +23,7 @@
 #              staging is freed; the destination killed mid-copy fails the
 #              operation, naming it, and leaves the source's version.
 #
-# Needs root (ip netns) and curl, jq. Without them the suite says so and
+# Needs root (ip netns, tc) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
 #   tests/fleet/run.sh [TSTAGED]   (default $TSTAGED, then build/tstaged)
 set -euo pipefail
@@ -47,7 +47,7 @@ skip() {
 	exit 0
 }
 [ "$(id -u)" -eq 0 ] || skip "not root: network namespaces need it"
-for tool in ip curl jq; do
+for tool in ip tc curl jq; do
 	command -v "$tool" >/dev/null || skip "$tool not found"
 done
 [ -x "$bin" ] || { echo "fleet: no daemon at $bin (make first)" >&2; exit 1; }
@@ -336,9 +336,15 @@ fi
 api h1 '/v1/arrays/big?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
 	--data-binary @<(head -c $((64 << 20)) /dev/urandom) -o /dev/null
 etag=$(api h1 /v1/arrays/big | jq -r .etag)
+# h1's link slowed to 100 Mbit/s (tc tbf in its namespace): 64 MiB take
+# about five seconds, so the kill lands mid-copy
+ip netns exec "$(ns h1)" tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 400ms
 op=$(api h1 '/v1/arrays/big:copy' -X POST \
 	-d '{"out": "big", "host": "h2", "memory_kind": "unpinned_host"}' | jq -r .name)
-sleep 0.3
+copying() {
+	[ "$(api h1 "/v1/$op" | jq -r '.metadata.progress.bytes_done // 0')" -gt 0 ]
+}
+until_s 10 copying || true
 kill -KILL "${pid[h2]}"
 wait "${pid[h2]}" 2>/dev/null || true
 unset "pid[h2]"
@@ -346,6 +352,7 @@ op_done() {
 	[ "$(api h1 "/v1/$op" | jq -r .done)" = true ]
 }
 if until_s 90 op_done; then
+	ip netns exec "$(ns h1)" tc qdisc del dev eth0 root 2>/dev/null || true
 	state=$(api h1 "/v1/$op" | jq -r '[.metadata.state, .error.message] | join(": ")')
 	if [[ $state == FAILED:*h2* ]] && [ "$(api h1 /v1/arrays/big | jq -r .etag)" = "$etag" ]; then
 		ok "destination killed mid-copy: $state; the source's version unchanged"
