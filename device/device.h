@@ -127,6 +127,13 @@ ts_status ts_device_set_new(const struct ts_device_config *cfg,
  * must have been freed by their owners first. NULL is a no-op. */
 void ts_device_set_free(struct ts_device_set *set);
 
+struct ts_trace;
+
+/* Gives every device of set the trace recorder its queues record their work
+ * in (borrowed: it outlives the set's use), device i as trace process i + 1.
+ * Call before any queue work, from the thread that made the set. */
+void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace);
+
 /* Number of devices, and the i-th (borrowed; lives as long as the set). */
 size_t ts_device_set_count(const struct ts_device_set *set);
 struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i);
@@ -172,6 +179,10 @@ void ts_device_mem_free(struct ts_device *dev, enum ts_memory_kind kind,
 ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,
                        struct ts_error *err);
 void ts_queue_free(struct ts_queue *q);
+
+/* Names what q carries in traces ("compute", "h2d"): label is a static
+ * string; a queue not named shows as "queue". Any thread. */
+void ts_queue_set_label(struct ts_queue *q, const char *label);
 
 /* The device a queue or event belongs to (borrowed). */
 struct ts_device *ts_queue_device(const struct ts_queue *q);

@@ -4,7 +4,8 @@
  * exposition (request counters); and the documents built into the binary
  * (assets.c): the OpenAPI description and the dashboard page; and the fleet
  * view (fleet.c), which reads the peers' poller; and the memory history
- * (memory_history.c), which reads the sampler's rings.
+ * (memory_history.c), which reads the sampler's rings; and the trace
+ * (tracing.c), which records while it waits.
  */
 #ifndef TS_SERVER_ROUTES_H
 #define TS_SERVER_ROUTES_H
@@ -17,5 +18,6 @@ ts_server_handler_fn ts_s_openapi;
 ts_server_handler_fn ts_s_dashboard;
 ts_server_handler_fn ts_s_fleet;         /* fleet.c */
 ts_server_handler_fn ts_s_history;       /* memory_history.c */
+ts_server_handler_fn ts_s_trace;         /* tracing.c */
 
 #endif
