@@ -155,12 +155,14 @@ uint64_t ts_trace_begin(struct ts_trace *t, struct ts_error *err)
 	t->nnames = 0;
 	t->start_ns = ts_now_ns();
 	t->gen = gen = ++t->last_gen;
+	atomic_store_explicit(&t->head.gen, gen, memory_order_relaxed);
 	atomic_store_explicit(&t->head.on, true, memory_order_relaxed);
 	if (t->sample) {
 		t->sampler_stop = false;
 		rc = pthread_create(&t->sampler, NULL, sampler_main, t);
 		if (rc != 0) {
 			atomic_store_explicit(&t->head.on, false, memory_order_relaxed);
+			atomic_store_explicit(&t->head.gen, 0, memory_order_relaxed);
 			t->gen = gen = 0;
 			ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD_LIMIT",
 			             "cannot start the trace's sampler: %s", strerror(rc));
@@ -470,6 +472,7 @@ bool ts_trace_finish(struct ts_trace *t, uint64_t gen, char **json, size_t *len)
 
 	ts_mutex_lock(&t->mu);
 	atomic_store_explicit(&t->head.on, false, memory_order_relaxed);
+	atomic_store_explicit(&t->head.gen, 0, memory_order_relaxed);
 	end_ns = ts_now_ns();
 	if (json) {
 		render_locked(t, end_ns, &o);

@@ -35,6 +35,7 @@ struct ts_trace;
 /* The part of struct ts_trace that ts_trace_on reads; private. */
 struct ts__trace_head {
 	atomic_bool on;
+	_Atomic uint64_t gen;         /* the recording's generation, 0: none */
 };
 
 /* Whether a trace records now: t NULL is never on. */
@@ -42,6 +43,15 @@ static inline bool ts_trace_on(const struct ts_trace *t)
 {
 	return t && atomic_load_explicit(&((const struct ts__trace_head *)(const void *)t)->on,
 	                                 memory_order_relaxed);
+}
+
+/* The generation of the recording now (0: none): a place that names its
+ * track once a recording keeps the generation it named it in. */
+static inline uint64_t ts_trace_generation(const struct ts_trace *t)
+{
+	return t ? atomic_load_explicit(&((const struct ts__trace_head *)(const void *)t)->gen,
+	                                memory_order_relaxed)
+	         : 0;
 }
 
 #define TS_TRACE_NAME_MAX 48   /* copied names (counters, operations) are cut to 47 bytes */

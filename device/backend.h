@@ -40,6 +40,7 @@ struct ts_queue {
 	struct ts_queue *prev, *next;   /* guarded by: dev->queues_mu */
 	uint32_t track;                 /* immutable: its number on dev, for traces */
 	_Atomic(const char *) label;    /* a static string: what it carries ("h2d") */
+	_Atomic uint64_t trace_named;   /* the trace generation its track was named in */
 };
 
 /* The base every backend event embeds first. */

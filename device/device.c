@@ -341,14 +341,18 @@ void ts__queue_trace_span(struct ts_queue *q, const char *cat, const char *name,
                           uint64_t t0_ns, uint64_t t1_ns, uint64_t bytes, uint64_t flow)
 {
 	struct ts_device *dev = q->dev;
-	char track[TS_TRACE_NAME_MAX];
+	uint64_t gen = ts_trace_generation(dev->trace);
 
 	if (!ts_trace_on(dev->trace))
 		return;
-	snprintf(track, sizeof track, "%.24s queue %u",
-	         atomic_load_explicit(&q->label, memory_order_relaxed), q->track);
-	ts_trace_name_process(dev->trace, dev->trace_pid, dev->props.id);
-	ts_trace_name_track(dev->trace, dev->trace_pid, q->track, track);
+	if (atomic_exchange_explicit(&q->trace_named, gen, memory_order_relaxed) != gen) {
+		char track[TS_TRACE_NAME_MAX];
+
+		snprintf(track, sizeof track, "%.24s queue %u",
+		         atomic_load_explicit(&q->label, memory_order_relaxed), q->track);
+		ts_trace_name_process(dev->trace, dev->trace_pid, dev->props.id);
+		ts_trace_name_track(dev->trace, dev->trace_pid, q->track, track);
+	}
 	ts_trace_span(dev->trace, dev->trace_pid, q->track, cat, name, NULL, t0_ns, t1_ns, 0,
 	              bytes);
 	ts_trace_flow_end(dev->trace, dev->trace_pid, q->track, flow, t0_ns + (t1_ns - t0_ns) / 2);
