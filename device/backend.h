@@ -91,6 +91,9 @@ struct ts__backend_ops {
 	/* The queue's native handle (a cudaStream_t); optional: NULL when the
 	 * backend has none. */
 	void *(*queue_native)(const struct ts_queue *q);
+	/* Records the spans of traced work that has finished on q and is not
+	 * yet recorded; optional: NULL when a backend records as work ends. */
+	void (*queue_trace_flush)(struct ts_queue *q);
 
 	ts_status (*event_new)(struct ts_device *dev, struct ts_event **out,
 	                       struct ts_error *err);

@@ -154,6 +154,20 @@ void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace)
 	}
 }
 
+void ts_device_set_trace_flush(struct ts_device_set *set)
+{
+	for (size_t i = 0; i < set->count; i++) {
+		struct ts_device *dev = set->devices[i];
+
+		if (!dev->ops->queue_trace_flush)
+			continue;
+		pthread_mutex_lock(&dev->queues_mu);
+		for (struct ts_queue *q = dev->queues; q; q = q->next)
+			dev->ops->queue_trace_flush(q);
+		pthread_mutex_unlock(&dev->queues_mu);
+	}
+}
+
 struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i)
 {
 	return i < set->count ? set->devices[i] : NULL;

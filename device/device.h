@@ -134,6 +134,11 @@ struct ts_trace;
  * Call before any queue work, from the thread that made the set. */
 void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace);
 
+/* Records in the trace the spans of finished queue work that a backend
+ * collects late (CUDA copies, timed by events); before a trace is answered.
+ * Any thread. */
+void ts_device_set_trace_flush(struct ts_device_set *set);
+
 /* Number of devices, and the i-th (borrowed; lives as long as the set). */
 size_t ts_device_set_count(const struct ts_device_set *set);
 struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i);

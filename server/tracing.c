@@ -112,6 +112,7 @@ static void answer(void *state, bool timed_out, struct ts_reply *reply)
 	size_t len = 0;
 
 	(void)timed_out;
+	ts_device_set_trace_flush(r->srv->devices);   /* CUDA copies timed by events */
 	if (!ts_trace_finish(r->srv->trace, r->gen, &json, &len)) {
 		ts_reply_fail(reply, TS_INTERNAL, "TRACE_LOST", "the trace ended before its answer");
 		return;
