@@ -298,6 +298,63 @@ START_TEST(test_one_trace_at_a_time)
 }
 END_TEST
 
+/* The memory timeline of a step (POST :analyze?timeline=true): every
+ * device temp's allocation and free at its planned offset; the temps live
+ * at once never overlap, lie inside the arena, and the live bytes after
+ * each allocation reach its end. */
+START_TEST(test_step_timeline_has_temp_offsets)
+{
+	json_t *an = th_post_json(&D, "/v1/models:analyze?timeline=true",
+	                          "{\"model\": {\"mlp\": {\"layers\": 3, \"d_model\": 32, "
+	                          "\"d_hidden\": 64}, \"optimizer\": {\"type\": \"adam\"}}, "
+	                          "\"batch\": [16, 32]}", 200);
+	json_t *tl = th_arr(an, "timeline"), *e;
+	json_int_t temp = th_int(an, "temp_size_in_bytes"), peak = th_int(an, "peak_device_bytes");
+	json_int_t base = peak - temp, top = 0, live_max = 0;
+	enum { MAXB = 512 };
+	json_int_t off[MAXB], len[MAXB];
+	int state[MAXB] = {0};    /* 0 never, 1 live, 2 freed */
+	size_t i;
+	int allocs = 0, frees = 0;
+
+	ck_assert_uint_gt(json_array_size(tl), 0);
+	json_array_foreach(tl, i, e) {
+		const char *ev = th_str(e, "event");
+		json_int_t b = th_int(e, "buffer");
+
+		ck_assert(b >= 0 && b < MAXB);
+		if (strcmp(ev, "alloc") == 0) {
+			ck_assert_msg(state[b] == 0, "temp %lld allocated twice", (long long)b);
+			off[b] = th_int(e, "offset");
+			len[b] = th_int(e, "bytes");
+			ck_assert(off[b] >= 0 && len[b] > 0 && off[b] + len[b] <= temp);
+			for (int j = 0; j < MAXB; j++)
+				ck_assert_msg(state[j] != 1 || off[j] + len[j] <= off[b] ||
+				              off[b] + len[b] <= off[j],
+				              "temps %d and %lld overlap", j, (long long)b);
+			state[b] = 1;
+			ck_assert_int_ge(th_int(e, "live_device_bytes"), base + off[b] + len[b]);
+			if (off[b] + len[b] > top)
+				top = off[b] + len[b];
+			allocs++;
+		} else {
+			ck_assert_str_eq(ev, "free");
+			ck_assert_msg(state[b] == 1, "temp %lld freed while not live", (long long)b);
+			ck_assert_int_eq(th_int(e, "offset"), off[b]);
+			state[b] = 2;
+			frees++;
+		}
+		if (th_int(e, "live_device_bytes") > live_max)
+			live_max = th_int(e, "live_device_bytes");
+	}
+	ck_assert_int_gt(allocs, 0);
+	ck_assert_int_le(frees, allocs);
+	ck_assert_int_eq(live_max, peak);
+	ck_assert_int_le(top, temp);
+	json_decref(an);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("trace");
@@ -308,6 +365,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_trace_shows_the_work);
 	tcase_add_test(tc, test_bad_seconds_are_named);
 	tcase_add_test(tc, test_one_trace_at_a_time);
+	tcase_add_test(tc, test_step_timeline_has_temp_offsets);
 	suite_add_tcase(s, tc);
 	return s;
 }
