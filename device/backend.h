@@ -81,6 +81,10 @@ struct ts__backend_ops {
 	                        struct ts_error *err);
 	ts_status (*queue_host_fn)(struct ts_queue *q, void (*fn)(void *arg),
 	                           void *arg, struct ts_error *err);
+	/* The same, with the name its span has in traces (static); optional:
+	 * NULL when the backend's host functions are not traced. */
+	ts_status (*queue_host_fn_named)(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+	                                 const char *name, struct ts_error *err);
 	ts_status (*queue_wait_event)(struct ts_queue *q, struct ts_event *ev,
 	                              struct ts_error *err);
 	ts_status (*queue_sync)(struct ts_queue *q, struct ts_error *err);
@@ -301,6 +305,8 @@ ts_status ts__hostq_copy(struct ts_queue *q, void *dst, const void *src,
                          size_t n, enum ts_copy_kind kind, struct ts_error *err);
 ts_status ts__hostq_host_fn(struct ts_queue *q, void (*fn)(void *arg),
                             void *arg, struct ts_error *err);
+ts_status ts__hostq_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                                  const char *name, struct ts_error *err);
 ts_status ts__hostq_wait_event(struct ts_queue *q, struct ts_event *ev,
                                struct ts_error *err);
 ts_status ts__hostq_sync(struct ts_queue *q, struct ts_error *err);

@@ -443,6 +443,18 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 	return q->dev->ops->queue_host_fn(q, fn, arg, err);
 }
 
+ts_status ts_queue_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                                 const char *name, struct ts_error *err)
+{
+	if (!q || !fn)
+		return BAD_ARGUMENT(err, "host function: no queue or no function");
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	if (!q->dev->ops->queue_host_fn_named)
+		return q->dev->ops->queue_host_fn(q, fn, arg, err);
+	return q->dev->ops->queue_host_fn_named(q, fn, arg, name, err);
+}
+
 ts_status ts_queue_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err)
 {
 	if (!q)

@@ -230,6 +230,12 @@ bool ts_device_copies_queued(const struct ts_device *dev, uint64_t *out);
 ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
                            struct ts_error *err);
 
+/* ts_queue_host_fn, with the name (a static string) its span has in traces
+ * where the backend records host functions (sim, cpu: they are the compute
+ * of those devices, "gemm", "act_fwd"). */
+ts_status ts_queue_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                                 const char *name, struct ts_error *err);
+
 /* Makes later work in q wait until ev, as last recorded, completes
  * (cross-queue ordering). ev may belong to another device of the same kind
  * of queues: any CUDA device for a CUDA queue, any sim or cpu device for a

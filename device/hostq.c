@@ -56,6 +56,7 @@ struct job {
 		struct {
 			void (*fn)(void *arg);
 			void *arg;
+			const char *name;           /* static; its span's, NULL: "host work" */
 		} host_fn;
 		struct {
 			struct hostev *ev;
@@ -297,7 +298,9 @@ static void run_host_fn(struct hostq *q, struct job *j)
 
 	j->u.host_fn.fn(j->u.host_fn.arg);
 	if (traced)
-		ts__queue_trace_span(&q->base, "compute", "host work", t0, ts_now_ns(), 0, 0);
+		ts__queue_trace_span(&q->base, "compute",
+		                     j->u.host_fn.name ? j->u.host_fn.name : "host work", t0,
+		                     ts_now_ns(), 0, 0);
 }
 
 static void *worker_main(void *arg)
@@ -498,8 +501,8 @@ ts_status ts__hostq_copy(struct ts_queue *base, void *dst, const void *src,
 	return TS_OK;
 }
 
-ts_status ts__hostq_host_fn(struct ts_queue *base, void (*fn)(void *arg),
-                            void *arg, struct ts_error *err)
+ts_status ts__hostq_host_fn_named(struct ts_queue *base, void (*fn)(void *arg), void *arg,
+                                  const char *name, struct ts_error *err)
 {
 	struct hostq *q = to_hostq(base);
 	struct job *j = job_get(q);
@@ -509,8 +512,15 @@ ts_status ts__hostq_host_fn(struct ts_queue *base, void (*fn)(void *arg),
 	j->type = JOB_HOST_FN;
 	j->u.host_fn.fn = fn;
 	j->u.host_fn.arg = arg;
+	j->u.host_fn.name = name;
 	job_push(q, j);
 	return TS_OK;
+}
+
+ts_status ts__hostq_host_fn(struct ts_queue *base, void (*fn)(void *arg),
+                            void *arg, struct ts_error *err)
+{
+	return ts__hostq_host_fn_named(base, fn, arg, NULL, err);
 }
 
 ts_status ts__hostq_wait_event(struct ts_queue *base, struct ts_event *evbase,

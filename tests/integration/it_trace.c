@@ -6,7 +6,8 @@
  * spans lie inside the trace, whose device copy of the move sits on the
  * device's copy track with a flow from the :put operation, whose counters
  * show the upload, and whose step shows its operation and, on sim, its
- * compute. Bad ?seconds= is a 400 naming it; a second trace while one
+ * GEMMs on the step's compute track. The step's memory timeline (POST
+ * :analyze?timeline=true) places every device temp at its planned offset. Bad ?seconds= is a 400 naming it; a second trace while one
  * records is refused.
  *
  * Each test case runs in its own forked process with its own daemon.
@@ -249,8 +250,8 @@ START_TEST(test_trace_shows_the_work)
 	/* the step: its operation, and on sim its compute on the step's compute queue */
 	ck_assert_msg(find_span(evs, 0, "operation", "step m"), "no span of the step");
 	if (th_backend_is_sim()) {
-		e = find_span(evs, pid, "compute", "");
-		ck_assert_msg(e, "no compute span on %s", th_dev(0));
+		e = find_span(evs, pid, "compute", "gemm");
+		ck_assert_msg(e, "no gemm span on %s", th_dev(0));
 		ck_assert_ptr_nonnull(strstr(name_of(evs, "thread_name", pid, th_int(e, "tid")),
 		                             "compute"));
 	}
