@@ -28,6 +28,7 @@
 
 #include "common/lock.h"
 #include "common/status.h"
+#include "common/trace.h"
 #include "device/device.h"
 
 /* Default capacity of a sim device when the configuration says 0. */
@@ -37,6 +38,9 @@
 struct ts_queue {
 	struct ts_device *dev;          /* immutable */
 	struct ts_queue *prev, *next;   /* guarded by: dev->queues_mu */
+	uint32_t track;                 /* immutable: its number on dev, for traces */
+	_Atomic(const char *) label;    /* a static string: what it carries ("h2d") */
+	_Atomic uint64_t trace_named;   /* the trace generation its track was named in */
 };
 
 /* The base every backend event embeds first. */
@@ -77,6 +81,10 @@ struct ts__backend_ops {
 	                        struct ts_error *err);
 	ts_status (*queue_host_fn)(struct ts_queue *q, void (*fn)(void *arg),
 	                           void *arg, struct ts_error *err);
+	/* The same, with the name its span has in traces (static); optional:
+	 * NULL when the backend's host functions are not traced. */
+	ts_status (*queue_host_fn_named)(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+	                                 const char *name, struct ts_error *err);
 	ts_status (*queue_wait_event)(struct ts_queue *q, struct ts_event *ev,
 	                              struct ts_error *err);
 	ts_status (*queue_sync)(struct ts_queue *q, struct ts_error *err);
@@ -87,6 +95,9 @@ struct ts__backend_ops {
 	/* The queue's native handle (a cudaStream_t); optional: NULL when the
 	 * backend has none. */
 	void *(*queue_native)(const struct ts_queue *q);
+	/* Records the spans of traced work that has finished on q and is not
+	 * yet recorded; optional: NULL when a backend records as work ends. */
+	void (*queue_trace_flush)(struct ts_queue *q);
 
 	ts_status (*event_new)(struct ts_device *dev, struct ts_event **out,
 	                       struct ts_error *err);
@@ -158,6 +169,11 @@ struct ts_device {
 	_Atomic uint64_t copies_queued;         /* accepted, not yet run (host queues) */
 	pthread_mutex_t queues_mu;
 	struct ts_queue *queues;                /* guarded by: queues_mu */
+	uint32_t nqueues_made;                  /* guarded by: queues_mu; numbers queues */
+	/* the daemon's trace recorder (borrowed; NULL: none) and this device's
+	 * process number in it: set by ts_device_set_trace before any work */
+	struct ts_trace *trace;
+	uint32_t trace_pid;
 };
 
 /*
@@ -280,11 +296,22 @@ ts_status ts__hostq_new(struct ts_device *dev, ts__hostq_copy_fn copy,
 
 /* The host-family implementations of the queue, event and device-sync
  * operations, for a backend's ops table. */
+/* Records, when a trace is on, a span of q's work [t0_ns, t1_ns] on q's
+ * track (cat, name static; bytes 0 for none) and the end of flow (0: none)
+ * inside it; names the device's process and the queue's track. */
+void ts__queue_trace_span(struct ts_queue *q, const char *cat, const char *name,
+                          uint64_t t0_ns, uint64_t t1_ns, uint64_t bytes, uint64_t flow);
+
+/* "H2D" etc. (static). */
+const char *ts__copy_kind_name(enum ts_copy_kind kind);
+
 void ts__hostq_free(struct ts_queue *q);
 ts_status ts__hostq_copy(struct ts_queue *q, void *dst, const void *src,
                          size_t n, enum ts_copy_kind kind, struct ts_error *err);
 ts_status ts__hostq_host_fn(struct ts_queue *q, void (*fn)(void *arg),
                             void *arg, struct ts_error *err);
+ts_status ts__hostq_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                                  const char *name, struct ts_error *err);
 ts_status ts__hostq_wait_event(struct ts_queue *q, struct ts_event *ev,
                                struct ts_error *err);
 ts_status ts__hostq_sync(struct ts_queue *q, struct ts_error *err);

@@ -14,6 +14,14 @@
  * array to another process on the node by cudaIpcGetMemHandle of its pool
  * chunk.
  *
+ * While a trace records, each copy is bracketed by two timing events and
+ * followed by a host function that stamps the host clock when the stream
+ * reaches it: the copy's span takes its length from the events
+ * (cudaEventElapsedTime) and ends at the stamp. Spans are collected (the
+ * events read and destroyed) on the queue's next traced copy, when the
+ * trace asks (ts__queue_trace_flush) and when the queue is freed; a host
+ * function may call no CUDA API, so it only stamps.
+ *
  * Every cudaError_t is translated in cuda_fail() and nowhere else: an error
  * that corrupts the context (illegal address, launch failure, ECC, ...) is
  * UNAVAILABLE and marks the device broken for good.
@@ -33,6 +41,7 @@
 #include <cuda_runtime.h>
 
 #include "common/log.h"
+#include "common/units.h"
 #include "device/backend.h"
 
 struct cuda_dev {
@@ -41,9 +50,20 @@ struct cuda_dev {
 	                                 * first GPU (freed last of the set) */
 };
 
+/* A traced copy in flight (see the top). */
+struct cuda_span {
+	struct cuda_span *next;         /* guarded by: the queue's spans_mu */
+	cudaEvent_t start, end;         /* immutable */
+	_Atomic uint64_t stamped_ns;    /* set once by the host function; 0 before */
+	uint64_t gen, flow, bytes;      /* immutable */
+	const char *name;               /* immutable, static */
+};
+
 struct cuda_queue {
 	struct ts_queue base;           /* first: device.c sees this */
 	cudaStream_t stream;            /* immutable */
+	pthread_mutex_t spans_mu;
+	struct cuda_span *spans;        /* guarded by: spans_mu; traced copies in flight */
 };
 
 struct cuda_event {
@@ -397,6 +417,7 @@ static ts_status cuda_queue_new(struct ts_device *dev, struct ts_queue **out,
 	               "cudaStreamCreateWithFlags", NULL, err);
 	if (st != TS_OK)
 		goto out_free;
+	pthread_mutex_init(&q->spans_mu, NULL);
 	q->base.dev = dev;
 	*out = &q->base;
 	return TS_OK;
@@ -404,6 +425,110 @@ static ts_status cuda_queue_new(struct ts_device *dev, struct ts_queue **out,
 out_free:
 	free(q);
 	return st;
+}
+
+/* Records the spans of q's stamped traced copies (all of them with every,
+ * after the stream is drained) and frees them; the rest stay. */
+static void spans_collect(struct cuda_queue *q, bool every)
+{
+	struct ts_device *dev = q->base.dev;
+	struct cuda_span *done = NULL, **pp;
+
+	pthread_mutex_lock(&q->spans_mu);
+	for (pp = &q->spans; *pp;) {
+		struct cuda_span *sp = *pp;
+
+		if (every || atomic_load_explicit(&sp->stamped_ns, memory_order_acquire)) {
+			*pp = sp->next;
+			sp->next = done;
+			done = sp;
+		} else {
+			pp = &sp->next;
+		}
+	}
+	pthread_mutex_unlock(&q->spans_mu);
+	while (done) {
+		struct cuda_span *sp = done;
+		uint64_t t1 = atomic_load_explicit(&sp->stamped_ns, memory_order_acquire);
+		float ms = 0;
+
+		done = sp->next;
+		if (t1 && sp->gen == ts_trace_generation(dev->trace) &&
+		    cudaEventElapsedTime(&ms, sp->start, sp->end) == cudaSuccess) {
+			uint64_t dur = (uint64_t)((double)ms * 1e6);
+
+			ts__queue_trace_span(&q->base, "copy", sp->name, t1 > dur ? t1 - dur : 0, t1,
+			                     sp->bytes, sp->flow);
+		}
+		cudaEventDestroy(sp->start);
+		cudaEventDestroy(sp->end);
+		free(sp);
+	}
+}
+
+static void span_stamp(void *arg)
+{
+	struct cuda_span *sp = arg;
+
+	atomic_store_explicit(&sp->stamped_ns, ts_now_ns(), memory_order_release);
+}
+
+static void cuda_queue_trace_flush(struct ts_queue *base)
+{
+	if (cuda_enter(base->dev, NULL) == TS_OK)
+		spans_collect(to_cq(base), false);
+}
+
+/* The copy's span in flight, its start event recorded; NULL (nothing
+ * recorded) when it cannot be made: the copy then goes untraced. */
+static struct cuda_span *span_begin(struct cuda_queue *q, size_t n, enum ts_copy_kind kind)
+{
+	struct ts_device *dev = q->base.dev;
+	struct cuda_span *sp;
+
+	spans_collect(q, false);
+	sp = calloc(1, sizeof *sp);
+	if (!sp)
+		return NULL;
+	if (cudaEventCreate(&sp->start) != cudaSuccess) {
+		free(sp);
+		return NULL;
+	}
+	if (cudaEventCreate(&sp->end) != cudaSuccess) {
+		cudaEventDestroy(sp->start);
+		free(sp);
+		return NULL;
+	}
+	sp->gen = ts_trace_generation(dev->trace);
+	sp->flow = ts_trace_flow_start(dev->trace);
+	sp->bytes = n;
+	sp->name = ts__copy_kind_name(kind);
+	if (cudaEventRecord(sp->start, q->stream) != cudaSuccess) {
+		cudaEventDestroy(sp->start);
+		cudaEventDestroy(sp->end);
+		free(sp);
+		return NULL;
+	}
+	return sp;
+}
+
+/* After the copy: the end event and the stamp; the span joins the queue's
+ * list (or, when that cannot be arranged, is dropped once the stream has
+ * passed its start event). */
+static void span_end(struct cuda_queue *q, struct cuda_span *sp)
+{
+	if (cudaEventRecord(sp->end, q->stream) != cudaSuccess ||
+	    cudaLaunchHostFunc(q->stream, span_stamp, sp) != cudaSuccess) {
+		cudaEventSynchronize(sp->start);
+		cudaEventDestroy(sp->start);
+		cudaEventDestroy(sp->end);
+		free(sp);
+		return;
+	}
+	pthread_mutex_lock(&q->spans_mu);
+	sp->next = q->spans;
+	q->spans = sp;
+	pthread_mutex_unlock(&q->spans_mu);
 }
 
 static void cuda_queue_free(struct ts_queue *base)
@@ -414,9 +539,11 @@ static void cuda_queue_free(struct ts_queue *base)
 	if (cuda_enter(dev, NULL) == TS_OK) {
 		cuda_fail(dev, cudaStreamSynchronize(q->stream),
 		          "cudaStreamSynchronize", NULL, NULL);
+		spans_collect(q, true);     /* every host function has run */
 		cuda_fail(dev, cudaStreamDestroy(q->stream), "cudaStreamDestroy",
 		          NULL, NULL);
 	}
+	pthread_mutex_destroy(&q->spans_mu);
 	free(q);
 }
 
@@ -441,14 +568,19 @@ static ts_status cuda_queue_copy(struct ts_queue *base, void *dst, const void *s
                                  struct ts_error *err)
 {
 	struct cuda_queue *q = to_cq(base);
+	struct cuda_span *sp = NULL;
 	ts_status st;
 
 	st = cuda_enter(base->dev, err);
 	if (st != TS_OK)
 		return st;
-	return cuda_fail(base->dev,
-	                 cudaMemcpyAsync(dst, src, n, memcpy_kind(kind), q->stream),
-	                 "cudaMemcpyAsync", NULL, err);
+	if (ts_trace_on(base->dev->trace))
+		sp = span_begin(q, n, kind);
+	st = cuda_fail(base->dev, cudaMemcpyAsync(dst, src, n, memcpy_kind(kind), q->stream),
+	               "cudaMemcpyAsync", NULL, err);
+	if (sp)
+		span_end(q, sp);
+	return st;
 }
 
 static ts_status cuda_queue_host_fn(struct ts_queue *base, void (*fn)(void *arg),
@@ -631,6 +763,7 @@ static const struct ts__backend_ops cuda_ops = {
 	.queue_wait_event = cuda_queue_wait_event,
 	.queue_sync = cuda_queue_sync,
 	.queue_native = cuda_queue_native,
+	.queue_trace_flush = cuda_queue_trace_flush,
 	.event_new = cuda_event_new,
 	.event_free = cuda_event_free,
 	.event_record = cuda_event_record,

@@ -146,6 +146,28 @@ size_t ts_device_set_count(const struct ts_device_set *set)
 	return set->count;
 }
 
+void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace)
+{
+	for (size_t i = 0; i < set->count; i++) {
+		set->devices[i]->trace = trace;
+		set->devices[i]->trace_pid = (uint32_t)i + 1;
+	}
+}
+
+void ts_device_set_trace_flush(struct ts_device_set *set)
+{
+	for (size_t i = 0; i < set->count; i++) {
+		struct ts_device *dev = set->devices[i];
+
+		if (!dev->ops->queue_trace_flush)
+			continue;
+		pthread_mutex_lock(&dev->queues_mu);
+		for (struct ts_queue *q = dev->queues; q; q = q->next)
+			dev->ops->queue_trace_flush(q);
+		pthread_mutex_unlock(&dev->queues_mu);
+	}
+}
+
 struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i)
 {
 	return i < set->count ? set->devices[i] : NULL;
@@ -306,6 +328,8 @@ ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,
 		return st;
 	q->dev = dev;
 	pthread_mutex_lock(&dev->queues_mu);
+	q->track = ++dev->nqueues_made;
+	atomic_store_explicit(&q->label, "queue", memory_order_relaxed);
 	q->prev = NULL;
 	q->next = dev->queues;
 	if (dev->queues)
@@ -333,6 +357,37 @@ void ts_queue_free(struct ts_queue *q)
 	q->prev = q->next = NULL;
 	pthread_mutex_unlock(&dev->queues_mu);
 	dev->ops->queue_free(q);
+}
+
+const char *ts__copy_kind_name(enum ts_copy_kind kind)
+{
+	return kind <= TS_COPY_H2H ? copy_kind_names[kind] : "copy";
+}
+
+void ts__queue_trace_span(struct ts_queue *q, const char *cat, const char *name,
+                          uint64_t t0_ns, uint64_t t1_ns, uint64_t bytes, uint64_t flow)
+{
+	struct ts_device *dev = q->dev;
+	uint64_t gen = ts_trace_generation(dev->trace);
+
+	if (!ts_trace_on(dev->trace))
+		return;
+	if (atomic_exchange_explicit(&q->trace_named, gen, memory_order_relaxed) != gen) {
+		char track[TS_TRACE_NAME_MAX];
+
+		snprintf(track, sizeof track, "%.24s queue %u",
+		         atomic_load_explicit(&q->label, memory_order_relaxed), q->track);
+		ts_trace_name_process(dev->trace, dev->trace_pid, dev->props.id);
+		ts_trace_name_track(dev->trace, dev->trace_pid, q->track, track);
+	}
+	ts_trace_span(dev->trace, dev->trace_pid, q->track, cat, name, NULL, t0_ns, t1_ns, 0,
+	              bytes);
+	ts_trace_flow_end(dev->trace, dev->trace_pid, q->track, flow, t0_ns + (t1_ns - t0_ns) / 2);
+}
+
+void ts_queue_set_label(struct ts_queue *q, const char *label)
+{
+	atomic_store_explicit(&q->label, label, memory_order_relaxed);
 }
 
 struct ts_device *ts_queue_device(const struct ts_queue *q)
@@ -399,6 +454,18 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 	if (ts_device_broken(q->dev))
 		return refuse_broken(q->dev, err);
 	return q->dev->ops->queue_host_fn(q, fn, arg, err);
+}
+
+ts_status ts_queue_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                                 const char *name, struct ts_error *err)
+{
+	if (!q || !fn)
+		return BAD_ARGUMENT(err, "host function: no queue or no function");
+	if (ts_device_broken(q->dev))
+		return refuse_broken(q->dev, err);
+	if (!q->dev->ops->queue_host_fn_named)
+		return q->dev->ops->queue_host_fn(q, fn, arg, err);
+	return q->dev->ops->queue_host_fn_named(q, fn, arg, name, err);
 }
 
 ts_status ts_queue_reserve(struct ts_queue *q, size_t jobs, struct ts_error *err)

@@ -127,6 +127,18 @@ ts_status ts_device_set_new(const struct ts_device_config *cfg,
  * must have been freed by their owners first. NULL is a no-op. */
 void ts_device_set_free(struct ts_device_set *set);
 
+struct ts_trace;
+
+/* Gives every device of set the trace recorder its queues record their work
+ * in (borrowed: it outlives the set's use), device i as trace process i + 1.
+ * Call before any queue work, from the thread that made the set. */
+void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace);
+
+/* Records in the trace the spans of finished queue work that a backend
+ * collects late (CUDA copies, timed by events); before a trace is answered.
+ * Any thread. */
+void ts_device_set_trace_flush(struct ts_device_set *set);
+
 /* Number of devices, and the i-th (borrowed; lives as long as the set). */
 size_t ts_device_set_count(const struct ts_device_set *set);
 struct ts_device *ts_device_set_at(const struct ts_device_set *set, size_t i);
@@ -173,6 +185,10 @@ ts_status ts_queue_new(struct ts_device *dev, struct ts_queue **out,
                        struct ts_error *err);
 void ts_queue_free(struct ts_queue *q);
 
+/* Names what q carries in traces ("compute", "h2d"): label is a static
+ * string; a queue not named shows as "queue". Any thread. */
+void ts_queue_set_label(struct ts_queue *q, const char *label);
+
 /* The device a queue or event belongs to (borrowed). */
 struct ts_device *ts_queue_device(const struct ts_queue *q);
 
@@ -213,6 +229,12 @@ bool ts_device_copies_queued(const struct ts_device *dev, uint64_t *out);
  */
 ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
                            struct ts_error *err);
+
+/* ts_queue_host_fn, with the name (a static string) its span has in traces
+ * where the backend records host functions (sim, cpu: they are the compute
+ * of those devices, "gemm", "act_fwd"). */
+ts_status ts_queue_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
+                                 const char *name, struct ts_error *err);
 
 /* Makes later work in q wait until ev, as last recorded, completes
  * (cross-queue ordering). ev may belong to another device of the same kind

@@ -29,6 +29,7 @@
 
 #include "common/fault.h"
 #include "common/lock.h"
+#include "common/units.h"
 #include "device/backend.h"
 
 enum job_type {
@@ -50,10 +51,12 @@ struct job {
 			const void *src;
 			size_t n;
 			enum ts_copy_kind kind;
+			uint64_t flow;              /* trace flow from the operation, 0: none */
 		} copy;
 		struct {
 			void (*fn)(void *arg);
 			void *arg;
+			const char *name;           /* static; its span's, NULL: "host work" */
 		} host_fn;
 		struct {
 			struct hostev *ev;
@@ -235,6 +238,8 @@ static void fault_raise(struct hostq *q, uint64_t seq, const struct ts_error *e)
 static void run_copy(struct hostq *q, struct job *j)
 {
 	struct ts_error e;
+	bool traced = ts_trace_on(q->base.dev->trace);
+	uint64_t t0 = traced ? ts_now_ns() : 0;
 
 	ts_error_clear(&e);
 	if (ts_fault_fire(TS_FAULT_COPY))
@@ -244,6 +249,9 @@ static void run_copy(struct hostq *q, struct job *j)
 	    q->copy(q->base.dev, j->u.copy.dst, j->u.copy.src, j->u.copy.n,
 	            j->u.copy.kind, &e) != TS_OK)
 		fault_raise(q, j->seq, &e);
+	if (traced)
+		ts__queue_trace_span(&q->base, "copy", ts__copy_kind_name(j->u.copy.kind), t0,
+		                     ts_now_ns(), j->u.copy.n, j->u.copy.flow);
 	atomic_fetch_sub_explicit(&q->base.dev->copies_queued, 1, memory_order_relaxed);
 }
 
@@ -282,6 +290,19 @@ static void run_wait(struct hostq *q, struct job *j)
 		fault_raise(q, j->seq, &outcome);
 }
 
+/* Host functions are the compute of sim and cpu devices (kernels, GEMMs). */
+static void run_host_fn(struct hostq *q, struct job *j)
+{
+	bool traced = ts_trace_on(q->base.dev->trace);
+	uint64_t t0 = traced ? ts_now_ns() : 0;
+
+	j->u.host_fn.fn(j->u.host_fn.arg);
+	if (traced)
+		ts__queue_trace_span(&q->base, "compute",
+		                     j->u.host_fn.name ? j->u.host_fn.name : "host work", t0,
+		                     ts_now_ns(), 0, 0);
+}
+
 static void *worker_main(void *arg)
 {
 	struct hostq *q = arg;
@@ -304,7 +325,7 @@ static void *worker_main(void *arg)
 			run_copy(q, j);
 			break;
 		case JOB_HOST_FN:
-			j->u.host_fn.fn(j->u.host_fn.arg);
+			run_host_fn(q, j);
 			break;
 		case JOB_SIGNAL:
 			run_signal(q, j);
@@ -474,13 +495,14 @@ ts_status ts__hostq_copy(struct ts_queue *base, void *dst, const void *src,
 	j->u.copy.src = src;
 	j->u.copy.n = n;
 	j->u.copy.kind = kind;
+	j->u.copy.flow = ts_trace_flow_start(q->base.dev->trace);
 	atomic_fetch_add_explicit(&q->base.dev->copies_queued, 1, memory_order_relaxed);
 	job_push(q, j);
 	return TS_OK;
 }
 
-ts_status ts__hostq_host_fn(struct ts_queue *base, void (*fn)(void *arg),
-                            void *arg, struct ts_error *err)
+ts_status ts__hostq_host_fn_named(struct ts_queue *base, void (*fn)(void *arg), void *arg,
+                                  const char *name, struct ts_error *err)
 {
 	struct hostq *q = to_hostq(base);
 	struct job *j = job_get(q);
@@ -490,8 +512,15 @@ ts_status ts__hostq_host_fn(struct ts_queue *base, void (*fn)(void *arg),
 	j->type = JOB_HOST_FN;
 	j->u.host_fn.fn = fn;
 	j->u.host_fn.arg = arg;
+	j->u.host_fn.name = name;
 	job_push(q, j);
 	return TS_OK;
+}
+
+ts_status ts__hostq_host_fn(struct ts_queue *base, void (*fn)(void *arg),
+                            void *arg, struct ts_error *err)
+{
+	return ts__hostq_host_fn_named(base, fn, arg, NULL, err);
 }
 
 ts_status ts__hostq_wait_event(struct ts_queue *base, struct ts_event *evbase,

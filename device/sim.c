@@ -166,6 +166,7 @@ static const struct ts__backend_ops sim_ops = {
 	.queue_free = ts__hostq_free,
 	.queue_copy = ts__hostq_copy,
 	.queue_host_fn = ts__hostq_host_fn,
+	.queue_host_fn_named = ts__hostq_host_fn_named,
 	.queue_wait_event = ts__hostq_wait_event,
 	.queue_sync = ts__hostq_sync,
 	.queue_reserve = ts__hostq_reserve,

@@ -261,6 +261,48 @@ json_t *ts_render_model(const struct ts_model *m)
 	return o;
 }
 
+/* The device temp whose allocation or free action i is, or -1: the
+ * timeline has one point for each, in action order. */
+static int device_temp_change(const struct ts_plan *p, int i)
+{
+	const struct ts_paction *a = &p->actions[i];
+
+	if ((a->op != TS_P_ALLOC && a->op != TS_P_FREE) || a->a < 0 ||
+	    p->bufs[a->a].kind != TS_MEM_DEVICE)
+		return -1;
+	return a->a;
+}
+
+/* Names on each point of the timeline the change it follows: which temp
+ * ("buffer", the plan's index), allocated or freed, and where it lies in the
+ * device arena ("offset", "bytes"), so that a viewer can draw every temp's
+ * lifetime at its place and see the peak. Left out if the points and the
+ * changes do not pair up. */
+static void add_temp_events(const struct ts_plan *p, json_t *t)
+{
+	int pt = 0;
+
+	for (int i = 0; i < p->nactions; i++)
+		if (device_temp_change(p, i) >= 0)
+			pt++;
+	if (pt != p->npoints)
+		return;
+	pt = 0;
+	for (int i = 0; i < p->nactions; i++) {
+		int b = device_temp_change(p, i);
+		json_t *e;
+
+		if (b < 0)
+			continue;
+		e = json_array_get(t, (size_t)pt++);
+		json_object_set_new(e, "event",
+		                    json_string(p->actions[i].op == TS_P_ALLOC ? "alloc" : "free"));
+		json_object_set_new(e, "buffer", json_integer(b));
+		json_object_set_new(e, "offset", json_integer((json_int_t)p->bufs[b].offset));
+		json_object_set_new(e, "bytes", json_integer((json_int_t)p->bufs[b].bytes));
+	}
+}
+
 json_t *ts_render_plan(const struct ts_plan *p, bool timeline)
 {
 	json_t *o = json_pack("{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
@@ -287,6 +329,8 @@ json_t *ts_render_plan(const struct ts_plan *p, bool timeline)
 			json_array_append_new(t, json_pack("{s:s, s:i, s:I}", "phase", p->points[i].phase,
 			                                   "layer", p->points[i].layer,
 			                                   "live_device_bytes", (json_int_t)p->points[i].live));
+		if (t)
+			add_temp_events(p, t);
 		json_object_set_new(o, "timeline", t);
 	}
 	return o;

@@ -31,6 +31,7 @@
 
 #include "common/lock.h"
 #include "common/registry.h"
+#include "common/trace.h"
 #include "common/units.h"
 
 /* A result set on a worker is freed on whichever thread drops the
@@ -454,6 +455,21 @@ static void op_finish(struct ts_op_registry *r, struct ts_operation *op, ts_stat
 	unref_chain(dropped);
 }
 
+/* The operation's span on its worker's track when a trace records. */
+static void trace_span(struct ts_trace *t, const struct ts_operation *op, uint64_t t0)
+{
+	char label[TS_TRACE_NAME_MAX];
+	uint32_t tid;
+
+	if (!ts_trace_on(t))
+		return;
+	tid = ts_trace_thread();
+	snprintf(label, sizeof label, "%.15s %.31s", op->kind, op->target);
+	ts_trace_name_process(t, 0, "tstaged");
+	ts_trace_name_track(t, 0, tid, "operations");
+	ts_trace_span(t, 0, tid, "operation", NULL, label, t0, ts_now_ns(), op->seq, 0);
+}
+
 /* Runs (or, when cancelled before it started, skips) the work of an operation
  * the caller took to the active list with a reference, then finishes it and
  * drops that reference. */
@@ -461,10 +477,15 @@ static void op_run(struct ts_op_registry *r, struct ts_operation *op, bool start
 {
 	struct ts_error err;
 	ts_status st = TS_CANCELLED;
+	uint64_t t0 = ts_now_ns();
 
 	ts_error_clear(&err);
-	if (start)
+	if (start) {
+		ts_trace_op_enter(op->seq);
 		st = op->fn(op, op->arg, &err);
+		ts_trace_op_leave();
+		trace_span(r->cfg.trace, op, t0);
+	}
 	if (op->release)
 		op->release(op->arg);
 	op_finish(r, op, st, &err);

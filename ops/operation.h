@@ -30,6 +30,8 @@
 
 #include "common/status.h"
 
+struct ts_trace;
+
 struct ts_op_registry;
 struct ts_operation;
 
@@ -63,6 +65,9 @@ struct ts_op_registry_config {
 	size_t keep_finished;         /* finished operations kept (oldest dropped first) */
 	uint64_t keep_ns;             /* and for at most this long after they
 	                               * finish (0: no age limit) */
+	/* where operations record their spans and mark their threads for the
+	 * flows to the work they cause (borrowed; NULL: none) */
+	struct ts_trace *trace;
 };
 
 /* Starts a registry and its worker threads in *out. INVALID_ARGUMENT for a

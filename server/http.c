@@ -1125,6 +1125,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **req_cls,
 		MHD_set_connection_option(conn, MHD_CONNECTION_OPTION_TIMEOUT,
 		                          (unsigned int)srv->cfg.connection_timeout);
 	ts_metrics_record(srv->metrics, rq->route, rq->http_code, dur);
+	ts__trace_request(srv, rq->method, rq->route < ts_nroutes ? ts_route_patterns[rq->route]
+	                                   : "(no route)", rq->http_code, rq->start_ns,
+	                  rq->start_ns + dur);
 	if (ts_log_enabled(TS_LOG_INFO))
 		request_log(rq, conn, dur, toe == MHD_REQUEST_TERMINATED_COMPLETED_OK);
 	if (rq->suspended)       /* the client left while waiting */

@@ -36,6 +36,7 @@
 	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "")           \
 	X("GET", "/v1/memory/history", NULL, ts_s_history, NULL, TS_BODY_NONE, false,          \
 	  "since,step")                                                                        \
+	X("GET", "/v1/trace", NULL, ts_s_trace, NULL, TS_BODY_NONE, false, "seconds")         \
 	X("POST", "/v1/memory:resetPeak", ts_h_memory_reset_peak, NULL, NULL, TS_BODY_JSON,    \
 	  false, "")                                                                           \
 	X("GET", "/v1/arrays", ts_h_arrays_list, NULL, NULL, TS_BODY_NONE, false,              \

@@ -387,6 +387,9 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	st = ts_device_set_new(&dcfg, &srv->devices, err);
 	if (st != TS_OK)
 		goto out_free;
+	st = ts__trace_start(srv, err);
+	if (st != TS_OK)
+		goto out_free;
 	log_devices(srv);
 	log_device_list(srv);
 	st = discover_topology(srv, err);
@@ -483,7 +486,8 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	st = ts_op_registry_new(&(struct ts_op_registry_config){.workers = 4, .keep_finished = 1000,
 	                                                          .keep_ns = 3600ull * 1000000000ull,
 	                                                          .ended = operation_ended,
-	                                                          .ended_cls = srv->metrics},
+	                                                          .ended_cls = srv->metrics,
+	                                                          .trace = srv->trace},
 	                        &srv->core.env.operations, err);
 	if (st != TS_OK)
 		goto out_free;
@@ -634,6 +638,7 @@ void ts_server_free(struct ts_server *srv)
 	ts_memory_free(srv->memory);
 	ts_topology_free(srv->topology);
 	ts_device_set_free(srv->devices);
+	ts__trace_free(srv);    /* the devices and operations held it */
 	free(srv);
 }
 

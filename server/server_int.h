@@ -25,6 +25,7 @@ struct ts__addr_count;
 struct ts__acceptor;
 struct ts__lease_service;
 struct ts_history;
+struct ts_trace;
 
 /* A daemon the acceptor hands connections to, and what its connection
  * callbacks learn of it (their closure): which small-request worker it is,
@@ -49,6 +50,7 @@ struct ts_server {
 	struct ts_history *history;      /* owned; the sampler (memory_history.c) */
 	struct ts_fleet_ucx *fleet_ucx;  /* owned; the fleet's data port, NULL when it is off */
 	struct ts_fleet_recv *fleet_recv;  /* owned; cross-node copies arriving (fleet_recv.h) */
+	struct ts_trace *trace;          /* owned; the recorder (tracing.c) */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	/* connections that open with a request without a body, each on one of
 	 * nworkers daemons of one thread each that the acceptor chooses
@@ -111,6 +113,14 @@ void ts__lease_stop(struct ts_server *srv);
  * any of them is freed) (memory_history.c). */
 ts_status ts__history_start(struct ts_server *srv, struct ts_error *err);
 void ts__history_stop(struct ts_server *srv);
+
+/* Makes the trace recorder and gives it to the devices, once the device
+ * set exists; frees it after the devices and operations are gone; records
+ * a request's span when a trace is on (tracing.c). */
+ts_status ts__trace_start(struct ts_server *srv, struct ts_error *err);
+void ts__trace_free(struct ts_server *srv);
+void ts__trace_request(struct ts_server *srv, const char *method, const char *pattern,
+                       int code, uint64_t t0_ns, uint64_t t1_ns);
 
 /* Stops the acceptor and the daemons, and frees the connection accounting
  * (http.c). */

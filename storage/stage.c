@@ -109,6 +109,10 @@ ts_status ts_stager_new(struct ts_device_set *set, struct ts_memory *mem,
 		s = ts_queue_new(st->q[i].dev, &st->q[i].h2d, err);
 		if (s == TS_OK)
 			s = ts_queue_new(st->q[i].dev, &st->q[i].d2h, err);
+		if (s == TS_OK) {
+			ts_queue_set_label(st->q[i].h2d, "copy h2d");
+			ts_queue_set_label(st->q[i].d2h, "copy d2h");
+		}
 		st->n = i + 1;
 	}
 	if (s != TS_OK) {

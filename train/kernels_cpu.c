@@ -1024,10 +1024,33 @@ static void job_main(void *arg)
 	job_free(j);
 }
 
+/* The kernel's name in traces (static). */
+static const char *job_name(job_fn run)
+{
+	static const struct {
+		job_fn run;
+		const char *name;
+	} names[] = {
+		{run_gemm, "gemm"}, {run_gemm_lp, "gemm_lp"}, {run_round, "round"},
+		{run_act_fwd, "act_fwd"}, {run_act_bwd, "act_bwd"}, {run_add, "add"},
+		{run_loss, "loss"}, {run_sumsq, "sumsq"}, {run_update, "update"}, {run_fill, "fill"},
+		{run_embed_fwd, "embed_fwd"}, {run_embed_bwd, "embed_bwd"}, {run_xent, "xent"},
+		{run_ln_fwd, "ln_fwd"}, {run_ln_bwd, "ln_bwd"}, {run_add_rows, "add_rows"},
+		{run_sum_rows, "sum_rows"}, {run_heads, "heads"},
+		{run_gemm_batched, "gemm_batched"}, {run_gemm_batched_lp, "gemm_batched_lp"},
+		{run_softmax_fwd, "softmax_fwd"}, {run_softmax_bwd, "softmax_bwd"},
+	};
+
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (names[i].run == run)
+			return names[i].name;
+	return "kernel";
+}
+
 /* Enqueues j on q (steals j, also on failure). */
 static ts_status job_submit(struct ts_queue *q, struct job *j, struct ts_error *err)
 {
-	ts_status st = ts_queue_host_fn(q, job_main, j, err);
+	ts_status st = ts_queue_host_fn_named(q, job_main, j, job_name(j->run), err);
 
 	if (st != TS_OK)
 		job_free(j);

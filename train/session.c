@@ -137,6 +137,9 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 		st = ts_queue_new(cfg->dev, &s->env.d2h, err);
 	if (st != TS_OK)
 		goto out_fail;
+	ts_queue_set_label(s->env.compute, "step compute");
+	ts_queue_set_label(s->env.h2d, "step h2d");
+	ts_queue_set_label(s->env.d2h, "step d2h");
 	*out = s;
 	return TS_OK;
 
@@ -431,8 +434,11 @@ static ts_status prestage_start(struct ts_session *s, const struct ts_session_ho
 	static const enum ts_pbuf_role roles[2] = {TS_ROLE_INPUT, TS_ROLE_TARGET};
 	ts_status st = TS_OK;
 
-	if (!s->stage_q)
+	if (!s->stage_q) {
 		st = ts_queue_new(s->cfg.dev, &s->stage_q, err);
+		if (st == TS_OK)
+			ts_queue_set_label(s->stage_q, "step staging");
+	}
 	for (int k = 0; k < 2 && st == TS_OK; k++) {
 		struct ts_session_source src;
 		int i = slot(s, roles[k]);

@@ -279,3 +279,27 @@ def test_devices_backends_memory(client):
         client.memory_stats("sim:1", "pinned_host")["bytes_in_use"]
     assert client.health()
     assert not tstage.Client("http://127.0.0.1:1", retries=0).health()
+
+
+def test_trace(client, tmp_path):
+    import json
+    import threading
+    import time
+
+    out = tmp_path / "trace.json"
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.update(client.trace(2, path=out)))
+    t.start()
+    time.sleep(0.3)
+    with pytest.raises(tstage.Aborted, match="one at a time"):
+        client.trace(1)
+    client.put("traced", np.zeros(1 << 20, np.uint8), device="sim:0", memory_kind="pinned_host")
+    client.device_put("traced", memory_kind="device", wait=True)
+    t.join()
+    assert json.loads(out.read_text()) == got
+    assert got["displayTimeUnit"] == "ms" and got["metadata"]["dropped_events"] == 0
+    copies = [e for e in got["traceEvents"] if e["ph"] == "X" and e["cat"] == "copy"
+              and e["args"].get("bytes") == 1 << 20]
+    assert copies and copies[0]["name"] == "H2D"
+    with pytest.raises(tstage.InvalidArgument, match="seconds '61'"):
+        client.trace(61)

@@ -288,6 +288,22 @@ class Client:
         return self._t.json("GET", "/v1/memory/history",
                             query={"since": _since_param(since), "step": _seconds_param(step)})
 
+    def trace(self, seconds: int = 5, path: Union[None, str, "os.PathLike[str]"] = None) -> Dict[str, Any]:
+        """Records a trace of the daemon for ``seconds`` (1..60) and answers it
+        (``GET /v1/trace``): Chrome Trace Event JSON (``traceEvents``,
+        ``displayTimeUnit``, ``metadata`` with ``dropped_events``) that
+        Perfetto's UI (ui.perfetto.dev) and ``chrome://tracing`` open. With
+        ``path`` it is also written there as the daemon answered it. Blocks
+        for ``seconds``. One trace at a time: another one recording raises
+        ``Aborted``; bad ``seconds`` raise ``InvalidArgument``."""
+        resp = self._t.request("GET", "/v1/trace", query={"seconds": int(seconds)},
+                               idempotent=False, timeout=float(seconds) + 60.0)
+        data = resp.data
+        if path is not None:
+            with open(path, "wb") as f:
+                f.write(data)
+        return _json.loads(data)
+
     def fleet(self, scope: str = "fleet") -> List[Dict[str, Any]]:
         """Every node of the fleet (``GET /v1/fleet``): this one first, then each
         peer of ``--peers``, with its ``host``, ``url``, ``version``,
