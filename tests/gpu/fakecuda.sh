@@ -118,7 +118,7 @@ for pass in $passes; do
 		# it_lease, it_tokens and it_optax's MLP cases run in the bundle
 		# pass (gpu-bundle/run.sh's step 6), not twice
 		for t in it_integrity it_badinput it_hostile it_probe it_convert it_unix \
-			it_checkpoint it_shared_json it_restart; do
+			it_checkpoint it_shared_json it_restart it_trace; do
 			run "$t" "$build/tests/$t"
 		done
 		# the eight GPUs of tests/data/two_socket.xml, placed by bus id, peers
