@@ -59,6 +59,13 @@ values = ["sim:0", "sim:1", "cpu:0"]
 "path.model" = { dictionary = "models", probability = 0.8 }
 "path.operation" = { dictionary = "operations", probability = 0.8 }
 "path.device" = { dictionary = "devices", probability = 0.8 }
+
+# a trace answers after the seconds it records (up to 60, past the 30 s
+# request timeout): generated calls record one second; the values refused
+# are it_trace's
+[[operations]]
+include-path = "/v1/trace"
+parameters = { "query.seconds" = 1 }
 TOML
 
 # from a scratch folder: schemathesis keeps its cache (.schemathesis/) in the
