@@ -82,7 +82,7 @@ CUDA_ARCH ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=s
              -gencode arch=compute_90,code=compute_90
 TS_CPPFLAGS += -DTS_HAVE_CUDA=1 -isystem $(CUDA_HOME)/include
 CUDART_LIBS := -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart
-TS_LDLIBS += $(CUDART_LIBS) -lcublas -lstdc++
+TS_LDLIBS += $(CUDART_LIBS) -lcublas -lnccl -lstdc++
 NVCCFLAGS ?= -O2 -std=c++17 $(CUDA_ARCH) -Xcompiler -fPIC,-Wall -I.
 endif
 

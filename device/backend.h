@@ -57,6 +57,13 @@ enum ts__event_family {
 	TS__EVENTS_CUDA,
 };
 
+/* The collectives of device.h's ts_comm. */
+enum ts__coll {
+	TS__COLL_ALLREDUCE = 0,
+	TS__COLL_REDUCE_SCATTER,
+	TS__COLL_ALL_GATHER,
+};
+
 /*
  * The operations of one backend. device.c has already checked the
  * arguments (non-NULL, known kinds, event and queue of compatible families,
@@ -116,6 +123,15 @@ struct ts__backend_ops {
 	ts_status (*peer_caps)(struct ts_device *dev, struct ts_device *peer,
 	                       struct ts_peer_caps *out, struct ts_error *err);
 
+	/* Collectives (device.h's ts_comm) over n devices of this backend;
+	 * optional: NULL for the host family, whose collectives are comm.c's
+	 * host functions. ctx is the backend's communicator. */
+	ts_status (*comm_new)(struct ts_device *const *devs, int n, void **ctx,
+	                      struct ts_error *err);
+	void (*comm_free)(void *ctx, int n);
+	ts_status (*comm_run)(void *ctx, int n, enum ts__coll coll, struct ts_queue *const *qs,
+	                      float *const *bufs, uint64_t count, struct ts_error *err);
+
 	/* Frees dev->impl; called once every queue is gone. */
 	void (*device_free)(struct ts_device *dev);
 };
@@ -167,6 +183,7 @@ struct ts_device {
 	_Atomic uint64_t copies;                /* copies accepted by its queues */
 	_Atomic uint64_t copied[TS_COPY_H2H + 1];   /* their bytes, per direction */
 	_Atomic uint64_t copies_queued;         /* accepted, not yet run (host queues) */
+	_Atomic uint64_t collective_bytes;      /* its ranks' data in collectives (comm.c) */
 	pthread_mutex_t queues_mu;
 	struct ts_queue *queues;                /* guarded by: queues_mu */
 	uint32_t nqueues_made;                  /* guarded by: queues_mu; numbers queues */
@@ -198,6 +215,13 @@ struct ts__discover_ctx {
  * only running out of memory or threads is. The CUDA one lives in
  * cuda_backend.c, or in nocuda.c for builds without CUDA.
  */
+/* The CUDA backend's collectives (cuda_comm.c: NCCL), its comm ops. */
+ts_status ts__cuda_comm_new(struct ts_device *const *devs, int n, void **ctx,
+                            struct ts_error *err);
+void ts__cuda_comm_free(void *ctx, int n);
+ts_status ts__cuda_comm_run(void *ctx, int n, enum ts__coll coll, struct ts_queue *const *qs,
+                            float *const *bufs, uint64_t count, struct ts_error *err);
+
 ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
                             struct ts_backend_info *info,
                             struct ts_error *err);

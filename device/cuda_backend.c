@@ -772,6 +772,9 @@ static const struct ts__backend_ops cuda_ops = {
 	.device_sync = cuda_device_sync,
 	.mem_info = cuda_mem_info,
 	.peer_caps = cuda_peer_caps,
+	.comm_new = ts__cuda_comm_new,
+	.comm_free = ts__cuda_comm_free,
+	.comm_run = ts__cuda_comm_run,
 	.device_free = cuda_device_free,
 };
 

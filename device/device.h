@@ -399,4 +399,61 @@ struct ts_ipc_handle {
 ts_status ts_device_ipc_handle(struct ts_device *dev, void *base, struct ts_ipc_handle *out,
                                struct ts_error *err);
 
+/*
+ * Collectives over several devices of one backend: a communicator with one
+ * rank per device, in the order given (rank r is devs[r]). On CUDA it is
+ * NCCL's (ncclCommInitAll over the GPUs; every collective one NCCL group
+ * over the ranks' streams); on sim and cpu it is the host's: each rank's
+ * queue runs a host function that waits for every rank's, and the
+ * reduction sums rank 0's value, then rank 1's, ... in that fixed order,
+ * so its bits are the same on every rank and in every run.
+ *
+ * A collective is one call for every rank (as one thread drives an NCCL
+ * group): it enqueues on qs[r] (a queue of devs[r]) for each r, after that
+ * queue's earlier work; each queue's later work sees the result. It is all
+ * or nothing: when it fails, no rank's queue waits for the others.
+ * Buffers are memory of each rank's device (host memory on sim and cpu),
+ * alive until each queue has run past the call.
+ *
+ * INVALID_ARGUMENT for fewer than 1 or more than TS_COMM_MAX devices,
+ * devices repeated or of different backends, a queue of another device than
+ * its rank's; UNAVAILABLE for a broken device or a transport error
+ * (translated from NCCL's result once, naming the call); RESOURCE_EXHAUSTED
+ * when out of memory.
+ *
+ * Thread-safety: one collective at a time per communicator (NCCL's rule);
+ * ts_comm_free after every queue it used has run past its last call.
+ */
+#define TS_COMM_MAX 64
+
+struct ts_comm;
+
+ts_status ts_comm_new(struct ts_device *const *devs, int n, struct ts_comm **out,
+                      struct ts_error *err);
+void ts_comm_free(struct ts_comm *c);
+int ts_comm_size(const struct ts_comm *c);
+struct ts_device *ts_comm_device(const struct ts_comm *c, int rank);
+/* "nccl" or "host": what carries the collectives (static string). */
+const char *ts_comm_transport(const struct ts_comm *c);
+
+/* Bytes of this device's ranks' buffers in collectives so far (a rank's
+ * buffer size per collective over more than one device). */
+uint64_t ts_device_collective_bytes(const struct ts_device *dev);
+
+/* bufs[r][i] = the sum over ranks of bufs[r][i], n float32 each. */
+ts_status ts_comm_allreduce(struct ts_comm *c, struct ts_queue *const *qs, float *const *bufs,
+                            uint64_t n, struct ts_error *err);
+
+/* bufs[r][r*n .. r*n + n) = the sum over ranks of that slice, each rank's
+ * buffer n * size floats (the reduce-scatter in place: rank r's slice of
+ * its own buffer; the rest of it is left as it was on the host and
+ * unspecified on CUDA). */
+ts_status ts_comm_reduce_scatter(struct ts_comm *c, struct ts_queue *const *qs,
+                                 float *const *bufs, uint64_t n, struct ts_error *err);
+
+/* bufs[r][k*n .. k*n + n) = bufs[k][k*n .. k*n + n) for every k: each
+ * rank's slice gathered into every rank's buffer (in place). */
+ts_status ts_comm_all_gather(struct ts_comm *c, struct ts_queue *const *qs, float *const *bufs,
+                             uint64_t n, struct ts_error *err);
+
 #endif

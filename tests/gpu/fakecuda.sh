@@ -105,6 +105,11 @@ for pass in $passes; do
 			b=$(basename "$t" .c)
 			run "$b" "$build/tests/$b"
 		done
+		# collectives over 4 and 8 GPUs, shuffled (the loop ran them over 2)
+		for n in 4 8; do
+			run "test_comm-${n}gpus" FAKECUDA_DEVICES=$n FAKECUDA_SHUFFLE=1 CK_RUN_CASE=cuda \
+				"$build/tests/test_comm"
+		done
 		# it_foundation's http and daemons cases start many daemons and
 		# touch no device: its endpoints on the stand-in's GPUs only
 		run it_foundation-endpoints CK_RUN_CASE=endpoints "$build/tests/it_foundation"
