@@ -186,7 +186,7 @@ for pass in $passes; do
 		skip=
 		case " $passes " in
 		*" plain "*)
-			skip="unit-test_kernels unit-test_exec unit-test_device unit-test_stage"
+			skip="unit-test_kernels unit-test_exec unit-test_device unit-test_stage unit-test_comm"
 			skip="$skip unit-test_array_io unit-test_colocate guide-policies"
 			skip="$skip it-arrays it-models-create"
 			;;

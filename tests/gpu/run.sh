@@ -130,6 +130,13 @@ step() {
 for t in test_kernels test_exec test_device test_stage test_array_io test_colocate; do
 	[ -x "$here/tests/$t" ] && step "unit-$t" 240 "$here/tests/$t"
 done
+# collectives (NCCL) need two GPUs at least
+if [ -x "$here/tests/test_comm" ] && { [ "$fake" = 1 ] ||
+	[ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; }; then
+	step unit-test_comm 120 "$here/tests/test_comm"
+else
+	note "skip    unit-test_comm: one GPU (NCCL's collectives need two)"
+fi
 if [ -f "$logs/unit-test_kernels.log" ]; then
 	if grep -q ':cuda_vs_cpu:' "$logs/unit-test_kernels.log"; then
 		note "        kernels cuda vs cpu: differ, see $logs/unit-test_kernels.log"
