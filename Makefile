@@ -266,9 +266,10 @@ integration: $(DAEMON) $(IT_BIN)
 # failure point of each workflow failed in turn.
 faults:
 	@$(MAKE) --no-print-directory FAULT=1 build/fault/tstaged build/fault/tests/test_fault \
-		build/fault/tests/test_exec build/fault/tests/it_faults
+		build/fault/tests/test_exec build/fault/tests/test_replicas build/fault/tests/it_faults
 	build/fault/tests/test_fault
 	CK_RUN_CASE=sim CK_DEFAULT_TIMEOUT=600 build/fault/tests/test_exec
+	CK_RUN_CASE=sim2 CK_DEFAULT_TIMEOUT=600 build/fault/tests/test_replicas
 	TSTAGED=build/fault/tstaged CK_DEFAULT_TIMEOUT=600 build/fault/tests/it_faults
 
 # The bounded soak against a production daemon (SOAK_SECONDS, default 60).

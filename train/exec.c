@@ -570,6 +570,8 @@ static const struct kernel_rule {
 	[TS_P_SOFTMAX_BWD] = {3, false, {RD(FA, OA, S_SQ), RD(FB, OB, S_SQ), WR(FC, OC, S_SQ)}},
 	[TS_P_GEMM_BATCHED_LP] = {3, true, {RD(FA, OA, S_BMK_LOWP), RD(FB, OB, S_BKN_LOWP),
 	                                    WR(FC, OC, S_BMN)}},
+	/* not a kernel of one queue: the replicas' (run_allreduce) */
+	[TS_P_ALLREDUCE] = {1, false, {WR(FA, OA, S_N)}},
 };
 
 #undef RD
@@ -1045,17 +1047,17 @@ static void read_norm_after(struct run *r)
 	}
 }
 
-/* Waits for every queue, gives back the arenas, frees the events. Keeps
- * the first failure in err and returns the outcome. */
-static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
+/* Waits for every queue. Keeps the first failure in err and returns the
+ * outcome. */
+static ts_status run_drain(struct run *r, ts_status st, struct ts_error *err)
 {
-	struct ts_space *sp[2] = {r->env->device_space, r->env->pinned_space};
 	ts_status sync;
 
 	if (r->host_open) {
 		sync = clk_mark(r, clk_close, err);
 		if (st == TS_OK)
 			st = sync;
+		r->host_open = false;
 	}
 	for (int y = 0; y < NQ; y++) {
 		if (!r->q[y])
@@ -1064,6 +1066,16 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 		if (st == TS_OK)
 			st = sync;
 	}
+	return st;
+}
+
+/* After run_drain, with the run's outcome st (every replica's): puts the
+ * journaled arguments back on failure, gives back the arenas, frees the
+ * events. Returns the outcome (DATA_LOSS when the journal could not be
+ * restored). */
+static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
+{
+	struct ts_space *sp[2] = {r->env->device_space, r->env->pinned_space};
 	/* a failure past the first update: the journal puts the weights back */
 	if (st != TS_OK && r->updating && r->journal && journal_restore(r, err) != TS_OK)
 		st = TS_DATA_LOSS;
@@ -1103,67 +1115,212 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 	return st;
 }
 
+/* Action i of the plan on one replica (every kind but ALLREDUCE). */
+static ts_status run_action(struct run *r, int i, int step, struct ts_error *err)
+{
+	const struct ts_paction *a = &r->p->actions[i];
+
+	switch (a->op) {
+	case TS_P_ALLOC:
+		return do_alloc(r, i, a->a, err);
+	case TS_P_FREE:
+		return do_free(r, i, a->a, err);
+	case TS_P_COPY:
+		return do_copy(r, i, a, err);
+	case TS_P_WAIT:
+		/* honoured at the first kernel touching a (see the top) */
+		return need(r, i, a->a, 0, 0, err);
+	case TS_P_PHASE:
+		return TS_OK;
+	case TS_P_ALLREDUCE:
+		return bad_plan(err, i, "an all-reduce outside a data-parallel run", a->a);
+	default:
+		return do_kernel(r, i, a, step, err);
+	}
+}
+
+/*
+ * Action i, an ALLREDUCE, on every replica at once: each compute queue
+ * ordered after what touches its buffer (as a kernel), then one collective
+ * over all of them (device.h's ts_comm: an NCCL group on CUDA, the host's
+ * in rank order on sim), which each queue runs in its order.
+ */
+static ts_status run_allreduce(struct run *r, int n, struct ts_comm *comm, int i,
+                               struct ts_error *err)
+{
+	const struct ts_paction *a = &r[0].p->actions[i];
+	struct ts_queue *qs[TS_PLAN_REPLICAS_MAX];
+	float *bufs[TS_PLAN_REPLICAS_MAX];
+	struct operand o[7];
+	int no = 0;
+	ts_status st = kernel_operands(r[0].p, i, a, o, &no, err);
+
+	for (int k = 0; k < n && st == TS_OK; k++) {
+		st = kernel_begin(&r[k], i, o, no, err);
+		if (st == TS_OK && r[k].p->bufs[a->a].kind != TS_MEM_DEVICE)
+			st = bad_plan(err, i, "an all-reduce of host memory", a->a);
+		qs[k] = r[k].q[QC];
+		bufs[k] = st == TS_OK ? at(&r[k], a->a, a->aoff) : NULL;
+	}
+	if (st == TS_OK)
+		st = ts_comm_allreduce(comm, qs, bufs, a->n, err);
+	for (int k = 0; k < n && st == TS_OK; k++)
+		kernel_end(&r[k], o, no);
+	return st;
+}
+
+/*
+ * Before the first UPDATE a of any replica: every replica's global norm
+ * read back (as do_kernel reads its own) and every replica's earlier copies
+ * and collectives known good, so that a failure on one device leaves every
+ * device's arguments whole (after it, only kernels and the journaled or
+ * versioned arguments' copies run, as on one device).
+ */
+static ts_status settle_all(struct run *r, int n, const struct ts_paction *a,
+                            struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	for (int k = 0; k < n && st == TS_OK; k++)
+		if (a->e >= 0 && !r[k].norm_read) {
+			st = read_scalar(&r[k], a->e, &r[k].gnorm_sq, err);
+			r[k].norm_read = st == TS_OK;
+		}
+	for (int k = 0; k < n && st == TS_OK; k++)
+		for (int y = 0; y < NQ && st == TS_OK; y++)
+			st = settle(&r[k], y, r[k].seq[y], err);
+	return st;
+}
+
+static ts_status check_replicas(const struct ts_plan *p, const struct ts_exec_env *envs, int n,
+                                struct ts_comm *comm, void *const *const *args,
+                                void *const *const *outs, struct ts_exec_result *out,
+                                struct ts_error *err)
+{
+	int R = p && p->replicas > 1 ? p->replicas : 1;
+	ts_status st = TS_OK;
+
+	if (!p || !envs || !args || !out)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
+		                    "step: no plan, environments, arguments or results");
+	if (n != R)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REPLICAS",
+		                    "step: the plan is for %d device(s), not %d", R, n);
+	if (n > 1 && (!comm || ts_comm_size(comm) != n))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REPLICAS",
+		                    "step: %d replicas need a communicator of %d devices", n, n);
+	for (int k = 0; k < n && st == TS_OK; k++) {
+		st = check_env(p, &envs[k], args[k], outs ? outs[k] : NULL, &out[k], err);
+		if (st == TS_OK && n > 1 &&
+		    ts_queue_device(envs[k].compute) != ts_comm_device(comm, k))
+			st = ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REPLICAS",
+			                  "step: replica %d runs on '%s', the communicator's rank %d "
+			                  "is '%s'", k,
+			                  ts_device_props(ts_queue_device(envs[k].compute))->id, k,
+			                  ts_device_props(ts_comm_device(comm, k))->id);
+	}
+	return st;
+}
+
 /*
  * A failure carries metadata "phase" (the phase of the action at which it
- * was noticed). Every copy and kernel before the first UPDATE is known good
- * before that UPDATE is enqueued, and after it only kernels run on device
- * arguments in place (a copy after it makes them versioned), so a failure
- * anywhere leaves the arguments as they were.
+ * was noticed) and, with several replicas, "device". Every copy and kernel
+ * before the first UPDATE is known good before that UPDATE is enqueued on
+ * any replica, and after it only kernels run on device arguments in place
+ * (a copy after it makes them versioned or journaled), so a failure
+ * anywhere leaves every replica's arguments as they were. Actions run in
+ * plan order, each on every replica before the next: one thread drives the
+ * replicas' queues, and a collective is enqueued for all of them at once.
  */
-ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
-                      void *const *args, void *const *outs, int step,
-                      struct ts_exec_result *out, struct ts_error *err)
+ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env *envs, int n,
+                               struct ts_comm *comm, void *const *const *args,
+                               void *const *const *outs, int step,
+                               struct ts_exec_result *out, struct ts_error *err)
 {
-	struct run r;
+	struct run *r;
 	uint64_t t0 = ts_now_ns();
+	bool updating = false;
 	ts_status st;
-	int i;
+	int i = 0, k = 0, failed = -1;
 
-	st = check_env(p, env, args, outs, out, err);
+	st = check_replicas(p, envs, n, comm, args, outs, out, err);
 	if (st != TS_OK)
 		return st;
-	memset(out, 0, sizeof *out);
-	memset(&r, 0, sizeof r);
-	r.p = p;
-	r.env = env;
-	st = run_init(&r, args, outs, err);
-	if (st == TS_OK)
-		st = journal_save(&r, err);
+	r = calloc((size_t)n, sizeof *r);
+	if (!r)
+		return ts_error_oom(err, "step: out of memory for %d replicas", n);
+	for (k = 0; k < n; k++) {
+		memset(&out[k], 0, sizeof out[k]);
+		r[k].p = p;
+		r[k].env = &envs[k];
+	}
+	for (k = 0; k < n && st == TS_OK; k++) {
+		st = run_init(&r[k], args[k], outs ? outs[k] : NULL, err);
+		if (st == TS_OK)
+			st = journal_save(&r[k], err);
+	}
+	if (st != TS_OK)
+		failed = k - 1;
 	for (i = 0; st == TS_OK && i < p->nactions; i++) {
 		const struct ts_paction *a = &p->actions[i];
 
-		switch (a->op) {
-		case TS_P_ALLOC:
-			st = do_alloc(&r, i, a->a, err);
-			break;
-		case TS_P_FREE:
-			st = do_free(&r, i, a->a, err);
-			break;
-		case TS_P_COPY:
-			st = do_copy(&r, i, a, err);
-			break;
-		case TS_P_WAIT:
-			/* honoured at the first kernel touching a (see the top) */
-			st = need(&r, i, a->a, 0, 0, err);
-			break;
-		case TS_P_PHASE:
-			break;
-		default:
-			st = do_kernel(&r, i, a, step, err);
-			break;
+		if (a->op == TS_P_ALLREDUCE) {
+			st = run_allreduce(r, n, comm, i, err);
+			continue;
+		}
+		if (a->op == TS_P_UPDATE && !updating && n > 1) {
+			st = settle_all(r, n, a, err);
+			updating = true;
+		}
+		for (k = 0; k < n && st == TS_OK; k++) {
+			st = run_action(&r[k], i, step, err);
+			if (st != TS_OK)
+				failed = k;
 		}
 	}
-	st = run_finish(&r, st, err);
+	/* every queue of every replica drained, and the outcome known, before
+	 * any replica ends: one that failed makes the others put back what
+	 * they updated (err keeps the first failure) */
+	for (k = 0; k < n; k++) {
+		ts_status ks = run_drain(&r[k], st, err);
+
+		if (st == TS_OK && ks != TS_OK)
+			failed = k;
+		st = ks;
+	}
+	for (k = 0; k < n; k++) {
+		ts_status ks = run_finish(&r[k], st, err);
+
+		if (ks == TS_DATA_LOSS)
+			st = ks;
+	}
 	if (st != TS_OK) {
 		if (i > 0 && i <= p->nactions)
 			ts_error_meta(err, "phase", "%s",
 			              p->actions[i - 1].phase ? p->actions[i - 1].phase : "");
+		if (n > 1 && failed >= 0)
+			ts_error_meta(err, "device", "%s",
+			              ts_device_props(ts_queue_device(envs[failed].compute))->id);
+		free(r);
 		return st;
 	}
-	r.res.grad_norm = r.norm_read ? sqrtf(r.gnorm_sq) : NAN;
-	r.res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
-	r.res.compute_s = (double)r.clk.busy / 1e9;
-	r.res.copy_wait_s = (double)r.clk.wait / 1e9;
-	*out = r.res;
+	for (k = 0; k < n; k++) {
+		r[k].res.grad_norm = r[k].norm_read ? sqrtf(r[k].gnorm_sq) : NAN;
+		r[k].res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
+		r[k].res.compute_s = (double)r[k].clk.busy / 1e9;
+		r[k].res.copy_wait_s = (double)r[k].clk.wait / 1e9;
+		out[k] = r[k].res;
+	}
+	free(r);
 	return TS_OK;
+}
+
+ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
+                      void *const *args, void *const *outs, int step,
+                      struct ts_exec_result *out, struct ts_error *err)
+{
+	void *const *a1[1] = {args};
+	void *const *o1[1] = {outs};
+
+	return ts_exec_run_replicas(p, env, 1, NULL, a1, o1, step, out, err);
 }

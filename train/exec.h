@@ -71,4 +71,28 @@ ts_status ts_exec_run(const struct ts_plan *p, const struct ts_exec_env *env,
                       void *const *args, void *const *outs, int step,
                       struct ts_exec_result *out, struct ts_error *err);
 
+/*
+ * Data parallel: runs one step of plan p (ts_plan_build_replicated, for n
+ * = p->replicas devices) on n replicas together: envs[k] is replica k's
+ * device, spaces, kernels and queues, args[k] / outs[k] its memory as
+ * ts_exec_run's, out[k] its result (each replica's loss is its own
+ * batch's; the gradients' norm, after the all-reduce, is every replica's).
+ * comm is a communicator over the n devices in replica order (device.h's
+ * ts_comm), used by the plan's ALLREDUCE actions. One thread drives every
+ * replica's queues, action by action in plan order.
+ *
+ * Atomic across replicas: every replica's arenas and jobs are taken
+ * before the first action; before the first update on any replica every
+ * replica's earlier work is known good; a failure on any replica leaves
+ * every replica's arguments as they were (the journal of each put back),
+ * with metadata "device" naming the replica where it was noticed.
+ * INVALID_ARGUMENT (BAD_REPLICAS) when n is not the plan's replicas, comm
+ * is missing or not over the envs' devices in order; otherwise as
+ * ts_exec_run. ts_exec_run is this with one replica and no communicator.
+ */
+ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env *envs, int n,
+                               struct ts_comm *comm, void *const *const *args,
+                               void *const *const *outs, int step,
+                               struct ts_exec_result *out, struct ts_error *err);
+
 #endif

@@ -392,7 +392,8 @@ static void update_one(struct ts__pb *b, int l, int k, int G, uint64_t goff, int
  * gradients exist one layer at a time. */
 bool ts__pb_update_fused(const struct ts_plan *p)
 {
-	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0) && p->accumulate <= 1;
+	return p->opt.type != TS_OPT_NONE && !(p->opt.clip_global_norm > 0) && p->accumulate <= 1 &&
+	       p->replicas <= 1;
 }
 
 void ts__pb_norm_begin(struct ts__pb *b)
@@ -588,7 +589,7 @@ static void update(struct ts__pb *b)
 	uint64_t wb = w1_bytes(p), n = wb / F32;
 	int norm = -1, nparams = ts_mlp_has_w2(&p->mlp) ? 2 : 1;
 
-	if (p->opt.clip_global_norm > 0 || p->accumulate > 1) {
+	if (p->opt.clip_global_norm > 0 || p->accumulate > 1 || p->replicas > 1) {
 		norm = ts__pb_temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
 		ts__pb_elementwise(b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
 		ts__pb_elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
@@ -831,6 +832,8 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
 	out->batch = batch;
 	if (out->accumulate < 1)         /* set by a step with accumulation */
 		out->accumulate = 1;
+	if (out->replicas < 1)           /* set by a data-parallel step */
+		out->replicas = 1;
 	b->x = ints(L + 1);
 	b->xh = ints(L + 1);
 	b->h = ints(L);
@@ -945,8 +948,17 @@ void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char 
 
 void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase)
 {
-	float beta = 1.0f / (float)b->p->accumulate;
+	int R = b->p->replicas > 1 ? b->p->replicas : 1;
+	float beta = 1.0f / ((float)b->p->accumulate * (float)R);
 
+	if (acc >= 0 && R > 1) {
+		struct ts_paction *a = ts__pb_emit(b, TS_P_ALLREDUCE, -1, "all-reduce");
+
+		if (!a)
+			return;
+		a->a = acc;
+		a->n = n;
+	}
 	for (uint64_t at = 0; acc >= 0 && at < n; at += MEAN_CHUNK) {
 		uint64_t len = n - at < MEAN_CHUNK ? n - at : MEAN_CHUNK;
 		struct ts_paction *a = ts__pb_emit(b, TS_P_GEMM, -1, phase);
@@ -1010,7 +1022,7 @@ static void mlp_micro(struct ts__pb *b, int j, enum ts_pbuf_class gcls)
 			*grad[k] = acc[k];
 		}
 	}
-	if (j > 0 && j == p->accumulate - 1)
+	if (j == p->accumulate - 1 && (j > 0 || p->replicas > 1))
 		for (int k = 0; k < 4; k++)
 			ts__pb_mean(b, *grad[k], gn[k], "accumulate");
 }
@@ -1026,6 +1038,14 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
                                    int batch, int accumulate, const struct ts_policy *policy,
                                    struct ts_plan *out, struct ts_error *err)
 {
+	return ts_plan_build_replicated(mlp, opt, batch, accumulate, 1, policy, out, err);
+}
+
+ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
+                                   int batch, int accumulate, int replicas,
+                                   const struct ts_policy *policy, struct ts_plan *out,
+                                   struct ts_error *err)
+{
 	struct ts__pb b;
 	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
 	ts_status st;
@@ -1035,12 +1055,17 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_ACCUMULATE",
 		                    "accumulate is in 1..%d micro-batches a step, not %d",
 		                    TS_PLAN_ACCUMULATE_MAX, accumulate);
+	if (replicas < 1 || replicas > TS_PLAN_REPLICAS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REPLICAS",
+		                    "a step runs on 1..%d devices together, not %d",
+		                    TS_PLAN_REPLICAS_MAX, replicas);
 	if (mlp->gpt)
-		return ts__plan_build_gpt(mlp, opt, batch, accumulate, policy, out, err);
+		return ts__plan_build_gpt(mlp, opt, batch, accumulate, replicas, policy, out, err);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
 	out->accumulate = accumulate;
+	out->replicas = replicas;
 	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
 	add_arguments(&b, gcls == TS_PB_OUTPUT, true);

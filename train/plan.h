@@ -234,6 +234,9 @@ enum ts_pop {
 	TS_P_SOFTMAX_BWD, /* c = its gradient at probabilities a, upstream b */
 	TS_P_GEMM_BATCHED_LP, /* as GEMM_BATCHED, with a and b 16-bit copies of its
 	                         n dense batches (offset 0), c float32 */
+	/* data parallel (ts_plan_build_replicated) */
+	TS_P_ALLREDUCE,   /* a (+aoff), n floats = their sum over the replicas (the
+	                     executor's communicator, on the compute queue) */
 };
 
 struct ts_paction {
@@ -259,6 +262,8 @@ struct ts_plan {
 	int batch;                       /* rows of one micro-batch (of the step, without
 	                                    accumulation) */
 	int accumulate;                  /* micro-batches per step, >= 1 (ts_plan_build_accumulate) */
+	int replicas;                    /* devices running the step together, >= 1
+	                                    (ts_plan_build_replicated) */
 	bool norm_after;                 /* fused updates: the global norm's temp (role
 	                                    NORM, the first temp allocated and the last
 	                                    freed) is read back after the step */
@@ -317,6 +322,27 @@ void ts_plan_release(struct ts_plan *p);
 ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
                                    int batch, int accumulate, const struct ts_policy *policy,
                                    struct ts_plan *out, struct ts_error *err);
+
+/*
+ * Data parallel: plans one step that `replicas` devices run together
+ * (exec.h's ts_exec_run_replicas), each on its own `batch` rows (times
+ * `accumulate` micro-batches) with its own replica of every argument: the
+ * same schedule on every device. After the backward pass each gradient
+ * (the accumulators: whole buffers) is summed over the replicas
+ * (TS_P_ALLREDUCE, in the parameters' order) and scaled by 1 / (accumulate
+ * * replicas), so every replica holds the mean gradient of the whole batch
+ * of replicas * accumulate * batch rows; then the global norm (always
+ * computed and read back, as accumulating) and the same update on every
+ * replica, which therefore stay bit-identical. The update is never fused.
+ * The analysis is each device's: the same on every one. replicas 1 is
+ * ts_plan_build_accumulate. INVALID_ARGUMENT (BAD_REPLICAS) for replicas
+ * < 1 or above TS_PLAN_REPLICAS_MAX; otherwise as ts_plan_build_accumulate.
+ */
+#define TS_PLAN_REPLICAS_MAX 64
+ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
+                                   int batch, int accumulate, int replicas,
+                                   const struct ts_policy *policy, struct ts_plan *out,
+                                   struct ts_error *err);
 
 /*
  * Plans an evaluation of mlp on a batch of `batch` rows: the forward pass

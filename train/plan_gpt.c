@@ -823,7 +823,7 @@ static void update_all(struct gpt *g)
 	const struct ts_plan *p = g->b->p;
 	int norm = -1;
 
-	if (p->opt.clip_global_norm > 0 || p->accumulate > 1) {
+	if (p->opt.clip_global_norm > 0 || p->accumulate > 1 || p->replicas > 1) {
 		norm = ts__pb_temp(g->b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
 		ts__pb_elementwise(g->b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
 		for (int t = 0; t < NP; t++)
@@ -935,7 +935,7 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 }
 
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, const struct ts_policy *policy,
+                             int accumulate, int replicas, const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err)
 {
 	struct ts__pb b;
@@ -949,13 +949,14 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 		return st;
 	out->opt = *opt;
 	out->accumulate = accumulate;
+	out->replicas = replicas;
 	gpt_start(&g, &b, out, mlp, policy, batch, mlp->context, grads_out,
 	          opt->type == TS_OPT_ADAM, true);
 	fused = ts__pb_update_fused(out);
 	ts__pb_norm_begin(&b);
 	for (int j = 0; j < accumulate && !b.failed; j++)
 		step_micro(&g, j, grads_out, fused);
-	for (int t = 0; accumulate > 1 && !b.failed && t < NP; t++)
+	for (int t = 0; (accumulate > 1 || replicas > 1) && !b.failed && t < NP; t++)
 		ts__pb_mean(&b, g.G[t], out->bufs[g.G[t]].bytes / F32, "accumulate");
 	if (!fused && !grads_out) {
 		for (int t = 0; t < NP; t++)        /* the update fetches what it updates */

@@ -90,7 +90,8 @@ int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role, enum ts_pb
  * actions from index `first` on read micro-batch j of the input and target
  * arguments IN and TGT (their offsets there moved by j micro-batches).
  * accumulate: acc += g (n floats, whole buffers), then g freed. mean: acc
- * (n floats) scaled by 1 / the plan's accumulate. */
+ * (n floats) summed over the replicas (data parallel: TS_P_ALLREDUCE) and
+ * scaled by 1 / (the plan's accumulate * replicas). */
 void ts__pb_micro(struct ts__pb *b, int first, int j, int IN, int TGT);
 void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char *phase);
 void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase);
@@ -105,7 +106,7 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
  * ts_plan_build_accumulate and ts_plan_build_eval, which call them for a
  * GPT. */
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, const struct ts_policy *policy,
+                             int accumulate, int replicas, const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err);
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
                                   const struct ts_policy *policy,

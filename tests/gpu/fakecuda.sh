@@ -105,10 +105,13 @@ for pass in $passes; do
 			b=$(basename "$t" .c)
 			run "$b" "$build/tests/$b"
 		done
-		# collectives over 4 and 8 GPUs, shuffled (the loop ran them over 2)
+		# collectives and data-parallel steps over 4 and 8 GPUs, shuffled
+		# (the loop ran them over 2)
 		for n in 4 8; do
-			run "test_comm-${n}gpus" FAKECUDA_DEVICES=$n FAKECUDA_SHUFFLE=1 CK_RUN_CASE=cuda \
-				"$build/tests/test_comm"
+			for t in test_comm test_replicas; do
+				run "$t-${n}gpus" FAKECUDA_DEVICES=$n FAKECUDA_SHUFFLE=1 FAKECUDA_MEM_MB=512 \
+					CK_RUN_CASE=cuda "$build/tests/$t"
+			done
 		done
 		# it_foundation's http and daemons cases start many daemons and
 		# touch no device: its endpoints on the stand-in's GPUs only
@@ -187,6 +190,7 @@ for pass in $passes; do
 		case " $passes " in
 		*" plain "*)
 			skip="unit-test_kernels unit-test_exec unit-test_device unit-test_stage unit-test_comm"
+			skip="$skip unit-test_replicas"
 			skip="$skip unit-test_array_io unit-test_colocate guide-policies"
 			skip="$skip it-arrays it-models-create"
 			;;

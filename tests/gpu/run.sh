@@ -134,8 +134,9 @@ done
 if [ -x "$here/tests/test_comm" ] && { [ "$fake" = 1 ] ||
 	[ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -ge 2 ]; }; then
 	step unit-test_comm 120 "$here/tests/test_comm"
+	step unit-test_replicas 240 "$here/tests/test_replicas"
 else
-	note "skip    unit-test_comm: one GPU (NCCL's collectives need two)"
+	note "skip    unit-test_comm, unit-test_replicas: one GPU (NCCL's collectives need two)"
 fi
 if [ -f "$logs/unit-test_kernels.log" ]; then
 	if grep -q ':cuda_vs_cpu:' "$logs/unit-test_kernels.log"; then

@@ -1,0 +1,826 @@
+/*
+ * test_replicas.c - data-parallel steps (plan.h's ts_plan_build_replicated,
+ * exec.h's ts_exec_run_replicas): R devices, each with its replica of every
+ * argument and its slice of the batch, gradients all-reduced.
+ *
+ * On sim devices (2 and 4) and, with TS_TEST_BACKEND=cuda, on every GPU
+ * (under ../shared/fakecuda with 2, 4 and 8, shuffled): the replicated
+ * step equals one device's step on the whole batch within float32
+ * summation error, replicas are bit-identical after every step, two runs
+ * give the same bits, and every fault point of a step (copies and
+ * allocations on any device) leaves every replica as it was.
+ */
+#include <check.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "device/backend.h"
+#include "memory/space.h"
+#include "tests/unit/unit.h"
+#include "train/exec.h"
+
+#define NMAX 8
+
+static struct ts_device_set *set;
+static struct ts_memory *mem;
+static struct ts_comm *comm;
+static int ndev;
+static struct ts_device *devs[NMAX];
+static struct ts_space *dsp[NMAX], *psp[NMAX];
+static struct ts_kernels *kern[NMAX];
+static struct ts_queue *qc[NMAX], *qh[NMAX], *qd[NMAX];
+static struct ts_exec_env envs[NMAX];
+static struct ts_error err;
+static bool on_cuda;
+
+#define OK(call) TS_UNIT_OK(err, call)
+
+static void setup_with(const struct ts_device_config *dc, enum ts_backend_kind kind, int want,
+                       double fraction)
+{
+	struct ts_memory_config mc = {.device_memory_fraction = fraction,
+	                              .pinned_host_limit = 512ull << 20,
+	                              .unpinned_host_limit = 64ull << 20,
+	                              .pinned_segment = 32ull << 20};
+
+	ts_error_clear(&err);
+	OK(ts_device_set_new(dc, &set, &err));
+	ndev = 0;
+	for (size_t i = 0; i < ts_device_set_count(set) && ndev < want; i++)
+		if (ts_device_props(ts_device_set_at(set, i))->backend == kind)
+			devs[ndev++] = ts_device_set_at(set, i);
+	ck_assert_msg(ndev >= 2, "%d device(s): data parallel needs 2", ndev);
+	OK(ts_memory_new(set, &mc, &mem, &err));
+	for (int k = 0; k < ndev; k++) {
+		const char *id = ts_device_props(devs[k])->id;
+
+		dsp[k] = ts_memory_find(mem, id, TS_MEM_DEVICE);
+		psp[k] = ts_memory_find(mem, id, TS_MEM_PINNED_HOST);
+		ck_assert_ptr_nonnull(dsp[k]);
+		ck_assert_ptr_nonnull(psp[k]);
+		OK(ts_kernels_new(devs[k], &kern[k], &err));
+		OK(ts_queue_new(devs[k], &qc[k], &err));
+		OK(ts_queue_new(devs[k], &qh[k], &err));
+		OK(ts_queue_new(devs[k], &qd[k], &err));
+		envs[k] = (struct ts_exec_env){.dev = devs[k], .device_space = dsp[k],
+		                               .pinned_space = psp[k], .kernels = kern[k],
+		                               .compute = qc[k], .h2d = qh[k], .d2h = qd[k]};
+	}
+	OK(ts_comm_new(devs, ndev, &comm, &err));
+}
+
+static void setup_sim(int n)
+{
+	struct ts_device_config dc = {.sim_devices = n, .sim_device_memory = 128ull << 20,
+	                              .host = "t"};
+
+	on_cuda = false;
+	setup_with(&dc, TS_BACKEND_SIM, n, 1.0);
+}
+
+static void setup_sim2(void)
+{
+	setup_sim(2);
+}
+
+static void setup_sim4(void)
+{
+	setup_sim(4);
+}
+
+static void setup_cuda(void)
+{
+	struct ts_device_config dc = {.sim_devices = 0, .cuda = true, .host = "t"};
+
+	on_cuda = true;
+	setup_with(&dc, TS_BACKEND_CUDA, NMAX, 0.05);
+}
+
+/* The stand-in's count of rule violations (0 on a real GPU: no stand-in). */
+static int cuda_violations(void)
+{
+	int (*fn)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "fakecuda_violations");
+
+	return fn ? fn() : 0;
+}
+
+static void teardown(void)
+{
+	ts_comm_free(comm);
+	for (int k = 0; k < ndev; k++) {
+		ts_queue_free(qc[k]);
+		ts_queue_free(qh[k]);
+		ts_queue_free(qd[k]);
+		ts_kernels_free(kern[k]);
+	}
+	ts_memory_free(mem);
+	ts_device_set_free(set);
+	ck_assert_msg(cuda_violations() == 0, "FAKECUDA VIOLATION (see stderr)");
+}
+
+static uint64_t in_use(struct ts_space *sp)
+{
+	struct ts_space_stats s;
+
+	ts_space_stats(sp, &s);
+	return s.bytes_in_use;
+}
+
+/* ---- the models and their data ------------------------------------------------- */
+
+static const struct ts_optimizer adamw_clip = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
+                                               .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f,
+                                               .adamw = true, .weight_decay = 0.1f,
+                                               .clip_global_norm = 0.5f};
+static const struct ts_optimizer sgd_clip = {.type = TS_OPT_SGD, .learning_rate = 0.1f,
+                                             .clip_global_norm = 0.5f};
+static const struct ts_optimizer grads_only = {.type = TS_OPT_NONE};
+static const struct ts_optimizer adam = {.type = TS_OPT_ADAM, .learning_rate = 1e-2f,
+                                         .b1 = 0.9f, .b2 = 0.999f, .eps = 1e-8f};
+
+static const struct ts_mlp dense = {.layers = 3, .d_model = 16, .d_hidden = 24,
+                                    .act = TS_ACT_GELU, .residual = true,
+                                    .loss = TS_LOSS_MSE};
+
+/* vocab 37, windows of 8 tokens, 2 blocks of width 16 (4 heads) */
+static const struct ts_mlp gpt = {.layers = 2, .d_model = 16, .d_hidden = 32,
+                                  .act = TS_ACT_GELU, .loss = TS_LOSS_XENT, .vocab = 37,
+                                  .id_bytes = 4, .gpt = true, .heads = 4, .context = 8};
+
+static float rnd(unsigned *s)
+{
+	*s = *s * 1103515245u + 12345u;
+	return (float)((*s >> 8) & 0xffff) / 65536.0f;
+}
+
+/* The contents of a role's argument of a plan with `rows` rows (the whole
+ * batch's rows for inputs and targets; the same whatever the plan's batch
+ * for the rest): weights in [-0.3, 0.3) (LayerNorm scales near 1),
+ * optimizer state zero, inputs in [-1, 1) or token ids. */
+static void *initial(const struct ts_plan *p, enum ts_pbuf_role role, uint64_t bytes)
+{
+	float *x = malloc(bytes);
+	uint64_t n = bytes / sizeof *x;
+	unsigned s = 7u + 131u * (unsigned)role;
+	int kind = -1, t = -1;
+
+	ck_assert_ptr_nonnull(x);
+	if ((ts_mlp_tokens(&p->mlp) || p->mlp.gpt) &&
+	    (role == TS_ROLE_INPUT || role == TS_ROLE_TARGET)) {
+		int32_t *ids = (int32_t *)(void *)x;
+
+		for (uint64_t i = 0; i < n; i++)
+			ids[i] = (int32_t)(rnd(&s) * (float)p->mlp.vocab) % p->mlp.vocab;
+		return x;
+	}
+	if (ts_role_opt_state(role)) {
+		memset(x, 0, bytes);
+		return x;
+	}
+	ts_gpt_role_of(role, &kind, &t);
+	for (uint64_t i = 0; i < n; i++) {
+		x[i] = role == TS_ROLE_INPUT || role == TS_ROLE_TARGET ? 2 * rnd(&s) - 1
+		                                                         : 0.6f * rnd(&s) - 0.3f;
+		if (kind == 0 && ts_gpt_param_is_scale((enum ts_gpt_param)t))
+			x[i] += 1.0f;
+	}
+	return x;
+}
+
+/* A plan run on R devices (replicas R of the plan; R = 1: one device). */
+struct rjob {
+	struct ts_plan plan;
+	int R;
+	void **args[NMAX];
+	void **outs[NMAX];
+};
+
+static void put(int k, const struct ts_pbuf *b, void *dst, const void *src)
+{
+	if (b->kind == TS_MEM_DEVICE) {
+		OK(ts_queue_copy(qh[k], dst, src, b->bytes, TS_COPY_H2D, &err));
+		OK(ts_queue_sync(qh[k], &err));
+	} else {
+		memcpy(dst, src, b->bytes);
+	}
+}
+
+static void *get(int k, const struct ts_pbuf *b, const void *src)
+{
+	void *x = malloc(b->bytes);
+
+	ck_assert_ptr_nonnull(x);
+	if (b->kind == TS_MEM_DEVICE) {
+		OK(ts_queue_copy(qd[k], x, src, b->bytes, TS_COPY_D2H, &err));
+		OK(ts_queue_sync(qd[k], &err));
+	} else {
+		memcpy(x, src, b->bytes);
+	}
+	return x;
+}
+
+/* Plans m on R devices of `batch` rows each and gives each replica its
+ * arguments: the same weights, and rows k*batch.. of the whole batch. */
+static void rjob_new(const struct ts_mlp *m, const struct ts_optimizer *o, int batch, int R,
+                     const struct ts_policy *pol, struct rjob *j)
+{
+	memset(j, 0, sizeof *j);
+	j->R = R;
+	OK(ts_plan_build_replicated(m, o, batch, 1, R, pol, &j->plan, &err));
+	ck_assert_int_eq(j->plan.replicas, R);
+	for (int k = 0; k < R; k++) {
+		j->args[k] = calloc((size_t)j->plan.nbufs, sizeof(void *));
+		j->outs[k] = calloc((size_t)j->plan.nbufs, sizeof(void *));
+		ck_assert_ptr_nonnull(j->args[k]);
+		ck_assert_ptr_nonnull(j->outs[k]);
+	}
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		const struct ts_pbuf *b = &j->plan.bufs[i];
+		bool rows = b->role == TS_ROLE_INPUT || b->role == TS_ROLE_TARGET;
+		char *whole;
+
+		if (b->cls == TS_PB_TEMP)
+			continue;
+		whole = initial(&j->plan, b->role, rows ? b->bytes * (uint64_t)R : b->bytes);
+		for (int k = 0; k < R; k++) {
+			struct ts_space *sp = b->kind == TS_MEM_DEVICE ? dsp[k] : psp[k];
+
+			OK(ts_space_alloc(sp, b->bytes, &j->args[k][i], &err));
+			if (b->versioned)
+				OK(ts_space_alloc(sp, b->bytes, &j->outs[k][i], &err));
+			put(k, b, j->args[k][i], whole + (rows ? (uint64_t)k * b->bytes : 0));
+		}
+		free(whole);
+	}
+}
+
+static void rjob_free(struct rjob *j)
+{
+	for (int k = 0; k < j->R; k++) {
+		for (int i = 0; i < j->plan.nbufs; i++) {
+			const struct ts_pbuf *b = &j->plan.bufs[i];
+			struct ts_space *sp = b->kind == TS_MEM_DEVICE ? dsp[k] : psp[k];
+
+			if (j->args[k][i])
+				ts_space_release(sp, j->args[k][i], b->bytes);
+			if (j->outs[k][i])
+				ts_space_release(sp, j->outs[k][i], b->bytes);
+		}
+		free(j->args[k]);
+		free(j->outs[k]);
+	}
+	ts_plan_release(&j->plan);
+}
+
+/* One step on every replica; the new versions become the arguments. The
+ * loss is the replicas' mean (in rank order). */
+static ts_status rjob_try(struct rjob *j, int step, float *loss, struct ts_exec_result *res)
+{
+	void *const *a[NMAX], *const *o[NMAX];
+	ts_status st;
+
+	for (int k = 0; k < j->R; k++) {
+		a[k] = j->args[k];
+		o[k] = j->outs[k];
+	}
+	ts_error_clear(&err);
+	st = ts_exec_run_replicas(&j->plan, envs, j->R, j->R > 1 ? comm : NULL, a, o, step, res,
+	                          &err);
+	if (st != TS_OK)
+		return st;
+	for (int k = 0; k < j->R; k++)
+		for (int i = 0; i < j->plan.nbufs; i++)
+			if (j->plan.bufs[i].versioned) {
+				void *t = j->args[k][i];
+
+				j->args[k][i] = j->outs[k][i];
+				j->outs[k][i] = t;
+			}
+	if (loss) {
+		float s = 0;
+
+		for (int k = 0; k < j->R; k++)
+			s += res[k].loss;
+		*loss = s / (float)j->R;
+	}
+	return TS_OK;
+}
+
+static float rjob_step(struct rjob *j, int step)
+{
+	struct ts_exec_result res[NMAX];
+	uint64_t d0[NMAX], h0[NMAX];
+	float loss;
+
+	for (int k = 0; k < j->R; k++) {
+		d0[k] = in_use(dsp[k]);
+		h0[k] = in_use(psp[k]);
+	}
+	OK(rjob_try(j, step, &loss, res));
+	for (int k = 0; k < j->R; k++) {
+		/* every device's measured peak is the plan's, and nothing stays */
+		ck_assert_uint_eq(res[k].measured_temp_peak, j->plan.temp_size_in_bytes);
+		ck_assert_uint_eq(res[k].measured_host_temp_peak, j->plan.host_temp_size_in_bytes);
+		ck_assert_uint_eq(in_use(dsp[k]), d0[k]);
+		ck_assert_uint_eq(in_use(psp[k]), h0[k]);
+		/* the norm is of the reduced gradients: the same on every replica */
+		ck_assert_msg(memcmp(&res[k].grad_norm, &res[0].grad_norm, sizeof(float)) == 0,
+		              "replica %d's gradient norm %.9g, replica 0's %.9g", k,
+		              (double)res[k].grad_norm, (double)res[0].grad_norm);
+	}
+	return loss;
+}
+
+/* Replica k's argument i, read back (malloc'd). */
+static float *rjob_read(const struct rjob *j, int k, int i)
+{
+	return get(k, &j->plan.bufs[i], j->args[k][i]);
+}
+
+static bool state_arg(const struct ts_plan *p, int i)
+{
+	return p->bufs[i].cls == TS_PB_ARGUMENT && ts_role_state(p->bufs[i].role);
+}
+
+/* Every replica's parameters and optimizer state are replica 0's bits. */
+static void replicas_identical(const struct rjob *j, const char *when)
+{
+	for (int i = 0; i < j->plan.nbufs; i++) {
+		float *x0;
+
+		if (!state_arg(&j->plan, i))
+			continue;
+		x0 = rjob_read(j, 0, i);
+		for (int k = 1; k < j->R; k++) {
+			float *x = rjob_read(j, k, i);
+
+			ck_assert_msg(memcmp(x, x0, j->plan.bufs[i].bytes) == 0,
+			              "%s: replica %d's role %d differs from replica 0's", when, k,
+			              (int)j->plan.bufs[i].role);
+			free(x);
+		}
+		free(x0);
+	}
+}
+
+/* The replicated job's state (replica 0) against the one-device job's,
+ * role by role, within float32 summation error of each tensor's scale. */
+static void close_to(const struct rjob *dp, const struct rjob *one, double tol,
+                     const char *when)
+{
+	for (int i = 0; i < dp->plan.nbufs; i++) {
+		enum ts_pbuf_role role = dp->plan.bufs[i].role;
+		int i1 = -1;
+		float *x, *y;
+		double scale = 0, worst = 0;
+		uint64_t n = dp->plan.bufs[i].bytes / sizeof(float);
+
+		if (!state_arg(&dp->plan, i) && dp->plan.bufs[i].cls != TS_PB_OUTPUT)
+			continue;
+		for (int b = 0; b < one->plan.nbufs; b++)
+			if (one->plan.bufs[b].cls == dp->plan.bufs[i].cls &&
+			    one->plan.bufs[b].role == role)
+				i1 = b;
+		ck_assert_int_ge(i1, 0);
+		ck_assert_uint_eq(one->plan.bufs[i1].bytes, dp->plan.bufs[i].bytes);
+		x = rjob_read(dp, 0, i);
+		y = rjob_read(one, 0, i1);
+		for (uint64_t e = 0; e < n; e++)
+			scale = fmax(scale, fabs(y[e]));
+		for (uint64_t e = 0; e < n; e++)
+			worst = fmax(worst, fabs((double)x[e] - y[e]) / (scale + 1e-30));
+		ck_assert_msg(worst <= tol, "%s: role %d off by %.3g of its scale %.3g", when,
+		              (int)role, worst, scale);
+		free(x);
+		free(y);
+	}
+}
+
+/* ---- the cases ------------------------------------------------------------------ */
+
+/* Replicated steps against one device's on the whole batch: the losses
+ * and the gradients (optimizer none: the outputs) or the weights (SGD:
+ * linear in the gradient) within float32 summation error. Adam's first
+ * steps divide each gradient by its own magnitude, so an element whose
+ * gradient is rounding noise moves by up to the learning rate either way:
+ * with Adam the losses are compared, and the replicas among themselves. */
+static void dp_equals_whole_batch(const struct ts_mlp *m, const struct ts_optimizer *o,
+                                  int batch, const struct ts_policy *pol, const char *what)
+{
+	struct rjob dp, one;
+	char when[160];
+	int steps = on_cuda ? 2 : 4;     /* the stand-in runs kernels thread by thread */
+
+	rjob_new(m, o, batch, ndev, pol, &dp);
+	rjob_new(m, o, batch * ndev, 1, pol, &one);
+	/* each device's memory is one device's of its slice: the plan's
+	 * collectives allocate nothing */
+	for (int step = 1; step <= steps; step++) {
+		float ld = rjob_step(&dp, step), l1 = rjob_step(&one, step);
+
+		snprintf(when, sizeof when, "%s, %d devices, step %d", what, ndev, step);
+		ck_assert_msg(fabsf(ld - l1) <= (o->type == TS_OPT_ADAM ? 1e-3f : 1e-5f) * fabsf(l1) +
+		                                    1e-6f,
+		              "%s: loss %.9g, one device on the whole batch %.9g", when, (double)ld,
+		              (double)l1);
+		replicas_identical(&dp, when);
+		if (o->type != TS_OPT_ADAM)
+			close_to(&dp, &one, 2e-5, when);
+	}
+	fprintf(stderr, "%s on %d devices: %d steps equal one device's on the whole batch\n", what,
+	        ndev, steps);
+	rjob_free(&dp);
+	rjob_free(&one);
+}
+
+START_TEST(test_dense_model_equals_one_device)
+{
+	struct ts_policy on_dev = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                           .save_x = true, .save_h = true};
+	struct ts_policy host = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_PINNED_HOST,
+	                         .offload_x = true, .prefetch_depth = 1};
+
+	dp_equals_whole_batch(&dense, &grads_only, 8, &on_dev, "dense, gradients");
+	dp_equals_whole_batch(&dense, &sgd_clip, 8, &host, "dense, sgd, clipping, offloaded");
+	dp_equals_whole_batch(&dense, &adamw_clip, 8, &on_dev, "dense, adamw, clipping");
+	dp_equals_whole_batch(&dense, &adam, 8, &host, "dense, adam, all offloaded");
+}
+END_TEST
+
+START_TEST(test_gpt_equals_one_device)
+{
+	struct ts_policy on_dev = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                           .save_x = true, .save_h = true};
+	struct ts_policy host = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_PINNED_HOST,
+	                         .prefetch_depth = 1};
+
+	dp_equals_whole_batch(&gpt, &grads_only, 16, &on_dev, "gpt, gradients");
+	dp_equals_whole_batch(&gpt, &sgd_clip, 16, &host, "gpt, sgd, clipping, streamed");
+	dp_equals_whole_batch(&gpt, &adamw_clip, 16, &on_dev, "gpt, adamw, clipping");
+	dp_equals_whole_batch(&gpt, &adam, 16, &host, "gpt, adam, streamed from pinned_host");
+}
+END_TEST
+
+/* Two runs of the same replicated steps: the same bits. */
+START_TEST(test_same_bits_every_run)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_PINNED_HOST,
+	                        .save_x = true};
+	struct rjob a, b;
+
+	rjob_new(&gpt, &adamw_clip, 16, ndev, &pol, &a);
+	rjob_new(&gpt, &adamw_clip, 16, ndev, &pol, &b);
+	for (int step = 1; step <= 3; step++) {
+		float la = rjob_step(&a, step), lb = rjob_step(&b, step);
+
+		ck_assert_msg(memcmp(&la, &lb, sizeof la) == 0, "step %d: loss %.9g, then %.9g", step,
+		              (double)la, (double)lb);
+	}
+	for (int i = 0; i < a.plan.nbufs; i++) {
+		float *x, *y;
+
+		if (!state_arg(&a.plan, i))
+			continue;
+		x = rjob_read(&a, 0, i);
+		y = rjob_read(&b, 0, i);
+		ck_assert_msg(memcmp(x, y, a.plan.bufs[i].bytes) == 0, "role %d differs between runs",
+		              (int)a.plan.bufs[i].role);
+		free(x);
+		free(y);
+	}
+	rjob_free(&a);
+	rjob_free(&b);
+}
+END_TEST
+
+/* The plan: one ALLREDUCE per gradient, each device's analysis the same
+ * as one device's of its slice but for the norm, and no fused update. */
+START_TEST(test_plan_reduces_every_gradient_once)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	struct ts_plan p, p1;
+	uint64_t reduced = 0, grads = 0;    /* bytes all-reduced; of the parameters */
+	int allreduces = 0, first_update = -1, last_reduce = -1;
+
+	ts_error_clear(&err);
+	OK(ts_plan_build_replicated(&gpt, &adam, 16, 1, 4, &pol, &p, &err));
+	OK(ts_plan_build_replicated(&gpt, &adam, 16, 1, 1, &pol, &p1, &err));
+	for (int i = 0; i < p.nactions; i++) {
+		const struct ts_paction *a = &p.actions[i];
+
+		if (a->op == TS_P_ALLREDUCE) {
+			allreduces++;
+			reduced += a->n * sizeof(float);
+			last_reduce = i;
+			ck_assert_int_eq(p.bufs[a->a].kind, TS_MEM_DEVICE);
+		}
+		if (a->op == TS_P_UPDATE && first_update < 0)
+			first_update = i;
+	}
+	for (int i = 0; i < p.nbufs; i++) {
+		int kind, t;
+
+		if (p.bufs[i].cls == TS_PB_ARGUMENT && ts_gpt_role_of(p.bufs[i].role, &kind, &t) &&
+		    kind == 0)
+			grads += p.bufs[i].bytes;      /* a gradient per parameter */
+	}
+	for (int i = 0; i < p1.nactions; i++)
+		ck_assert_int_ne(p1.actions[i].op, TS_P_ALLREDUCE);
+	ck_assert_int_eq(allreduces, TS_GPT_NPARAMS);
+	/* the all-reduced bytes are the gradients' size: no hidden copies */
+	ck_assert_uint_eq(reduced, grads);
+	ck_assert_int_lt(last_reduce, first_update);
+	ck_assert_uint_eq(p.argument_size_in_bytes, p1.argument_size_in_bytes);
+	ts_plan_release(&p);
+	ts_plan_release(&p1);
+	ck_assert_int_eq(ts_plan_build_replicated(&gpt, &adam, 16, 1, 0, &pol, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(err.reason, "BAD_REPLICAS");
+}
+END_TEST
+
+/* A plan for R devices refuses another count, or no communicator. */
+START_TEST(test_bad_runs_refused)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE};
+	struct ts_exec_result res[NMAX];
+	struct rjob j;
+	void *const *a[NMAX], *const *o[NMAX];
+
+	rjob_new(&dense, &adam, 4, ndev, &pol, &j);
+	for (int k = 0; k < ndev; k++) {
+		a[k] = j.args[k];
+		o[k] = j.outs[k];
+	}
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run(&j.plan, &envs[0], a[0], o[0], 1, res, &err),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(err.reason, "BAD_REPLICAS");
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run_replicas(&j.plan, envs, ndev, NULL, a, o, 1, res, &err),
+	                 TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_exec_run_replicas(&j.plan, envs + 1, ndev - 1, comm, a, o, 1, res,
+	                                      &err),
+	                 TS_INVALID_ARGUMENT);
+	/* replicas on the communicator's devices in another order */
+	if (ndev >= 2) {
+		struct ts_exec_env swapped[NMAX];
+
+		memcpy(swapped, envs, sizeof swapped);
+		swapped[0] = envs[1];
+		swapped[1] = envs[0];
+		ts_error_clear(&err);
+		ck_assert_int_eq(ts_exec_run_replicas(&j.plan, swapped, ndev, comm, a, o, 1, res,
+		                                      &err),
+		                 TS_INVALID_ARGUMENT);
+		ck_assert_msg(strstr(err.message, "rank 0") != NULL, "%s", err.message);
+	}
+	rjob_step(&j, 1);           /* nothing was touched: it still runs */
+	replicas_identical(&j, "after refusals");
+	rjob_free(&j);
+}
+END_TEST
+
+/* Every replica's state, read back. */
+static float **snapshot(const struct rjob *j)
+{
+	float **s = calloc((size_t)(j->R * j->plan.nbufs), sizeof *s);
+
+	ck_assert_ptr_nonnull(s);
+	for (int k = 0; k < j->R; k++)
+		for (int i = 0; i < j->plan.nbufs; i++)
+			if (state_arg(&j->plan, i))
+				s[k * j->plan.nbufs + i] = rjob_read(j, k, i);
+	return s;
+}
+
+static void same_as(const struct rjob *j, float **s, const char *when)
+{
+	for (int k = 0; k < j->R; k++)
+		for (int i = 0; i < j->plan.nbufs; i++) {
+			float *x;
+
+			if (!s[k * j->plan.nbufs + i])
+				continue;
+			x = rjob_read(j, k, i);
+			ck_assert_msg(memcmp(x, s[k * j->plan.nbufs + i], j->plan.bufs[i].bytes) == 0,
+			              "%s: replica %d's role %d changed", when, k,
+			              (int)j->plan.bufs[i].role);
+			free(x);
+		}
+}
+
+static void snapshot_free(const struct rjob *j, float **s)
+{
+	for (int e = 0; e < j->R * j->plan.nbufs; e++)
+		free(s[e]);
+	free(s);
+}
+
+/* A copy failing on one device, at points through the step: it fails
+ * (naming that device), every replica as it was, no memory kept; then the
+ * job trains on equal to an untouched one. */
+START_TEST(test_copy_failure_on_one_device_leaves_every_replica_whole)
+{
+	struct ts_policy pol = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
+	                        .offload_x = true, .prefetch_depth = 1};
+	struct rjob j, fresh;
+	uint64_t c0, per_step;
+	int done = 1, failed = 0;
+
+	if (on_cuda)
+		return;              /* injected through the sim backend */
+	rjob_new(&dense, &adamw_clip, 8, ndev, &pol, &j);
+	rjob_new(&dense, &adamw_clip, 8, ndev, &pol, &fresh);
+	c0 = ts_device_copies(devs[1]);
+	rjob_step(&j, 1);
+	per_step = ts_device_copies(devs[1]) - c0;
+	rjob_step(&fresh, 1);
+	ck_assert_uint_gt(per_step, 4);
+	for (int k = 1; k <= 6; k++) {
+		struct ts_exec_result res[NMAX];
+		float **snap = snapshot(&j);
+		uint64_t d0[NMAX], h0[NMAX];
+		char when[120];
+		ts_status st;
+
+		for (int r = 0; r < ndev; r++) {
+			d0[r] = in_use(dsp[r]);
+			h0[r] = in_use(psp[r]);
+		}
+		snprintf(when, sizeof when, "a copy of device 1 failing after %d/7 of a step", k);
+		ts__sim_inject_copy_failure_after(devs[1], (int)(per_step * (uint64_t)k / 7), 1);
+		st = rjob_try(&j, done + 1, NULL, res);
+		ts__sim_inject_copy_failure(devs[1], 0);
+		for (int r = 0; r < ndev; r++)
+			ck_assert_msg(in_use(dsp[r]) == d0[r] && in_use(psp[r]) == h0[r],
+			              "%s: device %d's memory in use changed", when, r);
+		if (st == TS_OK) {
+			rjob_step(&fresh, ++done);
+		} else {
+			ck_assert_msg(st == TS_INTERNAL, "%s: %s", when, err.message);
+			ck_assert_str_eq(err.reason, "COPY_FAILED");
+			same_as(&j, snap, when);
+			failed++;
+		}
+		snapshot_free(&j, snap);
+	}
+	ck_assert_int_ge(failed, 5);
+	rjob_step(&j, done + 1);
+	rjob_step(&fresh, done + 1);
+	replicas_identical(&j, "after the failures");
+	for (int i = 0; i < j.plan.nbufs; i++) {
+		float *x, *y;
+
+		if (!state_arg(&j.plan, i))
+			continue;
+		x = rjob_read(&j, 0, i);
+		y = rjob_read(&fresh, 0, i);
+		ck_assert_msg(memcmp(x, y, j.plan.bufs[i].bytes) == 0,
+		              "role %d differs from an untouched job's", (int)j.plan.bufs[i].role);
+		free(x);
+		free(y);
+	}
+	rjob_free(&j);
+	rjob_free(&fresh);
+}
+END_TEST
+
+#ifdef TS_FAULT_BUILD
+#include "common/fault.h"
+
+/* Every fault point of a replicated step - each copy and each allocation,
+ * on any device - fails it cleanly (every replica as it was, no memory
+ * kept) or is absorbed; then it trains on, equal to an untouched job. */
+static void walk(const struct ts_mlp *m, const struct ts_optimizer *o,
+                 const struct ts_policy *pol, const char *what)
+{
+	static const enum ts_fault_kind kinds[] = {TS_FAULT_COPY, TS_FAULT_ALLOC_HEAP,
+	                                           TS_FAULT_ALLOC_DEVICE, TS_FAULT_ALLOC_PINNED};
+	struct rjob j, fresh;
+	int done = 1, failed = 0, points = 0;
+
+	rjob_new(m, o, 8, ndev, pol, &j);
+	rjob_new(m, o, 8, ndev, pol, &fresh);
+	rjob_step(&j, 1);
+	rjob_step(&fresh, 1);
+	for (size_t f = 0; f < sizeof kinds / sizeof kinds[0]; f++) {
+		uint64_t n;
+
+		ts_fault_arm(kinds[f], 0);
+		rjob_step(&j, ++done);
+		n = ts_fault_count(kinds[f]);
+		rjob_step(&fresh, done);
+		for (uint64_t at = 1; at <= n; at++) {
+			struct ts_exec_result res[NMAX];
+			float **snap = snapshot(&j);
+			uint64_t d0[NMAX], h0[NMAX];
+			char when[200];
+			ts_status st;
+
+			for (int k = 0; k < ndev; k++) {
+				d0[k] = in_use(dsp[k]);
+				h0[k] = in_use(psp[k]);
+			}
+			snprintf(when, sizeof when, "%s: %s point %llu of %llu", what,
+			         ts_fault_kind_name(kinds[f]), (unsigned long long)at,
+			         (unsigned long long)n);
+			ts_fault_arm(kinds[f], at);
+			st = rjob_try(&j, done + 1, NULL, res);
+			ck_assert_msg(ts_fault_fired() == 1, "%s: not reached", when);
+			ts_fault_arm(kinds[f], 0);
+			for (int k = 0; k < ndev; k++)
+				ck_assert_msg(in_use(dsp[k]) == d0[k] && in_use(psp[k]) == h0[k],
+				              "%s: device %d's memory in use changed", when, k);
+			points++;
+			if (st == TS_OK) {
+				rjob_step(&fresh, ++done);
+			} else {
+				ck_assert_msg(st == TS_INTERNAL || st == TS_RESOURCE_EXHAUSTED,
+				              "%s: %s %s", when, ts_status_name(st), err.message);
+				same_as(&j, snap, when);
+				failed++;
+			}
+			snapshot_free(&j, snap);
+		}
+	}
+	rjob_step(&j, done + 1);
+	rjob_step(&fresh, done + 1);
+	replicas_identical(&j, what);
+	for (int i = 0; i < j.plan.nbufs; i++) {
+		float *x, *y;
+
+		if (!state_arg(&j.plan, i))
+			continue;
+		x = rjob_read(&j, 0, i);
+		y = rjob_read(&fresh, 0, i);
+		ck_assert_msg(memcmp(x, y, j.plan.bufs[i].bytes) == 0,
+		              "%s: role %d differs from an untouched job's", what,
+		              (int)j.plan.bufs[i].role);
+		free(x);
+		free(y);
+	}
+	fprintf(stderr, "%s on %d devices: %d failure points, %d failed cleanly, %d absorbed\n",
+	        what, ndev, points, failed, points - failed);
+	ck_assert_int_gt(failed, 0);
+	rjob_free(&j);
+	rjob_free(&fresh);
+}
+
+START_TEST(test_every_failure_point_leaves_every_replica_whole)
+{
+	struct ts_policy on_dev = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                           .save_x = true, .save_h = true};
+	struct ts_policy host = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
+	                         .offload_x = true, .prefetch_depth = 1};
+
+	walk(&dense, &adamw_clip, &on_dev, "dense on the devices");
+	walk(&dense, &adam, &host, "dense, params on pinned_host (journaled)");
+}
+END_TEST
+#endif
+
+static void add_cases(TCase *tc)
+{
+	tcase_add_test(tc, test_dense_model_equals_one_device);
+	tcase_add_test(tc, test_gpt_equals_one_device);
+	tcase_add_test(tc, test_same_bits_every_run);
+	tcase_add_test(tc, test_bad_runs_refused);
+	tcase_add_test(tc, test_copy_failure_on_one_device_leaves_every_replica_whole);
+#ifdef TS_FAULT_BUILD
+	tcase_add_test(tc, test_every_failure_point_leaves_every_replica_whole);
+#endif
+}
+
+Suite *ts_unit_suite(void)
+{
+	Suite *s = suite_create("replicas");
+	TCase *tc = tcase_create("plan");
+
+	tcase_add_test(tc, test_plan_reduces_every_gradient_once);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("sim2");
+	tcase_add_checked_fixture(tc, setup_sim2, teardown);
+	tcase_set_timeout(tc, 120);
+	add_cases(tc);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("sim4");
+	tcase_add_checked_fixture(tc, setup_sim4, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_dense_model_equals_one_device);
+	tcase_add_test(tc, test_gpt_equals_one_device);
+	suite_add_tcase(s, tc);
+	if (ts_unit_cuda()) {
+		tc = tcase_create("cuda");
+		tcase_add_checked_fixture(tc, setup_cuda, teardown);
+		tcase_set_timeout(tc, 600);
+		add_cases(tc);
+		suite_add_tcase(s, tc);
+	}
+	return s;
+}
