@@ -215,7 +215,7 @@ static ts_status host_run(const struct ts_comm *c, enum ts__coll coll, struct ts
 {
 	struct host_job *j = calloc(1, sizeof *j);
 	ts_status st = TS_OK;
-	int r;
+	int r, enqueued;
 
 	if (!j)
 		return ts_error_oom(err, "out of memory queueing a %s", coll_name(coll));
@@ -231,8 +231,10 @@ static ts_status host_run(const struct ts_comm *c, enum ts__coll coll, struct ts
 			j->n++;
 	}
 	j->failed = st != TS_OK;
+	enqueued = j->n;
 	pthread_mutex_unlock(&j->mu);
-	if (j->n == 0)
+	/* from here the ranks own j (the last to leave frees it) */
+	if (enqueued == 0)
 		host_job_free(j);
 	return st;
 }

@@ -1246,7 +1246,7 @@ ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env
 	st = check_replicas(p, envs, n, comm, args, outs, out, err);
 	if (st != TS_OK)
 		return st;
-	r = calloc((size_t)n, sizeof *r);
+	r = calloc((size_t)(n > 0 ? n : 1), sizeof *r);    /* n >= 1: checked */
 	if (!r)
 		return ts_error_oom(err, "step: out of memory for %d replicas", n);
 	for (k = 0; k < n; k++) {
