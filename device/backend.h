@@ -191,6 +191,9 @@ struct ts_device {
 	 * process number in it: set by ts_device_set_trace before any work */
 	struct ts_trace *trace;
 	uint32_t trace_pid;
+	/* the node's topology (borrowed; NULL: none): set by
+	 * ts_device_set_topology before any queue */
+	const struct ts_topology *topo;
 };
 
 /*

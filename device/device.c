@@ -154,6 +154,17 @@ void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace)
 	}
 }
 
+void ts_device_set_topology(struct ts_device_set *set, const struct ts_topology *t)
+{
+	for (size_t i = 0; i < set->count; i++)
+		set->devices[i]->topo = t;
+}
+
+const struct ts_topology *ts_device_topology(const struct ts_device *dev)
+{
+	return dev->topo;
+}
+
 void ts_device_set_trace_flush(struct ts_device_set *set)
 {
 	for (size_t i = 0; i < set->count; i++) {

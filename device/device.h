@@ -134,6 +134,18 @@ struct ts_trace;
  * Call before any queue work, from the thread that made the set. */
 void ts_device_set_trace(struct ts_device_set *set, struct ts_trace *trace);
 
+struct ts_topology;
+
+/* Gives every device of set the node's topology (borrowed: it outlives
+ * every queue of the set), whose CPU binding decision (topology.h's
+ * ts_topology_cpubind) the threads of its later queues and CPU kernels
+ * follow. Call before any queue is made, from the thread that made the
+ * set. */
+void ts_device_set_topology(struct ts_device_set *set, const struct ts_topology *t);
+
+/* The topology set_topology gave dev, or NULL (borrowed). Any thread. */
+const struct ts_topology *ts_device_topology(const struct ts_device *dev);
+
 /* Records in the trace the spans of finished queue work that a backend
  * collects late (CUDA copies, timed by events); before a trace is answered.
  * Any thread. */

@@ -1,6 +1,7 @@
 /*
  * hostq.c - in-order queues and events for devices whose memory the host can
- * reach (sim and cpu): a worker thread per queue runs its jobs in order.
+ * reach (sim and cpu): a worker thread per queue runs its jobs in order,
+ * bound to the device's local CPUs where the topology decides so.
  *
  * A queue is a list of jobs (copy, host callback, event signal, event wait),
  * each numbered when submitted; the worker runs them one at a time, and
@@ -31,6 +32,7 @@
 #include "common/lock.h"
 #include "common/units.h"
 #include "device/backend.h"
+#include "device/topology.h"
 
 enum job_type {
 	JOB_COPY,
@@ -412,6 +414,8 @@ ts_status ts__hostq_new(struct ts_device *dev, ts__hostq_copy_fn copy,
 	}
 	snprintf(name, sizeof name, "tsq-%.11s", dev->props.id);
 	pthread_setname_np(q->worker, name);
+	/* near the device's memory, where the topology says so */
+	(void)ts_topology_bind_cpus(dev->topo, dev->props.id, TS_CPUBIND_COPY, q->worker);
 	*out = &q->base;
 	return TS_OK;
 

@@ -162,3 +162,27 @@ void ts_mesh_layout(const struct ts_topology *t, struct ts_device *const *cand, 
 		    "or hold devices of unknown place (a node holds fewer devices than a row)",
 		    split, rows, last_axis);
 }
+
+size_t ts_mesh_layout_node(const struct ts_topology *t, const struct ts_device_set *set,
+                           struct ts_device **out, size_t cap)
+{
+	struct ts_device *cand[TS_MESH_LAYOUT_MAX], *row[TS_MESH_LAYOUT_MAX];
+	size_t n = ts_device_set_count(set), k = 0;
+
+	for (int b = 0; b < TS_BACKEND_COUNT && k < cap; b++) {
+		size_t nb = 0;
+
+		for (size_t i = 0; i < n && nb < TS_MESH_LAYOUT_MAX; i++)
+			if ((int)ts_device_props(ts_device_set_at(set, i))->backend == b)
+				cand[nb++] = ts_device_set_at(set, i);
+		if (nb == 0)
+			continue;
+		/* a 1 x nb mesh: one row, the whole backend */
+		ts_mesh_layout(t, cand, (int)nb, (int)nb, row, NULL, 0);
+		if (nb > cap - k)
+			nb = cap - k;
+		memcpy(out + k, row, nb * sizeof *row);
+		k += nb;
+	}
+	return k;
+}

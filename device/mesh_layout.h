@@ -38,4 +38,15 @@
 void ts_mesh_layout(const struct ts_topology *t, struct ts_device *const *cand, int n,
                     int last_axis, struct ts_device **out, char *why, size_t cap);
 
+/*
+ * The node's devices in topology order, as GET /v1/devices lists them:
+ * backend by backend in the set's order (CUDA, sim, cpu), each backend's
+ * devices in the order ts_mesh_layout gives a 1 x n mesh of all of them
+ * (NUMA node by node, best linked neighbours adjacent). Writes at most cap
+ * devices (borrowed from set) to out and returns their count; t may be
+ * NULL (the set's order).
+ */
+size_t ts_mesh_layout_node(const struct ts_topology *t, const struct ts_device_set *set,
+                           struct ts_device **out, size_t cap);
+
 #endif

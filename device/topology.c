@@ -6,7 +6,9 @@
  * immutable and needs no lock. The peer matrix is built there too: CUDA
  * pairs from the runtime and hwloc's PCI tree, sim pairs from
  * --sim-peer-links, every link the PCI tree cannot tell from the NUMA
- * placement.
+ * placement. The CPU binding of each device's threads is decided there as
+ * well, from the local CPUs against the node's, and applied later by
+ * whoever starts the threads (ts_topology_bind_cpus).
  */
 #include "device/topology.h"
 
@@ -27,6 +29,7 @@ struct ts_topology {
 	struct ts_topology_numa *numa;
 	size_t ndev;
 	struct ts_topology_device *dev;
+	hwloc_bitmap_t *dev_cpus;         /* [ndev]: local CPUs, NULL where unknown */
 	hwloc_topology_t hw;              /* this machine's, kept for binding; NULL for a file */
 	size_t npeer;
 	size_t *peer_dev;                 /* [npeer]: index into dev */
@@ -303,6 +306,145 @@ static ts_status build_peers(struct ts_topology *t, hwloc_topology_t topo,
 	return st;
 }
 
+/* ---- binding threads to CPUs --------------------------------------------- */
+
+/* Appends to a fixed buffer, cutting what does not fit. */
+static void say(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void say(char *buf, size_t cap, const char *fmt, ...)
+{
+	size_t len = strnlen(buf, cap);
+	va_list ap;
+
+	if (len + 1 >= cap)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf + len, cap - len, fmt, ap);
+	va_end(ap);
+}
+
+/* Why nothing is bound where the decision binds something, or NULL: it is
+ * applied. */
+static const char *not_applied(const struct ts_topology *t, bool machine)
+{
+	const struct hwloc_topology_support *s = t->hw ? hwloc_topology_get_support(t->hw) : NULL;
+
+	if (!machine)
+		return "from a file, not this machine";
+	if (!s || !s->cpubind || !s->cpubind->set_thread_cpubind)
+		return "hwloc cannot bind threads here";
+	return NULL;
+}
+
+/* One device's decision (topology.h's ts_topology_cpubind). */
+static void decide_cpubind(struct ts_topology *t, size_t i, enum ts_backend_kind backend,
+                           hwloc_const_bitmap_t all, bool machine)
+{
+	struct ts_topology_device *d = &t->dev[i];
+	struct ts_topology_cpubind *b = &d->cpubind;
+	hwloc_bitmap_t cpus = t->dev_cpus[i];
+	int nlocal = cpus ? hwloc_bitmap_weight(cpus) : 0;
+	int nall = hwloc_bitmap_weight(all), outside = 0;
+	const char *why_not = not_applied(t, machine);
+
+	b->reason[0] = '\0';
+	if (cpus) {
+		hwloc_bitmap_t rest = hwloc_bitmap_alloc();
+
+		if (rest && hwloc_bitmap_andnot(rest, all, cpus) == 0)
+			outside = hwloc_bitmap_weight(rest);
+		hwloc_bitmap_free(rest);
+	}
+	if (backend == TS_BACKEND_CUDA) {
+		say(b->reason, sizeof b->reason, "a CUDA GPU's copies run on its copy engines, fed "
+		    "by streams, and its kernels on the GPU: no thread of its own to bind");
+		return;
+	}
+	if (nlocal <= 0) {
+		say(b->reason, sizeof b->reason, "local CPUs unknown: its threads run on any CPU");
+		return;
+	}
+	b->copy_threads = true;
+	b->cpu_kernels = nlocal >= TS_CPUBIND_TEAM_MIN && outside > 0;
+	if (b->cpu_kernels)
+		say(b->reason, sizeof b->reason, "copy threads and the CPU kernels' team (%d "
+		    "threads) on its local CPUs %s; %d of the node's %d CPUs left outside the team "
+		    "for the HTTP workers", nlocal, d->local_cpus, outside, nall);
+	else if (outside == 0)
+		say(b->reason, sizeof b->reason, "copy threads on its local CPUs %s; not the CPU "
+		    "kernels' team: those are all the node's %d CPUs, none would be left outside "
+		    "it for the HTTP workers, so it keeps one thread per CPU of the process",
+		    d->local_cpus, nall);
+	else
+		say(b->reason, sizeof b->reason, "copy threads on its local CPUs %s; not the CPU "
+		    "kernels' team: %d local CPU%s, fewer than %d", d->local_cpus, nlocal,
+		    nlocal == 1 ? "" : "s", TS_CPUBIND_TEAM_MIN);
+	b->applied = why_not == NULL;
+	if (why_not)
+		say(b->reason, sizeof b->reason, "; nothing bound: the topology is %s", why_not);
+}
+
+static ts_status decide_all(struct ts_topology *t, hwloc_topology_t topo,
+                            const struct ts_device_set *set, bool machine,
+                            struct ts_error *err)
+{
+	hwloc_const_bitmap_t all = hwloc_topology_get_topology_cpuset(topo);
+
+	t->dev_cpus = calloc(t->ndev ? t->ndev : 1, sizeof *t->dev_cpus);
+	if (!t->dev_cpus)
+		return ts_error_oom(err, "no memory for the CPU sets of %zu devices", t->ndev);
+	for (size_t i = 0; i < t->ndev; i++) {
+		const char *list = t->dev[i].local_cpus;
+
+		if (list[0]) {
+			t->dev_cpus[i] = hwloc_bitmap_alloc();
+			if (!t->dev_cpus[i])
+				return ts_error_oom(err, "no memory for the CPU set of %s", t->dev[i].id);
+			if (hwloc_bitmap_list_sscanf(t->dev_cpus[i], list) < 0 ||
+			    hwloc_bitmap_iszero(t->dev_cpus[i])) {
+				hwloc_bitmap_free(t->dev_cpus[i]);
+				t->dev_cpus[i] = NULL;
+			}
+		}
+		decide_cpubind(t, i, ts_device_props(ts_device_set_at(set, i))->backend, all,
+		               machine);
+	}
+	return TS_OK;
+}
+
+static size_t dev_index(const struct ts_topology *t, const char *id)
+{
+	size_t i = 0;
+
+	while (id && i < t->ndev && strcmp(t->dev[i].id, id) != 0)
+		i++;
+	return id ? i : t->ndev;
+}
+
+bool ts_topology_bind_cpus(const struct ts_topology *t, const char *id, enum ts_cpubind_use use,
+                           pthread_t th)
+{
+	size_t i = t ? dev_index(t, id) : 0;
+	const struct ts_topology_cpubind *b;
+
+	if (!t || i == t->ndev || !t->hw || !t->dev_cpus[i])
+		return false;
+	b = &t->dev[i].cpubind;
+	if (!b->applied || !(use == TS_CPUBIND_COPY ? b->copy_threads : b->cpu_kernels))
+		return false;
+	return hwloc_set_thread_cpubind(t->hw, th, t->dev_cpus[i], HWLOC_CPUBIND_THREAD) == 0;
+}
+
+int ts_topology_kernel_threads(const struct ts_topology *t, const char *id)
+{
+	size_t i = t ? dev_index(t, id) : 0;
+
+	if (!t || i == t->ndev || !t->dev_cpus[i] || !t->dev[i].cpubind.applied ||
+	    !t->dev[i].cpubind.cpu_kernels)
+		return 0;
+	return hwloc_bitmap_weight(t->dev_cpus[i]);
+}
+
 ts_status ts_topology_new(const struct ts_topology_config *cfg,
                           const struct ts_device_set *set,
                           struct ts_topology **out, struct ts_error *err)
@@ -329,8 +471,10 @@ ts_status ts_topology_new(const struct ts_topology_config *cfg,
 	if (st == TS_OK)
 		st = build_peers(t, topo, cfg, set, err);
 	if (st == TS_OK && !xml)
-		t->hw = topo;     /* this machine: memory can be bound to its nodes */
-	else
+		t->hw = topo;     /* this machine: memory and threads can be bound */
+	if (st == TS_OK)
+		st = decide_all(t, topo, set, !xml, err);
+	if (!t->hw)
 		hwloc_topology_destroy(topo);
 	if (st != TS_OK)
 		goto out_free;
@@ -348,6 +492,9 @@ void ts_topology_free(struct ts_topology *t)
 	if (!t)
 		return;
 	free(t->numa);
+	for (size_t i = 0; t->dev_cpus && i < t->ndev; i++)
+		hwloc_bitmap_free(t->dev_cpus[i]);
+	free(t->dev_cpus);
 	free(t->dev);
 	free(t->peer_dev);
 	free(t->peer);

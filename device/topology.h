@@ -30,6 +30,7 @@
 #ifndef TS_TOPOLOGY_H
 #define TS_TOPOLOGY_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -45,10 +46,38 @@ struct ts_topology_numa {
 	char cpuset[TS_TOPOLOGY_CPUSET_MAX];
 };
 
+/*
+ * Where a device's host threads run, decided for every device at
+ * ts_topology_new whether or not it can be applied:
+ *   - copy_threads: the worker of each of its host queues (sim and cpu
+ *     devices: they run its copies, staging copies included, and its
+ *     kernels' jobs) is bound to its local CPUs, where these are known. A
+ *     CUDA GPU's copies are its copy engines' work, fed by streams, with no
+ *     thread of tstage's to bind;
+ *   - cpu_kernels: the team of threads of the CPU kernels of a model on it
+ *     (sim and cpu devices) is bound there too, one thread per local CPU,
+ *     only where the local CPUs are at least TS_CPUBIND_TEAM_MIN and leave
+ *     at least one of the node's CPUs outside them: a team bound to every
+ *     CPU would leave the HTTP workers none that no kernel thread takes (a
+ *     team not bound keeps one thread per CPU of the process, as before).
+ * applied: the decision is carried out, on a topology of this machine whose
+ * hwloc can bind threads; from a file (which may describe another machine)
+ * it is made and reported, and nothing is bound. reason says all of it.
+ */
+#define TS_CPUBIND_TEAM_MIN 2
+
+struct ts_topology_cpubind {
+	bool copy_threads;
+	bool cpu_kernels;
+	bool applied;
+	char reason[384];
+};
+
 struct ts_topology_device {
 	char id[32];              /* as ts_device_props' id */
 	int numa_node;            /* OS index, or -1: unknown */
 	char local_cpus[TS_TOPOLOGY_CPUSET_MAX]; /* "" when unknown */
+	struct ts_topology_cpubind cpubind;
 };
 
 /* How two devices are connected, best first, as nvidia-smi topo -m names
@@ -156,6 +185,25 @@ int ts_topology_node_of(const struct ts_topology *t, const void *p, size_t len);
 /* The node [p, p + len) is bound to (a BIND policy to one node, as
  * get_mempolicy reads it), or -1. */
 int ts_topology_area_binding(const struct ts_topology *t, const void *p, size_t len);
+
+/* The threads ts_topology_bind_cpus binds (see ts_topology_cpubind). */
+enum ts_cpubind_use {
+	TS_CPUBIND_COPY,          /* a host queue's worker */
+	TS_CPUBIND_KERNELS,       /* a helper of the CPU kernels' team */
+};
+
+/*
+ * Binds thread th (hwloc_set_thread_cpubind) to the local CPUs of the
+ * device with this id, where its decision binds threads of that use and is
+ * applied; true when th was bound. t may be NULL (false). Thread-safe.
+ */
+bool ts_topology_bind_cpus(const struct ts_topology *t, const char *id, enum ts_cpubind_use use,
+                           pthread_t th);
+
+/* The threads of a CPU kernels' team bound to the device's local CPUs (one
+ * per CPU), or 0 when its team is not bound (t NULL, the decision, or not
+ * applied). */
+int ts_topology_kernel_threads(const struct ts_topology *t, const char *id);
 
 /*
  * Parses --sim-numa-nodes: comma-separated non-negative integers ("0,0,1,1").

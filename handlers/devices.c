@@ -1,13 +1,15 @@
 /*
  * devices.c - GET /v1/devices, /v1/devices/{device} and
  * /v1/devices/{device}/memory_stats: each device's properties, its memories
- * with live stats, and JAX's memory_stats() keys for one memory kind.
+ * with live stats, and JAX's memory_stats() keys for one memory kind. The
+ * list is in topology order (ts_mesh_layout_node).
  */
 #include "handlers/handlers.h"
 
 #include <stdio.h>
 #include <string.h>
 
+#include "device/mesh_layout.h"
 #include "memory/space.h"
 
 static json_t *device_json(const struct ts_core *core, struct ts_device *dev)
@@ -63,11 +65,13 @@ static struct ts_device *device_from_path(const struct ts_call *call,
 
 json_t *ts_h_devices_json(const struct ts_core *core)
 {
-	size_t n = ts_device_set_count(core->env.devices);
+	struct ts_device *order[TS_MESH_LAYOUT_MAX];
+	size_t n = ts_mesh_layout_node(core->topology, core->env.devices, order, TS_MESH_LAYOUT_MAX);
 	json_t *list = json_array();
 
+	/* in topology order (mesh_layout.h) */
 	for (size_t i = 0; list && i < n; i++)
-		json_array_append_new(list, device_json(core, ts_device_set_at(core->env.devices, i)));
+		json_array_append_new(list, device_json(core, order[i]));
 	return json_pack("{s:o*, s:s, s:s}", "devices", list, "default_device",
 	                 ts_device_props(core->default_device)->id,
 	                 "default_backend",

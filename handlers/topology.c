@@ -2,13 +2,15 @@
  * topology.c - GET /v1/topology: the node's NUMA nodes (memory, CPUs),
  * each device's NUMA node and local CPUs, and the peer matrix of the
  * accelerators (as matrices and as nvidia-smi topo -m text), as discovered
- * at start.
+ * at start; devices in GET /v1/devices' (topology) order, each with the
+ * binding of its threads to CPUs.
  */
 #include "handlers/handlers.h"
 
 #include <stdlib.h>
 
 #include "common/utf8.h"
+#include "device/mesh_layout.h"
 
 json_t *ts_h_device_place_json(const struct ts_topology_device *d)
 {
@@ -52,10 +54,19 @@ static json_t *peers_json(const struct ts_topology *t)
 	return o;
 }
 
+/* Where the device's threads run (topology.h's ts_topology_cpubind). */
+static json_t *cpubind_json(const struct ts_topology_cpubind *b)
+{
+	return json_pack("{s:b, s:b, s:b, s:o*}", "copy_threads", b->copy_threads, "cpu_kernels",
+	                 b->cpu_kernels, "applied", b->applied, "reason", ts_json_text(b->reason));
+}
+
 json_t *ts_h_topology_json(const struct ts_core *core)
 {
 	const struct ts_topology *t = core->topology;
 	json_t *nodes = json_array(), *devs = json_array();
+	struct ts_device *order[TS_MESH_LAYOUT_MAX];
+	size_t ndev;
 
 	for (size_t i = 0; nodes && i < ts_topology_numa_count(t); i++) {
 		const struct ts_topology_numa *n = ts_topology_numa_at(t, i);
@@ -64,12 +75,16 @@ json_t *ts_h_topology_json(const struct ts_core *core)
 		                                       "memory_bytes", (json_int_t)n->memory,
 		                                       "cpuset", n->cpuset));
 	}
-	for (size_t i = 0; devs && i < ts_topology_device_count(t); i++) {
-		const struct ts_topology_device *d = ts_topology_device_at(t, i);
+	ndev = ts_mesh_layout_node(t, core->env.devices, order, TS_MESH_LAYOUT_MAX);
+	for (size_t i = 0; devs && i < ndev; i++) {
+		const struct ts_topology_device *d =
+		        ts_topology_device_find(t, ts_device_props(order[i])->id);
 		json_t *o = ts_h_device_place_json(d);
 
-		if (o)
+		if (o && d) {
 			json_object_set_new(o, "id", json_string(d->id));
+			json_object_set_new(o, "cpu_binding", cpubind_json(&d->cpubind));
+		}
 		json_array_append_new(devs, o);
 	}
 	return json_pack("{s:o*, s:f, s:o*, s:o*, s:o*}", "source",

@@ -395,6 +395,7 @@ ts_status ts_server_new(const struct ts_config *cfg, struct ts_server **out,
 	st = discover_topology(srv, err);
 	if (st != TS_OK)
 		goto out_free;
+	ts_device_set_topology(srv->devices, srv->topology);
 	mcfg = (struct ts_memory_config){
 		.device_memory_fraction = cfg->device_memory_fraction,
 		.pinned_host_limit = cfg->pinned_host_limit,
@@ -636,8 +637,8 @@ void ts_server_free(struct ts_server *srv)
 	ts_model_registry_free(srv->core.env.models);
 	ts_stager_free(srv->stager);
 	ts_memory_free(srv->memory);
-	ts_topology_free(srv->topology);
 	ts_device_set_free(srv->devices);
+	ts_topology_free(srv->topology);   /* the devices' queues borrowed it */
 	ts__trace_free(srv);    /* the devices and operations held it */
 	free(srv);
 }

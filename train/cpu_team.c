@@ -136,7 +136,7 @@ void ts__cpu_team_free(struct ts__cpu_team *t)
 	free(t);
 }
 
-struct ts__cpu_team *ts__cpu_team_new(int threads)
+struct ts__cpu_team *ts__cpu_team_new(int threads, ts__cpu_team_bind_fn bind, void *ctx)
 {
 	struct ts__cpu_team *t;
 
@@ -161,6 +161,8 @@ struct ts__cpu_team *ts__cpu_team_new(int threads)
 	for (int i = 0; i < threads - 1; i++) {
 		if (pthread_create(&t->helper[i], NULL, helper_main, t) != 0)
 			break;
+		if (bind)
+			bind(ctx, t->helper[i]);
 		t->nhelpers++;
 	}
 	if (t->nhelpers == 0) {

@@ -23,6 +23,7 @@
 #ifndef TS_CPU_TEAM_H
 #define TS_CPU_TEAM_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 struct ts__cpu_team;
@@ -30,11 +31,15 @@ struct ts__cpu_team;
 /* A piece of a task: fn(arg, i) for piece i. */
 typedef void (*ts__cpu_piece_fn)(const void *arg, int64_t i);
 
+/* Called with each helper as it starts (to bind it to CPUs); ctx borrowed. */
+typedef void (*ts__cpu_team_bind_fn)(void *ctx, pthread_t helper);
+
 /* A team of `threads` threads counting the caller of ts__cpu_team_for (so
  * threads - 1 helpers), or of one per CPU of the process's affinity when
- * threads is 0. New reference; NULL when that is one thread or no helper
- * could be started (callers then run every piece themselves). */
-struct ts__cpu_team *ts__cpu_team_new(int threads);
+ * threads is 0; bind (NULL: none) is given each helper once created. New
+ * reference; NULL when that is one thread or no helper could be started
+ * (callers then run every piece themselves). */
+struct ts__cpu_team *ts__cpu_team_new(int threads, ts__cpu_team_bind_fn bind, void *ctx);
 
 /* Stops and joins the helpers and frees t (NULL is fine); no task may be
  * running. */

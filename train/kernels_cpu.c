@@ -58,6 +58,7 @@
 #include <string.h>
 
 #include "common/lock.h"
+#include "device/topology.h"
 #include "formats/convert.h"
 #include "train/cpu_team.h"
 #include "train/kernels_int.h"
@@ -1088,8 +1089,19 @@ static struct job *job_with_workspace(const struct job *a, size_t ws_bytes, void
 	return j;
 }
 
+/* A helper of dev's team onto its local CPUs (ts__cpu_team_bind_fn). */
+static void team_bind(void *ctx, pthread_t helper)
+{
+	const struct ts_device *dev = ctx;
+
+	(void)ts_topology_bind_cpus(ts_device_topology(dev), ts_device_props(dev)->id,
+	                            TS_CPUBIND_KERNELS, helper);
+}
+
 static ts_status cpu_init(struct ts_device *dev, void **impl, struct ts_error *err)
 {
+	int bound;
+
 	struct cpu_kernels *k = calloc(1, sizeof *k);
 
 	if (!k || ts_mutex_init(&k->mu) != 0) {
@@ -1101,7 +1113,10 @@ static ts_status cpu_init(struct ts_device *dev, void **impl, struct ts_error *e
 	 * setting is the process's (OpenBLAS has no other), and nothing else in
 	 * it calls OpenBLAS */
 	openblas_set_num_threads(1);
-	k->team = ts__cpu_team_new(0);
+	/* on the device's local CPUs, one thread each, where the topology binds
+	 * its kernels (topology.h); else one per CPU of the process */
+	bound = ts_topology_kernel_threads(ts_device_topology(dev), ts_device_props(dev)->id);
+	k->team = ts__cpu_team_new(bound, bound ? team_bind : NULL, dev);
 	*impl = k;
 	return TS_OK;
 }

@@ -14,10 +14,15 @@
  * /v1/memory shows a pinned_host pool per NUMA node, split by the devices'
  * share of --pinned-host-limit, not bound (the file is not this machine),
  * each device's pinned memory counted in its own node's pool.
+ * Each device's binding of its threads to CPUs is reported (decided from
+ * the file, applied on this machine, where each queue worker's
+ * Cpus_allowed_list is its device's local CPUs), and /v1/devices lists the
+ * devices in topology order: NUMA node by node.
  * Runs on sim devices whatever the backend under test (the placement of
  * CUDA GPUs needs their PCI bus ids in the file).
  */
 #include <check.h>
+#include <dirent.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +66,24 @@ static void expect_place(json_t *o, int numa, const char *cpus)
 		ck_assert_msg(json_is_null(c), "local_cpus is not null");
 	else
 		ck_assert_str_eq(json_string_value(c), cpus);
+}
+
+/* Device i of a devices array has id. */
+static void expect_id(json_t *devs, size_t i, const char *id)
+{
+	ck_assert_str_eq(json_string_value(json_object_get(json_array_get(devs, i), "id")), id);
+}
+
+static void expect_binding(json_t *dev, bool copy, bool kernels, bool applied, const char *why)
+{
+	json_t *b = json_object_get(dev, "cpu_binding");
+	const char *reason = json_string_value(json_object_get(b, "reason"));
+
+	ck_assert_msg(json_is_object(b), "no cpu_binding");
+	ck_assert_int_eq(json_is_true(json_object_get(b, "copy_threads")), copy);
+	ck_assert_int_eq(json_is_true(json_object_get(b, "cpu_kernels")), kernels);
+	ck_assert_int_eq(json_is_true(json_object_get(b, "applied")), applied);
+	ck_assert_msg(reason && strstr(reason, why), "reason '%s' lacks '%s'", reason, why);
 }
 
 START_TEST(test_two_socket_file_and_sim_placement)
@@ -258,6 +281,13 @@ START_TEST(test_cuda_copy_paths_follow_the_matrix)
 	t = th_get_object(&d, "/v1/topology");
 	peers = json_object_get(t, "peers");
 	ids = json_object_get(peers, "devices");
+	/* a GPU has no thread of tstage's to bind */
+	for (size_t i = 0; i < json_array_size(json_object_get(t, "devices")); i++) {
+		json_t *o = json_array_get(json_object_get(t, "devices"), i);
+
+		if (strncmp(json_string_value(json_object_get(o, "id")), "cuda:", 5) == 0)
+			expect_binding(o, false, false, false, "copy engines");
+	}
 	data = malloc(N);
 	for (size_t i = 0; i < N; i++)
 		data[i] = (char)(i * 13 + i / 512);
@@ -393,6 +423,124 @@ START_TEST(test_bad_peer_links_refused_at_start)
 }
 END_TEST
 
+/* Sockets given in reverse (sim:2 and sim:3 on node 0): both lists put
+ * node 0's devices first, and each device's binding is decided, not
+ * applied (the file is not this machine). */
+START_TEST(test_binding_decided_and_devices_in_topology_order)
+{
+	static const char *const order[] = {"sim:2", "sim:3", "sim:0", "sim:1", "cpu:0"};
+	struct th_daemon d;
+	json_t *t, *devs;
+	char *log;
+
+	find_file();
+	start(&d, "1,1,0,0");
+	t = th_get_object(&d, "/v1/devices");
+	devs = json_object_get(t, "devices");
+	ck_assert_uint_eq(json_array_size(devs), 5);
+	for (size_t i = 0; i < 5; i++)
+		expect_id(devs, i, order[i]);
+	expect_place(json_array_get(devs, 0), 0, "0-7");
+	json_decref(t);
+
+	t = th_get_object(&d, "/v1/topology");
+	devs = json_object_get(t, "devices");
+	ck_assert_uint_eq(json_array_size(devs), 5);
+	for (size_t i = 0; i < 5; i++)
+		expect_id(devs, i, order[i]);
+	expect_binding(json_array_get(devs, 0), true, true, false, "local CPUs 0-7");
+	expect_binding(json_array_get(devs, 3), true, true, false,
+	               "nothing bound: the topology is from a file");
+	expect_binding(json_array_get(devs, 4), true, false, false, "all the node's 16 CPUs");
+	json_decref(t);
+
+	log = th_daemon_stderr(&d);
+	ck_assert_msg(strstr(log, "\"cpu_binding\"") != NULL, "no binding in the log: %s", log);
+	free(log);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
+/* The Cpus_allowed_list of the daemon's first thread named name, into
+ * out; false when there is none. */
+static bool thread_cpus(pid_t pid, const char *name, char *out, size_t cap)
+{
+	char path[128], line[256];
+	struct dirent *e;
+	bool found = false;
+	DIR *dir;
+
+	snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
+	dir = opendir(path);
+	ck_assert_ptr_nonnull(dir);
+	while (!found && (e = readdir(dir))) {
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/task/%.20s/comm", (int)pid, e->d_name);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		found = fgets(line, sizeof line, f) && strncmp(line, name, strlen(name)) == 0 &&
+		        line[strlen(name)] == '\n';
+		fclose(f);
+		if (!found)
+			continue;
+		snprintf(path, sizeof path, "/proc/%d/task/%.20s/status", (int)pid, e->d_name);
+		f = fopen(path, "r");
+		ck_assert_ptr_nonnull(f);
+		out[0] = '\0';
+		while (fgets(line, sizeof line, f))
+			if (strncmp(line, "Cpus_allowed_list:", 18) == 0)
+				snprintf(out, cap, "%s", line + 18 + strspn(line + 18, " \t"));
+		out[strcspn(out, "\n")] = '\0';
+		fclose(f);
+	}
+	closedir(dir);
+	return found;
+}
+
+/* This machine: the binding is applied, and the queue workers of each
+ * sim device run on its local CPUs. */
+START_TEST(test_binding_applied_on_this_machine)
+{
+	const char *const args[] = {"--no-cuda", "--sim-devices", "2", "--sim-device-memory",
+	                            TH_SIM_MEMORY_ARG, NULL};
+	struct th_daemon d;
+	json_t *t, *devs;
+	int checked = 0;
+
+	th_daemon_start_ex(&d, &(struct th_start){.args = args, .no_backend_args = true});
+	t = th_get_object(&d, "/v1/topology");
+	devs = json_object_get(t, "devices");
+	for (size_t i = 0; i < json_array_size(devs); i++) {
+		json_t *o = json_array_get(devs, i), *b = json_object_get(o, "cpu_binding");
+		const char *id = json_string_value(json_object_get(o, "id"));
+		const char *cpus = json_string_value(json_object_get(o, "local_cpus"));
+		char name[32], got[256];
+
+		ck_assert_msg(json_is_object(b), "%s: no cpu_binding", id);
+		if (!json_is_true(json_object_get(b, "applied")) || !cpus) {
+			fprintf(stderr, "topology: %s not bound: %s\n", id,
+			        json_string_value(json_object_get(b, "reason")));
+			continue;
+		}
+		/* every device has the stager's queues from the start */
+		snprintf(name, sizeof name, "tsq-%.11s", id);
+		ck_assert_msg(thread_cpus(d.pid, name, got, sizeof got), "%s: no thread %s", id,
+		              name);
+		ck_assert_msg(strcmp(got, cpus) == 0, "%s's queue worker may run on %s, not on its "
+		              "local CPUs %s", id, got, cpus);
+		fprintf(stderr, "topology: %s's queue worker on %s\n", id, got);
+		checked++;
+	}
+	fprintf(stderr, "topology: %d devices' queue workers bound\n", checked);
+	json_decref(t);
+	th_daemon_stop_ok(&d);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("topology");
@@ -403,6 +551,8 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_bad_peer_links_refused_at_start);
 	tcase_add_test(tc, test_peer_matrix_and_copy_paths);
 	tcase_add_test(tc, test_pinned_pools_per_numa_node);
+	tcase_add_test(tc, test_binding_decided_and_devices_in_topology_order);
+	tcase_add_test(tc, test_binding_applied_on_this_machine);
 	/* daemons start slowly under sanitizers on a loaded machine */
 	tcase_set_timeout(tc, 60);
 	tcase_set_timeout(cuda, 120);

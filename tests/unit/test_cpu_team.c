@@ -45,7 +45,7 @@ static void tasks_back_to_back(struct ts__cpu_team *t, int rounds, unsigned seed
 
 START_TEST(test_every_piece_runs_once)
 {
-	struct ts__cpu_team *t = ts__cpu_team_new(8);
+	struct ts__cpu_team *t = ts__cpu_team_new(8, NULL, NULL);
 
 	ck_assert_ptr_nonnull(t);
 	ck_assert_int_eq(ts__cpu_team_threads(t), 8);
@@ -71,7 +71,7 @@ static void *caller_main(void *arg)
  * pieces themselves; every task still runs whole. */
 START_TEST(test_callers_at_once)
 {
-	struct ts__cpu_team *t = ts__cpu_team_new(3);
+	struct ts__cpu_team *t = ts__cpu_team_new(3, NULL, NULL);
 	struct caller c[3];
 	pthread_t th[3];
 
@@ -103,7 +103,7 @@ static void slice_piece(const void *arg, int64_t i)
 
 START_TEST(test_pieces_write_their_own_elements)
 {
-	struct ts__cpu_team *t = ts__cpu_team_new(0);
+	struct ts__cpu_team *t = ts__cpu_team_new(0, NULL, NULL);
 	enum { N = 37, PER = 1000 };
 	double *out = calloc(N * PER, sizeof *out);
 
@@ -123,10 +123,46 @@ END_TEST
 /* No team (one thread): every piece on the caller, in order. */
 START_TEST(test_no_team_runs_inline)
 {
-	ck_assert_ptr_null(ts__cpu_team_new(1));
+	ck_assert_ptr_null(ts__cpu_team_new(1, NULL, NULL));
 	ck_assert_int_eq(ts__cpu_team_threads(NULL), 1);
 	tasks_back_to_back(NULL, 100, 3);
 	ts__cpu_team_free(NULL);
+}
+END_TEST
+
+struct bound {
+	pthread_mutex_t mu;
+	pthread_t seen[8];
+	int n;
+};
+
+static void record_bind(void *ctx, pthread_t helper)
+{
+	struct bound *b = ctx;
+
+	pthread_mutex_lock(&b->mu);
+	if (b->n < 8)
+		b->seen[b->n] = helper;
+	b->n++;
+	pthread_mutex_unlock(&b->mu);
+}
+
+/* The bind hook gets every helper, once, and no other thread. */
+START_TEST(test_bind_hook_gets_each_helper)
+{
+	struct bound b = {.mu = PTHREAD_MUTEX_INITIALIZER};
+	struct ts__cpu_team *t = ts__cpu_team_new(4, record_bind, &b);
+
+	ck_assert_ptr_nonnull(t);
+	ck_assert_int_eq(b.n, ts__cpu_team_threads(t) - 1);
+	ck_assert_int_eq(b.n, 3);
+	for (int i = 0; i < b.n; i++) {
+		ck_assert(!pthread_equal(b.seen[i], pthread_self()));
+		for (int j = 0; j < i; j++)
+			ck_assert(!pthread_equal(b.seen[i], b.seen[j]));
+	}
+	tasks_back_to_back(t, 1000, 5);
+	ts__cpu_team_free(t);
 }
 END_TEST
 
@@ -140,6 +176,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_callers_at_once);
 	tcase_add_test(tc, test_pieces_write_their_own_elements);
 	tcase_add_test(tc, test_no_team_runs_inline);
+	tcase_add_test(tc, test_bind_hook_gets_each_helper);
 	suite_add_tcase(s, tc);
 	return s;
 }

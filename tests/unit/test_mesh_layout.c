@@ -7,7 +7,8 @@
  * the set's order within it, and say whether each row of the last axis
  * stays on one NUMA node; devices of unknown place go last; inside a node
  * the peer matrix's links chain them; without a topology the set's order
- * stands. Case "cuda" lays out the CUDA GPUs of
+ * stands. The node's device list (ts_mesh_layout_node) is each backend's
+ * devices as a 1xN mesh of them, backend by backend. Case "cuda" lays out the CUDA GPUs of
  * this machine found in the two-socket file (tests/gpu/fakecuda.sh gives
  * the stand-in's eight GPUs the file's bus ids, sockets interleaved).
  */
@@ -230,6 +231,33 @@ START_TEST(test_links_chain_devices_inside_a_node)
 }
 END_TEST
 
+/* The node's list: the sim devices as a 1x8 mesh (by socket, linked
+ * neighbours adjacent), then cpu:0; a cap cuts it; no topology: the set's
+ * order. */
+START_TEST(test_node_order_is_each_backends_row)
+{
+	static const int numa[] = {0, 1, 0, 1, 0, 1, 0, 1};
+	struct ts_device_set *set = sims(8);
+	struct ts_topology *t = load_links("two_socket.xml", set, numa, 8,
+	                                   "0-4:nvlink,2-6:nvlink,1-5:nvlink,3-7:nvlink");
+	struct ts_device *out[16];
+	char buf[256];
+	size_t n = ts_mesh_layout_node(t, set, out, 16);
+
+	ck_assert_uint_eq(n, 9);
+	ck_assert_str_eq(ids(out, (int)n, buf, sizeof buf),
+	                 "sim:0,sim:4,sim:2,sim:6,sim:1,sim:5,sim:3,sim:7,cpu:0");
+	n = ts_mesh_layout_node(t, set, out, 3);
+	ck_assert_uint_eq(n, 3);
+	ck_assert_str_eq(ids(out, (int)n, buf, sizeof buf), "sim:0,sim:4,sim:2");
+	n = ts_mesh_layout_node(NULL, set, out, 16);
+	ck_assert_str_eq(ids(out, (int)n, buf, sizeof buf),
+	                 "sim:0,sim:1,sim:2,sim:3,sim:4,sim:5,sim:6,sim:7,cpu:0");
+	ts_topology_free(t);
+	ts_device_set_free(set);
+}
+END_TEST
+
 /* The CUDA GPUs of this machine in the two-socket file: those on socket 0
  * (bus 11-14) first, then socket 1's (81-84), each in the set's order. */
 START_TEST(test_cuda_gpus_grouped_by_socket)
@@ -276,6 +304,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_unknown_places_and_one_socket_keep_the_sets_order);
 	tcase_add_test(tc, test_devices_of_unknown_place_go_last);
 	tcase_add_test(tc, test_links_chain_devices_inside_a_node);
+	tcase_add_test(tc, test_node_order_is_each_backends_row);
 	tcase_add_test(cuda, test_cuda_gpus_grouped_by_socket);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, cuda);

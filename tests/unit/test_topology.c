@@ -11,9 +11,16 @@
  * links read from the file's PCI tree, and, where TS_TEST_PEER_GROUPS names
  * the groups of GPUs that can reach each other (--sim-peer-links' syntax,
  * by CUDA ordinal), exactly those pairs have access (tests/gpu/fakecuda.sh
- * runs it with the file's eight bus ids and two groups of four).
+ * runs it with the file's eight bus ids and two groups of four). The
+ * binding of each device's threads to CPUs: decided from both files
+ * (never applied: they are not this machine) and applied on this one,
+ * where a queue worker started from a thread bound to one CPU must run on
+ * its device's local CPUs instead.
  */
 #include <check.h>
+#include <hwloc.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +100,20 @@ static void check_device(const struct ts_topology *t, const char *id, int numa,
 	ck_assert_msg(d != NULL, "no placement for '%s'", id);
 	ck_assert_int_eq(d->numa_node, numa);
 	ck_assert_str_eq(d->local_cpus, cpus);
+}
+
+static void check_bind(const struct ts_topology *t, const char *id, bool copy, bool kernels,
+                       bool applied, const char *why)
+{
+	const struct ts_topology_device *d = ts_topology_device_find(t, id);
+
+	ck_assert_msg(d != NULL, "no placement for '%s'", id);
+	ck_assert_msg(d->cpubind.copy_threads == copy && d->cpubind.cpu_kernels == kernels &&
+	                      d->cpubind.applied == applied,
+	              "%s: copy %d kernels %d applied %d: %s", id, d->cpubind.copy_threads,
+	              d->cpubind.cpu_kernels, d->cpubind.applied, d->cpubind.reason);
+	ck_assert_msg(strstr(d->cpubind.reason, why), "%s: '%s' lacks '%s'", id,
+	              d->cpubind.reason, why);
 }
 
 START_TEST(test_two_socket_places_sim_devices_by_list)
@@ -459,12 +480,139 @@ START_TEST(test_cuda_gpus_placed_by_bus_id)
 		}
 		ck_assert_int_eq(d->numa_node, gpus[g].numa);
 		ck_assert_str_eq(d->local_cpus, gpus[g].cpus);
+		/* no thread of its own to bind, wherever it sits */
+		check_bind(t, pr->id, false, false, false, "copy engines");
 		placed++;
 	}
 	fprintf(stderr, "topology: %zu GPUs placed by bus id\n", placed);
 	check_cuda_peers(set, t);
 	ts_topology_free(t);
 	ts_device_set_free(set);
+}
+END_TEST
+
+/* ---- binding threads to CPUs --------------------------------------------- */
+
+
+START_TEST(test_cpubind_two_socket_decided_not_applied)
+{
+	struct ts_device_set *set = sims(4);
+	static const int numa[] = {0, 0, 1, 1};
+	struct ts_topology *t = load(data("two_socket.xml"), set, numa, 4);
+	cpu_set_t before, after;
+
+	/* each socket's devices: 8 of 16 CPUs, 8 left to the HTTP workers */
+	check_bind(t, "sim:0", true, true, false, "local CPUs 0-7; 8 of the node's 16 CPUs left");
+	check_bind(t, "sim:3", true, true, false, "local CPUs 8-15;");
+	check_bind(t, "sim:3", true, true, false, "nothing bound: the topology is from a file");
+	/* the host's CPUs are all of them: its kernels' team stays unbound */
+	check_bind(t, "cpu:0", true, false, false, "those are all the node's 16 CPUs");
+	/* nothing is applied from a file */
+	ck_assert_int_eq(ts_topology_kernel_threads(t, "sim:0"), 0);
+	ck_assert_int_eq(sched_getaffinity(0, sizeof before, &before), 0);
+	ck_assert(!ts_topology_bind_cpus(t, "sim:0", TS_CPUBIND_COPY, pthread_self()));
+	ck_assert(!ts_topology_bind_cpus(t, "sim:0", TS_CPUBIND_KERNELS, pthread_self()));
+	ck_assert(!ts_topology_bind_cpus(NULL, "sim:0", TS_CPUBIND_COPY, pthread_self()));
+	ck_assert(!ts_topology_bind_cpus(t, "sim:9", TS_CPUBIND_COPY, pthread_self()));
+	ck_assert_int_eq(sched_getaffinity(0, sizeof after, &after), 0);
+	ck_assert(CPU_EQUAL(&before, &after));
+	ts_topology_free(t);
+	ts_device_set_free(set);
+}
+END_TEST
+
+START_TEST(test_cpubind_one_socket_and_unknown_places)
+{
+	struct ts_device_set *set = sims(2);
+	struct ts_topology *t = load(data("one_socket.xml"), set, NULL, 0), *t2;
+
+	/* one node: every device's local CPUs are all 16, no team is bound */
+	check_bind(t, "sim:0", true, false, false, "local CPUs 0-15; not the CPU kernels' team");
+	check_bind(t, "cpu:0", true, false, false, "none would be left outside it");
+	ts_topology_free(t);
+	/* sim devices of unknown place on two sockets: nothing to bind to */
+	t2 = load(data("two_socket.xml"), set, NULL, 0);
+	check_bind(t2, "sim:1", false, false, false, "local CPUs unknown");
+	ts_topology_free(t2);
+	ts_device_set_free(set);
+}
+END_TEST
+
+struct affinity {
+	cpu_set_t cpus;
+	int rc;
+};
+
+static void read_affinity(void *arg)
+{
+	struct affinity *a = arg;
+
+	a->rc = sched_getaffinity(0, sizeof a->cpus, &a->cpus);
+}
+
+/* The CPUs of a list string ("0-7,16") as a cpu_set_t. */
+static void cpus_of(const char *list, cpu_set_t *out)
+{
+	hwloc_bitmap_t b = hwloc_bitmap_alloc();
+	unsigned i;
+
+	ck_assert_ptr_nonnull(b);
+	ck_assert_int_eq(hwloc_bitmap_list_sscanf(b, list), 0);
+	CPU_ZERO(out);
+	hwloc_bitmap_foreach_begin(i, b)
+		if (i < CPU_SETSIZE)
+			CPU_SET(i, out);
+	hwloc_bitmap_foreach_end();
+	hwloc_bitmap_free(b);
+}
+
+START_TEST(test_cpubind_this_machine_binds_queue_workers)
+{
+	struct ts_device_set *set = sims(2);
+	struct ts_topology *t = load(NULL, set, NULL, 0);
+	const struct ts_topology_device *d = ts_topology_device_find(t, "sim:0");
+	struct affinity a = {.rc = -1};
+	cpu_set_t local, one, saved;
+	struct ts_queue *q = NULL;
+	struct ts_error err;
+	int first = -1;
+
+	ck_assert_ptr_nonnull(d);
+	ck_assert_int_eq(sched_getaffinity(0, sizeof saved, &saved), 0);
+	if (!d->cpubind.applied || !d->local_cpus[0]) {
+		fprintf(stderr, "topology: threads not bound here: %s\n", d->cpubind.reason);
+		goto out;
+	}
+	ck_assert(d->cpubind.copy_threads);
+	cpus_of(d->local_cpus, &local);
+	/* start the worker from a thread bound to one CPU: it would inherit
+	 * that, were it not bound to the device's local CPUs */
+	for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+		if (CPU_ISSET(c, &local) && CPU_ISSET(c, &saved))
+			first = c;
+	ck_assert_int_ge(first, 0);
+	CPU_ZERO(&one);
+	CPU_SET(first, &one);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+	ts_device_set_topology(set, t);
+	ck_assert_ptr_eq(ts_device_topology(ts_device_set_find(set, "sim:0")), t);
+	ts_error_clear(&err);
+	ck_assert_msg(ts_queue_new(ts_device_set_find(set, "sim:0"), &q, &err) == TS_OK, "%s",
+	              err.message);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof saved, &saved), 0);
+	ck_assert_int_eq(ts_queue_host_fn(q, read_affinity, &a, &err), TS_OK);
+	ck_assert_int_eq(ts_queue_sync(q, &err), TS_OK);
+	ck_assert_int_eq(a.rc, 0);
+	ck_assert_msg(CPU_EQUAL(&a.cpus, &local), "the queue worker runs on %d CPUs, not on "
+	              "sim:0's local CPUs %s", CPU_COUNT(&a.cpus), d->local_cpus);
+	fprintf(stderr, "topology: sim:0's queue worker bound to %s\n", d->local_cpus);
+	/* the kernels' team: its thread count follows the decision */
+	ck_assert_int_eq(ts_topology_kernel_threads(t, "sim:0"),
+	                 d->cpubind.cpu_kernels ? CPU_COUNT(&local) : 0);
+	ts_queue_free(q);
+out:
+	ts_device_set_free(set);
+	ts_topology_free(t);
 }
 END_TEST
 
@@ -482,6 +630,9 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_peer_matrix_of_sim_links);
 	tcase_add_test(tc, test_peer_matrix_defaults_follow_numa);
 	tcase_add_test(tc, test_bad_peer_links_are_refused);
+	tcase_add_test(tc, test_cpubind_two_socket_decided_not_applied);
+	tcase_add_test(tc, test_cpubind_one_socket_and_unknown_places);
+	tcase_add_test(tc, test_cpubind_this_machine_binds_queue_workers);
 	tcase_add_test(cuda, test_cuda_gpus_placed_by_bus_id);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, cuda);

@@ -233,6 +233,9 @@ def test_topology_of_a_two_socket_file():
         assert [(x["id"], x["numa_node"]) for x in t["devices"]] == [
             ("sim:0", 0), ("sim:1", 1), ("cpu:0", None)]
         assert c.device("sim:1")["local_cpus"] == "8-15"
+        b = t["devices"][1]["cpu_binding"]
+        assert (b["copy_threads"], b["cpu_kernels"], b["applied"]) == (True, True, False)
+        assert "from a file" in b["reason"]
         p = t["peers"]
         assert p["devices"] == ["sim:0", "sim:1"]
         assert p["access"] == [[True, False], [False, True]]

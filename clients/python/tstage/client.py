@@ -247,12 +247,15 @@ class Client:
         return self._t.json("GET", "/v1/backends")["backends"]
 
     def devices(self) -> List[Dict[str, Any]]:
-        """Every device with its memories and their live stats."""
+        """Every device with its memories and their live stats, in topology
+        order (backend by backend, each NUMA node's devices together)."""
         return self._t.json("GET", "/v1/devices")["devices"]
 
     def topology(self) -> Dict[str, Any]:
         """The node's NUMA nodes (``index``, ``memory_bytes``, ``cpuset``), each
-        device's ``numa_node`` and ``local_cpus``, and the accelerators' peer
+        device's ``numa_node``, ``local_cpus`` and ``cpu_binding`` (whether its
+        ``copy_threads`` and ``cpu_kernels`` are bound to its local CPUs, whether
+        that is ``applied``, and the ``reason``), and the accelerators' peer
         matrix (``peers``: ``devices``, then ``access``, ``link``, ``perf_rank``
         and ``native_atomics`` as lists of rows, and ``text`` as ``nvidia-smi
         topo -m`` prints it), as discovered at start, with the ``source``
