@@ -24,6 +24,15 @@
  * same value, bit for bit, as a step's before its update) and, when bound,
  * the outputs; no role is versioned and nothing but the outputs is written.
  *
+ * Data parallel (cfg.replicas > 1): the step runs on cfg.devs[0..R-1]
+ * together (plan.h's ts_plan_build_replicated: gradients all-reduced, the
+ * same update everywhere). Each replica's memory is bound and its next
+ * versions given per replica (ts_session_bind_replica,
+ * ts_session_set_next_replica; the plain calls are replica 0's); a staged
+ * source holds every replica's rows one after another (R times the plan's
+ * batch), replica k getting the k-th R-th of them. The report's loss of a
+ * step is the replicas' mean; its bytes are summed over them.
+ *
  * Thread-safety: a session is used by one thread at a time.
  */
 #ifndef TS_SESSION_H
@@ -64,6 +73,10 @@ struct ts_session_config {
 	bool no_targets;
 	bool last;
 	int window;
+	/* data parallel: replicas > 1 devices (devs[0] == dev), each running the
+	 * step on `batch` rows of its own (a step, not an evaluation) */
+	int replicas;
+	struct ts_device *devs[TS_PLAN_REPLICAS_MAX];
 };
 
 /* Where a role's batch comes from: memory of `bytes` holding rows of
@@ -90,7 +103,9 @@ struct ts_session_report {
 	uint64_t h2d_bytes, d2h_bytes;   /* the steps' and the staging's */
 	uint64_t staged_h2d_bytes;       /* of them, staging the batch from host memory */
 	uint64_t spare_bytes;            /* device memory of the next batches (hooks' batch) */
-	double wall_s, compute_s, copy_wait_s;
+	double wall_s, compute_s, copy_wait_s;   /* replicas: the slowest's, summed over steps */
+	double replica_compute_s[TS_PLAN_REPLICAS_MAX];   /* each replica's, summed */
+	uint64_t allreduce_bytes;        /* all-reduced on each device, summed over steps */
 };
 
 struct ts_session_hooks {
@@ -128,6 +143,9 @@ const struct ts_plan *ts_session_plan(const struct ts_session *s);
 bool ts_session_has_role(const struct ts_session *s, enum ts_pbuf_role role);
 bool ts_session_versioned(const struct ts_session *s, enum ts_pbuf_role role);
 
+/* The replicas the steps run on (1: one device). */
+int ts_session_replicas(const struct ts_session *s);
+
 /* The bytes and memory kind the plan wants for role (false: no such slot). */
 bool ts_session_slot(const struct ts_session *s, enum ts_pbuf_role role, uint64_t *bytes,
                      enum ts_memory_kind *kind);
@@ -140,6 +158,11 @@ bool ts_session_slot(const struct ts_session *s, enum ts_pbuf_role role, uint64_
  */
 ts_status ts_session_bind(struct ts_session *s, enum ts_pbuf_role role, void *mem,
                           uint64_t bytes, enum ts_memory_kind kind, struct ts_error *err);
+/* The same for replica k (memory of its device); INVALID_ARGUMENT for a
+ * replica the session does not have. */
+ts_status ts_session_bind_replica(struct ts_session *s, int replica, enum ts_pbuf_role role,
+                                  void *mem, uint64_t bytes, enum ts_memory_kind kind,
+                                  struct ts_error *err);
 
 /*
  * Stages role (TS_ROLE_INPUT or TS_ROLE_TARGET) from src: the memory itself
@@ -161,6 +184,8 @@ void ts_session_unstage(struct ts_session *s, enum ts_pbuf_role role);
  * the role's size and kind). */
 ts_status ts_session_set_next(struct ts_session *s, enum ts_pbuf_role role, void *mem,
                               struct ts_error *err);
+ts_status ts_session_set_next_replica(struct ts_session *s, int replica,
+                                      enum ts_pbuf_role role, void *mem, struct ts_error *err);
 
 /*
  * Runs `steps` steps, the first with Adam's t = first_t: before each,

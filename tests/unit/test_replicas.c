@@ -21,6 +21,7 @@
 #include "memory/space.h"
 #include "tests/unit/unit.h"
 #include "train/exec.h"
+#include "train/session.h"
 
 #define NMAX 8
 
@@ -785,6 +786,260 @@ START_TEST(test_every_failure_point_leaves_every_replica_whole)
 END_TEST
 #endif
 
+/* ---- sessions ------------------------------------------------------------------ */
+
+#define SROWS 64                 /* the dataset's rows */
+#define SBATCH 8                 /* rows a step, over all replicas */
+
+/* A session's model: each replica's memory of every state role, and the
+ * next version of each versioned one (taking turns). */
+struct smodel {
+	int R;
+	const struct ts_policy *pol;
+	void *role[NMAX][TS_ROLE_COUNT], *next[NMAX][TS_ROLE_COUNT];
+	uint64_t bytes[TS_ROLE_COUNT];
+	enum ts_memory_kind kind[TS_ROLE_COUNT];
+	float *data;                 /* SROWS rows of d_model, pinned_host of device 0 */
+	uint64_t rows_in[SBATCH], rows_tgt[SBATCH];
+	float losses[8];
+	int published;
+};
+
+static struct ts_session_config sconfig(const struct smodel *m)
+{
+	struct ts_session_config cfg = {.dev = devs[0], .memory = mem, .mlp = dense,
+	                                .opt = sgd_clip, .batch = SBATCH / m->R,
+	                                .policy = *m->pol, .replicas = m->R};
+
+	for (int k = 0; k < m->R; k++)
+		cfg.devs[k] = devs[k];
+	return cfg;
+}
+
+static ts_status s_prepare(void *arg, struct ts_session *s, struct ts_error *e)
+{
+	struct smodel *m = arg;
+
+	for (int r = 0; r < TS_ROLE_COUNT; r++)
+		for (int k = 0; k < m->R; k++) {
+			ts_status st;
+
+			if (!m->role[k][r] || !ts_session_versioned(s, (enum ts_pbuf_role)r))
+				continue;
+			st = ts_session_set_next_replica(s, k, (enum ts_pbuf_role)r, m->next[k][r], e);
+			if (st != TS_OK)
+				return st;
+		}
+	return TS_OK;
+}
+
+static ts_status s_publish(void *arg, struct ts_session *s, float loss, struct ts_error *e)
+{
+	struct smodel *m = arg;
+
+	(void)e;
+	m->losses[m->published++] = loss;
+	for (int r = 0; r < TS_ROLE_COUNT; r++)
+		for (int k = 0; k < m->R; k++) {
+			void *t = m->role[k][r];
+
+			if (!t || !ts_session_versioned(s, (enum ts_pbuf_role)r))
+				continue;
+			m->role[k][r] = m->next[k][r];
+			m->next[k][r] = t;
+		}
+	return TS_OK;
+}
+
+/* Step n's rows: inputs 8n.. (mod SROWS) shuffled by a stride, targets
+ * the rows after them; all replicas' rows, replica k's the k-th part. */
+static ts_status s_batch(void *arg, uint64_t n, enum ts_pbuf_role role,
+                         struct ts_session_source *src, struct ts_error *e)
+{
+	struct smodel *m = arg;
+	uint64_t rb = (uint64_t)dense.d_model * 4;
+	uint64_t *rows = role == TS_ROLE_INPUT ? m->rows_in : m->rows_tgt;
+
+	(void)e;
+	for (int j = 0; j < SBATCH; j++)
+		rows[j] = (8 * n + (uint64_t)j * 5 + (role == TS_ROLE_TARGET)) % SROWS;
+	*src = (struct ts_session_source){.mem = m->data, .bytes = SROWS * rb, .row_bytes = rb,
+	                                  .src_dev = devs[0], .src_kind = TS_MEM_PINNED_HOST,
+	                                  .rows = rows, .nrows = SBATCH};
+	return TS_OK;
+}
+
+static const struct ts_session_hooks s_hooks = {.prepare = s_prepare, .publish = s_publish,
+                                                .batch = s_batch};
+
+static struct ts_session *smodel_new(struct smodel *m, int R, const struct ts_policy *pol)
+{
+	struct ts_session_config cfg;
+	struct ts_session *s;
+	struct ts_session_source src;
+
+	memset(m, 0, sizeof *m);
+	m->R = R;
+	m->pol = pol;
+	cfg = sconfig(m);
+	ts_error_clear(&err);
+	OK(ts_session_new(&cfg, &s, &err));
+	ck_assert_int_eq(ts_session_replicas(s), R);
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		const struct ts_plan *p = ts_session_plan(s);
+		int i;
+		void *x;
+
+		if (!ts_role_state((enum ts_pbuf_role)r) ||
+		    !ts_session_slot(s, (enum ts_pbuf_role)r, &m->bytes[r], &m->kind[r]))
+			continue;
+		for (i = 0; (int)p->bufs[i].role != r || p->bufs[i].cls == TS_PB_TEMP; i++)
+			;
+		x = initial(p, (enum ts_pbuf_role)r, m->bytes[r]);
+		for (int k = 0; k < R; k++) {
+			struct ts_space *sp = m->kind[r] == TS_MEM_DEVICE ? dsp[k] : psp[k];
+
+			OK(ts_space_alloc(sp, m->bytes[r], &m->role[k][r], &err));
+			put(k, &p->bufs[i], m->role[k][r], x);
+			if (ts_session_versioned(s, (enum ts_pbuf_role)r))
+				OK(ts_space_alloc(sp, m->bytes[r], &m->next[k][r], &err));
+			OK(ts_session_bind_replica(s, k, (enum ts_pbuf_role)r, m->role[k][r], m->bytes[r],
+			                           m->kind[r], &err));
+		}
+		free(x);
+	}
+	OK(ts_space_alloc(psp[0], SROWS * (uint64_t)dense.d_model * 4, (void **)&m->data, &err));
+	{
+		unsigned seed = 99;
+
+		for (uint64_t e = 0; e < SROWS * (uint64_t)dense.d_model; e++)
+			m->data[e] = 2 * rnd(&seed) - 1;
+	}
+	OK(s_batch(m, 0, TS_ROLE_INPUT, &src, &err));
+	OK(ts_session_stage(s, TS_ROLE_INPUT, &src, &err));
+	OK(s_batch(m, 0, TS_ROLE_TARGET, &src, &err));
+	OK(ts_session_stage(s, TS_ROLE_TARGET, &src, &err));
+	return s;
+}
+
+static void smodel_free(struct smodel *m, struct ts_session *s)
+{
+	ts_session_free(s);
+	for (int r = 0; r < TS_ROLE_COUNT; r++)
+		for (int k = 0; k < m->R; k++) {
+			struct ts_space *sp = m->kind[r] == TS_MEM_DEVICE ? dsp[k] : psp[k];
+
+			if (m->role[k][r])
+				ts_space_release(sp, m->role[k][r], m->bytes[r]);
+			if (m->next[k][r])
+				ts_space_release(sp, m->next[k][r], m->bytes[r]);
+		}
+	ts_space_release(psp[0], m->data, SROWS * (uint64_t)dense.d_model * 4);
+}
+
+/* Replica k's state of role r, read back (malloc'd). */
+static float *sread(const struct smodel *m, int k, int r)
+{
+	struct ts_pbuf b = {.kind = m->kind[r], .bytes = m->bytes[r]};
+
+	return get(k, &b, m->role[k][r]);
+}
+
+/* A data-driven session of SGD steps over every device equals one
+ * device's session on the same rows: each replica staged its part of each
+ * step's rows (the next step's while this one computes), the versions of
+ * the offloaded weights taking turns on every replica. */
+START_TEST(test_session_on_every_device_equals_one_device)
+{
+	struct ts_policy pol = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .prefetch_depth = 1};
+	struct smodel dp, one;
+	struct ts_session *sd = smodel_new(&dp, ndev, &pol), *s1 = smodel_new(&one, 1, &pol);
+	const struct ts_session_report *rep;
+
+	OK(ts_session_run(sd, 5, 1, &s_hooks, &dp, &err));
+	OK(ts_session_run(s1, 5, 1, &s_hooks, &one, &err));
+	ck_assert_int_eq(dp.published, 5);
+	for (int n = 0; n < 5; n++)
+		ck_assert_msg(fabsf(dp.losses[n] - one.losses[n]) <= 1e-5f * fabsf(one.losses[n]),
+		              "step %d: loss %.9g on %d devices, %.9g on one", n + 1,
+		              (double)dp.losses[n], ndev, (double)one.losses[n]);
+	for (int r = 0; r < TS_ROLE_COUNT; r++) {
+		float *y;
+		double scale = 0, worst = 0;
+		uint64_t n = one.bytes[r] / 4;
+
+		if (!one.role[0][r])
+			continue;
+		y = sread(&one, 0, r);
+		for (uint64_t e = 0; e < n; e++)
+			scale = fmax(scale, fabs(y[e]));
+		for (int k = 0; k < ndev; k++) {
+			float *x = sread(&dp, k, r);
+
+			if (k > 0) {
+				float *x0 = sread(&dp, 0, r);
+
+				ck_assert_msg(memcmp(x, x0, one.bytes[r]) == 0,
+				              "replica %d's role %d differs from replica 0's", k, r);
+				free(x0);
+			}
+			for (uint64_t e = 0; e < n; e++)
+				worst = fmax(worst, fabs((double)x[e] - y[e]) / (scale + 1e-30));
+			free(x);
+		}
+		ck_assert_msg(worst <= 2e-5, "role %d off by %.3g of its scale", r, worst);
+		free(y);
+	}
+	rep = ts_session_report(sd);
+	ck_assert_uint_eq(rep->steps, 5);
+	/* the all-reduces moved each replica's gradients: the parameters' size */
+	ck_assert_uint_eq(rep->allreduce_bytes,
+	                  5 * (dp.bytes[TS_ROLE_W1] + dp.bytes[TS_ROLE_W2]));
+	for (int k = 0; k < ndev; k++)
+		ck_assert_msg(rep->replica_compute_s[k] >= 0, "replica %d's compute time", k);
+	smodel_free(&dp, sd);
+	smodel_free(&one, s1);
+}
+END_TEST
+
+/* A session refuses replicas for an evaluation, or a first device that is
+ * not cfg.dev; a source of the wrong size to split. */
+START_TEST(test_session_refusals)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE};
+	struct smodel m = {.R = ndev, .pol = &pol};
+	struct ts_session_config cfg = sconfig(&m);
+	struct ts_session *s;
+	float *x;
+	struct ts_session_source src;
+
+	ts_error_clear(&err);
+	cfg.evaluate = true;
+	ck_assert_int_eq(ts_session_new(&cfg, &s, &err), TS_INVALID_ARGUMENT);
+	cfg = sconfig(&m);
+	cfg.dev = devs[1];
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_new(&cfg, &s, &err), TS_INVALID_ARGUMENT);
+	cfg = sconfig(&m);
+	OK(ts_session_new(&cfg, &s, &err));
+	x = calloc(SBATCH * 2, (size_t)dense.d_model * 4);
+	ck_assert_ptr_nonnull(x);
+	/* one replica's rows, not every replica's */
+	src = (struct ts_session_source){.mem = x, .bytes = SBATCH / (uint64_t)ndev *
+	                                                    (uint64_t)dense.d_model * 4,
+	                                 .row_bytes = (uint64_t)dense.d_model * 4,
+	                                 .src_dev = devs[0], .src_kind = TS_MEM_UNPINNED_HOST};
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_stage(s, TS_ROLE_INPUT, &src, &err), TS_FAILED_PRECONDITION);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_session_bind_replica(s, ndev, TS_ROLE_W1, x, 4, TS_MEM_DEVICE, &err),
+	                 TS_INVALID_ARGUMENT);
+	free(x);
+	ts_session_free(s);
+}
+END_TEST
+
 static void add_cases(TCase *tc)
 {
 	tcase_add_test(tc, test_dense_model_equals_one_device);
@@ -792,6 +1047,8 @@ static void add_cases(TCase *tc)
 	tcase_add_test(tc, test_same_bits_every_run);
 	tcase_add_test(tc, test_bad_runs_refused);
 	tcase_add_test(tc, test_copy_failure_on_one_device_leaves_every_replica_whole);
+	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
+	tcase_add_test(tc, test_session_refusals);
 #ifdef TS_FAULT_BUILD
 	tcase_add_test(tc, test_every_failure_point_leaves_every_replica_whole);
 #endif
@@ -814,6 +1071,7 @@ Suite *ts_unit_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_dense_model_equals_one_device);
 	tcase_add_test(tc, test_gpt_equals_one_device);
+	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
 	suite_add_tcase(s, tc);
 	if (ts_unit_cuda()) {
 		tc = tcase_create("cuda");
