@@ -213,13 +213,20 @@ static ts_status accumulate_parse(json_t *v, int *k, struct ts_error *err)
 
 /* The micro-batches of an analysed step: its rows split in k, whole
  * samples (B of them) each. */
-static ts_status analyze_split(json_int_t B, int k, int *rows, struct ts_error *err)
+/* rows: of one micro-batch on one device. A data-parallel model's step
+ * (replicas R > 1) gives each device its R-th of the batch. */
+static ts_status analyze_split(json_int_t B, int k, int R, int *rows, struct ts_error *err)
 {
 	if (B % k != 0)
 		return ts_error_bad(err, "BAD_ACCUMULATE", NULL,
 		                    "accumulate %d splits the batch's %lld rows into micro-batches: "
 		                    "their count must be a multiple of it", k, (long long)B);
-	*rows /= k;
+	if (R > 1 && B % ((json_int_t)k * R) != 0)
+		return ts_error_bad(err, "BAD_BATCH", NULL,
+		                    "the model runs on %d devices: the batch's %lld rows must split "
+		                    "into %d equal parts (devices x accumulate)", R, (long long)B,
+		                    k * R);
+	*rows /= k * (R > 1 ? R : 1);
 	return TS_OK;
 }
 
@@ -312,13 +319,15 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	if (accumulate_parse(acc, &k, &err) != TS_OK)
 		goto out_fail;
 	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK ||
-	    analyze_split(B, k, &rows, &err) != TS_OK)
+	    analyze_split(B, k, evaluate ? 1 : m.replicas, &rows, &err) != TS_OK)
 		goto out_fail;
 	if (run_policy(call->core, &m, pl, false, &pol, &err) != TS_OK)
 		goto out_fail;
 	if (evaluate ? ts_plan_build_eval(&m.mlp, rows, &pol, ev.outputs, ev.kind, &plan,
 	                                  &err) != TS_OK
-	             : ts_plan_build_accumulate(&m.mlp, &m.opt, rows, k, &pol, &plan, &err) != TS_OK)
+	             : ts_plan_build_replicated(&m.mlp, &m.opt, rows, k,
+	                                        m.replicas > 1 ? m.replicas : 1, &pol, &plan,
+	                                        &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, ts_render_plan(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);
@@ -362,9 +371,10 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	if (accumulate_parse(acc, &k, &err) != TS_OK)
 		goto out_fail;
 	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK ||
-	    analyze_split(B, k, &rows, &err) != TS_OK)
+	    analyze_split(B, k, m.replicas, &rows, &err) != TS_OK)
 		goto out_fail;
-	if (ts_plan_build_accumulate(&m.mlp, &m.opt, rows, k, &m.policy, &plan, &err) != TS_OK)
+	if (ts_plan_build_replicated(&m.mlp, &m.opt, rows, k, m.replicas > 1 ? m.replicas : 1,
+	                             &m.policy, &plan, &err) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, ts_render_plan(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);

@@ -13,6 +13,7 @@
 
 #include "common/units.h"
 #include "device/device.h"
+#include "jobs/model.h"
 #include "jobs/model_spec.h"
 #include "jobs/render.h"
 
@@ -126,6 +127,7 @@ static ts_status import_model(struct ts_checkpoint_rx *im, const json_t *meta, s
 			json_object_set_new(spec, "placement", pl);
 		}
 		json_object_set_new(pl, "device", json_string(im->device));
+		json_object_del(pl, "devices");       /* onto that one device */
 	}
 	st = ts_job_model_parse(im->env, im->default_device, spec, &im->model, &init, err);
 	json_decref(spec);
@@ -238,8 +240,7 @@ static ts_status import_admit(void *ctx, const struct ts_st_header *st, struct t
 
 		ts_model_array_name(m, of[i], an, sizeof an);
 		d.rank = ts_model_param_shape(m, of[i], d.shape);
-		ts_placement_single(&pl, m->device,
-		                    ts_role_param(of[i]) ? m->policy.params : m->policy.opt_state, true);
+		ts_job_model_placement(m, of[i], &pl);     /* data parallel: every replica */
 		if (ts_array_desc_init(&d, err) != TS_OK ||
 		    ts_array_new(an, &d, &pl, im->env->memory, &arrays[i], err) != TS_OK)
 			return err->status;

@@ -86,6 +86,35 @@ static ts_status init_array(const struct ts_jobs_env *env, struct ts_operation *
 	return st;
 }
 
+void ts_job_model_placement(const struct ts_model *m, enum ts_pbuf_role role,
+                            struct ts_placement *pl)
+{
+	enum ts_memory_kind kind = ts_role_param(role) ? m->policy.params : m->policy.opt_state;
+	struct ts_sharding *sh = &pl->sharding;
+
+	if (m->replicas <= 1) {
+		ts_placement_single(pl, m->device, kind, true);
+		return;
+	}
+	memset(pl, 0, sizeof *pl);
+	sh->type = TS_SHARDING_NAMED;
+	sh->memory_kind = kind;
+	sh->mesh.ndevices = m->replicas;
+	sh->mesh.naxes = 1;
+	snprintf(sh->mesh.axis_names[0], sizeof sh->mesh.axis_names[0], "data");
+	sh->mesh.shape[0] = m->replicas;
+	for (int k = 0; k < m->replicas; k++)
+		sh->mesh.devices[k] = m->replica_devs[k];
+	sh->spec_rank = 0;                   /* no dimension split: a replica each */
+	pl->committed = true;
+}
+
+struct ts_buffer *ts_job_model_buffer(const struct ts_array *a, int k)
+{
+	return ts_array_nshards(a) == 1 && k == 0 ? ts_array_single_buffer(a)
+	                                          : ts_array_shard_buffer(a, k);
+}
+
 struct create {
 	const struct ts_jobs_env *env;
 	struct ts_model model;                /* with its uid */
@@ -172,9 +201,7 @@ static ts_status create_admit(struct create *c, uint64_t *total, struct ts_error
 			continue;
 		ts_model_array_name(&c->model, role, name, sizeof name);
 		d.rank = ts_model_param_shape(&c->model, role, d.shape);
-		ts_placement_single(&pl, c->model.device,
-		                    ts_role_param(role) ? c->model.policy.params : c->model.policy.opt_state,
-		                    true);
+		ts_job_model_placement(&c->model, role, &pl);
 		if (ts_array_desc_init(&d, err) != TS_OK ||
 		    ts_array_new(name, &d, &pl, env->memory, &c->arrs[c->n], err) != TS_OK)
 			return err->status;

@@ -31,6 +31,19 @@
  * RESOURCE_EXHAUSTED when its arrays do not fit; nothing is left behind on
  * failure. A new reference to the operation in *op.
  */
+/* Where the model's array of role lives: on its device in the policy's
+ * memory kind for the role (params or opt_state), or, data parallel, a
+ * replica on each of its devices (a named sharding over a one-axis mesh
+ * "data" of them, in the model's order, no dimension split). Committed. */
+struct ts_placement;
+void ts_job_model_placement(const struct ts_model *m, enum ts_pbuf_role role,
+                            struct ts_placement *pl);
+
+/* The buffer of replica k of a model array (k 0 for one on one device). */
+struct ts_buffer;
+struct ts_array;
+struct ts_buffer *ts_job_model_buffer(const struct ts_array *a, int k);
+
 ts_status ts_job_model_create_submit(const struct ts_jobs_env *env, const struct ts_model *m,
                                      const struct ts_model_init *init, struct ts_operation **op,
                                      struct ts_error *err);

@@ -104,8 +104,8 @@ static const struct field mlp_fields[] = {
 	{"projection", JSON_TRUE},
 };
 static const struct field placement_fields[] = {
-	{"device", JSON_STRING}, {"params", JSON_STRING}, {"opt_state", JSON_STRING},
-	{"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
+	{"device", JSON_STRING}, {"devices", JSON_ARRAY}, {"params", JSON_STRING},
+	{"opt_state", JSON_STRING}, {"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
 };
 static const struct field activation_fields[] = {{"save", JSON_ARRAY}, {"offload", JSON_ARRAY}};
 static const struct field init_fields[] = {
@@ -360,6 +360,48 @@ static ts_status parse_init(json_t *in, struct ts_model_init *init, struct ts_er
 	return TS_OK;
 }
 
+/* placement.devices: data parallel over 2.. devices of one backend, each
+ * named once; the first is the model's device. */
+static ts_status parse_devices(const struct ts_jobs_env *env, json_t *list, struct ts_model *m,
+                               struct ts_error *err)
+{
+	size_t n = json_array_size(list);
+
+	if (!json_is_array(list))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEVICES",
+		                    "placement.devices is a list of device ids");
+	if (n < 2 || n > TS_PLAN_REPLICAS_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEVICES",
+		                    "placement.devices lists 2..%d devices a step runs on together, "
+		                    "not %zu (one device: placement.device)", TS_PLAN_REPLICAS_MAX, n);
+	for (size_t i = 0; i < n; i++) {
+		const char *id = json_string_value(json_array_get(list, i));
+		struct ts_device *d = id ? ts_device_set_find(env->devices, id) : NULL;
+
+		if (!id)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEVICES",
+			                    "placement.devices[%zu] is not a device id", i);
+		if (!d)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
+			                    "placement.devices[%zu] '%.64s' is not a device of this node",
+			                    i, id);
+		if (ts_device_props(d)->backend == TS_BACKEND_CPU ||
+		    ts_device_props(d)->backend != ts_device_props(m->replica_devs[0] ? m->replica_devs[0]
+		                                                                      : d)->backend)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEVICES",
+			                    "placement.devices[%zu] '%s': data parallel runs on accelerators "
+			                    "of one backend (cuda or sim)", i, id);
+		for (size_t j = 0; j < i; j++)
+			if (m->replica_devs[j] == d)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEVICES",
+				                    "placement.devices names '%s' twice", id);
+		m->replica_devs[i] = d;
+	}
+	m->replicas = (int)n;
+	m->device = m->replica_devs[0];
+	return TS_OK;
+}
+
 /* Where the model lives and its default policy (pl may be NULL). */
 static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device *default_device,
                                  json_t *pl, struct ts_model *m, struct ts_error *err)
@@ -374,6 +416,18 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
 		if (dev && !(m->device = ts_device_set_find(env->devices, dev)))
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "DEVICE_NOT_FOUND",
 			                    "placement.device '%s' is not a device of this node", dev);
+		if (json_object_get(pl, "devices")) {
+			struct ts_device *one = m->device;
+
+			if (parse_devices(env, json_object_get(pl, "devices"), m, err) != TS_OK)
+				return err->status;
+			/* as a model renders it: device, the first of its devices */
+			if (dev && one != m->device)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DEVICES",
+				                    "placement takes device (one) or devices (data "
+				                    "parallel); given both, device '%s' must be the first of "
+				                    "devices", dev);
+		}
 		if (json_object_get(pl, "activations")) {
 			m->policy.save_x = m->policy.save_h = false;
 			m->policy.save_acts = 0;
@@ -381,6 +435,10 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
 		if (ts_job_policy_parse(pl, &m->policy, err) != TS_OK)
 			return err->status;
 	}
+	if (m->persist && m->replicas > 1)
+		return ts_error_set(err, TS_UNIMPLEMENTED, "PERSIST_REPLICAS",
+		                    "persist keeps models on one device across restarts; a model on "
+		                    "placement.devices is not kept (export a checkpoint instead)");
 	return TS_OK;
 }
 

@@ -207,6 +207,14 @@ json_t *ts_render_model_spec(const struct ts_model *m)
 	                 "activations", "save", save, "offload", offload,
 	                 "prefetch_depth", m->policy.prefetch_depth, "steps", (json_int_t)m->steps);
 
+	if (o && m->replicas > 1) {
+		/* data parallel: every device a replica is on, the first the device */
+		json_t *devs = json_array();
+
+		for (int k = 0; devs && k < m->replicas; k++)
+			json_array_append_new(devs, json_string(ts_device_props(m->replica_devs[k])->id));
+		json_object_set_new(json_object_get(o, "placement"), "devices", devs);
+	}
 	if (o && m->mlp.gpt) {
 		/* the GPT kind: its own section instead of the MLP's, no loss (always
 		 * next-token cross-entropy) */
@@ -322,6 +330,17 @@ json_t *ts_render_plan(const struct ts_plan *p, bool timeline)
 
 	if (o && p->accumulate > 1)          /* a step of that many micro-batches */
 		json_object_set_new(o, "accumulate", json_integer(p->accumulate));
+	if (o && p->replicas > 1) {
+		/* data parallel: every figure above is each device's; the gradients
+		 * all-reduced on each, a step */
+		uint64_t ar = 0;
+
+		for (int i = 0; i < p->nactions; i++)
+			if (p->actions[i].op == TS_P_ALLREDUCE)
+				ar += p->actions[i].n * sizeof(float);
+		json_object_set_new(o, "replicas", json_integer(p->replicas));
+		json_object_set_new(o, "all_reduce_bytes", json_integer((json_int_t)ar));
+	}
 	if (o && timeline) {
 		json_t *t = json_array();
 

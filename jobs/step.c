@@ -19,6 +19,7 @@
 
 #include "common/units.h"
 #include "formats/index.h"
+#include "jobs/model.h"
 #include "jobs/render.h"
 #include "storage/array.h"
 #include "storage/array_io.h"
@@ -353,9 +354,9 @@ static ts_status step_prepare(void *arg, struct ts_session *sess, struct ts_erro
 		slot = &s->priv[role][s->done % 2];
 		if (!*slot)
 			st = private_version(s->env, cur, slot, err);
-		if (st == TS_OK)
-			st = ts_session_set_next(sess, role, ts_buffer_data(ts_array_single_buffer(*slot)),
-			                         err);
+		for (int k = 0; st == TS_OK && k < ts_session_replicas(sess); k++)
+			st = ts_session_set_next_replica(sess, k, role,
+			                                 ts_buffer_data(ts_job_model_buffer(*slot, k)), err);
 	}
 	return st;
 }
@@ -820,17 +821,19 @@ static json_t *step_result(const struct run *s, const struct ts_session *sess,
 		if (ts_session_slot(sess, k ? TS_ROLE_TARGET : TS_ROLE_INPUT, &bytes, NULL))
 			spare += bytes;
 	double busy = rep->compute_s, waits = rep->copy_wait_s;
+	int R = ts_session_replicas(sess);
+	json_t *o;
 
 	for (uint64_t i = 0; losses && i < rep->steps; i++)
 		json_array_append_new(losses, json_real(rep->losses[i]));
-	return json_pack("{s:s, s:I, s:o*, s:s, s:I, s:I, s:I, s:I, s:o*,"
+	o = json_pack("{s:s, s:I, s:o*, s:s, s:I, s:I, s:I, s:I, s:o*,"
 	                 " s:{s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:I}, s:f}",
 	                 "model", s->model.name, "steps", (json_int_t)rep->steps, "losses", losses,
 	                 "device", ts_device_props(dev)->id,
 	                 "predicted_peak_device_bytes", (json_int_t)(plan->peak_device_bytes + spare),
 	                 "measured_peak_device_bytes",
 	                 (json_int_t)(plan->argument_size_in_bytes + plan->output_size_in_bytes +
-	                              rep->measured_temp_peak + rep->spare_bytes),
+	                              rep->measured_temp_peak + rep->spare_bytes / (uint64_t)R),
 	                 "predicted_temp_size_in_bytes", (json_int_t)plan->temp_size_in_bytes,
 	                 "measured_temp_size_in_bytes", (json_int_t)rep->measured_temp_peak,
 	                 "analysis", ts_render_plan(plan, false),
@@ -840,6 +843,22 @@ static json_t *step_result(const struct run *s, const struct ts_session *sess,
 	                 "d2h", (json_int_t)rep->d2h_bytes,
 	                 "staged_h2d", (json_int_t)rep->staged_h2d_bytes,
 	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
+	if (o && R > 1) {
+		/* data parallel: the figures above are each device's (the peaks)
+		 * or the slowest's (the times); per device, its compute and the
+		 * gradient bytes it all-reduced */
+		json_t *devs = json_array();
+
+		for (int k = 0; devs && k < R; k++)
+			json_array_append_new(devs, json_pack("{s:s, s:f, s:I}", "device",
+			                                      ts_device_props(s->model.replica_devs[k])->id,
+			                                      "compute_s", rep->replica_compute_s[k],
+			                                      "all_reduce_bytes",
+			                                      (json_int_t)rep->allreduce_bytes));
+		json_object_set_new(o, "devices", devs);
+		json_object_set_new(o, "all_reduce_bytes", json_integer((json_int_t)rep->allreduce_bytes));
+	}
+	return o;
 }
 
 /* Where a windows run stopped after done steps: the next window (a call
@@ -956,6 +975,25 @@ static json_t *eval_result(const struct run *s, const struct ts_session *sess,
 	return o;
 }
 
+/* Whether a is a whole replica on each of model m's devices, in order. */
+static bool replicated(const struct ts_array *a, const struct ts_model *m)
+{
+	const struct ts_array_desc *d = ts_array_desc(a);
+
+	if (ts_array_nshards(a) != m->replicas)
+		return false;
+	for (int k = 0; k < m->replicas; k++) {
+		const struct ts_shard_box *b = ts_array_box(a, k);
+
+		if (b->device != m->replica_devs[k])
+			return false;
+		for (int x = 0; x < d->rank; x++)
+			if (b->start[x] != 0 || b->count[x] != d->shape[x])
+				return false;
+	}
+	return true;
+}
+
 /* Takes into s->held the current version of each of the model's arrays of
  * roles (those it has), checking each is the model's and on one device;
  * what says what runs there ("steps", "evaluations"). */
@@ -981,10 +1019,11 @@ static ts_status hold_roles(const struct ts_jobs_env *env, struct run *s,
 		if (strcmp(ts_array_owner(a), owner) != 0)
 			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
 			                    "array '%s' is not %s's", name, owner);
-		if (ts_array_nshards(a) != 1)
+		if (s->model.replicas > 1 ? !replicated(a, &s->model) : ts_array_nshards(a) != 1)
 			return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
-			                    "model array '%s' is sharded; %s run on one device", name,
-			                    what);
+			                    "model array '%s' is sharded otherwise than the model's "
+			                    "placement (%s run on one device, or data parallel on a "
+			                    "replica on each of placement.devices)", name, what);
 	}
 	return TS_OK;
 }
@@ -1018,6 +1057,26 @@ ts_status ts_job_outputs_writable(const struct ts_jobs_env *env,
  * (a :put before the run may have moved them), the session planned on cfg
  * and every held array bound by its role.
  */
+/* Every slot of the session by its role: the held arrays, each replica's
+ * own (an evaluation or one device: replica 0, the model's device). */
+static ts_status bind_held(struct run *s, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
+		const struct ts_array *a = s->held[r];
+
+		for (int k = 0; a && st == TS_OK && k < ts_session_replicas(s->sess); k++) {
+			const struct ts_buffer *b = ts_job_model_buffer(a, k);
+
+			st = ts_session_bind_replica(s->sess, k, (enum ts_pbuf_role)r, ts_buffer_data(b),
+			                             ts_buffer_size(b),
+			                             ts_array_placement(a)->sharding.memory_kind, err);
+		}
+	}
+	return st;
+}
+
 static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct ts_error *err)
 {
 	const struct ts_jobs_env *env = s->env;
@@ -1082,7 +1141,27 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 		                    ts_device_props(s->dev)->id, m->name);
 	cfg->dev = s->dev;
 	cfg->policy = s->policy;
-	cfg->batch = (int)((ts_mlp_tokens(&m->mlp) ? rows : s->bin) / (uint64_t)s->accumulate);
+	if (m->replicas > 1 && !s->evaluate) {
+		uint64_t total = ts_mlp_tokens(&m->mlp) ? rows : s->bin;
+		uint64_t unit = (uint64_t)s->accumulate * (uint64_t)m->replicas *
+		                (m->mlp.gpt ? (uint64_t)(s->windows.on ? s->windows.context
+		                                                      : rows / s->bin) : 1);
+
+		/* every replica its own rows (a GPT's, whole windows) */
+		if (total % unit != 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
+			                    "model '%s' runs on %d devices: a step's %llu rows must split "
+			                    "into %d equal parts%s", m->name, m->replicas,
+			                    (unsigned long long)(total / (m->mlp.gpt ? unit /
+			                                         ((uint64_t)s->accumulate *
+			                                          (uint64_t)m->replicas) : 1)),
+			                    m->replicas * s->accumulate,
+			                    s->accumulate > 1 ? " (devices x accumulate)" : "");
+		cfg->replicas = m->replicas;
+		memcpy(cfg->devs, m->replica_devs, sizeof cfg->devs);
+	}
+	cfg->batch = (int)((ts_mlp_tokens(&m->mlp) ? rows : s->bin) / (uint64_t)s->accumulate /
+	                   (uint64_t)(cfg->replicas > 1 ? cfg->replicas : 1));
 	cfg->accumulate = s->accumulate;
 	cfg->mlp.id_bytes = id_bytes;
 	if (s->evaluate) {
@@ -1093,17 +1172,8 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 			                          : (int)(rows / s->bin);
 	}
 	st = ts_session_new(cfg, &s->sess, err);
-	/* every slot by its role: the held arrays */
-	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
-		const struct ts_array *a = s->held[r];
-
-		if (!a)
-			continue;
-		st = ts_session_bind(s->sess, (enum ts_pbuf_role)r,
-		                     ts_buffer_data(ts_array_single_buffer(a)),
-		                     ts_buffer_size(ts_array_single_buffer(a)),
-		                     ts_array_placement(a)->sharding.memory_kind, err);
-	}
+	if (st == TS_OK)
+		st = bind_held(s, err);
 	return st;
 }
 
@@ -1176,13 +1246,19 @@ static ts_status step_grads(struct run *s, struct ts_array *grads[TS_GRADS_MAX],
 		if (!grad_of(r, &gr, &gname) || !s->held[r] || *ng == TS_GRADS_MAX)
 			continue;
 		snprintf(name, sizeof name, "%s.grad.%s", s->model.name, gname);
-		ts_placement_single(&pl, s->dev, TS_MEM_DEVICE, true);
+		/* where the parameter is: a replica on each device when data
+		 * parallel (the all-reduced gradient, the same on every one) */
+		pl = *ts_array_placement(s->held[r]);
+		pl.sharding.memory_kind = TS_MEM_DEVICE;
+		pl.committed = true;
+		if (ts_session_replicas(s->sess) == 1)
+			ts_placement_single(&pl, s->dev, TS_MEM_DEVICE, true);
 		st = ts_array_new(name, ts_array_desc(s->held[r]), &pl, s->env->memory, &grads[*ng],
 		                  err);
-		if (st == TS_OK)
-			st = ts_session_bind(s->sess, gr,
-			                     ts_buffer_data(ts_array_single_buffer(grads[*ng])),
-			                     ts_array_desc(grads[*ng])->nbytes, TS_MEM_DEVICE, err);
+		for (int k = 0; st == TS_OK && k < ts_session_replicas(s->sess); k++)
+			st = ts_session_bind_replica(s->sess, k, gr,
+			                             ts_buffer_data(ts_job_model_buffer(grads[*ng], k)),
+			                             ts_array_desc(grads[*ng])->nbytes, TS_MEM_DEVICE, err);
 		(*ng)++;
 	}
 	return st;
@@ -1457,15 +1533,8 @@ static ts_status gen_session(struct run *s, int T, struct ts_array *logits,
 	ts_session_free(s->sess);
 	s->sess = NULL;
 	st = ts_session_new(&cfg, &s->sess, err);
-	for (int r = 0; st == TS_OK && r < TS_ROLE_COUNT; r++) {
-		const struct ts_array *a = s->held[r];
-
-		if (a)
-			st = ts_session_bind(s->sess, (enum ts_pbuf_role)r,
-			                     ts_buffer_data(ts_array_single_buffer(a)),
-			                     ts_buffer_size(ts_array_single_buffer(a)),
-			                     ts_array_placement(a)->sharding.memory_kind, err);
-	}
+	if (st == TS_OK)
+		st = bind_held(s, err);
 	if (st == TS_OK)
 		st = ts_session_bind(s->sess, TS_ROLE_OUTPUT, ts_buffer_data(lb), ts_buffer_size(lb),
 		                     TS_MEM_PINNED_HOST, err);

@@ -102,8 +102,9 @@ static void model_need(const struct ts_model *m, enum ts_memory_kind kind, uint6
 }
 
 /* The refusal of a model whose params and state (bytes) do not fit sp. */
-static ts_status model_refuse(const struct ts_model *m, const struct ts_space *sp,
-                              uint64_t params, uint64_t state, struct ts_error *err)
+static ts_status model_refuse(const struct ts_model *m, struct ts_device *dev,
+                              const struct ts_space *sp, uint64_t params, uint64_t state,
+                              struct ts_error *err)
 {
 	struct ts_space_stats s;
 	char need_h[32], par_h[32], st_h[32], lim_h[32], free_h[32], parts[96];
@@ -121,7 +122,7 @@ static ts_status model_refuse(const struct ts_model *m, const struct ts_space *s
 		         params ? par_h : st_h);
 	ts_error_oom(err, "model '%s' needs %s of %s on %s (%s); the budget is %s, %s free",
 	             m->name, ts_format_bytes(need_h, sizeof need_h, need),
-	             ts_memory_kind_name(ts_space_kind(sp)), ts_device_props(m->device)->id, parts,
+	             ts_memory_kind_name(ts_space_kind(sp)), ts_device_props(dev)->id, parts,
 	             ts_format_bytes(lim_h, sizeof lim_h, s.bytes_limit),
 	             ts_format_bytes(free_h, sizeof free_h, s.bytes_free));
 	ts_error_meta(err, "space", "%s", ts_space_name(sp));
@@ -139,21 +140,31 @@ ts_status ts_model_check_fit(const struct ts_model *m, const struct ts_memory *m
                              struct ts_error *err)
 {
 	enum ts_memory_kind kinds[2] = {m->policy.params, m->policy.opt_state};
+	int R = m->replicas > 1 ? m->replicas : 1;
 
-	for (int i = 0; i < 2; i++) {
-		const struct ts_space *sp;
-		struct ts_space_stats s;
-		uint64_t params, state;
+	for (int k = 0; k < R; k++) {
+		struct ts_device *dev = R > 1 ? m->replica_devs[k] : m->device;
 
-		if (i == 1 && kinds[1] == kinds[0])
-			break;
-		sp = ts_memory_find(mem, ts_device_props(m->device)->id, kinds[i]);
-		model_need(m, kinds[i], &params, &state);
-		if (!sp || params + state == 0)
-			continue;
-		ts_space_stats(sp, &s);
-		if (params + state > s.bytes_free)
-			return model_refuse(m, sp, params, state, err);
+		for (int i = 0; i < 2; i++) {
+			const struct ts_space *sp;
+			struct ts_space_stats s;
+			uint64_t params, state;
+
+			if (i == 1 && kinds[1] == kinds[0])
+				break;
+			sp = ts_memory_find(mem, ts_device_props(dev)->id, kinds[i]);
+			model_need(m, kinds[i], &params, &state);
+			/* host memory: the replicas may draw on one pool, each a copy */
+			if (kinds[i] != TS_MEM_DEVICE) {
+				params *= (uint64_t)R;
+				state *= (uint64_t)R;
+			}
+			if (!sp || params + state == 0)
+				continue;
+			ts_space_stats(sp, &s);
+			if (params + state > s.bytes_free)
+				return model_refuse(m, dev, sp, params, state, err);
+		}
 	}
 	return TS_OK;
 }

@@ -45,6 +45,11 @@ struct ts_model {
 	struct ts_optimizer opt;
 	struct ts_policy policy;          /* activations and prefetch; params/opt_state: initial placement */
 	struct ts_device *device;
+	/* data parallel: a replica of every array on each of replicas > 1
+	 * devices (replica_devs[0] == device), steps run on all of them
+	 * (plan.h's ts_plan_build_replicated); 0: on device alone */
+	int replicas;
+	struct ts_device *replica_devs[TS_PLAN_REPLICAS_MAX];
 	uint64_t steps;                   /* steps run so far (Adam's t) */
 	uint64_t create_ns;
 	uint64_t uid;                     /* assigned by the registry */

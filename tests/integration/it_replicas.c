@@ -1,0 +1,312 @@
+/*
+ * it_replicas.c - Check suite "replicas": data-parallel models of a real
+ * daemon. A model placed on two devices ("placement": {"devices": [...]})
+ * keeps a replica of every array on each; its :step splits the batch
+ * between them and all-reduces the gradients, so its losses and weights
+ * equal those of the same model on one device stepped on the whole batch
+ * (SGD: within float32 summation error); the step reports each device's
+ * compute and the bytes all-reduced (the gradients' size, nothing more);
+ * :analyze is each device's; a GPT trains on windows of a token stream the
+ * same way; an exported checkpoint imports onto one device with the same
+ * weights; bad placements and batches that do not split are 4xx naming
+ * them.
+ *
+ * Each test case runs in its own forked process with its own daemon (two
+ * sim devices, or the stand-in's GPUs under TS_TEST_BACKEND=cuda).
+ */
+#include "tests/integration/harness.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct th_daemon D;
+
+static void daemon_up(void)
+{
+	static const char *const args[] = {"--sim-device-memory", "256MiB", NULL};
+
+	th_daemon_start(&D, args);
+	ck_assert_msg(th_daemon_has_device(&D, th_dev(1)), "data parallel needs %s", th_dev(1));
+}
+
+static void daemon_down(void)
+{
+	th_daemon_stop_ok(&D);
+}
+
+/* A model spec of kind `what` (an "mlp" or "gpt" object, the loss and
+ * optimizer) placed by `placement`. */
+static char *spec(const char *name, const char *what, const char *placement)
+{
+	return th_fmt("{\"name\": \"%s\", %s, \"init\": {\"seed\": 7}, \"placement\": %s}", name,
+	              what, placement);
+}
+
+static void create(const char *name, const char *what, const char *placement)
+{
+	char *s = spec(name, what, placement);
+
+	json_decref(th_post_json(&D, "/v1/models?wait=true", s, 200));
+	free(s);
+}
+
+static char *both_devices(void)
+{
+	return th_fmt("{\"devices\": [\"%s\", \"%s\"]}", th_dev(0), th_dev(1));
+}
+
+static char *first_device(void)
+{
+	return th_fmt("{\"device\": \"%s\"}", th_dev(0));
+}
+
+/* Arrays a and b hold the same floats within tol of b's largest. */
+static void close_arrays(const char *a, const char *b, double tol)
+{
+	size_t na, nb;
+	float *x = th_download_floats(&D, a, &na), *y = th_download_floats(&D, b, &nb);
+	double scale = 0, worst = 0;
+
+	ck_assert_uint_eq(na, nb);
+	for (size_t i = 0; i < nb; i++)
+		scale = fmax(scale, fabs(y[i]));
+	for (size_t i = 0; i < nb; i++)
+		worst = fmax(worst, fabs((double)x[i] - y[i]) / (scale + 1e-30));
+	ck_assert_msg(worst <= tol, "%s vs %s: off by %.3g of %.3g", a, b, worst, scale);
+	free(x);
+	free(y);
+}
+
+static void close_losses(json_t *a, json_t *b, double rel)
+{
+	json_t *la = th_arr(a, "losses"), *lb = th_arr(b, "losses");
+
+	ck_assert_uint_eq(json_array_size(la), json_array_size(lb));
+	for (size_t i = 0; i < json_array_size(lb); i++) {
+		double x = json_number_value(json_array_get(la, i));
+		double y = json_number_value(json_array_get(lb, i));
+
+		ck_assert_msg(fabs(x - y) <= rel * fabs(y), "loss %zu: %.9g on two devices, %.9g on one",
+		              i, x, y);
+	}
+}
+
+#define MLP "\"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, \"loss\": \"mse\", " \
+            "\"optimizer\": {\"type\": \"sgd\", \"learning_rate\": 0.1, \"clip_global_norm\": 1.0}"
+
+/* Two devices on 16 rows = one device on the same 16 rows, step after
+ * step; the model says where its replicas are; the result has each
+ * device's share. */
+START_TEST(test_mlp_on_two_devices_equals_one)
+{
+	float *x = th_floats(16 * 16, 3, -1.0f, 1.0f), *y = th_floats(16 * 16, 4, -1.0f, 1.0f);
+	char *host = th_fmt("device=%s&memory_kind=pinned_host", th_dev(0));
+	char *both = both_devices(), *one = first_device();
+	json_t *m, *rd, *r1, *devs;
+
+	th_put_floats(&D, "x", x, 16, 16, host);
+	th_put_floats(&D, "y", y, 16, 16, host);
+	create("dp", MLP, both);
+	create("one", MLP, one);
+	m = th_get_object(&D, "/v1/models/dp");
+	devs = th_arr(th_obj(m, "placement"), "devices");
+	ck_assert_uint_eq(json_array_size(devs), 2);
+	ck_assert_str_eq(json_string_value(json_array_get(devs, 1)), th_dev(1));
+	ck_assert_str_eq(th_str(th_obj(m, "placement"), "device"), th_dev(0));
+	json_decref(m);
+	rd = th_model_step(&D, "dp", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	r1 = th_model_step(&D, "one", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	close_losses(rd, r1, 1e-5);
+	close_arrays("dp.w1", "one.w1", 2e-5);
+	close_arrays("dp.w2", "one.w2", 2e-5);
+	/* each device's compute, and the gradients' bytes all-reduced: w1 and
+	 * w2, [2, 16, 8] floats each, three steps */
+	devs = th_arr(rd, "devices");
+	ck_assert_uint_eq(json_array_size(devs), 2);
+	for (size_t k = 0; k < 2; k++) {
+		json_t *d = json_array_get(devs, k);
+
+		ck_assert_str_eq(th_str(d, "device"), th_dev((int)k));
+		ck_assert(json_number_value(json_object_get(d, "compute_s")) >= 0);
+		ck_assert_int_eq(th_int(d, "all_reduce_bytes"), 3 * 2 * 2 * 16 * 8 * 4);
+	}
+	ck_assert_int_eq(th_int(rd, "all_reduce_bytes"), 3 * 2 * 2 * 16 * 8 * 4);
+	ck_assert_ptr_null(json_object_get(r1, "devices"));
+	/* the accounting holds over both devices' replicas */
+	{
+		char why[512];
+
+		ck_assert_msg(th_spaces_match_shards(&D, why, sizeof why), "%s", why);
+	}
+	json_decref(rd);
+	json_decref(r1);
+	free(x);
+	free(y);
+	free(host);
+	free(both);
+	free(one);
+}
+END_TEST
+
+/* :analyze of the model on two devices is each device's: the plan of its
+ * half of the batch, and the gradients it all-reduces. */
+START_TEST(test_analyze_is_per_device)
+{
+	char *both = both_devices(), *one = first_device();
+	json_t *ad, *a1, *ah;
+
+	create("dp", MLP, both);
+	create("one", MLP, one);
+	ad = th_post_json(&D, "/v1/models/dp:analyze", "{\"batch\": [16, 16]}", 200);
+	a1 = th_post_json(&D, "/v1/models/one:analyze", "{\"batch\": [8, 16]}", 200);
+	ah = th_post_json(&D, "/v1/models/one:analyze", "{\"batch\": [16, 16]}", 200);
+	ck_assert_int_eq(th_int(ad, "replicas"), 2);
+	ck_assert_int_eq(th_int(ad, "all_reduce_bytes"), 2 * 2 * 16 * 8 * 4);
+	ck_assert_int_eq(th_int(ad, "argument_size_in_bytes"), th_int(a1, "argument_size_in_bytes"));
+	ck_assert_int_lt(th_int(ad, "temp_size_in_bytes"), th_int(ah, "temp_size_in_bytes"));
+	ck_assert_ptr_null(json_object_get(a1, "replicas"));
+	json_decref(ad);
+	json_decref(a1);
+	json_decref(ah);
+	free(both);
+	free(one);
+}
+END_TEST
+
+#define GPT "\"gpt\": {\"vocab\": 37, \"context\": 8, \"layers\": 2, \"d_model\": 16, " \
+            "\"heads\": 4}, \"optimizer\": {\"type\": \"sgd\", \"learning_rate\": 0.1}"
+
+/* A GPT on windows of one token stream: four windows a step, two on each
+ * device; the same as one device on the four. */
+START_TEST(test_gpt_windows_on_two_devices_equal_one)
+{
+	static uint16_t tok[512];
+	char *both = both_devices(), *one = first_device();
+	char *q = th_fmt("dtype=uint16&shape=512&device=%s&memory_kind=pinned_host", th_dev(0));
+	const char *body = "{\"windows\": {\"array\": \"stream\", \"context\": 8, \"batch_size\": 4, "
+	                   "\"order\": \"sequential\"}, \"steps\": 3}";
+	json_t *rd, *r1;
+	uint64_t s = 5;
+
+	for (size_t i = 0; i < 512; i++)
+		tok[i] = (uint16_t)(th_rand(&s) % 37);
+	th_put_array(&D, "stream", q, tok, sizeof tok);
+	create("g2", GPT, both);
+	create("g1", GPT, one);
+	rd = th_model_step(&D, "g2", body);
+	r1 = th_model_step(&D, "g1", body);
+	close_losses(rd, r1, 1e-5);
+	close_arrays("g2.wte", "g1.wte", 2e-5);
+	close_arrays("g2.mlp.fc.w", "g1.mlp.fc.w", 2e-5);
+	ck_assert_int_eq(th_int(th_obj(rd, "windows"), "next"), th_int(th_obj(r1, "windows"), "next"));
+	json_decref(rd);
+	json_decref(r1);
+	free(both);
+	free(one);
+	free(q);
+}
+END_TEST
+
+/* Export gathers one replica; imported onto one device, the weights are
+ * the same and it trains on. */
+START_TEST(test_checkpoint_onto_one_device)
+{
+	float *x = th_floats(8 * 16, 3, -1.0f, 1.0f), *y = th_floats(8 * 16, 4, -1.0f, 1.0f);
+	char *both = both_devices(), *q = th_fmt("name=back&device=%s", th_dev(1));
+	size_t len;
+	char *file;
+	json_t *m;
+
+	th_put_floats(&D, "x", x, 8, 16, NULL);
+	th_put_floats(&D, "y", y, 8, 16, NULL);
+	create("dp", MLP, both);
+	json_decref(th_model_step(&D, "dp", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 2}"));
+	file = th_export_model(&D, "dp", &len);
+	th_import_ok(&D, q, file, len);
+	m = th_get_object(&D, "/v1/models/back");
+	ck_assert_str_eq(th_str(th_obj(m, "placement"), "device"), th_dev(1));
+	ck_assert_ptr_null(json_object_get(th_obj(m, "placement"), "devices"));
+	json_decref(m);
+	close_arrays("back.w1", "dp.w1", 0);
+	close_arrays("back.w2", "dp.w2", 0);
+	/* and imported as it was, onto both devices again */
+	th_import_ok(&D, "name=again", file, len);
+	m = th_get_object(&D, "/v1/models/again");
+	ck_assert_uint_eq(json_array_size(th_arr(th_obj(m, "placement"), "devices")), 2);
+	json_decref(m);
+	close_arrays("again.w1", "dp.w1", 0);
+	json_decref(th_model_step(&D, "again", "{\"inputs\": \"x\", \"targets\": \"y\"}"));
+	free(file);
+	free(x);
+	free(y);
+	free(both);
+	free(q);
+}
+END_TEST
+
+START_TEST(test_bad_placements_and_batches)
+{
+	char *one_listed = th_fmt("{\"devices\": [\"%s\"]}", th_dev(0));
+	char *twice = th_fmt("{\"devices\": [\"%s\", \"%s\"]}", th_dev(0), th_dev(0));
+	char *both_kinds = th_fmt("{\"device\": \"%s\", \"devices\": [\"%s\", \"%s\"]}", th_dev(1),
+	                          th_dev(0), th_dev(1));
+	char *nowhere = th_fmt("{\"devices\": [\"%s\", \"sim:99\"]}", th_dev(0));
+	char *with_cpu = th_fmt("{\"devices\": [\"%s\", \"cpu:0\"]}", th_dev(0));
+	char *both = both_devices(), *s;
+	float *x = th_floats(3 * 16, 3, -1.0f, 1.0f);
+	const struct {
+		const char *placement, *reason, *word;
+	} bad[] = {
+		{one_listed, "BAD_DEVICES", "2.."},
+		{twice, "BAD_DEVICES", "twice"},
+		{both_kinds, "BAD_DEVICES", "first of devices"},
+		{nowhere, "DEVICE_NOT_FOUND", "sim:99"},
+		{with_cpu, "BAD_DEVICES", "one backend"},
+		{"{\"devices\": \"sim:0\"}", "BAD_DEVICES", "list"},
+	};
+
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		s = spec("bad", MLP, bad[i].placement);
+		th_post_error(&D, "/v1/models", s, 400, "INVALID_ARGUMENT", bad[i].reason, bad[i].word,
+		              NULL);
+		free(s);
+	}
+	s = th_fmt("{\"name\": \"kept\", %s, \"persist\": true, \"placement\": %s}", MLP, both);
+	th_post_error(&D, "/v1/models", s, 501, "UNIMPLEMENTED", "PERSIST_REPLICAS", "checkpoint",
+	              NULL);
+	free(s);
+	/* three rows do not split over two devices */
+	th_put_floats(&D, "x3", x, 3, 16, NULL);
+	create("dp", MLP, both);
+	th_post_error(&D, "/v1/models/dp:step?wait=true", "{\"inputs\": \"x3\", \"targets\": \"x3\"}", 400,
+	              "INVALID_ARGUMENT", "BAD_BATCH", "2 devices", NULL);
+	th_post_error(&D, "/v1/models/dp:analyze", "{\"batch\": [3, 16]}", 400, "INVALID_ARGUMENT",
+	              "BAD_BATCH", "2 devices", NULL);
+	free(one_listed);
+	free(twice);
+	free(both_kinds);
+	free(nowhere);
+	free(with_cpu);
+	free(both);
+	free(x);
+}
+END_TEST
+
+Suite *th_suite(void)
+{
+	Suite *s = suite_create("replicas");
+	TCase *tc = tcase_create("replicas");
+
+	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_set_timeout(tc, 300);
+	tcase_add_test(tc, test_mlp_on_two_devices_equals_one);
+	tcase_add_test(tc, test_analyze_is_per_device);
+	tcase_add_test(tc, test_gpt_windows_on_two_devices_equal_one);
+	tcase_add_test(tc, test_checkpoint_onto_one_device);
+	tcase_add_test(tc, test_bad_placements_and_batches);
+	suite_add_tcase(s, tc);
+	return s;
+}
