@@ -793,6 +793,28 @@ static void post_expect(struct th_daemon *d, const char *path, const char *body,
 	th_response_free(&r);
 }
 
+/* The same for an answer that is a JSON object: it (new reference). */
+static json_t *post_object(struct th_daemon *d, const char *path, const char *body, long want,
+                           const char *what)
+{
+	struct th_response r;
+	json_t *o;
+
+	post_auth(d, path, body, &r);
+	ck_assert_msg(r.status == want, "%s: %ld %s", what, r.status, r.body);
+	o = json_incref(th_json(&r));
+	th_response_free(&r);
+	return o;
+}
+
+/* Polls d's unpinned_host bytes in use until they are base again, at most
+ * ms; what names the memory in the failure. */
+static void await_unpinned(struct th_daemon *d, double base, int ms, const char *what)
+{
+	for (double t0 = now_ms(); unpinned_in_use(d) != base; usleep(20000))
+		ck_assert_msg(now_ms() - t0 < ms, "%s is still held", what);
+}
+
 /* POST path (body JSON text) with the token, which must start an
  * operation (202): its id into id (cap bytes). */
 static void post_started(struct th_daemon *d, const char *path, const char *body,
@@ -955,24 +977,19 @@ START_TEST(test_receive_expires_and_aborts)
 	post_auth(&d[1], "/v1/fleet:receive",
 	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 1024, 1024]}", &r);
 	th_expect_error(&r, "too big", 429, "RESOURCE_EXHAUSTED", NULL, NULL, NULL);
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(20000))
-		ck_assert_msg(now_ms() - t0 < 2000, "a refused receive's memory is still held");
+	await_unpinned(&d[1], base, 2000, "a refused receive's memory");
 
 	/* one that expires */
-	post_auth(&d[1], "/v1/fleet:receive",
-	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], "
-	          "\"timeout_seconds\": 1}", &r);
-	ck_assert_msg(r.status == 201, "receive: %ld %s", r.status, r.body);
-	o = json_incref(th_json(&r));
-	th_response_free(&r);
+	o = post_object(&d[1], "/v1/fleet:receive",
+	                "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], "
+	                "\"timeout_seconds\": 1}", 201, "receive");
 	ck_assert_int_eq(th_int(o, "length"), 1024 * 256 * 4);
 	ck_assert_int_eq(strlen(th_str(o, "ticket")), 64);
 	ck_assert_int_eq(th_int(o, "fleet_port"), ports[1] + 1);
 	ck_assert(strlen(th_str(o, "rkey")) > 0);
 	open = unpinned_in_use(&d[1]);
 	ck_assert_msg(open >= base + 1024 * 256 * 4, "staging not counted: %.0f -> %.0f", base, open);
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
-		ck_assert_msg(now_ms() - t0 < 5000, "the receive's memory is still held");
+	await_unpinned(&d[1], base, 5000, "the receive's memory");
 	path = th_fmt("/v1/fleet/receives/%s:commit", th_str(o, "id"));
 	post_auth(&d[1], path, NULL, &r);
 	th_expect_error(&r, "late commit", 404, "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
@@ -981,18 +998,15 @@ START_TEST(test_receive_expires_and_aborts)
 	expect_not_found(&d[1], "/v1/arrays/r");
 
 	/* one aborted */
-	post_auth(&d[1], "/v1/fleet:receive",
-	          "{\"out\": \"r\", \"dtype\": \"bfloat16\", \"source_dtype\": \"float32\", "
-	          "\"shape\": [1024, 256], \"memory_kind\": \"pinned_host\"}", &r);
-	ck_assert_msg(r.status == 201, "receive: %ld %s", r.status, r.body);
-	o = json_incref(th_json(&r));
-	th_response_free(&r);
+	o = post_object(&d[1], "/v1/fleet:receive",
+	                "{\"out\": \"r\", \"dtype\": \"bfloat16\", \"source_dtype\": \"float32\", "
+	                "\"shape\": [1024, 256], \"memory_kind\": \"pinned_host\"}",
+	                201, "receive");
 	ck_assert(unpinned_in_use(&d[1]) > base);
 	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(o, "id"));
 	post_expect(&d[1], path, NULL, 200, "abort");
 	/* freed once the fleet port has closed its endpoint (none here) */
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(20000))
-		ck_assert_msg(now_ms() - t0 < 2000, "the aborted receive's memory is still held");
+	await_unpinned(&d[1], base, 2000, "the aborted receive's memory");
 	post_auth(&d[1], path, NULL, &r);
 	th_expect_error(&r, "second abort", 404, "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
 	free(path);
@@ -1072,8 +1086,7 @@ START_TEST(test_cross_node_copy_cancelled)
 	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "CANCELLED");
 	json_decref(o);
 	expect_not_found(&d[1], "/v1/arrays/c");
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
-		ck_assert_msg(now_ms() - t0 < 5000, "the aborted receive's memory is still held");
+	await_unpinned(&d[1], base, 5000, "the aborted receive's memory");
 	for (int i = 0; i < 2; i++)
 		th_daemon_stop_ok(&d[i]);
 }
