@@ -42,6 +42,14 @@ static void read_ok(struct ts_history *h, int level, uint64_t since, struct ts_h
 	ck_assert_msg(ts_history_read(h, level, since, s, &err) == TS_OK, "%s", err.message);
 }
 
+/* Reads as read_ok does; the slice must hold rows rows. */
+static void read_rows(struct ts_history *h, int level, uint64_t since, struct ts_history_slice *s,
+                      size_t rows)
+{
+	read_ok(h, level, since, s);
+	ck_assert_uint_eq(s->rows, rows);
+}
+
 /* Sample i: a gauge that rises and falls within each 10 s ((i * 7) % 10,
  * plus i, so each step's largest is not its last) and a counter 3 i. */
 static uint64_t gauge_at(uint64_t i)
@@ -90,14 +98,12 @@ START_TEST(test_finest_ring_wraps_newest_first_kept)
 	struct ts_history_slice s;
 
 	feed(h, 0, 10);
-	read_ok(h, 0, 0, &s);
-	ck_assert_uint_eq(s.rows, 10);
+	read_rows(h, 0, 0, &s, 10);
 	ck_assert_uint_eq(s.times_ns[0], T0);
 	ts_history_slice_release(&s);
 
 	feed(h, 10, cap + 250);
-	read_ok(h, 0, 0, &s);
-	ck_assert_uint_eq(s.rows, cap);
+	read_rows(h, 0, 0, &s, cap);
 	for (size_t r = 0; r < s.rows; r++)
 		expect_row(&s, r, T0 + (250 + r) * NS, gauge_at(250 + r), 3 * (250 + r));
 	ts_history_slice_release(&s);
@@ -112,9 +118,8 @@ START_TEST(test_coarse_rows_fold_exactly)
 	struct ts_history_slice s;
 
 	feed(h, 0, 10 * step + 3);   /* 10 whole steps, the 11th in progress */
-	read_ok(h, 1, 0, &s);
+	read_rows(h, 1, 0, &s, 10);
 	ck_assert_uint_eq(s.step_s, step);
-	ck_assert_uint_eq(s.rows, 10);
 	for (size_t r = 0; r < s.rows; r++) {
 		uint64_t max = 0, first = r * step, last = first + step - 1;
 
@@ -139,8 +144,7 @@ START_TEST(test_coarse_ring_wraps_and_skips_gaps)
 	/* a sample every 25 s (over 2 steps): each its own step's row, none for the steps between */
 	for (uint64_t i = 0; i < cap + 8; i++)
 		ts_history_add(h, T0 + i * 25 * NS, v);
-	read_ok(h, 1, 0, &s);
-	ck_assert_uint_eq(s.rows, cap);
+	read_rows(h, 1, 0, &s, cap);
 	ck_assert_uint_eq(s.times_ns[0], T0 + 7 * 25 * NS);
 	ck_assert_uint_eq(s.times_ns[cap - 1], T0 + (cap + 6) * 25 * NS);
 	ts_history_slice_release(&s);
@@ -154,16 +158,13 @@ START_TEST(test_read_starts_at_since)
 	struct ts_history_slice s;
 
 	feed(h, 0, 100);
-	read_ok(h, 0, T0 + 60 * NS, &s);
-	ck_assert_uint_eq(s.rows, 40);
+	read_rows(h, 0, T0 + 60 * NS, &s, 40);
 	ck_assert_uint_eq(s.times_ns[0], T0 + 60 * NS);
 	ck_assert_uint_eq(s.values[1], 180);
 	ts_history_slice_release(&s);
-	read_ok(h, 0, T0 + 60 * NS + 1, &s);
-	ck_assert_uint_eq(s.rows, 39);
+	read_rows(h, 0, T0 + 60 * NS + 1, &s, 39);
 	ts_history_slice_release(&s);
-	read_ok(h, 0, T0 + 1000 * NS, &s);   /* after the newest: none */
-	ck_assert_uint_eq(s.rows, 0);
+	read_rows(h, 0, T0 + 1000 * NS, &s, 0);   /* after the newest: none */
 	ts_history_slice_release(&s);
 	ts_history_free(h);
 }
