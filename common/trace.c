@@ -5,7 +5,6 @@
  */
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include <sys/syscall.h>
 
 #include "common/lock.h"
+#include "common/textbuf.h"
 #include "common/trace.h"
 #include "common/units.h"
 
@@ -325,135 +325,79 @@ void ts_trace_flow_end(struct ts_trace *t, uint32_t pid, uint32_t tid, uint64_t 
 
 /* ---- the answer ----------------------------------------------------------------- */
 
-struct out {
-	char *buf;
-	size_t len, cap;
-	bool failed;
-};
-
-static void put(struct out *o, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	if (o->failed)
-		return;
-	for (;;) {
-		va_start(ap, fmt);
-		n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
-		va_end(ap);
-		if (n < 0) {
-			o->failed = true;
-			return;
-		}
-		if ((size_t)n < o->cap - o->len) {
-			o->len += (size_t)n;
-			return;
-		}
-		size_t cap = o->cap * 2 + (size_t)n + 1;
-		char *b = realloc(o->buf, cap);
-
-		if (!b) {
-			o->failed = true;
-			return;
-		}
-		o->buf = b;
-		o->cap = cap;
-	}
-}
-
-/* A JSON string: names are ids and patterns, but quotes and controls are escaped. */
-static void put_str(struct out *o, const char *s)
-{
-	put(o, "\"");
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-
-		if (c == '"' || c == '\\')
-			put(o, "\\%c", c);
-		else if (c < 0x20)
-			put(o, "\\u%04x", c);
-		else
-			put(o, "%c", c);
-	}
-	put(o, "\"");
-}
-
 /* Microseconds since start, with nanosecond digits. */
-static void put_us(struct out *o, const char *key, uint64_t ns)
+static void put_us(struct ts_textbuf *o, const char *key, uint64_t ns)
 {
-	put(o, ",\"%s\":%llu.%03llu", key, (unsigned long long)(ns / 1000),
-	    (unsigned long long)(ns % 1000));
+	ts_textbuf_printf(o, ",\"%s\":%llu.%03llu", key, (unsigned long long)(ns / 1000),
+	                  (unsigned long long)(ns % 1000));
 }
 
-static void put_event(struct out *o, const struct event *e, uint64_t start)
+static void put_event(struct ts_textbuf *o, const struct event *e, uint64_t start)
 {
 	char ph[2] = {e->ph, 0};
 
-	put(o, "{\"ph\":\"%s\",\"pid\":%u,\"tid\":%u,\"cat\":", ph, e->pid, e->tid);
-	put_str(o, e->cat ? e->cat : "");
-	put(o, ",\"name\":");
-	put_str(o, e->name ? e->name : e->label);
+	ts_textbuf_printf(o, "{\"ph\":\"%s\",\"pid\":%u,\"tid\":%u,\"cat\":", ph, e->pid, e->tid);
+	ts_textbuf_json_string(o, e->cat ? e->cat : "");
+	ts_textbuf_puts(o, ",\"name\":");
+	ts_textbuf_json_string(o, e->name ? e->name : e->label);
 	put_us(o, "ts", e->ts >= start ? e->ts - start : 0);
 	switch (e->ph) {
 	case 'X':
 		put_us(o, "dur", e->dur);
-		put(o, ",\"args\":{");
+		ts_textbuf_puts(o, ",\"args\":{");
 		if (e->id)
-			put(o, "\"op\":%llu%s", (unsigned long long)e->id, e->bytes ? "," : "");
+			ts_textbuf_printf(o, "\"op\":%llu%s", (unsigned long long)e->id,
+			                  e->bytes ? "," : "");
 		if (e->bytes)
-			put(o, "\"bytes\":%llu", (unsigned long long)e->bytes);
-		put(o, "}");
+			ts_textbuf_printf(o, "\"bytes\":%llu", (unsigned long long)e->bytes);
+		ts_textbuf_puts(o, "}");
 		break;
 	case 'C':
-		put(o, ",\"args\":{\"bytes\":%llu}", (unsigned long long)e->bytes);
+		ts_textbuf_printf(o, ",\"args\":{\"bytes\":%llu}", (unsigned long long)e->bytes);
 		break;
 	case 's':
-		put(o, ",\"id\":%llu,\"args\":{\"op\":%llu}", (unsigned long long)e->id,
-		    (unsigned long long)e->bytes);
+		ts_textbuf_printf(o, ",\"id\":%llu,\"args\":{\"op\":%llu}",
+		                  (unsigned long long)e->id, (unsigned long long)e->bytes);
 		break;
 	case 'f':
-		put(o, ",\"id\":%llu,\"bp\":\"e\"", (unsigned long long)e->id);
+		ts_textbuf_printf(o, ",\"id\":%llu,\"bp\":\"e\"", (unsigned long long)e->id);
 		break;
 	}
-	put(o, "}");
+	ts_textbuf_puts(o, "}");
 }
 
-static void render_locked(struct ts_trace *t, uint64_t end_ns, struct out *o)
+static void render_locked(struct ts_trace *t, uint64_t end_ns, struct ts_textbuf *o)
 {
 	bool first = true;
 
-	o->cap = t->n * 160 + t->nnames * 96 + 512;
-	o->buf = malloc(o->cap);
-	if (!o->buf) {
-		o->failed = true;
+	if (!ts_textbuf_reserve(o, t->n * 160 + t->nnames * 96 + 512))
 		return;
-	}
-	put(o, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
+	ts_textbuf_puts(o, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[");
 	for (size_t i = 0; i < t->nnames; i++) {
 		const struct track_name *n = &t->names[i];
 
-		put(o, "%s{\"ph\":\"M\",\"pid\":%u,\"tid\":%u,\"name\":\"%s\",\"ts\":0,"
-		       "\"args\":{\"name\":",
-		    first ? "" : ",", n->pid, n->tid, n->process ? "process_name" : "thread_name");
-		put_str(o, n->name);
-		put(o, "}}");
+		ts_textbuf_printf(o, "%s{\"ph\":\"M\",\"pid\":%u,\"tid\":%u,\"name\":\"%s\","
+		                     "\"ts\":0,\"args\":{\"name\":",
+		                  first ? "" : ",", n->pid, n->tid,
+		                  n->process ? "process_name" : "thread_name");
+		ts_textbuf_json_string(o, n->name);
+		ts_textbuf_puts(o, "}}");
 		first = false;
 	}
 	for (size_t i = 0; i < t->n; i++) {
-		put(o, first ? "" : ",");
+		ts_textbuf_puts(o, first ? "" : ",");
 		put_event(o, &t->chunks[i / CHUNK][i % CHUNK], t->start_ns);
 		first = false;
 	}
-	put(o, "],\"metadata\":{\"duration_us\":%llu,\"events\":%zu,\"dropped_events\":%llu,"
-	       "\"max_events\":%zu}}",
-	    (unsigned long long)((end_ns - t->start_ns) / 1000), t->n,
-	    (unsigned long long)t->dropped, t->max_events);
+	ts_textbuf_printf(o, "],\"metadata\":{\"duration_us\":%llu,\"events\":%zu,"
+	                     "\"dropped_events\":%llu,\"max_events\":%zu}}",
+	                  (unsigned long long)((end_ns - t->start_ns) / 1000), t->n,
+	                  (unsigned long long)t->dropped, t->max_events);
 }
 
 bool ts_trace_finish(struct ts_trace *t, uint64_t gen, char **json, size_t *len)
 {
-	struct out o = {0};
+	struct ts_textbuf o;
 	uint64_t end_ns;
 	bool join;
 
@@ -475,14 +419,10 @@ bool ts_trace_finish(struct ts_trace *t, uint64_t gen, char **json, size_t *len)
 	atomic_store_explicit(&t->head.gen, 0, memory_order_relaxed);
 	end_ns = ts_now_ns();
 	if (json) {
+		ts_textbuf_init(&o);
 		render_locked(t, end_ns, &o);
-		if (o.failed) {
-			free(o.buf);
-			o.buf = NULL;
-			o.len = 0;
-		}
-		*json = o.buf;
-		*len = o.len;
+		*len = 0;
+		*json = ts_textbuf_take(&o, len);
 	}
 	chunks_free_locked(t);
 	t->gen = 0;        /* last: no begin reuses the buffer before it is answered */

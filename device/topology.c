@@ -15,11 +15,11 @@
 #include <errno.h>
 #include <hwloc.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/textbuf.h"
 #include "common/units.h"
 
 struct ts_topology {
@@ -601,78 +601,41 @@ const struct ts_topology_peer *ts_topology_peer_find(const struct ts_topology *t
 	return ts_topology_peer_at(t, peer_index(t, src), peer_index(t, dst));
 }
 
-/* Appends to a growing string; false when out of memory. */
-static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
-        __attribute__((format(printf, 4, 5)));
-
-static bool append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
-	va_end(ap);
-	if (n < 0)
-		return false;
-	if (!*buf || *len + (size_t)n + 1 > *cap) {
-		size_t want = (*cap ? *cap : 256) * 2 + (size_t)n + 1;
-		char *p = realloc(*buf, want);
-
-		if (!p)
-			return false;
-		*buf = p;
-		*cap = want;
-		va_start(ap, fmt);
-		vsnprintf(*buf + *len, *cap - *len, fmt, ap);
-		va_end(ap);
-	}
-	*len += (size_t)n;
-	return true;
-}
-
 char *ts_topology_matrix_text(const struct ts_topology *t)
 {
-	char *buf = NULL, cell[16];
-	size_t len = 0, cap = 0;
+	struct ts_textbuf b;
+	char cell[16];
 	int w = 8;
-	bool ok;
 
+	ts_textbuf_init(&b);
 	for (size_t i = 0; i < t->npeer; i++)
 		if ((int)strlen(ts_topology_peer_id(t, i)) + 2 > w)
 			w = (int)strlen(ts_topology_peer_id(t, i)) + 2;
-	ok = append(&buf, &len, &cap, "%-*s", w, "");
-	for (size_t j = 0; ok && j < t->npeer; j++)
-		ok = append(&buf, &len, &cap, "%-*s", w, ts_topology_peer_id(t, j));
-	ok = ok && append(&buf, &len, &cap, "%-*s%s\n", w, "NUMA", "CPU affinity");
-	for (size_t i = 0; ok && i < t->npeer; i++) {
+	ts_textbuf_printf(&b, "%-*s", w, "");
+	for (size_t j = 0; j < t->npeer; j++)
+		ts_textbuf_printf(&b, "%-*s", w, ts_topology_peer_id(t, j));
+	ts_textbuf_printf(&b, "%-*s%s\n", w, "NUMA", "CPU affinity");
+	for (size_t i = 0; i < t->npeer; i++) {
 		const struct ts_topology_device *d = &t->dev[t->peer_dev[i]];
 
-		ok = append(&buf, &len, &cap, "%-*s", w, d->id);
-		for (size_t j = 0; ok && j < t->npeer; j++) {
+		ts_textbuf_printf(&b, "%-*s", w, d->id);
+		for (size_t j = 0; j < t->npeer; j++) {
 			const struct ts_topology_peer *p = &t->peer[i * t->npeer + j];
 
 			snprintf(cell, sizeof cell, "%s%s", ts_link_abbrev(p->link), p->access ? "" : "*");
-			ok = append(&buf, &len, &cap, "%-*s", w, cell);
+			ts_textbuf_printf(&b, "%-*s", w, cell);
 		}
 		if (d->numa_node >= 0)
 			snprintf(cell, sizeof cell, "%d", d->numa_node);
 		else
 			snprintf(cell, sizeof cell, "N/A");
-		ok = ok && append(&buf, &len, &cap, "%-*s%s\n", w, cell,
-		                  d->local_cpus[0] ? d->local_cpus : "N/A");
+		ts_textbuf_printf(&b, "%-*s%s\n", w, cell, d->local_cpus[0] ? d->local_cpus : "N/A");
 	}
-	ok = ok && append(&buf, &len, &cap, "\nLegend:\n");
-	for (int k = 0; ok && k < TS_LINK_KIND_COUNT; k++)
-		ok = append(&buf, &len, &cap, "  %-5s = %s\n", link_names[k].abbrev,
-		            link_names[k].legend);
-	ok = ok && append(&buf, &len, &cap, "  *     = no peer access: copies stage through "
-	                  "pinned host memory\n");
-	if (!ok) {
-		free(buf);
-		return NULL;
-	}
-	return buf;
+	ts_textbuf_puts(&b, "\nLegend:\n");
+	for (int k = 0; k < TS_LINK_KIND_COUNT; k++)
+		ts_textbuf_printf(&b, "  %-5s = %s\n", link_names[k].abbrev, link_names[k].legend);
+	ts_textbuf_puts(&b, "  *     = no peer access: copies stage through pinned host memory\n");
+	return ts_textbuf_take(&b, NULL);
 }
 
 /* One group of --sim-peer-links ("0-1-2:nvlink") into links. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/textbuf.h"
 #include "common/units.h"
 #include "memory/space.h"
 #include "server/history.h"
@@ -108,180 +109,118 @@ void ts__history_stop(struct ts_server *srv)
 /*
  * The answer is written as text: a full 1 s ring is tens of thousands of
  * numbers, and a jansson value for each would cost the worker that serves it
- * about ten times as long as printing them. Names (device ids, pools) go
- * through jansson's string encoder.
+ * about ten times as long as printing them. Names (device ids, pools) are
+ * encoded as JSON strings as jansson writes them.
  */
-struct out {
-	char *buf;
-	size_t len, cap;
-	bool failed;
-};
-
-static bool out_room(struct out *o, size_t n)
-{
-	char *grown;
-	size_t cap;
-
-	if (o->failed)
-		return false;
-	if (o->len + n + 1 <= o->cap)
-		return true;
-	cap = (o->cap ? o->cap : 4096);
-	while (cap < o->len + n + 1)
-		cap *= 2;
-	grown = realloc(o->buf, cap);
-	if (!grown) {
-		o->failed = true;
-		return false;
-	}
-	o->buf = grown;
-	o->cap = cap;
-	return true;
-}
-
-static void put(struct out *o, const char *text)
-{
-	size_t n = strlen(text);
-
-	if (!out_room(o, n))
-		return;
-	memcpy(o->buf + o->len, text, n + 1);
-	o->len += n;
-}
-
-static void put_u64(struct out *o, uint64_t v)
-{
-	char tmp[20];
-	int n = 0;
-
-	do {
-		tmp[n++] = (char)('0' + v % 10);
-		v /= 10;
-	} while (v);
-	if (!out_room(o, (size_t)n))
-		return;
-	while (n)
-		o->buf[o->len++] = tmp[--n];
-	o->buf[o->len] = '\0';
-}
 
 /* "key":"value", value JSON-encoded. */
-static void put_string(struct out *o, const char *key, const char *value)
+static void put_string(struct ts_textbuf *o, const char *key, const char *value)
 {
-	json_t *j = json_string(value);
-	char *enc = j ? json_dumps(j, JSON_ENCODE_ANY) : NULL;
-
-	json_decref(j);
-	if (!enc) {
-		o->failed = true;
-		return;
-	}
-	put(o, "\"");
-	put(o, key);
-	put(o, "\":");
-	put(o, enc);
-	free(enc);
+	ts_textbuf_puts(o, "\"");
+	ts_textbuf_puts(o, key);
+	ts_textbuf_puts(o, "\":");
+	ts_textbuf_json_string(o, value);
 }
 
 /* "key":[v0,v1,...], one series of the slice. */
-static void put_column(struct out *o, const char *key, const struct ts_history_slice *s,
+static void put_column(struct ts_textbuf *o, const char *key, const struct ts_history_slice *s,
                        size_t series)
 {
-	put(o, "\"");
-	put(o, key);
-	put(o, "\":[");
+	ts_textbuf_puts(o, "\"");
+	ts_textbuf_puts(o, key);
+	ts_textbuf_puts(o, "\":[");
 	for (size_t r = 0; r < s->rows; r++) {
 		if (r)
-			put(o, ",");
-		put_u64(o, s->values[r * s->nseries + series]);
+			ts_textbuf_puts(o, ",");
+		ts_textbuf_u64(o, s->values[r * s->nseries + series]);
 	}
-	put(o, "]");
+	ts_textbuf_puts(o, "]");
 }
 
-static void put_times(struct out *o, const struct ts_history_slice *s)
+static void put_times(struct ts_textbuf *o, const struct ts_history_slice *s)
 {
-	put(o, "\"times_unix_ms\":[");
+	ts_textbuf_puts(o, "\"times_unix_ms\":[");
 	for (size_t r = 0; r < s->rows; r++) {
 		if (r)
-			put(o, ",");
-		put_u64(o, s->times_ns[r] / 1000000u);
+			ts_textbuf_puts(o, ",");
+		ts_textbuf_u64(o, s->times_ns[r] / 1000000u);
 	}
-	put(o, "]");
+	ts_textbuf_puts(o, "]");
 }
 
-static void put_spaces(struct out *o, const struct ts_server *srv, const struct layout *l,
+static void put_spaces(struct ts_textbuf *o, const struct ts_server *srv, const struct layout *l,
                        const struct ts_history_slice *s)
 {
-	put(o, "\"spaces\":[");
+	ts_textbuf_puts(o, "\"spaces\":[");
 	for (size_t i = 0; i < l->nspaces; i++) {
 		const struct ts_space *sp = ts_memory_space_at(srv->memory, i);
 
-		put(o, i ? ",{" : "{");
+		ts_textbuf_puts(o, i ? ",{" : "{");
 		put_string(o, "device", ts_device_props(ts_space_device(sp))->id);
-		put(o, ",");
+		ts_textbuf_puts(o, ",");
 		put_string(o, "memory_kind", ts_memory_kind_name(ts_space_kind(sp)));
-		put(o, ",");
+		ts_textbuf_puts(o, ",");
 		put_string(o, "pool", ts_space_pool_name(sp));
-		put(o, ",");
+		ts_textbuf_puts(o, ",");
 		put_column(o, "bytes_in_use", s, l->spaces + i);
-		put(o, "}");
+		ts_textbuf_puts(o, "}");
 	}
-	put(o, "]");
+	ts_textbuf_puts(o, "]");
 }
 
-static void put_pools(struct out *o, const struct ts_server *srv, const struct layout *l,
+static void put_pools(struct ts_textbuf *o, const struct ts_server *srv, const struct layout *l,
                       const struct ts_history_slice *s)
 {
-	put(o, "\"pools\":[");
+	ts_textbuf_puts(o, "\"pools\":[");
 	for (size_t i = 0; i < l->npools; i++) {
 		struct ts_pool_stats ps;
 
 		ts_memory_pool_stats(srv->memory, i, &ps);
-		put(o, i ? ",{" : "{");
+		ts_textbuf_puts(o, i ? ",{" : "{");
 		put_string(o, "pool", ps.name);
-		put(o, ",");
+		ts_textbuf_puts(o, ",");
 		put_string(o, "memory_kind", ts_memory_kind_name(ps.kind));
 		if (ps.device) {
-			put(o, ",");
+			ts_textbuf_puts(o, ",");
 			put_string(o, "device", ts_device_props(ps.device)->id);
 		}
-		put(o, ",");
+		ts_textbuf_puts(o, ",");
 		put_column(o, "bytes_in_use", s, l->pool_use + i);
-		put(o, ",");
+		ts_textbuf_puts(o, ",");
 		put_column(o, "bytes_limit", s, l->pool_limit + i);
-		put(o, "}");
+		ts_textbuf_puts(o, "}");
 	}
-	put(o, "]");
+	ts_textbuf_puts(o, "]");
 }
 
-static void put_transfers(struct out *o, const struct ts_server *srv, const struct layout *l,
+static void put_transfers(struct ts_textbuf *o, const struct ts_server *srv, const struct layout *l,
                           const struct ts_history_slice *s)
 {
-	put(o, "\"transfers\":[");
+	ts_textbuf_puts(o, "\"transfers\":[");
 	for (size_t d = 0; d < l->ndevices; d++)
 		for (int k = 0; k < DIRECTIONS; k++) {
-			put(o, d || k ? ",{" : "{");
+			ts_textbuf_puts(o, d || k ? ",{" : "{");
 			put_string(o, "device", ts_device_props(ts_device_set_at(srv->devices, d))->id);
-			put(o, ",");
+			ts_textbuf_puts(o, ",");
 			put_string(o, "direction", direction_names[k]);
-			put(o, ",");
+			ts_textbuf_puts(o, ",");
 			put_column(o, "bytes_total", s, l->transfers + d * DIRECTIONS + (size_t)k);
-			put(o, "}");
+			ts_textbuf_puts(o, "}");
 		}
-	put(o, "]");
+	ts_textbuf_puts(o, "]");
 }
 
-static void put_retention(struct out *o)
+static void put_retention(struct ts_textbuf *o)
 {
-	put(o, "\"retention\":[");
+	ts_textbuf_puts(o, "\"retention\":[");
 	for (int i = 0; i < TS_HISTORY_LEVELS; i++) {
-		put(o, i ? ",{\"step_seconds\":" : "{\"step_seconds\":");
-		put_u64(o, ts_history_levels[i].step_s);
-		put(o, ",\"rows\":");
-		put_u64(o, ts_history_levels[i].rows);
-		put(o, "}");
+		ts_textbuf_puts(o, i ? ",{\"step_seconds\":" : "{\"step_seconds\":");
+		ts_textbuf_u64(o, ts_history_levels[i].step_s);
+		ts_textbuf_puts(o, ",\"rows\":");
+		ts_textbuf_u64(o, ts_history_levels[i].rows);
+		ts_textbuf_puts(o, "}");
 	}
-	put(o, "]");
+	ts_textbuf_puts(o, "]");
 }
 
 void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
@@ -290,8 +229,9 @@ void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_r
 	struct ts_history_query q;
 	struct ts_history_slice s;
 	struct ts_error err;
-	char since[40];
-	struct out o = {0};
+	char since[40], *text;
+	struct ts_textbuf o;
+	size_t len;
 
 	ts_error_clear(&err);
 	if (ts_history_query_parse(ts_call_query(call, "since"), ts_call_query(call, "step"),
@@ -302,37 +242,38 @@ void ts_s_history(struct ts_server *srv, const struct ts_call *call, struct ts_r
 	}
 	if (!ts_format_rfc3339(since, sizeof since, q.since_ns))
 		strcpy(since, "1970-01-01T00:00:00Z");
-	out_room(&o, (s.rows + 1) * (l.total + 1) * 12 + 4096);   /* digits of most values */
-	put(&o, "{\"step_seconds\":");
-	put_u64(&o, s.step_s);
-	put(&o, ",");
+	ts_textbuf_init(&o);
+	ts_textbuf_reserve(&o, (s.rows + 1) * (l.total + 1) * 12 + 4096);   /* most values' digits */
+	ts_textbuf_puts(&o, "{\"step_seconds\":");
+	ts_textbuf_u64(&o, s.step_s);
+	ts_textbuf_puts(&o, ",");
 	put_string(&o, "since", since);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_times(&o, &s);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_spaces(&o, srv, &l, &s);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_pools(&o, srv, &l, &s);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_transfers(&o, srv, &l, &s);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_column(&o, "http_requests_total", &s, l.requests);
-	put(&o, ",\"operations\":{");
+	ts_textbuf_puts(&o, ",\"operations\":{");
 	put_column(&o, "pending", &s, l.ops);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_column(&o, "running", &s, l.ops + 1);
-	put(&o, ",");
+	ts_textbuf_puts(&o, ",");
 	put_column(&o, "ended_total", &s, l.ops + 2);
-	put(&o, "},");
+	ts_textbuf_puts(&o, "},");
 	put_retention(&o);
-	put(&o, ",\"memory_bytes\":");
-	put_u64(&o, ts_history_bytes(srv->history));
-	put(&o, "}");
+	ts_textbuf_puts(&o, ",\"memory_bytes\":");
+	ts_textbuf_u64(&o, ts_history_bytes(srv->history));
+	ts_textbuf_puts(&o, "}");
 	ts_history_slice_release(&s);
-	if (o.failed) {
-		free(o.buf);
+	text = ts_textbuf_take(&o, &len);
+	if (!text) {
 		ts_reply_oom(reply, "no memory for the history");
 		return;
 	}
-	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", o.buf, o.len);
+	ts_reply_text_owned(reply, TS_HTTP_OK, "application/json", text, len);
 }

@@ -13,7 +13,6 @@
 
 #include <assert.h>
 #include <dirent.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +21,7 @@
 #include <unistd.h>
 
 #include "common/histogram.h"
+#include "common/textbuf.h"
 #include "common/units.h"
 #include "common/version.h"
 #include "handlers/api.h"
@@ -238,76 +238,35 @@ void ts_metrics_operation_ended(struct ts_metrics *m, const struct ts_op_end *en
 
 /* ---- the exposition -------------------------------------------------------- */
 
-/* A growing output buffer; a failed append marks it broken. */
-struct out {
-	char *buf;
-	size_t len, cap;
-	int failed;
-};
-
-static void out_printf(struct out *o, const char *fmt, ...)
-	__attribute__((format(printf, 2, 3)));
-
-static void out_printf(struct out *o, const char *fmt, ...)
+static void family(struct ts_textbuf *o, const char *name, const char *type, const char *help)
 {
-	va_list ap;
-	int n;
-
-	if (o->failed)
-		return;
-	for (;;) {
-		va_start(ap, fmt);
-		n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
-		va_end(ap);
-		if (n < 0) {
-			o->failed = 1;
-			return;
-		}
-		if ((size_t)n < o->cap - o->len) {
-			o->len += (size_t)n;
-			return;
-		}
-		size_t cap = (o->cap + (size_t)n + 1) * 2;
-		char *grown = realloc(o->buf, cap);
-
-		if (!grown) {
-			o->failed = 1;
-			return;
-		}
-		o->buf = grown;
-		o->cap = cap;
-	}
-}
-
-static void family(struct out *o, const char *name, const char *type, const char *help)
-{
-	out_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+	ts_textbuf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 /*
  * Writes a histogram's samples: name_bucket{labels,le=...}, name_sum and
  * name_count. labels is "" or a run of label pairs without braces.
  */
-static void histogram_of(struct out *o, const char *name, const char *labels,
+static void histogram_of(struct ts_textbuf *o, const char *name, const char *labels,
                          const struct ts_histogram *h, const struct ts_histogram_snapshot *sp)
 {
 	const struct ts_histogram_snapshot *s = sp;
 	const char *sep = labels[0] ? "," : "";
 
 	for (size_t b = 0; b < h->nbounds; b++)
-		out_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep, h->bounds[b],
-		           (unsigned long long)s->cumulative[b]);
-	out_printf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
-	           (unsigned long long)s->count);
+		ts_textbuf_printf(o, "%s_bucket{%s%sle=\"%g\"} %llu\n", name, labels, sep,
+		                  h->bounds[b], (unsigned long long)s->cumulative[b]);
+	ts_textbuf_printf(o, "%s_bucket{%s%sle=\"+Inf\"} %llu\n", name, labels, sep,
+	                  (unsigned long long)s->count);
 	if (labels[0])
-		out_printf(o, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name, labels, s->sum_seconds,
-		           name, labels, (unsigned long long)s->count);
+		ts_textbuf_printf(o, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name, labels,
+		                  s->sum_seconds, name, labels, (unsigned long long)s->count);
 	else
-		out_printf(o, "%s_sum %.9f\n%s_count %llu\n", name, s->sum_seconds, name,
-		           (unsigned long long)s->count);
+		ts_textbuf_printf(o, "%s_sum %.9f\n%s_count %llu\n", name, s->sum_seconds, name,
+		                  (unsigned long long)s->count);
 }
 
-static void histogram(struct out *o, const char *name, const char *labels,
+static void histogram(struct ts_textbuf *o, const char *name, const char *labels,
                       const struct ts_histogram *h)
 {
 	struct ts_histogram_snapshot s;
@@ -378,7 +337,7 @@ int64_t ts_metrics_worker_conns(const struct ts_metrics *m, int w)
 	return atomic_load_explicit(&m->worker_conns[w], memory_order_relaxed);
 }
 
-static void render_http(struct out *o, struct ts_metrics *m)
+static void render_http(struct ts_textbuf *o, struct ts_metrics *m)
 {
 	static const char *const daemons[2] = {"small", "bulk"};
 	char labels[320];
@@ -388,33 +347,36 @@ static void render_http(struct out *o, struct ts_metrics *m)
 	       "Connections accepted and served, by the daemon their first request chose "
 	       "(bulk: PUT, POST or PATCH; small: the rest).");
 	for (int d = 0; d < 2; d++)
-		out_printf(o, "tstage_http_connections_total{daemon=\"%s\"} %llu\n", daemons[d],
-		           (unsigned long long)atomic_load_explicit(&m->conns[d],
-		                                                    memory_order_relaxed));
+		ts_textbuf_printf(o, "tstage_http_connections_total{daemon=\"%s\"} %llu\n",
+		                  daemons[d],
+		                  (unsigned long long)atomic_load_explicit(&m->conns[d],
+		                                                           memory_order_relaxed));
 	family(o, "tstage_http_worker_connections", "gauge",
 	       "Connections open on each small-request worker (--threads of them; one fills "
 	       "to --worker-fill before the next takes any).");
 	for (int w = 0; w < m->nworkers; w++)
-		out_printf(o, "tstage_http_worker_connections{worker=\"%d\"} %lld\n", w,
-		           (long long)ts_metrics_worker_conns(m, w));
+		ts_textbuf_printf(o, "tstage_http_worker_connections{worker=\"%d\"} %lld\n", w,
+		                  (long long)ts_metrics_worker_conns(m, w));
 	family(o, "tstage_http_connections_refused_total", "counter",
 	       "Connections answered 503 past --max-connections or --max-connections-per-ip.");
-	out_printf(o, "tstage_http_connections_refused_total %llu\n",
-	           (unsigned long long)atomic_load_explicit(&m->conns[TS_CONN_REFUSED],
-	                                                    memory_order_relaxed));
+	ts_textbuf_printf(o, "tstage_http_connections_refused_total %llu\n",
+	                  (unsigned long long)atomic_load_explicit(&m->conns[TS_CONN_REFUSED],
+	                                                           memory_order_relaxed));
 	family(o, "tstage_lease_device_bytes", "gauge",
 	       "Device memory GPU leases hold, outside the device pools (a read lease's copy "
 	       "of its version, a writer's memory), until released or their client exits.");
-	out_printf(o, "tstage_lease_device_bytes %lld\n",
-	           (long long)atomic_load_explicit(&m->lease_device[0], memory_order_relaxed));
+	ts_textbuf_printf(o, "tstage_lease_device_bytes %lld\n",
+	                  (long long)atomic_load_explicit(&m->lease_device[0],
+	                                                  memory_order_relaxed));
 	family(o, "tstage_lease_device_allocations", "gauge",
 	       "Allocations of device memory GPU leases hold (one per leased shard).");
-	out_printf(o, "tstage_lease_device_allocations %lld\n",
-	           (long long)atomic_load_explicit(&m->lease_device[1], memory_order_relaxed));
+	ts_textbuf_printf(o, "tstage_lease_device_allocations %lld\n",
+	                  (long long)atomic_load_explicit(&m->lease_device[1],
+	                                                  memory_order_relaxed));
 
 	family(o, "tstage_http_requests_in_flight", "gauge",
 	       "HTTP requests received and not yet answered in full.");
-	out_printf(o, "tstage_http_requests_in_flight %lld\n", (long long)in_flight);
+	ts_textbuf_printf(o, "tstage_http_requests_in_flight %lld\n", (long long)in_flight);
 	family(o, "tstage_http_requests_total", "counter",
 	       "HTTP requests answered, by method, route and status code.");
 	for (size_t i = 0; i <= m->nroutes; i++) {
@@ -429,11 +391,12 @@ static void render_http(struct out *o, struct ts_metrics *m)
 			if (!v)
 				continue;
 			if (c == CODE_OTHER)
-				out_printf(o, "tstage_http_requests_total{%s,code=\"other\"} %llu\n",
-				           labels, (unsigned long long)v);
+				ts_textbuf_printf(o, "tstage_http_requests_total{%s,code=\"other\"} "
+				                     "%llu\n", labels, (unsigned long long)v);
 			else
-				out_printf(o, "tstage_http_requests_total{%s,code=\"%d\"} %llu\n", labels,
-				           code_slots[c], (unsigned long long)v);
+				ts_textbuf_printf(o, "tstage_http_requests_total{%s,code=\"%d\"} "
+				                     "%llu\n",
+				                  labels, code_slots[c], (unsigned long long)v);
 		}
 	}
 	family(o, "tstage_http_request_duration_seconds", "histogram",
@@ -450,7 +413,8 @@ static void render_http(struct out *o, struct ts_metrics *m)
 	}
 }
 
-static void render_operations(struct out *o, struct ts_metrics *m, const struct ts_core *core)
+static void render_operations(struct ts_textbuf *o, struct ts_metrics *m,
+                              const struct ts_core *core)
 {
 	static const char *const outcomes[NOUTCOMES] = {"succeeded", "failed", "cancelled"};
 	uint64_t counts[TS_OP_CANCELLED + 1];
@@ -461,23 +425,27 @@ static void render_operations(struct out *o, struct ts_metrics *m, const struct 
 		family(o, "tstage_operations_listed", "gauge",
 		       "Operations listed now, by state (finished ones until retention drops them).");
 		for (int s = TS_OP_PENDING; s <= TS_OP_CANCELLED; s++)
-			out_printf(o, "tstage_operations_listed{state=\"%s\"} %llu\n",
-			           ts_op_state_name((enum ts_op_state)s), (unsigned long long)counts[s]);
+			ts_textbuf_printf(o, "tstage_operations_listed{state=\"%s\"} %llu\n",
+			                  ts_op_state_name((enum ts_op_state)s),
+			                  (unsigned long long)counts[s]);
 	}
 	family(o, "tstage_operations_total", "counter",
 	       "Operations ended since start, by kind and outcome.");
 	for (size_t k = 0; k < NKINDS; k++)
-		for (int s = 0; s < NOUTCOMES; s++)
-			out_printf(o, "tstage_operations_total{kind=\"%s\",outcome=\"%s\"} %llu\n",
-			           op_kinds[k], outcomes[s],
-			           (unsigned long long)atomic_load_explicit(&m->kinds[k].outcomes[s],
-			                                                    memory_order_relaxed));
+		for (int s = 0; s < NOUTCOMES; s++) {
+			uint64_t v = atomic_load_explicit(&m->kinds[k].outcomes[s],
+			                                  memory_order_relaxed);
+
+			ts_textbuf_printf(o, "tstage_operations_total{kind=\"%s\",outcome=\"%s\"} "
+			                     "%llu\n", op_kinds[k], outcomes[s], (unsigned long long)v);
+		}
 	family(o, "tstage_operation_moved_bytes_total", "counter",
 	       "Bytes that ended operations moved (those counted in bytes), by kind.");
 	for (size_t k = 0; k < NKINDS; k++)
-		out_printf(o, "tstage_operation_moved_bytes_total{kind=\"%s\"} %llu\n", op_kinds[k],
-		           (unsigned long long)atomic_load_explicit(&m->kinds[k].bytes,
-		                                                    memory_order_relaxed));
+		ts_textbuf_printf(o, "tstage_operation_moved_bytes_total{kind=\"%s\"} %llu\n",
+		                  op_kinds[k],
+		                  (unsigned long long)atomic_load_explicit(&m->kinds[k].bytes,
+		                                                           memory_order_relaxed));
 	family(o, "tstage_operation_duration_seconds", "histogram",
 	       "Time ended operations ran (0 for those cancelled before they started), by kind.");
 	for (size_t k = 0; k < NKINDS; k++) {
@@ -558,7 +526,7 @@ static const struct {
 	 offsetof(struct ts_pool_stats, repin_ns), true},
 };
 
-static void render_spaces(struct out *o, const struct ts_core *core)
+static void render_spaces(struct ts_textbuf *o, const struct ts_core *core)
 {
 	size_t n = ts_memory_space_count(core->env.memory);
 	struct ts_space_stats *st = calloc(n ? n : 1, sizeof *st);
@@ -575,16 +543,18 @@ static void render_spaces(struct out *o, const struct ts_core *core)
 			const struct ts_space *sp = ts_memory_space_at(core->env.memory, i);
 			uint64_t v = *(const uint64_t *)((const char *)&st[i] + space_series[g].offset);
 
-			out_printf(o, "%s{device=\"%s\",memory_kind=\"%s\",pool=\"%s\"} %llu\n",
-			           space_series[g].name, ts_device_props(ts_space_device(sp))->id,
-			           ts_memory_kind_name(ts_space_kind(sp)), ts_space_pool_name(sp),
-			           (unsigned long long)v);
+			ts_textbuf_printf(o,
+			                  "%s{device=\"%s\",memory_kind=\"%s\",pool=\"%s\"} %llu\n",
+			                  space_series[g].name,
+			                  ts_device_props(ts_space_device(sp))->id,
+			                  ts_memory_kind_name(ts_space_kind(sp)),
+			                  ts_space_pool_name(sp), (unsigned long long)v);
 		}
 	}
 	free(st);
 }
 
-static void render_pools(struct out *o, const struct ts_core *core)
+static void render_pools(struct ts_textbuf *o, const struct ts_core *core)
 {
 	size_t n = ts_memory_pool_count(core->env.memory);
 
@@ -597,13 +567,17 @@ static void render_pools(struct out *o, const struct ts_core *core)
 			ts_memory_pool_stats(core->env.memory, i, &ps);
 			v = *(const uint64_t *)((const char *)&ps + pool_series[g].offset);
 			if (ps.device)
-				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\",device=\"%s\"} %llu\n",
-				           pool_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
-				           ts_device_props(ps.device)->id, (unsigned long long)v);
+				ts_textbuf_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\","
+				                     "device=\"%s\"} %llu\n",
+				                  pool_series[g].name, ps.name,
+				                  ts_memory_kind_name(ps.kind),
+				                  ts_device_props(ps.device)->id,
+				                  (unsigned long long)v);
 			else
-				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
-				           pool_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
-				           (unsigned long long)v);
+				ts_textbuf_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
+				                  pool_series[g].name, ps.name,
+				                  ts_memory_kind_name(ps.kind),
+				                  (unsigned long long)v);
 		}
 	}
 	for (size_t g = 0; g < sizeof segment_series / sizeof segment_series[0]; g++) {
@@ -617,13 +591,14 @@ static void render_pools(struct out *o, const struct ts_core *core)
 				continue;
 			v = *(const uint64_t *)((const char *)&ps + segment_series[g].offset);
 			if (segment_series[g].ns)
-				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %.6f\n",
-				           segment_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
-				           (double)v / 1e9);
+				ts_textbuf_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %.6f\n",
+				                  segment_series[g].name, ps.name,
+				                  ts_memory_kind_name(ps.kind), (double)v / 1e9);
 			else
-				out_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
-				           segment_series[g].name, ps.name, ts_memory_kind_name(ps.kind),
-				           (unsigned long long)v);
+				ts_textbuf_printf(o, "%s{pool=\"%s\",memory_kind=\"%s\"} %llu\n",
+				                  segment_series[g].name, ps.name,
+				                  ts_memory_kind_name(ps.kind),
+				                  (unsigned long long)v);
 		}
 	}
 }
@@ -646,7 +621,7 @@ static void dcgm_bus_id(const char *in, char *out, size_t cap)
 		snprintf(out, cap, "%.*s%s", (int)(8 - domain), "00000000", in);
 }
 
-static void render_devices(struct out *o, const struct ts_core *core)
+static void render_devices(struct ts_textbuf *o, const struct ts_core *core)
 {
 	static const char *const directions[] = {"h2d", "d2h", "d2d", "h2h"};
 	size_t n = ts_device_set_count(core->env.devices);
@@ -659,27 +634,30 @@ static void render_devices(struct out *o, const struct ts_core *core)
 		char bus[48];
 
 		dcgm_bus_id(p->pci_bus_id, bus, sizeof bus);
-		out_printf(o, "tstage_device_info{device=\"%s\",backend=\"%s\",simulated=\"%s\","
-		              "gpu_uuid=\"%s\",pci_bus_id=\"%s\"} 1\n",
-		           p->id, ts_backend_name(p->backend), p->simulated ? "true" : "false",
-		           p->uuid, bus);
+		ts_textbuf_printf(o, "tstage_device_info{device=\"%s\",backend=\"%s\","
+		                     "simulated=\"%s\",gpu_uuid=\"%s\",pci_bus_id=\"%s\"} 1\n",
+		                  p->id, ts_backend_name(p->backend),
+		                  p->simulated ? "true" : "false", p->uuid, bus);
 	}
 	family(o, "tstage_device_healthy", "gauge", "1 unless the device hit a sticky error.");
 	for (size_t i = 0; i < n; i++) {
 		struct ts_device *d = ts_device_set_at(core->env.devices, i);
 
-		out_printf(o, "tstage_device_healthy{device=\"%s\"} %d\n", ts_device_props(d)->id,
-		           ts_device_broken(d) ? 0 : 1);
+		ts_textbuf_printf(o, "tstage_device_healthy{device=\"%s\"} %d\n",
+		                  ts_device_props(d)->id, ts_device_broken(d) ? 0 : 1);
 	}
 	family(o, "tstage_device_transfer_bytes_total", "counter",
 	       "Bytes of the copies a device's queues accepted, by direction.");
 	for (size_t i = 0; i < n; i++) {
 		struct ts_device *d = ts_device_set_at(core->env.devices, i);
 
-		for (int k = TS_COPY_H2D; k <= TS_COPY_H2H; k++)
-			out_printf(o, "tstage_device_transfer_bytes_total{device=\"%s\",direction=\"%s\"} "
-			              "%llu\n", ts_device_props(d)->id, directions[k],
-			           (unsigned long long)ts_device_copied_bytes(d, (enum ts_copy_kind)k));
+		for (int k = TS_COPY_H2D; k <= TS_COPY_H2H; k++) {
+			uint64_t v = ts_device_copied_bytes(d, (enum ts_copy_kind)k);
+
+			ts_textbuf_printf(o, "tstage_device_transfer_bytes_total{device=\"%s\","
+			                     "direction=\"%s\"} %llu\n",
+			                  ts_device_props(d)->id, directions[k], (unsigned long long)v);
+		}
 	}
 	family(o, "tstage_device_copy_queue_depth", "gauge",
 	       "Copies accepted by a device's queues and not yet run (sim and cpu devices; "
@@ -689,14 +667,14 @@ static void render_devices(struct out *o, const struct ts_core *core)
 		uint64_t depth;
 
 		if (ts_device_copies_queued(d, &depth))
-			out_printf(o, "tstage_device_copy_queue_depth{device=\"%s\"} %llu\n",
-			           ts_device_props(d)->id, (unsigned long long)depth);
+			ts_textbuf_printf(o, "tstage_device_copy_queue_depth{device=\"%s\"} %llu\n",
+			                  ts_device_props(d)->id, (unsigned long long)depth);
 	}
 }
 
 
 /* The state dir's counters (jobs/state.h). */
-static void render_state(struct out *o, struct ts_state *state)
+static void render_state(struct ts_textbuf *o, struct ts_state *state)
 {
 	struct ts_state_stats st;
 
@@ -704,27 +682,27 @@ static void render_state(struct out *o, struct ts_state *state)
 	family(o, "tstage_state_restore_skipped_total", "counter",
 	       "Entries of the state dir that the last start could not restore, by reason.");
 	for (int r = 0; r < TS_STATE_SKIP_COUNT; r++)
-		out_printf(o, "tstage_state_restore_skipped_total{reason=\"%s\"} %llu\n",
-		           ts_state_skip_name((enum ts_state_skip)r),
-		           (unsigned long long)st.skipped[r]);
+		ts_textbuf_printf(o, "tstage_state_restore_skipped_total{reason=\"%s\"} %llu\n",
+		                  ts_state_skip_name((enum ts_state_skip)r),
+		                  (unsigned long long)st.skipped[r]);
 	family(o, "tstage_state_restored", "gauge",
 	       "Arrays and models restored from the state dir at start.");
-	out_printf(o, "tstage_state_restored{kind=\"array\"} %llu\n",
-	           (unsigned long long)st.restored_arrays);
-	out_printf(o, "tstage_state_restored{kind=\"model\"} %llu\n",
-	           (unsigned long long)st.restored_models);
+	ts_textbuf_printf(o, "tstage_state_restored{kind=\"array\"} %llu\n",
+	                  (unsigned long long)st.restored_arrays);
+	ts_textbuf_printf(o, "tstage_state_restored{kind=\"model\"} %llu\n",
+	                  (unsigned long long)st.restored_models);
 	family(o, "tstage_state_saves_total", "counter", "Saves of the state dir, by outcome.");
-	out_printf(o, "tstage_state_saves_total{outcome=\"ok\"} %llu\n",
-	           (unsigned long long)st.saves);
-	out_printf(o, "tstage_state_saves_total{outcome=\"failed\"} %llu\n",
-	           (unsigned long long)st.save_failures);
+	ts_textbuf_printf(o, "tstage_state_saves_total{outcome=\"ok\"} %llu\n",
+	                  (unsigned long long)st.saves);
+	ts_textbuf_printf(o, "tstage_state_saves_total{outcome=\"failed\"} %llu\n",
+	                  (unsigned long long)st.save_failures);
 	family(o, "tstage_state_last_save_timestamp_seconds", "gauge",
 	       "When the last save of the state dir finished (0: none since start).");
-	out_printf(o, "tstage_state_last_save_timestamp_seconds %.3f\n",
-	           (double)st.last_save_wall_ns / 1e9);
+	ts_textbuf_printf(o, "tstage_state_last_save_timestamp_seconds %.3f\n",
+	                  (double)st.last_save_wall_ns / 1e9);
 }
 
-static void render_transfers(struct out *o, const struct ts_core *core)
+static void render_transfers(struct ts_textbuf *o, const struct ts_core *core)
 {
 	uint64_t moved[TS_MEM_KIND_COUNT][TS_MEM_KIND_COUNT], count = 0, bytes = 0;
 
@@ -735,27 +713,28 @@ static void render_transfers(struct out *o, const struct ts_core *core)
 		       "unpinned_host).");
 		for (int a = 0; a < TS_MEM_KIND_COUNT; a++)
 			for (int b = 0; b < TS_MEM_KIND_COUNT; b++)
-				out_printf(o, "tstage_transfer_bytes_total{src_kind=\"%s\",dst_kind=\"%s\"} %llu\n",
-				           ts_memory_kind_name((enum ts_memory_kind)a),
-				           ts_memory_kind_name((enum ts_memory_kind)b),
-				           (unsigned long long)moved[a][b]);
+				ts_textbuf_printf(o, "tstage_transfer_bytes_total{src_kind=\"%s\","
+				                     "dst_kind=\"%s\"} %llu\n",
+				                  ts_memory_kind_name((enum ts_memory_kind)a),
+				                  ts_memory_kind_name((enum ts_memory_kind)b),
+				                  (unsigned long long)moved[a][b]);
 		family(o, "tstage_implicit_transfer_bytes_total", "counter",
 		       "Bytes of uncommitted arrays moved because an operation needed them elsewhere.");
-		out_printf(o, "tstage_implicit_transfer_bytes_total %llu\n",
-		           (unsigned long long)ts_stager_implicit(core->env.stager));
+		ts_textbuf_printf(o, "tstage_implicit_transfer_bytes_total %llu\n",
+		                  (unsigned long long)ts_stager_implicit(core->env.stager));
 	}
 	if (core->state)
 		render_state(o, core->state);
 	if (core->env.catalog) {
 		ts_catalog_totals(core->env.catalog, &count, &bytes);
 		family(o, "tstage_arrays", "gauge", "Arrays in the catalog.");
-		out_printf(o, "tstage_arrays %llu\n", (unsigned long long)count);
+		ts_textbuf_printf(o, "tstage_arrays %llu\n", (unsigned long long)count);
 		family(o, "tstage_array_bytes", "gauge", "Bytes of the arrays in the catalog.");
-		out_printf(o, "tstage_array_bytes %llu\n", (unsigned long long)bytes);
+		ts_textbuf_printf(o, "tstage_array_bytes %llu\n", (unsigned long long)bytes);
 	}
 }
 
-static void render_training(struct out *o, const struct ts_core *core)
+static void render_training(struct ts_textbuf *o, const struct ts_core *core)
 {
 	const struct ts_histogram *h;
 	struct ts_histogram_snapshot s;
@@ -765,7 +744,7 @@ static void render_training(struct out *o, const struct ts_core *core)
 	h = ts_model_registry_step_times(core->env.models);
 	ts_histogram_read(h, &s);
 	family(o, "tstage_training_steps_total", "counter", "Training steps run since start.");
-	out_printf(o, "tstage_training_steps_total %llu\n", (unsigned long long)s.count);
+	ts_textbuf_printf(o, "tstage_training_steps_total %llu\n", (unsigned long long)s.count);
 	family(o, "tstage_training_step_duration_seconds", "histogram",
 	       "Wall time of one training step, transfers it waited for included.");
 	histogram(o, "tstage_training_step_duration_seconds", "", h);
@@ -814,7 +793,7 @@ static bool proc_stat(double *cpu, uint64_t *vsize, uint64_t *rss)
 	return true;
 }
 
-static void render_process(struct out *o, const struct ts_core *core)
+static void render_process(struct ts_textbuf *o, const struct ts_core *core)
 {
 	struct rlimit rl;
 	double cpu;
@@ -823,67 +802,75 @@ static void render_process(struct out *o, const struct ts_core *core)
 
 	if (proc_stat(&cpu, &vsize, &rss)) {
 		family(o, "process_cpu_seconds_total", "counter", "User and system CPU time spent.");
-		out_printf(o, "process_cpu_seconds_total %.2f\n", cpu);
+		ts_textbuf_printf(o, "process_cpu_seconds_total %.2f\n", cpu);
 		family(o, "process_resident_memory_bytes", "gauge", "Resident memory size.");
-		out_printf(o, "process_resident_memory_bytes %llu\n", (unsigned long long)rss);
+		ts_textbuf_printf(o, "process_resident_memory_bytes %llu\n",
+		                  (unsigned long long)rss);
 		family(o, "process_virtual_memory_bytes", "gauge", "Virtual memory size.");
-		out_printf(o, "process_virtual_memory_bytes %llu\n", (unsigned long long)vsize);
+		ts_textbuf_printf(o, "process_virtual_memory_bytes %llu\n",
+		                  (unsigned long long)vsize);
 	}
 	if (fds >= 0) {
 		family(o, "process_open_fds", "gauge", "Open file descriptors.");
-		out_printf(o, "process_open_fds %ld\n", fds);
+		ts_textbuf_printf(o, "process_open_fds %ld\n", fds);
 	}
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
 		family(o, "process_max_fds", "gauge", "Limit of open file descriptors.");
-		out_printf(o, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
+		ts_textbuf_printf(o, "process_max_fds %llu\n", (unsigned long long)rl.rlim_cur);
 	}
 	family(o, "process_start_time_seconds", "gauge",
 	       "Start time of the process since the Unix epoch.");
-	out_printf(o, "process_start_time_seconds %.3f\n", (double)core->started_wall_ns / 1e9);
+	ts_textbuf_printf(o, "process_start_time_seconds %.3f\n",
+	                  (double)core->started_wall_ns / 1e9);
 }
 
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t *len)
 {
-	struct out o = {0};
+	struct ts_textbuf o;
 
+	ts_textbuf_init(&o);
 	family(&o, "tstage_build_info", "gauge", "Build of the running tstaged (value 1).");
-	out_printf(&o, "tstage_build_info{version=\"%s\",revision=\"%s\",cuda=\"%s\"} 1\n",
-	           ts_version, ts_git_rev,
+	ts_textbuf_printf(&o, "tstage_build_info{version=\"%s\",revision=\"%s\",cuda=\"%s\"} 1\n",
+	                  ts_version, ts_git_rev,
 #ifdef TS_HAVE_CUDA
-	           "true"
+	                  "true"
 #else
-	           "false"
+	                  "false"
 #endif
 	);
 	family(&o, "tstage_fleet_peers", "gauge",
 	       "Peers named by --peers, by whether they answered their last poll.");
-	out_printf(&o, "tstage_fleet_peers{state=\"reachable\"} %lld\n",
-	           (long long)atomic_load_explicit(&m->fleet_peers[0], memory_order_relaxed));
-	out_printf(&o, "tstage_fleet_peers{state=\"unreachable\"} %lld\n",
-	           (long long)atomic_load_explicit(&m->fleet_peers[1], memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_fleet_peers{state=\"reachable\"} %lld\n",
+	                  (long long)atomic_load_explicit(&m->fleet_peers[0],
+	                                                  memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_fleet_peers{state=\"unreachable\"} %lld\n",
+	                  (long long)atomic_load_explicit(&m->fleet_peers[1],
+	                                                  memory_order_relaxed));
 	family(&o, "tstage_history_samples_total", "counter",
 	       "Samples the memory history's sampler has taken (one a second).");
-	out_printf(&o, "tstage_history_samples_total %llu\n",
-	           (unsigned long long)atomic_load_explicit(&m->history[0], memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_history_samples_total %llu\n",
+	                  (unsigned long long)atomic_load_explicit(&m->history[0],
+	                                                           memory_order_relaxed));
 	family(&o, "tstage_history_sampler_cpu_seconds_total", "counter",
 	       "CPU time the memory history's sampler spent reading the counters and recording them.");
-	out_printf(&o, "tstage_history_sampler_cpu_seconds_total %.6f\n",
-	           (double)atomic_load_explicit(&m->history[1], memory_order_relaxed) / 1e9);
+	ts_textbuf_printf(&o, "tstage_history_sampler_cpu_seconds_total %.6f\n",
+	                  (double)atomic_load_explicit(&m->history[1], memory_order_relaxed) / 1e9);
 	family(&o, "tstage_fleet_ucx_connections_total", "counter",
 	       "Endpoints that connected to the fleet port, by whether their ticket admitted them.");
-	out_printf(&o, "tstage_fleet_ucx_connections_total{result=\"accepted\"} %llu\n",
-	           (unsigned long long)atomic_load_explicit(&m->fleet_ucx_conns[0],
-	                                                    memory_order_relaxed));
-	out_printf(&o, "tstage_fleet_ucx_connections_total{result=\"rejected\"} %llu\n",
-	           (unsigned long long)atomic_load_explicit(&m->fleet_ucx_conns[1],
-	                                                    memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_fleet_ucx_connections_total{result=\"accepted\"} %llu\n",
+	                  (unsigned long long)atomic_load_explicit(&m->fleet_ucx_conns[0],
+	                                                           memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_fleet_ucx_connections_total{result=\"rejected\"} %llu\n",
+	                  (unsigned long long)atomic_load_explicit(&m->fleet_ucx_conns[1],
+	                                                           memory_order_relaxed));
 	family(&o, "tstage_fleet_ucx_endpoints", "gauge",
 	       "Admitted endpoints open on the fleet port now.");
-	out_printf(&o, "tstage_fleet_ucx_endpoints %lld\n",
-	           (long long)atomic_load_explicit(&m->fleet_ucx_open, memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_fleet_ucx_endpoints %lld\n",
+	                  (long long)atomic_load_explicit(&m->fleet_ucx_open,
+	                                                  memory_order_relaxed));
 	family(&o, "tstage_uptime_seconds", "gauge", "Seconds since tstaged started.");
-	out_printf(&o, "tstage_uptime_seconds %.3f\n",
-	           (double)(ts_now_ns() - core->started_ns) / 1e9);
+	ts_textbuf_printf(&o, "tstage_uptime_seconds %.3f\n",
+	                  (double)(ts_now_ns() - core->started_ns) / 1e9);
 	render_process(&o, core);
 	render_devices(&o, core);
 	render_spaces(&o, core);
@@ -892,10 +879,5 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	render_transfers(&o, core);
 	render_training(&o, core);
 	render_http(&o, m);
-	if (o.failed) {
-		free(o.buf);
-		return NULL;
-	}
-	*len = o.len;
-	return o.buf;
+	return ts_textbuf_take(&o, len);
 }

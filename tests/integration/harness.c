@@ -552,6 +552,21 @@ void th_daemon_cleanup(struct th_daemon *d)
 	d->dir[0] = '\0';
 }
 
+struct th_daemon th_case_daemon;
+
+void th_case_up(void)
+{
+	th_daemon_start(&th_case_daemon, NULL);
+}
+
+void th_case_down(void)
+{
+	if (th_case_daemon.pid) {
+		th_expect_no_sanitizer_report(&th_case_daemon);
+		th_daemon_stop_ok(&th_case_daemon);
+	}
+}
+
 /* ---- running to completion -------------------------------------------------- */
 
 void th_run(const char *const *args, const char *const *env, int timeout_ms,

@@ -139,6 +139,18 @@ char *th_daemon_stderr(const struct th_daemon *d);
  * its start (the harness's main leaves room for the stacks). */
 void th_expect_no_sanitizer_report(const struct th_daemon *d);
 
+/*
+ * The fixture of a suite whose every case runs against a daemon of its own
+ * with the default flags: tcase_add_checked_fixture(tc, th_case_up,
+ * th_case_down). th_case_up starts th_case_daemon; th_case_down, unless the
+ * case stopped it already, fails the case when its stderr holds a
+ * sanitizer's report or when it does not exit 0 on SIGTERM. Each case runs
+ * in a forked process of its own, so th_case_daemon is that case's.
+ */
+extern struct th_daemon th_case_daemon;
+void th_case_up(void);
+void th_case_down(void);
+
 /* Removes a stopped daemon's files (after th_daemon_stop(d, true)). */
 void th_daemon_cleanup(struct th_daemon *d);
 

@@ -151,10 +151,17 @@ static json_t *await_node(struct th_daemon *d, int port, bool reachable)
 	}
 }
 
-static void same_tokens(char files[][512], int n)
+/* Starts n daemons as start_fleet does, on free port pairs (into ports),
+ * all with the token TOKEN. */
+static void start_fleet_one_token(struct th_daemon *d, int n, int *ports)
 {
+	char tokens[NODES][512];
+
+	ck_assert_int_le(n, NODES);
+	free_port_pairs(ports, n);
 	for (int i = 0; i < n; i++)
-		th_write_temp("token", TOKEN "\n", files[i], sizeof files[i]);
+		th_write_temp("token", TOKEN "\n", tokens[i], sizeof tokens[i]);
+	start_fleet(d, n, ports, tokens);
 }
 
 /* Every node lists all three: itself first (self), then its peers in
@@ -164,11 +171,8 @@ START_TEST(test_fleet_lists_every_node)
 {
 	struct th_daemon d[NODES];
 	int ports[NODES];
-	char tokens[NODES][512];
 
-	free_port_pairs(ports, NODES);
-	same_tokens(tokens, NODES);
-	start_fleet(d, NODES, ports, tokens);
+	start_fleet_one_token(d, NODES, ports);
 	for (int i = 0; i < NODES; i++)
 		for (int j = 0; j < NODES; j++)
 			if (j != i)
@@ -234,14 +238,11 @@ START_TEST(test_stopped_and_killed_peers)
 {
 	struct th_daemon d[NODES];
 	int ports[NODES];
-	char tokens[NODES][512];
 	json_t *node;
 	struct th_response r;
 	double v;
 
-	free_port_pairs(ports, NODES);
-	same_tokens(tokens, NODES);
-	start_fleet(d, NODES, ports, tokens);
+	start_fleet_one_token(d, NODES, ports);
 	json_decref(await_node(&d[0], ports[1], true));
 	json_decref(await_node(&d[0], ports[2], true));
 
@@ -577,7 +578,7 @@ START_TEST(test_fleet_port_tickets)
 	free_port_pairs(&p, 1);
 	fport = p + 1;
 	snprintf(port, sizeof port, "%d", p);
-	same_tokens(tokens, 1);
+	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
 	th_daemon_start(&d, args);
 
 	th_request(&d, "POST", "/v1/fleet:ticket", NULL, NULL, 0, &r);
@@ -780,6 +781,93 @@ static json_t *await_op(struct th_daemon *d, const char *id, int ms)
 	}
 }
 
+/* POST path (body JSON text or NULL) with the token, which must answer
+ * want; what names the request in the failure. */
+static void post_expect(struct th_daemon *d, const char *path, const char *body, long want,
+                        const char *what)
+{
+	struct th_response r;
+
+	post_auth(d, path, body, &r);
+	ck_assert_msg(r.status == want, "%s: %ld %s", what, r.status, r.body);
+	th_response_free(&r);
+}
+
+/* The same for an answer that is a JSON object: it (new reference). */
+static json_t *post_object(struct th_daemon *d, const char *path, const char *body, long want,
+                           const char *what)
+{
+	struct th_response r;
+	json_t *o;
+
+	post_auth(d, path, body, &r);
+	ck_assert_msg(r.status == want, "%s: %ld %s", what, r.status, r.body);
+	o = json_incref(th_json(&r));
+	th_response_free(&r);
+	return o;
+}
+
+/* Polls d's unpinned_host bytes in use until they are base again, at most
+ * ms; what names the memory in the failure. */
+static void await_unpinned(struct th_daemon *d, double base, int ms, const char *what)
+{
+	for (double t0 = now_ms(); unpinned_in_use(d) != base; usleep(20000))
+		ck_assert_msg(now_ms() - t0 < ms, "%s is still held", what);
+}
+
+/* POST path (body JSON text) with the token, which must start an
+ * operation (202): its id into id (cap bytes). */
+static void post_started(struct th_daemon *d, const char *path, const char *body,
+                         const char *what, char *id, size_t cap)
+{
+	struct th_response r;
+
+	post_auth(d, path, body, &r);
+	ck_assert_msg(r.status == 202, "%s: %ld %s", what, r.status, r.body);
+	snprintf(id, cap, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+}
+
+/* Polls operation id on d until its first bytes have moved (or it is
+ * final), at most 20 s. */
+static void await_first_bytes(struct th_daemon *d, const char *id)
+{
+	for (double t0 = now_ms();; usleep(1000)) {
+		char *path = th_fmt("/v1/operations/%s", id);
+		json_t *o = get_auth(d, path);
+
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			return;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+}
+
+/* GET path's body on d with the token: 200 and exactly the n bytes of want. */
+static void expect_bytes(struct th_daemon *d, const char *path, const void *want, size_t n)
+{
+	size_t got_n;
+	char *got = get_bytes_auth(d, path, &got_n);
+
+	ck_assert_int_eq(got_n, n);
+	ck_assert(memcmp(got, want, n) == 0);
+	free(got);
+}
+
+/* GET path on d with the token: 404. */
+static void expect_not_found(struct th_daemon *d, const char *path)
+{
+	struct th_response r;
+
+	th_request(d, "GET", path, auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+}
+
 /* A float32 array copied to another node arrives byte for byte where the
  * request placed it; a conversion to bfloat16 there equals the local
  * :copy's; a :put moves it (the source goes only once it is there); an
@@ -788,15 +876,13 @@ START_TEST(test_cross_node_copy)
 {
 	struct th_daemon d[2];
 	int ports[2];
-	char tokens[2][512], *got, *want;
+	char *want;
 	struct th_response r;
 	json_t *o, *res;
-	size_t rows = 1536, cols = 1024, n, m;   /* 6 MiB: two chunks */
+	size_t rows = 1536, cols = 1024, m;   /* 6 MiB: two chunks */
 	float *x;
 
-	free_port_pairs(ports, 2);
-	same_tokens(tokens, 2);
-	start_fleet(d, 2, ports, tokens);
+	start_fleet_one_token(d, 2, ports);
 	json_decref(await_node(&d[0], ports[1], true));
 	x = put_pattern(&d[0], "x", rows, cols, NULL);
 
@@ -813,42 +899,28 @@ START_TEST(test_cross_node_copy)
 	ck_assert_str_eq(th_str(th_obj(o, "sharding"), "memory_kind"), "pinned_host");
 	ck_assert_str_eq(th_str(o, "dtype"), "float32");
 	json_decref(o);
-	got = get_bytes_auth(&d[1], "/v1/arrays/y/data", &n);
-	ck_assert_int_eq(n, rows * cols * sizeof(float));
-	ck_assert(memcmp(got, x, n) == 0);
-	free(got);
+	expect_bytes(&d[1], "/v1/arrays/y/data", x, rows * cols * sizeof(float));
 
 	/* a sharding there: split over both of its devices, the same bytes */
-	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
-	          "{\"out\": \"ys\", \"host\": \"node1\", \"sharding\": {\"mesh\": "
-	          "{\"devices\": [\"sim:0\", \"sim:1\"], \"axis_names\": [\"x\"], \"shape\": [2]}, "
-	          "\"spec\": [\"x\", null], \"memory_kind\": \"device\"}}", &r);
-	ck_assert_msg(r.status == 200, "sharded copy: %ld %s", r.status, r.body);
-	th_response_free(&r);
+	post_expect(&d[0], "/v1/arrays/x:copy?wait=true",
+	            "{\"out\": \"ys\", \"host\": \"node1\", \"sharding\": {\"mesh\": "
+	            "{\"devices\": [\"sim:0\", \"sim:1\"], \"axis_names\": [\"x\"], "
+	            "\"shape\": [2]}, \"spec\": [\"x\", null], \"memory_kind\": \"device\"}}",
+	            200, "sharded copy");
 	o = get_auth(&d[1], "/v1/arrays/ys");
 	ck_assert_int_eq(json_array_size(th_arr(o, "shards")), 2);
 	ck_assert_str_eq(th_str(json_array_get(th_arr(o, "shards"), 1), "device"), "sim:1");
 	json_decref(o);
-	got = get_bytes_auth(&d[1], "/v1/arrays/ys/data", &n);
-	ck_assert_int_eq(n, rows * cols * sizeof(float));
-	ck_assert(memcmp(got, x, n) == 0);
-	free(got);
+	expect_bytes(&d[1], "/v1/arrays/ys/data", x, rows * cols * sizeof(float));
 
 	/* a conversion on the way equals the local one */
-	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
-	          "{\"out\": \"yb\", \"host\": \"node1\", \"dtype\": \"bfloat16\"}", &r);
-	ck_assert_msg(r.status == 200, "copy: %ld %s", r.status, r.body);
-	th_response_free(&r);
-	post_auth(&d[0], "/v1/arrays/x:copy?wait=true", "{\"out\": \"xb\", \"dtype\": \"bfloat16\"}",
-	          &r);
-	ck_assert_msg(r.status == 200, "local copy: %ld %s", r.status, r.body);
-	th_response_free(&r);
-	got = get_bytes_auth(&d[1], "/v1/arrays/yb/data", &n);
+	post_expect(&d[0], "/v1/arrays/x:copy?wait=true",
+	            "{\"out\": \"yb\", \"host\": \"node1\", \"dtype\": \"bfloat16\"}", 200, "copy");
+	post_expect(&d[0], "/v1/arrays/x:copy?wait=true",
+	            "{\"out\": \"xb\", \"dtype\": \"bfloat16\"}", 200, "local copy");
 	want = get_bytes_auth(&d[0], "/v1/arrays/xb/data", &m);
-	ck_assert_int_eq(n, rows * cols * 2);
-	ck_assert_int_eq(n, m);
-	ck_assert(memcmp(got, want, n) == 0);
-	free(got);
+	ck_assert_int_eq(m, rows * cols * 2);
+	expect_bytes(&d[1], "/v1/arrays/yb/data", want, m);
 	free(want);
 
 	/* refusals: an unknown host, an existing name, a bad field there */
@@ -867,25 +939,16 @@ START_TEST(test_cross_node_copy)
 	           "", 0, &r);
 	ck_assert_msg(r.status == 200 || r.status == 201, "PUT e: %ld %s", r.status, r.body);
 	th_response_free(&r);
-	post_auth(&d[0], "/v1/arrays/e:copy?wait=true", "{\"out\": \"e\", \"host\": \"node1\"}",
-	          &r);
-	ck_assert_msg(r.status == 200, "copy e: %ld %s", r.status, r.body);
-	th_response_free(&r);
+	post_expect(&d[0], "/v1/arrays/e:copy?wait=true", "{\"out\": \"e\", \"host\": \"node1\"}",
+	            200, "copy e");
 	o = get_auth(&d[1], "/v1/arrays/e");
 	ck_assert_int_eq(th_int(o, "nbytes"), 0);
 	json_decref(o);
 
 	/* a :put moves it: there, and gone here */
-	post_auth(&d[0], "/v1/arrays/x:put?wait=true", "{\"host\": \"node1\"}", &r);
-	ck_assert_msg(r.status == 200, "put: %ld %s", r.status, r.body);
-	th_response_free(&r);
-	got = get_bytes_auth(&d[1], "/v1/arrays/x/data", &n);
-	ck_assert_int_eq(n, rows * cols * sizeof(float));
-	ck_assert(memcmp(got, x, n) == 0);
-	free(got);
-	th_request(&d[0], "GET", "/v1/arrays/x", auth, NULL, 0, &r);
-	ck_assert_int_eq(r.status, 404);
-	th_response_free(&r);
+	post_expect(&d[0], "/v1/arrays/x:put?wait=true", "{\"host\": \"node1\"}", 200, "put");
+	expect_bytes(&d[1], "/v1/arrays/x/data", x, rows * cols * sizeof(float));
+	expect_not_found(&d[0], "/v1/arrays/x");
 	free(x);
 	for (int i = 0; i < 2; i++)
 		th_daemon_stop_ok(&d[i]);
@@ -899,14 +962,12 @@ START_TEST(test_receive_expires_and_aborts)
 {
 	struct th_daemon d[2];
 	int ports[2];
-	char tokens[2][512], *path;
+	char *path;
 	struct th_response r;
 	json_t *o;
 	double base, open;
 
-	free_port_pairs(ports, 2);
-	same_tokens(tokens, 2);
-	start_fleet(d, 2, ports, tokens);
+	start_fleet_one_token(d, 2, ports);
 	base = unpinned_in_use(&d[1]);
 	post_auth(&d[1], "/v1/fleet:receive",
 	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], \"oops\": 1}", &r);
@@ -916,48 +977,36 @@ START_TEST(test_receive_expires_and_aborts)
 	post_auth(&d[1], "/v1/fleet:receive",
 	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 1024, 1024]}", &r);
 	th_expect_error(&r, "too big", 429, "RESOURCE_EXHAUSTED", NULL, NULL, NULL);
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(20000))
-		ck_assert_msg(now_ms() - t0 < 2000, "a refused receive's memory is still held");
+	await_unpinned(&d[1], base, 2000, "a refused receive's memory");
 
 	/* one that expires */
-	post_auth(&d[1], "/v1/fleet:receive",
-	          "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], "
-	          "\"timeout_seconds\": 1}", &r);
-	ck_assert_msg(r.status == 201, "receive: %ld %s", r.status, r.body);
-	o = json_incref(th_json(&r));
-	th_response_free(&r);
+	o = post_object(&d[1], "/v1/fleet:receive",
+	                "{\"out\": \"r\", \"dtype\": \"float32\", \"shape\": [1024, 256], "
+	                "\"timeout_seconds\": 1}", 201, "receive");
 	ck_assert_int_eq(th_int(o, "length"), 1024 * 256 * 4);
 	ck_assert_int_eq(strlen(th_str(o, "ticket")), 64);
 	ck_assert_int_eq(th_int(o, "fleet_port"), ports[1] + 1);
 	ck_assert(strlen(th_str(o, "rkey")) > 0);
 	open = unpinned_in_use(&d[1]);
 	ck_assert_msg(open >= base + 1024 * 256 * 4, "staging not counted: %.0f -> %.0f", base, open);
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
-		ck_assert_msg(now_ms() - t0 < 5000, "the receive's memory is still held");
+	await_unpinned(&d[1], base, 5000, "the receive's memory");
 	path = th_fmt("/v1/fleet/receives/%s:commit", th_str(o, "id"));
 	post_auth(&d[1], path, NULL, &r);
 	th_expect_error(&r, "late commit", 404, "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
 	free(path);
 	json_decref(o);
-	th_request(&d[1], "GET", "/v1/arrays/r", auth, NULL, 0, &r);
-	ck_assert_int_eq(r.status, 404);
-	th_response_free(&r);
+	expect_not_found(&d[1], "/v1/arrays/r");
 
 	/* one aborted */
-	post_auth(&d[1], "/v1/fleet:receive",
-	          "{\"out\": \"r\", \"dtype\": \"bfloat16\", \"source_dtype\": \"float32\", "
-	          "\"shape\": [1024, 256], \"memory_kind\": \"pinned_host\"}", &r);
-	ck_assert_msg(r.status == 201, "receive: %ld %s", r.status, r.body);
-	o = json_incref(th_json(&r));
-	th_response_free(&r);
+	o = post_object(&d[1], "/v1/fleet:receive",
+	                "{\"out\": \"r\", \"dtype\": \"bfloat16\", \"source_dtype\": \"float32\", "
+	                "\"shape\": [1024, 256], \"memory_kind\": \"pinned_host\"}",
+	                201, "receive");
 	ck_assert(unpinned_in_use(&d[1]) > base);
 	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(o, "id"));
-	post_auth(&d[1], path, NULL, &r);
-	ck_assert_int_eq(r.status, 200);
-	th_response_free(&r);
+	post_expect(&d[1], path, NULL, 200, "abort");
 	/* freed once the fleet port has closed its endpoint (none here) */
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(20000))
-		ck_assert_msg(now_ms() - t0 < 2000, "the aborted receive's memory is still held");
+	await_unpinned(&d[1], base, 2000, "the aborted receive's memory");
 	post_auth(&d[1], path, NULL, &r);
 	th_expect_error(&r, "second abort", 404, "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
 	free(path);
@@ -974,36 +1023,20 @@ START_TEST(test_destination_killed_mid_copy)
 {
 	struct th_daemon d[2];
 	int ports[2];
-	char tokens[2][512], id[64], *got, *path;
+	char id[64];
 	struct th_response r;
 	json_t *o, *before, *after;
-	size_t rows = 16384, cols = 4096, n;    /* 256 MiB */
+	size_t rows = 16384, cols = 4096;    /* 256 MiB */
 	float *x;
 	const char *msg;
 
-	free_port_pairs(ports, 2);
-	same_tokens(tokens, 2);
-	start_fleet(d, 2, ports, tokens);
+	start_fleet_one_token(d, 2, ports);
 	json_decref(await_node(&d[0], ports[1], true));
 	x = put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host");
 	before = get_auth(&d[0], "/v1/arrays/big");
-	post_auth(&d[0], "/v1/arrays/big:put", "{\"host\": \"node1\"}", &r);
-	ck_assert_msg(r.status == 202, "put: %ld %s", r.status, r.body);
-	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
-	th_response_free(&r);
+	post_started(&d[0], "/v1/arrays/big:put", "{\"host\": \"node1\"}", "put", id, sizeof id);
 	/* wait for the first bytes to land, then kill the destination */
-	for (double t0 = now_ms();; usleep(1000)) {
-		path = th_fmt("/v1/operations/%s", id);
-		o = get_auth(&d[0], path);
-		free(path);
-		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
-		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
-			json_decref(o);
-			break;
-		}
-		json_decref(o);
-		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
-	}
+	await_first_bytes(&d[0], id);
 	th_daemon_signal(&d[1], SIGKILL);
 	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
 	o = await_op(&d[0], id, 60000);
@@ -1018,10 +1051,7 @@ START_TEST(test_destination_killed_mid_copy)
 	                NULL);
 	after = get_auth(&d[0], "/v1/arrays/big");
 	ck_assert_str_eq(th_str(after, "etag"), th_str(before, "etag"));
-	got = get_bytes_auth(&d[0], "/v1/arrays/big/data", &n);
-	ck_assert_int_eq(n, rows * cols * sizeof(float));
-	ck_assert(memcmp(got, x, n) == 0);
-	free(got);
+	expect_bytes(&d[0], "/v1/arrays/big/data", x, rows * cols * sizeof(float));
 	free(x);
 	json_decref(before);
 	json_decref(after);
@@ -1036,48 +1066,27 @@ START_TEST(test_cross_node_copy_cancelled)
 {
 	struct th_daemon d[2];
 	int ports[2];
-	char tokens[2][512], id[64], *path;
-	struct th_response r;
+	char id[64], *path;
 	json_t *o;
 	size_t rows = 16384, cols = 4096;    /* 256 MiB */
 	double base;
 
-	free_port_pairs(ports, 2);
-	same_tokens(tokens, 2);
-	start_fleet(d, 2, ports, tokens);
+	start_fleet_one_token(d, 2, ports);
 	json_decref(await_node(&d[0], ports[1], true));
 	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
 	base = unpinned_in_use(&d[1]);
-	post_auth(&d[0], "/v1/arrays/big:copy",
-	          "{\"out\": \"c\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
-	ck_assert_msg(r.status == 202, "copy: %ld %s", r.status, r.body);
-	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
-	th_response_free(&r);
-	for (double t0 = now_ms();; usleep(1000)) {
-		path = th_fmt("/v1/operations/%s", id);
-		o = get_auth(&d[0], path);
-		free(path);
-		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
-		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
-			json_decref(o);
-			break;
-		}
-		json_decref(o);
-		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
-	}
+	post_started(&d[0], "/v1/arrays/big:copy",
+	             "{\"out\": \"c\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}",
+	             "copy", id, sizeof id);
+	await_first_bytes(&d[0], id);
 	path = th_fmt("/v1/operations/%s:cancel", id);
-	post_auth(&d[0], path, NULL, &r);
-	ck_assert_msg(r.status == 200, "cancel: %ld %s", r.status, r.body);
-	th_response_free(&r);
+	post_expect(&d[0], path, NULL, 200, "cancel");
 	free(path);
 	o = await_op(&d[0], id, 60000);
 	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "CANCELLED");
 	json_decref(o);
-	th_request(&d[1], "GET", "/v1/arrays/c", auth, NULL, 0, &r);
-	ck_assert_int_eq(r.status, 404);
-	th_response_free(&r);
-	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base; usleep(50000))
-		ck_assert_msg(now_ms() - t0 < 5000, "the aborted receive's memory is still held");
+	expect_not_found(&d[1], "/v1/arrays/c");
+	await_unpinned(&d[1], base, 5000, "the aborted receive's memory");
 	for (int i = 0; i < 2; i++)
 		th_daemon_stop_ok(&d[i]);
 }

@@ -17,21 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static struct th_daemon D;
-
-static void daemon_up(void)
-{
-	th_daemon_start(&D, NULL);
-}
-
-static void daemon_down(void)
-{
-	if (D.pid) {
-		th_expect_no_sanitizer_report(&D);
-		th_daemon_stop_ok(&D);
-	}
-}
-
 static uint64_t wall_ms(void)
 {
 	struct timespec ts;
@@ -73,7 +58,7 @@ static uint64_t last_time(json_t *h)
 /* GET /v1/memory/history?since=120 (new reference). */
 static json_t *history(void)
 {
-	return th_get_object(&D, "/v1/memory/history?since=120");
+	return th_get_object(&th_case_daemon, "/v1/memory/history?since=120");
 }
 
 /* Waits (at most 10 s) for a row taken after after_ms: the history then. */
@@ -124,19 +109,19 @@ START_TEST(test_upload_spike_is_in_the_history)
 	before = wall_ms();
 	usleep(1200000);                      /* a row or more before the upload */
 	up_start = wall_ms();
-	th_put_array(&D, "spike", query, data, n);
+	th_put_array(&th_case_daemon, "spike", query, data, n);
 	up_end = wall_ms();
 	h = history_after(up_end);
 	held_end = wall_ms();
 	json_decref(h);
-	th_request(&D, "DELETE", "/v1/arrays/spike", NULL, NULL, 0, &r);
+	th_request(&th_case_daemon, "DELETE", "/v1/arrays/spike", NULL, NULL, 0, &r);
 	ck_assert_int_eq(r.status, 200);
 	th_response_free(&r);
 	h = history_after(wall_ms() + 1000);   /* settled: a row a second after */
 
 	/* the history read after /metrics equals it where nothing moves */
 	scraped = wall_ms();
-	th_get(&D, "/metrics", &r);
+	th_get(&th_case_daemon, "/metrics", &r);
 	text = r.body;
 	json_decref(h);
 	h = history_after(wall_ms());
@@ -223,7 +208,7 @@ static void expect_400(const char *path, const char *reason, const char *needle)
 	struct th_response r = {0};
 	json_t *j, *err;
 
-	th_get(&D, path, &r);
+	th_get(&th_case_daemon, path, &r);
 	ck_assert_msg(r.status == 400, "%s: %ld", path, r.status);
 	j = json_loads(r.body, 0, NULL);
 	ck_assert_ptr_nonnull(j);
@@ -249,17 +234,17 @@ START_TEST(test_parameters)
 	expect_400("/v1/memory/history?step=fast&since=10", "BAD_STEP", "step 'fast'");
 	expect_400("/v1/memory/history?sinc=10", "", "sinc");
 
-	h = th_get_object(&D, "/v1/memory/history?step=10s");
+	h = th_get_object(&th_case_daemon, "/v1/memory/history?step=10s");
 	ck_assert_int_eq(json_integer_value(json_object_get(h, "step_seconds")), 10);
 	json_decref(h);
-	h = th_get_object(&D, "/v1/memory/history?since=4h");
+	h = th_get_object(&th_case_daemon, "/v1/memory/history?since=4h");
 	ck_assert_int_eq(json_integer_value(json_object_get(h, "step_seconds")), 10);
 	json_decref(h);
 	gmtime_r(&now, &tm);
 	strftime(since, sizeof since, "/v1/memory/history?since=%Y-%m-%dT%H:%M:%SZ", &tm);
 	h = history_after(0);
 	json_decref(h);
-	h = th_get_object(&D, since);
+	h = th_get_object(&th_case_daemon, since);
 	ck_assert_int_eq(json_integer_value(json_object_get(h, "step_seconds")), 1);
 	ck_assert_uint_ge(json_array_size(json_object_get(h, "times_unix_ms")), 1);
 	ck_assert_uint_ge((uint64_t)json_integer_value(
@@ -274,7 +259,7 @@ Suite *th_suite(void)
 	Suite *s = suite_create("history");
 	TCase *tc = tcase_create("history");
 
-	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_add_checked_fixture(tc, th_case_up, th_case_down);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_upload_spike_is_in_the_history);
 	tcase_add_test(tc, test_parameters);

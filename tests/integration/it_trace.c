@@ -20,21 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static struct th_daemon D;
-
-static void daemon_up(void)
-{
-	th_daemon_start(&D, NULL);
-}
-
-static void daemon_down(void)
-{
-	if (D.pid) {
-		th_expect_no_sanitizer_report(&D);
-		th_daemon_stop_ok(&D);
-	}
-}
-
 /* A trace requested on a thread of its own while the test works. */
 struct tracer {
 	pthread_t thread;
@@ -55,7 +40,7 @@ static void *tracer_main(void *arg)
 static void tracer_start(struct tracer *t, int seconds)
 {
 	memset(t, 0, sizeof *t);
-	th_client_open(&t->client, &D);
+	th_client_open(&t->client, &th_case_daemon);
 	snprintf(t->path, sizeof t->path, "/v1/trace?seconds=%d", seconds);
 	ck_assert_int_eq(pthread_create(&t->thread, NULL, tracer_main, t), 0);
 	usleep(300 * 1000);    /* the trace has begun */
@@ -193,17 +178,17 @@ START_TEST(test_trace_shows_the_work)
 	json_int_t pid = -1, first, top;
 	size_t i;
 
-	json_decref(th_post_json(&D, "/v1/models?wait=true",
+	json_decref(th_post_json(&th_case_daemon, "/v1/models?wait=true",
 	                         "{\"name\": \"m\", \"mlp\": {\"layers\": 2, \"d_model\": 32, "
 	                         "\"d_hidden\": 64, \"activation\": \"relu\"}, \"loss\": \"sum\", "
 	                         "\"init\": {\"seed\": 1, \"scale\": 0.05}}", 200));
-	th_put_floats(&D, "bx", bx, 16, 32, NULL);
+	th_put_floats(&th_case_daemon, "bx", bx, 16, 32, NULL);
 	tracer_start(&t, 3);
-	th_put_array(&D, "a", q, x, NBYTES);
+	th_put_array(&th_case_daemon, "a", q, x, NBYTES);
 	usleep(200 * 1000);    /* the sampler (every 10 ms) sees it in pinned_host */
-	json_decref(th_post_json(&D, "/v1/arrays/a:put?wait=true", "{\"memory_kind\": \"device\"}",
-	                         200));
-	res = th_model_step(&D, "m", "{\"inputs\": \"bx\", \"steps\": 1}");
+	json_decref(th_post_json(&th_case_daemon, "/v1/arrays/a:put?wait=true",
+	                         "{\"memory_kind\": \"device\"}", 200));
+	res = th_model_step(&th_case_daemon, "m", "{\"inputs\": \"bx\", \"steps\": 1}");
 	json_decref(res);
 	trace = tracer_join(&t);
 	check_fields(trace);
@@ -270,7 +255,7 @@ START_TEST(test_bad_seconds_are_named)
 		struct th_response r;
 		char *path = th_fmt("/v1/trace?seconds=%s", bad[i]);
 
-		th_get(&D, path, &r);
+		th_get(&th_case_daemon, path, &r);
 		th_expect_error(&r, path, 400, "INVALID_ARGUMENT", "BAD_TRACE_SECONDS", "seconds",
 		                "1..60");
 		free(path);
@@ -285,14 +270,14 @@ START_TEST(test_one_trace_at_a_time)
 	json_t *trace;
 
 	tracer_start(&t, 2);
-	th_get(&D, "/v1/trace?seconds=1", &r);
+	th_get(&th_case_daemon, "/v1/trace?seconds=1", &r);
 	th_expect_error(&r, "a second trace", 409, "ABORTED", "TRACE_RUNNING", "one at a time",
 	                NULL);
 	trace = tracer_join(&t);
 	ck_assert_int_ge(th_int(th_obj(trace, "metadata"), "duration_us"), 2000000);
 	th_response_free(&t.r);
 	/* once it is answered, the next may record */
-	th_get(&D, "/v1/trace?seconds=1", &r);
+	th_get(&th_case_daemon, "/v1/trace?seconds=1", &r);
 	ck_assert_msg(r.status == 200, "%ld %s", r.status, r.body);
 	check_fields(th_json(&r));
 	th_response_free(&r);
@@ -305,7 +290,7 @@ END_TEST
  * each allocation reach its end. */
 START_TEST(test_step_timeline_has_temp_offsets)
 {
-	json_t *an = th_post_json(&D, "/v1/models:analyze?timeline=true",
+	json_t *an = th_post_json(&th_case_daemon, "/v1/models:analyze?timeline=true",
 	                          "{\"model\": {\"mlp\": {\"layers\": 3, \"d_model\": 32, "
 	                          "\"d_hidden\": 64}, \"optimizer\": {\"type\": \"adam\"}}, "
 	                          "\"batch\": [16, 32]}", 200);
@@ -361,7 +346,7 @@ Suite *th_suite(void)
 	Suite *s = suite_create("trace");
 	TCase *tc = tcase_create("trace");
 
-	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
+	tcase_add_checked_fixture(tc, th_case_up, th_case_down);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_trace_shows_the_work);
 	tcase_add_test(tc, test_bad_seconds_are_named);

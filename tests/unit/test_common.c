@@ -1,11 +1,13 @@
 /*
  * test_common.c - the status table, error recorder, byte-size parsing and
- * formatting, and log escaping.
+ * formatting, log escaping, and the growing text buffer.
  */
 #include <check.h>
 #include <ctype.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include "common/log.h"
 #include "common/page_token.h"
 #include "common/status.h"
+#include "common/textbuf.h"
 #include "common/units.h"
 #include "common/utf8.h"
 #include "tests/unit/unit.h"
@@ -736,10 +739,122 @@ START_TEST(test_streaming_copy_exact)
 }
 END_TEST
 
+/* ---- the growing text buffer ------------------------------------------------------ */
+
+/* Appends of every kind, past several growths, read back against the same
+ * text printed by snprintf into one large buffer. */
+START_TEST(test_textbuf_appends_grow_and_take)
+{
+	static const uint64_t nums[] = {0, 9, 10, 4294967295ull, 18446744073709551615ull};
+	struct ts_textbuf b;
+	size_t cap = 1 << 20, len = 0, got_len = 12345;
+	char *want = malloc(cap), *got, big[3000];
+
+	ck_assert_ptr_nonnull(want);
+	memset(big, 'x', sizeof big - 1);
+	big[sizeof big - 1] = '\0';
+	ts_textbuf_init(&b);
+	for (int i = 0; i < 2000; i++) {
+		uint64_t v = nums[i % 5] + (uint64_t)i * (i % 5 == 4 ? 0 : 7919);
+
+		ts_textbuf_printf(&b, "[%d:%s]", i, i % 3 ? "ab" : "");
+		len += (size_t)snprintf(want + len, cap - len, "[%d:%s]", i, i % 3 ? "ab" : "");
+		ts_textbuf_u64(&b, v);
+		len += (size_t)snprintf(want + len, cap - len, "%llu", (unsigned long long)v);
+		ts_textbuf_puts(&b, i % 2 ? "," : "");
+		len += (size_t)snprintf(want + len, cap - len, "%s", i % 2 ? "," : "");
+		ts_textbuf_add(&b, "yz!", 2);
+		len += (size_t)snprintf(want + len, cap - len, "yz");
+		if (i % 500 == 0) {       /* one print larger than the room left */
+			ts_textbuf_printf(&b, "%s", big);
+			len += (size_t)snprintf(want + len, cap - len, "%s", big);
+		}
+	}
+	ck_assert(!ts_textbuf_failed(&b));
+	got = ts_textbuf_take(&b, &got_len);
+	ck_assert_ptr_nonnull(got);
+	ck_assert_uint_eq(got_len, len);
+	ck_assert_uint_eq(strlen(got), len);
+	ck_assert_int_eq(memcmp(got, want, len + 1), 0);
+	/* taken: the buffer is empty again and answers an empty text */
+	got_len = 12345;
+	free(got);
+	got = ts_textbuf_take(&b, &got_len);
+	ck_assert_ptr_nonnull(got);
+	ck_assert_uint_eq(got_len, 0);
+	ck_assert_str_eq(got, "");
+	free(got);
+	free(want);
+}
+END_TEST
+
+/* A JSON string is what jansson's encoder writes for it, byte for byte. */
+START_TEST(test_textbuf_json_string_as_jansson_writes_it)
+{
+	char every[128];
+	const char *cases[] = {
+		"", "plain", "sim:0", "host/pinned_host", "q\"u\"o\\te", "\"", "\\",
+		"tab\there\nnl\rcr\bbs\ffeed", "\x01\x1f\x7f", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80",
+		"/slash/", every,
+	};
+
+	for (int c = 1; c < 128; c++)
+		every[c - 1] = (char)c;
+	every[127] = '\0';
+	for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+		struct ts_textbuf b = {0};
+		json_t *j = json_string(cases[i]);
+		char *want = json_dumps(j, JSON_ENCODE_ANY), *got;
+
+		ck_assert_ptr_nonnull(want);
+		ts_textbuf_puts(&b, "x");
+		ts_textbuf_json_string(&b, cases[i]);
+		got = ts_textbuf_take(&b, NULL);
+		ck_assert_ptr_nonnull(got);
+		ck_assert_msg(got[0] == 'x' && strcmp(got + 1, want) == 0, "case %zu: %s, not %s", i,
+		              got + 1, want);
+		free(got);
+		free(want);
+		json_decref(j);
+	}
+}
+END_TEST
+
+/* The first failed append is remembered: every later one is ignored and
+ * the text is answered as NULL once, at the end. */
+START_TEST(test_textbuf_failure_is_sticky)
+{
+	struct ts_textbuf b;
+	size_t len = 7;
+
+	ts_textbuf_init(&b);
+	ts_textbuf_puts(&b, "before");
+	ck_assert(ts_textbuf_reserve(&b, 100));
+	ck_assert(!ts_textbuf_failed(&b));
+	ck_assert(!ts_textbuf_reserve(&b, SIZE_MAX - 3));     /* no buffer is that large */
+	ck_assert(ts_textbuf_failed(&b));
+	ts_textbuf_puts(&b, "after");
+	ts_textbuf_printf(&b, "%d", 42);
+	ts_textbuf_u64(&b, 42);
+	ts_textbuf_json_string(&b, "s");
+	ck_assert(!ts_textbuf_reserve(&b, 1));
+	ck_assert(ts_textbuf_failed(&b));
+	ck_assert_ptr_null(ts_textbuf_take(&b, &len));
+	ck_assert_uint_eq(len, 7);
+	/* taken, the buffer is empty and whole again */
+	ck_assert(!ts_textbuf_failed(&b));
+	ts_textbuf_puts(&b, "again");
+	ck_assert(!ts_textbuf_failed(&b));
+	ts_textbuf_release(&b);
+	ck_assert(!ts_textbuf_failed(&b));
+	ck_assert_ptr_null(b.buf);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("common");
-	TCase *tc = tcase_create("core");
+	TCase *tc = tcase_create("core"), *textbuf = tcase_create("textbuf");
 
 	tcase_add_test(tc, test_status_canonical_mapping);
 	tcase_add_test(tc, test_status_from_errno);
@@ -764,5 +879,9 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_histogram_buckets);
 	tcase_add_test(tc, test_streaming_copy_exact);
 	suite_add_tcase(s, tc);
+	tcase_add_test(textbuf, test_textbuf_appends_grow_and_take);
+	tcase_add_test(textbuf, test_textbuf_json_string_as_jansson_writes_it);
+	tcase_add_test(textbuf, test_textbuf_failure_is_sticky);
+	suite_add_tcase(s, textbuf);
 	return s;
 }

@@ -42,11 +42,28 @@ static void read_ok(struct ts_history *h, int level, uint64_t since, struct ts_h
 	ck_assert_msg(ts_history_read(h, level, since, s, &err) == TS_OK, "%s", err.message);
 }
 
+/* Reads as read_ok does; the slice must hold rows rows. */
+static void read_rows(struct ts_history *h, int level, uint64_t since, struct ts_history_slice *s,
+                      size_t rows)
+{
+	read_ok(h, level, since, s);
+	ck_assert_uint_eq(s->rows, rows);
+}
+
 /* Sample i: a gauge that rises and falls within each 10 s ((i * 7) % 10,
  * plus i, so each step's largest is not its last) and a counter 3 i. */
 static uint64_t gauge_at(uint64_t i)
 {
 	return (i * 7) % 10 + i;
+}
+
+/* Row r of s is (t, gauge, counter). */
+static void expect_row(const struct ts_history_slice *s, size_t r, uint64_t t, uint64_t gauge,
+                       uint64_t counter)
+{
+	ck_assert_uint_eq(s->times_ns[r], t);
+	ck_assert_uint_eq(s->values[r * 2], gauge);
+	ck_assert_uint_eq(s->values[r * 2 + 1], counter);
 }
 
 static void feed(struct ts_history *h, uint64_t from, uint64_t to)
@@ -81,21 +98,14 @@ START_TEST(test_finest_ring_wraps_newest_first_kept)
 	struct ts_history_slice s;
 
 	feed(h, 0, 10);
-	read_ok(h, 0, 0, &s);
-	ck_assert_uint_eq(s.rows, 10);
+	read_rows(h, 0, 0, &s, 10);
 	ck_assert_uint_eq(s.times_ns[0], T0);
 	ts_history_slice_release(&s);
 
 	feed(h, 10, cap + 250);
-	read_ok(h, 0, 0, &s);
-	ck_assert_uint_eq(s.rows, cap);
-	for (size_t r = 0; r < s.rows; r++) {
-		uint64_t i = 250 + r;
-
-		ck_assert_uint_eq(s.times_ns[r], T0 + i * NS);
-		ck_assert_uint_eq(s.values[r * 2], gauge_at(i));
-		ck_assert_uint_eq(s.values[r * 2 + 1], 3 * i);
-	}
+	read_rows(h, 0, 0, &s, cap);
+	for (size_t r = 0; r < s.rows; r++)
+		expect_row(&s, r, T0 + (250 + r) * NS, gauge_at(250 + r), 3 * (250 + r));
 	ts_history_slice_release(&s);
 	ts_history_free(h);
 }
@@ -108,19 +118,16 @@ START_TEST(test_coarse_rows_fold_exactly)
 	struct ts_history_slice s;
 
 	feed(h, 0, 10 * step + 3);   /* 10 whole steps, the 11th in progress */
-	read_ok(h, 1, 0, &s);
+	read_rows(h, 1, 0, &s, 10);
 	ck_assert_uint_eq(s.step_s, step);
-	ck_assert_uint_eq(s.rows, 10);
 	for (size_t r = 0; r < s.rows; r++) {
 		uint64_t max = 0, first = r * step, last = first + step - 1;
 
 		for (uint64_t i = first; i <= last; i++)
 			if (gauge_at(i) > max)
 				max = gauge_at(i);
-		ck_assert_uint_eq(s.times_ns[r], T0 + last * NS);
-		ck_assert_uint_eq(s.values[r * 2], max);
+		expect_row(&s, r, T0 + last * NS, max, 3 * last);
 		ck_assert_uint_ne(s.values[r * 2], gauge_at(last));   /* the largest, not the last */
-		ck_assert_uint_eq(s.values[r * 2 + 1], 3 * last);
 	}
 	ts_history_slice_release(&s);
 	ts_history_free(h);
@@ -137,8 +144,7 @@ START_TEST(test_coarse_ring_wraps_and_skips_gaps)
 	/* a sample every 25 s (over 2 steps): each its own step's row, none for the steps between */
 	for (uint64_t i = 0; i < cap + 8; i++)
 		ts_history_add(h, T0 + i * 25 * NS, v);
-	read_ok(h, 1, 0, &s);
-	ck_assert_uint_eq(s.rows, cap);
+	read_rows(h, 1, 0, &s, cap);
 	ck_assert_uint_eq(s.times_ns[0], T0 + 7 * 25 * NS);
 	ck_assert_uint_eq(s.times_ns[cap - 1], T0 + (cap + 6) * 25 * NS);
 	ts_history_slice_release(&s);
@@ -152,16 +158,13 @@ START_TEST(test_read_starts_at_since)
 	struct ts_history_slice s;
 
 	feed(h, 0, 100);
-	read_ok(h, 0, T0 + 60 * NS, &s);
-	ck_assert_uint_eq(s.rows, 40);
+	read_rows(h, 0, T0 + 60 * NS, &s, 40);
 	ck_assert_uint_eq(s.times_ns[0], T0 + 60 * NS);
 	ck_assert_uint_eq(s.values[1], 180);
 	ts_history_slice_release(&s);
-	read_ok(h, 0, T0 + 60 * NS + 1, &s);
-	ck_assert_uint_eq(s.rows, 39);
+	read_rows(h, 0, T0 + 60 * NS + 1, &s, 39);
 	ts_history_slice_release(&s);
-	read_ok(h, 0, T0 + 1000 * NS, &s);   /* after the newest: none */
-	ck_assert_uint_eq(s.rows, 0);
+	read_rows(h, 0, T0 + 1000 * NS, &s, 0);   /* after the newest: none */
 	ts_history_slice_release(&s);
 	ts_history_free(h);
 }
@@ -189,42 +192,43 @@ static void parse_bad(const char *since, const char *step, const char *reason,
 	ck_assert_msg(strstr(err.message, needle), "'%s' lacks '%s'", err.message, needle);
 }
 
+#define ANY_LEVEL (-1)          /* a row that checks only since_ns */
+#define ANY_SINCE UINT64_MAX    /* a row that checks only the level */
+
 START_TEST(test_since_and_step_choose_the_ring)
 {
-	struct ts_history_query q;
+	static const struct {
+		const char *since, *step;
+		uint64_t now;
+		int level;
+		uint64_t since_ns;
+	} rows[] = {
+		{NULL, NULL, T0, 0, T0 - 900 * NS},               /* the finest, whole */
+		{"60", NULL, T0, 0, T0 - 60 * NS},
+		{"15m", NULL, T0, 0, ANY_SINCE},                  /* the finest's span, just */
+		{"901s", NULL, T0, 1, T0 - 901 * NS},             /* past it: the coarser */
+		{"2.5h", NULL, T0, 1, T0 - 9000 * NS},
+		{NULL, "10s", T0, 1, T0 - 10800 * NS},            /* step alone: that ring, whole */
+		{"30", "2", T0, 1, T0 - 30 * NS},                 /* rounded up to a ring */
+		{"4h", "1s", T0, 0, ANY_SINCE},                   /* step wins over span */
+		{NULL, "1h", T0, 1, ANY_SINCE},                   /* coarser than any: the coarsest */
+		{"2026-12-03T11:00:00Z", NULL, T0, 1, 1796295600ull * NS},   /* T0 is 12:13:20 */
+		{"2026-12-03T12:10:00.25+00:00", NULL, T0, 0, 1796299800ull * NS + NS / 4},
+		{"100000000", NULL, 5 * NS, ANY_LEVEL, 0},        /* before the epoch: from 0 */
+	};
 
-	parse_ok(NULL, NULL, T0, &q);                     /* the finest, whole */
-	ck_assert_int_eq(q.level, 0);
-	ck_assert_uint_eq(q.since_ns, T0 - 900 * NS);
-	parse_ok("60", NULL, T0, &q);
-	ck_assert_int_eq(q.level, 0);
-	ck_assert_uint_eq(q.since_ns, T0 - 60 * NS);
-	parse_ok("15m", NULL, T0, &q);                    /* the finest's span, just */
-	ck_assert_int_eq(q.level, 0);
-	parse_ok("901s", NULL, T0, &q);                   /* past it: the coarser */
-	ck_assert_int_eq(q.level, 1);
-	ck_assert_uint_eq(q.since_ns, T0 - 901 * NS);
-	parse_ok("2.5h", NULL, T0, &q);
-	ck_assert_int_eq(q.level, 1);
-	ck_assert_uint_eq(q.since_ns, T0 - 9000 * NS);
-	parse_ok(NULL, "10s", T0, &q);                    /* step alone: that ring, whole */
-	ck_assert_int_eq(q.level, 1);
-	ck_assert_uint_eq(q.since_ns, T0 - 10800 * NS);
-	parse_ok("30", "2", T0, &q);                      /* rounded up to a ring */
-	ck_assert_int_eq(q.level, 1);
-	ck_assert_uint_eq(q.since_ns, T0 - 30 * NS);
-	parse_ok("4h", "1s", T0, &q);                     /* step wins over span */
-	ck_assert_int_eq(q.level, 0);
-	parse_ok(NULL, "1h", T0, &q);                     /* coarser than any: the coarsest */
-	ck_assert_int_eq(q.level, 1);
-	parse_ok("2026-12-03T11:00:00Z", NULL, T0, &q);  /* T0 is 12:13:20 */
-	ck_assert_uint_eq(q.since_ns, 1796295600ull * NS);
-	ck_assert_int_eq(q.level, 1);
-	parse_ok("2026-12-03T12:10:00.25+00:00", NULL, T0, &q);
-	ck_assert_uint_eq(q.since_ns, 1796299800ull * NS + NS / 4);
-	ck_assert_int_eq(q.level, 0);
-	parse_ok("100000000", NULL, 5 * NS, &q);          /* before the epoch: from 0 */
-	ck_assert_uint_eq(q.since_ns, 0);
+	for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+		struct ts_history_query q;
+
+		parse_ok(rows[i].since, rows[i].step, rows[i].now, &q);
+		if (rows[i].level != ANY_LEVEL)
+			ck_assert_msg(q.level == rows[i].level, "row %zu: level %d, want %d", i,
+			              q.level, rows[i].level);
+		if (rows[i].since_ns != ANY_SINCE)
+			ck_assert_msg(q.since_ns == rows[i].since_ns, "row %zu: since %llu, want %llu",
+			              i, (unsigned long long)q.since_ns,
+			              (unsigned long long)rows[i].since_ns);
+	}
 }
 END_TEST
 

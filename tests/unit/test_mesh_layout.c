@@ -22,49 +22,6 @@
 #include "device/topology.h"
 #include "tests/unit/unit.h"
 
-static const char *data(const char *name, char *buf, size_t cap)
-{
-	const char *dir = getenv("TS_TEST_DATA");
-
-	snprintf(buf, cap, "%s/%s", dir ? dir : "tests/data", name);
-	return buf;
-}
-
-static struct ts_device_set *sims(int n)
-{
-	struct ts_device_config cfg = {.sim_devices = n, .sim_device_memory = 1 << 20,
-	                               .cuda = false, .host = "testhost"};
-	struct ts_device_set *set = NULL;
-	struct ts_error err;
-
-	ts_error_clear(&err);
-	ck_assert_msg(ts_device_set_new(&cfg, &set, &err) == TS_OK, "%s", err.message);
-	return set;
-}
-
-static struct ts_topology *load_links(const char *file, const struct ts_device_set *set,
-                                      const int *numa, size_t n, const char *links)
-{
-	struct ts_topology *t = NULL;
-	struct ts_error err;
-	char buf[512];
-
-	ts_error_clear(&err);
-	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){
-	                                      .xml_file = data(file, buf, sizeof buf),
-	                                      .sim_numa_nodes = numa, .sim_numa_count = n,
-	                                      .sim_peer_links = links},
-	                              set, &t, &err) == TS_OK,
-	              "%s", err.message);
-	return t;
-}
-
-static struct ts_topology *load(const char *file, const struct ts_device_set *set,
-                                const int *numa, size_t n)
-{
-	return load_links(file, set, numa, n, NULL);
-}
-
 /* The devices of backend kind in the set's order; their count. */
 static int devices_of(const struct ts_device_set *set, enum ts_backend_kind kind,
                       struct ts_device **out)
@@ -104,8 +61,9 @@ START_TEST(test_two_socket_meshes)
 		{2, "each row of the last axis (2 devices) stays within one NUMA node"}, /* 4x2 */
 		{1, "each row of the last axis (1 device) stays within one NUMA node"},  /* 8x1 */
 	};
-	struct ts_device_set *set = sims(8);
-	struct ts_topology *t = load("two_socket.xml", set, numa, 8);
+	struct ts_device_set *set = ts_unit_sims(8);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 8, NULL);
 	struct ts_device *cand[8], *out[8];
 	char why[1024], buf[256];
 	int n = devices_of(set, TS_BACKEND_SIM, cand);
@@ -130,8 +88,9 @@ END_TEST
 START_TEST(test_rows_that_straddle_sockets_are_counted)
 {
 	static const int numa[] = {0, 1, 0, 1, 0, 1};
-	struct ts_device_set *set = sims(6);
-	struct ts_topology *t = load("two_socket.xml", set, numa, 6);
+	struct ts_device_set *set = ts_unit_sims(6);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 6, NULL);
 	struct ts_device *cand[6], *out[6];
 	char why[1024], buf[256];
 	int n = devices_of(set, TS_BACKEND_SIM, cand);
@@ -151,9 +110,11 @@ END_TEST
  * overrun. */
 START_TEST(test_unknown_places_and_one_socket_keep_the_sets_order)
 {
-	struct ts_device_set *set = sims(4);
-	struct ts_topology *two = load("two_socket.xml", set, NULL, 0);
-	struct ts_topology *one = load("one_socket.xml", set, NULL, 0);
+	struct ts_device_set *set = ts_unit_sims(4);
+	struct ts_topology *two =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, NULL, 0, NULL);
+	struct ts_topology *one =
+		ts_unit_topology(ts_unit_data("one_socket.xml"), set, NULL, 0, NULL);
 	struct ts_device *cand[4], *out[4];
 	char why[1024], tiny[8], buf[256];
 	int n = devices_of(set, TS_BACKEND_SIM, cand);
@@ -180,8 +141,9 @@ END_TEST
 START_TEST(test_devices_of_unknown_place_go_last)
 {
 	static const int numa[] = {1, 0, 1};
-	struct ts_device_set *set = sims(3);
-	struct ts_topology *t = load("two_socket.xml", set, numa, 3);
+	struct ts_device_set *set = ts_unit_sims(3);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 3, NULL);
 	struct ts_device *cand[4], *out[4];
 	char why[1024], buf[256];
 	int n = devices_of(set, TS_BACKEND_SIM, cand + 1);
@@ -203,10 +165,10 @@ END_TEST
 START_TEST(test_links_chain_devices_inside_a_node)
 {
 	static const int numa[] = {0, 1, 0, 1, 0, 1, 0, 1};
-	struct ts_device_set *set = sims(8), *four = sims(4);
-	struct ts_topology *t = load_links("two_socket.xml", set, numa, 8,
+	struct ts_device_set *set = ts_unit_sims(8), *four = ts_unit_sims(4);
+	struct ts_topology *t = ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 8,
 	                                   "0-4:nvlink,2-6:nvlink,1-5:nvlink,3-7:nvlink");
-	struct ts_topology *one = load_links("one_socket.xml", four, NULL, 0,
+	struct ts_topology *one = ts_unit_topology(ts_unit_data("one_socket.xml"), four, NULL, 0,
 	                                     "0-2:nvlink,1-3:pcie_switch");
 	struct ts_device *cand[8], *out[8];
 	char why[1024], buf[256];
@@ -237,9 +199,9 @@ END_TEST
 START_TEST(test_node_order_is_each_backends_row)
 {
 	static const int numa[] = {0, 1, 0, 1, 0, 1, 0, 1};
-	struct ts_device_set *set = sims(8);
-	struct ts_topology *t = load_links("two_socket.xml", set, numa, 8,
-	                                   "0-4:nvlink,2-6:nvlink,1-5:nvlink,3-7:nvlink");
+	struct ts_device_set *set = ts_unit_sims(8);
+	struct ts_topology *t = ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 8,
+	                                         "0-4:nvlink,2-6:nvlink,1-5:nvlink,3-7:nvlink");
 	struct ts_device *out[16];
 	char buf[256];
 	size_t n = ts_mesh_layout_node(t, set, out, 16);
@@ -272,7 +234,7 @@ START_TEST(test_cuda_gpus_grouped_by_socket)
 
 	ts_error_clear(&err);
 	ck_assert_msg(ts_device_set_new(&cfg, &set, &err) == TS_OK, "%s", err.message);
-	t = load("two_socket.xml", set, NULL, 0);
+	t = ts_unit_topology(ts_unit_data("two_socket.xml"), set, NULL, 0, NULL);
 	n = devices_of(set, TS_BACKEND_CUDA, cand);
 	ts_mesh_layout(t, cand, n, n > 1 ? n / 2 : 1, out, why, sizeof why);
 	for (int i = 0; i < n; i++) {

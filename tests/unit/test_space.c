@@ -808,14 +808,11 @@ static struct ts_topology *numa_setup(const char *xml, const int *numa, uint64_t
 	                                .pinned_segment = 4ull << 20};
 	struct ts_topology *t = NULL;
 	struct ts_error err;
-	char path[512];
-	const char *dir = getenv("TS_TEST_DATA");
+	const char *path = xml ? ts_unit_data(xml) : NULL;
 
 	ts_error_clear(&err);
 	ck_assert_msg(ts_device_set_new(&dcfg, &set, &err) == TS_OK, "%s", err.message);
-	if (xml)
-		snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", xml);
-	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){.xml_file = xml ? path : NULL,
+	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){.xml_file = path,
 	                                                           .sim_numa_nodes = numa,
 	                                                           .sim_numa_count = numa ? 4 : 0},
 	                              set, &t, &err) == TS_OK,
@@ -965,15 +962,13 @@ START_TEST(test_numa_split_by_weights)
 		                                .pinned_host_limit = 64ull << 20,
 		                                .unpinned_host_limit = 64ull << 20,
 		                                .pinned_segment = 4ull << 20};
-		const char *dir = getenv("TS_TEST_DATA");
 		struct ts_memory *m = NULL;
-		char path[512];
 
-		snprintf(path, sizeof path, "%s/two_socket.xml", dir ? dir : "tests/data");
 		ts_error_clear(&err);
 		ck_assert_int_eq(ts_device_set_new(&dcfg, &set, &err), TS_OK);
 		ck_assert_int_eq(ts_topology_new(&(struct ts_topology_config){
-		                                         .xml_file = path, .sim_numa_nodes = numa,
+		                                         .xml_file = ts_unit_data("two_socket.xml"),
+		                                         .sim_numa_nodes = numa,
 		                                         .sim_numa_count = 4},
 		                                 set, &t, &err),
 		                 TS_OK);

@@ -30,52 +30,6 @@
 #include "device/topology.h"
 #include "tests/unit/unit.h"
 
-static char path_buf[4][512];
-
-static const char *data(const char *name)
-{
-	static int next;
-	const char *dir = getenv("TS_TEST_DATA");
-	char *p = path_buf[next++ % 4];
-
-	snprintf(p, sizeof path_buf[0], "%s/%s", dir ? dir : "tests/data", name);
-	return p;
-}
-
-static struct ts_device_set *sims(int n)
-{
-	struct ts_device_config cfg = {.sim_devices = n, .sim_device_memory = 1 << 20,
-	                               .cuda = false, .host = "testhost"};
-	struct ts_device_set *set = NULL;
-	struct ts_error err;
-
-	ts_error_clear(&err);
-	ck_assert_msg(ts_device_set_new(&cfg, &set, &err) == TS_OK, "%s", err.message);
-	return set;
-}
-
-static struct ts_topology *load_links(const char *xml, const struct ts_device_set *set,
-                                      const int *numa, size_t n, const char *links)
-{
-	struct ts_topology *t = NULL;
-	struct ts_error err;
-
-	ts_error_clear(&err);
-	ck_assert_msg(ts_topology_new(&(struct ts_topology_config){.xml_file = xml,
-	                                                           .sim_peer_links = links,
-	                                                           .sim_numa_nodes = numa,
-	                                                           .sim_numa_count = n},
-	                              set, &t, &err) == TS_OK,
-	              "%s", err.message);
-	return t;
-}
-
-static struct ts_topology *load(const char *xml, const struct ts_device_set *set,
-                                const int *numa, size_t n)
-{
-	return load_links(xml, set, numa, n, NULL);
-}
-
 /* The refusal's reason, for a topology that must not load. */
 static const char *refusal(const char *xml, const struct ts_device_set *set, const int *numa,
                            size_t n, struct ts_error *err)
@@ -118,10 +72,10 @@ static void check_bind(const struct ts_topology *t, const char *id, bool copy, b
 
 START_TEST(test_two_socket_places_sim_devices_by_list)
 {
-	struct ts_device_set *set = sims(4);
+	struct ts_device_set *set = ts_unit_sims(4);
 	static const int numa[] = {0, 0, 1, 1};
-	const char *xml = data("two_socket.xml");
-	struct ts_topology *t = load(xml, set, numa, 4);
+	const char *xml = ts_unit_data("two_socket.xml");
+	struct ts_topology *t = ts_unit_topology(xml, set, numa, 4, NULL);
 	const struct ts_topology_numa *n0 = ts_topology_numa_at(t, 0), *n1 = ts_topology_numa_at(t, 1);
 
 	ck_assert_str_eq(ts_topology_source(t), xml);
@@ -150,8 +104,9 @@ END_TEST
 
 START_TEST(test_two_socket_without_list_leaves_sim_devices_unknown)
 {
-	struct ts_device_set *set = sims(2);
-	struct ts_topology *t = load(data("two_socket.xml"), set, NULL, 0);
+	struct ts_device_set *set = ts_unit_sims(2);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, NULL, 0, NULL);
 
 	check_device(t, "sim:0", -1, "");
 	check_device(t, "sim:1", -1, "");
@@ -162,8 +117,9 @@ END_TEST
 
 START_TEST(test_one_socket_puts_every_device_on_its_node)
 {
-	struct ts_device_set *set = sims(2);
-	struct ts_topology *t = load(data("one_socket.xml"), set, NULL, 0);
+	struct ts_device_set *set = ts_unit_sims(2);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("one_socket.xml"), set, NULL, 0, NULL);
 	const struct ts_topology_numa *n0 = ts_topology_numa_at(t, 0);
 
 	ck_assert_uint_eq(ts_topology_numa_count(t), 1);
@@ -180,9 +136,9 @@ END_TEST
 
 START_TEST(test_this_machine)
 {
-	struct ts_device_set *set = sims(2);
+	struct ts_device_set *set = ts_unit_sims(2);
 	static const int numa[] = {0, 0};
-	struct ts_topology *t = load(NULL, set, NULL, 0), *t2;
+	struct ts_topology *t = ts_unit_topology(NULL, set, NULL, 0, NULL), *t2;
 	size_t n = ts_topology_numa_count(t);
 
 	ck_assert_str_eq(ts_topology_source(t), "machine");
@@ -202,7 +158,7 @@ START_TEST(test_this_machine)
 		}
 	}
 	/* node 0 exists on every Linux machine */
-	t2 = load("", set, numa, 2);
+	t2 = ts_unit_topology("", set, numa, 2, NULL);
 	check_device(t2, "sim:1", 0, ts_topology_numa_at(t2, 0)->cpuset);
 	ts_topology_free(t2);
 	ts_topology_free(t);
@@ -212,16 +168,20 @@ END_TEST
 
 START_TEST(test_bad_lists_and_files_are_refused)
 {
-	struct ts_device_set *set = sims(4);
+	struct ts_device_set *set = ts_unit_sims(4);
 	static const int three[] = {0, 0, 1}, far[] = {0, 0, 1, 2};
 	struct ts_error err;
 
-	ck_assert_str_eq(refusal(data("two_socket.xml"), set, three, 3, &err), "SIM_NUMA_NODES");
+	ck_assert_str_eq(refusal(ts_unit_data("two_socket.xml"), set, three, 3, &err),
+	                 "SIM_NUMA_NODES");
 	ck_assert_ptr_nonnull(strstr(err.message, "3 NUMA nodes for 4 sim devices"));
-	ck_assert_str_eq(refusal(data("two_socket.xml"), set, far, 4, &err), "SIM_NUMA_NODES");
+	ck_assert_str_eq(refusal(ts_unit_data("two_socket.xml"), set, far, 4, &err),
+	                 "SIM_NUMA_NODES");
 	ck_assert_ptr_nonnull(strstr(err.message, "NUMA node 2"));
-	ck_assert_str_eq(refusal(data("one_socket.xml"), set, far, 4, &err), "SIM_NUMA_NODES");
-	ck_assert_str_eq(refusal(data("no_such_file.xml"), set, NULL, 0, &err), "TOPOLOGY_FILE");
+	ck_assert_str_eq(refusal(ts_unit_data("one_socket.xml"), set, far, 4, &err),
+	                 "SIM_NUMA_NODES");
+	ck_assert_str_eq(refusal(ts_unit_data("no_such_file.xml"), set, NULL, 0, &err),
+	                 "TOPOLOGY_FILE");
 	ck_assert_ptr_nonnull(strstr(err.message, "no_such_file.xml"));
 	/* a file that is not hwloc XML */
 	ck_assert_str_eq(refusal("tests/unit/test_topology.c", set, NULL, 0, &err), "TOPOLOGY_FILE");
@@ -277,9 +237,9 @@ static void check_pair(const struct ts_topology *t, const char *a, const char *b
 
 START_TEST(test_peer_matrix_of_sim_links)
 {
-	struct ts_device_set *set = sims(4);
+	struct ts_device_set *set = ts_unit_sims(4);
 	static const int numa[] = {0, 0, 1, 1};
-	struct ts_topology *t = load_links(data("two_socket.xml"), set, numa, 4,
+	struct ts_topology *t = ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 4,
 	                                   "0-1:nvlink,2-3:pcie_switch,1-2:host_bridge");
 	char *text;
 
@@ -320,9 +280,11 @@ END_TEST
 
 START_TEST(test_peer_matrix_defaults_follow_numa)
 {
-	struct ts_device_set *set = sims(3);
+	struct ts_device_set *set = ts_unit_sims(3);
 	static const int numa[] = {0, 1, 1};
-	struct ts_topology *t = load(data("two_socket.xml"), set, numa, 3), *t2, *t3;
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 3, NULL);
+	struct ts_topology *t2, *t3;
 	struct ts_peer_caps caps = {.known = true, .access = true};
 	struct ts_error err;
 
@@ -335,11 +297,11 @@ START_TEST(test_peer_matrix_defaults_follow_numa)
 	/* every sim pair is a peer by default; the link is the placement's */
 	check_pair(t, "sim:0", "sim:1", true, TS_LINK_CROSS_SOCKET, 0, false);
 	check_pair(t, "sim:1", "sim:2", true, TS_LINK_NUMA_NODE, 0, false);
-	t2 = load_links(data("two_socket.xml"), set, numa, 3, "none");
+	t2 = ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 3, "none");
 	check_pair(t2, "sim:1", "sim:2", false, TS_LINK_NUMA_NODE, 0, false);
 	check_pair(t2, "sim:1", "sim:1", true, TS_LINK_SELF, 0, true);
 	/* without placement, the link is unknown */
-	t3 = load_links(data("two_socket.xml"), set, NULL, 0, "all");
+	t3 = ts_unit_topology(ts_unit_data("two_socket.xml"), set, NULL, 0, "all");
 	check_pair(t3, "sim:0", "sim:2", true, TS_LINK_UNKNOWN, 0, false);
 	ts_topology_free(t3);
 	ts_topology_free(t2);
@@ -350,7 +312,7 @@ END_TEST
 
 START_TEST(test_bad_peer_links_are_refused)
 {
-	struct ts_device_set *set = sims(4);
+	struct ts_device_set *set = ts_unit_sims(4);
 	struct ts_error err;
 	enum ts_link_kind links[16];
 	static const char *const bad[] = {"0", "0-", "-1", "0--1", "0-1,", ",0-1", "0-1,,2-3",
@@ -362,7 +324,7 @@ START_TEST(test_bad_peer_links_are_refused)
 
 		ts_error_clear(&err);
 		ck_assert_msg(ts_topology_new(&(struct ts_topology_config){
-		                                      .xml_file = data("one_socket.xml"),
+		                                      .xml_file = ts_unit_data("one_socket.xml"),
 		                                      .sim_peer_links = bad[i]},
 		                              set, &t, &err) == TS_INVALID_ARGUMENT,
 		              "'%s' accepted", bad[i]);
@@ -461,7 +423,7 @@ START_TEST(test_cuda_gpus_placed_by_bus_id)
 
 	ts_error_clear(&err);
 	ck_assert_msg(ts_device_set_new(&cfg, &set, &err) == TS_OK, "%s", err.message);
-	t = load(data("two_socket.xml"), set, NULL, 0);
+	t = ts_unit_topology(ts_unit_data("two_socket.xml"), set, NULL, 0, NULL);
 	for (size_t i = 0; i < ts_device_set_count(set); i++) {
 		const struct ts_device_props *pr = ts_device_props(ts_device_set_at(set, i));
 		const struct ts_topology_device *d = ts_topology_device_find(t, pr->id);
@@ -496,9 +458,10 @@ END_TEST
 
 START_TEST(test_cpubind_two_socket_decided_not_applied)
 {
-	struct ts_device_set *set = sims(4);
+	struct ts_device_set *set = ts_unit_sims(4);
 	static const int numa[] = {0, 0, 1, 1};
-	struct ts_topology *t = load(data("two_socket.xml"), set, numa, 4);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("two_socket.xml"), set, numa, 4, NULL);
 	cpu_set_t before, after;
 
 	/* each socket's devices: 8 of 16 CPUs, 8 left to the HTTP workers */
@@ -523,15 +486,17 @@ END_TEST
 
 START_TEST(test_cpubind_one_socket_and_unknown_places)
 {
-	struct ts_device_set *set = sims(2);
-	struct ts_topology *t = load(data("one_socket.xml"), set, NULL, 0), *t2;
+	struct ts_device_set *set = ts_unit_sims(2);
+	struct ts_topology *t =
+		ts_unit_topology(ts_unit_data("one_socket.xml"), set, NULL, 0, NULL);
+	struct ts_topology *t2;
 
 	/* one node: every device's local CPUs are all 16, no team is bound */
 	check_bind(t, "sim:0", true, false, false, "local CPUs 0-15; not the CPU kernels' team");
 	check_bind(t, "cpu:0", true, false, false, "none would be left outside it");
 	ts_topology_free(t);
 	/* sim devices of unknown place on two sockets: nothing to bind to */
-	t2 = load(data("two_socket.xml"), set, NULL, 0);
+	t2 = ts_unit_topology(ts_unit_data("two_socket.xml"), set, NULL, 0, NULL);
 	check_bind(t2, "sim:1", false, false, false, "local CPUs unknown");
 	ts_topology_free(t2);
 	ts_device_set_free(set);
@@ -568,8 +533,8 @@ static void cpus_of(const char *list, cpu_set_t *out)
 
 START_TEST(test_cpubind_this_machine_binds_queue_workers)
 {
-	struct ts_device_set *set = sims(2);
-	struct ts_topology *t = load(NULL, set, NULL, 0);
+	struct ts_device_set *set = ts_unit_sims(2);
+	struct ts_topology *t = ts_unit_topology(NULL, set, NULL, 0, NULL);
 	const struct ts_topology_device *d = ts_topology_device_find(t, "sim:0");
 	struct affinity a = {.rc = -1};
 	cpu_set_t local, one, saved;

@@ -12,7 +12,9 @@
  * The sim fixture is the device set and memory most suites build in their
  * setup: simulated devices with CUDA discovery off, and the host budgets
  * of a struct ts_memory_config; every step that fails fails the case with
- * the error's message.
+ * the error's message. The topology fixtures are the files of tests/data,
+ * small sim sets and the topologies the suites of device placement load
+ * from those files.
  *
  * Thread-safety: none; called from the runner's thread or a case's.
  */
@@ -21,6 +23,7 @@
 
 #include <check.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -28,6 +31,7 @@
 struct ts_device_set;
 struct ts_memory;
 struct ts_stager;
+struct ts_topology;
 
 /* The suite of this file (a new Suite, freed by the runner): each
  * tests/unit/test_*.c defines it. */
@@ -62,6 +66,24 @@ void ts_unit_sim_new(const struct ts_unit_sim_config *c, struct ts_device_set **
 
 /* Frees what ts_unit_sim_new made (stager may be NULL). */
 void ts_unit_sim_free(struct ts_device_set *set, struct ts_memory *mem, struct ts_stager *stager);
+
+/* ---- the topology fixtures ------------------------------------------------------ */
+
+/* The path of name in the test data folder: tests/data, relative to the
+ * checkout's root (run from it), or the folder TS_TEST_DATA names. In one
+ * of four buffers used in turn: valid until the fourth call after. */
+const char *ts_unit_data(const char *name);
+
+/* A set of n sim devices of 1 MiB each on host "testhost", CUDA discovery
+ * off; fails the case when it cannot be made. */
+struct ts_device_set *ts_unit_sims(int n);
+
+/* The topology of set read from the hwloc XML file xml (a path; NULL or
+ * "": this machine's), with --sim-numa-nodes numa[0..n) and
+ * --sim-peer-links links (NULL: the default); fails the case with the
+ * error's message when it does not load. */
+struct ts_topology *ts_unit_topology(const char *xml, const struct ts_device_set *set,
+                                     const int *numa, size_t n, const char *links);
 
 /* Fails the case unless call returns TS_OK, naming the line, the call, the
  * status and the message of err (a struct ts_error). */
