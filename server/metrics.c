@@ -659,6 +659,16 @@ static void render_devices(struct ts_textbuf *o, const struct ts_core *core)
 			                  ts_device_props(d)->id, directions[k], (unsigned long long)v);
 		}
 	}
+	family(o, "tstage_device_collective_bytes_total", "counter",
+	       "Bytes of a device's buffers in collectives over several devices (the "
+	       "gradients a data-parallel step all-reduces).");
+	for (size_t i = 0; i < n; i++) {
+		struct ts_device *d = ts_device_set_at(core->env.devices, i);
+
+		ts_textbuf_printf(o, "tstage_device_collective_bytes_total{device=\"%s\"} %llu\n",
+		                  ts_device_props(d)->id,
+		                  (unsigned long long)ts_device_collective_bytes(d));
+	}
 	family(o, "tstage_device_copy_queue_depth", "gauge",
 	       "Copies accepted by a device's queues and not yet run (sim and cpu devices; "
 	       "a CUDA stream does not say).");

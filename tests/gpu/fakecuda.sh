@@ -122,6 +122,7 @@ for pass in $passes; do
 		run it_arrays CK_RUN_CASE=on_backend "$build/tests/it_arrays"
 		run it_models "$build/tests/it_models"
 		run it_evaluate "$build/tests/it_evaluate"
+		run it_replicas "$build/tests/it_replicas"
 		run it_rows "$build/tests/it_rows"
 		# it_lease, it_tokens and it_optax's MLP cases run in the bundle
 		# pass (gpu-bundle/run.sh's step 6), not twice

@@ -134,7 +134,38 @@ START_TEST(test_mlp_on_two_devices_equals_one)
 		ck_assert_int_eq(th_int(d, "all_reduce_bytes"), 3 * 2 * 2 * 16 * 8 * 4);
 	}
 	ck_assert_int_eq(th_int(rd, "all_reduce_bytes"), 3 * 2 * 2 * 16 * 8 * 4);
+	/* and counted per device in /metrics */
+	{
+		size_t len;
+		char *bytes = th_get_bytes(&D, "/metrics", &len), *text = strndup(bytes, len);
+
+		for (int k = 0; k < 2; k++) {
+			char labels[64];
+			double v = -1;
+
+			snprintf(labels, sizeof labels, "device=\"%s\"", th_dev(k));
+			ck_assert(th_prom_find(text, "tstage_device_collective_bytes_total", labels, &v));
+			ck_assert_msg(v == 3 * 2 * 2 * 16 * 8 * 4, "%s: %g collective bytes", th_dev(k),
+			              v);
+		}
+		free(text);
+		free(bytes);
+	}
 	ck_assert_ptr_null(json_object_get(r1, "devices"));
+	/* an evaluation runs on the first device's replica: the same loss */
+	{
+		json_t *ed = th_post_json(&D, "/v1/models/dp:evaluate?wait=true",
+		                          "{\"inputs\": \"x\", \"targets\": \"y\"}", 200);
+		json_t *e1 = th_post_json(&D, "/v1/models/one:evaluate?wait=true",
+		                          "{\"inputs\": \"x\", \"targets\": \"y\"}", 200);
+		double a = json_number_value(json_object_get(ed, "loss"));
+		double b = json_number_value(json_object_get(e1, "loss"));
+
+		ck_assert_msg(b > 0 && fabs(a - b) <= 1e-5 * b, "evaluate: %.9g vs %.9g", a, b);
+		ck_assert_str_eq(th_str(ed, "device"), th_dev(0));
+		json_decref(ed);
+		json_decref(e1);
+	}
 	/* the accounting holds over both devices' replicas */
 	{
 		char why[512];
