@@ -182,6 +182,48 @@ START_TEST(test_mlp_on_two_devices_equals_one)
 }
 END_TEST
 
+/* Offloaded: the replicas of params and Adam's state on each device's
+ * pinned_host, streamed in per layer; still one device's steps. Adam's
+ * losses within 1e-4 (its first steps amplify rounding noise in tiny
+ * gradients, test_replicas says why). */
+START_TEST(test_offloaded_replicas)
+{
+	float *x = th_floats(16 * 16, 3, -1.0f, 1.0f), *y = th_floats(16 * 16, 4, -1.0f, 1.0f);
+	char *both = th_fmt("{\"devices\": [\"%s\", \"%s\"], \"params\": \"pinned_host\", "
+	                    "\"opt_state\": \"pinned_host\", \"prefetch_depth\": 1}", th_dev(0),
+	                    th_dev(1));
+	char *one = th_fmt("{\"device\": \"%s\", \"params\": \"pinned_host\", "
+	                   "\"opt_state\": \"pinned_host\", \"prefetch_depth\": 1}", th_dev(0));
+	const char *adam = "\"mlp\": {\"layers\": 3, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
+	                   "\"learning_rate\": 0.01}";
+	json_t *rd, *r1, *a;
+
+	th_put_floats(&D, "x", x, 16, 16, NULL);
+	th_put_floats(&D, "y", y, 16, 16, NULL);
+	create("dp", adam, both);
+	create("one", adam, one);
+	a = th_array_meta(&D, "dp.adam.nu.w2");
+	{
+		char *text = json_dumps(a, 0);
+
+		ck_assert_msg(text && strstr(text, "pinned_host") != NULL, "%s", text);
+		free(text);
+	}
+	json_decref(a);
+	rd = th_model_step(&D, "dp", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	r1 = th_model_step(&D, "one", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	close_losses(rd, r1, 1e-4);
+	ck_assert_int_gt(th_int(th_obj(rd, "bytes_moved"), "h2d"), 0);
+	json_decref(rd);
+	json_decref(r1);
+	free(x);
+	free(y);
+	free(both);
+	free(one);
+}
+END_TEST
+
 /* :analyze of the model on two devices is each device's: the plan of its
  * half of the batch, and the gradients it all-reduces. */
 START_TEST(test_analyze_is_per_device)
@@ -334,6 +376,7 @@ Suite *th_suite(void)
 	tcase_add_checked_fixture(tc, daemon_up, daemon_down);
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_mlp_on_two_devices_equals_one);
+	tcase_add_test(tc, test_offloaded_replicas);
 	tcase_add_test(tc, test_analyze_is_per_device);
 	tcase_add_test(tc, test_gpt_windows_on_two_devices_equal_one);
 	tcase_add_test(tc, test_checkpoint_onto_one_device);
