@@ -151,6 +151,31 @@ def test_model_create_analyze_step(client):
     assert not client.exists("mlp.w1")
 
 
+def test_model_on_two_devices(client):
+    """placement devices: a replica on each, the batch split, the same
+    training as one device on the whole batch (SGD: within float32 sums)."""
+    spec = dict(MLP, optimizer={"type": "sgd", "learning_rate": 0.1}, init={"seed": 3})
+    client.create_model("dp", dict(spec, placement={"devices": ["sim:0", "sim:1"]}))
+    client.create_model("one", spec)
+    assert client.model("dp")["placement"]["devices"] == ["sim:0", "sim:1"]
+    an = client.analyze("dp", [8, 16])
+    assert an["replicas"] == 2 and an["all_reduce_bytes"] == 2 * 2 * 16 * 32 * 4
+    x = RNG.random((8, 16)).astype(np.float32)
+    t = RNG.random((8, 16)).astype(np.float32)
+    client.put("x", x, device="sim:0")
+    client.put("t", t, device="sim:0")
+    rd = client.step("dp", "x", "t", steps=3, wait=True)
+    r1 = client.step("one", "x", "t", steps=3, wait=True)
+    np.testing.assert_allclose(rd["losses"], r1["losses"], rtol=1e-5)
+    assert [d["device"] for d in rd["devices"]] == ["sim:0", "sim:1"]
+    assert rd["all_reduce_bytes"] == 3 * an["all_reduce_bytes"]
+    w = client.get("one.w1")
+    np.testing.assert_allclose(client.get("dp.w1"), w, atol=2e-5 * float(np.abs(w).max()))
+    with pytest.raises(tstage.TstageError) as e:
+        client.step("dp", tstage.rows("x", [0, 1, 2]), tstage.rows("t", [0, 1, 2]), wait=True)
+    assert e.value.reason == "BAD_BATCH"
+
+
 LM = {"mlp": {"layers": 1, "d_model": 16, "d_hidden": 32, "activation": "gelu",
               "residual": True, "vocab": 50, "projection": True},
       "optimizer": {"type": "adam", "learning_rate": 1e-2, "clip_global_norm": 1.0},
