@@ -79,6 +79,7 @@ struct clock {
 struct run {
 	const struct ts_plan *p;
 	const struct ts_exec_env *env;
+	int rank;                    /* the replica this run is (0 alone) */
 	struct ts_queue *q[NQ];
 	struct ts_event *mark[NQ];   /* owned: "now" on each queue */
 	uint64_t seq[NQ];            /* jobs (kernels, copies) submitted this run */
@@ -522,6 +523,7 @@ enum span {
 	S_BMK, S_BKN, S_BMN,          /* n batches of a GEMM's operands */
 	S_BMK_LOWP, S_BKN_LOWP,       /* the same operands rounded to 16 bits */
 	S_SQ,         /* n blocks of N x N floats */
+	S_N_REPLICAS, /* n floats of each replica */
 	S_COUNT
 };
 
@@ -570,8 +572,9 @@ static const struct kernel_rule {
 	[TS_P_SOFTMAX_BWD] = {3, false, {RD(FA, OA, S_SQ), RD(FB, OB, S_SQ), WR(FC, OC, S_SQ)}},
 	[TS_P_GEMM_BATCHED_LP] = {3, true, {RD(FA, OA, S_BMK_LOWP), RD(FB, OB, S_BKN_LOWP),
 	                                    WR(FC, OC, S_BMN)}},
-	/* not a kernel of one queue: the replicas' (run_allreduce) */
+	/* not kernels of one queue: the replicas' (run_collective) */
 	[TS_P_ALLREDUCE] = {1, false, {WR(FA, OA, S_N)}},
+	[TS_P_ALLGATHER] = {1, false, {WR(FA, OA, S_N_REPLICAS)}},
 };
 
 #undef RD
@@ -600,6 +603,7 @@ static ts_status kernel_operands(const struct ts_plan *p, int action, const stru
 		[S_BMK] = bn * M * K * f, [S_BKN] = bn * K * N * f, [S_BMN] = bn * M * N * f,
 		[S_BMK_LOWP] = bn * M * K * LOWP, [S_BKN_LOWP] = bn * K * N * LOWP,
 		[S_SQ] = bn * N * N * f,
+		[S_N_REPLICAS] = nb * (uint64_t)(p->replicas > 1 ? p->replicas : 1),
 	};
 
 	if ((size_t)a->op >= sizeof kernel_rules / sizeof kernel_rules[0] ||
@@ -1133,20 +1137,37 @@ static ts_status run_action(struct run *r, int i, int step, struct ts_error *err
 	case TS_P_PHASE:
 		return TS_OK;
 	case TS_P_ALLREDUCE:
-		return bad_plan(err, i, "an all-reduce outside a data-parallel run", a->a);
+	case TS_P_ALLGATHER:
+		return bad_plan(err, i, "a collective outside a data-parallel run", a->a);
+	case TS_P_UPDATE:
+		if (a->rank_slice) {
+			/* ZeRO-1: this replica's part of the parameter and gradient */
+			struct ts_paction u = *a;
+			uint64_t at = (uint64_t)r->rank * a->n * sizeof(float);
+
+			if (r->p->replicas < 2)
+				return bad_plan(err, i, "a sharded update outside a data-parallel run",
+				                a->a);
+			u.aoff += at;
+			u.boff += at;
+			u.rank_slice = false;
+			return do_kernel(r, i, &u, step, err);
+		}
+		return do_kernel(r, i, a, step, err);
 	default:
 		return do_kernel(r, i, a, step, err);
 	}
 }
 
 /*
- * Action i, an ALLREDUCE, on every replica at once: each compute queue
- * ordered after what touches its buffer (as a kernel), then one collective
- * over all of them (device.h's ts_comm: an NCCL group on CUDA, the host's
- * in rank order on sim), which each queue runs in its order.
+ * Action i, an ALLREDUCE or ALLGATHER, on every replica at once: each
+ * compute queue ordered after what touches its buffer (as a kernel), then
+ * one collective over all of them (device.h's ts_comm: an NCCL group on
+ * CUDA, the host's in rank order on sim), which each queue runs in its
+ * order.
  */
-static ts_status run_allreduce(struct run *r, int n, struct ts_comm *comm, int i,
-                               struct ts_error *err)
+static ts_status run_collective(struct run *r, int n, struct ts_comm *comm, int i,
+                                struct ts_error *err)
 {
 	const struct ts_paction *a = &r[0].p->actions[i];
 	struct ts_queue *qs[TS_PLAN_REPLICAS_MAX];
@@ -1158,12 +1179,13 @@ static ts_status run_allreduce(struct run *r, int n, struct ts_comm *comm, int i
 	for (int k = 0; k < n && st == TS_OK; k++) {
 		st = kernel_begin(&r[k], i, o, no, err);
 		if (st == TS_OK && r[k].p->bufs[a->a].kind != TS_MEM_DEVICE)
-			st = bad_plan(err, i, "an all-reduce of host memory", a->a);
+			st = bad_plan(err, i, "a collective of host memory", a->a);
 		qs[k] = r[k].q[QC];
 		bufs[k] = st == TS_OK ? at(&r[k], a->a, a->aoff) : NULL;
 	}
 	if (st == TS_OK)
-		st = ts_comm_allreduce(comm, qs, bufs, a->n, err);
+		st = a->op == TS_P_ALLREDUCE ? ts_comm_allreduce(comm, qs, bufs, a->n, err)
+		                             : ts_comm_all_gather(comm, qs, bufs, a->n, err);
 	for (int k = 0; k < n && st == TS_OK; k++)
 		kernel_end(&r[k], o, no);
 	return st;
@@ -1253,6 +1275,7 @@ ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env
 		memset(&out[k], 0, sizeof out[k]);
 		r[k].p = p;
 		r[k].env = &envs[k];
+		r[k].rank = k;
 	}
 	for (k = 0; k < n && st == TS_OK; k++) {
 		st = run_init(&r[k], args[k], outs ? outs[k] : NULL, err);
@@ -1264,8 +1287,8 @@ ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env
 	for (i = 0; st == TS_OK && i < p->nactions; i++) {
 		const struct ts_paction *a = &p->actions[i];
 
-		if (a->op == TS_P_ALLREDUCE) {
-			st = run_allreduce(r, n, comm, i, err);
+		if (a->op == TS_P_ALLREDUCE || a->op == TS_P_ALLGATHER) {
+			st = run_collective(r, n, comm, i, err);
 			continue;
 		}
 		if (a->op == TS_P_UPDATE && !updating && n > 1) {

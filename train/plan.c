@@ -554,6 +554,31 @@ void ts__pb_update_param(struct ts__pb *b, const struct ts__pb_param *pr, int l,
 		}
 	}
 	u = ts__pb_emit(b, TS_P_UPDATE, l, phase);
+	if (u && p->shard_state) {
+		/* ZeRO-1: this replica's part of the n elements, then every part
+		 * gathered into every replica (plan.h's ts_plan_build_zero) */
+		uint64_t part = n / (uint64_t)p->replicas;
+		struct ts_paction *ag;
+
+		u->a = pbuf;
+		u->aoff = poff;
+		u->b = G;
+		u->boff = goff;
+		u->c = mu;
+		u->d = nu;
+		u->coff = soff / (uint64_t)p->replicas;
+		u->e = norm;
+		u->n = part;
+		u->rank_slice = true;
+		u->no_decay = pr->no_decay;
+		ag = ts__pb_emit(b, TS_P_ALLGATHER, l, phase);
+		if (ag) {
+			ag->a = pbuf;
+			ag->aoff = poff;
+			ag->n = part;
+		}
+		return;
+	}
 	if (u) {
 		u->a = pbuf;
 		u->aoff = poff;
@@ -848,6 +873,9 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
 int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role,
                      enum ts_pbuf_class cls, enum ts_memory_kind kind, uint64_t bytes)
 {
+	/* ZeRO-1: a replica's optimizer state is its slice of every update */
+	if (b->p->shard_state && cls == TS_PB_ARGUMENT && ts_role_opt_state(role))
+		bytes /= (uint64_t)b->p->replicas;
 	return want ? ts__pb_buf(b, role, cls, kind, -1, bytes) : -1;
 }
 
@@ -1041,10 +1069,69 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
 	return ts_plan_build_replicated(mlp, opt, batch, accumulate, 1, policy, out, err);
 }
 
+static ts_status build_step(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                            int accumulate, int replicas, bool shard,
+                            const struct ts_policy *policy, struct ts_plan *out,
+                            struct ts_error *err);
+
 ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
                                    int batch, int accumulate, int replicas,
                                    const struct ts_policy *policy, struct ts_plan *out,
                                    struct ts_error *err)
+{
+	return build_step(mlp, opt, batch, accumulate, replicas, false, policy, out, err);
+}
+
+/* The elements of each update of model m's parameter k (an MLP's w1, w2,
+ * embed, proj; a GPT's tensors in order) into *n (0: the model has none),
+ * *name its name; false past the last. */
+static bool update_size(const struct ts_mlp *m, int k, uint64_t *n, const char **name)
+{
+	uint64_t dh = (uint64_t)m->d_model * (uint64_t)ts_mlp_hidden(m);
+	uint64_t vd = (uint64_t)m->vocab * (uint64_t)m->d_model;
+	static const char *const names[4] = {"w1", "w2", "embed", "proj"};
+
+	if (m->gpt) {
+		if (k >= TS_GPT_NPARAMS)
+			return false;
+		*name = ts_gpt_param_name((enum ts_gpt_param)k);
+		*n = ts_gpt_param_slice(m, (enum ts_gpt_param)k);
+		return true;
+	}
+	if (k >= 4)
+		return false;
+	*name = names[k];
+	*n = k == 0 ? dh : k == 1 ? (ts_mlp_has_w2(m) ? dh : 0)
+	   : k == 2 ? (ts_mlp_tokens(m) ? vd : 0) : (ts_mlp_tokens(m) && m->proj ? vd : 0);
+	return true;
+}
+
+ts_status ts_plan_build_zero(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                             int accumulate, int replicas, const struct ts_policy *policy,
+                             struct ts_plan *out, struct ts_error *err)
+{
+	const char *name = "";
+	uint64_t n;
+
+	memset(out, 0, sizeof *out);
+	if (opt->type != TS_OPT_ADAM || replicas < 2 || policy->params != TS_MEM_DEVICE ||
+	    policy->opt_state != TS_MEM_DEVICE)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+		                    "shard_optimizer slices Adam's state over 2 or more devices, with "
+		                    "params and opt_state on the devices");
+	for (int k = 0; update_size(mlp, k, &n, &name); k++)
+		if (n % (uint64_t)replicas)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+			                    "shard_optimizer: %s's updates of %llu elements do not "
+			                    "split over %d devices", name, (unsigned long long)n,
+			                    replicas);
+	return build_step(mlp, opt, batch, accumulate, replicas, true, policy, out, err);
+}
+
+static ts_status build_step(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                            int accumulate, int replicas, bool shard,
+                            const struct ts_policy *policy, struct ts_plan *out,
+                            struct ts_error *err)
 {
 	struct ts__pb b;
 	enum ts_pbuf_class gcls = opt->type == TS_OPT_NONE ? TS_PB_OUTPUT : TS_PB_TEMP;
@@ -1060,12 +1147,14 @@ ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_opt
 		                    "a step runs on 1..%d devices together, not %d",
 		                    TS_PLAN_REPLICAS_MAX, replicas);
 	if (mlp->gpt)
-		return ts__plan_build_gpt(mlp, opt, batch, accumulate, replicas, policy, out, err);
+		return ts__plan_build_gpt(mlp, opt, batch, accumulate, replicas, shard, policy, out,
+		                          err);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
 	out->accumulate = accumulate;
 	out->replicas = replicas;
+	out->shard_state = shard;
 	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
 	add_arguments(&b, gcls == TS_PB_OUTPUT, true);

@@ -237,6 +237,8 @@ enum ts_pop {
 	/* data parallel (ts_plan_build_replicated) */
 	TS_P_ALLREDUCE,   /* a (+aoff), n floats = their sum over the replicas (the
 	                     executor's communicator, on the compute queue) */
+	TS_P_ALLGATHER,   /* a (+aoff), n * replicas floats: each replica's n at
+	                     aoff + rank * n gathered into every replica's */
 };
 
 struct ts_paction {
@@ -250,6 +252,10 @@ struct ts_paction {
 	bool ta, tb;
 	float beta;
 	bool no_decay;                   /* UPDATE: without adamw's weight decay */
+	bool rank_slice;                 /* UPDATE of a sharded optimizer state: the n
+	                                    elements of a and b at aoff / boff + rank * n
+	                                    floats (the executor's replica), c and d the
+	                                    replica's own slice at coff */
 	uint64_t n;                      /* elements */
 	int layer;
 	const char *phase;               /* static: "forward", "backward", "update", ... */
@@ -264,6 +270,8 @@ struct ts_plan {
 	int accumulate;                  /* micro-batches per step, >= 1 (ts_plan_build_accumulate) */
 	int replicas;                    /* devices running the step together, >= 1
 	                                    (ts_plan_build_replicated) */
+	bool shard_state;                /* ZeRO-1: each replica keeps 1/replicas of the
+	                                    optimizer state (ts_plan_build_replicated) */
 	bool norm_after;                 /* fused updates: the global norm's temp (role
 	                                    NORM, the first temp allocated and the last
 	                                    freed) is read back after the step */
@@ -343,6 +351,26 @@ ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_opt
                                    int batch, int accumulate, int replicas,
                                    const struct ts_policy *policy, struct ts_plan *out,
                                    struct ts_error *err);
+
+/*
+ * ZeRO-1 (DeepSpeed's stage 1): ts_plan_build_replicated, with each replica
+ * keeping only its 1/replicas slice of Adam's state. Every update of n
+ * elements (a layer of a parameter, or a whole one) is split in `replicas`
+ * consecutive parts; replica r updates part r of its parameter from part r
+ * of the all-reduced gradient with its own mu and nu (TS_P_UPDATE with
+ * rank_slice), then the parts are gathered into every replica's parameter
+ * (TS_P_ALLGATHER), so the replicas stay bit-identical and the result is
+ * the replicated update's, bit for bit. The state arguments are each
+ * replica's slices, laid out update after update (a parameter [L, a, ...]
+ * updated layer by layer: [L, a / replicas, ...]; a whole one [a, ...]:
+ * [a / replicas, ...]), so the analysis' argument bytes drop by that much.
+ * INVALID_ARGUMENT (BAD_SHARDING) unless the optimizer is Adam, params and
+ * optimizer state are on the device, and every update's size divides by
+ * replicas (naming the first that does not).
+ */
+ts_status ts_plan_build_zero(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                             int accumulate, int replicas, const struct ts_policy *policy,
+                             struct ts_plan *out, struct ts_error *err);
 
 /*
  * Plans an evaluation of mlp on a batch of `batch` rows: the forward pass

@@ -935,7 +935,8 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 }
 
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, int replicas, const struct ts_policy *policy,
+                             int accumulate, int replicas, bool shard_state,
+                             const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err)
 {
 	struct ts__pb b;
@@ -950,6 +951,7 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 	out->opt = *opt;
 	out->accumulate = accumulate;
 	out->replicas = replicas;
+	out->shard_state = shard_state;
 	gpt_start(&g, &b, out, mlp, policy, batch, mlp->context, grads_out,
 	          opt->type == TS_OPT_ADAM, true);
 	fused = ts__pb_update_fused(out);

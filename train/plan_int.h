@@ -106,7 +106,8 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
  * ts_plan_build_accumulate and ts_plan_build_eval, which call them for a
  * GPT. */
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, int replicas, const struct ts_policy *policy,
+                             int accumulate, int replicas, bool shard_state,
+                             const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err);
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,
                                   const struct ts_policy *policy,

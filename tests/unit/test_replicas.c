@@ -223,14 +223,32 @@ static void *get(int k, const struct ts_pbuf *b, const void *src)
 	return x;
 }
 
-/* Plans m on R devices of `batch` rows each and gives each replica its
- * arguments: the same weights, and rows k*batch.. of the whole batch. */
+/* Plans m on R devices of `batch` rows each (rjob_bind). */
+static void rjob_bind(int R, struct rjob *j);
+
 static void rjob_new(const struct ts_mlp *m, const struct ts_optimizer *o, int batch, int R,
                      const struct ts_policy *pol, struct rjob *j)
 {
 	memset(j, 0, sizeof *j);
-	j->R = R;
 	OK(ts_plan_build_replicated(m, o, batch, 1, R, pol, &j->plan, &err));
+	rjob_bind(R, j);
+}
+
+/* The same with Adam's state sharded over the R devices (ZeRO-1). */
+static void rjob_new_zero(const struct ts_mlp *m, const struct ts_optimizer *o, int batch, int R,
+                          const struct ts_policy *pol, struct rjob *j)
+{
+	memset(j, 0, sizeof *j);
+	OK(ts_plan_build_zero(m, o, batch, 1, R, pol, &j->plan, &err));
+	ck_assert(j->plan.shard_state);
+	rjob_bind(R, j);
+}
+
+/* Gives each of R replicas its arguments: the same weights (zero state),
+ * and rows k*batch.. of the whole batch. */
+static void rjob_bind(int R, struct rjob *j)
+{
+	j->R = R;
 	ck_assert_int_eq(j->plan.replicas, R);
 	for (int k = 0; k < R; k++) {
 		j->args[k] = calloc((size_t)j->plan.nbufs, sizeof(void *));
@@ -346,13 +364,15 @@ static bool state_arg(const struct ts_plan *p, int i)
 	return p->bufs[i].cls == TS_PB_ARGUMENT && ts_role_state(p->bufs[i].role);
 }
 
-/* Every replica's parameters and optimizer state are replica 0's bits. */
+/* Every replica's parameters and optimizer state are replica 0's bits
+ * (sharded state: each replica's own slice; the parameters alone). */
 static void replicas_identical(const struct rjob *j, const char *when)
 {
 	for (int i = 0; i < j->plan.nbufs; i++) {
 		float *x0;
 
-		if (!state_arg(&j->plan, i))
+		if (!state_arg(&j->plan, i) ||
+		    (j->plan.shard_state && ts_role_opt_state(j->plan.bufs[i].role)))
 			continue;
 		x0 = rjob_read(j, 0, i);
 		for (int k = 1; k < j->R; k++) {
@@ -786,6 +806,119 @@ START_TEST(test_every_failure_point_leaves_every_replica_whole)
 END_TEST
 #endif
 
+/* ZeRO-1: Adam's state sharded over the devices gives the replicated
+ * steps' weights bit for bit, and each device's state is its part of the
+ * replicated state; each device's arguments shrink by the state's
+ * (R-1)/R. */
+static void zero_equals_replicated(const struct ts_mlp *m, int batch, const char *what)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	struct rjob rep, zero;
+	uint64_t state = 0;
+
+	rjob_new(m, &adamw_clip, batch, ndev, &pol, &rep);
+	rjob_new_zero(m, &adamw_clip, batch, ndev, &pol, &zero);
+	for (int i = 0; i < rep.plan.nbufs; i++)
+		if (rep.plan.bufs[i].cls == TS_PB_ARGUMENT && ts_role_opt_state(rep.plan.bufs[i].role))
+			state += rep.plan.bufs[i].bytes;
+	ck_assert_uint_gt(state, 0);
+	ck_assert_uint_eq(zero.plan.argument_size_in_bytes,
+	                  rep.plan.argument_size_in_bytes - state + state / (uint64_t)ndev);
+	for (int step = 1; step <= 3; step++) {
+		float lr = rjob_step(&rep, step), lz = rjob_step(&zero, step);
+
+		ck_assert_msg(memcmp(&lr, &lz, sizeof lr) == 0, "%s step %d: loss %.9g, replicated %.9g",
+		              what, step, (double)lz, (double)lr);
+	}
+	replicas_identical(&zero, what);
+	for (int i = 0; i < rep.plan.nbufs; i++) {
+		const struct ts_pbuf *b = &rep.plan.bufs[i];
+		float *x, *y;
+
+		if (b->cls != TS_PB_ARGUMENT || !ts_role_param(b->role))
+			continue;
+		x = rjob_read(&rep, 0, i);
+		y = rjob_read(&zero, 0, i);
+		ck_assert_msg(memcmp(x, y, b->bytes) == 0, "%s: role %d differs from replicated Adam's",
+		              what, (int)b->role);
+		free(x);
+		free(y);
+	}
+	/* each replica's mu and nu: for every sharded update, its part */
+	for (int k = 0; k < ndev; k++)
+		for (int a = 0; a < zero.plan.nactions; a++) {
+			const struct ts_paction *u = &zero.plan.actions[a];
+
+			if (u->op != TS_P_UPDATE || !u->rank_slice)
+				continue;
+			for (int s = 0; s < 2; s++) {
+				int zi = s ? u->d : u->c, ri = -1;
+				float *zs, *rs;
+
+				for (int b = 0; b < rep.plan.nbufs; b++)
+					if (rep.plan.bufs[b].cls == TS_PB_ARGUMENT &&
+					    rep.plan.bufs[b].role == zero.plan.bufs[zi].role)
+						ri = b;
+				ck_assert_int_ge(ri, 0);
+				zs = rjob_read(&zero, k, zi);
+				rs = rjob_read(&rep, k, ri);
+				ck_assert_msg(memcmp((char *)zs + u->coff,
+				                     (char *)rs + u->aoff + (uint64_t)k * u->n * 4,
+				                     u->n * 4) == 0,
+				              "%s: replica %d's %s of update %d is not its part", what, k,
+				              s ? "nu" : "mu", a);
+				free(zs);
+				free(rs);
+			}
+		}
+	fprintf(stderr, "%s on %d devices: ZeRO-1 equals replicated Adam, state %llu -> %llu "
+	        "bytes a device\n", what, ndev, (unsigned long long)state,
+	        (unsigned long long)(state / (uint64_t)ndev));
+	rjob_free(&rep);
+	rjob_free(&zero);
+}
+
+START_TEST(test_zero1_equals_replicated_adam)
+{
+	struct ts_mlp tokens = {.layers = 2, .d_model = 16, .d_hidden = 24, .act = TS_ACT_GELU,
+	                        .residual = true, .loss = TS_LOSS_XENT, .vocab = 32,
+	                        .id_bytes = 4, .proj = true};
+
+	zero_equals_replicated(&dense, 8, "dense");
+	zero_equals_replicated(&gpt, 16, "gpt");
+	zero_equals_replicated(&tokens, 8, "token model");
+}
+END_TEST
+
+/* What ZeRO-1 refuses: another optimizer, state or params off the devices,
+ * one device, an update that does not split. */
+START_TEST(test_zero1_refusals)
+{
+	struct ts_policy on_dev = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE};
+	struct ts_policy host = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_PINNED_HOST};
+	struct ts_mlp odd = dense;
+	struct ts_plan p;
+
+	odd.d_model = 15;
+	odd.d_hidden = 7;
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_zero(&dense, &sgd_clip, 8, 1, 2, &on_dev, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_zero(&dense, &adam, 8, 1, 2, &host, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_zero(&dense, &adam, 8, 1, 1, &on_dev, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	ck_assert_int_eq(ts_plan_build_zero(&odd, &adam, 8, 1, 2, &on_dev, &p, &err),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(err.reason, "BAD_SHARDING");
+	ck_assert_msg(strstr(err.message, "w1") != NULL, "%s", err.message);
+}
+END_TEST
+
 /* ---- sessions ------------------------------------------------------------------ */
 
 #define SROWS 64                 /* the dataset's rows */
@@ -1049,6 +1182,7 @@ static void add_cases(TCase *tc)
 	tcase_add_test(tc, test_copy_failure_on_one_device_leaves_every_replica_whole);
 	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
 	tcase_add_test(tc, test_session_refusals);
+	tcase_add_test(tc, test_zero1_equals_replicated_adam);
 #ifdef TS_FAULT_BUILD
 	tcase_add_test(tc, test_every_failure_point_leaves_every_replica_whole);
 #endif
@@ -1060,6 +1194,7 @@ Suite *ts_unit_suite(void)
 	TCase *tc = tcase_create("plan");
 
 	tcase_add_test(tc, test_plan_reduces_every_gradient_once);
+	tcase_add_test(tc, test_zero1_refusals);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("sim2");
 	tcase_add_checked_fixture(tc, setup_sim2, teardown);
@@ -1072,6 +1207,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_dense_model_equals_one_device);
 	tcase_add_test(tc, test_gpt_equals_one_device);
 	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
+	tcase_add_test(tc, test_zero1_equals_replicated_adam);
 	suite_add_tcase(s, tc);
 	if (ts_unit_cuda()) {
 		tc = tcase_create("cuda");
