@@ -21,7 +21,11 @@
 #   copies     an array copied to another host over UCX into every memory
 #              kind arrives byte for byte; a :put moves it; the receives'
 #              staging is freed; the destination killed mid-copy fails the
-#              operation, naming it, and leaves the source's version.
+#              operation, naming it, and leaves the source's version;
+#   broadcast  an array of one host to the two others at once, byte for
+#              byte on both, each destination published and both copies
+#              counted as sent; one destination refusing, with partial_ok,
+#              leaves the other's copy and names the refusing one.
 #
 # Needs root (ip netns, tc) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
@@ -331,6 +335,37 @@ if [ "${staged%.*}" = $((8 << 20)) ]; then
 else
 	fail "h3's unpinned_host pool holds $staged bytes, want $((8 << 20))"
 fi
+# ---- broadcast: one array of h3's to h1 and h2 at once, across the links ------
+head -c $((16 << 20)) /dev/urandom >"$tmp/b.raw"
+b_sum=$(sha256sum <"$tmp/b.raw" | cut -d' ' -f1)
+api h3 '/v1/arrays/b?dtype=uint8&shape=16777216&memory_kind=pinned_host' -X PUT \
+	--data-binary @"$tmp/b.raw" -o /dev/null
+sent() {
+	api "$1" /metrics | awk '/^tstage_fleet_transfer_bytes_total\{direction="sent"\}/ { print $2 }'
+}
+sent0=$(sent h3)
+res=$(api h3 '/v1/arrays/b:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "b", "hosts": ["h1", "h2"], "device": "sim:0", "memory_kind": "pinned_host"}')
+sums=$(for h in h1 h2; do api "$h" /v1/arrays/b/data | sha256sum | cut -d' ' -f1; done | sort -u)
+states=$(jq -c '[.destinations[] | [.host, .state]]' <<<"$res" 2>/dev/null || echo "$res")
+sent1=$(sent h3)
+if [ "$sums" = "$b_sum" ] && [ "$states" = '[["h1","published"],["h2","published"]]' ] &&
+	[ $(( ${sent1%.*} - ${sent0%.*} )) = $((32 << 20)) ]; then
+	ok "broadcast h3 -> h1, h2: 16 MiB byte for byte on both, $states, 32 MiB sent"
+else
+	fail "broadcast h3 -> h1, h2: $states, sums $sums, sent $sent0 -> $sent1"
+fi
+# one destination refuses ("b" exists on h2 now): with partial_ok h1 gets it
+api h1 /v1/arrays/b -X DELETE -o /dev/null
+res=$(api h3 '/v1/arrays/b:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "b", "hosts": ["h1", "h2"], "partial_ok": true}')
+got=$(api h1 /v1/arrays/b/data | sha256sum | cut -d' ' -f1)
+if [ "$(jq -c .failed_hosts <<<"$res" 2>/dev/null)" = '["h2"]' ] && [ "$got" = "$b_sum" ]; then
+	ok "broadcast with partial_ok, h2 refusing: h1 has it, failed_hosts [\"h2\"]"
+else
+	fail "broadcast with partial_ok: $res; h1's sha $got"
+fi
+
 # the destination killed mid-copy: the operation fails naming it, the
 # source keeps its version
 api h1 '/v1/arrays/big?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
