@@ -180,6 +180,27 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
 	d->ep_status = status;
 }
 
+/* Closes d's endpoint at once (its remote key first), without the peer:
+ * every request still in flight on it completes, cancelled. */
+static void force_close(struct dest *d)
+{
+	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+	void *req;
+
+	if (d->rkey)
+		ucp_rkey_destroy(d->rkey);
+	d->rkey = NULL;
+	if (!d->ep)
+		return;
+	req = ucp_ep_close_nbx(d->ep, &p);
+	while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
+		ucp_worker_progress(d->x->worker);
+	if (UCS_PTR_IS_PTR(req))
+		ucp_request_free(req);
+	d->ep = NULL;
+}
+
 /* Drives req (a UCP request or an immediate status) of d's endpoint to its
  * end: TS_OK, or an error naming d's peer; DEADLINE_EXCEEDED when nothing
  * completes for --fleet-timeout (a silent peer) or past the receive's
@@ -209,7 +230,11 @@ static ts_status finish(struct dest *d, struct ts_operation *op, void *req, cons
 		if (ucp_worker_progress(w))
 			continue;
 		if (ts_now_ns() >= deadline || d->ep_failed) {
+			/* a write cannot be cancelled: the endpoint goes, and
+			 * with it what is in flight on it */
 			ucp_request_cancel(w, req);
+			if (ucp_request_check_status(req) == UCS_INPROGRESS)
+				force_close(d);
 			while (ucp_request_check_status(req) == UCS_INPROGRESS)
 				ucp_worker_progress(w);
 			s = d->ep_failed ? d->ep_status : UCS_ERR_TIMED_OUT;
@@ -357,13 +382,15 @@ static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t dead
  * it failed. */
 static void ucx_close(struct dest *d)
 {
+	if (d->ep_failed || d->dead) {
+		force_close(d);
+		return;
+	}
 	if (d->rkey)
 		ucp_rkey_destroy(d->rkey);
 	d->rkey = NULL;
 	if (d->ep) {
-		ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-		                         .flags = d->ep_failed || d->dead ? UCP_EP_CLOSE_FLAG_FORCE
-		                                                          : 0};
+		ucp_request_param_t p = {.op_attr_mask = 0};
 		void *req = ucp_ep_close_nbx(d->ep, &p);
 
 		while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
@@ -402,6 +429,8 @@ static void drop(struct dest *d, uint64_t deadline)
 	       ts_now_ns() < deadline)
 		ucp_worker_progress(w);
 	ucp_request_cancel(w, req);
+	if (ucp_request_check_status(req) == UCS_INPROGRESS)
+		force_close(d);
 	while (ucp_request_check_status(req) == UCS_INPROGRESS)
 		ucp_worker_progress(w);
 	ucp_request_free(req);

@@ -73,13 +73,20 @@ static void free_port_pairs(int *ports, int n)
 }
 
 /* Starts n daemons on ports[i], host "node<i>", each naming the others as
- * peers, all with token_files[i]. */
-static void start_fleet(struct th_daemon *d, int n, const int *ports, char token_files[][512])
+ * peers, all with token_files[i], node0 with extra (two flags and their
+ * values, or NULL). */
+static void start_fleet_with(struct th_daemon *d, int n, const int *ports,
+                             char token_files[][512], const char *const *extra)
 {
 	for (int i = 0; i < n; i++) {
 		char peers[512] = "", port[16], host[16];
 		const char *args[] = {"--port", port, "--host-name", host, "--peers", peers,
-		                      "--token-file", token_files[i], NULL};
+		                      "--token-file", token_files[i], NULL, NULL, NULL};
+
+		if (i == 0 && extra) {
+			args[8] = extra[0];
+			args[9] = extra[1];
+		}
 
 		for (int j = 0; j < n; j++)
 			if (j != i)
@@ -90,6 +97,11 @@ static void start_fleet(struct th_daemon *d, int n, const int *ports, char token
 		th_daemon_start(&d[i], args);
 		ck_assert_int_eq(d[i].port, ports[i]);
 	}
+}
+
+static void start_fleet(struct th_daemon *d, int n, const int *ports, char token_files[][512])
+{
+	start_fleet_with(d, n, ports, token_files, NULL);
 }
 
 /* GET path with the token: 200 and a JSON object (new reference). */
@@ -1407,6 +1419,84 @@ START_TEST(test_broadcast_destination_killed)
 }
 END_TEST
 
+/* A destination that stops answering mid-copy (SIGSTOPped) ends the copy
+ * DEADLINE_EXCEEDED naming it once --fleet-timeout has passed, while the
+ * source keeps serving and can copy to another peer at once. (The stopped
+ * peer is killed, not resumed: Debian's UCX 1.13 aborts a process whose
+ * software-RMA put acknowledgement fails, which a resumed receiver meets
+ * when the sender has closed its endpoint under it.) */
+START_TEST(test_silent_peer_times_out)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char tokens[2][512], id[64], *path;
+	struct th_response r;
+	json_t *o;
+	size_t rows = 16384, cols = 4096;    /* 256 MiB */
+	double t_stop, took;
+	const char *msg;
+
+	free_port_pairs(ports, 2);
+	same_tokens(tokens, 2);
+	start_fleet_with(d, 2, ports, tokens, (const char *const[]){"--fleet-timeout", "2"});
+	json_decref(await_node(&d[0], ports[1], true));
+	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
+	post_auth(&d[0], "/v1/arrays/big:copy",
+	          "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 202, "copy: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	for (double t0 = now_ms();; usleep(1000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+	th_daemon_signal(&d[1], SIGSTOP);
+	t_stop = now_ms();
+	o = await_op(&d[0], id, 30000);
+	took = now_ms() - t_stop;
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "FAILED");
+	ck_assert_str_eq(json_string_value(json_object_get(json_object_get(o, "error"), "status")),
+	                 "DEADLINE_EXCEEDED");
+	msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+	ck_assert_msg(msg && strstr(msg, "node1") && strstr(msg, "--fleet-timeout"), "message: %s",
+	              msg ? msg : "(none)");
+	ck_assert_msg(took >= 1500, "failed %.0f ms after the peer stopped, before its 2 s", took);
+	json_decref(o);
+	ck_assert_int_eq(th_get_status(&d[0], "/livez"), 200);
+	th_daemon_signal(&d[1], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
+	th_daemon_stop(&d[1], false);   /* the killed daemon's client and files */
+	/* the source's array is whole, and it copies to a new peer */
+	{
+		char port[16], peer[64];
+		const char *args[] = {"--port", port, "--host-name", "node1", "--peers", peer,
+		                      "--token-file", tokens[1], NULL};
+
+		snprintf(port, sizeof port, "%d", ports[1]);
+		snprintf(peer, sizeof peer, "http://127.0.0.1:%d", ports[0]);
+		th_daemon_start(&d[1], args);
+	}
+	json_decref(await_node(&d[0], ports[1], true));
+	post_auth(&d[0], "/v1/arrays/big:copy?wait=true",
+	          "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 200, "copy after the timeout: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/s");
+	ck_assert_int_eq(th_int(o, "nbytes"), rows * cols * 4);
+	json_decref(o);
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
@@ -1435,6 +1525,7 @@ Suite *th_suite(void)
 	tcase_add_test(copy, test_receive_expires_and_aborts);
 	tcase_add_test(copy, test_destination_killed_mid_copy);
 	tcase_add_test(copy, test_cross_node_copy_cancelled);
+	tcase_add_test(copy, test_silent_peer_times_out);
 	suite_add_tcase(s, copy);
 	tcase_set_timeout(bcast, 300);
 	tcase_add_test(bcast, test_broadcast_two_hosts);
