@@ -101,74 +101,108 @@ static ts_status from_http(long code)
 	}
 }
 
-/* POST url+path with body (may be NULL): *out the JSON answer on a 2xx,
- * else an error naming the peer (its own error message when it gave one). */
-static ts_status call_peer(struct dest *x, const char *path, const char *body, long timeout_ms,
-                           json_t **out, struct ts_error *err)
+/* One HTTP call to a peer, while it runs. */
+struct call {
+	struct dest *d;
+	CURL *e;
+	struct curl_slist *h;
+	struct answer a;
+	const char *path;
+	long timeout_ms;
+	char url[TS_CONFIG_PEER_URL_MAX + 160];
+	char auth[300];
+	char ebuf[CURL_ERROR_SIZE];
+};
+
+/* Prepares POST url+path with body (may be NULL; kept until call_end). */
+static ts_status call_start(struct dest *d, struct call *c, const char *path, const char *body,
+                            long timeout_ms, struct ts_error *err)
 {
-	char url[sizeof x->url + 160], auth[300], ebuf[CURL_ERROR_SIZE] = "";
-	struct curl_slist *h = NULL;
-	struct answer a = {0};
-	CURL *e = curl_easy_init();
-	CURLcode rc;
+	memset(c, 0, sizeof *c);
+	c->d = d;
+	c->path = path;
+	c->timeout_ms = timeout_ms;
+	c->e = curl_easy_init();
+	if (!c->e)
+		return ts_error_oom(err, "no memory for a call to peer '%s'", d->host);
+	snprintf(c->url, sizeof c->url, "%s%s", d->url, path);
+	c->h = curl_slist_append(c->h, "Content-Type: application/json");
+	if (d->x->srv->token[0]) {
+		snprintf(c->auth, sizeof c->auth, "Authorization: Bearer %s", d->x->srv->token);
+		c->h = curl_slist_append(c->h, c->auth);
+	}
+	curl_easy_setopt(c->e, CURLOPT_URL, c->url);
+	curl_easy_setopt(c->e, CURLOPT_POST, 1L);
+	curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, body ? body : "");
+	curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
+	curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c->e, CURLOPT_TIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(c->e, CURLOPT_CONNECTTIMEOUT_MS, HTTP_TIMEOUT_MS);
+	curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_answer);
+	curl_easy_setopt(c->e, CURLOPT_WRITEDATA, &c->a);
+	curl_easy_setopt(c->e, CURLOPT_ERRORBUFFER, c->ebuf);
+	curl_easy_setopt(c->e, CURLOPT_PROXY, "");
+	return TS_OK;
+}
+
+/* The call ended with rc: *out the JSON answer on a 2xx, else an error
+ * naming the peer (its own error message when it gave one). Frees c's. */
+static ts_status call_end(struct call *c, CURLcode rc, json_t **out, struct ts_error *err)
+{
+	const char *host = c->d->host;
 	long code = 0;
 	json_t *j = NULL;
 	ts_status st = TS_OK;
 
 	*out = NULL;
-	if (!e)
-		return ts_error_oom(err, "no memory for a call to peer '%s'", x->host);
-	snprintf(url, sizeof url, "%s%s", x->url, path);
-	h = curl_slist_append(h, "Content-Type: application/json");
-	if (x->x->srv->token[0]) {
-		snprintf(auth, sizeof auth, "Authorization: Bearer %s", x->x->srv->token);
-		h = curl_slist_append(h, auth);
-	}
-	curl_easy_setopt(e, CURLOPT_URL, url);
-	curl_easy_setopt(e, CURLOPT_POST, 1L);
-	curl_easy_setopt(e, CURLOPT_POSTFIELDS, body ? body : "");
-	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
-	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, HTTP_TIMEOUT_MS);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_answer);
-	curl_easy_setopt(e, CURLOPT_WRITEDATA, &a);
-	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, ebuf);
-	curl_easy_setopt(e, CURLOPT_PROXY, "");
-	rc = curl_easy_perform(e);
 	if (rc == CURLE_OPERATION_TIMEDOUT) {
 		st = ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
-		                  "peer '%s': POST %s: no answer in %ld ms", x->host, url, timeout_ms);
+		                  "peer '%s': POST %s: no answer in %ld ms", host, c->url,
+		                  c->timeout_ms);
 		goto out;
 	}
 	if (rc != CURLE_OK) {
 		st = ts_error_set(err, TS_UNAVAILABLE, "PEER_UNAVAILABLE", "peer '%s': POST %s: %s",
-		                  x->host, url, ebuf[0] ? ebuf : curl_easy_strerror(rc));
+		                  host, c->url, c->ebuf[0] ? c->ebuf : curl_easy_strerror(rc));
 		goto out;
 	}
-	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
-	j = json_loadb(a.buf ? a.buf : "", a.len, 0, NULL);
+	curl_easy_getinfo(c->e, CURLINFO_RESPONSE_CODE, &code);
+	j = json_loadb(c->a.buf ? c->a.buf : "", c->a.len, 0, NULL);
 	if (code < 200 || code > 299) {
 		json_t *pe = json_object_get(j, "error");
 		const char *msg = json_string_value(json_object_get(pe, "message"));
 
 		st = ts_error_set(err, from_http(code), "PEER_REFUSED", "peer '%s' answered %ld to %s: %s",
-		                  x->host, code, path, msg ? msg : "no message");
+		                  host, code, c->path, msg ? msg : "no message");
 		goto out;
 	}
 	if (!json_is_object(j)) {
 		st = ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-		                  "peer '%s' did not answer %s with a JSON object", x->host, path);
+		                  "peer '%s' did not answer %s with a JSON object", host, c->path);
 		goto out;
 	}
 	*out = j;
 	j = NULL;
 out:
 	json_decref(j);
-	free(a.buf);
-	curl_slist_free_all(h);
-	curl_easy_cleanup(e);
+	free(c->a.buf);
+	curl_slist_free_all(c->h);
+	curl_easy_cleanup(c->e);
+	c->e = NULL;
 	return st;
+}
+
+/* POST url+path with body (may be NULL) and waits for the answer
+ * (call_end's). */
+static ts_status call_peer(struct dest *d, const char *path, const char *body, long timeout_ms,
+                           json_t **out, struct ts_error *err)
+{
+	struct call c;
+
+	*out = NULL;
+	if (call_start(d, &c, path, body, timeout_ms, err) != TS_OK)
+		return err->status;
+	return call_end(&c, curl_easy_perform(c.e), out, err);
 }
 
 static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
@@ -601,19 +635,77 @@ static ts_status open_receive(struct dest *d, struct ts_error *err)
 	return TS_OK;
 }
 
-/* Commits d's receive, which publishes the array there. */
-static ts_status commit(struct dest *d, struct ts_error *err)
+/* Commits every live destination's receive at once (each publishes the
+ * array there; ?wait=true: each answer is the array) and waits for all. */
+static ts_status commit_all(struct xfer *x, struct ts_error *err)
 {
-	char path[128];
-	ts_status st;
+	struct call *calls = calloc(x->n, sizeof *calls);
+	struct ts_error *errs = calloc(x->n, sizeof *errs);
+	CURLcode *rcs = calloc(x->n, sizeof *rcs);
+	char (*paths)[128] = calloc(x->n, sizeof *paths);
+	CURLM *m = curl_multi_init();
+	ts_status st = TS_OK;
+	int running = 0, left;
+	CURLMsg *msg;
+	size_t i;
 
-	snprintf(path, sizeof path, "/v1/fleet/receives/%s:commit?wait=true", d->rid);
-	st = call_peer(d, path, NULL, COMMIT_TIMEOUT_MS, &d->array, err);
-	d->rid[0] = '\0';   /* committed or failed there: nothing to abort */
-	if (st == TS_OK && !json_object_get(d->array, "etag"))
-		st = ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SLOW",
-		                  "peer '%s' had not published '%s' when its wait ended", d->host,
-		                  json_string_value(json_object_get(d->rcv, "id")));
+	if (!calls || !errs || !rcs || !paths || !m) {
+		st = ts_error_oom(err, "no memory to commit a copy");
+		goto out;
+	}
+	for (i = 0; i < x->n; i++) {
+		struct dest *d = &x->d[i];
+
+		ts_error_clear(&errs[i]);
+		rcs[i] = CURLE_RECV_ERROR;   /* until its end is read */
+		if (d->dead)
+			continue;
+		snprintf(paths[i], sizeof paths[i], "/v1/fleet/receives/%s:commit?wait=true", d->rid);
+		if (call_start(d, &calls[i], paths[i], NULL, COMMIT_TIMEOUT_MS, &errs[i]) == TS_OK)
+			curl_multi_add_handle(m, calls[i].e);
+	}
+	do {
+		if (curl_multi_perform(m, &running) != CURLM_OK)
+			break;
+		if (running)
+			curl_multi_poll(m, NULL, 0, 1000, NULL);
+	} while (running);
+	while ((msg = curl_multi_info_read(m, &left)))
+		for (i = 0; msg->msg == CURLMSG_DONE && i < x->n; i++)
+			if (calls[i].e == msg->easy_handle)
+				rcs[i] = msg->data.result;
+	for (i = 0; i < x->n; i++) {
+		struct dest *d = &x->d[i];
+		struct ts_error scratch;
+
+		if (d->dead)
+			continue;
+		if (calls[i].e) {
+			curl_multi_remove_handle(m, calls[i].e);
+			(void)call_end(&calls[i], rcs[i], &d->array, &errs[i]);
+		}
+		d->rid[0] = '\0';   /* committed or failed there: nothing to abort */
+		if (errs[i].status == TS_OK && !json_object_get(d->array, "etag"))
+			ts_error_set(&errs[i], TS_DEADLINE_EXCEEDED, "PEER_SLOW",
+			             "peer '%s' had not published '%s' when its wait ended", d->host,
+			             json_string_value(json_object_get(d->rcv, "id")));
+		if (errs[i].status == TS_OK) {
+			d->published = true;
+			continue;
+		}
+		ts_error_clear(&scratch);
+		if (st == TS_OK)
+			st = dest_failed(d, &errs[i], err);
+		else
+			(void)dest_failed(d, &errs[i], &scratch);
+	}
+out:
+	if (m)
+		curl_multi_cleanup(m);
+	free(calls);
+	free(errs);
+	free(rcs);
+	free(paths);
 	return st;
 }
 
@@ -669,19 +761,9 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 			st = send_bytes(x, op, err);
 	}
 	ucx_stop(x);
-	/* the commits once every destination has all its bytes */
-	for (i = 0; st == TS_OK && i < x->n; i++) {
-		struct dest *d = &x->d[i];
-
-		ts_error_clear(&e);
-		if (d->dead)
-			continue;
-		if (commit(d, &e) != TS_OK)
-			st = dest_failed(d, &e, err);
-		else
-			d->published = true;
-		show_progress(x, op, "committing");
-	}
+	/* the commits, all at once, when every destination has all its bytes */
+	if (st == TS_OK)
+		st = commit_all(x, err);
 	if (st == TS_OK && x->put) {
 		struct ts_precondition same = {.if_match = x->etag};
 		struct ts_error ignore;
