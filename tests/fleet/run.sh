@@ -25,7 +25,10 @@
 #   broadcast  an array of one host to the two others at once, byte for
 #              byte on both, each destination published and both copies
 #              counted as sent; one destination refusing, with partial_ok,
-#              leaves the other's copy and names the refusing one.
+#              leaves the other's copy and names the refusing one;
+#   link cut   a destination's link cut mid-copy ends the copy
+#              DEADLINE_EXCEEDED naming it after --fleet-timeout, the source
+#              answering throughout; with the link back, copies go again.
 #
 # Needs root (ip netns, tc) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
@@ -364,6 +367,50 @@ if [ "$(jq -c .failed_hosts <<<"$res" 2>/dev/null)" = '["h2"]' ] && [ "$got" = "
 	ok "broadcast with partial_ok, h2 refusing: h1 has it, failed_hosts [\"h2\"]"
 else
 	fail "broadcast with partial_ok: $res; h1's sha $got"
+fi
+
+# ---- link cut mid-copy: h3 again with --fleet-timeout 3; h1's link cut while
+# h3 writes to it ends the copy DEADLINE_EXCEEDED naming h1, within bounds ----
+kill -KILL "${pid[h3]}"
+wait "${pid[h3]}" 2>/dev/null || true
+unset "pid[h3]"
+start h3 --peers "$(peers_of h3)" --fleet-timeout 3
+until_s 15 is_state h3 h1 reachable || fail "h3 restarted: h1 is $(state h3 h1)"
+api h3 '/v1/arrays/cut?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
+	--data-binary @<(head -c $((64 << 20)) /dev/urandom) -o /dev/null
+ip netns exec "$(ns h3)" tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 400ms
+op=$(api h3 '/v1/arrays/cut:copy' -X POST \
+	-d '{"out": "cut", "host": "h1", "memory_kind": "unpinned_host"}' | jq -r .name)
+sending() {
+	[ "$(api h3 "/v1/$op" | jq -r '.metadata.progress.bytes_done // 0')" -gt 0 ]
+}
+until_s 10 sending || true
+ip -n "$hub" link set h1-br down
+t0=$(date +%s)
+op_over() {
+	[ "$(api h3 "/v1/$op" | jq -r .done)" = true ]
+}
+if until_s 30 op_over; then
+	took=$(( $(date +%s) - t0 ))
+	state=$(api h3 "/v1/$op" | jq -r '[.metadata.state, .error.status, .error.message] | join(": ")')
+	if [[ $state == FAILED:\ DEADLINE_EXCEEDED:*h1*--fleet-timeout* ]] && fast h3 /livez; then
+		ok "h1's link cut mid-copy: after ${took} s, $state; h3 keeps answering"
+	else
+		fail "h1's link cut mid-copy: $state after ${took} s (want DEADLINE_EXCEEDED naming h1)"
+	fi
+else
+	fail "h1's link cut mid-copy: $op not done 30 s after the cut"
+fi
+ip netns exec "$(ns h3)" tc qdisc del dev eth0 root 2>/dev/null || true
+ip -n "$hub" link set h1-br up
+# the link back, h3 copies to h1 again
+until_s 15 is_state h3 h1 reachable || true
+res=$(api h3 '/v1/arrays/cut:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "cut2", "host": "h1", "memory_kind": "unpinned_host"}')
+if [ "$(jq -r .host <<<"$res" 2>/dev/null)" = h1 ]; then
+	ok "h1's link up again: h3 copies to it"
+else
+	fail "h1's link up again: the copy to it answered $res"
 fi
 
 # the destination killed mid-copy: the operation fails naming it, the
