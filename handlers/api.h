@@ -32,10 +32,19 @@ struct ts_view_cache;
 struct ts_array;
 struct ts_operation;
 
+/* Most destinations of one broadcast (:copy with "hosts"). */
+#define TS_FLEET_BROADCAST_MAX 64
+
 /* A copy of an array to another node of the fleet (:copy or :put with
- * "host"): what the server's hook (ts_core.fleet_copy) is given. */
+ * "host"), or to several (:copy with "hosts"): what the server's hook
+ * (ts_core.fleet_copy) is given. */
 struct ts_fleet_copy_req {
-	const char *host;        /* the peer's --host-name, as GET /v1/fleet lists it */
+	const char *host;        /* the peer's --host-name, as GET /v1/fleet lists it; NULL
+	                          * for a broadcast */
+	const char *const *hosts;   /* a broadcast's destinations (nhosts, distinct); NULL
+	                             * for one host */
+	size_t nhosts;
+	bool partial_ok;         /* a broadcast publishes where it succeeded */
 	const char *out;         /* the array's name there */
 	json_t *placement;       /* "sharding" or "device"/"memory_kind" as given; borrowed */
 	const char *dtype;       /* the destination's dtype */

@@ -82,20 +82,72 @@ static ts_status move_dtype(const struct ts_array *src, json_t *v, struct ts_mov
 	return TS_OK;
 }
 
-/* A copy or put to another node ("host"): placement and dtype are the
- * destination's to resolve, so they travel as given (server/fleet_xfer.h). */
+/* "hosts": distinct strings, none this node's (duplicates and self are
+ * refused here; unknown hosts by the hook, naming them). */
+static ts_status fleet_hosts(const struct ts_call *call, json_t *hosts, const char **out,
+                             size_t *n, struct ts_error *err)
+{
+	size_t i, j;
+	json_t *h;
+
+	if (!json_is_array(hosts) || json_array_size(hosts) == 0 ||
+	    json_array_size(hosts) > TS_FLEET_BROADCAST_MAX)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "\"hosts\" is a list of 1 to %d nodes of the fleet (their hosts "
+		                    "as GET /v1/fleet lists them)", TS_FLEET_BROADCAST_MAX);
+	json_array_foreach(hosts, i, h) {
+		if (!json_is_string(h) || !json_string_length(h))
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+			                    "\"hosts\"[%zu] is not a host name", i);
+		out[i] = json_string_value(h);
+		if (strcmp(out[i], call->core->host) == 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_HOST",
+			                    "\"hosts\"[%zu] '%s' is this node: a broadcast goes to "
+			                    "other nodes", i, out[i]);
+		for (j = 0; j < i; j++)
+			if (strcmp(out[j], out[i]) == 0)
+				return ts_error_set(err, TS_INVALID_ARGUMENT, "DUPLICATE_HOST",
+				                    "\"hosts\" names '%s' twice", out[i]);
+	}
+	*n = i;
+	return TS_OK;
+}
+
+/* A copy or put to another node ("host"), or a copy to several ("hosts"):
+ * placement and dtype are the destination's to resolve, so they travel as
+ * given (server/fleet_xfer.h). */
 static ts_status fleet_start(const struct ts_call *call, struct ts_array *src, json_t *body,
                              const char *name, const struct ts_move_spec *spec, bool is_copy,
                              struct ts_operation **op, struct ts_error *err)
 {
-	json_t *host = json_object_get(body, "host"), *pl;
+	json_t *host = json_object_get(body, "host"), *hosts = json_object_get(body, "hosts"), *pl;
+	json_t *partial = json_object_get(body, "partial_ok");
+	const char *list[TS_FLEET_BROADCAST_MAX];
 	struct ts_fleet_copy_req req = {0};
 	ts_status st;
 
-	if (!json_is_string(host) || !json_string_length(host))
+	if (host && hosts)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "give either \"host\" (one node) or \"hosts\" (a broadcast), "
+		                    "not both");
+	if (hosts && !is_copy)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "\"hosts\" is for :copy (a broadcast); a :put moves the array "
+		                    "to one \"host\"");
+	if (partial && (!hosts || !json_is_boolean(partial)))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		                    "\"partial_ok\" is a boolean, and only for a broadcast "
+		                    "(\"hosts\")");
+	if (hosts) {
+		if (fleet_hosts(call, hosts, list, &req.nhosts, err) != TS_OK)
+			return err->status;
+		req.hosts = list;
+		req.partial_ok = json_is_true(partial);
+	} else if (!json_is_string(host) || !json_string_length(host)) {
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		                    "\"host\" names a node of the fleet (its host as GET /v1/fleet "
 		                    "lists it)");
+	}
 	if (spec->donate)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 		                    "\"donate\" is for a copy on this node; a :put with \"host\" "
@@ -103,7 +155,7 @@ static ts_status fleet_start(const struct ts_call *call, struct ts_array *src, j
 	if (!call->core->fleet_copy)
 		return ts_error_set(err, TS_FAILED_PRECONDITION, "NO_FLEET",
 		                    "this daemon has no fleet (--peers or --peers-dns) to copy to "
-		                    "host '%s'", json_string_value(host));
+		                    "host '%s'", host ? json_string_value(host) : list[0]);
 	pl = json_object();
 	if (!pl)
 		return ts_error_oom(err, "no memory for a copy");
@@ -111,7 +163,7 @@ static ts_status fleet_start(const struct ts_call *call, struct ts_array *src, j
 	     *k; k++)
 		if (json_object_get(body, *k))
 			json_object_set(pl, *k, json_object_get(body, *k));
-	req.host = json_string_value(host);
+	req.host = hosts ? NULL : json_string_value(host);
 	req.out = name;
 	req.placement = pl;
 	req.dtype = ts_dtype_name(spec->dtype);
@@ -148,7 +200,8 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 
 		json_object_foreach(body, k, v) {
 			if (strcmp(k, "sharding") && strcmp(k, "device") && strcmp(k, "memory_kind") &&
-			    strcmp(k, "dtype") && strcmp(k, "host") &&
+			    strcmp(k, "dtype") && strcmp(k, "host") && strcmp(k, "hosts") &&
+			    strcmp(k, "partial_ok") &&
 			    !(is_copy && (strcmp(k, "out") == 0 || strcmp(k, "donate") == 0 ||
 			                  strcmp(k, "overwrite") == 0))) {
 				if (!is_copy && strcmp(k, "donate") == 0)
@@ -160,7 +213,8 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 					ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 					             "unknown field '%s'; a %s takes \"sharding\" or \"device\"/"
 					             "\"memory_kind\", \"dtype\", \"host\"%s", k, is_copy ? ":copy" : ":put",
-					             is_copy ? ", \"out\", \"overwrite\" and \"donate\"" : "");
+					             is_copy ? ", \"hosts\", \"partial_ok\", \"out\", "
+					                       "\"overwrite\" and \"donate\"" : "");
 				goto out_fail;
 			}
 		}
@@ -181,7 +235,12 @@ static void move_start(const struct ts_call *call, struct ts_reply *reply, bool 
 	}
 	if (move_dtype(src, json_object_get(body, "dtype"), &spec, &err) != TS_OK)
 		goto out_fail;
+	/* to other nodes; "partial_ok" alone is refused there, named */
 	host = json_object_get(body, "host");
+	if (!host)
+		host = json_object_get(body, "hosts");
+	if (!host)
+		host = json_object_get(body, "partial_ok");
 	spec.overwrite = json_is_true(overwrite);
 	spec.donate = json_is_true(donate);
 	if (host) {

@@ -121,6 +121,9 @@ static const struct opt options[] = {
 	{"fleet-port", OPT_INT, F(fleet_port), 0, 65535, "--port + 1",
 	 "port of the fleet's data path, UCX (0: the one after --port); it listens with --peers, "
 	 "--peers-dns or this flag; reported by GET /v1/fleet"},
+	{"fleet-timeout", OPT_INT, F(fleet_timeout), 1, 3600, "30",
+	 "seconds a peer of a cross-node copy may stay silent (no write completes, no answer to "
+	 "its receive) before the copy ends DEADLINE_EXCEEDED naming it"},
 	{"unix-socket", OPT_STRING, F(unix_socket), 0, 0, "none",
 	 "also serve the HTTP API on this Unix socket (its file's mode and group are the "
 	 "permission: no token is asked there)"},
@@ -155,6 +158,7 @@ static void set_defaults(struct ts_config *cfg)
 	cfg->body_idle_timeout = 15;
 	cfg->body_min_rate = 64ull << 10;
 	cfg->wait_limit = 60;
+	cfg->fleet_timeout = 30;
 	cfg->worker_fill = 4;
 }
 

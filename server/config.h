@@ -74,6 +74,7 @@ struct ts_config {
 	char peers[4096];                /* --peers: comma-separated http://HOST:PORT; "" none */
 	char peers_dns[256];             /* --peers-dns: a name whose addresses are peers */
 	int fleet_port;                  /* the fleet's data port; 0: port + 1 */
+	int fleet_timeout;               /* seconds a cross-node copy's peer may be silent */
 	char unix_socket[108];           /* also serve on this Unix socket; "" none */
 	char unix_socket_mode[8];        /* its file mode, octal ("0600") */
 	char unix_socket_group[64];      /* its group (name or gid); "" the daemon's */

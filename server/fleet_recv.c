@@ -26,6 +26,7 @@
 #include "jobs/move.h"
 #include "memory/buffer.h"
 #include "server/fleet_ucx.h"
+#include "server/metrics.h"
 #include "server/server_int.h"
 
 struct recv {
@@ -413,6 +414,8 @@ void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call
 	v->memh = NULL;
 	st = ts_job_move_start(v->jm, &op, &err);
 	v->jm = NULL;
+	if (st == TS_OK)
+		ts_metrics_fleet_bytes(srv->metrics, false, ts_array_desc(v->staging)->nbytes);
 	ts_log(st == TS_OK ? TS_LOG_INFO : TS_LOG_WARN,
 	       "\"event\":\"fleet_receive\",\"result\":\"commit\"",
 	       "fleet receive %s of array '%s' committed%s%s", v->id, v->out,

@@ -14,6 +14,7 @@
 #include "common/units.h"
 #include "server/fleet.h"
 #include "server/fleet_ucx.h"
+#include "server/metrics.h"
 #include "server/server_int.h"
 #include "storage/array_io.h"
 
@@ -25,18 +26,42 @@
 /* Largest answer the peer may give. */
 #define ANSWER_MAX (1u << 20)
 
+/* One destination: its peer, its receive, its endpoint and how far it got. */
+struct dest {
+	struct xfer *x;
+	char host[128];
+	char url[TS_CONFIG_PEER_URL_MAX + 1];
+	/* the run's */
+	char rid[64];                    /* the open receive there; "" when none */
+	bool ep_failed;                  /* the endpoint failed */
+	ucs_status_t ep_status;
+	ucp_ep_h ep;
+	ucp_rkey_h rkey;
+	uint64_t addr;                   /* its staging memory */
+	uint64_t deadline_ns;            /* its receive's end there */
+	void *pending;                   /* the write in flight, or NULL */
+	uint64_t pending_n;
+	uint64_t done;                   /* bytes written there */
+	bool dead;                       /* failed (err says why); the others go on */
+	bool published;
+	struct ts_error err;
+	json_t *rcv;                     /* its receive's answer */
+	json_t *array;                   /* what it published */
+};
+
 struct xfer {
 	struct ts_server *srv;
 	struct ts_array *src;            /* own reference: the version copied */
 	char etag[32];
-	char host[128];
-	char url[TS_CONFIG_PEER_URL_MAX + 1];
 	char *body;                      /* the receive's request (JSON text) */
 	bool put;
-	/* the run's */
-	char rid[64];
-	bool failed;                     /* the endpoint failed */
-	ucs_status_t ep_status;
+	bool broadcast;                  /* "hosts": the result lists the destinations */
+	bool partial_ok;
+	uint64_t silence_ns;             /* --fleet-timeout: longest wait on a silent peer */
+	ucp_context_h ctx;
+	ucp_worker_h worker;
+	size_t n;
+	struct dest d[];
 };
 
 struct answer {
@@ -76,85 +101,151 @@ static ts_status from_http(long code)
 	}
 }
 
-/* POST url+path with body (may be NULL): *out the JSON answer on a 2xx,
- * else an error naming the peer (its own error message when it gave one). */
-static ts_status call_peer(struct xfer *x, const char *path, const char *body, long timeout_ms,
-                           json_t **out, struct ts_error *err)
+/* One HTTP call to a peer, while it runs. */
+struct call {
+	struct dest *d;
+	CURL *e;
+	struct curl_slist *h;
+	struct answer a;
+	const char *path;
+	long timeout_ms;
+	char url[TS_CONFIG_PEER_URL_MAX + 160];
+	char auth[300];
+	char ebuf[CURL_ERROR_SIZE];
+};
+
+/* Prepares POST url+path with body (may be NULL; kept until call_end). */
+static ts_status call_start(struct dest *d, struct call *c, const char *path, const char *body,
+                            long timeout_ms, struct ts_error *err)
 {
-	char url[sizeof x->url + 160], auth[300], ebuf[CURL_ERROR_SIZE] = "";
-	struct curl_slist *h = NULL;
-	struct answer a = {0};
-	CURL *e = curl_easy_init();
-	CURLcode rc;
+	memset(c, 0, sizeof *c);
+	c->d = d;
+	c->path = path;
+	c->timeout_ms = timeout_ms;
+	c->e = curl_easy_init();
+	if (!c->e)
+		return ts_error_oom(err, "no memory for a call to peer '%s'", d->host);
+	snprintf(c->url, sizeof c->url, "%s%s", d->url, path);
+	c->h = curl_slist_append(c->h, "Content-Type: application/json");
+	if (d->x->srv->token[0]) {
+		snprintf(c->auth, sizeof c->auth, "Authorization: Bearer %s", d->x->srv->token);
+		c->h = curl_slist_append(c->h, c->auth);
+	}
+	curl_easy_setopt(c->e, CURLOPT_URL, c->url);
+	curl_easy_setopt(c->e, CURLOPT_POST, 1L);
+	curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, body ? body : "");
+	curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
+	curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c->e, CURLOPT_TIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(c->e, CURLOPT_CONNECTTIMEOUT_MS, HTTP_TIMEOUT_MS);
+	curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_answer);
+	curl_easy_setopt(c->e, CURLOPT_WRITEDATA, &c->a);
+	curl_easy_setopt(c->e, CURLOPT_ERRORBUFFER, c->ebuf);
+	curl_easy_setopt(c->e, CURLOPT_PROXY, "");
+	return TS_OK;
+}
+
+/* The call ended with rc: *out the JSON answer on a 2xx, else an error
+ * naming the peer (its own error message when it gave one). Frees c's. */
+static ts_status call_end(struct call *c, CURLcode rc, json_t **out, struct ts_error *err)
+{
+	const char *host = c->d->host;
 	long code = 0;
 	json_t *j = NULL;
 	ts_status st = TS_OK;
 
 	*out = NULL;
-	if (!e)
-		return ts_error_oom(err, "no memory for a call to peer '%s'", x->host);
-	snprintf(url, sizeof url, "%s%s", x->url, path);
-	h = curl_slist_append(h, "Content-Type: application/json");
-	if (x->srv->token[0]) {
-		snprintf(auth, sizeof auth, "Authorization: Bearer %s", x->srv->token);
-		h = curl_slist_append(h, auth);
-	}
-	curl_easy_setopt(e, CURLOPT_URL, url);
-	curl_easy_setopt(e, CURLOPT_POST, 1L);
-	curl_easy_setopt(e, CURLOPT_POSTFIELDS, body ? body : "");
-	curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, timeout_ms);
-	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, HTTP_TIMEOUT_MS);
-	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_answer);
-	curl_easy_setopt(e, CURLOPT_WRITEDATA, &a);
-	curl_easy_setopt(e, CURLOPT_ERRORBUFFER, ebuf);
-	curl_easy_setopt(e, CURLOPT_PROXY, "");
-	rc = curl_easy_perform(e);
-	if (rc != CURLE_OK) {
-		st = ts_error_set(err, TS_UNAVAILABLE, "PEER_UNAVAILABLE", "peer '%s': POST %s: %s",
-		                  x->host, url, ebuf[0] ? ebuf : curl_easy_strerror(rc));
+	if (rc == CURLE_OPERATION_TIMEDOUT) {
+		st = ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
+		                  "peer '%s': POST %s: no answer in %ld ms", host, c->url,
+		                  c->timeout_ms);
 		goto out;
 	}
-	curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &code);
-	j = json_loadb(a.buf ? a.buf : "", a.len, 0, NULL);
+	if (rc != CURLE_OK) {
+		st = ts_error_set(err, TS_UNAVAILABLE, "PEER_UNAVAILABLE", "peer '%s': POST %s: %s",
+		                  host, c->url, c->ebuf[0] ? c->ebuf : curl_easy_strerror(rc));
+		goto out;
+	}
+	curl_easy_getinfo(c->e, CURLINFO_RESPONSE_CODE, &code);
+	j = json_loadb(c->a.buf ? c->a.buf : "", c->a.len, 0, NULL);
 	if (code < 200 || code > 299) {
 		json_t *pe = json_object_get(j, "error");
 		const char *msg = json_string_value(json_object_get(pe, "message"));
 
 		st = ts_error_set(err, from_http(code), "PEER_REFUSED", "peer '%s' answered %ld to %s: %s",
-		                  x->host, code, path, msg ? msg : "no message");
+		                  host, code, c->path, msg ? msg : "no message");
 		goto out;
 	}
 	if (!json_is_object(j)) {
 		st = ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-		                  "peer '%s' did not answer %s with a JSON object", x->host, path);
+		                  "peer '%s' did not answer %s with a JSON object", host, c->path);
 		goto out;
 	}
 	*out = j;
 	j = NULL;
 out:
 	json_decref(j);
-	free(a.buf);
-	curl_slist_free_all(h);
-	curl_easy_cleanup(e);
+	free(c->a.buf);
+	curl_slist_free_all(c->h);
+	curl_easy_cleanup(c->e);
+	c->e = NULL;
 	return st;
+}
+
+/* POST url+path with body (may be NULL) and waits for the answer
+ * (call_end's). */
+static ts_status call_peer(struct dest *d, const char *path, const char *body, long timeout_ms,
+                           json_t **out, struct ts_error *err)
+{
+	struct call c;
+
+	*out = NULL;
+	if (call_start(d, &c, path, body, timeout_ms, err) != TS_OK)
+		return err->status;
+	return call_end(&c, curl_easy_perform(c.e), out, err);
 }
 
 static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
 {
-	struct xfer *x = arg;
+	struct dest *d = arg;
 
 	(void)ep;
-	x->failed = true;
-	x->ep_status = status;
+	d->ep_failed = true;
+	d->ep_status = status;
 }
 
-/* Drives req (a UCP request or an immediate status) to its end: TS_OK, or
- * an error naming what failed; CANCELLED when the operation is. */
-static ts_status finish(struct xfer *x, struct ts_operation *op, ucp_worker_h w, void *req,
-                        const char *what, uint64_t deadline, struct ts_error *err)
+/* Closes d's endpoint at once (its remote key first), without the peer:
+ * every request still in flight on it completes, cancelled. */
+static void force_close(struct dest *d)
 {
+	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
+	void *req;
+
+	if (d->rkey)
+		ucp_rkey_destroy(d->rkey);
+	d->rkey = NULL;
+	if (!d->ep)
+		return;
+	req = ucp_ep_close_nbx(d->ep, &p);
+	while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
+		ucp_worker_progress(d->x->worker);
+	if (UCS_PTR_IS_PTR(req))
+		ucp_request_free(req);
+	d->ep = NULL;
+}
+
+/* Drives req (a UCP request or an immediate status) of d's endpoint to its
+ * end: TS_OK, or an error naming d's peer; DEADLINE_EXCEEDED when nothing
+ * completes for --fleet-timeout (a silent peer) or past the receive's
+ * deadline; CANCELLED when the operation is. */
+static ts_status finish(struct dest *d, struct ts_operation *op, void *req, const char *what,
+                        uint64_t deadline, struct ts_error *err)
+{
+	struct xfer *x = d->x;
+	uint64_t silent = ts_now_ns() + x->silence_ns;
+	ucp_worker_h w = x->worker;
+	bool timed_out = false;
 	ucs_status_t s;
 
 	if (req == NULL)
@@ -163,16 +254,24 @@ static ts_status finish(struct xfer *x, struct ts_operation *op, ucp_worker_h w,
 		s = UCS_PTR_STATUS(req);
 		goto failed;
 	}
+	if (silent < deadline) {
+		deadline = silent;
+		timed_out = true;
+	}
 	/* a cancel waits for the write in flight (one chunk): a peer whose
 	 * writes are cut off under it fails its reply (UCX's software RMA) */
 	while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
 		if (ucp_worker_progress(w))
 			continue;
-		if (ts_now_ns() >= deadline || x->failed) {
+		if (ts_now_ns() >= deadline || d->ep_failed) {
+			/* a write cannot be cancelled: the endpoint goes, and
+			 * with it what is in flight on it */
 			ucp_request_cancel(w, req);
+			if (ucp_request_check_status(req) == UCS_INPROGRESS)
+				force_close(d);
 			while (ucp_request_check_status(req) == UCS_INPROGRESS)
 				ucp_worker_progress(w);
-			s = x->failed ? x->ep_status : UCS_ERR_TIMED_OUT;
+			s = d->ep_failed ? d->ep_status : UCS_ERR_TIMED_OUT;
 			ucp_request_free(req);
 			goto failed;
 		}
@@ -183,9 +282,14 @@ static ts_status finish(struct xfer *x, struct ts_operation *op, ucp_worker_h w,
 failed:
 	if (s == UCS_ERR_CANCELED && ts_operation_cancelled(op))
 		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
-		                    x->host);
+		                    d->host);
+	if (s == UCS_ERR_TIMED_OUT && timed_out)
+		return ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
+		                    "peer '%s' (%s): %s: nothing completed in %llu s (--fleet-timeout)",
+		                    d->host, d->url, what,
+		                    (unsigned long long)(x->silence_ns / 1000000000ull));
 	return ts_error_set(err, s == UCS_ERR_TIMED_OUT ? TS_DEADLINE_EXCEEDED : TS_UNAVAILABLE,
-	                    "PEER_FAILED", "peer '%s' (%s): %s: %s", x->host, x->url, what,
+	                    "PEER_FAILED", "peer '%s' (%s): %s: %s", d->host, d->url, what,
 	                    ucs_status_string(s));
 }
 
@@ -211,66 +315,75 @@ static int hex_val(char c)
 	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-struct ucx_side {
-	ucp_context_h ctx;
-	ucp_worker_h worker;
-	ucp_ep_h ep;
-	ucp_rkey_h rkey;
-};
-
-static ts_status ucx_open(struct xfer *x, struct ts_operation *op, struct ucx_side *u,
-                          json_t *rcv, uint64_t deadline, struct ts_error *err)
+/* The operation's own UCX context and worker (its thread's alone). */
+static ts_status ucx_start(struct xfer *x, struct ts_error *err)
 {
 	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
 	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_RMA};
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
+	ucp_config_t *config;
+	ucs_status_t s;
+
+	s = ucp_config_read(NULL, NULL, &config);
+	if (s == UCS_OK) {
+		s = ucp_init(&params, config, &x->ctx);
+		ucp_config_release(config);
+		if (s != UCS_OK)
+			x->ctx = NULL;
+	}
+	if (s == UCS_OK) {
+		s = ucp_worker_create(x->ctx, &wp, &x->worker);
+		if (s != UCS_OK)
+			x->worker = NULL;
+	}
+	if (s != UCS_OK)
+		return ts_error_set(err, TS_UNAVAILABLE, "UCX", "UCX for a copy to '%s': %s",
+		                    x->d[0].host, ucs_status_string(s));
+	return TS_OK;
+}
+
+/* d's endpoint to its peer's fleet port, admitted by the receive's ticket,
+ * and the remote key of its staging memory. */
+static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t deadline,
+                          struct ts_error *err)
+{
 	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
 	                                    UCP_EP_PARAM_FIELD_ERR_HANDLER |
 	                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
 	                      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
 	                      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-	                      .err_handler = {.cb = ep_failed, .arg = x}};
+	                      .err_handler = {.cb = ep_failed, .arg = d}};
 	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
 	ucp_request_param_t p = {.op_attr_mask = 0};
+	json_t *rcv = d->rcv;
 	const char *ticket = json_string_value(json_object_get(rcv, "ticket"));
 	const char *rk = json_string_value(json_object_get(rcv, "rkey"));
 	char host[128], port[16];
 	unsigned char *packed = NULL;
 	size_t n;
-	ucp_config_t *config;
 	ucs_status_t s;
 	ts_status st;
 
 	if (!ticket || strlen(ticket) != TS_FLEET_TICKET_LEN || !rk || strlen(rk) % 2)
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-		                    "peer '%s' answered the receive without a ticket or key", x->host);
-	s = ucp_config_read(NULL, NULL, &config);
-	if (s == UCS_OK) {
-		s = ucp_init(&params, config, &u->ctx);
-		ucp_config_release(config);
-	}
-	if (s == UCS_OK)
-		s = ucp_worker_create(u->ctx, &wp, &u->worker);
-	if (s != UCS_OK)
-		return ts_error_set(err, TS_UNAVAILABLE, "UCX", "UCX for a copy to '%s': %s", x->host,
-		                    ucs_status_string(s));
-	url_host(x->url, host, sizeof host);
+		                    "peer '%s' answered the receive without a ticket or key", d->host);
+	url_host(d->url, host, sizeof host);
 	snprintf(port, sizeof port, "%lld",
 	         (long long)json_integer_value(json_object_get(rcv, "fleet_port")));
 	if (getaddrinfo(host, port, &hints, &ai) != 0)
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_FAILED",
-		                    "peer '%s': cannot resolve '%s'", x->host, host);
+		                    "peer '%s': cannot resolve '%s'", d->host, host);
 	ep.sockaddr = (ucs_sock_addr_t){.addr = ai->ai_addr, .addrlen = ai->ai_addrlen};
-	s = ucp_ep_create(u->worker, &ep, &u->ep);
+	s = ucp_ep_create(d->x->worker, &ep, &d->ep);
 	freeaddrinfo(ai);
 	if (s != UCS_OK) {
-		u->ep = NULL;
+		d->ep = NULL;
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_FAILED",
-		                    "peer '%s': no endpoint to %s:%s: %s", x->host, host, port,
+		                    "peer '%s': no endpoint to %s:%s: %s", d->host, host, port,
 		                    ucs_status_string(s));
 	}
-	st = finish(x, op, u->worker, ucp_stream_send_nbx(u->ep, ticket, TS_FLEET_TICKET_LEN, &p),
+	st = finish(d, op, ucp_stream_send_nbx(d->ep, ticket, TS_FLEET_TICKET_LEN, &p),
 	            "sending the ticket", deadline, err);
 	if (st != TS_OK)
 		return st;
@@ -284,75 +397,160 @@ static ts_status ucx_open(struct xfer *x, struct ts_operation *op, struct ucx_si
 		if (hi < 0 || lo < 0) {
 			free(packed);
 			return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-			                    "peer '%s' answered a remote key that is not hex", x->host);
+			                    "peer '%s' answered a remote key that is not hex", d->host);
 		}
 		packed[i] = (unsigned char)(hi << 4 | lo);
 	}
-	s = ucp_ep_rkey_unpack(u->ep, packed, &u->rkey);
+	s = ucp_ep_rkey_unpack(d->ep, packed, &d->rkey);
 	free(packed);
 	if (s != UCS_OK) {
-		u->rkey = NULL;
+		d->rkey = NULL;
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_FAILED",
-		                    "peer '%s': its remote key: %s", x->host, ucs_status_string(s));
+		                    "peer '%s': its remote key: %s", d->host, ucs_status_string(s));
 	}
+	d->addr = (uint64_t)json_integer_value(json_object_get(rcv, "address"));
 	return TS_OK;
 }
 
-static void ucx_close(struct xfer *x, struct ucx_side *u)
+/* Closes d's endpoint: flushed with the peer when it is well, forced when
+ * it failed. */
+static void ucx_close(struct dest *d)
 {
-	if (u->rkey)
-		ucp_rkey_destroy(u->rkey);
-	if (u->ep) {
-		/* a live endpoint is flushed and closed with the peer; a failed one forced */
-		ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-		                         .flags = x->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0};
-		void *req = ucp_ep_close_nbx(u->ep, &p);
+	if (d->ep_failed || d->dead) {
+		force_close(d);
+		return;
+	}
+	if (d->rkey)
+		ucp_rkey_destroy(d->rkey);
+	d->rkey = NULL;
+	if (d->ep) {
+		ucp_request_param_t p = {.op_attr_mask = 0};
+		void *req = ucp_ep_close_nbx(d->ep, &p);
 
 		while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
-			ucp_worker_progress(u->worker);
+			ucp_worker_progress(d->x->worker);
 		if (UCS_PTR_IS_PTR(req))
 			ucp_request_free(req);
 	}
-	if (u->worker)
-		ucp_worker_destroy(u->worker);
-	if (u->ctx)
-		ucp_cleanup(u->ctx);
+	d->ep = NULL;
 }
 
-/* Waits for a write in flight (cancels it once the endpoint failed or the
- * deadline passed) until UCX lets go of its buffer. */
-static void drop(struct xfer *x, ucp_worker_h w, void *req, uint64_t deadline)
+static void ucx_stop(struct xfer *x)
 {
+	for (size_t i = 0; i < x->n; i++)
+		ucx_close(&x->d[i]);
+	if (x->worker)
+		ucp_worker_destroy(x->worker);
+	if (x->ctx)
+		ucp_cleanup(x->ctx);
+	x->worker = NULL;
+	x->ctx = NULL;
+}
+
+/* Waits for d's write in flight (cancels it once the endpoint failed or
+ * the deadline passed) until UCX lets go of its buffer. */
+static void drop(struct dest *d, uint64_t deadline)
+{
+	ucp_worker_h w = d->x->worker;
+	void *req = d->pending;
+
+	d->pending = NULL;
 	if (!UCS_PTR_IS_PTR(req))
 		return;
-	while (ucp_request_check_status(req) == UCS_INPROGRESS && !x->failed &&
+	if (deadline > ts_now_ns() + d->x->silence_ns)
+		deadline = ts_now_ns() + d->x->silence_ns;
+	while (ucp_request_check_status(req) == UCS_INPROGRESS && !d->ep_failed &&
 	       ts_now_ns() < deadline)
 		ucp_worker_progress(w);
 	ucp_request_cancel(w, req);
+	if (ucp_request_check_status(req) == UCS_INPROGRESS)
+		force_close(d);
 	while (ucp_request_check_status(req) == UCS_INPROGRESS)
 		ucp_worker_progress(w);
 	ucp_request_free(req);
 }
 
-/* Reads the version chunk by chunk and writes each into the peer's staging
- * memory, the next chunk read while the last one is written (two buffers),
- * then flushes. */
-static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ucx_side *u,
-                            json_t *rcv, uint64_t deadline, struct ts_error *err)
+static size_t live(const struct xfer *x)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < x->n; i++)
+		n += !x->d[i].dead;
+	return n;
+}
+
+/* d failed with e: the whole operation fails (TS_* returned, err set)
+ * unless "partial_ok" lets the others go on (TS_OK, while any is left). */
+static ts_status dest_failed(struct dest *d, const struct ts_error *e, struct ts_error *err)
+{
+	struct xfer *x = d->x;
+
+	d->dead = true;
+	d->err = *e;
+	ts_log(TS_LOG_WARN, "\"event\":\"fleet_copy\",\"result\":\"failed\"",
+	       "copy of array '%s' to peer '%s' failed: %s", ts_array_name(x->src), d->host,
+	       e->message);
+	if (x->partial_ok && e->status != TS_CANCELLED && live(x) > 0)
+		return TS_OK;
+	*err = *e;
+	return err->status;
+}
+
+/* Each destination's host, bytes written, state and error, as the
+ * operation's metadata "destinations" (a broadcast's). */
+static void show_progress(struct xfer *x, struct ts_operation *op, const char *phase)
+{
+	json_t *list, *o;
+
+	if (!x->broadcast)
+		return;
+	list = json_array();
+	for (size_t i = 0; list && i < x->n; i++) {
+		struct dest *d = &x->d[i];
+		json_t *e = d->dead ? ts_error_to_json(&d->err, 0) : NULL;
+
+		o = json_pack("{s:s, s:I, s:s}", "host", d->host, "bytes_done", (json_int_t)d->done,
+		              "state", d->dead ? "failed" : d->published ? "published" : phase);
+		if (o && e)
+			json_object_set(o, "error", json_object_get(e, "error"));
+		json_decref(e);
+		json_array_append_new(list, o);
+	}
+	o = list ? json_pack("{s:o}", "destinations", list) : NULL;
+	if (o)
+		ts_operation_set_details(op, o);
+}
+
+/* d's write in flight completed: counted, or d failed. */
+static ts_status complete(struct dest *d, struct ts_operation *op, struct ts_error *err)
+{
+	struct ts_error e;
+	uint64_t n = d->pending_n;
+	void *req = d->pending;
+
+	ts_error_clear(&e);
+	d->pending = NULL;
+	if (finish(d, op, req, "writing into its memory", d->deadline_ns, &e) != TS_OK)
+		return dest_failed(d, &e, err);
+	d->done += n;
+	ts_operation_progress_add(op, n);
+	ts_metrics_fleet_bytes(d->x->srv->metrics, true, n);
+	return TS_OK;
+}
+
+/* Reads the version chunk by chunk (once) and writes each into every live
+ * destination's staging memory, the next chunk read while the last one is
+ * written (two buffers), then flushes each. */
+static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_error *err)
 {
 	uint64_t total = ts_array_desc(x->src)->nbytes;
-	uint64_t addr = (uint64_t)json_integer_value(json_object_get(rcv, "address"));
-	uint64_t len = (uint64_t)json_integer_value(json_object_get(rcv, "length"));
 	uint64_t chunk = total < TS_FLEET_XFER_CHUNK ? total : TS_FLEET_XFER_CHUNK;
-	uint64_t pending_n = 0, n;
-	void *buf[2], *pending = NULL;
+	uint64_t n;
+	void *buf[2];
 	ts_status st = TS_OK;
+	size_t k;
 	int i = 0;
 
-	if (len != total)
-		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-		                    "peer '%s' staged %llu bytes for an array of %llu", x->host,
-		                    (unsigned long long)len, (unsigned long long)total);
 	buf[0] = malloc(chunk + 1);
 	buf[1] = malloc(chunk + 1);
 	if (!buf[0] || !buf[1]) {
@@ -362,84 +560,210 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ucx_
 	}
 	for (uint64_t done = 0; st == TS_OK && done < total; done += n, i ^= 1) {
 		struct ts_run run = {done, 0, 0};
-		ucp_request_param_t p = {.op_attr_mask = 0};
 
 		n = total - done < chunk ? total - done : chunk;
 		run.len = n;
 		if (ts_operation_cancelled(op))
 			st = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
-			                  x->host);
+			                  x->d[0].host);
 		if (st == TS_OK)
 			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[i], err);
-		if (st == TS_OK && pending) {
-			void *req = pending;
-
-			pending = NULL;
-			st = finish(x, op, u->worker, req, "writing into its memory", deadline, err);
-			if (st == TS_OK)
-				ts_operation_progress_add(op, pending_n);
-		}
+		for (k = 0; st == TS_OK && k < x->n; k++)
+			if (x->d[k].pending && !x->d[k].dead)
+				st = complete(&x->d[k], op, err);
 		if (st != TS_OK)
 			break;
-		pending = ucp_put_nbx(u->ep, buf[i], (size_t)n, addr + done, u->rkey, &p);
-		pending_n = n;
-		if (!UCS_PTR_IS_PTR(pending)) {
-			/* done at once, or failed at once */
-			st = finish(x, op, u->worker, pending, "writing into its memory", deadline, err);
-			pending = NULL;
-			if (st == TS_OK)
-				ts_operation_progress_add(op, n);
+		show_progress(x, op, "sending");
+		for (k = 0; st == TS_OK && k < x->n; k++) {
+			struct dest *d = &x->d[k];
+			ucp_request_param_t p = {.op_attr_mask = 0};
+
+			if (d->dead)
+				continue;
+			d->pending = ucp_put_nbx(d->ep, buf[i], (size_t)n, d->addr + done, d->rkey, &p);
+			d->pending_n = n;
+			if (!UCS_PTR_IS_PTR(d->pending))   /* done at once, or failed at once */
+				st = complete(d, op, err);
 		}
 	}
-	if (pending && st == TS_OK) {
-		st = finish(x, op, u->worker, pending, "writing into its memory", deadline, err);
-		if (st == TS_OK)
-			ts_operation_progress_add(op, pending_n);
-	} else if (pending) {
-		drop(x, u->worker, pending, deadline);
+	for (k = 0; k < x->n; k++) {
+		struct dest *d = &x->d[k];
+
+		if (d->pending && st == TS_OK && !d->dead)
+			st = complete(d, op, err);
+		else if (d->pending)
+			drop(d, d->deadline_ns);
 	}
 	free(buf[0]);
 	free(buf[1]);
-	if (st == TS_OK) {
+	for (k = 0; st == TS_OK && k < x->n; k++) {
+		struct dest *d = &x->d[k];
 		ucp_request_param_t p = {.op_attr_mask = 0};
+		struct ts_error e;
 
-		st = finish(x, op, u->worker, ucp_ep_flush_nbx(u->ep, &p), "flushing the writes",
-		            deadline, err);
+		ts_error_clear(&e);
+		if (!d->dead && finish(d, op, ucp_ep_flush_nbx(d->ep, &p), "flushing the writes",
+		                       d->deadline_ns, &e) != TS_OK)
+			st = dest_failed(d, &e, err);
 	}
+	show_progress(x, op, "committing");
 	return st;
+}
+
+/* Opens d's receive at its peer (every refusal answered there before any
+ * byte moves). */
+static ts_status open_receive(struct dest *d, struct ts_error *err)
+{
+	struct xfer *x = d->x;
+	ts_status st;
+
+	st = call_peer(d, "/v1/fleet:receive", x->body, (long)(x->silence_ns / 1000000ull),
+	               &d->rcv, err);
+	if (st != TS_OK)
+		return st;
+	snprintf(d->rid, sizeof d->rid, "%s",
+	         json_string_value(json_object_get(d->rcv, "id")) ?: "");
+	d->deadline_ns = ts_now_ns() +
+	                 (uint64_t)json_integer_value(json_object_get(d->rcv, "expires_in_seconds")) *
+	                     1000000000ull;
+	if ((uint64_t)json_integer_value(json_object_get(d->rcv, "length")) !=
+	    ts_array_desc(x->src)->nbytes)
+		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
+		                    "peer '%s' staged %lld bytes for an array of %llu", d->host,
+		                    (long long)json_integer_value(json_object_get(d->rcv, "length")),
+		                    (unsigned long long)ts_array_desc(x->src)->nbytes);
+	return TS_OK;
+}
+
+/* Commits every live destination's receive at once (each publishes the
+ * array there; ?wait=true: each answer is the array) and waits for all. */
+static ts_status commit_all(struct xfer *x, struct ts_error *err)
+{
+	struct call *calls = calloc(x->n, sizeof *calls);
+	struct ts_error *errs = calloc(x->n, sizeof *errs);
+	CURLcode *rcs = calloc(x->n, sizeof *rcs);
+	char (*paths)[128] = calloc(x->n, sizeof *paths);
+	CURLM *m = curl_multi_init();
+	ts_status st = TS_OK;
+	int running = 0, left;
+	CURLMsg *msg;
+	size_t i;
+
+	if (!calls || !errs || !rcs || !paths || !m) {
+		st = ts_error_oom(err, "no memory to commit a copy");
+		goto out;
+	}
+	for (i = 0; i < x->n; i++) {
+		struct dest *d = &x->d[i];
+
+		ts_error_clear(&errs[i]);
+		rcs[i] = CURLE_RECV_ERROR;   /* until its end is read */
+		if (d->dead)
+			continue;
+		snprintf(paths[i], sizeof paths[i], "/v1/fleet/receives/%s:commit?wait=true", d->rid);
+		if (call_start(d, &calls[i], paths[i], NULL, COMMIT_TIMEOUT_MS, &errs[i]) == TS_OK)
+			curl_multi_add_handle(m, calls[i].e);
+	}
+	do {
+		if (curl_multi_perform(m, &running) != CURLM_OK)
+			break;
+		if (running)
+			curl_multi_poll(m, NULL, 0, 1000, NULL);
+	} while (running);
+	while ((msg = curl_multi_info_read(m, &left)))
+		for (i = 0; msg->msg == CURLMSG_DONE && i < x->n; i++)
+			if (calls[i].e == msg->easy_handle)
+				rcs[i] = msg->data.result;
+	for (i = 0; i < x->n; i++) {
+		struct dest *d = &x->d[i];
+		struct ts_error scratch;
+
+		if (d->dead)
+			continue;
+		if (calls[i].e) {
+			curl_multi_remove_handle(m, calls[i].e);
+			(void)call_end(&calls[i], rcs[i], &d->array, &errs[i]);
+		}
+		d->rid[0] = '\0';   /* committed or failed there: nothing to abort */
+		if (errs[i].status == TS_OK && !json_object_get(d->array, "etag"))
+			ts_error_set(&errs[i], TS_DEADLINE_EXCEEDED, "PEER_SLOW",
+			             "peer '%s' had not published '%s' when its wait ended", d->host,
+			             json_string_value(json_object_get(d->rcv, "id")));
+		if (errs[i].status == TS_OK) {
+			d->published = true;
+			continue;
+		}
+		ts_error_clear(&scratch);
+		if (st == TS_OK)
+			st = dest_failed(d, &errs[i], err);
+		else
+			(void)dest_failed(d, &errs[i], &scratch);
+	}
+out:
+	if (m)
+		curl_multi_cleanup(m);
+	free(calls);
+	free(errs);
+	free(rcs);
+	free(paths);
+	return st;
+}
+
+/* The broadcast's result: the source's ETag, and each destination's
+ * array or error ("failed": the hosts that failed, with "partial_ok"). */
+static json_t *broadcast_result(struct xfer *x)
+{
+	json_t *list = json_array(), *failed = json_array(), *o;
+
+	for (size_t i = 0; list && failed && i < x->n; i++) {
+		struct dest *d = &x->d[i];
+
+		if (d->published) {
+			o = json_pack("{s:s, s:s, s:O}", "host", d->host, "state", "published", "array",
+			              d->array);
+		} else {
+			json_t *e = ts_error_to_json(&d->err, 0);
+
+			o = json_pack("{s:s, s:s, s:O?}", "host", d->host, "state", "failed", "error",
+			              json_object_get(e, "error"));
+			json_decref(e);
+			json_array_append_new(failed, json_string(d->host));
+		}
+		json_array_append_new(list, o);
+	}
+	return json_pack("{s:s, s:o*, s:o*}", "source_etag", x->etag, "destinations", list,
+	                 "failed_hosts", failed);
 }
 
 static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct xfer *x = arg;
-	struct ucx_side u = {0};
-	json_t *rcv = NULL, *done = NULL;
-	char path[128];
-	uint64_t deadline;
-	ts_status st;
+	struct ts_error e;
+	ts_status st = TS_OK;
+	size_t i;
 
-	st = call_peer(x, "/v1/fleet:receive", x->body, HTTP_TIMEOUT_MS, &rcv, err);
-	if (st != TS_OK)
-		goto out;
-	snprintf(x->rid, sizeof x->rid, "%s", json_string_value(json_object_get(rcv, "id")) ?: "");
-	deadline = ts_now_ns() +
-	           (uint64_t)json_integer_value(json_object_get(rcv, "expires_in_seconds")) *
-	               1000000000ull;
-	if (ts_array_desc(x->src)->nbytes) {   /* an empty array has no bytes to send */
-		st = ucx_open(x, op, &u, rcv, deadline, err);
+	show_progress(x, op, "receiving");
+	for (i = 0; st == TS_OK && i < x->n; i++) {
+		ts_error_clear(&e);
+		if (open_receive(&x->d[i], &e) != TS_OK)
+			st = dest_failed(&x->d[i], &e, err);
+	}
+	if (st == TS_OK && ts_array_desc(x->src)->nbytes) {   /* an empty array has no bytes */
+		st = ucx_start(x, err);
+		for (i = 0; st == TS_OK && i < x->n; i++) {
+			struct dest *d = &x->d[i];
+
+			ts_error_clear(&e);
+			if (!d->dead && ucx_open(d, op, d->deadline_ns, &e) != TS_OK)
+				st = dest_failed(d, &e, err);
+		}
 		if (st == TS_OK)
-			st = send_bytes(x, op, &u, rcv, deadline, err);
+			st = send_bytes(x, op, err);
 	}
-	ucx_close(x, &u);
-	if (st == TS_OK) {
-		snprintf(path, sizeof path, "/v1/fleet/receives/%s:commit?wait=true", x->rid);
-		st = call_peer(x, path, NULL, COMMIT_TIMEOUT_MS, &done, err);
-		x->rid[0] = '\0';   /* committed or failed there: nothing to abort */
-	}
-	if (st == TS_OK && !json_object_get(done, "etag"))
-		st = ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SLOW",
-		                  "peer '%s' had not published '%s' when its wait ended", x->host,
-		                  json_string_value(json_object_get(rcv, "id")));
+	ucx_stop(x);
+	/* the commits, all at once, when every destination has all its bytes */
+	if (st == TS_OK)
+		st = commit_all(x, err);
 	if (st == TS_OK && x->put) {
 		struct ts_precondition same = {.if_match = x->etag};
 		struct ts_error ignore;
@@ -448,27 +772,35 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 		(void)ts_catalog_delete(x->srv->core.env.catalog, ts_array_name(x->src), &same, &ignore);
 	}
 	if (st == TS_OK) {
-		ts_operation_set_result(op, json_pack("{s:s, s:s, s:O}", "host", x->host, "source_etag",
-		                                      x->etag, "array", done));
-		ts_log(TS_LOG_INFO, "\"event\":\"fleet_copy\",\"result\":\"ok\"",
-		       "array '%s' copied to peer '%s'", ts_array_name(x->src), x->host);
+		ts_operation_set_result(op, x->broadcast ? broadcast_result(x)
+		                                         : json_pack("{s:s, s:s, s:O}", "host",
+		                                                     x->d[0].host, "source_etag",
+		                                                     x->etag, "array", x->d[0].array));
+		for (i = 0; i < x->n; i++)
+			if (x->d[i].published)
+				ts_log(TS_LOG_INFO, "\"event\":\"fleet_copy\",\"result\":\"ok\"",
+				       "array '%s' copied to peer '%s'", ts_array_name(x->src), x->d[i].host);
 	}
-out:
-	if (st != TS_OK && x->rid[0]) {
-		struct ts_error ignore;
+	/* every receive neither committed nor failed there is aborted */
+	for (i = 0; i < x->n; i++) {
+		struct dest *d = &x->d[i];
+		char path[128];
 		json_t *j = NULL;
 
-		snprintf(path, sizeof path, "/v1/fleet/receives/%s:abort", x->rid);
-		ts_error_clear(&ignore);
-		(void)call_peer(x, path, NULL, 2000L, &j, &ignore);
+		if (!d->rid[0])
+			continue;
+		snprintf(path, sizeof path, "/v1/fleet/receives/%s:abort", d->rid);
+		ts_error_clear(&e);
+		(void)call_peer(d, path, NULL, 2000L, &j, &e);
 		json_decref(j);
+		d->rid[0] = '\0';
 	}
 	if (st != TS_OK)
 		ts_log(TS_LOG_WARN, "\"event\":\"fleet_copy\",\"result\":\"failed\"",
-		       "copy of array '%s' to peer '%s' failed: %s", ts_array_name(x->src), x->host,
-		       err->message);
-	json_decref(rcv);
-	json_decref(done);
+		       "copy of array '%s' to %s'%s'%s failed: %s", ts_array_name(x->src),
+		       x->broadcast ? "peers " : "peer ", x->d[0].host,
+		       x->n > 1 ? " and others" : "", err->message);
+	show_progress(x, op, st == TS_OK ? "published" : "failed");
 	return st;
 }
 
@@ -476,6 +808,10 @@ static void xfer_release(void *arg)
 {
 	struct xfer *x = arg;
 
+	for (size_t i = 0; i < x->n; i++) {
+		json_decref(x->d[i].rcv);
+		json_decref(x->d[i].array);
+	}
 	ts_array_unref(x->src);
 	free(x->body);
 	free(x);
@@ -497,23 +833,34 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 {
 	struct ts_server *srv = cls;
 	const struct ts_array_desc *d = ts_array_desc(src);
+	const char *const *hosts = req->hosts ? req->hosts : &req->host;
+	size_t n = req->hosts ? req->nhosts : 1;
 	struct xfer *x;
 	json_t *body, *shape;
 	ts_status st;
 
 	*op = NULL;
-	if (strcmp(req->host, srv->core.host) == 0)
-		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_HOST",
-		                    "host '%s' is this node: copy without \"host\"", req->host);
-	x = calloc(1, sizeof *x);
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(hosts[i], srv->core.host) == 0)
+			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_HOST",
+			                    "host '%s' is this node: copy without \"host\"", hosts[i]);
+	x = calloc(1, sizeof *x + n * sizeof x->d[0]);
 	if (!x)
-		return ts_error_oom(err, "no memory for a copy to '%s'", req->host);
+		return ts_error_oom(err, "no memory for a copy to '%s'", hosts[0]);
 	x->srv = srv;
 	x->put = req->put;
-	snprintf(x->host, sizeof x->host, "%s", req->host);
-	if (ts_fleet_peer(srv->fleet, req->host, x->url, sizeof x->url, err) != TS_OK) {
-		free(x);
-		return err->status;
+	x->broadcast = req->hosts != NULL;
+	x->partial_ok = req->partial_ok;
+	x->silence_ns = (uint64_t)srv->cfg.fleet_timeout * 1000000000ull;
+	x->n = n;
+	for (size_t i = 0; i < n; i++) {
+		x->d[i].x = x;
+		snprintf(x->d[i].host, sizeof x->d[i].host, "%s", hosts[i]);
+		if (ts_fleet_peer(srv->fleet, hosts[i], x->d[i].url, sizeof x->d[i].url, err) !=
+		    TS_OK) {
+			free(x);
+			return err->status;
+		}
 	}
 	shape = json_array();
 	for (int i = 0; shape && i < d->rank; i++)
@@ -527,12 +874,12 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 	json_decref(body);
 	if (!x->body) {
 		free(x);
-		return ts_error_oom(err, "no memory for a copy to '%s'", req->host);
+		return ts_error_oom(err, "no memory for a copy to '%s'", hosts[0]);
 	}
 	x->src = ts_array_ref(src);
 	snprintf(x->etag, sizeof x->etag, "%s", ts_array_etag(src));
 	st = ts_op_submit(srv->core.env.operations, req->put ? "put" : "copy", ts_array_name(src),
-	                  d->nbytes, "bytes", xfer_run, x, xfer_release, op, err);
+	                  d->nbytes * n, "bytes", xfer_run, x, xfer_release, op, err);
 	if (st != TS_OK)
 		xfer_release(x);
 	return st;

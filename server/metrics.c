@@ -82,6 +82,7 @@ struct ts_metrics {
 	_Atomic uint64_t history[2];            /* samples, sampler CPU ns (server/history.c) */
 	_Atomic uint64_t fleet_ucx_conns[2];    /* accepted, rejected (server/fleet_ucx.c) */
 	_Atomic int64_t fleet_ucx_open;
+	_Atomic uint64_t fleet_bytes[2];        /* sent, received (server/fleet_xfer.c, fleet_recv.c) */
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -200,6 +201,12 @@ void ts_metrics_fleet_ucx_conn(struct ts_metrics *m, bool accepted)
 void ts_metrics_fleet_ucx_open(struct ts_metrics *m, int64_t delta)
 {
 	atomic_fetch_add_explicit(&m->fleet_ucx_open, delta, memory_order_relaxed);
+}
+
+void ts_metrics_fleet_bytes(struct ts_metrics *m, bool sent, uint64_t n)
+{
+	if (m)
+		atomic_fetch_add_explicit(&m->fleet_bytes[sent ? 0 : 1], n, memory_order_relaxed);
 }
 
 void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable)
@@ -878,6 +885,15 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	ts_textbuf_printf(&o, "tstage_fleet_ucx_endpoints %lld\n",
 	                  (long long)atomic_load_explicit(&m->fleet_ucx_open,
 	                                                  memory_order_relaxed));
+	family(&o, "tstage_fleet_transfer_bytes_total", "counter",
+	       "Bytes of cross-node copies: written to peers (sent) and arrived from them "
+	       "(received, counted when the receive is committed).");
+	ts_textbuf_printf(&o, "tstage_fleet_transfer_bytes_total{direction=\"sent\"} %llu\n",
+	                  (unsigned long long)atomic_load_explicit(&m->fleet_bytes[0],
+	                                                           memory_order_relaxed));
+	ts_textbuf_printf(&o, "tstage_fleet_transfer_bytes_total{direction=\"received\"} %llu\n",
+	                  (unsigned long long)atomic_load_explicit(&m->fleet_bytes[1],
+	                                                           memory_order_relaxed));
 	family(&o, "tstage_uptime_seconds", "gauge", "Seconds since tstaged started.");
 	ts_textbuf_printf(&o, "tstage_uptime_seconds %.3f\n",
 	                  (double)(ts_now_ns() - core->started_ns) / 1e9);

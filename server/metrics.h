@@ -91,6 +91,11 @@ void ts_metrics_history(struct ts_metrics *m, uint64_t samples, uint64_t cpu_ns)
 void ts_metrics_fleet_ucx_conn(struct ts_metrics *m, bool accepted);
 void ts_metrics_fleet_ucx_open(struct ts_metrics *m, int64_t delta);
 
+/* Bytes of cross-node copies: written to peers (sent, as each write
+ * completes: server/fleet_xfer.c) or arrived from them (received, as a
+ * receive is committed: server/fleet_recv.c). */
+void ts_metrics_fleet_bytes(struct ts_metrics *m, bool sent, uint64_t n);
+
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core,

@@ -21,7 +21,14 @@
 #   copies     an array copied to another host over UCX into every memory
 #              kind arrives byte for byte; a :put moves it; the receives'
 #              staging is freed; the destination killed mid-copy fails the
-#              operation, naming it, and leaves the source's version.
+#              operation, naming it, and leaves the source's version;
+#   broadcast  an array of one host to the two others at once, byte for
+#              byte on both, each destination published and both copies
+#              counted as sent; one destination refusing, with partial_ok,
+#              leaves the other's copy and names the refusing one;
+#   link cut   a destination's link cut mid-copy ends the copy
+#              DEADLINE_EXCEEDED naming it after --fleet-timeout, the source
+#              answering throughout; with the link back, copies go again.
 #
 # Needs root (ip netns, tc) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
@@ -331,6 +338,81 @@ if [ "${staged%.*}" = $((8 << 20)) ]; then
 else
 	fail "h3's unpinned_host pool holds $staged bytes, want $((8 << 20))"
 fi
+# ---- broadcast: one array of h3's to h1 and h2 at once, across the links ------
+head -c $((16 << 20)) /dev/urandom >"$tmp/b.raw"
+b_sum=$(sha256sum <"$tmp/b.raw" | cut -d' ' -f1)
+api h3 '/v1/arrays/b?dtype=uint8&shape=16777216&memory_kind=pinned_host' -X PUT \
+	--data-binary @"$tmp/b.raw" -o /dev/null
+sent() {
+	api "$1" /metrics | awk '/^tstage_fleet_transfer_bytes_total\{direction="sent"\}/ { print $2 }'
+}
+sent0=$(sent h3)
+res=$(api h3 '/v1/arrays/b:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "b", "hosts": ["h1", "h2"], "device": "sim:0", "memory_kind": "pinned_host"}')
+sums=$(for h in h1 h2; do api "$h" /v1/arrays/b/data | sha256sum | cut -d' ' -f1; done | sort -u)
+states=$(jq -c '[.destinations[] | [.host, .state]]' <<<"$res" 2>/dev/null || echo "$res")
+sent1=$(sent h3)
+if [ "$sums" = "$b_sum" ] && [ "$states" = '[["h1","published"],["h2","published"]]' ] &&
+	[ $(( ${sent1%.*} - ${sent0%.*} )) = $((32 << 20)) ]; then
+	ok "broadcast h3 -> h1, h2: 16 MiB byte for byte on both, $states, 32 MiB sent"
+else
+	fail "broadcast h3 -> h1, h2: $states, sums $sums, sent $sent0 -> $sent1"
+fi
+# one destination refuses ("b" exists on h2 now): with partial_ok h1 gets it
+api h1 /v1/arrays/b -X DELETE -o /dev/null
+res=$(api h3 '/v1/arrays/b:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "b", "hosts": ["h1", "h2"], "partial_ok": true}')
+got=$(api h1 /v1/arrays/b/data | sha256sum | cut -d' ' -f1)
+if [ "$(jq -c .failed_hosts <<<"$res" 2>/dev/null)" = '["h2"]' ] && [ "$got" = "$b_sum" ]; then
+	ok "broadcast with partial_ok, h2 refusing: h1 has it, failed_hosts [\"h2\"]"
+else
+	fail "broadcast with partial_ok: $res; h1's sha $got"
+fi
+
+# ---- link cut mid-copy: h3 again with --fleet-timeout 3; h1's link cut while
+# h3 writes to it ends the copy DEADLINE_EXCEEDED naming h1, within bounds ----
+kill -KILL "${pid[h3]}"
+wait "${pid[h3]}" 2>/dev/null || true
+unset "pid[h3]"
+start h3 --peers "$(peers_of h3)" --fleet-timeout 3
+until_s 15 is_state h3 h1 reachable || fail "h3 restarted: h1 is $(state h3 h1)"
+api h3 '/v1/arrays/cut?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
+	--data-binary @<(head -c $((64 << 20)) /dev/urandom) -o /dev/null
+ip netns exec "$(ns h3)" tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 400ms
+op=$(api h3 '/v1/arrays/cut:copy' -X POST \
+	-d '{"out": "cut", "host": "h1", "memory_kind": "unpinned_host"}' | jq -r .name)
+sending() {
+	[ "$(api h3 "/v1/$op" | jq -r '.metadata.progress.bytes_done // 0')" -gt 0 ]
+}
+until_s 10 sending || true
+ip -n "$hub" link set h1-br down
+t0=$(date +%s)
+op_over() {
+	[ "$(api h3 "/v1/$op" | jq -r .done)" = true ]
+}
+if until_s 30 op_over; then
+	took=$(( $(date +%s) - t0 ))
+	state=$(api h3 "/v1/$op" | jq -r '[.metadata.state, .error.status, .error.message] | join(": ")')
+	if [[ $state == FAILED:\ DEADLINE_EXCEEDED:*h1*--fleet-timeout* ]] && fast h3 /livez; then
+		ok "h1's link cut mid-copy: after ${took} s, $state; h3 keeps answering"
+	else
+		fail "h1's link cut mid-copy: $state after ${took} s (want DEADLINE_EXCEEDED naming h1)"
+	fi
+else
+	fail "h1's link cut mid-copy: $op not done 30 s after the cut"
+fi
+ip netns exec "$(ns h3)" tc qdisc del dev eth0 root 2>/dev/null || true
+ip -n "$hub" link set h1-br up
+# the link back, h3 copies to h1 again
+until_s 15 is_state h3 h1 reachable || true
+res=$(api h3 '/v1/arrays/cut:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "cut2", "host": "h1", "memory_kind": "unpinned_host"}')
+if [ "$(jq -r .host <<<"$res" 2>/dev/null)" = h1 ]; then
+	ok "h1's link up again: h3 copies to it"
+else
+	fail "h1's link up again: the copy to it answered $res"
+fi
+
 # the destination killed mid-copy: the operation fails naming it, the
 # source keeps its version
 api h1 '/v1/arrays/big?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \

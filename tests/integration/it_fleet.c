@@ -73,13 +73,20 @@ static void free_port_pairs(int *ports, int n)
 }
 
 /* Starts n daemons on ports[i], host "node<i>", each naming the others as
- * peers, all with token_files[i]. */
-static void start_fleet(struct th_daemon *d, int n, const int *ports, char token_files[][512])
+ * peers, all with token_files[i], node0 with extra (two flags and their
+ * values, or NULL). */
+static void start_fleet_with(struct th_daemon *d, int n, const int *ports,
+                             char token_files[][512], const char *const *extra)
 {
 	for (int i = 0; i < n; i++) {
 		char peers[512] = "", port[16], host[16];
 		const char *args[] = {"--port", port, "--host-name", host, "--peers", peers,
-		                      "--token-file", token_files[i], NULL};
+		                      "--token-file", token_files[i], NULL, NULL, NULL};
+
+		if (i == 0 && extra) {
+			args[8] = extra[0];
+			args[9] = extra[1];
+		}
 
 		for (int j = 0; j < n; j++)
 			if (j != i)
@@ -90,6 +97,11 @@ static void start_fleet(struct th_daemon *d, int n, const int *ports, char token
 		th_daemon_start(&d[i], args);
 		ck_assert_int_eq(d[i].port, ports[i]);
 	}
+}
+
+static void start_fleet(struct th_daemon *d, int n, const int *ports, char token_files[][512])
+{
+	start_fleet_with(d, n, ports, token_files, NULL);
 }
 
 /* GET path with the token: 200 and a JSON object (new reference). */
@@ -151,9 +163,10 @@ static json_t *await_node(struct th_daemon *d, int port, bool reachable)
 	}
 }
 
-/* Starts n daemons as start_fleet does, on free port pairs (into ports),
- * all with the token TOKEN. */
-static void start_fleet_one_token(struct th_daemon *d, int n, int *ports)
+/* Starts n daemons as start_fleet_with does, on free port pairs (into
+ * ports), all with the token TOKEN and the extra arguments (may be NULL). */
+static void start_fleet_one_token_with(struct th_daemon *d, int n, int *ports,
+                                       const char *const *extra)
 {
 	char tokens[NODES][512];
 
@@ -161,7 +174,12 @@ static void start_fleet_one_token(struct th_daemon *d, int n, int *ports)
 	free_port_pairs(ports, n);
 	for (int i = 0; i < n; i++)
 		th_write_temp("token", TOKEN "\n", tokens[i], sizeof tokens[i]);
-	start_fleet(d, n, ports, tokens);
+	start_fleet_with(d, n, ports, tokens, extra);
+}
+
+static void start_fleet_one_token(struct th_daemon *d, int n, int *ports)
+{
+	start_fleet_one_token_with(d, n, ports, NULL);
 }
 
 /* Every node lists all three: itself first (self), then its peers in
@@ -1092,12 +1110,403 @@ START_TEST(test_cross_node_copy_cancelled)
 }
 END_TEST
 
+/* The value of the metric line that starts with name (labels included)
+ * in d's /metrics; 0 when absent. */
+static double metric_value(struct th_daemon *d, const char *name)
+{
+	size_t n, len = strlen(name);
+	char *text = get_bytes_auth(d, "/metrics", &n), *save = NULL, *line;
+	double v = 0;
+
+	for (line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save))
+		if (strncmp(line, name, len) == 0 && line[len] == ' ')
+			v = strtod(line + len + 1, NULL);
+	free(text);
+	return v;
+}
+
+#define SENT "tstage_fleet_transfer_bytes_total{direction=\"sent\"}"
+#define RECEIVED "tstage_fleet_transfer_bytes_total{direction=\"received\"}"
+
+/* The broadcast's destination entry for host in list (borrowed). */
+static json_t *dest_of(json_t *list, const char *host)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(list, i, e)
+		if (strcmp(th_str(e, "host"), host) == 0)
+			return e;
+	ck_abort_msg("no destination '%s'", host);
+	return NULL;
+}
+
+/* Polls until d's fleet view has every other node reachable. */
+static void await_all(struct th_daemon *d, int n, const int *ports)
+{
+	for (int i = 0; i < n; i++)
+		for (int j = 0; j < n; j++)
+			if (j != i)
+				json_decref(await_node(&d[i], ports[j], true));
+}
+
+/* A broadcast to two hosts: each has the array byte for byte where the
+ * request placed it; the operation's metadata lists each destination's
+ * host and bytes while it runs and at its end, its progress counts every
+ * destination's bytes, the source's sent counter both copies and each
+ * destination's received counter one. */
+START_TEST(test_broadcast_two_hosts)
+{
+	struct th_daemon d[3];
+	int ports[3];
+	char id[64], *got, *path;
+	struct th_response r;
+	json_t *res, *o, *o2, *list;
+	size_t rows = 4096, cols = 4096, n;    /* 64 MiB: 16 chunks */
+	uint64_t nbytes = rows * cols * sizeof(float);
+	double sent0, recv1;
+	float *x;
+	bool seen_running = false;
+
+	start_fleet_one_token(d, 3, ports);
+	await_all(d, 3, ports);
+	x = put_pattern(&d[0], "x", rows, cols, NULL);
+	sent0 = metric_value(&d[0], SENT);
+	recv1 = metric_value(&d[1], RECEIVED);
+
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node2\"], \"device\": \"sim:1\", "
+	          "\"memory_kind\": \"pinned_host\"}", &r);
+	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	for (double t0 = now_ms();; usleep(2000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		list = json_object_get(json_object_get(o, "metadata"), "destinations");
+		if (json_array_size(list) == 2) {
+			ck_assert_str_eq(th_str(json_array_get(list, 0), "host"), "node1");
+			ck_assert_str_eq(th_str(json_array_get(list, 1), "host"), "node2");
+			ck_assert_int_le(th_int(json_array_get(list, 0), "bytes_done"), nbytes);
+			seen_running = true;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 60000, "broadcast not done in 60 s");
+	}
+	ck_assert_msg(seen_running, "no destination progress seen while it ran");
+	o = await_op(&d[0], id, 1000);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
+	ck_assert_int_eq(th_int(th_op_meta(o, "progress"), "bytes_done"), 2 * nbytes);
+	ck_assert_int_eq(th_int(th_op_meta(o, "progress"), "bytes_total"), 2 * nbytes);
+	list = th_op_meta(o, "destinations");
+	for (int i = 1; i <= 2; i++) {
+		json_t *e = dest_of(list, i == 1 ? "node1" : "node2");
+
+		ck_assert_int_eq(th_int(e, "bytes_done"), nbytes);
+		ck_assert_str_eq(th_str(e, "state"), "published");
+	}
+	res = th_op_result(o);
+	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 0);
+	o2 = get_auth(&d[0], "/v1/arrays/x");
+	ck_assert_str_eq(th_str(res, "source_etag"), th_str(o2, "etag"));
+	json_decref(o2);
+	for (int i = 1; i <= 2; i++) {
+		json_t *e = dest_of(th_arr(res, "destinations"), i == 1 ? "node1" : "node2"), *a;
+
+		ck_assert_str_eq(th_str(e, "state"), "published");
+		ck_assert_str_eq(th_str(th_obj(th_obj(e, "array"), "sharding"), "device"), "sim:1");
+		a = get_auth(&d[i], "/v1/arrays/y");
+		ck_assert_str_eq(th_str(th_obj(a, "sharding"), "memory_kind"), "pinned_host");
+		ck_assert_str_eq(th_str(a, "etag"), th_str(th_obj(e, "array"), "etag"));
+		json_decref(a);
+		got = get_bytes_auth(&d[i], "/v1/arrays/y/data", &n);
+		ck_assert_int_eq(n, nbytes);
+		ck_assert(memcmp(got, x, n) == 0);
+		free(got);
+	}
+	json_decref(o);
+	ck_assert_double_eq(metric_value(&d[0], SENT) - sent0, 2.0 * (double)nbytes);
+	ck_assert_double_eq(metric_value(&d[1], RECEIVED) - recv1, (double)nbytes);
+
+	/* with ?wait=true the answer is the result */
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"z\", \"hosts\": [\"node2\", \"node1\"], \"dtype\": \"bfloat16\"}", &r);
+	ck_assert_msg(r.status == 200, "broadcast: %ld %s", r.status, r.body);
+	res = th_json(&r);
+	ck_assert_str_eq(th_str(json_array_get(th_arr(res, "destinations"), 0), "host"), "node2");
+	ck_assert_str_eq(th_str(th_obj(json_array_get(th_arr(res, "destinations"), 1), "array"),
+	                        "dtype"), "bfloat16");
+	th_response_free(&r);
+	free(x);
+	for (int i = 0; i < 3; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
+/* A broadcast's request is checked before anything moves: "host" with
+ * "hosts", an empty list, a duplicate, this node, an unknown node,
+ * "partial_ok" without "hosts", "hosts" on a :put. */
+START_TEST(test_broadcast_refusals)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	struct th_response r;
+
+	start_fleet_one_token(d, 2, ports);
+	json_decref(await_node(&d[0], ports[1], true));
+	free(put_pattern(&d[0], "x", 64, 64, NULL));
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"host\": \"node1\", \"hosts\": [\"node1\"]}", &r);
+	th_expect_error(&r, "host and hosts", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "hosts",
+	                "not both");
+	post_auth(&d[0], "/v1/arrays/x:copy", "{\"out\": \"y\", \"hosts\": []}", &r);
+	th_expect_error(&r, "empty hosts", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "hosts",
+	                NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy", "{\"out\": \"y\", \"hosts\": \"node1\"}", &r);
+	th_expect_error(&r, "hosts a string", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "hosts",
+	                NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy", "{\"out\": \"y\", \"hosts\": [\"node1\", 3]}", &r);
+	th_expect_error(&r, "hosts a number", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY",
+	                "hosts\"[1]", NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node1\"]}", &r);
+	th_expect_error(&r, "duplicate", 400, "INVALID_ARGUMENT", "DUPLICATE_HOST", "node1", "twice");
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node0\"]}", &r);
+	th_expect_error(&r, "self", 400, "INVALID_ARGUMENT", "BAD_HOST", "node0", "this node");
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node9\"]}", &r);
+	th_expect_error(&r, "unknown", 404, "NOT_FOUND", "HOST_NOT_FOUND", "node9", NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"host\": \"node1\", \"partial_ok\": true}", &r);
+	th_expect_error(&r, "partial_ok with host", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY",
+	                "partial_ok", NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy", "{\"out\": \"y\", \"partial_ok\": true}", &r);
+	th_expect_error(&r, "partial_ok alone", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY",
+	                "partial_ok", NULL);
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\"], \"partial_ok\": 1}", &r);
+	th_expect_error(&r, "partial_ok a number", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY",
+	                "partial_ok", "boolean");
+	post_auth(&d[0], "/v1/arrays/x:put", "{\"hosts\": [\"node1\"]}", &r);
+	th_expect_error(&r, "hosts on a put", 400, "INVALID_ARGUMENT", "BAD_REQUEST_BODY", "hosts",
+	                ":copy");
+	/* nothing arrived anywhere */
+	th_request(&d[1], "GET", "/v1/arrays/y", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 404);
+	th_response_free(&r);
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
+/* One destination refuses (its "out" exists): without "partial_ok" the
+ * broadcast fails naming it and the other destination publishes nothing
+ * (its staging memory back); with it, the other publishes and the result
+ * names the refusing one. */
+START_TEST(test_broadcast_failed_destination)
+{
+	struct th_daemon d[3];
+	int ports[3];
+	char *got;
+	struct th_response r;
+	json_t *res, *o, *e;
+	size_t rows = 2048, cols = 1024, n;    /* 8 MiB */
+	double base1;
+	const char *msg;
+	float *x;
+
+	start_fleet_one_token(d, 3, ports);
+	await_all(d, 3, ports);
+	x = put_pattern(&d[0], "x", rows, cols, NULL);
+	free(put_pattern(&d[2], "y", 4, 4, NULL));   /* node2 refuses "y" */
+	base1 = unpinned_in_use(&d[1]);
+
+	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node2\"]}", &r);
+	th_expect_error(&r, "one refuses", 409, "ALREADY_EXISTS", NULL, "node2", NULL);
+	th_request(&d[1], "GET", "/v1/arrays/y", auth, NULL, 0, &r);
+	ck_assert_msg(r.status == 404, "node1 published: %ld", r.status);
+	th_response_free(&r);
+	for (double t0 = now_ms(); unpinned_in_use(&d[1]) != base1; usleep(20000))
+		ck_assert_msg(now_ms() - t0 < 5000, "node1's aborted receive is still held");
+
+	/* the same with partial_ok: node1 has it, node2 is named */
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true}", &r);
+	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
+	o = await_op(&d[0], th_str(th_obj(th_json(&r), "metadata"), "id"), 60000);
+	th_response_free(&r);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
+	res = th_op_result(o);
+	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 1);
+	ck_assert_str_eq(json_string_value(json_array_get(th_arr(res, "failed_hosts"), 0)), "node2");
+	e = dest_of(th_arr(res, "destinations"), "node2");
+	ck_assert_str_eq(th_str(e, "state"), "failed");
+	ck_assert_str_eq(th_str(th_obj(e, "error"), "status"), "ALREADY_EXISTS");
+	msg = th_str(th_obj(e, "error"), "message");
+	ck_assert_msg(strstr(msg, "node2"), "message: %s", msg);
+	ck_assert_str_eq(th_str(dest_of(th_arr(res, "destinations"), "node1"), "state"),
+	                 "published");
+	ck_assert_str_eq(th_str(dest_of(th_op_meta(o, "destinations"), "node2"), "state"),
+	                 "failed");
+	json_decref(o);
+	got = get_bytes_auth(&d[1], "/v1/arrays/y/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+	o = get_auth(&d[2], "/v1/arrays/y");
+	ck_assert_int_eq(th_int(o, "nbytes"), 4 * 4 * 4);   /* node2's own, untouched */
+	json_decref(o);
+	free(x);
+	for (int i = 0; i < 3; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
+/* A destination killed in the middle of a broadcast: with "partial_ok" the
+ * other publishes byte for byte and the killed one is named; without it
+ * the broadcast fails naming it and the other publishes nothing. */
+START_TEST(test_broadcast_destination_killed)
+{
+	struct th_daemon d[3];
+	int ports[3];
+	char id[64], *got, *path;
+	struct th_response r;
+	json_t *o, *res;
+	size_t rows = 16384, cols = 4096, n;    /* 256 MiB */
+	const char *msg;
+	float *x;
+
+	start_fleet_one_token(d, 3, ports);
+	await_all(d, 3, ports);
+	x = put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host");
+	post_auth(&d[0], "/v1/arrays/big:copy",
+	          "{\"out\": \"b\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true, "
+	          "\"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	for (double t0 = now_ms();; usleep(1000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+	th_daemon_signal(&d[2], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[2], 10000), -1);
+	o = await_op(&d[0], id, 120000);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
+	res = th_op_result(o);
+	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 1);
+	ck_assert_str_eq(json_string_value(json_array_get(th_arr(res, "failed_hosts"), 0)), "node2");
+	msg = th_str(th_obj(dest_of(th_arr(res, "destinations"), "node2"), "error"), "message");
+	ck_assert_msg(strstr(msg, "node2"), "message: %s", msg);
+	json_decref(o);
+	got = get_bytes_auth(&d[1], "/v1/arrays/b/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+	free(x);
+	th_daemon_stop_ok(&d[0]);
+	th_daemon_stop_ok(&d[1]);
+	th_daemon_stop(&d[2], false);   /* the killed daemon's client and files */
+}
+END_TEST
+
+/* A destination that stops answering mid-copy (SIGSTOPped) ends the copy
+ * DEADLINE_EXCEEDED naming it once --fleet-timeout has passed, while the
+ * source keeps serving and can copy to another peer at once. (The stopped
+ * peer is killed, not resumed: Debian's UCX 1.13 aborts a process whose
+ * software-RMA put acknowledgement fails, which a resumed receiver meets
+ * when the sender has closed its endpoint under it.) */
+START_TEST(test_silent_peer_times_out)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char id[64], *path;
+	struct th_response r;
+	json_t *o;
+	size_t rows = 16384, cols = 4096;    /* 256 MiB */
+	double t_stop, took;
+	const char *msg;
+
+	start_fleet_one_token_with(d, 2, ports, (const char *const[]){"--fleet-timeout", "2", NULL});
+	json_decref(await_node(&d[0], ports[1], true));
+	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
+	post_auth(&d[0], "/v1/arrays/big:copy",
+	          "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 202, "copy: %ld %s", r.status, r.body);
+	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
+	th_response_free(&r);
+	for (double t0 = now_ms();; usleep(1000)) {
+		path = th_fmt("/v1/operations/%s", id);
+		o = get_auth(&d[0], path);
+		free(path);
+		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
+		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
+			json_decref(o);
+			break;
+		}
+		json_decref(o);
+		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
+	}
+	th_daemon_signal(&d[1], SIGSTOP);
+	t_stop = now_ms();
+	o = await_op(&d[0], id, 30000);
+	took = now_ms() - t_stop;
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "FAILED");
+	ck_assert_str_eq(json_string_value(json_object_get(json_object_get(o, "error"), "status")),
+	                 "DEADLINE_EXCEEDED");
+	msg = json_string_value(json_object_get(json_object_get(o, "error"), "message"));
+	ck_assert_msg(msg && strstr(msg, "node1") && strstr(msg, "--fleet-timeout"), "message: %s",
+	              msg ? msg : "(none)");
+	ck_assert_msg(took >= 1500, "failed %.0f ms after the peer stopped, before its 2 s", took);
+	json_decref(o);
+	ck_assert_int_eq(th_get_status(&d[0], "/livez"), 200);
+	th_daemon_signal(&d[1], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
+	th_daemon_stop(&d[1], false);   /* the killed daemon's client and files */
+	/* the source's array is whole, and it copies to a new peer */
+	{
+		char port[16], peer[64];
+		const char *args[] = {"--port", port, "--host-name", "node1", "--peers", peer,
+		                      "--token-file", tokens[1], NULL};
+
+		snprintf(port, sizeof port, "%d", ports[1]);
+		snprintf(peer, sizeof peer, "http://127.0.0.1:%d", ports[0]);
+		th_daemon_start(&d[1], args);
+	}
+	json_decref(await_node(&d[0], ports[1], true));
+	post_auth(&d[0], "/v1/arrays/big:copy?wait=true",
+	          "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
+	ck_assert_msg(r.status == 200, "copy after the timeout: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	o = get_auth(&d[1], "/v1/arrays/s");
+	ck_assert_int_eq(th_int(o, "nbytes"), rows * cols * 4);
+	json_decref(o);
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
 	TCase *view = tcase_create("view"), *faults = tcase_create("faults");
 	TCase *flags = tcase_create("flags"), *port = tcase_create("port");
-	TCase *copy = tcase_create("copy");
+	TCase *copy = tcase_create("copy"), *bcast = tcase_create("broadcast");
 
 	tcase_set_timeout(view, 120);
 	tcase_set_timeout(faults, 120);
@@ -1120,6 +1529,13 @@ Suite *th_suite(void)
 	tcase_add_test(copy, test_receive_expires_and_aborts);
 	tcase_add_test(copy, test_destination_killed_mid_copy);
 	tcase_add_test(copy, test_cross_node_copy_cancelled);
+	tcase_add_test(copy, test_silent_peer_times_out);
 	suite_add_tcase(s, copy);
+	tcase_set_timeout(bcast, 300);
+	tcase_add_test(bcast, test_broadcast_two_hosts);
+	tcase_add_test(bcast, test_broadcast_refusals);
+	tcase_add_test(bcast, test_broadcast_failed_destination);
+	tcase_add_test(bcast, test_broadcast_destination_killed);
+	suite_add_tcase(s, bcast);
 	return s;
 }

@@ -220,7 +220,7 @@ END_TEST
 /* --peers: http://HOST:PORT URLs (names, IPv4, bracketed IPv6, an optional
  * trailing '/'), comma-separated; a refusal names the item at fault;
  * --peers-dns: a DNS name;
- * --fleet-port: 0 (the one after --port) or a port. */
+ * --fleet-port: 0 (the one after --port) or a port; --fleet-timeout. */
 START_TEST(test_peers_and_fleet_port)
 {
 	static const char *const good[] = {
@@ -315,6 +315,28 @@ START_TEST(test_peers_and_fleet_port)
 		unsetenv("TSTAGE_PEERS_DNS");
 		ck_assert_int_eq(parse(&c, out, sizeof out, 3, argv2), TS_CONFIG_EXIT_USAGE);
 		ck_assert_ptr_nonnull(strstr(out, "--fleet-port"));
+	}
+	{
+		/* --fleet-timeout: 30 s unless given, 1 to 3600 */
+		struct ts_config c;
+		char out[512] = "";
+		char *argv[] = {"tstaged"};
+		char *five[] = {"tstaged", "--fleet-timeout", "5"};
+		char *zero[] = {"tstaged", "--fleet-timeout", "0"};
+		char *big[] = {"tstaged", "--fleet-timeout", "3601"};
+
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_RUN);
+		ck_assert_int_eq(c.fleet_timeout, 30);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, five), TS_CONFIG_RUN);
+		ck_assert_int_eq(c.fleet_timeout, 5);
+		setenv("TSTAGE_FLEET_TIMEOUT", "7", 1);
+		ck_assert_int_eq(parse(&c, out, sizeof out, 1, argv), TS_CONFIG_RUN);
+		ck_assert_int_eq(c.fleet_timeout, 7);
+		unsetenv("TSTAGE_FLEET_TIMEOUT");
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, zero), TS_CONFIG_EXIT_USAGE);
+		ck_assert_ptr_nonnull(strstr(out, "--fleet-timeout"));
+		ck_assert_int_eq(parse(&c, out, sizeof out, 3, big), TS_CONFIG_EXIT_USAGE);
+		ck_assert_ptr_nonnull(strstr(out, "--fleet-timeout"));
 	}
 }
 END_TEST

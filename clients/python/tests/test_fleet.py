@@ -80,3 +80,37 @@ def test_copy_and_move_to_another_host():
     finally:
         a.stop()
         b.stop()
+
+
+def test_broadcast_to_two_hosts():
+    b = Daemon(["--host-name", "node-b", "--fleet-port", str(_free_port())])
+    c = Daemon(["--host-name", "node-c", "--fleet-port", str(_free_port())])
+    a = Daemon(["--host-name", "node-a", "--peers",
+                f"http://127.0.0.1:{b.port},http://127.0.0.1:{c.port}"])
+    try:
+        ca, cb, cc = tstage.Client(a.url), tstage.Client(b.url), tstage.Client(c.url)
+        assert _wait_for(ca, b.url, True)["reachable"]
+        assert _wait_for(ca, c.url, True)["reachable"]
+        x = np.arange(512 * 300, dtype=np.float32).reshape(512, 300) / 3
+        ca.put("x", x)
+        done = ca.broadcast("x", "y", ["node-b", "node-c"], memory_kind="pinned_host", wait=True)
+        assert [d["host"] for d in done["destinations"]] == ["node-b", "node-c"]
+        assert done["failed_hosts"] == []
+        assert all(d["state"] == "published" for d in done["destinations"])
+        np.testing.assert_array_equal(cb.get("y"), x)
+        np.testing.assert_array_equal(cc.get("y"), x)
+        with pytest.raises(tstage.InvalidArgument) as e:
+            ca.broadcast("x", "z", ["node-b", "node-b"])
+        assert "twice" in str(e.value)
+        # node-c refuses "y" (it exists there): with partial_ok node-b gets it
+        cc.put("w", np.ones((2, 2), np.float32))
+        done = ca.broadcast("x", "w", ["node-b", "node-c"], partial_ok=True, wait=True)
+        assert done["failed_hosts"] == ["node-c"]
+        assert done["destinations"][1]["error"]["status"] == "ALREADY_EXISTS"
+        np.testing.assert_array_equal(cb.get("w"), x)
+        with pytest.raises(tstage.AlreadyExists):
+            ca.broadcast("x", "w", ["node-b", "node-c"], overwrite=False, wait=True)
+    finally:
+        a.stop()
+        b.stop()
+        c.stop()

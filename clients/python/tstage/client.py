@@ -514,6 +514,33 @@ class Client:
             body["donate"] = True
         return self._submit(f"/v1/arrays/{quote_name(name)}:copy", body, wait, idempotent=False)
 
+    def broadcast(self, name: str, out: str, hosts: Sequence[str], *,
+                  device: Optional[str] = None, memory_kind: Optional[str] = None,
+                  sharding: Optional[Sharding] = None, overwrite: bool = False,
+                  dtype: Optional[str] = None, partial_ok: bool = False,
+                  wait: bool = False) -> Any:
+        """Copies an array to several nodes of the fleet at once (``hosts``: their
+        hosts as :meth:`fleet` lists them), as ``out`` at the same placement and
+        ``dtype`` on each; the version is read once and every chunk written to
+        all of them. One failed destination fails it and nothing is published,
+        unless ``partial_ok``: then those that succeeded publish and the
+        result's ``failed_hosts`` names the others. Answers the
+        :class:`Operation` (its metadata's ``destinations``: each host's
+        progress), or with ``wait=True`` the result ``{"source_etag",
+        "destinations": [{"host", "state", "array" | "error"}],
+        "failed_hosts"}``."""
+        body: Dict[str, Any] = {"out": out, "hosts": list(hosts)}
+        body.update(_placement(device, memory_kind, None))
+        if sharding is not None:
+            body["sharding"] = sharding
+        if dtype is not None:
+            body["dtype"] = dtype
+        if overwrite:
+            body["overwrite"] = True
+        if partial_ok:
+            body["partial_ok"] = True
+        return self._submit(f"/v1/arrays/{quote_name(name)}:copy", body, wait, idempotent=False)
+
     def gather(self, name: str, rows: Union[Sequence[int], slice], out: str, *,
                device: Optional[str] = None, memory_kind: Optional[str] = None) -> Dict[str, Any]:
         """Rows of axis 0 (a list, or a slice) into a new array ``out`` at a
