@@ -164,12 +164,11 @@ static json_t *await_node(struct th_daemon *d, int port, bool reachable)
 }
 
 /* Starts n daemons as start_fleet_with does, on free port pairs (into
- * ports), all with the token TOKEN and the extra arguments (may be NULL). */
+ * ports), all with the token TOKEN (in the files tokens[i]) and the extra
+ * arguments (may be NULL). */
 static void start_fleet_one_token_with(struct th_daemon *d, int n, int *ports,
-                                       const char *const *extra)
+                                       char tokens[][512], const char *const *extra)
 {
-	char tokens[NODES][512];
-
 	ck_assert_int_le(n, NODES);
 	free_port_pairs(ports, n);
 	for (int i = 0; i < n; i++)
@@ -179,7 +178,9 @@ static void start_fleet_one_token_with(struct th_daemon *d, int n, int *ports,
 
 static void start_fleet_one_token(struct th_daemon *d, int n, int *ports)
 {
-	start_fleet_one_token_with(d, n, ports, NULL);
+	char tokens[NODES][512];
+
+	start_fleet_one_token_with(d, n, ports, tokens, NULL);
 }
 
 /* Every node lists all three: itself first (self), then its peers in
@@ -1435,14 +1436,15 @@ START_TEST(test_silent_peer_times_out)
 {
 	struct th_daemon d[2];
 	int ports[2];
-	char id[64], *path;
+	char tokens[2][512], id[64], *path;
 	struct th_response r;
 	json_t *o;
 	size_t rows = 16384, cols = 4096;    /* 256 MiB */
 	double t_stop, took;
 	const char *msg;
 
-	start_fleet_one_token_with(d, 2, ports, (const char *const[]){"--fleet-timeout", "2", NULL});
+	start_fleet_one_token_with(d, 2, ports, tokens,
+	                           (const char *const[]){"--fleet-timeout", "2", NULL});
 	json_decref(await_node(&d[0], ports[1], true));
 	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
 	post_auth(&d[0], "/v1/arrays/big:copy",
