@@ -325,6 +325,9 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 		goto out_fail;
 	if (evaluate ? ts_plan_build_eval(&m.mlp, rows, &pol, ev.outputs, ev.kind, &plan,
 	                                  &err) != TS_OK
+	             : m.shard_optimizer
+	             ? ts_plan_build_zero(&m.mlp, &m.opt, rows, k, m.replicas, &pol, &plan,
+	                                  &err) != TS_OK
 	             : ts_plan_build_replicated(&m.mlp, &m.opt, rows, k,
 	                                        m.replicas > 1 ? m.replicas : 1, &pol, &plan,
 	                                        &err) != TS_OK)
@@ -373,8 +376,10 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	if (analyze_rows(&m, B, D, ids, &rows, &err) != TS_OK ||
 	    analyze_split(B, k, m.replicas, &rows, &err) != TS_OK)
 		goto out_fail;
-	if (ts_plan_build_replicated(&m.mlp, &m.opt, rows, k, m.replicas > 1 ? m.replicas : 1,
-	                             &m.policy, &plan, &err) != TS_OK)
+	if ((m.shard_optimizer
+	     ? ts_plan_build_zero(&m.mlp, &m.opt, rows, k, m.replicas, &m.policy, &plan, &err)
+	     : ts_plan_build_replicated(&m.mlp, &m.opt, rows, k, m.replicas > 1 ? m.replicas : 1,
+	                                &m.policy, &plan, &err)) != TS_OK)
 		goto out_fail;
 	ts_reply_json(reply, TS_HTTP_OK, ts_render_plan(&plan, timeline_requested(call)));
 	ts_plan_release(&plan);

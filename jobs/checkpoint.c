@@ -128,6 +128,7 @@ static ts_status import_model(struct ts_checkpoint_rx *im, const json_t *meta, s
 		}
 		json_object_set_new(pl, "device", json_string(im->device));
 		json_object_del(pl, "devices");       /* onto that one device */
+		json_object_del(pl, "shard_optimizer");
 	}
 	st = ts_job_model_parse(im->env, im->default_device, spec, &im->model, &init, err);
 	json_decref(spec);

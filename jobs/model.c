@@ -106,6 +106,19 @@ void ts_job_model_placement(const struct ts_model *m, enum ts_pbuf_role role,
 	for (int k = 0; k < m->replicas; k++)
 		sh->mesh.devices[k] = m->replica_devs[k];
 	sh->spec_rank = 0;                   /* no dimension split: a replica each */
+	if (m->shard_optimizer && ts_role_opt_state(role)) {
+		/* ZeRO-1: each device its slice of every update (plan.h's
+		 * ts_plan_build_zero): a parameter updated layer by layer [L, a,
+		 * ...] split along a, a whole one along its first dimension */
+		int t, which, dim;
+
+		dim = ts_gpt_role_of(role, &which, &t)
+		      ? (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? 1 : 0)
+		      : (role >= TS_ROLE_MU_W1 && role <= TS_ROLE_NU_W2 ? 1 : 0);
+		sh->spec_rank = dim + 1;
+		sh->spec[dim].naxes = 1;
+		sh->spec[dim].axes[0] = 0;
+	}
 	pl->committed = true;
 }
 

@@ -104,7 +104,8 @@ static const struct field mlp_fields[] = {
 	{"projection", JSON_TRUE},
 };
 static const struct field placement_fields[] = {
-	{"device", JSON_STRING}, {"devices", JSON_ARRAY}, {"params", JSON_STRING},
+	{"device", JSON_STRING}, {"devices", JSON_ARRAY}, {"shard_optimizer", JSON_TRUE},
+	{"params", JSON_STRING},
 	{"opt_state", JSON_STRING}, {"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
 };
 static const struct field activation_fields[] = {{"save", JSON_ARRAY}, {"offload", JSON_ARRAY}};
@@ -435,6 +436,14 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
 		if (ts_job_policy_parse(pl, &m->policy, err) != TS_OK)
 			return err->status;
 	}
+	m->shard_optimizer = pl && json_is_true(json_object_get(pl, "shard_optimizer"));
+	if (m->shard_optimizer && (m->replicas < 2 || m->opt.type != TS_OPT_ADAM ||
+	                           m->policy.params != TS_MEM_DEVICE ||
+	                           m->policy.opt_state != TS_MEM_DEVICE))
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+		                    "placement.shard_optimizer slices Adam's state over the "
+		                    "placement.devices (2 or more), with params and opt_state on "
+		                    "the devices");
 	if (m->persist && m->replicas > 1)
 		return ts_error_set(err, TS_UNIMPLEMENTED, "PERSIST_REPLICAS",
 		                    "persist keeps models on one device across restarts; a model on "

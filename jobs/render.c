@@ -214,6 +214,9 @@ json_t *ts_render_model_spec(const struct ts_model *m)
 		for (int k = 0; devs && k < m->replicas; k++)
 			json_array_append_new(devs, json_string(ts_device_props(m->replica_devs[k])->id));
 		json_object_set_new(json_object_get(o, "placement"), "devices", devs);
+		if (m->shard_optimizer)
+			json_object_set_new(json_object_get(o, "placement"), "shard_optimizer",
+			                    json_true());
 	}
 	if (o && m->mlp.gpt) {
 		/* the GPT kind: its own section instead of the MLP's, no loss (always

@@ -975,19 +975,29 @@ static json_t *eval_result(const struct run *s, const struct ts_session *sess,
 	return o;
 }
 
-/* Whether a is a whole replica on each of model m's devices, in order. */
-static bool replicated(const struct ts_array *a, const struct ts_model *m)
+/* Whether a is laid out as model m's array of role is on its devices: a
+ * whole replica on each, in order, or (ZeRO-1 optimizer state) each
+ * device's slice, as ts_job_model_placement places it. */
+static bool model_layout(const struct ts_array *a, const struct ts_model *m,
+                         enum ts_pbuf_role role)
 {
 	const struct ts_array_desc *d = ts_array_desc(a);
+	const struct ts_sharding *have = &ts_array_placement(a)->sharding;
+	struct ts_placement want;
 
-	if (ts_array_nshards(a) != m->replicas)
+	ts_job_model_placement(m, role, &want);
+	if (ts_array_nshards(a) != m->replicas || have->type != TS_SHARDING_NAMED ||
+	    have->spec_rank != want.sharding.spec_rank)
 		return false;
+	for (int x = 0; x < want.sharding.spec_rank; x++)
+		if (have->spec[x].naxes != want.sharding.spec[x].naxes)
+			return false;
 	for (int k = 0; k < m->replicas; k++) {
 		const struct ts_shard_box *b = ts_array_box(a, k);
 
 		if (b->device != m->replica_devs[k])
 			return false;
-		for (int x = 0; x < d->rank; x++)
+		for (int x = 0; want.sharding.spec_rank == 0 && x < d->rank; x++)
 			if (b->start[x] != 0 || b->count[x] != d->shape[x])
 				return false;
 	}
@@ -1019,7 +1029,8 @@ static ts_status hold_roles(const struct ts_jobs_env *env, struct run *s,
 		if (strcmp(ts_array_owner(a), owner) != 0)
 			return ts_error_set(err, TS_FAILED_PRECONDITION, "ARRAY_NOT_OWNED",
 			                    "array '%s' is not %s's", name, owner);
-		if (s->model.replicas > 1 ? !replicated(a, &s->model) : ts_array_nshards(a) != 1)
+		if (s->model.replicas > 1 ? !model_layout(a, &s->model, roles[i])
+		                          : ts_array_nshards(a) != 1)
 			return ts_error_set(err, TS_UNIMPLEMENTED, "SHARDED_PARAMS",
 			                    "model array '%s' is sharded otherwise than the model's "
 			                    "placement (%s run on one device, or data parallel on a "
@@ -1158,6 +1169,7 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 			                    m->replicas * s->accumulate,
 			                    s->accumulate > 1 ? " (devices x accumulate)" : "");
 		cfg->replicas = m->replicas;
+		cfg->shard_state = m->shard_optimizer;
 		memcpy(cfg->devs, m->replica_devs, sizeof cfg->devs);
 	}
 	cfg->batch = (int)((ts_mlp_tokens(&m->mlp) ? rows : s->bin) / (uint64_t)s->accumulate /

@@ -34,6 +34,22 @@ static ts_status move_implicitly(struct ts_catalog *cat, struct ts_stager *st,
 	return s;
 }
 
+/* Whether two placements whose first devices agree go together: one of
+ * them on that device alone, or meshes of the same devices in the same
+ * order (however each splits its array: a model's replicated weights and
+ * its sharded optimizer state). */
+static bool same_devices(const struct ts_sharding *a, const struct ts_sharding *b)
+{
+	if (a->type == TS_SHARDING_SINGLE || b->type == TS_SHARDING_SINGLE)
+		return true;
+	if (a->mesh.ndevices != b->mesh.ndevices)
+		return false;
+	for (int k = 0; k < a->mesh.ndevices; k++)
+		if (a->mesh.devices[k] != b->mesh.devices[k])
+			return false;
+	return true;
+}
+
 ts_status ts_colocate(struct ts_catalog *cat, struct ts_stager *st, struct ts_memory *mem,
                       struct ts_array **arrs, size_t n, struct ts_device *fallback,
                       const char *holder, struct ts_device **where, struct ts_error *err)
@@ -50,8 +66,7 @@ ts_status ts_colocate(struct ts_catalog *cat, struct ts_stager *st, struct ts_me
 			continue;
 		}
 		if (first_device(arrs[i]) != first_device(anchor) ||
-		    (p->sharding.type != TS_SHARDING_SINGLE &&
-		     !ts_sharding_equal(&p->sharding, &ts_array_placement(anchor)->sharding)))
+		    !same_devices(&p->sharding, &ts_array_placement(anchor)->sharding))
 			return ts_error_set(err, TS_FAILED_PRECONDITION, "COMMITTED_APART",
 			                    "committed arrays '%s' (on %s) and '%s' (on %s) are on "
 			                    "different devices; put one where the other is",

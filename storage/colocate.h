@@ -24,7 +24,8 @@
 /*
  * Picks the device for an operation on arrs[0..n): the device of the
  * committed arrays (all must agree; sharded placements count as their first
- * device and must equal each other), else `fallback`. Moves every
+ * device and must span the same devices in the same order, however each
+ * splits its array), else `fallback`. Moves every
  * uncommitted array not on it there; arrs[i] is replaced by the moved
  * version (the reference in arrs[i] is dropped, a new one stored). *where
  * receives the device. Each move is ts_move's (metadata and counts kept,

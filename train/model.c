@@ -154,6 +154,8 @@ ts_status ts_model_check_fit(const struct ts_model *m, const struct ts_memory *m
 				break;
 			sp = ts_memory_find(mem, ts_device_props(dev)->id, kinds[i]);
 			model_need(m, kinds[i], &params, &state);
+			if (m->shard_optimizer)
+				state /= (uint64_t)R;       /* each device its slice */
 			/* host memory: the replicas may draw on one pool, each a copy */
 			if (kinds[i] != TS_MEM_DEVICE) {
 				params *= (uint64_t)R;

@@ -50,6 +50,8 @@ struct ts_model {
 	 * (plan.h's ts_plan_build_replicated); 0: on device alone */
 	int replicas;
 	struct ts_device *replica_devs[TS_PLAN_REPLICAS_MAX];
+	bool shard_optimizer;             /* ZeRO-1: each device keeps its slice of Adam's
+	                                     state (plan.h's ts_plan_build_zero) */
 	uint64_t steps;                   /* steps run so far (Adam's t) */
 	uint64_t create_ns;
 	uint64_t uid;                     /* assigned by the registry */

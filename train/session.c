@@ -125,10 +125,15 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 		                            .window = cfg->window};
 
 		st = ts_plan_build_eval_spec(&cfg->mlp, cfg->batch, &cfg->policy, &spec, &s->plan, err);
-	} else
+	} else if (cfg->shard_state) {
+		st = ts_plan_build_zero(&cfg->mlp, &cfg->opt, cfg->batch,
+		                        cfg->accumulate > 1 ? cfg->accumulate : 1, s->R, &cfg->policy,
+		                        &s->plan, err);
+	} else {
 		st = ts_plan_build_replicated(&cfg->mlp, &cfg->opt, cfg->batch,
 		                              cfg->accumulate > 1 ? cfg->accumulate : 1, s->R,
 		                              &cfg->policy, &s->plan, err);
+	}
 	if (st == TS_OK && s->R > 1)
 		st = ts_comm_new(cfg->devs, s->R, &s->comm, err);
 	if (st != TS_OK)

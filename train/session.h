@@ -77,6 +77,8 @@ struct ts_session_config {
 	 * step on `batch` rows of its own (a step, not an evaluation) */
 	int replicas;
 	struct ts_device *devs[TS_PLAN_REPLICAS_MAX];
+	bool shard_state;                /* ZeRO-1 (plan.h's ts_plan_build_zero): each
+	                                    replica's optimizer state its slice */
 };
 
 /* Where a role's batch comes from: memory of `bytes` holding rows of

@@ -224,6 +224,69 @@ START_TEST(test_offloaded_replicas)
 }
 END_TEST
 
+/* ZeRO-1: "shard_optimizer" keeps each device's half of Adam's state; the
+ * steps are the replicated model's bit for bit, each device's arguments
+ * shrink by half the state, and a checkpoint carries the whole state. */
+START_TEST(test_shard_optimizer)
+{
+	float *x = th_floats(16 * 16, 3, -1.0f, 1.0f), *y = th_floats(16 * 16, 4, -1.0f, 1.0f);
+	char *both = both_devices();
+	char *sharded = th_fmt("{\"devices\": [\"%s\", \"%s\"], \"shard_optimizer\": true}",
+	                       th_dev(0), th_dev(1));
+	char *q = th_fmt("name=back&device=%s", th_dev(0));
+	const char *adam = "\"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
+	                   "\"learning_rate\": 0.01, \"clip_global_norm\": 1.0}";
+	json_t *rz, *rr, *az, *ar, *m;
+	size_t len;
+	char *file;
+
+	th_put_floats(&D, "x", x, 16, 16, NULL);
+	th_put_floats(&D, "y", y, 16, 16, NULL);
+	create("z", adam, sharded);
+	create("r", adam, both);
+	m = th_get_object(&D, "/v1/models/z");
+	ck_assert(th_bool(th_obj(m, "placement"), "shard_optimizer"));
+	json_decref(m);
+	/* a state array is split over the devices, a parameter replicated */
+	{
+		size_t n;
+		char *t = th_get_bytes(&D, "/v1/arrays/z.adam.mu.w1/sharding?format=text", &n);
+		char *text = strndup(t, n), *want = th_fmt("[:, 8:16, :] %s", th_dev(1));
+
+		ck_assert_msg(strstr(text, want) != NULL, "%s", text);
+		free(want);
+		free(text);
+		free(t);
+	}
+	az = th_post_json(&D, "/v1/models/z:analyze", "{\"batch\": [16, 16]}", 200);
+	ar = th_post_json(&D, "/v1/models/r:analyze", "{\"batch\": [16, 16]}", 200);
+	/* Adam's mu and nu of w1 and w2: 4 x [2, 16, 8] floats, half on each */
+	ck_assert_int_eq(th_int(ar, "argument_size_in_bytes") - th_int(az, "argument_size_in_bytes"),
+	                 4 * 2 * 16 * 8 * 4 / 2);
+	rz = th_model_step(&D, "z", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	rr = th_model_step(&D, "r", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	close_losses(rz, rr, 0);
+	close_arrays("z.w1", "r.w1", 0);
+	close_arrays("z.w2", "r.w2", 0);
+	close_arrays("z.adam.nu.w1", "r.adam.nu.w1", 0);    /* gathered from both halves */
+	file = th_export_model(&D, "z", &len);
+	th_import_ok(&D, q, file, len);
+	close_arrays("back.adam.mu.w2", "r.adam.mu.w2", 0);
+	json_decref(th_model_step(&D, "back", "{\"inputs\": \"x\", \"targets\": \"y\"}"));
+	json_decref(rz);
+	json_decref(rr);
+	json_decref(az);
+	json_decref(ar);
+	free(file);
+	free(x);
+	free(y);
+	free(both);
+	free(sharded);
+	free(q);
+}
+END_TEST
+
 /* :analyze of the model on two devices is each device's: the plan of its
  * half of the batch, and the gradients it all-reduces. */
 START_TEST(test_analyze_is_per_device)
@@ -329,6 +392,8 @@ START_TEST(test_bad_placements_and_batches)
 	char *nowhere = th_fmt("{\"devices\": [\"%s\", \"sim:99\"]}", th_dev(0));
 	char *with_cpu = th_fmt("{\"devices\": [\"%s\", \"cpu:0\"]}", th_dev(0));
 	char *both = both_devices(), *s;
+	char *shard_host = th_fmt("{\"devices\": [\"%s\", \"%s\"], \"shard_optimizer\": true, "
+	                          "\"opt_state\": \"pinned_host\"}", th_dev(0), th_dev(1));
 	float *x = th_floats(3 * 16, 3, -1.0f, 1.0f);
 	const struct {
 		const char *placement, *reason, *word;
@@ -339,6 +404,8 @@ START_TEST(test_bad_placements_and_batches)
 		{nowhere, "DEVICE_NOT_FOUND", "sim:99"},
 		{with_cpu, "BAD_DEVICES", "one backend"},
 		{"{\"devices\": \"sim:0\"}", "BAD_DEVICES", "list"},
+		{"{\"shard_optimizer\": true}", "BAD_SHARDING", "2 or more"},
+		{shard_host, "BAD_SHARDING", "opt_state"},
 	};
 
 	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -363,6 +430,7 @@ START_TEST(test_bad_placements_and_batches)
 	free(both_kinds);
 	free(nowhere);
 	free(with_cpu);
+	free(shard_host);
 	free(both);
 	free(x);
 }
@@ -377,6 +445,7 @@ Suite *th_suite(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_test(tc, test_mlp_on_two_devices_equals_one);
 	tcase_add_test(tc, test_offloaded_replicas);
+	tcase_add_test(tc, test_shard_optimizer);
 	tcase_add_test(tc, test_analyze_is_per_device);
 	tcase_add_test(tc, test_gpt_windows_on_two_devices_equal_one);
 	tcase_add_test(tc, test_checkpoint_onto_one_device);

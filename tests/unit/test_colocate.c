@@ -146,6 +146,71 @@ START_TEST(test_committed_apart_refused)
 }
 END_TEST
 
+/* A committed array over a mesh of devices: [4] uint8, replicated (spec
+ * none) or split along its one dimension, over the devices in order. */
+static struct ts_array *publish_mesh(const char *name, const char *const *on, int n, bool split)
+{
+	struct ts_array_desc d = {.dtype = TS_DT_UINT8, .rank = 1, .shape = {4}};
+	struct ts_placement pl = {.committed = true};
+	struct ts_array *a;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	pl.sharding.type = TS_SHARDING_NAMED;
+	pl.sharding.memory_kind = TS_MEM_DEVICE;
+	pl.sharding.mesh.ndevices = n;
+	pl.sharding.mesh.naxes = 1;
+	pl.sharding.mesh.shape[0] = n;
+	snprintf(pl.sharding.mesh.axis_names[0], TS_AXIS_NAME_MAX, "data");
+	for (int k = 0; k < n; k++)
+		pl.sharding.mesh.devices[k] = dev(on[k]);
+	if (split) {
+		pl.sharding.spec_rank = 1;
+		pl.sharding.spec[0].naxes = 1;
+	}
+	ck_assert_int_eq(ts_array_desc_init(&d, &err), TS_OK);
+	ck_assert_int_eq(ts_array_new(name, &d, &pl, mem, &a, &err), TS_OK);
+	return a;
+}
+
+/* Arrays split differently over the same devices go together (a model's
+ * replicated weights and its sharded optimizer state); over other devices,
+ * or the same ones in another order, they are apart. */
+START_TEST(test_meshes_of_the_same_devices_go_together)
+{
+	static const char *const d01[] = {"sim:0", "sim:1"}, *const d10[] = {"sim:1", "sim:0"};
+	static const char *const d02[] = {"sim:0", "sim:2"};
+	struct ts_array *w = publish_mesh("w", d01, 2, false), *s = publish_mesh("s", d01, 2, true);
+	struct ts_array *swapped = publish_mesh("t", d10, 2, true);
+	struct ts_array *other = publish_mesh("o", d02, 2, false);
+	struct ts_array *one = publish("x", "sim:0", TS_MEM_DEVICE, true, 8);
+	struct ts_array *arrs[3];
+	struct ts_device *where = NULL;
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	arrs[0] = w;
+	arrs[1] = s;
+	arrs[2] = one;
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 3, dev("sim:2"), NULL, &where, &err),
+	                 TS_OK);
+	ck_assert_ptr_eq(where, dev("sim:0"));
+	arrs[1] = swapped;
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:0"), NULL, &where, &err),
+	                 TS_FAILED_PRECONDITION);
+	ts_error_clear(&err);
+	arrs[1] = other;
+	ck_assert_int_eq(ts_colocate(cat, stg, mem, arrs, 2, dev("sim:0"), NULL, &where, &err),
+	                 TS_FAILED_PRECONDITION);
+	ck_assert_str_eq(err.reason, "COMMITTED_APART");
+	ts_array_unref(w);
+	ts_array_unref(s);
+	ts_array_unref(swapped);
+	ts_array_unref(other);
+	ts_array_unref(one);
+}
+END_TEST
+
 START_TEST(test_no_committed_uses_fallback)
 {
 	struct ts_array *arrs[2] = {publish("m", "sim:0", TS_MEM_DEVICE, false, 64),
@@ -223,6 +288,7 @@ Suite *ts_unit_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_uncommitted_follow_committed);
+	tcase_add_test(tc, test_meshes_of_the_same_devices_go_together);
 	tcase_add_test(tc, test_committed_apart_refused);
 	tcase_add_test(tc, test_no_committed_uses_fallback);
 	tcase_add_test(tc, test_replaced_meanwhile_aborts);
