@@ -850,9 +850,10 @@ static json_t *step_result(const struct run *s, const struct ts_session *sess,
 		json_t *devs = json_array();
 
 		for (int k = 0; devs && k < R; k++)
-			json_array_append_new(devs, json_pack("{s:s, s:f, s:I}", "device",
+			json_array_append_new(devs, json_pack("{s:s, s:f, s:f, s:I}", "device",
 			                                      ts_device_props(s->model.replica_devs[k])->id,
 			                                      "compute_s", rep->replica_compute_s[k],
+			                                      "communication_s", rep->replica_comm_s[k],
 			                                      "all_reduce_bytes",
 			                                      (json_int_t)rep->allreduce_bytes));
 		json_object_set_new(o, "devices", devs);

@@ -952,34 +952,38 @@ static ts_status cuda_timeline_mark(void *p, struct ts_queue *q, enum ts_k_mark 
 	return TS_OK;
 }
 
-static ts_status cuda_timeline_read(void *p, double *busy_s, double *wait_s,
+static ts_status cuda_timeline_read(void *p, double *busy_s, double *wait_s, double *comm_s,
                                     struct ts_error *err)
 {
 	struct cuda_timeline *tl = (struct cuda_timeline *)p;
-	double busy = 0, wait = 0;
+	double busy = 0, wait = 0, comm = 0;
 	ts_status st = enter(tl->ck, err);
 
 	if (st != TS_OK)
 		return st;
 	for (int i = 1; i < tl->n && st == TS_OK; i++) {
 		int a = tl->mark[i - 1], b = tl->mark[i];
-		bool busy_span = (a == TS_K_OPEN || a == TS_K_WAIT_END) &&
-		                 (b == TS_K_CLOSE || b == TS_K_WAIT_BEGIN);
+		bool busy_span = (a == TS_K_OPEN || a == TS_K_WAIT_END || a == TS_K_COMM_END) &&
+		                 (b == TS_K_CLOSE || b == TS_K_WAIT_BEGIN || b == TS_K_COMM_BEGIN);
 		bool wait_span = a == TS_K_WAIT_BEGIN && b == TS_K_WAIT_END;
+		bool comm_span = a == TS_K_COMM_BEGIN && b == TS_K_COMM_END;
 		float ms = 0;
 
-		if (!busy_span && !wait_span)
+		if (!busy_span && !wait_span && !comm_span)
 			continue;
 		st = cuda_status(tl->ck, cudaEventElapsedTime(&ms, tl->ev[i - 1], tl->ev[i]),
 		                 "cudaEventElapsedTime", err);
 		if (busy_span)
 			busy += ms / 1e3;
-		else
+		else if (wait_span)
 			wait += ms / 1e3;
+		else
+			comm += ms / 1e3;
 	}
 	if (st == TS_OK) {
 		*busy_s = busy;
 		*wait_s = wait;
+		*comm_s = comm;
 	}
 	return st;
 }

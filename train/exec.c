@@ -69,10 +69,12 @@ struct slot {
 	uint64_t use[NQ];            /* last job touching it per queue, 0: none */
 };
 
-/* Busy and waiting time of the compute queue, written by its worker only. */
+/* Busy, waiting and communicating time of the compute queue, written by
+ * its worker only. */
 struct clock {
-	uint64_t seg, w0;            /* start of the open busy segment, of a wait */
-	uint64_t busy, wait;         /* ns */
+	uint64_t seg, w0, c0;        /* start of the open busy segment, of a wait, of a
+	                                collective */
+	uint64_t busy, wait, comm;   /* ns */
 	bool open;
 };
 
@@ -142,6 +144,22 @@ static void clk_wait_end(void *arg)
 	clk_open(c);
 }
 
+static void clk_comm_begin(void *arg)
+{
+	struct clock *c = arg;
+
+	clk_close(c);
+	c->c0 = ts_now_ns();
+}
+
+static void clk_comm_end(void *arg)
+{
+	struct clock *c = arg;
+
+	c->comm += ts_now_ns() - c->c0;
+	clk_open(c);
+}
+
 /* Enqueues a clock mark on the compute queue (no-op when untimed): a host
  * callback on sim and cpu (its job reserved), a device-timed mark on CUDA.
  * A CUDA mark that cannot be made (it may allocate) stops the timing, not
@@ -161,8 +179,12 @@ static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *er
 		m = TS_K_CLOSE;
 	else if (fn == clk_wait_begin)
 		m = TS_K_WAIT_BEGIN;
-	else
+	else if (fn == clk_wait_end)
 		m = TS_K_WAIT_END;
+	else if (fn == clk_comm_begin)
+		m = TS_K_COMM_BEGIN;
+	else
+		m = TS_K_COMM_END;
 	ts_error_clear(&merr);
 	if (ts_k_timeline_mark(r->tl, r->q[QC], m, &merr) != TS_OK) {
 		r->timed = false;
@@ -1099,14 +1121,15 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 		if (r->mark[y])
 			ts_event_free(r->mark[y]);
 	if (r->tl) {
-		double busy, wait;
+		double busy, wait, comm;
 
 		/* every mark has run: the queues are synced; a runtime that
 		 * cannot time events leaves the times 0 */
 		if (st == TS_OK && !r->tl_lost &&
-		    ts_k_timeline_read(r->tl, &busy, &wait, NULL) == TS_OK) {
+		    ts_k_timeline_read(r->tl, &busy, &wait, &comm, NULL) == TS_OK) {
 			r->clk.busy = (uint64_t)(busy * 1e9);
 			r->clk.wait = (uint64_t)(wait * 1e9);
+			r->clk.comm = (uint64_t)(comm * 1e9);
 		}
 		ts_k_timeline_free(r->tl);
 		r->tl = NULL;
@@ -1183,9 +1206,15 @@ static ts_status run_collective(struct run *r, int n, struct ts_comm *comm, int 
 		qs[k] = r[k].q[QC];
 		bufs[k] = st == TS_OK ? at(&r[k], a->a, a->aoff) : NULL;
 	}
+	/* each compute queue's time in the collective (waiting for the
+	 * others included) is its communication, not its compute */
+	for (int k = 0; k < n && st == TS_OK; k++)
+		st = clk_mark(&r[k], clk_comm_begin, err);
 	if (st == TS_OK)
 		st = a->op == TS_P_ALLREDUCE ? ts_comm_allreduce(comm, qs, bufs, a->n, err)
 		                             : ts_comm_all_gather(comm, qs, bufs, a->n, err);
+	for (int k = 0; k < n && st == TS_OK; k++)
+		st = clk_mark(&r[k], clk_comm_end, err);
 	for (int k = 0; k < n && st == TS_OK; k++)
 		kernel_end(&r[k], o, no);
 	return st;
@@ -1332,6 +1361,7 @@ ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env
 		r[k].res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
 		r[k].res.compute_s = (double)r[k].clk.busy / 1e9;
 		r[k].res.copy_wait_s = (double)r[k].clk.wait / 1e9;
+		r[k].res.comm_s = (double)r[k].clk.comm / 1e9;
 		out[k] = r[k].res;
 	}
 	free(r);

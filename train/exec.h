@@ -49,6 +49,9 @@ struct ts_exec_result {
 	double wall_s;                     /* the whole step */
 	double compute_s;                  /* time the compute queue was busy */
 	double copy_wait_s;                /* time the compute queue waited for copies */
+	double comm_s;                     /* time the compute queue spent in collectives
+	                                      with the other replicas (waiting for them
+	                                      included); 0 on one device */
 };
 
 /*

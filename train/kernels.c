@@ -658,19 +658,26 @@ ts_status ts_k_timeline_mark(struct ts_k_timeline *tl, struct ts_queue *q, enum 
 	st = check_queue(tl->k, q, "timeline mark", err);
 	if (st != TS_OK)
 		return st;
-	if (m != TS_K_OPEN && m != TS_K_CLOSE && m != TS_K_WAIT_BEGIN && m != TS_K_WAIT_END)
+	if (m != TS_K_OPEN && m != TS_K_CLOSE && m != TS_K_WAIT_BEGIN && m != TS_K_WAIT_END &&
+	    m != TS_K_COMM_BEGIN && m != TS_K_COMM_END)
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "INVALID_ARGUMENT",
 		                    "timeline mark: unknown mark %d", (int)m);
 	return tl->k->ops->timeline_mark(tl->impl, q, m, err);
 }
 
 ts_status ts_k_timeline_read(struct ts_k_timeline *tl, double *busy_s, double *wait_s,
-                             struct ts_error *err)
+                             double *comm_s, struct ts_error *err)
 {
+	double comm = 0;
+	ts_status st;
+
 	if (!tl || !busy_s || !wait_s)
 		return BAD(err, "timeline read: no timeline or nowhere to put the times");
 	*busy_s = *wait_s = 0;
-	return tl->k->ops->timeline_read(tl->impl, busy_s, wait_s, err);
+	st = tl->k->ops->timeline_read(tl->impl, busy_s, wait_s, &comm, err);
+	if (comm_s)
+		*comm_s = st == TS_OK ? comm : 0;
+	return st;
 }
 
 void ts_k_timeline_free(struct ts_k_timeline *tl)

@@ -235,14 +235,18 @@ ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v,
 /*
  * A timeline of marks on a device queue, timed by the device itself (CUDA
  * events with timing), for busy and waiting times that host callbacks
- * would distort on a GPU stream. A mark records where the queue is: OPEN
- * and WAIT_END start a busy stretch, CLOSE and WAIT_BEGIN end one;
- * WAIT_BEGIN to WAIT_END is waiting. Read once every mark has run (the
- * queue synced). UNIMPLEMENTED for cpu and sim kernels (their queue
- * workers time themselves). New object from new, freed by free (NULL
- * allowed).
+ * would distort on a GPU stream. A mark records where the queue is: OPEN,
+ * WAIT_END and COMM_END start a busy stretch, CLOSE, WAIT_BEGIN and
+ * COMM_BEGIN end one; WAIT_BEGIN to WAIT_END is waiting (for copies),
+ * COMM_BEGIN to COMM_END communicating (a collective with the other
+ * devices, waiting for them included). Read once every mark has run (the
+ * queue synced); comm_s may be NULL. UNIMPLEMENTED for cpu and sim kernels
+ * (their queue workers time themselves). New object from new, freed by
+ * free (NULL allowed).
  */
-enum ts_k_mark { TS_K_OPEN, TS_K_CLOSE, TS_K_WAIT_BEGIN, TS_K_WAIT_END };
+enum ts_k_mark {
+	TS_K_OPEN, TS_K_CLOSE, TS_K_WAIT_BEGIN, TS_K_WAIT_END, TS_K_COMM_BEGIN, TS_K_COMM_END
+};
 struct ts_k_timeline;
 
 ts_status ts_k_timeline_new(struct ts_kernels *k, struct ts_k_timeline **out,
@@ -250,7 +254,7 @@ ts_status ts_k_timeline_new(struct ts_kernels *k, struct ts_k_timeline **out,
 ts_status ts_k_timeline_mark(struct ts_k_timeline *tl, struct ts_queue *q, enum ts_k_mark m,
                              struct ts_error *err);
 ts_status ts_k_timeline_read(struct ts_k_timeline *tl, double *busy_s, double *wait_s,
-                             struct ts_error *err);
+                             double *comm_s, struct ts_error *err);
 void ts_k_timeline_free(struct ts_k_timeline *tl);
 
 #endif

@@ -111,7 +111,7 @@ struct ts__kernel_ops {
 	ts_status (*timeline_new)(void *impl, void **tl, struct ts_error *err);
 	ts_status (*timeline_mark)(void *tl, struct ts_queue *q, enum ts_k_mark m,
 	                           struct ts_error *err);
-	ts_status (*timeline_read)(void *tl, double *busy_s, double *wait_s,
+	ts_status (*timeline_read)(void *tl, double *busy_s, double *wait_s, double *comm_s,
 	                           struct ts_error *err);
 	void (*timeline_free)(void *tl);
 };

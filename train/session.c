@@ -772,8 +772,10 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 		}
 		if (s->R > 1)
 			r.loss /= (float)s->R;
-		for (int k = 0; k < s->R; k++)
+		for (int k = 0; k < s->R; k++) {
 			s->report.replica_compute_s[k] += res[k].compute_s;
+			s->report.replica_comm_s[k] += res[k].comm_s;
+		}
 		s->report.allreduce_bytes += allreduce_bytes(&s->plan);
 		add(&s->report, &r);
 		s->report.grad_norms[s->report.steps] = r.grad_norm;

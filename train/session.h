@@ -107,6 +107,8 @@ struct ts_session_report {
 	uint64_t spare_bytes;            /* device memory of the next batches (hooks' batch) */
 	double wall_s, compute_s, copy_wait_s;   /* replicas: the slowest's, summed over steps */
 	double replica_compute_s[TS_PLAN_REPLICAS_MAX];   /* each replica's, summed */
+	double replica_comm_s[TS_PLAN_REPLICAS_MAX];      /* each replica's time in
+	                                                     collectives, summed */
 	uint64_t allreduce_bytes;        /* all-reduced on each device, summed over steps */
 };
 

@@ -15,9 +15,9 @@
  *     bytes it touches (each device's buffer read once and written once),
  *     measured in the same run (no target: it says what communication
  *     costs here);
- *   - each device's compute time a step, from the session's report (the
- *     per-device compute/communication split: the all-reduce runs on each
- *     device's compute queue, so its share is the row above's).
+ *   - each device's compute and communication time a step, from the
+ *     session's report (its compute queue's busy time, and its time in
+ *     the collectives, waiting for the other device included).
  * Each time is the best of a few after a warm-up.
  */
 #include <math.h>
@@ -252,6 +252,14 @@ int main(void)
 	bench_row("data parallel: mean compute, sim:0 / sim:1", v, ref,
 	          rep->replica_compute_s[1] > 0
 	          ? rep->replica_compute_s[0] / rep->replica_compute_s[1] : 0.0 / 0.0,
+	          NULL, false, false);
+	snprintf(v, sizeof v, "%.1f / %.1f ms", rep->replica_comm_s[0] / (double)rep->steps * 1e3,
+	         rep->replica_comm_s[1] / (double)rep->steps * 1e3);
+	snprintf(ref, sizeof ref, "compute %.1f ms", rep->replica_compute_s[0] /
+	                                             (double)rep->steps * 1e3);
+	bench_row("data parallel: mean communication, sim:0 / 1", v, ref,
+	          rep->replica_compute_s[0] > 0 ? rep->replica_comm_s[0] / rep->replica_compute_s[0]
+	                                        : 0.0 / 0.0,
 	          NULL, false, false);
 	run_close(&one);
 	run_close(&dp);

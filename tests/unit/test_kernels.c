@@ -1940,7 +1940,7 @@ START_TEST(test_cuda_timeline_times_the_stream)
 	enum { N = 1 << 18 };
 	struct ts_k_timeline *tl;
 	float *x = dalloc(N);
-	double busy = -1, wait = -1;
+	double busy = -1, wait = -1, comm = -1;
 	ts_status st;
 
 	OK(ts_k_timeline_new(kern, &tl, &err));
@@ -1950,17 +1950,24 @@ START_TEST(test_cuda_timeline_times_the_stream)
 	OK(ts_k_timeline_mark(tl, q, TS_K_WAIT_BEGIN, &err));
 	OK(ts_k_timeline_mark(tl, q, TS_K_WAIT_END, &err));
 	OK(ts_k_fill(kern, q, x, 9.0f, N, &err));
+	/* a stretch of communication: what runs between the marks */
+	OK(ts_k_timeline_mark(tl, q, TS_K_COMM_BEGIN, &err));
+	for (int i = 0; i < 4; i++)
+		OK(ts_k_fill(kern, q, x, 10.0f, N, &err));
+	OK(ts_k_timeline_mark(tl, q, TS_K_COMM_END, &err));
+	OK(ts_k_fill(kern, q, x, 9.0f, N, &err));
 	OK(ts_k_timeline_mark(tl, q, TS_K_CLOSE, &err));
 	REFUSED(ts_k_timeline_mark(tl, q, (enum ts_k_mark)7, &err));
 	OK(ts_queue_sync(q, &err));
 	ck_assert_float_eq(dget1(x + N - 1), 9.0f);
-	st = ts_k_timeline_read(tl, &busy, &wait, &err);
+	st = ts_k_timeline_read(tl, &busy, &wait, &comm, &err);
 	if (st == TS_UNIMPLEMENTED) {
 		ck_assert_msg(strstr(err.message, "cudaEventElapsedTime"), "%s", err.message);
-		ck_assert(busy == 0 && wait == 0);
+		ck_assert(busy == 0 && wait == 0 && comm == 0);
 	} else {
 		OK(st);
 		ck_assert_msg(busy > 0, "busy %g s", busy);
+		ck_assert_msg(comm > 0, "comm %g s", comm);
 		ck_assert_msg(wait >= 0 && wait < busy + 1, "wait %g s", wait);
 	}
 	ts_k_timeline_free(tl);

@@ -345,6 +345,12 @@ static float rjob_step(struct rjob *j, int step)
 		ck_assert_uint_eq(res[k].measured_host_temp_peak, j->plan.host_temp_size_in_bytes);
 		ck_assert_uint_eq(in_use(dsp[k]), d0[k]);
 		ck_assert_uint_eq(in_use(psp[k]), h0[k]);
+		/* each replica's queue spent time in the collectives (sim times its
+		 * workers; a CUDA stream is timed by events where the runtime can) */
+		ck_assert_msg(j->R == 1 ? res[k].comm_s == 0 : on_cuda || res[k].comm_s > 0,
+		              "replica %d: %g s in collectives", k, res[k].comm_s);
+		ck_assert(res[k].compute_s + res[k].copy_wait_s + res[k].comm_s <=
+		          res[k].wall_s * 1.001 + 1e-6);
 		/* the norm is of the reduced gradients: the same on every replica */
 		ck_assert_msg(memcmp(&res[k].grad_norm, &res[0].grad_norm, sizeof(float)) == 0,
 		              "replica %d's gradient norm %.9g, replica 0's %.9g", k,
