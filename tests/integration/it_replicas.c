@@ -233,6 +233,33 @@ START_TEST(test_offloaded_replicas)
 	ck_assert_int_gt(th_int(th_obj(rd, "bytes_moved"), "h2d"), 0);
 	json_decref(rd);
 	json_decref(r1);
+	/* moved back to the devices (every replica, each on its own device),
+	 * the steps go on there, the same as the one-device model's moved too */
+	for (int w = 1; w <= 2; w++) {
+		char path[64];
+		json_t *mv;
+
+		snprintf(path, sizeof path, "/v1/arrays/dp.w%d:put?wait=true", w);
+		mv = th_post_json(&D, path, "{\"memory_kind\": \"device\"}", 200);
+		json_decref(mv);
+		snprintf(path, sizeof path, "/v1/arrays/one.w%d:put?wait=true", w);
+		json_decref(th_post_json(&D, path, "{\"memory_kind\": \"device\"}", 200));
+	}
+	rd = th_model_step(&D, "dp", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 2}");
+	r1 = th_model_step(&D, "one", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 2}");
+	close_losses(rd, r1, 1e-4);
+	{
+		size_t n;
+		char *t = th_get_bytes(&D, "/v1/arrays/dp.w1/sharding?format=text", &n);
+		char *text = strndup(t, n);
+
+		ck_assert_msg(strstr(text, th_dev(1)) && strstr(text, "memory_kind: device"), "%s",
+		              text);
+		free(text);
+		free(t);
+	}
+	json_decref(rd);
+	json_decref(r1);
 	free(x);
 	free(y);
 	free(both);
