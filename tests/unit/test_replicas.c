@@ -393,6 +393,23 @@ static void replicas_identical(const struct rjob *j, const char *when)
 	}
 }
 
+/* Two jobs of one plan hold the same state bits (replica 0's). */
+static void same_state(const struct rjob *a, const struct rjob *b, const char *what)
+{
+	for (int i = 0; i < a->plan.nbufs; i++) {
+		float *x, *y;
+
+		if (!state_arg(&a->plan, i))
+			continue;
+		x = rjob_read(a, 0, i);
+		y = rjob_read(b, 0, i);
+		ck_assert_msg(memcmp(x, y, a->plan.bufs[i].bytes) == 0, "%s: role %d differs", what,
+		              (int)a->plan.bufs[i].role);
+		free(x);
+		free(y);
+	}
+}
+
 /* The replicated job's state (replica 0) against the one-device job's,
  * role by role, within float32 summation error of each tensor's scale. */
 static void close_to(const struct rjob *dp, const struct rjob *one, double tol,
@@ -506,18 +523,7 @@ START_TEST(test_same_bits_every_run)
 		ck_assert_msg(memcmp(&la, &lb, sizeof la) == 0, "step %d: loss %.9g, then %.9g", step,
 		              (double)la, (double)lb);
 	}
-	for (int i = 0; i < a.plan.nbufs; i++) {
-		float *x, *y;
-
-		if (!state_arg(&a.plan, i))
-			continue;
-		x = rjob_read(&a, 0, i);
-		y = rjob_read(&b, 0, i);
-		ck_assert_msg(memcmp(x, y, a.plan.bufs[i].bytes) == 0, "role %d differs between runs",
-		              (int)a.plan.bufs[i].role);
-		free(x);
-		free(y);
-	}
+	same_state(&a, &b, "two runs");
 	rjob_free(&a);
 	rjob_free(&b);
 }
@@ -701,18 +707,7 @@ START_TEST(test_copy_failure_on_one_device_leaves_every_replica_whole)
 	rjob_step(&j, done + 1);
 	rjob_step(&fresh, done + 1);
 	replicas_identical(&j, "after the failures");
-	for (int i = 0; i < j.plan.nbufs; i++) {
-		float *x, *y;
-
-		if (!state_arg(&j.plan, i))
-			continue;
-		x = rjob_read(&j, 0, i);
-		y = rjob_read(&fresh, 0, i);
-		ck_assert_msg(memcmp(x, y, j.plan.bufs[i].bytes) == 0,
-		              "role %d differs from an untouched job's", (int)j.plan.bufs[i].role);
-		free(x);
-		free(y);
-	}
+	same_state(&j, &fresh, "after the failures, against an untouched job");
 	rjob_free(&j);
 	rjob_free(&fresh);
 }
@@ -779,19 +774,7 @@ static void walk(const struct ts_mlp *m, const struct ts_optimizer *o,
 	rjob_step(&j, done + 1);
 	rjob_step(&fresh, done + 1);
 	replicas_identical(&j, what);
-	for (int i = 0; i < j.plan.nbufs; i++) {
-		float *x, *y;
-
-		if (!state_arg(&j.plan, i))
-			continue;
-		x = rjob_read(&j, 0, i);
-		y = rjob_read(&fresh, 0, i);
-		ck_assert_msg(memcmp(x, y, j.plan.bufs[i].bytes) == 0,
-		              "%s: role %d differs from an untouched job's", what,
-		              (int)j.plan.bufs[i].role);
-		free(x);
-		free(y);
-	}
+	same_state(&j, &fresh, what);
 	fprintf(stderr, "%s on %d devices: %d failure points, %d failed cleanly, %d absorbed\n",
 	        what, ndev, points, failed, points - failed);
 	ck_assert_int_gt(failed, 0);
