@@ -25,7 +25,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BASE_PKGS = {"libc6", "libgcc-s1", "libstdc++6"}
-CUDA_LIBS = ("libcudart.so", "libcublas.so", "libcublasLt.so")
+CUDA_LIBS = ("libcudart.so", "libcublas.so", "libcublasLt.so", "libnccl.so")
 MAKE_VARS_ALLOWED = {"CUDA", "GIT_REV"}
 
 
