@@ -336,13 +336,9 @@ json_t *ts_render_plan(const struct ts_plan *p, bool timeline)
 	if (o && p->replicas > 1) {
 		/* data parallel: every figure above is each device's; the gradients
 		 * all-reduced on each, a step */
-		uint64_t ar = 0;
-
-		for (int i = 0; i < p->nactions; i++)
-			if (p->actions[i].op == TS_P_ALLREDUCE)
-				ar += p->actions[i].n * sizeof(float);
 		json_object_set_new(o, "replicas", json_integer(p->replicas));
-		json_object_set_new(o, "all_reduce_bytes", json_integer((json_int_t)ar));
+		json_object_set_new(o, "all_reduce_bytes",
+		                    json_integer((json_int_t)p->all_reduce_bytes));
 	}
 	if (o && timeline) {
 		json_t *t = json_array();

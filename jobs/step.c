@@ -1154,20 +1154,14 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 	cfg->dev = s->dev;
 	cfg->policy = s->policy;
 	if (m->replicas > 1 && !s->evaluate) {
-		uint64_t total = ts_mlp_tokens(&m->mlp) ? rows : s->bin;
-		uint64_t unit = (uint64_t)s->accumulate * (uint64_t)m->replicas *
-		                (m->mlp.gpt ? (uint64_t)(s->windows.on ? s->windows.context
-		                                                      : rows / s->bin) : 1);
+		/* every replica its own rows: the inputs' rows, a GPT's windows */
+		uint64_t parts = (uint64_t)s->accumulate * (uint64_t)m->replicas;
 
-		/* every replica its own rows (a GPT's, whole windows) */
-		if (total % unit != 0)
+		if (s->bin % parts != 0)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_BATCH",
 			                    "model '%s' runs on %d devices: a step's %llu rows must split "
-			                    "into %d equal parts%s", m->name, m->replicas,
-			                    (unsigned long long)(total / (m->mlp.gpt ? unit /
-			                                         ((uint64_t)s->accumulate *
-			                                          (uint64_t)m->replicas) : 1)),
-			                    m->replicas * s->accumulate,
+			                    "into %llu equal parts%s", m->name, m->replicas,
+			                    (unsigned long long)s->bin, (unsigned long long)parts,
 			                    s->accumulate > 1 ? " (devices x accumulate)" : "");
 		cfg->replicas = m->replicas;
 		cfg->shard_state = m->shard_optimizer;

@@ -936,6 +936,9 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
 	b->norm = -1;
 	if (!b->failed)
 		b->failed = ts__plan_analyse(b->p);
+	for (int i = 0; !b->failed && i < b->p->nactions; i++)
+		if (b->p->actions[i].op == TS_P_ALLREDUCE)
+			b->p->all_reduce_bytes += b->p->actions[i].n * F32;
 	if (b->failed) {
 		ts_plan_release(b->p);
 		return ts_error_oom(err, "no memory to plan the %s", what);

@@ -290,6 +290,7 @@ struct ts_plan {
 	uint64_t host_version_size_in_bytes, host_journal_size_in_bytes;
 	uint64_t peak_device_bytes;
 	uint64_t h2d_bytes, d2h_bytes;
+	uint64_t all_reduce_bytes;       /* data parallel: each device's TS_P_ALLREDUCE bytes */
 	int npoints;                     /* the timeline: live device bytes after each change */
 	struct {
 		const char *phase;

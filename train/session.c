@@ -598,10 +598,10 @@ static ts_status prestage_finish(struct ts_session *s, bool swap, struct ts_erro
 		struct lane *l = &s->ln[r];
 
 		for (int k = 0; k < 2; k++) {
-			if (slot(s, roles[k]) < 0 || !l->spare[k] || !l->spare_check[k])
-				continue;
 			struct ts_session_source src = {.row_bytes = l->spare_check[k]};
 
+			if (slot(s, roles[k]) < 0 || !l->spare[k] || !l->spare_check[k])
+				continue;
 			st = check_ids(s, l, roles[k], &src, l->spare[k], err);
 			if (st != TS_OK)
 				return st;
@@ -688,16 +688,6 @@ static void advance(struct ts_session *s)
 		}
 }
 
-/* The bytes of the plan's all-reduces, a step, on each device. */
-static uint64_t allreduce_bytes(const struct ts_plan *p)
-{
-	uint64_t n = 0;
-
-	for (int i = 0; i < p->nactions; i++)
-		if (p->actions[i].op == TS_P_ALLREDUCE)
-			n += p->actions[i].n * sizeof(float);
-	return n;
-}
 
 ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
                          const struct ts_session_hooks *hooks, void *arg,
@@ -776,7 +766,7 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 			s->report.replica_compute_s[k] += res[k].compute_s;
 			s->report.replica_comm_s[k] += res[k].comm_s;
 		}
-		s->report.allreduce_bytes += allreduce_bytes(&s->plan);
+		s->report.allreduce_bytes += s->plan.all_reduce_bytes;
 		add(&s->report, &r);
 		s->report.grad_norms[s->report.steps] = r.grad_norm;
 		s->report.learning_rates[s->report.steps] =

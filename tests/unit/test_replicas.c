@@ -566,6 +566,8 @@ START_TEST(test_plan_reduces_every_gradient_once)
 	ck_assert_int_eq(allreduces, TS_GPT_NPARAMS);
 	/* the all-reduced bytes are the gradients' size: no hidden copies */
 	ck_assert_uint_eq(reduced, grads);
+	ck_assert_uint_eq(p.all_reduce_bytes, reduced);
+	ck_assert_uint_eq(p1.all_reduce_bytes, 0);
 	ck_assert_int_lt(last_reduce, first_update);
 	ck_assert_uint_eq(p.argument_size_in_bytes, p1.argument_size_in_bytes);
 	ts_plan_release(&p);
