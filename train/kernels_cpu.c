@@ -14,7 +14,7 @@
  * kernels_math.h, which the CUDA kernels use too. Sums run in double in
  * the reductions' fixed lane order, so a sequence of kernels gives
  * bit-identical results run after run, and the same sums as CUDA. The hot
- * loops (a cross-entropy row, Adam) are cloned for avx512f and avx2
+ * loops (a cross-entropy row, Adam, the activations) are cloned for avx512f and avx2
  * (target_clones): the same IEEE operations in wider vectors, never fused
  * (the build does not contract), so the same bits on every machine.
  *
@@ -383,6 +383,7 @@ static void team_rows(const struct job *j, uint64_t rows, uint64_t width, rows_f
 	ts__cpu_team_for(j->team, (int64_t)((rows + t.per - 1) / t.per), rows_piece, &t);
 }
 
+HOT_LOOP_CLONES
 static void act_fwd_range(const struct job *j, uint64_t i0, uint64_t i1)
 {
 	const float *in = j->u.act.in + i0;
@@ -401,7 +402,7 @@ static void act_fwd_range(const struct job *j, uint64_t i0, uint64_t i1)
 		break;
 	case TS_ACT_TANH:
 		for (uint64_t i = 0; i < n; i++)
-			out[i] = tanhf(in[i]);
+			out[i] = ts_m_tanh(in[i]);
 		break;
 	case TS_ACT_NONE:
 	default:
@@ -416,6 +417,7 @@ static void run_act_fwd(const struct job *j)
 	team_rows(j, j->u.act.n, 1, act_fwd_range);
 }
 
+HOT_LOOP_CLONES
 static void act_bwd_range(const struct job *j, uint64_t i0, uint64_t i1)
 {
 	const float *pre = j->u.act.in + i0, *go = j->u.act.grad + i0;

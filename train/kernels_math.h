@@ -45,77 +45,6 @@
 /* Partial sums of a reduction: one CUDA block of this many threads. */
 #define TS_RED_LANES 256
 
-/* ---- activations ----------------------------------------------------------- */
-
-TS_HD static inline float ts_m_relu(float x)
-{
-	return x < 0.0f ? 0.0f : x;
-}
-
-TS_HD static inline float ts_m_gelu(float x)
-{
-	float cdf = 0.5f * (1.0f + tanhf(TS_GELU_S * (x + TS_GELU_C * (x * x * x))));
-
-	return x * cdf;
-}
-
-/* d gelu / dx of the tanh approximation, exactly differentiated. */
-TS_HD static inline float ts_m_gelu_grad(float x)
-{
-	float x2 = x * x;
-	float t = tanhf(TS_GELU_S * (x + TS_GELU_C * (x2 * x)));
-	float du = TS_GELU_S * (1.0f + 3.0f * TS_GELU_C * x2);
-
-	return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-}
-
-/* jax.nn.relu's derivative is 0 at 0; go passes through untouched where
- * the derivative is 1 (no 0 * inf). */
-TS_HD static inline float ts_m_relu_bwd(float pre, float go)
-{
-	return pre > 0.0f ? go : 0.0f;
-}
-
-TS_HD static inline float ts_m_gelu_bwd(float pre, float go)
-{
-	return go * ts_m_gelu_grad(pre);
-}
-
-TS_HD static inline float ts_m_tanh_bwd(float pre, float go)
-{
-	float t = tanhf(pre);
-
-	return go * (1.0f - t * t);
-}
-
-TS_HD static inline float ts_m_act_fwd(int act, float x)
-{
-	switch (act) {
-	case TS_ACT_RELU:
-		return ts_m_relu(x);
-	case TS_ACT_GELU:
-		return ts_m_gelu(x);
-	case TS_ACT_TANH:
-		return tanhf(x);
-	default:
-		return x;
-	}
-}
-
-TS_HD static inline float ts_m_act_bwd(int act, float pre, float go)
-{
-	switch (act) {
-	case TS_ACT_RELU:
-		return ts_m_relu_bwd(pre, go);
-	case TS_ACT_GELU:
-		return ts_m_gelu_bwd(pre, go);
-	case TS_ACT_TANH:
-		return ts_m_tanh_bwd(pre, go);
-	default:
-		return go;
-	}
-}
-
 /* ---- losses and reductions ------------------------------------------------- */
 
 /* One element's term of a sum of squares. */
@@ -231,6 +160,98 @@ TS_HD static inline double ts_m_exp_neg(double a)
 	q = a != a ? a : q;
 	return a < -708.0 ? 0.0 : q;
 }
+
+/*
+ * tanh(x) rounded to float, from ts_m_exp_neg: for |x| = a,
+ * tanh(a) = (1 - e) / (1 + e) with e = exp(-2a) in double, whose
+ * cancellation costs at most 2^-52 / (2a) relative, below half a float ulp
+ * for a >= 2^-20; below that a - a^3 / 3 (the series' next term, 2 a^5 / 15,
+ * is far below an ulp). Without branches, so that a CPU loop over it
+ * vectorises where libm's tanhf is a call per element, and the same
+ * operations on both backends. Inf reads as 1, NaN stays NaN.
+ */
+TS_HD static inline float ts_m_tanh(float x)
+{
+	double a = fabs((double)x);
+	double e = ts_m_exp_neg(TS_M_DMUL(-2.0, a));
+	double t = (1.0 - e) / (1.0 + e);
+	double small = TS_M_DMUL(a, TS_M_DADD(1.0, -TS_M_DMUL(TS_M_DMUL(a, a), 1.0 / 3.0)));
+	float r = (float)(a < 0x1p-20 ? small : t);
+
+	return copysignf(r, x);
+}
+
+/* ---- activations ----------------------------------------------------------- */
+
+TS_HD static inline float ts_m_relu(float x)
+{
+	return x < 0.0f ? 0.0f : x;
+}
+
+TS_HD static inline float ts_m_gelu(float x)
+{
+	float cdf = 0.5f * (1.0f + ts_m_tanh(TS_GELU_S * (x + TS_GELU_C * (x * x * x))));
+
+	return x * cdf;
+}
+
+/* d gelu / dx of the tanh approximation, exactly differentiated. */
+TS_HD static inline float ts_m_gelu_grad(float x)
+{
+	float x2 = x * x;
+	float t = ts_m_tanh(TS_GELU_S * (x + TS_GELU_C * (x2 * x)));
+	float du = TS_GELU_S * (1.0f + 3.0f * TS_GELU_C * x2);
+
+	return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+
+/* jax.nn.relu's derivative is 0 at 0; go passes through untouched where
+ * the derivative is 1 (no 0 * inf). */
+TS_HD static inline float ts_m_relu_bwd(float pre, float go)
+{
+	return pre > 0.0f ? go : 0.0f;
+}
+
+TS_HD static inline float ts_m_gelu_bwd(float pre, float go)
+{
+	return go * ts_m_gelu_grad(pre);
+}
+
+TS_HD static inline float ts_m_tanh_bwd(float pre, float go)
+{
+	float t = ts_m_tanh(pre);
+
+	return go * (1.0f - t * t);
+}
+
+TS_HD static inline float ts_m_act_fwd(int act, float x)
+{
+	switch (act) {
+	case TS_ACT_RELU:
+		return ts_m_relu(x);
+	case TS_ACT_GELU:
+		return ts_m_gelu(x);
+	case TS_ACT_TANH:
+		return ts_m_tanh(x);
+	default:
+		return x;
+	}
+}
+
+TS_HD static inline float ts_m_act_bwd(int act, float pre, float go)
+{
+	switch (act) {
+	case TS_ACT_RELU:
+		return ts_m_relu_bwd(pre, go);
+	case TS_ACT_GELU:
+		return ts_m_gelu_bwd(pre, go);
+	case TS_ACT_TANH:
+		return ts_m_tanh_bwd(pre, go);
+	default:
+		return go;
+	}
+}
+
 
 /* Softmax cross-entropy of one row of logits: exp(x - max) summed (in
  * double, the lanes' order) gives the row's loss log(sum) + max - x[target]

@@ -1566,6 +1566,45 @@ START_TEST(test_exp_neg_within_an_ulp)
 }
 END_TEST
 
+/* The bits of a float, as a signed distance on the line of floats. */
+static int32_t forder(float x)
+{
+	int32_t b;
+
+	memcpy(&b, &x, sizeof b);
+	return b < 0 ? INT32_MIN - b : b;
+}
+
+/* ts_m_tanh, the activations' tanh on both backends: within an ulp of the
+ * correctly rounded tanh (libm's in double, rounded to float) over every
+ * 97th float of either sign, exact at 0 and the infinities, NaN kept. */
+START_TEST(test_tanh_within_an_ulp)
+{
+	int worst = 0;
+
+	for (uint32_t b = 0; b < 0x7f800000u; b += 97) {
+		for (int sgn = 0; sgn < 2; sgn++) {
+			uint32_t bits = b | (sgn ? 0x80000000u : 0);
+			float x, got, want;
+			int d;
+
+			memcpy(&x, &bits, sizeof x);
+			got = ts_m_tanh(x);
+			want = (float)tanh((double)x);
+			d = abs(forder(got) - forder(want));
+			if (d > 1)   /* (a passed ck_assert writes its place to a file) */
+				ck_abort_msg("tanh(%a): got %a, want %a", (double)x, (double)got,
+				             (double)want);
+			worst = d > worst ? d : worst;
+		}
+	}
+	ck_assert(ts_m_tanh(0.0f) == 0.0f && signbit(ts_m_tanh(-0.0f)));
+	ck_assert(ts_m_tanh(INFINITY) == 1.0f && ts_m_tanh(-INFINITY) == -1.0f);
+	ck_assert(isnan(ts_m_tanh(NAN)));
+	ck_assert(worst <= 1);
+}
+END_TEST
+
 /* The lanes' tree over part, as kernels_math.h orders it. */
 static double lanes_tree(double *part)
 {
@@ -2897,6 +2936,7 @@ Suite *ts_unit_suite(void)
 	add_lowp(tc);
 	tcase_add_test(tc, test_same_sequence_same_bits);
 	tcase_add_test(tc, test_exp_neg_within_an_ulp);
+	tcase_add_test(tc, test_tanh_within_an_ulp);
 	tcase_add_test(tc, test_softmax_cross_entropy_wide_rows_same_bits);
 	tcase_add_test(tc, test_updates_match_the_formulas_bit_for_bit);
 	tcase_add_test(tc, test_queues_share_kernels);
