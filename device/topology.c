@@ -225,6 +225,59 @@ static enum ts_link_kind pci_link(hwloc_topology_t topo, const char *a, const ch
 	return TS_LINK_KIND_COUNT;
 }
 
+/* Whether o is the PCI device pci, or an OS device of it (hwloc's NVML and
+ * CUDA backends hang a GPU's "nvml0" or "cuda0" under its PCI device). */
+static bool obj_is_gpu(hwloc_obj_t o, hwloc_obj_t pci)
+{
+	return o == pci || (o && o->type == HWLOC_OBJ_OS_DEVICE && o->parent == pci);
+}
+
+/* The bandwidth d gives from the GPU at PCI device pa to the one at pb (0
+ * when either is not among its objects). */
+static uint64_t gpu_pair_value(const struct hwloc_distances_s *d, hwloc_obj_t pa, hwloc_obj_t pb)
+{
+	unsigned ia = d->nbobjs, ib = d->nbobjs;
+
+	for (unsigned i = 0; i < d->nbobjs; i++) {
+		if (obj_is_gpu(d->objs[i], pa))
+			ia = i;
+		if (obj_is_gpu(d->objs[i], pb))
+			ib = i;
+	}
+	return ia < d->nbobjs && ib < d->nbobjs && ia != ib ? d->values[ia * d->nbobjs + ib] : 0;
+}
+
+/* Whether hwloc's "NVLinkBandwidth" distances (its NVML backend's on a real
+ * node, or a topology file's) give two PCI devices (bus ids) a bandwidth:
+ * directly, or, where GPUs meet through NVSwitches (their bandwidth to each
+ * other 0, to the switches' ports not), once the ports are merged and the
+ * matrix closed transitively (hwloc_distances_transform, which changes this
+ * copy of the matrix only; the closure also zeroes direct links, hence
+ * the direct look first). */
+static bool nvlink_between(hwloc_topology_t topo, const char *a, const char *b)
+{
+	hwloc_obj_t pa = a[0] ? hwloc_get_pcidev_by_busidstring(topo, a) : NULL;
+	hwloc_obj_t pb = b[0] ? hwloc_get_pcidev_by_busidstring(topo, b) : NULL;
+	struct hwloc_distances_s *d[4];
+	unsigned nr = 4;
+	bool linked = false;
+
+	if (!pa || !pb || hwloc_distances_get_by_name(topo, "NVLinkBandwidth", &nr, d, 0) < 0)
+		return false;
+	for (unsigned k = 0; k < nr && k < 4; k++) {
+		linked |= gpu_pair_value(d[k], pa, pb) > 0;
+		if (!linked &&
+		    hwloc_distances_transform(topo, d[k], HWLOC_DISTANCES_TRANSFORM_MERGE_SWITCH_PORTS,
+		                              NULL, 0) == 0 &&
+		    hwloc_distances_transform(topo, d[k], HWLOC_DISTANCES_TRANSFORM_TRANSITIVE_CLOSURE,
+		                              NULL, 0) == 0)
+			linked |= gpu_pair_value(d[k], pa, pb) > 0;
+	}
+	for (unsigned k = 0; k < nr && k < 4; k++)
+		hwloc_distances_release(topo, d[k]);
+	return linked;
+}
+
 static enum ts_link_kind sim_rank_link(enum ts_link_kind k, int *rank)
 {
 	*rank = k == TS_LINK_NVLINK ? 0 : k == TS_LINK_PCIE_SWITCH ? 1 : 2;
@@ -257,6 +310,8 @@ static void peer_pair(struct ts_topology *t, hwloc_topology_t topo,
 		p->native_atomics = caps.native_atomics;
 		if (k != TS_LINK_KIND_COUNT)
 			p->link = k;
+		if (nvlink_between(topo, pa->pci_bus_id, pb->pci_bus_id))
+			p->link = TS_LINK_NVLINK;
 	} else if (pa->backend == TS_BACKEND_SIM && pb->backend == TS_BACKEND_SIM &&
 	           (size_t)pa->ordinal < nsim && (size_t)pb->ordinal < nsim) {
 		enum ts_link_kind k = sim_links[(size_t)pa->ordinal * nsim + (size_t)pb->ordinal];

@@ -453,6 +453,52 @@ START_TEST(test_cuda_gpus_placed_by_bus_id)
 }
 END_TEST
 
+/* NVLink from hwloc's "NVLinkBandwidth" distances: tests/data/two_socket_nvlink.xml
+ * is two_socket.xml with an NVML OS device under each GPU (as hwloc's NVML
+ * backend hangs them) and that matrix among them, made with hwloc-annotate
+ * (`distances`, kind 9: from the OS, a bandwidth): the four GPUs of a
+ * package linked to each other, none across. Pairs in one package are
+ * nvlink, pairs across cross_socket; a GPU not in the file, unknown. */
+START_TEST(test_cuda_nvlink_from_hwloc_distances)
+{
+	struct ts_device_config cfg = {.sim_devices = 0, .cuda = true, .host = "testhost"};
+	struct ts_device_set *set = NULL;
+	struct ts_topology *t;
+	struct ts_error err;
+	size_t nvlink = 0, same = 0;
+
+	ts_error_clear(&err);
+	ck_assert_msg(ts_device_set_new(&cfg, &set, &err) == TS_OK, "%s", err.message);
+	t = ts_unit_topology(ts_unit_data("two_socket_nvlink.xml"), set, NULL, 0, NULL);
+	for (size_t i = 0; i < ts_device_set_count(set); i++)
+		for (size_t j = 0; j < ts_device_set_count(set); j++) {
+			const struct ts_device_props *pa = ts_device_props(ts_device_set_at(set, i)),
+			                             *pb = ts_device_props(ts_device_set_at(set, j));
+			const struct ts_topology_device *da = ts_topology_device_find(t, pa->id),
+			                                *db = ts_topology_device_find(t, pb->id);
+			const struct ts_topology_peer *p;
+
+			if (i == j || pa->backend != TS_BACKEND_CUDA || pb->backend != TS_BACKEND_CUDA)
+				continue;
+			p = pair(t, pa->id, pb->id);
+			if (da->numa_node < 0 || db->numa_node < 0) {
+				ck_assert_int_eq(p->link, TS_LINK_UNKNOWN);
+				continue;
+			}
+			same += da->numa_node == db->numa_node;
+			nvlink += p->link == TS_LINK_NVLINK;
+			ck_assert_msg(p->link == (da->numa_node == db->numa_node ? TS_LINK_NVLINK
+			                                                         : TS_LINK_CROSS_SOCKET),
+			              "%s (%s) -> %s (%s): link %s", pa->id, pa->pci_bus_id, pb->id,
+			              pb->pci_bus_id, ts_link_name(p->link));
+		}
+	ck_assert_uint_eq(nvlink, same);
+	fprintf(stderr, "topology: %zu GPU pairs linked by NVLink\n", nvlink);
+	ts_topology_free(t);
+	ts_device_set_free(set);
+}
+END_TEST
+
 /* ---- binding threads to CPUs --------------------------------------------- */
 
 
@@ -599,6 +645,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_cpubind_one_socket_and_unknown_places);
 	tcase_add_test(tc, test_cpubind_this_machine_binds_queue_workers);
 	tcase_add_test(cuda, test_cuda_gpus_placed_by_bus_id);
+	tcase_add_test(cuda, test_cuda_nvlink_from_hwloc_distances);
 	suite_add_tcase(s, tc);
 	suite_add_tcase(s, cuda);
 	return s;
