@@ -14,8 +14,9 @@ test_pkgs=(check libsubunit-dev python3-numpy python3-pip jq python3-yaml
 pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}")
 # make pytest: the Python client's virtual environment
 pkgs+=(python3-venv)
-# make bench (TS_DEPS_BENCH=1) adds the servers its references run
-[ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server)
+# make bench (TS_DEPS_BENCH=1) adds the servers and tools its references run
+# (ucx_perftest: bench_fleet)
+[ "${TS_DEPS_BENCH:-0}" = 1 ] && pkgs+=(nginx-light redis-server ucx-utils)
 # the API checks (TS_DEPS_API=1, tests/api/*.sh): headless Chromium for the
 # dashboard, PyYAML for the route-vs-spec check, venv for their PyPI tools
 # (openapi-spec-validator, schemathesis: installed by tests/api/lib.sh under build/)

@@ -1,15 +1,18 @@
 /*
  * fleet_recv.c - the receiving end of a cross-node copy (fleet_recv.h).
  *
- * Invariant: a receive in the set owns its staging array (registered with
- * UCX while it is there), its prepared move (the destination allocated) and
- * nothing else; whoever unlinks it under mu frees it, so a commit, an abort
- * and the deadline never both act on one.
+ * Invariant: a receive in the set owns its staging array, its prepared move
+ * (the destination allocated) and nothing else; whoever unlinks it under mu
+ * frees it (after its endpoint is closed and none of its bytes is landing),
+ * so a commit, an abort, a failed endpoint and the deadline never both act
+ * on one. A receive whose endpoint failed before all its bytes landed
+ * leaves a record (its error, until its deadline) that its commit answers.
  */
 #include "server/fleet_recv.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,14 +40,35 @@ struct recv {
 	char out[TS_ARRAY_NAME_MAX + 1];
 	struct ts_array *staging;          /* own reference; unpublished */
 	struct ts_job_move *jm;            /* owned: the prepared move */
-	void *memh;                        /* the staging buffer's registration */
+	unsigned char *data;               /* the staging bytes; NULL when none */
+	uint64_t length;                   /* their number */
+	uint64_t received;                 /* bytes landed; guarded by: set->mu */
+	int landing;                       /* bytes' receives in flight; guarded by: set->mu */
+	char source[TS_ARRAY_NAME_MAX + 1];/* the sender's host, as it says; "" unknown */
 	uint64_t deadline_ns;
 };
+
+/* What is left of a receive whose peer failed: its error, for its commit. */
+struct ended {
+	struct ended *next;
+	char id[40];
+	uint64_t deadline_ns;
+	struct ts_error err;
+};
+
+/* Most ended receives remembered; the oldest go first. */
+#define ENDED_MAX 64
+
+/* Longest wait of a commit for bytes still landing. */
+#define COMMIT_LAND_WAIT_S 10
 
 struct ts_fleet_recv {
 	struct ts_mutex mu;
 	struct recv *open;                 /* guarded by: mu */
 	int nopen;                         /* guarded by: mu */
+	struct ended *ended;               /* guarded by: mu; newest first */
+	pthread_cond_t landed;             /* signalled when bytes land (monotonic clock) */
+	struct ts_metrics *metrics;        /* borrowed; set by the first receive */
 	_Atomic uint64_t serials;
 	_Atomic int releasing;             /* receives waiting for their endpoint to close */
 };
@@ -52,18 +76,29 @@ struct ts_fleet_recv {
 struct ts_fleet_recv *ts_fleet_recv_new(void)
 {
 	struct ts_fleet_recv *r = calloc(1, sizeof *r);
+	pthread_condattr_t ca;
+	bool cond = false;
 
-	if (r && ts_mutex_init(&r->mu) != 0) {
+	if (!r)
+		return NULL;
+	if (pthread_condattr_init(&ca) == 0) {
+		cond = pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+		       pthread_cond_init(&r->landed, &ca) == 0;
+		pthread_condattr_destroy(&ca);
+	}
+	if (!cond || ts_mutex_init(&r->mu) != 0) {
+		if (cond)
+			pthread_cond_destroy(&r->landed);
 		free(r);
 		return NULL;
 	}
 	return r;
 }
 
-static void recv_free(struct recv *v, struct ts_fleet_ucx *u)
+static void recv_free(struct recv *v)
 {
-	if (u)
-		ts_fleet_ucx_unmap(u, v->memh);
+	if (v->staging && v->set)
+		ts_metrics_fleet_receives(v->set->metrics, 0, -(int64_t)v->length);
 	ts_job_move_discard(v->jm);
 	ts_array_unref(v->staging);
 	free(v);
@@ -79,7 +114,7 @@ static void released(void *arg)
 	struct release_arg *a = arg;
 	struct ts_fleet_recv *set = a->v->set;
 
-	recv_free(a->v, a->u);
+	recv_free(a->v);
 	free(a);
 	atomic_fetch_sub(&set->releasing, 1);
 }
@@ -96,13 +131,36 @@ static void recv_drop(struct recv *v, struct ts_fleet_ucx *u)
 	struct release_arg *a = u ? malloc(sizeof *a) : NULL;
 
 	if (!a) {
-		recv_free(v, u);
+		recv_free(v);
 		return;
 	}
 	a->v = v;
 	a->u = u;
 	atomic_fetch_add(&v->set->releasing, 1);
 	ts_fleet_ucx_release(u, tag_of(v), released, a);
+}
+
+/* The open receive whose tag is tag, or NULL; mu held. */
+static struct recv *by_tag(struct ts_fleet_recv *r, const void *tag)
+{
+	struct recv *v = r->open;
+
+	while (v && tag_of(v) != tag)
+		v = v->next;
+	return v;
+}
+
+/* Unlinks v (open); mu held. */
+static void unlink_locked(struct ts_fleet_recv *r, struct recv *v)
+{
+	for (struct recv **pp = &r->open; *pp; pp = &(*pp)->next) {
+		if (*pp == v) {
+			*pp = v->next;
+			r->nopen--;
+			ts_metrics_fleet_receives(r->metrics, -1, 0);
+			return;
+		}
+	}
 }
 
 /* Unlinks the receive with this id (or, id NULL, the first past its
@@ -112,16 +170,134 @@ static struct recv *take(struct ts_fleet_recv *r, const char *id, uint64_t now)
 	struct recv *v = NULL;
 
 	ts_mutex_lock(&r->mu);
-	for (struct recv **pp = &r->open; *pp; pp = &(*pp)->next) {
-		if (id ? strcmp((*pp)->id, id) == 0 : (*pp)->deadline_ns <= now) {
-			v = *pp;
-			*pp = v->next;
-			r->nopen--;
+	for (v = r->open; v; v = v->next)
+		if (id ? strcmp(v->id, id) == 0 : v->deadline_ns <= now)
 			break;
+	if (v)
+		unlink_locked(r, v);
+	ts_mutex_unlock(&r->mu);
+	return v;
+}
+
+/* Finds the ended receive with this id (or, id NULL, every one past its
+ * deadline at now), forgets it unless keep: whether there was one; with
+ * err, its error. */
+static bool ended_take(struct ts_fleet_recv *r, const char *id, uint64_t now, bool keep,
+                       struct ts_error *err)
+{
+	bool found = false;
+
+	ts_mutex_lock(&r->mu);
+	for (struct ended **pp = &r->ended; *pp;) {
+		struct ended *e = *pp;
+
+		if (id ? strcmp(e->id, id) == 0 : e->deadline_ns <= now) {
+			found = true;
+			if (err)
+				*err = e->err;
+			if (keep)
+				break;
+			*pp = e->next;
+			free(e);
+			if (id)
+				break;
+		} else {
+			pp = &e->next;
 		}
 	}
 	ts_mutex_unlock(&r->mu);
-	return v;
+	return found;
+}
+
+/* Remembers that the receive v ended with err (the newest ENDED_MAX). */
+static void ended_add(struct ts_fleet_recv *r, const struct recv *v, const struct ts_error *err)
+{
+	struct ended *e = calloc(1, sizeof *e), **pp;
+	int n = 0;
+
+	if (!e)
+		return;
+	snprintf(e->id, sizeof e->id, "%s", v->id);
+	e->deadline_ns = v->deadline_ns;
+	e->err = *err;
+	ts_mutex_lock(&r->mu);
+	e->next = r->ended;
+	r->ended = e;
+	for (pp = &r->ended; *pp && n < ENDED_MAX; pp = &(*pp)->next)
+		n++;
+	while (*pp) {
+		struct ended *old = *pp;
+
+		*pp = old->next;
+		free(old);
+	}
+	ts_mutex_unlock(&r->mu);
+}
+
+void *ts_fleet_recv_land(void *cls, const void *tag, uint64_t offset, size_t len)
+{
+	struct ts_server *srv = cls;
+	struct ts_fleet_recv *r = srv->fleet_recv;
+	struct recv *v;
+	void *dst = NULL;
+
+	ts_mutex_lock(&r->mu);
+	v = by_tag(r, tag);
+	if (v && v->data && offset <= v->length && len <= v->length - offset) {
+		v->landing++;
+		dst = v->data + offset;
+	}
+	ts_mutex_unlock(&r->mu);
+	return dst;
+}
+
+void ts_fleet_recv_landed(void *cls, const void *tag, size_t len, bool ok)
+{
+	struct ts_server *srv = cls;
+	struct ts_fleet_recv *r = srv->fleet_recv;
+	struct recv *v;
+
+	ts_mutex_lock(&r->mu);
+	v = by_tag(r, tag);
+	if (v) {
+		v->landing--;
+		v->received += ok ? len : 0;
+		pthread_cond_broadcast(&r->landed);
+	}
+	ts_mutex_unlock(&r->mu);
+}
+
+void ts_fleet_recv_failed(void *cls, const void *tag, const char *peer, const char *why)
+{
+	struct ts_server *srv = cls;
+	struct ts_fleet_recv *r = srv->fleet_recv;
+	struct ts_error err;
+	struct recv *v;
+	uint64_t got = 0;
+
+	ts_mutex_lock(&r->mu);
+	v = by_tag(r, tag);
+	/* an endpoint closed once every byte landed is the sender's goodbye:
+	 * its commit comes over HTTP */
+	if (v && (v->received < v->length || v->landing > 0)) {
+		got = v->received;
+		unlink_locked(r, v);
+		pthread_cond_broadcast(&r->landed);
+	} else {
+		v = NULL;
+	}
+	ts_mutex_unlock(&r->mu);
+	if (!v)
+		return;
+	ts_error_clear(&err);
+	ts_error_set(&err, TS_UNAVAILABLE, "PEER_FAILED",
+	             "the copy of array '%s' from peer '%s' (%s) ended after %llu of %llu bytes: "
+	             "its endpoint failed: %s", v->out, v->source[0] ? v->source : "unnamed", peer,
+	             (unsigned long long)got, (unsigned long long)v->length, why);
+	ended_add(r, v, &err);
+	ts_log(TS_LOG_WARN, "\"event\":\"fleet_receive\",\"result\":\"failed\"",
+	       "fleet receive %s failed: UNAVAILABLE: %s; dropped", v->id, err.message);
+	recv_drop(v, srv->fleet_ucx);
 }
 
 void ts_fleet_recv_drop_all(struct ts_fleet_recv *r, struct ts_fleet_ucx *u)
@@ -142,6 +318,7 @@ void ts_fleet_recv_tick(void *cls)
 	struct ts_server *srv = cls;
 	struct recv *v;
 
+	(void)ended_take(srv->fleet_recv, NULL, ts_now_ns(), false, NULL);
 	while ((v = take(srv->fleet_recv, NULL, ts_now_ns()))) {
 		ts_log(TS_LOG_WARN, "\"event\":\"fleet_receive\",\"result\":\"expired\"",
 		       "fleet receive %s of array '%s' expired uncommitted; dropped", v->id, v->out);
@@ -154,6 +331,8 @@ void ts_fleet_recv_free(struct ts_fleet_recv *r)
 	if (!r)
 		return;
 	ts_fleet_recv_drop_all(r, NULL);
+	(void)ended_take(r, NULL, UINT64_MAX, false, NULL);
+	pthread_cond_destroy(&r->landed);
 	ts_mutex_destroy(&r->mu);
 	free(r);
 }
@@ -165,12 +344,12 @@ static ts_status bad(struct ts_error *err, const char *field, const char *what)
 
 /* The receive's request: the array's shape and dtypes and where it goes. */
 static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array_desc *wire,
-                       struct ts_move_spec *spec, char *out, uint64_t *ttl_s,
+                       struct ts_move_spec *spec, char *out, char *source, uint64_t *ttl_s,
                        struct ts_error *err)
 {
 	static const char *const known[] = {"out", "dtype", "source_dtype", "shape", "sharding",
 	                                    "device", "memory_kind", "overwrite",
-	                                    "timeout_seconds"};
+	                                    "timeout_seconds", "source_host"};
 	json_t *v, *sh = json_object_get(body, "sharding");
 	json_t *dev = json_object_get(body, "device"), *kind = json_object_get(body, "memory_kind");
 	const char *k;
@@ -186,7 +365,8 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 			                    "unknown field '%s'; a receive takes \"out\", \"dtype\", "
 			                    "\"source_dtype\", \"shape\", \"sharding\" or \"device\"/"
-			                    "\"memory_kind\", \"overwrite\" and \"timeout_seconds\"", k);
+			                    "\"memory_kind\", \"overwrite\", \"timeout_seconds\" and "
+			                    "\"source_host\"", k);
 	}
 	v = json_object_get(body, "out");
 	if (!json_is_string(v) || !ts_array_name_valid(json_string_value(v)))
@@ -194,6 +374,11 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 		                    "\"out\" must name the new array "
 		                    "(^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$)");
 	snprintf(out, TS_ARRAY_NAME_MAX + 1, "%s", json_string_value(v));
+	v = json_object_get(body, "source_host");
+	if (v && (!json_is_string(v) || !ts_array_name_valid(json_string_value(v))))
+		return bad(err, "source_host", "must be the sender's host name "
+		                               "(^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$)");
+	snprintf(source, TS_ARRAY_NAME_MAX + 1, "%s", v ? json_string_value(v) : "");
 	v = json_object_get(body, "dtype");
 	if (!json_is_string(v) || !ts_dtype_parse(json_string_value(v), &spec->dtype))
 		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_DTYPE",
@@ -249,9 +434,9 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 	                      &spec->placement, err);
 }
 
-/* The staging array: host memory of the default device, registered. */
+/* The staging array: host memory of the default device. */
 static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_array_desc *wire,
-                       char **rkey, struct ts_error *err)
+                       struct ts_error *err)
 {
 	const struct ts_core *core = &srv->core;
 	struct ts_placement pl;
@@ -264,17 +449,16 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 	st = ts_array_new(name, wire, &pl, core->env.memory, &v->staging, err);
 	if (st != TS_OK)
 		return st;
-	if (wire->nbytes == 0) {
-		/* nothing to write: no memory to register, no key */
-		*rkey = calloc(1, 1);
-		return *rkey ? TS_OK : ts_error_oom(err, "no memory for a receive");
-	}
+	v->length = wire->nbytes;
+	ts_metrics_fleet_receives(srv->metrics, 0, (int64_t)v->length);
+	if (wire->nbytes == 0)
+		return TS_OK;   /* nothing to write */
 	b = ts_array_single_buffer(v->staging);
 	if (!b || !ts_buffer_host_visible(b))
 		return ts_error_set(err, TS_INTERNAL, "STAGING",
 		                    "the staging memory of a receive is not host memory");
-	return ts_fleet_ucx_map(srv->fleet_ucx, ts_buffer_data(b), (size_t)wire->nbytes, &v->memh,
-	                        rkey, err);
+	v->data = ts_buffer_data(b);
+	return TS_OK;
 }
 
 void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
@@ -283,7 +467,7 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	struct ts_array_desc wire = {0};
 	struct ts_move_spec spec = {0};
 	struct recv *v = NULL;
-	char ticket[TS_FLEET_TICKET_LEN + 1], *rkey = NULL, when[48], id[40];
+	char ticket[TS_FLEET_TICKET_LEN + 1], when[48], id[40];
 	unsigned char rnd[16];
 	struct ts_error err;
 	json_error_t jerr;
@@ -309,7 +493,7 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		ts_error_oom(&err, "no memory for a receive");
 		goto fail;
 	}
-	if (parse(call->core, body, &wire, &spec, v->out, &ttl_s, &err) != TS_OK)
+	if (parse(call->core, body, &wire, &spec, v->out, v->source, &ttl_s, &err) != TS_OK)
 		goto fail;
 	ts_mutex_lock(&r->mu);
 	full = r->nopen >= TS_FLEET_RECV_MAX;
@@ -324,12 +508,13 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		goto fail;
 	}
 	v->set = r;
+	r->metrics = srv->metrics;
 	v->serial = atomic_fetch_add(&r->serials, 1) + 1;
 	memcpy(v->id, "rcv-", 4);
 	for (size_t i = 0; i < sizeof rnd; i++)
 		snprintf(v->id + 4 + 2 * i, 3, "%02x", rnd[i]);
 	/* admission: the staging array, then the destination (both refused now) */
-	if (stage(srv, v, &wire, &rkey, &err) != TS_OK)
+	if (stage(srv, v, &wire, &err) != TS_OK)
 		goto fail;
 	spec.name = v->out;
 	if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL, &err) !=
@@ -339,13 +524,10 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	v->deadline_ns = ts_now_ns() + ttl_s * 1000000000ull;
 	ts_format_rfc3339(when, sizeof when, ts_wall_ns() + ttl_s * 1000000000ull);
 	/* the answer and the log line first: once linked, the deadline may free v */
-	answer = json_pack("{s:s, s:s, s:i, s:I, s:I, s:s, s:s, s:i, s:s}", "id", v->id, "ticket",
-	                   ticket, "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx), "address",
-	                   (json_int_t)(uintptr_t)(
-	                       wire.nbytes ? ts_buffer_data(ts_array_single_buffer(v->staging))
-	                                   : NULL),
-	                   "length", (json_int_t)wire.nbytes, "rkey", rkey, "expires", when,
-	                   "expires_in_seconds", (int)ttl_s, "host", call->core->host);
+	answer = json_pack("{s:s, s:s, s:i, s:I, s:s, s:i, s:s}", "id", v->id, "ticket", ticket,
+	                   "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx), "length",
+	                   (json_int_t)wire.nbytes, "expires", when, "expires_in_seconds",
+	                   (int)ttl_s, "host", call->core->host);
 	if (!answer) {
 		ts_error_oom(&err, "no memory for a receive");
 		goto fail;
@@ -357,6 +539,7 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		v->next = r->open;
 		r->open = v;
 		r->nopen++;
+		ts_metrics_fleet_receives(r->metrics, 1, 0);
 	}
 	ts_mutex_unlock(&r->mu);
 	if (full) {
@@ -369,17 +552,32 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	       "fleet receive %s of array '%s' (%llu bytes) open", id, json_string_value(
 	           json_object_get(body, "out")), (unsigned long long)wire.nbytes);
 	ts_reply_json(reply, TS_HTTP_CREATED, answer);
-	free(rkey);
 	json_decref(body);
 	return;
 fail:
 	if (v && v->set)
 		recv_drop(v, srv->fleet_ucx);   /* a ticket may be out */
 	else if (v)
-		recv_free(v, srv->fleet_ucx);
-	free(rkey);
+		recv_free(v);
 	json_decref(body);
 	ts_reply_error(reply, &err);
+}
+
+/* The answer for receive id that is not open: its peer's failure, or 404. */
+static void not_open(struct ts_server *srv, const char *id, bool forget, struct ts_reply *reply)
+{
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	if (srv->fleet_recv && ended_take(srv->fleet_recv, id, 0, !forget, &err)) {
+		if (forget)
+			ts_reply_json(reply, TS_HTTP_OK, json_object());
+		else
+			ts_reply_error(reply, &err);
+		return;
+	}
+	ts_reply_fail(reply, TS_NOT_FOUND, "RECEIVE_NOT_FOUND",
+	              "receive '%s' is not open (never made, committed, aborted or expired)", id);
 }
 
 static struct recv *taken_or_fail(struct ts_server *srv, const struct ts_call *call,
@@ -389,16 +587,54 @@ static struct recv *taken_or_fail(struct ts_server *srv, const struct ts_call *c
 	struct recv *v = srv->fleet_recv ? take(srv->fleet_recv, id, 0) : NULL;
 
 	if (!v)
-		ts_reply_fail(reply, TS_NOT_FOUND, "RECEIVE_NOT_FOUND",
-		              "receive '%s' is not open (never made, committed, aborted or expired)",
-		              id);
+		not_open(srv, id, true, reply);
+	return v;
+}
+
+/* Unlinks receive id once all its bytes have landed (waiting a while for
+ * the last ones): it, or NULL with the answer given. */
+static struct recv *take_landed(struct ts_server *srv, const char *id, struct ts_reply *reply)
+{
+	struct ts_fleet_recv *r = srv->fleet_recv;
+	struct timespec until;
+	struct recv *v;
+	uint64_t got = 0, want = 0;
+
+	if (!r) {
+		not_open(srv, id, false, reply);
+		return NULL;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += COMMIT_LAND_WAIT_S;
+	ts_mutex_lock(&r->mu);
+	for (;;) {
+		for (v = r->open; v && strcmp(v->id, id) != 0; v = v->next)
+			;
+		if (!v || (v->received == v->length && v->landing == 0))
+			break;
+		got = v->received;
+		want = v->length;
+		if (ts_mutex_wait(&r->mu, &r->landed, &until) != 0) {
+			v = NULL;
+			break;
+		}
+	}
+	if (v)
+		unlink_locked(r, v);
+	ts_mutex_unlock(&r->mu);
+	if (!v && want)
+		ts_reply_fail(reply, TS_FAILED_PRECONDITION, "RECEIVE_INCOMPLETE",
+		              "receive '%s' has %llu of its %llu bytes; commit once all are sent", id,
+		              (unsigned long long)got, (unsigned long long)want);
+	else if (!v)
+		not_open(srv, id, false, reply);
 	return v;
 }
 
 void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call,
                                struct ts_reply *reply)
 {
-	struct recv *v = taken_or_fail(srv, call, reply);
+	struct recv *v = take_landed(srv, ts_call_param(call, "receive"), reply);
 	struct ts_operation *op = NULL;
 	struct ts_error err;
 	uint64_t wait_ns = 0;
@@ -410,8 +646,6 @@ void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call
 	/* the bytes are there (the peer flushed before it asked): its endpoint
 	 * goes, and UCX lets go of the memory */
 	ts_fleet_ucx_release(srv->fleet_ucx, tag_of(v), NULL, NULL);
-	ts_fleet_ucx_unmap(srv->fleet_ucx, v->memh);
-	v->memh = NULL;
 	st = ts_job_move_start(v->jm, &op, &err);
 	v->jm = NULL;
 	if (st == TS_OK)
@@ -420,7 +654,7 @@ void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call
 	       "\"event\":\"fleet_receive\",\"result\":\"commit\"",
 	       "fleet receive %s of array '%s' committed%s%s", v->id, v->out,
 	       st == TS_OK ? "" : ": ", st == TS_OK ? "" : err.message);
-	recv_free(v, NULL);
+	recv_free(v);
 	if (st != TS_OK) {
 		ts_reply_error(reply, &err);
 		return;

@@ -1,19 +1,25 @@
 /*
  * fleet_recv.h - the destination of a cross-node copy: POST /v1/fleet:receive
  * admits an array arriving from a peer (every refusal answered before any
- * byte moves), allocates its staging array in host memory registered with
- * UCX, and answers a ticket for the fleet port, the staging memory's address
- * and remote key, a receive id and a deadline; the peer writes the bytes with
- * UCX RMA and then POST /v1/fleet/receives/{id}:commit runs the prepared move
+ * byte moves), allocates its staging array in host memory, and answers a
+ * ticket for the fleet port, a receive id and a deadline; the peer sends the
+ * bytes as UCX active messages on the endpoint that presented the ticket
+ * (fleet_ucx.h), which land in the staging memory, and then
+ * POST /v1/fleet/receives/{id}:commit runs the prepared move
  * (jobs/move.h: placement, dtype conversion, publish) as an operation, or
  * :abort drops it. A receive neither committed nor aborted by its deadline
  * is dropped by the fleet's progress thread: nothing is published, and the
- * staging and destination memory go back.
+ * staging and destination memory go back. One whose endpoint fails before
+ * every byte landed is ended at once the same way.
  *
  * Thread-safety: every function may run on any thread at once.
  */
 #ifndef TS_FLEET_RECV_H
 #define TS_FLEET_RECV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "server/router.h"
 
@@ -29,8 +35,8 @@ struct ts_fleet_ucx;
 
 struct ts_fleet_recv *ts_fleet_recv_new(void);
 
-/* Drops every open receive (the fleet port u, borrowed, unregisters their
- * memory); the set stays usable. NULL u: nothing was registered. */
+/* Drops every open receive (the fleet port u, borrowed, closes their
+ * endpoints first); the set stays usable. NULL u: no endpoint to close. */
 void ts_fleet_recv_drop_all(struct ts_fleet_recv *r, struct ts_fleet_ucx *u);
 
 /* Drops the receives past their deadline; a tick of the fleet port's
@@ -38,6 +44,15 @@ void ts_fleet_recv_drop_all(struct ts_fleet_recv *r, struct ts_fleet_ucx *u);
 void ts_fleet_recv_tick(void *cls);
 
 void ts_fleet_recv_free(struct ts_fleet_recv *r);
+
+/* The sink of the fleet port (fleet_ucx.h's land, landed, failed; cls: the
+ * server, tag: a receive's): where a receive's bytes go, that they landed,
+ * and that its endpoint failed, which ends a receive still missing bytes
+ * with UNAVAILABLE (PEER_FAILED) naming the peer: it is dropped at once and
+ * its commit answers that error until its deadline. */
+void *ts_fleet_recv_land(void *cls, const void *tag, uint64_t offset, size_t len);
+void ts_fleet_recv_landed(void *cls, const void *tag, size_t len, bool ok);
+void ts_fleet_recv_failed(void *cls, const void *tag, const char *peer, const char *why);
 
 ts_server_handler_fn ts_s_fleet_receive;
 ts_server_handler_fn ts_s_fleet_receive_commit;

@@ -6,8 +6,15 @@
  * Invariants: only the progress thread calls into the worker (the others
  * only ucp_worker_signal it); an endpoint is in the HELLO state until its
  * ticket is checked, and a connection object lives until its endpoint's
- * close and its ticket receive have both completed (UCX calls back into it
- * until then).
+ * close, its ticket receive and every receive of its data have completed
+ * (UCX calls back into it, and writes into the sink's memory, until then).
+ *
+ * Bytes arrive as active messages (TS_FLEET_AM_DATA), never as remote
+ * writes: UCX 1.13 serves a remote write over TCP (software RMA) by
+ * answering it from inside its own handler, and aborts the process when
+ * that answer cannot be sent because the peer has just died. An active
+ * message's receive is a request of ours that UCX completes with an error
+ * when the endpoint fails.
  */
 #include "server/fleet_ucx.h"
 
@@ -70,6 +77,8 @@ struct conn {
 	bool hello_done;                 /* it completed with every byte */
 	bool failed;                     /* the endpoint or the receive failed */
 	void *close_req;                 /* the close in flight; NULL when done */
+	ucs_status_t why;                /* the endpoint's failure */
+	int landing;                     /* its data receives in flight */
 	bool counted_open;
 	const void *tag;                 /* its ticket's; NULL before it is admitted */
 };
@@ -84,6 +93,9 @@ struct ts_fleet_ucx {
 	struct ts_metrics *metrics;      /* borrowed */
 	void (*tick)(void *cls);         /* immutable; may be NULL */
 	void *tick_cls;
+	void *(*land)(void *cls, const void *tag, uint64_t offset, size_t len);   /* immutable */
+	void (*landed)(void *cls, const void *tag, size_t len, bool ok);           /* immutable */
+	void (*failed)(void *cls, const void *tag, const char *peer, const char *why);
 	struct conn *conns;              /* the progress thread's */
 	int nhello;                      /* the progress thread's */
 	struct ts_mutex mu;
@@ -196,7 +208,8 @@ static void ep_error_cb(void *arg, ucp_ep_h ep, ucs_status_t status)
 	struct conn *c = arg;
 
 	(void)ep;
-	(void)status;
+	if (!c->failed)
+		c->why = status;
 	c->failed = true;
 }
 
@@ -226,6 +239,21 @@ static void reject(struct conn *c, const char *why)
 	conn_close(c);
 }
 
+/* Checks the ticket that c sent: admitted (C_OPEN) or rejected. */
+static void admit(struct conn *c)
+{
+	if (ticket_spend(c->u, c->hello, &c->tag)) {
+		c->state = C_OPEN;
+		c->u->nhello--;
+		ts_metrics_fleet_ucx_conn(c->u->metrics, true);
+		ts_metrics_fleet_ucx_open(c->u->metrics, 1);
+		c->counted_open = true;
+		log_conn(c, "accepted", NULL);
+	} else {
+		reject(c, "its first message is not a live ticket");
+	}
+}
+
 /* Moves c on after progress: a ticket that came is checked, a failure or a
  * passed deadline rejects, an open endpoint that failed is closed. Returns
  * whether c may be freed. */
@@ -234,16 +262,7 @@ static bool conn_step(struct conn *c, uint64_t now)
 	switch (c->state) {
 	case C_HELLO:
 		if (c->hello_done) {
-			if (ticket_spend(c->u, c->hello, &c->tag)) {
-				c->state = C_OPEN;
-				c->u->nhello--;
-				ts_metrics_fleet_ucx_conn(c->u->metrics, true);
-				ts_metrics_fleet_ucx_open(c->u->metrics, 1);
-				c->counted_open = true;
-				log_conn(c, "accepted", NULL);
-			} else {
-				reject(c, "its first message is not a live ticket");
-			}
+			admit(c);
 		} else if (c->failed) {
 			reject(c, "it failed before sending a ticket");
 		} else if (now >= c->deadline_ns) {
@@ -252,7 +271,9 @@ static bool conn_step(struct conn *c, uint64_t now)
 		break;
 	case C_OPEN:
 		if (c->failed) {
-			log_conn(c, "closed", NULL);
+			log_conn(c, "closed", c->why != UCS_OK ? ucs_status_string(c->why) : NULL);
+			if (c->why != UCS_OK && c->u->failed)
+				c->u->failed(c->u->tick_cls, c->tag, c->peer, ucs_status_string(c->why));
 			conn_close(c);
 		}
 		break;
@@ -264,7 +285,7 @@ static bool conn_step(struct conn *c, uint64_t now)
 		ucp_request_free(c->close_req);
 		c->close_req = NULL;
 	}
-	return c->state == C_CLOSING && !c->close_req && !c->recv_pending;
+	return c->state == C_CLOSING && !c->close_req && !c->recv_pending && c->landing == 0;
 }
 
 static void conns_step(struct ts_fleet_ucx *u)
@@ -281,6 +302,96 @@ static void conns_step(struct ts_fleet_ucx *u)
 			pp = &c->next;
 		}
 	}
+}
+
+/* One data receive in flight: its endpoint's connection and its length. */
+struct landing {
+	struct conn *c;
+	size_t len;
+};
+
+static void landing_done(struct ts_fleet_ucx *u, struct conn *c, size_t len, bool ok)
+{
+	if (u->landed)
+		u->landed(u->tick_cls, c->tag, len, ok);
+	if (!ok && !c->failed)
+		c->why = UCS_ERR_IO_ERROR;
+	c->failed |= !ok;
+}
+
+static void data_done_cb(void *request, ucs_status_t status, size_t length, void *user_data)
+{
+	struct landing *l = user_data;
+	struct conn *c = l->c;
+
+	(void)length;
+	c->landing--;
+	if (status != UCS_OK && !c->failed)
+		c->why = status;
+	landing_done(c->u, c, l->len, status == UCS_OK);
+	free(l);
+	ucp_request_free(request);
+}
+
+/* TS_FLEET_AM_DATA: bytes for the receive of the endpoint that sent them,
+ * copied (eager) or received (rendezvous) into where the sink says. */
+static ucs_status_t data_cb(void *arg, const void *header, size_t header_length, void *data,
+                            size_t length, const ucp_am_recv_param_t *param)
+{
+	struct ts_fleet_ucx *u = arg;
+	struct conn *c = NULL;
+	uint64_t offset;
+	void *dst;
+
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
+		for (c = u->conns; c && c->ep != param->reply_ep; c = c->next)
+			;
+	if (!c || c->state == C_CLOSING)
+		return UCS_OK;   /* dropped: no endpoint of ours, or one being closed */
+	if (c->state == C_HELLO && c->hello_done)
+		admit(c);        /* the ticket came first on the same endpoint */
+	if (c->state != C_OPEN)
+		return UCS_OK;
+	if (header_length != sizeof offset || !u->land) {
+		reject(c, "it sent data that is not a copy's");
+		return UCS_OK;
+	}
+	memcpy(&offset, header, sizeof offset);
+	dst = length ? u->land(u->tick_cls, c->tag, offset, length) : NULL;
+	if (!dst) {
+		if (!c->failed)
+			c->why = UCS_ERR_INVALID_PARAM;
+		c->failed = true;   /* closed: nothing of its receive, or out of bounds */
+		return UCS_OK;
+	}
+	if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+		struct landing *l = malloc(sizeof *l);
+		ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+		                                         UCP_OP_ATTR_FIELD_USER_DATA,
+		                         .cb.recv_am = data_done_cb,
+		                         .user_data = l};
+		void *r;
+
+		if (!l) {
+			landing_done(u, c, length, false);
+			return UCS_OK;
+		}
+		l->c = c;
+		l->len = length;
+		r = ucp_am_recv_data_nbx(u->worker, data, dst, length, &p);
+		if (UCS_PTR_IS_PTR(r)) {
+			c->landing++;
+			return UCS_OK;
+		}
+		free(l);
+		if (UCS_PTR_IS_ERR(r) && !c->failed)
+			c->why = UCS_PTR_STATUS(r);
+		landing_done(u, c, length, !UCS_PTR_IS_ERR(r));
+		return UCS_OK;
+	}
+	memcpy(dst, data, length);
+	landing_done(u, c, length, true);
+	return UCS_OK;
 }
 
 static void peer_name(ucp_conn_request_h req, char *out, size_t n)
@@ -478,13 +589,17 @@ static ts_status ucx_error(struct ts_error *err, const char *what, ucs_status_t 
 
 static ts_status start_ucx(struct ts_fleet_ucx *u, struct ts_error *err)
 {
-	/* RMA: receives register their staging memory with this context from
-	 * HTTP threads while the progress thread runs the worker (shared) */
-	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES |
-	                                     UCP_PARAM_FIELD_MT_WORKERS_SHARED,
+	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
 	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_WAKEUP |
-	                                   UCP_FEATURE_RMA,
-	                       .mt_workers_shared = 1};
+	                                   UCP_FEATURE_AM};
+	ucp_am_handler_param_t am = {.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+	                                           UCP_AM_HANDLER_PARAM_FIELD_FLAGS |
+	                                           UCP_AM_HANDLER_PARAM_FIELD_CB |
+	                                           UCP_AM_HANDLER_PARAM_FIELD_ARG,
+	                             .id = TS_FLEET_AM_DATA,
+	                             .flags = UCP_AM_FLAG_WHOLE_MSG,
+	                             .cb = data_cb,
+	                             .arg = u};
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
 	ucp_config_t *config;
@@ -503,6 +618,9 @@ static ts_status start_ucx(struct ts_fleet_ucx *u, struct ts_error *err)
 	s = ucp_worker_get_efd(u->worker, &u->efd);
 	if (s != UCS_OK)
 		return ucx_error(err, "worker event fd", s);
+	s = ucp_worker_set_am_recv_handler(u->worker, &am);
+	if (s != UCS_OK)
+		return ucx_error(err, "active message handler", s);
 	return TS_OK;
 }
 
@@ -548,6 +666,9 @@ ts_status ts_fleet_ucx_new(const struct ts_fleet_ucx_config *cfg, struct ts_metr
 	u->metrics = metrics;
 	u->tick = cfg->tick;
 	u->tick_cls = cfg->tick_cls;
+	u->land = cfg->land;
+	u->landed = cfg->landed;
+	u->failed = cfg->failed;
 	u->hello_timeout_ns = (uint64_t)cfg->hello_timeout_ms * 1000000ull;
 	u->efd = -1;
 	if (ts_mutex_init(&u->mu) != 0) {
@@ -595,51 +716,4 @@ void ts_fleet_ucx_free(struct ts_fleet_ucx *u)
 		ucp_cleanup(u->ctx);
 	ts_mutex_destroy(&u->mu);
 	free(u);
-}
-
-ts_status ts_fleet_ucx_map(struct ts_fleet_ucx *u, void *addr, size_t len, void **memh,
-                           char **rkey_hex, struct ts_error *err)
-{
-	static const char digits[] = "0123456789abcdef";
-	ucp_mem_map_params_t mp = {.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS |
-	                                         UCP_MEM_MAP_PARAM_FIELD_LENGTH,
-	                           .address = addr,
-	                           .length = len ? len : 1};
-	ucp_mem_h h;
-	void *packed = NULL;
-	size_t n = 0;
-	ucs_status_t s;
-	char *hex;
-
-	*memh = NULL;
-	*rkey_hex = NULL;
-	s = ucp_mem_map(u->ctx, &mp, &h);
-	if (s != UCS_OK)
-		return ucx_error(err, "memory registration", s);
-	s = ucp_rkey_pack(u->ctx, h, &packed, &n);
-	if (s != UCS_OK) {
-		(void)ucp_mem_unmap(u->ctx, h);
-		return ucx_error(err, "remote key", s);
-	}
-	hex = malloc(2 * n + 1);
-	if (!hex) {
-		ucp_rkey_buffer_release(packed);
-		(void)ucp_mem_unmap(u->ctx, h);
-		return ts_error_oom(err, "no memory for a remote key");
-	}
-	for (size_t i = 0; i < n; i++) {
-		hex[2 * i] = digits[((unsigned char *)packed)[i] >> 4];
-		hex[2 * i + 1] = digits[((unsigned char *)packed)[i] & 15];
-	}
-	hex[2 * n] = '\0';
-	ucp_rkey_buffer_release(packed);
-	*memh = h;
-	*rkey_hex = hex;
-	return TS_OK;
-}
-
-void ts_fleet_ucx_unmap(struct ts_fleet_ucx *u, void *memh)
-{
-	if (memh)
-		(void)ucp_mem_unmap(u->ctx, memh);
 }

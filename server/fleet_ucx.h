@@ -19,6 +19,7 @@
 #ifndef TS_FLEET_UCX_H
 #define TS_FLEET_UCX_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,6 +31,12 @@
 /* How long an issued ticket may wait for its endpoint. */
 #define TS_FLEET_TICKET_TTL_S 30
 
+/* The active message that carries a copy's bytes: its header is the
+ * offset (uint64_t, the sender's byte order) of its data in the array; the
+ * data is eager or rendezvous, as UCX picks. Sent with
+ * UCP_AM_SEND_FLAG_REPLY on the endpoint that presented the ticket. */
+#define TS_FLEET_AM_DATA 1
+
 struct ts_fleet_ucx;
 struct ts_metrics;
 
@@ -40,6 +47,17 @@ struct ts_fleet_ucx_config {
 	void (*tick)(void *cls); /* called by the progress thread at least every 100 ms;
 	                          * may be NULL */
 	void *tick_cls;
+	/* The sink of the bytes that admitted endpoints send (TS_FLEET_AM_DATA),
+	 * all called on the progress thread with tick_cls and the tag of the
+	 * endpoint's ticket; NULL: every such message closes its endpoint.
+	 * land: where [offset, offset + len) goes, NULL to refuse (the endpoint
+	 * is closed); that memory must stay until landed is called for it.
+	 * landed: those bytes arrived (ok) or not. failed: the endpoint of tag
+	 * failed (the peer is gone or its link): peer is its address, why
+	 * UCX's words. */
+	void *(*land)(void *cls, const void *tag, uint64_t offset, size_t len);
+	void (*landed)(void *cls, const void *tag, size_t len, bool ok);
+	void (*failed)(void *cls, const void *tag, const char *peer, const char *why);
 };
 
 /* Reads UCX's configuration, makes the context, the worker and the listener,
@@ -67,18 +85,9 @@ ts_status ts_fleet_ucx_ticket_tagged(struct ts_fleet_ucx *u, const void *tag, ch
 
 /* Withdraws tag's ticket if unspent and closes (forced) the endpoint that
  * spent it, so that no peer writes into what tag stands for any more; once
- * it is closed, done(arg) runs (done may be NULL) on the progress thread,
+ * it is closed and none of its bytes is landing any more, done(arg) runs (done may be NULL) on the progress thread,
  * or in ts_fleet_ucx_free. Any thread. */
 void ts_fleet_ucx_release(struct ts_fleet_ucx *u, const void *tag, void (*done)(void *arg),
                           void *arg);
-
-/* Registers [addr, addr + len) (host memory) for remote writes: *memh for
- * ts_fleet_ucx_unmap, and the packed remote key as hex in *rkey_hex
- * (malloc'd). UNAVAILABLE (UCX) when UCX refuses. Any thread. */
-ts_status ts_fleet_ucx_map(struct ts_fleet_ucx *u, void *addr, size_t len, void **memh,
-                           char **rkey_hex, struct ts_error *err);
-
-/* Unregisters what ts_fleet_ucx_map registered; NULL is fine. Any thread. */
-void ts_fleet_ucx_unmap(struct ts_fleet_ucx *u, void *memh);
 
 #endif

@@ -36,12 +36,11 @@ struct dest {
 	bool ep_failed;                  /* the endpoint failed */
 	ucs_status_t ep_status;
 	ucp_ep_h ep;
-	ucp_rkey_h rkey;
-	uint64_t addr;                   /* its staging memory */
+	uint64_t offset;                 /* the header of the message in flight */
 	uint64_t deadline_ns;            /* its receive's end there */
-	void *pending;                   /* the write in flight, or NULL */
+	void *pending;                   /* the send in flight, or NULL */
 	uint64_t pending_n;
-	uint64_t done;                   /* bytes written there */
+	uint64_t done;                   /* bytes sent there */
 	bool dead;                       /* failed (err says why); the others go on */
 	bool published;
 	struct ts_error err;
@@ -214,17 +213,14 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
 	d->ep_status = status;
 }
 
-/* Closes d's endpoint at once (its remote key first), without the peer:
- * every request still in flight on it completes, cancelled. */
+/* Closes d's endpoint at once, without the peer: every request still in
+ * flight on it completes, cancelled. */
 static void force_close(struct dest *d)
 {
 	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
 	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
 	void *req;
 
-	if (d->rkey)
-		ucp_rkey_destroy(d->rkey);
-	d->rkey = NULL;
 	if (!d->ep)
 		return;
 	req = ucp_ep_close_nbx(d->ep, &p);
@@ -258,13 +254,12 @@ static ts_status finish(struct dest *d, struct ts_operation *op, void *req, cons
 		deadline = silent;
 		timed_out = true;
 	}
-	/* a cancel waits for the write in flight (one chunk): a peer whose
-	 * writes are cut off under it fails its reply (UCX's software RMA) */
+	/* a cancel waits for the send in flight (one chunk) */
 	while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
 		if (ucp_worker_progress(w))
 			continue;
 		if (ts_now_ns() >= deadline || d->ep_failed) {
-			/* a write cannot be cancelled: the endpoint goes, and
+			/* a send cannot be cancelled: the endpoint goes, and
 			 * with it what is in flight on it */
 			ucp_request_cancel(w, req);
 			if (ucp_request_check_status(req) == UCS_INPROGRESS)
@@ -310,16 +305,11 @@ static void url_host(const char *url, char *out, size_t cap)
 	snprintf(out, cap, "%.*s", (int)(end - p), p);
 }
 
-static int hex_val(char c)
-{
-	return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 /* The operation's own UCX context and worker (its thread's alone). */
 static ts_status ucx_start(struct xfer *x, struct ts_error *err)
 {
 	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_RMA};
+	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_AM};
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
 	ucp_config_t *config;
@@ -343,8 +333,7 @@ static ts_status ucx_start(struct xfer *x, struct ts_error *err)
 	return TS_OK;
 }
 
-/* d's endpoint to its peer's fleet port, admitted by the receive's ticket,
- * and the remote key of its staging memory. */
+/* d's endpoint to its peer's fleet port, admitted by the receive's ticket. */
 static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t deadline,
                           struct ts_error *err)
 {
@@ -358,16 +347,12 @@ static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t dead
 	ucp_request_param_t p = {.op_attr_mask = 0};
 	json_t *rcv = d->rcv;
 	const char *ticket = json_string_value(json_object_get(rcv, "ticket"));
-	const char *rk = json_string_value(json_object_get(rcv, "rkey"));
 	char host[128], port[16];
-	unsigned char *packed = NULL;
-	size_t n;
 	ucs_status_t s;
-	ts_status st;
 
-	if (!ticket || strlen(ticket) != TS_FLEET_TICKET_LEN || !rk || strlen(rk) % 2)
+	if (!ticket || strlen(ticket) != TS_FLEET_TICKET_LEN)
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-		                    "peer '%s' answered the receive without a ticket or key", d->host);
+		                    "peer '%s' answered the receive without a ticket", d->host);
 	url_host(d->url, host, sizeof host);
 	snprintf(port, sizeof port, "%lld",
 	         (long long)json_integer_value(json_object_get(rcv, "fleet_port")));
@@ -383,33 +368,8 @@ static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t dead
 		                    "peer '%s': no endpoint to %s:%s: %s", d->host, host, port,
 		                    ucs_status_string(s));
 	}
-	st = finish(d, op, ucp_stream_send_nbx(d->ep, ticket, TS_FLEET_TICKET_LEN, &p),
-	            "sending the ticket", deadline, err);
-	if (st != TS_OK)
-		return st;
-	n = strlen(rk) / 2;
-	packed = malloc(n + 1);
-	if (!packed)
-		return ts_error_oom(err, "no memory for a remote key");
-	for (size_t i = 0; i < n; i++) {
-		int hi = hex_val(rk[2 * i]), lo = hex_val(rk[2 * i + 1]);
-
-		if (hi < 0 || lo < 0) {
-			free(packed);
-			return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
-			                    "peer '%s' answered a remote key that is not hex", d->host);
-		}
-		packed[i] = (unsigned char)(hi << 4 | lo);
-	}
-	s = ucp_ep_rkey_unpack(d->ep, packed, &d->rkey);
-	free(packed);
-	if (s != UCS_OK) {
-		d->rkey = NULL;
-		return ts_error_set(err, TS_UNAVAILABLE, "PEER_FAILED",
-		                    "peer '%s': its remote key: %s", d->host, ucs_status_string(s));
-	}
-	d->addr = (uint64_t)json_integer_value(json_object_get(rcv, "address"));
-	return TS_OK;
+	return finish(d, op, ucp_stream_send_nbx(d->ep, ticket, TS_FLEET_TICKET_LEN, &p),
+	              "sending the ticket", deadline, err);
 }
 
 /* Closes d's endpoint: flushed with the peer when it is well, forced when
@@ -420,9 +380,6 @@ static void ucx_close(struct dest *d)
 		force_close(d);
 		return;
 	}
-	if (d->rkey)
-		ucp_rkey_destroy(d->rkey);
-	d->rkey = NULL;
 	if (d->ep) {
 		ucp_request_param_t p = {.op_attr_mask = 0};
 		void *req = ucp_ep_close_nbx(d->ep, &p);
@@ -447,7 +404,7 @@ static void ucx_stop(struct xfer *x)
 	x->ctx = NULL;
 }
 
-/* Waits for d's write in flight (cancels it once the endpoint failed or
+/* Waits for d's send in flight (cancels it once the endpoint failed or
  * the deadline passed) until UCX lets go of its buffer. */
 static void drop(struct dest *d, uint64_t deadline)
 {
@@ -521,7 +478,7 @@ static void show_progress(struct xfer *x, struct ts_operation *op, const char *p
 		ts_operation_set_details(op, o);
 }
 
-/* d's write in flight completed: counted, or d failed. */
+/* d's send in flight completed: counted, or d failed. */
 static ts_status complete(struct dest *d, struct ts_operation *op, struct ts_error *err)
 {
 	struct ts_error e;
@@ -530,7 +487,7 @@ static ts_status complete(struct dest *d, struct ts_operation *op, struct ts_err
 
 	ts_error_clear(&e);
 	d->pending = NULL;
-	if (finish(d, op, req, "writing into its memory", d->deadline_ns, &e) != TS_OK)
+	if (finish(d, op, req, "sending the bytes", d->deadline_ns, &e) != TS_OK)
 		return dest_failed(d, &e, err);
 	d->done += n;
 	ts_operation_progress_add(op, n);
@@ -538,9 +495,10 @@ static ts_status complete(struct dest *d, struct ts_operation *op, struct ts_err
 	return TS_OK;
 }
 
-/* Reads the version chunk by chunk (once) and writes each into every live
- * destination's staging memory, the next chunk read while the last one is
- * written (two buffers), then flushes each. */
+/* Reads the version chunk by chunk (once) and sends each to every live
+ * destination (an active message: its offset, then the bytes, which the
+ * peer receives into its staging memory), the next chunk read while the
+ * last one is sent (two buffers), then flushes each. */
 static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_error *err)
 {
 	uint64_t total = ts_array_desc(x->src)->nbytes;
@@ -576,11 +534,14 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 		show_progress(x, op, "sending");
 		for (k = 0; st == TS_OK && k < x->n; k++) {
 			struct dest *d = &x->d[k];
-			ucp_request_param_t p = {.op_attr_mask = 0};
+			ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
+			                         .flags = UCP_AM_SEND_FLAG_REPLY};
 
 			if (d->dead)
 				continue;
-			d->pending = ucp_put_nbx(d->ep, buf[i], (size_t)n, d->addr + done, d->rkey, &p);
+			d->offset = done;
+			d->pending = ucp_am_send_nbx(d->ep, TS_FLEET_AM_DATA, &d->offset, sizeof d->offset,
+			                             buf[i], (size_t)n, &p);
 			d->pending_n = n;
 			if (!UCS_PTR_IS_PTR(d->pending))   /* done at once, or failed at once */
 				st = complete(d, op, err);
@@ -602,7 +563,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 		struct ts_error e;
 
 		ts_error_clear(&e);
-		if (!d->dead && finish(d, op, ucp_ep_flush_nbx(d->ep, &p), "flushing the writes",
+		if (!d->dead && finish(d, op, ucp_ep_flush_nbx(d->ep, &p), "flushing the sends",
 		                       d->deadline_ns, &e) != TS_OK)
 			st = dest_failed(d, &e, err);
 	}
@@ -865,9 +826,10 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 	shape = json_array();
 	for (int i = 0; shape && i < d->rank; i++)
 		json_array_append_new(shape, json_integer((json_int_t)d->shape[i]));
-	body = json_pack("{s:s, s:s, s:s, s:o, s:b, s:I}", "out", req->out, "dtype", req->dtype,
-	                 "source_dtype", ts_dtype_name(d->dtype), "shape", shape, "overwrite",
-	                 req->overwrite, "timeout_seconds", (json_int_t)receive_ttl(d->nbytes));
+	body = json_pack("{s:s, s:s, s:s, s:o, s:b, s:I, s:s}", "out", req->out, "dtype",
+	                 req->dtype, "source_dtype", ts_dtype_name(d->dtype), "shape", shape,
+	                 "overwrite", req->overwrite, "timeout_seconds",
+	                 (json_int_t)receive_ttl(d->nbytes), "source_host", srv->core.host);
 	if (body && req->placement)
 		json_object_update(body, req->placement);
 	x->body = body ? json_dumps(body, JSON_COMPACT) : NULL;

@@ -83,6 +83,8 @@ struct ts_metrics {
 	_Atomic uint64_t fleet_ucx_conns[2];    /* accepted, rejected (server/fleet_ucx.c) */
 	_Atomic int64_t fleet_ucx_open;
 	_Atomic uint64_t fleet_bytes[2];        /* sent, received (server/fleet_xfer.c, fleet_recv.c) */
+	_Atomic int64_t fleet_receives;         /* open (server/fleet_recv.c) */
+	_Atomic int64_t fleet_staging;          /* bytes staged by receives (server/fleet_recv.c) */
 };
 
 /* The calling thread's shard. Its slot is a per-thread cache, dealt on the
@@ -207,6 +209,14 @@ void ts_metrics_fleet_bytes(struct ts_metrics *m, bool sent, uint64_t n)
 {
 	if (m)
 		atomic_fetch_add_explicit(&m->fleet_bytes[sent ? 0 : 1], n, memory_order_relaxed);
+}
+
+void ts_metrics_fleet_receives(struct ts_metrics *m, int64_t dopen, int64_t dstaging)
+{
+	if (!m)
+		return;
+	atomic_fetch_add_explicit(&m->fleet_receives, dopen, memory_order_relaxed);
+	atomic_fetch_add_explicit(&m->fleet_staging, dstaging, memory_order_relaxed);
 }
 
 void ts_metrics_fleet_peers(struct ts_metrics *m, int64_t reachable, int64_t unreachable)
@@ -884,6 +894,17 @@ char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core, size_t
 	       "Admitted endpoints open on the fleet port now.");
 	ts_textbuf_printf(&o, "tstage_fleet_ucx_endpoints %lld\n",
 	                  (long long)atomic_load_explicit(&m->fleet_ucx_open,
+	                                                  memory_order_relaxed));
+	family(&o, "tstage_fleet_receives_open", "gauge",
+	       "Cross-node receives open here now (admitted, neither committed nor ended).");
+	ts_textbuf_printf(&o, "tstage_fleet_receives_open %lld\n",
+	                  (long long)atomic_load_explicit(&m->fleet_receives,
+	                                                  memory_order_relaxed));
+	family(&o, "tstage_fleet_staging_bytes", "gauge",
+	       "Bytes of staging memory that cross-node receives hold now, open or waiting "
+	       "for their endpoints to close.");
+	ts_textbuf_printf(&o, "tstage_fleet_staging_bytes %lld\n",
+	                  (long long)atomic_load_explicit(&m->fleet_staging,
 	                                                  memory_order_relaxed));
 	family(&o, "tstage_fleet_transfer_bytes_total", "counter",
 	       "Bytes of cross-node copies: written to peers (sent) and arrived from them "

@@ -96,6 +96,11 @@ void ts_metrics_fleet_ucx_open(struct ts_metrics *m, int64_t delta);
  * receive is committed: server/fleet_recv.c). */
 void ts_metrics_fleet_bytes(struct ts_metrics *m, bool sent, uint64_t n);
 
+/* Cross-node receives (server/fleet_recv.c): open ones changed by dopen,
+ * bytes of staging memory they hold (until their endpoints are closed) by
+ * dstaging. */
+void ts_metrics_fleet_receives(struct ts_metrics *m, int64_t dopen, int64_t dstaging);
+
 /* Renders the exposition into a new malloc'd string (caller frees); NULL
  * when out of memory. *len receives its length. */
 char *ts_metrics_render(struct ts_metrics *m, const struct ts_core *core,

@@ -351,7 +351,10 @@ static ts_status fleet_ucx_start(struct ts_server *srv, struct ts_error *err)
 	return ts_fleet_ucx_new(&(struct ts_fleet_ucx_config){.bind = cfg->bind, .port = port,
 	                                                      .hello_timeout_ms = FLEET_HELLO_MS,
 	                                                      .tick = ts_fleet_recv_tick,
-	                                                      .tick_cls = srv},
+	                                                      .tick_cls = srv,
+	                                                      .land = ts_fleet_recv_land,
+	                                                      .landed = ts_fleet_recv_landed,
+	                                                      .failed = ts_fleet_recv_failed},
 	                        srv->metrics, &srv->fleet_ucx, err);
 }
 

@@ -28,7 +28,11 @@
 #              leaves the other's copy and names the refusing one;
 #   link cut   a destination's link cut mid-copy ends the copy
 #              DEADLINE_EXCEEDED naming it after --fleet-timeout, the source
-#              answering throughout; with the link back, copies go again.
+#              answering throughout; with the link back, copies go again;
+#   sender     tests/fleet/sender_killed.sh (two hosts of its own): a copy's
+#   killed     sender SIGKILLed mid-copy, three times over; the receiving
+#              daemon keeps serving, ends the receive UNAVAILABLE naming the
+#              sender, and holds nothing of it after.
 #
 # Needs root (ip netns, tc) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
@@ -450,6 +454,13 @@ for h in "${!pid[@]}"; do
 		fail "$h's daemon died: $(tail -3 "$tmp/$h.log")"
 	fi
 done
+
+# ---- sender killed mid-copy: its own two hosts (tsk-*, 10.232.0.0/24) -------
+if tests/fleet/sender_killed.sh "$bin"; then
+	ok "sender killed mid-copy (tests/fleet/sender_killed.sh)"
+else
+	fail "sender killed mid-copy (tests/fleet/sender_killed.sh)"
+fi
 if [ $failed -ne 0 ]; then
 	for h in "${hosts[@]}"; do
 		echo "---- $h's log (last lines)"

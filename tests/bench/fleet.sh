@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# tests/bench/fleet.sh - bench_fleet's measurements between two network
+# namespaces (tsb-h1, tsb-h2: veths on a bridge in tsb-hub, 10.233.0.1-2/24),
+# everything over the same veth link with UCX_TLS=tcp:
+#   copy     a pinned_host array of MB MiB on h1's tstaged copied to h2's
+#            (POST :copy?wait=true, the whole operation), best of 3;
+#   perftest ucx_perftest -t ucp_am_bw (the copy's active messages) of the
+#            same bytes in 4 MiB messages (the copy's chunk), h1 -> h2;
+#   http     curl in h2 downloading the array from h1 (GET .../data), best of 3.
+# Prints "name value" lines on stdout: copy_bytes, copy_s, perftest_bytes_s,
+# http_bytes_s; or one line "skip WHY". Needs root (ip netns), curl, jq and
+# ucx_perftest (ucx-utils). Usage: tests/bench/fleet.sh TSTAGED [MB]
+set -euo pipefail
+bin=$(realpath "$1")
+mb=${2:-1024}
+pfx=tsb
+hub=$pfx-hub
+port=8490
+ucxport=8495
+token=fleet-bench-token-0123456789abcdef
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/tstage-bench-fleet.XXXXXX")
+declare -A pid=()
+
+skip() {
+	echo "skip $1"
+	exit 0
+}
+[ "$(id -u)" -eq 0 ] || skip "not root (network namespaces)"
+for tool in ip curl jq ucx_perftest; do
+	command -v "$tool" >/dev/null || skip "no $tool"
+done
+
+addr() { echo "10.233.0.${1#h}"; }
+ns() { echo "$pfx-$1"; }
+cleanup() {
+	local h
+	for h in "${!pid[@]}"; do
+		kill -KILL "${pid[$h]}" 2>/dev/null || true
+	done
+	wait 2>/dev/null || true
+	for h in h1 h2; do
+		ip netns del "$(ns "$h")" 2>/dev/null || true
+	done
+	ip netns del "$hub" 2>/dev/null || true
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+inns() {
+	local h=$1
+	shift
+	ip netns exec "$(ns "$h")" "$@"
+}
+
+for h in h1 h2; do
+	ip netns del "$(ns "$h")" 2>/dev/null || true
+done
+ip netns del "$hub" 2>/dev/null || true
+ip netns add "$hub" || skip "ip netns add failed"
+ip -n "$hub" link set lo up
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+for h in h1 h2; do
+	ip netns add "$(ns "$h")"
+	ip -n "$(ns "$h")" link set lo up
+	ip -n "$(ns "$h")" link add eth0 type veth peer name "$h-br" netns "$hub"
+	ip -n "$(ns "$h")" addr add "$(addr "$h")/24" dev eth0
+	ip -n "$(ns "$h")" link set eth0 up
+	ip -n "$hub" link set "$h-br" master br0
+	ip -n "$hub" link set "$h-br" up
+done
+printf '%s\n' "$token" >"$tmp/token"
+chmod 600 "$tmp/token"
+
+api() {
+	local h=$1 path=$2
+	shift 2
+	inns "$h" curl -s --max-time 600 -H "Authorization: Bearer $token" "$@" \
+		"http://$(addr "$h"):$port$path"
+}
+for h in h1 h2; do
+	o=$([ "$h" = h1 ] && echo h2 || echo h1)
+	# ip netns exec execs the daemon: $! is its pid, which cleanup kills
+	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" --log-level warn \
+		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 \
+		--peers "http://$(addr "$o"):$port" >"$tmp/$h.log" 2>&1 &
+	pid[$h]=$!
+done
+for h in h1 h2; do
+	for ((i = 0; i < 100; i++)); do
+		inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez" && break
+		sleep 0.1
+	done
+done
+for ((i = 0; i < 100; i++)); do
+	[ "$(api h1 /v1/fleet | jq -r '[.nodes[] | select(.host == "h2")][0].reachable')" = true ] &&
+		break
+	sleep 0.2
+done
+
+bytes=$((mb << 20))
+truncate -s "$bytes" "$tmp/x.raw"
+code=$(api h1 "/v1/arrays/x?dtype=uint8&shape=$bytes&memory_kind=pinned_host" -T "$tmp/x.raw" \
+	-o /dev/null -w '%{http_code}')
+rm -f "$tmp/x.raw"
+[ "$code" = 201 ] || { echo "fleet bench: upload of $mb MiB to h1: $code" >&2; exit 1; }
+
+best_copy=
+for r in 1 2 3; do
+	api h2 /v1/arrays/x -X DELETE -o /dev/null
+	t=$(api h1 '/v1/arrays/x:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
+		-d '{"out": "x", "host": "h2", "device": "sim:0", "memory_kind": "pinned_host"}')
+	[ "$(jq -r .host "$tmp/res")" = h2 ] || {
+		echo "fleet bench: copy failed: $(head -c 300 "$tmp/res")" >&2
+		exit 1
+	}
+	best_copy=$(awk -v a="${best_copy:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+done
+
+UCX_TLS=tcp ip netns exec "$(ns h2)" ucx_perftest -p "$ucxport" >"$tmp/pt-server.log" 2>&1 &
+pid[pt]=$!
+sleep 1
+msg=$((4 << 20))
+n=$(( (bytes + msg - 1) / msg ))
+UCX_TLS=tcp inns h1 ucx_perftest "$(addr h2)" -p "$ucxport" -t ucp_am_bw -s "$msg" -n "$n" -w 4 -f \
+	>"$tmp/pt.log" 2>&1 || { echo "fleet bench: ucx_perftest: $(tail -3 "$tmp/pt.log")" >&2; exit 1; }
+wait "${pid[pt]}" 2>/dev/null || true
+unset "pid[pt]"
+# the final line: iterations, overhead (50%, average, overall), bandwidth
+# (MB/s: MiB) average and overall, message rate
+pt_mibs=$(awk 'NF == 8 && $1 ~ /^[0-9]+$/ { v = $6 } END { print v }' "$tmp/pt.log")
+[ -n "$pt_mibs" ] || { echo "fleet bench: no figure from ucx_perftest: $(tail -3 "$tmp/pt.log")" >&2; exit 1; }
+
+best_http=0
+for r in 1 2 3; do
+	s=$(inns h2 curl -s --max-time 600 -H "Authorization: Bearer $token" -o /dev/null \
+		-w '%{speed_download}' "http://$(addr h1):$port/v1/arrays/x/data")
+	best_http=$(awk -v a="$best_http" -v b="$s" 'BEGIN { print (b > a ? b : a) }')
+done
+
+echo "copy_bytes $bytes"
+echo "copy_s $best_copy"
+echo "perftest_bytes_s $(awk -v m="$pt_mibs" 'BEGIN { printf "%.0f", m * 1048576 }')"
+echo "http_bytes_s $best_http"
