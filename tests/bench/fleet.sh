@@ -14,7 +14,9 @@ set -euo pipefail
 bin=$(realpath "$1")
 mb=${2:-1024}
 pfx=tsb
-hub=$pfx-hub
+subnet=10.233.0
+hosts=(h1 h2)
+api_timeout=600
 port=8490
 ucxport=8495
 token=fleet-bench-token-0123456789abcdef
@@ -30,53 +32,10 @@ for tool in ip curl jq ucx_perftest; do
 	command -v "$tool" >/dev/null || skip "no $tool"
 done
 
-addr() { echo "10.233.0.${1#h}"; }
-ns() { echo "$pfx-$1"; }
-cleanup() {
-	local h
-	for h in "${!pid[@]}"; do
-		kill -KILL "${pid[$h]}" 2>/dev/null || true
-	done
-	wait 2>/dev/null || true
-	for h in h1 h2; do
-		ip netns del "$(ns "$h")" 2>/dev/null || true
-	done
-	ip netns del "$hub" 2>/dev/null || true
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
-inns() {
-	local h=$1
-	shift
-	ip netns exec "$(ns "$h")" "$@"
-}
+. "$(dirname "$0")/../fleet/netns.sh"
+trap netns_cleanup EXIT
+netns_up || skip "ip netns add failed"
 
-for h in h1 h2; do
-	ip netns del "$(ns "$h")" 2>/dev/null || true
-done
-ip netns del "$hub" 2>/dev/null || true
-ip netns add "$hub" || skip "ip netns add failed"
-ip -n "$hub" link set lo up
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-for h in h1 h2; do
-	ip netns add "$(ns "$h")"
-	ip -n "$(ns "$h")" link set lo up
-	ip -n "$(ns "$h")" link add eth0 type veth peer name "$h-br" netns "$hub"
-	ip -n "$(ns "$h")" addr add "$(addr "$h")/24" dev eth0
-	ip -n "$(ns "$h")" link set eth0 up
-	ip -n "$hub" link set "$h-br" master br0
-	ip -n "$hub" link set "$h-br" up
-done
-printf '%s\n' "$token" >"$tmp/token"
-chmod 600 "$tmp/token"
-
-api() {
-	local h=$1 path=$2
-	shift 2
-	inns "$h" curl -s --max-time 600 -H "Authorization: Bearer $token" "$@" \
-		"http://$(addr "$h"):$port$path"
-}
 for h in h1 h2; do
 	o=$([ "$h" = h1 ] && echo h2 || echo h1)
 	# ip netns exec execs the daemon: $! is its pid, which cleanup kills

@@ -41,7 +41,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=$(realpath "${1:-${TSTAGED:-build/tstaged}}")
 pfx=tsf
-hub=$pfx-hub
+subnet=10.231.0
 hosts=(h1 h2 h3)
 token=fleet-netns-token-0123456789abcdef
 port=8470
@@ -63,27 +63,8 @@ for tool in ip tc curl jq; do
 done
 [ -x "$bin" ] || { echo "fleet: no daemon at $bin (make first)" >&2; exit 1; }
 
-addr() { # addr h2 -> 10.231.0.2
-	echo "10.231.0.${1#h}"
-}
-ns() {
-	echo "$pfx-$1"
-}
-
-cleanup() {
-	local h
-	for h in "${!pid[@]}"; do
-		kill -KILL "${pid[$h]}" 2>/dev/null || true
-	done
-	wait 2>/dev/null || true
-	for h in "${hosts[@]}"; do
-		ip netns del "$(ns "$h")" 2>/dev/null || true
-		rm -rf "/etc/netns/$(ns "$h")"
-	done
-	ip netns del "$hub" 2>/dev/null || true
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+. tests/fleet/netns.sh
+trap netns_cleanup EXIT
 
 fail() {
 	echo "fleet: FAIL $*"
@@ -93,50 +74,8 @@ ok() {
 	echo "fleet: ok   $*"
 }
 
-# the namespaces, the bridge and the links (a leftover of a killed run first)
-for h in "${hosts[@]}"; do
-	ip netns del "$(ns "$h")" 2>/dev/null || true
-done
-ip netns del "$hub" 2>/dev/null || true
-ip netns add "$hub" || skip "ip netns add failed (no namespace support)"
-ip -n "$hub" link set lo up
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-for h in "${hosts[@]}"; do
-	n=$(ns "$h")
-	ip netns add "$n"
-	ip -n "$n" link set lo up
-	ip -n "$n" link add eth0 type veth peer name "$h-br" netns "$hub"
-	ip -n "$n" addr add "$(addr "$h")/24" dev eth0
-	ip -n "$n" link set eth0 up
-	ip -n "$hub" link set "$h-br" master br0
-	ip -n "$hub" link set "$h-br" up
-	# each host's own hosts file (ip netns exec bind-mounts it over
-	# /etc/hosts): the peers' names, and fleet.test for --peers-dns
-	mkdir -p "/etc/netns/$n"
-	{
-		echo "127.0.0.1 localhost"
-		for o in "${hosts[@]}"; do
-			echo "$(addr "$o") $o"
-		done
-	} >"/etc/netns/$n/hosts"
-done
-printf '%s\n' "$token" >"$tmp/token"
-chmod 600 "$tmp/token"
+netns_up || skip "ip netns add failed (no namespace support)"
 
-# inns HOST CMD...: runs CMD in HOST's namespace
-inns() {
-	local h=$1
-	shift
-	ip netns exec "$(ns "$h")" "$@"
-}
-# api HOST PATH [curl args]: the body of an authenticated call to HOST's daemon
-api() {
-	local h=$1 path=$2
-	shift 2
-	inns "$h" curl -s --max-time 5 -H "Authorization: Bearer $token" "$@" \
-		"http://$(addr "$h"):$port$path"
-}
 # start HOST [flags]: tstaged in HOST's namespace, its log in tmp/HOST.log
 start() {
 	local h=$1

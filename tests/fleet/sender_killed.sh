@@ -18,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=$(realpath "${1:-${TSTAGED:-build/tstaged}}")
 pfx=tsk
-hub=$pfx-hub
+subnet=10.232.0
 hosts=(h1 h2)
 token=fleet-kill-token-0123456789abcdef0
 port=8480
@@ -41,64 +41,13 @@ for tool in ip tc curl jq; do
 done
 [ -x "$bin" ] || { echo "fleet-kill: no daemon at $bin (make first)" >&2; exit 1; }
 
-addr() { echo "10.232.0.${1#h}"; }
-ns() { echo "$pfx-$1"; }
-cleanup() {
-	local h
-	for h in "${!pid[@]}"; do
-		kill -KILL "${pid[$h]}" 2>/dev/null || true
-	done
-	wait 2>/dev/null || true
-	for h in "${hosts[@]}"; do
-		ip netns del "$(ns "$h")" 2>/dev/null || true
-		rm -rf "/etc/netns/$(ns "$h")"
-	done
-	ip netns del "$hub" 2>/dev/null || true
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+. tests/fleet/netns.sh
+trap netns_cleanup EXIT
 fail() { echo "fleet-kill: FAIL $*"; failed=1; }
 ok() { echo "fleet-kill: ok   $*"; }
 
-for h in "${hosts[@]}"; do
-	ip netns del "$(ns "$h")" 2>/dev/null || true
-done
-ip netns del "$hub" 2>/dev/null || true
-ip netns add "$hub" || skip "ip netns add failed (no namespace support)"
-ip -n "$hub" link set lo up
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-for h in "${hosts[@]}"; do
-	n=$(ns "$h")
-	ip netns add "$n"
-	ip -n "$n" link set lo up
-	ip -n "$n" link add eth0 type veth peer name "$h-br" netns "$hub"
-	ip -n "$n" addr add "$(addr "$h")/24" dev eth0
-	ip -n "$n" link set eth0 up
-	ip -n "$hub" link set "$h-br" master br0
-	ip -n "$hub" link set "$h-br" up
-	mkdir -p "/etc/netns/$n"
-	{
-		echo "127.0.0.1 localhost"
-		for o in "${hosts[@]}"; do
-			echo "$(addr "$o") $o"
-		done
-	} >"/etc/netns/$n/hosts"
-done
-printf '%s\n' "$token" >"$tmp/token"
-chmod 600 "$tmp/token"
+netns_up || skip "ip netns add failed (no namespace support)"
 
-inns() {
-	local h=$1
-	shift
-	ip netns exec "$(ns "$h")" "$@"
-}
-api() {
-	local h=$1 path=$2
-	shift 2
-	inns "$h" curl -s --max-time 5 -H "Authorization: Bearer $token" "$@" \
-		"http://$(addr "$h"):$port$path"
-}
 start() {
 	local h=$1 o
 	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" \
