@@ -14,9 +14,10 @@
  * array to another process on the node by cudaIpcGetMemHandle of its pool
  * chunk.
  *
- * While a trace records, each copy is bracketed by two timing events and
- * followed by a host function that stamps the host clock when the stream
- * reaches it: the copy's span takes its length from the events
+ * While a trace records, each copy, and each kernel or GEMM the training
+ * kernels enqueue (queue_span_begin/end around them), is bracketed by two
+ * timing events and followed by a host function that stamps the host clock
+ * when the stream reaches it: the span takes its length from the events
  * (cudaEventElapsedTime) and ends at the stamp. Spans are collected (the
  * events read and destroyed) on the queue's next traced copy, when the
  * trace asks (ts__queue_trace_flush) and when the queue is freed; a host
@@ -50,13 +51,13 @@ struct cuda_dev {
 	                                 * first GPU (freed last of the set) */
 };
 
-/* A traced copy in flight (see the top). */
+/* A traced copy or kernel in flight (see the top). */
 struct cuda_span {
 	struct cuda_span *next;         /* guarded by: the queue's spans_mu */
 	cudaEvent_t start, end;         /* immutable */
 	_Atomic uint64_t stamped_ns;    /* set once by the host function; 0 before */
 	uint64_t gen, flow, bytes;      /* immutable */
-	const char *name;               /* immutable, static */
+	const char *cat, *name;         /* immutable, static */
 };
 
 struct cuda_queue {
@@ -64,6 +65,9 @@ struct cuda_queue {
 	cudaStream_t stream;            /* immutable */
 	pthread_mutex_t spans_mu;
 	struct cuda_span *spans;        /* guarded by: spans_mu; traced copies in flight */
+	/* one collector at a time, so that spans are recorded in stream order */
+	pthread_mutex_t emit_mu;
+	uint64_t last_end_ns;           /* guarded by: emit_mu; the last recorded span's end */
 };
 
 struct cuda_event {
@@ -418,6 +422,7 @@ static ts_status cuda_queue_new(struct ts_device *dev, struct ts_queue **out,
 	if (st != TS_OK)
 		goto out_free;
 	pthread_mutex_init(&q->spans_mu, NULL);
+	pthread_mutex_init(&q->emit_mu, NULL);
 	q->base.dev = dev;
 	*out = &q->base;
 	return TS_OK;
@@ -427,13 +432,18 @@ out_free:
 	return st;
 }
 
-/* Records the spans of q's stamped traced copies (all of them with every,
- * after the stream is drained) and frees them; the rest stay. */
+/* Records the spans of q's stamped traced work (all of them with every,
+ * after the stream is drained) and frees them; the rest stay. The stream
+ * runs its work in order, but each stamp comes some time after its work
+ * ended: a span that would begin before the previous one's end on the
+ * queue begins at that end instead (a queue's spans never overlap, as
+ * Perfetto's slices on one track must nest). */
 static void spans_collect(struct cuda_queue *q, bool every)
 {
 	struct ts_device *dev = q->base.dev;
 	struct cuda_span *done = NULL, **pp;
 
+	pthread_mutex_lock(&q->emit_mu);
 	pthread_mutex_lock(&q->spans_mu);
 	for (pp = &q->spans; *pp;) {
 		struct cuda_span *sp = *pp;
@@ -456,14 +466,20 @@ static void spans_collect(struct cuda_queue *q, bool every)
 		if (t1 && sp->gen == ts_trace_generation(dev->trace) &&
 		    cudaEventElapsedTime(&ms, sp->start, sp->end) == cudaSuccess) {
 			uint64_t dur = (uint64_t)((double)ms * 1e6);
+			uint64_t t0 = t1 > dur ? t1 - dur : 0;
 
-			ts__queue_trace_span(&q->base, "copy", sp->name, t1 > dur ? t1 - dur : 0, t1,
-			                     sp->bytes, sp->flow);
+			if (t0 < q->last_end_ns)
+				t0 = q->last_end_ns;
+			if (t1 < t0)
+				t1 = t0;
+			q->last_end_ns = t1;
+			ts__queue_trace_span(&q->base, sp->cat, sp->name, t0, t1, sp->bytes, sp->flow);
 		}
 		cudaEventDestroy(sp->start);
 		cudaEventDestroy(sp->end);
 		free(sp);
 	}
+	pthread_mutex_unlock(&q->emit_mu);
 }
 
 static void span_stamp(void *arg)
@@ -479,9 +495,11 @@ static void cuda_queue_trace_flush(struct ts_queue *base)
 		spans_collect(to_cq(base), false);
 }
 
-/* The copy's span in flight, its start event recorded; NULL (nothing
- * recorded) when it cannot be made: the copy then goes untraced. */
-static struct cuda_span *span_begin(struct cuda_queue *q, size_t n, enum ts_copy_kind kind)
+/* A span in flight of the work enqueued next (cat, name; bytes 0 and no
+ * flow for a kernel), its start event recorded; NULL (nothing recorded)
+ * when it cannot be made: the work then goes untraced. */
+static struct cuda_span *span_begin(struct cuda_queue *q, const char *cat, const char *name,
+                                    uint64_t bytes, bool flow)
 {
 	struct ts_device *dev = q->base.dev;
 	struct cuda_span *sp;
@@ -500,9 +518,10 @@ static struct cuda_span *span_begin(struct cuda_queue *q, size_t n, enum ts_copy
 		return NULL;
 	}
 	sp->gen = ts_trace_generation(dev->trace);
-	sp->flow = ts_trace_flow_start(dev->trace);
-	sp->bytes = n;
-	sp->name = ts__copy_kind_name(kind);
+	sp->flow = flow ? ts_trace_flow_start(dev->trace) : 0;
+	sp->bytes = bytes;
+	sp->cat = cat;
+	sp->name = name;
 	if (cudaEventRecord(sp->start, q->stream) != cudaSuccess) {
 		cudaEventDestroy(sp->start);
 		cudaEventDestroy(sp->end);
@@ -531,6 +550,21 @@ static void span_end(struct cuda_queue *q, struct cuda_span *sp)
 	pthread_mutex_unlock(&q->spans_mu);
 }
 
+static void *cuda_queue_span_begin(struct ts_queue *base, const char *cat, const char *name)
+{
+	if (cuda_enter(base->dev, NULL) != TS_OK)
+		return NULL;
+	return span_begin(to_cq(base), cat, name, 0, false);
+}
+
+static void cuda_queue_span_end(struct ts_queue *base, void *span)
+{
+	/* on a device that cannot be entered the records fail: span_end drops
+	 * the span */
+	(void)cuda_enter(base->dev, NULL);
+	span_end(to_cq(base), span);
+}
+
 static void cuda_queue_free(struct ts_queue *base)
 {
 	struct cuda_queue *q = to_cq(base);
@@ -544,6 +578,7 @@ static void cuda_queue_free(struct ts_queue *base)
 		          NULL, NULL);
 	}
 	pthread_mutex_destroy(&q->spans_mu);
+	pthread_mutex_destroy(&q->emit_mu);
 	free(q);
 }
 
@@ -575,7 +610,7 @@ static ts_status cuda_queue_copy(struct ts_queue *base, void *dst, const void *s
 	if (st != TS_OK)
 		return st;
 	if (ts_trace_on(base->dev->trace))
-		sp = span_begin(q, n, kind);
+		sp = span_begin(q, "copy", ts__copy_kind_name(kind), n, true);
 	st = cuda_fail(base->dev, cudaMemcpyAsync(dst, src, n, memcpy_kind(kind), q->stream),
 	               "cudaMemcpyAsync", NULL, err);
 	if (sp)
@@ -764,6 +799,8 @@ static const struct ts__backend_ops cuda_ops = {
 	.queue_sync = cuda_queue_sync,
 	.queue_native = cuda_queue_native,
 	.queue_trace_flush = cuda_queue_trace_flush,
+	.queue_span_begin = cuda_queue_span_begin,
+	.queue_span_end = cuda_queue_span_end,
 	.event_new = cuda_event_new,
 	.event_free = cuda_event_free,
 	.event_record = cuda_event_record,
