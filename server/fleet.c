@@ -735,10 +735,10 @@ static bool forward_url(CURL *easy, const struct ts_route *route, const struct t
 	return n < cap;
 }
 
-bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,
-                      const struct ts_call *call, struct ts_reply *reply)
+/* Asks peer host the call (see ts_fleet_forward) and answers its answer. */
+static void forward(struct ts_server *srv, const struct ts_route *route,
+                    const struct ts_call *call, const char *host, struct ts_reply *reply)
 {
-	const char *host = ts_call_query(call, "host");
 	char base[TS_CONFIG_PEER_URL_MAX + 1], url[TS_CONFIG_PEER_URL_MAX + 2048];
 	char auth[300], ebuf[CURL_ERROR_SIZE] = "";
 	struct forward_answer a = {0};
@@ -749,28 +749,21 @@ bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,
 	CURLcode rc;
 	CURL *easy;
 
-	if (!host || strcmp(route->method, "GET") != 0 || strcmp(host, call->core->host) == 0)
-		return false;      /* this node's own */
 	ts_error_clear(&err);
-	if (!host[0]) {
-		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
-		              "host is empty: name a node as GET /v1/fleet lists it");
-		return true;
-	}
 	if (ts_fleet_peer(srv->fleet, host, base, sizeof base, &err) != TS_OK) {
 		ts_reply_error(reply, &err);
-		return true;
+		return;
 	}
 	easy = curl_easy_init();
 	if (!easy) {
 		ts_reply_oom(reply, "no memory for a call to node '%s'", host);
-		return true;
+		return;
 	}
 	if (!forward_url(easy, route, call, base, url, sizeof url)) {
 		curl_easy_cleanup(easy);
 		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
 		              "the call to node '%s' is too long", host);
-		return true;
+		return;
 	}
 	if (srv->token[0]) {
 		snprintf(auth, sizeof auth, "Authorization: Bearer %s", srv->token);
@@ -815,5 +808,23 @@ bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,
 	free(a.buf);
 	curl_slist_free_all(h);
 	curl_easy_cleanup(easy);
+}
+
+bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,
+                      const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *host;
+
+	/* only the reads that declare host take it (the others refuse it) */
+	if (strcmp(route->method, "GET") != 0 || !strstr(route->query, "host"))
+		return false;
+	host = ts_call_query(call, "host");
+	if (!host || strcmp(host, call->core->host) == 0)
+		return false;      /* this node's own */
+	if (!host[0])
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
+		              "host is empty: name a node as GET /v1/fleet lists it");
+	else
+		forward(srv, route, call, host, reply);
 	return true;
 }
