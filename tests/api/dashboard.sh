@@ -78,7 +78,9 @@ python3 tests/api/check_dashboard.py --history "$API_TMP/history.json" "$API_TMP
 # a fleet of two (its own token): node dashb (one sim device, its own
 # array) and node dasha, which lists it in --peers. dasha's page shows the
 # node selector; with #host=dashb it draws dashb's memory and arrays, read
-# through dasha (?host=), dasha's own with none.
+# through dasha (?host=), dasha's own with none, and dashb's once it is
+# chosen in the selector (tests/api/choose_node.py drives Chromium over its
+# DevTools protocol).
 printf 'fleet-secret-0123456789\n' >"$API_TMP/ftoken"
 start_daemon dashb --host-name dashb --sim-devices 1 --sim-device-memory 256MiB \
 	--token-file "$API_TMP/ftoken"
@@ -105,6 +107,11 @@ python3 tests/api/check_dashboard.py --fleet "$API_TMP/memb.json" "$API_TMP/node
 chrome --dump-dom "$furl" >"$API_TMP/nodea.html"
 python3 tests/api/check_dashboard.py --fleet "$API_TMP/mema.json" "$API_TMP/nodea.html" \
 	dasha dasha,dashb ona.x onb.x
+# and as a user does: dasha's page, then dashb chosen in the selector
+venv websocket-client
+"$API_VENV/bin/python" tests/api/choose_node.py "$CHROMIUM" "$furl" dashb "$API_TMP/chosen.html"
+python3 tests/api/check_dashboard.py --fleet "$API_TMP/memb.json" "$API_TMP/chosen.html" \
+	dashb dasha,dashb onb.x ona.x
 
 # behind the token, as /v1 is; the health routes stay open. A browser is
 # asked for the token (Basic, the token as the password): Chromium given it
