@@ -16,9 +16,13 @@
  *
  * While a trace records, each copy, and each kernel or GEMM the training
  * kernels enqueue (queue_span_begin/end around them), is bracketed by two
- * timing events and followed by a host function that stamps the host clock
- * when the stream reaches it: the span takes its length from the events
- * (cudaEventElapsedTime) and ends at the stamp. Spans are collected (the
+ * timing events and followed by a host function that marks it done when
+ * the stream reaches it. The span's start and end are the events' times
+ * on the device's own clock: their elapsed time (cudaEventElapsedTime)
+ * from the device's reference event of the trace, recorded on an idle
+ * stream at the trace's first span on the device and waited for, plus the
+ * host clock then; so spans on different streams of a device keep the
+ * order the device ran them in. Spans are collected (the
  * events read and destroyed) on the queue's next traced copy, when the
  * trace asks (ts__queue_trace_flush) and when the queue is freed; a host
  * function may call no CUDA API, so it only stamps.
@@ -47,6 +51,15 @@
 
 struct cuda_dev {
 	int ordinal;                    /* immutable: the CUDA device ordinal */
+	/* the trace's clock on this device (see the top): a reference event per
+	 * trace, recorded on a stream of its own (idle), and the host clock
+	 * when it completed */
+	pthread_mutex_t clock_mu;
+	bool clock_stream_made;         /* guarded by: clock_mu */
+	cudaStream_t clock_stream;      /* guarded by: clock_mu */
+	cudaEvent_t clock_ev;           /* guarded by: clock_mu; valid while clock_gen */
+	uint64_t clock_gen;             /* guarded by: clock_mu; 0: no reference */
+	uint64_t clock_ns;              /* guarded by: clock_mu */
 	struct cuda_pinned *pinned;     /* the set's pinned provider, owned by the
 	                                 * first GPU (freed last of the set) */
 };
@@ -438,6 +451,56 @@ out_free:
  * ended: a span that would begin before the previous one's end on the
  * queue begins at that end instead (a queue's spans never overlap, as
  * Perfetto's slices on one track must nest). */
+/* The device's reference for trace generation gen (made when it has none
+ * for gen): its event and host time into *ev, *ns; false when it cannot be
+ * made (the span then goes untraced). Takes clock_mu; the caller has
+ * entered the device. */
+static bool clock_ref(struct ts_device *dev, uint64_t gen, cudaEvent_t *ev, uint64_t *ns)
+{
+	struct cuda_dev *c = dev->impl;
+	bool ok = true;
+
+	pthread_mutex_lock(&c->clock_mu);
+	if (c->clock_gen != gen) {
+		if (c->clock_gen)
+			cudaEventDestroy(c->clock_ev);
+		c->clock_gen = 0;
+		if (!c->clock_stream_made &&
+		    cudaStreamCreateWithFlags(&c->clock_stream, cudaStreamNonBlocking) == cudaSuccess)
+			c->clock_stream_made = true;
+		ok = c->clock_stream_made && cudaEventCreate(&c->clock_ev) == cudaSuccess;
+		if (ok && (cudaEventRecord(c->clock_ev, c->clock_stream) != cudaSuccess ||
+		           cudaEventSynchronize(c->clock_ev) != cudaSuccess)) {
+			cudaEventDestroy(c->clock_ev);
+			ok = false;
+		}
+		if (ok) {
+			c->clock_ns = ts_now_ns();
+			c->clock_gen = gen;
+		}
+	}
+	*ev = c->clock_ev;
+	*ns = c->clock_ns;
+	pthread_mutex_unlock(&c->clock_mu);
+	return ok;
+}
+
+/* The host time of event e on the device's clock for generation gen; false
+ * when the reference is another trace's now. */
+static bool clock_at(struct ts_device *dev, uint64_t gen, cudaEvent_t e, uint64_t *out)
+{
+	struct cuda_dev *c = dev->impl;
+	float ms = 0;
+	bool ok;
+
+	pthread_mutex_lock(&c->clock_mu);
+	ok = c->clock_gen == gen && cudaEventElapsedTime(&ms, c->clock_ev, e) == cudaSuccess;
+	if (ok)
+		*out = c->clock_ns + (ms > 0 ? (uint64_t)((double)ms * 1e6) : 0);
+	pthread_mutex_unlock(&c->clock_mu);
+	return ok;
+}
+
 static void spans_collect(struct cuda_queue *q, bool every)
 {
 	struct ts_device *dev = q->base.dev;
@@ -459,15 +522,12 @@ static void spans_collect(struct cuda_queue *q, bool every)
 	pthread_mutex_unlock(&q->spans_mu);
 	while (done) {
 		struct cuda_span *sp = done;
-		uint64_t t1 = atomic_load_explicit(&sp->stamped_ns, memory_order_acquire);
-		float ms = 0;
+		uint64_t t0 = 0, t1 = 0;
 
 		done = sp->next;
-		if (t1 && sp->gen == ts_trace_generation(dev->trace) &&
-		    cudaEventElapsedTime(&ms, sp->start, sp->end) == cudaSuccess) {
-			uint64_t dur = (uint64_t)((double)ms * 1e6);
-			uint64_t t0 = t1 > dur ? t1 - dur : 0;
-
+		if (atomic_load_explicit(&sp->stamped_ns, memory_order_acquire) &&
+		    sp->gen == ts_trace_generation(dev->trace) &&
+		    clock_at(dev, sp->gen, sp->start, &t0) && clock_at(dev, sp->gen, sp->end, &t1)) {
 			if (t0 < q->last_end_ns)
 				t0 = q->last_end_ns;
 			if (t1 < t0)
@@ -518,6 +578,17 @@ static struct cuda_span *span_begin(struct cuda_queue *q, const char *cat, const
 		return NULL;
 	}
 	sp->gen = ts_trace_generation(dev->trace);
+	{
+		cudaEvent_t ref;
+		uint64_t ref_ns;
+
+		if (!sp->gen || !clock_ref(dev, sp->gen, &ref, &ref_ns)) {
+			cudaEventDestroy(sp->start);
+			cudaEventDestroy(sp->end);
+			free(sp);
+			return NULL;
+		}
+	}
 	sp->flow = flow ? ts_trace_flow_start(dev->trace) : 0;
 	sp->bytes = bytes;
 	sp->cat = cat;
@@ -757,6 +828,14 @@ static void cuda_device_free(struct ts_device *dev)
 {
 	struct cuda_dev *c = dev->impl;
 
+	if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+		if (c->clock_gen)
+			cudaEventDestroy(c->clock_ev);
+		if (c->clock_stream_made)
+			cudaStreamDestroy(c->clock_stream);
+	}
+	pthread_mutex_destroy(&c->clock_mu);
+
 	free(c->pinned);
 	free(c);
 	dev->impl = NULL;
@@ -899,6 +978,7 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 	if (!c)
 		goto out_dev;
 	c->ordinal = i;
+	pthread_mutex_init(&c->clock_mu, NULL);
 	dev->impl = c;
 
 	copy_truncated(dev->props.name, sizeof dev->props.name, p.name, sizeof p.name);

@@ -19,10 +19,11 @@ to a slice on its thread that encloses it (the end with "bp": "e").
 Then the step, on DEVICE's step tracks in time order: the copies are each layer's two
 weights in (H2D of WEIGHT_BYTES) forward, the loss's value out (D2H), each layer's two
 weights in again backward from the last; the kernels are gemm, act_fwd, gemm for each layer
-forward, each layer's first gemm starting once its weights are in, then one loss (read out
-after it), then backward an act_bwd for each layer, starting once that layer's weights are
-in again, and two GEMMs or more per layer (the GEMMs that need no weights may run while
-they are copied). The bytes copied in and out are what :analyze planned (h2d_bytes,
+forward, each GEMM starting once the weights it reads are in (the first, once the first
+copy of the layer ended; the second, once both did), then one loss (read out after it), then
+backward an act_bwd for each layer, starting once a weight of that layer is in again (the
+gradient through w2), and two GEMMs or more per layer (those that read no weight may run
+while the weights are copied). The bytes copied in and out are what :analyze planned (h2d_bytes,
 d2h_bytes; the loss's value read out is not in the plan's)."""
 import json
 import os
@@ -180,6 +181,9 @@ def check_step(evs, analysis, layers, wbytes):
     def end(es):
         return max(e["ts"] + e["dur"] for e in es)
 
+    def first_end(es):
+        return min(e["ts"] + e["dur"] for e in es)
+
     # the copies: each layer's weights forward, the loss out, each layer's weights backward
     got = [label(e) for e in copies]
     want = weights * layers + ["D2H"] + weights * layers
@@ -200,9 +204,11 @@ def check_step(evs, analysis, layers, wbytes):
         fail(f"forward kernels {[k['name'] for k in fwd]}, want gemm, act_fwd, gemm for each "
              f"of {layers} layers (the step: {shown})")
     for l in range(layers):
-        if fwd[3 * l]["ts"] + EPS < end(fwd_w[l]):
-            fail(f"forward layer {l}'s gemm at {fwd[3 * l]['ts']} starts before its weights "
-                 f"are in ({end(fwd_w[l])})")
+        # its first GEMM reads the weight copied first, its second both
+        for g, by in ((fwd[3 * l], first_end(fwd_w[l])), (fwd[3 * l + 2], end(fwd_w[l]))):
+            if g["ts"] + EPS < by:
+                fail(f"forward layer {l}: a gemm at {g['ts']} starts before the weight it "
+                     f"reads is in ({by})")
     if readout["ts"] + EPS < loss["ts"] + loss["dur"]:
         fail("the loss is read out before it is computed")
     # backward, from the last layer: each layer's act_bwd (it needs the layer's weights)
@@ -213,9 +219,9 @@ def check_step(evs, analysis, layers, wbytes):
         fail(f"backward kernels {[k['name'] for k in bwd]}, want act_bwd and two GEMMs or "
              f"more for each of {layers} layers (the step: {shown})")
     for i, (a, w) in enumerate(zip(acts, bwd_w)):
-        if a["ts"] + EPS < end(w):
-            fail(f"backward layer {layers - 1 - i}'s act_bwd at {a['ts']} starts before its "
-                 f"weights are in again ({end(w)})")
+        if a["ts"] + EPS < first_end(w):
+            fail(f"backward layer {layers - 1 - i}'s act_bwd at {a['ts']} starts before a "
+                 f"weight of the layer is in again ({first_end(w)})")
     h2d = sum(e["args"]["bytes"] for e in copies if e["name"] == "H2D")
     d2h = sum(e["args"]["bytes"] for e in copies if e["name"] == "D2H") - \
         readout["args"]["bytes"]

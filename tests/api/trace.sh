@@ -12,14 +12,15 @@ cd "$(dirname "$0")/../.."
 venv perfetto
 start_daemon trace
 base=http://127.0.0.1:$PORT
+device=${TRACE_DEVICE:-sim:0}   # cuda:0 where the daemon sees a GPU (or the CPU stand-in)
 layers=3 d_model=32 d_hidden=64
 curl -sf -o /dev/null -X POST "$base/v1/models?wait=true" -d "{\"name\": \"tm\",
 	\"mlp\": {\"layers\": $layers, \"d_model\": $d_model, \"d_hidden\": $d_hidden, \"activation\": \"relu\"},
 	\"loss\": \"sum\", \"init\": {\"seed\": 1, \"scale\": 0.05},
-	\"placement\": {\"device\": \"sim:0\", \"params\": \"pinned_host\", \"prefetch_depth\": 0}}"
+	\"placement\": {\"device\": \"$device\", \"params\": \"pinned_host\", \"prefetch_depth\": 0}}"
 head -c $((16 * d_model * 4)) /dev/urandom >"$API_TMP/x"
 curl -sf -o /dev/null -X PUT --data-binary "@$API_TMP/x" \
-	"$base/v1/arrays/tm.x?dtype=float32&shape=16,$d_model&device=sim:0"
+	"$base/v1/arrays/tm.x?dtype=float32&shape=16,$d_model&device=$device"
 curl -sf -X POST "$base/v1/models/tm:analyze" -d "{\"batch\": [16, $d_model]}" >"$API_TMP/analysis.json"
 curl -sf "$base/v1/trace?seconds=2" -o "$API_TMP/trace.json" &
 tracer=$!
@@ -27,4 +28,4 @@ sleep 0.5
 curl -sf -o /dev/null -X POST "$base/v1/models/tm:step?wait=true" -d '{"inputs": "tm.x", "steps": 1}'
 wait "$tracer"
 "$API_VENV/bin/python" tests/api/check_trace.py "$API_TMP/trace.json" "$API_TMP/analysis.json" \
-	sim:0 "$layers" $((d_model * d_hidden * 4))
+	"$device" "$layers" $((d_model * d_hidden * 4))
