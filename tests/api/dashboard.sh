@@ -90,7 +90,7 @@ abase=http://127.0.0.1:$PORT
 fcurl() { curl -sf -u "ops:fleet-secret-0123456789" "$@"; }
 fcurl -o /dev/null -X PUT --data-binary "@$API_TMP/x" "$bbase/v1/arrays/onb.x?dtype=float32&shape=256,256"
 fcurl -o /dev/null -X PUT --data-binary "@$API_TMP/x" "$abase/v1/arrays/ona.x?dtype=float32&shape=256,256"
-for i in $(seq 50); do
+for _ in $(seq 50); do
 	fcurl "$abase/v1/fleet" | python3 -c 'import json, sys
 sys.exit(not all(n["reachable"] for n in json.load(sys.stdin)["nodes"]))' && break
 	sleep 0.1
