@@ -105,6 +105,13 @@ struct ts__backend_ops {
 	/* Records the spans of traced work that has finished on q and is not
 	 * yet recorded; optional: NULL when a backend records as work ends. */
 	void (*queue_trace_flush)(struct ts_queue *q);
+	/* While a trace records: brackets the work enqueued on q between the
+	 * two calls as one span (cat, name: static strings) timed by the device
+	 * itself; begin answers NULL when it cannot (the work goes untraced),
+	 * end takes that NULL too. Optional: NULL when the backend traces its
+	 * work another way (sim and cpu name their host functions). */
+	void *(*queue_span_begin)(struct ts_queue *q, const char *cat, const char *name);
+	void (*queue_span_end)(struct ts_queue *q, void *span);
 
 	ts_status (*event_new)(struct ts_device *dev, struct ts_event **out,
 	                       struct ts_error *err);

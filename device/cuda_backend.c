@@ -14,10 +14,15 @@
  * array to another process on the node by cudaIpcGetMemHandle of its pool
  * chunk.
  *
- * While a trace records, each copy is bracketed by two timing events and
- * followed by a host function that stamps the host clock when the stream
- * reaches it: the copy's span takes its length from the events
- * (cudaEventElapsedTime) and ends at the stamp. Spans are collected (the
+ * While a trace records, each copy, and each kernel or GEMM the training
+ * kernels enqueue (queue_span_begin/end around them), is bracketed by two
+ * timing events and followed by a host function that marks it done when
+ * the stream reaches it. The span's start and end are the events' times
+ * on the device's own clock: their elapsed time (cudaEventElapsedTime)
+ * from the device's reference event of the trace, recorded on an idle
+ * stream at the trace's first span on the device and waited for, plus the
+ * host clock then; so spans on different streams of a device keep the
+ * order the device ran them in. Spans are collected (the
  * events read and destroyed) on the queue's next traced copy, when the
  * trace asks (ts__queue_trace_flush) and when the queue is freed; a host
  * function may call no CUDA API, so it only stamps.
@@ -46,17 +51,26 @@
 
 struct cuda_dev {
 	int ordinal;                    /* immutable: the CUDA device ordinal */
+	/* the trace's clock on this device (see the top): a reference event per
+	 * trace, recorded on a stream of its own (idle), and the host clock
+	 * when it completed */
+	pthread_mutex_t clock_mu;
+	bool clock_stream_made;         /* guarded by: clock_mu */
+	cudaStream_t clock_stream;      /* guarded by: clock_mu */
+	cudaEvent_t clock_ev;           /* guarded by: clock_mu; valid while clock_gen */
+	uint64_t clock_gen;             /* guarded by: clock_mu; 0: no reference */
+	uint64_t clock_ns;              /* guarded by: clock_mu */
 	struct cuda_pinned *pinned;     /* the set's pinned provider, owned by the
 	                                 * first GPU (freed last of the set) */
 };
 
-/* A traced copy in flight (see the top). */
+/* A traced copy or kernel in flight (see the top). */
 struct cuda_span {
 	struct cuda_span *next;         /* guarded by: the queue's spans_mu */
 	cudaEvent_t start, end;         /* immutable */
 	_Atomic uint64_t stamped_ns;    /* set once by the host function; 0 before */
 	uint64_t gen, flow, bytes;      /* immutable */
-	const char *name;               /* immutable, static */
+	const char *cat, *name;         /* immutable, static */
 };
 
 struct cuda_queue {
@@ -64,6 +78,9 @@ struct cuda_queue {
 	cudaStream_t stream;            /* immutable */
 	pthread_mutex_t spans_mu;
 	struct cuda_span *spans;        /* guarded by: spans_mu; traced copies in flight */
+	/* one collector at a time, so that spans are recorded in stream order */
+	pthread_mutex_t emit_mu;
+	uint64_t last_end_ns;           /* guarded by: emit_mu; the last recorded span's end */
 };
 
 struct cuda_event {
@@ -418,6 +435,7 @@ static ts_status cuda_queue_new(struct ts_device *dev, struct ts_queue **out,
 	if (st != TS_OK)
 		goto out_free;
 	pthread_mutex_init(&q->spans_mu, NULL);
+	pthread_mutex_init(&q->emit_mu, NULL);
 	q->base.dev = dev;
 	*out = &q->base;
 	return TS_OK;
@@ -427,13 +445,68 @@ out_free:
 	return st;
 }
 
-/* Records the spans of q's stamped traced copies (all of them with every,
- * after the stream is drained) and frees them; the rest stay. */
+/* Records the spans of q's stamped traced work (all of them with every,
+ * after the stream is drained) and frees them; the rest stay. The stream
+ * runs its work in order, but each stamp comes some time after its work
+ * ended: a span that would begin before the previous one's end on the
+ * queue begins at that end instead (a queue's spans never overlap, as
+ * Perfetto's slices on one track must nest). */
+/* The device's reference for trace generation gen (made when it has none
+ * for gen): its event and host time into *ev, *ns; false when it cannot be
+ * made (the span then goes untraced). Takes clock_mu; the caller has
+ * entered the device. */
+static bool clock_ref(struct ts_device *dev, uint64_t gen, cudaEvent_t *ev, uint64_t *ns)
+{
+	struct cuda_dev *c = dev->impl;
+	bool ok = true;
+
+	pthread_mutex_lock(&c->clock_mu);
+	if (c->clock_gen != gen) {
+		if (c->clock_gen)
+			cudaEventDestroy(c->clock_ev);
+		c->clock_gen = 0;
+		if (!c->clock_stream_made &&
+		    cudaStreamCreateWithFlags(&c->clock_stream, cudaStreamNonBlocking) == cudaSuccess)
+			c->clock_stream_made = true;
+		ok = c->clock_stream_made && cudaEventCreate(&c->clock_ev) == cudaSuccess;
+		if (ok && (cudaEventRecord(c->clock_ev, c->clock_stream) != cudaSuccess ||
+		           cudaEventSynchronize(c->clock_ev) != cudaSuccess)) {
+			cudaEventDestroy(c->clock_ev);
+			ok = false;
+		}
+		if (ok) {
+			c->clock_ns = ts_now_ns();
+			c->clock_gen = gen;
+		}
+	}
+	*ev = c->clock_ev;
+	*ns = c->clock_ns;
+	pthread_mutex_unlock(&c->clock_mu);
+	return ok;
+}
+
+/* The host time of event e on the device's clock for generation gen; false
+ * when the reference is another trace's now. */
+static bool clock_at(struct ts_device *dev, uint64_t gen, cudaEvent_t e, uint64_t *out)
+{
+	struct cuda_dev *c = dev->impl;
+	float ms = 0;
+	bool ok;
+
+	pthread_mutex_lock(&c->clock_mu);
+	ok = c->clock_gen == gen && cudaEventElapsedTime(&ms, c->clock_ev, e) == cudaSuccess;
+	if (ok)
+		*out = c->clock_ns + (ms > 0 ? (uint64_t)((double)ms * 1e6) : 0);
+	pthread_mutex_unlock(&c->clock_mu);
+	return ok;
+}
+
 static void spans_collect(struct cuda_queue *q, bool every)
 {
 	struct ts_device *dev = q->base.dev;
 	struct cuda_span *done = NULL, **pp;
 
+	pthread_mutex_lock(&q->emit_mu);
 	pthread_mutex_lock(&q->spans_mu);
 	for (pp = &q->spans; *pp;) {
 		struct cuda_span *sp = *pp;
@@ -449,21 +522,24 @@ static void spans_collect(struct cuda_queue *q, bool every)
 	pthread_mutex_unlock(&q->spans_mu);
 	while (done) {
 		struct cuda_span *sp = done;
-		uint64_t t1 = atomic_load_explicit(&sp->stamped_ns, memory_order_acquire);
-		float ms = 0;
+		uint64_t t0 = 0, t1 = 0;
 
 		done = sp->next;
-		if (t1 && sp->gen == ts_trace_generation(dev->trace) &&
-		    cudaEventElapsedTime(&ms, sp->start, sp->end) == cudaSuccess) {
-			uint64_t dur = (uint64_t)((double)ms * 1e6);
-
-			ts__queue_trace_span(&q->base, "copy", sp->name, t1 > dur ? t1 - dur : 0, t1,
-			                     sp->bytes, sp->flow);
+		if (atomic_load_explicit(&sp->stamped_ns, memory_order_acquire) &&
+		    sp->gen == ts_trace_generation(dev->trace) &&
+		    clock_at(dev, sp->gen, sp->start, &t0) && clock_at(dev, sp->gen, sp->end, &t1)) {
+			if (t0 < q->last_end_ns)
+				t0 = q->last_end_ns;
+			if (t1 < t0)
+				t1 = t0;
+			q->last_end_ns = t1;
+			ts__queue_trace_span(&q->base, sp->cat, sp->name, t0, t1, sp->bytes, sp->flow);
 		}
 		cudaEventDestroy(sp->start);
 		cudaEventDestroy(sp->end);
 		free(sp);
 	}
+	pthread_mutex_unlock(&q->emit_mu);
 }
 
 static void span_stamp(void *arg)
@@ -479,9 +555,11 @@ static void cuda_queue_trace_flush(struct ts_queue *base)
 		spans_collect(to_cq(base), false);
 }
 
-/* The copy's span in flight, its start event recorded; NULL (nothing
- * recorded) when it cannot be made: the copy then goes untraced. */
-static struct cuda_span *span_begin(struct cuda_queue *q, size_t n, enum ts_copy_kind kind)
+/* A span in flight of the work enqueued next (cat, name; bytes 0 and no
+ * flow for a kernel), its start event recorded; NULL (nothing recorded)
+ * when it cannot be made: the work then goes untraced. */
+static struct cuda_span *span_begin(struct cuda_queue *q, const char *cat, const char *name,
+                                    uint64_t bytes, bool flow)
 {
 	struct ts_device *dev = q->base.dev;
 	struct cuda_span *sp;
@@ -500,9 +578,21 @@ static struct cuda_span *span_begin(struct cuda_queue *q, size_t n, enum ts_copy
 		return NULL;
 	}
 	sp->gen = ts_trace_generation(dev->trace);
-	sp->flow = ts_trace_flow_start(dev->trace);
-	sp->bytes = n;
-	sp->name = ts__copy_kind_name(kind);
+	{
+		cudaEvent_t ref;
+		uint64_t ref_ns;
+
+		if (!sp->gen || !clock_ref(dev, sp->gen, &ref, &ref_ns)) {
+			cudaEventDestroy(sp->start);
+			cudaEventDestroy(sp->end);
+			free(sp);
+			return NULL;
+		}
+	}
+	sp->flow = flow ? ts_trace_flow_start(dev->trace) : 0;
+	sp->bytes = bytes;
+	sp->cat = cat;
+	sp->name = name;
 	if (cudaEventRecord(sp->start, q->stream) != cudaSuccess) {
 		cudaEventDestroy(sp->start);
 		cudaEventDestroy(sp->end);
@@ -531,6 +621,21 @@ static void span_end(struct cuda_queue *q, struct cuda_span *sp)
 	pthread_mutex_unlock(&q->spans_mu);
 }
 
+static void *cuda_queue_span_begin(struct ts_queue *base, const char *cat, const char *name)
+{
+	if (cuda_enter(base->dev, NULL) != TS_OK)
+		return NULL;
+	return span_begin(to_cq(base), cat, name, 0, false);
+}
+
+static void cuda_queue_span_end(struct ts_queue *base, void *span)
+{
+	/* on a device that cannot be entered the records fail: span_end drops
+	 * the span */
+	(void)cuda_enter(base->dev, NULL);
+	span_end(to_cq(base), span);
+}
+
 static void cuda_queue_free(struct ts_queue *base)
 {
 	struct cuda_queue *q = to_cq(base);
@@ -544,6 +649,7 @@ static void cuda_queue_free(struct ts_queue *base)
 		          NULL, NULL);
 	}
 	pthread_mutex_destroy(&q->spans_mu);
+	pthread_mutex_destroy(&q->emit_mu);
 	free(q);
 }
 
@@ -575,7 +681,7 @@ static ts_status cuda_queue_copy(struct ts_queue *base, void *dst, const void *s
 	if (st != TS_OK)
 		return st;
 	if (ts_trace_on(base->dev->trace))
-		sp = span_begin(q, n, kind);
+		sp = span_begin(q, "copy", ts__copy_kind_name(kind), n, true);
 	st = cuda_fail(base->dev, cudaMemcpyAsync(dst, src, n, memcpy_kind(kind), q->stream),
 	               "cudaMemcpyAsync", NULL, err);
 	if (sp)
@@ -722,6 +828,14 @@ static void cuda_device_free(struct ts_device *dev)
 {
 	struct cuda_dev *c = dev->impl;
 
+	if (cudaSetDevice(c->ordinal) == cudaSuccess) {
+		if (c->clock_gen)
+			cudaEventDestroy(c->clock_ev);
+		if (c->clock_stream_made)
+			cudaStreamDestroy(c->clock_stream);
+	}
+	pthread_mutex_destroy(&c->clock_mu);
+
 	free(c->pinned);
 	free(c);
 	dev->impl = NULL;
@@ -764,6 +878,8 @@ static const struct ts__backend_ops cuda_ops = {
 	.queue_sync = cuda_queue_sync,
 	.queue_native = cuda_queue_native,
 	.queue_trace_flush = cuda_queue_trace_flush,
+	.queue_span_begin = cuda_queue_span_begin,
+	.queue_span_end = cuda_queue_span_end,
 	.event_new = cuda_event_new,
 	.event_free = cuda_event_free,
 	.event_record = cuda_event_record,
@@ -862,6 +978,7 @@ static ts_status cuda_add(struct ts__discover_ctx *ctx, int i,
 	if (!c)
 		goto out_dev;
 	c->ordinal = i;
+	pthread_mutex_init(&c->clock_mu, NULL);
 	dev->impl = c;
 
 	copy_truncated(dev->props.name, sizeof dev->props.name, p.name, sizeof p.name);

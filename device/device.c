@@ -467,6 +467,19 @@ ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
 	return q->dev->ops->queue_host_fn(q, fn, arg, err);
 }
 
+void *ts_queue_span_begin(struct ts_queue *q, const char *cat, const char *name)
+{
+	if (!q || !q->dev->ops->queue_span_begin || !ts_trace_on(q->dev->trace))
+		return NULL;
+	return q->dev->ops->queue_span_begin(q, cat, name);
+}
+
+void ts_queue_span_end(struct ts_queue *q, void *span)
+{
+	if (span)
+		q->dev->ops->queue_span_end(q, span);
+}
+
 ts_status ts_queue_host_fn_named(struct ts_queue *q, void (*fn)(void *arg), void *arg,
                                  const char *name, struct ts_error *err)
 {

@@ -242,6 +242,15 @@ bool ts_device_copies_queued(const struct ts_device *dev, uint64_t *out);
 ts_status ts_queue_host_fn(struct ts_queue *q, void (*fn)(void *arg), void *arg,
                            struct ts_error *err);
 
+/* While a trace records, where q's backend times its own work (CUDA: two
+ * events around it, cudaEventElapsedTime): the work enqueued on q between
+ * ts_queue_span_begin and ts_queue_span_end is one span of the trace, cat
+ * and name static strings ("compute", "gemm"). begin answers NULL (and end
+ * does nothing with it) when no trace records or the backend records its
+ * work otherwise (sim, cpu: ts_queue_host_fn_named). */
+void *ts_queue_span_begin(struct ts_queue *q, const char *cat, const char *name);
+void ts_queue_span_end(struct ts_queue *q, void *span);
+
 /* ts_queue_host_fn, with the name (a static string) its span has in traces
  * where the backend records host functions (sim, cpu: they are the compute
  * of those devices, "gemm", "act_fwd"). */

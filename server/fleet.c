@@ -26,6 +26,7 @@
 #include "handlers/handlers.h"
 #include "server/config.h"
 #include "server/metrics.h"
+#include "server/router.h"
 #include "server/server_int.h"
 
 /* How often --peers-dns is resolved again. */
@@ -635,4 +636,195 @@ void ts_s_fleet_ticket(struct ts_server *srv, const struct ts_call *call, struct
 	              json_pack("{s:s, s:i, s:i, s:s}", "ticket", ticket, "fleet_port",
 	                        ts_fleet_ucx_port(srv->fleet_ucx), "expires_in_seconds",
 	                        TS_FLEET_TICKET_TTL_S, "host", call->core->host));
+}
+
+/*
+ * Reads of another node (?host=): the GET is asked of that peer, with the
+ * route's other query arguments and the fleet's token, and its answer is
+ * this call's. The worker waits for it, FORWARD_TIMEOUT_MS at most.
+ */
+#define FORWARD_TIMEOUT_MS 5000L
+#define FORWARD_ANSWER_MAX (16u << 20)
+
+struct forward_answer {
+	char *buf;
+	size_t len;
+	bool too_big;
+};
+
+static size_t on_forward_body(char *data, size_t size, size_t nmemb, void *cls)
+{
+	struct forward_answer *a = cls;
+	size_t n = size * nmemb;
+	char *grown;
+
+	if (a->len + n > FORWARD_ANSWER_MAX) {
+		a->too_big = true;
+		return 0;
+	}
+	grown = realloc(a->buf, a->len + n + 1);
+	if (!grown)
+		return 0;
+	memcpy(grown + a->len, data, n);
+	a->len += n;
+	grown[a->len] = '\0';
+	a->buf = grown;
+	return n;
+}
+
+/* The peer's google.rpc.Status code name back to ours; UNAVAILABLE when it
+ * names none. */
+static ts_status status_named(const char *name)
+{
+	for (int c = 1; c <= 16 && name; c++)
+		if (strcmp(ts_status_name((ts_status)c), name) == 0)
+			return (ts_status)c;
+	return TS_UNAVAILABLE;
+}
+
+/* The peer's error answer as ours: its code, reason and message, the
+ * message naming the peer. */
+static void forward_error(struct ts_reply *reply, const char *host, long code, json_t *body)
+{
+	json_t *e = json_object_get(body, "error");
+	const char *msg = json_string_value(json_object_get(e, "message"));
+	const char *reason = NULL;
+	size_t i;
+	json_t *d;
+
+	json_array_foreach(json_object_get(e, "details"), i, d)
+		if (!reason)
+			reason = json_string_value(json_object_get(d, "reason"));
+	ts_reply_fail(reply, status_named(json_string_value(json_object_get(e, "status"))),
+	              reason ? reason : "PEER_REFUSED", "node '%s' answered %ld: %s", host, code,
+	              msg ? msg : "no message");
+}
+
+/* url + path + the route's query arguments but host, percent-encoded. */
+static bool forward_url(CURL *easy, const struct ts_route *route, const struct ts_call *call,
+                        const char *base, char *out, size_t cap)
+{
+	const char *q = route->query;
+	size_t n = (size_t)snprintf(out, cap, "%s%s", base, call->path);
+	char sep = '?';
+
+	while (n < cap && q && *q) {
+		size_t len = strcspn(q, ",");
+		size_t name_len = strcspn(q, ",:");
+		char name[64];
+		const char *v;
+
+		if (name_len < sizeof name) {
+			memcpy(name, q, name_len);
+			name[name_len] = '\0';
+			v = strcmp(name, "host") != 0 ? ts_call_query(call, name) : NULL;
+			if (v) {
+				char *enc = curl_easy_escape(easy, v, 0);
+
+				if (!enc)
+					return false;
+				n += (size_t)snprintf(out + n, cap - n, "%c%s=%s", sep, name, enc);
+				curl_free(enc);
+				sep = '&';
+			}
+		}
+		q += len;
+		if (*q == ',')
+			q++;
+	}
+	return n < cap;
+}
+
+/* Asks peer host the call (see ts_fleet_forward) and answers its answer. */
+static void forward(struct ts_server *srv, const struct ts_route *route,
+                    const struct ts_call *call, const char *host, struct ts_reply *reply)
+{
+	char base[TS_CONFIG_PEER_URL_MAX + 1], url[TS_CONFIG_PEER_URL_MAX + 2048];
+	char auth[300], ebuf[CURL_ERROR_SIZE] = "";
+	struct forward_answer a = {0};
+	struct curl_slist *h = NULL;
+	struct ts_error err;
+	json_t *body = NULL;
+	long code = 0;
+	CURLcode rc;
+	CURL *easy;
+
+	ts_error_clear(&err);
+	if (ts_fleet_peer(srv->fleet, host, base, sizeof base, &err) != TS_OK) {
+		ts_reply_error(reply, &err);
+		return;
+	}
+	easy = curl_easy_init();
+	if (!easy) {
+		ts_reply_oom(reply, "no memory for a call to node '%s'", host);
+		return;
+	}
+	if (!forward_url(easy, route, call, base, url, sizeof url)) {
+		curl_easy_cleanup(easy);
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
+		              "the call to node '%s' is too long", host);
+		return;
+	}
+	if (srv->token[0]) {
+		snprintf(auth, sizeof auth, "Authorization: Bearer %s", srv->token);
+		h = curl_slist_append(h, auth);
+	}
+	curl_easy_setopt(easy, CURLOPT_URL, url);
+	curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, FORWARD_TIMEOUT_MS);
+	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, FORWARD_TIMEOUT_MS);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_forward_body);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &a);
+	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, ebuf);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(easy, CURLOPT_PROXY, "");
+	rc = curl_easy_perform(easy);
+	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
+	if (rc == CURLE_OK)
+		body = json_loadb(a.buf ? a.buf : "", a.len, 0, NULL);
+	if (rc == CURLE_OPERATION_TIMEDOUT)
+		ts_reply_fail(reply, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
+		              "node '%s' (%s) gave no answer to GET %s in %ld ms", host, base,
+		              call->path, FORWARD_TIMEOUT_MS);
+	else if (a.too_big)
+		ts_reply_fail(reply, TS_UNAVAILABLE, "ANSWER_TOO_LARGE",
+		              "node '%s' answered GET %s with more than %u bytes", host, call->path,
+		              FORWARD_ANSWER_MAX);
+	else if (rc != CURLE_OK)
+		ts_reply_fail(reply, TS_UNAVAILABLE, "PEER_UNAVAILABLE", "node '%s' (%s): GET %s: %s",
+		              host, base, call->path, ebuf[0] ? ebuf : curl_easy_strerror(rc));
+	else if (code < 200 || code > 299)
+		forward_error(reply, host, code, body);
+	else if (!json_is_object(body))
+		ts_reply_fail(reply, TS_UNAVAILABLE, "BAD_ANSWER",
+		              "node '%s' did not answer GET %s with a JSON object", host, call->path);
+	else {
+		ts_reply_json(reply, TS_HTTP_OK, body);
+		body = NULL;
+	}
+	json_decref(body);
+	free(a.buf);
+	curl_slist_free_all(h);
+	curl_easy_cleanup(easy);
+}
+
+bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,
+                      const struct ts_call *call, struct ts_reply *reply)
+{
+	const char *host;
+
+	/* only the reads that declare host take it (the others refuse it) */
+	if (strcmp(route->method, "GET") != 0 || !strstr(route->query, "host"))
+		return false;
+	host = ts_call_query(call, "host");
+	if (!host || strcmp(host, call->core->host) == 0)
+		return false;      /* this node's own */
+	if (!host[0])
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
+		              "host is empty: name a node as GET /v1/fleet lists it");
+	else
+		forward(srv, route, call, host, reply);
+	return true;
 }

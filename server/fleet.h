@@ -18,11 +18,16 @@
 #define TS_FLEET_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
 #include "common/status.h"
 
+struct ts_call;
 struct ts_fleet;
 struct ts_metrics;
+struct ts_reply;
+struct ts_route;
+struct ts_server;
 
 struct ts_fleet_config {
 	const char *peers;               /* --peers as validated by config.c; "" none */
@@ -53,5 +58,14 @@ json_t *ts_fleet_nodes(struct ts_fleet *f);
  * is unreachable now. */
 ts_status ts_fleet_peer(struct ts_fleet *f, const char *host, char *url, size_t cap,
                         struct ts_error *err);
+
+/* A GET whose ?host= names another node of the fleet: asks that peer the
+ * same path with the route's other query arguments (and the fleet's token)
+ * and answers its JSON, or its error naming it; true when it answered
+ * (false: no host, or this node's own; the route serves it). HOST_NOT_FOUND
+ * and PEER_UNREACHABLE as ts_fleet_peer; PEER_SILENT after 5 s. Waits on
+ * the peer on the caller's thread. */
+bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,
+                      const struct ts_call *call, struct ts_reply *reply);
 
 #endif

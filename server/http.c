@@ -693,6 +693,8 @@ static void request_dispatch(struct request *rq, struct MHD_Connection *conn)
 	request_call(rq, conn, &call);
 	if (route->upload)
 		route->upload->finish(rq->upload, &call, &rq->reply);
+	else if (ts_fleet_forward(rq->srv, route, &call, &rq->reply))
+		;      /* another node's: answered by it */
 	else if (route->fn)
 		route->fn(&call, &rq->reply);
 	else

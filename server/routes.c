@@ -25,7 +25,7 @@
 	X("GET", "/v1/devices/{device}", ts_h_devices_get, NULL, NULL, TS_BODY_NONE, false, "") \
 	X("GET", "/v1/devices/{device}/memory_stats", ts_h_devices_memory_stats, NULL, NULL,   \
 	  TS_BODY_NONE, false, "memory_kind")                                                  \
-	X("GET", "/v1/topology", ts_h_topology_get, NULL, NULL, TS_BODY_NONE, false, "")      \
+	X("GET", "/v1/topology", ts_h_topology_get, NULL, NULL, TS_BODY_NONE, false, "host")  \
 	X("GET", "/v1/fleet", NULL, ts_s_fleet, NULL, TS_BODY_NONE, false, "scope")           \
 	X("POST", "/v1/fleet:ticket", NULL, ts_s_fleet_ticket, NULL, TS_BODY_NONE, false, "")  \
 	X("POST", "/v1/fleet:receive", NULL, ts_s_fleet_receive, NULL, TS_BODY_JSON, false, "") \
@@ -33,14 +33,14 @@
 	  TS_BODY_NONE, false, "wait:bool")                                                    \
 	X("POST", "/v1/fleet/receives/{receive}:abort", NULL, ts_s_fleet_receive_abort, NULL,  \
 	  TS_BODY_NONE, false, "")                                                             \
-	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "")           \
+	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "host")       \
 	X("GET", "/v1/memory/history", NULL, ts_s_history, NULL, TS_BODY_NONE, false,          \
-	  "since,step")                                                                        \
+	  "since,step,host")                                                                   \
 	X("GET", "/v1/trace", NULL, ts_s_trace, NULL, TS_BODY_NONE, false, "seconds")         \
 	X("POST", "/v1/memory:resetPeak", ts_h_memory_reset_peak, NULL, NULL, TS_BODY_JSON,    \
 	  false, "")                                                                           \
 	X("GET", "/v1/arrays", ts_h_arrays_list, NULL, NULL, TS_BODY_NONE, false,              \
-	  "device,memory_kind,page_size,page_token")                                           \
+	  "device,memory_kind,page_size,page_token,host")                                      \
 	X("POST", "/v1/arrays:import", NULL, NULL, &ts_h_arrays_import, TS_BODY_STREAM, false, \
 	  PLACE ",prefix,overwrite:bool,persist:bool,wait:bool")                               \
 	X("GET", "/v1/arrays:export", ts_h_arrays_export, NULL, NULL, TS_BODY_NONE, false,     \
@@ -69,7 +69,7 @@
 	X("POST", "/v1/operations/{operation}:wait", ts_h_operations_wait, NULL, NULL,         \
 	  TS_BODY_JSON, false, "timeout")                                                      \
 	X("GET", "/v1/operations", ts_h_operations_list, NULL, NULL, TS_BODY_NONE, false,      \
-	  "state,page_size,page_token")                                                        \
+	  "state,page_size,page_token,host")                                                   \
 	X("GET", "/v1/operations/{operation}", ts_h_operations_get, NULL, NULL, TS_BODY_NONE,  \
 	  false, "")                                                                           \
 	X("POST", "/v1/operations/{operation}:cancel", ts_h_operations_cancel, NULL, NULL,     \
@@ -84,7 +84,7 @@
 	  NULL, NULL, TS_BODY_JSON, false, "")                                                 \
 	X("POST", "/v1/models", ts_h_models_create, NULL, NULL, TS_BODY_JSON, false,          \
 	  "wait:bool")                                                                         \
-	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false, "")          \
+	X("GET", "/v1/models", ts_h_models_list, NULL, NULL, TS_BODY_NONE, false, "host")      \
 	X("POST", "/v1/models:import", NULL, NULL, &ts_h_models_import, TS_BODY_STREAM, false, \
 	  "name,device,persist:bool")                                                          \
 	X("POST", "/v1/models:analyze", ts_h_models_analyze_spec, NULL, NULL, TS_BODY_JSON,    \

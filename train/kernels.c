@@ -31,6 +31,21 @@ struct ts_kernels {
 /* Bad input, through the one helper (common/status.h). */
 #define BAD(err, what) ts_error_bad((err), "INVALID_ARGUMENT", NULL, "%s", (what))
 
+/* While a trace records: the span of the kernel enqueued next on q, where
+ * q's backend times its own work (CUDA: events around it; sim and cpu name
+ * their host functions instead, and this is NULL). */
+static void *span(struct ts_queue *q, const char *name)
+{
+	return ts_queue_span_begin(q, "compute", name);
+}
+
+/* Ends the span sp (NULL: none) once its kernel is enqueued; answers st. */
+static ts_status traced(struct ts_queue *q, void *sp, ts_status st)
+{
+	ts_queue_span_end(q, sp);
+	return st;
+}
+
 ts_status ts_kernels_new(struct ts_device *dev, struct ts_kernels **out, struct ts_error *err)
 {
 	const struct ts__kernel_ops *ops;
@@ -138,7 +153,9 @@ ts_status ts_k_gemm(struct ts_kernels *k, struct ts_queue *q, bool ta, bool tb, 
 		return TS_OK;
 	if (!C || (K > 0 && (!A || !B)))
 		return BAD(err, "gemm: NULL operand");
-	return k->ops->gemm(k->impl, q, ta, tb, M, N, K, alpha, A, B, beta, C, err);
+	void *sp = span(q, "gemm");
+
+	return traced(q, sp, k->ops->gemm(k->impl, q, ta, tb, M, N, K, alpha, A, B, beta, C, err));
 }
 
 static bool lowp_known(enum ts_compute dt)
@@ -172,7 +189,9 @@ ts_status ts_k_round(struct ts_kernels *k, struct ts_queue *q, enum ts_compute t
 		return TS_OK;
 	if (!x || !y)
 		return BAD(err, "round: NULL operand");
-	return k->ops->round(k->impl, q, to, x, y, n, err);
+	void *sp = span(q, "round");
+
+	return traced(q, sp, k->ops->round(k->impl, q, to, x, y, n, err));
 }
 
 ts_status ts_k_gemm_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt, bool ta,
@@ -193,9 +212,16 @@ ts_status ts_k_gemm_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute
 		return TS_OK;
 	if (!C || (K > 0 && (!A || !B)))
 		return BAD(err, "gemm_lp: NULL operand");
-	if (K == 0)      /* C = beta * C: no operand to read */
-		return k->ops->gemm(k->impl, q, ta, tb, M, N, 0, alpha, NULL, NULL, beta, C, err);
-	return k->ops->gemm_lp(k->impl, q, dt, ta, tb, M, N, K, alpha, A, B, beta, C, err);
+	if (K == 0) {    /* C = beta * C: no operand to read */
+		void *sp0 = span(q, "gemm");
+
+		return traced(q, sp0, k->ops->gemm(k->impl, q, ta, tb, M, N, 0, alpha, NULL, NULL,
+		                                   beta, C, err));
+	}
+	void *sp = span(q, "gemm_lp");
+
+	return traced(q, sp, k->ops->gemm_lp(k->impl, q, dt, ta, tb, M, N, K, alpha, A, B, beta, C,
+	                                     err));
 }
 
 ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
@@ -212,7 +238,9 @@ ts_status ts_k_act_fwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act
 		return TS_OK;
 	if (!in || !out)
 		return BAD(err, "activation: NULL operand");
-	return k->ops->act_fwd(k->impl, q, act, in, out, n, err);
+	void *sp = span(q, "act_fwd");
+
+	return traced(q, sp, k->ops->act_fwd(k->impl, q, act, in, out, n, err));
 }
 
 ts_status ts_k_act_bwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act,
@@ -230,7 +258,9 @@ ts_status ts_k_act_bwd(struct ts_kernels *k, struct ts_queue *q, enum ts_act act
 		return TS_OK;
 	if (!pre || !grad_out || !grad_in)
 		return BAD(err, "activation gradient: NULL operand");
-	return k->ops->act_bwd(k->impl, q, act, pre, grad_out, grad_in, n, err);
+	void *sp = span(q, "act_bwd");
+
+	return traced(q, sp, k->ops->act_bwd(k->impl, q, act, pre, grad_out, grad_in, n, err));
 }
 
 ts_status ts_k_add(struct ts_kernels *k, struct ts_queue *q, const float *x, float *y,
@@ -244,7 +274,9 @@ ts_status ts_k_add(struct ts_kernels *k, struct ts_queue *q, const float *x, flo
 		return TS_OK;
 	if (!x || !y)
 		return BAD(err, "add: NULL operand");
-	return k->ops->add(k->impl, q, x, y, n, err);
+	void *sp = span(q, "add");
+
+	return traced(q, sp, k->ops->add(k->impl, q, x, y, n, err));
 }
 
 ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,
@@ -262,7 +294,9 @@ ts_status ts_k_loss(struct ts_kernels *k, struct ts_queue *q, enum ts_loss loss,
 		return BAD(err, "loss: no elements");
 	if (!out || !loss_dev || !grad || (loss == TS_LOSS_MSE && !target))
 		return BAD(err, "loss: NULL operand");
-	return k->ops->loss(k->impl, q, loss, out, target, loss_dev, grad, n, err);
+	void *sp = span(q, "loss");
+
+	return traced(q, sp, k->ops->loss(k->impl, q, loss, out, target, loss_dev, grad, n, err));
 }
 
 ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, uint64_t n,
@@ -276,7 +310,9 @@ ts_status ts_k_sumsq(struct ts_kernels *k, struct ts_queue *q, const float *x, u
 		return TS_OK;
 	if (!x || !acc)
 		return BAD(err, "sum of squares: NULL operand");
-	return k->ops->sumsq(k->impl, q, x, n, acc, err);
+	void *sp = span(q, "sumsq");
+
+	return traced(q, sp, k->ops->sumsq(k->impl, q, x, n, acc, err));
 }
 
 /* The optimizer's settings, as an update needs them. */
@@ -332,7 +368,10 @@ ts_status ts_k_update(struct ts_kernels *k, struct ts_queue *q, const struct ts_
 		return BAD(err, "update: NULL operand");
 	if (opt->clip_global_norm > 0.0f && !gnorm_sq_dev)
 		return BAD(err, "update: clipping without a global norm");
-	return k->ops->update(k->impl, q, opt, step, p, g, mu, nu, n, gnorm_sq_dev, err);
+	void *sp = span(q, "update");
+
+	return traced(q, sp, k->ops->update(k->impl, q, opt, step, p, g, mu, nu, n, gnorm_sq_dev,
+	                                    err));
 }
 
 ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v, uint64_t n,
@@ -346,7 +385,9 @@ ts_status ts_k_fill(struct ts_kernels *k, struct ts_queue *q, float *x, float v,
 		return TS_OK;
 	if (!x)
 		return BAD(err, "fill: NULL operand");
-	return k->ops->fill(k->impl, q, x, v, n, err);
+	void *sp = span(q, "fill");
+
+	return traced(q, sp, k->ops->fill(k->impl, q, x, v, n, err));
 }
 
 /* ---- token models ------------------------------------------------------------ */
@@ -376,7 +417,10 @@ ts_status ts_k_embed_fwd(struct ts_kernels *k, struct ts_queue *q, const float *
 		return st;
 	if (!table || !ids || !out)
 		return BAD(err, "embedding: NULL operand");
-	return k->ops->embed_fwd(k->impl, q, table, vocab, d, ids, id_bytes, rows, out, err);
+	void *sp = span(q, "embed_fwd");
+
+	return traced(q, sp, k->ops->embed_fwd(k->impl, q, table, vocab, d, ids, id_bytes, rows,
+	                                       out, err));
 }
 
 ts_status ts_k_embed_bwd(struct ts_kernels *k, struct ts_queue *q, const void *ids, int id_bytes,
@@ -391,8 +435,10 @@ ts_status ts_k_embed_bwd(struct ts_kernels *k, struct ts_queue *q, const void *i
 		return st;
 	if (!grad_table || (rows && (!ids || !grad_out)))
 		return BAD(err, "embedding gradient: NULL operand");
-	return k->ops->embed_bwd(k->impl, q, ids, id_bytes, rows, vocab, d, grad_out, grad_table,
-	                         err);
+	void *sp = span(q, "embed_bwd");
+
+	return traced(q, sp, k->ops->embed_bwd(k->impl, q, ids, id_bytes, rows, vocab, d, grad_out,
+	                                       grad_table, err));
 }
 
 ts_status ts_k_xent(struct ts_kernels *k, struct ts_queue *q, const float *logits,
@@ -409,7 +455,10 @@ ts_status ts_k_xent(struct ts_kernels *k, struct ts_queue *q, const float *logit
 		return BAD(err, "cross-entropy: no rows");
 	if (!logits || !targets || !loss_dev || !grad)
 		return BAD(err, "cross-entropy: NULL operand");
-	return k->ops->xent(k->impl, q, logits, targets, id_bytes, rows, vocab, loss_dev, grad, err);
+	void *sp = span(q, "xent");
+
+	return traced(q, sp, k->ops->xent(k->impl, q, logits, targets, id_bytes, rows, vocab,
+	                                  loss_dev, grad, err));
 }
 
 /* ---- transformer blocks --------------------------------------------------------- */
@@ -430,7 +479,9 @@ ts_status ts_k_ln_fwd(struct ts_kernels *k, struct ts_queue *q, const float *x, 
 		return TS_OK;
 	if (!x || !g || !b || !y || !stats)
 		return BAD(err, "layernorm: NULL operand");
-	return k->ops->ln_fwd(k->impl, q, x, g, b, rows, d, eps, y, stats, err);
+	void *sp = span(q, "ln_fwd");
+
+	return traced(q, sp, k->ops->ln_fwd(k->impl, q, x, g, b, rows, d, eps, y, stats, err));
 }
 
 ts_status ts_k_ln_bwd(struct ts_kernels *k, struct ts_queue *q, const float *x, const float *g,
@@ -446,7 +497,9 @@ ts_status ts_k_ln_bwd(struct ts_kernels *k, struct ts_queue *q, const float *x, 
 		                    "layernorm gradient: width %d must be positive", d);
 	if (!dg || !db || (rows && (!x || !g || !stats || !dy || !dx)))
 		return BAD(err, "layernorm gradient: NULL operand");
-	return k->ops->ln_bwd(k->impl, q, x, g, stats, dy, rows, d, dx, dg, db, err);
+	void *sp = span(q, "ln_bwd");
+
+	return traced(q, sp, k->ops->ln_bwd(k->impl, q, x, g, stats, dy, rows, d, dx, dg, db, err));
 }
 
 ts_status ts_k_add_rows(struct ts_kernels *k, struct ts_queue *q, const float *x,
@@ -464,7 +517,9 @@ ts_status ts_k_add_rows(struct ts_kernels *k, struct ts_queue *q, const float *x
 		return TS_OK;
 	if (!x || !y)
 		return BAD(err, "add rows: NULL operand");
-	return k->ops->add_rows(k->impl, q, x, period, y, rows, n, err);
+	void *sp = span(q, "add_rows");
+
+	return traced(q, sp, k->ops->add_rows(k->impl, q, x, period, y, rows, n, err));
 }
 
 ts_status ts_k_sum_rows(struct ts_kernels *k, struct ts_queue *q, const float *dy,
@@ -481,7 +536,9 @@ ts_status ts_k_sum_rows(struct ts_kernels *k, struct ts_queue *q, const float *d
 		                    (unsigned long long)period);
 	if (!out || (rows && !dy))
 		return BAD(err, "sum rows: NULL operand");
-	return k->ops->sum_rows(k->impl, q, dy, rows, n, period, out, err);
+	void *sp = span(q, "sum_rows");
+
+	return traced(q, sp, k->ops->sum_rows(k->impl, q, dy, rows, n, period, out, err));
 }
 
 ts_status ts_k_heads(struct ts_kernels *k, struct ts_queue *q, bool to_heads, const float *in,
@@ -501,7 +558,9 @@ ts_status ts_k_heads(struct ts_kernels *k, struct ts_queue *q, bool to_heads, co
 	n = (uint64_t)B * (uint64_t)T * (uint64_t)P * (uint64_t)H * (uint64_t)hd;
 	if ((in < out && in + n > out) || (out < in && out + n > in) || in == out)
 		return BAD(err, "heads: in and out overlap");
-	return k->ops->heads(k->impl, q, to_heads, in, out, B, T, P, H, hd, err);
+	void *sp = span(q, "heads");
+
+	return traced(q, sp, k->ops->heads(k->impl, q, to_heads, in, out, B, T, P, H, hd, err));
 }
 
 /* C = beta * C batch by batch (K = 0: no operand to read; cuBLAS refuses a
@@ -539,8 +598,10 @@ ts_status ts_k_gemm_batched(struct ts_kernels *k, struct ts_queue *q, bool ta, b
 		return BAD(err, "batched gemm: C's batches overlap (stride below M*N)");
 	if (K == 0)
 		return batched_scale(k, q, M, N, beta, C, sC, batch, err);
-	return k->ops->gemm_batched(k->impl, q, ta, tb, M, N, K, alpha, A, sA, B, sB, beta, C, sC,
-	                            batch, err);
+	void *sp = span(q, "gemm_batched");
+
+	return traced(q, sp, k->ops->gemm_batched(k->impl, q, ta, tb, M, N, K, alpha, A, sA, B, sB,
+	                                          beta, C, sC, batch, err));
 }
 
 ts_status ts_k_gemm_batched_lp(struct ts_kernels *k, struct ts_queue *q, enum ts_compute dt,
@@ -569,8 +630,10 @@ ts_status ts_k_gemm_batched_lp(struct ts_kernels *k, struct ts_queue *q, enum ts
 		return BAD(err, "batched gemm_lp: C's batches overlap (stride below M*N)");
 	if (K == 0)
 		return batched_scale(k, q, M, N, beta, C, sC, batch, err);
-	return k->ops->gemm_batched_lp(k->impl, q, dt, ta, tb, M, N, K, alpha, A, sA, B, sB, beta,
-	                               C, sC, batch, err);
+	void *sp = span(q, "gemm_batched_lp");
+
+	return traced(q, sp, k->ops->gemm_batched_lp(k->impl, q, dt, ta, tb, M, N, K, alpha, A, sA,
+	                                             B, sB, beta, C, sC, batch, err));
 }
 
 static ts_status check_softmax(int batch, int T, float scale, const char *what,
@@ -594,7 +657,9 @@ ts_status ts_k_softmax_causal_fwd(struct ts_kernels *k, struct ts_queue *q, cons
 		return st;
 	if (!S || !P)
 		return BAD(err, "causal softmax: NULL operand");
-	return k->ops->softmax_fwd(k->impl, q, S, batch, T, scale, P, err);
+	void *sp = span(q, "softmax_fwd");
+
+	return traced(q, sp, k->ops->softmax_fwd(k->impl, q, S, batch, T, scale, P, err));
 }
 
 ts_status ts_k_softmax_causal_bwd(struct ts_kernels *k, struct ts_queue *q, const float *P,
@@ -609,7 +674,9 @@ ts_status ts_k_softmax_causal_bwd(struct ts_kernels *k, struct ts_queue *q, cons
 		return st;
 	if (!P || !dP || !dS)
 		return BAD(err, "causal softmax gradient: NULL operand");
-	return k->ops->softmax_bwd(k->impl, q, P, dP, batch, T, scale, dS, err);
+	void *sp = span(q, "softmax_bwd");
+
+	return traced(q, sp, k->ops->softmax_bwd(k->impl, q, P, dP, batch, T, scale, dS, err));
 }
 
 /* ---- device-timed timelines ------------------------------------------------ */

@@ -10,7 +10,11 @@ check_dashboard.py --history HIST DOM POOL SPACE NBYTES MODEL OP checks the hist
 after ARRAY was deleted against /v1/memory/history read then (HIST): POOL's chart has a
 line for SPACE whose largest value is NBYTES above its last (the spike, drawn higher than
 the rest), its last as HIST says, and the pool's limit (drawn or named); MODEL's loss
-curve is operation OP's, and OP is on the timeline, cancelled."""
+curve is operation OP's, and OP is on the timeline, cancelled.
+check_dashboard.py --fleet MEM DOM NODE NODES ARRAY [ABSENT] checks a page of a fleet's
+daemon showing node NODE (MEM: NODE's /v1/memory): the selector lists NODES (comma-separated,
+this node first) with NODE selected, the header names NODE, the spaces are NODE's, ARRAY
+(stored on NODE) is shown and ABSENT (stored on another node) is not."""
 import html.parser
 import json
 import sys
@@ -24,6 +28,8 @@ class Dom(html.parser.HTMLParser):
         self._in_error = False
         self.charts, self.losses, self.timeline = {}, {}, {}
         self._chart = None
+        self.host, self.nodes, self.selected, self.selector_hidden = "", [], None, None
+        self._in_host = False
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
@@ -47,11 +53,20 @@ class Dom(html.parser.HTMLParser):
             self.timeline[a["data-timeline-op"]] = a.get("data-state", "")
         if tag == "body" and "data-updated" in a:
             self.updated = True
+        if a.get("id") == "nodes":
+            self.selector_hidden = "hidden" in a
+        if tag == "option" and "value" in a:
+            self.nodes.append(a["value"])
+            if "selected" in a:
+                self.selected = a["value"]
+        self._in_host = a.get("id") == "host"
         self._in_error = a.get("id") == "error"
         if self._in_error and "display: block" in a.get("style", ""):
             self.errors.append("")
 
     def handle_data(self, data):
+        if self._in_host:
+            self.host += data
         if self._in_error and self.errors:
             self.errors[-1] += data
 
@@ -114,7 +129,28 @@ def check_history(hist_path, dom_path, pool, space, nbytes, model, op):
           f"{loss['attrs']['data-steps']} steps; {len(dom.timeline)} operations on the timeline")
 
 
+def check_fleet(mem, dom_path, node, nodes, array, absent=None):
+    dom = parse(dom_path)
+    n = len(check(f"node {node}", dom, mem))
+    if dom.selector_hidden is not False:
+        sys.exit(f"fleet: the node selector is not shown (hidden: {dom.selector_hidden})")
+    if dom.nodes != nodes.split(","):
+        sys.exit(f"fleet: the selector lists {dom.nodes}, /v1/fleet has {nodes}")
+    if dom.selected != node:
+        sys.exit(f"fleet: the selector has {dom.selected!r} selected, want {node!r}")
+    if dom.host.strip() != node:
+        sys.exit(f"fleet: the header names host {dom.host.strip()!r}, want {node!r}")
+    if array not in dom.arrays:
+        sys.exit(f"fleet: {node}'s array '{array}' not shown (rows: {sorted(dom.arrays)})")
+    if absent and absent in dom.arrays:
+        sys.exit(f"fleet: array '{absent}' of another node shown on {node}'s page")
+    print(f"dashboard: node {node} of {nodes} shown: {n} spaces, array '{array}'")
+
+
 def main():
+    if sys.argv[1] == "--fleet":
+        check_fleet(*sys.argv[2:])
+        return
     if sys.argv[1] == "--history":
         check_history(*sys.argv[2:6], int(sys.argv[6]), *sys.argv[7:9])
         return

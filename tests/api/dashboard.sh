@@ -75,6 +75,44 @@ chrome --window-size=1280,2600 --hide-scrollbars --screenshot="$PWD/build/dashbo
 python3 tests/api/check_dashboard.py --history "$API_TMP/history.json" "$API_TMP/history.html" \
 	host/pinned_host sim:0/pinned_host 1048576 dash "$op"
 
+# a fleet of two (its own token): node dashb (one sim device, its own
+# array) and node dasha, which lists it in --peers. dasha's page shows the
+# node selector; with #host=dashb it draws dashb's memory and arrays, read
+# through dasha (?host=), dasha's own with none, and dashb's once it is
+# chosen in the selector (tests/api/choose_node.py drives Chromium over its
+# DevTools protocol).
+printf 'fleet-secret-0123456789\n' >"$API_TMP/ftoken"
+start_daemon dashb --host-name dashb --sim-devices 1 --sim-device-memory 256MiB \
+	--token-file "$API_TMP/ftoken"
+bbase=http://127.0.0.1:$PORT
+start_daemon dasha --host-name dasha --peers "$bbase" --token-file "$API_TMP/ftoken"
+abase=http://127.0.0.1:$PORT
+fcurl() { curl -sf -u "ops:fleet-secret-0123456789" "$@"; }
+fcurl -o /dev/null -X PUT --data-binary "@$API_TMP/x" "$bbase/v1/arrays/onb.x?dtype=float32&shape=256,256"
+fcurl -o /dev/null -X PUT --data-binary "@$API_TMP/x" "$abase/v1/arrays/ona.x?dtype=float32&shape=256,256"
+for _ in $(seq 50); do
+	fcurl "$abase/v1/fleet" | python3 -c 'import json, sys
+sys.exit(not all(n["reachable"] for n in json.load(sys.stdin)["nodes"]))' && break
+	sleep 0.1
+done
+fcurl "$bbase/v1/memory" >"$API_TMP/memb.json"
+fcurl "$abase/v1/memory" >"$API_TMP/mema.json"
+furl="http://ops:fleet-secret-0123456789@127.0.0.1:$PORT/dashboard"
+chrome --dump-dom "$furl#host=dashb" >"$API_TMP/nodeb.html"
+chrome --window-size=1280,1000 --hide-scrollbars --screenshot="$PWD/build/dashboard-fleet.png" \
+	"$furl#host=dashb" >/dev/null
+[ -s build/dashboard-fleet.png ] || { echo "dashboard: no fleet screenshot" >&2; exit 1; }
+python3 tests/api/check_dashboard.py --fleet "$API_TMP/memb.json" "$API_TMP/nodeb.html" \
+	dashb dasha,dashb onb.x ona.x
+chrome --dump-dom "$furl" >"$API_TMP/nodea.html"
+python3 tests/api/check_dashboard.py --fleet "$API_TMP/mema.json" "$API_TMP/nodea.html" \
+	dasha dasha,dashb ona.x onb.x
+# and as a user does: dasha's page, then dashb chosen in the selector
+venv websocket-client
+"$API_VENV/bin/python" tests/api/choose_node.py "$CHROMIUM" "$furl" dashb "$API_TMP/chosen.html"
+python3 tests/api/check_dashboard.py --fleet "$API_TMP/memb.json" "$API_TMP/chosen.html" \
+	dashb dasha,dashb onb.x ona.x
+
 # behind the token, as /v1 is; the health routes stay open. A browser is
 # asked for the token (Basic, the token as the password): Chromium given it
 # in the URL draws the page from calls that carry it.
@@ -102,4 +140,5 @@ curl -sf -u "ops:$token" "$tbase/v1/memory" >"$API_TMP/memory2.json"
 chrome --dump-dom "http://ops:$token@127.0.0.1:$PORT/dashboard" >"$API_TMP/token.html"
 python3 tests/api/check_dashboard.py --spaces "$API_TMP/memory2.json" "$API_TMP/token.html"
 echo "dashboard: spaces drawn, upload shown, spike in the history, screenshots in" \
-	"build/dashboard.png and build/dashboard-history.png, token enforced"
+	"build/dashboard.png and build/dashboard-history.png, a fleet's node selector" \
+	"(build/dashboard-fleet.png), token enforced"

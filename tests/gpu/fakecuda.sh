@@ -130,6 +130,9 @@ for pass in $passes; do
 			it_checkpoint it_shared_json it_restart it_trace; do
 			run "$t" "$build/tests/$t"
 		done
+		# a step's trace on the stand-in's GPU: its copies and kernels (timed
+		# by CUDA events) in the plan's order, the Trace Event Format's rules
+		run api-trace TRACE_DEVICE=cuda:0 tests/api/trace.sh
 		# the eight GPUs of tests/data/two_socket.xml, placed by bus id, peers
 		# in two groups of four (one per socket), the second ranked lower
 		run test_topology-gpus FAKECUDA_DEVICES=8 CK_RUN_CASE=cuda \

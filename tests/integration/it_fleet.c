@@ -10,7 +10,8 @@
  * daemon's own left out; bad --peers values are refused at start with the
  * item at fault named. The fleet port (UCX) admits an endpoint only with a
  * ticket from an authenticated POST /v1/fleet:ticket, once: a forged, a
- * replayed, a short or a missing ticket is closed and counted.
+ * replayed, a short or a missing ticket is closed and counted. A read with
+ * ?host= is answered by that node through this one.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -1510,6 +1511,91 @@ START_TEST(test_silent_peer_times_out)
 }
 END_TEST
 
+/* GET path with the token on d: the error th_expect_error checks. */
+static void get_error(struct th_daemon *d, const char *path, long http, const char *status,
+                      const char *reason, const char *word, const char *word2)
+{
+	struct th_response r;
+
+	th_request(d, "GET", path, auth, NULL, 0, &r);
+	th_expect_error(&r, path, http, status, reason, word, word2);
+}
+
+/* The reads with ?host=: node0 answers what node1 answers to the same call
+ * (its arrays, memory, history, operations, models, topology), its own with
+ * its own host or none; node1's refusal comes back with its code and reason;
+ * an unknown, an empty or an unreachable host is refused; no token, no
+ * call to the peer. */
+START_TEST(test_reads_of_another_node)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	static const char *const same[] = {
+		"/v1/arrays", "/v1/arrays?page_size=1", "/v1/models", "/v1/topology",
+		"/v1/operations?state=SUCCEEDED",
+	};
+	json_t *o, *own;
+	struct th_response r;
+
+	start_fleet_one_token(d, 2, ports);
+	json_decref(await_node(&d[0], ports[1], true));
+	free(put_pattern(&d[1], "on1.a", 4, 8, NULL));
+	free(put_pattern(&d[1], "on1.b", 4, 8, NULL));
+	free(put_pattern(&d[0], "on0.a", 2, 2, NULL));
+
+	for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+		char *path = th_fmt("%s%shost=node1", same[i], strchr(same[i], '?') ? "&" : "?");
+
+		o = get_auth(&d[0], path);
+		own = get_auth(&d[1], same[i]);
+		ck_assert_msg(json_equal(o, own), "GET %s through node0 differs from node1's own",
+		              path);
+		json_decref(o);
+		json_decref(own);
+		free(path);
+	}
+	o = get_auth(&d[0], "/v1/arrays?host=node1");
+	ck_assert_int_eq(json_array_size(th_arr(o, "arrays")), 2);
+	ck_assert_str_eq(th_str(json_array_get(th_arr(o, "arrays"), 0), "name"), "on1.a");
+	json_decref(o);
+	o = get_auth(&d[0], "/v1/arrays?page_size=1&host=node1");   /* the other arguments go along */
+	ck_assert_int_eq(json_array_size(th_arr(o, "arrays")), 1);
+	ck_assert(json_is_string(json_object_get(o, "next_page_token")));
+	json_decref(o);
+	o = get_auth(&d[0], "/v1/memory?host=node1");
+	ck_assert_str_eq(th_str(o, "host"), "node1");
+	json_decref(o);
+	o = get_auth(&d[0], "/v1/memory/history?since=30s&host=node1");
+	ck_assert_int_gt(json_array_size(th_arr(o, "times_unix_ms")), 0);
+	json_decref(o);
+	for (int own_host = 0; own_host < 2; own_host++) {
+		o = get_auth(&d[0], own_host ? "/v1/arrays?host=node0" : "/v1/arrays");
+		ck_assert_int_eq(json_array_size(th_arr(o, "arrays")), 1);
+		ck_assert_str_eq(th_str(json_array_get(th_arr(o, "arrays"), 0), "name"), "on0.a");
+		json_decref(o);
+	}
+
+	get_error(&d[0], "/v1/operations?state=BOGUS&host=node1", 400, "INVALID_ARGUMENT",
+	          "BAD_STATE", "node 'node1' answered 400", "BOGUS");
+	get_error(&d[0], "/v1/memory?host=node9", 404, "NOT_FOUND", "HOST_NOT_FOUND", "node9",
+	          NULL);
+	get_error(&d[0], "/v1/memory?host=", 400, "INVALID_ARGUMENT", "BAD_HOST", "host", NULL);
+	th_request(&d[0], "GET", "/v1/memory?host=node1", NULL, NULL, 0, &r);
+	th_expect_error(&r, "no token", 401, "UNAUTHENTICATED", "TOKEN_REQUIRED", NULL, NULL);
+	/* the fleet's other calls take no host */
+	th_request(&d[0], "GET", "/v1/arrays/on1.a?host=node1", auth, NULL, 0, &r);
+	th_expect_error(&r, "host on a single array", 400, "INVALID_ARGUMENT", NULL, "host", NULL);
+
+	th_daemon_signal(&d[1], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
+	json_decref(await_node(&d[0], ports[1], false));
+	get_error(&d[0], "/v1/memory/history?host=node1", 503, "UNAVAILABLE", "PEER_UNREACHABLE",
+	          "node1", NULL);
+	th_daemon_stop_ok(&d[0]);
+	th_daemon_stop(&d[1], false);   /* the killed daemon's client and files */
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
@@ -1522,6 +1608,7 @@ Suite *th_suite(void)
 	tcase_add_test(view, test_fleet_lists_every_node);
 	tcase_add_test(view, test_view_alone_and_scopes);
 	tcase_add_test(view, test_peers_from_dns);
+	tcase_add_test(view, test_reads_of_another_node);
 	tcase_add_test(faults, test_stopped_and_killed_peers);
 	tcase_add_test(faults, test_peer_with_another_token);
 	tcase_set_timeout(flags, 60);   /* seven daemon starts, slow under sanitizers */

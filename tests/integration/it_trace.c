@@ -5,8 +5,8 @@
  * Trace Event JSON whose every event has the fields its phase needs, whose
  * spans lie inside the trace, whose device copy of the move sits on the
  * device's copy track with a flow from the :put operation, whose counters
- * show the upload, and whose step shows its operation and, on sim, its
- * GEMMs on the step's compute track. The step's memory timeline (POST
+ * show the upload, and whose step shows its operation and its GEMMs on the
+ * step's compute track (on CUDA timed by events around them). The step's memory timeline (POST
  * :analyze?timeline=true) places every device temp at its planned offset. Bad ?seconds= is a 400 naming it; a second trace while one
  * records is refused.
  *
@@ -144,25 +144,30 @@ static bool inside(json_t *point, json_t *span)
 	       num(point, "ts") <= num(span, "ts") + num(span, "dur");
 }
 
-/* The first value and the largest of a counter of pid. */
-static void counter_range(json_t *evs, json_int_t pid, const char *name, json_int_t *first,
+/* The largest rise of a counter of pid, in time order: from *low, the
+ * lowest value before *top (a transient at the trace's start, such as an
+ * earlier upload's staging, does not hide a rise after it). */
+static void counter_range(json_t *evs, json_int_t pid, const char *name, json_int_t *low,
                           json_int_t *top)
 {
 	size_t i;
 	json_t *e;
+	json_int_t min = -1;
 
-	*first = *top = -1;
+	*low = *top = -1;
 	json_array_foreach(evs, i, e)
 		if (strcmp(th_str(e, "ph"), "C") == 0 && th_int(e, "pid") == pid &&
 		    strcmp(th_str(e, "name"), name) == 0) {
 			json_int_t v = th_int(th_obj(e, "args"), "bytes");
 
-			if (*first < 0)
-				*first = v;
-			if (*top < v)
+			if (min < 0 || v < min)
+				min = v;
+			if (*top < 0 || v - min > *top - *low) {
+				*low = min;
 				*top = v;
+			}
 		}
-	ck_assert_msg(*first >= 0, "no counter '%s' of process %lld", name, (long long)pid);
+	ck_assert_msg(*low >= 0, "no counter '%s' of process %lld", name, (long long)pid);
 }
 
 #define NBYTES (1u << 20)
@@ -175,7 +180,7 @@ START_TEST(test_trace_shows_the_work)
 	char *q = th_fmt("dtype=float32&shape=%u&device=%s&memory_kind=pinned_host", NBYTES / 4,
 	                 th_dev(0));
 	json_t *trace, *evs, *e, *copy = NULL, *put_op, *s, *f, *res;
-	json_int_t pid = -1, first, top;
+	json_int_t pid = -1, low, top;
 	size_t i;
 
 	json_decref(th_post_json(&th_case_daemon, "/v1/models?wait=true",
@@ -225,20 +230,35 @@ START_TEST(test_trace_shows_the_work)
 	ck_assert(find_span(evs, 0, "http", "PUT /v1/arrays/{array} 201"));
 
 	/* the device's counters show the upload to pinned_host, then the move */
-	counter_range(evs, pid, "pinned_host bytes_in_use", &first, &top);
-	ck_assert_msg(top >= first + NBYTES, "pinned_host from %lld to at most %lld",
-	              (long long)first, (long long)top);
-	counter_range(evs, pid, "device bytes_in_use", &first, &top);
-	ck_assert_msg(top >= first + NBYTES, "device from %lld to at most %lld",
-	              (long long)first, (long long)top);
+	counter_range(evs, pid, "pinned_host bytes_in_use", &low, &top);
+	ck_assert_msg(top >= low + NBYTES, "pinned_host rises from %lld to %lld at most",
+	              (long long)low, (long long)top);
+	counter_range(evs, pid, "device bytes_in_use", &low, &top);
+	ck_assert_msg(top >= low + NBYTES, "device rises from %lld to %lld at most",
+	              (long long)low, (long long)top);
 
-	/* the step: its operation, and on sim its compute on the step's compute queue */
+	/* the step: its operation, and its compute on the step's compute queue */
 	ck_assert_msg(find_span(evs, 0, "operation", "step m"), "no span of the step");
-	if (th_backend_is_sim()) {
-		e = find_span(evs, pid, "compute", "gemm");
-		ck_assert_msg(e, "no gemm span on %s", th_dev(0));
-		ck_assert_ptr_nonnull(strstr(name_of(evs, "thread_name", pid, th_int(e, "tid")),
-		                             "compute"));
+	e = find_span(evs, pid, "compute", "gemm");
+	ck_assert_msg(e, "no gemm span on %s", th_dev(0));
+	ck_assert_ptr_nonnull(strstr(name_of(evs, "thread_name", pid, th_int(e, "tid")), "compute"));
+	ck_assert_msg(find_span(evs, pid, "compute", "act_fwd") &&
+	              find_span(evs, pid, "compute", "loss"), "no act_fwd or loss span on %s",
+	              th_dev(0));
+	/* the compute track's spans follow one another, as its work does */
+	{
+		json_int_t tid = th_int(e, "tid");
+		double prev_end = -1;
+		json_t *sp;
+
+		json_array_foreach(evs, i, sp)
+			if (strcmp(th_str(sp, "ph"), "X") == 0 && th_int(sp, "pid") == pid &&
+			    th_int(sp, "tid") == tid) {
+				ck_assert_msg(num(sp, "ts") >= prev_end - 0.001,
+				              "%s at %.3f starts before the span before it ends (%.3f)",
+				              th_str(sp, "name"), num(sp, "ts"), prev_end);
+				prev_end = num(sp, "ts") + num(sp, "dur");
+			}
 	}
 	th_response_free(&t.r);
 	free(q);

@@ -1,6 +1,8 @@
 """Client.fleet(): a daemon naming another in --peers lists both nodes, each
 with its host and devices; a peer that is gone is listed unreachable with the
-reason; scope="local" is the answering node alone, another scope is refused."""
+reason; scope="local" is the answering node alone, another scope is refused.
+memory(), history(), models() and topology() with host= read that node
+through the daemon asked."""
 from __future__ import annotations
 
 import socket
@@ -40,11 +42,27 @@ def test_fleet_lists_peers_and_marks_the_gone():
             ca.fleet(scope="galaxy")
         assert "galaxy" in str(e.value)
 
+        # another node's views, read through node-a
+        cb.put("only.b", np.arange(1000, dtype=np.float32))
+        assert ca.memory(host="node-b")["host"] == "node-b"
+        assert ca.memory(host="node-b")["spaces"] == cb.memory()["spaces"]
+        assert ca.memory()["host"] == ca.memory(host="node-a")["host"] == "node-a"
+        hist = ca.history(since="30s", host="node-b")
+        assert hist["times_unix_ms"] and {s["device"] for s in hist["spaces"]} == \
+            {s["device"] for s in cb.history(since="30s")["spaces"]}
+        assert ca.models(host="node-b") == cb.models()
+        assert ca.topology(host="node-b") == cb.topology()
+        with pytest.raises(tstage.NotFound) as e:
+            ca.memory(host="node-z")
+        assert "node-z" in str(e.value)
+
         b.stop()
         node = _wait_for(ca, b.url, False)
         assert not node["reachable"]
         assert node["error"]["reason"] == "CONNECT_FAILED"
         assert node["host"] == "node-b" and node["devices"] == []
+        with pytest.raises(tstage.Unavailable):
+            ca.history(host="node-b")
     finally:
         a.stop()
         b.stop()

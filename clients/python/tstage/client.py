@@ -251,7 +251,7 @@ class Client:
         order (backend by backend, each NUMA node's devices together)."""
         return self._t.json("GET", "/v1/devices")["devices"]
 
-    def topology(self) -> Dict[str, Any]:
+    def topology(self, host: Optional[str] = None) -> Dict[str, Any]:
         """The node's NUMA nodes (``index``, ``memory_bytes``, ``cpuset``), each
         device's ``numa_node``, ``local_cpus`` and ``cpu_binding`` (whether its
         ``copy_threads`` and ``cpu_kernels`` are bound to its local CPUs, whether
@@ -259,8 +259,9 @@ class Client:
         matrix (``peers``: ``devices``, then ``access``, ``link``, ``perf_rank``
         and ``native_atomics`` as lists of rows, and ``text`` as ``nvidia-smi
         topo -m`` prints it), as discovered at start, with the ``source``
-        ("machine" or the ``--topology-file``)."""
-        return self._t.json("GET", "/v1/topology")
+        ("machine" or the ``--topology-file``). ``host``: another node of the
+        fleet's, read through this daemon (see :meth:`memory`)."""
+        return self._t.json("GET", "/v1/topology", query={"host": host})
 
     def device(self, device: str) -> Dict[str, Any]:
         """One device (``sim:0``, ``cuda:1``, ``cpu:0``)."""
@@ -271,13 +272,18 @@ class Client:
         return self._t.json("GET", f"/v1/devices/{quote_name(device)}/memory_stats",
                             query={"memory_kind": memory_kind})
 
-    def memory(self) -> Dict[str, Any]:
-        """The dashboard view: every space's stats, array and transfer totals."""
-        return self._t.json("GET", "/v1/memory")
+    def memory(self, host: Optional[str] = None) -> Dict[str, Any]:
+        """The dashboard view: every space's stats, array and transfer totals.
+
+        ``host``: another node of the fleet (its host as :meth:`fleet` lists
+        it), read through this daemon (``?host=``); an unknown host raises
+        ``NotFound``, an unreachable one ``Unavailable``."""
+        return self._t.json("GET", "/v1/memory", query={"host": host})
 
     def history(self, since: Union[None, str, float, _datetime.datetime,
                                    _datetime.timedelta] = None,
-                step: Union[None, str, float, _datetime.timedelta] = None) -> Dict[str, Any]:
+                step: Union[None, str, float, _datetime.timedelta] = None,
+                host: Optional[str] = None) -> Dict[str, Any]:
         """The memory history (``GET /v1/memory/history``): ``times_unix_ms`` and,
         row by row, every space's and pool's use (``spaces``, ``pools`` with
         ``bytes_limit``), copy bytes per device and direction (``transfers``),
@@ -287,9 +293,12 @@ class Client:
         ago (seconds, a ``timedelta``, or text such as ``"10m"``); default, the
         answering ring's whole span. ``step``: the wanted resolution (seconds,
         a ``timedelta`` or ``"10s"``): 1 s rows for the last 15 minutes, 10 s
-        rows for 3 hours. Bad values raise ``InvalidArgument``."""
+        rows for 3 hours. Bad values raise ``InvalidArgument``. ``host``:
+        another node of the fleet's history, read through this daemon (see
+        :meth:`memory`)."""
         return self._t.json("GET", "/v1/memory/history",
-                            query={"since": _since_param(since), "step": _seconds_param(step)})
+                            query={"since": _since_param(since), "step": _seconds_param(step),
+                                   "host": host})
 
     def trace(self, seconds: int = 5, path: Union[None, str, "os.PathLike[str]"] = None) -> Dict[str, Any]:
         """Records a trace of the daemon for ``seconds`` (1..60) and answers it
@@ -707,9 +716,10 @@ class Client:
         """A model's description (``steps``, ``state``, its arrays...)."""
         return self._t.json("GET", f"/v1/models/{quote_name(name)}")
 
-    def models(self) -> List[Dict[str, Any]]:
-        """Every model, in name order."""
-        return self._t.json("GET", "/v1/models").get("models", [])
+    def models(self, host: Optional[str] = None) -> List[Dict[str, Any]]:
+        """Every model, in name order; ``host``: another node of the fleet's
+        (see :meth:`memory`)."""
+        return self._t.json("GET", "/v1/models", query={"host": host}).get("models", [])
 
     def delete_model(self, name: str) -> None:
         """Deletes a model and its parameter and state arrays."""
