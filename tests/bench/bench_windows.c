@@ -13,7 +13,6 @@
  * ROUNDS rounds after one warm-up call of each. Row:
  *   - windows / fixed batch, per step (target <= 1.05).
  */
-#include <jansson.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -32,7 +31,7 @@
 
 static char *reply;
 
-/* A request with a body; the status, or -1. The reply's body in `reply`. */
+/* A request with a body; the status, or -1. The answer's body in `reply`. */
 static int request(int port, const char *method, const char *path, const char *type,
                    const void *body, size_t len)
 {
@@ -70,27 +69,6 @@ static int put_ids(int port, const char *name, const char *shape, size_t n, uint
 	return st;
 }
 
-/* One :step call's time per step, or a negative number after saying why. */
-static double step_call(int port, const char *body)
-{
-	json_t *root, *t;
-	double per = -1;
-	int st = post_json(port, "/v1/models/g:step?wait=true", body);
-
-	if (st != 200) {
-		fprintf(stderr, "bench_windows: :step answered %d: %.400s\n", st, reply);
-		return -1;
-	}
-	root = json_loads(reply, 0, NULL);
-	t = root ? json_object_get(json_object_get(root, "time"), "per_step_s") : NULL;
-	if (json_is_number(t))
-		per = json_number_value(t);
-	else
-		fprintf(stderr, "bench_windows: no time.per_step_s in the result\n");
-	json_decref(root);
-	return per;
-}
-
 int main(void)
 {
 	static const char *const args[] = {"--sim-devices", "1", "--sim-device-memory", "2GiB",
@@ -120,14 +98,14 @@ int main(void)
 		fprintf(stderr, "bench_windows: setting up: %.400s\n", reply);
 		goto out;
 	}
-	if (step_call(d.port, fixed) < 0 || step_call(d.port, windows) < 0)
+	if (bench_step_seconds(d.port, "g", fixed) < 0 || bench_step_seconds(d.port, "g", windows) < 0)
 		goto out;
 	for (int k = 0; k < ROUNDS; k++) {
 		/* alternately first, so that drift falls on both alike */
 		for (int i = 0; i < 2; i++) {
 			bool win = (i + k) % 2 == 1;
 
-			if ((t = step_call(d.port, win ? windows : fixed)) < 0)
+			if ((t = bench_step_seconds(d.port, "g", win ? windows : fixed)) < 0)
 				goto out;
 			if (win)
 				t_win = fmin(t_win, t);

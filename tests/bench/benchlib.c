@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -1544,4 +1545,54 @@ double bench_seconds(double dflt)
 	double v = s ? strtod(s, NULL) : 0;
 
 	return v > 0 ? v : dflt;
+}
+
+/* ---- a model's steps, a trace ------------------------------------------------------- */
+
+#define STEP_REPLY_CAP (1u << 20)
+
+double bench_step_seconds(int port, const char *model, const char *body)
+{
+	char path[256], *reply = malloc(STEP_REPLY_CAP);
+	json_t *root, *t;
+	double per = -1, s;
+	uint64_t got;
+	int st;
+
+	if (!reply)
+		return -1;
+	snprintf(path, sizeof path, "/v1/models/%s:step?wait=true", model);
+	st = bench_http_transfer(port, "POST", path, "Content-Type: application/json\r\n", body,
+	                         strlen(body), strlen(body), reply, STEP_REPLY_CAP, &got, &s);
+	if (st != 200) {
+		fprintf(stderr, "bench: %s:step answered %d: %.400s\n", model, st, reply);
+		free(reply);
+		return -1;
+	}
+	root = json_loads(reply, 0, NULL);
+	t = root ? json_object_get(json_object_get(root, "time"), "per_step_s") : NULL;
+	if (json_is_number(t))
+		per = json_number_value(t);
+	else
+		fprintf(stderr, "bench: no time.per_step_s in %s's step result\n", model);
+	json_decref(root);
+	free(reply);
+	return per;
+}
+
+int bench_trace_open(int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	static const char req[] = "GET /v1/trace?seconds=60 HTTP/1.1\r\nHost: bench\r\n\r\n";
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+	    send(fd, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) {
+		fprintf(stderr, "bench: GET /v1/trace: %s\n", strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
 }

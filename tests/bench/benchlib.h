@@ -112,6 +112,18 @@ int bench_http_transfer(int port, const char *method, const char *path,
                         uint64_t *received, double *seconds);
 
 /*
+ * A model's steps through the daemon: POST /v1/models/{model}:step?wait=true
+ * with the JSON body, and the answer's time.per_step_s; a negative number
+ * after printing why (the status and the start of the answer).
+ */
+double bench_step_seconds(int port, const char *model, const char *body);
+
+/* Opens GET /v1/trace?seconds=60 on a connection of its own and returns it
+ * (the daemon records until the connection closes: close it to end the
+ * trace), or -1 after printing why. */
+int bench_trace_open(int port);
+
+/*
  * The reference for bulk transfers: bytes moved from one thread of this
  * process to another over a loopback TCP connection, sent from chunk
  * (chunk_len bytes, repeated) and received into a small buffer and
