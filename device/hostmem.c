@@ -243,7 +243,7 @@ static bool pages_fresh(void *p, size_t n)
 	return fresh;
 }
 
-void ts_host_mem_fill(const struct ts_device *dev, void *p, const void *src, size_t n)
+size_t ts_host_mem_fill_file(const struct ts_device *dev, void *p, const void *src, size_t n)
 {
 	struct ts__host_maps *m = dev->host_maps;
 	uintptr_t a = (uintptr_t)p;
@@ -270,11 +270,18 @@ void ts_host_mem_fill(const struct ts_device *dev, void *p, const void *src, siz
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k <= 0)
-			break;               /* sealed meanwhile, or no space: the rest by memcpy */
+			break;               /* sealed meanwhile, or no space: the rest is the caller's */
 		done += (size_t)k;
 	}
 	if (fd >= 0)
 		close(fd);
+	return done;
+}
+
+void ts_host_mem_fill(const struct ts_device *dev, void *p, const void *src, size_t n)
+{
+	size_t done = ts_host_mem_fill_file(dev, p, src, n);
+
 	if (done < n)
 		memcpy((char *)p + done, (const char *)src + done, n - done);
 }

@@ -99,17 +99,22 @@ static ts_status sim_copy(struct ts_device *dev, void *dst, const void *src,
                           size_t n, enum ts_copy_kind kind, struct ts_error *err)
 {
 	static const char *const kinds[] = {"H2D", "D2H", "D2D", "H2H"};
+	size_t done;
 
 	if (take_injected_failure(sim_of(dev)))
 		return ts_error_set(err, TS_INTERNAL, "COPY_FAILED",
 		                    "%s: %s copy of %zu bytes failed (injected)",
 		                    dev->props.id, kinds[kind], n);
+	/* into fresh pages of a host mapping (a new array's first copy), through
+	 * its file: each page allocated as it is written, without a fault and
+	 * a zeroing first (ts_host_mem_fill) */
+	done = n >= SIM_STREAM_MIN ? ts_host_mem_fill_file(dev, dst, src, n) : 0;
 	/* past the size of a last-level cache a copy leaves nothing of use in
 	 * it: streaming stores skip reading every destination line first */
-	if (n >= SIM_STREAM_MIN)
-		ts_copy_streaming(dst, src, n);
+	if (n - done >= SIM_STREAM_MIN)
+		ts_copy_streaming((char *)dst + done, (const char *)src + done, n - done);
 	else
-		memcpy(dst, src, n);
+		memcpy((char *)dst + done, (const char *)src + done, n - done);
 	return TS_OK;
 }
 

@@ -850,7 +850,12 @@ ts_status ts_stage_copy_runs(struct ts_stager *st, struct ts_buffer *dst,
 		return rc;
 	switch (rt.kind) {
 	case ROUTE_HOST:
-		host_copy(d, s, runs, n);
+		/* into a new array's fresh pages through their file (a copy's
+		 * destination is new memory: every page a fault and a zeroing
+		 * otherwise, about half the time of a 1 GiB copy) */
+		for (size_t i = 0; i < n; i++)
+			ts_host_mem_fill(ts_buffer_device(dst), d + runs[i].dst_offset,
+			                 s + runs[i].src_offset, runs[i].len);
 		return TS_OK;
 	case ROUTE_QUEUE:
 		return copy_and_wait(rt.q, runs, n, d, s, rt.ck, err);

@@ -228,6 +228,42 @@ START_TEST(test_copy_runs_every_pair)
 }
 END_TEST
 
+/* Host-to-host runs into a new buffer's fresh pages go through its file
+ * (ts_host_mem_fill), into touched pages by memcpy: either way exactly the
+ * runs' bytes land, edges inside pages included, and nothing else changes. */
+START_TEST(test_host_copy_into_fresh_and_touched_pages)
+{
+	enum { N = 12 << 20 };
+	static const enum ts_memory_kind kinds[] = {TS_MEM_PINNED_HOST, TS_MEM_UNPINNED_HOST};
+	struct ts_run runs[] = {{0, 4096 * 3 + 17, (8 << 20) + 5}, {N - 9000, 100, 7000},
+	                        {12345, (10 << 20) + 1, 1 << 20}};
+	struct ts_error err;
+
+	for (int touched = 0; touched < 2; touched++)
+		for (size_t k = 0; k < 2; k++) {
+			struct ts_buffer *s = buf("sim:0", TS_MEM_PINNED_HOST, N);
+			struct ts_buffer *d = buf("sim:1", kinds[k], N);
+			unsigned char *sp = ts_buffer_data(s), *dp = ts_buffer_data(d);
+			unsigned char *want = malloc(N);
+
+			ck_assert_ptr_nonnull(want);
+			fill(sp, N, 11);
+			memset(want, touched ? 0xa5 : 0, N);
+			if (touched)
+				memset(dp, 0xa5, N);
+			for (size_t r = 0; r < 3; r++)
+				memcpy(want + runs[r].dst_offset, sp + runs[r].src_offset, runs[r].len);
+			ts_error_clear(&err);
+			ck_assert_int_eq(ts_stage_copy_runs(stg, d, s, runs, 3, &err), TS_OK);
+			ck_assert_msg(memcmp(dp, want, N) == 0, "%s, %s pages: the bytes differ",
+			              ts_memory_kind_name(kinds[k]), touched ? "touched" : "fresh");
+			free(want);
+			ts_buffer_unref(s);
+			ts_buffer_unref(d);
+		}
+}
+END_TEST
+
 /* Pageable host <-> device goes through the pinned ring: many chunks, odd edges. */
 START_TEST(test_staged_copies_through_the_ring)
 {
@@ -526,6 +562,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_foreign_device_refused);
 	tcase_add_test(tc, test_staging_slots_return_to_the_pool);
 	tcase_add_test(tc, test_copy_runs_every_pair);
+	tcase_add_test(tc, test_host_copy_into_fresh_and_touched_pages);
 	tcase_add_test(tc, test_staged_copies_through_the_ring);
 	tcase_add_test(tc, test_read_runs_into_host_memory);
 	tcase_add_test(tc, test_out_of_range_refused);
