@@ -27,6 +27,11 @@
 #define ANSWER_MAX (1u << 20)
 
 /* One destination: its peer, its receive, its endpoint and how far it got. */
+/* Chunks in flight to each destination at once: a send of a rendezvous
+ * size completes only once the peer has taken its bytes, so one at a time
+ * left the link idle between chunks (a round trip each). */
+#define XFER_INFLIGHT 4
+
 struct dest {
 	struct xfer *x;
 	char host[128];
@@ -36,10 +41,12 @@ struct dest {
 	bool ep_failed;                  /* the endpoint failed */
 	ucs_status_t ep_status;
 	ucp_ep_h ep;
-	uint64_t offset;                 /* the header of the message in flight */
 	uint64_t deadline_ns;            /* its receive's end there */
-	void *pending;                   /* the send in flight, or NULL */
-	uint64_t pending_n;
+	/* the sends in flight, one per chunk buffer (NULL: none), their
+	 * headers (the chunk's offset) and their bytes */
+	void *pending[XFER_INFLIGHT];
+	uint64_t offset[XFER_INFLIGHT];
+	uint64_t pending_n[XFER_INFLIGHT];
 	uint64_t done;                   /* bytes sent there */
 	bool dead;                       /* failed (err says why); the others go on */
 	bool published;
@@ -404,14 +411,14 @@ static void ucx_stop(struct xfer *x)
 	x->ctx = NULL;
 }
 
-/* Waits for d's send in flight (cancels it once the endpoint failed or
- * the deadline passed) until UCX lets go of its buffer. */
-static void drop(struct dest *d, uint64_t deadline)
+/* Waits for d's send in flight from slot s (cancels it once the endpoint
+ * failed or the deadline passed) until UCX lets go of its buffer. */
+static void drop(struct dest *d, int s, uint64_t deadline)
 {
 	ucp_worker_h w = d->x->worker;
-	void *req = d->pending;
+	void *req = d->pending[s];
 
-	d->pending = NULL;
+	d->pending[s] = NULL;
 	if (!UCS_PTR_IS_PTR(req))
 		return;
 	if (deadline > ts_now_ns() + d->x->silence_ns)
@@ -478,15 +485,15 @@ static void show_progress(struct xfer *x, struct ts_operation *op, const char *p
 		ts_operation_set_details(op, o);
 }
 
-/* d's send in flight completed: counted, or d failed. */
-static ts_status complete(struct dest *d, struct ts_operation *op, struct ts_error *err)
+/* d's send in flight from slot s completed: counted, or d failed. */
+static ts_status complete(struct dest *d, int s, struct ts_operation *op, struct ts_error *err)
 {
 	struct ts_error e;
-	uint64_t n = d->pending_n;
-	void *req = d->pending;
+	uint64_t n = d->pending_n[s];
+	void *req = d->pending[s];
 
 	ts_error_clear(&e);
-	d->pending = NULL;
+	d->pending[s] = NULL;
 	if (finish(d, op, req, "sending the bytes", d->deadline_ns, &e) != TS_OK)
 		return dest_failed(d, &e, err);
 	d->done += n;
@@ -497,26 +504,29 @@ static ts_status complete(struct dest *d, struct ts_operation *op, struct ts_err
 
 /* Reads the version chunk by chunk (once) and sends each to every live
  * destination (an active message: its offset, then the bytes, which the
- * peer receives into its staging memory), the next chunk read while the
- * last one is sent (two buffers), then flushes each. */
+ * peer receives into its staging memory), up to XFER_INFLIGHT chunks in
+ * flight, each buffer read again once its sends have completed, then
+ * flushes each. */
 static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_error *err)
 {
 	uint64_t total = ts_array_desc(x->src)->nbytes;
 	uint64_t chunk = total < TS_FLEET_XFER_CHUNK ? total : TS_FLEET_XFER_CHUNK;
 	uint64_t n;
-	void *buf[2];
+	void *buf[XFER_INFLIGHT] = {0};
 	ts_status st = TS_OK;
 	size_t k;
-	int i = 0;
+	int s = 0;
 
-	buf[0] = malloc(chunk + 1);
-	buf[1] = malloc(chunk + 1);
-	if (!buf[0] || !buf[1]) {
-		free(buf[0]);
-		free(buf[1]);
-		return ts_error_oom(err, "no host memory to send array '%s'", ts_array_name(x->src));
-	}
-	for (uint64_t done = 0; st == TS_OK && done < total; done += n, i ^= 1) {
+	for (s = 0; s < XFER_INFLIGHT; s++)
+		if (!(buf[s] = malloc(chunk + 1))) {
+			for (s = 0; s < XFER_INFLIGHT; s++)
+				free(buf[s]);
+			return ts_error_oom(err, "no host memory to send array '%s'",
+			                    ts_array_name(x->src));
+		}
+	s = 0;
+	for (uint64_t done = 0; st == TS_OK && done < total;
+	     done += n, s = (s + 1) % XFER_INFLIGHT) {
 		struct ts_run run = {done, 0, 0};
 
 		n = total - done < chunk ? total - done : chunk;
@@ -524,11 +534,14 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 		if (ts_operation_cancelled(op))
 			st = ts_error_set(err, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
 			                  x->d[0].host);
-		if (st == TS_OK)
-			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[i], err);
+		/* buf[s] is free once the sends that last read it are done */
 		for (k = 0; st == TS_OK && k < x->n; k++)
-			if (x->d[k].pending && !x->d[k].dead)
-				st = complete(&x->d[k], op, err);
+			if (x->d[k].pending[s] && !x->d[k].dead)
+				st = complete(&x->d[k], s, op, err);
+			else if (x->d[k].pending[s])   /* a failed one's: UCX lets go first */
+				drop(&x->d[k], s, x->d[k].deadline_ns);
+		if (st == TS_OK)
+			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[s], err);
 		if (st != TS_OK)
 			break;
 		show_progress(x, op, "sending");
@@ -539,24 +552,26 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 
 			if (d->dead)
 				continue;
-			d->offset = done;
-			d->pending = ucp_am_send_nbx(d->ep, TS_FLEET_AM_DATA, &d->offset, sizeof d->offset,
-			                             buf[i], (size_t)n, &p);
-			d->pending_n = n;
-			if (!UCS_PTR_IS_PTR(d->pending))   /* done at once, or failed at once */
-				st = complete(d, op, err);
+			d->offset[s] = done;
+			d->pending[s] = ucp_am_send_nbx(d->ep, TS_FLEET_AM_DATA, &d->offset[s],
+			                                sizeof d->offset[s], buf[s], (size_t)n, &p);
+			d->pending_n[s] = n;
+			if (!UCS_PTR_IS_PTR(d->pending[s]))   /* done at once, or failed at once */
+				st = complete(d, s, op, err);
 		}
 	}
 	for (k = 0; k < x->n; k++) {
 		struct dest *d = &x->d[k];
 
-		if (d->pending && st == TS_OK && !d->dead)
-			st = complete(d, op, err);
-		else if (d->pending)
-			drop(d, d->deadline_ns);
+		for (int j = 0; j < XFER_INFLIGHT; j++) {
+			if (d->pending[j] && st == TS_OK && !d->dead)
+				st = complete(d, j, op, err);
+			else if (d->pending[j])
+				drop(d, j, d->deadline_ns);
+		}
 	}
-	free(buf[0]);
-	free(buf[1]);
+	for (s = 0; s < XFER_INFLIGHT; s++)
+		free(buf[s]);
 	for (k = 0; st == TS_OK && k < x->n; k++) {
 		struct dest *d = &x->d[k];
 		ucp_request_param_t p = {.op_attr_mask = 0};
