@@ -434,9 +434,12 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 	                      &spec->placement, err);
 }
 
-/* The staging array: host memory of the default device. */
+/* The staging array: the destination itself where the bytes can land
+ * there (no conversion, one shard, host-visible memory: the commit then
+ * publishes it without a copy, spec->consume), else host memory of the
+ * default device, which the commit copies to the destination. */
 static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_array_desc *wire,
-                       struct ts_error *err)
+                       struct ts_move_spec *spec, struct ts_error *err)
 {
 	const struct ts_core *core = &srv->core;
 	struct ts_placement pl;
@@ -445,10 +448,22 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 	ts_status st;
 
 	snprintf(name, sizeof name, "fleet-receive-%s", v->id + 4);
-	ts_placement_single(&pl, core->default_device, TS_MEM_UNPINNED_HOST, true);
-	st = ts_array_new(name, wire, &pl, core->env.memory, &v->staging, err);
-	if (st != TS_OK)
-		return st;
+	if (!spec->convert && wire->nbytes > 0 &&
+	    ts_array_new(name, wire, &spec->placement, core->env.memory, &v->staging, NULL) ==
+	        TS_OK) {
+		b = ts_array_single_buffer(v->staging);
+		spec->consume = b && ts_buffer_host_visible(b);
+		if (!spec->consume) {
+			ts_array_unref(v->staging);
+			v->staging = NULL;
+		}
+	}
+	if (!v->staging) {
+		ts_placement_single(&pl, core->default_device, TS_MEM_UNPINNED_HOST, true);
+		st = ts_array_new(name, wire, &pl, core->env.memory, &v->staging, err);
+		if (st != TS_OK)
+			return st;
+	}
 	v->length = wire->nbytes;
 	ts_metrics_fleet_receives(srv->metrics, 0, (int64_t)v->length);
 	if (wire->nbytes == 0)
@@ -514,7 +529,7 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	for (size_t i = 0; i < sizeof rnd; i++)
 		snprintf(v->id + 4 + 2 * i, 3, "%02x", rnd[i]);
 	/* admission: the staging array, then the destination (both refused now) */
-	if (stage(srv, v, &wire, &err) != TS_OK)
+	if (stage(srv, v, &wire, &spec, &err) != TS_OK)
 		goto fail;
 	spec.name = v->out;
 	if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL, &err) !=

@@ -55,8 +55,9 @@ ts_status ts_move_new(struct ts_memory *mem, struct ts_array *src,
 		                        ts_dtype_name(d.dtype));
 		if (st == TS_OK)
 			st = ts_array_new(mv->name, &d, &spec->placement, mem, &mv->dst, err);
-	} else if (mv->rename) {
-		/* a put shares the shards that stay where they are; a copy copies all */
+	} else if (mv->rename && !spec->consume) {
+		/* a put shares the shards that stay where they are; a copy copies all
+		 * (the source lives on), unless nothing else will see the source */
 		st = ts_array_new(mv->name, ts_array_desc(src), &spec->placement, mem, &mv->dst, err);
 	} else {
 		st = ts_array_new_like(mv->name, src, &spec->placement, mem, &mv->dst, &reused,

@@ -35,6 +35,10 @@ struct ts_move_spec {
 	bool implicit;                      /* counted as an implicit transfer */
 	bool overwrite;                     /* a copy may replace an existing array */
 	bool donate;                        /* a copy deletes its source when published */
+	bool consume;                       /* the source is private to the move and dropped
+	                                       after it (a cross-node receive's): a copy shares
+	                                       the shards that stay where they are, as a put
+	                                       does, and copies only the others */
 	const char *holder;                 /* the operation publishing, may be NULL */
 	bool convert;                       /* the destination's elements are dtype */
 	enum ts_dtype dtype;                /* (ts_convert_supported from the source's) */

@@ -888,8 +888,25 @@ static void expect_not_found(struct th_daemon *d, const char *path)
 	th_response_free(&r);
 }
 
+/* The peak bytes in use of d's space (device, memory kind). */
+static long long space_peak(struct th_daemon *d, const char *dev, const char *kind)
+{
+	json_t *o = get_auth(d, "/v1/memory"), *sp;
+	long long peak = -1;
+	size_t i;
+
+	json_array_foreach(th_arr(o, "spaces"), i, sp)
+		if (!strcmp(th_str(sp, "device"), dev) && !strcmp(th_str(sp, "memory_kind"), kind))
+			peak = th_int(sp, "peak_bytes_in_use");
+	json_decref(o);
+	ck_assert_msg(peak >= 0, "no space %s/%s", dev, kind);
+	return peak;
+}
+
 /* A float32 array copied to another node arrives byte for byte where the
- * request placed it; a conversion to bfloat16 there equals the local
+ * request placed it, its bytes landing there (host memory, no conversion:
+ * no staging beside it, so that space's peak is the array's size and no
+ * other space's moves); a conversion to bfloat16 there equals the local
  * :copy's; a :put moves it (the source goes only once it is there); an
  * unknown host is 404 naming it, an existing "out" 409 unless overwrite. */
 START_TEST(test_cross_node_copy)
@@ -900,11 +917,13 @@ START_TEST(test_cross_node_copy)
 	struct th_response r;
 	json_t *o, *res;
 	size_t rows = 1536, cols = 1024, m;   /* 6 MiB: two chunks */
+	long long staging_peak;
 	float *x;
 
 	start_fleet_one_token(d, 2, ports);
 	json_decref(await_node(&d[0], ports[1], true));
 	x = put_pattern(&d[0], "x", rows, cols, NULL);
+	staging_peak = space_peak(&d[1], "sim:0", "unpinned_host");
 
 	post_auth(&d[0], "/v1/arrays/x:copy?wait=true",
 	          "{\"out\": \"y\", \"host\": \"node1\", \"device\": \"sim:1\", "
@@ -920,6 +939,9 @@ START_TEST(test_cross_node_copy)
 	ck_assert_str_eq(th_str(o, "dtype"), "float32");
 	json_decref(o);
 	expect_bytes(&d[1], "/v1/arrays/y/data", x, rows * cols * sizeof(float));
+	ck_assert_int_eq(space_peak(&d[1], "sim:1", "pinned_host"),
+	                 (long long)(rows * cols * sizeof(float)));
+	ck_assert_int_eq(space_peak(&d[1], "sim:0", "unpinned_host"), staging_peak);
 
 	/* a sharding there: split over both of its devices, the same bytes */
 	post_expect(&d[0], "/v1/arrays/x:copy?wait=true",
