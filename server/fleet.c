@@ -40,9 +40,7 @@ struct peer {
 	char poll_url[TS_CONFIG_PEER_URL_MAX + 32];  /* immutable: url + "/v1/fleet?scope=local" */
 	/* the poller's own, between rounds */
 	CURL *easy;
-	char *buf;
-	size_t len;
-	bool too_big;
+	struct ts_fleet_body answer;     /* max ANSWER_MAX */
 	char errbuf[CURL_ERROR_SIZE];
 	uint64_t last_contact_ns;        /* wall clock of the last good answer; 0: none */
 	char host[128];                  /* host of the last good answer; "" none */
@@ -84,23 +82,23 @@ static json_t *str_or_null(const char *s)
 	return s[0] ? json_string(s) : json_null();
 }
 
-static size_t on_body(char *data, size_t size, size_t nmemb, void *cls)
+size_t ts_fleet_body_write(char *data, size_t size, size_t nmemb, void *cls)
 {
-	struct peer *p = cls;
+	struct ts_fleet_body *a = cls;
 	size_t n = size * nmemb;
 	char *grown;
 
-	if (p->len + n > ANSWER_MAX) {
-		p->too_big = true;
+	if (a->len + n > a->max) {
+		a->too_big = true;
 		return 0;
 	}
-	grown = realloc(p->buf, p->len + n + 1);
+	grown = realloc(a->buf, a->len + n + 1);
 	if (!grown)
 		return 0;
-	memcpy(grown + p->len, data, n);
-	p->len += n;
-	grown[p->len] = '\0';
-	p->buf = grown;
+	memcpy(grown + a->len, data, n);
+	a->len += n;
+	grown[a->len] = '\0';
+	a->buf = grown;
 	return n;
 }
 
@@ -129,7 +127,7 @@ static json_t *node_from_answer(struct peer *p, CURLcode rc)
 		const char *reason = rc == CURLE_OPERATION_TIMEDOUT ? "TIMEOUT"
 		                     : rc == CURLE_COULDNT_CONNECT ? "CONNECT_FAILED"
 		                     : rc == CURLE_COULDNT_RESOLVE_HOST ? "RESOLVE_FAILED"
-		                     : p->too_big ? "ANSWER_TOO_LARGE" : "HTTP_FAILED";
+		                     : p->answer.too_big ? "ANSWER_TOO_LARGE" : "HTTP_FAILED";
 
 		snprintf(msg, sizeof msg, "GET %s: %s", p->poll_url,
 		         p->errbuf[0] ? p->errbuf : curl_easy_strerror(rc));
@@ -141,7 +139,7 @@ static json_t *node_from_answer(struct peer *p, CURLcode rc)
 		return unreachable_node(p, code == 401 || code == 403 ? "UNAUTHENTICATED"
 		                                                      : "HTTP_STATUS", msg);
 	}
-	body = json_loadb(p->buf ? p->buf : "", p->len, 0, &jerr);
+	body = json_loadb(p->answer.buf ? p->answer.buf : "", p->answer.len, 0, &jerr);
 	node = json_array_get(json_object_get(body, "nodes"), 0);
 	if (json_unpack(node, "{s:s, s:s}", "host", &host, "version", &version) != 0 ||
 	    !json_is_array(json_object_get(node, "devices"))) {
@@ -211,8 +209,8 @@ static void poll_round(struct ts_fleet *f)
 	for (int i = 0; i < f->npeers; i++) {
 		struct peer *p = f->peers[i];
 
-		p->len = 0;
-		p->too_big = false;
+		p->answer.len = 0;
+		p->answer.too_big = false;
 		p->errbuf[0] = '\0';
 		curl_multi_add_handle(f->multi, p->easy);
 	}
@@ -245,7 +243,7 @@ static void peer_free(struct peer *p)
 	if (!p)
 		return;
 	curl_easy_cleanup(p->easy);
-	free(p->buf);
+	free(p->answer.buf);
 	json_decref(p->node);
 	free(p);
 }
@@ -271,8 +269,9 @@ static struct peer *peer_new(struct ts_fleet *f, const char *url, size_t len)
 	curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)f->timeout_ms);
 	curl_easy_setopt(p->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)f->timeout_ms);
 	curl_easy_setopt(p->easy, CURLOPT_HTTPHEADER, f->headers);
-	curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, p);
+	p->answer.max = ANSWER_MAX;
+	curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
+	curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, &p->answer);
 	curl_easy_setopt(p->easy, CURLOPT_ERRORBUFFER, p->errbuf);
 	curl_easy_setopt(p->easy, CURLOPT_FOLLOWLOCATION, 0L);
 	/* straight to the peer: never through an http_proxy of the environment,
@@ -646,32 +645,6 @@ void ts_s_fleet_ticket(struct ts_server *srv, const struct ts_call *call, struct
 #define FORWARD_TIMEOUT_MS 5000L
 #define FORWARD_ANSWER_MAX (16u << 20)
 
-struct forward_answer {
-	char *buf;
-	size_t len;
-	bool too_big;
-};
-
-static size_t on_forward_body(char *data, size_t size, size_t nmemb, void *cls)
-{
-	struct forward_answer *a = cls;
-	size_t n = size * nmemb;
-	char *grown;
-
-	if (a->len + n > FORWARD_ANSWER_MAX) {
-		a->too_big = true;
-		return 0;
-	}
-	grown = realloc(a->buf, a->len + n + 1);
-	if (!grown)
-		return 0;
-	memcpy(grown + a->len, data, n);
-	a->len += n;
-	grown[a->len] = '\0';
-	a->buf = grown;
-	return n;
-}
-
 /* The peer's google.rpc.Status code name back to ours; UNAVAILABLE when it
  * names none. */
 static ts_status status_named(const char *name)
@@ -741,7 +714,7 @@ static void forward(struct ts_server *srv, const struct ts_route *route,
 {
 	char base[TS_CONFIG_PEER_URL_MAX + 1], url[TS_CONFIG_PEER_URL_MAX + 2048];
 	char auth[300], ebuf[CURL_ERROR_SIZE] = "";
-	struct forward_answer a = {0};
+	struct ts_fleet_body a = {.max = FORWARD_ANSWER_MAX};
 	struct curl_slist *h = NULL;
 	struct ts_error err;
 	json_t *body = NULL;
@@ -775,7 +748,7 @@ static void forward(struct ts_server *srv, const struct ts_route *route,
 	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, FORWARD_TIMEOUT_MS);
 	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, FORWARD_TIMEOUT_MS);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, on_forward_body);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
 	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &a);
 	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, ebuf);
 	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);

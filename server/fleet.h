@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "common/status.h"
 
@@ -28,6 +29,19 @@ struct ts_metrics;
 struct ts_reply;
 struct ts_route;
 struct ts_server;
+
+/* A peer's answer as libcurl reads it: a growing NUL-terminated buffer of
+ * at most max bytes; past that the write fails (the transfer ends) and
+ * too_big says why. Zeroed but for max to start; buf is the caller's to free. */
+struct ts_fleet_body {
+	char *buf;
+	size_t len;
+	size_t max;
+	bool too_big;
+};
+
+/* CURLOPT_WRITEFUNCTION for a struct ts_fleet_body given as CURLOPT_WRITEDATA. */
+size_t ts_fleet_body_write(char *data, size_t size, size_t nmemb, void *cls);
 
 struct ts_fleet_config {
 	const char *peers;               /* --peers as validated by config.c; "" none */

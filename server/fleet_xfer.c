@@ -70,29 +70,6 @@ struct xfer {
 	struct dest d[];
 };
 
-struct answer {
-	char *buf;
-	size_t len;
-};
-
-static size_t on_answer(char *data, size_t size, size_t nmemb, void *cls)
-{
-	struct answer *a = cls;
-	size_t n = size * nmemb;
-	char *grown;
-
-	if (a->len + n > ANSWER_MAX)
-		return 0;
-	grown = realloc(a->buf, a->len + n + 1);
-	if (!grown)
-		return 0;
-	memcpy(grown + a->len, data, n);
-	a->len += n;
-	grown[a->len] = '\0';
-	a->buf = grown;
-	return n;
-}
-
 /* The peer's HTTP status mapped back to ours. */
 static ts_status from_http(long code)
 {
@@ -112,7 +89,7 @@ struct call {
 	struct dest *d;
 	CURL *e;
 	struct curl_slist *h;
-	struct answer a;
+	struct ts_fleet_body a;          /* max ANSWER_MAX */
 	const char *path;
 	long timeout_ms;
 	char url[TS_CONFIG_PEER_URL_MAX + 160];
@@ -125,6 +102,7 @@ static ts_status call_start(struct dest *d, struct call *c, const char *path, co
                             long timeout_ms, struct ts_error *err)
 {
 	memset(c, 0, sizeof *c);
+	c->a.max = ANSWER_MAX;
 	c->d = d;
 	c->path = path;
 	c->timeout_ms = timeout_ms;
@@ -144,7 +122,7 @@ static ts_status call_start(struct dest *d, struct call *c, const char *path, co
 	curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c->e, CURLOPT_TIMEOUT_MS, timeout_ms);
 	curl_easy_setopt(c->e, CURLOPT_CONNECTTIMEOUT_MS, HTTP_TIMEOUT_MS);
-	curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, on_answer);
+	curl_easy_setopt(c->e, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
 	curl_easy_setopt(c->e, CURLOPT_WRITEDATA, &c->a);
 	curl_easy_setopt(c->e, CURLOPT_ERRORBUFFER, c->ebuf);
 	curl_easy_setopt(c->e, CURLOPT_PROXY, "");
