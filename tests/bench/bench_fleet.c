@@ -9,7 +9,12 @@
  *     best of 3) against ucx_perftest -t ucp_am_bw of the same bytes in the
  *     copy's 4 MiB messages over the same link (target >= 0.9);
  *   - the copy against curl downloading the array over the same link
- *     (GET .../data, best of 3; target >= 1.2).
+ *     (GET .../data, best of 3; target >= 1.2);
+ *   - the same bytes broadcast to two nodes at once ("hosts") against the
+ *     copy to one (best of 3 each; target <= 1.3);
+ *   - a 4 KiB copy (best of 10) against ucx_perftest's round trip of 4 KiB
+ *     active messages (twice its ucp_am_lat figure) plus one HTTP request
+ *     between the same two nodes (GET /livez, best of 10; target <= 3).
  * Not root, or without ucx_perftest (ucx-utils) or curl/jq, the rows say so
  * and carry no verdict.
  */
@@ -25,13 +30,16 @@ int main(void)
 {
 	const char *bin = getenv("TSTAGED") ? getenv("TSTAGED") : "build/tstaged";
 	const char *mb = getenv("BENCH_FLEET_MB") ? getenv("BENCH_FLEET_MB") : "1024";
-	char cmd[1024], line[512], v[64], ref[64], vs_pt[64], vs_http[64];
-	double bytes = 0, copy_s = 0, pt = 0, http = 0, copy;
+	char cmd[1024], line[512], v[64], ref[64], vs_pt[64], vs_http[64], vs_bcast[64];
+	static const char vs_small[] = "fleet: 4 KiB copy / (am round trip + HTTP)";
+	double bytes = 0, copy_s = 0, pt = 0, http = 0, bcast = 0, small = 0, req = 0, lat = 0;
+	double copy, small_ref;
 	FILE *p;
 	int rc;
 
 	snprintf(vs_pt, sizeof vs_pt, "fleet: %s MiB copy / ucx_perftest am_bw", mb);
 	snprintf(vs_http, sizeof vs_http, "fleet: %s MiB copy / HTTP download", mb);
+	snprintf(vs_bcast, sizeof vs_bcast, "fleet: %s MiB to 2 hosts / to 1", mb);
 	snprintf(cmd, sizeof cmd, "tests/bench/fleet.sh '%s' '%s'", bin, mb);
 	p = popen(cmd, "r");
 	if (!p) {
@@ -47,6 +55,8 @@ int main(void)
 			bench_row(vs_pt, line + 5, "not measurable here", NAN, ">= 0.9", false,
 			          true);
 			bench_row(vs_http, line + 5, "not measurable here", NAN, ">= 1.2", false, true);
+			bench_row(vs_bcast, line + 5, "not measurable here", NAN, "<= 1.3", false, true);
+			bench_row(vs_small, line + 5, "not measurable here", NAN, "<= 3", false, true);
 			pclose(p);
 			return 0;
 		}
@@ -60,9 +70,18 @@ int main(void)
 			pt = x;
 		else if (strcmp(what, "http_bytes_s") == 0)
 			http = x;
+		else if (strcmp(what, "broadcast_s") == 0)
+			bcast = x;
+		else if (strcmp(what, "small_s") == 0)
+			small = x;
+		else if (strcmp(what, "request_s") == 0)
+			req = x;
+		else if (strcmp(what, "am_lat_s") == 0)
+			lat = x;
 	}
 	rc = pclose(p);
-	if (rc != 0 || bytes <= 0 || copy_s <= 0 || pt <= 0 || http <= 0) {
+	if (rc != 0 || bytes <= 0 || copy_s <= 0 || pt <= 0 || http <= 0 || bcast <= 0 ||
+	    small <= 0 || req <= 0 || lat <= 0) {
 		fprintf(stderr, "bench_fleet: tests/bench/fleet.sh failed (status %d)\n", rc);
 		return 1;
 	}
@@ -72,5 +91,14 @@ int main(void)
 	bench_row(vs_pt, v, ref, copy / pt, ">= 0.9", true, copy / pt >= 0.9);
 	snprintf(ref, sizeof ref, "%.2f GB/s curl", http / 1e9);
 	bench_row(vs_http, v, ref, copy / http, ">= 1.2", true, copy / http >= 1.2);
+	snprintf(v, sizeof v, "%.2f s", bcast);
+	snprintf(ref, sizeof ref, "%.2f s to one", copy_s);
+	bench_row(vs_bcast, v, ref, bcast / copy_s, "<= 1.3", true, bcast / copy_s <= 1.3);
+	small_ref = 2 * lat + req;
+	fprintf(stderr, "bench_fleet: 4 KiB copy %.2f ms; ucx_perftest am latency %.1f us (half a "
+	        "round trip), one HTTP request %.2f ms\n", small * 1e3, lat * 1e6, req * 1e3);
+	snprintf(v, sizeof v, "%.2f ms", small * 1e3);
+	snprintf(ref, sizeof ref, "%.2f ms rtt + request", small_ref * 1e3);
+	bench_row(vs_small, v, ref, small / small_ref, "<= 3", true, small / small_ref <= 3);
 	return 0;
 }

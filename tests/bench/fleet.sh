@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# tests/bench/fleet.sh - bench_fleet's measurements between two network
-# namespaces (tsb-h1, tsb-h2: veths on a bridge in tsb-hub, 10.233.0.1-2/24),
-# everything over the same veth link with UCX_TLS=tcp:
+# tests/bench/fleet.sh - bench_fleet's measurements between network
+# namespaces (tsb-h1..tsb-h3: veths on a bridge in tsb-hub, 10.233.0.1-3/24),
+# everything over the same veth links with UCX_TLS=tcp:
 #   copy     a pinned_host array of MB MiB on h1's tstaged copied to h2's
 #            (POST :copy?wait=true, the whole operation), best of 3;
 #   perftest ucx_perftest -t ucp_am_bw (the copy's active messages) of the
 #            same bytes in 4 MiB messages (the copy's chunk), h1 -> h2;
-#   http     curl in h2 downloading the array from h1 (GET .../data), best of 3.
+#   http     curl in h2 downloading the array from h1 (GET .../data), best of 3;
+#   bcast    the array copied to h2 and h3 at once ("hosts"), best of 3;
+#   small    a 4 KiB array copied to h2, best of 10, one HTTP request from h1
+#            to h2 (GET /livez), best of 10, and ucx_perftest -t ucp_am_lat
+#            of 4 KiB messages (half a round trip).
 # Prints "name value" lines on stdout: copy_bytes, copy_s, perftest_bytes_s,
-# http_bytes_s; or one line "skip WHY". Needs root (ip netns), curl, jq and
+# http_bytes_s, broadcast_s, small_s, request_s, am_lat_s; or one line
+# "skip WHY". Needs root (ip netns), curl, jq and
 # ucx_perftest (ucx-utils). Usage: tests/bench/fleet.sh TSTAGED [MB]
 set -euo pipefail
 bin=$(realpath "$1")
 mb=${2:-1024}
 pfx=tsb
 subnet=10.233.0
-hosts=(h1 h2)
+hosts=(h1 h2 h3)
 api_timeout=600
 port=8490
 ucxport=8495
@@ -36,22 +41,22 @@ done
 trap netns_cleanup EXIT
 netns_up || skip "ip netns add failed"
 
-for h in h1 h2; do
-	o=$([ "$h" = h1 ] && echo h2 || echo h1)
+for h in "${hosts[@]}"; do
+	peers=$(for o in "${hosts[@]}"; do [ "$o" = "$h" ] || printf 'http://%s:%s,' "$(addr "$o")" "$port"; done)
 	# ip netns exec execs the daemon: $! is its pid, which cleanup kills
 	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" --log-level warn \
 		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 \
-		--peers "http://$(addr "$o"):$port" >"$tmp/$h.log" 2>&1 &
+		--peers "${peers%,}" >"$tmp/$h.log" 2>&1 &
 	pid[$h]=$!
 done
-for h in h1 h2; do
+for h in "${hosts[@]}"; do
 	for ((i = 0; i < 100; i++)); do
 		inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez" && break
 		sleep 0.1
 	done
 done
 for ((i = 0; i < 100; i++)); do
-	[ "$(api h1 /v1/fleet | jq -r '[.nodes[] | select(.host == "h2")][0].reachable')" = true ] &&
+	[ "$(api h1 /v1/fleet | jq -r '[.nodes[] | select(.host != "h1" and .reachable)] | length')" = 2 ] &&
 		break
 	sleep 0.2
 done
@@ -74,6 +79,57 @@ for r in 1 2 3; do
 	}
 	best_copy=$(awk -v a="${best_copy:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
 done
+
+# the same bytes to h2 and h3 at once (a broadcast), best of 3
+best_bcast=
+for r in 1 2 3; do
+	api h2 /v1/arrays/xb -X DELETE -o /dev/null
+	api h3 /v1/arrays/xb -X DELETE -o /dev/null
+	t=$(api h1 '/v1/arrays/x:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
+		-d '{"out": "xb", "hosts": ["h2", "h3"], "device": "sim:0", "memory_kind": "pinned_host"}')
+	[ "$(jq -r '.destinations | length' "$tmp/res" 2>/dev/null)" = 2 ] || {
+		echo "fleet bench: broadcast failed: $(head -c 300 "$tmp/res")" >&2
+		exit 1
+	}
+	best_bcast=$(awk -v a="${best_bcast:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+done
+for h in h2 h3; do
+	api "$h" /v1/arrays/xb -X DELETE -o /dev/null
+done
+
+# a 4 KiB array copied to h2, best of 10; and one HTTP request's time
+# between the two (GET /livez from h1 to h2), best of 10
+head -c 4096 /dev/zero >"$tmp/s.raw"
+code=$(api h1 "/v1/arrays/s?dtype=uint8&shape=4096&memory_kind=pinned_host" -T "$tmp/s.raw" \
+	-o /dev/null -w '%{http_code}')
+[ "$code" = 201 ] || { echo "fleet bench: upload of 4 KiB to h1: $code" >&2; exit 1; }
+best_small=
+best_req=
+for r in $(seq 10); do
+	api h2 /v1/arrays/s -X DELETE -o /dev/null
+	t=$(api h1 '/v1/arrays/s:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
+		-d '{"out": "s", "host": "h2", "device": "sim:0", "memory_kind": "pinned_host"}')
+	[ "$(jq -r .host "$tmp/res")" = h2 ] || {
+		echo "fleet bench: 4 KiB copy failed: $(head -c 300 "$tmp/res")" >&2
+		exit 1
+	}
+	best_small=$(awk -v a="${best_small:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	t=$(inns h1 curl -s -o /dev/null -w '%{time_total}' "http://$(addr h2):$port/livez")
+	best_req=$(awk -v a="${best_req:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+done
+
+# ucx_perftest's 4 KiB active-message latency over the same link (its
+# figure is half a round trip)
+UCX_TLS=tcp ip netns exec "$(ns h2)" ucx_perftest -p "$ucxport" >"$tmp/lat-server.log" 2>&1 &
+pid[pt]=$!
+sleep 1
+UCX_TLS=tcp inns h1 ucx_perftest "$(addr h2)" -p "$ucxport" -t ucp_am_lat -s 4096 -n 2000 -f \
+	>"$tmp/lat.log" 2>&1 || { echo "fleet bench: ucx_perftest lat: $(tail -3 "$tmp/lat.log")" >&2; exit 1; }
+wait "${pid[pt]}" 2>/dev/null || true
+unset "pid[pt]"
+# the final line: iterations, latency (usec) typical, average, overall, ...
+lat_us=$(awk 'NF == 8 && $1 ~ /^[0-9]+$/ { v = $3 } END { print v }' "$tmp/lat.log")
+[ -n "$lat_us" ] || { echo "fleet bench: no latency from ucx_perftest: $(tail -3 "$tmp/lat.log")" >&2; exit 1; }
 
 UCX_TLS=tcp ip netns exec "$(ns h2)" ucx_perftest -p "$ucxport" >"$tmp/pt-server.log" 2>&1 &
 pid[pt]=$!
@@ -100,3 +156,7 @@ echo "copy_bytes $bytes"
 echo "copy_s $best_copy"
 echo "perftest_bytes_s $(awk -v m="$pt_mibs" 'BEGIN { printf "%.0f", m * 1048576 }')"
 echo "http_bytes_s $best_http"
+echo "broadcast_s $best_bcast"
+echo "small_s $best_small"
+echo "request_s $best_req"
+echo "am_lat_s $(awk -v u="$lat_us" 'BEGIN { printf "%.9f", u / 1e6 }')"
