@@ -369,7 +369,8 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
 void ts_host_mem_fill(const struct ts_device *dev, void *p, const void *src, size_t n);
 
 /* The same through the file alone: the bytes written that way from the
- * start of [p, p + n) (0 where the file cannot be used), the rest left to
+ * start of [p, p + n) (0 where the file cannot be used, and below 256 KiB,
+ * where its checks cost more than the faults they save), the rest left to
  * the caller, for a copy of its own (streaming stores). Thread-safe. */
 size_t ts_host_mem_fill_file(const struct ts_device *dev, void *p, const void *src, size_t n);
 

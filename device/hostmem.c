@@ -226,6 +226,9 @@ int ts_host_mem_share(const struct ts_device *dev, const void *p, uint64_t len,
 	return fd;
 }
 
+/* The least a fill writes through the file. */
+#define HOST_FILL_MIN ((size_t)256 << 10)
+
 /* Whether no page of [p, p + n) is in memory yet (mincore; false when it
  * cannot tell): fresh pages, which a write through the file allocates
  * cheaper than faults do; pages that exist take a memcpy faster. */
@@ -252,9 +255,12 @@ size_t ts_host_mem_fill_file(const struct ts_device *dev, void *p, const void *s
 	off_t at = 0;
 	int fd = -1;
 
-	/* where shared memory gets huge pages, the mapping's faults are 2 MiB
-	 * ones, and pwrite would leave the file in 4 KiB pages */
-	if (n > 0 && !ts_host_shmem_huge(mode, sizeof mode) && pages_fresh(p, n)) {
+	/* below HOST_FILL_MIN the checks (the node's setting read from sysfs,
+	 * mincore) cost more than the faults they save: many small runs of a
+	 * strided copy take memcpy; where shared memory gets huge pages, the
+	 * mapping's faults are 2 MiB ones, and pwrite would leave the file in
+	 * 4 KiB pages */
+	if (n >= HOST_FILL_MIN && !ts_host_shmem_huge(mode, sizeof mode) && pages_fresh(p, n)) {
 		ts_mutex_lock(&m->mu);
 		i = maps_upper_locked(m, a);
 		if (i > 0 && a - m->maps[i - 1].base < m->maps[i - 1].size &&
