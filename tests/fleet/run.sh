@@ -364,6 +364,9 @@ etag=$(api h1 /v1/arrays/big | jq -r .etag)
 # h1's link slowed to 100 Mbit/s (tc tbf in its namespace): 64 MiB take
 # about five seconds, so the kill lands mid-copy
 ip netns exec "$(ns h1)" tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 400ms
+# h1's link was cut just before: its poller must see h2 again first
+seen_reachable() { [ "$(state "$1" "$2")" = reachable ]; }
+until_s 15 seen_reachable h1 h2 || true
 op=$(api h1 '/v1/arrays/big:copy' -X POST \
 	-d '{"out": "big", "host": "h2", "memory_kind": "unpinned_host"}' | jq -r .name)
 copying() {
