@@ -8,9 +8,10 @@
  * task's counter until none is left, and the call returns once every piece
  * has run. So a thread that loses its core delays one piece, never the
  * whole kernel, and every wait sleeps (no spinning). How a kernel is cut is
- * the caller's business and must depend on the kernel's shape alone; the
- * team never changes what a piece computes, so results are the same bits
- * whatever thread ran which piece, however many threads there are.
+ * the caller's business and must depend on the kernel's shape alone, unless
+ * every cut gives the same bits (a product's output tiles); the team never
+ * changes what a piece computes, so results are the same bits whatever
+ * thread ran which piece, however many threads there are.
  *
  * Always holds: every piece of a task runs exactly once, and before
  * ts__cpu_team_for returns; a helper touches a task only while its caller

@@ -27,9 +27,10 @@
  * within its one piece) are cut into pieces that the instance's team
  * (cpu_team.h: one thread per CPU, the queue's worker one of them)
  * shares; the rest (loss, sumsq, rounding) runs on the worker alone.
- * Pieces are cut by the kernel's shape alone and each writes its own
- * elements with single-threaded code, so the bits do not depend on the
- * threads. OpenBLAS itself runs one thread
+ * Pieces are cut by the kernel's shape alone (a product's tiles also by
+ * the team's size: any cut of it gives the whole call's bits) and each
+ * writes its own elements with single-threaded code, so the bits do not
+ * depend on the threads. OpenBLAS itself runs one thread
  * per call: its own pool cuts a product into one fixed part per thread
  * whose threads wait for each other spinning (sched_yield), so under a
  * competing process the part whose thread lost its core held the product
@@ -214,20 +215,26 @@ static void gemm_one(const struct job *j)
 }
 
 /*
- * A product's pieces for the team: tiles of its column-major output, cut
- * by the product's shape alone (never by the team's size, the timing or
- * where the operands lie), so a product gives the same bits however many
- * threads there are and whichever ran which tile. Tiles split the output's
- * rows and columns, never K: a tile is the sgemm of its rows of op(A) and
- * columns of op(B) over the whole K, so each element is summed as the
- * single-threaded call sums it. Tile edges fall on multiples of
- * GEMM_TILE_EDGE from the output's origin (the last tile of a row or
+ * A product's pieces for the team: tiles of its column-major output. Tiles
+ * split the output's rows and columns, never K: a tile is the sgemm of its
+ * rows of op(A) and columns of op(B) over the whole K, so each element is
+ * summed as the single-threaded call sums it. Tile edges fall on multiples
+ * of GEMM_TILE_EDGE from the output's origin (the last tile of a row or
  * column takes what is left, never less than an edge), so an element meets
  * the same register block of OpenBLAS's kernel in its tile as in the whole
  * product; and every tile has at least GEMM_TILE_MNK multiply-adds, past
  * the sizes for which OpenBLAS (0.3.21, SkylakeX-class cores) takes its
  * small-matrix kernel, which sums K in one run instead of in its blocks:
- * a sliver of a few rows would take that kernel and round otherwise.
+ * a sliver of a few rows would take that kernel and round otherwise. So
+ * every cut gives the bits of the one whole call (test_kernels'
+ * test_gemm_tiles_same_bits_as_one_call), and the product alone of the
+ * team's kernels may be cut by the team's size: GEMM_TILES_PER_THREAD
+ * tiles a thread (at most GEMM_TILES_MAX), enough that a thread which
+ * loses its core delays a few tiles while the others take the rest. More
+ * tiles than that cost more than they balance: each tile's sgemm packs
+ * its own rows of op(A) and columns of op(B), which OpenBLAS's own threads
+ * pack once and share, and 32 tiles of the GPT's products on 2 threads
+ * spent 8% more CPU time than 8 (docs/BENCHMARKS.md).
  */
 struct gemm_split {
 	int mt, nt;                     /* tiles down the rows, across the columns */
@@ -235,6 +242,7 @@ struct gemm_split {
 };
 
 #define GEMM_TILES_MAX 32
+#define GEMM_TILES_PER_THREAD 4
 #define GEMM_TILE_EDGE 64
 #define GEMM_TILE_MNK ((double)(1 << 21))
 
@@ -243,26 +251,30 @@ static int tile_side(int whole, int tiles)
 	return tiles == 1 ? whole : whole / tiles / GEMM_TILE_EDGE * GEMM_TILE_EDGE;
 }
 
-/* The tiles of an m x n output over k (column-major sgemm dimensions). */
-static struct gemm_split gemm_split(int m, int n, int k)
+/* The tiles of an m x n output over k (column-major sgemm dimensions), at
+ * most `most`. */
+static struct gemm_split gemm_split(int m, int n, int k, int most)
 {
 	struct gemm_split s = {.mt = 1, .nt = 1, .tm = m, .tn = n};
-	int pieces = (int)fmin(GEMM_TILES_MAX, (double)m * n * k / GEMM_TILE_MNK);
+	int pieces = (int)fmin(most, (double)m * n * k / GEMM_TILE_MNK);
+	int mmax = m / GEMM_TILE_EDGE > 1 ? m / GEMM_TILE_EDGE : 1;
+	int nmax = n / GEMM_TILE_EDGE > 1 ? n / GEMM_TILE_EDGE : 1;
 
 	if (pieces < 2)
 		return s;
-	/* the cut that packs the least: a tile's sgemm packs its rows of the
-	 * first operand and its columns of the second, (tm + tn) k floats, so
+	/* the most tiles up to `pieces` that the edges allow (a 256 x 256
+	 * output over a long K cuts in at most 4 x 4), and among those the cut
+	 * that packs the least: a tile's sgemm packs its rows of the first
+	 * operand and its columns of the second, (tm + tn) k floats, so
 	 * nt m + mt n in all (cutting columns alone packed the first operand
 	 * whole for every tile: 32 times an 8192 x 256 head's); ties go to
 	 * more column tiles (a tile's output is then the more contiguous) */
-	for (int mt = 1; mt <= pieces; mt++) {
-		int nt = pieces / mt;
+	for (int mt = 1; mt <= pieces && mt <= mmax; mt++) {
+		int nt = pieces / mt < nmax ? pieces / mt : nmax;
+		double cost = (double)nt * m + (double)mt * n;
+		double best = (double)s.nt * m + (double)s.mt * n;
 
-		if ((mt > 1 && mt > m / GEMM_TILE_EDGE) || (nt > 1 && nt > n / GEMM_TILE_EDGE))
-			continue;
-		if ((double)nt * m + (double)mt * n < (double)s.nt * m + (double)s.mt * n ||
-		    s.mt * s.nt == 1) {
+		if (mt * nt > s.mt * s.nt || (mt * nt == s.mt * s.nt && cost < best)) {
 			s.mt = mt;
 			s.nt = nt;
 		}
@@ -309,13 +321,17 @@ static void gemm_piece(const void *arg, int64_t i)
 }
 
 /* batch products (strides sA, sB, sC; 0 for one), their tiles shared by
- * the team. */
+ * the team: GEMM_TILES_PER_THREAD pieces a thread in all, so a batch of
+ * at least that many products runs each whole. */
 static void gemm_tiles(const struct job *j, int batch)
 {
 	struct gemm_task t = {.j = j};
+	int threads = ts__cpu_team_threads(j->team);
+	int most = threads < 2 ? 1 : (int)fmin(GEMM_TILES_MAX, GEMM_TILES_PER_THREAD * threads);
 
+	most = most / batch > 1 ? most / batch : 1;
 	t.g = ts_m_gemm_colmajor(j->u.gemm.ta, j->u.gemm.tb, j->u.gemm.M, j->u.gemm.N, j->u.gemm.K);
-	t.s = gemm_split(t.g.m, t.g.n, t.g.k);
+	t.s = gemm_split(t.g.m, t.g.n, t.g.k, most);
 	t.tiles = (int64_t)t.s.mt * t.s.nt;
 	ts__cpu_team_for(j->team, t.tiles * batch, gemm_piece, &t);
 }

@@ -2602,8 +2602,11 @@ END_TEST
  * tiles cut along the output's rows and columns only sum each element as
  * the whole call does. Shapes: edges that are multiples of the tiles' 64
  * and not, K inside and past OpenBLAS's K blocks, one batch whose
- * products are cut too, and a wide output over a short K (a tied LM
- * head's proportions), cut along both. */
+ * products are cut too, a wide output over a short K (a tied LM
+ * head's proportions), cut along both, and a small output over a long K (a
+ * weight's gradient), cut as far as its edges allow. The cut follows the
+ * team's size, so a machine with more CPUs runs other cuts of the same
+ * shapes. */
 static void tiles_case(bool ta, bool tb, int M, int N, int K, int batch, float beta, int shift,
                        unsigned seed)
 {
@@ -2650,7 +2653,7 @@ START_TEST(test_gemm_tiles_same_bits_as_one_call)
 	static const int shapes[][4] = {{256, 1024, 256, 1}, {300, 1000, 777, 1},
 	                                {130, 700, 513, 1}, {333, 257, 1500, 1},
 	                                {2048, 256, 64, 1}, {256, 256, 64, 3},
-	                                {512, 2048, 256, 1}};
+	                                {512, 2048, 256, 1}, {256, 256, 2048, 1}};
 
 	for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
 		for (int t = 0; t < 4; t++)
