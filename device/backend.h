@@ -132,12 +132,14 @@ struct ts__backend_ops {
 
 	/* Collectives (device.h's ts_comm) over n devices of this backend;
 	 * optional: NULL for the host family, whose collectives are comm.c's
-	 * host functions. ctx is the backend's communicator. */
+	 * host functions. ctx is the backend's communicator. recv: NULL for
+	 * the in-place forms, else a reduce-scatter's result per rank. */
 	ts_status (*comm_new)(struct ts_device *const *devs, int n, void **ctx,
 	                      struct ts_error *err);
 	void (*comm_free)(void *ctx, int n);
 	ts_status (*comm_run)(void *ctx, int n, enum ts__coll coll, struct ts_queue *const *qs,
-	                      float *const *bufs, uint64_t count, struct ts_error *err);
+	                      float *const *bufs, float *const *recv, uint64_t count,
+	                      struct ts_error *err);
 
 	/* Frees dev->impl; called once every queue is gone. */
 	void (*device_free)(struct ts_device *dev);
@@ -230,7 +232,8 @@ ts_status ts__cuda_comm_new(struct ts_device *const *devs, int n, void **ctx,
                             struct ts_error *err);
 void ts__cuda_comm_free(void *ctx, int n);
 ts_status ts__cuda_comm_run(void *ctx, int n, enum ts__coll coll, struct ts_queue *const *qs,
-                            float *const *bufs, uint64_t count, struct ts_error *err);
+                            float *const *bufs, float *const *recv, uint64_t count,
+                            struct ts_error *err);
 
 ts_status ts__cuda_discover(struct ts__discover_ctx *ctx,
                             struct ts_backend_info *info,

@@ -118,15 +118,19 @@ struct host_job {
 	enum ts__coll coll;          /* immutable */
 	uint64_t count;              /* immutable */
 	float *bufs[TS_COMM_MAX];    /* immutable */
+	float *recv[TS_COMM_MAX];    /* immutable; a reduce-scatter into buffers of
+	                                their own, else NULL */
 };
 
 /* Elements summed at a time: the partial sums stay in cache. */
 #define CHUNK 1024
 
-/* dst[r][at + i] = sum over ranks of bufs[r][at + i] for r in ranks
+/* dst[r][dat + i] = sum over ranks of bufs[k][at + i] for r in ranks
  * [r0, r1) (all ranks: every rank's buffer gets the sum; one rank: only
- * its own), i < len. */
-static void sum_into(float *const *bufs, int n, uint64_t at, uint64_t len, int r0, int r1)
+ * its own), i < len; dst is bufs itself or the buffers of a reduce-scatter
+ * out of place. */
+static void sum_into(float *const *bufs, int n, uint64_t at, uint64_t len, int r0, int r1,
+                     float *const *dst, uint64_t dat)
 {
 	float acc[CHUNK];
 
@@ -141,7 +145,7 @@ static void sum_into(float *const *bufs, int n, uint64_t at, uint64_t len, int r
 				acc[i] += b[i];
 		}
 		for (int r = r0; r < r1; r++)
-			memcpy(bufs[r] + at + c, acc, m * sizeof *acc);
+			memcpy(dst[r] + dat + c, acc, m * sizeof *acc);
 	}
 }
 
@@ -152,11 +156,12 @@ static void host_compute(struct host_job *j)
 
 	switch (j->coll) {
 	case TS__COLL_ALLREDUCE:
-		sum_into(j->bufs, n, 0, k, 0, n);
+		sum_into(j->bufs, n, 0, k, 0, n, j->bufs, 0);
 		break;
 	case TS__COLL_REDUCE_SCATTER:
 		for (int r = 0; r < n; r++)
-			sum_into(j->bufs, n, (uint64_t)r * k, k, r, r + 1);
+			sum_into(j->bufs, n, (uint64_t)r * k, k, r, r + 1, j->recv[0] ? j->recv : j->bufs,
+			         j->recv[0] ? 0 : (uint64_t)r * k);
 		break;
 	case TS__COLL_ALL_GATHER:
 		for (int s = 0; s < n; s++)
@@ -211,7 +216,8 @@ static const char *coll_name(enum ts__coll coll)
 }
 
 static ts_status host_run(const struct ts_comm *c, enum ts__coll coll, struct ts_queue *const *qs,
-                          float *const *bufs, uint64_t count, struct ts_error *err)
+                          float *const *bufs, float *const *recv, uint64_t count,
+                          struct ts_error *err)
 {
 	struct host_job *j = calloc(1, sizeof *j);
 	ts_status st = TS_OK;
@@ -224,6 +230,8 @@ static ts_status host_run(const struct ts_comm *c, enum ts__coll coll, struct ts
 	j->coll = coll;
 	j->count = count;
 	memcpy(j->bufs, bufs, (size_t)c->n * sizeof *bufs);
+	if (recv)
+		memcpy(j->recv, recv, (size_t)c->n * sizeof *recv);
 	pthread_mutex_lock(&j->mu);
 	for (r = 0; r < c->n && st == TS_OK; r++) {
 		st = ts_queue_host_fn_named(qs[r], host_rank, j, coll_name(coll), err);
@@ -242,7 +250,7 @@ static ts_status host_run(const struct ts_comm *c, enum ts__coll coll, struct ts
 /* ---- the calls ----------------------------------------------------------- */
 
 static ts_status run(struct ts_comm *c, enum ts__coll coll, struct ts_queue *const *qs,
-                     float *const *bufs, uint64_t n, struct ts_error *err)
+                     float *const *bufs, float *const *recv, uint64_t n, struct ts_error *err)
 {
 	uint64_t per = coll == TS__COLL_ALLREDUCE ? n : n * (uint64_t)(c ? c->n : 0);
 	ts_status st;
@@ -256,7 +264,7 @@ static ts_status run(struct ts_comm *c, enum ts__coll coll, struct ts_queue *con
 		if (!qs[r] || ts_queue_device(qs[r]) != c->devs[r])
 			return BAD(err, "%s: rank %d's queue is not on '%s'", coll_name(coll), r,
 			           c->devs[r]->props.id);
-		if (n && !bufs[r])
+		if (n && (!bufs[r] || (recv && !recv[r])))
 			return BAD(err, "%s: rank %d has no buffer", coll_name(coll), r);
 		if (ts_device_broken(c->devs[r]))
 			return ts_error_set(err, TS_UNAVAILABLE, "DEVICE_BROKEN", "'%s' is broken",
@@ -264,8 +272,9 @@ static ts_status run(struct ts_comm *c, enum ts__coll coll, struct ts_queue *con
 	}
 	if (n == 0)
 		return TS_OK;
-	st = c->ctx && c->ops->comm_run ? c->ops->comm_run(c->ctx, c->n, coll, qs, bufs, n, err)
-	                                : host_run(c, coll, qs, bufs, n, err);
+	st = c->ctx && c->ops->comm_run ? c->ops->comm_run(c->ctx, c->n, coll, qs, bufs, recv, n,
+	                                                   err)
+	                                : host_run(c, coll, qs, bufs, recv, n, err);
 	if (st == TS_OK && c->n > 1)
 		for (int r = 0; r < c->n; r++)
 			atomic_fetch_add_explicit(&c->devs[r]->collective_bytes, per * sizeof(float),
@@ -276,17 +285,26 @@ static ts_status run(struct ts_comm *c, enum ts__coll coll, struct ts_queue *con
 ts_status ts_comm_allreduce(struct ts_comm *c, struct ts_queue *const *qs, float *const *bufs,
                             uint64_t n, struct ts_error *err)
 {
-	return run(c, TS__COLL_ALLREDUCE, qs, bufs, n, err);
+	return run(c, TS__COLL_ALLREDUCE, qs, bufs, NULL, n, err);
 }
 
 ts_status ts_comm_reduce_scatter(struct ts_comm *c, struct ts_queue *const *qs,
                                  float *const *bufs, uint64_t n, struct ts_error *err)
 {
-	return run(c, TS__COLL_REDUCE_SCATTER, qs, bufs, n, err);
+	return run(c, TS__COLL_REDUCE_SCATTER, qs, bufs, NULL, n, err);
+}
+
+ts_status ts_comm_reduce_scatter_to(struct ts_comm *c, struct ts_queue *const *qs,
+                                    float *const *bufs, float *const *recv, uint64_t n,
+                                    struct ts_error *err)
+{
+	if (!recv)
+		return BAD(err, "reduce-scatter: no buffers to scatter into");
+	return run(c, TS__COLL_REDUCE_SCATTER, qs, bufs, recv, n, err);
 }
 
 ts_status ts_comm_all_gather(struct ts_comm *c, struct ts_queue *const *qs, float *const *bufs,
                              uint64_t n, struct ts_error *err)
 {
-	return run(c, TS__COLL_ALL_GATHER, qs, bufs, n, err);
+	return run(c, TS__COLL_ALL_GATHER, qs, bufs, NULL, n, err);
 }

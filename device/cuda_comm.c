@@ -6,11 +6,12 @@
  * (ncclGroupStart, the call for every rank on its rank's stream,
  * ncclGroupEnd), as NCCL requires when one thread drives several devices;
  * the work is then ordered on each stream like any kernel. In-place forms
- * throughout: ncclReduceScatter with recvbuff = sendbuff + rank * count and
- * ncclAllGather with sendbuff = recvbuff + rank * count (NCCL's documented
- * in-place operations). Every ncclResult_t is translated in nccl_fail()
- * and nowhere else; its text comes from ncclGetErrorString and, where NCCL
- * kept one, ncclGetLastError.
+ * (ncclReduceScatter with recvbuff = sendbuff + rank * count, ncclAllGather
+ * with sendbuff = recvbuff + rank * count: NCCL's documented in-place
+ * operations), and a reduce-scatter into each rank's buffer of its own.
+ * Every ncclResult_t is translated in nccl_fail() and nowhere else; its
+ * text comes from ncclGetErrorString and, where NCCL kept one,
+ * ncclGetLastError.
  *
  * Thread-safety: one collective at a time per communicator (comm.c's
  * caller); NCCL's calls are otherwise thread-safe.
@@ -78,7 +79,8 @@ void ts__cuda_comm_free(void *ctx, int n)
 }
 
 ts_status ts__cuda_comm_run(void *ctx, int n, enum ts__coll coll, struct ts_queue *const *qs,
-                            float *const *bufs, uint64_t count, struct ts_error *err)
+                            float *const *bufs, float *const *recv, uint64_t count,
+                            struct ts_error *err)
 {
 	ncclComm_t *comms = ctx;
 	ts_status st;
@@ -96,8 +98,10 @@ ts_status ts__cuda_comm_run(void *ctx, int n, enum ts__coll coll, struct ts_queu
 			               "ncclAllReduce", err);
 			break;
 		case TS__COLL_REDUCE_SCATTER:
-			st = nccl_fail(comms[r], ncclReduceScatter(b, b + (uint64_t)r * count, count,
-			                                           ncclFloat32, ncclSum, comms[r], s),
+			st = nccl_fail(comms[r], ncclReduceScatter(b, recv ? recv[r]
+			                                                   : b + (uint64_t)r * count,
+			                                           count, ncclFloat32, ncclSum, comms[r],
+			                                           s),
 			               "ncclReduceScatter", err);
 			break;
 		case TS__COLL_ALL_GATHER:

@@ -478,6 +478,15 @@ ts_status ts_comm_allreduce(struct ts_comm *c, struct ts_queue *const *qs, float
 ts_status ts_comm_reduce_scatter(struct ts_comm *c, struct ts_queue *const *qs,
                                  float *const *bufs, uint64_t n, struct ts_error *err);
 
+/* recv[r][0 .. n) = the sum over ranks of bufs[k][r*n .. r*n + n): the
+ * reduce-scatter out of place (ZeRO-2's, plan.h), each rank's slice into a
+ * buffer of n floats of its own, apart from bufs[r] (bufs left as they
+ * were); the same bits as ts_comm_reduce_scatter's and the all-reduce's
+ * slice r on the host. */
+ts_status ts_comm_reduce_scatter_to(struct ts_comm *c, struct ts_queue *const *qs,
+                                    float *const *bufs, float *const *recv, uint64_t n,
+                                    struct ts_error *err);
+
 /* bufs[r][k*n .. k*n + n) = bufs[k][k*n .. k*n + n) for every k: each
  * rank's slice gathered into every rank's buffer (in place). */
 ts_status ts_comm_all_gather(struct ts_comm *c, struct ts_queue *const *qs, float *const *bufs,

@@ -326,8 +326,8 @@ void ts_h_models_analyze(const struct ts_call *call, struct ts_reply *reply)
 	if (evaluate ? ts_plan_build_eval(&m.mlp, rows, &pol, ev.outputs, ev.kind, &plan,
 	                                  &err) != TS_OK
 	             : m.shard_optimizer
-	             ? ts_plan_build_zero(&m.mlp, &m.opt, rows, k, m.replicas, &pol, &plan,
-	                                  &err) != TS_OK
+	             ? (m.shard_gradients ? ts_plan_build_zero2 : ts_plan_build_zero)(
+	                   &m.mlp, &m.opt, rows, k, m.replicas, &pol, &plan, &err) != TS_OK
 	             : ts_plan_build_replicated(&m.mlp, &m.opt, rows, k,
 	                                        m.replicas > 1 ? m.replicas : 1, &pol, &plan,
 	                                        &err) != TS_OK)
@@ -377,7 +377,8 @@ void ts_h_models_analyze_spec(const struct ts_call *call, struct ts_reply *reply
 	    analyze_split(B, k, m.replicas, &rows, &err) != TS_OK)
 		goto out_fail;
 	if ((m.shard_optimizer
-	     ? ts_plan_build_zero(&m.mlp, &m.opt, rows, k, m.replicas, &m.policy, &plan, &err)
+	     ? (m.shard_gradients ? ts_plan_build_zero2 : ts_plan_build_zero)(
+	           &m.mlp, &m.opt, rows, k, m.replicas, &m.policy, &plan, &err)
 	     : ts_plan_build_replicated(&m.mlp, &m.opt, rows, k, m.replicas > 1 ? m.replicas : 1,
 	                                &m.policy, &plan, &err)) != TS_OK)
 		goto out_fail;

@@ -59,7 +59,9 @@ static ts_status parse_names(json_t *list, const char *field, bool *x, bool *h,
 /* A field's expected JSON type, for errors that name the field. */
 struct field {
 	const char *key;
-	json_type type;        /* JSON_TRUE stands for any boolean, JSON_REAL for any number */
+	json_type type;        /* JSON_TRUE stands for any boolean, JSON_REAL for any number,
+	                          JSON_FALSE for a boolean or a string (its parser checks
+	                          which strings) */
 };
 
 /* Checks obj's keys against fields: unknown keys and wrong types are
@@ -68,7 +70,8 @@ static ts_status check_fields(json_t *obj, const char *where, const char *reason
                               const struct field *fields, size_t n, struct ts_error *err)
 {
 	static const char *const names[] = {"an object", "a list", "a string", "an integer",
-	                                    "a number", "a boolean", "a boolean", "null"};
+	                                    "a number", "a boolean", "a boolean or a string",
+	                                    "null"};
 	const char *key;
 	json_t *v;
 
@@ -83,6 +86,7 @@ static ts_status check_fields(json_t *obj, const char *where, const char *reason
 			return ts_error_set(err, TS_INVALID_ARGUMENT, reason,
 			                    "%s.%s is not a field this API knows", where, key);
 		if (fields[i].type == JSON_TRUE ? !json_is_boolean(v)
+		    : fields[i].type == JSON_FALSE ? !json_is_boolean(v) && !json_is_string(v)
 		    : fields[i].type == JSON_REAL ? !json_is_number(v)
 		                                  : json_typeof(v) != fields[i].type)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, reason, "%s.%s must be %s", where, key,
@@ -104,7 +108,7 @@ static const struct field mlp_fields[] = {
 	{"projection", JSON_TRUE},
 };
 static const struct field placement_fields[] = {
-	{"device", JSON_STRING}, {"devices", JSON_ARRAY}, {"shard_optimizer", JSON_TRUE},
+	{"device", JSON_STRING}, {"devices", JSON_ARRAY}, {"shard_optimizer", JSON_FALSE},
 	{"params", JSON_STRING},
 	{"opt_state", JSON_STRING}, {"activations", JSON_OBJECT}, {"prefetch_depth", JSON_INTEGER},
 };
@@ -408,6 +412,7 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
                                  json_t *pl, struct ts_model *m, struct ts_error *err)
 {
 	const char *dev;
+	json_t *so;
 
 	m->policy = (struct ts_policy){.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
 	                               .save_x = true, .save_h = true};
@@ -436,7 +441,15 @@ static ts_status parse_placement(const struct ts_jobs_env *env, struct ts_device
 		if (ts_job_policy_parse(pl, &m->policy, err) != TS_OK)
 			return err->status;
 	}
-	m->shard_optimizer = pl && json_is_true(json_object_get(pl, "shard_optimizer"));
+	so = pl ? json_object_get(pl, "shard_optimizer") : NULL;
+	if (json_is_string(so) && strcmp(json_string_value(so), "state") != 0 &&
+	    strcmp(json_string_value(so), "gradients") != 0)
+		return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_SHARDING",
+		                    "placement.shard_optimizer is true or \"state\" (ZeRO-1: Adam's "
+		                    "state) or \"gradients\" (ZeRO-2: and the gradients), not '%s'",
+		                    json_string_value(so));
+	m->shard_optimizer = json_is_true(so) || json_is_string(so);
+	m->shard_gradients = json_is_string(so) && strcmp(json_string_value(so), "gradients") == 0;
 	if (m->shard_optimizer && (m->replicas < 2 || m->opt.type != TS_OPT_ADAM ||
 	                           m->policy.params != TS_MEM_DEVICE ||
 	                           m->policy.opt_state != TS_MEM_DEVICE))

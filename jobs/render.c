@@ -216,7 +216,7 @@ json_t *ts_render_model_spec(const struct ts_model *m)
 		json_object_set_new(json_object_get(o, "placement"), "devices", devs);
 		if (m->shard_optimizer)
 			json_object_set_new(json_object_get(o, "placement"), "shard_optimizer",
-			                    json_true());
+			                    m->shard_gradients ? json_string("gradients") : json_true());
 	}
 	if (o && m->mlp.gpt) {
 		/* the GPT kind: its own section instead of the MLP's, no loss (always

@@ -1165,6 +1165,7 @@ static ts_status run_begin(struct run *s, struct ts_session_config *cfg, struct 
 			                    s->accumulate > 1 ? " (devices x accumulate)" : "");
 		cfg->replicas = m->replicas;
 		cfg->shard_state = m->shard_optimizer;
+		cfg->shard_grads = m->shard_gradients;
 		memcpy(cfg->devs, m->replica_devs, sizeof cfg->devs);
 	}
 	cfg->batch = (int)((ts_mlp_tokens(&m->mlp) ? rows : s->bin) / (uint64_t)s->accumulate /

@@ -597,6 +597,7 @@ static const struct kernel_rule {
 	/* not kernels of one queue: the replicas' (run_collective) */
 	[TS_P_ALLREDUCE] = {1, false, {WR(FA, OA, S_N)}},
 	[TS_P_ALLGATHER] = {1, false, {WR(FA, OA, S_N_REPLICAS)}},
+	[TS_P_REDUCE_SCATTER] = {2, false, {RD(FA, OA, S_N_REPLICAS), WR(FB, OB, S_N)}},
 };
 
 #undef RD
@@ -1142,7 +1143,7 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 	return st;
 }
 
-/* Action i of the plan on one replica (every kind but ALLREDUCE). */
+/* Action i of the plan on one replica (every kind but the collectives). */
 static ts_status run_action(struct run *r, int i, int step, struct ts_error *err)
 {
 	const struct ts_paction *a = &r->p->actions[i];
@@ -1161,10 +1162,12 @@ static ts_status run_action(struct run *r, int i, int step, struct ts_error *err
 		return TS_OK;
 	case TS_P_ALLREDUCE:
 	case TS_P_ALLGATHER:
+	case TS_P_REDUCE_SCATTER:
 		return bad_plan(err, i, "a collective outside a data-parallel run", a->a);
 	case TS_P_UPDATE:
 		if (a->rank_slice) {
-			/* ZeRO-1: this replica's part of the parameter and gradient */
+			/* ZeRO-1: this replica's part of the parameter and gradient
+			 * (ZeRO-2: the gradient is the replica's part already) */
 			struct ts_paction u = *a;
 			uint64_t at = (uint64_t)r->rank * a->n * sizeof(float);
 
@@ -1172,7 +1175,8 @@ static ts_status run_action(struct run *r, int i, int step, struct ts_error *err
 				return bad_plan(err, i, "a sharded update outside a data-parallel run",
 				                a->a);
 			u.aoff += at;
-			u.boff += at;
+			if (!r->p->shard_grads)
+				u.boff += at;
 			u.rank_slice = false;
 			return do_kernel(r, i, &u, step, err);
 		}
@@ -1183,36 +1187,41 @@ static ts_status run_action(struct run *r, int i, int step, struct ts_error *err
 }
 
 /*
- * Action i, an ALLREDUCE or ALLGATHER, on every replica at once: each
- * compute queue ordered after what touches its buffer (as a kernel), then
- * one collective over all of them (device.h's ts_comm: an NCCL group on
- * CUDA, the host's in rank order on sim), which each queue runs in its
- * order.
+ * Action i, an ALLREDUCE, ALLGATHER or REDUCE_SCATTER, on every replica at
+ * once: each compute queue ordered after what touches its buffers (as a
+ * kernel), then one collective over all of them (device.h's ts_comm: an
+ * NCCL group on CUDA, the host's in rank order on sim), which each queue
+ * runs in its order.
  */
 static ts_status run_collective(struct run *r, int n, struct ts_comm *comm, int i,
                                 struct ts_error *err)
 {
 	const struct ts_paction *a = &r[0].p->actions[i];
 	struct ts_queue *qs[TS_PLAN_REPLICAS_MAX];
-	float *bufs[TS_PLAN_REPLICAS_MAX];
+	float *bufs[TS_PLAN_REPLICAS_MAX], *recv[TS_PLAN_REPLICAS_MAX];
 	struct operand o[7];
 	int no = 0;
 	ts_status st = kernel_operands(r[0].p, i, a, o, &no, err);
 
 	for (int k = 0; k < n && st == TS_OK; k++) {
 		st = kernel_begin(&r[k], i, o, no, err);
-		if (st == TS_OK && r[k].p->bufs[a->a].kind != TS_MEM_DEVICE)
+		if (st == TS_OK && (r[k].p->bufs[a->a].kind != TS_MEM_DEVICE ||
+		                    (a->b >= 0 && r[k].p->bufs[a->b].kind != TS_MEM_DEVICE)))
 			st = bad_plan(err, i, "a collective of host memory", a->a);
 		qs[k] = r[k].q[QC];
 		bufs[k] = st == TS_OK ? at(&r[k], a->a, a->aoff) : NULL;
+		recv[k] = st == TS_OK && a->b >= 0 ? at(&r[k], a->b, a->boff) : NULL;
 	}
 	/* each compute queue's time in the collective (waiting for the
 	 * others included) is its communication, not its compute */
 	for (int k = 0; k < n && st == TS_OK; k++)
 		st = clk_mark(&r[k], clk_comm_begin, err);
-	if (st == TS_OK)
-		st = a->op == TS_P_ALLREDUCE ? ts_comm_allreduce(comm, qs, bufs, a->n, err)
-		                             : ts_comm_all_gather(comm, qs, bufs, a->n, err);
+	if (st == TS_OK && a->op == TS_P_ALLREDUCE)
+		st = ts_comm_allreduce(comm, qs, bufs, a->n, err);
+	else if (st == TS_OK && a->op == TS_P_ALLGATHER)
+		st = ts_comm_all_gather(comm, qs, bufs, a->n, err);
+	else if (st == TS_OK)
+		st = ts_comm_reduce_scatter_to(comm, qs, bufs, recv, a->n, err);
 	for (int k = 0; k < n && st == TS_OK; k++)
 		st = clk_mark(&r[k], clk_comm_end, err);
 	for (int k = 0; k < n && st == TS_OK; k++)
@@ -1316,7 +1325,8 @@ ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env
 	for (i = 0; st == TS_OK && i < p->nactions; i++) {
 		const struct ts_paction *a = &p->actions[i];
 
-		if (a->op == TS_P_ALLREDUCE || a->op == TS_P_ALLGATHER) {
+		if (a->op == TS_P_ALLREDUCE || a->op == TS_P_ALLGATHER ||
+		    a->op == TS_P_REDUCE_SCATTER) {
 			st = run_collective(r, n, comm, i, err);
 			continue;
 		}

@@ -52,6 +52,9 @@ struct ts_model {
 	struct ts_device *replica_devs[TS_PLAN_REPLICAS_MAX];
 	bool shard_optimizer;             /* ZeRO-1: each device keeps its slice of Adam's
 	                                     state (plan.h's ts_plan_build_zero) */
+	bool shard_gradients;             /* ZeRO-2: and of the reduced gradients during a
+	                                     step (ts_plan_build_zero2); implies
+	                                     shard_optimizer */
 	uint64_t steps;                   /* steps run so far (Adam's t) */
 	uint64_t create_ns;
 	uint64_t uid;                     /* assigned by the registry */

@@ -411,7 +411,8 @@ static int backward(struct ts__pb *b, int g)
 	const struct ts_policy *pol = &p->policy;
 	int L = p->mlp.layers, B = p->batch, d = p->mlp.d_model, H = ts_mlp_hidden(&p->mlp);
 	uint64_t xb = (uint64_t)B * d * F32, hb = (uint64_t)B * H * F32, wb = w1_bytes(p);
-	bool fused = ts__pb_update_fused(p);
+	bool fused = ts__pb_update_fused(p), sharded = ts__pb_grads_sharded(p);
+	uint64_t R = (uint64_t)p->replicas;
 
 	params_fetch(b, L - 1, "backward");
 	for (int l = L - 1; l >= 0; l--) {
@@ -433,7 +434,7 @@ static int backward(struct ts__pb *b, int g)
 			h = ts__pb_temp(b, TS_ROLE_H, TS_MEM_DEVICE, l, hb, "backward");
 			ts__pb_gemm(b, h, 0, x, 0, false, w1, o1, false, B, H, d, 0.0f, l, "backward");
 		}
-		if (fused) {          /* this layer's gradients only */
+		if (fused || sharded) {    /* this layer's gradients only */
 			G1 = ts__pb_temp(b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, l, wb, "backward");
 			G2 = ts_mlp_has_w2(&p->mlp) ? ts__pb_temp(b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, l, wb,
 			                                   "backward") : -1;
@@ -467,6 +468,11 @@ static int backward(struct ts__pb *b, int g)
 				update_one(b, l, 1, G2, 0, -1, b->w2[l], "backward");
 			ts__pb_release(b, G1, l, "backward");
 			ts__pb_release(b, G2, l, "backward");
+		} else if (sharded) { /* ZeRO-2: into this replica's parts, at once */
+			ts__pb_scatter(b, 0, TS_ROLE_GRAD_W1, wb * (uint64_t)L / R, G1, wb / F32,
+			               (uint64_t)l * wb / R, l, "backward");
+			ts__pb_scatter(b, 1, TS_ROLE_GRAD_W2, wb * (uint64_t)L / R, G2, wb / F32,
+			               (uint64_t)l * wb / R, l, "backward");
 		}
 		if (x_temp || ((l > 0 || b->x0 >= 0) && b->x[l] >= 0))
 			ts__pb_release(b, x, l, "backward");
@@ -611,28 +617,33 @@ static void update(struct ts__pb *b)
 {
 	const struct ts_plan *p = b->p;
 	int L = p->mlp.layers;
-	uint64_t wb = w1_bytes(p), n = wb / F32;
+	bool sh = ts__pb_grads_sharded(p);
+	uint64_t R = sh ? (uint64_t)p->replicas : 1;     /* ZeRO-2: the replica's parts */
+	uint64_t wb = w1_bytes(p), n = wb / F32 / R;
 	int norm = -1, nparams = ts_mlp_has_w2(&p->mlp) ? 2 : 1;
+	int G[4] = {sh ? b->sg[0] : b->G1, sh ? b->sg[1] : b->G2, sh ? b->sg[2] : b->GE,
+	            sh ? b->sg[3] : b->GP};
 
 	if (p->opt.clip_global_norm > 0 || p->accumulate > 1 || p->replicas > 1) {
 		norm = ts__pb_temp(b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
 		ts__pb_elementwise(b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
-		ts__pb_elementwise(b, TS_P_SUMSQ, b->G1, norm, -1, n * (uint64_t)L, -1, "update");
+		ts__pb_elementwise(b, TS_P_SUMSQ, G[0], norm, -1, n * (uint64_t)L, -1, "update");
 		if (nparams == 2)
-			ts__pb_elementwise(b, TS_P_SUMSQ, b->G2, norm, -1, n * (uint64_t)L, -1, "update");
+			ts__pb_elementwise(b, TS_P_SUMSQ, G[1], norm, -1, n * (uint64_t)L, -1, "update");
 		for (int k = 0; k < 2; k++)
-			if ((k ? b->GP : b->GE) >= 0)
-				ts__pb_elementwise(b, TS_P_SUMSQ, k ? b->GP : b->GE, norm, -1,
-				            token_param(b, k).bytes / F32, -1, "update");
+			if (G[2 + k] >= 0)
+				ts__pb_elementwise(b, TS_P_SUMSQ, G[2 + k], norm, -1,
+				            token_param(b, k).bytes / F32 / R, -1, "update");
+		ts__pb_norm_sum(b, norm);
 	}
 	for (int l = 0; l < L; l++)
 		for (int k = 0; k < nparams; k++)
-			update_one(b, l, k, k ? b->G2 : b->G1, (uint64_t)l * wb, norm, -1, "update");
+			update_one(b, l, k, G[k], (uint64_t)l * wb / R, norm, -1, "update");
 	for (int k = 0; k < 2; k++) {
 		struct ts__pb_param pr = token_param(b, k);
 
-		if ((k ? b->GP : b->GE) >= 0)
-			ts__pb_update_param(b, &pr, -1, k ? b->GP : b->GE, 0, norm, -1, "update");
+		if (G[2 + k] >= 0)
+			ts__pb_update_param(b, &pr, -1, G[2 + k], 0, norm, -1, "update");
 	}
 	ts__pb_release(b, norm, -1, "update");
 }
@@ -735,6 +746,10 @@ static int token_loss(struct ts__pb *b, int xL, enum ts_pbuf_class gcls)
 		ts__pb_update_param(b, &pr, -1, b->GP, 0, -1, prj != b->PRJ ? prj : -1, "loss");
 		ts__pb_release(b, b->GP, -1, "loss");
 		b->GP = -1;
+	} else if (ts__pb_grads_sharded(p)) {
+		ts__pb_scatter(b, 3, TS_ROLE_GRAD_PROJ, pr.bytes / (uint64_t)p->replicas, b->GP,
+		               pr.bytes / F32, 0, -1, "loss");
+		b->GP = -1;
 	}
 	token_drop(b, prj, b->PRJ, "loss");
 	return g;
@@ -744,15 +759,19 @@ static int token_loss(struct ts__pb *b, int xL, enum ts_pbuf_class gcls)
 static void token_backward(struct ts__pb *b, int gx0)
 {
 	struct ts__pb_param pr = token_param(b, 0);
-	bool fused = ts__pb_update_fused(b->p);
+	bool fused = ts__pb_update_fused(b->p), sharded = ts__pb_grads_sharded(b->p);
 
-	if (fused)
+	if (fused || sharded)
 		b->GE = ts__pb_temp(b, TS_ROLE_GRAD_EMBED, TS_MEM_DEVICE, -1, pr.bytes, "backward");
 	token_op(b, TS_P_EMBED_BWD, gx0, b->IN, b->GE, -1, "backward");
 	ts__pb_release(b, gx0, 0, "backward");
 	if (fused) {
 		ts__pb_update_param(b, &pr, -1, b->GE, 0, -1, -1, "backward");
 		ts__pb_release(b, b->GE, -1, "backward");
+		b->GE = -1;
+	} else if (sharded) {
+		ts__pb_scatter(b, 2, TS_ROLE_GRAD_EMBED, pr.bytes / (uint64_t)b->p->replicas, b->GE,
+		               pr.bytes / F32, 0, -1, "backward");
 		b->GE = -1;
 	}
 }
@@ -851,6 +870,8 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
 	                      .NU2 = -1, .IN = -1, .TGT = -1, .G1 = -1, .G2 = -1, .EMB = -1,
 	                      .PRJ = -1, .MUE = -1, .MUP = -1, .NUE = -1, .NUP = -1, .GE = -1,
 	                      .GP = -1, .x0 = -1, .norm = -1};
+	for (size_t k = 0; k < sizeof b->sg / sizeof b->sg[0]; k++)
+		b->sg[k] = -1;
 	out->mlp = *mlp;
 	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
 	out->policy = *policy;
@@ -939,6 +960,8 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
 	for (int i = 0; !b->failed && i < b->p->nactions; i++)
 		if (b->p->actions[i].op == TS_P_ALLREDUCE)
 			b->p->all_reduce_bytes += b->p->actions[i].n * F32;
+		else if (b->p->actions[i].op == TS_P_REDUCE_SCATTER)
+			b->p->all_reduce_bytes += b->p->actions[i].n * F32 * (uint64_t)b->p->replicas;
 	if (b->failed) {
 		ts_plan_release(b->p);
 		return ts_error_oom(err, "no memory to plan the %s", what);
@@ -982,7 +1005,7 @@ void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase)
 	int R = b->p->replicas > 1 ? b->p->replicas : 1;
 	float beta = 1.0f / ((float)b->p->accumulate * (float)R);
 
-	if (acc >= 0 && R > 1) {
+	if (acc >= 0 && R > 1 && !ts__pb_grads_sharded(b->p)) {
 		struct ts_paction *a = ts__pb_emit(b, TS_P_ALLREDUCE, -1, "all-reduce");
 
 		if (!a)
@@ -1006,6 +1029,57 @@ void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase)
 	}
 }
 
+bool ts__pb_grads_sharded(const struct ts_plan *p)
+{
+	return p->shard_grads && p->replicas > 1;
+}
+
+void ts__pb_scatter(struct ts__pb *b, int k, enum ts_pbuf_role role, uint64_t part_bytes, int G,
+                    uint64_t n, uint64_t soff, int layer, const char *phase)
+{
+	uint64_t part = n / (uint64_t)b->p->replicas;
+	struct ts_paction *a;
+	int t = -1;
+
+	if (G < 0)
+		return;
+	if (b->sg[k] < 0)
+		b->sg[k] = ts__pb_temp(b, role, TS_MEM_DEVICE, -1, part_bytes, phase);
+	if (b->micro > 0)        /* a later micro-batch's: added into the parts */
+		t = ts__pb_temp(b, role, TS_MEM_DEVICE, layer, part * F32, phase);
+	a = ts__pb_emit(b, TS_P_REDUCE_SCATTER, layer, "reduce-scatter");
+	if (a) {
+		a->a = G;
+		a->b = t >= 0 ? t : b->sg[k];
+		a->boff = t >= 0 ? 0 : soff;
+		a->n = part;
+	}
+	ts__pb_release(b, G, layer, phase);
+	if (t < 0)
+		return;
+	a = ts__pb_emit(b, TS_P_ADD, layer, phase);
+	if (a) {
+		a->a = t;
+		a->b = b->sg[k];
+		a->boff = soff;
+		a->n = part;
+	}
+	ts__pb_release(b, t, layer, phase);
+}
+
+void ts__pb_norm_sum(struct ts__pb *b, int norm)
+{
+	struct ts_paction *a;
+
+	if (norm < 0 || !ts__pb_grads_sharded(b->p))
+		return;
+	a = ts__pb_emit(b, TS_P_ALLREDUCE, -1, "all-reduce");
+	if (a) {
+		a->a = norm;
+		a->n = 1;
+	}
+}
+
 /* One micro-batch of an MLP kind's step: forward, loss and backward, its
  * gradients into the whole gradients (micro-batch 0: the accumulators, of
  * class gcls) or into whole temps added into them (later ones). */
@@ -1020,7 +1094,9 @@ static void mlp_micro(struct ts__pb *b, int j, enum ts_pbuf_class gcls)
 	int *grad[4] = {&b->G1, &b->G2, &b->GE, &b->GP}, acc[4];
 	uint64_t gn[4] = {wb * L / F32, wb * L / F32, eb / F32, eb / F32};
 	int first = p->nactions, g, xL;
+	bool sharded = ts__pb_grads_sharded(p);
 
+	b->micro = j;
 	if (j > 0) {
 		gcls = TS_PB_TEMP;
 		for (int k = 0; k < 4; k++) {
@@ -1037,7 +1113,7 @@ static void mlp_micro(struct ts__pb *b, int j, enum ts_pbuf_class gcls)
 		g = emit_loss(b, xL, (uint64_t)p->batch * d, xb, L);
 		ts__pb_release(b, xL, L, "loss");
 	}
-	if (gcls == TS_PB_TEMP && !ts__pb_update_fused(p)) {
+	if (gcls == TS_PB_TEMP && !ts__pb_update_fused(p) && !sharded) {
 		b->G1 = ts__pb_temp(b, TS_ROLE_GRAD_W1, TS_MEM_DEVICE, -1, wb * L, "backward");
 		b->G2 = has2 ? ts__pb_temp(b, TS_ROLE_GRAD_W2, TS_MEM_DEVICE, -1, wb * L, "backward") : -1;
 		if (tok)
@@ -1055,7 +1131,8 @@ static void mlp_micro(struct ts__pb *b, int j, enum ts_pbuf_class gcls)
 	}
 	if (j == p->accumulate - 1 && (j > 0 || p->replicas > 1))
 		for (int k = 0; k < 4; k++)
-			ts__pb_mean(b, *grad[k], gn[k], "accumulate");
+			ts__pb_mean(b, sharded ? b->sg[k] : *grad[k],
+			            sharded ? gn[k] / (uint64_t)p->replicas : gn[k], "accumulate");
 }
 
 ts_status ts_plan_build(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
@@ -1073,7 +1150,7 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
 }
 
 static ts_status build_step(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                            int accumulate, int replicas, bool shard,
+                            int accumulate, int replicas, int zero,
                             const struct ts_policy *policy, struct ts_plan *out,
                             struct ts_error *err);
 
@@ -1082,7 +1159,7 @@ ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_opt
                                    const struct ts_policy *policy, struct ts_plan *out,
                                    struct ts_error *err)
 {
-	return build_step(mlp, opt, batch, accumulate, replicas, false, policy, out, err);
+	return build_step(mlp, opt, batch, accumulate, replicas, 0, policy, out, err);
 }
 
 /* The elements of each update of model m's parameter k (an MLP's w1, w2,
@@ -1109,9 +1186,11 @@ static bool update_size(const struct ts_mlp *m, int k, uint64_t *n, const char *
 	return true;
 }
 
-ts_status ts_plan_build_zero(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, int replicas, const struct ts_policy *policy,
-                             struct ts_plan *out, struct ts_error *err)
+/* ZeRO stage `zero` (1 or 2): the checks both stages make, then the step. */
+static ts_status build_zero(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                            int accumulate, int replicas, int zero,
+                            const struct ts_policy *policy, struct ts_plan *out,
+                            struct ts_error *err)
 {
 	const char *name = "";
 	uint64_t n;
@@ -1128,11 +1207,26 @@ ts_status ts_plan_build_zero(const struct ts_mlp *mlp, const struct ts_optimizer
 			                    "shard_optimizer: %s's updates of %llu elements do not "
 			                    "split over %d devices", name, (unsigned long long)n,
 			                    replicas);
-	return build_step(mlp, opt, batch, accumulate, replicas, true, policy, out, err);
+	return build_step(mlp, opt, batch, accumulate, replicas, zero, policy, out, err);
+}
+
+ts_status ts_plan_build_zero(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
+                             int accumulate, int replicas, const struct ts_policy *policy,
+                             struct ts_plan *out, struct ts_error *err)
+{
+	return build_zero(mlp, opt, batch, accumulate, replicas, 1, policy, out, err);
+}
+
+ts_status ts_plan_build_zero2(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
+                              int batch, int accumulate, int replicas,
+                              const struct ts_policy *policy, struct ts_plan *out,
+                              struct ts_error *err)
+{
+	return build_zero(mlp, opt, batch, accumulate, replicas, 2, policy, out, err);
 }
 
 static ts_status build_step(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                            int accumulate, int replicas, bool shard,
+                            int accumulate, int replicas, int zero,
                             const struct ts_policy *policy, struct ts_plan *out,
                             struct ts_error *err)
 {
@@ -1150,14 +1244,15 @@ static ts_status build_step(const struct ts_mlp *mlp, const struct ts_optimizer 
 		                    "a step runs on 1..%d devices together, not %d",
 		                    TS_PLAN_REPLICAS_MAX, replicas);
 	if (mlp->gpt)
-		return ts__plan_build_gpt(mlp, opt, batch, accumulate, replicas, shard, policy, out,
+		return ts__plan_build_gpt(mlp, opt, batch, accumulate, replicas, zero, policy, out,
 		                          err);
 	st = check_model(mlp, batch, policy, err);
 	if (st != TS_OK)
 		return st;
 	out->accumulate = accumulate;
 	out->replicas = replicas;
-	out->shard_state = shard;
+	out->shard_state = zero >= 1;
+	out->shard_grads = zero >= 2;
 	ts__pb_start(&b, out, mlp, policy, batch);
 	out->opt = *opt;
 	add_arguments(&b, gcls == TS_PB_OUTPUT, true);
@@ -1170,6 +1265,8 @@ static ts_status build_step(const struct ts_mlp *mlp, const struct ts_optimizer 
 		ts__pb_release(&b, b.G2, -1, "update");
 		ts__pb_release(&b, b.GE, -1, "update");
 		ts__pb_release(&b, b.GP, -1, "update");
+		for (int k = 0; k < 4; k++)
+			ts__pb_release(&b, b.sg[k], -1, "update");
 	}
 	return ts__pb_finish(&b, "step", err);
 }

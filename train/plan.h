@@ -239,6 +239,9 @@ enum ts_pop {
 	                     executor's communicator, on the compute queue) */
 	TS_P_ALLGATHER,   /* a (+aoff), n * replicas floats: each replica's n at
 	                     aoff + rank * n gathered into every replica's */
+	TS_P_REDUCE_SCATTER, /* b (+boff), n floats = the sum over the replicas of
+	                        a (+aoff + rank * n floats), a holding n * replicas
+	                        (ZeRO-2: a gradient into the replica's part) */
 };
 
 struct ts_paction {
@@ -255,7 +258,9 @@ struct ts_paction {
 	bool rank_slice;                 /* UPDATE of a sharded optimizer state: the n
 	                                    elements of a and b at aoff / boff + rank * n
 	                                    floats (the executor's replica), c and d the
-	                                    replica's own slice at coff */
+	                                    replica's own slice at coff; with the plan's
+	                                    shard_grads b is the replica's own part at
+	                                    boff too */
 	uint64_t n;                      /* elements */
 	int layer;
 	const char *phase;               /* static: "forward", "backward", "update", ... */
@@ -271,7 +276,9 @@ struct ts_plan {
 	int replicas;                    /* devices running the step together, >= 1
 	                                    (ts_plan_build_replicated) */
 	bool shard_state;                /* ZeRO-1: each replica keeps 1/replicas of the
-	                                    optimizer state (ts_plan_build_replicated) */
+	                                    optimizer state (ts_plan_build_zero) */
+	bool shard_grads;                /* ZeRO-2: and of the reduced gradients
+	                                    (ts_plan_build_zero2); implies shard_state */
 	bool norm_after;                 /* fused updates: the global norm's temp (role
 	                                    NORM, the first temp allocated and the last
 	                                    freed) is read back after the step */
@@ -290,7 +297,9 @@ struct ts_plan {
 	uint64_t host_version_size_in_bytes, host_journal_size_in_bytes;
 	uint64_t peak_device_bytes;
 	uint64_t h2d_bytes, d2h_bytes;
-	uint64_t all_reduce_bytes;       /* data parallel: each device's TS_P_ALLREDUCE bytes */
+	uint64_t all_reduce_bytes;       /* data parallel: each device's bytes reduced
+	                                    (TS_P_ALLREDUCE's n, TS_P_REDUCE_SCATTER's
+	                                    n * replicas floats) */
 	int npoints;                     /* the timeline: live device bytes after each change */
 	struct {
 		const char *phase;
@@ -372,6 +381,30 @@ ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_opt
 ts_status ts_plan_build_zero(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
                              int accumulate, int replicas, const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err);
+
+/*
+ * ZeRO-2 (DeepSpeed's stage 2): ts_plan_build_zero, with each replica
+ * keeping only its 1/replicas part of the reduced gradients too. During
+ * the backward pass every gradient of an update (a layer of a parameter,
+ * or a whole one) is made in a temp of its own, which is reduce-scattered
+ * (TS_P_REDUCE_SCATTER) as soon as the backward pass has made it -
+ * replica r receiving part r of the sum, the part its rank_slice update
+ * reads - and freed at once: the whole gradients never exist together,
+ * only one update's at a time, beside the replica's parts of all of them
+ * (a temp per parameter, 1/replicas of its gradient, allocated at its
+ * first part). With accumulation every micro-batch's gradients are
+ * reduce-scattered (micro-batch 0's into the parts, a later one's into a
+ * temp added into them: the sum runs over the replicas, then the
+ * micro-batches). The parts are scaled by 1 / (accumulate * replicas);
+ * the global norm is each replica's sum of its parts' squares, then those
+ * sums added over the replicas (a TS_P_ALLREDUCE of one float, in rank
+ * order on sim, the same bits on every replica). The update and the
+ * gather are ZeRO-1's. Errors as ts_plan_build_zero.
+ */
+ts_status ts_plan_build_zero2(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
+                              int batch, int accumulate, int replicas,
+                              const struct ts_policy *policy, struct ts_plan *out,
+                              struct ts_error *err);
 
 /*
  * Plans an evaluation of mlp on a batch of `batch` rows: the forward pass

@@ -459,6 +459,18 @@ static int grad_at(struct gpt *g, int t, int l, bool fused, int *tmp, uint64_t *
 	return tmp[t];
 }
 
+/* ZeRO-2: parameter t's gradient of layer l (-1: whole), the temp G,
+ * reduce-scattered into this replica's part of it and freed (plan_int.h's
+ * ts__pb_scatter). */
+static void scatter(struct gpt *g, int t, int l, int G, const char *ph)
+{
+	bool per = ts_gpt_param_per_layer((enum ts_gpt_param)t);
+	uint64_t n = slice_bytes(g, t), R = (uint64_t)g->b->p->replicas;
+
+	ts__pb_scatter(g->b, t, ts_gpt_role(3, t), n * (per ? (uint64_t)g->L : 1) / R, G, n / F32,
+	               per ? (uint64_t)l * n / R : 0, per ? l : -1, ph);
+}
+
 /* Updates parameter t's slice of layer l (-1: whole) from gradient G
  * (+goff); fused: right after the gradient, with the block's device copy. */
 static void update_slice(struct gpt *g, int t, int l, int G, uint64_t goff, int norm,
@@ -487,11 +499,12 @@ static int block_backward(struct gpt *g, int l, int x, struct act *a, int gy, bo
 	uint64_t N = (uint64_t)g->N, d = (uint64_t)g->d, F = (uint64_t)g->F;
 	uint64_t part = N * d * F32, ss = (uint64_t)g->B * g->H * g->T * g->T, wo, go[NP];
 	int tmp[NP], G[NP], h2, da, dy, dx, gm, w, dyh, dp, dq, dqkv;
+	bool sharded = ts__pb_grads_sharded(g->b->p);
 
 	for (int t = 0; t < NP; t++) {
 		tmp[t] = -1;
 		G[t] = ts_gpt_param_per_layer((enum ts_gpt_param)t)
-		       ? grad_at(g, t, l, fused, tmp, &go[t], ph) : -1;
+		       ? grad_at(g, t, l, fused || sharded, tmp, &go[t], ph) : -1;
 	}
 	/* the MLP half (the GELU's output recomputed unless kept) */
 	h2 = a->h2;
@@ -564,6 +577,10 @@ static int block_backward(struct gpt *g, int l, int x, struct act *a, int gy, bo
 			update_slice(g, t, l, tmp[t], 0, -1, true, ph);
 			ts__pb_release(g->b, tmp[t], l, ph);
 		}
+	} else if (sharded) { /* ZeRO-2: into this replica's parts, at once */
+		for (int t = 0; t < NP; t++)
+			if (tmp[t] >= 0)
+				scatter(g, t, l, tmp[t], ph);
 	}
 	return dx;
 }
@@ -821,23 +838,26 @@ static void embed_backward(struct gpt *g, int g0)
 static void update_all(struct gpt *g)
 {
 	const struct ts_plan *p = g->b->p;
+	bool sh = ts__pb_grads_sharded(p);
+	uint64_t R = sh ? (uint64_t)p->replicas : 1;     /* ZeRO-2: the replica's parts */
 	int norm = -1;
 
 	if (p->opt.clip_global_norm > 0 || p->accumulate > 1 || p->replicas > 1) {
 		norm = ts__pb_temp(g->b, TS_ROLE_NORM, TS_MEM_DEVICE, -1, F32, "update");
 		ts__pb_elementwise(g->b, TS_P_FILL, norm, -1, -1, 1, -1, "update");
 		for (int t = 0; t < NP; t++)
-			ts__pb_elementwise(g->b, TS_P_SUMSQ, g->G[t], norm, -1,
+			ts__pb_elementwise(g->b, TS_P_SUMSQ, sh ? g->b->sg[t] : g->G[t], norm, -1,
 			                   ts_gpt_param_slice(&p->mlp, (enum ts_gpt_param)t) *
-			                   (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? g->L : 1),
+			                   (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? g->L : 1) / R,
 			                   -1, "update");
+		ts__pb_norm_sum(g->b, norm);
 	}
 	for (int t = 0; t < NP; t++) {
 		bool per = ts_gpt_param_per_layer((enum ts_gpt_param)t);
 
 		for (int l = 0; l < (per ? g->L : 1); l++)
-			update_slice(g, t, per ? l : -1, g->G[t], per ? (uint64_t)l * slice_bytes(g, t) : 0,
-			             norm, false, "update");
+			update_slice(g, t, per ? l : -1, sh ? g->b->sg[t] : g->G[t],
+			             per ? (uint64_t)l * slice_bytes(g, t) / R : 0, norm, false, "update");
 	}
 	ts__pb_release(g->b, norm, -1, "update");
 }
@@ -851,7 +871,9 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 	struct ts__pb *b = g->b;
 	const struct ts_policy *policy = &b->p->policy;
 	int xL, yf, stf, logits, gl, gy, dyf, acc[NP], first = b->p->nactions;
+	bool sharded = ts__pb_grads_sharded(b->p);
 
+	b->micro = j;
 	xL = forward(g);
 	logits = head_forward(g, xL, &yf, &stf, -1, "loss");
 	gl = xent(g, logits);
@@ -861,13 +883,13 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 	 * table's and the final LayerNorm's are whole in every case */
 	for (int t = 0; t < NP; t++)
 		acc[t] = g->G[t];
-	if (j > 0 || (!grads_out && !fused))
+	if (!sharded && (j > 0 || (!grads_out && !fused)))
 		for (int t = 0; t < NP; t++)
 			g->G[t] = ts__pb_temp(b, ts_gpt_role(3, t), TS_MEM_DEVICE, -1,
 			                      slice_bytes(g, t) *
 			                      (ts_gpt_param_per_layer((enum ts_gpt_param)t) ? g->L : 1),
 			                      "backward");
-	if (fused)
+	if (fused || sharded)
 		for (int t = 0; t < NP; t++)
 			if (!ts_gpt_param_per_layer((enum ts_gpt_param)t))
 				g->G[t] = ts__pb_temp(b, ts_gpt_role(3, t), TS_MEM_DEVICE, -1,
@@ -897,6 +919,10 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 		ts__pb_release(b, g->G[TS_GPT_LNF_B], -1, "loss");
 		whole_drop(g, TS_GPT_LNF_G, "loss");
 		whole_drop(g, TS_GPT_LNF_B, "loss");
+	} else if (sharded) {
+		scatter(g, TS_GPT_LNF_G, -1, g->G[TS_GPT_LNF_G], "loss");
+		scatter(g, TS_GPT_LNF_B, -1, g->G[TS_GPT_LNF_B], "loss");
+		g->G[TS_GPT_LNF_G] = g->G[TS_GPT_LNF_B] = -1;
 	}
 	/* the blocks, last first */
 	block_fetch(g, g->L - 1, "backward");
@@ -926,16 +952,20 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 		update_slice(g, TS_GPT_WPE, -1, g->G[TS_GPT_WPE], 0, -1, false, "backward");
 		ts__pb_release(b, g->G[TS_GPT_WTE], -1, "backward");
 		ts__pb_release(b, g->G[TS_GPT_WPE], -1, "backward");
+	} else if (sharded) {
+		scatter(g, TS_GPT_WTE, -1, g->G[TS_GPT_WTE], "backward");
+		scatter(g, TS_GPT_WPE, -1, g->G[TS_GPT_WPE], "backward");
+		g->G[TS_GPT_WTE] = g->G[TS_GPT_WPE] = -1;
 	}
 	ts__pb_micro(b, first, j, g->IN, g->TGT);
-	for (int t = 0; j > 0 && !b->failed && t < NP; t++) {
+	for (int t = 0; j > 0 && !sharded && !b->failed && t < NP; t++) {
 		ts__pb_accumulate(b, acc[t], g->G[t], b->p->bufs[acc[t]].bytes / F32, "accumulate");
 		g->G[t] = acc[t];
 	}
 }
 
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, int replicas, bool shard_state,
+                             int accumulate, int replicas, int zero,
                              const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err)
 {
@@ -951,21 +981,28 @@ ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer
 	out->opt = *opt;
 	out->accumulate = accumulate;
 	out->replicas = replicas;
-	out->shard_state = shard_state;
+	out->shard_state = zero >= 1;
+	out->shard_grads = zero >= 2;
 	gpt_start(&g, &b, out, mlp, policy, batch, mlp->context, grads_out,
 	          opt->type == TS_OPT_ADAM, true);
 	fused = ts__pb_update_fused(out);
 	ts__pb_norm_begin(&b);
 	for (int j = 0; j < accumulate && !b.failed; j++)
 		step_micro(&g, j, grads_out, fused);
-	for (int t = 0; (accumulate > 1 || replicas > 1) && !b.failed && t < NP; t++)
-		ts__pb_mean(&b, g.G[t], out->bufs[g.G[t]].bytes / F32, "accumulate");
+	for (int t = 0; (accumulate > 1 || replicas > 1) && !b.failed && t < NP; t++) {
+		int G = ts__pb_grads_sharded(out) ? b.sg[t] : g.G[t];
+
+		if (G >= 0)
+			ts__pb_mean(&b, G, out->bufs[G].bytes / F32, "accumulate");
+	}
 	if (!fused && !grads_out) {
 		for (int t = 0; t < NP; t++)        /* the update fetches what it updates */
 			whole_drop(&g, t, "update");
 		update_all(&g);
-		for (int t = 0; t < NP; t++)
+		for (int t = 0; t < NP; t++) {
 			ts__pb_release(&b, g.G[t], -1, "update");
+			ts__pb_release(&b, b.sg[t], -1, "update");
+		}
 	}
 	for (int t = 0; t < NP; t++)
 		whole_drop(&g, t, "update");

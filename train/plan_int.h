@@ -35,6 +35,11 @@ struct ts__pb {
 	int EMB, PRJ, MUE, MUP, NUE, NUP, GE, GP;
 	int x0;          /* the gathered first input (a temp), or -1 */
 	int norm;        /* fused updates: the global norm's temp, or -1 */
+	int micro;       /* the micro-batch being built (0 without accumulation) */
+	/* ZeRO-2: each parameter's part of its reduced gradient (an MLP's w1,
+	 * w2, embed, proj; a GPT's tensors in order), a temp from its first
+	 * part on, or -1 */
+	int sg[TS_GPT_NPARAMS > 4 ? TS_GPT_NPARAMS : 4];
 };
 
 
@@ -95,6 +100,17 @@ int ts__pb_whole(struct ts__pb *b, bool want, enum ts_pbuf_role role, enum ts_pb
 void ts__pb_micro(struct ts__pb *b, int first, int j, int IN, int TGT);
 void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char *phase);
 void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase);
+/* ZeRO-2 (plan.h's ts_plan_build_zero2): whether the plan shards the
+ * gradients; scatter: the whole gradient G of one update (n floats, a temp)
+ * reduce-scattered into this replica's part of parameter k's gradient,
+ * sg[k] at byte offset soff (allocated, part_bytes in all, at the first;
+ * micro-batch 0 scatters into it, a later one into a temp added into it),
+ * then G freed; norm: after the parts' squares were added into the norm
+ * buffer, their sum over the replicas (no-op without sharded gradients). */
+bool ts__pb_grads_sharded(const struct ts_plan *p);
+void ts__pb_scatter(struct ts__pb *b, int k, enum ts_pbuf_role role, uint64_t part_bytes, int G,
+                    uint64_t n, uint64_t soff, int layer, const char *phase);
+void ts__pb_norm_sum(struct ts__pb *b, int norm);
 /* Starts building *out (zeroed): model, policy, batch, the per-layer state. */
 void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *mlp,
                   const struct ts_policy *policy, int batch);
@@ -104,9 +120,9 @@ ts_status ts__pb_finish(struct ts__pb *b, const char *what, struct ts_error *err
 
 /* The GPT kind's step and evaluation (plan_gpt.c), as
  * ts_plan_build_accumulate and ts_plan_build_eval, which call them for a
- * GPT. */
+ * GPT; zero 0 replicated, 1 or 2 ts_plan_build_zero's or _zero2's. */
 ts_status ts__plan_build_gpt(const struct ts_mlp *mlp, const struct ts_optimizer *opt, int batch,
-                             int accumulate, int replicas, bool shard_state,
+                             int accumulate, int replicas, int zero,
                              const struct ts_policy *policy,
                              struct ts_plan *out, struct ts_error *err);
 ts_status ts__plan_build_gpt_eval(const struct ts_mlp *mlp, int batch,

@@ -126,9 +126,9 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 
 		st = ts_plan_build_eval_spec(&cfg->mlp, cfg->batch, &cfg->policy, &spec, &s->plan, err);
 	} else if (cfg->shard_state) {
-		st = ts_plan_build_zero(&cfg->mlp, &cfg->opt, cfg->batch,
-		                        cfg->accumulate > 1 ? cfg->accumulate : 1, s->R, &cfg->policy,
-		                        &s->plan, err);
+		st = (cfg->shard_grads ? ts_plan_build_zero2 : ts_plan_build_zero)(
+			&cfg->mlp, &cfg->opt, cfg->batch, cfg->accumulate > 1 ? cfg->accumulate : 1, s->R,
+			&cfg->policy, &s->plan, err);
 	} else {
 		st = ts_plan_build_replicated(&cfg->mlp, &cfg->opt, cfg->batch,
 		                              cfg->accumulate > 1 ? cfg->accumulate : 1, s->R,

@@ -79,6 +79,8 @@ struct ts_session_config {
 	struct ts_device *devs[TS_PLAN_REPLICAS_MAX];
 	bool shard_state;                /* ZeRO-1 (plan.h's ts_plan_build_zero): each
 	                                    replica's optimizer state its slice */
+	bool shard_grads;                /* ZeRO-2 (ts_plan_build_zero2): and its part of
+	                                    the reduced gradients; with shard_state */
 };
 
 /* Where a role's batch comes from: memory of `bytes` holding rows of

@@ -17,7 +17,12 @@
  *     costs here);
  *   - each device's compute and communication time a step, from the
  *     session's report (its compute queue's busy time, and its time in
- *     the collectives, waiting for the other device included).
+ *     the collectives, waiting for the other device included);
+ *   - each device's planned temps with ZeRO-2 (gradients reduce-scattered
+ *     and freed per layer) over ZeRO-1's (whole gradients until the
+ *     update), from the plans' analysis (exact: the measured peak is the
+ *     plan's; target: below ZeRO-1's by at least half the gradients less
+ *     one layer's).
  * Each time is the best of a few after a warm-up.
  */
 #include <math.h>
@@ -195,6 +200,32 @@ static void allreduce_vs_memcpy(uint64_t n, double *ar_s, double *cp_s)
 	ts_comm_free(comm);
 }
 
+/* ZeRO-2's planned temps a device against ZeRO-1's, on the bench's step. */
+static void zero2_vs_zero1(uint64_t grads)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	uint64_t layer = grads / (uint64_t)model.layers;
+	struct ts_plan z1, z2;
+	struct ts_error err;
+	char v[64], ref[64], tgt[64];
+
+	ts_error_clear(&err);
+	if (ts_plan_build_zero(&model, &adam, ROWS / 2, 1, 2, &pol, &z1, &err) != TS_OK ||
+	    ts_plan_build_zero2(&model, &adam, ROWS / 2, 1, 2, &pol, &z2, &err) != TS_OK)
+		die("ZeRO plans", &err);
+	snprintf(v, sizeof v, "%.1f MiB", (double)z2.temp_size_in_bytes / 1048576.0);
+	snprintf(ref, sizeof ref, "ZeRO-1: %.1f MiB", (double)z1.temp_size_in_bytes / 1048576.0);
+	snprintf(tgt, sizeof tgt, "<= %.2f",
+	         (double)(z1.temp_size_in_bytes - grads / 2 + layer) /
+	         (double)z1.temp_size_in_bytes);
+	bench_row("ZeRO-2 / ZeRO-1: temps a device (plan)", v, ref,
+	          (double)z2.temp_size_in_bytes / (double)z1.temp_size_in_bytes, tgt, true,
+	          z2.temp_size_in_bytes + grads / 2 <= z1.temp_size_in_bytes + layer);
+	ts_plan_release(&z1);
+	ts_plan_release(&z2);
+}
+
 int main(void)
 {
 	struct ts_device_config dc = {.sim_devices = 2, .sim_device_memory = 1ull << 30,
@@ -261,6 +292,7 @@ int main(void)
 	          rep->replica_compute_s[0] > 0 ? rep->replica_comm_s[0] / rep->replica_compute_s[0]
 	                                        : 0.0 / 0.0,
 	          NULL, false, false);
+	zero2_vs_zero1(params);
 	run_close(&one);
 	run_close(&dp);
 	free(data);

@@ -330,6 +330,67 @@ START_TEST(test_shard_optimizer)
 }
 END_TEST
 
+/* ZeRO-2: "shard_optimizer": "gradients" also keeps each device's half of
+ * the reduced gradients: the model renders it, :analyze answers ZeRO-1's
+ * arguments with fewer temps and the gradients reduce-scattered (plus the
+ * norm's 4 bytes), the steps equal the replicated model's and ZeRO-1's
+ * within float32 summation error (the norm clips, summed part by part). */
+START_TEST(test_shard_gradients)
+{
+	float *x = th_floats(16 * 16, 3, -1.0f, 1.0f), *y = th_floats(16 * 16, 4, -1.0f, 1.0f);
+	char *both = both_devices();
+	char *z1 = th_fmt("{\"devices\": [\"%s\", \"%s\"], \"shard_optimizer\": true}",
+	                  th_dev(0), th_dev(1));
+	char *z2 = th_fmt("{\"devices\": [\"%s\", \"%s\"], \"shard_optimizer\": \"gradients\"}",
+	                  th_dev(0), th_dev(1));
+	char *odd = th_fmt("{\"devices\": [\"%s\", \"%s\"], \"shard_optimizer\": \"params\"}",
+	                   th_dev(0), th_dev(1));
+	const char *adam = "\"mlp\": {\"layers\": 2, \"d_model\": 16, \"d_hidden\": 8}, "
+	                   "\"loss\": \"mse\", \"optimizer\": {\"type\": \"adam\", "
+	                   "\"learning_rate\": 0.01, \"clip_global_norm\": 1.0}";
+	json_t *r2, *r1, *rr, *a2, *a1, *m;
+	char *s;
+
+	th_put_floats(&D, "x", x, 16, 16, NULL);
+	th_put_floats(&D, "y", y, 16, 16, NULL);
+	create("g", adam, z2);
+	create("z", adam, z1);
+	create("r", adam, both);
+	m = th_get_object(&D, "/v1/models/g");
+	ck_assert_str_eq(th_str(th_obj(m, "placement"), "shard_optimizer"), "gradients");
+	json_decref(m);
+	a2 = th_post_json(&D, "/v1/models/g:analyze", "{\"batch\": [16, 16]}", 200);
+	a1 = th_post_json(&D, "/v1/models/z:analyze", "{\"batch\": [16, 16]}", 200);
+	ck_assert_int_eq(th_int(a2, "argument_size_in_bytes"), th_int(a1, "argument_size_in_bytes"));
+	ck_assert_int_lt(th_int(a2, "temp_size_in_bytes"), th_int(a1, "temp_size_in_bytes"));
+	/* w1 and w2's gradients, 2 x [2, 16, 8] floats, reduced; and the norm */
+	ck_assert_int_eq(th_int(a1, "all_reduce_bytes"), 2 * 2 * 16 * 8 * 4);
+	ck_assert_int_eq(th_int(a2, "all_reduce_bytes"), 2 * 2 * 16 * 8 * 4 + 4);
+	r2 = th_model_step(&D, "g", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	r1 = th_model_step(&D, "z", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	rr = th_model_step(&D, "r", "{\"inputs\": \"x\", \"targets\": \"y\", \"steps\": 3}");
+	close_losses(r2, rr, 1e-5);
+	close_losses(r2, r1, 1e-5);
+	close_arrays("g.w1", "r.w1", 1e-4);
+	close_arrays("g.w2", "z.w2", 1e-4);
+	close_arrays("g.adam.nu.w1", "z.adam.nu.w1", 1e-4);
+	s = spec("bad", adam, odd);
+	th_post_error(&D, "/v1/models", s, 400, "INVALID_ARGUMENT", "BAD_SHARDING", "params", NULL);
+	free(s);
+	json_decref(r2);
+	json_decref(r1);
+	json_decref(rr);
+	json_decref(a2);
+	json_decref(a1);
+	free(x);
+	free(y);
+	free(both);
+	free(z1);
+	free(z2);
+	free(odd);
+}
+END_TEST
+
 /* :analyze of the model on two devices is each device's: the plan of its
  * half of the batch, and the gradients it all-reduces. */
 START_TEST(test_analyze_is_per_device)
@@ -489,6 +550,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_mlp_on_two_devices_equals_one);
 	tcase_add_test(tc, test_offloaded_replicas);
 	tcase_add_test(tc, test_shard_optimizer);
+	tcase_add_test(tc, test_shard_gradients);
 	tcase_add_test(tc, test_analyze_is_per_device);
 	tcase_add_test(tc, test_gpt_windows_on_two_devices_equal_one);
 	tcase_add_test(tc, test_checkpoint_onto_one_device);

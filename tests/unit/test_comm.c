@@ -261,6 +261,56 @@ START_TEST(test_reduce_scatter_then_all_gather)
 END_TEST
 
 /* Each rank's buffer bytes are counted on its device, once a collective. */
+/* Out of place (ZeRO-2's): rank k's buffer of its own gets the sum of
+ * every rank's slice k, the same bits as the in-place form's slice k, and
+ * the sent buffers stay as they were; no receive buffers is refused. */
+START_TEST(test_reduce_scatter_to_own_buffers)
+{
+	uint64_t per = 1031, elems = per * (uint64_t)ndev;
+	struct ranks r, in_place;
+	float *recv[TS_COMM_MAX], *got = malloc(per * sizeof(float));
+	struct ts_error err;
+
+	ck_assert_ptr_nonnull(got);
+	ts_error_clear(&err);
+	ranks_open(&in_place, ndev, elems);
+	ranks_run(&in_place, ts_comm_reduce_scatter, per);
+	ranks_open(&r, ndev, elems);
+	for (int k = 0; k < ndev; k++) {
+		void *p;
+
+		TS_UNIT_OK(err, ts_device_mem_alloc(devs[k], TS_MEM_DEVICE, per * sizeof(float), &p,
+		                                    &err));
+		recv[k] = p;
+		TS_UNIT_OK(err, ts_queue_copy(r.q[k], r.dmem[k], r.host[k], elems * sizeof(float),
+		                              TS_COPY_H2D, &err));
+	}
+	ck_assert_int_eq(ts_comm_reduce_scatter_to(r.comm, r.q, r.dmem, NULL, per, &err),
+	                 TS_INVALID_ARGUMENT);
+	ts_error_clear(&err);
+	TS_UNIT_OK(err, ts_comm_reduce_scatter_to(r.comm, r.q, r.dmem, recv, per, &err));
+	for (int k = 0; k < ndev; k++) {
+		TS_UNIT_OK(err, ts_queue_copy(r.q[k], got, recv[k], per * sizeof(float), TS_COPY_D2H,
+		                              &err));
+		TS_UNIT_OK(err, ts_queue_copy(r.q[k], r.host[k], r.dmem[k], elems * sizeof(float),
+		                              TS_COPY_D2H, &err));
+		TS_UNIT_OK(err, ts_queue_sync(r.q[k], &err));
+		for (uint64_t i = 0; i < per; i++)
+			check_sum(got[i], ndev, k * per + i, k);
+		ck_assert_msg(on_cuda || memcmp(got, in_place.host[k] + k * per,
+		                                per * sizeof(float)) == 0,
+		              "rank %d: not the in-place reduce-scatter's bits", k);
+		for (uint64_t i = 0; i < elems; i++)
+			ck_assert_msg(r.host[k][i] == value(k, i), "rank %d's sent element %llu changed",
+			              k, (unsigned long long)i);
+		ts_device_mem_free(devs[k], TS_MEM_DEVICE, recv[k], per * sizeof(float));
+	}
+	free(got);
+	ranks_close(&r);
+	ranks_close(&in_place);
+}
+END_TEST
+
 START_TEST(test_collective_bytes_counted)
 {
 	uint64_t before[TS_COMM_MAX], elems = 1000;
@@ -334,6 +384,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_allreduce_sums_every_rank);
 	tcase_add_test(tc, test_allreduce_same_bits_every_run);
 	tcase_add_test(tc, test_reduce_scatter_then_all_gather);
+	tcase_add_test(tc, test_reduce_scatter_to_own_buffers);
 	tcase_add_test(tc, test_collective_bytes_counted);
 	tcase_add_test(tc, test_bad_communicators_refused);
 	tcase_add_test(tc, test_bad_collectives_refused);
@@ -345,6 +396,7 @@ Suite *ts_unit_suite(void)
 		tcase_add_test(tc, test_allreduce_sums_every_rank);
 		tcase_add_test(tc, test_allreduce_same_bits_every_run);
 		tcase_add_test(tc, test_reduce_scatter_then_all_gather);
+	tcase_add_test(tc, test_reduce_scatter_to_own_buffers);
 		tcase_add_test(tc, test_collective_bytes_counted);
 		tcase_add_test(tc, test_bad_collectives_refused);
 		suite_add_tcase(s, tc);

@@ -244,6 +244,21 @@ static void rjob_new_zero(const struct ts_mlp *m, const struct ts_optimizer *o, 
 	rjob_bind(R, j);
 }
 
+/* The same at ZeRO stage `zero` (0: replicated, 1, 2: the gradients
+ * sharded too), `accumulate` micro-batches a step. */
+static void rjob_new_stage(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                           int accumulate, int R, int zero, const struct ts_policy *pol,
+                           struct rjob *j)
+{
+	memset(j, 0, sizeof *j);
+	OK((zero == 2 ? ts_plan_build_zero2 : zero == 1 ? ts_plan_build_zero
+	                                                : ts_plan_build_replicated)(
+		m, o, batch, accumulate, R, pol, &j->plan, &err));
+	ck_assert(j->plan.shard_state == (zero >= 1));
+	ck_assert(j->plan.shard_grads == (zero >= 2));
+	rjob_bind(R, j);
+}
+
 /* Gives each of R replicas its arguments: the same weights (zero state),
  * and rows k*batch.. of the whole batch. */
 static void rjob_bind(int R, struct rjob *j)
@@ -328,9 +343,8 @@ static ts_status rjob_try(struct rjob *j, int step, float *loss, struct ts_exec_
 	return TS_OK;
 }
 
-static float rjob_step(struct rjob *j, int step)
+static float rjob_step_res(struct rjob *j, int step, struct ts_exec_result *res)
 {
-	struct ts_exec_result res[NMAX];
 	uint64_t d0[NMAX], h0[NMAX];
 	float loss;
 
@@ -357,6 +371,13 @@ static float rjob_step(struct rjob *j, int step)
 		              (double)res[k].grad_norm, (double)res[0].grad_norm);
 	}
 	return loss;
+}
+
+static float rjob_step(struct rjob *j, int step)
+{
+	struct ts_exec_result res[NMAX];
+
+	return rjob_step_res(j, step, res);
 }
 
 /* Replica k's argument i, read back (malloc'd). */
@@ -722,15 +743,15 @@ END_TEST
  * on any device - fails it cleanly (every replica as it was, no memory
  * kept) or is absorbed; then it trains on, equal to an untouched job. */
 static void walk(const struct ts_mlp *m, const struct ts_optimizer *o,
-                 const struct ts_policy *pol, const char *what)
+                 const struct ts_policy *pol, int zero, const char *what)
 {
 	static const enum ts_fault_kind kinds[] = {TS_FAULT_COPY, TS_FAULT_ALLOC_HEAP,
 	                                           TS_FAULT_ALLOC_DEVICE, TS_FAULT_ALLOC_PINNED};
 	struct rjob j, fresh;
 	int done = 1, failed = 0, points = 0;
 
-	rjob_new(m, o, 8, ndev, pol, &j);
-	rjob_new(m, o, 8, ndev, pol, &fresh);
+	rjob_new_stage(m, o, 8, 1, ndev, zero, pol, &j);
+	rjob_new_stage(m, o, 8, 1, ndev, zero, pol, &fresh);
 	rjob_step(&j, 1);
 	rjob_step(&fresh, 1);
 	for (size_t f = 0; f < sizeof kinds / sizeof kinds[0]; f++) {
@@ -791,8 +812,11 @@ START_TEST(test_every_failure_point_leaves_every_replica_whole)
 	struct ts_policy host = {.params = TS_MEM_PINNED_HOST, .opt_state = TS_MEM_DEVICE,
 	                         .offload_x = true, .prefetch_depth = 1};
 
-	walk(&dense, &adamw_clip, &on_dev, "dense on the devices");
-	walk(&dense, &adam, &host, "dense, params on pinned_host (journaled)");
+	walk(&dense, &adamw_clip, &on_dev, 0, "dense on the devices");
+	walk(&dense, &adam, &host, 0, "dense, params on pinned_host (journaled)");
+	walk(&dense, &adamw_clip, &on_dev, 1, "dense, ZeRO-1");
+	walk(&dense, &adamw_clip, &on_dev, 2, "dense, ZeRO-2");
+	walk(&gpt, &adamw_clip, &on_dev, 2, "gpt, ZeRO-2");
 }
 END_TEST
 #endif
@@ -907,6 +931,174 @@ START_TEST(test_zero1_refusals)
 	                 TS_INVALID_ARGUMENT);
 	ck_assert_str_eq(err.reason, "BAD_SHARDING");
 	ck_assert_msg(strstr(err.message, "w1") != NULL, "%s", err.message);
+}
+END_TEST
+
+/* The largest relative difference between two jobs' parameters (replica
+ * 0's), each tensor against its own scale. */
+static double params_off(const struct rjob *a, const struct rjob *b)
+{
+	double worst = 0;
+
+	for (int i = 0; i < a->plan.nbufs; i++) {
+		const struct ts_pbuf *bf = &a->plan.bufs[i];
+		uint64_t n = bf->bytes / sizeof(float);
+		double scale = 0;
+		float *x, *y;
+
+		if (bf->cls != TS_PB_ARGUMENT || !ts_role_param(bf->role))
+			continue;
+		ck_assert_int_eq(b->plan.bufs[i].role, bf->role);
+		x = rjob_read(a, 0, i);
+		y = rjob_read(b, 0, i);
+		for (uint64_t e = 0; e < n; e++)
+			scale = fmax(scale, fabs(y[e]));
+		for (uint64_t e = 0; e < n; e++)
+			worst = fmax(worst, fabs((double)x[e] - y[e]) / (scale + 1e-30));
+		free(x);
+		free(y);
+	}
+	return worst;
+}
+
+/* ZeRO-2 against replicated Adam and ZeRO-1, `accumulate` micro-batches a
+ * step: without clipping (the norm unused) and one micro-batch, the
+ * gradient parts are the all-reduce's parts (the host and the stand-in
+ * sum in rank order), so the weights are the same bits; with clipping (the
+ * norm summed part by part, then over the devices) or accumulation (the
+ * sum over the devices first, then the micro-batches) within float32
+ * summation error. Replicas bit-identical and every device's peak the
+ * plan's after every step (rjob_step); the state arguments ZeRO-1's. */
+static void zero2_equals(const struct ts_mlp *m, const struct ts_optimizer *o, int batch,
+                         int accumulate, const char *what)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	struct rjob rep, z1, z2;
+	bool exact = !(o->clip_global_norm > 0) && accumulate == 1 && !on_cuda;
+	char when[160];
+	double off;
+
+	rjob_new_stage(m, o, batch, accumulate, ndev, 0, &pol, &rep);
+	rjob_new_stage(m, o, batch, accumulate, ndev, 1, &pol, &z1);
+	rjob_new_stage(m, o, batch, accumulate, ndev, 2, &pol, &z2);
+	/* the same arguments as ZeRO-1 (the gradients are temps) */
+	ck_assert_uint_eq(z2.plan.argument_size_in_bytes, z1.plan.argument_size_in_bytes);
+	for (int step = 1; step <= 3; step++) {
+		struct ts_exec_result rr[NMAX], r2[NMAX];
+		float lr = rjob_step_res(&rep, step, rr), l2 = rjob_step_res(&z2, step, r2);
+
+		rjob_step(&z1, step);
+		snprintf(when, sizeof when, "%s, accumulate %d, %d devices, step %d", what,
+		         accumulate, ndev, step);
+		/* the loss is of the weights before the step: step 1's the same */
+		ck_assert_msg(memcmp(&lr, &l2, sizeof lr) == 0 ||
+		              (!exact && step > 1 && fabsf(lr - l2) <= 1e-4f * fabsf(lr)),
+		              "%s: loss %.9g, replicated %.9g", when, (double)l2, (double)lr);
+		/* the norm of the parts summed over the devices: the whole one's */
+		ck_assert_msg(fabsf(r2[0].grad_norm - rr[0].grad_norm) <=
+		              1e-5f * rr[0].grad_norm + 1e-7f,
+		              "%s: gradient norm %.9g, replicated %.9g", when,
+		              (double)r2[0].grad_norm, (double)rr[0].grad_norm);
+		replicas_identical(&z2, when);
+	}
+	off = params_off(&z2, &rep);
+	if (exact) {
+		same_state(&z2, &z1, what);   /* params and each device's mu, nu: ZeRO-1's */
+		ck_assert(off == 0);
+	} else {
+		/* Adam divides each gradient by its own size: a summation-order
+		 * difference in a near-zero one moves it by up to the rate */
+		ck_assert_msg(off <= 0.1, "%s: parameters off by %.3g of their scale", what, off);
+	}
+	fprintf(stderr, "%s on %d devices, accumulate %d: ZeRO-2 equals replicated Adam%s "
+	        "(parameters off by %.2g of their scale); temps %llu bytes a device, ZeRO-1's "
+	        "%llu\n", what, ndev, accumulate, exact ? " bit for bit" : "", off,
+	        (unsigned long long)z2.plan.temp_size_in_bytes,
+	        (unsigned long long)z1.plan.temp_size_in_bytes);
+	rjob_free(&rep);
+	rjob_free(&z1);
+	rjob_free(&z2);
+}
+
+START_TEST(test_zero2_equals_replicated_adam)
+{
+	struct ts_mlp tokens = {.layers = 2, .d_model = 16, .d_hidden = 24, .act = TS_ACT_GELU,
+	                        .residual = true, .loss = TS_LOSS_XENT, .vocab = 32,
+	                        .id_bytes = 4, .proj = true};
+
+	zero2_equals(&dense, &adam, 8, 1, "dense");
+	zero2_equals(&dense, &adamw_clip, 8, 1, "dense, clipping");
+	zero2_equals(&dense, &adam, 4, 2, "dense");
+	zero2_equals(&gpt, &adam, 16, 1, "gpt");
+	zero2_equals(&gpt, &adamw_clip, 8, 2, "gpt, clipping");
+	zero2_equals(&tokens, &adam, 8, 1, "token model");
+	zero2_equals(&tokens, &adamw_clip, 8, 1, "token model, clipping");
+}
+END_TEST
+
+/* The ZeRO-2 plan: a REDUCE_SCATTER per update (a layer of a parameter, or
+ * a whole one), each whole gradient freed right after it, no ALLREDUCE but
+ * the norm's one float; the bytes reduced are the gradients' (plus the
+ * norm's 4); each device's temps below ZeRO-1's by at least the gradients'
+ * (R-1)/R less one layer's whole gradients, where the gradients dominate. */
+START_TEST(test_zero2_plan_scatters_and_frees_each_gradient)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	struct ts_mlp wide = {.layers = 4, .d_model = 64, .d_hidden = 256, .act = TS_ACT_GELU,
+	                      .residual = true, .loss = TS_LOSS_MSE};
+	const int R = 4;
+	uint64_t grads = 2ull * 4 * 64 * 256 * 4, layer = 2ull * 64 * 256 * 4;
+	struct ts_plan z1, z2;
+	int scatters = 0, reduces = 0, first_update = -1, last_scatter = -1;
+
+	ts_error_clear(&err);
+	OK(ts_plan_build_zero(&wide, &adam, 2, 1, R, &pol, &z1, &err));
+	OK(ts_plan_build_zero2(&wide, &adam, 2, 1, R, &pol, &z2, &err));
+	for (int i = 0; i < z2.nactions; i++) {
+		const struct ts_paction *a = &z2.actions[i];
+
+		if (a->op == TS_P_REDUCE_SCATTER) {
+			scatters++;
+			last_scatter = i;
+			ck_assert_uint_eq(a->n * (uint64_t)R * 4, z2.bufs[a->a].bytes);
+			/* the whole gradient is freed next */
+			ck_assert_int_eq(z2.actions[i + 1].op, TS_P_FREE);
+			ck_assert_int_eq(z2.actions[i + 1].a, a->a);
+			ck_assert_int_eq(z2.bufs[a->a].cls, TS_PB_TEMP);
+			ck_assert_uint_eq(z2.bufs[a->b].bytes, z2.bufs[a->a].bytes * 4 / (uint64_t)R);
+		}
+		if (a->op == TS_P_ALLREDUCE) {
+			reduces++;
+			ck_assert_uint_eq(a->n, 1);
+			ck_assert_int_eq(z2.bufs[a->a].role, TS_ROLE_NORM);
+		}
+		if (a->op == TS_P_UPDATE && first_update < 0) {
+			first_update = i;
+			ck_assert(a->rank_slice);
+		}
+	}
+	ck_assert_int_eq(scatters, 2 * wide.layers);
+	ck_assert_int_eq(reduces, 1);
+	ck_assert_int_lt(last_scatter, first_update);
+	ck_assert_uint_eq(z2.all_reduce_bytes, grads + 4);
+	ck_assert_uint_eq(z1.all_reduce_bytes, grads);
+	ck_assert_uint_eq(z2.argument_size_in_bytes, z1.argument_size_in_bytes);
+	fprintf(stderr, "ZeRO-2 on %d devices: temps %llu bytes a device, ZeRO-1's %llu "
+	        "(gradients %llu)\n", R, (unsigned long long)z2.temp_size_in_bytes,
+	        (unsigned long long)z1.temp_size_in_bytes, (unsigned long long)grads);
+	ck_assert_uint_le(z2.temp_size_in_bytes + grads - grads / R,
+	                  z1.temp_size_in_bytes + layer);
+	ck_assert_uint_lt(z2.peak_device_bytes, z1.peak_device_bytes);
+	ts_plan_release(&z1);
+	ts_plan_release(&z2);
+	/* ZeRO-2 refuses what ZeRO-1 does */
+	wide.d_model = 15;
+	wide.d_hidden = 7;
+	ck_assert_int_eq(ts_plan_build_zero2(&wide, &adam, 2, 1, R, &pol, &z2, &err),
+	                 TS_INVALID_ARGUMENT);
+	ck_assert_str_eq(err.reason, "BAD_SHARDING");
 }
 END_TEST
 
@@ -1174,6 +1366,7 @@ static void add_cases(TCase *tc)
 	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
 	tcase_add_test(tc, test_session_refusals);
 	tcase_add_test(tc, test_zero1_equals_replicated_adam);
+	tcase_add_test(tc, test_zero2_equals_replicated_adam);
 #ifdef TS_FAULT_BUILD
 	tcase_add_test(tc, test_every_failure_point_leaves_every_replica_whole);
 #endif
@@ -1186,6 +1379,7 @@ Suite *ts_unit_suite(void)
 
 	tcase_add_test(tc, test_plan_reduces_every_gradient_once);
 	tcase_add_test(tc, test_zero1_refusals);
+	tcase_add_test(tc, test_zero2_plan_scatters_and_frees_each_gradient);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("sim2");
 	tcase_add_checked_fixture(tc, setup_sim2, teardown);
@@ -1199,6 +1393,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_gpt_equals_one_device);
 	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
 	tcase_add_test(tc, test_zero1_equals_replicated_adam);
+	tcase_add_test(tc, test_zero2_equals_replicated_adam);
 	suite_add_tcase(s, tc);
 	if (ts_unit_cuda()) {
 		tc = tcase_create("cuda");
