@@ -688,7 +688,7 @@ static char *base64(const unsigned char *src, size_t n)
 static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_error *err)
 {
 	uint64_t nbytes = ts_array_desc(x->src)->nbytes;
-	struct ts_run run = {0, nbytes, 0};
+	struct ts_run run = {.src_offset = 0, .dst_offset = 0, .len = nbytes};
 	unsigned char *bytes = malloc(nbytes + 1);
 	json_t *body = json_loads(x->body, 0, NULL), *data = NULL;
 	char *text = NULL, *b64 = NULL;
