@@ -349,7 +349,7 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 {
 	static const char *const known[] = {"out", "dtype", "source_dtype", "shape", "sharding",
 	                                    "device", "memory_kind", "overwrite",
-	                                    "timeout_seconds", "source_host"};
+	                                    "timeout_seconds", "source_host", "data"};
 	json_t *v, *sh = json_object_get(body, "sharding");
 	json_t *dev = json_object_get(body, "device"), *kind = json_object_get(body, "memory_kind");
 	const char *k;
@@ -365,8 +365,8 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
 			                    "unknown field '%s'; a receive takes \"out\", \"dtype\", "
 			                    "\"source_dtype\", \"shape\", \"sharding\" or \"device\"/"
-			                    "\"memory_kind\", \"overwrite\", \"timeout_seconds\" and "
-			                    "\"source_host\"", k);
+			                    "\"memory_kind\", \"overwrite\", \"timeout_seconds\", "
+			                    "\"source_host\" and \"data\"", k);
 	}
 	v = json_object_get(body, "out");
 	if (!json_is_string(v) || !ts_array_name_valid(json_string_value(v)))
@@ -476,17 +476,80 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 	return TS_OK;
 }
 
+/* Decodes the base64 text in (RFC 4648, padded) into exactly n bytes at
+ * out: whether it held exactly those. */
+static bool base64_into(const char *in, unsigned char *out, uint64_t n)
+{
+	static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t len = strlen(in);
+	uint64_t o = 0;
+
+	if (len % 4 != 0 || len / 4 * 3 < n || len / 4 * 3 > n + 2)
+		return false;
+	for (size_t i = 0; i < len; i += 4) {
+		uint32_t v = 0;
+		int pad = 0;
+
+		for (int k = 0; k < 4; k++) {
+			const char *p = in[i + k] ? strchr(abc, in[i + k]) : NULL;
+
+			if (in[i + k] == '=' && i + 4 == len && k >= 2) {
+				pad++;
+				v <<= 6;
+				continue;
+			}
+			if (!p || pad)
+				return false;
+			v = v << 6 | (uint32_t)(p - abc);
+		}
+		for (int k = 0; k < 3 - pad; k++) {
+			if (o >= n)
+				return false;
+			out[o++] = (unsigned char)(v >> (16 - 8 * k));
+		}
+	}
+	return o == n;
+}
+
+static void commit_reply(struct ts_server *srv, const struct ts_call *call, struct recv *v,
+                         struct ts_reply *reply);
+
+/* A receive whose bytes came with its request ("data", base64, for small
+ * arrays: no ticket, no endpoint, one call): they land in the staging
+ * memory and the receive is committed at once. */
+static void receive_inline(struct ts_server *srv, const struct ts_call *call, struct recv *v,
+                           const char *data, struct ts_reply *reply)
+{
+	struct ts_error err;
+
+	ts_error_clear(&err);
+	if (v->length > TS_FLEET_RECV_INLINE_MAX ||
+	    (v->length && !base64_into(data, v->data, v->length))) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "\"data\" must be the array's %llu bytes in base64 (at most %u bytes)",
+		             (unsigned long long)v->length, (unsigned)TS_FLEET_RECV_INLINE_MAX);
+		recv_free(v);
+		ts_reply_error(reply, &err);
+		return;
+	}
+	v->received = v->length;
+	ts_log(TS_LOG_INFO, "\"event\":\"fleet_receive\",\"result\":\"inline\"",
+	       "fleet receive %s of array '%s' (%llu bytes) came with its request", v->id, v->out,
+	       (unsigned long long)v->length);
+	commit_reply(srv, call, v, reply);
+}
+
 void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
 {
 	struct ts_fleet_recv *r = srv->fleet_recv;
 	struct ts_array_desc wire = {0};
 	struct ts_move_spec spec = {0};
 	struct recv *v = NULL;
-	char ticket[TS_FLEET_TICKET_LEN + 1], when[48], id[40];
+	char ticket[TS_FLEET_TICKET_LEN + 1], when[48], id[40], instance[24];
 	unsigned char rnd[16];
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *answer;
+	json_t *body, *answer, *data;
 	uint64_t ttl_s = 0;
 	bool full;
 
@@ -532,6 +595,19 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	if (stage(srv, v, &wire, &spec, &err) != TS_OK)
 		goto fail;
 	spec.name = v->out;
+	data = json_object_get(body, "data");
+	if (data && !json_is_string(data)) {
+		bad(&err, "data", "must be the array's bytes in base64");
+		goto fail;
+	}
+	if (data) {
+		if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL,
+		                        &err) != TS_OK)
+			goto fail;
+		receive_inline(srv, call, v, json_string_value(data), reply);
+		json_decref(body);
+		return;
+	}
 	if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL, &err) !=
 	        TS_OK ||
 	    ts_fleet_ucx_ticket_tagged(srv->fleet_ucx, tag_of(v), ticket, &err) != TS_OK)
@@ -539,10 +615,13 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	v->deadline_ns = ts_now_ns() + ttl_s * 1000000000ull;
 	ts_format_rfc3339(when, sizeof when, ts_wall_ns() + ttl_s * 1000000000ull);
 	/* the answer and the log line first: once linked, the deadline may free v */
-	answer = json_pack("{s:s, s:s, s:i, s:I, s:s, s:i, s:s}", "id", v->id, "ticket", ticket,
-	                   "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx), "length",
-	                   (json_int_t)wire.nbytes, "expires", when, "expires_in_seconds",
-	                   (int)ttl_s, "host", call->core->host);
+	snprintf(instance, sizeof instance, "%016llx",
+	         (unsigned long long)ts_fleet_ucx_instance(srv->fleet_ucx));
+	answer = json_pack("{s:s, s:s, s:i, s:s, s:I, s:s, s:i, s:s}", "id", v->id, "ticket",
+	                   ticket, "fleet_port", ts_fleet_ucx_port(srv->fleet_ucx),
+	                   "fleet_instance", instance, "length", (json_int_t)wire.nbytes,
+	                   "expires", when, "expires_in_seconds", (int)ttl_s, "host",
+	                   call->core->host);
 	if (!answer) {
 		ts_error_oom(&err, "no memory for a receive");
 		goto fail;
@@ -646,21 +725,17 @@ static struct recv *take_landed(struct ts_server *srv, const char *id, struct ts
 	return v;
 }
 
-void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call,
-                               struct ts_reply *reply)
+/* Publishes the receive v (taken, every byte there) by its move, an
+ * operation, and answers it (the array with ?wait=true); frees v. */
+static void commit_reply(struct ts_server *srv, const struct ts_call *call, struct recv *v,
+                         struct ts_reply *reply)
 {
-	struct recv *v = take_landed(srv, ts_call_param(call, "receive"), reply);
 	struct ts_operation *op = NULL;
 	struct ts_error err;
 	uint64_t wait_ns = 0;
 	ts_status st;
 
-	if (!v)
-		return;
 	ts_error_clear(&err);
-	/* the bytes are there (the peer flushed before it asked): its endpoint
-	 * goes, and UCX lets go of the memory */
-	ts_fleet_ucx_release(srv->fleet_ucx, tag_of(v), NULL, NULL);
 	st = ts_job_move_start(v->jm, &op, &err);
 	v->jm = NULL;
 	if (st == TS_OK)
@@ -679,6 +754,19 @@ void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call
 	else
 		ts_h_reply_operation(reply, op, false);
 	ts_operation_unref(op);
+}
+
+void ts_s_fleet_receive_commit(struct ts_server *srv, const struct ts_call *call,
+                               struct ts_reply *reply)
+{
+	struct recv *v = take_landed(srv, ts_call_param(call, "receive"), reply);
+
+	if (!v)
+		return;
+	/* the bytes are there (the peer flushed before it asked): the receive
+	 * leaves its endpoint, and UCX lets go of the memory */
+	ts_fleet_ucx_release(srv->fleet_ucx, tag_of(v), NULL, NULL);
+	commit_reply(srv, call, v, reply);
 }
 
 void ts_s_fleet_receive_abort(struct ts_server *srv, const struct ts_call *call,

@@ -10,7 +10,9 @@
  * :abort drops it. A receive neither committed nor aborted by its deadline
  * is dropped by the fleet's progress thread: nothing is published, and the
  * staging and destination memory go back. One whose endpoint fails before
- * every byte landed is ended at once the same way.
+ * every byte landed is ended at once the same way. A small array's bytes may come
+ * with the request instead ("data", base64, at most TS_FLEET_RECV_INLINE_MAX
+ * bytes): then no ticket is issued and the receive is committed at once.
  *
  * Thread-safety: every function may run on any thread at once.
  */
@@ -29,6 +31,10 @@ struct ts_fleet_ucx;
 /* Default and longest life of a receive, in seconds. */
 #define TS_FLEET_RECV_TTL_S 60
 #define TS_FLEET_RECV_TTL_MAX_S 3600
+
+/* Largest array whose bytes may come with its receive's request ("data",
+ * base64): no ticket, no endpoint, committed at once. */
+#define TS_FLEET_RECV_INLINE_MAX (64u << 10)
 
 /* Most receives open at once. */
 #define TS_FLEET_RECV_MAX 64

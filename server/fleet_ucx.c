@@ -48,6 +48,10 @@
 /* How long the thread waits, at stop, for endpoints to close. */
 #define CLOSE_WAIT_NS (2ull * 1000000000ull)
 
+/* Most receives bound to one endpoint at once (a daemon opens at most
+ * TS_FLEET_RECV_MAX, 64). */
+#define BINDS_MAX 64
+
 struct ticket {
 	char hex[TS_FLEET_TICKET_LEN];
 	uint64_t expires_ns;             /* 0: free */
@@ -65,6 +69,15 @@ struct release {
 
 enum conn_state { C_HELLO, C_OPEN, C_CLOSING };
 
+/* A receive bound to an endpoint: the tag its ticket was issued for, the
+ * ticket, and its bytes still landing. */
+struct bind {
+	const void *tag;
+	char hex[TS_FLEET_TICKET_LEN];
+	int landing;
+	bool used;
+};
+
 struct conn {
 	struct conn *next;
 	struct ts_fleet_ucx *u;
@@ -80,7 +93,7 @@ struct conn {
 	ucs_status_t why;                /* the endpoint's failure */
 	int landing;                     /* its data receives in flight */
 	bool counted_open;
-	const void *tag;                 /* its ticket's; NULL before it is admitted */
+	struct bind binds[BINDS_MAX];    /* the receives it carries */
 };
 
 struct ts_fleet_ucx {
@@ -104,6 +117,7 @@ struct ts_fleet_ucx {
 	_Atomic bool stop;
 	pthread_t thread;
 	bool started;
+	uint64_t instance;               /* immutable after new */
 };
 
 static void log_conn(const struct conn *c, const char *result, const char *why)
@@ -191,6 +205,11 @@ int ts_fleet_ucx_port(const struct ts_fleet_ucx *u)
 	return u->port;
 }
 
+uint64_t ts_fleet_ucx_instance(const struct ts_fleet_ucx *u)
+{
+	return u->instance;
+}
+
 static void hello_done_cb(void *request, ucs_status_t status, size_t length, void *user_data)
 {
 	struct conn *c = user_data;
@@ -239,10 +258,42 @@ static void reject(struct conn *c, const char *why)
 	conn_close(c);
 }
 
-/* Checks the ticket that c sent: admitted (C_OPEN) or rejected. */
-static void admit(struct conn *c)
+/* c's binding of the ticket hex, or NULL; every slot is compared whole. */
+static struct bind *bind_find(struct conn *c, const char *hex)
 {
-	if (ticket_spend(c->u, c->hello, &c->tag)) {
+	struct bind *found = NULL;
+
+	for (int i = 0; i < BINDS_MAX; i++) {
+		struct bind *b = &c->binds[i];
+		unsigned bad = ct_differ(b->hex, hex) | !b->used;
+
+		found = bad ? found : b;
+	}
+	return found;
+}
+
+/* Spends the live ticket hex and binds its tag to c: the binding, or NULL
+ * when no such ticket is live or c carries BINDS_MAX receives already. */
+static struct bind *bind_spend(struct conn *c, const char *hex)
+{
+	struct bind *b = NULL;
+	const void *tag = NULL;
+
+	for (int i = 0; i < BINDS_MAX && !b; i++)
+		if (!c->binds[i].used)
+			b = &c->binds[i];
+	if (!b || !ticket_spend(c->u, hex, &tag))
+		return NULL;
+	*b = (struct bind){.tag = tag, .used = true};
+	memcpy(b->hex, hex, TS_FLEET_TICKET_LEN);
+	return b;
+}
+
+/* Checks the ticket hex that c sent first (its hello, or the header of its
+ * first message): admitted (C_OPEN, the ticket's receive bound) or rejected. */
+static void admit(struct conn *c, const char *hex)
+{
+	if (bind_spend(c, hex)) {
 		c->state = C_OPEN;
 		c->u->nhello--;
 		ts_metrics_fleet_ucx_conn(c->u->metrics, true);
@@ -262,7 +313,7 @@ static bool conn_step(struct conn *c, uint64_t now)
 	switch (c->state) {
 	case C_HELLO:
 		if (c->hello_done) {
-			admit(c);
+			admit(c, c->hello);
 		} else if (c->failed) {
 			reject(c, "it failed before sending a ticket");
 		} else if (now >= c->deadline_ns) {
@@ -272,8 +323,10 @@ static bool conn_step(struct conn *c, uint64_t now)
 	case C_OPEN:
 		if (c->failed) {
 			log_conn(c, "closed", c->why != UCS_OK ? ucs_status_string(c->why) : NULL);
-			if (c->why != UCS_OK && c->u->failed)
-				c->u->failed(c->u->tick_cls, c->tag, c->peer, ucs_status_string(c->why));
+			for (int i = 0; i < BINDS_MAX && c->why != UCS_OK && c->u->failed; i++)
+				if (c->binds[i].used)
+					c->u->failed(c->u->tick_cls, c->binds[i].tag, c->peer,
+					             ucs_status_string(c->why));
 			conn_close(c);
 		}
 		break;
@@ -304,16 +357,19 @@ static void conns_step(struct ts_fleet_ucx *u)
 	}
 }
 
-/* One data receive in flight: its endpoint's connection and its length. */
+/* One data receive in flight: its endpoint's connection, its receive's
+ * binding there and its length. */
 struct landing {
 	struct conn *c;
+	struct bind *b;
 	size_t len;
 };
 
-static void landing_done(struct ts_fleet_ucx *u, struct conn *c, size_t len, bool ok)
+static void landing_done(struct ts_fleet_ucx *u, struct conn *c, struct bind *b, size_t len,
+                         bool ok)
 {
 	if (u->landed)
-		u->landed(u->tick_cls, c->tag, len, ok);
+		u->landed(u->tick_cls, b->tag, len, ok);
 	if (!ok && !c->failed)
 		c->why = UCS_ERR_IO_ERROR;
 	c->failed |= !ok;
@@ -326,9 +382,10 @@ static void data_done_cb(void *request, ucs_status_t status, size_t length, void
 
 	(void)length;
 	c->landing--;
+	l->b->landing--;
 	if (status != UCS_OK && !c->failed)
 		c->why = status;
-	landing_done(c->u, c, l->len, status == UCS_OK);
+	landing_done(c->u, c, l->b, l->len, status == UCS_OK);
 	free(l);
 	ucp_request_free(request);
 }
@@ -340,7 +397,8 @@ static ucs_status_t data_cb(void *arg, const void *header, size_t header_length,
 {
 	struct ts_fleet_ucx *u = arg;
 	struct conn *c = NULL;
-	uint64_t offset;
+	struct ts_fleet_am_hdr h;
+	struct bind *b;
 	void *dst;
 
 	if (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)
@@ -348,16 +406,25 @@ static ucs_status_t data_cb(void *arg, const void *header, size_t header_length,
 			;
 	if (!c || c->state == C_CLOSING)
 		return UCS_OK;   /* dropped: no endpoint of ours, or one being closed */
-	if (c->state == C_HELLO && c->hello_done)
-		admit(c);        /* the ticket came first on the same endpoint */
-	if (c->state != C_OPEN)
-		return UCS_OK;
-	if (header_length != sizeof offset || !u->land) {
+	if (header_length != sizeof h || !u->land) {
 		reject(c, "it sent data that is not a copy's");
 		return UCS_OK;
 	}
-	memcpy(&offset, header, sizeof offset);
-	dst = length ? u->land(u->tick_cls, c->tag, offset, length) : NULL;
+	memcpy(&h, header, sizeof h);
+	if (c->state == C_HELLO && c->hello_done)
+		admit(c, c->hello);   /* the ticket came first on the same endpoint */
+	else if (c->state == C_HELLO)
+		admit(c, h.ticket);   /* the message's ticket admits it */
+	if (c->state != C_OPEN)
+		return UCS_OK;
+	b = bind_find(c, h.ticket);
+	if (!b)
+		b = bind_spend(c, h.ticket);
+	if (!b) {
+		reject(c, "it sent data for a receive it holds no ticket of");
+		return UCS_OK;
+	}
+	dst = length ? u->land(u->tick_cls, b->tag, h.offset, length) : NULL;
 	if (!dst) {
 		if (!c->failed)
 			c->why = UCS_ERR_INVALID_PARAM;
@@ -373,24 +440,26 @@ static ucs_status_t data_cb(void *arg, const void *header, size_t header_length,
 		void *r;
 
 		if (!l) {
-			landing_done(u, c, length, false);
+			landing_done(u, c, b, length, false);
 			return UCS_OK;
 		}
 		l->c = c;
+		l->b = b;
 		l->len = length;
 		r = ucp_am_recv_data_nbx(u->worker, data, dst, length, &p);
 		if (UCS_PTR_IS_PTR(r)) {
 			c->landing++;
+			b->landing++;
 			return UCS_OK;
 		}
 		free(l);
 		if (UCS_PTR_IS_ERR(r) && !c->failed)
 			c->why = UCS_PTR_STATUS(r);
-		landing_done(u, c, length, !UCS_PTR_IS_ERR(r));
+		landing_done(u, c, b, length, !UCS_PTR_IS_ERR(r));
 		return UCS_OK;
 	}
 	memcpy(dst, data, length);
-	landing_done(u, c, length, true);
+	landing_done(u, c, b, length, true);
 	return UCS_OK;
 }
 
@@ -461,9 +530,11 @@ static void conn_request_cb(ucp_conn_request_h req, void *arg)
 		c->recv_pending = true;
 }
 
-/* Runs the releases asked for: each ticket of its tag withdrawn and each
- * endpoint of it closed (forced), then, once none is left, its done. With
- * all, every one is done now (at stop, the endpoints being gone). */
+/* Runs the releases asked for: each ticket of its tag withdrawn and the tag
+ * unbound from each endpoint that carries it; an endpoint with bytes of it
+ * still landing is closed (forced) and unbound once they have ended. Once
+ * no endpoint carries it, its done. With all, every one is done now (at
+ * stop, the endpoints being gone). */
 static void releases_step(struct ts_fleet_ucx *u, bool all)
 {
 	struct release *mine, *keep = NULL;
@@ -483,11 +554,18 @@ static void releases_step(struct ts_fleet_ucx *u, bool all)
 
 		mine = r->next;
 		for (struct conn *c = u->conns; c; c = c->next) {
-			if (c->tag != r->tag)
-				continue;
-			if (!r->closing)
+			for (int i = 0; i < BINDS_MAX; i++) {
+				struct bind *b = &c->binds[i];
+
+				if (!b->used || b->tag != r->tag)
+					continue;
+				if (b->landing == 0) {
+					*b = (struct bind){0};
+					continue;
+				}
 				conn_close(c);
-			left = true;
+				left = true;
+			}
 		}
 		r->closing = true;
 		if (left && !all) {
@@ -605,6 +683,14 @@ static ts_status start_ucx(struct ts_fleet_ucx *u, struct ts_error *err)
 	ucp_config_t *config;
 	ucs_status_t s;
 
+	/* a daemon started again at its address binds its port although the
+	 * connections that its predecessor's death closed linger (TIME_WAIT,
+	 * FIN_WAIT2): senders keep their endpoints open between copies. UCX
+	 * reads the connection managers' options from the environment only
+	 * (ucp_config_modify does not reach them), so they are set there, at
+	 * start, unless the operator set them (no overwrite). */
+	(void)setenv("UCX_TCP_CM_REUSEADDR", "y", 0);
+	(void)setenv("UCX_RDMA_CM_REUSEADDR", "y", 0);
 	s = ucp_config_read(NULL, NULL, &config);
 	if (s != UCS_OK)
 		return ucx_error(err, "configuration", s);
@@ -671,6 +757,9 @@ ts_status ts_fleet_ucx_new(const struct ts_fleet_ucx_config *cfg, struct ts_metr
 	u->failed = cfg->failed;
 	u->hello_timeout_ns = (uint64_t)cfg->hello_timeout_ms * 1000000ull;
 	u->efd = -1;
+	if (getrandom(&u->instance, sizeof u->instance, 0) != (ssize_t)sizeof u->instance)
+		u->instance = ts_now_ns();
+	u->instance |= 1;   /* never 0: a sender's "unknown" */
 	if (ts_mutex_init(&u->mu) != 0) {
 		free(u);
 		return ts_error_oom(err, "no mutex for the fleet listener");

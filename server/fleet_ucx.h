@@ -31,11 +31,22 @@
 /* How long an issued ticket may wait for its endpoint. */
 #define TS_FLEET_TICKET_TTL_S 30
 
-/* The active message that carries a copy's bytes: its header is the
- * offset (uint64_t, the sender's byte order) of its data in the array; the
- * data is eager or rendezvous, as UCX picks. Sent with
- * UCP_AM_SEND_FLAG_REPLY on the endpoint that presented the ticket. */
+/* The active message that carries a copy's bytes: its header is a struct
+ * ts_fleet_am_hdr (the offset of its data in the array and the ticket of
+ * the receive it belongs to); the data is eager or rendezvous, as UCX
+ * picks. Sent with UCP_AM_SEND_FLAG_REPLY on an admitted endpoint. */
 #define TS_FLEET_AM_DATA 1
+
+/* One endpoint carries the bytes of any number of receives (a sender keeps
+ * its endpoint to a peer for every copy there): each message names its
+ * receive by that receive's ticket. The first message with a ticket spends
+ * it and binds the receive to the endpoint; later ones are matched against
+ * the endpoint's bound tickets (in constant time). A ticket neither bound
+ * to the endpoint nor live closes the endpoint. */
+struct ts_fleet_am_hdr {
+	uint64_t offset;                  /* the sender's byte order */
+	char ticket[TS_FLEET_TICKET_LEN];
+};
 
 struct ts_fleet_ucx;
 struct ts_metrics;
@@ -54,7 +65,7 @@ struct ts_fleet_ucx_config {
 	 * is closed); that memory must stay until landed is called for it.
 	 * landed: those bytes arrived (ok) or not. failed: the endpoint of tag
 	 * failed (the peer is gone or its link): peer is its address, why
-	 * UCX's words. */
+	 * UCX's words (for each receive bound to it). */
 	void *(*land)(void *cls, const void *tag, uint64_t offset, size_t len);
 	void (*landed)(void *cls, const void *tag, size_t len, bool ok);
 	void (*failed)(void *cls, const void *tag, const char *peer, const char *why);
@@ -78,16 +89,23 @@ int ts_fleet_ucx_port(const struct ts_fleet_ucx *u);
  * TS_OK, or RESOURCE_EXHAUSTED (reason TICKETS) when too many are live. */
 ts_status ts_fleet_ucx_ticket(struct ts_fleet_ucx *u, char *out, struct ts_error *err);
 
-/* ts_fleet_ucx_ticket for one purpose: the endpoint that spends it is
- * tagged with tag (ts_fleet_ucx_release closes it). */
+/* ts_fleet_ucx_ticket for one purpose: the endpoint that spends it (as its
+ * first message, or in a TS_FLEET_AM_DATA header) is bound to tag. */
 ts_status ts_fleet_ucx_ticket_tagged(struct ts_fleet_ucx *u, const void *tag, char *out,
                                      struct ts_error *err);
 
-/* Withdraws tag's ticket if unspent and closes (forced) the endpoint that
- * spent it, so that no peer writes into what tag stands for any more; once
- * it is closed and none of its bytes is landing any more, done(arg) runs (done may be NULL) on the progress thread,
- * or in ts_fleet_ucx_free. Any thread. */
+/* Withdraws tag's ticket if unspent and unbinds tag from the endpoint that
+ * spent it, so that no peer writes into what tag stands for any more (a
+ * later message naming it closes its endpoint); an endpoint with bytes of
+ * tag still landing is closed (forced) first. Once none of its bytes is
+ * landing, done(arg) runs (done may be NULL) on the progress thread, or in
+ * ts_fleet_ucx_free. Any thread. */
 void ts_fleet_ucx_release(struct ts_fleet_ucx *u, const void *tag, void (*done)(void *arg),
                           void *arg);
+
+/* This daemon's fleet port instance: a random number drawn at start, which
+ * a sender compares to know that its endpoint still reaches the same
+ * daemon (a peer restarted at the same address draws another). */
+uint64_t ts_fleet_ucx_instance(const struct ts_fleet_ucx *u);
 
 #endif

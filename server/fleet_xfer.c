@@ -13,6 +13,8 @@
 #include "common/log.h"
 #include "common/units.h"
 #include "server/fleet.h"
+#include "server/fleet_link.h"
+#include "server/fleet_recv.h"
 #include "server/fleet_ucx.h"
 #include "server/metrics.h"
 #include "server/server_int.h"
@@ -38,14 +40,14 @@ struct dest {
 	char url[TS_CONFIG_PEER_URL_MAX + 1];
 	/* the run's */
 	char rid[64];                    /* the open receive there; "" when none */
-	bool ep_failed;                  /* the endpoint failed */
-	ucs_status_t ep_status;
-	ucp_ep_h ep;
+	char ticket[TS_FLEET_TICKET_LEN];/* the receive's */
+	struct ts_fleet_ep *e;           /* a reference to the endpoint there, or NULL */
+	bool ep_bad;                     /* a UCX call on it failed or timed out: it goes */
 	uint64_t deadline_ns;            /* its receive's end there */
 	/* the sends in flight, one per chunk buffer (NULL: none), their
-	 * headers (the chunk's offset) and their bytes */
+	 * headers (the chunk's offset, the receive's ticket) and their bytes */
 	void *pending[XFER_INFLIGHT];
-	uint64_t offset[XFER_INFLIGHT];
+	struct ts_fleet_am_hdr hdr[XFER_INFLIGHT];
 	uint64_t pending_n[XFER_INFLIGHT];
 	uint64_t done;                   /* bytes sent there */
 	bool dead;                       /* failed (err says why); the others go on */
@@ -64,8 +66,7 @@ struct xfer {
 	bool broadcast;                  /* "hosts": the result lists the destinations */
 	bool partial_ok;
 	uint64_t silence_ns;             /* --fleet-timeout: longest wait on a silent peer */
-	ucp_context_h ctx;
-	ucp_worker_h worker;
+	struct ts_fleet_link *link;      /* the daemon's sending UCX (borrowed) */
 	size_t n;
 	struct dest d[];
 };
@@ -189,31 +190,46 @@ static ts_status call_peer(struct dest *d, const char *path, const char *body, l
 	return call_end(&c, curl_easy_perform(c.e), out, err);
 }
 
-static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
+/* Waits for req (a UCP request of d's endpoint; the link's lock not held)
+ * to end, progressing the link's worker, until deadline or until the
+ * endpoint fails: its status, UCS_ERR_TIMED_OUT at the deadline. A request
+ * that cannot end otherwise ends with the endpoint, which goes (every
+ * request on it, any copy's, completes cancelled). Frees req. */
+static ucs_status_t wait_req(struct dest *d, void *req, uint64_t deadline)
 {
-	struct dest *d = arg;
+	struct ts_fleet_link *l = d->x->link;
+	ucs_status_t s, why = UCS_OK;
 
-	(void)ep;
-	d->ep_failed = true;
-	d->ep_status = status;
-}
+	for (;;) {
+		ucp_worker_h w;
+		bool failed;
 
-/* Closes d's endpoint at once, without the peer: every request still in
- * flight on it completes, cancelled. */
-static void force_close(struct dest *d)
-{
-	ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
-	                         .flags = UCP_EP_CLOSE_FLAG_FORCE};
-	void *req;
-
-	if (!d->ep)
-		return;
-	req = ucp_ep_close_nbx(d->ep, &p);
-	while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
-		ucp_worker_progress(d->x->worker);
-	if (UCS_PTR_IS_PTR(req))
-		ucp_request_free(req);
-	d->ep = NULL;
+		ts_fleet_link_lock(l);
+		w = ts_fleet_link_worker_locked(l);
+		s = ucp_request_check_status(req);
+		if (s == UCS_INPROGRESS && ucp_worker_progress(w)) {
+			ts_fleet_link_unlock(l);
+			continue;
+		}
+		s = ucp_request_check_status(req);
+		failed = ts_fleet_ep_failed_locked(d->e, &why);
+		if (s == UCS_INPROGRESS && (ts_now_ns() >= deadline || failed)) {
+			/* a send cannot be cancelled: the endpoint goes, and with it
+			 * what is in flight on it */
+			ucp_request_cancel(w, req);
+			if (ucp_request_check_status(req) == UCS_INPROGRESS)
+				ts_fleet_ep_kill_locked(d->e);
+			while (ucp_request_check_status(req) == UCS_INPROGRESS)
+				ucp_worker_progress(w);
+			s = failed && why != UCS_OK ? why : UCS_ERR_TIMED_OUT;
+		}
+		if (s != UCS_INPROGRESS) {
+			ucp_request_free(req);
+			ts_fleet_link_unlock(l);
+			return s;
+		}
+		ts_fleet_link_unlock(l);
+	}
 }
 
 /* Drives req (a UCP request or an immediate status) of d's endpoint to its
@@ -225,7 +241,6 @@ static ts_status finish(struct dest *d, struct ts_operation *op, void *req, cons
 {
 	struct xfer *x = d->x;
 	uint64_t silent = ts_now_ns() + x->silence_ns;
-	ucp_worker_h w = x->worker;
 	bool timed_out = false;
 	ucs_status_t s;
 
@@ -240,26 +255,11 @@ static ts_status finish(struct dest *d, struct ts_operation *op, void *req, cons
 		timed_out = true;
 	}
 	/* a cancel waits for the send in flight (one chunk) */
-	while ((s = ucp_request_check_status(req)) == UCS_INPROGRESS) {
-		if (ucp_worker_progress(w))
-			continue;
-		if (ts_now_ns() >= deadline || d->ep_failed) {
-			/* a send cannot be cancelled: the endpoint goes, and
-			 * with it what is in flight on it */
-			ucp_request_cancel(w, req);
-			if (ucp_request_check_status(req) == UCS_INPROGRESS)
-				force_close(d);
-			while (ucp_request_check_status(req) == UCS_INPROGRESS)
-				ucp_worker_progress(w);
-			s = d->ep_failed ? d->ep_status : UCS_ERR_TIMED_OUT;
-			ucp_request_free(req);
-			goto failed;
-		}
-	}
-	ucp_request_free(req);
+	s = wait_req(d, req, deadline);
 	if (s == UCS_OK)
 		return TS_OK;
 failed:
+	d->ep_bad = true;
 	if (s == UCS_ERR_CANCELED && ts_operation_cancelled(op))
 		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
 		                    d->host);
@@ -290,110 +290,76 @@ static void url_host(const char *url, char *out, size_t cap)
 	snprintf(out, cap, "%.*s", (int)(end - p), p);
 }
 
-/* The operation's own UCX context and worker (its thread's alone). */
-static ts_status ucx_start(struct xfer *x, struct ts_error *err)
-{
-	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_AM};
-	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
-	                          .thread_mode = UCS_THREAD_MODE_SINGLE};
-	ucp_config_t *config;
-	ucs_status_t s;
-
-	s = ucp_config_read(NULL, NULL, &config);
-	if (s == UCS_OK) {
-		s = ucp_init(&params, config, &x->ctx);
-		ucp_config_release(config);
-		if (s != UCS_OK)
-			x->ctx = NULL;
-	}
-	if (s == UCS_OK) {
-		s = ucp_worker_create(x->ctx, &wp, &x->worker);
-		if (s != UCS_OK)
-			x->worker = NULL;
-	}
-	if (s != UCS_OK)
-		return ts_error_set(err, TS_UNAVAILABLE, "UCX", "UCX for a copy to '%s': %s",
-		                    x->d[0].host, ucs_status_string(s));
-	return TS_OK;
-}
-
-/* d's endpoint to its peer's fleet port, admitted by the receive's ticket. */
+/* d's endpoint to its peer's fleet port: the one the daemon keeps there,
+ * or a new one, admitted by the receive's ticket (its first message). */
 static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t deadline,
                           struct ts_error *err)
 {
-	ucp_ep_params_t ep = {.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
-	                                    UCP_EP_PARAM_FIELD_ERR_HANDLER |
-	                                    UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE,
-	                      .flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER,
-	                      .err_mode = UCP_ERR_HANDLING_MODE_PEER,
-	                      .err_handler = {.cb = ep_failed, .arg = d}};
-	struct addrinfo hints = {.ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV}, *ai = NULL;
+	struct ts_fleet_link *l = d->x->link;
 	ucp_request_param_t p = {.op_attr_mask = 0};
 	json_t *rcv = d->rcv;
 	const char *ticket = json_string_value(json_object_get(rcv, "ticket"));
+	const char *inst = json_string_value(json_object_get(rcv, "fleet_instance"));
 	char host[128], port[16];
-	ucs_status_t s;
+	void *req = NULL;
+	bool fresh = false;
+	ts_status st;
 
 	if (!ticket || strlen(ticket) != TS_FLEET_TICKET_LEN)
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
 		                    "peer '%s' answered the receive without a ticket", d->host);
+	memcpy(d->ticket, ticket, TS_FLEET_TICKET_LEN);
 	url_host(d->url, host, sizeof host);
 	snprintf(port, sizeof port, "%lld",
 	         (long long)json_integer_value(json_object_get(rcv, "fleet_port")));
-	if (getaddrinfo(host, port, &hints, &ai) != 0)
-		return ts_error_set(err, TS_UNAVAILABLE, "PEER_FAILED",
-		                    "peer '%s': cannot resolve '%s'", d->host, host);
-	ep.sockaddr = (ucs_sock_addr_t){.addr = ai->ai_addr, .addrlen = ai->ai_addrlen};
-	s = ucp_ep_create(d->x->worker, &ep, &d->ep);
-	freeaddrinfo(ai);
-	if (s != UCS_OK) {
-		d->ep = NULL;
-		return ts_error_set(err, TS_UNAVAILABLE, "PEER_FAILED",
-		                    "peer '%s': no endpoint to %s:%s: %s", d->host, host, port,
-		                    ucs_status_string(s));
-	}
-	return finish(d, op, ucp_stream_send_nbx(d->ep, ticket, TS_FLEET_TICKET_LEN, &p),
-	              "sending the ticket", deadline, err);
+	ts_fleet_link_lock(l);
+	st = ts_fleet_link_ep_locked(l, d->host, host, port, inst ? strtoull(inst, NULL, 16) : 0,
+	                             &d->e, &fresh, err);
+	if (st == TS_OK && fresh)
+		req = ucp_stream_send_nbx(ts_fleet_ep_ucp_locked(d->e), ticket, TS_FLEET_TICKET_LEN, &p);
+	ts_fleet_link_unlock(l);
+	if (st != TS_OK)
+		return st;
+	return finish(d, op, req, "sending the ticket", deadline, err);
 }
 
-/* Closes d's endpoint: flushed with the peer when it is well, forced when
- * it failed. */
-static void ucx_close(struct dest *d)
+/* Lets go of d's endpoint: kept for the next copy when it is well (its
+ * sends flushed), dropped (closed, forced) when a call on it failed. */
+static void ucx_close(struct dest *d, struct ts_operation *op)
 {
-	if (d->ep_failed || d->dead) {
-		force_close(d);
-		return;
-	}
-	if (d->ep) {
-		ucp_request_param_t p = {.op_attr_mask = 0};
-		void *req = ucp_ep_close_nbx(d->ep, &p);
+	struct ts_fleet_link *l = d->x->link;
+	ucp_request_param_t p = {.op_attr_mask = 0};
+	struct ts_error ignore;
+	void *req = NULL;
 
-		while (UCS_PTR_IS_PTR(req) && ucp_request_check_status(req) == UCS_INPROGRESS)
-			ucp_worker_progress(d->x->worker);
-		if (UCS_PTR_IS_PTR(req))
-			ucp_request_free(req);
-	}
-	d->ep = NULL;
+	if (!d->e)
+		return;
+	ts_error_clear(&ignore);
+	ts_fleet_link_lock(l);
+	/* nothing of this copy left in flight before its receive is aborted */
+	if (!d->ep_bad && !ts_fleet_ep_failed_locked(d->e, NULL))
+		req = ucp_ep_flush_nbx(ts_fleet_ep_ucp_locked(d->e), &p);
+	ts_fleet_link_unlock(l);
+	if (req)
+		(void)finish(d, op, req, "flushing the sends", ts_now_ns() + d->x->silence_ns, &ignore);
+	ts_fleet_link_lock(l);
+	if (d->ep_bad || ts_fleet_ep_failed_locked(d->e, NULL))
+		ts_fleet_ep_kill_locked(d->e);
+	ts_fleet_ep_unref_locked(d->e);
+	ts_fleet_link_unlock(l);
+	d->e = NULL;
 }
 
-static void ucx_stop(struct xfer *x)
+static void ucx_stop(struct xfer *x, struct ts_operation *op)
 {
 	for (size_t i = 0; i < x->n; i++)
-		ucx_close(&x->d[i]);
-	if (x->worker)
-		ucp_worker_destroy(x->worker);
-	if (x->ctx)
-		ucp_cleanup(x->ctx);
-	x->worker = NULL;
-	x->ctx = NULL;
+		ucx_close(&x->d[i], op);
 }
 
-/* Waits for d's send in flight from slot s (cancels it once the endpoint
+/* Waits for d's send in flight from slot s (ends it once the endpoint
  * failed or the deadline passed) until UCX lets go of its buffer. */
 static void drop(struct dest *d, int s, uint64_t deadline)
 {
-	ucp_worker_h w = d->x->worker;
 	void *req = d->pending[s];
 
 	d->pending[s] = NULL;
@@ -401,15 +367,8 @@ static void drop(struct dest *d, int s, uint64_t deadline)
 		return;
 	if (deadline > ts_now_ns() + d->x->silence_ns)
 		deadline = ts_now_ns() + d->x->silence_ns;
-	while (ucp_request_check_status(req) == UCS_INPROGRESS && !d->ep_failed &&
-	       ts_now_ns() < deadline)
-		ucp_worker_progress(w);
-	ucp_request_cancel(w, req);
-	if (ucp_request_check_status(req) == UCS_INPROGRESS)
-		force_close(d);
-	while (ucp_request_check_status(req) == UCS_INPROGRESS)
-		ucp_worker_progress(w);
-	ucp_request_free(req);
+	if (wait_req(d, req, deadline) != UCS_OK)
+		d->ep_bad = true;
 }
 
 static size_t live(const struct xfer *x)
@@ -527,12 +486,18 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 			struct dest *d = &x->d[k];
 			ucp_request_param_t p = {.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS,
 			                         .flags = UCP_AM_SEND_FLAG_REPLY};
+			ucp_ep_h ep;
 
 			if (d->dead)
 				continue;
-			d->offset[s] = done;
-			d->pending[s] = ucp_am_send_nbx(d->ep, TS_FLEET_AM_DATA, &d->offset[s],
-			                                sizeof d->offset[s], buf[s], (size_t)n, &p);
+			d->hdr[s].offset = done;
+			memcpy(d->hdr[s].ticket, d->ticket, TS_FLEET_TICKET_LEN);
+			ts_fleet_link_lock(x->link);
+			ep = ts_fleet_ep_ucp_locked(d->e);
+			d->pending[s] = ep ? ucp_am_send_nbx(ep, TS_FLEET_AM_DATA, &d->hdr[s],
+			                                     sizeof d->hdr[s], buf[s], (size_t)n, &p)
+			                   : UCS_STATUS_PTR(UCS_ERR_NOT_CONNECTED);
+			ts_fleet_link_unlock(x->link);
 			d->pending_n[s] = n;
 			if (!UCS_PTR_IS_PTR(d->pending[s]))   /* done at once, or failed at once */
 				st = complete(d, s, op, err);
@@ -554,10 +519,17 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 		struct dest *d = &x->d[k];
 		ucp_request_param_t p = {.op_attr_mask = 0};
 		struct ts_error e;
+		ucp_ep_h ep;
+		void *req;
 
+		if (d->dead)
+			continue;
 		ts_error_clear(&e);
-		if (!d->dead && finish(d, op, ucp_ep_flush_nbx(d->ep, &p), "flushing the sends",
-		                       d->deadline_ns, &e) != TS_OK)
+		ts_fleet_link_lock(x->link);
+		ep = ts_fleet_ep_ucp_locked(d->e);
+		req = ep ? ucp_ep_flush_nbx(ep, &p) : UCS_STATUS_PTR(UCS_ERR_NOT_CONNECTED);
+		ts_fleet_link_unlock(x->link);
+		if (finish(d, op, req, "flushing the sends", d->deadline_ns, &e) != TS_OK)
 			st = dest_failed(d, &e, err);
 	}
 	show_progress(x, op, "committing");
@@ -689,6 +661,82 @@ static json_t *broadcast_result(struct xfer *x)
 	                 "failed_hosts", failed);
 }
 
+/* The bytes of n at src in base64 (RFC 4648, padded): a new string, or NULL. */
+static char *base64(const unsigned char *src, size_t n)
+{
+	static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+
+	if (!out)
+		return NULL;
+	for (size_t i = 0; i < n; i += 3) {
+		uint32_t v = (uint32_t)src[i] << 16 | (i + 1 < n ? (uint32_t)src[i + 1] << 8 : 0) |
+		             (i + 2 < n ? src[i + 2] : 0);
+
+		*o++ = abc[v >> 18];
+		*o++ = abc[(v >> 12) & 63];
+		*o++ = i + 1 < n ? abc[(v >> 6) & 63] : '=';
+		*o++ = i + 2 < n ? abc[v & 63] : '=';
+	}
+	*o = '\0';
+	return out;
+}
+
+/* A small array (TS_FLEET_RECV_INLINE_MAX bytes at most): its bytes go with
+ * each destination's receive request, which the peer commits at once (one
+ * HTTP call a destination, no endpoint); each answer is the array there. */
+static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_error *err)
+{
+	uint64_t nbytes = ts_array_desc(x->src)->nbytes;
+	struct ts_run run = {.src_offset = 0, .dst_offset = 0, .len = nbytes};
+	unsigned char *bytes = malloc(nbytes + 1);
+	json_t *body = json_loads(x->body, 0, NULL), *data = NULL;
+	char *text = NULL, *b64 = NULL;
+	ts_status st = TS_OK;
+
+	if (!bytes || !body) {
+		st = ts_error_oom(err, "no memory to send array '%s'", ts_array_name(x->src));
+		goto out;
+	}
+	if (nbytes && ts_array_read(x->srv->core.env.stager, x->src, &run, 1, bytes, err) != TS_OK) {
+		st = err->status;
+		goto out;
+	}
+	b64 = base64(bytes, nbytes);
+	data = b64 ? json_string(b64) : NULL;
+	if (!data || json_object_set_new(body, "data", data) != 0 ||
+	    !(text = json_dumps(body, JSON_COMPACT))) {
+		st = ts_error_oom(err, "no memory to send array '%s'", ts_array_name(x->src));
+		goto out;
+	}
+	for (size_t i = 0; st == TS_OK && i < x->n; i++) {
+		struct dest *d = &x->d[i];
+		struct ts_error e;
+
+		ts_error_clear(&e);
+		if (call_peer(d, "/v1/fleet:receive?wait=true", text, COMMIT_TIMEOUT_MS, &d->array,
+		              &e) == TS_OK &&
+		    !json_object_get(d->array, "etag"))
+			ts_error_set(&e, TS_DEADLINE_EXCEEDED, "PEER_SLOW",
+			             "peer '%s' had not published '%s' when its wait ended", d->host,
+			             ts_array_name(x->src));
+		if (e.status != TS_OK) {
+			st = dest_failed(d, &e, err);
+			continue;
+		}
+		d->published = true;
+		d->done = nbytes;
+		ts_operation_progress_add(op, nbytes);
+		ts_metrics_fleet_bytes(x->srv->metrics, true, nbytes);
+	}
+out:
+	free(bytes);
+	free(b64);
+	free(text);
+	json_decref(body);
+	return st;
+}
+
 static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct xfer *x = arg;
@@ -697,13 +745,19 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 	size_t i;
 
 	show_progress(x, op, "receiving");
+	/* a small array's bytes go with its request, unless a broadcast must
+	 * publish on all destinations or none (one commit after all bytes) */
+	if (ts_array_desc(x->src)->nbytes <= TS_FLEET_RECV_INLINE_MAX &&
+	    (x->n == 1 || x->partial_ok)) {
+		st = send_inline(x, op, err);
+		goto done;
+	}
 	for (i = 0; st == TS_OK && i < x->n; i++) {
 		ts_error_clear(&e);
 		if (open_receive(&x->d[i], &e) != TS_OK)
 			st = dest_failed(&x->d[i], &e, err);
 	}
-	if (st == TS_OK && ts_array_desc(x->src)->nbytes) {   /* an empty array has no bytes */
-		st = ucx_start(x, err);
+	if (st == TS_OK) {
 		for (i = 0; st == TS_OK && i < x->n; i++) {
 			struct dest *d = &x->d[i];
 
@@ -714,10 +768,11 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 		if (st == TS_OK)
 			st = send_bytes(x, op, err);
 	}
-	ucx_stop(x);
+	ucx_stop(x, op);
 	/* the commits, all at once, when every destination has all its bytes */
 	if (st == TS_OK)
 		st = commit_all(x, err);
+done:
 	if (st == TS_OK && x->put) {
 		struct ts_precondition same = {.if_match = x->etag};
 		struct ts_error ignore;
@@ -798,10 +853,15 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 		if (strcmp(hosts[i], srv->core.host) == 0)
 			return ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_HOST",
 			                    "host '%s' is this node: copy without \"host\"", hosts[i]);
+	if (!srv->fleet_link)
+		return ts_error_set(err, TS_FAILED_PRECONDITION, "NO_FLEET_PORT",
+		                    "this daemon has no fleet port: it sends with --peers, "
+		                    "--peers-dns or --fleet-port");
 	x = calloc(1, sizeof *x + n * sizeof x->d[0]);
 	if (!x)
 		return ts_error_oom(err, "no memory for a copy to '%s'", hosts[0]);
 	x->srv = srv;
+	x->link = srv->fleet_link;
 	x->put = req->put;
 	x->broadcast = req->hosts != NULL;
 	x->partial_ok = req->partial_ok;

@@ -4,14 +4,18 @@
  *
  * It holds the source version (a reference, as every operation holds what
  * it reads), asks the peer's POST /v1/fleet:receive (same token; every
- * refusal answered there before any byte moves), connects to the peer's
- * fleet port with a UCP endpoint of its own (its own context and worker on
- * the operation's thread) and presents the ticket, reads the version in
- * chunks into host memory and writes each into the peer's staging memory
- * (ucp_put_nbx; progress in bytes), flushes, and commits the receive, which
- * publishes the array there. A :put then deletes the source version (only
- * that version: a newer one stays). Any failure aborts the receive where the
- * peer still answers, names the peer, and leaves the source untouched.
+ * refusal answered there before any byte moves), takes the daemon's
+ * endpoint to the peer's fleet port (fleet_link.h: one UCP context and
+ * worker for all copies, one endpoint per peer kept between copies; a new
+ * one presents the receive's ticket first), reads the version in chunks
+ * into host memory and sends each as an active message naming the receive
+ * (progress in bytes), flushes, and commits the receive, which publishes
+ * the array there. An array of at most TS_FLEET_RECV_INLINE_MAX bytes goes
+ * with its receive request instead (one HTTP call, no endpoint), except in
+ * a broadcast without "partial_ok", which must publish everywhere or
+ * nowhere. A :put then deletes the source version (only that version: a
+ * newer one stays). Any failure aborts the receive where the peer still
+ * answers, names the peer, and leaves the source untouched.
  */
 #ifndef TS_FLEET_XFER_H
 #define TS_FLEET_XFER_H

@@ -28,7 +28,8 @@
 	X("GET", "/v1/topology", ts_h_topology_get, NULL, NULL, TS_BODY_NONE, false, "host")  \
 	X("GET", "/v1/fleet", NULL, ts_s_fleet, NULL, TS_BODY_NONE, false, "scope")           \
 	X("POST", "/v1/fleet:ticket", NULL, ts_s_fleet_ticket, NULL, TS_BODY_NONE, false, "")  \
-	X("POST", "/v1/fleet:receive", NULL, ts_s_fleet_receive, NULL, TS_BODY_JSON, false, "") \
+	X("POST", "/v1/fleet:receive", NULL, ts_s_fleet_receive, NULL, TS_BODY_JSON, false,    \
+	  "wait:bool")                                                                         \
 	X("POST", "/v1/fleet/receives/{receive}:commit", NULL, ts_s_fleet_receive_commit, NULL, \
 	  TS_BODY_NONE, false, "wait:bool")                                                    \
 	X("POST", "/v1/fleet/receives/{receive}:abort", NULL, ts_s_fleet_receive_abort, NULL,  \

@@ -348,6 +348,8 @@ static ts_status fleet_ucx_start(struct ts_server *srv, struct ts_error *err)
 	srv->fleet_recv = ts_fleet_recv_new();
 	if (!srv->fleet_recv)
 		return ts_error_oom(err, "no memory for the fleet's receives");
+	if (ts_fleet_link_new(&srv->fleet_link, err) != TS_OK)
+		return err->status;
 	return ts_fleet_ucx_new(&(struct ts_fleet_ucx_config){.bind = cfg->bind, .port = port,
 	                                                      .hello_timeout_ms = FLEET_HELLO_MS,
 	                                                      .tick = ts_fleet_recv_tick,
@@ -630,6 +632,7 @@ void ts_server_free(struct ts_server *srv)
 	ts_op_registry_free(srv->core.env.operations);
 	ts_state_free(srv->core.state);
 	ts_fleet_free(srv->fleet);   /* its poller sets metrics */
+	ts_fleet_link_free(srv->fleet_link);   /* the copies that sent on it have ended */
 	ts_fleet_ucx_free(srv->fleet_ucx);   /* so does its progress thread */
 	ts_fleet_recv_free(srv->fleet_recv);   /* after the thread that ticks it */
 	ts_metrics_free(srv->metrics);

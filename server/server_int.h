@@ -14,6 +14,7 @@
 #include "handlers/api.h"
 #include "server/config.h"
 #include "server/fleet.h"
+#include "server/fleet_link.h"
 #include "server/fleet_recv.h"
 #include "server/fleet_ucx.h"
 #include "server/metrics.h"
@@ -50,6 +51,8 @@ struct ts_server {
 	struct ts_history *history;      /* owned; the sampler (memory_history.c) */
 	struct ts_fleet_ucx *fleet_ucx;  /* owned; the fleet's data port, NULL when it is off */
 	struct ts_fleet_recv *fleet_recv;  /* owned; cross-node copies arriving (fleet_recv.h) */
+	struct ts_fleet_link *fleet_link;  /* owned; the copies' sending UCX (fleet_link.h);
+	                                    * NULL when the fleet port is off */
 	struct ts_trace *trace;          /* owned; the recorder (tracing.c) */
 	char data_dir[4096];             /* realpath of cfg.data_dir; "" when none */
 	/* connections that open with a request without a body, each on one of

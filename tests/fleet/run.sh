@@ -19,9 +19,12 @@
 #              and a record removed leaves the list at the next resolution;
 #   tickets    a ticket of the fleet port is issued only with the token;
 #   copies     an array copied to another host over UCX into every memory
-#              kind arrives byte for byte; a :put moves it; the receives'
-#              staging is freed; the destination killed mid-copy fails the
-#              operation, naming it, and leaves the source's version;
+#              kind arrives byte for byte, the copies over one endpoint that
+#              the sender keeps; a small array goes with its receive
+#              request; a :put moves it; the receives' staging is freed; the
+#              destination killed mid-copy fails the operation, naming it,
+#              and leaves the source's version; started again at its
+#              address, it gets the next copy over a new endpoint;
 #   broadcast  an array of one host to the two others at once, byte for
 #              byte on both, each destination published and both copies
 #              counted as sent; one destination refusing, with partial_ok,
@@ -250,6 +253,10 @@ want_sum=$(sha256sum <"$tmp/x.raw" | cut -d' ' -f1)
 up=$(api h2 '/v1/arrays/x?dtype=uint8&shape=8388608&memory_kind=pinned_host' -X PUT \
 	--data-binary @"$tmp/x.raw" -o /dev/null -w '%{http_code}')
 [ "$up" = 201 ] || fail "upload of x to h2: $up"
+accepted() {
+	api "$1" /metrics | awk '/^tstage_fleet_ucx_connections_total\{result="accepted"\}/ { print $2 }'
+}
+acc0=$(accepted h3)
 for kind in device pinned_host unpinned_host; do
 	res=$(api h2 '/v1/arrays/x:copy?wait=true' -X POST --max-time 60 \
 		-d "{\"out\": \"x-$kind\", \"host\": \"h3\", \"device\": \"sim:0\", \"memory_kind\": \"$kind\"}")
@@ -261,6 +268,27 @@ for kind in device pinned_host unpinned_host; do
 		fail "copy h2 -> h3 as $kind: $(jq -c '.error // .done' <<<"$res" 2>/dev/null), placed $placed, sha $got"
 	fi
 done
+# the three copies went over one endpoint, kept by h2 between them
+acc1=$(accepted h3)
+if [ $(( ${acc1%.*} - ${acc0%.*} )) = 1 ]; then
+	ok "three copies h2 -> h3 over one endpoint (h3 admitted 1)"
+else
+	fail "three copies h2 -> h3: h3 admitted $acc0 -> $acc1 endpoints, want one more"
+fi
+# a small array goes with its receive request: byte for byte, no endpoint
+head -c 3000 /dev/urandom >"$tmp/s.raw"
+api h2 '/v1/arrays/s?dtype=uint8&shape=3000&memory_kind=pinned_host' -X PUT \
+	--data-binary @"$tmp/s.raw" -o /dev/null
+res=$(api h2 '/v1/arrays/s:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "s", "host": "h3", "memory_kind": "pinned_host"}')
+got=$(api h3 /v1/arrays/s/data | sha256sum | cut -d' ' -f1)
+acc2=$(accepted h3)
+if [ "$got" = "$(sha256sum <"$tmp/s.raw" | cut -d' ' -f1)" ] && [ "$acc2" = "$acc1" ] &&
+	grep -q 'fleet receive rcv-[0-9a-f]* of array .s. (3000 bytes) came with its request' "$tmp/h3.log"; then
+	ok "a 3000-byte copy h2 -> h3 came with its receive request, byte for byte"
+else
+	fail "small copy h2 -> h3: $(jq -c '.error // .host' <<<"$res" 2>/dev/null), sha $got, endpoints $acc1 -> $acc2"
+fi
 # a :put moves it: there once, gone here
 res=$(api h2 '/v1/arrays/x:put?wait=true' -X POST --max-time 60 \
 	-d '{"host": "h1", "device": "sim:0", "memory_kind": "pinned_host"}')
@@ -389,6 +417,20 @@ if until_s 90 op_done; then
 	fi
 else
 	fail "destination killed mid-copy: $op not done after 90 s"
+fi
+# h2 started again at its address: h1 drops the endpoint it kept there and
+# copies over a new one
+start h2 --peers "$(peers_of h2)"
+until_s 15 seen_reachable h1 h2 || true
+api h1 '/v1/arrays/again?dtype=uint8&shape=8388608&memory_kind=pinned_host' -X PUT \
+	--data-binary @"$tmp/x.raw" -o /dev/null
+res=$(api h1 '/v1/arrays/again:copy?wait=true' -X POST --max-time 60 \
+	-d '{"out": "again", "host": "h2", "memory_kind": "unpinned_host"}')
+got=$(api h2 /v1/arrays/again/data | sha256sum | cut -d' ' -f1)
+if [ "$got" = "$want_sum" ]; then
+	ok "h2 restarted at its address: h1 copies to it again byte for byte"
+else
+	fail "h2 restarted: the copy from h1 answered $(jq -c '.error // .host' <<<"$res" 2>/dev/null), sha $got"
 fi
 
 for h in "${!pid[@]}"; do

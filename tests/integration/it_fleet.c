@@ -1041,6 +1041,32 @@ START_TEST(test_receive_expires_and_aborts)
 	json_decref(o);
 	expect_not_found(&d[1], "/v1/arrays/r");
 
+	/* a small one whose bytes come with it ("data", base64): published at
+	 * once with those bytes; data of the wrong length or not base64 is
+	 * refused and publishes nothing */
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5], \"data\": \"AQID\"}",
+	          &r);
+	th_expect_error(&r, "short data", 400, "INVALID_ARGUMENT", NULL, "base64", NULL);
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5], \"data\": \"AQ*DBA==\"}",
+	          &r);
+	th_expect_error(&r, "bad data", 400, "INVALID_ARGUMENT", NULL, "base64", NULL);
+	expect_not_found(&d[1], "/v1/arrays/r");
+	o = post_object(&d[1], "/v1/fleet:receive?wait=true",
+	                "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5], "
+	                "\"memory_kind\": \"pinned_host\", \"data\": \"AQIDBAU=\"}",
+	                200, "inline receive");
+	ck_assert_str_eq(th_str(o, "name"), "r");
+	json_decref(o);
+	th_request(&d[1], "GET", "/v1/arrays/r/data", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_uint_eq(r.body_len, 5);
+	ck_assert(memcmp(r.body, "\1\2\3\4\5", 5) == 0);
+	th_response_free(&r);
+	th_request(&d[1], "DELETE", "/v1/arrays/r", auth, NULL, 0, &r);
+	th_response_free(&r);
+
 	/* one aborted */
 	o = post_object(&d[1], "/v1/fleet:receive",
 	                "{\"out\": \"r\", \"dtype\": \"bfloat16\", \"source_dtype\": \"float32\", "
