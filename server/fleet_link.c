@@ -12,6 +12,7 @@
 
 #include <assert.h>
 #include <netdb.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,6 +258,42 @@ void ts_fleet_ep_kill_locked(struct ts_fleet_ep *e)
 	e->failed = true;
 	ep_close(e, true, 0);
 	uncache(e);   /* frees e only when no copy holds it: one does */
+}
+
+ucs_status_t ts_fleet_link_wait(struct ts_fleet_link *l, struct ts_fleet_ep *e, void *req,
+                                uint64_t deadline, const _Atomic bool *stop)
+{
+	ucs_status_t s, why = UCS_OK;
+
+	for (;;) {
+		bool failed;
+
+		ts_mutex_lock(&l->mu);
+		s = ucp_request_check_status(req);
+		if (s == UCS_INPROGRESS && ucp_worker_progress(l->worker)) {
+			ts_mutex_unlock(&l->mu);
+			continue;
+		}
+		s = ucp_request_check_status(req);
+		failed = ts_fleet_ep_failed_locked(e, &why);
+		if (s == UCS_INPROGRESS &&
+		    (ts_now_ns() >= deadline || failed || (stop && atomic_load(stop)))) {
+			/* a send cannot be cancelled: the endpoint goes, and with it
+			 * what is in flight on it */
+			ucp_request_cancel(l->worker, req);
+			if (ucp_request_check_status(req) == UCS_INPROGRESS)
+				ts_fleet_ep_kill_locked(e);
+			while (ucp_request_check_status(req) == UCS_INPROGRESS)
+				ucp_worker_progress(l->worker);
+			s = failed && why != UCS_OK ? why : UCS_ERR_TIMED_OUT;
+		}
+		if (s != UCS_INPROGRESS) {
+			ucp_request_free(req);
+			ts_mutex_unlock(&l->mu);
+			return s;
+		}
+		ts_mutex_unlock(&l->mu);
+	}
 }
 
 void ts_fleet_ep_unref_locked(struct ts_fleet_ep *e)

@@ -22,6 +22,7 @@
 #ifndef TS_FLEET_LINK_H
 #define TS_FLEET_LINK_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <ucp/api/ucp.h>
@@ -64,6 +65,15 @@ bool ts_fleet_ep_failed_locked(const struct ts_fleet_ep *e, ucs_status_t *why);
 /* Drops e from the cache and closes it now, forced (lock held): every
  * request in flight on it, any copy's, completes cancelled. */
 void ts_fleet_ep_kill_locked(struct ts_fleet_ep *e);
+
+/* Waits for req (a UCP request on e; the lock NOT held) to end,
+ * progressing the worker, until deadline, until e fails, or until *stop
+ * (may be NULL) is set: its status; UCS_ERR_TIMED_OUT at the deadline or
+ * on stop. A request that cannot end otherwise ends with e, which is
+ * killed (every request on it, any copy's, completes cancelled). Frees
+ * req. */
+ucs_status_t ts_fleet_link_wait(struct ts_fleet_link *l, struct ts_fleet_ep *e, void *req,
+                                uint64_t deadline, const _Atomic bool *stop);
 
 /* Drops the caller's reference (lock held); e is freed once it is out of
  * the cache and unreferenced. */

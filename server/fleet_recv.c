@@ -28,6 +28,7 @@
 #include "handlers/sharding_json.h"
 #include "jobs/move.h"
 #include "memory/buffer.h"
+#include "server/fleet_fwd.h"
 #include "server/fleet_ucx.h"
 #include "server/metrics.h"
 #include "server/server_int.h"
@@ -46,6 +47,8 @@ struct recv {
 	int landing;                       /* bytes' receives in flight; guarded by: set->mu */
 	char source[TS_ARRAY_NAME_MAX + 1];/* the sender's host, as it says; "" unknown */
 	uint64_t deadline_ns;
+	struct ts_fleet_fwd *fwd;          /* owned: forwards the bytes as they land (a
+	                                    * chain's middle hop); NULL when none */
 };
 
 /* What is left of a receive whose peer failed: its error, for its commit. */
@@ -97,6 +100,7 @@ struct ts_fleet_recv *ts_fleet_recv_new(void)
 
 static void recv_free(struct recv *v)
 {
+	ts_fleet_fwd_free(v->fwd);   /* its sends over before the memory goes */
 	if (v->staging && v->set)
 		ts_metrics_fleet_receives(v->set->metrics, 0, -(int64_t)v->length);
 	ts_job_move_discard(v->jm);
@@ -251,7 +255,7 @@ void *ts_fleet_recv_land(void *cls, const void *tag, uint64_t offset, size_t len
 	return dst;
 }
 
-void ts_fleet_recv_landed(void *cls, const void *tag, size_t len, bool ok)
+void ts_fleet_recv_landed(void *cls, const void *tag, void *dst, size_t len, bool ok)
 {
 	struct ts_server *srv = cls;
 	struct ts_fleet_recv *r = srv->fleet_recv;
@@ -262,6 +266,8 @@ void ts_fleet_recv_landed(void *cls, const void *tag, size_t len, bool ok)
 	if (v) {
 		v->landing--;
 		v->received += ok ? len : 0;
+		if (ok && v->fwd)
+			ts_fleet_fwd_landed(v->fwd, (uint64_t)((unsigned char *)dst - v->data), len);
 		pthread_cond_broadcast(&r->landed);
 	}
 	ts_mutex_unlock(&r->mu);
@@ -349,7 +355,7 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 {
 	static const char *const known[] = {"out", "dtype", "source_dtype", "shape", "sharding",
 	                                    "device", "memory_kind", "overwrite",
-	                                    "timeout_seconds", "source_host", "data"};
+	                                    "timeout_seconds", "source_host", "data", "forward"};
 	json_t *v, *sh = json_object_get(body, "sharding");
 	json_t *dev = json_object_get(body, "device"), *kind = json_object_get(body, "memory_kind");
 	const char *k;
@@ -366,7 +372,7 @@ static ts_status parse(const struct ts_core *core, json_t *body, struct ts_array
 			                    "unknown field '%s'; a receive takes \"out\", \"dtype\", "
 			                    "\"source_dtype\", \"shape\", \"sharding\" or \"device\"/"
 			                    "\"memory_kind\", \"overwrite\", \"timeout_seconds\", "
-			                    "\"source_host\" and \"data\"", k);
+			                    "\"source_host\", \"data\" and \"forward\"", k);
 	}
 	v = json_object_get(body, "out");
 	if (!json_is_string(v) || !ts_array_name_valid(json_string_value(v)))
@@ -549,7 +555,8 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	unsigned char rnd[16];
 	struct ts_error err;
 	json_error_t jerr;
-	json_t *body, *answer, *data;
+	json_t *body, *answer, *data, *fwd;
+	struct ts_fleet_fwd_spec next;
 	uint64_t ttl_s = 0;
 	bool full;
 
@@ -573,6 +580,14 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	}
 	if (parse(call->core, body, &wire, &spec, v->out, v->source, &ttl_s, &err) != TS_OK)
 		goto fail;
+	data = json_object_get(body, "data");
+	fwd = json_object_get(body, "forward");
+	if (fwd && data) {
+		bad(&err, "forward", "goes with bytes sent over the fleet port, not \"data\"");
+		goto fail;
+	}
+	if (fwd && ts_fleet_fwd_parse(srv, fwd, &next, &err) != TS_OK)
+		goto fail;
 	ts_mutex_lock(&r->mu);
 	full = r->nopen >= TS_FLEET_RECV_MAX;
 	ts_mutex_unlock(&r->mu);
@@ -595,7 +610,6 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	if (stage(srv, v, &wire, &spec, &err) != TS_OK)
 		goto fail;
 	spec.name = v->out;
-	data = json_object_get(body, "data");
 	if (data && !json_is_string(data)) {
 		bad(&err, "data", "must be the array's bytes in base64");
 		goto fail;
@@ -611,6 +625,11 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL, &err) !=
 	        TS_OK ||
 	    ts_fleet_ucx_ticket_tagged(srv->fleet_ucx, tag_of(v), ticket, &err) != TS_OK)
+		goto fail;
+	/* a chain's middle: its bytes go on to the next node's receive as they
+	 * land (that receive is open: the sender opened it first) */
+	if (fwd && ts_fleet_fwd_start(srv, &next, v->out, v->data, v->length, &v->fwd, &err) !=
+	               TS_OK)
 		goto fail;
 	v->deadline_ns = ts_now_ns() + ttl_s * 1000000000ull;
 	ts_format_rfc3339(when, sizeof when, ts_wall_ns() + ttl_s * 1000000000ull);
@@ -643,8 +662,9 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		goto fail;
 	}
 	ts_log(TS_LOG_INFO, "\"event\":\"fleet_receive\",\"result\":\"open\"",
-	       "fleet receive %s of array '%s' (%llu bytes) open", id, json_string_value(
-	           json_object_get(body, "out")), (unsigned long long)wire.nbytes);
+	       "fleet receive %s of array '%s' (%llu bytes) open%s%s", id, json_string_value(
+	           json_object_get(body, "out")), (unsigned long long)wire.nbytes,
+	       fwd ? ", forwarding to peer " : "", fwd ? next.host : "");
 	ts_reply_json(reply, TS_HTTP_CREATED, answer);
 	json_decref(body);
 	return;
@@ -780,4 +800,83 @@ void ts_s_fleet_receive_abort(struct ts_server *srv, const struct ts_call *call,
 	       "fleet receive %s of array '%s' aborted", v->id, v->out);
 	recv_drop(v, srv->fleet_ucx);
 	ts_reply_json(reply, TS_HTTP_OK, json_object());
+}
+
+/* Longest wait of GET /v1/fleet/receives/{id}?wait_ms=. */
+#define STATUS_WAIT_MAX_MS 60000
+
+void ts_s_fleet_receive_get(struct ts_server *srv, const struct ts_call *call,
+                            struct ts_reply *reply)
+{
+	struct ts_fleet_recv *r = srv->fleet_recv;
+	const char *id = ts_call_param(call, "receive"), *w = ts_call_query(call, "wait_ms");
+	uint64_t received = 0, length = 0, fdone = 0, until;
+	char fhost[128] = "";
+	bool found = false, complete = false, over = false, failed = false;
+	struct ts_error ferr;
+	json_t *answer, *fj = NULL;
+	char *end = NULL;
+	long wait_ms = w ? strtol(w, &end, 10) : 0;
+
+	ts_error_clear(&ferr);
+	if (w && (end == w || *end || wait_ms < 0 || wait_ms > STATUS_WAIT_MAX_MS)) {
+		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_QUERY",
+		              "wait_ms must be a whole number of milliseconds from 0 to %d",
+		              STATUS_WAIT_MAX_MS);
+		return;
+	}
+	until = ts_now_ns() + (uint64_t)wait_ms * 1000000ull;
+	if (!r) {
+		not_open(srv, id, false, reply);
+		return;
+	}
+	ts_mutex_lock(&r->mu);
+	for (;;) {
+		struct recv *v;
+		struct timespec t;
+
+		for (v = r->open; v && strcmp(v->id, id) != 0; v = v->next)
+			;
+		found = v != NULL;
+		if (!v)
+			break;
+		received = v->received;
+		length = v->length;
+		if (v->fwd) {
+			ts_fleet_fwd_state(v->fwd, &fdone, &over, &failed, &ferr);
+			snprintf(fhost, sizeof fhost, "%s", ts_fleet_fwd_host(v->fwd));
+		}
+		complete = received == length && v->landing == 0 && (!v->fwd || over);
+		if (complete || ts_now_ns() >= until)
+			break;
+		/* a forwarder's progress does not signal: look again in 50 ms */
+		clock_gettime(CLOCK_MONOTONIC, &t);
+		t.tv_nsec += 50000000L;
+		if (t.tv_nsec >= 1000000000L) {
+			t.tv_sec++;
+			t.tv_nsec -= 1000000000L;
+		}
+		(void)ts_mutex_wait(&r->mu, &r->landed, &t);
+	}
+	ts_mutex_unlock(&r->mu);
+	if (!found) {
+		not_open(srv, id, false, reply);
+		return;
+	}
+	if (fhost[0]) {
+		json_t *e = failed ? ts_error_to_json(&ferr, 0) : NULL;
+
+		fj = json_pack("{s:s, s:I, s:s, s:O?}", "host", fhost, "bytes_done", (json_int_t)fdone,
+		               "state", failed ? "failed" : over ? "done" : "sending", "error",
+		               json_object_get(e, "error"));
+		json_decref(e);
+	}
+	answer = json_pack("{s:s, s:I, s:I, s:b, s:o*}", "id", id, "length", (json_int_t)length,
+	                   "received", (json_int_t)received, "complete", complete, "forward", fj);
+	if (!answer) {
+		ts_error_oom(&ferr, "no memory for the state of receive '%s'", id);
+		ts_reply_error(reply, &ferr);
+		return;
+	}
+	ts_reply_json(reply, TS_HTTP_OK, answer);
 }

@@ -57,11 +57,17 @@ void ts_fleet_recv_free(struct ts_fleet_recv *r);
  * with UNAVAILABLE (PEER_FAILED) naming the peer: it is dropped at once and
  * its commit answers that error until its deadline. */
 void *ts_fleet_recv_land(void *cls, const void *tag, uint64_t offset, size_t len);
-void ts_fleet_recv_landed(void *cls, const void *tag, size_t len, bool ok);
+void ts_fleet_recv_landed(void *cls, const void *tag, void *dst, size_t len, bool ok);
 void ts_fleet_recv_failed(void *cls, const void *tag, const char *peer, const char *why);
 
 ts_server_handler_fn ts_s_fleet_receive;
 ts_server_handler_fn ts_s_fleet_receive_commit;
 ts_server_handler_fn ts_s_fleet_receive_abort;
+/* GET /v1/fleet/receives/{id}[?wait_ms=N]: its bytes received of its
+ * length, its forward (a chain's middle hop: the next host, bytes
+ * forwarded, sending/done/failed and the error), and "complete" (every
+ * byte landed and, forwarding, forwarded or failed); waits up to N ms
+ * (at most 60000) for complete. An ended receive answers its error. */
+ts_server_handler_fn ts_s_fleet_receive_get;
 
 #endif

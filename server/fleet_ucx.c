@@ -107,7 +107,7 @@ struct ts_fleet_ucx {
 	void (*tick)(void *cls);         /* immutable; may be NULL */
 	void *tick_cls;
 	void *(*land)(void *cls, const void *tag, uint64_t offset, size_t len);   /* immutable */
-	void (*landed)(void *cls, const void *tag, size_t len, bool ok);           /* immutable */
+	void (*landed)(void *cls, const void *tag, void *dst, size_t len, bool ok); /* immutable */
 	void (*failed)(void *cls, const void *tag, const char *peer, const char *why);
 	struct conn *conns;              /* the progress thread's */
 	int nhello;                      /* the progress thread's */
@@ -362,14 +362,15 @@ static void conns_step(struct ts_fleet_ucx *u)
 struct landing {
 	struct conn *c;
 	struct bind *b;
+	void *dst;
 	size_t len;
 };
 
-static void landing_done(struct ts_fleet_ucx *u, struct conn *c, struct bind *b, size_t len,
-                         bool ok)
+static void landing_done(struct ts_fleet_ucx *u, struct conn *c, struct bind *b, void *dst,
+                         size_t len, bool ok)
 {
 	if (u->landed)
-		u->landed(u->tick_cls, b->tag, len, ok);
+		u->landed(u->tick_cls, b->tag, dst, len, ok);
 	if (!ok && !c->failed)
 		c->why = UCS_ERR_IO_ERROR;
 	c->failed |= !ok;
@@ -385,7 +386,7 @@ static void data_done_cb(void *request, ucs_status_t status, size_t length, void
 	l->b->landing--;
 	if (status != UCS_OK && !c->failed)
 		c->why = status;
-	landing_done(c->u, c, l->b, l->len, status == UCS_OK);
+	landing_done(c->u, c, l->b, l->dst, l->len, status == UCS_OK);
 	free(l);
 	ucp_request_free(request);
 }
@@ -440,11 +441,12 @@ static ucs_status_t data_cb(void *arg, const void *header, size_t header_length,
 		void *r;
 
 		if (!l) {
-			landing_done(u, c, b, length, false);
+			landing_done(u, c, b, dst, length, false);
 			return UCS_OK;
 		}
 		l->c = c;
 		l->b = b;
+		l->dst = dst;
 		l->len = length;
 		r = ucp_am_recv_data_nbx(u->worker, data, dst, length, &p);
 		if (UCS_PTR_IS_PTR(r)) {
@@ -455,11 +457,11 @@ static ucs_status_t data_cb(void *arg, const void *header, size_t header_length,
 		free(l);
 		if (UCS_PTR_IS_ERR(r) && !c->failed)
 			c->why = UCS_PTR_STATUS(r);
-		landing_done(u, c, b, length, !UCS_PTR_IS_ERR(r));
+		landing_done(u, c, b, dst, length, !UCS_PTR_IS_ERR(r));
 		return UCS_OK;
 	}
 	memcpy(dst, data, length);
-	landing_done(u, c, b, length, true);
+	landing_done(u, c, b, dst, length, true);
 	return UCS_OK;
 }
 

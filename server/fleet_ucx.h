@@ -63,11 +63,12 @@ struct ts_fleet_ucx_config {
 	 * endpoint's ticket; NULL: every such message closes its endpoint.
 	 * land: where [offset, offset + len) goes, NULL to refuse (the endpoint
 	 * is closed); that memory must stay until landed is called for it.
-	 * landed: those bytes arrived (ok) or not. failed: the endpoint of tag
-	 * failed (the peer is gone or its link): peer is its address, why
-	 * UCX's words (for each receive bound to it). */
+	 * landed: those bytes, at dst (land's answer), arrived (ok) or not.
+	 * failed: the endpoint of tag failed (the peer is gone or its link):
+	 * peer is its address, why UCX's words (for each receive bound to
+	 * it). */
 	void *(*land)(void *cls, const void *tag, uint64_t offset, size_t len);
-	void (*landed)(void *cls, const void *tag, size_t len, bool ok);
+	void (*landed)(void *cls, const void *tag, void *dst, size_t len, bool ok);
 	void (*failed)(void *cls, const void *tag, const char *peer, const char *why);
 };
 

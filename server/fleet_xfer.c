@@ -51,6 +51,10 @@ struct dest {
 	uint64_t pending_n[XFER_INFLIGHT];
 	uint64_t done;                   /* bytes sent there */
 	bool dead;                       /* failed (err says why); the others go on */
+	bool relayed;                    /* a chain's later hop: its bytes come from hop from */
+	int from;                        /* that hop's index; -1: from the source */
+	bool fwd_failed;                 /* its own forward to the next hop failed: fwd_err */
+	struct ts_error fwd_err;
 	bool published;
 	struct ts_error err;
 	json_t *rcv;                     /* its receive's answer */
@@ -190,46 +194,23 @@ static ts_status call_peer(struct dest *d, const char *path, const char *body, l
 	return call_end(&c, curl_easy_perform(c.e), out, err);
 }
 
-/* Waits for req (a UCP request of d's endpoint; the link's lock not held)
- * to end, progressing the link's worker, until deadline or until the
- * endpoint fails: its status, UCS_ERR_TIMED_OUT at the deadline. A request
- * that cannot end otherwise ends with the endpoint, which goes (every
- * request on it, any copy's, completes cancelled). Frees req. */
+/* GET url+path and waits for the answer (call_end's). */
+static ts_status get_peer(struct dest *d, const char *path, long timeout_ms, json_t **out,
+                          struct ts_error *err)
+{
+	struct call c;
+
+	*out = NULL;
+	if (call_start(d, &c, path, NULL, timeout_ms, err) != TS_OK)
+		return err->status;
+	curl_easy_setopt(c.e, CURLOPT_HTTPGET, 1L);
+	return call_end(&c, curl_easy_perform(c.e), out, err);
+}
+
+/* Waits for req (a UCP request of d's endpoint) to end: ts_fleet_link_wait. */
 static ucs_status_t wait_req(struct dest *d, void *req, uint64_t deadline)
 {
-	struct ts_fleet_link *l = d->x->link;
-	ucs_status_t s, why = UCS_OK;
-
-	for (;;) {
-		ucp_worker_h w;
-		bool failed;
-
-		ts_fleet_link_lock(l);
-		w = ts_fleet_link_worker_locked(l);
-		s = ucp_request_check_status(req);
-		if (s == UCS_INPROGRESS && ucp_worker_progress(w)) {
-			ts_fleet_link_unlock(l);
-			continue;
-		}
-		s = ucp_request_check_status(req);
-		failed = ts_fleet_ep_failed_locked(d->e, &why);
-		if (s == UCS_INPROGRESS && (ts_now_ns() >= deadline || failed)) {
-			/* a send cannot be cancelled: the endpoint goes, and with it
-			 * what is in flight on it */
-			ucp_request_cancel(w, req);
-			if (ucp_request_check_status(req) == UCS_INPROGRESS)
-				ts_fleet_ep_kill_locked(d->e);
-			while (ucp_request_check_status(req) == UCS_INPROGRESS)
-				ucp_worker_progress(w);
-			s = failed && why != UCS_OK ? why : UCS_ERR_TIMED_OUT;
-		}
-		if (s != UCS_INPROGRESS) {
-			ucp_request_free(req);
-			ts_fleet_link_unlock(l);
-			return s;
-		}
-		ts_fleet_link_unlock(l);
-	}
+	return ts_fleet_link_wait(d->x->link, d->e, req, deadline, NULL);
 }
 
 /* Drives req (a UCP request or an immediate status) of d's endpoint to its
@@ -273,8 +254,7 @@ failed:
 	                    ucs_status_string(s));
 }
 
-/* The host part of an "http://host:port" URL. */
-static void url_host(const char *url, char *out, size_t cap)
+void ts__fleet_url_host(const char *url, char *out, size_t cap)
 {
 	const char *p = strstr(url, "://"), *end;
 
@@ -309,7 +289,7 @@ static ts_status ucx_open(struct dest *d, struct ts_operation *op, uint64_t dead
 		return ts_error_set(err, TS_UNAVAILABLE, "PEER_BAD_ANSWER",
 		                    "peer '%s' answered the receive without a ticket", d->host);
 	memcpy(d->ticket, ticket, TS_FLEET_TICKET_LEN);
-	url_host(d->url, host, sizeof host);
+	ts__fleet_url_host(d->url, host, sizeof host);
 	snprintf(port, sizeof port, "%lld",
 	         (long long)json_integer_value(json_object_get(rcv, "fleet_port")));
 	ts_fleet_link_lock(l);
@@ -488,7 +468,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 			                         .flags = UCP_AM_SEND_FLAG_REPLY};
 			ucp_ep_h ep;
 
-			if (d->dead)
+			if (d->dead || d->relayed)
 				continue;
 			d->hdr[s].offset = done;
 			memcpy(d->hdr[s].ticket, d->ticket, TS_FLEET_TICKET_LEN);
@@ -522,7 +502,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 		ucp_ep_h ep;
 		void *req;
 
-		if (d->dead)
+		if (d->dead || d->relayed)
 			continue;
 		ts_error_clear(&e);
 		ts_fleet_link_lock(x->link);
@@ -538,12 +518,12 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 
 /* Opens d's receive at its peer (every refusal answered there before any
  * byte moves). */
-static ts_status open_receive(struct dest *d, struct ts_error *err)
+static ts_status open_receive(struct dest *d, const char *body, struct ts_error *err)
 {
 	struct xfer *x = d->x;
 	ts_status st;
 
-	st = call_peer(d, "/v1/fleet:receive", x->body, (long)(x->silence_ns / 1000000ull),
+	st = call_peer(d, "/v1/fleet:receive", body, (long)(x->silence_ns / 1000000ull),
 	               &d->rcv, err);
 	if (st != TS_OK)
 		return st;
@@ -737,6 +717,196 @@ out:
 	return st;
 }
 
+/* ---- the chain: "hosts" sends to the first only, each hop forwards ------ */
+
+/* Opens the receives from the last hop to the first, each asked to
+ * forward to the next live one's receive (so every refusal, at any hop,
+ * comes before any byte moves), then links the chain: the first live hop
+ * gets the bytes from the source, each later one from the live one
+ * before it. */
+static ts_status open_chain(struct xfer *x, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+	int next = -1, prev = -1;
+
+	for (size_t k = x->n; st == TS_OK && k-- > 0;) {
+		struct dest *d = &x->d[k];
+		json_t *body = json_loads(x->body, 0, NULL), *fwd = NULL;
+		char *text = NULL;
+		struct ts_error e;
+
+		ts_error_clear(&e);
+		if (body && next >= 0) {
+			struct dest *n = &x->d[next];
+
+			fwd = json_pack("{s:s, s:s, s:O?, s:O?, s:O?, s:O?}", "host", n->host, "id", n->rid,
+			                "ticket", json_object_get(n->rcv, "ticket"), "fleet_port",
+			                json_object_get(n->rcv, "fleet_port"), "fleet_instance",
+			                json_object_get(n->rcv, "fleet_instance"), "expires_in_seconds",
+			                json_object_get(n->rcv, "expires_in_seconds"));
+		}
+		if (body && (next < 0 || fwd)) {
+			json_object_set_new(body, "source_host",
+			                    json_string(k > 0 ? x->d[k - 1].host : x->srv->core.host));
+			if (fwd)
+				json_object_set_new(body, "forward", fwd);
+			text = json_dumps(body, JSON_COMPACT);
+		}
+		json_decref(body);
+		if (!text)
+			ts_error_oom(&e, "no memory for a receive at peer '%s'", d->host);
+		else
+			(void)open_receive(d, text, &e);
+		free(text);
+		if (e.status != TS_OK)
+			st = dest_failed(d, &e, err);
+		else
+			next = (int)k;
+	}
+	for (size_t k = 0; k < x->n; k++) {
+		if (x->d[k].dead)
+			continue;
+		x->d[k].from = prev;
+		x->d[k].relayed = prev >= 0;
+		prev = (int)k;
+	}
+	return st;
+}
+
+/* d's bytes landed as its receive says (received): counted as progress. */
+static void chain_done(struct dest *d, struct ts_operation *op, uint64_t received)
+{
+	if (received > d->done) {
+		ts_operation_progress_add(op, received - d->done);
+		d->done = received;
+	}
+}
+
+/* Why relayed d cannot get the rest of its bytes: the hop before it
+ * failed, or its forward did. */
+static void chain_broken(struct dest *d, struct ts_error *e)
+{
+	struct dest *up = &d->x->d[d->from];
+
+	if (up->dead)
+		ts_error_set(e, TS_UNAVAILABLE, "CHAIN_BROKEN",
+		             "peer '%s' gets its bytes through peer '%s', which failed: %s", d->host,
+		             up->host, up->err.message);
+	else
+		ts_error_set(e, up->fwd_err.status ? up->fwd_err.status : TS_UNAVAILABLE,
+		             "FORWARD_FAILED", "peer '%s' could not forward to peer '%s': %s", up->host,
+		             d->host, up->fwd_err.message);
+}
+
+/* The status a peer's error names (its "status"), UNAVAILABLE when none. */
+static ts_status status_named(const char *name)
+{
+	for (int i = TS_CANCELLED; name && i <= TS_UNAUTHENTICATED; i++)
+		if (strcmp(ts_status_name((ts_status)i), name) == 0)
+			return (ts_status)i;
+	return TS_UNAVAILABLE;
+}
+
+/* Asks d's receive where it stands, waiting up to wait_ms for it to be
+ * complete: *complete, and its forward's failure into d. */
+static ts_status chain_status(struct dest *d, struct ts_operation *op, long wait_ms,
+                              bool *complete, uint64_t *moved, struct ts_error *err)
+{
+	char path[160];
+	json_t *j = NULL, *f;
+	const char *state;
+
+	*complete = false;
+	snprintf(path, sizeof path, "/v1/fleet/receives/%s?wait_ms=%ld", d->rid, wait_ms);
+	if (get_peer(d, path, wait_ms + HTTP_TIMEOUT_MS, &j, err) != TS_OK)
+		return err->status;
+	chain_done(d, op, (uint64_t)json_integer_value(json_object_get(j, "received")));
+	*complete = json_is_true(json_object_get(j, "complete"));
+	f = json_object_get(j, "forward");
+	*moved = d->done + (uint64_t)json_integer_value(json_object_get(f, "bytes_done"));
+	state = json_string_value(json_object_get(f, "state"));
+	if (state && strcmp(state, "failed") == 0 && !d->fwd_failed) {
+		json_t *e = json_object_get(f, "error");
+		const char *msg = json_string_value(json_object_get(e, "message"));
+
+		d->fwd_failed = true;
+		ts_error_clear(&d->fwd_err);
+		ts_error_set(&d->fwd_err, status_named(json_string_value(json_object_get(e, "status"))),
+		             "FORWARD_FAILED", "%s", msg ? msg : "no message");
+	}
+	json_decref(j);
+	return TS_OK;
+}
+
+/* Once the source has sent every byte to the chain's head: waits for each
+ * live hop in turn to have every byte and, forwarding, to have forwarded
+ * them (each progress is its receive's); a hop whose bytes stopped coming
+ * (the one before it failed, or its forward) fails, and so does one silent
+ * for --fleet-timeout. */
+static ts_status chain_ready(struct xfer *x, struct ts_operation *op, struct ts_error *err)
+{
+	ts_status st = TS_OK;
+
+	for (size_t k = 0; st == TS_OK && k < x->n; k++) {
+		struct dest *d = &x->d[k];
+		bool broken = d->relayed && (x->d[d->from].dead || x->d[d->from].fwd_failed);
+		uint64_t last = 0, moved = 0, silent = ts_now_ns() + x->silence_ns;
+		bool complete = false;
+		struct ts_error e;
+
+		if (d->dead)
+			continue;
+		ts_error_clear(&e);
+		for (;;) {
+			if (chain_status(d, op, broken ? 0 : 1000, &complete, &moved, &e) != TS_OK ||
+			    complete)
+				break;
+			if (broken) {
+				chain_broken(d, &e);
+				break;
+			}
+			if (ts_operation_cancelled(op)) {
+				ts_error_set(&e, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
+				             d->host);
+				break;
+			}
+			if (moved > last) {
+				last = moved;
+				silent = ts_now_ns() + x->silence_ns;
+			} else if (ts_now_ns() >= silent) {
+				ts_error_set(&e, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
+				             "peer '%s' (%s): no byte landed or forwarded in %llu s "
+				             "(--fleet-timeout)", d->host, d->url,
+				             (unsigned long long)(x->silence_ns / 1000000000ull));
+				break;
+			}
+			show_progress(x, op, "sending");
+		}
+		if (e.status != TS_OK && broken && e.reason[0] && strcmp(e.reason, "CHAIN_BROKEN") &&
+		    strcmp(e.reason, "FORWARD_FAILED"))
+			chain_broken(d, &e);   /* what it says matters less than why */
+		if (e.status != TS_OK)
+			st = dest_failed(d, &e, err);
+	}
+	show_progress(x, op, "committing");
+	return st;
+}
+
+/* After a failure: every hop still waiting for bytes through a failed one
+ * is failed too, naming it (nothing is published anywhere). */
+static void chain_unwind(struct xfer *x)
+{
+	for (size_t k = 0; k < x->n; k++) {
+		struct dest *d = &x->d[k];
+
+		if (!d->dead && d->relayed && (x->d[d->from].dead || x->d[d->from].fwd_failed)) {
+			ts_error_clear(&d->err);
+			chain_broken(d, &d->err);
+			d->dead = true;
+		}
+	}
+}
+
 static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *err)
 {
 	struct xfer *x = arg;
@@ -752,23 +922,30 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 		st = send_inline(x, op, err);
 		goto done;
 	}
-	for (i = 0; st == TS_OK && i < x->n; i++) {
+	/* a broadcast goes along a chain: to the first host, which forwards */
+	if (x->n > 1) {
+		st = open_chain(x, err);
+	} else {
 		ts_error_clear(&e);
-		if (open_receive(&x->d[i], &e) != TS_OK)
-			st = dest_failed(&x->d[i], &e, err);
+		if (open_receive(&x->d[0], x->body, &e) != TS_OK)
+			st = dest_failed(&x->d[0], &e, err);
 	}
 	if (st == TS_OK) {
 		for (i = 0; st == TS_OK && i < x->n; i++) {
 			struct dest *d = &x->d[i];
 
 			ts_error_clear(&e);
-			if (!d->dead && ucx_open(d, op, d->deadline_ns, &e) != TS_OK)
+			if (!d->dead && !d->relayed && ucx_open(d, op, d->deadline_ns, &e) != TS_OK)
 				st = dest_failed(d, &e, err);
 		}
 		if (st == TS_OK)
 			st = send_bytes(x, op, err);
 	}
 	ucx_stop(x, op);
+	if (st == TS_OK && x->n > 1)
+		st = chain_ready(x, op, err);
+	if (st != TS_OK && x->n > 1)
+		chain_unwind(x);
 	/* the commits, all at once, when every destination has all its bytes */
 	if (st == TS_OK)
 		st = commit_all(x, err);

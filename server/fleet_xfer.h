@@ -32,4 +32,7 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
                                const struct ts_fleet_copy_req *req, struct ts_operation **op,
                                struct ts_error *err);
 
+/* The host part of an "http://host:port" URL into out (cap bytes). */
+void ts__fleet_url_host(const char *url, char *out, size_t cap);
+
 #endif

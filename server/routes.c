@@ -34,6 +34,8 @@
 	  TS_BODY_NONE, false, "wait:bool")                                                    \
 	X("POST", "/v1/fleet/receives/{receive}:abort", NULL, ts_s_fleet_receive_abort, NULL,  \
 	  TS_BODY_NONE, false, "")                                                             \
+	X("GET", "/v1/fleet/receives/{receive}", NULL, ts_s_fleet_receive_get, NULL,           \
+	  TS_BODY_NONE, false, "wait_ms")                                                      \
 	X("GET", "/v1/memory", ts_h_memory_get, NULL, NULL, TS_BODY_NONE, false, "host")       \
 	X("GET", "/v1/memory/history", NULL, ts_s_history, NULL, TS_BODY_NONE, false,          \
 	  "since,step,host")                                                                   \
