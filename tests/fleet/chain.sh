@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/fleet/chain.sh - a broadcast along a chain: three test hosts in
 # network namespaces (tsc-h1..tsc-h3, veths on a bridge in tsc-hub,
-# 10.233.0.1-3/24), one tstaged in each (UCX_TLS=tcp). Checks:
+# 10.234.0.1-3/24), one tstaged in each (UCX_TLS=tcp). Checks:
 #   chain      h1's array to ["h2", "h3"]: h1 sends to h2 only, h2 forwards
 #              to h3 as the chunks land; byte for byte on both, both
 #              published, h1 and h2 each sent the array once;
@@ -20,10 +20,10 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=$(realpath "${1:-${TSTAGED:-build/tstaged}}")
 pfx=tsc
-subnet=10.233.0
+subnet=10.234.0
 hosts=(h1 h2 h3)
 token=fleet-chain-token-0123456789abcdef
-port=8490
+port=8500
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tstage-fleet-chain.XXXXXX")
 failed=0
 declare -A pid=()

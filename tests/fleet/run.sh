@@ -25,13 +25,16 @@
 #              destination killed mid-copy fails the operation, naming it,
 #              and leaves the source's version; started again at its
 #              address, it gets the next copy over a new endpoint;
-#   broadcast  an array of one host to the two others at once, byte for
-#              byte on both, each destination published and both copies
-#              counted as sent; one destination refusing, with partial_ok,
+#   broadcast  an array of one host to the two others along a chain, byte
+#              for byte on both, each destination published, the source
+#              and the first hop each counting one copy sent; one destination refusing, with partial_ok,
 #              leaves the other's copy and names the refusing one;
 #   link cut   a destination's link cut mid-copy ends the copy
 #              DEADLINE_EXCEEDED naming it after --fleet-timeout, the source
 #              answering throughout; with the link back, copies go again;
+#   chain      tests/fleet/chain.sh (three hosts of its own): a chain
+#              byte for byte, its last hop refusing before any byte moves,
+#              its middle killed mid-broadcast;
 #   sender     tests/fleet/sender_killed.sh (two hosts of its own): a copy's
 #   killed     sender SIGKILLed mid-copy, three times over; the receiving
 #              daemon keeps serving, ends the receive UNAVAILABLE naming the
@@ -318,16 +321,20 @@ sent() {
 	api "$1" /metrics | awk '/^tstage_fleet_transfer_bytes_total\{direction="sent"\}/ { print $2 }'
 }
 sent0=$(sent h3)
+fwd0=$(sent h1)
 res=$(api h3 '/v1/arrays/b:copy?wait=true' -X POST --max-time 60 \
 	-d '{"out": "b", "hosts": ["h1", "h2"], "device": "sim:0", "memory_kind": "pinned_host"}')
 sums=$(for h in h1 h2; do api "$h" /v1/arrays/b/data | sha256sum | cut -d' ' -f1; done | sort -u)
 states=$(jq -c '[.destinations[] | [.host, .state]]' <<<"$res" 2>/dev/null || echo "$res")
 sent1=$(sent h3)
+fwd1=$(sent h1)
+# a chain: h3 sends to h1 only, h1 forwards to h2
 if [ "$sums" = "$b_sum" ] && [ "$states" = '[["h1","published"],["h2","published"]]' ] &&
-	[ $(( ${sent1%.*} - ${sent0%.*} )) = $((32 << 20)) ]; then
-	ok "broadcast h3 -> h1, h2: 16 MiB byte for byte on both, $states, 32 MiB sent"
+	[ $(( ${sent1%.*} - ${sent0%.*} )) = $((16 << 20)) ] &&
+	[ $(( ${fwd1%.*} - ${fwd0%.*} )) = $((16 << 20)) ]; then
+	ok "broadcast h3 -> h1 -> h2: 16 MiB byte for byte on both, $states, 16 MiB sent by h3 and forwarded by h1"
 else
-	fail "broadcast h3 -> h1, h2: $states, sums $sums, sent $sent0 -> $sent1"
+	fail "broadcast h3 -> h1 -> h2: $states, sums $sums, sent $sent0 -> $sent1, forwarded $fwd0 -> $fwd1"
 fi
 # one destination refuses ("b" exists on h2 now): with partial_ok h1 gets it
 api h1 /v1/arrays/b -X DELETE -o /dev/null
@@ -438,6 +445,13 @@ for h in "${!pid[@]}"; do
 		fail "$h's daemon died: $(tail -3 "$tmp/$h.log")"
 	fi
 done
+
+# ---- a chained broadcast: its own three hosts (tsc-*, 10.234.0.0/24) --------
+if tests/fleet/chain.sh "$bin"; then
+	ok "chained broadcast (tests/fleet/chain.sh)"
+else
+	fail "chained broadcast (tests/fleet/chain.sh)"
+fi
 
 # ---- sender killed mid-copy: its own two hosts (tsk-*, 10.232.0.0/24) -------
 if tests/fleet/sender_killed.sh "$bin"; then
