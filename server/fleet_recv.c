@@ -849,9 +849,9 @@ void ts_s_fleet_receive_get(struct ts_server *srv, const struct ts_call *call,
 		complete = received == length && v->landing == 0 && (!v->fwd || over);
 		if (complete || ts_now_ns() >= until)
 			break;
-		/* a forwarder's progress does not signal: look again in 50 ms */
+		/* a forwarder's progress does not signal: look again in 5 ms */
 		clock_gettime(CLOCK_MONOTONIC, &t);
-		t.tv_nsec += 50000000L;
+		t.tv_nsec += 5000000L;
 		if (t.tv_nsec >= 1000000000L) {
 			t.tv_sec++;
 			t.tv_nsec -= 1000000000L;

@@ -1216,7 +1216,7 @@ START_TEST(test_broadcast_two_hosts)
 	json_t *res, *o, *o2, *list;
 	size_t rows = 4096, cols = 4096, n;    /* 64 MiB: 16 chunks */
 	uint64_t nbytes = rows * cols * sizeof(float);
-	double sent0, recv1;
+	double sent0, sent1, recv1;
 	float *x;
 	bool seen_running = false;
 
@@ -1224,6 +1224,7 @@ START_TEST(test_broadcast_two_hosts)
 	await_all(d, 3, ports);
 	x = put_pattern(&d[0], "x", rows, cols, NULL);
 	sent0 = metric_value(&d[0], SENT);
+	sent1 = metric_value(&d[1], SENT);
 	recv1 = metric_value(&d[1], RECEIVED);
 
 	post_auth(&d[0], "/v1/arrays/x:copy",
@@ -1282,7 +1283,9 @@ START_TEST(test_broadcast_two_hosts)
 		free(got);
 	}
 	json_decref(o);
-	ck_assert_double_eq(metric_value(&d[0], SENT) - sent0, 2.0 * (double)nbytes);
+	/* a chain: node0 sends the array once, to node1, which forwards it once */
+	ck_assert_double_eq(metric_value(&d[0], SENT) - sent0, (double)nbytes);
+	ck_assert_double_eq(metric_value(&d[1], SENT) - sent1, (double)nbytes);
 	ck_assert_double_eq(metric_value(&d[1], RECEIVED) - recv1, (double)nbytes);
 
 	/* with ?wait=true the answer is the result */
@@ -1644,6 +1647,105 @@ START_TEST(test_reads_of_another_node)
 }
 END_TEST
 
+/* A receive's state (GET /v1/fleet/receives/{id}) and a forwarding
+ * receive's refusals: "forward" naming no peer, this node, malformed, or
+ * with "data" is refused before anything is allocated; one naming a peer's
+ * open receive forwards (its state says to whom), and its abort gives
+ * everything back on both nodes. */
+START_TEST(test_receive_state_and_forward)
+{
+	struct th_daemon d[2];
+	int ports[2];
+	char *path, *body;
+	struct th_response r;
+	json_t *o, *next, *st, *fwd;
+	double base0, base1;
+	const char *shape = "\"dtype\": \"float32\", \"shape\": [1024, 256]";
+
+	start_fleet_one_token(d, 2, ports);
+	json_decref(await_node(&d[1], ports[0], true));
+	base0 = unpinned_in_use(&d[0]);
+	base1 = unpinned_in_use(&d[1]);
+	get_error(&d[1], "/v1/fleet/receives/rcv-00000000000000000000000000000000", 404,
+	          "NOT_FOUND", "RECEIVE_NOT_FOUND", NULL, NULL);
+
+	/* node0's receive, the next hop */
+	body = th_fmt("{\"out\": \"f\", %s}", shape);
+	next = post_object(&d[0], "/v1/fleet:receive", body, 201, "next receive");
+	free(body);
+	path = th_fmt("/v1/fleet/receives/%s", th_str(next, "id"));
+	st = get_auth(&d[0], path);
+	ck_assert_int_eq(th_int(st, "length"), 1024 * 256 * 4);
+	ck_assert_int_eq(th_int(st, "received"), 0);
+	ck_assert(json_is_false(json_object_get(st, "complete")));
+	ck_assert_ptr_null(json_object_get(st, "forward"));
+	json_decref(st);
+	free(path);
+	path = th_fmt("/v1/fleet/receives/%s?wait_ms=soon", th_str(next, "id"));
+	get_error(&d[0], path, 400, "INVALID_ARGUMENT", "BAD_QUERY", "wait_ms", NULL);
+	free(path);
+
+	/* refusals, before anything is allocated */
+	body = th_fmt("{\"out\": \"f\", %s, \"forward\": {\"host\": \"nowhere\", \"id\": \"%s\", "
+	              "\"ticket\": \"%s\", \"fleet_port\": %d, \"fleet_instance\": \"%s\", "
+	              "\"expires_in_seconds\": 60}}", shape, th_str(next, "id"),
+	              th_str(next, "ticket"), (int)th_int(next, "fleet_port"),
+	              th_str(next, "fleet_instance"));
+	post_auth(&d[1], "/v1/fleet:receive", body, &r);
+	th_expect_error(&r, "unknown next host", 404, "NOT_FOUND", "HOST_NOT_FOUND", "nowhere", NULL);
+	free(body);
+	body = th_fmt("{\"out\": \"f\", %s, \"forward\": {\"host\": \"node1\", \"id\": \"%s\", "
+	              "\"ticket\": \"%s\", \"fleet_port\": %d, \"fleet_instance\": \"%s\", "
+	              "\"expires_in_seconds\": 60}}", shape, th_str(next, "id"),
+	              th_str(next, "ticket"), (int)th_int(next, "fleet_port"),
+	              th_str(next, "fleet_instance"));
+	post_auth(&d[1], "/v1/fleet:receive", body, &r);
+	th_expect_error(&r, "itself", 400, "INVALID_ARGUMENT", "BAD_HOST", "node1", NULL);
+	free(body);
+	body = th_fmt("{\"out\": \"f\", %s, \"forward\": {\"host\": \"node0\"}}", shape);
+	post_auth(&d[1], "/v1/fleet:receive", body, &r);
+	th_expect_error(&r, "malformed", 400, "INVALID_ARGUMENT", NULL, "forward", NULL);
+	free(body);
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"f\", \"dtype\": \"uint8\", \"shape\": [3], \"data\": \"AQID\", "
+	          "\"forward\": {}}", &r);
+	th_expect_error(&r, "with data", 400, "INVALID_ARGUMENT", NULL, "forward", NULL);
+	await_unpinned(&d[1], base1, 2000, "the refused receives' memory");
+
+	/* node1 forwards to node0's receive */
+	body = th_fmt("{\"out\": \"f\", %s, \"forward\": {\"host\": \"node0\", \"id\": \"%s\", "
+	              "\"ticket\": \"%s\", \"fleet_port\": %d, \"fleet_instance\": \"%s\", "
+	              "\"expires_in_seconds\": 60}}", shape, th_str(next, "id"),
+	              th_str(next, "ticket"), (int)th_int(next, "fleet_port"),
+	              th_str(next, "fleet_instance"));
+	o = post_object(&d[1], "/v1/fleet:receive", body, 201, "forwarding receive");
+	free(body);
+	path = th_fmt("/v1/fleet/receives/%s?wait_ms=100", th_str(o, "id"));
+	st = get_auth(&d[1], path);
+	fwd = json_object_get(st, "forward");
+	ck_assert_str_eq(th_str(fwd, "host"), "node0");
+	ck_assert_str_eq(th_str(fwd, "state"), "sending");
+	ck_assert_int_eq(th_int(fwd, "bytes_done"), 0);
+	ck_assert(json_is_false(json_object_get(st, "complete")));
+	json_decref(st);
+	free(path);
+	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(o, "id"));
+	post_expect(&d[1], path, NULL, 200, "abort the forwarding receive");
+	free(path);
+	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(next, "id"));
+	post_expect(&d[0], path, NULL, 200, "abort the next receive");
+	free(path);
+	await_unpinned(&d[1], base1, 5000, "the forwarding receive's memory");
+	await_unpinned(&d[0], base0, 5000, "the next receive's memory");
+	expect_not_found(&d[0], "/v1/arrays/f");
+	expect_not_found(&d[1], "/v1/arrays/f");
+	json_decref(o);
+	json_decref(next);
+	for (int i = 0; i < 2; i++)
+		th_daemon_stop_ok(&d[i]);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("fleet");
@@ -1671,6 +1773,7 @@ Suite *th_suite(void)
 	tcase_set_timeout(copy, 240);
 	tcase_add_test(copy, test_cross_node_copy);
 	tcase_add_test(copy, test_receive_expires_and_aborts);
+	tcase_add_test(copy, test_receive_state_and_forward);
 	tcase_add_test(copy, test_destination_killed_mid_copy);
 	tcase_add_test(copy, test_cross_node_copy_cancelled);
 	tcase_add_test(copy, test_silent_peer_times_out);
