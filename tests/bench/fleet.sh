@@ -8,11 +8,14 @@
 #            same bytes in 4 MiB messages (the copy's chunk), h1 -> h2;
 #   http     curl in h2 downloading the array from h1 (GET .../data), best of 3;
 #   bcast    the array copied to h2 and h3 at once ("hosts"), best of 3;
+#   limited  on links of 1 Gbit/s each way (tc tbf), a copy of up to 128 MiB
+#            to h2 and its broadcast to h2 and h3, best of 2 each;
 #   small    a 4 KiB array copied to h2, best of 10, one HTTP request from h1
 #            to h2 (GET /livez), best of 10, and ucx_perftest -t ucp_am_lat
 #            of 4 KiB messages (half a round trip).
 # Prints "name value" lines on stdout: copy_bytes, copy_s, perftest_bytes_s,
-# http_bytes_s, broadcast_s, small_s, request_s, am_lat_s; or one line
+# http_bytes_s, broadcast_s, limited_bytes, limited_copy_s,
+# limited_broadcast_s, small_s, request_s, am_lat_s; or one line
 # "skip WHY". Needs root (ip netns), curl, jq and
 # ucx_perftest (ucx-utils). Usage: tests/bench/fleet.sh TSTAGED [MB]
 set -euo pipefail
@@ -97,6 +100,54 @@ for h in h2 h3; do
 	api "$h" /v1/arrays/xb -X DELETE -o /dev/null
 done
 
+# The same two measurements on links that each carry at most $link_rate
+# either way (tc tbf on both ends of every host's veth, as a NIC limits its
+# port), of a $lim_mb MiB array: on the links above, nothing but the two
+# shared cores limits a copy, and a broadcast's three daemons do twice a
+# copy's work on them whatever carries the bytes; here the links limit, as
+# between nodes, and a chain sends each byte once on each link where
+# sending from the source would put both destinations' bytes on its one
+link_rate=1gbit
+lim_mb=$((mb < 128 ? mb : 128))
+lim_bytes=$((lim_mb << 20))
+truncate -s "$lim_bytes" "$tmp/l.raw"
+code=$(api h1 "/v1/arrays/l?dtype=uint8&shape=$lim_bytes&memory_kind=pinned_host" -T "$tmp/l.raw" \
+	-o /dev/null -w '%{http_code}')
+rm -f "$tmp/l.raw"
+[ "$code" = 201 ] || { echo "fleet bench: upload of $lim_mb MiB to h1: $code" >&2; exit 1; }
+for h in "${hosts[@]}"; do
+	tc -n "$(ns "$h")" qdisc add dev eth0 root tbf rate "$link_rate" burst 256kb latency 100ms
+	tc -n "$hub" qdisc add dev "$h-br" root tbf rate "$link_rate" burst 256kb latency 100ms
+done
+best_lcopy=
+best_lbcast=
+for r in 1 2; do
+	api h2 /v1/arrays/l -X DELETE -o /dev/null
+	t=$(api h1 '/v1/arrays/l:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
+		-d '{"out": "l", "host": "h2", "device": "sim:0", "memory_kind": "pinned_host"}')
+	[ "$(jq -r .host "$tmp/res")" = h2 ] || {
+		echo "fleet bench: copy on limited links failed: $(head -c 300 "$tmp/res")" >&2
+		exit 1
+	}
+	best_lcopy=$(awk -v a="${best_lcopy:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	api h2 /v1/arrays/lb -X DELETE -o /dev/null
+	api h3 /v1/arrays/lb -X DELETE -o /dev/null
+	t=$(api h1 '/v1/arrays/l:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
+		-d '{"out": "lb", "hosts": ["h2", "h3"], "device": "sim:0", "memory_kind": "pinned_host"}')
+	[ "$(jq -r '.destinations | length' "$tmp/res" 2>/dev/null)" = 2 ] || {
+		echo "fleet bench: broadcast on limited links failed: $(head -c 300 "$tmp/res")" >&2
+		exit 1
+	}
+	best_lbcast=$(awk -v a="${best_lbcast:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+done
+for h in "${hosts[@]}"; do
+	tc -n "$(ns "$h")" qdisc del dev eth0 root
+	tc -n "$hub" qdisc del dev "$h-br" root
+	api "$h" /v1/arrays/lb -X DELETE -o /dev/null
+done
+api h1 /v1/arrays/l -X DELETE -o /dev/null
+api h2 /v1/arrays/l -X DELETE -o /dev/null
+
 # a 4 KiB array copied to h2, best of 10; and one HTTP request's time
 # between the two (GET /livez from h1 to h2), best of 10
 head -c 4096 /dev/zero >"$tmp/s.raw"
@@ -157,6 +208,9 @@ echo "copy_s $best_copy"
 echo "perftest_bytes_s $(awk -v m="$pt_mibs" 'BEGIN { printf "%.0f", m * 1048576 }')"
 echo "http_bytes_s $best_http"
 echo "broadcast_s $best_bcast"
+echo "limited_bytes $lim_bytes"
+echo "limited_copy_s $best_lcopy"
+echo "limited_broadcast_s $best_lbcast"
 echo "small_s $best_small"
 echo "request_s $best_req"
 echo "am_lat_s $(awk -v u="$lat_us" 'BEGIN { printf "%.9f", u / 1e6 }')"
