@@ -33,6 +33,8 @@ struct ts_exec_env {
 	struct ts_space *pinned_space;    /* (dev, pinned_host): offloaded residuals */
 	struct ts_kernels *kernels;
 	struct ts_queue *compute, *h2d, *d2h;
+	struct ts_queue *comm;            /* the collectives' (data parallel), beside the
+	                                     compute queue; NULL: on the compute queue */
 };
 
 struct ts_exec_result {
@@ -49,9 +51,13 @@ struct ts_exec_result {
 	double wall_s;                     /* the whole step */
 	double compute_s;                  /* time the compute queue was busy */
 	double copy_wait_s;                /* time the compute queue waited for copies */
-	double comm_s;                     /* time the compute queue spent in collectives
-	                                      with the other replicas (waiting for them
-	                                      included); 0 on one device */
+	double comm_s;                     /* time in collectives with the other replicas
+	                                      (waiting for them included): the comm
+	                                      queue's, overlapping the compute queue's
+	                                      (without one, the compute queue's); 0 on
+	                                      one device */
+	double comm_wait_s;                /* time the compute queue waited for the comm
+	                                      queue's collectives (not in compute_s) */
 };
 
 /*
