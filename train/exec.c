@@ -1,6 +1,7 @@
 /*
  * exec.c - the step executor: a plan's actions, in order, on one compute and
- * two copy queues that meet only at events.
+ * two copy queues (and, data parallel, a comm queue) that meet only at
+ * events.
  *
  * Every buffer of the plan keeps what the three queues did to it: the job
  * number of the last use on each queue, the queue and job of the last write,
@@ -35,11 +36,25 @@
  * pinned_host) costs nothing; the copy is then checked by the FREE of its
  * ends and the final sync.
  *
+ * Collectives (data parallel) run on each replica's comm queue when the
+ * environment has one, in plan order on every replica, so they overlap the
+ * kernels enqueued after them: a collective is ordered after the work on
+ * its buffers like any job, and the work after it on its bytes after it.
+ * The comm queue's jobs are tracked by bytes (the union of what its jobs
+ * touched in a buffer): a kernel on other bytes of the buffer (the next
+ * layer's slice of a gradient whose layer above is being all-reduced) does
+ * not wait for them; a temp placed where a freed one was waits for every
+ * collective on it (reuse_hazards), and every queue is settled before the
+ * first update, the comm queue included.
+ *
  * Times: on sim and cpu, host callbacks on the compute queue mark where it
  * runs kernels and where it waits for copies; on CUDA (where a host callback
  * would stall the stream) the same marks are CUDA events with timing on the
  * compute stream (ts_k_timeline), read after the final sync. A runtime
- * that cannot time events leaves compute_s and copy_wait_s 0.
+ * that cannot time events leaves compute_s and copy_wait_s 0. With a comm
+ * queue its own marks (callbacks; a second timeline on CUDA) time the
+ * collectives (comm_s), and the compute queue's waits for them are
+ * comm_wait_s, neither busy nor copy waiting.
  *
  * Thread-safety: one run at a time per environment; the timing marks are
  * written by the compute queue's worker and read after the queue is synced.

@@ -9,7 +9,10 @@
  * queue, and copies on a host->device and a device->host queue, which meet
  * the compute queue only at events: a WAIT makes the compute queue wait for
  * the last copy into a buffer, and a copy out of a buffer computed on the
- * device first waits for that computation. Since it allocates nothing else,
+ * device first waits for that computation. Data parallel, the collectives
+ * run on a comm queue of their own when the environment has one, beside
+ * the compute queue (ordered at events as the copies are), so that a
+ * gradient's all-reduce overlaps the rest of the backward pass. Since it allocates nothing else,
  * the device space's in-use bytes rise above their level before the step by
  * exactly the plan's temp peak, which the executor measures from the space
  * itself and reports (the arena's extent its temps reached).
