@@ -1417,6 +1417,44 @@ START_TEST(test_plan_all_reduces_during_backward)
 		        "backward pass's last product at %d\n", acc, n, first, last_gemm);
 		ts_plan_release(&p);
 	}
+	/* a GPT whose MLP weights' gradients are 4 MiB a layer: they go
+	 * during the backward pass, every gradient's bytes once in all */
+	{
+		const struct ts_mlp big = {.layers = 2, .d_model = 512, .d_hidden = 2048,
+		                           .act = TS_ACT_GELU, .loss = TS_LOSS_XENT, .vocab = 37,
+		                           .id_bytes = 4, .gpt = true, .heads = 8, .context = 8};
+		uint64_t *done;
+		int first = -1, last_gemm = -1, nreduced = 0;
+
+		OK(ts_plan_build_replicated(&big, &adam, 8, 1, 2, &pol, &p, &err));
+		done = calloc((size_t)p.nbufs, sizeof *done);
+		ck_assert_ptr_nonnull(done);
+		for (int i = 0; i < p.nactions; i++) {
+			const struct ts_paction *a = &p.actions[i];
+
+			if ((a->op == TS_P_GEMM || a->op == TS_P_GEMM_BATCHED) && a->phase &&
+			    !strcmp(a->phase, "backward"))
+				last_gemm = i;
+			if (a->op != TS_P_ALLREDUCE)
+				continue;
+			first = first < 0 ? i : first;
+			ck_assert_uint_le(a->aoff + a->n * sizeof(float), p.bufs[a->a].bytes);
+			done[a->a] += a->n * sizeof(float);
+		}
+		for (int i = 0; i < p.nbufs; i++) {
+			int kind = -1, t;
+
+			if (!done[i])
+				continue;
+			ck_assert(ts_gpt_role_of(p.bufs[i].role, &kind, &t) && kind == 3);
+			ck_assert_uint_eq(done[i], p.bufs[i].bytes);     /* a gradient, whole */
+			nreduced++;
+		}
+		ck_assert_int_eq(nreduced, TS_GPT_NPARAMS);
+		ck_assert_int_lt(first, last_gemm);
+		free(done);
+		ts_plan_release(&p);
+	}
 }
 END_TEST
 
