@@ -57,7 +57,8 @@
  * comm_wait_s, neither busy nor copy waiting.
  *
  * Thread-safety: one run at a time per environment; the timing marks are
- * written by the compute queue's worker and read after the queue is synced.
+ * written by the compute queue's worker (the comm queue's by its own) and
+ * read after the queues are synced.
  */
 #include "train/exec.h"
 
