@@ -241,6 +241,8 @@ static ts_status wait_on(struct run *r, int x, int y, struct ts_event *ev, uint6
 		st = clk_mark(r, y == QM ? clk_comm_begin : clk_wait_begin, err);
 	if (st == TS_OK)
 		st = ts_queue_wait_event(r->q[x], ev, err);
+	if (st == TS_OK && x == QC && y == QM)
+		r->res.comm_waits++;
 	if (st == TS_OK && marked) {
 		st = clk_mark(r, y == QM ? clk_comm_end : clk_wait_end, err);
 		r->host_open = true;

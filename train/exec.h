@@ -61,6 +61,8 @@ struct ts_exec_result {
 	                                      one device */
 	double comm_wait_s;                /* time the compute queue waited for the comm
 	                                      queue's collectives (not in compute_s) */
+	uint64_t comm_waits;               /* times the compute queue was ordered after
+	                                      the comm queue (an event wait each) */
 };
 
 /*

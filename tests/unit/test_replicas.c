@@ -1481,11 +1481,16 @@ START_TEST(test_overlapped_all_reduce_same_bits)
 		lo = rjob_step_res(&over, step, res);
 		for (int k = 0; k < ndev; k++) {
 			ck_assert(on_cuda || res[k].comm_s > 0);
+			/* the backward pass never waited for an all-reduce: the
+			 * compute queue waits for the comm queue once, at the
+			 * mean's scaling after the last bucket */
+			ck_assert_msg(res[k].comm_waits == 1, "replica %d: %llu waits for the comm "
+			              "queue", k, (unsigned long long)res[k].comm_waits);
 			envs[k].comm = NULL;
 		}
 		li = rjob_step_res(&inline_, step, res);
 		for (int k = 0; k < ndev; k++) {
-			ck_assert(res[k].comm_wait_s == 0);
+			ck_assert(res[k].comm_wait_s == 0 && res[k].comm_waits == 0);
 			envs[k].comm = qm[k];
 		}
 		l1 = rjob_step(&one, step);
