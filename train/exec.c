@@ -1,6 +1,7 @@
 /*
  * exec.c - the step executor: a plan's actions, in order, on one compute and
- * two copy queues that meet only at events.
+ * two copy queues (and, data parallel, a comm queue) that meet only at
+ * events.
  *
  * Every buffer of the plan keeps what the three queues did to it: the job
  * number of the last use on each queue, the queue and job of the last write,
@@ -35,14 +36,29 @@
  * pinned_host) costs nothing; the copy is then checked by the FREE of its
  * ends and the final sync.
  *
+ * Collectives (data parallel) run on each replica's comm queue when the
+ * environment has one, in plan order on every replica, so they overlap the
+ * kernels enqueued after them: a collective is ordered after the work on
+ * its buffers like any job, and the work after it on its bytes after it.
+ * The comm queue's jobs are tracked by bytes (the union of what its jobs
+ * touched in a buffer): a kernel on other bytes of the buffer (the next
+ * layer's slice of a gradient whose layer above is being all-reduced) does
+ * not wait for them; a temp placed where a freed one was waits for every
+ * collective on it (reuse_hazards), and every queue is settled before the
+ * first update, the comm queue included.
+ *
  * Times: on sim and cpu, host callbacks on the compute queue mark where it
  * runs kernels and where it waits for copies; on CUDA (where a host callback
  * would stall the stream) the same marks are CUDA events with timing on the
  * compute stream (ts_k_timeline), read after the final sync. A runtime
- * that cannot time events leaves compute_s and copy_wait_s 0.
+ * that cannot time events leaves compute_s and copy_wait_s 0. With a comm
+ * queue its own marks (callbacks; a second timeline on CUDA) time the
+ * collectives (comm_s), and the compute queue's waits for them are
+ * comm_wait_s, neither busy nor copy waiting.
  *
  * Thread-safety: one run at a time per environment; the timing marks are
- * written by the compute queue's worker and read after the queue is synced.
+ * written by the compute queue's worker (the comm queue's by its own) and
+ * read after the queues are synced.
  */
 #include "train/exec.h"
 
@@ -54,7 +70,8 @@
 
 #define LOWP 2u        /* bytes of a 16-bit GEMM operand (plan.h, mixed precision) */
 
-enum { QC = 0, QH, QD, NQ };    /* compute, host->device, device->host */
+/* compute, host->device, device->host, collectives (data parallel) */
+enum { QC = 0, QH, QD, QM, NQ };
 
 /* What the queues did to one plan buffer. */
 struct slot {
@@ -67,6 +84,11 @@ struct slot {
 	int writer;                  /* queue of the last write, -1: none */
 	uint64_t write_seq;
 	uint64_t use[NQ];            /* last job touching it per queue, 0: none */
+	uint64_t mlo, mhi;           /* the bytes the comm queue's jobs touched (the
+	                                union; empty when mhi <= mlo): the other queues'
+	                                work on bytes outside needs no order after them
+	                                (a gradient's layer all-reduced while the
+	                                backward pass makes the layer below) */
 };
 
 /* Busy, waiting and communicating time of the compute queue, written by
@@ -82,7 +104,8 @@ struct run {
 	const struct ts_plan *p;
 	const struct ts_exec_env *env;
 	int rank;                    /* the replica this run is (0 alone) */
-	struct ts_queue *q[NQ];
+	struct ts_queue *q[NQ];      /* q[QM] NULL: no comm queue */
+	int cq;                      /* the queue of the collectives: QM, or QC without one */
 	struct ts_event *mark[NQ];   /* owned: "now" on each queue */
 	uint64_t seq[NQ];            /* jobs (kernels, copies) submitted this run */
 	uint64_t done[NQ];           /* jobs the host knows complete */
@@ -97,12 +120,15 @@ struct run {
 	uint64_t dev_live, host_live; /* bytes of this step's live temps */
 	bool timed;                  /* marks time the compute queue */
 	struct ts_k_timeline *tl;    /* owned; the marks on CUDA, else NULL */
+	struct ts_k_timeline *tlm;   /* owned; the comm queue's marks on CUDA, else NULL */
 	bool tl_lost;                /* a mark could not be made: no times */
 	bool host_open;              /* a busy segment is open on the compute queue */
 	bool updating;               /* an UPDATE was enqueued */
 	int nloss;                   /* micro-batch losses on their way back */
 	bool norm_read;              /* the gradients' squared norm is on its way back */
-	struct clock clk;
+	struct clock clk;            /* the compute queue's (its comm: waiting for the
+	                                comm queue, or, without one, in collectives) */
+	struct clock mclk;           /* the comm queue's (comm only), its worker's */
 	float *losses;               /* owned: each micro-batch's loss, read back into
 	                                here by the compute queue (plan's accumulate) */
 	float gnorm_sq;              /* read back into here (clipping plans) */
@@ -164,15 +190,16 @@ static void clk_comm_end(void *arg)
  * callback on sim and cpu (its job reserved), a device-timed mark on CUDA.
  * A CUDA mark that cannot be made (it may allocate) stops the timing, not
  * the step: times are best effort, the step is atomic. */
-static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
+static ts_status clk_mark_on(struct run *r, int y, void (*fn)(void *), struct ts_error *err)
 {
+	struct ts_k_timeline *tl = y == QM ? r->tlm : r->tl;
 	struct ts_error merr;
 	enum ts_k_mark m;
 
 	if (!r->timed)
 		return TS_OK;
 	if (!r->tl)
-		return ts_queue_host_fn(r->q[QC], fn, &r->clk, err);
+		return ts_queue_host_fn(r->q[y], fn, y == QM ? &r->mclk : &r->clk, err);
 	if (fn == clk_open)
 		m = TS_K_OPEN;
 	else if (fn == clk_close)
@@ -186,11 +213,17 @@ static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *er
 	else
 		m = TS_K_COMM_END;
 	ts_error_clear(&merr);
-	if (ts_k_timeline_mark(r->tl, r->q[QC], m, &merr) != TS_OK) {
+	if (!tl || ts_k_timeline_mark(tl, r->q[y], m, &merr) != TS_OK) {
 		r->timed = false;
 		r->tl_lost = true;
 	}
 	return TS_OK;
+}
+
+/* A clock mark on the compute queue. */
+static ts_status clk_mark(struct run *r, void (*fn)(void *), struct ts_error *err)
+{
+	return clk_mark_on(r, QC, fn, err);
 }
 
 /* ---- ordering ------------------------------------------------------------ */
@@ -202,12 +235,16 @@ static ts_status wait_on(struct run *r, int x, int y, struct ts_event *ev, uint6
 	bool marked = x == QC && r->timed && !ts_event_done(ev);
 	ts_status st = TS_OK;
 
+	/* the compute queue waiting for a collective is communication, for a
+	 * copy waiting */
 	if (marked)
-		st = clk_mark(r, clk_wait_begin, err);
+		st = clk_mark(r, y == QM ? clk_comm_begin : clk_wait_begin, err);
 	if (st == TS_OK)
 		st = ts_queue_wait_event(r->q[x], ev, err);
+	if (st == TS_OK && x == QC && y == QM)
+		r->res.comm_waits++;
 	if (st == TS_OK && marked) {
-		st = clk_mark(r, clk_wait_end, err);
+		st = clk_mark(r, y == QM ? clk_comm_end : clk_wait_end, err);
 		r->host_open = true;
 	}
 	if (st == TS_OK && upto > r->seen[x][y])
@@ -235,14 +272,19 @@ static ts_status order(struct run *r, int x, int y, uint64_t u, const struct slo
 	return wait_on(r, x, y, r->mark[y], r->seq[y], err);
 }
 
-/* Orders queue x's next job after the other queues' work on buffer i: a
- * read after their last write, a write after everything they did to it. */
-static ts_status before_use(struct run *r, int x, int i, bool write, struct ts_error *err)
+/* Orders queue x's next job, which touches bytes [off, off + bytes) of
+ * buffer i, after the other queues' work on it: a read after their last
+ * write, a write after everything they did to it (the comm queue's: where
+ * the bytes meet). */
+static ts_status before_use(struct run *r, int x, int i, bool write, uint64_t off,
+                            uint64_t bytes, struct ts_error *err)
 {
 	const struct slot *sl = &r->s[i];
 	ts_status st = TS_OK;
 
 	for (int y = 0; y < NQ && st == TS_OK; y++) {
+		if (y == QM && x != QM && (off >= sl->mhi || off + bytes <= sl->mlo))
+			continue;
 		if (write)
 			st = order(r, x, y, sl->use[y], sl, err);
 		else if (sl->writer == y)
@@ -387,6 +429,8 @@ static ts_status do_alloc(struct run *r, int action, int i, struct ts_error *err
 	sl->ptr = sl->wptr = r->arena[k] + bf->offset;
 	sl->copied_q = sl->writer = -1;
 	memcpy(sl->use, use, sizeof sl->use);
+	if (use[QM])                         /* the freed temps' collectives: anywhere */
+		sl->mhi = UINT64_MAX;
 	/* the step's own bytes: its arena's, as far as its temps reach */
 	end = (end + TS_PLAN_ALIGN - 1) / TS_PLAN_ALIGN * TS_PLAN_ALIGN;
 	if (bf->kind == TS_MEM_DEVICE) {
@@ -422,10 +466,13 @@ static ts_status read_scalar(struct run *r, int i, float *dst, struct ts_error *
 {
 	ts_status st;
 
-	/* on the compute queue, right behind the kernel that wrote it: the
-	 * temp placed where it was then waits for the forward pass only, not
-	 * for the offloads queued on the d2h queue meanwhile */
-	st = ts_queue_copy(r->q[QC], dst, r->s[i].ptr, sizeof *dst, TS_COPY_D2H, err);
+	/* on the compute queue, right behind the kernel that wrote it (or
+	 * after the collective that summed it): the temp placed where it was
+	 * then waits for the forward pass only, not for the offloads queued on
+	 * the d2h queue meanwhile */
+	st = before_use(r, QC, i, false, 0, sizeof *dst, err);
+	if (st == TS_OK)
+		st = ts_queue_copy(r->q[QC], dst, r->s[i].ptr, sizeof *dst, TS_COPY_D2H, err);
 	if (st != TS_OK)
 		return st;
 	r->seq[QC]++;
@@ -489,9 +536,9 @@ static ts_status do_copy(struct run *r, int action, const struct ts_paction *a,
 		kind = TS_COPY_D2H;
 		r->res.d2h_bytes += a->bytes;
 	}
-	st = before_use(r, x, a->b, false, err);
+	st = before_use(r, x, a->b, false, a->boff, a->bytes, err);
 	if (st == TS_OK)
-		st = before_use(r, x, a->a, true, err);
+		st = before_use(r, x, a->a, true, a->aoff, a->bytes, err);
 	if (st == TS_OK)
 		st = ts_queue_copy(r->q[x], r->s[a->a].wptr + a->aoff, r->s[a->b].ptr + a->boff,
 		                   a->bytes, kind, err);
@@ -658,7 +705,7 @@ static ts_status kernel_begin(struct run *r, int action, const struct operand *o
 			st = need(r, action, o[k].buf, o[k].off, o[k].bytes, err);
 	for (int k = 0; k < n && st == TS_OK; k++)
 		if (o[k].buf >= 0)
-			st = before_use(r, QC, o[k].buf, o[k].write, err);
+			st = before_use(r, QC, o[k].buf, o[k].write, o[k].off, o[k].bytes, err);
 	if (st == TS_OK && !r->host_open) {
 		st = clk_mark(r, clk_open, err);
 		r->host_open = true;
@@ -897,7 +944,7 @@ static ts_status check_env(const struct ts_plan *p, const struct ts_exec_env *en
  * a copy also records its event; the loss read-back is a copy of one
  * operand; the journal a copy per journaled buffer each way.
  */
-static void count_jobs(const struct ts_plan *p, size_t jobs[NQ])
+static void count_jobs(const struct ts_plan *p, int cq, size_t jobs[NQ])
 {
 	for (int y = 0; y < NQ; y++)
 		jobs[y] = 16 + 2 * (size_t)p->nbufs;
@@ -919,9 +966,21 @@ static void count_jobs(const struct ts_plan *p, size_t jobs[NQ])
 			m = 2;
 			jobs[x] += 1;              /* its event */
 			break;
+		case TS_P_ALLREDUCE:
+		case TS_P_ALLGATHER:
+		case TS_P_REDUCE_SCATTER:
+			x = cq;
+			m = 2;
+			jobs[x] += 2;                  /* its clock marks */
+			break;
 		case TS_P_LOSS:
 		case TS_P_XENT:
-			jobs[QC] += 1;                 /* the read-back */
+		case TS_P_UPDATE:
+			/* the loss's read-back, or the norm's before the first
+			 * update: a copy after the other queues (waits, marks) */
+			jobs[QC] += 1 + 3 * (NQ - 1);
+			for (int y = 1; y < NQ; y++)
+				jobs[y] += 1;
 			/* fall through */
 		default:
 			x = QC;
@@ -952,10 +1011,14 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 	r->q[QC] = r->env->compute;
 	r->q[QH] = r->env->h2d;
 	r->q[QD] = r->env->d2h;
+	r->q[QM] = p->replicas > 1 ? r->env->comm : NULL;
+	r->cq = r->q[QM] ? QM : QC;
 	r->timed = true;
 	/* a host callback would stall a CUDA stream: the device times itself */
 	if (ts_device_props(ts_queue_device(r->q[QC]))->backend == TS_BACKEND_CUDA)
-		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK;
+		r->timed = ts_k_timeline_new(r->env->kernels, &r->tl, NULL) == TS_OK &&
+		           (!r->q[QM] ||
+		            ts_k_timeline_new(r->env->kernels, &r->tlm, NULL) == TS_OK);
 	r->s = calloc((size_t)(p->nbufs > 0 ? p->nbufs : 1), sizeof *r->s);
 	r->freed = malloc(FREED_MAX * sizeof *r->freed);
 	r->losses = calloc((size_t)accumulate(p), sizeof *r->losses);
@@ -980,7 +1043,8 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 			st = ts_event_new(ts_queue_device(r->q[QC]), &sl->copied, err);
 	}
 	for (int y = 0; y < NQ && st == TS_OK; y++)
-		st = ts_event_new(ts_queue_device(r->q[y]), &r->mark[y], err);
+		if (r->q[y])
+			st = ts_event_new(ts_queue_device(r->q[y]), &r->mark[y], err);
 	for (int k = 0; k < 2 && st == TS_OK; k++) {
 		void *mem = NULL;
 
@@ -998,9 +1062,10 @@ static ts_status run_init(struct run *r, void *const *args, void *const *outs,
 		st = ts_space_alloc(sp[1], p->host_journal_size_in_bytes, &mem, err);
 		r->journal = mem;
 	}
-	count_jobs(p, jobs);
+	count_jobs(p, r->cq, jobs);
 	for (int y = 0; y < NQ && st == TS_OK; y++)
-		st = ts_queue_reserve(r->q[y], jobs[y], err);
+		if (r->q[y])
+			st = ts_queue_reserve(r->q[y], jobs[y], err);
 	return st;
 }
 
@@ -1135,6 +1200,15 @@ static ts_status run_finish(struct run *r, ts_status st, struct ts_error *err)
 		ts_k_timeline_free(r->tl);
 		r->tl = NULL;
 	}
+	if (r->tlm) {
+		double busy, wait, comm;
+
+		if (st == TS_OK && !r->tl_lost &&
+		    ts_k_timeline_read(r->tlm, &busy, &wait, &comm, NULL) == TS_OK)
+			r->mclk.comm = (uint64_t)(comm * 1e9);
+		ts_k_timeline_free(r->tlm);
+		r->tlm = NULL;
+	}
 	if (st == TS_OK)                 /* every read-back has landed */
 		r->res.loss = mean_loss(r);
 	free(r->s);
@@ -1204,18 +1278,35 @@ static ts_status run_collective(struct run *r, int n, struct ts_comm *comm, int 
 	ts_status st = kernel_operands(r[0].p, i, a, o, &no, err);
 
 	for (int k = 0; k < n && st == TS_OK; k++) {
-		st = kernel_begin(&r[k], i, o, no, err);
+		int x = r[k].cq;
+
+		if (x == QC) {
+			st = kernel_begin(&r[k], i, o, no, err);
+		} else {
+			/* on the comm queue: after the kernels that wrote its
+			 * buffers (and anything that used what it writes); what
+			 * touches them next, on any queue, waits for it in turn
+			 * (before_use), and so does a temp placed where they were
+			 * once freed (reuse_hazards) */
+			for (int j = 0; j < no && st == TS_OK; j++)
+				if (o[j].buf >= 0 || !o[j].optional)
+					st = need(&r[k], i, o[j].buf, o[j].off, o[j].bytes, err);
+			for (int j = 0; j < no && st == TS_OK; j++)
+				if (o[j].buf >= 0)
+					st = before_use(&r[k], x, o[j].buf, o[j].write, o[j].off,
+					                o[j].bytes, err);
+		}
 		if (st == TS_OK && (r[k].p->bufs[a->a].kind != TS_MEM_DEVICE ||
 		                    (a->b >= 0 && r[k].p->bufs[a->b].kind != TS_MEM_DEVICE)))
 			st = bad_plan(err, i, "a collective of host memory", a->a);
-		qs[k] = r[k].q[QC];
+		qs[k] = r[k].q[x];
 		bufs[k] = st == TS_OK ? at(&r[k], a->a, a->aoff) : NULL;
 		recv[k] = st == TS_OK && a->b >= 0 ? at(&r[k], a->b, a->boff) : NULL;
 	}
-	/* each compute queue's time in the collective (waiting for the
-	 * others included) is its communication, not its compute */
+	/* each queue's time in the collective (waiting for the others
+	 * included) is its communication, not its compute */
 	for (int k = 0; k < n && st == TS_OK; k++)
-		st = clk_mark(&r[k], clk_comm_begin, err);
+		st = clk_mark_on(&r[k], r[k].cq, clk_comm_begin, err);
 	if (st == TS_OK && a->op == TS_P_ALLREDUCE)
 		st = ts_comm_allreduce(comm, qs, bufs, a->n, err);
 	else if (st == TS_OK && a->op == TS_P_ALLGATHER)
@@ -1223,9 +1314,30 @@ static ts_status run_collective(struct run *r, int n, struct ts_comm *comm, int 
 	else if (st == TS_OK)
 		st = ts_comm_reduce_scatter_to(comm, qs, bufs, recv, a->n, err);
 	for (int k = 0; k < n && st == TS_OK; k++)
-		st = clk_mark(&r[k], clk_comm_end, err);
-	for (int k = 0; k < n && st == TS_OK; k++)
-		kernel_end(&r[k], o, no);
+		st = clk_mark_on(&r[k], r[k].cq, clk_comm_end, err);
+	for (int k = 0; k < n && st == TS_OK; k++) {
+		int x = r[k].cq;
+
+		r[k].seq[x]++;
+		for (int j = 0; j < no; j++) {
+			struct slot *sl;
+
+			if (o[j].buf < 0)
+				continue;
+			sl = &r[k].s[o[j].buf];
+			after_use(&r[k], x, o[j].buf, o[j].write);
+			if (x != QM)
+				continue;
+			if (sl->mhi <= sl->mlo) {
+				sl->mlo = o[j].off;
+				sl->mhi = o[j].off + o[j].bytes;
+			} else {
+				sl->mlo = o[j].off < sl->mlo ? o[j].off : sl->mlo;
+				sl->mhi = o[j].off + o[j].bytes > sl->mhi ? o[j].off + o[j].bytes
+				                                         : sl->mhi;
+			}
+		}
+	}
 	return st;
 }
 
@@ -1371,7 +1483,10 @@ ts_status ts_exec_run_replicas(const struct ts_plan *p, const struct ts_exec_env
 		r[k].res.wall_s = (double)(ts_now_ns() - t0) / 1e9;
 		r[k].res.compute_s = (double)r[k].clk.busy / 1e9;
 		r[k].res.copy_wait_s = (double)r[k].clk.wait / 1e9;
-		r[k].res.comm_s = (double)r[k].clk.comm / 1e9;
+		/* with a comm queue, the compute queue's comm is its waiting
+		 * for the collectives, the comm queue's its time in them */
+		r[k].res.comm_s = (double)(r[k].q[QM] ? r[k].mclk.comm : r[k].clk.comm) / 1e9;
+		r[k].res.comm_wait_s = r[k].q[QM] ? (double)r[k].clk.comm / 1e9 : 0.0;
 		out[k] = r[k].res;
 	}
 	free(r);

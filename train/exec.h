@@ -9,7 +9,10 @@
  * queue, and copies on a host->device and a device->host queue, which meet
  * the compute queue only at events: a WAIT makes the compute queue wait for
  * the last copy into a buffer, and a copy out of a buffer computed on the
- * device first waits for that computation. Since it allocates nothing else,
+ * device first waits for that computation. Data parallel, the collectives
+ * run on a comm queue of their own when the environment has one, beside
+ * the compute queue (ordered at events as the copies are), so that a
+ * gradient's all-reduce overlaps the rest of the backward pass. Since it allocates nothing else,
  * the device space's in-use bytes rise above their level before the step by
  * exactly the plan's temp peak, which the executor measures from the space
  * itself and reports (the arena's extent its temps reached).
@@ -33,6 +36,8 @@ struct ts_exec_env {
 	struct ts_space *pinned_space;    /* (dev, pinned_host): offloaded residuals */
 	struct ts_kernels *kernels;
 	struct ts_queue *compute, *h2d, *d2h;
+	struct ts_queue *comm;            /* the collectives' (data parallel), beside the
+	                                     compute queue; NULL: on the compute queue */
 };
 
 struct ts_exec_result {
@@ -49,9 +54,15 @@ struct ts_exec_result {
 	double wall_s;                     /* the whole step */
 	double compute_s;                  /* time the compute queue was busy */
 	double copy_wait_s;                /* time the compute queue waited for copies */
-	double comm_s;                     /* time the compute queue spent in collectives
-	                                      with the other replicas (waiting for them
-	                                      included); 0 on one device */
+	double comm_s;                     /* time in collectives with the other replicas
+	                                      (waiting for them included): the comm
+	                                      queue's, overlapping the compute queue's
+	                                      (without one, the compute queue's); 0 on
+	                                      one device */
+	double comm_wait_s;                /* time the compute queue waited for the comm
+	                                      queue's collectives (not in compute_s) */
+	uint64_t comm_waits;               /* times the compute queue was ordered after
+	                                      the comm queue (an event wait each) */
 };
 
 /*

@@ -473,6 +473,9 @@ static int backward(struct ts__pb *b, int g)
 			               (uint64_t)l * wb / R, l, "backward");
 			ts__pb_scatter(b, 1, TS_ROLE_GRAD_W2, wb * (uint64_t)L / R, G2, wb / F32,
 			               (uint64_t)l * wb / R, l, "backward");
+		} else {            /* data parallel: all-reduced as made */
+			ts__pb_grad_ready(b, G1, goff, wb / F32, l);
+			ts__pb_grad_ready(b, G2, goff, wb / F32, l);
 		}
 		if (x_temp || ((l > 0 || b->x0 >= 0) && b->x[l] >= 0))
 			ts__pb_release(b, x, l, "backward");
@@ -750,6 +753,8 @@ static int token_loss(struct ts__pb *b, int xL, enum ts_pbuf_class gcls)
 		ts__pb_scatter(b, 3, TS_ROLE_GRAD_PROJ, pr.bytes / (uint64_t)p->replicas, b->GP,
 		               pr.bytes / F32, 0, -1, "loss");
 		b->GP = -1;
+	} else {
+		ts__pb_grad_ready(b, b->GP, 0, pr.bytes / F32, L);
 	}
 	token_drop(b, prj, b->PRJ, "loss");
 	return g;
@@ -773,6 +778,8 @@ static void token_backward(struct ts__pb *b, int gx0)
 		ts__pb_scatter(b, 2, TS_ROLE_GRAD_EMBED, pr.bytes / (uint64_t)b->p->replicas, b->GE,
 		               pr.bytes / F32, 0, -1, "backward");
 		b->GE = -1;
+	} else {
+		ts__pb_grad_ready(b, b->GE, 0, pr.bytes / F32, 0);
 	}
 }
 
@@ -872,6 +879,8 @@ void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *ml
 	                      .GP = -1, .x0 = -1, .norm = -1};
 	for (size_t k = 0; k < sizeof b->sg / sizeof b->sg[0]; k++)
 		b->sg[k] = -1;
+	for (size_t k = 0; k < sizeof b->bk / sizeof b->bk[0]; k++)
+		b->bk[k].buf = -1;
 	out->mlp = *mlp;
 	out->mlp.id_bytes = ts_mlp_id_bytes(mlp);
 	out->policy = *policy;
@@ -1000,12 +1009,91 @@ void ts__pb_accumulate(struct ts__pb *b, int acc, int g, uint64_t n, const char 
 /* A chunk of a product's N: the mean scales a buffer as rows of this. */
 #define MEAN_CHUNK (1u << 30)
 
+bool ts__pb_reduce_early(const struct ts_plan *p)
+{
+	return p->replicas > 1 && !ts__pb_grads_sharded(p) && p->accumulate <= 1;
+}
+
+/* The bucket entry of gradient buffer G (a free one taken), or NULL when
+ * every entry holds another buffer. */
+static struct ts__pb_bucket *bucket_of(struct ts__pb *b, int G)
+{
+	const size_t nb = sizeof b->bk / sizeof b->bk[0];
+
+	for (size_t k = 0; k < nb; k++)
+		if (b->bk[k].buf == G)
+			return &b->bk[k];
+	for (size_t k = 0; k < nb; k++)
+		if (b->bk[k].buf < 0) {
+			b->bk[k] = (struct ts__pb_bucket){.buf = G};
+			return &b->bk[k];
+		}
+	return NULL;
+}
+
+/* All-reduces the open bucket of entry k, if any (its sum over the
+ * replicas, in place). */
+static void bucket_flush(struct ts__pb *b, struct ts__pb_bucket *k, int layer)
+{
+	struct ts_paction *a;
+
+	if (!k->n)
+		return;
+	a = ts__pb_emit(b, TS_P_ALLREDUCE, layer, "all-reduce");
+	if (a) {
+		a->a = k->buf;
+		a->aoff = k->off;
+		a->n = k->n;
+	}
+	k->done += k->n;
+	k->n = 0;
+}
+
+void ts__pb_grad_ready(struct ts__pb *b, int G, uint64_t off, uint64_t n, int layer)
+{
+	struct ts__pb_bucket *k;
+
+	if (G < 0 || !n || !ts__pb_reduce_early(b->p))
+		return;
+	k = bucket_of(b, G);
+	if (!k) {                 /* more buffers than entries: not early (ts__pb_mean) */
+		b->failed = b->failed ? b->failed : TS_INTERNAL;
+		return;
+	}
+	if (k->n && off + n * F32 == k->off) {           /* the layer below (backward) */
+		k->off = off;
+		k->n += n;
+	} else if (k->n && k->off + k->n * F32 == off) { /* the layer above */
+		k->n += n;
+	} else {
+		bucket_flush(b, k, layer);
+		k->off = off;
+		k->n = n;
+	}
+	if (k->n * F32 >= TS_PLAN_BUCKET_BYTES)
+		bucket_flush(b, k, layer);
+}
+
 void ts__pb_mean(struct ts__pb *b, int acc, uint64_t n, const char *phase)
 {
 	int R = b->p->replicas > 1 ? b->p->replicas : 1;
 	float beta = 1.0f / ((float)b->p->accumulate * (float)R);
+	bool early = false;
 
-	if (acc >= 0 && R > 1 && !ts__pb_grads_sharded(b->p)) {
+	if (acc >= 0 && ts__pb_reduce_early(b->p)) {
+		/* the backward pass all-reduced it bucket by bucket: the last
+		 * bucket now; a buffer it never reported all-reduced whole */
+		const size_t nb = sizeof b->bk / sizeof b->bk[0];
+
+		for (size_t k = 0; k < nb && !early; k++)
+			if (b->bk[k].buf == acc) {
+				bucket_flush(b, &b->bk[k], -1);
+				if (b->bk[k].done != n && !b->failed)
+					b->failed = TS_INTERNAL;      /* a gradient reported in part */
+				early = true;
+			}
+	}
+	if (acc >= 0 && R > 1 && !ts__pb_grads_sharded(b->p) && !early) {
 		struct ts_paction *a = ts__pb_emit(b, TS_P_ALLREDUCE, -1, "all-reduce");
 
 		if (!a)

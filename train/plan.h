@@ -345,10 +345,14 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
  * Data parallel: plans one step that `replicas` devices run together
  * (exec.h's ts_exec_run_replicas), each on its own `batch` rows (times
  * `accumulate` micro-batches) with its own replica of every argument: the
- * same schedule on every device. After the backward pass each gradient
- * (the accumulators: whole buffers) is summed over the replicas
- * (TS_P_ALLREDUCE, in the parameters' order) and scaled by 1 / (accumulate
- * * replicas), so every replica holds the mean gradient of the whole batch
+ * same schedule on every device. Each gradient is summed over the
+ * replicas (TS_P_ALLREDUCE): with one micro-batch, during the backward pass
+ * as it is made, in buckets (a gradient's adjacent layers' slices, all-
+ * reduced once they reach TS_PLAN_BUCKET_BYTES, the rest after the
+ * backward pass; the executor runs them on each device's communication
+ * queue, beside the backward pass); accumulating, after the backward pass
+ * (the accumulators: whole buffers, in the parameters' order). Then each
+ * is scaled by 1 / (accumulate * replicas), so every replica holds the mean gradient of the whole batch
  * of replicas * accumulate * batch rows; then the global norm (always
  * computed and read back, as accumulating) and the same update on every
  * replica, which therefore stay bit-identical. The update is never fused.
@@ -357,6 +361,7 @@ ts_status ts_plan_build_accumulate(const struct ts_mlp *mlp, const struct ts_opt
  * < 1 or above TS_PLAN_REPLICAS_MAX; otherwise as ts_plan_build_accumulate.
  */
 #define TS_PLAN_REPLICAS_MAX 64
+#define TS_PLAN_BUCKET_BYTES (4u << 20)     /* an early all-reduce's least size */
 ts_status ts_plan_build_replicated(const struct ts_mlp *mlp, const struct ts_optimizer *opt,
                                    int batch, int accumulate, int replicas,
                                    const struct ts_policy *policy, struct ts_plan *out,

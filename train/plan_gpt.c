@@ -581,6 +581,10 @@ static int block_backward(struct gpt *g, int l, int x, struct act *a, int gy, bo
 		for (int t = 0; t < NP; t++)
 			if (tmp[t] >= 0)
 				scatter(g, t, l, tmp[t], ph);
+	} else {              /* data parallel: all-reduced as made */
+		for (int t = 0; t < NP; t++)
+			if (G[t] >= 0)
+				ts__pb_grad_ready(g->b, G[t], go[t], slice_bytes(g, t) / F32, l);
 	}
 	return dx;
 }
@@ -923,6 +927,9 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 		scatter(g, TS_GPT_LNF_G, -1, g->G[TS_GPT_LNF_G], "loss");
 		scatter(g, TS_GPT_LNF_B, -1, g->G[TS_GPT_LNF_B], "loss");
 		g->G[TS_GPT_LNF_G] = g->G[TS_GPT_LNF_B] = -1;
+	} else {
+		ts__pb_grad_ready(b, g->G[TS_GPT_LNF_G], 0, slice_bytes(g, TS_GPT_LNF_G) / F32, g->L);
+		ts__pb_grad_ready(b, g->G[TS_GPT_LNF_B], 0, slice_bytes(g, TS_GPT_LNF_B) / F32, g->L);
 	}
 	/* the blocks, last first */
 	block_fetch(g, g->L - 1, "backward");
@@ -956,6 +963,9 @@ static void step_micro(struct gpt *g, int j, bool grads_out, bool fused)
 		scatter(g, TS_GPT_WTE, -1, g->G[TS_GPT_WTE], "backward");
 		scatter(g, TS_GPT_WPE, -1, g->G[TS_GPT_WPE], "backward");
 		g->G[TS_GPT_WTE] = g->G[TS_GPT_WPE] = -1;
+	} else {
+		ts__pb_grad_ready(b, g->G[TS_GPT_WTE], 0, slice_bytes(g, TS_GPT_WTE) / F32, 0);
+		ts__pb_grad_ready(b, g->G[TS_GPT_WPE], 0, slice_bytes(g, TS_GPT_WPE) / F32, 0);
 	}
 	ts__pb_micro(b, first, j, g->IN, g->TGT);
 	for (int t = 0; j > 0 && !sharded && !b->failed && t < NP; t++) {

@@ -40,6 +40,14 @@ struct ts__pb {
 	 * w2, embed, proj; a GPT's tensors in order), a temp from its first
 	 * part on, or -1 */
 	int sg[TS_GPT_NPARAMS > 4 ? TS_GPT_NPARAMS : 4];
+	/* Data parallel with whole gradients (ts__pb_reduce_early): per
+	 * gradient buffer, the range made and not yet all-reduced (the open
+	 * bucket, grown by adjacent ranges) and the floats all-reduced so far;
+	 * buf -1: a free entry */
+	struct ts__pb_bucket {
+		int buf;
+		uint64_t off, n, done;        /* bytes; floats; floats */
+	} bk[TS_GPT_NPARAMS > 4 ? TS_GPT_NPARAMS : 4];
 };
 
 
@@ -111,6 +119,16 @@ bool ts__pb_grads_sharded(const struct ts_plan *p);
 void ts__pb_scatter(struct ts__pb *b, int k, enum ts_pbuf_role role, uint64_t part_bytes, int G,
                     uint64_t n, uint64_t soff, int layer, const char *phase);
 void ts__pb_norm_sum(struct ts__pb *b, int norm);
+/* Data parallel, whole gradients, one micro-batch (plan.h's early
+ * all-reduce): reduce_early whether the plan all-reduces each gradient as
+ * the backward pass makes it; ready: n floats of gradient buffer G at byte
+ * offset off are final, into their buffer's open bucket, which is
+ * all-reduced (TS_P_ALLREDUCE, layer's) once it holds TS_PLAN_BUCKET_BYTES
+ * or a range not adjacent to it comes (no-op unless reduce_early). The
+ * rest of a bucket is all-reduced by ts__pb_mean, which then all-reduces
+ * nothing else of that buffer. */
+bool ts__pb_reduce_early(const struct ts_plan *p);
+void ts__pb_grad_ready(struct ts__pb *b, int G, uint64_t off, uint64_t n, int layer);
 /* Starts building *out (zeroed): model, policy, batch, the per-layer state. */
 void ts__pb_start(struct ts__pb *b, struct ts_plan *out, const struct ts_mlp *mlp,
                   const struct ts_policy *policy, int batch);

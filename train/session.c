@@ -168,11 +168,16 @@ ts_status ts_session_new(const struct ts_session_config *cfg, struct ts_session 
 			st = ts_queue_new(l->dev, &l->env.h2d, err);
 		if (st == TS_OK)
 			st = ts_queue_new(l->dev, &l->env.d2h, err);
+		/* data parallel: the collectives beside the backward pass */
+		if (st == TS_OK && s->R > 1)
+			st = ts_queue_new(l->dev, &l->env.comm, err);
 		if (st != TS_OK)
 			break;
 		ts_queue_set_label(l->env.compute, "step compute");
 		ts_queue_set_label(l->env.h2d, "step h2d");
 		ts_queue_set_label(l->env.d2h, "step d2h");
+		if (l->env.comm)
+			ts_queue_set_label(l->env.comm, "step comm");
 	}
 	if (st != TS_OK)
 		goto out_fail;
@@ -197,6 +202,8 @@ void ts_session_free(struct ts_session *s)
 			ts_queue_free(l->env.h2d);     /* waits for staging copies */
 		if (l->env.d2h)
 			ts_queue_free(l->env.d2h);
+		if (l->env.comm)
+			ts_queue_free(l->env.comm);
 		if (l->stage_q)
 			ts_queue_free(l->stage_q);     /* waits for the next batch's copies */
 		ts_kernels_free(l->kernels);

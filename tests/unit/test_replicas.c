@@ -8,7 +8,10 @@
  * step equals one device's step on the whole batch within float32
  * summation error, replicas are bit-identical after every step, two runs
  * give the same bits, and every fault point of a step (copies and
- * allocations on any device) leaves every replica as it was.
+ * allocations on any device) leaves every replica as it was. The
+ * collectives run on each device's comm queue, the gradients' all-reduced
+ * during the backward pass: the same bits as on the compute queue after
+ * it.
  */
 #include <check.h>
 #include <dlfcn.h>
@@ -32,7 +35,7 @@ static int ndev;
 static struct ts_device *devs[NMAX];
 static struct ts_space *dsp[NMAX], *psp[NMAX];
 static struct ts_kernels *kern[NMAX];
-static struct ts_queue *qc[NMAX], *qh[NMAX], *qd[NMAX];
+static struct ts_queue *qc[NMAX], *qh[NMAX], *qd[NMAX], *qm[NMAX];
 static struct ts_exec_env envs[NMAX];
 static struct ts_error err;
 static bool on_cuda;
@@ -66,9 +69,11 @@ static void setup_with(const struct ts_device_config *dc, enum ts_backend_kind k
 		OK(ts_queue_new(devs[k], &qc[k], &err));
 		OK(ts_queue_new(devs[k], &qh[k], &err));
 		OK(ts_queue_new(devs[k], &qd[k], &err));
+		OK(ts_queue_new(devs[k], &qm[k], &err));
 		envs[k] = (struct ts_exec_env){.dev = devs[k], .device_space = dsp[k],
 		                               .pinned_space = psp[k], .kernels = kern[k],
-		                               .compute = qc[k], .h2d = qh[k], .d2h = qd[k]};
+		                               .compute = qc[k], .h2d = qh[k], .d2h = qd[k],
+		                               .comm = qm[k]};
 	}
 	OK(ts_comm_new(devs, ndev, &comm, &err));
 }
@@ -115,6 +120,7 @@ static void teardown(void)
 		ts_queue_free(qc[k]);
 		ts_queue_free(qh[k]);
 		ts_queue_free(qd[k]);
+		ts_queue_free(qm[k]);
 		ts_kernels_free(kern[k]);
 	}
 	ts_memory_free(mem);
@@ -147,6 +153,10 @@ static const struct ts_mlp dense = {.layers = 3, .d_model = 16, .d_hidden = 24,
                                     .loss = TS_LOSS_MSE};
 
 /* vocab 37, windows of 8 tokens, 2 blocks of width 16 (4 heads) */
+/* a layer's gradient 1 MiB: TS_PLAN_BUCKET_BYTES is 4 of its 6 layers */
+static const struct ts_mlp wide_dense = {.layers = 6, .d_model = 512, .act = TS_ACT_GELU,
+                                   .residual = true, .loss = TS_LOSS_MSE};
+
 static const struct ts_mlp gpt = {.layers = 2, .d_model = 16, .d_hidden = 32,
                                   .act = TS_ACT_GELU, .loss = TS_LOSS_XENT, .vocab = 37,
                                   .id_bytes = 4, .gpt = true, .heads = 4, .context = 8};
@@ -363,8 +373,12 @@ static float rjob_step_res(struct rjob *j, int step, struct ts_exec_result *res)
 		 * workers; a CUDA stream is timed by events where the runtime can) */
 		ck_assert_msg(j->R == 1 ? res[k].comm_s == 0 : on_cuda || res[k].comm_s > 0,
 		              "replica %d: %g s in collectives", k, res[k].comm_s);
-		ck_assert(res[k].compute_s + res[k].copy_wait_s + res[k].comm_s <=
+		/* the compute queue is busy, waits for copies or waits for the
+		 * comm queue's collectives, which overlap it */
+		ck_assert(res[k].compute_s + res[k].copy_wait_s + res[k].comm_wait_s <=
 		          res[k].wall_s * 1.001 + 1e-6);
+		ck_assert(res[k].comm_s <= res[k].wall_s * 1.001 + 1e-6);
+		ck_assert(j->R > 1 || res[k].comm_wait_s == 0);
 		/* the norm is of the reduced gradients: the same on every replica */
 		ck_assert_msg(memcmp(&res[k].grad_norm, &res[0].grad_norm, sizeof(float)) == 0,
 		              "replica %d's gradient norm %.9g, replica 0's %.9g", k,
@@ -1356,8 +1370,148 @@ START_TEST(test_session_refusals)
 }
 END_TEST
 
+/* Overlap, planned: a replicated step of one micro-batch all-reduces each
+ * gradient in buckets as the backward pass makes it - the first before the
+ * backward pass's last product, each layer's slice once, in backward order,
+ * TS_PLAN_BUCKET_BYTES but the last of each gradient - and the bytes are
+ * still the gradients' size; accumulating, every all-reduce comes after
+ * the backward pass (the accumulators are whole only then). */
+START_TEST(test_plan_all_reduces_during_backward)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	const uint64_t wb = 512ull * 512 * sizeof(float);
+	struct ts_plan p;
+
+	ts_error_clear(&err);
+	for (int acc = 1; acc <= 2; acc++) {
+		int first = -1, last_gemm = -1, n = 0;
+		uint64_t bytes = 0, next_end = 6 * wb;
+
+		OK(ts_plan_build_replicated(&wide_dense, &sgd_clip, 4, acc, 2, &pol, &p, &err));
+		for (int i = 0; i < p.nactions; i++) {
+			const struct ts_paction *a = &p.actions[i];
+
+			if (a->op == TS_P_GEMM && a->phase && !strcmp(a->phase, "backward"))
+				last_gemm = i;
+			if (a->op != TS_P_ALLREDUCE)
+				continue;
+			first = first < 0 ? i : first;
+			n++;
+			bytes += a->n * sizeof(float);
+			/* w1's gradient, from its last layer down, no byte twice */
+			ck_assert_uint_eq(a->aoff + a->n * sizeof(float), next_end);
+			next_end = a->aoff;
+		}
+		ck_assert_uint_eq(bytes, 6 * wb);
+		ck_assert_uint_eq(p.all_reduce_bytes, bytes);
+		ck_assert_uint_eq(next_end, 0);
+		if (acc == 1) {
+			ck_assert_int_eq(n, 2);     /* layers 5..2 (4 MiB), then 1..0 */
+			ck_assert_int_lt(first, last_gemm);
+		} else {
+			ck_assert_int_eq(n, 1);
+			ck_assert_int_gt(first, last_gemm);
+		}
+		fprintf(stderr, "wide, accumulate %d: %d all-reduce(s), the first at action %d, the "
+		        "backward pass's last product at %d\n", acc, n, first, last_gemm);
+		ts_plan_release(&p);
+	}
+	/* a GPT whose MLP weights' gradients are 4 MiB a layer: they go
+	 * during the backward pass, every gradient's bytes once in all */
+	{
+		const struct ts_mlp big = {.layers = 2, .d_model = 512, .d_hidden = 2048,
+		                           .act = TS_ACT_GELU, .loss = TS_LOSS_XENT, .vocab = 37,
+		                           .id_bytes = 4, .gpt = true, .heads = 8, .context = 8};
+		uint64_t *done;
+		int first = -1, last_gemm = -1, nreduced = 0;
+
+		OK(ts_plan_build_replicated(&big, &adam, 8, 1, 2, &pol, &p, &err));
+		done = calloc((size_t)p.nbufs, sizeof *done);
+		ck_assert_ptr_nonnull(done);
+		for (int i = 0; i < p.nactions; i++) {
+			const struct ts_paction *a = &p.actions[i];
+
+			if ((a->op == TS_P_GEMM || a->op == TS_P_GEMM_BATCHED) && a->phase &&
+			    !strcmp(a->phase, "backward"))
+				last_gemm = i;
+			if (a->op != TS_P_ALLREDUCE)
+				continue;
+			first = first < 0 ? i : first;
+			ck_assert_uint_le(a->aoff + a->n * sizeof(float), p.bufs[a->a].bytes);
+			done[a->a] += a->n * sizeof(float);
+		}
+		for (int i = 0; i < p.nbufs; i++) {
+			int kind = -1, t;
+
+			if (!done[i])
+				continue;
+			ck_assert(ts_gpt_role_of(p.bufs[i].role, &kind, &t) && kind == 3);
+			ck_assert_uint_eq(done[i], p.bufs[i].bytes);     /* a gradient, whole */
+			nreduced++;
+		}
+		ck_assert_int_eq(nreduced, TS_GPT_NPARAMS);
+		ck_assert_int_lt(first, last_gemm);
+		free(done);
+		ts_plan_release(&p);
+	}
+}
+END_TEST
+
+/* Overlap, run: the step whose all-reduces run on each device's comm queue
+ * during the backward pass holds the same bits as the step that runs them
+ * on the compute queue (no comm queue), equals one device's step on the
+ * whole batch, keeps every replica identical and every measured peak the
+ * plan's (rjob_step), and its comm queue's clock holds the collectives'
+ * time (sim) while the compute queue's waiting for them is apart. */
+START_TEST(test_overlapped_all_reduce_same_bits)
+{
+	struct ts_policy pol = {.params = TS_MEM_DEVICE, .opt_state = TS_MEM_DEVICE,
+	                        .save_x = true, .save_h = true};
+	struct ts_exec_result res[NMAX];
+	struct rjob over, inline_, one;
+	char when[96];
+
+	rjob_new(&wide_dense, &sgd_clip, 4, ndev, &pol, &over);
+	rjob_new(&wide_dense, &sgd_clip, 4, ndev, &pol, &inline_);
+	rjob_new(&wide_dense, &sgd_clip, 4 * ndev, 1, &pol, &one);
+	for (int step = 1; step <= 2; step++) {
+		float lo, li, l1;
+
+		lo = rjob_step_res(&over, step, res);
+		for (int k = 0; k < ndev; k++) {
+			ck_assert(on_cuda || res[k].comm_s > 0);
+			/* the backward pass never waited for an all-reduce: the
+			 * compute queue waits for the comm queue once, at the
+			 * mean's scaling after the last bucket */
+			ck_assert_msg(res[k].comm_waits == 1, "replica %d: %llu waits for the comm "
+			              "queue", k, (unsigned long long)res[k].comm_waits);
+			envs[k].comm = NULL;
+		}
+		li = rjob_step_res(&inline_, step, res);
+		for (int k = 0; k < ndev; k++) {
+			ck_assert(res[k].comm_wait_s == 0 && res[k].comm_waits == 0);
+			envs[k].comm = qm[k];
+		}
+		l1 = rjob_step(&one, step);
+		snprintf(when, sizeof when, "wide, sgd, clipping, %d devices, step %d", ndev, step);
+		ck_assert_msg(memcmp(&lo, &li, sizeof lo) == 0, "%s: loss %.9g, collectives on the "
+		              "compute queue %.9g", when, (double)lo, (double)li);
+		ck_assert_msg(fabsf(lo - l1) <= 1e-5f * fabsf(l1) + 1e-6f,
+		              "%s: loss %.9g, one device %.9g", when, (double)lo, (double)l1);
+		replicas_identical(&over, when);
+		same_state(&over, &inline_, when);
+		close_to(&over, &one, 2e-5, when);
+	}
+	rjob_free(&over);
+	rjob_free(&inline_);
+	rjob_free(&one);
+}
+END_TEST
+
 static void add_cases(TCase *tc)
 {
+	tcase_add_test(tc, test_overlapped_all_reduce_same_bits);
 	tcase_add_test(tc, test_dense_model_equals_one_device);
 	tcase_add_test(tc, test_gpt_equals_one_device);
 	tcase_add_test(tc, test_same_bits_every_run);
@@ -1378,6 +1532,7 @@ Suite *ts_unit_suite(void)
 	TCase *tc = tcase_create("plan");
 
 	tcase_add_test(tc, test_plan_reduces_every_gradient_once);
+	tcase_add_test(tc, test_plan_all_reduces_during_backward);
 	tcase_add_test(tc, test_zero1_refusals);
 	tcase_add_test(tc, test_zero2_plan_scatters_and_frees_each_gradient);
 	suite_add_tcase(s, tc);
@@ -1391,6 +1546,7 @@ Suite *ts_unit_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_dense_model_equals_one_device);
 	tcase_add_test(tc, test_gpt_equals_one_device);
+	tcase_add_test(tc, test_overlapped_all_reduce_same_bits);
 	tcase_add_test(tc, test_session_on_every_device_equals_one_device);
 	tcase_add_test(tc, test_zero1_equals_replicated_adam);
 	tcase_add_test(tc, test_zero2_equals_replicated_adam);
