@@ -28,55 +28,13 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/tstage-fleet-chain.XXXXXX")
 failed=0
 declare -A pid=()
 
-skip() {
-	if [ "${CI:-}" = true ]; then
-		echo "fleet-chain: cannot run here ($1), and CI must run it" >&2
-		exit 1
-	fi
-	echo "fleet-chain: skipped: $1"
-	exit 0
-}
-[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces need it"
-for tool in ip tc curl jq; do
-	command -v "$tool" >/dev/null || skip "$tool not found"
-done
-[ -x "$bin" ] || { echo "fleet-chain: no daemon at $bin (make first)" >&2; exit 1; }
-
 . tests/fleet/netns.sh
+suite=fleet-chain
+suite_require
 trap netns_cleanup EXIT
-fail() { echo "fleet-chain: FAIL $*"; failed=1; }
-ok() { echo "fleet-chain: ok   $*"; }
 
 netns_up || skip "ip netns add failed (no namespace support)"
 
-start() {
-	local h=$1 o
-	shift
-	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" \
-		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 "$@" \
-		--peers "$(for o in "${hosts[@]}"; do [ "$o" = "$h" ] || echo "http://$o:$port"; done | paste -sd,)" \
-		>>"$tmp/$h.log" 2>&1 &
-	pid[$h]=$!
-	for ((i = 0; i < 100; i++)); do
-		if inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez"; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	fail "$h did not start: $(tail -3 "$tmp/$h.log")"
-	return 1
-}
-until_s() {
-	local limit=$1 t0
-	shift
-	t0=$(date +%s%N)
-	while ! "$@"; do
-		if [ $(( ($(date +%s%N) - t0) / 1000000 )) -ge $((limit * 1000)) ]; then
-			return 1
-		fi
-		sleep 0.2
-	done
-}
 seen() { # every host sees every other reachable
 	local h o
 	for h in "${hosts[@]}"; do
@@ -87,19 +45,13 @@ seen() { # every host sees every other reachable
 		done
 	done
 }
-metric() {
-	api "$1" /metrics | awk -v n="$2" '$1 == n { print $2 }'
-}
 sent() {
 	api "$1" /metrics | awk '/^tstage_fleet_transfer_bytes_total\{direction="sent"\}/ { print $2 }'
 }
-pools() {
-	api "$1" /metrics | awk '/^tstage_pool_in_use_bytes\{/ { print $1, $2 }' | sort
-}
 
-start h1
-start h2
-start h3 --sim-device-memory 16MiB
+start h1 --peers "$(peers_of h1)"
+start h2 --peers "$(peers_of h2)"
+start h3 --peers "$(peers_of h3)" --sim-device-memory 16MiB
 until_s 15 seen || fail "the three hosts do not see each other within 15 s"
 
 # ---- chain: h1 -> h2 -> h3, byte for byte ----------------------------------

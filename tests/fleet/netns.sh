@@ -9,7 +9,10 @@
 # The sourcing script sets: pfx, subnet (10.231.0), hosts (h1 h2 ...), token,
 # port, tmp (a directory of its own), an associative array pid (HOST -> the
 # pid of a process to kill at cleanup) and, optionally, api_timeout (curl's
-# --max-time for api, default 5 s).
+# --max-time for api, default 5 s). A test suite (not the bench) also sets
+# suite (its name in its lines), bin (the daemon) and failed=0, and calls
+# suite_require before netns_up: then skip, fail, ok, start, peers_of and
+# until_s below are its.
 
 hub=$pfx-hub
 
@@ -80,4 +83,86 @@ netns_up() {
 	done
 	printf '%s\n' "$token" >"$tmp/token"
 	chmod 600 "$tmp/token"
+}
+
+# ---- for the test suites -------------------------------------------------------
+
+# skip WHY: the suite cannot run here; exits 0, or 1 under CI=true, where it
+# must run
+skip() {
+	if [ "${CI:-}" = true ]; then
+		echo "$suite: cannot run here ($1), and CI must run it" >&2
+		exit 1
+	fi
+	echo "$suite: skipped: $1"
+	exit 0
+}
+fail() {
+	echo "$suite: FAIL $*"
+	failed=1
+}
+ok() {
+	echo "$suite: ok   $*"
+}
+
+# Root, ip, tc, curl, jq and the daemon, or skip (no daemon: an error).
+suite_require() {
+	local tool
+	[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces need it"
+	for tool in ip tc curl jq; do
+		command -v "$tool" >/dev/null || skip "$tool not found"
+	done
+	[ -x "$bin" ] || { echo "$suite: no daemon at $bin (make first)" >&2; exit 1; }
+}
+
+# start HOST [flags]: tstaged in HOST's namespace, its log in tmp/HOST.log,
+# once it answers /livez (up to 10 s; else fail and non-zero)
+start() {
+	local h=$1 i
+	shift
+	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" \
+		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 "$@" \
+		>>"$tmp/$h.log" 2>&1 &
+	pid[$h]=$!
+	for ((i = 0; i < 100; i++)); do
+		if inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez"; then
+			return 0
+		fi
+		sleep 0.1
+	done
+	fail "$h did not start: $(tail -3 "$tmp/$h.log")"
+	return 1
+}
+
+# peers_of HOST: the other hosts' URLs, comma-separated (a --peers list)
+peers_of() {
+	local h=$1 o list=
+	for o in "${hosts[@]}"; do
+		[ "$o" = "$h" ] || list=${list:+$list,}http://$o:$port
+	done
+	echo "$list"
+}
+
+# until_s SECONDS CMD...: true once CMD is, polling every 0.2 s; false
+# after SECONDS
+until_s() {
+	local limit=$1 t0
+	shift
+	t0=$(date +%s%N)
+	while ! "$@"; do
+		if [ $(( ($(date +%s%N) - t0) / 1000000 )) -ge $((limit * 1000)) ]; then
+			return 1
+		fi
+		sleep 0.2
+	done
+}
+
+# metric HOST NAME: the value of the unlabelled metric NAME on HOST
+metric() {
+	api "$1" /metrics | awk -v n="$2" '$1 == n { print $2 }'
+}
+
+# pools HOST: every pool's bytes in use on HOST, one "series value" a line
+pools() {
+	api "$1" /metrics | awk '/^tstage_pool_in_use_bytes\{/ { print $1, $2 }' | sort
 }

@@ -55,70 +55,14 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/tstage-fleet.XXXXXX")
 failed=0
 declare -A pid=()
 
-skip() {
-	if [ "${CI:-}" = true ]; then
-		echo "fleet: cannot run here ($1), and CI must run it" >&2
-		exit 1
-	fi
-	echo "fleet: skipped: $1"
-	exit 0
-}
-[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces need it"
-for tool in ip tc curl jq; do
-	command -v "$tool" >/dev/null || skip "$tool not found"
-done
-[ -x "$bin" ] || { echo "fleet: no daemon at $bin (make first)" >&2; exit 1; }
-
 . tests/fleet/netns.sh
+suite=fleet
+suite_require
 trap netns_cleanup EXIT
 
-fail() {
-	echo "fleet: FAIL $*"
-	failed=1
-}
-ok() {
-	echo "fleet: ok   $*"
-}
 
 netns_up || skip "ip netns add failed (no namespace support)"
 
-# start HOST [flags]: tstaged in HOST's namespace, its log in tmp/HOST.log
-start() {
-	local h=$1
-	shift
-	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" \
-		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 "$@" \
-		>>"$tmp/$h.log" 2>&1 &
-	pid[$h]=$!
-	local i
-	for ((i = 0; i < 100; i++)); do
-		if inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez"; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	fail "$h did not start: $(tail -3 "$tmp/$h.log")"
-	return 1
-}
-peers_of() { # the others' URLs, comma-separated
-	local h=$1 o list=
-	for o in "${hosts[@]}"; do
-		[ "$o" = "$h" ] || list=${list:+$list,}http://$o:$port
-	done
-	echo "$list"
-}
-# until SECONDS CMD...: true once CMD is, polling every 0.2 s
-until_s() {
-	local limit=$1 t0
-	shift
-	t0=$(date +%s%N)
-	while ! "$@"; do
-		if [ $(( ($(date +%s%N) - t0) / 1000000 )) -ge $((limit * 1000)) ]; then
-			return 1
-		fi
-		sleep 0.2
-	done
-}
 # state FROM OF: OF as FROM's /v1/fleet lists it: "reachable", the error's
 # reason, or "absent"
 state() {

@@ -27,73 +27,26 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/tstage-fleet-kill.XXXXXX")
 failed=0
 declare -A pid=()
 
-skip() {
-	if [ "${CI:-}" = true ]; then
-		echo "fleet-kill: cannot run here ($1), and CI must run it" >&2
-		exit 1
-	fi
-	echo "fleet-kill: skipped: $1"
-	exit 0
-}
-[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces need it"
-for tool in ip tc curl jq; do
-	command -v "$tool" >/dev/null || skip "$tool not found"
-done
-[ -x "$bin" ] || { echo "fleet-kill: no daemon at $bin (make first)" >&2; exit 1; }
-
 . tests/fleet/netns.sh
+suite=fleet-kill
+suite_require
 trap netns_cleanup EXIT
-fail() { echo "fleet-kill: FAIL $*"; failed=1; }
-ok() { echo "fleet-kill: ok   $*"; }
 
 netns_up || skip "ip netns add failed (no namespace support)"
 
-start() {
-	local h=$1 o
-	UCX_TLS=tcp ip netns exec "$(ns "$h")" "$bin" --bind "$(addr "$h")" --port "$port" \
-		--token-file "$tmp/token" --host-name "$h" --sim-devices 1 \
-		--peers "$(for o in "${hosts[@]}"; do [ "$o" = "$h" ] || echo "http://$o:$port"; done)" \
-		>>"$tmp/$h.log" 2>&1 &
-	pid[$h]=$!
-	for ((i = 0; i < 100; i++)); do
-		if inns "$h" curl -s -o /dev/null --max-time 1 "http://$(addr "$h"):$port/livez"; then
-			return 0
-		fi
-		sleep 0.1
-	done
-	fail "$h did not start: $(tail -3 "$tmp/$h.log")"
-	return 1
-}
-until_s() {
-	local limit=$1 t0
-	shift
-	t0=$(date +%s%N)
-	while ! "$@"; do
-		if [ $(( ($(date +%s%N) - t0) / 1000000 )) -ge $((limit * 1000)) ]; then
-			return 1
-		fi
-		sleep 0.2
-	done
-}
 reachable() {
 	[ "$(api "$1" /v1/fleet | jq -r --arg h "$2" \
 		'[.nodes[] | select(.host == $h)][0].reachable')" = true ]
 }
 # metric HOST NAME: the value of an unlabelled gauge
-metric() {
-	api "$1" /metrics | awk -v n="$2" '$1 == n { print $2 }'
-}
 # pools HOST: every pool's bytes in use, one "pool value" a line
-pools() {
-	api "$1" /metrics | awk '/^tstage_pool_in_use_bytes\{/ { print $1, $2 }' | sort
-}
 alive() {
 	kill -0 "${pid[$1]}" 2>/dev/null &&
 		inns "$1" curl -s -o /dev/null --max-time 1 "http://$(addr "$1"):$port/livez"
 }
 
-start h1
-start h2
+start h1 --peers "$(peers_of h1)"
+start h2 --peers "$(peers_of h2)"
 until_s 15 reachable h1 h2 || fail "h1 does not see h2 within 15 s"
 before=$(pools h2)
 head -c $((64 << 20)) /dev/urandom >"$tmp/big.raw"
@@ -148,7 +101,7 @@ for ((r = 1; r <= rounds; r++)); do
 	fi
 	[ "$(api h2 /v1/arrays/big -o /dev/null -w '%{http_code}')" = 404 ] ||
 		fail "round $r: a partial 'big' was published on h2"
-	start h1 || break
+	start h1 --peers "$(peers_of h1)" || break
 	until_s 15 reachable h1 h2 || fail "round $r: h1 restarted does not see h2"
 done
 # h2 keeps serving: a whole copy from the restarted h1
