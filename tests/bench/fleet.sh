@@ -64,37 +64,58 @@ for ((i = 0; i < 100; i++)); do
 	sleep 0.2
 done
 
+# upload NAME BYTES: a pinned_host uint8 array of BYTES zeros on h1
+upload() {
+	local code
+	truncate -s "$2" "$tmp/up.raw"
+	code=$(api h1 "/v1/arrays/$1?dtype=uint8&shape=$2&memory_kind=pinned_host" -T "$tmp/up.raw" \
+		-o /dev/null -w '%{http_code}')
+	rm -f "$tmp/up.raw"
+	[ "$code" = 201 ] || { echo "fleet bench: upload of $2 bytes to h1: $code" >&2; exit 1; }
+}
+# copy_s ARRAY OUT HOST...: seconds of one POST :copy?wait=true of h1's ARRAY
+# as OUT to HOST ("host") or to every HOST ("hosts"), OUT deleted there first
+copy_s() {
+	local a=$1 out=$2 h to t n
+	shift 2
+	for h in "$@"; do
+		api "$h" "/v1/arrays/$out" -X DELETE -o /dev/null
+	done
+	if [ $# -eq 1 ]; then
+		to="\"host\": \"$1\""
+	else
+		to="\"hosts\": [$(printf '"%s",' "$@" | sed 's/,$//')]"
+	fi
+	t=$(api h1 "/v1/arrays/$a:copy?wait=true" -X POST -o "$tmp/res" -w '%{time_total}' \
+		-d "{\"out\": \"$out\", $to, \"device\": \"sim:0\", \"memory_kind\": \"pinned_host\"}")
+	if [ $# -eq 1 ]; then
+		n=$(jq -r .host "$tmp/res" 2>/dev/null)
+		[ "$n" = "$1" ]
+	else
+		n=$(jq -r '.destinations | length' "$tmp/res" 2>/dev/null)
+		[ "$n" = $# ]
+	fi || { echo "fleet bench: copy of $a to $*: $(head -c 300 "$tmp/res")" >&2; exit 1; }
+	echo "$t"
+}
+# least A B: the smaller (A empty: B)
+least() {
+	awk -v a="${1:-1e9}" -v b="$2" 'BEGIN { print (b < a ? b : a) }'
+}
+
 bytes=$((mb << 20))
-truncate -s "$bytes" "$tmp/x.raw"
-code=$(api h1 "/v1/arrays/x?dtype=uint8&shape=$bytes&memory_kind=pinned_host" -T "$tmp/x.raw" \
-	-o /dev/null -w '%{http_code}')
-rm -f "$tmp/x.raw"
-[ "$code" = 201 ] || { echo "fleet bench: upload of $mb MiB to h1: $code" >&2; exit 1; }
+upload x "$bytes"
 
 best_copy=
 for r in 1 2 3; do
-	api h2 /v1/arrays/x -X DELETE -o /dev/null
-	t=$(api h1 '/v1/arrays/x:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
-		-d '{"out": "x", "host": "h2", "device": "sim:0", "memory_kind": "pinned_host"}')
-	[ "$(jq -r .host "$tmp/res")" = h2 ] || {
-		echo "fleet bench: copy failed: $(head -c 300 "$tmp/res")" >&2
-		exit 1
-	}
-	best_copy=$(awk -v a="${best_copy:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	t=$(copy_s x x h2)
+	best_copy=$(least "$best_copy" "$t")
 done
 
 # the same bytes to h2 and h3 at once (a broadcast), best of 3
 best_bcast=
 for r in 1 2 3; do
-	api h2 /v1/arrays/xb -X DELETE -o /dev/null
-	api h3 /v1/arrays/xb -X DELETE -o /dev/null
-	t=$(api h1 '/v1/arrays/x:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
-		-d '{"out": "xb", "hosts": ["h2", "h3"], "device": "sim:0", "memory_kind": "pinned_host"}')
-	[ "$(jq -r '.destinations | length' "$tmp/res" 2>/dev/null)" = 2 ] || {
-		echo "fleet bench: broadcast failed: $(head -c 300 "$tmp/res")" >&2
-		exit 1
-	}
-	best_bcast=$(awk -v a="${best_bcast:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	t=$(copy_s x xb h2 h3)
+	best_bcast=$(least "$best_bcast" "$t")
 done
 for h in h2 h3; do
 	api "$h" /v1/arrays/xb -X DELETE -o /dev/null
@@ -110,11 +131,7 @@ done
 link_rate=1gbit
 lim_mb=$((mb < 128 ? mb : 128))
 lim_bytes=$((lim_mb << 20))
-truncate -s "$lim_bytes" "$tmp/l.raw"
-code=$(api h1 "/v1/arrays/l?dtype=uint8&shape=$lim_bytes&memory_kind=pinned_host" -T "$tmp/l.raw" \
-	-o /dev/null -w '%{http_code}')
-rm -f "$tmp/l.raw"
-[ "$code" = 201 ] || { echo "fleet bench: upload of $lim_mb MiB to h1: $code" >&2; exit 1; }
+upload l "$lim_bytes"
 for h in "${hosts[@]}"; do
 	tc -n "$(ns "$h")" qdisc add dev eth0 root tbf rate "$link_rate" burst 256kb latency 100ms
 	tc -n "$hub" qdisc add dev "$h-br" root tbf rate "$link_rate" burst 256kb latency 100ms
@@ -122,23 +139,10 @@ done
 best_lcopy=
 best_lbcast=
 for r in 1 2; do
-	api h2 /v1/arrays/l -X DELETE -o /dev/null
-	t=$(api h1 '/v1/arrays/l:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
-		-d '{"out": "l", "host": "h2", "device": "sim:0", "memory_kind": "pinned_host"}')
-	[ "$(jq -r .host "$tmp/res")" = h2 ] || {
-		echo "fleet bench: copy on limited links failed: $(head -c 300 "$tmp/res")" >&2
-		exit 1
-	}
-	best_lcopy=$(awk -v a="${best_lcopy:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
-	api h2 /v1/arrays/lb -X DELETE -o /dev/null
-	api h3 /v1/arrays/lb -X DELETE -o /dev/null
-	t=$(api h1 '/v1/arrays/l:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
-		-d '{"out": "lb", "hosts": ["h2", "h3"], "device": "sim:0", "memory_kind": "pinned_host"}')
-	[ "$(jq -r '.destinations | length' "$tmp/res" 2>/dev/null)" = 2 ] || {
-		echo "fleet bench: broadcast on limited links failed: $(head -c 300 "$tmp/res")" >&2
-		exit 1
-	}
-	best_lbcast=$(awk -v a="${best_lbcast:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	t=$(copy_s l l h2)
+	best_lcopy=$(least "$best_lcopy" "$t")
+	t=$(copy_s l lb h2 h3)
+	best_lbcast=$(least "$best_lbcast" "$t")
 done
 for h in "${hosts[@]}"; do
 	tc -n "$(ns "$h")" qdisc del dev eth0 root
@@ -150,23 +154,14 @@ api h2 /v1/arrays/l -X DELETE -o /dev/null
 
 # a 4 KiB array copied to h2, best of 10; and one HTTP request's time
 # between the two (GET /livez from h1 to h2), best of 10
-head -c 4096 /dev/zero >"$tmp/s.raw"
-code=$(api h1 "/v1/arrays/s?dtype=uint8&shape=4096&memory_kind=pinned_host" -T "$tmp/s.raw" \
-	-o /dev/null -w '%{http_code}')
-[ "$code" = 201 ] || { echo "fleet bench: upload of 4 KiB to h1: $code" >&2; exit 1; }
+upload s 4096
 best_small=
 best_req=
 for r in $(seq 10); do
-	api h2 /v1/arrays/s -X DELETE -o /dev/null
-	t=$(api h1 '/v1/arrays/s:copy?wait=true' -X POST -o "$tmp/res" -w '%{time_total}' \
-		-d '{"out": "s", "host": "h2", "device": "sim:0", "memory_kind": "pinned_host"}')
-	[ "$(jq -r .host "$tmp/res")" = h2 ] || {
-		echo "fleet bench: 4 KiB copy failed: $(head -c 300 "$tmp/res")" >&2
-		exit 1
-	}
-	best_small=$(awk -v a="${best_small:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	t=$(copy_s s s h2)
+	best_small=$(least "$best_small" "$t")
 	t=$(inns h1 curl -s -o /dev/null -w '%{time_total}' "http://$(addr h2):$port/livez")
-	best_req=$(awk -v a="${best_req:-1e9}" -v b="$t" 'BEGIN { print (b < a ? b : a) }')
+	best_req=$(least "$best_req" "$t")
 done
 
 # ucx_perftest's 4 KiB active-message latency over the same link (its
