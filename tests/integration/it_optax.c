@@ -1362,6 +1362,112 @@ START_TEST(test_gpt_accumulate_vs_jax)
 }
 END_TEST
 
+/* Data parallel against JAX: test_gpt_adamw_vs_jax's GPT and AdamW (clipped,
+ * warmup-cosine) placed on two devices, each stepping on half of every
+ * batch, its gradients all-reduced (overlapped with the backward pass) and
+ * meaned, against gpt_reference.py's single-device steps on the whole batch
+ * from the same initial weights: losses, global norms, weights and Adam's
+ * moments within float32 summation order; every device's measured peak the
+ * plan's; the all-reduced bytes the gradients' size a step. On a machine with one
+ * accelerator the test has no second device and says so. */
+START_TEST(test_gpt_data_parallel_vs_jax)
+{
+	static const char *const spec_fmt =
+		"{\"name\": \"%s\", \"gpt\": {\"vocab\": %d, \"context\": %d, \"layers\": %d, "
+		"\"d_model\": %d, \"heads\": %d, \"d_ff\": %d}, \"init\": {\"seed\": 5, "
+		"\"scale\": 0.1}, \"optimizer\": %s, \"placement\": {\"devices\": [\"%s\", \"%s\"]}}";
+	static const char *const opt =
+		"{\"type\": \"adamw\", \"weight_decay\": 0.1, \"decay\": \"matrices\", "
+		"\"clip_global_norm\": 1.0, "
+		"\"b1\": 0.9, \"b2\": 0.95, \"eps\": 1e-8, \"schedule\": {\"type\": "
+		"\"warmup_cosine_decay\", \"init_value\": 0.0, \"peak_value\": 0.01, "
+		"\"warmup_steps\": 3, \"decay_steps\": 10, \"end_value\": 0.001}}";
+	enum { STEPS_DP = 6 };
+	int32_t in[GB * (GC + 1)], tg[GB * GC];
+	char dir[512], *spec;
+	json_t *res, *ref, *rspec, *devs;
+	double l_worst, n_worst, w_worst;
+	uint64_t grad_bytes = 0;
+
+	if (!th_daemon_has_device(&D, th_dev(1))) {
+		fprintf(stderr, "gpt data parallel vs JAX: no second device (%s) here\n", th_dev(1));
+		return;
+	}
+	spec = th_fmt(spec_fmt, "gdp", GV, GC, GL, GD, GH, GF, opt, th_dev(0), th_dev(1));
+	json_decref(th_post_json(&D, "/v1/models?wait=true", spec, 200));
+	free(spec);
+	th_temp_dir("gptdp", dir, sizeof dir);
+	gpt_inputs("gdp", dir, in, tg);
+	res = th_post_json(&D, "/v1/models/gdp:step?wait=true",
+	                   "{\"inputs\": \"gx\", \"targets\": \"gt\", \"steps\": 6}", 200);
+	ck_assert_int_eq(th_int(res, "measured_peak_device_bytes"),
+	                 th_int(res, "predicted_peak_device_bytes"));
+	devs = th_arr(res, "devices");
+	ck_assert_int_eq(json_array_size(devs), 2);
+	for (size_t k = 0; k < GPT_NW; k++) {
+		char name[160];
+		size_t n;
+		float *w;
+
+		snprintf(name, sizeof name, "gdp.%s", gpt_files[k][0]);
+		w = th_download_floats(&D, name, &n);
+		grad_bytes += n * sizeof *w;
+		free(w);
+	}
+	/* each step all-reduces every gradient once, nothing else */
+	for (size_t i = 0; i < 2; i++)
+		ck_assert_int_eq(th_int(json_array_get(devs, i), "all_reduce_bytes"),
+		                 STEPS_DP * grad_bytes);
+	rspec = json_pack("{s:{s:i, s:i, s:i, s:i, s:i, s:i}, s:s+, s:s+, s:i, s:o, s:s+, s:s+,"
+	                  " s:i, s:i, s:b, s:b}",
+	                  "gpt", "vocab", GV, "context", GC, "layers", GL, "d_model", GD, "heads", GH,
+	                  "d_ff", GF, "weights", dir, "", "out", dir, "/out", "steps", STEPS_DP,
+	                  "optimizer", json_loads(opt, 0, NULL),
+	                  "inputs", dir, "/inputs.i32", "targets", dir, "/targets.i32",
+	                  "batch", GB, "tokens", GC, "grads", 0, "adam_state", 1);
+	ck_assert_ptr_nonnull(rspec);
+	ref = run_script("gpt_reference.py", dir, rspec, "");
+	l_worst = worst_loss(th_arr(res, "losses"), th_arr(ref, "losses"));
+	ck_assert_msg(l_worst <= 1e-5, "data-parallel gpt: losses off by %.3g relative from JAX's",
+	              l_worst);
+	n_worst = worst_loss(th_arr(res, "grad_norms"), th_arr(ref, "grad_norms"));
+	ck_assert_msg(n_worst <= 1e-5, "data-parallel gpt: global norms off by %.3g from JAX's",
+	              n_worst);
+	w_worst = compare_files("gdp", gpt_files, 5, dir, "", 1e-4, "after 6 data-parallel steps");
+	w_worst = fmax(w_worst, compare_files("gdp", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
+	                                      "after 6 data-parallel steps"));
+	w_worst = fmax(w_worst, compare_masked("gdp", "attn.qkv.b", dir, "attn_qkv_b.f32"));
+	{
+		char names[GPT_NW][2][64];
+		const char *files[GPT_NW][2];
+
+		for (int k = 0; k < 2; k++) {
+			static const char *const kinds[2][2] = {{"adam.mu.", "mu_"}, {"adam.nu.", "nu_"}};
+
+			for (size_t i = 0; i < GPT_NW; i++) {
+				snprintf(names[i][0], sizeof names[i][0], "%s%s", kinds[k][0],
+				         gpt_files[i][0]);
+				snprintf(names[i][1], sizeof names[i][1], "%s%s", kinds[k][1],
+				         gpt_files[i][1]);
+				files[i][0] = names[i][0];
+				files[i][1] = names[i][1];
+			}
+			w_worst = fmax(w_worst, compare_files("gdp", (const char *const (*)[2])files, 5,
+			                                      dir, "", 1e-4, "after 6 steps"));
+			w_worst = fmax(w_worst, compare_files("gdp", (const char *const (*)[2])files + 6,
+			                                      GPT_NW - 6, dir, "", 1e-4, "after 6 steps"));
+			w_worst = fmax(w_worst, compare_masked("gdp", files[5][0], dir, files[5][1]));
+		}
+	}
+	fprintf(stderr, "gpt data parallel over %s and %s vs JAX on the whole batch: losses off by "
+	        "%.3g relative, global norms by %.3g, weights and moments by %.3g of their "
+	        "largest\n", th_dev(0), th_dev(1), l_worst, n_worst, w_worst);
+	json_decref(res);
+	json_decref(ref);
+	json_decref(rspec);
+}
+END_TEST
+
 /* The generated tokens of a :generate?wait=true answer, as a JSON array
  * (new reference). */
 static json_t *generate_tokens(const char *model, const char *body)
@@ -1574,6 +1680,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_gpt_bf16_vs_jax);
 	tcase_add_test(tc, test_gpt_windows_vs_jax);
 	tcase_add_test(tc, test_gpt_accumulate_vs_jax);
+	tcase_add_test(tc, test_gpt_data_parallel_vs_jax);
 	tcase_add_test(tc, test_gpt_inference_vs_jax);
 	suite_add_tcase(s, tc);
 	return s;
