@@ -845,15 +845,18 @@ static json_t *step_result(const struct run *s, const struct ts_session *sess,
 	                 "overlap_ratio", busy + waits > 0 ? busy / (busy + waits) : 1.0);
 	if (o && R > 1) {
 		/* data parallel: the figures above are each device's (the peaks)
-		 * or the slowest's (the times); per device, its compute and the
+		 * or the slowest's (the times); per device, its compute, its
+		 * collectives, the part of them its compute waited for, and the
 		 * gradient bytes it all-reduced */
 		json_t *devs = json_array();
 
 		for (int k = 0; devs && k < R; k++)
-			json_array_append_new(devs, json_pack("{s:s, s:f, s:f, s:I}", "device",
+			json_array_append_new(devs, json_pack("{s:s, s:f, s:f, s:f, s:I}", "device",
 			                                      ts_device_props(s->model.replica_devs[k])->id,
 			                                      "compute_s", rep->replica_compute_s[k],
 			                                      "communication_s", rep->replica_comm_s[k],
+			                                      "communication_not_hidden_s",
+			                                      rep->replica_comm_wait_s[k],
 			                                      "all_reduce_bytes",
 			                                      (json_int_t)rep->allreduce_bytes));
 		json_object_set_new(o, "devices", devs);

@@ -772,6 +772,7 @@ ts_status ts_session_run(struct ts_session *s, uint64_t steps, uint64_t first_t,
 		for (int k = 0; k < s->R; k++) {
 			s->report.replica_compute_s[k] += res[k].compute_s;
 			s->report.replica_comm_s[k] += res[k].comm_s;
+			s->report.replica_comm_wait_s[k] += res[k].comm_wait_s;
 		}
 		s->report.allreduce_bytes += s->plan.all_reduce_bytes;
 		add(&s->report, &r);

@@ -111,6 +111,8 @@ struct ts_session_report {
 	double replica_compute_s[TS_PLAN_REPLICAS_MAX];   /* each replica's, summed */
 	double replica_comm_s[TS_PLAN_REPLICAS_MAX];      /* each replica's time in
 	                                                     collectives, summed */
+	double replica_comm_wait_s[TS_PLAN_REPLICAS_MAX]; /* each replica's compute
+	                                                     queue waiting for them */
 	uint64_t allreduce_bytes;        /* all-reduced on each device, summed over steps */
 };
 

@@ -147,6 +147,10 @@ START_TEST(test_mlp_on_two_devices_equals_one)
 		/* sim's queue workers time themselves: a collective takes time */
 		ck_assert(th_backend_is_sim() ? json_number_value(json_object_get(d, "communication_s")) > 0
 		                              : json_number_value(json_object_get(d, "communication_s")) >= 0);
+		/* what the compute waited for the collectives: within the steps */
+		ck_assert(json_number_value(json_object_get(d, "communication_not_hidden_s")) >= 0);
+		ck_assert(json_number_value(json_object_get(d, "communication_not_hidden_s")) <=
+		          json_number_value(json_object_get(th_obj(rd, "time"), "wall_s")));
 		ck_assert_int_eq(th_int(d, "all_reduce_bytes"), 3 * 2 * 2 * 16 * 8 * 4);
 	}
 	ck_assert_int_eq(th_int(rd, "all_reduce_bytes"), 3 * 2 * 2 * 16 * 8 * 4);
