@@ -32,6 +32,10 @@
 /* How often --peers-dns is resolved again. */
 #define DNS_EVERY_NS (10ull * 1000000000ull)
 
+/* Easy handles the pool keeps for calls to peers (ts_fleet_easy_take):
+ * about the copies that run at once, each with its connections. */
+#define EASY_POOL_MAX 8
+
 /* Largest answer a peer may give (its node with its devices). */
 #define ANSWER_MAX (4u << 20)
 
@@ -63,6 +67,9 @@ struct ts_fleet {
 	struct ts_metrics *metrics;
 	int interval_ms, timeout_ms;
 	CURLM *multi;
+	struct ts_mutex pool_mu;
+	CURL *pool[EASY_POOL_MAX];       /* guarded by: pool_mu; idle, reset */
+	int npool;                       /* guarded by: pool_mu */
 	_Atomic bool stop;
 	pthread_t thread;
 	bool started;
@@ -434,6 +441,7 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
 	if (!f)
 		return ts_error_oom(err, "no memory for the fleet");
 	ts_mutex_init(&f->mu);
+	ts_mutex_init(&f->pool_mu);
 	f->metrics = cfg->metrics;
 	f->interval_ms = cfg->interval_ms;
 	f->timeout_ms = cfg->timeout_ms;
@@ -501,12 +509,43 @@ void ts_fleet_free(struct ts_fleet *f)
 		peer_free(f->peers[i]);
 	if (f->multi)
 		curl_multi_cleanup(f->multi);
+	for (int i = 0; i < f->npool; i++)
+		curl_easy_cleanup(f->pool[i]);
 	curl_slist_free_all(f->headers);
 	free(f->peers);
 	if (f->curl_inited)
 		curl_global_cleanup();
+	ts_mutex_destroy(&f->pool_mu);
 	ts_mutex_destroy(&f->mu);
 	free(f);
+}
+
+void *ts_fleet_easy_take(struct ts_fleet *f)
+{
+	CURL *e = NULL;
+
+	ts_mutex_lock(&f->pool_mu);
+	if (f->npool > 0)
+		e = f->pool[--f->npool];
+	ts_mutex_unlock(&f->pool_mu);
+	if (!e)
+		return curl_easy_init();
+	curl_easy_reset(e);   /* every option back to its default; the connections stay */
+	return e;
+}
+
+void ts_fleet_easy_give(struct ts_fleet *f, void *easy, bool keep)
+{
+	if (!easy)
+		return;
+	ts_mutex_lock(&f->pool_mu);
+	if (keep && f->npool < EASY_POOL_MAX) {
+		f->pool[f->npool++] = easy;
+		easy = NULL;
+	}
+	ts_mutex_unlock(&f->pool_mu);
+	if (easy)
+		curl_easy_cleanup(easy);
 }
 
 json_t *ts_fleet_nodes(struct ts_fleet *f)

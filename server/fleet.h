@@ -11,8 +11,15 @@
  * poll and never changed once published; a reader copies them under a
  * short lock and formats outside it: GET /v1/fleet never waits on a peer.
  *
- * Thread-safety: ts_fleet_nodes may run on any threads at once; new and
- * free on one.
+ * Calls to peers (the copies' receives and commits) take their libcurl
+ * easy handles from a small pool, each keeping its connections to the
+ * peers open between calls (HTTP keep-alive): a call then costs no TCP
+ * connect, and the peer no accept. Each easy handle has its own connection
+ * cache; none is shared between handles (libcurl's shared connection
+ * cache, CURL_LOCK_DATA_CONNECT, has had concurrency bugs).
+ *
+ * Thread-safety: ts_fleet_nodes, ts_fleet_easy_take and ts_fleet_easy_give
+ * may run on any threads at once; new and free on one.
  */
 #ifndef TS_FLEET_H
 #define TS_FLEET_H
@@ -61,6 +68,18 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
 /* Stops the poller (an answer in flight is abandoned) and frees f; NULL is
  * fine. */
 void ts_fleet_free(struct ts_fleet *f);
+
+/* A libcurl easy handle for one call to a peer, the caller's until
+ * ts_fleet_easy_give: one the pool kept (options reset with
+ * curl_easy_reset, its open connections kept) or a new one; NULL when out
+ * of memory. Never use a handle on two threads at once. */
+void *ts_fleet_easy_take(struct ts_fleet *f);
+
+/* Hands back easy (a CURL *; NULL is fine): the pool keeps it with its
+ * connections when keep (the call ended with an answer from the peer, so
+ * the connection is well) and there is room, else it is cleaned up (its
+ * connections closed). */
+void ts_fleet_easy_give(struct ts_fleet *f, void *easy, bool keep);
 
 /* A new array of copies of every peer's node object, in --peers order;
  * NULL when out of memory. */

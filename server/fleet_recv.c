@@ -487,26 +487,30 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 static bool base64_into(const char *in, unsigned char *out, uint64_t n)
 {
 	static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	signed char val[256];   /* each byte's 6 bits; -1: not of the alphabet */
 	size_t len = strlen(in);
 	uint64_t o = 0;
 
 	if (len % 4 != 0 || len / 4 * 3 < n || len / 4 * 3 > n + 2)
 		return false;
+	memset(val, -1, sizeof val);
+	for (int k = 0; k < 64; k++)
+		val[(unsigned char)abc[k]] = (signed char)k;
 	for (size_t i = 0; i < len; i += 4) {
 		uint32_t v = 0;
 		int pad = 0;
 
 		for (int k = 0; k < 4; k++) {
-			const char *p = in[i + k] ? strchr(abc, in[i + k]) : NULL;
+			int six = val[(unsigned char)in[i + k]];
 
 			if (in[i + k] == '=' && i + 4 == len && k >= 2) {
 				pad++;
 				v <<= 6;
 				continue;
 			}
-			if (!p || pad)
+			if (six < 0 || pad)
 				return false;
-			v = v << 6 | (uint32_t)(p - abc);
+			v = v << 6 | (uint32_t)six;
 		}
 		for (int k = 0; k < 3 - pad; k++) {
 			if (o >= n)

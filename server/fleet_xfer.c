@@ -5,6 +5,8 @@
 
 #include <curl/curl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +104,23 @@ struct call {
 	char ebuf[CURL_ERROR_SIZE];
 };
 
-/* Prepares POST url+path with body (may be NULL; kept until call_end). */
+/* Each new connection to a peer: sent bytes left unacknowledged for
+ * --fleet-timeout end it (TCP_USER_TIMEOUT), so a call on a kept connection
+ * over a cut link fails then, as a new connection's connect would, instead
+ * of at the call's own timeout. */
+static int call_sockopt(void *cls, curl_socket_t fd, curlsocktype purpose)
+{
+	const struct xfer *x = cls;
+	unsigned int ms = (unsigned int)(x->silence_ns / 1000000ull);
+
+	if (purpose == CURLSOCKTYPE_IPCXN && ms > 0)
+		(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+	return CURL_SOCKOPT_OK;
+}
+
+/* Prepares POST url+path with body (may be NULL; kept until call_end),
+ * on an easy handle from the daemon's pool (a kept connection to the peer
+ * when it has one). */
 static ts_status call_start(struct dest *d, struct call *c, const char *path, const char *body,
                             long timeout_ms, struct ts_error *err)
 {
@@ -111,7 +129,7 @@ static ts_status call_start(struct dest *d, struct call *c, const char *path, co
 	c->d = d;
 	c->path = path;
 	c->timeout_ms = timeout_ms;
-	c->e = curl_easy_init();
+	c->e = ts_fleet_easy_take(d->x->srv->fleet);
 	if (!c->e)
 		return ts_error_oom(err, "no memory for a call to peer '%s'", d->host);
 	snprintf(c->url, sizeof c->url, "%s%s", d->url, path);
@@ -131,7 +149,36 @@ static ts_status call_start(struct dest *d, struct call *c, const char *path, co
 	curl_easy_setopt(c->e, CURLOPT_WRITEDATA, &c->a);
 	curl_easy_setopt(c->e, CURLOPT_ERRORBUFFER, c->ebuf);
 	curl_easy_setopt(c->e, CURLOPT_PROXY, "");
+	curl_easy_setopt(c->e, CURLOPT_SOCKOPTFUNCTION, call_sockopt);
+	curl_easy_setopt(c->e, CURLOPT_SOCKOPTDATA, d->x);
 	return TS_OK;
+}
+
+/* Runs c's call. A kept connection the peer closed meanwhile (it restarted,
+ * or its idle connection timed out) can fail as the request goes out, with
+ * nothing answered: that call goes once more over a new connection. The
+ * peer read no request on that connection (nothing came back, not even a
+ * header), or the process that did is gone, so the request is not applied
+ * twice by one process. */
+static CURLcode call_perform(struct call *c)
+{
+	CURLcode rc = curl_easy_perform(c->e);
+	long fresh = 1, head = 0;
+
+	if (rc != CURLE_GOT_NOTHING && rc != CURLE_SEND_ERROR && rc != CURLE_RECV_ERROR)
+		return rc;
+	curl_easy_getinfo(c->e, CURLINFO_NUM_CONNECTS, &fresh);
+	curl_easy_getinfo(c->e, CURLINFO_HEADER_SIZE, &head);
+	if (fresh != 0 || head != 0 || c->a.len != 0)
+		return rc;
+	ts_log(TS_LOG_DEBUG, "\"event\":\"fleet_call\",\"result\":\"retry\"",
+	       "peer '%s': %s on a kept connection: %s; again on a new one", c->d->host,
+	       c->url, curl_easy_strerror(rc));
+	free(c->a.buf);
+	c->a = (struct ts_fleet_body){.max = ANSWER_MAX};
+	c->ebuf[0] = '\0';
+	curl_easy_setopt(c->e, CURLOPT_FRESH_CONNECT, 1L);
+	return curl_easy_perform(c->e);
 }
 
 /* The call ended with rc: *out the JSON answer on a 2xx, else an error
@@ -176,7 +223,8 @@ out:
 	json_decref(j);
 	free(c->a.buf);
 	curl_slist_free_all(c->h);
-	curl_easy_cleanup(c->e);
+	/* kept with its connection when the peer answered in full */
+	ts_fleet_easy_give(c->d->x->srv->fleet, c->e, rc == CURLE_OK);
 	c->e = NULL;
 	return st;
 }
@@ -191,7 +239,7 @@ static ts_status call_peer(struct dest *d, const char *path, const char *body, l
 	*out = NULL;
 	if (call_start(d, &c, path, body, timeout_ms, err) != TS_OK)
 		return err->status;
-	return call_end(&c, curl_easy_perform(c.e), out, err);
+	return call_end(&c, call_perform(&c), out, err);
 }
 
 /* GET url+path and waits for the answer (call_end's). */
@@ -204,7 +252,7 @@ static ts_status get_peer(struct dest *d, const char *path, long timeout_ms, jso
 	if (call_start(d, &c, path, NULL, timeout_ms, err) != TS_OK)
 		return err->status;
 	curl_easy_setopt(c.e, CURLOPT_HTTPGET, 1L);
-	return call_end(&c, curl_easy_perform(c.e), out, err);
+	return call_end(&c, call_perform(&c), out, err);
 }
 
 /* Waits for req (a UCP request of d's endpoint) to end: ts_fleet_link_wait. */
