@@ -767,45 +767,101 @@ out:
 
 /* ---- the chain: "hosts" sends to the first only, each hop forwards ------ */
 
-/* Opens the receives from the last hop to the first, each asked to
- * forward to the next live one's receive (so every refusal, at any hop,
- * comes before any byte moves), then links the chain: the first live hop
- * gets the bytes from the source, each later one from the live one
- * before it. */
+/* Aborts d's open receive there, if any (best effort: its deadline ends it
+ * otherwise). */
+static void abort_receive(struct dest *d)
+{
+	char path[128];
+	json_t *j = NULL;
+	struct ts_error e;
+
+	if (!d->rid[0])
+		return;
+	snprintf(path, sizeof path, "/v1/fleet/receives/%s:abort", d->rid);
+	ts_error_clear(&e);
+	(void)call_peer(d, path, NULL, 2000L, &j, &e);
+	json_decref(j);
+	d->rid[0] = '\0';
+}
+
+/* The receive request for hop k: the copy's, naming its sender (the hop
+ * before it in a chain, else this node) and, with n, asking it to forward
+ * to n's receive. New string, or NULL when out of memory. */
+static char *hop_body(struct xfer *x, size_t k, const struct dest *n, bool chained)
+{
+	json_t *body = json_loads(x->body, 0, NULL), *fwd = NULL;
+	char *text = NULL;
+
+	if (body && n)
+		fwd = json_pack("{s:s, s:s, s:O?, s:O?, s:O?, s:O?}", "host", n->host, "id", n->rid,
+		                "ticket", json_object_get(n->rcv, "ticket"), "fleet_port",
+		                json_object_get(n->rcv, "fleet_port"), "fleet_instance",
+		                json_object_get(n->rcv, "fleet_instance"), "expires_in_seconds",
+		                json_object_get(n->rcv, "expires_in_seconds"));
+	if (body && (!n || fwd)) {
+		json_object_set_new(body, "source_host",
+		                    json_string(chained && k > 0 ? x->d[k - 1].host
+		                                                 : x->srv->core.host));
+		if (fwd)
+			json_object_set_new(body, "forward", fwd);
+		text = json_dumps(body, JSON_COMPACT);
+	}
+	json_decref(body);
+	return text;
+}
+
+/* A forwarding receive refused for what its forward needs (the hop does
+ * not know the next as a peer, cannot reach it, or sends nothing), or the
+ * hop itself unreachable: the broadcast may still go from this node. */
+static bool forward_refused(ts_status st)
+{
+	return st == TS_NOT_FOUND || st == TS_UNAVAILABLE || st == TS_FAILED_PRECONDITION;
+}
+
+/*
+ * Opens the receives from the last hop to the first, each asked to forward
+ * to the next live one's receive (so every refusal, at any hop, comes
+ * before any byte moves), then links the chain: the first live hop gets
+ * the bytes from the source, each later one from the live one before it.
+ * Where a hop cannot forward to the next (its peers are not the source's:
+ * a fleet given by hand, each node's --peers naming only some), the
+ * receives opened so far are aborted and every hop's is opened again
+ * without forwarding: the source sends to each (a fan-out, whose cost is
+ * the source's link carrying every copy).
+ */
 static ts_status open_chain(struct xfer *x, struct ts_error *err)
 {
 	ts_status st = TS_OK;
 	int next = -1, prev = -1;
+	bool chained = true;
 
 	for (size_t k = x->n; st == TS_OK && k-- > 0;) {
 		struct dest *d = &x->d[k];
-		json_t *body = json_loads(x->body, 0, NULL), *fwd = NULL;
-		char *text = NULL;
+		char *text = hop_body(x, k, chained && next >= 0 ? &x->d[next] : NULL, chained);
 		struct ts_error e;
 
 		ts_error_clear(&e);
-		if (body && next >= 0) {
-			struct dest *n = &x->d[next];
-
-			fwd = json_pack("{s:s, s:s, s:O?, s:O?, s:O?, s:O?}", "host", n->host, "id", n->rid,
-			                "ticket", json_object_get(n->rcv, "ticket"), "fleet_port",
-			                json_object_get(n->rcv, "fleet_port"), "fleet_instance",
-			                json_object_get(n->rcv, "fleet_instance"), "expires_in_seconds",
-			                json_object_get(n->rcv, "expires_in_seconds"));
-		}
-		if (body && (next < 0 || fwd)) {
-			json_object_set_new(body, "source_host",
-			                    json_string(k > 0 ? x->d[k - 1].host : x->srv->core.host));
-			if (fwd)
-				json_object_set_new(body, "forward", fwd);
-			text = json_dumps(body, JSON_COMPACT);
-		}
-		json_decref(body);
 		if (!text)
 			ts_error_oom(&e, "no memory for a receive at peer '%s'", d->host);
 		else
 			(void)open_receive(d, text, &e);
 		free(text);
+		if (e.status != TS_OK && chained && next >= 0 && forward_refused(e.status)) {
+			ts_log(TS_LOG_INFO, "\"event\":\"fleet_copy\",\"result\":\"fan_out\"",
+			       "broadcast of array '%s': peer '%s' cannot forward to peer '%s' (%s); "
+			       "sending to each from this node", ts_array_name(x->src), d->host,
+			       x->d[next].host, e.message);
+			for (size_t i = 0; i < x->n; i++) {
+				abort_receive(&x->d[i]);
+				json_decref(x->d[i].rcv);
+				x->d[i].rcv = NULL;
+				x->d[i].dead = false;
+			}
+			chained = false;
+			next = -1;
+			k = x->n;
+			continue;
+		}
 		if (e.status != TS_OK)
 			st = dest_failed(d, &e, err);
 		else
@@ -814,8 +870,8 @@ static ts_status open_chain(struct xfer *x, struct ts_error *err)
 	for (size_t k = 0; k < x->n; k++) {
 		if (x->d[k].dead)
 			continue;
-		x->d[k].from = prev;
-		x->d[k].relayed = prev >= 0;
+		x->d[k].from = chained ? prev : -1;
+		x->d[k].relayed = chained && prev >= 0;
 		prev = (int)k;
 	}
 	return st;
@@ -1016,19 +1072,8 @@ done:
 				       "array '%s' copied to peer '%s'", ts_array_name(x->src), x->d[i].host);
 	}
 	/* every receive neither committed nor failed there is aborted */
-	for (i = 0; i < x->n; i++) {
-		struct dest *d = &x->d[i];
-		char path[128];
-		json_t *j = NULL;
-
-		if (!d->rid[0])
-			continue;
-		snprintf(path, sizeof path, "/v1/fleet/receives/%s:abort", d->rid);
-		ts_error_clear(&e);
-		(void)call_peer(d, path, NULL, 2000L, &j, &e);
-		json_decref(j);
-		d->rid[0] = '\0';
-	}
+	for (i = 0; i < x->n; i++)
+		abort_receive(&x->d[i]);
 	if (st != TS_OK)
 		ts_log(TS_LOG_WARN, "\"event\":\"fleet_copy\",\"result\":\"failed\"",
 		       "copy of array '%s' to %s'%s'%s failed: %s", ts_array_name(x->src),
