@@ -767,6 +767,30 @@ static void gpt_inputs(const char *model, const char *dir, int32_t *in, int32_t 
 	}
 }
 
+
+/* The GPT's arrays of one kind (the weights: prefixes "" and ""; Adam's
+ * moments: "adam.mu." and "mu_", ...) against the reference's files within
+ * 1e-4 of their largest, attn.qkv.b (index 5) with its key third masked:
+ * the worst. */
+static double compare_gpt(const char *model, const char *dir, const char *array_pfx,
+                          const char *file_pfx, const char *when)
+{
+	char names[GPT_NW][2][64];
+	const char *files[GPT_NW][2];
+	double worst;
+
+	for (size_t i = 0; i < GPT_NW; i++) {
+		snprintf(names[i][0], sizeof names[i][0], "%s%s", array_pfx, gpt_files[i][0]);
+		snprintf(names[i][1], sizeof names[i][1], "%s%s", file_pfx, gpt_files[i][1]);
+		files[i][0] = names[i][0];
+		files[i][1] = names[i][1];
+	}
+	worst = compare_files(model, (const char *const (*)[2])files, 5, dir, "", 1e-4, when);
+	worst = fmax(worst, compare_files(model, (const char *const (*)[2])files + 6, GPT_NW - 6,
+	                                  dir, "", 1e-4, when));
+	return fmax(worst, compare_masked(model, files[5][0], dir, files[5][1]));
+}
+
 /* A GPT, trained GSTEPS AdamW steps (weight decay on the matrices only,
  * nanoGPT's choice) with clipping and a warmup-cosine schedule on the daemon and in gpt_reference.py from the same initial
  * weights and windows: every loss within 1e-5 relative, the weights and
@@ -838,32 +862,9 @@ START_TEST(test_gpt_adamw_vs_jax)
 	}
 	json_decref(ev);
 	/* every weight but attn.qkv.b (index 5), then it with its key third masked */
-	w_worst = compare_files("gp", gpt_files, 5, dir, "", 1e-4, "after 10 steps");
-	w_worst = fmax(w_worst, compare_files("gp", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
-	                                      "after 10 steps"));
-	w_worst = fmax(w_worst, compare_masked("gp", "attn.qkv.b", dir, "attn_qkv_b.f32"));
-	{
-		const char *const (*mu)[2] = NULL;
-		char names[GPT_NW][2][64];
-		const char *files[GPT_NW][2];
-
-		for (int k = 0; k < 2; k++) {
-			for (size_t i = 0; i < GPT_NW; i++) {
-				snprintf(names[i][0], sizeof names[i][0], "adam.%s.%s", k ? "nu" : "mu",
-				         gpt_files[i][0]);
-				snprintf(names[i][1], sizeof names[i][1], "%s_%s", k ? "nu" : "mu",
-				         gpt_files[i][1]);
-				files[i][0] = names[i][0];
-				files[i][1] = names[i][1];
-			}
-			mu = (const char *const (*)[2])files;
-			w_worst = fmax(w_worst, compare_files("gp", mu, 5, dir, "", 1e-4,
-			                                      "after 10 steps"));
-			w_worst = fmax(w_worst, compare_files("gp", mu + 6, GPT_NW - 6, dir, "", 1e-4,
-			                                      "after 10 steps"));
-			w_worst = fmax(w_worst, compare_masked("gp", files[5][0], dir, files[5][1]));
-		}
-	}
+	w_worst = compare_gpt("gp", dir, "", "", "after 10 steps");
+	w_worst = fmax(w_worst, compare_gpt("gp", dir, "adam.mu.", "mu_", "after 10 steps"));
+	w_worst = fmax(w_worst, compare_gpt("gp", dir, "adam.nu.", "nu_", "after 10 steps"));
 	{
 		char names[GPT_NW][2][64];
 		const char *files[GPT_NW][2];
@@ -1280,38 +1281,21 @@ START_TEST(test_gpt_accumulate_vs_jax)
 		              (float)json_number_value(json_array_get(th_arr(ref, "learning_rates"),
 		                                                      i)),
 		              "accumulating gpt: step %zu's learning rate is not optax's", i);
-	w_worst = compare_files("ga", gpt_files, 5, dir, "", 1e-4, "after 5 accumulating steps");
-	w_worst = fmax(w_worst, compare_files("ga", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
-	                                      "after 5 accumulating steps"));
-	w_worst = fmax(w_worst, compare_masked("ga", "attn.qkv.b", dir, "attn_qkv_b.f32"));
+	w_worst = compare_gpt("ga", dir, "", "", "after 5 accumulating steps");
+	w_worst = fmax(w_worst, compare_gpt("ga", dir, "adam.mu.", "mu_", "after 5 steps"));
+	w_worst = fmax(w_worst, compare_gpt("ga", dir, "adam.nu.", "nu_", "after 5 steps"));
 	{
 		char names[GPT_NW][2][64];
 		const char *files[GPT_NW][2];
 
-		for (int k = 0; k < 3; k++) {
-			static const char *const kinds[3][2] = {{"adam.mu.", "mu_"}, {"adam.nu.", "nu_"},
-			                                       {"grad.", "grad_"}};
-
-			for (size_t i = 0; i < GPT_NW; i++) {
-				snprintf(names[i][0], sizeof names[i][0], "%s%s", kinds[k][0],
-				         gpt_files[i][0]);
-				snprintf(names[i][1], sizeof names[i][1], "%s%s", kinds[k][1],
-				         gpt_files[i][1]);
-				files[i][0] = names[i][0];
-				files[i][1] = names[i][1];
-			}
-			if (k == 2) {
-				g_worst = compare_files("gag", (const char *const (*)[2])files, GPT_NW, dir,
-				                        "", 1e-5, "the mean gradient at the initial weights");
-				continue;
-			}
-			w_worst = fmax(w_worst, compare_files("ga", (const char *const (*)[2])files, 5,
-			                                      dir, "", 1e-4, "after 5 steps"));
-			w_worst = fmax(w_worst, compare_files("ga", (const char *const (*)[2])files + 6,
-			                                      GPT_NW - 6, dir, "", 1e-4,
-			                                      "after 5 steps"));
-			w_worst = fmax(w_worst, compare_masked("ga", files[5][0], dir, files[5][1]));
+		for (size_t i = 0; i < GPT_NW; i++) {
+			snprintf(names[i][0], sizeof names[i][0], "grad.%s", gpt_files[i][0]);
+			snprintf(names[i][1], sizeof names[i][1], "grad_%s", gpt_files[i][1]);
+			files[i][0] = names[i][0];
+			files[i][1] = names[i][1];
 		}
+		g_worst = compare_files("gag", (const char *const (*)[2])files, GPT_NW, dir, "", 1e-5,
+		                        "the mean gradient at the initial weights");
 	}
 	fprintf(stderr, "gpt accumulating %d micro-batches vs JAX: losses off by %.3g relative, "
 	        "global norms by %.3g, weights and moments by %.3g of their largest, the mean "
@@ -1433,32 +1417,9 @@ START_TEST(test_gpt_data_parallel_vs_jax)
 	n_worst = worst_loss(th_arr(res, "grad_norms"), th_arr(ref, "grad_norms"));
 	ck_assert_msg(n_worst <= 1e-5, "data-parallel gpt: global norms off by %.3g from JAX's",
 	              n_worst);
-	w_worst = compare_files("gdp", gpt_files, 5, dir, "", 1e-4, "after 6 data-parallel steps");
-	w_worst = fmax(w_worst, compare_files("gdp", gpt_files + 6, GPT_NW - 6, dir, "", 1e-4,
-	                                      "after 6 data-parallel steps"));
-	w_worst = fmax(w_worst, compare_masked("gdp", "attn.qkv.b", dir, "attn_qkv_b.f32"));
-	{
-		char names[GPT_NW][2][64];
-		const char *files[GPT_NW][2];
-
-		for (int k = 0; k < 2; k++) {
-			static const char *const kinds[2][2] = {{"adam.mu.", "mu_"}, {"adam.nu.", "nu_"}};
-
-			for (size_t i = 0; i < GPT_NW; i++) {
-				snprintf(names[i][0], sizeof names[i][0], "%s%s", kinds[k][0],
-				         gpt_files[i][0]);
-				snprintf(names[i][1], sizeof names[i][1], "%s%s", kinds[k][1],
-				         gpt_files[i][1]);
-				files[i][0] = names[i][0];
-				files[i][1] = names[i][1];
-			}
-			w_worst = fmax(w_worst, compare_files("gdp", (const char *const (*)[2])files, 5,
-			                                      dir, "", 1e-4, "after 6 steps"));
-			w_worst = fmax(w_worst, compare_files("gdp", (const char *const (*)[2])files + 6,
-			                                      GPT_NW - 6, dir, "", 1e-4, "after 6 steps"));
-			w_worst = fmax(w_worst, compare_masked("gdp", files[5][0], dir, files[5][1]));
-		}
-	}
+	w_worst = compare_gpt("gdp", dir, "", "", "after 6 data-parallel steps");
+	w_worst = fmax(w_worst, compare_gpt("gdp", dir, "adam.mu.", "mu_", "after 6 steps"));
+	w_worst = fmax(w_worst, compare_gpt("gdp", dir, "adam.nu.", "nu_", "after 6 steps"));
 	fprintf(stderr, "gpt data parallel over %s and %s vs JAX on the whole batch: losses off by "
 	        "%.3g relative, global norms by %.3g, weights and moments by %.3g of their "
 	        "largest\n", th_dev(0), th_dev(1), l_worst, n_worst, w_worst);
