@@ -1549,6 +1549,9 @@ START_TEST(test_silent_peer_times_out)
 		              staged);
 	}
 	ck_assert_int_eq(th_get_status(&d[1], "/livez"), 200);
+	/* node0 refuses a copy to a peer its last poll found unreachable (the
+	 * poll during the stop); it sees node1 again within a poll */
+	json_decref(await_node(&d[0], ports[1], true));
 	/* the source's array is whole, and it copies to the resumed peer */
 	post_auth(&d[0], "/v1/arrays/big:copy?wait=true",
 	          "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
