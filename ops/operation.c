@@ -737,6 +737,21 @@ out_unlock:
 	return st;
 }
 
+bool ts_op_run_here(struct ts_op_registry *r, struct ts_operation *op)
+{
+	bool start;
+
+	ts_mutex_lock(&r->lk);
+	if (op->where != WHERE_QUEUE) {
+		ts_mutex_unlock(&r->lk);
+		return false;
+	}
+	start = take_locked(r, op);
+	ts_mutex_unlock(&r->lk);
+	op_run(r, op, start);
+	return true;
+}
+
 struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)
 {
 	struct ts_operation *op, *dropped;

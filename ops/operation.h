@@ -129,6 +129,16 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
                                ts_status (*hold)(const char *id, void *arg, struct ts_error *err),
                                struct ts_operation **out, struct ts_error *err);
 
+/*
+ * Runs op on the calling thread if no worker has taken it yet (it is still
+ * queued), as a worker would, and returns true once it is done; false when
+ * a worker has it or it has ended. For work the caller would wait for
+ * anyway and which takes microseconds (publishing a small array that is
+ * already in place), where handing it to a worker and being woken again
+ * costs more than the work: never for work that may block.
+ */
+bool ts_op_run_here(struct ts_op_registry *r, struct ts_operation *op);
+
 /* New reference to the operation with this id, or NULL (never created, or
  * dropped by retention). */
 struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id);
