@@ -47,6 +47,8 @@ struct recv {
 	int landing;                       /* bytes' receives in flight; guarded by: set->mu */
 	char source[TS_ARRAY_NAME_MAX + 1];/* the sender's host, as it says; "" unknown */
 	uint64_t deadline_ns;
+	bool in_place;                     /* staging is the destination: the commit
+	                                    * publishes it, copying nothing */
 	struct ts_fleet_fwd *fwd;          /* owned: forwards the bytes as they land (a
 	                                    * chain's middle hop); NULL when none */
 };
@@ -459,6 +461,7 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 	        TS_OK) {
 		b = ts_array_single_buffer(v->staging);
 		spec->consume = b && ts_buffer_host_visible(b);
+		v->in_place = spec->consume;
 		if (!spec->consume) {
 			ts_array_unref(v->staging);
 			v->staging = NULL;
@@ -750,10 +753,14 @@ static struct recv *take_landed(struct ts_server *srv, const char *id, struct ts
 }
 
 /* Publishes the receive v (taken, every byte there) by its move, an
- * operation, and answers it (the array with ?wait=true); frees v. */
+ * operation, and answers it (the array with ?wait=true); frees v. A small
+ * array received in place (its bytes came with the request) is published
+ * on this thread: the move has nothing to copy, and a worker's hand-off
+ * and the waiting connection's wake would cost more than the publish. */
 static void commit_reply(struct ts_server *srv, const struct ts_call *call, struct recv *v,
                          struct ts_reply *reply)
 {
+	bool here = v->in_place && v->length <= TS_FLEET_RECV_INLINE_MAX;
 	struct ts_operation *op = NULL;
 	struct ts_error err;
 	uint64_t wait_ns = 0;
@@ -768,6 +775,8 @@ static void commit_reply(struct ts_server *srv, const struct ts_call *call, stru
 	       "\"event\":\"fleet_receive\",\"result\":\"commit\"",
 	       "fleet receive %s of array '%s' committed%s%s", v->id, v->out,
 	       st == TS_OK ? "" : ": ", st == TS_OK ? "" : err.message);
+	if (st == TS_OK && here)
+		(void)ts_op_run_here(srv->core.env.operations, op);
 	recv_free(v);
 	if (st != TS_OK) {
 		ts_reply_error(reply, &err);
