@@ -12,6 +12,7 @@
 
 #include <assert.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,11 @@
 
 /* How long a well endpoint's goodbye may take when the daemon stops. */
 #define CLOSE_WAIT_NS (1000000000ull)
+
+/* The longest a waiting sender sleeps on the worker's event fd before it
+ * looks again (another thread's progress may have taken the event that
+ * ended its request). */
+#define WAIT_SLEEP_MS 2
 
 struct ts_fleet_ep {
 	struct ts_fleet_ep *next;        /* in the cache; guarded by: l->mu */
@@ -43,6 +49,7 @@ struct ts_fleet_link {
 	struct ts_mutex mu;
 	ucp_context_h ctx;               /* guarded by: mu; NULL until the first endpoint */
 	ucp_worker_h worker;             /* guarded by: mu */
+	int efd;                         /* the worker's event fd; set with worker */
 	struct ts_fleet_ep *cache;       /* guarded by: mu */
 	int ncached;                     /* guarded by: mu */
 };
@@ -130,7 +137,8 @@ static void ep_failed(void *arg, ucp_ep_h ep, ucs_status_t status)
 static ts_status ucx_start_locked(struct ts_fleet_link *l, struct ts_error *err)
 {
 	ucp_params_t params = {.field_mask = UCP_PARAM_FIELD_FEATURES,
-	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_AM};
+	                       .features = UCP_FEATURE_STREAM | UCP_FEATURE_AM |
+	                                   UCP_FEATURE_WAKEUP};
 	ucp_worker_params_t wp = {.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE,
 	                          .thread_mode = UCS_THREAD_MODE_SERIALIZED};
 	ucp_config_t *config;
@@ -147,6 +155,10 @@ static ts_status ucx_start_locked(struct ts_fleet_link *l, struct ts_error *err)
 	}
 	if (s == UCS_OK && (s = ucp_worker_create(l->ctx, &wp, &l->worker)) != UCS_OK)
 		l->worker = NULL;
+	if (s == UCS_OK && (s = ucp_worker_get_efd(l->worker, &l->efd)) != UCS_OK) {
+		ucp_worker_destroy(l->worker);
+		l->worker = NULL;
+	}
 	if (s != UCS_OK) {
 		if (l->ctx)
 			ucp_cleanup(l->ctx);
@@ -260,6 +272,21 @@ void ts_fleet_ep_kill_locked(struct ts_fleet_ep *e)
 	uncache(e);   /* frees e only when no copy holds it: one does */
 }
 
+/* Sleeps until efd is readable, WAIT_SLEEP_MS at most, and not past
+ * deadline (ts_now_ns). */
+static void sleep_on(int efd, uint64_t deadline)
+{
+	struct pollfd pfd = {.fd = efd, .events = POLLIN};
+	uint64_t now = ts_now_ns();
+	int ms = WAIT_SLEEP_MS;
+
+	if (deadline <= now)
+		return;
+	if (deadline - now < (uint64_t)ms * 1000000u)
+		ms = (int)((deadline - now + 999999u) / 1000000u);
+	(void)poll(&pfd, 1, ms);
+}
+
 ucs_status_t ts_fleet_link_wait(struct ts_fleet_link *l, struct ts_fleet_ep *e, void *req,
                                 uint64_t deadline, const _Atomic bool *stop)
 {
@@ -292,7 +319,16 @@ ucs_status_t ts_fleet_link_wait(struct ts_fleet_link *l, struct ts_fleet_ep *e, 
 			ts_mutex_unlock(&l->mu);
 			return s;
 		}
+		/* nothing to progress: sleep until the worker has an event (a
+		 * socket ready, a peer's answer) rather than spin, which on a
+		 * busy node takes the core the peer's or the kernel's side of the
+		 * transfer needs */
+		if (ucp_worker_arm(l->worker) == UCS_ERR_BUSY) {
+			ts_mutex_unlock(&l->mu);
+			continue;
+		}
 		ts_mutex_unlock(&l->mu);
+		sleep_on(l->efd, deadline);
 	}
 }
 
