@@ -14,6 +14,7 @@
 
 #include "common/log.h"
 #include "common/units.h"
+#include "memory/buffer.h"
 #include "server/fleet.h"
 #include "server/fleet_link.h"
 #include "server/fleet_recv.h"
@@ -467,22 +468,27 @@ static ts_status complete(struct dest *d, int s, struct ts_operation *op, struct
 	return TS_OK;
 }
 
-/* Reads the version chunk by chunk (once) and sends each to every live
- * destination (an active message: its offset, then the bytes, which the
- * peer receives into its staging memory), up to XFER_INFLIGHT chunks in
- * flight, each buffer read again once its sends have completed, then
- * flushes each. */
+/* Sends the version chunk by chunk to every live destination (an active
+ * message: its offset, then the bytes, which the peer receives into its
+ * staging memory), up to XFER_INFLIGHT chunks in flight, then flushes each.
+ * A version in one host-visible buffer is sent from its own memory (the
+ * operation holds it: it cannot change or go while the sends read it);
+ * any other is read chunk by chunk (once) into XFER_INFLIGHT buffers, each
+ * read again once its sends have completed. */
 static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_error *err)
 {
 	uint64_t total = ts_array_desc(x->src)->nbytes;
 	uint64_t chunk = total < TS_FLEET_XFER_CHUNK ? total : TS_FLEET_XFER_CHUNK;
 	uint64_t n;
 	void *buf[XFER_INFLIGHT] = {0};
+	struct ts_buffer *whole = ts_array_single_buffer(x->src);
+	const unsigned char *direct =
+		whole && ts_buffer_host_visible(whole) ? ts_buffer_data(whole) : NULL;
 	ts_status st = TS_OK;
 	size_t k;
 	int s = 0;
 
-	for (s = 0; s < XFER_INFLIGHT; s++)
+	for (s = 0; s < XFER_INFLIGHT && !direct; s++)
 		if (!(buf[s] = malloc(chunk + 1))) {
 			for (s = 0; s < XFER_INFLIGHT; s++)
 				free(buf[s]);
@@ -505,7 +511,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 				st = complete(&x->d[k], s, op, err);
 			else if (x->d[k].pending[s])   /* a failed one's: UCX lets go first */
 				drop(&x->d[k], s, x->d[k].deadline_ns);
-		if (st == TS_OK)
+		if (st == TS_OK && !direct)
 			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[s], err);
 		if (st != TS_OK)
 			break;
@@ -523,7 +529,9 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 			ts_fleet_link_lock(x->link);
 			ep = ts_fleet_ep_ucp_locked(d->e);
 			d->pending[s] = ep ? ucp_am_send_nbx(ep, TS_FLEET_AM_DATA, &d->hdr[s],
-			                                     sizeof d->hdr[s], buf[s], (size_t)n, &p)
+			                                     sizeof d->hdr[s],
+			                                     direct ? direct + done : buf[s], (size_t)n,
+			                                     &p)
 			                   : UCS_STATUS_PTR(UCS_ERR_NOT_CONNECTED);
 			ts_fleet_link_unlock(x->link);
 			d->pending_n[s] = n;
