@@ -115,35 +115,19 @@ static void fail(struct ts_fleet_fwd *f, const struct ts_error *e)
 static ts_status finish(struct ts_fleet_fwd *f, void *req, const char *what,
                         struct ts_error *err)
 {
-	uint64_t silent = ts_now_ns() + f->silence_ns, deadline = f->deadline_ns;
-	bool timed_out = false;
-	ucs_status_t s;
+	char peer[TS_CONFIG_PEER_URL_MAX + 160];
+	bool silent;
+	ucs_status_t s = ts_fleet_link_drive(f->link, f->e, req, f->deadline_ns, f->silence_ns,
+	                                     &f->stop, &silent);
 
-	if (req == NULL)
+	if (s == UCS_OK)
 		return TS_OK;
-	if (UCS_PTR_IS_ERR(req)) {
-		s = UCS_PTR_STATUS(req);
-	} else {
-		if (silent < deadline) {
-			deadline = silent;
-			timed_out = true;
-		}
-		s = ts_fleet_link_wait(f->link, f->e, req, deadline, &f->stop);
-		if (s == UCS_OK)
-			return TS_OK;
-	}
 	if (atomic_load(&f->stop))
 		return ts_error_set(err, TS_CANCELLED, "CANCELLED",
 		                    "forwarding to peer '%s' stopped: the receive here ended",
 		                    f->spec.host);
-	if (s == UCS_ERR_TIMED_OUT && timed_out)
-		return ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
-		                    "forwarding to peer '%s' (%s): %s: nothing completed in %llu s "
-		                    "(--fleet-timeout)", f->spec.host, f->spec.url, what,
-		                    (unsigned long long)(f->silence_ns / 1000000000ull));
-	return ts_error_set(err, s == UCS_ERR_TIMED_OUT ? TS_DEADLINE_EXCEEDED : TS_UNAVAILABLE,
-	                    "PEER_FAILED", "forwarding to peer '%s' (%s): %s: %s", f->spec.host,
-	                    f->spec.url, what, ucs_status_string(s));
+	snprintf(peer, sizeof peer, "forwarding to peer '%s' (%s)", f->spec.host, f->spec.url);
+	return ts_fleet_link_error(s, silent, f->silence_ns, peer, what, err);
 }
 
 /* The next segment landed (true), or false at stop; waits up to 100 ms. */

@@ -332,6 +332,35 @@ ucs_status_t ts_fleet_link_wait(struct ts_fleet_link *l, struct ts_fleet_ep *e, 
 	}
 }
 
+ucs_status_t ts_fleet_link_drive(struct ts_fleet_link *l, struct ts_fleet_ep *e, void *req,
+                                 uint64_t deadline, uint64_t silence_ns,
+                                 const _Atomic bool *stop, bool *silent)
+{
+	uint64_t quiet = ts_now_ns() + silence_ns;
+
+	*silent = false;
+	if (req == NULL)
+		return UCS_OK;
+	if (UCS_PTR_IS_ERR(req))
+		return UCS_PTR_STATUS(req);
+	if (quiet < deadline) {
+		deadline = quiet;
+		*silent = true;
+	}
+	return ts_fleet_link_wait(l, e, req, deadline, stop);
+}
+
+ts_status ts_fleet_link_error(ucs_status_t s, bool silent, uint64_t silence_ns,
+                              const char *peer, const char *what, struct ts_error *err)
+{
+	if (s == UCS_ERR_TIMED_OUT && silent)
+		return ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
+		                    "%s: %s: nothing completed in %llu s (--fleet-timeout)", peer, what,
+		                    (unsigned long long)(silence_ns / 1000000000ull));
+	return ts_error_set(err, s == UCS_ERR_TIMED_OUT ? TS_DEADLINE_EXCEEDED : TS_UNAVAILABLE,
+	                    "PEER_FAILED", "%s: %s: %s", peer, what, ucs_status_string(s));
+}
+
 void ts_fleet_ep_unref_locked(struct ts_fleet_ep *e)
 {
 	assert(ts_mutex_held(&e->l->mu));

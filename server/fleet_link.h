@@ -75,6 +75,22 @@ void ts_fleet_ep_kill_locked(struct ts_fleet_ep *e);
 ucs_status_t ts_fleet_link_wait(struct ts_fleet_link *l, struct ts_fleet_ep *e, void *req,
                                 uint64_t deadline, const _Atomic bool *stop);
 
+/* Drives req (a UCP request on e, an immediate status as UCX returns one,
+ * or NULL: done at once) to its end as ts_fleet_link_wait does, until
+ * deadline or until silence_ns pass (the peer's allowance, --fleet-timeout),
+ * whichever comes first; *silent tells the second. Its status. */
+ucs_status_t ts_fleet_link_drive(struct ts_fleet_link *l, struct ts_fleet_ep *e, void *req,
+                                 uint64_t deadline, uint64_t silence_ns,
+                                 const _Atomic bool *stop, bool *silent);
+
+/* The error of a request that ended with s (not UCS_OK): DEADLINE_EXCEEDED
+ * PEER_SILENT when nothing completed for silence_ns (silent), else
+ * PEER_FAILED, DEADLINE_EXCEEDED past the deadline and UNAVAILABLE
+ * otherwise; the message is "PEER: WHAT: why" (peer names the peer, e.g.
+ * "peer 'h2' (http://...)"). Returns its status. */
+ts_status ts_fleet_link_error(ucs_status_t s, bool silent, uint64_t silence_ns,
+                              const char *peer, const char *what, struct ts_error *err);
+
 /* Drops the caller's reference (lock held); e is freed once it is out of
  * the cache and unreferenced. */
 void ts_fleet_ep_unref_locked(struct ts_fleet_ep *e);

@@ -256,12 +256,6 @@ static ts_status get_peer(struct dest *d, const char *path, long timeout_ms, jso
 	return call_end(&c, call_perform(&c), out, err);
 }
 
-/* Waits for req (a UCP request of d's endpoint) to end: ts_fleet_link_wait. */
-static ucs_status_t wait_req(struct dest *d, void *req, uint64_t deadline)
-{
-	return ts_fleet_link_wait(d->x->link, d->e, req, deadline, NULL);
-}
-
 /* Drives req (a UCP request or an immediate status) of d's endpoint to its
  * end: TS_OK, or an error naming d's peer; DEADLINE_EXCEEDED when nothing
  * completes for --fleet-timeout (a silent peer) or past the receive's
@@ -269,38 +263,20 @@ static ucs_status_t wait_req(struct dest *d, void *req, uint64_t deadline)
 static ts_status finish(struct dest *d, struct ts_operation *op, void *req, const char *what,
                         uint64_t deadline, struct ts_error *err)
 {
-	struct xfer *x = d->x;
-	uint64_t silent = ts_now_ns() + x->silence_ns;
-	bool timed_out = false;
-	ucs_status_t s;
+	char peer[TS_CONFIG_PEER_URL_MAX + 160];
+	bool silent;
+	ucs_status_t s = ts_fleet_link_drive(d->x->link, d->e, req, deadline, d->x->silence_ns, NULL,
+	                                     &silent);
 
-	if (req == NULL)
-		return TS_OK;
-	if (UCS_PTR_IS_ERR(req)) {
-		s = UCS_PTR_STATUS(req);
-		goto failed;
-	}
-	if (silent < deadline) {
-		deadline = silent;
-		timed_out = true;
-	}
-	/* a cancel waits for the send in flight (one chunk) */
-	s = wait_req(d, req, deadline);
 	if (s == UCS_OK)
 		return TS_OK;
-failed:
 	d->ep_bad = true;
+	/* a cancel has waited for the send in flight (one chunk) */
 	if (s == UCS_ERR_CANCELED && ts_operation_cancelled(op))
 		return ts_error_set(err, TS_CANCELLED, "CANCELLED", "the copy to '%s' was cancelled",
 		                    d->host);
-	if (s == UCS_ERR_TIMED_OUT && timed_out)
-		return ts_error_set(err, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
-		                    "peer '%s' (%s): %s: nothing completed in %llu s (--fleet-timeout)",
-		                    d->host, d->url, what,
-		                    (unsigned long long)(x->silence_ns / 1000000000ull));
-	return ts_error_set(err, s == UCS_ERR_TIMED_OUT ? TS_DEADLINE_EXCEEDED : TS_UNAVAILABLE,
-	                    "PEER_FAILED", "peer '%s' (%s): %s: %s", d->host, d->url, what,
-	                    ucs_status_string(s));
+	snprintf(peer, sizeof peer, "peer '%s' (%s)", d->host, d->url);
+	return ts_fleet_link_error(s, silent, d->x->silence_ns, peer, what, err);
 }
 
 void ts__fleet_url_host(const char *url, char *out, size_t cap)
@@ -390,13 +366,13 @@ static void ucx_stop(struct xfer *x, struct ts_operation *op)
 static void drop(struct dest *d, int s, uint64_t deadline)
 {
 	void *req = d->pending[s];
+	bool silent;
 
 	d->pending[s] = NULL;
 	if (!UCS_PTR_IS_PTR(req))
 		return;
-	if (deadline > ts_now_ns() + d->x->silence_ns)
-		deadline = ts_now_ns() + d->x->silence_ns;
-	if (wait_req(d, req, deadline) != UCS_OK)
+	if (ts_fleet_link_drive(d->x->link, d->e, req, deadline, d->x->silence_ns, NULL, &silent) !=
+	    UCS_OK)
 		d->ep_bad = true;
 }
 
