@@ -1431,8 +1431,7 @@ START_TEST(test_broadcast_destination_killed)
 {
 	struct th_daemon d[3];
 	int ports[3];
-	char id[64], *got, *path;
-	struct th_response r;
+	char id[64], *got;
 	json_t *o, *res;
 	size_t rows = 16384, cols = 4096, n;    /* 256 MiB */
 	const char *msg;
@@ -1441,24 +1440,10 @@ START_TEST(test_broadcast_destination_killed)
 	start_fleet_one_token(d, 3, ports);
 	await_all(d, 3, ports);
 	x = put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host");
-	post_auth(&d[0], "/v1/arrays/big:copy",
-	          "{\"out\": \"b\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true, "
-	          "\"memory_kind\": \"unpinned_host\"}", &r);
-	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
-	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
-	th_response_free(&r);
-	for (double t0 = now_ms();; usleep(1000)) {
-		path = th_fmt("/v1/operations/%s", id);
-		o = get_auth(&d[0], path);
-		free(path);
-		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
-		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
-			json_decref(o);
-			break;
-		}
-		json_decref(o);
-		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
-	}
+	post_started(&d[0], "/v1/arrays/big:copy",
+	             "{\"out\": \"b\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true, "
+	             "\"memory_kind\": \"unpinned_host\"}", "broadcast", id, sizeof id);
+	await_first_bytes(&d[0], id);
 	th_daemon_signal(&d[2], SIGKILL);
 	ck_assert_int_ne(th_daemon_wait(&d[2], 10000), -1);
 	o = await_op(&d[0], id, 120000);
@@ -1491,7 +1476,7 @@ START_TEST(test_silent_peer_times_out)
 {
 	struct th_daemon d[2];
 	int ports[2];
-	char tokens[2][512], id[64], *path;
+	char tokens[2][512], id[64];
 	struct th_response r;
 	json_t *o;
 	size_t rows = 16384, cols = 4096;    /* 256 MiB */
@@ -1503,23 +1488,10 @@ START_TEST(test_silent_peer_times_out)
 	json_decref(await_node(&d[0], ports[1], true));
 	base1 = unpinned_in_use(&d[1]);
 	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
-	post_auth(&d[0], "/v1/arrays/big:copy",
-	          "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}", &r);
-	ck_assert_msg(r.status == 202, "copy: %ld %s", r.status, r.body);
-	snprintf(id, sizeof id, "%s", th_str(th_obj(th_json(&r), "metadata"), "id"));
-	th_response_free(&r);
-	for (double t0 = now_ms();; usleep(1000)) {
-		path = th_fmt("/v1/operations/%s", id);
-		o = get_auth(&d[0], path);
-		free(path);
-		if (th_int(th_op_meta(o, "progress"), "bytes_done") > 0 ||
-		    th_op_terminal(json_string_value(th_op_meta(o, "state")))) {
-			json_decref(o);
-			break;
-		}
-		json_decref(o);
-		ck_assert_msg(now_ms() - t0 < 20000, "no byte moved in 20 s");
-	}
+	post_started(&d[0], "/v1/arrays/big:copy",
+	             "{\"out\": \"s\", \"host\": \"node1\", \"memory_kind\": \"unpinned_host\"}",
+	             "copy", id, sizeof id);
+	await_first_bytes(&d[0], id);
 	th_daemon_signal(&d[1], SIGSTOP);
 	t_stop = now_ms();
 	o = await_op(&d[0], id, 30000);
