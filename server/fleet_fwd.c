@@ -288,6 +288,10 @@ static void *fwd_main(void *arg)
 	}
 	if (st != TS_OK) {
 		fail(f, &err);
+		/* the next receive ends now, not at its deadline: it may never
+		 * have been bound to the endpoint killed above (a kept one, before
+		 * the first chunk), and the sender that opened it may be gone */
+		ts__fleet_abort_at(f->srv, f->spec.host, f->spec.url, f->spec.id);
 	} else {
 		ts_mutex_lock(&f->mu);
 		f->over = true;

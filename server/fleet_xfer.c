@@ -768,6 +768,25 @@ static void abort_receive(struct dest *d)
 	d->rid[0] = '\0';
 }
 
+void ts__fleet_abort_at(struct ts_server *srv, const char *host, const char *url, const char *id)
+{
+	struct xfer *x = calloc(1, sizeof *x + sizeof x->d[0]);
+	struct dest *d;
+
+	if (!x)
+		return;
+	x->srv = srv;
+	x->silence_ns = (uint64_t)srv->cfg.fleet_timeout * 1000000000ull;
+	x->n = 1;
+	d = &x->d[0];
+	d->x = x;
+	snprintf(d->host, sizeof d->host, "%s", host);
+	snprintf(d->url, sizeof d->url, "%s", url);
+	snprintf(d->rid, sizeof d->rid, "%s", id);
+	abort_receive(d);
+	free(x);
+}
+
 /* The receive request for hop k: the copy's, naming its sender (the hop
  * before it in a chain, else this node) and, with n, asking it to forward
  * to n's receive. New string, or NULL when out of memory. */

@@ -22,6 +22,8 @@
 
 #include "handlers/api.h"
 
+struct ts_server;
+
 /* Bytes read and written per chunk. */
 #define TS_FLEET_XFER_CHUNK ((uint64_t)4 << 20)
 
@@ -34,5 +36,11 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 
 /* The host part of an "http://host:port" URL into out (cap bytes). */
 void ts__fleet_url_host(const char *url, char *out, size_t cap);
+
+/* Aborts receive id at peer host (url) over HTTP, waiting 2 s at most for
+ * its answer, which is not needed: a receive that ended already answers
+ * 404. For a chain's hop whose forwarding failed, so that the next hop's
+ * receive ends now, not at its deadline. */
+void ts__fleet_abort_at(struct ts_server *srv, const char *host, const char *url, const char *id);
 
 #endif

@@ -1465,6 +1465,55 @@ START_TEST(test_broadcast_destination_killed)
 }
 END_TEST
 
+/* The source killed in the middle of a broadcast: every hop's receive
+ * ends long before its deadline (76 s for 256 MiB), the first hop's as its
+ * endpoint from the source fails, the last's as the first hop's forwarder,
+ * failing, aborts it; neither publishes or holds anything. */
+START_TEST(test_broadcast_source_killed)
+{
+	struct th_daemon d[3];
+	int ports[3];
+	char id[64];
+	double base[3];
+	struct th_response r;
+	size_t rows = 16384, cols = 4096;    /* 256 MiB */
+
+	start_fleet_one_token(d, 3, ports);
+	await_all(d, 3, ports);
+	for (int i = 1; i < 3; i++)
+		base[i] = unpinned_in_use(&d[i]);
+	free(put_pattern(&d[0], "big", rows, cols, "&device=sim:0&memory_kind=unpinned_host"));
+	post_started(&d[0], "/v1/arrays/big:copy",
+	             "{\"out\": \"b\", \"hosts\": [\"node1\", \"node2\"], "
+	             "\"memory_kind\": \"unpinned_host\"}", "broadcast", id, sizeof id);
+	await_first_bytes(&d[0], id);
+	th_daemon_signal(&d[0], SIGKILL);
+	ck_assert_int_ne(th_daemon_wait(&d[0], 10000), -1);
+	for (int i = 1; i < 3; i++) {
+		for (double t0 = now_ms();; usleep(20000)) {
+			char *text = get_bytes_auth(&d[i], "/metrics", &(size_t){0});
+			double open = -1, staged = -1;
+
+			th_prom_find(text, "tstage_fleet_receives_open", NULL, &open);
+			th_prom_find(text, "tstage_fleet_staging_bytes", NULL, &staged);
+			free(text);
+			if (open == 0 && staged == 0)
+				break;
+			ck_assert_msg(now_ms() - t0 < 15000,
+			              "node%d still holds %.0f receives, %.0f staged bytes 15 s after "
+			              "the source died", i, open, staged);
+		}
+		await_unpinned(&d[i], base[i], 5000, "a receive's memory");
+		th_request(&d[i], "GET", "/v1/arrays/b", auth, NULL, 0, &r);
+		ck_assert_msg(r.status == 404, "node%d published b: %ld %s", i, r.status, r.body);
+		th_response_free(&r);
+	}
+	th_daemon_stop_ok(&d[1]);
+	th_daemon_stop_ok(&d[2]);
+	th_daemon_stop(&d[0], false);   /* the killed daemon's client and files */
+}
+END_TEST
+
 /* A destination that stops answering mid-copy (SIGSTOPped) ends the copy
  * DEADLINE_EXCEEDED naming it once --fleet-timeout has passed, while the
  * source keeps serving. Resumed, the destination finds the sender's
@@ -1758,6 +1807,7 @@ Suite *th_suite(void)
 	tcase_add_test(bcast, test_broadcast_refusals);
 	tcase_add_test(bcast, test_broadcast_failed_destination);
 	tcase_add_test(bcast, test_broadcast_destination_killed);
+	tcase_add_test(bcast, test_broadcast_source_killed);
 	suite_add_tcase(s, bcast);
 	return s;
 }
