@@ -38,19 +38,27 @@ static void waiter_disarm(void *state, void (*wake)(void *token), void *token)
 	ts_operation_unwait(w->op, wake, token);
 }
 
+/* The answer for op as snap shows it: the operation, or once finished and
+ * when answer_result, its result or error. */
+static void answer(struct ts_reply *reply, struct ts_operation *op, bool answer_result,
+                   const struct ts_op_snapshot *snap)
+{
+	if (!snap->done || !answer_result)
+		ts_h_reply_operation(reply, op, snap->done);
+	else if (snap->state == TS_OP_SUCCEEDED)
+		ts_reply_json(reply, TS_HTTP_OK,
+		              snap->result ? json_incref(snap->result) : json_object());
+	else
+		ts_reply_error(reply, &snap->error);
+}
+
 static void waiter_resume(void *state, bool timed_out, struct ts_reply *reply)
 {
 	struct waiter *w = state;
 	struct ts_op_snapshot snap;
 
 	ts_operation_snapshot(w->op, &snap);
-	if (!snap.done || !w->answer_result) {
-		ts_h_reply_operation(reply, w->op, snap.done);
-	} else if (snap.state == TS_OP_SUCCEEDED) {
-		ts_reply_json(reply, TS_HTTP_OK, snap.result ? json_incref(snap.result) : json_object());
-	} else {
-		ts_reply_error(reply, &snap.error);
-	}
+	answer(reply, w->op, w->answer_result, &snap);
 	(void)timed_out;
 	ts_op_snapshot_release(&snap);
 }
@@ -66,9 +74,20 @@ static void waiter_release(void *state)
 void ts_h_reply_wait(struct ts_reply *reply, struct ts_operation *op, uint64_t timeout_ns,
                      bool answer_result)
 {
-	struct waiter *w = malloc(sizeof *w);
+	struct waiter *w;
+	struct ts_op_snapshot snap;
 	struct ts_suspend s;
 
+	/* finished already (it ran on this thread): answered now, the
+	 * connection never suspended */
+	ts_operation_snapshot(op, &snap);
+	if (snap.done) {
+		answer(reply, op, answer_result, &snap);
+		ts_op_snapshot_release(&snap);
+		return;
+	}
+	ts_op_snapshot_release(&snap);
+	w = malloc(sizeof *w);
 	if (!w) {
 		ts_h_reply_operation(reply, op, false);
 		return;
