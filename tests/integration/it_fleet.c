@@ -1363,7 +1363,8 @@ END_TEST
 /* One destination refuses (its "out" exists): without "partial_ok" the
  * broadcast fails naming it and the other destination publishes nothing
  * (its staging memory back); with it, the other publishes and the result
- * names the refusing one. */
+ * names the refusing one, whether it is the chain's last hop or its
+ * first. */
 START_TEST(test_broadcast_failed_destination)
 {
 	struct th_daemon d[3];
@@ -1417,6 +1418,31 @@ START_TEST(test_broadcast_failed_destination)
 	free(got);
 	o = get_auth(&d[2], "/v1/arrays/y");
 	ck_assert_int_eq(th_int(o, "nbytes"), 4 * 4 * 4);   /* node2's own, untouched */
+	json_decref(o);
+
+	/* the chain's first hop refuses: with partial_ok the chain goes around
+	 * it, the source sending to node2 itself */
+	free(put_pattern(&d[1], "z", 4, 4, NULL));   /* node1 refuses "z" */
+	post_auth(&d[0], "/v1/arrays/x:copy",
+	          "{\"out\": \"z\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true}", &r);
+	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
+	o = await_op(&d[0], th_str(th_obj(th_json(&r), "metadata"), "id"), 60000);
+	th_response_free(&r);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
+	res = th_op_result(o);
+	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 1);
+	ck_assert_str_eq(json_string_value(json_array_get(th_arr(res, "failed_hosts"), 0)), "node1");
+	e = dest_of(th_arr(res, "destinations"), "node1");
+	ck_assert_str_eq(th_str(th_obj(e, "error"), "status"), "ALREADY_EXISTS");
+	ck_assert_str_eq(th_str(dest_of(th_arr(res, "destinations"), "node2"), "state"),
+	                 "published");
+	json_decref(o);
+	got = get_bytes_auth(&d[2], "/v1/arrays/z/data", &n);
+	ck_assert_int_eq(n, rows * cols * sizeof(float));
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+	o = get_auth(&d[1], "/v1/arrays/z");
+	ck_assert_int_eq(th_int(o, "nbytes"), 4 * 4 * 4);   /* node1's own, untouched */
 	json_decref(o);
 	free(x);
 	for (int i = 0; i < 3; i++)
