@@ -444,6 +444,33 @@ static ts_status complete(struct dest *d, int s, struct ts_operation *op, struct
 	return TS_OK;
 }
 
+static ts_status chain_status(struct dest *d, struct ts_operation *op, long wait_ms,
+                              long timeout_ms, bool *complete, uint64_t *moved,
+                              struct ts_error *err);
+
+/* How often the source asks a chain's later hops for their bytes while it
+ * sends to the head. */
+#define HOP_POLL_NS (250 * 1000000ull)
+
+/* While the source sends to a chain's head: each later hop's bytes so far
+ * (its receive's state, not waiting), so that the operation shows every
+ * destination's progress as the bytes go; a failure seen here is seen
+ * again, and acted on, once the source has sent everything (chain_ready). */
+static void poll_hops(struct xfer *x, struct ts_operation *op)
+{
+	for (size_t k = 0; k < x->n; k++) {
+		struct dest *d = &x->d[k];
+		struct ts_error e;
+		uint64_t moved;
+		bool complete;
+
+		if (!d->relayed || d->dead || !d->rid[0])
+			continue;
+		ts_error_clear(&e);
+		(void)chain_status(d, op, 0, HOP_POLL_NS / 1000000u, &complete, &moved, &e);
+	}
+}
+
 /* Sends the version chunk by chunk to every live destination (an active
  * message: its offset, then the bytes, which the peer receives into its
  * staging memory), up to XFER_INFLIGHT chunks in flight, then flushes each.
@@ -461,6 +488,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 	const unsigned char *direct =
 		whole && ts_buffer_host_visible(whole) ? ts_buffer_data(whole) : NULL;
 	ts_status st = TS_OK;
+	uint64_t next_poll = ts_now_ns() + HOP_POLL_NS;
 	size_t k;
 	int s = 0;
 
@@ -491,6 +519,10 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[s], err);
 		if (st != TS_OK)
 			break;
+		if (x->n > 1 && ts_now_ns() >= next_poll) {
+			poll_hops(x, op);
+			next_poll = ts_now_ns() + HOP_POLL_NS;
+		}
 		show_progress(x, op, "sending");
 		for (k = 0; st == TS_OK && k < x->n; k++) {
 			struct dest *d = &x->d[k];
@@ -915,9 +947,11 @@ static ts_status status_named(const char *name)
 }
 
 /* Asks d's receive where it stands, waiting up to wait_ms for it to be
- * complete: *complete, and its forward's failure into d. */
+ * complete, and for the answer timeout_ms beyond that: *complete, and its
+ * forward's failure into d. */
 static ts_status chain_status(struct dest *d, struct ts_operation *op, long wait_ms,
-                              bool *complete, uint64_t *moved, struct ts_error *err)
+                              long timeout_ms, bool *complete, uint64_t *moved,
+                              struct ts_error *err)
 {
 	char path[160];
 	json_t *j = NULL, *f;
@@ -925,7 +959,7 @@ static ts_status chain_status(struct dest *d, struct ts_operation *op, long wait
 
 	*complete = false;
 	snprintf(path, sizeof path, "/v1/fleet/receives/%s?wait_ms=%ld", d->rid, wait_ms);
-	if (get_peer(d, path, wait_ms + HTTP_TIMEOUT_MS, &j, err) != TS_OK)
+	if (get_peer(d, path, wait_ms + timeout_ms, &j, err) != TS_OK)
 		return err->status;
 	chain_done(d, op, (uint64_t)json_integer_value(json_object_get(j, "received")));
 	*complete = json_is_true(json_object_get(j, "complete"));
@@ -965,7 +999,8 @@ static ts_status chain_ready(struct xfer *x, struct ts_operation *op, struct ts_
 			continue;
 		ts_error_clear(&e);
 		for (;;) {
-			if (chain_status(d, op, broken ? 0 : 1000, &complete, &moved, &e) != TS_OK ||
+			if (chain_status(d, op, broken ? 0 : 1000, HTTP_TIMEOUT_MS, &complete, &moved,
+			                 &e) != TS_OK ||
 			    complete)
 				break;
 			if (broken) {

@@ -8,6 +8,8 @@
 #   refused    the last hop refusing (h3's device memory too small: 429)
 #              fails the broadcast RESOURCE_EXHAUSTED naming h3 before any
 #              byte moves: nothing sent, h2 never asked;
+#   progress   with h1's link slowed, h3's bytes show in the operation
+#              while h1 is still sending to h2;
 #   middle     h2 SIGKILLed mid-broadcast (h1's link slowed): the operation
 #              fails UNAVAILABLE naming h2, h3 fails CHAIN_BROKEN naming
 #              h2; nothing published on h3, which gives back everything
@@ -92,6 +94,36 @@ if [[ $st == RESOURCE_EXHAUSTED:*h3* ]] && [ "$(sent h1)" = "$s1" ] &&
 	ok "the last hop refusing: $(cut -c1-160 <<<"$st"); no byte sent, h2 never asked"
 else
 	fail "the last hop refusing: $st; h1 sent $s1 -> $(sent h1); h2's log: $(grep "of array 'c2'" "$tmp/h2.log" | tail -2)"
+fi
+
+# ---- progress: the last hop's bytes show while the source still sends -------
+# h1's link at 200 Mbit/s: 64 MiB (16 chunks, 4 in flight) take at least
+# 2.7 s to leave it
+head -c $((64 << 20)) /dev/urandom >"$tmp/p.raw"
+api h1 '/v1/arrays/p?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
+	--max-time 30 --data-binary @"$tmp/p.raw" -o /dev/null
+inns h1 tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 400ms
+op=$(api h1 '/v1/arrays/p:copy' -X POST \
+	-d '{"out": "p", "hosts": ["h2", "h3"], "memory_kind": "pinned_host"}' | jq -r .name)
+seen_mid=
+for ((i = 0; i < 300; i++)); do
+	o=$(api h1 "/v1/$op")
+	[ "$(jq -r .done <<<"$o")" = true ] && break
+	# h3 has bytes while h2, the chain's head, is still short of all of them
+	if jq -e '[.metadata.destinations[] | {(.host): .bytes_done}] | add |
+		.h3 > 0 and .h2 < 67108864' <<<"$o" >/dev/null 2>&1; then
+		seen_mid=$(jq -c '[.metadata.destinations[] | [.host, .bytes_done]]' <<<"$o")
+	fi
+	sleep 0.05
+done
+inns h1 tc qdisc del dev eth0 root
+p_done() { [ "$(api h1 "/v1/$op" | jq -r .done)" = true ]; }
+until_s 60 p_done || true
+state=$(api h1 "/v1/$op" | jq -r '.metadata.state')
+if [ -n "$seen_mid" ] && [ "$state" = SUCCEEDED ]; then
+	ok "progress: h3's bytes seen while h1 still sent to h2 ($seen_mid), then $state"
+else
+	fail "progress: h3's bytes never seen while h1 sent (state $state, last $(api h1 "/v1/$op" | jq -c .metadata.destinations))"
 fi
 
 # ---- middle killed: h2 dies mid-broadcast -----------------------------------
