@@ -117,15 +117,15 @@ ts_status ts_job_move_prepare(const struct ts_jobs_env *env, struct ts_array *sr
 	return TS_OK;
 }
 
-ts_status ts_job_move_start(struct ts_job_move *jm, struct ts_operation **op,
+ts_status ts_job_move_start(struct ts_job_move *jm, bool here, struct ts_operation **op,
                             struct ts_error *err)
 {
 	struct move *m = (struct move *)jm;
 	ts_status st;
 
-	st = ts_op_submit(m->env->operations, m->is_copy ? "copy" : "put",
-	                  ts_array_name(ts_move_source(m->mv)), m->total, "bytes", move_run, m,
-	                  move_release, op, err);
+	st = (here ? ts_op_submit_here : ts_op_submit)(
+	    m->env->operations, m->is_copy ? "copy" : "put", ts_array_name(ts_move_source(m->mv)),
+	    m->total, "bytes", move_run, m, move_release, op, err);
 	if (st != TS_OK)
 		move_release(m);
 	return st;
@@ -146,5 +146,5 @@ ts_status ts_job_move_submit(const struct ts_jobs_env *env, struct ts_array *src
 
 	*op = NULL;
 	st = ts_job_move_prepare(env, src, spec, is_copy, &jm, NULL, err);
-	return st == TS_OK ? ts_job_move_start(jm, op, err) : st;
+	return st == TS_OK ? ts_job_move_start(jm, false, op, err) : st;
 }

@@ -36,13 +36,15 @@ struct ts_job_move;
  * between them (a cross-node copy's staging array, server/fleet_recv.c):
  * prepare answers the same refusals and admits (the destination allocated,
  * *bytes what the copy writes); start submits it as the operation (and
- * owns jm, even when it fails); discard drops a prepared one, freeing the
+ * owns jm, even when it fails), here: run on the calling thread before it
+ * returns (ts_op_submit_here: only for a move that copies nothing, its
+ * source consumed in place); discard drops a prepared one, freeing the
  * destination.
  */
 ts_status ts_job_move_prepare(const struct ts_jobs_env *env, struct ts_array *src,
                               const struct ts_move_spec *spec, bool is_copy,
                               struct ts_job_move **jm, uint64_t *bytes, struct ts_error *err);
-ts_status ts_job_move_start(struct ts_job_move *jm, struct ts_operation **op,
+ts_status ts_job_move_start(struct ts_job_move *jm, bool here, struct ts_operation **op,
                             struct ts_error *err);
 void ts_job_move_discard(struct ts_job_move *jm);
 

@@ -676,21 +676,16 @@ static struct ts_operation *op_new(struct ts_op_registry *r, const char *kind,
 	return op;
 }
 
-ts_status ts_op_submit(struct ts_op_registry *r, const char *kind, const char *target,
-                       uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
-                       void (*release)(void *arg), struct ts_operation **out,
-                       struct ts_error *err)
+/* ts_op_submit_holding; here: the work runs on the calling thread before
+ * this returns (no worker is woken). */
+static ts_status submit(struct ts_op_registry *r, const char *kind, const char *target,
+                        uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                        void (*release)(void *arg),
+                        ts_status (*hold)(const char *id, void *arg, struct ts_error *err),
+                        bool here, struct ts_operation **out, struct ts_error *err)
 {
-	return ts_op_submit_holding(r, kind, target, total, unit, fn, arg, release, NULL, out, err);
-}
-
-ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const char *target,
-                               uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
-                               void (*release)(void *arg),
-                               ts_status (*hold)(const char *id, void *arg, struct ts_error *err),
-                               struct ts_operation **out, struct ts_error *err)
-{
-	struct ts_operation *op, *holder;
+	struct ts_operation *op, *holder, *mine = NULL;
+	bool start = false;
 	ts_status st;
 
 	if (out)
@@ -728,28 +723,45 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
 	insert_locked(r, op);   /* the registry's reference */
 	if (out)
 		*out = ts_operation_ref(op);
-	pthread_cond_signal(&r->work);
+	if (here) {
+		start = take_locked(r, op);   /* as a worker takes the queue's head */
+		mine = op;
+	} else {
+		pthread_cond_signal(&r->work);
+	}
 	op = NULL;
 out_unlock:
 	ts_mutex_unlock(&r->lk);
 	if (op)
 		op_free(op);   /* never listed: its arg stays the caller's */
+	if (mine)
+		op_run(r, mine, start);
 	return st;
 }
 
-bool ts_op_run_here(struct ts_op_registry *r, struct ts_operation *op)
+ts_status ts_op_submit(struct ts_op_registry *r, const char *kind, const char *target,
+                       uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                       void (*release)(void *arg), struct ts_operation **out,
+                       struct ts_error *err)
 {
-	bool start;
+	return submit(r, kind, target, total, unit, fn, arg, release, NULL, false, out, err);
+}
 
-	ts_mutex_lock(&r->lk);
-	if (op->where != WHERE_QUEUE) {
-		ts_mutex_unlock(&r->lk);
-		return false;
-	}
-	start = take_locked(r, op);
-	ts_mutex_unlock(&r->lk);
-	op_run(r, op, start);
-	return true;
+ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const char *target,
+                               uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                               void (*release)(void *arg),
+                               ts_status (*hold)(const char *id, void *arg, struct ts_error *err),
+                               struct ts_operation **out, struct ts_error *err)
+{
+	return submit(r, kind, target, total, unit, fn, arg, release, hold, false, out, err);
+}
+
+ts_status ts_op_submit_here(struct ts_op_registry *r, const char *kind, const char *target,
+                            uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                            void (*release)(void *arg), struct ts_operation **out,
+                            struct ts_error *err)
+{
+	return submit(r, kind, target, total, unit, fn, arg, release, NULL, true, out, err);
 }
 
 struct ts_operation *ts_op_get(struct ts_op_registry *r, const char *id)

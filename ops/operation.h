@@ -130,14 +130,17 @@ ts_status ts_op_submit_holding(struct ts_op_registry *r, const char *kind, const
                                struct ts_operation **out, struct ts_error *err);
 
 /*
- * Runs op on the calling thread if no worker has taken it yet (it is still
- * queued), as a worker would, and returns true once it is done; false when
- * a worker has it or it has ended. For work the caller would wait for
- * anyway and which takes microseconds (publishing a small array that is
- * already in place), where handing it to a worker and being woken again
- * costs more than the work: never for work that may block.
+ * ts_op_submit, but the work runs on the calling thread, as a worker runs
+ * it (listed, cancellable, its release and end as a worker's), before this
+ * returns, and no worker is woken: *out is then done. For work the caller
+ * would wait for anyway and which takes microseconds (publishing a small
+ * array that is already in place), where a worker's hand-off and the
+ * waiter's wake cost more than the work: never for work that may block.
  */
-bool ts_op_run_here(struct ts_op_registry *r, struct ts_operation *op);
+ts_status ts_op_submit_here(struct ts_op_registry *r, const char *kind, const char *target,
+                            uint64_t total, const char *unit, ts_op_fn *fn, void *arg,
+                            void (*release)(void *arg), struct ts_operation **out,
+                            struct ts_error *err);
 
 /* New reference to the operation with this id, or NULL (never created, or
  * dropped by retention). */

@@ -16,6 +16,7 @@
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 
 #include "common/lock.h"
@@ -527,29 +528,77 @@ static bool base64_into(const char *in, unsigned char *out, uint64_t n)
 static void commit_reply(struct ts_server *srv, const struct ts_call *call, struct recv *v,
                          struct ts_reply *reply);
 
-/* A receive whose bytes came with its request ("data", base64, for small
- * arrays: no ticket, no endpoint, one call): they land in the staging
+/* A receive whose bytes came with its request (small arrays: no ticket, no
+ * endpoint, one call): the request's body itself (raw, the spec in
+ * X-Tstage-Receive) or "data" (b64, base64). They land in the staging
  * memory and the receive is committed at once. */
 static void receive_inline(struct ts_server *srv, const struct ts_call *call, struct recv *v,
-                           const char *data, struct ts_reply *reply)
+                           const char *b64, struct ts_reply *reply)
 {
 	struct ts_error err;
+	bool ok;
 
 	ts_error_clear(&err);
-	if (v->length > TS_FLEET_RECV_INLINE_MAX ||
-	    (v->length && !base64_into(data, v->data, v->length))) {
+	if (b64)
+		ok = v->length <= TS_FLEET_RECV_INLINE_MAX &&
+		     (!v->length || base64_into(b64, v->data, v->length));
+	else
+		ok = v->length <= TS_FLEET_RECV_INLINE_MAX && call->body_len == v->length;
+	if (!ok) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
-		             "\"data\" must be the array's %llu bytes in base64 (at most %u bytes)",
-		             (unsigned long long)v->length, (unsigned)TS_FLEET_RECV_INLINE_MAX);
+		             "%s must be the array's %llu bytes%s (at most %u bytes); it %s",
+		             b64 ? "\"data\"" : "the body", (unsigned long long)v->length,
+		             b64 ? " in base64" : "", (unsigned)TS_FLEET_RECV_INLINE_MAX,
+		             b64 ? "is not" : "is of another length");
 		recv_free(v);
 		ts_reply_error(reply, &err);
 		return;
 	}
+	if (!b64 && v->length)
+		memcpy(v->data, call->body, v->length);
 	v->received = v->length;
 	ts_log(TS_LOG_INFO, "\"event\":\"fleet_receive\",\"result\":\"inline\"",
 	       "fleet receive %s of array '%s' (%llu bytes) came with its request", v->id, v->out,
 	       (unsigned long long)v->length);
 	commit_reply(srv, call, v, reply);
+}
+
+/* Whether the request's body is the array's bytes (Content-Type
+ * application/octet-stream, parameters aside). */
+static bool raw_body(const struct ts_call *call)
+{
+	const char *ct = ts_call_header(call, "Content-Type");
+	size_t n = sizeof "application/octet-stream" - 1;
+
+	return ct && strncasecmp(ct, "application/octet-stream", n) == 0 &&
+	       (ct[n] == '\0' || ct[n] == ';' || ct[n] == ' ' || ct[n] == '\t');
+}
+
+/* The receive's spec: the JSON body, or with a raw body the JSON object in
+ * X-Tstage-Receive. NULL with err set when it is not a JSON object. */
+static json_t *receive_spec(const struct ts_call *call, bool raw, struct ts_error *err)
+{
+	const char *hdr = raw ? ts_call_header(call, TS_FLEET_RECV_HEADER) : NULL;
+	json_error_t jerr;
+	json_t *body;
+
+	if (raw && !hdr) {
+		ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "a body of application/octet-stream is the array's bytes: the receive's "
+		             "JSON object goes in the %s header", TS_FLEET_RECV_HEADER);
+		return NULL;
+	}
+	body = raw ? json_loads(hdr, JSON_REJECT_DUPLICATES, &jerr)
+	           : json_loadb(call->body ? call->body : "", call->body_len,
+	                        JSON_REJECT_DUPLICATES, &jerr);
+	if (!json_is_object(body)) {
+		ts_error_set(err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY", "%s: %s",
+		             raw ? TS_FLEET_RECV_HEADER : "body",
+		             body ? "must be a JSON object" : jerr.text);
+		json_decref(body);
+		return NULL;
+	}
+	return body;
 }
 
 void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struct ts_reply *reply)
@@ -561,11 +610,10 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	char ticket[TS_FLEET_TICKET_LEN + 1], when[48], id[40], instance[24];
 	unsigned char rnd[16];
 	struct ts_error err;
-	json_error_t jerr;
 	json_t *body, *answer, *data, *fwd;
 	struct ts_fleet_fwd_spec next;
 	uint64_t ttl_s = 0;
-	bool full;
+	bool full, raw;
 
 	ts_error_clear(&err);
 	if (!srv->fleet_ucx) {
@@ -574,12 +622,10 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		              "or --fleet-port");
 		return;
 	}
-	body = json_loadb(call->body ? call->body : "", call->body_len, JSON_REJECT_DUPLICATES, &jerr);
-	if (!json_is_object(body)) {
-		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY", "body: %s",
-		             body ? "must be a JSON object" : jerr.text);
+	raw = raw_body(call);
+	body = receive_spec(call, raw, &err);
+	if (!body)
 		goto fail;
-	}
 	v = calloc(1, sizeof *v);
 	if (!v) {
 		ts_error_oom(&err, "no memory for a receive");
@@ -589,8 +635,12 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		goto fail;
 	data = json_object_get(body, "data");
 	fwd = json_object_get(body, "forward");
-	if (fwd && data) {
-		bad(&err, "forward", "goes with bytes sent over the fleet port, not \"data\"");
+	if (raw && data) {
+		bad(&err, "data", "goes in a JSON body, not with the bytes as the body");
+		goto fail;
+	}
+	if (fwd && (data || raw)) {
+		bad(&err, "forward", "goes with bytes sent over the fleet port, not with the request");
 		goto fail;
 	}
 	if (fwd && ts_fleet_fwd_parse(srv, fwd, &next, &err) != TS_OK)
@@ -621,11 +671,11 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 		bad(&err, "data", "must be the array's bytes in base64");
 		goto fail;
 	}
-	if (data) {
+	if (data || raw) {
 		if (ts_job_move_prepare(&call->core->env, v->staging, &spec, true, &v->jm, NULL,
 		                        &err) != TS_OK)
 			goto fail;
-		receive_inline(srv, call, v, json_string_value(data), reply);
+		receive_inline(srv, call, v, data ? json_string_value(data) : NULL, reply);
 		json_decref(body);
 		return;
 	}
@@ -767,7 +817,7 @@ static void commit_reply(struct ts_server *srv, const struct ts_call *call, stru
 	ts_status st;
 
 	ts_error_clear(&err);
-	st = ts_job_move_start(v->jm, &op, &err);
+	st = ts_job_move_start(v->jm, here, &op, &err);
 	v->jm = NULL;
 	if (st == TS_OK)
 		ts_metrics_fleet_bytes(srv->metrics, false, ts_array_desc(v->staging)->nbytes);
@@ -775,8 +825,6 @@ static void commit_reply(struct ts_server *srv, const struct ts_call *call, stru
 	       "\"event\":\"fleet_receive\",\"result\":\"commit\"",
 	       "fleet receive %s of array '%s' committed%s%s", v->id, v->out,
 	       st == TS_OK ? "" : ": ", st == TS_OK ? "" : err.message);
-	if (st == TS_OK && here)
-		(void)ts_op_run_here(srv->core.env.operations, op);
 	recv_free(v);
 	if (st != TS_OK) {
 		ts_reply_error(reply, &err);

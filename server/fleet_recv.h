@@ -10,9 +10,12 @@
  * :abort drops it. A receive neither committed nor aborted by its deadline
  * is dropped by the fleet's progress thread: nothing is published, and the
  * staging and destination memory go back. One whose endpoint fails before
- * every byte landed is ended at once the same way. A small array's bytes may come
- * with the request instead ("data", base64, at most TS_FLEET_RECV_INLINE_MAX
- * bytes): then no ticket is issued and the receive is committed at once.
+ * every byte landed is ended at once the same way. A small array's bytes (at
+ * most TS_FLEET_RECV_INLINE_MAX) may come with the request instead: as its
+ * body (Content-Type application/octet-stream, the receive's JSON object in
+ * the TS_FLEET_RECV_HEADER header; what peers send) or as "data" in the JSON
+ * body (base64). Then no ticket is issued and the receive is committed at
+ * once.
  *
  * Thread-safety: every function may run on any thread at once.
  */
@@ -32,9 +35,13 @@ struct ts_fleet_ucx;
 #define TS_FLEET_RECV_TTL_S 60
 #define TS_FLEET_RECV_TTL_MAX_S 3600
 
-/* Largest array whose bytes may come with its receive's request ("data",
- * base64): no ticket, no endpoint, committed at once. */
+/* Largest array whose bytes may come with its receive's request (the body,
+ * or "data" in base64): no ticket, no endpoint, committed at once. */
 #define TS_FLEET_RECV_INLINE_MAX (64u << 10)
+
+/* The header that carries a receive's JSON object when the request's body
+ * is the array's bytes. */
+#define TS_FLEET_RECV_HEADER "X-Tstage-Receive"
 
 /* Most receives open at once. */
 #define TS_FLEET_RECV_MAX 64

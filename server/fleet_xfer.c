@@ -93,17 +93,33 @@ static ts_status from_http(long code)
 }
 
 /* One HTTP call to a peer, while it runs. */
+/* A peer to call: its host (named by errors), its URL, and this daemon
+ * (its token, its pool of kept connections, --fleet-timeout). Borrowed
+ * strings, kept for the call. */
+struct peer {
+	struct ts_server *srv;
+	const char *host;
+	const char *url;
+};
+
+/* One HTTP call to a peer. */
 struct call {
-	struct dest *d;
+	struct peer p;
 	CURL *e;
 	struct curl_slist *h;
 	struct ts_fleet_body a;          /* max ANSWER_MAX */
 	const char *path;
 	long timeout_ms;
+	unsigned int silence_ms;         /* --fleet-timeout */
 	char url[TS_CONFIG_PEER_URL_MAX + 160];
 	char auth[300];
 	char ebuf[CURL_ERROR_SIZE];
 };
+
+static struct peer peer_of(const struct dest *d)
+{
+	return (struct peer){.srv = d->x->srv, .host = d->host, .url = d->url};
+}
 
 /* Each new connection to a peer: sent bytes left unacknowledged for
  * --fleet-timeout end it (TCP_USER_TIMEOUT), so a call on a kept connection
@@ -111,37 +127,63 @@ struct call {
  * of at the call's own timeout. */
 static int call_sockopt(void *cls, curl_socket_t fd, curlsocktype purpose)
 {
-	const struct xfer *x = cls;
-	unsigned int ms = (unsigned int)(x->silence_ns / 1000000ull);
+	const struct call *c = cls;
+	unsigned int ms = c->silence_ms;
 
 	if (purpose == CURLSOCKTYPE_IPCXN && ms > 0)
 		(void)setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
 	return CURL_SOCKOPT_OK;
 }
 
-/* Prepares POST url+path with body (may be NULL; kept until call_end),
- * on an easy handle from the daemon's pool (a kept connection to the peer
- * when it has one). */
-static ts_status call_start(struct dest *d, struct call *c, const char *path, const char *body,
-                            long timeout_ms, struct ts_error *err)
+/* Prepares POST url+path on an easy handle from the daemon's pool (a kept
+ * connection to the peer when it has one), with n bytes of body (kept until
+ * call_end): JSON when header is NULL, else raw bytes with header (one
+ * "Name: value" line) beside them. */
+static ts_status call_open(const struct peer *p, struct call *c, const char *path,
+                           const char *header, const void *body, size_t n, long timeout_ms,
+                           struct ts_error *err)
 {
+	struct ts_server *srv = p->srv;
+	const char *lines[4];
+	struct curl_slist *h;
+	size_t k = 0;
+
 	memset(c, 0, sizeof *c);
+	c->p = *p;
 	c->a.max = ANSWER_MAX;
-	c->d = d;
 	c->path = path;
 	c->timeout_ms = timeout_ms;
-	c->e = ts_fleet_easy_take(d->x->srv->fleet);
-	if (!c->e)
-		return ts_error_oom(err, "no memory for a call to peer '%s'", d->host);
-	snprintf(c->url, sizeof c->url, "%s%s", d->url, path);
-	c->h = curl_slist_append(c->h, "Content-Type: application/json");
-	if (d->x->srv->token[0]) {
-		snprintf(c->auth, sizeof c->auth, "Authorization: Bearer %s", d->x->srv->token);
-		c->h = curl_slist_append(c->h, c->auth);
+	c->silence_ms = (unsigned int)srv->cfg.fleet_timeout * 1000u;
+	snprintf(c->url, sizeof c->url, "%s%s", p->url, path);
+	if (srv->token[0])
+		snprintf(c->auth, sizeof c->auth, "Authorization: Bearer %s", srv->token);
+	lines[k++] = header ? "Content-Type: application/octet-stream"
+	                    : "Content-Type: application/json";
+	if (header) {
+		lines[k++] = "Expect:";   /* raw bytes go at once: no 100 Continue */
+		lines[k++] = header;
+	}
+	if (c->auth[0])
+		lines[k++] = c->auth;
+	for (size_t i = 0; i < k; i++) {
+		h = curl_slist_append(c->h, lines[i]);
+		if (!h) {
+			curl_slist_free_all(c->h);
+			c->h = NULL;
+			break;
+		}
+		c->h = h;
+	}
+	c->e = c->h ? ts_fleet_easy_take(srv->fleet) : NULL;
+	if (!c->e) {
+		curl_slist_free_all(c->h);
+		c->h = NULL;
+		return ts_error_oom(err, "no memory for a call to peer '%s'", p->host);
 	}
 	curl_easy_setopt(c->e, CURLOPT_URL, c->url);
 	curl_easy_setopt(c->e, CURLOPT_POST, 1L);
-	curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, body ? body : "");
+	curl_easy_setopt(c->e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)n);
+	curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, n ? body : "");
 	curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->h);
 	curl_easy_setopt(c->e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c->e, CURLOPT_TIMEOUT_MS, timeout_ms);
@@ -151,8 +193,15 @@ static ts_status call_start(struct dest *d, struct call *c, const char *path, co
 	curl_easy_setopt(c->e, CURLOPT_ERRORBUFFER, c->ebuf);
 	curl_easy_setopt(c->e, CURLOPT_PROXY, "");
 	curl_easy_setopt(c->e, CURLOPT_SOCKOPTFUNCTION, call_sockopt);
-	curl_easy_setopt(c->e, CURLOPT_SOCKOPTDATA, d->x);
+	curl_easy_setopt(c->e, CURLOPT_SOCKOPTDATA, c);
 	return TS_OK;
+}
+
+/* call_open with a JSON body (may be NULL: none). */
+static ts_status call_start(const struct peer *p, struct call *c, const char *path,
+                            const char *body, long timeout_ms, struct ts_error *err)
+{
+	return call_open(p, c, path, NULL, body, body ? strlen(body) : 0, timeout_ms, err);
 }
 
 /* Runs c's call. A kept connection the peer closed meanwhile (it restarted,
@@ -173,7 +222,7 @@ static CURLcode call_perform(struct call *c)
 	if (fresh != 0 || head != 0 || c->a.len != 0)
 		return rc;
 	ts_log(TS_LOG_DEBUG, "\"event\":\"fleet_call\",\"result\":\"retry\"",
-	       "peer '%s': %s on a kept connection: %s; again on a new one", c->d->host,
+	       "peer '%s': %s on a kept connection: %s; again on a new one", c->p.host,
 	       c->url, curl_easy_strerror(rc));
 	free(c->a.buf);
 	c->a = (struct ts_fleet_body){.max = ANSWER_MAX};
@@ -186,7 +235,7 @@ static CURLcode call_perform(struct call *c)
  * naming the peer (its own error message when it gave one). Frees c's. */
 static ts_status call_end(struct call *c, CURLcode rc, json_t **out, struct ts_error *err)
 {
-	const char *host = c->d->host;
+	const char *host = c->p.host;
 	long code = 0;
 	json_t *j = NULL;
 	ts_status st = TS_OK;
@@ -225,32 +274,42 @@ out:
 	free(c->a.buf);
 	curl_slist_free_all(c->h);
 	/* kept with its connection when the peer answered in full */
-	ts_fleet_easy_give(c->d->x->srv->fleet, c->e, rc == CURLE_OK);
+	ts_fleet_easy_give(c->p.srv->fleet, c->e, rc == CURLE_OK);
 	c->e = NULL;
 	return st;
 }
 
-/* POST url+path with body (may be NULL) and waits for the answer
+/* POST p's url+path with body (may be NULL) and waits for the answer
  * (call_end's). */
-static ts_status call_peer(struct dest *d, const char *path, const char *body, long timeout_ms,
-                           json_t **out, struct ts_error *err)
+static ts_status peer_call(const struct peer *p, const char *path, const char *body,
+                           long timeout_ms, json_t **out, struct ts_error *err)
 {
 	struct call c;
 
 	*out = NULL;
-	if (call_start(d, &c, path, body, timeout_ms, err) != TS_OK)
+	if (call_start(p, &c, path, body, timeout_ms, err) != TS_OK)
 		return err->status;
 	return call_end(&c, call_perform(&c), out, err);
+}
+
+/* peer_call to d's peer. */
+static ts_status call_peer(struct dest *d, const char *path, const char *body, long timeout_ms,
+                           json_t **out, struct ts_error *err)
+{
+	struct peer p = peer_of(d);
+
+	return peer_call(&p, path, body, timeout_ms, out, err);
 }
 
 /* GET url+path and waits for the answer (call_end's). */
 static ts_status get_peer(struct dest *d, const char *path, long timeout_ms, json_t **out,
                           struct ts_error *err)
 {
+	struct peer p = peer_of(d);
 	struct call c;
 
 	*out = NULL;
-	if (call_start(d, &c, path, NULL, timeout_ms, err) != TS_OK)
+	if (call_start(&p, &c, path, NULL, timeout_ms, err) != TS_OK)
 		return err->status;
 	curl_easy_setopt(c.e, CURLOPT_HTTPGET, 1L);
 	return call_end(&c, call_perform(&c), out, err);
@@ -630,8 +689,10 @@ static ts_status commit_all(struct xfer *x, struct ts_error *err)
 		rcs[i] = CURLE_RECV_ERROR;   /* until its end is read */
 		if (d->dead)
 			continue;
+		struct peer p = peer_of(d);
+
 		snprintf(paths[i], sizeof paths[i], "/v1/fleet/receives/%s:commit?wait=true", d->rid);
-		if (call_start(d, &calls[i], paths[i], NULL, COMMIT_TIMEOUT_MS, &errs[i]) == TS_OK)
+		if (call_start(&p, &calls[i], paths[i], NULL, COMMIT_TIMEOUT_MS, &errs[i]) == TS_OK)
 			curl_multi_add_handle(m, calls[i].e);
 	}
 	do {
@@ -705,40 +766,20 @@ static json_t *broadcast_result(struct xfer *x)
 	                 "failed_hosts", failed);
 }
 
-/* The bytes of n at src in base64 (RFC 4648, padded): a new string, or NULL. */
-static char *base64(const unsigned char *src, size_t n)
-{
-	static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
-
-	if (!out)
-		return NULL;
-	for (size_t i = 0; i < n; i += 3) {
-		uint32_t v = (uint32_t)src[i] << 16 | (i + 1 < n ? (uint32_t)src[i + 1] << 8 : 0) |
-		             (i + 2 < n ? src[i + 2] : 0);
-
-		*o++ = abc[v >> 18];
-		*o++ = abc[(v >> 12) & 63];
-		*o++ = i + 1 < n ? abc[(v >> 6) & 63] : '=';
-		*o++ = i + 2 < n ? abc[v & 63] : '=';
-	}
-	*o = '\0';
-	return out;
-}
-
-/* A small array (TS_FLEET_RECV_INLINE_MAX bytes at most): its bytes go with
- * each destination's receive request, which the peer commits at once (one
- * HTTP call a destination, no endpoint); each answer is the array there. */
+/* A small array (TS_FLEET_RECV_INLINE_MAX bytes at most): its bytes are the
+ * body of each destination's receive request, the receive in a header
+ * (fleet_recv.h), which the peer commits at once (one HTTP call a
+ * destination, no endpoint); each answer is the array there. */
 static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_error *err)
 {
 	uint64_t nbytes = ts_array_desc(x->src)->nbytes;
 	struct ts_run run = {.src_offset = 0, .dst_offset = 0, .len = nbytes};
 	unsigned char *bytes = malloc(nbytes + 1);
-	json_t *body = json_loads(x->body, 0, NULL), *data = NULL;
-	char *text = NULL, *b64 = NULL;
+	size_t hlen = sizeof TS_FLEET_RECV_HEADER ": " + strlen(x->body);
+	char *header = malloc(hlen);
 	ts_status st = TS_OK;
 
-	if (!bytes || !body) {
+	if (!bytes || !header) {
 		st = ts_error_oom(err, "no memory to send array '%s'", ts_array_name(x->src));
 		goto out;
 	}
@@ -746,21 +787,18 @@ static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_
 		st = err->status;
 		goto out;
 	}
-	b64 = base64(bytes, nbytes);
-	data = b64 ? json_string(b64) : NULL;
-	if (!data || json_object_set_new(body, "data", data) != 0 ||
-	    !(text = json_dumps(body, JSON_COMPACT))) {
-		st = ts_error_oom(err, "no memory to send array '%s'", ts_array_name(x->src));
-		goto out;
-	}
+	snprintf(header, hlen, "%s: %s", TS_FLEET_RECV_HEADER, x->body);
 	for (size_t i = 0; st == TS_OK && i < x->n; i++) {
 		struct dest *d = &x->d[i];
+		struct peer p = peer_of(d);
 		struct ts_error e;
+		struct call c;
 
 		ts_error_clear(&e);
-		if (call_peer(d, "/v1/fleet:receive?wait=true", text, COMMIT_TIMEOUT_MS, &d->array,
-		              &e) == TS_OK &&
-		    !json_object_get(d->array, "etag"))
+		if (call_open(&p, &c, "/v1/fleet:receive?wait=true", header, bytes, nbytes,
+		              COMMIT_TIMEOUT_MS, &e) == TS_OK)
+			(void)call_end(&c, call_perform(&c), &d->array, &e);
+		if (e.status == TS_OK && !json_object_get(d->array, "etag"))
 			ts_error_set(&e, TS_DEADLINE_EXCEEDED, "PEER_SLOW",
 			             "peer '%s' had not published '%s' when its wait ended", d->host,
 			             ts_array_name(x->src));
@@ -775,48 +813,42 @@ static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_
 	}
 out:
 	free(bytes);
-	free(b64);
-	free(text);
-	json_decref(body);
+	free(header);
 	return st;
 }
 
 /* ---- the chain: "hosts" sends to the first only, each hop forwards ------ */
 
-/* Aborts d's open receive there, if any (best effort: its deadline ends it
- * otherwise). */
-static void abort_receive(struct dest *d)
+/* Aborts receive id at peer p (best effort: its deadline ends it
+ * otherwise; one that ended already answers 404). */
+static void abort_at(const struct peer *p, const char *id)
 {
 	char path[128];
 	json_t *j = NULL;
 	struct ts_error e;
 
+	snprintf(path, sizeof path, "/v1/fleet/receives/%s:abort", id);
+	ts_error_clear(&e);
+	(void)peer_call(p, path, NULL, 2000L, &j, &e);
+	json_decref(j);
+}
+
+/* Aborts d's open receive there, if any. */
+static void abort_receive(struct dest *d)
+{
+	struct peer p = peer_of(d);
+
 	if (!d->rid[0])
 		return;
-	snprintf(path, sizeof path, "/v1/fleet/receives/%s:abort", d->rid);
-	ts_error_clear(&e);
-	(void)call_peer(d, path, NULL, 2000L, &j, &e);
-	json_decref(j);
+	abort_at(&p, d->rid);
 	d->rid[0] = '\0';
 }
 
 void ts__fleet_abort_at(struct ts_server *srv, const char *host, const char *url, const char *id)
 {
-	struct xfer *x = calloc(1, sizeof *x + sizeof x->d[0]);
-	struct dest *d;
+	struct peer p = {.srv = srv, .host = host, .url = url};
 
-	if (!x)
-		return;
-	x->srv = srv;
-	x->silence_ns = (uint64_t)srv->cfg.fleet_timeout * 1000000000ull;
-	x->n = 1;
-	d = &x->d[0];
-	d->x = x;
-	snprintf(d->host, sizeof d->host, "%s", host);
-	snprintf(d->url, sizeof d->url, "%s", url);
-	snprintf(d->rid, sizeof d->rid, "%s", id);
-	abort_receive(d);
-	free(x);
+	abort_at(&p, id);
 }
 
 /* The receive request for hop k: the copy's, naming its sender (the hop
@@ -1193,7 +1225,8 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 	                 (json_int_t)receive_ttl(d->nbytes), "source_host", srv->core.host);
 	if (body && req->placement)
 		json_object_update(body, req->placement);
-	x->body = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	/* ASCII: it goes as a header too (send_inline) */
+	x->body = body ? json_dumps(body, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
 	json_decref(body);
 	if (!x->body) {
 		free(x);

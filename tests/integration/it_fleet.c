@@ -728,6 +728,18 @@ static void post_auth(struct th_daemon *d, const char *path, const char *body,
 	th_request(d, "POST", path, h, body, body ? strlen(body) : 0, r);
 }
 
+/* POST /v1/fleet:receive?wait=true with n raw bytes as the body and spec
+ * (NULL: none) in its X-Tstage-Receive header, as peers send small arrays. */
+static void post_raw(struct th_daemon *d, const char *spec, const void *bytes, size_t n,
+                     struct th_response *r)
+{
+	char *hdr = spec ? th_fmt("X-Tstage-Receive: %s", spec) : NULL;
+	const char *h[] = {auth[0], "Content-Type: application/octet-stream", hdr, NULL};
+
+	th_request(d, "POST", "/v1/fleet:receive?wait=true", h, bytes, n, r);
+	free(hdr);
+}
+
 /* GET path with the token: its body (caller frees), which must be a 200. */
 static char *get_bytes_auth(struct th_daemon *d, const char *path, size_t *n)
 {
@@ -1066,6 +1078,42 @@ START_TEST(test_receive_expires_and_aborts)
 	th_response_free(&r);
 	th_request(&d[1], "DELETE", "/v1/arrays/r", auth, NULL, 0, &r);
 	th_response_free(&r);
+	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5], "
+	                "\"memory_kind\": \"pinned_host\"}",
+	         "\5\4\0\2\1", 5, &r);
+	ck_assert_msg(r.status == 200, "raw receive: %ld %s", r.status, r.body);
+	th_response_free(&r);
+	th_request(&d[1], "GET", "/v1/arrays/r/data", auth, NULL, 0, &r);
+	ck_assert_int_eq(r.status, 200);
+	ck_assert_uint_eq(r.body_len, 5);
+	ck_assert(memcmp(r.body, "\5\4\0\2\1", 5) == 0);
+	th_response_free(&r);
+	th_request(&d[1], "DELETE", "/v1/arrays/r", auth, NULL, 0, &r);
+	th_response_free(&r);
+	/* the raw form: its header is required, a JSON object, without "data"
+	 * or "forward"; the body exactly the array's bytes */
+	post_raw(&d[1], NULL, "\1\2\3\4\5", 5, &r);
+	th_expect_error(&r, "raw, no header", 400, "INVALID_ARGUMENT", NULL, "X-Tstage-Receive",
+	                NULL);
+	post_raw(&d[1], "[1]", "\1\2\3\4\5", 5, &r);
+	th_expect_error(&r, "raw, header an array", 400, "INVALID_ARGUMENT", NULL,
+	                "X-Tstage-Receive", NULL);
+	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"sh\xff\": [5]}", "\1\2\3\4\5",
+	         5, &r);
+	th_expect_error(&r, "raw, header not UTF-8", 400, "INVALID_ARGUMENT", NULL,
+	                "X-Tstage-Receive", NULL);
+	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5]}", "\1\2\3\4",
+	         4, &r);
+	th_expect_error(&r, "raw, short body", 400, "INVALID_ARGUMENT", NULL, "5 bytes", NULL);
+	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5]}",
+	         "\1\2\3\4\5\6", 6, &r);
+	th_expect_error(&r, "raw, long body", 400, "INVALID_ARGUMENT", NULL, "5 bytes", NULL);
+	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5], "
+	                "\"data\": \"AQIDBAU=\"}",
+	         "\1\2\3\4\5", 5, &r);
+	th_expect_error(&r, "raw with data", 400, "INVALID_ARGUMENT", NULL, "data", NULL);
+	expect_not_found(&d[1], "/v1/arrays/r");
+	await_unpinned(&d[1], base, 2000, "refused raw receives' memory");
 
 	/* one aborted */
 	o = post_object(&d[1], "/v1/fleet:receive",
@@ -1365,16 +1413,63 @@ END_TEST
  * (its staging memory back); with it, the other publishes and the result
  * names the refusing one, whether it is the chain's last hop or its
  * first. */
+/* node0 broadcasts "x" (nbytes, x) as out to node1 and node2 with
+ * partial_ok, node `refuser` holding an array of that name already (4x4
+ * float32): the operation succeeds naming only the refuser, with its
+ * ALREADY_EXISTS in its destination (result and metadata), node `other`
+ * publishes byte for byte, and the refuser's own array is untouched. */
+static void partial_broadcast(struct th_daemon *d, const char *out, int refuser, int other,
+                              const float *x, size_t nbytes)
+{
+	char *body = th_fmt("{\"out\": \"%s\", \"hosts\": [\"node1\", \"node2\"], "
+	                    "\"partial_ok\": true}", out);
+	char *refused = th_fmt("node%d", refuser), *took = th_fmt("node%d", other);
+	char *data = th_fmt("/v1/arrays/%s/data", out), *meta = th_fmt("/v1/arrays/%s", out);
+	struct th_response r;
+	json_t *o, *res, *e;
+	const char *msg;
+	char *got;
+	size_t n;
+
+	post_auth(&d[0], "/v1/arrays/x:copy", body, &r);
+	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
+	o = await_op(&d[0], th_str(th_obj(th_json(&r), "metadata"), "id"), 60000);
+	th_response_free(&r);
+	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
+	res = th_op_result(o);
+	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 1);
+	ck_assert_str_eq(json_string_value(json_array_get(th_arr(res, "failed_hosts"), 0)),
+	                 refused);
+	e = dest_of(th_arr(res, "destinations"), refused);
+	ck_assert_str_eq(th_str(e, "state"), "failed");
+	ck_assert_str_eq(th_str(th_obj(e, "error"), "status"), "ALREADY_EXISTS");
+	msg = th_str(th_obj(e, "error"), "message");
+	ck_assert_msg(strstr(msg, refused), "message: %s", msg);
+	ck_assert_str_eq(th_str(dest_of(th_arr(res, "destinations"), took), "state"), "published");
+	ck_assert_str_eq(th_str(dest_of(th_op_meta(o, "destinations"), refused), "state"),
+	                 "failed");
+	json_decref(o);
+	got = get_bytes_auth(&d[other], data, &n);
+	ck_assert_int_eq(n, nbytes);
+	ck_assert(memcmp(got, x, n) == 0);
+	free(got);
+	o = get_auth(&d[refuser], meta);
+	ck_assert_int_eq(th_int(o, "nbytes"), 4 * 4 * 4);   /* the refuser's own, untouched */
+	json_decref(o);
+	free(body);
+	free(refused);
+	free(took);
+	free(data);
+	free(meta);
+}
+
 START_TEST(test_broadcast_failed_destination)
 {
 	struct th_daemon d[3];
 	int ports[3];
-	char *got;
 	struct th_response r;
-	json_t *res, *o, *e;
-	size_t rows = 2048, cols = 1024, n;    /* 8 MiB */
+	size_t rows = 2048, cols = 1024;    /* 8 MiB */
 	double base1;
-	const char *msg;
 	float *x;
 
 	start_fleet_one_token(d, 3, ports);
@@ -1393,57 +1488,11 @@ START_TEST(test_broadcast_failed_destination)
 		ck_assert_msg(now_ms() - t0 < 5000, "node1's aborted receive is still held");
 
 	/* the same with partial_ok: node1 has it, node2 is named */
-	post_auth(&d[0], "/v1/arrays/x:copy",
-	          "{\"out\": \"y\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true}", &r);
-	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
-	o = await_op(&d[0], th_str(th_obj(th_json(&r), "metadata"), "id"), 60000);
-	th_response_free(&r);
-	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
-	res = th_op_result(o);
-	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 1);
-	ck_assert_str_eq(json_string_value(json_array_get(th_arr(res, "failed_hosts"), 0)), "node2");
-	e = dest_of(th_arr(res, "destinations"), "node2");
-	ck_assert_str_eq(th_str(e, "state"), "failed");
-	ck_assert_str_eq(th_str(th_obj(e, "error"), "status"), "ALREADY_EXISTS");
-	msg = th_str(th_obj(e, "error"), "message");
-	ck_assert_msg(strstr(msg, "node2"), "message: %s", msg);
-	ck_assert_str_eq(th_str(dest_of(th_arr(res, "destinations"), "node1"), "state"),
-	                 "published");
-	ck_assert_str_eq(th_str(dest_of(th_op_meta(o, "destinations"), "node2"), "state"),
-	                 "failed");
-	json_decref(o);
-	got = get_bytes_auth(&d[1], "/v1/arrays/y/data", &n);
-	ck_assert_int_eq(n, rows * cols * sizeof(float));
-	ck_assert(memcmp(got, x, n) == 0);
-	free(got);
-	o = get_auth(&d[2], "/v1/arrays/y");
-	ck_assert_int_eq(th_int(o, "nbytes"), 4 * 4 * 4);   /* node2's own, untouched */
-	json_decref(o);
-
+	partial_broadcast(d, "y", 2, 1, x, rows * cols * sizeof(float));
 	/* the chain's first hop refuses: with partial_ok the chain goes around
 	 * it, the source sending to node2 itself */
 	free(put_pattern(&d[1], "z", 4, 4, NULL));   /* node1 refuses "z" */
-	post_auth(&d[0], "/v1/arrays/x:copy",
-	          "{\"out\": \"z\", \"hosts\": [\"node1\", \"node2\"], \"partial_ok\": true}", &r);
-	ck_assert_msg(r.status == 202, "broadcast: %ld %s", r.status, r.body);
-	o = await_op(&d[0], th_str(th_obj(th_json(&r), "metadata"), "id"), 60000);
-	th_response_free(&r);
-	ck_assert_str_eq(json_string_value(th_op_meta(o, "state")), "SUCCEEDED");
-	res = th_op_result(o);
-	ck_assert_int_eq(json_array_size(th_arr(res, "failed_hosts")), 1);
-	ck_assert_str_eq(json_string_value(json_array_get(th_arr(res, "failed_hosts"), 0)), "node1");
-	e = dest_of(th_arr(res, "destinations"), "node1");
-	ck_assert_str_eq(th_str(th_obj(e, "error"), "status"), "ALREADY_EXISTS");
-	ck_assert_str_eq(th_str(dest_of(th_arr(res, "destinations"), "node2"), "state"),
-	                 "published");
-	json_decref(o);
-	got = get_bytes_auth(&d[2], "/v1/arrays/z/data", &n);
-	ck_assert_int_eq(n, rows * cols * sizeof(float));
-	ck_assert(memcmp(got, x, n) == 0);
-	free(got);
-	o = get_auth(&d[1], "/v1/arrays/z");
-	ck_assert_int_eq(th_int(o, "nbytes"), 4 * 4 * 4);   /* node1's own, untouched */
-	json_decref(o);
+	partial_broadcast(d, "z", 1, 2, x, rows * cols * sizeof(float));
 	free(x);
 	for (int i = 0; i < 3; i++)
 		th_daemon_stop_ok(&d[i]);

@@ -407,55 +407,56 @@ static ts_status work_note_thread(struct ts_operation *op, void *arg, struct ts_
 	return work_ok(op, &w->j, err);
 }
 
-/* A queued operation runs on the caller's thread, once, with its release,
- * result and end as a worker's run gives; one a worker has, or that has
- * ended, is left alone; a cancelled one is not run, only ended. */
-START_TEST(test_run_here_takes_a_queued_one)
+/* ts_op_submit_here runs the work on the caller's thread before it returns,
+ * with its release, result and end as a worker's run gives, while the only
+ * worker is busy and another operation waits in the queue (which it leaves
+ * there); a claimed target refuses it as ts_op_submit does, its arg still
+ * the caller's. */
+START_TEST(test_submit_here_runs_on_the_caller)
 {
 	struct ts_op_registry *r = registry(1, 100, 0);
 	struct gate g;
-	struct job busy = {.gate = &g}, third = {0};
+	struct job busy = {.gate = &g}, queued = {0}, refused = {0};
 	struct ran_on here = {0};
-	struct ts_operation *a, *b, *c;
-	struct wake_count wc = {0};
+	struct ts_operation *a, *b, *q, *c = NULL;
 	struct ts_op_snapshot snap;
 	struct ts_error err;
 
 	gate_init(&g);
 	a = submit(r, "a", work_ok, &busy);
 	gate_wait_entered(&g, 1);          /* the only worker is busy with a */
-	ck_assert(!ts_op_run_here(r, a));  /* a worker has it */
+	q = submit(r, "q", work_ok, &queued);
 	ts_error_clear(&err);
-	ck_assert_msg(ts_op_submit(r, "put", "b", 100, "bytes", work_note_thread, &here,
-	                           job_release, &b, &err) == TS_OK, "submit: %s", err.message);
-	ck_assert_int_eq(state_of(b), TS_OP_PENDING);
-	ck_assert(ts_operation_wait(b, wake_counter, &wc));
-	ck_assert(ts_op_run_here(r, b));
+	ck_assert_msg(ts_op_submit_here(r, "put", "b", 100, "bytes", work_note_thread, &here,
+	                                job_release, &b, &err) == TS_OK,
+	              "submit_here: %s", err.message);
 	ck_assert(pthread_equal(here.thread, pthread_self()));
 	ck_assert_int_eq(atomic_load(&here.j.ran), 1);
 	ck_assert_int_eq(atomic_load(&here.j.released), 1);
-	ck_assert_int_eq(atomic_load(&wc.wakes), 1);
 	ts_operation_snapshot(b, &snap);
 	ck_assert_int_eq(snap.state, TS_OP_SUCCEEDED);
 	ck_assert(snap.done && snap.start_ns > 0 && snap.end_ns >= snap.start_ns);
 	ck_assert_int_eq(json_integer_value(json_object_get(snap.result, "n")), 42);
 	ts_op_snapshot_release(&snap);
-	ck_assert(!ts_op_run_here(r, b));  /* ended: not run twice */
-	ck_assert_int_eq(atomic_load(&here.j.ran), 1);
-	/* a pending one cancelled first ends without its work */
-	c = submit(r, "c", work_ok, &third);
+	ck_assert_int_eq(state_of(q), TS_OP_PENDING);   /* still the worker's to run */
+	ck_assert_int_eq(atomic_load(&queued.ran), 0);
+	/* the target a holds refuses another, which never runs nor is released */
 	ts_error_clear(&err);
-	ck_assert_int_eq(ts_operation_cancel(c, &err), TS_OK);
-	ck_assert(!ts_op_run_here(r, c));
-	ck_assert_int_eq(state_of(c), TS_OP_CANCELLED);
-	ck_assert_int_eq(atomic_load(&third.ran), 0);
+	ck_assert_int_eq(ts_op_submit_here(r, "put", "a", 100, "bytes", work_ok, &refused,
+	                                   job_release, &c, &err),
+	                 TS_ABORTED);
+	ck_assert_str_eq(err.reason, "TARGET_BUSY");
+	ck_assert_ptr_null(c);
+	ck_assert_int_eq(atomic_load(&refused.ran), 0);
+	ck_assert_int_eq(atomic_load(&refused.released), 0);
 	gate_open(&g);
 	ck_assert(ts_operation_block(a, 10 * SEC));
-	ck_assert_int_eq(state_of(a), TS_OP_SUCCEEDED);
-	ck_assert_int_eq(atomic_load(&busy.ran), 1);
+	ck_assert(ts_operation_block(q, 10 * SEC));
+	ck_assert_int_eq(state_of(q), TS_OP_SUCCEEDED);
+	ck_assert_int_eq(atomic_load(&queued.ran), 1);
 	ts_operation_unref(a);
 	ts_operation_unref(b);
-	ts_operation_unref(c);
+	ts_operation_unref(q);
 	ts_op_registry_free(r);
 }
 END_TEST
@@ -1598,7 +1599,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_failure_keeps_the_error);
 	tcase_add_test(tc, test_failure_keeps_the_partial_result);
 	tcase_add_test(tc, test_cancel_while_pending);
-	tcase_add_test(tc, test_run_here_takes_a_queued_one);
+	tcase_add_test(tc, test_submit_here_runs_on_the_caller);
 	tcase_add_test(tc, test_cancel_while_running);
 	tcase_add_test(tc, test_cancel_after_finish_refused);
 	tcase_add_test(tc, test_target_claims);
