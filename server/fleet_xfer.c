@@ -4,14 +4,18 @@
 #include "server/fleet_xfer.h"
 
 #include <curl/curl.h>
+#include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <ucp/api/ucp.h>
 
+#include "common/lock.h"
 #include "common/log.h"
 #include "common/units.h"
 #include "memory/buffer.h"
@@ -74,6 +78,8 @@ struct xfer {
 	bool partial_ok;
 	uint64_t silence_ns;             /* --fleet-timeout: longest wait on a silent peer */
 	struct ts_fleet_link *link;      /* the daemon's sending UCX (borrowed) */
+	struct ts_mutex mu;              /* a relayed dest's done, which the hop
+	                                  * poller writes while the run reads it */
 	size_t n;
 	struct dest d[];
 };
@@ -470,6 +476,7 @@ static void show_progress(struct xfer *x, struct ts_operation *op, const char *p
 	if (!x->broadcast)
 		return;
 	list = json_array();
+	ts_mutex_lock(&x->mu);
 	for (size_t i = 0; list && i < x->n; i++) {
 		struct dest *d = &x->d[i];
 		json_t *e = d->dead ? ts_error_to_json(&d->err, 0) : NULL;
@@ -481,6 +488,7 @@ static void show_progress(struct xfer *x, struct ts_operation *op, const char *p
 		json_decref(e);
 		json_array_append_new(list, o);
 	}
+	ts_mutex_unlock(&x->mu);
 	o = list ? json_pack("{s:o}", "destinations", list) : NULL;
 	if (o)
 		ts_operation_set_details(op, o);
@@ -511,10 +519,22 @@ static ts_status chain_status(struct dest *d, struct ts_operation *op, long wait
  * sends to the head. */
 #define HOP_POLL_NS (250 * 1000000ull)
 
-/* While the source sends to a chain's head: each later hop's bytes so far
- * (its receive's state, not waiting), so that the operation shows every
- * destination's progress as the bytes go; a failure seen here is seen
- * again, and acted on, once the source has sent everything (chain_ready). */
+/* While the source sends to a chain's head, a thread of its own asks each
+ * later hop for its bytes so far every HOP_POLL_NS (its receive's state,
+ * not waiting), so that the operation shows every destination's progress
+ * as the bytes go, and a slow answer never holds up the sends. A failure
+ * seen here is seen again, and acted on, once the source has sent
+ * everything (chain_ready). */
+struct hop_poller {
+	struct xfer *x;
+	struct ts_operation *op;
+	struct ts_mutex mu;
+	pthread_cond_t cv;               /* CLOCK_MONOTONIC */
+	bool stop;
+	bool started;
+	pthread_t thread;
+};
+
 static void poll_hops(struct xfer *x, struct ts_operation *op)
 {
 	for (size_t k = 0; k < x->n; k++) {
@@ -528,6 +548,68 @@ static void poll_hops(struct xfer *x, struct ts_operation *op)
 		ts_error_clear(&e);
 		(void)chain_status(d, op, 0, HOP_POLL_NS / 1000000u, &complete, &moved, &e);
 	}
+}
+
+static void *hop_poller_main(void *arg)
+{
+	struct hop_poller *hp = arg;
+	struct timespec until;
+
+	ts_mutex_lock(&hp->mu);
+	while (!hp->stop) {
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_nsec += (long)HOP_POLL_NS;
+		until.tv_sec += until.tv_nsec / 1000000000L;
+		until.tv_nsec %= 1000000000L;
+		while (!hp->stop && ts_mutex_wait(&hp->mu, &hp->cv, &until) != ETIMEDOUT)
+			;
+		if (hp->stop)
+			break;
+		ts_mutex_unlock(&hp->mu);
+		poll_hops(hp->x, hp->op);   /* the run's next show_progress shows it */
+		ts_mutex_lock(&hp->mu);
+	}
+	ts_mutex_unlock(&hp->mu);
+	return NULL;
+}
+
+/* Starts hp's thread for x's chain (x->n > 1; without a thread, progress
+ * shows the later hops' bytes only at the end). */
+static void hop_poller_start(struct hop_poller *hp, struct xfer *x, struct ts_operation *op)
+{
+	pthread_condattr_t ca;
+
+	memset(hp, 0, sizeof *hp);
+	hp->x = x;
+	hp->op = op;
+	if (x->n < 2 || pthread_condattr_init(&ca) != 0)
+		return;
+	ts_mutex_init(&hp->mu);
+	if (pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
+	    pthread_cond_init(&hp->cv, &ca) == 0) {
+		hp->started = pthread_create(&hp->thread, NULL, hop_poller_main, hp) == 0;
+		if (!hp->started)
+			pthread_cond_destroy(&hp->cv);
+	}
+	pthread_condattr_destroy(&ca);
+	if (!hp->started)
+		ts_mutex_destroy(&hp->mu);
+}
+
+/* Stops hp's thread (its call in flight, if any, ends first: at most
+ * HOP_POLL_NS). */
+static void hop_poller_stop(struct hop_poller *hp)
+{
+	if (!hp->started)
+		return;
+	ts_mutex_lock(&hp->mu);
+	hp->stop = true;
+	pthread_cond_signal(&hp->cv);
+	ts_mutex_unlock(&hp->mu);
+	pthread_join(hp->thread, NULL);
+	pthread_cond_destroy(&hp->cv);
+	ts_mutex_destroy(&hp->mu);
+	hp->started = false;
 }
 
 /* Sends the version chunk by chunk to every live destination (an active
@@ -547,7 +629,6 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 	const unsigned char *direct =
 		whole && ts_buffer_host_visible(whole) ? ts_buffer_data(whole) : NULL;
 	ts_status st = TS_OK;
-	uint64_t next_poll = ts_now_ns() + HOP_POLL_NS;
 	size_t k;
 	int s = 0;
 
@@ -578,10 +659,6 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 			st = ts_array_read(x->srv->core.env.stager, x->src, &run, 1, buf[s], err);
 		if (st != TS_OK)
 			break;
-		if (x->n > 1 && ts_now_ns() >= next_poll) {
-			poll_hops(x, op);
-			next_poll = ts_now_ns() + HOP_POLL_NS;
-		}
 		show_progress(x, op, "sending");
 		for (k = 0; st == TS_OK && k < x->n; k++) {
 			struct dest *d = &x->d[k];
@@ -947,10 +1024,12 @@ static ts_status open_chain(struct xfer *x, struct ts_error *err)
 /* d's bytes landed as its receive says (received): counted as progress. */
 static void chain_done(struct dest *d, struct ts_operation *op, uint64_t received)
 {
+	ts_mutex_lock(&d->x->mu);
 	if (received > d->done) {
 		ts_operation_progress_add(op, received - d->done);
 		d->done = received;
 	}
+	ts_mutex_unlock(&d->x->mu);
 }
 
 /* Why relayed d cannot get the rest of its bytes: the hop before it
@@ -1112,8 +1191,13 @@ static ts_status xfer_run(struct ts_operation *op, void *arg, struct ts_error *e
 			if (!d->dead && !d->relayed && ucx_open(d, op, d->deadline_ns, &e) != TS_OK)
 				st = dest_failed(d, &e, err);
 		}
-		if (st == TS_OK)
+		if (st == TS_OK) {
+			struct hop_poller hp;
+
+			hop_poller_start(&hp, x, op);
 			st = send_bytes(x, op, err);
+			hop_poller_stop(&hp);
+		}
 	}
 	ucx_stop(x, op);
 	if (st == TS_OK && x->n > 1)
@@ -1162,6 +1246,7 @@ static void xfer_release(void *arg)
 		json_decref(x->d[i].array);
 	}
 	ts_array_unref(x->src);
+	ts_mutex_destroy(&x->mu);
 	free(x->body);
 	free(x);
 }
@@ -1233,6 +1318,7 @@ ts_status ts_fleet_copy_submit(void *cls, struct ts_array *src,
 		return ts_error_oom(err, "no memory for a copy to '%s'", hosts[0]);
 	}
 	x->src = ts_array_ref(src);
+	ts_mutex_init(&x->mu);
 	snprintf(x->etag, sizeof x->etag, "%s", ts_array_etag(src));
 	st = ts_op_submit(srv->core.env.operations, req->put ? "put" : "copy", ts_array_name(src),
 	                  d->nbytes * n, "bytes", xfer_run, x, xfer_release, op, err);

@@ -99,12 +99,18 @@ fi
 # ---- progress: the last hop's bytes show while the source still sends -------
 # h1's link at 200 Mbit/s: 64 MiB (16 chunks, 4 in flight) take at least
 # 2.7 s to leave it
-head -c $((64 << 20)) /dev/urandom >"$tmp/p.raw"
-api h1 '/v1/arrays/p?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
-	--max-time 30 --data-binary @"$tmp/p.raw" -o /dev/null
-inns h1 tc qdisc add dev eth0 root tbf rate 200mbit burst 64kb latency 400ms
-op=$(api h1 '/v1/arrays/p:copy' -X POST \
-	-d '{"out": "p", "hosts": ["h2", "h3"], "memory_kind": "pinned_host"}' | jq -r .name)
+# slow_broadcast NAME RATE KIND: 64 MiB of random bytes uploaded to h1 as
+# NAME, h1's link limited to RATE, and a broadcast of NAME to h2 and h3
+# (memory kind KIND there) started: its operation's name into $op
+slow_broadcast() {
+	head -c $((64 << 20)) /dev/urandom >"$tmp/$1.raw"
+	api h1 "/v1/arrays/$1?dtype=uint8&shape=67108864&memory_kind=pinned_host" -X PUT \
+		--max-time 30 --data-binary @"$tmp/$1.raw" -o /dev/null
+	inns h1 tc qdisc add dev eth0 root tbf rate "$2" burst 64kb latency 400ms
+	op=$(api h1 "/v1/arrays/$1:copy" -X POST \
+		-d "{\"out\": \"$1\", \"hosts\": [\"h2\", \"h3\"], \"memory_kind\": \"$3\"}" | jq -r .name)
+}
+slow_broadcast p 200mbit pinned_host
 seen_mid=
 for ((i = 0; i < 300; i++)); do
 	o=$(api h1 "/v1/$op")
@@ -128,12 +134,7 @@ fi
 
 # ---- middle killed: h2 dies mid-broadcast -----------------------------------
 before=$(pools h3)
-head -c $((64 << 20)) /dev/urandom >"$tmp/m.raw"
-api h1 '/v1/arrays/m?dtype=uint8&shape=67108864&memory_kind=pinned_host' -X PUT \
-	--max-time 30 --data-binary @"$tmp/m.raw" -o /dev/null
-inns h1 tc qdisc add dev eth0 root tbf rate 100mbit burst 64kb latency 400ms
-op=$(api h1 '/v1/arrays/m:copy' -X POST \
-	-d '{"out": "m", "hosts": ["h2", "h3"], "memory_kind": "unpinned_host"}' | jq -r .name)
+slow_broadcast m 100mbit unpinned_host
 moved() {
 	[ "$(api h1 "/v1/$op" | jq -r '.metadata.progress.bytes_done // 0')" -gt $((8 << 20)) ]
 }
