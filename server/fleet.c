@@ -14,6 +14,7 @@
 #include <ifaddrs.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,8 @@ struct ts_fleet {
 	pthread_t thread;
 	bool started;
 	bool curl_inited;
+	int forwards;                    /* guarded by: mu; ?host= reads in flight */
+	pthread_cond_t forwards_cv;      /* signalled as each ends */
 };
 
 /* RFC 3339 UTC with microseconds; JSON null for 0 (never). */
@@ -442,6 +445,7 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
 		return ts_error_oom(err, "no memory for the fleet");
 	ts_mutex_init(&f->mu);
 	ts_mutex_init(&f->pool_mu);
+	pthread_cond_init(&f->forwards_cv, NULL);
 	f->metrics = cfg->metrics;
 	f->interval_ms = cfg->interval_ms;
 	f->timeout_ms = cfg->timeout_ms;
@@ -455,7 +459,7 @@ ts_status ts_fleet_new(const struct ts_fleet_config *cfg, struct ts_fleet **out,
 		return TS_OK;
 	}
 	if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
-		free(f);
+		ts_fleet_free(f);
 		return ts_error_set(err, TS_INTERNAL, "CURL_INIT", "libcurl failed to initialise");
 	}
 	f->curl_inited = true;
@@ -505,6 +509,11 @@ void ts_fleet_free(struct ts_fleet *f)
 		curl_multi_wakeup(f->multi);
 		pthread_join(f->thread, NULL);
 	}
+	/* the reads asked of peers end within their timeout */
+	ts_mutex_lock(&f->mu);
+	while (f->forwards > 0)
+		ts_mutex_wait(&f->mu, &f->forwards_cv, NULL);
+	ts_mutex_unlock(&f->mu);
 	for (int i = 0; i < f->npeers; i++)
 		peer_free(f->peers[i]);
 	if (f->multi)
@@ -517,6 +526,7 @@ void ts_fleet_free(struct ts_fleet *f)
 		curl_global_cleanup();
 	ts_mutex_destroy(&f->pool_mu);
 	ts_mutex_destroy(&f->mu);
+	pthread_cond_destroy(&f->forwards_cv);
 	free(f);
 }
 
@@ -679,7 +689,9 @@ void ts_s_fleet_ticket(struct ts_server *srv, const struct ts_call *call, struct
 /*
  * Reads of another node (?host=): the GET is asked of that peer, with the
  * route's other query arguments and the fleet's token, and its answer is
- * this call's. The worker waits for it, FORWARD_TIMEOUT_MS at most.
+ * this call's. The call runs on a thread of its own while the connection is
+ * suspended (TS_REPLY_SUSPEND), so a slow peer holds no loop that serves
+ * other connections; FORWARD_TIMEOUT_MS at most.
  */
 #define FORWARD_TIMEOUT_MS 5000L
 #define FORWARD_ANSWER_MAX (16u << 20)
@@ -747,79 +759,206 @@ static bool forward_url(CURL *easy, const struct ts_route *route, const struct t
 	return n < cap;
 }
 
-/* Asks peer host the call (see ts_fleet_forward) and answers its answer. */
-static void forward(struct ts_server *srv, const struct ts_route *route,
-                    const struct ts_call *call, const char *host, struct ts_reply *reply)
-{
-	char base[TS_CONFIG_PEER_URL_MAX + 1], url[TS_CONFIG_PEER_URL_MAX + 2048];
-	char auth[300], ebuf[CURL_ERROR_SIZE] = "";
-	struct ts_fleet_body a = {.max = FORWARD_ANSWER_MAX};
-	struct curl_slist *h = NULL;
-	struct ts_error err;
-	json_t *body = NULL;
-	long code = 0;
+/* One forwarded read: asked on its own thread, answered on resume. Two
+ * references: the suspended reply's (release) and the thread's. */
+struct forward {
+	atomic_int refs;
+	struct ts_fleet *fleet;          /* waits for the thread before it goes */
+	struct ts_mutex mu;
+	void (*wake)(void *token);       /* guarded by: mu; NULL once disarmed */
+	void *token;
+	bool done;                       /* guarded by: mu */
+	char host[128];
+	char base[TS_CONFIG_PEER_URL_MAX + 1];
+	char path[1024];                 /* the call's, for messages */
+	char url[TS_CONFIG_PEER_URL_MAX + 2048];
+	/* the thread's result, read on resume once done */
 	CURLcode rc;
-	CURL *easy;
+	long code;
+	struct ts_fleet_body a;          /* max FORWARD_ANSWER_MAX */
+	char ebuf[CURL_ERROR_SIZE];
+};
 
-	ts_error_clear(&err);
-	if (ts_fleet_peer(srv->fleet, host, base, sizeof base, &err) != TS_OK) {
-		ts_reply_error(reply, &err);
+static void forward_unref(struct forward *f)
+{
+	if (atomic_fetch_sub(&f->refs, 1) != 1)
 		return;
+	free(f->a.buf);
+	ts_mutex_destroy(&f->mu);
+	free(f);
+}
+
+static void *forward_main(void *arg)
+{
+	struct forward *f = arg;
+	struct ts_fleet *fleet = f->fleet;
+	CURL *easy = curl_easy_init();
+
+	f->rc = CURLE_FAILED_INIT;
+	if (easy) {
+		curl_easy_setopt(easy, CURLOPT_URL, f->url);
+		curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+		curl_easy_setopt(easy, CURLOPT_HTTPHEADER, fleet->headers);
+		curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+		curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, FORWARD_TIMEOUT_MS);
+		curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, FORWARD_TIMEOUT_MS);
+		curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
+		curl_easy_setopt(easy, CURLOPT_WRITEDATA, &f->a);
+		curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, f->ebuf);
+		curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+		curl_easy_setopt(easy, CURLOPT_PROXY, "");
+		f->rc = curl_easy_perform(easy);
+		curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &f->code);
 	}
-	easy = curl_easy_init();
-	if (!easy) {
-		ts_reply_oom(reply, "no memory for a call to node '%s'", host);
-		return;
-	}
-	if (!forward_url(easy, route, call, base, url, sizeof url)) {
+	if (easy)
 		curl_easy_cleanup(easy);
-		ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
-		              "the call to node '%s' is too long", host);
+	ts_mutex_lock(&f->mu);
+	f->done = true;
+	if (f->wake)
+		f->wake(f->token);
+	f->wake = NULL;
+	ts_mutex_unlock(&f->mu);
+	forward_unref(f);
+	ts_mutex_lock(&fleet->mu);
+	fleet->forwards--;
+	pthread_cond_broadcast(&fleet->forwards_cv);
+	ts_mutex_unlock(&fleet->mu);
+	return NULL;
+}
+
+static bool forward_arm(void *state, void (*wake)(void *token), void *token)
+{
+	struct forward *f = state;
+	pthread_attr_t attr;
+	pthread_t t;
+	bool started = false;
+
+	f->wake = wake;
+	f->token = token;
+	atomic_fetch_add(&f->refs, 1);   /* the thread's */
+	ts_mutex_lock(&f->fleet->mu);
+	f->fleet->forwards++;
+	ts_mutex_unlock(&f->fleet->mu);
+	if (pthread_attr_init(&attr) == 0) {
+		started = pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED) == 0 &&
+		          pthread_create(&t, &attr, forward_main, f) == 0;
+		pthread_attr_destroy(&attr);
+	}
+	if (!started) {
+		ts_mutex_lock(&f->fleet->mu);
+		f->fleet->forwards--;
+		pthread_cond_broadcast(&f->fleet->forwards_cv);
+		ts_mutex_unlock(&f->fleet->mu);
+		f->wake = NULL;
+		snprintf(f->ebuf, sizeof f->ebuf, "no thread to ask it");
+		f->rc = CURLE_FAILED_INIT;
+		f->done = true;
+		forward_unref(f);
+	}
+	return started;   /* not started: answered now, from rc */
+}
+
+static void forward_disarm(void *state, void (*wake)(void *token), void *token)
+{
+	struct forward *f = state;
+
+	(void)wake;
+	(void)token;
+	ts_mutex_lock(&f->mu);
+	f->wake = NULL;
+	ts_mutex_unlock(&f->mu);
+}
+
+static void forward_resume(void *state, bool timed_out, struct ts_reply *reply)
+{
+	struct forward *f = state;
+	json_t *body = NULL;
+	bool done;
+
+	ts_mutex_lock(&f->mu);
+	done = f->done;
+	ts_mutex_unlock(&f->mu);
+	if (timed_out || !done) {
+		ts_reply_fail(reply, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
+		              "node '%s' (%s) gave no answer to GET %s in %ld ms", f->host, f->base,
+		              f->path, FORWARD_TIMEOUT_MS);
 		return;
 	}
-	if (srv->token[0]) {
-		snprintf(auth, sizeof auth, "Authorization: Bearer %s", srv->token);
-		h = curl_slist_append(h, auth);
-	}
-	curl_easy_setopt(easy, CURLOPT_URL, url);
-	curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
-	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, FORWARD_TIMEOUT_MS);
-	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, FORWARD_TIMEOUT_MS);
-	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
-	curl_easy_setopt(easy, CURLOPT_WRITEDATA, &a);
-	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, ebuf);
-	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(easy, CURLOPT_PROXY, "");
-	rc = curl_easy_perform(easy);
-	curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &code);
-	if (rc == CURLE_OK)
-		body = json_loadb(a.buf ? a.buf : "", a.len, 0, NULL);
-	if (rc == CURLE_OPERATION_TIMEDOUT)
+	if (f->rc == CURLE_OK)
+		body = json_loadb(f->a.buf ? f->a.buf : "", f->a.len, 0, NULL);
+	if (f->rc == CURLE_OPERATION_TIMEDOUT)
 		ts_reply_fail(reply, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
-		              "node '%s' (%s) gave no answer to GET %s in %ld ms", host, base,
-		              call->path, FORWARD_TIMEOUT_MS);
-	else if (a.too_big)
+		              "node '%s' (%s) gave no answer to GET %s in %ld ms", f->host, f->base,
+		              f->path, FORWARD_TIMEOUT_MS);
+	else if (f->a.too_big)
 		ts_reply_fail(reply, TS_UNAVAILABLE, "ANSWER_TOO_LARGE",
-		              "node '%s' answered GET %s with more than %u bytes", host, call->path,
+		              "node '%s' answered GET %s with more than %u bytes", f->host, f->path,
 		              FORWARD_ANSWER_MAX);
-	else if (rc != CURLE_OK)
+	else if (f->rc != CURLE_OK)
 		ts_reply_fail(reply, TS_UNAVAILABLE, "PEER_UNAVAILABLE", "node '%s' (%s): GET %s: %s",
-		              host, base, call->path, ebuf[0] ? ebuf : curl_easy_strerror(rc));
-	else if (code < 200 || code > 299)
-		forward_error(reply, host, code, body);
+		              f->host, f->base, f->path,
+		              f->ebuf[0] ? f->ebuf : curl_easy_strerror(f->rc));
+	else if (f->code < 200 || f->code > 299)
+		forward_error(reply, f->host, f->code, body);
 	else if (!json_is_object(body))
 		ts_reply_fail(reply, TS_UNAVAILABLE, "BAD_ANSWER",
-		              "node '%s' did not answer GET %s with a JSON object", host, call->path);
+		              "node '%s' did not answer GET %s with a JSON object", f->host, f->path);
 	else {
 		ts_reply_json(reply, TS_HTTP_OK, body);
 		body = NULL;
 	}
 	json_decref(body);
-	free(a.buf);
-	curl_slist_free_all(h);
-	curl_easy_cleanup(easy);
+}
+
+static void forward_release(void *state)
+{
+	forward_unref(state);
+}
+
+/* Asks peer host the call (see ts_fleet_forward) and answers its answer. */
+static void forward(struct ts_server *srv, const struct ts_route *route,
+                    const struct ts_call *call, const char *host, struct ts_reply *reply)
+{
+	struct forward *f = calloc(1, sizeof *f);
+	struct ts_error err;
+	struct ts_suspend s;
+	CURL *easy;
+	bool fits;
+
+	ts_error_clear(&err);
+	if (!f) {
+		ts_reply_oom(reply, "no memory for a call to node '%s'", host);
+		return;
+	}
+	atomic_init(&f->refs, 1);
+	ts_mutex_init(&f->mu);
+	f->a.max = FORWARD_ANSWER_MAX;
+	snprintf(f->host, sizeof f->host, "%s", host);
+	snprintf(f->path, sizeof f->path, "%s", call->path);
+	f->fleet = srv->fleet;
+	if (ts_fleet_peer(srv->fleet, host, f->base, sizeof f->base, &err) != TS_OK) {
+		forward_unref(f);
+		ts_reply_error(reply, &err);
+		return;
+	}
+	easy = curl_easy_init();   /* for its escaping */
+	fits = easy && forward_url(easy, route, call, f->base, f->url, sizeof f->url);
+	if (easy)
+		curl_easy_cleanup(easy);
+	if (!fits) {
+		forward_unref(f);
+		if (!easy)
+			ts_reply_oom(reply, "no memory for a call to node '%s'", host);
+		else
+			ts_reply_fail(reply, TS_INVALID_ARGUMENT, "BAD_HOST",
+			              "the call to node '%s' is too long", host);
+		return;
+	}
+	/* a second past the call's own timeout: the thread answers first */
+	s = (struct ts_suspend){.timeout_ns = (FORWARD_TIMEOUT_MS + 1000) * 1000000ull,
+	                        .arm = forward_arm, .disarm = forward_disarm,
+	                        .resume = forward_resume, .release = forward_release, .state = f};
+	ts_reply_suspend(reply, &s);
 }
 
 bool ts_fleet_forward(struct ts_server *srv, const struct ts_route *route,

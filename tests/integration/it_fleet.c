@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1671,6 +1672,46 @@ static void get_error(struct th_daemon *d, const char *path, long http, const ch
 	th_expect_error(&r, path, http, status, reason, word, word2);
 }
 
+/* A GET with the token on a connection of its own (raw HTTP/1.1, closed
+ * after the answer), for a thread beside the harness's requests: the
+ * answer's status into status, its text (head and body) into text. */
+struct raw_get {
+	int port;
+	const char *path;
+	long status;
+	char text[4096];
+};
+
+static void *raw_get_main(void *arg)
+{
+	struct raw_get *g = arg;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g->port)};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	size_t n = 0;
+	ssize_t got;
+	char req[512];
+
+	g->status = -1;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	snprintf(req, sizeof req,
+	         "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " TOKEN
+	         "\r\nConnection: close\r\n\r\n", g->path);
+	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
+		while (n + 1 < sizeof g->text &&
+		       (got = read(fd, g->text + n, sizeof g->text - 1 - n)) > 0)
+			n += (size_t)got;
+	g->text[n] = '\0';
+	close(fd);
+	if (sscanf(g->text, "HTTP/1.1 %ld", &g->status) != 1)
+		g->status = -1;
+	return NULL;
+}
+
 /* The reads with ?host=: node0 answers what node1 answers to the same call
  * (its arrays, memory, history, operations, models, topology), its own with
  * its own host or none; node1's refusal comes back with its code and reason;
@@ -1735,6 +1776,32 @@ START_TEST(test_reads_of_another_node)
 	/* the fleet's other calls take no host */
 	th_request(&d[0], "GET", "/v1/arrays/on1.a?host=node1", auth, NULL, 0, &r);
 	th_expect_error(&r, "host on a single array", 400, "INVALID_ARGUMENT", NULL, "host", NULL);
+
+	/* a read of a peer that stopped answering (before its poll sees it)
+	 * holds no loop of node0's: other calls answer at once meanwhile, and
+	 * it ends DEADLINE_EXCEEDED after the forward's 5 s */
+	{
+		struct raw_get g = {.port = ports[0], .path = "/v1/memory?host=node1"};
+		pthread_t t;
+		double t0;
+
+		th_daemon_signal(&d[1], SIGSTOP);
+		ck_assert_int_eq(pthread_create(&t, NULL, raw_get_main, &g), 0);
+		usleep(200000);
+		for (int i = 0; i < 8; i++) {
+			t0 = now_ms();
+			ck_assert_int_eq(th_get_status(&d[0], "/livez"), 200);
+			o = get_auth(&d[0], "/v1/memory");
+			json_decref(o);
+			ck_assert_msg(now_ms() - t0 < 500, "node0 took %.0f ms while a read of node1 waits",
+			              now_ms() - t0);
+		}
+		ck_assert_int_eq(pthread_join(t, NULL), 0);
+		ck_assert_msg(g.status == 504 && strstr(g.text, "PEER_SILENT") &&
+		                  strstr(g.text, "node1"),
+		              "read of a stopped node1: %ld %s", g.status, g.text);
+		th_daemon_signal(&d[1], SIGCONT);
+	}
 
 	th_daemon_signal(&d[1], SIGKILL);
 	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
@@ -1831,8 +1898,19 @@ START_TEST(test_receive_state_and_forward)
 	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(o, "id"));
 	post_expect(&d[1], path, NULL, 200, "abort the forwarding receive");
 	free(path);
-	path = th_fmt("/v1/fleet/receives/%s:abort", th_str(next, "id"));
-	post_expect(&d[0], path, NULL, 200, "abort the next receive");
+	/* the forward stops with its receive and aborts the next one: node0's
+	 * receive ends by itself, long before its deadline */
+	path = th_fmt("/v1/fleet/receives/%s", th_str(next, "id"));
+	for (double t0 = now_ms();; usleep(20000)) {
+		long code;
+
+		th_request(&d[0], "GET", path, auth, NULL, 0, &r);
+		code = r.status;
+		th_response_free(&r);
+		if (code == 404 || code == 503)   /* aborted, or ended with its endpoint */
+			break;
+		ck_assert_msg(now_ms() - t0 < 5000, "node0's next receive still there: %ld", code);
+	}
 	free(path);
 	await_unpinned(&d[1], base1, 5000, "the forwarding receive's memory");
 	await_unpinned(&d[0], base0, 5000, "the next receive's memory");
