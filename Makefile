@@ -221,6 +221,7 @@ FUZZ_query   := server/router.c common/utf8.c
 FUZZ_wait    := handlers/wait.c
 FUZZ_index   := formats/index.c
 FUZZ_units   := common/units.c
+FUZZ_base64  := common/base64.c
 FUZZ_config  := server/config.c common/units.c device/topology.c memory/space.c
 FUZZ_npy     := formats/npy.c formats/dtype.c
 FUZZ_safetensors := formats/safetensors.c formats/dtype.c

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/base64.h"
+
 /* A scheme is shown back only when shorter than any token may be (tokens
  * have 16 characters or more): a bare token sent as the whole header is
  * never echoed. */
@@ -21,46 +23,6 @@ static bool token_equal(const char *token, size_t token_len, const char *given, 
 	for (size_t i = 0; i < token_len; i++)
 		diff |= (unsigned char)(token[i] ^ (i < n ? given[i] : 0));
 	return diff == 0;
-}
-
-static int b64_value(char c)
-{
-	if (c >= 'A' && c <= 'Z')
-		return c - 'A';
-	if (c >= 'a' && c <= 'z')
-		return c - 'a' + 26;
-	if (c >= '0' && c <= '9')
-		return c - '0' + 52;
-	return c == '+' ? 62 : c == '/' ? 63 : -1;
-}
-
-/* Decodes n characters of standard base64 (padding optional) into out (cap
- * bytes); the length decoded, or -1 when src is not base64 or too long. */
-static long b64_decode(const char *src, size_t n, char *out, size_t cap)
-{
-	unsigned acc = 0;
-	size_t len = 0;
-	int bits = 0;
-
-	while (n > 0 && src[n - 1] == '=')
-		n--;
-	if (n % 4 == 1)
-		return -1;
-	for (size_t i = 0; i < n; i++) {
-		int v = b64_value(src[i]);
-
-		if (v < 0)
-			return -1;
-		acc = (acc << 6 | (unsigned)v) & 0xffffff;
-		bits += 6;
-		if (bits >= 8) {
-			bits -= 8;
-			if (len == cap)
-				return -1;
-			out[len++] = (char)(acc >> bits & 0xff);
-		}
-	}
-	return (long)len;
 }
 
 static ts_status refuse(struct ts_error *err, enum ts_auth_fault *fault, enum ts_auth_fault f,
@@ -105,7 +67,7 @@ ts_status ts_auth_check(const char *header, const char *token, size_t token_len,
 		if (rlen == 0)
 			return refuse(err, fault, TS_AUTH_MISSING, scheme, slen,
 			              "the Authorization header's Basic scheme carries no credentials");
-		n = b64_decode(rest, rlen, cred, sizeof cred);
+		n = ts_base64_decode(rest, rlen, false, cred, sizeof cred);
 		colon = n >= 0 ? memchr(cred, ':', (size_t)n) : NULL;
 		if (!colon) {
 			explicit_bzero(cred, sizeof cred);

@@ -19,6 +19,7 @@
 #include <strings.h>
 #include <sys/random.h>
 
+#include "common/base64.h"
 #include "common/lock.h"
 #include "common/log.h"
 #include "common/units.h"
@@ -486,45 +487,6 @@ static ts_status stage(struct ts_server *srv, struct recv *v, const struct ts_ar
 	return TS_OK;
 }
 
-/* Decodes the base64 text in (RFC 4648, padded) into exactly n bytes at
- * out: whether it held exactly those. */
-static bool base64_into(const char *in, unsigned char *out, uint64_t n)
-{
-	static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-	signed char val[256];   /* each byte's 6 bits; -1: not of the alphabet */
-	size_t len = strlen(in);
-	uint64_t o = 0;
-
-	if (len % 4 != 0 || len / 4 * 3 < n || len / 4 * 3 > n + 2)
-		return false;
-	memset(val, -1, sizeof val);
-	for (int k = 0; k < 64; k++)
-		val[(unsigned char)abc[k]] = (signed char)k;
-	for (size_t i = 0; i < len; i += 4) {
-		uint32_t v = 0;
-		int pad = 0;
-
-		for (int k = 0; k < 4; k++) {
-			int six = val[(unsigned char)in[i + k]];
-
-			if (in[i + k] == '=' && i + 4 == len && k >= 2) {
-				pad++;
-				v <<= 6;
-				continue;
-			}
-			if (six < 0 || pad)
-				return false;
-			v = v << 6 | (uint32_t)six;
-		}
-		for (int k = 0; k < 3 - pad; k++) {
-			if (o >= n)
-				return false;
-			out[o++] = (unsigned char)(v >> (16 - 8 * k));
-		}
-	}
-	return o == n;
-}
-
 static void commit_reply(struct ts_server *srv, const struct ts_call *call, struct recv *v,
                          struct ts_reply *reply);
 
@@ -541,7 +503,7 @@ static void receive_inline(struct ts_server *srv, const struct ts_call *call, st
 	ts_error_clear(&err);
 	if (b64)
 		ok = v->length <= TS_FLEET_RECV_INLINE_MAX &&
-		     (!v->length || base64_into(b64, v->data, v->length));
+		     ts_base64_decode(b64, strlen(b64), true, v->data, v->length) == (long)v->length;
 	else
 		ok = v->length <= TS_FLEET_RECV_INLINE_MAX && call->body_len == v->length;
 	if (!ok) {

@@ -1,6 +1,6 @@
 /*
  * test_common.c - the status table, error recorder, byte-size parsing and
- * formatting, log escaping, and the growing text buffer.
+ * formatting, log escaping, base64 decoding, and the growing text buffer.
  */
 #include <check.h>
 #include <ctype.h>
@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "common/base64.h"
 #include "common/copy.h"
 #include "common/lock.h"
 #include "common/histogram.h"
@@ -851,6 +852,57 @@ START_TEST(test_textbuf_failure_is_sticky)
 }
 END_TEST
 
+/* RFC 4648's vectors decode, padded and (when allowed) not; everything
+ * that is not the canonical encoding, or too long for the buffer, is -1
+ * and writes nothing past the buffer. */
+START_TEST(test_base64_decode)
+{
+	static const char *const vec[][2] = {
+		{"", ""}, {"Zg==", "f"}, {"Zm8=", "fo"}, {"Zm9v", "foo"}, {"Zm9vYg==", "foob"},
+		{"Zm9vYmE=", "fooba"}, {"Zm9vYmFy", "foobar"},
+	};
+	static const char *const bad[] = {
+		"Z", "Zg=", "Zg===", "Z===", "Zh==", "Zm9=", "Zg==Zg==", "Zm 9v", "Zm9v\n",
+		"Zm-v", "Zm_v", "=Zm9", "Zm=v",
+	};
+	char out[16];
+
+	for (size_t i = 0; i < sizeof vec / sizeof vec[0]; i++) {
+		size_t n = strlen(vec[i][0]), want = strlen(vec[i][1]), bare = n;
+
+		memset(out, '#', sizeof out);
+		ck_assert_int_eq(ts_base64_decode(vec[i][0], n, true, out, want), (long)want);
+		ck_assert(memcmp(out, vec[i][1], want) == 0 && out[want] == '#');
+		ck_assert_int_eq(ts_base64_decode(vec[i][0], n, false, out, sizeof out), (long)want);
+		/* too small a buffer: refused, untouched */
+		if (want) {
+			memset(out, '#', sizeof out);
+			ck_assert_int_eq(ts_base64_decode(vec[i][0], n, true, out, want - 1), -1);
+			ck_assert_int_eq(out[0], '#');
+		}
+		/* without its padding: only when padding is optional */
+		while (bare && vec[i][0][bare - 1] == '=')
+			bare--;
+		if (bare < n) {
+			ck_assert_int_eq(ts_base64_decode(vec[i][0], bare, false, out, sizeof out),
+			                 (long)want);
+			ck_assert_int_eq(ts_base64_decode(vec[i][0], bare, true, out, sizeof out), -1);
+		}
+	}
+	for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		ck_assert_msg(ts_base64_decode(bad[i], strlen(bad[i]), false, out, sizeof out) == -1,
+		              "'%s' decoded", bad[i]);
+		ck_assert_msg(ts_base64_decode(bad[i], strlen(bad[i]), true, out, sizeof out) == -1,
+		              "'%s' decoded (padded)", bad[i]);
+	}
+	/* every byte value, through the whole alphabet */
+	ck_assert_int_eq(ts_base64_decode("AP8Q", 4, true, out, 3), 3);
+	ck_assert(memcmp(out, "\x00\xff\x10", 3) == 0);
+	ck_assert_int_eq(ts_base64_decode("+/+/", 4, true, out, 3), 3);
+	ck_assert(memcmp(out, "\xfb\xff\xbf", 3) == 0);
+}
+END_TEST
+
 Suite *ts_unit_suite(void)
 {
 	Suite *s = suite_create("common");
@@ -878,6 +930,7 @@ Suite *ts_unit_suite(void)
 	tcase_add_test(tc, test_log_lines_are_json);
 	tcase_add_test(tc, test_histogram_buckets);
 	tcase_add_test(tc, test_streaming_copy_exact);
+	tcase_add_test(tc, test_base64_decode);
 	suite_add_tcase(s, tc);
 	tcase_add_test(textbuf, test_textbuf_appends_grow_and_take);
 	tcase_add_test(textbuf, test_textbuf_json_string_as_jansson_writes_it);
