@@ -1072,11 +1072,7 @@ START_TEST(test_receive_expires_and_aborts)
 	                200, "inline receive");
 	ck_assert_str_eq(th_str(o, "name"), "r");
 	json_decref(o);
-	th_request(&d[1], "GET", "/v1/arrays/r/data", auth, NULL, 0, &r);
-	ck_assert_int_eq(r.status, 200);
-	ck_assert_uint_eq(r.body_len, 5);
-	ck_assert(memcmp(r.body, "\1\2\3\4\5", 5) == 0);
-	th_response_free(&r);
+	expect_bytes(&d[1], "/v1/arrays/r/data", "\1\2\3\4\5", 5);
 	th_request(&d[1], "DELETE", "/v1/arrays/r", auth, NULL, 0, &r);
 	th_response_free(&r);
 	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [5], "
@@ -1084,11 +1080,7 @@ START_TEST(test_receive_expires_and_aborts)
 	         "\5\4\0\2\1", 5, &r);
 	ck_assert_msg(r.status == 200, "raw receive: %ld %s", r.status, r.body);
 	th_response_free(&r);
-	th_request(&d[1], "GET", "/v1/arrays/r/data", auth, NULL, 0, &r);
-	ck_assert_int_eq(r.status, 200);
-	ck_assert_uint_eq(r.body_len, 5);
-	ck_assert(memcmp(r.body, "\5\4\0\2\1", 5) == 0);
-	th_response_free(&r);
+	expect_bytes(&d[1], "/v1/arrays/r/data", "\5\4\0\2\1", 5);
 	th_request(&d[1], "DELETE", "/v1/arrays/r", auth, NULL, 0, &r);
 	th_response_free(&r);
 	/* the raw form: its header is required, a JSON object, without "data"
