@@ -212,28 +212,11 @@ static ts_status call_start(const struct peer *p, struct call *c, const char *pa
 
 /* Runs c's call. A kept connection the peer closed meanwhile (it restarted,
  * or its idle connection timed out) can fail as the request goes out, with
- * nothing answered: that call goes once more over a new connection. The
- * peer read no request on that connection (nothing came back, not even a
- * header), or the process that did is gone, so the request is not applied
- * twice by one process. */
+ * nothing answered: libcurl itself sends that request again over a new
+ * connection ("Connection died, retrying a fresh connect"), as
+ * it_fleet's test_kept_connection_dropped_is_called_again checks. */
 static CURLcode call_perform(struct call *c)
 {
-	CURLcode rc = curl_easy_perform(c->e);
-	long fresh = 1, head = 0;
-
-	if (rc != CURLE_GOT_NOTHING && rc != CURLE_SEND_ERROR && rc != CURLE_RECV_ERROR)
-		return rc;
-	curl_easy_getinfo(c->e, CURLINFO_NUM_CONNECTS, &fresh);
-	curl_easy_getinfo(c->e, CURLINFO_HEADER_SIZE, &head);
-	if (fresh != 0 || head != 0 || c->a.len != 0)
-		return rc;
-	ts_log(TS_LOG_DEBUG, "\"event\":\"fleet_call\",\"result\":\"retry\"",
-	       "peer '%s': %s on a kept connection: %s; again on a new one", c->p.host,
-	       c->url, curl_easy_strerror(rc));
-	free(c->a.buf);
-	c->a = (struct ts_fleet_body){.max = ANSWER_MAX};
-	c->ebuf[0] = '\0';
-	curl_easy_setopt(c->e, CURLOPT_FRESH_CONNECT, 1L);
 	return curl_easy_perform(c->e);
 }
 

@@ -18,6 +18,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1010,6 +1011,176 @@ START_TEST(test_cross_node_copy)
 }
 END_TEST
 
+/* A fake peer on 127.0.0.1:port: it answers the fleet's poll as node
+ * "fake" and a receive with an array, except that on each connection it
+ * meets the second receive request with a close and no answer, as a peer
+ * gone between the sender's check of a kept connection and its request. */
+struct fake_peer {
+	int fd;                          /* listening */
+	int port;
+	atomic_int receives;             /* receive requests read */
+	atomic_int dropped;              /* of those, closed unanswered */
+	atomic_int conns;                /* connection threads alive */
+	pthread_t thread;
+};
+
+struct fake_conn {
+	struct fake_peer *fp;
+	int fd;
+};
+
+static void fake_answer(int fd, const char *json)
+{
+	char head[160];
+	int n = snprintf(head, sizeof head,
+	                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+	                 "Content-Length: %zu\r\n\r\n", strlen(json));
+
+	if (write(fd, head, (size_t)n) != n || write(fd, json, strlen(json)) < 0)
+		return;
+}
+
+static void *fake_conn_main(void *arg)
+{
+	struct fake_conn *c = arg;
+	char *buf = malloc(1 << 16);
+	size_t have = 0;
+	int receives = 0;
+
+	if (!buf)
+		goto out;
+
+	for (;;) {
+		char *end, head[1024];
+		size_t head_len, clen = 0;
+		const char *cl;
+		ssize_t got;
+
+		while (!(end = memmem(buf, have, "\r\n\r\n", 4))) {
+			got = have < (1 << 16) ? read(c->fd, buf + have, (1 << 16) - have) : -1;
+			if (got <= 0)
+				goto out;
+			have += (size_t)got;
+		}
+		head_len = (size_t)(end + 4 - buf);
+		snprintf(head, sizeof head, "%.*s", (int)(head_len < sizeof head ? head_len
+		                                                                   : sizeof head - 1),
+		         buf);
+		cl = strcasestr(head, "\r\nContent-Length:");
+		if (cl)
+			clen = strtoul(cl + 17, NULL, 10);
+		while (have < head_len + clen) {
+			got = have < (1 << 16) ? read(c->fd, buf + have, (1 << 16) - have) : -1;
+			if (got <= 0)
+				goto out;
+			have += (size_t)got;
+		}
+		if (strncmp(head, "GET /v1/fleet", 13) == 0) {
+			fake_answer(c->fd, "{\"nodes\": [{\"host\": \"fake\", \"version\": \"0\", "
+			                   "\"devices\": []}]}");
+		} else if (strncmp(head, "POST /v1/fleet:receive", 22) == 0) {
+			atomic_fetch_add(&c->fp->receives, 1);
+			if (++receives == 2) {
+				atomic_fetch_add(&c->fp->dropped, 1);
+				goto out;
+			}
+			fake_answer(c->fd, "{\"name\": \"y\", \"etag\": \"\\\"1-f\\\"\"}");
+		} else {
+			goto out;
+		}
+		memmove(buf, buf + head_len + clen, have - head_len - clen);
+		have -= head_len + clen;
+	}
+out:
+	free(buf);
+	close(c->fd);
+	atomic_fetch_sub(&c->fp->conns, 1);
+	free(c);
+	return NULL;
+}
+
+static void *fake_accept_main(void *arg)
+{
+	struct fake_peer *fp = arg;
+	int fd;
+
+	while ((fd = accept(fp->fd, NULL, NULL)) >= 0) {
+		struct fake_conn *c = malloc(sizeof *c);
+		pthread_t t;
+
+		ck_assert_ptr_nonnull(c);
+		c->fp = fp;
+		c->fd = fd;
+		atomic_fetch_add(&fp->conns, 1);
+		ck_assert_int_eq(pthread_create(&t, NULL, fake_conn_main, c), 0);
+		pthread_detach(t);
+	}
+	return NULL;
+}
+
+static void fake_peer_start(struct fake_peer *fp, int port)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	int one = 1;
+
+	memset(fp, 0, sizeof *fp);
+	fp->port = port;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	fp->fd = socket(AF_INET, SOCK_STREAM, 0);
+	ck_assert_int_ge(fp->fd, 0);
+	ck_assert_int_eq(setsockopt(fp->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
+	ck_assert_int_eq(bind(fp->fd, (struct sockaddr *)&a, sizeof a), 0);
+	ck_assert_int_eq(listen(fp->fd, 16), 0);
+	ck_assert_int_eq(pthread_create(&fp->thread, NULL, fake_accept_main, fp), 0);
+}
+
+/* Stops the listener; its connections end as their client closes them. */
+static void fake_peer_stop(struct fake_peer *fp)
+{
+	shutdown(fp->fd, SHUT_RDWR);
+	close(fp->fd);
+	pthread_join(fp->thread, NULL);
+	for (double t0 = now_ms(); atomic_load(&fp->conns) > 0; usleep(10000))
+		ck_assert_msg(now_ms() - t0 < 10000, "the fake peer's connections are still open");
+}
+
+/* A call to a peer on a kept connection that the peer drops without an
+ * answer goes once more on a new connection (libcurl's own retry, which
+ * fleet_xfer.c relies on): the second small copy to a peer that closes the
+ * kept connection on its second request succeeds, and the peer read three
+ * receive requests, one of them dropped. */
+START_TEST(test_kept_connection_dropped_is_called_again)
+{
+	struct th_daemon d;
+	struct fake_peer fp;
+	int ports[2];
+	char tokens[1][512], peers[64], port[16];
+	const char *args[] = {"--port", port, "--host-name", "node0", "--peers", peers,
+	                      "--token-file", tokens[0], NULL};
+	json_t *o;
+
+	free_port_pairs(ports, 2);
+	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
+	fake_peer_start(&fp, ports[1]);
+	snprintf(peers, sizeof peers, "http://127.0.0.1:%d", ports[1]);
+	snprintf(port, sizeof port, "%d", ports[0]);
+	th_daemon_start(&d, args);
+	json_decref(await_node(&d, ports[1], true));
+	free(put_pattern(&d, "x", 4, 4, NULL));
+	for (int i = 0; i < 2; i++) {
+		o = post_object(&d, "/v1/arrays/x:copy?wait=true", "{\"out\": \"y\", \"host\": \"fake\"}",
+		                200, i ? "copy on the dropped connection" : "first copy");
+		ck_assert_str_eq(th_str(o, "host"), "fake");
+		ck_assert_str_eq(th_str(th_obj(o, "array"), "etag"), "\"1-f\"");
+		json_decref(o);
+	}
+	ck_assert_int_eq(atomic_load(&fp.receives), 3);
+	ck_assert_int_eq(atomic_load(&fp.dropped), 1);
+	th_daemon_stop_ok(&d);
+	fake_peer_stop(&fp);
+}
+END_TEST
+
 /* A receive checks its request before anything is allocated; its staging
  * memory counts while it is open, and an abort or its deadline gives it
  * back, leaving no array; a commit after that is 404. */
@@ -1942,6 +2113,7 @@ Suite *th_suite(void)
 	tcase_set_timeout(copy, 240);
 	tcase_add_test(copy, test_cross_node_copy);
 	tcase_add_test(copy, test_receive_expires_and_aborts);
+	tcase_add_test(copy, test_kept_connection_dropped_is_called_again);
 	tcase_add_test(copy, test_receive_state_and_forward);
 	tcase_add_test(copy, test_destination_killed_mid_copy);
 	tcase_add_test(copy, test_cross_node_copy_cancelled);
