@@ -491,27 +491,20 @@ static void commit_reply(struct ts_server *srv, const struct ts_call *call, stru
                          struct ts_reply *reply);
 
 /* A receive whose bytes came with its request (small arrays: no ticket, no
- * endpoint, one call): the request's body itself (raw, the spec in
- * X-Tstage-Receive) or "data" (b64, base64). They land in the staging
- * memory and the receive is committed at once. */
+ * endpoint, one call; their count checked already): the request's body
+ * itself (raw, the spec in X-Tstage-Receive) or "data" (b64, base64). They
+ * land in the staging memory and the receive is committed at once. */
 static void receive_inline(struct ts_server *srv, const struct ts_call *call, struct recv *v,
                            const char *b64, struct ts_reply *reply)
 {
 	struct ts_error err;
-	bool ok;
 
 	ts_error_clear(&err);
-	if (b64)
-		ok = v->length <= TS_FLEET_RECV_INLINE_MAX &&
-		     ts_base64_decode(b64, strlen(b64), true, v->data, v->length) == (long)v->length;
-	else
-		ok = v->length <= TS_FLEET_RECV_INLINE_MAX && call->body_len == v->length;
-	if (!ok) {
+	if (b64 &&
+	    ts_base64_decode(b64, strlen(b64), true, v->data, v->length) != (long)v->length) {
 		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
-		             "%s must be the array's %llu bytes%s (at most %u bytes); it %s",
-		             b64 ? "\"data\"" : "the body", (unsigned long long)v->length,
-		             b64 ? " in base64" : "", (unsigned)TS_FLEET_RECV_INLINE_MAX,
-		             b64 ? "is not" : "is of another length");
+		             "\"data\" must be the array's %llu bytes in base64 (RFC 4648, padded)",
+		             (unsigned long long)v->length);
 		recv_free(v);
 		ts_reply_error(reply, &err);
 		return;
@@ -607,6 +600,17 @@ void ts_s_fleet_receive(struct ts_server *srv, const struct ts_call *call, struc
 	}
 	if (fwd && ts_fleet_fwd_parse(srv, fwd, &next, &err) != TS_OK)
 		goto fail;
+	/* bytes with the request: refused before anything is allocated when
+	 * they cannot be the array's */
+	if ((raw || data) && (wire.nbytes > TS_FLEET_RECV_INLINE_MAX ||
+	                      (raw && call->body_len != wire.nbytes))) {
+		ts_error_set(&err, TS_INVALID_ARGUMENT, "BAD_REQUEST_BODY",
+		             "%s must be the array's %llu bytes, and at most %u bytes come with a "
+		             "request (a larger array's receive takes none)",
+		             raw ? "the body" : "\"data\"", (unsigned long long)wire.nbytes,
+		             (unsigned)TS_FLEET_RECV_INLINE_MAX);
+		goto fail;
+	}
 	ts_mutex_lock(&r->mu);
 	full = r->nopen >= TS_FLEET_RECV_MAX;
 	ts_mutex_unlock(&r->mu);

@@ -1276,6 +1276,17 @@ START_TEST(test_receive_expires_and_aborts)
 	                "\"data\": \"AQIDBAU=\"}",
 	         "\1\2\3\4\5", 5, &r);
 	th_expect_error(&r, "raw with data", 400, "INVALID_ARGUMENT", NULL, "data", NULL);
+	/* an array too large to come with a request: refused before its memory
+	 * is taken, in either form */
+	post_raw(&d[1], "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [1048576]}",
+	         "\1\2\3\4\5", 5, &r);
+	th_expect_error(&r, "raw, large array", 400, "INVALID_ARGUMENT", NULL, "1048576 bytes",
+	                NULL);
+	post_auth(&d[1], "/v1/fleet:receive",
+	          "{\"out\": \"r\", \"dtype\": \"uint8\", \"shape\": [1048576], \"data\": \"AQID\"}",
+	          &r);
+	th_expect_error(&r, "data, large array", 400, "INVALID_ARGUMENT", NULL, "1048576 bytes",
+	                NULL);
 	expect_not_found(&d[1], "/v1/arrays/r");
 	await_unpinned(&d[1], base, 2000, "refused raw receives' memory");
 
