@@ -1011,15 +1011,57 @@ START_TEST(test_cross_node_copy)
 }
 END_TEST
 
+/* A GET with the token on a connection of its own (raw HTTP/1.1, closed
+ * after the answer), for a thread beside the harness's requests: the
+ * answer's status into status, its text (head and body) into text. */
+struct raw_get {
+	int port;
+	const char *path;
+	long status;
+	char text[4096];
+};
+
+static void *raw_get_main(void *arg)
+{
+	struct raw_get *g = arg;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g->port)};
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	size_t n = 0;
+	ssize_t got;
+	char req[512];
+
+	g->status = -1;
+	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	snprintf(req, sizeof req,
+	         "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " TOKEN
+	         "\r\nConnection: close\r\n\r\n", g->path);
+	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
+		while (n + 1 < sizeof g->text &&
+		       (got = read(fd, g->text + n, sizeof g->text - 1 - n)) > 0)
+			n += (size_t)got;
+	g->text[n] = '\0';
+	close(fd);
+	if (sscanf(g->text, "HTTP/1.1 %ld", &g->status) != 1)
+		g->status = -1;
+	return NULL;
+}
+
 /* A fake peer on 127.0.0.1:port: it answers the fleet's poll as node
  * "fake" and a receive with an array, except that on each connection it
  * meets the second receive request with a close and no answer, as a peer
- * gone between the sender's check of a kept connection and its request. */
+ * gone between the sender's check of a kept connection and its request;
+ * GET /v1/memory it never answers, as a peer that stopped. */
 struct fake_peer {
 	int fd;                          /* listening */
 	int port;
 	atomic_int receives;             /* receive requests read */
 	atomic_int dropped;              /* of those, closed unanswered */
+	atomic_int held;                 /* GET /v1/memory read, never answered */
 	atomic_int conns;                /* connection threads alive */
 	pthread_t thread;
 };
@@ -1075,7 +1117,9 @@ static void *fake_conn_main(void *arg)
 				goto out;
 			have += (size_t)got;
 		}
-		if (strncmp(head, "GET /v1/fleet", 13) == 0) {
+		if (strncmp(head, "GET /v1/memory", 14) == 0) {
+			atomic_fetch_add(&c->fp->held, 1);   /* never answered */
+		} else if (strncmp(head, "GET /v1/fleet", 13) == 0) {
 			fake_answer(c->fd, "{\"nodes\": [{\"host\": \"fake\", \"version\": \"0\", "
 			                   "\"devices\": []}]}");
 		} else if (strncmp(head, "POST /v1/fleet:receive", 22) == 0) {
@@ -1149,23 +1193,31 @@ static void fake_peer_stop(struct fake_peer *fp)
  * fleet_xfer.c relies on): the second small copy to a peer that closes the
  * kept connection on its second request succeeds, and the peer read three
  * receive requests, one of them dropped. */
+/* Starts a fake peer and d, node0, naming it as its only peer, once node0
+ * sees it reachable. */
+static void start_with_fake_peer(struct th_daemon *d, struct fake_peer *fp)
+{
+	int ports[2];
+	char token[512], peers[64], port[16];
+	const char *args[] = {"--port", port, "--host-name", "node0", "--peers", peers,
+	                      "--token-file", token, NULL};
+
+	free_port_pairs(ports, 2);
+	th_write_temp("token", TOKEN "\n", token, sizeof token);
+	fake_peer_start(fp, ports[1]);
+	snprintf(peers, sizeof peers, "http://127.0.0.1:%d", ports[1]);
+	snprintf(port, sizeof port, "%d", ports[0]);
+	th_daemon_start(d, args);
+	json_decref(await_node(d, ports[1], true));
+}
+
 START_TEST(test_kept_connection_dropped_is_called_again)
 {
 	struct th_daemon d;
 	struct fake_peer fp;
-	int ports[2];
-	char tokens[1][512], peers[64], port[16];
-	const char *args[] = {"--port", port, "--host-name", "node0", "--peers", peers,
-	                      "--token-file", tokens[0], NULL};
 	json_t *o;
 
-	free_port_pairs(ports, 2);
-	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
-	fake_peer_start(&fp, ports[1]);
-	snprintf(peers, sizeof peers, "http://127.0.0.1:%d", ports[1]);
-	snprintf(port, sizeof port, "%d", ports[0]);
-	th_daemon_start(&d, args);
-	json_decref(await_node(&d, ports[1], true));
+	start_with_fake_peer(&d, &fp);
 	free(put_pattern(&d, "x", 4, 4, NULL));
 	for (int i = 0; i < 2; i++) {
 		o = post_object(&d, "/v1/arrays/x:copy?wait=true", "{\"out\": \"y\", \"host\": \"fake\"}",
@@ -1176,6 +1228,38 @@ START_TEST(test_kept_connection_dropped_is_called_again)
 	}
 	ck_assert_int_eq(atomic_load(&fp.receives), 3);
 	ck_assert_int_eq(atomic_load(&fp.dropped), 1);
+	th_daemon_stop_ok(&d);
+	fake_peer_stop(&fp);
+}
+END_TEST
+
+/* A read of a peer that has stopped answering (before a poll sees it)
+ * holds no loop of node0's: its other calls answer at once meanwhile, and
+ * the read ends DEADLINE_EXCEEDED naming the peer after the forward's 5 s
+ * (a daemon that asked on the loop's thread held them all that long). */
+START_TEST(test_read_of_silent_peer_holds_no_loop)
+{
+	struct th_daemon d;
+	struct fake_peer fp;
+	struct raw_get g = {.path = "/v1/memory?host=fake"};
+	pthread_t t;
+	double t0;
+
+	start_with_fake_peer(&d, &fp);
+	g.port = d.port;
+	ck_assert_int_eq(pthread_create(&t, NULL, raw_get_main, &g), 0);
+	for (t0 = now_ms(); atomic_load(&fp.held) == 0; usleep(10000))
+		ck_assert_msg(now_ms() - t0 < 5000, "the read never reached the peer");
+	for (int i = 0; i < 8; i++) {
+		t0 = now_ms();
+		ck_assert_int_eq(th_get_status(&d, "/livez"), 200);
+		json_decref(get_auth(&d, "/v1/memory"));
+		ck_assert_msg(now_ms() - t0 < 500, "node0 took %.0f ms while a read of a peer waits",
+		              now_ms() - t0);
+	}
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_msg(g.status == 504 && strstr(g.text, "PEER_SILENT") && strstr(g.text, "fake"),
+	              "read of a silent peer: %ld %s", g.status, g.text);
 	th_daemon_stop_ok(&d);
 	fake_peer_stop(&fp);
 }
@@ -1846,46 +1930,6 @@ static void get_error(struct th_daemon *d, const char *path, long http, const ch
 	th_expect_error(&r, path, http, status, reason, word, word2);
 }
 
-/* A GET with the token on a connection of its own (raw HTTP/1.1, closed
- * after the answer), for a thread beside the harness's requests: the
- * answer's status into status, its text (head and body) into text. */
-struct raw_get {
-	int port;
-	const char *path;
-	long status;
-	char text[4096];
-};
-
-static void *raw_get_main(void *arg)
-{
-	struct raw_get *g = arg;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g->port)};
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	size_t n = 0;
-	ssize_t got;
-	char req[512];
-
-	g->status = -1;
-	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
-		if (fd >= 0)
-			close(fd);
-		return NULL;
-	}
-	snprintf(req, sizeof req,
-	         "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " TOKEN
-	         "\r\nConnection: close\r\n\r\n", g->path);
-	if (write(fd, req, strlen(req)) == (ssize_t)strlen(req))
-		while (n + 1 < sizeof g->text &&
-		       (got = read(fd, g->text + n, sizeof g->text - 1 - n)) > 0)
-			n += (size_t)got;
-	g->text[n] = '\0';
-	close(fd);
-	if (sscanf(g->text, "HTTP/1.1 %ld", &g->status) != 1)
-		g->status = -1;
-	return NULL;
-}
-
 /* The reads with ?host=: node0 answers what node1 answers to the same call
  * (its arrays, memory, history, operations, models, topology), its own with
  * its own host or none; node1's refusal comes back with its code and reason;
@@ -1951,31 +1995,6 @@ START_TEST(test_reads_of_another_node)
 	th_request(&d[0], "GET", "/v1/arrays/on1.a?host=node1", auth, NULL, 0, &r);
 	th_expect_error(&r, "host on a single array", 400, "INVALID_ARGUMENT", NULL, "host", NULL);
 
-	/* a read of a peer that stopped answering (before its poll sees it)
-	 * holds no loop of node0's: other calls answer at once meanwhile, and
-	 * it ends DEADLINE_EXCEEDED after the forward's 5 s */
-	{
-		struct raw_get g = {.port = ports[0], .path = "/v1/memory?host=node1"};
-		pthread_t t;
-		double t0;
-
-		th_daemon_signal(&d[1], SIGSTOP);
-		ck_assert_int_eq(pthread_create(&t, NULL, raw_get_main, &g), 0);
-		usleep(200000);
-		for (int i = 0; i < 8; i++) {
-			t0 = now_ms();
-			ck_assert_int_eq(th_get_status(&d[0], "/livez"), 200);
-			o = get_auth(&d[0], "/v1/memory");
-			json_decref(o);
-			ck_assert_msg(now_ms() - t0 < 500, "node0 took %.0f ms while a read of node1 waits",
-			              now_ms() - t0);
-		}
-		ck_assert_int_eq(pthread_join(t, NULL), 0);
-		ck_assert_msg(g.status == 504 && strstr(g.text, "PEER_SILENT") &&
-		                  strstr(g.text, "node1"),
-		              "read of a stopped node1: %ld %s", g.status, g.text);
-		th_daemon_signal(&d[1], SIGCONT);
-	}
 
 	th_daemon_signal(&d[1], SIGKILL);
 	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
@@ -2125,6 +2144,7 @@ Suite *th_suite(void)
 	tcase_add_test(copy, test_cross_node_copy);
 	tcase_add_test(copy, test_receive_expires_and_aborts);
 	tcase_add_test(copy, test_kept_connection_dropped_is_called_again);
+	tcase_add_test(view, test_read_of_silent_peer_holds_no_loop);
 	tcase_add_test(copy, test_receive_state_and_forward);
 	tcase_add_test(copy, test_destination_killed_mid_copy);
 	tcase_add_test(copy, test_cross_node_copy_cancelled);
