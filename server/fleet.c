@@ -258,6 +258,26 @@ static void peer_free(struct peer *p)
 	free(p);
 }
 
+/* Sets easy up for a GET of url to a peer, the answer into body (at most
+ * body->max bytes), curl's message into errbuf. */
+static void get_setup(CURL *easy, const struct ts_fleet *f, const char *url, long timeout_ms,
+                      struct ts_fleet_body *body, char *errbuf)
+{
+	curl_easy_setopt(easy, CURLOPT_URL, url);
+	curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, timeout_ms);
+	curl_easy_setopt(easy, CURLOPT_HTTPHEADER, f->headers);
+	curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
+	curl_easy_setopt(easy, CURLOPT_WRITEDATA, body);
+	curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, errbuf);
+	curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
+	/* straight to the peer: never through an http_proxy of the environment,
+	 * which would see the token */
+	curl_easy_setopt(easy, CURLOPT_PROXY, "");
+}
+
 static struct peer *peer_new(struct ts_fleet *f, const char *url, size_t len)
 {
 	struct peer *p = calloc(1, sizeof *p);
@@ -274,19 +294,8 @@ static struct peer *peer_new(struct ts_fleet *f, const char *url, size_t len)
 		peer_free(p);
 		return NULL;
 	}
-	curl_easy_setopt(p->easy, CURLOPT_URL, p->poll_url);
-	curl_easy_setopt(p->easy, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(p->easy, CURLOPT_TIMEOUT_MS, (long)f->timeout_ms);
-	curl_easy_setopt(p->easy, CURLOPT_CONNECTTIMEOUT_MS, (long)f->timeout_ms);
-	curl_easy_setopt(p->easy, CURLOPT_HTTPHEADER, f->headers);
 	p->answer.max = ANSWER_MAX;
-	curl_easy_setopt(p->easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
-	curl_easy_setopt(p->easy, CURLOPT_WRITEDATA, &p->answer);
-	curl_easy_setopt(p->easy, CURLOPT_ERRORBUFFER, p->errbuf);
-	curl_easy_setopt(p->easy, CURLOPT_FOLLOWLOCATION, 0L);
-	/* straight to the peer: never through an http_proxy of the environment,
-	 * which would see the token */
-	curl_easy_setopt(p->easy, CURLOPT_PROXY, "");
+	get_setup(p->easy, f, p->poll_url, (long)f->timeout_ms, &p->answer, p->errbuf);
 	return p;
 }
 
@@ -796,17 +805,7 @@ static void *forward_main(void *arg)
 
 	f->rc = CURLE_FAILED_INIT;
 	if (easy) {
-		curl_easy_setopt(easy, CURLOPT_URL, f->url);
-		curl_easy_setopt(easy, CURLOPT_HTTPGET, 1L);
-		curl_easy_setopt(easy, CURLOPT_HTTPHEADER, fleet->headers);
-		curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
-		curl_easy_setopt(easy, CURLOPT_TIMEOUT_MS, FORWARD_TIMEOUT_MS);
-		curl_easy_setopt(easy, CURLOPT_CONNECTTIMEOUT_MS, FORWARD_TIMEOUT_MS);
-		curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, ts_fleet_body_write);
-		curl_easy_setopt(easy, CURLOPT_WRITEDATA, &f->a);
-		curl_easy_setopt(easy, CURLOPT_ERRORBUFFER, f->ebuf);
-		curl_easy_setopt(easy, CURLOPT_FOLLOWLOCATION, 0L);
-		curl_easy_setopt(easy, CURLOPT_PROXY, "");
+		get_setup(easy, fleet, f->url, FORWARD_TIMEOUT_MS, &f->a, f->ebuf);
 		f->rc = curl_easy_perform(easy);
 		curl_easy_getinfo(easy, CURLINFO_RESPONSE_CODE, &f->code);
 	}
@@ -878,15 +877,9 @@ static void forward_resume(void *state, bool timed_out, struct ts_reply *reply)
 	ts_mutex_lock(&f->mu);
 	done = f->done;
 	ts_mutex_unlock(&f->mu);
-	if (timed_out || !done) {
-		ts_reply_fail(reply, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
-		              "node '%s' (%s) gave no answer to GET %s in %ld ms", f->host, f->base,
-		              f->path, FORWARD_TIMEOUT_MS);
-		return;
-	}
-	if (f->rc == CURLE_OK)
+	if (done && f->rc == CURLE_OK)
 		body = json_loadb(f->a.buf ? f->a.buf : "", f->a.len, 0, NULL);
-	if (f->rc == CURLE_OPERATION_TIMEDOUT)
+	if (timed_out || !done || f->rc == CURLE_OPERATION_TIMEDOUT)
 		ts_reply_fail(reply, TS_DEADLINE_EXCEEDED, "PEER_SILENT",
 		              "node '%s' (%s) gave no answer to GET %s in %ld ms", f->host, f->base,
 		              f->path, FORWARD_TIMEOUT_MS);

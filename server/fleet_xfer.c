@@ -210,18 +210,15 @@ static ts_status call_start(const struct peer *p, struct call *c, const char *pa
 	return call_open(p, c, path, NULL, body, body ? strlen(body) : 0, timeout_ms, err);
 }
 
-/* Runs c's call. A kept connection the peer closed meanwhile (it restarted,
- * or its idle connection timed out) can fail as the request goes out, with
- * nothing answered: libcurl itself sends that request again over a new
- * connection ("Connection died, retrying a fresh connect"), as
- * it_fleet's test_kept_connection_dropped_is_called_again checks. */
-static CURLcode call_perform(struct call *c)
-{
-	return curl_easy_perform(c->e);
-}
-
-/* The call ended with rc: *out the JSON answer on a 2xx, else an error
- * naming the peer (its own error message when it gave one). Frees c's. */
+/* The call ended with rc (curl_easy_perform's, or the multi handle's):
+ * *out the JSON answer on a 2xx, else an error naming the peer (its own
+ * error message when it gave one). Frees c's.
+ * A kept connection the peer closed meanwhile (it restarted, or its idle
+ * connection timed out) can fail as the request goes out, with nothing
+ * answered: libcurl itself sends that request again over a new connection
+ * ("Connection died, retrying a fresh connect"), as it_fleet's
+ * test_kept_connection_dropped_is_called_again checks, so rc is never that
+ * failure. */
 static ts_status call_end(struct call *c, CURLcode rc, json_t **out, struct ts_error *err)
 {
 	const char *host = c->p.host;
@@ -278,7 +275,7 @@ static ts_status peer_call(const struct peer *p, const char *path, const char *b
 	*out = NULL;
 	if (call_start(p, &c, path, body, timeout_ms, err) != TS_OK)
 		return err->status;
-	return call_end(&c, call_perform(&c), out, err);
+	return call_end(&c, curl_easy_perform(c.e), out, err);
 }
 
 /* peer_call to d's peer. */
@@ -301,7 +298,7 @@ static ts_status get_peer(struct dest *d, const char *path, long timeout_ms, jso
 	if (call_start(&p, &c, path, NULL, timeout_ms, err) != TS_OK)
 		return err->status;
 	curl_easy_setopt(c.e, CURLOPT_HTTPGET, 1L);
-	return call_end(&c, call_perform(&c), out, err);
+	return call_end(&c, curl_easy_perform(c.e), out, err);
 }
 
 /* Drives req (a UCP request or an immediate status) of d's endpoint to its
@@ -595,6 +592,16 @@ static void hop_poller_stop(struct hop_poller *hp)
 	hp->started = false;
 }
 
+/* The version's bytes when they are one host-visible buffer (the operation
+ * holds the version: they cannot change or go while a send reads them),
+ * else NULL: they are read into memory of the sender's. */
+static const unsigned char *host_bytes(const struct ts_array *a)
+{
+	struct ts_buffer *whole = ts_array_single_buffer(a);
+
+	return whole && ts_buffer_host_visible(whole) ? ts_buffer_data(whole) : NULL;
+}
+
 /* Sends the version chunk by chunk to every live destination (an active
  * message: its offset, then the bytes, which the peer receives into its
  * staging memory), up to XFER_INFLIGHT chunks in flight, then flushes each.
@@ -608,9 +615,7 @@ static ts_status send_bytes(struct xfer *x, struct ts_operation *op, struct ts_e
 	uint64_t chunk = total < TS_FLEET_XFER_CHUNK ? total : TS_FLEET_XFER_CHUNK;
 	uint64_t n;
 	void *buf[XFER_INFLIGHT] = {0};
-	struct ts_buffer *whole = ts_array_single_buffer(x->src);
-	const unsigned char *direct =
-		whole && ts_buffer_host_visible(whole) ? ts_buffer_data(whole) : NULL;
+	const unsigned char *direct = host_bytes(x->src);
 	ts_status st = TS_OK;
 	size_t k;
 	int s = 0;
@@ -834,16 +839,19 @@ static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_
 {
 	uint64_t nbytes = ts_array_desc(x->src)->nbytes;
 	struct ts_run run = {.src_offset = 0, .dst_offset = 0, .len = nbytes};
-	unsigned char *bytes = malloc(nbytes + 1);
+	const unsigned char *direct = host_bytes(x->src);
+	unsigned char *copy = direct ? NULL : malloc(nbytes + 1);
+	const unsigned char *bytes = direct ? direct : copy;
 	size_t hlen = sizeof TS_FLEET_RECV_HEADER ": " + strlen(x->body);
 	char *header = malloc(hlen);
 	ts_status st = TS_OK;
 
-	if (!bytes || !header) {
+	if ((!bytes && nbytes) || !header) {
 		st = ts_error_oom(err, "no memory to send array '%s'", ts_array_name(x->src));
 		goto out;
 	}
-	if (nbytes && ts_array_read(x->srv->core.env.stager, x->src, &run, 1, bytes, err) != TS_OK) {
+	if (copy && nbytes &&
+	    ts_array_read(x->srv->core.env.stager, x->src, &run, 1, copy, err) != TS_OK) {
 		st = err->status;
 		goto out;
 	}
@@ -857,7 +865,7 @@ static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_
 		ts_error_clear(&e);
 		if (call_open(&p, &c, "/v1/fleet:receive?wait=true", header, bytes, nbytes,
 		              COMMIT_TIMEOUT_MS, &e) == TS_OK)
-			(void)call_end(&c, call_perform(&c), &d->array, &e);
+			(void)call_end(&c, curl_easy_perform(c.e), &d->array, &e);
 		if (e.status == TS_OK && !json_object_get(d->array, "etag"))
 			ts_error_set(&e, TS_DEADLINE_EXCEEDED, "PEER_SLOW",
 			             "peer '%s' had not published '%s' when its wait ended", d->host,
@@ -872,7 +880,7 @@ static ts_status send_inline(struct xfer *x, struct ts_operation *op, struct ts_
 		ts_metrics_fleet_bytes(x->srv->metrics, true, nbytes);
 	}
 out:
-	free(bytes);
+	free(copy);
 	free(header);
 	return st;
 }
