@@ -304,7 +304,7 @@ __global__ static void k_xent_rows(const float *x, const void *ids, int id_bytes
 		const float *xr = x + r * V;
 		float *gr = grad + r * V, m = -INFINITY;
 		int64_t t = ts_m_token(ids, id_bytes, r, vocab);
-		double s = 0.0, sum;
+		double s = 0.0, sum, inv;
 
 		LANE_STRIDE(c, V)
 			m = fmaxf(m, xr[c]);
@@ -327,8 +327,9 @@ __global__ static void k_xent_rows(const float *x, const void *ids, int id_bytes
 			__syncthreads();
 		}
 		sum = part[0];
+		inv = ts_m_inv(sum);
 		LANE_STRIDE(c, V)
-			gr[c] = t < 0 ? 0.0f : ts_m_xent_grad(xr[c], m, sum, (int64_t)c == t, rows);
+			gr[c] = t < 0 ? 0.0f : ts_m_xent_grad(xr[c], m, inv, (int64_t)c == t, rows);
 		if (threadIdx.x == 0)
 			loss[1 + r] = t < 0 ? 0.0f : ts_m_xent_loss(sum, m, xr[t]);
 		__syncthreads();        /* the shared parts are reused by the next row */
@@ -513,10 +514,10 @@ __global__ static void k_softmax_fwd(const float *S, uint64_t rows, int T, float
 			m = fmaxf(m, ts_m_att_scaled(sr[c], scale));
 		m = block_max(m, fpart);
 		ROW_STRIDE(c, len)
-			s += ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), m);
-		s = block_sum(s, part);
+			s += ts_m_att_exp(sr[c], scale, m);
+		s = ts_m_inv(block_sum(s, part));
 		ROW_STRIDE(c, (uint64_t)T)
-			pr[c] = c < len ? (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), m) / s)
+			pr[c] = c < len ? ts_m_softmax_p(ts_m_att_exp(sr[c], scale, m), s)
 			                : 0.0f;
 	}
 }

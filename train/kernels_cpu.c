@@ -14,7 +14,7 @@
  * kernels_math.h, which the CUDA kernels use too. Sums run in double in
  * the reductions' fixed lane order, so a sequence of kernels gives
  * bit-identical results run after run, and the same sums as CUDA. The hot
- * loops (a cross-entropy row, Adam, the activations) are cloned for avx512f and avx2
+ * loops (a cross-entropy row, Adam, the activations) are cloned for avx512f and x86-64-v3
  * (target_clones): the same IEEE operations in wider vectors, never fused
  * (the build does not contract), so the same bits on every machine.
  *
@@ -67,11 +67,12 @@
 
 /* The hot loops' clones for wider vector units, on x86-64 where GCC makes
  * them (elsewhere one version); ISO C's -ffp-contract=off keeps every
- * clone's arithmetic the same IEEE operations. Not under ThreadSanitizer:
+ * clone's arithmetic the same IEEE operations, and both vector clones
+ * have FMA (x86-64-v3: AVX2 with it) for the fmaf of kernels_math.h. Not under ThreadSanitizer:
  * the clones' resolvers (ifuncs) run while the program is relocated, before
  * its runtime is up, and crash there. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
-#define HOT_LOOP_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define HOT_LOOP_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #else
 #define HOT_LOOP_CLONES
 #endif
@@ -683,7 +684,7 @@ HOT_LOOP_CLONES
 static float xent_row(const float *restrict xr, float *restrict gr, double *restrict e,
                       uint64_t V, int64_t t, uint64_t rows)
 {
-	double part[TS_RED_LANES] = {0}, sum;
+	double part[TS_RED_LANES] = {0}, sum, inv;
 	float max;
 
 	if (t < 0) {
@@ -701,9 +702,10 @@ static float xent_row(const float *restrict xr, float *restrict gr, double *rest
 			part[l] += e[b + l];
 	}
 	sum = lanes_reduce(part);
+	inv = ts_m_inv(sum);
 	for (uint64_t c = 0; c < V; c++)
-		gr[c] = ts_m_xent_grad_e(e[c], sum, false, rows);
-	gr[t] = ts_m_xent_grad_e(e[t], sum, true, rows);
+		gr[c] = ts_m_xent_grad_e(e[c], inv, false, rows);
+	gr[t] = ts_m_xent_grad_e(e[t], inv, true, rows);
 	return ts_m_xent_loss(sum, max, xr[t]);
 }
 
@@ -962,7 +964,7 @@ static void softmax_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 		const float *sr = j->u.tf.a + r * T;
 		float *pr = j->u.tf.y + r * T, max = -INFINITY;
 		uint64_t len = r % T + 1;
-		double sum;
+		double sum, inv;
 
 		for (uint64_t c = 0; c < len; c++) {
 			float v = ts_m_att_scaled(sr[c], scale);
@@ -971,14 +973,17 @@ static void softmax_fwd_range(const struct job *j, uint64_t r0, uint64_t r1)
 		}
 		if (len <= SOFTMAX_KEEP) {
 			for (uint64_t c = 0; c < len; c++)
-				e[c] = ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max);
+				e[c] = ts_m_att_exp(sr[c], scale, max);
 			LANES_SUM(sum, len, e[c]);
+			inv = ts_m_inv(sum);
 			for (uint64_t c = 0; c < len; c++)
-				pr[c] = (float)(e[c] / sum);
+				pr[c] = ts_m_softmax_p(e[c], inv);
 		} else {
-			LANES_SUM(sum, len, ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max));
+			LANES_SUM(sum, len, ts_m_att_exp(sr[c], scale, max));
+			inv = ts_m_inv(sum);
 			for (uint64_t c = 0; c < len; c++)
-				pr[c] = (float)(ts_m_xent_exp(ts_m_att_scaled(sr[c], scale), max) / sum);
+				pr[c] = ts_m_softmax_p(ts_m_att_exp(sr[c], scale, max),
+				                       inv);
 		}
 		for (uint64_t c = len; c < T; c++)
 			pr[c] = 0.0f;

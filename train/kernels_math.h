@@ -99,6 +99,31 @@ TS_HD static inline int64_t ts_m_token(const void *ids, int id_bytes, uint64_t r
 #define TS_M_DADD(a, b) ((a) + (b))
 #endif
 
+/* A float's bits and back. */
+TS_HD static inline int32_t ts_m_fbits(float x)
+{
+#if defined(__CUDA_ARCH__)
+	return __float_as_int(x);
+#else
+	int32_t b;
+
+	memcpy(&b, &x, sizeof b);
+	return b;
+#endif
+}
+
+TS_HD static inline float ts_m_ffrom(int32_t b)
+{
+#if defined(__CUDA_ARCH__)
+	return __int_as_float(b);
+#else
+	float x;
+
+	memcpy(&x, &b, sizeof x);
+	return x;
+#endif
+}
+
 /* A double's bits and back. */
 TS_HD static inline int64_t ts_m_dbits(double x)
 {
@@ -181,6 +206,43 @@ TS_HD static inline float ts_m_tanh(float x)
 	return copysignf(r, x);
 }
 
+/*
+ * exp(a) in float for a <= 0 (a > 0 reads as 0; NaN stays NaN), the
+ * cross-entropy's and the attention's terms, without branches, so that
+ * the CPU loop over a row vectorises (16 lanes of avx512f, twice
+ * ts_m_exp_neg's 8): a = k ln 2 + r with k = round(a / ln 2) and ln 2 in
+ * two parts, exp(r) for |r| <= ln 2 / 2 as 1 + r + r^2 (1/2! + r (1/3! +
+ * ... + r / 7!)) (the series' remainder is below 6e-9 relative), times
+ * 2^k put into the exponent's bits. Within an ulp of the correctly rounded value
+ * over all of [-87, 0] (test_kernels' test_exp_negf_within_an_ulp checks
+ * every 31st float); below -87 (past the normal floats) it is 0: a term
+ * that a row's sum (at least 1, the max's own term) cannot hold anyway.
+ * Written with fmaf: a fused multiply-add is one correctly rounded
+ * operation on every backend, so CUDA, the CPU's clones (avx512f and
+ * x86-64-v3 make it one instruction; a CPU without FMA gets libm's, slower
+ * and the same bits) and any compiler, whatever it contracts, compute the
+ * same bits.
+ */
+TS_HD static inline float ts_m_exp_negf(float a)
+{
+	const float l2e = 1.44269504f, shift = 12582912.0f; /* 1.5 * 2^23 */
+	const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+	float lo = a < -87.0f ? -87.0f : a, ac = lo > 0.0f ? 0.0f : lo;
+	float t = fmaf(ac, l2e, shift), kf = t - shift;
+	float r = fmaf(-kf, ln2_lo, fmaf(-kf, ln2_hi, ac));
+	float q = 1.0f / 5040.0f;                               /* 1/7! */
+
+	q = fmaf(q, r, 1.0f / 720.0f);
+	q = fmaf(q, r, 1.0f / 120.0f);
+	q = fmaf(q, r, 1.0f / 24.0f);
+	q = fmaf(q, r, 1.0f / 6.0f);
+	q = fmaf(q, r, 0.5f);                                   /* 1/2! */
+	q = 1.0f + fmaf(r * r, q, r);
+	q = ts_m_ffrom(ts_m_fbits(q) + (int32_t)((uint32_t)(ts_m_fbits(t) - ts_m_fbits(shift)) << 23));
+	q = a != a ? a : q;
+	return a < -87.0f ? 0.0f : q;
+}
+
 /* ---- activations ----------------------------------------------------------- */
 
 TS_HD static inline float ts_m_relu(float x)
@@ -255,11 +317,14 @@ TS_HD static inline float ts_m_act_bwd(int act, float pre, float go)
 
 /* Softmax cross-entropy of one row of logits: exp(x - max) summed (in
  * double, the lanes' order) gives the row's loss log(sum) + max - x[target]
- * and each gradient (exp(x - max) / sum - [j == target]) / rows. x - max
- * is exact in double, and <= 0: max is the row's largest. */
+ * and each gradient (exp(x - max) / sum - [j == target]) / rows, the
+ * division by sum a product with inv = 1 / sum (ts_m_inv; a division per
+ * element cost the CPU about 2 cycles of its 6). x - max is <= 0 (max is
+ * the row's largest) and rounded once, as float subtraction rounds; its
+ * exp is a float (ts_m_exp_negf), whose terms are summed in double. */
 TS_HD static inline double ts_m_xent_exp(float x, float max)
 {
-	return ts_m_exp_neg((double)x - (double)max);
+	return (double)ts_m_exp_negf(x - max);
 }
 
 TS_HD static inline float ts_m_xent_loss(double sum, float max, float xt)
@@ -276,16 +341,31 @@ TS_HD static inline double ts_m_div_rows(double q, uint64_t rows)
 	return (rows & (rows - 1)) == 0 ? q * (1.0 / (double)rows) : q / (double)rows;
 }
 
-/* The gradient from the element's term e = ts_m_xent_exp(x, max). */
-TS_HD static inline float ts_m_xent_grad_e(double e, double sum, bool target, uint64_t rows)
+/* 1 / sum of a row's terms: each term's share is its product with it
+ * (the cross-entropy's gradient, the attention's probabilities). */
+TS_HD static inline double ts_m_inv(double sum)
 {
-	return (float)ts_m_div_rows(e / sum - (target ? 1.0 : 0.0), rows);
+	return 1.0 / sum;
 }
 
-TS_HD static inline float ts_m_xent_grad(float x, float max, double sum, bool target,
+/* The gradient from the element's term e = ts_m_xent_exp(x, max), inv
+ * the row's ts_m_inv. */
+TS_HD static inline float ts_m_xent_grad_e(double e, double inv, bool target, uint64_t rows)
+{
+	return (float)ts_m_div_rows(fma(e, inv, target ? -1.0 : 0.0), rows);
+}
+
+TS_HD static inline float ts_m_xent_grad(float x, float max, double inv, bool target,
                                          uint64_t rows)
 {
-	return ts_m_xent_grad_e(ts_m_xent_exp(x, max), sum, target, rows);
+	return ts_m_xent_grad_e(ts_m_xent_exp(x, max), inv, target, rows);
+}
+
+/* The attention's probability of a score whose term is e, inv the row's
+ * ts_m_inv. */
+TS_HD static inline float ts_m_softmax_p(double e, double inv)
+{
+	return (float)(e * inv);
 }
 
 /* ---- transformer blocks (the GPT model) ----------------------------------- */
@@ -338,12 +418,20 @@ TS_HD static inline float ts_m_ln_dx(float dyg, float xhat, float rstd, double s
 }
 
 /* Causal softmax of a row of scores: x = scale * s (a float product),
- * the terms exp(x - max) in double (ts_m_exp_neg), their sum in the
- * lanes' order, p = term / sum. Its gradient: scale p (dp - sum(p dp)),
- * the sum of exact products in the lanes' order (no product feeds an add). */
+ * max the row's largest x, the terms exp(s scale - max) (ts_m_att_exp),
+ * their sum in double in the lanes' order, p = term / sum (the product
+ * with ts_m_inv). Its gradient: scale p (dp - sum(p dp)), the sum of exact
+ * products in the lanes' order (no product feeds an add). */
 TS_HD static inline float ts_m_att_scaled(float s, float scale)
 {
 	return s * scale;
+}
+
+/* A score's term: s scale - max as one fmaf (a product that feeds a sum,
+ * which a compiler could fuse or not: fused on every backend), its exp. */
+TS_HD static inline double ts_m_att_exp(float s, float scale, float max)
+{
+	return (double)ts_m_exp_negf(fmaf(s, scale, -max));
 }
 
 TS_HD static inline float ts_m_att_grad(float p, float dp, double pdp, float scale)

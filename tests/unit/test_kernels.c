@@ -1605,6 +1605,47 @@ START_TEST(test_tanh_within_an_ulp)
 }
 END_TEST
 
+/* ts_m_exp_negf, the exp of the cross-entropy's and the attention's
+ * terms on both backends: within an ulp of the correctly rounded exp
+ * (libm's in double, rounded to float) over every 31st float in [-87, 0],
+ * 0 below, NaN kept. */
+START_TEST(test_exp_negf_within_an_ulp)
+{
+	int worst = 0;
+
+	for (uint32_t b = 0; b < 0x7f800000u; b += 31) {
+		uint32_t bits = b | 0x80000000u;
+		float a, got, want;
+		int d;
+
+		memcpy(&a, &bits, sizeof a);
+		if (a < -87.0f)
+			break;
+		got = ts_m_exp_negf(a);
+		want = (float)exp((double)a);
+		d = abs(forder(got) - forder(want));
+		if (d > 1)   /* (a passed ck_assert writes its place to a file) */
+			ck_abort_msg("exp(%a): got %a, want %a", (double)a, (double)got, (double)want);
+		worst = d > worst ? d : worst;
+	}
+	/* the reduction's boundaries k ln 2 and k ln 2 - ln 2 / 2 */
+	for (int k = -125; k <= 0; k++)
+		for (int h = 0; h <= 1; h++) {
+			float a = (float)(k * M_LN2 - h * M_LN2 / 2);
+
+			if (a > -87.0f)
+				ck_assert_msg(abs(forder(ts_m_exp_negf(a)) - forder((float)exp((double)a))) <= 1,
+				              "exp(%a)", (double)a);
+		}
+	ck_assert(ts_m_exp_negf(0.0f) == 1.0f && ts_m_exp_negf(-0.0f) == 1.0f);
+	ck_assert(ts_m_exp_negf(-87.5f) == 0.0f && ts_m_exp_negf(-1e30f) == 0.0f);
+	ck_assert(ts_m_exp_negf(-INFINITY) == 0.0f);
+	ck_assert(isnan(ts_m_exp_negf(NAN)));
+	ck_assert(ts_m_exp_negf(5.0f) == 1.0f);             /* outside the domain: as 0 */
+	ck_assert(worst <= 1);
+}
+END_TEST
+
 /* The lanes' tree over part, as kernels_math.h orders it. */
 static double lanes_tree(double *part)
 {
@@ -1654,15 +1695,15 @@ START_TEST(test_softmax_cross_entropy_wide_rows_same_bits)
 			for (int l = 0; l < TS_RED_LANES; l++)
 				part[l] = 0;
 			for (int c = 0; c < V; c++)
-				part[c % TS_RED_LANES] += exp((double)xr[c] - (double)m);
+				part[c % TS_RED_LANES] += ts_m_xent_exp(xr[c], m);
 			sum = lanes_tree(part);
 			lse = log(sum) + m;
 			for (int c = 0; c < V; c++) {
-				double e = exp((double)xr[c] - (double)m);
+				double e = ts_m_xent_exp(xr[c], m);
 				size_t i = (size_t)r * V + (size_t)c;
 
 				gw[i] = tg[r] >= V ? 0.0f :
-				        (float)((e / sum - (c == tg[r] ? 1.0 : 0.0)) / R);
+				        (float)((e * (1.0 / sum) - (c == tg[r] ? 1.0 : 0.0)) / R);
 				if (tg[r] < V)
 					check_close(g[i], (exp((double)xr[c] - lse) - (c == tg[r])) / R,
 					            1e-5, 1e-7, "cross-entropy gradient", i);
@@ -2939,6 +2980,7 @@ Suite *ts_unit_suite(void)
 	add_lowp(tc);
 	tcase_add_test(tc, test_same_sequence_same_bits);
 	tcase_add_test(tc, test_exp_neg_within_an_ulp);
+	tcase_add_test(tc, test_exp_negf_within_an_ulp);
 	tcase_add_test(tc, test_tanh_within_an_ulp);
 	tcase_add_test(tc, test_softmax_cross_entropy_wide_rows_same_bits);
 	tcase_add_test(tc, test_updates_match_the_formulas_bit_for_bit);
