@@ -14,9 +14,10 @@
  * kernels_math.h, which the CUDA kernels use too. Sums run in double in
  * the reductions' fixed lane order, so a sequence of kernels gives
  * bit-identical results run after run, and the same sums as CUDA. The hot
- * loops (a cross-entropy row, Adam, the activations) are cloned for avx512f and x86-64-v3
- * (target_clones): the same IEEE operations in wider vectors, never fused
- * (the build does not contract), so the same bits on every machine.
+ * loops (a cross-entropy row, Adam, the activations) are cloned for
+ * avx512f and x86-64-v3 (target_clones): the same IEEE operations in wider
+ * vectors, fused only where kernels_math.h writes fmaf (the build does not
+ * contract), so the same bits on every machine.
  *
  * Threads: a product (its output's tiles), a batch of products, an
  * optimizer update (slices of 64Ki elements), a cross-entropy (eighths
@@ -67,10 +68,11 @@
 
 /* The hot loops' clones for wider vector units, on x86-64 where GCC makes
  * them (elsewhere one version); ISO C's -ffp-contract=off keeps every
- * clone's arithmetic the same IEEE operations, and both vector clones
- * have FMA (x86-64-v3: AVX2 with it) for the fmaf of kernels_math.h. Not under ThreadSanitizer:
- * the clones' resolvers (ifuncs) run while the program is relocated, before
- * its runtime is up, and crash there. */
+ * clone's arithmetic the same IEEE operations, and both vector clones have
+ * FMA (x86-64-v3: AVX2 with it) for the fmaf of kernels_math.h (the
+ * default one calls libm's: the same bits, slower). Not under
+ * ThreadSanitizer: the clones' resolvers (ifuncs) run while the program
+ * is relocated, before its runtime is up, and crash there. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 #define HOT_LOOP_CLONES __attribute__((target_clones("avx512f", "arch=x86-64-v3", "default")))
 #else
