@@ -718,7 +718,6 @@ START_TEST(test_fleet_port_off_and_taken)
 }
 END_TEST
 
-
 /* ---- cross-node copies ---------------------------------------------------- */
 
 /* POST path (body JSON text or NULL) with the token: the answer in r. */
@@ -1188,11 +1187,6 @@ static void fake_peer_stop(struct fake_peer *fp)
 		ck_assert_msg(now_ms() - t0 < 10000, "the fake peer's connections are still open");
 }
 
-/* A call to a peer on a kept connection that the peer drops without an
- * answer goes once more on a new connection (libcurl's own retry, which
- * fleet_xfer.c relies on): the second small copy to a peer that closes the
- * kept connection on its second request succeeds, and the peer read three
- * receive requests, one of them dropped. */
 /* Starts a fake peer and d, node0, naming it as its only peer, once node0
  * sees it reachable. */
 static void start_with_fake_peer(struct th_daemon *d, struct fake_peer *fp)
@@ -1211,6 +1205,11 @@ static void start_with_fake_peer(struct th_daemon *d, struct fake_peer *fp)
 	json_decref(await_node(d, ports[1], true));
 }
 
+/* A call to a peer on a kept connection that the peer drops without an
+ * answer goes once more on a new connection (libcurl's own retry, which
+ * fleet_xfer.c relies on): the second small copy to a peer that closes the
+ * kept connection on its second request succeeds, and the peer read three
+ * receive requests, one of them dropped. */
 START_TEST(test_kept_connection_dropped_is_called_again)
 {
 	struct th_daemon d;
@@ -1994,7 +1993,6 @@ START_TEST(test_reads_of_another_node)
 	/* the fleet's other calls take no host */
 	th_request(&d[0], "GET", "/v1/arrays/on1.a?host=node1", auth, NULL, 0, &r);
 	th_expect_error(&r, "host on a single array", 400, "INVALID_ARGUMENT", NULL, "host", NULL);
-
 
 	th_daemon_signal(&d[1], SIGKILL);
 	ck_assert_int_ne(th_daemon_wait(&d[1], 10000), -1);
