@@ -7,8 +7,8 @@
 # Never shipped: glibc's own parts (libc, libm, libpthread, libdl, librt,
 # libresolv, libnss_*, libutil, libanl, ld-linux: they must match the
 # system's libc), the kernel driver's libraries (libcuda, libnvidia-*), and
-# the CUDA runtime and cuBLAS (the machine's CUDA installation, found by
-# run.sh). libstdc++ and libgcc_s go to lib/compat, which run.sh adds only
+# the CUDA runtime, cuBLAS and NCCL (the machine's CUDA installation, or
+# the NVIDIA wheels of its Python, found by run.sh; NCCL alone is 190 MB). libstdc++ and libgcc_s go to lib/compat, which run.sh adds only
 # where the system has none: an older copy must never shadow the system's.
 # tests/gpu/bundle_check.sh checks the result.
 set -euo pipefail
@@ -20,11 +20,15 @@ cp "$build/tstaged" "$out/bin/"
 for f in "$build"/tests/test_* "$build"/tests/it_* "$build"/bench/bench_*; do
 	case "$f" in
 	*.d) ;;
+	# the fault walk needs the FAULT=1 daemon (make faults), not this one
+	*/tests/it_faults) ;;
 	*/tests/*) [ -x "$f" ] && cp "$f" "$out/tests/" ;;
 	*) [ -x "$f" ] && cp "$f" "$out/bench/" ;;
 	esac
 done
 cp -r tests/integration/py "$out/tests/py"
+# the suites read tests/data/ from the folder they run in (run.sh's)
+cp -r tests/data "$out/tests/data"
 cp tests/bench/run.sh "$out/bench/run.sh"
 cp tests/gpu/run.sh "$out/run.sh"
 cp tests/gpu/bundle_check.sh "$out/bundle_check.sh"
@@ -36,7 +40,7 @@ done | sort -u | while read -r lib; do
 	libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | libresolv.so* | \
 	libnss_*.so* | libutil.so* | libanl.so* | libBrokenLocale.so* | libmvec.so* | \
 	libthread_db.so* | ld-linux* | \
-	libcuda.so* | libcudart.so* | libcublas*.so* | libnvidia*) ;;
+	libcuda.so* | libcudart.so* | libcublas*.so* | libnccl.so* | libnvidia*) ;;
 	libstdc++.so* | libgcc_s.so*) cp -L "$lib" "$out/lib/compat/" ;;
 	*) cp -L "$lib" "$out/lib/" ;;
 	esac

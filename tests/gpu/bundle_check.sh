@@ -4,8 +4,8 @@
 # loader check (ld.so --list) with only the bundle's lib/ (and lib/compat
 # where the system has no libstdc++) on the library path. Fails when the
 # bundle ships a part of glibc or a libstdc++ outside lib/compat, when a
-# library is not found (the CUDA driver, runtime and cuBLAS excepted: the
-# machine's), and when a library would come from this system although a
+# library is not found (the CUDA driver, runtime, cuBLAS and NCCL excepted:
+# the machine's), and when a library would come from this system although a
 # bare one has only its libc. Usage: tests/gpu/bundle_check.sh BUNDLE.tar.gz
 set -eu
 tarball=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -22,7 +22,7 @@ if [ -z "$ldso" ]; then
 	exit 1
 fi
 glibc='^(libc|libm|libpthread|libdl|librt|libresolv|libnss_[a-z]*|libutil|libanl|libBrokenLocale|libmvec|libthread_db)\.so|^ld-linux'
-cuda='^(libcuda|libcudart|libcublas|libcublasLt|libnvidia-[a-z]*)\.so'
+cuda='^(libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia-[a-z]*)\.so'
 status=0
 
 # what the bundle ships

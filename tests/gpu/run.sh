@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-bundle/run.sh - the first minutes on a CUDA machine, as one bounded,
 # prepared check (make gpu-bundle; needs nothing installed but the NVIDIA
-# driver and the CUDA runtime and cuBLAS of the machine's CUDA toolkit):
+# driver, the CUDA runtime and cuBLAS of the machine's CUDA toolkit, and
+# NCCL, from the toolkit or the nvidia-nccl wheel of its Python):
 #
 #   1. the unit suites that touch CUDA, in their CUDA cases (test_kernels
 #      compares every training kernel on CUDA with the CPU kernel on the
@@ -46,6 +47,10 @@ deadline=$((start + budget))
 
 mkdir -p "$logs"
 : >"$summary"
+summary=$(cd "$(dirname "$summary")" && pwd)/$(basename "$summary")
+logs=$(dirname "$summary")/gpu-logs
+# the suites read their data files (tests/data/) from the folder they run in
+cd "$here" || exit 1
 note() { echo "$*" | tee -a "$summary"; }
 
 if [ "$fake" != 1 ]; then
@@ -53,9 +58,16 @@ if [ "$fake" != 1 ]; then
 		note "gpu: no NVIDIA GPU on this machine (nvidia-smi lists none): nothing to check"
 		exit 0
 	fi
-	# the bundle's libraries, then the machine's CUDA runtime and cuBLAS
+	# the bundle's libraries, then the machine's CUDA runtime and cuBLAS,
+	# then NCCL where the loader does not know it: the toolkit's folder, or
+	# the nvidia-nccl wheel of the machine's Python
 	cuda_lib=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 2>/dev/null | head -1)
-	export LD_LIBRARY_PATH="$here/lib${cuda_lib:+:$cuda_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+	nccl_lib=
+	if ! ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 ' &&
+		! [ -e "$cuda_lib/libnccl.so.2" ]; then
+		nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null || true)
+	fi
+	export LD_LIBRARY_PATH="$here/lib${cuda_lib:+:$cuda_lib}${nccl_lib:+:$nccl_lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
 	# the stand-in's libraries stay first
 	export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$here/lib"
@@ -182,8 +194,13 @@ if [ "$fake" = 1 ]; then
 	step it-arrays 150 env CK_RUN_CASE=on_backend "$here/tests/it_arrays"
 	step it-models-create 120 env CK_RUN_CASE=create "$here/tests/it_models"
 else
+	gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 	for t in "$here"/tests/it_*; do
 		case $(basename "$t") in it_lease | it_tokens | it_optax) continue ;; esac
+		if [ "$(basename "$t")" = it_replicas ] && [ "$gpus" -lt 2 ]; then
+			note "skip    it_replicas: one GPU (data parallel needs two)"
+			continue
+		fi
 		[ -x "$t" ] && step "$(basename "$t")" 150 "$t"
 	done
 fi
