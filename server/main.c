@@ -425,7 +425,45 @@ out_close:
 
 static const char *sig_name(int sig)
 {
-	return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "signal";
+	return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP"
+	       : sig == SIGUSR1 ? "SIGUSR1" : "signal";
+}
+
+/*
+ * main's handlers, checked again once the server has started: a library it
+ * loads on the way (the CUDA runtime's, NCCL's, UCX's) may have put its own
+ * on one of these signals (NCCL's proxy thread caught SIGUSR1 in some
+ * releases), which would leave the signal doing nothing of what the head of
+ * this file says. Each one taken is logged, naming the signal, and
+ * installed again.
+ */
+static void reclaim_signal_handlers(void)
+{
+	static const struct {
+		int sig;
+		void (*fn)(int);
+	} own[] = {{SIGTERM, on_stop_signal}, {SIGINT, on_stop_signal},
+	           {SIGHUP, on_other_signal}, {SIGUSR1, on_other_signal}};
+	bool taken = false;
+
+	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+		struct sigaction cur;
+		char fields[96];
+
+		if (sigaction(own[i].sig, NULL, &cur) != 0)
+			continue;
+		if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == own[i].fn)
+			continue;
+		taken = true;
+		snprintf(fields, sizeof fields, "\"event\":\"signal_handler_taken\",\"signal\":\"%s\"",
+		         sig_name(own[i].sig));
+		ts_log(TS_LOG_WARN, fields,
+		       "%s's handler was replaced while the server started (by a library it loaded); "
+		       "tstaged's own is installed again", sig_name(own[i].sig));
+	}
+	if (taken && (install_stop_handler() != 0 || install_other_handler() != 0))
+		ts_log(TS_LOG_ERROR, NULL, "cannot install the signal handlers again: %s",
+		       strerror(errno));
 }
 
 int main(int argc, char **argv)
@@ -471,6 +509,7 @@ int main(int argc, char **argv)
 		ts_log(TS_LOG_ERROR, NULL, "cannot start: %s", err.message);
 		return 1;
 	}
+	reclaim_signal_handlers();
 	/* the server's threads keep the mask; main takes the signals */
 	pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
 	snprintf(fields, sizeof fields, "\"event\":\"listening\",\"port\":%d", ts_server_port(srv));
