@@ -1135,6 +1135,20 @@ bool th_daemon_has_device(struct th_daemon *d, const char *id)
 	return found;
 }
 
+bool th_second_device(struct th_daemon *d, const char *what)
+{
+	if (th_daemon_has_device(d, th_dev(1)))
+		return true;
+	size_t n = strlen(what);
+
+	/* Check's START_TEST(name) makes a function name_fn */
+	if (n > 3 && strcmp(what + n - 3, "_fn") == 0)
+		n -= 3;
+	fprintf(stderr, "SKIP %.*s: needs a second device (%s), which this machine has not\n",
+	        (int)n, what, th_dev(1));
+	return false;
+}
+
 void th_response_free(struct th_response *r)
 {
 	free(r->body);

@@ -128,6 +128,11 @@ int th_daemon_wait(struct th_daemon *d, int timeout_ms);
  * that needs a second device skips what it cannot do on a one-GPU machine. */
 bool th_daemon_has_device(struct th_daemon *d, const char *id);
 
+/* Whether d has the backend's second device (th_dev(1)); without it (a
+ * machine with one GPU) says on stderr that case `what` does not run here,
+ * and the case returns: `if (!th_second_device(&D, __func__)) return;`. */
+bool th_second_device(struct th_daemon *d, const char *what);
+
 /* Stops the daemon and fails the test unless it exits 0 (graceful drain). */
 void th_daemon_stop_ok(struct th_daemon *d);
 

@@ -112,9 +112,12 @@ static uint32_t *random_f32(size_t n, uint64_t seed)
 START_TEST(test_f32_narrowed_to_each_space)
 {
 	size_t n = 4096 * 33;
-	uint32_t *x = random_f32(n, 7);
+	uint32_t *x;
 	json_t *a;
 
+	if (!th_second_device(&D, __func__))
+		return;
+	x = random_f32(n, 7);
 	put_raw("x", "dtype=float32&shape=4096,33&device=sim:0&memory_kind=unpinned_host", x,
 	        n * 4);
 	a = th_post_json_on_backend(&D, "/v1/arrays/x:copy?wait=true",
@@ -146,8 +149,11 @@ END_TEST
 START_TEST(test_every_pattern_widened_in_place)
 {
 	static const char *const kinds[] = {"bfloat16", "float16"};
-	uint16_t *h = malloc(65536 * 2);
+	uint16_t *h;
 
+	if (!th_second_device(&D, __func__))
+		return;
+	h = malloc(65536 * 2);
 	ck_assert_ptr_nonnull(h);
 	for (uint32_t i = 0; i < 65536; i++)
 		h[i] = (uint16_t)i;
@@ -193,10 +199,13 @@ END_TEST
 START_TEST(test_sharded_and_chunked)
 {
 	size_t n = 3 * 1024 * 1024 + 8 * 17;        /* 3M + a partial chunk */
-	uint32_t *x = random_f32(n, 11);
+	uint32_t *x;
 	json_t *op, *res, *shards;
 	char id[80];
 
+	if (!th_second_device(&D, __func__))
+		return;
+	x = random_f32(n, 11);
 	put_raw("big", "dtype=float32&shape=8,393233&device=sim:0&memory_kind=pinned_host", x,
 	        n * 4);
 	json_decref(th_post_json_on_backend(&D, "/v1/shardings",

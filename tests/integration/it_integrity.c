@@ -316,6 +316,8 @@ START_TEST(test_put_keeps_placement)
 {
 	json_t *a;
 
+	if (!th_second_device(&D, __func__))
+		return;
 	put_floats("h.w1", 4, 8, 1.0f, "device=sim:1&memory_kind=pinned_host");
 	put_floats("h.w1", 4, 8, 2.0f, NULL);
 	a = th_array_meta(&D, "h.w1");
@@ -402,6 +404,8 @@ START_TEST(test_copy_overwrite_and_donate)
 	size_t na, nb;
 	json_t *res;
 
+	if (!th_second_device(&D, __func__))
+		return;
 	put_floats("a", 4, 8, 1.0f, "device=sim:0");
 	put_floats("b", 4, 8, 3.0f, "device=sim:0");
 	post_error("/v1/arrays/a:copy?wait=true", "{\"out\": \"b\", \"device\": \"sim:1\"}", 409,
@@ -438,6 +442,8 @@ START_TEST(test_move_keeps_metadata_and_counts)
 	json_t *a, *res;
 	json_int_t implicit;
 
+	if (!th_second_device(&D, __func__))
+		return;
 	memcpy(body, &hlen, 8);                      /* little-endian hosts */
 	memcpy(body + 8, header, hlen);
 	memset(body + 8 + hlen, 0, 8);
@@ -475,6 +481,8 @@ START_TEST(test_create_off_http_threads)
 	int running = 0;
 	struct th_response r;
 
+	if (!th_second_device(&D, __func__))
+		return;
 	/* six 128 MiB models (w1 and w2 of 4 x 1024 x 4096 floats), three per device */
 	for (int i = 0; i < 6; i++) {
 		snprintf(body, sizeof body,
