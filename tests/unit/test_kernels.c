@@ -1917,6 +1917,39 @@ START_TEST(test_cuda_matches_cpu_updates)
 }
 END_TEST
 
+/*
+ * C = op(A) op(B) + beta C on the host in double, and the size that bounds
+ * the rounding of any float32 evaluation of it: sum_k |a_mk b_kn| + |beta c|.
+ */
+static void gemm_exact(bool ta, bool tb, int M, int N, int K, const float *A, const float *B,
+                       float beta, const float *C, double *exact, double *mag)
+{
+	for (int m = 0; m < M; m++)
+		for (int n = 0; n < N; n++) {
+			double s = (double)beta * C[(size_t)m * N + n];
+			double a = fabs(s);
+
+			for (int k = 0; k < K; k++) {
+				double p = (double)(ta ? A[(size_t)k * M + m] : A[(size_t)m * K + k]) *
+				           (tb ? B[(size_t)n * K + k] : B[(size_t)k * N + n]);
+
+				s += p;
+				a += fabs(p);
+			}
+			exact[(size_t)m * N + n] = s;
+			mag[(size_t)m * N + n] = a;
+		}
+}
+
+/*
+ * The plan's six GEMMs (every transpose pair) on both backends, each
+ * within the forward error bound of a float32 sum of K + 1 terms in any
+ * order, gamma_{K+1} = (K+1)u / (1 - (K+1)u) with u = 2^-24, times
+ * sum |terms|, of the exact result: cuBLAS sums in its own order (on an
+ * H200, 128 ulp from OpenBLAS where the inputs' +-30 cancel), so ulps of
+ * each other would be a rule neither library keeps; a wrong operand
+ * mapping is off by the whole result.
+ */
 START_TEST(test_cuda_matches_cpu_gemm)
 {
 	enum { B_ = 64, H = 96, D = 80 };
@@ -1925,16 +1958,28 @@ START_TEST(test_cuda_matches_cpu_gemm)
 	size_t big = (size_t)H * H;
 	float *a0 = x_inputs(big, 41, -1, 1), *b0 = x_inputs(big, 42, -1, 1);
 	float *c0 = x_inputs(big, 43, -1, 1);
+	float *h[2] = {malloc(big * sizeof(float)), malloc(big * sizeof(float))};
+	double *exact = malloc(big * sizeof(double)), *mag = malloc(big * sizeof(double));
 	struct xbuf A = xput(a0, big), B = xput(b0, big), C = xput(c0, big);
 
 	for (int i = 0; i < 6; i++) {
+		bool ta = plan6[i][0], tb = plan6[i][1];
 		int M = plan6[i][2], N = plan6[i][3], K = plan6[i][4];
+		float beta = i % 2 ? 1.0f : 0.0f;
+		double u = 0x1p-24, gamma = (K + 1) * u / (1 - (K + 1) * u);
 
-		for (int b = 0; b < 2; b++)
-			OK(ts_k_gemm(xk[b], xq[b], plan6[i][0], plan6[i][1], M, N, K, 1.0f, A.d[b],
-			             B.d[b], i % 2 ? 1.0f : 0.0f, C.d[b], &err));
-		/* cuBLAS sums in its own order: a few ulp, or absolutely tiny */
-		xcheck(&C, 64, 1e-5, "gemm");
+		for (int b = 0; b < 2; b++) {
+			OK(ts_queue_copy(xq[b], C.d[b], c0, big * sizeof(float), TS_COPY_H2D, &err));
+			OK(ts_k_gemm(xk[b], xq[b], ta, tb, M, N, K, 1.0f, A.d[b], B.d[b], beta, C.d[b],
+			             &err));
+		}
+		gemm_exact(ta, tb, M, N, K, a0, b0, beta, c0, exact, mag);
+		xget(h, &C);
+		for (size_t e = 0; e < (size_t)M * N; e++)
+			for (int b = 0; b < 2; b++)
+				ck_assert_msg(fabs(h[b][e] - exact[e]) <= gamma * mag[e],
+				              "gemm %d [%zu] on %s: %.9g, exact %.12g, bound %.3g", i, e,
+				              b ? "cuda" : "cpu", h[b][e], exact[e], gamma * mag[e]);
 	}
 	xfree(&A);
 	xfree(&B);
@@ -1942,6 +1987,10 @@ START_TEST(test_cuda_matches_cpu_gemm)
 	free(a0);
 	free(b0);
 	free(c0);
+	free(h[0]);
+	free(h[1]);
+	free(exact);
+	free(mag);
 }
 END_TEST
 
