@@ -155,6 +155,24 @@ static void row(const char *name, double rate, double ref, double target)
 	bench_row(name, v, r, rate / ref, t, true, rate / ref >= target);
 }
 
+/*
+ * A copy through the staging ring against the same copy of the pageable
+ * buffer by the runtime alone (on CUDA the driver's own staging, what any
+ * program copying from a numpy array gets; on sim memcpy); its share of
+ * the pinned rate (pinned_rate) printed beside it.
+ */
+static void ring_row(const char *tag, const char *sz, const char *what, struct ts_buffer *dst,
+                     struct ts_buffer *src, uint64_t n, enum ts_copy_kind kind,
+                     double pinned_rate, bool cuda)
+{
+	char name[96];
+	double ring = best_copy(dst, src, n);
+
+	snprintf(name, sizeof name, "xfer %s: %s %s (ring)", tag, sz, what);
+	row(name, ring, best_reference(dst, src, n, kind), cuda ? 0.8 : 0.5);
+	printf("xfer %s: %s (ring) / the same from pinned: %.2f\n", tag, what, ring / pinned_rate);
+}
+
 struct both_arg {
 	struct ts_buffer *dst, *src;
 	uint64_t n;
@@ -218,26 +236,8 @@ int main(void)
 		row(name, best_copy(dev, pin, n), ref_h2d, target);
 		snprintf(name, sizeof name, "xfer %s: %s device -> pinned", tag, sz);
 		row(name, best_copy(pin, dev, n), ref_d2h, target);
-		/* the ring against the same copy of pageable memory by the runtime
-		 * alone (on CUDA the driver's own staging, what any program that
-		 * copies from a numpy array gets; on sim memcpy); its share of the
-		 * pinned rate beside it */
-		{
-			double ring, ref;
-
-			snprintf(name, sizeof name, "xfer %s: %s unpinned -> device (ring)", tag, sz);
-			ring = best_copy(dev, page, n);
-			ref = best_reference(dev, page, n, TS_COPY_H2D);
-			row(name, ring, ref, cuda ? 0.8 : 0.5);
-			printf("xfer %s: unpinned -> device (ring) / pinned -> device: %.2f\n", tag,
-			       ring / ref_h2d);
-			snprintf(name, sizeof name, "xfer %s: %s device -> unpinned (ring)", tag, sz);
-			ring = best_copy(page, dev, n);
-			ref = best_reference(page, dev, n, TS_COPY_D2H);
-			row(name, ring, ref, cuda ? 0.8 : 0.5);
-			printf("xfer %s: device -> unpinned (ring) / device -> pinned: %.2f\n", tag,
-			       ring / ref_d2h);
-		}
+		ring_row(tag, sz, "unpinned -> device", dev, page, n, TS_COPY_H2D, ref_h2d, cuda);
+		ring_row(tag, sz, "device -> unpinned", page, dev, n, TS_COPY_D2H, ref_d2h, cuda);
 		snprintf(name, sizeof name, "xfer %s: %s device -> device", tag, sz);
 		row(name, best_copy(dev1, dev, n), best_reference(dev1, dev, n, TS_COPY_D2D),
 		    cuda ? 0.9 : 0.8);
