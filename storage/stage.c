@@ -681,7 +681,10 @@ static void ring_empty_to_host(struct ring *r, int k, const struct ts_run *runs,
 	window_walk_init(&ww, w);
 	for (size_t p = 0; p < w->npieces; p++) {
 		window_walk_next(&ww, runs, n, &c);
-		memcpy(d + c.dst, slot + (c.src - w->lo), c.len);
+		/* d is read by no one until the copy ends (common/copy.h): the
+		 * stores go around the cache; the slot, read by the copy engine
+		 * right after an H2D fill, takes plain stores there */
+		ts_copy_streaming(d + c.dst, slot + (c.src - w->lo), c.len);
 	}
 }
 
