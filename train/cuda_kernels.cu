@@ -227,12 +227,34 @@ __device__ static double lanes_reduce(double v)
 	return part[0];
 }
 
-/* One block: *acc += sum(x^2), in the lanes' fixed order. */
+/* A lane's elements loaded at once by k_sumsq before it adds them. */
+#define RED_BATCH 32
+
+/*
+ * One block: *acc += sum(x^2), in the lanes' fixed order. A gradient's
+ * squares are one of a step's largest reads (every parameter), so each lane
+ * loads RED_BATCH of its elements before adding them in order: the loads
+ * are in flight together (one block is one multiprocessor, whose bandwidth
+ * is then bounded by how many loads wait at once, not by their latency one
+ * after another), and the sum is the same, term by term.
+ */
 __global__ static void k_sumsq(const float *x, uint64_t n, float *acc)
 {
+	const uint64_t span = (uint64_t)RED_BATCH * THREADS;
+	uint64_t i = threadIdx.x;
 	double s = 0.0;
 
-	LANE_STRIDE(i, n)
+	for (; i + span - THREADS < n; i += span) {
+		float v[RED_BATCH];
+
+#pragma unroll
+		for (int k = 0; k < RED_BATCH; k++)
+			v[k] = x[i + (uint64_t)k * THREADS];
+#pragma unroll
+		for (int k = 0; k < RED_BATCH; k++)
+			s += ts_m_sq(v[k]);
+	}
+	for (; i < n; i += THREADS)
 		s += ts_m_sq(x[i]);
 	s = lanes_reduce(s);
 	if (threadIdx.x == 0)

@@ -1383,7 +1383,8 @@ END_TEST
 
 START_TEST(test_cuda_matches_cpu_reductions_bit_for_bit)
 {
-	static const size_t sizes[] = {1, 255, 256, 257, 4096, XN};
+	/* 8192 and past it: whole batches of k_sumsq's loads, and a tail */
+	static const size_t sizes[] = {1, 255, 256, 257, 4096, 8192, 8447, XN};
 	float *out = x_inputs(XN, 21, -3, 3), *tgt = x_inputs(XN, 22, -3, 3);
 	float zero = 0.0f;
 	struct xbuf o = xput(out, XN), t = xput(tgt, XN), g = xput(out, XN);
