@@ -21,6 +21,7 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1031,6 +1032,84 @@ static void check_step_result(json_t *res, json_t *an, const char *what)
 	ck_assert_msg(json_number_value(json_object_get(th_obj(res, "time"), "wall_s")) > 0, "wall_s");
 }
 
+/* GET /v1/trace on a client of its own while the test's thread steps. */
+struct trace_grab {
+	struct th_client c;
+	struct th_response r;
+	bool ok;
+};
+
+static void *trace_thread(void *p)
+{
+	struct trace_grab *g = p;
+
+	g->ok = th_client_request(&g->c, "GET", "/v1/trace?seconds=5", NULL, NULL, 0, &g->r);
+	return NULL;
+}
+
+/* A trace's compute and copy spans summed by (category, name), the largest
+ * totals printed per step: where a step's time went, in the summary of a
+ * GPU run ("large:   gemm ..."). */
+static void print_trace_totals(const struct th_response *r, int steps)
+{
+	struct {
+		char name[48];
+		double us;
+		long n;
+		double bytes;
+	} tot[32];
+	int nt = 0;
+	json_t *doc = json_loadb(r->body, r->body_len, 0, NULL), *ev;
+	size_t i;
+
+	if (!doc) {
+		fprintf(stderr, "large:   (the trace did not parse)\n");
+		return;
+	}
+	json_array_foreach(json_object_get(doc, "traceEvents"), i, ev) {
+		const char *ph = json_string_value(json_object_get(ev, "ph"));
+		const char *cat = json_string_value(json_object_get(ev, "cat"));
+		const char *name = json_string_value(json_object_get(ev, "name"));
+		char key[48];
+		int k;
+
+		if (!ph || strcmp(ph, "X") != 0 || !cat || !name ||
+		    (strcmp(cat, "compute") != 0 && strcmp(cat, "copy") != 0))
+			continue;
+		snprintf(key, sizeof key, "%s %s", cat, name);
+		for (k = 0; k < nt && strcmp(tot[k].name, key) != 0; k++)
+			;
+		if (k == nt) {
+			if (nt == 32)
+				continue;
+			snprintf(tot[nt].name, sizeof tot[nt].name, "%s", key);
+			tot[nt].us = tot[nt].bytes = 0;
+			tot[nt].n = 0;
+			nt++;
+		}
+		tot[k].us += json_number_value(json_object_get(ev, "dur"));
+		tot[k].bytes += json_number_value(json_object_get(json_object_get(ev, "args"),
+		                                                   "bytes"));
+		tot[k].n++;
+	}
+	for (int shown = 0; shown < 10; shown++) {
+		int best = -1;
+
+		for (int k = 0; k < nt; k++)
+			if (tot[k].n && (best < 0 || tot[k].us > tot[best].us))
+				best = k;
+		if (best < 0)
+			break;
+		fprintf(stderr, "large:   %-22s %6.1f calls %9.3f ms a step%s", tot[best].name,
+		        (double)tot[best].n / steps, tot[best].us / 1e3 / steps,
+		        tot[best].bytes > 0 ? "" : "\n");
+		if (tot[best].bytes > 0)
+			fprintf(stderr, " (%.1f MB)\n", tot[best].bytes / 1e6 / steps);
+		tot[best].n = 0;
+	}
+	json_decref(doc);
+}
+
 /* The issue's large model, timed: 4 layers of D x D with Adam (D from
  * TS_TEST_LARGE_D: 7168 on a GPU; unset, the case does nothing), batch
  * 128, once on the device and once with params and optimizer state on
@@ -1056,6 +1135,8 @@ START_TEST(test_step_adam_large_timed)
 		                    "{\"type\": \"adam\", \"learning_rate\": 1e-4}, \"placement\": %s}",
 		                    w, d, where[w]);
 		char name[16], *an_body = th_fmt("{\"batch\": [128, %ld]}", d);
+		struct trace_grab grab;
+		pthread_t tracer;
 		json_t *an, *res;
 
 		snprintf(name, sizeof name, "big%d", w);
@@ -1063,7 +1144,14 @@ START_TEST(test_step_adam_large_timed)
 		an = analyze(name, an_body);
 		json_decref(th_model_step(&D, name,
 		                          "{\"inputs\": \"bx\", \"steps\": 1}")); /* warm-up */
+		/* the timed steps inside a trace: its spans summed below */
+		th_client_open(&grab.c, &D);
+		memset(&grab.r, 0, sizeof grab.r);
+		ck_assert_int_eq(pthread_create(&tracer, NULL, trace_thread, &grab), 0);
+		usleep(300 * 1000);
 		res = th_model_step(&D, name, "{\"inputs\": \"bx\", \"steps\": 3}");
+		pthread_join(tracer, NULL);
+		th_client_close(&grab.c);
 		ck_assert_msg(J(res, "measured_peak_device_bytes") == J(res, "predicted_peak_device_bytes"),
 		              "%s: measured %lld, predicted %lld", name,
 		              (long long)J(res, "measured_peak_device_bytes"),
@@ -1079,6 +1167,11 @@ START_TEST(test_step_adam_large_timed)
 		        json_number_value(json_object_get(th_obj(res, "time"), "compute_s")) * 1e3 / 3,
 		        (long long)J(res, "measured_peak_device_bytes"),
 		        (long long)J(res, "predicted_peak_device_bytes"));
+		if (grab.ok && grab.r.status == 200)
+			print_trace_totals(&grab.r, 3);
+		else
+			fprintf(stderr, "large:   no trace (%s, %ld)\n", grab.c.error, grab.r.status);
+		th_response_free(&grab.r);
 		json_decref(an);
 		json_decref(res);
 		free(spec);
