@@ -132,21 +132,6 @@ static void on_stop_signal(int sig)
 	errno = saved;
 }
 
-static int install_stop_handler(void)
-{
-	struct sigaction sa;
-
-	if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
-		return -1;
-	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_stop_signal;
-	sa.sa_flags = SA_RESTART;
-	sigfillset(&sa.sa_mask);
-	if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0)
-		return -1;
-	return 0;
-}
-
 /* SIGHUP and SIGUSR1: main does the work when it reads the pipe. */
 static void on_other_signal(int sig)
 {
@@ -157,16 +142,33 @@ static void on_other_signal(int sig)
 	errno = saved;
 }
 
-static int install_other_handler(void)
+/* The signals main handles, with their handlers (the head of this file). */
+static const struct {
+	int sig;
+	void (*fn)(int);
+} handled[] = {{SIGTERM, on_stop_signal}, {SIGINT, on_stop_signal},
+               {SIGHUP, on_other_signal}, {SIGUSR1, on_other_signal}};
+
+/* handled[i]'s handler installed; -1 with errno. */
+static int install_handler(size_t i)
 {
 	struct sigaction sa;
 
 	memset(&sa, 0, sizeof sa);
-	sa.sa_handler = on_other_signal;
+	sa.sa_handler = handled[i].fn;
 	sa.sa_flags = SA_RESTART;
 	sigfillset(&sa.sa_mask);
-	if (sigaction(SIGHUP, &sa, NULL) != 0 || sigaction(SIGUSR1, &sa, NULL) != 0)
+	return sigaction(handled[i].sig, &sa, NULL);
+}
+
+/* The pipe the handlers write to, then every handler; -1 with errno. */
+static int install_handlers(void)
+{
+	if (pipe2(stop_pipe, O_CLOEXEC | O_NONBLOCK) != 0)
 		return -1;
+	for (size_t i = 0; i < sizeof handled / sizeof handled[0]; i++)
+		if (install_handler(i) != 0)
+			return -1;
 	return 0;
 }
 
@@ -439,31 +441,23 @@ static const char *sig_name(int sig)
  */
 static void reclaim_signal_handlers(void)
 {
-	static const struct {
-		int sig;
-		void (*fn)(int);
-	} own[] = {{SIGTERM, on_stop_signal}, {SIGINT, on_stop_signal},
-	           {SIGHUP, on_other_signal}, {SIGUSR1, on_other_signal}};
-	bool taken = false;
-
-	for (size_t i = 0; i < sizeof own / sizeof own[0]; i++) {
+	for (size_t i = 0; i < sizeof handled / sizeof handled[0]; i++) {
+		const char *name = sig_name(handled[i].sig);
 		struct sigaction cur;
 		char fields[96];
 
-		if (sigaction(own[i].sig, NULL, &cur) != 0)
+		if (sigaction(handled[i].sig, NULL, &cur) != 0 ||
+		    (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == handled[i].fn))
 			continue;
-		if (!(cur.sa_flags & SA_SIGINFO) && cur.sa_handler == own[i].fn)
-			continue;
-		taken = true;
 		snprintf(fields, sizeof fields, "\"event\":\"signal_handler_taken\",\"signal\":\"%s\"",
-		         sig_name(own[i].sig));
+		         name);
 		ts_log(TS_LOG_WARN, fields,
 		       "%s's handler was replaced while the server started (by a library it loaded); "
-		       "tstaged's own is installed again", sig_name(own[i].sig));
+		       "tstaged's own is installed again", name);
+		if (install_handler(i) != 0)
+			ts_log(TS_LOG_ERROR, NULL, "cannot install the %s handler again: %s", name,
+			       strerror(errno));
 	}
-	if (taken && (install_stop_handler() != 0 || install_other_handler() != 0))
-		ts_log(TS_LOG_ERROR, NULL, "cannot install the signal handlers again: %s",
-		       strerror(errno));
 }
 
 int main(int argc, char **argv)
@@ -498,8 +492,8 @@ int main(int argc, char **argv)
 		        strerror(errno));
 		return 1;
 	}
-	if (install_stop_handler() != 0 || install_other_handler() != 0) {
-		ts_log(TS_LOG_ERROR, NULL, "cannot install the stop signal handler: %s",
+	if (install_handlers() != 0) {
+		ts_log(TS_LOG_ERROR, NULL, "cannot install the signal handlers: %s",
 		       strerror(errno));
 		return 1;
 	}

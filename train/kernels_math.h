@@ -253,12 +253,13 @@ TS_HD static inline float ts_m_exp_negf(float a)
  * has the bits of JAX's jax.nn.gelu on the CPU (jax 0.10.2: every one of
  * 4.2 million points in [-40, 40] alike for tanh, and a million normal
  * GELU inputs), and runs in 16 lanes without a double division (a third
- * of ts_m_tanh's time, docs/BENCHMARKS.md). Within 5 ulps of the correctly rounded tanh over every
- * float, never past +-1 (test_kernels' test_tanh_rational_within_5_ulps
- * checks every 97th). Inf reads as +-1, NaN stays NaN. The backward
- * pass keeps ts_m_tanh (ts_m_gelu_grad): with this one there, float16
- * models' gradients landed across float16 rounding boundaries from
- * jax.grad's (it_optax's test_float16_adam_vs_jax).
+ * of ts_m_tanh's time, docs/BENCHMARKS.md). Within 5 ulps of the correctly
+ * rounded tanh over every float, never past +-1 (test_kernels'
+ * test_tanh_rational_within_5_ulps checks every 97th). Inf reads as +-1,
+ * NaN stays NaN. The backward pass keeps ts_m_tanh (ts_m_gelu_grad): with
+ * this one there, float16 models' gradients landed across float16
+ * rounding boundaries from jax.grad's (it_optax's
+ * test_float16_adam_vs_jax).
  */
 TS_HD static inline float ts_m_tanh_rational(float x)
 {
