@@ -402,7 +402,11 @@ static int read_port(const char *path)
 	return port;
 }
 
-void th_daemon_start_ex(struct th_daemon *d, const struct th_start *how)
+/* Starts the daemon as th_daemon_start_ex says. When port_may_be_taken and
+ * the daemon exits before listening because a port it was given is taken
+ * ("cannot listen" on stderr), returns false with d->pid and d->port 0 and
+ * its files removed; any other failure fails the case. */
+static bool daemon_start(struct th_daemon *d, const struct th_start *how, bool port_may_be_taken)
 {
 	static const char *const sim_args[] = {"--sim-devices", "2", "--sim-device-memory",
 	                                       TH_SIM_MEMORY_ARG, "--no-cuda", NULL};
@@ -447,6 +451,13 @@ void th_daemon_start_ex(struct th_daemon *d, const struct th_start *how)
 			st = shell_status(ws);
 			live_remove(d->pid);
 			d->pid = 0;
+			if (port_may_be_taken && err && strstr(err, "cannot listen")) {
+				fprintf(stderr, "tstaged could not listen, a port taken meanwhile: %s",
+				        err);
+				free(err);
+				th_daemon_cleanup(d);
+				return false;
+			}
 			ck_abort_msg("tstaged exited with %d before listening; stderr:\n%s", st,
 			             err ? err : "");
 		}
@@ -461,6 +472,19 @@ void th_daemon_start_ex(struct th_daemon *d, const struct th_start *how)
 	snprintf(d->base_url, sizeof d->base_url, "http://127.0.0.1:%d", d->port);
 	d->curl = curl_easy_init();
 	ck_assert_ptr_nonnull(d->curl);
+	return true;
+}
+
+void th_daemon_start_ex(struct th_daemon *d, const struct th_start *how)
+{
+	daemon_start(d, how, false);
+}
+
+bool th_daemon_try_start(struct th_daemon *d, const char *const *args)
+{
+	struct th_start how = {.args = args};
+
+	return daemon_start(d, &how, true);
 }
 
 void th_daemon_start(struct th_daemon *d, const char *const *args)

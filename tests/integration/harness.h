@@ -112,6 +112,12 @@ void th_daemon_start(struct th_daemon *d, const char *const *args);
 /* The same with every knob of struct th_start. */
 void th_daemon_start_ex(struct th_daemon *d, const struct th_start *how);
 
+/* th_daemon_start for a daemon given fixed ports (chosen free, then let go,
+ * so another process may take one first): false when it exited because a
+ * port was taken ("cannot listen"), d then stopped and its files removed,
+ * for the caller to choose ports again; other failures fail the case. */
+bool th_daemon_try_start(struct th_daemon *d, const char *const *args);
+
 /* Sends SIGTERM and waits (bounded) for the exit; returns the wait status
  * as a shell would report it (exit code, or 128 + signal). Removes the
  * daemon's files unless keep_files. */

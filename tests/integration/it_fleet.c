@@ -75,34 +75,64 @@ static void free_port_pairs(int *ports, int n)
 		close(fds[i]);
 }
 
-/* Starts n daemons on ports[i], host "node<i>", each naming the others as
- * peers, all with token_files[i], node0 with extra (two flags and their
- * values, or NULL). */
-static void start_fleet_with(struct th_daemon *d, int n, const int *ports,
+/* How many times a start whose chosen ports another process took first is
+ * tried again on new ones. */
+#define PORT_TRIES 5
+
+/* Starts n daemons on free port pairs (into ports), host "node<i>", each
+ * naming the others as peers, all with token_files[i], node0 with extra (two
+ * flags and their values, or NULL). A port taken between its choice and a
+ * daemon's start (the suites run side by side) stops those started and
+ * chooses again. */
+static void start_fleet_with(struct th_daemon *d, int n, int *ports,
                              char token_files[][512], const char *const *extra)
 {
-	for (int i = 0; i < n; i++) {
-		char peers[512] = "", port[16], host[16];
-		const char *args[] = {"--port", port, "--host-name", host, "--peers", peers,
-		                      "--token-file", token_files[i], NULL, NULL, NULL};
+	for (int tries = 0;; tries++) {
+		int i;
 
-		if (i == 0 && extra) {
-			args[8] = extra[0];
-			args[9] = extra[1];
+		ck_assert_msg(tries < PORT_TRIES, "no free ports for %d daemons in %d tries", n,
+		              PORT_TRIES);
+		free_port_pairs(ports, n);
+		for (i = 0; i < n; i++) {
+			char peers[512] = "", port[16], host[16];
+			const char *args[] = {"--port", port, "--host-name", host, "--peers", peers,
+			                      "--token-file", token_files[i], NULL, NULL, NULL};
+
+			if (i == 0 && extra) {
+				args[8] = extra[0];
+				args[9] = extra[1];
+			}
+			for (int j = 0; j < n; j++)
+				if (j != i)
+					snprintf(peers + strlen(peers), sizeof peers - strlen(peers),
+					         "%shttp://127.0.0.1:%d", peers[0] ? "," : "", ports[j]);
+			snprintf(port, sizeof port, "%d", ports[i]);
+			snprintf(host, sizeof host, "node%d", i);
+			if (!th_daemon_try_start(&d[i], args))
+				break;
+			ck_assert_int_eq(d[i].port, ports[i]);
 		}
-
-		for (int j = 0; j < n; j++)
-			if (j != i)
-				snprintf(peers + strlen(peers), sizeof peers - strlen(peers),
-				         "%shttp://127.0.0.1:%d", peers[0] ? "," : "", ports[j]);
-		snprintf(port, sizeof port, "%d", ports[i]);
-		snprintf(host, sizeof host, "node%d", i);
-		th_daemon_start(&d[i], args);
-		ck_assert_int_eq(d[i].port, ports[i]);
+		if (i == n)
+			return;
+		while (i-- > 0)
+			th_daemon_stop_ok(&d[i]);
 	}
 }
 
-static void start_fleet(struct th_daemon *d, int n, const int *ports, char token_files[][512])
+/* One daemon with args, whose "--port" value is the buffer port (16 bytes),
+ * on a free port pair: that port in *p. */
+static void start_on_free_port(struct th_daemon *d, int *p, char *port, const char *const *args)
+{
+	for (int tries = 0;; tries++) {
+		ck_assert_msg(tries < PORT_TRIES, "no free port in %d tries", PORT_TRIES);
+		free_port_pairs(p, 1);
+		snprintf(port, 16, "%d", *p);
+		if (th_daemon_try_start(d, args))
+			return;
+	}
+}
+
+static void start_fleet(struct th_daemon *d, int n, int *ports, char token_files[][512])
 {
 	start_fleet_with(d, n, ports, token_files, NULL);
 }
@@ -173,7 +203,6 @@ static void start_fleet_one_token_with(struct th_daemon *d, int n, int *ports,
                                        char tokens[][512], const char *const *extra)
 {
 	ck_assert_int_le(n, NODES);
-	free_port_pairs(ports, n);
 	for (int i = 0; i < n; i++)
 		th_write_temp("token", TOKEN "\n", tokens[i], sizeof tokens[i]);
 	start_fleet_with(d, n, ports, tokens, extra);
@@ -319,7 +348,6 @@ START_TEST(test_peer_with_another_token)
 	char tokens[2][512];
 	json_t *node;
 
-	free_port_pairs(ports, 2);
 	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
 	th_write_temp("token2", "another-token-0123456789abcdef\n", tokens[1], sizeof tokens[1]);
 	start_fleet(d, 2, ports, tokens);
@@ -385,11 +413,14 @@ START_TEST(test_peers_from_dns)
 	size_t i;
 	int p;
 
-	free_port_pairs(&p, 1);
-	snprintf(port, sizeof port, "%d", p);
+	for (int tries = 0;; tries++) {
+		ck_assert_msg(tries < PORT_TRIES, "no free port in %d tries", PORT_TRIES);
+		start_on_free_port(&b, &p, port, args_b);
+		if (th_daemon_try_start(&a, args_a))
+			break;
+		th_daemon_stop_ok(&b);
+	}
 	snprintf(url_b, sizeof url_b, "http://127.0.0.1:%d", p);
-	th_daemon_start(&b, args_b);
-	th_daemon_start(&a, args_a);
 	snprintf(a.base_url, sizeof a.base_url, "http://127.0.0.2:%d", p);
 	node = await_node(&a, p, true);
 	ck_assert_str_eq(th_str(node, "host"), "dns-b");
@@ -597,11 +628,9 @@ START_TEST(test_fleet_port_tickets)
 	struct th_response r;
 	int p, fport;
 
-	free_port_pairs(&p, 1);
-	fport = p + 1;
-	snprintf(port, sizeof port, "%d", p);
 	th_write_temp("token", TOKEN "\n", tokens[0], sizeof tokens[0]);
-	th_daemon_start(&d, args);
+	start_on_free_port(&d, &p, port, args);
+	fport = p + 1;
 
 	th_request(&d, "POST", "/v1/fleet:ticket", NULL, NULL, 0, &r);
 	th_assert_error(&r, 401, "UNAUTHENTICATED", NULL);
@@ -1161,18 +1190,19 @@ static void *fake_accept_main(void *arg)
 	return NULL;
 }
 
-static void fake_peer_start(struct fake_peer *fp, int port)
+/* Listens on a loopback port of the kernel's choosing, into fp->port. */
+static void fake_peer_start(struct fake_peer *fp)
 {
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-	int one = 1;
+	struct sockaddr_in a = {.sin_family = AF_INET};
+	socklen_t len = sizeof a;
 
 	memset(fp, 0, sizeof *fp);
-	fp->port = port;
 	a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	fp->fd = socket(AF_INET, SOCK_STREAM, 0);
 	ck_assert_int_ge(fp->fd, 0);
-	ck_assert_int_eq(setsockopt(fp->fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one), 0);
 	ck_assert_int_eq(bind(fp->fd, (struct sockaddr *)&a, sizeof a), 0);
+	ck_assert_int_eq(getsockname(fp->fd, (struct sockaddr *)&a, &len), 0);
+	fp->port = ntohs(a.sin_port);
 	ck_assert_int_eq(listen(fp->fd, 16), 0);
 	ck_assert_int_eq(pthread_create(&fp->thread, NULL, fake_accept_main, fp), 0);
 }
@@ -1191,18 +1221,16 @@ static void fake_peer_stop(struct fake_peer *fp)
  * sees it reachable. */
 static void start_with_fake_peer(struct th_daemon *d, struct fake_peer *fp)
 {
-	int ports[2];
+	int p;
 	char token[512], peers[64], port[16];
 	const char *args[] = {"--port", port, "--host-name", "node0", "--peers", peers,
 	                      "--token-file", token, NULL};
 
-	free_port_pairs(ports, 2);
 	th_write_temp("token", TOKEN "\n", token, sizeof token);
-	fake_peer_start(fp, ports[1]);
-	snprintf(peers, sizeof peers, "http://127.0.0.1:%d", ports[1]);
-	snprintf(port, sizeof port, "%d", ports[0]);
-	th_daemon_start(d, args);
-	json_decref(await_node(d, ports[1], true));
+	fake_peer_start(fp);
+	snprintf(peers, sizeof peers, "http://127.0.0.1:%d", fp->port);
+	start_on_free_port(d, &p, port, args);
+	json_decref(await_node(d, fp->port, true));
 }
 
 /* A call to a peer on a kept connection that the peer drops without an
