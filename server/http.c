@@ -763,6 +763,7 @@ static void *waits_main(void *arg)
 				next = w->rq->deadline_ns;
 			pp = &w->next;
 		}
+		srv->waits_until_ns = next;
 		if (next == UINT64_MAX) {
 			ts_mutex_wait(&srv->waits_mu, &srv->waits_cv, NULL);
 		} else {
@@ -848,7 +849,14 @@ static enum MHD_Result request_suspend(struct request *rq, struct MHD_Connection
 	 * that comes at once resumes a request that is already listed */
 	if (!rq->susp.arm(rq->susp.state, wake_request, rq))
 		wake_request(rq);
-	pthread_cond_signal(&srv->waits_cv);
+	/* the deadline thread is woken only when this deadline comes before
+	 * the time it sleeps until: most waits end long before their deadline,
+	 * and a wake of that thread for each would cost each a context switch
+	 * on the path of its answer */
+	if (rq->deadline_ns < srv->waits_until_ns) {
+		srv->waits_until_ns = rq->deadline_ns;
+		pthread_cond_signal(&srv->waits_cv);
+	}
 	ts_mutex_unlock(&srv->waits_mu);
 	return MHD_YES;
 }
@@ -1301,6 +1309,7 @@ ts_status ts__http_start(struct ts_server *srv, struct ts_error *err)
 	/* the deadline thread and its lock exist before any worker can suspend */
 	ts_mutex_init(&srv->waits_mu);
 	pthread_cond_init(&srv->waits_cv, NULL);
+	srv->waits_until_ns = UINT64_MAX;
 	if (pthread_create(&srv->waits_thread, NULL, waits_main, srv) != 0)
 		return ts_error_set(err, TS_RESOURCE_EXHAUSTED, "THREAD", "cannot start the wait thread");
 	srv->waits_started = true;

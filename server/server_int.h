@@ -74,6 +74,9 @@ struct ts_server {
 	pthread_cond_t waits_cv;
 	struct ts__waiting *waits;       /* guarded by: waits_mu */
 	bool waits_stop;                 /* guarded by: waits_mu */
+	uint64_t waits_until_ns;         /* the deadline thread's wake time, UINT64_MAX
+	                                  * when it sleeps until signalled; guarded by:
+	                                  * waits_mu */
 	pthread_t waits_thread;
 	bool waits_started;
 	_Atomic uint64_t next_id;

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static struct th_daemon D;
 
@@ -489,6 +490,41 @@ START_TEST(test_wait_limit)
 }
 END_TEST
 
+/* A short :wait that starts while a long one waits ends at its own deadline:
+ * the deadline thread sleeps until the earliest deadline it knows, and one
+ * that comes before it must wake it. */
+START_TEST(test_short_wait_after_long)
+{
+	static const char longer[] = "{\"timeout\": \"40s\"}", shorter[] = "{\"timeout\": \"1s\"}";
+	struct th_response r;
+	char id[32], path[96], req[256], buf[4096];
+	long long t0, took;
+	int fd;
+
+	long_step(&D, id, sizeof id, NULL);
+	snprintf(path, sizeof path, "/v1/operations/%s:wait", id);
+	fd = th_raw_connect(&D);
+	snprintf(req, sizeof req,
+	         "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+	         "Content-Length: %zu\r\n\r\n%s", path, strlen(longer), longer);
+	th_raw_send(fd, req);
+	usleep(300000);           /* the long wait suspends first */
+	t0 = th_now_ms();
+	th_request(&D, "POST", path, NULL, shorter, strlen(shorter), &r);
+	took = th_now_ms() - t0;
+	ck_assert_msg(r.status == 202 && !th_bool(th_json(&r), "done"), ":wait: %ld %s", r.status,
+	              r.body);
+	ck_assert_msg(took >= 900 && took < 20000,
+	              "a 1 s :wait behind a 40 s one answered after %lld ms", took);
+	th_response_free(&r);
+	/* the long one answers once the operation ends */
+	cancel_and_wait(&D, id);
+	ck_assert_msg(th_raw_response(fd, buf, sizeof buf, 10000) == 200, "the long wait: %.200s",
+	              buf);
+	close(fd);
+}
+END_TEST
+
 Suite *th_suite(void)
 {
 	Suite *s = suite_create("operations");
@@ -512,6 +548,7 @@ Suite *th_suite(void)
 	tcase_add_test(tc, test_delete);
 	tcase_add_test(tc, test_conditional_get);
 	tcase_add_test(tc, test_wait_limit);
+	tcase_add_test(tc, test_short_wait_after_long);
 	suite_add_tcase(s, tc);
 	return s;
 }
