@@ -7,7 +7,10 @@
 #            pages h2 never had, then best of 3 into its pool's kept ones;
 #   perftest ucx_perftest -t ucp_am_bw (the copy's active messages) of the
 #            same bytes in 4 MiB messages (the copy's chunk), h1 -> h2;
-#   http     curl in h2 downloading the array from h1 (GET .../data), best of 3;
+#   http     h2 downloading the array from h1 (GET .../data) into memory by
+#            FETCH --fetch (bench_fleet: libcurl, one kept connection, one
+#            buffer touched before), best of 3; and by the curl tool into
+#            /dev/null, best of 3;
 #   bcast    the array copied to h2 and h3 at once ("hosts"), best of 3;
 #   limited  on links of 1 Gbit/s each way (tc tbf), a copy of up to 128 MiB
 #            to h2 and its broadcast to h2 and h3, best of 2 each;
@@ -16,13 +19,15 @@
 #            of 4 KiB messages (half a round trip).
 # Prints "name value" lines on stdout: copy_bytes, copy_s, first_copy_s,
 # perftest_bytes_s,
-# http_bytes_s, broadcast_s, limited_bytes, limited_copy_s,
+# http_bytes_s, curl_null_bytes_s, broadcast_s, limited_bytes, limited_copy_s,
 # limited_broadcast_s, small_s, request_s, am_lat_s; or one line
 # "skip WHY". Needs root (ip netns), curl, jq and
-# ucx_perftest (ucx-utils). Usage: tests/bench/fleet.sh TSTAGED [MB]
+# ucx_perftest (ucx-utils). Usage: tests/bench/fleet.sh TSTAGED [MB [FETCH]]
+# (FETCH: the bench_fleet binary, default build/bench/bench_fleet)
 set -euo pipefail
 bin=$(realpath "$1")
 mb=${2:-1024}
+fetch=$(realpath "${3:-build/bench/bench_fleet}")
 pfx=tsb
 subnet=10.233.0
 hosts=(h1 h2 h3)
@@ -203,11 +208,14 @@ unset "pid[pt]"
 pt_mibs=$(awk 'NF == 8 && $1 ~ /^[0-9]+$/ { v = $6 } END { print v }' "$tmp/pt.log")
 [ -n "$pt_mibs" ] || { echo "fleet bench: no figure from ucx_perftest: $(tail -3 "$tmp/pt.log")" >&2; exit 1; }
 
-best_http=0
+best_http=$(inns h2 "$fetch" --fetch "http://$(addr h1):$port/v1/arrays/x/data" "$bytes" "$token" 3 |
+	awk '$1 == "fetch_bytes_s" { print $2 }')
+[ -n "$best_http" ] || { echo "fleet bench: the download into memory failed" >&2; exit 1; }
+best_null=0
 for r in 1 2 3; do
 	s=$(inns h2 curl -s --max-time 600 -H "Authorization: Bearer $token" -o /dev/null \
 		-w '%{speed_download}' "http://$(addr h1):$port/v1/arrays/x/data")
-	best_http=$(awk -v a="$best_http" -v b="$s" 'BEGIN { print (b > a ? b : a) }')
+	best_null=$(awk -v a="$best_null" -v b="$s" 'BEGIN { print (b > a ? b : a) }')
 done
 
 echo "copy_bytes $bytes"
@@ -215,6 +223,7 @@ echo "copy_s $best_copy"
 echo "first_copy_s $first_copy"
 echo "perftest_bytes_s $(awk -v m="$pt_mibs" 'BEGIN { printf "%.0f", m * 1048576 }')"
 echo "http_bytes_s $best_http"
+echo "curl_null_bytes_s $best_null"
 echo "broadcast_s $best_bcast"
 echo "limited_bytes $lim_bytes"
 echo "limited_copy_s $best_lcopy"
