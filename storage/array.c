@@ -30,9 +30,7 @@ struct ts_array {
 	struct ts_array_desc desc;              /* immutable */
 	struct ts_placement placement;          /* immutable */
 	int nshards;                            /* immutable */
-	struct ts_shard_box boxes[TS_MESH_MAX_DEVICES];   /* immutable */
 	struct ts_buffer *bufs[TS_MESH_MAX_DEVICES];      /* immutable; own references */
-	struct ts_layout layout;                /* immutable */
 	json_t *metadata;                       /* immutable after publish; own, unshared */
 	uint64_t implicit_bytes;                /* immutable after publish */
 	char owner[112];                        /* immutable after publish */
@@ -47,7 +45,23 @@ struct ts_array {
 	uint64_t created_ns, updated_ns;
 	bool published;
 	uint64_t seal;                          /* TS_DEBUG: seal_of at publish */
+	/* Last, and written only for the first nshards (nothing reads past
+	 * them): an array on one device uses under 1 KiB of their 60 KiB, which
+	 * were zeroed, or copied for a new version, each time an array was
+	 * made. FIELDS_END: the fields before them. */
+	struct ts_shard_box boxes[TS_MESH_MAX_DEVICES];   /* immutable */
+	struct ts_layout layout;                /* immutable */
 };
+
+#define FIELDS_END offsetof(struct ts_array, boxes)
+
+/* The bytes of a layout that hold its n shards. */
+static size_t layout_bytes(int n)
+{
+	const struct ts_layout *l = NULL;
+
+	return offsetof(struct ts_layout, shard) + (size_t)n * sizeof l->shard[0];
+}
 
 struct ts_catalog {
 	struct ts_rwlock lock;
@@ -211,12 +225,15 @@ static ts_status array_create(const char *name, const struct ts_array_desc *d,
                               struct ts_memory *mem, struct ts_array **out, int *reused,
                               bool *shared, struct ts_error *err)
 {
-	struct ts_array *a = ts_fault_calloc(1, sizeof *a);
+	struct ts_array *a = ts_fault_malloc(sizeof *a);
 	enum ts_memory_kind kind = pl->sharding.memory_kind;
 	ts_status st;
 
 	if (!a)
 		return ts_error_oom(err, "no memory for array '%s'", name);
+	/* the boxes are written by ts_sharding_boxes, the layout by
+	 * ts_layout_init, each for the shards there are */
+	memset(a, 0, FIELDS_END);
 	atomic_init(&a->refs, 1);
 	atomic_init(&a->persist, -1);
 	snprintf(a->name, sizeof a->name, "%s", name);
@@ -368,7 +385,7 @@ void ts_array_set_owner(struct ts_array *a, const char *owner)
 ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
                                struct ts_error *err)
 {
-	struct ts_array *v = calloc(1, sizeof *v);
+	struct ts_array *v = malloc(sizeof *v);
 	json_t *meta = a->metadata ? json_deep_copy(a->metadata) : NULL;
 
 	if (!v || (a->metadata && !meta)) {
@@ -377,16 +394,17 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 		return ts_error_oom(err, "no memory for a new version of array '%s'", a->name);
 	}
 	/* field by field: the counts and the hold are the new version's own */
+	memset(v, 0, FIELDS_END);
 	atomic_init(&v->refs, 1);
 	atomic_init(&v->persist, -1);
 	memcpy(v->name, a->name, sizeof v->name);
 	v->desc = a->desc;
 	v->placement = a->placement;
 	v->nshards = a->nshards;
-	memcpy(v->boxes, a->boxes, sizeof v->boxes);
+	memcpy(v->boxes, a->boxes, (size_t)a->nshards * sizeof v->boxes[0]);
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		v->bufs[i] = a->bufs[i] ? ts_buffer_ref(a->bufs[i]) : NULL;
-	v->layout = a->layout;
+	memcpy(&v->layout, &a->layout, layout_bytes(a->nshards));
 	v->metadata = meta;                       /* its own copy: never shared by reference */
 	v->implicit_bytes = a->implicit_bytes;
 	memcpy(v->owner, a->owner, sizeof v->owner);

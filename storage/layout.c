@@ -3,12 +3,14 @@
  */
 #include "storage/layout.h"
 
+#include <stddef.h>
 #include <string.h>
 
 void ts_layout_init(struct ts_layout *l, int rank, const uint64_t *shape, size_t elem_size,
                     const struct ts_shard_box *boxes, int n)
 {
-	memset(l, 0, sizeof *l);
+	/* the shards past n are never read: only those in use are cleared */
+	memset(l, 0, offsetof(struct ts_layout, shard) + (size_t)n * sizeof l->shard[0]);
 	l->rank = rank + 1;
 	for (int d = 0; d < rank; d++)
 		l->shape[d] = shape[d];

@@ -44,7 +44,8 @@ struct ts_piece {
 };
 
 /* Builds the layout of an array of rank/shape/element size whose shards
- * hold boxes[0..n). */
+ * hold boxes[0..n). Writes l's shards 0..n-1 only: the rest are never read
+ * (a layout may be allocated with room for n shards alone). */
 void ts_layout_init(struct ts_layout *l, int rank, const uint64_t *shape, size_t elem_size,
                     const struct ts_shard_box *boxes, int n);
 
