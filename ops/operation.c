@@ -685,7 +685,7 @@ static ts_status submit(struct ts_op_registry *r, const char *kind, const char *
                         bool here, struct ts_operation **out, struct ts_error *err)
 {
 	struct ts_operation *op, *holder, *mine = NULL;
-	bool start = false;
+	bool start = false, wake = false;
 	ts_status st;
 
 	if (out)
@@ -727,11 +727,17 @@ static ts_status submit(struct ts_op_registry *r, const char *kind, const char *
 		start = take_locked(r, op);   /* as a worker takes the queue's head */
 		mine = op;
 	} else {
-		pthread_cond_signal(&r->work);
+		wake = true;
 	}
 	op = NULL;
 out_unlock:
 	ts_mutex_unlock(&r->lk);
+	/* signalled once the lock is free: a worker woken while it is held
+	 * would only go back to sleep on it, and be woken again by the unlock
+	 * (two switches where one does; the worker finds the queue under the
+	 * lock, so no wake is lost) */
+	if (wake)
+		pthread_cond_signal(&r->work);
 	if (op)
 		op_free(op);   /* never listed: its arg stays the caller's */
 	if (mine)
