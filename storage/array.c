@@ -55,14 +55,6 @@ struct ts_array {
 
 #define FIELDS_END offsetof(struct ts_array, boxes)
 
-/* The bytes of a layout that hold its n shards. */
-static size_t layout_bytes(int n)
-{
-	const struct ts_layout *l = NULL;
-
-	return offsetof(struct ts_layout, shard) + (size_t)n * sizeof l->shard[0];
-}
-
 struct ts_catalog {
 	struct ts_rwlock lock;
 	struct ts_registry names;               /* guarded by: lock; own references */
@@ -404,7 +396,7 @@ ts_status ts_array_new_version(const struct ts_array *a, struct ts_array **out,
 	memcpy(v->boxes, a->boxes, (size_t)a->nshards * sizeof v->boxes[0]);
 	for (int i = 0; i < TS_MESH_MAX_DEVICES; i++)
 		v->bufs[i] = a->bufs[i] ? ts_buffer_ref(a->bufs[i]) : NULL;
-	memcpy(&v->layout, &a->layout, layout_bytes(a->nshards));
+	memcpy(&v->layout, &a->layout, ts_layout_bytes(a->nshards));
 	v->metadata = meta;                       /* its own copy: never shared by reference */
 	v->implicit_bytes = a->implicit_bytes;
 	memcpy(v->owner, a->owner, sizeof v->owner);

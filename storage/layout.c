@@ -10,7 +10,7 @@ void ts_layout_init(struct ts_layout *l, int rank, const uint64_t *shape, size_t
                     const struct ts_shard_box *boxes, int n)
 {
 	/* the shards past n are never read: only those in use are cleared */
-	memset(l, 0, offsetof(struct ts_layout, shard) + (size_t)n * sizeof l->shard[0]);
+	memset(l, 0, ts_layout_bytes(n));
 	l->rank = rank + 1;
 	for (int d = 0; d < rank; d++)
 		l->shape[d] = shape[d];
@@ -32,6 +32,13 @@ void ts_layout_init(struct ts_layout *l, int rank, const uint64_t *shape, size_t
 			                        (l->shard[i].stop[d + 1] - l->shard[i].start[d + 1]);
 		l->shard[i].primary = boxes[i].replica == 0;
 	}
+}
+
+size_t ts_layout_bytes(int n)
+{
+	const struct ts_layout *l = NULL;
+
+	return offsetof(struct ts_layout, shard) + (size_t)n * sizeof l->shard[0];
 }
 
 uint64_t ts_layout_shard_bytes(const struct ts_layout *l, int i)

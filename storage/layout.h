@@ -18,6 +18,7 @@
 #define TS_LAYOUT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -48,6 +49,10 @@ struct ts_piece {
  * (a layout may be allocated with room for n shards alone). */
 void ts_layout_init(struct ts_layout *l, int rank, const uint64_t *shape, size_t elem_size,
                     const struct ts_shard_box *boxes, int n);
+
+/* The bytes of a layout through its first n shards: all a layout of n
+ * shards uses (ts_layout_init writes no more). */
+size_t ts_layout_bytes(int n);
 
 /* Bytes shard i holds. */
 uint64_t ts_layout_shard_bytes(const struct ts_layout *l, int i);
