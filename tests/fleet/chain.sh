@@ -172,6 +172,7 @@ fi
 for h in "${!pid[@]}"; do
 	kill -0 "${pid[$h]}" 2>/dev/null || fail "$h's daemon died: $(tail -3 "$tmp/$h.log")"
 done
+stop_daemons
 if [ $failed -ne 0 ]; then
 	for h in "${hosts[@]}"; do
 		echo "---- $h's log (last lines)"

@@ -38,7 +38,12 @@
 #   sender     tests/fleet/sender_killed.sh (two hosts of its own): a copy's
 #   killed     sender SIGKILLed mid-copy, three times over; the receiving
 #              daemon keeps serving, ends the receive UNAVAILABLE naming the
-#              sender, and holds nothing of it after.
+#              sender, and holds nothing of it after;
+#   stop       each suite's daemons still running stopped with SIGTERM at
+#              its end: each exits 0, and no daemon's log holds a
+#              sanitizer's report (a sanitized build: CI runs the suite on
+#              its ASan+UBSan and ThreadSanitizer daemons too; LeakSanitizer
+#              reads what a daemon holds at that exit).
 #
 # Needs root (ip netns, tc) and curl, jq. Without them the suite says so and
 # exits 0, except under CI=true, where it must run. Usage:
@@ -420,6 +425,7 @@ if tests/fleet/sender_killed.sh "$bin"; then
 else
 	fail "sender killed mid-copy (tests/fleet/sender_killed.sh)"
 fi
+stop_daemons
 if [ $failed -ne 0 ]; then
 	for h in "${hosts[@]}"; do
 		echo "---- $h's log (last lines)"

@@ -117,6 +117,7 @@ if [ -n "${pid[h1]:-}" ]; then
 		fail "after the kills, a copy to h2: $(jq -c '.error // .done' <<<"$res" 2>/dev/null)"
 	fi
 fi
+stop_daemons
 if [ $failed -ne 0 ]; then
 	for h in "${hosts[@]}"; do
 		echo "---- $h's log (last lines)"
