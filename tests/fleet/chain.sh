@@ -169,16 +169,4 @@ else
 fi
 [ "$(metric h1 tstage_fleet_receives_open)" = 0 ] || fail "middle killed: h1 holds a receive"
 
-for h in "${!pid[@]}"; do
-	kill -0 "${pid[$h]}" 2>/dev/null || fail "$h's daemon died: $(tail -3 "$tmp/$h.log")"
-done
-stop_daemons
-if [ $failed -ne 0 ]; then
-	for h in "${hosts[@]}"; do
-		echo "---- $h's log (last lines)"
-		tail -8 "$tmp/$h.log" 2>/dev/null | cut -c1-300
-	done
-	echo "fleet-chain: FAILED"
-	exit 1
-fi
-echo "fleet-chain: passed"
+suite_end

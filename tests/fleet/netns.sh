@@ -11,8 +11,8 @@
 # pid of a process to kill at cleanup) and, optionally, api_timeout (curl's
 # --max-time for api, default 5 s). A test suite (not the bench) also sets
 # suite (its name in its lines), bin (the daemon) and failed=0, and calls
-# suite_require before netns_up: then skip, fail, ok, start, stop_daemons,
-# peers_of and until_s below are its.
+# suite_require before netns_up, and suite_end last: then skip, fail, ok,
+# start, peers_of and until_s below are its.
 
 hub=$pfx-hub
 
@@ -134,39 +134,55 @@ start() {
 	return 1
 }
 
-# stop_daemons: stops every daemon in pid that still runs as an operator
-# would (SIGTERM; up to 60 s, a sanitized build being slow to drain), and
-# fails the suite for one that does not exit 0 or whose log holds a
+# suite_end: the suite's verdict. Every daemon in pid (a case that kills
+# one on purpose unsets it) must still run; each is stopped as an operator
+# would (SIGTERM; up to 60 s, a sanitized build being slow to drain) and
+# must exit 0; and no host's log, a killed daemon's included, may hold a
 # sanitizer's report (AddressSanitizer, LeakSanitizer - which runs at that
-# exit -, UBSan, ThreadSanitizer), the report's first line shown. Daemons
-# a case killed on purpose are gone already; their logs are read too.
-stop_daemons() {
-	local h i rc log line was=$failed
-	failed=0
+# exit -, UBSan, ThreadSanitizer), whose first line is shown. Prints
+# "SUITE: passed", or each host's last log lines and "SUITE: FAILED" and
+# exits 1.
+suite_end() {
+	local h i rc log line clean=1
 	for h in "${!pid[@]}"; do
-		kill -0 "${pid[$h]}" 2>/dev/null || continue
-		kill -TERM "${pid[$h]}" 2>/dev/null || continue
+		if ! kill -TERM "${pid[$h]}" 2>/dev/null; then
+			fail "$h's daemon died: $(tail -3 "$tmp/$h.log")"
+			clean=0
+			continue
+		fi
 		for ((i = 0; i < 600; i++)); do
 			kill -0 "${pid[$h]}" 2>/dev/null || break
 			sleep 0.1
 		done
 		if kill -0 "${pid[$h]}" 2>/dev/null; then
 			fail "$h's daemon did not exit within 60 s of SIGTERM"
+			clean=0
 			continue
 		fi
 		rc=0
 		wait "${pid[$h]}" 2>/dev/null || rc=$?
-		[ "$rc" -eq 0 ] || fail "$h's daemon exited $rc on SIGTERM: $(tail -3 "$tmp/$h.log")"
 		unset "pid[$h]"
+		[ "$rc" -eq 0 ] && continue
+		fail "$h's daemon exited $rc on SIGTERM: $(tail -3 "$tmp/$h.log")"
+		clean=0
 	done
 	for log in "$tmp"/*.log; do
 		[ -f "$log" ] || continue
 		line=$(grep -m1 -E 'ERROR: (Address|Leak)Sanitizer|WARNING: ThreadSanitizer|runtime error:' "$log") ||
 			continue
 		fail "$(basename "$log" .log)'s daemon reported: $(printf '%s' "$line" | cut -c1-240)"
+		clean=0
 	done
-	[ "$failed" -ne 0 ] || ok "every daemon exited 0 on SIGTERM; no sanitizer report in any log"
-	[ "$was" -eq 0 ] || failed=1
+	[ "$clean" -eq 0 ] || ok "every daemon ran to the end and exited 0 on SIGTERM; no sanitizer report in any log"
+	if [ "$failed" -ne 0 ]; then
+		for h in "${hosts[@]}"; do
+			echo "---- $h's log (last lines)"
+			tail -8 "$tmp/$h.log" 2>/dev/null | cut -c1-300 || true
+		done
+		echo "$suite: FAILED"
+		exit 1
+	fi
+	echo "$suite: passed"
 }
 
 # peers_of HOST: the other hosts' URLs, comma-separated (a --peers list)

@@ -117,13 +117,4 @@ if [ -n "${pid[h1]:-}" ]; then
 		fail "after the kills, a copy to h2: $(jq -c '.error // .done' <<<"$res" 2>/dev/null)"
 	fi
 fi
-stop_daemons
-if [ $failed -ne 0 ]; then
-	for h in "${hosts[@]}"; do
-		echo "---- $h's log (last lines)"
-		tail -8 "$tmp/$h.log" 2>/dev/null | cut -c1-300
-	done
-	echo "fleet-kill: FAILED"
-	exit 1
-fi
-echo "fleet-kill: passed"
+suite_end
